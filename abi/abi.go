@@ -1,0 +1,177 @@
+// Package abi is the contract between wasmtools and the plugins it hosts: the
+// names of the Wasm imports the host provides and the exports it calls, and
+// the JSON messages that cross them.
+//
+// Plugins speak the Extism ABI (https://extism.org/docs/concepts/pdk), so a
+// plugin written with any Extism PDK runs here unmodified. The kernel
+// functions of module [EnvModule] move bytes between the guest and the host;
+// the tool interface is one of two JSON conventions, detected from the
+// plugin's exports:
+//
+//   - [InterfaceServlet] (mcp.run servlets, hyper-mcp's first plugins):
+//     exports [ExportDescribe] and [ExportCall].
+//   - [InterfaceV2] (hyper-mcp's plugin schema v2): exports [ExportListTools]
+//     and [ExportCallTool], and optionally the prompt and resource exports.
+//
+// docs/ABI.md specifies the same contract byte by byte for guests in other
+// languages. This package imports nothing but the standard library, so both
+// the host and guests may depend on it.
+package abi
+
+import "encoding/json"
+
+// Module names of the host functions a guest may import.
+const (
+	// EnvModule holds the Extism kernel: memory blocks, input, output,
+	// errors, config, vars, logging and HTTP.
+	EnvModule = "extism:host/env"
+	// UserModule holds the host functions of MCP features (progress,
+	// logging, elicitation, records). Extism calls these "user" functions.
+	UserModule = "extism:host/user"
+	// WASIModule is WASI preview 1. A guest gets it with nothing granted:
+	// no files, no environment, no arguments, and stdout/stderr go to the
+	// host's log.
+	WASIModule = "wasi_snapshot_preview1"
+)
+
+// Kernel function names in [EnvModule]. Offsets are i64 handles to blocks of
+// host-side memory, never addresses in the guest's own linear memory.
+const (
+	FuncAlloc        = "alloc"          // (len i64) -> offset i64
+	FuncFree         = "free"           // (offset i64)
+	FuncLength       = "length"         // (offset i64) -> len i64; 0 for a bad offset
+	FuncLengthUnsafe = "length_unsafe"  // (offset i64) -> len i64
+	FuncLoadU8       = "load_u8"        // (offset i64) -> i32
+	FuncLoadU64      = "load_u64"       // (offset i64) -> i64
+	FuncStoreU8      = "store_u8"       // (offset i64, v i32)
+	FuncStoreU64     = "store_u64"      // (offset i64, v i64)
+	FuncInputLength  = "input_length"   // () -> len i64
+	FuncInputOffset  = "input_offset"   // () -> offset i64
+	FuncInputLoadU8  = "input_load_u8"  // (index i64) -> i32
+	FuncInputLoadU64 = "input_load_u64" // (index i64) -> i64
+	FuncInputSet     = "input_set"      // (offset i64, len i64)
+	FuncOutputSet    = "output_set"     // (offset i64, len i64)
+	FuncOutputLength = "output_length"  // () -> len i64
+	FuncOutputOffset = "output_offset"  // () -> offset i64
+	FuncErrorSet     = "error_set"      // (offset i64)
+	FuncErrorGet     = "error_get"      // () -> offset i64
+	FuncReset        = "reset"          // ()
+	FuncMemoryBytes  = "memory_bytes"   // () -> i64
+	FuncConfigGet    = "config_get"     // (key offset i64) -> value offset i64, 0 if unset
+	FuncVarGet       = "var_get"        // (key offset i64) -> value offset i64, 0 if unset
+	FuncVarSet       = "var_set"        // (key offset i64, value offset i64); value 0 deletes
+	FuncHTTPRequest  = "http_request"   // (request offset i64, body offset i64) -> body offset i64
+	FuncHTTPStatus   = "http_status_code"
+	FuncHTTPHeaders  = "http_headers"
+	FuncGetLogLevel  = "get_log_level" // () -> i32
+	FuncLogTrace     = "log_trace"     // (message offset i64)
+	FuncLogDebug     = "log_debug"
+	FuncLogInfo      = "log_info"
+	FuncLogWarn      = "log_warn"
+	FuncLogError     = "log_error"
+)
+
+// Exports the host calls. Each takes its input through the kernel's input
+// functions, writes its output with output_set, and returns an i32 that is 0
+// on success; on failure it sets an error message with error_set.
+const (
+	ExportDescribe = "describe" // servlet: () -> ServletDescribeResult
+	ExportCall     = "call"     // servlet: ServletCallInput -> CallToolResult
+
+	ExportListTools = "list_tools" // v2: ListToolsInput -> ListToolsResult
+	ExportCallTool  = "call_tool"  // v2: CallToolInput -> CallToolResult
+
+	// Optional v2 exports for prompts, resources and completion.
+	ExportListPrompts           = "list_prompts"
+	ExportGetPrompt             = "get_prompt"
+	ExportListResources         = "list_resources"
+	ExportListResourceTemplates = "list_resource_templates"
+	ExportReadResource          = "read_resource"
+	ExportComplete              = "complete"
+)
+
+// Initialisation exports, called once per instance before any other export,
+// in this order of preference: a WASI reactor's _initialize (what Go's
+// -buildmode=c-shared produces), else a C command's __wasm_call_ctors.
+const (
+	ExportInitialize = "_initialize"
+	ExportCallCtors  = "__wasm_call_ctors"
+)
+
+// Interface names a tool convention a plugin speaks.
+type Interface string
+
+const (
+	InterfaceServlet Interface = "servlet"
+	InterfaceV2      Interface = "v2"
+)
+
+// Tool describes one tool, as the guest lists it. The host passes the
+// schemas and annotations through to MCP clients.
+type Tool struct {
+	Name         string          `json:"name"`
+	Title        string          `json:"title,omitempty"`
+	Description  string          `json:"description,omitempty"`
+	InputSchema  json.RawMessage `json:"inputSchema,omitempty"`
+	OutputSchema json.RawMessage `json:"outputSchema,omitempty"`
+	Annotations  json.RawMessage `json:"annotations,omitempty"`
+}
+
+// ServletDescribeResult is the output of the servlet export [ExportDescribe].
+type ServletDescribeResult struct {
+	Tools []Tool `json:"tools"`
+}
+
+// ServletCallInput is the input of the servlet export [ExportCall].
+type ServletCallInput struct {
+	Params CallParams `json:"params"`
+}
+
+// CallParams names the tool to call and carries its arguments.
+type CallParams struct {
+	Name      string          `json:"name"`
+	Arguments json.RawMessage `json:"arguments,omitempty"`
+	Meta      json.RawMessage `json:"_meta,omitempty"`
+}
+
+// ListToolsInput is the input of the v2 export [ExportListTools]. Cursor is
+// the client's pagination cursor, if any.
+type ListToolsInput struct {
+	Cursor string `json:"cursor,omitempty"`
+}
+
+// ListToolsResult is the output of the v2 export [ExportListTools].
+type ListToolsResult struct {
+	Tools      []Tool `json:"tools"`
+	NextCursor string `json:"nextCursor,omitempty"`
+}
+
+// CallToolInput is the input of the v2 export [ExportCallTool].
+type CallToolInput struct {
+	Request CallParams  `json:"request"`
+	Context CallContext `json:"context"`
+}
+
+// CallContext tells a v2 guest who is calling. It is information, not a
+// credential: the guest cannot act as another session with it.
+type CallContext struct {
+	// SessionID is the MCP session's ID, "" over stdio.
+	SessionID string `json:"session_id,omitempty"`
+	// ProtocolVersion is the MCP revision the client negotiated.
+	ProtocolVersion string `json:"protocol_version,omitempty"`
+}
+
+// CallToolResult is an MCP CallToolResult as the guest returns it. Content
+// blocks are kept as raw JSON: the host decodes them with the MCP SDK.
+type CallToolResult struct {
+	Content           []json.RawMessage `json:"content"`
+	StructuredContent json.RawMessage   `json:"structuredContent,omitempty"`
+	IsError           bool              `json:"isError,omitempty"`
+	Meta              json.RawMessage   `json:"_meta,omitempty"`
+}
+
+// TextContent is an MCP text content block, for guests building results.
+type TextContent struct {
+	Type string `json:"type"` // always "text"
+	Text string `json:"text"`
+}

@@ -1,0 +1,80 @@
+// Command wasmtools serves WebAssembly tool plugins over MCP.
+//
+//	wasmtools serve [flags] PATH...      serve the plugins in folders or files
+//	wasmtools inspect [--json] FILE      show what a plugin is and offers
+//	wasmtools call FILE TOOL [ARGS]      call one tool once and print the result
+//
+// Run `wasmtools help` for the flags.
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"syscall"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	code := run(ctx, os.Args[1:], os.Stdin, os.Stdout, os.Stderr)
+	stop()
+	os.Exit(code)
+}
+
+const usage = `wasmtools serves WebAssembly tool plugins (Extism ABI) over MCP.
+
+Usage:
+  wasmtools serve [flags] PATH...     serve every .wasm in the folders and files given
+  wasmtools inspect [--json] FILE     show a plugin's interface, tools, imports, exports, size and sha256
+  wasmtools call [flags] FILE TOOL [ARGS_JSON]
+                                      call one tool once and print its result
+  wasmtools help                      show this help
+
+Run 'wasmtools COMMAND -h' for a command's flags.
+`
+
+// run is the whole program, so tests can run it in process: it reads no
+// flags or environment but what it is given.
+func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
+	if len(args) == 0 {
+		fmt.Fprint(stderr, usage)
+		return 2
+	}
+	switch args[0] {
+	case "serve":
+		return cmdServe(ctx, args[1:], stdin, stdout, stderr)
+	case "inspect":
+		return cmdInspect(ctx, args[1:], stdout, stderr)
+	case "call":
+		return cmdCall(ctx, args[1:], stdout, stderr)
+	case "help", "-h", "--help":
+		fmt.Fprint(stdout, usage)
+		return 0
+	default:
+		fmt.Fprintf(stderr, "wasmtools: unknown command %q\n\n%s", args[0], usage)
+		return 2
+	}
+}
+
+// newLogger logs structured text to stderr: stdout may be the MCP stdio
+// transport.
+func newLogger(stderr io.Writer, verbose bool) *slog.Logger {
+	level := slog.LevelInfo
+	if verbose {
+		level = slog.LevelDebug
+	}
+	return slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
+}
+
+// defaultCacheDir is where compiled plugins are cached between runs.
+func defaultCacheDir() string {
+	dir, err := os.UserCacheDir()
+	if err != nil {
+		return ""
+	}
+	return filepath.Join(dir, "wasmtools", "compiled")
+}

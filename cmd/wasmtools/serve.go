@@ -1,0 +1,164 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/wasmtools/wasmtools/host"
+	"github.com/wasmtools/wasmtools/plugins"
+	"github.com/wasmtools/wasmtools/sandbox"
+)
+
+// prefixes is a repeatable NAME=PREFIX flag.
+type prefixes map[string]string
+
+func (p prefixes) String() string { return fmt.Sprint(map[string]string(p)) }
+func (p prefixes) Set(v string) error {
+	name, prefix, ok := strings.Cut(v, "=")
+	if !ok || name == "" {
+		return errors.New("want PLUGIN=PREFIX")
+	}
+	p[name] = prefix
+	return nil
+}
+
+// commonFlags are the flags of every command that loads plugins.
+type commonFlags struct {
+	cacheDir string
+	verbose  bool
+	prefix   prefixes
+}
+
+func (c *commonFlags) register(fs *flag.FlagSet) {
+	c.prefix = prefixes{}
+	fs.StringVar(&c.cacheDir, "cache-dir", defaultCacheDir(), "where compiled plugins are cached between runs (\"\" for no disk cache)")
+	fs.BoolVar(&c.verbose, "v", false, "log debug messages")
+	fs.Var(c.prefix, "prefix", "PLUGIN=PREFIX: serve PLUGIN's tools as PREFIX+name (repeatable)")
+}
+
+func (c *commonFlags) runtime(log *slog.Logger) (*sandbox.Runtime, error) {
+	return sandbox.NewRuntime(sandbox.Options{CacheDir: c.cacheDir, Logger: log})
+}
+
+func (c *commonFlags) optsFor(log *slog.Logger) func(path string) plugins.Options {
+	return func(path string) plugins.Options {
+		name := pluginName(path)
+		pol := sandbox.NewPolicy().WithLogger(log.With("plugin", name))
+		return plugins.Options{Prefix: c.prefix[name], Policy: &pol}
+	}
+}
+
+func pluginName(path string) string {
+	base := path[strings.LastIndexAny(path, `/\`)+1:]
+	return strings.TrimSuffix(base, ".wasm")
+}
+
+func cmdServe(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var common commonFlags
+	common.register(fs)
+	httpAddr := fs.String("http", "", "serve streamable HTTP at ADDR/mcp (for example 127.0.0.1:8080) instead of stdio")
+	sessionTimeout := fs.Duration("session-timeout", host.DefaultSessionTimeout, "close HTTP sessions idle this long (0: never)")
+	maxResult := fs.Int("max-result", host.DefaultMaxResultRunes, "cap each tool result at this many characters (0: no cap)")
+	shutdownGrace := fs.Duration("shutdown-grace", 10*time.Second, "on shutdown, wait this long for calls in flight")
+	fs.Usage = func() {
+		fmt.Fprint(stderr, "Usage: wasmtools serve [flags] PATH...\n\nServes every .wasm plugin in the folders and files given, over MCP on stdio\n(or streamable HTTP with --http). A plugin that fails to load is logged\nand skipped; the rest are served.\n\nFlags:\n")
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	log := newLogger(stderr, common.verbose)
+	if fs.NArg() == 0 {
+		fmt.Fprintln(stderr, "wasmtools serve: give at least one plugin folder or file")
+		return 2
+	}
+	rt, err := common.runtime(log)
+	if err != nil {
+		log.Error("start", "error", err)
+		return 1
+	}
+	defer rt.Close(context.Background())
+
+	cat, errs := plugins.LoadAll(ctx, rt, fs.Args(), common.optsFor(log))
+	for _, err := range errs {
+		log.Error("plugin not served", "error", err)
+	}
+	for _, p := range cat.Plugins() {
+		names := make([]string, 0, len(p.Tools()))
+		for _, t := range p.Tools() {
+			names = append(names, t.Name)
+		}
+		log.Info("plugin loaded", "plugin", p.Name(), "path", p.Path(), "interface", p.Interface(), "sha256", p.SHA256(), "tools", strings.Join(names, ","))
+	}
+	defer cat.Close(context.Background())
+
+	maxRunes := *maxResult
+	if maxRunes == 0 {
+		maxRunes = -1
+	}
+	timeout := *sessionTimeout
+	if timeout == 0 {
+		timeout = -1
+	}
+	h := host.New(cat, &host.Options{Logger: log, MaxResultRunes: maxRunes, SessionTimeout: timeout})
+	defer func() {
+		sctx, cancel := context.WithTimeout(context.Background(), *shutdownGrace)
+		defer cancel()
+		if err := h.Close(sctx); err != nil {
+			log.Warn("shutdown", "error", err)
+		}
+	}()
+
+	if *httpAddr == "" {
+		log.Info("serving MCP on stdio", "tools", len(cat.Tools()))
+		err := h.Server().Run(ctx, &mcp.IOTransport{Reader: io.NopCloser(stdin), Writer: nopWriteCloser{stdout}})
+		if err != nil && !errors.Is(err, context.Canceled) && !errors.Is(err, io.EOF) {
+			log.Error("stdio transport", "error", err)
+			return 1
+		}
+		return 0
+	}
+	return serveHTTP(ctx, log, *httpAddr, h, *shutdownGrace)
+}
+
+type nopWriteCloser struct{ io.Writer }
+
+func (nopWriteCloser) Close() error { return nil }
+
+func serveHTTP(ctx context.Context, log *slog.Logger, addr string, h *host.Host, grace time.Duration) int {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		log.Error("listen", "addr", addr, "error", err)
+		return 1
+	}
+	mux := http.NewServeMux()
+	mux.Handle("/mcp", h.HTTPHandler())
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	log.Info("serving MCP over streamable HTTP", "url", "http://"+ln.Addr().String()+"/mcp")
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(ln) }()
+	select {
+	case err := <-errc:
+		log.Error("http server", "error", err)
+		return 1
+	case <-ctx.Done():
+	}
+	sctx, cancel := context.WithTimeout(context.Background(), grace)
+	defer cancel()
+	if err := srv.Shutdown(sctx); err != nil {
+		log.Warn("http shutdown", "error", err)
+	}
+	return 0
+}

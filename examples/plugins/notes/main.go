@@ -1,0 +1,70 @@
+//go:build wasip1
+
+// Command notes is a stateful example plugin: a notepad kept in the guest's
+// memory. The host gives each MCP session its own instance, so each client
+// sees only its own notes, and they last as long as its session.
+//
+//	GOOS=wasip1 GOARCH=wasm go build -buildmode=c-shared -o notes.wasm .
+package main
+
+import (
+	"fmt"
+	"strings"
+
+	"github.com/wasmtools/wasmtools/abi/guest"
+)
+
+func main() {}
+
+// notes belong to this instance, that is, to one client's session.
+var notes []string
+
+func init() {
+	guest.Register(
+		guest.Tool{
+			Name:        "note_add",
+			Description: "Adds a note to this session's notepad and returns its number.",
+			InputSchema: `{"type":"object","properties":{"text":{"type":"string","minLength":1,"maxLength":10000}},"required":["text"],"additionalProperties":false}`,
+			Handler: func(c *guest.Call) (*guest.Result, error) {
+				var in struct {
+					Text string `json:"text"`
+				}
+				if err := c.Bind(&in); err != nil {
+					return nil, err
+				}
+				if len(notes) >= 1000 {
+					return nil, fmt.Errorf("the notepad is full (1000 notes): clear it first")
+				}
+				notes = append(notes, in.Text)
+				return guest.Text(fmt.Sprintf("note %d saved", len(notes))), nil
+			},
+		},
+		guest.Tool{
+			Name:        "note_list",
+			Description: "Lists this session's notes, numbered from 1.",
+			InputSchema: `{"type":"object","properties":{},"additionalProperties":false}`,
+			Annotations: `{"readOnlyHint":true}`,
+			Handler: func(c *guest.Call) (*guest.Result, error) {
+				if len(notes) == 0 {
+					return guest.Text("no notes"), nil
+				}
+				var b strings.Builder
+				for i, n := range notes {
+					fmt.Fprintf(&b, "%d. %s\n", i+1, n)
+				}
+				return guest.Text(b.String()), nil
+			},
+		},
+		guest.Tool{
+			Name:        "note_clear",
+			Description: "Deletes all of this session's notes.",
+			InputSchema: `{"type":"object","properties":{},"additionalProperties":false}`,
+			Annotations: `{"destructiveHint":true,"idempotentHint":true}`,
+			Handler: func(c *guest.Call) (*guest.Result, error) {
+				n := len(notes)
+				notes = nil
+				return guest.Text(fmt.Sprintf("%d notes deleted", n)), nil
+			},
+		},
+	)
+}

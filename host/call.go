@@ -1,0 +1,227 @@
+package host
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+	"unicode/utf8"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/wasmtools/wasmtools/abi"
+	"github.com/wasmtools/wasmtools/plugins"
+	"github.com/wasmtools/wasmtools/sandbox"
+)
+
+// handler returns the MCP handler of tool t. It holds t, and so its plugin
+// version: a call that started before a reload finishes on that version.
+func (h *Host) handler(t *plugins.Tool) mcp.ToolHandler {
+	return func(ctx context.Context, req *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+		start := time.Now()
+		res, err := h.call(ctx, t, req)
+		p := t.Plugin()
+		if err != nil {
+			h.log.Warn("call refused", "tool", t.Name, "plugin", p.Name(), "error", err)
+			return nil, err
+		}
+		h.log.Debug("call", "tool", t.Name, "plugin", p.Name(), "duration", time.Since(start), "isError", res.IsError)
+		return res, nil
+	}
+}
+
+func (h *Host) call(ctx context.Context, t *plugins.Tool, req *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+	args := req.Params.Arguments
+	if err := t.ValidateArguments(args); err != nil {
+		return errorResult(err.Error()), nil
+	}
+	s, err := h.sessionFor(req.Session)
+	if err != nil {
+		return nil, err
+	}
+	sl, err := s.slot(t.Plugin().Name())
+	if err != nil {
+		return nil, err
+	}
+	limit := h.opts.QueueLimit
+	if limit <= 0 {
+		limit = DefaultQueueLimit
+	}
+	if err := sl.acquire(ctx, limit); err != nil {
+		if errors.Is(err, ErrBusy) {
+			return nil, fmt.Errorf("tool %q: %w (limit %d): wait for earlier calls to finish", t.Name, err, limit)
+		}
+		return nil, err
+	}
+	defer sl.release()
+
+	inst, err := s.instance(ctx, sl, t.Plugin())
+	if err != nil {
+		return errorResult(fmt.Sprintf("tool %q could not start plugin %q: %v", t.Name, t.Plugin().Name(), err)), nil
+	}
+	reset := sl.reset
+	sl.reset = nil
+
+	var meta json.RawMessage
+	if len(req.Params.Meta) > 0 {
+		meta, _ = json.Marshal(req.Params.Meta)
+	}
+	var protocol string
+	if ip := req.Session.InitializeParams(); ip != nil {
+		protocol = ip.ProtocolVersion
+	}
+	out, err := inst.CallTool(ctx, plugins.Call{
+		Tool: t, Arguments: args, Meta: meta,
+		Context: abi.CallContext{SessionID: req.Session.ID(), ProtocolVersion: protocol},
+	})
+	var res *mcp.CallToolResult
+	if err != nil {
+		res = h.failure(s, sl, t, err)
+	} else if res, err = toMCP(out); err != nil {
+		res = errorResult(fmt.Sprintf("tool %q: plugin %q returned a result that is not valid MCP: %v", t.Name, t.Plugin().Name(), err))
+	}
+	if reset != nil {
+		if res.Meta == nil {
+			res.Meta = mcp.Meta{}
+		}
+		res.Meta[MetaStateReset] = reset
+	}
+	capResult(res, h.maxRunes())
+	return res, nil
+}
+
+// failure turns a failed call into an isError result, discarding the
+// instance when the failure left it unusable.
+func (h *Host) failure(s *session, sl *slot, t *plugins.Tool, err error) *mcp.CallToolResult {
+	name := t.Plugin().Name()
+	var ge *sandbox.GuestError
+	var te *sandbox.TrapError
+	switch {
+	case errors.As(err, &ge):
+		return errorResult(fmt.Sprintf("tool %q failed: %s", t.Name, ge.Message))
+	case errors.Is(err, context.DeadlineExceeded):
+		s.discard(sl, "timeout", err.Error())
+		return errorResult(fmt.Sprintf("tool %q timed out and was stopped; plugin %q's state for this session was reset", t.Name, name))
+	case errors.Is(err, context.Canceled):
+		s.discard(sl, "cancelled", err.Error())
+		return errorResult(fmt.Sprintf("tool %q was cancelled; plugin %q's state for this session was reset", t.Name, name))
+	case errors.As(err, &te):
+		s.discard(sl, "trap", te.Err.Error())
+		h.log.Warn("guest trapped", "tool", t.Name, "plugin", name, "session", s.id, "error", te.Err)
+		return errorResult(fmt.Sprintf("tool %q crashed (%s); plugin %q's state for this session was reset", t.Name, firstLine(te.Err.Error()), name))
+	default:
+		if sl.inst != nil && sl.inst.Err() != nil {
+			s.discard(sl, "trap", err.Error())
+		}
+		return errorResult(fmt.Sprintf("tool %q failed: %v", t.Name, err))
+	}
+}
+
+func firstLine(s string) string {
+	for i := 0; i < len(s); i++ {
+		if s[i] == '\n' {
+			return s[:i]
+		}
+	}
+	return s
+}
+
+func errorResult(msg string) *mcp.CallToolResult {
+	return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: msg}}, IsError: true}
+}
+
+// toMCP decodes the guest's result with the SDK's content types.
+func toMCP(r *abi.CallToolResult) (*mcp.CallToolResult, error) {
+	if r.Content == nil {
+		r.Content = []json.RawMessage{}
+	}
+	b, err := json.Marshal(r)
+	if err != nil {
+		return nil, err
+	}
+	var res mcp.CallToolResult
+	if err := json.Unmarshal(b, &res); err != nil {
+		return nil, err
+	}
+	if res.Content == nil {
+		res.Content = []mcp.Content{}
+	}
+	return &res, nil
+}
+
+func (h *Host) maxRunes() int {
+	switch n := h.opts.MaxResultRunes; {
+	case n == 0:
+		return DefaultMaxResultRunes
+	case n < 0:
+		return -1
+	default:
+		return n
+	}
+}
+
+// capResult keeps res within limit runes, counted across its content
+// blocks (a non-text block counts the runes of its JSON) and its structured
+// content. A text block is cut to fit; any other block, and structured
+// content, that does not fit is dropped whole. A note at the end says what
+// was left out.
+func capResult(res *mcp.CallToolResult, limit int) {
+	if limit < 0 {
+		return
+	}
+	left := limit
+	var kept []mcp.Content
+	cut, dropped := 0, 0
+	for _, c := range res.Content {
+		if left <= 0 {
+			dropped++
+			continue
+		}
+		if tc, ok := c.(*mcp.TextContent); ok {
+			n := utf8.RuneCountInString(tc.Text)
+			if n > left {
+				runes := []rune(tc.Text)
+				cut += n - left
+				tc.Text = string(runes[:left])
+				n = left
+			}
+			left -= n
+			kept = append(kept, tc)
+			continue
+		}
+		b, _ := json.Marshal(c)
+		n := utf8.RuneCount(b)
+		if n > left {
+			dropped++
+			continue
+		}
+		left -= n
+		kept = append(kept, c)
+	}
+	structured := false
+	if res.StructuredContent != nil {
+		b, _ := json.Marshal(res.StructuredContent)
+		if n := utf8.RuneCount(b); n > left {
+			res.StructuredContent = nil
+			structured = true
+		} else {
+			left -= n
+		}
+	}
+	if cut == 0 && dropped == 0 && !structured {
+		return
+	}
+	note := fmt.Sprintf("[wasmtools: the result was over the %d-character limit:", limit)
+	if cut > 0 {
+		note += fmt.Sprintf(" %d characters of text cut;", cut)
+	}
+	if dropped > 0 {
+		note += fmt.Sprintf(" %d content blocks dropped;", dropped)
+	}
+	if structured {
+		note += " structured content dropped;"
+	}
+	note = note[:len(note)-1] + "]"
+	res.Content = append(kept, &mcp.TextContent{Text: note})
+}

@@ -1,0 +1,230 @@
+// Package host serves a catalogue of Wasm plugins over MCP: it registers
+// their tools on a go-sdk server, keeps one instance of each plugin per MCP
+// session, runs calls through them, and shapes their results.
+//
+// Only this package imports the MCP SDK. A Host serves over any go-sdk
+// transport: [Host.Server] for stdio or in-memory, [Host.HTTPHandler] for
+// streamable HTTP.
+package host
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/wasmtools/wasmtools/plugins"
+)
+
+// Defaults of [Options].
+const (
+	// DefaultMaxResultRunes caps a result's content, counted in runes
+	// across all its blocks: a model reads results into a bounded context.
+	DefaultMaxResultRunes = 50_000
+	// DefaultQueueLimit bounds the calls one session may have waiting for
+	// one plugin instance, the running one included.
+	DefaultQueueLimit = 16
+	// DefaultSessionTimeout closes a streamable HTTP session that sent no
+	// request for this long.
+	DefaultSessionTimeout = 30 * time.Minute
+)
+
+// MetaPrefix namespaces the keys wasmtools adds to a result's _meta.
+const MetaPrefix = "dev.wasmtools/"
+
+// MetaStateReset is the _meta key of a result served by a fresh instance
+// because the session's previous one was discarded. Its value is an object
+// with "reason": "trap", "timeout", "cancelled" or "upgrade", and "detail".
+const MetaStateReset = MetaPrefix + "stateReset"
+
+// Options configures a [Host]. The zero value gives the documented defaults;
+// nil and zero fields are never written back.
+type Options struct {
+	// Name and Version are what the server reports to clients. Defaults:
+	// "wasmtools" and "dev".
+	Name, Version string
+	// Logger receives the host's structured log. nil discards it.
+	Logger *slog.Logger
+	// MaxResultRunes caps each result; 0 means [DefaultMaxResultRunes],
+	// negative means no cap.
+	MaxResultRunes int
+	// QueueLimit bounds a session's waiting calls per plugin; 0 means
+	// [DefaultQueueLimit]. A call past it is refused at once.
+	QueueLimit int
+	// SessionTimeout closes idle streamable HTTP sessions; 0 means
+	// [DefaultSessionTimeout], negative means never.
+	SessionTimeout time.Duration
+}
+
+// Host serves plugins over MCP. It is safe for concurrent use. Close it to
+// free every instance.
+type Host struct {
+	opts   Options
+	log    *slog.Logger
+	server *mcp.Server
+
+	mu        sync.Mutex
+	catalogue *plugins.Catalogue
+	sessions  map[*mcp.ServerSession]*session
+	nextID    uint64
+	closed    bool
+	live      atomic.Int64   // live instances
+	wg        sync.WaitGroup // session reapers
+}
+
+// New returns a host serving cat. The host does not own cat: the caller
+// closes it after the host.
+func New(cat *plugins.Catalogue, opts *Options) *Host {
+	h := &Host{sessions: map[*mcp.ServerSession]*session{}}
+	if opts != nil {
+		h.opts = *opts
+	}
+	h.log = h.opts.Logger
+	if h.log == nil {
+		h.log = slog.New(slog.DiscardHandler)
+	}
+	name, version := h.opts.Name, h.opts.Version
+	if name == "" {
+		name = "wasmtools"
+	}
+	if version == "" {
+		version = "dev"
+	}
+	h.server = mcp.NewServer(&mcp.Implementation{Name: name, Version: version}, &mcp.ServerOptions{
+		// Tools are advertised with listChanged even when no plugin is
+		// loaded yet: the catalogue can change under a live session.
+		Capabilities: &mcp.ServerCapabilities{
+			Tools:   &mcp.ToolCapabilities{ListChanged: true},
+			Logging: &mcp.LoggingCapabilities{},
+		},
+		Logger: h.log.With("component", "mcp"),
+	})
+	h.SetCatalogue(cat)
+	return h
+}
+
+// Server returns the MCP server, to run on a transport:
+//
+//	err := h.Server().Run(ctx, &mcp.StdioTransport{})
+func (h *Host) Server() *mcp.Server { return h.server }
+
+// Catalogue returns the catalogue being served.
+func (h *Host) Catalogue() *plugins.Catalogue {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.catalogue
+}
+
+// SetCatalogue serves cat from now on and returns the catalogue it
+// replaces. Tools that are gone are removed, new and changed ones are
+// (re)registered, and clients are told with notifications/tools/list_changed.
+// Calls already running finish on the plugin they started on; a session's
+// next call to a replaced plugin gets an instance of the new one.
+func (h *Host) SetCatalogue(cat *plugins.Catalogue) *plugins.Catalogue {
+	h.mu.Lock()
+	old := h.catalogue
+	h.catalogue = cat
+	h.mu.Unlock()
+	var gone []string
+	if old != nil {
+		for _, t := range old.Tools() {
+			if cat == nil {
+				gone = append(gone, t.Name)
+			} else if _, ok := cat.Tool(t.Name); !ok {
+				gone = append(gone, t.Name)
+			}
+		}
+	}
+	if len(gone) > 0 {
+		h.server.RemoveTools(gone...)
+	}
+	if cat != nil {
+		for _, t := range cat.Tools() {
+			if old != nil {
+				if prev, ok := old.Tool(t.Name); ok && prev == t {
+					continue
+				}
+			}
+			h.server.AddTool(mcpTool(t), h.handler(t))
+		}
+	}
+	return old
+}
+
+func mcpTool(t *plugins.Tool) *mcp.Tool {
+	mt := &mcp.Tool{
+		Name:        t.Name,
+		Title:       t.Def.Title,
+		Description: t.Def.Description,
+		InputSchema: t.Def.InputSchema,
+	}
+	if len(t.Def.OutputSchema) > 0 {
+		mt.OutputSchema = t.Def.OutputSchema
+	}
+	if len(t.Def.Annotations) > 0 {
+		var a mcp.ToolAnnotations
+		if json.Unmarshal(t.Def.Annotations, &a) == nil {
+			mt.Annotations = &a
+		}
+	}
+	return mt
+}
+
+// HTTPHandler returns a streamable HTTP handler for the host, to mount at
+// the MCP endpoint (wasmtools mounts it at /mcp). Each MCP session
+// (Mcp-Session-Id) gets its own plugin instances.
+func (h *Host) HTTPHandler() http.Handler {
+	timeout := h.opts.SessionTimeout
+	if timeout == 0 {
+		timeout = DefaultSessionTimeout
+	} else if timeout < 0 {
+		timeout = 0
+	}
+	return mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return h.server }, &mcp.StreamableHTTPOptions{
+		SessionTimeout: timeout,
+		Logger:         h.log.With("component", "mcp-http"),
+	})
+}
+
+// ErrClosed is returned for calls that arrive after [Host.Close].
+var ErrClosed = errors.New("host: shutting down")
+
+// Close frees every session's instances, waiting for calls in flight to
+// finish until ctx ends; calls still running then are abandoned to their
+// own deadlines. New calls fail with [ErrClosed]. It is idempotent.
+func (h *Host) Close(ctx context.Context) error {
+	h.mu.Lock()
+	h.closed = true
+	sessions := make([]*session, 0, len(h.sessions))
+	for ss, s := range h.sessions {
+		sessions = append(sessions, s)
+		delete(h.sessions, ss)
+	}
+	h.mu.Unlock()
+	done := make(chan struct{})
+	go func() {
+		var wg sync.WaitGroup
+		for _, s := range sessions {
+			wg.Go(func() { s.close(ctx) })
+		}
+		wg.Wait()
+		close(done)
+	}()
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("host: close: %d sessions still had calls running: %w", len(sessions), ctx.Err())
+	}
+}
+
+// LiveInstances reports how many plugin instances are live across all
+// sessions.
+func (h *Host) LiveInstances() int { return int(h.live.Load()) }

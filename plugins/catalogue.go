@@ -1,0 +1,168 @@
+package plugins
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"slices"
+	"sort"
+	"strings"
+
+	"github.com/wasmtools/wasmtools/sandbox"
+)
+
+// Catalogue is one immutable set of plugins whose tool names are unique. A
+// host serves one catalogue at a time and swaps in a new one on reload.
+type Catalogue struct {
+	plugins []*Plugin
+	tools   map[string]*Tool
+	names   []string
+}
+
+// Rejected is a plugin a catalogue refused, and why.
+type Rejected struct {
+	Plugin *Plugin
+	Err    error
+}
+
+// NewCatalogue builds a catalogue from plugins, taken in order. A plugin
+// whose name or any of whose tool names is already taken by an earlier
+// plugin is refused whole, never shadowed, and returned with an error
+// naming both; the caller closes it.
+func NewCatalogue(plugins []*Plugin) (*Catalogue, []Rejected) {
+	c := &Catalogue{tools: map[string]*Tool{}}
+	byName := map[string]*Plugin{}
+	var rejected []Rejected
+	for _, p := range plugins {
+		if prev, ok := byName[p.name]; ok {
+			rejected = append(rejected, Rejected{p, fmt.Errorf("plugin %q (%s): the name is taken by %s: rename one file", p.name, p.path, prev.path)})
+			continue
+		}
+		var clash []string
+		for _, t := range p.tools {
+			if prev, ok := c.tools[t.Name]; ok {
+				clash = append(clash, fmt.Sprintf("%q is served by plugin %q (%s)", t.Name, prev.plugin.name, prev.plugin.path))
+			}
+		}
+		if len(clash) > 0 {
+			rejected = append(rejected, Rejected{p, fmt.Errorf("plugin %q (%s): tool name collision: %s; give one plugin a prefix", p.name, p.path, strings.Join(clash, ", "))})
+			continue
+		}
+		byName[p.name] = p
+		c.plugins = append(c.plugins, p)
+		for _, t := range p.tools {
+			c.tools[t.Name] = t
+			c.names = append(c.names, t.Name)
+		}
+	}
+	sort.Strings(c.names)
+	slices.SortFunc(c.plugins, func(a, b *Plugin) int { return strings.Compare(a.name, b.name) })
+	return c, rejected
+}
+
+// Tool returns the tool served under name.
+func (c *Catalogue) Tool(name string) (*Tool, bool) {
+	t, ok := c.tools[name]
+	return t, ok
+}
+
+// Tools returns every tool, sorted by name.
+func (c *Catalogue) Tools() []*Tool {
+	ts := make([]*Tool, len(c.names))
+	for i, n := range c.names {
+		ts[i] = c.tools[n]
+	}
+	return ts
+}
+
+// Plugins returns the catalogue's plugins, sorted by name.
+func (c *Catalogue) Plugins() []*Plugin { return slices.Clone(c.plugins) }
+
+// Close closes every plugin in the catalogue.
+func (c *Catalogue) Close(ctx context.Context) error {
+	var errs []error
+	for _, p := range c.plugins {
+		errs = append(errs, p.Close(ctx))
+	}
+	return errors.Join(errs...)
+}
+
+// Discover expands paths into the plugin files they name: a folder gives
+// the *.wasm files directly in it, sorted; a file is taken as it is, in the
+// order given. A path that does not exist is an error; the rest are still
+// returned.
+func Discover(paths []string) ([]string, []error) {
+	var files []string
+	var errs []error
+	seen := map[string]bool{}
+	add := func(f string) {
+		if abs, err := filepath.Abs(f); err == nil && !seen[abs] {
+			seen[abs] = true
+			files = append(files, f)
+		}
+	}
+	for _, p := range paths {
+		info, err := os.Stat(p)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("plugin path %s: %w", p, err))
+			continue
+		}
+		if !info.IsDir() {
+			add(p)
+			continue
+		}
+		entries, err := os.ReadDir(p)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("plugin folder %s: %w", p, err))
+			continue
+		}
+		for _, e := range entries {
+			if IsPluginFile(e.Name()) && e.Type()&fs.ModeType == 0 || IsPluginFile(e.Name()) && e.Type()&fs.ModeSymlink != 0 {
+				add(filepath.Join(p, e.Name()))
+			}
+		}
+	}
+	return files, errs
+}
+
+// IsPluginFile reports whether a file in a plugin folder is a plugin by its
+// name: it ends in ".wasm" and is not hidden (editors and deploy tools
+// write hidden temporary files).
+func IsPluginFile(name string) bool {
+	return strings.HasSuffix(name, ".wasm") && !strings.HasPrefix(name, ".")
+}
+
+// LoadAll loads every plugin file that paths name (see [Discover]) and
+// builds a catalogue of those that load and do not collide. Each failure is
+// returned as an error naming the file and the reason; the rest are served.
+// optsFor gives each file's options, and may be nil.
+func LoadAll(ctx context.Context, rt *sandbox.Runtime, paths []string, optsFor func(path string) Options) (*Catalogue, []error) {
+	files, errs := Discover(paths)
+	var loaded []*Plugin
+	for _, f := range files {
+		wasm, err := os.ReadFile(f)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("plugin file %s: %w", f, err))
+			continue
+		}
+		var opts Options
+		if optsFor != nil {
+			opts = optsFor(f)
+		}
+		p, err := Load(ctx, rt, f, wasm, opts)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		loaded = append(loaded, p)
+	}
+	cat, rejected := NewCatalogue(loaded)
+	for _, r := range rejected {
+		errs = append(errs, r.Err)
+		_ = r.Plugin.Close(ctx)
+	}
+	return cat, errs
+}

@@ -1,0 +1,82 @@
+package plugins
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+
+	"github.com/wasmtools/wasmtools/abi"
+	"github.com/wasmtools/wasmtools/sandbox"
+)
+
+// Instance is one live sandbox of a plugin, with the guest state its calls
+// build up. It is not safe for concurrent use: the caller runs one call at
+// a time. Close it when done.
+type Instance struct {
+	plugin *Plugin
+	sb     *sandbox.Instance
+}
+
+// NewInstance starts a fresh instance of p, running the guest's
+// initialisation.
+func (p *Plugin) NewInstance(ctx context.Context) (*Instance, error) {
+	sb, err := p.compiled.Instantiate(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("plugin %q: new instance: %w", p.name, err)
+	}
+	return &Instance{plugin: p, sb: sb}, nil
+}
+
+// Plugin returns the plugin the instance runs.
+func (i *Instance) Plugin() *Plugin { return i.plugin }
+
+// Call is one tool call.
+type Call struct {
+	Tool      *Tool
+	Arguments json.RawMessage
+	// Meta is the request's _meta, passed to the guest.
+	Meta json.RawMessage
+	// Context tells a v2 guest who calls.
+	Context abi.CallContext
+}
+
+// CallTool runs one tool call and returns the guest's result. The
+// arguments are not validated here; see [Tool.ValidateArguments].
+//
+// A guest that fails the call (its export returns an error) yields a
+// [sandbox.GuestError]; one that traps, panics or overruns its deadline
+// yields a [sandbox.TrapError], and the instance is then closed
+// ([Instance.Err] says why) and must be replaced. Output that is not a
+// CallToolResult is an error too.
+func (i *Instance) CallTool(ctx context.Context, c Call) (*abi.CallToolResult, error) {
+	if c.Tool.plugin != i.plugin {
+		return nil, fmt.Errorf("tool %q belongs to plugin %q, not %q", c.Tool.Name, c.Tool.plugin.name, i.plugin.name)
+	}
+	params := abi.CallParams{Name: c.Tool.Def.Name, Arguments: c.Arguments, Meta: c.Meta}
+	var export string
+	var input any
+	if i.plugin.iface == abi.InterfaceServlet {
+		export, input = abi.ExportCall, abi.ServletCallInput{Params: params}
+	} else {
+		export, input = abi.ExportCallTool, abi.CallToolInput{Request: params, Context: c.Context}
+	}
+	b, err := json.Marshal(input)
+	if err != nil {
+		return nil, fmt.Errorf("encode call: %w", err)
+	}
+	out, err := i.sb.Call(ctx, export, b)
+	if err != nil {
+		return nil, err
+	}
+	var res abi.CallToolResult
+	if err := decodeJSON(out, &res); err != nil {
+		return nil, fmt.Errorf("%s: %w", export, err)
+	}
+	return &res, nil
+}
+
+// Err reports why the instance is closed, or nil while it is usable.
+func (i *Instance) Err() error { return i.sb.Err() }
+
+// Close frees the instance. It is idempotent.
+func (i *Instance) Close(ctx context.Context) error { return i.sb.Close(ctx) }

@@ -1,0 +1,268 @@
+// Package plugins turns .wasm files into plugins the host can serve: it
+// loads and checks them (interface, tools, schemas), builds the catalogue
+// of tools they offer with collisions refused, and makes instances that
+// call their tools.
+//
+// A [Plugin] is one loaded file: its bytes' sha256, its compiled module and
+// its tools. A [Catalogue] is one immutable set of plugins with unique tool
+// names. An [Instance] is one live sandbox of a plugin; the host keeps one
+// per MCP session.
+package plugins
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"unicode/utf8"
+
+	"github.com/google/jsonschema-go/jsonschema"
+
+	"github.com/wasmtools/wasmtools/abi"
+	"github.com/wasmtools/wasmtools/sandbox"
+)
+
+// Options configures how one plugin is loaded. The zero value loads with
+// sandbox defaults and no prefix.
+type Options struct {
+	// Name is the plugin's name; "" means the file's base name without
+	// ".wasm".
+	Name string
+	// Prefix is prepended verbatim to each tool name the plugin lists, so
+	// that two plugins with the same tool names can both be served.
+	Prefix string
+	// Policy is what the plugin's instances may do. The zero Policy means
+	// sandbox.NewPolicy().
+	Policy *sandbox.Policy
+}
+
+// Plugin is one loaded, checked plugin. It is safe for concurrent use.
+// Close it when it is no longer served; that closes its instances.
+type Plugin struct {
+	name      string
+	path      string
+	sha256    string
+	size      int
+	iface     abi.Interface
+	tools     []*Tool
+	compiled  *sandbox.Compiled
+	hasExport map[string]bool
+}
+
+// Tool is one tool a plugin serves.
+type Tool struct {
+	// Name is the tool's name as served: the plugin's prefix and its own
+	// name.
+	Name string
+	// Def is the tool as the plugin lists it, under its own name.
+	Def    abi.Tool
+	plugin *Plugin
+	schema *jsonschema.Resolved
+}
+
+// Plugin returns the plugin that serves t.
+func (t *Tool) Plugin() *Plugin { return t.plugin }
+
+// ValidName is what a served tool name must match: model providers refuse
+// other names.
+var validName = regexp.MustCompile(`^[a-zA-Z0-9_-]{1,64}$`)
+
+// ErrInvalidArguments is matched by the error of [Tool.ValidateArguments].
+var ErrInvalidArguments = errors.New("invalid arguments")
+
+// ValidateArguments checks args against the tool's input schema. The error
+// says what is wrong, for the calling model to read, and matches
+// [ErrInvalidArguments].
+func (t *Tool) ValidateArguments(args json.RawMessage) error {
+	var v any = map[string]any{}
+	if len(bytes.TrimSpace(args)) > 0 && !bytes.Equal(bytes.TrimSpace(args), []byte("null")) {
+		if err := json.Unmarshal(args, &v); err != nil {
+			return fmt.Errorf("%w: not JSON: %v", ErrInvalidArguments, err)
+		}
+	}
+	if _, ok := v.(map[string]any); !ok {
+		return fmt.Errorf("%w: arguments must be a JSON object", ErrInvalidArguments)
+	}
+	if err := t.schema.Validate(v); err != nil {
+		return fmt.Errorf("%w: %v", ErrInvalidArguments, err)
+	}
+	return nil
+}
+
+// Load checks and compiles wasm, the bytes of the file at path, and asks the
+// plugin for its tools in a throwaway instance. It fails, with the reason in
+// the error, for bytes that are not a compilable module, imports the host
+// does not provide, a module that exports neither plugin interface, a tool
+// list that does not decode, an invalid or duplicate tool name, or an input
+// schema that does not compile.
+func Load(ctx context.Context, rt *sandbox.Runtime, path string, wasm []byte, opts Options) (*Plugin, error) {
+	name := opts.Name
+	if name == "" {
+		name = strings.TrimSuffix(filepath.Base(path), ".wasm")
+	}
+	sum := sha256.Sum256(wasm)
+	p := &Plugin{name: name, path: path, sha256: hex.EncodeToString(sum[:]), size: len(wasm), hasExport: map[string]bool{}}
+	policy := sandbox.NewPolicy()
+	if opts.Policy != nil {
+		policy = *opts.Policy
+	}
+	compiled, err := rt.Compile(ctx, wasm, policy)
+	if err != nil {
+		return nil, fmt.Errorf("plugin %q (%s): %w", name, path, err)
+	}
+	p.compiled = compiled
+	if err := p.describe(ctx, opts.Prefix); err != nil {
+		err = fmt.Errorf("plugin %q (%s): %w", name, path, err)
+		if cerr := compiled.Close(ctx); cerr != nil {
+			err = errors.Join(err, cerr)
+		}
+		return nil, err
+	}
+	return p, nil
+}
+
+// describe detects the interface and reads the tool list.
+func (p *Plugin) describe(ctx context.Context, prefix string) error {
+	for _, f := range p.compiled.Exports() {
+		p.hasExport[f.Name] = true
+	}
+	switch {
+	case p.hasExport[abi.ExportListTools] && p.hasExport[abi.ExportCallTool]:
+		p.iface = abi.InterfaceV2
+	case p.hasExport[abi.ExportDescribe] && p.hasExport[abi.ExportCall]:
+		p.iface = abi.InterfaceServlet
+	default:
+		return fmt.Errorf("exports neither plugin interface: want %q and %q (v2), or %q and %q (servlet)",
+			abi.ExportListTools, abi.ExportCallTool, abi.ExportDescribe, abi.ExportCall)
+	}
+	inst, err := p.compiled.Instantiate(ctx)
+	if err != nil {
+		return err
+	}
+	defer inst.Close(ctx)
+	defs, err := p.listTools(ctx, inst)
+	if err != nil {
+		return err
+	}
+	seen := map[string]bool{}
+	for _, d := range defs {
+		served := prefix + d.Name
+		if !validName.MatchString(served) {
+			return fmt.Errorf("tool name %q is not allowed: names must match %s", served, validName)
+		}
+		if seen[served] {
+			return fmt.Errorf("lists tool %q twice", served)
+		}
+		seen[served] = true
+		t := &Tool{Name: served, Def: d, plugin: p}
+		if len(d.InputSchema) == 0 {
+			t.Def.InputSchema = json.RawMessage(`{"type":"object"}`)
+		}
+		if t.schema, err = compileSchema(t.Def.InputSchema); err != nil {
+			return fmt.Errorf("tool %q: input schema: %w", d.Name, err)
+		}
+		p.tools = append(p.tools, t)
+	}
+	return nil
+}
+
+// maxToolPages bounds the pages of a v2 plugin's tool list, so a plugin
+// that always returns a next cursor cannot hold the load forever.
+const maxToolPages = 100
+
+func (p *Plugin) listTools(ctx context.Context, inst *sandbox.Instance) ([]abi.Tool, error) {
+	if p.iface == abi.InterfaceServlet {
+		out, err := inst.Call(ctx, abi.ExportDescribe, nil)
+		if err != nil {
+			return nil, err
+		}
+		var res abi.ServletDescribeResult
+		if err := decodeJSON(out, &res); err != nil {
+			return nil, fmt.Errorf("%s: %w", abi.ExportDescribe, err)
+		}
+		return res.Tools, nil
+	}
+	var tools []abi.Tool
+	in := abi.ListToolsInput{}
+	for range maxToolPages {
+		b, _ := json.Marshal(in)
+		out, err := inst.Call(ctx, abi.ExportListTools, b)
+		if err != nil {
+			return nil, err
+		}
+		var res abi.ListToolsResult
+		if err := decodeJSON(out, &res); err != nil {
+			return nil, fmt.Errorf("%s: %w", abi.ExportListTools, err)
+		}
+		tools = append(tools, res.Tools...)
+		if res.NextCursor == "" {
+			return tools, nil
+		}
+		in.Cursor = res.NextCursor
+	}
+	return nil, fmt.Errorf("%s: more than %d pages of tools", abi.ExportListTools, maxToolPages)
+}
+
+func compileSchema(raw json.RawMessage) (*jsonschema.Resolved, error) {
+	var s jsonschema.Schema
+	if err := json.Unmarshal(raw, &s); err != nil {
+		return nil, err
+	}
+	if s.Type != "object" {
+		return nil, fmt.Errorf(`type is %q, but MCP requires "object"`, s.Type)
+	}
+	return s.Resolve(nil)
+}
+
+// decodeJSON decodes guest output, refusing invalid UTF-8 and trailing data.
+func decodeJSON(b []byte, v any) error {
+	if len(b) == 0 {
+		return errors.New("empty output, want JSON")
+	}
+	if !utf8.Valid(b) {
+		return errors.New("output is not valid UTF-8")
+	}
+	dec := json.NewDecoder(bytes.NewReader(b))
+	if err := dec.Decode(v); err != nil {
+		return fmt.Errorf("output is not the expected JSON: %w", err)
+	}
+	if dec.More() {
+		return errors.New("output has data after its JSON value")
+	}
+	return nil
+}
+
+// Name returns the plugin's name.
+func (p *Plugin) Name() string { return p.name }
+
+// Path returns the file the plugin was loaded from.
+func (p *Plugin) Path() string { return p.path }
+
+// SHA256 returns the hex sha256 of the plugin's bytes: its version.
+func (p *Plugin) SHA256() string { return p.sha256 }
+
+// Size returns the plugin's size in bytes.
+func (p *Plugin) Size() int { return p.size }
+
+// Interface returns the plugin interface the plugin speaks.
+func (p *Plugin) Interface() abi.Interface { return p.iface }
+
+// Tools returns the plugin's tools in the order it lists them. The slice
+// must not be modified.
+func (p *Plugin) Tools() []*Tool { return p.tools }
+
+// Imports lists what the module imports.
+func (p *Plugin) Imports() []sandbox.Func { return p.compiled.Imports() }
+
+// Exports lists what the module exports.
+func (p *Plugin) Exports() []sandbox.Func { return p.compiled.Exports() }
+
+// Close closes the plugin's compiled module and every instance of it. It is
+// idempotent.
+func (p *Plugin) Close(ctx context.Context) error { return p.compiled.Close(ctx) }

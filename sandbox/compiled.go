@@ -1,0 +1,134 @@
+package sandbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+
+	"github.com/tetratelabs/wazero"
+	"github.com/tetratelabs/wazero/api"
+	"github.com/tetratelabs/wazero/imports/wasi_snapshot_preview1"
+
+	"github.com/wasmtools/wasmtools/abi"
+)
+
+// Compiled is a validated, compiled module, ready to instantiate. It is safe
+// for concurrent use. Close it once no instance is needed: closing it
+// closes every instance made from it.
+type Compiled struct {
+	rt     wazero.Runtime
+	mod    wazero.CompiledModule
+	policy Policy
+
+	imports []Func
+	exports []Func
+
+	closeOnce sync.Once
+	closeErr  error
+}
+
+// Func names a function a module imports or exports, with its signature in
+// WebAssembly text format, such as "(i64) -> (i32)".
+type Func struct {
+	Module    string `json:"module,omitempty"` // imports only
+	Name      string `json:"name"`
+	Signature string `json:"signature"`
+}
+
+func newCompiled(ctx context.Context, rt wazero.Runtime, wasm []byte, p Policy) (*Compiled, error) {
+	if _, err := wasi_snapshot_preview1.Instantiate(ctx, rt); err != nil {
+		return nil, fmt.Errorf("sandbox: define %s: %w", abi.WASIModule, err)
+	}
+	if err := instantiateKernel(ctx, rt); err != nil {
+		return nil, fmt.Errorf("sandbox: define %s: %w", abi.EnvModule, err)
+	}
+	mod, err := rt.CompileModule(ctx, wasm)
+	if err != nil {
+		return nil, fmt.Errorf("compile: %w", err)
+	}
+	c := &Compiled{rt: rt, mod: mod, policy: p}
+	for _, d := range mod.ExportedFunctions() {
+		c.exports = append(c.exports, Func{Name: d.ExportNames()[0], Signature: signature(d)})
+	}
+	slices.SortFunc(c.exports, func(a, b Func) int { return strings.Compare(a.Name, b.Name) })
+
+	var problems []string
+	for _, d := range mod.ImportedFunctions() {
+		modName, name, _ := d.Import()
+		c.imports = append(c.imports, Func{Module: modName, Name: name, Signature: signature(d)})
+		host := rt.Module(modName)
+		var f api.FunctionDefinition
+		if host != nil {
+			f = host.ExportedFunctionDefinitions()[name]
+		}
+		switch {
+		case f == nil:
+			problems = append(problems, fmt.Sprintf("%s.%s, which this host does not provide", modName, name))
+		case signature(f) != signature(d):
+			problems = append(problems, fmt.Sprintf("%s.%s as %s, but this host provides %s", modName, name, signature(d), signature(f)))
+		}
+	}
+	for name, d := range mod.ImportedMemories() {
+		m, n, _ := d.Import()
+		_ = name
+		problems = append(problems, fmt.Sprintf("memory %s.%s, but a plugin must define its own memory", m, n))
+	}
+	if len(problems) > 0 {
+		return nil, fmt.Errorf("unsupported imports: %s", strings.Join(problems, "; "))
+	}
+	if mem := mod.ExportedMemories(); len(mem) == 0 {
+		// Extism guests exchange bytes through host calls, but WASI
+		// needs the guest's memory to pass buffers.
+		if len(mod.ImportedFunctions()) > 0 && slices.ContainsFunc(c.imports, func(f Func) bool { return f.Module == abi.WASIModule }) {
+			return nil, errors.New("imports WASI but exports no memory")
+		}
+	}
+	return c, nil
+}
+
+func signature(d api.FunctionDefinition) string {
+	names := func(ts []api.ValueType) string {
+		s := make([]string, len(ts))
+		for i, t := range ts {
+			s[i] = api.ValueTypeName(t)
+		}
+		return strings.Join(s, ", ")
+	}
+	return "(" + names(d.ParamTypes()) + ") -> (" + names(d.ResultTypes()) + ")"
+}
+
+// Imports lists the functions the module imports, in module order.
+func (c *Compiled) Imports() []Func { return slices.Clone(c.imports) }
+
+// Exports lists the functions the module exports, sorted by name.
+func (c *Compiled) Exports() []Func { return slices.Clone(c.exports) }
+
+// HasExport reports whether the module exports a function named name.
+func (c *Compiled) HasExport(name string) bool {
+	_, ok := c.mod.ExportedFunctions()[name]
+	return ok
+}
+
+// CustomSection returns the contents of the first custom section named
+// name, or nil.
+func (c *Compiled) CustomSection(name string) []byte {
+	for _, s := range c.mod.CustomSections() {
+		if s.Name() == name {
+			return s.Data()
+		}
+	}
+	return nil
+}
+
+// Policy returns the policy the module was compiled under.
+func (c *Compiled) Policy() Policy { return c.policy }
+
+// Close closes every instance of the module and frees its machine code.
+// It is idempotent.
+func (c *Compiled) Close(ctx context.Context) error {
+	c.closeOnce.Do(func() { c.closeErr = c.rt.Close(ctx) })
+	return c.closeErr
+}

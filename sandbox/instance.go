@@ -1,0 +1,208 @@
+package sandbox
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"fmt"
+	"log/slog"
+
+	"github.com/tetratelabs/wazero"
+	"github.com/tetratelabs/wazero/api"
+
+	"github.com/wasmtools/wasmtools/abi"
+)
+
+// Instance is one live sandbox: a module's memory, globals and Extism vars.
+// It is not safe for concurrent use: a guest is single-threaded, and the
+// caller runs one call at a time. Close it when done; a trap or timeout
+// closes it already.
+type Instance struct {
+	compiled *Compiled
+	mod      api.Module
+	kernel   kernel
+	funcs    map[string]api.Function
+	stack    [1]uint64
+	err      error // why the instance is closed, nil while usable
+	log      *slog.Logger
+	stdout   lineLogger
+	stderr   lineLogger
+}
+
+// Instantiate creates an instance and runs its initialisation export
+// (_initialize, else __wasm_call_ctors) under the policy's call timeout.
+// A guest whose initialisation traps or overruns fails here.
+func (c *Compiled) Instantiate(ctx context.Context) (*Instance, error) {
+	inst := &Instance{
+		compiled: c,
+		kernel: kernel{
+			mem:       make([]byte, blockAlign, 256),
+			limit:     c.policy.maxKernelMemory,
+			maxOutput: c.policy.maxOutput,
+			config:    c.policy.config,
+		},
+		funcs: make(map[string]api.Function, 4),
+		log:   c.policy.log,
+	}
+	inst.stdout = lineLogger{inst: inst, stream: "stdout"}
+	inst.stderr = lineLogger{inst: inst, stream: "stderr"}
+	cfg := wazero.NewModuleConfig().
+		WithName("").
+		WithStartFunctions(). // Extism guests initialise through an export, below
+		WithStdout(&inst.stdout).
+		WithStderr(&inst.stderr).
+		WithRandSource(rand.Reader)
+	ctx, cancel := context.WithTimeout(ctx, c.policy.callTimeout)
+	defer cancel()
+	ctx = context.WithValue(ctx, instanceKey{}, inst)
+	mod, err := c.rt.InstantiateModule(ctx, c.mod, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("instantiate: %w", contextCause(ctx, err))
+	}
+	inst.mod = mod
+	for _, name := range []string{abi.ExportInitialize, abi.ExportCallCtors} {
+		if f := mod.ExportedFunction(name); f != nil {
+			if _, err := f.Call(ctx); err != nil {
+				_ = mod.Close(context.Background())
+				return nil, fmt.Errorf("initialise: %w", &TrapError{Export: name, Cause: ctxErr(ctx), Err: err})
+			}
+			break
+		}
+	}
+	return inst, nil
+}
+
+func ctxErr(ctx context.Context) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	return nil
+}
+
+func contextCause(ctx context.Context, err error) error {
+	if cerr := ctx.Err(); cerr != nil {
+		return fmt.Errorf("%w: %v", cerr, err)
+	}
+	return err
+}
+
+// Call runs export with input and returns what the guest set as its output.
+//
+// The export must take no parameters and return nothing or an i32; a
+// non-zero i32 is a [GuestError] carrying the guest's error message, and
+// the instance stays usable. A trap, guest exit, host-function refusal or
+// the end of ctx (or of the policy's call timeout) is a [TrapError], and
+// closes the instance: its memory may be inconsistent.
+func (i *Instance) Call(ctx context.Context, export string, input []byte) ([]byte, error) {
+	if i.err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrClosed, i.err)
+	}
+	f, err := i.function(export)
+	if err != nil {
+		return nil, err
+	}
+	if err := i.kernel.reset(input); err != nil {
+		return nil, fmt.Errorf("%s: %w", export, err)
+	}
+	ctx, cancel := context.WithTimeout(ctx, i.compiled.policy.callTimeout)
+	defer cancel()
+	ctx = context.WithValue(ctx, instanceKey{}, i)
+	i.stack[0] = 0
+	if err := f.CallWithStack(ctx, i.stack[:]); err != nil {
+		te := &TrapError{Export: export, Cause: ctxErr(ctx), Err: err}
+		i.close(te)
+		return nil, te
+	}
+	i.stdout.flush()
+	i.stderr.flush()
+	if len(f.Definition().ResultTypes()) == 1 && uint32(i.stack[0]) != 0 {
+		msg, _ := i.kernel.errorMessage()
+		return nil, &GuestError{Export: export, Message: msg}
+	}
+	return i.kernel.output(), nil
+}
+
+func (i *Instance) function(export string) (api.Function, error) {
+	if f, ok := i.funcs[export]; ok {
+		return f, nil
+	}
+	f := i.mod.ExportedFunction(export)
+	if f == nil {
+		return nil, fmt.Errorf("%w: %q", ErrNoExport, export)
+	}
+	d := f.Definition()
+	if len(d.ParamTypes()) != 0 || len(d.ResultTypes()) > 1 || (len(d.ResultTypes()) == 1 && d.ResultTypes()[0] != api.ValueTypeI32) {
+		return nil, fmt.Errorf("export %q has signature %s, but the Extism ABI needs () -> (i32) or () -> ()", export, signature(d))
+	}
+	i.funcs[export] = f
+	return f, nil
+}
+
+// Err reports why the instance is closed, or nil while it is usable.
+func (i *Instance) Err() error { return i.err }
+
+// MemorySize reports the guest's linear memory size in bytes.
+func (i *Instance) MemorySize() uint64 {
+	if m := i.mod.Memory(); m != nil {
+		return uint64(m.Size())
+	}
+	return 0
+}
+
+// Close frees the instance. It is idempotent.
+func (i *Instance) Close(ctx context.Context) error {
+	if i.err != nil {
+		return nil
+	}
+	i.err = ErrClosed
+	return i.mod.Close(ctx)
+}
+
+func (i *Instance) close(reason error) {
+	i.err = reason
+	_ = i.mod.Close(context.Background())
+}
+
+// logGuest sends a guest's log message to the policy's logger.
+func (i *Instance) logGuest(ctx context.Context, level slog.Level, msg []byte) {
+	i.log.Log(ctx, level, "guest log", "message", string(msg))
+}
+
+// lineLogger turns guest stdout or stderr into one log record per line. A
+// line longer than maxLogLine is logged in pieces.
+type lineLogger struct {
+	inst   *Instance
+	stream string
+	buf    []byte
+}
+
+const maxLogLine = 4096
+
+func (w *lineLogger) Write(p []byte) (int, error) {
+	n := len(p)
+	for len(p) > 0 {
+		if j := bytes.IndexByte(p, '\n'); j >= 0 {
+			w.buf = append(w.buf, p[:j]...)
+			w.flush()
+			p = p[j+1:]
+			continue
+		}
+		room := maxLogLine - len(w.buf)
+		if len(p) < room {
+			w.buf = append(w.buf, p...)
+			break
+		}
+		w.buf = append(w.buf, p[:room]...)
+		w.flush()
+		p = p[room:]
+	}
+	return n, nil
+}
+
+func (w *lineLogger) flush() {
+	if len(w.buf) == 0 {
+		return
+	}
+	w.inst.log.Info("guest "+w.stream, "line", string(w.buf))
+	w.buf = w.buf[:0]
+}

@@ -1,0 +1,117 @@
+package sandbox
+
+import (
+	"log/slog"
+	"time"
+)
+
+// Defaults of a [Policy]. They are restrictive on purpose: a plugin is
+// untrusted code, and the operator widens what one plugin gets.
+const (
+	// DefaultMemoryLimit bounds one instance's linear memory.
+	DefaultMemoryLimit = 64 << 20
+	// DefaultCallTimeout bounds one export call, and an instance's
+	// initialisation.
+	DefaultCallTimeout = 30 * time.Second
+	// DefaultMaxOutput bounds the bytes one call may return.
+	DefaultMaxOutput = 4 << 20
+	// DefaultMaxKernelMemory bounds the host-side Extism memory blocks one
+	// call may allocate (input and output included).
+	DefaultMaxKernelMemory = 16 << 20
+)
+
+const wasmPageSize = 65536
+
+// Policy is what one plugin's instances may do and use. The zero value is
+// not useful; start from [NewPolicy]. A Policy is immutable: each WithXxx
+// returns a changed copy and never fails; values are checked where the
+// policy is used ([Runtime.Compile]).
+//
+// Nothing is granted by default: no files, no environment, no arguments,
+// no network, no real clock, and guest stdout/stderr go to the log, never
+// to the process's stdout.
+type Policy struct {
+	memoryLimit     uint64
+	callTimeout     time.Duration
+	maxOutput       uint64
+	maxKernelMemory uint64
+	log             *slog.Logger
+	config          map[string]string
+}
+
+// NewPolicy returns the default policy: the Default* limits, nothing
+// granted, and guest output discarded.
+func NewPolicy() Policy {
+	return Policy{
+		memoryLimit:     DefaultMemoryLimit,
+		callTimeout:     DefaultCallTimeout,
+		maxOutput:       DefaultMaxOutput,
+		maxKernelMemory: DefaultMaxKernelMemory,
+		log:             slog.New(slog.DiscardHandler),
+	}
+}
+
+// WithMemoryLimit bounds each instance's linear memory, in bytes, rounded
+// down to whole 64 KiB pages (at least one). A guest's memory.grow past it
+// fails as the Wasm spec says (the guest sees -1), and a module whose
+// minimum memory is larger does not compile.
+func (p Policy) WithMemoryLimit(bytes uint64) Policy {
+	p.memoryLimit = bytes
+	return p
+}
+
+// WithCallTimeout bounds one export call. An overrun stops the guest even
+// if it never calls the host, fails with an error matching
+// context.DeadlineExceeded, and leaves the instance closed.
+func (p Policy) WithCallTimeout(d time.Duration) Policy {
+	p.callTimeout = d
+	return p
+}
+
+// WithMaxOutput bounds the bytes one call may return. A guest that sets a
+// larger output traps before the host copies it.
+func (p Policy) WithMaxOutput(bytes uint64) Policy {
+	p.maxOutput = bytes
+	return p
+}
+
+// WithMaxKernelMemory bounds the Extism memory blocks one call may hold.
+func (p Policy) WithMaxKernelMemory(bytes uint64) Policy {
+	p.maxKernelMemory = bytes
+	return p
+}
+
+// WithLogger sets where guest stdout, stderr and log calls go. The default
+// discards them.
+func (p Policy) WithLogger(l *slog.Logger) Policy {
+	p.log = l
+	return p
+}
+
+// WithConfig sets the values the guest reads with the Extism config_get
+// import. The map is copied.
+func (p Policy) WithConfig(cfg map[string]string) Policy {
+	c := make(map[string]string, len(cfg))
+	for k, v := range cfg {
+		c[k] = v
+	}
+	p.config = c
+	return p
+}
+
+// MemoryLimit reports the per-instance memory limit in bytes.
+func (p Policy) MemoryLimit() uint64 { return p.memoryLimit }
+
+// CallTimeout reports the per-call timeout.
+func (p Policy) CallTimeout() time.Duration { return p.callTimeout }
+
+func (p Policy) memoryLimitPages() uint32 {
+	pages := p.memoryLimit / wasmPageSize
+	if pages < 1 {
+		pages = 1
+	}
+	if pages > 65536 {
+		pages = 65536
+	}
+	return uint32(pages)
+}
