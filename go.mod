@@ -3,6 +3,8 @@ module github.com/wasmtools/wasmtools
 go 1.26.8
 
 require (
+	github.com/extism/go-pdk v1.1.3
+	github.com/google/go-cmp v0.7.0
 	github.com/google/jsonschema-go v0.4.3
 	github.com/modelcontextprotocol/go-sdk v1.8.0
 	github.com/tetratelabs/wazero v1.12.0

@@ -1,0 +1,33 @@
+# wasmtools: `make serve` serves the example plugins on stdio; `make test`
+# builds every plugin and runs the tests.
+
+GO ?= go
+
+.PHONY: all deps plugins testplugins build serve test clean
+
+all: build plugins
+
+build:
+	$(GO) build -o wasmtools ./cmd/wasmtools
+
+deps:
+	scripts/deps.sh
+
+plugins: deps
+	scripts/build-plugins.sh examples/plugins examples/plugins/dist
+
+testdeps:
+	scripts/deps.sh
+
+plugins: deps
+	scripts/build-plugins.sh internal/testplugins/src internal/testplugins/dist
+
+serve: build plugins
+	./wasmtools serve examples/plugins/dist
+
+test: plugins testplugins
+	$(GO) vet ./...
+	$(GO) test -race -count=1 ./...
+
+clean:
+	rm -rf wasmtools examples/plugins/dist internal/testplugins/dist

@@ -1,0 +1,256 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"net"
+	"os"
+	"os/exec"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/wasmtools/wasmtools/internal/testplugins"
+)
+
+// TestMain lets the test binary be the wasmtools binary: a test runs
+// os.Args[0] with WASMTOOLS_TEST_MAIN=1 to get a real wasmtools process.
+func TestMain(m *testing.M) {
+	if os.Getenv("WASMTOOLS_TEST_MAIN") == "1" {
+		main()
+	}
+	os.Exit(m.Run())
+}
+
+// lockedBuffer collects a subprocess's stderr while the test reads it.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+func exampleFolder(t *testing.T) string {
+	return testplugins.Folder(t, map[string]string{
+		"hash.wasm":    testplugins.Example(t, "hash"),
+		"notes.wasm":   testplugins.Example(t, "notes"),
+		"counter.wasm": testplugins.Example(t, "counter"),
+		"servlet.wasm": testplugins.Test(t, "servlet"),
+	})
+}
+
+// connectStdio starts `wasmtools serve args...` and connects to it.
+func connectStdio(t *testing.T, stderr *lockedBuffer, args ...string) *mcp.ClientSession {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], append([]string{"serve", "--cache-dir", testplugins.CacheDir()}, args...)...)
+	cmd.Env = append(os.Environ(), "WASMTOOLS_TEST_MAIN=1")
+	cmd.Stderr = stderr
+	cs, err := mcp.NewClient(&mcp.Implementation{Name: "test", Version: "1"}, nil).Connect(context.Background(), &mcp.CommandTransport{Command: cmd}, nil)
+	if err != nil {
+		t.Fatalf("connect: %v\nstderr:\n%s", err, stderr)
+	}
+	t.Cleanup(func() { cs.Close() })
+	return cs
+}
+
+func callText(t *testing.T, cs *mcp.ClientSession, tool string, args any) string {
+	t.Helper()
+	res, err := cs.CallTool(context.Background(), &mcp.CallToolParams{Name: tool, Arguments: args})
+	if err != nil {
+		t.Fatalf("call %s: %v", tool, err)
+	}
+	if res.IsError {
+		t.Fatalf("call %s: error result %v", tool, res.Content)
+	}
+	return res.Content[0].(*mcp.TextContent).Text
+}
+
+func TestServeStdio(t *testing.T) {
+	dir := exampleFolder(t)
+	os.WriteFile(dir+"/broken.wasm", []byte("this is not wasm"), 0o644)
+	var stderrA, stderrB lockedBuffer
+	a := connectStdio(t, &stderrA, dir)
+	b := connectStdio(t, &stderrB, dir)
+
+	res, err := a.ListTools(context.Background(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res.Tools) != 13 {
+		t.Errorf("%d tools, want 13 (broken.wasm skipped)", len(res.Tools))
+	}
+	if got := callText(t, a, "hash", map[string]any{"text": "abc", "algorithm": "sha1"}); got != "a9993e364706816aba3e25717850c26c9cd0d89d" {
+		t.Errorf("sha1(abc) = %s", got)
+	}
+	// Two processes, two clients: each counts on its own.
+	for _, want := range []string{"1", "2", "3"} {
+		if got := callText(t, a, "count", nil); got != want {
+			t.Errorf("a: count = %s, want %s", got, want)
+		}
+	}
+	if got := callText(t, b, "count", nil); got != "1" {
+		t.Errorf("b: count = %s, want 1", got)
+	}
+	// A guest writing to stdout must not corrupt the stdio transport.
+	if got := callText(t, a, "print", map[string]any{"text": "stdout-marker"}); got != "printed" {
+		t.Errorf("print = %s", got)
+	}
+	if got := callText(t, a, "echo", map[string]any{"text": "still talking"}); got != "still talking" {
+		t.Errorf("echo after print = %s", got)
+	}
+	a.Close()
+	logs := stderrA.String()
+	for _, want := range []string{`msg="guest stdout"`, "line=stdout-marker", "broken.wasm", "not a WebAssembly module"} {
+		if !strings.Contains(logs, want) {
+			t.Errorf("stderr lacks %q:\n%s", want, logs)
+		}
+	}
+}
+
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
+}
+
+func TestServeHTTP(t *testing.T) {
+	dir := exampleFolder(t)
+	addr := freeAddr(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	var stderr lockedBuffer
+	exited := make(chan int)
+	go func() {
+		exited <- run(ctx, []string{"serve", "--cache-dir", testplugins.CacheDir(), "--http", addr, dir}, strings.NewReader(""), &bytes.Buffer{}, &stderr)
+	}()
+	endpoint := "http://" + addr + "/mcp"
+	connect := func() *mcp.ClientSession {
+		t.Helper()
+		deadline := time.Now().Add(30 * time.Second)
+		for {
+			cs, err := mcp.NewClient(&mcp.Implementation{Name: "test", Version: "1"}, nil).Connect(ctx, &mcp.StreamableClientTransport{Endpoint: endpoint}, nil)
+			if err == nil {
+				return cs
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("connect %s: %v\n%s", endpoint, err, stderr.String())
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	a, b := connect(), connect()
+	callText(t, a, "note_add", map[string]any{"text": "from a"})
+	callText(t, b, "note_add", map[string]any{"text": "from b"})
+	if got := callText(t, a, "note_list", nil); got != "1. from a\n" {
+		t.Errorf("a sees %q", got)
+	}
+	if got := callText(t, b, "note_list", nil); got != "1. from b\n" {
+		t.Errorf("b sees %q", got)
+	}
+	a.Close()
+	b.Close()
+	cancel()
+	select {
+	case code := <-exited:
+		if code != 0 {
+			t.Errorf("serve exited %d\n%s", code, stderr.String())
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("serve did not stop on cancel")
+	}
+}
+
+func TestInspect(t *testing.T) {
+	var out, errb bytes.Buffer
+	code := run(context.Background(), []string{"inspect", "--json", testplugins.Example(t, "hash")}, nil, &out, &errb)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errb.String())
+	}
+	var in inspection
+	if err := json.Unmarshal(out.Bytes(), &in); err != nil {
+		t.Fatal(err)
+	}
+	if in.Interface != "v2" || len(in.Tools) != 2 || len(in.SHA256) != 64 || in.Size == 0 {
+		t.Errorf("inspection: %+v", in)
+	}
+	var wasi bool
+	for _, f := range in.Imports {
+		wasi = wasi || f.Module == "wasi_snapshot_preview1"
+	}
+	if !wasi || len(in.Exports) == 0 {
+		t.Errorf("imports/exports missing: %d imports, %d exports", len(in.Imports), len(in.Exports))
+	}
+
+	out.Reset()
+	code = run(context.Background(), []string{"inspect", "--json", testplugins.Test(t, "missingimport")}, nil, &out, &errb)
+	json.Unmarshal(out.Bytes(), &in)
+	if code != 1 || !strings.Contains(in.Error, "extism:host/user.launch_missiles") || len(in.Imports) != 1 {
+		t.Errorf("missing import: exit %d, %+v", code, in)
+	}
+
+	out.Reset()
+	if code := run(context.Background(), []string{"inspect", testplugins.Example(t, "counter")}, nil, &out, &errb); code != 0 {
+		t.Fatalf("exit %d", code)
+	}
+	for _, want := range []string{"interface: servlet", "count", "extism:host/env.output_set (i64, i64) -> ()"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("text output lacks %q:\n%s", want, out.String())
+		}
+	}
+}
+
+func TestCall(t *testing.T) {
+	tests := []struct {
+		name     string
+		args     []string
+		code     int
+		out, err string
+	}{
+		{"ok", []string{testplugins.Example(t, "hash"), "hash", `{"text":"abc","algorithm":"md5"}`}, 0, "900150983cd24fb0d6963f7d28e17f72", ""},
+		{"no arguments", []string{testplugins.Example(t, "counter"), "count"}, 0, `"text": "1"`, ""},
+		{"bad arguments", []string{testplugins.Example(t, "hash"), "hash", `{"text":1}`}, 1, "", "invalid arguments"},
+		{"unknown tool", []string{testplugins.Example(t, "hash"), "nope"}, 1, "", `has no tool "nope"`},
+		{"guest error", []string{testplugins.Test(t, "servlet"), "fail"}, 1, "", "failed on purpose"},
+		{"trap", []string{testplugins.Test(t, "trap"), "boom"}, 1, "", "unreachable"},
+		{"usage", []string{"only-a-file.wasm"}, 2, "", "Usage"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var out, errb bytes.Buffer
+			code := run(context.Background(), append([]string{"call", "--cache-dir", testplugins.CacheDir()}, tt.args...), nil, &out, &errb)
+			if code != tt.code || !strings.Contains(out.String(), tt.out) || !strings.Contains(errb.String(), tt.err) {
+				t.Errorf("exit %d (want %d)\nstdout: %s\nstderr: %s", code, tt.code, out.String(), errb.String())
+			}
+		})
+	}
+}
+
+func TestUsage(t *testing.T) {
+	var out, errb bytes.Buffer
+	if code := run(context.Background(), nil, nil, &out, &errb); code != 2 || !strings.Contains(errb.String(), "Usage") {
+		t.Errorf("no args: exit %d, %s", code, errb.String())
+	}
+	if code := run(context.Background(), []string{"serve"}, nil, &out, &errb); code != 2 {
+		t.Errorf("serve with no path: exit %d", code)
+	}
+	if code := run(context.Background(), []string{"frobnicate"}, nil, &out, &errb); code != 2 {
+		t.Errorf("unknown command: exit %d", code)
+	}
+}

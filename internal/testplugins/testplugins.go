@@ -1,0 +1,65 @@
+// Package testplugins finds the .wasm plugins that tests run: the examples
+// (examples/plugins/dist) and the test plugins built from
+// internal/testplugins/src (internal/testplugins/dist). `make plugins
+// testplugins` builds both; `make test` does it before testing.
+package testplugins
+
+import (
+	"os"
+	"path/filepath"
+	"runtime"
+	"testing"
+)
+
+// Root returns the repository's root folder.
+func Root() string {
+	_, file, _, _ := runtime.Caller(0)
+	return filepath.Join(filepath.Dir(file), "..", "..")
+}
+
+// Example returns the path of the built example plugin name.
+func Example(t testing.TB, name string) string {
+	return find(t, filepath.Join(Root(), "examples", "plugins", "dist", name+".wasm"))
+}
+
+// Test returns the path of the built test plugin name.
+func Test(t testing.TB, name string) string {
+	return find(t, filepath.Join(Root(), "internal", "testplugins", "dist", name+".wasm"))
+}
+
+// Bytes returns the contents of a plugin file.
+func Bytes(t testing.TB, path string) []byte {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+func find(t testing.TB, path string) string {
+	t.Helper()
+	if _, err := os.Stat(path); err != nil {
+		t.Fatalf("plugin %s is not built: run `make plugins testplugins` (or `make test`) first: %v", path, err)
+	}
+	return path
+}
+
+// Folder returns a new temporary folder holding copies of the given plugin
+// files, named as given (name -> source path).
+func Folder(t testing.TB, files map[string]string) string {
+	t.Helper()
+	dir := t.TempDir()
+	for name, src := range files {
+		if err := os.WriteFile(filepath.Join(dir, name), Bytes(t, src), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return dir
+}
+
+// CacheDir returns a compilation cache folder shared by test runs, so that
+// tests which load the same Go plugin many times compile it once.
+func CacheDir() string {
+	return filepath.Join(os.TempDir(), "wasmtools-test-cache")
+}
