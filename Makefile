@@ -3,23 +3,20 @@
 
 GO ?= go
 
-.PHONY: all deps plugins testplugins build serve test clean
+.PHONY: all deps build plugins testplugins serve test clean
 
 all: build plugins
-
-build:
-	$(GO) build -o wasmtools ./cmd/wasmtools
 
 deps:
 	scripts/deps.sh
 
+build:
+	$(GO) build -o wasmtools ./cmd/wasmtools
+
 plugins: deps
 	scripts/build-plugins.sh examples/plugins examples/plugins/dist
 
-testdeps:
-	scripts/deps.sh
-
-plugins: deps
+testplugins: deps
 	scripts/build-plugins.sh internal/testplugins/src internal/testplugins/dist
 
 serve: build plugins
