@@ -21,14 +21,41 @@ func (h *Host) handler(t *plugins.Tool) mcp.ToolHandler {
 	return func(ctx context.Context, req *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
 		start := time.Now()
 		res, err := h.call(ctx, t, req)
-		p := t.Plugin()
-		if err != nil {
-			h.log.Warn("call refused", "tool", t.Name, "plugin", p.Name(), "error", err)
+		name := t.Plugin().Name()
+		d := time.Since(start)
+		switch {
+		case err != nil:
+			h.metrics.call(name, "refused", d)
+			h.log.Warn("call refused", "tool", t.Name, "plugin", name, "error", err)
 			return nil, err
+		case res.IsError:
+			h.metrics.call(name, "tool_error", d)
+		default:
+			h.metrics.call(name, "ok", d)
 		}
-		h.log.Debug("call", "tool", t.Name, "plugin", p.Name(), "duration", time.Since(start), "isError", res.IsError)
+		h.log.Debug("call", "tool", t.Name, "plugin", name, "duration", d, "isError", res.IsError)
 		return res, nil
 	}
+}
+
+// keyOf says whose instances a request uses: its transport session, or
+// for a sessionless HTTP request, the authenticated subject or the
+// operator's client header when present. A sessionless request with
+// neither gets a key of its own session, which ends with the request.
+func (h *Host) keyOf(req *mcp.CallToolRequest) sessionKey {
+	ss := req.Session
+	if ss.ID() != "" || req.Extra == nil || req.Extra.Header == nil {
+		return sessionKey{ss: ss} // stdio, in-memory, stateful HTTP
+	}
+	if ti := req.Extra.TokenInfo; ti != nil && ti.UserID != "" {
+		return sessionKey{client: "sub:" + ti.UserID}
+	}
+	if name := h.opts.ClientKeyHeader; name != "" {
+		if v := req.Extra.Header.Get(name); v != "" {
+			return sessionKey{client: "header:" + v}
+		}
+	}
+	return sessionKey{ss: ss}
 }
 
 func (h *Host) call(ctx context.Context, t *plugins.Tool, req *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
@@ -36,33 +63,6 @@ func (h *Host) call(ctx context.Context, t *plugins.Tool, req *mcp.CallToolReque
 	if err := t.ValidateArguments(args); err != nil {
 		return errorResult(err.Error()), nil
 	}
-	s, err := h.sessionFor(req.Session)
-	if err != nil {
-		return nil, err
-	}
-	sl, err := s.slot(t.Plugin().Name())
-	if err != nil {
-		return nil, err
-	}
-	limit := h.opts.QueueLimit
-	if limit <= 0 {
-		limit = DefaultQueueLimit
-	}
-	if err := sl.acquire(ctx, limit); err != nil {
-		if errors.Is(err, ErrBusy) {
-			return nil, fmt.Errorf("tool %q: %w (limit %d): wait for earlier calls to finish", t.Name, err, limit)
-		}
-		return nil, err
-	}
-	defer sl.release()
-
-	inst, err := s.instance(ctx, sl, t.Plugin())
-	if err != nil {
-		return errorResult(fmt.Sprintf("tool %q could not start plugin %q: %v", t.Name, t.Plugin().Name(), err)), nil
-	}
-	reset := sl.reset
-	sl.reset = nil
-
 	var meta json.RawMessage
 	if len(req.Params.Meta) > 0 {
 		meta, _ = json.Marshal(req.Params.Meta)
@@ -71,29 +71,34 @@ func (h *Host) call(ctx context.Context, t *plugins.Tool, req *mcp.CallToolReque
 	if ip := req.Session.InitializeParams(); ip != nil {
 		protocol = ip.ProtocolVersion
 	}
-	out, err := inst.CallTool(ctx, plugins.Call{
+	o, err := h.runCall(ctx, h.keyOf(req), t, plugins.Call{
 		Tool: t, Arguments: args, Meta: meta,
 		Context: abi.CallContext{SessionID: req.Session.ID(), ProtocolVersion: protocol},
 	})
-	var res *mcp.CallToolResult
 	if err != nil {
-		res = h.failure(s, sl, t, err)
-	} else if res, err = toMCP(out); err != nil {
+		if errors.Is(err, ErrBusy) {
+			return nil, fmt.Errorf("tool %q: %w (limit %d): wait for earlier calls to finish", t.Name, err, h.queueLimit())
+		}
+		return nil, fmt.Errorf("tool %q: %w", t.Name, err)
+	}
+	var res *mcp.CallToolResult
+	if o.err != nil {
+		res = failureResult(t, o.err)
+	} else if res, err = toMCP(o.result); err != nil {
 		res = errorResult(fmt.Sprintf("tool %q: plugin %q returned a result that is not valid MCP: %v", t.Name, t.Plugin().Name(), err))
 	}
-	if reset != nil {
+	if o.reset != nil {
 		if res.Meta == nil {
 			res.Meta = mcp.Meta{}
 		}
-		res.Meta[MetaStateReset] = reset
+		res.Meta[MetaStateReset] = o.reset
 	}
 	capResult(res, h.maxRunes())
 	return res, nil
 }
 
-// failure turns a failed call into an isError result, discarding the
-// instance when the failure left it unusable.
-func (h *Host) failure(s *session, sl *slot, t *plugins.Tool, err error) *mcp.CallToolResult {
+// failureResult turns a failed call into an isError result for the model.
+func failureResult(t *plugins.Tool, err error) *mcp.CallToolResult {
 	name := t.Plugin().Name()
 	var ge *sandbox.GuestError
 	var te *sandbox.TrapError
@@ -101,19 +106,12 @@ func (h *Host) failure(s *session, sl *slot, t *plugins.Tool, err error) *mcp.Ca
 	case errors.As(err, &ge):
 		return errorResult(fmt.Sprintf("tool %q failed: %s", t.Name, ge.Message))
 	case errors.Is(err, context.DeadlineExceeded):
-		s.discard(sl, "timeout", err.Error())
 		return errorResult(fmt.Sprintf("tool %q timed out and was stopped; plugin %q's state for this session was reset", t.Name, name))
 	case errors.Is(err, context.Canceled):
-		s.discard(sl, "cancelled", err.Error())
 		return errorResult(fmt.Sprintf("tool %q was cancelled; plugin %q's state for this session was reset", t.Name, name))
 	case errors.As(err, &te):
-		s.discard(sl, "trap", te.Err.Error())
-		h.log.Warn("guest trapped", "tool", t.Name, "plugin", name, "session", s.id, "error", te.Err)
 		return errorResult(fmt.Sprintf("tool %q crashed (%s); plugin %q's state for this session was reset", t.Name, firstLine(te.Err.Error()), name))
 	default:
-		if sl.inst != nil && sl.inst.Err() != nil {
-			s.discard(sl, "trap", err.Error())
-		}
 		return errorResult(fmt.Sprintf("tool %q failed: %v", t.Name, err))
 	}
 }

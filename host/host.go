@@ -8,12 +8,14 @@
 package host
 
 import (
+	"container/list"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net/http"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -58,31 +60,61 @@ type Options struct {
 	// QueueLimit bounds a session's waiting calls per plugin; 0 means
 	// [DefaultQueueLimit]. A call past it is refused at once.
 	QueueLimit int
-	// SessionTimeout closes idle streamable HTTP sessions; 0 means
-	// [DefaultSessionTimeout], negative means never.
+	// SessionTimeout closes idle streamable HTTP sessions, and frees the
+	// instances of idle client keys; 0 means [DefaultSessionTimeout],
+	// negative means never.
 	SessionTimeout time.Duration
+	// MaxInstances bounds the live instances of all plugins, and
+	// MaxInstancesPerPlugin those of any one plugin; 0 means no bound.
+	// At a bound, the least recently used idle instance is evicted (its
+	// session's next call starts afresh, told so in _meta); when none is
+	// idle, the call is refused with [ErrAtCapacity].
+	MaxInstances, MaxInstancesPerPlugin int
+	// PoolSize bounds the warm instances kept per stateless plugin; 0
+	// means twice GOMAXPROCS.
+	PoolSize int
+	// ClientKeyHeader names an HTTP request header that identifies a
+	// client on sessionless requests (protocol 2026-07-28 over HTTP has no
+	// session): requests with the same value share instances, as a session
+	// does. An authenticated subject (RequestExtra.TokenInfo.UserID), when
+	// there is one, is used instead. Without either, each sessionless
+	// request gets fresh instances. The header is not authentication:
+	// anyone who sends the same value gets the same guest state.
+	ClientKeyHeader string
 }
 
 // Host serves plugins over MCP. It is safe for concurrent use. Close it to
 // free every instance.
 type Host struct {
-	opts   Options
-	log    *slog.Logger
-	server *mcp.Server
+	opts    Options
+	log     *slog.Logger
+	server  *mcp.Server
+	metrics *metrics
 
 	mu        sync.Mutex
 	catalogue *plugins.Catalogue
-	sessions  map[*mcp.ServerSession]*session
+	sessions  map[sessionKey]*session
+	lru       *list.List // of *slot holding an instance, least recently used first
+	perPlugin map[string]int
+	pools     map[*plugins.Plugin]*pool
 	nextID    uint64
 	closed    bool
-	live      atomic.Int64   // live instances
+	live      atomic.Int64 // live instances
+	stop      chan struct{}
 	wg        sync.WaitGroup // session reapers
 }
 
 // New returns a host serving cat. The host does not own cat: the caller
 // closes it after the host.
 func New(cat *plugins.Catalogue, opts *Options) *Host {
-	h := &Host{sessions: map[*mcp.ServerSession]*session{}}
+	h := &Host{
+		sessions:  map[sessionKey]*session{},
+		lru:       list.New(),
+		perPlugin: map[string]int{},
+		pools:     map[*plugins.Plugin]*pool{},
+		metrics:   newMetrics(),
+		stop:      make(chan struct{}),
+	}
 	if opts != nil {
 		h.opts = *opts
 	}
@@ -107,7 +139,36 @@ func New(cat *plugins.Catalogue, opts *Options) *Host {
 		Logger: h.log.With("component", "mcp"),
 	})
 	h.SetCatalogue(cat)
+	if t := h.sessionTimeout(); t > 0 {
+		h.wg.Add(1)
+		go h.reapIdle(h.stop, t)
+	}
 	return h
+}
+
+func (h *Host) sessionTimeout() time.Duration {
+	switch t := h.opts.SessionTimeout; {
+	case t == 0:
+		return DefaultSessionTimeout
+	case t < 0:
+		return 0
+	default:
+		return t
+	}
+}
+
+func (h *Host) queueLimit() int {
+	if h.opts.QueueLimit <= 0 {
+		return DefaultQueueLimit
+	}
+	return h.opts.QueueLimit
+}
+
+func (h *Host) poolSize() int {
+	if h.opts.PoolSize <= 0 {
+		return 2 * runtime.GOMAXPROCS(0)
+	}
+	return h.opts.PoolSize
 }
 
 // Server returns the MCP server, to run on a transport:
@@ -145,6 +206,19 @@ func (h *Host) SetCatalogue(cat *plugins.Catalogue) *plugins.Catalogue {
 	if len(gone) > 0 {
 		h.server.RemoveTools(gone...)
 	}
+	if old != nil {
+		kept := map[*plugins.Plugin]bool{}
+		if cat != nil {
+			for _, p := range cat.Plugins() {
+				kept[p] = true
+			}
+		}
+		for _, p := range old.Plugins() {
+			if !kept[p] {
+				h.drainPool(p)
+			}
+		}
+	}
 	if cat != nil {
 		for _, t := range cat.Tools() {
 			if old != nil {
@@ -178,51 +252,69 @@ func mcpTool(t *plugins.Tool) *mcp.Tool {
 }
 
 // HTTPHandler returns a streamable HTTP handler for the host, to mount at
-// the MCP endpoint (wasmtools mounts it at /mcp). Each MCP session
-// (Mcp-Session-Id) gets its own plugin instances.
+// the MCP endpoint (wasmtools mounts it at /mcp). It serves both protocol
+// eras on one endpoint: requests of protocol 2026-07-28 or later (by their
+// Mcp-Protocol-Version header) go to the go-sdk's stateless transport,
+// which that era requires, and the rest to its stateful transport, where
+// each session (Mcp-Session-Id) gets its own plugin instances. See
+// [Options.ClientKeyHeader] for how sessionless requests are keyed.
 func (h *Host) HTTPHandler() http.Handler {
-	timeout := h.opts.SessionTimeout
-	if timeout == 0 {
-		timeout = DefaultSessionTimeout
-	} else if timeout < 0 {
-		timeout = 0
-	}
-	return mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return h.server }, &mcp.StreamableHTTPOptions{
-		SessionTimeout: timeout,
+	getServer := func(*http.Request) *mcp.Server { return h.server }
+	stateful := mcp.NewStreamableHTTPHandler(getServer, &mcp.StreamableHTTPOptions{
+		SessionTimeout: h.sessionTimeout(),
 		Logger:         h.log.With("component", "mcp-http"),
 	})
+	stateless := mcp.NewStreamableHTTPHandler(getServer, &mcp.StreamableHTTPOptions{
+		Stateless: true,
+		Logger:    h.log.With("component", "mcp-http"),
+	})
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if v := r.Header.Get("Mcp-Protocol-Version"); v >= sessionlessProtocol && r.Header.Get("Mcp-Session-Id") == "" {
+			stateless.ServeHTTP(w, r)
+			return
+		}
+		stateful.ServeHTTP(w, r)
+	})
 }
+
+// sessionlessProtocol is the first MCP revision without sessions.
+const sessionlessProtocol = "2026-07-28"
 
 // ErrClosed is returned for calls that arrive after [Host.Close].
 var ErrClosed = errors.New("host: shutting down")
 
-// Close frees every session's instances, waiting for calls in flight to
-// finish until ctx ends; calls still running then are abandoned to their
-// own deadlines. New calls fail with [ErrClosed]. It is idempotent.
+// Close frees every instance, waiting for calls in flight to finish until
+// ctx ends; calls still running then are abandoned to their own deadlines.
+// New calls fail with [ErrClosed]. It is idempotent.
 func (h *Host) Close(ctx context.Context) error {
 	h.mu.Lock()
+	if h.closed {
+		h.mu.Unlock()
+		return nil
+	}
 	h.closed = true
+	close(h.stop)
 	sessions := make([]*session, 0, len(h.sessions))
-	for ss, s := range h.sessions {
+	for _, s := range h.sessions {
 		sessions = append(sessions, s)
-		delete(h.sessions, ss)
+	}
+	pools := make([]*plugins.Plugin, 0, len(h.pools))
+	for p := range h.pools {
+		pools = append(pools, p)
 	}
 	h.mu.Unlock()
-	done := make(chan struct{})
-	go func() {
-		var wg sync.WaitGroup
-		for _, s := range sessions {
-			wg.Go(func() { s.close(ctx) })
-		}
-		wg.Wait()
-		close(done)
-	}()
-	select {
-	case <-done:
-		return nil
-	case <-ctx.Done():
-		return fmt.Errorf("host: close: %d sessions still had calls running: %w", len(sessions), ctx.Err())
+	for _, p := range pools {
+		h.drainPool(p)
 	}
+	var wg sync.WaitGroup
+	for _, s := range sessions {
+		wg.Go(func() { h.endSession(ctx, s) })
+	}
+	wg.Wait()
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("host: close: calls were still running: %w", err)
+	}
+	return nil
 }
 
 // LiveInstances reports how many plugin instances are live across all

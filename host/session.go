@@ -1,86 +1,144 @@
 package host
 
 import (
+	"container/list"
 	"context"
 	"errors"
 	"fmt"
-	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
+	"github.com/wasmtools/wasmtools/abi"
 	"github.com/wasmtools/wasmtools/plugins"
+	"github.com/wasmtools/wasmtools/sandbox"
 )
 
-// session is the host's state for one MCP session: its plugin instances,
-// made lazily on the session's first call to each plugin.
+// sessionKey says whose instances a call uses: a transport session, or,
+// for sessionless requests (protocol 2026-07-28 over HTTP), a client key
+// the operator chose to derive from the request.
+type sessionKey struct {
+	ss     *mcp.ServerSession
+	client string
+}
+
+// session is the host's state for one client: its plugin instances, made
+// lazily on its first call to each plugin.
 type session struct {
-	h   *Host
-	id  string // for logs: the Mcp-Session-Id, or a host-made ID
-	mu  sync.Mutex
-	ref map[string]*slot // by plugin name
-	// closed is set once the session has ended; no slot is made after.
-	closed bool
+	id       string // for logs: the Mcp-Session-Id, client key, or a host-made ID
+	key      sessionKey
+	slots    map[string]*slot // by plugin name; guarded by Host.mu
+	closed   bool             // guarded by Host.mu
+	lastUsed atomic.Int64     // unix nanoseconds
 }
 
 // slot holds one session's instance of one plugin. Calls to it run one at
-// a time: holding lock is running a call.
+// a time: holding lock is running a call. inst and reset are touched only
+// by the holder of lock.
 type slot struct {
+	sess    *session
+	plugin  string
 	lock    chan struct{}
 	waiting atomic.Int32
-	inst    *plugins.Instance // nil until the first call, and after a reset
+	inst    *plugins.Instance
 	// reset says why the last instance was discarded, for the next
 	// result's _meta; nil when nothing was.
 	reset map[string]any
+	// elem is the slot's place in Host.lru while it holds an instance;
+	// guarded by Host.mu.
+	elem *list.Element
 }
 
-// ErrBusy is returned for a call that would queue past the session's limit
-// for one plugin.
-var ErrBusy = errors.New("too many calls waiting for this plugin in this session")
+// Errors a call can be refused with.
+var (
+	// ErrBusy: the session already has the most calls waiting for one
+	// plugin that it may.
+	ErrBusy = errors.New("too many calls waiting for this plugin in this session")
+	// ErrAtCapacity: the instance limits are reached and every instance
+	// is busy, so none can be evicted.
+	ErrAtCapacity = errors.New("server at capacity: every plugin instance is busy")
+	// ErrSessionEnded: the call's session ended while it waited.
+	ErrSessionEnded = errors.New("session has ended")
+)
 
-// sessionFor returns the state of ss, making it on first use. Its instances
-// are freed when ss ends.
-func (h *Host) sessionFor(ss *mcp.ServerSession) (*session, error) {
+// sessionFor returns the state of key, making it on first use. A transport
+// session's state is freed when the session ends; a client key's, when it
+// has been idle for the session timeout.
+func (h *Host) sessionFor(key sessionKey) (*session, error) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.closed {
 		return nil, ErrClosed
 	}
-	if s, ok := h.sessions[ss]; ok {
+	if s, ok := h.sessions[key]; ok {
+		s.lastUsed.Store(time.Now().UnixNano())
 		return s, nil
 	}
 	h.nextID++
-	id := ss.ID()
-	if id == "" {
-		id = fmt.Sprintf("local-%d", h.nextID)
+	s := &session{key: key, slots: map[string]*slot{}}
+	s.lastUsed.Store(time.Now().UnixNano())
+	switch {
+	case key.client != "":
+		s.id = "client:" + key.client
+	case key.ss != nil && key.ss.ID() != "":
+		s.id = key.ss.ID()
+	default:
+		s.id = fmt.Sprintf("local-%d", h.nextID)
 	}
-	s := &session{h: h, id: id, ref: map[string]*slot{}}
-	h.sessions[ss] = s
-	h.wg.Add(1)
-	go func() {
-		defer h.wg.Done()
-		_ = ss.Wait()
-		h.mu.Lock()
-		if h.sessions[ss] == s {
-			delete(h.sessions, ss)
-		}
-		h.mu.Unlock()
-		s.close(context.Background())
-	}()
+	h.sessions[key] = s
+	if key.ss != nil {
+		h.wg.Add(1)
+		go func() {
+			defer h.wg.Done()
+			_ = key.ss.Wait()
+			h.endSession(context.Background(), s)
+		}()
+	}
 	return s, nil
 }
 
-// slot returns the session's slot for plugin name.
-func (s *session) slot(name string) (*slot, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
+// endSession frees a session's instances once the calls running on them
+// end (or ctx does). It is idempotent.
+func (h *Host) endSession(ctx context.Context, s *session) {
+	h.mu.Lock()
 	if s.closed {
-		return nil, errors.New("session has ended")
+		h.mu.Unlock()
+		return
 	}
-	sl, ok := s.ref[name]
+	s.closed = true
+	if h.sessions[s.key] == s {
+		delete(h.sessions, s.key)
+	}
+	slots := make([]*slot, 0, len(s.slots))
+	for _, sl := range s.slots {
+		slots = append(slots, sl)
+	}
+	h.mu.Unlock()
+	for _, sl := range slots {
+		select {
+		case sl.lock <- struct{}{}: // held for good: the session is over
+		case <-ctx.Done():
+			continue
+		}
+		if sl.inst != nil {
+			h.log.Info("instance freed", "session", s.id, "plugin", sl.plugin)
+			h.dropInstance(sl, "")
+		}
+	}
+}
+
+// slotFor returns the session's slot for plugin name.
+func (h *Host) slotFor(s *session, name string) (*slot, error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if s.closed {
+		return nil, ErrSessionEnded
+	}
+	sl, ok := s.slots[name]
 	if !ok {
-		sl = &slot{lock: make(chan struct{}, 1)}
-		s.ref[name] = sl
+		sl = &slot{sess: s, plugin: name, lock: make(chan struct{}, 1)}
+		s.slots[name] = sl
 	}
 	return sl, nil
 }
@@ -102,70 +160,305 @@ func (sl *slot) acquire(ctx context.Context, limit int) error {
 }
 
 func (sl *slot) release() {
-	<-sl.lock
 	sl.waiting.Add(-1)
+	<-sl.lock
 }
 
-// instance returns the slot's instance of p, replacing one of another
-// version of the plugin. The caller holds the slot.
-func (s *session) instance(ctx context.Context, sl *slot, p *plugins.Plugin) (*plugins.Instance, error) {
+// tryAcquire takes the slot only if no call holds it.
+func (sl *slot) tryAcquire() bool {
+	select {
+	case sl.lock <- struct{}{}:
+		return true
+	default:
+		return false
+	}
+}
+
+// instanceFor returns the slot's instance of p, replacing an instance of
+// another version of the plugin, and making one, within the instance
+// limits, if there is none. The caller holds the slot.
+func (h *Host) instanceFor(ctx context.Context, sl *slot, p *plugins.Plugin) (*plugins.Instance, error) {
 	if sl.inst != nil && sl.inst.Plugin() != p {
-		s.h.log.Info("instance retired", "session", s.id, "plugin", p.Name(), "sha256", sl.inst.Plugin().SHA256(), "reason", "upgrade")
-		_ = sl.inst.Close(ctx)
-		s.h.live.Add(-1)
-		sl.inst = nil
+		h.log.Info("instance retired", "session", sl.sess.id, "plugin", p.Name(), "old_sha256", sl.inst.Plugin().SHA256(), "sha256", p.SHA256())
+		h.dropInstance(sl, "upgrade")
 		sl.reset = map[string]any{"reason": "upgrade", "detail": "the plugin was replaced by version " + p.SHA256()}
 	}
-	if sl.inst == nil {
-		inst, err := p.NewInstance(ctx)
-		if err != nil {
-			return nil, err
+	if sl.inst != nil {
+		h.mu.Lock()
+		if sl.elem != nil {
+			h.lru.MoveToBack(sl.elem)
 		}
-		s.h.live.Add(1)
-		s.h.log.Info("instance created", "session", s.id, "plugin", p.Name(), "sha256", p.SHA256())
-		sl.inst = inst
+		h.mu.Unlock()
+		return sl.inst, nil
 	}
-	return sl.inst, nil
+	if err := h.reserve(p.Name(), sl); err != nil {
+		return nil, err
+	}
+	inst, err := p.NewInstance(ctx)
+	if err != nil {
+		h.unreserve(p.Name())
+		return nil, err
+	}
+	h.mu.Lock()
+	sl.inst = inst
+	sl.elem = h.lru.PushBack(sl)
+	h.mu.Unlock()
+	h.metrics.created.WithLabelValues(p.Name()).Inc()
+	h.log.Info("instance created", "session", sl.sess.id, "plugin", p.Name(), "sha256", p.SHA256())
+	return inst, nil
+}
+
+// reserve counts a new instance of plugin against the limits, evicting the
+// least recently used idle instance when a limit is reached. self is the
+// slot asking, skipped as an eviction candidate (nil for pooled instances).
+func (h *Host) reserve(plugin string, self *slot) error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for h.atLimit(plugin) {
+		perPlugin := h.opts.MaxInstancesPerPlugin > 0 && h.perPlugin[plugin] >= h.opts.MaxInstancesPerPlugin
+		if !h.evictLocked(self, func(sl *slot) bool { return !perPlugin || sl.plugin == plugin }) {
+			return fmt.Errorf("%w (%s): try again later, or raise the limit", ErrAtCapacity, h.limitsLocked(plugin))
+		}
+	}
+	h.live.Add(1)
+	h.perPlugin[plugin]++
+	h.metrics.live.WithLabelValues(plugin).Inc()
+	return nil
+}
+
+func (h *Host) atLimit(plugin string) bool {
+	return (h.opts.MaxInstances > 0 && int(h.live.Load()) >= h.opts.MaxInstances) ||
+		(h.opts.MaxInstancesPerPlugin > 0 && h.perPlugin[plugin] >= h.opts.MaxInstancesPerPlugin)
+}
+
+func (h *Host) limitsLocked(plugin string) string {
+	return fmt.Sprintf("%d of at most %d instances live, %d of at most %d for plugin %q",
+		h.live.Load(), h.opts.MaxInstances, h.perPlugin[plugin], h.opts.MaxInstancesPerPlugin, plugin)
+}
+
+func (h *Host) unreserve(plugin string) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.live.Add(-1)
+	h.perPlugin[plugin]--
+	h.metrics.live.WithLabelValues(plugin).Dec()
+}
+
+// evictLocked frees the least recently used idle instance whose slot match
+// accepts, and reports whether it found one. The caller holds h.mu; slots
+// are only try-locked, so this never waits for a call.
+func (h *Host) evictLocked(self *slot, match func(*slot) bool) bool {
+	for e := h.lru.Front(); e != nil; e = e.Next() {
+		sl := e.Value.(*slot)
+		if sl == self || !match(sl) || !sl.tryAcquire() {
+			continue
+		}
+		name := sl.plugin
+		h.log.Info("instance evicted", "session", sl.sess.id, "plugin", name, "reason", "instance limit")
+		h.closeInstanceLocked(sl)
+		sl.reset = map[string]any{"reason": "evicted", "detail": "the instance was idle and the server needed room for another"}
+		h.metrics.evictions.WithLabelValues(name).Inc()
+		h.metrics.resets.WithLabelValues(name, "evicted").Inc()
+		<-sl.lock
+		return true
+	}
+	return false
+}
+
+// dropInstance frees the slot's instance; reason, if not "", is counted as
+// a reset. The caller holds the slot.
+func (h *Host) dropInstance(sl *slot, reason string) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if sl.inst == nil {
+		return
+	}
+	if reason != "" {
+		h.metrics.resets.WithLabelValues(sl.plugin, reason).Inc()
+	}
+	h.closeInstanceLocked(sl)
+}
+
+func (h *Host) closeInstanceLocked(sl *slot) {
+	_ = sl.inst.Close(context.Background())
+	sl.inst = nil
+	if sl.elem != nil {
+		h.lru.Remove(sl.elem)
+		sl.elem = nil
+	}
+	h.live.Add(-1)
+	h.perPlugin[sl.plugin]--
+	h.metrics.live.WithLabelValues(sl.plugin).Dec()
 }
 
 // discard frees the slot's instance after it failed, recording why for the
 // next result. The caller holds the slot.
-func (s *session) discard(sl *slot, reason, detail string) {
+func (h *Host) discard(sl *slot, reason, detail string) {
 	if sl.inst == nil {
 		return
 	}
-	s.h.log.Info("instance reset", "session", s.id, "plugin", sl.inst.Plugin().Name(), "reason", reason, "detail", detail)
-	_ = sl.inst.Close(context.Background())
-	s.h.live.Add(-1)
-	sl.inst = nil
+	h.log.Info("instance reset", "session", sl.sess.id, "plugin", sl.plugin, "reason", reason, "detail", detail)
+	h.dropInstance(sl, reason)
 	sl.reset = map[string]any{"reason": reason, "detail": detail}
 }
 
-// close frees every instance of the session, after the calls running on
-// them end. It is idempotent.
-func (s *session) close(ctx context.Context) {
-	s.mu.Lock()
-	if s.closed {
-		s.mu.Unlock()
+// outcome is what running one call gave.
+type outcome struct {
+	result *abi.CallToolResult
+	err    error          // the call's failure, classified by failure()
+	reset  map[string]any // the previous instance was discarded: why
+}
+
+// runCall runs one tool call on key's instance of the tool's plugin (or a
+// pooled one, for a stateless plugin). The returned error is a refusal
+// (busy, at capacity, shutting down); a failure of the call itself is in
+// the outcome.
+func (h *Host) runCall(ctx context.Context, key sessionKey, t *plugins.Tool, c plugins.Call) (outcome, error) {
+	p := t.Plugin()
+	if p.Stateless() {
+		return h.runPooled(ctx, t, c)
+	}
+	s, err := h.sessionFor(key)
+	if err != nil {
+		return outcome{}, err
+	}
+	sl, err := h.slotFor(s, p.Name())
+	if err != nil {
+		return outcome{}, err
+	}
+	if err := sl.acquire(ctx, h.queueLimit()); err != nil {
+		return outcome{}, err
+	}
+	defer sl.release()
+	inst, err := h.instanceFor(ctx, sl, p)
+	if err != nil {
+		if errors.Is(err, ErrAtCapacity) {
+			return outcome{}, err
+		}
+		return outcome{err: err}, nil
+	}
+	o := outcome{reset: sl.reset}
+	sl.reset = nil
+	o.result, o.err = inst.CallTool(ctx, c)
+	if o.err != nil {
+		if reason := resetReason(o.err, inst); reason != "" {
+			h.discard(sl, reason, o.err.Error())
+		}
+	}
+	return o, nil
+}
+
+// resetReason says why a failed call leaves its instance unusable, or ""
+// when the instance may go on.
+func resetReason(err error, inst *plugins.Instance) string {
+	var te *sandbox.TrapError
+	switch {
+	case errors.Is(err, context.DeadlineExceeded):
+		return "timeout"
+	case errors.Is(err, context.Canceled):
+		return "cancelled"
+	case errors.As(err, &te), inst.Err() != nil:
+		return "trap"
+	}
+	return ""
+}
+
+// pool holds warm instances of a stateless plugin, shared by all sessions.
+type pool struct {
+	idle chan *plugins.Instance
+}
+
+func (h *Host) poolFor(p *plugins.Plugin) *pool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	pl, ok := h.pools[p]
+	if !ok {
+		pl = &pool{idle: make(chan *plugins.Instance, h.poolSize())}
+		h.pools[p] = pl
+	}
+	return pl
+}
+
+// runPooled runs a call of a stateless plugin on a warm instance from its
+// pool, or a new one, and returns the instance to the pool if it is still
+// usable and the pool has room.
+func (h *Host) runPooled(ctx context.Context, t *plugins.Tool, c plugins.Call) (outcome, error) {
+	p := t.Plugin()
+	pl := h.poolFor(p)
+	var inst *plugins.Instance
+	select {
+	case inst = <-pl.idle:
+	default:
+		if err := h.reserve(p.Name(), nil); err != nil {
+			return outcome{}, err
+		}
+		var err error
+		if inst, err = p.NewInstance(ctx); err != nil {
+			h.unreserve(p.Name())
+			return outcome{err: err}, nil
+		}
+		h.metrics.created.WithLabelValues(p.Name()).Inc()
+		h.log.Debug("pooled instance created", "plugin", p.Name(), "sha256", p.SHA256())
+	}
+	var o outcome
+	o.result, o.err = inst.CallTool(ctx, c)
+	if inst.Err() == nil {
+		select {
+		case pl.idle <- inst:
+			return o, nil
+		default:
+		}
+	} else {
+		h.metrics.resets.WithLabelValues(p.Name(), resetReason(o.err, inst)).Inc()
+	}
+	_ = inst.Close(context.Background())
+	h.unreserve(p.Name())
+	return o, nil
+}
+
+// drainPool closes the idle instances of p's pool and forgets it.
+func (h *Host) drainPool(p *plugins.Plugin) {
+	h.mu.Lock()
+	pl, ok := h.pools[p]
+	delete(h.pools, p)
+	h.mu.Unlock()
+	if !ok {
 		return
 	}
-	s.closed = true
-	slots := make(map[string]*slot, len(s.ref))
-	for k, v := range s.ref {
-		slots[k] = v
-	}
-	s.mu.Unlock()
-	for name, sl := range slots {
+	for {
 		select {
-		case sl.lock <- struct{}{}: // held for good: the session is over
-		case <-ctx.Done():
-			continue
+		case inst := <-pl.idle:
+			_ = inst.Close(context.Background())
+			h.unreserve(p.Name())
+		default:
+			return
 		}
-		if sl.inst != nil {
-			_ = sl.inst.Close(context.Background())
-			s.h.live.Add(-1)
-			sl.inst = nil
-			s.h.log.Info("instance freed", "session", s.id, "plugin", name)
+	}
+}
+
+// reapIdle ends client-keyed sessions idle for longer than the session
+// timeout, until stop is closed.
+func (h *Host) reapIdle(stop <-chan struct{}, timeout time.Duration) {
+	defer h.wg.Done()
+	tick := time.NewTicker(max(timeout/4, 10*time.Millisecond))
+	defer tick.Stop()
+	for {
+		select {
+		case <-stop:
+			return
+		case now := <-tick.C:
+			var idle []*session
+			h.mu.Lock()
+			for k, s := range h.sessions {
+				if k.client != "" && now.Sub(time.Unix(0, s.lastUsed.Load())) > timeout {
+					idle = append(idle, s)
+				}
+			}
+			h.mu.Unlock()
+			for _, s := range idle {
+				h.log.Info("client idle: freeing its instances", "session", s.id)
+				h.endSession(context.Background(), s)
+			}
 		}
 	}
 }

@@ -37,10 +37,24 @@ type Options struct {
 	// Prefix is prepended verbatim to each tool name the plugin lists, so
 	// that two plugins with the same tool names can both be served.
 	Prefix string
-	// Policy is what the plugin's instances may do. The zero Policy means
+	// Policy is what the plugin's instances may do. nil means
 	// sandbox.NewPolicy().
 	Policy *sandbox.Policy
+	// Stateless declares that the plugin keeps no state between calls, so
+	// its calls may share a pool of warm instances instead of one instance
+	// per session. A plugin can declare it itself with a custom section
+	// named [StatelessSection].
+	Stateless bool
 }
+
+// StatelessSection is the name of the custom section by which a plugin
+// declares that it keeps no state between calls (its contents are
+// ignored, but give it at least one byte: wazero v1.12 refuses an empty
+// custom section at the end of a module). With it, the host serves the plugin's calls from a shared pool
+// of warm instances. A plugin that declares it falsely leaks state between
+// clients: the operator's Options.Stateless is the same promise, made on
+// the plugin's behalf.
+const StatelessSection = "wasmtools.stateless"
 
 // Plugin is one loaded, checked plugin. It is safe for concurrent use.
 // Close it when it is no longer served; that closes its instances.
@@ -53,6 +67,7 @@ type Plugin struct {
 	tools     []*Tool
 	compiled  *sandbox.Compiled
 	hasExport map[string]bool
+	stateless bool
 }
 
 // Tool is one tool a plugin serves.
@@ -117,6 +132,7 @@ func Load(ctx context.Context, rt *sandbox.Runtime, path string, wasm []byte, op
 		return nil, fmt.Errorf("plugin %q (%s): %w", name, path, err)
 	}
 	p.compiled = compiled
+	p.stateless = opts.Stateless || compiled.CustomSection(StatelessSection) != nil
 	if err := p.describe(ctx, opts.Prefix); err != nil {
 		err = fmt.Errorf("plugin %q (%s): %w", name, path, err)
 		if cerr := compiled.Close(ctx); cerr != nil {
@@ -256,6 +272,10 @@ func (p *Plugin) Interface() abi.Interface { return p.iface }
 // Tools returns the plugin's tools in the order it lists them. The slice
 // must not be modified.
 func (p *Plugin) Tools() []*Tool { return p.tools }
+
+// Stateless reports whether the plugin keeps no state between calls (see
+// [StatelessSection]).
+func (p *Plugin) Stateless() bool { return p.stateless }
 
 // Imports lists what the module imports.
 func (p *Plugin) Imports() []sandbox.Func { return p.compiled.Imports() }

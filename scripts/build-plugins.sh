@@ -17,5 +17,5 @@ for dir in "$src"/*/; do
 		echo "build-plugins: $dir: nothing to build (no Go files, no $name.wat)" >&2
 		exit 1
 	fi
-	echo "built $out/$name.wasm"
+	echo "built $out/$name.wasm" >&2
 done

@@ -4,7 +4,10 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
+	"io"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"strings"
@@ -138,14 +141,15 @@ func TestServeHTTP(t *testing.T) {
 	var stderr lockedBuffer
 	exited := make(chan int)
 	go func() {
-		exited <- run(ctx, []string{"serve", "--cache-dir", testplugins.CacheDir(), "--http", addr, dir}, strings.NewReader(""), &bytes.Buffer{}, &stderr)
+		exited <- run(ctx, []string{"serve", "--cache-dir", testplugins.CacheDir(), "--http", addr, "--client-header", "X-Client", dir}, strings.NewReader(""), &bytes.Buffer{}, &stderr)
 	}()
 	endpoint := "http://" + addr + "/mcp"
-	connect := func() *mcp.ClientSession {
+	connect := func(protocol, client string) *mcp.ClientSession {
 		t.Helper()
 		deadline := time.Now().Add(30 * time.Second)
 		for {
-			cs, err := mcp.NewClient(&mcp.Implementation{Name: "test", Version: "1"}, nil).Connect(ctx, &mcp.StreamableClientTransport{Endpoint: endpoint}, nil)
+			tr := &mcp.StreamableClientTransport{Endpoint: endpoint, HTTPClient: &http.Client{Transport: clientHeader(client)}}
+			cs, err := mcp.NewClient(&mcp.Implementation{Name: "test", Version: "1"}, nil).Connect(ctx, tr, &mcp.ClientSessionOptions{ProtocolVersion: protocol})
 			if err == nil {
 				return cs
 			}
@@ -155,17 +159,34 @@ func TestServeHTTP(t *testing.T) {
 			time.Sleep(20 * time.Millisecond)
 		}
 	}
-	a, b := connect(), connect()
-	callText(t, a, "note_add", map[string]any{"text": "from a"})
-	callText(t, b, "note_add", map[string]any{"text": "from b"})
-	if got := callText(t, a, "note_list", nil); got != "1. from a\n" {
-		t.Errorf("a sees %q", got)
+	// Two sessions (2025-11-25, Mcp-Session-Id) and two sessionless
+	// clients (2026-07-28, told apart by --client-header), interleaved.
+	a, b := connect("2025-11-25", ""), connect("2025-11-25", "")
+	c, d := connect("", "carol"), connect("", "dave")
+	clients := []*mcp.ClientSession{a, b, c, d}
+	for i, cs := range clients {
+		callText(t, cs, "note_add", map[string]any{"text": fmt.Sprint("from client ", i)})
 	}
-	if got := callText(t, b, "note_list", nil); got != "1. from b\n" {
-		t.Errorf("b sees %q", got)
+	for i, cs := range clients {
+		if got, want := callText(t, cs, "note_list", nil), fmt.Sprint("1. from client ", i, "\n"); got != want {
+			t.Errorf("client %d sees %q, want %q", i, got, want)
+		}
 	}
-	a.Close()
-	b.Close()
+	if c.InitializeResult().ProtocolVersion < "2026-07-28" {
+		t.Errorf("c negotiated %s", c.InitializeResult().ProtocolVersion)
+	}
+	resp, err := http.Get("http://" + addr + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	metrics, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if !strings.Contains(string(metrics), `wasmtools_instances_live{plugin="notes"} 4`) {
+		t.Errorf("/metrics lacks 4 live notes instances:\n%s", metrics)
+	}
+	for _, cs := range clients {
+		cs.Close()
+	}
 	cancel()
 	select {
 	case code := <-exited:
@@ -175,6 +196,17 @@ func TestServeHTTP(t *testing.T) {
 	case <-time.After(30 * time.Second):
 		t.Fatal("serve did not stop on cancel")
 	}
+}
+
+// clientHeader is an HTTP transport that sends X-Client when client is set.
+type clientHeader string
+
+func (c clientHeader) RoundTrip(r *http.Request) (*http.Response, error) {
+	if c != "" {
+		r = r.Clone(r.Context())
+		r.Header.Set("X-Client", string(c))
+	}
+	return http.DefaultTransport.RoundTrip(r)
 }
 
 func TestInspect(t *testing.T) {

@@ -32,15 +32,27 @@ func (p prefixes) Set(v string) error {
 	return nil
 }
 
+// names is a repeatable PLUGIN flag.
+type names map[string]bool
+
+func (n names) String() string { return fmt.Sprint(map[string]bool(n)) }
+func (n names) Set(v string) error {
+	n[v] = true
+	return nil
+}
+
 // commonFlags are the flags of every command that loads plugins.
 type commonFlags struct {
-	cacheDir string
-	verbose  bool
-	prefix   prefixes
+	cacheDir  string
+	verbose   bool
+	prefix    prefixes
+	stateless names
 }
 
 func (c *commonFlags) register(fs *flag.FlagSet) {
 	c.prefix = prefixes{}
+	c.stateless = names{}
+	fs.Var(c.stateless, "stateless", "PLUGIN: the plugin keeps no state between calls; serve it from a shared pool of warm instances (repeatable)")
 	fs.StringVar(&c.cacheDir, "cache-dir", defaultCacheDir(), "where compiled plugins are cached between runs (\"\" for no disk cache)")
 	fs.BoolVar(&c.verbose, "v", false, "log debug messages")
 	fs.Var(c.prefix, "prefix", "PLUGIN=PREFIX: serve PLUGIN's tools as PREFIX+name (repeatable)")
@@ -54,7 +66,7 @@ func (c *commonFlags) optsFor(log *slog.Logger) func(path string) plugins.Option
 	return func(path string) plugins.Options {
 		name := pluginName(path)
 		pol := sandbox.NewPolicy().WithLogger(log.With("plugin", name))
-		return plugins.Options{Prefix: c.prefix[name], Policy: &pol}
+		return plugins.Options{Prefix: c.prefix[name], Policy: &pol, Stateless: c.stateless[name]}
 	}
 }
 
@@ -71,6 +83,9 @@ func cmdServe(ctx context.Context, args []string, stdin io.Reader, stdout, stder
 	httpAddr := fs.String("http", "", "serve streamable HTTP at ADDR/mcp (for example 127.0.0.1:8080) instead of stdio")
 	sessionTimeout := fs.Duration("session-timeout", host.DefaultSessionTimeout, "close HTTP sessions idle this long (0: never)")
 	maxResult := fs.Int("max-result", host.DefaultMaxResultRunes, "cap each tool result at this many characters (0: no cap)")
+	maxInstances := fs.Int("max-instances", 0, "at most this many live plugin instances; the least recently used idle one is evicted (0: no bound)")
+	maxPerPlugin := fs.Int("max-instances-per-plugin", 0, "at most this many live instances of any one plugin (0: no bound)")
+	clientHeader := fs.String("client-header", "", "HTTP header that identifies a client on sessionless (2026-07-28) requests, so its calls share instances; not authentication")
 	shutdownGrace := fs.Duration("shutdown-grace", 10*time.Second, "on shutdown, wait this long for calls in flight")
 	fs.Usage = func() {
 		fmt.Fprint(stderr, "Usage: wasmtools serve [flags] PATH...\n\nServes every .wasm plugin in the folders and files given, over MCP on stdio\n(or streamable HTTP with --http). A plugin that fails to load is logged\nand skipped; the rest are served.\n\nFlags:\n")
@@ -112,7 +127,10 @@ func cmdServe(ctx context.Context, args []string, stdin io.Reader, stdout, stder
 	if timeout == 0 {
 		timeout = -1
 	}
-	h := host.New(cat, &host.Options{Logger: log, MaxResultRunes: maxRunes, SessionTimeout: timeout})
+	h := host.New(cat, &host.Options{
+		Logger: log, MaxResultRunes: maxRunes, SessionTimeout: timeout,
+		MaxInstances: *maxInstances, MaxInstancesPerPlugin: *maxPerPlugin, ClientKeyHeader: *clientHeader,
+	})
 	defer func() {
 		sctx, cancel := context.WithTimeout(context.Background(), *shutdownGrace)
 		defer cancel()
@@ -145,6 +163,7 @@ func serveHTTP(ctx context.Context, log *slog.Logger, addr string, h *host.Host,
 	}
 	mux := http.NewServeMux()
 	mux.Handle("/mcp", h.HTTPHandler())
+	mux.Handle("/metrics", h.MetricsHandler())
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 	log.Info("serving MCP over streamable HTTP", "url", "http://"+ln.Addr().String()+"/mcp")
 	errc := make(chan error, 1)

@@ -1,0 +1,62 @@
+package host
+
+import (
+	"net/http"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+)
+
+// metrics are the host's Prometheus metrics, in a registry of the host's
+// own (no package-level state: two hosts in one process do not share them).
+type metrics struct {
+	reg       *prometheus.Registry
+	live      *prometheus.GaugeVec
+	created   *prometheus.CounterVec
+	evictions *prometheus.CounterVec
+	resets    *prometheus.CounterVec
+	calls     *prometheus.CounterVec
+	duration  *prometheus.HistogramVec
+}
+
+func newMetrics() *metrics {
+	m := &metrics{
+		reg: prometheus.NewRegistry(),
+		live: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "wasmtools_instances_live", Help: "Plugin instances alive now.",
+		}, []string{"plugin"}),
+		created: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "wasmtools_instances_created_total", Help: "Plugin instances created.",
+		}, []string{"plugin"}),
+		evictions: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "wasmtools_instance_evictions_total", Help: "Idle instances evicted to make room under the instance limits.",
+		}, []string{"plugin"}),
+		resets: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "wasmtools_instance_resets_total", Help: "Instances discarded, by reason (trap, timeout, cancelled, upgrade, evicted).",
+		}, []string{"plugin", "reason"}),
+		calls: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "wasmtools_calls_total", Help: "Tool calls, by outcome (ok, tool_error, refused).",
+		}, []string{"plugin", "outcome"}),
+		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "wasmtools_call_duration_seconds", Help: "Tool call duration, host side.",
+			Buckets: []float64{.0001, .0005, .001, .005, .01, .05, .1, .5, 1, 5, 30},
+		}, []string{"plugin"}),
+	}
+	m.reg.MustRegister(m.live, m.created, m.evictions, m.resets, m.calls, m.duration,
+		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return m
+}
+
+func (m *metrics) call(plugin, outcome string, d time.Duration) {
+	m.calls.WithLabelValues(plugin, outcome).Inc()
+	m.duration.WithLabelValues(plugin).Observe(d.Seconds())
+}
+
+// MetricsHandler serves the host's metrics in the Prometheus text format:
+// live instances, instances created, evictions, resets, calls and call
+// duration, per plugin. wasmtools mounts it at /metrics in HTTP mode.
+func (h *Host) MetricsHandler() http.Handler {
+	return promhttp.HandlerFor(h.metrics.reg, promhttp.HandlerOpts{})
+}
