@@ -71,10 +71,17 @@ func (h *Host) call(ctx context.Context, t *plugins.Tool, req *mcp.CallToolReque
 	if ip := req.Session.InitializeParams(); ip != nil {
 		protocol = ip.ProtocolVersion
 	}
-	o, err := h.runCall(ctx, h.keyOf(req), t, plugins.Call{
+	return h.callTool(ctx, h.keyOf(req), plugins.Call{
 		Tool: t, Arguments: args, Meta: meta,
 		Context: abi.CallContext{SessionID: req.Session.ID(), ProtocolVersion: protocol},
 	})
+}
+
+// callTool runs a validated call on key's instance and shapes its result:
+// everything a call costs the host but the MCP transport.
+func (h *Host) callTool(ctx context.Context, key sessionKey, c plugins.Call) (*mcp.CallToolResult, error) {
+	t := c.Tool
+	o, err := h.runCall(ctx, key, t, c)
 	if err != nil {
 		if errors.Is(err, ErrBusy) {
 			return nil, fmt.Errorf("tool %q: %w (limit %d): wait for earlier calls to finish", t.Name, err, h.queueLimit())
@@ -129,11 +136,39 @@ func errorResult(msg string) *mcp.CallToolResult {
 	return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: msg}}, IsError: true}
 }
 
-// toMCP decodes the guest's result with the SDK's content types.
+// toMCP converts the guest's result to the SDK's types. Plain text blocks,
+// nearly every block a tool returns, are converted directly; a result with
+// any other block goes through the SDK's decoder, which knows every content
+// type but costs a 32 KiB buffer per call.
 func toMCP(r *abi.CallToolResult) (*mcp.CallToolResult, error) {
-	if r.Content == nil {
-		r.Content = []json.RawMessage{}
+	res := &mcp.CallToolResult{IsError: r.IsError, Content: make([]mcp.Content, 0, len(r.Content))}
+	for _, raw := range r.Content {
+		var block struct {
+			Type        string          `json:"type"`
+			Text        string          `json:"text"`
+			Annotations json.RawMessage `json:"annotations"`
+			Meta        json.RawMessage `json:"_meta"`
+		}
+		if err := json.Unmarshal(raw, &block); err != nil {
+			return nil, fmt.Errorf("content block: %w", err)
+		}
+		if block.Type != "text" || block.Annotations != nil || block.Meta != nil {
+			return toMCPSlow(r)
+		}
+		res.Content = append(res.Content, &mcp.TextContent{Text: block.Text})
 	}
+	if len(r.StructuredContent) > 0 {
+		res.StructuredContent = r.StructuredContent
+	}
+	if len(r.Meta) > 0 {
+		if err := json.Unmarshal(r.Meta, &res.Meta); err != nil {
+			return nil, fmt.Errorf("_meta: %w", err)
+		}
+	}
+	return res, nil
+}
+
+func toMCPSlow(r *abi.CallToolResult) (*mcp.CallToolResult, error) {
 	b, err := json.Marshal(r)
 	if err != nil {
 		return nil, err

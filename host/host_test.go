@@ -428,3 +428,21 @@ func ExampleHost() {
 	// 1
 	// 2
 }
+
+func TestRichContent(t *testing.T) {
+	f := newFixture(t, nil, sandbox.NewPolicy(), map[string]string{"servlet.wasm": testplugins.Test(t, "servlet")})
+	res := call(t, f.connect(t, "", nil), "image", nil)
+	if len(res.Content) != 2 {
+		t.Fatalf("content = %v", res.Content)
+	}
+	img, ok := res.Content[0].(*mcp.ImageContent)
+	if !ok || string(img.Data) != "hello" || img.MIMEType != "image/png" {
+		t.Errorf("image block = %#v", res.Content[0])
+	}
+	if tc, ok := res.Content[1].(*mcp.TextContent); !ok || tc.Text != "caption" || tc.Annotations == nil {
+		t.Errorf("annotated text block = %#v", res.Content[1])
+	}
+	if b, _ := json.Marshal(res.StructuredContent); string(b) != `{"n":1}` || res.Meta["x.example/k"] != "v" {
+		t.Errorf("structured %s, meta %v", b, res.Meta)
+	}
+}

@@ -43,6 +43,7 @@ func describe() int32 {
 	 {"name":"panic","description":"Panics: the Go runtime exits.","inputSchema":{"type":"object"}},
 	 {"name":"config","description":"Returns the config value of key.","inputSchema":{"type":"object","properties":{"key":{"type":"string"}},"required":["key"]}},
 	 {"name":"var_count","description":"Counts calls in an Extism var.","inputSchema":{"type":"object"}},
+	 {"name":"image","description":"Returns an image block and an annotated text block.","inputSchema":{"type":"object"}},
 	 {"name":"print","description":"Writes its text to stdout and stderr.","inputSchema":{"type":"object","properties":{"text":{"type":"string"}}}}
 	]}`)
 	return 0
@@ -83,6 +84,9 @@ func call() int32 {
 		pdk.SetVarInt("count", n)
 		b, _ := json.Marshal(n)
 		text = string(b)
+	case "image":
+		pdk.OutputString(`{"content":[{"type":"image","data":"aGVsbG8=","mimeType":"image/png"},{"type":"text","text":"caption","annotations":{"audience":["user"]}}],"structuredContent":{"n":1},"_meta":{"x.example/k":"v"}}`)
+		return 0
 	case "print":
 		fmt.Println(args.Text)
 		fmt.Fprintln(os.Stderr, args.Text)

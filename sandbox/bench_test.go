@@ -1,0 +1,303 @@
+package sandbox_test
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/binary"
+	"fmt"
+	"os"
+	"runtime"
+	"runtime/debug"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/tetratelabs/wazero"
+	"github.com/tetratelabs/wazero/api"
+	"github.com/tetratelabs/wazero/imports/wasi_snapshot_preview1"
+
+	"github.com/wasmtools/wasmtools/internal/testplugins"
+	"github.com/wasmtools/wasmtools/sandbox"
+)
+
+// The baselines here are raw wazero: the same module, instantiated and
+// called with the least host code that can run it (an Extism kernel of
+// closures over one byte slice, no checks beyond Go's, no timeout, no
+// logging). They are the floor wasmtools is measured against.
+
+// rawConfigs are the raw baselines: plain wazero, and wazero with the one
+// option the sandbox cannot do without, close-on-context-done, which
+// compiles a termination check into every loop so that a deadline stops a
+// guest that never calls the host. The gap between the two is the price of
+// that guarantee; the gap between the second and the sandbox is the host's
+// own overhead.
+func rawConfigs() map[string]wazero.RuntimeConfig {
+	return map[string]wazero.RuntimeConfig{
+		"raw-wazero":             wazero.NewRuntimeConfig(),
+		"raw-wazero-termination": wazero.NewRuntimeConfig().WithCloseOnContextDone(true),
+	}
+}
+
+// rawKernel is the least Extism kernel that runs the test plugins.
+type rawKernel struct {
+	mem        []byte
+	input      []byte
+	out        []byte
+	outOff     uint64
+	outLen     uint64
+	blockStart []uint64
+}
+
+func (k *rawKernel) alloc(n uint64) uint64 {
+	off := uint64(len(k.mem))
+	k.mem = append(k.mem, make([]byte, n)...)
+	k.blockStart = append(k.blockStart, off)
+	return off
+}
+
+func newRawRuntime(ctx context.Context, b testing.TB, k **rawKernel) wazero.Runtime {
+	return newRawRuntimeCfg(ctx, b, k, wazero.NewRuntimeConfig())
+}
+
+func newRawRuntimeCfg(ctx context.Context, b testing.TB, k **rawKernel, cfg wazero.RuntimeConfig) wazero.Runtime {
+	rt := wazero.NewRuntimeWithConfig(ctx, cfg)
+	wasi_snapshot_preview1.MustInstantiate(ctx, rt)
+	i64, i32 := api.ValueTypeI64, api.ValueTypeI32
+	bld := rt.NewHostModuleBuilder("extism:host/env")
+	fn := func(name string, params, results []api.ValueType, f func(k *rawKernel, s []uint64)) {
+		bld.NewFunctionBuilder().WithGoFunction(api.GoFunc(func(_ context.Context, s []uint64) { f(*k, s) }), params, results).Export(name)
+	}
+	fn("alloc", []api.ValueType{i64}, []api.ValueType{i64}, func(k *rawKernel, s []uint64) { s[0] = k.alloc(s[0]) })
+	fn("free", []api.ValueType{i64}, nil, func(k *rawKernel, s []uint64) {})
+	fn("length", []api.ValueType{i64}, []api.ValueType{i64}, func(k *rawKernel, s []uint64) {
+		for i, st := range k.blockStart {
+			if st == s[0] {
+				end := uint64(len(k.mem))
+				if i+1 < len(k.blockStart) {
+					end = k.blockStart[i+1]
+				}
+				s[0] = end - st
+				return
+			}
+		}
+		s[0] = 0
+	})
+	fn("load_u8", []api.ValueType{i64}, []api.ValueType{i32}, func(k *rawKernel, s []uint64) { s[0] = uint64(k.mem[s[0]]) })
+	fn("load_u64", []api.ValueType{i64}, []api.ValueType{i64}, func(k *rawKernel, s []uint64) { s[0] = binary.LittleEndian.Uint64(k.mem[s[0]:]) })
+	fn("store_u8", []api.ValueType{i64, i32}, nil, func(k *rawKernel, s []uint64) { k.mem[s[0]] = byte(s[1]) })
+	fn("store_u64", []api.ValueType{i64, i64}, nil, func(k *rawKernel, s []uint64) { binary.LittleEndian.PutUint64(k.mem[s[0]:], s[1]) })
+	fn("input_length", nil, []api.ValueType{i64}, func(k *rawKernel, s []uint64) { s[0] = uint64(len(k.input)) })
+	fn("input_load_u8", []api.ValueType{i64}, []api.ValueType{i32}, func(k *rawKernel, s []uint64) { s[0] = uint64(k.input[s[0]]) })
+	fn("input_load_u64", []api.ValueType{i64}, []api.ValueType{i64}, func(k *rawKernel, s []uint64) { s[0] = binary.LittleEndian.Uint64(k.input[s[0]:]) })
+	fn("output_set", []api.ValueType{i64, i64}, nil, func(k *rawKernel, s []uint64) { k.outOff, k.outLen = s[0], s[1] })
+	fn("error_set", []api.ValueType{i64}, nil, func(k *rawKernel, s []uint64) {})
+	fn("config_get", []api.ValueType{i64}, []api.ValueType{i64}, func(k *rawKernel, s []uint64) { s[0] = 0 })
+	fn("var_get", []api.ValueType{i64}, []api.ValueType{i64}, func(k *rawKernel, s []uint64) { s[0] = 0 })
+	fn("var_set", []api.ValueType{i64, i64}, nil, func(k *rawKernel, s []uint64) {})
+	if _, err := bld.Instantiate(ctx); err != nil {
+		b.Fatal(err)
+	}
+	return rt
+}
+
+// rawCall runs export with input on a raw instance and returns the output.
+func rawCall(ctx context.Context, b testing.TB, k *rawKernel, f api.Function, input []byte) []byte {
+	k.mem = k.mem[:8]
+	k.blockStart = k.blockStart[:0]
+	k.input = input
+	if _, err := f.Call(ctx); err != nil {
+		b.Fatal(err)
+	}
+	return k.mem[k.outOff : k.outOff+k.outLen]
+}
+
+func rawInstantiate(ctx context.Context, b testing.TB, rt wazero.Runtime, c wazero.CompiledModule) api.Module {
+	m, err := rt.InstantiateModule(ctx, c, wazero.NewModuleConfig().WithName("").WithStartFunctions().WithRandSource(rand.Reader))
+	if err != nil {
+		b.Fatal(err)
+	}
+	if f := m.ExportedFunction("_initialize"); f != nil {
+		if _, err := f.Call(ctx); err != nil {
+			b.Fatal(err)
+		}
+	}
+	return m
+}
+
+// benchInput is a 100-byte servlet call input.
+var benchInput = func() []byte {
+	s := `{"params":{"name":"echo","arguments":{"text":"` + strings.Repeat("x", 50) + `"}}}`
+	if len(s) != 100 {
+		panic(len(s))
+	}
+	return []byte(s)
+}()
+
+// BenchmarkNewInstanceFirstCall: a new instance of a small (WAT) plugin and
+// its first call. Raw wazero is the baseline.
+func BenchmarkNewInstanceFirstCall(b *testing.B) {
+	ctx := context.Background()
+	wasm := testplugins.Bytes(b, testplugins.Example(b, "counter"))
+	input := []byte(`{"params":{"name":"count","arguments":{}}}`)
+	for name, cfg := range rawConfigs() {
+		b.Run(name, func(b *testing.B) {
+			k := &rawKernel{mem: make([]byte, 8, 1024)}
+			rt := newRawRuntimeCfg(ctx, b, &k, cfg)
+			defer rt.Close(ctx)
+			c, _ := rt.CompileModule(ctx, wasm)
+			b.ReportAllocs()
+			for b.Loop() {
+				m := rawInstantiate(ctx, b, rt, c)
+				rawCall(ctx, b, k, m.ExportedFunction("call"), input)
+				m.Close(ctx)
+			}
+		})
+	}
+	b.Run("sandbox", func(b *testing.B) {
+		rt, _ := sandbox.NewRuntime(sandbox.Options{})
+		c, err := rt.Compile(ctx, wasm, sandbox.NewPolicy())
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer c.Close(ctx)
+		b.ReportAllocs()
+		for b.Loop() {
+			inst, err := c.Instantiate(ctx)
+			if err != nil {
+				b.Fatal(err)
+			}
+			if _, err := inst.Call(ctx, "call", input); err != nil {
+				b.Fatal(err)
+			}
+			inst.Close(ctx)
+		}
+	})
+}
+
+// BenchmarkWarmCall: one call with a 100-byte JSON input on a warm instance
+// of a Go plugin (the Extism Go PDK's echo). Raw wazero is the baseline.
+func BenchmarkWarmCall(b *testing.B) {
+	ctx := context.Background()
+	wasm := testplugins.Bytes(b, testplugins.Test(b, "servlet"))
+	for name, cfg := range rawConfigs() {
+		b.Run(name, func(b *testing.B) {
+			k := &rawKernel{mem: make([]byte, 8, 1024)}
+			rt := newRawRuntimeCfg(ctx, b, &k, cfg)
+			defer rt.Close(ctx)
+			c, _ := rt.CompileModule(ctx, wasm)
+			m := rawInstantiate(ctx, b, rt, c)
+			f := m.ExportedFunction("call")
+			b.ReportAllocs()
+			for b.Loop() {
+				rawCall(ctx, b, k, f, benchInput)
+			}
+		})
+	}
+	b.Run("sandbox", func(b *testing.B) {
+		rt, _ := sandbox.NewRuntime(sandbox.Options{CacheDir: testplugins.CacheDir()})
+		c, _ := rt.Compile(ctx, wasm, sandbox.NewPolicy())
+		defer c.Close(ctx)
+		inst, _ := c.Instantiate(ctx)
+		b.ReportAllocs()
+		for b.Loop() {
+			if _, err := inst.Call(ctx, "call", benchInput); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+}
+
+// BenchmarkInstantiateGo: a new instance of a Go (wasip1) plugin, its
+// runtime initialised. Raw wazero is the baseline.
+func BenchmarkInstantiateGo(b *testing.B) {
+	ctx := context.Background()
+	wasm := testplugins.Bytes(b, testplugins.Example(b, "hash"))
+	b.Run("raw-wazero", func(b *testing.B) {
+		k := &rawKernel{mem: make([]byte, 8, 1024)}
+		rt := newRawRuntime(ctx, b, &k)
+		defer rt.Close(ctx)
+		c, _ := rt.CompileModule(ctx, wasm)
+		for b.Loop() {
+			rawInstantiate(ctx, b, rt, c).Close(ctx)
+		}
+	})
+	b.Run("sandbox", func(b *testing.B) {
+		rt, _ := sandbox.NewRuntime(sandbox.Options{CacheDir: testplugins.CacheDir()})
+		c, _ := rt.Compile(ctx, wasm, sandbox.NewPolicy())
+		defer c.Close(ctx)
+		for b.Loop() {
+			inst, err := c.Instantiate(ctx)
+			if err != nil {
+				b.Fatal(err)
+			}
+			inst.Close(ctx)
+		}
+	})
+}
+
+// BenchmarkIdleInstanceMemory: RSS per idle instance, with 1,000 live
+// instances, reported as KiB/instance (the time per op is meaningless).
+func BenchmarkIdleInstanceMemory(b *testing.B) {
+	ctx := context.Background()
+	const n = 1000
+	for _, plugin := range []string{"counter", "hash"} {
+		wasm := testplugins.Bytes(b, testplugins.Example(b, plugin))
+		b.Run(plugin+"/raw-wazero", func(b *testing.B) {
+			k := &rawKernel{mem: make([]byte, 8, 1024)}
+			rt := newRawRuntime(ctx, b, &k)
+			defer rt.Close(ctx)
+			c, _ := rt.CompileModule(ctx, wasm)
+			measureRSS(b, n, func() func() {
+				m := rawInstantiate(ctx, b, rt, c)
+				return func() { m.Close(ctx) }
+			})
+		})
+		b.Run(plugin+"/sandbox", func(b *testing.B) {
+			rt, _ := sandbox.NewRuntime(sandbox.Options{CacheDir: testplugins.CacheDir()})
+			c, _ := rt.Compile(ctx, wasm, sandbox.NewPolicy())
+			defer c.Close(ctx)
+			measureRSS(b, n, func() func() {
+				inst, err := c.Instantiate(ctx)
+				if err != nil {
+					b.Fatal(err)
+				}
+				return func() { inst.Close(ctx) }
+			})
+		})
+	}
+}
+
+// measureRSS makes n instances with start, b.N times, and reports the mean
+// RSS growth per instance.
+func measureRSS(b *testing.B, n int, start func() (stop func())) {
+	var total int64
+	for b.Loop() {
+		before := readRSS(b)
+		stops := make([]func(), n)
+		for i := range stops {
+			stops[i] = start()
+		}
+		total += readRSS(b) - before
+		for _, stop := range stops {
+			stop()
+		}
+	}
+	b.ReportMetric(float64(total)/float64(b.N)/float64(n)/1024, "KiB/instance")
+}
+
+func readRSS(b *testing.B) int64 {
+	runtime.GC()
+	debug.FreeOSMemory()
+	data, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		b.Skip("no /proc/self/status")
+	}
+	for _, line := range strings.Split(string(data), "\n") {
+		if v, ok := strings.CutPrefix(line, "VmRSS:"); ok {
+			kb, _ := strconv.ParseInt(strings.Fields(v)[0], 10, 64)
+			return kb << 10
+		}
+	}
+	b.Fatal(fmt.Errorf("no VmRSS"))
+	return 0
+}
