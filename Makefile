@@ -25,6 +25,7 @@ serve: build plugins
 test: plugins testplugins
 	$(GO) vet ./...
 	$(GO) test -race -count=1 ./...
+	$(GO) test -count=1 -run 'FreeTheirMemory' ./host
 
 clean:
 	rm -rf wasmtools examples/plugins/dist internal/testplugins/dist

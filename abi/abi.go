@@ -159,6 +159,9 @@ type CallContext struct {
 	SessionID string `json:"session_id,omitempty"`
 	// ProtocolVersion is the MCP revision the client negotiated.
 	ProtocolVersion string `json:"protocol_version,omitempty"`
+	// Meta is the request's _meta (where hyper-mcp plugins look for the
+	// progress token).
+	Meta json.RawMessage `json:"_meta,omitempty"`
 }
 
 // CallToolResult is an MCP CallToolResult as the guest returns it. Content

@@ -50,7 +50,7 @@ func BenchmarkHostSessionFirstCall(b *testing.B) {
 		if err := t.ValidateArguments(args); err != nil {
 			b.Fatal(err)
 		}
-		res, err := h.callTool(ctx, key, plugins.Call{Tool: t, Arguments: args})
+		res, err := h.callTool(ctx, key, plugins.Call{Tool: t, Arguments: args}, nil)
 		if err != nil || res.IsError {
 			b.Fatal(err, res)
 		}
@@ -75,7 +75,7 @@ func BenchmarkHostWarmCall(b *testing.B) {
 		if err := t.ValidateArguments(args); err != nil {
 			b.Fatal(err)
 		}
-		res, err := h.callTool(ctx, key, plugins.Call{Tool: t, Arguments: args})
+		res, err := h.callTool(ctx, key, plugins.Call{Tool: t, Arguments: args}, nil)
 		if err != nil || res.IsError {
 			b.Fatal(err, res)
 		}

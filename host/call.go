@@ -59,6 +59,9 @@ func (h *Host) keyOf(req *mcp.CallToolRequest) sessionKey {
 }
 
 func (h *Host) call(ctx context.Context, t *plugins.Tool, req *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+	if req.Params.RequestState != "" {
+		return h.resume(ctx, t, req)
+	}
 	args := req.Params.Arguments
 	if err := t.ValidateArguments(args); err != nil {
 		return errorResult(err.Error()), nil
@@ -67,21 +70,42 @@ func (h *Host) call(ctx context.Context, t *plugins.Tool, req *mcp.CallToolReque
 	if len(req.Params.Meta) > 0 {
 		meta, _ = json.Marshal(req.Params.Meta)
 	}
-	var protocol string
-	if ip := req.Session.InitializeParams(); ip != nil {
-		protocol = ip.ProtocolVersion
+	key := h.keyOf(req)
+	env := h.newCallEnv(ctx, t, req, h.sessionLabel(key))
+	c := plugins.Call{
+		Tool: t, Arguments: args, Meta: meta, Host: env.hostFunc,
+		Context: abi.CallContext{SessionID: req.Session.ID(), ProtocolVersion: protocolOf(req), Meta: meta},
 	}
-	return h.callTool(ctx, h.keyOf(req), plugins.Call{
-		Tool: t, Arguments: args, Meta: meta,
-		Context: abi.CallContext{SessionID: req.Session.ID(), ProtocolVersion: protocol},
-	})
+	start := time.Now()
+	if !t.Plugin().ImportsHost(abi.FuncCreateElicitation) {
+		res, err := h.callTool(ctx, key, c, env.afterCall)
+		env.finish(res)
+		h.audit(env, res, start)
+		return res, err
+	}
+	// A guest that may ask questions runs on its own goroutine, so that
+	// the call can be parked between a 2026-07-28 client's requests.
+	env.questions = make(chan *question)
+	return h.serveRounds(ctx, req, h.startRun(ctx, key, c, env))
+}
+
+// sessionLabel names a session key in logs and the record log.
+func (h *Host) sessionLabel(k sessionKey) string {
+	switch {
+	case k.client != "":
+		return "client:" + k.client
+	case k.ss != nil && k.ss.ID() != "":
+		return k.ss.ID()
+	default:
+		return "local"
+	}
 }
 
 // callTool runs a validated call on key's instance and shapes its result:
 // everything a call costs the host but the MCP transport.
-func (h *Host) callTool(ctx context.Context, key sessionKey, c plugins.Call) (*mcp.CallToolResult, error) {
+func (h *Host) callTool(ctx context.Context, key sessionKey, c plugins.Call, after func(context.Context, *plugins.Instance)) (*mcp.CallToolResult, error) {
 	t := c.Tool
-	o, err := h.runCall(ctx, key, t, c)
+	o, err := h.runCall(ctx, key, t, c, after)
 	if err != nil {
 		if errors.Is(err, ErrBusy) {
 			return nil, fmt.Errorf("tool %q: %w (limit %d): wait for earlier calls to finish", t.Name, err, h.queueLimit())

@@ -10,9 +10,11 @@ package host
 import (
 	"container/list"
 	"context"
+	"crypto/rand"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net/http"
 	"runtime"
@@ -81,6 +83,23 @@ type Options struct {
 	// request gets fresh instances. The header is not authentication:
 	// anyone who sends the same value gets the same guest state.
 	ClientKeyHeader string
+	// RecordLog, if set, receives one JSON line per tool call: time,
+	// session, plugin name and sha256, tool, duration, isError and the
+	// records the call wrote. It is written under a lock; the caller
+	// opens it (append-only) and closes it after the host.
+	RecordLog io.Writer
+	// StateKey signs the request state of calls parked for an answer
+	// (protocol 2026-07-28). nil means a random key per host, so states
+	// do not survive a restart, which parked calls do not either.
+	StateKey []byte
+	// AbandonAfter stops a parked call whose client has not answered in
+	// this long; 0 means [DefaultAbandonAfter].
+	AbandonAfter time.Duration
+	// MaxQuestions bounds the questions one call may ask a 2026-07-28
+	// client; 0 means 9, since the go-sdk client makes at most 10 requests
+	// of a call. A further question is answered "cancel" at once, with an
+	// error the guest sees.
+	MaxQuestions int
 }
 
 // Host serves plugins over MCP. It is safe for concurrent use. Close it to
@@ -97,6 +116,9 @@ type Host struct {
 	lru       *list.List // of *slot holding an instance, least recently used first
 	perPlugin map[string]int
 	pools     map[*plugins.Plugin]*pool
+	parked    map[string]*run // calls waiting for a client's answer, by run ID
+	stateKey  []byte
+	auditMu   sync.Mutex
 	nextID    uint64
 	closed    bool
 	live      atomic.Int64 // live instances
@@ -112,11 +134,17 @@ func New(cat *plugins.Catalogue, opts *Options) *Host {
 		lru:       list.New(),
 		perPlugin: map[string]int{},
 		pools:     map[*plugins.Plugin]*pool{},
+		parked:    map[string]*run{},
 		metrics:   newMetrics(),
 		stop:      make(chan struct{}),
 	}
 	if opts != nil {
 		h.opts = *opts
+	}
+	h.stateKey = h.opts.StateKey
+	if len(h.stateKey) == 0 {
+		h.stateKey = make([]byte, 32)
+		rand.Read(h.stateKey)
 	}
 	h.log = h.opts.Logger
 	if h.log == nil {
@@ -302,7 +330,17 @@ func (h *Host) Close(ctx context.Context) error {
 	for p := range h.pools {
 		pools = append(pools, p)
 	}
+	parked := make([]*run, 0, len(h.parked))
+	for id, r := range h.parked {
+		parked = append(parked, r)
+		delete(h.parked, id)
+	}
 	h.mu.Unlock()
+	for _, r := range parked {
+		r.abandon.Stop()
+		r.cancel(ErrClosed)
+		<-r.done
+	}
 	for _, p := range pools {
 		h.drainPool(p)
 	}

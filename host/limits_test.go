@@ -199,6 +199,9 @@ func TestSessionsFreeTheirMemory(t *testing.T) {
 	if testing.Short() {
 		t.Skip("opens 1000 sessions")
 	}
+	if raceEnabled {
+		t.Skip("RSS under the race detector includes its shadow memory; `make test` runs this test without -race too")
+	}
 	f := newFixture(t, nil, sandbox.NewPolicy(), map[string]string{"counter.wasm": testplugins.Example(t, "counter")})
 	warm := f.connect(t, "", nil)
 	call(t, warm, "count", nil)

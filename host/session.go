@@ -178,7 +178,7 @@ func (sl *slot) tryAcquire() bool {
 // another version of the plugin, and making one, within the instance
 // limits, if there is none. The caller holds the slot.
 func (h *Host) instanceFor(ctx context.Context, sl *slot, p *plugins.Plugin) (*plugins.Instance, error) {
-	if sl.inst != nil && sl.inst.Plugin() != p {
+	if sl.inst != nil && !sl.inst.Plugin().SameCode(p) {
 		h.log.Info("instance retired", "session", sl.sess.id, "plugin", p.Name(), "old_sha256", sl.inst.Plugin().SHA256(), "sha256", p.SHA256())
 		h.dropInstance(sl, "upgrade")
 		sl.reset = map[string]any{"reason": "upgrade", "detail": "the plugin was replaced by version " + p.SHA256()}
@@ -313,10 +313,13 @@ type outcome struct {
 // pooled one, for a stateless plugin). The returned error is a refusal
 // (busy, at capacity, shutting down); a failure of the call itself is in
 // the outcome.
-func (h *Host) runCall(ctx context.Context, key sessionKey, t *plugins.Tool, c plugins.Call) (outcome, error) {
+//
+// after, if not nil, runs on the instance once the guest returns, while the
+// call still holds it.
+func (h *Host) runCall(ctx context.Context, key sessionKey, t *plugins.Tool, c plugins.Call, after func(context.Context, *plugins.Instance)) (outcome, error) {
 	p := t.Plugin()
 	if p.Stateless() {
-		return h.runPooled(ctx, t, c)
+		return h.runPooled(ctx, t, c, after)
 	}
 	s, err := h.sessionFor(key)
 	if err != nil {
@@ -344,6 +347,8 @@ func (h *Host) runCall(ctx context.Context, key sessionKey, t *plugins.Tool, c p
 		if reason := resetReason(o.err, inst); reason != "" {
 			h.discard(sl, reason, o.err.Error())
 		}
+	} else if after != nil {
+		after(ctx, inst)
 	}
 	return o, nil
 }
@@ -382,7 +387,7 @@ func (h *Host) poolFor(p *plugins.Plugin) *pool {
 // runPooled runs a call of a stateless plugin on a warm instance from its
 // pool, or a new one, and returns the instance to the pool if it is still
 // usable and the pool has room.
-func (h *Host) runPooled(ctx context.Context, t *plugins.Tool, c plugins.Call) (outcome, error) {
+func (h *Host) runPooled(ctx context.Context, t *plugins.Tool, c plugins.Call, after func(context.Context, *plugins.Instance)) (outcome, error) {
 	p := t.Plugin()
 	pl := h.poolFor(p)
 	var inst *plugins.Instance
@@ -402,6 +407,9 @@ func (h *Host) runPooled(ctx context.Context, t *plugins.Tool, c plugins.Call) (
 	}
 	var o outcome
 	o.result, o.err = inst.CallTool(ctx, c)
+	if o.err == nil && after != nil {
+		after(ctx, inst)
+	}
 	if inst.Err() == nil {
 		select {
 		case pl.idle <- inst:

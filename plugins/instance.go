@@ -38,6 +38,9 @@ type Call struct {
 	Meta json.RawMessage
 	// Context tells a v2 guest who calls.
 	Context abi.CallContext
+	// Host serves the guest's extism:host/user calls (progress, logging,
+	// elicitation, records) during this call; nil refuses them.
+	Host sandbox.HostFunc
 }
 
 // CallTool runs one tool call and returns the guest's result. The
@@ -49,7 +52,7 @@ type Call struct {
 // ([Instance.Err] says why) and must be replaced. Output that is not a
 // CallToolResult is an error too.
 func (i *Instance) CallTool(ctx context.Context, c Call) (*abi.CallToolResult, error) {
-	if c.Tool.plugin != i.plugin {
+	if !c.Tool.plugin.SameCode(i.plugin) {
 		return nil, fmt.Errorf("tool %q belongs to plugin %q, not %q", c.Tool.Name, c.Tool.plugin.name, i.plugin.name)
 	}
 	params := abi.CallParams{Name: c.Tool.Def.Name, Arguments: c.Arguments, Meta: c.Meta}
@@ -64,7 +67,7 @@ func (i *Instance) CallTool(ctx context.Context, c Call) (*abi.CallToolResult, e
 	if err != nil {
 		return nil, fmt.Errorf("encode call: %w", err)
 	}
-	out, err := i.sb.Call(ctx, export, b)
+	out, err := i.sb.Call(ctx, export, b, c.Host)
 	if err != nil {
 		return nil, err
 	}

@@ -68,6 +68,7 @@ type Plugin struct {
 	compiled  *sandbox.Compiled
 	hasExport map[string]bool
 	stateless bool
+	prefix    string
 }
 
 // Tool is one tool a plugin serves.
@@ -145,23 +146,23 @@ func Load(ctx context.Context, rt *sandbox.Runtime, path string, wasm []byte, op
 
 // describe detects the interface and reads the tool list.
 func (p *Plugin) describe(ctx context.Context, prefix string) error {
-	for _, f := range p.compiled.Exports() {
-		p.hasExport[f.Name] = true
-	}
-	switch {
-	case p.hasExport[abi.ExportListTools] && p.hasExport[abi.ExportCallTool]:
-		p.iface = abi.InterfaceV2
-	case p.hasExport[abi.ExportDescribe] && p.hasExport[abi.ExportCall]:
-		p.iface = abi.InterfaceServlet
-	default:
-		return fmt.Errorf("exports neither plugin interface: want %q and %q (v2), or %q and %q (servlet)",
-			abi.ExportListTools, abi.ExportCallTool, abi.ExportDescribe, abi.ExportCall)
+	if err := p.detectInterface(); err != nil {
+		return err
 	}
 	inst, err := p.compiled.Instantiate(ctx)
 	if err != nil {
 		return err
 	}
 	defer inst.Close(ctx)
+	return p.describeWith(ctx, inst, prefix)
+}
+
+// describeWith reads the tool list from inst and checks it.
+func (p *Plugin) describeWith(ctx context.Context, inst *sandbox.Instance, prefix string) error {
+	p.prefix = prefix
+	if err := p.detectInterface(); err != nil {
+		return err
+	}
 	defs, err := p.listTools(ctx, inst)
 	if err != nil {
 		return err
@@ -188,13 +189,30 @@ func (p *Plugin) describe(ctx context.Context, prefix string) error {
 	return nil
 }
 
+// detectInterface tells the plugin interface from the exports.
+func (p *Plugin) detectInterface() error {
+	for _, f := range p.compiled.Exports() {
+		p.hasExport[f.Name] = true
+	}
+	switch {
+	case p.hasExport[abi.ExportListTools] && p.hasExport[abi.ExportCallTool]:
+		p.iface = abi.InterfaceV2
+	case p.hasExport[abi.ExportDescribe] && p.hasExport[abi.ExportCall]:
+		p.iface = abi.InterfaceServlet
+	default:
+		return fmt.Errorf("exports neither plugin interface: want %q and %q (v2), or %q and %q (servlet)",
+			abi.ExportListTools, abi.ExportCallTool, abi.ExportDescribe, abi.ExportCall)
+	}
+	return nil
+}
+
 // maxToolPages bounds the pages of a v2 plugin's tool list, so a plugin
 // that always returns a next cursor cannot hold the load forever.
 const maxToolPages = 100
 
 func (p *Plugin) listTools(ctx context.Context, inst *sandbox.Instance) ([]abi.Tool, error) {
 	if p.iface == abi.InterfaceServlet {
-		out, err := inst.Call(ctx, abi.ExportDescribe, nil)
+		out, err := inst.Call(ctx, abi.ExportDescribe, nil, nil)
 		if err != nil {
 			return nil, err
 		}
@@ -208,7 +226,7 @@ func (p *Plugin) listTools(ctx context.Context, inst *sandbox.Instance) ([]abi.T
 	in := abi.ListToolsInput{}
 	for range maxToolPages {
 		b, _ := json.Marshal(in)
-		out, err := inst.Call(ctx, abi.ExportListTools, b)
+		out, err := inst.Call(ctx, abi.ExportListTools, b, nil)
 		if err != nil {
 			return nil, err
 		}
@@ -272,6 +290,29 @@ func (p *Plugin) Interface() abi.Interface { return p.iface }
 // Tools returns the plugin's tools in the order it lists them. The slice
 // must not be modified.
 func (p *Plugin) Tools() []*Tool { return p.tools }
+
+// ImportsHost reports whether the plugin imports the extism:host/user
+// function name (see [abi.UserFuncs]).
+func (p *Plugin) ImportsHost(name string) bool { return p.compiled.ImportsFunc(abi.UserModule, name) }
+
+// SameCode reports whether q runs the same compiled module as p: an
+// instance of one serves the other. [Plugin.Relist] keeps the code; a
+// reload from a file makes new code.
+func (p *Plugin) SameCode(q *Plugin) bool { return p.compiled == q.compiled }
+
+// Relist asks instance inst of the plugin for its tools again (the guest
+// said its list changed) and returns a plugin with the new list and the
+// same code, so that instances of p serve it. p is not changed.
+func (p *Plugin) Relist(ctx context.Context, inst *Instance) (*Plugin, error) {
+	q := &Plugin{name: p.name, path: p.path, sha256: p.sha256, size: p.size, compiled: p.compiled, hasExport: map[string]bool{}, stateless: p.stateless}
+	if err := q.describeWith(ctx, inst.sb, p.prefix); err != nil {
+		return nil, fmt.Errorf("plugin %q (%s): list tools again: %w", p.name, p.path, err)
+	}
+	return q, nil
+}
+
+// Prefix returns the prefix the plugin's tool names were given.
+func (p *Plugin) Prefix() string { return p.prefix }
 
 // Stateless reports whether the plugin keeps no state between calls (see
 // [StatelessSection]).

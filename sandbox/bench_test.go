@@ -166,7 +166,7 @@ func BenchmarkNewInstanceFirstCall(b *testing.B) {
 			if err != nil {
 				b.Fatal(err)
 			}
-			if _, err := inst.Call(ctx, "call", input); err != nil {
+			if _, err := inst.Call(ctx, "call", input, nil); err != nil {
 				b.Fatal(err)
 			}
 			inst.Close(ctx)
@@ -200,7 +200,7 @@ func BenchmarkWarmCall(b *testing.B) {
 		inst, _ := c.Instantiate(ctx)
 		b.ReportAllocs()
 		for b.Loop() {
-			if _, err := inst.Call(ctx, "call", benchInput); err != nil {
+			if _, err := inst.Call(ctx, "call", benchInput, nil); err != nil {
 				b.Fatal(err)
 			}
 		}

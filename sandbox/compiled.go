@@ -45,6 +45,9 @@ func newCompiled(ctx context.Context, rt wazero.Runtime, wasm []byte, p Policy) 
 	if err := instantiateKernel(ctx, rt); err != nil {
 		return nil, fmt.Errorf("sandbox: define %s: %w", abi.EnvModule, err)
 	}
+	if err := instantiateUser(ctx, rt); err != nil {
+		return nil, fmt.Errorf("sandbox: define %s: %w", abi.UserModule, err)
+	}
 	mod, err := rt.CompileModule(ctx, wasm)
 	if err != nil {
 		return nil, fmt.Errorf("compile: %w", err)
@@ -102,6 +105,16 @@ func signature(d api.FunctionDefinition) string {
 
 // Imports lists the functions the module imports, in module order.
 func (c *Compiled) Imports() []Func { return slices.Clone(c.imports) }
+
+// ImportsFunc reports whether the module imports function name of module.
+func (c *Compiled) ImportsFunc(module, name string) bool {
+	for _, f := range c.imports {
+		if f.Module == module && f.Name == name {
+			return true
+		}
+	}
+	return false
+}
 
 // Exports lists the functions the module exports, sorted by name.
 func (c *Compiled) Exports() []Func { return slices.Clone(c.exports) }

@@ -32,7 +32,7 @@ func Example() {
 	inst, _ := compiled.Instantiate(ctx)
 	defer inst.Close(ctx)
 	for range 2 {
-		out, _ := inst.Call(ctx, "call", []byte(`{"params":{"name":"count"}}`))
+		out, _ := inst.Call(ctx, "call", []byte(`{"params":{"name":"count"}}`), nil)
 		fmt.Println(string(out))
 	}
 	// Output:

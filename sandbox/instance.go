@@ -23,7 +23,9 @@ type Instance struct {
 	kernel   kernel
 	funcs    map[string]api.Function
 	stack    [1]uint64
-	err      error // why the instance is closed, nil while usable
+	err      error     // why the instance is closed, nil while usable
+	host     HostFunc  // the current call's, nil between calls
+	deadline *deadline // the current call's
 	log      *slog.Logger
 	stdout   lineLogger
 	stderr   lineLogger
@@ -87,13 +89,15 @@ func contextCause(ctx context.Context, err error) error {
 }
 
 // Call runs export with input and returns what the guest set as its output.
+// host serves the guest's extism:host/user calls; nil refuses them (the
+// guest traps, told they are not available).
 //
 // The export must take no parameters and return nothing or an i32; a
 // non-zero i32 is a [GuestError] carrying the guest's error message, and
 // the instance stays usable. A trap, guest exit, host-function refusal or
 // the end of ctx (or of the policy's call timeout) is a [TrapError], and
 // closes the instance: its memory may be inconsistent.
-func (i *Instance) Call(ctx context.Context, export string, input []byte) ([]byte, error) {
+func (i *Instance) Call(ctx context.Context, export string, input []byte, host HostFunc) ([]byte, error) {
 	if i.err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrClosed, i.err)
 	}
@@ -104,12 +108,21 @@ func (i *Instance) Call(ctx context.Context, export string, input []byte) ([]byt
 	if err := i.kernel.reset(input); err != nil {
 		return nil, fmt.Errorf("%s: %w", export, err)
 	}
-	ctx, cancel := context.WithTimeout(ctx, i.compiled.policy.callTimeout)
-	defer cancel()
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	i.deadline = newDeadline(i.compiled.policy.callTimeout, cancel)
+	i.host = host
+	defer func() {
+		i.deadline.stop()
+		i.host, i.deadline = nil, nil
+	}()
 	ctx = context.WithValue(ctx, instanceKey{}, i)
 	i.stack[0] = 0
 	if err := f.CallWithStack(ctx, i.stack[:]); err != nil {
-		te := &TrapError{Export: export, Cause: ctxErr(ctx), Err: err}
+		te := &TrapError{Export: export, Err: err}
+		if ctx.Err() != nil {
+			te.Cause = context.Cause(ctx)
+		}
 		i.close(te)
 		return nil, te
 	}

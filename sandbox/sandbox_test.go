@@ -48,7 +48,7 @@ func callServlet(t *testing.T, inst *sandbox.Instance, tool, args string) (strin
 	t.Helper()
 	// The host's encoding: name before arguments (the trap fixture relies on it).
 	in := []byte(`{"params":{"name":"` + tool + `","arguments":` + args + `}}`)
-	out, err := inst.Call(context.Background(), "call", in)
+	out, err := inst.Call(context.Background(), "call", in, nil)
 	if err != nil {
 		return "", err
 	}
@@ -153,7 +153,7 @@ func TestCancelStopsSpinningGuest(t *testing.T) {
 	inst := instantiate(t, compile(t, newRuntime(t), testplugins.Test(t, "loop"), sandbox.NewPolicy()))
 	ctx, cancel := context.WithCancel(context.Background())
 	time.AfterFunc(50*time.Millisecond, cancel)
-	_, err := inst.Call(ctx, "call", []byte(`{"params":{"name":"spin"}}`))
+	_, err := inst.Call(ctx, "call", []byte(`{"params":{"name":"spin"}}`), nil)
 	if !errors.Is(err, context.Canceled) {
 		t.Fatalf("err = %v; want context.Canceled", err)
 	}
@@ -215,7 +215,7 @@ func TestCompiledCloseClosesInstances(t *testing.T) {
 	if err := c.Close(context.Background()); err != nil {
 		t.Errorf("second Close: %v", err)
 	}
-	if _, err := inst.Call(context.Background(), "call", []byte(`{}`)); err == nil {
+	if _, err := inst.Call(context.Background(), "call", []byte(`{}`), nil); err == nil {
 		t.Error("call on an instance of a closed module succeeded")
 	}
 }

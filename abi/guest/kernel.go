@@ -103,5 +103,4 @@ func load(off uint64) []byte {
 	return b
 }
 
-var _ = load // used by the host-function wrappers
 var _ = extismFree

@@ -1,0 +1,90 @@
+//go:build wasip1
+
+package guest
+
+import (
+	"encoding/json"
+	"errors"
+
+	"github.com/wasmtools/wasmtools/abi"
+)
+
+// The MCP host functions (module extism:host/user). See docs/ABI.md.
+
+//go:wasmimport extism:host/user notify_progress
+func hostNotifyProgress(offset uint64)
+
+//go:wasmimport extism:host/user notify_logging_message
+func hostNotifyLoggingMessage(offset uint64)
+
+//go:wasmimport extism:host/user create_elicitation
+func hostCreateElicitation(offset uint64) uint64
+
+//go:wasmimport extism:host/user notify_tool_list_changed
+func hostNotifyToolListChanged()
+
+//go:wasmimport extism:host/user write_record
+func hostWriteRecord(offset uint64) uint64
+
+func storeJSON(v any) uint64 {
+	b, err := json.Marshal(v)
+	if err != nil {
+		panic("guest: " + err.Error())
+	}
+	return store(b)
+}
+
+// Progress reports progress of the current call: progress so far, out of
+// total (0 when unknown), with an optional message. It is sent to the
+// client only if the call asked for progress; the host rate-limits it, so
+// calling it often is cheap but not every update may be seen.
+func Progress(progress, total float64, message string) {
+	p := abi.ProgressParams{Progress: progress, Message: message}
+	if total > 0 {
+		p.Total = &total
+	}
+	hostNotifyProgress(storeJSON(p))
+}
+
+// Log sends a log message at an MCP level (debug, info, notice, warning,
+// error, critical, alert, emergency). The host always logs it, and sends it
+// to the client when the client asked for that level.
+func Log(level string, data any) {
+	hostNotifyLoggingMessage(storeJSON(abi.LogMessage{Level: level, Logger: "guest", Data: data}))
+}
+
+// Elicit asks the user a question and waits for the answer. req.Mode
+// "form" (the default) asks for req.RequestedSchema, a flat object schema;
+// the content of an "accept" answer has been validated against it. The
+// error is set when the host could not ask (the client offers no
+// elicitation, or the call has asked as many questions as the client will
+// answer); the result is then "cancel".
+func Elicit(req abi.ElicitRequest) (*abi.ElicitResult, error) {
+	var res abi.ElicitResult
+	if err := json.Unmarshal(load(hostCreateElicitation(storeJSON(req))), &res); err != nil {
+		return nil, err
+	}
+	if res.Error != "" {
+		return &res, errors.New(res.Error)
+	}
+	return &res, nil
+}
+
+// ToolListChanged tells the host that the plugin's tool list changed: it
+// lists the tools again and tells clients.
+func ToolListChanged() { hostNotifyToolListChanged() }
+
+// WriteRecord leaves a record of a side effect the call had (a file it
+// wrote, a request it made). Records are served in the result's _meta and
+// written to the host's audit log. The error says why a record was
+// refused (too large, too many).
+func WriteRecord(namespace string, data any) error {
+	b, err := json.Marshal(data)
+	if err != nil {
+		return err
+	}
+	if off := hostWriteRecord(storeJSON(abi.Record{Namespace: namespace, Data: b})); off != 0 {
+		return errors.New(string(load(off)))
+	}
+	return nil
+}

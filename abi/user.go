@@ -1,0 +1,111 @@
+package abi
+
+import "encoding/json"
+
+// Host functions of module [UserModule]: the MCP features a tool reaches
+// while it runs. The names and JSON shapes are hyper-mcp's, so its plugins
+// run unmodified; write_record is wasmtools' own. Offsets are kernel
+// blocks holding UTF-8 JSON. docs/ABI.md gives each one's errors.
+const (
+	// FuncNotifyProgress (offset i64): a ProgressParams. Sent to the
+	// client when the call carried a progress token; rate-limited.
+	FuncNotifyProgress = "notify_progress"
+	// FuncNotifyLoggingMessage (offset i64): a LogMessage. Always logged
+	// by the host; sent to the client when it asked for that level.
+	FuncNotifyLoggingMessage = "notify_logging_message"
+	// FuncCreateElicitation (offset i64) -> offset i64: an ElicitRequest
+	// in, an ElicitResult out. Blocks until the user answers.
+	FuncCreateElicitation = "create_elicitation"
+	// FuncNotifyToolListChanged (): the plugin's tool list changed; the
+	// host lists its tools again.
+	FuncNotifyToolListChanged = "notify_tool_list_changed"
+	// FuncNotifyPromptListChanged, FuncNotifyResourceListChanged (): as
+	// above for prompts and resources.
+	FuncNotifyPromptListChanged   = "notify_prompt_list_changed"
+	FuncNotifyResourceListChanged = "notify_resource_list_changed"
+	// FuncNotifyResourceUpdated (offset i64): {"uri": "..."}.
+	FuncNotifyResourceUpdated = "notify_resource_updated"
+	// FuncWriteRecord (offset i64) -> i64: a Record in; 0 when kept, else
+	// the offset of a block holding the error message.
+	FuncWriteRecord = "write_record"
+)
+
+// ProgressParams is the input of [FuncNotifyProgress]. ProgressToken is
+// accepted for hyper-mcp compatibility and ignored: the host always uses
+// the token of the call the guest is serving.
+type ProgressParams struct {
+	ProgressToken any      `json:"progressToken,omitempty"`
+	Progress      float64  `json:"progress"`
+	Total         *float64 `json:"total,omitempty"`
+	Message       string   `json:"message,omitempty"`
+}
+
+// LogMessage is the input of [FuncNotifyLoggingMessage]. Level is an MCP
+// logging level: debug, info, notice, warning, error, critical, alert or
+// emergency.
+type LogMessage struct {
+	Level  string `json:"level"`
+	Logger string `json:"logger,omitempty"`
+	Data   any    `json:"data"`
+}
+
+// ElicitRequest is the input of [FuncCreateElicitation]: MCP elicitation
+// params, flattened as hyper-mcp does. Mode "form" (the default) asks for
+// RequestedSchema, a flat object schema of primitive properties; mode
+// "url" sends the user to URL. Timeout (milliseconds) is accepted and
+// ignored: the host bounds the wait itself.
+type ElicitRequest struct {
+	Mode            string          `json:"mode,omitempty"`
+	Message         string          `json:"message"`
+	RequestedSchema json.RawMessage `json:"requestedSchema,omitempty"`
+	URL             string          `json:"url,omitempty"`
+	ElicitationID   string          `json:"elicitationId,omitempty"`
+	Timeout         *int64          `json:"timeout,omitempty"`
+}
+
+// Elicitation actions.
+const (
+	ActionAccept  = "accept"
+	ActionDecline = "decline"
+	ActionCancel  = "cancel"
+)
+
+// ElicitResult is the output of [FuncCreateElicitation]. Content is set
+// when Action is "accept" in form mode, and has been validated against the
+// requested schema. Error is set, with Action "cancel", when the host could
+// not ask at all (the client offers no elicitation, the call has asked as
+// many questions as the client will answer, the request was invalid).
+type ElicitResult struct {
+	Action  string         `json:"action"`
+	Content map[string]any `json:"content,omitempty"`
+	Error   string         `json:"error,omitempty"`
+}
+
+// Record is the input of [FuncWriteRecord]: a side effect the tool had (a
+// file it wrote, a request it made), in a namespace the tool chooses.
+type Record struct {
+	Namespace string          `json:"namespace"`
+	Data      json.RawMessage `json:"data"`
+}
+
+// UserFuncs lists the functions of [UserModule] with their signatures:
+// whether each takes a JSON block, and whether it returns an offset.
+func UserFuncs() []UserFunc {
+	return []UserFunc{
+		{FuncNotifyProgress, true, false},
+		{FuncNotifyLoggingMessage, true, false},
+		{FuncCreateElicitation, true, true},
+		{FuncNotifyToolListChanged, false, false},
+		{FuncNotifyPromptListChanged, false, false},
+		{FuncNotifyResourceListChanged, false, false},
+		{FuncNotifyResourceUpdated, true, false},
+		{FuncWriteRecord, true, true},
+	}
+}
+
+// UserFunc is the signature of one [UserModule] function.
+type UserFunc struct {
+	Name    string
+	Input   bool // takes (offset i64)
+	Returns bool // returns an i64 offset (0: none)
+}

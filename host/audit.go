@@ -1,0 +1,49 @@
+package host
+
+import (
+	"encoding/json"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/wasmtools/wasmtools/abi"
+)
+
+// auditEntry is one line of the record log: one tool call.
+type auditEntry struct {
+	Time       time.Time    `json:"time"`
+	Session    string       `json:"session"`
+	Plugin     string       `json:"plugin"`
+	SHA256     string       `json:"sha256"`
+	Tool       string       `json:"tool"`
+	DurationMS float64      `json:"durationMs"`
+	IsError    bool         `json:"isError"`
+	Refused    bool         `json:"refused,omitempty"`
+	Records    []abi.Record `json:"records"`
+}
+
+// audit appends a call to the record log, if there is one. res is nil for a
+// call that was refused or whose request was cancelled.
+func (h *Host) audit(e *callEnv, res *mcp.CallToolResult, start time.Time) {
+	if h.opts.RecordLog == nil {
+		return
+	}
+	p := e.tool.Plugin()
+	e.mu.Lock()
+	records := append([]abi.Record{}, e.records...)
+	e.mu.Unlock()
+	line, err := json.Marshal(auditEntry{
+		Time: start.UTC(), Session: e.sess, Plugin: p.Name(), SHA256: p.SHA256(), Tool: e.tool.Name,
+		DurationMS: float64(time.Since(start).Microseconds()) / 1000,
+		IsError:    res == nil || res.IsError, Refused: res == nil, Records: records,
+	})
+	if err != nil {
+		h.log.Error("record log", "error", err)
+		return
+	}
+	h.auditMu.Lock()
+	defer h.auditMu.Unlock()
+	if _, err := h.opts.RecordLog.Write(append(line, '\n')); err != nil {
+		h.log.Error("record log: write", "error", err)
+	}
+}

@@ -1,0 +1,364 @@
+package host
+
+import (
+	"context"
+	"crypto/hmac"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/google/jsonschema-go/jsonschema"
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/wasmtools/wasmtools/abi"
+	"github.com/wasmtools/wasmtools/plugins"
+)
+
+// DefaultAbandonAfter is how long a call whose question is with a
+// 2026-07-28 client waits for the answer before it is stopped and its
+// instance reset. The answer comes once a person has answered: human time.
+const DefaultAbandonAfter = 30 * time.Minute
+
+// ErrRequestState is matched by the error for a retried call whose request
+// state is tampered with, expired, or names no waiting call.
+var ErrRequestState = errors.New("invalid request state")
+
+// run is a tool call whose guest runs on a goroutine of its own, because
+// it may ask questions: for a client before 2026-07-28 the host asks them
+// with elicitation/create while the call runs; for a 2026-07-28 client the
+// call is parked between requests.
+type run struct {
+	id      string
+	tool    *plugins.Tool
+	env     *callEnv
+	cancel  context.CancelCauseFunc
+	done    chan runResult
+	start   time.Time
+	round   int       // the client's requests so far, the first included
+	pending *question // the question a parked run waits on
+	abandon *time.Timer
+}
+
+type runResult struct {
+	res *mcp.CallToolResult
+	err error
+}
+
+// startRun starts the guest of call c on its own goroutine, on a context
+// that outlives the request (its values kept) and ends when the run is
+// cancelled.
+func (h *Host) startRun(ctx context.Context, key sessionKey, c plugins.Call, env *callEnv) *run {
+	gctx, cancel := context.WithCancelCause(context.WithoutCancel(ctx))
+	var idb [12]byte
+	rand.Read(idb[:])
+	r := &run{id: hex.EncodeToString(idb[:]), tool: c.Tool, env: env, cancel: cancel, done: make(chan runResult, 1), start: time.Now(), round: 1}
+	go func() {
+		res, err := h.callTool(gctx, key, c, env.afterCall)
+		r.done <- runResult{res, err}
+	}()
+	return r
+}
+
+// serveRounds waits for the run to finish, asking its questions of the
+// client as they come. For a 2026-07-28 client a question parks the run
+// and ends the request with an input-required result.
+func (h *Host) serveRounds(ctx context.Context, req *mcp.CallToolRequest, r *run) (*mcp.CallToolResult, error) {
+	multiRound := protocolOf(req) >= sessionlessProtocol
+	for {
+		select {
+		case out := <-r.done:
+			r.env.finish(out.res)
+			h.audit(r.env, out.res, r.start)
+			return out.res, out.err
+		case q := <-r.env.questions:
+			if ans := h.refuseQuestion(req, q, r, multiRound); ans != nil {
+				q.answer <- ans
+				continue
+			}
+			r.env.asked++
+			if !multiRound {
+				q.answer <- askLegacy(ctx, req.Session, q)
+				continue
+			}
+			return h.park(r, q), nil
+		case <-ctx.Done():
+			r.cancel(context.Canceled)
+			out := <-r.done
+			r.env.finish(out.res)
+			return nil, ctx.Err()
+		}
+	}
+}
+
+func protocolOf(req *mcp.CallToolRequest) string {
+	if ip := req.Session.InitializeParams(); ip != nil {
+		return ip.ProtocolVersion
+	}
+	return ""
+}
+
+// refuseQuestion answers at once a question the client cannot be asked,
+// or returns nil.
+func (h *Host) refuseQuestion(req *mcp.CallToolRequest, q *question, r *run, multiRound bool) *abi.ElicitResult {
+	var caps *mcp.ElicitationCapabilities
+	if ip := req.Session.InitializeParams(); ip != nil && ip.Capabilities != nil {
+		caps = ip.Capabilities.Elicitation
+	}
+	switch {
+	case caps == nil:
+		return cancelWith("the client does not offer elicitation")
+	case q.params.Mode == "url" && caps.URL == nil:
+		return cancelWith(`the client does not offer "url" elicitation`)
+	case q.params.Mode == "form" && caps.Form == nil && caps.URL != nil:
+		return cancelWith(`the client does not offer "form" elicitation`)
+	case multiRound && r.env.asked >= h.maxQuestions():
+		return cancelWith(fmt.Sprintf("a call may ask a client at most %d questions (it makes at most %d requests of a call)", h.maxQuestions(), h.maxQuestions()+1))
+	case !multiRound && r.env.asked >= maxLegacyQuestions:
+		return cancelWith(fmt.Sprintf("a call may ask at most %d questions", maxLegacyQuestions))
+	}
+	return nil
+}
+
+func (h *Host) maxQuestions() int {
+	if h.opts.MaxQuestions > 0 {
+		return h.opts.MaxQuestions
+	}
+	return defaultMaxQuestions
+}
+
+func cancelWith(msg string) *abi.ElicitResult {
+	return &abi.ElicitResult{Action: abi.ActionCancel, Error: msg}
+}
+
+// askLegacy asks a client before 2026-07-28 with elicitation/create. The
+// SDK checks its capabilities and validates a form answer.
+func askLegacy(ctx context.Context, ss *mcp.ServerSession, q *question) *abi.ElicitResult {
+	res, err := ss.Elicit(ctx, q.params)
+	if err != nil {
+		return cancelWith("elicitation failed: " + err.Error())
+	}
+	return &abi.ElicitResult{Action: res.Action, Content: res.Content}
+}
+
+// park keeps the run waiting for the client's answer to q and returns the
+// input-required result that asks it.
+func (h *Host) park(r *run, q *question) *mcp.CallToolResult {
+	r.round++
+	r.pending = q
+	abandon := h.opts.AbandonAfter
+	if abandon <= 0 {
+		abandon = DefaultAbandonAfter
+	}
+	h.mu.Lock()
+	h.parked[r.id] = r
+	h.mu.Unlock()
+	r.abandon = time.AfterFunc(abandon, func() { h.abandonRun(r, abandon) })
+	state := h.signState(r.id, r.round, time.Now().Add(abandon), r.tool.Name)
+	h.log.Info("call parked for an answer", "tool", r.tool.Name, "session", r.env.sess, "round", r.round)
+	return &mcp.CallToolResult{InputRequests: mcp.InputRequestMap{"q": q.params}, RequestState: state}
+}
+
+// abandonRun stops a parked run whose client did not come back.
+func (h *Host) abandonRun(r *run, after time.Duration) {
+	h.mu.Lock()
+	if h.parked[r.id] != r {
+		h.mu.Unlock()
+		return
+	}
+	delete(h.parked, r.id)
+	h.mu.Unlock()
+	h.log.Info("parked call abandoned", "tool", r.tool.Name, "session", r.env.sess, "after", after)
+	r.cancel(fmt.Errorf("%w: the client did not answer within %s", context.Canceled, after))
+	out := <-r.done
+	r.env.finish(out.res)
+	h.audit(r.env, out.res, r.start)
+}
+
+// resume continues a parked run with the answer the client's retried call
+// carries.
+func (h *Host) resume(ctx context.Context, t *plugins.Tool, req *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+	id, round, err := h.verifyState(req.Params.RequestState, t.Name)
+	if err != nil {
+		return nil, err
+	}
+	h.mu.Lock()
+	r := h.parked[id]
+	if r == nil || r.round != round {
+		h.mu.Unlock()
+		return nil, fmt.Errorf("%w: it names no call waiting for an answer (finished, abandoned, or answered already)", ErrRequestState)
+	}
+	delete(h.parked, id)
+	h.mu.Unlock()
+	r.abandon.Stop()
+	q := r.pending
+	r.pending = nil
+	r.env.follow(ctx, req)
+	q.answer <- answerOf(req.Params.InputResponses["q"], q)
+	return h.serveRounds(ctx, req, r)
+}
+
+// answerOf turns the client's response into the guest's answer, checking
+// a form answer against the requested schema.
+func answerOf(resp mcp.InputResponse, q *question) *abi.ElicitResult {
+	er, ok := resp.(*mcp.ElicitResult)
+	if !ok || er == nil {
+		return cancelWith("the client's retry carried no answer to the question")
+	}
+	switch er.Action {
+	case abi.ActionAccept, abi.ActionDecline, abi.ActionCancel:
+	default:
+		return cancelWith(fmt.Sprintf("the client answered with unknown action %q", er.Action))
+	}
+	if er.Action == abi.ActionAccept && q.params.Mode == "form" {
+		if err := validateAnswer(q.schema, er.Content); err != nil {
+			return cancelWith("the answer does not match the requested schema: " + err.Error())
+		}
+	}
+	return &abi.ElicitResult{Action: er.Action, Content: er.Content}
+}
+
+func validateAnswer(schema []byte, content map[string]any) error {
+	var s jsonschema.Schema
+	if err := json.Unmarshal(schema, &s); err != nil {
+		return err
+	}
+	resolved, err := s.Resolve(nil)
+	if err != nil {
+		return err
+	}
+	var v any = map[string]any{}
+	if content != nil {
+		// Round-trip so numbers are float64, as the validator expects.
+		b, _ := json.Marshal(content)
+		json.Unmarshal(b, &v)
+	}
+	return resolved.Validate(v)
+}
+
+// elicit serves the guest's create_elicitation: it checks the request and
+// hands it to the goroutine serving the client, then waits for the answer.
+func (e *callEnv) elicit(ctx context.Context, input []byte) *abi.ElicitResult {
+	var r abi.ElicitRequest
+	if err := strictJSON(input, &r); err != nil {
+		return cancelWith(err.Error())
+	}
+	params, schema, err := elicitParams(r)
+	if err != nil {
+		return cancelWith(err.Error())
+	}
+	if e.questions == nil {
+		return cancelWith("this call cannot ask questions")
+	}
+	q := &question{params: params, schema: schema, answer: make(chan *abi.ElicitResult, 1)}
+	select {
+	case e.questions <- q:
+	case <-ctx.Done():
+		return cancelWith("the call was cancelled")
+	}
+	select {
+	case a := <-q.answer:
+		return a
+	case <-ctx.Done():
+		return cancelWith("the call was cancelled")
+	}
+}
+
+// elicitParams checks a guest's question: a form asks for a flat object
+// of primitive properties (as MCP requires); a URL question needs a URL and
+// an elicitation ID.
+func elicitParams(r abi.ElicitRequest) (*mcp.ElicitParams, []byte, error) {
+	if r.Message == "" {
+		return nil, nil, errors.New("elicitation request has no message")
+	}
+	switch r.Mode {
+	case "url":
+		if r.URL == "" || r.ElicitationID == "" {
+			return nil, nil, errors.New(`a "url" elicitation needs url and elicitationId`)
+		}
+		return &mcp.ElicitParams{Mode: "url", Message: r.Message, URL: r.URL, ElicitationID: r.ElicitationID}, nil, nil
+	case "", "form":
+		var s struct {
+			Type       string                     `json:"type"`
+			Properties map[string]json.RawMessage `json:"properties"`
+		}
+		schema := r.RequestedSchema
+		if len(schema) == 0 {
+			schema = json.RawMessage(`{"type":"object","properties":{}}`)
+		}
+		if err := json.Unmarshal(schema, &s); err != nil || s.Type != "object" {
+			return nil, nil, errors.New(`requestedSchema must be an object schema ({"type":"object","properties":{...}})`)
+		}
+		for name, p := range s.Properties {
+			var prop struct {
+				Type string `json:"type"`
+			}
+			json.Unmarshal(p, &prop)
+			switch prop.Type {
+			case "string", "number", "integer", "boolean":
+			default:
+				return nil, nil, fmt.Errorf("requestedSchema property %q has type %q: a form asks only for string, number, integer or boolean", name, prop.Type)
+			}
+		}
+		if _, err := compileFormSchema(schema); err != nil {
+			return nil, nil, fmt.Errorf("requestedSchema: %v", err)
+		}
+		var requested any
+		json.Unmarshal(schema, &requested)
+		return &mcp.ElicitParams{Mode: "form", Message: r.Message, RequestedSchema: requested}, schema, nil
+	default:
+		return nil, nil, fmt.Errorf("unknown elicitation mode %q: use form or url", r.Mode)
+	}
+}
+
+func compileFormSchema(b []byte) (*jsonschema.Resolved, error) {
+	var s jsonschema.Schema
+	if err := json.Unmarshal(b, &s); err != nil {
+		return nil, err
+	}
+	return s.Resolve(nil)
+}
+
+// signState makes the request state of a parked call: which call, which
+// round, until when, for which tool, under an HMAC with the host's key.
+func (h *Host) signState(id string, round int, expires time.Time, tool string) string {
+	payload := strings.Join([]string{"v1", id, strconv.Itoa(round), strconv.FormatInt(expires.Unix(), 10), tool}, "|")
+	mac := hmac.New(sha256.New, h.stateKey)
+	mac.Write([]byte(payload))
+	return base64.RawURLEncoding.EncodeToString([]byte(payload)) + "." + base64.RawURLEncoding.EncodeToString(mac.Sum(nil))
+}
+
+// verifyState checks a request state and returns the call and round it
+// names.
+func (h *Host) verifyState(state, tool string) (string, int, error) {
+	p64, m64, ok := strings.Cut(state, ".")
+	payload, err1 := base64.RawURLEncoding.DecodeString(p64)
+	sum, err2 := base64.RawURLEncoding.DecodeString(m64)
+	if !ok || err1 != nil || err2 != nil {
+		return "", 0, fmt.Errorf("%w: malformed", ErrRequestState)
+	}
+	mac := hmac.New(sha256.New, h.stateKey)
+	mac.Write(payload)
+	if !hmac.Equal(sum, mac.Sum(nil)) {
+		return "", 0, fmt.Errorf("%w: its signature does not match (tampered with, or from another server)", ErrRequestState)
+	}
+	f := strings.Split(string(payload), "|")
+	if len(f) != 5 || f[0] != "v1" {
+		return "", 0, fmt.Errorf("%w: unknown format", ErrRequestState)
+	}
+	round, _ := strconv.Atoi(f[2])
+	exp, _ := strconv.ParseInt(f[3], 10, 64)
+	if time.Now().Unix() > exp {
+		return "", 0, fmt.Errorf("%w: expired", ErrRequestState)
+	}
+	if f[4] != tool {
+		return "", 0, fmt.Errorf("%w: it belongs to tool %q, not %q", ErrRequestState, f[4], tool)
+	}
+	return f[1], round, nil
+}
