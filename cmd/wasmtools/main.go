@@ -20,7 +20,7 @@ import (
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	code := run(ctx, os.Args[1:], os.Stdin, os.Stdout, os.Stderr)
+	code := run(ctx, os.Args[1:], os.Getenv, os.Stdin, os.Stdout, os.Stderr)
 	stop()
 	os.Exit(code)
 }
@@ -38,15 +38,18 @@ Run 'wasmtools COMMAND -h' for a command's flags.
 `
 
 // run is the whole program, so tests can run it in process: it reads no
-// flags or environment but what it is given.
-func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
+// flags or environment but what it is given (getenv may be nil).
+func run(ctx context.Context, args []string, getenv func(string) string, stdin io.Reader, stdout, stderr io.Writer) int {
+	if getenv == nil {
+		getenv = func(string) string { return "" }
+	}
 	if len(args) == 0 {
 		fmt.Fprint(stderr, usage)
 		return 2
 	}
 	switch args[0] {
 	case "serve":
-		return cmdServe(ctx, args[1:], stdin, stdout, stderr)
+		return cmdServe(ctx, args[1:], getenv, stdin, stdout, stderr)
 	case "inspect":
 		return cmdInspect(ctx, args[1:], stdout, stderr)
 	case "call":

@@ -141,7 +141,7 @@ func TestServeHTTP(t *testing.T) {
 	var stderr lockedBuffer
 	exited := make(chan int)
 	go func() {
-		exited <- run(ctx, []string{"serve", "--cache-dir", testplugins.CacheDir(), "--http", addr, "--client-header", "X-Client", dir}, strings.NewReader(""), &bytes.Buffer{}, &stderr)
+		exited <- run(ctx, []string{"serve", "--cache-dir", testplugins.CacheDir(), "--http", addr, "--client-header", "X-Client", dir}, nil, strings.NewReader(""), &bytes.Buffer{}, &stderr)
 	}()
 	endpoint := "http://" + addr + "/mcp"
 	connect := func(protocol, client string) *mcp.ClientSession {
@@ -211,7 +211,7 @@ func (c clientHeader) RoundTrip(r *http.Request) (*http.Response, error) {
 
 func TestInspect(t *testing.T) {
 	var out, errb bytes.Buffer
-	code := run(context.Background(), []string{"inspect", "--json", testplugins.Example(t, "hash")}, nil, &out, &errb)
+	code := run(context.Background(), []string{"inspect", "--json", testplugins.Example(t, "hash")}, nil, nil, &out, &errb)
 	if code != 0 {
 		t.Fatalf("exit %d: %s", code, errb.String())
 	}
@@ -231,14 +231,14 @@ func TestInspect(t *testing.T) {
 	}
 
 	out.Reset()
-	code = run(context.Background(), []string{"inspect", "--json", testplugins.Test(t, "missingimport")}, nil, &out, &errb)
+	code = run(context.Background(), []string{"inspect", "--json", testplugins.Test(t, "missingimport")}, nil, nil, &out, &errb)
 	json.Unmarshal(out.Bytes(), &in)
 	if code != 1 || !strings.Contains(in.Error, "extism:host/user.launch_missiles") || len(in.Imports) != 1 {
 		t.Errorf("missing import: exit %d, %+v", code, in)
 	}
 
 	out.Reset()
-	if code := run(context.Background(), []string{"inspect", testplugins.Example(t, "counter")}, nil, &out, &errb); code != 0 {
+	if code := run(context.Background(), []string{"inspect", testplugins.Example(t, "counter")}, nil, nil, &out, &errb); code != 0 {
 		t.Fatalf("exit %d", code)
 	}
 	for _, want := range []string{"interface: servlet", "count", "extism:host/env.output_set (i64, i64) -> ()"} {
@@ -266,7 +266,7 @@ func TestCall(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			var out, errb bytes.Buffer
-			code := run(context.Background(), append([]string{"call", "--cache-dir", testplugins.CacheDir()}, tt.args...), nil, &out, &errb)
+			code := run(context.Background(), append([]string{"call", "--cache-dir", testplugins.CacheDir()}, tt.args...), nil, nil, &out, &errb)
 			if code != tt.code || !strings.Contains(out.String(), tt.out) || !strings.Contains(errb.String(), tt.err) {
 				t.Errorf("exit %d (want %d)\nstdout: %s\nstderr: %s", code, tt.code, out.String(), errb.String())
 			}
@@ -276,13 +276,13 @@ func TestCall(t *testing.T) {
 
 func TestUsage(t *testing.T) {
 	var out, errb bytes.Buffer
-	if code := run(context.Background(), nil, nil, &out, &errb); code != 2 || !strings.Contains(errb.String(), "Usage") {
+	if code := run(context.Background(), nil, nil, nil, &out, &errb); code != 2 || !strings.Contains(errb.String(), "Usage") {
 		t.Errorf("no args: exit %d, %s", code, errb.String())
 	}
-	if code := run(context.Background(), []string{"serve"}, nil, &out, &errb); code != 2 {
+	if code := run(context.Background(), []string{"serve"}, nil, nil, &out, &errb); code != 2 {
 		t.Errorf("serve with no path: exit %d", code)
 	}
-	if code := run(context.Background(), []string{"frobnicate"}, nil, &out, &errb); code != 2 {
+	if code := run(context.Background(), []string{"frobnicate"}, nil, nil, &out, &errb); code != 2 {
 		t.Errorf("unknown command: exit %d", code)
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
 	"strings"
 	"time"
 
@@ -75,7 +76,7 @@ func pluginName(path string) string {
 	return strings.TrimSuffix(base, ".wasm")
 }
 
-func cmdServe(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
+func cmdServe(ctx context.Context, args []string, getenv func(string) string, stdin io.Reader, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	var common commonFlags
@@ -86,6 +87,8 @@ func cmdServe(ctx context.Context, args []string, stdin io.Reader, stdout, stder
 	maxInstances := fs.Int("max-instances", 0, "at most this many live plugin instances; the least recently used idle one is evicted (0: no bound)")
 	maxPerPlugin := fs.Int("max-instances-per-plugin", 0, "at most this many live instances of any one plugin (0: no bound)")
 	clientHeader := fs.String("client-header", "", "HTTP header that identifies a client on sessionless (2026-07-28) requests, so its calls share instances; not authentication")
+	recordLog := fs.String("record-log", "", "append one JSON line per tool call (with the records it wrote) to FILE")
+	abandonAfter := fs.Duration("abandon-after", host.DefaultAbandonAfter, "stop a call waiting for a 2026-07-28 client's answer after this long")
 	shutdownGrace := fs.Duration("shutdown-grace", 10*time.Second, "on shutdown, wait this long for calls in flight")
 	fs.Usage = func() {
 		fmt.Fprint(stderr, "Usage: wasmtools serve [flags] PATH...\n\nServes every .wasm plugin in the folders and files given, over MCP on stdio\n(or streamable HTTP with --http). A plugin that fails to load is logged\nand skipped; the rest are served.\n\nFlags:\n")
@@ -127,10 +130,24 @@ func cmdServe(ctx context.Context, args []string, stdin io.Reader, stdout, stder
 	if timeout == 0 {
 		timeout = -1
 	}
-	h := host.New(cat, &host.Options{
+	opts := &host.Options{
 		Logger: log, MaxResultRunes: maxRunes, SessionTimeout: timeout,
 		MaxInstances: *maxInstances, MaxInstancesPerPlugin: *maxPerPlugin, ClientKeyHeader: *clientHeader,
-	})
+		AbandonAfter: *abandonAfter,
+	}
+	if key := getenv("WASMTOOLS_STATE_KEY"); key != "" {
+		opts.StateKey = []byte(key)
+	}
+	if *recordLog != "" {
+		f, err := os.OpenFile(*recordLog, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o600)
+		if err != nil {
+			log.Error("record log", "error", err)
+			return 1
+		}
+		defer f.Close()
+		opts.RecordLog = f
+	}
+	h := host.New(cat, opts)
 	defer func() {
 		sctx, cancel := context.WithTimeout(context.Background(), *shutdownGrace)
 		defer cancel()
