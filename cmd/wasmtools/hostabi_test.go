@@ -3,9 +3,9 @@ package main
 import (
 	"bytes"
 	"context"
+	"net/http"
 	"os"
 	"os/exec"
-	"net/http"
 	"path/filepath"
 	"strings"
 	"sync"
