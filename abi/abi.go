@@ -90,6 +90,25 @@ const (
 	ExportComplete              = "complete"
 )
 
+// State handoff exports. When both the old and the new version of a plugin
+// export both, a hot swap moves each session's state: the host calls the
+// old instance's snapshot, whose output is a [Snapshot], and passes it as
+// the input of a new instance's restore, which returns 0 once it has taken
+// the state. A restore that fails leaves the session with a fresh instance,
+// told so in _meta. Snapshots are at most 16 MiB.
+const (
+	ExportSnapshot = "wasmtools_snapshot"
+	ExportRestore  = "wasmtools_restore"
+)
+
+// Snapshot is the state a plugin hands to its next version. Format names
+// the shape of State, so that a version can refuse (or convert) a state it
+// does not know.
+type Snapshot struct {
+	Format string          `json:"format"`
+	State  json.RawMessage `json:"state"`
+}
+
 // Initialisation exports, called once per instance before any other export,
 // in this order of preference: a WASI reactor's _initialize (what Go's
 // -buildmode=c-shared produces), else a C command's __wasm_call_ctors.

@@ -118,11 +118,16 @@ func (h *Host) callTool(ctx context.Context, key sessionKey, c plugins.Call, aft
 	} else if res, err = toMCP(o.result); err != nil {
 		res = errorResult(fmt.Sprintf("tool %q: plugin %q returned a result that is not valid MCP: %v", t.Name, t.Plugin().Name(), err))
 	}
-	if o.reset != nil {
+	if o.reset != nil || o.upgraded != nil {
 		if res.Meta == nil {
 			res.Meta = mcp.Meta{}
 		}
-		res.Meta[MetaStateReset] = o.reset
+		if o.reset != nil {
+			res.Meta[MetaStateReset] = o.reset
+		}
+		if o.upgraded != nil {
+			res.Meta[MetaUpgraded] = o.upgraded
+		}
 	}
 	capResult(res, h.maxRunes())
 	return res, nil

@@ -116,7 +116,8 @@ type Host struct {
 	lru       *list.List // of *slot holding an instance, least recently used first
 	perPlugin map[string]int
 	pools     map[*plugins.Plugin]*pool
-	parked    map[string]*run // calls waiting for a client's answer, by run ID
+	parked    map[string]*run          // calls waiting for a client's answer, by run ID
+	retired   map[*plugins.Plugin]bool // swapped out, instances being moved off
 	stateKey  []byte
 	auditMu   sync.Mutex
 	nextID    uint64
@@ -135,6 +136,7 @@ func New(cat *plugins.Catalogue, opts *Options) *Host {
 		perPlugin: map[string]int{},
 		pools:     map[*plugins.Plugin]*pool{},
 		parked:    map[string]*run{},
+		retired:   map[*plugins.Plugin]bool{},
 		metrics:   newMetrics(),
 		stop:      make(chan struct{}),
 	}
@@ -353,6 +355,19 @@ func (h *Host) Close(ctx context.Context) error {
 		return fmt.Errorf("host: close: calls were still running: %w", err)
 	}
 	return nil
+}
+
+// LiveInstancesByPlugin reports the live instances of each plugin name.
+func (h *Host) LiveInstancesByPlugin() map[string]int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	out := make(map[string]int, len(h.perPlugin))
+	for k, v := range h.perPlugin {
+		if v > 0 {
+			out[k] = v
+		}
+	}
+	return out
 }
 
 // LiveInstances reports how many plugin instances are live across all

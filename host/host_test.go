@@ -3,8 +3,11 @@ package host_test
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"io"
 	"log/slog"
 	"strings"
 	"sync"
@@ -53,7 +56,7 @@ func newFixture(t *testing.T, opts *host.Options, policy sandbox.Policy, files m
 	t.Helper()
 	ctx := context.Background()
 	f := &fixture{log: &syncBuffer{}}
-	logger := slog.New(slog.NewTextHandler(f.log, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	logger := newTestLogger(f.log)
 	var err error
 	if f.rt, err = sandbox.NewRuntime(sandbox.Options{CacheDir: testplugins.CacheDir()}); err != nil {
 		t.Fatal(err)
@@ -445,4 +448,13 @@ func TestRichContent(t *testing.T) {
 	if b, _ := json.Marshal(res.StructuredContent); string(b) != `{"n":1}` || res.Meta["x.example/k"] != "v" {
 		t.Errorf("structured %s, meta %v", b, res.Meta)
 	}
+}
+
+func newTestLogger(w io.Writer) *slog.Logger {
+	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: slog.LevelDebug}))
+}
+
+func shaOf(b []byte) string {
+	sum := sha256.Sum256(b)
+	return hex.EncodeToString(sum[:])
 }

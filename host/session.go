@@ -30,6 +30,7 @@ type session struct {
 	key      sessionKey
 	slots    map[string]*slot // by plugin name; guarded by Host.mu
 	closed   bool             // guarded by Host.mu
+	ended    chan struct{}    // closed when the session ends
 	lastUsed atomic.Int64     // unix nanoseconds
 }
 
@@ -42,9 +43,10 @@ type slot struct {
 	lock    chan struct{}
 	waiting atomic.Int32
 	inst    *plugins.Instance
-	// reset says why the last instance was discarded, for the next
-	// result's _meta; nil when nothing was.
-	reset map[string]any
+	// reset says why the last instance was discarded, and upgraded that
+	// it was replaced with its state, for the next result's _meta; nil
+	// when nothing was.
+	reset, upgraded map[string]any
 	// elem is the slot's place in Host.lru while it holds an instance;
 	// guarded by Host.mu.
 	elem *list.Element
@@ -76,7 +78,7 @@ func (h *Host) sessionFor(key sessionKey) (*session, error) {
 		return s, nil
 	}
 	h.nextID++
-	s := &session{key: key, slots: map[string]*slot{}}
+	s := &session{key: key, slots: map[string]*slot{}, ended: make(chan struct{})}
 	s.lastUsed.Store(time.Now().UnixNano())
 	switch {
 	case key.client != "":
@@ -107,6 +109,7 @@ func (h *Host) endSession(ctx context.Context, s *session) {
 		return
 	}
 	s.closed = true
+	close(s.ended)
 	if h.sessions[s.key] == s {
 		delete(h.sessions, s.key)
 	}
@@ -304,9 +307,10 @@ func (h *Host) discard(sl *slot, reason, detail string) {
 
 // outcome is what running one call gave.
 type outcome struct {
-	result *abi.CallToolResult
-	err    error          // the call's failure, classified by failure()
-	reset  map[string]any // the previous instance was discarded: why
+	result   *abi.CallToolResult
+	err      error          // the call's failure, classified by failure()
+	reset    map[string]any // the previous instance was discarded: why
+	upgraded map[string]any // the previous instance was upgraded with its state
 }
 
 // runCall runs one tool call on key's instance of the tool's plugin (or a
@@ -333,6 +337,11 @@ func (h *Host) runCall(ctx context.Context, key sessionKey, t *plugins.Tool, c p
 		return outcome{}, err
 	}
 	defer sl.release()
+	if t, err = h.current(t); err != nil {
+		return outcome{}, err
+	}
+	p = t.Plugin()
+	c.Tool = t
 	inst, err := h.instanceFor(ctx, sl, p)
 	if err != nil {
 		if errors.Is(err, ErrAtCapacity) {
@@ -340,8 +349,8 @@ func (h *Host) runCall(ctx context.Context, key sessionKey, t *plugins.Tool, c p
 		}
 		return outcome{err: err}, nil
 	}
-	o := outcome{reset: sl.reset}
-	sl.reset = nil
+	o := outcome{reset: sl.reset, upgraded: sl.upgraded}
+	sl.reset, sl.upgraded = nil, nil
 	o.result, o.err = inst.CallTool(ctx, c)
 	if o.err != nil {
 		if reason := resetReason(o.err, inst); reason != "" {
@@ -351,6 +360,26 @@ func (h *Host) runCall(ctx context.Context, key sessionKey, t *plugins.Tool, c p
 		after(ctx, inst)
 	}
 	return o, nil
+}
+
+// current returns the tool to run for t: t itself, unless its plugin was
+// retired by a swap before the call reached the guest, in which case the
+// call runs on the version now served. A call whose guest has started
+// holds its slot, so its version is never retired under it.
+func (h *Host) current(t *plugins.Tool) (*plugins.Tool, error) {
+	h.mu.Lock()
+	retired := h.retired[t.Plugin()] || t.Plugin().Closed()
+	cat := h.catalogue
+	h.mu.Unlock()
+	if !retired {
+		return t, nil
+	}
+	if cat != nil {
+		if now, ok := cat.Tool(t.Name); ok {
+			return now, nil
+		}
+	}
+	return nil, fmt.Errorf("tool %q was removed", t.Name)
 }
 
 // resetReason says why a failed call leaves its instance unusable, or ""
@@ -388,6 +417,11 @@ func (h *Host) poolFor(p *plugins.Plugin) *pool {
 // pool, or a new one, and returns the instance to the pool if it is still
 // usable and the pool has room.
 func (h *Host) runPooled(ctx context.Context, t *plugins.Tool, c plugins.Call, after func(context.Context, *plugins.Instance)) (outcome, error) {
+	t, err := h.current(t)
+	if err != nil {
+		return outcome{}, err
+	}
+	c.Tool = t
 	p := t.Plugin()
 	pl := h.poolFor(p)
 	var inst *plugins.Instance
@@ -410,13 +444,16 @@ func (h *Host) runPooled(ctx context.Context, t *plugins.Tool, c plugins.Call, a
 	if o.err == nil && after != nil {
 		after(ctx, inst)
 	}
-	if inst.Err() == nil {
+	h.mu.Lock()
+	current := h.pools[p] == pl
+	h.mu.Unlock()
+	if inst.Err() == nil && current {
 		select {
 		case pl.idle <- inst:
 			return o, nil
 		default:
 		}
-	} else {
+	} else if inst.Err() != nil {
 		h.metrics.resets.WithLabelValues(p.Name(), resetReason(o.err, inst)).Inc()
 	}
 	_ = inst.Close(context.Background())

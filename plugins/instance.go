@@ -83,3 +83,31 @@ func (i *Instance) Err() error { return i.sb.Err() }
 
 // Close frees the instance. It is idempotent.
 func (i *Instance) Close(ctx context.Context) error { return i.sb.Close(ctx) }
+
+// maxSnapshot bounds a state handoff.
+const maxSnapshot = 16 << 20
+
+// Snapshot asks the instance for its state, for its plugin's next version
+// (see [abi.ExportSnapshot]).
+func (i *Instance) Snapshot(ctx context.Context) ([]byte, error) {
+	out, err := i.sb.Call(ctx, abi.ExportSnapshot, nil, nil)
+	if err != nil {
+		return nil, fmt.Errorf("snapshot: %w", err)
+	}
+	if len(out) > maxSnapshot {
+		return nil, fmt.Errorf("snapshot: %d bytes is over the %d-byte limit", len(out), maxSnapshot)
+	}
+	var s abi.Snapshot
+	if err := decodeJSON(out, &s); err != nil {
+		return nil, fmt.Errorf("snapshot: %w", err)
+	}
+	return out, nil
+}
+
+// Restore hands a snapshot of the previous version's instance to this one.
+func (i *Instance) Restore(ctx context.Context, snapshot []byte) error {
+	if _, err := i.sb.Call(ctx, abi.ExportRestore, snapshot, nil); err != nil {
+		return fmt.Errorf("restore: %w", err)
+	}
+	return nil
+}

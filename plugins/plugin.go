@@ -20,6 +20,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
+	"sync/atomic"
 	"unicode/utf8"
 
 	"github.com/google/jsonschema-go/jsonschema"
@@ -69,6 +70,7 @@ type Plugin struct {
 	hasExport map[string]bool
 	stateless bool
 	prefix    string
+	closed    atomic.Bool
 }
 
 // Tool is one tool a plugin serves.
@@ -314,6 +316,12 @@ func (p *Plugin) Relist(ctx context.Context, inst *Instance) (*Plugin, error) {
 // Prefix returns the prefix the plugin's tool names were given.
 func (p *Plugin) Prefix() string { return p.prefix }
 
+// HandsOffState reports whether the plugin exports the state handoff pair
+// ([abi.ExportSnapshot] and [abi.ExportRestore]).
+func (p *Plugin) HandsOffState() bool {
+	return p.compiled.HasExport(abi.ExportSnapshot) && p.compiled.HasExport(abi.ExportRestore)
+}
+
 // Stateless reports whether the plugin keeps no state between calls (see
 // [StatelessSection]).
 func (p *Plugin) Stateless() bool { return p.stateless }
@@ -326,4 +334,11 @@ func (p *Plugin) Exports() []sandbox.Func { return p.compiled.Exports() }
 
 // Close closes the plugin's compiled module and every instance of it. It is
 // idempotent.
-func (p *Plugin) Close(ctx context.Context) error { return p.compiled.Close(ctx) }
+func (p *Plugin) Close(ctx context.Context) error {
+	p.closed.Store(true)
+	return p.compiled.Close(ctx)
+}
+
+// Closed reports whether the plugin, or another with the same code, was
+// closed: its instances cannot run.
+func (p *Plugin) Closed() bool { return p.closed.Load() }

@@ -2,6 +2,8 @@ package plugins_test
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"os"
@@ -218,4 +220,9 @@ func TestInstanceCallTool(t *testing.T) {
 			t.Errorf("%s: result %+v", tool.Name, res)
 		}
 	}
+}
+
+func shaHex(b []byte) string {
+	sum := sha256.Sum256(b)
+	return hex.EncodeToString(sum[:])
 }

@@ -3,6 +3,7 @@
 //	wasmtools serve [flags] PATH...      serve the plugins in folders or files
 //	wasmtools inspect [--json] FILE      show what a plugin is and offers
 //	wasmtools call FILE TOOL [ARGS]      call one tool once and print the result
+//	wasmtools status [--url URL]         show what a running HTTP server serves
 //
 // Run `wasmtools help` for the flags.
 package main
@@ -32,6 +33,7 @@ Usage:
   wasmtools inspect [--json] FILE     show a plugin's interface, tools, imports, exports, size and sha256
   wasmtools call [flags] FILE TOOL [ARGS_JSON]
                                       call one tool once and print its result
+  wasmtools status [--url URL]        show the plugins a running HTTP server serves
   wasmtools help                      show this help
 
 Run 'wasmtools COMMAND -h' for a command's flags.
@@ -54,6 +56,8 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdin i
 		return cmdInspect(ctx, args[1:], stdout, stderr)
 	case "call":
 		return cmdCall(ctx, args[1:], stdout, stderr)
+	case "status":
+		return cmdStatus(ctx, args[1:], stdout, stderr)
 	case "help", "-h", "--help":
 		fmt.Fprint(stdout, usage)
 		return 0

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -89,6 +90,7 @@ func cmdServe(ctx context.Context, args []string, getenv func(string) string, st
 	clientHeader := fs.String("client-header", "", "HTTP header that identifies a client on sessionless (2026-07-28) requests, so its calls share instances; not authentication")
 	recordLog := fs.String("record-log", "", "append one JSON line per tool call (with the records it wrote) to FILE")
 	abandonAfter := fs.Duration("abandon-after", host.DefaultAbandonAfter, "stop a call waiting for a 2026-07-28 client's answer after this long")
+	noWatch := fs.Bool("no-watch", false, "do not watch the plugin folders: serve what is there at start")
 	shutdownGrace := fs.Duration("shutdown-grace", 10*time.Second, "on shutdown, wait this long for calls in flight")
 	fs.Usage = func() {
 		fmt.Fprint(stderr, "Usage: wasmtools serve [flags] PATH...\n\nServes every .wasm plugin in the folders and files given, over MCP on stdio\n(or streamable HTTP with --http). A plugin that fails to load is logged\nand skipped; the rest are served.\n\nFlags:\n")
@@ -109,18 +111,12 @@ func cmdServe(ctx context.Context, args []string, getenv func(string) string, st
 	}
 	defer rt.Close(context.Background())
 
-	cat, errs := plugins.LoadAll(ctx, rt, fs.Args(), common.optsFor(log))
+	reloader := plugins.NewReloader(rt, plugins.ReloaderOptions{Paths: fs.Args(), OptionsFor: common.optsFor(log), Logger: log})
+	cat, errs := reloader.Load(ctx)
 	for _, err := range errs {
 		log.Error("plugin not served", "error", err)
 	}
-	for _, p := range cat.Plugins() {
-		names := make([]string, 0, len(p.Tools()))
-		for _, t := range p.Tools() {
-			names = append(names, t.Name)
-		}
-		log.Info("plugin loaded", "plugin", p.Name(), "path", p.Path(), "interface", p.Interface(), "sha256", p.SHA256(), "tools", strings.Join(names, ","))
-	}
-	defer cat.Close(context.Background())
+	defer reloader.Close(context.Background())
 
 	maxRunes := *maxResult
 	if maxRunes == 0 {
@@ -148,6 +144,14 @@ func cmdServe(ctx context.Context, args []string, getenv func(string) string, st
 		opts.RecordLog = f
 	}
 	h := host.New(cat, opts)
+	reloader.OnSwap(func(_ context.Context, s plugins.Swap) { h.Swap(s) })
+	if !*noWatch {
+		go func() {
+			if err := reloader.Watch(ctx); err != nil {
+				log.Error("hot reload is off", "error", err)
+			}
+		}()
+	}
 	defer func() {
 		sctx, cancel := context.WithTimeout(context.Background(), *shutdownGrace)
 		defer cancel()
@@ -165,14 +169,14 @@ func cmdServe(ctx context.Context, args []string, getenv func(string) string, st
 		}
 		return 0
 	}
-	return serveHTTP(ctx, log, *httpAddr, h, *shutdownGrace)
+	return serveHTTP(ctx, log, *httpAddr, h, reloader, *shutdownGrace)
 }
 
 type nopWriteCloser struct{ io.Writer }
 
 func (nopWriteCloser) Close() error { return nil }
 
-func serveHTTP(ctx context.Context, log *slog.Logger, addr string, h *host.Host, grace time.Duration) int {
+func serveHTTP(ctx context.Context, log *slog.Logger, addr string, h *host.Host, reloader *plugins.Reloader, grace time.Duration) int {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		log.Error("listen", "addr", addr, "error", err)
@@ -181,6 +185,7 @@ func serveHTTP(ctx context.Context, log *slog.Logger, addr string, h *host.Host,
 	mux := http.NewServeMux()
 	mux.Handle("/mcp", h.HTTPHandler())
 	mux.Handle("/metrics", h.MetricsHandler())
+	mux.Handle("/status", statusHandler(h, reloader))
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 	log.Info("serving MCP over streamable HTTP", "url", "http://"+ln.Addr().String()+"/mcp")
 	errc := make(chan error, 1)
@@ -197,4 +202,29 @@ func serveHTTP(ctx context.Context, log *slog.Logger, addr string, h *host.Host,
 		log.Warn("http shutdown", "error", err)
 	}
 	return 0
+}
+
+// pluginStatus is one plugin in /status and `wasmtools status`.
+type pluginStatus struct {
+	plugins.Status
+	LiveInstances int `json:"liveInstances"`
+}
+
+// statusReport is what /status serves.
+type statusReport struct {
+	Plugins []pluginStatus `json:"plugins"`
+}
+
+func statusHandler(h *host.Host, r *plugins.Reloader) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		live := h.LiveInstancesByPlugin()
+		rep := statusReport{Plugins: []pluginStatus{}}
+		for _, st := range r.Status() {
+			rep.Plugins = append(rep.Plugins, pluginStatus{Status: st, LiveInstances: live[st.Name]})
+		}
+		w.Header().Set("Content-Type", "application/json")
+		enc := json.NewEncoder(w)
+		enc.SetIndent("", "  ")
+		enc.Encode(rep)
+	})
 }

@@ -2,16 +2,20 @@
 
 // Command notes is a stateful example plugin: a notepad kept in the guest's
 // memory. The host gives each MCP session its own instance, so each client
-// sees only its own notes, and they last as long as its session.
+// sees only its own notes, and they last as long as its session. It hands
+// its notes over to its next version when it is hot-swapped (package
+// handoff), so an upgrade keeps every client's notes.
 //
 //	GOOS=wasip1 GOARCH=wasm go build -buildmode=c-shared -o notes.wasm .
 package main
 
 import (
+	"encoding/json"
 	"fmt"
 	"strings"
 
 	"github.com/wasmtools/wasmtools/abi/guest"
+	"github.com/wasmtools/wasmtools/abi/guest/handoff"
 )
 
 func main() {}
@@ -20,6 +24,14 @@ func main() {}
 var notes []string
 
 func init() {
+	handoff.Register("notes/v1",
+		func() (any, error) { return notes, nil },
+		func(format string, state json.RawMessage) error {
+			if format != "notes/v1" {
+				return fmt.Errorf("unknown state format %q", format)
+			}
+			return json.Unmarshal(state, &notes)
+		})
 	guest.Register(
 		guest.Tool{
 			Name:        "note_add",

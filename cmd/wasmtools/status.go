@@ -1,0 +1,71 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"text/tabwriter"
+	"time"
+)
+
+func cmdStatus(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("status", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	url := fs.String("url", "http://127.0.0.1:8080", "the running `wasmtools serve --http` server")
+	asJSON := fs.Bool("json", false, "print JSON")
+	fs.Usage = func() {
+		fmt.Fprint(stderr, "Usage: wasmtools status [--url URL] [--json]\n\nShows each plugin a running HTTP server serves: version (sha256), state\n(loaded, error with the reason, disabled), tools, live instances and the\ntime of its last reload.\n\nFlags:\n")
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, strings.TrimSuffix(strings.TrimSuffix(*url, "/"), "/mcp")+"/status", nil)
+	if err != nil {
+		fmt.Fprintf(stderr, "wasmtools status: %v\n", err)
+		return 2
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		fmt.Fprintf(stderr, "wasmtools status: %v (is `wasmtools serve --http` running there?)\n", err)
+		return 1
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		fmt.Fprintf(stderr, "wasmtools status: %s answered %s\n", req.URL, resp.Status)
+		return 1
+	}
+	var rep statusReport
+	if err := json.NewDecoder(io.LimitReader(resp.Body, 16<<20)).Decode(&rep); err != nil {
+		fmt.Fprintf(stderr, "wasmtools status: %v\n", err)
+		return 1
+	}
+	if *asJSON {
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		enc.Encode(rep)
+		return 0
+	}
+	tw := tabwriter.NewWriter(stdout, 2, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "PLUGIN\tSTATE\tVERSION\tINSTANCES\tLAST RELOAD\tTOOLS")
+	for _, p := range rep.Plugins {
+		version := "-"
+		if len(p.SHA256) >= 12 {
+			version = p.SHA256[:12]
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s\n", p.Name, p.State, version, p.LiveInstances, p.LastReload.Format(time.RFC3339), strings.Join(p.Tools, ","))
+	}
+	tw.Flush()
+	for _, p := range rep.Plugins {
+		if p.Error != "" {
+			fmt.Fprintf(stdout, "\n%s (%s): %s\n", p.Name, p.Path, p.Error)
+		}
+	}
+	return 0
+}

@@ -1,0 +1,243 @@
+package plugins_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/wasmtools/wasmtools/internal/testplugins"
+	"github.com/wasmtools/wasmtools/plugins"
+)
+
+// versions returns the bytes of the versioned test plugin, v1 and v2.
+func versions(t testing.TB) ([]byte, []byte) {
+	v1 := testplugins.Bytes(t, testplugins.Test(t, "versioned"))
+	v2 := bytes.Replace(v1, []byte(`"v1"`), []byte(`"v2"`), 1)
+	if bytes.Equal(v1, v2) {
+		t.Fatal("could not make v2")
+	}
+	return v1, v2
+}
+
+// swaps records the swaps a reloader makes.
+type swaps struct {
+	mu  sync.Mutex
+	all []plugins.Swap
+}
+
+func (s *swaps) on(ctx context.Context, sw plugins.Swap) {
+	s.mu.Lock()
+	s.all = append(s.all, sw)
+	s.mu.Unlock()
+	for old := range sw.Replaced {
+		old.Close(ctx)
+	}
+	for _, old := range sw.Removed {
+		old.Close(ctx)
+	}
+}
+
+func (s *swaps) count() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.all)
+}
+
+func write(t *testing.T, path string, b []byte) {
+	t.Helper()
+	if err := os.WriteFile(path, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// deploy writes b to a temporary name and renames it to path: the safe way.
+func deploy(t *testing.T, path string, b []byte) {
+	t.Helper()
+	tmp := filepath.Join(filepath.Dir(path), ".tmp-"+filepath.Base(path))
+	write(t, tmp, b)
+	if err := os.Rename(tmp, path); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func status(r *plugins.Reloader, name string) plugins.Status {
+	for _, s := range r.Status() {
+		if s.Name == name {
+			return s
+		}
+	}
+	return plugins.Status{}
+}
+
+func TestRescan(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	v1, v2 := versions(t)
+	path := filepath.Join(dir, "versioned.wasm")
+	write(t, path, v1)
+	r := plugins.NewReloader(newRuntime(t), plugins.ReloaderOptions{Paths: []string{dir}})
+	defer r.Close(ctx)
+	var sw swaps
+	r.OnSwap(sw.on)
+	cat, errs := r.Load(ctx)
+	if len(errs) > 0 || len(cat.Tools()) != 1 {
+		t.Fatalf("load: %v, %d tools", errs, len(cat.Tools()))
+	}
+	first := cat.Plugins()[0]
+
+	steps := []struct {
+		name    string
+		act     func()
+		changed bool
+		state   string // of versioned.wasm after the step
+		serving []byte // the version served after, nil for none
+		err     string
+	}{
+		{"unchanged", func() {}, false, plugins.StateLoaded, v1, ""},
+		{"same bytes rewritten", func() { write(t, path, v1) }, false, plugins.StateLoaded, v1, ""},
+		{"replaced", func() { deploy(t, path, v2) }, true, plugins.StateLoaded, v2, ""},
+		{"not wasm", func() { write(t, path, []byte("oops")) }, false, plugins.StateError, v2, "not a WebAssembly module"},
+		{"truncated", func() { write(t, path, v1[:len(v1)/2]) }, false, plugins.StateError, v2, "compile"},
+		{"fixed", func() { write(t, path, v1) }, true, plugins.StateLoaded, v1, ""},
+		{"deleted", func() { os.Remove(path) }, true, "", nil, ""},
+		{"back", func() { deploy(t, path, v2) }, true, plugins.StateLoaded, v2, ""},
+	}
+	for _, st := range steps {
+		st.act()
+		changed, errs := r.Rescan(ctx)
+		if changed != st.changed {
+			t.Errorf("%s: changed = %v, want %v", st.name, changed, st.changed)
+		}
+		s := status(r, "versioned")
+		if s.State != st.state || (st.err != "" && !strings.Contains(s.Error, st.err)) || (st.err != "" && len(errs) == 0) {
+			t.Errorf("%s: status %+v, errors %v; want state %q, error %q", st.name, s, errs, st.state, st.err)
+		}
+		cat := r.Catalogue()
+		switch {
+		case st.serving == nil && len(cat.Plugins()) != 0:
+			t.Errorf("%s: still serving %v", st.name, cat.Plugins())
+		case st.serving != nil && (len(cat.Plugins()) != 1 || cat.Plugins()[0].SHA256() != sha(st.serving)):
+			t.Errorf("%s: serving the wrong version", st.name)
+		}
+	}
+	// The first load, then replaced, fixed, deleted and back.
+	if n := sw.count(); n != 5 {
+		t.Fatalf("%d swaps, want 5", n)
+	}
+	if sw.all[1].Replaced[first] == nil {
+		t.Error("the second swap does not say v1 was replaced")
+	}
+	if len(sw.all[3].Removed) != 1 {
+		t.Error("the deletion did not remove the plugin")
+	}
+}
+
+func TestRescanRefusesCollisionAndPin(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	v1, _ := versions(t)
+	write(t, filepath.Join(dir, "a.wasm"), v1)
+	pinned := errors.New("sha256 does not match the pin")
+	r := plugins.NewReloader(newRuntime(t), plugins.ReloaderOptions{Paths: []string{dir}, Check: func(path string, _ []byte) error {
+		if filepath.Base(path) == "pinned.wasm" {
+			return pinned
+		}
+		return nil
+	}})
+	defer r.Close(ctx)
+	r.Load(ctx)
+	write(t, filepath.Join(dir, "b.wasm"), v1) // the same tool name as a
+	write(t, filepath.Join(dir, "pinned.wasm"), v1)
+	r.Rescan(ctx)
+	if s := status(r, "b"); s.State != plugins.StateError || !strings.Contains(s.Error, `tool name collision: "version" is served by plugin "a"`) {
+		t.Errorf("b: %+v", s)
+	}
+	if s := status(r, "pinned"); s.State != plugins.StateError || !strings.Contains(s.Error, pinned.Error()) {
+		t.Errorf("pinned: %+v", s)
+	}
+	if s := status(r, "a"); s.State != plugins.StateLoaded {
+		t.Errorf("a: %+v", s)
+	}
+}
+
+func sha(b []byte) string { return shaHex(b) }
+
+// watchFixture runs a reloader's Watch on a folder.
+func watchFixture(t *testing.T, dir string) (*plugins.Reloader, *swaps) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	r := plugins.NewReloader(newRuntime(t), plugins.ReloaderOptions{Paths: []string{dir}})
+	var sw swaps
+	r.OnSwap(sw.on)
+	r.Load(ctx)
+	done := make(chan struct{})
+	go func() { r.Watch(ctx); close(done) }()
+	t.Cleanup(func() { cancel(); <-done; r.Close(context.Background()) })
+	time.Sleep(50 * time.Millisecond) // let the watch start
+	return r, &sw
+}
+
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func TestWatchRenameInAndOut(t *testing.T) {
+	dir := t.TempDir()
+	r, sw := watchFixture(t, dir)
+	v1, v2 := versions(t)
+	path := filepath.Join(dir, "versioned.wasm")
+	deploy(t, path, v1)
+	waitFor(t, "the plugin to appear", func() bool { return len(r.Catalogue().Tools()) == 1 })
+	deploy(t, path, v2)
+	waitFor(t, "v2", func() bool { return r.Catalogue().Plugins()[0].SHA256() == shaHex(v2) })
+	os.Rename(path, filepath.Join(dir, "versioned.wasm.off")) // renamed out
+	waitFor(t, "the plugin to go", func() bool { return len(r.Catalogue().Tools()) == 0 })
+	if n := sw.count(); n != 3 {
+		t.Errorf("%d swaps, want 3", n)
+	}
+}
+
+func TestWatchHalfWrittenFile(t *testing.T) {
+	dir := t.TempDir()
+	r, sw := watchFixture(t, dir)
+	v1, _ := versions(t)
+	path := filepath.Join(dir, "versioned.wasm")
+	// A copy tool writes in place, in pieces, pausing between them for
+	// less than the settle time of files written in place.
+	f, err := os.Create(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < len(v1); i += 100 {
+		f.Write(v1[i:min(i+100, len(v1))])
+		f.Sync()
+		time.Sleep(20 * time.Millisecond)
+	}
+	f.Close()
+	waitFor(t, "the plugin to appear", func() bool { return len(r.Catalogue().Tools()) == 1 })
+	if s := status(r, "versioned"); s.State != plugins.StateLoaded {
+		t.Errorf("status %+v", s)
+	}
+	time.Sleep(300 * time.Millisecond)
+	if n := sw.count(); n != 1 {
+		t.Errorf("%d swaps, want 1: a half-written file was loaded", n)
+	}
+	for _, s := range r.Status() {
+		if s.Error != "" {
+			t.Errorf("an error was recorded: %+v", s)
+		}
+	}
+}
