@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"slices"
 	"strings"
 	"sync"
@@ -25,6 +26,9 @@ type Compiled struct {
 
 	imports []Func
 	exports []Func
+
+	fsConfig wazero.FSConfig // the mounts; nil for none
+	roots    []*os.Root      // the mounted folders, closed with the module
 
 	closeOnce sync.Once
 	closeErr  error
@@ -53,6 +57,9 @@ func newCompiled(ctx context.Context, rt wazero.Runtime, wasm []byte, p Policy) 
 		return nil, fmt.Errorf("compile: %w", err)
 	}
 	c := &Compiled{rt: rt, mod: mod, policy: p}
+	if c.fsConfig, c.roots, err = p.fsConfig(); err != nil {
+		return nil, err
+	}
 	for _, d := range mod.ExportedFunctions() {
 		c.exports = append(c.exports, Func{Name: d.ExportNames()[0], Signature: signature(d)})
 	}
@@ -80,12 +87,14 @@ func newCompiled(ctx context.Context, rt wazero.Runtime, wasm []byte, p Policy) 
 		problems = append(problems, fmt.Sprintf("memory %s.%s, but a plugin must define its own memory", m, n))
 	}
 	if len(problems) > 0 {
+		closeRoots(c.roots)
 		return nil, fmt.Errorf("unsupported imports: %s", strings.Join(problems, "; "))
 	}
 	if mem := mod.ExportedMemories(); len(mem) == 0 {
 		// Extism guests exchange bytes through host calls, but WASI
 		// needs the guest's memory to pass buffers.
 		if len(mod.ImportedFunctions()) > 0 && slices.ContainsFunc(c.imports, func(f Func) bool { return f.Module == abi.WASIModule }) {
+			closeRoots(c.roots)
 			return nil, errors.New("imports WASI but exports no memory")
 		}
 	}
@@ -142,6 +151,9 @@ func (c *Compiled) Policy() Policy { return c.policy }
 // Close closes every instance of the module and frees its machine code.
 // It is idempotent.
 func (c *Compiled) Close(ctx context.Context) error {
-	c.closeOnce.Do(func() { c.closeErr = c.rt.Close(ctx) })
+	c.closeOnce.Do(func() {
+		c.closeErr = c.rt.Close(ctx)
+		closeRoots(c.roots)
+	})
 	return c.closeErr
 }

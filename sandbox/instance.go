@@ -6,6 +6,7 @@ import (
 	"crypto/rand"
 	"fmt"
 	"log/slog"
+	"net/http"
 
 	"github.com/tetratelabs/wazero"
 	"github.com/tetratelabs/wazero/api"
@@ -29,6 +30,8 @@ type Instance struct {
 	log      *slog.Logger
 	stdout   lineLogger
 	stderr   lineLogger
+
+	httpClient *http.Client // made on the first http_request
 }
 
 // Instantiate creates an instance and runs its initialisation export
@@ -54,6 +57,12 @@ func (c *Compiled) Instantiate(ctx context.Context) (*Instance, error) {
 		WithStdout(&inst.stdout).
 		WithStderr(&inst.stderr).
 		WithRandSource(rand.Reader)
+	for k, v := range c.policy.env {
+		cfg = cfg.WithEnv(k, v)
+	}
+	if c.fsConfig != nil {
+		cfg = cfg.WithFSConfig(c.fsConfig)
+	}
 	ctx, cancel := context.WithTimeout(ctx, c.policy.callTimeout)
 	defer cancel()
 	ctx = context.WithValue(ctx, instanceKey{}, inst)

@@ -37,6 +37,9 @@ type kernel struct {
 
 	maxOutput uint64
 	config    map[string]string
+
+	httpStatus  int
+	httpHeaders []byte
 	vars      map[string][]byte
 	varBytes  uint64
 }
@@ -326,14 +329,29 @@ func instantiateKernel(ctx context.Context, rt wazero.Runtime) error {
 		k.vars[string(key)] = append([]byte(nil), val...)
 		k.varBytes = size
 	})
-	// Network access comes with a grant of allowed hosts; with none, a
+	// Network access comes with a grant of allowed hosts; without one, a
 	// request fails naming what is missing, rather than the plugin failing
 	// to load for importing the function.
-	def(abi.FuncHTTPRequest, p(i64, i64), p(i64), func(k *kernel, s []uint64) {
-		trap(&HostCallError{Func: abi.FuncHTTPRequest, Reason: "network access is not granted to this plugin (no allowed hosts)"})
-	})
-	def(abi.FuncHTTPStatus, nil, p(i32), func(k *kernel, s []uint64) { s[0] = 0 })
-	def(abi.FuncHTTPHeaders, nil, p(i64), func(k *kernel, s []uint64) { s[0] = 0 })
+	b.NewFunctionBuilder().WithGoFunction(api.GoFunc(func(ctx context.Context, s []uint64) {
+		inst := ctx.Value(instanceKey{}).(*Instance)
+		k := &inst.kernel
+		k.httpStatus, k.httpHeaders = 0, nil
+		req, err := k.bytes(abi.FuncHTTPRequest, s[0])
+		if err != nil {
+			trap(err)
+		}
+		body, err := k.bytes(abi.FuncHTTPRequest, s[1])
+		if err != nil {
+			trap(err)
+		}
+		out, err := inst.doHTTP(ctx, req, append([]byte(nil), body...))
+		if err != nil {
+			trap(&HostCallError{Func: abi.FuncHTTPRequest, Reason: err.Error()})
+		}
+		s[0] = k.writeBlock(abi.FuncHTTPRequest, out)
+	}), p(i64, i64), p(i64)).WithName(abi.FuncHTTPRequest).Export(abi.FuncHTTPRequest)
+	def(abi.FuncHTTPStatus, nil, p(i32), func(k *kernel, s []uint64) { s[0] = uint64(k.httpStatus) })
+	def(abi.FuncHTTPHeaders, nil, p(i64), func(k *kernel, s []uint64) { s[0] = k.writeBlock(abi.FuncHTTPHeaders, k.httpHeaders) })
 	def(abi.FuncGetLogLevel, nil, p(i32), func(k *kernel, s []uint64) { s[0] = 0 }) // trace: the host filters
 	for name, level := range map[string]slog.Level{
 		abi.FuncLogTrace: slog.LevelDebug - 4, abi.FuncLogDebug: slog.LevelDebug,

@@ -37,6 +37,9 @@ type Policy struct {
 	maxKernelMemory uint64
 	log             *slog.Logger
 	config          map[string]string
+	env             map[string]string
+	network         Network
+	mounts          []Mount
 }
 
 // NewPolicy returns the default policy: the Default* limits, nothing
@@ -96,6 +99,17 @@ func (p Policy) WithConfig(cfg map[string]string) Policy {
 		c[k] = v
 	}
 	p.config = c
+	return p
+}
+
+// WithEnv sets the environment variables the guest sees through WASI. The
+// map is copied. The default is none: the host's environment never leaks.
+func (p Policy) WithEnv(env map[string]string) Policy {
+	c := make(map[string]string, len(env))
+	for k, v := range env {
+		c[k] = v
+	}
+	p.env = c
 	return p
 }
 

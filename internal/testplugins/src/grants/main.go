@@ -1,0 +1,69 @@
+//go:build wasip1
+
+// Command grants is a test plugin, written with the Extism Go PDK, that
+// tries what only a grant allows: network requests (Extism http_request),
+// files (WASI) and environment variables. File errors come back as text,
+// so tests can read them.
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"strings"
+
+	"github.com/extism/go-pdk"
+)
+
+func main() {}
+
+//go:wasmexport describe
+func describe() int32 {
+	tool := func(name string) string {
+		return `{"name":"` + name + `","inputSchema":{"type":"object"}}`
+	}
+	pdk.OutputString(`{"tools":[` + strings.Join([]string{tool("fetch"), tool("read"), tool("write"), tool("symlink"), tool("env")}, ",") + `]}`)
+	return 0
+}
+
+//go:wasmexport call
+func call() int32 {
+	var in struct {
+		Params struct {
+			Name      string `json:"name"`
+			Arguments struct {
+				URL, Path, Text, Target, Name string
+			} `json:"arguments"`
+		} `json:"params"`
+	}
+	if err := json.Unmarshal(pdk.Input(), &in); err != nil {
+		pdk.SetError(err)
+		return 1
+	}
+	a := in.Params.Arguments
+	var out string
+	switch in.Params.Name {
+	case "fetch":
+		resp := pdk.NewHTTPRequest(pdk.MethodGet, a.URL).Send()
+		out = fmt.Sprintf("%d %s", resp.Status(), resp.Body())
+	case "read":
+		b, err := os.ReadFile(a.Path)
+		out = result(string(b), err)
+	case "write":
+		out = result("written", os.WriteFile(a.Path, []byte(a.Text), 0o644))
+	case "symlink":
+		out = result("linked", os.Symlink(a.Target, a.Path))
+	case "env":
+		out = "[" + os.Getenv(a.Name) + "]"
+	}
+	b, _ := json.Marshal(map[string]any{"content": []map[string]string{{"type": "text", "text": out}}})
+	pdk.Output(b)
+	return 0
+}
+
+func result(ok string, err error) string {
+	if err != nil {
+		return "error: " + err.Error()
+	}
+	return ok
+}
