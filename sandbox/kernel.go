@@ -40,8 +40,8 @@ type kernel struct {
 
 	httpStatus  int
 	httpHeaders []byte
-	vars      map[string][]byte
-	varBytes  uint64
+	vars        map[string][]byte
+	varBytes    uint64
 }
 
 type block struct {

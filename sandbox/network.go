@@ -100,9 +100,9 @@ func (n *Network) client() *http.Client {
 	return &http.Client{
 		Timeout: timeout,
 		Transport: &http.Transport{
-			DialContext:           dialer.DialContext,
-			Proxy:                 nil, // a proxy would hide the address from the check
-			ResponseHeaderTimeout: timeout,
+			DialContext:            dialer.DialContext,
+			Proxy:                  nil, // a proxy would hide the address from the check
+			ResponseHeaderTimeout:  timeout,
 			MaxResponseHeaderBytes: 64 << 10,
 		},
 		CheckRedirect: func(req *http.Request, via []*http.Request) error {
