@@ -72,6 +72,17 @@ type Options struct {
 	// session's next call starts afresh, told so in _meta); when none is
 	// idle, the call is refused with [ErrAtCapacity].
 	MaxInstances, MaxInstancesPerPlugin int
+	// InstanceLimits overrides MaxInstancesPerPlugin for the plugins it
+	// names.
+	InstanceLimits map[string]int
+	// MemoryBudget bounds the memory of all live instances, each counted
+	// at its plugin's memory limit (what it may grow to); 0 means no
+	// bound. Past it, idle instances are evicted as for MaxInstances, and
+	// with none idle a new instance is refused with [ErrAtCapacity].
+	MemoryBudget uint64
+	// MaxConcurrentCalls bounds the guest calls running at once across
+	// all sessions; 0 means no bound. Further calls wait their turn.
+	MaxConcurrentCalls int
 	// PoolSize bounds the warm instances kept per stateless plugin; 0
 	// means twice GOMAXPROCS.
 	PoolSize int
@@ -83,6 +94,11 @@ type Options struct {
 	// request gets fresh instances. The header is not authentication:
 	// anyone who sends the same value gets the same guest state.
 	ClientKeyHeader string
+	// AllowedOrigins are browser origins, besides the server's own, whose
+	// cross-origin requests the HTTP handler accepts; others are refused.
+	// Requests arriving on a loopback address with a non-loopback Host
+	// header are refused whatever this says (DNS rebinding protection).
+	AllowedOrigins []string
 	// RecordLog, if set, receives one JSON line per tool call: time,
 	// session, plugin name and sha256, tool, duration, isError and the
 	// records the call wrote. It is written under a lock; the caller
@@ -122,7 +138,9 @@ type Host struct {
 	auditMu   sync.Mutex
 	nextID    uint64
 	closed    bool
-	live      atomic.Int64 // live instances
+	live      atomic.Int64  // live instances
+	memory    uint64        // memory reserved by live instances; guarded by mu
+	running   chan struct{} // one token per running call, when bounded
 	stop      chan struct{}
 	wg        sync.WaitGroup // session reapers
 }
@@ -142,6 +160,9 @@ func New(cat *plugins.Catalogue, opts *Options) *Host {
 	}
 	if opts != nil {
 		h.opts = *opts
+	}
+	if h.opts.MaxConcurrentCalls > 0 {
+		h.running = make(chan struct{}, h.opts.MaxConcurrentCalls)
 	}
 	h.stateKey = h.opts.StateKey
 	if len(h.stateKey) == 0 {
@@ -290,13 +311,21 @@ func mcpTool(t *plugins.Tool) *mcp.Tool {
 // [Options.ClientKeyHeader] for how sessionless requests are keyed.
 func (h *Host) HTTPHandler() http.Handler {
 	getServer := func(*http.Request) *mcp.Server { return h.server }
+	cop := http.NewCrossOriginProtection()
+	for _, o := range h.opts.AllowedOrigins {
+		if err := cop.AddTrustedOrigin(o); err != nil {
+			h.log.Error("allowed origin ignored", "origin", o, "error", err)
+		}
+	}
 	stateful := mcp.NewStreamableHTTPHandler(getServer, &mcp.StreamableHTTPOptions{
-		SessionTimeout: h.sessionTimeout(),
-		Logger:         h.log.With("component", "mcp-http"),
+		SessionTimeout:        h.sessionTimeout(),
+		Logger:                h.log.With("component", "mcp-http"),
+		CrossOriginProtection: cop,
 	})
 	stateless := mcp.NewStreamableHTTPHandler(getServer, &mcp.StreamableHTTPOptions{
-		Stateless: true,
-		Logger:    h.log.With("component", "mcp-http"),
+		Stateless:             true,
+		Logger:                h.log.With("component", "mcp-http"),
+		CrossOriginProtection: cop,
 	})
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if v := r.Header.Get("Mcp-Protocol-Version"); v >= sessionlessProtocol && r.Header.Get("Mcp-Session-Id") == "" {

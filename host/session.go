@@ -182,9 +182,9 @@ func (sl *slot) tryAcquire() bool {
 // limits, if there is none. The caller holds the slot.
 func (h *Host) instanceFor(ctx context.Context, sl *slot, p *plugins.Plugin) (*plugins.Instance, error) {
 	if sl.inst != nil && !sl.inst.Plugin().SameCode(p) {
-		h.log.Info("instance retired", "session", sl.sess.id, "plugin", p.Name(), "old_sha256", sl.inst.Plugin().SHA256(), "sha256", p.SHA256())
-		h.dropInstance(sl, "upgrade")
-		sl.reset = map[string]any{"reason": "upgrade", "detail": "the plugin was replaced by version " + p.SHA256()}
+		// The plugin was swapped and this call got here before the
+		// swap's own retirement did: move the instance over now.
+		h.moveOff(sl, sl.inst.Plugin(), p)
 	}
 	if sl.inst != nil {
 		h.mu.Lock()
@@ -194,12 +194,12 @@ func (h *Host) instanceFor(ctx context.Context, sl *slot, p *plugins.Plugin) (*p
 		h.mu.Unlock()
 		return sl.inst, nil
 	}
-	if err := h.reserve(p.Name(), sl); err != nil {
+	if err := h.reserve(p, sl); err != nil {
 		return nil, err
 	}
 	inst, err := p.NewInstance(ctx)
 	if err != nil {
-		h.unreserve(p.Name())
+		h.unreserve(p)
 		return nil, err
 	}
 	h.mu.Lock()
@@ -211,40 +211,64 @@ func (h *Host) instanceFor(ctx context.Context, sl *slot, p *plugins.Plugin) (*p
 	return inst, nil
 }
 
-// reserve counts a new instance of plugin against the limits, evicting the
+// reserve counts a new instance of p against the limits, evicting the
 // least recently used idle instance when a limit is reached. self is the
 // slot asking, skipped as an eviction candidate (nil for pooled instances).
-func (h *Host) reserve(plugin string, self *slot) error {
+func (h *Host) reserve(p *plugins.Plugin, self *slot) error {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	for h.atLimit(plugin) {
-		perPlugin := h.opts.MaxInstancesPerPlugin > 0 && h.perPlugin[plugin] >= h.opts.MaxInstancesPerPlugin
+	plugin, mem := p.Name(), p.MemoryLimit()
+	if b := h.opts.MemoryBudget; b > 0 && mem > b {
+		return fmt.Errorf("%w: plugin %q's memory limit (%d bytes) is over the whole memory budget (%d bytes)", ErrAtCapacity, plugin, mem, b)
+	}
+	for {
+		overall, perPlugin, memory := h.atLimitLocked(plugin, mem)
+		if !overall && !perPlugin && !memory {
+			break
+		}
 		if !h.evictLocked(self, func(sl *slot) bool { return !perPlugin || sl.plugin == plugin }) {
-			return fmt.Errorf("%w (%s): try again later, or raise the limit", ErrAtCapacity, h.limitsLocked(plugin))
+			return fmt.Errorf("%w (%s): try again later, or raise the limit", ErrAtCapacity, h.limitsLocked(plugin, mem))
 		}
 	}
 	h.live.Add(1)
 	h.perPlugin[plugin]++
+	h.memory += mem
 	h.metrics.live.WithLabelValues(plugin).Inc()
 	return nil
 }
 
-func (h *Host) atLimit(plugin string) bool {
-	return (h.opts.MaxInstances > 0 && int(h.live.Load()) >= h.opts.MaxInstances) ||
-		(h.opts.MaxInstancesPerPlugin > 0 && h.perPlugin[plugin] >= h.opts.MaxInstancesPerPlugin)
+func (h *Host) pluginLimit(plugin string) int {
+	if n, ok := h.opts.InstanceLimits[plugin]; ok && n > 0 {
+		return n
+	}
+	return h.opts.MaxInstancesPerPlugin
 }
 
-func (h *Host) limitsLocked(plugin string) string {
-	return fmt.Sprintf("%d of at most %d instances live, %d of at most %d for plugin %q",
-		h.live.Load(), h.opts.MaxInstances, h.perPlugin[plugin], h.opts.MaxInstancesPerPlugin, plugin)
+func (h *Host) atLimitLocked(plugin string, mem uint64) (overall, perPlugin, memory bool) {
+	overall = h.opts.MaxInstances > 0 && int(h.live.Load()) >= h.opts.MaxInstances
+	perPlugin = h.pluginLimit(plugin) > 0 && h.perPlugin[plugin] >= h.pluginLimit(plugin)
+	memory = h.opts.MemoryBudget > 0 && h.memory+mem > h.opts.MemoryBudget
+	return
 }
 
-func (h *Host) unreserve(plugin string) {
+func (h *Host) limitsLocked(plugin string, mem uint64) string {
+	return fmt.Sprintf("%d of at most %d instances live, %d of at most %d for plugin %q, %d of %d bytes of memory budget reserved and %d more needed",
+		h.live.Load(), h.opts.MaxInstances, h.perPlugin[plugin], h.pluginLimit(plugin), plugin, h.memory, h.opts.MemoryBudget, mem)
+}
+
+func (h *Host) unreserve(p *plugins.Plugin) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	h.unreserveLocked(p)
+}
+
+// unreserveLocked gives back what reserve(p) took: p is the plugin (the
+// version) of the instance going away.
+func (h *Host) unreserveLocked(p *plugins.Plugin) {
 	h.live.Add(-1)
-	h.perPlugin[plugin]--
-	h.metrics.live.WithLabelValues(plugin).Dec()
+	h.perPlugin[p.Name()]--
+	h.memory -= p.MemoryLimit()
+	h.metrics.live.WithLabelValues(p.Name()).Dec()
 }
 
 // evictLocked frees the least recently used idle instance whose slot match
@@ -284,14 +308,13 @@ func (h *Host) dropInstance(sl *slot, reason string) {
 
 func (h *Host) closeInstanceLocked(sl *slot) {
 	_ = sl.inst.Close(context.Background())
+	p := sl.inst.Plugin()
 	sl.inst = nil
 	if sl.elem != nil {
 		h.lru.Remove(sl.elem)
 		sl.elem = nil
 	}
-	h.live.Add(-1)
-	h.perPlugin[sl.plugin]--
-	h.metrics.live.WithLabelValues(sl.plugin).Dec()
+	h.unreserveLocked(p)
 }
 
 // discard frees the slot's instance after it failed, recording why for the
@@ -351,7 +374,12 @@ func (h *Host) runCall(ctx context.Context, key sessionKey, t *plugins.Tool, c p
 	}
 	o := outcome{reset: sl.reset, upgraded: sl.upgraded}
 	sl.reset, sl.upgraded = nil, nil
+	release, err := h.startRunning(ctx)
+	if err != nil {
+		return outcome{}, err
+	}
 	o.result, o.err = inst.CallTool(ctx, c)
+	release()
 	if o.err != nil {
 		if reason := resetReason(o.err, inst); reason != "" {
 			h.discard(sl, reason, o.err.Error())
@@ -360,6 +388,19 @@ func (h *Host) runCall(ctx context.Context, key sessionKey, t *plugins.Tool, c p
 		after(ctx, inst)
 	}
 	return o, nil
+}
+
+// startRunning waits for a turn under the concurrency limit, if any.
+func (h *Host) startRunning(ctx context.Context) (release func(), err error) {
+	if h.running == nil {
+		return func() {}, nil
+	}
+	select {
+	case h.running <- struct{}{}:
+		return func() { <-h.running }, nil
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
 }
 
 // current returns the tool to run for t: t itself, unless its plugin was
@@ -428,19 +469,26 @@ func (h *Host) runPooled(ctx context.Context, t *plugins.Tool, c plugins.Call, a
 	select {
 	case inst = <-pl.idle:
 	default:
-		if err := h.reserve(p.Name(), nil); err != nil {
+		if err := h.reserve(p, nil); err != nil {
 			return outcome{}, err
 		}
 		var err error
 		if inst, err = p.NewInstance(ctx); err != nil {
-			h.unreserve(p.Name())
+			h.unreserve(p)
 			return outcome{err: err}, nil
 		}
 		h.metrics.created.WithLabelValues(p.Name()).Inc()
 		h.log.Debug("pooled instance created", "plugin", p.Name(), "sha256", p.SHA256())
 	}
 	var o outcome
+	release, err := h.startRunning(ctx)
+	if err != nil {
+		_ = inst.Close(context.Background())
+		h.unreserve(p)
+		return outcome{}, err
+	}
 	o.result, o.err = inst.CallTool(ctx, c)
+	release()
 	if o.err == nil && after != nil {
 		after(ctx, inst)
 	}
@@ -457,7 +505,7 @@ func (h *Host) runPooled(ctx context.Context, t *plugins.Tool, c plugins.Call, a
 		h.metrics.resets.WithLabelValues(p.Name(), resetReason(o.err, inst)).Inc()
 	}
 	_ = inst.Close(context.Background())
-	h.unreserve(p.Name())
+	h.unreserve(p)
 	return o, nil
 }
 
@@ -474,7 +522,7 @@ func (h *Host) drainPool(p *plugins.Plugin) {
 		select {
 		case inst := <-pl.idle:
 			_ = inst.Close(context.Background())
-			h.unreserve(p.Name())
+			h.unreserve(p)
 		default:
 			return
 		}

@@ -80,6 +80,7 @@ func (h *Host) moveOff(sl *slot, old, next *plugins.Plugin) {
 				_ = inst.Close(ctx)
 				h.mu.Lock()
 				sl.inst = fresh // same plugin name: the instance counts stay
+				h.memory = h.memory - old.MemoryLimit() + next.MemoryLimit()
 				h.mu.Unlock()
 				sl.upgraded = map[string]any{"sha256": next.SHA256(), "state": "restored"}
 				h.log.Info("instance upgraded with its state", "session", sl.sess.id, "plugin", old.Name(), "sha256", next.SHA256())

@@ -17,6 +17,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"path"
 	"path/filepath"
 	"regexp"
 	"strings"
@@ -41,11 +42,36 @@ type Options struct {
 	// Policy is what the plugin's instances may do. nil means
 	// sandbox.NewPolicy().
 	Policy *sandbox.Policy
+	// Tools filters the tools served, by the plugin's own tool names.
+	Tools ToolFilter
+	// Disabled keeps the plugin from loading; a reloader reports it as
+	// disabled.
+	Disabled bool
 	// Stateless declares that the plugin keeps no state between calls, so
 	// its calls may share a pool of warm instances instead of one instance
 	// per session. A plugin can declare it itself with a custom section
 	// named [StatelessSection].
 	Stateless bool
+}
+
+// ToolFilter selects tools by name with path.Match patterns (* and ?): a
+// tool is served if it matches an Allow pattern (or there are none) and no
+// Deny pattern. The zero value serves every tool.
+type ToolFilter struct {
+	Allow, Deny []string
+}
+
+// Serves reports whether the filter lets tool name through.
+func (f ToolFilter) Serves(name string) bool {
+	match := func(pats []string) bool {
+		for _, p := range pats {
+			if ok, _ := path.Match(p, name); ok {
+				return true
+			}
+		}
+		return false
+	}
+	return (len(f.Allow) == 0 || match(f.Allow)) && !match(f.Deny)
 }
 
 // StatelessSection is the name of the custom section by which a plugin
@@ -70,6 +96,7 @@ type Plugin struct {
 	hasExport map[string]bool
 	stateless bool
 	prefix    string
+	filter    ToolFilter
 	closed    atomic.Bool
 }
 
@@ -136,6 +163,7 @@ func Load(ctx context.Context, rt *sandbox.Runtime, path string, wasm []byte, op
 	}
 	p.compiled = compiled
 	p.stateless = opts.Stateless || compiled.CustomSection(StatelessSection) != nil
+	p.filter = opts.Tools
 	if err := p.describe(ctx, opts.Prefix); err != nil {
 		err = fmt.Errorf("plugin %q (%s): %w", name, path, err)
 		if cerr := compiled.Close(ctx); cerr != nil {
@@ -171,6 +199,9 @@ func (p *Plugin) describeWith(ctx context.Context, inst *sandbox.Instance, prefi
 	}
 	seen := map[string]bool{}
 	for _, d := range defs {
+		if !p.filter.Serves(d.Name) {
+			continue
+		}
 		served := prefix + d.Name
 		if !validName.MatchString(served) {
 			return fmt.Errorf("tool name %q is not allowed: names must match %s", served, validName)
@@ -306,7 +337,7 @@ func (p *Plugin) SameCode(q *Plugin) bool { return p.compiled == q.compiled }
 // said its list changed) and returns a plugin with the new list and the
 // same code, so that instances of p serve it. p is not changed.
 func (p *Plugin) Relist(ctx context.Context, inst *Instance) (*Plugin, error) {
-	q := &Plugin{name: p.name, path: p.path, sha256: p.sha256, size: p.size, compiled: p.compiled, hasExport: map[string]bool{}, stateless: p.stateless}
+	q := &Plugin{name: p.name, path: p.path, sha256: p.sha256, size: p.size, compiled: p.compiled, hasExport: map[string]bool{}, stateless: p.stateless, filter: p.filter}
 	if err := q.describeWith(ctx, inst.sb, p.prefix); err != nil {
 		return nil, fmt.Errorf("plugin %q (%s): list tools again: %w", p.name, p.path, err)
 	}
@@ -315,6 +346,9 @@ func (p *Plugin) Relist(ctx context.Context, inst *Instance) (*Plugin, error) {
 
 // Prefix returns the prefix the plugin's tool names were given.
 func (p *Plugin) Prefix() string { return p.prefix }
+
+// MemoryLimit reports the memory limit of each of the plugin's instances.
+func (p *Plugin) MemoryLimit() uint64 { return p.compiled.Policy().MemoryLimit() }
 
 // HandsOffState reports whether the plugin exports the state handoff pair
 // ([abi.ExportSnapshot] and [abi.ExportRestore]).

@@ -78,6 +78,7 @@ type Reloader struct {
 	log  *slog.Logger
 
 	mu     sync.Mutex // serialises reloads and guards what follows
+	gen    int        // bumped by Reconfigure: every file is read again
 	cat    *Catalogue
 	files  map[string]*fileState // by path
 	onSwap func(ctx context.Context, s Swap)
@@ -87,6 +88,7 @@ type fileState struct {
 	plugin  *Plugin // the version served, nil if none
 	status  Status
 	lastBad string // sha256 of the last bytes refused
+	gen     int    // the configuration generation plugin was loaded under
 }
 
 // NewReloader returns a reloader of the given paths. Call Load, then
@@ -146,6 +148,26 @@ func cmpString(a, b string) int {
 	return 0
 }
 
+// disabled reports whether the options of path say it is disabled. The
+// caller holds r.mu.
+func (r *Reloader) disabled(path string) bool {
+	return r.opts.OptionsFor != nil && r.opts.OptionsFor(path).Disabled
+}
+
+// Reconfigure sets new load options and check (after the configuration
+// file changed) and reads every plugin again under them: plugins whose
+// settings changed are swapped like new versions.
+func (r *Reloader) Reconfigure(ctx context.Context, optionsFor func(path string) Options, check func(path string, wasm []byte) error) (bool, []error) {
+	r.mu.Lock()
+	r.opts.OptionsFor, r.opts.Check = optionsFor, check
+	r.gen++
+	for _, f := range r.files {
+		f.lastBad = ""
+	}
+	r.mu.Unlock()
+	return r.Rescan(ctx)
+}
+
 // Load reads every plugin file and builds the first catalogue. Each
 // failure is returned, and recorded in the file's status; the rest are
 // served.
@@ -168,6 +190,9 @@ func (r *Reloader) Rescan(ctx context.Context) (bool, []error) {
 	present := map[string]bool{}
 	changed := map[string]*Plugin{} // path -> new version
 	for _, path := range files {
+		if r.disabled(path) {
+			continue // as if absent: a served version is dropped
+		}
 		present[path] = true
 		if p, err := r.loadIfChanged(ctx, path); err != nil {
 			errs = append(errs, err)
@@ -177,7 +202,7 @@ func (r *Reloader) Rescan(ctx context.Context) (bool, []error) {
 	}
 	removed := map[string]bool{}
 	for path, f := range r.files {
-		if !present[path] {
+		if !present[path] && f.status.State != StateDisabled {
 			removed[path] = true
 			if f.plugin == nil {
 				delete(r.files, path)
@@ -257,6 +282,11 @@ func (r *Reloader) Rescan(ctx context.Context) (bool, []error) {
 		r.log.Info("plugin removed", "path", path)
 		delete(r.files, path)
 	}
+	for _, path := range files {
+		if r.disabled(path) {
+			r.files[path] = &fileState{status: Status{Name: pluginName(path), Path: path, State: StateDisabled, Tools: []string{}, LastReload: time.Now()}}
+		}
+	}
 	for _, p := range next.Plugins() {
 		f := r.files[p.Path()]
 		if f.plugin != p {
@@ -304,13 +334,14 @@ func (r *Reloader) loadIfChanged(ctx context.Context, path string) (*Plugin, err
 	}
 	sum := sha256.Sum256(wasm)
 	sha := hex.EncodeToString(sum[:])
-	if f.plugin != nil && f.plugin.SHA256() == sha {
+	if f.plugin != nil && f.plugin.SHA256() == sha && f.gen == r.gen {
 		return nil, nil
 	}
-	if f.lastBad == sha {
+	if f.lastBad == sha && f.gen == r.gen {
 		return nil, nil // the same bad bytes again: already reported
 	}
 	f.status.LastReload = time.Now()
+	f.gen = r.gen
 	if r.opts.Check != nil {
 		if err := r.opts.Check(path, wasm); err != nil {
 			f.lastBad = sha

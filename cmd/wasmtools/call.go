@@ -13,7 +13,7 @@ import (
 	"github.com/wasmtools/wasmtools/sandbox"
 )
 
-func cmdCall(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+func cmdCall(ctx context.Context, args []string, lookupEnv func(string) (string, bool), stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("call", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	var common commonFlags
@@ -35,6 +35,10 @@ func cmdCall(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		argsJSON = json.RawMessage(fs.Arg(2))
 	}
 	log := newLogger(stderr, common.verbose)
+	if err := common.loadConfig(lookupEnv); err != nil {
+		fmt.Fprintf(stderr, "wasmtools call: %v\n", err)
+		return 1
+	}
 	fail := func(err error) int {
 		fmt.Fprintf(stderr, "wasmtools call: %v\n", err)
 		return 1

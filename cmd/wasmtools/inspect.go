@@ -28,7 +28,7 @@ type inspection struct {
 	Error string `json:"error,omitempty"`
 }
 
-func cmdInspect(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+func cmdInspect(ctx context.Context, args []string, lookupEnv func(string) (string, bool), stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("inspect", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	var common commonFlags
@@ -47,6 +47,10 @@ func cmdInspect(ctx context.Context, args []string, stdout, stderr io.Writer) in
 	}
 	path := fs.Arg(0)
 	log := newLogger(stderr, common.verbose)
+	if err := common.loadConfig(lookupEnv); err != nil {
+		fmt.Fprintf(stderr, "wasmtools inspect: %v\n", err)
+		return 1
+	}
 	wasm, err := os.ReadFile(path)
 	if err != nil {
 		fmt.Fprintf(stderr, "wasmtools inspect: %v\n", err)

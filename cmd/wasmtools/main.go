@@ -21,7 +21,7 @@ import (
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	code := run(ctx, os.Args[1:], os.Getenv, os.Stdin, os.Stdout, os.Stderr)
+	code := run(ctx, os.Args[1:], os.LookupEnv, os.Stdin, os.Stdout, os.Stderr)
 	stop()
 	os.Exit(code)
 }
@@ -40,10 +40,11 @@ Run 'wasmtools COMMAND -h' for a command's flags.
 `
 
 // run is the whole program, so tests can run it in process: it reads no
-// flags or environment but what it is given (getenv may be nil).
-func run(ctx context.Context, args []string, getenv func(string) string, stdin io.Reader, stdout, stderr io.Writer) int {
-	if getenv == nil {
-		getenv = func(string) string { return "" }
+// flags or environment but what it is given (lookupEnv may be nil: an
+// empty environment).
+func run(ctx context.Context, args []string, lookupEnv func(string) (string, bool), stdin io.Reader, stdout, stderr io.Writer) int {
+	if lookupEnv == nil {
+		lookupEnv = func(string) (string, bool) { return "", false }
 	}
 	if len(args) == 0 {
 		fmt.Fprint(stderr, usage)
@@ -51,11 +52,11 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdin i
 	}
 	switch args[0] {
 	case "serve":
-		return cmdServe(ctx, args[1:], getenv, stdin, stdout, stderr)
+		return cmdServe(ctx, args[1:], lookupEnv, stdin, stdout, stderr)
 	case "inspect":
-		return cmdInspect(ctx, args[1:], stdout, stderr)
+		return cmdInspect(ctx, args[1:], lookupEnv, stdout, stderr)
 	case "call":
-		return cmdCall(ctx, args[1:], stdout, stderr)
+		return cmdCall(ctx, args[1:], lookupEnv, stdout, stderr)
 	case "status":
 		return cmdStatus(ctx, args[1:], stdout, stderr)
 	case "help", "-h", "--help":

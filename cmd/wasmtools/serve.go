@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"crypto/subtle"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -11,73 +12,19 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"path/filepath"
 	"strings"
 	"time"
 
+	"github.com/fsnotify/fsnotify"
+	"github.com/modelcontextprotocol/go-sdk/auth"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/wasmtools/wasmtools/host"
 	"github.com/wasmtools/wasmtools/plugins"
-	"github.com/wasmtools/wasmtools/sandbox"
 )
 
-// prefixes is a repeatable NAME=PREFIX flag.
-type prefixes map[string]string
-
-func (p prefixes) String() string { return fmt.Sprint(map[string]string(p)) }
-func (p prefixes) Set(v string) error {
-	name, prefix, ok := strings.Cut(v, "=")
-	if !ok || name == "" {
-		return errors.New("want PLUGIN=PREFIX")
-	}
-	p[name] = prefix
-	return nil
-}
-
-// names is a repeatable PLUGIN flag.
-type names map[string]bool
-
-func (n names) String() string { return fmt.Sprint(map[string]bool(n)) }
-func (n names) Set(v string) error {
-	n[v] = true
-	return nil
-}
-
-// commonFlags are the flags of every command that loads plugins.
-type commonFlags struct {
-	cacheDir  string
-	verbose   bool
-	prefix    prefixes
-	stateless names
-}
-
-func (c *commonFlags) register(fs *flag.FlagSet) {
-	c.prefix = prefixes{}
-	c.stateless = names{}
-	fs.Var(c.stateless, "stateless", "PLUGIN: the plugin keeps no state between calls; serve it from a shared pool of warm instances (repeatable)")
-	fs.StringVar(&c.cacheDir, "cache-dir", defaultCacheDir(), "where compiled plugins are cached between runs (\"\" for no disk cache)")
-	fs.BoolVar(&c.verbose, "v", false, "log debug messages")
-	fs.Var(c.prefix, "prefix", "PLUGIN=PREFIX: serve PLUGIN's tools as PREFIX+name (repeatable)")
-}
-
-func (c *commonFlags) runtime(log *slog.Logger) (*sandbox.Runtime, error) {
-	return sandbox.NewRuntime(sandbox.Options{CacheDir: c.cacheDir, Logger: log})
-}
-
-func (c *commonFlags) optsFor(log *slog.Logger) func(path string) plugins.Options {
-	return func(path string) plugins.Options {
-		name := pluginName(path)
-		pol := sandbox.NewPolicy().WithLogger(log.With("plugin", name))
-		return plugins.Options{Prefix: c.prefix[name], Policy: &pol, Stateless: c.stateless[name]}
-	}
-}
-
-func pluginName(path string) string {
-	base := path[strings.LastIndexAny(path, `/\`)+1:]
-	return strings.TrimSuffix(base, ".wasm")
-}
-
-func cmdServe(ctx context.Context, args []string, getenv func(string) string, stdin io.Reader, stdout, stderr io.Writer) int {
+func cmdServe(ctx context.Context, args []string, lookupEnv func(string) (string, bool), stdin io.Reader, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	var common commonFlags
@@ -104,6 +51,11 @@ func cmdServe(ctx context.Context, args []string, getenv func(string) string, st
 		fmt.Fprintln(stderr, "wasmtools serve: give at least one plugin folder or file")
 		return 2
 	}
+	if err := common.loadConfig(lookupEnv); err != nil {
+		log.Error("configuration refused", "error", err)
+		return 1
+	}
+	cfg := common.config()
 	rt, err := common.runtime(log)
 	if err != nil {
 		log.Error("start", "error", err)
@@ -111,7 +63,7 @@ func cmdServe(ctx context.Context, args []string, getenv func(string) string, st
 	}
 	defer rt.Close(context.Background())
 
-	reloader := plugins.NewReloader(rt, plugins.ReloaderOptions{Paths: fs.Args(), OptionsFor: common.optsFor(log), Logger: log})
+	reloader := plugins.NewReloader(rt, plugins.ReloaderOptions{Paths: fs.Args(), OptionsFor: common.optsFor(log), Check: common.check(), Logger: log})
 	cat, errs := reloader.Load(ctx)
 	for _, err := range errs {
 		log.Error("plugin not served", "error", err)
@@ -128,10 +80,17 @@ func cmdServe(ctx context.Context, args []string, getenv func(string) string, st
 	}
 	opts := &host.Options{
 		Logger: log, MaxResultRunes: maxRunes, SessionTimeout: timeout,
-		MaxInstances: *maxInstances, MaxInstancesPerPlugin: *maxPerPlugin, ClientKeyHeader: *clientHeader,
-		AbandonAfter: *abandonAfter,
+		MaxInstances: firstInt(*maxInstances, cfg.Limits.MaxInstances), MaxInstancesPerPlugin: firstInt(*maxPerPlugin, cfg.Limits.MaxInstancesPerPlugin),
+		MemoryBudget: uint64(cfg.Limits.MemoryBudget), MaxConcurrentCalls: cfg.Limits.MaxConcurrentCalls,
+		InstanceLimits: map[string]int{}, ClientKeyHeader: *clientHeader, AbandonAfter: *abandonAfter,
+		AllowedOrigins: cfg.HTTP.AllowedOrigins,
 	}
-	if key := getenv("WASMTOOLS_STATE_KEY"); key != "" {
+	for name := range cfg.Plugins {
+		if n := cfg.For(name).Instances; n > 0 {
+			opts.InstanceLimits[name] = n
+		}
+	}
+	if key, _ := lookupEnv("WASMTOOLS_STATE_KEY"); key != "" {
 		opts.StateKey = []byte(key)
 	}
 	if *recordLog != "" {
@@ -151,6 +110,9 @@ func cmdServe(ctx context.Context, args []string, getenv func(string) string, st
 				log.Error("hot reload is off", "error", err)
 			}
 		}()
+		if common.configPath != "" {
+			go watchConfig(ctx, log, &common, lookupEnv, reloader)
+		}
 	}
 	defer func() {
 		sctx, cancel := context.WithTimeout(context.Background(), *shutdownGrace)
@@ -169,14 +131,21 @@ func cmdServe(ctx context.Context, args []string, getenv func(string) string, st
 		}
 		return 0
 	}
-	return serveHTTP(ctx, log, *httpAddr, h, reloader, *shutdownGrace)
+	token := cfg.HTTP.AuthToken
+	if v, ok := lookupEnv("WASMTOOLS_AUTH_TOKEN"); ok && v != "" {
+		token = v
+	}
+	return serveHTTP(ctx, log, *httpAddr, h, reloader, token, *shutdownGrace)
 }
 
 type nopWriteCloser struct{ io.Writer }
 
 func (nopWriteCloser) Close() error { return nil }
 
-func serveHTTP(ctx context.Context, log *slog.Logger, addr string, h *host.Host, reloader *plugins.Reloader, grace time.Duration) int {
+func serveHTTP(ctx context.Context, log *slog.Logger, addr string, h *host.Host, reloader *plugins.Reloader, token string, grace time.Duration) int {
+	if strings.HasPrefix(addr, ":") {
+		addr = "127.0.0.1" + addr // loopback unless told otherwise
+	}
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		log.Error("listen", "addr", addr, "error", err)
@@ -186,7 +155,13 @@ func serveHTTP(ctx context.Context, log *slog.Logger, addr string, h *host.Host,
 	mux.Handle("/mcp", h.HTTPHandler())
 	mux.Handle("/metrics", h.MetricsHandler())
 	mux.Handle("/status", statusHandler(h, reloader))
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	var handler http.Handler = mux
+	if token != "" {
+		handler = requireToken(token, mux)
+	} else if host, _, _ := net.SplitHostPort(ln.Addr().String()); !net.ParseIP(host).IsLoopback() {
+		log.Warn("serving beyond loopback without authentication: set http.auth_token in the configuration, or WASMTOOLS_AUTH_TOKEN")
+	}
+	srv := &http.Server{Handler: handler, ReadHeaderTimeout: 10 * time.Second}
 	log.Info("serving MCP over streamable HTTP", "url", "http://"+ln.Addr().String()+"/mcp")
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
@@ -227,4 +202,66 @@ func statusHandler(h *host.Host, r *plugins.Reloader) http.Handler {
 		enc.SetIndent("", "  ")
 		enc.Encode(rep)
 	})
+}
+
+func firstInt(a, b int) int {
+	if a != 0 {
+		return a
+	}
+	return b
+}
+
+// requireToken refuses requests without the bearer token. The token is
+// compared in constant time, and requests that carry it are given the
+// subject "operator", so sessionless requests share instances by it.
+func requireToken(token string, next http.Handler) http.Handler {
+	verify := func(_ context.Context, got string, _ *http.Request) (*auth.TokenInfo, error) {
+		if subtle.ConstantTimeCompare([]byte(got), []byte(token)) != 1 {
+			return nil, auth.ErrInvalidToken
+		}
+		return &auth.TokenInfo{UserID: "operator", Expiration: time.Now().Add(24 * time.Hour)}, nil
+	}
+	return auth.RequireBearerToken(verify, nil)(next)
+}
+
+// watchConfig reloads the configuration file when it changes: a valid new
+// configuration is applied to every plugin (each is loaded again under
+// it); an invalid one is logged and the old one kept. Global limits and
+// HTTP settings take effect on restart.
+func watchConfig(ctx context.Context, log *slog.Logger, common *commonFlags, lookupEnv func(string) (string, bool), r *plugins.Reloader) {
+	w, err := fsnotify.NewWatcher()
+	if err != nil {
+		log.Error("configuration watch is off", "error", err)
+		return
+	}
+	defer w.Close()
+	dir := filepath.Dir(common.configPath)
+	if err := w.Add(dir); err != nil {
+		log.Error("configuration watch is off", "error", err)
+		return
+	}
+	var timer *time.Timer
+	fire := make(chan struct{}, 1)
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case ev := <-w.Events:
+			if filepath.Clean(ev.Name) != filepath.Clean(common.configPath) {
+				continue
+			}
+			if timer == nil {
+				timer = time.AfterFunc(100*time.Millisecond, func() { fire <- struct{}{} })
+			} else {
+				timer.Reset(100 * time.Millisecond)
+			}
+		case <-fire:
+			if err := common.loadConfig(lookupEnv); err != nil {
+				log.Error("new configuration refused: the old one stays in force", "error", err)
+				continue
+			}
+			log.Info("configuration reloaded", "path", common.configPath)
+			r.Reconfigure(ctx, common.optsFor(log), common.check())
+		}
+	}
 }

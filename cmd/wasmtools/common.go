@@ -1,0 +1,130 @@
+package main
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"path/filepath"
+	"strings"
+	"sync"
+
+	"github.com/wasmtools/wasmtools/internal/config"
+	"github.com/wasmtools/wasmtools/plugins"
+	"github.com/wasmtools/wasmtools/sandbox"
+)
+
+// prefixes is a repeatable NAME=PREFIX flag.
+type prefixes map[string]string
+
+func (p prefixes) String() string { return fmt.Sprint(map[string]string(p)) }
+func (p prefixes) Set(v string) error {
+	name, prefix, ok := strings.Cut(v, "=")
+	if !ok || name == "" {
+		return errors.New("want PLUGIN=PREFIX")
+	}
+	p[name] = prefix
+	return nil
+}
+
+// names is a repeatable PLUGIN flag.
+type names map[string]bool
+
+func (n names) String() string { return fmt.Sprint(map[string]bool(n)) }
+func (n names) Set(v string) error {
+	n[v] = true
+	return nil
+}
+
+// commonFlags are the flags of every command that loads plugins.
+type commonFlags struct {
+	cacheDir   string
+	verbose    bool
+	prefix     prefixes
+	stateless  names
+	configPath string
+
+	mu  sync.Mutex
+	cfg *config.File // the configuration in force; empty without --config
+}
+
+func (c *commonFlags) register(fs *flag.FlagSet) {
+	c.prefix = prefixes{}
+	c.stateless = names{}
+	fs.StringVar(&c.configPath, "config", "", "the operator's configuration FILE (TOML): grants, limits, pins per plugin; see README")
+	fs.Var(c.stateless, "stateless", "PLUGIN: the plugin keeps no state between calls; serve it from a shared pool of warm instances (repeatable)")
+	fs.StringVar(&c.cacheDir, "cache-dir", defaultCacheDir(), "where compiled plugins are cached between runs (\"\" for no disk cache)")
+	fs.BoolVar(&c.verbose, "v", false, "log debug messages")
+	fs.Var(c.prefix, "prefix", "PLUGIN=PREFIX: serve PLUGIN's tools as PREFIX+name (repeatable)")
+}
+
+// loadConfig reads --config, if given, into c.cfg.
+func (c *commonFlags) loadConfig(lookupEnv func(string) (string, bool)) error {
+	cfg := &config.File{}
+	if c.configPath != "" {
+		var err error
+		if cfg, err = config.Load(c.configPath, lookupEnv); err != nil {
+			return err
+		}
+	}
+	c.mu.Lock()
+	c.cfg = cfg
+	c.mu.Unlock()
+	return nil
+}
+
+func (c *commonFlags) config() *config.File {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.cfg == nil {
+		return &config.File{}
+	}
+	return c.cfg
+}
+
+func (c *commonFlags) runtime(log *slog.Logger) (*sandbox.Runtime, error) {
+	return sandbox.NewRuntime(sandbox.Options{CacheDir: c.cacheDir, Logger: log})
+}
+
+// optsFor gives each plugin file its options: the configuration's, with
+// the command-line flags over them.
+func (c *commonFlags) optsFor(log *slog.Logger) func(path string) plugins.Options {
+	cfg := c.config()
+	return func(path string) plugins.Options {
+		name := pluginName(path)
+		eff := cfg.For(name)
+		opts := eff.Options
+		pol := opts.Policy.WithLogger(log.With("plugin", name))
+		opts.Policy = &pol
+		if p, ok := c.prefix[name]; ok {
+			opts.Prefix = p
+		}
+		if c.stateless[name] {
+			opts.Stateless = true
+		}
+		opts.Disabled = !eff.Enabled
+		return opts
+	}
+}
+
+// check refuses bytes that do not match the configuration's sha256 pin.
+func (c *commonFlags) check() func(path string, wasm []byte) error {
+	cfg := c.config()
+	return func(path string, wasm []byte) error {
+		pin := cfg.For(pluginName(path)).SHA256
+		if pin == "" {
+			return nil
+		}
+		sum := sha256.Sum256(wasm)
+		if got := hex.EncodeToString(sum[:]); got != pin {
+			return fmt.Errorf("sha256 %s does not match the pin %s in the configuration", got, pin)
+		}
+		return nil
+	}
+}
+
+func pluginName(path string) string {
+	return strings.TrimSuffix(filepath.Base(path), ".wasm")
+}

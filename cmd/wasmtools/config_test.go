@@ -1,0 +1,187 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/wasmtools/wasmtools/internal/testplugins"
+)
+
+func lookup(vars map[string]string) func(string) (string, bool) {
+	return func(k string) (string, bool) {
+		v, ok := vars[k]
+		return v, ok
+	}
+}
+
+// serveInProcess runs `wasmtools serve --http` and waits for it.
+func serveInProcess(t *testing.T, env map[string]string, args ...string) (string, *lockedBuffer) {
+	t.Helper()
+	addr := freeAddr(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	stderr := &lockedBuffer{}
+	done := make(chan struct{})
+	go func() {
+		run(ctx, append([]string{"serve", "--cache-dir", testplugins.CacheDir(), "--http", addr}, args...), lookup(env), strings.NewReader(""), &bytes.Buffer{}, stderr)
+		close(done)
+	}()
+	t.Cleanup(func() { cancel(); <-done })
+	deadline := time.Now().Add(30 * time.Second)
+	for !strings.Contains(stderr.String(), "serving MCP over streamable HTTP") {
+		if time.Now().After(deadline) || strings.Contains(stderr.String(), "level=ERROR msg=\"configuration refused\"") {
+			t.Fatalf("serve did not start:\n%s", stderr.String())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	return "http://" + addr, stderr
+}
+
+type bearer string
+
+func (b bearer) RoundTrip(r *http.Request) (*http.Response, error) {
+	r = r.Clone(r.Context())
+	if b != "" {
+		r.Header.Set("Authorization", "Bearer "+string(b))
+	}
+	return http.DefaultTransport.RoundTrip(r)
+}
+
+func connectURL(t *testing.T, url string, rt http.RoundTripper) (*mcp.ClientSession, error) {
+	t.Helper()
+	tr := &mcp.StreamableClientTransport{Endpoint: url + "/mcp", HTTPClient: &http.Client{Transport: rt}}
+	cs, err := mcp.NewClient(&mcp.Implementation{Name: "test", Version: "1"}, nil).Connect(context.Background(), tr, &mcp.ClientSessionOptions{ProtocolVersion: "2025-11-25"})
+	if err == nil {
+		t.Cleanup(func() { cs.Close() })
+	}
+	return cs, err
+}
+
+func TestConfig(t *testing.T) {
+	dir := exampleFolder(t)
+	hashSum := sha256.Sum256(testplugins.Bytes(t, testplugins.Example(t, "hash")))
+	cfgPath := filepath.Join(t.TempDir(), "wasmtools.toml")
+	os.WriteFile(cfgPath, []byte(fmt.Sprintf(`
+[http]
+auth_token = "${TOKEN}"
+
+[plugins.hash]
+sha256 = "%s"
+tools = { deny = ["base64"] }
+
+[plugins.counter]
+enabled = false
+
+[plugins.servlet]
+sha256 = "%s"
+config = { greeting = "${GREETING}" }
+`, hex.EncodeToString(hashSum[:]), strings.Repeat("0", 64))), 0o644)
+	url, stderr := serveInProcess(t, map[string]string{"TOKEN": "s3cret", "GREETING": "hi"}, "--config", cfgPath, dir)
+
+	if _, err := connectURL(t, url, bearer("")); err == nil {
+		t.Error("connected without the token")
+	}
+	if _, err := connectURL(t, url, bearer("wrong")); err == nil {
+		t.Error("connected with a wrong token")
+	}
+	cs, err := connectURL(t, url, bearer("s3cret"))
+	if err != nil {
+		t.Fatalf("with the token: %v", err)
+	}
+	res, err := cs.ListTools(context.Background(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, tl := range res.Tools {
+		names = append(names, tl.Name)
+	}
+	// hash: pinned and matching, base64 denied; counter: disabled;
+	// servlet: its pin does not match; notes: no entry, defaults.
+	if got := strings.Join(names, ","); got != "hash,note_add,note_clear,note_list" {
+		t.Errorf("tools = %s", got)
+	}
+	if !strings.Contains(stderr.String(), "does not match the pin") {
+		t.Errorf("the pin mismatch was not logged:\n%s", stderr.String())
+	}
+
+	// A browser page of another origin cannot call.
+	req, _ := http.NewRequest(http.MethodPost, url+"/mcp", strings.NewReader(`{"jsonrpc":"2.0","id":1,"method":"tools/list"}`))
+	req.Header.Set("Authorization", "Bearer s3cret")
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Origin", "http://evil.example")
+	req.Header.Set("Sec-Fetch-Site", "cross-site")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusForbidden {
+		t.Errorf("cross-origin request: %s, want 403", resp.Status)
+	}
+	// Nor can a DNS-rebound name reach the loopback server.
+	req, _ = http.NewRequest(http.MethodPost, url+"/mcp", strings.NewReader(`{"jsonrpc":"2.0","id":1,"method":"tools/list"}`))
+	req.Host = "attacker.example"
+	req.Header.Set("Authorization", "Bearer s3cret")
+	req.Header.Set("Content-Type", "application/json")
+	if resp, err = http.DefaultClient.Do(req); err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusForbidden {
+		t.Errorf("non-local Host header: %s, want 403", resp.Status)
+	}
+}
+
+func TestConfigRefused(t *testing.T) {
+	cfgPath := filepath.Join(t.TempDir(), "wasmtools.toml")
+	os.WriteFile(cfgPath, []byte(`[plugins.a]
+config = { k = "${NOT_SET_ONE}", j = "${NOT_SET_TWO}" }`), 0o644)
+	var out, errb bytes.Buffer
+	code := run(context.Background(), []string{"serve", "--config", cfgPath, t.TempDir()}, lookup(nil), strings.NewReader(""), &out, &errb)
+	if code != 1 || !strings.Contains(errb.String(), "NOT_SET_ONE, NOT_SET_TWO") {
+		t.Errorf("exit %d:\n%s", code, errb.String())
+	}
+}
+
+func TestConfigReload(t *testing.T) {
+	dir := testplugins.Folder(t, map[string]string{"counter.wasm": testplugins.Example(t, "counter")})
+	cfgPath := filepath.Join(t.TempDir(), "wasmtools.toml")
+	os.WriteFile(cfgPath, []byte("[plugins.counter]\nenabled = true\n"), 0o644)
+	url, stderr := serveInProcess(t, nil, "--config", cfgPath, dir)
+	cs, err := connectURL(t, url, bearer(""))
+	if err != nil {
+		t.Fatal(err)
+	}
+	callText(t, cs, "count", nil)
+	os.WriteFile(cfgPath, []byte("[plugins.counter]\nenabled = false\n"), 0o644)
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		res, _ := cs.ListTools(context.Background(), nil)
+		if res != nil && len(res.Tools) == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the plugin was not disabled by the new configuration:\n%s", stderr.String())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	// A broken configuration is refused, the one in force kept.
+	os.WriteFile(cfgPath, []byte("[plugins.counter\n"), 0o644)
+	for !strings.Contains(stderr.String(), "new configuration refused") {
+		if time.Now().After(deadline) {
+			t.Fatalf("the broken configuration was not reported:\n%s", stderr.String())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}

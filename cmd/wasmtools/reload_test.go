@@ -1,0 +1,103 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/wasmtools/wasmtools/internal/testplugins"
+)
+
+func TestHotReloadOverStdio(t *testing.T) {
+	dir := t.TempDir()
+	changed := make(chan struct{}, 10)
+	cmd := exec.Command(os.Args[0], "serve", "--cache-dir", testplugins.CacheDir(), dir)
+	cmd.Env = append(os.Environ(), "WASMTOOLS_TEST_MAIN=1")
+	var stderr lockedBuffer
+	cmd.Stderr = &stderr
+	cs, err := mcp.NewClient(&mcp.Implementation{Name: "test", Version: "1"}, &mcp.ClientOptions{
+		ToolListChangedHandler: func(context.Context, *mcp.ToolListChangedRequest) { changed <- struct{}{} },
+	}).Connect(context.Background(), &mcp.CommandTransport{Command: cmd}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cs.Close()
+	if res, err := cs.ListTools(context.Background(), nil); err != nil || len(res.Tools) != 0 {
+		t.Fatalf("empty folder: %v %v", res, err)
+	}
+	// Deploy the safe way: write elsewhere, rename in.
+	tmp := filepath.Join(dir, ".counter.wasm.tmp")
+	os.WriteFile(tmp, testplugins.Bytes(t, testplugins.Example(t, "counter")), 0o644)
+	os.Rename(tmp, filepath.Join(dir, "counter.wasm"))
+	select {
+	case <-changed:
+	case <-time.After(20 * time.Second):
+		t.Fatalf("no tools/list_changed after a plugin was renamed in\n%s", stderr.String())
+	}
+	if got := callText(t, cs, "count", nil); got != "1" {
+		t.Errorf("count = %s", got)
+	}
+	// A bad file never takes the good one down.
+	os.WriteFile(filepath.Join(dir, "counter.wasm"), []byte("garbage"), 0o644)
+	deadline := time.Now().Add(20 * time.Second)
+	for !strings.Contains(stderr.String(), "the old version goes on serving") {
+		if time.Now().After(deadline) {
+			t.Fatalf("the bad version was not reported:\n%s", stderr.String())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if got := callText(t, cs, "count", nil); got != "2" {
+		t.Errorf("count after a bad deploy = %s, want 2 (the old version, its state kept)", got)
+	}
+}
+
+func TestStatus(t *testing.T) {
+	dir := exampleFolder(t)
+	os.WriteFile(filepath.Join(dir, "broken.wasm"), []byte("nope"), 0o644)
+	addr := freeAddr(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var stderr lockedBuffer
+	go run(ctx, []string{"serve", "--cache-dir", testplugins.CacheDir(), "--http", addr, dir}, nil, strings.NewReader(""), &bytes.Buffer{}, &stderr)
+	var out, errb bytes.Buffer
+	deadline := time.Now().Add(30 * time.Second)
+	for run(ctx, []string{"status", "--url", "http://" + addr, "--json"}, nil, nil, &out, &errb) != 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("status: %s\n%s", errb.String(), stderr.String())
+		}
+		out.Reset()
+		time.Sleep(20 * time.Millisecond)
+	}
+	var rep statusReport
+	if err := json.Unmarshal(out.Bytes(), &rep); err != nil {
+		t.Fatal(err)
+	}
+	states := map[string]string{}
+	for _, p := range rep.Plugins {
+		states[p.Name] = p.State
+		if p.Name == "hash" && (len(p.SHA256) != 64 || strings.Join(p.Tools, ",") != "base64,hash" || p.LastReload.IsZero()) {
+			t.Errorf("hash: %+v", p)
+		}
+		if p.Name == "broken" && !strings.Contains(p.Error, "not a WebAssembly module") {
+			t.Errorf("broken: %+v", p)
+		}
+	}
+	if states["hash"] != "loaded" || states["broken"] != "error" || len(states) != 5 {
+		t.Errorf("states = %v", states)
+	}
+	out.Reset()
+	if code := run(ctx, []string{"status", "--url", "http://" + addr + "/mcp"}, nil, nil, &out, &errb); code != 0 || !strings.Contains(out.String(), "PLUGIN") || !strings.Contains(out.String(), "broken (") {
+		t.Errorf("status table (exit %d):\n%s", code, out.String())
+	}
+	if code := run(ctx, []string{"status", "--url", "http://127.0.0.1:1"}, nil, nil, &out, &errb); code != 1 {
+		t.Errorf("status of nothing: exit %d", code)
+	}
+}

@@ -1,0 +1,361 @@
+// Package config reads the operator's configuration file (TOML): what
+// each plugin is granted and how it is limited, global limits, and the HTTP
+// transport's protection. A plugin with no entry gets the defaults, and the
+// defaults grant nothing.
+//
+//	[defaults]
+//	memory_limit = "64MiB"
+//	call_timeout = "30s"
+//
+//	[limits]
+//	memory_budget = "2GiB"
+//	max_concurrent_calls = 64
+//
+//	[http]
+//	auth_token = "${WASMTOOLS_TOKEN}"
+//
+//	[plugins.fetcher]
+//	sha256 = "9f2c…"
+//	allowed_hosts = ["api.example.com", "*.example.org"]
+//	allowed_paths = [{ host = "/srv/data", guest = "/data", mode = "ro" }]
+//	config = { api_key = "${API_KEY}" }
+//	tools = { deny = ["debug_*"] }
+//
+// ${VAR} in any string is replaced by the host environment variable VAR
+// when the file is read; a variable that is not set is an error naming
+// every such variable at once, and a variable set to "" is a value.
+package config
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path"
+	"regexp"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/BurntSushi/toml"
+
+	"github.com/wasmtools/wasmtools/plugins"
+	"github.com/wasmtools/wasmtools/sandbox"
+)
+
+// File is the configuration file.
+type File struct {
+	Defaults Plugin            `toml:"defaults"`
+	Limits   Limits            `toml:"limits"`
+	HTTP     HTTP              `toml:"http"`
+	Plugins  map[string]Plugin `toml:"plugins"`
+}
+
+// Plugin is one plugin's settings; an unset field takes the [defaults]
+// value, then the built-in default.
+type Plugin struct {
+	Enabled   *bool  `toml:"enabled"`
+	SHA256    string `toml:"sha256"`
+	Prefix    string `toml:"prefix"`
+	Stateless *bool  `toml:"stateless"`
+
+	MemoryLimit Size     `toml:"memory_limit"`
+	CallTimeout Duration `toml:"call_timeout"`
+	MaxOutput   Size     `toml:"max_output"`
+
+	AllowedHosts         []string          `toml:"allowed_hosts"`
+	AllowPrivateNetworks *bool             `toml:"allow_private_networks"`
+	AllowedPaths         []Path            `toml:"allowed_paths"`
+	Config               map[string]string `toml:"config"`
+	Env                  map[string]string `toml:"env"`
+	Tools                Tools             `toml:"tools"`
+	MaxInstances         int               `toml:"max_instances"`
+}
+
+// Path grants a host folder to the guest.
+type Path struct {
+	Host  string `toml:"host"`
+	Guest string `toml:"guest"`
+	Mode  string `toml:"mode"` // "ro" (default) or "rw"
+}
+
+// Tools filters the tools a plugin serves by name (its own names, before
+// any prefix), with * and ? patterns. A tool is served if it matches an
+// allow pattern (or there are none) and no deny pattern.
+type Tools struct {
+	Allow []string `toml:"allow"`
+	Deny  []string `toml:"deny"`
+}
+
+// Limits are global.
+type Limits struct {
+	// MemoryBudget bounds the memory all instances may have, counted as
+	// each instance's memory limit; past it, new instances are refused.
+	MemoryBudget          Size `toml:"memory_budget"`
+	MaxConcurrentCalls    int  `toml:"max_concurrent_calls"`
+	MaxInstances          int  `toml:"max_instances"`
+	MaxInstancesPerPlugin int  `toml:"max_instances_per_plugin"`
+}
+
+// HTTP protects the HTTP transport.
+type HTTP struct {
+	// AuthToken, if set, is the bearer token every HTTP request must
+	// carry.
+	AuthToken string `toml:"auth_token"`
+	// AllowedOrigins are browser origins allowed besides the server's
+	// own (cross-origin requests from others are refused).
+	AllowedOrigins []string `toml:"allowed_origins"`
+}
+
+// Size is a byte count written as a number or with a unit: "64MiB", "1GB".
+type Size uint64
+
+// UnmarshalText parses a size.
+func (s *Size) UnmarshalText(b []byte) error {
+	v, err := ParseSize(string(b))
+	*s = Size(v)
+	return err
+}
+
+// ParseSize parses a byte count with an optional unit (B, KiB, MiB, GiB,
+// KB, MB, GB).
+func ParseSize(s string) (uint64, error) {
+	s = strings.TrimSpace(s)
+	units := []struct {
+		suffix string
+		mult   uint64
+	}{{"KiB", 1 << 10}, {"MiB", 1 << 20}, {"GiB", 1 << 30}, {"KB", 1000}, {"MB", 1000_000}, {"GB", 1000_000_000}, {"B", 1}}
+	mult := uint64(1)
+	for _, u := range units {
+		if strings.HasSuffix(s, u.suffix) {
+			s, mult = strings.TrimSpace(strings.TrimSuffix(s, u.suffix)), u.mult
+			break
+		}
+	}
+	n, err := strconv.ParseUint(s, 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("size %q: want a whole number with an optional unit (KiB, MiB, GiB, KB, MB, GB)", s)
+	}
+	return n * mult, nil
+}
+
+// Duration is a time.Duration written as "30s", "5m".
+type Duration time.Duration
+
+// UnmarshalText parses a duration.
+func (d *Duration) UnmarshalText(b []byte) error {
+	v, err := time.ParseDuration(string(b))
+	if err != nil {
+		return fmt.Errorf("duration %q: %v", b, err)
+	}
+	*d = Duration(v)
+	return nil
+}
+
+// Load reads and checks the configuration file at path, resolving ${VAR}
+// with getenv (which reports whether a variable is set).
+func Load(path string, getenv func(string) (string, bool)) (*File, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("config %s: %w", path, err)
+	}
+	f, err := Parse(b, getenv)
+	if err != nil {
+		return nil, fmt.Errorf("config %s: %w", path, err)
+	}
+	return f, nil
+}
+
+var varRef = regexp.MustCompile(`\$\{([A-Za-z_][A-Za-z0-9_]*)\}`)
+
+// Parse reads a configuration from TOML text.
+func Parse(b []byte, getenv func(string) (string, bool)) (*File, error) {
+	var f File
+	md, err := toml.Decode(string(b), &f)
+	if err != nil {
+		return nil, err
+	}
+	if keys := md.Undecoded(); len(keys) > 0 {
+		names := make([]string, len(keys))
+		for i, k := range keys {
+			names[i] = k.String()
+		}
+		return nil, fmt.Errorf("unknown settings: %s", strings.Join(names, ", "))
+	}
+	missing := map[string]bool{}
+	resolve := func(s string) string {
+		return varRef.ReplaceAllStringFunc(s, func(ref string) string {
+			name := varRef.FindStringSubmatch(ref)[1]
+			v, ok := getenv(name)
+			if !ok {
+				missing[name] = true
+			}
+			return v
+		})
+	}
+	f.HTTP.AuthToken = resolve(f.HTTP.AuthToken)
+	f.Defaults.resolve(resolve)
+	for name, p := range f.Plugins {
+		p.resolve(resolve)
+		f.Plugins[name] = p
+	}
+	if len(missing) > 0 {
+		names := make([]string, 0, len(missing))
+		for n := range missing {
+			names = append(names, n)
+		}
+		sort.Strings(names)
+		return nil, fmt.Errorf("environment variables not set: %s (a variable set to the empty string counts as set)", strings.Join(names, ", "))
+	}
+	var errs []error
+	errs = append(errs, f.Defaults.check("defaults"))
+	for name, p := range f.Plugins {
+		errs = append(errs, p.check("plugins."+name))
+	}
+	return &f, errors.Join(errs...)
+}
+
+func (p *Plugin) resolve(r func(string) string) {
+	for k, v := range p.Config {
+		p.Config[k] = r(v)
+	}
+	for k, v := range p.Env {
+		p.Env[k] = r(v)
+	}
+	for i, h := range p.AllowedHosts {
+		p.AllowedHosts[i] = r(h)
+	}
+	for i := range p.AllowedPaths {
+		p.AllowedPaths[i].Host = r(p.AllowedPaths[i].Host)
+	}
+	p.SHA256 = r(p.SHA256)
+}
+
+var hexSHA = regexp.MustCompile(`^[0-9a-f]{64}$`)
+
+func (p *Plugin) check(where string) error {
+	var errs []error
+	if p.SHA256 != "" && !hexSHA.MatchString(p.SHA256) {
+		errs = append(errs, fmt.Errorf("%s.sha256: want 64 lower-case hex digits", where))
+	}
+	for i, m := range p.AllowedPaths {
+		if m.Host == "" || !strings.HasPrefix(m.Guest, "/") {
+			errs = append(errs, fmt.Errorf("%s.allowed_paths[%d]: want host (a folder) and guest (an absolute path)", where, i))
+		}
+		if m.Mode != "" && m.Mode != "ro" && m.Mode != "rw" {
+			errs = append(errs, fmt.Errorf("%s.allowed_paths[%d].mode: %q is not ro or rw", where, i, m.Mode))
+		}
+	}
+	for _, pat := range append(append([]string{}, p.Tools.Allow...), p.Tools.Deny...) {
+		if _, err := path.Match(pat, ""); err != nil {
+			errs = append(errs, fmt.Errorf("%s.tools: bad pattern %q", where, pat))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// Effective is what one plugin gets: its entry over the defaults.
+type Effective struct {
+	Enabled   bool
+	SHA256    string
+	Options   plugins.Options
+	Network   sandbox.Network
+	Mounts    []sandbox.Mount
+	Instances int
+}
+
+// For returns the settings of the plugin named name.
+func (f *File) For(name string) Effective {
+	d, p := f.Defaults, f.Plugins[name]
+	e := Effective{Enabled: true}
+	if b := firstBool(p.Enabled, d.Enabled); b != nil {
+		e.Enabled = *b
+	}
+	e.SHA256 = firstString(p.SHA256, d.SHA256)
+	pol := sandbox.NewPolicy()
+	if v := firstSize(p.MemoryLimit, d.MemoryLimit); v > 0 {
+		pol = pol.WithMemoryLimit(uint64(v))
+	}
+	if v := firstDuration(p.CallTimeout, d.CallTimeout); v > 0 {
+		pol = pol.WithCallTimeout(time.Duration(v))
+	}
+	if v := firstSize(p.MaxOutput, d.MaxOutput); v > 0 {
+		pol = pol.WithMaxOutput(uint64(v))
+	}
+	hosts := p.AllowedHosts
+	if hosts == nil {
+		hosts = d.AllowedHosts
+	}
+	if len(hosts) > 0 {
+		private := firstBool(p.AllowPrivateNetworks, d.AllowPrivateNetworks)
+		e.Network = sandbox.Network{AllowedHosts: hosts, AllowPrivate: private != nil && *private}
+		pol = pol.WithNetwork(e.Network)
+	}
+	paths := p.AllowedPaths
+	if paths == nil {
+		paths = d.AllowedPaths
+	}
+	for _, m := range paths {
+		e.Mounts = append(e.Mounts, sandbox.Mount{HostPath: m.Host, GuestPath: m.Guest, ReadOnly: m.Mode != "rw"})
+	}
+	if len(e.Mounts) > 0 {
+		pol = pol.WithMounts(e.Mounts...)
+	}
+	if cfg := firstMap(p.Config, d.Config); cfg != nil {
+		pol = pol.WithConfig(cfg)
+	}
+	if env := firstMap(p.Env, d.Env); env != nil {
+		pol = pol.WithEnv(env)
+	}
+	tools := p.Tools
+	if tools.Allow == nil && tools.Deny == nil {
+		tools = d.Tools
+	}
+	stateless := firstBool(p.Stateless, d.Stateless)
+	e.Options = plugins.Options{
+		Prefix:    firstString(p.Prefix, d.Prefix),
+		Policy:    &pol,
+		Stateless: stateless != nil && *stateless,
+		Tools:     plugins.ToolFilter{Allow: tools.Allow, Deny: tools.Deny},
+	}
+	e.Instances = p.MaxInstances
+	if e.Instances == 0 {
+		e.Instances = d.MaxInstances
+	}
+	return e
+}
+
+func firstBool(a, b *bool) *bool {
+	if a != nil {
+		return a
+	}
+	return b
+}
+
+func firstString(a, b string) string {
+	if a != "" {
+		return a
+	}
+	return b
+}
+
+func firstSize(a, b Size) Size {
+	if a != 0 {
+		return a
+	}
+	return b
+}
+
+func firstDuration(a, b Duration) Duration {
+	if a != 0 {
+		return a
+	}
+	return b
+}
+
+func firstMap(a, b map[string]string) map[string]string {
+	if a != nil {
+		return a
+	}
+	return b
+}

@@ -1,0 +1,107 @@
+package config
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+)
+
+func env(vars map[string]string) func(string) (string, bool) {
+	return func(k string) (string, bool) {
+		v, ok := vars[k]
+		return v, ok
+	}
+}
+
+func TestParse(t *testing.T) {
+	f, err := Parse([]byte(`
+[defaults]
+memory_limit = "16MiB"
+call_timeout = "5s"
+
+[limits]
+memory_budget = "1GiB"
+max_concurrent_calls = 8
+
+[http]
+auth_token = "${TOKEN}"
+
+[plugins.fetch]
+sha256 = "`+strings.Repeat("ab", 32)+`"
+allowed_hosts = ["api.example.com"]
+allowed_paths = [{ host = "/srv", guest = "/data", mode = "rw" }]
+config = { key = "${KEY}", empty = "${EMPTY}" }
+env = { LANG = "C" }
+tools = { deny = ["debug_*"] }
+max_instances = 3
+memory_limit = "32MiB"
+
+[plugins.off]
+enabled = false
+`), env(map[string]string{"TOKEN": "t0k", "KEY": "k3y", "EMPTY": ""}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if f.HTTP.AuthToken != "t0k" || f.Limits.MemoryBudget != 1<<30 || f.Limits.MaxConcurrentCalls != 8 {
+		t.Errorf("globals: %+v %+v", f.HTTP, f.Limits)
+	}
+	e := f.For("fetch")
+	if !e.Enabled || e.Instances != 3 || e.Options.Policy.MemoryLimit() != 32<<20 || e.Options.Policy.CallTimeout() != 5*time.Second {
+		t.Errorf("fetch: %+v", e)
+	}
+	if diff := cmp.Diff([]string{"api.example.com"}, e.Network.AllowedHosts); diff != "" || e.Network.AllowPrivate {
+		t.Errorf("network %+v", e.Network)
+	}
+	if len(e.Mounts) != 1 || e.Mounts[0].ReadOnly || e.Mounts[0].GuestPath != "/data" {
+		t.Errorf("mounts %+v", e.Mounts)
+	}
+	if e.Options.Tools.Serves("debug_dump") || !e.Options.Tools.Serves("get") {
+		t.Errorf("tool filter %+v", e.Options.Tools)
+	}
+	if d := f.For("other"); !d.Enabled || d.Options.Policy.MemoryLimit() != 16<<20 || len(d.Network.AllowedHosts) != 0 || len(d.Mounts) != 0 {
+		t.Errorf("a plugin with no entry: %+v", d)
+	}
+	if f.For("off").Enabled {
+		t.Error("off is enabled")
+	}
+}
+
+func TestParseRefuses(t *testing.T) {
+	tests := []struct{ name, toml, want string }{
+		{"unset variables, all named", `[plugins.a]
+config = { x = "${ONE}", y = "${TWO}" }
+[http]
+auth_token = "${ONE}"`, "environment variables not set: ONE, TWO"},
+		{"unknown setting", `[plugins.a]
+alowed_hosts = ["x"]`, "unknown settings: plugins.a.alowed_hosts"},
+		{"bad size", `[defaults]
+memory_limit = "lots"`, "size"},
+		{"bad duration", `[defaults]
+call_timeout = "soon"`, "duration"},
+		{"bad pin", `[plugins.a]
+sha256 = "xyz"`, "64 lower-case hex digits"},
+		{"bad mode", `[plugins.a]
+allowed_paths = [{ host = "/x", guest = "/y", mode = "wx" }]`, `"wx" is not ro or rw`},
+		{"relative guest path", `[plugins.a]
+allowed_paths = [{ host = "/x", guest = "y" }]`, "absolute path"},
+		{"not TOML", `[plugins`, "expected"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := Parse([]byte(tt.toml), env(nil))
+			if err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Errorf("err = %v; want %q", err, tt.want)
+			}
+		})
+	}
+}
+
+func TestParseSize(t *testing.T) {
+	for in, want := range map[string]uint64{"10": 10, "1KiB": 1024, "64MiB": 64 << 20, "2 GiB": 2 << 30, "5MB": 5_000_000, "7B": 7} {
+		if got, err := ParseSize(in); err != nil || got != want {
+			t.Errorf("ParseSize(%q) = %d, %v; want %d", in, got, err, want)
+		}
+	}
+}
