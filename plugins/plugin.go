@@ -54,6 +54,34 @@ type Options struct {
 	Stateless bool
 }
 
+// ManifestSection is the name of the custom section in which a plugin
+// may say what it needs (a JSON [Manifest]). It requests nothing by
+// itself: the operator grants, and `wasmtools inspect` shows the two side
+// by side.
+const ManifestSection = "wasmtools.manifest"
+
+// Manifest is what a plugin says it needs.
+type Manifest struct {
+	Hosts  []string `json:"hosts,omitempty"`
+	Paths  []string `json:"paths,omitempty"`
+	Config []string `json:"config,omitempty"`
+	Env    []string `json:"env,omitempty"`
+}
+
+// Manifest returns what the plugin says it needs, from its
+// [ManifestSection], or nil.
+func (p *Plugin) Manifest() (*Manifest, error) {
+	b := p.compiled.CustomSection(ManifestSection)
+	if b == nil {
+		return nil, nil
+	}
+	var m Manifest
+	if err := json.Unmarshal(b, &m); err != nil {
+		return nil, fmt.Errorf("%s section: %w", ManifestSection, err)
+	}
+	return &m, nil
+}
+
 // ToolFilter selects tools by name with path.Match patterns (* and ?): a
 // tool is served if it matches an Allow pattern (or there are none) and no
 // Deny pattern. The zero value serves every tool.

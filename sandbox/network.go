@@ -43,6 +43,9 @@ func (p Policy) WithNetwork(n Network) Policy {
 	return p
 }
 
+// Allows reports whether requests may go to host.
+func (n *Network) Allows(host string) bool { return n.hostAllowed(host) }
+
 // hostAllowed reports whether host matches one of the patterns.
 func (n *Network) hostAllowed(host string) bool {
 	host = strings.ToLower(strings.TrimSuffix(host, "."))

@@ -2,6 +2,7 @@ package sandbox
 
 import (
 	"log/slog"
+	"maps"
 	"time"
 )
 
@@ -112,6 +113,12 @@ func (p Policy) WithEnv(env map[string]string) Policy {
 	p.env = c
 	return p
 }
+
+// Config returns a copy of the config values granted.
+func (p Policy) Config() map[string]string { return maps.Clone(p.config) }
+
+// Env returns a copy of the environment granted.
+func (p Policy) Env() map[string]string { return maps.Clone(p.env) }
 
 // MemoryLimit reports the per-instance memory limit in bytes.
 func (p Policy) MemoryLimit() uint64 { return p.memoryLimit }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/sha256"
+	"encoding/json"
 	"encoding/hex"
 	"fmt"
 	"net/http"
@@ -183,5 +184,20 @@ func TestConfigReload(t *testing.T) {
 			t.Fatalf("the broken configuration was not reported:\n%s", stderr.String())
 		}
 		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func TestInspectGrants(t *testing.T) {
+	dir := testplugins.Folder(t, map[string]string{"hash.wasm": testplugins.Example(t, "hash")})
+	os.WriteFile(filepath.Join(dir, "hash.manifest.json"), []byte(`{"hosts":["api.example.com","cdn.example.com"],"config":["key"]}`), 0o644)
+	cfgPath := filepath.Join(dir, "c.toml")
+	os.WriteFile(cfgPath, []byte(`[plugins.hash]
+allowed_hosts = ["api.example.com"]`), 0o644)
+	var out, errb bytes.Buffer
+	code := run(context.Background(), []string{"inspect", "--config", cfgPath, "--json", filepath.Join(dir, "hash.wasm")}, nil, nil, &out, &errb)
+	var in inspection
+	json.Unmarshal(out.Bytes(), &in)
+	if code != 0 || in.Requested == nil || strings.Join(in.Missing, ";") != "host cdn.example.com;config key" {
+		t.Errorf("exit %d, %+v\n%s", code, in, errb.String())
 	}
 }

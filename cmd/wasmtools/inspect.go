@@ -9,8 +9,12 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
+	"sort"
+	"strings"
 
 	"github.com/wasmtools/wasmtools/abi"
+	"github.com/wasmtools/wasmtools/internal/config"
 	"github.com/wasmtools/wasmtools/plugins"
 	"github.com/wasmtools/wasmtools/sandbox"
 )
@@ -26,6 +30,13 @@ type inspection struct {
 	Exports   []sandbox.Func `json:"exports"`
 	// Error is why the host would not serve the plugin, if it would not.
 	Error string `json:"error,omitempty"`
+	// Requested is what the plugin says it needs (its manifest: the
+	// wasmtools.manifest custom section, or FILE.manifest.json beside
+	// it); Granted is what the configuration grants it.
+	Requested *plugins.Manifest `json:"requested,omitempty"`
+	Granted   plugins.Manifest  `json:"granted"`
+	// Missing lists what is requested and not granted.
+	Missing []string `json:"missing,omitempty"`
 }
 
 func cmdInspect(ctx context.Context, args []string, lookupEnv func(string) (string, bool), stdout, stderr io.Writer) int {
@@ -76,6 +87,17 @@ func cmdInspect(ctx context.Context, args []string, lookupEnv func(string) (stri
 			in.Error = err.Error()
 		} else {
 			in.Interface = p.Interface()
+			in.Requested, err = p.Manifest()
+			if err != nil {
+				in.Error = err.Error()
+			}
+			if b, err := os.ReadFile(strings.TrimSuffix(path, ".wasm") + ".manifest.json"); err == nil && in.Requested == nil {
+				in.Requested = &plugins.Manifest{}
+				if err := json.Unmarshal(b, in.Requested); err != nil {
+					in.Error = "manifest file: " + err.Error()
+				}
+			}
+			in.Granted, in.Missing = granted(common.config().For(pluginName(path)), in.Requested)
 			for _, t := range p.Tools() {
 				d := t.Def
 				d.Name = t.Name
@@ -117,6 +139,13 @@ func printInspection(w io.Writer, in inspection) {
 			fmt.Fprintf(w, "    input: %s\n", b)
 		}
 	}
+	if in.Requested != nil {
+		fmt.Fprintf(w, "\ngrants:\n  hosts   requested %v, granted %v\n  paths   requested %v, granted %v\n  config  requested %v, granted %v\n  env     requested %v, granted %v\n",
+			in.Requested.Hosts, in.Granted.Hosts, in.Requested.Paths, in.Granted.Paths, in.Requested.Config, in.Granted.Config, in.Requested.Env, in.Granted.Env)
+		if len(in.Missing) > 0 {
+			fmt.Fprintf(w, "  not granted: %s\n", strings.Join(in.Missing, ", "))
+		}
+	}
 	fmt.Fprintf(w, "\nimports (%d):\n", len(in.Imports))
 	for _, f := range in.Imports {
 		fmt.Fprintf(w, "  %s.%s %s\n", f.Module, f.Name, f.Signature)
@@ -125,4 +154,54 @@ func printInspection(w io.Writer, in inspection) {
 	for _, f := range in.Exports {
 		fmt.Fprintf(w, "  %s %s\n", f.Name, f.Signature)
 	}
+}
+
+// granted lists what a plugin's effective configuration grants, and what
+// of the request it does not.
+func granted(e config.Effective, req *plugins.Manifest) (plugins.Manifest, []string) {
+	g := plugins.Manifest{Hosts: e.Network.AllowedHosts}
+	for _, m := range e.Mounts {
+		mode := "ro"
+		if !m.ReadOnly {
+			mode = "rw"
+		}
+		g.Paths = append(g.Paths, m.GuestPath+" ("+mode+", from "+m.HostPath+")")
+	}
+	for k := range e.Options.Policy.Config() {
+		g.Config = append(g.Config, k)
+	}
+	for k := range e.Options.Policy.Env() {
+		g.Env = append(g.Env, k)
+	}
+	sort.Strings(g.Config)
+	sort.Strings(g.Env)
+	if req == nil {
+		return g, nil
+	}
+	var missing []string
+	for _, h := range req.Hosts {
+		if !(&sandbox.Network{AllowedHosts: g.Hosts}).Allows(h) {
+			missing = append(missing, "host "+h)
+		}
+	}
+	for _, p := range req.Paths {
+		found := false
+		for _, m := range e.Mounts {
+			found = found || m.GuestPath == p
+		}
+		if !found {
+			missing = append(missing, "path "+p)
+		}
+	}
+	for _, k := range req.Config {
+		if !slices.Contains(g.Config, k) {
+			missing = append(missing, "config "+k)
+		}
+	}
+	for _, k := range req.Env {
+		if !slices.Contains(g.Env, k) {
+			missing = append(missing, "env "+k)
+		}
+	}
+	return g, missing
 }
