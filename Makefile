@@ -29,3 +29,18 @@ test: plugins testplugins
 
 clean:
 	rm -rf wasmtools examples/plugins/dist internal/testplugins/dist
+
+# bench: issue 7's benchmarks (package bench), wasmtools against raw wazero,
+# the Extism Go SDK, native Go tools and a process per session; rewrites
+# docs/BENCHMARKS.md and docs/benchmarks.png. 5 to 10 minutes on 2 cores.
+bench: plugins testplugins
+	GO=$(GO) bench/run.sh
+
+# bench-short: every benchmark once (20 sessions for memory), the
+# benchmarks' baseline check and the report generator's tests, to keep them
+# compiling and honest in CI. It writes no figures and asserts no timings.
+bench-short: plugins testplugins
+	$(GO) vet ./bench/...
+	$(GO) test -short -count=1 -bench . -benchtime 1x ./bench/...
+
+.PHONY: bench bench-short

@@ -38,7 +38,7 @@ func serveInProcess(t *testing.T, env map[string]string, args ...string) (string
 		close(done)
 	}()
 	t.Cleanup(func() { cancel(); <-done })
-	deadline := time.Now().Add(30 * time.Second)
+	deadline := time.Now().Add(startupTimeout)
 	for !strings.Contains(stderr.String(), "serving MCP over streamable HTTP") {
 		if time.Now().After(deadline) || strings.Contains(stderr.String(), "level=ERROR msg=\"configuration refused\"") {
 			t.Fatalf("serve did not start:\n%s", stderr.String())
@@ -166,7 +166,7 @@ func TestConfigReload(t *testing.T) {
 	}
 	callText(t, cs, "count", nil)
 	os.WriteFile(cfgPath, []byte("[plugins.counter]\nenabled = false\n"), 0o644)
-	deadline := time.Now().Add(20 * time.Second)
+	deadline := time.Now().Add(startupTimeout)
 	for {
 		res, _ := cs.ListTools(context.Background(), nil)
 		if res != nil && len(res.Tools) == 0 {

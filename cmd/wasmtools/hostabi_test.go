@@ -117,7 +117,7 @@ func TestHostABIOverHTTP(t *testing.T) {
 		t.Run("protocol="+proto, func(t *testing.T) {
 			c := &hostABIClient{}
 			var cs *mcp.ClientSession
-			deadline := time.Now().Add(30 * time.Second)
+			deadline := time.Now().Add(startupTimeout)
 			for {
 				var err error
 				tr := &mcp.StreamableClientTransport{Endpoint: "http://" + addr + "/mcp", HTTPClient: &http.Client{Transport: clientHeader("abi-" + proto)}}

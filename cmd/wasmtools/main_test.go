@@ -146,7 +146,7 @@ func TestServeHTTP(t *testing.T) {
 	endpoint := "http://" + addr + "/mcp"
 	connect := func(protocol, client string) *mcp.ClientSession {
 		t.Helper()
-		deadline := time.Now().Add(30 * time.Second)
+		deadline := time.Now().Add(startupTimeout)
 		for {
 			tr := &mcp.StreamableClientTransport{Endpoint: endpoint, HTTPClient: &http.Client{Transport: clientHeader(client)}}
 			cs, err := mcp.NewClient(&mcp.Implementation{Name: "test", Version: "1"}, nil).Connect(ctx, tr, &mcp.ClientSessionOptions{ProtocolVersion: protocol})
@@ -193,7 +193,7 @@ func TestServeHTTP(t *testing.T) {
 		if code != 0 {
 			t.Errorf("serve exited %d\n%s", code, stderr.String())
 		}
-	case <-time.After(30 * time.Second):
+	case <-time.After(startupTimeout):
 		t.Fatal("serve did not stop on cancel")
 	}
 }
@@ -286,3 +286,8 @@ func TestUsage(t *testing.T) {
 		t.Errorf("unknown command: exit %d", code)
 	}
 }
+
+// startupTimeout bounds waits for a server to start or react. Generous:
+// under the race detector, on 2 cores, with a cold compilation cache, a
+// server compiles several Go plugins before it serves.
+const startupTimeout = 3 * time.Minute

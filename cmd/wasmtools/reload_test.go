@@ -39,7 +39,7 @@ func TestHotReloadOverStdio(t *testing.T) {
 	os.Rename(tmp, filepath.Join(dir, "counter.wasm"))
 	select {
 	case <-changed:
-	case <-time.After(20 * time.Second):
+	case <-time.After(startupTimeout):
 		t.Fatalf("no tools/list_changed after a plugin was renamed in\n%s", stderr.String())
 	}
 	if got := callText(t, cs, "count", nil); got != "1" {
@@ -47,7 +47,7 @@ func TestHotReloadOverStdio(t *testing.T) {
 	}
 	// A bad file never takes the good one down.
 	os.WriteFile(filepath.Join(dir, "counter.wasm"), []byte("garbage"), 0o644)
-	deadline := time.Now().Add(20 * time.Second)
+	deadline := time.Now().Add(startupTimeout)
 	for !strings.Contains(stderr.String(), "the old version goes on serving") {
 		if time.Now().After(deadline) {
 			t.Fatalf("the bad version was not reported:\n%s", stderr.String())
@@ -68,7 +68,7 @@ func TestStatus(t *testing.T) {
 	var stderr lockedBuffer
 	go run(ctx, []string{"serve", "--cache-dir", testplugins.CacheDir(), "--http", addr, dir}, nil, strings.NewReader(""), &bytes.Buffer{}, &stderr)
 	var out, errb bytes.Buffer
-	deadline := time.Now().Add(30 * time.Second)
+	deadline := time.Now().Add(startupTimeout)
 	for run(ctx, []string{"status", "--url", "http://" + addr, "--json"}, nil, nil, &out, &errb) != 0 {
 		if time.Now().After(deadline) {
 			t.Fatalf("status: %s\n%s", errb.String(), stderr.String())

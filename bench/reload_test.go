@@ -1,6 +1,7 @@
-package host_test
+package bench
 
 import (
+	"bytes"
 	"context"
 	"os"
 	"path/filepath"
@@ -16,35 +17,51 @@ import (
 	"github.com/wasmtools/wasmtools/sandbox"
 )
 
-// BenchmarkReloadLatency: a new version of a plugin renamed into a watched
-// folder, until a connected client (in memory) receives
-// notifications/tools/list_changed; the settle time (25 ms), compilation
-// (from the on-disk cache after the first time) and the SDK's 10 ms
-// notification debounce included. Reports the median as ms/reload.
+// BenchmarkReloadLatency (item 5): a new version of a plugin renamed into
+// a folder `wasmtools serve` watches, until a client connected over the
+// in-memory transport receives notifications/tools/list_changed. It
+// includes the 25 ms settle time, compilation (from the on-disk cache,
+// since the two versions alternate) and the go-sdk's 10 ms notification
+// debounce. Neither alternative reloads at all (hyper-mcp) or within 2 s
+// (wassette polls), so there is no baseline in the same run: issue 5 sets
+// the bar, 50 ms for a small plugin. Reports the median as ms/reload.
 func BenchmarkReloadLatency(b *testing.B) {
-	v1, v2 := versionBytes(b)
-	notes := testplugins.Bytes(b, testplugins.Example(b, "notes"))
+	small := testplugins.Bytes(b, testplugins.Test(b, "versioned"))
+	goPlugin := testplugins.Bytes(b, testplugins.Example(b, "notes"))
 	for _, tc := range []struct {
 		name   string
 		v1, v2 []byte
-	}{{"wat", v1, v2}, {"go", notes, withCustomSection(notes, "v2")}} {
-		b.Run(tc.name, func(b *testing.B) {
+	}{
+		{"small", small, bytes.Replace(small, []byte(`"v1"`), []byte(`"v2"`), 1)},
+		// A second version of a Go plugin: the same code with a custom
+		// section appended, so its bytes (and sha256) differ.
+		{"go", goPlugin, append(append([]byte{}, goPlugin...), 0, 4, 2, 'v', '2', '!')},
+	} {
+		b.Run(tc.name+"/wasmtools", func(b *testing.B) {
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
 			dir := b.TempDir()
 			path := filepath.Join(dir, "plugin.wasm")
 			os.WriteFile(path, tc.v1, 0o644)
-			rt, _ := sandbox.NewRuntime(sandbox.Options{CacheDir: testplugins.CacheDir()})
+			rt, err := sandbox.NewRuntime(sandbox.Options{CacheDir: testplugins.CacheDir()})
+			if err != nil {
+				b.Fatal(err)
+			}
 			defer rt.Close(ctx)
 			r := plugins.NewReloader(rt, plugins.ReloaderOptions{Paths: []string{dir}})
-			cat, _ := r.Load(ctx)
+			cat, errs := r.Load(ctx)
+			if len(errs) > 0 {
+				b.Fatal(errs)
+			}
 			h := host.New(cat, nil)
 			defer h.Close(ctx)
 			r.OnSwap(func(_ context.Context, s plugins.Swap) { h.Swap(s) })
 			go r.Watch(ctx)
 			changed := make(chan struct{}, 16)
 			st, ct := mcp.NewInMemoryTransports()
-			h.Server().Connect(ctx, st, nil)
+			if _, err := h.Server().Connect(ctx, st, nil); err != nil {
+				b.Fatal(err)
+			}
 			cs, err := mcp.NewClient(&mcp.Implementation{Name: "bench"}, &mcp.ClientOptions{
 				ToolListChangedHandler: func(context.Context, *mcp.ToolListChangedRequest) { changed <- struct{}{} },
 			}).Connect(ctx, ct, nil)
@@ -52,7 +69,7 @@ func BenchmarkReloadLatency(b *testing.B) {
 				b.Fatal(err)
 			}
 			defer cs.Close()
-			time.Sleep(50 * time.Millisecond)
+			time.Sleep(50 * time.Millisecond) // let the watch start
 			var lat []time.Duration
 			i := 0
 			for b.Loop() {
@@ -71,10 +88,12 @@ func BenchmarkReloadLatency(b *testing.B) {
 					b.Fatal("no list_changed")
 				}
 				lat = append(lat, time.Since(start))
-				time.Sleep(20 * time.Millisecond) // let the debounced notification settle
+				b.StopTimer()
+				time.Sleep(20 * time.Millisecond) // let a trailing notification arrive
 				for len(changed) > 0 {
 					<-changed
 				}
+				b.StartTimer()
 			}
 			sort.Slice(lat, func(i, j int) bool { return lat[i] < lat[j] })
 			b.ReportMetric(float64(lat[len(lat)/2].Microseconds())/1000, "ms/reload")

@@ -1,0 +1,294 @@
+package bench
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/binary"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+
+	extism "github.com/extism/go-sdk"
+	"github.com/tetratelabs/wazero"
+	"github.com/tetratelabs/wazero/api"
+	"github.com/tetratelabs/wazero/imports/wasi_snapshot_preview1"
+
+	"github.com/wasmtools/wasmtools/bench/internal/native"
+	"github.com/wasmtools/wasmtools/internal/testplugins"
+	"github.com/wasmtools/wasmtools/sandbox"
+)
+
+// The raw-wazero baseline (the floor), as in sandbox/bench_test.go: the
+// module on plain wazero with the least Extism kernel that runs the
+// plugins, closures over one byte slice with no checks beyond Go's, no
+// deadline and no logging.
+
+// rawKernel is the least Extism kernel that runs the benchmark plugins.
+// One serves every instance of a rawRuntime, so they must be called one at
+// a time.
+type rawKernel struct {
+	mem        []byte
+	input      []byte
+	outOff     uint64
+	outLen     uint64
+	blockStart []uint64
+}
+
+func (k *rawKernel) alloc(n uint64) uint64 {
+	off := uint64(len(k.mem))
+	k.mem = append(k.mem, make([]byte, n)...)
+	k.blockStart = append(k.blockStart, off)
+	return off
+}
+
+// rawRuntime is one plugin compiled on plain wazero.
+type rawRuntime struct {
+	rt       wazero.Runtime
+	compiled wazero.CompiledModule
+	k        *rawKernel
+}
+
+// compilationCache returns the on-disk compilation cache the baselines
+// share with the test runs (testplugins.CacheDir), so that setting them up
+// does not compile the Go plugin again. It only shortens setup: compiling
+// is never inside a timed loop, except in BenchmarkCompile, which does not
+// use it.
+func compilationCache(t testing.TB) wazero.CompilationCache {
+	t.Helper()
+	cacheOnce.Do(func() {
+		cache, cacheErr = wazero.NewCompilationCacheWithDir(testplugins.CacheDir())
+	})
+	if cacheErr != nil {
+		t.Fatal(cacheErr)
+	}
+	return cache
+}
+
+var (
+	cacheOnce sync.Once
+	cache     wazero.CompilationCache
+	cacheErr  error
+)
+
+func newRawRuntime(ctx context.Context, t testing.TB, wasm []byte) *rawRuntime {
+	t.Helper()
+	rt := wazero.NewRuntimeWithConfig(ctx, wazero.NewRuntimeConfig().WithCompilationCache(compilationCache(t)))
+	r := &rawRuntime{rt: rt, k: &rawKernel{mem: make([]byte, 8, 1024)}}
+	t.Cleanup(func() { r.rt.Close(ctx) })
+	wasi_snapshot_preview1.MustInstantiate(ctx, r.rt)
+	k := r.k
+	i64, i32 := api.ValueTypeI64, api.ValueTypeI32
+	bld := r.rt.NewHostModuleBuilder("extism:host/env")
+	fn := func(name string, params, results []api.ValueType, f func(s []uint64)) {
+		bld.NewFunctionBuilder().WithGoFunction(api.GoFunc(func(_ context.Context, s []uint64) { f(s) }), params, results).Export(name)
+	}
+	fn("alloc", []api.ValueType{i64}, []api.ValueType{i64}, func(s []uint64) { s[0] = k.alloc(s[0]) })
+	fn("free", []api.ValueType{i64}, nil, func(s []uint64) {})
+	fn("length", []api.ValueType{i64}, []api.ValueType{i64}, func(s []uint64) {
+		for i, st := range k.blockStart {
+			if st == s[0] {
+				end := uint64(len(k.mem))
+				if i+1 < len(k.blockStart) {
+					end = k.blockStart[i+1]
+				}
+				s[0] = end - st
+				return
+			}
+		}
+		s[0] = 0
+	})
+	fn("load_u8", []api.ValueType{i64}, []api.ValueType{i32}, func(s []uint64) { s[0] = uint64(k.mem[s[0]]) })
+	fn("load_u64", []api.ValueType{i64}, []api.ValueType{i64}, func(s []uint64) { s[0] = binary.LittleEndian.Uint64(k.mem[s[0]:]) })
+	fn("store_u8", []api.ValueType{i64, i32}, nil, func(s []uint64) { k.mem[s[0]] = byte(s[1]) })
+	fn("store_u64", []api.ValueType{i64, i64}, nil, func(s []uint64) { binary.LittleEndian.PutUint64(k.mem[s[0]:], s[1]) })
+	fn("input_length", nil, []api.ValueType{i64}, func(s []uint64) { s[0] = uint64(len(k.input)) })
+	fn("input_load_u8", []api.ValueType{i64}, []api.ValueType{i32}, func(s []uint64) { s[0] = uint64(k.input[s[0]]) })
+	fn("input_load_u64", []api.ValueType{i64}, []api.ValueType{i64}, func(s []uint64) { s[0] = binary.LittleEndian.Uint64(k.input[s[0]:]) })
+	fn("output_set", []api.ValueType{i64, i64}, nil, func(s []uint64) { k.outOff, k.outLen = s[0], s[1] })
+	fn("error_set", []api.ValueType{i64}, nil, func(s []uint64) {})
+	fn("config_get", []api.ValueType{i64}, []api.ValueType{i64}, func(s []uint64) { s[0] = 0 })
+	fn("var_get", []api.ValueType{i64}, []api.ValueType{i64}, func(s []uint64) { s[0] = 0 })
+	fn("var_set", []api.ValueType{i64, i64}, nil, func(s []uint64) {})
+	if _, err := bld.Instantiate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	var err error
+	if r.compiled, err = r.rt.CompileModule(ctx, wasm); err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+// instantiate makes an instance and runs its initialiser, as wasmtools does.
+func (r *rawRuntime) instantiate(ctx context.Context) (api.Module, error) {
+	m, err := r.rt.InstantiateModule(ctx, r.compiled, wazero.NewModuleConfig().WithName("").WithStartFunctions().WithRandSource(rand.Reader))
+	if err != nil {
+		return nil, err
+	}
+	if f := m.ExportedFunction("_initialize"); f != nil {
+		if _, err := f.Call(ctx); err != nil {
+			m.Close(ctx)
+			return nil, err
+		}
+	}
+	return m, nil
+}
+
+// call runs the export "call" with input and returns a copy of the output.
+func (r *rawRuntime) call(ctx context.Context, m api.Module, input []byte) ([]byte, error) {
+	k := r.k
+	k.mem = k.mem[:8]
+	k.blockStart = k.blockStart[:0]
+	k.input = input
+	if _, err := m.ExportedFunction("call").Call(ctx); err != nil {
+		return nil, err
+	}
+	return append([]byte(nil), k.mem[k.outOff:k.outOff+k.outLen]...), nil
+}
+
+// newExtism compiles a plugin with the Extism Go SDK as shipped, WASI
+// enabled (the Go plugin needs it), no manifest limits; only the
+// compilation cache is set (see compilationCache).
+func newExtism(ctx context.Context, t testing.TB, wasm []byte) *extism.CompiledPlugin {
+	t.Helper()
+	cfg := extism.PluginConfig{EnableWasi: true, RuntimeConfig: wazero.NewRuntimeConfig().WithCompilationCache(compilationCache(t))}
+	cp, err := extism.NewCompiledPlugin(ctx, extism.Manifest{Wasm: []extism.Wasm{extism.WasmData{Data: wasm}}}, cfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cp.Close(ctx) })
+	return cp
+}
+
+// extismCall runs the export "call" of an Extism instance.
+func extismCall(ctx context.Context, p *extism.Plugin, input []byte) ([]byte, error) {
+	rc, out, err := p.CallWithContext(ctx, "call", input)
+	if err != nil {
+		return nil, err
+	}
+	if rc != 0 {
+		return nil, fmt.Errorf("extism: call returned %d", rc)
+	}
+	return out, nil
+}
+
+// newSandbox compiles a plugin with wasmtools' sandbox and default policy.
+func newSandbox(ctx context.Context, t testing.TB, wasm []byte) *sandbox.Compiled {
+	t.Helper()
+	rt, err := sandbox.NewRuntime(sandbox.Options{CacheDir: testplugins.CacheDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { rt.Close(ctx) })
+	c, err := rt.Compile(ctx, wasm, sandbox.NewPolicy())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close(ctx) })
+	return c
+}
+
+// resultText decodes a servlet call's output (an MCP CallToolResult) and
+// returns its text.
+func resultText(out []byte) (string, error) {
+	var res struct {
+		Content []struct{ Text string } `json:"content"`
+	}
+	if err := json.Unmarshal(out, &res); err != nil {
+		return "", fmt.Errorf("decode result %q: %w", out, err)
+	}
+	var parts []string
+	for _, c := range res.Content {
+		parts = append(parts, c.Text)
+	}
+	return strings.Join(parts, "\n"), nil
+}
+
+// TestBaselinesAgree checks that every contender of the benchmarks does the
+// same work: each one's first call to each plugin (or to its native twin)
+// returns the same text. It keeps the comparisons honest.
+func TestBaselinesAgree(t *testing.T) {
+	ctx := context.Background()
+	bin := nativeServer(t)
+	nsrv := native.NewServer()
+	for _, p := range benchPlugins {
+		wasm := testplugins.Bytes(t, p.path(t))
+		h := newHost(t, p.path(t))
+		contenders := map[string]func() (string, error){
+			"raw-wazero": func() (string, error) {
+				r := newRawRuntime(ctx, t, wasm)
+				m, err := r.instantiate(ctx)
+				if err != nil {
+					return "", err
+				}
+				defer m.Close(ctx)
+				out, err := r.call(ctx, m, p.input)
+				if err != nil {
+					return "", err
+				}
+				return resultText(out)
+			},
+			"extism-sdk": func() (string, error) {
+				inst, err := newExtism(ctx, t, wasm).Instance(ctx, extism.PluginInstanceConfig{})
+				if err != nil {
+					return "", err
+				}
+				defer inst.Close(ctx)
+				out, err := extismCall(ctx, inst, p.input)
+				if err != nil {
+					return "", err
+				}
+				return resultText(out)
+			},
+			"wasmtools-sandbox": func() (string, error) {
+				inst, err := newSandbox(ctx, t, wasm).Instantiate(ctx)
+				if err != nil {
+					return "", err
+				}
+				defer inst.Close(ctx)
+				out, err := inst.Call(ctx, "call", p.input, nil)
+				if err != nil {
+					return "", err
+				}
+				return resultText(out)
+			},
+			"wasmtools": func() (string, error) {
+				cs, _, err := connectInMemory(ctx, h.Server())
+				if err != nil {
+					return "", err
+				}
+				defer cs.Close()
+				return callText(ctx, cs, p.tool, p.args)
+			},
+			"native": func() (string, error) {
+				cs, _, err := connectInMemory(ctx, nsrv)
+				if err != nil {
+					return "", err
+				}
+				defer cs.Close()
+				return callText(ctx, cs, p.tool, p.args)
+			},
+			"process-per-session": func() (string, error) {
+				pr, err := startProcess(ctx, bin)
+				if err != nil {
+					return "", err
+				}
+				defer pr.cs.Close()
+				return callText(ctx, pr.cs, p.tool, p.args)
+			},
+		}
+		for name, f := range contenders {
+			t.Run(p.name+"/"+name, func(t *testing.T) {
+				got, err := f()
+				if err != nil {
+					t.Fatal(err)
+				}
+				if got != p.want {
+					t.Errorf("first call returned %q, want %q", got, p.want)
+				}
+			})
+		}
+	}
+}

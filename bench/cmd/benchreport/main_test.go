@@ -1,0 +1,197 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"image/png"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+)
+
+func parseSample(t *testing.T) *Results {
+	t.Helper()
+	f, err := os.Open(filepath.Join("testdata", "sample.txt"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	r, err := Parse(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+func TestParse(t *testing.T) {
+	r := parseSample(t)
+	wantNames := []string{
+		"SessionStart/small/raw-wazero",
+		"SessionStart/small/wasmtools",
+		"SessionStart/small/process-per-session",
+		"WarmCall/inmemory/go/native",
+		"WarmCall/inmemory/go/wasmtools",
+		"IdleSessionMemory/go/wasmtools",
+		"IdleSessionMemory/go/process-per-session",
+		"ConcurrentSessions/sessions=8/native",
+		"ConcurrentSessions/sessions=8/wasmtools",
+		"Compile/go/cold",
+		"Compile/go/disk-cache",
+	}
+	if diff := cmp.Diff(wantNames, r.Names); diff != "" {
+		t.Errorf("names (-want +got):\n%s", diff)
+	}
+	if r.CPU != "AMD EPYC" {
+		t.Errorf("cpu = %q", r.CPU)
+	}
+	wantCommands := []string{
+		"go test -run XXX -bench SessionStart|WarmCall -count 3 ./bench",
+		"go test -run XXX -bench IdleSessionMemory|ConcurrentSessions -benchtime 1x -count 1 ./bench",
+	}
+	if diff := cmp.Diff(wantCommands, r.Commands); diff != "" {
+		t.Errorf("commands (-want +got):\n%s", diff)
+	}
+	if got := len(r.Lines); got != 21 {
+		t.Errorf("%d result lines, want 21 (2 commands, 19 results)", got)
+	}
+	tests := []struct {
+		name, unit string
+		want       float64
+		runs       int
+	}{
+		{"SessionStart/small/raw-wazero", "ns/op", 20000, 3},
+		{"SessionStart/small/wasmtools", "ns/op", 300000, 3},
+		{"SessionStart/small/wasmtools", "allocs/op", 10, 3},
+		{"WarmCall/inmemory/go/native", "ns/op", 100000, 2},
+		{"IdleSessionMemory/go/process-per-session", "server-KiB/session", 1778, 1},
+		{"IdleSessionMemory/go/wasmtools", "sessions", 1000, 1},
+		{"ConcurrentSessions/sessions=8/wasmtools", "p99-us", 10638, 1},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name+" "+tt.unit, func(t *testing.T) {
+			got, ok := r.Median(tt.name, tt.unit)
+			if !ok || got != tt.want {
+				t.Errorf("median = %v, %v; want %v", got, ok, tt.want)
+			}
+			if n := r.Runs(tt.name, tt.unit); n != tt.runs {
+				t.Errorf("runs = %d, want %d", n, tt.runs)
+			}
+		})
+	}
+	if s, ok := r.Spread("SessionStart/small/raw-wazero", "ns/op"); !ok || s != 0.5 {
+		t.Errorf("spread = %v, %v; want 0.5 (10–30 µs around 20)", s, ok)
+	}
+	if _, ok := r.Median("SessionStart/small/raw-wazero", "KiB/session"); ok {
+		t.Error("a median of a unit that was never reported")
+	}
+}
+
+func TestParseErrors(t *testing.T) {
+	tests := []struct{ name, in, want string }{
+		{"bad value", "BenchmarkX-2 \t 10 \t 1.2.3 ns/op\n", "line 1"},
+		{"value without unit", "goos: linux\nBenchmarkX-2 \t 10 \t 12 ns/op 5\n", "line 2"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := Parse(strings.NewReader(tt.in))
+			if err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Errorf("error = %v, want one naming %q", err, tt.want)
+			}
+		})
+	}
+}
+
+func TestMedian(t *testing.T) {
+	tests := []struct {
+		in   []float64
+		want float64
+	}{
+		{[]float64{3}, 3},
+		{[]float64{5, 1, 3}, 3},
+		{[]float64{4, 1, 3, 2}, 2.5},
+	}
+	for _, tt := range tests {
+		if got, _ := median(tt.in); got != tt.want {
+			t.Errorf("median(%v) = %v, want %v", tt.in, got, tt.want)
+		}
+	}
+	if _, ok := median(nil); ok {
+		t.Error("median of nothing")
+	}
+}
+
+func TestMarkdown(t *testing.T) {
+	md := Markdown(parseSample(t), Env{Machine: "test machine", GoVersion: "go1.x", Date: "2026-01-02"}, "benchmarks.png")
+	for _, want := range []string{
+		"- Machine: test machine\n- Go: go1.x\n- Date: 2026-01-02",
+		"go test -run XXX -bench SessionStart|WarmCall -count 3 ./bench\n",
+		"![", "(benchmarks.png)",
+		// wasmtools 300 µs against raw-wazero 20 µs and process 4 ms (0.075).
+		"| small plugin | **wasmtools** | 300 µs | ±33% | 15.0× | 0.07× |",
+		"| New session: first call | small plugin | wasmtools: 300 µs | 15.0× ÷ raw-wazero, 0.07× ÷ process-per-session |",
+		// throughput 100/125 = 0.8 meets the goal.
+		"0.80× throughput vs native (goal ≥ 0.8: met)",
+		"| Go plugin | **wasmtools** | 4.40 MiB | ±0% |  | 2.52× |  | 1000 |",
+		"| 8 sessions | **wasmtools** | 3000 | ±0% | 0.50× |  | 1.02 ms | 10.6 ms |",
+		"| Throughput and latency with concurrent sessions | 8 sessions | wasmtools: 3000 calls/s | 0.50× ÷ native |",
+		"| Go plugin | **disk-cache** | 36.5 ms | ±0% | 0.05× |",
+		"## 5. Hot reload latency",
+	} {
+		if !strings.Contains(md, want) {
+			t.Errorf("report lacks %q", want)
+		}
+	}
+	if t.Failed() {
+		t.Logf("report:\n%s", md)
+	}
+}
+
+func TestRun(t *testing.T) {
+	dir := t.TempDir()
+	md, pngPath := filepath.Join(dir, "docs", "BENCHMARKS.md"), filepath.Join(dir, "docs", "benchmarks.png")
+	if err := os.Mkdir(filepath.Dir(md), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	var stderr bytes.Buffer
+	if code := run(context.Background(), []string{"-md", md, "-png", pngPath, filepath.Join("testdata", "sample.txt")}, nil, &bytes.Buffer{}, &stderr); code != 0 {
+		t.Fatalf("exit %d: %s", code, stderr.String())
+	}
+	report, err := os.ReadFile(md)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(report), "(benchmarks.png)") {
+		t.Error("report does not link the chart beside it")
+	}
+	f, err := os.Open(pngPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	img, err := png.Decode(f)
+	if err != nil {
+		t.Fatalf("chart: %v", err)
+	}
+	if b := img.Bounds(); b.Dx() < 1000 || b.Dy() < 400 {
+		t.Errorf("chart is %v, too small to read", b)
+	}
+	if code := run(context.Background(), nil, strings.NewReader("PASS\n"), &bytes.Buffer{}, &stderr); code == 0 {
+		t.Error("no results: exit 0")
+	}
+}
+
+// TestReportRoundTrip: the report keeps the raw results, so that it can be
+// fed back to benchreport and give the same figures.
+func TestReportRoundTrip(t *testing.T) {
+	r := parseSample(t)
+	again, err := Parse(strings.NewReader(Markdown(r, Env{}, "")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(r, again); diff != "" {
+		t.Errorf("results parsed from the report (-want +got):\n%s", diff)
+	}
+}

@@ -1,0 +1,368 @@
+package main
+
+import (
+	"fmt"
+	"math"
+	"strings"
+)
+
+// Section is one comparison of the report: the sub-benchmarks of one
+// benchmark, grouped by case (every element of the name but the last) and
+// compared by contender (the last element).
+type Section struct {
+	// Title heads the section; Bench is the benchmark's name without
+	// "Benchmark".
+	Title, Bench string
+	// About says what is measured, in Markdown.
+	About string
+	// Unit is the metric compared; Higher says more is better.
+	Unit   string
+	Higher bool
+	// Throughput, for a time unit, adds the ratio baseline ÷ contender
+	// (throughput relative to the baseline) rather than contender ÷
+	// baseline.
+	Throughput bool
+	// Baselines are the contenders every row is compared with, one ratio
+	// column each.
+	Baselines []string
+	// Headline is the contender the summary reports.
+	Headline string
+	// Extra are further units shown, as medians.
+	Extra []string
+	// Goal, if not zero, is the least ratio of Headline to Baselines[0]
+	// that issue 7 asks for.
+	Goal float64
+}
+
+// sections are the comparisons of issue 7, in its order.
+var sections = []Section{
+	{
+		Title: "1. New session: first call", Bench: "SessionStart",
+		About: "One whole client session: start, first call to the plugin (`small`: the 600-byte WAT counter; `go`: the servlet test plugin, Extism Go PDK, 100-byte input), end. " +
+			"`raw-wazero` (the floor), `extism-sdk` and `wasmtools-sandbox` make an instance, call it and close it, with no MCP; " +
+			"`native` and `wasmtools` open a go-sdk client session over the in-memory transport to a go-sdk server (a native Go tool handler; wasmtools serving the plugin), make one `tools/call` and close; " +
+			"`process-per-session` starts a small native go-sdk server binary, talks MCP to it over stdio, makes one call and waits for it to exit.",
+		Unit: "ns/op", Baselines: []string{"raw-wazero", "process-per-session"}, Headline: "wasmtools",
+	},
+	{
+		Title: "2. Warm call through the full MCP stack", Bench: "WarmCall",
+		About: "One `tools/call` on a session that has called before (its instance is warm): go-sdk client → transport → go-sdk server → tool → result. " +
+			"Transports: the in-memory pair, and streamable HTTP on 127.0.0.1 (protocol 2025-11-25, so that the session keeps its instance). " +
+			"`native` is the same tool as a native Go handler (`mcp.AddTool`) on a go-sdk server. The ratio is throughput relative to native (native time ÷ wasmtools time); issue 7's goal is ≥ 0.8.",
+		Unit: "ns/op", Throughput: true, Baselines: []string{"native"}, Headline: "wasmtools", Goal: 0.8,
+	},
+	{
+		Title: "3. Memory per idle session", Bench: "IdleSessionMemory",
+		About: "Live sessions held at once (see the sessions column), each having made one call and holding its instance; KiB per session. " +
+			"In-process contenders: growth of this process's RSS after a GC, over the sessions; `native` and `wasmtools` count both the client and the server side of each go-sdk session, since both live in the benchmark process. " +
+			"`process-per-session`: the PSS of every server process (private pages plus its share of pages shared with the others), summed, plus the benchmark process's RSS growth for the client sessions; server-KiB/session is the servers alone.",
+		Unit: "KiB/session", Baselines: []string{"raw-wazero", "process-per-session"}, Headline: "wasmtools", Extra: []string{"server-KiB/session", "sessions"},
+	},
+	{
+		Title: "4. Throughput and latency with concurrent sessions", Bench: "ConcurrentSessions",
+		About: "N sessions, each with a warm instance, calling the Go plugin's echo (100-byte input) as fast as they get answers, clients and servers on the same cores. " +
+			"calls/s is over all sessions; p50 and p99 are one call's latency, client to result. `native` and `wasmtools` sessions use the in-memory transport; `process-per-session` runs one native server process per session, over stdio. The ratio is calls/s relative to the baseline.",
+		Unit: "calls/s", Higher: true, Baselines: []string{"native", "process-per-session"}, Headline: "wasmtools", Extra: []string{"p50-us", "p99-us"},
+	},
+	{
+		Title: "5. Hot reload latency", Bench: "ReloadLatency",
+		About: "A new version of a plugin renamed into a folder that `wasmtools serve` watches, until a client connected in memory receives `notifications/tools/list_changed`: the 25 ms settle time, compilation (from the on-disk cache: the two versions alternate) and the go-sdk's 10 ms notification debounce included. " +
+			"There is no baseline in the same run: hyper-mcp does not reload, and wassette polls every 2 s. Issue 5's bar is 50 ms for a small plugin.",
+		Unit: "ms/reload", Headline: "wasmtools",
+	},
+	{
+		Title: "6. Compile and restart", Bench: "Compile",
+		About: "`small`, `go`: compile one plugin in a new runtime; `cold` has no compilation cache, `disk-cache` reads the machine code a previous run cached on disk (`--cache-dir`, on by default), `extism-sdk` is the Extism SDK's NewCompiledPlugin (no cache). " +
+			"`restart`: a whole server up to ready (new runtime, load, check and list the tools of counter, hash, notes and servlet, host.New), cold and with a warm disk cache.",
+		Unit: "ns/op", Baselines: []string{"cold"}, Headline: "disk-cache",
+	},
+}
+
+
+// Env is where and when the benchmarks ran.
+type Env struct {
+	Machine, GoVersion, Date string
+}
+
+// split returns a benchmark name's case and contender.
+func split(name string) (string, string) {
+	i := strings.LastIndex(name, "/")
+	if i < 0 {
+		return "", name
+	}
+	return name[:i], name[i+1:]
+}
+
+// row is one contender in one case of a section.
+type row struct {
+	name, cas, who string
+}
+
+func (s Section) rows(r *Results) (cases []string, rows map[string][]row) {
+	rows = map[string][]row{}
+	for _, name := range r.Names {
+		rest, ok := strings.CutPrefix(name, s.Bench+"/")
+		if !ok || r.Runs(name, s.Unit) == 0 {
+			continue
+		}
+		cas, who := split(rest)
+		if _, seen := rows[cas]; !seen {
+			cases = append(cases, cas)
+		}
+		rows[cas] = append(rows[cas], row{name, cas, who})
+	}
+	return cases, rows
+}
+
+// ratio compares a contender with a baseline in the section's terms.
+func (s Section) ratio(r *Results, name, base string) (float64, bool) {
+	v, ok1 := r.Median(name, s.Unit)
+	b, ok2 := r.Median(base, s.Unit)
+	if !ok1 || !ok2 || v == 0 || b == 0 {
+		return 0, false
+	}
+	if s.Throughput {
+		return b / v, true
+	}
+	return v / b, true
+}
+
+func (s Section) ratioHeader(base string) string {
+	if s.Throughput {
+		return "throughput vs " + base
+	}
+	return "÷ " + base
+}
+
+// Markdown renders the report.
+func Markdown(r *Results, env Env, chart string) string {
+	var w strings.Builder
+	p := func(format string, args ...any) { fmt.Fprintf(&w, format, args...) }
+	p("# Benchmarks\n\n")
+	p("wasmtools beside the alternatives its users have, measured on the same machine in the same run (issue 7). ")
+	p("Each figure is the median of the runs shown; ± is half their range, relative to the median. ")
+	p("The machines are shared and noisy, so absolute times drift between runs: read the ratios, which are taken within one run. ")
+	p("A ratio `÷ X` is the contender's figure divided by X's (for times and memory, lower is better); `throughput vs X` and calls/s ratios are higher-is-better.\n\n")
+	p("- Machine: %s\n- Go: %s\n- Date: %s\n\n", env.Machine, env.GoVersion, env.Date)
+	p("Reproduce with `make bench` (5 to 10 minutes on 2 cores): it builds the plugins, runs the benchmarks of package `bench` and regenerates this file and [benchmarks.png](benchmarks.png) with `bench/cmd/benchreport`. The commands it ran:\n\n```sh\n")
+	for _, c := range r.Commands {
+		p("%s\n", c)
+	}
+	if len(r.Commands) == 0 {
+		p("make bench\n")
+	}
+	p("```\n\n")
+	if chart != "" {
+		p("![Session start cost and memory per idle session, wasmtools and the alternatives (log scales)](%s)\n\n", chart)
+		p("The chart shows sections 1 and 3. For the native and process-per-session bars, \"small plugin\" and \"Go plugin\" mean the native twin of each plugin's tool (`count`, `echo`).\n\n")
+	}
+
+	p("## Summary\n\n| measure | case | %s | compared |\n|---|---|---|---|\n", "figure")
+	for _, s := range sections {
+		cases, rows := s.rows(r)
+		for _, c := range cases {
+			head := s.Bench + "/" + joinCase(c, s.Headline)
+			v, ok := r.Median(head, s.Unit)
+			if !ok {
+				continue
+			}
+			var cmp []string
+			for _, b := range s.Baselines {
+				if b == s.Headline || !hasRow(rows[c], b) {
+					continue
+				}
+				if x, ok := s.ratio(r, head, s.Bench+"/"+joinCase(c, b)); ok {
+					txt := fmt.Sprintf("%s %s", formatRatio(x), s.ratioHeader(b))
+					if s.Goal > 0 && b == s.Baselines[0] {
+						txt += goalNote(x, s.Goal)
+					}
+					cmp = append(cmp, txt)
+				}
+			}
+			fig := formatValue(v, s.Unit)
+			if s.Unit == "calls/s" {
+				fig += " calls/s"
+			}
+			p("| %s | %s | %s: %s | %s |\n", strings.TrimLeft(s.Title, "0123456789. "), caseLabel(c), s.Headline, fig, strings.Join(cmp, ", "))
+		}
+	}
+	p("\n")
+
+	for _, s := range sections {
+		p("## %s\n\n%s\n\n", s.Title, s.About)
+		cases, rows := s.rows(r)
+		if len(cases) == 0 {
+			p("No results in this run.\n\n")
+			continue
+		}
+		hdr := []string{"case", "contender", s.Unit, "±"}
+		for _, b := range s.Baselines {
+			hdr = append(hdr, s.ratioHeader(b))
+		}
+		for _, u := range s.Extra {
+			hdr = append(hdr, unitHeader(u))
+		}
+		p("| %s |\n|%s\n", strings.Join(hdr, " | "), strings.Repeat("---|", len(hdr)))
+		for _, c := range cases {
+			for _, row := range rows[c] {
+				v, _ := r.Median(row.name, s.Unit)
+				cells := []string{caseLabel(c), row.who, formatValue(v, s.Unit), formatSpread(r, row.name, s.Unit)}
+				for _, b := range s.Baselines {
+					if !hasRow(rows[c], b) {
+						cells = append(cells, "")
+						continue
+					}
+					x, ok := s.ratio(r, row.name, s.Bench+"/"+joinCase(c, b))
+					if !ok {
+						cells = append(cells, "")
+						continue
+					}
+					cells = append(cells, formatRatio(x))
+				}
+				for _, u := range s.Extra {
+					if e, ok := r.Median(row.name, u); ok {
+						cells = append(cells, formatValue(e, u))
+					} else {
+						cells = append(cells, "")
+					}
+				}
+				if row.who == s.Headline {
+					cells[1] = "**" + cells[1] + "**"
+				}
+				p("| %s |\n", strings.Join(cells, " | "))
+			}
+		}
+		p("\n")
+	}
+
+	p("## Raw results\n\n<details><summary>The result lines, as `go test -bench` printed them (this file can be fed back to benchreport)</summary>\n\n```\n")
+	if r.CPU != "" {
+		p("cpu: %s\n", r.CPU)
+	}
+	for _, l := range r.Lines {
+		p("%s\n", l)
+	}
+	p("```\n\n</details>\n")
+	return w.String()
+}
+
+// unitHeader heads a column of a unit.
+func unitHeader(unit string) string {
+	switch unit {
+	case "p50-us":
+		return "p50 latency"
+	case "p99-us":
+		return "p99 latency"
+	case "server-KiB/session":
+		return "servers only, per session"
+	}
+	return unit
+}
+
+func joinCase(c, who string) string {
+	if c == "" {
+		return who
+	}
+	return c + "/" + who
+}
+
+func hasRow(rows []row, who string) bool {
+	for _, r := range rows {
+		if r.who == who {
+			return true
+		}
+	}
+	return false
+}
+
+// caseLabel names a case for readers.
+func caseLabel(c string) string {
+	switch {
+	case c == "small":
+		return "small plugin"
+	case c == "go":
+		return "Go plugin"
+	case c == "sessions=1":
+		return "1 session"
+	case strings.HasPrefix(c, "sessions="):
+		return strings.TrimPrefix(c, "sessions=") + " sessions"
+	}
+	c = strings.Replace(c, "/small", ", small plugin", 1)
+	c = strings.Replace(c, "/go", ", Go plugin", 1)
+	c = strings.Replace(c, "inmemory", "in-memory", 1)
+	c = strings.Replace(c, "http", "HTTP", 1)
+	return c
+}
+
+func goalNote(x, goal float64) string {
+	if x >= goal {
+		return fmt.Sprintf(" (goal ≥ %.1f: met)", goal)
+	}
+	return fmt.Sprintf(" (goal ≥ %.1f: not met)", goal)
+}
+
+func formatSpread(r *Results, name, unit string) string {
+	s, ok := r.Spread(name, unit)
+	if !ok {
+		return ""
+	}
+	return fmt.Sprintf("±%.0f%%", 100*s)
+}
+
+func formatRatio(x float64) string {
+	switch {
+	case x >= 100:
+		return fmt.Sprintf("%.0f×", x)
+	case x >= 10:
+		return fmt.Sprintf("%.1f×", x)
+	case x >= 0.01:
+		return fmt.Sprintf("%.2f×", x)
+	default:
+		return fmt.Sprintf("%.4f×", x)
+	}
+}
+
+// formatValue renders a metric for readers: times with a unit that fits,
+// KiB as KiB or MiB, rates as whole numbers.
+func formatValue(v float64, unit string) string {
+	switch unit {
+	case "ns/op":
+		return formatDuration(v)
+	case "p50-us", "p99-us":
+		return formatDuration(v * 1e3)
+	case "KiB/session", "server-KiB/session":
+		if v >= 1024 {
+			return sig3(v/1024) + " MiB"
+		}
+		return sig3(v) + " KiB"
+	case "calls/s":
+		return fmt.Sprintf("%.0f", v)
+	case "sessions":
+		return fmt.Sprintf("%.0f", v)
+	}
+	return sig3(v) + " " + unit
+}
+
+func formatDuration(ns float64) string {
+	switch {
+	case ns >= 1e9:
+		return sig3(ns/1e9) + " s"
+	case ns >= 1e6:
+		return sig3(ns/1e6) + " ms"
+	case ns >= 1e3:
+		return sig3(ns/1e3) + " µs"
+	}
+	return sig3(ns) + " ns"
+}
+
+// sig3 formats v with three significant digits (more for large integers).
+func sig3(v float64) string {
+	if v == 0 {
+		return "0"
+	}
+	d := 2 - int(math.Floor(math.Log10(math.Abs(v))))
+	if d < 0 {
+		d = 0
+	}
+	return fmt.Sprintf("%.*f", d, v)
+}
