@@ -78,7 +78,6 @@ var sections = []Section{
 	},
 }
 
-
 // Env is where and when the benchmarks ran.
 type Env struct {
 	Machine, GoVersion, Date string

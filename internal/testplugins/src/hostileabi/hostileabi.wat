@@ -4,7 +4,7 @@
 ;; every function of the Extism kernel (extism:host/env) and to the MCP
 ;; host functions (extism:host/user) but create_elicitation (see
 ;; hostileelicit, since importing it changes how the host runs calls).
-;; Tool "ok" works, so a test can see the plugin recover after each.
+;; Tool "abi_ok" works, so a test can see the plugin recover after each.
 ;;
 ;; host/hostile_test.go drives it; docs/SECURITY.md says what each case
 ;; proves. A tool expected to trap ends, if the host lets it through, with
@@ -163,7 +163,7 @@
 
   ;; The tools, in the order of the table below.
   (data (i32.const 4096)
-    "ok\00"
+    "abi_ok\00"
     "load_u8_huge\00load_u8_zero\00load_u64_straddle\00load_u64_wrap\00"
     "store_u8_huge\00store_u64_wrap\00"
     "input_load_u8_huge\00input_load_u64_wrap\00input_set_huge\00"
