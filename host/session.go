@@ -336,6 +336,19 @@ type outcome struct {
 	upgraded map[string]any // the previous instance was upgraded with its state
 }
 
+// work is something to run on an instance of a plugin: a tool call, a
+// prompt, a resource read, a completion.
+type work struct {
+	plugin *plugins.Plugin
+	// retarget is called, holding the slot, when plugin was retired by a
+	// swap before the work reached its guest: it points the work at the
+	// version now served (see current), or fails when there is none.
+	retarget func() (*plugins.Plugin, error)
+	// run does the work. Its error is the guest's failure, classified to
+	// tell whether the instance must be reset.
+	run func(ctx context.Context, inst *plugins.Instance) error
+}
+
 // runCall runs one tool call on key's instance of the tool's plugin (or a
 // pooled one, for a stateless plugin). The returned error is a refusal
 // (busy, at capacity, shutting down); a failure of the call itself is in
@@ -344,50 +357,94 @@ type outcome struct {
 // after, if not nil, runs on the instance once the guest returns, while the
 // call still holds it.
 func (h *Host) runCall(ctx context.Context, key sessionKey, t *plugins.Tool, c plugins.Call, after func(context.Context, *plugins.Instance)) (outcome, error) {
-	p := t.Plugin()
-	if p.Stateless() {
-		return h.runPooled(ctx, t, c, after)
+	var o outcome
+	w := work{
+		plugin: t.Plugin(),
+		retarget: func() (*plugins.Plugin, error) {
+			now, err := h.current(t)
+			if err != nil {
+				return nil, err
+			}
+			c.Tool = now
+			return now.Plugin(), nil
+		},
+		run: func(ctx context.Context, inst *plugins.Instance) error {
+			o.result, o.err = inst.CallTool(ctx, c)
+			if o.err == nil && after != nil {
+				after(ctx, inst)
+			}
+			return o.err
+		},
+	}
+	reset, upgraded, err := h.runWork(ctx, key, w)
+	if err != nil {
+		if errors.Is(err, errStart) {
+			return outcome{err: err}, nil
+		}
+		return outcome{}, err
+	}
+	o.reset, o.upgraded = reset, upgraded
+	return o, nil
+}
+
+// errStart wraps an instance that could not start: a failure of the work
+// (its result says so), not a refusal.
+var errStart = errors.New("instance did not start")
+
+// runWork runs w on key's instance of its plugin, or on a pooled instance
+// of a stateless plugin. It returns what the session's next result should
+// say about its previous instance, and a refusal (busy, at capacity,
+// shutting down) or a start failure wrapped in errStart. The work's own
+// failure is w.run's business.
+func (h *Host) runWork(ctx context.Context, key sessionKey, w work) (reset, upgraded map[string]any, err error) {
+	if w.plugin.Stateless() {
+		return nil, nil, h.runPooled(ctx, w)
 	}
 	s, err := h.sessionFor(key)
 	if err != nil {
-		return outcome{}, err
+		return nil, nil, err
 	}
-	sl, err := h.slotFor(s, p.Name())
+	sl, err := h.slotFor(s, w.plugin.Name())
 	if err != nil {
-		return outcome{}, err
+		return nil, nil, err
 	}
 	if err := sl.acquire(ctx, h.queueLimit()); err != nil {
-		return outcome{}, err
+		return nil, nil, err
 	}
 	defer sl.release()
-	if t, err = h.current(t); err != nil {
-		return outcome{}, err
+	p := w.plugin
+	if h.isRetired(p) {
+		if p, err = w.retarget(); err != nil {
+			return nil, nil, err
+		}
 	}
-	p = t.Plugin()
-	c.Tool = t
 	inst, err := h.instanceFor(ctx, sl, p)
 	if err != nil {
 		if errors.Is(err, ErrAtCapacity) {
-			return outcome{}, err
+			return nil, nil, err
 		}
-		return outcome{err: err}, nil
+		return nil, nil, fmt.Errorf("%w: %w", errStart, err)
 	}
-	o := outcome{reset: sl.reset, upgraded: sl.upgraded}
+	reset, upgraded = sl.reset, sl.upgraded
 	sl.reset, sl.upgraded = nil, nil
 	release, err := h.startRunning(ctx)
 	if err != nil {
-		return outcome{}, err
+		return nil, nil, err
 	}
-	o.result, o.err = inst.CallTool(ctx, c)
+	werr := w.run(ctx, inst)
 	release()
-	if o.err != nil {
-		if reason := resetReason(o.err, inst); reason != "" {
-			h.discard(sl, reason, o.err.Error())
+	if werr != nil {
+		if reason := resetReason(werr, inst); reason != "" {
+			h.discard(sl, reason, werr.Error())
 		}
-	} else if after != nil {
-		after(ctx, inst)
 	}
-	return o, nil
+	return reset, upgraded, nil
+}
+
+func (h *Host) isRetired(p *plugins.Plugin) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.retired[p] || p.Closed()
 }
 
 // startRunning waits for a turn under the concurrency limit, if any.
@@ -408,13 +465,7 @@ func (h *Host) startRunning(ctx context.Context) (release func(), err error) {
 // call runs on the version now served. A call whose guest has started
 // holds its slot, so its version is never retired under it.
 func (h *Host) current(t *plugins.Tool) (*plugins.Tool, error) {
-	h.mu.Lock()
-	retired := h.retired[t.Plugin()] || t.Plugin().Closed()
-	cat := h.catalogue
-	h.mu.Unlock()
-	if !retired {
-		return t, nil
-	}
+	cat := h.Catalogue()
 	if cat != nil {
 		if now, ok := cat.Tool(t.Name); ok {
 			return now, nil
@@ -454,59 +505,56 @@ func (h *Host) poolFor(p *plugins.Plugin) *pool {
 	return pl
 }
 
-// runPooled runs a call of a stateless plugin on a warm instance from its
+// runPooled runs work of a stateless plugin on a warm instance from its
 // pool, or a new one, and returns the instance to the pool if it is still
 // usable and the pool has room.
-func (h *Host) runPooled(ctx context.Context, t *plugins.Tool, c plugins.Call, after func(context.Context, *plugins.Instance)) (outcome, error) {
-	t, err := h.current(t)
-	if err != nil {
-		return outcome{}, err
+func (h *Host) runPooled(ctx context.Context, w work) error {
+	p := w.plugin
+	if h.isRetired(p) {
+		var err error
+		if p, err = w.retarget(); err != nil {
+			return err
+		}
 	}
-	c.Tool = t
-	p := t.Plugin()
 	pl := h.poolFor(p)
 	var inst *plugins.Instance
 	select {
 	case inst = <-pl.idle:
 	default:
 		if err := h.reserve(p, nil); err != nil {
-			return outcome{}, err
+			return err
 		}
 		var err error
 		if inst, err = p.NewInstance(ctx); err != nil {
 			h.unreserve(p)
-			return outcome{err: err}, nil
+			return fmt.Errorf("%w: %w", errStart, err)
 		}
 		h.metrics.created.WithLabelValues(p.Name()).Inc()
 		h.log.Debug("pooled instance created", "plugin", p.Name(), "sha256", p.SHA256())
 	}
-	var o outcome
 	release, err := h.startRunning(ctx)
 	if err != nil {
 		_ = inst.Close(context.Background())
 		h.unreserve(p)
-		return outcome{}, err
+		return err
 	}
-	o.result, o.err = inst.CallTool(ctx, c)
+	werr := w.run(ctx, inst)
 	release()
-	if o.err == nil && after != nil {
-		after(ctx, inst)
-	}
 	h.mu.Lock()
 	current := h.pools[p] == pl
 	h.mu.Unlock()
 	if inst.Err() == nil && current {
 		select {
 		case pl.idle <- inst:
-			return o, nil
+			return nil
 		default:
 		}
 	} else if inst.Err() != nil {
-		h.metrics.resets.WithLabelValues(p.Name(), resetReason(o.err, inst)).Inc()
+		h.metrics.resets.WithLabelValues(p.Name(), resetReason(werr, inst)).Inc()
 	}
 	_ = inst.Close(context.Background())
 	h.unreserve(p)
-	return o, nil
+	return nil
 }
 
 // drainPool closes the idle instances of p's pool and forgets it.

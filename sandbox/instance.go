@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"time"
 
 	"github.com/tetratelabs/wazero"
 	"github.com/tetratelabs/wazero/api"
@@ -32,6 +33,10 @@ type Instance struct {
 	stderr   lineLogger
 
 	httpClient *http.Client // made on the first http_request
+
+	logTokens  float64 // the guest log rate limit, see allowLog
+	logLast    time.Time
+	logDropped int
 }
 
 // Instantiate creates an instance and runs its initialisation export
@@ -124,6 +129,8 @@ func (i *Instance) Call(ctx context.Context, export string, input []byte, host H
 	defer func() {
 		i.deadline.stop()
 		i.host, i.deadline = nil, nil
+		i.kernel.shrink()
+		i.reportDropped()
 	}()
 	ctx = context.WithValue(ctx, instanceKey{}, i)
 	i.stack[0] = 0
@@ -185,9 +192,43 @@ func (i *Instance) close(reason error) {
 	_ = i.mod.Close(context.Background())
 }
 
+// Guest log output (log_* imports, stdout and stderr lines) is
+// rate-limited per instance, so a guest in a loop cannot flood the host's
+// log: a burst of logBurst records, then logPerSecond. What is dropped is
+// counted and reported once per call.
+const (
+	logBurst     = 20
+	logPerSecond = 50
+)
+
+// allowLog reports whether a guest log record may be written now.
+func (i *Instance) allowLog() bool {
+	now := time.Now()
+	if i.logLast.IsZero() {
+		i.logTokens, i.logLast = logBurst, now
+	}
+	i.logTokens = min(logBurst, i.logTokens+now.Sub(i.logLast).Seconds()*logPerSecond)
+	i.logLast = now
+	if i.logTokens >= 1 {
+		i.logTokens--
+		return true
+	}
+	i.logDropped++
+	return false
+}
+
+func (i *Instance) reportDropped() {
+	if i.logDropped > 0 {
+		i.log.Warn("plugin output dropped by the rate limit", "records", i.logDropped)
+		i.logDropped = 0
+	}
+}
+
 // logGuest sends a guest's log message to the policy's logger.
 func (i *Instance) logGuest(ctx context.Context, level slog.Level, msg []byte) {
-	i.log.Log(ctx, level, "guest log", "message", string(msg))
+	if i.allowLog() {
+		i.log.Log(ctx, level, "guest log", "message", string(msg))
+	}
 }
 
 // lineLogger turns guest stdout or stderr into one log record per line. A
@@ -225,6 +266,8 @@ func (w *lineLogger) flush() {
 	if len(w.buf) == 0 {
 		return
 	}
-	w.inst.log.Info("guest "+w.stream, "line", string(w.buf))
+	if w.inst.allowLog() {
+		w.inst.log.Info("guest "+w.stream, "line", string(w.buf))
+	}
 	w.buf = w.buf[:0]
 }

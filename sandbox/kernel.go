@@ -74,7 +74,7 @@ func (k *kernel) reset(input []byte) error {
 // alloc returns a new block of n bytes, or 0 when n is 0 or the arena is
 // full (the caller decides whether that is a trap).
 func (k *kernel) alloc(n uint64) uint64 {
-	if n == 0 {
+	if n == 0 || n > k.limit {
 		return 0
 	}
 	off := uint64(len(k.mem))
@@ -142,6 +142,19 @@ func (k *kernel) span(fn string, off, n uint64) error {
 		return &HostCallError{Func: fn, Reason: fmt.Sprintf("%d bytes at offset %d are outside Extism memory (%d bytes)", n, off, len(k.mem))}
 	}
 	return nil
+}
+
+// maxIdleArena is the most kernel memory an instance keeps between calls:
+// a call that needed more gives it back when it ends, so an idle session
+// does not hold its largest call's memory.
+const maxIdleArena = 64 << 10
+
+// shrink gives back a large arena once a call is over.
+func (k *kernel) shrink() {
+	if cap(k.mem) > maxIdleArena {
+		k.mem = make([]byte, blockAlign, 256)
+		k.blocks = nil
+	}
 }
 
 // output returns the bytes the guest set with output_set.
@@ -242,11 +255,17 @@ func instantiateKernel(ctx context.Context, rt wazero.Runtime) error {
 		if s[0] >= k.inputLen {
 			trap(&HostCallError{Func: abi.FuncInputLoadU8, Reason: fmt.Sprintf("index %d is past the %d-byte input", s[0], k.inputLen)})
 		}
+		if err := k.span(abi.FuncInputLoadU8, k.inputOff+s[0], 1); err != nil {
+			trap(&HostCallError{Func: abi.FuncInputLoadU8, Reason: "the input is no longer in Extism memory (freed, or memory reset)"})
+		}
 		s[0] = uint64(k.mem[k.inputOff+s[0]])
 	})
 	def(abi.FuncInputLoadU64, p(i64), p(i64), func(k *kernel, s []uint64) {
 		if s[0]+8 > k.inputLen || s[0]+8 < s[0] {
 			trap(&HostCallError{Func: abi.FuncInputLoadU64, Reason: fmt.Sprintf("8 bytes at index %d are past the %d-byte input", s[0], k.inputLen)})
+		}
+		if err := k.span(abi.FuncInputLoadU64, k.inputOff+s[0], 8); err != nil {
+			trap(&HostCallError{Func: abi.FuncInputLoadU64, Reason: "the input is no longer in Extism memory (freed, or memory reset)"})
 		}
 		s[0] = binary.LittleEndian.Uint64(k.mem[k.inputOff+s[0]:])
 	})
@@ -362,6 +381,9 @@ func instantiateKernel(ctx context.Context, rt wazero.Runtime) error {
 			msg, err := inst.kernel.bytes(name, s[0])
 			if err != nil {
 				trap(err)
+			}
+			if len(msg) > maxLogLine {
+				msg = msg[:maxLogLine]
 			}
 			inst.logGuest(ctx, level, msg)
 		}), p(i64), nil).WithName(name).Export(name)
