@@ -197,3 +197,33 @@ type TextContent struct {
 	Type string `json:"type"` // always "text"
 	Text string `json:"text"`
 }
+
+// ListPromptsResult is the output of the v2 export [ExportListPrompts]
+// (input: [ListToolsInput]). Each prompt is an MCP Prompt object.
+type ListPromptsResult struct {
+	Prompts    []json.RawMessage `json:"prompts"`
+	NextCursor string            `json:"nextCursor,omitempty"`
+}
+
+// ListResourcesResult is the output of the v2 export
+// [ExportListResources]. Each resource is an MCP Resource object.
+type ListResourcesResult struct {
+	Resources  []json.RawMessage `json:"resources"`
+	NextCursor string            `json:"nextCursor,omitempty"`
+}
+
+// ListResourceTemplatesResult is the output of the v2 export
+// [ExportListResourceTemplates]. Each is an MCP ResourceTemplate object.
+type ListResourceTemplatesResult struct {
+	ResourceTemplates []json.RawMessage `json:"resourceTemplates"`
+	NextCursor        string            `json:"nextCursor,omitempty"`
+}
+
+// RequestInput is the input of the v2 exports [ExportGetPrompt] (request:
+// MCP GetPromptParams), [ExportReadResource] (ReadResourceParams) and
+// [ExportComplete] (CompleteParams). Their outputs are the MCP results:
+// GetPromptResult, ReadResourceResult and CompleteResult.
+type RequestInput struct {
+	Request json.RawMessage `json:"request"`
+	Context CallContext     `json:"context"`
+}

@@ -184,10 +184,20 @@ func New(cat *plugins.Catalogue, opts *Options) *Host {
 		// Tools are advertised with listChanged even when no plugin is
 		// loaded yet: the catalogue can change under a live session.
 		Capabilities: &mcp.ServerCapabilities{
-			Tools:   &mcp.ToolCapabilities{ListChanged: true},
-			Logging: &mcp.LoggingCapabilities{},
+			Tools:       &mcp.ToolCapabilities{ListChanged: true},
+			Prompts:     &mcp.PromptCapabilities{ListChanged: true},
+			Resources:   &mcp.ResourceCapabilities{ListChanged: true, Subscribe: true},
+			Completions: &mcp.CompletionCapabilities{},
+			Logging:     &mcp.LoggingCapabilities{},
 		},
-		Logger: h.log.With("component", "mcp"),
+		CompletionHandler: func(ctx context.Context, req *mcp.CompleteRequest) (*mcp.CompleteResult, error) {
+			return h.complete(ctx, req)
+		},
+		// The SDK keeps the subscriptions; plugins say what changed with
+		// notify_resource_updated.
+		SubscribeHandler:   func(context.Context, *mcp.SubscribeRequest) error { return nil },
+		UnsubscribeHandler: func(context.Context, *mcp.UnsubscribeRequest) error { return nil },
+		Logger:             h.log.With("component", "mcp"),
 	})
 	h.SetCatalogue(cat)
 	if t := h.sessionTimeout(); t > 0 {
@@ -270,6 +280,7 @@ func (h *Host) SetCatalogue(cat *plugins.Catalogue) *plugins.Catalogue {
 			}
 		}
 	}
+	h.setPrompts(old, cat)
 	if cat != nil {
 		for _, t := range cat.Tools() {
 			if old != nil {

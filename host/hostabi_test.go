@@ -256,7 +256,7 @@ func retry(cs *mcp.ClientSession, state string, answer *mcp.ElicitResult) (*mcp.
 }
 
 func TestRequestState(t *testing.T) {
-	f := pdkhostFixture(t, &host.Options{AbandonAfter: 300 * time.Millisecond})
+	f := pdkhostFixture(t, &host.Options{AbandonAfter: 3 * time.Second})
 	cs, first := rawRound(t, f, nil)
 
 	tampered := []byte(first.RequestState)

@@ -129,8 +129,21 @@ func (e *callEnv) hostFunc(ctx context.Context, name string, input []byte) ([]by
 		e.relist = true // read once the call ends, from this instance
 		e.mu.Unlock()
 		return nil, nil
-	case abi.FuncNotifyPromptListChanged, abi.FuncNotifyResourceListChanged, abi.FuncNotifyResourceUpdated:
-		return nil, nil // prompts and resources are not served yet
+	case abi.FuncNotifyPromptListChanged, abi.FuncNotifyResourceListChanged:
+		e.mu.Lock()
+		e.relist = true // prompts and resources are read again with the tools
+		e.mu.Unlock()
+		return nil, nil
+	case abi.FuncNotifyResourceUpdated:
+		var p struct {
+			URI string `json:"uri"`
+		}
+		if err := strictJSON(input, &p); err != nil || p.URI == "" {
+			return nil, fmt.Errorf("input must be {\"uri\": \"...\"}")
+		}
+		ctx, _ := e.current()
+		_ = e.h.server.ResourceUpdated(ctx, &mcp.ResourceUpdatedNotificationParams{URI: p.URI})
+		return nil, nil
 	}
 	return nil, fmt.Errorf("unknown host function")
 }

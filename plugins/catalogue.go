@@ -17,9 +17,12 @@ import (
 // Catalogue is one immutable set of plugins whose tool names are unique. A
 // host serves one catalogue at a time and swaps in a new one on reload.
 type Catalogue struct {
-	plugins []*Plugin
-	tools   map[string]*Tool
-	names   []string
+	plugins   []*Plugin
+	tools     map[string]*Tool
+	names     []string
+	prompts   map[string]*Prompt
+	resources map[string]*Resource
+	templates map[string]*ResourceTemplate
 }
 
 // Rejected is a plugin a catalogue refused, and why.
@@ -33,7 +36,7 @@ type Rejected struct {
 // plugin is refused whole, never shadowed, and returned with an error
 // naming both; the caller closes it.
 func NewCatalogue(plugins []*Plugin) (*Catalogue, []Rejected) {
-	c := &Catalogue{tools: map[string]*Tool{}}
+	c := &Catalogue{tools: map[string]*Tool{}, prompts: map[string]*Prompt{}, resources: map[string]*Resource{}, templates: map[string]*ResourceTemplate{}}
 	byName := map[string]*Plugin{}
 	var rejected []Rejected
 	for _, p := range plugins {
@@ -47,6 +50,21 @@ func NewCatalogue(plugins []*Plugin) (*Catalogue, []Rejected) {
 				clash = append(clash, fmt.Sprintf("%q is served by plugin %q (%s)", t.Name, prev.plugin.name, prev.plugin.path))
 			}
 		}
+		for _, pr := range p.prompts {
+			if prev, ok := c.prompts[pr.Name]; ok {
+				clash = append(clash, fmt.Sprintf("prompt %q is served by plugin %q (%s)", pr.Name, prev.plugin.name, prev.plugin.path))
+			}
+		}
+		for _, r := range p.resources {
+			if prev, ok := c.resources[r.URI]; ok {
+				clash = append(clash, fmt.Sprintf("resource %q is served by plugin %q (%s)", r.URI, prev.plugin.name, prev.plugin.path))
+			}
+		}
+		for _, r := range p.templates {
+			if prev, ok := c.templates[r.URITemplate]; ok {
+				clash = append(clash, fmt.Sprintf("resource template %q is served by plugin %q (%s)", r.URITemplate, prev.plugin.name, prev.plugin.path))
+			}
+		}
 		if len(clash) > 0 {
 			rejected = append(rejected, Rejected{p, fmt.Errorf("plugin %q (%s): tool name collision: %s; give one plugin a prefix", p.name, p.path, strings.Join(clash, ", "))})
 			continue
@@ -56,6 +74,15 @@ func NewCatalogue(plugins []*Plugin) (*Catalogue, []Rejected) {
 		for _, t := range p.tools {
 			c.tools[t.Name] = t
 			c.names = append(c.names, t.Name)
+		}
+		for _, pr := range p.prompts {
+			c.prompts[pr.Name] = pr
+		}
+		for _, r := range p.resources {
+			c.resources[r.URI] = r
+		}
+		for _, r := range p.templates {
+			c.templates[r.URITemplate] = r
 		}
 	}
 	sort.Strings(c.names)
@@ -76,6 +103,24 @@ func (c *Catalogue) Tools() []*Tool {
 		ts[i] = c.tools[n]
 	}
 	return ts
+}
+
+// Prompt returns the prompt served under name.
+func (c *Catalogue) Prompt(name string) (*Prompt, bool) {
+	p, ok := c.prompts[name]
+	return p, ok
+}
+
+// Resource returns the resource served at uri.
+func (c *Catalogue) Resource(uri string) (*Resource, bool) {
+	r, ok := c.resources[uri]
+	return r, ok
+}
+
+// ResourceTemplate returns the template served as uriTemplate.
+func (c *Catalogue) ResourceTemplate(uriTemplate string) (*ResourceTemplate, bool) {
+	r, ok := c.templates[uriTemplate]
+	return r, ok
 }
 
 // Plugins returns the catalogue's plugins, sorted by name.

@@ -111,3 +111,21 @@ func (i *Instance) Restore(ctx context.Context, snapshot []byte) error {
 	}
 	return nil
 }
+
+// Request runs a v2 request export (get_prompt, read_resource, complete)
+// with the MCP params and returns the guest's result JSON.
+func (i *Instance) Request(ctx context.Context, export string, params json.RawMessage, cc abi.CallContext, host sandbox.HostFunc) (json.RawMessage, error) {
+	b, err := json.Marshal(abi.RequestInput{Request: params, Context: cc})
+	if err != nil {
+		return nil, err
+	}
+	out, err := i.sb.Call(ctx, export, b, host)
+	if err != nil {
+		return nil, err
+	}
+	var v json.RawMessage
+	if err := decodeJSON(out, &v); err != nil {
+		return nil, fmt.Errorf("%s: %w", export, err)
+	}
+	return v, nil
+}

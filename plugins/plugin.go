@@ -120,6 +120,9 @@ type Plugin struct {
 	size      int
 	iface     abi.Interface
 	tools     []*Tool
+	prompts   []*Prompt
+	resources []*Resource
+	templates []*ResourceTemplate
 	compiled  *sandbox.Compiled
 	hasExport map[string]bool
 	stateless bool
@@ -141,6 +144,40 @@ type Tool struct {
 
 // Plugin returns the plugin that serves t.
 func (t *Tool) Plugin() *Plugin { return t.plugin }
+
+// Prompt is one prompt a plugin serves (v2 interface).
+type Prompt struct {
+	// Name is the name served: the plugin's prefix and its own name.
+	Name string
+	// OwnName is the name the plugin knows it by.
+	OwnName string
+	// Def is the MCP Prompt object, under the served name.
+	Def    json.RawMessage
+	plugin *Plugin
+}
+
+// Plugin returns the plugin that serves the prompt.
+func (p *Prompt) Plugin() *Plugin { return p.plugin }
+
+// Resource is one resource a plugin serves (v2 interface).
+type Resource struct {
+	URI    string
+	Def    json.RawMessage // the MCP Resource object
+	plugin *Plugin
+}
+
+// Plugin returns the plugin that serves the resource.
+func (r *Resource) Plugin() *Plugin { return r.plugin }
+
+// ResourceTemplate is one resource template a plugin serves.
+type ResourceTemplate struct {
+	URITemplate string
+	Def         json.RawMessage // the MCP ResourceTemplate object
+	plugin      *Plugin
+}
+
+// Plugin returns the plugin that serves the template.
+func (r *ResourceTemplate) Plugin() *Plugin { return r.plugin }
 
 // ValidName is what a served tool name must match: model providers refuse
 // other names.
@@ -247,7 +284,103 @@ func (p *Plugin) describeWith(ctx context.Context, inst *sandbox.Instance, prefi
 		}
 		p.tools = append(p.tools, t)
 	}
+	return p.describeMore(ctx, inst, prefix)
+}
+
+// describeMore reads the prompts, resources and resource templates of a v2
+// plugin that exports them.
+func (p *Plugin) describeMore(ctx context.Context, inst *sandbox.Instance, prefix string) error {
+	if p.iface != abi.InterfaceV2 {
+		return nil
+	}
+	if p.hasExport[abi.ExportListPrompts] {
+		defs, err := listPages(ctx, inst, abi.ExportListPrompts, func(b []byte) ([]json.RawMessage, string, error) {
+			var r abi.ListPromptsResult
+			err := decodeJSON(b, &r)
+			return r.Prompts, r.NextCursor, err
+		})
+		if err != nil {
+			return err
+		}
+		seen := map[string]bool{}
+		for _, d := range defs {
+			var head map[string]any
+			if err := json.Unmarshal(d, &head); err != nil {
+				return fmt.Errorf("prompt: %w", err)
+			}
+			own, _ := head["name"].(string)
+			served := prefix + own
+			if !validName.MatchString(served) || seen[served] {
+				return fmt.Errorf("prompt name %q is not allowed or listed twice: names must match %s", served, validName)
+			}
+			seen[served] = true
+			head["name"] = served
+			def, _ := json.Marshal(head)
+			p.prompts = append(p.prompts, &Prompt{Name: served, OwnName: own, Def: def, plugin: p})
+		}
+	}
+	if p.hasExport[abi.ExportListResources] {
+		defs, err := listPages(ctx, inst, abi.ExportListResources, func(b []byte) ([]json.RawMessage, string, error) {
+			var r abi.ListResourcesResult
+			err := decodeJSON(b, &r)
+			return r.Resources, r.NextCursor, err
+		})
+		if err != nil {
+			return err
+		}
+		for _, d := range defs {
+			var head struct {
+				URI string `json:"uri"`
+			}
+			if err := json.Unmarshal(d, &head); err != nil || head.URI == "" {
+				return fmt.Errorf("resource without a uri: %s", d)
+			}
+			p.resources = append(p.resources, &Resource{URI: head.URI, Def: d, plugin: p})
+		}
+	}
+	if p.hasExport[abi.ExportListResourceTemplates] {
+		defs, err := listPages(ctx, inst, abi.ExportListResourceTemplates, func(b []byte) ([]json.RawMessage, string, error) {
+			var r abi.ListResourceTemplatesResult
+			err := decodeJSON(b, &r)
+			return r.ResourceTemplates, r.NextCursor, err
+		})
+		if err != nil {
+			return err
+		}
+		for _, d := range defs {
+			var head struct {
+				URITemplate string `json:"uriTemplate"`
+			}
+			if err := json.Unmarshal(d, &head); err != nil || head.URITemplate == "" {
+				return fmt.Errorf("resource template without a uriTemplate: %s", d)
+			}
+			p.templates = append(p.templates, &ResourceTemplate{URITemplate: head.URITemplate, Def: d, plugin: p})
+		}
+	}
 	return nil
+}
+
+// listPages calls a v2 list export page by page, passing each cursor back.
+func listPages(ctx context.Context, inst *sandbox.Instance, export string, decode func([]byte) ([]json.RawMessage, string, error)) ([]json.RawMessage, error) {
+	var all []json.RawMessage
+	in := abi.ListToolsInput{}
+	for range maxToolPages {
+		b, _ := json.Marshal(in)
+		out, err := inst.Call(ctx, export, b, nil)
+		if err != nil {
+			return nil, err
+		}
+		items, next, err := decode(out)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", export, err)
+		}
+		all = append(all, items...)
+		if next == "" {
+			return all, nil
+		}
+		in.Cursor = next
+	}
+	return nil, fmt.Errorf("%s: more than %d pages", export, maxToolPages)
 }
 
 // detectInterface tells the plugin interface from the exports.
@@ -327,7 +460,7 @@ func decodeJSON(b []byte, v any) error {
 	if err := dec.Decode(v); err != nil {
 		return fmt.Errorf("output is not the expected JSON: %w", err)
 	}
-	if dec.More() {
+	if rest := bytes.TrimSpace(b[dec.InputOffset():]); len(rest) > 0 {
 		return errors.New("output has data after its JSON value")
 	}
 	return nil
@@ -351,6 +484,15 @@ func (p *Plugin) Interface() abi.Interface { return p.iface }
 // Tools returns the plugin's tools in the order it lists them. The slice
 // must not be modified.
 func (p *Plugin) Tools() []*Tool { return p.tools }
+
+// Prompts, Resources and ResourceTemplates return what a v2 plugin serves
+// besides tools. The slices must not be modified.
+func (p *Plugin) Prompts() []*Prompt                     { return p.prompts }
+func (p *Plugin) Resources() []*Resource                 { return p.resources }
+func (p *Plugin) ResourceTemplates() []*ResourceTemplate { return p.templates }
+
+// HasExport reports whether the plugin exports function name.
+func (p *Plugin) HasExport(name string) bool { return p.hasExport[name] }
 
 // ImportsHost reports whether the plugin imports the extism:host/user
 // function name (see [abi.UserFuncs]).

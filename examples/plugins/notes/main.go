@@ -12,6 +12,7 @@ package main
 import (
 	"encoding/json"
 	"fmt"
+	"strconv"
 	"strings"
 
 	"github.com/wasmtools/wasmtools/abi/guest"
@@ -32,6 +33,54 @@ func init() {
 			}
 			return json.Unmarshal(state, &notes)
 		})
+	// The notes are also resources (notes://all, notes://note/{n}) and
+	// the subject of a prompt; like the tools, they read this session's
+	// instance.
+	guest.RegisterResource(
+		guest.Resource{URI: "notes://all", Name: "all notes", MIMEType: "text/plain",
+			Read: func(uri string, _ map[string]string) ([]guest.ResourceContents, error) {
+				return []guest.ResourceContents{{URI: uri, MIMEType: "text/plain", Text: strings.Join(notes, "\n")}}, nil
+			}},
+		guest.Resource{URITemplate: "notes://note/{n}", Name: "one note", MIMEType: "text/plain",
+			Read: func(uri string, vars map[string]string) ([]guest.ResourceContents, error) {
+				n, err := strconv.Atoi(vars["n"])
+				if err != nil || n < 1 || n > len(notes) {
+					return nil, fmt.Errorf("no note %q: there are %d", vars["n"], len(notes))
+				}
+				return []guest.ResourceContents{{URI: uri, MIMEType: "text/plain", Text: notes[n-1]}}, nil
+			},
+			Complete: func(_, value string, _ map[string]string) []string {
+				var out []string
+				for i := range notes {
+					if n := strconv.Itoa(i + 1); strings.HasPrefix(n, value) {
+						out = append(out, n)
+					}
+				}
+				return out
+			}},
+	)
+	guest.RegisterPrompt(guest.Prompt{
+		Name:        "summarize_notes",
+		Description: "Asks the model to summarize this session's notes.",
+		Arguments:   []guest.PromptArgument{{Name: "style", Description: "brief or detailed"}},
+		Get: func(args map[string]string) (*guest.PromptResult, error) {
+			style := args["style"]
+			if style == "" {
+				style = "brief"
+			}
+			return &guest.PromptResult{Messages: []guest.PromptMessage{{Role: "user",
+				Content: guest.TextBlock(fmt.Sprintf("Summarize these notes (%s):\n%s", style, strings.Join(notes, "\n")))}}}, nil
+		},
+		Complete: func(_, value string, _ map[string]string) []string {
+			var out []string
+			for _, s := range []string{"brief", "detailed"} {
+				if strings.HasPrefix(s, value) {
+					out = append(out, s)
+				}
+			}
+			return out
+		},
+	})
 	guest.Register(
 		guest.Tool{
 			Name:        "note_add",

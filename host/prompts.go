@@ -1,0 +1,225 @@
+package host
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/wasmtools/wasmtools/abi"
+	"github.com/wasmtools/wasmtools/plugins"
+)
+
+// Prompts, resources and completion from v2 plugins. They run on the
+// session's instance of their plugin, as tool calls do, so a prompt or a
+// resource can show the session's guest state.
+
+// keyFor is keyOf for any request: the session, or for a sessionless HTTP
+// request the authenticated subject or the client header.
+func (h *Host) keyFor(ss *mcp.ServerSession, extra *mcp.RequestExtra) sessionKey {
+	if ss.ID() != "" || extra == nil || extra.Header == nil {
+		return sessionKey{ss: ss}
+	}
+	if ti := extra.TokenInfo; ti != nil && ti.UserID != "" {
+		return sessionKey{client: "sub:" + ti.UserID}
+	}
+	if name := h.opts.ClientKeyHeader; name != "" {
+		if v := extra.Header.Get(name); v != "" {
+			return sessionKey{client: "header:" + v}
+		}
+	}
+	return sessionKey{ss: ss}
+}
+
+func callContext(ss *mcp.ServerSession) abi.CallContext {
+	cc := abi.CallContext{SessionID: ss.ID()}
+	if ip := ss.InitializeParams(); ip != nil {
+		cc.ProtocolVersion = ip.ProtocolVersion
+	}
+	return cc
+}
+
+// request runs a v2 request export on key's instance of p and decodes the
+// result into out. A plugin replaced meanwhile serves the request from
+// its new version.
+func (h *Host) request(ctx context.Context, key sessionKey, p *plugins.Plugin, export string, params any, cc abi.CallContext, out any) error {
+	raw, err := json.Marshal(params)
+	if err != nil {
+		return err
+	}
+	var result json.RawMessage
+	var runErr error
+	w := work{
+		plugin: p,
+		retarget: func() (*plugins.Plugin, error) {
+			for _, q := range h.Catalogue().Plugins() {
+				if q.Name() == p.Name() {
+					return q, nil
+				}
+			}
+			return nil, fmt.Errorf("plugin %q was removed", p.Name())
+		},
+		run: func(ctx context.Context, inst *plugins.Instance) error {
+			result, runErr = inst.Request(ctx, export, raw, cc, nil)
+			return runErr
+		},
+	}
+	if _, _, err := h.runWork(ctx, key, w); err != nil {
+		return fmt.Errorf("plugin %q: %w", p.Name(), err)
+	}
+	if runErr != nil {
+		return fmt.Errorf("plugin %q: %s: %w", p.Name(), export, runErr)
+	}
+	if err := json.Unmarshal(result, out); err != nil {
+		return fmt.Errorf("plugin %q: %s returned a result that is not valid MCP: %w", p.Name(), export, err)
+	}
+	return nil
+}
+
+func (h *Host) promptHandler(pr *plugins.Prompt) mcp.PromptHandler {
+	return func(ctx context.Context, req *mcp.GetPromptRequest) (*mcp.GetPromptResult, error) {
+		params := *req.Params
+		params.Name = pr.OwnName
+		var res mcp.GetPromptResult
+		if err := h.request(ctx, h.keyFor(req.Session, req.Extra), pr.Plugin(), abi.ExportGetPrompt, &params, callContext(req.Session), &res); err != nil {
+			return nil, err
+		}
+		return &res, nil
+	}
+}
+
+func (h *Host) resourceHandler(p *plugins.Plugin) mcp.ResourceHandler {
+	return func(ctx context.Context, req *mcp.ReadResourceRequest) (*mcp.ReadResourceResult, error) {
+		var res mcp.ReadResourceResult
+		if err := h.request(ctx, h.keyFor(req.Session, req.Extra), p, abi.ExportReadResource, req.Params, callContext(req.Session), &res); err != nil {
+			return nil, err
+		}
+		return &res, nil
+	}
+}
+
+// complete answers completion/complete from the plugin that serves the
+// prompt or resource template the reference names, if it exports
+// complete; otherwise with no suggestions.
+func (h *Host) complete(ctx context.Context, req *mcp.CompleteRequest) (*mcp.CompleteResult, error) {
+	cat := h.Catalogue()
+	var p *plugins.Plugin
+	params := *req.Params
+	if ref := params.Ref; ref != nil && cat != nil {
+		switch ref.Type {
+		case "ref/prompt":
+			if pr, ok := cat.Prompt(ref.Name); ok {
+				p = pr.Plugin()
+				r := *ref
+				r.Name = pr.OwnName
+				params.Ref = &r
+			}
+		case "ref/resource":
+			if t, ok := cat.ResourceTemplate(ref.URI); ok {
+				p = t.Plugin()
+			} else if r, ok := cat.Resource(ref.URI); ok {
+				p = r.Plugin()
+			}
+		}
+	}
+	empty := &mcp.CompleteResult{Completion: mcp.CompletionResultDetails{Values: []string{}}}
+	if p == nil || !p.HasExport(abi.ExportComplete) {
+		return empty, nil
+	}
+	var res mcp.CompleteResult
+	if err := h.request(ctx, h.keyFor(req.Session, req.Extra), p, abi.ExportComplete, &params, callContext(req.Session), &res); err != nil {
+		return nil, err
+	}
+	if res.Completion.Values == nil {
+		res.Completion.Values = []string{}
+	}
+	return &res, nil
+}
+
+// setPrompts registers the prompts, resources and resource templates of
+// cat, removing those of old that are gone.
+func (h *Host) setPrompts(old, cat *plugins.Catalogue) {
+	type entries struct {
+		prompts   map[string]*plugins.Prompt
+		resources map[string]*plugins.Resource
+		templates map[string]*plugins.ResourceTemplate
+	}
+	collect := func(c *plugins.Catalogue) entries {
+		e := entries{map[string]*plugins.Prompt{}, map[string]*plugins.Resource{}, map[string]*plugins.ResourceTemplate{}}
+		if c == nil {
+			return e
+		}
+		for _, p := range c.Plugins() {
+			for _, pr := range p.Prompts() {
+				e.prompts[pr.Name] = pr
+			}
+			for _, r := range p.Resources() {
+				e.resources[r.URI] = r
+			}
+			for _, r := range p.ResourceTemplates() {
+				e.templates[r.URITemplate] = r
+			}
+		}
+		return e
+	}
+	was, now := collect(old), collect(cat)
+	var gonePrompts, goneResources, goneTemplates []string
+	for name := range was.prompts {
+		if _, ok := now.prompts[name]; !ok {
+			gonePrompts = append(gonePrompts, name)
+		}
+	}
+	for uri := range was.resources {
+		if _, ok := now.resources[uri]; !ok {
+			goneResources = append(goneResources, uri)
+		}
+	}
+	for uri := range was.templates {
+		if _, ok := now.templates[uri]; !ok {
+			goneTemplates = append(goneTemplates, uri)
+		}
+	}
+	if len(gonePrompts) > 0 {
+		h.server.RemovePrompts(gonePrompts...)
+	}
+	if len(goneResources) > 0 {
+		h.server.RemoveResources(goneResources...)
+	}
+	if len(goneTemplates) > 0 {
+		h.server.RemoveResourceTemplates(goneTemplates...)
+	}
+	for name, pr := range now.prompts {
+		if was.prompts[name] == pr {
+			continue
+		}
+		var mp mcp.Prompt
+		if err := json.Unmarshal(pr.Def, &mp); err != nil {
+			h.log.Error("prompt not served", "prompt", name, "plugin", pr.Plugin().Name(), "error", err)
+			continue
+		}
+		h.server.AddPrompt(&mp, h.promptHandler(pr))
+	}
+	for uri, r := range now.resources {
+		if was.resources[uri] == r {
+			continue
+		}
+		var mr mcp.Resource
+		if err := json.Unmarshal(r.Def, &mr); err != nil {
+			h.log.Error("resource not served", "uri", uri, "plugin", r.Plugin().Name(), "error", err)
+			continue
+		}
+		h.server.AddResource(&mr, h.resourceHandler(r.Plugin()))
+	}
+	for uri, r := range now.templates {
+		if was.templates[uri] == r {
+			continue
+		}
+		var mt mcp.ResourceTemplate
+		if err := json.Unmarshal(r.Def, &mt); err != nil {
+			h.log.Error("resource template not served", "uriTemplate", uri, "plugin", r.Plugin().Name(), "error", err)
+			continue
+		}
+		h.server.AddResourceTemplate(&mt, h.resourceHandler(r.Plugin()))
+	}
+}
