@@ -34,11 +34,14 @@ func benchHost(b *testing.B, path, tool string) (*Host, *plugins.Tool) {
 	return h, t
 }
 
-// BenchmarkHostSessionFirstCall: a new session's first call to a small
-// (WAT) plugin, host side (session, slot, limits, instance, call, result),
-// without the MCP transport; the session is ended after each. Compare with
-// sandbox's BenchmarkNewInstanceFirstCall/raw-wazero*.
-func BenchmarkHostSessionFirstCall(b *testing.B) {
+// BenchmarkNewInstanceFirstCall/host-session: a new session's first call
+// to a small (WAT) plugin, host side (session, slot, limits, instance,
+// call, result), without the MCP transport; the session is ended after
+// each. Its baselines are sandbox's BenchmarkNewInstanceFirstCall/raw-*,
+// which `make bench` runs beside it.
+func BenchmarkNewInstanceFirstCall(b *testing.B) { b.Run("host-session", benchHostFirstCall) }
+
+func benchHostFirstCall(b *testing.B) {
 	h, t := benchHost(b, testplugins.Example(b, "counter"), "count")
 	ctx := context.Background()
 	args := json.RawMessage(`{}`)
@@ -61,11 +64,14 @@ func BenchmarkHostSessionFirstCall(b *testing.B) {
 	}
 }
 
-// BenchmarkHostWarmCall: a session's call to its warm instance of a Go
-// plugin (the Extism Go PDK's echo) with a 100-byte JSON input, host side
-// including argument validation, without the MCP transport. Compare with
-// sandbox's BenchmarkWarmCall/raw-wazero*.
-func BenchmarkHostWarmCall(b *testing.B) {
+// BenchmarkInstanceWarmCall/host-session: a session's call to its warm
+// instance of a Go plugin (the Extism Go PDK's echo) with a 100-byte JSON
+// input, host side including argument validation and result shaping,
+// without the MCP transport. Its baselines are sandbox's
+// BenchmarkInstanceWarmCall/raw-*.
+func BenchmarkInstanceWarmCall(b *testing.B) { b.Run("host-session", benchHostWarmCall) }
+
+func benchHostWarmCall(b *testing.B) {
 	h, t := benchHost(b, testplugins.Test(b, "servlet"), "echo")
 	ctx := context.Background()
 	args := json.RawMessage(`{"text":"` + strings.Repeat("x", 50) + `"}`)

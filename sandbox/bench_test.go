@@ -174,9 +174,9 @@ func BenchmarkNewInstanceFirstCall(b *testing.B) {
 	})
 }
 
-// BenchmarkWarmCall: one call with a 100-byte JSON input on a warm instance
+// BenchmarkInstanceWarmCall: one call with a 100-byte JSON input on a warm instance
 // of a Go plugin (the Extism Go PDK's echo). Raw wazero is the baseline.
-func BenchmarkWarmCall(b *testing.B) {
+func BenchmarkInstanceWarmCall(b *testing.B) {
 	ctx := context.Background()
 	wasm := testplugins.Bytes(b, testplugins.Test(b, "servlet"))
 	for name, cfg := range rawConfigs() {

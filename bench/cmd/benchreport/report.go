@@ -76,6 +76,22 @@ var sections = []Section{
 			"`restart`: a whole server up to ready (new runtime, load, check and list the tools of counter, hash, notes and servlet, host.New), cold and with a warm disk cache.",
 		Unit: "ns/op", Baselines: []string{"cold"}, Headline: "disk-cache",
 	},
+	{
+		Title: "7. Per-instance cost, host side (issue 3)", Bench: "NewInstanceFirstCall",
+		About: "A new instance of the small (WAT) plugin and its first call, with no MCP: `sandbox` is wasmtools' sandbox (native Extism kernel, limits, deadline); `raw-wazero` the least host code that runs the module; `raw-wazero-termination` the same with wazero's close-on-context-done, the check that lets a deadline stop a guest that never calls the host, which the sandbox cannot do without; `host-session` is a new session's first call through the host (session, slot, limits, instance, call, result), without the MCP transport. " +
+			"Issue 3's bar for `host-session`: 100 µs.",
+		Unit: "ns/op", Baselines: []string{"raw-wazero-termination", "raw-wazero"}, Headline: "host-session",
+	},
+	{
+		Title: "8. Per-call cost on a warm instance (issue 3)", Bench: "InstanceWarmCall",
+		About: "One call with a 100-byte JSON input on a warm instance of the Go plugin (the Extism Go PDK's echo), no MCP. `host-session` adds what a session's call costs the host besides the sandbox: argument validation, the session's instance, result shaping (no MCP transport). The gap between `raw-wazero-termination` and `host-session` is the host's own per-call overhead (issue 3's bar: 5 µs); the gap between the two raw baselines is the price of the termination check on loop-heavy Go guest code.",
+		Unit: "ns/op", Baselines: []string{"raw-wazero-termination", "raw-wazero"}, Headline: "host-session",
+	},
+	{
+		Title: "9. Memory per idle instance (issue 3)", Bench: "IdleInstanceMemory",
+		About: "RSS growth per instance with 1,000 live instances, no MCP (section 3 adds the go-sdk session on both ends). Issue 3's bar for a small plugin: 150 KiB.",
+		Unit: "KiB/instance", Baselines: []string{"raw-wazero"}, Headline: "sandbox",
+	},
 }
 
 // Env is where and when the benchmarks ran.
