@@ -85,12 +85,12 @@ var sections = []Section{
 	{
 		Title: "8. Per-call cost on a warm instance (issue 3)", Bench: "InstanceWarmCall",
 		About: "One call with a 100-byte JSON input on a warm instance of the Go plugin (the Extism Go PDK's echo), no MCP. `host-session` adds what a session's call costs the host besides the sandbox: argument validation, the session's instance, result shaping (no MCP transport). The gap between `raw-wazero-termination` and `host-session` is the host's own per-call overhead (issue 3's bar: 5 µs); the gap between the two raw baselines is the price of the termination check on loop-heavy Go guest code.",
-		Unit: "ns/op", Baselines: []string{"raw-wazero-termination", "raw-wazero"}, Headline: "host-session",
+		Unit:  "ns/op", Baselines: []string{"raw-wazero-termination", "raw-wazero"}, Headline: "host-session",
 	},
 	{
 		Title: "9. Memory per idle instance (issue 3)", Bench: "IdleInstanceMemory",
 		About: "RSS growth per instance with 1,000 live instances, no MCP (section 3 adds the go-sdk session on both ends). Issue 3's bar for a small plugin: 150 KiB.",
-		Unit: "KiB/instance", Baselines: []string{"raw-wazero"}, Headline: "sandbox",
+		Unit:  "KiB/instance", Baselines: []string{"raw-wazero"}, Headline: "sandbox",
 	},
 }
 
