@@ -28,6 +28,10 @@ const (
 	// FuncWriteRecord (offset i64) -> i64: a Record in; 0 when kept, else
 	// the offset of a block holding the error message.
 	FuncWriteRecord = "write_record"
+	// FuncCreateMessage (offset i64) -> offset i64: MCP CreateMessageParams
+	// in (sampling), a CreateMessageResult out. Blocks until the client's
+	// model answers.
+	FuncCreateMessage = "create_message"
 )
 
 // ProgressParams is the input of [FuncNotifyProgress]. ProgressToken is
@@ -81,6 +85,18 @@ type ElicitResult struct {
 	Error   string         `json:"error,omitempty"`
 }
 
+// CreateMessageResult is the output of [FuncCreateMessage]: the MCP
+// CreateMessageResult, or, with only Error set, why the host could not
+// ask (the client offers no sampling, it speaks 2026-07-28, the request
+// was invalid, the client refused).
+type CreateMessageResult struct {
+	Role       string          `json:"role,omitempty"`
+	Content    json.RawMessage `json:"content,omitempty"`
+	Model      string          `json:"model,omitempty"`
+	StopReason string          `json:"stopReason,omitempty"`
+	Error      string          `json:"error,omitempty"`
+}
+
 // Record is the input of [FuncWriteRecord]: a side effect the tool had (a
 // file it wrote, a request it made), in a namespace the tool chooses.
 type Record struct {
@@ -100,6 +116,7 @@ func UserFuncs() []UserFunc {
 		{FuncNotifyResourceListChanged, false, false},
 		{FuncNotifyResourceUpdated, true, false},
 		{FuncWriteRecord, true, true},
+		{FuncCreateMessage, true, true},
 	}
 }
 

@@ -1,6 +1,7 @@
 package host
 
 import (
+	"bytes"
 	"context"
 	"crypto/hmac"
 	"crypto/rand"
@@ -287,6 +288,9 @@ func elicitParams(r abi.ElicitRequest) (*mcp.ElicitParams, []byte, error) {
 		var s struct {
 			Type       string                     `json:"type"`
 			Properties map[string]json.RawMessage `json:"properties"`
+			Ref        string                     `json:"$ref"`
+			Defs       json.RawMessage            `json:"$defs"`
+			Defs7      json.RawMessage            `json:"definitions"`
 		}
 		schema := r.RequestedSchema
 		if len(schema) == 0 {
@@ -295,15 +299,27 @@ func elicitParams(r abi.ElicitRequest) (*mcp.ElicitParams, []byte, error) {
 		if err := json.Unmarshal(schema, &s); err != nil || s.Type != "object" {
 			return nil, nil, errors.New(`requestedSchema must be an object schema ({"type":"object","properties":{...}})`)
 		}
+		// A form is flat: no references (a self-reference could make
+		// validation recurse without end).
+		if s.Ref != "" || s.Defs != nil || s.Defs7 != nil || bytes.Contains(schema, []byte(`"$ref"`)) {
+			return nil, nil, errors.New("requestedSchema must be flat: no $ref or $defs")
+		}
 		for name, p := range s.Properties {
 			var prop struct {
-				Type string `json:"type"`
+				Type  string `json:"type"`
+				Items *struct {
+					Type  string            `json:"type"`
+					Enum  []string          `json:"enum"`
+					AnyOf []json.RawMessage `json:"anyOf"`
+				} `json:"items"`
 			}
 			json.Unmarshal(p, &prop)
-			switch prop.Type {
-			case "string", "number", "integer", "boolean":
+			switch {
+			case prop.Type == "string", prop.Type == "number", prop.Type == "integer", prop.Type == "boolean":
+			case prop.Type == "array" && prop.Items != nil && (len(prop.Items.Enum) > 0 || len(prop.Items.AnyOf) > 0):
+				// A multi-select of string choices (MCP 2025-11-25, SEP-1330).
 			default:
-				return nil, nil, fmt.Errorf("requestedSchema property %q has type %q: a form asks only for string, number, integer or boolean", name, prop.Type)
+				return nil, nil, fmt.Errorf("requestedSchema property %q has type %q: a form asks only for string, number, integer or boolean, or an array of string choices", name, prop.Type)
 			}
 		}
 		if _, err := compileFormSchema(schema); err != nil {

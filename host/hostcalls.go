@@ -58,6 +58,8 @@ type callEnv struct {
 	asked     int
 
 	relist bool // the guest said its tool list changed
+
+	sampled int // create_message requests made
 }
 
 // afterCall runs on the call's instance once the guest returns, while the
@@ -134,6 +136,8 @@ func (e *callEnv) hostFunc(ctx context.Context, name string, input []byte) ([]by
 		e.relist = true // prompts and resources are read again with the tools
 		e.mu.Unlock()
 		return nil, nil
+	case abi.FuncCreateMessage:
+		return json.Marshal(e.createMessage(ctx, input))
 	case abi.FuncNotifyResourceUpdated:
 		var p struct {
 			URI string `json:"uri"`
@@ -146,6 +150,50 @@ func (e *callEnv) hostFunc(ctx context.Context, name string, input []byte) ([]by
 		return nil, nil
 	}
 	return nil, fmt.Errorf("unknown host function")
+}
+
+// createMessage serves the guest's create_message (sampling): a client
+// before 2026-07-28 that offers sampling is sent sampling/createMessage
+// and the call waits for its answer. A 2026-07-28 client cannot be sent a
+// request during a call, and this version does not park a call for a
+// sampling answer, so it is refused, as is a client without sampling.
+func (e *callEnv) createMessage(ctx context.Context, input []byte) *abi.CreateMessageResult {
+	var params mcp.CreateMessageParams
+	if err := strictJSON(input, &params); err != nil {
+		return &abi.CreateMessageResult{Error: err.Error()}
+	}
+	if len(params.Messages) == 0 {
+		return &abi.CreateMessageResult{Error: "a sampling request needs messages"}
+	}
+	_, req := e.current()
+	ss := req.Session
+	ip := ss.InitializeParams()
+	switch {
+	case ip == nil || ip.Capabilities == nil || ip.Capabilities.Sampling == nil:
+		return &abi.CreateMessageResult{Error: "the client does not offer sampling"}
+	case protocolOf(req) >= sessionlessProtocol:
+		return &abi.CreateMessageResult{Error: "sampling is not available to " + sessionlessProtocol + " clients in this version"}
+	}
+	e.mu.Lock()
+	e.sampled++
+	n := e.sampled
+	e.mu.Unlock()
+	if n > maxLegacyQuestions {
+		return &abi.CreateMessageResult{Error: fmt.Sprintf("a call may make at most %d sampling requests", maxLegacyQuestions)}
+	}
+	res, err := ss.CreateMessage(ctx, &params)
+	if err != nil {
+		return &abi.CreateMessageResult{Error: "sampling failed: " + err.Error()}
+	}
+	out := &abi.CreateMessageResult{Role: string(res.Role), Model: res.Model, StopReason: res.StopReason}
+	if res.Content != nil {
+		b, err := json.Marshal(res.Content)
+		if err != nil {
+			return &abi.CreateMessageResult{Error: "sampling: " + err.Error()}
+		}
+		out.Content = b
+	}
+	return out
 }
 
 func derefOr(f *float64) float64 {

@@ -32,7 +32,9 @@ type HostFunc func(ctx context.Context, name string, input []byte) ([]byte, erro
 const MaxHostInput = 1 << 20
 
 // blocking names the user functions that wait for a person.
-func blocking(name string) bool { return name == abi.FuncCreateElicitation }
+func blocking(name string) bool {
+	return name == abi.FuncCreateElicitation || name == abi.FuncCreateMessage
+}
 
 // instantiateUser defines module extism:host/user in rt.
 func instantiateUser(ctx context.Context, rt wazero.Runtime) error {

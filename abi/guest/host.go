@@ -26,6 +26,9 @@ func hostNotifyToolListChanged()
 //go:wasmimport extism:host/user write_record
 func hostWriteRecord(offset uint64) uint64
 
+//go:wasmimport extism:host/user create_message
+func hostCreateMessage(offset uint64) uint64
+
 func storeJSON(v any) uint64 {
 	b, err := json.Marshal(v)
 	if err != nil {
@@ -87,4 +90,20 @@ func WriteRecord(namespace string, data any) error {
 		return errors.New(string(load(off)))
 	}
 	return nil
+}
+
+// CreateMessage asks the client's model for a completion (MCP sampling)
+// and waits for it. params is an MCP CreateMessageParams: any value that
+// marshals to {"messages": [{"role", "content"}], "maxTokens", ...}. The
+// error is set when the host could not ask (the client offers no sampling
+// or speaks 2026-07-28) or the client refused.
+func CreateMessage(params any) (*abi.CreateMessageResult, error) {
+	var res abi.CreateMessageResult
+	if err := json.Unmarshal(load(hostCreateMessage(storeJSON(params))), &res); err != nil {
+		return nil, err
+	}
+	if res.Error != "" {
+		return &res, errors.New(res.Error)
+	}
+	return &res, nil
 }

@@ -1,0 +1,264 @@
+//go:build wasip1
+
+// Command everything is the fixture server of the MCP conformance suite
+// (npm @modelcontextprotocol/conformance) as a plugin: its tools, prompts,
+// resources, resource template and completion, mirroring the go-sdk's own
+// conformance server. `wasmtools serve --http ADDR everything.wasm` is the
+// server under test (scripts/conformance.sh).
+//
+//	GOOS=wasip1 GOARCH=wasm go build -buildmode=c-shared -o everything.wasm .
+package main
+
+import (
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+
+	"github.com/wasmtools/wasmtools/abi"
+	"github.com/wasmtools/wasmtools/abi/guest"
+)
+
+func main() {}
+
+// The suite's minimal test files: a 1x1 red PNG and a silent WAV.
+const (
+	imageBase64 = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8DwHwAFBQIAX8jx0gAAAABJRU5ErkJggg=="
+	audioBase64 = "UklGRiYAAABXQVZFZm10IBAAAAABAAEAQB8AAAB9AAACABAAZGF0YQIAAAA="
+)
+
+// block is one MCP content block as JSON.
+func block(v any) json.RawMessage {
+	b, err := json.Marshal(v)
+	if err != nil {
+		panic(err)
+	}
+	return b
+}
+
+func text(s string) json.RawMessage { return block(guest.TextBlock(s)) }
+
+func image() json.RawMessage {
+	return block(map[string]any{"type": "image", "data": imageBase64, "mimeType": "image/png"})
+}
+
+func embedded(uri, s string) json.RawMessage {
+	return block(map[string]any{"type": "resource", "resource": map[string]any{"uri": uri, "mimeType": "text/plain", "text": s}})
+}
+
+func content(blocks ...json.RawMessage) *guest.Result { return &guest.Result{Content: blocks} }
+
+func tool(name, description, schema string, h guest.Handler) guest.Tool {
+	return guest.Tool{Name: name, Description: description, InputSchema: schema, Handler: h}
+}
+
+func init() {
+	guest.Register(
+		tool("test_simple_text", "Tests simple text content response", "", func(*guest.Call) (*guest.Result, error) {
+			return content(text("This is a simple text response for testing.")), nil
+		}),
+		tool("test_image_content", "Tests image content response", "", func(*guest.Call) (*guest.Result, error) {
+			return content(image()), nil
+		}),
+		tool("test_audio_content", "Tests audio content response", "", func(*guest.Call) (*guest.Result, error) {
+			return content(block(map[string]any{"type": "audio", "data": audioBase64, "mimeType": "audio/wav"})), nil
+		}),
+		tool("test_embedded_resource", "Tests embedded resource content response", "", func(*guest.Call) (*guest.Result, error) {
+			return content(embedded("test://embedded-resource", "This is an embedded resource")), nil
+		}),
+		tool("test_multiple_content_types", "Tests response with multiple content types (text, image, resource)", "", func(*guest.Call) (*guest.Result, error) {
+			return content(text("This is text content"), image(), embedded("test://embedded-in-multiple", "This is an embedded resource")), nil
+		}),
+		tool("test_tool_with_logging", "Tests tool that emits log messages during execution", "", func(*guest.Call) (*guest.Result, error) {
+			guest.Log("info", "Tool execution started")
+			guest.Log("info", "Tool processing data")
+			guest.Log("info", "Tool execution completed")
+			return content(text("Tool with logging executed successfully")), nil
+		}),
+		tool("test_tool_with_progress", "Tests tool that reports progress notifications", "", testProgress),
+		tool("test_error_handling", "Tests error response handling", "", func(*guest.Call) (*guest.Result, error) {
+			return nil, errors.New("this tool intentionally returns an error for testing")
+		}),
+		tool("test_sampling", "Tests server-initiated sampling (LLM completion request)",
+			`{"type":"object","properties":{"prompt":{"type":"string","description":"The prompt to send to the LLM"}},"required":["prompt"]}`, testSampling),
+		tool("test_elicitation", "Tests server-initiated elicitation (user input request)",
+			`{"type":"object","properties":{"message":{"type":"string","description":"The message to show the user"}},"required":["message"]}`,
+			func(c *guest.Call) (*guest.Result, error) {
+				var in struct{ Message string }
+				if err := c.Bind(&in); err != nil {
+					return nil, err
+				}
+				return elicit(in.Message, `{"type":"object","properties":{"username":{"type":"string","description":"Your preferred username"}},"required":["username"]}`)
+			}),
+		tool("test_elicitation_sep1034_defaults", "Tests elicitation with default values per SEP-1034", "", func(*guest.Call) (*guest.Result, error) {
+			return elicit("Test defaults for primitives", `{"type":"object","properties":{
+				"name":{"type":"string","description":"User name","default":"John Doe"},
+				"age":{"type":"integer","description":"User age","default":30},
+				"score":{"type":"number","description":"User score","default":95.5},
+				"status":{"type":"string","description":"User status","enum":["active","inactive","pending"],"default":"active"},
+				"verified":{"type":"boolean","description":"Verification status","default":true}}}`)
+		}),
+		tool("test_elicitation_sep1330_enums", "Tests elicitation with enum schema improvements per SEP-1330", "", func(*guest.Call) (*guest.Result, error) {
+			return elicit("Test enum schemas", `{"type":"object","properties":{
+				"untitledSingle":{"type":"string","enum":["option1","option2","option3"]},
+				"titledSingle":{"type":"string","oneOf":[{"const":"value1","title":"First Option"},{"const":"value2","title":"Second Option"},{"const":"value3","title":"Third Option"}]},
+				"legacyEnum":{"type":"string","enum":["opt1","opt2","opt3"],"enumNames":["Option One","Option Two","Option Three"]},
+				"untitledMulti":{"type":"array","minItems":1,"maxItems":3,"items":{"type":"string","enum":["option1","option2","option3"]}},
+				"titledMulti":{"type":"array","minItems":1,"maxItems":3,"items":{"type":"string","anyOf":[{"const":"value1","title":"First Option"},{"const":"value2","title":"Second Option"},{"const":"value3","title":"Third Option"}]}}}}`)
+		}),
+		tool("json_schema_2020_12_tool", "Tool with JSON Schema 2020-12 features for conformance testing (SEP-1613, SEP-2106)", jsonSchema202012,
+			func(c *guest.Call) (*guest.Result, error) {
+				return content(text(fmt.Sprintf("JSON Schema 2020-12 tool called with: %s", c.Arguments))), nil
+			}),
+	)
+
+	guest.RegisterPrompt(
+		guest.Prompt{
+			Name: "test_simple_prompt", Title: "Simple Test Prompt", Description: "A simple prompt without arguments",
+			Get: func(map[string]string) (*guest.PromptResult, error) {
+				return &guest.PromptResult{Description: "A simple test prompt", Messages: []guest.PromptMessage{
+					{Role: "user", Content: guest.TextBlock("This is a simple prompt for testing.")},
+				}}, nil
+			},
+		},
+		guest.Prompt{
+			Name: "test_prompt_with_arguments", Title: "Prompt With Arguments", Description: "A prompt with required arguments",
+			Arguments: []guest.PromptArgument{
+				{Name: "arg1", Description: "First test argument", Required: true},
+				{Name: "arg2", Description: "Second test argument", Required: true},
+			},
+			Get: func(args map[string]string) (*guest.PromptResult, error) {
+				return &guest.PromptResult{Description: "A prompt with arguments", Messages: []guest.PromptMessage{
+					{Role: "user", Content: guest.TextBlock(fmt.Sprintf("Prompt with arguments: arg1='%s', arg2='%s'", args["arg1"], args["arg2"]))},
+				}}, nil
+			},
+		},
+		guest.Prompt{
+			Name: "test_prompt_with_embedded_resource", Title: "Prompt With Embedded Resource", Description: "A prompt that includes an embedded resource",
+			Arguments: []guest.PromptArgument{{Name: "resourceUri", Description: "URI of the resource to embed", Required: true}},
+			Get: func(args map[string]string) (*guest.PromptResult, error) {
+				return &guest.PromptResult{Description: "A prompt with an embedded resource", Messages: []guest.PromptMessage{
+					{Role: "user", Content: embedded(args["resourceUri"], "Embedded resource content for testing.")},
+					{Role: "user", Content: guest.TextBlock("Please process the embedded resource above.")},
+				}}, nil
+			},
+		},
+		guest.Prompt{
+			Name: "test_prompt_with_image", Title: "Prompt With Image", Description: "A prompt that includes image content",
+			Get: func(map[string]string) (*guest.PromptResult, error) {
+				return &guest.PromptResult{Description: "A prompt with an image", Messages: []guest.PromptMessage{
+					{Role: "user", Content: image()},
+					{Role: "user", Content: guest.TextBlock("Please analyze the image above.")},
+				}}, nil
+			},
+		},
+	)
+
+	png, _ := base64.StdEncoding.DecodeString(imageBase64)
+	guest.RegisterResource(
+		guest.Resource{
+			URI: "test://static-text", Name: "static-text", Description: "A static text resource for testing", MIMEType: "text/plain",
+			Read: func(uri string, _ map[string]string) ([]guest.ResourceContents, error) {
+				return []guest.ResourceContents{{URI: uri, MIMEType: "text/plain", Text: "This is the content of the static text resource."}}, nil
+			},
+		},
+		guest.Resource{
+			URI: "test://static-binary", Name: "static-binary", Description: "A static binary resource (image) for testing", MIMEType: "image/png",
+			Read: func(uri string, _ map[string]string) ([]guest.ResourceContents, error) {
+				return []guest.ResourceContents{{URI: uri, MIMEType: "image/png", Blob: png}}, nil
+			},
+		},
+		guest.Resource{
+			URITemplate: "test://template/{id}/data", Name: "template", Description: "A resource template with parameter substitution", MIMEType: "application/json",
+			Read: func(uri string, vars map[string]string) ([]guest.ResourceContents, error) {
+				id := vars["id"]
+				return []guest.ResourceContents{{URI: uri, MIMEType: "application/json",
+					Text: fmt.Sprintf(`{"id": "%s", "templateTest": true, "data": "Data for ID: %s"}`, id, id)}}, nil
+			},
+			Complete: func(string, string, map[string]string) []string { return []string{} },
+		},
+		guest.Resource{
+			URI: "test://watched-resource", Name: "watched-resource", Description: "A resource that changes when the tool test_update_watched_resource runs", MIMEType: "text/plain",
+			Read: func(uri string, _ map[string]string) ([]guest.ResourceContents, error) {
+				return []guest.ResourceContents{{URI: uri, MIMEType: "text/plain", Text: "Watched resource content"}}, nil
+			},
+		},
+	)
+	guest.Register(tool("test_update_watched_resource", "Tells subscribers that test://watched-resource changed", "", func(*guest.Call) (*guest.Result, error) {
+		guest.NotifyResourceUpdated("test://watched-resource")
+		return content(text("updated test://watched-resource")), nil
+	}))
+}
+
+func testProgress(c *guest.Call) (*guest.Result, error) {
+	for _, p := range []float64{0, 50, 100} {
+		guest.Progress(p, 100, fmt.Sprintf("Completed step %.0f of %.0f", p, 100.0))
+	}
+	var meta struct {
+		ProgressToken any `json:"progressToken"`
+	}
+	if len(c.Meta) > 0 {
+		_ = json.Unmarshal(c.Meta, &meta)
+	}
+	return content(text(fmt.Sprintf("%v", meta.ProgressToken))), nil
+}
+
+func testSampling(c *guest.Call) (*guest.Result, error) {
+	var in struct{ Prompt string }
+	if err := c.Bind(&in); err != nil {
+		return nil, err
+	}
+	res, err := guest.CreateMessage(map[string]any{
+		"messages":  []guest.PromptMessage{{Role: "user", Content: guest.TextBlock(in.Prompt)}},
+		"maxTokens": 100,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("sampling failed: %w", err)
+	}
+	reply := "(non-text response)"
+	var tc abi.TextContent
+	if json.Unmarshal(res.Content, &tc) == nil && tc.Type == "text" {
+		reply = tc.Text
+	}
+	return content(text("LLM response: " + reply)), nil
+}
+
+func elicit(message, schema string) (*guest.Result, error) {
+	res, err := guest.Elicit(abi.ElicitRequest{Message: message, RequestedSchema: json.RawMessage(schema)})
+	if err != nil {
+		return nil, fmt.Errorf("elicitation failed: %w", err)
+	}
+	return content(text(fmt.Sprintf("Elicitation result: action=%s, content=%v", res.Action, res.Content))), nil
+}
+
+const jsonSchema202012 = `{
+	"$schema": "https://json-schema.org/draft/2020-12/schema",
+	"type": "object",
+	"$defs": {
+		"address": {
+			"$anchor": "addressDef",
+			"type": "object",
+			"properties": {
+				"street": { "type": "string" },
+				"city": { "type": "string" }
+			}
+		}
+	},
+	"properties": {
+		"name": { "type": "string" },
+		"address": { "$ref": "#/$defs/address" },
+		"contactMethod": { "type": "string", "enum": ["phone", "email"] },
+		"phone": { "type": "string" },
+		"email": { "type": "string" }
+	},
+	"allOf": [
+		{ "anyOf": [{ "required": ["phone"] }, { "required": ["email"] }] }
+	],
+	"if": {
+		"properties": { "contactMethod": { "const": "phone" } },
+		"required": ["contactMethod"]
+	},
+	"then": { "required": ["phone"] },
+	"else": { "required": ["email"] },
+	"additionalProperties": false
+}`
