@@ -36,15 +36,16 @@ var ErrRequestState = errors.New("invalid request state")
 // with elicitation/create while the call runs; for a 2026-07-28 client the
 // call is parked between requests.
 type run struct {
-	id      string
-	tool    *plugins.Tool
-	env     *callEnv
-	cancel  context.CancelCauseFunc
-	done    chan runResult
-	start   time.Time
-	round   int       // the client's requests so far, the first included
-	pending *question // the question a parked run waits on
-	abandon *time.Timer
+	id       string
+	tool     *plugins.Tool
+	env      *callEnv
+	cancel   context.CancelCauseFunc
+	done     chan runResult
+	start    time.Time
+	round    int       // the client's requests so far, the first included
+	pending  *question // the question a parked run waits on
+	answered string    // the key the last retry answered
+	abandon  *time.Timer
 }
 
 type runResult struct {
@@ -72,6 +73,10 @@ func (h *Host) startRun(ctx context.Context, key sessionKey, c plugins.Call, env
 // and ends the request with an input-required result.
 func (h *Host) serveRounds(ctx context.Context, req *mcp.CallToolRequest, r *run) (*mcp.CallToolResult, error) {
 	multiRound := protocolOf(req) >= sessionlessProtocol
+	used := map[string]bool{} // inputResponses keys answered in this request
+	if req.Params.RequestState != "" && r.answered != "" {
+		used[r.answered] = true
+	}
 	for {
 		select {
 		case out := <-r.done:
@@ -79,13 +84,21 @@ func (h *Host) serveRounds(ctx context.Context, req *mcp.CallToolRequest, r *run
 			h.audit(r.env, out.res, r.start)
 			return out.res, out.err
 		case q := <-r.env.questions:
-			if ans := h.refuseQuestion(req, q, r, multiRound); ans != nil {
-				q.answer <- ans
+			if ans := h.refuseQuestion(req, q, r, multiRound); ans != "" {
+				q.refuse(ans)
 				continue
 			}
 			r.env.asked++
 			if !multiRound {
-				q.answer <- askLegacy(ctx, req.Session, q)
+				q.askLegacy(ctx, req.Session)
+				continue
+			}
+			// A 2026-07-28 client may answer ahead: a response under
+			// the question's key in this request's inputResponses (a
+			// retry of a stateless client, or several answers at once).
+			if resp, ok := req.Params.InputResponses[q.key]; ok && !used[q.key] {
+				used[q.key] = true
+				q.reply(resp)
 				continue
 			}
 			return h.park(r, q), nil
@@ -105,26 +118,31 @@ func protocolOf(req *mcp.CallToolRequest) string {
 	return ""
 }
 
-// refuseQuestion answers at once a question the client cannot be asked,
-// or returns nil.
-func (h *Host) refuseQuestion(req *mcp.CallToolRequest, q *question, r *run, multiRound bool) *abi.ElicitResult {
-	var caps *mcp.ElicitationCapabilities
-	if ip := req.Session.InitializeParams(); ip != nil && ip.Capabilities != nil {
-		caps = ip.Capabilities.Elicitation
+// refuseQuestion says why a question cannot be asked of the client, or
+// returns "".
+func (h *Host) refuseQuestion(req *mcp.CallToolRequest, q *question, r *run, multiRound bool) string {
+	var caps *mcp.ClientCapabilities
+	if ip := req.Session.InitializeParams(); ip != nil {
+		caps = ip.Capabilities
 	}
 	switch {
-	case caps == nil:
-		return cancelWith("the client does not offer elicitation")
-	case q.params.Mode == "url" && caps.URL == nil:
-		return cancelWith(`the client does not offer "url" elicitation`)
-	case q.params.Mode == "form" && caps.Form == nil && caps.URL != nil:
-		return cancelWith(`the client does not offer "form" elicitation`)
-	case multiRound && r.env.asked >= h.maxQuestions():
-		return cancelWith(fmt.Sprintf("a call may ask a client at most %d questions (it makes at most %d requests of a call)", h.maxQuestions(), h.maxQuestions()+1))
-	case !multiRound && r.env.asked >= maxLegacyQuestions:
-		return cancelWith(fmt.Sprintf("a call may ask at most %d questions", maxLegacyQuestions))
+	case q.sampling != nil && (caps == nil || caps.Sampling == nil):
+		return "the client does not offer sampling"
+	case q.sampling != nil:
+	case caps == nil || caps.Elicitation == nil:
+		return "the client does not offer elicitation"
+	case q.params.Mode == "url" && caps.Elicitation.URL == nil:
+		return `the client does not offer "url" elicitation`
+	case q.params.Mode == "form" && caps.Elicitation.Form == nil && caps.Elicitation.URL != nil:
+		return `the client does not offer "form" elicitation`
 	}
-	return nil
+	switch {
+	case multiRound && r.env.asked >= h.maxQuestions():
+		return fmt.Sprintf("a call may ask a client at most %d questions (it makes at most %d requests of a call)", h.maxQuestions(), h.maxQuestions()+1)
+	case !multiRound && r.env.asked >= maxLegacyQuestions:
+		return fmt.Sprintf("a call may ask at most %d questions", maxLegacyQuestions)
+	}
+	return ""
 }
 
 func (h *Host) maxQuestions() int {
@@ -138,14 +156,80 @@ func cancelWith(msg string) *abi.ElicitResult {
 	return &abi.ElicitResult{Action: abi.ActionCancel, Error: msg}
 }
 
-// askLegacy asks a client before 2026-07-28 with elicitation/create. The
-// SDK checks its capabilities and validates a form answer.
-func askLegacy(ctx context.Context, ss *mcp.ServerSession, q *question) *abi.ElicitResult {
+// askLegacy asks a client before 2026-07-28 with elicitation/create (the
+// SDK checks its capabilities and validates a form answer), or with
+// sampling/createMessage.
+func (q *question) askLegacy(ctx context.Context, ss *mcp.ServerSession) {
+	if q.sampling != nil {
+		res, err := ss.CreateMessage(ctx, q.sampling)
+		if err != nil {
+			q.refuse("sampling failed: " + err.Error())
+			return
+		}
+		q.sampled <- sampledOf(res)
+		return
+	}
 	res, err := ss.Elicit(ctx, q.params)
 	if err != nil {
-		return cancelWith("elicitation failed: " + err.Error())
+		q.refuse("elicitation failed: " + err.Error())
+		return
 	}
-	return &abi.ElicitResult{Action: res.Action, Content: res.Content}
+	q.answer <- &abi.ElicitResult{Action: res.Action, Content: res.Content}
+}
+
+// refuse answers the question at once with why it was not asked.
+func (q *question) refuse(msg string) {
+	if q.sampling != nil {
+		q.sampled <- &abi.CreateMessageResult{Error: msg}
+		return
+	}
+	q.answer <- cancelWith(msg)
+}
+
+// reply answers the question with the client's input response.
+func (q *question) reply(resp mcp.InputResponse) {
+	if q.sampling != nil {
+		q.sampled <- sampledOf(resp)
+		return
+	}
+	q.answer <- answerOf(resp, q)
+}
+
+// request is the question as an input request.
+func (q *question) request() mcp.InputRequest {
+	if q.sampling != nil {
+		return q.sampling
+	}
+	return q.params
+}
+
+// sampledOf turns a client's sampling answer into the guest's result.
+func sampledOf(resp any) *abi.CreateMessageResult {
+	switch resp.(type) {
+	case *mcp.CreateMessageResult, *mcp.CreateMessageWithToolsResult:
+	default:
+		return &abi.CreateMessageResult{Error: "the client's retry carried no answer to the sampling request"}
+	}
+	b, err := json.Marshal(resp)
+	if err != nil {
+		return &abi.CreateMessageResult{Error: "sampling: " + err.Error()}
+	}
+	var w struct {
+		Role       string          `json:"role"`
+		Model      string          `json:"model"`
+		StopReason string          `json:"stopReason"`
+		Content    json.RawMessage `json:"content"`
+	}
+	if err := json.Unmarshal(b, &w); err != nil {
+		return &abi.CreateMessageResult{Error: "sampling: " + err.Error()}
+	}
+	if c := bytes.TrimSpace(w.Content); len(c) > 0 && c[0] == '[' {
+		var blocks []json.RawMessage
+		if json.Unmarshal(c, &blocks) == nil && len(blocks) == 1 {
+			w.Content = blocks[0]
+		}
+	}
+	return &abi.CreateMessageResult{Role: w.Role, Model: w.Model, StopReason: w.StopReason, Content: w.Content}
 }
 
 // park keeps the run waiting for the client's answer to q and returns the
@@ -163,7 +247,7 @@ func (h *Host) park(r *run, q *question) *mcp.CallToolResult {
 	r.abandon = time.AfterFunc(abandon, func() { h.abandonRun(r, abandon) })
 	state := h.signState(r.id, r.round, time.Now().Add(abandon), r.tool.Name)
 	h.log.Info("call parked for an answer", "tool", r.tool.Name, "session", r.env.sess, "round", r.round)
-	return &mcp.CallToolResult{InputRequests: mcp.InputRequestMap{"q": q.params}, RequestState: state}
+	return &mcp.CallToolResult{InputRequests: mcp.InputRequestMap{q.key: q.request()}, RequestState: state}
 }
 
 // abandonRun stops a parked run whose client did not come back.
@@ -200,8 +284,9 @@ func (h *Host) resume(ctx context.Context, t *plugins.Tool, req *mcp.CallToolReq
 	r.abandon.Stop()
 	q := r.pending
 	r.pending = nil
+	r.answered = q.key
 	r.env.follow(ctx, req)
-	q.answer <- answerOf(req.Params.InputResponses["q"], q)
+	q.reply(req.Params.InputResponses[q.key])
 	return h.serveRounds(ctx, req, r)
 }
 
@@ -257,7 +342,7 @@ func (e *callEnv) elicit(ctx context.Context, input []byte) *abi.ElicitResult {
 	if e.questions == nil {
 		return cancelWith("this call cannot ask questions")
 	}
-	q := &question{params: params, schema: schema, answer: make(chan *abi.ElicitResult, 1)}
+	q := &question{key: inputKey(r), params: params, schema: schema, answer: make(chan *abi.ElicitResult, 1)}
 	select {
 	case e.questions <- q:
 	case <-ctx.Done():
@@ -269,6 +354,29 @@ func (e *callEnv) elicit(ctx context.Context, input []byte) *abi.ElicitResult {
 	case <-ctx.Done():
 		return cancelWith("the call was cancelled")
 	}
+}
+
+// inputKey is the key under which a 2026-07-28 client is asked a form
+// question: the request's elicitationId when it is a short name (a form
+// question carries none in MCP, so a guest may name its input request
+// with it), else "q".
+func inputKey(r abi.ElicitRequest) string {
+	if r.Mode != "url" && validKey(r.ElicitationID) {
+		return r.ElicitationID
+	}
+	return "q"
+}
+
+func validKey(k string) bool {
+	if k == "" || len(k) > 64 {
+		return false
+	}
+	for _, c := range k {
+		if !(c == '_' || c == '-' || c == '.' || '0' <= c && c <= '9' || 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z') {
+			return false
+		}
+	}
+	return true
 }
 
 // elicitParams checks a guest's question: a form asks for a flat object

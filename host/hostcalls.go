@@ -74,11 +74,16 @@ func (e *callEnv) afterCall(ctx context.Context, inst *plugins.Instance) {
 	}
 }
 
-// question is one create_elicitation call waiting for its answer.
+// question is one create_elicitation or create_message call waiting for
+// its answer: params and answer for a question to the user, sampling and
+// sampled for a request of the client's model.
 type question struct {
-	params *mcp.ElicitParams
-	schema []byte
-	answer chan *abi.ElicitResult
+	key      string // its key in a 2026-07-28 client's inputRequests
+	params   *mcp.ElicitParams
+	schema   []byte
+	answer   chan *abi.ElicitResult
+	sampling *mcp.CreateMessageParams
+	sampled  chan *abi.CreateMessageResult
 }
 
 func (h *Host) newCallEnv(ctx context.Context, t *plugins.Tool, req *mcp.CallToolRequest, sess string) *callEnv {
@@ -155,8 +160,10 @@ func (e *callEnv) hostFunc(ctx context.Context, name string, input []byte) ([]by
 // createMessage serves the guest's create_message (sampling): a client
 // before 2026-07-28 that offers sampling is sent sampling/createMessage
 // and the call waits for its answer. A 2026-07-28 client cannot be sent a
-// request during a call, and this version does not park a call for a
-// sampling answer, so it is refused, as is a client without sampling.
+// request during a call: the call is parked and the client asked through
+// an input-required result, as for elicitation, when the guest runs on a
+// goroutine of its own (it imports create_elicitation); otherwise, and for
+// a client without sampling, the request is refused.
 func (e *callEnv) createMessage(ctx context.Context, input []byte) *abi.CreateMessageResult {
 	var params mcp.CreateMessageParams
 	if err := strictJSON(input, &params); err != nil {
@@ -171,8 +178,8 @@ func (e *callEnv) createMessage(ctx context.Context, input []byte) *abi.CreateMe
 	switch {
 	case ip == nil || ip.Capabilities == nil || ip.Capabilities.Sampling == nil:
 		return &abi.CreateMessageResult{Error: "the client does not offer sampling"}
-	case protocolOf(req) >= sessionlessProtocol:
-		return &abi.CreateMessageResult{Error: "sampling is not available to " + sessionlessProtocol + " clients in this version"}
+	case protocolOf(req) >= sessionlessProtocol && e.questions == nil:
+		return &abi.CreateMessageResult{Error: "sampling is available to " + sessionlessProtocol + " clients only to a plugin that imports create_elicitation"}
 	}
 	e.mu.Lock()
 	e.sampled++
@@ -181,19 +188,27 @@ func (e *callEnv) createMessage(ctx context.Context, input []byte) *abi.CreateMe
 	if n > maxLegacyQuestions {
 		return &abi.CreateMessageResult{Error: fmt.Sprintf("a call may make at most %d sampling requests", maxLegacyQuestions)}
 	}
+	if e.questions != nil && protocolOf(req) >= sessionlessProtocol {
+		// Through the goroutine serving the client, which parks the
+		// call.
+		q := &question{key: "q", sampling: &params, sampled: make(chan *abi.CreateMessageResult, 1)}
+		select {
+		case e.questions <- q:
+		case <-ctx.Done():
+			return &abi.CreateMessageResult{Error: "the call was cancelled"}
+		}
+		select {
+		case a := <-q.sampled:
+			return a
+		case <-ctx.Done():
+			return &abi.CreateMessageResult{Error: "the call was cancelled"}
+		}
+	}
 	res, err := ss.CreateMessage(ctx, &params)
 	if err != nil {
 		return &abi.CreateMessageResult{Error: "sampling failed: " + err.Error()}
 	}
-	out := &abi.CreateMessageResult{Role: string(res.Role), Model: res.Model, StopReason: res.StopReason}
-	if res.Content != nil {
-		b, err := json.Marshal(res.Content)
-		if err != nil {
-			return &abi.CreateMessageResult{Error: "sampling: " + err.Error()}
-		}
-		out.Content = b
-	}
-	return out
+	return sampledOf(res)
 }
 
 func derefOr(f *float64) float64 {

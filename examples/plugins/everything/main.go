@@ -184,6 +184,7 @@ func init() {
 			},
 		},
 	)
+	registerInputRequired()
 	guest.Register(tool("test_update_watched_resource", "Tells subscribers that test://watched-resource changed", "", func(*guest.Call) (*guest.Result, error) {
 		guest.NotifyResourceUpdated("test://watched-resource")
 		return content(text("updated test://watched-resource")), nil
@@ -229,6 +230,132 @@ func elicit(message, schema string) (*guest.Result, error) {
 		return nil, fmt.Errorf("elicitation failed: %w", err)
 	}
 	return content(text(fmt.Sprintf("Elicitation result: action=%s, content=%v", res.Action, res.Content))), nil
+}
+
+// The fixtures of the suite's 2026-07-28 line (SEP-2322, input-required
+// results). The host asks a 2026-07-28 client each question through an
+// input-required result under the key the question's elicitationId names,
+// one question a round, and resumes the guest with the answer; a client
+// before 2026-07-28 is asked with elicitation/create or
+// sampling/createMessage as the call runs. There is no host function for
+// roots/list, so test_input_required_result_list_roots and
+// test_input_required_result_multiple_inputs are not here.
+func registerInputRequired() {
+	const noArgs = ""
+	guest.Register(
+		tool("test_input_required_result_elicitation", "Asks the user's name through an input-required result (SEP-2322)", noArgs,
+			func(*guest.Call) (*guest.Result, error) {
+				a, err := ask("user_name", "What is your name?", `{"type":"object","properties":{"name":{"type":"string"}},"required":["name"]}`)
+				if err != nil {
+					return nil, err
+				}
+				return content(text(fmt.Sprintf("Hello, %v!", a.Content["name"]))), nil
+			}),
+		tool("test_input_required_result_sampling", "Asks the client's model through an input-required result (SEP-2322)", noArgs,
+			func(*guest.Call) (*guest.Result, error) {
+				reply, err := sample("What is the capital of France?", 100)
+				if err != nil {
+					return nil, err
+				}
+				return content(text("LLM response: " + reply)), nil
+			}),
+		tool("test_input_required_result_request_state", "Asks for a confirmation; the retry's requestState is checked (SEP-2322)", noArgs,
+			func(*guest.Call) (*guest.Result, error) {
+				a, err := ask("confirm", "Please confirm", `{"type":"object","properties":{"ok":{"type":"boolean"}},"required":["ok"]}`)
+				if err != nil {
+					return nil, err
+				}
+				// The host resumed this call only for a retry whose
+				// requestState verified.
+				return content(text(fmt.Sprintf("state-ok: action=%s, ok=%v", a.Action, a.Content["ok"]))), nil
+			}),
+		tool("test_input_required_result_multi_round", "Asks two questions, one round each (SEP-2322)", noArgs,
+			func(*guest.Call) (*guest.Result, error) {
+				name, err := ask("step1", "Step 1: What is your name?", `{"type":"object","properties":{"name":{"type":"string"}},"required":["name"]}`)
+				if err != nil {
+					return nil, err
+				}
+				color, err := ask("step2", "Step 2: What is your favorite color?", `{"type":"object","properties":{"color":{"type":"string"}},"required":["color"]}`)
+				if err != nil {
+					return nil, err
+				}
+				return content(text(fmt.Sprintf("Hello, %v! Your favorite color is %v.", name.Content["name"], color.Content["color"]))), nil
+			}),
+		tool("test_input_required_result_tampered_state", "Asks for a confirmation under an HMAC-signed requestState (SEP-2322)", noArgs,
+			func(*guest.Call) (*guest.Result, error) {
+				a, err := ask("confirm", "Please confirm", `{"type":"object","properties":{"ok":{"type":"boolean"}},"required":["ok"]}`)
+				if err != nil {
+					return nil, err
+				}
+				return content(text(fmt.Sprintf("confirmed: action=%s", a.Action))), nil
+			}),
+		tool("test_input_required_result_capabilities", "Asks only what the client offers: elicitation, else sampling (SEP-2322)", noArgs,
+			func(*guest.Call) (*guest.Result, error) {
+				// The host refuses a question the client cannot be
+				// asked (it did not declare elicitation): fall back to
+				// sampling.
+				if a, err := ask("user_name", "What is your name?", `{"type":"object","properties":{"name":{"type":"string"}},"required":["name"]}`); err == nil {
+					return content(text(fmt.Sprintf("Hello, %v!", a.Content["name"]))), nil
+				}
+				reply, err := sample("Generate a greeting", 50)
+				if err != nil {
+					return nil, err
+				}
+				return content(text("LLM response: " + reply)), nil
+			}),
+		// The diagnostic tools of the server-stateless scenario (SEP-2575)
+		// and the x-mcp-header tool of http-custom-header-server-validation
+		// (SEP-2243), as the go-sdk's conformance server has them.
+		tool("test_streaming_elicitation", "Returns its result alone on the response stream: no independent JSON-RPC requests (SEP-2575)", noArgs,
+			func(*guest.Call) (*guest.Result, error) {
+				return content(text("stream observed: result frames only, no top-level requests")), nil
+			}),
+		tool("test_logging_tool", "Attempts to log; the host drops it when the client did not set _meta.../logLevel (SEP-2575)", noArgs,
+			func(*guest.Call) (*guest.Result, error) {
+				guest.Log("info", "test_logging_tool executed")
+				return content(text("Log attempted; the host gates on _meta.../logLevel.")), nil
+			}),
+		tool("test_x_mcp_header", "Tests SEP-2243 Mcp-Param-* server-side validation",
+			`{"type":"object","properties":{
+				"region":{"type":"string","description":"mirrored into Mcp-Param-Region","x-mcp-header":"Region"},
+				"level":{"type":"integer","description":"non-mirrored argument"}}}`,
+			func(c *guest.Call) (*guest.Result, error) {
+				var in struct{ Region string }
+				if err := c.Bind(&in); err != nil {
+					return nil, err
+				}
+				return content(text("region=" + in.Region)), nil
+			}),
+	)
+}
+
+// ask asks a form question; key names it in a 2026-07-28 client's
+// inputRequests.
+func ask(key, message, schema string) (*abi.ElicitResult, error) {
+	res, err := guest.Elicit(abi.ElicitRequest{Message: message, RequestedSchema: json.RawMessage(schema), ElicitationID: key})
+	if err != nil {
+		return nil, fmt.Errorf("elicitation failed: %w", err)
+	}
+	if res.Action != abi.ActionAccept {
+		return nil, fmt.Errorf("the user did not answer (%s)", res.Action)
+	}
+	return res, nil
+}
+
+// sample asks the client's model one question and returns its text reply.
+func sample(prompt string, maxTokens int) (string, error) {
+	res, err := guest.CreateMessage(map[string]any{
+		"messages":  []guest.PromptMessage{{Role: "user", Content: guest.TextBlock(prompt)}},
+		"maxTokens": maxTokens,
+	})
+	if err != nil {
+		return "", fmt.Errorf("sampling failed: %w", err)
+	}
+	var tc abi.TextContent
+	if json.Unmarshal(res.Content, &tc) == nil && tc.Type == "text" {
+		return tc.Text, nil
+	}
+	return "(non-text response)", nil
 }
 
 const jsonSchema202012 = `{
