@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 	"unicode/utf8"
 
@@ -194,7 +195,19 @@ func toMCP(r *abi.CallToolResult) (*mcp.CallToolResult, error) {
 			return nil, fmt.Errorf("_meta: %w", err)
 		}
 	}
+	dropHostMeta(res)
 	return res, nil
+}
+
+// dropHostMeta removes the _meta keys of the host's namespace from a
+// guest's result: only the host says that state was reset or records were
+// written, so a client can trust them.
+func dropHostMeta(res *mcp.CallToolResult) {
+	for k := range res.Meta {
+		if strings.HasPrefix(k, MetaPrefix) {
+			delete(res.Meta, k)
+		}
+	}
 }
 
 func toMCPSlow(r *abi.CallToolResult) (*mcp.CallToolResult, error) {
@@ -209,6 +222,7 @@ func toMCPSlow(r *abi.CallToolResult) (*mcp.CallToolResult, error) {
 	if res.Content == nil {
 		res.Content = []mcp.Content{}
 	}
+	dropHostMeta(&res)
 	return &res, nil
 }
 

@@ -1,0 +1,116 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/wasmtools/wasmtools/internal/testplugins"
+)
+
+// stderrTally counts the lines a subprocess writes to stderr that contain
+// each of its markers, keeping only the first 64 KiB, so that a flood does
+// not make the test hold it all.
+type stderrTally struct {
+	mu      sync.Mutex
+	markers []string
+	n       map[string]int
+	head    []byte
+	part    []byte // the unfinished last line
+}
+
+func (s *stderrTally) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if room := 64<<10 - len(s.head); room > 0 {
+		s.head = append(s.head, p[:min(room, len(p))]...)
+	}
+	s.part = append(s.part, p...)
+	for {
+		i := bytes.IndexByte(s.part, '\n')
+		if i < 0 {
+			break
+		}
+		for _, m := range s.markers {
+			if bytes.Contains(s.part[:i], []byte(m)) {
+				if s.n == nil {
+					s.n = map[string]int{}
+				}
+				s.n[m]++
+			}
+		}
+		s.part = s.part[i+1:]
+	}
+	s.part = append([]byte(nil), s.part...)
+	return len(p), nil
+}
+
+func (s *stderrTally) count(marker string) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.n[marker]
+}
+
+// TestHostileStdioFloodsStdout: over stdio, the process's stdout is the
+// MCP transport. A guest writing megabytes to its stdout and stderr, in
+// calls running alongside other calls of the same session, must reach the
+// log on stderr, rate-limited (a burst of 20 lines, then 50 a second, the
+// rest counted), and never the transport.
+func TestHostileStdioFloodsStdout(t *testing.T) {
+	dir := testplugins.Folder(t, map[string]string{
+		"servlet.wasm": testplugins.Test(t, "servlet"),
+		"counter.wasm": testplugins.Example(t, "counter"),
+	})
+	const stdoutLine, dropped = `msg="guest stdout"`, "dropped by the rate limit"
+	stderr := &stderrTally{markers: []string{stdoutLine, dropped}}
+	cmd := exec.Command(os.Args[0], "serve", "--cache-dir", testplugins.CacheDir(), dir)
+	cmd.Env = append(os.Environ(), "WASMTOOLS_TEST_MAIN=1")
+	cmd.Stderr = stderr
+	ctx := context.Background()
+	cs, err := mcp.NewClient(&mcp.Implementation{Name: "test", Version: "1"}, nil).Connect(ctx, &mcp.CommandTransport{Command: cmd}, nil)
+	if err != nil {
+		t.Fatalf("connect: %v\nstderr:\n%s", err, stderr.head)
+	}
+	defer cs.Close()
+
+	const floods, lines = 3, 20000
+	flood := strings.Repeat(strings.Repeat("x", 100)+"\n", lines)
+	start := time.Now()
+	var wg sync.WaitGroup
+	for i := range floods {
+		wg.Go(func() {
+			res, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: "print", Arguments: map[string]any{"text": flood}})
+			if err != nil || res.IsError || res.Content[0].(*mcp.TextContent).Text != "printed" {
+				t.Errorf("flood %d: %v %+v", i, err, res)
+			}
+		})
+	}
+	// The same session's calls to another plugin are served meanwhile.
+	for i := 1; i <= 20; i++ {
+		if got := callText(t, cs, "count", nil); got != strconv.Itoa(i) {
+			t.Errorf("count during the floods = %s, want %d", got, i)
+		}
+	}
+	wg.Wait()
+	took := time.Since(start)
+	if got := callText(t, cs, "echo", map[string]any{"text": "still talking"}); got != "still talking" {
+		t.Errorf("echo after the floods = %q", got)
+	}
+	cs.Close() // waits for the process, and so for all it wrote to stderr
+	// The floods reach the log as lines, as many as the rate allows.
+	n, max := stderr.count(stdoutLine), int(20+50*took.Seconds())+5
+	if n < 1 || n > max {
+		t.Errorf("%d guest stdout lines on stderr in %v, want 1 to %d", n, took, max)
+	}
+	if stderr.count(dropped) < 1 {
+		t.Errorf("the dropped lines were not counted on stderr:\n%s", stderr.head)
+	}
+}

@@ -1,0 +1,164 @@
+package host
+
+import (
+	"encoding/json"
+	"strings"
+	"testing"
+	"time"
+	"unicode/utf8"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/wasmtools/wasmtools/abi"
+)
+
+// Fuzz targets for what the host makes of bytes that a plugin or a client
+// chose (see docs/SECURITY.md): a guest's result, shaped and capped for
+// the client; a guest's question; a client's request state.
+
+// FuzzToMCP converts a guest's result as callTool does, and caps it. A
+// result that converts must encode for the client, and what the cap keeps
+// must fit the limit.
+func FuzzToMCP(f *testing.F) {
+	for _, s := range []string{
+		`{"content":[{"type":"text","text":"hello"}]}`,
+		`{"content":[{"type":"text","text":"héllo ✓"},{"type":"image","data":"aGk=","mimeType":"image/png"}],"structuredContent":{"n":1},"isError":true,"_meta":{"k":"v"}}`,
+		`{"content":[{"type":"text","text":"a","annotations":{"audience":["user"]},"_meta":{"x":1}}]}`,
+		`{"content":[{"type":"resource","resource":{"uri":"file:///x","text":"t"}}]}`,
+		`{"content":[{"type":"audio","data":"aGk=","mimeType":"audio/wav"},{"type":"resource_link","uri":"x:y","name":"n"}]}`,
+		`{"content":[{"type":"hologram"}]}`, `{"content":[1]}`, `{"content":[],"_meta":[]}`,
+	} {
+		f.Add([]byte(s), 10)
+		f.Add([]byte(s), 0)
+	}
+	f.Fuzz(func(t *testing.T, out []byte, limit int) {
+		var r abi.CallToolResult
+		if json.Unmarshal(out, &r) != nil {
+			return // decodeJSON refuses it first
+		}
+		res, err := toMCP(&r)
+		if err != nil {
+			return
+		}
+		if _, err := json.Marshal(res); err != nil {
+			t.Fatalf("a converted result does not encode for the client: %v", err)
+		}
+		if limit < 0 {
+			limit = -limit
+		}
+		limit %= 1 << 16
+		capResult(res, limit)
+		if _, err := json.Marshal(res); err != nil {
+			t.Fatalf("a capped result does not encode for the client: %v", err)
+		}
+		kept := 0
+		for i, c := range res.Content {
+			if tc, ok := c.(*mcp.TextContent); ok {
+				if i == len(res.Content)-1 && strings.HasPrefix(tc.Text, "[wasmtools: the result was over the") {
+					continue // the note
+				}
+				kept += utf8.RuneCountInString(tc.Text)
+				continue
+			}
+			b, _ := json.Marshal(c)
+			kept += utf8.RuneCount(b)
+		}
+		if res.StructuredContent != nil {
+			b, _ := json.Marshal(res.StructuredContent)
+			kept += utf8.RuneCount(b)
+		}
+		if kept > limit {
+			t.Fatalf("capped at %d, the result keeps %d", limit, kept)
+		}
+	})
+}
+
+// FuzzElicitParams checks a guest's question as create_elicitation does,
+// and an answer against a form question's schema. A question it accepts
+// must be one MCP allows: a form of primitive properties, or a URL with an
+// elicitation ID.
+func FuzzElicitParams(f *testing.F) {
+	for _, s := range []string{
+		`{"message":"Name?","requestedSchema":{"type":"object","properties":{"name":{"type":"string"}},"required":["name"]}}`,
+		`{"mode":"form","message":"Sure?","requestedSchema":{"type":"object","properties":{"ok":{"type":"boolean"},"n":{"type":"integer","minimum":1}}}}`,
+		`{"mode":"url","message":"Sign in","url":"https://example.com/","elicitationId":"e1"}`,
+		`{"message":"x","requestedSchema":{"type":"object","properties":{"o":{"type":"object"}}}}`,
+		`{"message":"x","requestedSchema":{"type":"string"}}`,
+		`{"mode":"voice","message":"x"}`, `{"message":""}`,
+	} {
+		f.Add([]byte(s), []byte(`{"name":"ann","ok":true,"n":2}`))
+	}
+	f.Fuzz(func(t *testing.T, in, answer []byte) {
+		var r abi.ElicitRequest
+		if strictJSON(in, &r) != nil {
+			return
+		}
+		params, schema, err := elicitParams(r)
+		if err != nil {
+			return
+		}
+		switch params.Mode {
+		case "url":
+			if params.URL == "" || params.ElicitationID == "" || params.Message == "" {
+				t.Fatalf("accepted a url question without its url, ID or message: %+v", params)
+			}
+		case "form":
+			var s struct {
+				Type       string                     `json:"type"`
+				Properties map[string]json.RawMessage `json:"properties"`
+			}
+			if err := json.Unmarshal(schema, &s); err != nil || s.Type != "object" {
+				t.Fatalf("accepted a form schema %s that is not an object schema", schema)
+			}
+			for name, p := range s.Properties {
+				var prop struct {
+					Type string `json:"type"`
+				}
+				json.Unmarshal(p, &prop)
+				if prop.Type != "string" && prop.Type != "number" && prop.Type != "integer" && prop.Type != "boolean" {
+					t.Fatalf("accepted a form property %q of type %q", name, prop.Type)
+				}
+			}
+			var content map[string]any
+			if json.Unmarshal(answer, &content) == nil {
+				_ = validateAnswer(schema, content)
+			}
+		default:
+			t.Fatalf("accepted a question of mode %q", params.Mode)
+		}
+		if _, err := json.Marshal(params); err != nil {
+			t.Fatalf("an accepted question does not encode for the client: %v", err)
+		}
+	})
+}
+
+// FuzzVerifyState checks request states as a retried call's are checked.
+// The host must accept only a state it signed, unexpired, for the tool it
+// names: whatever it accepts must name a call, round and tool it signed.
+func FuzzVerifyState(f *testing.F) {
+	h := &Host{stateKey: []byte("a key of 32 bytes for the fuzzer")}
+	type signed struct {
+		id    string
+		round int
+		tool  string
+	}
+	valid := map[signed]bool{}
+	for _, s := range []signed{{"00112233445566778899aabb", 2, "ask"}, {"ffeeddccbbaa998877665544", 7, "delete"}} {
+		valid[s] = true
+		f.Add(h.signState(s.id, s.round, time.Now().Add(time.Hour), s.tool), s.tool)
+	}
+	expired := h.signState("0123456789abcdef01234567", 1, time.Now().Add(-time.Minute), "ask")
+	f.Add(expired, "ask")
+	f.Add("garbage", "ask")
+	f.Add(".", "")
+	f.Add("djF8aWR8MXw5OTk5OTk5OTk5fGFzaw.AAAA", "ask")
+	f.Fuzz(func(t *testing.T, state, tool string) {
+		id, round, err := h.verifyState(state, tool)
+		if err != nil {
+			return
+		}
+		if !valid[signed{id, round, tool}] {
+			t.Fatalf("accepted state %q for tool %q, naming call %q round %d, which the host never signed", state, tool, id, round)
+		}
+	})
+}
