@@ -6,8 +6,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
-	"runtime/debug"
 	"strconv"
 	"strings"
 	"sync"
@@ -187,12 +185,7 @@ func callText(ctx context.Context, cs *mcp.ClientSession, tool string, args map[
 
 // readRSS returns this process's resident set size after a full GC that
 // returns freed memory to the OS.
-func readRSS(t testing.TB) int64 {
-	t.Helper()
-	runtime.GC()
-	debug.FreeOSMemory()
-	return procKiB(t, "/proc/self/status", "VmRSS:") << 10
-}
+func readRSS(t testing.TB) int64 { return testplugins.RSS(t) }
 
 // readPSS returns a process's proportional set size: its private pages
 // plus its share of the pages it shares with other processes (the Go

@@ -5,8 +5,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"runtime"
-	"runtime/debug"
 	"strconv"
 	"strings"
 	"sync"
@@ -176,24 +174,8 @@ func TestManyConcurrentSessions(t *testing.T) {
 	eventually(t, "all instances freed", func() bool { return f.h.LiveInstances() == 0 })
 }
 
-// rss reads the process's resident set size from /proc.
-func rss(t *testing.T) int64 {
-	t.Helper()
-	runtime.GC()
-	debug.FreeOSMemory()
-	b, err := os.ReadFile("/proc/self/status")
-	if err != nil {
-		t.Skip("no /proc/self/status:", err)
-	}
-	for _, line := range strings.Split(string(b), "\n") {
-		if v, ok := strings.CutPrefix(line, "VmRSS:"); ok {
-			kb, _ := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), 10, 64)
-			return kb << 10
-		}
-	}
-	t.Fatal("no VmRSS")
-	return 0
-}
+// rss reads the process's resident set size.
+func rss(t *testing.T) int64 { return testplugins.RSS(t) }
 
 func TestSessionsFreeTheirMemory(t *testing.T) {
 	if testing.Short() {

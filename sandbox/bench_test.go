@@ -4,11 +4,6 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/binary"
-	"fmt"
-	"os"
-	"runtime"
-	"runtime/debug"
-	"strconv"
 	"strings"
 	"testing"
 
@@ -285,19 +280,4 @@ func measureRSS(b *testing.B, n int, start func() (stop func())) {
 	b.ReportMetric(float64(total)/float64(b.N)/float64(n)/1024, "KiB/instance")
 }
 
-func readRSS(b *testing.B) int64 {
-	runtime.GC()
-	debug.FreeOSMemory()
-	data, err := os.ReadFile("/proc/self/status")
-	if err != nil {
-		b.Skip("no /proc/self/status")
-	}
-	for _, line := range strings.Split(string(data), "\n") {
-		if v, ok := strings.CutPrefix(line, "VmRSS:"); ok {
-			kb, _ := strconv.ParseInt(strings.Fields(v)[0], 10, 64)
-			return kb << 10
-		}
-	}
-	b.Fatal(fmt.Errorf("no VmRSS"))
-	return 0
-}
+func readRSS(b *testing.B) int64 { return testplugins.RSS(b) }

@@ -8,6 +8,9 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"runtime/debug"
+	"strconv"
+	"strings"
 	"testing"
 )
 
@@ -62,4 +65,29 @@ func Folder(t testing.TB, files map[string]string) string {
 // tests which load the same Go plugin many times compile it once.
 func CacheDir() string {
 	return filepath.Join(os.TempDir(), "wasmtools-test-cache")
+}
+
+// RSS returns the process's resident set size in bytes, after a garbage
+// collection that returns freed memory to the OS. It skips the test where
+// /proc is missing.
+func RSS(t testing.TB) int64 {
+	t.Helper()
+	runtime.GC()
+	debug.FreeOSMemory()
+	b, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		t.Skip("no /proc/self/status:", err)
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "VmRSS:"); ok {
+			if f := strings.Fields(v); len(f) > 0 {
+				kb, err := strconv.ParseInt(f[0], 10, 64)
+				if err == nil {
+					return kb << 10
+				}
+			}
+		}
+	}
+	t.Fatal("no VmRSS in /proc/self/status")
+	return 0
 }
