@@ -311,11 +311,7 @@ func answerOf(resp mcp.InputResponse, q *question) *abi.ElicitResult {
 }
 
 func validateAnswer(schema []byte, content map[string]any) error {
-	var s jsonschema.Schema
-	if err := json.Unmarshal(schema, &s); err != nil {
-		return err
-	}
-	resolved, err := s.Resolve(nil)
+	resolved, err := compileFormSchema(schema)
 	if err != nil {
 		return err
 	}
@@ -445,6 +441,18 @@ func compileFormSchema(b []byte) (*jsonschema.Resolved, error) {
 	var s jsonschema.Schema
 	if err := json.Unmarshal(b, &s); err != nil {
 		return nil, err
+	}
+	// As the validator read it (encoding/json matches keys
+	// case-insensitively, so "$rEf" is a $ref): a form has no references,
+	// which could make validation recurse without end.
+	canonical, err := json.Marshal(&s)
+	if err != nil {
+		return nil, err
+	}
+	for _, k := range []string{`"$ref"`, `"$dynamicRef"`, `"$recursiveRef"`, `"$defs"`, `"definitions"`} {
+		if bytes.Contains(canonical, []byte(k)) {
+			return nil, errors.New("a form must be flat: no $ref or $defs")
+		}
 	}
 	return s.Resolve(nil)
 }

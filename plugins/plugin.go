@@ -442,8 +442,15 @@ func compileSchema(raw json.RawMessage) (*jsonschema.Resolved, error) {
 	if err := json.Unmarshal(raw, &s); err != nil {
 		return nil, err
 	}
+	// Check the references of the schema as the validator read it:
+	// encoding/json matches keys case-insensitively ("$rEf" is a $ref), so
+	// the raw text is not what the validator follows.
+	canonical, err := json.Marshal(&s)
+	if err != nil {
+		return nil, err
+	}
 	var tree any
-	if err := json.Unmarshal(raw, &tree); err != nil {
+	if err := json.Unmarshal(canonical, &tree); err != nil {
 		return nil, err
 	}
 	if err := checkRefs(tree); err != nil {
@@ -595,7 +602,9 @@ func decodeJSON(b []byte, v any) error {
 	if err := dec.Decode(v); err != nil {
 		return fmt.Errorf("output is not the expected JSON: %w", err)
 	}
-	if rest := bytes.TrimSpace(b[dec.InputOffset():]); len(rest) > 0 {
+	// Only JSON's own white space may follow (bytes.TrimSpace would also
+	// pass \v, \f and Unicode spaces).
+	if rest := bytes.Trim(b[dec.InputOffset():], " \t\r\n"); len(rest) > 0 {
 		return errors.New("output has data after its JSON value")
 	}
 	return nil
