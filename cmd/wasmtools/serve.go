@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"crypto/subtle"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -17,8 +16,6 @@ import (
 	"time"
 
 	"github.com/fsnotify/fsnotify"
-	"github.com/modelcontextprotocol/go-sdk/auth"
-	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/wasmtools/wasmtools/host"
 	"github.com/wasmtools/wasmtools/plugins"
@@ -124,7 +121,7 @@ func cmdServe(ctx context.Context, args []string, lookupEnv func(string) (string
 
 	if *httpAddr == "" {
 		log.Info("serving MCP on stdio", "tools", len(cat.Tools()))
-		err := h.Server().Run(ctx, &mcp.IOTransport{Reader: io.NopCloser(stdin), Writer: nopWriteCloser{stdout}})
+		err := h.ServeStdio(ctx, stdin, stdout)
 		if err != nil && !errors.Is(err, context.Canceled) && !errors.Is(err, io.EOF) {
 			log.Error("stdio transport", "error", err)
 			return 1
@@ -137,10 +134,6 @@ func cmdServe(ctx context.Context, args []string, lookupEnv func(string) (string
 	}
 	return serveHTTP(ctx, log, *httpAddr, h, reloader, token, *shutdownGrace)
 }
-
-type nopWriteCloser struct{ io.Writer }
-
-func (nopWriteCloser) Close() error { return nil }
 
 func serveHTTP(ctx context.Context, log *slog.Logger, addr string, h *host.Host, reloader *plugins.Reloader, token string, grace time.Duration) int {
 	if strings.HasPrefix(addr, ":") {
@@ -157,7 +150,7 @@ func serveHTTP(ctx context.Context, log *slog.Logger, addr string, h *host.Host,
 	mux.Handle("/status", statusHandler(h, reloader))
 	var handler http.Handler = mux
 	if token != "" {
-		handler = requireToken(token, mux)
+		handler = host.RequireToken(token, mux)
 	} else if host, _, _ := net.SplitHostPort(ln.Addr().String()); !net.ParseIP(host).IsLoopback() {
 		log.Warn("serving beyond loopback without authentication: set http.auth_token in the configuration, or WASMTOOLS_AUTH_TOKEN")
 	}
@@ -209,19 +202,6 @@ func firstInt(a, b int) int {
 		return a
 	}
 	return b
-}
-
-// requireToken refuses requests without the bearer token. The token is
-// compared in constant time, and requests that carry it are given the
-// subject "operator", so sessionless requests share instances by it.
-func requireToken(token string, next http.Handler) http.Handler {
-	verify := func(_ context.Context, got string, _ *http.Request) (*auth.TokenInfo, error) {
-		if subtle.ConstantTimeCompare([]byte(got), []byte(token)) != 1 {
-			return nil, auth.ErrInvalidToken
-		}
-		return &auth.TokenInfo{UserID: "operator", Expiration: time.Now().Add(24 * time.Hour)}, nil
-	}
-	return auth.RequireBearerToken(verify, nil)(next)
 }
 
 // watchConfig reloads the configuration file when it changes: a valid new
