@@ -356,7 +356,7 @@ var hostileCalls = []struct {
 		failed("huge_error", `failed: aaaaaaaa`, "characters of text cut"),
 		failed("output_bad_utf8", "output is not valid UTF-8"),
 		failed("output_bad_json", "output is not the expected JSON"),
-		failed("output_trailing", "output has data after its JSON value"),
+		failed("output_trailing", "output is not the expected JSON: invalid character", "after top-level value"),
 		failed("output_wrong_shape", "output is not the expected JSON"),
 		{tool: "output_bad_block", fail: true, want: []string{`plugin "hostileoutput" returned a result that is not valid MCP`}},
 		failed("output_empty", "empty output"),
