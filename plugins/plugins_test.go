@@ -20,15 +20,7 @@ import (
 	"github.com/wasmtools/wasmtools/sandbox"
 )
 
-func newRuntime(t *testing.T) *sandbox.Runtime {
-	t.Helper()
-	rt, err := sandbox.NewRuntime(sandbox.Options{CacheDir: testplugins.CacheDir()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { rt.Close(context.Background()) })
-	return rt
-}
+func newRuntime(t *testing.T) *sandbox.Runtime { return testplugins.Runtime(t) }
 
 func load(t *testing.T, rt *sandbox.Runtime, path string, opts plugins.Options) *plugins.Plugin {
 	t.Helper()

@@ -14,15 +14,7 @@ import (
 	"github.com/wasmtools/wasmtools/sandbox"
 )
 
-func newRuntime(t *testing.T) *sandbox.Runtime {
-	t.Helper()
-	rt, err := sandbox.NewRuntime(sandbox.Options{CacheDir: testplugins.CacheDir()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { rt.Close(context.Background()) })
-	return rt
-}
+func newRuntime(t *testing.T) *sandbox.Runtime { return testplugins.Runtime(t) }
 
 func compile(t *testing.T, rt *sandbox.Runtime, path string, p sandbox.Policy) *sandbox.Compiled {
 	t.Helper()

@@ -5,6 +5,7 @@
 package testplugins
 
 import (
+	"context"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -12,6 +13,8 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/wasmtools/wasmtools/sandbox"
 )
 
 // Root returns the repository's root folder.
@@ -90,4 +93,16 @@ func RSS(t testing.TB) int64 {
 	}
 	t.Fatal("no VmRSS in /proc/self/status")
 	return 0
+}
+
+// Runtime returns a sandbox runtime sharing the test compilation cache,
+// closed when the test ends.
+func Runtime(t testing.TB) *sandbox.Runtime {
+	t.Helper()
+	rt, err := sandbox.NewRuntime(sandbox.Options{CacheDir: CacheDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { rt.Close(context.Background()) })
+	return rt
 }
