@@ -120,7 +120,7 @@ func newHost(t testing.TB, paths ...string) *host.Host {
 		t.Fatal(errs)
 	}
 	t.Cleanup(func() { cat.Close(ctx) })
-	h := host.New(cat, nil)
+	h := host.New(plugins.NewStatic(cat), nil)
 	t.Cleanup(func() { h.Close(ctx) })
 	return h
 }

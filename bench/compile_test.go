@@ -83,7 +83,7 @@ func BenchmarkCompile(b *testing.B) {
 		if len(errs) > 0 {
 			b.Fatal(errs)
 		}
-		h := host.New(cat, nil)
+		h := host.New(plugins.NewStatic(cat), nil)
 		h.Close(ctx)
 		cat.Close(ctx)
 		rt.Close(ctx)

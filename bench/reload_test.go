@@ -49,13 +49,11 @@ func BenchmarkReloadLatency(b *testing.B) {
 			}
 			defer rt.Close(ctx)
 			r := plugins.NewReloader(rt, plugins.ReloaderOptions{Paths: []string{dir}})
-			cat, errs := r.Load(ctx)
-			if len(errs) > 0 {
+			if _, errs := r.Load(ctx); len(errs) > 0 {
 				b.Fatal(errs)
 			}
-			h := host.New(cat, nil)
+			h := host.New(r, nil)
 			defer h.Close(ctx)
-			r.OnSwap(func(_ context.Context, s plugins.Swap) { h.Swap(s) })
 			go r.Watch(ctx)
 			changed := make(chan struct{}, 16)
 			st, ct := mcp.NewInMemoryTransports()

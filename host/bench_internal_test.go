@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/wasmtools/wasmtools/internal/sessions"
 	"github.com/wasmtools/wasmtools/internal/testplugins"
 	"github.com/wasmtools/wasmtools/plugins"
 	"github.com/wasmtools/wasmtools/sandbox"
@@ -25,7 +26,7 @@ func benchHost(b *testing.B, path, tool string) (*Host, *plugins.Tool) {
 		b.Fatal(errs)
 	}
 	b.Cleanup(func() { cat.Close(ctx) })
-	h := New(cat, nil)
+	h := New(plugins.NewStatic(cat), nil)
 	b.Cleanup(func() { h.Close(ctx) })
 	t, ok := cat.Tool(tool)
 	if !ok {
@@ -49,7 +50,7 @@ func benchHostFirstCall(b *testing.B) {
 	i := 0
 	for b.Loop() {
 		i++
-		key := sessionKey{client: strconv.Itoa(i)}
+		key := sessions.Client(strconv.Itoa(i))
 		if err := t.ValidateArguments(args); err != nil {
 			b.Fatal(err)
 		}
@@ -57,10 +58,7 @@ func benchHostFirstCall(b *testing.B) {
 		if err != nil || res.IsError {
 			b.Fatal(err, res)
 		}
-		h.mu.Lock()
-		s := h.sessions[key]
-		h.mu.Unlock()
-		h.endSession(ctx, s)
+		h.ses.End(ctx, key)
 	}
 }
 
@@ -75,7 +73,7 @@ func benchHostWarmCall(b *testing.B) {
 	h, t := benchHost(b, testplugins.Test(b, "servlet"), "echo")
 	ctx := context.Background()
 	args := json.RawMessage(`{"text":"` + strings.Repeat("x", 50) + `"}`)
-	key := sessionKey{client: "bench"}
+	key := sessions.Client("bench")
 	b.ReportAllocs()
 	for b.Loop() {
 		if err := t.ValidateArguments(args); err != nil {

@@ -1,6 +1,7 @@
 package host
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -12,6 +13,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/wasmtools/wasmtools/abi"
+	"github.com/wasmtools/wasmtools/internal/sessions"
 	"github.com/wasmtools/wasmtools/plugins"
 	"github.com/wasmtools/wasmtools/sandbox"
 )
@@ -39,26 +41,6 @@ func (h *Host) handler(t *plugins.Tool) mcp.ToolHandler {
 	}
 }
 
-// keyOf says whose instances a request uses: its transport session, or
-// for a sessionless HTTP request, the authenticated subject or the
-// operator's client header when present. A sessionless request with
-// neither gets a key of its own session, which ends with the request.
-func (h *Host) keyOf(req *mcp.CallToolRequest) sessionKey {
-	ss := req.Session
-	if ss.ID() != "" || req.Extra == nil || req.Extra.Header == nil {
-		return sessionKey{ss: ss} // stdio, in-memory, stateful HTTP
-	}
-	if ti := req.Extra.TokenInfo; ti != nil && ti.UserID != "" {
-		return sessionKey{client: "sub:" + ti.UserID}
-	}
-	if name := h.opts.ClientKeyHeader; name != "" {
-		if v := req.Extra.Header.Get(name); v != "" {
-			return sessionKey{client: "header:" + v}
-		}
-	}
-	return sessionKey{ss: ss}
-}
-
 func (h *Host) call(ctx context.Context, t *plugins.Tool, req *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
 	if req.Params.RequestState != "" {
 		return h.resume(ctx, t, req)
@@ -71,15 +53,15 @@ func (h *Host) call(ctx context.Context, t *plugins.Tool, req *mcp.CallToolReque
 	if len(req.Params.Meta) > 0 {
 		meta, _ = json.Marshal(req.Params.Meta)
 	}
-	key := h.keyOf(req)
-	env := h.newCallEnv(ctx, t, req, h.sessionLabel(key))
+	key := h.keyOf(req.Session, req.Extra)
+	env := h.newCallEnv(ctx, t, req, key.String())
 	c := plugins.Call{
 		Tool: t, Arguments: args, Meta: meta, Host: env.hostFunc,
 		Context: abi.CallContext{SessionID: req.Session.ID(), ProtocolVersion: protocolOf(req), Meta: meta},
 	}
 	start := time.Now()
 	if !t.Plugin().ImportsHost(abi.FuncCreateElicitation) {
-		res, err := h.callTool(ctx, key, c, env.afterCall)
+		res, err := h.callTool(ctx, key, c, env)
 		env.finish(res)
 		h.audit(env, res, start)
 		return res, err
@@ -90,46 +72,47 @@ func (h *Host) call(ctx context.Context, t *plugins.Tool, req *mcp.CallToolReque
 	return h.serveRounds(ctx, req, h.startRun(ctx, key, c, env))
 }
 
-// sessionLabel names a session key in logs and the record log.
-func (h *Host) sessionLabel(k sessionKey) string {
-	switch {
-	case k.client != "":
-		return "client:" + k.client
-	case k.ss != nil && k.ss.ID() != "":
-		return k.ss.ID()
-	default:
-		return "local"
-	}
-}
-
-// callTool runs a validated call on key's instance and shapes its result:
-// everything a call costs the host but the MCP transport.
-func (h *Host) callTool(ctx context.Context, key sessionKey, c plugins.Call, after func(context.Context, *plugins.Instance)) (*mcp.CallToolResult, error) {
+// callTool runs a validated call on a lease of key's instance and shapes
+// its result: everything a call costs the host but the MCP transport. The
+// error is a refusal (busy, at capacity, shutting down); the call's own
+// failure is an isError result. env, if not nil, is the call's link to its
+// client.
+func (h *Host) callTool(ctx context.Context, key sessions.Key, c plugins.Call, env *callEnv) (*mcp.CallToolResult, error) {
 	t := c.Tool
-	o, err := h.runCall(ctx, key, t, c, after)
-	if err != nil {
-		if errors.Is(err, ErrBusy) {
-			return nil, fmt.Errorf("tool %q: %w (limit %d): wait for earlier calls to finish", t.Name, err, h.queueLimit())
+	l, err := h.acquire(ctx, key, t.Plugin(), func() (*plugins.Plugin, error) {
+		now, err := h.current(t)
+		if err != nil {
+			return nil, err
 		}
+		c.Tool = now
+		return now.Plugin(), nil
+	})
+	var out *abi.CallToolResult
+	var notice sessions.Notice
+	switch {
+	case errors.Is(err, sessions.ErrStart):
+		// A failure of the call (its result says so), not a refusal.
+	case errors.Is(err, sessions.ErrBusy):
+		return nil, fmt.Errorf("tool %q: %w (limit %d): wait for earlier calls to finish", t.Name, err, cmp.Or(h.opts.QueueLimit, DefaultQueueLimit))
+	case err != nil:
 		return nil, fmt.Errorf("tool %q: %w", t.Name, err)
+	default:
+		env.attach(l)
+		out, err = l.Instance().CallTool(l.Context(), c)
+		if err == nil {
+			env.afterCall(l)
+		}
+		env.attach(nil)
+		notice = l.Notice()
+		l.Done(err)
 	}
 	var res *mcp.CallToolResult
-	if o.err != nil {
-		res = failureResult(t, o.err)
-	} else if res, err = toMCP(o.result); err != nil {
+	if err != nil {
+		res = failureResult(t, err)
+	} else if res, err = toMCP(out); err != nil {
 		res = errorResult(fmt.Sprintf("tool %q: plugin %q returned a result that is not valid MCP: %v", t.Name, t.Plugin().Name(), err))
 	}
-	if o.reset != nil || o.upgraded != nil {
-		if res.Meta == nil {
-			res.Meta = mcp.Meta{}
-		}
-		if o.reset != nil {
-			res.Meta[MetaStateReset] = o.reset
-		}
-		if o.upgraded != nil {
-			res.Meta[MetaUpgraded] = o.upgraded
-		}
-	}
+	noticeMeta(notice, &res.Meta)
 	capResult(res, h.maxRunes())
 	return res, nil
 }
@@ -147,19 +130,11 @@ func failureResult(t *plugins.Tool, err error) *mcp.CallToolResult {
 	case errors.Is(err, context.Canceled):
 		return errorResult(fmt.Sprintf("tool %q was cancelled; plugin %q's state for this session was reset", t.Name, name))
 	case errors.As(err, &te):
-		return errorResult(fmt.Sprintf("tool %q crashed (%s); plugin %q's state for this session was reset", t.Name, firstLine(te.Err.Error()), name))
+		first, _, _ := strings.Cut(te.Err.Error(), "\n")
+		return errorResult(fmt.Sprintf("tool %q crashed (%s); plugin %q's state for this session was reset", t.Name, first, name))
 	default:
 		return errorResult(fmt.Sprintf("tool %q failed: %v", t.Name, err))
 	}
-}
-
-func firstLine(s string) string {
-	for i := 0; i < len(s); i++ {
-		if s[i] == '\n' {
-			return s[:i]
-		}
-	}
-	return s
 }
 
 func errorResult(msg string) *mcp.CallToolResult {

@@ -2,6 +2,7 @@ package host
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"crypto/hmac"
 	"crypto/rand"
@@ -19,6 +20,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/wasmtools/wasmtools/abi"
+	"github.com/wasmtools/wasmtools/internal/sessions"
 	"github.com/wasmtools/wasmtools/plugins"
 )
 
@@ -45,7 +47,6 @@ type run struct {
 	round    int       // the client's requests so far, the first included
 	pending  *question // the question a parked run waits on
 	answered string    // the key the last retry answered
-	abandon  *time.Timer
 }
 
 type runResult struct {
@@ -56,13 +57,13 @@ type runResult struct {
 // startRun starts the guest of call c on its own goroutine, on a context
 // that outlives the request (its values kept) and ends when the run is
 // cancelled.
-func (h *Host) startRun(ctx context.Context, key sessionKey, c plugins.Call, env *callEnv) *run {
+func (h *Host) startRun(ctx context.Context, key sessions.Key, c plugins.Call, env *callEnv) *run {
 	gctx, cancel := context.WithCancelCause(context.WithoutCancel(ctx))
 	var idb [12]byte
 	rand.Read(idb[:])
 	r := &run{id: hex.EncodeToString(idb[:]), tool: c.Tool, env: env, cancel: cancel, done: make(chan runResult, 1), start: time.Now(), round: 1}
 	go func() {
-		res, err := h.callTool(gctx, key, c, env.afterCall)
+		res, err := h.callTool(gctx, key, c, env)
 		r.done <- runResult{res, err}
 	}()
 	return r
@@ -101,7 +102,12 @@ func (h *Host) serveRounds(ctx context.Context, req *mcp.CallToolRequest, r *run
 				q.reply(resp)
 				continue
 			}
-			return h.park(r, q), nil
+			res, err := h.park(r, q)
+			if err != nil {
+				q.refuse(err.Error())
+				continue
+			}
+			return res, nil
 		case <-ctx.Done():
 			r.cancel(context.Canceled)
 			out := <-r.done
@@ -232,35 +238,32 @@ func sampledOf(resp any) *abi.CreateMessageResult {
 	return &abi.CreateMessageResult{Role: w.Role, Model: w.Model, StopReason: w.StopReason, Content: w.Content}
 }
 
-// park keeps the run waiting for the client's answer to q and returns the
-// input-required result that asks it.
-func (h *Host) park(r *run, q *question) *mcp.CallToolResult {
+// park keeps the run waiting for the client's answer to q, in the
+// session layer (which caps parked calls and may evict them), and returns
+// the input-required result that asks it.
+func (h *Host) park(r *run, q *question) (*mcp.CallToolResult, error) {
+	abandon := cmp.Or(h.opts.AbandonAfter, DefaultAbandonAfter)
+	l := r.env.currentLease()
+	if l == nil {
+		return nil, errors.New("the call cannot be parked")
+	}
 	r.round++
 	r.pending = q
-	abandon := h.opts.AbandonAfter
-	if abandon <= 0 {
-		abandon = DefaultAbandonAfter
+	if err := l.Park(r.id, r, abandon, func(cause error) { h.abandonRun(r, cause) }); err != nil {
+		r.round--
+		r.pending = nil
+		return nil, err
 	}
-	h.mu.Lock()
-	h.parked[r.id] = r
-	h.mu.Unlock()
-	r.abandon = time.AfterFunc(abandon, func() { h.abandonRun(r, abandon) })
 	state := h.signState(r.id, r.round, time.Now().Add(abandon), r.tool.Name)
 	h.log.Info("call parked for an answer", "tool", r.tool.Name, "session", r.env.sess, "round", r.round)
-	return &mcp.CallToolResult{InputRequests: mcp.InputRequestMap{q.key: q.request()}, RequestState: state}
+	return &mcp.CallToolResult{InputRequests: mcp.InputRequestMap{q.key: q.request()}, RequestState: state}, nil
 }
 
-// abandonRun stops a parked run whose client did not come back.
-func (h *Host) abandonRun(r *run, after time.Duration) {
-	h.mu.Lock()
-	if h.parked[r.id] != r {
-		h.mu.Unlock()
-		return
-	}
-	delete(h.parked, r.id)
-	h.mu.Unlock()
-	h.log.Info("parked call abandoned", "tool", r.tool.Name, "session", r.env.sess, "after", after)
-	r.cancel(fmt.Errorf("%w: the client did not answer within %s", context.Canceled, after))
+// abandonRun stops a parked run whose client did not come back in time,
+// or that was evicted, or whose server is shutting down.
+func (h *Host) abandonRun(r *run, cause error) {
+	h.log.Info("parked call abandoned", "tool", r.tool.Name, "session", r.env.sess, "cause", cause)
+	r.cancel(fmt.Errorf("%w: %w", context.Canceled, cause))
 	out := <-r.done
 	r.env.finish(out.res)
 	h.audit(r.env, out.res, r.start)
@@ -273,15 +276,11 @@ func (h *Host) resume(ctx context.Context, t *plugins.Tool, req *mcp.CallToolReq
 	if err != nil {
 		return nil, err
 	}
-	h.mu.Lock()
-	r := h.parked[id]
-	if r == nil || r.round != round {
-		h.mu.Unlock()
+	v, ok := h.ses.Unpark(id, func(v any) bool { return v.(*run).round == round })
+	if !ok {
 		return nil, fmt.Errorf("%w: it names no call waiting for an answer (finished, abandoned, or answered already)", ErrRequestState)
 	}
-	delete(h.parked, id)
-	h.mu.Unlock()
-	r.abandon.Stop()
+	r := v.(*run)
 	q := r.pending
 	r.pending = nil
 	r.answered = q.key
@@ -339,17 +338,19 @@ func (e *callEnv) elicit(ctx context.Context, input []byte) *abi.ElicitResult {
 		return cancelWith("this call cannot ask questions")
 	}
 	q := &question{key: inputKey(r), params: params, schema: schema, answer: make(chan *abi.ElicitResult, 1)}
-	select {
-	case e.questions <- q:
-	case <-ctx.Done():
-		return cancelWith("the call was cancelled")
-	}
-	select {
-	case a := <-q.answer:
-		return a
-	case <-ctx.Done():
-		return cancelWith("the call was cancelled")
-	}
+	a := cancelWith("the call was cancelled")
+	e.waitForPerson(ctx, func() {
+		select {
+		case e.questions <- q:
+		case <-ctx.Done():
+			return
+		}
+		select {
+		case a = <-q.answer:
+		case <-ctx.Done():
+		}
+	})
+	return a
 }
 
 // inputKey is the key under which a 2026-07-28 client is asked a form

@@ -8,22 +8,21 @@
 package host
 
 import (
-	"container/list"
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
-	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
+	"github.com/wasmtools/wasmtools/internal/sessions"
 	"github.com/wasmtools/wasmtools/plugins"
 )
 
@@ -34,7 +33,7 @@ const (
 	DefaultMaxResultRunes = 50_000
 	// DefaultQueueLimit bounds the calls one session may have waiting for
 	// one plugin instance, the running one included.
-	DefaultQueueLimit = 16
+	DefaultQueueLimit = sessions.DefaultQueueLimit
 	// DefaultSessionTimeout closes a streamable HTTP session that sent no
 	// request for this long.
 	DefaultSessionTimeout = 30 * time.Minute
@@ -111,6 +110,12 @@ type Options struct {
 	// AbandonAfter stops a parked call whose client has not answered in
 	// this long; 0 means [DefaultAbandonAfter].
 	AbandonAfter time.Duration
+	// MaxParked bounds the calls parked for a 2026-07-28 client's answer
+	// across all clients, and MaxParkedPerClient one client's; 0 means
+	// 256 and 4. A question past either is answered "cancel" at once. At
+	// the instance limits, the call that has waited longest for a person
+	// is evicted (stopped, its instance reset) before a call is refused.
+	MaxParked, MaxParkedPerClient int
 	// MaxQuestions bounds the questions one call may ask a 2026-07-28
 	// client; 0 means 9, since the go-sdk client makes at most 10 requests
 	// of a call. A further question is answered "cancel" at once, with an
@@ -125,44 +130,32 @@ type Host struct {
 	log     *slog.Logger
 	server  *mcp.Server
 	metrics *metrics
+	src     *plugins.Reloader // the one writer of the catalogue
+	ses     *sessions.Manager // every client's instances
+	conns   sync.Map          // *mcp.ServerSession -> sessions.Key, for sessions watched until they end
+	connID  atomic.Uint64     // labels of sessions with no ID
 
 	mu        sync.Mutex
-	catalogue *plugins.Catalogue
-	sessions  map[sessionKey]*session
-	lru       *list.List // of *slot holding an instance, least recently used first
-	perPlugin map[string]int
-	pools     map[*plugins.Plugin]*pool
-	parked    map[string]*run          // calls waiting for a client's answer, by run ID
-	retired   map[*plugins.Plugin]bool // swapped out, instances being moved off
+	catalogue *plugins.Catalogue // what is registered on server
+	closed    bool
 	stateKey  []byte
 	auditMu   sync.Mutex
-	nextID    uint64
-	closed    bool
-	live      atomic.Int64  // live instances
-	memory    uint64        // memory reserved by live instances; guarded by mu
-	running   chan struct{} // one token per running call, when bounded
-	stop      chan struct{}
-	wg        sync.WaitGroup // session reapers
+	wg        sync.WaitGroup // session watchers
 }
 
-// New returns a host serving cat. The host does not own cat: the caller
-// closes it after the host.
-func New(cat *plugins.Catalogue, opts *Options) *Host {
+// New returns a host serving the catalogue of src, and following its
+// changes: src's reloads and its guests' relists (see
+// [plugins.Reloader.Relist]) are applied in the order src makes them. The
+// host takes src's OnSwap, and with it the plugins a swap retires; src
+// keeps the plugins it serves, and the caller closes src after the host.
+// For a fixed catalogue, pass [plugins.NewStatic].
+func New(src *plugins.Reloader, opts *Options) *Host {
 	h := &Host{
-		sessions:  map[sessionKey]*session{},
-		lru:       list.New(),
-		perPlugin: map[string]int{},
-		pools:     map[*plugins.Plugin]*pool{},
-		parked:    map[string]*run{},
-		retired:   map[*plugins.Plugin]bool{},
-		metrics:   newMetrics(),
-		stop:      make(chan struct{}),
+		src:     src,
+		metrics: newMetrics(),
 	}
 	if opts != nil {
 		h.opts = *opts
-	}
-	if h.opts.MaxConcurrentCalls > 0 {
-		h.running = make(chan struct{}, h.opts.MaxConcurrentCalls)
 	}
 	h.stateKey = h.opts.StateKey
 	if len(h.stateKey) == 0 {
@@ -173,6 +166,19 @@ func New(cat *plugins.Catalogue, opts *Options) *Host {
 	if h.log == nil {
 		h.log = slog.New(slog.DiscardHandler)
 	}
+	var idle time.Duration
+	if t := h.sessionTimeout(); t > 0 {
+		idle = t
+	}
+	h.ses = sessions.New(&sessions.Options{
+		Logger: h.log, Observer: h.metrics,
+		QueueLimit:   h.opts.QueueLimit,
+		MaxInstances: h.opts.MaxInstances, MaxInstancesPerPlugin: h.opts.MaxInstancesPerPlugin,
+		InstanceLimits: h.opts.InstanceLimits, MemoryBudget: h.opts.MemoryBudget,
+		MaxConcurrentCalls: h.opts.MaxConcurrentCalls, PoolSize: h.opts.PoolSize,
+		IdleTimeout: idle,
+		MaxParked:   h.opts.MaxParked, MaxParkedPerClient: h.opts.MaxParkedPerClient,
+	})
 	name, version := h.opts.Name, h.opts.Version
 	if name == "" {
 		name = "wasmtools"
@@ -199,11 +205,8 @@ func New(cat *plugins.Catalogue, opts *Options) *Host {
 		UnsubscribeHandler: func(context.Context, *mcp.UnsubscribeRequest) error { return nil },
 		Logger:             h.log.With("component", "mcp"),
 	})
-	h.SetCatalogue(cat)
-	if t := h.sessionTimeout(); t > 0 {
-		h.wg.Add(1)
-		go h.reapIdle(h.stop, t)
-	}
+	// The catalogue served now, then every change, in src's order.
+	src.Follow(func(_ context.Context, s plugins.Swap) { h.swap(s) })
 	return h
 }
 
@@ -218,20 +221,6 @@ func (h *Host) sessionTimeout() time.Duration {
 	}
 }
 
-func (h *Host) queueLimit() int {
-	if h.opts.QueueLimit <= 0 {
-		return DefaultQueueLimit
-	}
-	return h.opts.QueueLimit
-}
-
-func (h *Host) poolSize() int {
-	if h.opts.PoolSize <= 0 {
-		return 2 * runtime.GOMAXPROCS(0)
-	}
-	return h.opts.PoolSize
-}
-
 // Server returns the MCP server, to run on a transport:
 //
 //	err := h.Server().Run(ctx, &mcp.StdioTransport{})
@@ -244,12 +233,11 @@ func (h *Host) Catalogue() *plugins.Catalogue {
 	return h.catalogue
 }
 
-// SetCatalogue serves cat from now on and returns the catalogue it
-// replaces. Tools that are gone are removed, new and changed ones are
-// (re)registered, and clients are told with notifications/tools/list_changed.
-// Calls already running finish on the plugin they started on; a session's
-// next call to a replaced plugin gets an instance of the new one.
-func (h *Host) SetCatalogue(cat *plugins.Catalogue) *plugins.Catalogue {
+// setCatalogue registers cat on the MCP server and returns the catalogue
+// it replaces. Tools that are gone are removed, new and changed ones are
+// (re)registered, and the SDK tells clients with list_changed
+// notifications. Only src's swaps call it, in order.
+func (h *Host) setCatalogue(cat *plugins.Catalogue) *plugins.Catalogue {
 	h.mu.Lock()
 	old := h.catalogue
 	h.catalogue = cat
@@ -266,19 +254,6 @@ func (h *Host) SetCatalogue(cat *plugins.Catalogue) *plugins.Catalogue {
 	}
 	if len(gone) > 0 {
 		h.server.RemoveTools(gone...)
-	}
-	if old != nil {
-		kept := map[*plugins.Plugin]bool{}
-		if cat != nil {
-			for _, p := range cat.Plugins() {
-				kept[p] = true
-			}
-		}
-		for _, p := range old.Plugins() {
-			if !kept[p] {
-				h.drainPool(p)
-			}
-		}
 	}
 	h.setPrompts(old, cat)
 	if cat != nil {
@@ -351,11 +326,13 @@ func (h *Host) HTTPHandler() http.Handler {
 const sessionlessProtocol = "2026-07-28"
 
 // ErrClosed is returned for calls that arrive after [Host.Close].
-var ErrClosed = errors.New("host: shutting down")
+var ErrClosed = sessions.ErrClosed
 
 // Close frees every instance, waiting for calls in flight to finish until
-// ctx ends; calls still running then are abandoned to their own deadlines.
-// New calls fail with [ErrClosed]. It is idempotent.
+// ctx ends; calls still running then free their instances when they end.
+// Calls parked for a 2026-07-28 client's answer are stopped, and the MCP
+// sessions still open are closed. New calls fail with [ErrClosed]. It is
+// idempotent.
 func (h *Host) Close(ctx context.Context) error {
 	h.mu.Lock()
 	if h.closed {
@@ -363,53 +340,27 @@ func (h *Host) Close(ctx context.Context) error {
 		return nil
 	}
 	h.closed = true
-	close(h.stop)
-	sessions := make([]*session, 0, len(h.sessions))
-	for _, s := range h.sessions {
-		sessions = append(sessions, s)
-	}
-	pools := make([]*plugins.Plugin, 0, len(h.pools))
-	for p := range h.pools {
-		pools = append(pools, p)
-	}
-	parked := make([]*run, 0, len(h.parked))
-	for id, r := range h.parked {
-		parked = append(parked, r)
-		delete(h.parked, id)
-	}
 	h.mu.Unlock()
-	for _, r := range parked {
-		r.abandon.Stop()
-		r.cancel(ErrClosed)
-		<-r.done
+	err := h.ses.Close(ctx)
+	h.conns.Range(func(ss, _ any) bool {
+		// Close waits for the session's handlers: a call still running
+		// would hold this Close past ctx.
+		go ss.(*mcp.ServerSession).Close()
+		return true
+	})
+	done := make(chan struct{})
+	go func() { h.wg.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-ctx.Done():
+		err = cmp.Or(err, fmt.Errorf("host: close: sessions still open: %w", ctx.Err()))
 	}
-	for _, p := range pools {
-		h.drainPool(p)
-	}
-	var wg sync.WaitGroup
-	for _, s := range sessions {
-		wg.Go(func() { h.endSession(ctx, s) })
-	}
-	wg.Wait()
-	if err := ctx.Err(); err != nil {
-		return fmt.Errorf("host: close: calls were still running: %w", err)
-	}
-	return nil
+	return err
 }
 
 // LiveInstancesByPlugin reports the live instances of each plugin name.
-func (h *Host) LiveInstancesByPlugin() map[string]int {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	out := make(map[string]int, len(h.perPlugin))
-	for k, v := range h.perPlugin {
-		if v > 0 {
-			out[k] = v
-		}
-	}
-	return out
-}
+func (h *Host) LiveInstancesByPlugin() map[string]int { return h.ses.Stats().PerPlugin }
 
 // LiveInstances reports how many plugin instances are live across all
 // sessions.
-func (h *Host) LiveInstances() int { return int(h.live.Load()) }
+func (h *Host) LiveInstances() int { return h.ses.Stats().Live }

@@ -9,6 +9,8 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -74,7 +76,7 @@ func newFixture(t *testing.T, opts *host.Options, policy sandbox.Policy, files m
 		o = *opts
 	}
 	o.Logger = logger
-	f.h = host.New(cat, &o)
+	f.h = host.New(plugins.NewStatic(cat), &o)
 	t.Cleanup(func() { f.h.Close(ctx) })
 	return f
 }
@@ -372,21 +374,15 @@ func TestCancelStopsGuest(t *testing.T) {
 	}
 }
 
-func TestSetCatalogueNotifies(t *testing.T) {
-	f := newFixture(t, nil, sandbox.NewPolicy(), map[string]string{"counter.wasm": testplugins.Example(t, "counter")})
+func TestCatalogueChangeNotifies(t *testing.T) {
+	f := newReloadFixture(t, map[string][]byte{"counter.wasm": testplugins.Bytes(t, testplugins.Example(t, "counter"))})
 	for _, proto := range protocols {
 		t.Run("protocol="+proto, func(t *testing.T) {
 			changed := make(chan struct{}, 10)
 			cs := f.connect(t, proto, &mcp.ClientOptions{ToolListChangedHandler: func(context.Context, *mcp.ToolListChangedRequest) { changed <- struct{}{} }})
 			call(t, cs, "count", nil)
-			old := f.h.Catalogue()
 
-			p, err := plugins.Load(context.Background(), f.rt, "hash.wasm", testplugins.Bytes(t, testplugins.Example(t, "hash")), plugins.Options{})
-			if err != nil {
-				t.Fatal(err)
-			}
-			cat, _ := plugins.NewCatalogue(append(old.Plugins(), p))
-			f.h.SetCatalogue(cat)
+			f.deploy(t, "hash.wasm", testplugins.Bytes(t, testplugins.Example(t, "hash")))
 			select {
 			case <-changed:
 			case <-time.After(10 * time.Second):
@@ -399,8 +395,12 @@ func TestSetCatalogueNotifies(t *testing.T) {
 			if got := text(call(t, cs, "count", nil)); got != "2" {
 				t.Errorf("count after an unrelated change = %q, want 2 (same instance)", got)
 			}
-			f.h.SetCatalogue(old)
-			p.Close(context.Background())
+			if err := os.Remove(filepath.Join(f.dir, "hash.wasm")); err != nil {
+				t.Fatal(err)
+			}
+			if _, errs := f.r.Rescan(context.Background()); len(errs) > 0 {
+				t.Fatal(errs)
+			}
 			<-changed
 		})
 	}
@@ -416,7 +416,7 @@ func ExampleHost() {
 		return
 	}
 	defer cat.Close(ctx)
-	h := host.New(cat, nil)
+	h := host.New(plugins.NewStatic(cat), nil)
 	defer h.Close(ctx)
 
 	st, ct := mcp.NewInMemoryTransports()

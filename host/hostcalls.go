@@ -12,6 +12,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/wasmtools/wasmtools/abi"
+	"github.com/wasmtools/wasmtools/internal/sessions"
 	"github.com/wasmtools/wasmtools/plugins"
 )
 
@@ -60,17 +61,56 @@ type callEnv struct {
 	relist bool // the guest said its tool list changed
 
 	sampled int // create_message requests made
+
+	lease *sessions.Lease // while the guest runs
 }
 
-// afterCall runs on the call's instance once the guest returns, while the
-// call still holds it.
-func (e *callEnv) afterCall(ctx context.Context, inst *plugins.Instance) {
+// attach gives the env the lease its guest runs on (nil once it is done).
+func (e *callEnv) attach(l *sessions.Lease) {
+	if e == nil {
+		return
+	}
+	e.mu.Lock()
+	e.lease = l
+	e.mu.Unlock()
+}
+
+func (e *callEnv) currentLease() *sessions.Lease {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.lease
+}
+
+// waitForPerson runs wait, which waits for a person (a question, a
+// sampling request), with the call's lease paused: it gives back its
+// concurrency token and may be evicted meanwhile (see sessions.Lease.Pause).
+func (e *callEnv) waitForPerson(ctx context.Context, wait func()) {
+	l := e.currentLease()
+	if l == nil {
+		wait()
+		return
+	}
+	l.Pause()
+	wait()
+	_ = l.Resume(ctx) // a failure ends the call: its context is done
+}
+
+// afterCall runs once the guest returns, while the call still holds its
+// lease: a guest that said its lists changed has them read again, through
+// the catalogue's one writer.
+func (e *callEnv) afterCall(l *sessions.Lease) {
+	if e == nil {
+		return
+	}
 	e.mu.Lock()
 	relist := e.relist
 	e.relist = false
 	e.mu.Unlock()
-	if relist {
-		e.h.relist(ctx, inst)
+	if !relist {
+		return
+	}
+	if err := e.h.src.Relist(l.Context(), l.Instance()); err != nil {
+		e.h.log.Warn("plugin lists not read again", "plugin", l.Plugin().Name(), "error", err)
 	}
 }
 
@@ -192,19 +232,23 @@ func (e *callEnv) createMessage(ctx context.Context, input []byte) *abi.CreateMe
 		// Through the goroutine serving the client, which parks the
 		// call.
 		q := &question{key: "q", sampling: &params, sampled: make(chan *abi.CreateMessageResult, 1)}
-		select {
-		case e.questions <- q:
-		case <-ctx.Done():
-			return &abi.CreateMessageResult{Error: "the call was cancelled"}
-		}
-		select {
-		case a := <-q.sampled:
-			return a
-		case <-ctx.Done():
-			return &abi.CreateMessageResult{Error: "the call was cancelled"}
-		}
+		a := &abi.CreateMessageResult{Error: "the call was cancelled"}
+		e.waitForPerson(ctx, func() {
+			select {
+			case e.questions <- q:
+			case <-ctx.Done():
+				return
+			}
+			select {
+			case a = <-q.sampled:
+			case <-ctx.Done():
+			}
+		})
+		return a
 	}
-	res, err := ss.CreateMessage(ctx, &params)
+	var res *mcp.CreateMessageResult
+	var err error
+	e.waitForPerson(ctx, func() { res, err = ss.CreateMessage(ctx, &params) })
 	if err != nil {
 		return &abi.CreateMessageResult{Error: "sampling failed: " + err.Error()}
 	}

@@ -131,7 +131,7 @@ func newHostileFixture(t *testing.T, opts *host.Options, policy sandbox.Policy, 
 		o = *opts
 	}
 	o.Logger = logger
-	h := host.New(cat, &o)
+	h := host.New(plugins.NewStatic(cat), &o)
 	t.Cleanup(func() { h.Close(ctx) })
 	return &fixture{rt: rt, h: h, log: &syncBuffer{}}, tally, errs
 }

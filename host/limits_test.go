@@ -118,7 +118,7 @@ func TestStatelessPluginsShareAPool(t *testing.T) {
 		t.Fatal("the custom section did not make the plugin stateless")
 	}
 	defer cat.Close(context.Background())
-	h := host.New(cat, &host.Options{PoolSize: 1})
+	h := host.New(plugins.NewStatic(cat), &host.Options{PoolSize: 1})
 	defer h.Close(context.Background())
 	f := &fixture{rt: rt, h: h}
 	a, b := f.connect(t, "", nil), f.connect(t, "", nil)

@@ -31,7 +31,7 @@ func newMetrics() *metrics {
 			Name: "wasmtools_instances_created_total", Help: "Plugin instances created.",
 		}, []string{"plugin"}),
 		evictions: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "wasmtools_instance_evictions_total", Help: "Idle instances evicted to make room under the instance limits.",
+			Name: "wasmtools_instance_evictions_total", Help: "Instances evicted (idle, or waiting for a person) to make room under the instance limits.",
 		}, []string{"plugin"}),
 		resets: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "wasmtools_instance_resets_total", Help: "Instances discarded, by reason (trap, timeout, cancelled, upgrade, evicted).",
@@ -59,4 +59,20 @@ func (m *metrics) call(plugin, outcome string, d time.Duration) {
 // duration, per plugin. wasmtools mounts it at /metrics in HTTP mode.
 func (h *Host) MetricsHandler() http.Handler {
 	return promhttp.HandlerFor(h.metrics.reg, promhttp.HandlerOpts{})
+}
+
+// The host's metrics are the session layer's observer.
+
+func (m *metrics) InstanceStarted(plugin string) {
+	m.created.WithLabelValues(plugin).Inc()
+	m.live.WithLabelValues(plugin).Inc()
+}
+
+func (m *metrics) InstanceClosed(plugin string) { m.live.WithLabelValues(plugin).Dec() }
+
+func (m *metrics) InstanceReset(plugin, reason string) {
+	m.resets.WithLabelValues(plugin, reason).Inc()
+	if reason == "evicted" {
+		m.evictions.WithLabelValues(plugin).Inc()
+	}
 }

@@ -8,29 +8,13 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/wasmtools/wasmtools/abi"
+	"github.com/wasmtools/wasmtools/internal/sessions"
 	"github.com/wasmtools/wasmtools/plugins"
 )
 
 // Prompts, resources and completion from v2 plugins. They run on the
 // session's instance of their plugin, as tool calls do, so a prompt or a
 // resource can show the session's guest state.
-
-// keyFor is keyOf for any request: the session, or for a sessionless HTTP
-// request the authenticated subject or the client header.
-func (h *Host) keyFor(ss *mcp.ServerSession, extra *mcp.RequestExtra) sessionKey {
-	if ss.ID() != "" || extra == nil || extra.Header == nil {
-		return sessionKey{ss: ss}
-	}
-	if ti := extra.TokenInfo; ti != nil && ti.UserID != "" {
-		return sessionKey{client: "sub:" + ti.UserID}
-	}
-	if name := h.opts.ClientKeyHeader; name != "" {
-		if v := extra.Header.Get(name); v != "" {
-			return sessionKey{client: "header:" + v}
-		}
-	}
-	return sessionKey{ss: ss}
-}
 
 func callContext(ss *mcp.ServerSession) abi.CallContext {
 	cc := abi.CallContext{SessionID: ss.ID()}
@@ -40,34 +24,20 @@ func callContext(ss *mcp.ServerSession) abi.CallContext {
 	return cc
 }
 
-// request runs a v2 request export on key's instance of p and decodes the
-// result into out. A plugin replaced meanwhile serves the request from
-// its new version.
-func (h *Host) request(ctx context.Context, key sessionKey, p *plugins.Plugin, export string, params any, cc abi.CallContext, out any) error {
+// request runs a v2 request export on a lease of key's instance of p and
+// decodes the result into out. A plugin replaced meanwhile serves the
+// request from its new version.
+func (h *Host) request(ctx context.Context, key sessions.Key, p *plugins.Plugin, export string, params any, cc abi.CallContext, out any) error {
 	raw, err := json.Marshal(params)
 	if err != nil {
 		return err
 	}
-	var result json.RawMessage
-	var runErr error
-	w := work{
-		plugin: p,
-		retarget: func() (*plugins.Plugin, error) {
-			for _, q := range h.Catalogue().Plugins() {
-				if q.Name() == p.Name() {
-					return q, nil
-				}
-			}
-			return nil, fmt.Errorf("plugin %q was removed", p.Name())
-		},
-		run: func(ctx context.Context, inst *plugins.Instance) error {
-			result, runErr = inst.Request(ctx, export, raw, cc, nil)
-			return runErr
-		},
-	}
-	if _, _, err := h.runWork(ctx, key, w); err != nil {
+	l, err := h.acquire(ctx, key, p, func() (*plugins.Plugin, error) { return h.currentPlugin(p) })
+	if err != nil {
 		return fmt.Errorf("plugin %q: %w", p.Name(), err)
 	}
+	result, runErr := l.Instance().Request(l.Context(), export, raw, cc, nil)
+	l.Done(runErr)
 	if runErr != nil {
 		return fmt.Errorf("plugin %q: %s: %w", p.Name(), export, runErr)
 	}
@@ -82,7 +52,7 @@ func (h *Host) promptHandler(pr *plugins.Prompt) mcp.PromptHandler {
 		params := *req.Params
 		params.Name = pr.OwnName
 		var res mcp.GetPromptResult
-		if err := h.request(ctx, h.keyFor(req.Session, req.Extra), pr.Plugin(), abi.ExportGetPrompt, &params, callContext(req.Session), &res); err != nil {
+		if err := h.request(ctx, h.keyOf(req.Session, req.Extra), pr.Plugin(), abi.ExportGetPrompt, &params, callContext(req.Session), &res); err != nil {
 			return nil, err
 		}
 		return &res, nil
@@ -92,7 +62,7 @@ func (h *Host) promptHandler(pr *plugins.Prompt) mcp.PromptHandler {
 func (h *Host) resourceHandler(p *plugins.Plugin) mcp.ResourceHandler {
 	return func(ctx context.Context, req *mcp.ReadResourceRequest) (*mcp.ReadResourceResult, error) {
 		var res mcp.ReadResourceResult
-		if err := h.request(ctx, h.keyFor(req.Session, req.Extra), p, abi.ExportReadResource, req.Params, callContext(req.Session), &res); err != nil {
+		if err := h.request(ctx, h.keyOf(req.Session, req.Extra), p, abi.ExportReadResource, req.Params, callContext(req.Session), &res); err != nil {
 			return nil, err
 		}
 		return &res, nil
@@ -128,7 +98,7 @@ func (h *Host) complete(ctx context.Context, req *mcp.CompleteRequest) (*mcp.Com
 		return empty, nil
 	}
 	var res mcp.CompleteResult
-	if err := h.request(ctx, h.keyFor(req.Session, req.Extra), p, abi.ExportComplete, &params, callContext(req.Session), &res); err != nil {
+	if err := h.request(ctx, h.keyOf(req.Session, req.Extra), p, abi.ExportComplete, &params, callContext(req.Session), &res); err != nil {
 		return nil, err
 	}
 	if res.Completion.Values == nil {

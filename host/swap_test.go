@@ -44,12 +44,10 @@ func newReloadFixture(t *testing.T, files map[string][]byte) *reloadFixture {
 	t.Cleanup(func() { rt.Close(ctx) })
 	f.rt = rt
 	r := plugins.NewReloader(rt, plugins.ReloaderOptions{Paths: []string{dir}})
-	cat, errs := r.Load(ctx)
-	if len(errs) > 0 {
+	if _, errs := r.Load(ctx); len(errs) > 0 {
 		t.Fatal(errs)
 	}
-	f.h = host.New(cat, &host.Options{Logger: newTestLogger(f.log)})
-	r.OnSwap(func(_ context.Context, s plugins.Swap) { f.h.Swap(s) })
+	f.h = host.New(r, &host.Options{Logger: newTestLogger(f.log)})
 	t.Cleanup(func() { f.h.Close(ctx); r.Close(ctx) })
 	return &reloadFixture{fixture: f, dir: dir, r: r}
 }

@@ -90,6 +90,99 @@ func NewCatalogue(plugins []*Plugin) (*Catalogue, []Rejected) {
 	return c, rejected
 }
 
+// claim is one name a plugin serves under, unique across a catalogue.
+type claim struct{ kind, name string }
+
+// claims lists every name p serves under: its own name, and its tools',
+// prompts', resources' and resource templates'.
+func claims(p *Plugin) []claim {
+	out := []claim{{"plugin", p.name}}
+	for _, t := range p.tools {
+		out = append(out, claim{"tool", t.Name})
+	}
+	for _, pr := range p.prompts {
+		out = append(out, claim{"prompt", pr.Name})
+	}
+	for _, r := range p.resources {
+		out = append(out, claim{"resource", r.URI})
+	}
+	for _, r := range p.templates {
+		out = append(out, claim{"resource template", r.URITemplate})
+	}
+	return out
+}
+
+// next builds the catalogue that follows c: the plugins in remove leave,
+// each key of replace is replaced by its value (a new version, or the same
+// code with new lists), and the plugins of add join.
+//
+// A plugin already served keeps every name it serves under, whatever the
+// newcomer: a replacement or addition that claims a name held by another
+// served plugin is refused whole (the version it would replace goes on
+// serving), with an error naming both. Names no served plugin holds go to
+// the first claimant, replacements (in c's order) before additions (in
+// the order given). The caller closes the refused plugins.
+func (c *Catalogue) next(replace map[*Plugin]*Plugin, add []*Plugin, remove map[*Plugin]bool) (*Catalogue, []Rejected) {
+	owner := map[claim]*Plugin{} // held by a served plugin that stays
+	for _, p := range c.plugins {
+		if remove[p] {
+			continue
+		}
+		for _, cl := range claims(p) {
+			owner[cl] = p
+		}
+	}
+	var rejected []Rejected
+	taken := map[claim]*Plugin{} // taken by a newcomer accepted earlier
+	try := func(q, replaces *Plugin) bool {
+		var clash []string
+		for _, cl := range claims(q) {
+			by := owner[cl]
+			if by == nil || by == replaces {
+				by = taken[cl]
+			}
+			if by == nil || by == replaces {
+				continue
+			}
+			if cl.kind == "plugin" {
+				rejected = append(rejected, Rejected{q, fmt.Errorf("plugin %q (%s): the name is taken by %s: rename one file", q.name, q.path, by.path)})
+				return false
+			}
+			what := fmt.Sprintf("%s %q", cl.kind, cl.name)
+			if cl.kind == "tool" {
+				what = fmt.Sprintf("%q", cl.name) // as NewCatalogue says it
+			}
+			clash = append(clash, fmt.Sprintf("%s is served by plugin %q (%s)", what, by.name, by.path))
+		}
+		if len(clash) > 0 {
+			rejected = append(rejected, Rejected{q, fmt.Errorf("plugin %q (%s): tool name collision: %s; give one plugin a prefix", q.name, q.path, strings.Join(clash, ", "))})
+			return false
+		}
+		for _, cl := range claims(q) {
+			taken[cl] = q
+		}
+		return true
+	}
+	var list []*Plugin
+	for _, p := range c.plugins {
+		if remove[p] {
+			continue
+		}
+		if q, ok := replace[p]; ok && try(q, p) {
+			list = append(list, q)
+			continue
+		}
+		list = append(list, p)
+	}
+	for _, q := range add {
+		if try(q, nil) {
+			list = append(list, q)
+		}
+	}
+	next, more := NewCatalogue(list)
+	return next, append(rejected, more...) // more is empty: every claim was checked
+}
+
 // Tool returns the tool served under name.
 func (c *Catalogue) Tool(name string) (*Tool, bool) {
 	t, ok := c.tools[name]

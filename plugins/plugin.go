@@ -654,6 +654,29 @@ func (p *Plugin) Relist(ctx context.Context, inst *Instance) (*Plugin, error) {
 	return q, nil
 }
 
+// sameLists reports whether q serves exactly what p serves: the same
+// tools, prompts, resources and templates, with the same definitions.
+func (p *Plugin) sameLists(q *Plugin) bool {
+	lists := func(p *Plugin) []byte {
+		defs := []any{}
+		for _, t := range p.tools {
+			defs = append(defs, t.Name, t.Def)
+		}
+		for _, pr := range p.prompts {
+			defs = append(defs, pr.Name, pr.Def)
+		}
+		for _, r := range p.resources {
+			defs = append(defs, r.URI, r.Def)
+		}
+		for _, r := range p.templates {
+			defs = append(defs, r.URITemplate, r.Def)
+		}
+		b, _ := json.Marshal(defs)
+		return b
+	}
+	return bytes.Equal(lists(p), lists(q))
+}
+
 // Prefix returns the prefix the plugin's tool names were given.
 func (p *Plugin) Prefix() string { return p.prefix }
 

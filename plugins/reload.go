@@ -4,15 +4,18 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"log/slog"
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
 	"github.com/fsnotify/fsnotify"
+	"golang.org/x/time/rate"
 
 	"github.com/wasmtools/wasmtools/sandbox"
 )
@@ -39,14 +42,20 @@ type Status struct {
 	LastReload time.Time `json:"lastReload"`
 }
 
-// Swap is one change of the served catalogue.
+// Swap is one change of the served catalogue, handed to the function set
+// with [Reloader.OnSwap].
 type Swap struct {
 	Next *Catalogue
 	// Replaced maps each plugin no longer served to the plugin that
 	// replaces it (same name, new code); Removed lists those with none.
-	// The host retires their instances, then calls Done.
+	// The receiver owns them: it retires their instances and closes each
+	// once no call runs on it.
 	Replaced map[*Plugin]*Plugin
 	Removed  []*Plugin
+	// Relisted maps a plugin to the plugin with the same code and the
+	// lists its guest gave again (see [Reloader.Relist]). Nothing is
+	// retired: instances of one serve the other, and neither is closed.
+	Relisted map[*Plugin]*Plugin
 }
 
 // ReloaderOptions configures a [Reloader].
@@ -77,11 +86,12 @@ type Reloader struct {
 	opts ReloaderOptions
 	log  *slog.Logger
 
-	mu     sync.Mutex // serialises reloads and guards what follows
-	gen    int        // bumped by Reconfigure: every file is read again
-	cat    *Catalogue
-	files  map[string]*fileState // by path
-	onSwap func(ctx context.Context, s Swap)
+	mu      sync.Mutex // serialises every change of the catalogue and guards what follows
+	gen     int        // bumped by Reconfigure: every file is read again
+	cat     *Catalogue
+	files   map[string]*fileState // by path
+	onSwap  func(ctx context.Context, s Swap)
+	relists map[string]*rate.Limiter // by plugin name
 }
 
 type fileState struct {
@@ -94,7 +104,7 @@ type fileState struct {
 // NewReloader returns a reloader of the given paths. Call Load, then
 // Watch.
 func NewReloader(rt *sandbox.Runtime, opts ReloaderOptions) *Reloader {
-	r := &Reloader{rt: rt, opts: opts, log: opts.Logger, files: map[string]*fileState{}}
+	r := &Reloader{rt: rt, opts: opts, log: opts.Logger, files: map[string]*fileState{}, relists: map[string]*rate.Limiter{}}
 	if r.log == nil {
 		r.log = slog.New(slog.DiscardHandler)
 	}
@@ -104,6 +114,15 @@ func NewReloader(rt *sandbox.Runtime, opts ReloaderOptions) *Reloader {
 	if r.opts.SettleWrite <= 0 {
 		r.opts.SettleWrite = 250 * time.Millisecond
 	}
+	return r
+}
+
+// NewStatic returns a reloader that serves cat and follows no files: only
+// guest relists ([Reloader.Relist]) change what it serves. It is what a
+// host is given when its catalogue comes from [LoadAll].
+func NewStatic(cat *Catalogue) *Reloader {
+	r := NewReloader(nil, ReloaderOptions{})
+	r.cat = cat
 	return r
 }
 
@@ -117,6 +136,18 @@ func (r *Reloader) OnSwap(f func(ctx context.Context, s Swap)) {
 	r.mu.Lock()
 	r.onSwap = f
 	r.mu.Unlock()
+}
+
+// Follow is OnSwap for a receiver that starts serving now: f is called at
+// once, under the same lock, with a Swap holding only the catalogue served
+// now (if any), then with every change.
+func (r *Reloader) Follow(f func(ctx context.Context, s Swap)) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.onSwap = f
+	if r.cat != nil {
+		f(context.Background(), Swap{Next: r.cat})
+	}
 }
 
 // Catalogue returns the catalogue being served.
@@ -134,18 +165,8 @@ func (r *Reloader) Status() []Status {
 	for _, f := range r.files {
 		out = append(out, f.status)
 	}
-	slices.SortFunc(out, func(a, b Status) int { return cmpString(a.Path, b.Path) })
+	slices.SortFunc(out, func(a, b Status) int { return strings.Compare(a.Path, b.Path) })
 	return out
-}
-
-func cmpString(a, b string) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }
 
 // disabled reports whether the options of path say it is disabled. The
@@ -213,46 +234,31 @@ func (r *Reloader) Rescan(ctx context.Context) (bool, []error) {
 		return false, errs
 	}
 
-	// The new catalogue keeps the old order, so that a plugin already
-	// served wins a collision over a newcomer.
-	var order []*Plugin
-	newPath := map[*Plugin]string{}
-	{
-		for _, p := range r.cat.Plugins() {
-			if removed[p.Path()] {
-				continue
-			}
-			if q, ok := changed[p.Path()]; ok {
-				order = append(order, q)
-				newPath[q] = p.Path()
-				delete(changed, p.Path())
-				continue
-			}
-			order = append(order, p)
+	// An already-served plugin keeps its names: a new file, or a new
+	// version, that claims one is refused (see Catalogue.next).
+	replace := map[*Plugin]*Plugin{}
+	gone := map[*Plugin]bool{}
+	for _, p := range r.cat.Plugins() {
+		if removed[p.Path()] {
+			gone[p] = true
+		} else if q, ok := changed[p.Path()]; ok {
+			replace[p] = q
+			delete(changed, p.Path())
 		}
 	}
+	var add []*Plugin
 	for _, path := range files { // newcomers, in discovery order
 		if q, ok := changed[path]; ok {
-			order = append(order, q)
-			newPath[q] = path
+			add = append(add, q)
 		}
 	}
-	next, rejected := NewCatalogue(order)
+	next, rejected := r.cat.next(replace, add, gone)
 	for _, rej := range rejected {
-		path := newPath[rej.Plugin]
-		f := r.files[path]
+		f := r.files[rej.Plugin.Path()]
 		f.status.State, f.status.Error = StateError, rej.Err.Error()
 		errs = append(errs, rej.Err)
-		r.log.Error("plugin version refused", "path", path, "error", rej.Err)
+		r.log.Error("plugin version refused", "path", rej.Plugin.Path(), "error", rej.Err)
 		_ = rej.Plugin.Close(ctx)
-		if f.plugin != nil && f.plugin != rej.Plugin {
-			// The old version goes on: put it back.
-			order = slices.DeleteFunc(order, func(p *Plugin) bool { return p == rej.Plugin })
-			order = append(order, f.plugin)
-		}
-	}
-	if len(rejected) > 0 {
-		next, _ = NewCatalogue(order)
 	}
 
 	swap := Swap{Next: next, Replaced: map[*Plugin]*Plugin{}}
@@ -260,23 +266,13 @@ func (r *Reloader) Rescan(ctx context.Context) (bool, []error) {
 	for _, p := range next.Plugins() {
 		served[p] = true
 	}
-	{
-		for _, p := range r.cat.Plugins() {
-			if served[p] {
-				continue
-			}
-			var by *Plugin
-			for _, q := range next.Plugins() {
-				if q.Name() == p.Name() {
-					by = q
-				}
-			}
-			if by != nil {
-				swap.Replaced[p] = by
-			} else {
-				swap.Removed = append(swap.Removed, p)
-			}
+	for old, q := range replace {
+		if served[q] {
+			swap.Replaced[old] = q
 		}
+	}
+	for old := range gone {
+		swap.Removed = append(swap.Removed, old)
 	}
 	for path := range removed {
 		r.log.Info("plugin removed", "path", path)
@@ -289,7 +285,7 @@ func (r *Reloader) Rescan(ctx context.Context) (bool, []error) {
 	}
 	for _, p := range next.Plugins() {
 		f := r.files[p.Path()]
-		if f.plugin != p {
+		if f != nil && f.plugin != p {
 			f.plugin = p
 			f.status.SHA256 = p.SHA256()
 			f.status.State, f.status.Error = StateLoaded, ""
@@ -309,6 +305,89 @@ func (r *Reloader) Rescan(ctx context.Context) (bool, []error) {
 		_ = old.Close(ctx)
 	}
 	return true, errs
+}
+
+// Relist limits: a plugin's guest may have its lists read again this
+// often, after a burst. A relist runs guest code and may notify every
+// client, so a guest must not be able to do it on every call.
+const (
+	RelistBurst    = 5
+	RelistInterval = time.Second
+)
+
+// Errors of [Reloader.Relist].
+var (
+	// ErrRelistLimited: the plugin asked for relists faster than
+	// [RelistBurst] and [RelistInterval] allow; this one was dropped.
+	ErrRelistLimited = errors.New("tool list changes reported too often: this one was ignored")
+	// ErrNotServed: the instance's plugin is no longer served (it was
+	// replaced or removed meanwhile); its list is not read.
+	ErrNotServed = errors.New("plugin version no longer served")
+)
+
+// Relist reads the lists (tools, prompts, resources, templates) of the
+// plugin again from inst, whose guest said they changed, and serves them.
+// The caller holds inst. The guest runs outside the reloader's lock; the
+// result is applied only if inst's plugin is still the version served
+// (compare and swap), and through the same rule as a reload: a list that
+// claims another plugin's names is refused whole, with an error naming
+// both, and the old lists stay. A list that changed nothing changes
+// nothing, so no client is notified.
+func (r *Reloader) Relist(ctx context.Context, inst *Instance) error {
+	p := inst.Plugin()
+	r.mu.Lock()
+	cur := r.servedLocked(p)
+	lim := r.relists[p.Name()]
+	if lim == nil {
+		lim = rate.NewLimiter(rate.Every(RelistInterval), RelistBurst)
+		r.relists[p.Name()] = lim
+	}
+	r.mu.Unlock()
+	if cur == nil {
+		return fmt.Errorf("plugin %q: %w", p.Name(), ErrNotServed)
+	}
+	if !lim.Allow() {
+		return fmt.Errorf("plugin %q: %w", p.Name(), ErrRelistLimited)
+	}
+	fresh, err := cur.Relist(ctx, inst)
+	if err != nil {
+		return err
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.servedLocked(p) != cur {
+		return fmt.Errorf("plugin %q: %w", p.Name(), ErrNotServed)
+	}
+	if fresh.sameLists(cur) {
+		return nil
+	}
+	next, rejected := r.cat.next(map[*Plugin]*Plugin{cur: fresh}, nil, nil)
+	if len(rejected) > 0 {
+		return rejected[0].Err
+	}
+	r.cat = next
+	if f := r.files[cur.Path()]; f != nil && f.plugin == cur {
+		f.plugin = fresh
+		f.status.Tools = toolNames(fresh)
+	}
+	r.log.Info("plugin lists read again", "plugin", p.Name(), "tools", len(fresh.Tools()))
+	if r.onSwap != nil {
+		r.onSwap(ctx, Swap{Next: next, Relisted: map[*Plugin]*Plugin{cur: fresh}})
+	}
+	return nil
+}
+
+// servedLocked returns the served plugin with p's name and code, or nil.
+func (r *Reloader) servedLocked(p *Plugin) *Plugin {
+	if r.cat == nil {
+		return nil
+	}
+	for _, q := range r.cat.plugins {
+		if q.name == p.name && q.SameCode(p) {
+			return q
+		}
+	}
+	return nil
 }
 
 func toolNames(p *Plugin) []string {

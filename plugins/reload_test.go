@@ -241,3 +241,77 @@ func TestWatchHalfWrittenFile(t *testing.T) {
 		}
 	}
 }
+
+// A new version of a plugin that lists a tool another served plugin (one
+// sorted after it) serves is refused, and both go on serving. This once
+// refused the other plugin instead, and panicked the watch goroutine.
+func TestRescanNewVersionClaimsAnotherPluginsTool(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	counter := testplugins.Bytes(t, testplugins.Example(t, "counter"))
+	hash := testplugins.Bytes(t, testplugins.Example(t, "hash"))
+	write(t, filepath.Join(dir, "a.wasm"), counter)
+	write(t, filepath.Join(dir, "b.wasm"), hash)
+	r := plugins.NewReloader(newRuntime(t), plugins.ReloaderOptions{Paths: []string{dir}})
+	defer r.Close(ctx)
+	var sw swaps
+	r.OnSwap(sw.on)
+	if _, errs := r.Load(ctx); len(errs) > 0 {
+		t.Fatal(errs)
+	}
+	write(t, filepath.Join(dir, "a.wasm"), hash) // a's new version lists b's tools
+	_, errs := r.Rescan(ctx)
+	if len(errs) != 1 || !strings.Contains(errs[0].Error(), `"hash" is served by plugin "b"`) {
+		t.Errorf("errors = %v, want one naming b's tool", errs)
+	}
+	if s := status(r, "a"); s.State != plugins.StateError || s.SHA256 != sha(counter) {
+		t.Errorf("a: %+v, want its old version serving and the error", s)
+	}
+	if s := status(r, "b"); s.State != plugins.StateLoaded || s.SHA256 != sha(hash) {
+		t.Errorf("b: %+v, want it serving", s)
+	}
+	if tool, ok := r.Catalogue().Tool("hash"); !ok || tool.Plugin().Name() != "b" {
+		t.Errorf("tool hash served by %v", tool)
+	}
+	if _, ok := r.Catalogue().Tool("count"); !ok {
+		t.Error("a's old version stopped serving count")
+	}
+}
+
+// Relists go through the reloader: one that changes nothing swaps
+// nothing, and a guest relisting on every call is limited.
+func TestRelistIsLimited(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	write(t, filepath.Join(dir, "relister.wasm"), testplugins.Bytes(t, testplugins.Test(t, "relister")))
+	r := plugins.NewReloader(newRuntime(t), plugins.ReloaderOptions{Paths: []string{dir}})
+	defer r.Close(ctx)
+	var sw swaps
+	r.OnSwap(sw.on)
+	cat, errs := r.Load(ctx)
+	if len(errs) > 0 {
+		t.Fatal(errs)
+	}
+	inst, err := cat.Plugins()[0].NewInstance(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer inst.Close(ctx)
+	swapsBefore := sw.count()
+	limited := 0
+	for range 50 {
+		err := r.Relist(ctx, inst)
+		switch {
+		case errors.Is(err, plugins.ErrRelistLimited):
+			limited++
+		case err != nil:
+			t.Fatal(err)
+		}
+	}
+	if sw.count() != swapsBefore {
+		t.Errorf("relists that changed nothing made %d swaps", sw.count()-swapsBefore)
+	}
+	if limited == 0 {
+		t.Errorf("50 relists in a row: none limited (burst %d, then one per %s)", plugins.RelistBurst, plugins.RelistInterval)
+	}
+}

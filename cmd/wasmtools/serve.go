@@ -33,6 +33,8 @@ func cmdServe(ctx context.Context, args []string, lookupEnv func(string) (string
 	maxPerPlugin := fs.Int("max-instances-per-plugin", 0, "at most this many live instances of any one plugin (0: no bound)")
 	clientHeader := fs.String("client-header", "", "HTTP header that identifies a client on sessionless (2026-07-28) requests, so its calls share instances; not authentication")
 	recordLog := fs.String("record-log", "", "append one JSON line per tool call (with the records it wrote) to FILE")
+	maxParked := fs.Int("max-parked", 0, "at most this many calls parked for a 2026-07-28 client's answer (0: 256)")
+	maxParkedPerClient := fs.Int("max-parked-per-client", 0, "at most this many parked calls per client (0: 4)")
 	abandonAfter := fs.Duration("abandon-after", host.DefaultAbandonAfter, "stop a call waiting for a 2026-07-28 client's answer after this long")
 	noWatch := fs.Bool("no-watch", false, "do not watch the plugin folders: serve what is there at start")
 	shutdownGrace := fs.Duration("shutdown-grace", 10*time.Second, "on shutdown, wait this long for calls in flight")
@@ -81,6 +83,7 @@ func cmdServe(ctx context.Context, args []string, lookupEnv func(string) (string
 		MemoryBudget: uint64(cfg.Limits.MemoryBudget), MaxConcurrentCalls: cfg.Limits.MaxConcurrentCalls,
 		InstanceLimits: map[string]int{}, ClientKeyHeader: *clientHeader, AbandonAfter: *abandonAfter,
 		AllowedOrigins: cfg.HTTP.AllowedOrigins,
+		MaxParked:      *maxParked, MaxParkedPerClient: *maxParkedPerClient,
 	}
 	for name := range cfg.Plugins {
 		if n := cfg.For(name).Instances; n > 0 {
@@ -99,8 +102,7 @@ func cmdServe(ctx context.Context, args []string, lookupEnv func(string) (string
 		defer f.Close()
 		opts.RecordLog = f
 	}
-	h := host.New(cat, opts)
-	reloader.OnSwap(func(_ context.Context, s plugins.Swap) { h.Swap(s) })
+	h := host.New(reloader, opts)
 	if !*noWatch {
 		go func() {
 			if err := reloader.Watch(ctx); err != nil {

@@ -3,7 +3,8 @@
 ;; place ({"type":"object","properties":{},"$ref":"#"}), so that checking
 ;; an answer against it recurses without end. The host must refuse the
 ;; question, or the answer, but never overflow its own stack. The guest
-;; fails with the answer as its message. Tool "ask_ok" works.
+;; fails with the answer as its message. Tool "ask_ok" works; "ask_plain"
+;; asks a plain form question and fails with the answer as its message.
 ;;
 ;; Build: wat2wasm hostileask.wat -o hostileask.wasm (make testplugins)
 (module
@@ -125,13 +126,20 @@
   (data (i32.const 2064) "no answer")
   (data (i32.const 2304) "{\"message\":\"Go on?\",\"requestedSchema\":{\"type\":\"object\",\"properties\":{},\"$ref\":\"#\"}}")
 
-  (data (i32.const 4096) "ask_ok\00ask_selfref\00")
-  (table funcref (elem $ok $ask_selfref))
+  (data (i32.const 2560) "{\"message\":\"Your name?\",\"requestedSchema\":{\"type\":\"object\",\"properties\":{\"name\":{\"type\":\"string\"}}}}")
+
+  (data (i32.const 4096) "ask_ok\00ask_selfref\00ask_plain\00")
+  (table funcref (elem $ok $ask_selfref $ask_plain))
 
   (func $ok (type $tool) (call $text (i32.const 2048)) (i32.const 0))
   (func $ask_selfref (type $tool)
     (local $r i64)
     (local.set $r (call $create_elicitation (call $cblock (i32.const 2304))))
+    (if (i64.eqz (local.get $r)) (then (call $text (i32.const 2064)) (return (i32.const 0))))
+    (call $error_set (local.get $r)) (i32.const 1))
+  (func $ask_plain (type $tool)
+    (local $r i64)
+    (local.set $r (call $create_elicitation (call $cblock (i32.const 2560))))
     (if (i64.eqz (local.get $r)) (then (call $text (i32.const 2064)) (return (i32.const 0))))
     (call $error_set (local.get $r)) (i32.const 1))
 )

@@ -1,0 +1,248 @@
+package host_test
+
+import (
+	"context"
+	"runtime"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/wasmtools/wasmtools/host"
+	"github.com/wasmtools/wasmtools/internal/testplugins"
+	"github.com/wasmtools/wasmtools/plugins"
+	"github.com/wasmtools/wasmtools/sandbox"
+)
+
+// Regression tests of the session layer and the catalogue's one writer
+// (issue 11). Each failed on the host before them.
+
+// A guest's relist that claims another plugin's tool names is refused, and
+// the plugin that serves them keeps them, whatever the plugins' names sort
+// as; a later reload keeps things as they are.
+func TestRelistCannotTakeOverNames(t *testing.T) {
+	f := newReloadFixture(t, map[string][]byte{
+		"aaa.wasm":  testplugins.Bytes(t, testplugins.Test(t, "relister")), // sorts first
+		"hash.wasm": testplugins.Bytes(t, testplugins.Example(t, "hash")),
+	})
+	changed := make(chan struct{}, 10)
+	cs := f.connect(t, "", &mcp.ClientOptions{ToolListChangedHandler: func(context.Context, *mcp.ToolListChangedRequest) { changed <- struct{}{} }})
+	if got := text(call(t, cs, "relister_add", map[string]any{"name": "hash"})); got != "added hash" {
+		t.Fatal(got)
+	}
+	eventually(t, "the refusal in the log", func() bool {
+		return strings.Contains(f.log.String(), `tool name collision: \"hash\" is served by plugin \"hash\"`)
+	})
+	want := "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad" // sha256("abc")
+	if got := text(call(t, cs, "hash", map[string]any{"text": "abc", "algorithm": "sha256"})); !strings.Contains(got, want) {
+		t.Errorf("hash after the refused relist = %q, want the hash plugin's digest", got)
+	}
+	if _, errs := f.r.Rescan(context.Background()); len(errs) > 0 {
+		t.Fatal(errs)
+	}
+	if got := text(call(t, cs, "hash", map[string]any{"text": "abc", "algorithm": "sha256"})); !strings.Contains(got, want) {
+		t.Errorf("hash after a rescan = %q", got)
+	}
+	// A name no one serves is taken, and clients are told once. (From
+	// another session: this one's guest still lists "hash".)
+	other := f.connect(t, "", nil)
+	call(t, other, "relister_add", map[string]any{"name": "fresh"})
+	select {
+	case <-changed:
+	case <-time.After(10 * time.Second):
+		t.Fatal("no list_changed for an accepted relist")
+	}
+	if got := text(call(t, other, "fresh", nil)); got != "relister's fresh" {
+		t.Errorf("fresh = %q", got)
+	}
+	if n := len(changed); n != 0 {
+		t.Errorf("%d list_changed notifications more than the one change", n)
+	}
+}
+
+// A relist that changes nothing notifies no one.
+func TestRelistUnchangedNotifiesNoOne(t *testing.T) {
+	f := newReloadFixture(t, map[string][]byte{"relister.wasm": testplugins.Bytes(t, testplugins.Test(t, "relister"))})
+	var mu sync.Mutex
+	notified := 0
+	changed := make(chan struct{}, 10)
+	cs := f.connect(t, "", &mcp.ClientOptions{ToolListChangedHandler: func(context.Context, *mcp.ToolListChangedRequest) {
+		mu.Lock()
+		notified++
+		mu.Unlock()
+		changed <- struct{}{}
+	}})
+	for range 3 {
+		call(t, cs, "relister_same", nil)
+	}
+	// Notifications arrive in order: once the real change's has come, any
+	// from the no-op relists would have come before it.
+	call(t, cs, "relister_add", map[string]any{"name": "x"})
+	select {
+	case <-changed:
+	case <-time.After(10 * time.Second):
+		t.Fatal("no list_changed for a real change")
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if notified != 1 {
+		t.Errorf("list_changed sent %d times, want 1 (for the one real change)", notified)
+	}
+}
+
+// A swap while a stateless plugin's pooled call is in flight lets the call
+// finish on its version; its instance is not closed under it.
+func TestStatelessSwapUnderPooledCall(t *testing.T) {
+	// hostileask's ask_plain asks a question, then fails with the answer
+	// as its message: a guest error, which keeps the instance.
+	v1 := withCustomSection(testplugins.Bytes(t, testplugins.Test(t, "hostileask")), plugins.StatelessSection)
+	v2 := withCustomSection(v1, "version2")
+	f := newReloadFixture(t, map[string][]byte{"hostileask.wasm": v1})
+	asked := make(chan struct{}, 1)
+	release := make(chan struct{})
+	cs := f.connect(t, "2025-11-25", &mcp.ClientOptions{ElicitationHandler: func(ctx context.Context, req *mcp.ElicitRequest) (*mcp.ElicitResult, error) {
+		asked <- struct{}{}
+		<-release
+		return accept("ann"), nil
+	}})
+	done := make(chan *mcp.CallToolResult)
+	go func() {
+		res, err := cs.CallTool(context.Background(), &mcp.CallToolParams{Name: "ask_plain", Arguments: map[string]any{}})
+		if err != nil {
+			t.Error(err)
+		}
+		done <- res
+	}()
+	select { // the pooled guest is mid-call, waiting for the answer
+	case <-asked:
+	case res := <-done:
+		t.Fatalf("the call did not ask: %q", text(res))
+	}
+	f.deploy(t, "hostileask.wasm", v2)
+	close(release)
+	res := <-done
+	if res == nil || !strings.Contains(text(res), "ann") || strings.Contains(text(res), "closed") || res.Meta[host.MetaStateReset] != nil {
+		t.Fatalf("the pooled call across a swap: %q, _meta %v; want the guest's answer", text(res), res.Meta)
+	}
+	if res := call(t, cs, "ask_plain", map[string]any{}); !strings.Contains(text(res), "ann") {
+		t.Errorf("a call on the new version: %q", text(res))
+	}
+	eventually(t, "the old instance freed", func() bool { return f.h.LiveInstances() <= 1 })
+}
+
+// Calls parked for an answer never pin the server: at the instance limit,
+// the call that has waited longest is evicted to make room, and its
+// client is told when it comes back.
+func TestParkedCallsAreEvictedAtCapacity(t *testing.T) {
+	f := pdkhostFixture(t, &host.Options{MaxInstances: 2})
+	var parked []*mcp.CallToolResult
+	var clients []*mcp.ClientSession
+	for range 2 {
+		cs, res := rawRound(t, f, nil)
+		clients, parked = append(clients, cs), append(parked, res)
+	}
+	// Both instances are held by parked calls; a third client gets in.
+	cs := f.connect(t, "", nil)
+	if got := text(call(t, cs, "log", map[string]any{"level": "info", "message": "x"})); got != "logged" {
+		t.Fatalf("a call at capacity with only parked calls: %q", got)
+	}
+	eventually(t, "the oldest parked call evicted", func() bool { return strings.Contains(f.log.String(), "waiting call evicted") })
+	if _, err := retry(clients[0], parked[0].RequestState, accept("late")); err == nil || !strings.Contains(err.Error(), "invalid request state") {
+		t.Errorf("a retry of the evicted call: %v", err)
+	}
+	// The other parked call goes on.
+	res, err := retry(clients[1], parked[1].RequestState, accept("ann"))
+	if err != nil || res.RequestState == "" {
+		t.Fatalf("the parked call that was not evicted: %v %+v", err, res)
+	}
+}
+
+// A client parks at most MaxParkedPerClient calls: a further question is
+// answered "cancel" at once, with the reason, and the call goes on.
+func TestParkedCallsPerClient(t *testing.T) {
+	f := pdkhostFixture(t, &host.Options{MaxParkedPerClient: 1})
+	cs := f.connect(t, "", &mcp.ClientOptions{ElicitationHandler: (&answerer{}).handler, MultiRoundTrip: &mcp.MultiRoundTripOptions{Disabled: true}})
+	first, err := cs.CallTool(context.Background(), &mcp.CallToolParams{Name: "ask", Arguments: map[string]any{"rounds": 1}})
+	if err != nil || first.RequestState == "" {
+		t.Fatalf("first call: %v %+v", err, first)
+	}
+	// The same client's second question, from another plugin (confirm):
+	// refused at once, not parked.
+	call(t, cs, "add", map[string]any{"item": "x"})
+	second, err := cs.CallTool(context.Background(), &mcp.CallToolParams{Name: "delete", Arguments: map[string]any{"item": "x"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if second.RequestState != "" || !strings.HasPrefix(text(second), "not deleted") {
+		t.Errorf("a second question past the client's parking limit: %+v %q", second, text(second))
+	}
+	// The first goes on.
+	if res, err := retry(cs, first.RequestState, accept("ann")); err != nil || text(res) != "accept:ann" {
+		t.Errorf("the parked call: %v %q", err, text(res))
+	}
+}
+
+// A call waiting for a person does not hold a concurrency token: with
+// max_concurrent_calls = 1, other calls run while it waits.
+func TestWaitingCallGivesBackItsTurn(t *testing.T) {
+	f := pdkhostFixture(t, &host.Options{MaxConcurrentCalls: 1})
+	asked := make(chan struct{})
+	release := make(chan struct{})
+	waiting := f.connect(t, "2025-11-25", &mcp.ClientOptions{ElicitationHandler: func(ctx context.Context, req *mcp.ElicitRequest) (*mcp.ElicitResult, error) {
+		close(asked)
+		<-release
+		return accept("ann"), nil
+	}})
+	done := make(chan string)
+	go func() {
+		res, err := waiting.CallTool(context.Background(), &mcp.CallToolParams{Name: "ask", Arguments: map[string]any{"rounds": 1}})
+		if err != nil {
+			t.Error(err)
+			done <- ""
+			return
+		}
+		done <- text(res)
+	}()
+	<-asked
+	other := f.connect(t, "", nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	res, err := other.CallTool(ctx, &mcp.CallToolParams{Name: "log", Arguments: map[string]any{"level": "info", "message": "x"}})
+	if err != nil || text(res) != "logged" {
+		t.Fatalf("a call while another waits for a person: %v %v", err, res)
+	}
+	close(release)
+	if got := <-done; got != "accept:ann" {
+		t.Errorf("the waiting call: %q", got)
+	}
+}
+
+// Close honours its context: a guest that never returns does not hold it
+// for the call timeout. And it ends the watchers of the sessions still
+// open.
+func TestCloseHonoursContext(t *testing.T) {
+	before := runtime.NumGoroutine()
+	f := newFixture(t, nil, sandbox.NewPolicy().WithCallTimeout(10*time.Second), map[string]string{"pdkhost.wasm": testplugins.Test(t, "pdkhost")})
+	cs := f.connect(t, "", nil)
+	callDone := make(chan struct{})
+	go func() {
+		defer close(callDone)
+		cs.CallTool(context.Background(), &mcp.CallToolParams{Name: "spin", Arguments: map[string]any{}})
+	}()
+	eventually(t, "the spinning call's instance", func() bool { return f.h.LiveInstances() == 1 })
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	if err := f.h.Close(ctx); err == nil {
+		t.Error("Close with a call still running returned no error")
+	}
+	select {
+	case <-callDone:
+		t.Error("Close waited for the running call (its 10s deadline) instead of its 200ms context")
+	default:
+	}
+	<-callDone
+	cs.Close()
+	eventually(t, "goroutines to end", func() bool { return runtime.NumGoroutine() <= before+5 })
+}

@@ -1,0 +1,371 @@
+package sessions
+
+import (
+	"container/list"
+	"context"
+	"errors"
+	"fmt"
+	"sync/atomic"
+	"time"
+
+	"github.com/wasmtools/wasmtools/plugins"
+	"github.com/wasmtools/wasmtools/sandbox"
+)
+
+// slot holds one client's instance of one plugin. Leases on it run one at
+// a time: holding lock is holding the slot, and inst and notice are
+// touched only by its holder.
+type slot struct {
+	c       *client
+	plugin  string
+	lock    chan struct{}
+	waiting atomic.Int32 // leases holding or waiting for the slot
+	inst    *plugins.Instance
+	notice  Notice
+	elem    *list.Element // in Manager.lru while inst is set; guarded by Manager.mu
+}
+
+// acquire waits for the slot, refusing at once past the queue limit, and
+// leaving if the client ends. The caller calls release.
+func (sl *slot) acquire(ctx context.Context, limit int) error {
+	if int(sl.waiting.Add(1)) > limit {
+		sl.waiting.Add(-1)
+		return ErrBusy
+	}
+	select {
+	case sl.lock <- struct{}{}:
+		return nil
+	case <-sl.c.ended:
+		sl.waiting.Add(-1)
+		return ErrSessionEnded
+	case <-ctx.Done():
+		sl.waiting.Add(-1)
+		return ctx.Err()
+	}
+}
+
+func (sl *slot) release() {
+	sl.waiting.Add(-1)
+	<-sl.lock
+}
+
+// tryLock takes the slot only if nothing holds it; unlock gives it back.
+func (sl *slot) tryLock() bool {
+	select {
+	case sl.lock <- struct{}{}:
+		return true
+	default:
+		return false
+	}
+}
+
+func (sl *slot) unlock() { <-sl.lock }
+
+// Notice is what a client's next result should say about its previous
+// instance of a plugin. Both fields are nil when there is nothing to say.
+type Notice struct {
+	// Reset: the previous instance was discarded, and this one starts
+	// afresh.
+	Reset *Reset
+	// Upgraded: the previous instance's state was handed to this one, of
+	// a new version of the plugin.
+	Upgraded *Upgrade
+}
+
+// Reset says why an instance was discarded.
+type Reset struct {
+	// Reason is "trap", "timeout", "cancelled", "evicted" or "upgrade".
+	Reason string
+	Detail string
+}
+
+// Upgrade says which version an instance's state was handed to.
+type Upgrade struct {
+	SHA256 string
+}
+
+// Lease is the right to run guest code on one instance, from
+// [Manager.Acquire] until [Lease.Done]. It is used by one goroutine at a
+// time, but Done may follow a Pause made on another.
+type Lease struct {
+	m      *Manager
+	c      *client // nil for a pooled instance
+	sl     *slot   // nil for a pooled instance
+	plugin *plugins.Plugin
+	inst   *plugins.Instance
+	notice Notice
+	ctx    context.Context
+	cancel context.CancelCauseFunc
+	start  time.Time
+
+	// guarded by m.mu
+	token    bool          // holds a concurrency token
+	waitElem *list.Element // in m.waiting while waiting for a person
+	park     *parkedRun
+	evicted  bool
+	done     bool
+}
+
+// Acquire returns a lease on key's instance of plugin p, making the
+// instance if there is none (or, for a stateless plugin, a lease on a
+// warm pooled instance). It waits for the client's earlier leases on the
+// plugin, and for a turn under [Options.MaxConcurrentCalls].
+//
+// Refusals: [ErrBusy], [ErrAtCapacity], [ErrSessionEnded], [ErrClosed],
+// [ErrRetired] (p was replaced or removed: acquire the version served
+// now), and ctx's error. An instance that fails to start gives an error
+// matching [ErrStart]. An instance of an older version of p held by the
+// client is moved to p first, its state handed over when both versions
+// can (see [Lease.Notice]).
+func (m *Manager) Acquire(ctx context.Context, key Key, p *plugins.Plugin) (*Lease, error) {
+	if p.Stateless() {
+		return m.acquirePooled(ctx, p)
+	}
+	for {
+		l, err := m.acquireSlot(ctx, key, p)
+		if errors.Is(err, ErrSessionEnded) && key.kind == kindClient && ctx.Err() == nil {
+			continue // reaped meanwhile: the key gets a new client
+		}
+		return l, err
+	}
+}
+
+func (m *Manager) acquireSlot(ctx context.Context, key Key, p *plugins.Plugin) (*Lease, error) {
+	m.mu.Lock()
+	c, err := m.clientLocked(key)
+	if err != nil {
+		m.mu.Unlock()
+		return nil, err
+	}
+	if c.closed {
+		c.leaveLocked()
+		m.mu.Unlock()
+		return nil, ErrSessionEnded
+	}
+	sl, ok := c.slots[p.Name()]
+	if !ok {
+		sl = &slot{c: c, plugin: p.Name(), lock: make(chan struct{}, 1)}
+		c.slots[p.Name()] = sl
+	}
+	m.mu.Unlock()
+
+	leave := func() {
+		m.mu.Lock()
+		c.leaveLocked()
+		m.mu.Unlock()
+	}
+	if err := sl.acquire(ctx, m.queueLimit()); err != nil {
+		leave()
+		return nil, err
+	}
+	l := &Lease{m: m, c: c, sl: sl, plugin: p, start: time.Now()}
+	// Registered under the lock that checks retirement, so that a
+	// retirement waits for every lease on the old version.
+	m.mu.Lock()
+	switch {
+	case c.closed:
+		err = ErrSessionEnded
+	case m.closed:
+		err = ErrClosed
+	case m.isRetiredLocked(p):
+		err = ErrRetired
+	default:
+		m.leases[l] = struct{}{}
+	}
+	m.mu.Unlock()
+	if err != nil {
+		sl.release()
+		leave()
+		return nil, err
+	}
+	fail := func(err error) (*Lease, error) {
+		m.mu.Lock()
+		delete(m.leases, l)
+		c.leaveLocked()
+		m.broadcastLocked()
+		m.mu.Unlock()
+		sl.release()
+		return nil, err
+	}
+
+	if sl.inst != nil && !sl.inst.Plugin().SameCode(p) {
+		// p replaced the instance's version, and this lease got here
+		// before the retirement's own move did.
+		m.moveOff(sl, sl.inst.Plugin(), p)
+	}
+	if sl.inst == nil {
+		if err := m.reserve(ctx, p, sl); err != nil {
+			return fail(err)
+		}
+		inst, err := p.NewInstance(ctx)
+		if err != nil {
+			m.unreserve(p)
+			return fail(fmt.Errorf("%w: %w", ErrStart, err))
+		}
+		m.mu.Lock()
+		sl.inst = inst
+		sl.elem = m.lru.PushBack(sl)
+		m.mu.Unlock()
+		m.obs.InstanceStarted(p.Name())
+		m.log.Info("instance created", "session", c.key.String(), "plugin", p.Name(), "sha256", p.SHA256())
+	} else {
+		m.mu.Lock()
+		if sl.elem != nil {
+			m.lru.MoveToBack(sl.elem)
+		}
+		m.mu.Unlock()
+	}
+	l.inst = sl.inst
+	l.notice, sl.notice = sl.notice, Notice{}
+	if err := m.takeToken(ctx, l); err != nil {
+		sl.notice = l.notice // not delivered: the next lease says it
+		return fail(err)
+	}
+	l.ctx, l.cancel = context.WithCancelCause(ctx)
+	return l, nil
+}
+
+// takeToken waits for a turn under the concurrency limit.
+func (m *Manager) takeToken(ctx context.Context, l *Lease) error {
+	if m.running == nil {
+		return nil
+	}
+	select {
+	case m.running <- struct{}{}:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	m.mu.Lock()
+	l.token = true
+	m.mu.Unlock()
+	return nil
+}
+
+// Context is the context to run guest code under: the one Acquire was
+// given, also cancelled when the lease is evicted or abandoned
+// ([context.Cause] says why: [ErrEvicted], [ErrClosed], or the park's
+// abandonment).
+func (l *Lease) Context() context.Context { return l.ctx }
+
+// Instance is the instance to run.
+func (l *Lease) Instance() *plugins.Instance { return l.inst }
+
+// Plugin is the plugin version the lease runs: the one acquired.
+func (l *Lease) Plugin() *plugins.Plugin { return l.plugin }
+
+// Notice says what happened to the client's previous instance, for the
+// result of this lease's call.
+func (l *Lease) Notice() Notice { return l.notice }
+
+// Pause marks the lease as waiting for a person (an elicitation, a sampling
+// request, a parked round): it gives back its concurrency token, and may be
+// evicted while it waits (its context is then cancelled with
+// [ErrEvicted]). Resume ends the wait.
+func (l *Lease) Pause() {
+	m := l.m
+	m.mu.Lock()
+	if l.done || l.waitElem != nil {
+		m.mu.Unlock()
+		return
+	}
+	l.waitElem = m.waiting.PushBack(l)
+	token := l.token
+	l.token = false
+	m.mu.Unlock()
+	if token {
+		<-m.running
+	}
+}
+
+// Resume ends a wait begun with Pause, taking a concurrency token back. It
+// fails if ctx ends first, or the lease was evicted meanwhile.
+func (l *Lease) Resume(ctx context.Context) error {
+	m := l.m
+	m.mu.Lock()
+	if l.waitElem != nil {
+		m.waiting.Remove(l.waitElem)
+		l.waitElem = nil
+	}
+	evicted := l.evicted
+	m.mu.Unlock()
+	if evicted {
+		return context.Cause(l.ctx)
+	}
+	return m.takeToken(ctx, l)
+}
+
+// Done ends the lease. err is the guest's failure, if any: a trap, a
+// timeout or a cancellation (and an instance that is no longer usable,
+// whatever err says) discards the instance, and the client's next lease
+// says why; any other error (a guest's own error) keeps it. Done is
+// idempotent.
+func (l *Lease) Done(err error) {
+	m := l.m
+	m.mu.Lock()
+	if l.done {
+		m.mu.Unlock()
+		return
+	}
+	l.done = true
+	if l.waitElem != nil {
+		m.waiting.Remove(l.waitElem)
+		l.waitElem = nil
+	}
+	if l.park != nil {
+		m.unparkLocked(l.park.id)
+	}
+	token := l.token
+	l.token = false
+	delete(m.leases, l)
+	ended := l.c != nil && l.c.closed
+	m.mu.Unlock()
+	if token {
+		<-m.running
+	}
+	reason := resetReason(err, l)
+	l.cancel(nil)
+	if l.sl == nil {
+		m.donePooled(l, reason)
+	} else {
+		sl := l.sl
+		switch {
+		case reason != "":
+			m.discard(sl, reason, detailOf(err, l))
+		case ended:
+			m.dropInstance(sl) // the client ended while this lease ran
+		}
+		m.mu.Lock()
+		l.c.leaveLocked()
+		m.mu.Unlock()
+		sl.release()
+	}
+	m.mu.Lock()
+	m.broadcastLocked()
+	m.mu.Unlock()
+}
+
+// resetReason says why a lease leaves its instance unusable, or "" when
+// the instance may go on.
+func resetReason(err error, l *Lease) string {
+	var te *sandbox.TrapError
+	switch {
+	case l.inst.Err() == nil && err == nil:
+		return ""
+	case errors.Is(context.Cause(l.ctx), ErrEvicted):
+		return "evicted"
+	case errors.Is(err, context.DeadlineExceeded):
+		return "timeout"
+	case errors.Is(err, context.Canceled):
+		return "cancelled"
+	case errors.As(err, &te), l.inst.Err() != nil:
+		return "trap"
+	}
+	return ""
+}
+
+func detailOf(err error, l *Lease) string {
+	if err != nil {
+		return err.Error()
+	}
+	return l.inst.Err().Error()
+}

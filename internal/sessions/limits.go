@@ -1,0 +1,168 @@
+package sessions
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/wasmtools/wasmtools/plugins"
+)
+
+// reserve counts a new instance of p against the limits. At a limit it
+// frees an idle pooled instance, else evicts the least recently used idle
+// instance, else evicts the oldest lease waiting for a person and waits
+// for it to end; with none of those it refuses with [ErrAtCapacity]. self
+// is the slot asking (held by the caller, so never a candidate); nil for a
+// pooled instance.
+func (m *Manager) reserve(ctx context.Context, p *plugins.Plugin, self *slot) error {
+	name, mem := p.Name(), p.MemoryLimit()
+	m.mu.Lock()
+	if b := m.opts.MemoryBudget; b > 0 && mem > b {
+		m.mu.Unlock()
+		return fmt.Errorf("%w: plugin %q's memory limit (%d bytes) is over the whole memory budget (%d bytes)", ErrAtCapacity, name, mem, b)
+	}
+	for {
+		overall, perPlugin, memory := m.atLimitLocked(name, mem)
+		if !overall && !perPlugin && !memory {
+			break
+		}
+		match := func(plugin string) bool { return !perPlugin || plugin == name }
+		if m.freePooledLocked(match) || m.evictIdleLocked(self, match) {
+			continue
+		}
+		victim := m.oldestWaitingLocked(match)
+		if victim == nil {
+			err := fmt.Errorf("%w (%s): try again later, or raise the limit", ErrAtCapacity, m.limitsLocked(name, mem))
+			m.mu.Unlock()
+			return err
+		}
+		m.evictLocked(victim)
+		m.mu.Unlock()
+		if err := m.waitUntil(ctx, func() bool { return victim.done }); err != nil {
+			return err
+		}
+		m.mu.Lock()
+	}
+	m.live++
+	m.perPlugin[name]++
+	m.memory += mem
+	m.mu.Unlock()
+	return nil
+}
+
+func (m *Manager) pluginLimit(plugin string) int {
+	if n, ok := m.opts.InstanceLimits[plugin]; ok && n > 0 {
+		return n
+	}
+	return m.opts.MaxInstancesPerPlugin
+}
+
+func (m *Manager) atLimitLocked(plugin string, mem uint64) (overall, perPlugin, memory bool) {
+	overall = m.opts.MaxInstances > 0 && m.live >= m.opts.MaxInstances
+	perPlugin = m.pluginLimit(plugin) > 0 && m.perPlugin[plugin] >= m.pluginLimit(plugin)
+	memory = m.opts.MemoryBudget > 0 && m.memory+mem > m.opts.MemoryBudget
+	return
+}
+
+func (m *Manager) limitsLocked(plugin string, mem uint64) string {
+	return fmt.Sprintf("%d of at most %d instances live, %d of at most %d for plugin %q, %d of %d bytes of memory budget reserved and %d more needed",
+		m.live, m.opts.MaxInstances, m.perPlugin[plugin], m.pluginLimit(plugin), plugin, m.memory, m.opts.MemoryBudget, mem)
+}
+
+// unreserve gives back what reserve(p) took: p is the plugin (the
+// version) of the instance going away.
+func (m *Manager) unreserve(p *plugins.Plugin) {
+	m.mu.Lock()
+	m.unreserveLocked(p)
+	m.mu.Unlock()
+}
+
+func (m *Manager) unreserveLocked(p *plugins.Plugin) {
+	m.live--
+	m.perPlugin[p.Name()]--
+	if m.perPlugin[p.Name()] == 0 {
+		delete(m.perPlugin, p.Name())
+	}
+	m.memory -= p.MemoryLimit()
+}
+
+// evictIdleLocked frees the least recently used idle instance whose
+// plugin match accepts, and reports whether it found one. Slots are only
+// try-locked, so this never waits for a lease. The caller holds m.mu.
+func (m *Manager) evictIdleLocked(self *slot, match func(string) bool) bool {
+	for e := m.lru.Front(); e != nil; e = e.Next() {
+		sl := e.Value.(*slot)
+		if sl == self || !match(sl.plugin) || !sl.tryLock() {
+			continue
+		}
+		m.log.Info("instance evicted", "session", sl.c.key.String(), "plugin", sl.plugin, "reason", "instance limit")
+		m.closeInstanceLocked(sl)
+		sl.notice = Notice{Reset: &Reset{Reason: "evicted", Detail: "the instance was idle and the server needed room for another"}}
+		m.obs.InstanceReset(sl.plugin, "evicted")
+		sl.unlock()
+		return true
+	}
+	return false
+}
+
+// oldestWaitingLocked returns the lease that has waited longest for a
+// person among those match accepts, or nil.
+func (m *Manager) oldestWaitingLocked(match func(string) bool) *Lease {
+	for e := m.waiting.Front(); e != nil; e = e.Next() {
+		if l := e.Value.(*Lease); !l.evicted && match(l.plugin.Name()) {
+			return l
+		}
+	}
+	return nil
+}
+
+// evictLocked stops a lease waiting for a person: its context is cancelled
+// with [ErrEvicted], a parked call is abandoned, and its instance is reset
+// when the lease is done. The caller holds m.mu.
+func (m *Manager) evictLocked(l *Lease) {
+	l.evicted = true
+	if l.waitElem != nil {
+		m.waiting.Remove(l.waitElem)
+		l.waitElem = nil
+	}
+	m.log.Info("waiting call evicted", "plugin", l.plugin.Name(), "reason", "instance limit")
+	if p := l.park; p != nil {
+		m.unparkLocked(p.id)
+		go p.abandon(ErrEvicted)
+	}
+	l.cancel(ErrEvicted)
+}
+
+// dropInstance frees the slot's instance. The caller holds the slot.
+func (m *Manager) dropInstance(sl *slot) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if sl.inst != nil {
+		m.closeInstanceLocked(sl)
+	}
+}
+
+// closeInstanceLocked closes the slot's instance and releases its
+// reservation. The caller holds the slot and m.mu.
+func (m *Manager) closeInstanceLocked(sl *slot) {
+	_ = sl.inst.Close(context.Background())
+	p := sl.inst.Plugin()
+	sl.inst = nil
+	if sl.elem != nil {
+		m.lru.Remove(sl.elem)
+		sl.elem = nil
+	}
+	m.unreserveLocked(p)
+	m.obs.InstanceClosed(p.Name())
+}
+
+// discard frees the slot's instance after it failed, recording why for the
+// client's next lease. The caller holds the slot.
+func (m *Manager) discard(sl *slot, reason, detail string) {
+	if sl.inst == nil {
+		return
+	}
+	m.log.Info("instance reset", "session", sl.c.key.String(), "plugin", sl.plugin, "reason", reason, "detail", detail)
+	m.dropInstance(sl)
+	sl.notice = Notice{Reset: &Reset{Reason: reason, Detail: detail}}
+	m.obs.InstanceReset(sl.plugin, reason)
+}

@@ -1,0 +1,424 @@
+// Package sessions owns every client's plugin instances: which client a
+// request belongs to (its [Key]), each client's instance of each plugin, the
+// limits on live instances and their memory, the warm pools of stateless
+// plugins, moving instances off a plugin version that a reload retired, and
+// calls parked while a client is asked a question.
+//
+// It knows nothing of MCP: the host maps MCP sessions, handles, headers and
+// subjects to keys, and protocol results to and from leases. A [Lease],
+// from [Manager.Acquire], is the only way to run guest code on an instance:
+//
+//	l, err := m.Acquire(ctx, key, plugin)
+//	if err != nil { ... }         // refused: busy, at capacity, closed
+//	err = run(l.Context(), l.Instance())
+//	l.Done(err)                   // a trap, timeout or cancel resets the instance
+//
+// Rules the package keeps (and its property test checks): no instance is
+// closed while a lease on it is live, pooled instances included; every
+// reservation (instance counts, memory) is released exactly once; a lease
+// waiting on a person gives back its concurrency token; parked calls are
+// capped and can be evicted, so they never pin the server.
+package sessions
+
+import (
+	"container/list"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"runtime"
+	"sync"
+	"time"
+
+	"github.com/wasmtools/wasmtools/plugins"
+)
+
+// Defaults of [Options].
+const (
+	// DefaultQueueLimit bounds the calls one client may have waiting for
+	// one plugin instance, the running one included.
+	DefaultQueueLimit = 16
+	// DefaultMaxParked bounds the calls parked for a client's answer
+	// across all clients: each holds an instance and a goroutine.
+	DefaultMaxParked = 256
+	// DefaultMaxParkedPerClient bounds one client's parked calls.
+	DefaultMaxParkedPerClient = 4
+)
+
+// Errors a lease can be refused with. Each is matched with errors.Is.
+var (
+	// ErrBusy: the client already has the most calls waiting for one
+	// plugin that it may.
+	ErrBusy = errors.New("too many calls waiting for this plugin in this session")
+	// ErrAtCapacity: the instance limits are reached and no instance can
+	// be evicted.
+	ErrAtCapacity = errors.New("server at capacity: every plugin instance is busy")
+	// ErrSessionEnded: the client's session ended while the call waited.
+	ErrSessionEnded = errors.New("session has ended")
+	// ErrClosed: the manager is shutting down.
+	ErrClosed = errors.New("shutting down")
+	// ErrRetired: the plugin version was retired by a reload; run the
+	// version now served instead.
+	ErrRetired = errors.New("plugin version retired")
+	// ErrStart: a new instance could not start (its initialisation
+	// failed); the wrapped error says why. It is a failure of the call,
+	// not a refusal.
+	ErrStart = errors.New("instance did not start")
+	// ErrParkLimit: too many calls wait for answers already.
+	ErrParkLimit = errors.New("too many calls wait for a client's answer")
+	// ErrEvicted is the cause of a waiting lease's context when the server
+	// needed its instance for another client.
+	ErrEvicted = errors.New("evicted: the server needed the instance for another client")
+)
+
+// Options configures a [Manager]. The zero value gives the documented
+// defaults: no limits but the queue, no idle timeout.
+type Options struct {
+	// Logger receives instance lifecycle messages; nil discards them.
+	Logger *slog.Logger
+	// Observer is told of instance events, for metrics; nil ignores them.
+	Observer Observer
+	// QueueLimit bounds a client's calls waiting per plugin; 0 means
+	// [DefaultQueueLimit]. A call past it is refused at once with
+	// [ErrBusy].
+	QueueLimit int
+	// MaxInstances bounds the live instances of all plugins, and
+	// MaxInstancesPerPlugin those of any one plugin; 0 means no bound.
+	// InstanceLimits overrides MaxInstancesPerPlugin by plugin name.
+	MaxInstances, MaxInstancesPerPlugin int
+	InstanceLimits                      map[string]int
+	// MemoryBudget bounds the memory of all live instances, each counted
+	// at its plugin's memory limit; 0 means no bound.
+	//
+	// At any of these bounds an idle pooled instance is freed, else the
+	// least recently used idle instance is evicted (its client's next
+	// result says so), else the oldest lease waiting for a person is
+	// evicted; with none of those the lease is refused with
+	// [ErrAtCapacity].
+	MemoryBudget uint64
+	// MaxConcurrentCalls bounds the leases running guest code at once;
+	// 0 means no bound. Further leases wait for a turn; a lease waiting
+	// for a person does not hold one.
+	MaxConcurrentCalls int
+	// PoolSize bounds the idle warm instances kept per stateless plugin;
+	// 0 means twice GOMAXPROCS.
+	PoolSize int
+	// IdleTimeout ends a [Client] key's client after this long with no
+	// lease; 0 means never. [Conn] clients end only at [Manager.End].
+	IdleTimeout time.Duration
+	// MaxParked bounds the calls parked for an answer in all; 0 means
+	// [DefaultMaxParked]. MaxParkedPerClient bounds one client's; 0
+	// means [DefaultMaxParkedPerClient].
+	MaxParked, MaxParkedPerClient int
+}
+
+// Observer is told of instance events. Its methods must not block.
+type Observer interface {
+	// InstanceStarted: an instance of plugin was made and reserved.
+	InstanceStarted(plugin string)
+	// InstanceClosed: an instance of plugin was freed and its
+	// reservation released.
+	InstanceClosed(plugin string)
+	// InstanceReset: an instance was discarded, and its client's next
+	// result will say why: "trap", "timeout", "cancelled", "evicted" or
+	// "upgrade".
+	InstanceReset(plugin, reason string)
+}
+
+type nopObserver struct{}
+
+func (nopObserver) InstanceStarted(string)       {}
+func (nopObserver) InstanceClosed(string)        {}
+func (nopObserver) InstanceReset(string, string) {}
+
+// Manager owns clients and their instances. It is safe for concurrent use.
+// Close it to free every instance.
+type Manager struct {
+	opts Options
+	log  *slog.Logger
+	obs  Observer
+
+	mu        sync.Mutex
+	closed    bool
+	clients   map[Key]*client
+	lru       *list.List // of *slot holding an instance, least recently used first
+	live      int
+	perPlugin map[string]int
+	memory    uint64
+	pools     map[string]*pool // by plugin name
+	retired   map[*plugins.Plugin]bool
+	leases    map[*Lease]struct{}   // live leases
+	waiting   *list.List            // of *Lease waiting for a person, oldest first
+	parked    map[string]*parkedRun // by run ID
+	watchers  int                   // goroutines waiting on changed
+	changed   chan struct{}         // closed and replaced when a lease ends, if watched
+
+	running chan struct{} // a token per running lease, when bounded
+	stop    chan struct{}
+	wg      sync.WaitGroup // retirements and the idle reaper
+}
+
+// New returns a manager with the given options (nil means defaults).
+func New(opts *Options) *Manager {
+	m := &Manager{
+		clients:   map[Key]*client{},
+		lru:       list.New(),
+		perPlugin: map[string]int{},
+		pools:     map[string]*pool{},
+		retired:   map[*plugins.Plugin]bool{},
+		leases:    map[*Lease]struct{}{},
+		waiting:   list.New(),
+		parked:    map[string]*parkedRun{},
+		changed:   make(chan struct{}),
+		stop:      make(chan struct{}),
+	}
+	if opts != nil {
+		m.opts = *opts
+	}
+	m.log = m.opts.Logger
+	if m.log == nil {
+		m.log = slog.New(slog.DiscardHandler)
+	}
+	m.obs = m.opts.Observer
+	if m.obs == nil {
+		m.obs = nopObserver{}
+	}
+	if n := m.opts.MaxConcurrentCalls; n > 0 {
+		m.running = make(chan struct{}, n)
+	}
+	if t := m.opts.IdleTimeout; t > 0 {
+		m.wg.Add(1)
+		go m.reapIdle(t)
+	}
+	return m
+}
+
+func (m *Manager) queueLimit() int {
+	if m.opts.QueueLimit <= 0 {
+		return DefaultQueueLimit
+	}
+	return m.opts.QueueLimit
+}
+
+func (m *Manager) poolSize() int {
+	if m.opts.PoolSize <= 0 {
+		return 2 * runtime.GOMAXPROCS(0)
+	}
+	return m.opts.PoolSize
+}
+
+// client is one client's state: its slots, one per plugin name.
+type client struct {
+	key      Key
+	slots    map[string]*slot // guarded by Manager.mu
+	ended    chan struct{}    // closed when the client ends
+	closed   bool             // guarded by Manager.mu
+	leases   int              // leases held or waited for; guarded by Manager.mu
+	lastUsed time.Time        // guarded by Manager.mu
+	parked   int              // guarded by Manager.mu
+}
+
+// clientLocked returns key's client, making it on first use, and counts a
+// lease coming. The caller holds m.mu.
+func (m *Manager) clientLocked(key Key) (*client, error) {
+	if m.closed {
+		return nil, ErrClosed
+	}
+	c, ok := m.clients[key]
+	if !ok {
+		c = &client{key: key, slots: map[string]*slot{}, ended: make(chan struct{})}
+		m.clients[key] = c
+	}
+	c.leases++
+	c.lastUsed = time.Now()
+	return c, nil
+}
+
+// leaveLocked counts a lease of c gone. The caller holds m.mu.
+func (c *client) leaveLocked() {
+	c.leases--
+	c.lastUsed = time.Now()
+}
+
+// End ends key's client: waiting calls fail with [ErrSessionEnded], and
+// its instances are freed once the leases on them are done (or ctx ends;
+// those leases then free their instances when they are done). It is
+// idempotent, and a no-op for a key with no client.
+func (m *Manager) End(ctx context.Context, key Key) {
+	m.mu.Lock()
+	c := m.clients[key]
+	m.mu.Unlock()
+	if c != nil {
+		m.endClient(ctx, c)
+	}
+}
+
+func (m *Manager) endClient(ctx context.Context, c *client) {
+	m.mu.Lock()
+	if c.closed {
+		m.mu.Unlock()
+		return
+	}
+	c.closed = true
+	close(c.ended)
+	if m.clients[c.key] == c {
+		delete(m.clients, c.key)
+	}
+	slots := make([]*slot, 0, len(c.slots))
+	for _, sl := range c.slots {
+		slots = append(slots, sl)
+	}
+	m.mu.Unlock()
+	for _, sl := range slots {
+		select {
+		case sl.lock <- struct{}{}: // held for good: the client is over
+		case <-ctx.Done():
+			continue // its lease frees the instance when done
+		}
+		if sl.inst != nil {
+			m.log.Info("instance freed", "session", c.key.String(), "plugin", sl.plugin)
+			m.dropInstance(sl)
+		}
+	}
+}
+
+// reapIdle ends Client-key clients with no lease for longer than timeout,
+// until the manager closes.
+func (m *Manager) reapIdle(timeout time.Duration) {
+	defer m.wg.Done()
+	tick := time.NewTicker(max(timeout/4, 10*time.Millisecond))
+	defer tick.Stop()
+	for {
+		select {
+		case <-m.stop:
+			return
+		case now := <-tick.C:
+			// Checked and ended under one lock: a request that comes
+			// for the client meanwhile gets a new one.
+			var idle []*client
+			m.mu.Lock()
+			for k, c := range m.clients {
+				if k.kind == kindClient && c.leases == 0 && now.Sub(c.lastUsed) > timeout {
+					c.closed = true
+					close(c.ended)
+					delete(m.clients, k)
+					idle = append(idle, c)
+				}
+			}
+			m.mu.Unlock()
+			for _, c := range idle {
+				m.log.Info("client idle: freeing its instances", "session", c.key.String())
+				for _, sl := range c.slots {
+					sl.lock <- struct{}{} // free: the client had no lease
+					if sl.inst != nil {
+						m.dropInstance(sl)
+					}
+				}
+			}
+		}
+	}
+}
+
+// Close ends every client and frees every instance: parked calls are
+// abandoned, leases waiting for a person are cancelled, and running leases
+// are waited for until ctx ends (they free their instances when they are
+// done). New leases are refused with [ErrClosed]. It is idempotent.
+func (m *Manager) Close(ctx context.Context) error {
+	m.mu.Lock()
+	if m.closed {
+		m.mu.Unlock()
+		return nil
+	}
+	m.closed = true
+	close(m.stop)
+	var parked []*parkedRun
+	for id, p := range m.parked {
+		parked = append(parked, p)
+		m.unparkLocked(id)
+	}
+	for e := m.waiting.Front(); e != nil; e = e.Next() {
+		e.Value.(*Lease).cancel(ErrClosed)
+	}
+	clients := make([]*client, 0, len(m.clients))
+	for _, c := range m.clients {
+		clients = append(clients, c)
+	}
+	m.mu.Unlock()
+	for _, p := range parked {
+		p.abandon(ErrClosed)
+	}
+	var wg sync.WaitGroup
+	for _, c := range clients {
+		wg.Go(func() { m.endClient(ctx, c) })
+	}
+	wg.Wait()
+	m.drainPools()
+	done := make(chan struct{})
+	go func() { m.wg.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-ctx.Done():
+	}
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("sessions: close: calls were still running: %w", err)
+	}
+	return nil
+}
+
+// Stats are the manager's counts at one moment.
+type Stats struct {
+	Live      int            // live instances
+	PerPlugin map[string]int // live instances by plugin name, those with any
+	Memory    uint64         // memory reserved by live instances
+	Clients   int            // clients with state
+	Leases    int            // live leases
+	Waiting   int            // leases waiting for a person
+	Parked    int            // calls parked for an answer
+}
+
+// Stats reports the manager's counts.
+func (m *Manager) Stats() Stats {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	s := Stats{Live: m.live, PerPlugin: map[string]int{}, Memory: m.memory, Clients: len(m.clients), Leases: len(m.leases), Waiting: m.waiting.Len(), Parked: len(m.parked)}
+	for k, v := range m.perPlugin {
+		if v > 0 {
+			s.PerPlugin[k] = v
+		}
+	}
+	return s
+}
+
+// broadcastLocked wakes the goroutines waiting for a lease to end. The
+// caller holds m.mu.
+func (m *Manager) broadcastLocked() {
+	if m.watchers > 0 {
+		close(m.changed)
+		m.changed = make(chan struct{})
+	}
+}
+
+// waitUntil waits until cond, checked under m.mu, holds, rechecking each
+// time a lease ends, or until ctx or the manager ends.
+func (m *Manager) waitUntil(ctx context.Context, cond func() bool) error {
+	m.mu.Lock()
+	for !cond() {
+		ch := m.changed
+		m.watchers++
+		m.mu.Unlock()
+		var err error
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			err = ctx.Err()
+		}
+		m.mu.Lock()
+		m.watchers--
+		if err != nil {
+			m.mu.Unlock()
+			return err
+		}
+	}
+	m.mu.Unlock()
+	return nil
+}

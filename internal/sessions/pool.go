@@ -1,0 +1,131 @@
+package sessions
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/wasmtools/wasmtools/plugins"
+)
+
+// pool holds the idle warm instances of one stateless plugin (by name),
+// shared by every client. Instances of a retired version are never put
+// back.
+type pool struct {
+	idle []*plugins.Instance // guarded by Manager.mu
+}
+
+// acquirePooled leases an idle pooled instance of p, or a new one.
+func (m *Manager) acquirePooled(ctx context.Context, p *plugins.Plugin) (*Lease, error) {
+	l := &Lease{m: m, plugin: p, start: time.Now()}
+	m.mu.Lock()
+	switch {
+	case m.closed:
+		m.mu.Unlock()
+		return nil, ErrClosed
+	case m.isRetiredLocked(p):
+		m.mu.Unlock()
+		return nil, ErrRetired
+	}
+	m.leases[l] = struct{}{}
+	pl := m.pools[p.Name()]
+	if pl == nil {
+		pl = &pool{}
+		m.pools[p.Name()] = pl
+	}
+	var stale []*plugins.Instance
+	for l.inst == nil && len(pl.idle) > 0 {
+		inst := pl.idle[len(pl.idle)-1]
+		pl.idle = pl.idle[:len(pl.idle)-1]
+		if inst.Plugin().SameCode(p) {
+			l.inst = inst
+		} else {
+			stale = append(stale, inst)
+		}
+	}
+	m.mu.Unlock()
+	m.closePooled(stale)
+	fail := func(err error) (*Lease, error) {
+		m.mu.Lock()
+		delete(m.leases, l)
+		m.broadcastLocked()
+		m.mu.Unlock()
+		return nil, err
+	}
+	if l.inst == nil {
+		if err := m.reserve(ctx, p, nil); err != nil {
+			return fail(err)
+		}
+		inst, err := p.NewInstance(ctx)
+		if err != nil {
+			m.unreserve(p)
+			return fail(fmt.Errorf("%w: %w", ErrStart, err))
+		}
+		l.inst = inst
+		m.obs.InstanceStarted(p.Name())
+		m.log.Debug("pooled instance created", "plugin", p.Name(), "sha256", p.SHA256())
+	}
+	if err := m.takeToken(ctx, l); err != nil {
+		m.donePooled(l, "")
+		return fail(err)
+	}
+	l.ctx, l.cancel = context.WithCancelCause(ctx)
+	return l, nil
+}
+
+// donePooled puts a pooled lease's instance back, if it is usable, of the
+// version served, and the pool has room; otherwise it frees it.
+func (m *Manager) donePooled(l *Lease, reason string) {
+	inst := l.inst
+	m.mu.Lock()
+	if reason == "" && inst.Err() == nil && !m.closed && !m.isRetiredLocked(inst.Plugin()) {
+		if pl := m.pools[inst.Plugin().Name()]; pl != nil && len(pl.idle) < m.poolSize() {
+			pl.idle = append(pl.idle, inst)
+			m.mu.Unlock()
+			return
+		}
+	}
+	m.mu.Unlock()
+	if reason != "" {
+		m.obs.InstanceReset(inst.Plugin().Name(), reason)
+	}
+	m.closePooled([]*plugins.Instance{inst})
+}
+
+// closePooled frees pooled instances that no lease holds.
+func (m *Manager) closePooled(insts []*plugins.Instance) {
+	for _, inst := range insts {
+		_ = inst.Close(context.Background())
+		m.unreserve(inst.Plugin())
+		m.obs.InstanceClosed(inst.Plugin().Name())
+	}
+}
+
+// freePooledLocked frees one idle pooled instance whose plugin match
+// accepts, and reports whether it found one. The caller holds m.mu.
+func (m *Manager) freePooledLocked(match func(string) bool) bool {
+	for name, pl := range m.pools {
+		if !match(name) || len(pl.idle) == 0 {
+			continue
+		}
+		inst := pl.idle[0]
+		pl.idle = pl.idle[1:]
+		_ = inst.Close(context.Background())
+		m.unreserveLocked(inst.Plugin())
+		m.obs.InstanceClosed(name)
+		return true
+	}
+	return false
+}
+
+// drainPools frees every idle pooled instance.
+func (m *Manager) drainPools() {
+	m.mu.Lock()
+	var all []*plugins.Instance
+	for name, pl := range m.pools {
+		all = append(all, pl.idle...)
+		delete(m.pools, name)
+	}
+	m.mu.Unlock()
+	m.closePooled(all)
+}

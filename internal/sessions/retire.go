@@ -1,0 +1,160 @@
+package sessions
+
+import (
+	"context"
+
+	"github.com/wasmtools/wasmtools/plugins"
+)
+
+// Retire takes plugin version old out of service after a reload: next is
+// the version that replaces it (nil when the plugin was removed). From now
+// on leases on old are refused with [ErrRetired]; idle pooled instances of
+// old are freed; each client's instance of old is moved to next (its state
+// handed over when both versions export the handoff pair, else dropped, and
+// the client's next result says which) once the lease on it, if any, is
+// done. old is closed when no lease runs it any more. Retire returns at
+// once and owns old from then on.
+//
+// Call Retire before serving the catalogue with next, so that no lease on
+// next can run before old is marked.
+func (m *Manager) Retire(old, next *plugins.Plugin) {
+	m.mu.Lock()
+	m.retired[old] = true
+	var stale []*plugins.Instance
+	if pl := m.pools[old.Name()]; pl != nil {
+		kept := pl.idle[:0]
+		for _, inst := range pl.idle {
+			if inst.Plugin().SameCode(old) {
+				stale = append(stale, inst)
+			} else {
+				kept = append(kept, inst)
+			}
+		}
+		pl.idle = kept
+	}
+	var slots []*slot
+	for _, c := range m.clients {
+		if sl, ok := c.slots[old.Name()]; ok {
+			slots = append(slots, sl)
+		}
+	}
+	m.wg.Add(1)
+	m.mu.Unlock()
+	m.closePooled(stale)
+	go func() {
+		defer m.wg.Done()
+		m.retire(old, next, slots)
+	}()
+}
+
+func (m *Manager) retire(old, next *plugins.Plugin, slots []*slot) {
+	// Idle instances move now; busy ones once their lease is done (or
+	// by the next lease on next, which moves them itself).
+	var busy []*slot
+	for _, sl := range slots {
+		if !sl.tryLock() {
+			busy = append(busy, sl)
+			continue
+		}
+		m.moveOff(sl, old, next)
+		sl.unlock()
+	}
+	// A lease runs the code of the plugin it was acquired on (a slot's
+	// instance of older code is moved off first, holding the slot, which
+	// the loop over busy slots below waits for).
+	runsOld := func() bool {
+		for l := range m.leases {
+			if l.plugin.SameCode(old) {
+				return true
+			}
+		}
+		return false
+	}
+	stop, cancel := context.WithCancel(context.Background())
+	go func() {
+		select {
+		case <-m.stop:
+		case <-stop.Done():
+		}
+		cancel()
+	}()
+	err := m.waitUntil(stop, func() bool { return !runsOld() })
+	cancel()
+	if err != nil {
+		return // closing: Close frees everything
+	}
+	for _, sl := range busy {
+		select {
+		case sl.lock <- struct{}{}:
+		case <-sl.c.ended:
+			continue // ending the client frees its instances
+		}
+		m.moveOff(sl, old, next)
+		sl.unlock()
+	}
+	if err := old.Close(context.Background()); err != nil {
+		m.log.Warn("close retired plugin", "plugin", old.Name(), "sha256", old.SHA256(), "error", err)
+	}
+	m.mu.Lock()
+	delete(m.retired, old)
+	m.mu.Unlock()
+}
+
+// isRetiredLocked reports whether leases on p are refused: it was retired,
+// or closed. The caller holds m.mu.
+func (m *Manager) isRetiredLocked(p *plugins.Plugin) bool {
+	return m.retired[p] || p.Closed()
+}
+
+// moveOff moves the slot's instance, if it runs old's code, to next:
+// its state is handed over when both versions export the handoff pair,
+// else it is dropped. The client's next lease says which. The caller
+// holds the slot.
+func (m *Manager) moveOff(sl *slot, old, next *plugins.Plugin) {
+	inst := sl.inst
+	if inst == nil || !inst.Plugin().SameCode(old) {
+		return
+	}
+	ctx := context.Background()
+	from := inst.Plugin()
+	detail := "the plugin was removed"
+	if next != nil {
+		detail = "the plugin was replaced by version " + next.SHA256()
+		if from.HandsOffState() && next.HandsOffState() {
+			fresh, err := m.handOff(ctx, inst, next)
+			if err == nil {
+				_ = inst.Close(ctx)
+				m.mu.Lock()
+				sl.inst = fresh // same plugin name: the instance counts stay
+				m.memory = m.memory - from.MemoryLimit() + next.MemoryLimit()
+				m.mu.Unlock()
+				sl.notice = Notice{Upgraded: &Upgrade{SHA256: next.SHA256()}}
+				m.log.Info("instance upgraded with its state", "session", sl.c.key.String(), "plugin", old.Name(), "sha256", next.SHA256())
+				return
+			}
+			detail += "; its state could not be handed over: " + err.Error()
+			m.log.Warn("state handoff failed: a fresh instance follows", "session", sl.c.key.String(), "plugin", old.Name(), "error", err)
+		}
+	}
+	m.log.Info("instance retired", "session", sl.c.key.String(), "plugin", old.Name(), "sha256", old.SHA256(), "detail", detail)
+	m.dropInstance(sl)
+	sl.notice = Notice{Reset: &Reset{Reason: "upgrade", Detail: detail}}
+	m.obs.InstanceReset(sl.plugin, "upgrade")
+}
+
+// handOff moves inst's state to a new instance of next.
+func (m *Manager) handOff(ctx context.Context, inst *plugins.Instance, next *plugins.Plugin) (*plugins.Instance, error) {
+	snap, err := inst.Snapshot(ctx)
+	if err != nil {
+		return nil, err
+	}
+	fresh, err := next.NewInstance(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if err := fresh.Restore(ctx, snap); err != nil {
+		_ = fresh.Close(ctx)
+		return nil, err
+	}
+	return fresh, nil
+}

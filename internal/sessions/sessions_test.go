@@ -1,0 +1,353 @@
+package sessions_test
+
+import (
+	"context"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/wasmtools/wasmtools/internal/sessions"
+	"github.com/wasmtools/wasmtools/internal/testplugins"
+	"github.com/wasmtools/wasmtools/plugins"
+	"github.com/wasmtools/wasmtools/sandbox"
+)
+
+// world is what the property test drives: a manager, the plugin versions
+// it serves, and the leases the test holds.
+type world struct {
+	t    testing.TB
+	ctx  context.Context
+	rt   *sandbox.Runtime
+	wasm []byte
+	m    *sessions.Manager
+	obs  *countObserver
+
+	mu      sync.Mutex
+	current map[string]*plugins.Plugin // by name: the version served
+	all     []*plugins.Plugin          // every version made, to close at the end
+	held    []*holder
+	parked  map[string]*holder
+	nextID  int
+	closing bool           // leases granted from now on are ended at once
+	wg      sync.WaitGroup // holders and pending acquires
+}
+
+// countObserver balances instance starts against closes.
+type countObserver struct {
+	started, closed, resets atomic.Int64
+}
+
+func (o *countObserver) InstanceStarted(string)       { o.started.Add(1) }
+func (o *countObserver) InstanceClosed(string)        { o.closed.Add(1) }
+func (o *countObserver) InstanceReset(string, string) { o.resets.Add(1) }
+
+// holder plays the host for one lease: it runs the guest when told, and
+// ends the lease when told or when the lease's context is cancelled (an
+// eviction, an abandonment, shutdown), as a guest stopped by its context
+// would.
+type holder struct {
+	l    *sessions.Lease
+	cmds chan string
+	gone chan struct{}
+}
+
+func newWorld(t testing.TB, opts sessions.Options) *world {
+	ctx := context.Background()
+	rt, err := sandbox.NewRuntime(sandbox.Options{CacheDir: testplugins.CacheDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { rt.Close(ctx) })
+	w := &world{t: t, ctx: ctx, rt: rt, wasm: testplugins.Bytes(t, testplugins.Example(t, "counter")), obs: &countObserver{},
+		current: map[string]*plugins.Plugin{}, parked: map[string]*holder{}}
+	opts.Observer = w.obs
+	w.m = sessions.New(&opts)
+	w.version("counter", false)
+	w.version("pool", true)
+	return w
+}
+
+// version loads a new version of plugin name (new compiled code) and
+// returns the one it replaces.
+func (w *world) version(name string, stateless bool) (old, next *plugins.Plugin) {
+	p, err := plugins.Load(w.ctx, w.rt, name+".wasm", w.wasm, plugins.Options{Stateless: stateless})
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	old = w.current[name]
+	w.current[name] = p
+	w.all = append(w.all, p)
+	return old, p
+}
+
+func (w *world) plugin(name string) *plugins.Plugin {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.current[name]
+}
+
+// acquire asks for a lease on a goroutine of its own (it may wait), and
+// hands a granted lease to a holder.
+func (w *world) acquire(key sessions.Key, name string, timeout time.Duration) {
+	w.wg.Add(1)
+	go func() {
+		defer w.wg.Done()
+		ctx, cancel := context.WithTimeout(w.ctx, timeout)
+		defer cancel()
+		for range 5 {
+			l, err := w.m.Acquire(ctx, key, w.plugin(name))
+			if errors.Is(err, sessions.ErrRetired) {
+				continue // as the host does: the version served now
+			}
+			if err != nil {
+				return // refusals are fine; balance is checked at the end
+			}
+			h := &holder{l: l, cmds: make(chan string, 4), gone: make(chan struct{})}
+			w.mu.Lock()
+			if w.closing {
+				w.mu.Unlock()
+				l.Done(nil)
+				return
+			}
+			w.held = append(w.held, h)
+			w.mu.Unlock()
+			w.wg.Add(1)
+			go w.hold(h)
+			return
+		}
+	}()
+}
+
+func (w *world) hold(h *holder) {
+	defer w.wg.Done()
+	defer close(h.gone)
+	l := h.l
+	for {
+		select {
+		case <-l.Context().Done():
+			l.Done(context.Cause(l.Context()))
+			return
+		case c := <-h.cmds:
+			switch c {
+			case "call":
+				// The instance must be usable while the lease is live:
+				// a failure with the lease's context alive means it was
+				// closed under the lease.
+				_, err := l.Instance().CallTool(l.Context(), plugins.Call{Tool: l.Plugin().Tools()[0], Arguments: json.RawMessage(`{}`)})
+				if err != nil && l.Context().Err() == nil {
+					w.t.Errorf("instance closed under a live lease: %v", err)
+				}
+			case "trap":
+				l.Done(&sandbox.TrapError{Export: "call", Err: errors.New("test trap")})
+				return
+			case "done":
+				l.Done(nil)
+				return
+			case "pause":
+				l.Pause()
+			case "resume":
+				_ = l.Resume(l.Context())
+			}
+		}
+	}
+}
+
+// pick takes a random live holder out of the list, or nil.
+func (w *world) pick(r *rand.Rand) *holder {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for len(w.held) > 0 {
+		i := r.IntN(len(w.held))
+		h := w.held[i]
+		select {
+		case <-h.gone:
+			w.held = append(w.held[:i], w.held[i+1:]...)
+			continue
+		default:
+			return h
+		}
+	}
+	return nil
+}
+
+func (h *holder) send(c string) {
+	select {
+	case h.cmds <- c:
+	case <-h.gone:
+	}
+}
+
+// step runs one random operation.
+func (w *world) step(r *rand.Rand, op byte) {
+	keys := []sessions.Key{sessions.Client("a"), sessions.Client("b"), sessions.Client("c"), sessions.Conn(&w.nextID, "conn")}
+	key := keys[r.IntN(len(keys))]
+	name := []string{"counter", "pool"}[r.IntN(2)]
+	switch op % 10 {
+	case 0, 1: // acquire
+		w.acquire(key, name, time.Duration(r.IntN(50))*time.Millisecond)
+	case 2: // run the guest
+		if h := w.pick(r); h != nil {
+			h.send("call")
+		}
+	case 3: // done
+		if h := w.pick(r); h != nil {
+			h.send("done")
+		}
+	case 4: // trap: the instance is reset
+		if h := w.pick(r); h != nil {
+			h.send("trap")
+		}
+	case 5: // wait for a person, and maybe park
+		if h := w.pick(r); h != nil {
+			h.send("pause")
+			if r.IntN(2) == 0 {
+				w.mu.Lock()
+				w.nextID++
+				id := fmt.Sprint("run-", w.nextID)
+				w.mu.Unlock()
+				after := time.Duration(1+r.IntN(100)) * time.Millisecond
+				if h.l.Park(id, h, after, func(error) { h.send("done") }) == nil {
+					w.mu.Lock()
+					w.parked[id] = h
+					w.mu.Unlock()
+				}
+			}
+		}
+	case 6: // the client answers a parked call
+		w.mu.Lock()
+		var id string
+		for k := range w.parked {
+			id = k
+			break
+		}
+		delete(w.parked, id)
+		w.mu.Unlock()
+		if id != "" {
+			if v, ok := w.m.Unpark(id, nil); ok {
+				v.(*holder).send("resume")
+			}
+		}
+	case 7: // a reload replaces or removes a plugin
+		stateless := name == "pool"
+		if r.IntN(4) == 0 {
+			w.mu.Lock()
+			old := w.current[name]
+			w.mu.Unlock()
+			if old != nil && r.IntN(4) == 0 {
+				w.m.Retire(old, nil) // removed; a later version comes back
+				w.version(name, stateless)
+				return
+			}
+		}
+		old, next := w.version(name, stateless)
+		w.m.Retire(old, next)
+	case 8: // a client ends
+		ctx, cancel := context.WithTimeout(w.ctx, time.Duration(r.IntN(20))*time.Millisecond)
+		w.m.End(ctx, key)
+		cancel()
+	case 9: // let time pass for timers and waiters
+		runtime.Gosched()
+	}
+}
+
+// finish closes the manager, ends every lease still held, and checks that
+// everything balances.
+func (w *world) finish() {
+	ctx, cancel := context.WithTimeout(w.ctx, 30*time.Second)
+	defer cancel()
+	closeErr := make(chan error, 1)
+	go func() { closeErr <- w.m.Close(ctx) }()
+	// Leases still held are ended as their guests would end.
+	w.mu.Lock()
+	w.closing = true
+	held := w.held
+	w.held = nil
+	w.mu.Unlock()
+	for _, h := range held {
+		h.send("done")
+	}
+	w.wg.Wait()
+	if err := <-closeErr; err != nil {
+		w.t.Errorf("Close: %v", err)
+	}
+	st := w.m.Stats()
+	if st.Live != 0 || st.Memory != 0 || len(st.PerPlugin) != 0 || st.Leases != 0 || st.Waiting != 0 || st.Parked != 0 {
+		w.t.Errorf("after Close, reservations do not balance: %+v", st)
+	}
+	if s, c := w.obs.started.Load(), w.obs.closed.Load(); s != c {
+		w.t.Errorf("instances started %d, closed %d", s, c)
+	}
+	for _, p := range w.all {
+		p.Close(w.ctx)
+	}
+}
+
+func runOps(t testing.TB, opts sessions.Options, seed uint64, ops []byte) {
+	w := newWorld(t, opts)
+	r := rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
+	for _, op := range ops {
+		w.step(r, op)
+	}
+	w.finish()
+}
+
+// limited is a manager small enough that limits, eviction and parking
+// limits are reached often.
+var limited = sessions.Options{MaxInstances: 3, MaxInstancesPerPlugin: 2, MemoryBudget: 4 * sandbox.DefaultMemoryLimit, MaxConcurrentCalls: 2, PoolSize: 1, QueueLimit: 2, MaxParked: 3, MaxParkedPerClient: 1, IdleTimeout: 5 * time.Millisecond}
+
+// TestLeaseInvariants runs random sequences of acquire, call, done, trap,
+// pause, park, answer, abandon (by timer), evict (by limits), retire,
+// client end and close, and checks that reservations balance, that no
+// instance is closed under a lease, and that no goroutine leaks.
+func TestLeaseInvariants(t *testing.T) {
+	before := runtime.NumGoroutine()
+	n := 60
+	if testing.Short() {
+		n = 10
+	}
+	for seed := range uint64(n) {
+		t.Run(fmt.Sprint("seed=", seed), func(t *testing.T) {
+			r := rand.New(rand.NewPCG(seed, 1))
+			ops := make([]byte, 200)
+			for i := range ops {
+				ops[i] = byte(r.IntN(256))
+			}
+			opts := limited
+			if seed%3 == 0 {
+				opts = sessions.Options{} // no limits
+			}
+			runOps(t, opts, seed, ops)
+		})
+	}
+	// Timers and watchers end on their own: wait, within reason.
+	deadline := time.Now().Add(20 * time.Second)
+	for runtime.NumGoroutine() > before+2 && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+	}
+	if g := runtime.NumGoroutine(); g > before+2 {
+		buf := make([]byte, 1<<20)
+		t.Errorf("goroutines: %d before, %d after\n%s", before, g, buf[:runtime.Stack(buf, true)])
+	}
+}
+
+// FuzzLeases drives the same operations from fuzzed bytes: the first
+// eight are the seed of the random choices, the rest the operations.
+func FuzzLeases(f *testing.F) {
+	f.Add([]byte("\x00\x00\x00\x00\x00\x00\x00\x01\x00\x00\x02\x05\x06\x07\x03\x00\x04\x08"))
+	f.Add([]byte("\x01\x02\x03\x04\x05\x06\x07\x08\x00\x00\x00\x00\x05\x05\x05\x07\x07\x00\x00\x06"))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		if len(b) < 8 || len(b) > 400 {
+			return
+		}
+		runOps(t, limited, binary.LittleEndian.Uint64(b), b[8:])
+	})
+}
