@@ -110,6 +110,13 @@ type Options struct {
 	// AbandonAfter stops a parked call whose client has not answered in
 	// this long; 0 means [DefaultAbandonAfter].
 	AbandonAfter time.Duration
+	// Loaded, if set, is closed once the plugins' first load is done: the
+	// host serves at once, and until then a request that reads the
+	// catalogue (a list, a call, a prompt, a resource) waits for it, up
+	// to LoadWait (0 means [DefaultLoadWait]); a call of a tool not
+	// served yet waits, within the same bound, until it is.
+	Loaded   <-chan struct{}
+	LoadWait time.Duration
 	// MaxParked bounds the calls parked for a 2026-07-28 client's answer
 	// across all clients, and MaxParkedPerClient one client's; 0 means
 	// 256 and 4. A question past either is answered "cancel" at once. At
@@ -135,12 +142,13 @@ type Host struct {
 	conns   sync.Map          // *mcp.ServerSession -> sessions.Key, for sessions watched until they end
 	connID  atomic.Uint64     // labels of sessions with no ID
 
-	mu        sync.Mutex
-	catalogue *plugins.Catalogue // what is registered on server
-	closed    bool
-	stateKey  []byte
-	auditMu   sync.Mutex
-	wg        sync.WaitGroup // session watchers
+	mu         sync.Mutex
+	catalogue  *plugins.Catalogue // what is registered on server
+	catChanged chan struct{}      // closed and replaced when catalogue changes
+	closed     bool
+	stateKey   []byte
+	auditMu    sync.Mutex
+	wg         sync.WaitGroup // session watchers
 }
 
 // New returns a host serving the catalogue of src, and following its
@@ -151,8 +159,9 @@ type Host struct {
 // For a fixed catalogue, pass [plugins.NewStatic].
 func New(src *plugins.Reloader, opts *Options) *Host {
 	h := &Host{
-		src:     src,
-		metrics: newMetrics(),
+		src:        src,
+		metrics:    newMetrics(),
+		catChanged: make(chan struct{}),
 	}
 	if opts != nil {
 		h.opts = *opts
@@ -205,6 +214,9 @@ func New(src *plugins.Reloader, opts *Options) *Host {
 		UnsubscribeHandler: func(context.Context, *mcp.UnsubscribeRequest) error { return nil },
 		Logger:             h.log.With("component", "mcp"),
 	})
+	if h.opts.Loaded != nil {
+		h.server.AddReceivingMiddleware(h.waitForLoad)
+	}
 	// The catalogue served now, then every change, in src's order.
 	src.Follow(func(_ context.Context, s plugins.Swap) { h.swap(s) })
 	return h
@@ -241,6 +253,8 @@ func (h *Host) setCatalogue(cat *plugins.Catalogue) *plugins.Catalogue {
 	h.mu.Lock()
 	old := h.catalogue
 	h.catalogue = cat
+	close(h.catChanged)
+	h.catChanged = make(chan struct{})
 	h.mu.Unlock()
 	var gone []string
 	if old != nil {

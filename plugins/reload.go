@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -75,6 +76,9 @@ type ReloaderOptions struct {
 	// and renaming into the folder is the safe way to deploy: the file
 	// appears whole, and is read after Settle.
 	Settle, SettleWrite time.Duration
+	// LoadConcurrency bounds the files loaded at once by a rescan; 0 means
+	// GOMAXPROCS, at least 2 (a load is mostly compilation, CPU-bound).
+	LoadConcurrency int
 }
 
 // Reloader keeps a catalogue in step with plugin folders: it loads what
@@ -86,6 +90,7 @@ type Reloader struct {
 	opts ReloaderOptions
 	log  *slog.Logger
 
+	scan    sync.Mutex // one rescan at a time
 	mu      sync.Mutex // serialises every change of the catalogue and guards what follows
 	gen     int        // bumped by Reconfigure: every file is read again
 	cat     *Catalogue
@@ -105,6 +110,7 @@ type fileState struct {
 // Watch.
 func NewReloader(rt *sandbox.Runtime, opts ReloaderOptions) *Reloader {
 	r := &Reloader{rt: rt, opts: opts, log: opts.Logger, files: map[string]*fileState{}, relists: map[string]*rate.Limiter{}}
+	r.cat, _ = NewCatalogue(nil)
 	if r.log == nil {
 		r.log = slog.New(slog.DiscardHandler)
 	}
@@ -113,6 +119,9 @@ func NewReloader(rt *sandbox.Runtime, opts ReloaderOptions) *Reloader {
 	}
 	if r.opts.SettleWrite <= 0 {
 		r.opts.SettleWrite = 250 * time.Millisecond
+	}
+	if r.opts.LoadConcurrency <= 0 {
+		r.opts.LoadConcurrency = max(2, runtime.GOMAXPROCS(0))
 	}
 	return r
 }
@@ -198,113 +207,140 @@ func (r *Reloader) Load(ctx context.Context) (*Catalogue, []error) {
 }
 
 // Rescan compares the plugin files with what is served and applies the
-// difference: new files are loaded, changed ones (by sha256) swapped in,
-// deleted ones dropped. It reports whether the catalogue changed, and the
-// errors of files that failed (their old versions, if any, still served).
+// difference: deleted (and disabled) files are dropped at once, then new
+// and changed files (by sha256) are loaded in parallel, at most
+// [ReloaderOptions.LoadConcurrency] at a time, and each is served as soon
+// as it is checked, loaded and found not to collide, so a slow or
+// hostile file never delays the others. Two new files that claim the
+// same name in one rescan: the first to load wins. Rescan reports whether
+// the catalogue changed, and the errors of files that failed (their old
+// versions, if any, still served). One rescan runs at a time.
 func (r *Reloader) Rescan(ctx context.Context) (bool, []error) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.cat == nil {
-		r.cat, _ = NewCatalogue(nil)
-	}
+	r.scan.Lock()
+	defer r.scan.Unlock()
 	files, errs := Discover(r.opts.Paths)
-	present := map[string]bool{}
-	changed := map[string]*Plugin{} // path -> new version
+
+	r.mu.Lock()
+	if r.cat == nil { // closed
+		r.mu.Unlock()
+		return false, errs
+	}
+	var present []string
+	isPresent := map[string]bool{}
 	for _, path := range files {
 		if r.disabled(path) {
 			continue // as if absent: a served version is dropped
 		}
-		present[path] = true
-		if p, err := r.loadIfChanged(ctx, path); err != nil {
-			errs = append(errs, err)
-		} else if p != nil {
-			changed[path] = p
-		}
+		present = append(present, path)
+		isPresent[path] = true
 	}
-	removed := map[string]bool{}
-	for path, f := range r.files {
-		if !present[path] && f.status.State != StateDisabled {
-			removed[path] = true
-			if f.plugin == nil {
-				delete(r.files, path)
-			}
-		}
-	}
-	if len(changed) == 0 && len(removed) == 0 {
-		return false, errs
-	}
-
-	// An already-served plugin keeps its names: a new file, or a new
-	// version, that claims one is refused (see Catalogue.next).
-	replace := map[*Plugin]*Plugin{}
 	gone := map[*Plugin]bool{}
-	for _, p := range r.cat.Plugins() {
-		if removed[p.Path()] {
-			gone[p] = true
-		} else if q, ok := changed[p.Path()]; ok {
-			replace[p] = q
-			delete(changed, p.Path())
+	for path, f := range r.files {
+		if isPresent[path] || f.status.State == StateDisabled {
+			continue
 		}
-	}
-	var add []*Plugin
-	for _, path := range files { // newcomers, in discovery order
-		if q, ok := changed[path]; ok {
-			add = append(add, q)
+		if f.plugin != nil {
+			gone[f.plugin] = true
 		}
-	}
-	next, rejected := r.cat.next(replace, add, gone)
-	for _, rej := range rejected {
-		f := r.files[rej.Plugin.Path()]
-		f.status.State, f.status.Error = StateError, rej.Err.Error()
-		errs = append(errs, rej.Err)
-		r.log.Error("plugin version refused", "path", rej.Plugin.Path(), "error", rej.Err)
-		_ = rej.Plugin.Close(ctx)
-	}
-
-	swap := Swap{Next: next, Replaced: map[*Plugin]*Plugin{}}
-	served := map[*Plugin]bool{}
-	for _, p := range next.Plugins() {
-		served[p] = true
-	}
-	for old, q := range replace {
-		if served[q] {
-			swap.Replaced[old] = q
-		}
-	}
-	for old := range gone {
-		swap.Removed = append(swap.Removed, old)
-	}
-	for path := range removed {
 		r.log.Info("plugin removed", "path", path)
 		delete(r.files, path)
 	}
 	for _, path := range files {
 		if r.disabled(path) {
+			if f := r.files[path]; f != nil && f.plugin != nil {
+				gone[f.plugin] = true
+			}
 			r.files[path] = &fileState{status: Status{Name: pluginName(path), Path: path, State: StateDisabled, Tools: []string{}, LastReload: time.Now()}}
 		}
 	}
-	for _, p := range next.Plugins() {
-		f := r.files[p.Path()]
-		if f != nil && f.plugin != p {
-			f.plugin = p
-			f.status.SHA256 = p.SHA256()
-			f.status.State, f.status.Error = StateLoaded, ""
-			f.status.Tools = toolNames(p)
-			r.log.Info("plugin loaded", "plugin", p.Name(), "path", p.Path(), "sha256", p.SHA256(), "tools", len(p.Tools()))
+	changed := len(gone) > 0
+	if changed {
+		next, _ := r.cat.next(nil, nil, gone) // removals refuse nothing
+		swap := Swap{Next: next}
+		for p := range gone {
+			swap.Removed = append(swap.Removed, p)
 		}
+		r.swapLocked(ctx, swap)
 	}
-	r.cat = next
+	r.mu.Unlock()
+
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, r.opts.LoadConcurrency)
+	for _, path := range present {
+		sem <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-sem }()
+			p, err := r.loadIfChanged(ctx, path)
+			if err == nil && p != nil {
+				err = r.apply(ctx, p)
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil {
+				errs = append(errs, err)
+			} else if p != nil {
+				changed = true
+			}
+		})
+	}
+	wg.Wait()
+	return changed, errs
+}
+
+// apply serves p, a new file's plugin or a served file's new version, if
+// it claims no name another served plugin holds (see Catalogue.next); else
+// it refuses p, closes it, and the version it would replace goes on.
+func (r *Reloader) apply(ctx context.Context, p *Plugin) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	f := r.files[p.Path()]
+	if f == nil || f.status.State == StateDisabled {
+		_ = p.Close(ctx) // the file went away while it loaded
+		return nil
+	}
+	var next *Catalogue
+	var rejected []Rejected
+	old := f.plugin
+	if old != nil {
+		next, rejected = r.cat.next(map[*Plugin]*Plugin{old: p}, nil, nil)
+	} else {
+		next, rejected = r.cat.next(nil, []*Plugin{p}, nil)
+	}
+	if len(rejected) > 0 {
+		err := rejected[0].Err
+		f.status.State, f.status.Error = StateError, err.Error()
+		r.log.Error("plugin version refused", "path", p.Path(), "error", err)
+		_ = p.Close(ctx)
+		return err
+	}
+	f.plugin = p
+	f.status.SHA256 = p.SHA256()
+	f.status.State, f.status.Error = StateLoaded, ""
+	f.status.Tools = toolNames(p)
+	r.log.Info("plugin loaded", "plugin", p.Name(), "path", p.Path(), "sha256", p.SHA256(), "tools", len(p.Tools()))
+	swap := Swap{Next: next}
+	if old != nil {
+		swap.Replaced = map[*Plugin]*Plugin{old: p}
+	}
+	r.swapLocked(ctx, swap)
+	return nil
+}
+
+// swapLocked serves s.Next and hands the swap to OnSwap's function, or
+// closes the plugins it retires when there is none. The caller holds r.mu.
+func (r *Reloader) swapLocked(ctx context.Context, s Swap) {
+	r.cat = s.Next
 	if r.onSwap != nil {
-		r.onSwap(ctx, swap)
-		return true, errs
+		r.onSwap(ctx, s)
+		return
 	}
-	for old := range swap.Replaced {
+	for old := range s.Replaced {
 		_ = old.Close(ctx)
 	}
-	for _, old := range swap.Removed {
+	for _, old := range s.Removed {
 		_ = old.Close(ctx)
 	}
-	return true, errs
 }
 
 // Relist limits: a plugin's guest may have its lists read again this
@@ -400,41 +436,48 @@ func toolNames(p *Plugin) []string {
 
 // loadIfChanged reads path once and, if its bytes differ from the version
 // served, checks and compiles those same bytes. It returns nil, nil when
-// nothing changed.
+// nothing changed. It runs outside r.mu, taking it only to read and record
+// the file's state.
 func (r *Reloader) loadIfChanged(ctx context.Context, path string) (*Plugin, error) {
+	wasm, err := os.ReadFile(path)
+	r.mu.Lock()
 	f, ok := r.files[path]
 	if !ok {
 		f = &fileState{status: Status{Name: pluginName(path), Path: path, Tools: []string{}}}
 		r.files[path] = f
 	}
-	wasm, err := os.ReadFile(path)
 	if err != nil {
+		defer r.mu.Unlock()
 		return nil, r.fail(f, fmt.Errorf("plugin file %s: %w", path, err))
 	}
 	sum := sha256.Sum256(wasm)
 	sha := hex.EncodeToString(sum[:])
-	if f.plugin != nil && f.plugin.SHA256() == sha && f.gen == r.gen {
-		return nil, nil
-	}
-	if f.lastBad == sha && f.gen == r.gen {
-		return nil, nil // the same bad bytes again: already reported
+	if f.plugin != nil && f.plugin.SHA256() == sha && f.gen == r.gen || f.lastBad == sha && f.gen == r.gen {
+		r.mu.Unlock()
+		return nil, nil // served, or the same bad bytes again: already reported
 	}
 	f.status.LastReload = time.Now()
 	f.gen = r.gen
-	if r.opts.Check != nil {
-		if err := r.opts.Check(path, wasm); err != nil {
-			f.lastBad = sha
-			return nil, r.fail(f, fmt.Errorf("plugin %q (%s): %w", f.status.Name, path, err))
-		}
-	}
+	check := r.opts.Check
 	var opts Options
 	if r.opts.OptionsFor != nil {
 		opts = r.opts.OptionsFor(path)
 	}
-	p, err := Load(ctx, r.rt, path, wasm, opts)
-	if err != nil {
+	r.mu.Unlock()
+	refuse := func(err error) (*Plugin, error) {
+		r.mu.Lock()
+		defer r.mu.Unlock()
 		f.lastBad = sha
 		return nil, r.fail(f, err)
+	}
+	if check != nil {
+		if err := check(path, wasm); err != nil {
+			return refuse(fmt.Errorf("plugin %q (%s): %w", f.status.Name, path, err))
+		}
+	}
+	p, err := Load(ctx, r.rt, path, wasm, opts)
+	if err != nil {
+		return refuse(err)
 	}
 	return p, nil
 }

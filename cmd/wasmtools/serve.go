@@ -36,6 +36,7 @@ func cmdServe(ctx context.Context, args []string, lookupEnv func(string) (string
 	maxParked := fs.Int("max-parked", 0, "at most this many calls parked for a 2026-07-28 client's answer (0: 256)")
 	maxParkedPerClient := fs.Int("max-parked-per-client", 0, "at most this many parked calls per client (0: 4)")
 	abandonAfter := fs.Duration("abandon-after", host.DefaultAbandonAfter, "stop a call waiting for a 2026-07-28 client's answer after this long")
+	loadWait := fs.Duration("load-wait", host.DefaultLoadWait, "at start, a request that reads the catalogue waits this long for the plugins' first load (they are served as each loads)")
 	noWatch := fs.Bool("no-watch", false, "do not watch the plugin folders: serve what is there at start")
 	shutdownGrace := fs.Duration("shutdown-grace", 10*time.Second, "on shutdown, wait this long for calls in flight")
 	fs.Usage = func() {
@@ -63,10 +64,6 @@ func cmdServe(ctx context.Context, args []string, lookupEnv func(string) (string
 	defer rt.Close(context.Background())
 
 	reloader := plugins.NewReloader(rt, plugins.ReloaderOptions{Paths: fs.Args(), OptionsFor: common.optsFor(log), Check: common.check(), Logger: log})
-	cat, errs := reloader.Load(ctx)
-	for _, err := range errs {
-		log.Error("plugin not served", "error", err)
-	}
 	defer reloader.Close(context.Background())
 
 	maxRunes := *maxResult
@@ -102,7 +99,21 @@ func cmdServe(ctx context.Context, args []string, lookupEnv func(string) (string
 		defer f.Close()
 		opts.RecordLog = f
 	}
+	// Serve at once, and load the plugins meanwhile, in parallel: each is
+	// served as soon as it is checked, so a slow or hostile file never
+	// holds the others or the client's initialize. Requests that read the
+	// catalogue wait up to --load-wait for the first load.
+	loaded := make(chan struct{})
+	opts.Loaded, opts.LoadWait = loaded, *loadWait
 	h := host.New(reloader, opts)
+	go func() {
+		defer close(loaded)
+		_, errs := reloader.Load(ctx)
+		for _, err := range errs {
+			log.Error("plugin not served", "error", err)
+		}
+		log.Info("plugins loaded", "tools", len(reloader.Catalogue().Tools()))
+	}()
 	if !*noWatch {
 		go func() {
 			if err := reloader.Watch(ctx); err != nil {
@@ -122,7 +133,7 @@ func cmdServe(ctx context.Context, args []string, lookupEnv func(string) (string
 	}()
 
 	if *httpAddr == "" {
-		log.Info("serving MCP on stdio", "tools", len(cat.Tools()))
+		log.Info("serving MCP on stdio")
 		err := h.ServeStdio(ctx, stdin, stdout)
 		if err != nil && !errors.Is(err, context.Canceled) && !errors.Is(err, io.EOF) {
 			log.Error("stdio transport", "error", err)

@@ -1,0 +1,61 @@
+package host
+
+import (
+	"cmp"
+	"context"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+)
+
+// DefaultLoadWait is how long a request that depends on the catalogue
+// waits for the first load of the plugins (see [Options.Loaded]).
+const DefaultLoadWait = time.Second
+
+// waitForLoad is receiving middleware for a host that serves before its
+// plugins have loaded: a request that reads the catalogue waits, up to
+// LoadWait, for the first load to finish, so that a client's first list
+// is whole when the plugins load quickly; a slow or hostile file never
+// holds it longer (the list grows later, with list_changed). A call of a
+// tool not served yet waits, within the same bound, until it is.
+func (h *Host) waitForLoad(next mcp.MethodHandler) mcp.MethodHandler {
+	return func(ctx context.Context, method string, req mcp.Request) (mcp.Result, error) {
+		switch method {
+		case "tools/list", "prompts/list", "resources/list", "resources/templates/list", "tools/call", "prompts/get", "resources/read", "completion/complete":
+		default:
+			return next(ctx, method, req)
+		}
+		select {
+		case <-h.opts.Loaded:
+			return next(ctx, method, req)
+		default:
+		}
+		wait := time.NewTimer(cmp.Or(h.opts.LoadWait, DefaultLoadWait))
+		defer wait.Stop()
+		var tool string
+		if r, ok := req.(*mcp.CallToolRequest); ok && r.Params != nil {
+			tool = r.Params.Name
+		}
+		for {
+			h.mu.Lock()
+			changed := h.catChanged
+			cat := h.catalogue
+			h.mu.Unlock()
+			if tool != "" && cat != nil {
+				if _, ok := cat.Tool(tool); ok {
+					break
+				}
+			}
+			select {
+			case <-h.opts.Loaded:
+			case <-wait.C:
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			case <-changed:
+				continue
+			}
+			break
+		}
+		return next(ctx, method, req)
+	}
+}
