@@ -16,7 +16,7 @@
 //
 //	[plugins.fetcher]
 //	sha256 = "9f2c…"
-//	allowed_hosts = ["api.example.com", "*.example.org"]
+//	allowed_hosts = ["api.example.com", "*.example.org", "127.0.0.1:18409"]
 //	allowed_paths = [{ host = "/srv/data", guest = "/data", mode = "ro" }]
 //	config = { api_key = "${API_KEY}" }
 //	tools = { deny = ["debug_*"] }
@@ -237,6 +237,11 @@ func (p *Plugin) check(where string) error {
 	var errs []error
 	if p.SHA256 != "" && !hexSHA.MatchString(p.SHA256) {
 		errs = append(errs, fmt.Errorf("%s.sha256: want 64 lower-case hex digits", where))
+	}
+	for i, h := range p.AllowedHosts {
+		if err := sandbox.CheckHostGrant(h); err != nil {
+			errs = append(errs, fmt.Errorf("%s.allowed_hosts[%d]: %v", where, i, err))
+		}
 	}
 	for i, m := range p.AllowedPaths {
 		if m.Host == "" || !strings.HasPrefix(m.Guest, "/") {
