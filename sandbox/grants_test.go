@@ -224,7 +224,21 @@ func TestFileGrants(t *testing.T) {
 		{"symlink in", rw, "read", map[string]string{"path": "/data/link-in"}, "inside"},
 		{"make a symlink", rw, "symlink", map[string]string{"path": "/data/mine", "target": "/etc/passwd"}, "error:"},
 		{"write to a symlink out", rw, "write", map[string]string{"path": "/data/link-out", "text": "pwned"}, "error:"},
+		{"mkdir inside", rw, "mkdir", map[string]string{"path": "/data/made"}, "made"},
+		{"rename inside", rw, "rename", map[string]string{"path": "/data/new.txt", "target": "/data/made/moved.txt"}, "renamed"},
+		{"read the renamed", rw, "read", map[string]string{"path": "/data/made/moved.txt"}, "hi"},
+		{"list", rw, "list", map[string]string{"path": "/data/made"}, "moved.txt"},
+		{"rename out through a symlinked folder", rw, "rename", map[string]string{"path": "/data/made/moved.txt", "target": "/data/dir-out/stolen.txt"}, "error:"},
+		{"rename out by dot-dot", rw, "rename", map[string]string{"path": "/data/made/moved.txt", "target": "/data/../stolen.txt"}, "error:"},
+		{"mkdir through a symlinked folder", rw, "mkdir", map[string]string{"path": "/data/dir-out/made"}, "error:"},
+		{"list through a symlinked folder", rw, "list", map[string]string{"path": "/data/dir-out"}, "error:"},
+		{"remove through a symlinked folder", rw, "remove", map[string]string{"path": "/data/dir-out/secret.txt"}, "error:"},
+		{"remove inside", rw, "remove", map[string]string{"path": "/data/made/moved.txt"}, "removed"},
 		{"read-only read", ro, "read", map[string]string{"path": "/data/in.txt"}, "inside"},
+		{"read-only rename", ro, "rename", map[string]string{"path": "/data/in.txt", "target": "/data/x.txt"}, "error:"},
+		{"read-only mkdir", ro, "mkdir", map[string]string{"path": "/data/d"}, "error:"},
+		{"read-only remove", ro, "remove", map[string]string{"path": "/data/in.txt"}, "error:"},
+		{"read-only list", ro, "list", map[string]string{"path": "/data"}, "dir-out,in.txt,link-in,link-out,made"},
 		{"read-only write", ro, "write", map[string]string{"path": "/data/x.txt", "text": "no"}, "error:"},
 		{"no mount", none, "read", map[string]string{"path": "/data/in.txt"}, "error:"},
 	}
@@ -238,6 +252,96 @@ func TestFileGrants(t *testing.T) {
 	}
 	if b, _ := os.ReadFile(filepath.Join(outside, "secret.txt")); string(b) != "secret" {
 		t.Errorf("the file outside was changed: %q", b)
+	}
+	if entries, _ := os.ReadDir(outside); len(entries) != 1 {
+		t.Errorf("the folder outside has %d entries, want only secret.txt", len(entries))
+	}
+}
+
+// TestFileGrantsRace swaps a folder of a read-write mount with a symbolic
+// link to a folder outside, over and over, while the guest reads, creates,
+// writes and renames through it (issue 12: the path was checked with an
+// os.Root and then opened through the host path, so a swap in between
+// escaped). Nothing outside may ever be read or written.
+func TestFileGrantsRace(t *testing.T) {
+	data, outside := t.TempDir(), t.TempDir()
+	secret := filepath.Join(outside, "secret.txt")
+	os.WriteFile(secret, []byte("secret"), 0o600)
+	sub, real := filepath.Join(data, "sub"), filepath.Join(data, "real")
+	if err := os.Mkdir(sub, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	inst := grantsInstance(t, sandbox.NewPolicy().WithMounts(sandbox.Mount{HostPath: data, GuestPath: "/data"}))
+
+	stop := make(chan struct{})
+	swapped := make(chan struct{}, 1)
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for n := 0; ; n++ {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			// sub is the real folder: make it the link out, then back.
+			if os.Rename(sub, real) == nil {
+				os.Symlink(outside, sub)
+				os.Remove(sub)
+				os.Rename(real, sub)
+			}
+			if n == 100 {
+				swapped <- struct{}{}
+			}
+		}
+	}()
+	<-swapped // the swapping is under way
+
+	const rounds = 300
+	var reads, errs int
+	for i := range rounds {
+		calls := []struct {
+			tool string
+			args map[string]string
+		}{
+			{"read", map[string]string{"path": "/data/sub/secret.txt"}},
+			{"write", map[string]string{"path": "/data/sub/secret.txt", "text": "pwned"}},
+			{"write", map[string]string{"path": fmt.Sprintf("/data/sub/new-%d.txt", i), "text": "pwned"}},
+			{"rename", map[string]string{"path": "/data/sub/secret.txt", "target": fmt.Sprintf("/data/sub/moved-%d.txt", i)}},
+			{"rename", map[string]string{"path": fmt.Sprintf("/data/sub/new-%d.txt", i), "target": "/data/sub/secret.txt"}},
+			{"mkdir", map[string]string{"path": fmt.Sprintf("/data/sub/dir-%d", i)}},
+			{"list", map[string]string{"path": "/data/sub"}},
+		}
+		for _, c := range calls {
+			got, err := callGrants(t, inst, c.tool, c.args)
+			if err != nil {
+				t.Fatalf("%s %v: %v", c.tool, c.args, err)
+			}
+			switch {
+			case strings.HasPrefix(got, "error:"):
+				errs++
+			case c.tool == "read":
+				reads++
+				if got != "pwned" {
+					t.Fatalf("round %d: read %q through the mount", i, got)
+				}
+			case c.tool == "list" && strings.Contains(","+got+",", ",secret.txt,") && !strings.Contains(got, "new-") && !strings.Contains(got, "moved-") && !strings.Contains(got, "dir-"):
+				t.Fatalf("round %d: listed the folder outside: %s", i, got)
+			}
+		}
+	}
+	close(stop)
+	wg.Wait()
+	t.Logf("%d rounds: %d reads served, %d calls refused or failed", rounds, reads, errs)
+
+	entries, _ := os.ReadDir(outside)
+	var names []string
+	for _, e := range entries {
+		names = append(names, e.Name())
+	}
+	if b, _ := os.ReadFile(secret); string(b) != "secret" || len(names) != 1 {
+		t.Errorf("outside was changed: secret.txt is %q; entries %v", b, names)
 	}
 }
 
