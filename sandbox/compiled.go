@@ -29,6 +29,7 @@ type Compiled struct {
 
 	fsConfig wazero.FSConfig // the mounts; nil for none
 	roots    []*os.Root      // the mounted folders, closed with the module
+	net      netClient       // the instances' HTTP connections, closed with the module
 
 	closeOnce sync.Once
 	closeErr  error
@@ -154,6 +155,7 @@ func (c *Compiled) Close(ctx context.Context) error {
 	c.closeOnce.Do(func() {
 		c.closeErr = c.rt.Close(ctx)
 		closeRoots(c.roots)
+		c.net.close()
 	})
 	return c.closeErr
 }

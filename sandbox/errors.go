@@ -70,7 +70,12 @@ func (e *TrapError) Is(target error) bool {
 type HostCallError struct {
 	Func   string
 	Reason string
+	// Err is the error behind Reason when it is one callers may match,
+	// such as a [*NetworkError]; nil otherwise.
+	Err error
 }
+
+func (e *HostCallError) Unwrap() error { return e.Err }
 
 func (e *HostCallError) Error() string {
 	return fmt.Sprintf("host function %s: %s", e.Func, e.Reason)

@@ -5,8 +5,8 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
-	"path"
 	"strings"
+	"time"
 
 	"github.com/tetratelabs/wazero"
 	experimentalsys "github.com/tetratelabs/wazero/experimental/sys"
@@ -17,11 +17,14 @@ import (
 // Mount grants the guest a host folder at GuestPath, read-only unless
 // ReadOnly is false.
 //
-// The guest cannot leave the folder: ".." past its top, absolute paths and
-// symbolic links that point outside are refused (wazero's own directory
-// mounts follow both), and it cannot make links. A symbolic link inside
-// works when its target is relative and inside; one with an absolute
-// target is refused even if that target is inside.
+// The guest cannot leave the folder: every operation goes through an
+// [os.Root] of it, which resolves each path component inside the folder
+// (openat with the kernel's checks, not a path checked and then reopened),
+// so ".." past its top and symbolic links that point outside are refused
+// even while something on the host swaps a folder for a link. The guest
+// cannot make links. A symbolic link inside works when its target is
+// relative and inside; one with an absolute target is refused even if
+// that target is inside.
 type Mount struct {
 	HostPath  string
 	GuestPath string
@@ -59,8 +62,7 @@ func (p Policy) fsConfig() (wazero.FSConfig, []*os.Root, error) {
 		if guest == "" {
 			guest = "/"
 		}
-		confined := &confinedFS{FS: sysfs.DirFS(m.HostPath), root: root, readOnly: m.ReadOnly}
-		cfg = cfg.(sysfs.FSConfig).WithSysFSMount(confined, guest)
+		cfg = cfg.(sysfs.FSConfig).WithSysFSMount(&rootFS{root: root, readOnly: m.ReadOnly}, guest)
 	}
 	return cfg, roots, nil
 }
@@ -71,38 +73,27 @@ func closeRoots(roots []*os.Root) {
 	}
 }
 
-// confinedFS keeps a guest inside one host folder. Every path is checked
-// with an os.Root of the folder, which refuses ".." past the top and
-// symbolic links leading out, before wazero's directory file system uses
-// it.
-type confinedFS struct {
-	experimentalsys.FS
+// rootFS serves a mount from an [os.Root]: every path the guest names is
+// opened, created, renamed or removed by the Root itself, never by a host
+// path built from it, so no check can be raced between checking a path
+// and using it.
+type rootFS struct {
+	experimentalsys.UnimplementedFS
 	root     *os.Root
 	readOnly bool
 }
 
-// check refuses a path that leaves the folder. A path that does not exist
-// yet (a file being created) is checked through its parent.
-func (c *confinedFS) check(p string) experimentalsys.Errno {
-	p = strings.TrimPrefix(path.Clean("/"+p), "/")
+// name turns a guest path (relative to the mount, maybe with a leading
+// "/") into a name for the Root, refusing ".." past the top outright.
+func name(p string) (string, experimentalsys.Errno) {
+	if escapes(p) {
+		return "", experimentalsys.EPERM
+	}
+	p = strings.TrimLeft(p, "/")
 	if p == "" {
 		p = "."
 	}
-	if _, err := c.root.Lstat(p); err == nil {
-		// It exists: if it is a link, it must resolve inside.
-		if _, err := c.root.Stat(p); err != nil && !errors.Is(err, fs.ErrNotExist) {
-			return experimentalsys.EPERM
-		}
-		return 0
-	} else if !errors.Is(err, fs.ErrNotExist) {
-		return experimentalsys.EPERM
-	}
-	if dir := path.Dir(p); dir != "." {
-		if _, err := c.root.Stat(dir); err != nil && !errors.Is(err, fs.ErrNotExist) {
-			return experimentalsys.EPERM
-		}
-	}
-	return 0
+	return p, 0
 }
 
 // escapes reports whether the guest's raw path tries to leave by "..".
@@ -122,98 +113,265 @@ func escapes(p string) bool {
 	return false
 }
 
-func (c *confinedFS) guard(paths ...string) experimentalsys.Errno {
-	for _, p := range paths {
-		if escapes(p) {
-			return experimentalsys.EPERM
-		}
-		if e := c.check(p); e != 0 {
-			return e
-		}
+// errno converts an error of the Root. A path the Root refuses for
+// leaving it (through ".." or a symbolic link) is EPERM.
+func errno(err error) experimentalsys.Errno {
+	if err == nil {
+		return 0
 	}
-	return 0
+	var pe *fs.PathError
+	if errors.As(err, &pe) && pe.Err != nil && pe.Err.Error() == "path escapes from parent" {
+		return experimentalsys.EPERM
+	}
+	var le *os.LinkError
+	if errors.As(err, &le) && le.Err != nil && le.Err.Error() == "path escapes from parent" {
+		return experimentalsys.EPERM
+	}
+	return experimentalsys.UnwrapOSError(err)
 }
 
-func (c *confinedFS) writable(paths ...string) experimentalsys.Errno {
-	if c.readOnly {
-		return experimentalsys.EROFS
-	}
-	return c.guard(paths...)
-}
-
-func (c *confinedFS) OpenFile(p string, flag experimentalsys.Oflag, perm fs.FileMode) (experimentalsys.File, experimentalsys.Errno) {
-	if c.readOnly && flag&(experimentalsys.O_WRONLY|experimentalsys.O_RDWR|experimentalsys.O_CREAT|experimentalsys.O_TRUNC|experimentalsys.O_APPEND) != 0 {
-		return nil, experimentalsys.EROFS
-	}
-	if e := c.guard(p); e != 0 {
+func (r *rootFS) OpenFile(p string, flag experimentalsys.Oflag, perm fs.FileMode) (experimentalsys.File, experimentalsys.Errno) {
+	n, e := name(p)
+	if e != 0 {
 		return nil, e
 	}
-	return c.FS.OpenFile(p, flag, perm)
+	writes := flag&(experimentalsys.O_WRONLY|experimentalsys.O_RDWR|experimentalsys.O_CREAT|experimentalsys.O_TRUNC|experimentalsys.O_APPEND) != 0
+	if r.readOnly && writes {
+		return nil, experimentalsys.EROFS
+	}
+	if flag&experimentalsys.O_DIRECTORY != 0 && flag&(experimentalsys.O_WRONLY|experimentalsys.O_RDWR) != 0 {
+		return nil, experimentalsys.EISDIR
+	}
+	var of int
+	switch {
+	case flag&experimentalsys.O_RDWR != 0:
+		of = os.O_RDWR
+	case flag&experimentalsys.O_WRONLY != 0:
+		of = os.O_WRONLY
+	default:
+		of = os.O_RDONLY
+	}
+	for _, m := range []struct {
+		w experimentalsys.Oflag
+		o int
+	}{
+		{experimentalsys.O_APPEND, os.O_APPEND},
+		{experimentalsys.O_CREAT, os.O_CREATE},
+		{experimentalsys.O_EXCL, os.O_EXCL},
+		{experimentalsys.O_TRUNC, os.O_TRUNC},
+		{experimentalsys.O_SYNC | experimentalsys.O_DSYNC | experimentalsys.O_RSYNC, os.O_SYNC},
+	} {
+		if flag&m.w != 0 {
+			of |= m.o
+		}
+	}
+	if flag&experimentalsys.O_NOFOLLOW != 0 {
+		// The Root follows links, inside it only; a guest asking not to
+		// follow one is told it is one, as open(2) does.
+		if st, err := r.root.Lstat(n); err == nil && st.Mode()&fs.ModeSymlink != 0 {
+			return nil, experimentalsys.ELOOP
+		}
+	}
+	f, err := r.root.OpenFile(n, of, perm)
+	if err != nil {
+		return nil, errno(err)
+	}
+	adapted, e := (&sysfs.AdaptFS{FS: &opened{root: r.root, name: n, f: f}}).OpenFile(n, flag, perm)
+	if e != 0 {
+		f.Close()
+		return nil, e
+	}
+	file := &rootFile{File: adapted, f: f, root: r.root, name: n, append: of&os.O_APPEND != 0}
+	if flag&experimentalsys.O_DIRECTORY != 0 {
+		if dir, e := file.IsDir(); e != 0 || !dir {
+			file.Close()
+			return nil, experimentalsys.ENOTDIR
+		}
+	}
+	return file, 0
 }
 
-func (c *confinedFS) Lstat(p string) (wsys.Stat_t, experimentalsys.Errno) {
-	if e := c.guard(path.Dir(p)); e != 0 {
+func (r *rootFS) Lstat(p string) (wsys.Stat_t, experimentalsys.Errno) {
+	n, e := name(p)
+	if e != 0 {
 		return wsys.Stat_t{}, e
 	}
-	return c.FS.Lstat(p)
+	info, err := r.root.Lstat(n)
+	if err != nil {
+		return wsys.Stat_t{}, errno(err)
+	}
+	return wsys.NewStat_t(info), 0
 }
 
-func (c *confinedFS) Stat(p string) (wsys.Stat_t, experimentalsys.Errno) {
-	if e := c.guard(p); e != 0 {
+func (r *rootFS) Stat(p string) (wsys.Stat_t, experimentalsys.Errno) {
+	n, e := name(p)
+	if e != 0 {
 		return wsys.Stat_t{}, e
 	}
-	return c.FS.Stat(p)
+	info, err := r.root.Stat(n)
+	if err != nil {
+		return wsys.Stat_t{}, errno(err)
+	}
+	return wsys.NewStat_t(info), 0
 }
 
-func (c *confinedFS) Readlink(p string) (string, experimentalsys.Errno) {
-	if e := c.guard(path.Dir(p)); e != 0 {
+func (r *rootFS) Readlink(p string) (string, experimentalsys.Errno) {
+	n, e := name(p)
+	if e != 0 {
 		return "", e
 	}
-	return c.FS.Readlink(p)
+	target, err := r.root.Readlink(n)
+	return target, errno(err)
 }
 
-func (c *confinedFS) Mkdir(p string, perm fs.FileMode) experimentalsys.Errno {
-	if e := c.writable(p); e != 0 {
-		return e
+// writable returns the Root's name for p, or why p may not be changed.
+func (r *rootFS) writable(p string) (string, experimentalsys.Errno) {
+	if r.readOnly {
+		return "", experimentalsys.EROFS
 	}
-	return c.FS.Mkdir(p, perm)
+	return name(p)
 }
 
-func (c *confinedFS) Chmod(p string, perm fs.FileMode) experimentalsys.Errno {
-	if e := c.writable(p); e != 0 {
+func (r *rootFS) Mkdir(p string, perm fs.FileMode) experimentalsys.Errno {
+	n, e := r.writable(p)
+	if e != 0 {
 		return e
 	}
-	return c.FS.Chmod(p, perm)
+	e = errno(r.root.Mkdir(n, perm))
+	if e == experimentalsys.ENOTDIR {
+		e = experimentalsys.ENOENT // as wazero's directory file system says
+	}
+	return e
 }
 
-func (c *confinedFS) Rename(from, to string) experimentalsys.Errno {
-	if e := c.writable(from, to); e != 0 {
+func (r *rootFS) Chmod(p string, perm fs.FileMode) experimentalsys.Errno {
+	n, e := r.writable(p)
+	if e != 0 {
 		return e
 	}
-	return c.FS.Rename(from, to)
+	return errno(r.root.Chmod(n, perm))
 }
 
-func (c *confinedFS) Rmdir(p string) experimentalsys.Errno {
-	if e := c.writable(p); e != 0 {
+func (r *rootFS) Rename(from, to string) experimentalsys.Errno {
+	f, e := r.writable(from)
+	if e != 0 {
 		return e
 	}
-	return c.FS.Rmdir(p)
+	t, e := r.writable(to)
+	if e != 0 {
+		return e
+	}
+	return errno(r.root.Rename(f, t))
 }
 
-func (c *confinedFS) Unlink(p string) experimentalsys.Errno {
-	if e := c.writable(path.Dir(p)); e != 0 {
+func (r *rootFS) Rmdir(p string) experimentalsys.Errno {
+	n, e := r.writable(p)
+	if e != 0 {
 		return e
 	}
-	return c.FS.Unlink(p)
+	info, err := r.root.Lstat(n)
+	if err != nil {
+		return errno(err)
+	}
+	if !info.IsDir() {
+		return experimentalsys.ENOTDIR
+	}
+	return errno(r.root.Remove(n))
 }
 
-func (c *confinedFS) Utimens(p string, atim, mtim int64) experimentalsys.Errno {
-	if e := c.writable(p); e != 0 {
+func (r *rootFS) Unlink(p string) experimentalsys.Errno {
+	n, e := r.writable(p)
+	if e != 0 {
 		return e
 	}
-	return c.FS.Utimens(p, atim, mtim)
+	info, err := r.root.Lstat(n)
+	if err != nil {
+		return errno(err)
+	}
+	if info.IsDir() {
+		return experimentalsys.EISDIR
+	}
+	return errno(r.root.Remove(n))
+}
+
+func (r *rootFS) Utimens(p string, atim, mtim int64) experimentalsys.Errno {
+	n, e := r.writable(p)
+	if e != 0 {
+		return e
+	}
+	return utimens(r.root, n, atim, mtim)
+}
+
+// utimens sets the times of name, keeping a time given as UTIME_OMIT.
+func utimens(root *os.Root, name string, atim, mtim int64) experimentalsys.Errno {
+	if atim == experimentalsys.UTIME_OMIT && mtim == experimentalsys.UTIME_OMIT {
+		return 0
+	}
+	if atim == experimentalsys.UTIME_OMIT || mtim == experimentalsys.UTIME_OMIT {
+		info, err := root.Stat(name)
+		if err != nil {
+			return errno(err)
+		}
+		st := wsys.NewStat_t(info)
+		if atim == experimentalsys.UTIME_OMIT {
+			atim = st.Atim
+		}
+		if mtim == experimentalsys.UTIME_OMIT {
+			mtim = st.Mtim
+		}
+	}
+	return errno(root.Chtimes(name, time.Unix(0, atim), time.Unix(0, mtim)))
 }
 
 // Link and Symlink are refused: a guest-made link could point out.
-func (c *confinedFS) Link(string, string) experimentalsys.Errno    { return experimentalsys.EPERM }
-func (c *confinedFS) Symlink(string, string) experimentalsys.Errno { return experimentalsys.EPERM }
+func (r *rootFS) Link(string, string) experimentalsys.Errno    { return experimentalsys.EPERM }
+func (r *rootFS) Symlink(string, string) experimentalsys.Errno { return experimentalsys.EPERM }
+
+// rootFile is a file opened through a Root. wazero's adapter of fs.File
+// does the reading, writing, seeking and listing on the *os.File; rootFile
+// adds what the adapter leaves out.
+type rootFile struct {
+	experimentalsys.File
+	f      *os.File
+	root   *os.Root
+	name   string // in the Root, for Utimens
+	append bool
+}
+
+// opened is the fs.FS the adapter opens a rootFile's file from: first the
+// file already opened through the Root, then (to rewind a folder) the same
+// name again, read-only, through the Root.
+type opened struct {
+	root *os.Root
+	name string
+	f    *os.File
+}
+
+func (o *opened) Open(string) (fs.File, error) {
+	if f := o.f; f != nil {
+		o.f = nil
+		return f, nil
+	}
+	return o.root.Open(o.name)
+}
+
+func (f *rootFile) IsAppend() bool { return f.append }
+
+// SetAppend cannot change the mode of an open file (wazero's own files
+// reopen it by path, which a Root-confined file must not); it reports
+// ENOSYS for a change.
+func (f *rootFile) SetAppend(enable bool) experimentalsys.Errno {
+	if enable == f.append {
+		return 0
+	}
+	return experimentalsys.ENOSYS
+}
+
+func (f *rootFile) Truncate(size int64) experimentalsys.Errno { return errno(f.f.Truncate(size)) }
+func (f *rootFile) Sync() experimentalsys.Errno               { return errno(f.f.Sync()) }
+func (f *rootFile) Datasync() experimentalsys.Errno           { return errno(f.f.Sync()) }
+
+// Utimens sets the file's times through the Root, by its name there.
+func (f *rootFile) Utimens(atim, mtim int64) experimentalsys.Errno {
+	return utimens(f.root, f.name, atim, mtim)
+}

@@ -6,7 +6,6 @@ import (
 	"crypto/rand"
 	"fmt"
 	"log/slog"
-	"net/http"
 	"time"
 
 	"github.com/tetratelabs/wazero"
@@ -31,8 +30,6 @@ type Instance struct {
 	log      *slog.Logger
 	stdout   lineLogger
 	stderr   lineLogger
-
-	httpClient *http.Client // made on the first http_request
 
 	logTokens  float64 // the guest log rate limit, see allowLog
 	logLast    time.Time

@@ -365,7 +365,7 @@ func instantiateKernel(ctx context.Context, rt wazero.Runtime) error {
 		}
 		out, err := inst.doHTTP(ctx, req, append([]byte(nil), body...))
 		if err != nil {
-			trap(&HostCallError{Func: abi.FuncHTTPRequest, Reason: err.Error()})
+			trap(&HostCallError{Func: abi.FuncHTTPRequest, Reason: err.Error(), Err: err})
 		}
 		s[0] = k.writeBlock(abi.FuncHTTPRequest, out)
 	}), p(i64, i64), p(i64)).WithName(abi.FuncHTTPRequest).Export(abi.FuncHTTPRequest)

@@ -10,8 +10,11 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"net/url"
 	"path"
+	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 )
@@ -19,9 +22,14 @@ import (
 // Network is what a plugin may reach with the Extism http_request import.
 // The zero value reaches nothing.
 type Network struct {
-	// AllowedHosts are host names, or patterns with * (matching any run of
-	// characters, dots included: "*.example.com"), that requests and each
-	// redirect hop may go to.
+	// AllowedHosts are the hosts, and optionally ports, that requests and
+	// each redirect hop may go to: "api.example.com", "api.example.com:8443",
+	// "127.0.0.1:18409", "[::1]:8080", or patterns with * (matching any run
+	// of characters, dots included: "*.example.org", "*.example.org:8443").
+	// A grant without a port allows only the scheme's default port (80 for
+	// http, 443 for https): granting "127.0.0.1:18409" does not grant
+	// 127.0.0.1:18410. An entry that is not a host or host:port
+	// ([CheckHostGrant]) grants nothing, and fails [Runtime.Compile].
 	AllowedHosts []string
 	// AllowPrivate lets requests reach loopback, private (RFC 1918, ULA),
 	// link-local and cloud metadata addresses. Without it they are refused
@@ -43,29 +51,211 @@ func (p Policy) WithNetwork(n Network) Policy {
 	return p
 }
 
-// Allows reports whether requests may go to host.
-func (n *Network) Allows(host string) bool { return n.hostAllowed(host) }
+// Allows reports whether requests may go to hostport: a host name or
+// address with an optional port ("api.example.com", "api.example.com:8443",
+// "[::1]:8080"). Without a port, it reports whether the default port of
+// http or of https is granted.
+func (n *Network) Allows(hostport string) bool {
+	g, err := parseGrant(hostport)
+	if err != nil || strings.Contains(g.host, "*") {
+		return false
+	}
+	if g.port != "" {
+		return n.allowed(g.host, g.port, "")
+	}
+	return n.allowed(g.host, "80", "http") || n.allowed(g.host, "443", "https")
+}
 
-// hostAllowed reports whether host matches one of the patterns.
-func (n *Network) hostAllowed(host string) bool {
+// CheckHostGrant reports whether s is a valid entry of
+// [Network.AllowedHosts]: a host name, address or pattern, with an
+// optional port from 1 to 65535; an IPv6 address with a port goes in
+// brackets ("[::1]:8080").
+func CheckHostGrant(s string) error {
+	_, err := parseGrant(s)
+	return err
+}
+
+// checkGrants reports the first invalid entry of AllowedHosts.
+func (n *Network) checkGrants() error {
+	for _, s := range n.AllowedHosts {
+		if err := CheckHostGrant(s); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// hostGrant is one parsed entry of AllowedHosts.
+type hostGrant struct {
+	host string // lower case, no brackets, no trailing dot; may hold *
+	port string // "" for the scheme's default port
+}
+
+func parseGrant(s string) (hostGrant, error) {
+	orig := s
+	s = strings.ToLower(strings.TrimSpace(s))
+	bad := func(why string) (hostGrant, error) {
+		return hostGrant{}, fmt.Errorf("allowed host %q: %s", orig, why)
+	}
+	if s == "" {
+		return bad("empty")
+	}
+	if strings.ContainsAny(s, "/?#@ ") {
+		return bad("want a host or host:port, not a URL")
+	}
+	var g hostGrant
+	switch {
+	case strings.HasPrefix(s, "["):
+		end := strings.IndexByte(s, ']')
+		if end < 0 {
+			return bad("no ] after an IPv6 address")
+		}
+		g.host = s[1:end]
+		switch rest := s[end+1:]; {
+		case rest == "":
+		case rest[0] == ':':
+			g.port = rest[1:]
+			if g.port == "" {
+				return bad("empty port")
+			}
+		default:
+			return bad("want [address]:port")
+		}
+	case strings.Count(s, ":") == 1:
+		g.host, g.port, _ = strings.Cut(s, ":")
+		if g.port == "" {
+			return bad("empty port")
+		}
+	case strings.Count(s, ":") > 1:
+		// A bare IPv6 address: it has no port.
+		g.host = s
+		if a, err := netip.ParseAddr(s); err != nil || a.Zone() != "" {
+			return bad("an IPv6 address with a port goes in brackets, without a zone: [::1]:8080")
+		}
+	default:
+		g.host = s
+	}
+	g.host = strings.TrimSuffix(g.host, ".")
+	if g.host == "" {
+		return bad("no host")
+	}
+	if _, err := path.Match(g.host, ""); err != nil {
+		return bad("bad pattern")
+	}
+	if g.port != "" {
+		if v, err := strconv.ParseUint(g.port, 10, 16); err != nil || v == 0 || strconv.FormatUint(v, 10) != g.port {
+			return bad("the port must be a number from 1 to 65535")
+		}
+	}
+	return g, nil
+}
+
+// defaultPort is the port a URL of scheme means when it names none.
+func defaultPort(scheme string) string {
+	if scheme == "https" {
+		return "443"
+	}
+	return "80"
+}
+
+// allowed reports whether host (lower case, no brackets) and port are
+// granted; a grant without a port matches the default port of scheme, or
+// of http or https when scheme is "".
+func (n *Network) allowed(host, port, scheme string) bool {
 	host = strings.ToLower(strings.TrimSuffix(host, "."))
-	for _, pat := range n.AllowedHosts {
-		pat = strings.ToLower(pat)
-		if pat == host {
+	for _, s := range n.AllowedHosts {
+		g, err := parseGrant(s)
+		if err != nil {
+			continue
+		}
+		switch {
+		case g.port == port:
+		case g.port == "" && scheme != "" && port == defaultPort(scheme):
+		case g.port == "" && scheme == "" && (port == "80" || port == "443"):
+		default:
+			continue
+		}
+		if g.host == host {
 			return true
 		}
 		// path.Match's * stops only at "/", which a host name never has:
 		// "*.example.com" matches a.b.example.com, not example.com.
-		if ok, _ := path.Match(pat, host); ok {
+		if ok, _ := path.Match(g.host, host); ok {
 			return true
 		}
 	}
 	return false
 }
 
-// ErrAddressRefused is matched by the error of a request whose connection
-// would reach an address the grant does not allow.
-var ErrAddressRefused = errors.New("address not allowed")
+// checkURL returns the *NetworkError refusing u, or nil if u's host and
+// port are granted.
+func (n *Network) checkURL(u *url.URL, redirect bool) error {
+	host, port := strings.ToLower(strings.TrimSuffix(u.Hostname(), ".")), u.Port()
+	if port == "" {
+		port = defaultPort(u.Scheme)
+	}
+	if n.allowed(host, port, u.Scheme) {
+		return nil
+	}
+	missing := net.JoinHostPort(host, port)
+	if port == defaultPort(u.Scheme) {
+		missing = host
+		if strings.Contains(host, ":") {
+			missing = "[" + host + "]"
+		}
+	}
+	return &NetworkError{Target: net.JoinHostPort(host, port), Missing: missing, Redirect: redirect, Err: ErrHostNotGranted, granted: n.AllowedHosts}
+}
+
+var (
+	// ErrHostNotGranted is matched by the error of a request, or of a
+	// redirect hop, to a host and port no grant names.
+	ErrHostNotGranted = errors.New("host not granted")
+	// ErrAddressRefused is matched by the error of a request whose
+	// connection would reach an address the grant does not allow (a
+	// private one without AllowPrivate).
+	ErrAddressRefused = errors.New("address not allowed")
+)
+
+// NetworkError is an http_request that the grant refused. The guest sees
+// its message, which names the host and the grant that is missing; the
+// host finds it with errors.As on the error of the call (a [TrapError]
+// around a [HostCallError] around it), and it matches [ErrHostNotGranted]
+// or [ErrAddressRefused] with errors.Is.
+type NetworkError struct {
+	// Target is the host and port the request or redirect hop went to:
+	// "api.example.com:443", "[::1]:8080".
+	Target string
+	// Addr is the address refused when connecting (Err is
+	// ErrAddressRefused), after DNS.
+	Addr netip.Addr
+	// Missing is what the operator would have to grant: an allowed_hosts
+	// entry ("api.example.com", "127.0.0.1:18410"), or
+	// "allow_private_networks".
+	Missing string
+	// Redirect is set when a redirect hop was refused.
+	Redirect bool
+	// Err is ErrHostNotGranted or ErrAddressRefused.
+	Err error
+
+	granted []string
+}
+
+func (e *NetworkError) Error() string {
+	what := "request"
+	if e.Redirect {
+		what = "redirect"
+	}
+	if errors.Is(e.Err, ErrAddressRefused) {
+		return fmt.Sprintf("%s to %s refused: %s is a loopback, private, link-local or metadata address, which needs allow_private_networks in the grant", what, e.Target, e.Addr)
+	}
+	if len(e.granted) == 0 {
+		return fmt.Sprintf("network access is not granted to this plugin: the %s to %s needs %q in allowed_hosts", what, e.Target, e.Missing)
+	}
+	return fmt.Sprintf("%s to %s refused: host %s is not granted to this plugin; it needs %q in allowed_hosts (granted: %s)", what, e.Target, e.Target, e.Missing, strings.Join(e.granted, ", "))
+}
+
+func (e *NetworkError) Unwrap() error { return e.Err }
 
 // privateAddr reports whether ip is loopback, private, link-local,
 // unspecified, multicast or a cloud metadata address.
@@ -77,50 +267,102 @@ func privateAddr(ip netip.Addr) bool {
 		netip.MustParsePrefix("100.64.0.0/10").Contains(ip) // carrier-grade NAT
 }
 
-// client returns the HTTP client of a grant. It checks the host of every
-// hop against the allowlist, and every address it connects to (after DNS)
-// against the private ranges.
-func (n *Network) client() *http.Client {
+// Limits of the connection pool each compiled plugin keeps for its
+// instances' requests.
+const (
+	netIdleTimeout    = 30 * time.Second // an idle connection is closed after this
+	netMaxIdle        = 8                // idle connections kept, all hosts
+	netMaxIdlePerHost = 2                // idle connections kept per host
+	netMaxHeaderBytes = 64 << 10
+	netDefaultTimeout = 10 * time.Second
+	netMaxRedirects   = 5
+)
+
+// netClient is the HTTP client of one compiled plugin, shared by its
+// instances, so that discarding an instance leaves no connection behind:
+// idle connections are pooled (a few, for a while), and closed with the
+// plugin. The zero value is ready; it makes the client on first use.
+type netClient struct {
+	mu        sync.Mutex
+	client    *http.Client
+	transport *http.Transport
+	closed    bool
+}
+
+// get returns the client for grant n, made on the first call. It fails
+// once the plugin is closed.
+func (c *netClient) get(n *Network) (*http.Client, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return nil, ErrClosed
+	}
+	if c.client == nil {
+		c.client, c.transport = n.newClient()
+	}
+	return c.client, nil
+}
+
+// close closes the pool's connections; requests after it fail.
+func (c *netClient) close() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.closed = true
+	if c.transport != nil {
+		c.transport.CloseIdleConnections()
+	}
+}
+
+// newClient returns an HTTP client for the grant. It checks the host and
+// port of every hop against the grant, and every address it connects to
+// (after DNS) against the private ranges.
+func (n *Network) newClient() (*http.Client, *http.Transport) {
 	timeout := n.Timeout
 	if timeout <= 0 {
-		timeout = 10 * time.Second
+		timeout = netDefaultTimeout
 	}
-	dialer := &net.Dialer{
-		Timeout: timeout,
-		// Control runs on the resolved address, right before connecting:
-		// DNS rebinding cannot slip a private address past it.
-		Control: func(network, address string, _ syscall.RawConn) error {
-			ap, err := netip.ParseAddrPort(address)
-			if err != nil {
-				return fmt.Errorf("%w: %s", ErrAddressRefused, address)
-			}
-			if !n.AllowPrivate && privateAddr(ap.Addr()) {
-				return fmt.Errorf("%w: %s is a loopback, private, link-local or metadata address (the grant does not allow private networks)", ErrAddressRefused, ap.Addr())
-			}
-			return nil
-		},
+	dial := func(ctx context.Context, network, target string) (net.Conn, error) {
+		d := &net.Dialer{
+			Timeout: timeout,
+			// Control runs on the resolved address, right before
+			// connecting: DNS rebinding cannot slip a private address
+			// past it.
+			Control: func(_, address string, _ syscall.RawConn) error {
+				ap, err := netip.ParseAddrPort(address)
+				if err != nil {
+					return &NetworkError{Target: target, Missing: "allow_private_networks", Err: ErrAddressRefused}
+				}
+				if !n.AllowPrivate && privateAddr(ap.Addr()) {
+					return &NetworkError{Target: target, Addr: ap.Addr(), Missing: "allow_private_networks", Err: ErrAddressRefused}
+				}
+				return nil
+			},
+		}
+		return d.DialContext(ctx, network, target)
+	}
+	tr := &http.Transport{
+		DialContext:            dial,
+		Proxy:                  nil, // a proxy would hide the address from the check
+		TLSHandshakeTimeout:    timeout,
+		ResponseHeaderTimeout:  timeout,
+		MaxResponseHeaderBytes: netMaxHeaderBytes,
+		IdleConnTimeout:        netIdleTimeout,
+		MaxIdleConns:           netMaxIdle,
+		MaxIdleConnsPerHost:    netMaxIdlePerHost,
 	}
 	return &http.Client{
-		Timeout: timeout,
-		Transport: &http.Transport{
-			DialContext:            dialer.DialContext,
-			Proxy:                  nil, // a proxy would hide the address from the check
-			ResponseHeaderTimeout:  timeout,
-			MaxResponseHeaderBytes: 64 << 10,
-		},
+		Timeout:   timeout,
+		Transport: tr,
 		CheckRedirect: func(req *http.Request, via []*http.Request) error {
-			if len(via) >= 5 {
-				return errors.New("more than 5 redirects")
-			}
-			if !n.hostAllowed(req.URL.Hostname()) {
-				return fmt.Errorf("redirect to host %q, which is not granted", req.URL.Hostname())
+			if len(via) >= netMaxRedirects {
+				return fmt.Errorf("more than %d redirects", netMaxRedirects)
 			}
 			if req.URL.Scheme != "http" && req.URL.Scheme != "https" {
 				return fmt.Errorf("redirect to scheme %q", req.URL.Scheme)
 			}
-			return nil
+			return n.checkURL(req.URL, true)
 		},
-	}
+	}, tr
 }
 
 // httpRequest is the Extism http_request request.
@@ -149,20 +391,22 @@ func (i *Instance) doHTTP(ctx context.Context, reqJSON, body []byte) ([]byte, er
 	if req.URL.Scheme != "http" && req.URL.Scheme != "https" {
 		return nil, fmt.Errorf("scheme %q is not allowed: use http or https", req.URL.Scheme)
 	}
-	if len(n.AllowedHosts) == 0 {
-		return nil, fmt.Errorf("network access is not granted to this plugin (no allowed hosts; the operator grants hosts with allowed_hosts)")
-	}
-	if !n.hostAllowed(req.URL.Hostname()) {
-		return nil, fmt.Errorf("host %q is not granted to this plugin (allowed: %s)", req.URL.Hostname(), strings.Join(n.AllowedHosts, ", "))
+	if err := n.checkURL(req.URL, false); err != nil {
+		return nil, err
 	}
 	for k, v := range r.Headers {
 		req.Header.Set(k, v)
 	}
-	if i.httpClient == nil {
-		i.httpClient = n.client()
-	}
-	resp, err := i.httpClient.Do(req)
+	client, err := i.compiled.net.get(n)
 	if err != nil {
+		return nil, err
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		var ne *NetworkError
+		if errors.As(err, &ne) {
+			return nil, ne // the grant's refusal, matchable by the host
+		}
 		return nil, fmt.Errorf("request failed: %v", err)
 	}
 	defer resp.Body.Close()

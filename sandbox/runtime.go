@@ -74,6 +74,9 @@ func (r *Runtime) Compile(ctx context.Context, wasm []byte, p Policy) (*Compiled
 	if wasm[4] != 1 || wasm[5] != 0 || wasm[6] != 0 || wasm[7] != 0 {
 		return nil, errors.New("not a WebAssembly core module of version 1 (a component? only core modules are supported)")
 	}
+	if err := p.network.checkGrants(); err != nil {
+		return nil, fmt.Errorf("network grant: %w", err)
+	}
 	cfg := wazero.NewRuntimeConfig().
 		WithCompilationCache(r.cache).
 		WithCloseOnContextDone(true).

@@ -18,6 +18,7 @@ import (
 	"github.com/fsnotify/fsnotify"
 
 	"github.com/wasmtools/wasmtools/host"
+	"github.com/wasmtools/wasmtools/internal/config"
 	"github.com/wasmtools/wasmtools/plugins"
 )
 
@@ -145,10 +146,18 @@ func cmdServe(ctx context.Context, args []string, lookupEnv func(string) (string
 	if v, ok := lookupEnv("WASMTOOLS_AUTH_TOKEN"); ok && v != "" {
 		token = v
 	}
-	return serveHTTP(ctx, log, *httpAddr, h, reloader, token, *shutdownGrace)
+	return serveHTTP(ctx, log, *httpAddr, h, reloader, cfg.HTTP, token, *shutdownGrace)
 }
 
-func serveHTTP(ctx context.Context, log *slog.Logger, addr string, h *host.Host, reloader *plugins.Reloader, token string, grace time.Duration) int {
+// serveHTTP serves /mcp, /status, /metrics and /healthz at addr, each
+// behind the same checks (host.Guard), until ctx ends.
+//
+// The server bounds the time to send headers, a body, and the wait for
+// the next request on a keep-alive connection. It sets neither
+// ReadTimeout, which net/http keeps as a read deadline while the handler
+// runs and which would cut off long-lived SSE streams when it passes, nor
+// WriteTimeout, which would end every SSE stream.
+func serveHTTP(ctx context.Context, log *slog.Logger, addr string, h *host.Host, reloader *plugins.Reloader, cfg config.HTTP, token string, grace time.Duration) int {
 	if strings.HasPrefix(addr, ":") {
 		addr = "127.0.0.1" + addr // loopback unless told otherwise
 	}
@@ -161,13 +170,29 @@ func serveHTTP(ctx context.Context, log *slog.Logger, addr string, h *host.Host,
 	mux.Handle("/mcp", h.HTTPHandler())
 	mux.Handle("/metrics", h.MetricsHandler())
 	mux.Handle("/status", statusHandler(h, reloader))
-	var handler http.Handler = mux
-	if token != "" {
-		handler = host.RequireToken(token, mux)
-	} else if host, _, _ := net.SplitHostPort(ln.Addr().String()); !net.ParseIP(host).IsLoopback() {
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		io.WriteString(w, "ok")
+	})
+	guard := host.GuardOptions{
+		Token:          token,
+		AllowedOrigins: cfg.AllowedOrigins,
+		MaxBody:        int64(cfg.MaxRequestBody),
+		BodyTimeout:    time.Duration(cfg.BodyTimeout),
+	}
+	if cfg.MetricsPublic {
+		guard.Public = []string{"/metrics"}
+	}
+	if host, _, _ := net.SplitHostPort(ln.Addr().String()); token == "" && !net.ParseIP(host).IsLoopback() {
 		log.Warn("serving beyond loopback without authentication: set http.auth_token in the configuration, or WASMTOOLS_AUTH_TOKEN")
 	}
-	srv := &http.Server{Handler: handler, ReadHeaderTimeout: 10 * time.Second}
+	srv := &http.Server{
+		Handler:           host.Guard(mux, guard),
+		ReadHeaderTimeout: durationOr(time.Duration(cfg.HeaderTimeout), host.DefaultHeaderTimeout),
+		IdleTimeout:       durationOr(time.Duration(cfg.IdleTimeout), host.DefaultIdleTimeout),
+		MaxHeaderBytes:    64 << 10,
+		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelDebug),
+	}
 	log.Info("serving MCP over streamable HTTP", "url", "http://"+ln.Addr().String()+"/mcp")
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
@@ -183,6 +208,13 @@ func serveHTTP(ctx context.Context, log *slog.Logger, addr string, h *host.Host,
 		log.Warn("http shutdown", "error", err)
 	}
 	return 0
+}
+
+func durationOr(d, def time.Duration) time.Duration {
+	if d > 0 {
+		return d
+	}
+	return def
 }
 
 // pluginStatus is one plugin in /status and `wasmtools status`.

@@ -13,10 +13,12 @@
 //
 //	[http]
 //	auth_token = "${WASMTOOLS_TOKEN}"
+//	metrics_public = false
+//	body_timeout = "30s"
 //
 //	[plugins.fetcher]
 //	sha256 = "9f2c…"
-//	allowed_hosts = ["api.example.com", "*.example.org"]
+//	allowed_hosts = ["api.example.com", "*.example.org", "127.0.0.1:18409"]
 //	allowed_paths = [{ host = "/srv/data", guest = "/data", mode = "ro" }]
 //	config = { api_key = "${API_KEY}" }
 //	tools = { deny = ["debug_*"] }
@@ -105,6 +107,20 @@ type HTTP struct {
 	// AllowedOrigins are browser origins allowed besides the server's
 	// own (cross-origin requests from others are refused).
 	AllowedOrigins []string `toml:"allowed_origins"`
+	// MetricsPublic serves /metrics without the bearer token (to a
+	// Prometheus scraper that has none). The Host and Origin checks still
+	// apply. Off by default: the metrics name every plugin.
+	MetricsPublic bool `toml:"metrics_public"`
+	// HeaderTimeout bounds the time a client takes to send a request's
+	// headers, BodyTimeout the time from its headers to the end of its
+	// body, and IdleTimeout how long a keep-alive connection may wait for
+	// its next request; 0 means the host.Default* values (10s, 30s, 2m).
+	// A response, such as an SSE stream, is not bounded by them.
+	HeaderTimeout Duration `toml:"header_timeout"`
+	BodyTimeout   Duration `toml:"body_timeout"`
+	IdleTimeout   Duration `toml:"idle_timeout"`
+	// MaxRequestBody bounds a request body; 0 means 4 MiB.
+	MaxRequestBody Size `toml:"max_request_body"`
 }
 
 // Size is a byte count written as a number or with a unit: "64MiB", "1GB".
@@ -237,6 +253,11 @@ func (p *Plugin) check(where string) error {
 	var errs []error
 	if p.SHA256 != "" && !hexSHA.MatchString(p.SHA256) {
 		errs = append(errs, fmt.Errorf("%s.sha256: want 64 lower-case hex digits", where))
+	}
+	for i, h := range p.AllowedHosts {
+		if err := sandbox.CheckHostGrant(h); err != nil {
+			errs = append(errs, fmt.Errorf("%s.allowed_hosts[%d]: %v", where, i, err))
+		}
 	}
 	for i, m := range p.AllowedPaths {
 		if m.Host == "" || !strings.HasPrefix(m.Guest, "/") {

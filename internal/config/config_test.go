@@ -30,7 +30,7 @@ auth_token = "${TOKEN}"
 
 [plugins.fetch]
 sha256 = "`+strings.Repeat("ab", 32)+`"
-allowed_hosts = ["api.example.com"]
+allowed_hosts = ["api.example.com", "127.0.0.1:18409", "[::1]:8080", "*.example.org"]
 allowed_paths = [{ host = "/srv", guest = "/data", mode = "rw" }]
 config = { key = "${KEY}", empty = "${EMPTY}" }
 env = { LANG = "C" }
@@ -51,7 +51,7 @@ enabled = false
 	if !e.Enabled || e.Instances != 3 || e.Options.Policy.MemoryLimit() != 32<<20 || e.Options.Policy.CallTimeout() != 5*time.Second {
 		t.Errorf("fetch: %+v", e)
 	}
-	if diff := cmp.Diff([]string{"api.example.com"}, e.Network.AllowedHosts); diff != "" || e.Network.AllowPrivate {
+	if diff := cmp.Diff([]string{"api.example.com", "127.0.0.1:18409", "[::1]:8080", "*.example.org"}, e.Network.AllowedHosts); diff != "" || e.Network.AllowPrivate {
 		t.Errorf("network %+v", e.Network)
 	}
 	if len(e.Mounts) != 1 || e.Mounts[0].ReadOnly || e.Mounts[0].GuestPath != "/data" {
@@ -86,6 +86,12 @@ sha256 = "xyz"`, "64 lower-case hex digits"},
 allowed_paths = [{ host = "/x", guest = "/y", mode = "wx" }]`, `"wx" is not ro or rw`},
 		{"relative guest path", `[plugins.a]
 allowed_paths = [{ host = "/x", guest = "y" }]`, "absolute path"},
+		{"bad port", `[plugins.a]
+allowed_hosts = ["ok.example.com", "api.example.com:http"]`, `plugins.a.allowed_hosts[1]: allowed host "api.example.com:http": the port must be a number`},
+		{"a URL, not a host", `[defaults]
+allowed_hosts = ["https://api.example.com/"]`, "want a host or host:port, not a URL"},
+		{"IPv6 with a port, no brackets", `[plugins.a]
+allowed_hosts = ["::ffff:1.2.3.4:8080"]`, "in brackets"},
 		{"not TOML", `[plugins`, "expected"},
 	}
 	for _, tt := range tests {

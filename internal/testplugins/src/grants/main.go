@@ -2,7 +2,8 @@
 
 // Command grants is a test plugin, written with the Extism Go PDK, that
 // tries what only a grant allows: network requests (Extism http_request),
-// files (WASI) and environment variables. File errors come back as text,
+// files (WASI: read, write, symlink, rename, mkdir, list, remove) and
+// environment variables. File errors come back as text,
 // so tests can read them.
 package main
 
@@ -22,7 +23,7 @@ func describe() int32 {
 	tool := func(name string) string {
 		return `{"name":"` + name + `","inputSchema":{"type":"object"}}`
 	}
-	pdk.OutputString(`{"tools":[` + strings.Join([]string{tool("fetch"), tool("read"), tool("write"), tool("symlink"), tool("env")}, ",") + `]}`)
+	pdk.OutputString(`{"tools":[` + strings.Join([]string{tool("fetch"), tool("read"), tool("write"), tool("symlink"), tool("rename"), tool("mkdir"), tool("list"), tool("remove"), tool("env")}, ",") + `]}`)
 	return 0
 }
 
@@ -53,6 +54,19 @@ func call() int32 {
 		out = result("written", os.WriteFile(a.Path, []byte(a.Text), 0o644))
 	case "symlink":
 		out = result("linked", os.Symlink(a.Target, a.Path))
+	case "rename":
+		out = result("renamed", os.Rename(a.Path, a.Target))
+	case "mkdir":
+		out = result("made", os.Mkdir(a.Path, 0o755))
+	case "list":
+		var names []string
+		entries, err := os.ReadDir(a.Path)
+		for _, e := range entries {
+			names = append(names, e.Name())
+		}
+		out = result(strings.Join(names, ","), err)
+	case "remove":
+		out = result("removed", os.Remove(a.Path))
 	case "env":
 		out = "[" + os.Getenv(a.Name) + "]"
 	}

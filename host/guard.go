@@ -1,0 +1,185 @@
+package host
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/netip"
+	"net/url"
+	"strings"
+	"time"
+)
+
+// Defaults of [GuardOptions] and of the HTTP server wasmtools runs.
+const (
+	// DefaultMaxRequestBody bounds a request body. It is the go-sdk's own
+	// bound on /mcp, applied to every endpoint.
+	DefaultMaxRequestBody = 4 << 20
+	// DefaultBodyTimeout bounds the time a client may take to send a
+	// request body, from the end of its headers.
+	DefaultBodyTimeout = 30 * time.Second
+	// DefaultHeaderTimeout bounds the time a client may take to send a
+	// request's headers (http.Server.ReadHeaderTimeout).
+	DefaultHeaderTimeout = 10 * time.Second
+	// DefaultIdleTimeout closes a keep-alive connection that sends no new
+	// request for this long (http.Server.IdleTimeout).
+	DefaultIdleTimeout = 2 * time.Minute
+)
+
+// GuardOptions are the checks [Guard] applies to every request. Nil and
+// zero fields mean the documented defaults.
+type GuardOptions struct {
+	// Token, if set, is the bearer token every request must carry,
+	// compared in constant time (see [RequireToken]).
+	Token string
+	// Public are paths served without the token; the other checks still
+	// apply. wasmtools lists /metrics here only when the operator says
+	// so (http.metrics_public).
+	Public []string
+	// AllowedOrigins are browser origins ("http://localhost:6274"),
+	// besides the server's own, whose cross-origin requests are served.
+	AllowedOrigins []string
+	// MaxBody bounds a request body; a longer one fails with 413. 0 means
+	// DefaultMaxRequestBody.
+	MaxBody int64
+	// BodyTimeout bounds the time from a request's headers to the end of
+	// its body; a client sending more slowly is cut off, connection and
+	// all. 0 means DefaultBodyTimeout. Requests without a body (the GET
+	// that opens a long-lived SSE stream) have no read deadline.
+	BodyTimeout time.Duration
+}
+
+// Guard wraps next with the checks every HTTP endpoint of wasmtools gets,
+// in this order:
+//
+//  1. Host: a request arriving on a loopback address whose Host header
+//     is not loopback is refused with 403 (DNS rebinding: a web page whose
+//     name now resolves to 127.0.0.1 sends its own name as the Host), as
+//     the go-sdk does for its MCP handler.
+//  2. Origin: a cross-origin browser request (by Sec-Fetch-Site, or an
+//     Origin that is not the request's own host) is refused with 403,
+//     whatever its method, unless its Origin is in AllowedOrigins.
+//  3. Token: without the bearer token, 401, except on Public paths.
+//
+// It also bounds the request body's size and the time to send it. The
+// checks are not a substitute for TLS: the token crosses the network in
+// clear over plain HTTP.
+func Guard(next http.Handler, o GuardOptions) http.Handler {
+	maxBody := o.MaxBody
+	if maxBody <= 0 {
+		maxBody = DefaultMaxRequestBody
+	}
+	bodyTimeout := o.BodyTimeout
+	if bodyTimeout <= 0 {
+		bodyTimeout = DefaultBodyTimeout
+	}
+	allowed := map[string]bool{}
+	for _, origin := range o.AllowedOrigins {
+		allowed[strings.TrimSuffix(origin, "/")] = true
+	}
+	public := map[string]bool{}
+	for _, p := range o.Public {
+		public[p] = true
+	}
+	withToken := next
+	if o.Token != "" {
+		withToken = RequireToken(o.Token, next)
+	}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.ContentLength != 0 {
+			// First, so that a refused request's unread body is bounded
+			// too: the server reads what is left after the handler.
+			limitBody(w, r, maxBody, bodyTimeout)
+		}
+		if err := checkHost(r); err != nil {
+			http.Error(w, err.Error(), http.StatusForbidden)
+			return
+		}
+		if err := checkOrigin(r, allowed); err != nil {
+			http.Error(w, err.Error(), http.StatusForbidden)
+			return
+		}
+		if public[r.URL.Path] {
+			next.ServeHTTP(w, r)
+			return
+		}
+		withToken.ServeHTTP(w, r)
+	})
+}
+
+// limitBody bounds r's body to max bytes, and the time to read it to
+// timeout: the connection's read deadline is set now and cleared when the
+// body has been read to its end, so a stream the handler then writes (an
+// SSE response to a POST) is not cut off.
+func limitBody(w http.ResponseWriter, r *http.Request, max int64, timeout time.Duration) {
+	rc := http.NewResponseController(w)
+	if err := rc.SetReadDeadline(time.Now().Add(timeout)); err != nil {
+		return // not a connection of net/http's server (a test recorder)
+	}
+	r.Body = &deadlineBody{ReadCloser: http.MaxBytesReader(w, r.Body, max), rc: rc}
+}
+
+// deadlineBody clears the connection's read deadline at the end of the
+// body.
+type deadlineBody struct {
+	io.ReadCloser
+	rc   *http.ResponseController
+	done bool
+}
+
+func (b *deadlineBody) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	if errors.Is(err, io.EOF) && !b.done {
+		b.done = true
+		b.rc.SetReadDeadline(time.Time{})
+	}
+	return n, err
+}
+
+// checkHost refuses a request that arrived on a loopback address with a
+// Host header that is not loopback.
+func checkHost(r *http.Request) error {
+	local, ok := r.Context().Value(http.LocalAddrContextKey).(net.Addr)
+	if !ok || local == nil || !isLoopback(local.String()) || isLoopback(r.Host) {
+		return nil
+	}
+	return fmt.Errorf("forbidden: Host %q is not a loopback name on a loopback address (DNS rebinding?)", r.Host)
+}
+
+// isLoopback reports whether addr (host or host:port) is localhost or a
+// loopback address.
+func isLoopback(addr string) bool {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		host = strings.Trim(addr, "[]")
+	}
+	if strings.EqualFold(strings.TrimSuffix(host, "."), "localhost") {
+		return true
+	}
+	ip, err := netip.ParseAddr(host)
+	return err == nil && ip.IsLoopback()
+}
+
+// checkOrigin refuses a cross-origin browser request unless its origin is
+// allowed. Requests from programs that send neither Sec-Fetch-Site nor
+// Origin are not browser requests, and pass.
+func checkOrigin(r *http.Request, allowed map[string]bool) error {
+	origin := r.Header.Get("Origin")
+	if origin != "" && allowed[origin] {
+		return nil
+	}
+	switch site := r.Header.Get("Sec-Fetch-Site"); site {
+	case "", "same-origin", "none":
+	default:
+		return fmt.Errorf("forbidden: %s request from origin %q (allow it with http.allowed_origins)", site, origin)
+	}
+	if origin == "" {
+		return nil
+	}
+	if u, err := url.Parse(origin); err != nil || u.Host == "" || !strings.EqualFold(u.Host, r.Host) {
+		return fmt.Errorf("forbidden: cross-origin request from origin %q (allow it with http.allowed_origins)", origin)
+	}
+	return nil
+}
