@@ -171,23 +171,33 @@ func TestStateHandoff(t *testing.T) {
 }
 
 func TestDeleteDuringCall(t *testing.T) {
-	f := newReloadFixture(t, map[string][]byte{"longtask.wasm": testplugins.Bytes(t, testplugins.Example(t, "longtask"))})
-	cs := f.connect(t, "", nil)
+	// hostileask's ask_plain waits for the user's answer, then fails with
+	// it as its message: a call held in flight for as long as the test
+	// wants, whatever the machine's speed.
+	f := newReloadFixture(t, map[string][]byte{"hostileask.wasm": testplugins.Bytes(t, testplugins.Test(t, "hostileask"))})
+	asked := make(chan struct{}, 1)
+	release := make(chan struct{})
+	cs := f.connect(t, "2025-11-25", &mcp.ClientOptions{ElicitationHandler: func(context.Context, *mcp.ElicitRequest) (*mcp.ElicitResult, error) {
+		asked <- struct{}{}
+		<-release
+		return accept("ann"), nil
+	}})
 	done := make(chan *mcp.CallToolResult)
 	go func() {
-		res, _ := cs.CallTool(context.Background(), &mcp.CallToolParams{Name: "primes", Arguments: map[string]any{"below": 30000000}})
+		res, _ := cs.CallTool(context.Background(), &mcp.CallToolParams{Name: "ask_plain", Arguments: map[string]any{}})
 		done <- res
 	}()
-	eventually(t, "the call to start", func() bool { return f.h.LiveInstances() == 1 })
-	os.Remove(filepath.Join(f.dir, "longtask.wasm"))
+	<-asked
+	os.Remove(filepath.Join(f.dir, "hostileask.wasm"))
 	if changed, _ := f.r.Rescan(context.Background()); !changed {
 		t.Fatal("the deletion was not seen")
 	}
+	close(release)
 	res := <-done
-	if res == nil || res.IsError || !strings.Contains(text(res), "primes below 30000000") {
-		t.Fatalf("the call in flight did not finish on its version: %+v", res)
+	if res == nil || !strings.Contains(text(res), "ann") || res.Meta[host.MetaStateReset] != nil {
+		t.Fatalf("the call in flight did not finish on its version: %q %+v", text(res), res)
 	}
-	if _, err := cs.CallTool(context.Background(), &mcp.CallToolParams{Name: "primes", Arguments: map[string]any{"below": 10}}); err == nil {
+	if _, err := cs.CallTool(context.Background(), &mcp.CallToolParams{Name: "ask_plain", Arguments: map[string]any{}}); err == nil {
 		t.Error("a removed tool was called")
 	}
 	eventually(t, "the instance to be freed", func() bool { return f.h.LiveInstances() == 0 })
