@@ -10,7 +10,7 @@ import (
 
 // DefaultLoadWait is how long a request that depends on the catalogue
 // waits for the first load of the plugins (see [Options.Loaded]).
-const DefaultLoadWait = time.Second
+const DefaultLoadWait = 10 * time.Second
 
 // waitForLoad is receiving middleware for a host that serves before its
 // plugins have loaded: a request that reads the catalogue waits, up to

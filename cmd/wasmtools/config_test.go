@@ -39,7 +39,8 @@ func serveInProcess(t *testing.T, env map[string]string, args ...string) (string
 	}()
 	t.Cleanup(func() { cancel(); <-done })
 	deadline := time.Now().Add(startupTimeout)
-	for !strings.Contains(stderr.String(), "serving MCP over streamable HTTP") {
+	// Ready once serving, and the plugins' first load is done.
+	for !strings.Contains(stderr.String(), "serving MCP over streamable HTTP") || !strings.Contains(stderr.String(), "plugins loaded") {
 		if time.Now().After(deadline) || strings.Contains(stderr.String(), "level=ERROR msg=\"configuration refused\"") {
 			t.Fatalf("serve did not start:\n%s", stderr.String())
 		}

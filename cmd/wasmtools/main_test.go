@@ -67,6 +67,14 @@ func connectStdio(t *testing.T, stderr *lockedBuffer, args ...string) *mcp.Clien
 		t.Fatalf("connect: %v\nstderr:\n%s", err, stderr)
 	}
 	t.Cleanup(func() { cs.Close() })
+	// Ready once the plugins' first load is done (it runs while serving).
+	deadline := time.Now().Add(startupTimeout)
+	for !strings.Contains(stderr.String(), "plugins loaded") {
+		if time.Now().After(deadline) {
+			t.Fatalf("the plugins did not load:\n%s", stderr)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 	return cs
 }
 

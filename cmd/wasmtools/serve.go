@@ -13,6 +13,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/fsnotify/fsnotify"
@@ -107,22 +108,26 @@ func cmdServe(ctx context.Context, args []string, lookupEnv func(string) (string
 	loaded := make(chan struct{})
 	opts.Loaded, opts.LoadWait = loaded, *loadWait
 	h := host.New(reloader, opts)
-	go func() {
+	// The runtime and the reloader outlive the loads and rescans under
+	// way (a compilation cannot be stopped midway, only bounded).
+	var background sync.WaitGroup
+	defer background.Wait()
+	background.Go(func() {
 		defer close(loaded)
 		_, errs := reloader.Load(ctx)
 		for _, err := range errs {
 			log.Error("plugin not served", "error", err)
 		}
 		log.Info("plugins loaded", "tools", len(reloader.Catalogue().Tools()))
-	}()
+	})
 	if !*noWatch {
-		go func() {
+		background.Go(func() {
 			if err := reloader.Watch(ctx); err != nil {
 				log.Error("hot reload is off", "error", err)
 			}
-		}()
+		})
 		if common.configPath != "" {
-			go watchConfig(ctx, log, &common, lookupEnv, reloader)
+			background.Go(func() { watchConfig(ctx, log, &common, lookupEnv, reloader) })
 		}
 	}
 	defer func() {
