@@ -144,7 +144,8 @@ type Host struct {
 
 	mu         sync.Mutex
 	catalogue  *plugins.Catalogue // what is registered on server
-	catChanged chan struct{}      // closed and replaced when catalogue changes
+	registered *plugins.Catalogue // catalogue once its tools are registered
+	catChanged chan struct{}      // closed and replaced when registered changes
 	closed     bool
 	stateKey   []byte
 	auditMu    sync.Mutex
@@ -253,9 +254,15 @@ func (h *Host) setCatalogue(cat *plugins.Catalogue) *plugins.Catalogue {
 	h.mu.Lock()
 	old := h.catalogue
 	h.catalogue = cat
-	close(h.catChanged)
-	h.catChanged = make(chan struct{})
 	h.mu.Unlock()
+	// Waiters (see waitForLoad) look again once the server serves cat.
+	defer func() {
+		h.mu.Lock()
+		h.registered = cat
+		close(h.catChanged)
+		h.catChanged = make(chan struct{})
+		h.mu.Unlock()
+	}()
 	var gone []string
 	if old != nil {
 		for _, t := range old.Tools() {

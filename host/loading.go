@@ -39,7 +39,7 @@ func (h *Host) waitForLoad(next mcp.MethodHandler) mcp.MethodHandler {
 		for {
 			h.mu.Lock()
 			changed := h.catChanged
-			cat := h.catalogue
+			cat := h.registered
 			h.mu.Unlock()
 			if tool != "" && cat != nil {
 				if _, ok := cat.Tool(tool); ok {

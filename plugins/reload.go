@@ -23,6 +23,7 @@ import (
 
 // Plugin states in a [Status].
 const (
+	StateLoading  = "loading" // read, being checked and compiled; an older version may be served
 	StateLoaded   = "loaded"
 	StateError    = "error"
 	StateDisabled = "disabled"
@@ -34,8 +35,8 @@ type Status struct {
 	Path string `json:"path"`
 	// SHA256 is the version served, "" when none is.
 	SHA256 string `json:"sha256,omitempty"`
-	// State is loaded, error (Error says why; an older version may still
-	// be served, see SHA256) or disabled.
+	// State is loading, loaded, error (Error says why; an older version
+	// may still be served, see SHA256) or disabled.
 	State string   `json:"state"`
 	Error string   `json:"error,omitempty"`
 	Tools []string `json:"tools"`
@@ -458,6 +459,9 @@ func (r *Reloader) loadIfChanged(ctx context.Context, path string) (*Plugin, err
 	}
 	f.status.LastReload = time.Now()
 	f.gen = r.gen
+	if f.plugin == nil {
+		f.status.State = StateLoading
+	}
 	check := r.opts.Check
 	var opts Options
 	if r.opts.OptionsFor != nil {

@@ -94,6 +94,11 @@ func TestHostABIOverStdio(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	defer func() {
+		if t.Failed() {
+			t.Logf("stderr:\n%s", stderr.String())
+		}
+	}()
 	c.exercise(t, cs)
 	cs.Close()
 	b, err := os.ReadFile(records)

@@ -69,7 +69,7 @@ func TestStatus(t *testing.T) {
 	go run(ctx, []string{"serve", "--cache-dir", testplugins.CacheDir(), "--http", addr, dir}, nil, strings.NewReader(""), &bytes.Buffer{}, &stderr)
 	var out, errb bytes.Buffer
 	deadline := time.Now().Add(startupTimeout)
-	for run(ctx, []string{"status", "--url", "http://" + addr, "--json"}, nil, nil, &out, &errb) != 0 {
+	for !strings.Contains(stderr.String(), "plugins loaded") || run(ctx, []string{"status", "--url", "http://" + addr, "--json"}, nil, nil, &out, &errb) != 0 {
 		if time.Now().After(deadline) {
 			t.Fatalf("status: %s\n%s", errb.String(), stderr.String())
 		}
