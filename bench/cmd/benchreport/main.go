@@ -4,8 +4,9 @@
 // Go version and date, how to reproduce it, and a chart (docs/benchmarks.png)
 // of session-start cost and memory per session against the alternatives.
 //
-//	go test -run XXX -bench . -count 5 ./bench | tee out.txt
-//	go run ./bench/cmd/benchreport -md docs/BENCHMARKS.md -png docs/benchmarks.png out.txt
+//	cd bench # a module of its own
+//	go test -run XXX -bench . -count 5 . | tee out.txt
+//	go run ./cmd/benchreport -md ../docs/BENCHMARKS.md -png ../docs/benchmarks.png out.txt
 //
 // With no file argument it reads standard input. `make bench` does all of
 // this.
