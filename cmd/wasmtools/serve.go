@@ -76,7 +76,7 @@ func cmdServe(ctx context.Context, args []string, lookupEnv func(string) (string
 		timeout = -1
 	}
 	opts := &host.Options{
-		Logger: log, MaxResultRunes: maxRunes, SessionTimeout: timeout,
+		Logger: log, Version: version(), MaxResultRunes: maxRunes, SessionTimeout: timeout,
 		MaxInstances: firstInt(*maxInstances, cfg.Limits.MaxInstances), MaxInstancesPerPlugin: firstInt(*maxPerPlugin, cfg.Limits.MaxInstancesPerPlugin),
 		MemoryBudget: uint64(cfg.Limits.MemoryBudget), MaxConcurrentCalls: cfg.Limits.MaxConcurrentCalls,
 		InstanceLimits: map[string]int{}, ClientKeyHeader: *clientHeader, AbandonAfter: *abandonAfter,
