@@ -14,6 +14,7 @@ package main
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"flag"
 	"fmt"
@@ -105,10 +106,7 @@ func machine(cpu string) string {
 			}
 		}
 	}
-	if cpu == "" {
-		cpu = "unknown CPU"
-	}
-	s := fmt.Sprintf("%s, %d CPUs (nproc)", cpu, runtime.NumCPU())
+	s := fmt.Sprintf("%s, %d CPUs (nproc)", cmp.Or(cpu, "unknown CPU"), runtime.NumCPU())
 	if data, err := os.ReadFile("/proc/meminfo"); err == nil {
 		for line := range strings.SplitSeq(string(data), "\n") {
 			if v, ok := strings.CutPrefix(line, "MemTotal:"); ok {
