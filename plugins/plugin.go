@@ -681,6 +681,9 @@ func (p *Plugin) Close(ctx context.Context) error {
 	return p.compiled.Close(ctx)
 }
 
-// Closed reports whether the plugin, or another with the same code, was
-// closed: its instances cannot run.
+// Closed reports whether Close was called on this Plugin, after which its
+// instances cannot run. It does not see Close called on another Plugin
+// with the same code ([Plugin.SameCode], as [Plugin.Relist] returns),
+// although that closes the shared code and stops this one's instances too.
+// Safe for concurrent use.
 func (p *Plugin) Closed() bool { return p.closed.Load() }

@@ -33,6 +33,7 @@ import (
 	"maps"
 	"os"
 	"path"
+	"path/filepath"
 	"regexp"
 	"slices"
 	"strconv"
@@ -237,8 +238,8 @@ func (p *Plugin) check(where string) error {
 		errs = append(errs, fmt.Errorf("%s.sha256: want 64 lower-case hex digits", where))
 	}
 	for i, m := range p.AllowedPaths {
-		if m.Host == "" || !strings.HasPrefix(m.Guest, "/") {
-			errs = append(errs, fmt.Errorf("%s.allowed_paths[%d]: want host (a folder) and guest (an absolute path)", where, i))
+		if !filepath.IsAbs(m.Host) || !strings.HasPrefix(m.Guest, "/") {
+			errs = append(errs, fmt.Errorf("%s.allowed_paths[%d]: want host (an absolute folder path) and guest (an absolute path)", where, i))
 		}
 		if m.Mode != "" && m.Mode != "ro" && m.Mode != "rw" {
 			errs = append(errs, fmt.Errorf("%s.allowed_paths[%d].mode: %q is not ro or rw", where, i, m.Mode))

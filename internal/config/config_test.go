@@ -86,6 +86,8 @@ sha256 = "xyz"`, "64 lower-case hex digits"},
 allowed_paths = [{ host = "/x", guest = "/y", mode = "wx" }]`, `"wx" is not ro or rw`},
 		{"relative guest path", `[plugins.a]
 allowed_paths = [{ host = "/x", guest = "y" }]`, "absolute path"},
+		{"relative host path", `[defaults]
+allowed_paths = [{ host = "x", guest = "/y" }]`, "want host (an absolute folder path)"},
 		{"not TOML", `[plugins`, "expected"},
 	}
 	for _, tt := range tests {
