@@ -730,27 +730,42 @@ func heapAlloc() uint64 {
 
 func TestHostileManySessionsAtMemoryLimit(t *testing.T) {
 	const limit, sessions = 4 << 20, 20
-	f, _, errs := newHostileFixture(t, nil, sandbox.NewPolicy().WithMemoryLimit(limit).WithCallTimeout(hostileTimeout), map[string]string{
+	f, _, errs := newHostileFixture(t, nil, sandbox.NewPolicy().WithMemoryLimit(limit).WithCallTimeout(hostileSafety), map[string]string{
 		"counter.wasm":     testplugins.Example(t, "counter"),
 		"hostilegrow.wasm": testplugins.Test(t, "hostilegrow"),
 	}, nil)
 	if len(errs) > 0 {
 		t.Fatalf("load: %v", errs)
 	}
+	want := "grew to " + strconv.Itoa(limit>>16) + " pages"
+	// The baseline: a first grow (a new instance, grown to the limit)
+	// alone. The calls at once share the machine's cores, so each may take
+	// 20 times the baseline for each session per core, and at least
+	// hostileTimeout.
+	ws := f.connect(t, "", nil)
+	begin := time.Now()
+	if got := text(call(t, ws, "grow", nil)); got != want {
+		t.Fatalf("grow, alone: %q, want %q", got, want)
+	}
+	bound := max(hostileTimeout, 20*time.Since(begin)*sessions/time.Duration(runtime.GOMAXPROCS(0)))
+	ws.Close()
 	clients := make([]*mcp.ClientSession, sessions)
 	for i := range clients {
 		clients[i] = f.connect(t, "", nil)
 	}
-	want := "grew to " + strconv.Itoa(limit>>16) + " pages"
 	alongside(t, f, func() {
 		var wg sync.WaitGroup
 		start := make(chan struct{})
 		for i, cs := range clients {
 			wg.Go(func() {
 				<-start
+				began := time.Now()
 				res, err := cs.CallTool(context.Background(), &mcp.CallToolParams{Name: "grow", Arguments: map[string]any{}})
 				if err != nil || res.IsError || text(res) != want {
 					t.Errorf("session %d: grow: %v %q; want %q", i, err, text(res), want)
+				}
+				if took := time.Since(began); took > bound {
+					t.Errorf("session %d: grow took %v (bound %v)", i, took, bound)
 				}
 			})
 		}
