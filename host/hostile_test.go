@@ -796,7 +796,7 @@ func TestHostileManySessionsAtMemoryLimit(t *testing.T) {
 // long as the session lived.)
 func TestHostileIdleKernelMemory(t *testing.T) {
 	const limit, sessions = 1 << 20, 10
-	f, _, errs := newHostileFixture(t, nil, sandbox.NewPolicy().WithMemoryLimit(limit).WithCallTimeout(hostileTimeout), map[string]string{
+	f, _, errs := newHostileFixture(t, nil, sandbox.NewPolicy().WithMemoryLimit(limit).WithCallTimeout(hostileSafety), map[string]string{
 		"counter.wasm":       testplugins.Example(t, "counter"),
 		"hostileoutput.wasm": testplugins.Test(t, "hostileoutput"),
 	}, nil)
@@ -809,9 +809,20 @@ func TestHostileIdleKernelMemory(t *testing.T) {
 		call(t, clients[i], "output_ok", nil)
 	}
 	base := heapAlloc()
+	// The first call is the baseline: each later one may take 20 times it,
+	// and at least hostileTimeout.
+	bound := hostileSafety
 	for i, cs := range clients {
+		start := time.Now()
 		if got := text(call(t, cs, "alloc_most", nil)); got != "filled 15 MiB of kernel memory" {
 			t.Fatalf("session %d: alloc_most = %q", i, got)
+		}
+		took := time.Since(start)
+		if took > bound {
+			t.Errorf("session %d: alloc_most took %v (bound %v)", i, took, bound)
+		}
+		if i == 0 {
+			bound = max(hostileTimeout, 20*took)
 		}
 	}
 	held := (int64(heapAlloc()) - int64(base)) / sessions

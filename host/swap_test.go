@@ -43,7 +43,11 @@ func newReloadFixture(t *testing.T, files map[string][]byte) *reloadFixture {
 	}
 	t.Cleanup(func() { rt.Close(ctx) })
 	f.rt = rt
-	r := plugins.NewReloader(rt, plugins.ReloaderOptions{Paths: []string{dir}})
+	// The call timeout only stops a wedged guest: under the race detector
+	// on a loaded machine, TestDeleteDuringCall's long call can take over
+	// the 30s default.
+	policy := sandbox.NewPolicy().WithCallTimeout(5 * time.Minute)
+	r := plugins.NewReloader(rt, plugins.ReloaderOptions{Paths: []string{dir}, OptionsFor: func(string) plugins.Options { return plugins.Options{Policy: &policy} }})
 	cat, errs := r.Load(ctx)
 	if len(errs) > 0 {
 		t.Fatal(errs)
