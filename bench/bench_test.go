@@ -89,8 +89,9 @@ func nativeServer(t testing.TB) string {
 	t.Helper()
 	nativeOnce.Do(func() {
 		nativeBin = filepath.Join(tmpDir, "nativeserver")
-		cmd := exec.Command("go", "build", "-o", nativeBin, "./bench/internal/nativeserver")
-		cmd.Dir = testplugins.Root()
+		// bench is its own module: build from its folder.
+		cmd := exec.Command("go", "build", "-o", nativeBin, "./internal/nativeserver")
+		cmd.Dir = filepath.Join(testplugins.Root(), "bench")
 		if out, err := cmd.CombinedOutput(); err != nil {
 			nativeErr = fmt.Errorf("build nativeserver: %v\n%s", err, out)
 		}

@@ -21,6 +21,9 @@
 //   - process-per-session: a small native go-sdk MCP server binary started
 //     per client over stdio, which is how clients are isolated today.
 //
-// Unlike the rest of the module, this package imports wazero and the MCP
-// SDK directly: it measures them.
+// bench is a module of its own (bench/go.mod, which replaces the main
+// module with ../), so that what only the benchmarks need, the Extism SDK
+// and gonum's plot, stays out of the main go.mod. Unlike the main module's
+// packages, this package imports wazero and the MCP SDK directly: it
+// measures them.
 package bench

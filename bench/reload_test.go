@@ -5,7 +5,7 @@ import (
 	"context"
 	"os"
 	"path/filepath"
-	"sort"
+	"slices"
 	"testing"
 	"time"
 
@@ -93,7 +93,7 @@ func BenchmarkReloadLatency(b *testing.B) {
 				}
 				b.StartTimer()
 			}
-			sort.Slice(lat, func(i, j int) bool { return lat[i] < lat[j] })
+			slices.Sort(lat)
 			b.ReportMetric(float64(lat[len(lat)/2].Microseconds())/1000, "ms/reload")
 		})
 	}

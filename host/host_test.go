@@ -332,7 +332,15 @@ func TestResultCap(t *testing.T) {
 }
 
 func TestTimeoutAndQueueLimit(t *testing.T) {
-	f := newFixture(t, &host.Options{QueueLimit: 1}, sandbox.NewPolicy().WithCallTimeout(time.Second), map[string]string{"loop.wat.wasm": testplugins.Test(t, "loop")})
+	// The second call must come while the first still spins: the timeout
+	// is 20 times a new session's first call (an instance and a call)
+	// measured here, and at least a second, so that it follows the load.
+	warm := newFixture(t, nil, sandbox.NewPolicy(), map[string]string{"counter.wasm": testplugins.Example(t, "counter")})
+	ws := warm.connect(t, "", nil)
+	start := time.Now()
+	call(t, ws, "count", nil)
+	timeout := max(time.Second, 20*time.Since(start))
+	f := newFixture(t, &host.Options{QueueLimit: 1}, sandbox.NewPolicy().WithCallTimeout(timeout), map[string]string{"loop.wat.wasm": testplugins.Test(t, "loop")})
 	cs := f.connect(t, "", nil)
 	done := make(chan *mcp.CallToolResult)
 	go func() {

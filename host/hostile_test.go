@@ -39,10 +39,15 @@ import (
 // dies, not the test binary, and the parent reports how.
 const hostileChild = "WASMTOOLS_HOSTILE_CHILD"
 
-// slowCall bounds each call of the second session while a hostile call
-// runs. A counter call takes microseconds; the bound is for a loaded CI
-// machine under the race detector.
-const slowCall = 3 * time.Second
+// slowCallFloor is the least bound on each call of the second session
+// while a hostile call runs; alongside raises it on a slow machine. A
+// counter call takes microseconds; the floor is for a loaded machine under
+// the race detector.
+const slowCallFloor = 5 * time.Second
+
+// baselineCalls is how many calls the second session makes, before the
+// hostile call starts, to measure how fast the machine is now.
+const baselineCalls = 3
 
 // logTally counts the host's log records by message, and keeps only the
 // first 64 KiB of them, so that a flooding guest cannot make the test
@@ -139,28 +144,52 @@ func newHostileFixture(t *testing.T, opts *host.Options, policy sandbox.Policy, 
 // alongside runs hostile, which makes a hostile call, while a second
 // session calls the counter example over and over, from before hostile
 // starts until after it returns. Each of those calls must be served,
-// counting up from 1, within slowCall.
+// counting up from 1. Those made while hostile runs must each take at most
+// 20 times the slowest of the baselineCalls made before it (the first
+// creates the instance), and at least slowCallFloor: a bound that follows
+// the machine's load rather than a fixed wall-clock time.
 func alongside(t *testing.T, f *fixture, hostile func()) {
 	t.Helper()
 	other := f.connect(t, "", nil)
+	// count makes call n and reports how long it took, or false after
+	// reporting a wrong answer.
+	count := func(n int) (time.Duration, bool) {
+		start := time.Now()
+		res, err := other.CallTool(context.Background(), &mcp.CallToolParams{Name: "count", Arguments: map[string]any{}})
+		took := time.Since(start)
+		switch {
+		case err != nil:
+			t.Errorf("second session, call %d alongside the hostile call: %v", n, err)
+			return took, false
+		case res.IsError || text(res) != strconv.Itoa(n):
+			t.Errorf("second session, call %d alongside the hostile call: %q (isError %v), want %d", n, text(res), res.IsError, n)
+			return took, false
+		}
+		return took, true
+	}
+	var base time.Duration
+	for n := 1; n <= baselineCalls; n++ {
+		took, ok := count(n)
+		if !ok {
+			hostile()
+			return
+		}
+		base = max(base, took)
+	}
+	bound := max(slowCallFloor, 20*base)
 	stop := make(chan struct{})
 	done := make(chan int)
 	go func() {
-		n := 0
+		n := baselineCalls
 		defer func() { done <- n }()
 		for {
-			start := time.Now()
-			res, err := other.CallTool(context.Background(), &mcp.CallToolParams{Name: "count", Arguments: map[string]any{}})
 			n++
-			switch {
-			case err != nil:
-				t.Errorf("second session, call %d alongside the hostile call: %v", n, err)
+			took, ok := count(n)
+			if !ok {
 				return
-			case res.IsError || text(res) != strconv.Itoa(n):
-				t.Errorf("second session, call %d alongside the hostile call: %q (isError %v), want %d", n, text(res), res.IsError, n)
-				return
-			case time.Since(start) > slowCall:
-				t.Errorf("second session, call %d alongside the hostile call took %v (bound %v)", n, time.Since(start), slowCall)
+			}
+			if took > bound {
+				t.Errorf("second session, call %d alongside the hostile call took %v (bound %v: 20 times the slowest call before it, %v, and at least %v)", n, took, bound, base, slowCallFloor)
 			}
 			select {
 			case <-stop:
@@ -389,18 +418,33 @@ var hostileCalls = []struct {
 
 // hostileTimeout is the call timeout of the hostile suite: long enough for
 // the slowest case (an 8 MiB error message written 8 bytes at a time) under
-// the race detector.
+// the race detector. Where a loaded machine can take longer, a test uses
+// hostileSafety as the timeout and bounds its calls by hostileTimeout or
+// 20 times a baseline it measures, whichever is more.
 const hostileTimeout = 10 * time.Second
+
+// hostileSafety is the call timeout that only stops a wedged guest, in
+// tests that bound their calls themselves.
+const hostileSafety = 5 * time.Minute
 
 func TestHostileCalls(t *testing.T) {
 	files := map[string]string{"counter.wasm": testplugins.Example(t, "counter")}
 	for _, g := range hostileCalls {
 		files[g.plugin+".wasm"] = testplugins.Test(t, g.plugin)
 	}
-	f, logs, errs := newHostileFixture(t, nil, sandbox.NewPolicy().WithCallTimeout(hostileTimeout), files, nil)
+	f, logs, errs := newHostileFixture(t, nil, sandbox.NewPolicy().WithCallTimeout(hostileSafety), files, nil)
 	if len(errs) > 0 {
 		t.Fatalf("load: %v", errs)
 	}
+	// The baseline is one of the slowest cases, memory.grow to the limit,
+	// run alone first.
+	ws := f.connect(t, "", nil)
+	start := time.Now()
+	if res := call(t, ws, "grow", nil); !strings.Contains(text(res), "grew to 1024 pages") {
+		t.Fatalf("grow, alone: %q", text(res))
+	}
+	bound := max(hostileTimeout+5*time.Second, 20*time.Since(start))
+	ws.Close() // its instance is freed with it, as checked at the end
 	for _, g := range hostileCalls {
 		for _, tc := range g.cases {
 			t.Run(tc.tool, func(t *testing.T) {
@@ -408,7 +452,7 @@ func TestHostileCalls(t *testing.T) {
 					runIsolated(t)
 					return
 				}
-				runHostile(t, f, g.ok, tc)
+				runHostile(t, f, g.ok, tc, bound)
 			})
 		}
 	}
@@ -419,9 +463,10 @@ func TestHostileCalls(t *testing.T) {
 }
 
 // runHostile makes the hostile call of tc in a new session, alongside a
-// second session, and checks its result and that the session goes on: the
-// plugin's ok tool and another plugin serve it.
-func runHostile(t *testing.T, f *fixture, ok string, tc hostileCase) {
+// second session, and checks its result, that it took at most bound, and
+// that the session goes on: the plugin's ok tool and another plugin serve
+// it.
+func runHostile(t *testing.T, f *fixture, ok string, tc hostileCase, bound time.Duration) {
 	t.Helper()
 	a := f.connect(t, "", nil)
 	var res *mcp.CallToolResult
@@ -435,8 +480,8 @@ func runHostile(t *testing.T, f *fixture, ok string, tc hostileCase) {
 	if err != nil {
 		t.Fatalf("%s: %v; a hostile guest must get a tool result, not a protocol error", tc.tool, err)
 	}
-	if took > hostileTimeout+5*time.Second {
-		t.Errorf("%s took %v", tc.tool, took)
+	if took > bound {
+		t.Errorf("%s took %v (bound %v)", tc.tool, took, bound)
 	}
 	checkClear(t, res)
 	if tc.check != nil {
@@ -685,27 +730,42 @@ func heapAlloc() uint64 {
 
 func TestHostileManySessionsAtMemoryLimit(t *testing.T) {
 	const limit, sessions = 4 << 20, 20
-	f, _, errs := newHostileFixture(t, nil, sandbox.NewPolicy().WithMemoryLimit(limit).WithCallTimeout(hostileTimeout), map[string]string{
+	f, _, errs := newHostileFixture(t, nil, sandbox.NewPolicy().WithMemoryLimit(limit).WithCallTimeout(hostileSafety), map[string]string{
 		"counter.wasm":     testplugins.Example(t, "counter"),
 		"hostilegrow.wasm": testplugins.Test(t, "hostilegrow"),
 	}, nil)
 	if len(errs) > 0 {
 		t.Fatalf("load: %v", errs)
 	}
+	want := "grew to " + strconv.Itoa(limit>>16) + " pages"
+	// The baseline: a first grow (a new instance, grown to the limit)
+	// alone. The calls at once share the machine's cores, so each may take
+	// 20 times the baseline for each session per core, and at least
+	// hostileTimeout.
+	ws := f.connect(t, "", nil)
+	begin := time.Now()
+	if got := text(call(t, ws, "grow", nil)); got != want {
+		t.Fatalf("grow, alone: %q, want %q", got, want)
+	}
+	bound := max(hostileTimeout, 20*time.Since(begin)*sessions/time.Duration(runtime.GOMAXPROCS(0)))
+	ws.Close()
 	clients := make([]*mcp.ClientSession, sessions)
 	for i := range clients {
 		clients[i] = f.connect(t, "", nil)
 	}
-	want := "grew to " + strconv.Itoa(limit>>16) + " pages"
 	alongside(t, f, func() {
 		var wg sync.WaitGroup
 		start := make(chan struct{})
 		for i, cs := range clients {
 			wg.Go(func() {
 				<-start
+				began := time.Now()
 				res, err := cs.CallTool(context.Background(), &mcp.CallToolParams{Name: "grow", Arguments: map[string]any{}})
 				if err != nil || res.IsError || text(res) != want {
 					t.Errorf("session %d: grow: %v %q; want %q", i, err, text(res), want)
+				}
+				if took := time.Since(began); took > bound {
+					t.Errorf("session %d: grow took %v (bound %v)", i, took, bound)
 				}
 			})
 		}
@@ -736,7 +796,7 @@ func TestHostileManySessionsAtMemoryLimit(t *testing.T) {
 // long as the session lived.)
 func TestHostileIdleKernelMemory(t *testing.T) {
 	const limit, sessions = 1 << 20, 10
-	f, _, errs := newHostileFixture(t, nil, sandbox.NewPolicy().WithMemoryLimit(limit).WithCallTimeout(hostileTimeout), map[string]string{
+	f, _, errs := newHostileFixture(t, nil, sandbox.NewPolicy().WithMemoryLimit(limit).WithCallTimeout(hostileSafety), map[string]string{
 		"counter.wasm":       testplugins.Example(t, "counter"),
 		"hostileoutput.wasm": testplugins.Test(t, "hostileoutput"),
 	}, nil)
@@ -749,9 +809,20 @@ func TestHostileIdleKernelMemory(t *testing.T) {
 		call(t, clients[i], "output_ok", nil)
 	}
 	base := heapAlloc()
+	// The first call is the baseline: each later one may take 20 times it,
+	// and at least hostileTimeout.
+	bound := hostileSafety
 	for i, cs := range clients {
+		start := time.Now()
 		if got := text(call(t, cs, "alloc_most", nil)); got != "filled 15 MiB of kernel memory" {
 			t.Fatalf("session %d: alloc_most = %q", i, got)
+		}
+		took := time.Since(start)
+		if took > bound {
+			t.Errorf("session %d: alloc_most took %v (bound %v)", i, took, bound)
+		}
+		if i == 0 {
+			bound = max(hostileTimeout, 20*took)
 		}
 	}
 	held := (int64(heapAlloc()) - int64(base)) / sessions
@@ -880,7 +951,7 @@ func vmStatus(t *testing.T, field string) int64 {
 }
 
 func TestHostileRecursion(t *testing.T) {
-	f, _, errs := newHostileFixture(t, nil, sandbox.NewPolicy().WithCallTimeout(hostileTimeout), map[string]string{
+	f, _, errs := newHostileFixture(t, nil, sandbox.NewPolicy().WithCallTimeout(hostileSafety), map[string]string{
 		"counter.wasm":        testplugins.Example(t, "counter"),
 		"hostilerecurse.wasm": testplugins.Test(t, "hostilerecurse"),
 	}, nil)
@@ -893,16 +964,30 @@ func TestHostileRecursion(t *testing.T) {
 		clients[i] = f.connect(t, "", nil)
 		call(t, clients[i], "recurse_ok", nil)
 	}
-	base := rss(t)
-	// Writing 5 to clear_refs resets the peak RSS (VmHWM) to the current.
-	peakReset := os.WriteFile("/proc/self/clear_refs", []byte("5"), 0) == nil
-	recurse := func(cs *mcp.ClientSession) {
+	// recurse checks that a deep recursion ends in a stack overflow within
+	// bound, and reports how long it took.
+	recurse := func(cs *mcp.ClientSession, bound time.Duration) time.Duration {
+		start := time.Now()
 		res, err := cs.CallTool(context.Background(), &mcp.CallToolParams{Name: "recurse", Arguments: map[string]any{}})
+		took := time.Since(start)
 		if err != nil || !res.IsError || !strings.Contains(text(res), "stack overflow") {
 			t.Errorf("recurse: %v %q; want a stack overflow", err, text(res))
 		}
+		if took > bound {
+			t.Errorf("recurse took %v; bound %v", took, bound)
+		}
+		return took
 	}
-	alongside(t, f, func() { recurse(clients[0]) })
+	base := rss(t)
+	// The baseline: a recursion alone. The bound of each later one is 20
+	// times it, and at least hostileTimeout. What it leaves counts in the
+	// RSS checks below.
+	alone := recurse(clients[0], hostileSafety)
+	bound := max(hostileTimeout, 20*alone)
+	t.Logf("a recursion alone took %v: the bound of the others is %v", alone, bound)
+	// Writing 5 to clear_refs resets the peak RSS (VmHWM) to the current.
+	peakReset := os.WriteFile("/proc/self/clear_refs", []byte("5"), 0) == nil
+	alongside(t, f, func() { recurse(clients[0], bound) })
 	one := vmStatus(t, "VmHWM") - base
 	after := rss(t) - base
 	if peakReset {
@@ -910,7 +995,7 @@ func TestHostileRecursion(t *testing.T) {
 	}
 	var wg sync.WaitGroup
 	for _, cs := range clients {
-		wg.Go(func() { recurse(cs) })
+		wg.Go(func() { recurse(cs, bound) })
 	}
 	wg.Wait()
 	many := vmStatus(t, "VmHWM") - base
@@ -941,7 +1026,7 @@ func TestHostileRecursion(t *testing.T) {
 	// No policy limit covers the call stack, so concurrent recursions
 	// add up; the operator's bound is MaxConcurrentCalls
 	// (max_concurrent_calls).
-	serial, _, _ := newHostileFixture(t, &host.Options{MaxConcurrentCalls: 1}, sandbox.NewPolicy().WithCallTimeout(hostileTimeout), map[string]string{
+	serial, _, _ := newHostileFixture(t, &host.Options{MaxConcurrentCalls: 1}, sandbox.NewPolicy().WithCallTimeout(hostileSafety), map[string]string{
 		"counter.wasm":        testplugins.Example(t, "counter"),
 		"hostilerecurse.wasm": testplugins.Test(t, "hostilerecurse"),
 	}, nil)
@@ -952,7 +1037,7 @@ func TestHostileRecursion(t *testing.T) {
 	base = rss(t)
 	os.WriteFile("/proc/self/clear_refs", []byte("5"), 0)
 	for _, cs := range clients {
-		wg.Go(func() { recurse(cs) })
+		wg.Go(func() { recurse(cs, bound) })
 	}
 	wg.Wait()
 	// Freed stacks stay resident until the Go runtime gives them back, so

@@ -111,13 +111,28 @@ func TestSwapUnderLoad(t *testing.T) {
 			}
 		})
 	}
+	answered := func(v string) int {
+		mu.Lock()
+		defer mu.Unlock()
+		return seen[v]
+	}
 	for i := range swaps {
+		want, b := "v1", v1
 		if i%2 == 0 {
-			f.deploy(t, "versioned.wasm", v2)
-		} else {
-			f.deploy(t, "versioned.wasm", v1)
+			want, b = "v2", v2
 		}
-		time.Sleep(time.Millisecond)
+		before := answered(want)
+		f.deploy(t, "versioned.wasm", b)
+		// Wait for a call answered by the new version, however slow the
+		// machine, rather than sleeping a fixed time between swaps.
+		deadline := time.Now().Add(30 * time.Second)
+		for answered(want) == before && failures.Load() == 0 {
+			if time.Now().After(deadline) {
+				t.Errorf("swap %d: no call answered %s in 30s", i, want)
+				break
+			}
+			time.Sleep(time.Millisecond)
+		}
 	}
 	close(stop)
 	wg.Wait()

@@ -11,6 +11,7 @@ package plugins
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -212,10 +213,7 @@ func (t *Tool) ValidateArguments(args json.RawMessage) error {
 // list that does not decode, an invalid or duplicate tool name, or an input
 // schema that does not compile.
 func Load(ctx context.Context, rt *sandbox.Runtime, path string, wasm []byte, opts Options) (*Plugin, error) {
-	name := opts.Name
-	if name == "" {
-		name = strings.TrimSuffix(filepath.Base(path), ".wasm")
-	}
+	name := cmp.Or(opts.Name, strings.TrimSuffix(filepath.Base(path), ".wasm"))
 	sum := sha256.Sum256(wasm)
 	p := &Plugin{name: name, path: path, sha256: hex.EncodeToString(sum[:]), size: len(wasm), hasExport: map[string]bool{}}
 	policy := sandbox.NewPolicy()
@@ -706,6 +704,9 @@ func (p *Plugin) Close(ctx context.Context) error {
 	return p.compiled.Close(ctx)
 }
 
-// Closed reports whether the plugin, or another with the same code, was
-// closed: its instances cannot run.
+// Closed reports whether Close was called on this Plugin, after which its
+// instances cannot run. It does not see Close called on another Plugin
+// with the same code ([Plugin.SameCode], as [Plugin.Relist] returns),
+// although that closes the shared code and stops this one's instances too.
+// Safe for concurrent use.
 func (p *Plugin) Closed() bool { return p.closed.Load() }

@@ -49,6 +49,12 @@ func (s *swaps) count() int {
 	return len(s.all)
 }
 
+func (s *swaps) reset() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.all = nil
+}
+
 func write(t *testing.T, path string, b []byte) {
 	t.Helper()
 	if err := os.WriteFile(path, b, 0o644); err != nil {
@@ -168,35 +174,65 @@ func TestRescanRefusesCollisionAndPin(t *testing.T) {
 
 func sha(b []byte) string { return shaHex(b) }
 
-// watchFixture runs a reloader's Watch on a folder.
-func watchFixture(t *testing.T, dir string) (*plugins.Reloader, *swaps) {
+// watchFixture runs a reloader's Watch, with options opts, on the empty
+// folder dir. It returns once the watch is seen to work, with no swaps
+// recorded.
+func watchFixture(t *testing.T, dir string, opts plugins.ReloaderOptions) (*plugins.Reloader, *swaps) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	r := plugins.NewReloader(newRuntime(t), plugins.ReloaderOptions{Paths: []string{dir}})
+	opts.Paths = []string{dir}
+	r := plugins.NewReloader(newRuntime(t), opts)
 	var sw swaps
 	r.OnSwap(sw.on)
 	r.Load(ctx)
 	done := make(chan struct{})
 	go func() { r.Watch(ctx); close(done) }()
 	t.Cleanup(func() { cancel(); <-done; r.Close(context.Background()) })
-	time.Sleep(50 * time.Millisecond) // let the watch start
+	// Watch gives no sign that it has started, and a file renamed in
+	// before it has is never seen: deploy a probe until it is loaded,
+	// deploying it again each second in case the watch missed it.
+	probe := filepath.Join(dir, "probe.wasm")
+	counter := testplugins.Bytes(t, testplugins.Example(t, "counter"))
+	deadline := time.Now().Add(waitTimeout)
+	for len(r.Catalogue().Plugins()) == 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("the watch never saw a plugin renamed into %s", dir)
+		}
+		deploy(t, probe, counter)
+		poll(time.Second, func() bool { return len(r.Catalogue().Plugins()) > 0 })
+	}
+	os.Remove(probe)
+	waitFor(t, "the probe to go", func() bool { return len(r.Catalogue().Plugins()) == 0 })
+	sw.reset()
 	return r, &sw
 }
 
+// waitTimeout bounds waiting for a reload: generous, for a loaded machine,
+// since a passing test does not wait for it.
+const waitTimeout = 30 * time.Second
+
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
+	if !poll(waitTimeout, cond) {
+		t.Fatalf("timed out waiting for %s", what)
+	}
+}
+
+// poll reports whether cond became true within d.
+func poll(d time.Duration, cond func() bool) bool {
+	deadline := time.Now().Add(d)
 	for !cond() {
 		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
+			return false
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
+	return true
 }
 
 func TestWatchRenameInAndOut(t *testing.T) {
 	dir := t.TempDir()
-	r, sw := watchFixture(t, dir)
+	r, sw := watchFixture(t, dir, plugins.ReloaderOptions{})
 	v1, v2 := versions(t)
 	path := filepath.Join(dir, "versioned.wasm")
 	deploy(t, path, v1)
@@ -211,27 +247,52 @@ func TestWatchRenameInAndOut(t *testing.T) {
 }
 
 func TestWatchHalfWrittenFile(t *testing.T) {
-	dir := t.TempDir()
-	r, sw := watchFixture(t, dir)
 	v1, _ := versions(t)
-	path := filepath.Join(dir, "versioned.wasm")
 	// A copy tool writes in place, in pieces, pausing between them for
-	// less than the settle time of files written in place.
+	// less than the settle time of files written in place. The pause is
+	// 20ms; a piece's write and sync, measured here on a scratch file, can
+	// be slow on a loaded machine, so the settle time is 20 times the
+	// slowest pause and piece, and at least the default 250ms.
+	const pause = 20 * time.Millisecond
+	piece := func(f *os.File, i int) time.Duration {
+		start := time.Now()
+		f.Write(v1[i:min(i+100, len(v1))])
+		f.Sync()
+		time.Sleep(pause)
+		return time.Since(start)
+	}
+	scratch, err := os.Create(filepath.Join(t.TempDir(), "scratch"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var slowest time.Duration
+	for i := 0; i < min(len(v1), 1000); i += 100 {
+		slowest = max(slowest, piece(scratch, i))
+	}
+	scratch.Close()
+	settle := max(250*time.Millisecond, 20*slowest)
+
+	dir := t.TempDir()
+	r, sw := watchFixture(t, dir, plugins.ReloaderOptions{SettleWrite: settle})
+	path := filepath.Join(dir, "versioned.wasm")
 	f, err := os.Create(path)
 	if err != nil {
 		t.Fatal(err)
 	}
+	var longest time.Duration
 	for i := 0; i < len(v1); i += 100 {
-		f.Write(v1[i:min(i+100, len(v1))])
-		f.Sync()
-		time.Sleep(20 * time.Millisecond)
+		longest = max(longest, piece(f, i))
 	}
 	f.Close()
+	if longest >= settle {
+		t.Logf("a pause between pieces took %v, over the settle time %v: the machine stalled", longest, settle)
+	}
 	waitFor(t, "the plugin to appear", func() bool { return len(r.Catalogue().Tools()) == 1 })
 	if s := status(r, "versioned"); s.State != plugins.StateLoaded {
 		t.Errorf("status %+v", s)
 	}
-	time.Sleep(300 * time.Millisecond)
+	// A late second swap would come one settle time after the last event.
+	time.Sleep(settle + 50*time.Millisecond)
 	if n := sw.count(); n != 1 {
 		t.Errorf("%d swaps, want 1: a half-written file was loaded", n)
 	}

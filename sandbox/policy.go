@@ -1,8 +1,16 @@
 package sandbox
 
 import (
+	"errors"
+	"fmt"
 	"log/slog"
 	"maps"
+	"net/netip"
+	"os"
+	"path"
+	"path/filepath"
+	"slices"
+	"strings"
 	"time"
 )
 
@@ -24,9 +32,10 @@ const (
 const wasmPageSize = 65536
 
 // Policy is what one plugin's instances may do and use. The zero value is
-// not useful; start from [NewPolicy]. A Policy is immutable: each WithXxx
-// returns a changed copy and never fails; values are checked where the
-// policy is used ([Runtime.Compile]).
+// not valid; start from [NewPolicy]. A Policy is immutable: each WithXxx
+// returns a changed copy and never fails, so that options chain; every
+// value is checked at once by [Policy.Validate], which [Runtime.Compile]
+// calls first.
 //
 // Nothing is granted by default: no files, no environment, no arguments,
 // no network, no real clock, and guest stdout/stderr go to the log, never
@@ -95,22 +104,14 @@ func (p Policy) WithLogger(l *slog.Logger) Policy {
 // WithConfig sets the values the guest reads with the Extism config_get
 // import. The map is copied.
 func (p Policy) WithConfig(cfg map[string]string) Policy {
-	c := make(map[string]string, len(cfg))
-	for k, v := range cfg {
-		c[k] = v
-	}
-	p.config = c
+	p.config = maps.Clone(cfg)
 	return p
 }
 
 // WithEnv sets the environment variables the guest sees through WASI. The
 // map is copied. The default is none: the host's environment never leaks.
 func (p Policy) WithEnv(env map[string]string) Policy {
-	c := make(map[string]string, len(env))
-	for k, v := range env {
-		c[k] = v
-	}
-	p.env = c
+	p.env = maps.Clone(env)
 	return p
 }
 
@@ -136,3 +137,107 @@ func (p Policy) memoryLimitPages() uint32 {
 	}
 	return uint32(pages)
 }
+
+// Validate reports every value of p that an instance could not honour,
+// joined: a limit or timeout that is not positive, no logger, an empty
+// config key, an environment variable WASI cannot pass (empty name, "=" in
+// the name, NUL anywhere), an allowed host that is not a host name or
+// pattern (a URL, a port, a malformed "[" class), a negative network
+// limit, and a mount whose host path is not an absolute path to an
+// existing folder or whose guest path is not a clean absolute path or is
+// mounted twice. Mounts are checked against the file system as it is now.
+func (p Policy) Validate() error {
+	var errs []error
+	bad := func(format string, args ...any) {
+		errs = append(errs, fmt.Errorf("policy: "+format, args...))
+	}
+	if p.memoryLimit == 0 {
+		bad("memory limit: must be positive")
+	}
+	if p.callTimeout <= 0 {
+		bad("call timeout %v: must be positive", p.callTimeout)
+	}
+	if p.maxOutput == 0 {
+		bad("max output: must be positive")
+	}
+	if p.maxKernelMemory == 0 {
+		bad("max kernel memory: must be positive")
+	}
+	if p.log == nil {
+		bad("logger: nil (use a discarding logger to drop guest output)")
+	}
+	for _, k := range sortedKeys(p.config) {
+		if k == "" {
+			bad("config: empty key")
+		}
+	}
+	for _, k := range sortedKeys(p.env) {
+		switch {
+		case k == "":
+			bad("env: empty variable name")
+		case strings.ContainsAny(k, "=\x00"):
+			bad("env %q: the name has \"=\" or NUL", k)
+		case strings.ContainsRune(p.env[k], 0):
+			bad("env %q: the value has NUL", k)
+		}
+	}
+	for _, h := range p.network.AllowedHosts {
+		if err := checkHostPattern(h); err != nil {
+			bad("network: allowed host %q: %v", h, err)
+		}
+	}
+	if p.network.MaxResponse < 0 {
+		bad("network: max response %d: must not be negative (0 means the default)", p.network.MaxResponse)
+	}
+	if p.network.Timeout < 0 {
+		bad("network: timeout %v: must not be negative (0 means the default)", p.network.Timeout)
+	}
+	guests := map[string]bool{}
+	for _, m := range p.mounts {
+		if !filepath.IsAbs(m.HostPath) {
+			bad("mount %q: the host path must be absolute", m.HostPath)
+		} else if info, err := os.Stat(m.HostPath); err != nil {
+			bad("mount %q: %v", m.HostPath, err)
+		} else if !info.IsDir() {
+			bad("mount %q: the host path is not a folder", m.HostPath)
+		}
+		guest := m.GuestPath
+		if guest == "" {
+			guest = "/"
+		}
+		if !path.IsAbs(guest) || path.Clean(guest) != guest {
+			bad("mount %q: guest path %q: must be a clean absolute path", m.HostPath, m.GuestPath)
+		} else if guests[guest] {
+			bad("mount %q: guest path %q is mounted twice", m.HostPath, guest)
+		}
+		guests[guest] = true
+	}
+	return errors.Join(errs...)
+}
+
+// checkHostPattern checks an allowed host: a host name, an IP address or
+// a pattern with *, compared with a URL's host without its port.
+func checkHostPattern(h string) error {
+	switch {
+	case h == "":
+		return errors.New("empty")
+	case strings.ContainsFunc(h, func(r rune) bool { return r <= ' ' || r == 0x7f }):
+		return errors.New("has spaces or control characters")
+	case strings.ContainsAny(h, "/@?#"):
+		return errors.New("want a host name or pattern, not a URL")
+	case strings.Contains(h, ":"):
+		// Only an IPv6 address has a colon; a port never matches, since
+		// hosts are compared without theirs.
+		if _, err := netip.ParseAddr(h); err != nil {
+			return errors.New("want a host name without a port (or an IPv6 address without brackets)")
+		}
+	}
+	if _, err := path.Match(h, ""); err != nil {
+		return fmt.Errorf("bad pattern: %v", err)
+	}
+	return nil
+}
+
+// sortedKeys returns m's keys in order, so that errors come in a stable
+// order.
+func sortedKeys(m map[string]string) []string { return slices.Sorted(maps.Keys(m)) }

@@ -61,13 +61,17 @@ func (r *Runtime) Close(ctx context.Context) error {
 }
 
 // Compile validates and compiles wasm under policy p. It fails, without
-// running any guest code, when wasm is not a WebAssembly module, does not
-// validate, imports something this host does not provide (the error names
-// each), or needs more memory than p allows.
+// running any guest code, when p is not valid ([Policy.Validate]), wasm is
+// not a WebAssembly module, does not validate, imports something this host
+// does not provide (the error names each), or needs more memory than p
+// allows.
 //
 // Each Compiled has a wazero runtime of its own, since memory limits are a
 // runtime setting; machine code is shared through the Runtime's cache.
 func (r *Runtime) Compile(ctx context.Context, wasm []byte, p Policy) (*Compiled, error) {
+	if err := p.Validate(); err != nil {
+		return nil, err
+	}
 	if len(wasm) < 8 || string(wasm[:4]) != "\x00asm" {
 		return nil, errors.New("not a WebAssembly module (no \\0asm magic number)")
 	}

@@ -31,10 +31,12 @@
 package guest
 
 import (
+	"cmp"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"sort"
+	"slices"
+	"strings"
 
 	"github.com/wasmtools/wasmtools/abi"
 )
@@ -114,17 +116,14 @@ func Register(ts ...Tool) {
 func listTools() int32 {
 	res := abi.ListToolsResult{Tools: []abi.Tool{}}
 	for _, t := range tools {
-		schema := t.InputSchema
-		if schema == "" {
-			schema = `{"type":"object"}`
-		}
+		schema := cmp.Or(t.InputSchema, `{"type":"object"}`)
 		at := abi.Tool{Name: t.Name, Title: t.Title, Description: t.Description, InputSchema: json.RawMessage(schema)}
 		if t.Annotations != "" {
 			at.Annotations = json.RawMessage(t.Annotations)
 		}
 		res.Tools = append(res.Tools, at)
 	}
-	sort.Slice(res.Tools, func(i, j int) bool { return res.Tools[i].Name < res.Tools[j].Name })
+	slices.SortFunc(res.Tools, func(a, b abi.Tool) int { return strings.Compare(a.Name, b.Name) })
 	return writeJSON(res)
 }
 

@@ -5,8 +5,9 @@ package guest
 import (
 	"encoding/json"
 	"fmt"
+	"maps"
 	"regexp"
-	"sort"
+	"slices"
 	"strings"
 
 	"github.com/wasmtools/wasmtools/abi"
@@ -105,12 +106,7 @@ func RegisterResource(rs ...Resource) {
 //go:wasmexport list_prompts
 func listPrompts() int32 {
 	out := abi.ListPromptsResult{Prompts: []json.RawMessage{}}
-	names := make([]string, 0, len(prompts))
-	for n := range prompts {
-		names = append(names, n)
-	}
-	sort.Strings(names)
-	for _, n := range names {
+	for _, n := range slices.Sorted(maps.Keys(prompts)) {
 		b, _ := json.Marshal(prompts[n])
 		out.Prompts = append(out.Prompts, b)
 	}
@@ -147,12 +143,7 @@ func getPrompt() int32 {
 //go:wasmexport list_resources
 func listResources() int32 {
 	out := abi.ListResourcesResult{Resources: []json.RawMessage{}}
-	uris := make([]string, 0, len(resources))
-	for u := range resources {
-		uris = append(uris, u)
-	}
-	sort.Strings(uris)
-	for _, u := range uris {
+	for _, u := range slices.Sorted(maps.Keys(resources)) {
 		b, _ := json.Marshal(resources[u])
 		out.Resources = append(out.Resources, b)
 	}
@@ -175,19 +166,18 @@ func match(template, uri string) (map[string]string, bool) {
 	var b strings.Builder
 	var names []string
 	for rest := template; rest != ""; {
-		i := strings.IndexByte(rest, '{')
-		if i < 0 {
-			b.WriteString(regexp.QuoteMeta(rest))
+		lit, after, ok := strings.Cut(rest, "{")
+		b.WriteString(regexp.QuoteMeta(lit))
+		if !ok {
 			break
 		}
-		j := strings.IndexByte(rest[i:], '}')
-		if j < 0 {
+		name, after, ok := strings.Cut(after, "}")
+		if !ok {
 			return nil, false
 		}
-		b.WriteString(regexp.QuoteMeta(rest[:i]))
-		names = append(names, rest[i+1:i+j])
+		names = append(names, name)
 		b.WriteString(`([^/]+)`)
-		rest = rest[i+j+1:]
+		rest = after
 	}
 	re, err := regexp.Compile("^" + b.String() + "$")
 	if err != nil {

@@ -8,9 +8,9 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"slices"
-	"sort"
 	"strings"
 
 	"github.com/wasmtools/wasmtools/abi"
@@ -167,14 +167,8 @@ func granted(e config.Effective, req *plugins.Manifest) (plugins.Manifest, []str
 		}
 		g.Paths = append(g.Paths, m.GuestPath+" ("+mode+", from "+m.HostPath+")")
 	}
-	for k := range e.Options.Policy.Config() {
-		g.Config = append(g.Config, k)
-	}
-	for k := range e.Options.Policy.Env() {
-		g.Env = append(g.Env, k)
-	}
-	sort.Strings(g.Config)
-	sort.Strings(g.Env)
+	g.Config = slices.Sorted(maps.Keys(e.Options.Policy.Config()))
+	g.Env = slices.Sorted(maps.Keys(e.Options.Policy.Env()))
 	if req == nil {
 		return g, nil
 	}

@@ -4,6 +4,7 @@
 //	wasmtools inspect [--json] FILE      show what a plugin is and offers
 //	wasmtools call FILE TOOL [ARGS]      call one tool once and print the result
 //	wasmtools status [--url URL]         show what a running HTTP server serves
+//	wasmtools version                    print the version
 //
 // Run `wasmtools help` for the flags.
 package main
@@ -34,6 +35,7 @@ Usage:
   wasmtools call [flags] FILE TOOL [ARGS_JSON]
                                       call one tool once and print its result
   wasmtools status [--url URL]        show the plugins a running HTTP server serves
+  wasmtools version                   print the version (also --version)
   wasmtools help                      show this help
 
 Run 'wasmtools COMMAND -h' for a command's flags.
@@ -59,6 +61,9 @@ func run(ctx context.Context, args []string, lookupEnv func(string) (string, boo
 		return cmdCall(ctx, args[1:], lookupEnv, stdout, stderr)
 	case "status":
 		return cmdStatus(ctx, args[1:], stdout, stderr)
+	case "version", "--version":
+		fmt.Fprintln(stdout, version())
+		return 0
 	case "help", "-h", "--help":
 		fmt.Fprint(stdout, usage)
 		return 0

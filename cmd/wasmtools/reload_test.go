@@ -33,21 +33,30 @@ func TestHotReloadOverStdio(t *testing.T) {
 	if res, err := cs.ListTools(context.Background(), nil); err != nil || len(res.Tools) != 0 {
 		t.Fatalf("empty folder: %v %v", res, err)
 	}
-	// Deploy the safe way: write elsewhere, rename in.
-	tmp := filepath.Join(dir, ".counter.wasm.tmp")
-	os.WriteFile(tmp, testplugins.Bytes(t, testplugins.Example(t, "counter")), 0o644)
-	os.Rename(tmp, filepath.Join(dir, "counter.wasm"))
-	select {
-	case <-changed:
-	case <-time.After(startupTimeout):
-		t.Fatalf("no tools/list_changed after a plugin was renamed in\n%s", stderr.String())
+	// Deploy the safe way: write elsewhere, rename in. The server's watch
+	// may not have started yet, and gives no sign when it has: a rename
+	// before then is never seen, so deploy again each second until the
+	// tool list changes. The same bytes again change nothing.
+	deadline := time.Now().Add(startupTimeout)
+	for deployed := false; !deployed; {
+		tmp := filepath.Join(dir, ".counter.wasm.tmp")
+		os.WriteFile(tmp, testplugins.Bytes(t, testplugins.Example(t, "counter")), 0o644)
+		os.Rename(tmp, filepath.Join(dir, "counter.wasm"))
+		select {
+		case <-changed:
+			deployed = true
+		case <-time.After(time.Second):
+			if time.Now().After(deadline) {
+				t.Fatalf("no tools/list_changed after a plugin was renamed in\n%s", stderr.String())
+			}
+		}
 	}
 	if got := callText(t, cs, "count", nil); got != "1" {
 		t.Errorf("count = %s", got)
 	}
 	// A bad file never takes the good one down.
 	os.WriteFile(filepath.Join(dir, "counter.wasm"), []byte("garbage"), 0o644)
-	deadline := time.Now().Add(startupTimeout)
+	deadline = time.Now().Add(startupTimeout)
 	for !strings.Contains(stderr.String(), "the old version goes on serving") {
 		if time.Now().After(deadline) {
 			t.Fatalf("the bad version was not reported:\n%s", stderr.String())

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -77,8 +78,8 @@ func cmdServe(ctx context.Context, args []string, lookupEnv func(string) (string
 		timeout = -1
 	}
 	opts := &host.Options{
-		Logger: log, MaxResultRunes: maxRunes, SessionTimeout: timeout,
-		MaxInstances: firstInt(*maxInstances, cfg.Limits.MaxInstances), MaxInstancesPerPlugin: firstInt(*maxPerPlugin, cfg.Limits.MaxInstancesPerPlugin),
+		Logger: log, Version: version(), MaxResultRunes: maxRunes, SessionTimeout: timeout,
+		MaxInstances: cmp.Or(*maxInstances, cfg.Limits.MaxInstances), MaxInstancesPerPlugin: cmp.Or(*maxPerPlugin, cfg.Limits.MaxInstancesPerPlugin),
 		MemoryBudget: uint64(cfg.Limits.MemoryBudget), MaxConcurrentCalls: cfg.Limits.MaxConcurrentCalls,
 		InstanceLimits: map[string]int{}, ClientKeyHeader: *clientHeader, AbandonAfter: *abandonAfter,
 		AllowedOrigins: cfg.HTTP.AllowedOrigins,
@@ -245,13 +246,6 @@ func statusHandler(h *host.Host, r *plugins.Reloader) http.Handler {
 		enc.SetIndent("", "  ")
 		enc.Encode(rep)
 	})
-}
-
-func firstInt(a, b int) int {
-	if a != 0 {
-		return a
-	}
-	return b
 }
 
 // watchConfig reloads the configuration file when it changes: a valid new

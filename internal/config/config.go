@@ -29,12 +29,15 @@
 package config
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"path"
+	"path/filepath"
 	"regexp"
-	"sort"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -216,11 +219,7 @@ func Parse(b []byte, getenv func(string) (string, bool)) (*File, error) {
 		f.Plugins[name] = p
 	}
 	if len(missing) > 0 {
-		names := make([]string, 0, len(missing))
-		for n := range missing {
-			names = append(names, n)
-		}
-		sort.Strings(names)
+		names := slices.Sorted(maps.Keys(missing))
 		return nil, fmt.Errorf("environment variables not set: %s (a variable set to the empty string counts as set)", strings.Join(names, ", "))
 	}
 	var errs []error
@@ -260,8 +259,8 @@ func (p *Plugin) check(where string) error {
 		}
 	}
 	for i, m := range p.AllowedPaths {
-		if m.Host == "" || !strings.HasPrefix(m.Guest, "/") {
-			errs = append(errs, fmt.Errorf("%s.allowed_paths[%d]: want host (a folder) and guest (an absolute path)", where, i))
+		if !filepath.IsAbs(m.Host) || !strings.HasPrefix(m.Guest, "/") {
+			errs = append(errs, fmt.Errorf("%s.allowed_paths[%d]: want host (an absolute folder path) and guest (an absolute path)", where, i))
 		}
 		if m.Mode != "" && m.Mode != "ro" && m.Mode != "rw" {
 			errs = append(errs, fmt.Errorf("%s.allowed_paths[%d].mode: %q is not ro or rw", where, i, m.Mode))
@@ -289,18 +288,18 @@ type Effective struct {
 func (f *File) For(name string) Effective {
 	d, p := f.Defaults, f.Plugins[name]
 	e := Effective{Enabled: true}
-	if b := firstBool(p.Enabled, d.Enabled); b != nil {
+	if b := cmp.Or(p.Enabled, d.Enabled); b != nil {
 		e.Enabled = *b
 	}
-	e.SHA256 = firstString(p.SHA256, d.SHA256)
+	e.SHA256 = cmp.Or(p.SHA256, d.SHA256)
 	pol := sandbox.NewPolicy()
-	if v := firstSize(p.MemoryLimit, d.MemoryLimit); v > 0 {
+	if v := cmp.Or(p.MemoryLimit, d.MemoryLimit); v > 0 {
 		pol = pol.WithMemoryLimit(uint64(v))
 	}
-	if v := firstDuration(p.CallTimeout, d.CallTimeout); v > 0 {
+	if v := cmp.Or(p.CallTimeout, d.CallTimeout); v > 0 {
 		pol = pol.WithCallTimeout(time.Duration(v))
 	}
-	if v := firstSize(p.MaxOutput, d.MaxOutput); v > 0 {
+	if v := cmp.Or(p.MaxOutput, d.MaxOutput); v > 0 {
 		pol = pol.WithMaxOutput(uint64(v))
 	}
 	hosts := p.AllowedHosts
@@ -308,7 +307,7 @@ func (f *File) For(name string) Effective {
 		hosts = d.AllowedHosts
 	}
 	if len(hosts) > 0 {
-		private := firstBool(p.AllowPrivateNetworks, d.AllowPrivateNetworks)
+		private := cmp.Or(p.AllowPrivateNetworks, d.AllowPrivateNetworks)
 		e.Network = sandbox.Network{AllowedHosts: hosts, AllowPrivate: private != nil && *private}
 		pol = pol.WithNetwork(e.Network)
 	}
@@ -332,48 +331,18 @@ func (f *File) For(name string) Effective {
 	if tools.Allow == nil && tools.Deny == nil {
 		tools = d.Tools
 	}
-	stateless := firstBool(p.Stateless, d.Stateless)
+	stateless := cmp.Or(p.Stateless, d.Stateless)
 	e.Options = plugins.Options{
-		Prefix:    firstString(p.Prefix, d.Prefix),
+		Prefix:    cmp.Or(p.Prefix, d.Prefix),
 		Policy:    &pol,
 		Stateless: stateless != nil && *stateless,
 		Tools:     plugins.ToolFilter{Allow: tools.Allow, Deny: tools.Deny},
 	}
-	e.Instances = p.MaxInstances
-	if e.Instances == 0 {
-		e.Instances = d.MaxInstances
-	}
+	e.Instances = cmp.Or(p.MaxInstances, d.MaxInstances)
 	return e
 }
 
-func firstBool(a, b *bool) *bool {
-	if a != nil {
-		return a
-	}
-	return b
-}
-
-func firstString(a, b string) string {
-	if a != "" {
-		return a
-	}
-	return b
-}
-
-func firstSize(a, b Size) Size {
-	if a != 0 {
-		return a
-	}
-	return b
-}
-
-func firstDuration(a, b Duration) Duration {
-	if a != 0 {
-		return a
-	}
-	return b
-}
-
+// firstMap is cmp.Or for maps, which are not comparable.
 func firstMap(a, b map[string]string) map[string]string {
 	if a != nil {
 		return a

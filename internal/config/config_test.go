@@ -92,6 +92,8 @@ allowed_hosts = ["ok.example.com", "api.example.com:http"]`, `plugins.a.allowed_
 allowed_hosts = ["https://api.example.com/"]`, "want a host or host:port, not a URL"},
 		{"IPv6 with a port, no brackets", `[plugins.a]
 allowed_hosts = ["::ffff:1.2.3.4:8080"]`, "in brackets"},
+		{"relative host path", `[defaults]
+allowed_paths = [{ host = "x", guest = "/y" }]`, "want host (an absolute folder path)"},
 		{"not TOML", `[plugins`, "expected"},
 	}
 	for _, tt := range tests {

@@ -4,8 +4,9 @@
 // Go version and date, how to reproduce it, and a chart (docs/benchmarks.png)
 // of session-start cost and memory per session against the alternatives.
 //
-//	go test -run XXX -bench . -count 5 ./bench | tee out.txt
-//	go run ./bench/cmd/benchreport -md docs/BENCHMARKS.md -png docs/benchmarks.png out.txt
+//	cd bench # a module of its own
+//	go test -run XXX -bench . -count 5 . | tee out.txt
+//	go run ./cmd/benchreport -md ../docs/BENCHMARKS.md -png ../docs/benchmarks.png out.txt
 //
 // With no file argument it reads standard input. `make bench` does all of
 // this.
@@ -13,6 +14,7 @@ package main
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"flag"
 	"fmt"
@@ -104,10 +106,7 @@ func machine(cpu string) string {
 			}
 		}
 	}
-	if cpu == "" {
-		cpu = "unknown CPU"
-	}
-	s := fmt.Sprintf("%s, %d CPUs (nproc)", cpu, runtime.NumCPU())
+	s := fmt.Sprintf("%s, %d CPUs (nproc)", cmp.Or(cpu, "unknown CPU"), runtime.NumCPU())
 	if data, err := os.ReadFile("/proc/meminfo"); err == nil {
 		for line := range strings.SplitSeq(string(data), "\n") {
 			if v, ok := strings.CutPrefix(line, "MemTotal:"); ok {

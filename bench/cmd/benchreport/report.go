@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"math"
+	"slices"
 	"strings"
 )
 
@@ -282,12 +283,7 @@ func joinCase(c, who string) string {
 }
 
 func hasRow(rows []row, who string) bool {
-	for _, r := range rows {
-		if r.who == who {
-			return true
-		}
-	}
-	return false
+	return slices.ContainsFunc(rows, func(r row) bool { return r.who == who })
 }
 
 // caseLabel names a case for readers.
