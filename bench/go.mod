@@ -1,6 +1,6 @@
 module github.com/wasmtools/wasmtools/bench
 
-go 1.26
+go 1.26.0
 
 require (
 	github.com/extism/go-sdk v1.7.1
