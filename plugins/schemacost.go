@@ -1,6 +1,7 @@
 package plugins
 
 import (
+	"errors"
 	"fmt"
 
 	"github.com/google/jsonschema-go/jsonschema"
@@ -38,15 +39,19 @@ const (
 	// value, weighted: an enum of n values counts 1 + n/16.
 	maxApplications = 4096
 	// maxSchemaNodes bounds the subschemas of one input schema, and
-	// maxCostStates the sets of subschemas the analysis tracks, so that
-	// the analysis itself is bounded.
+	// maxCostStates the sets of subschemas the analysis tracks, and
+	// maxCostWork its steps, so that the analysis itself is bounded (well
+	// under a second).
 	maxSchemaNodes = 10000
 	maxCostStates  = 100000
+	maxCostWork    = 1 << 24
 	// maxCallApplications bounds the schema applications of one call's
 	// arguments: their values times the schema's worst count per value.
 	// About a second of validation on a loaded machine.
 	maxCallApplications = 1 << 20
 )
+
+var errTooComplex = errors.New("validation cost: the schema is too complex to analyse")
 
 // inputSchema is a tool's compiled input schema and its worst weighted
 // count of applications per argument value, from [checkCost].
@@ -93,6 +98,7 @@ type costPattern struct {
 }
 
 type costGraph struct {
+	work  int // steps of the analysis so far
 	root  any
 	nodes []*costNode
 	ids   map[string]int
@@ -226,11 +232,17 @@ func checkCost(root any) (sat, error) {
 			var order []string
 			for _, s := range level {
 				for _, c := range classes {
+					if g.work += len(s.counts); g.work > maxCostWork {
+						return errTooComplex
+					}
 					counts := map[int]sat{}
 					for id, k := range s.counts {
 						for _, ch := range children(g.nodes[id], c) {
 							for t, m := range g.nodes[ch].closure {
 								counts[t] = counts[t].add(k.mul(m))
+							}
+							if g.work += len(g.nodes[ch].closure); g.work > maxCostWork {
+								return errTooComplex
 							}
 						}
 					}
@@ -264,7 +276,7 @@ func checkCost(root any) (sat, error) {
 						continue
 					}
 					if seen++; seen > maxCostStates {
-						return fmt.Errorf("validation cost: schema too complex to analyse (over %d states)", maxCostStates)
+						return errTooComplex
 					}
 					next[key] = &ns
 					order = append(order, key)
@@ -443,6 +455,9 @@ func (g *costGraph) close(id, depth int) error {
 		}
 		for t, k := range g.nodes[c].closure {
 			cl[t] = cl[t].add(k)
+		}
+		if g.work += len(g.nodes[c].closure); g.work > maxCostWork {
+			return errTooComplex
 		}
 	}
 	n.closure = cl

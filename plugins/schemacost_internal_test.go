@@ -86,20 +86,33 @@ var typicalSchemas = map[string]string{
 		"filter":{"anyOf":[{"type":"string"},{"type":"array","items":{"type":"string"}}]}}}`,
 	"defs": `{"type":"object","$defs":{"point":{"type":"object","properties":{"x":{"type":"number"},"y":{"type":"number"}}},"box":{"type":"object","properties":{"min":{"$ref":"#/$defs/point"},"max":{"$ref":"#/$defs/point"}}}},
 		"properties":{"boxes":{"type":"array","items":{"$ref":"#/$defs/box"}},"origin":{"$ref":"#/$defs/point"}}}`,
-	"tree":        `{"type":"object","$defs":{"node":{"type":"object","properties":{"value":{"type":"string"},"left":{"$ref":"#/$defs/node"},"right":{"$ref":"#/$defs/node"},"children":{"type":"array","items":{"$ref":"#/$defs/node"}}}}},"properties":{"root":{"$ref":"#/$defs/node"}}}`,
-	"json value":  `{"type":"object","$defs":{"v":{"anyOf":[{"type":"null"},{"type":"boolean"},{"type":"number"},{"type":"string"},{"type":"array","items":{"$ref":"#/$defs/v"}},{"type":"object","additionalProperties":{"$ref":"#/$defs/v"}}]}},"properties":{"data":{"$ref":"#/$defs/v"}}}`,
-	"conditions":  `{"type":"object","properties":{"a":{"type":"string"},"b":{"type":"string"}},"if":{"required":["a"]},"then":{"required":["b"]},"dependentSchemas":{"b":{"properties":{"c":{"type":"integer"}}}}}`,
-	"draft-07":    `{"$schema":"http://json-schema.org/draft-07/schema#","type":"object","definitions":{"s":{"type":"string"}},"properties":{"l":{"type":"array","items":[{"$ref":"#/definitions/s"},{"type":"integer"}],"additionalItems":false}},"dependencies":{"l":["m"]}}`,
-	"root $id":    `{"$id":"https://example.com/tool.json","type":"object","properties":{"x":{"$ref":"#/$defs/x"}},"$defs":{"x":{"type":"string"}}}`,
-	"allOf chain": allOfChain(10),
+	"tree":               `{"type":"object","$defs":{"node":{"type":"object","properties":{"value":{"type":"string"},"left":{"$ref":"#/$defs/node"},"right":{"$ref":"#/$defs/node"},"children":{"type":"array","items":{"$ref":"#/$defs/node"}}}}},"properties":{"root":{"$ref":"#/$defs/node"}}}`,
+	"json value":         `{"type":"object","$defs":{"v":{"anyOf":[{"type":"null"},{"type":"boolean"},{"type":"number"},{"type":"string"},{"type":"array","items":{"$ref":"#/$defs/v"}},{"type":"object","additionalProperties":{"$ref":"#/$defs/v"}}]}},"properties":{"data":{"$ref":"#/$defs/v"}}}`,
+	"conditions":         `{"type":"object","properties":{"a":{"type":"string"},"b":{"type":"string"}},"if":{"required":["a"]},"then":{"required":["b"]},"dependentSchemas":{"b":{"properties":{"c":{"type":"integer"}}}}}`,
+	"draft-07":           `{"$schema":"http://json-schema.org/draft-07/schema#","type":"object","definitions":{"s":{"type":"string"}},"properties":{"l":{"type":"array","items":[{"$ref":"#/definitions/s"},{"type":"integer"}],"additionalItems":false}},"dependencies":{"l":["m"]}}`,
+	"root $id":           `{"$id":"https://example.com/tool.json","type":"object","properties":{"x":{"$ref":"#/$defs/x"}},"$defs":{"x":{"type":"string"}}}`,
+	"allOf chain":        allOfChain(10),
+	"wide and recursive": wideSchema(300),
+}
+
+// wideSchema has n properties, each an object whose properties are again
+// the n properties: a large recursive schema, costly to analyse.
+func wideSchema(n int) string {
+	var props []string
+	for i := range n {
+		props = append(props, fmt.Sprintf(`"p%d":{"$ref":"#/$defs/o"}`, i))
+	}
+	return `{"type":"object","$ref":"#/$defs/o","$defs":{"o":{"type":"object","properties":{` + strings.Join(props, ",") + `},"additionalProperties":{"type":"string"}}}}`
 }
 
 func TestCompileSchemaAcceptsTypical(t *testing.T) {
 	for name, schema := range typicalSchemas {
 		t.Run(name, func(t *testing.T) {
+			start := time.Now()
 			if _, err := compileSchema(json.RawMessage(schema)); err != nil {
 				t.Fatalf("refused: %v", err)
 			}
+			t.Logf("compiled in %v", time.Since(start))
 		})
 	}
 }
