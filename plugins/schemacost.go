@@ -45,9 +45,13 @@ const (
 	maxSchemaNodes = 10000
 	maxCostStates  = 100000
 	maxCostWork    = 1 << 24
-	// maxCallApplications bounds the schema applications of one call's
-	// arguments: their values times the schema's worst count per value.
-	// About a second of validation on a loaded machine.
+	// maxCallApplications bounds the work of validating one call's
+	// arguments: the sum of their values' depths times the schema's worst
+	// count per value. A value counts as many times as it is deep because
+	// a check that fails prints the value (its whole subtree) and every
+	// level above wraps the message: on a schema like anyOf of the JSON
+	// types, 130 000 values nested 62 deep took 12 s, and 2 s flat. About
+	// a second of validation on a loaded machine.
 	maxCallApplications = 1 << 20
 )
 
@@ -497,13 +501,14 @@ func pointer(root any, path string) (any, error) {
 
 // checkArguments refuses arguments, before they are decoded, that are
 // over MaxArgumentBytes, nest arrays and objects deeper than
-// MaxArgumentDepth, or have so many values that validating them against
-// this schema could take more than maxCallApplications applications.
+// MaxArgumentDepth, or have so many values, so deep, that validating them
+// against this schema could take more than maxCallApplications.
 func (s *inputSchema) checkArguments(b []byte) error {
 	if len(b) > MaxArgumentBytes {
 		return fmt.Errorf("%d bytes, over the limit of %d", len(b), MaxArgumentBytes)
 	}
-	// Every value but the first of an array or object follows a comma.
+	// Every value but the first of an array or object follows a comma;
+	// values sums their depths (an upper bound: a key counts too).
 	depth, values, inString, escaped := 0, sat(1), false, false
 	for _, c := range b {
 		switch {
@@ -519,18 +524,18 @@ func (s *inputSchema) checkArguments(b []byte) error {
 		case c == '"':
 			inString = true
 		case c == ',':
-			values++
+			values += sat(max(depth, 1))
 		case c == '[' || c == '{':
-			values++
 			if depth++; depth > MaxArgumentDepth {
 				return fmt.Errorf("nested deeper than %d levels", MaxArgumentDepth)
 			}
+			values += sat(depth)
 		case c == ']' || c == '}':
 			depth--
 		}
 	}
 	if n := values.mul(max(s.perValue, 1)); n > maxCallApplications {
-		return fmt.Errorf("about %d values, each checked against up to %d subschemas: over the limit of %d checks for one call", values, s.perValue, maxCallApplications)
+		return fmt.Errorf("too many values for this tool's schema: their depths add up to about %d, each value checked against up to %d subschemas: over the limit of %d for one call", values, s.perValue, maxCallApplications)
 	}
 	return nil
 }

@@ -162,7 +162,7 @@ func TestValidateArgumentsBounds(t *testing.T) {
 		{"deep enough", flat, `{"b":` + strings.Repeat("[", MaxArgumentDepth-1) + strings.Repeat("]", MaxArgumentDepth-1) + `}`, ""},
 		{"brackets in strings", flat, `{"b":"` + strings.Repeat("[", 100) + `\"{"}`, ""},
 		{"too big", flat, `{"b":"` + strings.Repeat("x", MaxArgumentBytes) + `"}`, "over the limit of 4194304"},
-		{"too many values for the schema", worst, `{"a":[` + strings.Repeat("1,", 300) + `1]}`, "over the limit of 1048576 checks"},
+		{"too many values for the schema", worst, `{"a":[` + strings.Repeat("1,", 300) + `1]}`, "over the limit of 1048576 for one call"},
 		{"as many values for a flat schema", flat, `{"a":[` + strings.Repeat("1,", 300) + `1]}`, ""},
 	}
 	for _, tt := range tests {
@@ -182,27 +182,29 @@ func TestValidateArgumentsBounds(t *testing.T) {
 	}
 }
 
-// TestValidationCostBounded validates, with the worst schema accepted (an
-// allOf chain of about 2^12 applications to every array item), the largest
-// argument accepted for it, and compares the time with a flat schema's
-// arguments of the same budget of checks, measured in the same test: the
-// worst case costs a small multiple of the baseline, not 2^depth of it.
+// TestValidationCostBounded validates, against the costliest schemas
+// accepted, the largest arguments accepted for them, and compares the time
+// with a flat schema's largest argument, measured in the same test: each
+// costs a small multiple of that baseline, not 2^depth of it. The worst
+// cases are an allOf chain of 4094 applications to every array item, and
+// anyOf of the JSON types with a failing check printing the argument at
+// every level (a factor of the depth, before values were weighted by it).
 func TestValidationCostBounded(t *testing.T) {
-	worst, err := compileSchema(json.RawMessage(chainSchema(10, `{"type":"object","properties":{"a":{"type":"array","items":{"$ref":"#/$defs/d0"}}}`, `{"type":"integer"}`)))
-	if err != nil {
-		t.Fatal(err)
+	compile := func(schema string) *inputSchema {
+		s, err := compileSchema(json.RawMessage(schema))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
 	}
-	flat, err := compileSchema(json.RawMessage(`{"type":"object","properties":{"a":{"type":"array","items":{"type":"integer"}}}}`))
-	if err != nil {
-		t.Fatal(err)
+	// largest is an argument {"a": [[…[1,1,…]…]]}, nested depth deep, with
+	// as many items as the schema accepts.
+	largest := func(s *inputSchema, depth int) json.RawMessage {
+		n := int(maxCallApplications/max(s.perValue, 1))/(depth+1) - 3*depth
+		return json.RawMessage(`{"a":` + strings.Repeat("[", depth) + strings.Repeat("1,", n) + "1" + strings.Repeat("]", depth) + `}`)
 	}
-	largest := func(s *inputSchema) json.RawMessage {
-		n := int(maxCallApplications/max(s.perValue, 1)) - 3
-		return json.RawMessage(`{"a":[` + strings.Repeat("1,", n) + `1]}`)
-	}
-	measure := func(s *inputSchema) time.Duration {
+	measure := func(s *inputSchema, args json.RawMessage) time.Duration {
 		tool := &Tool{schema: s}
-		args := largest(s)
 		best := time.Duration(1 << 62)
 		for range 3 {
 			start := time.Now()
@@ -213,10 +215,26 @@ func TestValidationCostBounded(t *testing.T) {
 		}
 		return best
 	}
-	base, got := measure(flat), measure(worst)
-	t.Logf("per value: flat %d, worst %d; largest argument: flat %d bytes in %v, worst %d bytes in %v",
-		flat.perValue, worst.perValue, len(largest(flat)), base, len(largest(worst)), got)
-	if got > 20*base {
-		t.Errorf("worst accepted schema took %v, over 20 times the baseline %v", got, base)
+	flat := compile(`{"type":"object","properties":{"a":{"type":"array","items":{"type":"integer"}}}}`)
+	baseArgs := largest(flat, 1)
+	base := measure(flat, baseArgs)
+	t.Logf("baseline: flat schema, %d bytes in %v", len(baseArgs), base)
+	chain := compile(chainSchema(10, `{"type":"object","properties":{"a":{"type":"array","items":{"$ref":"#/$defs/d0"}}}`, `{"type":"integer"}`))
+	jsonValue := compile(`{"type":"object","$defs":{"v":{"anyOf":[{"type":"null"},{"type":"boolean"},{"type":"number"},{"type":"string"},{"type":"array","items":{"$ref":"#/$defs/v"}},{"type":"object","additionalProperties":{"$ref":"#/$defs/v"}}]}},"properties":{"a":{"$ref":"#/$defs/v"}}}`)
+	for _, tt := range []struct {
+		name   string
+		schema *inputSchema
+		depth  int
+	}{
+		{"allOf chain", chain, 1},
+		{"JSON value", jsonValue, 1},
+		{"JSON value, deep", jsonValue, MaxArgumentDepth - 2},
+	} {
+		args := largest(tt.schema, tt.depth)
+		got := measure(tt.schema, args)
+		t.Logf("%s: %d per value, %d bytes in %v", tt.name, tt.schema.perValue, len(args), got)
+		if got > 20*base {
+			t.Errorf("%s: %v, over 20 times the baseline %v", tt.name, got, base)
+		}
 	}
 }
