@@ -6,6 +6,7 @@ import (
 
 	"github.com/google/jsonschema-go/jsonschema"
 	"regexp"
+	"regexp/syntax"
 	"sort"
 	"strconv"
 	"strings"
@@ -36,7 +37,8 @@ const (
 	// are shallow; the bound makes the load-time cost analysis exact.
 	MaxArgumentDepth = 64
 	// maxApplications bounds the schema applications to one argument
-	// value, weighted: an enum of n values counts 1 + n/16.
+	// value, weighted: an enum of n values counts 1 + n/16, a pattern of
+	// n instructions 1 + n/32.
 	maxApplications = 4096
 	// maxSchemaNodes bounds the subschemas of one input schema, and
 	// maxCostStates the sets of subschemas the analysis tracks, and
@@ -334,6 +336,17 @@ func (g *costGraph) node(path string) (int, error) {
 	if enum, ok := m["enum"].([]any); ok {
 		n.weight += sat(len(enum) / 16)
 	}
+	// A pattern costs up to its program's size per byte matched (Go's
+	// regexp is linear in the text, but each byte may step every
+	// instruction); patternProperties match every key of the value.
+	if p, ok := m["pattern"].(string); ok {
+		n.weight += sat(regexpInsts(p) / 32)
+	}
+	if pp, ok := m["patternProperties"].(map[string]any); ok {
+		for p := range pp {
+			n.weight += sat(regexpInsts(p) / 32)
+		}
+	}
 	sub := func(key string) (int, error) { return g.node(path + "/" + escapePointer(key)) }
 	list := func(key string) ([]int, error) {
 		var ids []int
@@ -468,6 +481,20 @@ func (g *costGraph) close(id, depth int) error {
 	return nil
 }
 
+// regexpInsts is the size of p's compiled program, 0 if it does not
+// compile (jsonschema-go's Resolve refuses it then).
+func regexpInsts(p string) int {
+	re, err := syntax.Parse(p, syntax.Perl)
+	if err != nil {
+		return 0
+	}
+	prog, err := syntax.Compile(re.Simplify())
+	if err != nil {
+		return 0
+	}
+	return len(prog.Inst)
+}
+
 func escapePointer(s string) string {
 	return strings.ReplaceAll(strings.ReplaceAll(s, "~", "~0"), "/", "~1")
 }
@@ -501,16 +528,19 @@ func pointer(root any, path string) (any, error) {
 
 // checkArguments refuses arguments, before they are decoded, that are
 // over MaxArgumentBytes, nest arrays and objects deeper than
-// MaxArgumentDepth, or have so many values, so deep, that validating them
-// against this schema could take more than maxCallApplications.
+// MaxArgumentDepth, or have so many values, so deep or so long, that
+// validating them against this schema could take more than
+// maxCallApplications.
 func (s *inputSchema) checkArguments(b []byte) error {
 	if len(b) > MaxArgumentBytes {
 		return fmt.Errorf("%d bytes, over the limit of %d", len(b), MaxArgumentBytes)
 	}
 	// Every value but the first of an array or object follows a comma;
-	// values sums their depths (an upper bound: a key counts too).
-	depth, values, inString, escaped := 0, sat(1), false, false
-	for _, c := range b {
+	// values sums their depths (an upper bound: a key counts too), and
+	// every 64 bytes of a string count as one more value: a check on a
+	// string (pattern, length, enum) reads it whole.
+	depth, values, inString, escaped, start := 0, sat(1), false, false, 0
+	for i, c := range b {
 		switch {
 		case inString:
 			switch {
@@ -520,9 +550,10 @@ func (s *inputSchema) checkArguments(b []byte) error {
 				escaped = true
 			case c == '"':
 				inString = false
+				values += sat((i - start) / 64)
 			}
 		case c == '"':
-			inString = true
+			inString, start = true, i
 		case c == ',':
 			values += sat(max(depth, 1))
 		case c == '[' || c == '{':

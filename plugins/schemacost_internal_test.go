@@ -164,6 +164,8 @@ func TestValidateArgumentsBounds(t *testing.T) {
 		{"too big", flat, `{"b":"` + strings.Repeat("x", MaxArgumentBytes) + `"}`, "over the limit of 4194304"},
 		{"too many values for the schema", worst, `{"a":[` + strings.Repeat("1,", 300) + `1]}`, "over the limit of 1048576 for one call"},
 		{"as many values for a flat schema", flat, `{"a":[` + strings.Repeat("1,", 300) + `1]}`, ""},
+		{"too long a string for the schema", worst, `{"b":"` + strings.Repeat("x", 64<<10) + `"}`, "over the limit of 1048576 for one call"},
+		{"as long a string for a flat schema", flat, `{"b":"` + strings.Repeat("x", 64<<10) + `"}`, ""},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -221,16 +223,26 @@ func TestValidationCostBounded(t *testing.T) {
 	t.Logf("baseline: flat schema, %d bytes in %v", len(baseArgs), base)
 	chain := compile(chainSchema(10, `{"type":"object","properties":{"a":{"type":"array","items":{"$ref":"#/$defs/d0"}}}`, `{"type":"integer"}`))
 	jsonValue := compile(`{"type":"object","$defs":{"v":{"anyOf":[{"type":"null"},{"type":"boolean"},{"type":"number"},{"type":"string"},{"type":"array","items":{"$ref":"#/$defs/v"}},{"type":"object","additionalProperties":{"$ref":"#/$defs/v"}}]}},"properties":{"a":{"$ref":"#/$defs/v"}}}`)
+	const hostname = `"^[a-z0-9-]{1,63}(\\.[a-z0-9-]{1,63})*$"`
+	chainPattern := compile(chainSchema(8, `{"type":"object","properties":{"a":{"$ref":"#/$defs/d0"}}`, `{"type":"string","pattern":`+hostname+`}`))
+	flatPattern := compile(`{"type":"object","properties":{"a":{"type":"string","pattern":` + hostname + `}}}`)
+	// longest is an argument {"a": "a.a.a…"} as long as the schema accepts.
+	longest := func(s *inputSchema) json.RawMessage {
+		n := min(int(maxCallApplications/max(s.perValue, 1)-4)*64, MaxArgumentBytes-16)
+		return json.RawMessage(`{"a":"` + strings.Repeat("a.", n/2) + `a"}`)
+	}
 	for _, tt := range []struct {
 		name   string
 		schema *inputSchema
-		depth  int
+		args   json.RawMessage
 	}{
-		{"allOf chain", chain, 1},
-		{"JSON value", jsonValue, 1},
-		{"JSON value, deep", jsonValue, MaxArgumentDepth - 2},
+		{"allOf chain", chain, largest(chain, 1)},
+		{"JSON value", jsonValue, largest(jsonValue, 1)},
+		{"JSON value, deep", jsonValue, largest(jsonValue, MaxArgumentDepth-2)},
+		{"allOf chain to a pattern", chainPattern, longest(chainPattern)},
+		{"pattern", flatPattern, longest(flatPattern)},
 	} {
-		args := largest(tt.schema, tt.depth)
+		args := tt.args
 		got := measure(tt.schema, args)
 		t.Logf("%s: %d per value, %d bytes in %v", tt.name, tt.schema.perValue, len(args), got)
 		if got > 20*base {
