@@ -189,8 +189,9 @@ var ErrInvalidArguments = errors.New("invalid arguments")
 // ValidateArguments checks args against the tool's input schema. The error
 // says what is wrong, for the calling model to read, and matches
 // [ErrInvalidArguments]. Arguments over [MaxArgumentBytes] or nested
-// deeper than [MaxArgumentDepth] are refused unread; the schema's cost
-// per argument value was bounded when it was loaded (see [checkCost]).
+// deeper than [MaxArgumentDepth] are refused unread, and so are arguments
+// with too many values for the schema's cost per value, which was bounded
+// when the schema was loaded.
 func (t *Tool) ValidateArguments(args json.RawMessage) error {
 	if err := t.schema.checkArguments(args); err != nil {
 		return fmt.Errorf("%w: %v", ErrInvalidArguments, err)
@@ -485,6 +486,10 @@ func compileSchema(raw json.RawMessage) (*inputSchema, error) {
 func checkRefs(root any) error {
 	resolve := func(ref string) (any, error) {
 		switch {
+		case strings.Contains(ref, "%"):
+			// The validator percent-decodes the fragment ("a%62" is
+			// "ab"); this walk would not.
+			return nil, fmt.Errorf("$ref %q: percent-encoded references are not supported", ref)
 		case ref == "#":
 			return root, nil
 		case strings.HasPrefix(ref, "#/"):
