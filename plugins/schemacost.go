@@ -3,13 +3,13 @@ package plugins
 import (
 	"errors"
 	"fmt"
-
-	"github.com/google/jsonschema-go/jsonschema"
 	"regexp"
 	"regexp/syntax"
 	"sort"
 	"strconv"
 	"strings"
+
+	"github.com/google/jsonschema-go/jsonschema"
 )
 
 // Bounds on the cost of validating tool arguments (issue 12). jsonschema-go
@@ -24,10 +24,12 @@ import (
 // validator cannot be interrupted. So the cost is bounded at load:
 // [checkCost] counts, for every argument value up to [MaxArgumentDepth]
 // deep, how many schema applications reach it, and refuses the schema if
-// any value would get more than [maxApplications]. The argument itself is
-// bounded by [MaxArgumentBytes] and [MaxArgumentDepth] before validation.
-// Validation then costs at most maxApplications × (a small constant plus
-// the value's own size) per argument value.
+// any value would get more than [maxApplications]. Before validation, an
+// argument is refused over [MaxArgumentBytes], nested deeper than
+// [MaxArgumentDepth], or when its values (each counted as deep as it is,
+// plus one per 64 bytes of a string) times the schema's worst count per
+// value exceed [maxCallApplications]. This is not a deadline: validation
+// still runs to its end, but that end is about a second away at most.
 const (
 	// MaxArgumentBytes bounds the tool arguments the host validates: 4 MiB,
 	// as the HTTP transport's default body limit.
