@@ -1088,6 +1088,23 @@ func TestHostileSchemas(t *testing.T) {
 			t.Errorf("count = %q", got)
 		}
 	})
+	// Issue 12: a schema whose validation is exponential in the
+	// argument's depth held the host for 15 s past a 5 s call timeout. It
+	// is refused at load, with the reason, and the rest is served.
+	t.Run("input_schema_cost", func(t *testing.T) {
+		f, _, errs := newHostileFixture(t, nil, policy, map[string]string{
+			"counter.wasm":         testplugins.Example(t, "counter"),
+			"hostilevalidate.wasm": testplugins.Test(t, "hostilevalidate"),
+		}, nil)
+		if len(errs) != 1 || !strings.Contains(errs[0].Error(), `tool "blowup": input schema: validation could blow up`) {
+			t.Fatalf("load errors %v; want blowup's schema refused", errs)
+		}
+		t.Logf("load error: %v", errs[0])
+		a := f.connect(t, "", nil)
+		if got := text(call(t, a, "count", nil)); got != "1" {
+			t.Errorf("count = %q", got)
+		}
+	})
 	// A client before 2026-07-28 is sent the question: the go-sdk client
 	// (v1.8.0) validates its own answer against the schema, and dies. The
 	// host must not ask with a schema it cannot check an answer against.

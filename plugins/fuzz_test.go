@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"strings"
 	"testing"
 	"unicode/utf8"
 
@@ -77,6 +78,10 @@ func FuzzLoadAndCall(f *testing.F) {
 	f.Add([]byte(`{"tools":[{"name":"t"},{"name":"u","inputSchema":{"type":"object","$defs":{"d":{"type":"integer"}},"properties":{"n":{"$ref":"#/$defs/d"}}}}]}`), []byte(`{"content":[{"type":"image","data":"aGk=","mimeType":"image/png"}],"structuredContent":[1]}`))
 	f.Add([]byte(`{"tools":[{"name":"bad name"}]}`), []byte(`{}`))
 	f.Add([]byte(`{"tools":[{"name":"t","inputSchema":{"type":"object","$ref":"https://example.com/s"}}]}`), []byte("\xff"))
+	// Issue 12: validation exponential in the argument's depth, and an
+	// $id below the root that made "#" refer to itself in place.
+	f.Add([]byte(`{"tools":[{"name":"t","inputSchema":{"type":"object","$ref":"#/$defs/n","$defs":{"n":{"anyOf":[{"properties":{"a":{"$ref":"#/$defs/n"}}},{"properties":{"a":{"$ref":"#/$defs/n"}}}]}}}}]}`), []byte(`{"content":[]}`))
+	f.Add([]byte(`{"tools":[{"name":"t","inputSchema":{"type":"object","properties":{"a":{"$id":"http://example.com/a","anyOf":[{"$ref":"#"}]}}}}]}`), []byte(`{"content":[]}`))
 	f.Fuzz(func(t *testing.T, describe, result []byte) {
 		if len(describe) > 1<<16 || len(result) > 1<<16 {
 			return
@@ -135,7 +140,8 @@ func FuzzValidateArguments(f *testing.F) {
 	}
 	f.Cleanup(func() { p.Close(context.Background()) })
 	tool := p.Tools()[0]
-	for _, s := range []string{`{"s":"abc"}`, `{"s":"abc","n":3,"e":"a","l":[1,2],"o":{"x":true}}`, `{"s":1}`, `[]`, `null`, ``, `{"s":"a","z":0}`, `{"s":"a"} x`} {
+	for _, s := range []string{`{"s":"abc"}`, `{"s":"abc","n":3,"e":"a","l":[1,2],"o":{"x":true}}`, `{"s":1}`, `[]`, `null`, ``, `{"s":"a","z":0}`, `{"s":"a"} x`,
+		`{"s":"a","o":{"x":` + strings.Repeat("[", 70) + strings.Repeat("]", 70) + `}}`, `{"s":"a","l":["[{\"]"]}`} {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(func(t *testing.T, args []byte) {

@@ -140,7 +140,7 @@ type Tool struct {
 	// Def is the tool as the plugin lists it, under its own name.
 	Def    abi.Tool
 	plugin *Plugin
-	schema *jsonschema.Resolved
+	schema *inputSchema
 }
 
 // Plugin returns the plugin that serves t.
@@ -189,8 +189,14 @@ var ErrInvalidArguments = errors.New("invalid arguments")
 
 // ValidateArguments checks args against the tool's input schema. The error
 // says what is wrong, for the calling model to read, and matches
-// [ErrInvalidArguments].
+// [ErrInvalidArguments]. Arguments over [MaxArgumentBytes] or nested
+// deeper than [MaxArgumentDepth] are refused unread, and so are arguments
+// with too many values for the schema's cost per value, which was bounded
+// when the schema was loaded.
 func (t *Tool) ValidateArguments(args json.RawMessage) error {
+	if err := t.schema.checkArguments(args); err != nil {
+		return fmt.Errorf("%w: %v", ErrInvalidArguments, err)
+	}
 	var v any = map[string]any{}
 	if len(bytes.TrimSpace(args)) > 0 && !bytes.Equal(bytes.TrimSpace(args), []byte("null")) {
 		if err := json.Unmarshal(args, &v); err != nil {
@@ -435,7 +441,7 @@ func (p *Plugin) listTools(ctx context.Context, inst *sandbox.Instance) ([]abi.T
 	return nil, fmt.Errorf("%s: more than %d pages of tools", abi.ExportListTools, maxToolPages)
 }
 
-func compileSchema(raw json.RawMessage) (*jsonschema.Resolved, error) {
+func compileSchema(raw json.RawMessage) (*inputSchema, error) {
 	var s jsonschema.Schema
 	if err := json.Unmarshal(raw, &s); err != nil {
 		return nil, err
@@ -454,10 +460,18 @@ func compileSchema(raw json.RawMessage) (*jsonschema.Resolved, error) {
 	if err := checkRefs(tree); err != nil {
 		return nil, err
 	}
+	cost, err := checkCost(tree)
+	if err != nil {
+		return nil, err
+	}
 	if s.Type != "object" {
 		return nil, fmt.Errorf(`type is %q, but MCP requires "object"`, s.Type)
 	}
-	return s.Resolve(nil)
+	rs, err := s.Resolve(nil)
+	if err != nil {
+		return nil, err
+	}
+	return &inputSchema{Resolved: rs, perValue: cost}, nil
 }
 
 // checkRefs refuses the references a validator could follow forever: a
@@ -470,6 +484,10 @@ func compileSchema(raw json.RawMessage) (*jsonschema.Resolved, error) {
 func checkRefs(root any) error {
 	resolve := func(ref string) (any, error) {
 		switch {
+		case strings.Contains(ref, "%"):
+			// The validator percent-decodes the fragment ("a%62" is
+			// "ab"); this walk would not.
+			return nil, fmt.Errorf("$ref %q: percent-encoded references are not supported", ref)
 		case ref == "#":
 			return root, nil
 		case strings.HasPrefix(ref, "#/"):
