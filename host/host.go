@@ -148,6 +148,7 @@ type Host struct {
 	closed     bool
 	stateKey   []byte
 	auditMu    sync.Mutex
+	budgets    sync.Map       // plugin name -> *pluginBudget
 	wg         sync.WaitGroup // session watchers
 }
 
