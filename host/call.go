@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -113,6 +114,7 @@ func (h *Host) callTool(ctx context.Context, key sessions.Key, c plugins.Call, e
 		res = errorResult(fmt.Sprintf("tool %q: plugin %q returned a result that is not valid MCP: %v", t.Name, t.Plugin().Name(), err))
 	}
 	noticeMeta(notice, &res.Meta)
+	env.attachRecords(res)
 	capResult(res, h.maxRunes())
 	return res, nil
 }
@@ -212,11 +214,16 @@ func (h *Host) maxRunes() int {
 	}
 }
 
-// capResult keeps res within limit runes, counted across its content
-// blocks (a non-text block counts the runes of its JSON) and its structured
-// content. A text block is cut to fit; any other block, and structured
-// content, that does not fit is dropped whole. A note at the end says what
-// was left out.
+// capResult keeps res within limit runes, counted across everything the
+// guest put in it: each content block (a text block counts its text plus
+// the runes of its JSON without the text, a non-text block the runes of its
+// JSON; both a comma), the structured content, the guest's own _meta keys (the runes of
+// each key and value in JSON) and the records of the call
+// (_meta[MetaRecords], the runes of each in JSON). They are kept in that
+// order while they fit: a text block is cut to fit, and anything else that
+// does not fit is dropped whole. The host's other _meta keys (a reset, an
+// upgrade) are not counted: they are small and the host's. A note at the
+// end says what was left out.
 func capResult(res *mcp.CallToolResult, limit int) {
 	if limit < 0 {
 		return
@@ -225,12 +232,15 @@ func capResult(res *mcp.CallToolResult, limit int) {
 	var kept []mcp.Content
 	cut, dropped := 0, 0
 	for _, c := range res.Content {
-		if left <= 0 {
-			dropped++
-			continue
-		}
 		if tc, ok := c.(*mcp.TextContent); ok {
 			n := utf8.RuneCountInString(tc.Text)
+			over := blockOverhead(tc)
+			if over >= left {
+				dropped++
+				left = 0
+				continue
+			}
+			left -= over
 			if n > left {
 				runes := []rune(tc.Text)
 				cut += n - left
@@ -242,7 +252,7 @@ func capResult(res *mcp.CallToolResult, limit int) {
 			continue
 		}
 		b, _ := json.Marshal(c)
-		n := utf8.RuneCount(b)
+		n := utf8.RuneCount(b) + 1 // and a comma
 		if n > left {
 			dropped++
 			continue
@@ -260,7 +270,42 @@ func capResult(res *mcp.CallToolResult, limit int) {
 			left -= n
 		}
 	}
-	if cut == 0 && dropped == 0 && !structured {
+	metaDropped := 0
+	keys := make([]string, 0, len(res.Meta))
+	for k := range res.Meta {
+		if !strings.HasPrefix(k, MetaPrefix) {
+			keys = append(keys, k)
+		}
+	}
+	slices.Sort(keys)
+	for _, k := range keys {
+		kb, _ := json.Marshal(k)
+		vb, _ := json.Marshal(res.Meta[k])
+		if n := utf8.RuneCount(kb) + utf8.RuneCount(vb) + 2; n > left {
+			delete(res.Meta, k)
+			metaDropped++
+		} else {
+			left -= n
+		}
+	}
+	recordsDropped := 0
+	if records, ok := res.Meta[MetaRecords].([]abi.Record); ok {
+		i := 0
+		for ; i < len(records); i++ {
+			b, _ := json.Marshal(records[i])
+			n := utf8.RuneCount(b) + 1
+			if n > left {
+				break
+			}
+			left -= n
+		}
+		if recordsDropped = len(records) - i; i == 0 {
+			delete(res.Meta, MetaRecords)
+		} else {
+			res.Meta[MetaRecords] = records[:i]
+		}
+	}
+	if cut == 0 && dropped == 0 && !structured && metaDropped == 0 && recordsDropped == 0 {
 		return
 	}
 	note := fmt.Sprintf("[wasmtools: the result was over the %d-character limit:", limit)
@@ -273,6 +318,23 @@ func capResult(res *mcp.CallToolResult, limit int) {
 	if structured {
 		note += " structured content dropped;"
 	}
+	if metaDropped > 0 {
+		note += fmt.Sprintf(" %d _meta keys dropped;", metaDropped)
+	}
+	if recordsDropped > 0 {
+		note += fmt.Sprintf(" %d records left out of _meta;", recordsDropped)
+	}
 	note = note[:len(note)-1] + "]"
 	res.Content = append(kept, &mcp.TextContent{Text: note})
+}
+
+// blockOverhead is what a text block costs besides its text: the runes of
+// its JSON with the text left out, and of the comma after it; 26 for a
+// plain block.
+func blockOverhead(tc *mcp.TextContent) int {
+	if tc.Meta == nil && tc.Annotations == nil {
+		return len(`{"type":"text","text":""},`)
+	}
+	b, _ := json.Marshal(&mcp.TextContent{Meta: tc.Meta, Annotations: tc.Annotations})
+	return utf8.RuneCount(b) + 1
 }

@@ -28,8 +28,10 @@ import (
 
 // Defaults of [Options].
 const (
-	// DefaultMaxResultRunes caps a result's content, counted in runes
-	// across all its blocks: a model reads results into a bounded context.
+	// DefaultMaxResultRunes caps a result, counted in runes across what
+	// the guest put in it: its blocks (with their JSON), structured
+	// content, its own _meta keys and the call's records. A model reads
+	// results into a bounded context.
 	DefaultMaxResultRunes = 50_000
 	// DefaultQueueLimit bounds the calls one session may have waiting for
 	// one plugin instance, the running one included.
@@ -100,8 +102,10 @@ type Options struct {
 	AllowedOrigins []string
 	// RecordLog, if set, receives one JSON line per tool call: time,
 	// session, plugin name and sha256, tool, duration, isError and the
-	// records the call wrote. It is written under a lock; the caller
-	// opens it (append-only) and closes it after the host.
+	// records the call wrote, one Write per line. It is written under a
+	// lock; the caller opens it (append-only), bounds its size (wasmtools
+	// serve rotates it, see --record-log-max) and closes it after the
+	// host.
 	RecordLog io.Writer
 	// StateKey signs the request state of calls parked for an answer
 	// (protocol 2026-07-28). nil means a random key per host, so states
@@ -149,6 +153,7 @@ type Host struct {
 	closed     bool
 	stateKey   []byte
 	auditMu    sync.Mutex
+	budgets    sync.Map       // plugin name -> *pluginBudget
 	wg         sync.WaitGroup // session watchers
 }
 

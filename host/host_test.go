@@ -318,15 +318,16 @@ func TestResultCap(t *testing.T) {
 	if len(res.Content) != 2 {
 		t.Fatalf("content blocks = %d, want the cut text and a note", len(res.Content))
 	}
+	// A text block costs its text and 26 characters of JSON besides.
 	kept := res.Content[0].(*mcp.TextContent).Text
-	if n := utf8.RuneCountInString(kept); n != 100 {
-		t.Errorf("kept %d runes, want 100", n)
+	if n := utf8.RuneCountInString(kept); n != 74 {
+		t.Errorf("kept %d runes, want 74", n)
 	}
 	note := res.Content[1].(*mcp.TextContent).Text
-	if !strings.Contains(note, "150 characters of text cut") {
+	if !strings.Contains(note, "176 characters of text cut") {
 		t.Errorf("note = %q", note)
 	}
-	if res := call(t, cs, "repeat", map[string]any{"text": "é", "count": 100}); len(res.Content) != 1 {
+	if res := call(t, cs, "repeat", map[string]any{"text": "é", "count": 74}); len(res.Content) != 1 {
 		t.Errorf("a result at the limit was cut: %d blocks", len(res.Content))
 	}
 }

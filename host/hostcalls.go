@@ -6,10 +6,13 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
+	"github.com/yosida95/uritemplate/v3"
 
 	"github.com/wasmtools/wasmtools/abi"
 	"github.com/wasmtools/wasmtools/internal/sessions"
@@ -20,19 +23,103 @@ import (
 // call wrote, in order: [{"namespace": "...", "data": ...}, ...].
 const MetaRecords = MetaPrefix + "records"
 
-// Limits on what one call may send through the host functions.
+// Limits on what a guest may send through the host functions: per message,
+// per call, and per plugin (across all its instances and calls, see
+// pluginBudget). Rates are token buckets: a burst, then so much a second.
+// What a rate limit drops is counted and logged once per call; what is over
+// a per-message cap is refused to the guest.
 const (
-	maxRecords          = 100
-	maxRecordBytes      = 64 << 10
-	maxRecordCallBytes  = 1 << 20
-	maxNamespaceLen     = 128
-	progressBurst       = 10
-	progressPerSecond   = 20
-	logBurst            = 20
-	logPerSecond        = 50
+	maxRecords         = 100
+	maxRecordBytes     = 64 << 10
+	maxRecordCallBytes = 1 << 20
+	maxNamespaceLen    = 128
+	// A plugin's records, across its calls: a call's worth at once, then
+	// 64 KiB a second.
+	recordPluginBurst          = maxRecordCallBytes
+	recordPluginBytesPerSecond = 64 << 10
+
+	progressBurst     = 10
+	progressPerSecond = 20
+	// maxProgressMessage caps a progress message; a longer one is cut at
+	// a character boundary.
+	maxProgressMessage = 1 << 10
+
+	// maxLogData caps the JSON of a log message's data, and maxLoggerLen
+	// its logger name; a message over either is refused (a trap naming
+	// the cap).
+	maxLogData   = 16 << 10
+	maxLoggerLen = 128
+	// A call's log messages: 20 at once, then 50 a second, within 64 KiB
+	// at once, then 16 KiB a second.
+	logBurst              = 20
+	logPerSecond          = 50
+	logCallBurstBytes     = 64 << 10
+	logCallBytesPerSecond = 16 << 10
+	// A plugin's log messages, across its instances and calls: 100 at
+	// once, then 100 a second, within 256 KiB at once, then 64 KiB a
+	// second.
+	logPluginBurst          = 100
+	logPluginPerSecond      = 100
+	logPluginBurstBytes     = 256 << 10
+	logPluginBytesPerSecond = 64 << 10
+
+	// maxURILen caps the URI of a resource update, which must be one of
+	// the plugin's resources or match one of its templates.
+	maxURILen = 2 << 10
+	// A call's resource updates: 10 at once, then 10 a second, within
+	// 16 KiB at once, then 4 KiB a second; a plugin's: 50 at once, then
+	// 20 a second, within 64 KiB at once, then 16 KiB a second.
+	updateBurst                = 10
+	updatePerSecond            = 10
+	updateCallBurstBytes       = 16 << 10
+	updateCallBytesPerSecond   = 4 << 10
+	updatePluginBurst          = 50
+	updatePluginPerSecond      = 20
+	updatePluginBurstBytes     = 64 << 10
+	updatePluginBytesPerSecond = 16 << 10
+
 	maxLegacyQuestions  = 100
 	defaultMaxQuestions = 9 // the go-sdk client makes 10 requests of a call
 )
+
+// pluginBudget is what one plugin may send through the host functions
+// across all its instances, sessions and calls, so that many short calls
+// cannot do what one long call may not. Its buckets are keyed by plugin
+// name, so they outlive reloads. It is safe for concurrent use.
+type pluginBudget struct {
+	mu                sync.Mutex
+	logs, logBytes    tokenBucket
+	updates, updBytes tokenBucket
+	recordBytes       tokenBucket
+}
+
+// budgetOf returns the budget of the plugin named name.
+func (h *Host) budgetOf(name string) *pluginBudget {
+	if b, ok := h.budgets.Load(name); ok {
+		return b.(*pluginBudget)
+	}
+	b, _ := h.budgets.LoadOrStore(name, &pluginBudget{
+		logs:        newTokenBucket(logPluginBurst, logPluginPerSecond),
+		logBytes:    newTokenBucket(logPluginBurstBytes, logPluginBytesPerSecond),
+		updates:     newTokenBucket(updatePluginBurst, updatePluginPerSecond),
+		updBytes:    newTokenBucket(updatePluginBurstBytes, updatePluginBytesPerSecond),
+		recordBytes: newTokenBucket(recordPluginBurst, recordPluginBytesPerSecond),
+	})
+	return b.(*pluginBudget)
+}
+
+// takeBoth takes n tokens and size bytes from both pairs of buckets, or
+// nothing.
+func takeBoth(count, bytes *tokenBucket, size float64) bool {
+	count.refill()
+	bytes.refill()
+	if count.tokens < 1 || bytes.tokens < size {
+		return false
+	}
+	count.tokens--
+	bytes.tokens -= size
+	return true
+}
 
 // callEnv is one tool call's link to its client: where its progress, log
 // messages, records and questions go. A call that asks questions of a
@@ -47,8 +134,15 @@ type callEnv struct {
 	ctx      context.Context // the current request's handler context
 	req      *mcp.CallToolRequest
 	progress *progressSender
-	logs     tokenBucket
-	dropped  int // log messages dropped by the rate limit
+	logs     tokenBucket // count
+	logBytes tokenBucket
+	dropped  int // log messages dropped by the rate limits
+	droppedB int // and their bytes
+
+	updates        tokenBucket // resource updates: count
+	updateBytes    tokenBucket
+	updatesDropped int                     // resource updates dropped by the rate limits
+	templates      []*uritemplate.Template // the plugin's, compiled on first use
 
 	records     []abi.Record
 	recordBytes int
@@ -129,6 +223,9 @@ type question struct {
 func (h *Host) newCallEnv(ctx context.Context, t *plugins.Tool, req *mcp.CallToolRequest, sess string) *callEnv {
 	e := &callEnv{h: h, tool: t, sess: sess, ctx: ctx, req: req}
 	e.logs = newTokenBucket(logBurst, logPerSecond)
+	e.logBytes = newTokenBucket(logCallBurstBytes, logCallBytesPerSecond)
+	e.updates = newTokenBucket(updateBurst, updatePerSecond)
+	e.updateBytes = newTokenBucket(updateCallBurstBytes, updateCallBytesPerSecond)
 	e.progress = newProgressSender(ctx, req)
 	return e
 }
@@ -155,14 +252,27 @@ func (e *callEnv) hostFunc(ctx context.Context, name string, input []byte) ([]by
 		if err := strictJSON(input, &p); err != nil {
 			return nil, err
 		}
-		e.progress.add(&mcp.ProgressNotificationParams{Progress: p.Progress, Total: derefOr(p.Total), Message: p.Message})
+		e.progress.add(&mcp.ProgressNotificationParams{Progress: p.Progress, Total: derefOr(p.Total), Message: cutString(p.Message, maxProgressMessage)})
 		return nil, nil
 	case abi.FuncNotifyLoggingMessage:
-		var m abi.LogMessage
-		if err := strictJSON(input, &m); err != nil {
+		var raw struct {
+			Level  string          `json:"level"`
+			Logger string          `json:"logger"`
+			Data   json.RawMessage `json:"data"`
+		}
+		if err := strictJSON(input, &raw); err != nil {
 			return nil, err
 		}
-		return nil, e.log(m)
+		if len(raw.Data) > maxLogData {
+			return nil, fmt.Errorf("log message refused: its data is %d bytes of JSON, over the %d-byte limit", len(raw.Data), maxLogData)
+		}
+		m := abi.LogMessage{Level: raw.Level, Logger: raw.Logger}
+		if len(raw.Data) > 0 {
+			if err := strictJSON(raw.Data, &m.Data); err != nil {
+				return nil, err
+			}
+		}
+		return nil, e.log(m, len(raw.Data))
 	case abi.FuncWriteRecord:
 		if err := e.writeRecord(input); err != nil {
 			return []byte(err.Error()), nil
@@ -190,9 +300,7 @@ func (e *callEnv) hostFunc(ctx context.Context, name string, input []byte) ([]by
 		if err := strictJSON(input, &p); err != nil || p.URI == "" {
 			return nil, fmt.Errorf("input must be {\"uri\": \"...\"}")
 		}
-		ctx, _ := e.current()
-		_ = e.h.server.ResourceUpdated(ctx, &mcp.ResourceUpdatedNotificationParams{URI: p.URI})
-		return nil, nil
+		return nil, e.resourceUpdated(p.URI)
 	}
 	return nil, fmt.Errorf("unknown host function")
 }
@@ -278,22 +386,108 @@ var logLevels = map[string]slog.Level{
 
 // log sends a guest's log message to the host log and, when the client
 // asked for messages of its level, to the client.
-func (e *callEnv) log(m abi.LogMessage) error {
+// dataLen is the length of the JSON of its data.
+func (e *callEnv) log(m abi.LogMessage, dataLen int) error {
 	level, ok := logLevels[m.Level]
 	if !ok {
 		return fmt.Errorf("unknown logging level %q: use debug, info, notice, warning, error, critical, alert or emergency", m.Level)
 	}
-	if !e.logs.take() {
+	if len(m.Logger) > maxLoggerLen {
+		return fmt.Errorf("log message refused: its logger name is %d bytes, over the %d-byte limit", len(m.Logger), maxLoggerLen)
+	}
+	p := e.tool.Plugin()
+	size := float64(dataLen + len(m.Logger) + len(m.Level))
+	if !e.takeRate(&e.logs, &e.logBytes, size, func(b *pluginBudget) (*tokenBucket, *tokenBucket) { return &b.logs, &b.logBytes }) {
 		e.mu.Lock()
 		e.dropped++
+		e.droppedB += int(size)
 		e.mu.Unlock()
 		return nil
 	}
-	p := e.tool.Plugin()
 	e.h.log.Log(context.Background(), level, "plugin log", "plugin", p.Name(), "session", e.sess, "logger", m.Logger, "data", m.Data)
 	ctx, req := e.current()
 	_ = req.Session.Log(ctx, &mcp.LoggingMessageParams{Level: mcp.LoggingLevel(m.Level), Logger: m.Logger, Data: m.Data})
 	return nil
+}
+
+// takeRate takes one message of size bytes from the call's buckets (count
+// and bytes) and from the plugin's (chosen by pick), or from neither.
+func (e *callEnv) takeRate(count, bytes *tokenBucket, size float64, pick func(*pluginBudget) (*tokenBucket, *tokenBucket)) bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if !takeBoth(count, bytes, size) {
+		return false
+	}
+	b := e.h.budgetOf(e.tool.Plugin().Name())
+	b.mu.Lock()
+	pc, pb := pick(b)
+	ok := takeBoth(pc, pb, size)
+	b.mu.Unlock()
+	if !ok { // give the call its tokens back
+		count.tokens++
+		bytes.tokens += size
+	}
+	return ok
+}
+
+// resourceUpdated tells the clients subscribed to uri that it changed, if
+// uri is one of the plugin's resources, or matches one of its templates,
+// and the rate limits allow it; updates past them are dropped and counted.
+func (e *callEnv) resourceUpdated(uri string) error {
+	if len(uri) > maxURILen {
+		return fmt.Errorf("resource update refused: the URI is %d bytes, over the %d-byte limit", len(uri), maxURILen)
+	}
+	if !e.ownsResource(uri) {
+		return fmt.Errorf("resource update refused: %q is not a resource of plugin %q, nor matches its resource templates", uri, e.tool.Plugin().Name())
+	}
+	if !e.takeRate(&e.updates, &e.updateBytes, float64(len(uri)), func(b *pluginBudget) (*tokenBucket, *tokenBucket) { return &b.updates, &b.updBytes }) {
+		e.mu.Lock()
+		e.updatesDropped++
+		e.mu.Unlock()
+		return nil
+	}
+	ctx, _ := e.current()
+	_ = e.h.server.ResourceUpdated(ctx, &mcp.ResourceUpdatedNotificationParams{URI: uri})
+	return nil
+}
+
+// ownsResource reports whether uri is one of the call's plugin's resources,
+// or matches one of its resource templates.
+func (e *callEnv) ownsResource(uri string) bool {
+	p := e.tool.Plugin()
+	for _, r := range p.Resources() {
+		if r.URI == uri {
+			return true
+		}
+	}
+	e.mu.Lock()
+	if e.templates == nil {
+		e.templates = []*uritemplate.Template{}
+		for _, rt := range p.ResourceTemplates() {
+			if t, err := uritemplate.New(rt.URITemplate); err == nil {
+				e.templates = append(e.templates, t)
+			}
+		}
+	}
+	templates := e.templates
+	e.mu.Unlock()
+	for _, t := range templates {
+		if t.Regexp().MatchString(uri) {
+			return true
+		}
+	}
+	return false
+}
+
+// cutString returns s cut to at most n bytes, at a character boundary.
+func cutString(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return s[:n]
 }
 
 // writeRecord keeps a record for the result and the audit log, or says why
@@ -319,24 +513,45 @@ func (e *callEnv) writeRecord(input []byte) error {
 	case e.recordBytes+len(input) > maxRecordCallBytes:
 		return fmt.Errorf("record refused: a call's records may hold at most %d bytes", maxRecordCallBytes)
 	}
+	b := e.h.budgetOf(e.tool.Plugin().Name())
+	b.mu.Lock()
+	ok := b.recordBytes.takeN(float64(len(input)))
+	b.mu.Unlock()
+	if !ok {
+		return fmt.Errorf("record refused: plugin %q may write %d bytes of records at once, then %d a second, across its calls; try later", e.tool.Plugin().Name(), recordPluginBurst, recordPluginBytesPerSecond)
+	}
 	e.records = append(e.records, r)
 	e.recordBytes += len(input)
 	return nil
 }
 
-// finish flushes the call's progress and attaches its records to res.
+// attachRecords puts the call's records in res's _meta, where capResult
+// counts them within the result cap. e may be nil.
+func (e *callEnv) attachRecords(res *mcp.CallToolResult) {
+	if e == nil || res == nil {
+		return
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if len(e.records) > 0 {
+		if res.Meta == nil {
+			res.Meta = mcp.Meta{}
+		}
+		res.Meta[MetaRecords] = slices.Clone(e.records)
+	}
+}
+
+// finish flushes the call's progress and logs what the rate limits
+// dropped.
 func (e *callEnv) finish(res *mcp.CallToolResult) {
 	e.progress.close()
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if e.dropped > 0 {
-		e.h.log.Warn("plugin log messages dropped by the rate limit", "plugin", e.tool.Plugin().Name(), "session", e.sess, "dropped", e.dropped)
+		e.h.log.Warn("plugin log messages dropped by the rate limit", "plugin", e.tool.Plugin().Name(), "session", e.sess, "dropped", e.dropped, "bytes", e.droppedB)
 	}
-	if res != nil && len(e.records) > 0 {
-		if res.Meta == nil {
-			res.Meta = mcp.Meta{}
-		}
-		res.Meta[MetaRecords] = e.records
+	if e.updatesDropped > 0 {
+		e.h.log.Warn("plugin resource updates dropped by the rate limit", "plugin", e.tool.Plugin().Name(), "session", e.sess, "dropped", e.updatesDropped)
 	}
 }
 
@@ -356,10 +571,13 @@ func (b *tokenBucket) refill() {
 	b.last = now
 }
 
-func (b *tokenBucket) take() bool {
+func (b *tokenBucket) take() bool { return b.takeN(1) }
+
+// takeN takes n tokens, or none.
+func (b *tokenBucket) takeN(n float64) bool {
 	b.refill()
-	if b.tokens >= 1 {
-		b.tokens--
+	if b.tokens >= n {
+		b.tokens -= n
 		return true
 	}
 	return false

@@ -12,6 +12,7 @@ package host_test
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"math/rand/v2"
 	"os"
 	"os/exec"
@@ -375,10 +376,12 @@ var hostileCalls = []struct {
 			if res.IsError || len(res.Content) != 2 {
 				t.Fatalf("huge text: isError %v, %d blocks; want the text cut, and a note", res.IsError, len(res.Content))
 			}
-			if got := res.Content[0].(*mcp.TextContent).Text; got != strings.Repeat("a", host.DefaultMaxResultRunes) {
-				t.Errorf("huge text kept %d characters, want %d", len(got), host.DefaultMaxResultRunes)
+			// The block's JSON without its text, and a comma, count
+			// too: 26 characters.
+			if got := res.Content[0].(*mcp.TextContent).Text; got != strings.Repeat("a", host.DefaultMaxResultRunes-26) {
+				t.Errorf("huge text kept %d characters, want %d", len(got), host.DefaultMaxResultRunes-26)
 			}
-			if note := res.Content[1].(*mcp.TextContent).Text; !strings.Contains(note, "4144265 characters of text cut") {
+			if note := res.Content[1].(*mcp.TextContent).Text; !strings.Contains(note, "4144291 characters of text cut") {
 				t.Errorf("note = %q", note)
 			}
 		}},
@@ -414,6 +417,44 @@ var hostileCalls = []struct {
 	{"hostilerecurse", "recurse_ok", []hostileCase{
 		{tool: "recurse", fail: true, want: []string{`tool "recurse" crashed`, "stack overflow"}, reset: "trap"},
 	}},
+	// Issue 12. One log message with 20 000 bytes of data: until the cap,
+	// one message of any size up to 1 MiB went to the host log and the
+	// client.
+	{"hostileflood", "flood_ok", []hostileCase{
+		trapped("log_huge", "notify_logging_message", "over the 16384-byte limit"),
+		// A one-character block with 200 000 bytes of _meta, and 5 000
+		// empty blocks: the cap counted neither.
+		{tool: "meta_huge", check: func(t *testing.T, res *mcp.CallToolResult) {
+			checkWire(t, res)
+			if res.IsError || res.Meta["big"] != nil || !strings.Contains(text(res), "1 _meta keys dropped") {
+				t.Errorf("meta_huge: %q, _meta keys %d; want the text, the key dropped and a note", clip(text(res)), len(res.Meta))
+			}
+		}},
+		{tool: "blocks_many", check: func(t *testing.T, res *mcp.CallToolResult) {
+			checkWire(t, res)
+			if n := len(res.Content); res.IsError || n > host.DefaultMaxResultRunes/25+1 || !strings.Contains(text(res), "content blocks dropped") {
+				t.Errorf("blocks_many: %d blocks, note %q; want at most %d and a note", n, clip(text(res)), host.DefaultMaxResultRunes/25+1)
+			}
+		}},
+	}},
+	// notify_resource_updated for another plugin's URI.
+	{"hostileupdate", "update_ok", []hostileCase{
+		trapped("update_foreign", "notify_resource_updated", `"counter://secret" is not a resource of plugin "hostileupdate"`),
+	}},
+}
+
+// checkWire checks that a result, as the client gets it, is within the
+// result cap: all its JSON, _meta included, counted in characters, with
+// room for the note and the host's own keys.
+func checkWire(t *testing.T, res *mcp.CallToolResult) {
+	t.Helper()
+	b, err := json.Marshal(res)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := utf8.RuneCount(b); n > host.DefaultMaxResultRunes+1000 {
+		t.Errorf("the result is %d characters of JSON; want at most the %d-character cap and a note", n, host.DefaultMaxResultRunes)
+	}
 }
 
 // hostileTimeout is the call timeout of the hostile suite: long enough for
@@ -577,37 +618,61 @@ func floodBound(d time.Duration, burst, rate float64) int {
 	return int(burst+rate*d.Seconds()) + 5
 }
 
+// floodSeen is what reached the clients and the host's log during a
+// flooding call: the progress notifications, the log notifications and
+// the bytes of their data (a string), the resource updates a subscribed
+// session got, and a count of host log records by message.
+type floodSeen struct {
+	progress                []*mcp.ProgressNotificationParams
+	logs, logBytes, updates int
+	logged                  func(msg string) int
+}
+
 func TestHostileTimeouts(t *testing.T) {
 	const timeout = time.Second
 	f, logs, errs := newHostileFixture(t, nil, sandbox.NewPolicy().WithCallTimeout(timeout), map[string]string{
-		"counter.wasm":      testplugins.Example(t, "counter"),
-		"loop.wasm":         testplugins.Test(t, "loop"),
-		"hostileflood.wasm": testplugins.Test(t, "hostileflood"),
+		"counter.wasm":       testplugins.Example(t, "counter"),
+		"loop.wasm":          testplugins.Test(t, "loop"),
+		"hostileflood.wasm":  testplugins.Test(t, "hostileflood"),
+		"hostileupdate.wasm": testplugins.Test(t, "hostileupdate"),
 	}, nil)
 	if len(errs) > 0 {
 		t.Fatalf("load: %v", errs)
 	}
 	tests := []struct {
-		tool string
-		// check checks what reached the client and the host's log during
-		// a call that took d.
-		check func(t *testing.T, d time.Duration, progress, clientLogs int, logged func(string) int)
+		tool, ok string
+		// check checks what reached the clients and the host's log
+		// during a call that took d.
+		check func(t *testing.T, d time.Duration, seen floodSeen)
 	}{
 		// An infinite loop that never calls the host.
-		{"spin", nil},
+		{"spin", "", nil},
 		// progress: a burst of 10, then 20 a second (docs/ABI.md).
-		{"flood_progress", func(t *testing.T, d time.Duration, progress, _ int, _ func(string) int) {
-			if max := floodBound(d, 10, 20); progress < 1 || progress > max {
-				t.Errorf("%d progress notifications in %v; want 1 to %d", progress, d, max)
+		{"flood_progress", "flood_ok", func(t *testing.T, d time.Duration, seen floodSeen) {
+			if max := floodBound(d, 10, 20); len(seen.progress) < 1 || len(seen.progress) > max {
+				t.Errorf("%d progress notifications in %v; want 1 to %d", len(seen.progress), d, max)
+			}
+		}},
+		// Issue 12: progress with a 60 000-byte message, in a loop. The
+		// count was bounded, not the size.
+		{"progress_big", "flood_ok", func(t *testing.T, d time.Duration, seen floodSeen) {
+			if max := floodBound(d, 10, 20); len(seen.progress) < 1 || len(seen.progress) > max {
+				t.Errorf("%d progress notifications in %v; want 1 to %d", len(seen.progress), d, max)
+			}
+			for _, p := range seen.progress {
+				if len(p.Message) > 1024 {
+					t.Fatalf("a progress message of %d bytes reached the client; want at most 1024", len(p.Message))
+				}
 			}
 		}},
 		// logging: a burst of 20, then 50 a second, to the client and to
 		// the host log, with the rest counted.
-		{"flood_log", func(t *testing.T, d time.Duration, _, clientLogs int, logged func(string) int) {
+		{"flood_log", "flood_ok", func(t *testing.T, d time.Duration, seen floodSeen) {
 			max := floodBound(d, 20, 50)
-			if clientLogs < 1 || clientLogs > max {
-				t.Errorf("%d log notifications in %v; want 1 to %d", clientLogs, d, max)
+			if seen.logs < 1 || seen.logs > max {
+				t.Errorf("%d log notifications in %v; want 1 to %d", seen.logs, d, max)
 			}
+			logged := seen.logged
 			if n := logged("plugin log"); n > max {
 				t.Errorf("%d plugin log records in %v; want at most %d", n, d, max)
 			}
@@ -615,17 +680,46 @@ func TestHostileTimeouts(t *testing.T) {
 				t.Error("the dropped messages were not counted in the host log")
 			}
 		}},
+		// Issue 12: log messages of 15 000 bytes in a loop. The count
+		// limit let 20 + 50/s of them through, 1 MB a second; a call may
+		// now send 64 KiB, then 16 KiB a second.
+		{"log_big", "flood_ok", func(t *testing.T, d time.Duration, seen floodSeen) {
+			max := floodBound(d, 64<<10, 16<<10) + 15000
+			if seen.logBytes < 1 || seen.logBytes > max {
+				t.Errorf("%d bytes of log data reached the client in %v; want 1 to %d", seen.logBytes, d, max)
+			}
+			if n := seen.logged("plugin log") * 15000; n > max {
+				t.Errorf("%d bytes of log data reached the host log in %v; want at most %d", n, d, max)
+			}
+			if seen.logged("plugin log messages dropped by the rate limit") != 1 {
+				t.Error("the dropped messages were not counted in the host log")
+			}
+		}},
+		// Issue 12: notify_resource_updated in a loop. 100 000 updates
+		// reached a subscribed session; now 10, then 10 a second.
+		{"update_flood", "update_ok", func(t *testing.T, d time.Duration, seen floodSeen) {
+			max := floodBound(d, 10, 10)
+			if seen.updates < 1 || seen.updates > max {
+				t.Errorf("%d resource updates reached the subscribed session in %v; want 1 to %d", seen.updates, d, max)
+			}
+			if n := seen.logged("resource updated notification sent"); n > max {
+				t.Errorf("%d resource update records in the host log in %v; want at most %d", n, d, max)
+			}
+			if seen.logged("plugin resource updates dropped by the rate limit") != 1 {
+				t.Error("the dropped updates were not counted in the host log")
+			}
+		}},
 		// The kernel's log_info and WASI stdout reach the operator's log
 		// as notify_logging_message does, and must be bounded as it is.
 		// (Until de5bfd2 neither was: a guest wrote some 600 000 records a
 		// second to the host log, for as long as its call lasted.)
-		{"flood_kernel_log", func(t *testing.T, d time.Duration, _, _ int, logged func(string) int) {
-			if n, max := logged("guest log"), floodBound(d, 20, 50); n > max {
+		{"flood_kernel_log", "flood_ok", func(t *testing.T, d time.Duration, seen floodSeen) {
+			if n, max := seen.logged("guest log"), floodBound(d, 20, 50); n > max {
 				t.Errorf("%d guest log records in %v (log_info in a loop); want at most %d, as for notify_logging_message", n, d, max)
 			}
 		}},
-		{"flood_stdout", func(t *testing.T, d time.Duration, _, _ int, logged func(string) int) {
-			if n, max := logged("guest stdout"), floodBound(d, 20, 50); n > max {
+		{"flood_stdout", "flood_ok", func(t *testing.T, d time.Duration, seen floodSeen) {
+			if n, max := seen.logged("guest stdout"), floodBound(d, 20, 50); n > max {
 				t.Errorf("%d guest stdout records in %v (fd_write in a loop); want at most %d, as for notify_logging_message", n, d, max)
 			}
 		}},
@@ -633,16 +727,28 @@ func TestHostileTimeouts(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.tool, func(t *testing.T) {
 			var pl progressLog
-			var clientLogs atomic.Int64
+			var clientLogs, clientLogBytes, updates atomic.Int64
 			a := f.connect(t, "2025-11-25", &mcp.ClientOptions{
 				ProgressNotificationHandler: pl.handler,
-				LoggingMessageHandler:       func(context.Context, *mcp.LoggingMessageRequest) { clientLogs.Add(1) },
+				LoggingMessageHandler: func(_ context.Context, req *mcp.LoggingMessageRequest) {
+					clientLogs.Add(1)
+					s, _ := req.Params.Data.(string)
+					clientLogBytes.Add(int64(len(s)))
+				},
 			})
 			if err := a.SetLoggingLevel(context.Background(), &mcp.SetLoggingLevelParams{Level: "debug"}); err != nil {
 				t.Fatal(err)
 			}
+			// Another session, subscribed to the resource the plugin
+			// says changed, and served after the flood.
+			sub := f.connect(t, "2025-11-25", &mcp.ClientOptions{
+				ResourceUpdatedHandler: func(context.Context, *mcp.ResourceUpdatedNotificationRequest) { updates.Add(1) },
+			})
+			if err := sub.Subscribe(context.Background(), &mcp.SubscribeParams{URI: "flood://item/1"}); err != nil {
+				t.Fatal(err)
+			}
 			before := map[string]int{}
-			for _, m := range []string{"plugin log", "plugin log messages dropped by the rate limit", "guest log", "guest stdout"} {
+			for _, m := range []string{"plugin log", "plugin log messages dropped by the rate limit", "guest log", "guest stdout", "resource updated notification sent", "plugin resource updates dropped by the rate limit"} {
 				before[m] = logs.count(m)
 			}
 			var res *mcp.CallToolResult
@@ -665,10 +771,16 @@ func TestHostileTimeouts(t *testing.T) {
 			}
 			time.Sleep(200 * time.Millisecond) // notifications still on their way
 			if tt.check != nil {
-				tt.check(t, took, len(pl.all()), int(clientLogs.Load()), func(m string) int { return logs.count(m) - before[m] })
+				tt.check(t, took, floodSeen{
+					progress: pl.all(), logs: int(clientLogs.Load()), logBytes: int(clientLogBytes.Load()), updates: int(updates.Load()),
+					logged: func(m string) int { return logs.count(m) - before[m] },
+				})
 			}
-			if tt.tool != "spin" {
-				res = call(t, a, "flood_ok", nil)
+			if got := text(call(t, sub, "count", nil)); got != "1" {
+				t.Errorf("the subscribed session's first count = %q, want 1", got)
+			}
+			if tt.ok != "" {
+				res = call(t, a, tt.ok, nil)
 				if text(res) != "ok" || resetOf(res) != "timeout" {
 					t.Errorf("the plugin's next call: %q, stateReset %q; want ok from a fresh instance (timeout)", text(res), resetOf(res))
 				}
@@ -678,6 +790,133 @@ func TestHostileTimeouts(t *testing.T) {
 			}
 		})
 	}
+}
+
+// countingWriter counts the bytes and lines of the record log written for
+// calls of plugin hostileflood (each Write is one line).
+type countingWriter struct {
+	bytes, lines atomic.Int64
+}
+
+func (w *countingWriter) Write(p []byte) (int, error) {
+	if bytes.Contains(p, []byte(`"plugin":"hostileflood"`)) {
+		w.bytes.Add(int64(len(p)))
+		w.lines.Add(1)
+	}
+	return len(p), nil
+}
+
+// TestHostileFloodsAcrossCalls floods by many short calls, from several
+// sessions at once, what one call may no longer flood (issue 12): the
+// limits per plugin, across its instances and calls, must hold, while a
+// second session is served throughout.
+func TestHostileFloodsAcrossCalls(t *testing.T) {
+	recordLog := &countingWriter{}
+	f, logs, errs := newHostileFixture(t, &host.Options{RecordLog: recordLog}, sandbox.NewPolicy().WithCallTimeout(hostileTimeout), map[string]string{
+		"counter.wasm":       testplugins.Example(t, "counter"),
+		"hostileflood.wasm":  testplugins.Test(t, "hostileflood"),
+		"hostileupdate.wasm": testplugins.Test(t, "hostileupdate"),
+	}, nil)
+	if len(errs) > 0 {
+		t.Fatalf("load: %v", errs)
+	}
+	// manyCalls makes calls of tool from sessions sessions at once, each
+	// calling calls times, and returns how long they took.
+	manyCalls := func(t *testing.T, tool string, sessions, calls int, copts *mcp.ClientOptions, check func(*mcp.CallToolResult)) time.Duration {
+		var css []*mcp.ClientSession
+		for range sessions {
+			cs := f.connect(t, "2025-11-25", copts)
+			if err := cs.SetLoggingLevel(context.Background(), &mcp.SetLoggingLevelParams{Level: "debug"}); err != nil {
+				t.Fatal(err)
+			}
+			css = append(css, cs)
+		}
+		var took time.Duration
+		alongside(t, f, func() {
+			start := time.Now()
+			var wg sync.WaitGroup
+			for _, cs := range css {
+				wg.Go(func() {
+					for range calls {
+						res, err := cs.CallTool(context.Background(), &mcp.CallToolParams{Name: tool, Arguments: map[string]any{}})
+						if err != nil {
+							t.Errorf("%s: %v", tool, err)
+							return
+						}
+						checkClear(t, res)
+						if check != nil {
+							check(res)
+						}
+					}
+				})
+			}
+			wg.Wait()
+			took = time.Since(start)
+		})
+		return took
+	}
+	t.Run("log_burst", func(t *testing.T) {
+		// 60 calls, each sending 20 log messages of 12 000 bytes: 14 MB
+		// went to the host log and the clients. A plugin may now send
+		// 256 KiB at once, then 64 KiB a second, across its calls.
+		var clientBytes atomic.Int64
+		copts := &mcp.ClientOptions{LoggingMessageHandler: func(_ context.Context, req *mcp.LoggingMessageRequest) {
+			s, _ := req.Params.Data.(string)
+			clientBytes.Add(int64(len(s)))
+		}}
+		before := logs.count("plugin log")
+		droppedBefore := logs.count("plugin log messages dropped by the rate limit")
+		d := manyCalls(t, "log_burst", 3, 20, copts, nil)
+		time.Sleep(200 * time.Millisecond) // notifications still on their way
+		max := floodBound(d, 256<<10, 64<<10) + 12000
+		if n := clientBytes.Load(); n < 1 || n > int64(max) {
+			t.Errorf("%d bytes of log data reached the clients in %v; want 1 to %d", n, d, max)
+		}
+		if n := (logs.count("plugin log") - before) * 12000; n > max {
+			t.Errorf("%d bytes of log data reached the host log in %v; want at most %d", n, d, max)
+		}
+		if n := logs.count("plugin log messages dropped by the rate limit") - droppedBefore; n < 1 || n > 60 {
+			t.Errorf("%d calls logged their dropped messages; want 1 to 60, once per call", n)
+		}
+	})
+	t.Run("update_burst", func(t *testing.T) {
+		// 90 calls, each saying 10 times that flood://item/1 changed: all
+		// 900 reached a subscribed session. A plugin may now send 50 at
+		// once, then 20 a second, across its calls.
+		var updates atomic.Int64
+		sub := f.connect(t, "2025-11-25", &mcp.ClientOptions{
+			ResourceUpdatedHandler: func(context.Context, *mcp.ResourceUpdatedNotificationRequest) { updates.Add(1) },
+		})
+		if err := sub.Subscribe(context.Background(), &mcp.SubscribeParams{URI: "flood://item/1"}); err != nil {
+			t.Fatal(err)
+		}
+		d := manyCalls(t, "update_burst", 3, 30, nil, nil)
+		time.Sleep(200 * time.Millisecond)
+		if n, max := int(updates.Load()), floodBound(d, 50, 20); n < 1 || n > max {
+			t.Errorf("%d resource updates reached the subscribed session in %v; want 1 to %d", n, d, max)
+		}
+		if got := text(call(t, sub, "count", nil)); got != "1" {
+			t.Errorf("the subscribed session's first count = %q, want 1", got)
+		}
+	})
+	t.Run("records_burst", func(t *testing.T) {
+		// 20 calls, each writing 1 MiB of records (17 of 60 000 bytes):
+		// 20 MB went to the record log, and each result carried 1 MB of
+		// records past the result cap. A plugin may now write 1 MiB at
+		// once, then 64 KiB a second, across its calls, and a result
+		// carries what fits within the cap.
+		logBefore := recordLog.bytes.Load()
+		linesBefore := recordLog.lines.Load()
+		d := manyCalls(t, "records_burst", 1, 20, nil, func(res *mcp.CallToolResult) { checkWire(t, res) })
+		max := int64(floodBound(d, 1<<20, 64<<10)) + 60000 + 20*1024
+		if n := recordLog.bytes.Load() - logBefore; n > max {
+			t.Errorf("%d bytes went to the record log in %v; want at most %d", n, d, max)
+		}
+		if n := recordLog.lines.Load() - linesBefore; n < 20 {
+			t.Errorf("%d calls in the record log; want every call (20)", n)
+		}
+	})
+	eventually(t, "every instance to be freed", func() bool { return f.h.LiveInstances() == 0 })
 }
 
 func TestHostileTrapLoop(t *testing.T) {

@@ -3,8 +3,11 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"os"
 	"os/exec"
+	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -112,5 +115,73 @@ func TestHostileStdioFloodsStdout(t *testing.T) {
 	}
 	if stderr.count(dropped) < 1 {
 		t.Errorf("the dropped lines were not counted on stderr:\n%s", stderr.head)
+	}
+}
+
+// TestHostileRecordLogRotates: a plugin writing records as fast as it may
+// (issue 12: 1 MiB of records per call added 50 MiB to the record log in
+// 4 s) must not grow the record log without bound: it is rotated at
+// --record-log-max, keeping one older file, and lines are never split.
+func TestHostileRecordLogRotates(t *testing.T) {
+	dir := testplugins.Folder(t, map[string]string{
+		"hostileflood.wasm": testplugins.Test(t, "hostileflood"),
+		"counter.wasm":      testplugins.Example(t, "counter"),
+	})
+	const max = 256 << 10
+	file := filepath.Join(t.TempDir(), "records.jsonl")
+	var stderr lockedBuffer
+	cs := connectStdio(t, &stderr, "--record-log", file, "--record-log-max", "256KiB", dir)
+	defer func() {
+		if t.Failed() {
+			t.Logf("stderr:\n%.4000s", stderr.String())
+		}
+	}()
+	// Readiness: the plugins are served as they load.
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		res, err := cs.ListTools(context.Background(), nil)
+		if err == nil && slices.ContainsFunc(res.Tools, func(tl *mcp.Tool) bool { return tl.Name == "records_burst" }) && len(res.Tools) == 13 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the plugins were not served within 30 s: %v", err)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	const calls = 40
+	for i := 1; i <= calls; i++ {
+		if got := callText(t, cs, "records_burst", nil); got != "ok" {
+			t.Fatalf("records_burst = %q", got)
+		}
+		if got := callText(t, cs, "count", nil); got != strconv.Itoa(i) {
+			t.Fatalf("count between the floods = %s, want %d", got, i)
+		}
+	}
+	cs.Close() // waits for the process, and so for the record log
+	total, lines := 0, 0
+	for _, name := range []string{file, file + ".1"} {
+		b, err := os.ReadFile(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		n := bytes.Count(b, []byte("\n"))
+		// A file holds at most max bytes, or one line that alone is over
+		// it (a call's records, up to 1 MiB).
+		if len(b) > max && n > 1 {
+			t.Errorf("%s: %d bytes in %d lines; want at most %d, or one line", name, len(b), n, max)
+		}
+		for line := range bytes.Lines(b) {
+			if !json.Valid(line) {
+				t.Fatalf("%s: a line that is not JSON (split?): %.200s", name, line)
+			}
+		}
+		total += len(b)
+		lines += n
+	}
+	if total > 2*(1<<20+max) {
+		t.Errorf("the record log takes %d bytes; want at most %d", total, 2*(1<<20+max))
+	}
+	if lines < 2 {
+		t.Errorf("%d lines kept; want the last calls'", lines)
 	}
 }

@@ -11,7 +11,6 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"os"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -36,6 +35,7 @@ func cmdServe(ctx context.Context, args []string, lookupEnv func(string) (string
 	maxPerPlugin := fs.Int("max-instances-per-plugin", 0, "at most this many live instances of any one plugin (0: no bound)")
 	clientHeader := fs.String("client-header", "", "HTTP header that identifies a client on sessionless (2026-07-28) requests, so its calls share instances; not authentication")
 	recordLog := fs.String("record-log", "", "append one JSON line per tool call (with the records it wrote) to FILE")
+	recordLogMax := fs.String("record-log-max", defaultRecordLogMax, "rotate the record log at this size, keeping the previous one as FILE.1 (0: never)")
 	maxParked := fs.Int("max-parked", 0, "at most this many calls parked for a 2026-07-28 client's answer (0: 256)")
 	maxParkedPerClient := fs.Int("max-parked-per-client", 0, "at most this many parked calls per client (0: 4)")
 	abandonAfter := fs.Duration("abandon-after", host.DefaultAbandonAfter, "stop a call waiting for a 2026-07-28 client's answer after this long")
@@ -94,7 +94,12 @@ func cmdServe(ctx context.Context, args []string, lookupEnv func(string) (string
 		opts.StateKey = []byte(key)
 	}
 	if *recordLog != "" {
-		f, err := os.OpenFile(*recordLog, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o600)
+		max, err := config.ParseSize(*recordLogMax)
+		if err != nil {
+			log.Error("record log", "error", fmt.Errorf("--record-log-max: %w", err))
+			return 2
+		}
+		f, err := openRecordLog(*recordLog, int64(max))
 		if err != nil {
 			log.Error("record log", "error", err)
 			return 1

@@ -4,6 +4,14 @@
 ;; stdout. The host must stay responsive, and what reaches the client and
 ;; the host's log must stay bounded. Tool "flood_ok" works.
 ;;
+;; Issue 12's floods, by size rather than count: log_huge sends one log
+;; message with 20 000 bytes of data; log_big sends 15 000-byte messages in
+;; a loop; log_burst sends 20 messages of 12 000 bytes and returns (many
+;; short calls); records_burst writes 20 records of 60 000 bytes and
+;; returns; meta_huge returns a one-character block with 200 000 bytes of
+;; _meta; blocks_many returns 5 000 empty text blocks; progress_big sends
+;; progress with a 60 000-byte message in a loop.
+;;
 ;; Build: wat2wasm hostileflood.wat -o hostileflood.wasm (make testplugins)
 (module
   (import "wasi_snapshot_preview1" "fd_write" (func $fd_write (param i32 i32 i32 i32) (result i32)))
@@ -15,7 +23,8 @@
   (import "extism:host/env" "log_info" (func $log_info (param i64)))
   (import "extism:host/user" "notify_progress" (func $notify_progress (param i64)))
   (import "extism:host/user" "notify_logging_message" (func $notify_logging_message (param i64)))
-  (memory (export "memory") 1)
+  (import "extism:host/user" "write_record" (func $write_record (param i64) (result i64)))
+  (memory (export "memory") 8)
   ;; --- Shared by the hostile fixtures: tool dispatch and output helpers. ---
   ;; Strings are NUL-terminated. Layout of linear memory (one page):
   ;;   0..511      JSON fragments used by describe and $text
@@ -130,8 +139,32 @@
   ;; The iovec for fd_write: buf 2496, len 6; nwritten goes to 2520.
   (data (i32.const 2512) "\c0\09\00\00\06\00\00\00")
 
-  (data (i32.const 4096) "flood_ok\00flood_progress\00flood_log\00flood_kernel_log\00flood_stdout\00")
-  (table funcref (elem $ok $flood_progress $flood_log $flood_kernel_log $flood_stdout))
+  (data (i32.const 2560) "{\"level\":\"info\",\"logger\":\"flood\",\"data\":\"")
+  (data (i32.const 2624) "\"}")
+  (data (i32.const 2640) "{\"namespace\":\"flood\",\"data\":\"")
+  (data (i32.const 2688) "{\"content\":[{\"type\":\"text\",\"text\":\"x\"}],\"_meta\":{\"big\":\"")
+  (data (i32.const 2768) "\"}}")
+  (data (i32.const 2784) "{\"type\":\"text\",\"text\":\"\"},")
+  (data (i32.const 2816) "{\"type\":\"text\",\"text\":\"\"}]}")
+  (data (i32.const 2848) "{\"content\":[")
+  (data (i32.const 2880) "{\"progress\":1,\"total\":2,\"message\":\"")
+
+  (data (i32.const 4096) "flood_ok\00flood_progress\00flood_log\00flood_kernel_log\00flood_stdout\00"
+    "log_huge\00log_big\00log_burst\00records_burst\00meta_huge\00blocks_many\00progress_big\00")
+  (table funcref (elem $ok $flood_progress $flood_log $flood_kernel_log $flood_stdout
+    $log_huge $log_big $log_burst $records_burst $meta_huge $blocks_many $progress_big))
+
+  ;; $big assembles at 131072 the string at head, n bytes of "a" and the
+  ;; string at tail, and returns its length.
+  (func $big (param $head i32) (param $n i32) (param $tail i32) (result i32)
+    (local $end i32)
+    (local.set $end (call $append (i32.const 131072) (local.get $head)))
+    (memory.fill (local.get $end) (i32.const 97) (local.get $n))
+    (local.set $end (call $append (i32.add (local.get $end) (local.get $n)) (local.get $tail)))
+    (i32.sub (local.get $end) (i32.const 131072)))
+  ;; $bigblock puts the same in a new kernel block.
+  (func $bigblock (param $head i32) (param $n i32) (param $tail i32) (result i64)
+    (call $block (i32.const 131072) (call $big (local.get $head) (local.get $n) (local.get $tail))))
 
   (func $ok (type $tool) (call $text (i32.const 2048)) (i32.const 0))
   (func $flood_progress (type $tool)
@@ -153,5 +186,51 @@
     (loop $forever
       (drop (call $fd_write (i32.const 1) (i32.const 2512) (i32.const 1) (i32.const 2520)))
       (br $forever))
+    (i32.const 0))
+;; Issue 12.
+  (func $log_huge (type $tool)
+    (call $notify_logging_message (call $bigblock (i32.const 2560) (i32.const 20000) (i32.const 2624)))
+    (call $text (i32.const 2048)) (i32.const 0))
+  (func $log_big (type $tool)
+    (local $msg i64)
+    (local.set $msg (call $bigblock (i32.const 2560) (i32.const 15000) (i32.const 2624)))
+    (loop $forever (call $notify_logging_message (local.get $msg)) (br $forever))
+    (i32.const 0))
+  (func $log_burst (type $tool)
+    (local $msg i64) (local $i i32)
+    (local.set $msg (call $bigblock (i32.const 2560) (i32.const 12000) (i32.const 2624)))
+    (block $done (loop $next
+      (br_if $done (i32.ge_u (local.get $i) (i32.const 20)))
+      (call $notify_logging_message (local.get $msg))
+      (local.set $i (i32.add (local.get $i) (i32.const 1)))
+      (br $next)))
+    (call $text (i32.const 2048)) (i32.const 0))
+  (func $records_burst (type $tool)
+    (local $rec i64) (local $i i32)
+    (local.set $rec (call $bigblock (i32.const 2640) (i32.const 60000) (i32.const 2624)))
+    (block $done (loop $next
+      (br_if $done (i32.ge_u (local.get $i) (i32.const 20)))
+      (drop (call $write_record (local.get $rec)))
+      (local.set $i (i32.add (local.get $i) (i32.const 1)))
+      (br $next)))
+    (call $text (i32.const 2048)) (i32.const 0))
+  (func $meta_huge (type $tool)
+    (local $n i32)
+    (local.set $n (call $big (i32.const 2688) (i32.const 200000) (i32.const 2768)))
+    (call $emit (i32.const 131072) (local.get $n)) (i32.const 0))
+  (func $blocks_many (type $tool)
+    (local $end i32) (local $i i32)
+    (local.set $end (call $append (i32.const 131072) (i32.const 2848)))
+    (block $done (loop $next
+      (br_if $done (i32.ge_u (local.get $i) (i32.const 4999)))
+      (local.set $end (call $append (local.get $end) (i32.const 2784)))
+      (local.set $i (i32.add (local.get $i) (i32.const 1)))
+      (br $next)))
+    (local.set $end (call $append (local.get $end) (i32.const 2816)))
+    (call $emit (i32.const 131072) (i32.sub (local.get $end) (i32.const 131072))) (i32.const 0))
+  (func $progress_big (type $tool)
+    (local $msg i64)
+    (local.set $msg (call $bigblock (i32.const 2880) (i32.const 60000) (i32.const 2624)))
+    (loop $forever (call $notify_progress (local.get $msg)) (br $forever))
     (i32.const 0))
 )
