@@ -9,7 +9,6 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
-	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -78,7 +77,10 @@ type ReloaderOptions struct {
 	// appears whole, and is read after Settle.
 	Settle, SettleWrite time.Duration
 	// LoadConcurrency bounds the files loaded at once by a rescan; 0 means
-	// GOMAXPROCS, at least 2 (a load is mostly compilation, CPU-bound).
+	// 8. More than the cores on purpose: a load that spins (a start
+	// function or a list export that never returns, until the load
+	// deadline) must not hold a good plugin's load behind it, and the Go
+	// scheduler shares the cores among them.
 	LoadConcurrency int
 }
 
@@ -122,7 +124,7 @@ func NewReloader(rt *sandbox.Runtime, opts ReloaderOptions) *Reloader {
 		r.opts.SettleWrite = 250 * time.Millisecond
 	}
 	if r.opts.LoadConcurrency <= 0 {
-		r.opts.LoadConcurrency = max(2, runtime.GOMAXPROCS(0))
+		r.opts.LoadConcurrency = 8
 	}
 	return r
 }
