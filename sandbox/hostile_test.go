@@ -5,8 +5,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
+	"os"
 	"runtime"
+	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -250,3 +254,100 @@ func heapAlloc() int64 {
 	runtime.ReadMemStats(&m)
 	return int64(m.HeapAlloc)
 }
+
+// peakRSS returns the process's peak RSS since the last resetPeakRSS.
+func peakRSS(t *testing.T) int64 {
+	t.Helper()
+	b, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		t.Skip("no /proc/self/status:", err)
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "VmHWM:"); ok {
+			if kb, err := strconv.ParseInt(strings.Fields(v)[0], 10, 64); err == nil {
+				return kb << 10
+			}
+		}
+	}
+	t.Fatal("no VmHWM in /proc/self/status")
+	return 0
+}
+
+// resetPeakRSS sets the peak RSS to the current RSS (Linux 4.0 and later).
+func resetPeakRSS(t *testing.T) {
+	if err := os.WriteFile("/proc/self/clear_refs", []byte("5"), 0); err != nil {
+		t.Skip("cannot reset the peak RSS:", err)
+	}
+}
+
+// TestHostileMemoryGrowth grows an instance's memory page by page to its
+// 256 MiB limit, touching every page: growth used to reallocate and copy
+// the memory, and RSS peaked near three times the limit.
+func TestHostileMemoryGrowth(t *testing.T) {
+	if raceEnabled {
+		t.Skip("the race detector's shadow memory makes RSS meaningless")
+	}
+	const limit = 256 << 20
+	c := compile(t, newRuntime(t), testplugins.Test(t, "hostilegrow"), sandbox.NewPolicy().WithMemoryLimit(limit))
+	base := testplugins.RSS(t)
+	resetPeakRSS(t)
+	inst, err := c.Instantiate(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := callServlet(t, inst, "grow", `{}`)
+	if want := fmt.Sprintf("grew to %d pages", limit>>16); err != nil || got != want {
+		t.Fatalf("grow: %q, %v; want %q", got, err, want)
+	}
+	peak := peakRSS(t) - base
+	held := testplugins.RSS(t) - base
+	inst.Close(context.Background())
+	after := testplugins.RSS(t) - base
+	t.Logf("RSS over the baseline: peak %d MiB, after growing %d MiB, after closing %d MiB (limit %d MiB)", peak>>20, held>>20, after>>20, limit>>20)
+	if peak > limit+limit/4+32<<20 {
+		t.Errorf("RSS peaked %d MiB over the baseline, for a %d MiB memory: growth copies", peak>>20, limit>>20)
+	}
+	if after > 32<<20 {
+		t.Errorf("RSS is %d MiB over the baseline after closing the instance: its memory was not freed", after>>20)
+	}
+}
+
+// TestHostileCloseDuringCall closes a module while its instance's guest
+// writes to its memory in a loop: the memory is unmapped only once the
+// call is over, never under the running guest (which would crash the
+// process).
+func TestHostileCloseDuringCall(t *testing.T) {
+	running := make(chan struct{})
+	var once sync.Once
+	log := slog.New(funcHandler(func(r slog.Record) {
+		if r.Message == "guest log" {
+			once.Do(func() { close(running) })
+		}
+	}))
+	rt := newRuntime(t)
+	c, err := rt.Compile(context.Background(), testplugins.Bytes(t, testplugins.Test(t, "hostilehost")), sandbox.NewPolicy().WithLogger(log))
+	if err != nil {
+		t.Fatal(err)
+	}
+	inst := instantiate(t, c)
+	done := make(chan error, 1)
+	go func() {
+		_, err := callServlet(t, inst, "spin_memory", `{}`)
+		done <- err
+	}()
+	<-running
+	if err := c.Close(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err == nil {
+		t.Fatal("the spinning call succeeded")
+	}
+}
+
+// funcHandler is a slog.Handler calling a function for each record.
+type funcHandler func(slog.Record)
+
+func (h funcHandler) Enabled(context.Context, slog.Level) bool      { return true }
+func (h funcHandler) Handle(_ context.Context, r slog.Record) error { h(r); return nil }
+func (h funcHandler) WithAttrs([]slog.Attr) slog.Handler            { return h }
+func (h funcHandler) WithGroup(string) slog.Handler                 { return h }

@@ -10,6 +10,9 @@
 ;;   var_small    sets vars of a 4-byte key and a 1-byte value, each key
 ;;                new, until var_set traps (vars used to cost the host
 ;;                about 18 times the bytes they were counted as).
+;;   spin_memory  logs "spinning", then writes to its memory forever
+;;                (closing the module under it must not unmap the
+;;                memory it writes to).
 ;; Tool "host_ok" works.
 ;;
 ;; sandbox/hostile_test.go drives it.
@@ -21,6 +24,7 @@
   (import "extism:host/env" "store_u8" (func $store_u8 (param i64 i32)))
   (import "extism:host/env" "store_u64" (func $store_u64 (param i64 i64)))
   (import "extism:host/env" "var_set" (func $var_set (param i64 i64)))
+  (import "extism:host/env" "log_info" (func $log_info (param i64)))
   (import "extism:host/env" "output_set" (func $output_set (param i64 i64)))
   (import "extism:host/env" "input_length" (func $input_length (result i64)))
   (import "extism:host/env" "input_load_u8" (func $input_load_u8 (param i64) (result i32)))
@@ -136,9 +140,10 @@
   (data (i32.const 2096) " entries")
   (data (i32.const 2112) "stored 8 MB")
   (data (i32.const 2144) "var_set never trapped")
+  (data (i32.const 2176) "spinning")
 
-  (data (i32.const 4096) "host_ok\00table_grow\00var_ghost\00var_small\00")
-  (table funcref (elem $ok $table_grow $var_ghost $var_small))
+  (data (i32.const 4096) "host_ok\00table_grow\00var_ghost\00var_small\00spin_memory\00")
+  (table funcref (elem $ok $table_grow $var_ghost $var_small $spin_memory))
   ;; A table with no maximum: only the host's cap stops table.grow.
   (table $big 0 funcref)
 
@@ -200,5 +205,14 @@
       (local.set $i (i32.add (local.get $i) (i32.const 1)))
       (br $set)))
     (call $text (i32.const 2144))
+    (i32.const 0))
+
+  (func $spin_memory (type $tool)
+    (local $i i32)
+    (call $log_info (call $cblock (i32.const 2176)))
+    (loop $forever
+      (i32.store (i32.and (local.get $i) (i32.const 0xfffc)) (local.get $i))
+      (local.set $i (i32.add (local.get $i) (i32.const 4)))
+      (br $forever))
     (i32.const 0))
 )
