@@ -328,7 +328,7 @@ func (r *Reloader) loadIfChanged(ctx context.Context, path string) (*Plugin, err
 		f = &fileState{status: Status{Name: pluginName(path), Path: path, Tools: []string{}}}
 		r.files[path] = f
 	}
-	wasm, err := os.ReadFile(path)
+	wasm, err := readPluginFile(path, maxFileSize(r.opts.OptionsFor, path))
 	if err != nil {
 		return nil, r.fail(f, fmt.Errorf("plugin file %s: %w", path, err))
 	}
