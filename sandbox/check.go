@@ -159,9 +159,10 @@ func checkModule(wasm []byte, limits ModuleLimits) (*checker, error) {
 }
 
 type checker struct {
-	lim   ModuleLimits
-	stats ModuleStats
-	r     reader
+	lim     ModuleLimits
+	stats   ModuleStats
+	r       reader
+	imports uint32 // functions imported
 	// tables are the limits of the tables the module defines, and
 	// tableSection where its table section lies, for capTables.
 	tables       []tableLimits
@@ -348,6 +349,7 @@ func (c *checker) section(id byte, r *reader) error {
 			switch kind := r.byte(); kind {
 			case 0x00:
 				r.u32()
+				c.imports++
 				c.stats.Functions++
 				return c.over("max_functions", "functions", uint64(c.stats.Functions), uint64(c.lim.MaxFunctions))
 			case 0x01: // a table: this host provides none, so it fails later
@@ -526,7 +528,7 @@ func (c *checker) expr(r *reader, what string) error {
 }
 
 func (c *checker) code(r *reader, i uint32) error {
-	where := fmt.Sprintf("function %d (in the code section)", i)
+	where := fmt.Sprintf("function %d", uint64(c.imports)+uint64(i))
 	size := r.u32()
 	if r.err != nil {
 		return nil
