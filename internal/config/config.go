@@ -6,7 +6,7 @@
 //	[defaults]
 //	memory_limit = "64MiB"
 //	call_timeout = "30s"
-//	compile_timeout = "30s"
+//	compile_timeout = "2m"
 //	load_timeout = "10s"
 //
 //	[defaults.module]
