@@ -281,7 +281,7 @@ func LoadAll(ctx context.Context, rt *sandbox.Runtime, paths []string, optsFor f
 	files, errs := Discover(paths)
 	var loaded []*Plugin
 	for _, f := range files {
-		wasm, err := os.ReadFile(f)
+		wasm, err := readPluginFile(f, maxFileSize(optsFor, f))
 		if err != nil {
 			errs = append(errs, fmt.Errorf("plugin file %s: %w", f, err))
 			continue

@@ -23,6 +23,7 @@ import (
 	"regexp"
 	"strings"
 	"sync/atomic"
+	"time"
 	"unicode/utf8"
 
 	"github.com/google/jsonschema-go/jsonschema"
@@ -216,8 +217,11 @@ func (t *Tool) ValidateArguments(args json.RawMessage) error {
 // plugin for its tools in a throwaway instance. It fails, with the reason in
 // the error, for bytes that are not a compilable module, imports the host
 // does not provide, a module that exports neither plugin interface, a tool
-// list that does not decode, an invalid or duplicate tool name, or an input
-// schema that does not compile.
+// list that does not decode or is over a list limit (see [MaxListItems]),
+// an invalid or duplicate tool name, or an input schema that does not
+// compile. Compiling is bounded by the policy's compile timeout; what
+// follows (instantiating, listing) by its load timeout, an overrun failing
+// with an error matching context.DeadlineExceeded.
 func Load(ctx context.Context, rt *sandbox.Runtime, path string, wasm []byte, opts Options) (*Plugin, error) {
 	name := cmp.Or(opts.Name, strings.TrimSuffix(filepath.Base(path), ".wasm"))
 	sum := sha256.Sum256(wasm)
@@ -233,7 +237,7 @@ func Load(ctx context.Context, rt *sandbox.Runtime, path string, wasm []byte, op
 	p.compiled = compiled
 	p.stateless = opts.Stateless || compiled.CustomSection(StatelessSection) != nil
 	p.filter = opts.Tools
-	if err := p.describe(ctx, opts.Prefix); err != nil {
+	if err := p.describe(ctx, opts.Prefix, policy.LoadTimeout()); err != nil {
 		err = fmt.Errorf("plugin %q (%s): %w", name, path, err)
 		if cerr := compiled.Close(ctx); cerr != nil {
 			err = errors.Join(err, cerr)
@@ -243,17 +247,29 @@ func Load(ctx context.Context, rt *sandbox.Runtime, path string, wasm []byte, op
 	return p, nil
 }
 
-// describe detects the interface and reads the tool list.
-func (p *Plugin) describe(ctx context.Context, prefix string) error {
+// describe detects the interface and reads the tool list, within timeout
+// (zero or less meaning sandbox.DefaultLoadTimeout).
+func (p *Plugin) describe(ctx context.Context, prefix string, timeout time.Duration) error {
 	if err := p.detectInterface(); err != nil {
 		return err
 	}
-	inst, err := p.compiled.Instantiate(ctx)
-	if err != nil {
-		return err
+	if timeout <= 0 {
+		timeout = sandbox.DefaultLoadTimeout
 	}
-	defer inst.Close(ctx)
-	return p.describeWith(ctx, inst, prefix)
+	lctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	err := func() error {
+		inst, err := p.compiled.Instantiate(lctx)
+		if err != nil {
+			return err
+		}
+		defer inst.Close(ctx)
+		return p.describeWith(lctx, inst, prefix)
+	}()
+	if err != nil && ctx.Err() == nil && errors.Is(lctx.Err(), context.DeadlineExceeded) {
+		return fmt.Errorf("took longer than the load timeout of %v: %w", timeout, err)
+	}
+	return err
 }
 
 // describeWith reads the tool list from inst and checks it.
@@ -298,7 +314,7 @@ func (p *Plugin) describeMore(ctx context.Context, inst *sandbox.Instance, prefi
 		return nil
 	}
 	if p.hasExport[abi.ExportListPrompts] {
-		defs, err := listPages(ctx, inst, abi.ExportListPrompts, func(b []byte) ([]json.RawMessage, string, error) {
+		defs, err := listPages(ctx, inst, abi.ExportListPrompts, "prompts", func(b []byte) ([]json.RawMessage, string, error) {
 			var r abi.ListPromptsResult
 			err := decodeJSON(b, &r)
 			return r.Prompts, r.NextCursor, err
@@ -324,7 +340,7 @@ func (p *Plugin) describeMore(ctx context.Context, inst *sandbox.Instance, prefi
 		}
 	}
 	if p.hasExport[abi.ExportListResources] {
-		defs, err := listPages(ctx, inst, abi.ExportListResources, func(b []byte) ([]json.RawMessage, string, error) {
+		defs, err := listPages(ctx, inst, abi.ExportListResources, "resources", func(b []byte) ([]json.RawMessage, string, error) {
 			var r abi.ListResourcesResult
 			err := decodeJSON(b, &r)
 			return r.Resources, r.NextCursor, err
@@ -343,7 +359,7 @@ func (p *Plugin) describeMore(ctx context.Context, inst *sandbox.Instance, prefi
 		}
 	}
 	if p.hasExport[abi.ExportListResourceTemplates] {
-		defs, err := listPages(ctx, inst, abi.ExportListResourceTemplates, func(b []byte) ([]json.RawMessage, string, error) {
+		defs, err := listPages(ctx, inst, abi.ExportListResourceTemplates, "resource templates", func(b []byte) ([]json.RawMessage, string, error) {
 			var r abi.ListResourceTemplatesResult
 			err := decodeJSON(b, &r)
 			return r.ResourceTemplates, r.NextCursor, err
@@ -364,19 +380,42 @@ func (p *Plugin) describeMore(ctx context.Context, inst *sandbox.Instance, prefi
 	return nil
 }
 
-// listPages calls a v2 list export page by page, passing each cursor back.
-func listPages(ctx context.Context, inst *sandbox.Instance, export string, decode func([]byte) ([]json.RawMessage, string, error)) ([]json.RawMessage, error) {
-	var all []json.RawMessage
+// Bounds on each list a plugin gives when it is loaded (its tools, and a
+// v2 plugin's prompts, resources and resource templates), each list on its
+// own. Loading refuses a plugin over one, naming it. A tool list of
+// 100 001 tools took 9 s and 682 MiB to load, and 99 pages of 4 MB each
+// 2.3 GiB; MCP servers list tens of tools, rarely hundreds.
+const (
+	// MaxListItems bounds the items of one list.
+	MaxListItems = 2000
+	// MaxListBytes bounds the bytes of one list, all pages together.
+	MaxListBytes = 8 << 20
+	// MaxListPages bounds the pages of one v2 list, so that a plugin that
+	// always returns a next cursor cannot hold the load.
+	MaxListPages = 32
+)
+
+// listPages calls a v2 list export page by page, passing each cursor back,
+// within the list limits. kind names the items in errors.
+func listPages[T any](ctx context.Context, inst *sandbox.Instance, export, kind string, decode func([]byte) ([]T, string, error)) ([]T, error) {
+	var all []T
+	total := 0
 	in := abi.ListToolsInput{}
-	for range maxToolPages {
+	for page := 1; page <= MaxListPages; page++ {
 		b, _ := json.Marshal(in)
 		out, err := inst.Call(ctx, export, b, nil)
 		if err != nil {
 			return nil, err
 		}
+		if total += len(out); total > MaxListBytes {
+			return nil, fmt.Errorf("%s: the %s take more than %d bytes by page %d, over the limit MaxListBytes = %d", export, kind, total, page, MaxListBytes)
+		}
 		items, next, err := decode(out)
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", export, err)
+		}
+		if err := checkListLen(export, kind, len(all)+len(items)); err != nil {
+			return nil, err
 		}
 		all = append(all, items...)
 		if next == "" {
@@ -384,7 +423,14 @@ func listPages(ctx context.Context, inst *sandbox.Instance, export string, decod
 		}
 		in.Cursor = next
 	}
-	return nil, fmt.Errorf("%s: more than %d pages", export, maxToolPages)
+	return nil, fmt.Errorf("%s: the %s take more than %d pages, over the limit MaxListPages = %d", export, kind, MaxListPages, MaxListPages)
+}
+
+func checkListLen(export, kind string, n int) error {
+	if n > MaxListItems {
+		return fmt.Errorf("%s: at least %d %s, over the limit MaxListItems = %d", export, n, kind, MaxListItems)
+	}
+	return nil
 }
 
 // detectInterface tells the plugin interface from the exports.
@@ -404,41 +450,29 @@ func (p *Plugin) detectInterface() error {
 	return nil
 }
 
-// maxToolPages bounds the pages of a v2 plugin's tool list, so a plugin
-// that always returns a next cursor cannot hold the load forever.
-const maxToolPages = 100
-
 func (p *Plugin) listTools(ctx context.Context, inst *sandbox.Instance) ([]abi.Tool, error) {
 	if p.iface == abi.InterfaceServlet {
 		out, err := inst.Call(ctx, abi.ExportDescribe, nil, nil)
 		if err != nil {
 			return nil, err
 		}
+		if len(out) > MaxListBytes {
+			return nil, fmt.Errorf("%s: the tools take %d bytes, over the limit MaxListBytes = %d", abi.ExportDescribe, len(out), MaxListBytes)
+		}
 		var res abi.ServletDescribeResult
 		if err := decodeJSON(out, &res); err != nil {
 			return nil, fmt.Errorf("%s: %w", abi.ExportDescribe, err)
 		}
-		return res.Tools, nil
-	}
-	var tools []abi.Tool
-	in := abi.ListToolsInput{}
-	for range maxToolPages {
-		b, _ := json.Marshal(in)
-		out, err := inst.Call(ctx, abi.ExportListTools, b, nil)
-		if err != nil {
+		if err := checkListLen(abi.ExportDescribe, "tools", len(res.Tools)); err != nil {
 			return nil, err
 		}
-		var res abi.ListToolsResult
-		if err := decodeJSON(out, &res); err != nil {
-			return nil, fmt.Errorf("%s: %w", abi.ExportListTools, err)
-		}
-		tools = append(tools, res.Tools...)
-		if res.NextCursor == "" {
-			return tools, nil
-		}
-		in.Cursor = res.NextCursor
+		return res.Tools, nil
 	}
-	return nil, fmt.Errorf("%s: more than %d pages of tools", abi.ExportListTools, maxToolPages)
+	return listPages(ctx, inst, abi.ExportListTools, "tools", func(b []byte) ([]abi.Tool, string, error) {
+		var res abi.ListToolsResult
+		err := decodeJSON(b, &res)
+		return res.Tools, res.NextCursor, err
+	})
 }
 
 func compileSchema(raw json.RawMessage) (*inputSchema, error) {
@@ -661,9 +695,15 @@ func (p *Plugin) SameCode(q *Plugin) bool { return p.compiled == q.compiled }
 
 // Relist asks instance inst of the plugin for its tools again (the guest
 // said its list changed) and returns a plugin with the new list and the
-// same code, so that instances of p serve it. p is not changed.
+// same code, so that instances of p serve it. p is not changed. The list
+// limits and the policy's load timeout apply, as in [Load].
 func (p *Plugin) Relist(ctx context.Context, inst *Instance) (*Plugin, error) {
 	q := &Plugin{name: p.name, path: p.path, sha256: p.sha256, size: p.size, compiled: p.compiled, hasExport: map[string]bool{}, stateless: p.stateless, filter: p.filter}
+	if d := p.compiled.Policy().LoadTimeout(); d > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, d)
+		defer cancel()
+	}
 	if err := q.describeWith(ctx, inst.sb, p.prefix); err != nil {
 		return nil, fmt.Errorf("plugin %q (%s): list tools again: %w", p.name, p.path, err)
 	}

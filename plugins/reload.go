@@ -442,7 +442,10 @@ func toolNames(p *Plugin) []string {
 // nothing changed. It runs outside r.mu, taking it only to read and record
 // the file's state.
 func (r *Reloader) loadIfChanged(ctx context.Context, path string) (*Plugin, error) {
-	wasm, err := os.ReadFile(path)
+	r.mu.Lock()
+	maxSize := maxFileSize(r.opts.OptionsFor, path)
+	r.mu.Unlock()
+	wasm, err := readPluginFile(path, maxSize)
 	r.mu.Lock()
 	f, ok := r.files[path]
 	if !ok {

@@ -43,20 +43,22 @@ type Func struct {
 	Signature string `json:"signature"`
 }
 
-func newCompiled(ctx context.Context, rt wazero.Runtime, wasm []byte, p Policy) (*Compiled, error) {
+// defineHost defines the host modules a guest may import in rt.
+func defineHost(ctx context.Context, rt wazero.Runtime) error {
 	if _, err := wasi_snapshot_preview1.Instantiate(ctx, rt); err != nil {
-		return nil, fmt.Errorf("sandbox: define %s: %w", abi.WASIModule, err)
+		return fmt.Errorf("sandbox: define %s: %w", abi.WASIModule, err)
 	}
 	if err := instantiateKernel(ctx, rt); err != nil {
-		return nil, fmt.Errorf("sandbox: define %s: %w", abi.EnvModule, err)
+		return fmt.Errorf("sandbox: define %s: %w", abi.EnvModule, err)
 	}
 	if err := instantiateUser(ctx, rt); err != nil {
-		return nil, fmt.Errorf("sandbox: define %s: %w", abi.UserModule, err)
+		return fmt.Errorf("sandbox: define %s: %w", abi.UserModule, err)
 	}
-	mod, err := rt.CompileModule(ctx, wasm)
-	if err != nil {
-		return nil, fmt.Errorf("compile: %w", err)
-	}
+	return nil
+}
+
+func newCompiled(rt wazero.Runtime, mod wazero.CompiledModule, p Policy) (*Compiled, error) {
+	var err error
 	c := &Compiled{rt: rt, mod: mod, policy: p}
 	if c.fsConfig, c.roots, err = p.fsConfig(); err != nil {
 		return nil, err

@@ -10,6 +10,7 @@ import (
 
 	"github.com/tetratelabs/wazero"
 	"github.com/tetratelabs/wazero/api"
+	"github.com/tetratelabs/wazero/experimental"
 
 	"github.com/wasmtools/wasmtools/abi"
 )
@@ -22,6 +23,7 @@ type Instance struct {
 	compiled *Compiled
 	mod      api.Module
 	kernel   kernel
+	mem      *reservedMemory // nil where the memory is wazero's own
 	funcs    map[string]api.Function
 	stack    [1]uint64
 	err      error     // why the instance is closed, nil while usable
@@ -68,6 +70,15 @@ func (c *Compiled) Instantiate(ctx context.Context) (*Instance, error) {
 	ctx, cancel := context.WithTimeout(ctx, c.policy.callTimeout)
 	defer cancel()
 	ctx = context.WithValue(ctx, instanceKey{}, inst)
+	ctx = experimental.WithMemoryAllocator(ctx, experimental.MemoryAllocatorFunc(func(_, max uint64) experimental.LinearMemory {
+		if m := reserveMemory(max); m != nil {
+			m.busy = true // the start function runs next; see exit below
+			inst.mem = m
+			return m
+		}
+		return &sliceMemory{}
+	}))
+	defer func() { inst.mem.exit() }() // inst.mem is set during InstantiateModule
 	mod, err := c.rt.InstantiateModule(ctx, c.mod, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("instantiate: %w", contextCause(ctx, err))
@@ -131,7 +142,10 @@ func (i *Instance) Call(ctx context.Context, export string, input []byte, host H
 	}()
 	ctx = context.WithValue(ctx, instanceKey{}, i)
 	i.stack[0] = 0
-	if err := f.CallWithStack(ctx, i.stack[:]); err != nil {
+	i.mem.enter()
+	err = f.CallWithStack(ctx, i.stack[:])
+	i.mem.exit()
+	if err != nil {
 		te := &TrapError{Export: export, Err: err}
 		if ctx.Err() != nil {
 			te.Cause = context.Cause(ctx)

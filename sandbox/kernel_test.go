@@ -1,6 +1,9 @@
 package sandbox
 
-import "testing"
+import (
+	"runtime"
+	"testing"
+)
 
 func TestKernelBlocks(t *testing.T) {
 	k := kernel{mem: make([]byte, blockAlign), limit: 1 << 10, maxOutput: 1 << 10}
@@ -37,5 +40,36 @@ func TestKernelBlocks(t *testing.T) {
 	}
 	if err := k.reset(make([]byte, 2<<10)); err == nil {
 		t.Error("input over the limit was accepted")
+	}
+}
+
+// TestVarOverhead checks varOverhead against what vars really cost the
+// host: vars of a 4-byte key and a 1-byte value, as many as fit, must
+// cost no more than varCost says (with 5% for the heap's noise).
+func TestVarOverhead(t *testing.T) {
+	if raceEnabled {
+		t.Skip("the race detector changes what allocations cost")
+	}
+	for _, n := range []int{1000, 2000, maxVars} {
+		var before, after runtime.MemStats
+		runtime.GC()
+		runtime.ReadMemStats(&before)
+		k := &kernel{}
+		key := make([]byte, 4)
+		for i := range n {
+			key[0], key[1] = byte(i), byte(i>>8)
+			k.setVar(key, []byte{1})
+		}
+		runtime.GC()
+		runtime.ReadMemStats(&after)
+		perVar := float64(int64(after.HeapAlloc)-int64(before.HeapAlloc)) / float64(n)
+		t.Logf("%d vars: %.0f bytes each, counted as %d", n, perVar, varCost(4, 1))
+		if perVar > 1.05*float64(varCost(4, 1)) {
+			t.Errorf("%d vars cost %.0f bytes each, over the %d counted", n, perVar, varCost(4, 1))
+		}
+		if k.varBytes != uint64(n)*varCost(4, 1) {
+			t.Errorf("varBytes = %d, want %d", k.varBytes, uint64(n)*varCost(4, 1))
+		}
+		runtime.KeepAlive(k)
 	}
 }

@@ -24,6 +24,17 @@ const (
 	DefaultCallTimeout = 30 * time.Second
 	// DefaultMaxOutput bounds the bytes one call may return.
 	DefaultMaxOutput = 4 << 20
+	// DefaultCompileTimeout bounds compiling one module. Compiling a 4 MiB
+	// Go plugin takes about 2 s on an idle machine, but 10 s on a loaded
+	// one and 80 s under the race detector (measured on 2 cores at a load
+	// of 12), and a module may be 16 times that size. Compiled code is
+	// cached, so a plugin pays it once.
+	DefaultCompileTimeout = 2 * time.Minute
+	// DefaultLoadTimeout bounds loading a plugin after compiling it:
+	// instantiating it and listing its tools, prompts and resources. It is
+	// well under the 30 to 60 s that MCP clients wait for a server to
+	// initialise, so that one slow plugin cannot make a client give up.
+	DefaultLoadTimeout = 10 * time.Second
 	// DefaultMaxKernelMemory bounds the host-side Extism memory blocks one
 	// call may allocate (input and output included).
 	DefaultMaxKernelMemory = 16 << 20
@@ -45,6 +56,9 @@ type Policy struct {
 	callTimeout     time.Duration
 	maxOutput       uint64
 	maxKernelMemory uint64
+	compileTimeout  time.Duration
+	loadTimeout     time.Duration
+	moduleLimits    ModuleLimits
 	log             *slog.Logger
 	config          map[string]string
 	env             map[string]string
@@ -60,6 +74,8 @@ func NewPolicy() Policy {
 		callTimeout:     DefaultCallTimeout,
 		maxOutput:       DefaultMaxOutput,
 		maxKernelMemory: DefaultMaxKernelMemory,
+		compileTimeout:  DefaultCompileTimeout,
+		loadTimeout:     DefaultLoadTimeout,
 		log:             slog.New(slog.DiscardHandler),
 	}
 }
@@ -91,6 +107,34 @@ func (p Policy) WithMaxOutput(bytes uint64) Policy {
 // WithMaxKernelMemory bounds the Extism memory blocks one call may hold.
 func (p Policy) WithMaxKernelMemory(bytes uint64) Policy {
 	p.maxKernelMemory = bytes
+	return p
+}
+
+// WithCompileTimeout bounds compiling the module ([Runtime.Compile]). An
+// overrun fails with an error matching context.DeadlineExceeded. wazero
+// cannot stop inside one function's compilation, so the compilation goes
+// on in the background until the function it is in is done (a time that
+// [ModuleLimits] bound), and is then dropped; Compile returns at the
+// deadline.
+func (p Policy) WithCompileTimeout(d time.Duration) Policy {
+	p.compileTimeout = d
+	return p
+}
+
+// WithLoadTimeout bounds what a host does to load a plugin once it is
+// compiled: instantiating it and asking it for its tools. It is separate
+// from the call timeout, which bounds each call within the load too.
+// The sandbox does not apply it itself; [Policy.LoadTimeout] reports it.
+func (p Policy) WithLoadTimeout(d time.Duration) Policy {
+	p.loadTimeout = d
+	return p
+}
+
+// WithModuleLimits sets what a module may ask the compiler to do; a zero
+// field keeps its default. A module over a limit does not compile, with a
+// [*LimitError] naming the limit and the value.
+func (p Policy) WithModuleLimits(l ModuleLimits) Policy {
+	p.moduleLimits = l
 	return p
 }
 
@@ -126,6 +170,15 @@ func (p Policy) MemoryLimit() uint64 { return p.memoryLimit }
 
 // CallTimeout reports the per-call timeout.
 func (p Policy) CallTimeout() time.Duration { return p.callTimeout }
+
+// CompileTimeout reports the compile timeout.
+func (p Policy) CompileTimeout() time.Duration { return p.compileTimeout }
+
+// LoadTimeout reports the load timeout (see [Policy.WithLoadTimeout]).
+func (p Policy) LoadTimeout() time.Duration { return p.loadTimeout }
+
+// ModuleLimits reports the module limits, defaults filled in.
+func (p Policy) ModuleLimits() ModuleLimits { return p.moduleLimits.withDefaults() }
 
 func (p Policy) memoryLimitPages() uint32 {
 	pages := p.memoryLimit / wasmPageSize

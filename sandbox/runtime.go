@@ -15,8 +15,11 @@ import (
 	"log/slog"
 	"slices"
 	"strings"
+	"sync/atomic"
+	"time"
 
 	"github.com/tetratelabs/wazero"
+	"github.com/tetratelabs/wazero/experimental"
 )
 
 // Options configures a [Runtime]. The zero value is valid.
@@ -34,6 +37,9 @@ type Options struct {
 type Runtime struct {
 	cache wazero.CompilationCache
 	log   *slog.Logger
+	// overrun counts compilations that passed their deadline and are
+	// still running in the background (see compileModule).
+	overrun atomic.Int32
 }
 
 // NewRuntime returns a Runtime with the given options.
@@ -62,9 +68,11 @@ func (r *Runtime) Close(ctx context.Context) error {
 
 // Compile validates and compiles wasm under policy p. It fails, without
 // running any guest code, when p is not valid ([Policy.Validate]), wasm is
-// not a WebAssembly module, does not validate, imports something this host
-// does not provide (the error names each), or needs more memory than p
-// allows.
+// not a WebAssembly module, is over one of p's [ModuleLimits] (a
+// [*LimitError]), does not validate, imports something this host does not
+// provide (the error names each), needs more memory than p allows, or
+// takes longer than p's compile timeout to compile (an error matching
+// context.DeadlineExceeded).
 //
 // Each Compiled has a wazero runtime of its own, since memory limits are a
 // runtime setting; machine code is shared through the Runtime's cache.
@@ -72,29 +80,120 @@ func (r *Runtime) Compile(ctx context.Context, wasm []byte, p Policy) (*Compiled
 	if err := p.Validate(); err != nil {
 		return nil, err
 	}
-	if len(wasm) < 8 || string(wasm[:4]) != "\x00asm" {
-		return nil, errors.New("not a WebAssembly module (no \\0asm magic number)")
+	if err := checkHeader(wasm); err != nil {
+		return nil, err
 	}
-	if wasm[4] != 1 || wasm[5] != 0 || wasm[6] != 0 || wasm[7] != 0 {
-		return nil, errors.New("not a WebAssembly core module of version 1 (a component? only core modules are supported)")
+	chk, err := checkModule(wasm, p.moduleLimits)
+	if err != nil {
+		return nil, fmt.Errorf("compile: %w", err)
 	}
 	if err := p.network.checkGrants(); err != nil {
 		return nil, fmt.Errorf("network grant: %w", err)
 	}
+	wasm = chk.capTables(wasm)
 	cfg := wazero.NewRuntimeConfig().
 		WithCompilationCache(r.cache).
 		WithCloseOnContextDone(true).
 		WithMemoryLimitPages(p.memoryLimitPages()).
 		WithCustomSections(true)
 	rt := wazero.NewRuntimeWithConfig(ctx, cfg)
-	c, err := newCompiled(ctx, rt, wasm, p)
-	if err != nil {
+	closeRT := func(err error) error {
 		if cerr := rt.Close(ctx); cerr != nil {
 			err = errors.Join(err, cerr)
 		}
-		return nil, err
+		return err
+	}
+	if err := defineHost(ctx, rt); err != nil {
+		return nil, closeRT(err)
+	}
+	mod, err := r.compileModule(ctx, rt, wasm, p.compileTimeout)
+	if err != nil {
+		if isOverrun(err) {
+			return nil, err // rt is closed when the compilation ends
+		}
+		return nil, closeRT(err)
+	}
+	c, err := newCompiled(rt, mod, p)
+	if err != nil {
+		return nil, closeRT(err)
 	}
 	return c, nil
+}
+
+func checkHeader(wasm []byte) error {
+	if len(wasm) < 8 || string(wasm[:4]) != "\x00asm" {
+		return errors.New("not a WebAssembly module (no \\0asm magic number)")
+	}
+	if wasm[4] != 1 || wasm[5] != 0 || wasm[6] != 0 || wasm[7] != 0 {
+		return errors.New("not a WebAssembly core module of version 1 (a component? only core modules are supported)")
+	}
+	return nil
+}
+
+// overrunError is a compilation abandoned at its deadline, whose runtime
+// the background compilation closes.
+type overrunError struct{ err error }
+
+func (e *overrunError) Error() string { return "compile: " + e.err.Error() }
+func (e *overrunError) Unwrap() error { return e.err }
+
+func isOverrun(err error) bool {
+	var o *overrunError
+	return errors.As(err, &o)
+}
+
+// compileWorkers is how many goroutines compile one module's functions.
+// wazero checks the context only in its parallel compiler (two workers or
+// more), between functions; its default, one worker, never stops.
+const compileWorkers = 2
+
+// compileModule compiles wasm in rt within timeout (zero or less meaning
+// the default). wazero checks the context only between functions, so a
+// compilation past its deadline, or whose ctx is cancelled, is left to
+// finish on its goroutine: the function each compiler worker is in (which
+// ModuleLimits bound), then wazero sees the cancelled context and stops.
+// Decoding and validating the module, before, cannot be stopped either;
+// they take time linear in the module's size within ModuleLimits.
+// That goroutine then closes rt, which nothing else holds: the
+// compilation holds no lock of the Runtime's, and wazero's engine locks
+// its shared tables only around lookups and inserts, not while
+// compiling.
+func (r *Runtime) compileModule(ctx context.Context, rt wazero.Runtime, wasm []byte, timeout time.Duration) (wazero.CompiledModule, error) {
+	if timeout <= 0 {
+		timeout = DefaultCompileTimeout
+	}
+	cctx, cancel := context.WithTimeout(experimental.WithCompilationWorkers(ctx, compileWorkers), timeout)
+	type result struct {
+		mod wazero.CompiledModule
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		mod, err := rt.CompileModule(cctx, wasm)
+		done <- result{mod, err}
+	}()
+	select {
+	case res := <-done:
+		cancel()
+		if res.err != nil {
+			return nil, fmt.Errorf("compile: %w", contextCause(cctx, res.err))
+		}
+		return res.mod, nil
+	case <-cctx.Done():
+	}
+	cancel()
+	n := r.overrun.Add(1)
+	r.log.Warn("compilation stopped at its deadline; it ends in the background", "timeout", timeout, "overrunning", n)
+	go func() {
+		<-done
+		_ = rt.Close(context.Background())
+		r.overrun.Add(-1)
+	}()
+	err := cctx.Err()
+	if ctx.Err() == nil {
+		err = fmt.Errorf("took longer than the compile timeout of %v: %w", timeout, err)
+	}
+	return nil, &overrunError{err}
 }
 
 // ModuleInfo is what a module imports and exports, read without checking
@@ -107,16 +206,26 @@ type ModuleInfo struct {
 // Inspect reads what wasm imports and exports. Unlike [Runtime.Compile], it
 // accepts imports this host does not provide, so that a tool such as
 // `wasmtools inspect` can show them.
+// It checks the module against the default [ModuleLimits] and compiles it
+// within the default compile timeout.
 func (r *Runtime) Inspect(ctx context.Context, wasm []byte) (*ModuleInfo, error) {
-	if len(wasm) < 8 || string(wasm[:4]) != "\x00asm" {
-		return nil, errors.New("not a WebAssembly module (no \\0asm magic number)")
+	if err := checkHeader(wasm); err != nil {
+		return nil, err
 	}
-	rt := wazero.NewRuntimeWithConfig(ctx, wazero.NewRuntimeConfig().WithCompilationCache(r.cache))
-	defer rt.Close(ctx)
-	mod, err := rt.CompileModule(ctx, wasm)
+	chk, err := checkModule(wasm, ModuleLimits{})
 	if err != nil {
 		return nil, fmt.Errorf("compile: %w", err)
 	}
+	wasm = chk.capTables(wasm)
+	rt := wazero.NewRuntimeWithConfig(ctx, wazero.NewRuntimeConfig().WithCompilationCache(r.cache))
+	mod, err := r.compileModule(ctx, rt, wasm, DefaultCompileTimeout)
+	if err != nil {
+		if !isOverrun(err) {
+			_ = rt.Close(ctx)
+		}
+		return nil, err
+	}
+	defer rt.Close(ctx)
 	info := &ModuleInfo{Imports: []Func{}, Exports: []Func{}}
 	for _, d := range mod.ImportedFunctions() {
 		m, n, _ := d.Import()

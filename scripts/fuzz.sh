@@ -16,6 +16,7 @@ time=${1:-${FUZZTIME:-10s}}
 GO=${GO:-go}
 targets=(
 	"./sandbox FuzzKernel"
+	"./sandbox FuzzCheckModule"
 	"./plugins FuzzDecodeOutput"
 	"./plugins FuzzLoadAndCall"
 	"./plugins FuzzValidateArguments"

@@ -6,6 +6,12 @@
 //	[defaults]
 //	memory_limit = "64MiB"
 //	call_timeout = "30s"
+//	compile_timeout = "2m"
+//	load_timeout = "10s"
+//
+//	[defaults.module]
+//	max_module_size = "64MiB"
+//	max_nesting = 2048
 //
 //	[limits]
 //	memory_budget = "2GiB"
@@ -64,9 +70,15 @@ type Plugin struct {
 	Prefix    string `toml:"prefix"`
 	Stateless *bool  `toml:"stateless"`
 
-	MemoryLimit Size     `toml:"memory_limit"`
-	CallTimeout Duration `toml:"call_timeout"`
-	MaxOutput   Size     `toml:"max_output"`
+	MemoryLimit    Size     `toml:"memory_limit"`
+	CallTimeout    Duration `toml:"call_timeout"`
+	CompileTimeout Duration `toml:"compile_timeout"`
+	LoadTimeout    Duration `toml:"load_timeout"`
+	MaxOutput      Size     `toml:"max_output"`
+	// Module bounds what the plugin's module may ask the compiler to do
+	// (sandbox.ModuleLimits); each unset field takes the [defaults.module]
+	// value, then the built-in default.
+	Module Module `toml:"module"`
 
 	AllowedHosts         []string          `toml:"allowed_hosts"`
 	AllowPrivateNetworks *bool             `toml:"allow_private_networks"`
@@ -75,6 +87,40 @@ type Plugin struct {
 	Env                  map[string]string `toml:"env"`
 	Tools                Tools             `toml:"tools"`
 	MaxInstances         int               `toml:"max_instances"`
+}
+
+// Module is sandbox.ModuleLimits in the configuration file. A module over
+// one is refused, the error naming the setting (such as max_nesting).
+type Module struct {
+	MaxModuleSize     Size   `toml:"max_module_size"`
+	MaxFunctions      uint32 `toml:"max_functions"`
+	MaxFunctionSize   Size   `toml:"max_function_size"`
+	MaxNesting        uint32 `toml:"max_nesting"`
+	MaxBlocks         uint32 `toml:"max_blocks"`
+	MaxLoops          uint32 `toml:"max_loops"`
+	MaxBrTableTargets uint32 `toml:"max_br_table_targets"`
+	MaxLocals         uint32 `toml:"max_locals"`
+	MaxTables         uint32 `toml:"max_tables"`
+	MaxTableSize      uint32 `toml:"max_table_size"`
+	MaxSegments       uint32 `toml:"max_segments"`
+}
+
+// limits returns m over d as sandbox.ModuleLimits.
+func (m Module) limits(d Module) sandbox.ModuleLimits {
+	first := cmp.Or[uint32]
+	return sandbox.ModuleLimits{
+		MaxModuleSize:     uint64(cmp.Or(m.MaxModuleSize, d.MaxModuleSize)),
+		MaxFunctions:      first(m.MaxFunctions, d.MaxFunctions),
+		MaxFunctionSize:   uint32(min(uint64(cmp.Or(m.MaxFunctionSize, d.MaxFunctionSize)), 1<<32-1)),
+		MaxNesting:        first(m.MaxNesting, d.MaxNesting),
+		MaxBlocks:         first(m.MaxBlocks, d.MaxBlocks),
+		MaxLoops:          first(m.MaxLoops, d.MaxLoops),
+		MaxBrTableTargets: first(m.MaxBrTableTargets, d.MaxBrTableTargets),
+		MaxLocals:         first(m.MaxLocals, d.MaxLocals),
+		MaxTables:         first(m.MaxTables, d.MaxTables),
+		MaxTableSize:      first(m.MaxTableSize, d.MaxTableSize),
+		MaxSegments:       first(m.MaxSegments, d.MaxSegments),
+	}
 }
 
 // Path grants a host folder to the guest.
@@ -302,6 +348,13 @@ func (f *File) For(name string) Effective {
 	if v := cmp.Or(p.MaxOutput, d.MaxOutput); v > 0 {
 		pol = pol.WithMaxOutput(uint64(v))
 	}
+	if v := cmp.Or(p.CompileTimeout, d.CompileTimeout); v > 0 {
+		pol = pol.WithCompileTimeout(time.Duration(v))
+	}
+	if v := cmp.Or(p.LoadTimeout, d.LoadTimeout); v > 0 {
+		pol = pol.WithLoadTimeout(time.Duration(v))
+	}
+	pol = pol.WithModuleLimits(p.Module.limits(d.Module))
 	hosts := p.AllowedHosts
 	if hosts == nil {
 		hosts = d.AllowedHosts

@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+
+	"github.com/wasmtools/wasmtools/sandbox"
 )
 
 func env(vars map[string]string) func(string) (string, bool) {
@@ -20,6 +22,11 @@ func TestParse(t *testing.T) {
 [defaults]
 memory_limit = "16MiB"
 call_timeout = "5s"
+load_timeout = "3s"
+
+[defaults.module]
+max_nesting = 100
+max_module_size = "8MiB"
 
 [limits]
 memory_budget = "1GiB"
@@ -37,6 +44,8 @@ env = { LANG = "C" }
 tools = { deny = ["debug_*"] }
 max_instances = 3
 memory_limit = "32MiB"
+compile_timeout = "1m"
+module = { max_nesting = 200, max_table_size = 5000 }
 
 [plugins.off]
 enabled = false
@@ -50,6 +59,17 @@ enabled = false
 	e := f.For("fetch")
 	if !e.Enabled || e.Instances != 3 || e.Options.Policy.MemoryLimit() != 32<<20 || e.Options.Policy.CallTimeout() != 5*time.Second {
 		t.Errorf("fetch: %+v", e)
+	}
+	if p := e.Options.Policy; p.CompileTimeout() != time.Minute || p.LoadTimeout() != 3*time.Second {
+		t.Errorf("fetch: compile timeout %v, load timeout %v", p.CompileTimeout(), p.LoadTimeout())
+	}
+	want := sandbox.ModuleLimits{MaxNesting: 200, MaxTableSize: 5000, MaxModuleSize: 8 << 20}
+	got := e.Options.Policy.ModuleLimits()
+	if got.MaxNesting != want.MaxNesting || got.MaxTableSize != want.MaxTableSize || got.MaxModuleSize != want.MaxModuleSize || got.MaxLoops != sandbox.DefaultMaxLoops {
+		t.Errorf("fetch: module limits %+v; want %+v over the defaults", got, want)
+	}
+	if d := f.For("other").Options.Policy; d.ModuleLimits().MaxNesting != 100 || d.CompileTimeout() != sandbox.DefaultCompileTimeout {
+		t.Errorf("a plugin with no entry: module limits %+v, compile timeout %v", d.ModuleLimits(), d.CompileTimeout())
 	}
 	if diff := cmp.Diff([]string{"api.example.com", "127.0.0.1:18409", "[::1]:8080", "*.example.org"}, e.Network.AllowedHosts); diff != "" || e.Network.AllowPrivate {
 		t.Errorf("network %+v", e.Network)

@@ -1,0 +1,77 @@
+package plugins
+
+import (
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"syscall"
+
+	"github.com/wasmtools/wasmtools/sandbox"
+)
+
+// readPluginFile reads the plugin file at path, refusing anything but a
+// regular file of at most limit bytes. A plugin folder is the operator's,
+// but what is in it may be a symlink to /dev/zero (which os.ReadFile
+// reads until the process runs out of memory), a FIFO (which blocks the
+// load forever) or a file too large to be a plugin.
+//
+// A symlink is followed, to a regular file only. The file is opened with
+// O_NONBLOCK, so that opening a FIFO does not wait for a writer, and the
+// opened file is checked with fstat, so that what is read is what was
+// checked. Reading stops at limit+1 bytes, in case the file grows while
+// it is read.
+func readPluginFile(path string, limit uint64) ([]byte, error) {
+	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NONBLOCK, 0)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	info, err := f.Stat()
+	if err != nil {
+		return nil, err
+	}
+	if !info.Mode().IsRegular() {
+		return nil, fmt.Errorf("not a regular file (%s): refused", fileKind(info.Mode()))
+	}
+	if uint64(info.Size()) > limit {
+		return nil, fmt.Errorf("%d bytes is over the limit max_module_size = %d", info.Size(), limit)
+	}
+	b, err := io.ReadAll(io.LimitReader(f, int64(min(limit, 1<<62))+1))
+	if err != nil {
+		return nil, err
+	}
+	if uint64(len(b)) > limit {
+		return nil, fmt.Errorf("over the limit max_module_size = %d bytes (the file grew while it was read)", limit)
+	}
+	return b, nil
+}
+
+func fileKind(m fs.FileMode) string {
+	switch {
+	case m.IsDir():
+		return "a folder"
+	case m&fs.ModeNamedPipe != 0:
+		return "a FIFO"
+	case m&fs.ModeCharDevice != 0:
+		return "a character device"
+	case m&fs.ModeDevice != 0:
+		return "a device"
+	case m&fs.ModeSocket != 0:
+		return "a socket"
+	default:
+		return m.Type().String()
+	}
+}
+
+// maxFileSize is the most of the plugin file at path that is read: the
+// module size limit of the policy optsFor (which may be nil) gives it.
+func maxFileSize(optsFor func(path string) Options, path string) uint64 {
+	policy := sandbox.NewPolicy()
+	if optsFor != nil {
+		if p := optsFor(path).Policy; p != nil {
+			policy = *p
+		}
+	}
+	return policy.ModuleLimits().MaxModuleSize
+}

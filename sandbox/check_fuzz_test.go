@@ -1,0 +1,91 @@
+package sandbox
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/tetratelabs/wazero"
+)
+
+// FuzzCheckModule feeds the pre-compile checker arbitrary bytes, seeded
+// with the test plugins written in WebAssembly text. The checker must
+// never panic; a module it accepts and wazero compiles still checks and
+// compiles with its tables capped. Only what the checker accepts reaches
+// wazero: wazero allocates what a module declares before reading it, and
+// a fuzzed count of 2^32 items ends the fuzzing process. (That every
+// plugin we build passes the checker is TestCheckModuleAcceptsPlugins.)
+func FuzzCheckModule(f *testing.F) {
+	seeds, _ := filepath.Glob(filepath.Join("..", "internal", "testplugins", "dist", "*.wasm"))
+	for _, s := range seeds {
+		if b, err := os.ReadFile(s); err == nil && len(b) < 64<<10 {
+			f.Add(b)
+		}
+	}
+	f.Add([]byte("\x00asm\x01\x00\x00\x00"))
+	f.Add([]byte("\x00asm\x01\x00\x00\x00\x04\x04\x01\x70\x00\x05")) // a table with no maximum
+	ctx := context.Background()
+	rt := wazero.NewRuntime(ctx)
+	f.Cleanup(func() { rt.Close(ctx) })
+	limits := ModuleLimits{MaxNesting: 64, MaxBlocks: 256, MaxLoops: 64, MaxBrTableTargets: 256, MaxFunctionSize: 16 << 10, MaxTableSize: 1 << 10}
+	f.Fuzz(func(t *testing.T, wasm []byte) {
+		c, err := checkModule(wasm, limits)
+		if err != nil {
+			var le *LimitError
+			if errors.As(err, &le) && (le.Value <= le.Max || le.Limit == "") {
+				t.Fatalf("a LimitError within its limit: %v", err)
+			}
+			return
+		}
+		mod, err := rt.CompileModule(ctx, wasm)
+		if err != nil {
+			return
+		}
+		mod.Close(ctx)
+		capped := c.capTables(wasm)
+		if _, err := CheckModule(capped, limits); err != nil {
+			t.Fatalf("the module with its tables capped does not check: %v", err)
+		}
+		mod, err = rt.CompileModule(ctx, capped)
+		if err != nil {
+			t.Fatalf("the module with its tables capped does not compile: %v", err)
+		}
+		mod.Close(ctx)
+	})
+}
+
+// TestCheckModuleAcceptsPlugins checks every plugin the repository builds
+// (Go wasip1 builds and WebAssembly text) against the default limits, and
+// logs what the largest uses, for docs/SECURITY.md.
+func TestCheckModuleAcceptsPlugins(t *testing.T) {
+	var files []string
+	for _, dir := range []string{"../examples/plugins/dist", "../internal/testplugins/dist"} {
+		f, _ := filepath.Glob(filepath.Join(dir, "*.wasm"))
+		files = append(files, f...)
+	}
+	if len(files) == 0 {
+		t.Skip("no plugins built: run `make plugins testplugins`")
+	}
+	var most ModuleStats
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		s, err := CheckModule(b, ModuleLimits{})
+		if err != nil {
+			t.Errorf("%s: %v", f, err)
+		}
+		most = ModuleStats{
+			Size: max(most.Size, s.Size), Functions: max(most.Functions, s.Functions),
+			MaxFunctionLen: max(most.MaxFunctionLen, s.MaxFunctionLen), MaxNesting: max(most.MaxNesting, s.MaxNesting),
+			MaxBlocks: max(most.MaxBlocks, s.MaxBlocks), MaxLoops: max(most.MaxLoops, s.MaxLoops),
+			MaxBrTable: max(most.MaxBrTable, s.MaxBrTable), MaxLocals: max(most.MaxLocals, s.MaxLocals),
+			Tables: max(most.Tables, s.Tables), MaxTableMin: max(most.MaxTableMin, s.MaxTableMin),
+			DataSegments: max(most.DataSegments, s.DataSegments), ElemSegments: max(most.ElemSegments, s.ElemSegments),
+		}
+	}
+	t.Logf("the most any of %d plugins uses: %+v", len(files), most)
+}

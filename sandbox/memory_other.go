@@ -1,0 +1,12 @@
+//go:build !linux
+
+package sandbox
+
+import "errors"
+
+// reserveMemory reserves nothing where it is not implemented: instances
+// use wazero's own allocation, which copies memory as it grows.
+func reserveMemory(max uint64) *reservedMemory { return nil }
+
+func commit(b []byte) error  { return errors.ErrUnsupported }
+func release(b []byte) error { return nil }
