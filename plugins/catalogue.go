@@ -258,8 +258,12 @@ func Discover(paths []string) ([]string, []error) {
 			continue
 		}
 		for _, e := range entries {
-			if IsPluginFile(e.Name()) && e.Type()&fs.ModeType == 0 || IsPluginFile(e.Name()) && e.Type()&fs.ModeSymlink != 0 {
-				add(filepath.Join(p, e.Name()))
+			switch {
+			case !IsPluginFile(e.Name()):
+			case e.Type()&fs.ModeType == 0, e.Type()&fs.ModeSymlink != 0:
+				add(filepath.Join(p, e.Name())) // a link is followed only to a regular file (see readPluginFile)
+			default:
+				errs = append(errs, fmt.Errorf("plugin file %s: not a regular file (%s): skipped", filepath.Join(p, e.Name()), e.Type()))
 			}
 		}
 	}

@@ -27,24 +27,24 @@ func withTable(min, max int) []byte {
 	m := []byte("\x00asm\x01\x00\x00\x00")
 	t := []byte{1, 0x70}
 	if max >= 0 {
-		t = uleb(uleb(append(t, 1), uint64(min)), uint64(max))
+		t = testplugins.ULEB(testplugins.ULEB(append(t, 1), uint64(min)), uint64(max))
 	} else {
-		t = uleb(append(t, 0), uint64(min))
+		t = testplugins.ULEB(append(t, 0), uint64(min))
 	}
-	return section(m, 4, t)
+	return testplugins.Section(m, 4, t)
 }
 
 // withLocals returns a module whose one function declares n i32 locals.
 func withLocals(n int) []byte {
-	return moduleWithBody(append(uleb([]byte{1}, uint64(n)), 0x7f))
+	return testplugins.ModuleWithBody(append(testplugins.ULEB([]byte{1}, uint64(n)), 0x7f))
 }
 
 // manyFunctions returns a module of n functions () -> ().
 func manyFunctions(n int) []byte {
 	m := []byte("\x00asm\x01\x00\x00\x00")
-	m = section(m, 1, []byte{1, 0x60, 0, 0})
-	m = section(m, 3, append(uleb(nil, uint64(n)), bytes.Repeat([]byte{0}, n)...))
-	m = section(m, 10, append(uleb(nil, uint64(n)), bytes.Repeat([]byte{2, 0, 0x0b}, n)...))
+	m = testplugins.Section(m, 1, []byte{1, 0x60, 0, 0})
+	m = testplugins.Section(m, 3, append(testplugins.ULEB(nil, uint64(n)), bytes.Repeat([]byte{0}, n)...))
+	m = testplugins.Section(m, 10, append(testplugins.ULEB(nil, uint64(n)), bytes.Repeat([]byte{2, 0, 0x0b}, n)...))
 	return m
 }
 
@@ -70,15 +70,15 @@ func TestHostileModuleLimits(t *testing.T) {
 		limit string
 		value uint64
 	}{
-		{"50000_nested_loops", moduleWithBody(nestedLoops(50_000)), "max_loops", 2049},
-		{"100000_nested_blocks", moduleWithBody(nestedBlocks(100_000)), "max_nesting", 2049},
-		{"1000000_br_table_targets", moduleWithBody(brTable(1_000_000)), "max_br_table_targets", 1_000_000},
-		{"40000_loops_100_deep", moduleWithBody(append([]byte{0}, bytes.Repeat(nestedLoops(100)[1:], 400)...)), "max_loops", 2049},
-		{"20000_blocks", moduleWithBody(append([]byte{0}, bytes.Repeat(nestedBlocks(1000)[1:], 20)...)), "max_blocks", 8193},
+		{"50000_nested_loops", testplugins.ModuleWithBody(testplugins.NestedLoops(50_000)), "max_loops", 2049},
+		{"100000_nested_blocks", testplugins.ModuleWithBody(testplugins.NestedBlocks(100_000)), "max_nesting", 2049},
+		{"1000000_br_table_targets", testplugins.ModuleWithBody(testplugins.BrTable(1_000_000)), "max_br_table_targets", 1_000_000},
+		{"40000_loops_100_deep", testplugins.ModuleWithBody(append([]byte{0}, bytes.Repeat(testplugins.NestedLoops(100)[1:], 400)...)), "max_loops", 2049},
+		{"20000_blocks", testplugins.ModuleWithBody(append([]byte{0}, bytes.Repeat(testplugins.NestedBlocks(1000)[1:], 20)...)), "max_blocks", 8193},
 		{"1000000_locals", withLocals(1_000_000), "max_locals", 1_000_000},
 		{"table_min_2^26", withTable(1<<26, -1), "max_table_size", 1 << 26},
 		{"300000_functions", manyFunctions(300_000), "max_functions", 200_001},
-		{"2MiB_function", moduleWithBody(append([]byte{0}, bytes.Repeat([]byte{0x01}, 2<<20)...)), "max_function_size", 2<<20 + 2},
+		{"2MiB_function", testplugins.ModuleWithBody(append([]byte{0}, bytes.Repeat([]byte{0x01}, 2<<20)...)), "max_function_size", 2<<20 + 2},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -119,13 +119,13 @@ func TestHostileCompileDeadline(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer rt.Close(ctx)
-	body := append([]byte{0}, bytes.Repeat(nestedLoops(100)[1:], 20)...)
+	body := append([]byte{0}, bytes.Repeat(testplugins.NestedLoops(100)[1:], 20)...)
 	slow := func(n int) []byte {
 		m := []byte("\x00asm\x01\x00\x00\x00")
-		m = section(m, 1, []byte{1, 0x60, 0, 0})
-		m = section(m, 3, append(uleb(nil, uint64(n)), bytes.Repeat([]byte{0}, n)...))
-		fn := append(uleb(nil, uint64(len(body)+1)), append(body, 0x0b)...)
-		return section(m, 10, append(uleb(nil, uint64(n)), bytes.Repeat(fn, n)...))
+		m = testplugins.Section(m, 1, []byte{1, 0x60, 0, 0})
+		m = testplugins.Section(m, 3, append(testplugins.ULEB(nil, uint64(n)), bytes.Repeat([]byte{0}, n)...))
+		fn := append(testplugins.ULEB(nil, uint64(len(body)+1)), append(body, 0x0b)...)
+		return testplugins.Section(m, 10, append(testplugins.ULEB(nil, uint64(n)), bytes.Repeat(fn, n)...))
 	}
 	// The baseline: one such function, compiled on this machine, now.
 	start := time.Now()

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -11,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -183,5 +185,125 @@ func TestHostileRecordLogRotates(t *testing.T) {
 	}
 	if lines < 2 {
 		t.Errorf("%d lines kept; want the last calls'", lines)
+	}
+}
+
+// firstCall starts `wasmtools serve args...` over stdio and returns how
+// long, from the process's start, its first call of the counter's count
+// took to be answered, and the session.
+func firstCall(t *testing.T, stderr *lockedBuffer, args ...string) (time.Duration, *mcp.ClientSession) {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], append([]string{"serve", "--cache-dir", testplugins.CacheDir()}, args...)...)
+	cmd.Env = append(os.Environ(), "WASMTOOLS_TEST_MAIN=1")
+	cmd.Stderr = stderr
+	start := time.Now()
+	cs, err := mcp.NewClient(&mcp.Implementation{Name: "test", Version: "1"}, nil).Connect(context.Background(), &mcp.CommandTransport{Command: cmd}, nil)
+	if err != nil {
+		t.Fatalf("connect: %v\n%s", err, stderr)
+	}
+	t.Cleanup(func() { cs.Close() })
+	res, err := cs.CallTool(context.Background(), &mcp.CallToolParams{Name: "count", Arguments: map[string]any{}})
+	took := time.Since(start)
+	if err != nil || res.IsError || res.Content[0].(*mcp.TextContent).Text != "1" {
+		t.Fatalf("first call: %v %+v\n%s", err, res, stderr)
+	}
+	return took, cs
+}
+
+// TestHostileFolderServesTheGoodPlugin: a folder holding a good plugin
+// beside ten hostile files (compile bombs, a spinning start function, a
+// spinning _initialize, a spinning tool list, a 100 001-tool list, a
+// symbolic link to /dev/zero, a FIFO, a module over the table limit)
+// serves the good plugin's first call within 2 s of start more than the
+// same folder with the good plugin alone, measured in the same run; then
+// each hostile file is refused with its reason, and the server goes on.
+func TestHostileFolderServesTheGoodPlugin(t *testing.T) {
+	counter := testplugins.Bytes(t, testplugins.Example(t, "counter"))
+	alone := t.TempDir()
+	os.WriteFile(filepath.Join(alone, "counter.wasm"), counter, 0o644)
+	var baseStderr lockedBuffer
+	baseline, base := firstCall(t, &baseStderr, alone)
+	base.Close()
+
+	dir := t.TempDir()
+	files := map[string][]byte{
+		"counter.wasm":     counter,
+		"bomb-loops.wasm":  testplugins.ModuleWithBody(testplugins.NestedLoops(50_000)),
+		"bomb-blocks.wasm": testplugins.ModuleWithBody(testplugins.NestedBlocks(100_000)),
+		"bomb-table.wasm":  testplugins.ModuleWithBody(testplugins.BrTable(1_000_000)),
+		"spinstart.wasm":   testplugins.Bytes(t, testplugins.Test(t, "hostilestart")),
+		"spininit.wasm":    testplugins.Bytes(t, testplugins.Test(t, "hostileinit")),
+		"spinlist.wasm":    testplugins.Bytes(t, testplugins.Test(t, "hostilelist")),
+		"manytools.wasm":   testplugins.Bytes(t, testplugins.Test(t, "hostilelist")),
+		"bigmin.wasm":      testplugins.Bytes(t, testplugins.Test(t, "hostilebigmin")),
+	}
+	for name, b := range files {
+		if err := os.WriteFile(filepath.Join(dir, name), b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.Symlink("/dev/zero", filepath.Join(dir, "zero.wasm")); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Mkfifo(filepath.Join(dir, "fifo.wasm"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var many strings.Builder
+	many.WriteString(`{"tools":[`)
+	for i := range 100_001 {
+		if i > 0 {
+			many.WriteByte(',')
+		}
+		fmt.Fprintf(&many, `{"name":"t%d"}`, i) // 1.9 MB, as the red team's
+	}
+	many.WriteString(`]}`)
+	lists := `prompts = '{"prompts":[]}', resources = '{"resources":[]}', templates = '{"resourceTemplates":[]}'`
+	cfg := filepath.Join(t.TempDir(), "wasmtools.toml")
+	os.WriteFile(cfg, []byte(fmt.Sprintf(`
+[plugins.spinlist]
+config = { spin = "1", tools = '{"tools":[]}', %s }
+
+[plugins.manytools]
+config = { tools = '%s', %s }
+`, lists, many.String(), lists)), 0o644)
+
+	var stderr lockedBuffer
+	took, cs := firstCall(t, &stderr, "--config", cfg, dir)
+	t.Logf("first call: %v with ten hostile files, %v with the good plugin alone", took, baseline)
+	if took > baseline+2*time.Second {
+		t.Errorf("first call took %v with ten hostile files beside the good plugin, over 2 s more than alone (%v)", took, baseline)
+	}
+	// Every hostile file is refused with its reason; the server goes on.
+	reasons := map[string]string{
+		"bomb-loops": "max_loops", "bomb-blocks": "max_nesting", "bomb-table": "max_br_table_targets",
+		"spinstart": "", "spininit": "", "spinlist": "", "manytools": "2000", "bigmin": "",
+		"zero": "not a regular file", "fifo": "not a regular file",
+	}
+	deadline := time.Now().Add(startupTimeout)
+	for !strings.Contains(stderr.String(), "plugins loaded") {
+		if time.Now().After(deadline) {
+			t.Fatalf("the first load did not end:\n%s", stderr.String())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	logs := stderr.String()
+	for name, reason := range reasons {
+		line := ""
+		for _, l := range strings.Split(logs, "\n") {
+			if strings.Contains(l, name+".wasm") && strings.Contains(l, "level=ERROR") {
+				line = l
+				break
+			}
+		}
+		if line == "" || !strings.Contains(line, reason) {
+			t.Errorf("%s: refusal %q, want one naming %q", name, line, reason)
+		}
+	}
+	if got := callText(t, cs, "count", nil); got != "2" {
+		t.Errorf("count after the load = %s, want 2", got)
+	}
+	res, err := cs.ListTools(context.Background(), nil)
+	if err != nil || len(res.Tools) != 1 {
+		t.Errorf("tools: %v %v; want the counter's one", res, err)
 	}
 }
