@@ -338,7 +338,16 @@ func (e *callEnv) elicit(ctx context.Context, input []byte) *abi.ElicitResult {
 		return cancelWith("this call cannot ask questions")
 	}
 	q := &question{key: inputKey(r), params: params, schema: schema, answer: make(chan *abi.ElicitResult, 1)}
-	a := cancelWith("the call was cancelled")
+	if a, ok := ask(ctx, e, q, q.answer); ok {
+		return a
+	}
+	return cancelWith("the call was cancelled")
+}
+
+// ask hands q to the goroutine serving the client and waits for its
+// answer, with the call's lease paused (see callEnv.waitForPerson); ok is
+// false when ctx ends first.
+func ask[T any](ctx context.Context, e *callEnv, q *question, answer <-chan T) (a T, ok bool) {
 	e.waitForPerson(ctx, func() {
 		select {
 		case e.questions <- q:
@@ -346,11 +355,12 @@ func (e *callEnv) elicit(ctx context.Context, input []byte) *abi.ElicitResult {
 			return
 		}
 		select {
-		case a = <-q.answer:
+		case a = <-answer:
+			ok = true
 		case <-ctx.Done():
 		}
 	})
-	return a
+	return a, ok
 }
 
 // inputKey is the key under which a 2026-07-28 client is asked a form

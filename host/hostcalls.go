@@ -340,19 +340,10 @@ func (e *callEnv) createMessage(ctx context.Context, input []byte) *abi.CreateMe
 		// Through the goroutine serving the client, which parks the
 		// call.
 		q := &question{key: "q", sampling: &params, sampled: make(chan *abi.CreateMessageResult, 1)}
-		a := &abi.CreateMessageResult{Error: "the call was cancelled"}
-		e.waitForPerson(ctx, func() {
-			select {
-			case e.questions <- q:
-			case <-ctx.Done():
-				return
-			}
-			select {
-			case a = <-q.sampled:
-			case <-ctx.Done():
-			}
-		})
-		return a
+		if a, ok := ask(ctx, e, q, q.sampled); ok {
+			return a
+		}
+		return &abi.CreateMessageResult{Error: "the call was cancelled"}
 	}
 	var res *mcp.CreateMessageResult
 	var err error
