@@ -23,6 +23,7 @@ targets=(
 	"./host FuzzToMCP"
 	"./host FuzzElicitParams"
 	"./host FuzzVerifyState"
+	"./internal/sessions FuzzLeases"
 )
 out=$(mktemp)
 trap 'rm -f "$out"' EXIT

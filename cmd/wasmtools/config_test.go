@@ -34,7 +34,7 @@ func serveInProcess(t *testing.T, env map[string]string, args ...string) (string
 	stderr := &lockedBuffer{}
 	done := make(chan struct{})
 	go func() {
-		run(ctx, append([]string{"serve", "--cache-dir", testplugins.CacheDir(), "--http", addr}, args...), lookup(env), strings.NewReader(""), &bytes.Buffer{}, stderr)
+		run(ctx, append([]string{"serve", "--cache-dir", testplugins.CacheDir(), "--load-wait", testLoadWait, "--http", addr}, args...), lookup(env), strings.NewReader(""), &bytes.Buffer{}, stderr)
 		close(done)
 	}()
 	t.Cleanup(func() { cancel(); <-done })

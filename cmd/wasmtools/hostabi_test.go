@@ -86,7 +86,7 @@ func TestHostABIOverStdio(t *testing.T) {
 	dir := hostABIFolder(t)
 	records := filepath.Join(t.TempDir(), "records.jsonl")
 	c := &hostABIClient{}
-	cmd := exec.Command(os.Args[0], "serve", "--cache-dir", testplugins.CacheDir(), "--record-log", records, dir)
+	cmd := exec.Command(os.Args[0], "serve", "--cache-dir", testplugins.CacheDir(), "--load-wait", testLoadWait, "--record-log", records, dir)
 	cmd.Env = append(os.Environ(), "WASMTOOLS_TEST_MAIN=1")
 	var stderr lockedBuffer
 	cmd.Stderr = &stderr
@@ -117,7 +117,7 @@ func TestHostABIOverHTTP(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	var stderr lockedBuffer
-	go run(ctx, []string{"serve", "--cache-dir", testplugins.CacheDir(), "--http", addr, "--client-header", "X-Client", dir}, nil, strings.NewReader(""), &bytes.Buffer{}, &stderr)
+	go run(ctx, []string{"serve", "--cache-dir", testplugins.CacheDir(), "--load-wait", testLoadWait, "--http", addr, "--client-header", "X-Client", dir}, nil, strings.NewReader(""), &bytes.Buffer{}, &stderr)
 	for _, proto := range []string{"2025-11-25", ""} {
 		t.Run("protocol="+proto, func(t *testing.T) {
 			c := &hostABIClient{}

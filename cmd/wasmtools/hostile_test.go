@@ -76,7 +76,7 @@ func TestHostileStdioFloodsStdout(t *testing.T) {
 	})
 	const stdoutLine, dropped = `msg="guest stdout"`, "dropped by the rate limit"
 	stderr := &stderrTally{markers: []string{stdoutLine, dropped}}
-	cmd := exec.Command(os.Args[0], "serve", "--cache-dir", testplugins.CacheDir(), dir)
+	cmd := exec.Command(os.Args[0], "serve", "--cache-dir", testplugins.CacheDir(), "--load-wait", testLoadWait, dir)
 	cmd.Env = append(os.Environ(), "WASMTOOLS_TEST_MAIN=1")
 	cmd.Stderr = stderr
 	ctx := context.Background()
@@ -193,7 +193,7 @@ func TestHostileRecordLogRotates(t *testing.T) {
 // took to be answered, and the session.
 func firstCall(t *testing.T, stderr *lockedBuffer, args ...string) (time.Duration, *mcp.ClientSession) {
 	t.Helper()
-	cmd := exec.Command(os.Args[0], append([]string{"serve", "--cache-dir", testplugins.CacheDir()}, args...)...)
+	cmd := exec.Command(os.Args[0], append([]string{"serve", "--cache-dir", testplugins.CacheDir(), "--load-wait", testLoadWait}, args...)...)
 	cmd.Env = append(os.Environ(), "WASMTOOLS_TEST_MAIN=1")
 	cmd.Stderr = stderr
 	start := time.Now()
@@ -214,17 +214,11 @@ func firstCall(t *testing.T, stderr *lockedBuffer, args ...string) (time.Duratio
 // beside ten hostile files (compile bombs, a spinning start function, a
 // spinning _initialize, a spinning tool list, a 100 001-tool list, a
 // symbolic link to /dev/zero, a FIFO, a module over the table limit)
-// serves the good plugin's first call within 2 s of start more than the
-// same folder with the good plugin alone, measured in the same run; then
-// each hostile file is refused with its reason, and the server goes on.
+// serves the good plugin's first call within 2 s of start over twice the
+// time with the good plugin alone, measured in the same run; then each
+// hostile file is refused with its reason, and the server goes on.
 func TestHostileFolderServesTheGoodPlugin(t *testing.T) {
 	counter := testplugins.Bytes(t, testplugins.Example(t, "counter"))
-	alone := t.TempDir()
-	os.WriteFile(filepath.Join(alone, "counter.wasm"), counter, 0o644)
-	var baseStderr lockedBuffer
-	baseline, base := firstCall(t, &baseStderr, alone)
-	base.Close()
-
 	dir := t.TempDir()
 	files := map[string][]byte{
 		"counter.wasm":     counter,
@@ -267,11 +261,24 @@ config = { spin = "1", tools = '{"tools":[]}', %s }
 config = { tools = '%s', %s }
 `, lists, many.String(), lists)), 0o644)
 
+	// The baseline: the same server and configuration, the good plugin
+	// alone, now, on this machine.
+	alone := t.TempDir()
+	os.WriteFile(filepath.Join(alone, "counter.wasm"), counter, 0o644)
+	var baseStderr lockedBuffer
+	baseline, base := firstCall(t, &baseStderr, "--config", cfg, alone)
+	base.Close()
+
 	var stderr lockedBuffer
 	took, cs := firstCall(t, &stderr, "--config", cfg, dir)
 	t.Logf("first call: %v with ten hostile files, %v with the good plugin alone", took, baseline)
-	if took > baseline+2*time.Second {
-		t.Errorf("first call took %v with ten hostile files beside the good plugin, over 2 s more than alone (%v)", took, baseline)
+	// Loaded one after another, the three spinning files alone would hold
+	// it 30 s (their load deadline each). In parallel, three spinning
+	// guests still share the cores with the good plugin's load: the bound
+	// is 2 s over twice the baseline (about 0.7 s against 0.3 s on an idle
+	// machine).
+	if bound := 2*baseline + 2*time.Second; took > bound {
+		t.Errorf("first call took %v with ten hostile files beside the good plugin, over %v (2 s over twice %v alone)", took, bound, baseline)
 	}
 	// Every hostile file is refused with its reason; the server goes on.
 	reasons := map[string]string{

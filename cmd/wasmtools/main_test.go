@@ -59,7 +59,7 @@ func exampleFolder(t *testing.T) string {
 // connectStdio starts `wasmtools serve args...` and connects to it.
 func connectStdio(t *testing.T, stderr *lockedBuffer, args ...string) *mcp.ClientSession {
 	t.Helper()
-	cmd := exec.Command(os.Args[0], append([]string{"serve", "--cache-dir", testplugins.CacheDir()}, args...)...)
+	cmd := exec.Command(os.Args[0], append([]string{"serve", "--cache-dir", testplugins.CacheDir(), "--load-wait", testLoadWait}, args...)...)
 	cmd.Env = append(os.Environ(), "WASMTOOLS_TEST_MAIN=1")
 	cmd.Stderr = stderr
 	cs, err := mcp.NewClient(&mcp.Implementation{Name: "test", Version: "1"}, nil).Connect(context.Background(), &mcp.CommandTransport{Command: cmd}, nil)
@@ -149,7 +149,7 @@ func TestServeHTTP(t *testing.T) {
 	var stderr lockedBuffer
 	exited := make(chan int)
 	go func() {
-		exited <- run(ctx, []string{"serve", "--cache-dir", testplugins.CacheDir(), "--http", addr, "--client-header", "X-Client", dir}, nil, strings.NewReader(""), &bytes.Buffer{}, &stderr)
+		exited <- run(ctx, []string{"serve", "--cache-dir", testplugins.CacheDir(), "--load-wait", testLoadWait, "--http", addr, "--client-header", "X-Client", dir}, nil, strings.NewReader(""), &bytes.Buffer{}, &stderr)
 	}()
 	endpoint := "http://" + addr + "/mcp"
 	connect := func(protocol, client string) *mcp.ClientSession {
@@ -299,3 +299,10 @@ func TestUsage(t *testing.T) {
 // under the race detector, on 2 cores, with a cold compilation cache, a
 // server compiles several Go plugins before it serves.
 const startupTimeout = 3 * time.Minute
+
+// testLoadWait is the --load-wait of the servers the tests start: a
+// request waits for the plugins' first load as long as it takes. The
+// default (10 s) is for people; a cold compile under the race detector on
+// a loaded machine takes longer, and a test that called at once would
+// find no tool.
+const testLoadWait = "5m"

@@ -19,7 +19,7 @@ import (
 func TestHotReloadOverStdio(t *testing.T) {
 	dir := t.TempDir()
 	changed := make(chan struct{}, 10)
-	cmd := exec.Command(os.Args[0], "serve", "--cache-dir", testplugins.CacheDir(), dir)
+	cmd := exec.Command(os.Args[0], "serve", "--cache-dir", testplugins.CacheDir(), "--load-wait", testLoadWait, dir)
 	cmd.Env = append(os.Environ(), "WASMTOOLS_TEST_MAIN=1")
 	var stderr lockedBuffer
 	cmd.Stderr = &stderr
@@ -75,7 +75,7 @@ func TestStatus(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	var stderr lockedBuffer
-	go run(ctx, []string{"serve", "--cache-dir", testplugins.CacheDir(), "--http", addr, dir}, nil, strings.NewReader(""), &bytes.Buffer{}, &stderr)
+	go run(ctx, []string{"serve", "--cache-dir", testplugins.CacheDir(), "--load-wait", testLoadWait, "--http", addr, dir}, nil, strings.NewReader(""), &bytes.Buffer{}, &stderr)
 	var out, errb bytes.Buffer
 	deadline := time.Now().Add(startupTimeout)
 	for !strings.Contains(stderr.String(), "plugins loaded") || run(ctx, []string{"status", "--url", "http://" + addr, "--json"}, nil, nil, &out, &errb) != 0 {
