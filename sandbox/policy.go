@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
-	"net/netip"
 	"os"
 	"path"
 	"path/filepath"
@@ -235,8 +234,8 @@ func (p Policy) Validate() error {
 		}
 	}
 	for _, h := range p.network.AllowedHosts {
-		if err := checkHostPattern(h); err != nil {
-			bad("network: allowed host %q: %v", h, err)
+		if err := CheckHostGrant(h); err != nil { // host, host:port, [v6]:port, patterns
+			bad("network: %v", err)
 		}
 	}
 	if p.network.MaxResponse < 0 {
@@ -266,29 +265,6 @@ func (p Policy) Validate() error {
 		guests[guest] = true
 	}
 	return errors.Join(errs...)
-}
-
-// checkHostPattern checks an allowed host: a host name, an IP address or
-// a pattern with *, compared with a URL's host without its port.
-func checkHostPattern(h string) error {
-	switch {
-	case h == "":
-		return errors.New("empty")
-	case strings.ContainsFunc(h, func(r rune) bool { return r <= ' ' || r == 0x7f }):
-		return errors.New("has spaces or control characters")
-	case strings.ContainsAny(h, "/@?#"):
-		return errors.New("want a host name or pattern, not a URL")
-	case strings.Contains(h, ":"):
-		// Only an IPv6 address has a colon; a port never matches, since
-		// hosts are compared without theirs.
-		if _, err := netip.ParseAddr(h); err != nil {
-			return errors.New("want a host name without a port (or an IPv6 address without brackets)")
-		}
-	}
-	if _, err := path.Match(h, ""); err != nil {
-		return fmt.Errorf("bad pattern: %v", err)
-	}
-	return nil
 }
 
 // sortedKeys returns m's keys in order, so that errors come in a stable
