@@ -80,18 +80,30 @@ func (h *Host) connKey(ss *mcp.ServerSession) sessions.Key {
 // acquire leases key's instance of p. When a reload retired p before the
 // call reached its instance, the call runs on the version now served
 // (retarget says which, or fails when there is none): what the client
-// would get a moment later anyway, so a deploy never fails a call.
+// would get a moment later anyway, so a deploy never fails a call. Between
+// a retirement and the new catalogue's registration, retarget may name
+// the retired version still: the call then waits for the registration.
 func (h *Host) acquire(ctx context.Context, key sessions.Key, p *plugins.Plugin, retarget func() (*plugins.Plugin, error)) (*sessions.Lease, error) {
-	for range 3 {
+	for {
+		h.mu.Lock()
+		changed := h.catChanged
+		h.mu.Unlock()
 		l, err := h.ses.Acquire(ctx, key, p)
 		if !errors.Is(err, sessions.ErrRetired) {
 			return l, err
 		}
+		prev := p
 		if p, err = retarget(); err != nil {
 			return nil, err
 		}
+		if p == prev {
+			select {
+			case <-changed:
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			}
+		}
 	}
-	return nil, fmt.Errorf("plugin %q: reloaded three times while the call waited: try again", p.Name())
 }
 
 // noticeMeta puts what a lease says of the session's previous instance in

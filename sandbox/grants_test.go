@@ -267,6 +267,8 @@ func TestFileGrantsRace(t *testing.T) {
 	data, outside := t.TempDir(), t.TempDir()
 	secret := filepath.Join(outside, "secret.txt")
 	os.WriteFile(secret, []byte("secret"), 0o600)
+	// A name only the folder outside has: a listing that shows it escaped.
+	os.WriteFile(filepath.Join(outside, "only-outside.txt"), []byte("x"), 0o600)
 	sub, real := filepath.Join(data, "sub"), filepath.Join(data, "real")
 	if err := os.Mkdir(sub, 0o755); err != nil {
 		t.Fatal(err)
@@ -326,7 +328,7 @@ func TestFileGrantsRace(t *testing.T) {
 				if got != "pwned" {
 					t.Fatalf("round %d: read %q through the mount", i, got)
 				}
-			case c.tool == "list" && strings.Contains(","+got+",", ",secret.txt,") && !strings.Contains(got, "new-") && !strings.Contains(got, "moved-") && !strings.Contains(got, "dir-"):
+			case c.tool == "list" && strings.Contains(got, "only-outside.txt"):
 				t.Fatalf("round %d: listed the folder outside: %s", i, got)
 			}
 		}
@@ -340,7 +342,7 @@ func TestFileGrantsRace(t *testing.T) {
 	for _, e := range entries {
 		names = append(names, e.Name())
 	}
-	if b, _ := os.ReadFile(secret); string(b) != "secret" || len(names) != 1 {
+	if b, _ := os.ReadFile(secret); string(b) != "secret" || len(names) != 2 {
 		t.Errorf("outside was changed: secret.txt is %q; entries %v", b, names)
 	}
 }
