@@ -136,6 +136,17 @@ type Tool struct {
 	Annotations  json.RawMessage `json:"annotations,omitempty"`
 }
 
+// SessionArgument is the tool argument the host adds to the input schema
+// of every tool of a plugin that keeps state, when it serves a client of
+// protocol 2026-07-28 (which has no sessions): it carries the session
+// handle that keys the client's instances. The host removes it from the
+// arguments before the guest sees them, so a tool may not declare an
+// input property of this name, nor an x-mcp-header of [SessionHeader].
+const (
+	SessionArgument = "wasmtools_session"
+	SessionHeader   = "Wasmtools-Session"
+)
+
 // ServletDescribeResult is the output of the servlet export [ExportDescribe].
 type ServletDescribeResult struct {
 	Tools []Tool `json:"tools"`

@@ -46,19 +46,31 @@ func (h *Host) call(ctx context.Context, t *plugins.Tool, req *mcp.CallToolReque
 	if req.Params.RequestState != "" {
 		return h.resume(ctx, t, req)
 	}
-	args := req.Params.Arguments
+	// The session argument is the host's: the plugin's own schema and
+	// the guest never see it.
+	args := withoutSessionArgument(req.Params.Arguments)
 	if err := t.ValidateArguments(args); err != nil {
 		return errorResult(err.Error()), nil
+	}
+	ref, err := h.toolClient(req, t.Plugin(), req.Params.Arguments)
+	switch {
+	case errors.Is(err, ErrHandle):
+		return errorResult(err.Error()), nil
+	case err != nil:
+		return nil, fmt.Errorf("tool %q: %w", t.Name, err)
+	case ref.refused != nil:
+		return h.refusedResult(ref), nil
 	}
 	var meta json.RawMessage
 	if len(req.Params.Meta) > 0 {
 		meta, _ = json.Marshal(req.Params.Meta)
 	}
-	key := h.keyOf(req.Session, req.Extra)
+	key := ref.key
 	env := h.newCallEnv(ctx, t, req, key.String())
+	env.ref = ref
 	c := plugins.Call{
 		Tool: t, Arguments: args, Meta: meta, Host: env.hostFunc,
-		Context: abi.CallContext{SessionID: req.Session.ID(), ProtocolVersion: protocolOf(req), Meta: meta},
+		Context: abi.CallContext{SessionID: sessionID(req.Session, key), ProtocolVersion: protocolOf(req), Meta: meta},
 	}
 	start := time.Now()
 	if !t.Plugin().ImportsHost(abi.FuncCreateElicitation) {
@@ -93,6 +105,8 @@ func (h *Host) callTool(ctx context.Context, key sessions.Key, c plugins.Call, e
 	switch {
 	case errors.Is(err, sessions.ErrStart):
 		// A failure of the call (its result says so), not a refusal.
+	case errors.Is(err, sessions.ErrUnknownKey) && env != nil && env.ref.handle != "":
+		return h.expiredResult(env)
 	case errors.Is(err, sessions.ErrBusy):
 		return nil, fmt.Errorf("tool %q: %w (limit %d): wait for earlier calls to finish", t.Name, err, cmp.Or(h.opts.QueueLimit, DefaultQueueLimit))
 	case err != nil:
@@ -116,6 +130,9 @@ func (h *Host) callTool(ctx context.Context, key sessions.Key, c plugins.Call, e
 	noticeMeta(notice, &res.Meta)
 	env.attachRecords(res)
 	capResult(res, h.maxRunes())
+	if env != nil {
+		h.sessionResult(env.ref, t.Plugin().Name(), res)
+	}
 	return res, nil
 }
 

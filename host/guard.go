@@ -31,9 +31,11 @@ const (
 // GuardOptions are the checks [Guard] applies to every request. Nil and
 // zero fields mean the documented defaults.
 type GuardOptions struct {
-	// Token, if set, is the bearer token every request must carry,
-	// compared in constant time (see [RequireToken]).
-	Token string
+	// Token, if set, is a bearer token every client may carry; Tokens
+	// maps subjects to tokens of their own, which identify them (see
+	// [RequireTokens]). With either set, every request needs one.
+	Token  string
+	Tokens map[string]string
 	// Public are paths served without the token; the other checks still
 	// apply. wasmtools lists /metrics here only when the operator says
 	// so (http.metrics_public).
@@ -84,8 +86,8 @@ func Guard(next http.Handler, o GuardOptions) http.Handler {
 		public[p] = true
 	}
 	withToken := next
-	if o.Token != "" {
-		withToken = RequireToken(o.Token, next)
+	if o.Token != "" || len(o.Tokens) > 0 {
+		withToken = RequireTokens(o.Token, o.Tokens, next)
 	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.ContentLength != 0 {

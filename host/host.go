@@ -90,11 +90,23 @@ type Options struct {
 	// ClientKeyHeader names an HTTP request header that identifies a
 	// client on sessionless requests (protocol 2026-07-28 over HTTP has no
 	// session): requests with the same value share instances, as a session
-	// does. An authenticated subject (RequestExtra.TokenInfo.UserID), when
-	// there is one, is used instead. Without either, each sessionless
-	// request gets fresh instances. The header is not authentication:
-	// anyone who sends the same value gets the same guest state.
+	// does, and no session handle is minted. Without it, sessionless
+	// requests are keyed by session handles (see [SessionArgument]). The
+	// header is not authentication: anyone who sends the same value gets
+	// the same guest state.
 	ClientKeyHeader string
+	// MaxHandles bounds the open session handles; 0 means
+	// [sessions.DefaultMaxHandles] (10,000). Minting one past it ends the
+	// least recently used idle handle (its next call is told it expired).
+	// A handle also ends after SessionTimeout unused.
+	MaxHandles int
+	// QuietHandles leaves out of every result the note that tells the
+	// model the session handle it was given; QuietPlugins leaves it out of
+	// the results of the plugins it names. The handle is in the result's
+	// _meta either way, and a request that carries _meta[MetaSession] (a
+	// client that passes handles itself) never gets the note.
+	QuietHandles bool
+	QuietPlugins map[string]bool
 	// AllowedOrigins are browser origins, besides the server's own, whose
 	// cross-origin requests the HTTP handler accepts; others are refused.
 	// Requests arriving on a loopback address with a non-loopback Host
@@ -107,9 +119,10 @@ type Options struct {
 	// serve rotates it, see --record-log-max) and closes it after the
 	// host.
 	RecordLog io.Writer
-	// StateKey signs the request state of calls parked for an answer
-	// (protocol 2026-07-28). nil means a random key per host, so states
-	// do not survive a restart, which parked calls do not either.
+	// StateKey signs the request state of calls parked for an answer and,
+	// through keys derived from it, session handles (protocol
+	// 2026-07-28). nil means a random key per host, so neither survives a
+	// restart, which parked calls and guest state do not either.
 	StateKey []byte
 	// AbandonAfter stops a parked call whose client has not answered in
 	// this long; 0 means [DefaultAbandonAfter].
@@ -139,7 +152,8 @@ type Options struct {
 type Host struct {
 	opts    Options
 	log     *slog.Logger
-	server  *mcp.Server
+	server  *mcp.Server // stdio, in-memory and stateful HTTP sessions
+	modern  *mcp.Server // sessionless HTTP (2026-07-28): tools take a session handle
 	metrics *metrics
 	src     *plugins.Reloader // the one writer of the catalogue
 	ses     *sessions.Manager // every client's instances
@@ -152,9 +166,11 @@ type Host struct {
 	catChanged chan struct{}      // closed and replaced when registered changes
 	closed     bool
 	stateKey   []byte
-	auditMu    sync.Mutex
-	budgets    sync.Map       // plugin name -> *pluginBudget
-	wg         sync.WaitGroup // session watchers
+	// Keys derived from stateKey for session handles (handles.go).
+	handleSignKey, handleSubjectKey []byte
+	auditMu                         sync.Mutex
+	budgets                         sync.Map       // plugin name -> *pluginBudget
+	wg                              sync.WaitGroup // session watchers
 }
 
 // New returns a host serving the catalogue of src, and following its
@@ -177,6 +193,7 @@ func New(src *plugins.Reloader, opts *Options) *Host {
 		h.stateKey = make([]byte, 32)
 		rand.Read(h.stateKey)
 	}
+	h.handleSignKey, h.handleSubjectKey = handleKeys(h.stateKey)
 	h.log = h.opts.Logger
 	if h.log == nil {
 		h.log = slog.New(slog.DiscardHandler)
@@ -193,6 +210,7 @@ func New(src *plugins.Reloader, opts *Options) *Host {
 		MaxConcurrentCalls: h.opts.MaxConcurrentCalls, PoolSize: h.opts.PoolSize,
 		IdleTimeout: idle,
 		MaxParked:   h.opts.MaxParked, MaxParkedPerClient: h.opts.MaxParkedPerClient,
+		MaxHandles: h.opts.MaxHandles,
 	})
 	name, version := h.opts.Name, h.opts.Version
 	if name == "" {
@@ -201,7 +219,21 @@ func New(src *plugins.Reloader, opts *Options) *Host {
 	if version == "" {
 		version = "dev"
 	}
-	h.server = mcp.NewServer(&mcp.Implementation{Name: name, Version: version}, &mcp.ServerOptions{
+	h.server = h.newServer(name, version)
+	h.modern = h.newServer(name, version)
+	// The catalogue served now, then every change, in src's order.
+	src.Follow(func(_ context.Context, s plugins.Swap) { h.swap(s) })
+	return h
+}
+
+// newServer makes an MCP server of the host. The host runs two, which
+// serve the same catalogue and differ only in the tools' input schemas:
+// the one for sessionless requests adds the session argument to the tools
+// of plugins that keep state (see [SessionArgument]); the other serves
+// clients that have a session, for which a handle would be noise in the
+// model's context.
+func (h *Host) newServer(name, version string) *mcp.Server {
+	s := mcp.NewServer(&mcp.Implementation{Name: name, Version: version}, &mcp.ServerOptions{
 		// Tools are advertised with listChanged even when no plugin is
 		// loaded yet: the catalogue can change under a live session.
 		Capabilities: &mcp.ServerCapabilities{
@@ -221,12 +253,13 @@ func New(src *plugins.Reloader, opts *Options) *Host {
 		Logger:             h.log.With("component", "mcp"),
 	})
 	if h.opts.Loaded != nil {
-		h.server.AddReceivingMiddleware(h.waitForLoad)
+		s.AddReceivingMiddleware(h.waitForLoad)
 	}
-	// The catalogue served now, then every change, in src's order.
-	src.Follow(func(_ context.Context, s plugins.Swap) { h.swap(s) })
-	return h
+	return s
 }
+
+// servers are both MCP servers, for what they share.
+func (h *Host) servers() [2]*mcp.Server { return [2]*mcp.Server{h.server, h.modern} }
 
 func (h *Host) sessionTimeout() time.Duration {
 	switch t := h.opts.SessionTimeout; {
@@ -279,7 +312,9 @@ func (h *Host) setCatalogue(cat *plugins.Catalogue) *plugins.Catalogue {
 		}
 	}
 	if len(gone) > 0 {
-		h.server.RemoveTools(gone...)
+		for _, s := range h.servers() {
+			s.RemoveTools(gone...)
+		}
 	}
 	h.setPrompts(old, cat)
 	if cat != nil {
@@ -289,10 +324,30 @@ func (h *Host) setCatalogue(cat *plugins.Catalogue) *plugins.Catalogue {
 					continue
 				}
 			}
-			h.server.AddTool(mcpTool(t), h.handler(t))
+			handler := h.handler(t)
+			h.server.AddTool(mcpTool(t), handler)
+			h.modern.AddTool(h.modernTool(t), handler)
 		}
 	}
 	return old
+}
+
+// modernTool is t as served to sessionless clients: with the session
+// argument in its input schema when its plugin keeps state.
+func (h *Host) modernTool(t *plugins.Tool) *mcp.Tool {
+	mt := mcpTool(t)
+	if t.Plugin().Stateless() {
+		return mt
+	}
+	schema, err := withSessionArgument(t.Def.InputSchema)
+	if err != nil {
+		// Not an object schema (the plugin's load checked it compiles):
+		// served as it is, so its calls get a new handle each.
+		h.log.Warn("tool served without the session argument", "tool", t.Name, "error", err)
+		return mt
+	}
+	mt.InputSchema = schema
+	return mt
 }
 
 func mcpTool(t *plugins.Tool) *mcp.Tool {
@@ -319,22 +374,24 @@ func mcpTool(t *plugins.Tool) *mcp.Tool {
 // eras on one endpoint: requests of protocol 2026-07-28 or later (by their
 // Mcp-Protocol-Version header) go to the go-sdk's stateless transport,
 // which that era requires, and the rest to its stateful transport, where
-// each session (Mcp-Session-Id) gets its own plugin instances. See
-// [Options.ClientKeyHeader] for how sessionless requests are keyed.
+// each session (Mcp-Session-Id) gets its own plugin instances. Sessionless
+// requests are keyed by session handles (see [SessionArgument]), or by
+// [Options.ClientKeyHeader].
 func (h *Host) HTTPHandler() http.Handler {
-	getServer := func(*http.Request) *mcp.Server { return h.server }
+	legacy := func(*http.Request) *mcp.Server { return h.server }
+	modern := func(*http.Request) *mcp.Server { return h.modern }
 	cop := http.NewCrossOriginProtection()
 	for _, o := range h.opts.AllowedOrigins {
 		if err := cop.AddTrustedOrigin(o); err != nil {
 			h.log.Error("allowed origin ignored", "origin", o, "error", err)
 		}
 	}
-	stateful := mcp.NewStreamableHTTPHandler(getServer, &mcp.StreamableHTTPOptions{
+	stateful := mcp.NewStreamableHTTPHandler(legacy, &mcp.StreamableHTTPOptions{
 		SessionTimeout:        h.sessionTimeout(),
 		Logger:                h.log.With("component", "mcp-http"),
 		CrossOriginProtection: cop,
 	})
-	stateless := mcp.NewStreamableHTTPHandler(getServer, &mcp.StreamableHTTPOptions{
+	stateless := mcp.NewStreamableHTTPHandler(modern, &mcp.StreamableHTTPOptions{
 		Stateless:             true,
 		Logger:                h.log.With("component", "mcp-http"),
 		CrossOriginProtection: cop,

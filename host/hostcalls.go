@@ -128,7 +128,8 @@ func takeBoth(count, bytes *tokenBucket, size float64) bool {
 type callEnv struct {
 	h    *Host
 	tool *plugins.Tool
-	sess string // for logs
+	sess string    // for logs
+	ref  clientRef // whose instances; its handle goes in the result
 
 	mu       sync.Mutex
 	ctx      context.Context // the current request's handler context
@@ -438,7 +439,14 @@ func (e *callEnv) resourceUpdated(uri string) error {
 		return nil
 	}
 	ctx, _ := e.current()
-	_ = e.h.server.ResourceUpdated(ctx, &mcp.ResourceUpdatedNotificationParams{URI: uri})
+	for _, s := range e.h.servers() {
+		// Only a server with sessions can have subscribers (the SDK logs
+		// every send, subscribers or not).
+		for range s.Sessions() {
+			_ = s.ResourceUpdated(ctx, &mcp.ResourceUpdatedNotificationParams{URI: uri})
+			break
+		}
+	}
 	return nil
 }
 

@@ -79,19 +79,31 @@ func TestHTTPSessionless(t *testing.T) {
 	if v := plain.InitializeResult().ProtocolVersion; v < "2026-07-28" {
 		t.Fatalf("negotiated %s; want the sessionless era on the same endpoint", v)
 	}
+	// Without the header, each call that passes no session handle gets a
+	// new one (handles_test.go has the rest).
 	for range 2 {
-		if got := text(call(t, plain, "count", nil)); got != "1" {
-			t.Errorf("no client key: count = %s, want 1 (a fresh instance per request)", got)
+		if res := call(t, plain, "count", nil); firstText(res) != "1" || handleOf(res) == "" {
+			t.Errorf("no client key: count = %s, want 1 on a new handle", text(res))
 		}
 	}
-	eventually(t, "per-request instances freed", func() bool { return f.h.LiveInstances() == 0 })
 
 	alice := connectHTTP(t, url, "", headerTransport{"X-Client", "alice"})
 	alice2 := connectHTTP(t, url, "", headerTransport{"X-Client", "alice"})
 	bob := connectHTTP(t, url, "", headerTransport{"X-Client", "bob"})
-	got := []string{text(call(t, alice, "count", nil)), text(call(t, alice2, "count", nil)), text(call(t, bob, "count", nil)), text(call(t, alice, "count", nil))}
+	live := f.h.LiveInstances()
+	var got []string
+	for _, cs := range []*mcp.ClientSession{alice, alice2, bob, alice} {
+		res := call(t, cs, "count", nil)
+		if handleOf(res) != "" {
+			t.Errorf("a client keyed by the operator's header got a session handle")
+		}
+		got = append(got, text(res))
+	}
 	if strings.Join(got, ",") != "1,2,1,3" {
 		t.Errorf("counts = %v; want 1,2,1,3 (alice's key shared, bob's own)", got)
+	}
+	if n := f.h.LiveInstances() - live; n != 2 {
+		t.Errorf("%d instances made for two client keys", n)
 	}
 	// An older client on the same endpoint still gets a session.
 	old := connectHTTP(t, url, "2025-11-25", nil)

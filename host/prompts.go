@@ -16,8 +16,10 @@ import (
 // session's instance of their plugin, as tool calls do, so a prompt or a
 // resource can show the session's guest state.
 
-func callContext(ss *mcp.ServerSession) abi.CallContext {
-	cc := abi.CallContext{SessionID: ss.ID()}
+// callContext tells the guest of the request's session: its ID, or the
+// label of its session handle (never the handle itself).
+func callContext(ss *mcp.ServerSession, key sessions.Key) abi.CallContext {
+	cc := abi.CallContext{SessionID: sessionID(ss, key)}
 	if ip := ss.InitializeParams(); ip != nil {
 		cc.ProtocolVersion = ip.ProtocolVersion
 	}
@@ -52,7 +54,11 @@ func (h *Host) promptHandler(pr *plugins.Prompt) mcp.PromptHandler {
 		params := *req.Params
 		params.Name = pr.OwnName
 		var res mcp.GetPromptResult
-		if err := h.request(ctx, h.keyOf(req.Session, req.Extra), pr.Plugin(), abi.ExportGetPrompt, &params, callContext(req.Session), &res); err != nil {
+		key, err := h.requestKey(req.Session, req.Extra, req.Params.Meta)
+		if err != nil {
+			return nil, err
+		}
+		if err := h.request(ctx, key, pr.Plugin(), abi.ExportGetPrompt, &params, callContext(req.Session, key), &res); err != nil {
 			return nil, err
 		}
 		return &res, nil
@@ -62,7 +68,11 @@ func (h *Host) promptHandler(pr *plugins.Prompt) mcp.PromptHandler {
 func (h *Host) resourceHandler(p *plugins.Plugin) mcp.ResourceHandler {
 	return func(ctx context.Context, req *mcp.ReadResourceRequest) (*mcp.ReadResourceResult, error) {
 		var res mcp.ReadResourceResult
-		if err := h.request(ctx, h.keyOf(req.Session, req.Extra), p, abi.ExportReadResource, req.Params, callContext(req.Session), &res); err != nil {
+		key, err := h.requestKey(req.Session, req.Extra, req.Params.Meta)
+		if err != nil {
+			return nil, err
+		}
+		if err := h.request(ctx, key, p, abi.ExportReadResource, req.Params, callContext(req.Session, key), &res); err != nil {
 			return nil, err
 		}
 		return &res, nil
@@ -98,7 +108,11 @@ func (h *Host) complete(ctx context.Context, req *mcp.CompleteRequest) (*mcp.Com
 		return empty, nil
 	}
 	var res mcp.CompleteResult
-	if err := h.request(ctx, h.keyOf(req.Session, req.Extra), p, abi.ExportComplete, &params, callContext(req.Session), &res); err != nil {
+	key, err := h.requestKey(req.Session, req.Extra, req.Params.Meta)
+	if err != nil {
+		return nil, err
+	}
+	if err := h.request(ctx, key, p, abi.ExportComplete, &params, callContext(req.Session, key), &res); err != nil {
 		return nil, err
 	}
 	if res.Completion.Values == nil {
@@ -151,45 +165,57 @@ func (h *Host) setPrompts(old, cat *plugins.Catalogue) {
 		}
 	}
 	if len(gonePrompts) > 0 {
-		h.server.RemovePrompts(gonePrompts...)
+		for _, s := range h.servers() {
+			s.RemovePrompts(gonePrompts...)
+		}
 	}
 	if len(goneResources) > 0 {
-		h.server.RemoveResources(goneResources...)
+		for _, s := range h.servers() {
+			s.RemoveResources(goneResources...)
+		}
 	}
 	if len(goneTemplates) > 0 {
-		h.server.RemoveResourceTemplates(goneTemplates...)
+		for _, s := range h.servers() {
+			s.RemoveResourceTemplates(goneTemplates...)
+		}
 	}
 	for name, pr := range now.prompts {
 		if was.prompts[name] == pr {
 			continue
 		}
-		var mp mcp.Prompt
-		if err := json.Unmarshal(pr.Def, &mp); err != nil {
-			h.log.Error("prompt not served", "prompt", name, "plugin", pr.Plugin().Name(), "error", err)
-			continue
+		for _, s := range h.servers() {
+			var mp mcp.Prompt // one each: the SDK keeps it
+			if err := json.Unmarshal(pr.Def, &mp); err != nil {
+				h.log.Error("prompt not served", "prompt", name, "plugin", pr.Plugin().Name(), "error", err)
+				break
+			}
+			s.AddPrompt(&mp, h.promptHandler(pr))
 		}
-		h.server.AddPrompt(&mp, h.promptHandler(pr))
 	}
 	for uri, r := range now.resources {
 		if was.resources[uri] == r {
 			continue
 		}
-		var mr mcp.Resource
-		if err := json.Unmarshal(r.Def, &mr); err != nil {
-			h.log.Error("resource not served", "uri", uri, "plugin", r.Plugin().Name(), "error", err)
-			continue
+		for _, s := range h.servers() {
+			var mr mcp.Resource
+			if err := json.Unmarshal(r.Def, &mr); err != nil {
+				h.log.Error("resource not served", "uri", uri, "plugin", r.Plugin().Name(), "error", err)
+				break
+			}
+			s.AddResource(&mr, h.resourceHandler(r.Plugin()))
 		}
-		h.server.AddResource(&mr, h.resourceHandler(r.Plugin()))
 	}
 	for uri, r := range now.templates {
 		if was.templates[uri] == r {
 			continue
 		}
-		var mt mcp.ResourceTemplate
-		if err := json.Unmarshal(r.Def, &mt); err != nil {
-			h.log.Error("resource template not served", "uriTemplate", uri, "plugin", r.Plugin().Name(), "error", err)
-			continue
+		for _, s := range h.servers() {
+			var mt mcp.ResourceTemplate
+			if err := json.Unmarshal(r.Def, &mt); err != nil {
+				h.log.Error("resource template not served", "uriTemplate", uri, "plugin", r.Plugin().Name(), "error", err)
+				break
+			}
+			s.AddResourceTemplate(&mt, h.resourceHandler(r.Plugin()))
 		}
-		h.server.AddResourceTemplate(&mt, h.resourceHandler(r.Plugin()))
 	}
 }

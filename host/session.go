@@ -24,24 +24,17 @@ var (
 	ErrSessionEnded = sessions.ErrSessionEnded
 )
 
-// keyOf says whose instances a request uses: its transport session, or
-// for a sessionless HTTP request (protocol 2026-07-28), the authenticated
-// subject or the operator's client header when present. A sessionless
-// request with neither gets a key of its own session, which ends with the
-// request.
-func (h *Host) keyOf(ss *mcp.ServerSession, extra *mcp.RequestExtra) sessions.Key {
-	if ss.ID() != "" || extra == nil || extra.Header == nil {
-		return h.connKey(ss) // stdio, in-memory, stateful HTTP
+// sessionID is what a guest is told of the request's session: the
+// transport session's ID, or for a request keyed by a handle or a client
+// header, the key's label (a digest, never the handle).
+func sessionID(ss *mcp.ServerSession, key sessions.Key) string {
+	if id := ss.ID(); id != "" {
+		return id
 	}
-	if ti := extra.TokenInfo; ti != nil && ti.UserID != "" {
-		return sessions.Client("sub:" + ti.UserID)
+	if key.Kind() == sessions.KindConn {
+		return ""
 	}
-	if name := h.opts.ClientKeyHeader; name != "" {
-		if v := extra.Header.Get(name); v != "" {
-			return sessions.Client("header:" + v)
-		}
-	}
-	return h.connKey(ss)
+	return key.String()
 }
 
 // connKey is the key of a transport session. The first time it sees a

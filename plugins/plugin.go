@@ -302,6 +302,9 @@ func (p *Plugin) describeWith(ctx context.Context, inst *sandbox.Instance, prefi
 		if t.schema, err = compileSchema(t.Def.InputSchema); err != nil {
 			return fmt.Errorf("tool %q: input schema: %w", d.Name, err)
 		}
+		if err := checkReserved(t.Def.InputSchema); err != nil {
+			return fmt.Errorf("tool %q: input schema: %w", d.Name, err)
+		}
 		p.tools = append(p.tools, t)
 	}
 	return p.describeMore(ctx, inst, prefix)

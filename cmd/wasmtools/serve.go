@@ -33,7 +33,9 @@ func cmdServe(ctx context.Context, args []string, lookupEnv func(string) (string
 	maxResult := fs.Int("max-result", host.DefaultMaxResultRunes, "cap each tool result at this many characters (0: no cap)")
 	maxInstances := fs.Int("max-instances", 0, "at most this many live plugin instances; the least recently used idle one is evicted (0: no bound)")
 	maxPerPlugin := fs.Int("max-instances-per-plugin", 0, "at most this many live instances of any one plugin (0: no bound)")
-	clientHeader := fs.String("client-header", "", "HTTP header that identifies a client on sessionless (2026-07-28) requests, so its calls share instances; not authentication")
+	clientHeader := fs.String("client-header", "", "HTTP header that identifies a client on sessionless (2026-07-28) requests, so its calls share instances instead of getting session handles; not authentication")
+	handleNote := fs.Bool("handle-note", true, "tell the model, in a note after a result, the session handle minted for a 2026-07-28 client (the handle is in the result's _meta either way)")
+	maxHandles := fs.Int("max-handles", 0, "at most this many open session handles of 2026-07-28 clients; the least recently used idle one is ended (0: 10000)")
 	recordLog := fs.String("record-log", "", "append one JSON line per tool call (with the records it wrote) to FILE")
 	recordLogMax := fs.String("record-log-max", defaultRecordLogMax, "rotate the record log at this size, keeping the previous one as FILE.1 (0: never)")
 	maxParked := fs.Int("max-parked", 0, "at most this many calls parked for a 2026-07-28 client's answer (0: 256)")
@@ -84,11 +86,19 @@ func cmdServe(ctx context.Context, args []string, lookupEnv func(string) (string
 		InstanceLimits: map[string]int{}, ClientKeyHeader: *clientHeader, AbandonAfter: *abandonAfter,
 		AllowedOrigins: cfg.HTTP.AllowedOrigins,
 		MaxParked:      *maxParked, MaxParkedPerClient: *maxParkedPerClient,
+		MaxHandles:     *maxHandles, QuietHandles: !*handleNote, QuietPlugins: map[string]bool{},
 	}
 	for name := range cfg.Plugins {
-		if n := cfg.For(name).Instances; n > 0 {
+		eff := cfg.For(name)
+		if n := eff.Instances; n > 0 {
 			opts.InstanceLimits[name] = n
 		}
+		if !eff.HandleNote {
+			opts.QuietPlugins[name] = true
+		}
+	}
+	if !cfg.For("").HandleNote { // [defaults] handle_note = false
+		opts.QuietHandles = true
 	}
 	if key, _ := lookupEnv("WASMTOOLS_STATE_KEY"); key != "" {
 		opts.StateKey = []byte(key)
@@ -187,6 +197,7 @@ func serveHTTP(ctx context.Context, log *slog.Logger, addr string, h *host.Host,
 	})
 	guard := host.GuardOptions{
 		Token:          token,
+		Tokens:         cfg.Tokens,
 		AllowedOrigins: cfg.AllowedOrigins,
 		MaxBody:        int64(cfg.MaxRequestBody),
 		BodyTimeout:    time.Duration(cfg.BodyTimeout),
@@ -194,7 +205,7 @@ func serveHTTP(ctx context.Context, log *slog.Logger, addr string, h *host.Host,
 	if cfg.MetricsPublic {
 		guard.Public = []string{"/metrics"}
 	}
-	if host, _, _ := net.SplitHostPort(ln.Addr().String()); token == "" && !net.ParseIP(host).IsLoopback() {
+	if host, _, _ := net.SplitHostPort(ln.Addr().String()); token == "" && len(cfg.Tokens) == 0 && !net.ParseIP(host).IsLoopback() {
 		log.Warn("serving beyond loopback without authentication: set http.auth_token in the configuration, or WASMTOOLS_AUTH_TOKEN")
 	}
 	srv := &http.Server{

@@ -22,6 +22,9 @@
 //	metrics_public = false
 //	body_timeout = "30s"
 //
+//	[http.tokens]
+//	alice = "${ALICE_TOKEN}"
+//
 //	[plugins.fetcher]
 //	sha256 = "9f2c…"
 //	allowed_hosts = ["api.example.com", "*.example.org", "127.0.0.1:18409"]
@@ -69,6 +72,10 @@ type Plugin struct {
 	SHA256    string `toml:"sha256"`
 	Prefix    string `toml:"prefix"`
 	Stateless *bool  `toml:"stateless"`
+	// HandleNote false leaves out of the plugin's results the note that
+	// tells a 2026-07-28 client's model its session handle (the handle
+	// stays in _meta): for results a client checks exactly.
+	HandleNote *bool `toml:"handle_note"`
 
 	MemoryLimit    Size     `toml:"memory_limit"`
 	CallTimeout    Duration `toml:"call_timeout"`
@@ -170,6 +177,11 @@ type HTTP struct {
 	IdleTimeout   Duration `toml:"idle_timeout"`
 	// MaxRequestBody bounds a request body; 0 means 4 MiB.
 	MaxRequestBody Size `toml:"max_request_body"`
+	// Tokens gives subjects bearer tokens of their own (subject name =
+	// token): a request with one is that subject's, and the session
+	// handles minted for it are bound to it. auth_token, if also set, is
+	// a token shared by clients that are not told apart.
+	Tokens map[string]string `toml:"tokens"`
 }
 
 // Size is a byte count written as a number or with a unit: "64MiB", "1GB".
@@ -259,6 +271,9 @@ func Parse(b []byte, getenv func(string) (string, bool)) (*File, error) {
 		})
 	}
 	f.HTTP.AuthToken = resolve(f.HTTP.AuthToken)
+	for subject, token := range f.HTTP.Tokens {
+		f.HTTP.Tokens[subject] = resolve(token)
+	}
 	f.Defaults.resolve(resolve)
 	for name, p := range f.Plugins {
 		p.resolve(resolve)
@@ -269,11 +284,32 @@ func Parse(b []byte, getenv func(string) (string, bool)) (*File, error) {
 		return nil, fmt.Errorf("environment variables not set: %s (a variable set to the empty string counts as set)", strings.Join(names, ", "))
 	}
 	var errs []error
+	errs = append(errs, f.HTTP.check())
 	errs = append(errs, f.Defaults.check("defaults"))
 	for name, p := range f.Plugins {
 		errs = append(errs, p.check("plugins."+name))
 	}
 	return &f, errors.Join(errs...)
+}
+
+func (h *HTTP) check() error {
+	var errs []error
+	seen := map[string]string{}
+	for _, subject := range slices.Sorted(maps.Keys(h.Tokens)) {
+		token := h.Tokens[subject]
+		switch {
+		case subject == "":
+			errs = append(errs, errors.New("http.tokens: a subject has no name"))
+		case len(token) < 16:
+			errs = append(errs, fmt.Errorf("http.tokens.%s: a token must have at least 16 characters", subject))
+		case token == h.AuthToken:
+			errs = append(errs, fmt.Errorf("http.tokens.%s: the token is auth_token, which identifies no one", subject))
+		case seen[token] != "":
+			errs = append(errs, fmt.Errorf("http.tokens.%s: the same token as %s", subject, seen[token]))
+		}
+		seen[token] = subject
+	}
+	return errors.Join(errs...)
 }
 
 func (p *Plugin) resolve(r func(string) string) {
@@ -328,6 +364,9 @@ type Effective struct {
 	Network   sandbox.Network
 	Mounts    []sandbox.Mount
 	Instances int
+	// HandleNote: results carry the session handle note (see
+	// Plugin.HandleNote).
+	HandleNote bool
 }
 
 // For returns the settings of the plugin named name.
@@ -392,6 +431,8 @@ func (f *File) For(name string) Effective {
 		Tools:     plugins.ToolFilter{Allow: tools.Allow, Deny: tools.Deny},
 	}
 	e.Instances = cmp.Or(p.MaxInstances, d.MaxInstances)
+	note := cmp.Or(p.HandleNote, d.HandleNote)
+	e.HandleNote = note == nil || *note
 	return e
 }
 

@@ -3,31 +3,48 @@ package sessions
 // Key names a client: whose instances a lease uses. Keys are comparable;
 // two equal keys are one client. The zero Key is not valid.
 type Key struct {
-	kind kind
-	id   string
-	conn any
+	kind  Kind
+	id    string
+	conn  any
+	label string
 }
 
-type kind uint8
+// Kind says which constructor made a key.
+type Kind uint8
 
+// The kinds of keys, by constructor.
 const (
-	kindConn kind = iota + 1
-	kindClient
+	KindConn Kind = iota + 1
+	KindClient
+	KindHandle
 )
+
+// Kind returns the key's kind.
+func (k Key) Kind() Kind { return k.kind }
 
 // Conn is the key of a transport session (an MCP session over stdio, or a
 // stateful HTTP session). conn identifies it for its lifetime and must be
 // comparable (the host passes the session pointer: over stdio a session
 // has no ID); label names it in logs. Its client lives until
 // [Manager.End].
-func Conn(conn any, label string) Key { return Key{kind: kindConn, id: label, conn: conn} }
+func Conn(conn any, label string) Key {
+	return Key{kind: KindConn, id: label, conn: conn, label: label}
+}
 
 // Client is the key of a client recognised across requests that have no
-// transport session (protocol 2026-07-28 over HTTP): by an authenticated
-// subject, an operator-chosen header or a server-minted handle. The id
-// says which, by its prefix ("sub:", "header:", ...). Its client ends at
+// transport session (protocol 2026-07-28 over HTTP) by an operator-chosen
+// header. The id says which, by its prefix ("header:", ...). A request
+// with a Client key makes its client if there is none. Its client ends at
 // [Manager.End], or once it has had no lease for [Options.IdleTimeout].
-func Client(id string) Key { return Key{kind: kindClient, id: id} }
+func Client(id string) Key { return Key{kind: KindClient, id: id, label: id} }
+
+// Handle is the key of a server-minted session handle (protocol
+// 2026-07-28): id is the handle's secret part, label names it in logs
+// without giving it away. Unlike a [Client] key, a handle's client exists
+// only from [Manager.Open] until it ends ([Manager.End], the idle timeout,
+// or eviction past [Options.MaxHandles]); a lease for a handle with no
+// client is refused with [ErrUnknownKey], never served by a fresh client.
+func Handle(id, label string) Key { return Key{kind: KindHandle, id: id, label: label} }
 
 // String names the key in logs and the record log.
-func (k Key) String() string { return k.id }
+func (k Key) String() string { return k.label }

@@ -112,6 +112,7 @@ type Lease struct {
 // plugin, and for a turn under [Options.MaxConcurrentCalls].
 //
 // Refusals: [ErrBusy], [ErrAtCapacity], [ErrSessionEnded], [ErrClosed],
+// [ErrUnknownKey] (a [Handle] key that is not open),
 // [ErrRetired] (p was replaced or removed: acquire the version served
 // now), and ctx's error. An instance that fails to start gives an error
 // matching [ErrStart]. An instance of an older version of p held by the
@@ -123,8 +124,13 @@ func (m *Manager) Acquire(ctx context.Context, key Key, p *plugins.Plugin) (*Lea
 	}
 	for {
 		l, err := m.acquireSlot(ctx, key, p)
-		if errors.Is(err, ErrSessionEnded) && key.kind == kindClient && ctx.Err() == nil {
-			continue // reaped meanwhile: the key gets a new client
+		if errors.Is(err, ErrSessionEnded) && ctx.Err() == nil {
+			switch key.kind {
+			case KindClient:
+				continue // reaped meanwhile: the key gets a new client
+			case KindHandle:
+				return nil, ErrUnknownKey // ended meanwhile: the handle is gone
+			}
 		}
 		return l, err
 	}

@@ -43,6 +43,10 @@ const (
 	DefaultMaxParked = 256
 	// DefaultMaxParkedPerClient bounds one client's parked calls.
 	DefaultMaxParkedPerClient = 4
+	// DefaultMaxHandles bounds the open [Handle] clients. One with no
+	// instance costs a few hundred bytes; its instances count against the
+	// instance limits like any other client's.
+	DefaultMaxHandles = 10_000
 )
 
 // Errors a lease can be refused with. Each is matched with errors.Is.
@@ -69,6 +73,9 @@ var (
 	// ErrEvicted is the cause of a waiting lease's context when the server
 	// needed its instance for another client.
 	ErrEvicted = errors.New("evicted: the server needed the instance for another client")
+	// ErrUnknownKey: a [Handle] key names no client: never opened, or
+	// ended (idle past the timeout, evicted, or the server restarted).
+	ErrUnknownKey = errors.New("unknown or expired session handle")
 )
 
 // Options configures a [Manager]. The zero value gives the documented
@@ -103,9 +110,16 @@ type Options struct {
 	// PoolSize bounds the idle warm instances kept per stateless plugin;
 	// 0 means twice GOMAXPROCS.
 	PoolSize int
-	// IdleTimeout ends a [Client] key's client after this long with no
-	// lease; 0 means never. [Conn] clients end only at [Manager.End].
+	// IdleTimeout ends a [Client] or [Handle] key's client after this
+	// long with no lease; 0 means never. [Conn] clients end only at
+	// [Manager.End].
 	IdleTimeout time.Duration
+	// MaxHandles bounds the open [Handle] clients; 0 means
+	// [DefaultMaxHandles]. Opening one past it ends the least recently
+	// used handle client that holds no lease (its next request is told
+	// the handle expired), or fails with [ErrAtCapacity] when every one
+	// holds a lease.
+	MaxHandles int
 	// MaxParked bounds the calls parked for an answer in all; 0 means
 	// [DefaultMaxParked]. MaxParkedPerClient bounds one client's; 0
 	// means [DefaultMaxParkedPerClient].
@@ -141,6 +155,7 @@ type Manager struct {
 	mu        sync.Mutex
 	closed    bool
 	clients   map[Key]*client
+	handles   int        // clients of Handle keys
 	lru       *list.List // of *slot holding an instance, least recently used first
 	live      int
 	perPlugin map[string]int
@@ -226,12 +241,79 @@ func (m *Manager) clientLocked(key Key) (*client, error) {
 	}
 	c, ok := m.clients[key]
 	if !ok {
-		c = &client{key: key, slots: map[string]*slot{}, ended: make(chan struct{})}
-		m.clients[key] = c
+		if key.kind == KindHandle {
+			return nil, ErrUnknownKey
+		}
+		c = m.newClientLocked(key)
 	}
 	c.leases++
 	c.lastUsed = time.Now()
 	return c, nil
+}
+
+func (m *Manager) newClientLocked(key Key) *client {
+	c := &client{key: key, slots: map[string]*slot{}, ended: make(chan struct{}), lastUsed: time.Now()}
+	m.clients[key] = c
+	if key.kind == KindHandle {
+		m.handles++
+	}
+	return c
+}
+
+// forgetLocked removes c from the clients, once. The caller holds m.mu.
+func (m *Manager) forgetLocked(c *client) {
+	if m.clients[c.key] == c {
+		delete(m.clients, c.key)
+		if c.key.kind == KindHandle {
+			m.handles--
+		}
+	}
+}
+
+// Open makes the client of a [Handle] key, which requests may then use
+// until it ends. At [Options.MaxHandles] it first ends the least recently
+// used handle client with no lease; with none, it fails with
+// [ErrAtCapacity]. It fails with [ErrClosed] after Close, and is a no-op
+// for a key whose client exists.
+func (m *Manager) Open(key Key) error {
+	m.mu.Lock()
+	if m.closed {
+		m.mu.Unlock()
+		return ErrClosed
+	}
+	if _, ok := m.clients[key]; ok {
+		m.mu.Unlock()
+		return nil
+	}
+	var victim *client
+	if key.kind == KindHandle && m.handles >= m.maxHandles() {
+		for _, c := range m.clients {
+			if c.key.kind == KindHandle && c.leases == 0 && !c.closed && (victim == nil || c.lastUsed.Before(victim.lastUsed)) {
+				victim = c
+			}
+		}
+		if victim == nil {
+			m.mu.Unlock()
+			return fmt.Errorf("%w: %d session handles are in use", ErrAtCapacity, m.handles)
+		}
+		// Forgotten now, so the count makes room under this lock; its
+		// instances are freed below.
+		m.forgetLocked(victim)
+	}
+	m.newClientLocked(key)
+	m.mu.Unlock()
+	if victim != nil {
+		m.log.Info("session handle evicted: too many open", "session", victim.key.String(), "max", m.maxHandles())
+		m.endClient(context.Background(), victim)
+	}
+	return nil
+}
+
+func (m *Manager) maxHandles() int {
+	if m.opts.MaxHandles <= 0 {
+		return DefaultMaxHandles
+	}
+	return m.opts.MaxHandles
 }
 
 // leaveLocked counts a lease of c gone. The caller holds m.mu.
@@ -261,9 +343,7 @@ func (m *Manager) endClient(ctx context.Context, c *client) {
 	}
 	c.closed = true
 	close(c.ended)
-	if m.clients[c.key] == c {
-		delete(m.clients, c.key)
-	}
+	m.forgetLocked(c)
 	slots := make([]*slot, 0, len(c.slots))
 	for _, sl := range c.slots {
 		slots = append(slots, sl)
@@ -298,10 +378,10 @@ func (m *Manager) reapIdle(timeout time.Duration) {
 			var idle []*client
 			m.mu.Lock()
 			for k, c := range m.clients {
-				if k.kind == kindClient && c.leases == 0 && now.Sub(c.lastUsed) > timeout {
+				if (k.kind == KindClient || k.kind == KindHandle) && c.leases == 0 && now.Sub(c.lastUsed) > timeout {
 					c.closed = true
 					close(c.ended)
-					delete(m.clients, k)
+					m.forgetLocked(c)
 					idle = append(idle, c)
 				}
 			}
@@ -374,13 +454,14 @@ type Stats struct {
 	Leases    int            // live leases
 	Waiting   int            // leases waiting for a person
 	Parked    int            // calls parked for an answer
+	Handles   int            // open session handles
 }
 
 // Stats reports the manager's counts.
 func (m *Manager) Stats() Stats {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	s := Stats{Live: m.live, PerPlugin: map[string]int{}, Memory: m.memory, Clients: len(m.clients), Leases: len(m.leases), Waiting: m.waiting.Len(), Parked: len(m.parked)}
+	s := Stats{Live: m.live, PerPlugin: map[string]int{}, Memory: m.memory, Clients: len(m.clients), Leases: len(m.leases), Waiting: m.waiting.Len(), Parked: len(m.parked), Handles: m.handles}
 	for k, v := range m.perPlugin {
 		if v > 0 {
 			s.PerPlugin[k] = v

@@ -188,7 +188,8 @@ func (h *holder) send(c string) {
 
 // step runs one random operation.
 func (w *world) step(r *rand.Rand, op byte) {
-	keys := []sessions.Key{sessions.Client("a"), sessions.Client("b"), sessions.Client("c"), sessions.Conn(&w.nextID, "conn")}
+	keys := []sessions.Key{sessions.Client("a"), sessions.Client("b"), sessions.Client("c"), sessions.Conn(&w.nextID, "conn"),
+		sessions.Handle("h1", "h1"), sessions.Handle("h2", "h2")}
 	key := keys[r.IntN(len(keys))]
 	name := []string{"counter", "pool"}[r.IntN(2)]
 	switch op % 10 {
@@ -250,7 +251,11 @@ func (w *world) step(r *rand.Rand, op byte) {
 		}
 		old, next := w.version(name, stateless)
 		w.m.Retire(old, next)
-	case 8: // a client ends
+	case 8: // a client ends, or a handle is opened (evicting another past the bound)
+		if r.IntN(2) == 0 {
+			w.m.Open(keys[4+r.IntN(2)])
+			return
+		}
 		ctx, cancel := context.WithTimeout(w.ctx, time.Duration(r.IntN(20))*time.Millisecond)
 		w.m.End(ctx, key)
 		cancel()
@@ -280,7 +285,7 @@ func (w *world) finish() {
 		w.t.Errorf("Close: %v", err)
 	}
 	st := w.m.Stats()
-	if st.Live != 0 || st.Memory != 0 || len(st.PerPlugin) != 0 || st.Leases != 0 || st.Waiting != 0 || st.Parked != 0 {
+	if st.Live != 0 || st.Memory != 0 || len(st.PerPlugin) != 0 || st.Leases != 0 || st.Waiting != 0 || st.Parked != 0 || st.Handles < 0 {
 		w.t.Errorf("after Close, reservations do not balance: %+v", st)
 	}
 	if s, c := w.obs.started.Load(), w.obs.closed.Load(); s != c {
@@ -302,7 +307,7 @@ func runOps(t testing.TB, opts sessions.Options, seed uint64, ops []byte) {
 
 // limited is a manager small enough that limits, eviction and parking
 // limits are reached often.
-var limited = sessions.Options{MaxInstances: 3, MaxInstancesPerPlugin: 2, MemoryBudget: 4 * sandbox.DefaultMemoryLimit, MaxConcurrentCalls: 2, PoolSize: 1, QueueLimit: 2, MaxParked: 3, MaxParkedPerClient: 1, IdleTimeout: 5 * time.Millisecond}
+var limited = sessions.Options{MaxInstances: 3, MaxInstancesPerPlugin: 2, MemoryBudget: 4 * sandbox.DefaultMemoryLimit, MaxConcurrentCalls: 2, PoolSize: 1, QueueLimit: 2, MaxParked: 3, MaxParkedPerClient: 1, IdleTimeout: 5 * time.Millisecond, MaxHandles: 1}
 
 // TestLeaseInvariants runs random sequences of acquire, call, done, trap,
 // pause, park, answer, abandon (by timer), evict (by limits), retire,
@@ -350,4 +355,86 @@ func FuzzLeases(f *testing.F) {
 		}
 		runOps(t, limited, binary.LittleEndian.Uint64(b), b[8:])
 	})
+}
+
+// TestHandles: a handle serves requests only once opened, keeps one
+// client (and instance) across requests, and is unknown once it ends:
+// by End, by the idle timeout, or evicted past MaxHandles.
+func TestHandles(t *testing.T) {
+	w := newWorld(t, sessions.Options{MaxHandles: 2, IdleTimeout: time.Hour})
+	defer w.finish()
+	counter := w.plugin("counter")
+	a, b, c := sessions.Handle("a", "ha"), sessions.Handle("b", "hb"), sessions.Handle("c", "hc")
+	if _, err := w.m.Acquire(w.ctx, a, counter); !errors.Is(err, sessions.ErrUnknownKey) {
+		t.Fatalf("Acquire before Open: %v; want ErrUnknownKey", err)
+	}
+	for _, k := range []sessions.Key{a, b} {
+		if err := w.m.Open(k); err != nil {
+			t.Fatal(err)
+		}
+	}
+	l1, err := w.m.Acquire(w.ctx, a, counter)
+	if err != nil {
+		t.Fatal(err)
+	}
+	inst := l1.Instance()
+	l1.Done(nil)
+	l2, err := w.m.Acquire(w.ctx, a, counter)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l2.Instance() != inst {
+		t.Error("a second lease of an open handle got another instance")
+	}
+	// a holds a lease, so opening c past the bound evicts b, the least
+	// recently used handle with none.
+	if err := w.m.Open(c); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := w.m.Acquire(w.ctx, b, counter); !errors.Is(err, sessions.ErrUnknownKey) {
+		t.Errorf("Acquire of the evicted handle: %v; want ErrUnknownKey", err)
+	}
+	if st := w.m.Stats(); st.Handles != 2 {
+		t.Errorf("open handles = %d; want 2", st.Handles)
+	}
+	// Both open handles hold leases: a third cannot be opened.
+	l3, err := w.m.Acquire(w.ctx, c, counter)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := w.m.Open(b); !errors.Is(err, sessions.ErrAtCapacity) {
+		t.Errorf("Open with every handle leased: %v; want ErrAtCapacity", err)
+	}
+	l2.Done(nil)
+	l3.Done(nil)
+	w.m.End(w.ctx, a)
+	if _, err := w.m.Acquire(w.ctx, a, counter); !errors.Is(err, sessions.ErrUnknownKey) {
+		t.Errorf("Acquire of an ended handle: %v; want ErrUnknownKey", err)
+	}
+}
+
+// TestHandleIdle: a handle with no lease for the idle timeout ends, and
+// its instance is freed.
+func TestHandleIdle(t *testing.T) {
+	w := newWorld(t, sessions.Options{IdleTimeout: 20 * time.Millisecond})
+	defer w.finish()
+	k := sessions.Handle("a", "ha")
+	if err := w.m.Open(k); err != nil {
+		t.Fatal(err)
+	}
+	l, err := w.m.Acquire(w.ctx, k, w.plugin("counter"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.Done(nil)
+	deadline := time.Now().Add(30 * time.Second)
+	for w.m.Stats().Handles != 0 || w.m.Stats().Live != 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("handle not reaped: %+v", w.m.Stats())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if _, err := w.m.Acquire(w.ctx, k, w.plugin("counter")); !errors.Is(err, sessions.ErrUnknownKey) {
+		t.Errorf("Acquire of a reaped handle: %v; want ErrUnknownKey", err)
+	}
 }

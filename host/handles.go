@@ -1,0 +1,389 @@
+package host
+
+// Session handles: per-client state for clients of protocol 2026-07-28,
+// which has no protocol session. The specification's answer, followed
+// here: state that spans tool calls travels in a handle that the server
+// mints and the client (the model) passes back as an ordinary tool
+// argument. See docs/DESIGN.md, "Session handles".
+//
+// A handle reads
+//
+//	wt1.<replica>.<id>.<subject>.<mac>
+//
+// id is 128 random bits (base64url), the key of the client's instances in
+// the session layer; subject is "-" or a keyed digest of the
+// authenticated subject the handle is bound to; replica is "-" (room for
+// a replica name that a load balancer can route on); mac is an HMAC-SHA256
+// of the rest under a key derived from the state key, cut to 128 bits. A
+// handle lives in the session layer from its minting until it is idle for
+// the session timeout (or evicted past the handle bound): the signature
+// says the server minted it, the session layer whether it still lives.
+
+import (
+	"bytes"
+	"crypto/hmac"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/wasmtools/wasmtools/abi"
+	"github.com/wasmtools/wasmtools/internal/sessions"
+	"github.com/wasmtools/wasmtools/plugins"
+)
+
+// The names a handle travels under.
+const (
+	// SessionArgument is the tool argument that carries a handle; the
+	// tools of plugins that keep state declare it in the input schema they
+	// serve to 2026-07-28 clients.
+	SessionArgument = abi.SessionArgument
+	// SessionHeader is its SEP-2243 header name: a client mirrors the
+	// argument into the HTTP header Mcp-Param-Wasmtools-Session, which a
+	// load balancer can route on and the server checks against the body.
+	SessionHeader = abi.SessionHeader
+	// MetaSession is the _meta key of the handle in a result, and in a
+	// request (a prompt get, resource read or completion has no arguments
+	// to carry it; a tool call may carry it there too). A request that has
+	// the key, even empty, is from a client that handles handles itself:
+	// its results carry no note for the model.
+	MetaSession = MetaPrefix + "session"
+)
+
+// ErrHandle is matched (errors.Is) by the refusal of a handle: malformed,
+// forged, bound to another subject, unknown or expired.
+var ErrHandle = errors.New("session handle refused")
+
+const handleVersion = "wt1"
+
+// handleKeys derives the two keys of handles from the state key: one signs
+// handles, the other digests subjects. Neither signs request states.
+func handleKeys(stateKey []byte) (sign, subject []byte) {
+	derive := func(label string) []byte {
+		m := hmac.New(sha256.New, stateKey)
+		m.Write([]byte(label))
+		return m.Sum(nil)
+	}
+	return derive("wasmtools handle signing v1"), derive("wasmtools handle subject v1")
+}
+
+var b64 = base64.RawURLEncoding
+
+// subjectTag is the handle's field for subject: "-" for none.
+func (h *Host) subjectTag(subject string) string {
+	if subject == "" {
+		return "-"
+	}
+	m := hmac.New(sha256.New, h.handleSubjectKey)
+	m.Write([]byte(subject))
+	return b64.EncodeToString(m.Sum(nil)[:8])
+}
+
+func (h *Host) handleMAC(body string) string {
+	m := hmac.New(sha256.New, h.handleSignKey)
+	m.Write([]byte(body))
+	return b64.EncodeToString(m.Sum(nil)[:16])
+}
+
+// handleKey is the session-layer key of a handle's id. Its label, for logs
+// and the record log, is a digest: the id is a capability.
+func handleKey(id string) sessions.Key {
+	sum := sha256.Sum256([]byte(id))
+	return sessions.Handle(id, fmt.Sprintf("handle-%x", sum[:6]))
+}
+
+// mintHandle makes a new handle bound to subject ("" for none) and opens
+// its client in the session layer.
+func (h *Host) mintHandle(subject string) (string, sessions.Key, error) {
+	var raw [16]byte
+	rand.Read(raw[:])
+	id := b64.EncodeToString(raw[:])
+	body := strings.Join([]string{handleVersion, "-", id, h.subjectTag(subject)}, ".")
+	key := handleKey(id)
+	if err := h.ses.Open(key); err != nil {
+		return "", sessions.Key{}, fmt.Errorf("no new session handle: %w", err)
+	}
+	return body + "." + h.handleMAC(body), key, nil
+}
+
+// checkHandle returns the key of handle as presented by subject. The
+// session layer says later whether it is still open.
+func (h *Host) checkHandle(handle, subject string) (sessions.Key, error) {
+	f := strings.Split(handle, ".")
+	if len(f) != 5 || f[0] != handleVersion || len(handle) > 128 {
+		return sessions.Key{}, fmt.Errorf("%w: it is not a wasmtools session handle (pass the value of an earlier result exactly)", ErrHandle)
+	}
+	body := handle[:strings.LastIndexByte(handle, '.')]
+	if !hmac.Equal([]byte(f[4]), []byte(h.handleMAC(body))) {
+		return sessions.Key{}, fmt.Errorf("%w: it was not minted by this server, or was altered", ErrHandle)
+	}
+	if !hmac.Equal([]byte(f[3]), []byte(h.subjectTag(subject))) {
+		return sessions.Key{}, fmt.Errorf("%w: it belongs to another client", ErrHandle)
+	}
+	return handleKey(f[2]), nil
+}
+
+// clientRef is whose instances a request runs on, and what its result
+// says of it.
+type clientRef struct {
+	key sessions.Key
+	// handle is the request's session handle, to return in the result's
+	// _meta; "" when the request is not keyed by a handle.
+	handle string
+	// note: the result carries the note that tells the model what handle
+	// it was given and how to pass it back (a newly minted handle, for a
+	// client that does not handle handles itself).
+	note bool
+	// refused is why the request's handle was refused; handle is then a
+	// new one, offered in the result.
+	refused error
+	// subject is the authenticated subject the handle is bound to.
+	subject string
+}
+
+// sessionless reports whether a request came without a protocol session:
+// protocol 2026-07-28 over HTTP. stdio and in-memory sessions (the process
+// is the session) and stateful HTTP sessions (Mcp-Session-Id) key on the
+// session.
+func sessionless(ss *mcp.ServerSession, extra *mcp.RequestExtra) bool {
+	return ss.ID() == "" && extra != nil && extra.Header != nil
+}
+
+// subjectOf is the request's authenticated subject, "" for none. A shared
+// bearer token identifies no one (see [RequireToken]).
+func subjectOf(extra *mcp.RequestExtra) string {
+	if extra != nil && extra.TokenInfo != nil {
+		return extra.TokenInfo.UserID
+	}
+	return ""
+}
+
+// toolClient says whose instances a call of t runs on: for a sessionless
+// request to a plugin that keeps state, the client of the handle the call
+// carries (in its arguments or _meta), or of a handle minted for it. args
+// are the call's arguments without the handle.
+func (h *Host) toolClient(req *mcp.CallToolRequest, p *plugins.Plugin, args json.RawMessage) (clientRef, error) {
+	fromArgs, err := argumentHandle(args)
+	if err != nil {
+		return clientRef{}, err
+	}
+	fromMeta, programmatic := metaHandle(req.Params.Meta)
+	if fromArgs != "" && fromMeta != "" && fromArgs != fromMeta {
+		return clientRef{}, fmt.Errorf("%w: the %s argument and _meta[%q] name different handles", ErrHandle, SessionArgument, MetaSession)
+	}
+	ss, extra := req.Session, req.Extra
+	if !sessionless(ss, extra) {
+		return clientRef{key: h.connKey(ss)}, nil
+	}
+	if k, ok := h.headerKey(extra); ok {
+		return clientRef{key: k}, nil
+	}
+	if p.Stateless() {
+		return clientRef{key: h.connKey(ss)}, nil
+	}
+	return h.handleClient(subjectOf(extra), cmpOr(fromArgs, fromMeta), !programmatic)
+}
+
+// handleClient resolves a presented handle ("" for none): its key, or a
+// newly minted handle, with the refusal of the one presented if any.
+func (h *Host) handleClient(subject, presented string, note bool) (clientRef, error) {
+	if presented != "" {
+		key, err := h.checkHandle(presented, subject)
+		if err == nil {
+			return clientRef{key: key, handle: presented, subject: subject}, nil
+		}
+		ref, merr := h.mint(subject, note)
+		ref.refused = err
+		return ref, merr
+	}
+	return h.mint(subject, note)
+}
+
+func (h *Host) mint(subject string, note bool) (clientRef, error) {
+	handle, key, err := h.mintHandle(subject)
+	if err != nil {
+		return clientRef{}, err
+	}
+	return clientRef{key: key, handle: handle, note: note && h.handleNote(), subject: subject}, nil
+}
+
+// requestKey says whose instances a prompt get, resource read or
+// completion runs on: for a sessionless request, the handle it carries in
+// _meta or the Mcp-Param-Wasmtools-Session header (a request with neither
+// runs on instances of its own, freed when it ends).
+func (h *Host) requestKey(ss *mcp.ServerSession, extra *mcp.RequestExtra, meta mcp.Meta) (sessions.Key, error) {
+	if !sessionless(ss, extra) {
+		return h.connKey(ss), nil
+	}
+	if k, ok := h.headerKey(extra); ok {
+		return k, nil
+	}
+	fromMeta, _ := metaHandle(meta)
+	fromHeader, ok := decodeParamHeader(extra.Header.Get("Mcp-Param-" + SessionHeader))
+	if !ok {
+		return sessions.Key{}, fmt.Errorf("%w: the Mcp-Param-%s header is not valid", ErrHandle, SessionHeader)
+	}
+	if fromMeta != "" && fromHeader != "" && fromMeta != fromHeader {
+		return sessions.Key{}, fmt.Errorf("%w: _meta[%q] and the Mcp-Param-%s header name different handles", ErrHandle, MetaSession, SessionHeader)
+	}
+	handle := cmpOr(fromMeta, fromHeader)
+	if handle == "" {
+		return h.connKey(ss), nil
+	}
+	return h.checkHandle(handle, subjectOf(extra))
+}
+
+// headerKey is the key of the operator's client header
+// ([Options.ClientKeyHeader]), which takes precedence over handles.
+func (h *Host) headerKey(extra *mcp.RequestExtra) (sessions.Key, bool) {
+	if name := h.opts.ClientKeyHeader; name != "" {
+		if v := extra.Header.Get(name); v != "" {
+			return sessions.Client("header:" + v), true
+		}
+	}
+	return sessions.Key{}, false
+}
+
+// argumentHandle reads the session argument from a call's arguments.
+func argumentHandle(args json.RawMessage) (string, error) {
+	if !bytes.Contains(args, []byte(SessionArgument)) {
+		return "", nil
+	}
+	var m map[string]json.RawMessage
+	if json.Unmarshal(args, &m) != nil {
+		return "", nil // not an object: validation says so
+	}
+	raw, ok := m[SessionArgument]
+	if !ok || string(raw) == "null" {
+		return "", nil
+	}
+	var s string
+	if json.Unmarshal(raw, &s) != nil {
+		return "", fmt.Errorf("%w: the %s argument must be a string", ErrHandle, SessionArgument)
+	}
+	return s, nil
+}
+
+// withoutSessionArgument returns args without the session argument, for
+// the plugin's own validation and the guest. Arguments that do not name it
+// are returned as they are, without decoding.
+func withoutSessionArgument(args json.RawMessage) json.RawMessage {
+	if !bytes.Contains(args, []byte(SessionArgument)) {
+		return args
+	}
+	var m map[string]json.RawMessage
+	if json.Unmarshal(args, &m) != nil {
+		return args
+	}
+	if _, ok := m[SessionArgument]; !ok {
+		return args
+	}
+	delete(m, SessionArgument)
+	out, err := json.Marshal(m)
+	if err != nil {
+		return args
+	}
+	return out
+}
+
+// metaHandle reads the handle from a request's _meta; present reports
+// whether the key is there at all (even empty: "mint me one").
+func metaHandle(meta mcp.Meta) (handle string, present bool) {
+	v, ok := meta[MetaSession]
+	if !ok {
+		return "", false
+	}
+	s, _ := v.(string)
+	return s, true
+}
+
+// decodeParamHeader decodes an Mcp-Param-* header value (SEP-2243: a
+// value that is not plain ASCII comes as =?base64?…?=).
+func decodeParamHeader(v string) (string, bool) {
+	if !strings.HasPrefix(v, "=?base64?") || !strings.HasSuffix(v, "?=") {
+		return v, true
+	}
+	b, err := base64.StdEncoding.DecodeString(v[len("=?base64?") : len(v)-2])
+	return string(b), err == nil
+}
+
+func cmpOr(a, b string) string {
+	if a != "" {
+		return a
+	}
+	return b
+}
+
+// handleNote reports whether results may carry the note for the model.
+func (h *Host) handleNote() bool { return !h.opts.QuietHandles }
+
+// sessionResult puts ref's handle in res: in _meta always, and for a
+// minted handle the note the model can act on, as a block of its own
+// after the plugin's content.
+func (h *Host) sessionResult(ref clientRef, pluginName string, res *mcp.CallToolResult) {
+	if ref.handle == "" {
+		return
+	}
+	if res.Meta == nil {
+		res.Meta = mcp.Meta{}
+	}
+	res.Meta[MetaSession] = ref.handle
+	if ref.note && !h.opts.QuietPlugins[pluginName] {
+		res.Content = append(res.Content, &mcp.TextContent{Text: fmt.Sprintf(
+			"[wasmtools: this tool keeps state between calls. To keep working with the same state, pass %q as the %s argument in your next calls of this server's tools.]",
+			ref.handle, SessionArgument)})
+	}
+}
+
+// refusedResult is the result of a call whose handle was refused: nothing
+// ran, and a new handle is offered.
+func (h *Host) refusedResult(ref clientRef) *mcp.CallToolResult {
+	res := errorResult(fmt.Sprintf(
+		"wasmtools: the session handle passed as %s was refused: %v. Nothing was run, and no state was changed. To start afresh, pass the new handle %q (its state is empty) as the %s argument.",
+		SessionArgument, strings.TrimPrefix(ref.refused.Error(), ErrHandle.Error()+": "), ref.handle, SessionArgument))
+	res.Meta = mcp.Meta{MetaSession: ref.handle}
+	return res
+}
+
+// expiredResult is the result of a call whose handle the session layer no
+// longer knows: unused past the session timeout, evicted, or from before
+// a restart. A new handle is offered, never a silently fresh state.
+func (h *Host) expiredResult(env *callEnv) (*mcp.CallToolResult, error) {
+	ref, err := h.mint(env.ref.subject, false)
+	if err != nil {
+		return nil, fmt.Errorf("tool %q: %w", env.tool.Name, err)
+	}
+	ref.refused = fmt.Errorf("%w: it has expired or is unknown (a session ends after %s unused, and does not survive a restart), and its state is gone", ErrHandle, h.sessionTimeout())
+	return h.refusedResult(ref), nil
+}
+
+// sessionProperty is the input schema property of the session argument.
+var sessionProperty = json.RawMessage(`{"type":"string","x-mcp-header":"` + SessionHeader + `","description":"Session handle. Pass the value returned by an earlier call of this server's tools to keep working with the same state; omit it to start a new session."}`)
+
+// withSessionArgument returns a tool's input schema with the session
+// argument added to its properties. Only the top level and its properties
+// are decoded, so the plugin's own keywords pass through byte for byte.
+func withSessionArgument(schema json.RawMessage) (json.RawMessage, error) {
+	var top map[string]json.RawMessage
+	if err := json.Unmarshal(schema, &top); err != nil {
+		return nil, err
+	}
+	props := map[string]json.RawMessage{}
+	if raw, ok := top["properties"]; ok {
+		if err := json.Unmarshal(raw, &props); err != nil {
+			return nil, err
+		}
+	}
+	props[SessionArgument] = sessionProperty
+	b, err := json.Marshal(props)
+	if err != nil {
+		return nil, err
+	}
+	top["properties"] = b
+	return json.Marshal(top)
+}

@@ -1,0 +1,301 @@
+package host_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/wasmtools/wasmtools/host"
+	"github.com/wasmtools/wasmtools/internal/testplugins"
+	"github.com/wasmtools/wasmtools/plugins"
+	"github.com/wasmtools/wasmtools/sandbox"
+)
+
+// handleOf is the session handle a result carries in _meta.
+func handleOf(res *mcp.CallToolResult) string {
+	s, _ := res.Meta[host.MetaSession].(string)
+	return s
+}
+
+// firstText is the plugin's own answer: the first text block.
+func firstText(res *mcp.CallToolResult) string {
+	if len(res.Content) == 0 {
+		return ""
+	}
+	tc, _ := res.Content[0].(*mcp.TextContent)
+	if tc == nil {
+		return ""
+	}
+	return tc.Text
+}
+
+// countWith calls count, passing handle when not "".
+func countWith(t *testing.T, cs *mcp.ClientSession, handle string) *mcp.CallToolResult {
+	t.Helper()
+	args := map[string]any{}
+	if handle != "" {
+		args[host.SessionArgument] = handle
+	}
+	return call(t, cs, "count", args)
+}
+
+// headerRecorder records the Mcp-Param-Wasmtools-Session header of each
+// tools/call the client sends.
+type headerRecorder struct {
+	mu     sync.Mutex
+	values []string
+	next   http.RoundTripper
+}
+
+func (r *headerRecorder) RoundTrip(req *http.Request) (*http.Response, error) {
+	if req.Header.Get("Mcp-Method") == "tools/call" {
+		r.mu.Lock()
+		r.values = append(r.values, req.Header.Get("Mcp-Param-"+host.SessionHeader))
+		r.mu.Unlock()
+	}
+	next := r.next
+	if next == nil {
+		next = http.DefaultTransport
+	}
+	return next.RoundTrip(req)
+}
+
+// bearer sends a bearer token.
+type bearer struct{ token string }
+
+func (b bearer) RoundTrip(r *http.Request) (*http.Response, error) {
+	r = r.Clone(r.Context())
+	r.Header.Set("Authorization", "Bearer "+b.token)
+	return http.DefaultTransport.RoundTrip(r)
+}
+
+// serveGuarded serves the fixture's host behind host.Guard.
+func serveGuarded(t *testing.T, f *fixture, g host.GuardOptions) string {
+	t.Helper()
+	mux := http.NewServeMux()
+	mux.Handle("/mcp", f.h.HTTPHandler())
+	srv := httptest.NewServer(host.Guard(mux, g)) // 127.0.0.1
+	t.Cleanup(srv.Close)
+	return srv.URL
+}
+
+// TestHandlesKeepState: go-sdk clients with default options over HTTP
+// speak 2026-07-28, which has no session; passing back the handle their
+// first result gave them, each keeps its own counter. The client mirrors
+// the argument into the Mcp-Param-Wasmtools-Session header.
+func TestHandlesKeepState(t *testing.T) {
+	f := newFixture(t, nil, sandbox.NewPolicy(), map[string]string{"counter.wasm": testplugins.Example(t, "counter")})
+	url := serveHTTP(t, f)
+	rec := &headerRecorder{}
+	a := connectHTTP(t, url, "", rec)
+	if v := a.InitializeResult().ProtocolVersion; v < "2026-07-28" {
+		t.Fatalf("negotiated %s; want 2026-07-28", v)
+	}
+	tools, err := a.ListTools(context.Background(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tool := range tools.Tools {
+		schema, _ := json.Marshal(tool.InputSchema)
+		has := bytes.Contains(schema, []byte(`"`+host.SessionArgument+`"`)) && bytes.Contains(schema, []byte(`"x-mcp-header":"Wasmtools-Session"`))
+		if want := tool.Name == "count"; has != want {
+			t.Errorf("tool %s: session argument in schema = %v, want %v (only plugins that keep state): %s", tool.Name, has, want, schema)
+		}
+	}
+
+	first := countWith(t, a, "")
+	h := handleOf(first)
+	if firstText(first) != "1" || h == "" {
+		t.Fatalf("first call: %q, handle %q; want 1 and a handle", text(first), h)
+	}
+	if len(first.Content) != 2 || !strings.Contains(text(first), h) || !strings.Contains(text(first), host.SessionArgument) {
+		t.Errorf("the minting result should end with a note naming the handle and the argument: %q", text(first))
+	}
+	for _, want := range []string{"2", "3"} {
+		res := countWith(t, a, h)
+		if firstText(res) != want || handleOf(res) != h || len(res.Content) != 1 {
+			t.Errorf("with the handle: %q (handle %q, %d blocks); want %s, the same handle, no note", text(res), handleOf(res), len(res.Content), want)
+		}
+	}
+	rec.mu.Lock()
+	headers := append([]string(nil), rec.values...)
+	rec.mu.Unlock()
+	if len(headers) != 3 || headers[0] != "" || headers[1] != h || headers[2] != h {
+		t.Errorf("Mcp-Param-%s headers sent = %q; want none, then the handle twice", host.SessionHeader, headers)
+	}
+
+	// A second client counts on its own handle.
+	b := connectHTTP(t, url, "", nil)
+	b.ListTools(context.Background(), nil) // so the client mirrors the header
+	bh := handleOf(countWith(t, b, ""))
+	if got := firstText(countWith(t, b, bh)); got != "2" || bh == h {
+		t.Errorf("second client: count = %s with handle %q; want 2 on a handle of its own", got, bh)
+	}
+	// Without the handle, each call starts afresh, on a new handle.
+	if res := countWith(t, a, ""); firstText(res) != "1" || handleOf(res) == h {
+		t.Errorf("no handle: %q, handle %q; want 1 on a new handle", text(res), handleOf(res))
+	}
+}
+
+// TestHandleRefused: a forged, altered or expired handle is an isError
+// result that says so and offers a new handle; nothing runs.
+func TestHandleRefused(t *testing.T) {
+	f := newFixture(t, &host.Options{SessionTimeout: 200 * time.Millisecond}, sandbox.NewPolicy(), map[string]string{"counter.wasm": testplugins.Example(t, "counter")})
+	url := serveHTTP(t, f)
+	cs := connectHTTP(t, url, "", nil)
+	cs.ListTools(context.Background(), nil)
+	h := handleOf(countWith(t, cs, ""))
+	if got := firstText(countWith(t, cs, h)); got != "2" {
+		t.Fatalf("count = %s, want 2", got)
+	}
+	altered := h[:len(h)-2] + "AA"
+	if altered == h {
+		altered = h[:len(h)-2] + "BB"
+	}
+	for name, bad := range map[string]string{
+		"garbage": "hello",
+		"altered": altered,
+		"forged":  "wt1.-.AAAAAAAAAAAAAAAAAAAAAA.-.AAAAAAAAAAAAAAAAAAAAAA",
+	} {
+		res := countWith(t, cs, bad)
+		nh := handleOf(res)
+		if !res.IsError || !strings.Contains(text(res), "refused") || nh == "" || nh == h || !strings.Contains(text(res), nh) {
+			t.Errorf("%s handle: isError=%v %q (new handle %q); want a refusal offering a new handle", name, res.IsError, text(res), nh)
+			continue
+		}
+		if got := firstText(countWith(t, cs, nh)); got != "1" {
+			t.Errorf("%s: the offered handle counts %s; want 1 (a new state)", name, got)
+		}
+	}
+	// The first handle's state was not touched by the refusals.
+	if got := firstText(countWith(t, cs, h)); got != "3" {
+		t.Errorf("count = %s after refusals, want 3", got)
+	}
+	// Unused for the session timeout, the handle expires: refused, not
+	// silently fresh.
+	eventually(t, "the handles' instances freed", func() bool { return f.h.LiveInstances() == 0 })
+	res := countWith(t, cs, h)
+	if !res.IsError || !strings.Contains(text(res), "expired") || handleOf(res) == "" {
+		t.Errorf("expired handle: isError=%v %q; want a refusal saying it expired", res.IsError, text(res))
+	}
+}
+
+// TestHandlesBoundToSubjects: with per-subject tokens, a handle works
+// only for the subject it was minted for; with the shared token, which
+// identifies no one, two clients still each keep their own state.
+func TestHandlesBoundToSubjects(t *testing.T) {
+	f := newFixture(t, nil, sandbox.NewPolicy(), map[string]string{"counter.wasm": testplugins.Example(t, "counter")})
+	const shared, aliceTok, bobTok = "shared-token-0123456789", "alice-token-0123456789", "bob-token-0123456789"
+	url := serveGuarded(t, f, host.GuardOptions{Token: shared, Tokens: map[string]string{"alice": aliceTok, "bob": bobTok}})
+
+	alice := connectHTTP(t, url, "", bearer{aliceTok})
+	alice.ListTools(context.Background(), nil)
+	ah := handleOf(countWith(t, alice, ""))
+	if got := firstText(countWith(t, alice, ah)); got != "2" {
+		t.Errorf("alice: count = %s, want 2", got)
+	}
+	bob := connectHTTP(t, url, "", bearer{bobTok})
+	bob.ListTools(context.Background(), nil)
+	res := countWith(t, bob, ah)
+	if !res.IsError || !strings.Contains(text(res), "another client") {
+		t.Errorf("bob with alice's handle: isError=%v %q; want refused", res.IsError, text(res))
+	}
+	if got := firstText(countWith(t, alice, ah)); got != "3" {
+		t.Errorf("alice after bob's attempt: count = %s, want 3", got)
+	}
+
+	// The shared token: two clients, two states.
+	c1 := connectHTTP(t, url, "", bearer{shared})
+	c2 := connectHTTP(t, url, "", bearer{shared})
+	c1.ListTools(context.Background(), nil)
+	c2.ListTools(context.Background(), nil)
+	h1, h2 := handleOf(countWith(t, c1, "")), handleOf(countWith(t, c2, ""))
+	got := []string{firstText(countWith(t, c1, h1)), firstText(countWith(t, c2, h2)), firstText(countWith(t, c1, h1))}
+	if strings.Join(got, ",") != "2,2,3" {
+		t.Errorf("shared token: counts %v; want 2,2,3 (each client its own state)", got)
+	}
+	// A shared-token handle is bound to no one; a subject may not use it.
+	if res := countWith(t, alice, h1); !res.IsError {
+		t.Errorf("alice with an unbound handle: %q; want refused", text(res))
+	}
+}
+
+// TestHandleHeaderChecked: the server checks the Mcp-Param header against
+// the argument (SEP-2243), and a prompt or resource request may carry the
+// handle in the header or _meta.
+func TestHandleHeaderChecked(t *testing.T) {
+	f := newFixture(t, nil, sandbox.NewPolicy(), map[string]string{"counter.wasm": testplugins.Example(t, "counter")})
+	url := serveHTTP(t, f)
+	cs := connectHTTP(t, url, "", nil)
+	cs.ListTools(context.Background(), nil)
+	h := handleOf(countWith(t, cs, ""))
+
+	post := func(header string, args string) (int, string) {
+		body := `{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"count","arguments":` + args +
+			`,"_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28","io.modelcontextprotocol/clientCapabilities":{}}}}`
+		req, _ := http.NewRequest("POST", url+"/mcp", strings.NewReader(body))
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Accept", "application/json, text/event-stream")
+		req.Header.Set("Mcp-Protocol-Version", "2026-07-28")
+		req.Header.Set("Mcp-Method", "tools/call")
+		req.Header.Set("Mcp-Name", "count")
+		if header != "" {
+			req.Header.Set("Mcp-Param-"+host.SessionHeader, header)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	arg := `{"` + host.SessionArgument + `":"` + h + `"}`
+	if code, body := post(h, arg); code != 200 || !strings.Contains(body, `"text":"2"`) {
+		t.Errorf("matching header: %d %s", code, body)
+	}
+	if code, body := post("wt1.-.other", arg); code == 200 && !strings.Contains(body, "mismatch") {
+		t.Errorf("header that does not match the argument: %d %s; want refused", code, body)
+	}
+	if code, body := post("", arg); code == 200 && !strings.Contains(body, "missing") {
+		t.Errorf("argument without its header: %d %s; want refused", code, body)
+	}
+	if got := firstText(countWith(t, cs, h)); got != "3" {
+		t.Errorf("count = %s, want 3 (the refused requests ran nothing)", got)
+	}
+}
+
+// TestStatelessPluginsTakeNoHandle: a plugin that keeps no state serves
+// its tools without the session argument, and its results carry no
+// handle.
+func TestStatelessPluginsTakeNoHandle(t *testing.T) {
+	src := filepath.Join(t.TempDir(), "counter.wasm")
+	wasm := withCustomSection(testplugins.Bytes(t, testplugins.Example(t, "counter")), plugins.StatelessSection)
+	if err := os.WriteFile(src, wasm, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	f := newFixture(t, nil, sandbox.NewPolicy(), map[string]string{"counter.wasm": src})
+	cs := connectHTTP(t, serveHTTP(t, f), "", nil)
+	tools, err := cs.ListTools(context.Background(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	schema, _ := json.Marshal(tools.Tools[0].InputSchema)
+	if bytes.Contains(schema, []byte(host.SessionArgument)) {
+		t.Errorf("a stateless plugin's tool takes the session argument: %s", schema)
+	}
+	if res := call(t, cs, "count", nil); handleOf(res) != "" || len(res.Content) != 1 {
+		t.Errorf("a stateless plugin's result carries a handle or a note: %q %v", text(res), res.Meta)
+	}
+}
