@@ -86,7 +86,7 @@ func cmdServe(ctx context.Context, args []string, lookupEnv func(string) (string
 		InstanceLimits: map[string]int{}, ClientKeyHeader: *clientHeader, AbandonAfter: *abandonAfter,
 		AllowedOrigins: cfg.HTTP.AllowedOrigins,
 		MaxParked:      *maxParked, MaxParkedPerClient: *maxParkedPerClient,
-		MaxHandles:     *maxHandles, QuietHandles: !*handleNote, QuietPlugins: map[string]bool{},
+		MaxHandles: *maxHandles, QuietHandles: !*handleNote, QuietPlugins: map[string]bool{},
 	}
 	for name := range cfg.Plugins {
 		eff := cfg.For(name)
