@@ -146,6 +146,15 @@ func TestHandlesKeepState(t *testing.T) {
 	if res := countWith(t, a, ""); firstText(res) != "1" || handleOf(res) == h {
 		t.Errorf("no handle: %q, handle %q; want 1 on a new handle", text(res), handleOf(res))
 	}
+	resp, err := http.Get(url + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	if !strings.Contains(string(body), "wasmtools_session_handles 3\n") {
+		t.Errorf("metrics do not count 3 open handles:\n%s", body)
+	}
 }
 
 // TestHandleRefused: a forged, altered or expired handle is an isError
@@ -297,5 +306,31 @@ func TestStatelessPluginsTakeNoHandle(t *testing.T) {
 	}
 	if res := call(t, cs, "count", nil); handleOf(res) != "" || len(res.Content) != 1 {
 		t.Errorf("a stateless plugin's result carries a handle or a note: %q %v", text(res), res.Meta)
+	}
+}
+
+// TestHostileHandleFlood: a client that never passes its handle back
+// mints one per call. The open handles, and the instances behind them,
+// stay within MaxHandles, and a client that does use its handle keeps its
+// state through the flood.
+func TestHostileHandleFlood(t *testing.T) {
+	const max = 5
+	f := newFixture(t, &host.Options{MaxHandles: max}, sandbox.NewPolicy(), map[string]string{"counter.wasm": testplugins.Example(t, "counter")})
+	url := serveHTTP(t, f)
+	good := connectHTTP(t, url, "", nil)
+	good.ListTools(context.Background(), nil)
+	h := handleOf(countWith(t, good, ""))
+	countWith(t, good, h)
+	flood := connectHTTP(t, url, "", nil)
+	for i := range 6 * max {
+		if res := countWith(t, flood, ""); firstText(res) != "1" {
+			t.Fatalf("flood call %d: %q", i, text(res))
+		}
+		if n := f.h.LiveInstances(); n > max {
+			t.Fatalf("after %d minting calls: %d live instances; want at most %d", i+1, n, max)
+		}
+	}
+	if got := firstText(countWith(t, good, h)); got != "3" {
+		t.Errorf("the client that uses its handle: count = %s after the flood, want 3", got)
 	}
 }

@@ -21,6 +21,7 @@ import (
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/wasmtools/wasmtools/internal/sessions"
 	"github.com/wasmtools/wasmtools/plugins"
@@ -96,9 +97,9 @@ type Options struct {
 	// the same guest state.
 	ClientKeyHeader string
 	// MaxHandles bounds the open session handles; 0 means
-	// [sessions.DefaultMaxHandles] (10,000). Minting one past it ends the
-	// least recently used idle handle (its next call is told it expired).
-	// A handle also ends after SessionTimeout unused.
+	// [sessions.DefaultMaxHandles] (1,000). Minting one past it ends an
+	// idle handle, those never passed back first (its next call is told
+	// it expired). A handle also ends after SessionTimeout unused.
 	MaxHandles int
 	// QuietHandles leaves out of every result the note that tells the
 	// model the session handle it was given; QuietPlugins leaves it out of
@@ -212,6 +213,9 @@ func New(src *plugins.Reloader, opts *Options) *Host {
 		MaxParked:   h.opts.MaxParked, MaxParkedPerClient: h.opts.MaxParkedPerClient,
 		MaxHandles: h.opts.MaxHandles,
 	})
+	h.metrics.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "wasmtools_session_handles", Help: "Session handles of 2026-07-28 clients open now.",
+	}, func() float64 { return float64(h.ses.Stats().Handles) }))
 	name, version := h.opts.Name, h.opts.Version
 	if name == "" {
 		name = "wasmtools"

@@ -44,9 +44,11 @@ const (
 	// DefaultMaxParkedPerClient bounds one client's parked calls.
 	DefaultMaxParkedPerClient = 4
 	// DefaultMaxHandles bounds the open [Handle] clients. One with no
-	// instance costs a few hundred bytes; its instances count against the
-	// instance limits like any other client's.
-	DefaultMaxHandles = 10_000
+	// instance costs a few hundred bytes; one with an instance of a Go
+	// plugin a few MiB, which is why the bound is not higher (the
+	// instance limits and the memory budget bound instances as for any
+	// client).
+	DefaultMaxHandles = 1000
 )
 
 // Errors a lease can be refused with. Each is matched with errors.Is.
@@ -115,10 +117,12 @@ type Options struct {
 	// [Manager.End].
 	IdleTimeout time.Duration
 	// MaxHandles bounds the open [Handle] clients; 0 means
-	// [DefaultMaxHandles]. Opening one past it ends the least recently
-	// used handle client that holds no lease (its next request is told
-	// the handle expired), or fails with [ErrAtCapacity] when every one
-	// holds a lease.
+	// [DefaultMaxHandles]. Opening one past it ends a handle client that
+	// holds no lease (its next request is told the handle expired): the
+	// least recently used of those that served at most one request (a
+	// client that never came back with its handle), else the least
+	// recently used. With every one holding a lease, Open fails with
+	// [ErrAtCapacity].
 	MaxHandles int
 	// MaxParked bounds the calls parked for an answer in all; 0 means
 	// [DefaultMaxParked]. MaxParkedPerClient bounds one client's; 0
@@ -230,6 +234,7 @@ type client struct {
 	closed   bool             // guarded by Manager.mu
 	leases   int              // leases held or waited for; guarded by Manager.mu
 	lastUsed time.Time        // guarded by Manager.mu
+	requests int              // leases asked for, ever; guarded by Manager.mu
 	parked   int              // guarded by Manager.mu
 }
 
@@ -247,6 +252,7 @@ func (m *Manager) clientLocked(key Key) (*client, error) {
 		c = m.newClientLocked(key)
 	}
 	c.leases++
+	c.requests++
 	c.lastUsed = time.Now()
 	return c, nil
 }
@@ -271,8 +277,8 @@ func (m *Manager) forgetLocked(c *client) {
 }
 
 // Open makes the client of a [Handle] key, which requests may then use
-// until it ends. At [Options.MaxHandles] it first ends the least recently
-// used handle client with no lease; with none, it fails with
+// until it ends. At [Options.MaxHandles] it first ends a handle client
+// with no lease (see there which); with none, it fails with
 // [ErrAtCapacity]. It fails with [ErrClosed] after Close, and is a no-op
 // for a key whose client exists.
 func (m *Manager) Open(key Key) error {
@@ -287,10 +293,23 @@ func (m *Manager) Open(key Key) error {
 	}
 	var victim *client
 	if key.kind == KindHandle && m.handles >= m.maxHandles() {
+		// Handles whose client never came back first: a client that
+		// ignores handles mints one per call.
+		var once, lru *client
 		for _, c := range m.clients {
-			if c.key.kind == KindHandle && c.leases == 0 && !c.closed && (victim == nil || c.lastUsed.Before(victim.lastUsed)) {
-				victim = c
+			if c.key.kind != KindHandle || c.leases > 0 || c.closed {
+				continue
 			}
+			if lru == nil || c.lastUsed.Before(lru.lastUsed) {
+				lru = c
+			}
+			if c.requests <= 1 && (once == nil || c.lastUsed.Before(once.lastUsed)) {
+				once = c
+			}
+		}
+		victim = once
+		if victim == nil {
+			victim = lru
 		}
 		if victim == nil {
 			m.mu.Unlock()

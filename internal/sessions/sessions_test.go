@@ -438,3 +438,35 @@ func TestHandleIdle(t *testing.T) {
 		t.Errorf("Acquire of a reaped handle: %v; want ErrUnknownKey", err)
 	}
 }
+
+// TestHandleEvictionOrder: past MaxHandles, a handle whose client never
+// came back with it goes before one in use, even a more recently used one.
+func TestHandleEvictionOrder(t *testing.T) {
+	w := newWorld(t, sessions.Options{MaxHandles: 2})
+	defer w.finish()
+	counter := w.plugin("counter")
+	used, once := sessions.Handle("used", "used"), sessions.Handle("once", "once")
+	for _, k := range []sessions.Key{used, once} {
+		if err := w.m.Open(k); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, k := range []sessions.Key{used, used, once} { // once is the most recent
+		l, err := w.m.Acquire(w.ctx, k, counter)
+		if err != nil {
+			t.Fatal(err)
+		}
+		l.Done(nil)
+	}
+	if err := w.m.Open(sessions.Handle("new", "new")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := w.m.Acquire(w.ctx, once, counter); !errors.Is(err, sessions.ErrUnknownKey) {
+		t.Errorf("the handle used once: %v; want it evicted (ErrUnknownKey)", err)
+	}
+	l, err := w.m.Acquire(w.ctx, used, counter)
+	if err != nil {
+		t.Fatalf("the handle in use was evicted: %v", err)
+	}
+	l.Done(nil)
+}
