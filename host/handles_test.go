@@ -334,3 +334,96 @@ func TestHostileHandleFlood(t *testing.T) {
 		t.Errorf("the client that uses its handle: count = %s after the flood, want 3", got)
 	}
 }
+
+// connectHTTPWith is connectHTTP with client options.
+func connectHTTPWith(t *testing.T, url string, copts *mcp.ClientOptions) *mcp.ClientSession {
+	t.Helper()
+	cs, err := mcp.NewClient(&mcp.Implementation{Name: "test", Version: "1"}, copts).Connect(context.Background(), &mcp.StreamableClientTransport{Endpoint: url + "/mcp"}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cs.Close() })
+	return cs
+}
+
+// TestHandleParkedCall: a call that asks the user is parked between the
+// 2026-07-28 client's requests on its handle's instance, and its final
+// result carries the handle.
+func TestHandleParkedCall(t *testing.T) {
+	f := newFixture(t, nil, sandbox.NewPolicy(), map[string]string{"confirm.wasm": testplugins.Example(t, "confirm")})
+	url := serveHTTP(t, f)
+	yes := &mcp.ElicitResult{Action: "accept", Content: map[string]any{"confirm": true}}
+	cs := connectHTTPWith(t, url, &mcp.ClientOptions{ElicitationHandler: (&answerer{answers: []*mcp.ElicitResult{yes}}).handler})
+	cs.ListTools(context.Background(), nil)
+	h := handleOf(call(t, cs, "add", map[string]any{"item": "milk"}))
+	call(t, cs, "add", map[string]any{"item": "eggs", host.SessionArgument: h})
+	res := call(t, cs, "delete", map[string]any{"item": "milk", host.SessionArgument: h})
+	if firstText(res) != `deleted "milk"` || handleOf(res) != h {
+		t.Errorf("delete: %q (handle %q); want deleted on the same handle", text(res), handleOf(res))
+	}
+	if got := firstText(call(t, cs, "list", map[string]any{host.SessionArgument: h})); got != "eggs" {
+		t.Errorf("list = %q, want eggs", got)
+	}
+}
+
+// TestHandleResources: a resource read that carries the handle, in _meta
+// or in the Mcp-Param header, runs on the handle's instance.
+func TestHandleResources(t *testing.T) {
+	f := newFixture(t, nil, sandbox.NewPolicy(), map[string]string{"notes.wasm": testplugins.Example(t, "notes")})
+	url := serveHTTP(t, f)
+	cs := connectHTTP(t, url, "", nil)
+	cs.ListTools(context.Background(), nil)
+	h := handleOf(call(t, cs, "note_add", map[string]any{"text": "a secret"}))
+	read := func(meta mcp.Meta) string {
+		t.Helper()
+		res, err := cs.ReadResource(context.Background(), &mcp.ReadResourceParams{URI: "notes://all", Meta: meta})
+		if err != nil {
+			return "error: " + err.Error()
+		}
+		return res.Contents[0].Text
+	}
+	if got := read(mcp.Meta{host.MetaSession: h}); !strings.Contains(got, "a secret") {
+		t.Errorf("read with the handle in _meta: %q; want the handle's note", got)
+	}
+	if got := read(nil); strings.Contains(got, "a secret") {
+		t.Errorf("read without a handle sees the handle's note: %q", got)
+	}
+	if got := read(mcp.Meta{host.MetaSession: "wt1.-.x.-.y"}); !strings.Contains(got, "refused") {
+		t.Errorf("read with a forged handle: %q; want refused", got)
+	}
+	// The header, as a load balancer would see it.
+	hc := connectHTTP(t, url, "", headerTransport{"Mcp-Param-" + host.SessionHeader, h})
+	res, err := hc.ReadResource(context.Background(), &mcp.ReadResourceParams{URI: "notes://all"})
+	if err != nil || !strings.Contains(res.Contents[0].Text, "a secret") {
+		t.Errorf("read with the handle in the header: %v %v", res, err)
+	}
+}
+
+// TestHandleInMeta: a client that passes handles itself may put them in
+// _meta (no tools/list needed, no header); its results carry no note.
+func TestHandleInMeta(t *testing.T) {
+	f := newFixture(t, nil, sandbox.NewPolicy(), map[string]string{"counter.wasm": testplugins.Example(t, "counter")})
+	cs := connectHTTP(t, serveHTTP(t, f), "", nil) // no ListTools
+	callMeta := func(h string) *mcp.CallToolResult {
+		t.Helper()
+		res, err := cs.CallTool(context.Background(), &mcp.CallToolParams{Name: "count", Meta: mcp.Meta{host.MetaSession: h}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return res
+	}
+	first := callMeta("") // "mint me one"
+	h := handleOf(first)
+	if h == "" || len(first.Content) != 1 {
+		t.Fatalf("minting through _meta: %q, handle %q; want a handle and no note", text(first), h)
+	}
+	if res := callMeta(h); firstText(res) != "2" || handleOf(res) != h {
+		t.Errorf("count = %q on handle %q; want 2 on %q", text(res), handleOf(res), h)
+	}
+	// Quiet by the operator: the minting result of a model's call has no note.
+	q := newFixture(t, &host.Options{QuietHandles: true}, sandbox.NewPolicy(), map[string]string{"counter.wasm": testplugins.Example(t, "counter")})
+	qs := connectHTTP(t, serveHTTP(t, q), "", nil)
+	if res := call(t, qs, "count", nil); handleOf(res) == "" || len(res.Content) != 1 {
+		t.Errorf("QuietHandles: %q (handle %q); want the handle in _meta only", text(res), handleOf(res))
+	}
+}

@@ -34,6 +34,7 @@ max_concurrent_calls = 8
 
 [http]
 auth_token = "${TOKEN}"
+tokens = { alice = "${ALICE}", bob = "bob-token-0123456789" }
 
 [plugins.fetch]
 sha256 = "`+strings.Repeat("ab", 32)+`"
@@ -46,10 +47,11 @@ max_instances = 3
 memory_limit = "32MiB"
 compile_timeout = "1m"
 module = { max_nesting = 200, max_table_size = 5000 }
+handle_note = false
 
 [plugins.off]
 enabled = false
-`), env(map[string]string{"TOKEN": "t0k", "KEY": "k3y", "EMPTY": ""}))
+`), env(map[string]string{"TOKEN": "t0k", "KEY": "k3y", "EMPTY": "", "ALICE": "alice-token-0123456789"}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -86,6 +88,12 @@ enabled = false
 	if f.For("off").Enabled {
 		t.Error("off is enabled")
 	}
+	if diff := cmp.Diff(map[string]string{"alice": "alice-token-0123456789", "bob": "bob-token-0123456789"}, f.HTTP.Tokens); diff != "" {
+		t.Errorf("http.tokens (-want +got):\n%s", diff)
+	}
+	if e.HandleNote || !f.For("other").HandleNote {
+		t.Errorf("handle_note: fetch %v (want false), other %v (want true)", e.HandleNote, f.For("other").HandleNote)
+	}
 }
 
 func TestParseRefuses(t *testing.T) {
@@ -115,6 +123,13 @@ allowed_hosts = ["::ffff:1.2.3.4:8080"]`, "in brackets"},
 		{"relative host path", `[defaults]
 allowed_paths = [{ host = "x", guest = "/y" }]`, "want host (an absolute folder path)"},
 		{"not TOML", `[plugins`, "expected"},
+		{"short subject token", `[http]
+tokens = { alice = "short" }`, "http.tokens.alice: a token must have at least 16 characters"},
+		{"subject token shared", `[http]
+auth_token = "shared-token-0123456789"
+tokens = { alice = "shared-token-0123456789" }`, "the token is auth_token"},
+		{"two subjects, one token", `[http]
+tokens = { alice = "same-token-0123456789", bob = "same-token-0123456789" }`, "http.tokens.bob: the same token as alice"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
