@@ -427,3 +427,38 @@ func TestHandleInMeta(t *testing.T) {
 		t.Errorf("QuietHandles: %q (handle %q); want the handle in _meta only", text(res), handleOf(res))
 	}
 }
+
+// TestDisconnectCancels: a 2026-07-28 client cancels by closing the
+// request's stream; the guest stops at once (its call timeout is minutes)
+// and its instance is reset, and the handle's next call of the plugin
+// says so.
+func TestDisconnectCancels(t *testing.T) {
+	f := newFixture(t, nil, sandbox.NewPolicy().WithCallTimeout(10*time.Minute), map[string]string{
+		"counter.wasm": testplugins.Example(t, "counter"),
+		"loop.wasm":    testplugins.Test(t, "loop"),
+	})
+	url := serveHTTP(t, f)
+	cs := connectHTTP(t, url, "", nil)
+	cs.ListTools(context.Background(), nil)
+	h := handleOf(countWith(t, cs, ""))
+	ctx, cancel := context.WithCancel(context.Background())
+	errc := make(chan error, 1)
+	go func() {
+		_, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: "spin", Arguments: map[string]any{host.SessionArgument: h}})
+		errc <- err
+	}()
+	eventually(t, "the spinning call to start", func() bool { return f.h.LiveInstancesByPlugin()["loop"] == 1 })
+	cancel() // the go-sdk client closes the request's connection
+	eventually(t, "the guest to stop", func() bool { return f.h.LiveInstancesByPlugin()["loop"] == 0 })
+	select {
+	case err := <-errc:
+		if err == nil {
+			t.Error("cancelled call returned no error")
+		}
+	case <-time.After(time.Minute):
+		t.Fatal("the cancelled call did not return")
+	}
+	if got := firstText(countWith(t, cs, h)); got != "2" {
+		t.Errorf("the handle's counter = %s after the cancelled call, want 2 (its instance untouched)", got)
+	}
+}

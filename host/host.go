@@ -396,9 +396,14 @@ func (h *Host) HTTPHandler() http.Handler {
 		CrossOriginProtection: cop,
 	})
 	stateless := mcp.NewStreamableHTTPHandler(modern, &mcp.StreamableHTTPOptions{
-		Stateless:             true,
-		Logger:                h.log.With("component", "mcp-http"),
-		CrossOriginProtection: cop,
+		Stateless: true,
+		// A 2026-07-28 client cancels a request by closing its stream,
+		// which the specification says a server must treat as
+		// cancellation: the guest is stopped and its instance reset, as
+		// notifications/cancelled does in the other era.
+		PropagateRequestCancellation: true,
+		Logger:                       h.log.With("component", "mcp-http"),
+		CrossOriginProtection:        cop,
 	})
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if v := r.Header.Get("Mcp-Protocol-Version"); v >= sessionlessProtocol && r.Header.Get("Mcp-Session-Id") == "" {
