@@ -32,8 +32,10 @@ type plugin struct {
 	tool  string
 	args  map[string]any
 	input []byte
-	// want is the text the first call returns.
-	want string
+	// want is the text the first call returns; counts says each later
+	// call on the same instance returns the previous number plus one.
+	want   string
+	counts bool
 }
 
 var echoText = strings.Repeat("x", 50)
@@ -44,12 +46,13 @@ var echoText = strings.Repeat("x", 50)
 // toolchain, called with a 100-byte input).
 var benchPlugins = []plugin{
 	{
-		name:  "small",
-		path:  func(t testing.TB) string { return testplugins.Example(t, "counter") },
-		tool:  "count",
-		args:  map[string]any{},
-		input: []byte(`{"params":{"name":"count","arguments":{}}}`),
-		want:  "1",
+		name:   "small",
+		path:   func(t testing.TB) string { return testplugins.Example(t, "counter") },
+		tool:   "count",
+		args:   map[string]any{},
+		input:  []byte(`{"params":{"name":"count","arguments":{}}}`),
+		want:   "1",
+		counts: true,
 	},
 	{
 		name:  "go",

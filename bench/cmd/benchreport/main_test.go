@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"image/png"
 	"os"
 	"path/filepath"
@@ -34,6 +35,11 @@ func TestParse(t *testing.T) {
 		"SessionStart/small/process-per-session",
 		"WarmCall/inmemory/go/native",
 		"WarmCall/inmemory/go/wasmtools",
+		"WarmCall/http/small/native",
+		"WarmCall/http/small/wasmtools",
+		"WarmCall/http/small/wasmtools-handle",
+		"WarmCall/http/go/wasmtools",
+		"WarmCall/http/go/wasmtools-handle",
 		"IdleSessionMemory/go/wasmtools",
 		"IdleSessionMemory/go/process-per-session",
 		"ConcurrentSessions/sessions=8/native",
@@ -54,8 +60,8 @@ func TestParse(t *testing.T) {
 	if diff := cmp.Diff(wantCommands, r.Commands); diff != "" {
 		t.Errorf("commands (-want +got):\n%s", diff)
 	}
-	if got := len(r.Lines); got != 21 {
-		t.Errorf("%d result lines, want 21 (2 commands, 19 results)", got)
+	if got := len(r.Lines); got != 30 {
+		t.Errorf("%d result lines, want 30 (2 commands, 28 results)", got)
 	}
 	tests := []struct {
 		name, unit string
@@ -139,6 +145,17 @@ func TestMarkdown(t *testing.T) {
 		"| Throughput and latency with concurrent sessions | 8 sessions | wasmtools: 3000 calls/s | 0.50× ÷ native |",
 		"| Go plugin | **disk-cache** | 36.5 ms | ±0% | 0.05× |",
 		"## 5. Hot reload latency",
+		// The session handle against the stateful session: 208 µs against
+		// 200 µs is 8 µs more per call (goal: at most 10), 330 against 300
+		// is 30 µs more.
+		"| HTTP, small plugin | **wasmtools** | 200 µs | ±0% | 0.75× |",
+		"| HTTP, small plugin | wasmtools-handle | 208 µs | ±1% | 0.72× |",
+		"| Warm call with a session handle (2026-07-28) | HTTP, small plugin | wasmtools-handle: 208 µs | 1.04× ÷ wasmtools, +8.00 µs (goal ≤ +10.0 µs: met) |",
+		"| Warm call with a session handle (2026-07-28) | HTTP, Go plugin | wasmtools-handle: 330 µs | 1.10× ÷ wasmtools, +30.0 µs (goal ≤ +10.0 µs: not met) |",
+		"**wasmtools-handle against wasmtools.** A 2026-07-28 call",
+		"| case | wasmtools-handle | wasmtools | ÷ wasmtools | difference | goal ≤ +10.0 µs |\n|---|---|---|---|---|---|\n" +
+			"| HTTP, small plugin | 208 µs | 200 µs | 1.04× | +8.00 µs | met |\n" +
+			"| HTTP, Go plugin | 330 µs | 300 µs | 1.10× | +30.0 µs | not met |\n",
 	} {
 		if !strings.Contains(md, want) {
 			t.Errorf("report lacks %q", want)
@@ -146,6 +163,28 @@ func TestMarkdown(t *testing.T) {
 	}
 	if t.Failed() {
 		t.Logf("report:\n%s", md)
+	}
+}
+
+// TestDeltaNoGoal: a contender faster than the one it is compared with
+// shows a negative difference, and a delta without a goal no goal column;
+// a case where one of the two did not run has no row.
+func TestDeltaNoGoal(t *testing.T) {
+	r, err := Parse(strings.NewReader(`BenchmarkX/a/base-2 1 100000 ns/op
+BenchmarkX/a/new-2 1 97500 ns/op
+BenchmarkX/b/base-2 1 100000 ns/op
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := Section{Bench: "X", Unit: "ns/op", Deltas: []Delta{{Contender: "new", Against: "base", About: "New against base."}}}
+	var w strings.Builder
+	s.deltaTable(func(format string, args ...any) { fmt.Fprintf(&w, format, args...) }, r, s.Deltas[0], []string{"a", "b"})
+	want := "**new against base.** New against base.\n\n" +
+		"| case | new | base | ÷ base | difference |\n|---|---|---|---|---|\n" +
+		"| a | 97.5 µs | 100 µs | 0.97× | −2.50 µs |\n\n"
+	if diff := cmp.Diff(want, w.String()); diff != "" {
+		t.Errorf("delta table (-want +got):\n%s", diff)
 	}
 }
 

@@ -33,6 +33,22 @@ type Section struct {
 	// Goal, if not zero, is the least ratio of Headline to Baselines[0]
 	// that issue 7 asks for.
 	Goal float64
+	// Deltas compare pairs of contenders of a case by the difference of
+	// their figures as well as by their ratio.
+	Deltas []Delta
+}
+
+// Delta compares one contender with another in the same case: the ratio
+// of their medians (Contender ÷ Against, for a time: how much longer) and
+// their difference, which a goal may bound.
+type Delta struct {
+	Contender, Against string
+	// Label names the comparison in the summary; About says what it is,
+	// in Markdown, above its table.
+	Label, About string
+	// Max, if not zero, is the most Contender's median may exceed
+	// Against's, in the section's unit (ns for ns/op).
+	Max float64
 }
 
 // sections are the comparisons of issue 7, in its order.
@@ -48,9 +64,17 @@ var sections = []Section{
 	{
 		Title: "2. Warm call through the full MCP stack", Bench: "WarmCall",
 		About: "One `tools/call` on a session that has called before (its instance is warm): go-sdk client → transport → go-sdk server → tool → result. " +
-			"Transports: the in-memory pair, and streamable HTTP on 127.0.0.1 (protocol 2025-11-25, so that the session keeps its instance). " +
-			"`native` is the same tool as a native Go handler (`mcp.AddTool`) on a go-sdk server. The ratio is throughput relative to native (native time ÷ wasmtools time); issue 7's goal is ≥ 0.8.",
+			"Transports: the in-memory pair, and streamable HTTP on 127.0.0.1 (protocol 2025-11-25, whose session, Mcp-Session-Id, keeps its instance). " +
+			"`native` is the same tool as a native Go handler (`mcp.AddTool`) on a go-sdk server. The ratio is throughput relative to native (native time ÷ wasmtools time); issue 7's goal is ≥ 0.8. " +
+			"`wasmtools-handle` is the same wasmtools server and plugin for a client of protocol 2026-07-28, which has no sessions: the go-sdk client with default options lists the tools once (so that it mirrors the `wasmtools_session` argument into the `Mcp-Param-Wasmtools-Session` header), makes one untimed call that mints a session handle, then passes the handle back in every call.",
 		Unit: "ns/op", Throughput: true, Baselines: []string{"native"}, Headline: "wasmtools", Goal: 0.8,
+		Deltas: []Delta{{
+			Contender: "wasmtools-handle", Against: "wasmtools",
+			Label: "Warm call with a session handle (2026-07-28)",
+			About: "A 2026-07-28 call with a session handle (`wasmtools-handle`) against a call on a stateful HTTP session of protocol 2025-11-25 (`wasmtools`), both over HTTP and on a warm instance kept by the host: the ratio of their times and the difference per call. " +
+				"The goal (the session handles issue): a call with a handle costs no more than 10 µs more.",
+			Max: 10e3,
+		}},
 	},
 	{
 		Title: "3. Memory per idle session", Bench: "IdleSessionMemory",
@@ -201,6 +225,19 @@ func Markdown(r *Results, env Env, chart string) string {
 			}
 			p("| %s | %s | %s: %s | %s |\n", strings.TrimLeft(s.Title, "0123456789. "), caseLabel(c), s.Headline, fig, strings.Join(cmp, ", "))
 		}
+		for _, d := range s.Deltas {
+			for _, c := range cases {
+				x, ok := s.delta(r, d, c)
+				if !ok {
+					continue
+				}
+				txt := fmt.Sprintf("%s ÷ %s, %s", formatRatio(x.ratio), d.Against, formatDiff(x.diff, s.Unit))
+				if d.Max > 0 {
+					txt += fmt.Sprintf(" (goal ≤ +%s: %s)", formatValue(d.Max, s.Unit), metOrNot(x.diff <= d.Max))
+				}
+				p("| %s | %s | %s: %s | %s |\n", d.Label, caseLabel(c), d.Contender, formatValue(x.v, s.Unit), txt)
+			}
+		}
 	}
 	p("\n")
 
@@ -249,6 +286,9 @@ func Markdown(r *Results, env Env, chart string) string {
 			}
 		}
 		p("\n")
+		for _, d := range s.Deltas {
+			s.deltaTable(p, r, d, cases)
+		}
 	}
 
 	p("## Raw results\n\n<details><summary>The result lines, as `go test -bench` printed them (this file can be fed back to benchreport)</summary>\n\n```\n")
@@ -260,6 +300,66 @@ func Markdown(r *Results, env Env, chart string) string {
 	}
 	p("```\n\n</details>\n")
 	return w.String()
+}
+
+// deltaFigures are a Delta's figures in one case.
+type deltaFigures struct {
+	v, against  float64 // the medians
+	ratio, diff float64 // v ÷ against, v − against
+}
+
+// delta computes d in case c, if both contenders ran.
+func (s Section) delta(r *Results, d Delta, c string) (deltaFigures, bool) {
+	v, ok1 := r.Median(s.Bench+"/"+joinCase(c, d.Contender), s.Unit)
+	a, ok2 := r.Median(s.Bench+"/"+joinCase(c, d.Against), s.Unit)
+	if !ok1 || !ok2 || a == 0 {
+		return deltaFigures{}, false
+	}
+	return deltaFigures{v: v, against: a, ratio: v / a, diff: v - a}, true
+}
+
+// deltaTable renders d's table, for the cases where both contenders ran.
+func (s Section) deltaTable(p func(string, ...any), r *Results, d Delta, cases []string) {
+	var rows []string
+	for _, c := range cases {
+		x, ok := s.delta(r, d, c)
+		if !ok {
+			continue
+		}
+		cells := []string{caseLabel(c), formatValue(x.v, s.Unit), formatValue(x.against, s.Unit), formatRatio(x.ratio), formatDiff(x.diff, s.Unit)}
+		if d.Max > 0 {
+			cells = append(cells, metOrNot(x.diff <= d.Max))
+		}
+		rows = append(rows, "| "+strings.Join(cells, " | ")+" |\n")
+	}
+	if len(rows) == 0 {
+		return
+	}
+	p("**%s against %s.** %s\n\n", d.Contender, d.Against, d.About)
+	hdr := []string{"case", d.Contender, d.Against, "÷ " + d.Against, "difference"}
+	if d.Max > 0 {
+		hdr = append(hdr, "goal ≤ +"+formatValue(d.Max, s.Unit))
+	}
+	p("| %s |\n|%s\n", strings.Join(hdr, " | "), strings.Repeat("---|", len(hdr)))
+	for _, row := range rows {
+		p("%s", row)
+	}
+	p("\n")
+}
+
+// formatDiff renders a signed difference of two figures of unit.
+func formatDiff(d float64, unit string) string {
+	if d < 0 {
+		return "−" + formatValue(-d, unit)
+	}
+	return "+" + formatValue(d, unit)
+}
+
+func metOrNot(met bool) string {
+	if met {
+		return "met"
+	}
+	return "not met"
 }
 
 // unitHeader heads a column of a unit.
