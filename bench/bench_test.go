@@ -113,6 +113,12 @@ var client = mcp.NewClient(&mcp.Implementation{Name: "bench", Version: "1"}, nil
 // ends.
 func newHost(t testing.TB, paths ...string) *host.Host {
 	t.Helper()
+	return newHostWith(t, nil, paths...)
+}
+
+// newHostWith is newHost with host options.
+func newHostWith(t testing.TB, opts *host.Options, paths ...string) *host.Host {
+	t.Helper()
 	ctx := context.Background()
 	rt, err := sandbox.NewRuntime(sandbox.Options{CacheDir: testplugins.CacheDir()})
 	if err != nil {
@@ -124,7 +130,7 @@ func newHost(t testing.TB, paths ...string) *host.Host {
 		t.Fatal(errs)
 	}
 	t.Cleanup(func() { cat.Close(ctx) })
-	h := host.New(plugins.NewStatic(cat), nil)
+	h := host.New(plugins.NewStatic(cat), opts)
 	t.Cleanup(func() { h.Close(ctx) })
 	return h
 }

@@ -50,7 +50,9 @@ const (
 // into its header, makes one untimed call that mints a handle, then passes
 // the handle in every timed call and must get it back. The handles issue's
 // goal: at most 10 µs more per call than http/<plugin>/wasmtools, the
-// stateful session, in the same run.
+// stateful session, in the same run. http/<plugin>/wasmtools-header is the
+// same 2026-07-28 path keyed by the operator's client header instead, with
+// no handle: it separates the handle's own cost from the protocol path's.
 func BenchmarkWarmCall(b *testing.B) {
 	ctx := context.Background()
 	nsrv := native.NewServer()
@@ -107,7 +109,37 @@ func BenchmarkWarmCall(b *testing.B) {
 			}
 			warmCalls(ctx, b, cs, p, true)
 		})
+		// The same 2026-07-28 path with no handle: the operator's client
+		// header keys the instance. Against wasmtools-handle, the cost of
+		// the handle alone; against wasmtools, that of the protocol path.
+		b.Run("http/"+p.name+"/wasmtools-header", func(b *testing.B) {
+			hh := newHostWith(b, &host.Options{ClientKeyHeader: "X-Client"}, p.path(b))
+			srv := httptest.NewServer(hh.HTTPHandler())
+			defer srv.Close()
+			tr := &mcp.StreamableClientTransport{Endpoint: srv.URL, HTTPClient: &http.Client{Transport: clientHeader{}}}
+			cs, err := client.Connect(ctx, tr, nil)
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer cs.Close()
+			if v := cs.InitializeResult().ProtocolVersion; v != handleProtocol {
+				b.Fatalf("negotiated %s, want %s", v, handleProtocol)
+			}
+			if _, err := cs.ListTools(ctx, nil); err != nil {
+				b.Fatal(err)
+			}
+			warmCalls(ctx, b, cs, p, false)
+		})
 	}
+}
+
+// clientHeader sends the client key header of wasmtools-header.
+type clientHeader struct{}
+
+func (clientHeader) RoundTrip(r *http.Request) (*http.Response, error) {
+	r = r.Clone(r.Context())
+	r.Header.Set("X-Client", "bench")
+	return http.DefaultTransport.RoundTrip(r)
 }
 
 // warmCalls makes one untimed call to warm the session, then times calls,

@@ -48,11 +48,14 @@ func (h *Host) call(ctx context.Context, t *plugins.Tool, req *mcp.CallToolReque
 	}
 	// The session argument is the host's: the plugin's own schema and
 	// the guest never see it.
-	args := withoutSessionArgument(req.Params.Arguments)
-	if err := t.ValidateArguments(args); err != nil {
-		return errorResult(err.Error()), nil
+	args, presented, err := splitSessionArgument(req.Params.Arguments)
+	if verr := t.ValidateArguments(args); verr != nil {
+		return errorResult(verr.Error()), nil
 	}
-	ref, err := h.toolClient(req, t.Plugin(), req.Params.Arguments)
+	ref := clientRef{}
+	if err == nil {
+		ref, err = h.toolClient(req, t.Plugin(), presented)
+	}
 	switch {
 	case errors.Is(err, ErrHandle):
 		return errorResult(err.Error()), nil

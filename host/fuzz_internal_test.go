@@ -162,3 +162,53 @@ func FuzzVerifyState(f *testing.F) {
 		}
 	})
 }
+
+// FuzzHandles checks a client's session handle and splits a client's
+// arguments. A handle is accepted only as minted, for the subject it was
+// minted for; what splitting leaves is an object without the session
+// argument, and the handle it reads is the argument's string.
+func FuzzHandles(f *testing.F) {
+	h := &Host{}
+	h.handleSignKey, h.handleSubjectKey = handleKeys([]byte("a key of 32 bytes for the fuzzer"))
+	sign := func(id, subject string) string {
+		body := strings.Join([]string{handleVersion, "-", id, h.subjectTag(subject)}, ".")
+		return body + "." + h.handleMAC(body)
+	}
+	minted := map[[2]string]bool{}
+	for _, m := range [][2]string{{"AAAAAAAAAAAAAAAAAAAAAA", ""}, {"q83vEjRWeJCrze8SNFZ4kA", "alice"}} {
+		minted[[2]string{m[0], m[1]}] = true
+		handle := sign(m[0], m[1])
+		f.Add(handle, m[1], `{"wasmtools_session":"`+handle+`","x":1}`)
+		f.Add(handle, "bob", `{"x":{"wasmtools_session":1}}`)
+	}
+	f.Add("wt1.-.x.-.y", "", `{"wasmtools_session":null}`)
+	f.Add("", "", `[1,"wasmtools_session"]`)
+	f.Add("wt1....", "", `{"wasmtools_session":7}`)
+	f.Fuzz(func(t *testing.T, handle, subject, args string) {
+		if key, err := h.checkHandle(handle, subject); err == nil {
+			id := strings.Split(handle, ".")[2]
+			if !minted[[2]string{id, subject}] || key != handleKey(id) {
+				t.Fatalf("accepted handle %q for subject %q, which the host never minted", handle, subject)
+			}
+		}
+		rest, got, err := splitSessionArgument(json.RawMessage(args))
+		if string(rest) == args {
+			return // not an object with the argument: untouched
+		}
+		var m map[string]json.RawMessage
+		if json.Unmarshal(rest, &m) != nil {
+			t.Fatalf("split %q into %q, not an object", args, rest)
+		}
+		if _, ok := m[SessionArgument]; ok {
+			t.Fatalf("split %q kept the session argument: %q", args, rest)
+		}
+		if err == nil && got != "" {
+			var orig map[string]json.RawMessage
+			json.Unmarshal([]byte(args), &orig)
+			var s string
+			if json.Unmarshal(orig[SessionArgument], &s) != nil || s != got {
+				t.Fatalf("split %q read handle %q", args, got)
+			}
+		}
+	})
+}

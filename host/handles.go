@@ -163,15 +163,11 @@ func subjectOf(extra *mcp.RequestExtra) string {
 	return ""
 }
 
-// toolClient says whose instances a call of t runs on: for a sessionless
-// request to a plugin that keeps state, the client of the handle the call
-// carries (in its arguments or _meta), or of a handle minted for it. args
-// are the call's arguments without the handle.
-func (h *Host) toolClient(req *mcp.CallToolRequest, p *plugins.Plugin, args json.RawMessage) (clientRef, error) {
-	fromArgs, err := argumentHandle(args)
-	if err != nil {
-		return clientRef{}, err
-	}
+// toolClient says whose instances a call of p's tool runs on: for a
+// sessionless request to a plugin that keeps state, the client of the
+// handle the call carries (fromArgs, the session argument, or in its
+// _meta), or of a handle minted for it.
+func (h *Host) toolClient(req *mcp.CallToolRequest, p *plugins.Plugin, fromArgs string) (clientRef, error) {
 	fromMeta, programmatic := metaHandle(req.Params.Meta)
 	if fromArgs != "" && fromMeta != "" && fromArgs != fromMeta {
 		return clientRef{}, fmt.Errorf("%w: the %s argument and _meta[%q] name different handles", ErrHandle, SessionArgument, MetaSession)
@@ -249,46 +245,34 @@ func (h *Host) headerKey(extra *mcp.RequestExtra) (sessions.Key, bool) {
 	return sessions.Key{}, false
 }
 
-// argumentHandle reads the session argument from a call's arguments.
-func argumentHandle(args json.RawMessage) (string, error) {
+// splitSessionArgument separates the session argument from a call's
+// arguments, in one decoding: rest is what the plugin's own schema and the
+// guest get. Arguments that do not name it are returned as they are,
+// without decoding; arguments that are not an object are left to
+// validation.
+func splitSessionArgument(args json.RawMessage) (rest json.RawMessage, handle string, err error) {
 	if !bytes.Contains(args, []byte(SessionArgument)) {
-		return "", nil
+		return args, "", nil
 	}
 	var m map[string]json.RawMessage
 	if json.Unmarshal(args, &m) != nil {
-		return "", nil // not an object: validation says so
+		return args, "", nil
 	}
 	raw, ok := m[SessionArgument]
-	if !ok || string(raw) == "null" {
-		return "", nil
-	}
-	var s string
-	if json.Unmarshal(raw, &s) != nil {
-		return "", fmt.Errorf("%w: the %s argument must be a string", ErrHandle, SessionArgument)
-	}
-	return s, nil
-}
-
-// withoutSessionArgument returns args without the session argument, for
-// the plugin's own validation and the guest. Arguments that do not name it
-// are returned as they are, without decoding.
-func withoutSessionArgument(args json.RawMessage) json.RawMessage {
-	if !bytes.Contains(args, []byte(SessionArgument)) {
-		return args
-	}
-	var m map[string]json.RawMessage
-	if json.Unmarshal(args, &m) != nil {
-		return args
-	}
-	if _, ok := m[SessionArgument]; !ok {
-		return args
+	if !ok {
+		return args, "", nil
 	}
 	delete(m, SessionArgument)
-	out, err := json.Marshal(m)
-	if err != nil {
-		return args
+	if rest, err = json.Marshal(m); err != nil {
+		return args, "", nil
 	}
-	return out
+	if string(raw) == "null" {
+		return rest, "", nil
+	}
+	if json.Unmarshal(raw, &handle) != nil {
+		return rest, "", fmt.Errorf("%w: the %s argument must be a string", ErrHandle, SessionArgument)
+	}
+	return rest, handle, nil
 }
 
 // metaHandle reads the handle from a request's _meta; present reports

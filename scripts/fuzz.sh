@@ -23,6 +23,7 @@ targets=(
 	"./host FuzzToMCP"
 	"./host FuzzElicitParams"
 	"./host FuzzVerifyState"
+	"./host FuzzHandles"
 	"./internal/sessions FuzzLeases"
 )
 out=$(mktemp)

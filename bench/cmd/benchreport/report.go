@@ -74,6 +74,16 @@ var sections = []Section{
 			About: "A 2026-07-28 call with a session handle (`wasmtools-handle`) against a call on a stateful HTTP session of protocol 2025-11-25 (`wasmtools`), both over HTTP and on a warm instance kept by the host: the ratio of their times and the difference per call. " +
 				"The goal (the session handles issue): a call with a handle costs no more than 10 µs more.",
 			Max: 10e3,
+		}, {
+			Contender: "wasmtools-handle", Against: "wasmtools-header",
+			Label: "Cost of the session handle itself (2026-07-28)",
+			About: "The same 2026-07-28 path with and without a session handle: `wasmtools-header` keys the client's instance on the operator's client header (`--client-header`) instead, so the difference is what the handle adds: the host reading, checking (HMAC) and removing the argument, and adding the handle to the result; the go-sdk client mirroring the argument into `Mcp-Param-Wasmtools-Session` and the server checking it (SEP-2243). " +
+				"The goal applied to the handle alone: no more than 10 µs.",
+			Max: 10e3,
+		}, {
+			Contender: "wasmtools-header", Against: "wasmtools",
+			Label: "The 2026-07-28 path without a handle",
+			About: "A 2026-07-28 call keyed by the client header (`wasmtools-header`) against a 2025-11-25 call on a stateful session (`wasmtools`): what the go-sdk's sessionless transport costs per request (a server session made and closed for each request, the per-request protocol checks), with no handle involved.",
 		}},
 	},
 	{
