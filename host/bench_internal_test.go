@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
 	"github.com/wasmtools/wasmtools/internal/sessions"
 	"github.com/wasmtools/wasmtools/internal/testplugins"
 	"github.com/wasmtools/wasmtools/plugins"
@@ -67,7 +69,10 @@ func benchHostFirstCall(b *testing.B) {
 // input, host side including argument validation and result shaping,
 // without the MCP transport. Its baselines are sandbox's
 // BenchmarkInstanceWarmCall/raw-*.
-func BenchmarkInstanceWarmCall(b *testing.B) { b.Run("host-session", benchHostWarmCall) }
+func BenchmarkInstanceWarmCall(b *testing.B) {
+	b.Run("host-session", benchHostWarmCall)
+	b.Run("host-handle", benchHostHandleCall)
+}
 
 func benchHostWarmCall(b *testing.B) {
 	h, t := benchHost(b, testplugins.Test(b, "servlet"), "echo")
@@ -84,4 +89,84 @@ func benchHostWarmCall(b *testing.B) {
 			b.Fatal(err, res)
 		}
 	}
+}
+
+// BenchmarkInstanceWarmCall/host-handle: host-session's call made by a
+// 2026-07-28 client with a session handle: the host also splits the
+// session argument from the arguments, checks the handle (its HMAC and
+// subject), runs the call on the handle's instance and puts the handle in
+// the result. Against host-session, what the handle costs the host.
+func benchHostHandleCall(b *testing.B) {
+	h, t := benchHost(b, testplugins.Test(b, "servlet"), "echo")
+	ctx := context.Background()
+	ref, err := h.mint("", true)
+	if err != nil {
+		b.Fatal(err)
+	}
+	args := json.RawMessage(`{"text":"` + strings.Repeat("x", 50) + `","` + SessionArgument + `":"` + ref.handle + `"}`)
+	b.ReportAllocs()
+	for b.Loop() {
+		rest, presented, err := splitSessionArgument(args)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := t.ValidateArguments(rest); err != nil {
+			b.Fatal(err)
+		}
+		ref, err := h.handleClient("", presented, true)
+		if err != nil || ref.refused != nil {
+			b.Fatal(err, ref.refused)
+		}
+		env := &callEnv{h: h, tool: t, ref: ref}
+		res, err := h.callTool(ctx, ref.key, plugins.Call{Tool: t, Arguments: rest}, env)
+		if err != nil || res.IsError || res.Meta[MetaSession] != ref.handle {
+			b.Fatal(err, res)
+		}
+	}
+}
+
+// BenchmarkHandleOverhead: what a session handle costs the host on one
+// call, without the guest (whose call is hundreds of times longer):
+// no-handle is a stateful session's call (the arguments, which name no
+// handle, are passed through untouched); handle splits the argument from
+// the 100-byte arguments, checks the handle (HMAC, subject, the session
+// layer's key) and puts it in the result's _meta.
+func BenchmarkHandleOverhead(b *testing.B) {
+	h := New(plugins.NewStatic(nil), nil)
+	b.Cleanup(func() { h.Close(context.Background()) })
+	ref, err := h.mint("alice", true)
+	if err != nil {
+		b.Fatal(err)
+	}
+	text := `"text":"` + strings.Repeat("x", 50) + `"`
+	b.Run("no-handle", func(b *testing.B) {
+		args := json.RawMessage(`{` + text + `}`)
+		b.ReportAllocs()
+		for b.Loop() {
+			rest, presented, err := splitSessionArgument(args)
+			if err != nil || presented != "" || len(rest) != len(args) {
+				b.Fatal(err)
+			}
+			h.sessionResult(clientRef{}, "p", &mcp.CallToolResult{})
+		}
+	})
+	b.Run("handle", func(b *testing.B) {
+		args := json.RawMessage(`{` + text + `,"` + SessionArgument + `":"` + ref.handle + `"}`)
+		b.ReportAllocs()
+		for b.Loop() {
+			_, presented, err := splitSessionArgument(args)
+			if err != nil {
+				b.Fatal(err)
+			}
+			got, err := h.handleClient("alice", presented, true)
+			if err != nil || got.key != ref.key {
+				b.Fatal(err)
+			}
+			res := &mcp.CallToolResult{}
+			h.sessionResult(got, "p", res)
+			if res.Meta[MetaSession] != ref.handle {
+				b.Fatal(res.Meta)
+			}
+		}
+	})
 }
