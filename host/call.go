@@ -65,8 +65,8 @@ func (h *Host) call(ctx context.Context, t *plugins.Tool, req *mcp.CallToolReque
 		return h.refusedResult(ref), nil
 	}
 	var meta json.RawMessage
-	if len(req.Params.Meta) > 0 {
-		meta, _ = json.Marshal(req.Params.Meta)
+	if m := withoutHandle(req.Params.Meta); len(m) > 0 {
+		meta, _ = json.Marshal(m)
 	}
 	key := ref.key
 	env := h.newCallEnv(ctx, t, req, key.String())

@@ -184,6 +184,7 @@ func FuzzHandles(f *testing.F) {
 	f.Add("wt1.-.x.-.y", "", `{"wasmtools_session":null}`)
 	f.Add("", "", `[1,"wasmtools_session"]`)
 	f.Add("wt1....", "", `{"wasmtools_session":7}`)
+	f.Add("", "", `{"wasmtools\u005fsession":"x","y":"\u00e9"}`)
 	f.Fuzz(func(t *testing.T, handle, subject, args string) {
 		if key, err := h.checkHandle(handle, subject); err == nil {
 			id := strings.Split(handle, ".")[2]

@@ -168,7 +168,10 @@ func subjectOf(extra *mcp.RequestExtra) string {
 // handle the call carries (fromArgs, the session argument, or in its
 // _meta), or of a handle minted for it.
 func (h *Host) toolClient(req *mcp.CallToolRequest, p *plugins.Plugin, fromArgs string) (clientRef, error) {
-	fromMeta, programmatic := metaHandle(req.Params.Meta)
+	fromMeta, programmatic, err := metaHandle(req.Params.Meta)
+	if err != nil {
+		return clientRef{}, err
+	}
 	if fromArgs != "" && fromMeta != "" && fromArgs != fromMeta {
 		return clientRef{}, fmt.Errorf("%w: the %s argument and _meta[%q] name different handles", ErrHandle, SessionArgument, MetaSession)
 	}
@@ -205,7 +208,7 @@ func (h *Host) mint(subject string, note bool) (clientRef, error) {
 	if err != nil {
 		return clientRef{}, err
 	}
-	return clientRef{key: key, handle: handle, note: note && h.handleNote(), subject: subject}, nil
+	return clientRef{key: key, handle: handle, note: note, subject: subject}, nil
 }
 
 // requestKey says whose instances a prompt get, resource read or
@@ -219,7 +222,10 @@ func (h *Host) requestKey(ss *mcp.ServerSession, extra *mcp.RequestExtra, meta m
 	if k, ok := h.headerKey(extra); ok {
 		return k, nil
 	}
-	fromMeta, _ := metaHandle(meta)
+	fromMeta, _, err := metaHandle(meta)
+	if err != nil {
+		return sessions.Key{}, err
+	}
 	fromHeader, ok := decodeParamHeader(extra.Header.Get("Mcp-Param-" + SessionHeader))
 	if !ok {
 		return sessions.Key{}, fmt.Errorf("%w: the Mcp-Param-%s header is not valid", ErrHandle, SessionHeader)
@@ -251,7 +257,9 @@ func (h *Host) headerKey(extra *mcp.RequestExtra) (sessions.Key, bool) {
 // without decoding; arguments that are not an object are left to
 // validation.
 func splitSessionArgument(args json.RawMessage) (rest json.RawMessage, handle string, err error) {
-	if !bytes.Contains(args, []byte(SessionArgument)) {
+	// A name may be written with escapes ("wasmtools\u005fsession"),
+	// which the go-sdk's header check decodes too.
+	if !bytes.Contains(args, []byte(SessionArgument)) && !bytes.Contains(args, []byte(`\u`)) {
 		return args, "", nil
 	}
 	var m map[string]json.RawMessage
@@ -277,13 +285,32 @@ func splitSessionArgument(args json.RawMessage) (rest json.RawMessage, handle st
 
 // metaHandle reads the handle from a request's _meta; present reports
 // whether the key is there at all (even empty: "mint me one").
-func metaHandle(meta mcp.Meta) (handle string, present bool) {
+func metaHandle(meta mcp.Meta) (handle string, present bool, err error) {
 	v, ok := meta[MetaSession]
 	if !ok {
-		return "", false
+		return "", false, nil
 	}
-	s, _ := v.(string)
-	return s, true
+	s, ok := v.(string)
+	if !ok {
+		return "", true, fmt.Errorf("%w: _meta[%q] must be a string", ErrHandle, MetaSession)
+	}
+	return s, true, nil
+}
+
+// withoutHandle is a request's _meta as the guest gets it: without the
+// session handle, a capability over the client's instances of every
+// plugin.
+func withoutHandle(meta mcp.Meta) mcp.Meta {
+	if _, ok := meta[MetaSession]; !ok {
+		return meta
+	}
+	m := make(mcp.Meta, len(meta)-1)
+	for k, v := range meta {
+		if k != MetaSession {
+			m[k] = v
+		}
+	}
+	return m
 }
 
 // decodeParamHeader decodes an Mcp-Param-* header value (SEP-2243: a
@@ -303,8 +330,14 @@ func cmpOr(a, b string) string {
 	return b
 }
 
-// handleNote reports whether results may carry the note for the model.
-func (h *Host) handleNote() bool { return !h.opts.QuietHandles }
+// quiet reports whether plugin's results leave out the note for the
+// model: its own setting, else the host's.
+func (h *Host) quiet(plugin string) bool {
+	if q, ok := h.opts.QuietPlugins[plugin]; ok {
+		return q
+	}
+	return h.opts.QuietHandles
+}
 
 // sessionResult puts ref's handle in res: in _meta always, and for a
 // minted handle the note the model can act on, as a block of its own
@@ -317,7 +350,7 @@ func (h *Host) sessionResult(ref clientRef, pluginName string, res *mcp.CallTool
 		res.Meta = mcp.Meta{}
 	}
 	res.Meta[MetaSession] = ref.handle
-	if ref.note && !h.opts.QuietPlugins[pluginName] {
+	if ref.note && !h.quiet(pluginName) {
 		res.Content = append(res.Content, &mcp.TextContent{Text: fmt.Sprintf(
 			"[wasmtools: this tool keeps state between calls. To keep working with the same state, pass %q as the %s argument in your next calls of this server's tools.]",
 			ref.handle, SessionArgument)})

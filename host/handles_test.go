@@ -426,6 +426,17 @@ func TestHandleInMeta(t *testing.T) {
 	if res := call(t, qs, "count", nil); handleOf(res) == "" || len(res.Content) != 1 {
 		t.Errorf("QuietHandles: %q (handle %q); want the handle in _meta only", text(res), handleOf(res))
 	}
+	// A plugin's own setting overrides the host's.
+	l := newFixture(t, &host.Options{QuietHandles: true, QuietPlugins: map[string]bool{"counter": false}}, sandbox.NewPolicy(), map[string]string{"counter.wasm": testplugins.Example(t, "counter")})
+	ls := connectHTTP(t, serveHTTP(t, l), "", nil)
+	if res := call(t, ls, "count", nil); len(res.Content) != 2 {
+		t.Errorf("QuietPlugins[counter] = false under QuietHandles: %q; want the note", text(res))
+	}
+	// A handle in _meta that is not a string is refused, not a fresh state.
+	res, err := cs.CallTool(context.Background(), &mcp.CallToolParams{Name: "count", Meta: mcp.Meta{host.MetaSession: 7}})
+	if err != nil || !res.IsError {
+		t.Errorf("a number as the handle: %v %v; want an isError result", res, err)
+	}
 }
 
 // TestDisconnectCancels: a 2026-07-28 client cancels by closing the

@@ -102,10 +102,11 @@ type Options struct {
 	// it expired). A handle also ends after SessionTimeout unused.
 	MaxHandles int
 	// QuietHandles leaves out of every result the note that tells the
-	// model the session handle it was given; QuietPlugins leaves it out of
-	// the results of the plugins it names. The handle is in the result's
-	// _meta either way, and a request that carries _meta[MetaSession] (a
-	// client that passes handles itself) never gets the note.
+	// model the session handle it was given; QuietPlugins overrides it for
+	// the plugins it names (true: no note; false: the note). The handle
+	// is in the result's _meta either way, and a request that carries
+	// _meta[MetaSession] (a client that passes handles itself) never gets
+	// the note.
 	QuietHandles bool
 	QuietPlugins map[string]bool
 	// AllowedOrigins are browser origins, besides the server's own, whose

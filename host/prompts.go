@@ -53,6 +53,7 @@ func (h *Host) promptHandler(pr *plugins.Prompt) mcp.PromptHandler {
 	return func(ctx context.Context, req *mcp.GetPromptRequest) (*mcp.GetPromptResult, error) {
 		params := *req.Params
 		params.Name = pr.OwnName
+		params.Meta = withoutHandle(params.Meta)
 		var res mcp.GetPromptResult
 		key, err := h.requestKey(req.Session, req.Extra, req.Params.Meta)
 		if err != nil {
@@ -72,7 +73,9 @@ func (h *Host) resourceHandler(p *plugins.Plugin) mcp.ResourceHandler {
 		if err != nil {
 			return nil, err
 		}
-		if err := h.request(ctx, key, p, abi.ExportReadResource, req.Params, callContext(req.Session, key), &res); err != nil {
+		params := *req.Params
+		params.Meta = withoutHandle(params.Meta)
+		if err := h.request(ctx, key, p, abi.ExportReadResource, &params, callContext(req.Session, key), &res); err != nil {
 			return nil, err
 		}
 		return &res, nil
@@ -86,6 +89,7 @@ func (h *Host) complete(ctx context.Context, req *mcp.CompleteRequest) (*mcp.Com
 	cat := h.Catalogue()
 	var p *plugins.Plugin
 	params := *req.Params
+	params.Meta = withoutHandle(params.Meta)
 	if ref := params.Ref; ref != nil && cat != nil {
 		switch ref.Type {
 		case "ref/prompt":

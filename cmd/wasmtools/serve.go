@@ -93,11 +93,11 @@ func cmdServe(ctx context.Context, args []string, lookupEnv func(string) (string
 		if n := eff.Instances; n > 0 {
 			opts.InstanceLimits[name] = n
 		}
-		if !eff.HandleNote {
-			opts.QuietPlugins[name] = true
+		if *handleNote { // the flag's false silences every plugin
+			opts.QuietPlugins[name] = !eff.HandleNote
 		}
 	}
-	if !cfg.For("").HandleNote { // [defaults] handle_note = false
+	if !cfg.For("").HandleNote { // [defaults] handle_note = false, for plugins without an entry
 		opts.QuietHandles = true
 	}
 	if key, _ := lookupEnv("WASMTOOLS_STATE_KEY"); key != "" {
@@ -166,6 +166,12 @@ func cmdServe(ctx context.Context, args []string, lookupEnv func(string) (string
 	token := cfg.HTTP.AuthToken
 	if v, ok := lookupEnv("WASMTOOLS_AUTH_TOKEN"); ok && v != "" {
 		token = v
+	}
+	for subject, t := range cfg.HTTP.Tokens {
+		if token != "" && t == token {
+			log.Error("configuration refused", "error", fmt.Errorf("http.tokens.%s: the token is the shared token (auth_token or WASMTOOLS_AUTH_TOKEN), which identifies no one", subject))
+			return 1
+		}
 	}
 	return serveHTTP(ctx, log, *httpAddr, h, reloader, cfg.HTTP, token, *shutdownGrace)
 }

@@ -119,9 +119,10 @@ type Options struct {
 	// MaxHandles bounds the open [Handle] clients; 0 means
 	// [DefaultMaxHandles]. Opening one past it ends a handle client that
 	// holds no lease (its next request is told the handle expired): the
-	// least recently used of those that served at most one request (a
+	// least recently used of those that served exactly one request (a
 	// client that never came back with its handle), else the least
-	// recently used. With every one holding a lease, Open fails with
+	// recently used (one opened and not yet used, its minting call on
+	// the way, is the newest). With every one holding a lease, Open fails with
 	// [ErrAtCapacity].
 	MaxHandles int
 	// MaxParked bounds the calls parked for an answer in all; 0 means
@@ -303,7 +304,9 @@ func (m *Manager) Open(key Key) error {
 			if lru == nil || c.lastUsed.Before(lru.lastUsed) {
 				lru = c
 			}
-			if c.requests <= 1 && (once == nil || c.lastUsed.Before(once.lastUsed)) {
+			// requests == 0 is a handle whose minting call has not
+			// reached it yet: it goes last, by age.
+			if c.requests == 1 && (once == nil || c.lastUsed.Before(once.lastUsed)) {
 				once = c
 			}
 		}

@@ -470,3 +470,29 @@ func TestHandleEvictionOrder(t *testing.T) {
 	}
 	l.Done(nil)
 }
+
+// TestFreshHandleNotEvictedFirst: a handle opened for a call that has not
+// reached it yet is not taken for one that never came back.
+func TestFreshHandleNotEvictedFirst(t *testing.T) {
+	w := newWorld(t, sessions.Options{MaxHandles: 2})
+	defer w.finish()
+	counter := w.plugin("counter")
+	used, fresh := sessions.Handle("used", "used"), sessions.Handle("fresh", "fresh")
+	w.m.Open(used)
+	for range 2 {
+		l, err := w.m.Acquire(w.ctx, used, counter)
+		if err != nil {
+			t.Fatal(err)
+		}
+		l.Done(nil)
+	}
+	w.m.Open(fresh) // its call is on the way
+	if err := w.m.Open(sessions.Handle("new", "new")); err != nil {
+		t.Fatal(err)
+	}
+	l, err := w.m.Acquire(w.ctx, fresh, counter)
+	if err != nil {
+		t.Fatalf("the fresh handle was evicted: %v", err)
+	}
+	l.Done(nil)
+}
