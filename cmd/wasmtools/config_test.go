@@ -38,13 +38,12 @@ func serveInProcess(t *testing.T, env map[string]string, args ...string) (string
 		close(done)
 	}()
 	t.Cleanup(func() { cancel(); <-done })
-	deadline := time.Now().Add(startupTimeout)
 	// Ready once serving, and the plugins' first load is done.
-	for !strings.Contains(stderr.String(), "serving MCP over streamable HTTP") || !strings.Contains(stderr.String(), "plugins loaded") {
-		if time.Now().After(deadline) || strings.Contains(stderr.String(), "level=ERROR msg=\"configuration refused\"") {
-			t.Fatalf("serve did not start:\n%s", stderr.String())
-		}
-		time.Sleep(10 * time.Millisecond)
+	ready := contains("serving MCP over streamable HTTP", "plugins loaded")
+	refused := contains("level=ERROR msg=\"configuration refused\"")
+	stderr.waitFor(time.Now().Add(startupTimeout), func(s string) bool { return ready(s) || refused(s) })
+	if s := stderr.String(); !ready(s) || refused(s) {
+		t.Fatalf("serve did not start:\n%s", s)
 	}
 	return "http://" + addr, stderr
 }
@@ -161,30 +160,40 @@ func TestConfigReload(t *testing.T) {
 	cfgPath := filepath.Join(t.TempDir(), "wasmtools.toml")
 	os.WriteFile(cfgPath, []byte("[plugins.counter]\nenabled = true\n"), 0o644)
 	url, stderr := serveInProcess(t, nil, "--config", cfgPath, dir)
-	cs, err := connectURL(t, url, bearer(""))
+	// The client hears of each catalogue change: the readiness signal of
+	// the new configuration.
+	changed := make(chan struct{}, 16)
+	tr := &mcp.StreamableClientTransport{Endpoint: url + "/mcp"}
+	copts := &mcp.ClientOptions{ToolListChangedHandler: func(context.Context, *mcp.ToolListChangedRequest) {
+		select {
+		case changed <- struct{}{}:
+		default:
+		}
+	}}
+	cs, err := mcp.NewClient(&mcp.Implementation{Name: "test", Version: "1"}, copts).Connect(context.Background(), tr, &mcp.ClientSessionOptions{ProtocolVersion: "2025-11-25"})
 	if err != nil {
 		t.Fatal(err)
 	}
+	defer cs.Close()
 	callText(t, cs, "count", nil)
 	os.WriteFile(cfgPath, []byte("[plugins.counter]\nenabled = false\n"), 0o644)
-	deadline := time.Now().Add(startupTimeout)
+	deadline := time.NewTimer(startupTimeout)
+	defer deadline.Stop()
 	for {
 		res, _ := cs.ListTools(context.Background(), nil)
 		if res != nil && len(res.Tools) == 0 {
 			break
 		}
-		if time.Now().After(deadline) {
+		select {
+		case <-changed:
+		case <-deadline.C:
 			t.Fatalf("the plugin was not disabled by the new configuration:\n%s", stderr.String())
 		}
-		time.Sleep(20 * time.Millisecond)
 	}
 	// A broken configuration is refused, the one in force kept.
 	os.WriteFile(cfgPath, []byte("[plugins.counter\n"), 0o644)
-	for !strings.Contains(stderr.String(), "new configuration refused") {
-		if time.Now().After(deadline) {
-			t.Fatalf("the broken configuration was not reported:\n%s", stderr.String())
-		}
-		time.Sleep(20 * time.Millisecond)
+	if !stderr.waitFor(time.Now().Add(startupTimeout), contains("new configuration refused")) {
+		t.Fatalf("the broken configuration was not reported:\n%s", stderr.String())
 	}
 }
 

@@ -20,12 +20,14 @@ import (
 // hostABIClient is a client that answers every question "accept", with
 // confirm=true, and collects progress.
 type hostABIClient struct {
-	mu       sync.Mutex
-	progress []float64
-	asked    int
+	mu         sync.Mutex
+	progress   []float64
+	asked      int
+	progressed chan struct{} // signalled (without blocking) on each progress notification
 }
 
 func (c *hostABIClient) options() *mcp.ClientOptions {
+	c.progressed = make(chan struct{}, 1)
 	return &mcp.ClientOptions{
 		ElicitationHandler: func(context.Context, *mcp.ElicitRequest) (*mcp.ElicitResult, error) {
 			c.mu.Lock()
@@ -37,6 +39,10 @@ func (c *hostABIClient) options() *mcp.ClientOptions {
 			c.mu.Lock()
 			c.progress = append(c.progress, r.Params.Progress)
 			c.mu.Unlock()
+			select {
+			case c.progressed <- struct{}{}:
+			default:
+			}
 		},
 	}
 }
@@ -49,7 +55,8 @@ func (c *hostABIClient) exercise(t *testing.T, cs *mcp.ClientSession) {
 	if err != nil || res.IsError || res.Content[0].(*mcp.TextContent).Text != "9592 primes below 100000" {
 		t.Fatalf("primes: %v %+v", err, res)
 	}
-	deadline := time.Now().Add(10 * time.Second)
+	deadline := time.NewTimer(10 * time.Second)
+	defer deadline.Stop()
 	for {
 		c.mu.Lock()
 		n := len(c.progress)
@@ -61,10 +68,11 @@ func (c *hostABIClient) exercise(t *testing.T, cs *mcp.ClientSession) {
 		if last == 100000 {
 			break
 		}
-		if time.Now().After(deadline) {
+		select {
+		case <-c.progressed:
+		case <-deadline.C:
 			t.Fatalf("progress: %d notifications, last %v", n, last)
 		}
-		time.Sleep(10 * time.Millisecond)
 	}
 	callText(t, cs, "add", map[string]any{"item": "x"})
 	if got := callText(t, cs, "delete", map[string]any{"item": "x"}); got != `deleted "x"` {
@@ -118,22 +126,16 @@ func TestHostABIOverHTTP(t *testing.T) {
 	defer cancel()
 	var stderr lockedBuffer
 	go run(ctx, []string{"serve", "--cache-dir", testplugins.CacheDir(), "--load-wait", testLoadWait, "--http", addr, "--client-header", "X-Client", dir}, nil, strings.NewReader(""), &bytes.Buffer{}, &stderr)
+	if !stderr.waitFor(time.Now().Add(startupTimeout), contains("serving MCP over streamable HTTP")) {
+		t.Fatalf("serve did not start:\n%s", stderr.String())
+	}
 	for _, proto := range []string{"2025-11-25", ""} {
 		t.Run("protocol="+proto, func(t *testing.T) {
 			c := &hostABIClient{}
-			var cs *mcp.ClientSession
-			deadline := time.Now().Add(startupTimeout)
-			for {
-				var err error
-				tr := &mcp.StreamableClientTransport{Endpoint: "http://" + addr + "/mcp", HTTPClient: &http.Client{Transport: clientHeader("abi-" + proto)}}
-				cs, err = mcp.NewClient(&mcp.Implementation{Name: "test", Version: "1"}, c.options()).Connect(ctx, tr, &mcp.ClientSessionOptions{ProtocolVersion: proto})
-				if err == nil {
-					break
-				}
-				if time.Now().After(deadline) {
-					t.Fatalf("connect: %v\n%s", err, stderr.String())
-				}
-				time.Sleep(20 * time.Millisecond)
+			tr := &mcp.StreamableClientTransport{Endpoint: "http://" + addr + "/mcp", HTTPClient: &http.Client{Transport: clientHeader("abi-" + proto)}}
+			cs, err := mcp.NewClient(&mcp.Implementation{Name: "test", Version: "1"}, c.options()).Connect(ctx, tr, &mcp.ClientSessionOptions{ProtocolVersion: proto})
+			if err != nil {
+				t.Fatalf("connect: %v\n%s", err, stderr.String())
 			}
 			defer cs.Close()
 			c.exercise(t, cs)

@@ -31,14 +31,56 @@ func TestMain(m *testing.M) {
 
 // lockedBuffer collects a subprocess's stderr while the test reads it.
 type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
+	mu      sync.Mutex
+	b       bytes.Buffer
+	written chan struct{} // closed and replaced by every Write
 }
 
 func (l *lockedBuffer) Write(p []byte) (int, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	if l.written != nil {
+		close(l.written)
+		l.written = nil
+	}
 	return l.b.Write(p)
+}
+
+// waitFor waits until what was written satisfies ok, woken by each write
+// (the server's log is its readiness signal), or until deadline; it
+// reports whether ok held.
+func (l *lockedBuffer) waitFor(deadline time.Time, ok func(string) bool) bool {
+	timer := time.NewTimer(time.Until(deadline))
+	defer timer.Stop()
+	for {
+		l.mu.Lock()
+		s := l.b.String()
+		if l.written == nil {
+			l.written = make(chan struct{})
+		}
+		written := l.written
+		l.mu.Unlock()
+		if ok(s) {
+			return true
+		}
+		select {
+		case <-written:
+		case <-timer.C:
+			return ok(l.String())
+		}
+	}
+}
+
+// contains is a waitFor condition: every one of subs was written.
+func contains(subs ...string) func(string) bool {
+	return func(s string) bool {
+		for _, sub := range subs {
+			if !strings.Contains(s, sub) {
+				return false
+			}
+		}
+		return true
+	}
 }
 
 func (l *lockedBuffer) String() string {
