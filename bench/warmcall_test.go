@@ -92,45 +92,37 @@ func BenchmarkWarmCall(b *testing.B) {
 			})
 		}
 		b.Run("http/"+p.name+"/wasmtools-handle", func(b *testing.B) {
-			srv := httptest.NewServer(h.HTTPHandler())
-			defer srv.Close()
-			cs, err := client.Connect(ctx, &mcp.StreamableClientTransport{Endpoint: srv.URL}, nil)
-			if err != nil {
-				b.Fatal(err)
-			}
-			defer cs.Close()
-			if v := cs.InitializeResult().ProtocolVersion; v != handleProtocol {
-				b.Fatalf("negotiated %s, want %s", v, handleProtocol)
-			}
-			// The client learns from the tool's schema (x-mcp-header) to
-			// mirror the argument into Mcp-Param-Wasmtools-Session.
-			if _, err := cs.ListTools(ctx, nil); err != nil {
-				b.Fatal(err)
-			}
-			warmCalls(ctx, b, cs, p, true)
+			warmCalls(ctx, b, connect2026(ctx, b, h, nil), p, true)
 		})
 		// The same 2026-07-28 path with no handle: the operator's client
 		// header keys the instance. Against wasmtools-handle, the cost of
 		// the handle alone; against wasmtools, that of the protocol path.
 		b.Run("http/"+p.name+"/wasmtools-header", func(b *testing.B) {
 			hh := newHostWith(b, &host.Options{ClientKeyHeader: "X-Client"}, p.path(b))
-			srv := httptest.NewServer(hh.HTTPHandler())
-			defer srv.Close()
-			tr := &mcp.StreamableClientTransport{Endpoint: srv.URL, HTTPClient: &http.Client{Transport: clientHeader{}}}
-			cs, err := client.Connect(ctx, tr, nil)
-			if err != nil {
-				b.Fatal(err)
-			}
-			defer cs.Close()
-			if v := cs.InitializeResult().ProtocolVersion; v != handleProtocol {
-				b.Fatalf("negotiated %s, want %s", v, handleProtocol)
-			}
-			if _, err := cs.ListTools(ctx, nil); err != nil {
-				b.Fatal(err)
-			}
-			warmCalls(ctx, b, cs, p, false)
+			warmCalls(ctx, b, connect2026(ctx, b, hh, &http.Client{Transport: clientHeader{}}), p, false)
 		})
 	}
+}
+
+// connect2026 serves h over HTTP on 127.0.0.1 and connects a go-sdk
+// client with default options, which must negotiate 2026-07-28, and lists
+// the tools: the client learns from their schemas (x-mcp-header) to mirror
+// the session argument into Mcp-Param-Wasmtools-Session. Both end with b.
+func connect2026(ctx context.Context, b *testing.B, h *host.Host, hc *http.Client) *mcp.ClientSession {
+	srv := httptest.NewServer(h.HTTPHandler())
+	b.Cleanup(srv.Close)
+	cs, err := client.Connect(ctx, &mcp.StreamableClientTransport{Endpoint: srv.URL, HTTPClient: hc}, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { cs.Close() })
+	if v := cs.InitializeResult().ProtocolVersion; v != handleProtocol {
+		b.Fatalf("negotiated %s, want %s", v, handleProtocol)
+	}
+	if _, err := cs.ListTools(ctx, nil); err != nil {
+		b.Fatal(err)
+	}
+	return cs
 }
 
 // clientHeader sends the client key header of wasmtools-header.
