@@ -78,7 +78,7 @@ const (
 	ExportDescribe = "describe" // servlet: () -> ServletDescribeResult
 	ExportCall     = "call"     // servlet: ServletCallInput -> CallToolResult
 
-	ExportListTools = "list_tools" // v2: ListToolsInput -> ListToolsResult
+	ExportListTools = "list_tools" // v2: ListInput -> ListToolsResult
 	ExportCallTool  = "call_tool"  // v2: CallToolInput -> CallToolResult
 
 	// Optional v2 exports for prompts, resources and completion.
@@ -88,6 +88,11 @@ const (
 	ExportListResourceTemplates = "list_resource_templates"
 	ExportReadResource          = "read_resource"
 	ExportComplete              = "complete"
+
+	// ExportOnRootsListChanged (optional, v2) is called with a
+	// [NotificationInput] when a client that serves the plugin's calls
+	// says its roots changed. Its output is ignored.
+	ExportOnRootsListChanged = "on_roots_list_changed"
 )
 
 // State handoff exports. When both the old and the new version of a plugin
@@ -164,10 +169,14 @@ type CallParams struct {
 	Meta      json.RawMessage `json:"_meta,omitempty"`
 }
 
-// ListToolsInput is the input of the v2 export [ExportListTools]. Cursor is
-// the client's pagination cursor, if any.
-type ListToolsInput struct {
-	Cursor string `json:"cursor,omitempty"`
+// ListInput is the input of the v2 list exports ([ExportListTools],
+// [ExportListPrompts], [ExportListResources],
+// [ExportListResourceTemplates]): {"context": C}, as hyper-mcp sends it.
+// wasmtools lists a plugin's tools once when it loads it, not per client
+// request, so Context.ID is 0 and Context.Meta is {}; Context.Cursor asks
+// for the page after a NextCursor the export returned.
+type ListInput struct {
+	Context CallContext `json:"context"`
 }
 
 // ListToolsResult is the output of the v2 export [ExportListTools].
@@ -176,22 +185,44 @@ type ListToolsResult struct {
 	NextCursor string `json:"nextCursor,omitempty"`
 }
 
-// CallToolInput is the input of the v2 export [ExportCallTool].
+// CallToolInput is the input of the v2 export [ExportCallTool]:
+// {"request": <the MCP CallToolRequest params>, "context": C}.
 type CallToolInput struct {
 	Request CallParams  `json:"request"`
 	Context CallContext `json:"context"`
 }
 
-// CallContext tells a v2 guest who is calling. It is information, not a
-// credential: the guest cannot act as another session with it.
+// CallContext is hyper-mcp's request context, C in its v2 messages: the
+// request's id and _meta, which hyper-mcp's plugins read. The fields after
+// those are wasmtools' own, which hyper-mcp's plugins ignore. It is
+// information, not a credential: a guest cannot act as another session
+// with it.
 type CallContext struct {
+	// ID identifies the request, a number or a string as in JSON-RPC. The
+	// host numbers requests itself: the go-sdk does not hand a request's
+	// JSON-RPC id to its handlers (see docs/ABI.md).
+	ID any `json:"id"`
+	// Meta is the request's _meta object ({} when it has none), where
+	// hyper-mcp's plugins look for the progress token.
+	Meta json.RawMessage `json:"_meta"`
+
 	// SessionID is the MCP session's ID, "" over stdio.
 	SessionID string `json:"session_id,omitempty"`
 	// ProtocolVersion is the MCP revision the client negotiated.
 	ProtocolVersion string `json:"protocol_version,omitempty"`
-	// Meta is the request's _meta (where hyper-mcp plugins look for the
-	// progress token).
-	Meta json.RawMessage `json:"_meta,omitempty"`
+	// Cursor, in a list export's input, asks for the page after it.
+	Cursor string `json:"cursor,omitempty"`
+}
+
+// NotificationInput is the input of the v2 notification export
+// [ExportOnRootsListChanged]: {"context": {"_meta": {...}}}.
+type NotificationInput struct {
+	Context NotificationContext `json:"context"`
+}
+
+// NotificationContext is the context of a notification export.
+type NotificationContext struct {
+	Meta json.RawMessage `json:"_meta"`
 }
 
 // CallToolResult is an MCP CallToolResult as the guest returns it. Content
@@ -210,7 +241,7 @@ type TextContent struct {
 }
 
 // ListPromptsResult is the output of the v2 export [ExportListPrompts]
-// (input: [ListToolsInput]). Each prompt is an MCP Prompt object.
+// (input: [ListInput]). Each prompt is an MCP Prompt object.
 type ListPromptsResult struct {
 	Prompts    []json.RawMessage `json:"prompts"`
 	NextCursor string            `json:"nextCursor,omitempty"`
@@ -232,7 +263,8 @@ type ListResourceTemplatesResult struct {
 
 // RequestInput is the input of the v2 exports [ExportGetPrompt] (request:
 // MCP GetPromptParams), [ExportReadResource] (ReadResourceParams) and
-// [ExportComplete] (CompleteParams). Their outputs are the MCP results:
+// [ExportComplete] (CompleteParams, whose ref.type is sent without its
+// "ref/" prefix, "prompt" or "resource", as hyper-mcp does). Their outputs are the MCP results:
 // GetPromptResult, ReadResourceResult and CompleteResult.
 type RequestInput struct {
 	Request json.RawMessage `json:"request"`

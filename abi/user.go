@@ -32,6 +32,21 @@ const (
 	// in (sampling), a CreateMessageResult out. Blocks until the client's
 	// model answers.
 	FuncCreateMessage = "create_message"
+	// FuncListRoots () -> offset i64: the client's MCP ListRootsResult
+	// ({"roots": []} when the client offers no roots). Blocks until the
+	// client answers.
+	FuncListRoots = "list_roots"
+	// FuncGetKeyringSecret (offset i64) -> offset i64: a KeyringEntry in,
+	// the secret's raw bytes out. Only secrets the operator granted the
+	// plugin are served; any other traps, naming the grant.
+	FuncGetKeyringSecret = "get_keyring_secret"
+	// FuncGetAccessToken (offset i64) -> offset i64: OAuthCredentials in,
+	// an AccessTokenResult out.
+	FuncGetAccessToken = "get_access_token"
+	// FuncNotifyURLElicitationCompleted (offset i64): MCP
+	// ElicitationCompleteParams, {"elicitationId": "..."}: a URL
+	// elicitation the plugin started has completed.
+	FuncNotifyURLElicitationCompleted = "notify_url_elicitation_completed"
 )
 
 // ProgressParams is the input of [FuncNotifyProgress]. ProgressToken is
@@ -97,6 +112,48 @@ type CreateMessageResult struct {
 	Error      string          `json:"error,omitempty"`
 }
 
+// KeyringEntry is the input of [FuncGetKeyringSecret]. The operator
+// grants secrets as "service/user" keys.
+type KeyringEntry struct {
+	Service string `json:"service"`
+	User    string `json:"user"`
+}
+
+// OAuthCredentials is the input of [FuncGetAccessToken], hyper-mcp's
+// OauthCredentials. The host answers from a token the operator configured
+// for ClientID, or runs an OAuth 2.0 client-credentials grant against
+// TokenEndpointURL, whose host must be in the plugin's network grant.
+type OAuthCredentials struct {
+	AuthType               string            `json:"auth_type,omitempty"` // "RequestBody" or "BasicAuth"
+	ClientID               string            `json:"client_id"`
+	ClientSecret           string            `json:"client_secret,omitempty"`
+	DeviceAuthorizationURL string            `json:"device_authorization_url,omitempty"`
+	ExtraParams            map[string]string `json:"extra_params,omitempty"`
+	Scopes                 []string          `json:"scopes,omitempty"`
+	TokenEndpointURL       string            `json:"token_endpoint_url"`
+}
+
+// AccessTokenResult is the output of [FuncGetAccessToken], in hyper-mcp's
+// shape: exactly one of {"AccessToken": {...}} and {"Error": "..."}.
+type AccessTokenResult struct {
+	AccessToken *AccessToken `json:"AccessToken,omitempty"`
+	Error       string       `json:"Error,omitempty"`
+}
+
+// AccessToken is an OAuth access token. ExpiresAt is a Rust SystemTime as
+// serde writes it; absent when the token does not expire.
+type AccessToken struct {
+	AccessToken string      `json:"access_token"`
+	ExpiresAt   *SystemTime `json:"expires_at"`
+	Scopes      []string    `json:"scopes"`
+}
+
+// SystemTime is a point in time as Rust's serde writes a SystemTime.
+type SystemTime struct {
+	Secs  int64 `json:"secs_since_epoch"`
+	Nanos int64 `json:"nanos_since_epoch"`
+}
+
 // Record is the input of [FuncWriteRecord]: a side effect the tool had (a
 // file it wrote, a request it made), in a namespace the tool chooses.
 type Record struct {
@@ -117,6 +174,10 @@ func UserFuncs() []UserFunc {
 		{FuncNotifyResourceUpdated, true, false},
 		{FuncWriteRecord, true, true},
 		{FuncCreateMessage, true, true},
+		{FuncListRoots, false, true},
+		{FuncGetKeyringSecret, true, true},
+		{FuncGetAccessToken, true, true},
+		{FuncNotifyURLElicitationCompleted, true, false},
 	}
 }
 

@@ -64,8 +64,9 @@ func (h *Host) call(ctx context.Context, t *plugins.Tool, req *mcp.CallToolReque
 	case ref.refused != nil:
 		return h.refusedResult(ref), nil
 	}
+	m := withoutHandle(req.Params.Meta)
 	var meta json.RawMessage
-	if m := withoutHandle(req.Params.Meta); len(m) > 0 {
+	if len(m) > 0 {
 		meta, _ = json.Marshal(m)
 	}
 	key := ref.key
@@ -73,10 +74,10 @@ func (h *Host) call(ctx context.Context, t *plugins.Tool, req *mcp.CallToolReque
 	env.ref = ref
 	c := plugins.Call{
 		Tool: t, Arguments: args, Meta: meta, Host: env.hostFunc,
-		Context: abi.CallContext{SessionID: sessionID(req.Session, key), ProtocolVersion: protocolOf(req), Meta: meta},
+		Context: h.callContext(req.Session, key, m),
 	}
 	start := time.Now()
-	if !t.Plugin().ImportsHost(abi.FuncCreateElicitation) {
+	if !asks(t.Plugin()) {
 		res, err := h.callTool(ctx, key, c, env)
 		env.finish(res)
 		h.audit(env, res, start)
@@ -86,6 +87,13 @@ func (h *Host) call(ctx context.Context, t *plugins.Tool, req *mcp.CallToolReque
 	// the call can be parked between a 2026-07-28 client's requests.
 	env.questions = make(chan *question)
 	return h.serveRounds(ctx, req, h.startRun(ctx, key, c, env))
+}
+
+// asks reports whether p's guest may ask the client something during a
+// call (a question, a sampling request, its roots). Such a guest runs on a
+// goroutine of its own, so that a 2026-07-28 client's call can park.
+func asks(p *plugins.Plugin) bool {
+	return p.ImportsHost(abi.FuncCreateElicitation) || p.ImportsHost(abi.FuncCreateMessage) || p.ImportsHost(abi.FuncListRoots)
 }
 
 // callTool runs a validated call on a lease of key's instance and shapes

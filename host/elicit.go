@@ -85,8 +85,12 @@ func (h *Host) serveRounds(ctx context.Context, req *mcp.CallToolRequest, r *run
 			h.audit(r.env, out.res, r.start)
 			return out.res, out.err
 		case q := <-r.env.questions:
-			if ans := h.refuseQuestion(req, q, r, multiRound); ans != "" {
-				q.refuse(ans)
+			if ans, unsupported := h.refuseQuestion(req, q, r, multiRound); ans != "" {
+				if unsupported && q.answer != nil {
+					q.answer <- declineWith(ans)
+				} else {
+					q.refuse(ans)
+				}
 				continue
 			}
 			r.env.asked++
@@ -125,30 +129,33 @@ func protocolOf(req *mcp.CallToolRequest) string {
 }
 
 // refuseQuestion says why a question cannot be asked of the client, or
-// returns "".
-func (h *Host) refuseQuestion(req *mcp.CallToolRequest, q *question, r *run, multiRound bool) string {
+// returns "". unsupported is set when the client lacks the capability.
+func (h *Host) refuseQuestion(req *mcp.CallToolRequest, q *question, r *run, multiRound bool) (why string, unsupported bool) {
 	var caps *mcp.ClientCapabilities
 	if ip := req.Session.InitializeParams(); ip != nil {
 		caps = ip.Capabilities
 	}
 	switch {
 	case q.sampling != nil && (caps == nil || caps.Sampling == nil):
-		return "the client does not offer sampling"
+		return "the client does not offer sampling", true
 	case q.sampling != nil:
+	case q.roots != nil && (caps == nil || caps.RootsV2 == nil):
+		return "the client does not offer roots", true
+	case q.roots != nil:
 	case caps == nil || caps.Elicitation == nil:
-		return "the client does not offer elicitation"
+		return "the client does not offer elicitation", true
 	case q.params.Mode == "url" && caps.Elicitation.URL == nil:
-		return `the client does not offer "url" elicitation`
+		return `the client does not offer "url" elicitation`, true
 	case q.params.Mode == "form" && caps.Elicitation.Form == nil && caps.Elicitation.URL != nil:
-		return `the client does not offer "form" elicitation`
+		return `the client does not offer "form" elicitation`, true
 	}
 	switch {
 	case multiRound && r.env.asked >= h.maxQuestions():
-		return fmt.Sprintf("a call may ask a client at most %d questions (it makes at most %d requests of a call)", h.maxQuestions(), h.maxQuestions()+1)
+		return fmt.Sprintf("a call may ask a client at most %d questions (it makes at most %d requests of a call)", h.maxQuestions(), h.maxQuestions()+1), false
 	case !multiRound && r.env.asked >= maxLegacyQuestions:
-		return fmt.Sprintf("a call may ask at most %d questions", maxLegacyQuestions)
+		return fmt.Sprintf("a call may ask at most %d questions", maxLegacyQuestions), false
 	}
-	return ""
+	return "", false
 }
 
 func (h *Host) maxQuestions() int {
@@ -158,14 +165,33 @@ func (h *Host) maxQuestions() int {
 	return defaultMaxQuestions
 }
 
+// cancelWith is the answer to a question the host would not ask (an
+// invalid request, too many questions): "cancel", with why in error.
 func cancelWith(msg string) *abi.ElicitResult {
 	return &abi.ElicitResult{Action: abi.ActionCancel, Error: msg}
+}
+
+// declineWith is the answer to a question the client cannot be asked (it
+// offers no elicitation, or not in the mode asked), as hyper-mcp gives it:
+// "decline" with the reason in content.error; error has it too, for
+// wasmtools' guest library.
+func declineWith(msg string) *abi.ElicitResult {
+	return &abi.ElicitResult{Action: abi.ActionDecline, Content: map[string]any{"error": msg}, Error: msg}
 }
 
 // askLegacy asks a client before 2026-07-28 with elicitation/create (the
 // SDK checks its capabilities and validates a form answer), or with
 // sampling/createMessage.
 func (q *question) askLegacy(ctx context.Context, ss *mcp.ServerSession) {
+	if q.roots != nil {
+		res, err := ss.ListRoots(ctx, q.roots)
+		if err != nil {
+			q.refuse("roots/list failed: " + err.Error())
+			return
+		}
+		q.rooted <- res
+		return
+	}
 	if q.sampling != nil {
 		res, err := ss.CreateMessage(ctx, q.sampling)
 		if err != nil {
@@ -185,6 +211,10 @@ func (q *question) askLegacy(ctx context.Context, ss *mcp.ServerSession) {
 
 // refuse answers the question at once with why it was not asked.
 func (q *question) refuse(msg string) {
+	if q.roots != nil {
+		q.rooted <- &mcp.ListRootsResult{Roots: []*mcp.Root{}, Meta: mcp.Meta{"dev.wasmtools/error": msg}}
+		return
+	}
 	if q.sampling != nil {
 		q.sampled <- &abi.CreateMessageResult{Error: msg}
 		return
@@ -194,6 +224,15 @@ func (q *question) refuse(msg string) {
 
 // reply answers the question with the client's input response.
 func (q *question) reply(resp mcp.InputResponse) {
+	if q.roots != nil {
+		res, ok := resp.(*mcp.ListRootsResult)
+		if !ok || res == nil {
+			q.refuse("the client's retry carried no answer to the roots request")
+			return
+		}
+		q.rooted <- res
+		return
+	}
 	if q.sampling != nil {
 		q.sampled <- sampledOf(resp)
 		return
@@ -203,6 +242,9 @@ func (q *question) reply(resp mcp.InputResponse) {
 
 // request is the question as an input request.
 func (q *question) request() mcp.InputRequest {
+	if q.roots != nil {
+		return q.roots
+	}
 	if q.sampling != nil {
 		return q.sampling
 	}

@@ -161,6 +161,14 @@ type Host struct {
 	ses     *sessions.Manager // every client's instances
 	conns   sync.Map          // *mcp.ServerSession -> sessions.Key, for sessions watched until they end
 	connID  atomic.Uint64     // labels of sessions with no ID
+	// requests numbers the requests handed to v2 guests (their context's
+	// id): the go-sdk keeps the JSON-RPC id to itself.
+	requests atomic.Int64
+	tokens   tokenCache // OAuth access tokens of plugins (hyper.go)
+	// rootsPending has an entry while a roots notification is delivered
+	// to a client's plugin; true when one more is due (hyper.go).
+	rootsMu      sync.Mutex
+	rootsPending map[rootsDelivery]bool
 
 	mu         sync.Mutex
 	catalogue  *plugins.Catalogue // what is registered on server
@@ -255,8 +263,12 @@ func (h *Host) newServer(name, version string) *mcp.Server {
 		// notify_resource_updated.
 		SubscribeHandler:   func(context.Context, *mcp.SubscribeRequest) error { return nil },
 		UnsubscribeHandler: func(context.Context, *mcp.UnsubscribeRequest) error { return nil },
-		Logger:             h.log.With("component", "mcp"),
+		RootsListChangedHandler: func(_ context.Context, req *mcp.RootsListChangedRequest) {
+			h.rootsChanged(req)
+		},
+		Logger: h.log.With("component", "mcp"),
 	})
+	s.AddReceivingMiddleware(keepEmptyText)
 	if h.opts.Loaded != nil {
 		s.AddReceivingMiddleware(h.waitForLoad)
 	}

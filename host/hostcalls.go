@@ -219,6 +219,8 @@ type question struct {
 	answer   chan *abi.ElicitResult
 	sampling *mcp.CreateMessageParams
 	sampled  chan *abi.CreateMessageResult
+	roots    *mcp.ListRootsParams
+	rooted   chan *mcp.ListRootsResult
 }
 
 func (h *Host) newCallEnv(ctx context.Context, t *plugins.Tool, req *mcp.CallToolRequest, sess string) *callEnv {
@@ -294,6 +296,18 @@ func (e *callEnv) hostFunc(ctx context.Context, name string, input []byte) ([]by
 		return nil, nil
 	case abi.FuncCreateMessage:
 		return json.Marshal(e.createMessage(ctx, input))
+	case abi.FuncListRoots:
+		return json.Marshal(e.listRoots(ctx))
+	case abi.FuncGetKeyringSecret:
+		return e.keyringSecret(input)
+	case abi.FuncGetAccessToken:
+		return json.Marshal(e.accessToken(ctx, input))
+	case abi.FuncNotifyURLElicitationCompleted:
+		var p mcp.ElicitationCompleteParams
+		if err := strictJSON(input, &p); err != nil || p.ElicitationID == "" {
+			return nil, fmt.Errorf(`input must be {"elicitationId": "..."}`)
+		}
+		return nil, e.elicitationComplete(&p)
 	case abi.FuncNotifyResourceUpdated:
 		var p struct {
 			URI string `json:"uri"`
@@ -310,9 +324,8 @@ func (e *callEnv) hostFunc(ctx context.Context, name string, input []byte) ([]by
 // before 2026-07-28 that offers sampling is sent sampling/createMessage
 // and the call waits for its answer. A 2026-07-28 client cannot be sent a
 // request during a call: the call is parked and the client asked through
-// an input-required result, as for elicitation, when the guest runs on a
-// goroutine of its own (it imports create_elicitation); otherwise, and for
-// a client without sampling, the request is refused.
+// an input-required result, as for elicitation. A client without sampling
+// is refused.
 func (e *callEnv) createMessage(ctx context.Context, input []byte) *abi.CreateMessageResult {
 	var params mcp.CreateMessageParams
 	if err := strictJSON(input, &params); err != nil {
@@ -328,7 +341,9 @@ func (e *callEnv) createMessage(ctx context.Context, input []byte) *abi.CreateMe
 	case ip == nil || ip.Capabilities == nil || ip.Capabilities.Sampling == nil:
 		return &abi.CreateMessageResult{Error: "the client does not offer sampling"}
 	case protocolOf(req) >= sessionlessProtocol && e.questions == nil:
-		return &abi.CreateMessageResult{Error: "sampling is available to " + sessionlessProtocol + " clients only to a plugin that imports create_elicitation"}
+		// Unreachable from a tool call: a plugin that imports
+		// create_message runs on a goroutine of its own (see asks).
+		return &abi.CreateMessageResult{Error: "sampling is available to " + sessionlessProtocol + " clients only during a tool call"}
 	}
 	e.mu.Lock()
 	e.sampled++

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"strings"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
@@ -16,10 +17,18 @@ import (
 // session's instance of their plugin, as tool calls do, so a prompt or a
 // resource can show the session's guest state.
 
-// callContext tells the guest of the request's session: its ID, or the
-// label of its session handle (never the handle itself).
-func callContext(ss *mcp.ServerSession, key sessions.Key) abi.CallContext {
-	cc := abi.CallContext{SessionID: sessionID(ss, key)}
+// callContext is hyper-mcp's request context for the guest: a request
+// number, the request's _meta (meta, without the session handle; {} when
+// there is none), and wasmtools' own fields: the request's session ID, or
+// the label of its session handle (never the handle itself), and the
+// protocol version.
+func (h *Host) callContext(ss *mcp.ServerSession, key sessions.Key, meta map[string]any) abi.CallContext {
+	cc := abi.CallContext{ID: h.requests.Add(1), Meta: json.RawMessage(`{}`), SessionID: sessionID(ss, key)}
+	if len(meta) > 0 {
+		if b, err := json.Marshal(meta); err == nil {
+			cc.Meta = b
+		}
+	}
 	if ip := ss.InitializeParams(); ip != nil {
 		cc.ProtocolVersion = ip.ProtocolVersion
 	}
@@ -59,7 +68,7 @@ func (h *Host) promptHandler(pr *plugins.Prompt) mcp.PromptHandler {
 		if err != nil {
 			return nil, err
 		}
-		if err := h.request(ctx, key, pr.Plugin(), abi.ExportGetPrompt, &params, callContext(req.Session, key), &res); err != nil {
+		if err := h.request(ctx, key, pr.Plugin(), abi.ExportGetPrompt, &params, h.callContext(req.Session, key, params.Meta), &res); err != nil {
 			return nil, err
 		}
 		return &res, nil
@@ -75,7 +84,7 @@ func (h *Host) resourceHandler(p *plugins.Plugin) mcp.ResourceHandler {
 		}
 		params := *req.Params
 		params.Meta = withoutHandle(params.Meta)
-		if err := h.request(ctx, key, p, abi.ExportReadResource, &params, callContext(req.Session, key), &res); err != nil {
+		if err := h.request(ctx, key, p, abi.ExportReadResource, &params, h.callContext(req.Session, key, params.Meta), &res); err != nil {
 			return nil, err
 		}
 		return &res, nil
@@ -116,13 +125,36 @@ func (h *Host) complete(ctx context.Context, req *mcp.CompleteRequest) (*mcp.Com
 	if err != nil {
 		return nil, err
 	}
-	if err := h.request(ctx, key, p, abi.ExportComplete, &params, callContext(req.Session, key), &res); err != nil {
+	wire, err := completeParams(&params)
+	if err != nil {
+		return nil, err
+	}
+	if err := h.request(ctx, key, p, abi.ExportComplete, wire, h.callContext(req.Session, key, params.Meta), &res); err != nil {
 		return nil, err
 	}
 	if res.Completion.Values == nil {
 		res.Completion.Values = []string{}
 	}
 	return &res, nil
+}
+
+// completeParams is params as hyper-mcp hands them to a plugin: ref.type
+// without its "ref/" prefix ("prompt", "resource").
+func completeParams(params *mcp.CompleteParams) (json.RawMessage, error) {
+	b, err := json.Marshal(params)
+	if err != nil {
+		return nil, err
+	}
+	var m map[string]any
+	if err := json.Unmarshal(b, &m); err != nil {
+		return nil, err
+	}
+	if ref, ok := m["ref"].(map[string]any); ok {
+		if t, ok := ref["type"].(string); ok {
+			ref["type"] = strings.TrimPrefix(t, "ref/")
+		}
+	}
+	return json.Marshal(m)
 }
 
 // setPrompts registers the prompts, resources and resource templates of
@@ -222,4 +254,44 @@ func (h *Host) setPrompts(old, cat *plugins.Catalogue) {
 			s.AddResourceTemplate(&mt, h.resourceHandler(r.Plugin()))
 		}
 	}
+}
+
+// keepEmptyText makes a resources/read result send an empty text
+// resource as "text": "". The go-sdk's ResourceContents omits an empty
+// text, and clients that validate the result (the TypeScript SDK, the MCP
+// Inspector) then reject it as neither text nor blob.
+func keepEmptyText(next mcp.MethodHandler) mcp.MethodHandler {
+	return func(ctx context.Context, method string, req mcp.Request) (mcp.Result, error) {
+		res, err := next(ctx, method, req)
+		if r, ok := res.(*mcp.ReadResourceResult); ok && err == nil {
+			for _, c := range r.Contents {
+				if c != nil && c.Text == "" && c.Blob == nil {
+					return emptyTextResult{r}, nil
+				}
+			}
+		}
+		return res, err
+	}
+}
+
+// emptyTextResult is a ReadResourceResult whose contents without text or
+// blob are sent with "text": "".
+type emptyTextResult struct{ *mcp.ReadResourceResult }
+
+func (r emptyTextResult) MarshalJSON() ([]byte, error) {
+	b, err := json.Marshal(r.ReadResourceResult)
+	if err != nil {
+		return nil, err
+	}
+	var m map[string]any
+	if err := json.Unmarshal(b, &m); err != nil {
+		return nil, err
+	}
+	contents, _ := m["contents"].([]any)
+	for _, c := range contents {
+		if c, ok := c.(map[string]any); ok && c["text"] == nil && c["blob"] == nil {
+			c["text"] = ""
+		}
+	}
+	return json.Marshal(m)
 }

@@ -129,3 +129,23 @@ func (i *Instance) Request(ctx context.Context, export string, params json.RawMe
 	}
 	return v, nil
 }
+
+// RootsListChanged tells a v2 guest that exports on_roots_list_changed
+// that its client's roots changed; meta is the notification's _meta ({}
+// when nil). Plugins that do not export it are not called.
+func (i *Instance) RootsListChanged(ctx context.Context, meta json.RawMessage) error {
+	if !i.plugin.hasExport[abi.ExportOnRootsListChanged] {
+		return nil
+	}
+	if len(meta) == 0 {
+		meta = json.RawMessage(`{}`)
+	}
+	b, err := json.Marshal(abi.NotificationInput{Context: abi.NotificationContext{Meta: meta}})
+	if err != nil {
+		return err
+	}
+	if _, err := i.sb.Call(ctx, abi.ExportOnRootsListChanged, b, nil); err != nil {
+		return fmt.Errorf("%s: %w", abi.ExportOnRootsListChanged, err)
+	}
+	return nil
+}

@@ -18,6 +18,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
+	"net/http"
 	"path"
 	"path/filepath"
 	"regexp"
@@ -54,6 +56,13 @@ type Options struct {
 	// per session. A plugin can declare it itself with a custom section
 	// named [StatelessSection].
 	Stateless bool
+	// Secrets are the keyring secrets granted to the plugin (hyper-mcp's
+	// get_keyring_secret), keyed "service/user": the service is the part
+	// before the first "/".
+	Secrets map[string]string
+	// AccessTokens are OAuth access tokens the operator gives the plugin
+	// (hyper-mcp's get_access_token), keyed by OAuth client_id.
+	AccessTokens map[string]string
 }
 
 // ManifestSection is the name of the custom section in which a plugin
@@ -128,9 +137,11 @@ type Plugin struct {
 	compiled  *sandbox.Compiled
 	hasExport map[string]bool
 	stateless bool
-	prefix    string
-	filter    ToolFilter
-	closed    atomic.Bool
+	// Grants served by host functions (see Options).
+	secrets, accessTokens map[string]string
+	prefix                string
+	filter                ToolFilter
+	closed                atomic.Bool
 }
 
 // Tool is one tool a plugin serves.
@@ -237,6 +248,7 @@ func Load(ctx context.Context, rt *sandbox.Runtime, path string, wasm []byte, op
 	p.compiled = compiled
 	p.stateless = opts.Stateless || compiled.CustomSection(StatelessSection) != nil
 	p.filter = opts.Tools
+	p.secrets, p.accessTokens = maps.Clone(opts.Secrets), maps.Clone(opts.AccessTokens)
 	if err := p.describe(ctx, opts.Prefix, policy.LoadTimeout()); err != nil {
 		err = fmt.Errorf("plugin %q (%s): %w", name, path, err)
 		if cerr := compiled.Close(ctx); cerr != nil {
@@ -403,7 +415,7 @@ const (
 func listPages[T any](ctx context.Context, inst *sandbox.Instance, export, kind string, decode func([]byte) ([]T, string, error)) ([]T, error) {
 	var all []T
 	total := 0
-	in := abi.ListToolsInput{}
+	in := abi.ListInput{Context: abi.CallContext{ID: 0, Meta: json.RawMessage(`{}`)}}
 	for page := 1; page <= MaxListPages; page++ {
 		b, _ := json.Marshal(in)
 		out, err := inst.Call(ctx, export, b, nil)
@@ -424,7 +436,7 @@ func listPages[T any](ctx context.Context, inst *sandbox.Instance, export, kind 
 		if next == "" {
 			return all, nil
 		}
-		in.Cursor = next
+		in.Context.Cursor = next
 	}
 	return nil, fmt.Errorf("%s: the %s take more than %d pages, over the limit MaxListPages = %d", export, kind, MaxListPages, MaxListPages)
 }
@@ -752,6 +764,23 @@ func (p *Plugin) HandsOffState() bool {
 // [StatelessSection]).
 func (p *Plugin) Stateless() bool { return p.stateless }
 
+// Secret returns the keyring secret granted to the plugin for service and
+// user, if any.
+func (p *Plugin) Secret(service, user string) (string, bool) {
+	if strings.Contains(service, "/") {
+		return "", false // "a/b" + "c" would read the grant "a/b/c" of service "a"
+	}
+	v, ok := p.secrets[service+"/"+user]
+	return v, ok
+}
+
+// AccessToken returns the access token the operator gave the plugin for
+// the OAuth client clientID, if any.
+func (p *Plugin) AccessToken(clientID string) (string, bool) {
+	v, ok := p.accessTokens[clientID]
+	return v, ok
+}
+
 // Imports lists what the module imports.
 func (p *Plugin) Imports() []sandbox.Func { return p.compiled.Imports() }
 
@@ -771,3 +800,10 @@ func (p *Plugin) Close(ctx context.Context) error {
 // although that closes the shared code and stops this one's instances too.
 // Safe for concurrent use.
 func (p *Plugin) Closed() bool { return p.closed.Load() }
+
+// HTTPClient returns an HTTP client for a request the host makes to rawURL
+// on the plugin's behalf, under the plugin's network grant (see
+// [sandbox.Compiled.HTTPClient]).
+func (p *Plugin) HTTPClient(rawURL string) (*http.Client, error) {
+	return p.compiled.HTTPClient(rawURL)
+}

@@ -61,6 +61,16 @@ func (c *Compiled) Instantiate(ctx context.Context) (*Instance, error) {
 		WithStdout(&inst.stdout).
 		WithStderr(&inst.stderr).
 		WithRandSource(rand.Reader)
+	if !c.policy.fakeClock {
+		// Real clocks, and a real sleep in slices of at most
+		// maxSleepSlice: a host function cannot be interrupted, so a
+		// guest's long sleep must come back often enough for its
+		// deadline to stop it. (A runtime that sleeps until a time
+		// loops over the slices.)
+		cfg = cfg.WithSysWalltime().WithSysNanotime().WithNanosleep(func(ns int64) {
+			time.Sleep(min(time.Duration(ns), maxSleepSlice))
+		})
+	}
 	for k, v := range c.policy.env {
 		cfg = cfg.WithEnv(k, v)
 	}
@@ -95,6 +105,9 @@ func (c *Compiled) Instantiate(ctx context.Context) (*Instance, error) {
 	}
 	return inst, nil
 }
+
+// maxSleepSlice bounds one guest sleep with real clocks (see Instantiate).
+const maxSleepSlice = 10 * time.Millisecond
 
 func ctxErr(ctx context.Context) error {
 	if err := ctx.Err(); err != nil {

@@ -429,3 +429,23 @@ func (i *Instance) doHTTP(ctx context.Context, reqJSON, body []byte) ([]byte, er
 	i.kernel.httpHeaders, _ = json.Marshal(h)
 	return out, nil
 }
+
+// HTTPClient returns the client through which the plugin's own requests
+// go, for a request the host makes on the plugin's behalf to rawURL (such
+// as an OAuth token request): the same grant applies, to rawURL and to
+// every redirect hop and address. The error is a [*NetworkError] when the
+// grant refuses rawURL.
+func (c *Compiled) HTTPClient(rawURL string) (*http.Client, error) {
+	u, err := url.Parse(rawURL)
+	if err != nil {
+		return nil, fmt.Errorf("bad URL: %v", err)
+	}
+	if u.Scheme != "http" && u.Scheme != "https" {
+		return nil, fmt.Errorf("scheme %q is not allowed: use http or https", u.Scheme)
+	}
+	n := &c.policy.network
+	if err := n.checkURL(u, false); err != nil {
+		return nil, err
+	}
+	return c.net.get(n)
+}

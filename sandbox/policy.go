@@ -48,8 +48,8 @@ const wasmPageSize = 65536
 // calls first.
 //
 // Nothing is granted by default: no files, no environment, no arguments,
-// no network, no real clock, and guest stdout/stderr go to the log, never
-// to the process's stdout.
+// no network, and guest stdout/stderr go to the log, never to the
+// process's stdout. Clocks are real (see [Policy.WithFakeClock]).
 type Policy struct {
 	memoryLimit     uint64
 	callTimeout     time.Duration
@@ -63,6 +63,7 @@ type Policy struct {
 	env             map[string]string
 	network         Network
 	mounts          []Mount
+	fakeClock       bool
 }
 
 // NewPolicy returns the default policy: the Default* limits, nothing
@@ -157,6 +158,21 @@ func (p Policy) WithEnv(env map[string]string) Policy {
 	p.env = maps.Clone(env)
 	return p
 }
+
+// WithFakeClock gives the guest wazero's deterministic clocks instead of
+// the real ones: the wall clock reads 2022-01-01T00:00:00Z and advances
+// 1 ms per reading, the monotonic clock starts at 0. For reproducible
+// runs. By default a guest reads the host's real wall and monotonic
+// clocks, as under Extism, hyper-mcp and wassette; docs/SECURITY.md says
+// what that gives away. Sleeping never blocks the host either way: a
+// guest's sleep returns at once.
+func (p Policy) WithFakeClock(fake bool) Policy {
+	p.fakeClock = fake
+	return p
+}
+
+// FakeClock reports whether the guest gets fake clocks.
+func (p Policy) FakeClock() bool { return p.fakeClock }
 
 // Config returns a copy of the config values granted.
 func (p Policy) Config() map[string]string { return maps.Clone(p.config) }

@@ -33,7 +33,7 @@ const MaxHostInput = 1 << 20
 
 // blocking names the user functions that wait for a person.
 func blocking(name string) bool {
-	return name == abi.FuncCreateElicitation || name == abi.FuncCreateMessage
+	return name == abi.FuncCreateElicitation || name == abi.FuncCreateMessage || name == abi.FuncListRoots
 }
 
 // instantiateUser defines module extism:host/user in rt.

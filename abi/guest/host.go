@@ -29,6 +29,18 @@ func hostWriteRecord(offset uint64) uint64
 //go:wasmimport extism:host/user create_message
 func hostCreateMessage(offset uint64) uint64
 
+//go:wasmimport extism:host/user list_roots
+func hostListRoots() uint64
+
+//go:wasmimport extism:host/user get_keyring_secret
+func hostGetKeyringSecret(offset uint64) uint64
+
+//go:wasmimport extism:host/user get_access_token
+func hostGetAccessToken(offset uint64) uint64
+
+//go:wasmimport extism:host/user notify_url_elicitation_completed
+func hostNotifyURLElicitationCompleted(offset uint64)
+
 func storeJSON(v any) uint64 {
 	b, err := json.Marshal(v)
 	if err != nil {
@@ -61,7 +73,7 @@ func Log(level string, data any) {
 // the content of an "accept" answer has been validated against it. The
 // error is set when the host could not ask (the client offers no
 // elicitation, or the call has asked as many questions as the client will
-// answer); the result is then "cancel".
+// answer); the result is then "decline", as hyper-mcp answers.
 func Elicit(req abi.ElicitRequest) (*abi.ElicitResult, error) {
 	var res abi.ElicitResult
 	if err := json.Unmarshal(load(hostCreateElicitation(storeJSON(req))), &res); err != nil {
@@ -97,8 +109,7 @@ func WriteRecord(namespace string, data any) error {
 // marshals to {"messages": [{"role", "content"}], "maxTokens", ...}. The
 // error is set when the host could not ask (the client offers no
 // sampling) or the client refused. A 2026-07-28 client is asked through an
-// input-required result, which needs the plugin to import
-// create_elicitation too (any use of Elicit does).
+// input-required result.
 func CreateMessage(params any) (*abi.CreateMessageResult, error) {
 	var res abi.CreateMessageResult
 	if err := json.Unmarshal(load(hostCreateMessage(storeJSON(params))), &res); err != nil {
@@ -108,4 +119,49 @@ func CreateMessage(params any) (*abi.CreateMessageResult, error) {
 		return &res, errors.New(res.Error)
 	}
 	return &res, nil
+}
+
+// Root is one of the client's roots: a file:// URI and an optional name.
+type Root struct {
+	URI  string `json:"uri"`
+	Name string `json:"name,omitempty"`
+}
+
+// ListRoots asks the client for its roots and waits for them. A client
+// that offers no roots has none: the list is empty. A 2026-07-28 client is
+// asked through an input-required result, like Elicit.
+func ListRoots() ([]Root, error) {
+	var res struct {
+		Roots []Root `json:"roots"`
+	}
+	if err := json.Unmarshal(load(hostListRoots()), &res); err != nil {
+		return nil, err
+	}
+	return res.Roots, nil
+}
+
+// KeyringSecret returns the secret the operator granted the plugin as
+// "service/user". Asking for a secret that is not granted fails the call.
+func KeyringSecret(service, user string) []byte {
+	return load(hostGetKeyringSecret(storeJSON(abi.KeyringEntry{Service: service, User: user})))
+}
+
+// AccessToken returns an OAuth access token for creds: one the operator
+// configured for creds.ClientID, or one from a client-credentials grant at
+// creds.TokenEndpointURL (whose host must be granted to the plugin).
+func AccessToken(creds abi.OAuthCredentials) (string, error) {
+	var res abi.AccessTokenResult
+	if err := json.Unmarshal(load(hostGetAccessToken(storeJSON(creds))), &res); err != nil {
+		return "", err
+	}
+	if res.AccessToken == nil {
+		return "", errors.New(res.Error)
+	}
+	return res.AccessToken.AccessToken, nil
+}
+
+// URLElicitationCompleted tells the client that the URL elicitation
+// elicitationID (one the call asked with Elicit in mode "url") is done.
+func URLElicitationCompleted(elicitationID string) {
+	hostNotifyURLElicitationCompleted(storeJSON(map[string]string{"elicitationId": elicitationID}))
 }

@@ -244,10 +244,12 @@ func complete() int32 {
 		return fail(err)
 	}
 	var fn func(string, string, map[string]string) []string
-	switch in.Request.Ref.Type {
-	case "ref/prompt":
+	// The host sends hyper-mcp's "prompt" and "resource"; MCP's
+	// "ref/prompt" and "ref/resource" are accepted too.
+	switch strings.TrimPrefix(in.Request.Ref.Type, "ref/") {
+	case "prompt":
 		fn = prompts[in.Request.Ref.Name].Complete
-	case "ref/resource":
+	case "resource":
 		for _, t := range templates {
 			if t.URITemplate == in.Request.Ref.URI {
 				fn = t.Complete

@@ -31,6 +31,9 @@
 //	allowed_paths = [{ host = "/srv/data", guest = "/data", mode = "ro" }]
 //	config = { api_key = "${API_KEY}" }
 //	tools = { deny = ["debug_*"] }
+//	clock = "fake"
+//	secrets = { "github/bot" = "${GITHUB_TOKEN}" }
+//	access_tokens = { "my-client-id" = "${API_TOKEN}" }
 //
 // ${VAR} in any string is replaced by the host environment variable VAR
 // when the file is read; a variable that is not set is an error naming
@@ -94,6 +97,16 @@ type Plugin struct {
 	Env                  map[string]string `toml:"env"`
 	Tools                Tools             `toml:"tools"`
 	MaxInstances         int               `toml:"max_instances"`
+
+	// Clock is "real" (the default: the host's wall and monotonic
+	// clocks) or "fake" (a fixed epoch, for deterministic runs).
+	Clock string `toml:"clock"`
+	// Secrets grants keyring secrets, "service/user" = value, served to
+	// the plugin's get_keyring_secret (hyper-mcp's host function).
+	Secrets map[string]string `toml:"secrets"`
+	// AccessTokens gives OAuth access tokens, client_id = token, served
+	// to the plugin's get_access_token before any token endpoint is asked.
+	AccessTokens map[string]string `toml:"access_tokens"`
 }
 
 // Module is sandbox.ModuleLimits in the configuration file. A module over
@@ -286,6 +299,9 @@ func Parse(b []byte, getenv func(string) (string, bool)) (*File, error) {
 	var errs []error
 	errs = append(errs, f.HTTP.check())
 	errs = append(errs, f.Defaults.check("defaults"))
+	if f.Defaults.Secrets != nil || f.Defaults.AccessTokens != nil {
+		errs = append(errs, errors.New("defaults: secrets and access_tokens are granted per plugin, in [plugins.NAME], never to every plugin"))
+	}
 	for name, p := range f.Plugins {
 		errs = append(errs, p.check("plugins."+name))
 	}
@@ -346,6 +362,19 @@ func (p *Plugin) check(where string) error {
 		}
 		if m.Mode != "" && m.Mode != "ro" && m.Mode != "rw" {
 			errs = append(errs, fmt.Errorf("%s.allowed_paths[%d].mode: %q is not ro or rw", where, i, m.Mode))
+		}
+	}
+	if p.Clock != "" && p.Clock != "real" && p.Clock != "fake" {
+		errs = append(errs, fmt.Errorf("%s.clock: %q is not real or fake", where, p.Clock))
+	}
+	for _, k := range slices.Sorted(maps.Keys(p.Secrets)) {
+		if service, user, ok := strings.Cut(k, "/"); !ok || service == "" || user == "" {
+			errs = append(errs, fmt.Errorf("%s.secrets: key %q is not \"service/user\"", where, k))
+		}
+	}
+	for _, k := range slices.Sorted(maps.Keys(p.AccessTokens)) {
+		if k == "" || p.AccessTokens[k] == "" {
+			errs = append(errs, fmt.Errorf("%s.access_tokens: client %q needs a non-empty token", where, k))
 		}
 	}
 	for _, pat := range append(append([]string{}, p.Tools.Allow...), p.Tools.Deny...) {
@@ -419,6 +448,7 @@ func (f *File) For(name string) Effective {
 	if env := firstMap(p.Env, d.Env); env != nil {
 		pol = pol.WithEnv(env)
 	}
+	pol = pol.WithFakeClock(cmp.Or(p.Clock, d.Clock) == "fake")
 	tools := p.Tools
 	if tools.Allow == nil && tools.Deny == nil {
 		tools = d.Tools
@@ -429,6 +459,10 @@ func (f *File) For(name string) Effective {
 		Policy:    &pol,
 		Stateless: stateless != nil && *stateless,
 		Tools:     plugins.ToolFilter{Allow: tools.Allow, Deny: tools.Deny},
+		// Secrets and tokens are granted per plugin only: [defaults]
+		// would hand them to every plugin.
+		Secrets:      p.Secrets,
+		AccessTokens: p.AccessTokens,
 	}
 	e.Instances = cmp.Or(p.MaxInstances, d.MaxInstances)
 	note := cmp.Or(p.HandleNote, d.HandleNote)

@@ -525,3 +525,17 @@ func (m *Manager) waitUntil(ctx context.Context, cond func() bool) error {
 	m.mu.Unlock()
 	return nil
 }
+
+// Holds reports whether key's client has a live instance of the plugin
+// named plugin: a notification for the client (its roots changed) goes
+// only to instances it already has, never starting one.
+func (m *Manager) Holds(key Key, plugin string) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	c, ok := m.clients[key]
+	if !ok || c.closed {
+		return false
+	}
+	sl, ok := c.slots[plugin]
+	return ok && sl.elem != nil // elem is set, under m.mu, while inst is
+}
