@@ -160,8 +160,7 @@ func failureResult(t *plugins.Tool, err error) *mcp.CallToolResult {
 	case errors.Is(err, context.Canceled):
 		return errorResult(fmt.Sprintf("tool %q was cancelled; plugin %q's state for this session was reset", t.Name, name))
 	case errors.As(err, &te):
-		first, _, _ := strings.Cut(te.Err.Error(), "\n")
-		return errorResult(fmt.Sprintf("tool %q crashed (%s); plugin %q's state for this session was reset", t.Name, first, name))
+		return errorResult(fmt.Sprintf("tool %q crashed (%s); plugin %q's state for this session was reset", t.Name, te.Reason(), name))
 	default:
 		return errorResult(fmt.Sprintf("tool %q failed: %v", t.Name, err))
 	}

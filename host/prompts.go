@@ -3,6 +3,7 @@ package host
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strings"
 
@@ -11,6 +12,7 @@ import (
 	"github.com/wasmtools/wasmtools/abi"
 	"github.com/wasmtools/wasmtools/internal/sessions"
 	"github.com/wasmtools/wasmtools/plugins"
+	"github.com/wasmtools/wasmtools/sandbox"
 )
 
 // Prompts, resources and completion from v2 plugins. They run on the
@@ -50,6 +52,13 @@ func (h *Host) request(ctx context.Context, key sessions.Key, p *plugins.Plugin,
 	result, runErr := l.Instance().Request(l.Context(), export, raw, cc, nil)
 	l.Done(runErr)
 	if runErr != nil {
+		h.log.Debug("request failed", "plugin", p.Name(), "export", export, "err", runErr)
+		var te *sandbox.TrapError
+		if errors.As(runErr, &te) {
+			// The client sees why in a line, never wazero's wording or
+			// the Wasm stack trace (those are in the log with -v).
+			return fmt.Errorf("plugin %q: %s crashed (%s); its state for this session was reset", p.Name(), export, te.Reason())
+		}
 		return fmt.Errorf("plugin %q: %s: %w", p.Name(), export, runErr)
 	}
 	if err := json.Unmarshal(result, out); err != nil {

@@ -4,6 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
+
+	"github.com/tetratelabs/wazero/sys"
 )
 
 var (
@@ -56,6 +59,26 @@ func (e *TrapError) Unwrap() []error {
 		return []error{e.Cause, e.Err}
 	}
 	return []error{e.Err}
+}
+
+// Reason is why the call ended, in one line for the person or model who
+// made it: the host function's refusal, or the trap's own message, without
+// wazero's wording ("(recovered by wazero)") and the Wasm stack trace,
+// which stay in Error for the operator's log.
+func (e *TrapError) Reason() string {
+	if e.Cause != nil {
+		return "stopped: " + e.Cause.Error()
+	}
+	var hc *HostCallError
+	if errors.As(e.Err, &hc) {
+		return hc.Error()
+	}
+	var exit *sys.ExitError
+	if errors.As(e.Err, &exit) {
+		return fmt.Sprintf("the guest exited with code %d", exit.ExitCode())
+	}
+	first, _, _ := strings.Cut(e.Err.Error(), "\n")
+	return strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(first), "(recovered by wazero)"))
 }
 
 // Is reports context errors for a call the context ended.

@@ -58,7 +58,7 @@ func run(ctx context.Context, args []string, lookupEnv func(string) (string, boo
 	case "inspect":
 		return cmdInspect(ctx, args[1:], lookupEnv, stdout, stderr)
 	case "call":
-		return cmdCall(ctx, args[1:], lookupEnv, stdout, stderr)
+		return cmdCall(ctx, args[1:], lookupEnv, stdin, stdout, stderr)
 	case "status":
 		return cmdStatus(ctx, args[1:], stdout, stderr)
 	case "version", "--version":

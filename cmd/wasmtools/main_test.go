@@ -311,6 +311,13 @@ func TestCall(t *testing.T) {
 		{"unknown tool", []string{testplugins.Example(t, "hash"), "nope"}, 1, "", `has no tool "nope"`},
 		{"guest error", []string{testplugins.Test(t, "servlet"), "fail"}, 1, "", "failed on purpose"},
 		{"trap", []string{testplugins.Test(t, "trap"), "boom"}, 1, "", "unreachable"},
+		// Host functions, as under serve (issue 14).
+		{"progress", []string{testplugins.Example(t, "longtask"), "primes", `{"below":50}`}, 0, "15 primes below 50", "progress: 50/50 done"},
+		{"log", []string{testplugins.Test(t, "pdkhost"), "log", `{"level":"warning","message":"careful"}`}, 0, "", `log warning: "careful"`},
+		{"records", []string{testplugins.Test(t, "pdkhost"), "record", `{"count":2}`}, 0, "", `record test.pdkhost: {"i":1,"pad":""}`},
+		{"answer", []string{"--answer", `{"name":"bob"}`, testplugins.Test(t, "pdkhost"), "ask", `{"rounds":1}`}, 0, "accept:bob", ""},
+		{"decline", []string{"--answer", `{"action":"decline"}`, testplugins.Test(t, "pdkhost"), "ask", `{"rounds":1}`}, 0, "decline", ""},
+		{"question without a terminal", []string{testplugins.Test(t, "pdkhost"), "ask", `{"rounds":1}`}, 1, "", "stdin is not a terminal: answer with --answer JSON"},
 		{"usage", []string{"only-a-file.wasm"}, 2, "", "Usage"},
 	}
 	for _, tt := range tests {
