@@ -56,6 +56,13 @@ func (s *syncBuffer) String() string {
 // newFixture serves the plugin files (name -> path) with policy.
 func newFixture(t *testing.T, opts *host.Options, policy sandbox.Policy, files map[string]string) *fixture {
 	t.Helper()
+	return newFixtureWith(t, opts, func(string) plugins.Options { return plugins.Options{Policy: &policy} }, files)
+}
+
+// newFixtureWith serves the plugin files (name -> path), each with the
+// options optsFor gives its path (its policy logs to the fixture's log).
+func newFixtureWith(t *testing.T, opts *host.Options, optsFor func(path string) plugins.Options, files map[string]string) *fixture {
+	t.Helper()
 	ctx := context.Background()
 	f := &fixture{log: &syncBuffer{}}
 	logger := newTestLogger(f.log)
@@ -65,8 +72,16 @@ func newFixture(t *testing.T, opts *host.Options, policy sandbox.Policy, files m
 	}
 	t.Cleanup(func() { f.rt.Close(ctx) })
 	dir := testplugins.Folder(t, files)
-	pol := policy.WithLogger(logger)
-	cat, errs := plugins.LoadAll(ctx, f.rt, []string{dir}, func(string) plugins.Options { return plugins.Options{Policy: &pol} })
+	cat, errs := plugins.LoadAll(ctx, f.rt, []string{dir}, func(path string) plugins.Options {
+		o := optsFor(path)
+		pol := sandbox.NewPolicy()
+		if o.Policy != nil {
+			pol = *o.Policy
+		}
+		pol = pol.WithLogger(logger)
+		o.Policy = &pol
+		return o
+	})
 	if len(errs) > 0 {
 		t.Fatalf("load: %v", errs)
 	}
