@@ -6,7 +6,8 @@
 # client's state (1, 2, 3 on one handle; 1, 2 on another), that the SDK
 # mirrors the handle into the Mcp-Param-Wasmtools-Session header, that a
 # subject cannot use another's handle, and that two clients of the shared
-# token keep their own state. scripts/tsclient.sh installs the SDK and Node
+# token keep their own state; and that the notes example's empty notes://all
+# passes the SDK's validation in both eras. scripts/tsclient.sh installs the SDK and Node
 # (cached). Prints "tsclient: N passed, M failed" and exits non-zero on a
 # failure.
 set -euo pipefail
@@ -27,7 +28,8 @@ cat >"$tmp/config.toml" <<EOF
 auth_token = "$shared"
 tokens = { alice = "$alice", bob = "$bob" }
 EOF
-./wasmtools serve --no-watch --config "$tmp/config.toml" --http 127.0.0.1:0 "$plugin" 2>"$tmp/log" &
+notes=examples/plugins/dist/notes.wasm
+./wasmtools serve --no-watch --config "$tmp/config.toml" --http 127.0.0.1:0 "$plugin" "$notes" 2>"$tmp/log" &
 server=$!
 trap 'kill $server 2>/dev/null || true; rm -rf "$tmp"' EXIT
 for _ in $(seq 1 600); do
@@ -76,6 +78,13 @@ s1=$(run --token "$shared" --calls 3)
 s2=$(run --token "$shared" --calls 2)
 check "shared token, first client: 1,2,3" '^1,2,3$' "$(texts "$s1")"
 check "shared token, second client: 1,2" '^1,2$' "$(texts "$s2")"
+
+# A text resource whose text is empty (no notes yet) is sent with "text": "",
+# which the SDK's result schema requires (issue 14).
+for negotiation in auto legacy; do
+	r=$(run --token "$alice" --calls 0 --negotiation "$negotiation" --read notes://all)
+	check "empty notes://all passes the SDK's validation ($negotiation)" '"read":"notes://all","contents":\[\{[^]]*"text":""' "$r"
+done
 
 echo "tsclient: $passed passed, $failed failed"
 [ "$failed" -eq 0 ]

@@ -8,7 +8,9 @@
 //
 // Usage: node counter.mjs URL [--token T] [--calls N] [--no-handle]
 //          [--handle H] [--tool NAME] [--negotiation auto|legacy|VERSION]
-//          [--trace]
+//          [--read URI] [--trace]
+//   --read: after the calls, read the resource URI (the SDK validates the
+//     result) and print {"read":URI,"contents":[...]}.
 //   --negotiation: the SDK's ClientOptions.versionNegotiation. The SDK's
 //     default is 'legacy' (2025 initialize only), so this script opts in with
 //     'auto' (probe server/discover, fall back to initialize); a version such
@@ -25,11 +27,11 @@ const HANDLE_ARG = 'wasmtools_session';
 
 function usage(msg) {
 	if (msg) process.stderr.write(`counter.mjs: ${msg}\n`);
-	process.stderr.write('usage: counter.mjs URL [--token T] [--calls N] [--no-handle] [--handle H] [--tool NAME] [--negotiation auto|legacy|VERSION] [--trace]\n');
+	process.stderr.write('usage: counter.mjs URL [--token T] [--calls N] [--no-handle] [--handle H] [--tool NAME] [--negotiation auto|legacy|VERSION] [--read URI] [--trace]\n');
 	process.exit(2);
 }
 
-const opts = { calls: 3, tool: 'count', negotiation: 'auto', passHandle: true, handle: null, token: null, trace: false };
+const opts = { calls: 3, tool: 'count', negotiation: 'auto', passHandle: true, handle: null, token: null, trace: false, read: null };
 let url = null;
 const argv = process.argv.slice(2);
 for (let i = 0; i < argv.length; i++) {
@@ -43,6 +45,7 @@ for (let i = 0; i < argv.length; i++) {
 		case '--tool': opts.tool = value(); break;
 		case '--negotiation': opts.negotiation = value(); break;
 		case '--trace': opts.trace = true; break;
+		case '--read': opts.read = value(); break;
 		case '-h': case '--help': usage(); break;
 		default:
 			if (a.startsWith('-') || url !== null) usage(`unexpected argument ${a}`);
@@ -102,6 +105,10 @@ async function main() {
 		const resultHandle = typeof got === 'string' ? got : null;
 		if (resultHandle !== null) handle = resultHandle;
 		process.stdout.write(JSON.stringify({ call: i, text, isError: result.isError === true, handle: resultHandle, protocol }) + '\n');
+	}
+	if (opts.read !== null) {
+		const { contents } = await client.readResource({ uri: opts.read });
+		process.stdout.write(JSON.stringify({ read: opts.read, contents, protocol }) + '\n');
 	}
 }
 
