@@ -28,6 +28,12 @@ inspector() { node "$CACHE/node_modules/.bin/mcp-inspector" --cli "$@" --format 
 plugin=examples/plugins/dist/hash.wasm
 [ -f "$plugin" ] || { echo "inspector: $plugin is not built: run make plugins" >&2; exit 1; }
 digest=ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad # sha256("abc")
+hyper=internal/testplugins/dist/hyperhost.wasm
+notes=examples/plugins/dist/notes.wasm
+for f in "$hyper" "$notes"; do
+	[ -f "$f" ] || { echo "inspector: $f is not built: run make plugins testplugins" >&2; exit 1; }
+done
+year="\"text\":\"$(date -u +%Y)-"
 
 passed=0 failed=0
 check() { # check NAME WANT OUTPUT
@@ -44,10 +50,13 @@ check() { # check NAME WANT OUTPUT
 # stdio: the Inspector starts wasmtools itself.
 check "stdio tools/list" '"name":"hash"' "$(inspector ./wasmtools serve "$plugin" --method tools/list 2>/dev/null || true)"
 check "stdio tools/call" "$digest" "$(inspector ./wasmtools serve "$plugin" --method tools/call --tool-name hash --tool-arg text=abc 2>/dev/null || true)"
+check "stdio hyper-mcp plugin: real clock" "$year" "$(inspector ./wasmtools serve "$hyper" --method tools/call --tool-name now 2>/dev/null || true)"
+check "stdio hyper-mcp plugin: host functions" '"text":"notified (request ' "$(inspector ./wasmtools serve "$hyper" --method tools/call --tool-name notify 2>/dev/null || true)"
+check "stdio empty text resource" '"text":""' "$(inspector ./wasmtools serve "$notes" --method resources/read --uri notes://all 2>/dev/null || true)"
 
 # streamable HTTP on a free loopback port.
 log=$(mktemp)
-./wasmtools serve --http 127.0.0.1:0 "$plugin" 2>"$log" &
+./wasmtools serve --http 127.0.0.1:0 "$plugin" "$hyper" "$notes" 2>"$log" &
 server=$!
 trap 'kill $server 2>/dev/null || true; rm -f "$log"' EXIT
 for _ in $(seq 1 600); do
@@ -58,6 +67,9 @@ done
 [ -n "$url" ] || { echo "inspector: the HTTP server did not start:" >&2; cat "$log" >&2; exit 1; }
 check "http tools/list" '"name":"hash"' "$(inspector "$url" --transport http --method tools/list 2>/dev/null || true)"
 check "http tools/call" "$digest" "$(inspector "$url" --transport http --method tools/call --tool-name hash --tool-arg text=abc 2>/dev/null || true)"
+check "http hyper-mcp plugin: real clock" "$year" "$(inspector "$url" --transport http --method tools/call --tool-name now 2>/dev/null || true)"
+check "http hyper-mcp plugin: roots" '"text":"{\\"roots\\":\[' "$(inspector "$url" --transport http --method tools/call --tool-name roots 2>/dev/null || true)"
+check "http empty text resource" '"text":""' "$(inspector "$url" --transport http --method resources/read --uri notes://all 2>/dev/null || true)"
 
 echo "inspector: $passed passed, $failed failed"
 [ "$failed" -eq 0 ]
