@@ -174,13 +174,30 @@ func TestHyperHostFunctions(t *testing.T) {
 					return len(completed) == 1 && completed[0] == "signin-1"
 				})
 			})
+			t.Run("create_message", func(t *testing.T) {
+				cs := connectKind(t, f, url, k, &mcp.ClientOptions{
+					CreateMessageHandler: func(_ context.Context, r *mcp.CreateMessageRequest) (*mcp.CreateMessageResult, error) {
+						return &mcp.CreateMessageResult{Role: "assistant", Model: "test-model", Content: &mcp.TextContent{Text: "hi back"}}, nil
+					},
+				})
+				if got, _ := callText(t, cs, "sample", nil); !strings.Contains(got, `"model":"test-model"`) || !strings.Contains(got, "hi back") {
+					t.Errorf("sampling: %s", got)
+				}
+			})
 			t.Run("notifications", func(t *testing.T) {
 				var pl progressLog
-				var logs atomic.Int32
+				var logs, updates atomic.Int32
 				cs := connectKind(t, f, url, k, &mcp.ClientOptions{
 					ProgressNotificationHandler: pl.handler,
 					LoggingMessageHandler:       func(context.Context, *mcp.LoggingMessageRequest) { logs.Add(1) },
+					ResourceUpdatedHandler:      func(context.Context, *mcp.ResourceUpdatedNotificationRequest) { updates.Add(1) },
 				})
+				subscribed := k.protocol != "" // 2026-07-28 has no resources/subscribe
+				if subscribed {
+					if err := cs.Subscribe(context.Background(), &mcp.SubscribeParams{URI: "hyper://state"}); err != nil {
+						t.Fatal(err)
+					}
+				}
 				params := &mcp.CallToolParams{Name: "notify", Meta: mcp.Meta{"progressToken": "p1", mcp.MetaKeyLogLevel: "info"}}
 				if k.protocol != "" {
 					cs.SetLoggingLevel(context.Background(), &mcp.SetLoggingLevelParams{Level: "info"})
@@ -193,6 +210,9 @@ func TestHyperHostFunctions(t *testing.T) {
 					t.Errorf("the guest's context has no request id: %q", got)
 				}
 				eventually(t, "the progress and the log message", func() bool { return len(pl.all()) == 1 && logs.Load() == 1 })
+				if subscribed {
+					eventually(t, "notifications/resources/updated", func() bool { return updates.Load() == 1 })
+				}
 			})
 			t.Run("get_access_token", func(t *testing.T) {
 				cs := connectKind(t, f, url, k, nil)
