@@ -47,6 +47,12 @@ const (
 	// ElicitationCompleteParams, {"elicitationId": "..."}: a URL
 	// elicitation the plugin started has completed.
 	FuncNotifyURLElicitationCompleted = "notify_url_elicitation_completed"
+	// FuncRequestInputs (offset i64) -> offset i64: InputRequests in,
+	// InputResults out: several questions (elicitations, sampling
+	// requests, the client's roots) asked at once. wasmtools' own. A
+	// 2026-07-28 client gets them in one input-required result; an older
+	// client is asked them in turn, in key order. Blocks until answered.
+	FuncRequestInputs = "request_inputs"
 )
 
 // ProgressParams is the input of [FuncNotifyProgress]. ProgressToken is
@@ -110,6 +116,31 @@ type CreateMessageResult struct {
 	Model      string          `json:"model,omitempty"`
 	StopReason string          `json:"stopReason,omitempty"`
 	Error      string          `json:"error,omitempty"`
+}
+
+// InputRequests is the input of [FuncRequestInputs]: MCP input requests
+// by key, as in an input-required result. Each is {"method":
+// "elicitation/create", "params": <as create_elicitation>}, {"method":
+// "sampling/createMessage", "params": <as create_message>} or {"method":
+// "roots/list"}. At most 8; keys are 1 to 64 letters, digits, "_" or "-".
+type InputRequests struct {
+	InputRequests map[string]InputRequest `json:"inputRequests"`
+}
+
+// InputRequest is one request of [InputRequests].
+type InputRequest struct {
+	Method string `json:"method"`
+	Params any    `json:"params,omitempty"`
+}
+
+// InputResults is the output of [FuncRequestInputs]: the client's answer
+// to each request by key (an ElicitResult, a CreateMessageResult or a
+// ListRootsResult), and for a request that got none, why, in Errors.
+// Error alone is set when the batch could not be asked at all.
+type InputResults struct {
+	InputResponses map[string]json.RawMessage `json:"inputResponses,omitempty"`
+	Errors         map[string]string          `json:"errors,omitempty"`
+	Error          string                     `json:"error,omitempty"`
 }
 
 // KeyringEntry is the input of [FuncGetKeyringSecret]. The operator
@@ -178,6 +209,7 @@ func UserFuncs() []UserFunc {
 		{FuncGetKeyringSecret, true, true},
 		{FuncGetAccessToken, true, true},
 		{FuncNotifyURLElicitationCompleted, true, false},
+		{FuncRequestInputs, true, true},
 	}
 }
 

@@ -93,7 +93,7 @@ func (h *Host) call(ctx context.Context, t *plugins.Tool, req *mcp.CallToolReque
 // call (a question, a sampling request, its roots). Such a guest runs on a
 // goroutine of its own, so that a 2026-07-28 client's call can park.
 func asks(p *plugins.Plugin) bool {
-	return p.ImportsHost(abi.FuncCreateElicitation) || p.ImportsHost(abi.FuncCreateMessage) || p.ImportsHost(abi.FuncListRoots)
+	return p.ImportsHost(abi.FuncCreateElicitation) || p.ImportsHost(abi.FuncCreateMessage) || p.ImportsHost(abi.FuncListRoots) || p.ImportsHost(abi.FuncRequestInputs)
 }
 
 // callTool runs a validated call on a lease of key's instance and shapes

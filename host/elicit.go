@@ -12,6 +12,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -76,7 +78,9 @@ func (h *Host) serveRounds(ctx context.Context, req *mcp.CallToolRequest, r *run
 	multiRound := protocolOf(req) >= sessionlessProtocol
 	used := map[string]bool{} // inputResponses keys answered in this request
 	if req.Params.RequestState != "" && r.answered != "" {
-		used[r.answered] = true
+		for _, k := range strings.Split(r.answered, ",") {
+			used[k] = true
+		}
 	}
 	for {
 		select {
@@ -101,9 +105,8 @@ func (h *Host) serveRounds(ctx context.Context, req *mcp.CallToolRequest, r *run
 			// A 2026-07-28 client may answer ahead: a response under
 			// the question's key in this request's inputResponses (a
 			// retry of a stateless client, or several answers at once).
-			if resp, ok := req.Params.InputResponses[q.key]; ok && !used[q.key] {
-				used[q.key] = true
-				q.reply(resp)
+			if q.answeredIn(req.Params.InputResponses, used) {
+				q.replyFrom(req.Params.InputResponses)
 				continue
 			}
 			res, err := h.park(r, q)
@@ -135,7 +138,14 @@ func (h *Host) refuseQuestion(req *mcp.CallToolRequest, q *question, r *run, mul
 	if ip := req.Session.InitializeParams(); ip != nil {
 		caps = ip.Capabilities
 	}
+	if q.batch != nil {
+		q.dropUnsupported(caps)
+		if len(q.batch) == 0 {
+			return "the client offers none of what was asked", true
+		}
+	}
 	switch {
+	case q.batch != nil:
 	case q.sampling != nil && (caps == nil || caps.Sampling == nil):
 		return "the client does not offer sampling", true
 	case q.sampling != nil:
@@ -183,6 +193,10 @@ func declineWith(msg string) *abi.ElicitResult {
 // SDK checks its capabilities and validates a form answer), or with
 // sampling/createMessage.
 func (q *question) askLegacy(ctx context.Context, ss *mcp.ServerSession) {
+	if q.batch != nil {
+		q.askBatchLegacy(ctx, ss)
+		return
+	}
 	if q.roots != nil {
 		res, err := ss.ListRoots(ctx, q.roots)
 		if err != nil {
@@ -211,6 +225,13 @@ func (q *question) askLegacy(ctx context.Context, ss *mcp.ServerSession) {
 
 // refuse answers the question at once with why it was not asked.
 func (q *question) refuse(msg string) {
+	if q.batch != nil {
+		for k := range q.batch {
+			q.errs[k] = msg
+		}
+		q.batched <- q.answers()
+		return
+	}
 	if q.roots != nil {
 		q.rooted <- &mcp.ListRootsResult{Roots: []*mcp.Root{}, Meta: mcp.Meta{"dev.wasmtools/error": msg}}
 		return
@@ -241,6 +262,41 @@ func (q *question) reply(resp mcp.InputResponse) {
 }
 
 // request is the question as an input request.
+// requests are the input requests that ask q of a 2026-07-28 client.
+func (q *question) requests() mcp.InputRequestMap {
+	if q.batch != nil {
+		return q.batch
+	}
+	return mcp.InputRequestMap{q.key: q.request()}
+}
+
+// answeredIn reports whether responses answer q (every request of a
+// batch), with keys not yet used in this request; it marks them used.
+func (q *question) answeredIn(responses mcp.InputResponseMap, used map[string]bool) bool {
+	keys := []string{q.key}
+	if q.batch != nil {
+		keys = slices.Collect(maps.Keys(q.batch))
+	}
+	for _, k := range keys {
+		if _, ok := responses[k]; !ok || used[k] {
+			return false
+		}
+	}
+	for _, k := range keys {
+		used[k] = true
+	}
+	return true
+}
+
+// replyFrom answers q with the client's responses.
+func (q *question) replyFrom(responses mcp.InputResponseMap) {
+	if q.batch != nil {
+		q.replyBatch(responses)
+		return
+	}
+	q.reply(responses[q.key])
+}
+
 func (q *question) request() mcp.InputRequest {
 	if q.roots != nil {
 		return q.roots
@@ -298,7 +354,7 @@ func (h *Host) park(r *run, q *question) (*mcp.CallToolResult, error) {
 	}
 	state := h.signState(r.id, r.round, time.Now().Add(abandon), r.tool.Name)
 	h.log.Info("call parked for an answer", "tool", r.tool.Name, "session", r.env.sess, "round", r.round)
-	return &mcp.CallToolResult{InputRequests: mcp.InputRequestMap{q.key: q.request()}, RequestState: state}, nil
+	return &mcp.CallToolResult{InputRequests: q.requests(), RequestState: state}, nil
 }
 
 // abandonRun stops a parked run whose client did not come back in time,
@@ -327,7 +383,7 @@ func (h *Host) resume(ctx context.Context, t *plugins.Tool, req *mcp.CallToolReq
 	r.pending = nil
 	r.answered = q.key
 	r.env.follow(ctx, req)
-	q.reply(req.Params.InputResponses[q.key])
+	q.replyFrom(req.Params.InputResponses)
 	return h.serveRounds(ctx, req, r)
 }
 

@@ -221,6 +221,13 @@ type question struct {
 	sampled  chan *abi.CreateMessageResult
 	roots    *mcp.ListRootsParams
 	rooted   chan *mcp.ListRootsResult
+	// A batch (request_inputs): several input requests asked at once,
+	// under key, their keys joined with ",".
+	batch     mcp.InputRequestMap
+	schemas   map[string][]byte // of the batch's forms
+	responses map[string]any    // the batch's answers so far
+	errs      map[string]string // why a request of the batch got none
+	batched   chan abi.InputResults
 }
 
 func (h *Host) newCallEnv(ctx context.Context, t *plugins.Tool, req *mcp.CallToolRequest, sess string) *callEnv {
@@ -296,6 +303,8 @@ func (e *callEnv) hostFunc(ctx context.Context, name string, input []byte) ([]by
 		return nil, nil
 	case abi.FuncCreateMessage:
 		return json.Marshal(e.createMessage(ctx, input))
+	case abi.FuncRequestInputs:
+		return json.Marshal(e.requestInputs(ctx, input))
 	case abi.FuncListRoots:
 		return json.Marshal(e.listRoots(ctx))
 	case abi.FuncGetKeyringSecret:

@@ -33,7 +33,11 @@ const MaxHostInput = 1 << 20
 
 // blocking names the user functions that wait for a person.
 func blocking(name string) bool {
-	return name == abi.FuncCreateElicitation || name == abi.FuncCreateMessage || name == abi.FuncListRoots
+	switch name {
+	case abi.FuncCreateElicitation, abi.FuncCreateMessage, abi.FuncListRoots, abi.FuncRequestInputs:
+		return true
+	}
+	return false
 }
 
 // instantiateUser defines module extism:host/user in rt.

@@ -165,3 +165,26 @@ func AccessToken(creds abi.OAuthCredentials) (string, error) {
 func URLElicitationCompleted(elicitationID string) {
 	hostNotifyURLElicitationCompleted(storeJSON(map[string]string{"elicitationId": elicitationID}))
 }
+
+//go:wasmimport extism:host/user request_inputs
+func hostRequestInputs(offset uint64) uint64
+
+// RequestInputs asks several questions at once: elicitations
+// ({"method": "elicitation/create", "params": abi.ElicitRequest}),
+// sampling requests ({"method": "sampling/createMessage", "params": MCP
+// CreateMessageParams}) and the client's roots ({"method": "roots/list"}),
+// by key. A 2026-07-28 client answers them all in one round; an older
+// client is asked them in turn. Each answer is in InputResponses under its
+// key (an ElicitResult, a CreateMessageResult, a ListRootsResult); a
+// request the client could not be asked has its reason in Errors. The
+// error is set when the batch could not be asked at all.
+func RequestInputs(requests map[string]abi.InputRequest) (*abi.InputResults, error) {
+	var res abi.InputResults
+	if err := json.Unmarshal(load(hostRequestInputs(storeJSON(abi.InputRequests{InputRequests: requests}))), &res); err != nil {
+		return nil, err
+	}
+	if res.Error != "" {
+		return &res, errors.New(res.Error)
+	}
+	return &res, nil
+}

@@ -14,6 +14,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
+	"strings"
 
 	"github.com/wasmtools/wasmtools/abi"
 	"github.com/wasmtools/wasmtools/abi/guest"
@@ -237,9 +240,8 @@ func elicit(message, schema string) (*guest.Result, error) {
 // input-required result under the key the question's elicitationId names,
 // one question a round, and resumes the guest with the answer; a client
 // before 2026-07-28 is asked with elicitation/create or
-// sampling/createMessage as the call runs. There is no host function for
-// roots/list, so test_input_required_result_list_roots and
-// test_input_required_result_multiple_inputs are not here.
+// sampling/createMessage as the call runs. Several questions at once go
+// in one round through guest.RequestInputs.
 func registerInputRequired() {
 	const noArgs = ""
 	guest.Register(
@@ -288,6 +290,40 @@ func registerInputRequired() {
 					return nil, err
 				}
 				return content(text(fmt.Sprintf("confirmed: action=%s", a.Action))), nil
+			}),
+		tool("test_input_required_result_list_roots", "Asks for the client's roots through an input-required result (SEP-2322)", noArgs,
+			func(*guest.Call) (*guest.Result, error) {
+				res, err := guest.RequestInputs(map[string]abi.InputRequest{"client_roots": {Method: "roots/list"}})
+				if err != nil {
+					return nil, err
+				}
+				if why, refused := res.Errors["client_roots"]; refused {
+					return nil, fmt.Errorf("roots: %s", why)
+				}
+				var roots struct {
+					Roots []guest.Root `json:"roots"`
+				}
+				json.Unmarshal(res.InputResponses["client_roots"], &roots)
+				var uris []string
+				for _, r := range roots.Roots {
+					uris = append(uris, r.URI)
+				}
+				return content(text(fmt.Sprintf("Client roots: %v", uris))), nil
+			}),
+		tool("test_input_required_result_multiple_inputs", "Asks a question, the client's model and its roots in one round (SEP-2322)", noArgs,
+			func(*guest.Call) (*guest.Result, error) {
+				res, err := guest.RequestInputs(map[string]abi.InputRequest{
+					"user_name": {Method: "elicitation/create", Params: abi.ElicitRequest{Message: "What is your name?",
+						RequestedSchema: json.RawMessage(`{"type":"object","properties":{"name":{"type":"string"}},"required":["name"]}`)}},
+					"greeting": {Method: "sampling/createMessage", Params: map[string]any{
+						"messages": []any{map[string]any{"role": "user", "content": map[string]any{"type": "text", "text": "Generate a greeting"}}}, "maxTokens": 50}},
+					"client_roots": {Method: "roots/list", Params: map[string]any{}},
+				})
+				if err != nil {
+					return nil, err
+				}
+				answered := slices.Sorted(maps.Keys(res.InputResponses))
+				return content(text(fmt.Sprintf("Received %d answers (%s); refused: %v", len(answered), strings.Join(answered, ", "), res.Errors))), nil
 			}),
 		tool("test_input_required_result_capabilities", "Asks only what the client offers: elicitation, else sampling (SEP-2322)", noArgs,
 			func(*guest.Call) (*guest.Result, error) {
