@@ -25,10 +25,10 @@ type auditEntry struct {
 // audit appends a call to the record log, if there is one. res is nil for a
 // call that was refused or whose request was cancelled.
 func (h *Host) audit(e *callEnv, res *mcp.CallToolResult, start time.Time) {
-	if h.opts.RecordLog == nil {
+	if h.opts.RecordLog == nil || e.tool == nil {
 		return
 	}
-	p := e.tool.Plugin()
+	p := e.plugin
 	e.mu.Lock()
 	records := append([]abi.Record{}, e.records...)
 	e.mu.Unlock()

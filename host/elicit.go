@@ -35,13 +35,15 @@ const DefaultAbandonAfter = 30 * time.Minute
 // state is tampered with, expired, or names no waiting call.
 var ErrRequestState = errors.New("invalid request state")
 
-// run is a tool call whose guest runs on a goroutine of its own, because
-// it may ask questions: for a client before 2026-07-28 the host asks them
-// with elicitation/create while the call runs; for a 2026-07-28 client the
-// call is parked between requests.
+// run is a tool call, prompt get, resource read or completion whose guest
+// runs on a goroutine of its own, because it may ask questions: for a
+// client before 2026-07-28 the host asks them with elicitation/create
+// (sampling/createMessage, roots/list) while the guest runs; for a
+// 2026-07-28 client the run is parked between requests.
 type run struct {
 	id       string
-	tool     *plugins.Tool
+	name     string        // the env's name, signed into the request state
+	tool     *plugins.Tool // nil but for a tool call
 	env      *callEnv
 	cancel   context.CancelCauseFunc
 	done     chan runResult
@@ -52,8 +54,48 @@ type run struct {
 }
 
 type runResult struct {
-	res *mcp.CallToolResult
-	err error
+	res   *mcp.CallToolResult // a tool call's
+	value any                 // a prompt's, resource's or completion's result
+	err   error
+}
+
+// parkedRound is the end of a request whose run is parked: the input
+// requests that ask its question, and the state the retry brings back.
+type parkedRound struct {
+	requests mcp.InputRequestMap
+	state    string
+}
+
+// roundReq is what a run's rounds need of the request that carries one.
+type roundReq struct {
+	ss        *mcp.ServerSession
+	responses mcp.InputResponseMap
+	state     string
+	// canPark is false where the result has no input requests (a
+	// completion): a 2026-07-28 client cannot be asked there.
+	canPark bool
+}
+
+func roundOf(req *mcp.CallToolRequest) roundReq {
+	return roundReq{ss: req.Session, responses: req.Params.InputResponses, state: req.Params.RequestState, canPark: true}
+}
+
+func newRun(name string, env *callEnv, cancel context.CancelCauseFunc) *run {
+	var idb [12]byte
+	rand.Read(idb[:])
+	return &run{id: hex.EncodeToString(idb[:]), name: name, env: env, cancel: cancel, done: make(chan runResult, 1), start: time.Now(), round: 1}
+}
+
+// startRequestRun starts work, a prompt get, resource read or completion
+// whose guest may ask questions, as startRun does a tool call.
+func (h *Host) startRequestRun(ctx context.Context, env *callEnv, work func(context.Context) (any, error)) *run {
+	gctx, cancel := context.WithCancelCause(context.WithoutCancel(ctx))
+	r := newRun(env.name, env, cancel)
+	go func() {
+		v, err := work(gctx)
+		r.done <- runResult{value: v, err: err}
+	}()
+	return r
 }
 
 // startRun starts the guest of call c on its own goroutine, on a context
@@ -61,23 +103,36 @@ type runResult struct {
 // cancelled.
 func (h *Host) startRun(ctx context.Context, key sessions.Key, c plugins.Call, env *callEnv) *run {
 	gctx, cancel := context.WithCancelCause(context.WithoutCancel(ctx))
-	var idb [12]byte
-	rand.Read(idb[:])
-	r := &run{id: hex.EncodeToString(idb[:]), tool: c.Tool, env: env, cancel: cancel, done: make(chan runResult, 1), start: time.Now(), round: 1}
+	r := newRun(c.Tool.Name, env, cancel)
+	r.tool = c.Tool
 	go func() {
 		res, err := h.callTool(gctx, key, c, env)
-		r.done <- runResult{res, err}
+		r.done <- runResult{res: res, err: err}
 	}()
 	return r
 }
 
-// serveRounds waits for the run to finish, asking its questions of the
-// client as they come. For a 2026-07-28 client a question parks the run
-// and ends the request with an input-required result.
+// serveRounds waits for a tool call's run to finish, asking its questions
+// of the client as they come. For a 2026-07-28 client a question parks the
+// run and ends the request with an input-required result.
 func (h *Host) serveRounds(ctx context.Context, req *mcp.CallToolRequest, r *run) (*mcp.CallToolResult, error) {
-	multiRound := protocolOf(req) >= sessionlessProtocol
+	out, parked, err := h.rounds(ctx, roundOf(req), r)
+	switch {
+	case parked != nil:
+		return &mcp.CallToolResult{InputRequests: parked.requests, RequestState: parked.state}, nil
+	case err != nil:
+		return nil, err
+	}
+	return out.res, out.err
+}
+
+// rounds serves one request of run r: it waits for the run to finish,
+// asking its questions as they come, or for a 2026-07-28 client parks it
+// at its first question that this request does not answer.
+func (h *Host) rounds(ctx context.Context, req roundReq, r *run) (runResult, *parkedRound, error) {
+	multiRound := protocolOfSession(req.ss) >= sessionlessProtocol
 	used := map[string]bool{} // inputResponses keys answered in this request
-	if req.Params.RequestState != "" && r.answered != "" {
+	if req.state != "" && r.answered != "" {
 		for _, k := range strings.Split(r.answered, ",") {
 			used[k] = true
 		}
@@ -87,9 +142,9 @@ func (h *Host) serveRounds(ctx context.Context, req *mcp.CallToolRequest, r *run
 		case out := <-r.done:
 			r.env.finish(out.res)
 			h.audit(r.env, out.res, r.start)
-			return out.res, out.err
+			return out, nil, nil
 		case q := <-r.env.questions:
-			if ans, unsupported := h.refuseQuestion(req, q, r, multiRound); ans != "" {
+			if ans, unsupported := h.refuseQuestion(req.ss, q, r, multiRound); ans != "" {
 				if unsupported && q.answer != nil {
 					q.answer <- declineWith(ans)
 				} else {
@@ -99,33 +154,39 @@ func (h *Host) serveRounds(ctx context.Context, req *mcp.CallToolRequest, r *run
 			}
 			r.env.asked++
 			if !multiRound {
-				q.askLegacy(ctx, req.Session)
+				q.askLegacy(ctx, req.ss)
 				continue
 			}
 			// A 2026-07-28 client may answer ahead: a response under
 			// the question's key in this request's inputResponses (a
 			// retry of a stateless client, or several answers at once).
-			if q.answeredIn(req.Params.InputResponses, used) {
-				q.replyFrom(req.Params.InputResponses)
+			if q.answeredIn(req.responses, used) {
+				q.replyFrom(req.responses)
 				continue
 			}
-			res, err := h.park(r, q)
+			if !req.canPark {
+				q.refuse("a " + sessionlessProtocol + " client cannot be asked during a completion")
+				continue
+			}
+			parked, err := h.park(r, q)
 			if err != nil {
 				q.refuse(err.Error())
 				continue
 			}
-			return res, nil
+			return runResult{}, parked, nil
 		case <-ctx.Done():
 			r.cancel(context.Canceled)
 			out := <-r.done
 			r.env.finish(out.res)
-			return nil, ctx.Err()
+			return runResult{}, nil, ctx.Err()
 		}
 	}
 }
 
-func protocolOf(req *mcp.CallToolRequest) string {
-	if ip := req.Session.InitializeParams(); ip != nil {
+func protocolOf(req *mcp.CallToolRequest) string { return protocolOfSession(req.Session) }
+
+func protocolOfSession(ss *mcp.ServerSession) string {
+	if ip := ss.InitializeParams(); ip != nil {
 		return ip.ProtocolVersion
 	}
 	return ""
@@ -133,9 +194,9 @@ func protocolOf(req *mcp.CallToolRequest) string {
 
 // refuseQuestion says why a question cannot be asked of the client, or
 // returns "". unsupported is set when the client lacks the capability.
-func (h *Host) refuseQuestion(req *mcp.CallToolRequest, q *question, r *run, multiRound bool) (why string, unsupported bool) {
+func (h *Host) refuseQuestion(ss *mcp.ServerSession, q *question, r *run, multiRound bool) (why string, unsupported bool) {
 	var caps *mcp.ClientCapabilities
-	if ip := req.Session.InitializeParams(); ip != nil {
+	if ip := ss.InitializeParams(); ip != nil {
 		caps = ip.Capabilities
 	}
 	if q.batch != nil {
@@ -339,7 +400,7 @@ func sampledOf(resp any) *abi.CreateMessageResult {
 // park keeps the run waiting for the client's answer to q, in the
 // session layer (which caps parked calls and may evict them), and returns
 // the input-required result that asks it.
-func (h *Host) park(r *run, q *question) (*mcp.CallToolResult, error) {
+func (h *Host) park(r *run, q *question) (*parkedRound, error) {
 	abandon := cmp.Or(h.opts.AbandonAfter, DefaultAbandonAfter)
 	l := r.env.currentLease()
 	if l == nil {
@@ -352,15 +413,15 @@ func (h *Host) park(r *run, q *question) (*mcp.CallToolResult, error) {
 		r.pending = nil
 		return nil, err
 	}
-	state := h.signState(r.id, r.round, time.Now().Add(abandon), r.tool.Name)
-	h.log.Info("call parked for an answer", "tool", r.tool.Name, "session", r.env.sess, "round", r.round)
-	return &mcp.CallToolResult{InputRequests: q.requests(), RequestState: state}, nil
+	state := h.signState(r.id, r.round, time.Now().Add(abandon), r.name)
+	h.log.Info("call parked for an answer", "run", r.name, "session", r.env.sess, "round", r.round)
+	return &parkedRound{requests: q.requests(), state: state}, nil
 }
 
 // abandonRun stops a parked run whose client did not come back in time,
 // or that was evicted, or whose server is shutting down.
 func (h *Host) abandonRun(r *run, cause error) {
-	h.log.Info("parked call abandoned", "tool", r.tool.Name, "session", r.env.sess, "cause", cause)
+	h.log.Info("parked call abandoned", "run", r.name, "session", r.env.sess, "cause", cause)
 	r.cancel(fmt.Errorf("%w: %w", context.Canceled, cause))
 	out := <-r.done
 	r.env.finish(out.res)
@@ -370,7 +431,20 @@ func (h *Host) abandonRun(r *run, cause error) {
 // resume continues a parked run with the answer the client's retried call
 // carries.
 func (h *Host) resume(ctx context.Context, t *plugins.Tool, req *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
-	id, round, err := h.verifyState(req.Params.RequestState, t.Name)
+	r, err := h.unpark(t.Name, req.Params.RequestState)
+	if err != nil {
+		return nil, err
+	}
+	r.env.follow(ctx, req)
+	r.pending.replyFrom(req.Params.InputResponses)
+	r.pending = nil
+	return h.serveRounds(ctx, req, r)
+}
+
+// unpark takes the run that state names, signed for name, from the
+// session layer, and marks the keys its question is answered under.
+func (h *Host) unpark(name, state string) (*run, error) {
+	id, round, err := h.verifyState(state, name)
 	if err != nil {
 		return nil, err
 	}
@@ -379,12 +453,8 @@ func (h *Host) resume(ctx context.Context, t *plugins.Tool, req *mcp.CallToolReq
 		return nil, fmt.Errorf("%w: it names no call waiting for an answer (finished, abandoned, or answered already)", ErrRequestState)
 	}
 	r := v.(*run)
-	q := r.pending
-	r.pending = nil
-	r.answered = q.key
-	r.env.follow(ctx, req)
-	q.replyFrom(req.Params.InputResponses)
-	return h.serveRounds(ctx, req, r)
+	r.answered = r.pending.key
+	return r, nil
 }
 
 // answerOf turns the client's response into the guest's answer, checking
@@ -568,8 +638,8 @@ func compileFormSchema(b []byte) (*jsonschema.Resolved, error) {
 
 // signState makes the request state of a parked call: which call, which
 // round, until when, for which tool, under an HMAC with the host's key.
-func (h *Host) signState(id string, round int, expires time.Time, tool string) string {
-	payload := strings.Join([]string{"v1", id, strconv.Itoa(round), strconv.FormatInt(expires.Unix(), 10), tool}, "|")
+func (h *Host) signState(id string, round int, expires time.Time, name string) string {
+	payload := strings.Join([]string{"v1", id, strconv.Itoa(round), strconv.FormatInt(expires.Unix(), 10), name}, "|")
 	mac := hmac.New(sha256.New, h.stateKey)
 	mac.Write([]byte(payload))
 	return base64.RawURLEncoding.EncodeToString([]byte(payload)) + "." + base64.RawURLEncoding.EncodeToString(mac.Sum(nil))
@@ -577,7 +647,7 @@ func (h *Host) signState(id string, round int, expires time.Time, tool string) s
 
 // verifyState checks a request state and returns the call and round it
 // names.
-func (h *Host) verifyState(state, tool string) (string, int, error) {
+func (h *Host) verifyState(state, name string) (string, int, error) {
 	p64, m64, ok := strings.Cut(state, ".")
 	payload, err1 := base64.RawURLEncoding.DecodeString(p64)
 	sum, err2 := base64.RawURLEncoding.DecodeString(m64)
@@ -589,7 +659,7 @@ func (h *Host) verifyState(state, tool string) (string, int, error) {
 	if !hmac.Equal(sum, mac.Sum(nil)) {
 		return "", 0, fmt.Errorf("%w: its signature does not match (tampered with, or from another server)", ErrRequestState)
 	}
-	f := strings.Split(string(payload), "|")
+	f := strings.SplitN(string(payload), "|", 5) // the name, last, may hold "|" (a URI)
 	if len(f) != 5 || f[0] != "v1" {
 		return "", 0, fmt.Errorf("%w: unknown format", ErrRequestState)
 	}
@@ -598,8 +668,8 @@ func (h *Host) verifyState(state, tool string) (string, int, error) {
 	if time.Now().Unix() > exp {
 		return "", 0, fmt.Errorf("%w: expired", ErrRequestState)
 	}
-	if f[4] != tool {
-		return "", 0, fmt.Errorf("%w: it belongs to tool %q, not %q", ErrRequestState, f[4], tool)
+	if f[4] != name {
+		return "", 0, fmt.Errorf("%w: it belongs to %q, not %q", ErrRequestState, f[4], name)
 	}
 	return f[1], round, nil
 }

@@ -381,7 +381,7 @@ func (h *Host) refusedResult(ref clientRef) *mcp.CallToolResult {
 func (h *Host) expiredResult(env *callEnv) (*mcp.CallToolResult, error) {
 	ref, err := h.mint(env.ref.subject, false)
 	if err != nil {
-		return nil, fmt.Errorf("tool %q: %w", env.tool.Name, err)
+		return nil, fmt.Errorf("tool %q: %w", env.name, err)
 	}
 	ref.refused = fmt.Errorf("%w: it has expired or is unknown (a session ends after %s unused, and does not survive a restart), and its state is gone", ErrHandle, h.sessionTimeout())
 	return h.refusedResult(ref), nil

@@ -126,9 +126,11 @@ func takeBoth(count, bytes *tokenBucket, size float64) bool {
 // 2026-07-28 client spans several requests; the env follows the current
 // one.
 type callEnv struct {
-	h    *Host
-	tool *plugins.Tool
-	sess string    // for logs
+	h      *Host
+	tool   *plugins.Tool   // nil for a prompt, resource or completion
+	plugin *plugins.Plugin // whose guest runs
+	name   string          // what runs: the tool's name, or "prompt NAME", "resource URI", "completion"
+	sess   string          // for logs
 	ref  clientRef // whose instances; its handle goes in the result
 
 	mu       sync.Mutex
@@ -231,13 +233,34 @@ type question struct {
 }
 
 func (h *Host) newCallEnv(ctx context.Context, t *plugins.Tool, req *mcp.CallToolRequest, sess string) *callEnv {
-	e := &callEnv{h: h, tool: t, sess: sess, ctx: ctx, req: req}
+	e := &callEnv{h: h, tool: t, plugin: t.Plugin(), name: t.Name, sess: sess, ctx: ctx, req: req}
 	e.logs = newTokenBucket(logBurst, logPerSecond)
 	e.logBytes = newTokenBucket(logCallBurstBytes, logCallBytesPerSecond)
 	e.updates = newTokenBucket(updateBurst, updatePerSecond)
 	e.updateBytes = newTokenBucket(updateCallBurstBytes, updateCallBytesPerSecond)
 	e.progress = newProgressSender(ctx, req)
 	return e
+}
+
+// newRequestEnv is the env of a prompt get, resource read or completion
+// (name says which) of plugin p: req is that request as a tool call
+// request, carrying its session, _meta and extra, which is all an env
+// reads of it (see requestAsCall).
+func (h *Host) newRequestEnv(ctx context.Context, p *plugins.Plugin, name string, req *mcp.CallToolRequest, sess string) *callEnv {
+	e := &callEnv{h: h, plugin: p, name: name, sess: sess, ctx: ctx, req: req}
+	e.logs = newTokenBucket(logBurst, logPerSecond)
+	e.logBytes = newTokenBucket(logCallBurstBytes, logCallBytesPerSecond)
+	e.updates = newTokenBucket(updateBurst, updatePerSecond)
+	e.updateBytes = newTokenBucket(updateCallBurstBytes, updateCallBytesPerSecond)
+	e.progress = newProgressSender(ctx, req)
+	return e
+}
+
+// requestAsCall is a request other than a tool call, seen as one by a
+// callEnv: its session, its _meta (progress token, log level) and its
+// HTTP extra.
+func requestAsCall(ss *mcp.ServerSession, meta mcp.Meta, extra *mcp.RequestExtra) *mcp.CallToolRequest {
+	return &mcp.CallToolRequest{Session: ss, Params: &mcp.CallToolParamsRaw{Meta: meta}, Extra: extra}
 }
 
 // follow points the env at the request carrying the call's next round.
@@ -411,7 +434,7 @@ func (e *callEnv) log(m abi.LogMessage, dataLen int) error {
 	if len(m.Logger) > maxLoggerLen {
 		return fmt.Errorf("log message refused: its logger name is %d bytes, over the %d-byte limit", len(m.Logger), maxLoggerLen)
 	}
-	p := e.tool.Plugin()
+	p := e.plugin
 	size := float64(dataLen + len(m.Logger) + len(m.Level))
 	if !e.takeRate(&e.logs, &e.logBytes, size, func(b *pluginBudget) (*tokenBucket, *tokenBucket) { return &b.logs, &b.logBytes }) {
 		e.mu.Lock()
@@ -434,7 +457,7 @@ func (e *callEnv) takeRate(count, bytes *tokenBucket, size float64, pick func(*p
 	if !takeBoth(count, bytes, size) {
 		return false
 	}
-	b := e.h.budgetOf(e.tool.Plugin().Name())
+	b := e.h.budgetOf(e.plugin.Name())
 	b.mu.Lock()
 	pc, pb := pick(b)
 	ok := takeBoth(pc, pb, size)
@@ -454,7 +477,7 @@ func (e *callEnv) resourceUpdated(uri string) error {
 		return fmt.Errorf("resource update refused: the URI is %d bytes, over the %d-byte limit", len(uri), maxURILen)
 	}
 	if !e.ownsResource(uri) {
-		return fmt.Errorf("resource update refused: %q is not a resource of plugin %q, nor matches its resource templates", uri, e.tool.Plugin().Name())
+		return fmt.Errorf("resource update refused: %q is not a resource of plugin %q, nor matches its resource templates", uri, e.plugin.Name())
 	}
 	if !e.takeRate(&e.updates, &e.updateBytes, float64(len(uri)), func(b *pluginBudget) (*tokenBucket, *tokenBucket) { return &b.updates, &b.updBytes }) {
 		e.mu.Lock()
@@ -477,7 +500,7 @@ func (e *callEnv) resourceUpdated(uri string) error {
 // ownsResource reports whether uri is one of the call's plugin's resources,
 // or matches one of its resource templates.
 func (e *callEnv) ownsResource(uri string) bool {
-	p := e.tool.Plugin()
+	p := e.plugin
 	for _, r := range p.Resources() {
 		if r.URI == uri {
 			return true
@@ -536,12 +559,12 @@ func (e *callEnv) writeRecord(input []byte) error {
 	case e.recordBytes+len(input) > maxRecordCallBytes:
 		return fmt.Errorf("record refused: a call's records may hold at most %d bytes", maxRecordCallBytes)
 	}
-	b := e.h.budgetOf(e.tool.Plugin().Name())
+	b := e.h.budgetOf(e.plugin.Name())
 	b.mu.Lock()
 	ok := b.recordBytes.takeN(float64(len(input)))
 	b.mu.Unlock()
 	if !ok {
-		return fmt.Errorf("record refused: plugin %q may write %d bytes of records at once, then %d a second, across its calls; try later", e.tool.Plugin().Name(), recordPluginBurst, recordPluginBytesPerSecond)
+		return fmt.Errorf("record refused: plugin %q may write %d bytes of records at once, then %d a second, across its calls; try later", e.plugin.Name(), recordPluginBurst, recordPluginBytesPerSecond)
 	}
 	e.records = append(e.records, r)
 	e.recordBytes += len(input)
@@ -571,10 +594,10 @@ func (e *callEnv) finish(res *mcp.CallToolResult) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if e.dropped > 0 {
-		e.h.log.Warn("plugin log messages dropped by the rate limit", "plugin", e.tool.Plugin().Name(), "session", e.sess, "dropped", e.dropped, "bytes", e.droppedB)
+		e.h.log.Warn("plugin log messages dropped by the rate limit", "plugin", e.plugin.Name(), "session", e.sess, "dropped", e.dropped, "bytes", e.droppedB)
 	}
 	if e.updatesDropped > 0 {
-		e.h.log.Warn("plugin resource updates dropped by the rate limit", "plugin", e.tool.Plugin().Name(), "session", e.sess, "dropped", e.updatesDropped)
+		e.h.log.Warn("plugin resource updates dropped by the rate limit", "plugin", e.plugin.Name(), "session", e.sess, "dropped", e.updatesDropped)
 	}
 }
 

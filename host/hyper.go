@@ -78,7 +78,7 @@ func (e *callEnv) keyringSecret(input []byte) ([]byte, error) {
 	if err := json.Unmarshal(input, &k); err != nil || k.Service == "" || k.User == "" {
 		return nil, errors.New(`input must be {"service": "...", "user": "..."}`)
 	}
-	p := e.tool.Plugin()
+	p := e.plugin
 	v, ok := p.Secret(k.Service, k.User)
 	if !ok {
 		return nil, fmt.Errorf("secret %q is not granted to plugin %q: the operator grants it with %q = ... in [plugins.%s.secrets]", k.Service+"/"+k.User, p.Name(), k.Service+"/"+k.User, p.Name())
@@ -97,7 +97,7 @@ func (e *callEnv) accessToken(ctx context.Context, input []byte) abi.AccessToken
 	if err := json.Unmarshal(input, &c); err != nil || c.ClientID == "" {
 		return abi.AccessTokenResult{Error: `input must be OAuth credentials: {"client_id": "...", "token_endpoint_url": "...", ...}`}
 	}
-	p := e.tool.Plugin()
+	p := e.plugin
 	if tok, ok := p.AccessToken(c.ClientID); ok {
 		return abi.AccessTokenResult{AccessToken: &abi.AccessToken{AccessToken: tok, Scopes: c.Scopes}}
 	}
@@ -163,7 +163,7 @@ func (e *callEnv) elicitationComplete(p *mcp.ElicitationCompleteParams) error {
 	}
 	ctx, req := e.current()
 	if err := req.Session.NotifyElicitationComplete(ctx, p); err != nil {
-		e.h.log.Debug("elicitation complete not sent", "tool", e.tool.Name, "err", err)
+		e.h.log.Debug("elicitation complete not sent", "run", e.name, "err", err)
 	}
 	return nil
 }

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -303,5 +304,139 @@ func TestEmptyResourceText(t *testing.T) {
 		if !sent {
 			t.Errorf("%s: the result on the wire has no \"text\":\"\":\n%s", proto, wire.String())
 		}
+	}
+}
+
+// methodCounter counts the HTTP requests of each MCP method (by the
+// Mcp-Method header the go-sdk client sends on 2026-07-28 requests, or
+// the JSON-RPC method of the body).
+type methodCounter struct {
+	mu sync.Mutex
+	n  map[string]int
+}
+
+func (c *methodCounter) RoundTrip(r *http.Request) (*http.Response, error) {
+	method := r.Header.Get("Mcp-Method")
+	if method == "" && r.Body != nil && r.Method == http.MethodPost {
+		b, _ := io.ReadAll(r.Body)
+		r.Body = io.NopCloser(bytes.NewReader(b))
+		var m struct {
+			Method string `json:"method"`
+		}
+		json.Unmarshal(b, &m)
+		method = m.Method
+	}
+	c.mu.Lock()
+	if c.n == nil {
+		c.n = map[string]int{}
+	}
+	c.n[method]++
+	c.mu.Unlock()
+	return http.DefaultTransport.RoundTrip(r)
+}
+
+func (c *methodCounter) count(method string) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.n[method]
+}
+
+// askingClient answers every kind of question: a name, a greeting from
+// its "model", and one root.
+func askingClient(sampling bool) *mcp.ClientOptions {
+	o := &mcp.ClientOptions{
+		ElicitationHandler: func(_ context.Context, r *mcp.ElicitRequest) (*mcp.ElicitResult, error) {
+			return &mcp.ElicitResult{Action: "accept", Content: map[string]any{"name": "Alice", "context": "ctx-1"}}, nil
+		},
+	}
+	if sampling {
+		o.CreateMessageHandler = func(context.Context, *mcp.CreateMessageRequest) (*mcp.CreateMessageResult, error) {
+			return &mcp.CreateMessageResult{Role: "assistant", Model: "m", Content: &mcp.TextContent{Text: "Hello there!"}}, nil
+		}
+	}
+	return o
+}
+
+func connectCounted(t *testing.T, url, protocol string, copts *mcp.ClientOptions, counter *methodCounter, roots ...*mcp.Root) *mcp.ClientSession {
+	t.Helper()
+	c := mcp.NewClient(&mcp.Implementation{Name: "test", Version: "1"}, copts)
+	c.AddRoots(roots...)
+	cs, err := c.Connect(context.Background(), &mcp.StreamableClientTransport{Endpoint: url + "/mcp", HTTPClient: &http.Client{Transport: counter}}, &mcp.ClientSessionOptions{ProtocolVersion: protocol})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cs.Close() })
+	return cs
+}
+
+// TestSeveralInputsInOneRound (issue 15, item 2): request_inputs asks an
+// elicitation, a sampling request and the roots at once: one input-required
+// round for a 2026-07-28 client, server requests in turn before; a request
+// the client cannot be asked is refused alone.
+func TestSeveralInputsInOneRound(t *testing.T) {
+	f := newFixture(t, nil, sandbox.NewPolicy(), map[string]string{"everything.wasm": testplugins.Example(t, "everything")})
+	url := serveHTTP(t, f)
+	for _, proto := range protocols {
+		t.Run("protocol="+proto, func(t *testing.T) {
+			var counter methodCounter
+			cs := connectCounted(t, url, proto, askingClient(true), &counter, &mcp.Root{URI: "file:///srv", Name: "srv"})
+			got, isErr := callText(t, cs, "test_input_required_result_multiple_inputs", nil)
+			if isErr || got != "Received 3 answers (client_roots, greeting, user_name); refused: map[]" {
+				t.Errorf("all three asked: %q (isError %v)", got, isErr)
+			}
+			if n := counter.count("tools/call"); proto == "" && n != 2 {
+				t.Errorf("the 2026-07-28 client made %d tools/call requests; want 2, one round for the three", n)
+			}
+			cs = connectCounted(t, url, proto, askingClient(false), &counter, &mcp.Root{URI: "file:///srv", Name: "srv"})
+			if got, _ := callText(t, cs, "test_input_required_result_multiple_inputs", nil); got != "Received 2 answers (client_roots, user_name); refused: map[greeting:the client does not offer sampling]" {
+				t.Errorf("without sampling: %q", got)
+			}
+			got, _ = callText(t, cs, "test_input_required_result_list_roots", nil)
+			if got != "Client roots: [file:///srv]" {
+				t.Errorf("roots alone: %q", got)
+			}
+		})
+	}
+}
+
+// TestRequestsThatAsk (issue 15, item 3): prompts, resource reads and
+// completions may ask the client, parked and resumed like tool calls for
+// 2026-07-28 clients (a completion cannot be: its result has no input
+// requests), asked with server requests before.
+func TestRequestsThatAsk(t *testing.T) {
+	f := newFixture(t, nil, sandbox.NewPolicy(), map[string]string{
+		"everything.wasm": testplugins.Example(t, "everything"),
+		"hyperhost.wasm":  testplugins.Test(t, "hyperhost"),
+	})
+	url := serveHTTP(t, f)
+	ctx := context.Background()
+	for _, proto := range protocols {
+		t.Run("protocol="+proto, func(t *testing.T) {
+			var counter methodCounter
+			cs := connectCounted(t, url, proto, askingClient(false), &counter, &mcp.Root{URI: "file:///srv", Name: "srv"})
+			p, err := cs.GetPrompt(ctx, &mcp.GetPromptParams{Name: "test_input_required_result_prompt"})
+			if err != nil || len(p.Messages) != 1 || p.Messages[0].Content.(*mcp.TextContent).Text != "Context (accept): ctx-1" {
+				t.Fatalf("prompt that asks: %v %v", p, err)
+			}
+			if n := counter.count("prompts/get"); proto == "" && n != 2 {
+				t.Errorf("prompts/get requests: %d, want 2 (an input-required round)", n)
+			}
+			p, err = cs.GetPrompt(ctx, &mcp.GetPromptParams{Name: "rooted"})
+			if err != nil || !strings.Contains(p.Messages[0].Content.(*mcp.TextContent).Text, "file:///srv") {
+				t.Errorf("prompt that asks for roots: %v %v", p, err)
+			}
+			r, err := cs.ReadResource(ctx, &mcp.ReadResourceParams{URI: "hyper://roots"})
+			if err != nil || !strings.Contains(r.Contents[0].Text, "file:///srv") {
+				t.Errorf("resource that asks for roots: %v %v", r, err)
+			}
+			c, err := cs.Complete(ctx, &mcp.CompleteParams{Ref: &mcp.CompleteReference{Type: "ref/prompt", Name: "rooted"}, Argument: mcp.CompleteParamsArgument{Name: "root"}})
+			want := []string{"srv"}
+			if proto == "" {
+				want = []string{} // refused: the guest gets no roots
+			}
+			if err != nil || fmt.Sprint(c.Completion.Values) != fmt.Sprint(want) {
+				t.Errorf("completion that asks: %v %v, want values %v", c, err, want)
+			}
+		})
 	}
 }

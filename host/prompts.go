@@ -39,8 +39,10 @@ func (h *Host) callContext(ss *mcp.ServerSession, key sessions.Key, meta map[str
 
 // request runs a v2 request export on a lease of key's instance of p and
 // decodes the result into out. A plugin replaced meanwhile serves the
-// request from its new version.
-func (h *Host) request(ctx context.Context, key sessions.Key, p *plugins.Plugin, export string, params any, cc abi.CallContext, out any) error {
+// request from its new version. env, if not nil, serves the guest's host
+// functions (a guest that may ask questions runs on a goroutine of its
+// own, see ask).
+func (h *Host) request(ctx context.Context, key sessions.Key, p *plugins.Plugin, export string, params any, cc abi.CallContext, out any, env *callEnv) error {
 	raw, err := json.Marshal(params)
 	if err != nil {
 		return err
@@ -49,7 +51,13 @@ func (h *Host) request(ctx context.Context, key sessions.Key, p *plugins.Plugin,
 	if err != nil {
 		return fmt.Errorf("plugin %q: %w", p.Name(), err)
 	}
-	result, runErr := l.Instance().Request(l.Context(), export, raw, cc, nil)
+	var hostFunc sandbox.HostFunc
+	if env != nil {
+		hostFunc = env.hostFunc
+		env.attach(l)
+	}
+	result, runErr := l.Instance().Request(l.Context(), export, raw, cc, hostFunc)
+	env.attach(nil)
 	l.Done(runErr)
 	if runErr != nil {
 		h.log.Debug("request failed", "plugin", p.Name(), "export", export, "err", runErr)
@@ -72,32 +80,86 @@ func (h *Host) promptHandler(pr *plugins.Prompt) mcp.PromptHandler {
 		params := *req.Params
 		params.Name = pr.OwnName
 		params.Meta = withoutHandle(params.Meta)
-		var res mcp.GetPromptResult
-		key, err := h.requestKey(req.Session, req.Extra, req.Params.Meta)
+		// The host answers the questions; the guest gets its answers.
+		params.InputResponses, params.RequestState = nil, ""
+		p, name := pr.Plugin(), "prompt "+pr.Name
+		round := roundReq{ss: req.Session, responses: req.Params.InputResponses, state: req.Params.RequestState, canPark: true}
+		v, parked, err := h.serveRequest(ctx, p, name, round, requestAsCall(req.Session, req.Params.Meta, req.Extra), func(ctx context.Context, key sessions.Key, env *callEnv) (any, error) {
+			var res mcp.GetPromptResult
+			err := h.request(ctx, key, p, abi.ExportGetPrompt, &params, h.callContext(req.Session, key, params.Meta), &res, env)
+			return &res, err
+		})
+		if parked != nil {
+			return &mcp.GetPromptResult{InputRequests: parked.requests, RequestState: parked.state}, nil
+		}
 		if err != nil {
 			return nil, err
 		}
-		if err := h.request(ctx, key, pr.Plugin(), abi.ExportGetPrompt, &params, h.callContext(req.Session, key, params.Meta), &res); err != nil {
-			return nil, err
-		}
-		return &res, nil
+		return v.(*mcp.GetPromptResult), nil
 	}
 }
 
 func (h *Host) resourceHandler(p *plugins.Plugin) mcp.ResourceHandler {
 	return func(ctx context.Context, req *mcp.ReadResourceRequest) (*mcp.ReadResourceResult, error) {
-		var res mcp.ReadResourceResult
-		key, err := h.requestKey(req.Session, req.Extra, req.Params.Meta)
+		params := *req.Params
+		params.Meta = withoutHandle(params.Meta)
+		params.InputResponses, params.RequestState = nil, ""
+		round := roundReq{ss: req.Session, responses: req.Params.InputResponses, state: req.Params.RequestState, canPark: true}
+		v, parked, err := h.serveRequest(ctx, p, "resource "+params.URI, round, requestAsCall(req.Session, req.Params.Meta, req.Extra), func(ctx context.Context, key sessions.Key, env *callEnv) (any, error) {
+			var res mcp.ReadResourceResult
+			err := h.request(ctx, key, p, abi.ExportReadResource, &params, h.callContext(req.Session, key, params.Meta), &res, env)
+			return &res, err
+		})
+		if parked != nil {
+			return &mcp.ReadResourceResult{InputRequests: parked.requests, RequestState: parked.state}, nil
+		}
 		if err != nil {
 			return nil, err
 		}
-		params := *req.Params
-		params.Meta = withoutHandle(params.Meta)
-		if err := h.request(ctx, key, p, abi.ExportReadResource, &params, h.callContext(req.Session, key, params.Meta), &res); err != nil {
-			return nil, err
-		}
-		return &res, nil
+		return v.(*mcp.ReadResourceResult), nil
 	}
+}
+
+// serveRequest serves a prompt get, resource read or completion (name
+// says which) of plugin p: work runs the guest on the lease of the
+// request's client. A plugin that may ask questions runs on a goroutine
+// of its own, as a tool call does, and a 2026-07-28 client's request is
+// parked at a question and resumed by its retry (round.state set); others
+// run inline, with no host functions.
+func (h *Host) serveRequest(ctx context.Context, p *plugins.Plugin, name string, round roundReq, asCall *mcp.CallToolRequest, work func(context.Context, sessions.Key, *callEnv) (any, error)) (any, *parkedRound, error) {
+	if round.state != "" {
+		r, err := h.unpark(name, round.state)
+		if err != nil {
+			return nil, nil, err
+		}
+		r.env.follow(ctx, asCall)
+		r.pending.replyFrom(round.responses)
+		r.pending = nil
+		return h.requestRounds(ctx, round, r)
+	}
+	key, err := h.requestKey(round.ss, asCall.Extra, asCall.Params.Meta)
+	if err != nil {
+		return nil, nil, err
+	}
+	if !asks(p) {
+		v, err := work(ctx, key, nil)
+		return v, nil, err
+	}
+	env := h.newRequestEnv(ctx, p, name, asCall, key.String())
+	env.questions = make(chan *question)
+	r := h.startRequestRun(ctx, env, func(gctx context.Context) (any, error) { return work(gctx, key, env) })
+	return h.requestRounds(ctx, round, r)
+}
+
+func (h *Host) requestRounds(ctx context.Context, round roundReq, r *run) (any, *parkedRound, error) {
+	out, parked, err := h.rounds(ctx, round, r)
+	switch {
+	case parked != nil:
+		return nil, parked, nil
+	case err != nil:
+		return nil, nil, err
+	}
+	return out.value, nil, out.err
 }
 
 // complete answers completion/complete from the plugin that serves the
@@ -129,22 +191,27 @@ func (h *Host) complete(ctx context.Context, req *mcp.CompleteRequest) (*mcp.Com
 	if p == nil || !p.HasExport(abi.ExportComplete) {
 		return empty, nil
 	}
-	var res mcp.CompleteResult
-	key, err := h.requestKey(req.Session, req.Extra, req.Params.Meta)
-	if err != nil {
-		return nil, err
-	}
 	wire, err := completeParams(&params)
 	if err != nil {
 		return nil, err
 	}
-	if err := h.request(ctx, key, p, abi.ExportComplete, wire, h.callContext(req.Session, key, params.Meta), &res); err != nil {
+	// A completion's result has no input requests: a 2026-07-28 client
+	// cannot be asked (canPark false); an older one is asked as the guest
+	// runs.
+	round := roundReq{ss: req.Session, canPark: false}
+	v, _, err := h.serveRequest(ctx, p, "completion", round, requestAsCall(req.Session, req.Params.Meta, req.Extra), func(ctx context.Context, key sessions.Key, env *callEnv) (any, error) {
+		var res mcp.CompleteResult
+		err := h.request(ctx, key, p, abi.ExportComplete, wire, h.callContext(req.Session, key, params.Meta), &res, env)
+		return &res, err
+	})
+	if err != nil {
 		return nil, err
 	}
+	res := v.(*mcp.CompleteResult)
 	if res.Completion.Values == nil {
 		res.Completion.Values = []string{}
 	}
-	return &res, nil
+	return res, nil
 }
 
 // completeParams is params as hyper-mcp hands them to a plugin: ref.type

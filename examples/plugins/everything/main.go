@@ -116,6 +116,21 @@ func init() {
 	)
 
 	guest.RegisterPrompt(
+		// A prompt that asks the user first (SEP-2322: an input-required
+		// result for prompts/get; elicitation/create before 2026-07-28).
+		guest.Prompt{
+			Name: "test_input_required_result_prompt", Title: "Prompt That Asks", Description: "Asks the user for context, then builds the prompt",
+			Get: func(map[string]string) (*guest.PromptResult, error) {
+				a, err := guest.Elicit(abi.ElicitRequest{ElicitationID: "user_context", Message: "What context should the prompt use?",
+					RequestedSchema: json.RawMessage(`{"type":"object","properties":{"context":{"type":"string"}},"required":["context"]}`)})
+				if err != nil {
+					return nil, err
+				}
+				return &guest.PromptResult{Description: "A prompt built from the user's answer", Messages: []guest.PromptMessage{
+					{Role: "user", Content: guest.TextBlock(fmt.Sprintf("Context (%s): %v", a.Action, a.Content["context"]))},
+				}}, nil
+			},
+		},
 		guest.Prompt{
 			Name: "test_simple_prompt", Title: "Simple Test Prompt", Description: "A simple prompt without arguments",
 			Get: func(map[string]string) (*guest.PromptResult, error) {

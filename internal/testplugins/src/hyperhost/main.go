@@ -72,13 +72,61 @@ func listTools() int32 {
 
 //go:wasmexport list_resources
 func listResources() int32 {
-	pdk.OutputString(`{"resources":[{"uri":"hyper://state","name":"state"}]}`)
+	pdk.OutputString(`{"resources":[{"uri":"hyper://state","name":"state"},{"uri":"hyper://roots","name":"the client's roots"}]}`)
 	return 0
+}
+
+//go:wasmexport list_prompts
+func listPrompts() int32 {
+	pdk.OutputString(`{"prompts":[{"name":"rooted","arguments":[{"name":"root"}]}]}`)
+	return 0
+}
+
+// rootsText asks the client for its roots (a prompt, a resource read and
+// a completion may ask, as a tool call may).
+func rootsText() string {
+	m := pdk.FindMemory(listRoots())
+	return string(m.ReadBytes())
 }
 
 //go:wasmexport read_resource
 func readResource() int32 {
-	pdk.OutputString(`{"contents":[{"uri":"hyper://state","text":"ok"}]}`)
+	var in struct {
+		Request struct {
+			URI string `json:"uri"`
+		} `json:"request"`
+	}
+	pdk.InputJSON(&in)
+	text := "ok"
+	if in.Request.URI == "hyper://roots" {
+		text = rootsText()
+	}
+	out, _ := json.Marshal(map[string]any{"contents": []any{map[string]any{"uri": in.Request.URI, "text": text}}})
+	pdk.Output(out)
+	return 0
+}
+
+//go:wasmexport get_prompt
+func getPrompt() int32 {
+	out, _ := json.Marshal(map[string]any{"messages": []any{map[string]any{"role": "user", "content": map[string]any{"type": "text", "text": "roots: " + rootsText()}}}})
+	pdk.Output(out)
+	return 0
+}
+
+//go:wasmexport complete
+func complete() int32 {
+	var roots struct {
+		Roots []struct {
+			Name string `json:"name"`
+		} `json:"roots"`
+	}
+	json.Unmarshal([]byte(rootsText()), &roots)
+	values := []string{}
+	for _, r := range roots.Roots {
+		values = append(values, r.Name)
+	}
+	out, _ := json.Marshal(map[string]any{"completion": map[string]any{"values": values}})
+	pdk.Output(out)
 	return 0
 }
 
