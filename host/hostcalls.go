@@ -131,7 +131,7 @@ type callEnv struct {
 	plugin *plugins.Plugin // whose guest runs
 	name   string          // what runs: the tool's name, or "prompt NAME", "resource URI", "completion"
 	sess   string          // for logs
-	ref  clientRef // whose instances; its handle goes in the result
+	ref    clientRef       // whose instances; its handle goes in the result
 
 	mu       sync.Mutex
 	ctx      context.Context // the current request's handler context
