@@ -219,8 +219,9 @@ func TestElicitationRoundLimit(t *testing.T) {
 func TestElicitationRefusals(t *testing.T) {
 	f := pdkhostFixture(t, nil)
 	for _, proto := range protocols {
-		cs := f.connect(t, proto, nil)                                                                                                              // offers no elicitation
-		if got := text(call(t, cs, "ask", map[string]any{"rounds": 1})); !strings.Contains(got, "decline(the client does not offer elicitation)") { // as hyper-mcp answers
+		cs := f.connect(t, proto, nil) // offers no elicitation
+		// Declined, as hyper-mcp answers.
+		if got := text(call(t, cs, "ask", map[string]any{"rounds": 1})); !strings.Contains(got, "decline(the client does not offer elicitation)") {
 			t.Errorf("%s: no elicitation capability: %q", proto, got)
 		}
 		cs = f.connect(t, proto, &mcp.ClientOptions{ElicitationHandler: (&answerer{}).handler})
