@@ -57,6 +57,9 @@ func (h *Host) request(ctx context.Context, key sessions.Key, p *plugins.Plugin,
 		env.attach(l)
 	}
 	result, runErr := l.Instance().Request(l.Context(), export, raw, cc, hostFunc)
+	if runErr == nil {
+		env.afterCall(l) // a list change the guest announced
+	}
 	env.attach(nil)
 	l.Done(runErr)
 	if runErr != nil {
@@ -125,7 +128,7 @@ func (h *Host) resourceHandler(p *plugins.Plugin) mcp.ResourceHandler {
 // request's client. A plugin that may ask questions runs on a goroutine
 // of its own, as a tool call does, and a 2026-07-28 client's request is
 // parked at a question and resumed by its retry (round.state set); others
-// run inline, with no host functions.
+// run inline. Either way the guest has the host functions of a tool call.
 func (h *Host) serveRequest(ctx context.Context, p *plugins.Plugin, name string, round roundReq, asCall *mcp.CallToolRequest, work func(context.Context, sessions.Key, *callEnv) (any, error)) (any, *parkedRound, error) {
 	if round.state != "" {
 		r, err := h.unpark(name, round.state)
@@ -141,11 +144,12 @@ func (h *Host) serveRequest(ctx context.Context, p *plugins.Plugin, name string,
 	if err != nil {
 		return nil, nil, err
 	}
+	env := h.newRequestEnv(ctx, p, name, asCall, key.String())
 	if !asks(p) {
-		v, err := work(ctx, key, nil)
+		v, err := work(ctx, key, env)
+		env.finish(nil)
 		return v, nil, err
 	}
-	env := h.newRequestEnv(ctx, p, name, asCall, key.String())
 	env.questions = make(chan *question)
 	r := h.startRequestRun(ctx, env, func(gctx context.Context) (any, error) { return work(gctx, key, env) })
 	return h.requestRounds(ctx, round, r)
