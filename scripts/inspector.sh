@@ -29,8 +29,9 @@ plugin=examples/plugins/dist/hash.wasm
 [ -f "$plugin" ] || { echo "inspector: $plugin is not built: run make plugins" >&2; exit 1; }
 digest=ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad # sha256("abc")
 hyper=internal/testplugins/dist/hyperhost.wasm
+strict=internal/testplugins/dist/hyperstrict.wasm # traps on any v2 message not in hyper-mcp's shape
 notes=examples/plugins/dist/notes.wasm
-for f in "$hyper" "$notes"; do
+for f in "$hyper" "$strict" "$notes"; do
 	[ -f "$f" ] || { echo "inspector: $f is not built: run make plugins testplugins" >&2; exit 1; }
 done
 year="\"text\":\"$(date -u +%Y)-"
@@ -52,11 +53,12 @@ check "stdio tools/list" '"name":"hash"' "$(inspector ./wasmtools serve "$plugin
 check "stdio tools/call" "$digest" "$(inspector ./wasmtools serve "$plugin" --method tools/call --tool-name hash --tool-arg text=abc 2>/dev/null || true)"
 check "stdio hyper-mcp plugin: real clock" "$year" "$(inspector ./wasmtools serve "$hyper" --method tools/call --tool-name now 2>/dev/null || true)"
 check "stdio hyper-mcp plugin: host functions" '"text":"notified (request ' "$(inspector ./wasmtools serve "$hyper" --method tools/call --tool-name notify 2>/dev/null || true)"
+check "stdio hyper-mcp's exact v2 messages" '"text":"{\\"id\\":' "$(inspector ./wasmtools serve "$strict" --method tools/call --tool-name echo_context 2>/dev/null || true)"
 check "stdio empty text resource" '"text":""' "$(inspector ./wasmtools serve "$notes" --method resources/read --uri notes://all 2>/dev/null || true)"
 
 # streamable HTTP on a free loopback port.
 log=$(mktemp)
-./wasmtools serve --http 127.0.0.1:0 "$plugin" "$hyper" "$notes" 2>"$log" &
+./wasmtools serve --http 127.0.0.1:0 "$plugin" "$hyper" "$strict" "$notes" 2>"$log" &
 server=$!
 trap 'kill $server 2>/dev/null || true; rm -f "$log"' EXIT
 for _ in $(seq 1 600); do
@@ -69,6 +71,8 @@ check "http tools/list" '"name":"hash"' "$(inspector "$url" --transport http --m
 check "http tools/call" "$digest" "$(inspector "$url" --transport http --method tools/call --tool-name hash --tool-arg text=abc 2>/dev/null || true)"
 check "http hyper-mcp plugin: real clock" "$year" "$(inspector "$url" --transport http --method tools/call --tool-name now 2>/dev/null || true)"
 check "http hyper-mcp plugin: roots" '"text":"{\\"roots\\":\[' "$(inspector "$url" --transport http --method tools/call --tool-name roots 2>/dev/null || true)"
+check "http hyper-mcp's exact v2 messages" '"text":"{\\"id\\":' "$(inspector "$url" --transport http --method tools/call --tool-name echo_context 2>/dev/null || true)"
+check "http hyper-mcp's exact v2 prompt" '"messages"' "$(inspector "$url" --transport http --method prompts/get --prompt-name strict_prompt --prompt-args topic=go 2>/dev/null || true)"
 check "http empty text resource" '"text":""' "$(inspector "$url" --transport http --method resources/read --uri notes://all 2>/dev/null || true)"
 
 echo "inspector: $passed passed, $failed failed"
