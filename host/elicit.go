@@ -152,7 +152,9 @@ func (h *Host) rounds(ctx context.Context, req roundReq, r *run) (runResult, *pa
 				}
 				continue
 			}
-			r.env.asked++
+			// A round counts once for a 2026-07-28 client (its bound is
+			// on requests); each question counts for an older one.
+			r.env.asked += q.size(multiRound)
 			if !multiRound {
 				q.askLegacy(ctx, req.ss)
 				continue
@@ -223,7 +225,7 @@ func (h *Host) refuseQuestion(ss *mcp.ServerSession, q *question, r *run, multiR
 	switch {
 	case multiRound && r.env.asked >= h.maxQuestions():
 		return fmt.Sprintf("a call may ask a client at most %d questions (it makes at most %d requests of a call)", h.maxQuestions(), h.maxQuestions()+1), false
-	case !multiRound && r.env.asked >= maxLegacyQuestions:
+	case !multiRound && r.env.asked+q.size(false) > maxLegacyQuestions:
 		return fmt.Sprintf("a call may ask at most %d questions", maxLegacyQuestions), false
 	}
 	return "", false
@@ -323,6 +325,15 @@ func (q *question) reply(resp mcp.InputResponse) {
 }
 
 // request is the question as an input request.
+// size is how many questions q counts for: one a round for a 2026-07-28
+// client, one a request for an older one.
+func (q *question) size(multiRound bool) int {
+	if q.batch == nil || multiRound {
+		return 1
+	}
+	return len(q.batch)
+}
+
 // requests are the input requests that ask q of a 2026-07-28 client.
 func (q *question) requests() mcp.InputRequestMap {
 	if q.batch != nil {

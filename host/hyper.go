@@ -81,7 +81,8 @@ func (e *callEnv) keyringSecret(input []byte) ([]byte, error) {
 	p := e.plugin
 	v, ok := p.Secret(k.Service, k.User)
 	if !ok {
-		return nil, fmt.Errorf("secret %q is not granted to plugin %q: the operator grants it with %q = ... in [plugins.%s.secrets]", k.Service+"/"+k.User, p.Name(), k.Service+"/"+k.User, p.Name())
+		name := cutString(k.Service+"/"+k.User, 256) // the guest's string, in an error and the log
+		return nil, fmt.Errorf("secret %q is not granted to plugin %q: the operator grants it with %q = ... in [plugins.%s.secrets]", name, p.Name(), name, p.Name())
 	}
 	e.h.log.Info("keyring secret served", "plugin", p.Name(), "secret", k.Service+"/"+k.User)
 	return []byte(v), nil
