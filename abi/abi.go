@@ -134,6 +134,13 @@ type Tool struct {
 	InputSchema  json.RawMessage `json:"inputSchema,omitempty"`
 	OutputSchema json.RawMessage `json:"outputSchema,omitempty"`
 	Annotations  json.RawMessage `json:"annotations,omitempty"`
+	// RequiredClientCapabilities is an MCP ClientCapabilities object
+	// naming what a call of the tool cannot do without (for example
+	// {"sampling": {}}). The host refuses a call from a client that did
+	// not declare each of them, before the guest runs, with the JSON-RPC
+	// error MissingRequiredClientCapability (-32021). It is not served
+	// to clients.
+	RequiredClientCapabilities json.RawMessage `json:"requiredClientCapabilities,omitempty"`
 }
 
 // SessionArgument is the tool argument the host adds to the input schema

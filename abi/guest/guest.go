@@ -52,7 +52,12 @@ type Tool struct {
 	InputSchema string
 	// Annotations is the MCP tool annotations object as JSON text, or empty.
 	Annotations string
-	Handler     Handler
+	// RequiredClientCapabilities is an MCP ClientCapabilities object as
+	// JSON text, or empty: the host refuses a call from a client that
+	// did not declare them (see [abi.Tool]), so the handler never runs
+	// without them.
+	RequiredClientCapabilities string
+	Handler                    Handler
 }
 
 // Handler runs one call. A returned error becomes a result with isError set
@@ -120,6 +125,9 @@ func listTools() int32 {
 		at := abi.Tool{Name: t.Name, Title: t.Title, Description: t.Description, InputSchema: json.RawMessage(schema)}
 		if t.Annotations != "" {
 			at.Annotations = json.RawMessage(t.Annotations)
+		}
+		if t.RequiredClientCapabilities != "" {
+			at.RequiredClientCapabilities = json.RawMessage(t.RequiredClientCapabilities)
 		}
 		res.Tools = append(res.Tools, at)
 	}

@@ -315,6 +315,15 @@ func registerInputRequired() {
 				guest.Log("info", "test_logging_tool executed")
 				return content(text("Log attempted; the host gates on _meta.../logLevel.")), nil
 			}),
+		guest.Tool{
+			Name:        "test_missing_capability",
+			Description: "Requires the sampling client capability: the host refuses a call from a client without it with MissingRequiredClientCapability (-32021) (SEP-2575)",
+			// The host checks this before the handler runs.
+			RequiredClientCapabilities: `{"sampling":{}}`,
+			Handler: func(*guest.Call) (*guest.Result, error) {
+				return content(text("Client declared the sampling capability; tool executed.")), nil
+			},
+		},
 		tool("test_x_mcp_header", "Tests SEP-2243 Mcp-Param-* server-side validation",
 			`{"type":"object","properties":{
 				"region":{"type":"string","description":"mirrored into Mcp-Param-Region","x-mcp-header":"Region"},
