@@ -23,6 +23,9 @@ func hostCreateElicitation(offset uint64) uint64
 //go:wasmimport extism:host/user notify_tool_list_changed
 func hostNotifyToolListChanged()
 
+//go:wasmimport extism:host/user notify_prompt_list_changed
+func hostNotifyPromptListChanged()
+
 //go:wasmimport extism:host/user write_record
 func hostWriteRecord(offset uint64) uint64
 
@@ -76,6 +79,11 @@ func Elicit(req abi.ElicitRequest) (*abi.ElicitResult, error) {
 // ToolListChanged tells the host that the plugin's tool list changed: it
 // lists the tools again and tells clients.
 func ToolListChanged() { hostNotifyToolListChanged() }
+
+// PromptListChanged tells the host that the plugin's prompt list changed
+// (a prompt registered with [RegisterPrompt] as a call ran): it lists the
+// prompts again once the call ends and tells clients.
+func PromptListChanged() { hostNotifyPromptListChanged() }
 
 // WriteRecord leaves a record of a side effect the call had (a file it
 // wrote, a request it made). Records are served in the result's _meta and

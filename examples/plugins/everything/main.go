@@ -185,6 +185,7 @@ func init() {
 		},
 	)
 	registerInputRequired()
+	registerTriggers()
 	guest.Register(tool("test_update_watched_resource", "Tells subscribers that test://watched-resource changed", "", func(*guest.Call) (*guest.Result, error) {
 		guest.NotifyResourceUpdated("test://watched-resource")
 		return content(text("updated test://watched-resource")), nil
@@ -334,6 +335,45 @@ func registerInputRequired() {
 					return nil, err
 				}
 				return content(text("region=" + in.Region)), nil
+			}),
+	)
+}
+
+// changes counts this instance's list changes, so that each trigger
+// changes the lists.
+var changes int
+
+// registerTriggers adds the hooks of the server-stateless scenario
+// (SEP-2575) that change the tool or prompt list, as the go-sdk's
+// conformance server has them. Each adds a tool or prompt to this
+// instance's lists and tells the host, which reads the lists again from
+// this instance once the call ends and sends list_changed (to a 2026-07-28
+// client's subscriptions/listen stream). The addition is named after the
+// change and described after the client (a 2026-07-28 client without a
+// session handle gets a fresh instance for each call), so that every
+// trigger changes what is served: the host tells clients only of real
+// changes.
+func registerTriggers() {
+	guest.Register(
+		tool("test_trigger_tool_change", "Adds a tool to the tool list, so that clients are sent tools/list_changed (SEP-2575)", "",
+			func(c *guest.Call) (*guest.Result, error) {
+				changes++
+				name := fmt.Sprintf("test_dynamic_tool_%d", changes)
+				guest.Register(tool(name, fmt.Sprintf("Added by test_trigger_tool_change (client %q)", c.Context.SessionID), "",
+					func(*guest.Call) (*guest.Result, error) { return content(text("dynamic tool")), nil }))
+				guest.ToolListChanged()
+				return content(text("added tool " + name)), nil
+			}),
+		tool("test_trigger_prompt_change", "Adds a prompt to the prompt list, so that clients are sent prompts/list_changed (SEP-2575)", "",
+			func(c *guest.Call) (*guest.Result, error) {
+				changes++
+				name := fmt.Sprintf("test_dynamic_prompt_%d", changes)
+				guest.RegisterPrompt(guest.Prompt{Name: name, Description: fmt.Sprintf("Added by test_trigger_prompt_change (client %q)", c.Context.SessionID),
+					Get: func(map[string]string) (*guest.PromptResult, error) {
+						return &guest.PromptResult{Messages: []guest.PromptMessage{{Role: "user", Content: guest.TextBlock("dynamic prompt")}}}, nil
+					}})
+				guest.PromptListChanged()
+				return content(text("added prompt " + name)), nil
 			}),
 	)
 }
