@@ -32,7 +32,18 @@ const (
 	// in (sampling), a CreateMessageResult out. Blocks until the client's
 	// model answers.
 	FuncCreateMessage = "create_message"
+	// FuncCloseStream (offset i64): a CloseStreamParams. Frees the
+	// client's connection during a long call (SEP-1699 polling); see
+	// docs/ABI.md.
+	FuncCloseStream = "close_stream"
 )
+
+// CloseStreamParams is the input of [FuncCloseStream]: the delay, in
+// milliseconds, after which the client should reconnect (1 to 60 000; 0
+// means 1 000).
+type CloseStreamParams struct {
+	RetryAfterMs int64 `json:"retryAfterMs,omitempty"`
+}
 
 // ProgressParams is the input of [FuncNotifyProgress]. ProgressToken is
 // accepted for hyper-mcp compatibility and ignored: the host always uses
@@ -117,6 +128,7 @@ func UserFuncs() []UserFunc {
 		{FuncNotifyResourceUpdated, true, false},
 		{FuncWriteRecord, true, true},
 		{FuncCreateMessage, true, true},
+		{FuncCloseStream, true, false},
 	}
 }
 

@@ -391,7 +391,16 @@ func (h *Host) HTTPHandler() http.Handler {
 			h.log.Error("allowed origin ignored", "origin", o, "error", err)
 		}
 	}
+	// Sessions' streams (protocols up to 2025-11-25) are resumable: each
+	// SSE stream opens with a priming event, and a client that lost one
+	// (or whose guest closed it, close_stream) reconnects with
+	// Last-Event-ID and gets what it missed. The store is bounded in
+	// total; past the bound the oldest messages of every stream go first,
+	// so a flood costs others resumption, never memory.
+	events := mcp.NewMemoryEventStore(nil)
+	events.SetMaxBytes(StreamReplayBytes)
 	stateful := mcp.NewStreamableHTTPHandler(legacy, &mcp.StreamableHTTPOptions{
+		EventStore:            events,
 		SessionTimeout:        h.sessionTimeout(),
 		Logger:                h.log.With("component", "mcp-http"),
 		CrossOriginProtection: cop,
@@ -414,6 +423,11 @@ func (h *Host) HTTPHandler() http.Handler {
 		stateful.ServeHTTP(w, r)
 	})
 }
+
+// StreamReplayBytes bounds the messages kept, across all HTTP sessions,
+// so that a client that lost a stream can resume it (SEP-1699). Past it
+// the oldest are dropped: a client resuming later than that misses them.
+const StreamReplayBytes = 8 << 20
 
 // sessionlessProtocol is the first MCP revision without sessions.
 const sessionlessProtocol = "2026-07-28"

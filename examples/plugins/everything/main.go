@@ -316,6 +316,11 @@ func registerInputRequired() {
 				guest.Log("info", "test_logging_tool executed")
 				return content(text("Log attempted; the host gates on _meta.../logLevel.")), nil
 			}),
+		tool("test_reconnection", "Closes the call's SSE stream before its result, with a retry field; the client reconnects with Last-Event-ID and gets the result (SEP-1699)", noArgs,
+			func(*guest.Call) (*guest.Result, error) {
+				guest.CloseStream(100)
+				return content(text("Reconnection test completed successfully. If you received this, the client properly reconnected after stream closure.")), nil
+			}),
 		guest.Tool{
 			Name:        "test_missing_capability",
 			Description: "Requires the sampling client capability: the host refuses a call from a client without it with MissingRequiredClientCapability (-32021) (SEP-2575)",
