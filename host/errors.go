@@ -10,6 +10,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
+	"github.com/wasmtools/wasmtools/abi"
 	"github.com/wasmtools/wasmtools/internal/sessions"
 	"github.com/wasmtools/wasmtools/plugins"
 )
@@ -73,13 +74,23 @@ func protocolError(err error) error {
 // have the same key; when the required value is an object with keys of
 // its own (a mode of elicitation, an extension), each of those too.
 func missingCapabilities(t *plugins.Tool, have *mcp.ClientCapabilities) map[string]any {
-	req := t.Def.RequiredClientCapabilities
-	if len(req) == 0 {
-		return nil
-	}
 	var want map[string]any
-	if json.Unmarshal(req, &want) != nil {
-		return nil // checked at load: not reached
+	if req := t.Def.RequiredClientCapabilities; len(req) > 0 {
+		json.Unmarshal(req, &want) // checked at load
+	}
+	if e := t.Def.Execution; e != nil && e.TaskSupport == abi.TaskRequired {
+		if want == nil {
+			want = map[string]any{}
+		}
+		ext, _ := want["extensions"].(map[string]any)
+		if ext == nil {
+			ext = map[string]any{}
+		}
+		ext[TasksExtension] = map[string]any{}
+		want["extensions"] = ext
+	}
+	if len(want) == 0 {
+		return nil
 	}
 	var got map[string]any
 	if have != nil {

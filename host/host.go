@@ -147,6 +147,19 @@ type Options struct {
 	// of a call. A further question is answered "cancel" at once, with an
 	// error the guest sees.
 	MaxQuestions int
+	// MaxTasksPerClient bounds the tasks (the Tasks extension, SEP-2663)
+	// one client holds, running or finished, and MaxTasks those of all
+	// clients; 0 means [DefaultMaxTasksPerClient] and [DefaultMaxTasks].
+	// Past a bound the client's oldest finished task is forgotten, and
+	// with none a new task is refused (CodeBusy). A client is its
+	// authenticated subject, else its session, else its
+	// ClientKeyHeader value; unauthenticated 2026-07-28 clients without
+	// that header cannot be told apart and share one bound.
+	MaxTasksPerClient, MaxTasks int
+	// TaskTTL is how long a task is kept from its creation; 0 means
+	// [DefaultTaskTTL]. A task still running then is cancelled (its guest
+	// stopped, its instance reset) and forgotten.
+	TaskTTL time.Duration
 }
 
 // Host serves plugins over MCP. It is safe for concurrent use. Close it to
@@ -172,6 +185,7 @@ type Host struct {
 	handleSignKey, handleSubjectKey []byte
 	auditMu                         sync.Mutex
 	budgets                         sync.Map       // plugin name -> *pluginBudget
+	tasks                           *taskStore
 	wg                              sync.WaitGroup // session watchers
 }
 
@@ -224,6 +238,7 @@ func New(src *plugins.Reloader, opts *Options) *Host {
 	if version == "" {
 		version = "dev"
 	}
+	h.tasks = newTaskStore(h)
 	h.server = h.newServer(name, version)
 	h.modern = h.newServer(name, version)
 	// The catalogue served now, then every change, in src's order.
@@ -247,6 +262,7 @@ func (h *Host) newServer(name, version string) *mcp.Server {
 			Resources:   &mcp.ResourceCapabilities{ListChanged: true, Subscribe: true},
 			Completions: &mcp.CompletionCapabilities{},
 			Logging:     &mcp.LoggingCapabilities{},
+			Extensions:  map[string]any{TasksExtension: map[string]any{}},
 		},
 		CompletionHandler: func(ctx context.Context, req *mcp.CompleteRequest) (*mcp.CompleteResult, error) {
 			return h.complete(ctx, req)
@@ -260,6 +276,8 @@ func (h *Host) newServer(name, version string) *mcp.Server {
 	if h.opts.Loaded != nil {
 		s.AddReceivingMiddleware(h.waitForLoad)
 	}
+	s.AddReceivingMiddleware(h.taskMiddleware)
+	h.addTaskMethods(s)
 	return s
 }
 
@@ -448,6 +466,7 @@ func (h *Host) Close(ctx context.Context) error {
 	}
 	h.closed = true
 	h.mu.Unlock()
+	h.tasks.closeAll()
 	err := h.ses.Close(ctx)
 	h.conns.Range(func(ss, _ any) bool {
 		// Close waits for the session's handlers: a call still running

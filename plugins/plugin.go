@@ -311,6 +311,13 @@ func (p *Plugin) describeWith(ctx context.Context, inst *sandbox.Instance, prefi
 				return fmt.Errorf("tool %q: requiredClientCapabilities must be an object of capabilities", d.Name)
 			}
 		}
+		if e := d.Execution; e != nil {
+			switch e.TaskSupport {
+			case "", abi.TaskForbidden, abi.TaskOptional, abi.TaskRequired:
+			default:
+				return fmt.Errorf("tool %q: execution.taskSupport %q is not forbidden, optional or required", d.Name, e.TaskSupport)
+			}
+		}
 		p.tools = append(p.tools, t)
 	}
 	return p.describeMore(ctx, inst, prefix)

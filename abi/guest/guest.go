@@ -57,7 +57,11 @@ type Tool struct {
 	// did not declare them (see [abi.Tool]), so the handler never runs
 	// without them.
 	RequiredClientCapabilities string
-	Handler                    Handler
+	// TaskSupport is "" (forbidden), [abi.TaskOptional] or
+	// [abi.TaskRequired]: whether a call may be answered with a task the
+	// client polls (see [abi.ToolExecution]).
+	TaskSupport string
+	Handler     Handler
 }
 
 // Handler runs one call. A returned error becomes a result with isError set
@@ -125,6 +129,9 @@ func listTools() int32 {
 		at := abi.Tool{Name: t.Name, Title: t.Title, Description: t.Description, InputSchema: json.RawMessage(schema)}
 		if t.Annotations != "" {
 			at.Annotations = json.RawMessage(t.Annotations)
+		}
+		if t.TaskSupport != "" {
+			at.Execution = &abi.ToolExecution{TaskSupport: t.TaskSupport}
 		}
 		if t.RequiredClientCapabilities != "" {
 			at.RequiredClientCapabilities = json.RawMessage(t.RequiredClientCapabilities)
