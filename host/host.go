@@ -184,7 +184,7 @@ type Host struct {
 	// Keys derived from stateKey for session handles (handles.go).
 	handleSignKey, handleSubjectKey []byte
 	auditMu                         sync.Mutex
-	budgets                         sync.Map       // plugin name -> *pluginBudget
+	budgets                         sync.Map // plugin name -> *pluginBudget
 	tasks                           *taskStore
 	wg                              sync.WaitGroup // session watchers
 }
