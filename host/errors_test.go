@@ -54,17 +54,6 @@ func rpcError(t *testing.T, what string, err error) *jsonrpc.Error {
 	return je
 }
 
-func connectHTTPEra(t *testing.T, url, protocol string, copts *mcp.ClientOptions, rt http.RoundTripper) *mcp.ClientSession {
-	t.Helper()
-	tr := &mcp.StreamableClientTransport{Endpoint: url + "/mcp", HTTPClient: &http.Client{Transport: rt}}
-	cs, err := mcp.NewClient(&mcp.Implementation{Name: "test", Version: "1"}, copts).Connect(context.Background(), tr, &mcp.ClientSessionOptions{ProtocolVersion: protocol})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cs.Close() })
-	return cs
-}
-
 // A tool that declares a client capability is refused, before its guest
 // runs, with MissingRequiredClientCapability (-32021) naming it, and
 // HTTP 400 in the 2026-07-28 era; a client that declares it gets the

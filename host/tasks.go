@@ -335,13 +335,7 @@ func (h *Host) startTask(ctx context.Context, next mcp.MethodHandler, req *mcp.C
 			}
 		}
 	}
-	tctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	t, err := h.tasks.add(h.taskOwner(req.Session, req.Extra), cancel)
-	if err != nil {
-		cancel()
-		return nil, &jsonrpc.Error{Code: CodeBusy, Message: err.Error(), Data: json.RawMessage(`{"reason":"too_many_tasks","retry":true}`)}
-	}
-	h.log.Info("task created", "task", t.id, "tool", req.Params.Name)
+	// The driver is one of the host's goroutines, which Close waits for.
 	h.mu.Lock()
 	closed := h.closed
 	if !closed {
@@ -349,9 +343,16 @@ func (h *Host) startTask(ctx context.Context, next mcp.MethodHandler, req *mcp.C
 	}
 	h.mu.Unlock()
 	if closed {
-		cancel()
 		return nil, protocolError(ErrClosed)
 	}
+	tctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	t, err := h.tasks.add(h.taskOwner(req.Session, req.Extra), cancel)
+	if err != nil {
+		cancel()
+		h.wg.Done()
+		return nil, &jsonrpc.Error{Code: CodeBusy, Message: err.Error(), Data: json.RawMessage(`{"reason":"too_many_tasks","retry":true}`)}
+	}
+	h.log.Info("task created", "task", t.id, "tool", req.Params.Name)
 	first := *req
 	p := *req.Params
 	first.Params = &p
@@ -540,12 +541,13 @@ func (t *task) handleLocked() *taskHandle {
 	}
 }
 
-// addTaskMethods serves the tasks methods on s, and advertises the
-// extension.
+// addTaskMethods serves the tasks methods on s. Each finds the caller's
+// task and acts on it under the store's lock; what it returns to do after
+// (cancelling) runs unlocked.
 func (h *Host) addTaskMethods(s *mcp.Server) {
 	for _, m := range []struct {
 		name string
-		fn   func(context.Context, *mcp.ServerSession, *taskParams) (mcp.Result, error)
+		fn   func(*task, *taskParams) (mcp.Result, func(), error)
 	}{
 		{methodTasksGet, h.tasksGet},
 		{methodTasksUpdate, h.tasksUpdate},
@@ -557,7 +559,21 @@ func (h *Host) addTaskMethods(s *mcp.Server) {
 				data, _ := json.Marshal(map[string]any{"requiredCapabilities": map[string]any{"extensions": map[string]any{TasksExtension: map[string]any{}}}})
 				return nil, &jsonrpc.Error{Code: mcp.CodeMissingRequiredClientCapabilities, Message: "the client did not declare the " + TasksExtension + " extension", Data: data}
 			}
-			return fn(ctx, ss, p)
+			h.tasks.mu.Lock()
+			t, err := h.tasks.lookupLocked(p.TaskID, ownerOf(ctx))
+			var res mcp.Result
+			var after func()
+			if err == nil {
+				res, after, err = fn(t, p)
+			}
+			h.tasks.mu.Unlock()
+			if after != nil {
+				after()
+			}
+			if errors.Is(err, ErrTask) {
+				return nil, &jsonrpc.Error{Code: jsonrpc.CodeInvalidParams, Message: err.Error()}
+			}
+			return res, err
 		}); err != nil {
 			panic(err) // a name of MCP's own: a programming error
 		}
@@ -585,18 +601,7 @@ func ownerOf(ctx context.Context) string {
 	return o
 }
 
-func invalidTask(err error) error {
-	return &jsonrpc.Error{Code: jsonrpc.CodeInvalidParams, Message: err.Error()}
-}
-
-func (h *Host) tasksGet(ctx context.Context, _ *mcp.ServerSession, p *taskParams) (mcp.Result, error) {
-	s := h.tasks
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	t, err := s.lookupLocked(p.TaskID, ownerOf(ctx))
-	if err != nil {
-		return nil, invalidTask(err)
-	}
+func (h *Host) tasksGet(t *task, _ *taskParams) (mcp.Result, func(), error) {
 	d := &detailedTask{taskHandle: *t.handleLocked()}
 	d.ResultType = "complete"
 	switch t.status {
@@ -607,20 +612,13 @@ func (h *Host) tasksGet(ctx context.Context, _ *mcp.ServerSession, p *taskParams
 	case taskFailed:
 		d.Error = t.err
 	}
-	return d, nil
+	return d, nil, nil
 }
 
 // tasksUpdate delivers input responses to a task waiting for them. A
 // response under a key the task did not ask (or asked already) is
 // ignored; once every key has its answer the call resumes.
-func (h *Host) tasksUpdate(ctx context.Context, _ *mcp.ServerSession, p *taskParams) (mcp.Result, error) {
-	s := h.tasks
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	t, err := s.lookupLocked(p.TaskID, ownerOf(ctx))
-	if err != nil {
-		return nil, invalidTask(err)
-	}
+func (h *Host) tasksUpdate(t *task, p *taskParams) (mcp.Result, func(), error) {
 	if t.status == taskInputRequired {
 		for k, raw := range p.InputResponses {
 			if _, asked := t.inputs[k]; !asked {
@@ -628,37 +626,28 @@ func (h *Host) tasksUpdate(ctx context.Context, _ *mcp.ServerSession, p *taskPar
 			}
 			var one mcp.InputResponseMap
 			if err := json.Unmarshal([]byte(`{"k":`+string(raw)+`}`), &one); err != nil {
-				return nil, invalidTask(fmt.Errorf("inputResponses[%q]: %v", k, err))
+				return nil, nil, &jsonrpc.Error{Code: jsonrpc.CodeInvalidParams, Message: fmt.Sprintf("inputResponses[%q]: %v", k, err)}
 			}
 			t.answered[k] = one["k"]
 			delete(t.inputs, k)
 		}
 		t.updated = time.Now()
-		s.notifyLocked(t)
+		h.tasks.notifyLocked(t)
 	}
-	return &taskAck{ResultType: "complete"}, nil
+	return &taskAck{ResultType: "complete"}, nil, nil
 }
 
 // tasksCancel cancels a task: it is cancelled at once, and its guest
 // stopped (its instance reset). Cancelling a finished task changes
 // nothing.
-func (h *Host) tasksCancel(ctx context.Context, _ *mcp.ServerSession, p *taskParams) (mcp.Result, error) {
-	s := h.tasks
-	s.mu.Lock()
-	t, err := s.lookupLocked(p.TaskID, ownerOf(ctx))
-	if err != nil {
-		s.mu.Unlock()
-		return nil, invalidTask(err)
+func (h *Host) tasksCancel(t *task, _ *taskParams) (mcp.Result, func(), error) {
+	if terminal(t.status) {
+		return &taskAck{ResultType: "complete"}, nil, nil
 	}
-	cancel := !terminal(t.status)
-	if cancel {
-		t.status, t.updated = taskCancelled, time.Now()
-		s.notifyLocked(t)
-	}
-	s.mu.Unlock()
-	if cancel {
+	t.status, t.updated = taskCancelled, time.Now()
+	h.tasks.notifyLocked(t)
+	return &taskAck{ResultType: "complete"}, func() {
 		t.cancel()
 		h.log.Info("task cancelled", "task", t.id)
-	}
-	return &taskAck{ResultType: "complete"}, nil
+	}, nil
 }

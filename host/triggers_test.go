@@ -30,30 +30,10 @@ func TestTriggerListChanges(t *testing.T) {
 			for _, c := range []struct {
 				trigger string
 				told    chan struct{}
-				listed  func() []string
+				prompts bool
 			}{
-				{"test_trigger_tool_change", tools, func() []string {
-					res, err := cs.ListTools(context.Background(), nil)
-					if err != nil {
-						t.Fatal(err)
-					}
-					var names []string
-					for _, tl := range res.Tools {
-						names = append(names, tl.Name)
-					}
-					return names
-				}},
-				{"test_trigger_prompt_change", prompts, func() []string {
-					res, err := cs.ListPrompts(context.Background(), nil)
-					if err != nil {
-						t.Fatal(err)
-					}
-					var names []string
-					for _, p := range res.Prompts {
-						names = append(names, p.Name)
-					}
-					return names
-				}},
+				{"test_trigger_tool_change", tools, false},
+				{"test_trigger_prompt_change", prompts, true},
 			} {
 				added := strings.TrimPrefix(strings.TrimPrefix(firstText(call(t, cs, c.trigger, nil)), "added tool "), "added prompt ")
 				select {
@@ -61,10 +41,34 @@ func TestTriggerListChanges(t *testing.T) {
 				case <-time.After(30 * time.Second):
 					t.Fatalf("%s: no list_changed", c.trigger)
 				}
-				if names := c.listed(); !strings.Contains(" "+strings.Join(names, " ")+" ", " "+added+" ") {
+				if names := listedNames(t, cs, c.prompts); !strings.Contains(" "+strings.Join(names, " ")+" ", " "+added+" ") {
 					t.Errorf("%s added %q; the list is %v", c.trigger, added, names)
 				}
 			}
 		})
 	}
+}
+
+// listedNames lists the tools, or the prompts, a client is served.
+func listedNames(t *testing.T, cs *mcp.ClientSession, prompts bool) []string {
+	t.Helper()
+	var names []string
+	if prompts {
+		res, err := cs.ListPrompts(context.Background(), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, p := range res.Prompts {
+			names = append(names, p.Name)
+		}
+		return names
+	}
+	res, err := cs.ListTools(context.Background(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tl := range res.Tools {
+		names = append(names, tl.Name)
+	}
+	return names
 }

@@ -455,7 +455,7 @@ func registerTasks() {
 
 // computeRate is the loop iterations that take about a second on a
 // compiled wazero guest (measured on a loaded 2-core machine, loosely).
-const computeRate = 20_000_000
+const computeRate = 5_000_000
 
 // sink keeps compute's loop from being optimised away.
 var sink uint64
