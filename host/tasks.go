@@ -233,8 +233,8 @@ func (h *Host) taskOwner(ss *mcp.ServerSession, extra *mcp.RequestExtra) string 
 	if s := subjectOf(extra); s != "" {
 		return "subject:" + s
 	}
-	if ss != nil && ss.ID() != "" {
-		return "session:" + ss.ID()
+	if ss != nil && !sessionless(ss, extra) {
+		return "session:" + h.connKey(ss).String()
 	}
 	if hdr := h.opts.ClientKeyHeader; hdr != "" && extra != nil {
 		if v := extra.Header.Get(hdr); v != "" {
