@@ -156,6 +156,11 @@ type Options struct {
 	// ClientKeyHeader value; unauthenticated 2026-07-28 clients without
 	// that header cannot be told apart and share one bound.
 	MaxTasksPerClient, MaxTasks int
+	// MaxTaskBytesPerClient bounds the bytes one client's tasks hold (a
+	// running task its call's arguments, a finished one its result); 0
+	// means [DefaultMaxTaskBytesPerClient]. All clients' tasks hold at
+	// most 128 MiB. Past either, as past a count, a new task is refused.
+	MaxTaskBytesPerClient int
 	// TaskTTL is how long a task is kept from its creation; 0 means
 	// [DefaultTaskTTL]. A task still running then is cancelled (its guest
 	// stopped, its instance reset) and forgotten.

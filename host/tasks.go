@@ -36,6 +36,17 @@ const (
 	DefaultTaskTTL = time.Hour
 )
 
+// Bounds of the bytes tasks hold: a running task its call's arguments
+// (up to the request body limit), a finished one its result (within the
+// result cap) or error. Past a bound (after forgetting the client's
+// oldest finished tasks) a new task is refused.
+const (
+	// DefaultMaxTaskBytesPerClient is the default of
+	// [Options.MaxTaskBytesPerClient].
+	DefaultMaxTaskBytesPerClient = 16 << 20
+	taskBytesTotal               = 128 << 20
+)
+
 // taskPollInterval is the poll hint of every task (pollIntervalMs).
 const taskPollInterval = 500 * time.Millisecond
 
@@ -56,6 +67,7 @@ const (
 // Every field but the immutable ones is guarded by the store's mu.
 type task struct {
 	id, owner string
+	bytes     int // counted against the bounds: arguments, then result
 	created   time.Time
 	ttl       time.Duration
 	cancel    context.CancelFunc
@@ -78,14 +90,16 @@ type taskStore struct {
 	boot   string // this process's tag in task IDs: a restart changes it
 	mu     sync.Mutex
 	tasks  map[string]*task
-	owners map[string]int          // owner -> its tasks
+	owners map[string]*ownerUse // owner -> what its tasks hold
+	bytes  int                  // held by all tasks
+
 	wakes  map[*task]chan struct{} // closed at a task's next update
 }
 
 func newTaskStore(h *Host) *taskStore {
 	var b [6]byte
 	rand.Read(b[:])
-	return &taskStore{h: h, boot: hex.EncodeToString(b[:]), tasks: map[string]*task{}, owners: map[string]int{}, wakes: map[*task]chan struct{}{}}
+	return &taskStore{h: h, boot: hex.EncodeToString(b[:]), tasks: map[string]*task{}, owners: map[string]*ownerUse{}, wakes: map[*task]chan struct{}{}}
 }
 
 // ErrTask is matched by the refusal of a task ID: unknown, another
@@ -143,6 +157,13 @@ func (h *Host) maxTasks() int {
 	return DefaultMaxTasks
 }
 
+func (h *Host) maxTaskBytesPerClient() int {
+	if h.opts.MaxTaskBytesPerClient > 0 {
+		return h.opts.MaxTaskBytesPerClient
+	}
+	return DefaultMaxTaskBytesPerClient
+}
+
 func (h *Host) taskTTL() time.Duration {
 	if h.opts.TaskTTL > 0 {
 		return h.opts.TaskTTL
@@ -150,24 +171,60 @@ func (h *Host) taskTTL() time.Duration {
 	return DefaultTaskTTL
 }
 
-// add registers a new task of owner, within the bounds: past a bound the
-// owner's oldest finished task is forgotten first, and with none the
-// task is refused.
-func (s *taskStore) add(owner string, cancel context.CancelFunc) (*task, error) {
+// ownerUse is what one owner's tasks hold.
+type ownerUse struct{ tasks, bytes int }
+
+// add registers a new task of owner, holding size bytes (its arguments),
+// within the bounds: past a bound the owner's oldest finished tasks are
+// forgotten first, and with none left the task is refused.
+func (s *taskStore) add(owner string, size int, cancel context.CancelFunc) (*task, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.owners[owner] >= s.h.maxTasksPerClient() && !s.dropOldestFinishedLocked(owner) {
-		return nil, fmt.Errorf("%w: the client holds %d tasks, the most it may; cancel one or wait for one to finish", errTooManyTasks, s.owners[owner])
+	use := func() ownerUse {
+		if u := s.owners[owner]; u != nil {
+			return *u
+		}
+		return ownerUse{}
 	}
-	if len(s.tasks) >= s.h.maxTasks() && !s.dropOldestFinishedLocked(owner) {
-		return nil, fmt.Errorf("%w: the server holds %d tasks, the most it may", errTooManyTasks, len(s.tasks))
+	for {
+		u := use()
+		var over error
+		switch {
+		case u.tasks >= s.h.maxTasksPerClient():
+			over = fmt.Errorf("%w: the client holds %d tasks, the most it may; cancel one or wait for one to finish", errTooManyTasks, u.tasks)
+		case len(s.tasks) >= s.h.maxTasks():
+			over = fmt.Errorf("%w: the server holds %d tasks, the most it may", errTooManyTasks, len(s.tasks))
+		case u.bytes+size > s.h.maxTaskBytesPerClient():
+			over = fmt.Errorf("%w: the client's tasks hold %d bytes, and this one's arguments %d; the most is %d", errTooManyTasks, u.bytes, size, s.h.maxTaskBytesPerClient())
+		case s.bytes+size > taskBytesTotal:
+			over = fmt.Errorf("%w: the server's tasks hold %d bytes, the most it may", errTooManyTasks, s.bytes)
+		}
+		if over == nil {
+			break
+		}
+		if !s.dropOldestFinishedLocked(owner) {
+			return nil, over
+		}
 	}
 	now := time.Now()
 	t := &task{id: s.newID(), owner: owner, created: now, updated: now, ttl: s.h.taskTTL(), cancel: cancel, status: taskWorking}
 	s.tasks[t.id] = t
-	s.owners[owner]++
+	if s.owners[owner] == nil {
+		s.owners[owner] = &ownerUse{}
+	}
+	s.owners[owner].tasks++
+	s.resizeLocked(t, size)
 	t.expire = time.AfterFunc(t.ttl, func() { s.expire(t) })
 	return t, nil
+}
+
+// resizeLocked sets what t holds to size bytes. s.mu is held.
+func (s *taskStore) resizeLocked(t *task, size int) {
+	if u := s.owners[t.owner]; u != nil {
+		u.bytes += size - t.bytes
+	}
+	s.bytes += size - t.bytes
+	t.bytes = size
 }
 
 // dropOldestFinishedLocked forgets owner's oldest finished task, and
@@ -192,8 +249,11 @@ func (s *taskStore) removeLocked(t *task) {
 	}
 	delete(s.tasks, t.id)
 	s.notifyLocked(t)
-	if s.owners[t.owner]--; s.owners[t.owner] <= 0 {
-		delete(s.owners, t.owner)
+	s.resizeLocked(t, 0)
+	if u := s.owners[t.owner]; u != nil {
+		if u.tasks--; u.tasks <= 0 {
+			delete(s.owners, t.owner)
+		}
 	}
 	t.expire.Stop()
 }
@@ -346,7 +406,7 @@ func (h *Host) startTask(ctx context.Context, next mcp.MethodHandler, req *mcp.C
 		return nil, protocolError(ErrClosed)
 	}
 	tctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	t, err := h.tasks.add(h.taskOwner(req.Session, req.Extra), cancel)
+	t, err := h.tasks.add(h.taskOwner(req.Session, req.Extra), len(req.Params.Arguments), cancel)
 	if err != nil {
 		cancel()
 		h.wg.Done()
@@ -393,6 +453,11 @@ func (h *Host) driveTask(ctx context.Context, next mcp.MethodHandler, t *task, r
 				return
 			}
 			s.mu.Lock()
+			if terminal(t.status) { // cancelled as the last answer came
+				s.mu.Unlock()
+				h.abandonParked(t)
+				return
+			}
 			retry := *t.retry
 			p := *retry.Params
 			p.InputResponses, p.RequestState = t.answered, t.state
@@ -404,6 +469,14 @@ func (h *Host) driveTask(ctx context.Context, next mcp.MethodHandler, t *task, r
 			continue
 		default:
 			t.status, t.result = taskCompleted, res
+		}
+		// A finished task holds its result (or error), not its arguments.
+		held, _ := json.Marshal(t.result)
+		if t.err != nil {
+			held, _ = json.Marshal(t.err)
+		}
+		if s.tasks[t.id] == t {
+			s.resizeLocked(t, len(held))
 		}
 		s.mu.Unlock()
 		h.log.Info("task ended", "task", t.id, "status", t.status)
@@ -645,6 +718,7 @@ func (h *Host) tasksCancel(t *task, _ *taskParams) (mcp.Result, func(), error) {
 		return &taskAck{ResultType: "complete"}, nil, nil
 	}
 	t.status, t.updated = taskCancelled, time.Now()
+	h.tasks.resizeLocked(t, 0) // it holds nothing once its call has stopped
 	h.tasks.notifyLocked(t)
 	return &taskAck{ResultType: "complete"}, func() {
 		t.cancel()

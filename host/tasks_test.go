@@ -286,3 +286,26 @@ func TestTaskBounds(t *testing.T) {
 		t.Errorf("a task from before a restart: %v; want -32602 saying so", err)
 	}
 }
+
+// The arguments running tasks hold are bounded per client: five calls of
+// 60 KiB each, parked for input, are more than its 256 KiB.
+func TestTaskBytes(t *testing.T) {
+	f := newFixture(t, &host.Options{MaxTaskBytesPerClient: 256 << 10}, sandbox.NewPolicy(), map[string]string{"everything.wasm": testplugins.Example(t, "everything")})
+	url := serveHTTP(t, f)
+	cs := tasksClient(t, url, true)
+	big := strings.Repeat("x", 60<<10)
+	var ids []string
+	for range 4 {
+		id := startTask(t, url, "confirm_delete", map[string]any{"filename": "f", "padding": big})
+		waitStatus(t, cs, id, "input_required") // parked: no CPU while the test goes on
+		ids = append(ids, id)
+	}
+	if res, e := rpc(t, url, "tools/call", "confirm_delete", map[string]any{"name": "confirm_delete", "arguments": map[string]any{"filename": "f", "padding": big}}, withTasks); e == nil || e["code"] != float64(host.CodeBusy) || !strings.Contains(e["message"].(string), "bytes") {
+		t.Fatalf("a fifth 60 KiB task: %v %v; want CodeBusy naming bytes", res, e)
+	}
+	// A cancelled task holds nothing: room for another.
+	if _, err := taskCall(t, cs, "tasks/cancel", &taskParams{TaskID: ids[0]}); err != nil {
+		t.Fatal(err)
+	}
+	startTask(t, url, "confirm_delete", map[string]any{"filename": "f", "padding": big})
+}
