@@ -67,12 +67,12 @@ const (
 // Every field but the immutable ones is guarded by the store's mu.
 type task struct {
 	id, owner string
-	bytes     int // counted against the bounds: arguments, then result
 	created   time.Time
 	ttl       time.Duration
 	cancel    context.CancelFunc
 	expire    *time.Timer
 
+	bytes    int // counted against the bounds: arguments, then result
 	updated  time.Time
 	status   string
 	result   *mcp.CallToolResult // completed
@@ -90,9 +90,8 @@ type taskStore struct {
 	boot   string // this process's tag in task IDs: a restart changes it
 	mu     sync.Mutex
 	tasks  map[string]*task
-	owners map[string]*ownerUse // owner -> what its tasks hold
-	bytes  int                  // held by all tasks
-
+	owners map[string]*ownerUse    // owner -> what its tasks hold
+	bytes  int                     // held by all tasks
 	wakes  map[*task]chan struct{} // closed at a task's next update
 }
 
@@ -140,7 +139,7 @@ func (s *taskStore) lookupLocked(id, owner string) (*task, error) {
 	if len(f) == 4 && f[0] == "t1" && hmac.Equal([]byte(f[3]), []byte(s.mac(strings.Join(f[:3], ".")))) && f[1] != s.boot {
 		return nil, fmt.Errorf("%w %q: it was created before the server restarted, and tasks do not survive a restart (no state store is configured): call the tool again", ErrTask, id)
 	}
-	return nil, fmt.Errorf("%w %q: no such task (expired, or never created)", ErrTask, id)
+	return nil, fmt.Errorf("%w %q: no such task (expired, never created, or created before the server restarted: tasks do not survive a restart)", ErrTask, id)
 }
 
 func (h *Host) maxTasksPerClient() int {
