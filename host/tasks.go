@@ -125,7 +125,7 @@ func (s *taskStore) mac(body string) string {
 	return hex.EncodeToString(m.Sum(nil)[:16])
 }
 
-// lookup returns owner's task id, or an error matching [ErrTask] that
+// lookupLocked returns owner's task id, or an error matching [ErrTask] that
 // says why there is none. Another owner's task is reported as unknown.
 // s.mu is held.
 func (s *taskStore) lookupLocked(id, owner string) (*task, error) {
