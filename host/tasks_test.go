@@ -84,6 +84,12 @@ type taskResult struct {
 // declaring the extension, with the tasks methods registered.
 func tasksClient(t *testing.T, url string, declare bool) *mcp.ClientSession {
 	t.Helper()
+	return tasksClientEra(t, url, "2026-07-28", declare)
+}
+
+// tasksClientEra is tasksClient negotiating protocol.
+func tasksClientEra(t *testing.T, url, protocol string, declare bool) *mcp.ClientSession {
+	t.Helper()
 	caps := &mcp.ClientCapabilities{}
 	if declare {
 		caps.AddExtension(host.TasksExtension, nil)
@@ -94,7 +100,7 @@ func tasksClient(t *testing.T, url string, declare bool) *mcp.ClientSession {
 			t.Fatal(err)
 		}
 	}
-	cs, err := c.Connect(context.Background(), &mcp.StreamableClientTransport{Endpoint: url + "/mcp"}, &mcp.ClientSessionOptions{ProtocolVersion: "2026-07-28"})
+	cs, err := c.Connect(context.Background(), &mcp.StreamableClientTransport{Endpoint: url + "/mcp"}, &mcp.ClientSessionOptions{ProtocolVersion: protocol})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -252,6 +258,50 @@ func TestTasks(t *testing.T) {
 			t.Errorf("tasks/get with a mismatched Mcp-Name: %v; want -32020", e)
 		}
 	})
+}
+
+// A 2025-11-25 session that declared the extension when it connected gets
+// tasks too, its own: another client cannot see them. The task is created
+// by hand (the go-sdk client has no task handle), on the session.
+func TestTasksInASession(t *testing.T) {
+	f := newFixture(t, nil, sandbox.NewPolicy(), map[string]string{"everything.wasm": testplugins.Example(t, "everything")})
+	url := serveHTTP(t, f)
+	cs := tasksClientEra(t, url, "2025-11-25", true)
+	if cs.ID() == "" {
+		t.Fatal("no session")
+	}
+	body := `{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"slow_compute","arguments":{"seconds":0.05,"label":"session"}}}`
+	req, _ := http.NewRequest(http.MethodPost, url+"/mcp", strings.NewReader(body))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Accept", "application/json, text/event-stream")
+	req.Header.Set("Mcp-Session-Id", cs.ID())
+	req.Header.Set("Mcp-Protocol-Version", "2025-11-25")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var id string
+	for _, e := range readEvents(t, resp) {
+		var msg struct {
+			Result struct {
+				ResultType, TaskID string
+			}
+		}
+		if json.Unmarshal([]byte(e.data), &msg) == nil && msg.Result.ResultType == "task" {
+			id = msg.Result.TaskID
+		}
+	}
+	if id == "" {
+		t.Fatal("a session that declared the extension got no task")
+	}
+	got := waitStatus(t, cs, id, "completed")
+	if got.Result == nil || !strings.Contains(got.Result.Content[0]["text"].(string), `computed "session"`) {
+		t.Errorf("the session's task: %+v", got.Result)
+	}
+	other := tasksClientEra(t, url, "2025-11-25", true)
+	if _, err := taskCall(t, other, "tasks/get", &taskParams{TaskID: id}); rpcCode(err) != jsonrpc.CodeInvalidParams {
+		t.Errorf("another session's tasks/get: %v; want -32602, as for an unknown task", err)
+	}
 }
 
 // Tasks are bounded per client in number (the oldest finished one is
