@@ -170,7 +170,9 @@ verdict() {
 	n_passed=$(printf '%s' "$passed" | grep -c . || true)
 	n_failed=$(printf '%s' "$failed" | grep -c . || true)
 	for s in $expected; do
-		printf '%s\n' "$passed" | grep -qx -- "$s" || regressions="$regressions $label:$s"
+		# A here-string, not a pipe: grep -q stops at the first match,
+		# and under pipefail printf's SIGPIPE would count as a miss.
+		grep -qxF -- "$s" <<<"$passed" || regressions="$regressions $label:$s"
 	done
 	if [ -n "$failed" ]; then
 		echo "failed:" $failed
