@@ -52,6 +52,21 @@ func readEvents(t *testing.T, resp *http.Response) []sseEvent {
 	return out
 }
 
+// postInSession POSTs a JSON-RPC message by hand on a 2025-11-25 session.
+func postInSession(t *testing.T, url, session, body string) *http.Response {
+	t.Helper()
+	req, _ := http.NewRequest(http.MethodPost, url+"/mcp", strings.NewReader(body))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Accept", "application/json, text/event-stream")
+	req.Header.Set("Mcp-Session-Id", session)
+	req.Header.Set("Mcp-Protocol-Version", "2025-11-25")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp
+}
+
 // On a 2025-11-25 session every SSE stream opens with a priming event (an
 // ID, no data); a guest's close_stream ends its call's stream with a retry
 // field before the result, and the client that reconnects with
@@ -64,16 +79,7 @@ func TestSSEPrimingAndRetry(t *testing.T) {
 	if cs.ID() == "" {
 		t.Fatal("no session")
 	}
-	post, _ := http.NewRequest(http.MethodPost, url+"/mcp", strings.NewReader(`{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"test_reconnection","arguments":{}}}`))
-	post.Header.Set("Content-Type", "application/json")
-	post.Header.Set("Accept", "application/json, text/event-stream")
-	post.Header.Set("Mcp-Session-Id", cs.ID())
-	post.Header.Set("Mcp-Protocol-Version", "2025-11-25")
-	resp, err := http.DefaultClient.Do(post)
-	if err != nil {
-		t.Fatal(err)
-	}
-	events := readEvents(t, resp)
+	events := readEvents(t, postInSession(t, url, cs.ID(), `{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"test_reconnection","arguments":{}}}`))
 	if len(events) == 0 || events[0].id == "" || events[0].data != "" {
 		t.Fatalf("POST stream %+v: want a priming event (an ID, no data) first", events)
 	}
@@ -99,7 +105,7 @@ func TestSSEPrimingAndRetry(t *testing.T) {
 	get.Header.Set("Mcp-Protocol-Version", "2025-11-25")
 	get.Header.Set("Last-Event-ID", last)
 	// The resumed stream ends once it has delivered the call's response.
-	resp, err = http.DefaultClient.Do(get)
+	resp, err := http.DefaultClient.Do(get)
 	if err != nil {
 		t.Fatal(err)
 	}

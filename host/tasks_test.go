@@ -271,17 +271,8 @@ func TestTasksInASession(t *testing.T) {
 		t.Fatal("no session")
 	}
 	body := `{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"slow_compute","arguments":{"seconds":0.05,"label":"session"}}}`
-	req, _ := http.NewRequest(http.MethodPost, url+"/mcp", strings.NewReader(body))
-	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("Accept", "application/json, text/event-stream")
-	req.Header.Set("Mcp-Session-Id", cs.ID())
-	req.Header.Set("Mcp-Protocol-Version", "2025-11-25")
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
 	var id string
-	for _, e := range readEvents(t, resp) {
+	for _, e := range readEvents(t, postInSession(t, url, cs.ID(), body)) {
 		var msg struct {
 			Result struct {
 				ResultType, TaskID string
