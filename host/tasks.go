@@ -526,8 +526,9 @@ func (s *taskStore) notifyLocked(t *task) {
 }
 
 // abandonParked stops the call of a task that waits for input: the host
-// parked it in the session layer, so it is resumed with no answers on a
-// cancelled context, which stops its guest.
+// parked it in the session layer, and takes it out as a client that never
+// came back would have it (elicit.go's abandonRun): its guest is stopped
+// and its instance reset.
 func (h *Host) abandonParked(t *task) {
 	h.tasks.mu.Lock()
 	req, state := t.retry, t.state
@@ -535,22 +536,18 @@ func (h *Host) abandonParked(t *task) {
 	if req == nil || state == "" {
 		return
 	}
-	cat := h.Catalogue()
-	if cat == nil {
-		return
+	id, round, err := h.verifyState(state, req.Params.Name)
+	if err != nil {
+		return // expired: the session layer abandons it itself
 	}
-	tool, ok := cat.Tool(req.Params.Name)
-	if !ok {
-		return
+	if v, ok := h.ses.Unpark(id, func(v any) bool { return v.(*run).round == round }); ok {
+		h.abandonRun(v.(*run), errTaskCancelled) // returns once the guest has stopped
+		h.log.Info("task's parked call stopped", "task", t.id)
 	}
-	retry := *req
-	p := *req.Params
-	p.InputResponses, p.RequestState = nil, state
-	retry.Params = &p
-	ctx, cancel := context.WithCancel(context.Background())
-	cancel()
-	h.resume(ctx, tool, &retry) //nolint:errcheck // the call ends either way
 }
+
+// errTaskCancelled is why a task's parked call was stopped.
+var errTaskCancelled = errors.New("its task was cancelled or expired")
 
 func asRPCError(err error) *jsonrpc.Error {
 	var je *jsonrpc.Error
