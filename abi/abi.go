@@ -139,7 +139,35 @@ type Tool struct {
 	InputSchema  json.RawMessage `json:"inputSchema,omitempty"`
 	OutputSchema json.RawMessage `json:"outputSchema,omitempty"`
 	Annotations  json.RawMessage `json:"annotations,omitempty"`
+	// RequiredClientCapabilities is an MCP ClientCapabilities object
+	// naming what a call of the tool cannot do without (for example
+	// {"sampling": {}}). The host refuses a call from a client that did
+	// not declare each of them, before the guest runs, with the JSON-RPC
+	// error MissingRequiredClientCapability (-32021). It is not served
+	// to clients.
+	RequiredClientCapabilities json.RawMessage `json:"requiredClientCapabilities,omitempty"`
+	// Execution says how a call of the tool may run (MCP's
+	// Tool.execution).
+	Execution *ToolExecution `json:"execution,omitempty"`
 }
+
+// ToolExecution is MCP's Tool.execution: whether a call may run as a task
+// (the Tasks extension, SEP-2663).
+type ToolExecution struct {
+	// TaskSupport is [TaskForbidden] (the default), [TaskOptional] or
+	// [TaskRequired]. A call of an optional or required tool from a
+	// client that declared the extension is answered with a task the
+	// client polls; a required tool is refused (-32021) to a client that
+	// did not declare it.
+	TaskSupport string `json:"taskSupport,omitempty"`
+}
+
+// Values of [ToolExecution.TaskSupport].
+const (
+	TaskForbidden = "forbidden"
+	TaskOptional  = "optional"
+	TaskRequired  = "required"
+)
 
 // SessionArgument is the tool argument the host adds to the input schema
 // of every tool of a plugin that keeps state, when it serves a client of

@@ -53,7 +53,18 @@ const (
 	// 2026-07-28 client gets them in one input-required result; an older
 	// client is asked them in turn, in key order. Blocks until answered.
 	FuncRequestInputs = "request_inputs"
+	// FuncCloseStream (offset i64): a CloseStreamParams. Frees the
+	// client's connection during a long call (SEP-1699 polling); see
+	// docs/ABI.md.
+	FuncCloseStream = "close_stream"
 )
+
+// CloseStreamParams is the input of [FuncCloseStream]: the delay, in
+// milliseconds, after which the client should reconnect (1 to 60 000; 0
+// means 1 000).
+type CloseStreamParams struct {
+	RetryAfterMs int64 `json:"retryAfterMs,omitempty"`
+}
 
 // ProgressParams is the input of [FuncNotifyProgress]. ProgressToken is
 // accepted for hyper-mcp compatibility and ignored: the host always uses
@@ -210,6 +221,7 @@ func UserFuncs() []UserFunc {
 		{FuncGetAccessToken, true, true},
 		{FuncNotifyURLElicitationCompleted, true, false},
 		{FuncRequestInputs, true, true},
+		{FuncCloseStream, true, false},
 	}
 }
 

@@ -31,7 +31,7 @@ func (h *Host) handler(t *plugins.Tool) mcp.ToolHandler {
 		case err != nil:
 			h.metrics.call(name, "refused", d)
 			h.log.Warn("call refused", "tool", t.Name, "plugin", name, "error", err)
-			return nil, err
+			return nil, protocolError(err)
 		case res.IsError:
 			h.metrics.call(name, "tool_error", d)
 		default:
@@ -43,6 +43,12 @@ func (h *Host) handler(t *plugins.Tool) mcp.ToolHandler {
 }
 
 func (h *Host) call(ctx context.Context, t *plugins.Tool, req *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+	// Before anything runs: a call the client cannot take part in is
+	// refused whole (MCP 2026-07-28 says a server must not rely on a
+	// capability the client did not declare).
+	if missing := missingCapabilities(t, req.ClientCapabilities()); missing != nil {
+		return nil, missingCapabilityError(t.Name, missing)
+	}
 	if req.Params.RequestState != "" {
 		return h.resume(ctx, t, req)
 	}

@@ -147,6 +147,24 @@ type Options struct {
 	// of a call. A further question is answered "cancel" at once, with an
 	// error the guest sees.
 	MaxQuestions int
+	// MaxTasksPerClient bounds the tasks (the Tasks extension, SEP-2663)
+	// one client holds, running or finished, and MaxTasks those of all
+	// clients; 0 means [DefaultMaxTasksPerClient] and [DefaultMaxTasks].
+	// Past a bound the client's oldest finished task is forgotten, and
+	// with none a new task is refused (CodeBusy). A client is its
+	// authenticated subject, else its session, else its
+	// ClientKeyHeader value; unauthenticated 2026-07-28 clients without
+	// that header cannot be told apart and share one bound.
+	MaxTasksPerClient, MaxTasks int
+	// MaxTaskBytesPerClient bounds the bytes one client's tasks hold (a
+	// running task its call's arguments, a finished one its result); 0
+	// means [DefaultMaxTaskBytesPerClient]. All clients' tasks hold at
+	// most 128 MiB. Past either, as past a count, a new task is refused.
+	MaxTaskBytesPerClient int
+	// TaskTTL is how long a task is kept from its creation; 0 means
+	// [DefaultTaskTTL]. A task still running then is cancelled (its guest
+	// stopped, its instance reset) and forgotten.
+	TaskTTL time.Duration
 }
 
 // Host serves plugins over MCP. It is safe for concurrent use. Close it to
@@ -179,7 +197,8 @@ type Host struct {
 	// Keys derived from stateKey for session handles (handles.go).
 	handleSignKey, handleSubjectKey []byte
 	auditMu                         sync.Mutex
-	budgets                         sync.Map       // plugin name -> *pluginBudget
+	budgets                         sync.Map // plugin name -> *pluginBudget
+	tasks                           *taskStore
 	wg                              sync.WaitGroup // session watchers
 }
 
@@ -232,6 +251,7 @@ func New(src *plugins.Reloader, opts *Options) *Host {
 	if version == "" {
 		version = "dev"
 	}
+	h.tasks = newTaskStore(h)
 	h.server = h.newServer(name, version)
 	h.modern = h.newServer(name, version)
 	// The catalogue served now, then every change, in src's order.
@@ -255,6 +275,7 @@ func (h *Host) newServer(name, version string) *mcp.Server {
 			Resources:   &mcp.ResourceCapabilities{ListChanged: true, Subscribe: true},
 			Completions: &mcp.CompletionCapabilities{},
 			Logging:     &mcp.LoggingCapabilities{},
+			Extensions:  map[string]any{TasksExtension: map[string]any{}},
 		},
 		CompletionHandler: func(ctx context.Context, req *mcp.CompleteRequest) (*mcp.CompleteResult, error) {
 			return h.complete(ctx, req)
@@ -272,6 +293,8 @@ func (h *Host) newServer(name, version string) *mcp.Server {
 	if h.opts.Loaded != nil {
 		s.AddReceivingMiddleware(h.waitForLoad)
 	}
+	s.AddReceivingMiddleware(h.taskMiddleware)
+	h.addTaskMethods(s)
 	return s
 }
 
@@ -403,7 +426,16 @@ func (h *Host) HTTPHandler() http.Handler {
 			h.log.Error("allowed origin ignored", "origin", o, "error", err)
 		}
 	}
+	// Sessions' streams (protocols up to 2025-11-25) are resumable: each
+	// SSE stream opens with a priming event, and a client that lost one
+	// (or whose guest closed it, close_stream) reconnects with
+	// Last-Event-ID and gets what it missed. The store is bounded in
+	// total; past the bound the oldest messages of every stream go first,
+	// so a flood costs others resumption, never memory.
+	events := mcp.NewMemoryEventStore(nil)
+	events.SetMaxBytes(StreamReplayBytes)
 	stateful := mcp.NewStreamableHTTPHandler(legacy, &mcp.StreamableHTTPOptions{
+		EventStore:            events,
 		SessionTimeout:        h.sessionTimeout(),
 		Logger:                h.log.With("component", "mcp-http"),
 		CrossOriginProtection: cop,
@@ -427,6 +459,11 @@ func (h *Host) HTTPHandler() http.Handler {
 	})
 }
 
+// StreamReplayBytes bounds the messages kept, across all HTTP sessions,
+// so that a client that lost a stream can resume it (SEP-1699). Past it
+// the oldest are dropped: a client resuming later than that misses them.
+const StreamReplayBytes = 8 << 20
+
 // sessionlessProtocol is the first MCP revision without sessions.
 const sessionlessProtocol = "2026-07-28"
 
@@ -446,6 +483,7 @@ func (h *Host) Close(ctx context.Context) error {
 	}
 	h.closed = true
 	h.mu.Unlock()
+	h.tasks.closeAll()
 	err := h.ses.Close(ctx)
 	h.conns.Range(func(ss, _ any) bool {
 		// Close waits for the session's handlers: a call still running

@@ -1,6 +1,7 @@
 package host
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -340,6 +341,16 @@ func (e *callEnv) hostFunc(ctx context.Context, name string, input []byte) ([]by
 			return nil, fmt.Errorf(`input must be {"elicitationId": "..."}`)
 		}
 		return nil, e.elicitationComplete(&p)
+	case abi.FuncCloseStream:
+		var p abi.CloseStreamParams
+		if err := strictJSON(input, &p); err != nil {
+			return nil, err
+		}
+		if p.RetryAfterMs < 0 || p.RetryAfterMs > maxRetryAfterMs {
+			return nil, fmt.Errorf("retryAfterMs %d is outside 0 to %d", p.RetryAfterMs, maxRetryAfterMs)
+		}
+		e.closeStream(time.Duration(cmp.Or(p.RetryAfterMs, 1000)) * time.Millisecond)
+		return nil, nil
 	case abi.FuncNotifyResourceUpdated:
 		var p struct {
 			URI string `json:"uri"`
@@ -757,4 +768,21 @@ func (p *progressSender) close() {
 		close(p.stop)
 	}
 	<-p.done
+}
+
+// maxRetryAfterMs bounds the reconnection delay a guest may ask a client
+// for: longer, and a client would seem to hang.
+const maxRetryAfterMs = 60_000
+
+// closeStream ends the response stream of the request the call is being
+// served on, asking the client to reconnect after retry. The go-sdk does
+// it only on a 2025-11-25 HTTP session, and the host's stateful handler
+// keeps an event store, so the client gets the rest of the call's
+// messages on the stream it reconnects with; elsewhere it does nothing.
+func (e *callEnv) closeStream(retry time.Duration) {
+	_, req := e.current()
+	if req == nil || req.Extra == nil || req.Extra.CloseSSEStream == nil {
+		return
+	}
+	req.Extra.CloseSSEStream(mcp.CloseSSEStreamArgs{RetryAfter: retry})
 }

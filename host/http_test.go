@@ -38,11 +38,19 @@ func serveHTTP(t *testing.T, f *fixture) string {
 
 func connectHTTP(t *testing.T, url, protocol string, rt http.RoundTripper) *mcp.ClientSession {
 	t.Helper()
+	return connectHTTPEra(t, url, protocol, nil, rt)
+}
+
+// connectHTTPEra connects a go-sdk client with options copts, negotiating
+// protocol ("" for the client's default), its requests through rt (nil
+// for the default transport).
+func connectHTTPEra(t *testing.T, url, protocol string, copts *mcp.ClientOptions, rt http.RoundTripper) *mcp.ClientSession {
+	t.Helper()
 	tr := &mcp.StreamableClientTransport{Endpoint: url + "/mcp"}
 	if rt != nil {
 		tr.HTTPClient = &http.Client{Transport: rt}
 	}
-	cs, err := mcp.NewClient(&mcp.Implementation{Name: "test", Version: "1"}, nil).Connect(context.Background(), tr, &mcp.ClientSessionOptions{ProtocolVersion: protocol})
+	cs, err := mcp.NewClient(&mcp.Implementation{Name: "test", Version: "1"}, copts).Connect(context.Background(), tr, &mcp.ClientSessionOptions{ProtocolVersion: protocol})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -58,6 +58,8 @@ func TestEvictionAndCapacity(t *testing.T) {
 	_, err := c.CallTool(context.Background(), &mcp.CallToolParams{Name: "spin", Arguments: map[string]any{}})
 	if err == nil || !strings.Contains(err.Error(), "server at capacity") {
 		t.Errorf("call with every instance busy: %v; want a capacity refusal", err)
+	} else if je := rpcError(t, "call at capacity", err); je.Code != host.CodeAtCapacity {
+		t.Errorf("call at capacity: code %d, want %d", je.Code, host.CodeAtCapacity)
 	}
 	cancel()
 	wg.Wait()

@@ -124,7 +124,7 @@ func (h *Host) current(t *plugins.Tool) (*plugins.Tool, error) {
 			return now, nil
 		}
 	}
-	return nil, fmt.Errorf("tool %q was removed", t.Name)
+	return nil, fmt.Errorf("%w %q: it was removed", errUnknownTool, t.Name)
 }
 
 // currentPlugin returns the plugin served now under p's name.

@@ -317,6 +317,19 @@ func (p *Plugin) describeWith(ctx context.Context, inst *sandbox.Instance, prefi
 		if err := checkReserved(t.Def.InputSchema); err != nil {
 			return fmt.Errorf("tool %q: input schema: %w", d.Name, err)
 		}
+		if rc := d.RequiredClientCapabilities; len(rc) > 0 {
+			var caps map[string]any
+			if err := json.Unmarshal(rc, &caps); err != nil || caps == nil {
+				return fmt.Errorf("tool %q: requiredClientCapabilities must be an object of capabilities", d.Name)
+			}
+		}
+		if e := d.Execution; e != nil {
+			switch e.TaskSupport {
+			case "", abi.TaskForbidden, abi.TaskOptional, abi.TaskRequired:
+			default:
+				return fmt.Errorf("tool %q: execution.taskSupport %q is not forbidden, optional or required", d.Name, e.TaskSupport)
+			}
+		}
 		p.tools = append(p.tools, t)
 	}
 	return p.describeMore(ctx, inst, prefix)

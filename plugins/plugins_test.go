@@ -80,6 +80,8 @@ func TestLoadRefuses(t *testing.T) {
 		{"not wasm", []byte("hello, world\n"), plugins.Options{}, "not a WebAssembly module"},
 		{"missing import", testplugins.Bytes(t, testplugins.Test(t, "missingimport")), plugins.Options{}, "extism:host/user.launch_missiles"},
 		{"schema not an object", testplugins.Bytes(t, testplugins.Test(t, "badschema")), plugins.Options{}, `type is "string", but MCP requires "object"`},
+		{"capabilities not an object", testplugins.Bytes(t, testplugins.Test(t, "badcaps")), plugins.Options{}, "requiredClientCapabilities must be an object"},
+		{"unknown task support", testplugins.Bytes(t, testplugins.Test(t, "badtask")), plugins.Options{}, `execution.taskSupport "always" is not forbidden, optional or required`},
 		{"invalid name from prefix", counter, plugins.Options{Prefix: "my tools."}, `tool name "my tools.count" is not allowed`},
 		{"name too long", counter, plugins.Options{Prefix: strings.Repeat("x", 60)}, "is not allowed"},
 		{"no plugin interface", testplugins.Bytes(t, testplugins.Test(t, "missingimport"))[:0], plugins.Options{}, "not a WebAssembly module"},

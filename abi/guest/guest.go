@@ -52,6 +52,15 @@ type Tool struct {
 	InputSchema string
 	// Annotations is the MCP tool annotations object as JSON text, or empty.
 	Annotations string
+	// RequiredClientCapabilities is an MCP ClientCapabilities object as
+	// JSON text, or empty: the host refuses a call from a client that
+	// did not declare them (see [abi.Tool]), so the handler never runs
+	// without them.
+	RequiredClientCapabilities string
+	// TaskSupport is "" (forbidden), [abi.TaskOptional] or
+	// [abi.TaskRequired]: whether a call may be answered with a task the
+	// client polls (see [abi.ToolExecution]).
+	TaskSupport string
 	Handler     Handler
 }
 
@@ -120,6 +129,12 @@ func listTools() int32 {
 		at := abi.Tool{Name: t.Name, Title: t.Title, Description: t.Description, InputSchema: json.RawMessage(schema)}
 		if t.Annotations != "" {
 			at.Annotations = json.RawMessage(t.Annotations)
+		}
+		if t.TaskSupport != "" {
+			at.Execution = &abi.ToolExecution{TaskSupport: t.TaskSupport}
+		}
+		if t.RequiredClientCapabilities != "" {
+			at.RequiredClientCapabilities = json.RawMessage(t.RequiredClientCapabilities)
 		}
 		res.Tools = append(res.Tools, at)
 	}

@@ -23,6 +23,12 @@ func hostCreateElicitation(offset uint64) uint64
 //go:wasmimport extism:host/user notify_tool_list_changed
 func hostNotifyToolListChanged()
 
+//go:wasmimport extism:host/user notify_prompt_list_changed
+func hostNotifyPromptListChanged()
+
+//go:wasmimport extism:host/user close_stream
+func hostCloseStream(offset uint64)
+
 //go:wasmimport extism:host/user write_record
 func hostWriteRecord(offset uint64) uint64
 
@@ -88,6 +94,21 @@ func Elicit(req abi.ElicitRequest) (*abi.ElicitResult, error) {
 // ToolListChanged tells the host that the plugin's tool list changed: it
 // lists the tools again and tells clients.
 func ToolListChanged() { hostNotifyToolListChanged() }
+
+// PromptListChanged tells the host that the plugin's prompt list changed
+// (a prompt registered with [RegisterPrompt] as a call ran): it lists the
+// prompts again once the call ends and tells clients.
+func PromptListChanged() { hostNotifyPromptListChanged() }
+
+// CloseStream ends the HTTP response stream that carries the current
+// call's messages, telling the client to reconnect after retryAfterMs
+// milliseconds; the call runs on and its result reaches the client on the
+// stream it reconnects with. A call about to run long uses it to free the
+// client's connection. It does something only for a 2025-11-25 client
+// over HTTP.
+func CloseStream(retryAfterMs int64) {
+	hostCloseStream(storeJSON(abi.CloseStreamParams{RetryAfterMs: retryAfterMs}))
+}
 
 // WriteRecord leaves a record of a side effect the call had (a file it
 // wrote, a request it made). Records are served in the result's _meta and

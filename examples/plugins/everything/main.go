@@ -203,6 +203,8 @@ func init() {
 		},
 	)
 	registerInputRequired()
+	registerTriggers()
+	registerTasks()
 	guest.Register(tool("test_update_watched_resource", "Tells subscribers that test://watched-resource changed", "", func(*guest.Call) (*guest.Result, error) {
 		guest.NotifyResourceUpdated("test://watched-resource")
 		return content(text("updated test://watched-resource")), nil
@@ -366,6 +368,20 @@ func registerInputRequired() {
 				guest.Log("info", "test_logging_tool executed")
 				return content(text("Log attempted; the host gates on _meta.../logLevel.")), nil
 			}),
+		tool("test_reconnection", "Closes the call's SSE stream before its result, with a retry field; the client reconnects with Last-Event-ID and gets the result (SEP-1699)", noArgs,
+			func(*guest.Call) (*guest.Result, error) {
+				guest.CloseStream(100)
+				return content(text("Reconnection test completed successfully. If you received this, the client properly reconnected after stream closure.")), nil
+			}),
+		guest.Tool{
+			Name:        "test_missing_capability",
+			Description: "Requires the sampling client capability: the host refuses a call from a client without it with MissingRequiredClientCapability (-32021) (SEP-2575)",
+			// The host checks this before the handler runs.
+			RequiredClientCapabilities: `{"sampling":{}}`,
+			Handler: func(*guest.Call) (*guest.Result, error) {
+				return content(text("Client declared the sampling capability; tool executed.")), nil
+			},
+		},
 		tool("test_x_mcp_header", "Tests SEP-2243 Mcp-Param-* server-side validation",
 			`{"type":"object","properties":{
 				"region":{"type":"string","description":"mirrored into Mcp-Param-Region","x-mcp-header":"Region"},
@@ -378,6 +394,132 @@ func registerInputRequired() {
 				return content(text("region=" + in.Region)), nil
 			}),
 	)
+}
+
+// changes counts this instance's list changes, so that each trigger
+// changes the lists.
+var changes int
+
+// registerTriggers adds the hooks of the server-stateless scenario
+// (SEP-2575) that change the tool or prompt list, as the go-sdk's
+// conformance server has them. Each adds a tool or prompt to this
+// instance's lists and tells the host, which reads the lists again from
+// this instance once the call ends and sends list_changed (to a 2026-07-28
+// client's subscriptions/listen stream). The addition is named after the
+// change and described after the client (a 2026-07-28 client without a
+// session handle gets a fresh instance for each call), so that every
+// trigger changes what is served: the host tells clients only of real
+// changes.
+func registerTriggers() {
+	guest.Register(
+		tool("test_trigger_tool_change", "Adds a tool to the tool list, so that clients are sent tools/list_changed (SEP-2575)", "",
+			func(c *guest.Call) (*guest.Result, error) {
+				changes++
+				name := fmt.Sprintf("test_dynamic_tool_%d", changes)
+				guest.Register(tool(name, fmt.Sprintf("Added by test_trigger_tool_change (client %q)", c.Context.SessionID), "",
+					func(*guest.Call) (*guest.Result, error) { return content(text("dynamic tool")), nil }))
+				guest.ToolListChanged()
+				return content(text("added tool " + name)), nil
+			}),
+		tool("test_trigger_prompt_change", "Adds a prompt to the prompt list, so that clients are sent prompts/list_changed (SEP-2575)", "",
+			func(c *guest.Call) (*guest.Result, error) {
+				changes++
+				name := fmt.Sprintf("test_dynamic_prompt_%d", changes)
+				guest.RegisterPrompt(guest.Prompt{Name: name, Description: fmt.Sprintf("Added by test_trigger_prompt_change (client %q)", c.Context.SessionID),
+					Get: func(map[string]string) (*guest.PromptResult, error) {
+						return &guest.PromptResult{Messages: []guest.PromptMessage{{Role: "user", Content: guest.TextBlock("dynamic prompt")}}}, nil
+					}})
+				guest.PromptListChanged()
+				return content(text("added prompt " + name)), nil
+			}),
+	)
+}
+
+// registerTasks adds the fixtures of the Tasks extension's scenarios
+// (SEP-2663): greet runs as a plain call; slow_compute, failing_job and
+// confirm_delete may run as tasks (failing_job must: the host refuses it,
+// -32021, to a client that did not declare the extension). Not here:
+// multi_input (two questions at once: a guest asks one at a time),
+// protocol_error_job (a guest's failure, a crash included, is a tool
+// error in wasmtools, never a protocol error), test_tool_with_task (a
+// call that asks through an input-required result and only then becomes
+// a task: a call from a client with the extension is a task from the
+// start).
+func registerTasks() {
+	guest.Register(
+		tool("greet", "Says hello; never a task", `{"type":"object","properties":{"name":{"type":"string"}},"required":["name"]}`,
+			func(c *guest.Call) (*guest.Result, error) {
+				var in struct{ Name string }
+				if err := c.Bind(&in); err != nil {
+					return nil, err
+				}
+				return content(text(fmt.Sprintf("Hello, %s!", in.Name))), nil
+			}),
+		guest.Tool{
+			Name:        "slow_compute",
+			Description: "Computes for about the given seconds (a guest has no clock: work calibrated loosely), then returns; may run as a task",
+			InputSchema: `{"type":"object","properties":{"seconds":{"type":"number","minimum":0,"maximum":600},"label":{"type":"string"}}}`,
+			TaskSupport: abi.TaskOptional,
+			Handler: func(c *guest.Call) (*guest.Result, error) {
+				var in struct {
+					Seconds float64
+					Label   string
+				}
+				if err := c.Bind(&in); err != nil {
+					return nil, err
+				}
+				compute(in.Seconds)
+				return content(text(fmt.Sprintf("computed %q for about %gs", in.Label, in.Seconds))), nil
+			},
+		},
+		guest.Tool{
+			Name:        "failing_job",
+			Description: "Fails with a tool error after a moment; must run as a task",
+			TaskSupport: abi.TaskRequired,
+			Handler: func(*guest.Call) (*guest.Result, error) {
+				compute(0.2)
+				return nil, errors.New("failing_job failed, as it always does")
+			},
+		},
+		guest.Tool{
+			Name:        "confirm_delete",
+			Description: "Asks the user to confirm deleting a file (nothing is deleted); may run as a task, which waits in input_required",
+			InputSchema: `{"type":"object","properties":{"filename":{"type":"string"}},"required":["filename"]}`,
+			TaskSupport: abi.TaskOptional,
+			Handler: func(c *guest.Call) (*guest.Result, error) {
+				var in struct{ Filename string }
+				if err := c.Bind(&in); err != nil {
+					return nil, err
+				}
+				a, err := ask("confirm", fmt.Sprintf("Delete %s?", in.Filename), `{"type":"object","properties":{"confirm":{"type":"boolean"}},"required":["confirm"]}`)
+				if err != nil {
+					return nil, err
+				}
+				if ok, _ := a.Content["confirm"].(bool); ok {
+					return content(text("deleted " + in.Filename)), nil
+				}
+				return content(text("kept " + in.Filename)), nil
+			},
+		},
+	)
+}
+
+// computeRate is the loop iterations that take about a second on a
+// compiled wazero guest (measured on a loaded 2-core machine, loosely).
+const computeRate = 5_000_000
+
+// sink keeps compute's loop from being optimised away.
+var sink uint64
+
+// compute spins for about seconds: a plugin has no clock unless the
+// operator grants one, so it counts work instead. The host stops it at
+// once when the call is cancelled or times out.
+func compute(seconds float64) {
+	x := sink
+	for i := uint64(0); i < uint64(seconds*computeRate); i++ {
+		x = x*6364136223846793005 + 1442695040888963407
+	}
+	sink = x
 }
 
 // ask asks a form question; key names it in a 2026-07-28 client's

@@ -1,0 +1,361 @@
+package host_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/wasmtools/wasmtools/host"
+	"github.com/wasmtools/wasmtools/internal/testplugins"
+	"github.com/wasmtools/wasmtools/sandbox"
+)
+
+var withTasks = map[string]any{"elicitation": map[string]any{}, "extensions": map[string]any{host.TasksExtension: map[string]any{}}}
+
+// rpc sends one 2026-07-28 request over HTTP as the conformance suite
+// does (the go-sdk client has no CreateTaskResult: it would decode a task
+// handle as an empty tool result), and returns its result or error.
+func rpc(t *testing.T, url, method, name string, params map[string]any, caps map[string]any) (result map[string]any, rpcErr map[string]any) {
+	t.Helper()
+	params["_meta"] = map[string]any{"io.modelcontextprotocol/protocolVersion": "2026-07-28", "io.modelcontextprotocol/clientCapabilities": caps}
+	body, _ := json.Marshal(map[string]any{"jsonrpc": "2.0", "id": 1, "method": method, "params": params})
+	req, _ := http.NewRequest(http.MethodPost, url+"/mcp", bytes.NewReader(body))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Accept", "application/json, text/event-stream")
+	req.Header.Set("Mcp-Protocol-Version", "2026-07-28")
+	req.Header.Set("Mcp-Method", method)
+	if name != "" {
+		req.Header.Set("Mcp-Name", name)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	raw, _ := io.ReadAll(resp.Body)
+	for _, line := range strings.Split(string(raw), "\n") {
+		if d, ok := strings.CutPrefix(line, "data: "); ok {
+			raw = []byte(d)
+		}
+	}
+	var msg struct {
+		Result map[string]any `json:"result"`
+		Error  map[string]any `json:"error"`
+	}
+	if err := json.Unmarshal(raw, &msg); err != nil {
+		t.Fatalf("%s: %s: %v", method, raw, err)
+	}
+	return msg.Result, msg.Error
+}
+
+// taskParams and taskResult are the tasks methods' shapes, for the go-sdk
+// client's custom methods.
+type taskParams struct {
+	mcp.ParamsBase
+	TaskID         string         `json:"taskId"`
+	InputResponses map[string]any `json:"inputResponses,omitempty"`
+}
+
+type taskResult struct {
+	mcp.ResultBase
+	ResultType    string         `json:"resultType"`
+	TaskID        string         `json:"taskId"`
+	Status        string         `json:"status"`
+	InputRequests map[string]any `json:"inputRequests"`
+	Result        *struct {
+		Content []map[string]any `json:"content"`
+		IsError bool             `json:"isError"`
+	} `json:"result"`
+	Error *struct {
+		Code int64 `json:"code"`
+	} `json:"error"`
+}
+
+// tasksClient connects the go-sdk client over HTTP in the 2026-07-28 era,
+// declaring the extension, with the tasks methods registered.
+func tasksClient(t *testing.T, url string, declare bool) *mcp.ClientSession {
+	t.Helper()
+	return tasksClientEra(t, url, "2026-07-28", declare)
+}
+
+// tasksClientEra is tasksClient negotiating protocol.
+func tasksClientEra(t *testing.T, url, protocol string, declare bool) *mcp.ClientSession {
+	t.Helper()
+	caps := &mcp.ClientCapabilities{}
+	if declare {
+		caps.AddExtension(host.TasksExtension, nil)
+	}
+	c := mcp.NewClient(&mcp.Implementation{Name: "test", Version: "1"}, &mcp.ClientOptions{Capabilities: caps})
+	for _, m := range []string{"tasks/get", "tasks/update", "tasks/cancel"} {
+		if err := mcp.AddSendingCustomMethod[*taskParams, *taskResult](c, m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cs, err := c.Connect(context.Background(), &mcp.StreamableClientTransport{Endpoint: url + "/mcp"}, &mcp.ClientSessionOptions{ProtocolVersion: protocol})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cs.Close() })
+	return cs
+}
+
+func taskCall(t *testing.T, cs *mcp.ClientSession, method string, p *taskParams) (*taskResult, error) {
+	t.Helper()
+	return mcp.CallCustomMethod[*taskParams, *taskResult](context.Background(), cs, method, p)
+}
+
+// startTask calls tool with the extension declared and returns its task.
+func startTask(t *testing.T, url, tool string, args map[string]any) string {
+	t.Helper()
+	res, e := rpc(t, url, "tools/call", tool, map[string]any{"name": tool, "arguments": args}, withTasks)
+	if e != nil || res["resultType"] != "task" || res["taskId"] == "" || res["status"] != "working" {
+		t.Fatalf("%s: result %v error %v; want a working task", tool, res, e)
+	}
+	for _, k := range []string{"createdAt", "lastUpdatedAt", "ttlMs", "pollIntervalMs"} {
+		if res[k] == nil {
+			t.Errorf("%s: task handle without %s: %v", tool, k, res)
+		}
+	}
+	return res["taskId"].(string)
+}
+
+// waitStatus polls the task until its status is want, and returns it. A
+// guest's call takes seconds on a loaded machine: it waits up to a minute.
+func waitStatus(t *testing.T, cs *mcp.ClientSession, id, want string) *taskResult {
+	t.Helper()
+	deadline := time.Now().Add(time.Minute)
+	for {
+		got, err := taskCall(t, cs, "tasks/get", &taskParams{TaskID: id})
+		if err != nil {
+			t.Fatalf("tasks/get: %v", err)
+		}
+		if got.Status == want {
+			return got
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("task %s is %s after a minute; want %s", id, got.Status, want)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func rpcCode(err error) int64 {
+	var je *jsonrpc.Error
+	if asJSONRPC(err, &je) {
+		return je.Code
+	}
+	return 0
+}
+
+func asJSONRPC(err error, je **jsonrpc.Error) bool { return errors.As(err, je) }
+
+// A call of a task-supporting tool from a client that declared the
+// extension is a task: tasks/get finds it at once, it completes with the
+// call's result, waits in input_required for a guest's question until
+// tasks/update answers it, and tasks/cancel stops its guest. A client
+// without the extension gets plain calls, and the tasks methods and a
+// tool that requires tasks refused with -32021. Over HTTP, 2026-07-28.
+func TestTasks(t *testing.T) {
+	f := newFixture(t, nil, sandbox.NewPolicy(), map[string]string{"everything.wasm": testplugins.Example(t, "everything")})
+	url := serveHTTP(t, f)
+	cs := tasksClient(t, url, true)
+
+	t.Run("completes", func(t *testing.T) {
+		id := startTask(t, url, "slow_compute", map[string]any{"seconds": 0.05, "label": "done"})
+		if got, err := taskCall(t, cs, "tasks/get", &taskParams{TaskID: id}); err != nil || got.TaskID != id || got.ResultType != "complete" {
+			t.Fatalf("tasks/get at once: %+v %v", got, err)
+		}
+		got := waitStatus(t, cs, id, "completed")
+		if got.Result == nil || got.Result.IsError || len(got.Result.Content) == 0 || !strings.Contains(got.Result.Content[0]["text"].(string), `computed "done"`) {
+			t.Errorf("completed task: %+v", got.Result)
+		}
+	})
+	t.Run("tool error", func(t *testing.T) {
+		got := waitStatus(t, cs, startTask(t, url, "failing_job", map[string]any{}), "completed")
+		if got.Result == nil || !got.Result.IsError {
+			t.Errorf("failing_job: %+v; want completed with an isError result", got.Result)
+		}
+	})
+	t.Run("input required", func(t *testing.T) {
+		id := startTask(t, url, "confirm_delete", map[string]any{"filename": "a.txt"})
+		got := waitStatus(t, cs, id, "input_required")
+		q, _ := got.InputRequests["confirm"].(map[string]any)
+		if q["method"] != "elicitation/create" {
+			t.Fatalf("inputRequests = %v; want confirm, an elicitation", got.InputRequests)
+		}
+		ack, err := taskCall(t, cs, "tasks/update", &taskParams{TaskID: id, InputResponses: map[string]any{
+			"unasked": map[string]any{"ignored": true},
+			"confirm": map[string]any{"action": "accept", "content": map[string]any{"confirm": true}},
+		}})
+		if err != nil || ack.ResultType != "complete" || ack.TaskID != "" {
+			t.Fatalf("tasks/update: %+v %v; want an empty ack", ack, err)
+		}
+		got = waitStatus(t, cs, id, "completed")
+		if got.Result == nil || got.Result.Content[0]["text"] != "deleted a.txt" {
+			t.Errorf("after the answer: %+v", got.Result)
+		}
+	})
+	t.Run("cancel", func(t *testing.T) {
+		live := f.h.LiveInstances()
+		id := startTask(t, url, "slow_compute", map[string]any{"seconds": 600, "label": "long"})
+		eventually(t, "the task's guest to run", func() bool { return f.h.LiveInstances() > live })
+		ack, err := taskCall(t, cs, "tasks/cancel", &taskParams{TaskID: id})
+		if err != nil || ack.ResultType != "complete" || ack.Status != "" {
+			t.Fatalf("tasks/cancel: %+v %v", ack, err)
+		}
+		waitStatus(t, cs, id, "cancelled")
+		// The guest was stopped and its instance reset, not left spinning.
+		eventually(t, "the cancelled guest's instance to be freed", func() bool { return f.h.LiveInstances() == live })
+		if ack, err := taskCall(t, cs, "tasks/cancel", &taskParams{TaskID: id}); err != nil || ack.ResultType != "complete" {
+			t.Errorf("cancelling a cancelled task: %+v %v; want the same ack", ack, err)
+		}
+	})
+	t.Run("cancel while waiting for input", func(t *testing.T) {
+		id := startTask(t, url, "confirm_delete", map[string]any{"filename": "b.txt"})
+		waitStatus(t, cs, id, "input_required")
+		if _, err := taskCall(t, cs, "tasks/cancel", &taskParams{TaskID: id}); err != nil {
+			t.Fatal(err)
+		}
+		waitStatus(t, cs, id, "cancelled")
+		// The parked call is taken out and its guest stopped (whether its
+		// instance is reset then depends on whether the guest ran code
+		// after its question was cancelled).
+		eventually(t, "the parked call to stop", func() bool {
+			return strings.Contains(f.log.String(), `msg="task's parked call stopped" task=`+id)
+		})
+	})
+	t.Run("unknown task", func(t *testing.T) {
+		_, err := taskCall(t, cs, "tasks/get", &taskParams{TaskID: "t1.nope"})
+		if rpcCode(err) != jsonrpc.CodeInvalidParams {
+			t.Errorf("unknown task: %v; want -32602", err)
+		}
+	})
+	t.Run("without the extension", func(t *testing.T) {
+		plain := tasksClient(t, url, false)
+		res := call(t, plain, "slow_compute", map[string]any{"seconds": 0, "label": "sync"})
+		if !strings.Contains(firstText(res), `computed "sync"`) {
+			t.Errorf("slow_compute without the extension: %q; want a plain result", firstText(res))
+		}
+		_, err := plain.CallTool(context.Background(), &mcp.CallToolParams{Name: "failing_job", Arguments: map[string]any{}})
+		var je *jsonrpc.Error
+		if !asJSONRPC(err, &je) || je.Code != mcp.CodeMissingRequiredClientCapabilities || !strings.Contains(string(je.Data), host.TasksExtension) {
+			t.Errorf("failing_job without the extension: %v; want -32021 naming the extension", err)
+		}
+		for _, m := range []string{"tasks/get", "tasks/update", "tasks/cancel"} {
+			if _, err := taskCall(t, plain, m, &taskParams{TaskID: "x"}); rpcCode(err) != mcp.CodeMissingRequiredClientCapabilities {
+				t.Errorf("%s without the extension: %v; want -32021", m, err)
+			}
+		}
+	})
+	t.Run("routing header", func(t *testing.T) {
+		id := startTask(t, url, "slow_compute", map[string]any{"seconds": 0})
+		if _, e := rpc(t, url, "tasks/get", "another-task", map[string]any{"taskId": id}, withTasks); e == nil || e["code"] != float64(mcp.CodeHeaderMismatch) {
+			t.Errorf("tasks/get with a mismatched Mcp-Name: %v; want -32020", e)
+		}
+	})
+}
+
+// A 2025-11-25 session that declared the extension when it connected gets
+// tasks too, its own: another client cannot see them. The task is created
+// by hand (the go-sdk client has no task handle), on the session.
+func TestTasksInASession(t *testing.T) {
+	f := newFixture(t, nil, sandbox.NewPolicy(), map[string]string{"everything.wasm": testplugins.Example(t, "everything")})
+	url := serveHTTP(t, f)
+	cs := tasksClientEra(t, url, "2025-11-25", true)
+	if cs.ID() == "" {
+		t.Fatal("no session")
+	}
+	body := `{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"slow_compute","arguments":{"seconds":0.05,"label":"session"}}}`
+	var id string
+	for _, e := range readEvents(t, postInSession(t, url, cs.ID(), body)) {
+		var msg struct {
+			Result struct {
+				ResultType, TaskID string
+			}
+		}
+		if json.Unmarshal([]byte(e.data), &msg) == nil && msg.Result.ResultType == "task" {
+			id = msg.Result.TaskID
+		}
+	}
+	if id == "" {
+		t.Fatal("a session that declared the extension got no task")
+	}
+	got := waitStatus(t, cs, id, "completed")
+	if got.Result == nil || !strings.Contains(got.Result.Content[0]["text"].(string), `computed "session"`) {
+		t.Errorf("the session's task: %+v", got.Result)
+	}
+	other := tasksClientEra(t, url, "2025-11-25", true)
+	if _, err := taskCall(t, other, "tasks/get", &taskParams{TaskID: id}); rpcCode(err) != jsonrpc.CodeInvalidParams {
+		t.Errorf("another session's tasks/get: %v; want -32602, as for an unknown task", err)
+	}
+}
+
+// Tasks are bounded per client in number (the oldest finished one is
+// forgotten first) and in age, and one from before a restart is refused
+// as such.
+func TestTaskBounds(t *testing.T) {
+	key := bytes.Repeat([]byte{7}, 32)
+	f := newFixture(t, &host.Options{MaxTasksPerClient: 2, TaskTTL: 3 * time.Second, StateKey: key}, sandbox.NewPolicy(), map[string]string{"everything.wasm": testplugins.Example(t, "everything")})
+	url := serveHTTP(t, f)
+	cs := tasksClient(t, url, true)
+	a := startTask(t, url, "slow_compute", map[string]any{"seconds": 600})
+	startTask(t, url, "slow_compute", map[string]any{"seconds": 600})
+	if res, e := rpc(t, url, "tools/call", "slow_compute", map[string]any{"name": "slow_compute", "arguments": map[string]any{"seconds": 600}}, withTasks); e == nil || e["code"] != float64(host.CodeBusy) {
+		t.Fatalf("a third task of a client with two running: %v %v; want CodeBusy", res, e)
+	}
+	if _, err := taskCall(t, cs, "tasks/cancel", &taskParams{TaskID: a}); err != nil {
+		t.Fatal(err)
+	}
+	c := startTask(t, url, "slow_compute", map[string]any{"seconds": 600}) // a, finished, makes room
+	if _, err := taskCall(t, cs, "tasks/get", &taskParams{TaskID: a}); rpcCode(err) != jsonrpc.CodeInvalidParams {
+		t.Errorf("the finished task forgotten for room: %v", err)
+	}
+	// At their TTL the running tasks are cancelled, their guests stopped,
+	// and forgotten.
+	eventually(t, "the tasks to expire", func() bool {
+		_, err := taskCall(t, cs, "tasks/get", &taskParams{TaskID: c})
+		return err != nil
+	})
+	eventually(t, "the expired tasks' guests to stop", func() bool { return f.h.LiveInstances() == 0 })
+
+	// Another process with the same state key: the ID is this server's,
+	// from before its restart.
+	g := newFixture(t, &host.Options{StateKey: key}, sandbox.NewPolicy(), map[string]string{"everything.wasm": testplugins.Example(t, "everything")})
+	restarted := tasksClient(t, serveHTTP(t, g), true)
+	_, err := taskCall(t, restarted, "tasks/get", &taskParams{TaskID: c})
+	if rpcCode(err) != jsonrpc.CodeInvalidParams || !strings.Contains(err.Error(), "restarted") {
+		t.Errorf("a task from before a restart: %v; want -32602 saying so", err)
+	}
+}
+
+// The arguments running tasks hold are bounded per client: five calls of
+// 60 KiB each, parked for input, are more than its 256 KiB.
+func TestTaskBytes(t *testing.T) {
+	f := newFixture(t, &host.Options{MaxTaskBytesPerClient: 256 << 10}, sandbox.NewPolicy(), map[string]string{"everything.wasm": testplugins.Example(t, "everything")})
+	url := serveHTTP(t, f)
+	cs := tasksClient(t, url, true)
+	big := strings.Repeat("x", 60<<10)
+	var ids []string
+	for range 4 {
+		id := startTask(t, url, "confirm_delete", map[string]any{"filename": "f", "padding": big})
+		waitStatus(t, cs, id, "input_required") // parked: no CPU while the test goes on
+		ids = append(ids, id)
+	}
+	if res, e := rpc(t, url, "tools/call", "confirm_delete", map[string]any{"name": "confirm_delete", "arguments": map[string]any{"filename": "f", "padding": big}}, withTasks); e == nil || e["code"] != float64(host.CodeBusy) || !strings.Contains(e["message"].(string), "bytes") {
+		t.Fatalf("a fifth 60 KiB task: %v %v; want CodeBusy naming bytes", res, e)
+	}
+	// A cancelled task holds nothing: room for another.
+	if _, err := taskCall(t, cs, "tasks/cancel", &taskParams{TaskID: ids[0]}); err != nil {
+		t.Fatal(err)
+	}
+	startTask(t, url, "confirm_delete", map[string]any{"filename": "f", "padding": big})
+}
