@@ -437,10 +437,9 @@ func registerTriggers() {
 
 // registerTasks adds the fixtures of the Tasks extension's scenarios
 // (SEP-2663): greet runs as a plain call; slow_compute, failing_job and
-// confirm_delete may run as tasks (failing_job must: the host refuses it,
-// -32021, to a client that did not declare the extension). Not here:
-// multi_input (two questions at once: a guest asks one at a time),
-// protocol_error_job (a guest's failure, a crash included, is a tool
+// confirm_delete and multi_input may run as tasks (failing_job must: the
+// host refuses it, -32021, to a client that did not declare the
+// extension). Not here: protocol_error_job (a guest's failure, a crash included, is a tool
 // error in wasmtools, never a protocol error), test_tool_with_task (a
 // call that asks through an input-required result and only then becomes
 // a task: a call from a client with the extension is a task from the
@@ -479,6 +478,29 @@ func registerTasks() {
 			Handler: func(*guest.Call) (*guest.Result, error) {
 				compute(0.2)
 				return nil, errors.New("failing_job failed, as it always does")
+			},
+		},
+		guest.Tool{
+			Name:        "multi_input",
+			Description: "Asks two questions at once (one round); may run as a task, which waits in input_required until both are answered",
+			InputSchema: `{"type":"object"}`,
+			TaskSupport: abi.TaskOptional,
+			Handler: func(*guest.Call) (*guest.Result, error) {
+				form := func(msg string) abi.InputRequest {
+					return abi.InputRequest{Method: "elicitation/create", Params: abi.ElicitRequest{Message: msg,
+						RequestedSchema: json.RawMessage(`{"type":"object","properties":{"name":{"type":"string"},"confirm":{"type":"boolean"}}}`)}}
+				}
+				res, err := guest.RequestInputs(map[string]abi.InputRequest{"first": form("First question?"), "second": form("Second question?")})
+				if err != nil {
+					return nil, err
+				}
+				var names []string
+				for _, k := range []string{"first", "second"} {
+					var a abi.ElicitResult
+					json.Unmarshal(res.InputResponses[k], &a)
+					names = append(names, fmt.Sprintf("%s=%v", k, a.Content["name"]))
+				}
+				return content(text("answers: " + strings.Join(names, ", "))), nil
 			},
 		},
 		guest.Tool{
