@@ -154,19 +154,25 @@ func (h *Host) callTool(ctx context.Context, key sessions.Key, c plugins.Call, e
 }
 
 // failureResult turns a failed call into an isError result for the model.
+// One whose guest produced no result says so in _meta[MetaFailed].
 func failureResult(t *plugins.Tool, err error) *mcp.CallToolResult {
 	name := t.Plugin().Name()
 	var ge *sandbox.GuestError
 	var te *sandbox.TrapError
+	failed := func(msg, how string) *mcp.CallToolResult {
+		res := errorResult(msg)
+		res.Meta = mcp.Meta{MetaFailed: how}
+		return res
+	}
 	switch {
 	case errors.As(err, &ge):
 		return errorResult(fmt.Sprintf("tool %q failed: %s", t.Name, ge.Message))
 	case errors.Is(err, context.DeadlineExceeded):
-		return errorResult(fmt.Sprintf("tool %q timed out and was stopped; plugin %q's state for this session was reset", t.Name, name))
+		return failed(fmt.Sprintf("tool %q timed out and was stopped; plugin %q's state for this session was reset", t.Name, name), "timeout")
 	case errors.Is(err, context.Canceled):
-		return errorResult(fmt.Sprintf("tool %q was cancelled; plugin %q's state for this session was reset", t.Name, name))
+		return failed(fmt.Sprintf("tool %q was cancelled; plugin %q's state for this session was reset", t.Name, name), "cancelled")
 	case errors.As(err, &te):
-		return errorResult(fmt.Sprintf("tool %q crashed (%s); plugin %q's state for this session was reset", t.Name, te.Reason(), name))
+		return failed(fmt.Sprintf("tool %q crashed (%s); plugin %q's state for this session was reset", t.Name, te.Reason(), name), "trap")
 	default:
 		return errorResult(fmt.Sprintf("tool %q failed: %v", t.Name, err))
 	}

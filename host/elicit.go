@@ -337,7 +337,7 @@ func (q *question) size(multiRound bool) int {
 // requests are the input requests that ask q of a 2026-07-28 client.
 func (q *question) requests() mcp.InputRequestMap {
 	if q.batch != nil {
-		return q.batch
+		return maps.Clone(q.batch) // the result's holder may change its map (a task, as answers come)
 	}
 	return mcp.InputRequestMap{q.key: q.request()}
 }

@@ -50,6 +50,13 @@ const MetaPrefix = "dev.wasmtools/"
 // with "reason": "trap", "timeout", "cancelled" or "upgrade", and "detail".
 const MetaStateReset = MetaPrefix + "stateReset"
 
+// MetaFailed is the _meta key of an error result whose guest produced no
+// result: it trapped, crashed, overran its deadline or was cancelled (and
+// its instance was reset). Its value is "trap", "timeout" or "cancelled".
+// A task whose call ends so is "failed", with a JSON-RPC error, not
+// "completed" with the error result.
+const MetaFailed = MetaPrefix + "failed"
+
 // Options configures a [Host]. The zero value gives the documented defaults;
 // nil and zero fields are never written back.
 type Options struct {

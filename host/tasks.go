@@ -466,6 +466,16 @@ func (h *Host) driveTask(ctx context.Context, next mcp.MethodHandler, t *task, r
 			s.mu.Unlock()
 			req = &retry
 			continue
+		case res.IsError && res.Meta[MetaFailed] != nil:
+			// The guest produced no result (it crashed, timed out):
+			// the task failed, as a request that errs does.
+			msg := "the call failed"
+			if len(res.Content) > 0 {
+				if tc, ok := res.Content[0].(*mcp.TextContent); ok {
+					msg = tc.Text
+				}
+			}
+			t.status, t.err = taskFailed, &jsonrpc.Error{Code: jsonrpc.CodeInternalError, Message: msg}
 		default:
 			t.status, t.result = taskCompleted, res
 		}

@@ -185,6 +185,39 @@ func TestTasks(t *testing.T) {
 			t.Errorf("failing_job: %+v; want completed with an isError result", got.Result)
 		}
 	})
+	t.Run("guest crash", func(t *testing.T) {
+		// A guest that produced no result (here it panicked): the task
+		// failed, with a JSON-RPC error and no result.
+		got := waitStatus(t, cs, startTask(t, url, "protocol_error_job", map[string]any{}), "failed")
+		if got.Error == nil || got.Error.Code != -32603 || got.Result != nil {
+			t.Errorf("protocol_error_job: error %+v, result %+v; want failed with -32603 and no result", got.Error, got.Result)
+		}
+	})
+	t.Run("two questions at once", func(t *testing.T) {
+		// Answered one at a time: the task stays input_required until
+		// both are.
+		id := startTask(t, url, "multi_input", map[string]any{})
+		got := waitStatus(t, cs, id, "input_required")
+		if len(got.InputRequests) != 2 {
+			t.Fatalf("multi_input: input requests %v, want first and second", got.InputRequests)
+		}
+		answer := map[string]any{"action": "accept", "content": map[string]any{"name": "one"}}
+		if _, err := taskCall(t, cs, "tasks/update", &taskParams{TaskID: id, InputResponses: map[string]any{"first": answer}}); err != nil {
+			t.Fatal(err)
+		}
+		got, _ = taskCall(t, cs, "tasks/get", &taskParams{TaskID: id})
+		if got.Status != "input_required" || len(got.InputRequests) != 1 || got.InputRequests["second"] == nil {
+			t.Fatalf("after one answer: %s %v; want input_required for second only", got.Status, got.InputRequests)
+		}
+		answer["content"] = map[string]any{"name": "two"}
+		if _, err := taskCall(t, cs, "tasks/update", &taskParams{TaskID: id, InputResponses: map[string]any{"second": answer}}); err != nil {
+			t.Fatal(err)
+		}
+		got = waitStatus(t, cs, id, "completed")
+		if got.Result == nil || got.Result.Content[0]["text"] != "answers: first=one, second=two" {
+			t.Errorf("multi_input: %+v", got.Result)
+		}
+	})
 	t.Run("input required", func(t *testing.T) {
 		id := startTask(t, url, "confirm_delete", map[string]any{"filename": "a.txt"})
 		got := waitStatus(t, cs, id, "input_required")

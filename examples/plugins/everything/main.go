@@ -436,14 +436,14 @@ func registerTriggers() {
 }
 
 // registerTasks adds the fixtures of the Tasks extension's scenarios
-// (SEP-2663): greet runs as a plain call; slow_compute, failing_job and
-// confirm_delete and multi_input may run as tasks (failing_job must: the
-// host refuses it, -32021, to a client that did not declare the
-// extension). Not here: protocol_error_job (a guest's failure, a crash included, is a tool
-// error in wasmtools, never a protocol error), test_tool_with_task (a
-// call that asks through an input-required result and only then becomes
-// a task: a call from a client with the extension is a task from the
-// start).
+// (SEP-2663): greet runs as a plain call; slow_compute, failing_job,
+// protocol_error_job, confirm_delete and multi_input may run as tasks
+// (failing_job must: the host refuses it, -32021, to a client that did
+// not declare the extension). protocol_error_job panics: its task fails
+// with a JSON-RPC error, where failing_job's completes with an error
+// result. Not here: test_tool_with_task (a call that asks through an
+// input-required result and only then becomes a task: a call from a
+// client with the extension is a task from the start).
 func registerTasks() {
 	guest.Register(
 		tool("greet", "Says hello; never a task", `{"type":"object","properties":{"name":{"type":"string"}},"required":["name"]}`,
@@ -481,6 +481,14 @@ func registerTasks() {
 			},
 		},
 		guest.Tool{
+			Name:        "protocol_error_job",
+			Description: "Panics (the guest crashes); may run as a task, which then fails with a protocol error",
+			TaskSupport: abi.TaskOptional,
+			Handler: func(*guest.Call) (*guest.Result, error) {
+				panic("protocol_error_job crashes, as it always does")
+			},
+		},
+		guest.Tool{
 			Name:        "multi_input",
 			Description: "Asks two questions at once (one round); may run as a task, which waits in input_required until both are answered",
 			InputSchema: `{"type":"object"}`,
@@ -498,6 +506,13 @@ func registerTasks() {
 				for _, k := range []string{"first", "second"} {
 					var a abi.ElicitResult
 					json.Unmarshal(res.InputResponses[k], &a)
+					if why, refused := res.Errors[k]; refused {
+						a.Error = why
+					}
+					if a.Error != "" || a.Action != abi.ActionAccept {
+						names = append(names, fmt.Sprintf("%s=%s(%s)", k, a.Action, a.Error))
+						continue
+					}
 					names = append(names, fmt.Sprintf("%s=%v", k, a.Content["name"]))
 				}
 				return content(text("answers: " + strings.Join(names, ", "))), nil
