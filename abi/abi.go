@@ -160,6 +160,12 @@ type ToolExecution struct {
 	// client polls; a required tool is refused (-32021) to a client that
 	// did not declare it.
 	TaskSupport string `json:"taskSupport,omitempty"`
+	// TaskAfterInput (wasmtools' own) makes such a call a task only on
+	// its final round: its first request runs as a plain call, and if the
+	// guest asks a question (an input-required result), the client's
+	// retry that answers it becomes the task (SEP-2322 before SEP-2663).
+	// A call that asks nothing runs as a plain call to the end.
+	TaskAfterInput bool `json:"wasmtools_taskAfterInput,omitempty"`
 }
 
 // Values of [ToolExecution.TaskSupport].

@@ -306,9 +306,11 @@ func (h *Host) taskOwner(ss *mcp.ServerSession, extra *mcp.RequestExtra) string 
 // wantsTask reports whether a tools/call becomes a task: the tool says
 // it may run as one (execution.taskSupport "optional" or "required") and
 // the request's client declared the extension. A retried round of an
-// input-required call stays what it was.
+// input-required call stays what it was, but for a tool that becomes a
+// task after input (execution.wasmtools_taskAfterInput): its first round
+// is a plain call, and the retry that answers it becomes the task.
 func (h *Host) wantsTask(req *mcp.CallToolRequest) bool {
-	if req.Params == nil || req.Params.RequestState != "" || !declaresTasks(req.ClientCapabilities()) {
+	if req.Params == nil || !declaresTasks(req.ClientCapabilities()) {
 		return false
 	}
 	cat := h.Catalogue()
@@ -317,6 +319,9 @@ func (h *Host) wantsTask(req *mcp.CallToolRequest) bool {
 	}
 	t, ok := cat.Tool(req.Params.Name)
 	if !ok || t.Def.Execution == nil {
+		return false
+	}
+	if t.Def.Execution.TaskAfterInput != (req.Params.RequestState != "") {
 		return false
 	}
 	switch t.Def.Execution.TaskSupport {

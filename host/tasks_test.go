@@ -185,6 +185,26 @@ func TestTasks(t *testing.T) {
 			t.Errorf("failing_job: %+v; want completed with an isError result", got.Result)
 		}
 	})
+	t.Run("task after input", func(t *testing.T) {
+		// The first round asks as a plain call; the retry that answers
+		// becomes the task.
+		args := map[string]any{"name": "test_tool_with_task", "arguments": map[string]any{}}
+		res, e := rpc(t, url, "tools/call", "test_tool_with_task", args, withTasks)
+		if e != nil || res["resultType"] != "input_required" || res["taskId"] != nil {
+			t.Fatalf("first round: %v %v; want input_required, no task", res, e)
+		}
+		args["requestState"] = res["requestState"]
+		args["inputResponses"] = map[string]any{"user_name": map[string]any{"action": "accept", "content": map[string]any{"name": "Ada"}}}
+		res, e = rpc(t, url, "tools/call", "test_tool_with_task", args, withTasks)
+		id, _ := res["taskId"].(string)
+		if e != nil || res["resultType"] != "task" || id == "" {
+			t.Fatalf("the answering retry: %v %v; want a task", res, e)
+		}
+		got := waitStatus(t, cs, id, "completed")
+		if got.Result == nil || got.Result.Content[0]["text"] != "Hello, Ada, from a task!" {
+			t.Errorf("test_tool_with_task: %+v", got.Result)
+		}
+	})
 	t.Run("guest crash", func(t *testing.T) {
 		// A guest that produced no result (here it panicked): the task
 		// failed, with a JSON-RPC error and no result.

@@ -65,6 +65,9 @@ http-custom-header-server-validation server-stateless
 tasks-capability-negotiation tasks-wire-fields tasks-request-state-removal
 tasks-request-headers tasks-dispatch-and-envelope tasks-status-notifications
 tasks-required-task-error
+input-required-result-basic-list-roots input-required-result-multiple-input-requests
+input-required-result-non-tool-request tasks-mrtr-input tasks-lifecycle
+tasks-mrtr-composition
 "
 # The same line with --suite all: the above, and the earlier revisions'
 # scenarios and drafts that it runs besides.
@@ -97,6 +100,9 @@ input-required-result-tampered-state
 input-required-result-capability-check
 input-required-result-ignore-extra-params
 input-required-result-validate-input
+input-required-result-basic-list-roots input-required-result-multiple-input-requests
+input-required-result-non-tool-request tasks-mrtr-input tasks-lifecycle
+tasks-mrtr-composition
 "
 
 start=$(date +%s)

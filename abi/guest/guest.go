@@ -61,7 +61,10 @@ type Tool struct {
 	// [abi.TaskRequired]: whether a call may be answered with a task the
 	// client polls (see [abi.ToolExecution]).
 	TaskSupport string
-	Handler     Handler
+	// TaskAfterInput makes such a call a task only once the user has
+	// answered its first questions (see [abi.ToolExecution]).
+	TaskAfterInput bool
+	Handler        Handler
 }
 
 // Handler runs one call. A returned error becomes a result with isError set
@@ -131,7 +134,7 @@ func listTools() int32 {
 			at.Annotations = json.RawMessage(t.Annotations)
 		}
 		if t.TaskSupport != "" {
-			at.Execution = &abi.ToolExecution{TaskSupport: t.TaskSupport}
+			at.Execution = &abi.ToolExecution{TaskSupport: t.TaskSupport, TaskAfterInput: t.TaskAfterInput}
 		}
 		if t.RequiredClientCapabilities != "" {
 			at.RequiredClientCapabilities = json.RawMessage(t.RequiredClientCapabilities)

@@ -441,9 +441,8 @@ func registerTriggers() {
 // (failing_job must: the host refuses it, -32021, to a client that did
 // not declare the extension). protocol_error_job panics: its task fails
 // with a JSON-RPC error, where failing_job's completes with an error
-// result. Not here: test_tool_with_task (a call that asks through an
-// input-required result and only then becomes a task: a call from a
-// client with the extension is a task from the start).
+// result. test_tool_with_task asks through an input-required result
+// first and becomes a task on the retry that answers (TaskAfterInput).
 func registerTasks() {
 	guest.Register(
 		tool("greet", "Says hello; never a task", `{"type":"object","properties":{"name":{"type":"string"}},"required":["name"]}`,
@@ -478,6 +477,21 @@ func registerTasks() {
 			Handler: func(*guest.Call) (*guest.Result, error) {
 				compute(0.2)
 				return nil, errors.New("failing_job failed, as it always does")
+			},
+		},
+		guest.Tool{
+			Name:           "test_tool_with_task",
+			Description:    "Asks the user's name in a first round, then runs as a task",
+			InputSchema:    `{"type":"object"}`,
+			TaskSupport:    abi.TaskRequired,
+			TaskAfterInput: true,
+			Handler: func(*guest.Call) (*guest.Result, error) {
+				a, err := ask("user_name", "What is your name?", `{"type":"object","properties":{"name":{"type":"string"}},"required":["name"]}`)
+				if err != nil {
+					return nil, err
+				}
+				compute(0.1)
+				return content(text(fmt.Sprintf("Hello, %v, from a task!", a.Content["name"]))), nil
 			},
 		},
 		guest.Tool{
