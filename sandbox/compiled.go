@@ -31,6 +31,12 @@ type Compiled struct {
 	roots    []*os.Root      // the mounted folders, closed with the module
 	net      netClient       // the instances' HTTP connections, closed with the module
 
+	// sha256 is the digest of the module's bytes as given to Compile,
+	// which a snapshot names. snap says whether the host can snapshot
+	// its instances, and how (snapshot.go).
+	sha256 [32]byte
+	snap   *snapModule
+
 	closeOnce sync.Once
 	closeErr  error
 }

@@ -6,11 +6,13 @@ import (
 	"crypto/rand"
 	"fmt"
 	"log/slog"
+	"sync/atomic"
 	"time"
 
 	"github.com/tetratelabs/wazero"
 	"github.com/tetratelabs/wazero/api"
 	"github.com/tetratelabs/wazero/experimental"
+	"github.com/tetratelabs/wazero/sys"
 
 	"github.com/wasmtools/wasmtools/abi"
 )
@@ -36,12 +38,28 @@ type Instance struct {
 	logTokens  float64 // the guest log rate limit, see allowLog
 	logLast    time.Time
 	logDropped int
+
+	// wall and mono are the guest's clocks, read by WASI: wazero's fake
+	// clocks (no real clock is granted), kept here so that a snapshot
+	// carries them and a restored guest never sees time go backwards.
+	// Each holds its last reading; each reading adds a millisecond.
+	wall, mono atomic.Int64
 }
+
+// fakeEpoch is the first reading of a guest's wall clock: midnight UTC
+// 2022-01-01, as wazero's fake clock.
+const fakeEpoch = 1640995200 * int64(time.Second)
 
 // Instantiate creates an instance and runs its initialisation export
 // (_initialize, else __wasm_call_ctors) under the policy's call timeout.
 // A guest whose initialisation traps or overruns fails here.
 func (c *Compiled) Instantiate(ctx context.Context) (*Instance, error) {
+	return c.instantiate(ctx, true)
+}
+
+// instantiate creates an instance, running its initialisation export when
+// initialise is set (a restore sets the state it would build instead).
+func (c *Compiled) instantiate(ctx context.Context, initialise bool) (*Instance, error) {
 	inst := &Instance{
 		compiled: c,
 		kernel: kernel{
@@ -60,7 +78,14 @@ func (c *Compiled) Instantiate(ctx context.Context) (*Instance, error) {
 		WithStartFunctions(). // Extism guests initialise through an export, below
 		WithStdout(&inst.stdout).
 		WithStderr(&inst.stderr).
-		WithRandSource(rand.Reader)
+		WithRandSource(rand.Reader).
+		WithWalltime(func() (int64, int32) {
+			t := inst.wall.Add(int64(time.Millisecond))
+			return t / 1e9, int32(t % 1e9)
+		}, sys.ClockResolution(time.Microsecond)).
+		WithNanotime(func() int64 { return inst.mono.Add(int64(time.Millisecond)) }, sys.ClockResolution(1))
+	inst.wall.Store(fakeEpoch - int64(time.Millisecond))
+	inst.mono.Store(-int64(time.Millisecond))
 	for k, v := range c.policy.env {
 		cfg = cfg.WithEnv(k, v)
 	}
@@ -84,6 +109,9 @@ func (c *Compiled) Instantiate(ctx context.Context) (*Instance, error) {
 		return nil, fmt.Errorf("instantiate: %w", contextCause(ctx, err))
 	}
 	inst.mod = mod
+	if !initialise {
+		return inst, nil
+	}
 	for _, name := range []string{abi.ExportInitialize, abi.ExportCallCtors} {
 		if f := mod.ExportedFunction(name); f != nil {
 			if _, err := f.Call(ctx); err != nil {

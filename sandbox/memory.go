@@ -75,6 +75,23 @@ func (m *reservedMemory) enter() {
 	m.mu.Unlock()
 }
 
+// enterLive is enter for the host's own access to the memory (a snapshot
+// or restore): it reports false, entering nothing, when wazero has freed
+// the memory already. m may be nil (wazero's own memory, which the
+// garbage collector keeps while it is referenced).
+func (m *reservedMemory) enterLive() bool {
+	if m == nil {
+		return true
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.mem == nil || m.freed {
+		return false
+	}
+	m.busy = true
+	return true
+}
+
 // exit marks its end, and frees the memory if wazero freed it meanwhile.
 func (m *reservedMemory) exit() {
 	if m == nil {
