@@ -748,6 +748,22 @@ func (p *Plugin) HandsOffState() bool {
 	return p.compiled.HasExport(abi.ExportSnapshot) && p.compiled.HasExport(abi.ExportRestore)
 }
 
+// CanSnapshot reports whether the host can snapshot the plugin's
+// instances itself ([sandbox.Compiled.CanSnapshot]): nil, or an error
+// matching [sandbox.ErrSnapshotRefused] that says why not.
+func (p *Plugin) CanSnapshot() error { return p.compiled.CanSnapshot() }
+
+// CarriesStateTo reports whether an instance's state can move from p to
+// next: by a host snapshot when both are the same code (the same sha256,
+// as after a configuration change) and the host can snapshot it, else by
+// the guest's own handoff pair when both versions export it.
+func (p *Plugin) CarriesStateTo(next *Plugin) bool {
+	if p.sha256 == next.sha256 && p.CanSnapshot() == nil && next.CanSnapshot() == nil {
+		return true
+	}
+	return p.HandsOffState() && next.HandsOffState()
+}
+
 // Stateless reports whether the plugin keeps no state between calls (see
 // [StatelessSection]).
 func (p *Plugin) Stateless() bool { return p.stateless }

@@ -106,3 +106,85 @@ func TestRestoreRefuses(t *testing.T) {
 		}
 	}
 }
+
+// module returns a module of the given sections, in order.
+func module(sections ...[]byte) []byte {
+	m := []byte("\x00asm\x01\x00\x00\x00")
+	for _, s := range sections {
+		m = testplugins.Section(m, s[0], s[1:])
+	}
+	return m
+}
+
+// code is a code section of one function with no locals and body.
+func code(body ...byte) []byte {
+	fn := testplugins.ULEB(nil, uint64(len(body)+2))
+	fn = append(append(append(fn, 0), body...), 0x0b)
+	return append([]byte{10, 1}, fn...)
+}
+
+func TestSnapshotRefused(t *testing.T) {
+	rt := newRuntime(t)
+	var (
+		typeI32  = []byte{1, 1, 0x60, 0, 1, 0x7f} // type 0: () -> (i32)
+		oneFunc  = []byte{3, 1, 0}
+		table    = []byte{4, 1, 0x70, 0, 1}
+		callFunc = []byte{7, 1, 4, 'c', 'a', 'l', 'l', 0, 0}
+	)
+	tests := []struct {
+		name   string
+		wasm   []byte
+		policy sandbox.Policy
+		want   string
+	}{
+		{name: "table set", want: "table.set",
+			wasm: module(typeI32, oneFunc, table, callFunc, code(0x41, 0, 0xd0, 0x70, 0x26, 0, 0x41, 0))},
+		{name: "table grow", want: "table.grow",
+			wasm: module(typeI32, oneFunc, table, callFunc, code(0xd0, 0x70, 0x41, 1, 0xfc, 15, 0))},
+		{name: "externref global", want: "global 0 is a mutable externref",
+			wasm: module(typeI32, oneFunc, []byte{6, 1, 0x6f, 1, 0xd0, 0x6f, 0x0b}, callFunc, code(0x41, 0))},
+		{name: "reserved export name", want: `exports "wasmtools.global.0"`,
+			wasm: module(typeI32, oneFunc, []byte{6, 1, 0x7f, 1, 0x41, 0, 0x0b},
+				append([]byte{7, 1, 18}, append([]byte("wasmtools.global.0"), 0, 0)...), code(0x41, 0))},
+		{name: "files kept open", want: "keep files open", wasm: testplugins.Bytes(t, testplugins.Test(t, "grants")),
+			policy: sandbox.NewPolicy().WithMounts(sandbox.Mount{HostPath: t.TempDir(), GuestPath: "/data", ReadOnly: true})},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			p := tt.policy
+			if p.MemoryLimit() == 0 {
+				p = sandbox.NewPolicy()
+			}
+			c, err := rt.Compile(context.Background(), tt.wasm, p)
+			if err != nil {
+				t.Fatalf("compile: %v", err)
+			}
+			defer c.Close(context.Background())
+			err = c.CanSnapshot()
+			var se *sandbox.SnapshotError
+			if !errors.As(err, &se) || !errors.Is(err, sandbox.ErrSnapshotRefused) || !strings.Contains(se.Reason, tt.want) {
+				t.Fatalf("CanSnapshot: got %v, want a SnapshotError saying %q", err, tt.want)
+			}
+			inst := instantiate(t, c)
+			if _, err := inst.Snapshot(context.Background()); !errors.Is(err, sandbox.ErrSnapshotRefused) {
+				t.Errorf("Snapshot: got %v, want ErrSnapshotRefused", err)
+			}
+			// The module runs as before: the refusal is only of snapshots.
+			if _, err := inst.Call(context.Background(), "call", nil, nil); err != nil && !errors.Is(err, sandbox.ErrNoExport) {
+				var ge *sandbox.GuestError
+				if !errors.As(err, &ge) {
+					t.Errorf("call: %v", err)
+				}
+			}
+		})
+	}
+}
+
+func TestSnapshotClosed(t *testing.T) {
+	c := compile(t, newRuntime(t), testplugins.Example(t, "counter"), sandbox.NewPolicy())
+	inst := instantiate(t, c)
+	inst.Close(context.Background())
+	if _, err := inst.Snapshot(context.Background()); !errors.Is(err, sandbox.ErrClosed) {
+		t.Errorf("got %v, want ErrClosed", err)
+	}
+}
