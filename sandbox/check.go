@@ -368,10 +368,13 @@ func (c *checker) section(id byte, r *reader) error {
 			case 0x03:
 				t := r.pos
 				c.valType(r)
-				if r.byte() != 0 && r.err == nil {
-					c.snap.refuse("it imports a mutable global, which lives outside the instance")
+				mut := r.byte()
+				if r.err == nil {
+					if mut != 0 {
+						c.snap.refuse("it imports a mutable global, which lives outside the instance")
+					}
+					c.snap.globals = append(c.snap.globals, globalType{imported: true, valType: r.b[t]})
 				}
-				c.snap.globals = append(c.snap.globals, globalType{imported: true, valType: r.b[t]})
 			default:
 				if r.err == nil {
 					r.fail("import kind 0x%02x is unknown", kind)
@@ -723,11 +726,11 @@ func (c *checker) miscOp(r *reader) {
 	case sub == 12 || sub == 14: // table.init, table.copy
 		r.u32()
 		r.u32()
-		c.snap.refuse("it changes a table at run time (table.init or table.copy), and tables are not captured")
+		c.snap.refuse(fmt.Sprintf("it changes a table at run time (%s), and tables are not captured", map[uint32]string{12: "table.init", 14: "table.copy"}[sub]))
 	case sub == 13 || (sub >= 15 && sub <= 17): // elem.drop, table.grow/size/fill
 		r.u32()
 		if sub != 16 {
-			c.snap.refuse("it changes a table at run time (elem.drop, table.grow or table.fill), and tables are not captured")
+			c.snap.refuse(fmt.Sprintf("it changes a table at run time (%s), and tables are not captured", map[uint32]string{13: "elem.drop", 15: "table.grow", 17: "table.fill"}[sub]))
 		}
 	default:
 		r.fail("opcode 0xfc %d is unknown", sub)
