@@ -753,6 +753,11 @@ func (p *Plugin) HandsOffState() bool {
 // matching [sandbox.ErrSnapshotRefused] that says why not.
 func (p *Plugin) CanSnapshot() error { return p.compiled.CanSnapshot() }
 
+// UsesImages reports whether the plugin's new instances start from a
+// pre-initialised image ([sandbox.Compiled.UsesImages]), and if not, why
+// not.
+func (p *Plugin) UsesImages() (bool, string) { return p.compiled.UsesImages() }
+
 // CarriesStateTo reports whether an instance's state can move from p to
 // next: by a host snapshot when both are the same code (the same sha256,
 // as after a configuration change) and the host can snapshot it, else by

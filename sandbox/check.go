@@ -154,7 +154,7 @@ func CheckModule(wasm []byte, limits ModuleLimits) (ModuleStats, error) {
 }
 
 func checkModule(wasm []byte, limits ModuleLimits) (*checker, error) {
-	c := &checker{lim: limits.withDefaults()}
+	c := &checker{lim: limits.withDefaults(), data: dataInfo{mergeable: true}}
 	return c, c.module(wasm)
 }
 
@@ -169,6 +169,8 @@ type checker struct {
 	tableSection struct{ id, start, end int }
 	// snap is what a host-side snapshot needs to know (snapshot_module.go).
 	snap snapInfo
+	// data is what merging data segments needs to know (data_merge.go).
+	data dataInfo
 }
 
 // tableLimits locates one table type's limits in the module.
@@ -296,6 +298,12 @@ func (c *checker) module(wasm []byte) error {
 		sr := reader{b: r.b[:start+len(body)], pos: start}
 		if id == 4 {
 			c.tableSection.id, c.tableSection.start, c.tableSection.end = idPos, start, start+len(body)
+		}
+		switch {
+		case id == 11:
+			c.data.section = sectionPos{id: idPos, start: start, end: start + len(body), found: true}
+		case id == 12:
+			c.data.count = sectionPos{id: idPos, start: start, end: start + len(body), found: true}
 		}
 		switch {
 		case id == 7:
@@ -428,6 +436,7 @@ func (c *checker) section(id byte, r *reader) error {
 		})
 	case 8: // start
 		r.u32()
+		c.snap.hasStart = true
 	case 9: // element
 		return c.vec(r, func(i uint32) error {
 			c.stats.ElemSegments++
@@ -448,19 +457,28 @@ func (c *checker) section(id byte, r *reader) error {
 			case 0:
 			case 1:
 				r.bytes(uint64(r.u32()))
+				c.data.mergeable = false // passive: referred to by index
 				return nil
 			case 2:
 				r.u32()
+				c.data.mergeable = false
 			default:
 				if r.err == nil {
 					r.fail("data segment kind %d is unknown", flags)
 				}
 				return nil
 			}
+			exprStart := r.pos
 			if err := c.expr(r, "a data segment's offset"); err != nil {
 				return err
 			}
-			r.bytes(uint64(r.u32()))
+			exprEnd := r.pos
+			n := r.u32()
+			initStart := r.pos
+			r.bytes(uint64(n))
+			if r.err == nil {
+				c.data.segment(r.b[exprStart:exprEnd], initStart, r.pos)
+			}
 			return nil
 		})
 	case 12: // data count
@@ -715,8 +733,10 @@ func (c *checker) miscOp(r *reader) {
 	case sub == 8: // memory.init
 		r.u32()
 		c.memIndex(r)
+		c.data.mergeable = false
 	case sub == 9: // data.drop
 		r.u32()
+		c.data.mergeable = false
 		c.snap.refuse("it drops data segments at run time (data.drop), which is not captured")
 	case sub == 10: // memory.copy
 		c.memIndex(r)

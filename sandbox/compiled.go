@@ -162,6 +162,9 @@ func (c *Compiled) Policy() Policy { return c.policy }
 func (c *Compiled) Close(ctx context.Context) error {
 	c.closeOnce.Do(func() {
 		c.closeErr = c.rt.Close(ctx)
+		if c.snap != nil && c.snap.image != nil && c.snap.image.file != nil {
+			c.snap.image.file.close() // mappings of it outlive the descriptor
+		}
 		closeRoots(c.roots)
 		c.net.close()
 	})

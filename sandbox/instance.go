@@ -53,13 +53,26 @@ const fakeEpoch = 1640995200 * int64(time.Second)
 // Instantiate creates an instance and runs its initialisation export
 // (_initialize, else __wasm_call_ctors) under the policy's call timeout.
 // A guest whose initialisation traps or overruns fails here.
+//
+// When the module uses pre-initialised images ([Compiled.UsesImages]),
+// the first instance's state after its initialisation is kept as the
+// image, and later instances start from it instead of initialising.
 func (c *Compiled) Instantiate(ctx context.Context) (*Instance, error) {
-	return c.instantiate(ctx, true)
+	if img := c.imageFor(); img != nil {
+		return c.fromImage(ctx, img)
+	}
+	inst, err := c.instantiate(ctx, true, nil)
+	if err == nil && c.snap.images {
+		c.keepImage(inst)
+	}
+	return inst, err
 }
 
 // instantiate creates an instance, running its initialisation export when
 // initialise is set (a restore sets the state it would build instead).
-func (c *Compiled) instantiate(ctx context.Context, initialise bool) (*Instance, error) {
+// With img, the instance's memory is to become the image's (see
+// reservedMemory.Reallocate).
+func (c *Compiled) instantiate(ctx context.Context, initialise bool, img *image) (*Instance, error) {
 	inst := &Instance{
 		compiled: c,
 		kernel: kernel{
@@ -98,6 +111,12 @@ func (c *Compiled) instantiate(ctx context.Context, initialise bool) (*Instance,
 	ctx = experimental.WithMemoryAllocator(ctx, experimental.MemoryAllocatorFunc(func(_, max uint64) experimental.LinearMemory {
 		if m := reserveMemory(max); m != nil {
 			m.busy = true // the start function runs next; see exit below
+			if img != nil && img.file != nil {
+				m.img, m.imgSize = img.file, img.size
+				if !c.snap.hasStart {
+					m.scratch = &c.snap.scratch
+				}
+			}
 			inst.mem = m
 			return m
 		}

@@ -63,6 +63,7 @@ type Policy struct {
 	env             map[string]string
 	network         Network
 	mounts          []Mount
+	images          Images
 }
 
 // NewPolicy returns the default policy: the Default* limits, nothing

@@ -92,6 +92,7 @@ func (r *Runtime) Compile(ctx context.Context, wasm []byte, p Policy) (*Compiled
 		return nil, fmt.Errorf("network grant: %w", err)
 	}
 	sum := sha256.Sum256(wasm)
+	wasm = chk.mergeData(wasm)
 	snap := chk.snapModule()
 	if snap.refusal == "" {
 		wasm = chk.exportGlobals(wasm)
@@ -125,6 +126,7 @@ func (r *Runtime) Compile(ctx context.Context, wasm []byte, p Policy) (*Compiled
 	}
 	c.sha256, c.snap = sum, snap
 	c.snap.policyRefusal(c)
+	c.decideImages()
 	return c, nil
 }
 

@@ -73,8 +73,22 @@ type snapModule struct {
 	// globals names the export of each mutable global, in index order.
 	globals []string
 
-	mu   sync.Mutex
-	base *baseImage // nil until a snapshot needs it
+	// images says whether new instances start from a pre-initialised
+	// image, noImages why not (image.go).
+	images   bool
+	noImages string
+	// hasStart: the module runs code while instantiated, so its data
+	// segments must land in memory that reads as the spec says.
+	hasStart bool
+	// scratch holds buffers of *[]byte in which wazero applies the data
+	// segments of an instance starting from the image, which then
+	// replaces them (see reservedMemory.Reallocate).
+	scratch sync.Pool
+
+	mu         sync.Mutex
+	base       *baseImage // nil until a snapshot needs it
+	image      *image     // nil until the first instance is initialised
+	imageTried bool
 }
 
 // baseImage is the module's linear memory as instantiation leaves it,
@@ -93,7 +107,7 @@ func (c *checker) snapModule() *snapModule {
 	if err != nil {
 		return &snapModule{refusal: err.Error()}
 	}
-	return &snapModule{globals: names}
+	return &snapModule{globals: names, hasStart: c.snap.hasStart}
 }
 
 // policyRefusal refuses what the policy makes uncapturable: files a guest
@@ -127,7 +141,7 @@ func (c *Compiled) baseImage(ctx context.Context) (*baseImage, error) {
 	if c.snap.base != nil {
 		return c.snap.base, nil
 	}
-	inst, err := c.instantiate(ctx, false)
+	inst, err := c.instantiate(ctx, false, nil)
 	if err != nil {
 		return nil, err
 	}
@@ -258,7 +272,7 @@ func (c *Compiled) Restore(ctx context.Context, snapshot []byte) (*Instance, err
 	if err != nil {
 		return nil, fmt.Errorf("restore: %w", err)
 	}
-	inst, err := c.instantiate(ctx, false)
+	inst, err := c.instantiate(ctx, false, nil)
 	if err != nil {
 		return nil, fmt.Errorf("restore: %w", err)
 	}

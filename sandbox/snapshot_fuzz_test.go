@@ -12,12 +12,13 @@ import (
 	"github.com/tetratelabs/wazero"
 )
 
-// FuzzExportGlobals feeds the snapshot rewrite (exportGlobals, then
-// capTables, as Compile applies them) the modules the checker accepts and
-// wazero compiles. The rewrite must never panic, and its output must check,
-// compile, export the same functions, and export every mutable global under
-// the name snapGlobals gives it.
-func FuzzExportGlobals(f *testing.F) {
+// FuzzRewrite feeds the rewrites Compile applies (mergeData, then
+// exportGlobals for a module the host can snapshot, then capTables) the
+// modules the checker accepts and wazero compiles. They must never panic,
+// and their output must check, compile, export the same functions, and
+// export every mutable global under the name snapGlobals gives it. (That
+// merged segments leave the same memory is TestMergeDataSameMemory.)
+func FuzzRewrite(f *testing.F) {
 	seeds, _ := filepath.Glob(filepath.Join("..", "examples", "plugins", "dist", "*.wasm"))
 	more, _ := filepath.Glob(filepath.Join("..", "internal", "testplugins", "dist", "*.wasm"))
 	for _, s := range append(seeds, more...) {
@@ -25,6 +26,8 @@ func FuzzExportGlobals(f *testing.F) {
 			f.Add(b)
 		}
 	}
+	// Data segments with gaps, and one out of order.
+	f.Add([]byte("\x00asm\x01\x00\x00\x00\x05\x03\x01\x00\x01\x0b\x16\x03\x00\x41\x10\x0b\x02ab\x00\x41\x00\x0b\x02cd\x00\x41\x20\x0b\x02ef"))
 	// A mutable global and no export section; one with an export.
 	f.Add([]byte("\x00asm\x01\x00\x00\x00\x06\x06\x01\x7f\x01\x41\x07\x0b"))
 	f.Add([]byte("\x00asm\x01\x00\x00\x00\x06\x0b\x02\x7f\x01\x41\x07\x0b\x7e\x01\x42\x01\x0b\x07\x05\x01\x01g\x03\x01"))
@@ -45,10 +48,11 @@ func FuzzExportGlobals(f *testing.F) {
 		funcs := slices.Sorted(maps.Keys(mod.ExportedFunctions()))
 		mod.Close(ctx)
 		snap := c.snapModule()
-		if snap.refusal != "" {
-			return
+		out := c.mergeData(wasm)
+		if snap.refusal == "" {
+			out = c.exportGlobals(out)
 		}
-		out := c.capTables(c.exportGlobals(wasm))
+		out = c.capTables(out)
 		c2, err := checkModule(out, limits)
 		if err != nil {
 			t.Fatalf("the rewritten module does not check: %v", err)
@@ -60,6 +64,9 @@ func FuzzExportGlobals(f *testing.F) {
 		defer mod.Close(ctx)
 		if got := slices.Sorted(maps.Keys(mod.ExportedFunctions())); !slices.Equal(got, funcs) {
 			t.Fatalf("exported functions changed: %v, was %v", got, funcs)
+		}
+		if snap.refusal != "" {
+			return
 		}
 		k := 0
 		for i, g := range c2.snap.globals {

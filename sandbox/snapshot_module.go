@@ -45,6 +45,9 @@ type snapInfo struct {
 	// refusal is the first reason found why the host cannot capture the
 	// module's state faithfully; "" when it can.
 	refusal string
+	// hasStart is set when the module has a start function, which runs
+	// guest code during instantiation.
+	hasStart bool
 }
 
 func (s *snapInfo) refuse(reason string) {

@@ -17,7 +17,7 @@ GO=${GO:-go}
 targets=(
 	"./sandbox FuzzKernel"
 	"./sandbox FuzzCheckModule"
-	"./sandbox FuzzExportGlobals"
+	"./sandbox FuzzRewrite"
 	"./sandbox FuzzSnapshotBody"
 	"./plugins FuzzDecodeOutput"
 	"./plugins FuzzLoadAndCall"

@@ -52,6 +52,11 @@ type snapshotAbility struct {
 	// Guest says whether the plugin exports its own handoff pair, the
 	// fallback.
 	Guest bool `json:"guest"`
+	// Images says whether new instances start from a pre-initialised
+	// image, which shares the guest runtime's seeded state between
+	// sessions (docs/SECURITY.md); NoImages why not.
+	Images   bool   `json:"images"`
+	NoImages string `json:"no_images,omitempty"`
 }
 
 func cmdInspect(ctx context.Context, args []string, lookupEnv func(string) (string, bool), stdout, stderr io.Writer) int {
@@ -114,6 +119,7 @@ func cmdInspect(ctx context.Context, args []string, lookupEnv func(string) (stri
 			}
 			in.Granted, in.Missing = granted(common.config().For(pluginName(path)), in.Requested)
 			in.Snapshot = &snapshotAbility{Host: true, Guest: p.HandsOffState()}
+			in.Snapshot.Images, in.Snapshot.NoImages = p.UsesImages()
 			if err := p.CanSnapshot(); err != nil {
 				in.Snapshot.Host = false
 				var se *sandbox.SnapshotError
@@ -179,6 +185,11 @@ func printInspection(w io.Writer, in inspection) {
 			fmt.Fprintf(w, "\nsnapshot:  the plugin's own (%s), not the host's: %s\n", abi.ExportSnapshot, s.Reason)
 		default:
 			fmt.Fprintf(w, "\nsnapshot:  no: %s; and it exports no %s\n", s.Reason, abi.ExportSnapshot)
+		}
+		if s.Images {
+			fmt.Fprintf(w, "images:    yes: sessions start from one pre-initialised image, sharing its seeded non-cryptographic randomness (math/rand, map order); crypto/rand stays per call\n")
+		} else {
+			fmt.Fprintf(w, "images:    no: %s\n", s.NoImages)
 		}
 	}
 	fmt.Fprintf(w, "\nimports (%d):\n", len(in.Imports))

@@ -272,8 +272,8 @@ func TestInspect(t *testing.T) {
 	if in.Interface != "v2" || len(in.Tools) != 2 || len(in.SHA256) != 64 || in.Size == 0 {
 		t.Errorf("inspection: %+v", in)
 	}
-	if in.Snapshot == nil || !in.Snapshot.Host || in.Snapshot.Reason != "" {
-		t.Errorf("snapshot: %+v, want the host able to snapshot hash", in.Snapshot)
+	if in.Snapshot == nil || !in.Snapshot.Host || in.Snapshot.Reason != "" || !in.Snapshot.Images {
+		t.Errorf("snapshot: %+v, want the host able to snapshot hash, and images", in.Snapshot)
 	}
 	var wasi bool
 	for _, f := range in.Imports {
@@ -308,7 +308,7 @@ func TestInspect(t *testing.T) {
 	}
 	in = inspection{}
 	json.Unmarshal(out.Bytes(), &in)
-	if in.Snapshot == nil || in.Snapshot.Host || !strings.Contains(in.Snapshot.Reason, "table.grow") {
+	if in.Snapshot == nil || in.Snapshot.Host || !strings.Contains(in.Snapshot.Reason, "table.grow") || in.Snapshot.Images {
 		t.Errorf("hostilehost snapshot: %+v, want refused naming table.grow", in.Snapshot)
 	}
 }

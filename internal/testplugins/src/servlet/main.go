@@ -11,7 +11,9 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	mrand "math/rand/v2"
 	"os"
+	"strconv"
 	"strings"
 
 	"github.com/extism/go-pdk"
@@ -48,7 +50,8 @@ func describe() int32 {
 	 {"name":"image","description":"Returns an image block and an annotated text block.","inputSchema":{"type":"object"}},
 	 {"name":"print","description":"Writes its text to stdout and stderr.","inputSchema":{"type":"object","properties":{"text":{"type":"string"}}}},
 	 {"name":"remember","description":"Keeps text on the Go heap and returns everything kept so far.","inputSchema":{"type":"object","properties":{"text":{"type":"string"}}}},
-	 {"name":"random","description":"Returns 16 bytes of crypto/rand, in hex.","inputSchema":{"type":"object"}}
+	 {"name":"random","description":"Returns 16 bytes of crypto/rand, in hex.","inputSchema":{"type":"object"}},
+	 {"name":"mathrand","description":"Returns the next math/rand/v2 number (the Go runtime's seeded generator).","inputSchema":{"type":"object"}}
 	]}`)
 	return 0
 }
@@ -102,6 +105,8 @@ func call() int32 {
 	case "remember":
 		remembered = append(remembered, args.Text)
 		text = strings.Join(remembered, ",")
+	case "mathrand":
+		text = strconv.FormatUint(mrand.Uint64(), 16)
 	case "random":
 		b := make([]byte, 16)
 		_, _ = rand.Read(b)
