@@ -119,7 +119,8 @@ func (c *Compiled) keepImage(inst *Instance) {
 }
 
 func (inst *Instance) makeImage() (*image, error) {
-	st := &snapshotState{wall: inst.wall.Load(), mono: inst.mono.Load(), vars: inst.kernel.vars, varBytes: inst.kernel.varBytes}
+	// The instance goes on changing its vars map: the image keeps a copy.
+	st := &snapshotState{wall: inst.wall.Load(), mono: inst.mono.Load(), vars: maps.Clone(inst.kernel.vars), varBytes: inst.kernel.varBytes}
 	for _, name := range inst.compiled.snap.globals {
 		st.globals = append(st.globals, inst.mod.ExportedGlobal(name).Get())
 	}

@@ -4,6 +4,7 @@ package sandbox
 
 import (
 	"errors"
+	"sync"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -38,6 +39,11 @@ func release(b []byte) error { return unix.Munmap(b) }
 type imageFile struct {
 	fd   int
 	size int
+	// mu is held (read) while the descriptor is mapped, and (write) to
+	// close it: a descriptor closed under a mapping might be reused by
+	// another file, which the guest would then read.
+	mu     sync.RWMutex
+	closed bool
 }
 
 // newImageFile writes mem to a new memfd. Pages of zeros are left as
@@ -69,6 +75,11 @@ func newImageFile(mem []byte) (*imageFile, error) {
 // bytes reads the whole image, for an instance whose memory is not a
 // reservation to map it into.
 func (f *imageFile) bytes() ([]byte, error) {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	if f.closed {
+		return nil, ErrClosed
+	}
 	b := make([]byte, f.size)
 	if _, err := unix.Pread(f.fd, b, 0); err != nil {
 		return nil, err
@@ -76,7 +87,14 @@ func (f *imageFile) bytes() ([]byte, error) {
 	return b, nil
 }
 
-func (f *imageFile) close() { _ = unix.Close(f.fd) }
+func (f *imageFile) close() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if !f.closed {
+		f.closed = true
+		_ = unix.Close(f.fd)
+	}
+}
 
 // mapImage maps the image over the start of the reservation,
 // copy-on-write, in place of what was there (MAP_FIXED), so that slices
@@ -86,6 +104,11 @@ func (m *reservedMemory) mapImage() error {
 	size := m.imgSize
 	if m.mem == nil || size > uint64(len(m.mem)) || size > uint64(m.img.size) || unsafe.Sizeof(uintptr(0)) != 8 {
 		return errors.ErrUnsupported
+	}
+	m.img.mu.RLock()
+	defer m.img.mu.RUnlock()
+	if m.img.closed {
+		return ErrClosed
 	}
 	if size > 0 {
 		_, _, errno := unix.Syscall6(unix.SYS_MMAP, uintptr(unsafe.Pointer(&m.mem[0])), uintptr(size),
