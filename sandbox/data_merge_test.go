@@ -15,14 +15,7 @@ import (
 // instantiation as the module as built, and has fewer segments where it
 // had many (Go's).
 func TestMergeDataSameMemory(t *testing.T) {
-	var files []string
-	for _, dir := range []string{"../examples/plugins/dist", "../internal/testplugins/dist"} {
-		f, _ := filepath.Glob(filepath.Join(dir, "*.wasm"))
-		files = append(files, f...)
-	}
-	if len(files) == 0 {
-		t.Skip("no plugins built: run `make plugins testplugins`")
-	}
+	files := builtPlugins(t)
 	ctx := context.Background()
 	rt := wazero.NewRuntimeWithConfig(ctx, wazero.NewRuntimeConfigInterpreter())
 	defer rt.Close(ctx)

@@ -5,8 +5,6 @@ import (
 	"fmt"
 	"maps"
 	"strings"
-
-	"github.com/tetratelabs/wazero/api"
 )
 
 // Pre-initialised images (docs/DESIGN.md, "sandbox: images"): the state of
@@ -188,17 +186,7 @@ func (inst *Instance) applyImage(img *image) error {
 			}
 		}
 	}
-	for k, name := range inst.compiled.snap.globals {
-		g, ok := inst.mod.ExportedGlobal(name).(api.MutableGlobal)
-		if !ok {
-			return fmt.Errorf("global export %q is missing or not mutable", name)
-		}
-		g.Set(s.globals[k])
-	}
-	inst.wall.Store(s.wall)
-	inst.mono.Store(s.mono)
 	// setVar replaces values, never changes them in place, so the
 	// values can be shared; the map cannot.
-	inst.kernel.vars, inst.kernel.varBytes = maps.Clone(s.vars), s.varBytes
-	return nil
+	return inst.setState(s, maps.Clone(s.vars))
 }

@@ -319,6 +319,12 @@ func (inst *Instance) restore(s *snapshotState) error {
 			return err
 		}
 	}
+	return inst.setState(s, s.vars)
+}
+
+// setState sets the instance's globals, clocks and vars (vars, of
+// s.varBytes) to s's.
+func (inst *Instance) setState(s *snapshotState, vars map[string][]byte) error {
 	for k, name := range inst.compiled.snap.globals {
 		g, ok := inst.mod.ExportedGlobal(name).(api.MutableGlobal)
 		if !ok {
@@ -328,7 +334,7 @@ func (inst *Instance) restore(s *snapshotState) error {
 	}
 	inst.wall.Store(s.wall)
 	inst.mono.Store(s.mono)
-	inst.kernel.vars, inst.kernel.varBytes = s.vars, s.varBytes
+	inst.kernel.vars, inst.kernel.varBytes = vars, s.varBytes
 	return nil
 }
 

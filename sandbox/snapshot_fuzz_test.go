@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/binary"
 	"maps"
-	"os"
 	"path/filepath"
 	"slices"
 	"testing"
@@ -19,13 +18,7 @@ import (
 // export every mutable global under the name snapGlobals gives it. (That
 // merged segments leave the same memory is TestMergeDataSameMemory.)
 func FuzzRewrite(f *testing.F) {
-	seeds, _ := filepath.Glob(filepath.Join("..", "examples", "plugins", "dist", "*.wasm"))
-	more, _ := filepath.Glob(filepath.Join("..", "internal", "testplugins", "dist", "*.wasm"))
-	for _, s := range append(seeds, more...) {
-		if b, err := os.ReadFile(s); err == nil && len(b) < 64<<10 {
-			f.Add(b)
-		}
-	}
+	addSmallPlugins(f, filepath.Join("..", "examples", "plugins", "dist"), filepath.Join("..", "internal", "testplugins", "dist"))
 	// Data segments with gaps, and one out of order.
 	f.Add([]byte("\x00asm\x01\x00\x00\x00\x05\x03\x01\x00\x01\x0b\x16\x03\x00\x41\x10\x0b\x02ab\x00\x41\x00\x0b\x02cd\x00\x41\x20\x0b\x02ef"))
 	// A mutable global and no export section; one with an export.
