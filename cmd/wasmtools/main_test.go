@@ -143,8 +143,8 @@ func TestServeStdio(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(res.Tools) != 14 {
-		t.Errorf("%d tools, want 14 (broken.wasm skipped)", len(res.Tools))
+	if len(res.Tools) != 17 {
+		t.Errorf("%d tools, want 17 (broken.wasm skipped)", len(res.Tools))
 	}
 	if got := callText(t, a, "hash", map[string]any{"text": "abc", "algorithm": "sha1"}); got != "a9993e364706816aba3e25717850c26c9cd0d89d" {
 		t.Errorf("sha1(abc) = %s", got)
