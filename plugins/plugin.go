@@ -264,7 +264,14 @@ func (p *Plugin) describe(ctx context.Context, prefix string, timeout time.Durat
 			return err
 		}
 		defer inst.Close(ctx)
-		return p.describeWith(lctx, inst, prefix)
+		if err := p.describeWith(lctx, inst, prefix); err != nil {
+			return err
+		}
+		// Listing the tools ran the guest once, with nothing of any
+		// client's: its state now is a better image than the one
+		// right after initialisation (see sandbox.Instance.KeepImage).
+		inst.KeepImage()
+		return nil
 	}()
 	if err != nil && ctx.Err() == nil && errors.Is(lctx.Err(), context.DeadlineExceeded) {
 		return fmt.Errorf("took longer than the load timeout of %v: %w", timeout, err)

@@ -95,6 +95,9 @@ func (c *Compiled) imageFor() *image {
 	}
 	c.snap.mu.Lock()
 	defer c.snap.mu.Unlock()
+	if c.snap.image != nil {
+		c.snap.imageUsed = true
+	}
 	return c.snap.image
 }
 
@@ -114,6 +117,36 @@ func (c *Compiled) keepImage(inst *Instance) {
 		return
 	}
 	c.snap.image = img
+}
+
+// KeepImage makes the instance's present state the module's image, in
+// place of the state right after its initialisation, when the module uses
+// images and no instance has started from its image yet; else it does
+// nothing. The caller promises that the state holds nothing of any
+// client's: plugins.Load calls it after listing the tools, so that the
+// image also holds what the guest runtime does on its first call (Go
+// sweeps its heap and starts its background work then), which every
+// instance would otherwise do again. It must not run during a call of the
+// instance.
+func (inst *Instance) KeepImage() {
+	c := inst.compiled
+	if !c.snap.images || inst.err != nil || inst.deadline != nil {
+		return
+	}
+	c.snap.mu.Lock()
+	defer c.snap.mu.Unlock()
+	if c.snap.imageUsed {
+		return
+	}
+	img, err := inst.makeImage()
+	if err != nil {
+		c.policy.log.Warn("pre-initialised image not renewed", "error", err)
+		return
+	}
+	if old := c.snap.image; old != nil && old.file != nil {
+		old.file.close()
+	}
+	c.snap.image, c.snap.imageTried = img, true
 }
 
 func (inst *Instance) makeImage() (*image, error) {

@@ -40,6 +40,15 @@ func TestImages(t *testing.T) {
 			t.Errorf("var_count: %q, %v", got, err)
 		}
 	}
+	// Once an instance started from the image, the image stays: a
+	// later KeepImage changes nothing.
+	if _, err := callServlet(t, first, "remember", `{"text":"late"}`); err != nil {
+		t.Fatal(err)
+	}
+	first.KeepImage()
+	if got, err := callServlet(t, instantiate(t, c), "remember", `{"text":"n"}`); err != nil || got != "n" {
+		t.Errorf("after a late KeepImage: %q, %v; want the image as it was", got, err)
+	}
 	// An image instance snapshots and restores like any other.
 	fresh, _ := restored(t, c, a)
 	if got, err := callServlet(t, fresh, "remember", `{"text":"a3"}`); err != nil || got != "a1,a2,a3" {
@@ -173,5 +182,22 @@ func TestImagesHostile(t *testing.T) {
 	}
 	if got, err := callServlet(t, g, "remember", `{"text":"g"}`); err != nil || got != "g" {
 		t.Errorf("after growing: %q, %v", got, err)
+	}
+}
+
+// TestKeepImage: before any instance started from it, KeepImage replaces
+// the image with the instance's present state (what plugins.Load does
+// after listing the tools).
+func TestKeepImage(t *testing.T) {
+	c := compile(t, newRuntime(t), testplugins.Test(t, "servlet"), sandbox.NewPolicy())
+	first := instantiate(t, c)
+	if _, err := callServlet(t, first, "remember", `{"text":"kept"}`); err != nil {
+		t.Fatal(err)
+	}
+	first.KeepImage()
+	for range 2 {
+		if got, err := callServlet(t, instantiate(t, c), "remember", `{"text":"n"}`); err != nil || got != "kept,n" {
+			t.Errorf("from the kept image: %q, %v; want kept,n", got, err)
+		}
 	}
 }

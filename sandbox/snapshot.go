@@ -89,6 +89,7 @@ type snapModule struct {
 	base       *baseImage // nil until a snapshot needs it
 	image      *image     // nil until the first instance is initialised
 	imageTried bool
+	imageUsed  bool // an instance started from image
 }
 
 // baseImage is the module's linear memory as instantiation leaves it,
