@@ -7,8 +7,9 @@ import (
 	"strings"
 )
 
-// Pre-initialised images (docs/DESIGN.md, "sandbox: images"): the state of
-// a module's first instance right after its initialisation, kept once per
+// Pre-initialised images (docs/DESIGN.md, "sandbox: pre-initialised
+// images"): the state of a module's first instance after its
+// initialisation (or after plugins.Load listed its tools), kept once per
 // Compiled, from which later instances start instead of running the
 // initialisation again. On Linux the image's memory is a memfd mapped
 // copy-on-write (MAP_PRIVATE) into each instance's reservation, so idle
