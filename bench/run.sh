@@ -28,7 +28,7 @@ start=$(date +%s)
 # bench is a module of its own (bench/go.mod): -C bench runs in it.
 run -C bench -run XXX -bench 'SessionStart|WarmCall|ConcurrentSessions|Compile|ReloadLatency' -benchtime 500ms -count 5 .
 run -C bench -run XXX -bench 'IdleSessionMemory' -benchtime 1x -count 3 .
-run -run XXX -bench 'NewInstanceFirstCall|InstanceWarmCall|HandleOverhead' -benchtime 500ms -count 5 ./sandbox ./host
+run -run XXX -bench 'NewInstanceFirstCall|InstanceWarmCall|HandleOverhead|Snapshot' -benchtime 500ms -count 5 ./sandbox ./host
 run -run XXX -bench 'IdleInstanceMemory' -benchtime 1x -count 3 ./sandbox
 "$GO" run -C bench ./cmd/benchreport -md "$PWD/docs/BENCHMARKS.md" -png "$PWD/docs/benchmarks.png" "$out"
 echo "bench: wrote docs/BENCHMARKS.md and docs/benchmarks.png in $(($(date +%s) - start)) s" >&2

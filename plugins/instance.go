@@ -149,3 +149,76 @@ func (i *Instance) RootsListChanged(ctx context.Context, meta json.RawMessage) e
 	}
 	return nil
 }
+
+// State is an instance's state between calls, saved by
+// [Instance.SaveState] to start another instance with
+// ([Plugin.RestoreState]).
+type State struct {
+	// Host is set for a snapshot the host took of the whole guest
+	// (memory, globals, Extism vars; see [sandbox.Instance.Snapshot]),
+	// which restores only into a plugin of the same sha256. Otherwise
+	// Data is the guest's own snapshot ([abi.ExportSnapshot]), which any
+	// version exporting [abi.ExportRestore] accepts.
+	Host bool
+	// SHA256 is the plugin the state was saved from.
+	SHA256 string
+	Data   []byte
+}
+
+// SaveState saves the instance's state between calls: a host-side
+// snapshot when the host can take one ([Plugin.CanSnapshot]), else the
+// guest's own snapshot when the plugin exports the handoff pair
+// ([Plugin.HandsOffState]). With neither, it fails with the host's reason,
+// an error matching [sandbox.ErrSnapshotRefused]. It must not run during a
+// call of the instance.
+func (i *Instance) SaveState(ctx context.Context) (*State, error) {
+	hostErr := i.plugin.CanSnapshot()
+	if hostErr == nil {
+		b, err := i.sb.Snapshot(ctx)
+		if err != nil {
+			return nil, fmt.Errorf("plugin %q: %w", i.plugin.name, err)
+		}
+		return &State{Host: true, SHA256: i.plugin.sha256, Data: b}, nil
+	}
+	if i.plugin.HandsOffState() {
+		return i.SaveGuestState(ctx)
+	}
+	return nil, fmt.Errorf("plugin %q: %w, and it exports no %s", i.plugin.name, hostErr, abi.ExportSnapshot)
+}
+
+// SaveGuestState saves the guest's own snapshot ([abi.ExportSnapshot]):
+// the state a plugin hands to another version of itself.
+func (i *Instance) SaveGuestState(ctx context.Context) (*State, error) {
+	b, err := i.Snapshot(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("plugin %q: %w", i.plugin.name, err)
+	}
+	return &State{SHA256: i.plugin.sha256, Data: b}, nil
+}
+
+// RestoreState starts an instance of p with state s, instead of the
+// guest's initialisation. A host snapshot restores only into a plugin of
+// the same sha256 (else the error matches [sandbox.ErrSnapshotMismatch]),
+// whose policy holds it (memory limit); the guest's own state is handed to
+// a fresh instance's [abi.ExportRestore].
+func (p *Plugin) RestoreState(ctx context.Context, s *State) (*Instance, error) {
+	if !s.Host {
+		inst, err := p.NewInstance(ctx)
+		if err != nil {
+			return nil, err
+		}
+		if err := inst.Restore(ctx, s.Data); err != nil {
+			_ = inst.Close(ctx)
+			return nil, fmt.Errorf("plugin %q: %w", p.name, err)
+		}
+		return inst, nil
+	}
+	if s.SHA256 != p.sha256 {
+		return nil, fmt.Errorf("plugin %q: restore: %w: saved from %s, this is %s", p.name, sandbox.ErrSnapshotMismatch, s.SHA256, p.sha256)
+	}
+	sb, err := p.compiled.Restore(ctx, s.Data)
+	if err != nil {
+		return nil, fmt.Errorf("plugin %q: %w", p.name, err)
+	}
+	return &Instance{plugin: p, sb: sb}, nil
+}

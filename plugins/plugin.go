@@ -276,7 +276,14 @@ func (p *Plugin) describe(ctx context.Context, prefix string, timeout time.Durat
 			return err
 		}
 		defer inst.Close(ctx)
-		return p.describeWith(lctx, inst, prefix)
+		if err := p.describeWith(lctx, inst, prefix); err != nil {
+			return err
+		}
+		// Listing the tools ran the guest once, with nothing of any
+		// client's: its state now is a better image than the one
+		// right after initialisation (see sandbox.Instance.KeepImage).
+		inst.KeepImage()
+		return nil
 	}()
 	if err != nil && ctx.Err() == nil && errors.Is(lctx.Err(), context.DeadlineExceeded) {
 		return fmt.Errorf("took longer than the load timeout of %v: %w", timeout, err)
@@ -771,6 +778,27 @@ func (p *Plugin) MemoryLimit() uint64 { return p.compiled.Policy().MemoryLimit()
 // ([abi.ExportSnapshot] and [abi.ExportRestore]).
 func (p *Plugin) HandsOffState() bool {
 	return p.compiled.HasExport(abi.ExportSnapshot) && p.compiled.HasExport(abi.ExportRestore)
+}
+
+// CanSnapshot reports whether the host can snapshot the plugin's
+// instances itself ([sandbox.Compiled.CanSnapshot]): nil, or an error
+// matching [sandbox.ErrSnapshotRefused] that says why not.
+func (p *Plugin) CanSnapshot() error { return p.compiled.CanSnapshot() }
+
+// UsesImages reports whether the plugin's new instances start from a
+// pre-initialised image ([sandbox.Compiled.UsesImages]), and if not, why
+// not.
+func (p *Plugin) UsesImages() (bool, string) { return p.compiled.UsesImages() }
+
+// CarriesStateTo reports whether an instance's state can move from p to
+// next: by a host snapshot when both are the same code (the same sha256,
+// as after a configuration change) and the host can snapshot it, else by
+// the guest's own handoff pair when both versions export it.
+func (p *Plugin) CarriesStateTo(next *Plugin) bool {
+	if p.sha256 == next.sha256 && p.CanSnapshot() == nil && next.CanSnapshot() == nil {
+		return true
+	}
+	return p.HandsOffState() && next.HandsOffState()
 }
 
 // Stateless reports whether the plugin keeps no state between calls (see

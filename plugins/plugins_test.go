@@ -50,7 +50,7 @@ func TestLoadDetectsInterface(t *testing.T) {
 		{testplugins.Example(t, "hash"), abi.InterfaceV2, []string{"base64", "hash"}},
 		{testplugins.Example(t, "notes"), abi.InterfaceV2, []string{"note_add", "note_clear", "note_list"}},
 		{testplugins.Example(t, "counter"), abi.InterfaceServlet, []string{"count"}},
-		{testplugins.Test(t, "servlet"), abi.InterfaceServlet, []string{"echo", "repeat", "fail", "panic", "config", "var_count", "image", "print"}},
+		{testplugins.Test(t, "servlet"), abi.InterfaceServlet, []string{"echo", "repeat", "fail", "panic", "config", "var_count", "image", "print", "remember", "random", "mathrand"}},
 	}
 	for _, tt := range tests {
 		t.Run(filepath.Base(tt.path), func(t *testing.T) {

@@ -281,3 +281,85 @@ func measureRSS(b *testing.B, n int, start func() (stop func())) {
 }
 
 func readRSS(b *testing.B) int64 { return testplugins.RSS(b) }
+
+// BenchmarkSnapshot: a host-side snapshot of an instance that has
+// served a few calls, and its restore into a new instance, for the small
+// (WAT) plugin and a Go plugin (the Extism Go PDK servlet); the snapshot's
+// size is reported as B/snapshot. The raw baselines are the floors each
+// stands against: for a snapshot, copying the whole linear memory out of a
+// raw wazero instance; for a restore, a new raw wazero instance with its
+// initialisation run (what a restore replaces).
+func BenchmarkSnapshot(b *testing.B) {
+	ctx := context.Background()
+	for _, plugin := range []struct{ name, path, input string }{
+		{"counter", testplugins.Example(b, "counter"), `{"params":{"name":"count","arguments":{}}}`},
+		{"servlet", testplugins.Test(b, "servlet"), `{"params":{"name":"remember","arguments":{"text":"kept"}}}`},
+	} {
+		wasm := testplugins.Bytes(b, plugin.path)
+		input := []byte(plugin.input)
+		b.Run(plugin.name+"/raw-wazero-copy", func(b *testing.B) {
+			k := &rawKernel{mem: make([]byte, 8, 1024)}
+			rt := newRawRuntime(ctx, b, &k)
+			defer rt.Close(ctx)
+			c, _ := rt.CompileModule(ctx, wasm)
+			m := rawInstantiate(ctx, b, rt, c)
+			rawCall(ctx, b, k, m.ExportedFunction("call"), input)
+			b.ReportAllocs()
+			for b.Loop() {
+				mem, _ := m.Memory().Read(0, m.Memory().Size())
+				_ = append([]byte(nil), mem...)
+			}
+		})
+		b.Run(plugin.name+"/raw-wazero-new", func(b *testing.B) {
+			k := &rawKernel{mem: make([]byte, 8, 1024)}
+			rt := newRawRuntime(ctx, b, &k)
+			defer rt.Close(ctx)
+			c, _ := rt.CompileModule(ctx, wasm)
+			b.ReportAllocs()
+			for b.Loop() {
+				rawInstantiate(ctx, b, rt, c).Close(ctx)
+			}
+		})
+		rt, _ := sandbox.NewRuntime(sandbox.Options{CacheDir: testplugins.CacheDir()})
+		c, err := rt.Compile(ctx, wasm, sandbox.NewPolicy())
+		if err != nil {
+			b.Fatal(err)
+		}
+		inst, err := c.Instantiate(ctx)
+		if err != nil {
+			b.Fatal(err)
+		}
+		for range 3 {
+			if _, err := inst.Call(ctx, "call", input, nil); err != nil {
+				b.Fatal(err)
+			}
+		}
+		snap, err := inst.Snapshot(ctx)
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Run(plugin.name+"/snapshot", func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				if _, err := inst.Snapshot(ctx); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ReportMetric(float64(len(snap)), "B/snapshot")
+		})
+		b.Run(plugin.name+"/restore", func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				fresh, err := c.Restore(ctx, snap)
+				if err != nil {
+					b.Fatal(err)
+				}
+				fresh.Close(ctx)
+			}
+			b.ReportMetric(float64(len(snap)), "B/snapshot")
+		})
+		inst.Close(ctx)
+		c.Close(ctx)
+		rt.Close(ctx)
+	}
+}

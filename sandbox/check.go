@@ -154,7 +154,7 @@ func CheckModule(wasm []byte, limits ModuleLimits) (ModuleStats, error) {
 }
 
 func checkModule(wasm []byte, limits ModuleLimits) (*checker, error) {
-	c := &checker{lim: limits.withDefaults()}
+	c := &checker{lim: limits.withDefaults(), data: dataInfo{mergeable: true}}
 	return c, c.module(wasm)
 }
 
@@ -167,6 +167,10 @@ type checker struct {
 	// tableSection where its table section lies, for capTables.
 	tables       []tableLimits
 	tableSection struct{ id, start, end int }
+	// snap is what a host-side snapshot needs to know (snapshot_module.go).
+	snap snapInfo
+	// data is what merging data segments needs to know (data_merge.go).
+	data dataInfo
 }
 
 // tableLimits locates one table type's limits in the module.
@@ -295,6 +299,18 @@ func (c *checker) module(wasm []byte) error {
 		if id == 4 {
 			c.tableSection.id, c.tableSection.start, c.tableSection.end = idPos, start, start+len(body)
 		}
+		switch {
+		case id == 11:
+			c.data.section = sectionPos{id: idPos, start: start, end: start + len(body), found: true}
+		case id == 12:
+			c.data.count = sectionPos{id: idPos, start: start, end: start + len(body), found: true}
+		}
+		switch {
+		case id == 7:
+			c.snap.exportSection = sectionPos{id: idPos, start: start, end: start + len(body), found: true}
+		case id >= 1 && id <= 6:
+			c.snap.insertAt = start + len(body) // a new export section goes after these
+		}
 		if err := c.section(id, &sr); err != nil {
 			return fmt.Errorf("section %d: %w", id, err)
 		}
@@ -358,8 +374,15 @@ func (c *checker) section(id byte, r *reader) error {
 			case 0x02:
 				c.limits(r, true)
 			case 0x03:
+				t := r.pos
 				c.valType(r)
-				r.byte()
+				mut := r.byte()
+				if r.err == nil {
+					if mut != 0 {
+						c.snap.refuse("it imports a mutable global, which lives outside the instance")
+					}
+					c.snap.globals = append(c.snap.globals, globalType{imported: true, valType: r.b[t]})
+				}
 			default:
 				if r.err == nil {
 					r.fail("import kind 0x%02x is unknown", kind)
@@ -392,21 +415,28 @@ func (c *checker) section(id byte, r *reader) error {
 		return c.vec(r, func(uint32) error { c.limits(r, true); return nil })
 	case 6: // global
 		return c.vec(r, func(uint32) error {
+			t := r.pos
 			c.valType(r)
-			r.byte()
+			mut := r.byte()
+			if r.err == nil {
+				c.snap.globals = append(c.snap.globals, globalType{valType: r.b[t], mutable: mut == 1})
+			}
 			return c.expr(r, "a global's initialiser")
 		})
 	case 7: // export
 		return c.vec(r, func(uint32) error {
-			r.name()
-			if k := r.byte(); k > 3 && r.err == nil {
+			name := string(r.bytes(uint64(r.u32())))
+			k := r.byte()
+			if k > 3 && r.err == nil {
 				r.fail("export kind 0x%02x is unknown", k)
 			}
-			r.u32()
+			idx := r.u32()
+			c.snap.export(name, k, idx)
 			return nil
 		})
 	case 8: // start
 		r.u32()
+		c.snap.hasStart = true
 	case 9: // element
 		return c.vec(r, func(i uint32) error {
 			c.stats.ElemSegments++
@@ -427,19 +457,28 @@ func (c *checker) section(id byte, r *reader) error {
 			case 0:
 			case 1:
 				r.bytes(uint64(r.u32()))
+				c.data.mergeable = false // passive: referred to by index
 				return nil
 			case 2:
 				r.u32()
+				c.data.mergeable = false
 			default:
 				if r.err == nil {
 					r.fail("data segment kind %d is unknown", flags)
 				}
 				return nil
 			}
+			exprStart := r.pos
 			if err := c.expr(r, "a data segment's offset"); err != nil {
 				return err
 			}
-			r.bytes(uint64(r.u32()))
+			exprEnd := r.pos
+			n := r.u32()
+			initStart := r.pos
+			r.bytes(uint64(n))
+			if r.err == nil {
+				c.data.segment(r.b[exprStart:exprEnd], initStart, r.pos)
+			}
 			return nil
 		})
 	case 12: // data count
@@ -623,6 +662,9 @@ func (c *checker) instructions(r *reader, where string) error {
 			c.vec(r, func(uint32) error { c.valType(r); return nil })
 		case op >= 0x20 && op <= 0x26: // local.*, global.*, table.get/set
 			r.u32()
+			if op == 0x26 {
+				c.snap.refuse("it changes a table at run time (table.set), and tables are not captured")
+			}
 		case op >= 0x28 && op <= 0x3e: // loads and stores
 			c.memArg(r)
 		case op == 0x3f || op == 0x40: // memory.size, memory.grow
@@ -691,8 +733,11 @@ func (c *checker) miscOp(r *reader) {
 	case sub == 8: // memory.init
 		r.u32()
 		c.memIndex(r)
+		c.data.mergeable = false
 	case sub == 9: // data.drop
 		r.u32()
+		c.data.mergeable = false
+		c.snap.refuse("it drops data segments at run time (data.drop), which is not captured")
 	case sub == 10: // memory.copy
 		c.memIndex(r)
 		c.memIndex(r)
@@ -701,8 +746,12 @@ func (c *checker) miscOp(r *reader) {
 	case sub == 12 || sub == 14: // table.init, table.copy
 		r.u32()
 		r.u32()
+		c.snap.refuse(fmt.Sprintf("it changes a table at run time (%s), and tables are not captured", map[uint32]string{12: "table.init", 14: "table.copy"}[sub]))
 	case sub == 13 || (sub >= 15 && sub <= 17): // elem.drop, table.grow/size/fill
 		r.u32()
+		if sub != 16 {
+			c.snap.refuse(fmt.Sprintf("it changes a table at run time (%s), and tables are not captured", map[uint32]string{13: "elem.drop", 15: "table.grow", 17: "table.fill"}[sub]))
+		}
 	default:
 		r.fail("opcode 0xfc %d is unknown", sub)
 	}

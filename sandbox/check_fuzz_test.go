@@ -18,12 +18,7 @@ import (
 // a fuzzed count of 2^32 items ends the fuzzing process. (That every
 // plugin we build passes the checker is TestCheckModuleAcceptsPlugins.)
 func FuzzCheckModule(f *testing.F) {
-	seeds, _ := filepath.Glob(filepath.Join("..", "internal", "testplugins", "dist", "*.wasm"))
-	for _, s := range seeds {
-		if b, err := os.ReadFile(s); err == nil && len(b) < 64<<10 {
-			f.Add(b)
-		}
-	}
+	addSmallPlugins(f, filepath.Join("..", "internal", "testplugins", "dist"))
 	f.Add([]byte("\x00asm\x01\x00\x00\x00"))
 	f.Add([]byte("\x00asm\x01\x00\x00\x00\x04\x04\x01\x70\x00\x05")) // a table with no maximum
 	ctx := context.Background()
@@ -60,14 +55,7 @@ func FuzzCheckModule(f *testing.F) {
 // (Go wasip1 builds and WebAssembly text) against the default limits, and
 // logs what the largest uses, for docs/SECURITY.md.
 func TestCheckModuleAcceptsPlugins(t *testing.T) {
-	var files []string
-	for _, dir := range []string{"../examples/plugins/dist", "../internal/testplugins/dist"} {
-		f, _ := filepath.Glob(filepath.Join(dir, "*.wasm"))
-		files = append(files, f...)
-	}
-	if len(files) == 0 {
-		t.Skip("no plugins built: run `make plugins testplugins`")
-	}
+	files := builtPlugins(t)
 	var most ModuleStats
 	for _, f := range files {
 		b, err := os.ReadFile(f)
@@ -88,4 +76,31 @@ func TestCheckModuleAcceptsPlugins(t *testing.T) {
 		}
 	}
 	t.Logf("the most any of %d plugins uses: %+v", len(files), most)
+}
+
+// builtPlugins lists every plugin the repository builds (the examples and
+// the test plugins), skipping the test when none is built.
+func builtPlugins(t *testing.T) []string {
+	var files []string
+	for _, dir := range []string{"../examples/plugins/dist", "../internal/testplugins/dist"} {
+		f, _ := filepath.Glob(filepath.Join(dir, "*.wasm"))
+		files = append(files, f...)
+	}
+	if len(files) == 0 {
+		t.Skip("no plugins built: run `make plugins testplugins`")
+	}
+	return files
+}
+
+// addSmallPlugins adds the plugins under 64 KiB in each folder (the
+// WebAssembly-text ones) to f's seeds.
+func addSmallPlugins(f *testing.F, dirs ...string) {
+	for _, dir := range dirs {
+		files, _ := filepath.Glob(filepath.Join(dir, "*.wasm"))
+		for _, s := range files {
+			if b, err := os.ReadFile(s); err == nil && len(b) < 64<<10 {
+				f.Add(b)
+			}
+		}
+	}
 }

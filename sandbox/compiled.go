@@ -31,6 +31,12 @@ type Compiled struct {
 	roots    []*os.Root      // the mounted folders, closed with the module
 	net      netClient       // the instances' HTTP connections, closed with the module
 
+	// sha256 is the digest of the module's bytes as given to Compile,
+	// which a snapshot names. snap says whether the host can snapshot
+	// its instances, and how (snapshot.go).
+	sha256 [32]byte
+	snap   *snapModule
+
 	closeOnce sync.Once
 	closeErr  error
 }
@@ -156,6 +162,9 @@ func (c *Compiled) Policy() Policy { return c.policy }
 func (c *Compiled) Close(ctx context.Context) error {
 	c.closeOnce.Do(func() {
 		c.closeErr = c.rt.Close(ctx)
+		if c.snap != nil && c.snap.image != nil && c.snap.image.file != nil {
+			c.snap.image.file.close() // mappings of it outlive the descriptor
+		}
 		closeRoots(c.roots)
 		c.net.close()
 	})

@@ -6,11 +6,13 @@ import (
 	"crypto/rand"
 	"fmt"
 	"log/slog"
+	"sync/atomic"
 	"time"
 
 	"github.com/tetratelabs/wazero"
 	"github.com/tetratelabs/wazero/api"
 	"github.com/tetratelabs/wazero/experimental"
+	"github.com/tetratelabs/wazero/sys"
 
 	"github.com/wasmtools/wasmtools/abi"
 )
@@ -36,12 +38,41 @@ type Instance struct {
 	logTokens  float64 // the guest log rate limit, see allowLog
 	logLast    time.Time
 	logDropped int
+
+	// wall and mono are the guest's fake clocks (Policy.WithFakeClock),
+	// read by WASI, kept here so that a snapshot carries them and a
+	// restored guest never sees time go backwards. Each holds its last
+	// reading; each reading adds a millisecond. Unused with real clocks.
+	wall, mono atomic.Int64
 }
+
+// fakeEpoch is the first reading of a guest's wall clock: midnight UTC
+// 2022-01-01, as wazero's fake clock.
+const fakeEpoch = 1640995200 * int64(time.Second)
 
 // Instantiate creates an instance and runs its initialisation export
 // (_initialize, else __wasm_call_ctors) under the policy's call timeout.
 // A guest whose initialisation traps or overruns fails here.
+//
+// When the module uses pre-initialised images ([Compiled.UsesImages]),
+// the first instance's state after its initialisation is kept as the
+// image, and later instances start from it instead of initialising.
 func (c *Compiled) Instantiate(ctx context.Context) (*Instance, error) {
+	if img := c.imageFor(); img != nil {
+		return c.fromImage(ctx, img)
+	}
+	inst, err := c.instantiate(ctx, true, nil)
+	if err == nil && c.snap.images {
+		c.keepImage(inst)
+	}
+	return inst, err
+}
+
+// instantiate creates an instance, running its initialisation export when
+// initialise is set (a restore sets the state it would build instead).
+// With img, the instance's memory is to become the image's (see
+// reservedMemory.Reallocate).
+func (c *Compiled) instantiate(ctx context.Context, initialise bool, img *image) (*Instance, error) {
 	inst := &Instance{
 		compiled: c,
 		kernel: kernel{
@@ -61,7 +92,18 @@ func (c *Compiled) Instantiate(ctx context.Context) (*Instance, error) {
 		WithStdout(&inst.stdout).
 		WithStderr(&inst.stderr).
 		WithRandSource(rand.Reader)
-	if !c.policy.fakeClock {
+	if c.policy.fakeClock {
+		// Deterministic clocks, served by the instance so that a
+		// snapshot keeps them: a restored guest's time never runs
+		// backwards.
+		cfg = cfg.WithWalltime(func() (int64, int32) {
+			t := inst.wall.Add(int64(time.Millisecond))
+			return t / 1e9, int32(t % 1e9)
+		}, sys.ClockResolution(time.Microsecond)).
+			WithNanotime(func() int64 { return inst.mono.Add(int64(time.Millisecond)) }, sys.ClockResolution(1))
+		inst.wall.Store(fakeEpoch - int64(time.Millisecond))
+		inst.mono.Store(-int64(time.Millisecond))
+	} else {
 		// Real clocks, and a real sleep in slices of at most
 		// maxSleepSlice: a host function cannot be interrupted, so a
 		// guest's long sleep must come back often enough for its
@@ -83,6 +125,12 @@ func (c *Compiled) Instantiate(ctx context.Context) (*Instance, error) {
 	ctx = experimental.WithMemoryAllocator(ctx, experimental.MemoryAllocatorFunc(func(_, max uint64) experimental.LinearMemory {
 		if m := reserveMemory(max); m != nil {
 			m.busy = true // the start function runs next; see exit below
+			if img != nil && img.file != nil {
+				m.img, m.imgSize = img.file, img.size
+				if !c.snap.hasStart {
+					m.scratch = &c.snap.scratch
+				}
+			}
 			inst.mem = m
 			return m
 		}
@@ -94,6 +142,9 @@ func (c *Compiled) Instantiate(ctx context.Context) (*Instance, error) {
 		return nil, fmt.Errorf("instantiate: %w", contextCause(ctx, err))
 	}
 	inst.mod = mod
+	if !initialise {
+		return inst, nil
+	}
 	for _, name := range []string{abi.ExportInitialize, abi.ExportCallCtors} {
 		if f := mod.ExportedFunction(name); f != nil {
 			if _, err := f.Call(ctx); err != nil {

@@ -1,6 +1,7 @@
 package sandbox
 
 import (
+	"errors"
 	"sync"
 )
 
@@ -27,16 +28,54 @@ type reservedMemory struct {
 	committed uint64 // bytes readable and writable, from the start
 	busy      bool   // a call of the instance is running
 	freed     bool   // wazero freed the memory during a call
+
+	// For an instance starting from a pre-initialised image: img is to
+	// be mapped over the first imgSize bytes (onImage once it is), early
+	// when it was mapped before wazero applied the data segments, and
+	// scratch is where to find a buffer for those segments meanwhile.
+	img        *imageFile
+	imgSize    uint64
+	onImage    bool
+	early      bool
+	scratch    *sync.Pool
+	scratchBuf *[]byte
 }
 
 // Reallocate implements experimental.LinearMemory: it commits size bytes
 // and returns them. It returns nil, which fails the guest's memory.grow,
 // past the reservation or when the system refuses.
+//
+// An instance starting from an image is instantiated as usual (wazero
+// applies the data segments to the memory's minimum size), then grown to
+// the image's size. The first allocation, when smaller than the image,
+// is a scratch buffer reused between instantiations, so that applying the
+// data segments touches no page of the reservation; the growth maps the
+// image over the reservation, copy-on-write, and returns that: the
+// scratch's contents are dropped, not copied, as the image replaces them.
 func (m *reservedMemory) Reallocate(size uint64) []byte {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if m.mem == nil || size > uint64(len(m.mem)) {
 		return nil
+	}
+	if m.img != nil && !m.onImage {
+		if size < m.imgSize && m.scratch != nil && m.scratchBuf == nil {
+			b, _ := m.scratch.Get().(*[]byte)
+			if b == nil || uint64(cap(*b)) < size {
+				b = new([]byte)
+				*b = make([]byte, size)
+			}
+			m.scratchBuf = b
+			return (*b)[:size:size]
+		}
+		m.early = m.scratchBuf == nil
+		m.putScratch()
+		switch err := m.mapImage(); {
+		case errors.Is(err, errors.ErrUnsupported):
+			m.img = nil // the image is copied in instead
+		case err != nil:
+			return nil // a failed MAP_FIXED may leave the range unmapped
+		}
 	}
 	if size > m.committed {
 		if err := commit(m.mem[m.committed:size]); err != nil {
@@ -45,6 +84,36 @@ func (m *reservedMemory) Reallocate(size uint64) []byte {
 		m.committed = size
 	}
 	return m.mem[:size:size]
+}
+
+func (m *reservedMemory) putScratch() {
+	if m.scratchBuf != nil {
+		m.scratch.Put(m.scratchBuf)
+		m.scratchBuf = nil
+	}
+}
+
+// settleImage finishes an instance's start from its image, once wazero
+// has instantiated the module and grown its memory to the image's size:
+// it reports whether the image is mapped, and maps it again where it was
+// mapped before the data segments were applied (those writes made private
+// copies of the pages they touched; mapping again shares them again).
+func (m *reservedMemory) settleImage() (bool, error) {
+	if m == nil {
+		return false, nil
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if !m.onImage {
+		return false, nil
+	}
+	if m.early {
+		m.early = false
+		if err := m.mapImage(); err != nil {
+			return false, err
+		}
+	}
+	return true, nil
 }
 
 // Free implements experimental.LinearMemory.
@@ -59,6 +128,7 @@ func (m *reservedMemory) Free() {
 }
 
 func (m *reservedMemory) unmap() {
+	m.putScratch()
 	if m.mem != nil {
 		_ = release(m.mem)
 		m.mem, m.committed = nil, 0
@@ -73,6 +143,23 @@ func (m *reservedMemory) enter() {
 	m.mu.Lock()
 	m.busy = true
 	m.mu.Unlock()
+}
+
+// enterLive is enter for the host's own access to the memory (a snapshot
+// or restore): it reports false, entering nothing, when wazero has freed
+// the memory already. m may be nil (wazero's own memory, which the
+// garbage collector keeps while it is referenced).
+func (m *reservedMemory) enterLive() bool {
+	if m == nil {
+		return true
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.mem == nil || m.freed {
+		return false
+	}
+	m.busy = true
+	return true
 }
 
 // exit marks its end, and frees the memory if wazero freed it meanwhile.

@@ -10,3 +10,11 @@ func reserveMemory(max uint64) *reservedMemory { return nil }
 
 func commit(b []byte) error  { return errors.ErrUnsupported }
 func release(b []byte) error { return nil }
+
+// imageFile is not used where memory is not reserved: images are copied.
+type imageFile struct{}
+
+func newImageFile([]byte) (*imageFile, error) { return nil, errors.ErrUnsupported }
+func (f *imageFile) bytes() ([]byte, error)   { return nil, errors.ErrUnsupported }
+func (f *imageFile) close()                   {}
+func (m *reservedMemory) mapImage() error     { return errors.ErrUnsupported }

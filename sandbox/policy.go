@@ -64,6 +64,7 @@ type Policy struct {
 	network         Network
 	mounts          []Mount
 	fakeClock       bool
+	images          Images
 }
 
 // NewPolicy returns the default policy: the Default* limits, nothing

@@ -10,6 +10,7 @@ package sandbox
 
 import (
 	"context"
+	"crypto/sha256"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -90,6 +91,12 @@ func (r *Runtime) Compile(ctx context.Context, wasm []byte, p Policy) (*Compiled
 	if err := p.network.checkGrants(); err != nil {
 		return nil, fmt.Errorf("network grant: %w", err)
 	}
+	sum := sha256.Sum256(wasm)
+	wasm = chk.mergeData(wasm)
+	snap := chk.snapModule()
+	if snap.refusal == "" {
+		wasm = chk.exportGlobals(wasm)
+	}
 	wasm = chk.capTables(wasm)
 	cfg := wazero.NewRuntimeConfig().
 		WithCompilationCache(r.cache).
@@ -117,6 +124,9 @@ func (r *Runtime) Compile(ctx context.Context, wasm []byte, p Policy) (*Compiled
 	if err != nil {
 		return nil, closeRT(err)
 	}
+	c.sha256, c.snap = sum, snap
+	c.snap.policyRefusal(c)
+	c.decideImages()
 	return c, nil
 }
 

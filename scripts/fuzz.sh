@@ -17,6 +17,8 @@ GO=${GO:-go}
 targets=(
 	"./sandbox FuzzKernel"
 	"./sandbox FuzzCheckModule"
+	"./sandbox FuzzRewrite"
+	"./sandbox FuzzSnapshotBody"
 	"./plugins FuzzDecodeOutput"
 	"./plugins FuzzLoadAndCall"
 	"./plugins FuzzValidateArguments"

@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -37,6 +38,25 @@ type inspection struct {
 	Granted   plugins.Manifest  `json:"granted"`
 	// Missing lists what is requested and not granted.
 	Missing []string `json:"missing,omitempty"`
+	// Snapshot says whether the host can save and restore the plugin's
+	// instances itself (durable sessions, state kept across a
+	// configuration change), and if not, why not.
+	Snapshot *snapshotAbility `json:"snapshot,omitempty"`
+}
+
+// snapshotAbility is the snapshot part of an inspection.
+type snapshotAbility struct {
+	Host bool `json:"host"`
+	// Reason is why the host cannot, when it cannot.
+	Reason string `json:"reason,omitempty"`
+	// Guest says whether the plugin exports its own handoff pair, the
+	// fallback.
+	Guest bool `json:"guest"`
+	// Images says whether new instances start from a pre-initialised
+	// image, which shares the guest runtime's seeded state between
+	// sessions (docs/SECURITY.md); NoImages why not.
+	Images   bool   `json:"images"`
+	NoImages string `json:"no_images,omitempty"`
 }
 
 func cmdInspect(ctx context.Context, args []string, lookupEnv func(string) (string, bool), stdout, stderr io.Writer) int {
@@ -46,7 +66,7 @@ func cmdInspect(ctx context.Context, args []string, lookupEnv func(string) (stri
 	common.register(fs)
 	asJSON := fs.Bool("json", false, "print JSON")
 	fs.Usage = func() {
-		fmt.Fprint(stderr, "Usage: wasmtools inspect [flags] FILE.wasm\n\nShows which plugin interface the plugin speaks, its tools with their\nschemas, its imports and exports, its size and sha256. Exits 1 if the\nhost would not serve it, and says why.\n\nFlags:\n")
+		fmt.Fprint(stderr, "Usage: wasmtools inspect [flags] FILE.wasm\n\nShows which plugin interface the plugin speaks, its tools with their\nschemas, its imports and exports, its size and sha256, and whether\nthe host can snapshot its instances (and why not). Exits 1 if the\nhost would not serve it, and says why.\n\nFlags:\n")
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {
@@ -98,6 +118,17 @@ func cmdInspect(ctx context.Context, args []string, lookupEnv func(string) (stri
 				}
 			}
 			in.Granted, in.Missing = granted(common.config().For(pluginName(path)), in.Requested)
+			in.Snapshot = &snapshotAbility{Host: true, Guest: p.HandsOffState()}
+			in.Snapshot.Images, in.Snapshot.NoImages = p.UsesImages()
+			if err := p.CanSnapshot(); err != nil {
+				in.Snapshot.Host = false
+				var se *sandbox.SnapshotError
+				if errors.As(err, &se) {
+					in.Snapshot.Reason = se.Reason
+				} else {
+					in.Snapshot.Reason = err.Error()
+				}
+			}
 			for _, t := range p.Tools() {
 				d := t.Def
 				d.Name = t.Name
@@ -144,6 +175,21 @@ func printInspection(w io.Writer, in inspection) {
 			in.Requested.Hosts, in.Granted.Hosts, in.Requested.Paths, in.Granted.Paths, in.Requested.Config, in.Granted.Config, in.Requested.Env, in.Granted.Env)
 		if len(in.Missing) > 0 {
 			fmt.Fprintf(w, "  not granted: %s\n", strings.Join(in.Missing, ", "))
+		}
+	}
+	if s := in.Snapshot; s != nil {
+		switch {
+		case s.Host:
+			fmt.Fprintf(w, "\nsnapshot:  yes: the host can save and restore its instances\n")
+		case s.Guest:
+			fmt.Fprintf(w, "\nsnapshot:  the plugin's own (%s), not the host's: %s\n", abi.ExportSnapshot, s.Reason)
+		default:
+			fmt.Fprintf(w, "\nsnapshot:  no: %s; and it exports no %s\n", s.Reason, abi.ExportSnapshot)
+		}
+		if s.Images {
+			fmt.Fprintf(w, "images:    yes: sessions start from one pre-initialised image, sharing its seeded non-cryptographic randomness (math/rand, map order); crypto/rand stays per call\n")
+		} else {
+			fmt.Fprintf(w, "images:    no: %s\n", s.NoImages)
 		}
 	}
 	fmt.Fprintf(w, "\nimports (%d):\n", len(in.Imports))

@@ -143,8 +143,8 @@ func TestServeStdio(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(res.Tools) != 14 {
-		t.Errorf("%d tools, want 14 (broken.wasm skipped)", len(res.Tools))
+	if len(res.Tools) != 17 {
+		t.Errorf("%d tools, want 17 (broken.wasm skipped)", len(res.Tools))
 	}
 	if got := callText(t, a, "hash", map[string]any{"text": "abc", "algorithm": "sha1"}); got != "a9993e364706816aba3e25717850c26c9cd0d89d" {
 		t.Errorf("sha1(abc) = %s", got)
@@ -272,6 +272,9 @@ func TestInspect(t *testing.T) {
 	if in.Interface != "v2" || len(in.Tools) != 2 || len(in.SHA256) != 64 || in.Size == 0 {
 		t.Errorf("inspection: %+v", in)
 	}
+	if in.Snapshot == nil || !in.Snapshot.Host || in.Snapshot.Reason != "" || !in.Snapshot.Images {
+		t.Errorf("snapshot: %+v, want the host able to snapshot hash, and images", in.Snapshot)
+	}
 	var wasi bool
 	for _, f := range in.Imports {
 		wasi = wasi || f.Module == "wasi_snapshot_preview1"
@@ -291,10 +294,22 @@ func TestInspect(t *testing.T) {
 	if code := run(context.Background(), []string{"inspect", testplugins.Example(t, "counter")}, nil, nil, &out, &errb); code != 0 {
 		t.Fatalf("exit %d", code)
 	}
-	for _, want := range []string{"interface: servlet", "count", "extism:host/env.output_set (i64, i64) -> ()"} {
+	for _, want := range []string{"interface: servlet", "count", "extism:host/env.output_set (i64, i64) -> ()", "snapshot:  yes"} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("text output lacks %q:\n%s", want, out.String())
 		}
+	}
+
+	// hostilehost grows its table: the host cannot snapshot it, and
+	// says why.
+	out.Reset()
+	if code := run(context.Background(), []string{"inspect", "--json", testplugins.Test(t, "hostilehost")}, nil, nil, &out, &errb); code != 0 {
+		t.Fatalf("exit %d: %s", code, errb.String())
+	}
+	in = inspection{}
+	json.Unmarshal(out.Bytes(), &in)
+	if in.Snapshot == nil || in.Snapshot.Host || !strings.Contains(in.Snapshot.Reason, "table.grow") || in.Snapshot.Images {
+		t.Errorf("hostilehost snapshot: %+v, want refused naming table.grow", in.Snapshot)
 	}
 }
 

@@ -79,6 +79,10 @@ type Plugin struct {
 	// tells a 2026-07-28 client's model its session handle (the handle
 	// stays in _meta): for results a client checks exactly.
 	HandleNote *bool `toml:"handle_note"`
+	// Images says whether new instances start from a pre-initialised
+	// image (sandbox.Policy.WithImages): true always, false never; unset,
+	// as the plugin's wasmtools.image section says, and on without one.
+	Images *bool `toml:"images"`
 
 	MemoryLimit    Size     `toml:"memory_limit"`
 	CallTimeout    Duration `toml:"call_timeout"`
@@ -423,6 +427,9 @@ func (f *File) For(name string) Effective {
 		pol = pol.WithLoadTimeout(time.Duration(v))
 	}
 	pol = pol.WithModuleLimits(p.Module.limits(d.Module))
+	if v := cmp.Or(p.Images, d.Images); v != nil {
+		pol = pol.WithImages(map[bool]sandbox.Images{true: sandbox.ImagesOn, false: sandbox.ImagesOff}[*v])
+	}
 	hosts := p.AllowedHosts
 	if hosts == nil {
 		hosts = d.AllowedHosts

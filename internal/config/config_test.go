@@ -48,6 +48,7 @@ memory_limit = "32MiB"
 compile_timeout = "1m"
 module = { max_nesting = 200, max_table_size = 5000 }
 handle_note = false
+images = false
 
 [plugins.off]
 enabled = false
@@ -90,6 +91,9 @@ enabled = false
 	}
 	if diff := cmp.Diff(map[string]string{"alice": "alice-token-0123456789", "bob": "bob-token-0123456789"}, f.HTTP.Tokens); diff != "" {
 		t.Errorf("http.tokens (-want +got):\n%s", diff)
+	}
+	if e.Options.Policy.Images() != sandbox.ImagesOff || f.For("other").Options.Policy.Images() != sandbox.ImagesAuto {
+		t.Errorf("images: fetch %v (want off), other %v (want auto)", e.Options.Policy.Images(), f.For("other").Options.Policy.Images())
 	}
 	if e.HandleNote || !f.For("other").HandleNote {
 		t.Errorf("handle_note: fetch %v (want false), other %v (want true)", e.HandleNote, f.For("other").HandleNote)

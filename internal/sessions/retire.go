@@ -120,7 +120,7 @@ func (m *Manager) moveOff(sl *slot, old, next *plugins.Plugin) {
 	detail := "the plugin was removed"
 	if next != nil {
 		detail = "the plugin was replaced by version " + next.SHA256()
-		if from.HandsOffState() && next.HandsOffState() {
+		if from.CarriesStateTo(next) {
 			fresh, err := m.handOff(ctx, inst, next)
 			if err == nil {
 				_ = inst.Close(ctx)
@@ -142,19 +142,19 @@ func (m *Manager) moveOff(sl *slot, old, next *plugins.Plugin) {
 	m.obs.InstanceReset(sl.plugin, "upgrade")
 }
 
-// handOff moves inst's state to a new instance of next.
+// handOff moves inst's state to a new instance of next: the whole guest,
+// snapshotted by the host, when next is the same code (a configuration
+// change), else the guest's own snapshot, which another version reads.
 func (m *Manager) handOff(ctx context.Context, inst *plugins.Instance, next *plugins.Plugin) (*plugins.Instance, error) {
-	snap, err := inst.Snapshot(ctx)
+	var st *plugins.State
+	var err error
+	if inst.Plugin().SHA256() == next.SHA256() && next.CanSnapshot() == nil {
+		st, err = inst.SaveState(ctx)
+	} else {
+		st, err = inst.SaveGuestState(ctx)
+	}
 	if err != nil {
 		return nil, err
 	}
-	fresh, err := next.NewInstance(ctx)
-	if err != nil {
-		return nil, err
-	}
-	if err := fresh.Restore(ctx, snap); err != nil {
-		_ = fresh.Close(ctx)
-		return nil, err
-	}
-	return fresh, nil
+	return next.RestoreState(ctx, st)
 }

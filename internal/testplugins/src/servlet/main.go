@@ -7,9 +7,13 @@
 package main
 
 import (
+	"crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	mrand "math/rand/v2"
 	"os"
+	"strconv"
 	"strings"
 
 	"github.com/extism/go-pdk"
@@ -44,10 +48,17 @@ func describe() int32 {
 	 {"name":"config","description":"Returns the config value of key.","inputSchema":{"type":"object","properties":{"key":{"type":"string"}},"required":["key"]}},
 	 {"name":"var_count","description":"Counts calls in an Extism var.","inputSchema":{"type":"object"}},
 	 {"name":"image","description":"Returns an image block and an annotated text block.","inputSchema":{"type":"object"}},
-	 {"name":"print","description":"Writes its text to stdout and stderr.","inputSchema":{"type":"object","properties":{"text":{"type":"string"}}}}
+	 {"name":"print","description":"Writes its text to stdout and stderr.","inputSchema":{"type":"object","properties":{"text":{"type":"string"}}}},
+	 {"name":"remember","description":"Keeps text on the Go heap and returns everything kept so far.","inputSchema":{"type":"object","properties":{"text":{"type":"string"}}}},
+	 {"name":"random","description":"Returns 16 bytes of crypto/rand, in hex.","inputSchema":{"type":"object"}},
+	 {"name":"mathrand","description":"Returns the next math/rand/v2 number (the Go runtime's seeded generator).","inputSchema":{"type":"object"}}
 	]}`)
 	return 0
 }
+
+// remembered is state on the Go heap, kept across calls, for the tests
+// of host-side snapshots.
+var remembered []string
 
 //go:wasmexport call
 func call() int32 {
@@ -91,6 +102,15 @@ func call() int32 {
 		fmt.Println(args.Text)
 		fmt.Fprintln(os.Stderr, args.Text)
 		text = "printed"
+	case "remember":
+		remembered = append(remembered, args.Text)
+		text = strings.Join(remembered, ",")
+	case "mathrand":
+		text = strconv.FormatUint(mrand.Uint64(), 16)
+	case "random":
+		b := make([]byte, 16)
+		_, _ = rand.Read(b)
+		text = hex.EncodeToString(b)
 	default:
 		pdk.SetErrorString("unknown tool " + in.Params.Name)
 		return 1

@@ -1,0 +1,109 @@
+package sandbox
+
+import (
+	"context"
+	"encoding/binary"
+	"maps"
+	"path/filepath"
+	"slices"
+	"testing"
+
+	"github.com/tetratelabs/wazero"
+)
+
+// FuzzRewrite feeds the rewrites Compile applies (mergeData, then
+// exportGlobals for a module the host can snapshot, then capTables) the
+// modules the checker accepts and wazero compiles. They must never panic,
+// and their output must check, compile, export the same functions, and
+// export every mutable global under the name snapGlobals gives it. (That
+// merged segments leave the same memory is TestMergeDataSameMemory.)
+func FuzzRewrite(f *testing.F) {
+	addSmallPlugins(f, filepath.Join("..", "examples", "plugins", "dist"), filepath.Join("..", "internal", "testplugins", "dist"))
+	// Data segments with gaps, and one out of order.
+	f.Add([]byte("\x00asm\x01\x00\x00\x00\x05\x03\x01\x00\x01\x0b\x16\x03\x00\x41\x10\x0b\x02ab\x00\x41\x00\x0b\x02cd\x00\x41\x20\x0b\x02ef"))
+	// A mutable global and no export section; one with an export.
+	f.Add([]byte("\x00asm\x01\x00\x00\x00\x06\x06\x01\x7f\x01\x41\x07\x0b"))
+	f.Add([]byte("\x00asm\x01\x00\x00\x00\x06\x0b\x02\x7f\x01\x41\x07\x0b\x7e\x01\x42\x01\x0b\x07\x05\x01\x01g\x03\x01"))
+	ctx := context.Background()
+	// The interpreter: it validates as the compiler does, faster.
+	rt := wazero.NewRuntimeWithConfig(ctx, wazero.NewRuntimeConfigInterpreter())
+	f.Cleanup(func() { rt.Close(ctx) })
+	limits := ModuleLimits{MaxNesting: 64, MaxBlocks: 256, MaxLoops: 64, MaxBrTableTargets: 256, MaxFunctionSize: 16 << 10, MaxTableSize: 1 << 10}
+	f.Fuzz(func(t *testing.T, wasm []byte) {
+		c, err := checkModule(wasm, limits)
+		if err != nil {
+			return
+		}
+		mod, err := rt.CompileModule(ctx, wasm)
+		if err != nil {
+			return
+		}
+		funcs := slices.Sorted(maps.Keys(mod.ExportedFunctions()))
+		mod.Close(ctx)
+		snap := c.snapModule()
+		out := c.mergeData(wasm)
+		if snap.refusal == "" {
+			out = c.exportGlobals(out)
+		}
+		out = c.capTables(out)
+		c2, err := checkModule(out, limits)
+		if err != nil {
+			t.Fatalf("the rewritten module does not check: %v", err)
+		}
+		mod, err = rt.CompileModule(ctx, out)
+		if err != nil {
+			t.Fatalf("the rewritten module does not compile: %v", err)
+		}
+		defer mod.Close(ctx)
+		if got := slices.Sorted(maps.Keys(mod.ExportedFunctions())); !slices.Equal(got, funcs) {
+			t.Fatalf("exported functions changed: %v, was %v", got, funcs)
+		}
+		if snap.refusal != "" {
+			return
+		}
+		k := 0
+		for i, g := range c2.snap.globals {
+			if !g.mutable {
+				continue
+			}
+			if name := c2.snap.exported[uint32(i)]; name != snap.globals[k] {
+				t.Fatalf("mutable global %d is exported as %q, want %q", i, name, snap.globals[k])
+			}
+			k++
+		}
+		if k != len(snap.globals) {
+			t.Fatalf("%d mutable globals, %d names", k, len(snap.globals))
+		}
+	})
+}
+
+// FuzzSnapshotBody feeds the snapshot body parser arbitrary bytes: it must
+// never panic, and what it accepts stays within the limits it is given.
+func FuzzSnapshotBody(f *testing.F) {
+	body := binary.AppendUvarint(nil, 1)
+	body = binary.LittleEndian.AppendUint64(body, 42)
+	body = binary.LittleEndian.AppendUint64(body, 7)
+	body = binary.LittleEndian.AppendUint64(body, 8)
+	body = binary.AppendUvarint(body, 1)
+	body = appendBytes(appendBytes(body, []byte("k")), []byte("v"))
+	body = binary.AppendUvarint(body, 2)
+	body = binary.AppendUvarint(body, 1)
+	body = binary.AppendUvarint(body, 1)
+	f.Add(append(body, make([]byte, pageSize)...))
+	f.Add(body)
+	f.Fuzz(func(t *testing.T, b []byte) {
+		const maxPages = 4
+		s, err := parseSnapshotBody(b, 1, maxPages)
+		if err != nil {
+			return
+		}
+		if s.pages > maxPages || len(s.data) > int(s.pages) || len(s.vars) > maxVars || s.varBytes > maxVarBytes {
+			t.Fatalf("accepted past the limits: %d pages, %d saved, %d vars of %d bytes", s.pages, len(s.data), len(s.vars), s.varBytes)
+		}
+		for _, p := range s.data {
+			if p.index >= s.pages || len(p.data) != pageSize {
+				t.Fatalf("page %d of %d bytes in %d pages", p.index, len(p.data), s.pages)
+			}
+		}
+	})
+}
