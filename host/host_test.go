@@ -37,14 +37,48 @@ type fixture struct {
 }
 
 type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
+	mu      sync.Mutex
+	b       bytes.Buffer
+	written chan struct{} // closed and replaced by every Write
 }
 
 func (s *syncBuffer) Write(p []byte) (int, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if s.written != nil {
+		close(s.written)
+		s.written = nil
+	}
 	return s.b.Write(p)
+}
+
+// next returns a channel closed by the next Write: the host's log is the
+// readiness signal of what it does in the background.
+func (s *syncBuffer) next() <-chan struct{} {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.written == nil {
+		s.written = make(chan struct{})
+	}
+	return s.written
+}
+
+// waitLog waits until the log holds sub n times, woken by each write, for
+// at most a minute (a loaded machine).
+func (f *fixture) waitLog(t *testing.T, sub string, n int) {
+	t.Helper()
+	timeout := time.After(time.Minute)
+	for {
+		next := f.log.next()
+		if strings.Count(f.log.String(), sub) >= n {
+			return
+		}
+		select {
+		case <-next:
+		case <-timeout:
+			t.Fatalf("the host did not log %q in a minute:\n%s", sub, f.log.String())
+		}
+	}
 }
 
 func (s *syncBuffer) String() string {

@@ -283,6 +283,8 @@ func (h *Host) rootsChanged(req *mcp.RootsListChangedRequest) {
 				cancel()
 				if err != nil {
 					h.log.Debug("on_roots_list_changed not delivered", "plugin", p.Name(), "session", key.String(), "err", err)
+				} else {
+					h.log.Debug("on_roots_list_changed delivered", "plugin", p.Name(), "session", key.String())
 				}
 				h.rootsMu.Lock()
 				again := h.rootsPending[d]

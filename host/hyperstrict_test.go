@@ -6,7 +6,6 @@ import (
 	"errors"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
@@ -172,8 +171,7 @@ func TestStrictHyperMessages(t *testing.T) {
 					if got := firstText(call(t, cs, "roots_changed", nil)); got != "0" {
 						t.Fatalf("roots_changed = %q before any notification, want 0", got)
 					}
-					client.AddRoots(&mcp.Root{URI: "file:///strict", Name: "strict"})
-					waitRootsChanged(t, f, cs, "1")
+					waitRootsChanged(t, f, cs, "1", func() { client.AddRoots(&mcp.Root{URI: "file:///strict", Name: "strict"}) })
 				}
 			})
 		}
@@ -187,22 +185,17 @@ func TestStrictHyperMessages(t *testing.T) {
 // after the notification's handler returns, so the count moves some time
 // after AddRoots; a trap of on_roots_list_changed (its panic is in the log)
 // fails at once rather than at the deadline.
-func waitRootsChanged(t *testing.T, f *fixture, cs *mcp.ClientSession, want string) {
+func waitRootsChanged(t *testing.T, f *fixture, cs *mcp.ClientSession, want string, change func()) {
 	t.Helper()
-	deadline := time.Now().Add(time.Minute)
-	for {
-		res := call(t, cs, "roots_changed", nil)
-		got := firstText(res)
-		if got == want && !res.IsError {
-			return
-		}
-		if strings.Contains(f.log.String(), "hyperstrict: on_roots_list_changed") {
-			t.Fatalf("on_roots_list_changed trapped; the log:\n%s", f.log.String())
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("roots_changed = %q after a minute, want %s", text(res), want)
-		}
-		time.Sleep(10 * time.Millisecond) // a poll, not a wait for the result
+	const delivered = "on_roots_list_changed delivered"
+	n := strings.Count(f.log.String(), delivered) // the fixture serves other subtests' sessions too
+	change()
+	f.waitLog(t, delivered, n+1)
+	if strings.Contains(f.log.String(), "hyperstrict: on_roots_list_changed") {
+		t.Fatalf("on_roots_list_changed trapped; the log:\n%s", f.log.String())
+	}
+	if res := call(t, cs, "roots_changed", nil); firstText(res) != want || res.IsError {
+		t.Fatalf("roots_changed = %q, want %s", text(res), want)
 	}
 }
 

@@ -453,6 +453,7 @@ func (h *Host) driveTask(ctx context.Context, next mcp.MethodHandler, t *task, r
 			t.status, t.inputs, t.state, t.answered = taskInputRequired, res.InputRequests, res.RequestState, mcp.InputResponseMap{}
 			t.retry = req
 			s.mu.Unlock()
+			h.log.Info("task waits for input", "task", t.id)
 			if !h.awaitInput(ctx, t) {
 				return
 			}

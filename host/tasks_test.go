@@ -128,12 +128,15 @@ func startTask(t *testing.T, url, tool string, args map[string]any) string {
 	return res["taskId"].(string)
 }
 
-// waitStatus polls the task until its status is want, and returns it. A
-// guest's call takes seconds on a loaded machine: it waits up to a minute.
-func waitStatus(t *testing.T, cs *mcp.ClientSession, id, want string) *taskResult {
+// waitStatus gets the task's status until it is want, and returns it: it
+// asks again at each line the host logs (a task's status changes are
+// logged after they are made), for at most a minute, as a guest's call
+// takes seconds on a loaded machine.
+func waitStatus(t *testing.T, f *fixture, cs *mcp.ClientSession, id, want string) *taskResult {
 	t.Helper()
-	deadline := time.Now().Add(time.Minute)
+	timeout := time.After(time.Minute)
 	for {
+		next := f.log.next()
 		got, err := taskCall(t, cs, "tasks/get", &taskParams{TaskID: id})
 		if err != nil {
 			t.Fatalf("tasks/get: %v", err)
@@ -141,10 +144,11 @@ func waitStatus(t *testing.T, cs *mcp.ClientSession, id, want string) *taskResul
 		if got.Status == want {
 			return got
 		}
-		if time.Now().After(deadline) {
+		select {
+		case <-next:
+		case <-timeout:
 			t.Fatalf("task %s is %s after a minute; want %s", id, got.Status, want)
 		}
-		time.Sleep(20 * time.Millisecond)
 	}
 }
 
@@ -174,13 +178,13 @@ func TestTasks(t *testing.T) {
 		if got, err := taskCall(t, cs, "tasks/get", &taskParams{TaskID: id}); err != nil || got.TaskID != id || got.ResultType != "complete" {
 			t.Fatalf("tasks/get at once: %+v %v", got, err)
 		}
-		got := waitStatus(t, cs, id, "completed")
+		got := waitStatus(t, f, cs, id, "completed")
 		if got.Result == nil || got.Result.IsError || len(got.Result.Content) == 0 || !strings.Contains(got.Result.Content[0]["text"].(string), `computed "done"`) {
 			t.Errorf("completed task: %+v", got.Result)
 		}
 	})
 	t.Run("tool error", func(t *testing.T) {
-		got := waitStatus(t, cs, startTask(t, url, "failing_job", map[string]any{}), "completed")
+		got := waitStatus(t, f, cs, startTask(t, url, "failing_job", map[string]any{}), "completed")
 		if got.Result == nil || !got.Result.IsError {
 			t.Errorf("failing_job: %+v; want completed with an isError result", got.Result)
 		}
@@ -200,7 +204,7 @@ func TestTasks(t *testing.T) {
 		if e != nil || res["resultType"] != "task" || id == "" {
 			t.Fatalf("the answering retry: %v %v; want a task", res, e)
 		}
-		got := waitStatus(t, cs, id, "completed")
+		got := waitStatus(t, f, cs, id, "completed")
 		if got.Result == nil || got.Result.Content[0]["text"] != "Hello, Ada, from a task!" {
 			t.Errorf("test_tool_with_task: %+v", got.Result)
 		}
@@ -208,7 +212,7 @@ func TestTasks(t *testing.T) {
 	t.Run("guest crash", func(t *testing.T) {
 		// A guest that produced no result (here it panicked): the task
 		// failed, with a JSON-RPC error and no result.
-		got := waitStatus(t, cs, startTask(t, url, "protocol_error_job", map[string]any{}), "failed")
+		got := waitStatus(t, f, cs, startTask(t, url, "protocol_error_job", map[string]any{}), "failed")
 		if got.Error == nil || got.Error.Code != -32603 || got.Result != nil {
 			t.Errorf("protocol_error_job: error %+v, result %+v; want failed with -32603 and no result", got.Error, got.Result)
 		}
@@ -217,7 +221,7 @@ func TestTasks(t *testing.T) {
 		// Answered one at a time: the task stays input_required until
 		// both are.
 		id := startTask(t, url, "multi_input", map[string]any{})
-		got := waitStatus(t, cs, id, "input_required")
+		got := waitStatus(t, f, cs, id, "input_required")
 		if len(got.InputRequests) != 2 {
 			t.Fatalf("multi_input: input requests %v, want first and second", got.InputRequests)
 		}
@@ -233,14 +237,14 @@ func TestTasks(t *testing.T) {
 		if _, err := taskCall(t, cs, "tasks/update", &taskParams{TaskID: id, InputResponses: map[string]any{"second": answer}}); err != nil {
 			t.Fatal(err)
 		}
-		got = waitStatus(t, cs, id, "completed")
+		got = waitStatus(t, f, cs, id, "completed")
 		if got.Result == nil || got.Result.Content[0]["text"] != "answers: first=one, second=two" {
 			t.Errorf("multi_input: %+v", got.Result)
 		}
 	})
 	t.Run("input required", func(t *testing.T) {
 		id := startTask(t, url, "confirm_delete", map[string]any{"filename": "a.txt"})
-		got := waitStatus(t, cs, id, "input_required")
+		got := waitStatus(t, f, cs, id, "input_required")
 		q, _ := got.InputRequests["confirm"].(map[string]any)
 		if q["method"] != "elicitation/create" {
 			t.Fatalf("inputRequests = %v; want confirm, an elicitation", got.InputRequests)
@@ -252,7 +256,7 @@ func TestTasks(t *testing.T) {
 		if err != nil || ack.ResultType != "complete" || ack.TaskID != "" {
 			t.Fatalf("tasks/update: %+v %v; want an empty ack", ack, err)
 		}
-		got = waitStatus(t, cs, id, "completed")
+		got = waitStatus(t, f, cs, id, "completed")
 		if got.Result == nil || got.Result.Content[0]["text"] != "deleted a.txt" {
 			t.Errorf("after the answer: %+v", got.Result)
 		}
@@ -265,7 +269,7 @@ func TestTasks(t *testing.T) {
 		if err != nil || ack.ResultType != "complete" || ack.Status != "" {
 			t.Fatalf("tasks/cancel: %+v %v", ack, err)
 		}
-		waitStatus(t, cs, id, "cancelled")
+		waitStatus(t, f, cs, id, "cancelled")
 		// The guest was stopped and its instance reset, not left spinning.
 		eventually(t, "the cancelled guest's instance to be freed", func() bool { return f.h.LiveInstances() == live })
 		if ack, err := taskCall(t, cs, "tasks/cancel", &taskParams{TaskID: id}); err != nil || ack.ResultType != "complete" {
@@ -274,11 +278,11 @@ func TestTasks(t *testing.T) {
 	})
 	t.Run("cancel while waiting for input", func(t *testing.T) {
 		id := startTask(t, url, "confirm_delete", map[string]any{"filename": "b.txt"})
-		waitStatus(t, cs, id, "input_required")
+		waitStatus(t, f, cs, id, "input_required")
 		if _, err := taskCall(t, cs, "tasks/cancel", &taskParams{TaskID: id}); err != nil {
 			t.Fatal(err)
 		}
-		waitStatus(t, cs, id, "cancelled")
+		waitStatus(t, f, cs, id, "cancelled")
 		// The parked call is taken out and its guest stopped (whether its
 		// instance is reset then depends on whether the guest ran code
 		// after its question was cancelled).
@@ -342,7 +346,7 @@ func TestTasksInASession(t *testing.T) {
 	if id == "" {
 		t.Fatal("a session that declared the extension got no task")
 	}
-	got := waitStatus(t, cs, id, "completed")
+	got := waitStatus(t, f, cs, id, "completed")
 	if got.Result == nil || !strings.Contains(got.Result.Content[0]["text"].(string), `computed "session"`) {
 		t.Errorf("the session's task: %+v", got.Result)
 	}
@@ -400,7 +404,7 @@ func TestTaskBytes(t *testing.T) {
 	var ids []string
 	for range 4 {
 		id := startTask(t, url, "confirm_delete", map[string]any{"filename": "f", "padding": big})
-		waitStatus(t, cs, id, "input_required") // parked: no CPU while the test goes on
+		waitStatus(t, f, cs, id, "input_required") // parked: no CPU while the test goes on
 		ids = append(ids, id)
 	}
 	if res, e := rpc(t, url, "tools/call", "confirm_delete", map[string]any{"name": "confirm_delete", "arguments": map[string]any{"filename": "f", "padding": big}}, withTasks); e == nil || e["code"] != float64(host.CodeBusy) || !strings.Contains(e["message"].(string), "bytes") {

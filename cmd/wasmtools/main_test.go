@@ -110,12 +110,8 @@ func connectStdio(t *testing.T, stderr *lockedBuffer, args ...string) *mcp.Clien
 	}
 	t.Cleanup(func() { cs.Close() })
 	// Ready once the plugins' first load is done (it runs while serving).
-	deadline := time.Now().Add(startupTimeout)
-	for !strings.Contains(stderr.String(), "plugins loaded") {
-		if time.Now().After(deadline) {
-			t.Fatalf("the plugins did not load:\n%s", stderr)
-		}
-		time.Sleep(10 * time.Millisecond)
+	if !stderr.waitFor(time.Now().Add(startupTimeout), contains("plugins loaded")) {
+		t.Fatalf("the plugins did not load:\n%s", stderr)
 	}
 	return cs
 }
@@ -194,20 +190,18 @@ func TestServeHTTP(t *testing.T) {
 		exited <- run(ctx, []string{"serve", "--cache-dir", testplugins.CacheDir(), "--load-wait", testLoadWait, "--http", addr, "--client-header", "X-Client", dir}, nil, strings.NewReader(""), &bytes.Buffer{}, &stderr)
 	}()
 	endpoint := "http://" + addr + "/mcp"
+	// The server's log says when it listens.
+	if !stderr.waitFor(time.Now().Add(startupTimeout), contains("serving MCP over streamable HTTP")) {
+		t.Fatalf("the server did not start:\n%s", stderr.String())
+	}
 	connect := func(protocol, client string) *mcp.ClientSession {
 		t.Helper()
-		deadline := time.Now().Add(startupTimeout)
-		for {
-			tr := &mcp.StreamableClientTransport{Endpoint: endpoint, HTTPClient: &http.Client{Transport: clientHeader(client)}}
-			cs, err := mcp.NewClient(&mcp.Implementation{Name: "test", Version: "1"}, nil).Connect(ctx, tr, &mcp.ClientSessionOptions{ProtocolVersion: protocol})
-			if err == nil {
-				return cs
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("connect %s: %v\n%s", endpoint, err, stderr.String())
-			}
-			time.Sleep(20 * time.Millisecond)
+		tr := &mcp.StreamableClientTransport{Endpoint: endpoint, HTTPClient: &http.Client{Transport: clientHeader(client)}}
+		cs, err := mcp.NewClient(&mcp.Implementation{Name: "test", Version: "1"}, nil).Connect(ctx, tr, &mcp.ClientSessionOptions{ProtocolVersion: protocol})
+		if err != nil {
+			t.Fatalf("connect %s: %v\n%s", endpoint, err, stderr.String())
 		}
+		return cs
 	}
 	// Two sessions (2025-11-25, Mcp-Session-Id) and two sessionless
 	// clients (2026-07-28, told apart by --client-header), interleaved.
