@@ -234,12 +234,8 @@ type question struct {
 }
 
 func (h *Host) newCallEnv(ctx context.Context, t *plugins.Tool, req *mcp.CallToolRequest, sess string) *callEnv {
-	e := &callEnv{h: h, tool: t, plugin: t.Plugin(), name: t.Name, sess: sess, ctx: ctx, req: req}
-	e.logs = newTokenBucket(logBurst, logPerSecond)
-	e.logBytes = newTokenBucket(logCallBurstBytes, logCallBytesPerSecond)
-	e.updates = newTokenBucket(updateBurst, updatePerSecond)
-	e.updateBytes = newTokenBucket(updateCallBurstBytes, updateCallBytesPerSecond)
-	e.progress = newProgressSender(ctx, req)
+	e := h.newRequestEnv(ctx, t.Plugin(), t.Name, req, sess)
+	e.tool = t
 	return e
 }
 

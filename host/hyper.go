@@ -254,13 +254,7 @@ func (h *Host) rootsChanged(req *mcp.RootsListChangedRequest) {
 			h.rootsMu.Unlock()
 			continue
 		}
-		h.mu.Lock()
-		closed := h.closed
-		if !closed {
-			h.wg.Add(1)
-		}
-		h.mu.Unlock()
-		if closed {
+		if !h.track() {
 			h.rootsMu.Unlock()
 			return
 		}

@@ -37,6 +37,18 @@ func sessionID(ss *mcp.ServerSession, key sessions.Key) string {
 	return key.String()
 }
 
+// track counts a goroutine of the host's, which Close waits for (the
+// caller runs it and calls h.wg.Done), unless the host is closed.
+func (h *Host) track() bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.closed {
+		return false
+	}
+	h.wg.Add(1)
+	return true
+}
+
 // connKey is the key of a transport session. The first time it sees a
 // session it watches it, so that the session layer frees its instances
 // when it ends (stdio EOF, HTTP DELETE or idle timeout, the end of a
@@ -53,13 +65,7 @@ func (h *Host) connKey(ss *mcp.ServerSession) sessions.Key {
 	if k, loaded := h.conns.LoadOrStore(ss, key); loaded {
 		return k.(sessions.Key)
 	}
-	h.mu.Lock()
-	closed := h.closed
-	if !closed {
-		h.wg.Add(1)
-	}
-	h.mu.Unlock()
-	if !closed {
+	if h.track() {
 		go func() {
 			defer h.wg.Done()
 			_ = ss.Wait()

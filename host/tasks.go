@@ -400,13 +400,7 @@ func (h *Host) startTask(ctx context.Context, next mcp.MethodHandler, req *mcp.C
 		}
 	}
 	// The driver is one of the host's goroutines, which Close waits for.
-	h.mu.Lock()
-	closed := h.closed
-	if !closed {
-		h.wg.Add(1)
-	}
-	h.mu.Unlock()
-	if closed {
+	if !h.track() {
 		return nil, protocolError(ErrClosed)
 	}
 	tctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
