@@ -1,0 +1,176 @@
+package statestore
+
+import (
+	"context"
+	"maps"
+	"sync"
+	"time"
+)
+
+// Memory is a Store in this process's memory: for tests, and for hosts in
+// one process sharing a store. Nothing survives the process.
+type Memory struct {
+	now func() time.Time
+
+	mu      sync.Mutex
+	closed  bool
+	alive   map[Owner]time.Time // heartbeat expiry
+	records map[string]*memRecord
+}
+
+type memRecord struct {
+	owner   Owner
+	held    bool
+	fence   uint64
+	expires time.Time
+	fields  map[string][]byte
+}
+
+// NewMemory returns an empty in-memory store.
+func NewMemory() *Memory {
+	return &Memory{now: time.Now, alive: map[Owner]time.Time{}, records: map[string]*memRecord{}}
+}
+
+func (m *Memory) lock(ctx context.Context) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	m.mu.Lock()
+	if m.closed {
+		m.mu.Unlock()
+		return ErrClosed
+	}
+	return nil
+}
+
+// record returns id's live record, dropping it if it expired.
+func (m *Memory) record(id string) *memRecord {
+	r := m.records[id]
+	if r != nil && !m.now().Before(r.expires) {
+		delete(m.records, id)
+		return nil
+	}
+	return r
+}
+
+func (m *Memory) isAlive(o Owner) bool {
+	t, ok := m.alive[o]
+	return ok && m.now().Before(t)
+}
+
+func (m *Memory) Heartbeat(ctx context.Context, owner Owner, ttl time.Duration) error {
+	if err := m.lock(ctx); err != nil {
+		return err
+	}
+	defer m.mu.Unlock()
+	m.alive[owner] = m.now().Add(ttl)
+	return nil
+}
+
+func (m *Memory) Leave(ctx context.Context, owner Owner) error {
+	if err := m.lock(ctx); err != nil {
+		return err
+	}
+	defer m.mu.Unlock()
+	delete(m.alive, owner)
+	return nil
+}
+
+func (m *Memory) Claim(ctx context.Context, id string, owner Owner, ttl time.Duration, steal bool) (Claim, error) {
+	if err := m.lock(ctx); err != nil {
+		return Claim{}, err
+	}
+	defer m.mu.Unlock()
+	r := m.record(id)
+	if r == nil {
+		r = &memRecord{fields: map[string][]byte{}}
+		if old, ok := m.records[id]; ok { // expired: keep counting fences
+			r.fence = old.fence
+		}
+		m.records[id] = r
+	}
+	r.expires = m.now().Add(ttl)
+	if r.held && r.owner == owner {
+		return Claim{Fence: r.fence}, nil
+	}
+	var c Claim
+	if r.held {
+		alive := m.isAlive(r.owner)
+		if alive && !steal {
+			return Claim{}, &HeldError{Holder: r.owner}
+		}
+		c.Previous, c.PreviousAlive = r.owner, alive
+	}
+	r.owner, r.held = owner, true
+	r.fence++
+	c.Fence = r.fence
+	return c, nil
+}
+
+func (m *Memory) Put(ctx context.Context, id, field string, value []byte, fence uint64, ttl time.Duration) error {
+	if len(value) > MaxValue {
+		return ErrTooLarge
+	}
+	if err := m.lock(ctx); err != nil {
+		return err
+	}
+	defer m.mu.Unlock()
+	r := m.record(id)
+	if r == nil || !r.held || r.fence != fence {
+		return ErrFenced
+	}
+	r.fields[field] = append([]byte(nil), value...)
+	r.expires = m.now().Add(ttl)
+	return nil
+}
+
+func (m *Memory) Get(ctx context.Context, id string) (map[string][]byte, error) {
+	if err := m.lock(ctx); err != nil {
+		return nil, err
+	}
+	defer m.mu.Unlock()
+	r := m.record(id)
+	if r == nil || len(r.fields) == 0 {
+		return nil, ErrNotFound
+	}
+	out := maps.Clone(r.fields)
+	for k, v := range out {
+		out[k] = append([]byte(nil), v...)
+	}
+	return out, nil
+}
+
+func (m *Memory) Release(ctx context.Context, id string, fence uint64) error {
+	if err := m.lock(ctx); err != nil {
+		return err
+	}
+	defer m.mu.Unlock()
+	if r := m.record(id); r != nil && r.held && r.fence == fence {
+		r.held = false
+	}
+	return nil
+}
+
+func (m *Memory) Delete(ctx context.Context, id string, fence uint64) error {
+	if err := m.lock(ctx); err != nil {
+		return err
+	}
+	defer m.mu.Unlock()
+	r := m.record(id)
+	if r == nil {
+		return nil
+	}
+	if r.fence != fence {
+		return ErrFenced
+	}
+	// Keep the fence, so a stale owner's later write is still refused.
+	m.records[id] = &memRecord{fence: r.fence, expires: r.expires, fields: map[string][]byte{}}
+	return nil
+}
+
+func (m *Memory) Close() error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.closed = true
+	return nil
+}

@@ -1,0 +1,115 @@
+// Package statestore keeps clients' session records beyond one process,
+// so that a session outlives the replica that served it: in Redis for
+// replicas behind a proxy, or in a file for one machine.
+//
+// A record is a set of named fields (the host's own bytes: the session's
+// go-sdk state, one field per plugin's saved instance state), written by
+// the one replica that owns the session. Ownership is a claim with a
+// fencing number: every claim by a new owner increments it, and a write
+// carries the number its writer claimed with, so a replica that lost a
+// session (it was paused, partitioned, or another replica adopted the
+// session) can never overwrite what the new owner wrote: its write fails
+// with [ErrFenced].
+//
+// An owner is alive while its heartbeat is in the store
+// ([Store.Heartbeat], renewed well within its TTL). A claim held by an
+// owner whose heartbeat is gone (a replica killed, or restarted: a new
+// boot) is taken over at once; a claim held by a live owner is taken only
+// when the caller asks to steal it (a request for the session reached
+// another replica, so the proxy no longer routes it to the holder).
+//
+// Values are sealed by [Seal] (AES-GCM, a key derived from the state key,
+// the record's ID and field as additional data) before they reach a
+// backend, and bounded in size.
+package statestore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+)
+
+// Owner is one replica process: its name (--replica) and its boot, random
+// at each start, so that a restarted replica is a new owner.
+type Owner struct {
+	Replica string `json:"replica"`
+	Boot    string `json:"boot"`
+}
+
+func (o Owner) String() string { return o.Replica + "/" + o.Boot }
+
+// Errors a caller matches.
+var (
+	// ErrNotFound: the store has no record of that ID (never written, or
+	// expired).
+	ErrNotFound = errors.New("statestore: no such session")
+	// ErrFenced: the write's fence is not the session's current one:
+	// another owner claimed the session since.
+	ErrFenced = errors.New("statestore: session claimed by another owner")
+	// ErrTooLarge: a value over [MaxValue].
+	ErrTooLarge = errors.New("statestore: value too large")
+	// ErrClosed: the store was closed.
+	ErrClosed = errors.New("statestore: closed")
+)
+
+// MaxValue bounds one field's value, sealed: the snapshot cap of a guest's
+// state, plus room for the seal.
+const MaxValue = 64<<20 + 1024
+
+// HeldError is a claim refused because a live owner holds the session. It
+// matches ErrHeld.
+type HeldError struct{ Holder Owner }
+
+// ErrHeld matches a [*HeldError].
+var ErrHeld = errors.New("statestore: session held by a live owner")
+
+func (e *HeldError) Error() string {
+	return fmt.Sprintf("statestore: session held by replica %s", e.Holder.Replica)
+}
+func (e *HeldError) Is(target error) bool { return target == ErrHeld }
+
+// Claim is the result of [Store.Claim].
+type Claim struct {
+	// Fence is the number to write with.
+	Fence uint64
+	// Previous is the owner the claim was taken from (zero when the
+	// session had none, or the caller held it already).
+	Previous Owner
+	// PreviousAlive says Previous's heartbeat was still there: the claim
+	// was stolen from a live owner.
+	PreviousAlive bool
+}
+
+// Store is a backend. Every method is safe for concurrent use, honours
+// ctx, and fails with [ErrClosed] after Close. IDs and field names are
+// printable ASCII without spaces, at most 256 bytes.
+type Store interface {
+	// Heartbeat says owner is alive for ttl. A replica calls it at start
+	// and then every ttl/3 or so.
+	Heartbeat(ctx context.Context, owner Owner, ttl time.Duration) error
+	// Leave removes owner's heartbeat (a replica that drained), so its
+	// remaining claims are taken over at once.
+	Leave(ctx context.Context, owner Owner) error
+	// Claim makes owner the owner of session id, for ttl (renewed by each
+	// Put). If owner holds it already, its fence is returned unchanged.
+	// If no one holds it, or its holder's heartbeat is gone, or steal is
+	// true, owner takes it with the next fence. Else it fails with a
+	// *HeldError. A claim does not need a record to exist.
+	Claim(ctx context.Context, id string, owner Owner, ttl time.Duration, steal bool) (Claim, error)
+	// Put sets one field of id's record if fence is id's current fence,
+	// else fails with ErrFenced; the record's and the claim's TTL are
+	// reset to ttl.
+	Put(ctx context.Context, id, field string, value []byte, fence uint64, ttl time.Duration) error
+	// Get returns every field of id's record, or ErrNotFound.
+	Get(ctx context.Context, id string) (map[string][]byte, error)
+	// Release gives up the claim made with fence, keeping the record (a
+	// draining replica): the next claim by anyone succeeds at once. A
+	// stale fence is not an error (someone else holds it now).
+	Release(ctx context.Context, id string, fence uint64) error
+	// Delete removes id's record and claim if fence is current (the
+	// client ended its session); a stale fence is ErrFenced.
+	Delete(ctx context.Context, id string, fence uint64) error
+	// Close frees the backend's resources.
+	Close() error
+}
