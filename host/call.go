@@ -109,6 +109,12 @@ func asks(p *plugins.Plugin) bool {
 // client.
 func (h *Host) callTool(ctx context.Context, key sessions.Key, c plugins.Call, env *callEnv) (*mcp.CallToolResult, error) {
 	t := c.Tool
+	// With a state store, the session is claimed (and taken over, if
+	// another replica served it) before its instance is leased.
+	claim, err := h.dur.ensure(ctx, key, nil)
+	if err != nil {
+		return nil, fmt.Errorf("tool %q: %w", t.Name, err)
+	}
 	l, err := h.acquire(ctx, key, t.Plugin(), func() (*plugins.Plugin, error) {
 		now, err := h.current(t)
 		if err != nil {
@@ -136,6 +142,14 @@ func (h *Host) callTool(ctx context.Context, key sessions.Key, c plugins.Call, e
 		}
 		env.attach(nil)
 		notice = l.Notice()
+		if err == nil && h.dur != nil {
+			// Saved before the result is sent: a replica killed after
+			// it loses nothing the client was told.
+			if cerr := h.dur.afterCall(ctx, key, claim, l); cerr != nil {
+				l.Done(sessions.ErrMoved)
+				return errorResult(fmt.Sprintf("tool %q: %v", t.Name, cerr)), nil
+			}
+		}
 		l.Done(err)
 	}
 	var res *mcp.CallToolResult

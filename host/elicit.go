@@ -649,16 +649,25 @@ func compileFormSchema(b []byte) (*jsonschema.Resolved, error) {
 
 // signState makes the request state of a parked call: which call, which
 // round, until when, for which tool, under an HMAC with the host's key.
+//
+// The state begins with the replica's name, so that a proxy routes the
+// retry to the replica where the call is parked, and names this process
+// (replica and boot): a parked call lives in its guest, mid-call, and
+// cannot move, so a retry that reaches another replica, or this one
+// restarted, is told which replica it was parked on.
 func (h *Host) signState(id string, round int, expires time.Time, name string) string {
-	payload := strings.Join([]string{"v1", id, strconv.Itoa(round), strconv.FormatInt(expires.Unix(), 10), name}, "|")
+	payload := strings.Join([]string{"v2", h.process(), id, strconv.Itoa(round), strconv.FormatInt(expires.Unix(), 10), name}, "|")
 	mac := hmac.New(sha256.New, h.stateKey)
 	mac.Write([]byte(payload))
-	return base64.RawURLEncoding.EncodeToString([]byte(payload)) + "." + base64.RawURLEncoding.EncodeToString(mac.Sum(nil))
+	return h.replicaPrefix() + base64.RawURLEncoding.EncodeToString([]byte(payload)) + "." + base64.RawURLEncoding.EncodeToString(mac.Sum(nil))
 }
 
 // verifyState checks a request state and returns the call and round it
 // names.
 func (h *Host) verifyState(state, name string) (string, int, error) {
+	if strings.Count(state, ".") == 2 { // a replica's name first
+		_, state, _ = strings.Cut(state, ".")
+	}
 	p64, m64, ok := strings.Cut(state, ".")
 	payload, err1 := base64.RawURLEncoding.DecodeString(p64)
 	sum, err2 := base64.RawURLEncoding.DecodeString(m64)
@@ -670,10 +679,15 @@ func (h *Host) verifyState(state, name string) (string, int, error) {
 	if !hmac.Equal(sum, mac.Sum(nil)) {
 		return "", 0, fmt.Errorf("%w: its signature does not match (tampered with, or from another server)", ErrRequestState)
 	}
-	f := strings.SplitN(string(payload), "|", 5) // the name, last, may hold "|" (a URI)
-	if len(f) != 5 || f[0] != "v1" {
+	f := strings.SplitN(string(payload), "|", 6) // the name, last, may hold "|" (a URI)
+	if len(f) != 6 || f[0] != "v2" {
 		return "", 0, fmt.Errorf("%w: unknown format", ErrRequestState)
 	}
+	if f[1] != h.process() {
+		replica, _, _ := strings.Cut(f[1], "/")
+		return "", 0, fmt.Errorf("%w: the call was waiting for this answer on replica %q, which no longer has it (it was stopped or restarted; a call waiting for an answer cannot move between replicas): call the tool again", ErrRequestState, replica)
+	}
+	f = f[1:]
 	round, _ := strconv.Atoi(f[2])
 	exp, _ := strconv.ParseInt(f[3], 10, 64)
 	if time.Now().Unix() > exp {

@@ -8,13 +8,14 @@ package host
 //
 // A handle reads
 //
-//	wt1.<replica>.<id>.<subject>.<mac>
+//	[<replica>.]wt1.<id>.<subject>.<mac>
 //
+// replica is the minting replica's name ([Options.Replica]), first so that
+// a proxy routes the handle with a prefix match, absent for one process;
 // id is 128 random bits (base64url), the key of the client's instances in
 // the session layer; subject is "-" or a keyed digest of the
-// authenticated subject the handle is bound to; replica is "-" (room for
-// a replica name that a load balancer can route on); mac is an HMAC-SHA256
-// of the rest under a key derived from the state key, cut to 128 bits. A
+// authenticated subject the handle is bound to; mac is an HMAC-SHA256 of
+// the rest under a key derived from the state key, cut to 128 bits. A
 // handle lives in the session layer from its minting until it is idle for
 // the session timeout (or evicted past the handle bound): the signature
 // says the server minted it, the session layer whether it still lives.
@@ -62,7 +63,7 @@ var ErrHandle = errors.New("session handle refused")
 const handleVersion = "wt1"
 
 // maxHandleLen bounds what a client may present as a handle (a minted one
-// is 59 bytes, more with a replica name); anything longer is refused
+// is 57 bytes, up to 90 with a replica name); anything longer is refused
 // before it is parsed.
 const maxHandleLen = 128
 
@@ -108,7 +109,7 @@ func (h *Host) mintHandle(subject string) (string, sessions.Key, error) {
 	var raw [16]byte
 	rand.Read(raw[:])
 	id := b64.EncodeToString(raw[:])
-	body := strings.Join([]string{handleVersion, "-", id, h.subjectTag(subject)}, ".")
+	body := h.replicaPrefix() + strings.Join([]string{handleVersion, id, h.subjectTag(subject)}, ".")
 	key := handleKey(id)
 	if err := h.ses.Open(key); err != nil {
 		return "", sessions.Key{}, fmt.Errorf("no new session handle: %w", err)
@@ -119,21 +120,29 @@ func (h *Host) mintHandle(subject string) (string, sessions.Key, error) {
 // checkHandle returns the key of handle as presented by subject. The
 // session layer says later whether it is still open.
 func (h *Host) checkHandle(handle, subject string) (sessions.Key, error) {
-	if len(handle) > maxHandleLen || strings.Count(handle, ".") != 4 {
-		return sessions.Key{}, fmt.Errorf("%w: it is not a wasmtools session handle (pass the value of an earlier result exactly)", ErrHandle)
+	notHandle := fmt.Errorf("%w: it is not a wasmtools session handle (pass the value of an earlier result exactly)", ErrHandle)
+	if len(handle) > maxHandleLen {
+		return sessions.Key{}, notHandle
 	}
 	f := strings.Split(handle, ".")
+	switch len(f) {
+	case 4: // minted by a server with no replica name
+	case 5: // by replica f[0], which any replica sharing the state key accepts
+		f = f[1:]
+	default:
+		return sessions.Key{}, notHandle
+	}
 	if f[0] != handleVersion {
 		return sessions.Key{}, fmt.Errorf("%w: it is not a wasmtools session handle (pass the value of an earlier result exactly)", ErrHandle)
 	}
 	body := handle[:strings.LastIndexByte(handle, '.')]
-	if !hmac.Equal([]byte(f[4]), []byte(h.handleMAC(body))) {
+	if !hmac.Equal([]byte(f[3]), []byte(h.handleMAC(body))) {
 		return sessions.Key{}, fmt.Errorf("%w: it was not minted by this server, or was altered", ErrHandle)
 	}
-	if !hmac.Equal([]byte(f[3]), []byte(h.subjectTag(subject))) {
+	if !hmac.Equal([]byte(f[2]), []byte(h.subjectTag(subject))) {
 		return sessions.Key{}, fmt.Errorf("%w: it belongs to another client", ErrHandle)
 	}
-	return handleKey(f[2]), nil
+	return handleKey(f[1]), nil
 }
 
 // clientRef is whose instances a request runs on, and what its result

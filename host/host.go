@@ -24,6 +24,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/wasmtools/wasmtools/internal/sessions"
+	"github.com/wasmtools/wasmtools/internal/statestore"
 	"github.com/wasmtools/wasmtools/plugins"
 )
 
@@ -172,6 +173,21 @@ type Options struct {
 	// [DefaultTaskTTL]. A task still running then is cancelled (its guest
 	// stopped, its instance reset) and forgotten.
 	TaskTTL time.Duration
+	// Replica names this process among replicas behind one proxy: session
+	// IDs, session handles, request states and task IDs begin with
+	// Replica + ".", so that a static proxy rule routes them. "" (the
+	// default) means one process: no prefix. A name is 1 to 32 letters,
+	// digits, '-' or '_'.
+	Replica string
+	// Store keeps sessions beyond this process: a stateful HTTP session,
+	// a session handle or a client header's client, with its instances'
+	// states, is taken over by whichever replica receives its next
+	// request. nil (the default): sessions live in this process only.
+	// Every replica sharing a store must share StateKey.
+	Store statestore.Store
+	// Checkpoint is when instances' states are written to Store:
+	// [CheckpointAfterCall] (the default) or [CheckpointOnDrain].
+	Checkpoint string
 }
 
 // Host serves plugins over MCP. It is safe for concurrent use. Close it to
@@ -207,6 +223,14 @@ type Host struct {
 	budgets                         sync.Map // plugin name -> *pluginBudget
 	tasks                           *taskStore
 	wg                              sync.WaitGroup // session watchers
+	dur                             *durable       // nil without a state store
+	drain                           drainState
+	stopBG                          context.CancelFunc // stops the heartbeat
+	// adoptMu: held for writing while a stateful session is taken over
+	// (adopt.go), for reading while a new one is made, so that the
+	// session ID of a takeover goes to it alone.
+	adoptMu sync.RWMutex
+	adoptID string // guarded by adoptMu
 }
 
 // New returns a host serving the catalogue of src, and following its
@@ -259,6 +283,13 @@ func New(src *plugins.Reloader, opts *Options) *Host {
 		version = "dev"
 	}
 	h.tasks = newTaskStore(h)
+	var bg context.Context
+	bg, h.stopBG = context.WithCancel(context.Background())
+	if h.opts.Store != nil {
+		h.dur = newDurable(h)
+		h.wg.Add(1)
+		go func() { defer h.wg.Done(); h.dur.heartbeat(bg) }()
+	}
 	h.server = h.newServer(name, version)
 	h.modern = h.newServer(name, version)
 	// The catalogue served now, then every change, in src's order.
@@ -294,7 +325,11 @@ func (h *Host) newServer(name, version string) *mcp.Server {
 		RootsListChangedHandler: func(_ context.Context, req *mcp.RootsListChangedRequest) {
 			h.rootsChanged(req)
 		},
-		Logger: h.log.With("component", "mcp"),
+		Logger:       h.log.With("component", "mcp"),
+		GetSessionID: h.newSessionID,
+		InitializedHandler: func(ctx context.Context, req *mcp.InitializedRequest) {
+			h.initialized(ctx, req.Session)
+		},
 	})
 	s.AddReceivingMiddleware(keepEmptyText)
 	if h.opts.Loaded != nil {
@@ -459,10 +494,17 @@ func (h *Host) HTTPHandler() http.Handler {
 	})
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if v := r.Header.Get("Mcp-Protocol-Version"); v >= sessionlessProtocol && r.Header.Get("Mcp-Session-Id") == "" {
-			stateless.ServeHTTP(w, r)
+			switch {
+			case h.drain.closing.Load():
+				refuse(w, "this replica is shutting down")
+			case h.drain.draining.Load() && r.Header.Get("Mcp-Param-"+SessionHeader) == "":
+				refuse(w, "this replica is draining and takes no new sessions")
+			default:
+				stateless.ServeHTTP(w, r)
+			}
 			return
 		}
-		stateful.ServeHTTP(w, r)
+		h.serveStateful(stateful, w, r)
 	})
 }
 
@@ -490,6 +532,7 @@ func (h *Host) Close(ctx context.Context) error {
 	}
 	h.closed = true
 	h.mu.Unlock()
+	h.stopBG()
 	h.tasks.closeAll()
 	err := h.ses.Close(ctx)
 	h.conns.Range(func(ss, _ any) bool {

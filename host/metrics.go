@@ -1,12 +1,15 @@
 package host
 
 import (
+	"errors"
 	"net/http"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/wasmtools/wasmtools/internal/statestore"
 )
 
 // metrics are the host's Prometheus metrics, in a registry of the host's
@@ -19,6 +22,11 @@ type metrics struct {
 	resets    *prometheus.CounterVec
 	calls     *prometheus.CounterVec
 	duration  *prometheus.HistogramVec
+	// The state store (durable.go).
+	adopted     prometheus.Counter
+	checkpoints *prometheus.CounterVec
+	ckptTime    prometheus.Histogram
+	ckptBytes   prometheus.Histogram
 }
 
 func newMetrics() *metrics {
@@ -43,8 +51,22 @@ func newMetrics() *metrics {
 			Name: "wasmtools_call_duration_seconds", Help: "Tool call duration, host side.",
 			Buckets: []float64{.0001, .0005, .001, .005, .01, .05, .1, .5, 1, 5, 30},
 		}, []string{"plugin"}),
+		adopted: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "wasmtools_sessions_adopted_total", Help: "Sessions taken over from the state store (served before by another replica, or by this one before a restart).",
+		}),
+		checkpoints: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "wasmtools_checkpoints_total", Help: "Instance states written to the state store, by outcome (ok, fenced, error).",
+		}, []string{"outcome"}),
+		ckptTime: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "wasmtools_checkpoint_write_seconds", Help: "Time to write one instance state to the state store.",
+			Buckets: []float64{.0001, .0005, .001, .005, .01, .05, .1, .5, 1},
+		}),
+		ckptBytes: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "wasmtools_checkpoint_bytes", Help: "Size of one instance state as written to the state store (before sealing).",
+			Buckets: prometheus.ExponentialBuckets(256, 4, 10),
+		}),
 	}
-	m.reg.MustRegister(m.live, m.created, m.evictions, m.resets, m.calls, m.duration,
+	m.reg.MustRegister(m.live, m.created, m.evictions, m.resets, m.calls, m.duration, m.adopted, m.checkpoints, m.ckptTime, m.ckptBytes,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
@@ -52,6 +74,19 @@ func newMetrics() *metrics {
 func (m *metrics) call(plugin, outcome string, d time.Duration) {
 	m.calls.WithLabelValues(plugin, outcome).Inc()
 	m.duration.WithLabelValues(plugin).Observe(d.Seconds())
+}
+
+func (m *metrics) checkpoint(d time.Duration, n int, err error) {
+	switch {
+	case err == nil:
+		m.checkpoints.WithLabelValues("ok").Inc()
+		m.ckptTime.Observe(d.Seconds())
+		m.ckptBytes.Observe(float64(n))
+	case errors.Is(err, statestore.ErrFenced):
+		m.checkpoints.WithLabelValues("fenced").Inc()
+	default:
+		m.checkpoints.WithLabelValues("error").Inc()
+	}
 }
 
 // MetricsHandler serves the host's metrics in the Prometheus text format:

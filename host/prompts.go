@@ -47,6 +47,10 @@ func (h *Host) request(ctx context.Context, key sessions.Key, p *plugins.Plugin,
 	if err != nil {
 		return err
 	}
+	claim, err := h.dur.ensure(ctx, key, nil)
+	if err != nil {
+		return fmt.Errorf("plugin %q: %w", p.Name(), err)
+	}
 	l, err := h.acquire(ctx, key, p, func() (*plugins.Plugin, error) { return h.currentPlugin(p) })
 	if err != nil {
 		return fmt.Errorf("plugin %q: %w", p.Name(), err)
@@ -61,6 +65,13 @@ func (h *Host) request(ctx context.Context, key sessions.Key, p *plugins.Plugin,
 		env.afterCall(l) // a list change the guest announced
 	}
 	env.attach(nil)
+	if runErr == nil && h.dur != nil {
+		// A prompt or resource may change the guest's state too.
+		if cerr := h.dur.afterCall(ctx, key, claim, l); cerr != nil {
+			l.Done(sessions.ErrMoved)
+			return fmt.Errorf("plugin %q: %w", p.Name(), cerr)
+		}
+	}
 	l.Done(runErr)
 	if runErr != nil {
 		h.log.Debug("request failed", "plugin", p.Name(), "export", export, "err", runErr)

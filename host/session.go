@@ -49,6 +49,16 @@ func (h *Host) track() bool {
 	return true
 }
 
+// localPrefix starts the label of a session with no ID (stdio,
+// in-memory, a sessionless request), which is not kept in a state store.
+const localPrefix = "local-"
+
+func (h *Host) isClosed() bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.closed
+}
+
 // connKey is the key of a transport session. The first time it sees a
 // session it watches it, so that the session layer frees its instances
 // when it ends (stdio EOF, HTTP DELETE or idle timeout, the end of a
@@ -59,7 +69,7 @@ func (h *Host) connKey(ss *mcp.ServerSession) sessions.Key {
 	}
 	label := ss.ID()
 	if label == "" {
-		label = "local-" + strconv.FormatUint(h.connID.Add(1), 10)
+		label = localPrefix + strconv.FormatUint(h.connID.Add(1), 10)
 	}
 	key := sessions.Conn(ss, label)
 	if k, loaded := h.conns.LoadOrStore(ss, key); loaded {
@@ -71,6 +81,12 @@ func (h *Host) connKey(ss *mcp.ServerSession) sessions.Key {
 			_ = ss.Wait()
 			h.ses.End(context.Background(), key)
 			h.conns.Delete(ss)
+			if h.dur != nil && !h.drain.draining.Load() && !h.isClosed() {
+				// The client ended it (DELETE) or it timed out: its
+				// record goes too. A host that drains or closes leaves
+				// its sessions to the other replicas.
+				h.dur.ended(key)
+			}
 		}()
 	}
 	return key

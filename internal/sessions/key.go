@@ -48,3 +48,8 @@ func Handle(id, label string) Key { return Key{kind: KindHandle, id: id, label: 
 
 // String names the key in logs and the record log.
 func (k Key) String() string { return k.label }
+
+// ID is the key's identity as given to its constructor: the session's
+// label for a [Conn] key, the id of a [Client] or [Handle] key (a handle's
+// id is a secret: log [Key.String] instead).
+func (k Key) ID() string { return k.id }

@@ -74,7 +74,8 @@ type Notice struct {
 
 // Reset says why an instance was discarded.
 type Reset struct {
-	// Reason is "trap", "timeout", "cancelled", "evicted" or "upgrade".
+	// Reason is "trap", "timeout", "cancelled", "evicted", "upgrade" or
+	// [ReasonReplicaLost].
 	Reason string
 	Detail string
 }
@@ -203,12 +204,19 @@ func (m *Manager) acquireSlot(ctx context.Context, key Key, p *plugins.Plugin) (
 		if err := m.reserve(ctx, p, sl); err != nil {
 			return fail(err)
 		}
-		inst, err := p.NewInstance(ctx)
+		m.mu.Lock()
+		seed, seeded := c.seeds[p.Name()]
+		delete(c.seeds, p.Name())
+		m.mu.Unlock()
+		inst, reset, err := m.start(ctx, p, seed, seeded)
 		if err != nil {
 			m.unreserve(p)
 			return fail(fmt.Errorf("%w: %w", ErrStart, err))
 		}
 		m.mu.Lock()
+		if reset != nil {
+			sl.notice.Reset = reset
+		}
 		sl.inst = inst
 		sl.elem = m.lru.PushBack(sl)
 		m.mu.Unlock()
@@ -229,6 +237,34 @@ func (m *Manager) acquireSlot(ctx context.Context, key Key, p *plugins.Plugin) (
 	}
 	l.ctx, l.cancel = context.WithCancelCause(ctx)
 	return l, nil
+}
+
+// start makes a new instance of p: from the client's seed if it has one
+// for p, else afresh. A seed that cannot be restored gives a fresh
+// instance and the reset to tell the client of.
+func (m *Manager) start(ctx context.Context, p *plugins.Plugin, seed Seed, seeded bool) (*plugins.Instance, *Reset, error) {
+	if !seeded {
+		inst, err := p.NewInstance(ctx)
+		return inst, nil, err
+	}
+	lost := seed.Lost
+	if seed.State != nil {
+		inst, err := p.RestoreState(ctx, seed.State)
+		if err == nil {
+			m.log.Info("instance restored", "plugin", p.Name(), "sha256", p.SHA256(), "bytes", len(seed.State.Data))
+			return inst, nil, nil
+		}
+		if ctx.Err() != nil {
+			return nil, nil, err
+		}
+		lost = err.Error()
+	}
+	inst, err := p.NewInstance(ctx)
+	if err != nil {
+		return nil, nil, err
+	}
+	m.log.Warn("instance state lost with its replica", "plugin", p.Name(), "detail", lost)
+	return inst, &Reset{Reason: ReasonReplicaLost, Detail: lost}, nil
 }
 
 // takeToken waits for a turn under the concurrency limit.
@@ -277,6 +313,7 @@ func (l *Lease) Pause() {
 	l.waitElem = m.waiting.PushBack(l)
 	token := l.token
 	l.token = false
+	m.broadcastLocked()
 	m.mu.Unlock()
 	if token {
 		<-m.running
@@ -335,6 +372,8 @@ func (l *Lease) Done(err error) {
 	} else {
 		sl := l.sl
 		switch {
+		case errors.Is(err, ErrMoved):
+			m.dropInstance(sl)
 		case reason != "":
 			m.discard(sl, reason, detailOf(err, l))
 		case ended:

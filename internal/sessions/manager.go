@@ -78,6 +78,10 @@ var (
 	// ErrUnknownKey: a [Handle] key names no client: never opened, or
 	// ended (idle past the timeout, evicted, or the server restarted).
 	ErrUnknownKey = errors.New("unknown or expired session handle")
+	// ErrMoved, given to [Lease.Done], drops the lease's instance without
+	// a notice: the client's session was taken over by another replica,
+	// and its next lease here starts from the state store.
+	ErrMoved = errors.New("session moved to another replica")
 )
 
 // Options configures a [Manager]. The zero value gives the documented
@@ -237,6 +241,9 @@ type client struct {
 	lastUsed time.Time        // guarded by Manager.mu
 	requests int              // leases asked for, ever; guarded by Manager.mu
 	parked   int              // guarded by Manager.mu
+	// seeds are the states the client's first instances start from, by
+	// plugin name (see Seed); guarded by Manager.mu.
+	seeds map[string]Seed
 }
 
 // clientLocked returns key's client, making it on first use, and counts a
@@ -538,4 +545,102 @@ func (m *Manager) Holds(key Key, plugin string) bool {
 	}
 	sl, ok := c.slots[plugin]
 	return ok && sl.elem != nil // elem is set, under m.mu, while inst is
+}
+
+// ReasonReplicaLost is the [Reset] reason of an instance that should have
+// started from a client's saved state (see [Manager.Seed]) and could not:
+// the plugin cannot be snapshotted, or its version changed without a
+// handoff, or the state did not restore.
+const ReasonReplicaLost = "replica-lost"
+
+// Seed is the saved state a client's first instance of a plugin starts
+// from in this process: the client's session moved here from a replica
+// that no longer serves it.
+type Seed struct {
+	// State is the instance's saved state; nil when it could not be saved
+	// (Lost says why): the client's instance then starts afresh, and its
+	// next result says so (a [Reset] with [ReasonReplicaLost]).
+	State *plugins.State
+	Lost  string
+}
+
+// Seed gives key's client the states its first instances start from, by
+// plugin name, replacing any seeds it had. A plugin whose instance the
+// client already holds keeps that instance. Key's client is made if need
+// be, except a [Handle] key's, which must be open ([ErrUnknownKey]).
+func (m *Manager) Seed(key Key, seeds map[string]Seed) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.closed {
+		return ErrClosed
+	}
+	c, ok := m.clients[key]
+	if !ok {
+		if key.kind == KindHandle {
+			return ErrUnknownKey
+		}
+		c = m.newClientLocked(key)
+	}
+	c.seeds = seeds
+	return nil
+}
+
+// Instances calls f for each of the client's idle instances, with a lease
+// on it so that no call runs meanwhile (a checkpoint at drain); f's error
+// stops the walk and is returned. Busy slots are skipped: the caller
+// waits for calls in flight first.
+func (m *Manager) Instances(ctx context.Context, key Key, f func(plugin string, inst *plugins.Instance) error) error {
+	m.mu.Lock()
+	c := m.clients[key]
+	var slots []*slot
+	if c != nil {
+		for _, sl := range c.slots {
+			slots = append(slots, sl)
+		}
+	}
+	m.mu.Unlock()
+	for _, sl := range slots {
+		if !sl.tryLock() {
+			continue
+		}
+		m.mu.Lock()
+		inst := sl.inst
+		m.mu.Unlock()
+		var err error
+		if inst != nil && inst.Err() == nil {
+			err = f(sl.plugin, inst)
+		}
+		sl.unlock()
+		if err != nil {
+			return err
+		}
+	}
+	return ctx.Err()
+}
+
+// Keys returns the keys of the clients live now.
+func (m *Manager) Keys() []Key {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	keys := make([]Key, 0, len(m.clients))
+	for k, c := range m.clients {
+		if !c.closed {
+			keys = append(keys, k)
+		}
+	}
+	return keys
+}
+
+// Has reports whether key has a live client.
+func (m *Manager) Has(key Key) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	c, ok := m.clients[key]
+	return ok && !c.closed
+}
+
+// WaitIdle waits until no lease runs guest code (leases waiting for a
+// person do not count: a drain does not wait for people), or ctx ends.
+func (m *Manager) WaitIdle(ctx context.Context) error {
+	return m.waitUntil(ctx, func() bool { return len(m.leases) == m.waiting.Len() })
 }

@@ -1,0 +1,354 @@
+package host
+
+// Replicas: routable IDs, taking stateful HTTP sessions over from the
+// state store, readiness and drain. See docs/DESIGN.md, "Durable sessions
+// across replicas", and docs/DEPLOY.md.
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"regexp"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/wasmtools/wasmtools/internal/statestore"
+)
+
+// ValidReplica reports whether name can be a replica's name: 1 to 32
+// letters, digits, '-' or '_' (it begins IDs that proxies match on, and
+// IDs split on '.').
+func ValidReplica(name string) bool { return replicaName.MatchString(name) }
+
+var replicaName = regexp.MustCompile(`^[A-Za-z0-9_-]{1,32}$`)
+
+// replicaPrefix is what this replica's IDs begin with: its name and a
+// dot, or "" for one process.
+func (h *Host) replicaPrefix() string {
+	if h.opts.Replica == "" {
+		return ""
+	}
+	return h.opts.Replica + "."
+}
+
+// process names this process: its replica and a boot tag, new at each
+// start.
+func (h *Host) process() string {
+	return cmpOr(h.opts.Replica, "-") + "/" + h.tasks.boot
+}
+
+// newSessionID is the go-sdk's GetSessionID: the replica's prefix and 128
+// random bits, or, while a session is taken over, that session's ID.
+func (h *Host) newSessionID() string {
+	if h.adoptID != "" { // only while adoptMu is held for writing
+		return h.adoptID
+	}
+	return h.replicaPrefix() + rand.Text()
+}
+
+// initialized claims a new stateful session in the store, with its MCP
+// state, so that another replica can take it over.
+func (h *Host) initialized(ctx context.Context, ss *mcp.ServerSession) {
+	if h.dur == nil || ss.ID() == "" {
+		return
+	}
+	if _, err := h.dur.ensure(ctx, h.connKey(ss), ss); err != nil {
+		h.log.Error("state store: new session not kept", "session", ss.ID(), "error", err)
+	}
+}
+
+// drainState is where a drain is.
+type drainState struct {
+	draining atomic.Bool // readiness fails, new sessions are refused
+	closing  atomic.Bool // every request is refused: the replica is about to exit
+	mu       sync.Mutex
+	streams  map[*context.CancelFunc]struct{} // open SSE GET streams
+	once     sync.Once
+	done     chan struct{}
+}
+
+// Ready reports whether the host takes new sessions: false once it drains.
+func (h *Host) Ready() bool { return !h.drain.draining.Load() }
+
+// ReadyHandler serves /readyz: 200 "ready", or 503 "draining" once the
+// host drains, so that a proxy or Kubernetes stops sending it new work.
+func (h *Host) ReadyHandler() http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		w.Header().Set("Cache-Control", "no-store")
+		if !h.Ready() {
+			w.WriteHeader(http.StatusServiceUnavailable)
+			io.WriteString(w, "draining\n")
+			return
+		}
+		io.WriteString(w, "ready\n")
+	})
+}
+
+// DrainOptions configures [Host.Drain].
+type DrainOptions struct {
+	// Delay is how long the host goes on serving its sessions' requests
+	// after readiness fails, for proxies to notice (a health check
+	// interval or two); 0 means none.
+	Delay time.Duration
+}
+
+// Drain takes the host out of service without losing a session: readiness
+// fails and new sessions are refused at once (HTTP 503, which a proxy
+// retries elsewhere), open SSE streams are closed (their clients reconnect
+// through the proxy); after opts.Delay every request is refused; calls in
+// flight finish (until ctx ends); every instance's state is written to the
+// state store and the host's claims are released, so other replicas take
+// its sessions over at once. The host is then closed. Without a state
+// store, sessions end with the host. Drain is for a process about to exit.
+func (h *Host) Drain(ctx context.Context, opts DrainOptions) error {
+	var err error
+	h.drain.once.Do(func() {
+		h.log.Info("draining", "delay", opts.Delay)
+		h.drain.draining.Store(true)
+		h.closeStreams()
+		if opts.Delay > 0 {
+			select {
+			case <-time.After(opts.Delay):
+			case <-ctx.Done():
+			}
+		}
+		h.drain.closing.Store(true)
+		if werr := h.ses.WaitIdle(ctx); werr != nil {
+			h.log.Warn("drain: calls still running", "error", werr)
+		}
+		if h.dur != nil {
+			err = h.dur.drain(ctx)
+		}
+		if cerr := h.Close(ctx); err == nil {
+			err = cerr
+		}
+	})
+	return err
+}
+
+// closeStreams ends every open SSE stream (a session's GET stream): a
+// stream would otherwise hold the replica until the client leaves.
+func (h *Host) closeStreams() {
+	h.drain.mu.Lock()
+	defer h.drain.mu.Unlock()
+	for cancel := range h.drain.streams {
+		(*cancel)()
+	}
+}
+
+// trackStream registers a GET stream's cancel, to close it at drain; the
+// returned func unregisters it.
+func (h *Host) trackStream(cancel context.CancelFunc) func() {
+	h.drain.mu.Lock()
+	defer h.drain.mu.Unlock()
+	if h.drain.streams == nil {
+		h.drain.streams = map[*context.CancelFunc]struct{}{}
+	}
+	h.drain.streams[&cancel] = struct{}{}
+	return func() {
+		h.drain.mu.Lock()
+		delete(h.drain.streams, &cancel)
+		h.drain.mu.Unlock()
+	}
+}
+
+// refuse answers a request the draining host will not serve: 503 with
+// Retry-After, which a proxy retries on another replica.
+func refuse(w http.ResponseWriter, why string) {
+	w.Header().Set("Retry-After", "1")
+	http.Error(w, "wasmtools: "+why, http.StatusServiceUnavailable)
+}
+
+// serveStateful serves a request of the stateful HTTP transport, taking
+// its session over from the state store when this replica does not have
+// it, and refusing what a draining host no longer takes.
+func (h *Host) serveStateful(stateful http.Handler, w http.ResponseWriter, r *http.Request) {
+	id := r.Header.Get("Mcp-Session-Id")
+	switch {
+	case h.drain.closing.Load():
+		refuse(w, "this replica is shutting down")
+		return
+	case id == "" && h.drain.draining.Load():
+		refuse(w, "this replica is draining and takes no new sessions")
+		return
+	case id == "":
+		h.adoptMu.RLock()
+		defer h.adoptMu.RUnlock()
+		stateful.ServeHTTP(w, r)
+		return
+	case r.Method == http.MethodGet:
+		if h.drain.draining.Load() {
+			refuse(w, "this replica is draining")
+			return
+		}
+		ctx, cancel := context.WithCancel(r.Context())
+		defer h.trackStream(cancel)()
+		defer cancel()
+		r = r.WithContext(ctx)
+	}
+	if h.dur == nil {
+		stateful.ServeHTTP(w, r)
+		return
+	}
+	// The body is read here (the guard bounds it) so that the request
+	// can be served again once the session is taken over.
+	var body []byte
+	if r.Body != nil {
+		b, err := io.ReadAll(r.Body)
+		if err != nil {
+			var mbe *http.MaxBytesError
+			if errors.As(err, &mbe) {
+				http.Error(w, err.Error(), http.StatusRequestEntityTooLarge)
+				return
+			}
+			http.Error(w, "reading the request: "+err.Error(), http.StatusBadRequest)
+			return
+		}
+		body = b
+		r.Body = io.NopCloser(bytes.NewReader(body))
+	}
+	nf := &notFound{ResponseWriter: w}
+	stateful.ServeHTTP(nf, r)
+	if !nf.missing {
+		return
+	}
+	if err := h.adopt(r.Context(), stateful, r, id); err != nil {
+		if !errors.Is(err, statestore.ErrNotFound) {
+			h.log.Warn("session not taken over", "session", id, "error", err)
+		}
+		http.Error(w, "session not found", http.StatusNotFound)
+		return
+	}
+	r.Body = io.NopCloser(bytes.NewReader(body))
+	stateful.ServeHTTP(w, r)
+}
+
+// notFound passes a response through unless it is the go-sdk's "session
+// not found" (a 404 before anything was written), which it swallows and
+// reports.
+type notFound struct {
+	http.ResponseWriter
+	missing bool
+	wrote   bool
+}
+
+func (n *notFound) WriteHeader(code int) {
+	if !n.wrote && code == http.StatusNotFound {
+		n.missing = true
+	}
+	n.wrote = true
+	if !n.missing {
+		n.ResponseWriter.WriteHeader(code)
+	}
+}
+
+func (n *notFound) Write(b []byte) (int, error) {
+	if !n.wrote {
+		n.WriteHeader(http.StatusOK)
+	}
+	if n.missing {
+		return len(b), nil
+	}
+	return n.ResponseWriter.Write(b)
+}
+
+func (n *notFound) Flush() {
+	if f, ok := n.ResponseWriter.(http.Flusher); ok && !n.missing {
+		f.Flush()
+	}
+}
+
+func (n *notFound) Unwrap() http.ResponseWriter { return n.ResponseWriter }
+
+// adopt takes stateful session id over from the state store: it makes the
+// go-sdk session again, under the same ID, by replaying the client's
+// initialize (its recorded parameters) and initialized notification
+// through the stateful handler. The instances' states follow on the
+// session's first call (durable.ensure). It fails with
+// statestore.ErrNotFound when the store does not know the session.
+func (h *Host) adopt(ctx context.Context, stateful http.Handler, orig *http.Request, id string) error {
+	if len(id) > 128 {
+		return statestore.ErrNotFound
+	}
+	ctx, cancel := context.WithTimeout(ctx, storeTimeout)
+	defer cancel()
+	rec, err := h.dur.store.Get(ctx, "s."+id)
+	if err != nil {
+		return err
+	}
+	var sr sessionRecord
+	if b, ok := rec["mcp"]; ok {
+		if err := json.Unmarshal(b, &sr); err != nil {
+			return fmt.Errorf("session record: %w", err)
+		}
+	}
+	if sr.Initialize == nil {
+		return fmt.Errorf("%w: the session's record has no initialize parameters", statestore.ErrNotFound)
+	}
+	h.adoptMu.Lock()
+	defer h.adoptMu.Unlock()
+	h.adoptID = id
+	defer func() { h.adoptID = "" }()
+	// Another request of the session may have taken it over meanwhile.
+	if h.hasSession(ctx, stateful, orig, id) {
+		return nil
+	}
+	init, err := json.Marshal(map[string]any{"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": sr.Initialize})
+	if err != nil {
+		return err
+	}
+	res := h.replay(ctx, stateful, orig, "", init, "")
+	if res.Code != http.StatusOK {
+		return fmt.Errorf("replaying initialize: HTTP %d: %s", res.Code, strings.TrimSpace(res.Body.String()))
+	}
+	if got := res.Header().Get("Mcp-Session-Id"); got != id {
+		return fmt.Errorf("replaying initialize: the session got ID %q", got)
+	}
+	res = h.replay(ctx, stateful, orig, id, []byte(`{"jsonrpc":"2.0","method":"notifications/initialized"}`), sr.Initialize.ProtocolVersion)
+	if res.Code/100 != 2 {
+		return fmt.Errorf("replaying initialized: HTTP %d", res.Code)
+	}
+	h.log.Info("session taken over from the state store", "session", id)
+	return nil
+}
+
+// hasSession reports whether the stateful handler has session id, by a
+// ping in it (404 when it has not).
+func (h *Host) hasSession(ctx context.Context, stateful http.Handler, orig *http.Request, id string) bool {
+	res := h.replay(ctx, stateful, orig, id, []byte(`{"jsonrpc":"2.0","method":"ping","id":0}`), "")
+	return res.Code == http.StatusOK
+}
+
+// replay serves one JSON-RPC message through the stateful handler, as a
+// client of session id ("" for none) would send it, from where orig
+// came.
+func (h *Host) replay(ctx context.Context, stateful http.Handler, orig *http.Request, id string, msg []byte, version string) *httptest.ResponseRecorder {
+	req := httptest.NewRequestWithContext(ctx, http.MethodPost, orig.URL.Path, bytes.NewReader(msg))
+	// As the client's own request: the go-sdk checks Host and Origin.
+	req.Host, req.RemoteAddr = orig.Host, orig.RemoteAddr
+	if o := orig.Header.Get("Origin"); o != "" {
+		req.Header.Set("Origin", o)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Accept", "application/json, text/event-stream")
+	if id != "" {
+		req.Header.Set("Mcp-Session-Id", id)
+	}
+	if version != "" {
+		req.Header.Set("Mcp-Protocol-Version", version)
+	}
+	rec := httptest.NewRecorder()
+	stateful.ServeHTTP(rec, req)
+	return rec
+}

@@ -1,0 +1,323 @@
+package host_test
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/wasmtools/wasmtools/host"
+	"github.com/wasmtools/wasmtools/internal/statestore"
+	"github.com/wasmtools/wasmtools/internal/testplugins"
+	"github.com/wasmtools/wasmtools/sandbox"
+)
+
+// replica is one host of a replica set in this process, served over HTTP
+// on 127.0.0.1.
+type replica struct {
+	*fixture
+	srv *httptest.Server
+}
+
+var replicaKey = []byte("replica test state key, shared by every replica")
+
+func newReplica(t *testing.T, name string, store statestore.Store, policy sandbox.Policy) *replica {
+	t.Helper()
+	return newReplicaOf(t, name, store, policy, map[string]string{"notes.wasm": testplugins.Example(t, "notes")})
+}
+
+func newReplicaOf(t *testing.T, name string, store statestore.Store, policy sandbox.Policy, files map[string]string) *replica {
+	t.Helper()
+	f := newFixture(t, &host.Options{Replica: name, Store: store, StateKey: replicaKey}, policy, files)
+	mux := http.NewServeMux()
+	mux.Handle("/mcp", f.h.HTTPHandler())
+	mux.Handle("/readyz", f.h.ReadyHandler())
+	srv := httptest.NewServer(mux)
+	t.Cleanup(srv.Close)
+	return &replica{fixture: f, srv: srv}
+}
+
+// gone is the replica killed: its connections cut, its listener closed.
+func (r *replica) gone() {
+	r.srv.CloseClientConnections()
+	r.srv.Close()
+}
+
+// router is a proxy in a test: it sends every request to the replica it
+// points at now, as a proxy whose rule moved would.
+type router struct {
+	mu   sync.Mutex
+	to   *replica
+	seen map[string]bool // replicas that served a request
+}
+
+func (r *router) point(to *replica) {
+	r.mu.Lock()
+	r.to = to
+	r.mu.Unlock()
+}
+
+func (r *router) RoundTrip(req *http.Request) (*http.Response, error) {
+	r.mu.Lock()
+	to := r.to
+	r.mu.Unlock()
+	u, _ := url.Parse(to.srv.URL)
+	req = req.Clone(req.Context())
+	req.URL.Scheme, req.URL.Host, req.Host = u.Scheme, u.Host, u.Host
+	return http.DefaultTransport.RoundTrip(req)
+}
+
+// notes returns the text of note_list.
+func notes(t *testing.T, cs *mcp.ClientSession, args map[string]any) *mcp.CallToolResult {
+	t.Helper()
+	return call(t, cs, "note_list", args)
+}
+
+func TestStatefulSessionMovesToAnotherReplica(t *testing.T) {
+	store := statestore.NewMemory()
+	a := newReplica(t, "a", store, sandbox.NewPolicy())
+	b := newReplica(t, "b", store, sandbox.NewPolicy())
+	rt := &router{to: a}
+	cs := connectHTTP(t, a.srv.URL, "2025-11-25", rt)
+	if !strings.HasPrefix(cs.ID(), "a.") {
+		t.Fatalf("session ID %q does not begin with the replica's name", cs.ID())
+	}
+	for i := range 3 {
+		if res := call(t, cs, "note_add", map[string]any{"text": fmt.Sprint("note ", i)}); res.IsError {
+			t.Fatal(text(res))
+		}
+	}
+	// a is gone (its listener closed, nothing drained): the proxy sends
+	// the session's next request to b.
+	a.gone()
+	rt.point(b)
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("a's log:\n%s\nb's log:\n%s", a.log.String(), b.log.String())
+		}
+	})
+	res := notes(t, cs, nil)
+	if res.IsError || res.Meta[host.MetaStateReset] != nil {
+		t.Fatalf("after the move: %v %s", res.Meta, text(res))
+	}
+	for i := range 3 {
+		if !strings.Contains(text(res), fmt.Sprint("note ", i)) {
+			t.Fatalf("note %d lost in the move:\n%s", i, text(res))
+		}
+	}
+	b.waitLog(t, "session taken over from the state store", 1)
+	// The session goes on at b, with its state.
+	if res := call(t, cs, "note_add", map[string]any{"text": "at b"}); res.IsError || !strings.Contains(text(res), "note 4 saved") {
+		t.Fatalf("note_add at b: %s", text(res))
+	}
+}
+
+func TestHandleMovesToAnotherReplica(t *testing.T) {
+	store := statestore.NewMemory()
+	a := newReplica(t, "a", store, sandbox.NewPolicy())
+	b := newReplica(t, "b", store, sandbox.NewPolicy())
+	rt := &router{to: a}
+	cs := connectHTTP(t, a.srv.URL, "", rt) // 2026-07-28: no session
+	cs.ListTools(context.Background(), nil)
+	res := call(t, cs, "note_add", map[string]any{"text": "first"})
+	handle, _ := res.Meta[host.MetaSession].(string)
+	if !strings.HasPrefix(handle, "a.wt1.") {
+		t.Fatalf("handle %q does not begin with the replica's name", handle)
+	}
+	call(t, cs, "note_add", map[string]any{"text": "second", host.SessionArgument: handle})
+	a.gone()
+	rt.point(b)
+	res = notes(t, cs, map[string]any{host.SessionArgument: handle})
+	if res.IsError || !strings.Contains(text(res), "1. first") || !strings.Contains(text(res), "2. second") {
+		t.Fatalf("after the move: %v %s", res.Meta, text(res))
+	}
+}
+
+func TestStateResetWhenPluginCannotBeSnapshotted(t *testing.T) {
+	// nosnapshot drops a data segment, which the host cannot capture, and
+	// has no handoff pair.
+	policy := sandbox.NewPolicy()
+	store := statestore.NewMemory()
+	files := map[string]string{"nosnapshot.wasm": testplugins.Test(t, "nosnapshot")}
+	a := newReplicaOf(t, "a", store, policy, files)
+	b := newReplicaOf(t, "b", store, policy, files)
+	for _, protocol := range protocols {
+		t.Run("protocol="+cmpOr(protocol, "default"), func(t *testing.T) {
+			rt := &router{to: a}
+			cs := connectHTTP(t, a.srv.URL, protocol, rt)
+			cs.ListTools(context.Background(), nil)
+			call(t, cs, "count", nil)
+			res := call(t, cs, "count", nil)
+			args := map[string]any{}
+			if handle, _ := res.Meta[host.MetaSession].(string); handle != "" {
+				args[host.SessionArgument] = handle
+			}
+			rt.point(b)
+			res = call(t, cs, "count", args)
+			reset, _ := res.Meta[host.MetaStateReset].(map[string]any)
+			if reset["reason"] != "replica-lost" || text(res) != "1" {
+				t.Fatalf("want a replica-lost reset and a count from 1, got %v: %s", res.Meta, text(res))
+			}
+			// Said once: the next result has no reset.
+			if res := call(t, cs, "count", args); res.Meta[host.MetaStateReset] != nil || text(res) != "2" {
+				t.Fatalf("reset said twice: %v", res.Meta)
+			}
+			rt.point(a)
+		})
+	}
+}
+
+func cmpOr(a, b string) string {
+	if a != "" {
+		return a
+	}
+	return b
+}
+
+func TestDrainHandsSessionsOver(t *testing.T) {
+	store := statestore.NewMemory()
+	a := newReplica(t, "a", store, sandbox.NewPolicy())
+	b := newReplica(t, "b", store, sandbox.NewPolicy())
+	rt := &router{to: a}
+	cs := connectHTTP(t, a.srv.URL, "2025-11-25", rt)
+	call(t, cs, "note_add", map[string]any{"text": "before the drain"})
+
+	ready := func(r *replica) int {
+		res, err := http.Get(r.srv.URL + "/readyz")
+		if err != nil {
+			t.Fatal(err)
+		}
+		res.Body.Close()
+		return res.StatusCode
+	}
+	if got := ready(a); got != http.StatusOK {
+		t.Fatalf("/readyz before the drain: %d", got)
+	}
+	done := make(chan error, 1)
+	go func() { done <- a.h.Drain(context.Background(), host.DrainOptions{}) }()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if got := ready(a); got != http.StatusServiceUnavailable {
+		t.Fatalf("/readyz after the drain: %d", got)
+	}
+	// A new session at a is refused with a status a proxy retries.
+	res, err := http.Post(a.srv.URL+"/mcp", "application/json", strings.NewReader(`{}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	res.Body.Close()
+	if res.StatusCode != http.StatusServiceUnavailable || res.Header.Get("Retry-After") == "" {
+		t.Fatalf("a new session at a draining replica: %d, Retry-After %q", res.StatusCode, res.Header.Get("Retry-After"))
+	}
+	a.waitLog(t, "drained", 1)
+	rt.point(b)
+	if r := notes(t, cs, nil); r.IsError || !strings.Contains(text(r), "before the drain") {
+		t.Fatalf("after the drain: %s", text(r))
+	}
+	// a released its claim: b took it over from no one.
+	if strings.Contains(b.log.String(), "holderAlive=true") {
+		t.Fatalf("b took the session from a live holder:\n%s", b.log.String())
+	}
+}
+
+// Two replicas that both receive requests for one session (a proxy's
+// rule flapping) each take it over; the store's fences let exactly one
+// write at a time, so no call that succeeded loses its note.
+func TestRacingTakeoversLoseNoUpdate(t *testing.T) {
+	store := statestore.NewMemory()
+	a := newReplica(t, "a", store, sandbox.NewPolicy())
+	b := newReplica(t, "b", store, sandbox.NewPolicy())
+	c := newReplica(t, "c", store, sandbox.NewPolicy())
+	rt := &router{to: a}
+	cs := connectHTTP(t, a.srv.URL, "2025-11-25", rt)
+	call(t, cs, "note_add", map[string]any{"text": "base"})
+	a.gone()
+
+	var ok atomic.Int32
+	var wg sync.WaitGroup
+	for i, r := range []*replica{b, c, b, c, b, c} {
+		wg.Go(func() {
+			body := fmt.Sprintf(`{"jsonrpc":"2.0","id":%d,"method":"tools/call","params":{"name":"note_add","arguments":{"text":"race %d"}}}`, i+10, i)
+			status, resp := postSession(t, r.srv.URL, cs.ID(), body)
+			if status == http.StatusOK && strings.Contains(resp, "saved") && !strings.Contains(resp, `"isError":true`) {
+				ok.Add(1)
+			}
+		})
+	}
+	wg.Wait()
+	if ok.Load() == 0 {
+		t.Fatal("no racing call succeeded")
+	}
+	// Whoever holds the session now serves every note that was saved.
+	rt.point(b)
+	list := text(notes(t, cs, nil))
+	got := strings.Count(list, "race ")
+	if got != int(ok.Load()) || !strings.Contains(list, "base") {
+		t.Fatalf("%d calls succeeded, the notepad has %d of them:\n%s", ok.Load(), got, list)
+	}
+}
+
+// postSession posts one JSON-RPC message in stateful session id.
+func postSession(t *testing.T, base, id, body string) (int, string) {
+	t.Helper()
+	req, _ := http.NewRequest(http.MethodPost, base+"/mcp", strings.NewReader(body))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Accept", "application/json, text/event-stream")
+	req.Header.Set("Mcp-Session-Id", id)
+	req.Header.Set("Mcp-Protocol-Version", "2025-11-25")
+	res, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Error(err)
+		return 0, ""
+	}
+	defer res.Body.Close()
+	var b strings.Builder
+	buf := make([]byte, 4096)
+	for {
+		n, err := res.Body.Read(buf)
+		b.Write(buf[:n])
+		if err != nil || strings.Contains(b.String(), `"result"`) || strings.Contains(b.String(), `"error"`) {
+			break
+		}
+	}
+	return res.StatusCode, b.String()
+}
+
+// A call parked for a 2026-07-28 client's answer lives in its guest,
+// mid-call, at the replica that runs it: a retry that reaches another
+// replica is told which replica the call was parked on.
+func TestParkedCallDoesNotMove(t *testing.T) {
+	store := statestore.NewMemory()
+	files := map[string]string{"confirm.wasm": testplugins.Example(t, "confirm")}
+	a := newReplicaOf(t, "a", store, sandbox.NewPolicy(), files)
+	b := newReplicaOf(t, "b", store, sandbox.NewPolicy(), files)
+	rt := &router{to: a}
+	answer := func(context.Context, *mcp.ElicitRequest) (*mcp.ElicitResult, error) {
+		rt.point(b) // a goes away while the person thinks
+		return &mcp.ElicitResult{Action: "accept", Content: map[string]any{"confirm": true}}, nil
+	}
+	tr := &mcp.StreamableClientTransport{Endpoint: a.srv.URL + "/mcp", HTTPClient: &http.Client{Transport: rt}}
+	cs, err := mcp.NewClient(&mcp.Implementation{Name: "test", Version: "1"}, &mcp.ClientOptions{ElicitationHandler: answer}).Connect(context.Background(), tr, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cs.Close()
+	cs.ListTools(context.Background(), nil)
+	h := handleOf(call(t, cs, "add", map[string]any{"item": "milk"}))
+	_, err = cs.CallTool(context.Background(), &mcp.CallToolParams{Name: "delete", Arguments: map[string]any{"item": "milk", host.SessionArgument: h}})
+	if err == nil || !strings.Contains(err.Error(), `replica "a"`) {
+		t.Fatalf("the retry at b: %v; want an error naming replica a", err)
+	}
+	// The session itself moved: its state is at b.
+	if got := firstText(call(t, cs, "list", map[string]any{host.SessionArgument: h})); got != "milk" {
+		t.Fatalf("list at b = %q, want milk", got)
+	}
+}
