@@ -87,12 +87,19 @@ type setup struct {
 	client   *http.Client
 }
 
-func start(t *testing.T, startProxy func(*testing.T, map[string]string) string) *setup {
+// start starts three replicas, named s1..s3 unless names are given (then
+// passed to the config as S1_NAME..S3_NAME), and the proxy.
+func start(t *testing.T, startProxy func(*testing.T, map[string]string) string, names ...string) *setup {
 	s := &setup{t: t, replicas: map[string]*replica{}, client: &http.Client{Timeout: 15 * time.Second}}
 	env := map[string]string{}
-	for _, name := range []string{"s1", "s2", "s3"} {
+	for i := range 3 {
+		name := fmt.Sprintf("s%d", i+1)
+		if names != nil {
+			name = names[i]
+			env[fmt.Sprintf("S%d_NAME", i+1)] = name
+		}
 		s.replicas[name] = startReplica(t, name)
-		env[strings.ToUpper(name)+"_ADDR"] = s.replicas[name].addr()
+		env[fmt.Sprintf("S%d_ADDR", i+1)] = s.replicas[name].addr()
 	}
 	s.proxy = startProxy(t, env)
 	// Ready when the proxy has found every replica up: each answers a
@@ -181,18 +188,31 @@ func (s *setup) fallbacks(down string) map[string]string {
 	return took
 }
 
+// wantPrefixRouting checks each replica's sessions reach it.
+func (s *setup) wantPrefixRouting() {
+	s.t.Helper()
+	for name := range s.replicas {
+		for _, k := range sessionKeys(name) {
+			if got := s.mustPost(k[0], k[1]); got != name {
+				s.t.Errorf("%s: %s answered by %s", k[0], k[1], got)
+			}
+		}
+	}
+}
+
+// TestHAProxyNames: the replicas' names come from the environment, as in
+// deploy/k8s (a StatefulSet's pod names).
+func TestHAProxyNames(t *testing.T) {
+	s := start(t, proxies[0].start, "wasmtools-0", "wasmtools-1", "wasmtools-2")
+	s.wantPrefixRouting()
+}
+
 func TestConfigs(t *testing.T) {
 	for _, p := range proxies {
 		t.Run(p.name, func(t *testing.T) {
 			t.Run("prefix routing", func(t *testing.T) {
 				s := start(t, p.start)
-				for name := range s.replicas {
-					for _, k := range sessionKeys(name) {
-						if got := s.mustPost(k[0], k[1]); got != name {
-							t.Errorf("%s: %s answered by %s", k[0], k[1], got)
-						}
-					}
-				}
+				s.wantPrefixRouting()
 				// A key naming no replica goes by hash: always the same one.
 				first := s.mustPost("Mcp-Session-Id", "s9.unknown")
 				for range 10 {
