@@ -3,6 +3,11 @@
 #   wat2wasm (Debian package wabt) builds the WebAssembly-text plugins.
 #   /usr/bin/rustc with the wasm32-wasi std (Debian packages rustc and
 #   libstd-rust-dev-wasm32) builds the Rust plugins.
+#   redis-server, haproxy and nginx (Debian packages redis-server, haproxy,
+#   nginx-light) are started by the state store's and the proxy configs'
+#   tests, each on its own config and loopback port. Their packages' own
+#   services are kept from starting (policy-rc.d) and stopped if running:
+#   no test relies on them, and nginx's would hold port 80.
 set -euo pipefail
 
 # install PKG...: apt-get install as root, else say what to install.
@@ -34,4 +39,31 @@ wasm_std() {
 if ! wasm_std; then
 	install rustc libstd-rust-dev-wasm32
 	wasm_std || { echo "deps: /usr/bin/rustc still has no wasm32-wasi std" >&2; exit 1; }
+fi
+
+# install_quiet PKG...: install as above, but with the packages' services
+# kept from starting: a policy-rc.d that refuses every start (as Docker
+# images have) unless one is there already, removed afterwards.
+install_quiet() {
+	local policy=/usr/sbin/policy-rc.d ours=
+	if [ "$(id -u)" = 0 ] && [ ! -e "$policy" ]; then
+		printf '#!/bin/sh\nexit 101\n' >"$policy" && chmod 755 "$policy" && ours=1
+	fi
+	install "$@" || { [ -z "$ours" ] || rm -f "$policy"; return 1; }
+	[ -z "$ours" ] || rm -f "$policy"
+	# Where an init did start them anyway, stop them.
+	if [ "$(id -u)" = 0 ] && command -v service >/dev/null; then
+		local svc
+		for svc in redis-server haproxy nginx; do
+			service "$svc" stop >/dev/null 2>&1 || true
+		done
+	fi
+}
+
+missing=()
+command -v redis-server >/dev/null || [ -x /usr/bin/redis-server ] || missing+=(redis-server)
+command -v haproxy >/dev/null || [ -x /usr/sbin/haproxy ] || missing+=(haproxy)
+command -v nginx >/dev/null || [ -x /usr/sbin/nginx ] || missing+=(nginx-light)
+if [ ${#missing[@]} -gt 0 ]; then
+	install_quiet "${missing[@]}"
 fi

@@ -1,0 +1,307 @@
+package proxytest_test
+
+import (
+	"bufio"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/wasmtools/wasmtools/internal/proxytest"
+)
+
+// replica stands in for `wasmtools serve --replica NAME`: it answers with
+// its name. A draining one fails /readyz (unready) and answers 503 to the
+// requests it no longer serves (refusing); the test sets each.
+type replica struct {
+	name     string
+	srv      *httptest.Server
+	unready  atomic.Bool
+	refusing atomic.Bool
+	hits     atomic.Int64  // requests, /readyz and /healthz aside
+	release  chan struct{} // ends /sse's stream
+}
+
+func startReplica(t *testing.T, name string) *replica {
+	r := &replica{name: name, release: make(chan struct{})}
+	r.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		health := req.URL.Path == "/readyz" || req.URL.Path == "/healthz"
+		if !health {
+			r.hits.Add(1)
+		}
+		if health && r.unready.Load() || !health && r.refusing.Load() {
+			http.Error(w, "draining", http.StatusServiceUnavailable)
+			return
+		}
+		if health {
+			return
+		}
+		if req.URL.Path == "/sse" { // one event, then the rest when released
+			w.Header().Set("Content-Type", "text/event-stream")
+			io.WriteString(w, "data: "+name+"\n\n")
+			w.(http.Flusher).Flush()
+			select {
+			case <-r.release:
+			case <-req.Context().Done():
+			}
+			return
+		}
+		body, _ := io.ReadAll(req.Body)
+		if string(body) != "ping" { // the proxy sent the body again on a retry
+			http.Error(w, fmt.Sprintf("body %q", body), http.StatusBadRequest)
+			return
+		}
+		io.WriteString(w, name)
+	}))
+	t.Cleanup(func() {
+		close(r.release)
+		r.srv.Close()
+	})
+	return r
+}
+
+func (r *replica) addr() string { return strings.TrimPrefix(r.srv.URL, "http://") }
+
+// proxies start each config against three replicas named s1..s3.
+var proxies = []struct {
+	name  string
+	start func(t *testing.T, env map[string]string) string
+}{
+	{"haproxy", func(t *testing.T, env map[string]string) string {
+		return proxytest.StartHAProxy(t, filepath.Join("..", "..", "deploy", "haproxy.cfg"), env)
+	}},
+	{"nginx", func(t *testing.T, env map[string]string) string {
+		return proxytest.StartNginx(t, filepath.Join("..", "..", "deploy", "nginx.conf"), env)
+	}},
+}
+
+type setup struct {
+	t        *testing.T
+	proxy    string
+	replicas map[string]*replica
+	client   *http.Client
+}
+
+// start starts three replicas, named s1..s3 unless names are given (then
+// passed to the config as S1_NAME..S3_NAME), and the proxy.
+func start(t *testing.T, startProxy func(*testing.T, map[string]string) string, names ...string) *setup {
+	s := &setup{t: t, replicas: map[string]*replica{}, client: &http.Client{Timeout: 15 * time.Second}}
+	env := map[string]string{}
+	for i := range 3 {
+		name := fmt.Sprintf("s%d", i+1)
+		if names != nil {
+			name = names[i]
+			env[fmt.Sprintf("S%d_NAME", i+1)] = name
+		}
+		s.replicas[name] = startReplica(t, name)
+		env[fmt.Sprintf("S%d_ADDR", i+1)] = s.replicas[name].addr()
+	}
+	s.proxy = startProxy(t, env)
+	// Ready when the proxy has found every replica up: each answers a
+	// request meant for it.
+	for name := range s.replicas {
+		s.eventually(name+" is up behind the proxy", func() bool {
+			code, got := s.post("Mcp-Session-Id", name+".probe")
+			return code == 200 && got == name
+		})
+	}
+	return s
+}
+
+// post sends a POST through the proxy with header (if any) set to value,
+// and returns the status and the replica that answered.
+func (s *setup) post(header, value string) (int, string) {
+	s.t.Helper()
+	req, _ := http.NewRequest("POST", "http://"+s.proxy+"/mcp", strings.NewReader("ping"))
+	req.Header.Set("Content-Type", "application/json")
+	if header != "" {
+		req.Header.Set(header, value)
+	}
+	resp, err := s.client.Do(req)
+	if err != nil {
+		s.t.Fatalf("POST through the proxy: %v", err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(body)
+}
+
+// mustPost is post, failing the test on a status other than 200.
+func (s *setup) mustPost(header, value string) string {
+	s.t.Helper()
+	code, got := s.post(header, value)
+	if code != 200 {
+		s.t.Fatalf("%s: %s → %d %q, want 200", header, value, code, got)
+	}
+	return got
+}
+
+// eventually polls cond every 50 ms, up to 20 s.
+func (s *setup) eventually(what string, cond func() bool) {
+	s.t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			s.t.Fatalf("not so after 20s: %s", what)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+var headers = []string{"Mcp-Session-Id", "Mcp-Param-Wasmtools-Session"}
+
+// sessionKeys are a few sessions of replica name, under both headers.
+func sessionKeys(name string) [][2]string {
+	var keys [][2]string
+	for i := range 8 {
+		for _, h := range headers {
+			keys = append(keys, [2]string{h, fmt.Sprintf("%s.key%d-%x", name, i, i*7919)})
+		}
+	}
+	return keys
+}
+
+// fallbacks checks that every request of each session of the replica
+// named down is answered (200) by one replica, the same for 20 requests,
+// never down; it returns which replica took each session.
+func (s *setup) fallbacks(down string) map[string]string {
+	s.t.Helper()
+	took := map[string]string{}
+	for _, k := range sessionKeys(down) {
+		for i := range 20 {
+			got := s.mustPost(k[0], k[1])
+			if got == down {
+				s.t.Fatalf("%s: %s answered by %s, which is down", k[0], k[1], down)
+			}
+			if i == 0 {
+				took[k[1]] = got
+			} else if got != took[k[1]] {
+				s.t.Fatalf("%s: %s: request %d answered by %s, earlier ones by %s", k[0], k[1], i, got, took[k[1]])
+			}
+		}
+	}
+	return took
+}
+
+// wantPrefixRouting checks each replica's sessions reach it.
+func (s *setup) wantPrefixRouting() {
+	s.t.Helper()
+	for name := range s.replicas {
+		for _, k := range sessionKeys(name) {
+			if got := s.mustPost(k[0], k[1]); got != name {
+				s.t.Errorf("%s: %s answered by %s", k[0], k[1], got)
+			}
+		}
+	}
+}
+
+// TestHAProxyNames: the replicas' names come from the environment, as in
+// deploy/k8s (a StatefulSet's pod names).
+func TestHAProxyNames(t *testing.T) {
+	s := start(t, proxies[0].start, "wasmtools-0", "wasmtools-1", "wasmtools-2")
+	s.wantPrefixRouting()
+}
+
+func TestConfigs(t *testing.T) {
+	for _, p := range proxies {
+		t.Run(p.name, func(t *testing.T) {
+			t.Run("prefix routing", func(t *testing.T) {
+				s := start(t, p.start)
+				s.wantPrefixRouting()
+				// A key naming no replica goes by hash: always the same one.
+				first := s.mustPost("Mcp-Session-Id", "s9.unknown")
+				for range 10 {
+					if got := s.mustPost("Mcp-Session-Id", "s9.unknown"); got != first {
+						t.Fatalf("s9.unknown answered by %s, then %s", first, got)
+					}
+				}
+			})
+			t.Run("no header is spread", func(t *testing.T) {
+				s := start(t, p.start)
+				seen := map[string]int{}
+				for range 30 {
+					seen[s.mustPost("", "")]++
+				}
+				if len(seen) != 3 {
+					t.Fatalf("30 requests without a session went to %v, want all three", seen)
+				}
+			})
+			t.Run("draining replica", func(t *testing.T) {
+				s := start(t, p.start)
+				s1 := s.replicas["s1"]
+				// A 503 from s1 (still ready: no health check takes it out)
+				// is retried on another replica, one per session.
+				s1.refusing.Store(true)
+				took := s.fallbacks("s1")
+				t.Logf("s1's sessions went to %v", took)
+				// Requests without a session are retried past it too.
+				for range 10 {
+					if got := s.mustPost("", ""); got == "s1" {
+						t.Fatal("a request without a session answered by draining s1")
+					}
+				}
+				// s1's /readyz fails too: HAProxy takes it out and sends it
+				// nothing more (nginx, without health checks, still tries
+				// it first); its sessions go by the hash over the others.
+				s1.unready.Store(true)
+				if p.name == "haproxy" {
+					s.eventually("HAProxy finds s1 down", func() bool {
+						before := s1.hits.Load()
+						s.mustPost("Mcp-Session-Id", "s1.probe")
+						s.mustPost("", "")
+						return s1.hits.Load() == before
+					})
+				}
+				again := s.fallbacks("s1")
+				moved := 0
+				for k := range took {
+					if again[k] != took[k] {
+						moved++
+					}
+				}
+				t.Logf("%d of %d sessions moved once s1 was found down", moved, len(took))
+				if p.name == "nginx" && moved > 0 {
+					// HAProxy's retries may pick another replica than its
+					// hash does once s1 is down (docs/DEPLOY.md); nginx's
+					// walk the same ring.
+					t.Fatalf("nginx: s1's sessions went to %v, then to %v", took, again)
+				}
+				// Back up: its sessions come home.
+				s1.refusing.Store(false)
+				s1.unready.Store(false)
+				s.eventually("s1 serves its sessions again", func() bool {
+					return s.mustPost("Mcp-Session-Id", "s1.back") == "s1"
+				})
+			})
+			t.Run("stream not buffered", func(t *testing.T) {
+				s := start(t, p.start)
+				req, _ := http.NewRequest("GET", "http://"+s.proxy+"/sse", nil)
+				req.Header.Set("Accept", "text/event-stream")
+				req.Header.Set("Mcp-Session-Id", "s2.stream")
+				resp, err := s.client.Do(req)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer resp.Body.Close()
+				// The first event arrives while the stream is still open.
+				line, err := bufio.NewReader(resp.Body).ReadString('\n')
+				if err != nil || line != "data: s2\n" {
+					t.Fatalf("first line of the stream: %q, %v", line, err)
+				}
+			})
+			t.Run("stopped replica", func(t *testing.T) {
+				s := start(t, p.start)
+				s.replicas["s2"].srv.Close()
+				s.fallbacks("s2")
+				for range 10 {
+					s.mustPost("", "") // retried past the refused connection
+				}
+			})
+		})
+	}
+}

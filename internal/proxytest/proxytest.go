@@ -1,0 +1,253 @@
+// Package proxytest starts real servers for tests: Redis, HAProxy and
+// nginx, each on a free loopback port with its own config, waited for by
+// polling until it answers (no fixed sleeps), and stopped by its PID when
+// the test ends. It is for tests only.
+//
+// A missing binary fails the test when the environment has CI set, and
+// skips it otherwise, naming the Debian package to install
+// (scripts/deps.sh installs them all).
+package proxytest
+
+import (
+	"bufio"
+	"bytes"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// StartTimeout bounds how long a server may take to answer after its
+// start: generous, for a loaded 2-core machine.
+const StartTimeout = 20 * time.Second
+
+// Find returns the path of the program name: on PATH, else in /usr/sbin
+// or /usr/local/sbin, where Debian puts servers (and root's PATH may not).
+func Find(name string) (string, bool) {
+	if p, err := exec.LookPath(name); err == nil {
+		return p, true
+	}
+	for _, dir := range []string{"/usr/sbin", "/usr/local/sbin", "/usr/bin"} {
+		p := filepath.Join(dir, name)
+		if fi, err := os.Stat(p); err == nil && !fi.IsDir() && fi.Mode()&0o111 != 0 {
+			return p, true
+		}
+	}
+	return "", false
+}
+
+// Binary returns the path of the program name (see [Find]). When it is
+// missing it fails t if the environment has CI set, else skips t, naming
+// the Debian package pkg.
+func Binary(t testing.TB, name, pkg string) string {
+	t.Helper()
+	if p, ok := Find(name); ok {
+		return p
+	}
+	msg := fmt.Sprintf("install %s: apt-get install %s (or scripts/deps.sh)", name, pkg)
+	if os.Getenv("CI") != "" {
+		t.Fatal(msg)
+	}
+	t.Skip(msg)
+	return ""
+}
+
+// FreeAddr returns a loopback address, 127.0.0.1:PORT, whose port was
+// free a moment ago.
+func FreeAddr(t testing.TB) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
+
+// Process is a server started by [Start].
+type Process struct {
+	Cmd  *exec.Cmd
+	done chan struct{} // closed when it exited
+	out  *syncBuffer   // its stdout and stderr
+}
+
+// Exited says whether the process has exited.
+func (p *Process) Exited() bool {
+	select {
+	case <-p.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// Output is what the process wrote so far, stdout and stderr together.
+func (p *Process) Output() string { return p.out.String() }
+
+// Start runs cmd, stopped (SIGTERM, then SIGKILL after 5 s) by its PID in
+// t's Cleanup, and waits until ready returns nil, polling every 20 ms up
+// to [StartTimeout]. It fails t, with the process's output, if the process
+// exits first or never gets ready.
+func Start(t testing.TB, cmd *exec.Cmd, ready func() error) *Process {
+	t.Helper()
+	p := &Process{Cmd: cmd, done: make(chan struct{}), out: &syncBuffer{}}
+	cmd.Stdout, cmd.Stderr = p.out, p.out
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("start %s: %v", cmd.Path, err)
+	}
+	go func() { cmd.Wait(); close(p.done) }()
+	t.Cleanup(func() { p.stop() })
+	deadline := time.Now().Add(StartTimeout)
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	var err error
+	for {
+		if err = ready(); err == nil {
+			return p
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s not ready after %v: %v\n%s", filepath.Base(cmd.Path), StartTimeout, err, p.Output())
+		}
+		select {
+		case <-p.done:
+			t.Fatalf("%s exited: %v\n%s", filepath.Base(cmd.Path), cmd.ProcessState, p.Output())
+		case <-tick.C:
+		}
+	}
+}
+
+// stop ends the process group it leads (nginx's workers too), by its PID.
+func (p *Process) stop() {
+	if p.Exited() {
+		return
+	}
+	pid := p.Cmd.Process.Pid
+	syscall.Kill(-pid, syscall.SIGTERM)
+	select {
+	case <-p.done:
+	case <-time.After(5 * time.Second):
+		syscall.Kill(-pid, syscall.SIGKILL)
+		<-p.done
+	}
+}
+
+// StartRedis starts redis-server on a free loopback port, with nothing
+// saved to disk, and returns its address once it answers PING.
+func StartRedis(t testing.TB) (addr string) {
+	t.Helper()
+	bin := Binary(t, "redis-server", "redis-server")
+	addr = FreeAddr(t)
+	_, port, _ := net.SplitHostPort(addr)
+	cmd := exec.Command(bin, "--port", port, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+		"--dir", t.TempDir(), "--daemonize", "no", "--logfile", "")
+	Start(t, cmd, func() error { return redisPing(addr) })
+	return addr
+}
+
+func redisPing(addr string) error {
+	c, err := net.DialTimeout("tcp", addr, time.Second)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(2 * time.Second))
+	if _, err := c.Write([]byte("PING\r\n")); err != nil {
+		return err
+	}
+	line, err := bufio.NewReader(c).ReadString('\n')
+	if err != nil {
+		return err
+	}
+	if !strings.HasPrefix(line, "+PONG") {
+		return fmt.Errorf("PING answered %q", strings.TrimSpace(line))
+	}
+	return nil
+}
+
+// StartHAProxy starts haproxy in the foreground with the config at
+// cfgPath, unchanged, and returns the address it listens on once it
+// accepts connections. The config reads its addresses from the
+// environment ("${S1_ADDR}"); env gives them, and StartHAProxy adds
+// PROXY_ADDR, a free loopback address the config must bind.
+func StartHAProxy(t testing.TB, cfgPath string, env map[string]string) (addr string) {
+	t.Helper()
+	bin := Binary(t, "haproxy", "haproxy")
+	addr = FreeAddr(t)
+	cmd := exec.Command(bin, "-f", cfgPath, "-db")
+	cmd.Env = append(os.Environ(), "PROXY_ADDR="+addr)
+	for k, v := range env {
+		cmd.Env = append(cmd.Env, k+"="+v)
+	}
+	Start(t, cmd, func() error { return dial(addr) })
+	return addr
+}
+
+// StartNginx starts nginx in the foreground (non-root friendly: its own
+// prefix, pid file and temp directories under t.TempDir, errors on
+// stderr) with the config at cfgPath, and returns the address it listens
+// on once it accepts connections. nginx reads no environment, so each
+// "${NAME}" in the config whose NAME is a key of env, or PROXY_ADDR (a
+// free loopback address the config must listen on), is replaced by its
+// value in a copy (as envsubst with a list of names would); nginx's own
+// variables are left alone.
+func StartNginx(t testing.TB, cfgPath string, env map[string]string) (addr string) {
+	t.Helper()
+	bin := Binary(t, "nginx", "nginx-light")
+	addr = FreeAddr(t)
+	src, err := os.ReadFile(cfgPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	vars := map[string]string{"PROXY_ADDR": addr}
+	for k, v := range env {
+		vars[k] = v
+	}
+	conf := string(src)
+	for k, v := range vars {
+		conf = strings.ReplaceAll(conf, "${"+k+"}", v)
+	}
+	prefix := t.TempDir()
+	os.Chmod(prefix, 0o755) // workers run as nobody when the master is root
+	cfg := filepath.Join(prefix, "nginx.conf")
+	if err := os.WriteFile(cfg, []byte(conf), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	global := "daemon off; master_process on; pid " + filepath.Join(prefix, "nginx.pid") + ";"
+	cmd := exec.Command(bin, "-e", "stderr", "-p", prefix+"/", "-c", cfg, "-g", global)
+	Start(t, cmd, func() error { return dial(addr) })
+	return addr
+}
+
+func dial(addr string) error {
+	c, err := net.DialTimeout("tcp", addr, time.Second)
+	if err == nil {
+		c.Close()
+	}
+	return err
+}
+
+// syncBuffer is a bytes.Buffer safe for a process's two streams and a
+// reader.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.String()
+}

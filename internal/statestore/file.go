@@ -1,0 +1,350 @@
+package statestore
+
+import (
+	"context"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+)
+
+// File is a Store in one file (bbolt), for replicas that restart on one
+// machine: records and fences survive a restart; heartbeats are kept in
+// memory, so every owner of a previous process is dead to a new one (its
+// claims are taken over at once, as a new boot's would be).
+//
+// One process opens the file at a time (an flock; a second open fails
+// after 1 s). Every write is fsynced before it returns. Expired records
+// are dropped when next read, and by a sweep every [SweepEvery] (a
+// goroutine that Close stops). Fences outlive their record by at least
+// [FenceTTL], as in [Redis].
+type File struct {
+	now  func() time.Time
+	path string
+
+	mu     sync.RWMutex // held for reading by calls, for writing by Close
+	closed bool
+	db     *bolt.DB
+	stop   chan struct{}
+	swept  chan struct{}
+
+	amu   sync.Mutex
+	alive map[Owner]time.Time // heartbeat expiry
+}
+
+// SweepEvery is how often [File] drops expired records.
+const SweepEvery = time.Minute
+
+var (
+	bucketRecords = []byte("records") // id → sub-bucket: metaKey → fileMeta, field → value
+	bucketFences  = []byte("fences")  // id → fence (8 bytes), expiry (8 bytes, Unix ns)
+	metaKey       = []byte{0}         // not a field name: those are printable
+)
+
+type fileMeta struct {
+	Owner   Owner `json:"owner"`
+	Held    bool  `json:"held"`
+	Expires int64 `json:"expires"` // Unix ns
+}
+
+// NewFile opens (or creates, mode 0600) the store at path. The caller
+// closes it.
+func NewFile(path string) (*File, error) {
+	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: time.Second})
+	if errors.Is(err, bolt.ErrTimeout) {
+		return nil, fmt.Errorf("statestore: state file %s is in use by another wasmtools", path)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("statestore: state file %s: %v", path, err)
+	}
+	err = db.Update(func(tx *bolt.Tx) error {
+		for _, b := range [][]byte{bucketRecords, bucketFences} {
+			if _, err := tx.CreateBucketIfNotExists(b); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, errors.Join(fmt.Errorf("statestore: state file %s: %v", path, err), db.Close())
+	}
+	f := &File{now: time.Now, path: path, db: db, stop: make(chan struct{}), swept: make(chan struct{}),
+		alive: map[Owner]time.Time{}}
+	go f.sweeper()
+	return f, nil
+}
+
+func (f *File) sweeper() {
+	defer close(f.swept)
+	t := time.NewTicker(SweepEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-f.stop:
+			return
+		case <-t.C:
+			f.sweep()
+		}
+	}
+}
+
+// sweep drops expired records and fences.
+func (f *File) sweep() {
+	now := f.now().UnixNano()
+	f.db.Update(func(tx *bolt.Tx) error {
+		var dead [][]byte
+		recs := tx.Bucket(bucketRecords)
+		recs.ForEachBucket(func(id []byte) error {
+			if m, ok := readMeta(recs.Bucket(id)); !ok || now >= m.Expires {
+				dead = append(dead, id)
+			}
+			return nil
+		})
+		for _, id := range dead {
+			recs.DeleteBucket(id)
+		}
+		dead = dead[:0]
+		fences := tx.Bucket(bucketFences)
+		fences.ForEach(func(id, v []byte) error {
+			if _, exp := decodeFence(v); now >= exp {
+				dead = append(dead, id)
+			}
+			return nil
+		})
+		for _, id := range dead {
+			fences.Delete(id)
+		}
+		return nil
+	})
+}
+
+// do runs fn in a transaction, after checking ctx and the store's state.
+func (f *File) do(ctx context.Context, write bool, fn func(tx *bolt.Tx) error) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	if f.closed {
+		return ErrClosed
+	}
+	var err error
+	if write {
+		err = f.db.Update(fn)
+	} else {
+		err = f.db.View(fn)
+	}
+	return err
+}
+
+func readMeta(b *bolt.Bucket) (fileMeta, bool) {
+	var m fileMeta
+	if b == nil {
+		return m, false
+	}
+	v := b.Get(metaKey)
+	return m, v != nil && json.Unmarshal(v, &m) == nil
+}
+
+func putMeta(b *bolt.Bucket, m fileMeta) error {
+	v, _ := json.Marshal(m)
+	return b.Put(metaKey, v)
+}
+
+func decodeFence(v []byte) (fence uint64, expires int64) {
+	if len(v) != 16 {
+		return 0, 0
+	}
+	return binary.BigEndian.Uint64(v), int64(binary.BigEndian.Uint64(v[8:]))
+}
+
+func (f *File) fence(tx *bolt.Tx, id string) uint64 {
+	n, _ := decodeFence(tx.Bucket(bucketFences).Get([]byte(id)))
+	return n
+}
+
+// setFence stores id's fence, to expire FenceTTL (or ttl) from now.
+func (f *File) setFence(tx *bolt.Tx, id string, fence uint64, ttl time.Duration) error {
+	v := make([]byte, 16)
+	binary.BigEndian.PutUint64(v, fence)
+	binary.BigEndian.PutUint64(v[8:], uint64(f.now().Add(max(ttl, FenceTTL)).UnixNano()))
+	return tx.Bucket(bucketFences).Put([]byte(id), v)
+}
+
+// record returns id's live record bucket and meta; an expired record is
+// dropped (in a write transaction) or ignored.
+func (f *File) record(tx *bolt.Tx, id string) (*bolt.Bucket, fileMeta) {
+	recs := tx.Bucket(bucketRecords)
+	b := recs.Bucket([]byte(id))
+	m, ok := readMeta(b)
+	if b != nil && (!ok || f.now().UnixNano() >= m.Expires) {
+		if tx.Writable() {
+			recs.DeleteBucket([]byte(id))
+		}
+		return nil, fileMeta{}
+	}
+	return b, m
+}
+
+func (f *File) isAlive(o Owner) bool {
+	f.amu.Lock()
+	defer f.amu.Unlock()
+	t, ok := f.alive[o]
+	return ok && f.now().Before(t)
+}
+
+func (f *File) Heartbeat(ctx context.Context, owner Owner, ttl time.Duration) error {
+	return f.do(ctx, false, func(*bolt.Tx) error {
+		f.amu.Lock()
+		defer f.amu.Unlock()
+		f.alive[owner] = f.now().Add(ttl)
+		return nil
+	})
+}
+
+func (f *File) Leave(ctx context.Context, owner Owner) error {
+	return f.do(ctx, false, func(*bolt.Tx) error {
+		f.amu.Lock()
+		defer f.amu.Unlock()
+		delete(f.alive, owner)
+		return nil
+	})
+}
+
+func (f *File) Claim(ctx context.Context, id string, owner Owner, ttl time.Duration, steal bool) (Claim, error) {
+	var (
+		c    Claim
+		held *HeldError
+	)
+	err := f.do(ctx, true, func(tx *bolt.Tx) error {
+		c, held = Claim{}, nil
+		b, m := f.record(tx, id)
+		if b == nil {
+			var err error
+			if b, err = tx.Bucket(bucketRecords).CreateBucket([]byte(id)); err != nil {
+				return err
+			}
+		}
+		m.Expires = f.now().Add(ttl).UnixNano() // as Memory: even a refused claim renews
+		fence := f.fence(tx, id)
+		switch {
+		case m.Held && m.Owner == owner:
+			c.Fence = fence
+			return errors.Join(putMeta(b, m), f.setFence(tx, id, fence, ttl))
+		case m.Held:
+			alive := f.isAlive(m.Owner)
+			if alive && !steal {
+				held = &HeldError{Holder: m.Owner}
+				return putMeta(b, m)
+			}
+			c.Previous, c.PreviousAlive = m.Owner, alive
+		}
+		m.Owner, m.Held = owner, true
+		c.Fence = fence + 1
+		return errors.Join(putMeta(b, m), f.setFence(tx, id, c.Fence, ttl))
+	})
+	switch {
+	case err != nil:
+		return Claim{}, fileErr(err)
+	case held != nil:
+		return Claim{}, held
+	}
+	return c, nil
+}
+
+func (f *File) Put(ctx context.Context, id, field string, value []byte, fence uint64, ttl time.Duration) error {
+	if len(value) > MaxValue {
+		return ErrTooLarge
+	}
+	return fileErr(f.do(ctx, true, func(tx *bolt.Tx) error {
+		b, m := f.record(tx, id)
+		if b == nil || !m.Held || f.fence(tx, id) != fence {
+			return ErrFenced
+		}
+		m.Expires = f.now().Add(ttl).UnixNano()
+		return errors.Join(b.Put([]byte(field), value), putMeta(b, m), f.setFence(tx, id, fence, ttl))
+	}))
+}
+
+func (f *File) Get(ctx context.Context, id string) (map[string][]byte, error) {
+	out := map[string][]byte{}
+	err := f.do(ctx, false, func(tx *bolt.Tx) error {
+		b, _ := f.record(tx, id)
+		if b == nil {
+			return nil
+		}
+		return b.ForEach(func(k, v []byte) error {
+			if v != nil && string(k) != string(metaKey) {
+				out[string(k)] = append([]byte(nil), v...)
+			}
+			return nil
+		})
+	})
+	if err != nil {
+		return nil, fileErr(err)
+	}
+	if len(out) == 0 {
+		return nil, ErrNotFound
+	}
+	return out, nil
+}
+
+func (f *File) Release(ctx context.Context, id string, fence uint64) error {
+	return fileErr(f.do(ctx, true, func(tx *bolt.Tx) error {
+		b, m := f.record(tx, id)
+		if b == nil || !m.Held || f.fence(tx, id) != fence {
+			return nil
+		}
+		m.Held, m.Owner = false, Owner{}
+		return putMeta(b, m)
+	}))
+}
+
+func (f *File) Delete(ctx context.Context, id string, fence uint64) error {
+	return fileErr(f.do(ctx, true, func(tx *bolt.Tx) error {
+		b, m := f.record(tx, id)
+		if b == nil {
+			return nil
+		}
+		if f.fence(tx, id) != fence {
+			return ErrFenced
+		}
+		// Keep the fence and an empty record until it would have expired.
+		recs := tx.Bucket(bucketRecords)
+		if err := recs.DeleteBucket([]byte(id)); err != nil {
+			return err
+		}
+		b, err := recs.CreateBucket([]byte(id))
+		if err != nil {
+			return err
+		}
+		return errors.Join(putMeta(b, fileMeta{Expires: m.Expires}), f.setFence(tx, id, fence, 0))
+	}))
+}
+
+// fileErr keeps the store's own errors and names the file in others.
+func fileErr(err error) error {
+	if err == nil || errors.Is(err, ErrFenced) || errors.Is(err, ErrClosed) ||
+		errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return err
+	}
+	return fmt.Errorf("statestore: state file: %w", err)
+}
+
+// Close stops the sweep, waits for calls in flight and closes the file.
+// It is idempotent.
+func (f *File) Close() error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.closed {
+		return nil
+	}
+	f.closed = true
+	close(f.stop)
+	<-f.swept
+	return f.db.Close()
+}

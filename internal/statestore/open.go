@@ -1,0 +1,70 @@
+package statestore
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+)
+
+// Open opens the store named by url, sealed with stateKey (see [Seal]):
+//
+//	redis://[user:pass@]HOST:PORT/DB  a Redis server (rediss:// for TLS), see [Redis]
+//	file:PATH or file://PATH          a file on this machine, see [File]
+//	file                              the file at [DefaultPath]
+//
+// stateKey must be the same on every replica that shares the store, and
+// not empty. The caller closes the store.
+func Open(url string, stateKey []byte) (Store, error) {
+	if len(stateKey) == 0 {
+		return nil, errors.New("statestore: no state key: values are sealed with it")
+	}
+	var (
+		s   Store
+		err error
+	)
+	switch {
+	case strings.HasPrefix(url, "redis://") || strings.HasPrefix(url, "rediss://"):
+		s, err = NewRedis(url)
+	case url == "file" || strings.HasPrefix(url, "file:"):
+		path := strings.TrimPrefix(strings.TrimPrefix(url, "file"), ":")
+		if strings.HasPrefix(path, "//") {
+			path = path[2:]
+		}
+		if path == "" {
+			if path, err = DefaultPath(); err != nil {
+				return nil, err
+			}
+			if err = os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+				return nil, fmt.Errorf("statestore: %v", err)
+			}
+		}
+		s, err = NewFile(path)
+	default:
+		scheme, _, ok := strings.Cut(url, ":")
+		if !ok {
+			scheme = url
+		}
+		return nil, fmt.Errorf("statestore: unknown store %q: want redis://HOST:PORT/DB, file:PATH or file", scheme)
+	}
+	if err != nil {
+		return nil, err
+	}
+	return Seal(s, stateKey), nil
+}
+
+// DefaultPath is the file store's path when none is given:
+// $XDG_STATE_HOME/wasmtools/sessions.db, else (unset, or not an absolute
+// path, as the XDG spec says) ~/.local/state/wasmtools/sessions.db.
+func DefaultPath() (string, error) {
+	dir := os.Getenv("XDG_STATE_HOME")
+	if !filepath.IsAbs(dir) {
+		home, err := os.UserHomeDir()
+		if err != nil {
+			return "", fmt.Errorf("statestore: no default state file: %v", err)
+		}
+		dir = filepath.Join(home, ".local", "state")
+	}
+	return filepath.Join(dir, "wasmtools", "sessions.db"), nil
+}

@@ -1,0 +1,448 @@
+package statestore_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/wasmtools/wasmtools/internal/proxytest"
+	"github.com/wasmtools/wasmtools/internal/statestore"
+)
+
+var testKey = []byte("a state key for tests, 32 bytes!")
+
+// backend opens a fresh store of one kind; the test closes it.
+type backend struct {
+	name string
+	open func(t *testing.T) statestore.Store
+}
+
+// backends are every kind of store, plain and as Open returns them
+// (sealed). Redis's are skipped without redis-server, unless CI is set.
+func backends(t *testing.T) []backend {
+	// One server for the whole test, started by the test itself: each
+	// case uses IDs of its own.
+	var redisAddr string
+	if _, ok := proxytest.Find("redis-server"); ok {
+		redisAddr = proxytest.StartRedis(t)
+	}
+	redisURL := func(t *testing.T) string {
+		if redisAddr == "" {
+			proxytest.Binary(t, "redis-server", "redis-server") // fails under CI, else skips
+		}
+		return "redis://" + redisAddr + "/0"
+	}
+	closing := func(t *testing.T, s statestore.Store, err error) statestore.Store {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { s.Close() })
+		return s
+	}
+	return []backend{
+		{"memory", func(t *testing.T) statestore.Store { return closing(t, statestore.NewMemory(), nil) }},
+		{"file", func(t *testing.T) statestore.Store {
+			s, err := statestore.NewFile(filepath.Join(t.TempDir(), "s.db"))
+			return closing(t, s, err)
+		}},
+		{"redis", func(t *testing.T) statestore.Store {
+			s, err := statestore.NewRedis(redisURL(t))
+			return closing(t, s, err)
+		}},
+		{"sealed-file", func(t *testing.T) statestore.Store {
+			s, err := statestore.Open("file:"+filepath.Join(t.TempDir(), "s.db"), testKey)
+			return closing(t, s, err)
+		}},
+		{"sealed-redis", func(t *testing.T) statestore.Store {
+			s, err := statestore.Open(redisURL(t), testKey)
+			return closing(t, s, err)
+		}},
+	}
+}
+
+var (
+	ownerA = statestore.Owner{Replica: "s1", Boot: "a"}
+	ownerB = statestore.Owner{Replica: "s2", Boot: "b"}
+)
+
+// owners returns two owners of the test's own: cases share a Redis.
+func owners(t *testing.T) (a, b statestore.Owner) {
+	return statestore.Owner{Replica: "s1", Boot: t.Name()}, statestore.Owner{Replica: "s2", Boot: t.Name()}
+}
+
+const long = time.Minute
+
+// eventually polls cond every 10 ms for up to 15 s.
+func eventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(15 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("not so after 15s: %s", what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// env is one case's store, context and helpers that fail the test.
+type env struct {
+	t    *testing.T
+	a, b statestore.Owner // on two replicas
+	s    statestore.Store
+	ctx  context.Context
+	id   string
+}
+
+func (e env) heartbeat(o statestore.Owner, ttl time.Duration) {
+	e.t.Helper()
+	if err := e.s.Heartbeat(e.ctx, o, ttl); err != nil {
+		e.t.Fatal(err)
+	}
+}
+
+// bothAlive makes both owners alive for long.
+func (e env) bothAlive() {
+	e.t.Helper()
+	e.heartbeat(e.a, long)
+	e.heartbeat(e.b, long)
+}
+
+// wantClaim fails the test unless got is want.
+func (e env) wantClaim(what string, got, want statestore.Claim) {
+	e.t.Helper()
+	if got != want {
+		e.t.Fatalf("%s = %+v, want %+v", what, got, want)
+	}
+}
+
+func (e env) claim(o statestore.Owner, steal bool) statestore.Claim {
+	e.t.Helper()
+	c, err := e.s.Claim(e.ctx, e.id, o, long, steal)
+	if err != nil {
+		e.t.Fatalf("claim by %v: %v", o, err)
+	}
+	return c
+}
+
+func (e env) put(field, value string, fence uint64) error {
+	return e.s.Put(e.ctx, e.id, field, []byte(value), fence, long)
+}
+
+func (e env) get() map[string]string {
+	e.t.Helper()
+	got, err := e.s.Get(e.ctx, e.id)
+	if err != nil {
+		e.t.Fatalf("get: %v", err)
+	}
+	out := map[string]string{}
+	for k, v := range got {
+		out[k] = string(v)
+	}
+	return out
+}
+
+func must(t *testing.T, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+func wantErr(t *testing.T, what string, err, want error) {
+	t.Helper()
+	if !errors.Is(err, want) {
+		t.Fatalf("%s: error %v, want %v", what, err, want)
+	}
+}
+
+// callEach calls each method of e's store with ctx, and returns their
+// errors by name.
+func callEach(ctx context.Context, e env) map[string]error {
+	s, id := e.s, e.id
+	_, errClaim := s.Claim(ctx, id, e.a, long, false)
+	_, errGet := s.Get(ctx, id)
+	return map[string]error{
+		"heartbeat": s.Heartbeat(ctx, e.a, long),
+		"leave":     s.Leave(ctx, e.a),
+		"claim":     errClaim,
+		"put":       s.Put(ctx, id, "f", nil, 1, long),
+		"get":       errGet,
+		"release":   s.Release(ctx, id, 1),
+		"delete":    s.Delete(ctx, id, 1),
+	}
+}
+
+var cases = []struct {
+	name string
+	run  func(e env)
+}{
+	{"round trip", func(e env) {
+		e.heartbeat(e.a, long)
+		c := e.claim(e.a, false)
+		if c.Fence == 0 || c.Previous != (statestore.Owner{}) {
+			e.t.Fatalf("first claim = %+v", c)
+		}
+		must(e.t, e.put("go-sdk", "state", c.Fence))
+		must(e.t, e.put("plugin/fmt", "", c.Fence))
+		must(e.t, e.put("go-sdk", "state 2", c.Fence))
+		if diff := cmp.Diff(map[string]string{"go-sdk": "state 2", "plugin/fmt": ""}, e.get()); diff != "" {
+			e.t.Errorf("get (-want +got):\n%s", diff)
+		}
+		if again := e.claim(e.a, false); again != (statestore.Claim{Fence: c.Fence}) {
+			e.t.Errorf("holder's claim again = %+v, want fence %d unchanged", again, c.Fence)
+		}
+		_, err := e.s.Get(e.ctx, e.id+"-other")
+		wantErr(e.t, "get of an unknown ID", err, statestore.ErrNotFound)
+	}},
+	{"claimed without a record", func(e env) {
+		e.heartbeat(e.a, long)
+		e.claim(e.a, false)
+		_, err := e.s.Get(e.ctx, e.id)
+		wantErr(e.t, "get of a claim without fields", err, statestore.ErrNotFound)
+	}},
+	{"held by a live owner", func(e env) {
+		e.bothAlive()
+		e.claim(e.a, false)
+		_, err := e.s.Claim(e.ctx, e.id, e.b, long, false)
+		var held *statestore.HeldError
+		if !errors.As(err, &held) || held.Holder != e.a || !errors.Is(err, statestore.ErrHeld) {
+			e.t.Fatalf("claim of a held session: %v, want a HeldError naming %v", err, e.a)
+		}
+	}},
+	{"takeover after the heartbeat expired", func(e env) {
+		e.heartbeat(e.a, 500*time.Millisecond)
+		a := e.claim(e.a, false)
+		must(e.t, e.put("f", "by a", a.Fence))
+		var b statestore.Claim
+		eventually(e.t, "b takes the session over", func() bool {
+			var err error
+			b, err = e.s.Claim(e.ctx, e.id, e.b, long, false)
+			if err != nil && !errors.Is(err, statestore.ErrHeld) {
+				e.t.Fatal(err)
+			}
+			return err == nil
+		})
+		e.wantClaim("takeover", b, statestore.Claim{Fence: a.Fence + 1, Previous: e.a})
+		wantErr(e.t, "stale owner's put", e.put("f", "lost", a.Fence), statestore.ErrFenced)
+		if got := e.get()["f"]; got != "by a" {
+			e.t.Fatalf("f = %q after a fenced put", got)
+		}
+	}},
+	{"takeover after Leave", func(e env) {
+		e.heartbeat(e.a, long)
+		a := e.claim(e.a, false)
+		must(e.t, e.s.Leave(e.ctx, e.a))
+		b := e.claim(e.b, false)
+		e.wantClaim("takeover", b, statestore.Claim{Fence: a.Fence + 1, Previous: e.a})
+	}},
+	{"steal from a live owner", func(e env) {
+		e.bothAlive()
+		a := e.claim(e.a, false)
+		must(e.t, e.put("n", "1", a.Fence))
+		b := e.claim(e.b, true)
+		e.wantClaim("steal", b, statestore.Claim{Fence: a.Fence + 1, Previous: e.a, PreviousAlive: true})
+		wantErr(e.t, "stale owner's put", e.put("n", "2 by a", a.Fence), statestore.ErrFenced)
+		must(e.t, e.put("n", "2 by b", b.Fence))
+		if got := e.get()["n"]; got != "2 by b" {
+			e.t.Fatalf("n = %q", got)
+		}
+		// The old owner may steal it back, with a newer fence again.
+		if a2 := e.claim(e.a, true); a2.Fence != b.Fence+1 || a2.Previous != e.b {
+			e.t.Fatalf("steal back = %+v", a2)
+		}
+	}},
+	{"release", func(e env) {
+		e.bothAlive()
+		a := e.claim(e.a, false)
+		must(e.t, e.put("f", "kept", a.Fence))
+		must(e.t, e.s.Release(e.ctx, e.id, a.Fence))
+		b := e.claim(e.b, false) // at once, though a is alive
+		e.wantClaim("claim after release", b, statestore.Claim{Fence: a.Fence + 1})
+		if got := e.get()["f"]; got != "kept" {
+			e.t.Fatalf("f = %q after release", got)
+		}
+		wantErr(e.t, "put after release", e.put("f", "lost", a.Fence), statestore.ErrFenced)
+		must(e.t, e.s.Release(e.ctx, e.id, a.Fence)) // stale: no error, no effect
+		must(e.t, e.put("f", "by b", b.Fence))
+	}},
+	{"delete", func(e env) {
+		e.bothAlive()
+		a := e.claim(e.a, false)
+		must(e.t, e.put("f", "v", a.Fence))
+		b := e.claim(e.b, true)
+		wantErr(e.t, "stale delete", e.s.Delete(e.ctx, e.id, a.Fence), statestore.ErrFenced)
+		must(e.t, e.s.Delete(e.ctx, e.id, b.Fence))
+		_, err := e.s.Get(e.ctx, e.id)
+		wantErr(e.t, "get after delete", err, statestore.ErrNotFound)
+		wantErr(e.t, "put after delete", e.put("f", "v", b.Fence), statestore.ErrFenced)
+		wantErr(e.t, "stale put after delete", e.put("f", "v", a.Fence), statestore.ErrFenced)
+		if c := e.claim(e.a, false); c.Fence != b.Fence+1 || c.Previous != (statestore.Owner{}) {
+			e.t.Fatalf("claim after delete = %+v, want fence %d", c, b.Fence+1)
+		}
+		must(e.t, e.s.Delete(e.ctx, e.id+"-never", 1)) // no record: nothing to do
+	}},
+	{"expiry", func(e env) {
+		e.bothAlive()
+		a, err := e.s.Claim(e.ctx, e.id, e.a, long, false)
+		must(e.t, err)
+		must(e.t, e.s.Put(e.ctx, e.id, "f", []byte("v"), a.Fence, 500*time.Millisecond))
+		eventually(e.t, "the record expires", func() bool {
+			_, err := e.s.Get(e.ctx, e.id)
+			return errors.Is(err, statestore.ErrNotFound)
+		})
+		// The claim went with the record: b claims at once, and the fence
+		// goes on counting, so a's stale write is refused.
+		b := e.claim(e.b, false)
+		e.wantClaim("claim after expiry", b, statestore.Claim{Fence: a.Fence + 1})
+		wantErr(e.t, "stale put after expiry", e.put("f", "v", a.Fence), statestore.ErrFenced)
+		// A claim's TTL alone expires too. (Waited for by the clock: a
+		// refused claim, as Memory's, would renew it, and a put would.)
+		c, err := e.s.Claim(e.ctx, e.id+"-2", e.a, 300*time.Millisecond, false)
+		must(e.t, err)
+		time.Sleep(300*time.Millisecond + 5*time.Millisecond) // from the claim's return: expired by now, even in whole ms
+		_, err = e.s.Claim(e.ctx, e.id+"-2", e.b, long, false)
+		must(e.t, err)
+		err = e.s.Put(e.ctx, e.id+"-2", "f", nil, c.Fence, long)
+		wantErr(e.t, "put after the claim expired", err, statestore.ErrFenced)
+	}},
+	{"cancelled context", func(e env) {
+		ctx, cancel := context.WithCancel(e.ctx)
+		cancel()
+		for name, err := range callEach(ctx, e) {
+			wantErr(e.t, name, err, context.Canceled)
+		}
+	}},
+	{"too large", func(e env) {
+		e.heartbeat(e.a, long)
+		a := e.claim(e.a, false)
+		big := make([]byte, statestore.MaxValue+1)
+		wantErr(e.t, "put of a value over MaxValue", e.s.Put(e.ctx, e.id, "f", big, a.Fence, long), statestore.ErrTooLarge)
+	}},
+	{"closed", func(e env) {
+		must(e.t, e.s.Close())
+		must(e.t, e.s.Close()) // idempotent
+		for name, err := range callEach(e.ctx, e) {
+			wantErr(e.t, name, err, statestore.ErrClosed)
+		}
+	}},
+}
+
+// TestConformance runs every case against every backend: they must behave
+// as Memory does.
+func TestConformance(t *testing.T) {
+	for _, b := range backends(t) {
+		t.Run(b.name, func(t *testing.T) {
+			for _, c := range cases {
+				t.Run(c.name, func(t *testing.T) {
+					t.Parallel()
+					a, o := owners(t)
+					c.run(env{t: t, s: b.open(t), ctx: context.Background(), id: t.Name(), a: a, b: o})
+				})
+			}
+		})
+	}
+}
+
+// TestNoLostUpdate: owners on two hosts race to claim (stealing), read,
+// increment and write one counter. Every write that succeeded must be
+// counted: a write from an owner that lost the claim is fenced, never
+// lost over a newer one. (Each goroutine is an owner of its own: writes
+// by one owner are the host's to serialise.)
+func TestNoLostUpdate(t *testing.T) {
+	const (
+		perHost = 4
+		rounds  = 40
+	)
+	for _, b := range backends(t) {
+		t.Run(b.name, func(t *testing.T) {
+			s := b.open(t)
+			ctx := context.Background()
+			id := "race-" + b.name
+			var (
+				wg sync.WaitGroup
+				mu sync.Mutex
+				ok int
+			)
+			for g := range 2 * perHost {
+				owner := statestore.Owner{Replica: fmt.Sprintf("host%d", g%2), Boot: strconv.Itoa(g)}
+				must(t, s.Heartbeat(ctx, owner, long))
+				wg.Go(func() {
+					for range rounds {
+						c, err := s.Claim(ctx, id, owner, long, true)
+						if err != nil {
+							t.Error(err)
+							return
+						}
+						n := 0
+						rec, err := s.Get(ctx, id)
+						if err == nil {
+							n, _ = strconv.Atoi(string(rec["n"]))
+						} else if !errors.Is(err, statestore.ErrNotFound) {
+							t.Error(err)
+							return
+						}
+						err = s.Put(ctx, id, "n", []byte(strconv.Itoa(n+1)), c.Fence, long)
+						switch {
+						case err == nil:
+							mu.Lock()
+							ok++
+							mu.Unlock()
+						case !errors.Is(err, statestore.ErrFenced):
+							t.Error(err)
+							return
+						}
+					}
+				})
+			}
+			wg.Wait()
+			rec, err := s.Get(ctx, id)
+			must(t, err)
+			if got := string(rec["n"]); got != strconv.Itoa(ok) {
+				t.Fatalf("counter = %s after %d successful puts: updates lost", got, ok)
+			}
+			t.Logf("%d of %d puts succeeded", ok, 2*perHost*rounds)
+		})
+	}
+}
+
+func TestFileReopen(t *testing.T) {
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "s.db")
+	f, err := statestore.NewFile(path)
+	must(t, err)
+	must(t, f.Heartbeat(ctx, ownerA, long))
+	a, err := f.Claim(ctx, "id", ownerA, long, false)
+	must(t, err)
+	must(t, f.Put(ctx, "id", "f", []byte("v"), a.Fence, long))
+
+	_, err = statestore.NewFile(path)
+	if err == nil || !bytes.Contains([]byte(err.Error()), []byte("is in use by another wasmtools")) {
+		t.Fatalf("second open: %v, want in use", err)
+	}
+	must(t, f.Close())
+
+	f, err = statestore.NewFile(path)
+	must(t, err)
+	defer f.Close()
+	rec, err := f.Get(ctx, "id")
+	must(t, err)
+	if string(rec["f"]) != "v" {
+		t.Fatalf("after reopen: %q", rec)
+	}
+	// a's heartbeat was in the old process: its claim is taken at once.
+	b, err := f.Claim(ctx, "id", ownerB, long, false)
+	must(t, err)
+	if want := (statestore.Claim{Fence: a.Fence + 1, Previous: ownerA}); b != want {
+		t.Fatalf("claim after reopen = %+v, want %+v", b, want)
+	}
+	wantErr(t, "stale put after reopen", f.Put(ctx, "id", "f", []byte("x"), a.Fence, long), statestore.ErrFenced)
+}
