@@ -111,9 +111,12 @@ func (h *Host) callTool(ctx context.Context, key sessions.Key, c plugins.Call, e
 	t := c.Tool
 	// With a state store, the session is claimed (and taken over, if
 	// another replica served it) before its instance is leased.
-	claim, err := h.dur.ensure(ctx, key, nil)
-	if err != nil {
-		return nil, fmt.Errorf("tool %q: %w", t.Name, err)
+	var claim *claim
+	if !t.Plugin().Stateless() {
+		var err error
+		if claim, err = h.dur.ensure(ctx, key, nil); err != nil {
+			return nil, fmt.Errorf("tool %q: %w", t.Name, err)
+		}
 	}
 	l, err := h.acquire(ctx, key, t.Plugin(), func() (*plugins.Plugin, error) {
 		now, err := h.current(t)

@@ -14,6 +14,7 @@ package host
 // statestore).
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"crypto/sha256"
@@ -179,12 +180,13 @@ type pluginRecord struct {
 	Lost string `json:"lost,omitempty"`
 }
 
-// ensure claims key's session for this replica, the first time this
-// replica serves it: if the store has the session (it was served by
-// another replica, or by this one before a restart), its instances'
-// states seed the key's client, and a handle's client is opened. ss, if
-// not nil, is the session's MCP session, whose state is recorded. It
-// returns nil for a key that is not kept.
+// ensure claims key's session for this replica before a request runs on
+// it. The first time this replica serves the session, or when another
+// replica served it since (the claim's fence moved), the store's record
+// (if any) seeds the key's client: its instances' states, and a handle's
+// client is opened. ss, if not nil, is the session's MCP session, whose
+// state is recorded. It returns nil for a key that is not kept, and for a
+// handle the store does not know either (the caller refuses it).
 func (d *durable) ensure(ctx context.Context, key sessions.Key, ss *mcp.ServerSession) (*claim, error) {
 	if d == nil {
 		return nil, nil
@@ -193,46 +195,81 @@ func (d *durable) ensure(ctx context.Context, key sessions.Key, ss *mcp.ServerSe
 	if id == "" {
 		return nil, nil
 	}
+	ctx, cancel := context.WithTimeout(ctx, storeTimeout)
+	defer cancel()
 	d.mu.Lock()
 	c := d.claims[key]
 	if c == nil {
 		c = &claim{id: id, ready: make(chan struct{}), saved: map[string][sha256.Size]byte{}}
 		d.claims[key] = c
 		d.mu.Unlock()
-		c.err = d.take(ctx, key, ss, c)
-		if c.err != nil {
+		kept, err := d.take(ctx, key, ss, c)
+		if err != nil || !kept {
+			c.err = cmp.Or(err, errNotKept)
 			d.mu.Lock()
 			delete(d.claims, key) // the next request tries again
 			d.mu.Unlock()
 		}
 		close(c.ready)
-	} else {
-		d.mu.Unlock()
-		select {
-		case <-c.ready:
-		case <-ctx.Done():
-			return nil, ctx.Err()
+		if !kept && err == nil {
+			return nil, nil
 		}
+		return c, err
+	}
+	d.mu.Unlock()
+	select {
+	case <-c.ready:
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+	if errors.Is(c.err, errNotKept) {
+		return nil, nil
 	}
 	if c.err != nil {
 		return nil, c.err
 	}
-	return c, nil
+	return c, d.verify(ctx, key, c)
 }
 
-// take claims the session and, if the store has it, seeds key's client.
-func (d *durable) take(ctx context.Context, key sessions.Key, ss *mcp.ServerSession, c *claim) error {
-	ctx, cancel := context.WithTimeout(ctx, storeTimeout)
-	defer cancel()
+// errNotKept marks a claim given up: a handle the store does not know.
+var errNotKept = errors.New("session not kept")
+
+// take claims the session for the first time and, if the store has it,
+// seeds key's client. kept is false for a handle that neither this
+// replica nor the store knows.
+func (d *durable) take(ctx context.Context, key sessions.Key, ss *mcp.ServerSession, c *claim) (kept bool, err error) {
 	rec, err := d.store.Get(ctx, c.id)
 	if err != nil && !errors.Is(err, statestore.ErrNotFound) {
-		return fmt.Errorf("state store: read session: %w", err)
+		return false, fmt.Errorf("state store: read session: %w", err)
 	}
 	if rec == nil && key.Kind() == sessions.KindHandle && !d.h.ses.Has(key) {
-		return nil // an unknown handle: refused as expired by the caller
+		return false, nil
 	}
-	// The request reached this replica, so the proxy routes the session
-	// here now: take it even from a live holder (its writes are fenced).
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if err := d.claim(ctx, key, c); err != nil {
+		return false, err
+	}
+	if rec != nil {
+		if err := d.seed(key, c, rec); err != nil {
+			return false, err
+		}
+	}
+	switch {
+	case ss != nil && ss.InitializeParams() != nil:
+		b, _ := json.Marshal(sessionRecord{Initialize: ss.InitializeParams()})
+		err = d.putLocked(ctx, c, "mcp", b)
+	case rec == nil:
+		// A record, so that a replica taking the session over knows it.
+		err = d.putLocked(ctx, c, "mcp", []byte(`{}`))
+	}
+	return err == nil, err
+}
+
+// claim takes the session for this replica. The request reached this
+// replica, so the proxy routes the session here now: it is taken even
+// from a live holder, whose later writes are fenced. c.mu is held.
+func (d *durable) claim(ctx context.Context, key sessions.Key, c *claim) error {
 	cl, err := d.store.Claim(ctx, c.id, d.owner, d.ttl(), true)
 	if err != nil {
 		return fmt.Errorf("state store: claim session: %w", err)
@@ -241,46 +278,64 @@ func (d *durable) take(ctx context.Context, key sessions.Key, ss *mcp.ServerSess
 	if cl.Previous != (statestore.Owner{}) {
 		d.log.Info("session taken over", "session", key.String(), "from", cl.Previous.Replica, "holderAlive", cl.PreviousAlive, "fence", cl.Fence)
 	}
-	if rec != nil {
-		seeds := map[string]sessions.Seed{}
-		for field, v := range rec {
-			name, ok := strings.CutPrefix(field, "p/")
-			if !ok {
-				continue
-			}
-			var pr pluginRecord
-			if err := json.Unmarshal(v, &pr); err != nil {
-				seeds[name] = sessions.Seed{Lost: "its saved state is unreadable: " + err.Error()}
-				continue
-			}
-			c.saved[field] = sha256.Sum256(v)
-			if pr.Lost != "" {
-				seeds[name] = sessions.Seed{Lost: pr.Lost}
-				continue
-			}
-			seeds[name] = sessions.Seed{State: &plugins.State{Host: pr.Host, SHA256: pr.SHA256, Data: pr.Data}}
+	return nil
+}
+
+// verify checks, before a request runs, that this replica still holds
+// the session it claimed. If another replica served the session since,
+// what this replica holds is stale: its idle instances are dropped and
+// the store's record seeds the client again.
+func (d *durable) verify(ctx context.Context, key sessions.Key, c *claim) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	fence := c.fence
+	if err := d.claim(ctx, key, c); err != nil {
+		return err
+	}
+	if c.fence == fence {
+		return nil
+	}
+	rec, err := d.store.Get(ctx, c.id)
+	if err != nil && !errors.Is(err, statestore.ErrNotFound) {
+		return fmt.Errorf("state store: read session: %w", err)
+	}
+	clear(c.saved)
+	d.h.ses.DropIdle(key)
+	return d.seed(key, c, rec)
+}
+
+// seed gives key's client the instance states of rec (nil: none, the
+// session's states are new). c.mu is held.
+func (d *durable) seed(key sessions.Key, c *claim, rec map[string][]byte) error {
+	seeds := map[string]sessions.Seed{}
+	for field, v := range rec {
+		name, ok := strings.CutPrefix(field, "p/")
+		if !ok {
+			continue
 		}
-		if key.Kind() == sessions.KindHandle {
-			if err := d.h.ses.Open(key); err != nil {
-				return err
-			}
+		var pr pluginRecord
+		if err := json.Unmarshal(v, &pr); err != nil {
+			seeds[name] = sessions.Seed{Lost: "its saved state is unreadable: " + err.Error()}
+			continue
 		}
-		if err := d.h.ses.Seed(key, seeds); err != nil {
+		c.saved[field] = sha256.Sum256(v)
+		if pr.Lost != "" {
+			seeds[name] = sessions.Seed{Lost: pr.Lost}
+			continue
+		}
+		seeds[name] = sessions.Seed{State: &plugins.State{Host: pr.Host, SHA256: pr.SHA256, Data: pr.Data}}
+	}
+	if key.Kind() == sessions.KindHandle {
+		if err := d.h.ses.Open(key); err != nil {
 			return err
 		}
+	}
+	if err := d.h.ses.Seed(key, seeds); err != nil {
+		return err
+	}
+	if rec != nil {
 		d.log.Info("session adopted", "session", key.String(), "plugins", len(seeds))
 		d.h.metrics.adopted.Inc()
-	}
-	if ss != nil && ss.InitializeParams() != nil {
-		b, _ := json.Marshal(sessionRecord{Initialize: ss.InitializeParams()})
-		if err := d.put(ctx, c, "mcp", b); err != nil {
-			return err
-		}
-	} else if rec == nil {
-		// A record, so that a replica taking the session over knows it.
-		if err := d.put(ctx, c, "mcp", []byte(`{}`)); err != nil {
-			return err
-		}
 	}
 	return nil
 }
@@ -290,9 +345,14 @@ const storeTimeout = 5 * time.Second
 
 // put writes one field of c's record, unless it holds that value already.
 func (d *durable) put(ctx context.Context, c *claim, field string, v []byte) error {
-	sum := sha256.Sum256(v)
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	return d.putLocked(ctx, c, field, v)
+}
+
+// putLocked is put with c.mu held.
+func (d *durable) putLocked(ctx context.Context, c *claim, field string, v []byte) error {
+	sum := sha256.Sum256(v)
 	if prev, ok := c.saved[field]; ok && prev == sum {
 		return nil
 	}

@@ -141,10 +141,12 @@ func (b *deadlineBody) Read(p []byte) (int, error) {
 }
 
 // checkHost refuses a request that arrived on a loopback address with a
-// Host header that is not loopback.
+// Host header that is not loopback. A request with no Host at all
+// (HTTP/1.0, as a proxy's health check sends) passes: a browser always
+// sends one, so it is not a rebinding page.
 func checkHost(r *http.Request) error {
 	local, ok := r.Context().Value(http.LocalAddrContextKey).(net.Addr)
-	if !ok || local == nil || !isLoopback(local.String()) || isLoopback(r.Host) {
+	if !ok || local == nil || !isLoopback(local.String()) || r.Host == "" || isLoopback(r.Host) {
 		return nil
 	}
 	return fmt.Errorf("forbidden: Host %q is not a loopback name on a loopback address (DNS rebinding?)", r.Host)

@@ -231,6 +231,7 @@ type Host struct {
 	// session ID of a takeover goes to it alone.
 	adoptMu sync.RWMutex
 	adoptID string // guarded by adoptMu
+	boot    string // random at each start: names this process (replicas.go)
 }
 
 // New returns a host serving the catalogue of src, and following its
@@ -283,6 +284,7 @@ func New(src *plugins.Reloader, opts *Options) *Host {
 		version = "dev"
 	}
 	h.tasks = newTaskStore(h)
+	h.boot = h.tasks.boot
 	var bg context.Context
 	bg, h.stopBG = context.WithCancel(context.Background())
 	if h.opts.Store != nil {
@@ -504,7 +506,7 @@ func (h *Host) HTTPHandler() http.Handler {
 			}
 			return
 		}
-		h.serveStateful(stateful, w, r)
+		h.serveStateful(stateful, events, w, r)
 	})
 }
 

@@ -47,9 +47,11 @@ func (h *Host) request(ctx context.Context, key sessions.Key, p *plugins.Plugin,
 	if err != nil {
 		return err
 	}
-	claim, err := h.dur.ensure(ctx, key, nil)
-	if err != nil {
-		return fmt.Errorf("plugin %q: %w", p.Name(), err)
+	var claim *claim
+	if !p.Stateless() {
+		if claim, err = h.dur.ensure(ctx, key, nil); err != nil {
+			return fmt.Errorf("plugin %q: %w", p.Name(), err)
+		}
 	}
 	l, err := h.acquire(ctx, key, p, func() (*plugins.Plugin, error) { return h.currentPlugin(p) })
 	if err != nil {

@@ -15,6 +15,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"regexp"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -44,7 +45,7 @@ func (h *Host) replicaPrefix() string {
 // process names this process: its replica and a boot tag, new at each
 // start.
 func (h *Host) process() string {
-	return cmpOr(h.opts.Replica, "-") + "/" + h.tasks.boot
+	return cmpOr(h.opts.Replica, "-") + "/" + h.boot
 }
 
 // newSessionID is the go-sdk's GetSessionID: the replica's prefix and 128
@@ -77,21 +78,41 @@ type drainState struct {
 	done     chan struct{}
 }
 
-// Ready reports whether the host takes new sessions: false once it drains.
-func (h *Host) Ready() bool { return !h.drain.draining.Load() }
+// Ready reports whether the host takes new sessions: not before the
+// plugins' first load ([Options.Loaded]), nor once it drains.
+func (h *Host) Ready() bool {
+	if h.drain.draining.Load() {
+		return false
+	}
+	if h.opts.Loaded != nil {
+		select {
+		case <-h.opts.Loaded:
+		default:
+			return false
+		}
+	}
+	return true
+}
 
-// ReadyHandler serves /readyz: 200 "ready", or 503 "draining" once the
-// host drains, so that a proxy or Kubernetes stops sending it new work.
+// ReadyHandler serves /readyz: 200 "ready" (and the replica's name), or 503 while the plugins'
+// first load runs and once the host drains, so that a proxy or Kubernetes
+// sends it work only when it can take it.
 func (h *Host) ReadyHandler() http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 		w.Header().Set("Cache-Control", "no-store")
 		if !h.Ready() {
 			w.WriteHeader(http.StatusServiceUnavailable)
-			io.WriteString(w, "draining\n")
+			if h.drain.draining.Load() {
+				io.WriteString(w, "draining\n")
+			} else {
+				io.WriteString(w, "loading\n")
+			}
 			return
 		}
-		io.WriteString(w, "ready\n")
+		// With the replica's name, so a probe through a proxy can tell
+		// which replica answered.
+		io.WriteString(w, strings.TrimSpace("ready "+h.opts.Replica)+"\n")
 	})
 }
 
@@ -173,7 +194,7 @@ func refuse(w http.ResponseWriter, why string) {
 // serveStateful serves a request of the stateful HTTP transport, taking
 // its session over from the state store when this replica does not have
 // it, and refusing what a draining host no longer takes.
-func (h *Host) serveStateful(stateful http.Handler, w http.ResponseWriter, r *http.Request) {
+func (h *Host) serveStateful(stateful http.Handler, events mcp.EventStore, w http.ResponseWriter, r *http.Request) {
 	id := r.Header.Get("Mcp-Session-Id")
 	switch {
 	case h.drain.closing.Load():
@@ -196,6 +217,12 @@ func (h *Host) serveStateful(stateful http.Handler, w http.ResponseWriter, r *ht
 		defer h.trackStream(cancel)()
 		defer cancel()
 		r = r.WithContext(ctx)
+		if eid := r.Header.Get("Last-Event-ID"); eid != "" && !h.canReplay(ctx, events, id, eid) {
+			// Events of another replica (the session moved here) or
+			// purged: resumed from now on, rather than refused (which
+			// the client takes for a broken connection).
+			r.Header.Del("Last-Event-ID")
+		}
 	}
 	if h.dur == nil {
 		stateful.ServeHTTP(w, r)
@@ -232,6 +259,20 @@ func (h *Host) serveStateful(stateful http.Handler, w http.ResponseWriter, r *ht
 	}
 	r.Body = io.NopCloser(bytes.NewReader(body))
 	stateful.ServeHTTP(w, r)
+}
+
+// canReplay reports whether events holds what a client resuming session
+// id's stream after event eid ("STREAM_INDEX", the go-sdk's format) needs.
+func (h *Host) canReplay(ctx context.Context, events mcp.EventStore, id, eid string) bool {
+	stream, idx, ok := strings.Cut(eid, "_")
+	n, err := strconv.Atoi(idx)
+	if !ok || err != nil || n < 0 {
+		return true // malformed: the go-sdk says so
+	}
+	for _, err := range events.After(ctx, id, stream, n) {
+		return err == nil
+	}
+	return true
 }
 
 // notFound passes a response through unless it is the go-sdk's "session

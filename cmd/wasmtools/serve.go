@@ -3,6 +3,8 @@ package main
 import (
 	"cmp"
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -11,6 +13,8 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	neturl "net/url"
+	"os"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -20,6 +24,7 @@ import (
 
 	"github.com/wasmtools/wasmtools/host"
 	"github.com/wasmtools/wasmtools/internal/config"
+	"github.com/wasmtools/wasmtools/internal/statestore"
 	"github.com/wasmtools/wasmtools/plugins"
 )
 
@@ -44,6 +49,10 @@ func cmdServe(ctx context.Context, args []string, lookupEnv func(string) (string
 	loadWait := fs.Duration("load-wait", host.DefaultLoadWait, "at start, a request that reads the catalogue waits this long for the plugins' first load (they are served as each loads)")
 	noWatch := fs.Bool("no-watch", false, "do not watch the plugin folders: serve what is there at start")
 	shutdownGrace := fs.Duration("shutdown-grace", 10*time.Second, "on shutdown, wait this long for calls in flight")
+	replica := fs.String("replica", "", "this replica's NAME among replicas behind a proxy: session IDs and handles begin with NAME. (see docs/DEPLOY.md)")
+	stateStore := fs.String("state-store", "", "keep sessions and their plugins' states in a store, so that they survive a restart or move to another replica: redis://HOST:PORT/DB, file:PATH, or file (a file under the state directory)")
+	checkpoint := fs.String("checkpoint", host.CheckpointAfterCall, "when instance states are written to the state store: after-call (each call that changed one, before its result) or drain")
+	drainDelay := fs.Duration("drain-delay", 0, "on SIGTERM or POST /drain, keep serving open sessions this long after /readyz fails, for the proxy to notice")
 	fs.Usage = func() {
 		fmt.Fprint(stderr, "Usage: wasmtools serve [flags] PATH...\n\nServes every .wasm plugin in the folders and files given, over MCP on stdio\n(or streamable HTTP with --http). A plugin that fails to load is logged\nand skipped; the rest are served.\n\nFlags:\n")
 		fs.PrintDefaults()
@@ -102,6 +111,28 @@ func cmdServe(ctx context.Context, args []string, lookupEnv func(string) (string
 	}
 	if key, _ := lookupEnv("WASMTOOLS_STATE_KEY"); key != "" {
 		opts.StateKey = []byte(key)
+	}
+	if *replica != "" && !host.ValidReplica(*replica) {
+		log.Error("--replica: a name is 1 to 32 letters, digits, '-' or '_'", "replica", *replica)
+		return 2
+	}
+	if *checkpoint != host.CheckpointAfterCall && *checkpoint != host.CheckpointOnDrain {
+		log.Error("--checkpoint: want after-call or drain", "checkpoint", *checkpoint)
+		return 2
+	}
+	opts.Replica, opts.Checkpoint = *replica, *checkpoint
+	if *stateStore != "" {
+		store, key, err := openStateStore(*stateStore, opts.StateKey)
+		if err != nil {
+			log.Error("state store", "error", err)
+			return 1
+		}
+		defer store.Close()
+		opts.Store, opts.StateKey = store, key
+		log.Info("sessions are kept in the state store", "store", redactURL(*stateStore), "replica", *replica, "checkpoint", *checkpoint)
+		if *httpAddr == "" {
+			log.Warn("a stdio session is the process: the state store keeps only HTTP sessions")
+		}
 	}
 	if *recordLog != "" {
 		max, err := config.ParseSize(*recordLogMax)
@@ -173,7 +204,7 @@ func cmdServe(ctx context.Context, args []string, lookupEnv func(string) (string
 			return 1
 		}
 	}
-	return serveHTTP(ctx, log, *httpAddr, h, reloader, cfg.HTTP, token, *shutdownGrace)
+	return serveHTTP(ctx, log, *httpAddr, h, reloader, cfg.HTTP, token, *shutdownGrace, *drainDelay)
 }
 
 // serveHTTP serves /mcp, /status, /metrics and /healthz at addr, each
@@ -184,7 +215,12 @@ func cmdServe(ctx context.Context, args []string, lookupEnv func(string) (string
 // ReadTimeout, which net/http keeps as a read deadline while the handler
 // runs and which would cut off long-lived SSE streams when it passes, nor
 // WriteTimeout, which would end every SSE stream.
-func serveHTTP(ctx context.Context, log *slog.Logger, addr string, h *host.Host, reloader *plugins.Reloader, cfg config.HTTP, token string, grace time.Duration) int {
+//
+// It stops on ctx's end (SIGTERM, SIGINT) or a POST /drain by draining
+// the host (see [host.Host.Drain]): readiness fails at once, open SSE
+// streams close, calls in flight finish within grace, and every session
+// is left in the state store for the other replicas.
+func serveHTTP(ctx context.Context, log *slog.Logger, addr string, h *host.Host, reloader *plugins.Reloader, cfg config.HTTP, token string, grace, drainDelay time.Duration) int {
 	if strings.HasPrefix(addr, ":") {
 		addr = "127.0.0.1" + addr // loopback unless told otherwise
 	}
@@ -201,6 +237,19 @@ func serveHTTP(ctx context.Context, log *slog.Logger, addr string, h *host.Host,
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 		io.WriteString(w, "ok")
 	})
+	mux.Handle("/readyz", h.ReadyHandler())
+	drainNow := make(chan struct{})
+	var drainOnce sync.Once
+	mux.HandleFunc("/drain", func(w http.ResponseWriter, r *http.Request) {
+		if r.Method != http.MethodPost {
+			w.Header().Set("Allow", "POST")
+			http.Error(w, "POST to drain", http.StatusMethodNotAllowed)
+			return
+		}
+		drainOnce.Do(func() { close(drainNow) })
+		w.WriteHeader(http.StatusAccepted)
+		io.WriteString(w, "draining\n")
+	})
 	guard := host.GuardOptions{
 		Token:          token,
 		Tokens:         cfg.Tokens,
@@ -208,8 +257,11 @@ func serveHTTP(ctx context.Context, log *slog.Logger, addr string, h *host.Host,
 		MaxBody:        int64(cfg.MaxRequestBody),
 		BodyTimeout:    time.Duration(cfg.BodyTimeout),
 	}
+	// Probes (a proxy's health check, Kubernetes') send no token; they
+	// learn only whether the replica is up and ready, and its name.
+	guard.Public = []string{"/healthz", "/readyz"}
 	if cfg.MetricsPublic {
-		guard.Public = []string{"/metrics"}
+		guard.Public = append(guard.Public, "/metrics")
 	}
 	if host, _, _ := net.SplitHostPort(ln.Addr().String()); token == "" && len(cfg.Tokens) == 0 && !net.ParseIP(host).IsLoopback() {
 		log.Warn("serving beyond loopback without authentication: set http.auth_token in the configuration, or WASMTOOLS_AUTH_TOKEN")
@@ -229,9 +281,14 @@ func serveHTTP(ctx context.Context, log *slog.Logger, addr string, h *host.Host,
 		log.Error("http server", "error", err)
 		return 1
 	case <-ctx.Done():
+	case <-drainNow:
 	}
-	sctx, cancel := context.WithTimeout(context.Background(), grace)
+	// The grace bounds the calls in flight; the drain delay comes first.
+	sctx, cancel := context.WithTimeout(context.Background(), drainDelay+grace)
 	defer cancel()
+	if err := h.Drain(sctx, host.DrainOptions{Delay: drainDelay}); err != nil {
+		log.Warn("drain", "error", err)
+	}
 	if err := srv.Shutdown(sctx); err != nil {
 		log.Warn("http shutdown", "error", err)
 	}
@@ -310,4 +367,68 @@ func watchConfig(ctx context.Context, log *slog.Logger, common *commonFlags, loo
 			r.Reconfigure(ctx, common.optsFor(log), common.check())
 		}
 	}
+}
+
+// openStateStore opens the --state-store URL, sealed with the state key.
+// A file store on one machine needs no shared key: without
+// WASMTOOLS_STATE_KEY, one is made once and kept beside the file (0600),
+// so that sessions and handles survive a restart. Replicas sharing a Redis
+// store must share WASMTOOLS_STATE_KEY.
+func openStateStore(url string, key []byte) (statestore.Store, []byte, error) {
+	if len(key) == 0 {
+		if !strings.HasPrefix(url, "file") {
+			return nil, nil, fmt.Errorf("--state-store %s: set WASMTOOLS_STATE_KEY, the same on every replica (it seals the stored states and signs session handles)", redactURL(url))
+		}
+		path := strings.TrimPrefix(strings.TrimPrefix(strings.TrimPrefix(url, "file"), ":"), "//")
+		if path == "" {
+			p, err := statestore.DefaultPath()
+			if err != nil {
+				return nil, nil, err
+			}
+			path = p
+		}
+		k, err := fileKey(path + ".key")
+		if err != nil {
+			return nil, nil, fmt.Errorf("--state-store: %w", err)
+		}
+		key = k
+	}
+	s, err := statestore.Open(url, key)
+	return s, key, err
+}
+
+// fileKey reads the key at path, making it first if there is none.
+func fileKey(path string) ([]byte, error) {
+	if b, err := os.ReadFile(path); err == nil {
+		if len(b) < 32 {
+			return nil, fmt.Errorf("state key %s is too short", path)
+		}
+		return b, nil
+	}
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		return nil, err
+	}
+	k := make([]byte, 32)
+	rand.Read(k)
+	k = []byte(hex.EncodeToString(k))
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if errors.Is(err, os.ErrExist) {
+		return fileKey(path) // made meanwhile by another process
+	}
+	if err != nil {
+		return nil, err
+	}
+	if _, err := f.Write(k); err != nil {
+		f.Close()
+		return nil, err
+	}
+	return k, f.Close()
+}
+
+// redactURL hides a store URL's password in logs.
+func redactURL(s string) string {
+	if u, err := neturl.Parse(s); err == nil && u.User != nil {
+		return u.Redacted()
+	}
+	return s
 }

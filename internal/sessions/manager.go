@@ -644,3 +644,25 @@ func (m *Manager) Has(key Key) bool {
 func (m *Manager) WaitIdle(ctx context.Context) error {
 	return m.waitUntil(ctx, func() bool { return len(m.leases) == m.waiting.Len() })
 }
+
+// DropIdle closes key's client's idle instances, without a notice: the
+// client's state moved on elsewhere (another replica served it since),
+// and its next leases start from the seeds [Manager.Seed] gives. A slot
+// busy with a lease keeps its instance.
+func (m *Manager) DropIdle(key Key) {
+	m.mu.Lock()
+	c := m.clients[key]
+	var slots []*slot
+	if c != nil {
+		for _, sl := range c.slots {
+			slots = append(slots, sl)
+		}
+	}
+	m.mu.Unlock()
+	for _, sl := range slots {
+		if sl.tryLock() {
+			m.dropInstance(sl)
+			sl.unlock()
+		}
+	}
+}
