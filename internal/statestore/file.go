@@ -18,7 +18,8 @@ import (
 // claims are taken over at once, as a new boot's would be).
 //
 // One process opens the file at a time (an flock; a second open fails
-// after 1 s). Every write is fsynced before it returns. Expired records
+// after 1 s). Every write is fsynced before it returns; writes take turns.
+// A call returns when its ctx ends, even while it waits for its turn. Expired records
 // are dropped when next read, and by a sweep every [SweepEvery] (a
 // goroutine that Close stops). Fences outlive their record by at least
 // [FenceTTL], as in [Redis].
@@ -123,22 +124,32 @@ func (f *File) sweep() {
 }
 
 // do runs fn in a transaction, after checking ctx and the store's state.
+// It returns when ctx ends, leaving the transaction (waiting for the one
+// writer, or syncing) to end in the background: fn must not write what
+// its caller reads after an error.
 func (f *File) do(ctx context.Context, write bool, fn func(tx *bolt.Tx) error) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	f.mu.RLock()
-	defer f.mu.RUnlock()
-	if f.closed {
-		return ErrClosed
+	done := make(chan error, 1)
+	go func() {
+		f.mu.RLock()
+		defer f.mu.RUnlock()
+		switch {
+		case f.closed:
+			done <- ErrClosed
+		case write:
+			done <- f.db.Update(fn)
+		default:
+			done <- f.db.View(fn)
+		}
+	}()
+	select {
+	case err := <-done:
+		return err
+	case <-ctx.Done():
+		return ctx.Err()
 	}
-	var err error
-	if write {
-		err = f.db.Update(fn)
-	} else {
-		err = f.db.View(fn)
-	}
-	return err
 }
 
 func readMeta(b *bolt.Bucket) (fileMeta, bool) {

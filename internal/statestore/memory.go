@@ -43,12 +43,15 @@ func (m *Memory) lock(ctx context.Context) error {
 	return nil
 }
 
-// record returns id's live record. An expired one stays in the map, for
-// its fence: a claim after it expired must not count from 0 again, or a
-// stale owner's fence could match the new owner's.
+// record returns id's live record. An expired one is emptied but stays in
+// the map for its fence: a claim after it expired must not count from 0
+// again, or a stale owner's fence could match the new owner's.
 func (m *Memory) record(id string) *memRecord {
 	r := m.records[id]
 	if r != nil && !m.now().Before(r.expires) {
+		if r.held || len(r.fields) > 0 {
+			m.records[id] = &memRecord{fence: r.fence, expires: r.expires}
+		}
 		return nil
 	}
 	return r

@@ -32,9 +32,11 @@ import (
 // security control here: whoever reaches it can delete sessions; values
 // are sealed by [Open] but names and fences are plain.
 //
-// Every call honours ctx (its deadline bounds the network wait) and
-// also has the client's own bounds: 3 s to dial, 5 s to read or write a
-// reply, a pool of 8 connections per process.
+// Every call returns when ctx ends (a deadline or a cancellation; the
+// call may still take effect in Redis, as any call whose reply is lost)
+// and has the client's own bounds too: 3 s to dial, 5 s to read or write
+// a reply, a pool of 8 connections per process, one retry after a network
+// error (each script is safe to run twice).
 type Redis struct {
 	c      *redis.Client
 	closed atomic.Bool
@@ -81,7 +83,11 @@ func ms(d time.Duration) int64 { return max(d.Milliseconds(), 1) }
 
 func fenceMS(ttl time.Duration) int64 { return ms(max(ttl, FenceTTL)) }
 
-// call checks ctx and the store's state, and maps the client's errors.
+// call checks ctx and the store's state, runs f, and maps the client's
+// errors. The client bounds a reply's wait by ctx's deadline but does not
+// notice a cancellation; call returns at once on either, leaving f to end
+// in the background (within the client's read timeout). f must not write
+// what its caller reads after an error.
 func (r *Redis) call(ctx context.Context, f func() error) error {
 	if err := ctx.Err(); err != nil {
 		return err
@@ -89,7 +95,14 @@ func (r *Redis) call(ctx context.Context, f func() error) error {
 	if r.closed.Load() {
 		return ErrClosed
 	}
-	err := f()
+	done := make(chan error, 1)
+	go func() { done <- f() }()
+	var err error
+	select {
+	case err = <-done:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 	switch {
 	case err == nil || errors.Is(err, redis.Nil):
 		return nil

@@ -1,10 +1,12 @@
 package statestore_test
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"path/filepath"
 	"strconv"
 	"sync"
@@ -445,4 +447,48 @@ func TestFileReopen(t *testing.T) {
 		t.Fatalf("claim after reopen = %+v, want %+v", b, want)
 	}
 	wantErr(t, "stale put after reopen", f.Put(ctx, "id", "f", []byte("x"), a.Fence, long), statestore.ErrFenced)
+}
+
+// TestRedisContext: a call to a Redis that does not answer ends when its
+// ctx does (a deadline, or a cancellation), not at the client's own
+// timeouts.
+func TestRedisContext(t *testing.T) {
+	addr := proxytest.StartRedis(t)
+	s, err := statestore.NewRedis("redis://" + addr + "/0")
+	must(t, err)
+	defer s.Close()
+	// Another connection pauses every client (itself too) for 4 s: longer
+	// than both cases take, if they end with their ctx.
+	conn, err := net.Dial("tcp", addr)
+	must(t, err)
+	defer conn.Close()
+	fmt.Fprint(conn, "CLIENT PAUSE 4000 ALL\r\n")
+	if line, err := bufio.NewReader(conn).ReadString('\n'); err != nil || line != "+OK\r\n" {
+		t.Fatalf("CLIENT PAUSE: %q, %v", line, err)
+	}
+	for _, c := range []struct {
+		name string
+		ctx  func() (context.Context, context.CancelFunc)
+		want error
+	}{
+		{"deadline", func() (context.Context, context.CancelFunc) {
+			return context.WithTimeout(context.Background(), 200*time.Millisecond)
+		}, context.DeadlineExceeded},
+		{"cancel", func() (context.Context, context.CancelFunc) {
+			ctx, cancel := context.WithCancel(context.Background())
+			time.AfterFunc(200*time.Millisecond, cancel)
+			return ctx, cancel
+		}, context.Canceled},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			ctx, cancel := c.ctx()
+			defer cancel()
+			start := time.Now()
+			_, err := s.Claim(ctx, "id", ownerA, long, false)
+			wantErr(t, "claim while Redis is paused", err, c.want)
+			if d := time.Since(start); d > 1500*time.Millisecond {
+				t.Fatalf("claim returned after %v, its ctx ended after 200ms", d)
+			}
+		})
+	}
 }
