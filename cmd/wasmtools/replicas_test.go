@@ -151,12 +151,10 @@ func (rs *replicaSet) term(i int) {
 
 func (rs *replicaSet) waitExit(i int) {
 	rs.t.Helper()
-	deadline := time.Now().Add(time.Minute)
-	for !rs.procs[i].Exited() {
-		if time.Now().After(deadline) {
-			rs.t.Fatalf("replica %s did not exit", rs.names[i])
-		}
-		time.Sleep(20 * time.Millisecond)
+	select {
+	case <-rs.procs[i].Done():
+	case <-time.After(time.Minute):
+		rs.t.Fatalf("replica %s did not exit", rs.names[i])
 	}
 }
 
@@ -452,4 +450,58 @@ func countNotes(clients []*mcpClient) int {
 		n += len(c.notes)
 	}
 	return n
+}
+
+// TestFileStoreKeepsSessionsAcrossRestart: one replica on one machine,
+// with the embedded store (--state-store file:PATH) and no state key set:
+// a restart keeps every session of both eras.
+func TestFileStoreKeepsSessionsAcrossRestart(t *testing.T) {
+	dir := testplugins.Folder(t, map[string]string{"notes.wasm": testplugins.Example(t, "notes")})
+	state := filepath.Join(t.TempDir(), "sessions.db")
+	addr := proxytest.FreeAddr(t)
+	start := func() *proxytest.Process {
+		cmd := exec.Command(os.Args[0], "serve", "--cache-dir", testplugins.CacheDir(), "--no-watch",
+			"--http", addr, "--state-store", "file:"+state, dir)
+		cmd.Env = append(os.Environ(), "WASMTOOLS_TEST_MAIN=1")
+		return proxytest.Start(t, cmd, func() error {
+			res, err := http.Get("http://" + addr + "/readyz")
+			if err != nil {
+				return err
+			}
+			res.Body.Close()
+			if res.StatusCode != http.StatusOK {
+				return fmt.Errorf("/readyz: %s", res.Status)
+			}
+			return nil
+		})
+	}
+	p := start()
+	rs := &replicaSet{t: t, proxy: "http://" + addr + "/mcp", client: &http.Client{}}
+	ctx := context.Background()
+	clients := rs.connect(ctx, 1)
+	for _, c := range clients {
+		for range 2 {
+			if err := c.addNote(ctx); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	syscall.Kill(p.Cmd.Process.Pid, syscall.SIGTERM)
+	select {
+	case <-p.Done():
+	case <-time.After(time.Minute):
+		t.Fatal("serve did not exit on SIGTERM")
+	}
+	if _, err := os.Stat(state + ".key"); err != nil {
+		t.Fatalf("no state key made beside the store: %v", err)
+	}
+	p = start()
+	for _, c := range clients {
+		if err := c.checkNotes(ctx); err != nil {
+			t.Fatalf("%v\n%s", err, p.Output())
+		}
+		if err := c.addNote(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
 }

@@ -52,7 +52,7 @@ func cmdServe(ctx context.Context, args []string, lookupEnv func(string) (string
 	replica := fs.String("replica", "", "this replica's NAME among replicas behind a proxy: session IDs and handles begin with NAME. (see docs/DEPLOY.md)")
 	stateStore := fs.String("state-store", "", "keep sessions and their plugins' states in a store, so that they survive a restart or move to another replica: redis://HOST:PORT/DB, file:PATH, or file (a file under the state directory)")
 	checkpoint := fs.String("checkpoint", host.CheckpointAfterCall, "when instance states are written to the state store: after-call (each call that changed one, before its result) or drain")
-	drainDelay := fs.Duration("drain-delay", 0, "on SIGTERM or POST /drain, keep serving open sessions this long after /readyz fails, for the proxy to notice")
+	drainDelay := fs.Duration("drain-delay", 0, "on SIGTERM or POST /drain, keep serving open sessions this long after /readyz fails, for the proxy to notice (default with --replica: 1s, two of HAProxy's health checks in deploy/haproxy.cfg)")
 	fs.Usage = func() {
 		fmt.Fprint(stderr, "Usage: wasmtools serve [flags] PATH...\n\nServes every .wasm plugin in the folders and files given, over MCP on stdio\n(or streamable HTTP with --http). A plugin that fails to load is logged\nand skipped; the rest are served.\n\nFlags:\n")
 		fs.PrintDefaults()
@@ -121,6 +121,11 @@ func cmdServe(ctx context.Context, args []string, lookupEnv func(string) (string
 		return 2
 	}
 	opts.Replica, opts.Checkpoint = *replica, *checkpoint
+	if *replica != "" && !flagSet(fs, "drain-delay") {
+		// Out of the proxy's rotation before a request meets a 503: its
+		// retry and its health check pick the fallback alike.
+		*drainDelay = time.Second
+	}
 	if *stateStore != "" {
 		store, key, err := openStateStore(*stateStore, opts.StateKey)
 		if err != nil {
@@ -431,4 +436,11 @@ func redactURL(s string) string {
 		return u.Redacted()
 	}
 	return s
+}
+
+// flagSet reports whether the flag name was given on the command line.
+func flagSet(fs *flag.FlagSet, name string) bool {
+	set := false
+	fs.Visit(func(f *flag.Flag) { set = set || f.Name == name })
+	return set
 }

@@ -87,6 +87,9 @@ func (p *Process) Exited() bool {
 	}
 }
 
+// Done is closed when the process has exited.
+func (p *Process) Done() <-chan struct{} { return p.done }
+
 // Output is what the process wrote so far, stdout and stderr together.
 func (p *Process) Output() string { return p.out.String() }
 
