@@ -113,10 +113,7 @@ func (h *Host) callTool(ctx context.Context, key sessions.Key, c plugins.Call, e
 	// another replica served it) before its instance is leased.
 	var claim *claim
 	if !t.Plugin().Stateless() {
-		var err error
-		if claim, err = h.dur.ensure(ctx, key, nil); err != nil {
-			return nil, fmt.Errorf("tool %q: %w", t.Name, err)
-		}
+		claim = h.dur.claimOrLog(ctx, key)
 	}
 	l, err := h.acquire(ctx, key, t.Plugin(), func() (*plugins.Plugin, error) {
 		now, err := h.current(t)

@@ -231,6 +231,20 @@ func (d *durable) ensure(ctx context.Context, key sessions.Key, ss *mcp.ServerSe
 	return c, d.verify(ctx, key, c)
 }
 
+// claimOrLog is ensure for a request that runs whatever the store says:
+// with the store unreachable, the request is served from what this
+// replica holds (nil: nothing is written), and the log says so. A session
+// that would have been taken over is then not found here (a handle is
+// refused as expired), rather than served afresh.
+func (d *durable) claimOrLog(ctx context.Context, key sessions.Key) *claim {
+	c, err := d.ensure(ctx, key, nil)
+	if err != nil {
+		d.log.Warn("state store unavailable: serving the session from this replica only, not kept", "session", key.String(), "error", err)
+		return nil
+	}
+	return c
+}
+
 // errNotKept marks a claim given up: a handle the store does not know.
 var errNotKept = errors.New("session not kept")
 

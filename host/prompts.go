@@ -49,9 +49,7 @@ func (h *Host) request(ctx context.Context, key sessions.Key, p *plugins.Plugin,
 	}
 	var claim *claim
 	if !p.Stateless() {
-		if claim, err = h.dur.ensure(ctx, key, nil); err != nil {
-			return fmt.Errorf("plugin %q: %w", p.Name(), err)
-		}
+		claim = h.dur.claimOrLog(ctx, key)
 	}
 	l, err := h.acquire(ctx, key, p, func() (*plugins.Plugin, error) { return h.currentPlugin(p) })
 	if err != nil {

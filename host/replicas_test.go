@@ -321,3 +321,24 @@ func TestParkedCallDoesNotMove(t *testing.T) {
 		t.Fatalf("list at b = %q, want milk", got)
 	}
 }
+
+// With the store gone, sessions go on at the replica that holds them, and
+// new ones are served (not kept); nothing fails.
+func TestStoreLostSessionsGoOn(t *testing.T) {
+	store := statestore.NewMemory()
+	a := newReplica(t, "a", store, sandbox.NewPolicy())
+	cs := connectHTTP(t, a.srv.URL, "2025-11-25", nil)
+	call(t, cs, "note_add", map[string]any{"text": "before"})
+	store.Close()
+	if res := call(t, cs, "note_add", map[string]any{"text": "after"}); res.IsError {
+		t.Fatalf("a call with the store gone: %s", text(res))
+	}
+	if got := text(notes(t, cs, nil)); got != "1. before\n2. after\n" {
+		t.Fatalf("notes with the store gone: %q", got)
+	}
+	fresh := connectHTTP(t, a.srv.URL, "2025-11-25", nil)
+	if res := call(t, fresh, "note_add", map[string]any{"text": "new"}); res.IsError {
+		t.Fatalf("a new session with the store gone: %s", text(res))
+	}
+	a.waitLog(t, "state store unavailable", 1)
+}
