@@ -48,7 +48,9 @@ const MetaPrefix = "dev.wasmtools/"
 
 // MetaStateReset is the _meta key of a result served by a fresh instance
 // because the session's previous one was discarded. Its value is an object
-// with "reason": "trap", "timeout", "cancelled" or "upgrade", and "detail".
+// with "reason": "trap", "timeout", "cancelled", "upgrade", "evicted" or
+// "replica-lost" (the session moved from a replica that is gone, and this
+// plugin's state could not move with it), and "detail".
 const MetaStateReset = MetaPrefix + "stateReset"
 
 // MetaFailed is the _meta key of an error result whose guest produced no
