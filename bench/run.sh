@@ -28,6 +28,9 @@ start=$(date +%s)
 # bench is a module of its own (bench/go.mod): -C bench runs in it.
 run -C bench -run XXX -bench 'SessionStart|WarmCall|ConcurrentSessions|Compile|ReloadLatency' -benchtime 500ms -count 5 .
 run -C bench -run XXX -bench 'IdleSessionMemory' -benchtime 1x -count 3 .
+# DurableCall starts a redis-server (Debian package redis-server, see
+# scripts/deps.sh); without one it is skipped and section 12 is empty.
+run -C bench -run XXX -bench 'DurableCall' -benchtime 500ms -count 5 .
 run -run XXX -bench 'NewInstanceFirstCall|InstanceWarmCall|HandleOverhead|Snapshot' -benchtime 500ms -count 5 ./sandbox ./host
 run -run XXX -bench 'IdleInstanceMemory' -benchtime 1x -count 3 ./sandbox
 "$GO" run -C bench ./cmd/benchreport -md "$PWD/docs/BENCHMARKS.md" -png "$PWD/docs/benchmarks.png" "$out"
