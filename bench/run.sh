@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # run.sh is `make bench`: it runs the benchmarks of package bench (issue 7)
 # and writes docs/BENCHMARKS.md and docs/benchmarks.png from their output.
-# The plugins must be built (`make plugins testplugins`). About 6 to 10
+# The plugins must be built (`make plugins testplugins`). About 6 to 11
 # minutes on 2 cores, most of it in the timed benchmarks (-count 5) and in
 # holding 1,000 sessions per memory contender (-count 3).
 set -euo pipefail
