@@ -155,7 +155,7 @@ var sections = []Section{
 			"`adopt` is the first call at replica B of a session whose two earlier calls ran at replica A, the two sharing the Redis store, after A is gone (its listener closed, the host closed without a drain, as a replica killed) and the client's transport points at B: B reads the session's record, replays its initialize, claims it, restores the instance from its saved state, runs the call (whose count must go on from A's) and writes its checkpoint. " +
 			"`first-call-no-store` is the first call of a new session on the host without a store, which makes the session's instance: what the client of a replica that died would pay with no store, its state lost. " +
 			"`adopt` and `first-call-no-store` open a new session for each call, untimed and without the standalone SSE stream (a reconnecting stream would take the session over before the call). " +
-			"B/checkpoint is the mean size of one saved state as written, before sealing; store write is the mean time of its write (sealing and the store's put, not the snapshot nor the claim), from the host's metrics.",
+			"B/checkpoint is the mean size of one saved state as written, before sealing (a JSON record, the snapshot in base64: section 11's B/snapshot plus a third); store write is the mean time of its write (sealing and the store's put, not the snapshot nor the claim), from the host's metrics.",
 		Unit: "ns/op", Baselines: []string{"no-store", "first-call-no-store"}, Extra: []string{"B/checkpoint", "write-us"},
 		Deltas: []Delta{{
 			Contender: "redis", Against: "no-store",
