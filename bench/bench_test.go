@@ -119,6 +119,15 @@ func newHost(t testing.TB, paths ...string) *host.Host {
 // newHostWith is newHost with host options.
 func newHostWith(t testing.TB, opts *host.Options, paths ...string) *host.Host {
 	t.Helper()
+	h := host.New(plugins.NewStatic(loadCatalogue(t, paths...)), opts)
+	t.Cleanup(func() { h.Close(context.Background()) })
+	return h
+}
+
+// loadCatalogue compiles the plugin files in a new runtime, with
+// compilation cached on disk; both are closed when the benchmark ends.
+func loadCatalogue(t testing.TB, paths ...string) *plugins.Catalogue {
+	t.Helper()
 	ctx := context.Background()
 	rt, err := sandbox.NewRuntime(sandbox.Options{CacheDir: testplugins.CacheDir()})
 	if err != nil {
@@ -130,9 +139,7 @@ func newHostWith(t testing.TB, opts *host.Options, paths ...string) *host.Host {
 		t.Fatal(errs)
 	}
 	t.Cleanup(func() { cat.Close(ctx) })
-	h := host.New(plugins.NewStatic(cat), opts)
-	t.Cleanup(func() { h.Close(ctx) })
-	return h
+	return cat
 }
 
 // connectInMemory opens a client session to srv over the in-memory

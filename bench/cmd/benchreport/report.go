@@ -26,7 +26,8 @@ type Section struct {
 	// Baselines are the contenders every row is compared with, one ratio
 	// column each.
 	Baselines []string
-	// Headline is the contender the summary reports.
+	// Headline is the contender the summary reports; "" for none, when
+	// the Deltas say what the summary should.
 	Headline string
 	// Extra are further units shown, as medians.
 	Extra []string
@@ -51,7 +52,8 @@ type Delta struct {
 	Max float64
 }
 
-// sections are the comparisons of issue 7, in its order.
+// sections are the comparisons of issue 7, in its order, then those of
+// later issues.
 var sections = []Section{
 	{
 		Title: "1. New session: first call", Bench: "SessionStart",
@@ -144,6 +146,35 @@ var sections = []Section{
 			"The raw baselines are the floors they stand against: `raw-wazero-copy` copies the whole linear memory out of a raw wazero instance; `raw-wazero-new` is a new raw wazero instance with its initialisation run, which a restore replaces.",
 		Unit: "ns/op", Baselines: []string{"raw-wazero-new", "raw-wazero-copy"}, Headline: "restore", Extra: []string{"B/snapshot"},
 	},
+	{
+		Title: "12. Durable sessions (issue 16)", Bench: "DurableCall",
+		About: "What keeping sessions in a state store costs: a checkpoint at every call, and the first call of a session on a replica that did not serve it before. " +
+			"Every call is a warm `tools/call` over streamable HTTP on 127.0.0.1 on a stateful session (protocol 2025-11-25), of a tool that changes its instance's state (`small`: the counter's `count`; `go`: the servlet's `var_count`, an Extism var), so that every call writes a checkpoint (the default policy: after each call, before the result is sent). " +
+			"`no-store` is the host without a store, the baseline (section 2's HTTP `wasmtools` with these tools); " +
+			"`redis` keeps sessions in a real redis-server on loopback, `file` in the file store (bbolt, an fsync per write): each call claims its session again and writes the instance's saved state (section 11's snapshot, sealed). " +
+			"`adopt` is the first call at replica B of a session whose two earlier calls ran at replica A, the two sharing the Redis store, after A is gone (its listener closed, the host closed without a drain, as a replica killed) and the client's transport points at B: B reads the session's record, replays its initialize, claims it, restores the instance from its saved state, runs the call (whose count must go on from A's) and writes its checkpoint. " +
+			"`first-call-no-store` is the first call of a new session on the host without a store, which makes the session's instance: what the client of a replica that died would pay with no store, its state lost. " +
+			"`adopt` and `first-call-no-store` open a new session for each call, untimed and without the standalone SSE stream (a reconnecting stream would take the session over before the call). " +
+			"B/checkpoint is the mean size of one saved state as written, before sealing (a JSON record, the snapshot in base64: section 11's B/snapshot plus a third); store write is the mean time of its write (sealing and the store's put, not the snapshot nor the claim), from the host's metrics.",
+		Unit: "ns/op", Baselines: []string{"no-store", "first-call-no-store"}, Extra: []string{"B/checkpoint", "write-us"},
+		Deltas: []Delta{{
+			Contender: "redis", Against: "no-store",
+			Label: "Checkpoint per call, Redis (issue 16)",
+			About: "A warm call with its checkpoint in Redis against the same call with no store: the difference is the checkpoint's cost per call (the claim renewed, the state saved, sealed and written).",
+		}, {
+			Contender: "file", Against: "no-store",
+			Label: "Checkpoint per call, file (issue 16)",
+			About: "The same with the file store, whose every write is a bbolt transaction with an fsync.",
+		}, {
+			Contender: "adopt", Against: "no-store",
+			Label: "Adoption against a warm call (issue 16)",
+			About: "The first call of a session taken over from the store, against a warm call on the replica that holds the session: what a client pays once when its replica is lost.",
+		}, {
+			Contender: "adopt", Against: "first-call-no-store",
+			Label: "Adoption against a new session's first call (issue 16)",
+			About: "The same first call against that of a new session without a store, which also makes an instance but has no state to read, claim or restore.",
+		}},
+	},
 }
 
 // Env is where and when the benchmarks ran.
@@ -211,7 +242,7 @@ func Markdown(r *Results, env Env, chart string) string {
 	p("The machines are shared and noisy, so absolute times drift between runs: read the ratios, which are taken within one run. ")
 	p("A ratio `÷ X` is the contender's figure divided by X's (for times and memory, lower is better); `throughput vs X` and calls/s ratios are higher-is-better.\n\n")
 	p("- Machine: %s\n- Go: %s\n- Date: %s\n\n", env.Machine, env.GoVersion, env.Date)
-	p("Reproduce with `make bench` (5 to 10 minutes on 2 cores): it builds the plugins, runs the benchmarks of package `bench` and regenerates this file and [benchmarks.png](benchmarks.png) with `bench/cmd/benchreport`. The commands it ran:\n\n```sh\n")
+	p("Reproduce with `make bench` (6 to 11 minutes on 2 cores): it builds the plugins, runs the benchmarks of package `bench` and regenerates this file and [benchmarks.png](benchmarks.png) with `bench/cmd/benchreport`. The commands it ran:\n\n```sh\n")
 	for _, c := range r.Commands {
 		p("%s\n", c)
 	}
@@ -228,6 +259,9 @@ func Markdown(r *Results, env Env, chart string) string {
 	for _, s := range sections {
 		cases, rows := s.rows(r)
 		for _, c := range cases {
+			if s.Headline == "" {
+				break
+			}
 			head := s.Bench + "/" + joinCase(c, s.Headline)
 			v, ok := r.Median(head, s.Unit)
 			if !ok {
@@ -398,6 +432,8 @@ func unitHeader(unit string) string {
 		return "p99 latency"
 	case "server-KiB/session":
 		return "servers only, per session"
+	case "write-us":
+		return "store write"
 	}
 	return unit
 }
@@ -466,7 +502,7 @@ func formatValue(v float64, unit string) string {
 	switch unit {
 	case "ns/op":
 		return formatDuration(v)
-	case "p50-us", "p99-us":
+	case "p50-us", "p99-us", "write-us":
 		return formatDuration(v * 1e3)
 	case "KiB/session", "server-KiB/session":
 		if v >= 1024 {

@@ -1,0 +1,265 @@
+package bench
+
+import (
+	"bufio"
+	"context"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"testing"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/wasmtools/wasmtools/host"
+	"github.com/wasmtools/wasmtools/internal/proxytest"
+	"github.com/wasmtools/wasmtools/internal/statestore"
+	"github.com/wasmtools/wasmtools/plugins"
+)
+
+// durablePlugins are the two plugins of benchPlugins, each called with a
+// tool that changes its instance's state at every call, so that every
+// call writes a checkpoint: the small plugin's count, and the Go plugin's
+// var_count (an Extism var, which the saved state carries; its echo may
+// leave the state as it was, and then nothing is written).
+var durablePlugins = []plugin{
+	benchPlugins[0],
+	{
+		name:   "go",
+		path:   benchPlugins[1].path,
+		tool:   "var_count",
+		args:   map[string]any{},
+		want:   "1",
+		counts: true,
+	},
+}
+
+// durableKey is the state key every host of BenchmarkDurableCall shares.
+var durableKey = []byte("bench state key, shared by the replicas of BenchmarkDurableCall")
+
+// callsBeforeMove is how many calls a moved session made on its first
+// replica.
+const callsBeforeMove = 2
+
+// BenchmarkDurableCall measures what durable sessions (issue 16) cost:
+// a checkpoint at every call, and the first call of a session on a
+// replica that did not serve it before. Every call is a warm call over
+// streamable HTTP on 127.0.0.1, on a stateful session (protocol
+// 2025-11-25), of a tool that changes its instance's state
+// (durablePlugins), under the default checkpoint policy (after each call),
+// and every result is checked as BenchmarkWarmCall does.
+//
+// Contenders, in each plugin's case:
+//   - no-store: the host without a state store. The baseline:
+//     BenchmarkWarmCall's http/wasmtools with these tools.
+//   - redis: the host with a store in a real redis-server on loopback,
+//     started once: every call claims the session again and writes the
+//     instance's saved state (sealed) to Redis before its result is sent.
+//   - file: the same with the file store (bbolt, an fsync per write).
+//   - adopt: the first call on replica B of a session whose earlier
+//     calls (callsBeforeMove) ran on replica A, the two sharing the Redis
+//     store and the state key. Before each timed call A is gone (its
+//     listener closed, the host closed without a drain, as a replica
+//     killed) and the client's HTTP transport points at B; the timed call
+//     includes B's takeover: reading the record, replaying initialize,
+//     claiming the session, restoring the instance from its saved state,
+//     the call, and its checkpoint. Its result must be the count A's
+//     calls left plus one.
+//   - first-call-no-store: the first call of a new session on the host
+//     without a store, which makes the session's instance. With no-store,
+//     what adopt is compared with.
+//
+// adopt and first-call-no-store connect a new client session for each
+// call, untimed, without the standalone SSE stream, so that no GET of the
+// client reaches the host during the timed call (a reconnecting stream
+// would take the session over at B before the call). B/checkpoint is the
+// mean size of one instance's saved state as written (before sealing),
+// and write-us the mean time of its write (sealing and the store's put;
+// not the snapshot, nor the claim), from the host's metrics.
+func BenchmarkDurableCall(b *testing.B) {
+	ctx := context.Background()
+	redisURL := "redis://" + proxytest.StartRedis(b) + "/0"
+	for _, p := range durablePlugins {
+		path := p.path(b)
+		plain := httptest.NewServer(newHost(b, path).HTTPHandler())
+		b.Cleanup(plain.Close)
+		b.Run(p.name+"/no-store", func(b *testing.B) {
+			cs := connectStateful(ctx, b, plain.URL, nil)
+			defer cs.Close()
+			warmCalls(ctx, b, cs, p, false)
+		})
+		stores := []struct{ name, url string }{
+			{"redis", redisURL},
+			{"file", "file:" + filepath.Join(b.TempDir(), "s.db")},
+		}
+		for _, s := range stores {
+			b.Run(p.name+"/"+s.name, func(b *testing.B) {
+				h := newHostWith(b, &host.Options{Store: openStore(b, s.url), Replica: "b1", StateKey: durableKey}, path)
+				srv := httptest.NewServer(h.HTTPHandler())
+				b.Cleanup(srv.Close)
+				cs := connectStateful(ctx, b, srv.URL, nil)
+				defer cs.Close()
+				warmCalls(ctx, b, cs, p, false)
+				reportCheckpoints(b, h)
+			})
+		}
+		b.Run(p.name+"/adopt", func(b *testing.B) {
+			adoptCalls(ctx, b, p, path, redisURL)
+		})
+		b.Run(p.name+"/first-call-no-store", func(b *testing.B) {
+			for b.Loop() {
+				b.StopTimer()
+				cs := connectStateful(ctx, b, plain.URL, &mcp.StreamableClientTransport{DisableStandaloneSSE: true})
+				b.StartTimer()
+				res, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: p.tool, Arguments: p.args})
+				if err != nil {
+					b.Fatal(err)
+				}
+				b.StopTimer()
+				if _, err := p.check(res, ""); err != nil {
+					b.Fatal(err)
+				}
+				cs.Close()
+				b.StartTimer()
+			}
+		})
+	}
+}
+
+// adoptCalls is BenchmarkDurableCall's adopt: each timed call is the
+// first at replica B of a session made at a replica A gone since.
+func adoptCalls(ctx context.Context, b *testing.B, p plugin, path, storeURL string) {
+	// B lives through the benchmark; a new A (a new host on the same
+	// compiled plugins, a new listener) serves each session's first
+	// calls.
+	hb := newHostWith(b, &host.Options{Store: openStore(b, storeURL), Replica: "b1", StateKey: durableKey}, path)
+	srvB := httptest.NewServer(hb.HTTPHandler())
+	b.Cleanup(srvB.Close)
+	catA := loadCatalogue(b, path)
+	storeA := openStore(b, storeURL)
+	want := strconv.Itoa(callsBeforeMove)
+	for b.Loop() {
+		b.StopTimer()
+		ha := host.New(plugins.NewStatic(catA), &host.Options{Store: storeA, Replica: "a1", StateKey: durableKey})
+		srvA := httptest.NewServer(ha.HTTPHandler())
+		rt := &movable{}
+		rt.point(srvA.URL)
+		cs := connectStateful(ctx, b, srvA.URL, &mcp.StreamableClientTransport{HTTPClient: &http.Client{Transport: rt}, DisableStandaloneSSE: true})
+		prev := ""
+		for range callsBeforeMove {
+			res, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: p.tool, Arguments: p.args})
+			if err != nil {
+				b.Fatal(err)
+			}
+			if prev, err = p.check(res, prev); err != nil {
+				b.Fatalf("at A: %v", err)
+			}
+		}
+		if prev != want {
+			b.Fatalf("at A: count %s after %d calls", prev, callsBeforeMove)
+		}
+		// A is gone, as a replica killed: its connections and listener
+		// closed, the host closed without a drain (its sessions stay in
+		// the store, claimed by A).
+		srvA.CloseClientConnections()
+		srvA.Close()
+		if err := ha.Close(ctx); err != nil {
+			b.Fatal(err)
+		}
+		rt.point(srvB.URL)
+		b.StartTimer()
+		res, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: p.tool, Arguments: p.args})
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.StopTimer()
+		if _, err := p.check(res, prev); err != nil {
+			b.Fatalf("at B: %v", err)
+		}
+		if res.Meta[host.MetaStateReset] != nil {
+			b.Fatalf("at B: state reset: %v", res.Meta)
+		}
+		cs.Close() // DELETE at B: the session ends, its record goes
+		b.StartTimer()
+	}
+	reportCheckpoints(b, hb)
+}
+
+// connectStateful connects a client session of protocol 2025-11-25 to
+// the streamable HTTP endpoint at url, with tr's options (nil: the
+// defaults), and checks the protocol negotiated. The caller closes the
+// session.
+func connectStateful(ctx context.Context, b *testing.B, url string, tr *mcp.StreamableClientTransport) *mcp.ClientSession {
+	b.Helper()
+	if tr == nil {
+		tr = &mcp.StreamableClientTransport{}
+	}
+	tr.Endpoint = url
+	cs, err := client.Connect(ctx, tr, &mcp.ClientSessionOptions{ProtocolVersion: statefulProtocol})
+	if err != nil {
+		b.Fatal(err)
+	}
+	if v := cs.InitializeResult().ProtocolVersion; v != statefulProtocol {
+		cs.Close()
+		b.Fatalf("negotiated %s, want %s", v, statefulProtocol)
+	}
+	return cs
+}
+
+// openStore opens the state store at url with durableKey, closed when
+// the benchmark ends (after the hosts made later, which close first).
+func openStore(b *testing.B, url string) statestore.Store {
+	b.Helper()
+	s, err := statestore.Open(url, durableKey)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { s.Close() })
+	return s
+}
+
+// movable is a proxy in a benchmark: it sends every request to the
+// server it points at now, as a proxy whose rule moved would.
+type movable struct{ to atomic.Pointer[url.URL] }
+
+func (m *movable) point(base string) {
+	u, err := url.Parse(base)
+	if err != nil {
+		panic(err)
+	}
+	m.to.Store(u)
+}
+
+func (m *movable) RoundTrip(r *http.Request) (*http.Response, error) {
+	u := m.to.Load()
+	r = r.Clone(r.Context())
+	r.URL.Scheme, r.URL.Host, r.Host = u.Scheme, u.Host, u.Host
+	return http.DefaultTransport.RoundTrip(r)
+}
+
+// reportCheckpoints reports, from h's metrics, the mean size of the
+// checkpoints it wrote so far (B/checkpoint) and the mean time of their
+// writes to the store (write-us), and fails if it wrote none.
+func reportCheckpoints(b *testing.B, h *host.Host) {
+	b.Helper()
+	rec := httptest.NewRecorder()
+	h.MetricsHandler().ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/metrics", nil))
+	m := map[string]float64{}
+	sc := bufio.NewScanner(rec.Body)
+	for sc.Scan() {
+		name, v, ok := strings.Cut(sc.Text(), " ")
+		if !ok || !strings.HasPrefix(name, "wasmtools_checkpoint_") {
+			continue
+		}
+		m[name], _ = strconv.ParseFloat(v, 64)
+	}
+	n := m["wasmtools_checkpoint_bytes_count"]
+	if n == 0 {
+		b.Fatal("the host wrote no checkpoint")
+	}
+	b.ReportMetric(m["wasmtools_checkpoint_bytes_sum"]/n, "B/checkpoint")
+	b.ReportMetric(m["wasmtools_checkpoint_write_seconds_sum"]/n*1e6, "write-us")
+}
