@@ -486,11 +486,22 @@ func TestFileStoreKeepsSessionsAcrossRestart(t *testing.T) {
 			}
 		}
 	}
-	syscall.Kill(p.Cmd.Process.Pid, syscall.SIGTERM)
+	// POST /drain stops it as SIGTERM does (the e2e test sends that).
+	res, err := http.Post("http://"+addr+"/drain", "text/plain", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res.Body.Close()
+	if res.StatusCode != http.StatusAccepted {
+		t.Fatalf("POST /drain: %s", res.Status)
+	}
 	select {
 	case <-p.Done():
 	case <-time.After(time.Minute):
-		t.Fatal("serve did not exit on SIGTERM")
+		t.Fatal("serve did not exit after POST /drain")
+	}
+	if !strings.Contains(p.Output(), "drained") {
+		t.Fatalf("serve exited without draining:\n%s", p.Output())
 	}
 	if _, err := os.Stat(state + ".key"); err != nil {
 		t.Fatalf("no state key made beside the store: %v", err)
