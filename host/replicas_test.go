@@ -342,3 +342,23 @@ func TestStoreLostSessionsGoOn(t *testing.T) {
 	}
 	a.waitLog(t, "state store unavailable", 1)
 }
+
+// A task's ID names its replica, so a proxy routes its requests there
+// (Mcp-Name); one that reaches another replica is told which one runs it.
+func TestTaskNamesItsReplica(t *testing.T) {
+	store := statestore.NewMemory()
+	files := map[string]string{"everything.wasm": testplugins.Example(t, "everything")}
+	a := newReplicaOf(t, "a", store, sandbox.NewPolicy(), files)
+	b := newReplicaOf(t, "b", store, sandbox.NewPolicy(), files)
+	id := startTask(t, a.srv.URL, "slow_compute", map[string]any{"seconds": 0.05, "label": "x"})
+	if !strings.HasPrefix(id, "a.t1.") {
+		t.Fatalf("task ID %q does not begin with its replica's name", id)
+	}
+	_, e := rpc(t, b.srv.URL, "tasks/get", id, map[string]any{"taskId": id}, withTasks)
+	if msg, _ := e["message"].(string); !strings.Contains(msg, `replica "a"`) {
+		t.Fatalf("tasks/get at b: %v; want an error naming replica a", e)
+	}
+	if res, e := rpc(t, a.srv.URL, "tasks/get", id, map[string]any{"taskId": id}, withTasks); e != nil || res["taskId"] != id {
+		t.Fatalf("tasks/get at a: %v %v", res, e)
+	}
+}

@@ -108,14 +108,16 @@ var ErrTask = errors.New("unknown task")
 // errTooManyTasks is the refusal of a task past a bound.
 var errTooManyTasks = errors.New("too many tasks")
 
-// newID mints a task ID: "t1.<boot>.<random>.<mac>". The MAC, under the
-// host's state key, says the ID is this server's; the boot tag says
-// whether it is this process's, so that an ID from before a restart is
-// refused as such, not as unknown.
+// newID mints a task ID: "[<replica>.]t1.<boot>.<random>.<mac>". The
+// replica's name first lets a proxy route the task's requests (their
+// Mcp-Name header) to the replica that runs it, as it routes sessions. The
+// MAC, under the host's state key, says the ID is this server's; the boot
+// tag says whether it is this process's, so that an ID from before a
+// restart, or from another replica, is refused as such, not as unknown.
 func (s *taskStore) newID() string {
 	var r [16]byte
 	rand.Read(r[:])
-	body := "t1." + s.boot + "." + hex.EncodeToString(r[:])
+	body := s.h.replicaPrefix() + "t1." + s.boot + "." + hex.EncodeToString(r[:])
 	return body + "." + s.mac(body)
 }
 
@@ -136,8 +138,15 @@ func (s *taskStore) lookupLocked(id, owner string) (*task, error) {
 		return nil, fmt.Errorf("%w: the task ID is not one of this server's", ErrTask)
 	}
 	f := strings.Split(id, ".")
-	if len(f) == 4 && f[0] == "t1" && hmac.Equal([]byte(f[3]), []byte(s.mac(strings.Join(f[:3], ".")))) && f[1] != s.boot {
-		return nil, fmt.Errorf("%w %q: it was created before the server restarted, and tasks do not survive a restart (no state store is configured): call the tool again", ErrTask, id)
+	replica := ""
+	if len(f) == 5 {
+		replica, f = f[0], f[1:]
+	}
+	if len(f) == 4 && f[0] == "t1" && hmac.Equal([]byte(f[3]), []byte(s.mac(id[:strings.LastIndexByte(id, '.')]))) && (f[1] != s.boot || replica != s.h.opts.Replica) {
+		if replica != "" && replica != s.h.opts.Replica {
+			return nil, fmt.Errorf("%w %q: it runs on replica %q, and a task does not move between replicas (its guest runs there); this request reached another one, so that replica is gone or out of rotation: call the tool again", ErrTask, id, replica)
+		}
+		return nil, fmt.Errorf("%w %q: it was created before the server restarted, and tasks do not survive a restart: call the tool again", ErrTask, id)
 	}
 	return nil, fmt.Errorf("%w %q: no such task (expired, never created, or created before the server restarted: tasks do not survive a restart)", ErrTask, id)
 }

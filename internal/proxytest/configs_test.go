@@ -153,14 +153,19 @@ func (s *setup) eventually(what string, cond func() bool) {
 	}
 }
 
-var headers = []string{"Mcp-Session-Id", "Mcp-Param-Wasmtools-Session"}
+var headers = []string{"Mcp-Session-Id", "Mcp-Param-Wasmtools-Session", "Mcp-Name"}
 
-// sessionKeys are a few sessions of replica name, under both headers.
+// sessionKeys are a few sessions of replica name, under each header (a
+// task's ID under Mcp-Name).
 func sessionKeys(name string) [][2]string {
 	var keys [][2]string
 	for i := range 8 {
 		for _, h := range headers {
-			keys = append(keys, [2]string{h, fmt.Sprintf("%s.key%d-%x", name, i, i*7919)})
+			format := "%s.key%d-%x"
+			if h == "Mcp-Name" {
+				format = "%s.t1.key%d-%x"
+			}
+			keys = append(keys, [2]string{h, fmt.Sprintf(format, name, i, i*7919)})
 		}
 	}
 	return keys
@@ -229,6 +234,14 @@ func TestConfigs(t *testing.T) {
 				}
 				if len(seen) != 3 {
 					t.Fatalf("30 requests without a session went to %v, want all three", seen)
+				}
+				// A tool's name in Mcp-Name is no task: no session either.
+				seen = map[string]int{}
+				for range 30 {
+					seen[s.mustPost("Mcp-Name", "note_add")]++
+				}
+				if len(seen) != 3 {
+					t.Fatalf("30 calls of a tool went to %v, want all three", seen)
 				}
 			})
 			t.Run("draining replica", func(t *testing.T) {
