@@ -44,6 +44,16 @@ func newReplicaOf(t *testing.T, name string, store statestore.Store, policy sand
 	return &replica{fixture: f, srv: srv}
 }
 
+// twoReplicas are replicas a and b of the notes example sharing a store,
+// and a router pointing at a.
+func twoReplicas(t *testing.T) (a, b *replica, rt *router) {
+	t.Helper()
+	store := statestore.NewMemory()
+	a = newReplica(t, "a", store, sandbox.NewPolicy())
+	b = newReplica(t, "b", store, sandbox.NewPolicy())
+	return a, b, &router{to: a}
+}
+
 // gone is the replica killed: its connections cut, its listener closed.
 func (r *replica) gone() {
 	r.srv.CloseClientConnections()
@@ -81,10 +91,7 @@ func notes(t *testing.T, cs *mcp.ClientSession, args map[string]any) *mcp.CallTo
 }
 
 func TestStatefulSessionMovesToAnotherReplica(t *testing.T) {
-	store := statestore.NewMemory()
-	a := newReplica(t, "a", store, sandbox.NewPolicy())
-	b := newReplica(t, "b", store, sandbox.NewPolicy())
-	rt := &router{to: a}
+	a, b, rt := twoReplicas(t)
 	cs := connectHTTP(t, a.srv.URL, "2025-11-25", rt)
 	if !strings.HasPrefix(cs.ID(), "a.") {
 		t.Fatalf("session ID %q does not begin with the replica's name", cs.ID())
@@ -120,10 +127,7 @@ func TestStatefulSessionMovesToAnotherReplica(t *testing.T) {
 }
 
 func TestHandleMovesToAnotherReplica(t *testing.T) {
-	store := statestore.NewMemory()
-	a := newReplica(t, "a", store, sandbox.NewPolicy())
-	b := newReplica(t, "b", store, sandbox.NewPolicy())
-	rt := &router{to: a}
+	a, b, rt := twoReplicas(t)
 	cs := connectHTTP(t, a.srv.URL, "", rt) // 2026-07-28: no session
 	cs.ListTools(context.Background(), nil)
 	res := call(t, cs, "note_add", map[string]any{"text": "first"})
@@ -182,10 +186,7 @@ func cmpOr(a, b string) string {
 }
 
 func TestDrainHandsSessionsOver(t *testing.T) {
-	store := statestore.NewMemory()
-	a := newReplica(t, "a", store, sandbox.NewPolicy())
-	b := newReplica(t, "b", store, sandbox.NewPolicy())
-	rt := &router{to: a}
+	a, b, rt := twoReplicas(t)
 	cs := connectHTTP(t, a.srv.URL, "2025-11-25", rt)
 	call(t, cs, "note_add", map[string]any{"text": "before the drain"})
 
@@ -265,19 +266,11 @@ func TestRacingTakeoversLoseNoUpdate(t *testing.T) {
 	}
 }
 
-// postSession posts one JSON-RPC message in stateful session id.
+// postSession posts one JSON-RPC message in stateful session id, and
+// returns the status and what the response said up to its result.
 func postSession(t *testing.T, base, id, body string) (int, string) {
 	t.Helper()
-	req, _ := http.NewRequest(http.MethodPost, base+"/mcp", strings.NewReader(body))
-	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("Accept", "application/json, text/event-stream")
-	req.Header.Set("Mcp-Session-Id", id)
-	req.Header.Set("Mcp-Protocol-Version", "2025-11-25")
-	res, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Error(err)
-		return 0, ""
-	}
+	res := postInSession(t, base, id, body)
 	defer res.Body.Close()
 	var b strings.Builder
 	buf := make([]byte, 4096)

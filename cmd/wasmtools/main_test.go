@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -17,6 +16,7 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
+	"github.com/wasmtools/wasmtools/internal/proxytest"
 	"github.com/wasmtools/wasmtools/internal/testplugins"
 )
 
@@ -170,15 +170,7 @@ func TestServeStdio(t *testing.T) {
 	}
 }
 
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().String()
-}
+func freeAddr(t *testing.T) string { return proxytest.FreeAddr(t) }
 
 func TestServeHTTP(t *testing.T) {
 	dir := exampleFolder(t)

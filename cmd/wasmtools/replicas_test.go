@@ -118,9 +118,14 @@ func (rs *replicaSet) start(i int) {
 		"--http", rs.addrs[i], "--replica", rs.names[i], "--state-store", "redis://"+rs.redis+"/0",
 		"--shutdown-grace", "30s", rs.dir)
 	cmd.Env = append(os.Environ(), "WASMTOOLS_TEST_MAIN=1", "WASMTOOLS_STATE_KEY="+replicaStateKey)
-	url := "http://" + rs.addrs[i] + "/readyz"
-	rs.procs[i] = proxytest.Start(rs.t, cmd, func() error {
-		res, err := http.Get(url)
+	rs.procs[i] = proxytest.Start(rs.t, cmd, readyAt(rs.addrs[i]))
+}
+
+// readyAt is the readiness of `wasmtools serve --http addr`: its /readyz
+// answers 200 (its plugins loaded).
+func readyAt(addr string) func() error {
+	return func() error {
+		res, err := http.Get("http://" + addr + "/readyz")
 		if err != nil {
 			return err
 		}
@@ -129,7 +134,7 @@ func (rs *replicaSet) start(i int) {
 			return fmt.Errorf("/readyz: %s", res.Status)
 		}
 		return nil
-	})
+	}
 }
 
 // kill ends replica i with SIGKILL: nothing is drained.
@@ -463,17 +468,7 @@ func TestFileStoreKeepsSessionsAcrossRestart(t *testing.T) {
 		cmd := exec.Command(os.Args[0], "serve", "--cache-dir", testplugins.CacheDir(), "--no-watch",
 			"--http", addr, "--state-store", "file:"+state, dir)
 		cmd.Env = append(os.Environ(), "WASMTOOLS_TEST_MAIN=1")
-		return proxytest.Start(t, cmd, func() error {
-			res, err := http.Get("http://" + addr + "/readyz")
-			if err != nil {
-				return err
-			}
-			res.Body.Close()
-			if res.StatusCode != http.StatusOK {
-				return fmt.Errorf("/readyz: %s", res.Status)
-			}
-			return nil
-		})
+		return proxytest.Start(t, cmd, readyAt(addr))
 	}
 	p := start()
 	rs := &replicaSet{t: t, proxy: "http://" + addr + "/mcp", client: &http.Client{}}

@@ -590,16 +590,7 @@ func (m *Manager) Seed(key Key, seeds map[string]Seed) error {
 // stops the walk and is returned. Busy slots are skipped: the caller
 // waits for calls in flight first.
 func (m *Manager) Instances(ctx context.Context, key Key, f func(plugin string, inst *plugins.Instance) error) error {
-	m.mu.Lock()
-	c := m.clients[key]
-	var slots []*slot
-	if c != nil {
-		for _, sl := range c.slots {
-			slots = append(slots, sl)
-		}
-	}
-	m.mu.Unlock()
-	for _, sl := range slots {
+	for _, sl := range m.slotsOf(key) {
 		if !sl.tryLock() {
 			continue
 		}
@@ -650,19 +641,25 @@ func (m *Manager) WaitIdle(ctx context.Context) error {
 // and its next leases start from the seeds [Manager.Seed] gives. A slot
 // busy with a lease keeps its instance.
 func (m *Manager) DropIdle(key Key) {
-	m.mu.Lock()
-	c := m.clients[key]
-	var slots []*slot
-	if c != nil {
-		for _, sl := range c.slots {
-			slots = append(slots, sl)
-		}
-	}
-	m.mu.Unlock()
-	for _, sl := range slots {
+	for _, sl := range m.slotsOf(key) {
 		if sl.tryLock() {
 			m.dropInstance(sl)
 			sl.unlock()
 		}
 	}
+}
+
+// slotsOf returns key's client's slots now (none for no client).
+func (m *Manager) slotsOf(key Key) []*slot {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	c := m.clients[key]
+	if c == nil {
+		return nil
+	}
+	slots := make([]*slot, 0, len(c.slots))
+	for _, sl := range c.slots {
+		slots = append(slots, sl)
+	}
+	return slots
 }
