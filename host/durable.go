@@ -68,6 +68,36 @@ type durable struct {
 
 	mu     sync.Mutex
 	claims map[sessions.Key]*claim
+	// users are the authenticated users of stateful sessions made and
+	// not yet initialized, by session ID (at most maxPendingUsers).
+	users map[string]string
+}
+
+// maxPendingUsers bounds the sessions whose initialize was answered and
+// whose initialized has not come: past it one is forgotten for each new one (its
+// record names no user, and no one can take it over).
+const maxPendingUsers = 4096
+
+// madeBy records the user that made stateful session id.
+func (d *durable) madeBy(id, user string) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if len(d.users) >= maxPendingUsers {
+		for k := range d.users { // map order: some entry, a cheap bound
+			delete(d.users, k)
+			break
+		}
+	}
+	d.users[id] = user
+}
+
+// madeFor returns, once, the user that made session id.
+func (d *durable) madeFor(id string) (string, bool) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	user, ok := d.users[id]
+	delete(d.users, id)
+	return user, ok
 }
 
 // claim is this replica's claim on one session.
@@ -91,6 +121,7 @@ func newDurable(h *Host) *durable {
 		policy: cmpOr(h.opts.Checkpoint, CheckpointAfterCall),
 		log:    h.log.With("component", "durable"),
 		claims: map[sessions.Key]*claim{},
+		users:  map[string]string{},
 	}
 	return d
 }
@@ -166,6 +197,17 @@ func storeID(key sessions.Key) string {
 // stateful HTTP session.
 type sessionRecord struct {
 	Initialize *mcp.InitializeParams `json:"initialize,omitempty"`
+	// Subject is the keyed digest of the authenticated user the session
+	// is bound to ("-" for none, as in handles): only that user's
+	// requests take it over.
+	Subject string `json:"subject,omitempty"`
+}
+
+// newSession is a stateful session being made, whose record ensure
+// writes.
+type newSession struct {
+	ss      *mcp.ServerSession
+	subject string // subjectTag of its authenticated user
 }
 
 // pluginRecord is a "p/NAME" field.
@@ -181,13 +223,12 @@ type pluginRecord struct {
 }
 
 // ensure claims key's session for this replica before a request runs on
-// it. The first time this replica serves the session, or when another
+// it (ns: the stateful session being made, whose record is written). The first time this replica serves the session, or when another
 // replica served it since (the claim's fence moved), the store's record
 // (if any) seeds the key's client: its instances' states, and a handle's
-// client is opened. ss, if not nil, is the session's MCP session, whose
-// state is recorded. It returns nil for a key that is not kept, and for a
+// client is opened. It returns nil for a key that is not kept, and for a
 // handle the store does not know either (the caller refuses it).
-func (d *durable) ensure(ctx context.Context, key sessions.Key, ss *mcp.ServerSession) (*claim, error) {
+func (d *durable) ensure(ctx context.Context, key sessions.Key, ns *newSession) (*claim, error) {
 	if d == nil {
 		return nil, nil
 	}
@@ -203,7 +244,7 @@ func (d *durable) ensure(ctx context.Context, key sessions.Key, ss *mcp.ServerSe
 		c = &claim{id: id, ready: make(chan struct{}), saved: map[string][sha256.Size]byte{}}
 		d.claims[key] = c
 		d.mu.Unlock()
-		kept, err := d.take(ctx, key, ss, c)
+		kept, err := d.take(ctx, key, ns, c)
 		if err != nil || !kept {
 			c.err = cmp.Or(err, errNotKept)
 			d.mu.Lock()
@@ -251,7 +292,7 @@ var errNotKept = errors.New("session not kept")
 // take claims the session for the first time and, if the store has it,
 // seeds key's client. kept is false for a handle that neither this
 // replica nor the store knows.
-func (d *durable) take(ctx context.Context, key sessions.Key, ss *mcp.ServerSession, c *claim) (kept bool, err error) {
+func (d *durable) take(ctx context.Context, key sessions.Key, ns *newSession, c *claim) (kept bool, err error) {
 	rec, err := d.store.Get(ctx, c.id)
 	if err != nil && !errors.Is(err, statestore.ErrNotFound) {
 		return false, fmt.Errorf("state store: read session: %w", err)
@@ -270,8 +311,8 @@ func (d *durable) take(ctx context.Context, key sessions.Key, ss *mcp.ServerSess
 		}
 	}
 	switch {
-	case ss != nil && ss.InitializeParams() != nil:
-		b, _ := json.Marshal(sessionRecord{Initialize: ss.InitializeParams()})
+	case ns != nil && ns.ss.InitializeParams() != nil:
+		b, _ := json.Marshal(sessionRecord{Initialize: ns.ss.InitializeParams(), Subject: ns.subject})
 		err = d.putLocked(ctx, c, "mcp", b)
 	case rec == nil:
 		// A record, so that a replica taking the session over knows it.

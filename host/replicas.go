@@ -7,6 +7,7 @@ package host
 import (
 	"bytes"
 	"context"
+	"crypto/hmac"
 	"crypto/rand"
 	"encoding/json"
 	"errors"
@@ -21,6 +22,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/modelcontextprotocol/go-sdk/auth"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/wasmtools/wasmtools/internal/statestore"
@@ -63,7 +65,13 @@ func (h *Host) initialized(ctx context.Context, ss *mcp.ServerSession) {
 	if h.dur == nil || ss.ID() == "" {
 		return
 	}
-	if _, err := h.dur.ensure(ctx, h.connKey(ss), ss); err != nil {
+	// An unknown user (not seen at the initialize) fails closed: "?" is
+	// no subject's tag, so no request takes the session over.
+	subject := "?"
+	if user, ok := h.dur.madeFor(ss.ID()); ok {
+		subject = h.subjectTag(user)
+	}
+	if _, err := h.dur.ensure(ctx, h.connKey(ss), &newSession{ss: ss, subject: subject}); err != nil {
 		h.log.Error("state store: new session not kept", "session", ss.ID(), "error", err)
 	}
 }
@@ -207,6 +215,12 @@ func (h *Host) serveStateful(stateful http.Handler, events mcp.EventStore, w htt
 		h.adoptMu.RLock()
 		defer h.adoptMu.RUnlock()
 		stateful.ServeHTTP(w, r)
+		if made := w.Header().Get("Mcp-Session-Id"); made != "" && h.dur != nil {
+			// Whose session it is, for its record (initialized): the
+			// go-sdk keeps the user to itself, and the handler of
+			// notifications/initialized is not told.
+			h.dur.madeBy(made, userOf(r))
+		}
 		return
 	case r.Method == http.MethodGet:
 		if h.drain.draining.Load() {
@@ -337,6 +351,11 @@ func (h *Host) adopt(ctx context.Context, stateful http.Handler, orig *http.Requ
 	if sr.Initialize == nil {
 		return fmt.Errorf("%w: the session's record has no initialize parameters", statestore.ErrNotFound)
 	}
+	// The session is its authenticated user's, as the go-sdk holds it on
+	// the replica that made it: another user's request does not find it.
+	if !hmac.Equal([]byte(sr.Subject), []byte(h.subjectTag(userOf(orig)))) {
+		return fmt.Errorf("%w: the session belongs to another user", statestore.ErrNotFound)
+	}
 	h.adoptMu.Lock()
 	defer h.adoptMu.Unlock()
 	h.adoptID = id
@@ -345,6 +364,8 @@ func (h *Host) adopt(ctx context.Context, stateful http.Handler, orig *http.Requ
 	if h.hasSession(ctx, stateful, orig, id) {
 		return nil
 	}
+	// The replayed initialized writes the record again: with this user.
+	h.dur.madeBy(id, userOf(orig))
 	init, err := json.Marshal(map[string]any{"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": sr.Initialize})
 	if err != nil {
 		return err
@@ -392,4 +413,12 @@ func (h *Host) replay(ctx context.Context, stateful http.Handler, orig *http.Req
 	rec := httptest.NewRecorder()
 	stateful.ServeHTTP(rec, req)
 	return rec
+}
+
+// userOf is the authenticated user of r ("" for none).
+func userOf(r *http.Request) string {
+	if ti := auth.TokenInfoFromContext(r.Context()); ti != nil {
+		return ti.UserID
+	}
+	return ""
 }

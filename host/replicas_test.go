@@ -3,6 +3,7 @@ package host_test
 import (
 	"context"
 	"fmt"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -353,5 +354,50 @@ func TestTaskNamesItsReplica(t *testing.T) {
 	}
 	if res, e := rpc(t, a.srv.URL, "tasks/get", id, map[string]any{"taskId": id}, withTasks); e != nil || res["taskId"] != id {
 		t.Fatalf("tasks/get at a: %v %v", res, e)
+	}
+}
+
+// A stateful session is its authenticated user's on every replica: another
+// user presenting its ID does not take it over.
+func TestTakeoverKeepsTheSessionsUser(t *testing.T) {
+	store := statestore.NewMemory()
+	tokens := map[string]string{"alice": "alice-token-0123456789", "bob": "bob-token-0123456789"}
+	var srvs [2]*httptest.Server
+	for i, name := range []string{"a", "b"} {
+		f := newFixture(t, &host.Options{Replica: name, Store: store, StateKey: replicaKey}, sandbox.NewPolicy(),
+			map[string]string{"notes.wasm": testplugins.Example(t, "notes")})
+		srvs[i] = httptest.NewServer(host.RequireTokens("", tokens, f.h.HTTPHandler()))
+		t.Cleanup(srvs[i].Close)
+	}
+	as := func(token string) http.RoundTripper { return headerTransport{"Authorization", "Bearer " + token} }
+	alice := connectHTTP(t, srvs[0].URL, "2025-11-25", as(tokens["alice"]))
+	call(t, alice, "note_add", map[string]any{"text": "alice's"})
+	// bob, at b, with alice's session ID.
+	req, _ := http.NewRequest(http.MethodPost, srvs[1].URL+"/mcp", strings.NewReader(`{"jsonrpc":"2.0","id":5,"method":"tools/call","params":{"name":"note_list","arguments":{}}}`))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Accept", "application/json, text/event-stream")
+	req.Header.Set("Mcp-Session-Id", alice.ID())
+	req.Header.Set("Mcp-Protocol-Version", "2025-11-25")
+	req.Header.Set("Authorization", "Bearer "+tokens["bob"])
+	res, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(res.Body)
+	res.Body.Close()
+	if res.StatusCode != http.StatusNotFound || strings.Contains(string(body), "alice's") {
+		t.Fatalf("bob with alice's session at b: %d %s; want 404", res.StatusCode, body)
+	}
+	// alice herself, at b, is served.
+	req.Header.Set("Authorization", "Bearer "+tokens["alice"])
+	req.Body = io.NopCloser(strings.NewReader(`{"jsonrpc":"2.0","id":6,"method":"tools/call","params":{"name":"note_list","arguments":{}}}`))
+	res, err = http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ = io.ReadAll(res.Body)
+	res.Body.Close()
+	if res.StatusCode != http.StatusOK || !strings.Contains(string(body), "alice's") {
+		t.Fatalf("alice at b: %d %s", res.StatusCode, body)
 	}
 }
