@@ -466,6 +466,34 @@ func (d *durable) afterCall(ctx context.Context, key sessions.Key, c *claim, l *
 	return nil
 }
 
+// saved returns the state of key's instance of p as the store keeps it,
+// for an instance evicted for room: with after-call checkpoints it is
+// the state as of its last call, so the client goes on as if it had never
+// been evicted. nil when there is none (no store, another policy, a state
+// that could not be saved, or another version's).
+func (d *durable) saved(ctx context.Context, key sessions.Key, p *plugins.Plugin) *plugins.State {
+	if d == nil || d.policy != CheckpointAfterCall {
+		return nil
+	}
+	d.mu.Lock()
+	c := d.claims[key]
+	d.mu.Unlock()
+	if c == nil {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, storeTimeout)
+	defer cancel()
+	rec, err := d.store.Get(ctx, c.id)
+	if err != nil {
+		return nil
+	}
+	var pr pluginRecord
+	if json.Unmarshal(rec["p/"+p.Name()], &pr) != nil || pr.Lost != "" || pr.SHA256 != p.SHA256() {
+		return nil
+	}
+	return &plugins.State{Host: pr.Host, SHA256: pr.SHA256, Data: pr.Data}
+}
+
 // forget drops this replica's claim on key, without touching the store.
 func (d *durable) forget(key sessions.Key) {
 	d.mu.Lock()

@@ -274,6 +274,9 @@ func New(src *plugins.Reloader, opts *Options) *Host {
 		IdleTimeout: idle,
 		MaxParked:   h.opts.MaxParked, MaxParkedPerClient: h.opts.MaxParkedPerClient,
 		MaxHandles: h.opts.MaxHandles,
+		Saved: func(ctx context.Context, key sessions.Key, p *plugins.Plugin) *plugins.State {
+			return h.dur.saved(ctx, key, p)
+		},
 	})
 	h.metrics.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "wasmtools_session_handles", Help: "Session handles of 2026-07-28 clients open now.",

@@ -401,3 +401,23 @@ func TestTakeoverKeepsTheSessionsUser(t *testing.T) {
 		t.Fatalf("alice at b: %d %s", res.StatusCode, body)
 	}
 }
+
+// With a store, an instance evicted for room comes back from its saved
+// state on its client's next call: the client sees no reset.
+func TestEvictedInstanceComesBackFromTheStore(t *testing.T) {
+	f := newFixture(t, &host.Options{Store: statestore.NewMemory(), StateKey: replicaKey, MaxInstances: 1}, sandbox.NewPolicy(),
+		map[string]string{"notes.wasm": testplugins.Example(t, "notes")})
+	url := serveHTTP(t, f)
+	a := connectHTTP(t, url, "2025-11-25", nil)
+	b := connectHTTP(t, url, "2025-11-25", nil)
+	call(t, a, "note_add", map[string]any{"text": "a's"})
+	call(t, b, "note_add", map[string]any{"text": "b's"}) // evicts a's instance
+	f.waitLog(t, "instance evicted", 1)
+	res := notes(t, a, nil) // evicts b's, restores a's
+	if res.Meta[host.MetaStateReset] != nil || text(res) != "1. a's\n" {
+		t.Fatalf("a after its instance was evicted: %v %q", res.Meta, text(res))
+	}
+	if res := notes(t, b, nil); res.Meta[host.MetaStateReset] != nil || text(res) != "1. b's\n" {
+		t.Fatalf("b after its instance was evicted: %v %q", res.Meta, text(res))
+	}
+}

@@ -207,7 +207,17 @@ func (m *Manager) acquireSlot(ctx context.Context, key Key, p *plugins.Plugin) (
 		m.mu.Lock()
 		seed, seeded := c.seeds[p.Name()]
 		delete(c.seeds, p.Name())
+		evicted := sl.notice.Reset != nil && sl.notice.Reset.Reason == ReasonEvicted
 		m.mu.Unlock()
+		if !seeded && evicted && m.opts.Saved != nil {
+			// The evicted instance's state may be kept elsewhere.
+			if st := m.opts.Saved(ctx, c.key, p); st != nil {
+				seed, seeded = Seed{State: st}, true
+				m.mu.Lock()
+				sl.notice.Reset = nil
+				m.mu.Unlock()
+			}
+		}
 		inst, reset, err := m.start(ctx, p, seed, seeded)
 		if err != nil {
 			m.unreserve(p)

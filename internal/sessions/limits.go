@@ -96,7 +96,7 @@ func (m *Manager) evictIdleLocked(self *slot, match func(string) bool) bool {
 		}
 		m.log.Info("instance evicted", "session", sl.c.key.String(), "plugin", sl.plugin, "reason", "instance limit")
 		m.closeInstanceLocked(sl)
-		sl.notice = Notice{Reset: &Reset{Reason: "evicted", Detail: "the instance was idle and the server needed room for another"}}
+		sl.notice = Notice{Reset: &Reset{Reason: ReasonEvicted, Detail: "the instance was idle and the server needed room for another"}}
 		m.obs.InstanceReset(sl.plugin, "evicted")
 		sl.unlock()
 		return true

@@ -133,6 +133,12 @@ type Options struct {
 	// [DefaultMaxParked]. MaxParkedPerClient bounds one client's; 0
 	// means [DefaultMaxParkedPerClient].
 	MaxParked, MaxParkedPerClient int
+	// Saved, if set, returns the saved state of key's instance of p (a
+	// state store's copy, as of its last call), or nil: an instance
+	// evicted for room then comes back from it on the client's next lease,
+	// and the client is told nothing, instead of starting afresh with an
+	// "evicted" reset.
+	Saved func(ctx context.Context, key Key, p *plugins.Plugin) *plugins.State
 }
 
 // Observer is told of instance events. Its methods must not block.
@@ -546,6 +552,10 @@ func (m *Manager) Holds(key Key, plugin string) bool {
 	sl, ok := c.slots[plugin]
 	return ok && sl.elem != nil // elem is set, under m.mu, while inst is
 }
+
+// ReasonEvicted is the [Reset] reason of an instance evicted for room
+// under the instance limits.
+const ReasonEvicted = "evicted"
 
 // ReasonReplicaLost is the [Reset] reason of an instance that should have
 // started from a client's saved state (see [Manager.Seed]) and could not:
