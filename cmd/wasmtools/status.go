@@ -63,9 +63,51 @@ func cmdStatus(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	}
 	tw.Flush()
 	for _, p := range rep.Plugins {
+		if s := p.Source; s != nil {
+			fmt.Fprintf(stdout, "\n%s: %s\n  digest:   %s\n  verified: %s\n", p.Name, s.Source, cmpOr(s.Digest, "-"), cmpOr(s.Verified, "-"))
+		}
+	}
+	for _, p := range rep.Plugins {
 		if p.Error != "" {
 			fmt.Fprintf(stdout, "\n%s (%s): %s\n", p.Name, p.Path, p.Error)
 		}
+	}
+	return 0
+}
+
+func cmpOr(s, def string) string {
+	if s == "" {
+		return def
+	}
+	return s
+}
+
+// postJSON POSTs to url (with token as bearer token, if set) and decodes
+// the JSON answer into v; it returns the command's exit code.
+func postJSON(ctx context.Context, url, token string, v any, stderr io.Writer) int {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Minute)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, nil)
+	if err != nil {
+		fmt.Fprintf(stderr, "wasmtools: %v\n", err)
+		return 2
+	}
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		fmt.Fprintf(stderr, "wasmtools: %v (is `wasmtools serve --http` running there?)\n", err)
+		return 1
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		fmt.Fprintf(stderr, "wasmtools: %s answered %s\n", req.URL, resp.Status)
+		return 1
+	}
+	if err := json.NewDecoder(io.LimitReader(resp.Body, 16<<20)).Decode(v); err != nil {
+		fmt.Fprintf(stderr, "wasmtools: %v\n", err)
+		return 1
 	}
 	return 0
 }
