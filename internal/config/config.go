@@ -393,7 +393,7 @@ func (f *File) finish(getenv func(string) (string, bool)) error {
 		if host == "" || strings.ContainsAny(host, "/ ") {
 			errs = append(errs, fmt.Errorf("registries.%q: want a host[:port]", host))
 		}
-		if (c.Token == "") == (c.Username == "" && c.Password == "") {
+		if !(c.Token != "" && c.Username == "" && c.Password == "" || c.Token == "" && c.Username != "" && c.Password != "") {
 			errs = append(errs, fmt.Errorf("registries.%q: want username and password, or token", host))
 		}
 	}
