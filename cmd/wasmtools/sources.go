@@ -7,7 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net/url"
+	"net/http"
 	"os"
 	"path"
 	"path/filepath"
@@ -333,14 +333,9 @@ func cmdReload(ctx context.Context, args []string, lookupEnv func(string) (strin
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
-	base, err := url.Parse(strings.TrimSuffix(strings.TrimSuffix(*u, "/"), "/mcp"))
-	if err != nil {
-		fmt.Fprintf(stderr, "wasmtools reload: %v\n", err)
-		return 2
-	}
 	token, _ := lookupEnv("WASMTOOLS_AUTH_TOKEN")
 	var rep reloadReport
-	if code := postJSON(ctx, base.String()+"/reload", token, &rep, stderr); code != 0 {
+	if code := requestJSON(ctx, "reload", http.MethodPost, baseURL(*u)+"/reload", token, 10*time.Minute, &rep, stderr); code != 0 {
 		return code
 	}
 	fmt.Fprintf(stdout, "changed: %v\n", rep.Changed)

@@ -126,7 +126,7 @@ type Plugin struct {
 	// InsecureSkipSignature serves an OCI source without verifying its
 	// signature, and an HTTPS source without a pin: logged as a warning
 	// on every fetch.
-	InsecureSkipSignature *bool `toml:"insecure_skip_signature"`
+	InsecureSkipSignature *bool  `toml:"insecure_skip_signature"`
 	Prefix                string `toml:"prefix"`
 	Stateless             *bool  `toml:"stateless"`
 	// HandleNote false leaves out of the plugin's results the note that
@@ -502,10 +502,10 @@ type Effective struct {
 	PublicKeys            []string
 	InsecureSkipSignature bool
 	SHA256                string
-	Options   plugins.Options
-	Network   sandbox.Network
-	Mounts    []sandbox.Mount
-	Instances int
+	Options               plugins.Options
+	Network               sandbox.Network
+	Mounts                []sandbox.Mount
+	Instances             int
 	// HandleNote: results carry the session handle note (see
 	// Plugin.HandleNote).
 	HandleNote bool

@@ -68,16 +68,16 @@ type hyperPlugin struct {
 }
 
 type hyperRuntime struct {
-	SkipTools             []string            `json:"skip_tools" yaml:"skip_tools" toml:"skip_tools"`
-	SkipPrompts           []string            `json:"skip_prompts" yaml:"skip_prompts" toml:"skip_prompts"`
-	SkipResources         []string            `json:"skip_resources" yaml:"skip_resources" toml:"skip_resources"`
-	SkipResourceTemplates []string            `json:"skip_resource_templates" yaml:"skip_resource_templates" toml:"skip_resource_templates"`
-	AllowedHosts          []string            `json:"allowed_hosts" yaml:"allowed_hosts" toml:"allowed_hosts"`
-	AllowedPaths          []string            `json:"allowed_paths" yaml:"allowed_paths" toml:"allowed_paths"`
-	AllowedSecrets        []hyperSecret       `json:"allowed_secrets" yaml:"allowed_secrets" toml:"allowed_secrets"`
-	EnvVars               map[string]string   `json:"env_vars" yaml:"env_vars" toml:"env_vars"`
-	MemoryLimit           string              `json:"memory_limit" yaml:"memory_limit" toml:"memory_limit"`
-	ToolNamePrefix        *string             `json:"tool_name_prefix" yaml:"tool_name_prefix" toml:"tool_name_prefix"`
+	SkipTools             []string          `json:"skip_tools" yaml:"skip_tools" toml:"skip_tools"`
+	SkipPrompts           []string          `json:"skip_prompts" yaml:"skip_prompts" toml:"skip_prompts"`
+	SkipResources         []string          `json:"skip_resources" yaml:"skip_resources" toml:"skip_resources"`
+	SkipResourceTemplates []string          `json:"skip_resource_templates" yaml:"skip_resource_templates" toml:"skip_resource_templates"`
+	AllowedHosts          []string          `json:"allowed_hosts" yaml:"allowed_hosts" toml:"allowed_hosts"`
+	AllowedPaths          []string          `json:"allowed_paths" yaml:"allowed_paths" toml:"allowed_paths"`
+	AllowedSecrets        []hyperSecret     `json:"allowed_secrets" yaml:"allowed_secrets" toml:"allowed_secrets"`
+	EnvVars               map[string]string `json:"env_vars" yaml:"env_vars" toml:"env_vars"`
+	MemoryLimit           string            `json:"memory_limit" yaml:"memory_limit" toml:"memory_limit"`
+	ToolNamePrefix        *string           `json:"tool_name_prefix" yaml:"tool_name_prefix" toml:"tool_name_prefix"`
 }
 
 type hyperSecret struct {

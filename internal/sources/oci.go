@@ -337,5 +337,3 @@ func safeClient(c *http.Client) *http.Client {
 	}
 	return &out
 }
-
-

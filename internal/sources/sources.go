@@ -35,6 +35,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net"
 	"net/http"
 	"net/url"
@@ -44,6 +45,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/wasmtools/wasmtools/plugins"
 )
 
 // DefaultMaxSize bounds a plugin's bytes when its Spec sets no MaxSize:
@@ -297,11 +300,10 @@ func (m *Manager) LinkDir() string { return m.opts.LinkDir }
 func (m *Manager) Status() []Status {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	out := make([]Status, 0, len(m.ents))
-	for _, e := range m.ents {
-		out = append(out, e.status)
+	out := []Status{}
+	for _, name := range slices.Sorted(maps.Keys(m.ents)) {
+		out = append(out, m.ents[name].status)
 	}
-	slices.SortFunc(out, func(a, b Status) int { return strings.Compare(a.Name, b.Name) })
 	return out
 }
 
@@ -525,22 +527,10 @@ func (m *Manager) intact(sha string, max uint64) bool {
 	return hex.EncodeToString(sum[:]) == sha
 }
 
+// readBounded reads a stored blob or a file:// source as plugin files
+// are read: a regular file of at most max bytes.
 func readBounded(path string, max uint64) ([]byte, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	info, err := f.Stat()
-	if err != nil {
-		return nil, err
-	}
-	if !info.Mode().IsRegular() || uint64(info.Size()) > max {
-		return nil, fmt.Errorf("%s: not a regular file within the size limit", path)
-	}
-	b := make([]byte, info.Size())
-	_, err = f.ReadAt(b, 0)
-	return b, err
+	return plugins.ReadFile(path, max)
 }
 
 // store writes wasm to the store under its sha256 (written to a temporary
