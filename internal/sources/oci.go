@@ -149,7 +149,7 @@ func (o *ociFetch) pull(ctx context.Context) ([]byte, string, error) {
 	if err != nil {
 		return nil, "", fmt.Errorf("manifest: %w", err)
 	}
-	man, err := o.manifest(ctx, o.desc.MediaType, mb)
+	man, err := o.manifest(ctx, o.desc.MediaType, mb, 0)
 	if err != nil {
 		return nil, "", err
 	}
@@ -185,7 +185,7 @@ func (o *ociFetch) pull(ctx context.Context) ([]byte, string, error) {
 // manifest parses an image manifest; an index is followed to the one
 // manifest it lists for Wasm (platform wasip1, wasi or wasm), else its
 // only manifest that is not an attestation.
-func (o *ociFetch) manifest(ctx context.Context, mediaType string, b []byte) (ocispec.Manifest, error) {
+func (o *ociFetch) manifest(ctx context.Context, mediaType string, b []byte, depth int) (ocispec.Manifest, error) {
 	var probe struct {
 		MediaType string               `json:"mediaType"`
 		Manifests []ocispec.Descriptor `json:"manifests"`
@@ -194,6 +194,9 @@ func (o *ociFetch) manifest(ctx context.Context, mediaType string, b []byte) (oc
 		return ocispec.Manifest{}, fmt.Errorf("manifest: %w", err)
 	}
 	if mediaType == ocispec.MediaTypeImageIndex || mediaType == mediaTypeDockerList || probe.MediaType == ocispec.MediaTypeImageIndex {
+		if depth > 0 {
+			return ocispec.Manifest{}, fmt.Errorf("index %s: lists another index: one level is followed", o.desc.Digest)
+		}
 		var pick []ocispec.Descriptor
 		for _, d := range probe.Manifests {
 			if p := d.Platform; p != nil && (p.OS == "wasip1" || p.OS == "wasi" || p.Architecture == "wasm") {
@@ -211,7 +214,7 @@ func (o *ociFetch) manifest(ctx context.Context, mediaType string, b []byte) (oc
 		if err != nil {
 			return ocispec.Manifest{}, fmt.Errorf("manifest: %w", err)
 		}
-		return o.manifest(ctx, pick[0].MediaType, mb)
+		return o.manifest(ctx, pick[0].MediaType, mb, depth+1)
 	}
 	var man ocispec.Manifest
 	if err := json.Unmarshal(b, &man); err != nil {
