@@ -51,9 +51,14 @@ func Tool(t testing.TB, name, install string, candidates ...string) string {
 // CosignInstall is how scripts/deps.sh installs cosign.
 const CosignInstall = "GOBIN=$(go env GOPATH)/bin go install github.com/sigstore/cosign/v2/cmd/cosign@v2.6.5"
 
-// Cosign returns the cosign binary: on PATH or in $GOPATH/bin.
+// Cosign returns the cosign binary: on PATH or in $GOPATH/bin (as `go env
+// GOPATH` says, which may differ from the GOPATH variable).
 func Cosign(t testing.TB) string {
-	return Tool(t, "cosign", CosignInstall, filepath.Join(build.Default.GOPATH, "bin", "cosign"))
+	candidates := []string{filepath.Join(build.Default.GOPATH, "bin", "cosign")}
+	if out, err := exec.Command("go", "env", "GOPATH").Output(); err == nil {
+		candidates = append(candidates, filepath.Join(strings.TrimSpace(string(out)), "bin", "cosign"))
+	}
+	return Tool(t, "cosign", CosignInstall, candidates...)
 }
 
 // Registry starts docker-registry on a free loopback port, with its
