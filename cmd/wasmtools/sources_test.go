@@ -3,6 +3,8 @@ package main
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"os"
 	"path/filepath"
@@ -182,5 +184,38 @@ func TestHyperMCPRefused(t *testing.T) {
 		if code != 1 || !strings.Contains(errb.String(), want) {
 			t.Errorf("exit %d, want an error naming %s:\n%s", code, want, errb.String())
 		}
+	}
+}
+
+// TestServeOCIRefresh: with --refresh, a tag moved to a signed version is
+// swapped in without being asked.
+func TestServeOCIRefresh(t *testing.T) {
+	cosign := sourcestest.Cosign(t)
+	host, _ := sourcestest.Registry(t)
+	key, pub := sourcestest.KeyPair(t, cosign, t.TempDir())
+	v1 := testplugins.Bytes(t, testplugins.Test(t, "versioned"))
+	d1 := sourcestest.Push(t, host, "plugins/versioned", "stable", sources.MediaTypeWasm, v1)
+	sourcestest.Sign(t, cosign, key, host+"/plugins/versioned@"+d1)
+	url, stderr := serveInProcess(t, nil, "--public-key", pub, "--refresh", "100ms", "--source-dir", t.TempDir(), "versioned=oci://"+host+"/plugins/versioned:stable")
+	cs, err := connectURL(t, url, bearer(""))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := callText(t, cs, "version", nil); got != "v1" {
+		t.Fatalf("version = %q", got)
+	}
+	v2 := bytes.Replace(v1, []byte(`"v1"`), []byte(`"v2"`), 1)
+	d2 := sourcestest.Push(t, host, "plugins/versioned", "stable", sources.MediaTypeWasm, v2)
+	sourcestest.Sign(t, cosign, key, host+"/plugins/versioned@"+d2)
+	sum := sha256.Sum256(v2)
+	deadline := time.Now().Add(startupTimeout)
+	for st := statusOf(t, url)["versioned"]; st.SHA256 != hex.EncodeToString(sum[:]) || st.Source.Digest != d2; st = statusOf(t, url)["versioned"] {
+		if time.Now().After(deadline) {
+			t.Fatalf("the moved tag was not picked up:\n%s", stderr.String())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if got := callText(t, cs, "version", nil); got != "v2" {
+		t.Fatalf("after the refresh: version = %q", got)
 	}
 }
