@@ -330,8 +330,11 @@ func statusHandler(h *host.Host, r *plugins.Reloader, rem *remote) http.Handler 
 					linked[st.Name] = true
 					ps.Source = &src
 					ps.Path = src.Source
-					if src.Error != "" && ps.Error == "" {
+					switch {
+					case src.Error != "" && ps.Error == "":
 						ps.State, ps.Error = plugins.StateError, src.Error
+					case ps.Error == "" && src.SHA256 != ps.SHA256:
+						ps.State = plugins.StateLoading // verified, not swapped in yet
 					}
 				}
 			}
