@@ -242,9 +242,11 @@ type Options struct {
 type Status struct {
 	Name   string `json:"name"`
 	Source string `json:"source"`
-	// Digest is the OCI manifest digest served (a tag resolved).
+	// Digest is the OCI manifest digest the tag last resolved to that
+	// was verified (a failed newer one leaves it).
 	Digest string `json:"digest,omitempty"`
-	// SHA256 is the plugin bytes' digest, the blob served.
+	// SHA256 is the digest of that version's bytes, the blob linked; the
+	// reloader serves it once it has compiled.
 	SHA256 string `json:"sha256,omitempty"`
 	// Verified says what vouched for the bytes: "key PATH (sha256:…)",
 	// "sha256 pin", or "skipped (insecure_skip_signature)".
