@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/rand"
 	"crypto/sha256"
+	"encoding/base64"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -17,6 +18,7 @@ import (
 	"time"
 
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
+	"oras.land/oras-go/v2/registry/remote/auth"
 
 	"github.com/wasmtools/wasmtools/internal/sources"
 	"github.com/wasmtools/wasmtools/internal/sources/sourcestest"
@@ -287,5 +289,39 @@ func TestParse(t *testing.T) {
 				t.Fatalf("Parse = %v, %v; want %s", r, err, tt.want)
 			}
 		})
+	}
+}
+
+// TestRegistryLogin: a registry that wants a login gets it from the
+// Spec's credential (the configuration's [registries]) or from a Docker
+// config file, and refuses a pull without one.
+func TestRegistryLogin(t *testing.T) {
+	host, _ := sourcestest.RegistryWithLogin(t, "bot", "s3cret")
+	w := fakeWasm(t)
+	sourcestest.PushWithLogin(t, host, "plugins/private", "v1", sources.MediaTypeWasm, w, auth.Credential{Username: "bot", Password: "s3cret"})
+	ctx := context.Background()
+	spec := sources.Spec{Name: "private", Source: "oci://" + host + "/plugins/private:v1", InsecureSkipSignature: true}
+
+	if _, errs := newManager(t, nil).Sync(ctx, []sources.Spec{spec}); len(errs) != 1 || !strings.Contains(errs[0].Error(), "credential not found") {
+		t.Fatalf("without a login: %v", errs)
+	}
+	withCred := spec
+	withCred.Credential = &sources.Credential{Username: "bot", Password: "s3cret"}
+	m := newManager(t, nil)
+	if _, errs := m.Sync(ctx, []sources.Spec{withCred}); len(errs) > 0 {
+		t.Fatalf("with the configuration's login: %v", errs)
+	}
+	if !bytes.Equal(served(t, m, "private"), w) {
+		t.Error("bytes differ")
+	}
+
+	docker := filepath.Join(t.TempDir(), "config.json")
+	os.WriteFile(docker, []byte(fmt.Sprintf(`{"auths": {%q: {"auth": %q}}}`, host, base64.StdEncoding.EncodeToString([]byte("bot:s3cret")))), 0o600)
+	m, err := sources.New(sources.Options{Dir: t.TempDir(), LinkDir: t.TempDir(), DockerConfig: docker})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, errs := m.Sync(ctx, []sources.Spec{spec}); len(errs) > 0 {
+		t.Fatalf("with the Docker config's login: %v", errs)
 	}
 }

@@ -24,9 +24,11 @@ import (
 	"time"
 
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
+	"golang.org/x/crypto/bcrypt"
 	"oras.land/oras-go/v2"
 	"oras.land/oras-go/v2/content"
 	"oras.land/oras-go/v2/registry/remote"
+	"oras.land/oras-go/v2/registry/remote/auth"
 )
 
 // Tool finds the binary name on PATH, or in candidates; if it is missing
@@ -67,6 +69,18 @@ func Cosign(t testing.TB) string {
 // storage folder.
 func Registry(t testing.TB) (host, storage string) {
 	t.Helper()
+	return registry(t, "", "")
+}
+
+// RegistryWithLogin is Registry requiring a login (htpasswd, bcrypt):
+// user and password.
+func RegistryWithLogin(t testing.TB, user, password string) (host, storage string) {
+	t.Helper()
+	return registry(t, user, password)
+}
+
+func registry(t testing.TB, user, password string) (host, storage string) {
+	t.Helper()
 	bin := Tool(t, "docker-registry", "apt-get install docker-registry", "/usr/bin/docker-registry")
 	dir := t.TempDir()
 	storage = filepath.Join(dir, "storage")
@@ -87,6 +101,15 @@ storage:
 http:
   addr: %s
 `, storage, host)
+	if user != "" {
+		hash, err := bcrypt.GenerateFromPassword([]byte(password), bcrypt.MinCost)
+		if err != nil {
+			t.Fatal(err)
+		}
+		htpasswd := filepath.Join(dir, "htpasswd")
+		os.WriteFile(htpasswd, []byte(user+":"+string(hash)+"\n"), 0o600)
+		cfg += fmt.Sprintf("auth:\n  htpasswd:\n    realm: test\n    path: %s\n", htpasswd)
+	}
 	cfgPath := filepath.Join(dir, "config.yml")
 	if err := os.WriteFile(cfgPath, []byte(cfg), 0o644); err != nil {
 		t.Fatal(err)
@@ -110,7 +133,11 @@ http:
 			t.Fatalf("docker-registry exited: %v\n%s", err, logs.String())
 		default:
 		}
-		resp, err := http.Get("http://" + host + "/v2/")
+		req, _ := http.NewRequest(http.MethodGet, "http://"+host+"/v2/", nil)
+		if user != "" {
+			req.SetBasicAuth(user, password)
+		}
+		resp, err := http.DefaultClient.Do(req)
 		if err == nil {
 			resp.Body.Close()
 			if resp.StatusCode == http.StatusOK {
@@ -129,12 +156,19 @@ http:
 // digest ("sha256:…").
 func Push(t testing.TB, host, repo, tag, mediaType string, layer []byte) string {
 	t.Helper()
+	return PushWithLogin(t, host, repo, tag, mediaType, layer, auth.EmptyCredential)
+}
+
+// PushWithLogin is Push with a login.
+func PushWithLogin(t testing.TB, host, repo, tag, mediaType string, layer []byte, cred auth.Credential) string {
+	t.Helper()
 	ctx := context.Background()
 	r, err := remote.NewRepository(host + "/" + repo)
 	if err != nil {
 		t.Fatal(err)
 	}
 	r.PlainHTTP = true
+	r.Client = &auth.Client{Credential: auth.StaticCredential(host, cred)}
 	desc := content.NewDescriptorFromBytes(mediaType, layer)
 	desc.Annotations = map[string]string{ocispec.AnnotationTitle: "plugin.wasm"}
 	if err := r.Push(ctx, desc, bytes.NewReader(layer)); err != nil {
