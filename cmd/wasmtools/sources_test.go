@@ -14,12 +14,28 @@ import (
 	"testing"
 	"time"
 
+	"github.com/modelcontextprotocol/go-sdk/mcp"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 
 	"github.com/wasmtools/wasmtools/internal/sources"
 	"github.com/wasmtools/wasmtools/internal/sources/sourcestest"
 	"github.com/wasmtools/wasmtools/internal/testplugins"
 )
+
+// toolNames lists the names of the tools cs is served, in the order
+// served (sorted).
+func toolNames(t *testing.T, cs *mcp.ClientSession) []string {
+	t.Helper()
+	res, err := cs.ListTools(context.Background(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, tool := range res.Tools {
+		names = append(names, tool.Name)
+	}
+	return names
+}
 
 // statusOf runs `wasmtools status --json` against url.
 func statusOf(t *testing.T, url string) map[string]pluginStatus {
@@ -157,16 +173,7 @@ func TestHyperMCPExample(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			res, err := cs.ListTools(context.Background(), nil)
-			if err != nil {
-				t.Fatal(err)
-			}
-			var names []string
-			for _, tool := range res.Tools {
-				names = append(names, tool.Name)
-			}
-			slices.Sort(names)
-			if !slices.Equal(names, tt.tools) {
+			if names := toolNames(t, cs); !slices.Equal(names, tt.tools) {
 				t.Fatalf("tools = %v, want %v\n%s", names, tt.tools, stderr.String())
 			}
 			if got := callText(t, cs, "time-version", nil); got != "v1" {
