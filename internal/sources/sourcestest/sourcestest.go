@@ -117,6 +117,7 @@ http:
 	var logs bytes.Buffer
 	cmd := exec.Command(bin, "serve", cfgPath)
 	cmd.Stdout, cmd.Stderr = &logs, &logs
+	dieWithParent(cmd)
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
