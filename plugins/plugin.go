@@ -94,10 +94,14 @@ func (p *Plugin) Manifest() (*Manifest, error) {
 }
 
 // ToolFilter selects tools by name with path.Match patterns (* and ?): a
-// tool is served if it matches an Allow pattern (or there are none) and no
-// Deny pattern. The zero value serves every tool.
+// tool is served if it matches an Allow pattern (or there are none), no
+// Deny pattern and no DenyRegexp. The zero value serves every tool.
 type ToolFilter struct {
 	Allow, Deny []string
+	// DenyRegexp are regular expressions (RE2), each anchored to match the
+	// whole name (hyper-mcp's skip_tools); one that does not compile
+	// matches nothing (the configuration checks them).
+	DenyRegexp []string
 }
 
 // Serves reports whether the filter lets tool name through.
@@ -109,6 +113,11 @@ func (f ToolFilter) Serves(name string) bool {
 			}
 		}
 		return false
+	}
+	for _, re := range f.DenyRegexp {
+		if r, err := regexp.Compile(`^(?:` + re + `)$`); err == nil && r.MatchString(name) {
+			return false
+		}
 	}
 	return (len(f.Allow) == 0 || match(f.Allow)) && !match(f.Deny)
 }

@@ -10,6 +10,14 @@ import (
 	"github.com/wasmtools/wasmtools/sandbox"
 )
 
+// ReadFile reads a plugin file as the reloader does (see readPluginFile):
+// a regular file, through symlinks, of at most limit bytes; never a FIFO
+// or a device. For programs that keep plugin files of their own (the
+// store of remote plugins).
+func ReadFile(path string, limit uint64) ([]byte, error) {
+	return readPluginFile(path, limit)
+}
+
 // readPluginFile reads the plugin file at path, refusing anything but a
 // regular file of at most limit bytes. A plugin folder is the operator's,
 // but what is in it may be a symlink to /dev/zero (which os.ReadFile

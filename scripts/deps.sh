@@ -1,13 +1,18 @@
 #!/usr/bin/env bash
-# deps.sh: installs the tools that build the non-Go plugins, if missing.
+# deps.sh: installs the tools that build the non-Go plugins and that the
+# tests run, if missing.
 #   wat2wasm (Debian package wabt) builds the WebAssembly-text plugins.
 #   /usr/bin/rustc with the wasm32-wasi std (Debian packages rustc and
 #   libstd-rust-dev-wasm32) builds the Rust plugins.
 #   redis-server, haproxy and nginx (Debian packages redis-server, haproxy,
 #   nginx-light) are started by the state store's and the proxy configs'
-#   tests, each on its own config and loopback port. Their packages' own
-#   services are kept from starting (policy-rc.d) and stopped if running:
-#   no test relies on them, and nginx's would hold port 80.
+#   tests, each on its own config and loopback port; docker-registry
+#   (Debian package docker-registry, distribution v2.8) is the OCI registry
+#   the plugin-source tests run on loopback. Their packages' own services
+#   are kept from starting (policy-rc.d) and stopped if running: no test
+#   relies on them, and nginx's would hold port 80.
+#   cosign (go install, into $(go env GOPATH)/bin, where the tests look)
+#   signs the plugins those tests push.
 set -euo pipefail
 
 # install PKG...: apt-get install as root, else say what to install.
@@ -54,7 +59,7 @@ install_quiet() {
 	# Where an init did start them anyway, stop them.
 	if [ "$(id -u)" = 0 ] && command -v service >/dev/null; then
 		local svc
-		for svc in redis-server haproxy nginx; do
+		for svc in redis-server haproxy nginx docker-registry; do
 			service "$svc" stop >/dev/null 2>&1 || true
 		done
 	fi
@@ -64,6 +69,16 @@ missing=()
 command -v redis-server >/dev/null || [ -x /usr/bin/redis-server ] || missing+=(redis-server)
 command -v haproxy >/dev/null || [ -x /usr/sbin/haproxy ] || missing+=(haproxy)
 command -v nginx >/dev/null || [ -x /usr/sbin/nginx ] || missing+=(nginx-light)
+command -v docker-registry >/dev/null || [ -x /usr/bin/docker-registry ] || missing+=(docker-registry)
 if [ ${#missing[@]} -gt 0 ]; then
 	install_quiet "${missing[@]}"
+fi
+
+# cosign v2.6.5 is the newest v2 that builds with this Go; a build takes a
+# few minutes, once per machine.
+COSIGN_VERSION=v2.6.5
+gobin="$(go env GOPATH)/bin"
+if ! command -v cosign >/dev/null && [ ! -x "$gobin/cosign" ]; then
+	echo "deps: installing cosign $COSIGN_VERSION with go install (into $gobin)" >&2
+	GOBIN="$gobin" GOFLAGS=-mod=mod go install "github.com/sigstore/cosign/v2/cmd/cosign@$COSIGN_VERSION"
 fi

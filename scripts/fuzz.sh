@@ -27,6 +27,7 @@ targets=(
 	"./host FuzzVerifyState"
 	"./host FuzzHandles"
 	"./internal/sessions FuzzLeases"
+	"./internal/sources FuzzLayer"
 )
 out=$(mktemp)
 trap 'rm -f "$out"' EXIT

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 
@@ -45,6 +46,9 @@ type commonFlags struct {
 	prefix     prefixes
 	stateless  names
 	configPath string
+	// hyperPath is hyper-mcp's configuration file (serve's
+	// --hyper-mcp-config), mapped over configPath's; "" for none.
+	hyperPath string
 
 	mu  sync.Mutex
 	cfg *config.File // the configuration in force; empty without --config
@@ -60,12 +64,31 @@ func (c *commonFlags) register(fs *flag.FlagSet) {
 	fs.Var(c.prefix, "prefix", "PLUGIN=PREFIX: serve PLUGIN's tools as PREFIX+name (repeatable)")
 }
 
-// loadConfig reads --config, if given, into c.cfg.
+// loadConfig reads --config, if given, into c.cfg, with hyper-mcp's
+// configuration (--hyper-mcp-config) mapped over it. As hyper-mcp does,
+// HYPER_MCP_INSECURE_SKIP_SIGNATURE=true overrides the latter's
+// oci.insecure_skip_signature.
 func (c *commonFlags) loadConfig(lookupEnv func(string) (string, bool)) error {
 	cfg := &config.File{}
 	if c.configPath != "" {
 		var err error
 		if cfg, err = config.Load(c.configPath, lookupEnv); err != nil {
+			return err
+		}
+	}
+	if c.hyperPath != "" {
+		h, err := config.LoadHyperMCP(c.hyperPath, lookupEnv)
+		if err != nil {
+			return err
+		}
+		if v, ok := lookupEnv("HYPER_MCP_INSECURE_SKIP_SIGNATURE"); ok && v != "" {
+			skip, err := strconv.ParseBool(v)
+			if err != nil {
+				return fmt.Errorf("HYPER_MCP_INSECURE_SKIP_SIGNATURE: %q is not true or false", v)
+			}
+			h.Defaults.InsecureSkipSignature = &skip
+		}
+		if err := cfg.Overlay(h); err != nil {
 			return err
 		}
 	}

@@ -99,14 +99,7 @@ config = { greeting = "${GREETING}" }
 	if err != nil {
 		t.Fatalf("with the token: %v", err)
 	}
-	res, err := cs.ListTools(context.Background(), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var names []string
-	for _, tl := range res.Tools {
-		names = append(names, tl.Name)
-	}
+	names := toolNames(t, cs)
 	// hash: pinned and matching, base64 denied; counter: disabled;
 	// servlet: its pin does not match; notes: no entry, defaults.
 	if got := strings.Join(names, ","); got != "hash,note_add,note_clear,note_list" {

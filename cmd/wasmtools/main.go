@@ -4,6 +4,7 @@
 //	wasmtools inspect [--json] FILE      show what a plugin is and offers
 //	wasmtools call FILE TOOL [ARGS]      call one tool once and print the result
 //	wasmtools status [--url URL]         show what a running HTTP server serves
+//	wasmtools reload [--url URL]         resolve a running server's remote plugins again
 //	wasmtools version                    print the version
 //
 // Run `wasmtools help` for the flags.
@@ -30,11 +31,15 @@ func main() {
 const usage = `wasmtools serves WebAssembly tool plugins (Extism ABI) over MCP.
 
 Usage:
-  wasmtools serve [flags] PATH...     serve every .wasm in the folders and files given
+  wasmtools serve [flags] PATH|SOURCE...
+                                      serve every .wasm in the folders and files given,
+                                      and remote plugins (oci://…, https://…)
   wasmtools inspect [--json] FILE     show a plugin's interface, tools, imports, exports, size and sha256
   wasmtools call [flags] FILE TOOL [ARGS_JSON]
                                       call one tool once and print its result
   wasmtools status [--url URL]        show the plugins a running HTTP server serves
+  wasmtools reload [--url URL]        make a running HTTP server resolve its remote
+                                      plugins again (a moved tag is swapped in)
   wasmtools version                   print the version (also --version)
   wasmtools help                      show this help
 
@@ -61,6 +66,8 @@ func run(ctx context.Context, args []string, lookupEnv func(string) (string, boo
 		return cmdCall(ctx, args[1:], lookupEnv, stdin, stdout, stderr)
 	case "status":
 		return cmdStatus(ctx, args[1:], stdout, stderr)
+	case "reload":
+		return cmdReload(ctx, args[1:], lookupEnv, stdout, stderr)
 	case "version", "--version":
 		fmt.Fprintln(stdout, version())
 		return 0

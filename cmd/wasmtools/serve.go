@@ -15,15 +15,19 @@ import (
 	"net/http"
 	neturl "net/url"
 	"os"
+	"os/signal"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/fsnotify/fsnotify"
 
 	"github.com/wasmtools/wasmtools/host"
 	"github.com/wasmtools/wasmtools/internal/config"
+	"github.com/wasmtools/wasmtools/internal/sources"
 	"github.com/wasmtools/wasmtools/internal/statestore"
 	"github.com/wasmtools/wasmtools/plugins"
 )
@@ -33,6 +37,8 @@ func cmdServe(ctx context.Context, args []string, lookupEnv func(string) (string
 	fs.SetOutput(stderr)
 	var common commonFlags
 	common.register(fs)
+	var srcFlags sourceFlags
+	srcFlags.register(fs, &common)
 	httpAddr := fs.String("http", "", "serve streamable HTTP at ADDR/mcp (for example 127.0.0.1:8080) instead of stdio")
 	sessionTimeout := fs.Duration("session-timeout", host.DefaultSessionTimeout, "close HTTP sessions idle this long (0: never)")
 	maxResult := fs.Int("max-result", host.DefaultMaxResultRunes, "cap each tool result at this many characters (0: no cap)")
@@ -54,15 +60,16 @@ func cmdServe(ctx context.Context, args []string, lookupEnv func(string) (string
 	checkpoint := fs.String("checkpoint", host.CheckpointAfterCall, "when instance states are written to the state store: after-call (each call that changed one, before its result) or drain")
 	drainDelay := fs.Duration("drain-delay", 0, "on SIGTERM or POST /drain, keep serving open sessions this long after /readyz fails, for the proxy to notice (default with --replica: 1s, two of HAProxy's health checks in deploy/haproxy.cfg)")
 	fs.Usage = func() {
-		fmt.Fprint(stderr, "Usage: wasmtools serve [flags] PATH...\n\nServes every .wasm plugin in the folders and files given, over MCP on stdio\n(or streamable HTTP with --http). A plugin that fails to load is logged\nand skipped; the rest are served.\n\nFlags:\n")
+		fmt.Fprint(stderr, "Usage: wasmtools serve [flags] PATH|SOURCE...\n\nServes every .wasm plugin in the folders and files given, over MCP on stdio\n(or streamable HTTP with --http). A plugin that fails to load is logged\nand skipped; the rest are served.\n\nA SOURCE is a remote plugin, [NAME=]oci://REGISTRY/REPO:TAG (or @sha256:DIGEST)\nor [NAME=]https://URL: fetched, verified (an OCI plugin's cosign signature\nagainst --public-key; an HTTPS plugin's sha256 pin from --config) and\nstored by digest under --source-dir.\n\nFlags:\n")
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
 	log := newLogger(stderr, common.verbose)
-	if fs.NArg() == 0 {
-		fmt.Fprintln(stderr, "wasmtools serve: give at least one plugin folder or file")
+	local := srcFlags.splitArgs(fs.Args())
+	if fs.NArg() == 0 && common.configPath == "" && common.hyperPath == "" {
+		fmt.Fprintln(stderr, "wasmtools serve: give at least one plugin folder, file or source")
 		return 2
 	}
 	if err := common.loadConfig(lookupEnv); err != nil {
@@ -70,6 +77,20 @@ func cmdServe(ctx context.Context, args []string, lookupEnv func(string) (string
 		return 1
 	}
 	cfg := common.config()
+	rem, err := newRemote(&srcFlags, &common, log, stderr)
+	if err != nil {
+		log.Error("plugin sources refused", "error", err)
+		return 1
+	}
+	defer rem.close()
+	paths := local
+	if rem != nil {
+		paths = append(paths, rem.mgr.LinkDir())
+	}
+	if len(paths) == 0 {
+		fmt.Fprintln(stderr, "wasmtools serve: give at least one plugin folder, file or source")
+		return 2
+	}
 	rt, err := common.runtime(log)
 	if err != nil {
 		log.Error("start", "error", err)
@@ -77,8 +98,17 @@ func cmdServe(ctx context.Context, args []string, lookupEnv func(string) (string
 	}
 	defer rt.Close(context.Background())
 
-	reloader := plugins.NewReloader(rt, plugins.ReloaderOptions{Paths: fs.Args(), OptionsFor: common.optsFor(log), Check: common.check(), Logger: log})
+	reloader := plugins.NewReloader(rt, plugins.ReloaderOptions{Paths: paths, OptionsFor: common.optsFor(log), Check: rem.check(common.check()), Logger: log})
 	defer reloader.Close(context.Background())
+	// refresh resolves the remote plugins again (a moved tag is fetched
+	// and verified beside the version served) and rescans: `wasmtools
+	// reload`, SIGHUP and the refresh interval.
+	refresh := func(ctx context.Context) (bool, []error) {
+		if rem == nil {
+			return reloader.Rescan(ctx)
+		}
+		return rem.sync(ctx, reloader.Rescan)
+	}
 
 	maxRunes := *maxResult
 	if maxRunes == 0 {
@@ -166,7 +196,13 @@ func cmdServe(ctx context.Context, args []string, lookupEnv func(string) (string
 	defer background.Wait()
 	background.Go(func() {
 		defer close(loaded)
+		stop := func() {}
+		if rem != nil {
+			rem.sync(ctx, nil)
+			stop = rem.progress.compiling(true)
+		}
 		_, errs := reloader.Load(ctx)
+		stop()
 		for _, err := range errs {
 			log.Error("plugin not served", "error", err)
 		}
@@ -178,10 +214,31 @@ func cmdServe(ctx context.Context, args []string, lookupEnv func(string) (string
 				log.Error("hot reload is off", "error", err)
 			}
 		})
-		if common.configPath != "" {
-			background.Go(func() { watchConfig(ctx, log, &common, lookupEnv, reloader) })
+		if common.configPath != "" || common.hyperPath != "" {
+			background.Go(func() { watchConfig(ctx, log, &common, lookupEnv, reloader, rem) })
 		}
 	}
+	every := srcFlags.refresh
+	if every == 0 {
+		every = time.Duration(cfg.Sources.RefreshInterval)
+	}
+	if rem != nil && every > 0 {
+		background.Go(func() { rem.refreshEvery(ctx, every, reloader) })
+	}
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
+	background.Go(func() {
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-hup:
+				log.Info("SIGHUP: reloading")
+				refresh(ctx)
+			}
+		}
+	})
 	defer func() {
 		sctx, cancel := context.WithTimeout(context.Background(), *shutdownGrace)
 		defer cancel()
@@ -209,7 +266,7 @@ func cmdServe(ctx context.Context, args []string, lookupEnv func(string) (string
 			return 1
 		}
 	}
-	return serveHTTP(ctx, log, *httpAddr, h, reloader, cfg.HTTP, token, *shutdownGrace, *drainDelay)
+	return serveHTTP(ctx, log, *httpAddr, h, reloader, rem, refresh, cfg.HTTP, token, *shutdownGrace, *drainDelay)
 }
 
 // serveHTTP serves /mcp, /status, /metrics and /healthz at addr, each
@@ -225,7 +282,7 @@ func cmdServe(ctx context.Context, args []string, lookupEnv func(string) (string
 // the host (see [host.Host.Drain]): readiness fails at once, open SSE
 // streams close, calls in flight finish within grace, and every session
 // is left in the state store for the other replicas.
-func serveHTTP(ctx context.Context, log *slog.Logger, addr string, h *host.Host, reloader *plugins.Reloader, cfg config.HTTP, token string, grace, drainDelay time.Duration) int {
+func serveHTTP(ctx context.Context, log *slog.Logger, addr string, h *host.Host, reloader *plugins.Reloader, rem *remote, refresh func(context.Context) (bool, []error), cfg config.HTTP, token string, grace, drainDelay time.Duration) int {
 	if strings.HasPrefix(addr, ":") {
 		addr = "127.0.0.1" + addr // loopback unless told otherwise
 	}
@@ -237,7 +294,8 @@ func serveHTTP(ctx context.Context, log *slog.Logger, addr string, h *host.Host,
 	mux := http.NewServeMux()
 	mux.Handle("/mcp", h.HTTPHandler())
 	mux.Handle("/metrics", h.MetricsHandler())
-	mux.Handle("/status", statusHandler(h, reloader))
+	mux.Handle("/status", statusHandler(h, reloader, rem))
+	mux.Handle("/reload", reloadHandler(refresh))
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 		io.WriteString(w, "ok")
@@ -311,6 +369,9 @@ func durationOr(d, def time.Duration) time.Duration {
 type pluginStatus struct {
 	plugins.Status
 	LiveInstances int `json:"liveInstances"`
+	// Source is a remote plugin's: its source, the digest a tag resolved
+	// to, what verified it, and why its last fetch failed.
+	Source *sources.Status `json:"source,omitempty"`
 }
 
 // statusReport is what /status serves.
@@ -318,12 +379,42 @@ type statusReport struct {
 	Plugins []pluginStatus `json:"plugins"`
 }
 
-func statusHandler(h *host.Host, r *plugins.Reloader) http.Handler {
+func statusHandler(h *host.Host, r *plugins.Reloader, rem *remote) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
 		live := h.LiveInstancesByPlugin()
 		rep := statusReport{Plugins: []pluginStatus{}}
+		linked := map[string]bool{}
 		for _, st := range r.Status() {
-			rep.Plugins = append(rep.Plugins, pluginStatus{Status: st, LiveInstances: live[st.Name]})
+			ps := pluginStatus{Status: st, LiveInstances: live[st.Name]}
+			if rem != nil && filepath.Dir(st.Path) == rem.mgr.LinkDir() {
+				if src, ok := rem.mgr.Lookup(st.Name); ok {
+					linked[st.Name] = true
+					ps.Source = &src
+					ps.Path = src.Source
+					switch {
+					case src.Error != "" && ps.Error == "":
+						ps.State, ps.Error = plugins.StateError, src.Error
+					case ps.Error == "" && src.SHA256 != ps.SHA256:
+						ps.State = plugins.StateLoading // verified, not swapped in yet
+					}
+				}
+			}
+			rep.Plugins = append(rep.Plugins, ps)
+		}
+		if rem != nil {
+			for _, src := range rem.mgr.Status() {
+				if linked[src.Name] {
+					continue
+				}
+				state := plugins.StateLoading
+				if src.Error != "" {
+					state = plugins.StateError
+				}
+				rep.Plugins = append(rep.Plugins, pluginStatus{
+					Status: plugins.Status{Name: src.Name, Path: src.Source, State: state, Error: src.Error, Tools: []string{}, LastReload: src.Checked},
+					Source: &src,
+				})
+			}
 		}
 		w.Header().Set("Content-Type", "application/json")
 		enc := json.NewEncoder(w)
@@ -336,17 +427,23 @@ func statusHandler(h *host.Host, r *plugins.Reloader) http.Handler {
 // configuration is applied to every plugin (each is loaded again under
 // it); an invalid one is logged and the old one kept. Global limits and
 // HTTP settings take effect on restart.
-func watchConfig(ctx context.Context, log *slog.Logger, common *commonFlags, lookupEnv func(string) (string, bool), r *plugins.Reloader) {
+func watchConfig(ctx context.Context, log *slog.Logger, common *commonFlags, lookupEnv func(string) (string, bool), r *plugins.Reloader, rem *remote) {
 	w, err := fsnotify.NewWatcher()
 	if err != nil {
 		log.Error("configuration watch is off", "error", err)
 		return
 	}
 	defer w.Close()
-	dir := filepath.Dir(common.configPath)
-	if err := w.Add(dir); err != nil {
-		log.Error("configuration watch is off", "error", err)
-		return
+	var files []string
+	for _, p := range []string{common.configPath, common.hyperPath} {
+		if p == "" {
+			continue
+		}
+		files = append(files, filepath.Clean(p))
+		if err := w.Add(filepath.Dir(p)); err != nil {
+			log.Error("configuration watch is off", "error", err)
+			return
+		}
 	}
 	var timer *time.Timer
 	fire := make(chan struct{}, 1)
@@ -355,7 +452,7 @@ func watchConfig(ctx context.Context, log *slog.Logger, common *commonFlags, loo
 		case <-ctx.Done():
 			return
 		case ev := <-w.Events:
-			if filepath.Clean(ev.Name) != filepath.Clean(common.configPath) {
+			if !slices.Contains(files, filepath.Clean(ev.Name)) {
 				continue
 			}
 			if timer == nil {
@@ -368,8 +465,11 @@ func watchConfig(ctx context.Context, log *slog.Logger, common *commonFlags, loo
 				log.Error("new configuration refused: the old one stays in force", "error", err)
 				continue
 			}
-			log.Info("configuration reloaded", "path", common.configPath)
-			r.Reconfigure(ctx, common.optsFor(log), common.check())
+			log.Info("configuration reloaded", "path", strings.Join(files, ", "))
+			if rem != nil {
+				rem.sync(ctx, nil) // sources added or changed are fetched first
+			}
+			r.Reconfigure(ctx, common.optsFor(log), rem.check(common.check()))
 		}
 	}
 }
@@ -443,4 +543,23 @@ func flagSet(fs *flag.FlagSet, name string) bool {
 	set := false
 	fs.Visit(func(f *flag.Flag) { set = set || f.Name == name })
 	return set
+}
+
+// reloadHandler serves POST /reload: refresh, answered with whether the
+// catalogue changed and the errors.
+func reloadHandler(refresh func(context.Context) (bool, []error)) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		if req.Method != http.MethodPost {
+			w.Header().Set("Allow", http.MethodPost)
+			http.Error(w, "POST only", http.StatusMethodNotAllowed)
+			return
+		}
+		changed, errs := refresh(req.Context())
+		rep := reloadReport{Changed: changed, Errors: []string{}}
+		for _, err := range errs {
+			rep.Errors = append(rep.Errors, err.Error())
+		}
+		w.Header().Set("Content-Type", "application/json")
+		json.NewEncoder(w).Encode(rep)
+	})
 }

@@ -24,27 +24,9 @@ func cmdStatus(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
-	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, strings.TrimSuffix(strings.TrimSuffix(*url, "/"), "/mcp")+"/status", nil)
-	if err != nil {
-		fmt.Fprintf(stderr, "wasmtools status: %v\n", err)
-		return 2
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		fmt.Fprintf(stderr, "wasmtools status: %v (is `wasmtools serve --http` running there?)\n", err)
-		return 1
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		fmt.Fprintf(stderr, "wasmtools status: %s answered %s\n", req.URL, resp.Status)
-		return 1
-	}
 	var rep statusReport
-	if err := json.NewDecoder(io.LimitReader(resp.Body, 16<<20)).Decode(&rep); err != nil {
-		fmt.Fprintf(stderr, "wasmtools status: %v\n", err)
-		return 1
+	if code := requestJSON(ctx, "status", http.MethodGet, baseURL(*url)+"/status", "", 10*time.Second, &rep, stderr); code != 0 {
+		return code
 	}
 	if *asJSON {
 		enc := json.NewEncoder(stdout)
@@ -63,9 +45,57 @@ func cmdStatus(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	}
 	tw.Flush()
 	for _, p := range rep.Plugins {
+		if s := p.Source; s != nil {
+			fmt.Fprintf(stdout, "\n%s: %s\n  digest:   %s\n  verified: %s\n", p.Name, s.Source, cmpOr(s.Digest, "-"), cmpOr(s.Verified, "-"))
+		}
+	}
+	for _, p := range rep.Plugins {
 		if p.Error != "" {
 			fmt.Fprintf(stdout, "\n%s (%s): %s\n", p.Name, p.Path, p.Error)
 		}
+	}
+	return 0
+}
+
+func cmpOr(s, def string) string {
+	if s == "" {
+		return def
+	}
+	return s
+}
+
+// baseURL is a server's URL as a user gives it, without /mcp.
+func baseURL(u string) string {
+	return strings.TrimSuffix(strings.TrimSuffix(u, "/"), "/mcp")
+}
+
+// requestJSON asks url (with token as bearer token, if set) within
+// timeout and decodes the JSON answer into v; it returns the command's
+// exit code, the error said on stderr as cmd's.
+func requestJSON(ctx context.Context, cmd, method, url, token string, timeout time.Duration, v any, stderr io.Writer) int {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, method, url, nil)
+	if err != nil {
+		fmt.Fprintf(stderr, "wasmtools %s: %v\n", cmd, err)
+		return 2
+	}
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		fmt.Fprintf(stderr, "wasmtools %s: %v (is `wasmtools serve --http` running there?)\n", cmd, err)
+		return 1
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		fmt.Fprintf(stderr, "wasmtools %s: %s answered %s\n", cmd, req.URL, resp.Status)
+		return 1
+	}
+	if err := json.NewDecoder(io.LimitReader(resp.Body, 16<<20)).Decode(v); err != nil {
+		fmt.Fprintf(stderr, "wasmtools %s: %v\n", cmd, err)
+		return 1
 	}
 	return 0
 }

@@ -25,6 +25,17 @@
 //	[http.tokens]
 //	alice = "${ALICE_TOKEN}"
 //
+//	[sources]
+//	refresh_interval = "10m"
+//	public_key = "/etc/wasmtools/cosign.pub"
+//
+//	[registries."ghcr.io"]
+//	username = "bot"
+//	password = "${GHCR_TOKEN}"
+//
+//	[plugins.time]
+//	source = "oci://ghcr.io/tuananh/time-plugin:latest"
+//
 //	[plugins.fetcher]
 //	sha256 = "9f2c…"
 //	allowed_hosts = ["api.example.com", "*.example.org", "127.0.0.1:18409"]
@@ -56,6 +67,7 @@ import (
 
 	"github.com/BurntSushi/toml"
 
+	"github.com/wasmtools/wasmtools/internal/sources"
 	"github.com/wasmtools/wasmtools/plugins"
 	"github.com/wasmtools/wasmtools/sandbox"
 )
@@ -65,16 +77,58 @@ type File struct {
 	Defaults Plugin            `toml:"defaults"`
 	Limits   Limits            `toml:"limits"`
 	HTTP     HTTP              `toml:"http"`
+	Sources  Sources           `toml:"sources"`
 	Plugins  map[string]Plugin `toml:"plugins"`
+	// Registries are logins, by host[:port], for OCI registries and
+	// HTTPS plugin servers; a registry without one uses the Docker
+	// config file's.
+	Registries map[string]Credential `toml:"registries"`
+}
+
+// Sources configures plugins fetched from remote sources (see the
+// plugins' source setting).
+type Sources struct {
+	// RefreshInterval, if set, resolves every remote source again this
+	// often (a moved tag is fetched, verified and swapped in); 0 means
+	// only at start and on `wasmtools reload`.
+	RefreshInterval Duration `toml:"refresh_interval"`
+	// Timeout bounds one source's fetch; 0 means 5m.
+	Timeout Duration `toml:"timeout"`
+	// PublicKey is the PEM public key (as cosign writes it) that OCI
+	// plugins' signatures are verified with, for plugins without a
+	// public_key of their own.
+	PublicKey string `toml:"public_key"`
+	// DockerConfig is the Docker config file whose registry logins are
+	// used; "" means the default ($DOCKER_CONFIG, ~/.docker), "-" none.
+	DockerConfig string `toml:"docker_config"`
+}
+
+// Credential is a registry login: username and password, or a token.
+type Credential struct {
+	Username string `toml:"username"`
+	Password string `toml:"password"`
+	Token    string `toml:"token"`
 }
 
 // Plugin is one plugin's settings; an unset field takes the [defaults]
 // value, then the built-in default.
 type Plugin struct {
-	Enabled   *bool  `toml:"enabled"`
-	SHA256    string `toml:"sha256"`
-	Prefix    string `toml:"prefix"`
-	Stateless *bool  `toml:"stateless"`
+	Enabled *bool `toml:"enabled"`
+	// Source names a remote plugin: oci://REGISTRY/REPO:TAG (or
+	// @sha256:DIGEST), https://… (http:// on loopback only) or
+	// file:///PATH. Only in [plugins.NAME].
+	Source string `toml:"source"`
+	// SHA256 pins the plugin's bytes, for every kind of source.
+	SHA256 string `toml:"sha256"`
+	// PublicKey is the PEM public key an OCI source's cosign signature
+	// must verify with (over [sources] public_key).
+	PublicKey string `toml:"public_key"`
+	// InsecureSkipSignature serves an OCI source without verifying its
+	// signature, and an HTTPS source without a pin: logged as a warning
+	// on every fetch.
+	InsecureSkipSignature *bool  `toml:"insecure_skip_signature"`
+	Prefix                string `toml:"prefix"`
+	Stateless             *bool  `toml:"stateless"`
 	// HandleNote false leaves out of the plugin's results the note that
 	// tells a 2026-07-28 client's model its session handle (the handle
 	// stays in _meta): for results a client checks exactly.
@@ -111,6 +165,10 @@ type Plugin struct {
 	// AccessTokens gives OAuth access tokens, client_id = token, served
 	// to the plugin's get_access_token before any token endpoint is asked.
 	AccessTokens map[string]string `toml:"access_tokens"`
+
+	// hyperSecrets are the keyring entries ("service/user") a hyper-mcp
+	// configuration grants, whose values must be in Secrets.
+	hyperSecrets map[string]bool
 }
 
 // Module is sandbox.ModuleLimits in the configuration file. A module over
@@ -160,6 +218,9 @@ type Path struct {
 type Tools struct {
 	Allow []string `toml:"allow"`
 	Deny  []string `toml:"deny"`
+	// DenyRegexp are regular expressions (RE2), each matched against the
+	// whole name, as hyper-mcp's skip_tools are.
+	DenyRegexp []string `toml:"deny_regexp"`
 }
 
 // Limits are global.
@@ -257,6 +318,7 @@ func Load(path string, getenv func(string) (string, bool)) (*File, error) {
 	if err != nil {
 		return nil, fmt.Errorf("config %s: %w", path, err)
 	}
+	f.relativeTo(filepath.Dir(path))
 	return f, nil
 }
 
@@ -276,6 +338,11 @@ func Parse(b []byte, getenv func(string) (string, bool)) (*File, error) {
 		}
 		return nil, fmt.Errorf("unknown settings: %s", strings.Join(names, ", "))
 	}
+	return &f, f.finish(getenv)
+}
+
+// finish resolves ${VAR} references with getenv and checks the settings.
+func (f *File) finish(getenv func(string) (string, bool)) error {
 	missing := map[string]bool{}
 	resolve := func(s string) string {
 		return varRef.ReplaceAllStringFunc(s, func(ref string) string {
@@ -292,13 +359,19 @@ func Parse(b []byte, getenv func(string) (string, bool)) (*File, error) {
 		f.HTTP.Tokens[subject] = resolve(token)
 	}
 	f.Defaults.resolve(resolve)
+	f.Sources.PublicKey = resolve(f.Sources.PublicKey)
+	f.Sources.DockerConfig = resolve(f.Sources.DockerConfig)
+	for host, c := range f.Registries {
+		c.Username, c.Password, c.Token = resolve(c.Username), resolve(c.Password), resolve(c.Token)
+		f.Registries[host] = c
+	}
 	for name, p := range f.Plugins {
 		p.resolve(resolve)
 		f.Plugins[name] = p
 	}
 	if len(missing) > 0 {
 		names := slices.Sorted(maps.Keys(missing))
-		return nil, fmt.Errorf("environment variables not set: %s (a variable set to the empty string counts as set)", strings.Join(names, ", "))
+		return fmt.Errorf("environment variables not set: %s (a variable set to the empty string counts as set)", strings.Join(names, ", "))
 	}
 	var errs []error
 	errs = append(errs, f.HTTP.check())
@@ -306,10 +379,25 @@ func Parse(b []byte, getenv func(string) (string, bool)) (*File, error) {
 	if f.Defaults.Secrets != nil || f.Defaults.AccessTokens != nil {
 		errs = append(errs, errors.New("defaults: secrets and access_tokens are granted per plugin, in [plugins.NAME], never to every plugin"))
 	}
+	if f.Defaults.Source != "" {
+		errs = append(errs, errors.New("defaults.source: a source names one plugin: set it in [plugins.NAME]"))
+	}
 	for name, p := range f.Plugins {
 		errs = append(errs, p.check("plugins."+name))
+		if p.Source != "" && !sourceName.MatchString(name) {
+			errs = append(errs, fmt.Errorf("plugins.%s: a plugin with a source needs a name of letters, digits, '_', '-' and '.', not starting with '.'", name))
+		}
 	}
-	return &f, errors.Join(errs...)
+	for _, host := range slices.Sorted(maps.Keys(f.Registries)) {
+		c := f.Registries[host]
+		if host == "" || strings.ContainsAny(host, "/ ") {
+			errs = append(errs, fmt.Errorf("registries.%q: want a host[:port]", host))
+		}
+		if !(c.Token != "" && c.Username == "" && c.Password == "" || c.Token == "" && c.Username != "" && c.Password != "") {
+			errs = append(errs, fmt.Errorf("registries.%q: want username and password, or token", host))
+		}
+	}
+	return errors.Join(errs...)
 }
 
 func (h *HTTP) check() error {
@@ -346,9 +434,14 @@ func (p *Plugin) resolve(r func(string) string) {
 		p.AllowedPaths[i].Host = r(p.AllowedPaths[i].Host)
 	}
 	p.SHA256 = r(p.SHA256)
+	p.Source = r(p.Source)
+	p.PublicKey = r(p.PublicKey)
 }
 
-var hexSHA = regexp.MustCompile(`^[0-9a-f]{64}$`)
+var (
+	hexSHA     = regexp.MustCompile(`^[0-9a-f]{64}$`)
+	sourceName = regexp.MustCompile(`^[A-Za-z0-9_-][A-Za-z0-9_.-]{0,127}$`)
+)
 
 func (p *Plugin) check(where string) error {
 	var errs []error
@@ -386,17 +479,33 @@ func (p *Plugin) check(where string) error {
 			errs = append(errs, fmt.Errorf("%s.tools: bad pattern %q", where, pat))
 		}
 	}
+	for _, re := range p.Tools.DenyRegexp {
+		if _, err := regexp.Compile(re); err != nil {
+			errs = append(errs, fmt.Errorf("%s.tools.deny_regexp: %q: %v", where, re, err))
+		}
+	}
+	if p.Source != "" {
+		if _, err := sources.Parse(p.Source); err != nil {
+			errs = append(errs, fmt.Errorf("%s.source: %v", where, err))
+		}
+	}
 	return errors.Join(errs...)
 }
 
 // Effective is what one plugin gets: its entry over the defaults.
 type Effective struct {
-	Enabled   bool
-	SHA256    string
-	Options   plugins.Options
-	Network   sandbox.Network
-	Mounts    []sandbox.Mount
-	Instances int
+	Enabled bool
+	// Source is the plugin's remote source, "" for a local file.
+	Source string
+	// PublicKeys verify an OCI source's signature: the plugin's
+	// public_key, else [sources] public_key.
+	PublicKeys            []string
+	InsecureSkipSignature bool
+	SHA256                string
+	Options               plugins.Options
+	Network               sandbox.Network
+	Mounts                []sandbox.Mount
+	Instances             int
 	// HandleNote: results carry the session handle note (see
 	// Plugin.HandleNote).
 	HandleNote bool
@@ -410,6 +519,13 @@ func (f *File) For(name string) Effective {
 		e.Enabled = *b
 	}
 	e.SHA256 = cmp.Or(p.SHA256, d.SHA256)
+	e.Source = p.Source
+	if k := cmp.Or(p.PublicKey, d.PublicKey, f.Sources.PublicKey); k != "" {
+		e.PublicKeys = []string{k}
+	}
+	if b := cmp.Or(p.InsecureSkipSignature, d.InsecureSkipSignature); b != nil {
+		e.InsecureSkipSignature = *b
+	}
 	pol := sandbox.NewPolicy()
 	if v := cmp.Or(p.MemoryLimit, d.MemoryLimit); v > 0 {
 		pol = pol.WithMemoryLimit(uint64(v))
@@ -457,7 +573,7 @@ func (f *File) For(name string) Effective {
 	}
 	pol = pol.WithFakeClock(cmp.Or(p.Clock, d.Clock) == "fake")
 	tools := p.Tools
-	if tools.Allow == nil && tools.Deny == nil {
+	if tools.Allow == nil && tools.Deny == nil && tools.DenyRegexp == nil {
 		tools = d.Tools
 	}
 	stateless := cmp.Or(p.Stateless, d.Stateless)
@@ -465,7 +581,7 @@ func (f *File) For(name string) Effective {
 		Prefix:    cmp.Or(p.Prefix, d.Prefix),
 		Policy:    &pol,
 		Stateless: stateless != nil && *stateless,
-		Tools:     plugins.ToolFilter{Allow: tools.Allow, Deny: tools.Deny},
+		Tools:     plugins.ToolFilter{Allow: tools.Allow, Deny: tools.Deny, DenyRegexp: tools.DenyRegexp},
 		// Secrets and tokens are granted per plugin only: [defaults]
 		// would hand them to every plugin.
 		Secrets:      p.Secrets,
@@ -483,4 +599,31 @@ func firstMap(a, b map[string]string) map[string]string {
 		return a
 	}
 	return b
+}
+
+// relativeTo makes the file paths the configuration names (public keys,
+// the Docker config) relative to dir, the configuration file's folder,
+// when they are not absolute.
+func (f *File) relativeTo(dir string) {
+	abs := func(p *string) {
+		if *p != "" && *p != "-" && !filepath.IsAbs(*p) {
+			*p = filepath.Join(dir, *p)
+		}
+	}
+	abs(&f.Sources.PublicKey)
+	abs(&f.Sources.DockerConfig)
+	abs(&f.Defaults.PublicKey)
+	for name, p := range f.Plugins {
+		abs(&p.PublicKey)
+		f.Plugins[name] = p
+	}
+}
+
+// Credential returns the login configured for host (a registry's
+// host[:port]), or nil.
+func (f *File) Credential(host string) *Credential {
+	if c, ok := f.Registries[host]; ok {
+		return &c
+	}
+	return nil
 }

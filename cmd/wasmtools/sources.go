@@ -1,0 +1,355 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"os"
+	"path"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/schollz/progressbar/v3"
+	"golang.org/x/term"
+
+	"github.com/wasmtools/wasmtools/internal/config"
+	"github.com/wasmtools/wasmtools/internal/sources"
+	"github.com/wasmtools/wasmtools/plugins"
+)
+
+// sourceFlags are serve's flags for remote plugins.
+type sourceFlags struct {
+	publicKey  string
+	insecure   bool
+	dir        string
+	refresh    time.Duration
+	hyperMCP   string
+	remoteArgs []string // NAME=SOURCE or SOURCE, from the command line
+}
+
+func (s *sourceFlags) register(fs *flag.FlagSet, common *commonFlags) {
+	fs.StringVar(&s.publicKey, "public-key", "", "PEM public `FILE` (cosign.pub) that OCI plugins' cosign signatures must verify with, for plugins without a public_key in the configuration")
+	fs.BoolVar(&s.insecure, "insecure-skip-signature", false, "serve OCI plugins without verifying their signatures, and HTTPS plugins without a sha256 pin (logged as a warning on every fetch)")
+	fs.StringVar(&s.dir, "source-dir", defaultSourceDir(), "the content-addressed `DIR` where remote plugins are stored")
+	fs.DurationVar(&s.refresh, "refresh", 0, "resolve remote plugins' tags again this often, swapping in a moved tag once verified (0: the configuration's [sources] refresh_interval, else only at start and on `wasmtools reload`)")
+	fs.StringVar(&common.hyperPath, "hyper-mcp-config", "", "serve the plugins of hyper-mcp's configuration `FILE` (JSON, YAML or TOML): URLs, runtime_config and the signature setting are mapped; what cannot be is an error naming it")
+}
+
+// defaultSourceDir is where remote plugins are stored between runs.
+func defaultSourceDir() string {
+	dir, err := os.UserCacheDir()
+	if err != nil {
+		return filepath.Join(os.TempDir(), "wasmtools-sources")
+	}
+	return filepath.Join(dir, "wasmtools", "sources")
+}
+
+// splitArgs separates serve's local paths from remote sources.
+func (s *sourceFlags) splitArgs(args []string) (local []string) {
+	for _, a := range args {
+		_, src, named := strings.Cut(a, "=")
+		if sources.IsRemote(a) || named && sources.IsRemote(src) {
+			s.remoteArgs = append(s.remoteArgs, a)
+		} else {
+			local = append(local, a)
+		}
+	}
+	return local
+}
+
+// argName is the plugin name of a command-line source: NAME= if given,
+// else the repository's (or URL's) last path element, without ".wasm".
+func argName(arg string) (name, src string) {
+	if n, s, ok := strings.Cut(arg, "="); ok && !sources.IsRemote(arg) {
+		return n, s
+	}
+	ref, err := sources.Parse(arg)
+	switch {
+	case err != nil:
+		return "", arg
+	case ref.URL != nil:
+		return strings.TrimSuffix(path.Base(ref.URL.Path), ".wasm"), arg
+	default:
+		return path.Base(ref.Repository), arg
+	}
+}
+
+// specs lists the remote plugins asked for: the configuration's sources,
+// then the command line's.
+func (s *sourceFlags) specs(cfg *config.File) ([]sources.Spec, error) {
+	var out []sources.Spec
+	var errs []error
+	seen := map[string]string{}
+	add := func(name, src string) {
+		if prev, ok := seen[name]; ok {
+			errs = append(errs, fmt.Errorf("plugin %q: two sources (%s and %s): name one with NAME=SOURCE", name, prev, src))
+			return
+		}
+		seen[name] = src
+		eff := cfg.For(name)
+		if !eff.Enabled {
+			return
+		}
+		spec := sources.Spec{
+			Name: name, Source: src, SHA256: eff.SHA256, PublicKeys: eff.PublicKeys,
+			InsecureSkipSignature: eff.InsecureSkipSignature || s.insecure,
+			MaxSize:               eff.Options.Policy.ModuleLimits().MaxModuleSize,
+		}
+		if len(spec.PublicKeys) == 0 && s.publicKey != "" {
+			spec.PublicKeys = []string{s.publicKey}
+		}
+		if ref, err := sources.Parse(src); err != nil {
+			errs = append(errs, err)
+			return
+		} else if c := cfg.Credential(registryHost(ref)); c != nil {
+			spec.Credential = &sources.Credential{Username: c.Username, Password: c.Password, Token: c.Token}
+		}
+		out = append(out, spec)
+	}
+	for _, name := range slices.Sorted(func(yield func(string) bool) {
+		for n, p := range cfg.Plugins {
+			if p.Source != "" && !yield(n) {
+				return
+			}
+		}
+	}) {
+		add(name, cfg.Plugins[name].Source)
+	}
+	for _, a := range s.remoteArgs {
+		name, src := argName(a)
+		if name == "" || strings.HasPrefix(name, ".") || strings.ContainsAny(name, `/\`) {
+			errs = append(errs, fmt.Errorf("source %q: cannot name its plugin: give NAME=SOURCE", a))
+			continue
+		}
+		add(name, src)
+	}
+	return out, errors.Join(errs...)
+}
+
+func registryHost(ref sources.Ref) string {
+	if ref.URL != nil {
+		return ref.URL.Host
+	}
+	return ref.Registry
+}
+
+// remote fetches the remote plugins into the reloader's view: it owns the
+// sources.Manager, and each refresh is a Sync and, if a link changed, a
+// rescan, one at a time.
+type remote struct {
+	mgr      *sources.Manager
+	flags    *sourceFlags
+	common   *commonFlags
+	log      *slog.Logger
+	progress *progressUI
+	mu       sync.Mutex
+}
+
+// newRemote returns nil when nothing remote is asked for (and none may be
+// later: a configuration change adding a source needs a restart then).
+func newRemote(flags *sourceFlags, common *commonFlags, log *slog.Logger, stderr io.Writer) (*remote, error) {
+	specs, err := flags.specs(common.config())
+	if err != nil {
+		return nil, err
+	}
+	if len(specs) == 0 {
+		return nil, nil
+	}
+	links, err := os.MkdirTemp("", "wasmtools-links-")
+	if err != nil {
+		return nil, err
+	}
+	cfg := common.config()
+	ui := newProgressUI(stderr, log)
+	mgr, err := sources.New(sources.Options{
+		Dir: flags.dir, LinkDir: links, Logger: log,
+		Timeout: time.Duration(cfg.Sources.Timeout), DockerConfig: cfg.Sources.DockerConfig,
+		Progress: ui.event,
+	})
+	if err != nil {
+		os.RemoveAll(links)
+		return nil, err
+	}
+	return &remote{mgr: mgr, flags: flags, common: common, log: log, progress: ui}, nil
+}
+
+// close removes the link folder.
+func (r *remote) close() {
+	if r != nil {
+		os.RemoveAll(r.mgr.LinkDir())
+	}
+}
+
+// sync fetches what changed; rescan, if set, serves it.
+func (r *remote) sync(ctx context.Context, rescan func(context.Context) (bool, []error)) (bool, []error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	specs, err := r.flags.specs(r.common.config())
+	if err != nil {
+		return false, []error{err}
+	}
+	changed, errs := r.mgr.Sync(ctx, specs)
+	if rescan != nil {
+		start := time.Now()
+		done := r.progress.compiling(changed)
+		ch, rerrs := rescan(ctx)
+		done()
+		if ch {
+			r.log.Info("plugins compiled and swapped in", "elapsed", time.Since(start).Round(time.Millisecond))
+		}
+		changed = changed || ch
+		errs = append(errs, rerrs...)
+	}
+	return changed, errs
+}
+
+// check is the reloader's check: the configuration's pin, then the
+// store's digest for linked plugins.
+func (r *remote) check(pin func(string, []byte) error) func(string, []byte) error {
+	if r == nil {
+		return pin
+	}
+	return func(path string, wasm []byte) error {
+		if err := r.mgr.Check(path, wasm); err != nil {
+			return err
+		}
+		return pin(path, wasm)
+	}
+}
+
+// refreshEvery resyncs at the interval until ctx ends.
+func (r *remote) refreshEvery(ctx context.Context, every time.Duration, rl *plugins.Reloader) {
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			r.sync(ctx, rl.Rescan)
+		}
+	}
+}
+
+// progressUI shows fetches: bars (size, speed) and a compile spinner on a
+// terminal, log lines otherwise.
+type progressUI struct {
+	w   io.Writer
+	tty bool
+	log *slog.Logger
+
+	mu   sync.Mutex
+	bars map[string]*progressbar.ProgressBar
+}
+
+func newProgressUI(stderr io.Writer, log *slog.Logger) *progressUI {
+	p := &progressUI{w: stderr, log: log, bars: map[string]*progressbar.ProgressBar{}}
+	if f, ok := stderr.(*os.File); ok && term.IsTerminal(int(f.Fd())) {
+		p.tty = true
+	}
+	return p
+}
+
+func (p *progressUI) event(ev sources.Event) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if !p.tty {
+		if ev.Stage == "done" {
+			rate := float64(ev.Done) / max(ev.Elapsed.Seconds(), 1e-3) / (1 << 20)
+			p.log.Info("plugin downloaded", "plugin", ev.Name, "bytes", ev.Done, "elapsed", ev.Elapsed.Round(time.Millisecond), "MiB/s", fmt.Sprintf("%.1f", rate))
+		}
+		return
+	}
+	switch ev.Stage {
+	case "download", "done":
+		bar := p.bars[ev.Name]
+		if bar == nil {
+			bar = progressbar.NewOptions64(ev.Total,
+				progressbar.OptionSetWriter(p.w),
+				progressbar.OptionSetDescription("pulling "+ev.Name),
+				progressbar.OptionShowBytes(true),
+				progressbar.OptionShowCount(),
+				progressbar.OptionThrottle(100*time.Millisecond),
+				progressbar.OptionOnCompletion(func() { fmt.Fprintln(p.w) }),
+			)
+			p.bars[ev.Name] = bar
+		}
+		_ = bar.Set64(ev.Done)
+		if ev.Stage == "done" {
+			_ = bar.Finish()
+			delete(p.bars, ev.Name)
+		}
+	}
+}
+
+// compiling shows a spinner while the plugins fetched compile; the
+// returned function stops it.
+func (p *progressUI) compiling(fetched bool) func() {
+	if !fetched {
+		return func() {}
+	}
+	if !p.tty {
+		p.log.Info("compiling the plugins fetched")
+		return func() {}
+	}
+	bar := progressbar.NewOptions(-1, progressbar.OptionSetWriter(p.w), progressbar.OptionSetDescription("compiling"),
+		progressbar.OptionSpinnerType(14), progressbar.OptionOnCompletion(func() { fmt.Fprintln(p.w) }))
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		t := time.NewTicker(100 * time.Millisecond)
+		defer t.Stop()
+		for {
+			select {
+			case <-stop:
+				_ = bar.Finish()
+				return
+			case <-t.C:
+				_ = bar.Add(1)
+			}
+		}
+	}()
+	return func() { close(stop); <-done }
+}
+
+// cmdReload asks a running HTTP server to resolve its remote plugins
+// again (and rescan its folders).
+func cmdReload(ctx context.Context, args []string, lookupEnv func(string) (string, bool), stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("reload", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	u := fs.String("url", "http://127.0.0.1:8080", "the running `wasmtools serve --http` server")
+	fs.Usage = func() {
+		fmt.Fprint(stderr, "Usage: wasmtools reload [--url URL]\n\nAsks a running HTTP server to resolve its remote plugins again (a moved\ntag is fetched, verified and swapped in) and to rescan its folders.\nWASMTOOLS_AUTH_TOKEN, if set, is sent as the bearer token.\n\nFlags:\n")
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	token, _ := lookupEnv("WASMTOOLS_AUTH_TOKEN")
+	var rep reloadReport
+	if code := requestJSON(ctx, "reload", http.MethodPost, baseURL(*u)+"/reload", token, 10*time.Minute, &rep, stderr); code != 0 {
+		return code
+	}
+	fmt.Fprintf(stdout, "changed: %v\n", rep.Changed)
+	for _, e := range rep.Errors {
+		fmt.Fprintf(stdout, "error: %s\n", e)
+	}
+	if len(rep.Errors) > 0 {
+		return 1
+	}
+	return 0
+}
+
+// reloadReport is what POST /reload answers.
+type reloadReport struct {
+	Changed bool     `json:"changed"`
+	Errors  []string `json:"errors"`
+}

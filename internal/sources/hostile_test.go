@@ -1,0 +1,158 @@
+package sources_test
+
+import (
+	"archive/tar"
+	"bytes"
+	"compress/gzip"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/opencontainers/go-digest"
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
+
+	"github.com/wasmtools/wasmtools/internal/sources"
+)
+
+// hostileRegistry is a registry on loopback that serves one manifest
+// whose single layer is described by layer, and answers blob requests
+// with blob.
+type hostileRegistry struct {
+	manifest     []byte // served for the tag; nil: built from layer
+	manifestSize int64  // the Content-Length claimed for it; 0: its size
+	layer        ocispec.Descriptor
+	blob         http.HandlerFunc
+}
+
+func (h *hostileRegistry) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	switch {
+	case r.URL.Path == "/v2/":
+		w.WriteHeader(http.StatusOK)
+	case strings.Contains(r.URL.Path, "/manifests/"):
+		b := h.manifest
+		if b == nil {
+			b, _ = json.Marshal(ocispec.Manifest{
+				Versioned: specsVersioned(), MediaType: ocispec.MediaTypeImageManifest,
+				Config: ocispec.DescriptorEmptyJSON, Layers: []ocispec.Descriptor{h.layer},
+			})
+		}
+		size := h.manifestSize
+		if size == 0 {
+			size = int64(len(b))
+		}
+		w.Header().Set("Content-Type", ocispec.MediaTypeImageManifest)
+		w.Header().Set("Docker-Content-Digest", digest.FromBytes(b).String())
+		w.Header().Set("Content-Length", fmt.Sprint(size))
+		if r.Method == http.MethodHead {
+			return
+		}
+		w.Write(b)
+		if size > int64(len(b)) { // a manifest that never ends
+			for i := 0; i < 1<<12 && r.Context().Err() == nil; i++ {
+				if _, err := w.Write(make([]byte, 1<<16)); err != nil {
+					return
+				}
+			}
+		}
+	case strings.Contains(r.URL.Path, "/blobs/"):
+		h.blob(w, r)
+	default:
+		http.NotFound(w, r)
+	}
+}
+
+func specsVersioned() (v struct {
+	SchemaVersion int `json:"schemaVersion"`
+}) {
+	v.SchemaVersion = 2
+	return
+}
+
+// endless writes zeros until the client goes away (bounded, so a broken
+// client cannot keep the test running).
+func endless(w http.ResponseWriter, r *http.Request) {
+	for i := 0; i < 1<<14 && r.Context().Err() == nil; i++ {
+		if _, err := w.Write(make([]byte, 1<<16)); err != nil {
+			return
+		}
+	}
+}
+
+func gzipBomb(t *testing.T, n int64) []byte {
+	var buf bytes.Buffer
+	zw := gzip.NewWriter(&buf)
+	tw := tar.NewWriter(zw)
+	tw.WriteHeader(&tar.Header{Name: "filler", Mode: 0o644, Size: n, Typeflag: tar.TypeReg})
+	chunk := make([]byte, 1<<20)
+	for left := n; left > 0; left -= int64(len(chunk)) {
+		tw.Write(chunk[:min(int64(len(chunk)), left)])
+	}
+	tw.Close()
+	zw.Close()
+	return buf.Bytes()
+}
+
+// TestHostileRegistry: a registry that lies or stalls costs bounded bytes
+// and time, and serves nothing.
+func TestHostileRegistry(t *testing.T) {
+	small := []byte("\x00asm\x01\x00\x00\x00")
+	bomb := gzipBomb(t, 64<<20)
+	tests := []struct {
+		name    string
+		reg     *hostileRegistry
+		maxSize uint64
+		want    string
+	}{
+		{"endless blob", &hostileRegistry{layer: content(sources.MediaTypeWasm, small), blob: endless}, 0, "trailing data"},
+		{"layer over the limit", &hostileRegistry{layer: ocispec.Descriptor{MediaType: sources.MediaTypeWasm, Digest: digest.FromBytes(small), Size: 1 << 40}, blob: endless}, 0, "over the size limit"},
+		{"huge manifest", &hostileRegistry{manifest: []byte(`{}`), manifestSize: 1 << 30, blob: endless}, 0, "over the size limit"},
+		{"wrong digest", &hostileRegistry{layer: content(sources.MediaTypeWasm, small), blob: func(w http.ResponseWriter, r *http.Request) {
+			w.Write([]byte("\x00asm\x01\x00\x00\x01"))
+		}}, 0, "mismatch"},
+		{"redirect to http off loopback", &hostileRegistry{layer: content(sources.MediaTypeWasm, small), blob: func(w http.ResponseWriter, r *http.Request) {
+			http.Redirect(w, r, "http://wasmtools.invalid/blob", http.StatusTemporaryRedirect)
+		}}, 0, "plain http only on loopback"},
+		{"slowloris", &hostileRegistry{layer: content(sources.MediaTypeWasm, bytes.Repeat([]byte{1}, 1<<20)), blob: func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Content-Length", fmt.Sprint(1<<20))
+			for r.Context().Err() == nil {
+				w.Write([]byte{1})
+				w.(http.Flusher).Flush()
+				select {
+				case <-r.Context().Done():
+				case <-time.After(50 * time.Millisecond):
+				}
+			}
+		}}, 0, "deadline exceeded"},
+		{"gzip bomb", &hostileRegistry{layer: content(ocispec.MediaTypeImageLayerGzip, bomb), blob: func(w http.ResponseWriter, r *http.Request) {
+			w.Write(bomb)
+		}}, 1 << 20, "decompress"},
+		{"no plugin layer", &hostileRegistry{layer: content("application/octet-stream", small), blob: endless}, 0, "no plugin layer"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			srv := httptest.NewServer(tt.reg)
+			defer srv.Close()
+			m, err := sources.New(sources.Options{Dir: t.TempDir(), LinkDir: t.TempDir(), DockerConfig: "-", Timeout: 2 * time.Second})
+			if err != nil {
+				t.Fatal(err)
+			}
+			host := strings.TrimPrefix(srv.URL, "http://")
+			_, errs := m.Sync(context.Background(), []sources.Spec{{Name: "p", Source: "oci://" + host + "/x/p:v1", InsecureSkipSignature: true, MaxSize: tt.maxSize}})
+			if len(errs) != 1 || !strings.Contains(errs[0].Error(), tt.want) {
+				t.Fatalf("errs = %v, want %q", errs, tt.want)
+			}
+			if st, _ := m.Lookup("p"); st.SHA256 != "" {
+				t.Errorf("something was served: %+v", st)
+			}
+		})
+	}
+}
+
+func content(mediaType string, b []byte) ocispec.Descriptor {
+	return ocispec.Descriptor{MediaType: mediaType, Digest: digest.FromBytes(b), Size: int64(len(b))}
+}
