@@ -41,11 +41,23 @@ type Runtime struct {
 	// overrun counts compilations that passed their deadline and are
 	// still running in the background (see compileModule).
 	overrun atomic.Int32
+	// compiling serialises the compilations of identical bytes: a lock
+	// (a 1-slot channel, so a wait can end at the deadline) per stripe,
+	// chosen by the bytes' digest. wazero v1.12 publishes a module read
+	// from its file cache to other compilations of the same bytes before
+	// it has finished preparing it (its entry preambles), and an instance
+	// made from it then reads them unset: a data race, and at times an
+	// index-out-of-range panic that ends the process (two plugins of the
+	// same file, loaded in parallel).
+	compiling [64]chan struct{}
 }
 
 // NewRuntime returns a Runtime with the given options.
 func NewRuntime(opts Options) (*Runtime, error) {
 	r := &Runtime{log: opts.Logger}
+	for i := range r.compiling {
+		r.compiling[i] = make(chan struct{}, 1)
+	}
 	if r.log == nil {
 		r.log = slog.New(slog.DiscardHandler)
 	}
@@ -178,8 +190,17 @@ func (r *Runtime) compileModule(ctx context.Context, rt wazero.Runtime, wasm []b
 		err error
 	}
 	done := make(chan result, 1)
+	sum := sha256.Sum256(wasm)
+	lock := r.compiling[sum[0]%byte(len(r.compiling))]
+	select {
+	case lock <- struct{}{}:
+	case <-cctx.Done():
+		cancel()
+		return nil, fmt.Errorf("compile: waiting for another compilation of the same bytes: %w", cctx.Err())
+	}
 	go func() {
 		mod, err := rt.CompileModule(cctx, wasm)
+		<-lock
 		done <- result{mod, err}
 	}()
 	select {
