@@ -11,8 +11,8 @@
 #   the plugin-source tests run on loopback. Their packages' own services
 #   are kept from starting (policy-rc.d) and stopped if running: no test
 #   relies on them, and nginx's would hold port 80.
-#   cosign (go install, into $(go env GOPATH)/bin, where the tests look)
-#   signs the plugins those tests push.
+#   cosign (go install, into $(go env GOPATH)/bin, where the tests look;
+#   scripts/install-cosign.sh) signs the plugins those tests push.
 set -euo pipefail
 
 # install PKG...: apt-get install as root, else say what to install.
@@ -74,11 +74,11 @@ if [ ${#missing[@]} -gt 0 ]; then
 	install_quiet "${missing[@]}"
 fi
 
-# cosign v2.6.5 is the newest v2 that builds with this Go; a build takes a
-# few minutes, once per machine.
-COSIGN_VERSION=v2.6.5
+# cosign takes minutes to build: built in the background (its log beside
+# it), while the plugins and tests build; the tests that need it wait.
 gobin="$(go env GOPATH)/bin"
 if ! command -v cosign >/dev/null && [ ! -x "$gobin/cosign" ]; then
-	echo "deps: installing cosign $COSIGN_VERSION with go install (into $gobin)" >&2
-	GOBIN="$gobin" GOFLAGS=-mod=mod go install "github.com/sigstore/cosign/v2/cmd/cosign@$COSIGN_VERSION"
+	mkdir -p "$gobin"
+	echo "deps: building cosign in the background (log: $gobin/cosign-install.log)" >&2
+	nohup "$(dirname "$0")/install-cosign.sh" >"$gobin/cosign-install.log" 2>&1 &
 fi

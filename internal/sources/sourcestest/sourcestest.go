@@ -20,6 +20,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -51,16 +52,44 @@ func Tool(t testing.TB, name, install string, candidates ...string) string {
 }
 
 // CosignInstall is how scripts/deps.sh installs cosign.
-const CosignInstall = "GOBIN=$(go env GOPATH)/bin go install github.com/sigstore/cosign/v2/cmd/cosign@v2.6.5"
+const CosignInstall = "scripts/install-cosign.sh"
+
+// cosignWait bounds the wait for a cosign build under way.
+const cosignWait = 20 * time.Minute
 
 // Cosign returns the cosign binary: on PATH or in $GOPATH/bin (as `go env
-// GOPATH` says, which may differ from the GOPATH variable).
+// GOPATH` says, which may differ from the GOPATH variable). While
+// scripts/install-cosign.sh builds it (deps.sh runs it in the
+// background), Cosign waits for the build, up to 20 minutes.
 func Cosign(t testing.TB) string {
-	candidates := []string{filepath.Join(build.Default.GOPATH, "bin", "cosign")}
+	bins := []string{filepath.Join(build.Default.GOPATH, "bin")}
 	if out, err := exec.Command("go", "env", "GOPATH").Output(); err == nil {
-		candidates = append(candidates, filepath.Join(strings.TrimSpace(string(out)), "bin", "cosign"))
+		bins = append(bins, filepath.Join(strings.TrimSpace(string(out)), "bin"))
+	}
+	var candidates []string
+	for _, bin := range bins {
+		waitForInstall(t, filepath.Join(bin, ".cosign-install.lock"))
+		candidates = append(candidates, filepath.Join(bin, "cosign"))
 	}
 	return Tool(t, "cosign", CosignInstall, candidates...)
+}
+
+// waitForInstall waits until no install holds the lock file at path (none
+// there: no wait).
+func waitForInstall(t testing.TB, path string) {
+	f, err := os.Open(path)
+	if err != nil {
+		return
+	}
+	defer f.Close()
+	locked := make(chan error, 1)
+	go func() { locked <- syscall.Flock(int(f.Fd()), syscall.LOCK_SH) }()
+	select {
+	case <-locked:
+		syscall.Flock(int(f.Fd()), syscall.LOCK_UN)
+	case <-time.After(cosignWait):
+		t.Fatalf("cosign is still being built after %v (see %s)", cosignWait, filepath.Join(filepath.Dir(path), "cosign-install.log"))
+	}
 }
 
 // Registry starts docker-registry on a free loopback port, with its
