@@ -241,6 +241,7 @@ func (i *Instance) Snapshot(ctx context.Context) ([]byte, error) {
 	err = i.withMemory(func(mem []byte) error {
 		pages = uint32(len(mem) / pageSize)
 		prev := i.snapPages
+		var scratch []byte // a page's frame is encoded here, then copied at its size
 		for p := range pages {
 			page := mem[p*pageSize : (p+1)*pageSize]
 			h := hashPage(page)
@@ -254,7 +255,11 @@ func (i *Instance) Snapshot(ctx context.Context) ([]byte, error) {
 				saved = append(saved, prev[0])
 				continue
 			}
-			saved = append(saved, cachedPage{index: p, hash: h, frame: encoder().EncodeAll(page, nil)})
+			if scratch == nil {
+				scratch = make([]byte, 0, maxPageFrame)
+			}
+			scratch = encoder().EncodeAll(page, scratch[:0])
+			saved = append(saved, cachedPage{index: p, hash: h, frame: slices.Clone(scratch)})
 			compressed++
 		}
 		return nil
