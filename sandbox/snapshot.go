@@ -241,7 +241,12 @@ func (i *Instance) Snapshot(ctx context.Context) ([]byte, error) {
 	err = i.withMemory(func(mem []byte) error {
 		pages = uint32(len(mem) / pageSize)
 		prev := i.snapPages
-		var scratch []byte // a page's frame is encoded here, then copied at its size
+		var scratch *[]byte // a page's frame is encoded here, then copied at its size
+		defer func() {
+			if scratch != nil {
+				frameScratch.Put(scratch)
+			}
+		}()
 		for p := range pages {
 			page := mem[p*pageSize : (p+1)*pageSize]
 			h := hashPage(page)
@@ -256,10 +261,10 @@ func (i *Instance) Snapshot(ctx context.Context) ([]byte, error) {
 				continue
 			}
 			if scratch == nil {
-				scratch = make([]byte, 0, maxPageFrame)
+				scratch = frameScratch.Get().(*[]byte)
 			}
-			scratch = encoder().EncodeAll(page, scratch[:0])
-			saved = append(saved, cachedPage{index: p, hash: h, frame: slices.Clone(scratch)})
+			*scratch = encoder().EncodeAll(page, (*scratch)[:0])
+			saved = append(saved, cachedPage{index: p, hash: h, frame: slices.Clone(*scratch)})
 			compressed++
 		}
 		return nil
@@ -286,6 +291,12 @@ func (i *Instance) Snapshot(ctx context.Context) ([]byte, error) {
 	}
 	return out, nil
 }
+
+// frameScratch holds buffers of *[]byte in which snapshots encode pages.
+var frameScratch = sync.Pool{New: func() any {
+	b := make([]byte, 0, maxPageFrame)
+	return &b
+}}
 
 // cachedPage is a page of an instance's last snapshot: its index, the
 // hash of its contents and its compressed frame.
