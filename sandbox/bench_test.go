@@ -285,7 +285,9 @@ func readRSS(b *testing.B) int64 { return testplugins.RSS(b) }
 // BenchmarkSnapshot: a host-side snapshot of an instance that has
 // served a few calls, and its restore into a new instance, for the small
 // (WAT) plugin and a Go plugin (the Extism Go PDK servlet); the snapshot's
-// size is reported as B/snapshot. The raw baselines are the floors each
+// size is reported as B/snapshot. snapshot snapshots again an instance
+// that did nothing since its last snapshot; snapshot-after-call makes a
+// call (untimed) before each snapshot, as a checkpoint does. The raw baselines are the floors each
 // stands against: for a snapshot, copying the whole linear memory out of a
 // raw wazero instance; for a restore, a new raw wazero instance with its
 // initialisation run (what a restore replaces).
@@ -346,6 +348,23 @@ func BenchmarkSnapshot(b *testing.B) {
 				}
 			}
 			b.ReportMetric(float64(len(snap)), "B/snapshot")
+		})
+		// What a checkpoint does: one more call (untimed), then a
+		// snapshot of the instance, whose previous snapshot it has.
+		b.Run(plugin.name+"/snapshot-after-call", func(b *testing.B) {
+			b.ReportAllocs()
+			var last []byte
+			for b.Loop() {
+				b.StopTimer()
+				if _, err := inst.Call(ctx, "call", input, nil); err != nil {
+					b.Fatal(err)
+				}
+				b.StartTimer()
+				if last, err = inst.Snapshot(ctx); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ReportMetric(float64(len(last)), "B/snapshot")
 		})
 		b.Run(plugin.name+"/restore", func(b *testing.B) {
 			b.ReportAllocs()

@@ -44,6 +44,13 @@ type Instance struct {
 	// restored guest never sees time go backwards. Each holds its last
 	// reading; each reading adds a millisecond. Unused with real clocks.
 	wall, mono atomic.Int64
+
+	// snapPages are the pages of the last snapshot (or of the snapshot
+	// the instance was restored from), which the next one reuses for the
+	// pages that did not change; snapCompressed counts the pages the last
+	// snapshot compressed anew (snapshot.go).
+	snapPages      []cachedPage
+	snapCompressed int
 }
 
 // fakeEpoch is the first reading of a guest's wall clock: midnight UTC
@@ -259,11 +266,13 @@ func (i *Instance) Close(ctx context.Context) error {
 		return nil
 	}
 	i.err = ErrClosed
+	i.snapPages = nil
 	return i.mod.Close(ctx)
 }
 
 func (i *Instance) close(reason error) {
 	i.err = reason
+	i.snapPages = nil
 	_ = i.mod.Close(context.Background())
 }
 

@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"hash/maphash"
 	"slices"
 	"sync"
 
@@ -60,9 +61,16 @@ const (
 	pageSize = 65536
 	// snapshotMagic starts every snapshot, followed by the format version
 	// byte and the sha256 of the module it was taken of.
-	snapshotMagic   = "wtsn"
-	snapshotVersion = 1
-	snapshotHeader  = len(snapshotMagic) + 1 + 32
+	snapshotMagic  = "wtsn"
+	snapshotHeader = len(snapshotMagic) + 1 + 32
+	// snapshotVersion is the format snapshots are taken in: after the
+	// header, the length and bytes of a zstd frame of the globals, clocks,
+	// vars, memory size and the index and frame length of each saved
+	// page, then each saved page's own zstd frame. Version 1, which
+	// restores still read, was one frame of it all, the pages raw.
+	snapshotVersion  = 2
+	snapshotVersion1 = 1
+	maxPageFrame     = pageSize + 64 // the most a page's frame takes: a raw block, header and checksum
 )
 
 // snapModule is what a Compiled knows about snapshotting its instances.
@@ -96,8 +104,7 @@ type snapModule struct {
 // before its initialisation export runs: what a restore starts from, and
 // what snapshots are the difference to.
 type baseImage struct {
-	pages uint32
-	data  map[uint32][]byte // the pages that are not all zero
+	hashes []uint64 // of each page (hashPage)
 }
 
 func (c *checker) snapModule() *snapModule {
@@ -147,14 +154,10 @@ func (c *Compiled) baseImage(ctx context.Context) (*baseImage, error) {
 		return nil, err
 	}
 	defer inst.Close(context.Background())
-	b := &baseImage{data: map[uint32][]byte{}}
+	b := &baseImage{}
 	err = inst.withMemory(func(mem []byte) error {
-		b.pages = uint32(len(mem) / pageSize)
-		for p := range b.pages {
-			page := mem[p*pageSize : (p+1)*pageSize]
-			if !isZero(page) {
-				b.data[p] = slices.Clone(page)
-			}
+		for p := 0; p+pageSize <= len(mem); p += pageSize {
+			b.hashes = append(b.hashes, hashPage(mem[p:p+pageSize]))
 		}
 		return nil
 	})
@@ -190,6 +193,11 @@ func isZero(page []byte) bool { return bytes.Equal(page, zeroPage[:len(page)]) }
 // only into a Compiled of the same bytes. It contains everything the
 // guest keeps, secrets included: store it as the guest's memory.
 //
+// Each page is compressed on its own, and the instance keeps the last
+// snapshot's compressed pages (at most that snapshot's size, freed by
+// Close), so that a snapshot compresses only the pages written since the
+// one before; it is still whole, and restores without it.
+//
 // It fails with a [*SnapshotError] (matching [ErrSnapshotRefused]) when
 // the module's state cannot be captured ([Compiled.CanSnapshot]), and with
 // [ErrClosed] when the instance is closed. It must not run during a call
@@ -210,47 +218,112 @@ func (i *Instance) Snapshot(ctx context.Context) ([]byte, error) {
 	if err != nil {
 		return nil, fmt.Errorf("snapshot: initial image: %w", err)
 	}
-	body := binary.AppendUvarint(nil, uint64(len(c.snap.globals)))
+	meta := binary.AppendUvarint(nil, uint64(len(c.snap.globals)))
 	for _, name := range c.snap.globals {
-		body = binary.LittleEndian.AppendUint64(body, i.mod.ExportedGlobal(name).Get())
+		meta = binary.LittleEndian.AppendUint64(meta, i.mod.ExportedGlobal(name).Get())
 	}
-	body = binary.LittleEndian.AppendUint64(body, uint64(i.wall.Load()))
-	body = binary.LittleEndian.AppendUint64(body, uint64(i.mono.Load()))
+	meta = binary.LittleEndian.AppendUint64(meta, uint64(i.wall.Load()))
+	meta = binary.LittleEndian.AppendUint64(meta, uint64(i.mono.Load()))
 	keys := make([]string, 0, len(i.kernel.vars))
 	for k := range i.kernel.vars {
 		keys = append(keys, k)
 	}
 	slices.Sort(keys)
-	body = binary.AppendUvarint(body, uint64(len(keys)))
+	meta = binary.AppendUvarint(meta, uint64(len(keys)))
 	for _, k := range keys {
-		body = appendBytes(appendBytes(body, []byte(k)), i.kernel.vars[k])
+		meta = appendBytes(appendBytes(meta, []byte(k)), i.kernel.vars[k])
 	}
+	var (
+		pages      uint32
+		saved      []cachedPage
+		compressed int
+	)
 	err = i.withMemory(func(mem []byte) error {
-		pages := uint32(len(mem) / pageSize)
-		body = binary.AppendUvarint(body, uint64(pages))
-		var changed []uint32
+		pages = uint32(len(mem) / pageSize)
+		prev := i.snapPages
+		var scratch *[]byte // a page's frame is encoded here, then copied at its size
+		defer func() {
+			if scratch != nil {
+				frameScratch.Put(scratch)
+			}
+		}()
 		for p := range pages {
 			page := mem[p*pageSize : (p+1)*pageSize]
-			if was, ok := base.data[p]; ok && bytes.Equal(page, was) || !ok && isZero(page) {
+			h := hashPage(page)
+			if h == base.hash(p) {
 				continue
 			}
-			changed = append(changed, p)
-		}
-		body = binary.AppendUvarint(body, uint64(len(changed)))
-		for _, p := range changed {
-			body = binary.AppendUvarint(body, uint64(p))
-			body = append(body, mem[p*pageSize:(p+1)*pageSize]...)
+			for len(prev) > 0 && prev[0].index < p {
+				prev = prev[1:]
+			}
+			if len(prev) > 0 && prev[0].index == p && prev[0].hash == h {
+				saved = append(saved, prev[0])
+				continue
+			}
+			if scratch == nil {
+				scratch = frameScratch.Get().(*[]byte)
+			}
+			*scratch = encoder().EncodeAll(page, (*scratch)[:0])
+			saved = append(saved, cachedPage{index: p, hash: h, frame: slices.Clone(*scratch)})
+			compressed++
 		}
 		return nil
 	})
 	if err != nil {
 		return nil, fmt.Errorf("snapshot: %w", err)
 	}
-	out := make([]byte, 0, snapshotHeader+len(body)/4)
+	i.snapPages, i.snapCompressed = saved, compressed
+	meta = binary.AppendUvarint(meta, uint64(pages))
+	meta = binary.AppendUvarint(meta, uint64(len(saved)))
+	size := 0
+	for _, p := range saved {
+		meta = binary.AppendUvarint(binary.AppendUvarint(meta, uint64(p.index)), uint64(len(p.frame)))
+		size += len(p.frame)
+	}
+	metaFrame := encoder().EncodeAll(meta, nil)
+	out := make([]byte, 0, snapshotHeader+binary.MaxVarintLen64+len(metaFrame)+size)
 	out = append(out, snapshotMagic...)
 	out = append(out, snapshotVersion)
 	out = append(out, c.sha256[:]...)
-	return encoder().EncodeAll(body, out), nil
+	out = appendBytes(out, metaFrame)
+	for _, p := range saved {
+		out = append(out, p.frame...)
+	}
+	return out, nil
+}
+
+// frameScratch holds buffers of *[]byte in which snapshots encode pages.
+var frameScratch = sync.Pool{New: func() any {
+	b := make([]byte, 0, maxPageFrame)
+	return &b
+}}
+
+// cachedPage is a page of an instance's last snapshot: its index, the
+// hash of its contents and its compressed frame.
+type cachedPage struct {
+	index uint32
+	hash  uint64
+	frame []byte
+}
+
+// pageSeed seeds the page hashes. A snapshot trusts them: a page whose
+// hash is its initial image's is left out, one whose hash is the last
+// snapshot's keeps that snapshot's frame. maphash is not cryptographic,
+// but its seed is random per process and no guest sees a hash, so a
+// guest cannot aim for a collision, and a chance one is 1 in 2^64.
+var pageSeed = maphash.MakeSeed()
+
+func hashPage(page []byte) uint64 { return maphash.Bytes(pageSeed, page) }
+
+var zeroPageHash = sync.OnceValue(func() uint64 { return hashPage(zeroPage[:]) })
+
+// hash returns the hash of page p of the initial image (of zeros past
+// its end).
+func (b *baseImage) hash(p uint32) uint64 {
+	if p < uint32(len(b.hashes)) {
+		return b.hashes[p]
+	}
+	return zeroPageHash()
 }
 
 func appendBytes(b, v []byte) []byte {
@@ -294,9 +367,12 @@ type snapshotState struct {
 	data       []savedPage
 }
 
+// savedPage is a page of a snapshot: its bytes (version 1) or its zstd
+// frame (version 2).
 type savedPage struct {
 	index uint32
 	data  []byte
+	frame []byte
 }
 
 func (inst *Instance) restore(s *snapshotState) error {
@@ -310,17 +386,48 @@ func (inst *Instance) restore(s *snapshotState) error {
 				return fmt.Errorf("%w: %d pages of memory, over the memory limit", ErrBadSnapshot, s.pages)
 			}
 		}
+		var cache []cachedPage
 		err := inst.withMemory(func(b []byte) error {
 			for _, p := range s.data {
-				copy(b[p.index*pageSize:], p.data)
+				page := b[p.index*pageSize : (p.index+1)*pageSize]
+				if p.frame == nil {
+					copy(page, p.data)
+					continue
+				}
+				if err := decodePage(p.frame, page); err != nil {
+					return fmt.Errorf("page %d: %w", p.index, err)
+				}
+				// The snapshot's frames are the next snapshot's, for the
+				// pages the guest does not write meanwhile.
+				cache = append(cache, cachedPage{index: p.index, hash: hashPage(page), frame: slices.Clone(p.frame)})
 			}
 			return nil
 		})
 		if err != nil {
 			return err
 		}
+		inst.snapPages = cache
 	}
 	return inst.setState(s, s.vars)
+}
+
+// decodePage decodes a page's frame into page, of pageSize bytes.
+func decodePage(frame, page []byte) error {
+	var h zstd.Header
+	if err := h.Decode(frame); err != nil || !h.HasFCS || h.FrameContentSize != pageSize {
+		return fmt.Errorf("%w: a page's frame is not of one page", ErrBadSnapshot)
+	}
+	got, err := decoder().DecodeAll(frame, page[:0:pageSize])
+	if err != nil {
+		return fmt.Errorf("%w: %v", ErrBadSnapshot, err)
+	}
+	if len(got) != pageSize {
+		return fmt.Errorf("%w: a page's frame holds %d bytes", ErrBadSnapshot, len(got))
+	}
+	if &got[0] != &page[0] {
+		copy(page, got)
+	}
+	return nil
 }
 
 // setState sets the instance's globals, clocks and vars (vars, of
@@ -339,36 +446,80 @@ func (inst *Instance) setState(s *snapshotState, vars map[string][]byte) error {
 	return nil
 }
 
-// decodeSnapshot parses snapshot for c, within c's limits.
+// decodeSnapshot parses snapshot for c, within c's limits. The pages of a
+// version 2 snapshot stay compressed: restore decodes each into place.
 func (c *Compiled) decodeSnapshot(snapshot []byte) (*snapshotState, error) {
 	if len(snapshot) < snapshotHeader || string(snapshot[:len(snapshotMagic)]) != snapshotMagic {
 		return nil, fmt.Errorf("%w: no snapshot header", ErrBadSnapshot)
 	}
-	if v := snapshot[len(snapshotMagic)]; v != snapshotVersion {
+	v := snapshot[len(snapshotMagic)]
+	if v != snapshotVersion && v != snapshotVersion1 {
 		return nil, fmt.Errorf("%w: format version %d, not %d", ErrSnapshotMismatch, v, snapshotVersion)
 	}
 	if sum := snapshot[len(snapshotMagic)+1 : snapshotHeader]; !bytes.Equal(sum, c.sha256[:]) {
 		return nil, fmt.Errorf("%w: taken of module %x, not %x", ErrSnapshotMismatch, sum, c.sha256)
 	}
-	maxPages := uint64(c.policy.memoryLimitPages())
-	// The most a valid body holds: every page once with its index, the
-	// vars at their limit, the globals and clocks.
-	maxBody := maxPages*(pageSize+5) + maxVarBytes + 10*maxVars + 8*uint64(len(c.snap.globals)) + 64
-	frame := snapshot[snapshotHeader:]
+	maxPages := c.policy.memoryLimitPages()
+	if v == snapshotVersion1 {
+		return parseSnapshotV1(snapshot[snapshotHeader:], len(c.snap.globals), maxPages)
+	}
+	return parseSnapshot(snapshot[snapshotHeader:], len(c.snap.globals), maxPages)
+}
+
+// maxHead is the most the globals, clocks and vars of a valid snapshot
+// take.
+func maxHead(globals int) uint64 {
+	return 10 + 8*uint64(globals) + 16 + 10 + maxVarBytes + 10*maxVars
+}
+
+// parseSnapshotV1 reads a version 1 snapshot after its header: one zstd
+// frame of the whole body, the pages raw.
+func parseSnapshotV1(frame []byte, globals int, maxPages uint32) (*snapshotState, error) {
+	// The most a valid body holds: every page once with its index.
+	maxBody := uint64(maxPages)*(pageSize+5) + maxHead(globals) + 20
+	body, err := decodeFrame(frame, maxBody)
+	if err != nil {
+		return nil, err
+	}
+	return parseSnapshotBody(body, false, nil, globals, maxPages)
+}
+
+// parseSnapshot reads a version 2 snapshot after its header: the length
+// and bytes of the frame of the rest, then the pages' frames, which it
+// splits but does not decode.
+func parseSnapshot(b []byte, globals int, maxPages uint32) (*snapshotState, error) {
+	r := snapReader{b: b}
+	frame := r.bytes()
+	if r.err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrBadSnapshot, r.err)
+	}
+	// Each page once with its index and frame length.
+	maxMeta := uint64(maxPages)*(5+3) + maxHead(globals) + 20
+	meta, err := decodeFrame(frame, maxMeta)
+	if err != nil {
+		return nil, err
+	}
+	return parseSnapshotBody(meta, true, r.b, globals, maxPages)
+}
+
+// decodeFrame decodes one zstd frame whose declared size is at most max.
+func decodeFrame(frame []byte, max uint64) ([]byte, error) {
 	var h zstd.Header
-	if err := h.Decode(frame); err != nil || !h.HasFCS || h.FrameContentSize > maxBody {
-		return nil, fmt.Errorf("%w: compressed body missing, unsized or over %d bytes", ErrBadSnapshot, maxBody)
+	if err := h.Decode(frame); err != nil || !h.HasFCS || h.FrameContentSize > max {
+		return nil, fmt.Errorf("%w: compressed body missing, unsized or over %d bytes", ErrBadSnapshot, max)
 	}
 	body, err := decoder().DecodeAll(frame, make([]byte, 0, h.FrameContentSize))
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrBadSnapshot, err)
 	}
-	return parseSnapshotBody(body, len(c.snap.globals), uint32(maxPages))
+	return body, nil
 }
 
 // parseSnapshotBody reads a decompressed snapshot body of a module with
-// globals mutable globals and at most maxPages pages of memory.
-func parseSnapshotBody(body []byte, globals int, maxPages uint32) (*snapshotState, error) {
+// globals mutable globals and at most maxPages pages of memory: of
+// version 1, its pages raw, or of version 2 (v2), where frames holds the
+// pages' frames, as many bytes as the body says.
+func parseSnapshotBody(body []byte, v2 bool, frames []byte, globals int, maxPages uint32) (*snapshotState, error) {
 	r := snapReader{b: body}
 	s := &snapshotState{}
 	if n := r.uvarint(); n != uint64(globals) {
@@ -410,21 +561,36 @@ func parseSnapshotBody(body []byte, globals int, maxPages uint32) (*snapshotStat
 	if n > pages {
 		return nil, fmt.Errorf("%w: %d saved pages of %d", ErrBadSnapshot, n, pages)
 	}
+	fr := snapReader{b: frames}
 	next := uint64(0)
 	for range n {
 		p := r.uvarint()
-		data := r.take(pageSize)
-		if r.err != nil {
+		var page savedPage
+		if !v2 {
+			page.data = r.take(pageSize)
+		} else if size := r.uvarint(); r.err == nil && (size == 0 || size > maxPageFrame) {
+			r.err = fmt.Errorf("a page's frame of %d bytes", size)
+		} else {
+			page.frame = fr.take(size)
+		}
+		if r.err != nil || fr.err != nil {
 			break
 		}
 		if p < next || p >= pages {
 			return nil, fmt.Errorf("%w: page %d out of order or past the memory's %d pages", ErrBadSnapshot, p, pages)
 		}
 		next = p + 1
-		s.data = append(s.data, savedPage{index: uint32(p), data: data})
+		page.index = uint32(p)
+		s.data = append(s.data, page)
 	}
 	if r.err == nil && len(r.b) > 0 {
 		r.err = fmt.Errorf("%d bytes left over", len(r.b))
+	}
+	if r.err == nil && fr.err == nil && len(fr.b) > 0 {
+		r.err = fmt.Errorf("%d bytes of frames left over", len(fr.b))
+	}
+	if r.err == nil {
+		r.err = fr.err
 	}
 	if r.err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrBadSnapshot, r.err)
@@ -476,9 +642,10 @@ func (r *snapReader) bytes() []byte { return r.take(r.uvarint()) }
 // The zstd encoder and decoder are shared: EncodeAll and DecodeAll are
 // safe for concurrent use. The fastest level: snapshots are mostly Go heap
 // and zero runs, where it compresses nearly as well as the default at a
-// fraction of the time. DecodeAll is held to the capacity it is given
-// (the frame's declared size, checked first), so a lying frame fails
-// rather than allocating.
+// fraction of the time. Every frame is a single segment, which declares
+// its size (else small ones do not). DecodeAll is held to the capacity it
+// is given (the frame's declared size, checked first), so a lying frame
+// fails rather than allocating.
 var (
 	zstdOnce sync.Once
 	zstdEnc  *zstd.Encoder
@@ -487,7 +654,7 @@ var (
 
 func initZstd() {
 	var err error
-	zstdEnc, err = zstd.NewWriter(nil, zstd.WithEncoderLevel(zstd.SpeedFastest), zstd.WithEncoderConcurrency(1))
+	zstdEnc, err = zstd.NewWriter(nil, zstd.WithEncoderLevel(zstd.SpeedFastest), zstd.WithEncoderConcurrency(1), zstd.WithSingleSegment(true))
 	if err != nil {
 		panic(err) // only for invalid options
 	}

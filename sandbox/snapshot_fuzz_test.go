@@ -77,33 +77,54 @@ func FuzzRewrite(f *testing.F) {
 	})
 }
 
-// FuzzSnapshotBody feeds the snapshot body parser arbitrary bytes: it must
-// never panic, and what it accepts stays within the limits it is given.
+// FuzzSnapshotBody feeds the snapshot parsers arbitrary bytes, as a
+// version 2 snapshot after its header and as a version 1 body: they must
+// never panic, and what they accept stays within the limits they are
+// given. The pages' frames of what the version 2 parser accepts are
+// decoded too: each fills one page, or fails.
 func FuzzSnapshotBody(f *testing.F) {
-	body := binary.AppendUvarint(nil, 1)
-	body = binary.LittleEndian.AppendUint64(body, 42)
-	body = binary.LittleEndian.AppendUint64(body, 7)
-	body = binary.LittleEndian.AppendUint64(body, 8)
-	body = binary.AppendUvarint(body, 1)
-	body = appendBytes(appendBytes(body, []byte("k")), []byte("v"))
-	body = binary.AppendUvarint(body, 2)
-	body = binary.AppendUvarint(body, 1)
-	body = binary.AppendUvarint(body, 1)
-	f.Add(append(body, make([]byte, pageSize)...))
-	f.Add(body)
+	head := binary.AppendUvarint(nil, 1)
+	head = binary.LittleEndian.AppendUint64(head, 42)
+	head = binary.LittleEndian.AppendUint64(head, 7)
+	head = binary.LittleEndian.AppendUint64(head, 8)
+	head = binary.AppendUvarint(head, 1)
+	head = appendBytes(appendBytes(head, []byte("k")), []byte("v"))
+	head = binary.AppendUvarint(head, 2)
+	head = binary.AppendUvarint(head, 1)
+	v1 := binary.AppendUvarint(slices.Clone(head), 1)
+	f.Add(append(v1, make([]byte, pageSize)...))
+	f.Add(head)
+	page := make([]byte, pageSize)
+	copy(page[100:], "a page")
+	frame := encoder().EncodeAll(page, nil)
+	meta := binary.AppendUvarint(binary.AppendUvarint(slices.Clone(head), 1), uint64(len(frame)))
+	f.Add(append(appendBytes(nil, encoder().EncodeAll(meta, nil)), frame...))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		const maxPages = 4
-		s, err := parseSnapshotBody(b, 1, maxPages)
+		check := func(s *snapshotState) {
+			if s.pages > maxPages || len(s.data) > int(s.pages) || len(s.vars) > maxVars || s.varBytes > maxVarBytes {
+				t.Fatalf("accepted past the limits: %d pages, %d saved, %d vars of %d bytes", s.pages, len(s.data), len(s.vars), s.varBytes)
+			}
+		}
+		if s, err := parseSnapshotBody(b, false, nil, 1, maxPages); err == nil {
+			check(s)
+			for _, p := range s.data {
+				if p.index >= s.pages || len(p.data) != pageSize {
+					t.Fatalf("page %d of %d bytes in %d pages", p.index, len(p.data), s.pages)
+				}
+			}
+		}
+		s, err := parseSnapshot(b, 1, maxPages)
 		if err != nil {
 			return
 		}
-		if s.pages > maxPages || len(s.data) > int(s.pages) || len(s.vars) > maxVars || s.varBytes > maxVarBytes {
-			t.Fatalf("accepted past the limits: %d pages, %d saved, %d vars of %d bytes", s.pages, len(s.data), len(s.vars), s.varBytes)
-		}
+		check(s)
+		buf := make([]byte, pageSize)
 		for _, p := range s.data {
-			if p.index >= s.pages || len(p.data) != pageSize {
-				t.Fatalf("page %d of %d bytes in %d pages", p.index, len(p.data), s.pages)
+			if p.index >= s.pages || len(p.frame) == 0 || len(p.frame) > maxPageFrame {
+				t.Fatalf("page %d of a %d-byte frame in %d pages", p.index, len(p.frame), s.pages)
 			}
+			_ = decodePage(p.frame, buf)
 		}
 	})
 }

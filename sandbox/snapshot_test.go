@@ -1,8 +1,10 @@
 package sandbox_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"slices"
 	"strings"
 	"testing"
 
@@ -186,5 +188,123 @@ func TestSnapshotClosed(t *testing.T) {
 	inst.Close(context.Background())
 	if _, err := inst.Snapshot(context.Background()); !errors.Is(err, sandbox.ErrClosed) {
 		t.Errorf("got %v, want ErrClosed", err)
+	}
+}
+
+// pokeModule is a module of three pages of memory, all zero at first, and
+// three exports of type () -> i32 that write page 1 (set1), write it back
+// to zero (clear1) and write page 2 (set2).
+func pokeModule() []byte {
+	store := func(addr []byte, v byte) []byte { // addr: a signed LEB128 i32
+		fn := append(append([]byte{0, 0x41}, addr...), 0x41, v, 0x36, 2, 0, 0x41, 0, 0x0b)
+		return append(testplugins.ULEB(nil, uint64(len(fn))), fn...)
+	}
+	page1, page2 := []byte{0xf0, 0xa2, 0x04}, []byte{0xe0, 0xc5, 0x08} // 70000, 140000
+	var exports []byte
+	for k, name := range []string{"set1", "clear1", "set2"} {
+		exports = append(append(append(exports, byte(len(name))), name...), 0, byte(k))
+	}
+	codes := append([]byte{10, 3}, slices.Concat(store(page1, 1), store(page1, 0), store(page2, 1))...)
+	return module(
+		[]byte{1, 1, 0x60, 0, 1, 0x7f}, // type 0: () -> (i32)
+		[]byte{3, 3, 0, 0, 0},
+		[]byte{5, 1, 0, 3}, // a memory of 3 pages
+		append([]byte{7, 3}, exports...),
+		codes,
+	)
+}
+
+func TestSnapshotIncremental(t *testing.T) {
+	ctx := context.Background()
+	c, err := newRuntime(t).Compile(ctx, pokeModule(), sandbox.NewPolicy())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close(ctx)
+	inst := instantiate(t, c)
+	// Each step calls fn (unless ""), snapshots, and wants the snapshot to
+	// hold pages, of which it compressed only compressed.
+	steps := []struct {
+		fn         string
+		pages      []uint32
+		compressed int
+	}{
+		{"", nil, 0},
+		{"set1", []uint32{1}, 1},
+		{"", []uint32{1}, 0},        // nothing changed: the frame is reused
+		{"set2", []uint32{1, 2}, 1}, // only the changed page is compressed
+		{"clear1", []uint32{2}, 0},  // page 1 is its initial image again
+		{"set1", []uint32{1, 2}, 1},
+	}
+	for k, st := range steps {
+		if st.fn != "" {
+			if _, err := inst.Call(ctx, st.fn, nil, nil); err != nil {
+				t.Fatalf("step %d: %s: %v", k, st.fn, err)
+			}
+		}
+		snap, err := inst.Snapshot(ctx)
+		if err != nil {
+			t.Fatalf("step %d: snapshot: %v", k, err)
+		}
+		pages, err := c.SnapshotPages(snap)
+		if err != nil {
+			t.Fatalf("step %d: %v", k, err)
+		}
+		if !slices.Equal(pages, st.pages) || inst.SnapshotCompressed() != st.compressed {
+			t.Errorf("step %d (%s): pages %v, %d compressed; want %v, %d", k, st.fn, pages, inst.SnapshotCompressed(), st.pages, st.compressed)
+		}
+		// A restore from it snapshots the same bytes, compressing
+		// nothing: its first snapshot reuses the frames it was restored
+		// from.
+		fresh, again := restored(t, c, inst)
+		if more, err := fresh.Snapshot(ctx); err != nil || !bytes.Equal(more, snap) || !bytes.Equal(again, snap) {
+			t.Errorf("step %d: the restored instance's snapshot differs (%v)", k, err)
+		}
+		if fresh.SnapshotCompressed() != 0 {
+			t.Errorf("step %d: the restored instance's first snapshot compressed %d pages, want 0", k, fresh.SnapshotCompressed())
+		}
+	}
+}
+
+// TestSnapshotChain restores, calls and snapshots again, hop after hop,
+// beside the instance that never moved: each hop's instance answers as
+// it does, and a Go guest's second snapshot compresses fewer pages than
+// its first.
+func TestSnapshotChain(t *testing.T) {
+	ctx := context.Background()
+	c := compile(t, newRuntime(t), testplugins.Test(t, "servlet"), sandbox.NewPolicy())
+	stay := instantiate(t, c)
+	call := func(inst *sandbox.Instance, text string) string {
+		t.Helper()
+		got, err := callServlet(t, inst, "remember", `{"text":"`+text+`"}`)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return got
+	}
+	call(stay, "a")
+	if _, err := stay.Snapshot(ctx); err != nil {
+		t.Fatal(err)
+	}
+	first := stay.SnapshotCompressed()
+	call(stay, "b")
+	if _, err := stay.Snapshot(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if again := stay.SnapshotCompressed(); again >= first {
+		t.Errorf("the second snapshot compressed %d pages, the first %d: want fewer", again, first)
+	} else {
+		t.Logf("compressed %d pages, then %d", first, again)
+	}
+	moved, _ := restored(t, c, stay)
+	for _, text := range []string{"c", "d", "e", "f"} {
+		want := call(stay, text)
+		if got := call(moved, text); got != want {
+			t.Fatalf("after hops: got %q, want %q", got, want)
+		}
+		moved, _ = restored(t, c, moved)
+	}
+	if got, want := call(moved, "g"), call(stay, "g"); got != want {
+		t.Fatalf("after the last hop: got %q, want %q", got, want)
 	}
 }

@@ -142,7 +142,7 @@ var sections = []Section{
 	},
 	{
 		Title: "11. Guest snapshots (issue 13)", Bench: "Snapshot",
-		About: "Host-side snapshots, no MCP, for the small (WAT) plugin and the Go plugin (the Extism Go PDK servlet, 3.4 MiB of memory) after a few calls: `snapshot` saves the instance (the pages that differ from the initial image, the globals, vars and clocks, zstd-compressed; its size is B/snapshot), `restore` starts a new instance from it. " +
+		About: "Host-side snapshots, no MCP, for the small (WAT) plugin and the Go plugin (the Extism Go PDK servlet, 3.4 MiB of memory) after a few calls: `snapshot` saves the instance (the pages that differ from the initial image, the globals, vars and clocks, each page zstd-compressed on its own; its size is B/snapshot) again, with nothing changed since its previous snapshot, so every page's frame is reused; `snapshot-after-call` makes one more call (untimed) before each snapshot, as a durable session's checkpoint does, so the pages that call wrote are compressed anew (the servlet's remembered list grows with each call, and so does its snapshot); `restore` starts a new instance from it. " +
 			"The raw baselines are the floors they stand against: `raw-wazero-copy` copies the whole linear memory out of a raw wazero instance; `raw-wazero-new` is a new raw wazero instance with its initialisation run, which a restore replaces.",
 		Unit: "ns/op", Baselines: []string{"raw-wazero-new", "raw-wazero-copy"}, Headline: "restore", Extra: []string{"B/snapshot"},
 	},
