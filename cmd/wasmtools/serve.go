@@ -194,6 +194,10 @@ func cmdServe(ctx context.Context, args []string, lookupEnv func(string) (string
 	// way (a compilation cannot be stopped midway, only bounded).
 	var background sync.WaitGroup
 	defer background.Wait()
+	// Serving can end without ctx ending (POST /drain): the background
+	// work (watches, refreshes, SIGHUP) stops then too, before the wait.
+	ctx, stopBackground := context.WithCancel(ctx)
+	defer stopBackground()
 	background.Go(func() {
 		defer close(loaded)
 		stop := func() {}
