@@ -214,13 +214,15 @@ func (h *Host) serveStateful(stateful http.Handler, events mcp.EventStore, w htt
 	case id == "":
 		h.adoptMu.RLock()
 		defer h.adoptMu.RUnlock()
-		stateful.ServeHTTP(w, r)
-		if made := w.Header().Get("Mcp-Session-Id"); made != "" && h.dur != nil {
+		if h.dur != nil {
 			// Whose session it is, for its record (initialized): the
 			// go-sdk keeps the user to itself, and the handler of
-			// notifications/initialized is not told.
-			h.dur.madeBy(made, userOf(r))
+			// notifications/initialized is not told. Noted before the
+			// response leaves, since the client's next request may
+			// come before this handler returns.
+			w = &sessionMade{ResponseWriter: w, made: func(id string) { h.dur.madeBy(id, userOf(r)) }}
 		}
+		stateful.ServeHTTP(w, r)
 		return
 	case r.Method == http.MethodGet:
 		if h.drain.draining.Load() {
@@ -288,6 +290,42 @@ func (h *Host) canReplay(ctx context.Context, events mcp.EventStore, id, eid str
 	}
 	return true
 }
+
+// sessionMade tells made the session ID a response carries, before its
+// headers are sent.
+type sessionMade struct {
+	http.ResponseWriter
+	made func(id string)
+	sent bool
+}
+
+func (s *sessionMade) WriteHeader(code int) {
+	if !s.sent {
+		s.sent = true
+		if id := s.Header().Get("Mcp-Session-Id"); id != "" {
+			s.made(id)
+		}
+	}
+	s.ResponseWriter.WriteHeader(code)
+}
+
+func (s *sessionMade) Write(b []byte) (int, error) {
+	if !s.sent {
+		s.WriteHeader(http.StatusOK)
+	}
+	return s.ResponseWriter.Write(b)
+}
+
+func (s *sessionMade) Flush() {
+	if !s.sent {
+		s.WriteHeader(http.StatusOK)
+	}
+	if f, ok := s.ResponseWriter.(http.Flusher); ok {
+		f.Flush()
+	}
+}
+
+func (s *sessionMade) Unwrap() http.ResponseWriter { return s.ResponseWriter }
 
 // notFound passes a response through unless it is the go-sdk's "session
 // not found" (a 404 before anything was written), which it swallows and
