@@ -172,22 +172,30 @@ func sessionKeys(name string) [][2]string {
 }
 
 // fallbacks checks that every request of each session of the replica
-// named down is answered (200) by one replica, the same for 20 requests,
-// never down; it returns which replica took each session.
+// named down is answered (200), never by down, and by one replica from
+// its health check on: before HAProxy's check finds down out (up to a
+// second), a request meeting down is retried on the hash's next server
+// avoiding it, which for some sessions is not the server the hash picks
+// once down is out (docs/DEPLOY.md: such a session is taken over twice,
+// safely). So a session may change fallback once in its 20 requests, no
+// more. It returns which replica took each session.
 func (s *setup) fallbacks(down string) map[string]string {
 	s.t.Helper()
 	took := map[string]string{}
 	for _, k := range sessionKeys(down) {
+		changes := 0
 		for i := range 20 {
 			got := s.mustPost(k[0], k[1])
 			if got == down {
 				s.t.Fatalf("%s: %s answered by %s, which is down", k[0], k[1], down)
 			}
-			if i == 0 {
-				took[k[1]] = got
-			} else if got != took[k[1]] {
-				s.t.Fatalf("%s: %s: request %d answered by %s, earlier ones by %s", k[0], k[1], i, got, took[k[1]])
+			if i > 0 && got != took[k[1]] {
+				changes++
+				if changes > 1 {
+					s.t.Fatalf("%s: %s: request %d answered by %s, earlier ones by %s", k[0], k[1], i, got, took[k[1]])
+				}
 			}
+			took[k[1]] = got
 		}
 	}
 	return took
