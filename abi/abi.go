@@ -122,6 +122,18 @@ const (
 	ExportCallCtors  = "__wasm_call_ctors"
 )
 
+// ExportPreInitialize, () -> (), is Wizer's pre-initialisation export
+// (github.com/bytecodealliance/wizer): when a plugin exports it, the host
+// calls it once after the initialisation export, before the instance's
+// state becomes the plugin's pre-initialised image, so that the work it
+// does (caches filled, tables built, stacks grown) is in every instance
+// that starts from the image instead of being done again on each
+// session's first call. Without images it runs in every new instance, so
+// that each starts in the same state. Its state is shared by every
+// session, as the image's is: it must hold nothing secret or per-client
+// (docs/SECURITY.md).
+const ExportPreInitialize = "wizer.initialize"
+
 // Interface names a tool convention a plugin speaks.
 type Interface string
 

@@ -16,6 +16,7 @@ import (
 	"github.com/tetratelabs/wazero/imports/wasi_snapshot_preview1"
 
 	"github.com/wasmtools/wasmtools/bench/internal/native"
+	"github.com/wasmtools/wasmtools/abi"
 	"github.com/wasmtools/wasmtools/internal/testplugins"
 	"github.com/wasmtools/wasmtools/sandbox"
 )
@@ -174,7 +175,10 @@ func extismCall(ctx context.Context, p *extism.Plugin, input []byte) ([]byte, er
 	return out, nil
 }
 
-// newSandbox compiles a plugin with wasmtools' sandbox and default policy.
+// newSandbox compiles a plugin with wasmtools' sandbox and default policy,
+// and lists its tools once in an instance whose state becomes the
+// pre-initialised image, as plugins.Load does: the sandbox as wasmtools
+// serves it.
 func newSandbox(ctx context.Context, t testing.TB, wasm []byte) *sandbox.Compiled {
 	t.Helper()
 	rt, err := sandbox.NewRuntime(sandbox.Options{CacheDir: testplugins.CacheDir()})
@@ -187,6 +191,20 @@ func newSandbox(ctx context.Context, t testing.TB, wasm []byte) *sandbox.Compile
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { c.Close(ctx) })
+	inst, err := c.Instantiate(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, export := range []string{abi.ExportDescribe, abi.ExportListTools} {
+		if c.HasExport(export) {
+			if _, err := inst.Call(ctx, export, []byte(`{}`), nil); err != nil {
+				t.Fatal(err)
+			}
+			break
+		}
+	}
+	inst.KeepImage()
+	inst.Close(ctx)
 	return c
 }
 

@@ -3,6 +3,8 @@ package bench
 import (
 	"context"
 	"flag"
+	"os"
+	"strconv"
 	"testing"
 
 	extism "github.com/extism/go-sdk"
@@ -31,8 +33,13 @@ func sessionsToHold() int {
 // one call to the plugin and holds its instance, reported as KiB/session
 // (the time per op, making them all, is not the point).
 //
-// In-process contenders report this process's RSS growth (after a GC that
-// returns freed memory to the OS) divided by the number of sessions:
+// In-process contenders report this process's PSS growth (after a GC that
+// returns freed memory to the OS) divided by the number of sessions, and
+// its RSS growth as RSS-KiB/session. They differ where pages are shared:
+// RSS counts a page once per mapping, so the pages of a Go plugin's
+// pre-initialised image, mapped copy-on-write by every instance, count
+// once per session in RSS though memory holds them once, which PSS
+// counts (the same measure as process-per-session's):
 //   - raw-wazero, extism-sdk, wasmtools-sandbox: instances only, no MCP.
 //   - native: go-sdk client and server sessions over the in-memory
 //     transport to the native tool server, no instance: MCP's own cost.
@@ -125,8 +132,9 @@ func BenchmarkIdleSessionMemory(b *testing.B) {
 		})
 		b.Run(p.name+"/process-per-session", func(b *testing.B) {
 			var total, servers int64
+			var totalRSS int64
 			for b.Loop() {
-				before := readRSS(b)
+				before, beforeRSS := readPSS(b, os.Getpid()), readRSS(b)
 				procs := make([]*process, 0, n)
 				for range n {
 					pr, err := startProcess(ctx, bin)
@@ -138,16 +146,19 @@ func BenchmarkIdleSessionMemory(b *testing.B) {
 						b.Fatal(err)
 					}
 				}
-				clientSide := readRSS(b) - before
-				var pss int64
+				clientSide, clientRSS := readPSS(b, os.Getpid())-before, readRSS(b)-beforeRSS
+				var pss, rss int64
 				for _, pr := range procs {
 					pss += readPSS(b, pr.cmd.Process.Pid)
+					rss += procKiB(b, "/proc/"+strconv.Itoa(pr.cmd.Process.Pid)+"/smaps_rollup", "Rss:") << 10
 				}
 				total += clientSide + pss
+				totalRSS += clientRSS + rss
 				servers += pss
 				closeAll(procs)
 			}
 			b.ReportMetric(float64(total)/float64(b.N)/float64(n)/1024, "KiB/session")
+			b.ReportMetric(float64(totalRSS)/float64(b.N)/float64(n)/1024, "RSS-KiB/session")
 			b.ReportMetric(float64(servers)/float64(b.N)/float64(n)/1024, "server-KiB/session")
 			b.ReportMetric(float64(n), "sessions")
 		})
@@ -173,21 +184,24 @@ func closeAll(procs []*process) {
 }
 
 // measureRSS starts n sessions with start, b.N times, and reports the mean
-// RSS growth per session as KiB/session. The sessions are ended (with the
-// functions start returned) after each measurement.
+// PSS growth per session as KiB/session and the mean RSS growth as
+// RSS-KiB/session. The sessions are ended (with the functions start
+// returned) after each measurement.
 func measureRSS(b *testing.B, n int, start func() (stop func())) {
-	var total int64
+	var total, totalRSS int64
 	for b.Loop() {
-		before := readRSS(b)
+		before, beforeRSS := readPSS(b, os.Getpid()), readRSS(b)
 		stops := make([]func(), n)
 		for i := range stops {
 			stops[i] = start()
 		}
-		total += readRSS(b) - before
+		total += readPSS(b, os.Getpid()) - before
+		totalRSS += readRSS(b) - beforeRSS
 		for _, stop := range stops {
 			stop()
 		}
 	}
 	b.ReportMetric(float64(total)/float64(b.N)/float64(n)/1024, "KiB/session")
+	b.ReportMetric(float64(totalRSS)/float64(b.N)/float64(n)/1024, "RSS-KiB/session")
 	b.ReportMetric(float64(n), "sessions")
 }

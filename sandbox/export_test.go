@@ -27,3 +27,39 @@ func (c *Compiled) SnapshotPages(snap []byte) ([]uint32, error) {
 	}
 	return pages, nil
 }
+
+// Reused reports whether the instance's memory is a reservation an
+// earlier instance freed, reset to the image (recycle_linux.go).
+func (i *Instance) Reused() bool { return i.mem != nil && i.mem.reused }
+
+// MemoryCopy returns a copy of the instance's linear memory.
+func (i *Instance) MemoryCopy() []byte {
+	var b []byte
+	_ = i.withMemory(func(mem []byte) error {
+		b = append([]byte(nil), mem...)
+		return nil
+	})
+	return b
+}
+
+// ImageBytes returns the module's pre-initialised image's memory, or nil.
+func (c *Compiled) ImageBytes() []byte {
+	img := c.imageFor()
+	switch {
+	case img == nil:
+		return nil
+	case img.file != nil:
+		b, _ := img.file.bytes()
+		return b
+	}
+	return img.mem
+}
+
+// Pooled reports how many freed reservations the module's image keeps.
+func (c *Compiled) Pooled() int {
+	img := c.imageFor()
+	if img == nil || img.file == nil {
+		return 0
+	}
+	return img.file.pooled()
+}

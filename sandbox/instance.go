@@ -130,7 +130,14 @@ func (c *Compiled) instantiate(ctx context.Context, initialise bool, img *image)
 	defer cancel()
 	ctx = context.WithValue(ctx, instanceKey{}, inst)
 	ctx = experimental.WithMemoryAllocator(ctx, experimental.MemoryAllocatorFunc(func(_, max uint64) experimental.LinearMemory {
-		if m := reserveMemory(max); m != nil {
+		var m *reservedMemory
+		if img != nil && img.file != nil {
+			m = img.file.take(max) // a reservation freed by an earlier instance, reset
+		}
+		if m == nil {
+			m = reserveMemory(max)
+		}
+		if m != nil {
 			m.busy = true // the start function runs next; see exit below
 			if img != nil && img.file != nil {
 				m.img, m.imgSize = img.file, img.size
@@ -159,6 +166,14 @@ func (c *Compiled) instantiate(ctx context.Context, initialise bool, img *image)
 				return nil, fmt.Errorf("initialise: %w", &TrapError{Export: name, Cause: ctxErr(ctx), Err: err})
 			}
 			break
+		}
+	}
+	// Wizer's pre-initialisation, in the same deadline: its state goes
+	// into the image when there is one (abi.ExportPreInitialize).
+	if f := mod.ExportedFunction(abi.ExportPreInitialize); f != nil && len(f.Definition().ParamTypes()) == 0 {
+		if _, err := f.Call(ctx); err != nil {
+			_ = mod.Close(context.Background())
+			return nil, fmt.Errorf("pre-initialise: %w", &TrapError{Export: abi.ExportPreInitialize, Cause: ctxErr(ctx), Err: err})
 		}
 	}
 	return inst, nil

@@ -39,6 +39,10 @@ type reservedMemory struct {
 	early      bool
 	scratch    *sync.Pool
 	scratchBuf *[]byte
+	// reused: the reservation comes from img's pool of freed ones
+	// (recycle.go), its first imgSize bytes holding the image already.
+	reused bool
+	kept   uint64 // while pooled: the private bytes it holds
 }
 
 // Reallocate implements experimental.LinearMemory: it commits size bytes
@@ -70,11 +74,15 @@ func (m *reservedMemory) Reallocate(size uint64) []byte {
 		}
 		m.early = m.scratchBuf == nil
 		m.putScratch()
-		switch err := m.mapImage(); {
-		case errors.Is(err, errors.ErrUnsupported):
-			m.img = nil // the image is copied in instead
-		case err != nil:
-			return nil // a failed MAP_FIXED may leave the range unmapped
+		if m.reused && !m.early {
+			m.onImage = true // the image is in place: nothing wrote over it
+		} else {
+			switch err := m.mapImage(); {
+			case errors.Is(err, errors.ErrUnsupported):
+				m.img = nil // the image is copied in instead
+			case err != nil:
+				return nil // a failed MAP_FIXED may leave the range unmapped
+			}
 		}
 	}
 	if size > m.committed {
@@ -116,12 +124,19 @@ func (m *reservedMemory) settleImage() (bool, error) {
 	return true, nil
 }
 
-// Free implements experimental.LinearMemory.
+// Free implements experimental.LinearMemory. A reservation on its
+// image goes back to the image's pool, reset to the image, for the next
+// instance (recycle.go); any other is unmapped.
 func (m *reservedMemory) Free() {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if m.busy {
 		m.freed = true
+		return
+	}
+	if m.onImage && !m.early && m.mem != nil && m.img.recycle(m) {
+		m.putScratch()
+		m.mem, m.committed = nil, 0 // the pool's now: this one is spent
 		return
 	}
 	m.unmap()

@@ -44,6 +44,13 @@ type imageFile struct {
 	// another file, which the guest would then read.
 	mu     sync.RWMutex
 	closed bool
+
+	// The pool of reservations freed by instances of the image, reset to
+	// it, for new instances (recycle_linux.go); view is the image
+	// mapped read-only, from which they are reset. Both under mu.
+	pool     []*reservedMemory
+	poolKept uint64 // the private bytes the pooled reservations hold
+	view     []byte
 }
 
 // newImageFile writes mem to a new memfd. Pages of zeros are left as
@@ -93,6 +100,14 @@ func (f *imageFile) close() {
 	if !f.closed {
 		f.closed = true
 		_ = unix.Close(f.fd)
+		for _, m := range f.pool {
+			_ = release(m.mem)
+		}
+		f.pool, f.poolKept = nil, 0
+		if f.view != nil {
+			_ = unix.Munmap(f.view)
+			f.view = nil
+		}
 	}
 }
 
@@ -107,6 +122,12 @@ func (m *reservedMemory) mapImage() error {
 	}
 	m.img.mu.RLock()
 	defer m.img.mu.RUnlock()
+	return m.mapImageLocked()
+}
+
+// mapImageLocked is mapImage with m.img.mu held (read).
+func (m *reservedMemory) mapImageLocked() error {
+	size := m.imgSize
 	if m.img.closed {
 		return ErrClosed
 	}

@@ -18,3 +18,7 @@ func newImageFile([]byte) (*imageFile, error) { return nil, errors.ErrUnsupporte
 func (f *imageFile) bytes() ([]byte, error)   { return nil, errors.ErrUnsupported }
 func (f *imageFile) close()                   {}
 func (m *reservedMemory) mapImage() error     { return errors.ErrUnsupported }
+
+func (f *imageFile) take(uint64) *reservedMemory  { return nil }
+func (f *imageFile) recycle(*reservedMemory) bool { return false }
+func (f *imageFile) pooled() int                  { return 0 }
