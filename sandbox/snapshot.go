@@ -95,6 +95,7 @@ type snapModule struct {
 
 	mu         sync.Mutex
 	base       *baseImage // nil until a snapshot needs it
+	diff       *imageDiff // nil until a restore onto the image needs it
 	image      *image     // nil until the first instance is initialised
 	imageTried bool
 	imageUsed  bool // an instance started from image
@@ -345,6 +346,15 @@ func (c *Compiled) Restore(ctx context.Context, snapshot []byte) (*Instance, err
 	s, err := c.decodeSnapshot(snapshot)
 	if err != nil {
 		return nil, fmt.Errorf("restore: %w", err)
+	}
+	if img := c.imageFor(); img != nil {
+		inst, ok, err := c.restoreOnImage(ctx, img, s)
+		if err != nil {
+			return nil, fmt.Errorf("restore: %w", err)
+		}
+		if ok {
+			return inst, nil
+		}
 	}
 	inst, err := c.instantiate(ctx, false, nil)
 	if err != nil {
