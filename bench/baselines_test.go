@@ -15,8 +15,8 @@ import (
 	"github.com/tetratelabs/wazero/api"
 	"github.com/tetratelabs/wazero/imports/wasi_snapshot_preview1"
 
-	"github.com/wasmtools/wasmtools/bench/internal/native"
 	"github.com/wasmtools/wasmtools/abi"
+	"github.com/wasmtools/wasmtools/bench/internal/native"
 	"github.com/wasmtools/wasmtools/internal/testplugins"
 	"github.com/wasmtools/wasmtools/sandbox"
 )
