@@ -57,6 +57,10 @@ type snapshotAbility struct {
 	// sessions (docs/SECURITY.md); NoImages why not.
 	Images   bool   `json:"images"`
 	NoImages string `json:"no_images,omitempty"`
+	// PreInitialize says whether the plugin exports Wizer's
+	// pre-initialisation (abi.ExportPreInitialize), which the host runs
+	// once before keeping the image.
+	PreInitialize bool `json:"pre_initialize"`
 }
 
 func cmdInspect(ctx context.Context, args []string, lookupEnv func(string) (string, bool), stdout, stderr io.Writer) int {
@@ -120,6 +124,7 @@ func cmdInspect(ctx context.Context, args []string, lookupEnv func(string) (stri
 			in.Granted, in.Missing = granted(common.config().For(pluginName(path)), in.Requested)
 			in.Snapshot = &snapshotAbility{Host: true, Guest: p.HandsOffState()}
 			in.Snapshot.Images, in.Snapshot.NoImages = p.UsesImages()
+			in.Snapshot.PreInitialize = p.HasExport(abi.ExportPreInitialize)
 			if err := p.CanSnapshot(); err != nil {
 				in.Snapshot.Host = false
 				var se *sandbox.SnapshotError
@@ -190,6 +195,13 @@ func printInspection(w io.Writer, in inspection) {
 			fmt.Fprintf(w, "images:    yes: sessions start from one pre-initialised image, sharing its seeded non-cryptographic randomness (math/rand, map order); crypto/rand stays per call\n")
 		} else {
 			fmt.Fprintf(w, "images:    no: %s\n", s.NoImages)
+		}
+		if s.PreInitialize {
+			when := "once, before the image is kept: its state is every session's"
+			if !s.Images {
+				when = "in every new instance"
+			}
+			fmt.Fprintf(w, "pre-init:  %s runs %s\n", abi.ExportPreInitialize, when)
 		}
 	}
 	fmt.Fprintf(w, "\nimports (%d):\n", len(in.Imports))

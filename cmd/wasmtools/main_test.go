@@ -297,6 +297,18 @@ func TestInspect(t *testing.T) {
 	if in.Snapshot == nil || in.Snapshot.Host || !strings.Contains(in.Snapshot.Reason, "table.grow") || in.Snapshot.Images {
 		t.Errorf("hostilehost snapshot: %+v, want refused naming table.grow", in.Snapshot)
 	}
+	if in.Snapshot.PreInitialize {
+		t.Error("hostilehost: pre-initialisation reported, but it exports no wizer.initialize")
+	}
+
+	// The servlet exports Wizer's pre-initialisation.
+	out.Reset()
+	if code := run(context.Background(), []string{"inspect", testplugins.Test(t, "servlet")}, nil, nil, &out, &errb); code != 0 {
+		t.Fatalf("exit %d: %s", code, errb.String())
+	}
+	if want := "pre-init:  wizer.initialize runs once, before the image is kept"; !strings.Contains(out.String(), want) {
+		t.Errorf("servlet: text output lacks %q:\n%s", want, out.String())
+	}
 }
 
 func TestCall(t *testing.T) {
