@@ -182,3 +182,33 @@ func fail(err error) int32 {
 	SetError(err.Error())
 	return 1
 }
+
+var preInitializers []func()
+
+// OnPreInitialize adds f to what the plugin does at pre-initialisation:
+// once, before the host keeps the plugin's pre-initialised image, so that
+// every session starts with it done (abi.ExportPreInitialize). Use it for
+// work that holds nothing secret or per-client and that every session
+// would otherwise do on its first call: building tables, parsing embedded
+// data, calling a handler's JSON once. Call it from init.
+func OnPreInitialize(f func()) { preInitializers = append(preInitializers, f) }
+
+// preInitialize is Wizer's pre-initialisation export, which the host runs
+// once before it keeps the pre-initialised image (with images off, in
+// every instance). It runs the library's own JSON of a call and of a
+// result (encoding/json builds a decoder and an encoder per type on first
+// use, and a Go guest's stack grows to a call's depth), then what the
+// plugin added with OnPreInitialize.
+//
+//go:wasmexport wizer.initialize
+func preInitialize() {
+	var in abi.CallToolInput
+	if b, err := json.Marshal(in); err == nil {
+		_ = json.Unmarshal(b, &in)
+	}
+	_, _ = json.Marshal(&Result{Content: []json.RawMessage{json.RawMessage(`{"type":"text","text":""}`)}})
+	_, _ = json.Marshal(abi.ListToolsResult{Tools: []abi.Tool{{Name: "x"}}})
+	for _, f := range preInitializers {
+		f()
+	}
+}
