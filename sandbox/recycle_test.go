@@ -56,6 +56,14 @@ func TestRecycledMemoryIsTheImage(t *testing.T) {
 				t.Fatalf("memory %d bytes: the guest did not grow past its image", inst.MemorySize())
 			}
 		}},
+		{"servlet, a call, then a panic", "servlet", func(t *testing.T, inst *sandbox.Instance) {
+			if _, err := callServlet(t, inst, "remember", `{"text":"secret of the first client"}`); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := callServlet(t, inst, "panic", `{}`); err == nil {
+				t.Fatal("the panic tool did not trap")
+			}
+		}},
 		{"every page written, then grown and written", "hostileimage", func(t *testing.T, inst *sandbox.Instance) {
 			for _, tool := range []string{"touch_all", "grow", "touch_all"} {
 				if _, err := callServlet(t, inst, tool, `{}`); err != nil {
@@ -73,7 +81,7 @@ func TestRecycledMemoryIsTheImage(t *testing.T) {
 			}
 			a := instantiate(t, c)
 			tt.dirty(t, a)
-			if bytes.Equal(a.MemoryCopy()[:len(img)], img) {
+			if a.Err() == nil && bytes.Equal(a.MemoryCopy()[:len(img)], img) {
 				t.Fatal("the first instance's memory is still the image: the test proves nothing")
 			}
 			if err := a.Close(ctx); err != nil {
