@@ -166,7 +166,9 @@ func text(res *mcp.CallToolResult) string {
 	return strings.Join(parts, "\n")
 }
 
-// eventually polls cond until it holds or 10 s pass.
+// eventually polls cond until it holds or 10 s pass. It is for counts
+// with no event to wait on (LiveInstances, runtime.NumGoroutine, a
+// handler's tally); what the host logs is waited for with waitLog.
 func eventually(t *testing.T, what string, cond func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)

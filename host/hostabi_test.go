@@ -294,7 +294,7 @@ func TestRequestState(t *testing.T) {
 
 	// Abandonment: the client never comes back.
 	_, parked := rawRound(t, f, nil)
-	eventually(t, "the parked call to be abandoned", func() bool { return strings.Contains(f.log.String(), "parked call abandoned") })
+	f.waitLog(t, "parked call abandoned", 1)
 	if _, err := retry(cs, parked.RequestState, accept("late")); err == nil {
 		t.Error("an abandoned call was resumed")
 	}

@@ -32,9 +32,7 @@ func TestRelistCannotTakeOverNames(t *testing.T) {
 	if got := text(call(t, cs, "relister_add", map[string]any{"name": "hash"})); got != "added hash" {
 		t.Fatal(got)
 	}
-	eventually(t, "the refusal in the log", func() bool {
-		return strings.Contains(f.log.String(), `tool name collision: \"hash\" is served by plugin \"hash\"`)
-	})
+	f.waitLog(t, `tool name collision: \"hash\" is served by plugin \"hash\"`, 1)
 	want := "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad" // sha256("abc")
 	if got := text(call(t, cs, "hash", map[string]any{"text": "abc", "algorithm": "sha256"})); !strings.Contains(got, want) {
 		t.Errorf("hash after the refused relist = %q, want the hash plugin's digest", got)
@@ -148,7 +146,7 @@ func TestParkedCallsAreEvictedAtCapacity(t *testing.T) {
 	if got := text(call(t, cs, "log", map[string]any{"level": "info", "message": "x"})); got != "logged" {
 		t.Fatalf("a call at capacity with only parked calls: %q", got)
 	}
-	eventually(t, "the oldest parked call evicted", func() bool { return strings.Contains(f.log.String(), "waiting call evicted") })
+	f.waitLog(t, "waiting call evicted", 1)
 	if _, err := retry(clients[0], parked[0].RequestState, accept("late")); err == nil || !strings.Contains(err.Error(), "invalid request state") {
 		t.Errorf("a retry of the evicted call: %v", err)
 	}

@@ -87,6 +87,13 @@ func TestSwapUnderLoad(t *testing.T) {
 	var calls, failures atomic.Int64
 	var mu sync.Mutex
 	seen := map[string]int{}
+	answer := make(chan struct{}, 1) // a call was answered, or failed
+	signal := func() {
+		select {
+		case answer <- struct{}{}:
+		default:
+		}
+	}
 	for _, cs := range clients {
 		wg.Go(func() {
 			for {
@@ -99,6 +106,7 @@ func TestSwapUnderLoad(t *testing.T) {
 				calls.Add(1)
 				if err != nil || res.IsError {
 					failures.Add(1)
+					signal()
 					t.Errorf("call failed: %v %v", err, res)
 					if res != nil {
 						t.Errorf("%s", text(res))
@@ -108,6 +116,7 @@ func TestSwapUnderLoad(t *testing.T) {
 				mu.Lock()
 				seen[text(res)]++
 				mu.Unlock()
+				signal()
 			}
 		})
 	}
@@ -124,14 +133,17 @@ func TestSwapUnderLoad(t *testing.T) {
 		before := answered(want)
 		f.deploy(t, "versioned.wasm", b)
 		// Wait for a call answered by the new version, however slow the
-		// machine, rather than sleeping a fixed time between swaps.
-		deadline := time.Now().Add(30 * time.Second)
+		// machine, rather than sleeping a fixed time between swaps: woken
+		// by each answer.
+		timeout := time.After(30 * time.Second)
+	wait:
 		for answered(want) == before && failures.Load() == 0 {
-			if time.Now().After(deadline) {
+			select {
+			case <-answer:
+			case <-timeout:
 				t.Errorf("swap %d: no call answered %s in 30s", i, want)
-				break
+				break wait
 			}
-			time.Sleep(time.Millisecond)
 		}
 	}
 	close(stop)

@@ -138,17 +138,11 @@ func TestHostileRecordLogRotates(t *testing.T) {
 			t.Logf("stderr:\n%.4000s", stderr.String())
 		}
 	}()
-	// Readiness: the plugins are served as they load.
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		res, err := cs.ListTools(context.Background(), nil)
-		if err == nil && slices.ContainsFunc(res.Tools, func(tl *mcp.Tool) bool { return tl.Name == "records_burst" }) && len(res.Tools) == 13 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the plugins were not served within 30 s: %v", err)
-		}
-		time.Sleep(10 * time.Millisecond)
+	// connectStdio waited for "plugins loaded": the first load is done,
+	// every plugin served.
+	res, err := cs.ListTools(context.Background(), nil)
+	if err != nil || !slices.ContainsFunc(res.Tools, func(tl *mcp.Tool) bool { return tl.Name == "records_burst" }) || len(res.Tools) != 13 {
+		t.Fatalf("once the plugins loaded: tools %v, %v; want 13 with records_burst", res, err)
 	}
 	const calls = 40
 	for i := 1; i <= calls; i++ {
@@ -286,12 +280,8 @@ config = { tools = '%s', %s }
 		"spinstart": "", "spininit": "", "spinlist": "", "manytools": "2000", "bigmin": "",
 		"zero": "not a regular file", "fifo": "not a regular file",
 	}
-	deadline := time.Now().Add(startupTimeout)
-	for !strings.Contains(stderr.String(), "plugins loaded") {
-		if time.Now().After(deadline) {
-			t.Fatalf("the first load did not end:\n%s", stderr.String())
-		}
-		time.Sleep(20 * time.Millisecond)
+	if !stderr.waitFor(time.Now().Add(startupTimeout), contains("plugins loaded")) {
+		t.Fatalf("the first load did not end:\n%s", stderr.String())
 	}
 	logs := stderr.String()
 	for name, reason := range reasons {

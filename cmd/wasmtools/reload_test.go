@@ -56,12 +56,8 @@ func TestHotReloadOverStdio(t *testing.T) {
 	}
 	// A bad file never takes the good one down.
 	os.WriteFile(filepath.Join(dir, "counter.wasm"), []byte("garbage"), 0o644)
-	deadline = time.Now().Add(startupTimeout)
-	for !strings.Contains(stderr.String(), "the old version goes on serving") {
-		if time.Now().After(deadline) {
-			t.Fatalf("the bad version was not reported:\n%s", stderr.String())
-		}
-		time.Sleep(10 * time.Millisecond)
+	if !stderr.waitFor(time.Now().Add(startupTimeout), contains("the old version goes on serving")) {
+		t.Fatalf("the bad version was not reported:\n%s", stderr.String())
 	}
 	if got := callText(t, cs, "count", nil); got != "2" {
 		t.Errorf("count after a bad deploy = %s, want 2 (the old version, its state kept)", got)
@@ -76,14 +72,13 @@ func TestStatus(t *testing.T) {
 	defer cancel()
 	var stderr lockedBuffer
 	go run(ctx, []string{"serve", "--cache-dir", testplugins.CacheDir(), "--load-wait", testLoadWait, "--http", addr, dir}, nil, strings.NewReader(""), &bytes.Buffer{}, &stderr)
+	// Ready once serving, and the plugins' first load is done: both logged.
+	if !stderr.waitFor(time.Now().Add(startupTimeout), contains("serving MCP over streamable HTTP", "plugins loaded")) {
+		t.Fatalf("serve did not start:\n%s", stderr.String())
+	}
 	var out, errb bytes.Buffer
-	deadline := time.Now().Add(startupTimeout)
-	for !strings.Contains(stderr.String(), "plugins loaded") || run(ctx, []string{"status", "--url", "http://" + addr, "--json"}, nil, nil, &out, &errb) != 0 {
-		if time.Now().After(deadline) {
-			t.Fatalf("status: %s\n%s", errb.String(), stderr.String())
-		}
-		out.Reset()
-		time.Sleep(20 * time.Millisecond)
+	if code := run(ctx, []string{"status", "--url", "http://" + addr, "--json"}, nil, nil, &out, &errb); code != 0 {
+		t.Fatalf("status: exit %d: %s\n%s", code, errb.String(), stderr.String())
 	}
 	var rep statusReport
 	if err := json.Unmarshal(out.Bytes(), &rep); err != nil {

@@ -33,6 +33,7 @@ type replicaSet struct {
 	procs  [3]*proxytest.Process
 	logs   [3]string // the output of earlier processes of each replica
 	proxy  string
+	ha     *proxytest.HAProxy
 	client *http.Client
 }
 
@@ -56,8 +57,8 @@ func newReplicaSet(t *testing.T) *replicaSet {
 	if err != nil {
 		t.Fatal(err)
 	}
-	proxy := "http://" + proxytest.StartHAProxy(t, cfg, env)
-	rs.proxy = proxy + "/mcp"
+	rs.ha = proxytest.StartHAProxy(t, cfg, env)
+	rs.proxy = "http://" + rs.ha.Addr + "/mcp"
 	rs.client = &http.Client{}
 	for _, name := range rs.names {
 		rs.waitUp(name)
@@ -71,6 +72,7 @@ func newReplicaSet(t *testing.T) *replicaSet {
 				}
 				t.Logf("replica %s:\n%s", rs.names[i], tail(out, 60))
 			}
+			t.Logf("haproxy:\n%s", tail(rs.ha.Output(), 30))
 		}
 	})
 	return rs
@@ -84,27 +86,34 @@ func tail(s string, n int) string {
 	return strings.Join(lines, "\n")
 }
 
-// waitUp waits until the proxy routes replica name's sessions to it: its
-// /readyz, asked through the proxy for a session of name, says so.
+// waitUp waits until the proxy routes replica name's sessions to it:
+// HAProxy reports sessions/NAME UP, and name's /readyz, asked through the
+// proxy for a session of name, says so (asked again only on HAProxy's
+// next report on it).
 func (rs *replicaSet) waitUp(name string) {
 	rs.t.Helper()
-	url := strings.TrimSuffix(rs.proxy, "/mcp") + "/readyz"
-	deadline := time.Now().Add(proxytest.StartTimeout)
-	for {
+	url := "http://" + rs.ha.Addr + "/readyz"
+	rs.ha.WaitRouted("sessions/"+name, func() error {
 		req, _ := http.NewRequest(http.MethodGet, url, nil)
 		req.Header.Set("Mcp-Session-Id", name+".probe")
-		if res, err := http.DefaultClient.Do(req); err == nil {
-			b, _ := io.ReadAll(res.Body)
-			res.Body.Close()
-			if string(b) == "ready "+name+"\n" {
-				return
-			}
+		res, err := http.DefaultClient.Do(req)
+		if err != nil {
+			return err
 		}
-		if time.Now().After(deadline) {
-			rs.t.Fatalf("the proxy does not route %s's sessions to it", name)
+		b, _ := io.ReadAll(res.Body)
+		res.Body.Close()
+		if string(b) != "ready "+name+"\n" {
+			return fmt.Errorf("/readyz for a session of %s: %s %q", name, res.Status, b)
 		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		return nil
+	})
+}
+
+// waitDown waits until HAProxy reports replica name DOWN (stopped or
+// draining), so that a later waitUp waits for its next UP.
+func (rs *replicaSet) waitDown(name string) {
+	rs.t.Helper()
+	rs.ha.WaitDown("sessions/" + name)
 }
 
 // start starts replica i, and waits until it is ready (/readyz: its
@@ -386,6 +395,8 @@ func TestReplicasBehindHAProxy(t *testing.T) {
 	t.Logf("%d clients told their count's state was lost", resets.Load())
 
 	// Back to three replicas, then a rolling restart under steady load.
+	rs.waitDown("s1")
+	rs.waitDown("s2")
 	rs.start(0)
 	rs.start(1)
 	rs.waitUp("s1")
@@ -432,6 +443,7 @@ func TestReplicasBehindHAProxy(t *testing.T) {
 	waitRound()
 	for i := range rs.names {
 		rs.term(i)
+		rs.waitDown(rs.names[i])
 		waitRound() // served by two replicas
 		rs.start(i)
 		rs.waitUp(rs.names[i])

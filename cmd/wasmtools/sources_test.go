@@ -220,13 +220,24 @@ func TestServeOCIRefresh(t *testing.T) {
 	v2 := bytes.Replace(v1, []byte(`"v1"`), []byte(`"v2"`), 1)
 	d2 := sourcestest.Push(t, host, "plugins/versioned", "stable", sources.MediaTypeWasm, v2)
 	sourcestest.Sign(t, cosign, key, host+"/plugins/versioned@"+d2)
-	sum := sha256.Sum256(v2)
-	deadline := time.Now().Add(startupTimeout)
-	for st := statusOf(t, url)["versioned"]; st.SHA256 != hex.EncodeToString(sum[:]) || st.Source.Digest != d2; st = statusOf(t, url)["versioned"] {
-		if time.Now().After(deadline) {
-			t.Fatalf("the moved tag was not picked up:\n%s", stderr.String())
+	// The server logs the swap: "plugin source fetched" naming d2 (once
+	// its signature is there: a refresh before refuses it), then "plugins
+	// compiled and swapped in"; /status shows it from then on.
+	swapped := func(s string) bool {
+		for line := range strings.Lines(s) {
+			if strings.Contains(line, `msg="plugin source fetched"`) && strings.Contains(line, "digest="+d2) {
+				_, after, _ := strings.Cut(s, line)
+				return strings.Contains(after, `msg="plugins compiled and swapped in"`)
+			}
 		}
-		time.Sleep(20 * time.Millisecond)
+		return false
+	}
+	if !stderr.waitFor(time.Now().Add(startupTimeout), swapped) {
+		t.Fatalf("the moved tag was not picked up:\n%s", stderr.String())
+	}
+	sum := sha256.Sum256(v2)
+	if st := statusOf(t, url)["versioned"]; st.SHA256 != hex.EncodeToString(sum[:]) || st.Source == nil || st.Source.Digest != d2 {
+		t.Fatalf("swapped in, but /status shows %+v, want sha256 %x, digest %s:\n%s", st, sum, d2, stderr.String())
 	}
 	if got := callText(t, cs, "version", nil); got != "v2" {
 		t.Fatalf("after the refresh: version = %q", got)

@@ -67,29 +67,33 @@ func startReplica(t *testing.T, name string) *replica {
 
 func (r *replica) addr() string { return strings.TrimPrefix(r.srv.URL, "http://") }
 
-// proxies start each config against three replicas named s1..s3.
+// proxies start each config against three replicas named s1..s3, and
+// return its address and, for HAProxy, the process (whose health reports
+// the tests wait on).
 var proxies = []struct {
 	name  string
-	start func(t *testing.T, env map[string]string) string
+	start func(t *testing.T, env map[string]string) (string, *proxytest.HAProxy)
 }{
-	{"haproxy", func(t *testing.T, env map[string]string) string {
-		return proxytest.StartHAProxy(t, filepath.Join("..", "..", "deploy", "haproxy.cfg"), env)
+	{"haproxy", func(t *testing.T, env map[string]string) (string, *proxytest.HAProxy) {
+		h := proxytest.StartHAProxy(t, filepath.Join("..", "..", "deploy", "haproxy.cfg"), env)
+		return h.Addr, h
 	}},
-	{"nginx", func(t *testing.T, env map[string]string) string {
-		return proxytest.StartNginx(t, filepath.Join("..", "..", "deploy", "nginx.conf"), env)
+	{"nginx", func(t *testing.T, env map[string]string) (string, *proxytest.HAProxy) {
+		return proxytest.StartNginx(t, filepath.Join("..", "..", "deploy", "nginx.conf"), env), nil
 	}},
 }
 
 type setup struct {
 	t        *testing.T
 	proxy    string
+	haproxy  *proxytest.HAProxy // nil for nginx
 	replicas map[string]*replica
 	client   *http.Client
 }
 
 // start starts three replicas, named s1..s3 unless names are given (then
 // passed to the config as S1_NAME..S3_NAME), and the proxy.
-func start(t *testing.T, startProxy func(*testing.T, map[string]string) string, names ...string) *setup {
+func start(t *testing.T, startProxy func(*testing.T, map[string]string) (string, *proxytest.HAProxy), names ...string) *setup {
 	s := &setup{t: t, replicas: map[string]*replica{}, client: &http.Client{Timeout: 15 * time.Second}}
 	env := map[string]string{}
 	for i := range 3 {
@@ -101,16 +105,33 @@ func start(t *testing.T, startProxy func(*testing.T, map[string]string) string, 
 		s.replicas[name] = startReplica(t, name)
 		env[fmt.Sprintf("S%d_ADDR", i+1)] = s.replicas[name].addr()
 	}
-	s.proxy = startProxy(t, env)
-	// Ready when the proxy has found every replica up: each answers a
-	// request meant for it.
+	s.proxy, s.haproxy = startProxy(t, env)
+	// Ready when the proxy has every replica up: each answers a request
+	// meant for it.
 	for name := range s.replicas {
-		s.eventually(name+" is up behind the proxy", func() bool {
-			code, got := s.post("Mcp-Session-Id", name+".probe")
-			return code == 200 && got == name
-		})
+		s.routed(name, name+".probe")
 	}
 	return s
+}
+
+// routed waits until the proxy sends replica name's sessions to it, as a
+// request of session key shows. HAProxy: once it reports sessions/NAME
+// UP, the request tried then and again on each new report of its state
+// (see [proxytest.HAProxy.WaitRouted]). nginx has no health checks, and
+// tries a session's own replica first on every request: one request.
+func (s *setup) routed(name, key string) {
+	s.t.Helper()
+	probe := func() error {
+		if code, got := s.post("Mcp-Session-Id", key); code != 200 || got != name {
+			return fmt.Errorf("%s: %s answered %d %q, want 200 %q", s.proxy, key, code, got, name)
+		}
+		return nil
+	}
+	if s.haproxy != nil {
+		s.haproxy.WaitRouted("sessions/"+name, probe)
+	} else if err := probe(); err != nil {
+		s.t.Fatal(err)
+	}
 }
 
 // post sends a POST through the proxy with header (if any) set to value,
@@ -139,18 +160,6 @@ func (s *setup) mustPost(header, value string) string {
 		s.t.Fatalf("%s: %s → %d %q, want 200", header, value, code, got)
 	}
 	return got
-}
-
-// eventually polls cond every 50 ms, up to 20 s.
-func (s *setup) eventually(what string, cond func() bool) {
-	s.t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			s.t.Fatalf("not so after 20s: %s", what)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
 }
 
 var headers = []string{"Mcp-Session-Id", "Mcp-Param-Wasmtools-Session", "Mcp-Name"}
@@ -270,13 +279,17 @@ func TestConfigs(t *testing.T) {
 				// nothing more (nginx, without health checks, still tries
 				// it first); its sessions go by the hash over the others.
 				s1.unready.Store(true)
-				if p.name == "haproxy" {
-					s.eventually("HAProxy finds s1 down", func() bool {
-						before := s1.hits.Load()
-						s.mustPost("Mcp-Session-Id", "s1.probe")
-						s.mustPost("", "")
-						return s1.hits.Load() == before
-					})
+				if s.haproxy != nil {
+					// Once it reports s1 DOWN (and the round-robin
+					// backend's s1, which tracks it), s1 gets no request.
+					s.haproxy.WaitDown("sessions/s1")
+					s.haproxy.WaitDown("any/s1")
+					before := s1.hits.Load()
+					s.mustPost("Mcp-Session-Id", "s1.probe")
+					s.mustPost("", "")
+					if hits := s1.hits.Load() - before; hits != 0 {
+						t.Fatalf("HAProxy reported s1 DOWN, and sent it %d requests", hits)
+					}
 				}
 				again := s.fallbacks("s1")
 				moved := 0
@@ -295,9 +308,7 @@ func TestConfigs(t *testing.T) {
 				// Back up: its sessions come home.
 				s1.refusing.Store(false)
 				s1.unready.Store(false)
-				s.eventually("s1 serves its sessions again", func() bool {
-					return s.mustPost("Mcp-Session-Id", "s1.back") == "s1"
-				})
+				s.routed("s1", "s1.back")
 			})
 			t.Run("stream not buffered", func(t *testing.T) {
 				s := start(t, p.start)

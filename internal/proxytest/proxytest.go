@@ -1,7 +1,9 @@
 // Package proxytest starts real servers for tests: Redis, HAProxy and
 // nginx, each on a free loopback port with its own config, waited for by
 // polling until it answers (no fixed sleeps), and stopped by its PID when
-// the test ends. It is for tests only.
+// the test ends. A test waits on what a server reports in its output
+// ([Process.WaitOutput]), such as HAProxy's health changes
+// ([HAProxy.WaitUp]). It is for tests only.
 //
 // A missing binary fails the test when the environment has CI set, and
 // skips it otherwise, naming the Debian package to install
@@ -16,6 +18,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"sync"
 	"syscall"
@@ -92,6 +95,28 @@ func (p *Process) Done() <-chan struct{} { return p.done }
 
 // Output is what the process wrote so far, stdout and stderr together.
 func (p *Process) Output() string { return p.out.String() }
+
+// WaitOutput waits until cond holds of the process's output so far,
+// testing it again on each write (a server's log is its signal), and
+// reports whether it held. It gives up when the process has exited with
+// cond still false (all its output read), or after timeout.
+func (p *Process) WaitOutput(timeout time.Duration, cond func(out string) bool) bool {
+	timer := time.NewTimer(timeout)
+	defer timer.Stop()
+	for {
+		out, written := p.out.next()
+		if cond(out) {
+			return true
+		}
+		select {
+		case <-written:
+		case <-p.done: // cmd.Wait copied all output before done closed
+			return cond(p.Output())
+		case <-timer.C:
+			return cond(p.Output())
+		}
+	}
+}
 
 // Start runs cmd, stopped (SIGTERM, then SIGKILL after 5 s) by its PID in
 // t's Cleanup, and waits until ready returns nil, polling every 20 ms up
@@ -174,22 +199,97 @@ func redisPing(addr string) error {
 	return nil
 }
 
+// HAProxy is a haproxy started by [StartHAProxy]. Its methods fail the
+// test that started it, and are for that test's goroutine only.
+type HAProxy struct {
+	*Process
+	Addr string // where it listens: PROXY_ADDR
+	t    testing.TB
+}
+
 // StartHAProxy starts haproxy in the foreground with the config at
-// cfgPath, unchanged, and returns the address it listens on once it
-// accepts connections. The config reads its addresses from the
-// environment ("${S1_ADDR}"); env gives them, and StartHAProxy adds
-// PROXY_ADDR, a free loopback address the config must bind.
-func StartHAProxy(t testing.TB, cfgPath string, env map[string]string) (addr string) {
+// cfgPath, unchanged, and returns it once it accepts connections. The
+// config reads its addresses from the environment ("${S1_ADDR}"); env
+// gives them, and StartHAProxy adds PROXY_ADDR, a free loopback address
+// the config must bind.
+func StartHAProxy(t testing.TB, cfgPath string, env map[string]string) *HAProxy {
 	t.Helper()
 	bin := Binary(t, "haproxy", "haproxy")
-	addr = FreeAddr(t)
+	addr := FreeAddr(t)
+	// -db: in the foreground, where haproxy reports each server's health
+	// changes on stderr ("[WARNING] (pid) : Server sessions/s1 is DOWN, …"),
+	// whatever the config's log lines.
 	cmd := exec.Command(bin, "-f", cfgPath, "-db")
 	cmd.Env = append(os.Environ(), "PROXY_ADDR="+addr)
 	for k, v := range env {
 		cmd.Env = append(cmd.Env, k+"="+v)
 	}
-	Start(t, cmd, func() error { return dial(addr) })
-	return addr
+	p := Start(t, cmd, func() error { return dial(addr) })
+	return &HAProxy{Process: p, Addr: addr, t: t}
+}
+
+// serverState matches haproxy's report of a server's health change, once
+// per change (its log line, when the config logs to stderr too, has no
+// "[WARNING]").
+var serverState = regexp.MustCompile(`(?m)^\[WARNING\] +\(\d+\) : Server (\S+) is (UP|DOWN)\b`)
+
+// states returns the states haproxy reported for server (BACKEND/NAME)
+// in out, oldest first.
+func states(out, server string) []string {
+	var s []string
+	for _, m := range serverState.FindAllStringSubmatch(out, -1) {
+		if m[1] == server {
+			s = append(s, m[2])
+		}
+	}
+	return s
+}
+
+// wait waits until haproxy's reports of server's state satisfy ok, and
+// returns them; it fails the test after [StartTimeout].
+func (h *HAProxy) wait(server, what string, ok func(states []string) bool) []string {
+	h.t.Helper()
+	var got []string
+	if !h.WaitOutput(StartTimeout, func(out string) bool { got = states(out, server); return ok(got) }) {
+		h.t.Fatalf("haproxy: %s is not %s after %v (its reports: %v):\n%s", server, what, StartTimeout, got, h.Output())
+	}
+	return got
+}
+
+// WaitUp waits until haproxy reports server (BACKEND/NAME, such as
+// "sessions/s1") UP: its last report says UP, or there is none yet, as
+// haproxy (2.6) starts a checked server UP, and only a failed check takes
+// it down. It fails the test after [StartTimeout].
+func (h *HAProxy) WaitUp(server string) {
+	h.t.Helper()
+	h.wait(server, "UP", func(s []string) bool { return len(s) == 0 || s[len(s)-1] == "UP" })
+}
+
+// WaitDown waits until haproxy's last report on server says DOWN. It
+// fails the test after [StartTimeout].
+func (h *HAProxy) WaitDown(server string) {
+	h.t.Helper()
+	h.wait(server, "DOWN", func(s []string) bool { return len(s) > 0 && s[len(s)-1] == "DOWN" })
+}
+
+// WaitRouted waits until haproxy reports server UP (see [HAProxy.WaitUp])
+// and probe, tried then, confirms a request reaches it. A failed probe
+// (a check failed on a loaded machine just then) is tried again once
+// haproxy reports a change of server's state, not on a timer. It fails
+// the test, with probe's last error, after [StartTimeout] without a
+// report.
+func (h *HAProxy) WaitRouted(server string, probe func() error) {
+	h.t.Helper()
+	for {
+		seen := len(h.wait(server, "UP", func(s []string) bool { return len(s) == 0 || s[len(s)-1] == "UP" }))
+		err := probe()
+		if err == nil {
+			return
+		}
+		if !h.WaitOutput(StartTimeout, func(out string) bool { return len(states(out, server)) > seen }) {
+			h.t.Fatalf("haproxy: %s is UP but not reached: %v\n%s", server, err, h.Output())
+		}
+	}
 }
 
 // StartNginx starts nginx in the foreground (non-root friendly: its own
@@ -236,17 +336,33 @@ func dial(addr string) error {
 	return err
 }
 
-// syncBuffer is a bytes.Buffer safe for a process's two streams and a
-// reader.
+// syncBuffer is a bytes.Buffer safe for a process's two streams and
+// readers, who may wait for the next write.
 type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
+	mu      sync.Mutex
+	b       bytes.Buffer
+	written chan struct{} // closed and dropped by every Write
 }
 
 func (b *syncBuffer) Write(p []byte) (int, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	if b.written != nil {
+		close(b.written)
+		b.written = nil
+	}
 	return b.b.Write(p)
+}
+
+// next returns what was written so far, and a channel closed by the next
+// write.
+func (b *syncBuffer) next() (string, <-chan struct{}) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.written == nil {
+		b.written = make(chan struct{})
+	}
+	return b.b.String(), b.written
 }
 
 func (b *syncBuffer) String() string {

@@ -83,16 +83,21 @@ func owners(t *testing.T) (a, b statestore.Owner) {
 
 const long = time.Minute
 
-// eventually polls cond every 10 ms for up to 15 s.
-func eventually(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(15 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("not so after 15s: %s", what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+// afterTTL returns once a TTL of ttl, set by a call that returned at set,
+// has run out on the store's clock, with 5 ms to spare: Redis keeps whole
+// milliseconds, and expires a key once its clock is past the expiry.
+//
+// Why a wait and then one check, not polling: expiry has no event to wait
+// on (a store finds it when the record is read), and the stores promise
+// it ttl after the call at the latest (their clock is read before the
+// call returns), so the check after this wait is deterministic, on a
+// loaded machine too (it can only wake later). A poll would also pass an
+// expiry seconds late, and what it polls may renew the TTL (a refused
+// claim does). An injected clock would skip the wait for Memory and File
+// (they read time through a field), but Redis reads its own: this is one
+// way for every store.
+func afterTTL(set time.Time, ttl time.Duration) {
+	time.Sleep(time.Until(set.Add(ttl + 5*time.Millisecond)))
 }
 
 // env is one case's store, context and helpers that fail the test.
@@ -222,17 +227,14 @@ var cases = []struct {
 	}},
 	{"takeover after the heartbeat expired", func(e env) {
 		e.heartbeat(e.a, 500*time.Millisecond)
+		beat := time.Now()
 		a := e.claim(e.a, false)
 		must(e.t, e.put("f", "by a", a.Fence))
-		var b statestore.Claim
-		eventually(e.t, "b takes the session over", func() bool {
-			var err error
-			b, err = e.s.Claim(e.ctx, e.id, e.b, long, false)
-			if err != nil && !errors.Is(err, statestore.ErrHeld) {
-				e.t.Fatal(err)
-			}
-			return err == nil
-		})
+		afterTTL(beat, 500*time.Millisecond)
+		b, err := e.s.Claim(e.ctx, e.id, e.b, long, false)
+		if err != nil {
+			e.t.Fatalf("claim by b once a's heartbeat expired: %v", err)
+		}
 		e.wantClaim("takeover", b, statestore.Claim{Fence: a.Fence + 1, Previous: e.a})
 		wantErr(e.t, "stale owner's put", e.put("f", "lost", a.Fence), statestore.ErrFenced)
 		if got := e.get()["f"]; got != "by a" {
@@ -297,20 +299,18 @@ var cases = []struct {
 		a, err := e.s.Claim(e.ctx, e.id, e.a, long, false)
 		must(e.t, err)
 		must(e.t, e.s.Put(e.ctx, e.id, "f", []byte("v"), a.Fence, 500*time.Millisecond))
-		eventually(e.t, "the record expires", func() bool {
-			_, err := e.s.Get(e.ctx, e.id)
-			return errors.Is(err, statestore.ErrNotFound)
-		})
+		afterTTL(time.Now(), 500*time.Millisecond)
+		_, err = e.s.Get(e.ctx, e.id)
+		wantErr(e.t, "get once the record's TTL ran out", err, statestore.ErrNotFound)
 		// The claim went with the record: b claims at once, and the fence
 		// goes on counting, so a's stale write is refused.
 		b := e.claim(e.b, false)
 		e.wantClaim("claim after expiry", b, statestore.Claim{Fence: a.Fence + 1})
 		wantErr(e.t, "stale put after expiry", e.put("f", "v", a.Fence), statestore.ErrFenced)
-		// A claim's TTL alone expires too. (Waited for by the clock: a
-		// refused claim, as Memory's, would renew it, and a put would.)
+		// A claim's TTL alone expires too.
 		c, err := e.s.Claim(e.ctx, e.id+"-2", e.a, 300*time.Millisecond, false)
 		must(e.t, err)
-		time.Sleep(300*time.Millisecond + 5*time.Millisecond) // from the claim's return: expired by now, even in whole ms
+		afterTTL(time.Now(), 300*time.Millisecond)
 		_, err = e.s.Claim(e.ctx, e.id+"-2", e.b, long, false)
 		must(e.t, err)
 		err = e.s.Put(e.ctx, e.id+"-2", "f", nil, c.Fence, long)
