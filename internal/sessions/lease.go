@@ -14,7 +14,9 @@ import (
 
 // slot holds one client's instance of one plugin. Leases on it run one at
 // a time: holding lock is holding the slot, and inst and notice are
-// touched only by its holder.
+// touched only by its holder. A holder that may give the slot back after
+// its client ended does so with [Manager.letGo] (or [Manager.release]),
+// which frees the instance then.
 type slot struct {
 	c       *client
 	plugin  string
@@ -26,7 +28,7 @@ type slot struct {
 }
 
 // acquire waits for the slot, refusing at once past the queue limit, and
-// leaving if the client ends. The caller calls release.
+// leaving if the client ends. The caller calls [Manager.release].
 func (sl *slot) acquire(ctx context.Context, limit int) error {
 	if int(sl.waiting.Add(1)) > limit {
 		sl.waiting.Add(-1)
@@ -44,12 +46,33 @@ func (sl *slot) acquire(ctx context.Context, limit int) error {
 	}
 }
 
-func (sl *slot) release() {
+// release gives back a slot taken with acquire (see letGo).
+func (m *Manager) release(sl *slot) {
 	sl.waiting.Add(-1)
+	m.letGo(sl)
+}
+
+// letGo gives back a held slot, first freeing its instance if the slot's
+// client has ended. endClient waits for a held slot only until its ctx
+// ends, and then leaves the instance to whoever holds the slot: a lease,
+// but also an Acquire that fails after taking it, a retirement moving the
+// instance, or a checkpoint. Checking and giving back under m.mu, the lock
+// that ends the client, leaves no gap: a client ending after the check
+// finds the slot free, or held by a later holder that checks in turn. An
+// instance left in the slot of an ended client is in no client any more:
+// no End, Close or idle timeout would free it.
+func (m *Manager) letGo(sl *slot) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if sl.c.closed && sl.inst != nil {
+		m.log.Info("instance freed", "session", sl.c.key.String(), "plugin", sl.plugin)
+		m.closeInstanceLocked(sl)
+	}
 	<-sl.lock
 }
 
-// tryLock takes the slot only if nothing holds it; unlock gives it back.
+// tryLock takes the slot only if nothing holds it; letGo gives it back
+// (unlock, only when the instance was just freed).
 func (sl *slot) tryLock() bool {
 	select {
 	case sl.lock <- struct{}{}:
@@ -181,7 +204,7 @@ func (m *Manager) acquireSlot(ctx context.Context, key Key, p *plugins.Plugin) (
 	}
 	m.mu.Unlock()
 	if err != nil {
-		sl.release()
+		m.release(sl)
 		leave()
 		return nil, err
 	}
@@ -191,7 +214,7 @@ func (m *Manager) acquireSlot(ctx context.Context, key Key, p *plugins.Plugin) (
 		c.leaveLocked()
 		m.broadcastLocked()
 		m.mu.Unlock()
-		sl.release()
+		m.release(sl)
 		return nil, err
 	}
 
@@ -370,7 +393,6 @@ func (l *Lease) Done(err error) {
 	token := l.token
 	l.token = false
 	delete(m.leases, l)
-	ended := l.c != nil && l.c.closed
 	m.mu.Unlock()
 	if token {
 		<-m.running
@@ -386,13 +408,11 @@ func (l *Lease) Done(err error) {
 			m.dropInstance(sl)
 		case reason != "":
 			m.discard(sl, reason, detailOf(err, l))
-		case ended:
-			m.dropInstance(sl) // the client ended while this lease ran
 		}
 		m.mu.Lock()
 		l.c.leaveLocked()
 		m.mu.Unlock()
-		sl.release()
+		m.release(sl) // frees the instance if the client ended meanwhile
 	}
 	m.mu.Lock()
 	m.broadcastLocked()

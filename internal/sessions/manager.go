@@ -359,8 +359,10 @@ func (c *client) leaveLocked() {
 
 // End ends key's client: waiting calls fail with [ErrSessionEnded], and
 // its instances are freed once the leases on them are done (or ctx ends;
-// those leases then free their instances when they are done). It is
-// idempotent, and a no-op for a key with no client.
+// whatever holds an instance then, a lease, a failing Acquire or a
+// retirement, frees it as it lets go). Idle instances are freed before End
+// returns, even with ctx ended. It is idempotent, and a no-op for a key
+// with no client.
 func (m *Manager) End(ctx context.Context, key Key) {
 	m.mu.Lock()
 	c := m.clients[key]
@@ -385,10 +387,15 @@ func (m *Manager) endClient(ctx context.Context, c *client) {
 	}
 	m.mu.Unlock()
 	for _, sl := range slots {
-		select {
-		case sl.lock <- struct{}{}: // held for good: the client is over
-		case <-ctx.Done():
-			continue // its lease frees the instance when done
+		// Held for good once taken: the client is over. An idle slot is
+		// taken even with ctx ended (a select with both ready would
+		// leave it at random, its instance then freed by no one).
+		if !sl.tryLock() {
+			select {
+			case sl.lock <- struct{}{}:
+			case <-ctx.Done():
+				continue // its holder frees the instance as it lets go (letGo)
+			}
 		}
 		if sl.inst != nil {
 			m.log.Info("instance freed", "session", c.key.String(), "plugin", sl.plugin)
@@ -611,7 +618,7 @@ func (m *Manager) Instances(ctx context.Context, key Key, f func(plugin string, 
 		if inst != nil && inst.Err() == nil {
 			err = f(sl.plugin, inst)
 		}
-		sl.unlock()
+		m.letGo(sl)
 		if err != nil {
 			return err
 		}

@@ -57,7 +57,7 @@ func (m *Manager) retire(old, next *plugins.Plugin, slots []*slot) {
 			continue
 		}
 		m.moveOff(sl, old, next)
-		sl.unlock()
+		m.letGo(sl)
 	}
 	// A lease runs the code of the plugin it was acquired on (a slot's
 	// instance of older code is moved off first, holding the slot, which
@@ -90,7 +90,7 @@ func (m *Manager) retire(old, next *plugins.Plugin, slots []*slot) {
 			continue // ending the client frees its instances
 		}
 		m.moveOff(sl, old, next)
-		sl.unlock()
+		m.letGo(sl)
 	}
 	if err := old.Close(context.Background()); err != nil {
 		m.log.Warn("close retired plugin", "plugin", old.Name(), "sha256", old.SHA256(), "error", err)

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"math/rand/v2"
 	"runtime"
 	"sync"
@@ -42,9 +43,18 @@ type world struct {
 // countObserver balances instance starts against closes.
 type countObserver struct {
 	started, closed, resets atomic.Int64
+	// onStart, if set before the manager is first used, is called as an
+	// instance starts: in Acquire, between the instance's start and the
+	// wait for a turn.
+	onStart func(plugin string)
 }
 
-func (o *countObserver) InstanceStarted(string)       { o.started.Add(1) }
+func (o *countObserver) InstanceStarted(plugin string) {
+	o.started.Add(1)
+	if o.onStart != nil {
+		o.onStart(plugin)
+	}
+}
 func (o *countObserver) InstanceClosed(string)        { o.closed.Add(1) }
 func (o *countObserver) InstanceReset(string, string) { o.resets.Add(1) }
 
@@ -342,6 +352,118 @@ func TestLeaseInvariants(t *testing.T) {
 		buf := make([]byte, 1<<20)
 		t.Errorf("goroutines: %d before, %d after\n%s", before, g, buf[:runtime.Stack(buf, true)])
 	}
+}
+
+// TestEndDuringFailingAcquire: End whose ctx ends while an Acquire holds
+// the client's slot (its instance just started, the lease waiting for a
+// turn) leaves the instance to that Acquire, which frees it when it fails.
+// It used to give the slot back with the instance in it: the instance of
+// an ended client, which no End, Close or idle timeout would free
+// (TestLeaseInvariants once saw "instances started 32, closed 31").
+func TestEndDuringFailingAcquire(t *testing.T) {
+	w := newWorld(t, sessions.Options{MaxConcurrentCalls: 1})
+	started := make(chan struct{}, 1)
+	w.obs.onStart = func(string) { started <- struct{}{} }
+	counter := w.plugin("counter")
+	// b's lease holds the only turn.
+	lb, err := w.m.Acquire(w.ctx, sessions.Client("b"), counter)
+	if err != nil {
+		t.Fatal(err)
+	}
+	<-started
+	a := sessions.Client("a")
+	ctx, cancel := context.WithCancel(w.ctx)
+	acquired := make(chan error, 1)
+	go func() {
+		l, err := w.m.Acquire(ctx, a, counter)
+		if err == nil {
+			l.Done(nil)
+		}
+		acquired <- err
+	}()
+	<-started // a's instance is up, and its Acquire holds the slot, waiting for a turn
+	ended, cancelEnd := context.WithCancel(w.ctx)
+	cancelEnd()
+	w.m.End(ended, a) // the slot is held: End gives up on it at once
+	cancel()          // and the Acquire fails, giving the slot back
+	if err := <-acquired; !errors.Is(err, context.Canceled) {
+		t.Fatalf("Acquire: %v; want context.Canceled", err)
+	}
+	if st := w.m.Stats(); st.Live != 1 {
+		t.Errorf("live instances = %d; want 1, b's (a's client ended and its Acquire failed)", st.Live)
+	}
+	lb.Done(nil)
+	w.finish() // checks that starts and closes balance
+}
+
+// TestEndDuringRetirement: End whose ctx ends while a retirement holds
+// the client's slot, handing its instance's state to the new version,
+// leaves the new instance to the retirement, which frees it as it lets go
+// of the slot. It used to give the slot back with the new instance in it,
+// freed by no one.
+func TestEndDuringRetirement(t *testing.T) {
+	h := &upgradeHook{upgrading: make(chan struct{}), proceed: make(chan struct{})}
+	w := newWorld(t, sessions.Options{Logger: slog.New(h)})
+	a := sessions.Client("a")
+	l, err := w.m.Acquire(w.ctx, a, w.plugin("counter"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.Done(nil)
+	w.m.Retire(w.version("counter", false))
+	<-h.upgrading // the retirement holds a's slot, its new instance in it
+	ended, cancel := context.WithCancel(w.ctx)
+	cancel()
+	w.m.End(ended, a) // the slot is held: End gives up on it at once
+	close(h.proceed)
+	w.finish() // waits for the retirement, and checks that starts and closes balance
+}
+
+// upgradeHook is a log handler that holds up the first retirement that
+// hands an instance's state over, just after it did, until proceed is
+// closed: the retirement holds the client's slot meanwhile.
+type upgradeHook struct {
+	once      sync.Once
+	upgrading chan struct{} // closed when the retirement is held up
+	proceed   chan struct{}
+}
+
+func (h *upgradeHook) Enabled(context.Context, slog.Level) bool { return true }
+func (h *upgradeHook) WithAttrs([]slog.Attr) slog.Handler       { return h }
+func (h *upgradeHook) WithGroup(string) slog.Handler            { return h }
+
+func (h *upgradeHook) Handle(_ context.Context, r slog.Record) error {
+	if r.Message == "instance upgraded with its state" {
+		h.once.Do(func() {
+			close(h.upgrading)
+			<-h.proceed
+		})
+	}
+	return nil
+}
+
+// TestEndWithContextEnded: End frees a client's idle instances before it
+// returns, even given a context that has ended: the slot is free, so there
+// is nothing to wait for. (It used to pick between the free slot and the
+// ended context at random, and on the context left the instance to no
+// one; each round below caught that half of the time.)
+func TestEndWithContextEnded(t *testing.T) {
+	w := newWorld(t, sessions.Options{})
+	ended, cancel := context.WithCancel(w.ctx)
+	cancel()
+	for i := range 20 {
+		k := sessions.Client(fmt.Sprint("c", i))
+		l, err := w.m.Acquire(w.ctx, k, w.plugin("counter"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		l.Done(nil)
+		w.m.End(ended, k)
+		if st := w.m.Stats(); st.Live != 0 {
+			t.Fatalf("round %d: %d instances live after End; want 0", i, st.Live)
+		}
+	}
+	w.finish()
 }
 
 // FuzzLeases drives the same operations from fuzzed bytes: the first
