@@ -63,3 +63,7 @@ func (c *Compiled) Pooled() int {
 	}
 	return img.file.pooled()
 }
+
+// DifferingBytes counts the bytes at which a and b differ, the difference
+// of their lengths included.
+var DifferingBytes = differingBytes

@@ -95,23 +95,13 @@ func TestRecycledMemoryIsTheImage(t *testing.T) {
 				t.Fatal("the next instance did not reuse the freed reservation")
 			}
 			if got := b.MemoryCopy(); !bytes.Equal(got, img) {
-				t.Errorf("reused memory: %d bytes, %d differ from the image's %d", len(got), differing(got, img), len(img))
+				t.Errorf("reused memory: %d bytes, %d differ from the image's %d", len(got), sandbox.DifferingBytes(got, img), len(img))
 			}
 			if a.MemoryCopy() != nil {
 				t.Error("the closed instance still reads memory")
 			}
 		})
 	}
-}
-
-func differing(a, b []byte) int {
-	n := max(len(a), len(b)) - min(len(a), len(b))
-	for i := range min(len(a), len(b)) {
-		if a[i] != b[i] {
-			n++
-		}
-	}
-	return n
 }
 
 // TestRecycledSessionsIsolated: clients that start, call and end at once,

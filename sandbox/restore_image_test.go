@@ -60,7 +60,7 @@ func TestRestoreOnImage(t *testing.T) {
 			defer b.Close(ctx)
 			ma, mb := a.MemoryCopy(), b.MemoryCopy()
 			if !bytes.Equal(ma, mb) {
-				t.Fatalf("restored onto the image: %d bytes, %d differ from the plain restore's %d", len(ma), differing(ma, mb), len(mb))
+				t.Fatalf("restored onto the image: %d bytes, %d differ from the plain restore's %d", len(ma), sandbox.DifferingBytes(ma, mb), len(mb))
 			}
 			if !bytes.Equal(ma, src.MemoryCopy()) {
 				t.Fatal("the restored memory is not the snapshotted instance's")
