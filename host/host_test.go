@@ -49,7 +49,38 @@ func (s *syncBuffer) Write(p []byte) (int, error) {
 		close(s.written)
 		s.written = nil
 	}
+	defer activity.fire()
 	return s.b.Write(p)
+}
+
+// activity is fired by what the host does in the background that tests
+// wait on: every write to a fixture's log (the host logs each instance it
+// makes, frees, resets or evicts) and every notification a test client's
+// handler counts. eventually re-checks its condition on each.
+var activity pulse
+
+// pulse is a broadcast: fire wakes everyone waiting on next.
+type pulse struct {
+	mu sync.Mutex
+	ch chan struct{}
+}
+
+func (p *pulse) next() <-chan struct{} {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.ch == nil {
+		p.ch = make(chan struct{})
+	}
+	return p.ch
+}
+
+func (p *pulse) fire() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.ch != nil {
+		close(p.ch)
+		p.ch = nil
+	}
 }
 
 // next returns a channel closed by the next Write: the host's log is the
@@ -166,17 +197,26 @@ func text(res *mcp.CallToolResult) string {
 	return strings.Join(parts, "\n")
 }
 
-// eventually polls cond until it holds or 10 s pass. It is for counts
-// with no event to wait on (LiveInstances, runtime.NumGoroutine, a
-// handler's tally); what the host logs is waited for with waitLog.
+// eventually waits until cond holds, re-checking it on each activity
+// (a log write, a counted notification), for at most 30 s. It is for
+// counts read from the host or a client's handlers (LiveInstances, a
+// handler's tally); a log line is waited for with waitLog. A count that
+// changes with no activity (runtime.NumGoroutine: a goroutine ends with
+// no signal) is re-checked at least once a second meanwhile.
 func eventually(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
+	deadline := time.After(30 * time.Second)
+	for {
+		next := activity.next()
+		if cond() {
+			return
+		}
+		select {
+		case <-next:
+		case <-time.After(time.Second):
+		case <-deadline:
 			t.Fatalf("timed out waiting for %s", what)
 		}
-		time.Sleep(5 * time.Millisecond)
 	}
 }
 

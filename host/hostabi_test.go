@@ -28,6 +28,7 @@ func (p *progressLog) handler(_ context.Context, req *mcp.ProgressNotificationCl
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.got = append(p.got, req.Params)
+	activity.fire()
 }
 
 func (p *progressLog) all() []*mcp.ProgressNotificationParams {
@@ -310,6 +311,7 @@ func TestLogging(t *testing.T) {
 				mu.Lock()
 				got = append(got, fmt.Sprint(req.Params.Level, ":", req.Params.Data))
 				mu.Unlock()
+				activity.fire()
 			}})
 			call(t, cs, "log", map[string]any{"level": "info", "message": "unasked-" + proto})
 			// Before 2026-07-28 a client sets its level for the session;

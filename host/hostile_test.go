@@ -731,9 +731,10 @@ func TestHostileTimeouts(t *testing.T) {
 			a := f.connect(t, "2025-11-25", &mcp.ClientOptions{
 				ProgressNotificationHandler: pl.handler,
 				LoggingMessageHandler: func(_ context.Context, req *mcp.LoggingMessageRequest) {
-					clientLogs.Add(1)
 					s, _ := req.Params.Data.(string)
 					clientLogBytes.Add(int64(len(s)))
+					clientLogs.Add(1)
+					activity.fire()
 				},
 			})
 			if err := a.SetLoggingLevel(context.Background(), &mcp.SetLoggingLevelParams{Level: "debug"}); err != nil {
@@ -742,7 +743,7 @@ func TestHostileTimeouts(t *testing.T) {
 			// Another session, subscribed to the resource the plugin
 			// says changed, and served after the flood.
 			sub := f.connect(t, "2025-11-25", &mcp.ClientOptions{
-				ResourceUpdatedHandler: func(context.Context, *mcp.ResourceUpdatedNotificationRequest) { updates.Add(1) },
+				ResourceUpdatedHandler: func(context.Context, *mcp.ResourceUpdatedNotificationRequest) { updates.Add(1); activity.fire() },
 			})
 			if err := sub.Subscribe(context.Background(), &mcp.SubscribeParams{URI: "flood://item/1"}); err != nil {
 				t.Fatal(err)
@@ -769,10 +770,16 @@ func TestHostileTimeouts(t *testing.T) {
 			if took > timeout+5*time.Second {
 				t.Errorf("a call with a %v timeout took %v", timeout, took)
 			}
-			// Deliberate: the checks bound how many notifications got
-			// through, from above; late ones must be counted, and none
-			// signals that it is the last.
-			time.Sleep(200 * time.Millisecond) // notifications still on their way
+			// The checks bound how many notifications got through, from
+			// above, so late ones must be counted. The host sends them
+			// while the call runs, before its result; a ping of each
+			// session is answered after everything sent to it before,
+			// which its client reads in order.
+			for _, cs := range []*mcp.ClientSession{a, sub} {
+				if err := cs.Ping(context.Background(), nil); err != nil {
+					t.Fatal(err)
+				}
+			}
 			if tt.check != nil {
 				tt.check(t, took, floodSeen{
 					progress: pl.all(), logs: int(clientLogs.Load()), logBytes: int(clientLogBytes.Load()), updates: int(updates.Load()),
@@ -889,7 +896,7 @@ func TestHostileFloodsAcrossCalls(t *testing.T) {
 		// once, then 20 a second, across its calls.
 		var updates atomic.Int64
 		sub := f.connect(t, "2025-11-25", &mcp.ClientOptions{
-			ResourceUpdatedHandler: func(context.Context, *mcp.ResourceUpdatedNotificationRequest) { updates.Add(1) },
+			ResourceUpdatedHandler: func(context.Context, *mcp.ResourceUpdatedNotificationRequest) { updates.Add(1); activity.fire() },
 		})
 		if err := sub.Subscribe(context.Background(), &mcp.SubscribeParams{URI: "flood://item/1"}); err != nil {
 			t.Fatal(err)

@@ -164,6 +164,7 @@ func TestHyperHostFunctions(t *testing.T) {
 						mu.Lock()
 						completed = append(completed, r.Params.ElicitationID)
 						mu.Unlock()
+						activity.fire()
 					},
 				})
 				if got, _ := callText(t, cs, "url_elicit", nil); !strings.Contains(got, `"action":"accept"`) {
@@ -190,8 +191,8 @@ func TestHyperHostFunctions(t *testing.T) {
 				var logs, updates atomic.Int32
 				cs := connectKind(t, f, url, k, &mcp.ClientOptions{
 					ProgressNotificationHandler: pl.handler,
-					LoggingMessageHandler:       func(context.Context, *mcp.LoggingMessageRequest) { logs.Add(1) },
-					ResourceUpdatedHandler:      func(context.Context, *mcp.ResourceUpdatedNotificationRequest) { updates.Add(1) },
+					LoggingMessageHandler:       func(context.Context, *mcp.LoggingMessageRequest) { logs.Add(1); activity.fire() },
+					ResourceUpdatedHandler:      func(context.Context, *mcp.ResourceUpdatedNotificationRequest) { updates.Add(1); activity.fire() },
 				})
 				subscribed := k.protocol != "" // 2026-07-28 has no resources/subscribe
 				if subscribed {

@@ -145,6 +145,7 @@ call_timeout = "5s"
 `), 0o644)
 	base, _ := serveInProcess(t, nil, "--no-watch", "--config", cfg, dir)
 	addr := strings.TrimPrefix(base, "http://")
+	conns := watchConns(t, addr)
 
 	// A long call: its response comes after the body and header timeouts,
 	// and must not be cut off by them.
@@ -166,17 +167,11 @@ call_timeout = "5s"
 		runtime.GC()
 		return runtime.NumGoroutine()
 	}
-	// The baseline: the server with no connection. Sampled, deliberately:
-	// a closed connection's goroutines end with no signal a test can wait
-	// on, so the count is read every 200 ms until two reads agree.
-	var baseline int
-	deadline := time.Now().Add(startupTimeout)
-	for prev := -1; ; prev = baseline {
-		time.Sleep(200 * time.Millisecond)
-		if baseline = goroutines(); baseline == prev || time.Now().After(deadline) {
-			break
-		}
-	}
+	// The baseline: the server with no connection open (the server's own
+	// report), its goroutines counted once the count holds across a
+	// second with no connection event.
+	conns.wait(t, "the client's connections closed", func(open, _ int) bool { return open == 0 })
+	baseline := conns.settled(goroutines, nil)
 
 	const n = 100
 	slowHeader := "GET /healthz HTTP/1.1\r\nHost: " + addr + "\r\nX-Slow: "
@@ -215,15 +210,8 @@ call_timeout = "5s"
 		}()
 	}
 	started.Wait()
-	peak := 0
-	// Sampled, deliberately (a measure for the log, not a condition):
-	// nothing signals that the server has accepted them all.
-	for range 10 { // the server's goroutines, up once it accepted
-		if peak = goroutines(); peak >= baseline+n {
-			break
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	conns.wait(t, "the server to accept the slow connections", func(_, accepted int) bool { return accepted >= n })
+	peak := goroutines()
 	done.Wait()
 	slowest := time.Duration(0)
 	for _, d := range closedAfter {
@@ -234,15 +222,94 @@ call_timeout = "5s"
 	if slowest > 30*time.Second {
 		t.Errorf("the slowest connection was closed after %v; want the 2s timeouts to close it", slowest)
 	}
-	// Polled, deliberately: goroutines end with no signal to wait on, and
-	// the count is what the test is about.
-	after := 0
-	deadline = time.Now().Add(30 * time.Second)
-	for after = goroutines(); after > baseline && time.Now().Before(deadline); after = goroutines() {
-		time.Sleep(50 * time.Millisecond)
-	}
+	// The server closed every connection it accepted (its own report),
+	// and is back to its goroutines.
+	conns.wait(t, "the server to close the slow connections", func(open, _ int) bool { return open == 0 })
+	after := conns.settled(goroutines, func(n int) bool { return n <= baseline })
 	t.Logf("goroutines: %d before, %d with %d slow connections, %d after; slowest closed after %v", baseline, peak, n, after, slowest.Round(time.Millisecond))
 	if after > baseline {
 		t.Errorf("%d goroutines after the slow clients left, %d before", after, baseline)
 	}
+}
+
+// connWatch follows the HTTP server's connections on one address, from
+// the server's own reports (connStateHook): how many are open, how many
+// were accepted, and a signal at each change.
+type connWatch struct {
+	mu       sync.Mutex
+	open     int
+	accepted int
+	changed  chan struct{} // closed and replaced at each change
+}
+
+// watchConns follows the connections the in-process server on addr
+// accepts from now on, until the test ends.
+func watchConns(t *testing.T, addr string) *connWatch {
+	w := &connWatch{changed: make(chan struct{})}
+	hook := func(c net.Conn, s http.ConnState) {
+		if c.LocalAddr().String() != addr {
+			return
+		}
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		switch s {
+		case http.StateNew:
+			w.open++
+			w.accepted++
+		case http.StateClosed, http.StateHijacked:
+			w.open--
+		default:
+			return
+		}
+		close(w.changed)
+		w.changed = make(chan struct{})
+	}
+	connStateHook.Store(&hook)
+	t.Cleanup(func() { connStateHook.Store(nil) })
+	return w
+}
+
+// wait waits until cond(open, accepted) holds, woken by each connection
+// event, for at most two minutes.
+func (w *connWatch) wait(t *testing.T, what string, cond func(open, accepted int) bool) {
+	t.Helper()
+	timeout := time.After(2 * time.Minute)
+	for {
+		w.mu.Lock()
+		ok, ch := cond(w.open, w.accepted), w.changed
+		w.mu.Unlock()
+		if ok {
+			return
+		}
+		select {
+		case <-ch:
+		case <-timeout:
+			t.Fatalf("timed out waiting for %s", what)
+		}
+	}
+}
+
+// settled returns count() once enough accepts it (nil: never), or once it
+// reads the same twice, a second apart, with no connection event between;
+// it gives up after 30 s. Goroutines end with no signal: a connection's
+// goroutine reports its close just before it returns, and a session's
+// goroutines end after its DELETE; the second is the backstop for those.
+func (w *connWatch) settled(count func() int, enough func(int) bool) int {
+	deadline := time.Now().Add(30 * time.Second)
+	n := count()
+	for time.Now().Before(deadline) && (enough == nil || !enough(n)) {
+		w.mu.Lock()
+		ch := w.changed
+		w.mu.Unlock()
+		select {
+		case <-ch:
+		case <-time.After(time.Second):
+		}
+		m := count()
+		if m == n {
+			return m
+		}
+		n = m
+	}
+	return n
 }

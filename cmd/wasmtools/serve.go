@@ -20,6 +20,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -31,6 +32,11 @@ import (
 	"github.com/wasmtools/wasmtools/internal/statestore"
 	"github.com/wasmtools/wasmtools/plugins"
 )
+
+// connStateHook, when set, sees every state change of the HTTP server's
+// connections: the tests' signal that the server accepted or closed a
+// connection (net/http gives no other). Nil in production.
+var connStateHook atomic.Pointer[func(net.Conn, http.ConnState)]
 
 func cmdServe(ctx context.Context, args []string, lookupEnv func(string) (string, bool), stdin io.Reader, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
@@ -339,6 +345,11 @@ func serveHTTP(ctx context.Context, log *slog.Logger, addr string, h *host.Host,
 		IdleTimeout:       durationOr(time.Duration(cfg.IdleTimeout), host.DefaultIdleTimeout),
 		MaxHeaderBytes:    64 << 10,
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelDebug),
+		ConnState: func(c net.Conn, s http.ConnState) {
+			if hook := connStateHook.Load(); hook != nil {
+				(*hook)(c, s)
+			}
+		},
 	}
 	log.Info("serving MCP over streamable HTTP", "url", "http://"+ln.Addr().String()+"/mcp")
 	errc := make(chan error, 1)
