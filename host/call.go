@@ -12,9 +12,11 @@ import (
 	"unicode/utf8"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
+	"go.opentelemetry.io/otel/attribute"
 
 	"github.com/wasmtools/wasmtools/abi"
 	"github.com/wasmtools/wasmtools/internal/sessions"
+	"github.com/wasmtools/wasmtools/internal/telemetry"
 	"github.com/wasmtools/wasmtools/plugins"
 	"github.com/wasmtools/wasmtools/sandbox"
 )
@@ -115,7 +117,8 @@ func (h *Host) callTool(ctx context.Context, key sessions.Key, c plugins.Call, e
 	if !t.Plugin().Stateless() {
 		claim = h.dur.claimOrLog(ctx, key)
 	}
-	l, err := h.acquire(ctx, key, t.Plugin(), func() (*plugins.Plugin, error) {
+	actx, aspan := telemetry.Start(ctx, "wasmtools.acquire", attribute.String("wasmtools.plugin", t.Plugin().Name()))
+	l, err := h.acquire(actx, key, t.Plugin(), func() (*plugins.Plugin, error) {
 		now, err := h.current(t)
 		if err != nil {
 			return nil, err
@@ -123,6 +126,7 @@ func (h *Host) callTool(ctx context.Context, key sessions.Key, c plugins.Call, e
 		c.Tool = now
 		return now.Plugin(), nil
 	})
+	telemetry.End(aspan, err)
 	var out *abi.CallToolResult
 	var notice sessions.Notice
 	switch {
@@ -136,7 +140,9 @@ func (h *Host) callTool(ctx context.Context, key sessions.Key, c plugins.Call, e
 		return nil, fmt.Errorf("tool %q: %w", t.Name, err)
 	default:
 		env.attach(l)
-		out, err = l.Instance().CallTool(l.Context(), c)
+		gctx, gspan := telemetry.Start(telemetry.Under(l.Context(), ctx), "wasmtools.guest "+t.Name, attribute.String("wasmtools.plugin", t.Plugin().Name()), attribute.String("wasmtools.plugin.sha256", t.Plugin().SHA256()))
+		out, err = l.Instance().CallTool(gctx, c)
+		telemetry.End(gspan, err)
 		if err == nil {
 			env.afterCall(l)
 		}

@@ -338,6 +338,9 @@ func (h *Host) newServer(name, version string) *mcp.Server {
 			h.initialized(ctx, req.Session)
 		},
 	})
+	// The trace span first: it is the outermost, so it covers the rest.
+	s.AddReceivingMiddleware(h.traceMiddleware)
+	s.AddSendingMiddleware(traceSending)
 	s.AddReceivingMiddleware(keepEmptyText)
 	if h.opts.Loaded != nil {
 		s.AddReceivingMiddleware(h.waitForLoad)

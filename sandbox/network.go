@@ -17,6 +17,10 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"go.opentelemetry.io/otel/attribute"
+
+	"github.com/wasmtools/wasmtools/internal/telemetry"
 )
 
 // Network is what a plugin may reach with the Extism http_request import.
@@ -401,7 +405,19 @@ func (i *Instance) doHTTP(ctx context.Context, reqJSON, body []byte) ([]byte, er
 	if err != nil {
 		return nil, err
 	}
-	resp, err := client.Do(req)
+	// The trace goes on into the service: a client span, and its
+	// traceparent in the request (replacing one the guest set). Only the
+	// host and port are recorded: a URL's path and query can hold secrets.
+	sctx, span := telemetry.StartClient(ctx, req.Method,
+		attribute.String("http.request.method", req.Method),
+		attribute.String("server.address", req.URL.Hostname()),
+		attribute.String("url.scheme", req.URL.Scheme))
+	telemetry.Inject(sctx, req.Header)
+	resp, err := client.Do(req.WithContext(sctx))
+	if err == nil {
+		span.SetAttributes(attribute.Int("http.response.status_code", resp.StatusCode))
+	}
+	telemetry.End(span, err)
 	if err != nil {
 		var ne *NetworkError
 		if errors.As(err, &ne) {

@@ -28,6 +28,7 @@ import (
 
 	"github.com/wasmtools/wasmtools/host"
 	"github.com/wasmtools/wasmtools/internal/config"
+	"github.com/wasmtools/wasmtools/internal/telemetry"
 	"github.com/wasmtools/wasmtools/internal/sources"
 	"github.com/wasmtools/wasmtools/internal/statestore"
 	"github.com/wasmtools/wasmtools/plugins"
@@ -73,6 +74,23 @@ func cmdServe(ctx context.Context, args []string, lookupEnv func(string) (string
 		return 2
 	}
 	log := newLogger(stderr, common.verbose)
+	// Traces, when the OTEL_* variables name an exporter (off otherwise).
+	traces, flushTraces, err := telemetry.Setup(ctx, func(k string) string { v, _ := lookupEnv(k); return v }, "wasmtools", version())
+	if err != nil {
+		log.Error("tracing refused", "error", err)
+		return 1
+	}
+	defer func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if err := flushTraces(ctx); err != nil {
+			log.Warn("tracing: spans not flushed at exit", "error", err)
+		}
+	}()
+	if traces.Enabled {
+		log = slog.New(telemetry.LogHandler(log.Handler()))
+		log.Info("tracing on: OTLP over HTTP", "endpoint", traces.Endpoint)
+	}
 	local := srcFlags.splitArgs(fs.Args())
 	if fs.NArg() == 0 && common.configPath == "" && common.hyperPath == "" {
 		fmt.Fprintln(stderr, "wasmtools serve: give at least one plugin folder, file or source")

@@ -1,0 +1,137 @@
+package host
+
+// Tracing: a span per MCP request, after the OpenTelemetry semantic
+// conventions for MCP (span "{mcp.method.name} {target}", kind server), its
+// parent taken from the request's `_meta` (SEP-414, MCP 2026-07-28:
+// traceparent, tracestate, baggage) or else the HTTP request's headers.
+// Children are started where the time goes: the slot wait and the guest's
+// run (call.go), questions to the client (elicit.go), checkpoints, and, in
+// the sandbox, a guest's HTTP requests, which carry the trace on.
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"maps"
+	"strconv"
+	"strings"
+
+	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+	"go.opentelemetry.io/otel/attribute"
+
+	"github.com/wasmtools/wasmtools/internal/telemetry"
+)
+
+// traceMiddleware is the outermost receiving middleware: its span covers
+// everything the request costs, the wait for the first load included.
+func (h *Host) traceMiddleware(next mcp.MethodHandler) mcp.MethodHandler {
+	return func(ctx context.Context, method string, req mcp.Request) (mcp.Result, error) {
+		var meta map[string]any
+		if p, ok := req.GetParams().(interface{ GetMeta() map[string]any }); ok && p != nil {
+			meta = p.GetMeta()
+		}
+		parent := telemetry.FromMeta(ctx, meta)
+		var header map[string][]string
+		if extra := req.GetExtra(); extra != nil {
+			header = extra.Header
+		}
+		if parent == ctx {
+			parent = telemetry.FromHeader(ctx, header)
+		}
+		name, attrs := method, []attribute.KeyValue{attribute.String("mcp.method.name", method)}
+		switch r := req.(type) {
+		case *mcp.CallToolRequest:
+			if r.Params != nil {
+				name += " " + r.Params.Name
+				attrs = append(attrs, attribute.String("gen_ai.tool.name", r.Params.Name), attribute.String("gen_ai.operation.name", "execute_tool"))
+			}
+		case *mcp.GetPromptRequest:
+			if r.Params != nil {
+				name += " " + r.Params.Name
+				attrs = append(attrs, attribute.String("gen_ai.prompt.name", r.Params.Name))
+			}
+		}
+		transport := "pipe"
+		if header != nil {
+			transport = "tcp"
+		}
+		attrs = append(attrs, attribute.String("network.transport", transport))
+		if v := protocolOfRequest(req, header); v != "" {
+			attrs = append(attrs, attribute.String("mcp.protocol.version", v))
+		}
+		// IDs and handles are bearer capabilities: only a digest goes out.
+		if ss, ok := req.GetSession().(*mcp.ServerSession); ok && ss != nil && ss.ID() != "" {
+			attrs = append(attrs, attribute.String("mcp.session.id", traceDigest(ss.ID())))
+		}
+		if handle, _, _ := metaHandle(meta); handle != "" {
+			attrs = append(attrs, attribute.String("wasmtools.session.handle", traceDigest(handle)))
+		}
+		ctx, span := telemetry.StartServer(parent, name, attrs...)
+		res, err := next(ctx, method, req)
+		switch {
+		case err != nil:
+			var je *jsonrpc.Error
+			if errors.As(err, &je) {
+				span.SetAttributes(attribute.String("rpc.response.status_code", strconv.FormatInt(je.Code, 10)))
+				telemetry.Fail(span, strconv.FormatInt(je.Code, 10), err.Error())
+			} else {
+				telemetry.Fail(span, "_OTHER", err.Error())
+			}
+		default:
+			if r, ok := res.(*mcp.CallToolResult); ok && r != nil && r.IsError {
+				telemetry.Fail(span, "tool_error", "the tool's result is an error")
+			}
+		}
+		span.End()
+		return res, err
+	}
+}
+
+// protocolOfRequest is the request's protocol revision: its
+// Mcp-Protocol-Version header (every request of a 2026-07-28 client and
+// later HTTP requests), else what the session was initialized with.
+func protocolOfRequest(req mcp.Request, header map[string][]string) string {
+	if v := header["Mcp-Protocol-Version"]; len(v) > 0 {
+		return v[0]
+	}
+	if ss, ok := req.GetSession().(*mcp.ServerSession); ok && ss != nil {
+		return protocolOfSession(ss)
+	}
+	return ""
+}
+
+// traceDigest is what traces show of a session ID or handle: enough to
+// group one session's spans, nothing that could be presented as it.
+func traceDigest(s string) string {
+	sum := sha256.Sum256([]byte(s))
+	return hex.EncodeToString(sum[:8])
+}
+
+// traceSending is a sending middleware: each request wasmtools makes of a
+// client (a question, a sampling request, roots) is a client span, a child
+// of the call that asks, whose context goes to the client in `_meta`.
+// Notifications (progress, logs) are not spans: too many, too cheap.
+func traceSending(next mcp.MethodHandler) mcp.MethodHandler {
+	return func(ctx context.Context, method string, req mcp.Request) (mcp.Result, error) {
+		if strings.HasPrefix(method, "notifications/") {
+			return next(ctx, method, req)
+		}
+		ctx, span := telemetry.StartClient(ctx, method, attribute.String("mcp.method.name", method))
+		if p, ok := req.GetParams().(interface {
+			GetMeta() map[string]any
+			SetMeta(map[string]any)
+		}); ok && p != nil && span.SpanContext().IsValid() {
+			m := maps.Clone(p.GetMeta())
+			if m == nil {
+				m = map[string]any{}
+			}
+			telemetry.InjectMeta(ctx, m)
+			p.SetMeta(m)
+		}
+		res, err := next(ctx, method, req)
+		telemetry.End(span, err)
+		return res, err
+	}
+}
