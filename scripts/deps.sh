@@ -11,8 +11,9 @@
 #   the plugin-source tests run on loopback. Their packages' own services
 #   are kept from starting (policy-rc.d) and stopped if running: no test
 #   relies on them, and nginx's would hold port 80.
-#   cosign (go install, into $(go env GOPATH)/bin, where the tests look;
-#   scripts/install-cosign.sh) signs the plugins those tests push.
+#   cosign and ko (go install, into $(go env GOPATH)/bin, where the tests
+#   look; scripts/install-go-tool.sh): cosign signs the plugins and the
+#   image the tests push, ko builds wasmtools' image (.ko.yaml).
 set -euo pipefail
 
 # install PKG...: apt-get install as root, else say what to install.
@@ -74,11 +75,17 @@ if [ ${#missing[@]} -gt 0 ]; then
 	install_quiet "${missing[@]}"
 fi
 
-# cosign takes minutes to build: built in the background (its log beside
-# it), while the plugins and tests build; the tests that need it wait.
+# cosign and ko take minutes to build: built in the background (their logs
+# beside them), while the plugins and tests build; the tests that need them
+# wait (sourcestest.GoTool). ko builds the container image (image test).
 gobin="$(go env GOPATH)/bin"
-if ! command -v cosign >/dev/null && [ ! -x "$gobin/cosign" ]; then
-	mkdir -p "$gobin"
-	echo "deps: building cosign in the background (log: $gobin/cosign-install.log)" >&2
-	nohup "$(dirname "$0")/install-cosign.sh" >"$gobin/cosign-install.log" 2>&1 &
-fi
+background_go_tool() {
+	local name=$1 pkg=$2
+	if ! command -v "$name" >/dev/null && [ ! -x "$gobin/$name" ]; then
+		mkdir -p "$gobin"
+		echo "deps: building $name in the background (log: $gobin/$name-install.log)" >&2
+		nohup "$(dirname "$0")/install-go-tool.sh" "$name" "$pkg" >"$gobin/$name-install.log" 2>&1 &
+	fi
+}
+background_go_tool cosign github.com/sigstore/cosign/v2/cmd/cosign@v2.6.5
+background_go_tool ko github.com/google/ko@v0.18.0

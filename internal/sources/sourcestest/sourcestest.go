@@ -54,29 +54,35 @@ func Tool(t testing.TB, name, install string, candidates ...string) string {
 // CosignInstall is how scripts/deps.sh installs cosign.
 const CosignInstall = "scripts/install-cosign.sh"
 
-// cosignWait bounds the wait for a cosign build under way.
-const cosignWait = 20 * time.Minute
+// toolWait bounds the wait for a Go tool's build under way.
+const toolWait = 20 * time.Minute
 
-// Cosign returns the cosign binary: on PATH or in $GOPATH/bin (as `go env
-// GOPATH` says, which may differ from the GOPATH variable). While
-// scripts/install-cosign.sh builds it (deps.sh runs it in the
-// background), Cosign waits for the build, up to 20 minutes.
+// Cosign returns the cosign binary (see [GoTool]).
 func Cosign(t testing.TB) string {
+	return GoTool(t, "cosign", CosignInstall)
+}
+
+// GoTool returns the Go tool name (cosign, ko): on PATH or in $GOPATH/bin
+// (as `go env GOPATH` says, which may differ from the GOPATH variable).
+// While scripts/install-go-tool.sh builds it (deps.sh runs it in the
+// background), GoTool waits for the build, up to 20 minutes. install says
+// how to install it when it is missing.
+func GoTool(t testing.TB, name, install string) string {
 	bins := []string{filepath.Join(build.Default.GOPATH, "bin")}
 	if out, err := exec.Command("go", "env", "GOPATH").Output(); err == nil {
 		bins = append(bins, filepath.Join(strings.TrimSpace(string(out)), "bin"))
 	}
 	var candidates []string
 	for _, bin := range bins {
-		waitForInstall(t, filepath.Join(bin, ".cosign-install.lock"))
-		candidates = append(candidates, filepath.Join(bin, "cosign"))
+		waitForInstall(t, name, filepath.Join(bin, "."+name+"-install.lock"))
+		candidates = append(candidates, filepath.Join(bin, name))
 	}
-	return Tool(t, "cosign", CosignInstall, candidates...)
+	return Tool(t, name, install, candidates...)
 }
 
-// waitForInstall waits until no install holds the lock file at path (none
-// there: no wait).
-func waitForInstall(t testing.TB, path string) {
+// waitForInstall waits until no install of name holds the lock file at
+// path (none there: no wait).
+func waitForInstall(t testing.TB, name, path string) {
 	f, err := os.Open(path)
 	if err != nil {
 		return
@@ -87,8 +93,8 @@ func waitForInstall(t testing.TB, path string) {
 	select {
 	case <-locked:
 		syscall.Flock(int(f.Fd()), syscall.LOCK_UN)
-	case <-time.After(cosignWait):
-		t.Fatalf("cosign is still being built after %v (see %s)", cosignWait, filepath.Join(filepath.Dir(path), "cosign-install.log"))
+	case <-time.After(toolWait):
+		t.Fatalf("%s is still being built after %v (see %s)", name, toolWait, filepath.Join(filepath.Dir(path), name+"-install.log"))
 	}
 }
 
