@@ -13,7 +13,8 @@
 #   relies on them, and nginx's would hold port 80.
 #   cosign and ko (go install, into $(go env GOPATH)/bin, where the tests
 #   look; scripts/install-go-tool.sh): cosign signs the plugins and the
-#   image the tests push, ko builds wasmtools' image (.ko.yaml).
+#   image the tests push, ko builds wasmtools' image (.ko.yaml); jaeger
+#   (scripts/install-jaeger.sh) collects the tracing test's spans.
 set -euo pipefail
 
 # install PKG...: apt-get install as root, else say what to install.
@@ -89,3 +90,9 @@ background_go_tool() {
 }
 background_go_tool cosign github.com/sigstore/cosign/v2/cmd/cosign@v2.6.5
 background_go_tool ko github.com/google/ko@v0.18.0
+# Jaeger (the tracing test's collector) needs a module of its own to build.
+if ! command -v jaeger >/dev/null && [ ! -x "$gobin/jaeger" ]; then
+	mkdir -p "$gobin"
+	echo "deps: building jaeger in the background (log: $gobin/jaeger-install.log)" >&2
+	nohup "$(dirname "$0")/install-jaeger.sh" >"$gobin/jaeger-install.log" 2>&1 &
+fi
