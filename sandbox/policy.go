@@ -255,6 +255,11 @@ func (p Policy) Validate() error {
 			bad("network: %v", err)
 		}
 	}
+	for _, h := range p.network.Ask {
+		if err := CheckHostGrant(h); err != nil {
+			bad("network: ask: %v", err)
+		}
+	}
 	if p.network.MaxResponse < 0 {
 		bad("network: max response %d: must not be negative (0 means the default)", p.network.MaxResponse)
 	}
