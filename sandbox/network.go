@@ -61,6 +61,14 @@ func (p Policy) WithNetwork(n Network) Policy {
 	return p
 }
 
+// Network returns the network grant, its lists copied.
+func (p Policy) Network() Network {
+	n := p.network
+	n.AllowedHosts = append([]string(nil), n.AllowedHosts...)
+	n.Ask = append([]string(nil), n.Ask...)
+	return n
+}
+
 // Allows reports whether requests may go to hostport: a host name or
 // address with an optional port ("api.example.com", "api.example.com:8443",
 // "[::1]:8080"). Without a port, it reports whether the default port of

@@ -46,6 +46,13 @@
 //	secrets = { "github/bot" = "${GITHUB_TOKEN}" }
 //	access_tokens = { "my-client-id" = "${API_TOKEN}" }
 //
+//	[plugins.weather.ask]
+//	hosts = ["api.weather.example:443", "*.tiles.example"]
+//	secrets = { "weather/key" = "${WEATHER_KEY}" }
+//
+//	[grants]
+//	max_questions = 10
+//
 // ${VAR} in any string is replaced by the host environment variable VAR
 // when the file is read; a variable that is not set is an error naming
 // every such variable at once, and a variable set to "" is a value.
@@ -78,6 +85,7 @@ type File struct {
 	Limits   Limits            `toml:"limits"`
 	HTTP     HTTP              `toml:"http"`
 	Sources  Sources           `toml:"sources"`
+	Grants   Grants            `toml:"grants"`
 	Plugins  map[string]Plugin `toml:"plugins"`
 	// Registries are logins, by host[:port], for OCI registries and
 	// HTTPS plugin servers; a registry without one uses the Docker
@@ -166,9 +174,36 @@ type Plugin struct {
 	// to the plugin's get_access_token before any token endpoint is asked.
 	AccessTokens map[string]string `toml:"access_tokens"`
 
+	// Ask is the ceiling of run-time grants: what the plugin may ask the
+	// person using a client for, and get if they agree. Empty asks
+	// nothing.
+	Ask Ask `toml:"ask"`
+
 	// hyperSecrets are the keyring entries ("service/user") a hyper-mcp
 	// configuration grants, whose values must be in Secrets.
 	hyperSecrets map[string]bool
+}
+
+// Ask is what a plugin may ask for at run time (issue 30): the host asks
+// the client's user, through elicitation, and grants it only if they
+// agree. Nothing outside it is ever asked for.
+type Ask struct {
+	// Hosts are network destinations, written as allowed_hosts entries
+	// (host, host:port, patterns with *). allow_private_networks applies
+	// to them too.
+	Hosts []string `toml:"hosts"`
+	// Secrets are keyring secrets ("service/user" = value) served to
+	// get_keyring_secret once the person agrees. Only in [plugins.NAME]:
+	// a secret is never in every plugin's ceiling.
+	Secrets map[string]string `toml:"secrets"`
+}
+
+// Grants are the host's settings for run-time grants.
+type Grants struct {
+	// MaxQuestions bounds the grant questions one session may be asked,
+	// across its plugins; past it, grants not already given are refused
+	// without asking. 0 means 10.
+	MaxQuestions int `toml:"max_questions"`
 }
 
 // Module is sandbox.ModuleLimits in the configuration file. A module over
@@ -379,6 +414,12 @@ func (f *File) finish(getenv func(string) (string, bool)) error {
 	if f.Defaults.Secrets != nil || f.Defaults.AccessTokens != nil {
 		errs = append(errs, errors.New("defaults: secrets and access_tokens are granted per plugin, in [plugins.NAME], never to every plugin"))
 	}
+	if f.Defaults.Ask.Secrets != nil {
+		errs = append(errs, errors.New("defaults.ask.secrets: secrets are put in a ceiling per plugin, in [plugins.NAME.ask], never for every plugin"))
+	}
+	if f.Grants.MaxQuestions < 0 {
+		errs = append(errs, fmt.Errorf("grants.max_questions: %d: must not be negative (0 means 10)", f.Grants.MaxQuestions))
+	}
 	if f.Defaults.Source != "" {
 		errs = append(errs, errors.New("defaults.source: a source names one plugin: set it in [plugins.NAME]"))
 	}
@@ -430,6 +471,12 @@ func (p *Plugin) resolve(r func(string) string) {
 	for i, h := range p.AllowedHosts {
 		p.AllowedHosts[i] = r(h)
 	}
+	for i, h := range p.Ask.Hosts {
+		p.Ask.Hosts[i] = r(h)
+	}
+	for k, v := range p.Ask.Secrets {
+		p.Ask.Secrets[k] = r(v)
+	}
 	for i := range p.AllowedPaths {
 		p.AllowedPaths[i].Host = r(p.AllowedPaths[i].Host)
 	}
@@ -451,6 +498,18 @@ func (p *Plugin) check(where string) error {
 	for i, h := range p.AllowedHosts {
 		if err := sandbox.CheckHostGrant(h); err != nil {
 			errs = append(errs, fmt.Errorf("%s.allowed_hosts[%d]: %v", where, i, err))
+		}
+	}
+	for i, h := range p.Ask.Hosts {
+		if err := sandbox.CheckHostGrant(h); err != nil {
+			errs = append(errs, fmt.Errorf("%s.ask.hosts[%d]: %v", where, i, err))
+		}
+	}
+	for _, k := range slices.Sorted(maps.Keys(p.Ask.Secrets)) {
+		if service, user, ok := strings.Cut(k, "/"); !ok || service == "" || user == "" {
+			errs = append(errs, fmt.Errorf("%s.ask.secrets: key %q is not \"service/user\"", where, k))
+		} else if _, granted := p.Secrets[k]; granted {
+			errs = append(errs, fmt.Errorf("%s.ask.secrets: %q is granted in secrets already: keep it in one of the two", where, k))
 		}
 	}
 	for i, m := range p.AllowedPaths {
@@ -550,9 +609,13 @@ func (f *File) For(name string) Effective {
 	if hosts == nil {
 		hosts = d.AllowedHosts
 	}
-	if len(hosts) > 0 {
+	ask := p.Ask.Hosts
+	if ask == nil {
+		ask = d.Ask.Hosts
+	}
+	if len(hosts) > 0 || len(ask) > 0 {
 		private := cmp.Or(p.AllowPrivateNetworks, d.AllowPrivateNetworks)
-		e.Network = sandbox.Network{AllowedHosts: hosts, AllowPrivate: private != nil && *private}
+		e.Network = sandbox.Network{AllowedHosts: hosts, Ask: ask, AllowPrivate: private != nil && *private}
 		pol = pol.WithNetwork(e.Network)
 	}
 	paths := p.AllowedPaths
@@ -586,6 +649,7 @@ func (f *File) For(name string) Effective {
 		// would hand them to every plugin.
 		Secrets:      p.Secrets,
 		AccessTokens: p.AccessTokens,
+		AskSecrets:   p.Ask.Secrets,
 	}
 	e.Instances = cmp.Or(p.MaxInstances, d.MaxInstances)
 	note := cmp.Or(p.HandleNote, d.HandleNote)
