@@ -157,6 +157,9 @@ type Options struct {
 	// of a call. A further question is answered "cancel" at once, with an
 	// error the guest sees.
 	MaxQuestions int
+	// MaxGrantQuestions bounds the run-time grant questions one session
+	// may be asked, across its plugins; 0 means DefaultMaxGrantQuestions.
+	MaxGrantQuestions int
 	// MaxTasksPerClient bounds the tasks (the Tasks extension, SEP-2663)
 	// one client holds, running or finished, and MaxTasks those of all
 	// clients; 0 means [DefaultMaxTasksPerClient] and [DefaultMaxTasks].
@@ -234,6 +237,7 @@ type Host struct {
 	adoptMu sync.RWMutex
 	adoptID string // guarded by adoptMu
 	boot    string // random at each start: names this process (replicas.go)
+	grants  grantBook
 }
 
 // New returns a host serving the catalogue of src, and following its
