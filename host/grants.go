@@ -47,6 +47,12 @@ const (
 	choiceDeny    = "deny"
 )
 
+// MetaGrant is the _meta key under which a grant question (an
+// elicitation the host writes) says what it asks for, for a client that
+// shows it its own way: {"plugin", "sha256", "kind", "target"}. The
+// choices are the enum of the form's one property, "decision".
+const MetaGrant = MetaPrefix + "grant"
+
 // grantInputKey is the input request key of a grant question to a
 // 2026-07-28 client.
 const grantInputKey = "wasmtools.grant"
@@ -287,7 +293,8 @@ func grantQuestion(name, sum string, r sandbox.GrantRequest, reason string) *mcp
 	msg += "\nAllow it once, for this session, or deny it?"
 	var schema any
 	json.Unmarshal([]byte(grantSchemaJSON), &schema)
-	return &mcp.ElicitParams{Mode: "form", Message: msg, RequestedSchema: schema}
+	meta := mcp.Meta{MetaGrant: map[string]any{"plugin": name, "sha256": sum, "kind": string(r.Kind), "target": r.Target}}
+	return &mcp.ElicitParams{Meta: meta, Mode: "form", Message: msg, RequestedSchema: schema}
 }
 
 // setGrantReason serves grant_reason: the reason shown with this call's

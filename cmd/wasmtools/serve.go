@@ -132,6 +132,7 @@ func cmdServe(ctx context.Context, args []string, lookupEnv func(string) (string
 		AllowedOrigins: cfg.HTTP.AllowedOrigins,
 		MaxParked:      *maxParked, MaxParkedPerClient: *maxParkedPerClient,
 		MaxHandles: *maxHandles, QuietHandles: !*handleNote, QuietPlugins: map[string]bool{},
+		MaxGrantQuestions: cfg.Grants.MaxQuestions,
 	}
 	for name := range cfg.Plugins {
 		eff := cfg.For(name)
@@ -392,12 +393,15 @@ type pluginStatus struct {
 // statusReport is what /status serves.
 type statusReport struct {
 	Plugins []pluginStatus `json:"plugins"`
+	// Grants are the run-time grant counts of each session that was
+	// asked for or gave one (see [host.Host.GrantStatus]).
+	Grants []host.SessionGrants `json:"grants"`
 }
 
 func statusHandler(h *host.Host, r *plugins.Reloader, rem *remote) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
 		live := h.LiveInstancesByPlugin()
-		rep := statusReport{Plugins: []pluginStatus{}}
+		rep := statusReport{Plugins: []pluginStatus{}, Grants: h.GrantStatus()}
 		linked := map[string]bool{}
 		for _, st := range r.Status() {
 			ps := pluginStatus{Status: st, LiveInstances: live[st.Name]}
