@@ -156,11 +156,21 @@ func (e *callEnv) AskGrant(ctx context.Context, r sandbox.GrantRequest) error {
 		return fmt.Errorf("%s is not granted to this plugin: grants are asked for during tool calls only", what)
 	}
 	gk := grantKey{plugin: p.Name(), sha256: p.SHA256(), kind: r.Kind, target: r.Target}
+	if r.Kind == sandbox.GrantFile {
+		gk.target += " " + r.Mode
+	}
 	key := e.ref.key
 	b := &h.grants
 	b.mu.Lock()
 	s := b.session(key)
 	allowed, known := s.answers[gk]
+	if r.Kind == sandbox.GrantFile && r.Mode == sandbox.ModeRead && !allowed {
+		rw := gk
+		rw.target = r.Target + " " + sandbox.ModeReadWrite
+		if s.answers[rw] { // read-write for the session covers reading
+			allowed, known = true, true
+		}
+	}
 	if known {
 		if allowed {
 			s.Given++
@@ -265,6 +275,8 @@ func grantWhat(r sandbox.GrantRequest) string {
 		return "host " + r.Target
 	case grantSecret:
 		return fmt.Sprintf("secret %q", r.Target)
+	case sandbox.GrantFile:
+		return fmt.Sprintf("folder %s (%s)", r.Target, r.Mode)
 	}
 	return string(r.Kind) + " " + r.Target
 }
@@ -281,6 +293,11 @@ func grantQuestion(name, sum string, r sandbox.GrantRequest, reason string) *mcp
 		what = "to connect to " + r.Target
 	case grantSecret:
 		what = fmt.Sprintf("for the secret %q", r.Target)
+	case sandbox.GrantFile:
+		what = "to read the files in the folder " + r.Target
+		if r.Mode == sandbox.ModeReadWrite {
+			what = "to read and change the files in the folder " + r.Target
+		}
 	default:
 		what = "for " + string(r.Kind) + " " + r.Target
 	}
@@ -293,7 +310,11 @@ func grantQuestion(name, sum string, r sandbox.GrantRequest, reason string) *mcp
 	msg += "\nAllow it once, for this session, or deny it?"
 	var schema any
 	json.Unmarshal([]byte(grantSchemaJSON), &schema)
-	meta := mcp.Meta{MetaGrant: map[string]any{"plugin": name, "sha256": sum, "kind": string(r.Kind), "target": r.Target}}
+	grant := map[string]any{"plugin": name, "sha256": sum, "kind": string(r.Kind), "target": r.Target}
+	if r.Mode != "" {
+		grant["mode"] = r.Mode
+	}
+	meta := mcp.Meta{MetaGrant: grant}
 	return &mcp.ElicitParams{Meta: meta, Mode: "form", Message: msg, RequestedSchema: schema}
 }
 
@@ -351,6 +372,7 @@ type grantEntry struct {
 type grantEvent struct {
 	Kind   sandbox.GrantKind `json:"kind"`
 	Target string            `json:"target"`
+	Mode   string            `json:"mode,omitempty"` // a folder's: read, read-write
 	// Event is asked, given or refused; How says how it was decided
 	// (once, session, denied, remembered, dismissed, cannot-ask, cap,
 	// redirect, cancelled, not-asked).
@@ -372,7 +394,7 @@ func (h *Host) auditGrant(e *callEnv, r sandbox.GrantRequest, event, how string)
 	}
 	line, err := json.Marshal(grantEntry{
 		Time: time.Now().UTC(), Session: e.sess, Plugin: p.Name(), SHA256: p.SHA256(), Tool: tool,
-		Grant: grantEvent{Kind: r.Kind, Target: r.Target, Event: event, How: how},
+		Grant: grantEvent{Kind: r.Kind, Target: r.Target, Mode: r.Mode, Event: event, How: how},
 	})
 	if err != nil {
 		h.log.Error("record log", "error", err)

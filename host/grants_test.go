@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -258,5 +260,55 @@ func TestGrantSecret(t *testing.T) {
 		if got := text(call(t, cs, "secret", map[string]any{"name": "other/key"})); !strings.Contains(got, `secret "other/key" is not granted`) || a.count() != 1 {
 			t.Errorf("%s: outside the ceiling: %q after %d questions", proto, got, a.count())
 		}
+	}
+}
+
+// TestGrantFolder: a folder in the ceiling is read once the person allows
+// it, for the session; changing a read-write one asks again, for
+// changing.
+func TestGrantFolder(t *testing.T) {
+	ro, rw := t.TempDir(), t.TempDir()
+	os.WriteFile(filepath.Join(ro, "a.txt"), []byte("hello"), 0o644)
+	f := newFixtureWith(t, nil, func(string) plugins.Options {
+		pol := sandbox.NewPolicy().WithAskMounts(sandbox.Mount{HostPath: ro, GuestPath: "/docs", ReadOnly: true}, sandbox.Mount{HostPath: rw, GuestPath: "/out"})
+		return plugins.Options{Policy: &pol}
+	}, map[string]string{"grants.wasm": testplugins.Test(t, "grants")})
+	sum := f.h.Catalogue().Plugins()[0].SHA256()
+	for _, proto := range protocols {
+		a := &grantAnswerer{decisions: []string{"allow for this session", "allow once", "deny"}}
+		cs := f.connect(t, proto, &mcp.ClientOptions{ElicitationHandler: a.handler})
+		for i, want := range []string{"hello", "hello"} {
+			if got := text(call(t, cs, "read", map[string]any{"path": "/docs/a.txt"})); got != want {
+				t.Errorf("%s: read %d: %q", proto, i+1, got)
+			}
+		}
+		if got := text(call(t, cs, "write", map[string]any{"path": "/out/b.txt", "text": "x"})); got != "written" {
+			t.Errorf("%s: write: %q", proto, got)
+		}
+		if got := text(call(t, cs, "write", map[string]any{"path": "/out/c.txt", "text": "x"})); got != "error: open /out/c.txt: Permission denied" {
+			t.Errorf("%s: write denied: %q", proto, got)
+		}
+		want := []string{
+			`The plugin "grants" (sha256 ` + sum + `) asks to read the files in the folder ` + ro + `.
+It gives no reason.
+Allow it once, for this session, or deny it?`,
+			`The plugin "grants" (sha256 ` + sum + `) asks to read and change the files in the folder ` + rw + `.
+It gives no reason.
+Allow it once, for this session, or deny it?`,
+			`The plugin "grants" (sha256 ` + sum + `) asks to read and change the files in the folder ` + rw + `.
+It gives no reason.
+Allow it once, for this session, or deny it?`,
+		}
+		if len(a.asked) != len(want) {
+			t.Fatalf("%s: asked %d questions, want %d", proto, len(a.asked), len(want))
+		}
+		for i, q := range a.asked {
+			if q.Message != want[i] {
+				t.Errorf("%s: question %d:\n%s\nwant\n%s", proto, i+1, q.Message, want[i])
+			}
+		}
+	}
+	if _, err := os.Stat(filepath.Join(rw, "c.txt")); err == nil {
+		t.Error("a denied write made its file")
 	}
 }

@@ -265,7 +265,7 @@ func Load(ctx context.Context, rt *sandbox.Runtime, path string, wasm []byte, op
 	p.filter = opts.Tools
 	p.secrets, p.accessTokens = maps.Clone(opts.Secrets), maps.Clone(opts.AccessTokens)
 	p.askSecrets = maps.Clone(opts.AskSecrets)
-	p.asks = len(p.askSecrets) > 0 || len(policy.Network().Ask) > 0
+	p.asks = len(p.askSecrets) > 0 || len(policy.Network().Ask) > 0 || len(policy.AskMounts()) > 0
 	if err := p.describe(ctx, opts.Prefix, policy.LoadTimeout()); err != nil {
 		err = fmt.Errorf("plugin %q (%s): %w", name, path, err)
 		if cerr := compiled.Close(ctx); cerr != nil {
@@ -845,7 +845,7 @@ func (p *Plugin) AskSecret(service, user string) (string, bool) {
 }
 
 // Asks reports whether the operator's ceiling lets the plugin ask for
-// grants at run time (network hosts or secrets): such a plugin's calls run
+// grants at run time (network hosts, folders or secrets): such a plugin's calls run
 // as calls that may ask questions do.
 func (p *Plugin) Asks() bool { return p.asks }
 

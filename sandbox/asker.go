@@ -22,6 +22,9 @@ type GrantRequest struct {
 	// Target is what is asked for: for GrantNetwork the host and port,
 	// "api.example.com:443", "[::1]:8080".
 	Target string
+	// Mode is, for GrantFile, what is asked of the folder Target (an
+	// absolute host path): [ModeRead] or [ModeReadWrite].
+	Mode string
 	// Redirect is set when a redirect hop needs the grant. An Asker should
 	// answer it from what it already knows and ask no one: the request's
 	// own timeout runs meanwhile.

@@ -8,6 +8,8 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -104,4 +106,76 @@ func TestNetworkAskValidated(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "network: ask: allowed host") {
 		t.Fatalf("Validate: %v, want the ask entry refused", err)
 	}
+}
+
+func TestFileAsk(t *testing.T) {
+	ro, rw := t.TempDir(), t.TempDir()
+	os.WriteFile(filepath.Join(ro, "a.txt"), []byte("hello"), 0o644)
+	p := sandbox.NewPolicy().WithAskMounts(
+		sandbox.Mount{HostPath: ro, GuestPath: "/ro", ReadOnly: true},
+		sandbox.Mount{HostPath: rw, GuestPath: "/rw"},
+	)
+	file := func(dir, mode string) sandbox.GrantRequest {
+		return sandbox.GrantRequest{Kind: sandbox.GrantFile, Target: dir, Mode: mode}
+	}
+	tests := []struct {
+		name      string
+		tool      string
+		args      map[string]string
+		allow     []string // targets+mode granted
+		asker     bool
+		want      string
+		wantAsked []sandbox.GrantRequest
+	}{
+		{"read granted", "read", map[string]string{"path": "/ro/a.txt"}, []string{ro + " read"}, true, "hello", []sandbox.GrantRequest{file(ro, "read")}},
+		{"read refused", "read", map[string]string{"path": "/ro/a.txt"}, nil, true, "Permission denied", []sandbox.GrantRequest{file(ro, "read")}},
+		{"listing the folder asks", "list", map[string]string{"path": "/ro"}, nil, true, "Permission denied", []sandbox.GrantRequest{file(ro, "read")}},
+		{"listing granted", "list", map[string]string{"path": "/ro"}, []string{ro + " read"}, true, "a.txt", []sandbox.GrantRequest{file(ro, "read")}},
+		{"no asker", "read", map[string]string{"path": "/ro/a.txt"}, nil, false, "Permission denied", nil},
+		{"write to a read-only ceiling: nobody asked", "write", map[string]string{"path": "/ro/b.txt", "text": "x"}, []string{ro + " read", ro + " read-write"}, true, "Read-only file system", nil},
+		{"write granted", "write", map[string]string{"path": "/rw/b.txt", "text": "x"}, []string{rw + " read-write"}, true, "written", []sandbox.GrantRequest{file(rw, "read-write")}},
+		{"write refused", "write", map[string]string{"path": "/rw/c.txt", "text": "x"}, []string{rw + " read"}, true, "Permission denied", []sandbox.GrantRequest{file(rw, "read-write")}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			inst := grantsInstance(t, p)
+			a := &recordingAsker{allow: map[string]bool{}}
+			for _, g := range tt.allow {
+				a.allow[g] = true
+			}
+			ctx := context.Background()
+			if tt.asker {
+				ctx = sandbox.WithAsker(ctx, modeAsker{a})
+			}
+			b, _ := json.Marshal(tt.args)
+			out, err := inst.Call(ctx, "call", []byte(`{"params":{"name":"`+tt.tool+`","arguments":`+string(b)+`}}`), nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !strings.Contains(string(out), tt.want) {
+				t.Errorf("got %s, want it to hold %q", out, tt.want)
+			}
+			if fmt.Sprint(a.asked) != fmt.Sprint(tt.wantAsked) {
+				t.Errorf("asked %v, want %v", a.asked, tt.wantAsked)
+			}
+		})
+	}
+	if _, err := os.Stat(filepath.Join(rw, "c.txt")); err == nil {
+		t.Error("a refused write made its file")
+	}
+}
+
+// modeAsker asks a recordingAsker with "TARGET MODE" as the key of a file
+// grant.
+type modeAsker struct{ a *recordingAsker }
+
+func (m modeAsker) AskGrant(ctx context.Context, r sandbox.GrantRequest) error {
+	m.a.mu.Lock()
+	ok := m.a.allow[r.Target+" "+r.Mode]
+	m.a.asked = append(m.a.asked, r)
+	m.a.mu.Unlock()
+	if ok {
+		return nil
+	}
+	return errors.New("no")
 }

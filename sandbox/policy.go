@@ -63,6 +63,7 @@ type Policy struct {
 	env             map[string]string
 	network         Network
 	mounts          []Mount
+	askMounts       []Mount
 	fakeClock       bool
 	images          Images
 }
@@ -267,7 +268,7 @@ func (p Policy) Validate() error {
 		bad("network: timeout %v: must not be negative (0 means the default)", p.network.Timeout)
 	}
 	guests := map[string]bool{}
-	for _, m := range p.mounts {
+	for _, m := range append(slices.Clone(p.mounts), p.askMounts...) {
 		if !filepath.IsAbs(m.HostPath) {
 			bad("mount %q: the host path must be absolute", m.HostPath)
 		} else if info, err := os.Stat(m.HostPath); err != nil {

@@ -192,6 +192,11 @@ type Ask struct {
 	// (host, host:port, patterns with *). allow_private_networks applies
 	// to them too.
 	Hosts []string `toml:"hosts"`
+	// Paths are host folders, each seen by the guest at its guest path,
+	// that the person may let it read ("ro", the default) or read and
+	// change ("rw": the person is asked for reading and, on the first
+	// change, for changing). A grant lasts for the call, or the session.
+	Paths []Path `toml:"paths"`
 	// Secrets are keyring secrets ("service/user" = value) served to
 	// get_keyring_secret once the person agrees. Only in [plugins.NAME]:
 	// a secret is never in every plugin's ceiling.
@@ -480,6 +485,9 @@ func (p *Plugin) resolve(r func(string) string) {
 	for i := range p.AllowedPaths {
 		p.AllowedPaths[i].Host = r(p.AllowedPaths[i].Host)
 	}
+	for i := range p.Ask.Paths {
+		p.Ask.Paths[i].Host = r(p.Ask.Paths[i].Host)
+	}
 	p.SHA256 = r(p.SHA256)
 	p.Source = r(p.Source)
 	p.PublicKey = r(p.PublicKey)
@@ -512,14 +520,23 @@ func (p *Plugin) check(where string) error {
 			errs = append(errs, fmt.Errorf("%s.ask.secrets: %q is granted in secrets already: keep it in one of the two", where, k))
 		}
 	}
-	for i, m := range p.AllowedPaths {
-		if !filepath.IsAbs(m.Host) || !strings.HasPrefix(m.Guest, "/") {
-			errs = append(errs, fmt.Errorf("%s.allowed_paths[%d]: want host (an absolute folder path) and guest (an absolute path)", where, i))
-		}
-		if m.Mode != "" && m.Mode != "ro" && m.Mode != "rw" {
-			errs = append(errs, fmt.Errorf("%s.allowed_paths[%d].mode: %q is not ro or rw", where, i, m.Mode))
+	guests := map[string]bool{}
+	checkPaths := func(setting string, paths []Path) {
+		for i, m := range paths {
+			if !filepath.IsAbs(m.Host) || !strings.HasPrefix(m.Guest, "/") {
+				errs = append(errs, fmt.Errorf("%s.%s[%d]: want host (an absolute folder path) and guest (an absolute path)", where, setting, i))
+			} else if g := path.Clean(m.Guest); guests[g] {
+				errs = append(errs, fmt.Errorf("%s.%s[%d]: guest path %q is used twice", where, setting, i, m.Guest))
+			} else {
+				guests[g] = true
+			}
+			if m.Mode != "" && m.Mode != "ro" && m.Mode != "rw" {
+				errs = append(errs, fmt.Errorf("%s.%s[%d].mode: %q is not ro or rw", where, setting, i, m.Mode))
+			}
 		}
 	}
+	checkPaths("allowed_paths", p.AllowedPaths)
+	checkPaths("ask.paths", p.Ask.Paths)
 	if p.Clock != "" && p.Clock != "real" && p.Clock != "fake" {
 		errs = append(errs, fmt.Errorf("%s.clock: %q is not real or fake", where, p.Clock))
 	}
@@ -564,6 +581,9 @@ type Effective struct {
 	Options               plugins.Options
 	Network               sandbox.Network
 	Mounts                []sandbox.Mount
+	// AskMounts are the folders the person may grant at run time
+	// ([plugins.NAME.ask] paths).
+	AskMounts []sandbox.Mount
 	Instances             int
 	// HandleNote: results carry the session handle note (see
 	// Plugin.HandleNote).
@@ -627,6 +647,16 @@ func (f *File) For(name string) Effective {
 	}
 	if len(e.Mounts) > 0 {
 		pol = pol.WithMounts(e.Mounts...)
+	}
+	askPaths := p.Ask.Paths
+	if askPaths == nil {
+		askPaths = d.Ask.Paths
+	}
+	for _, m := range askPaths {
+		e.AskMounts = append(e.AskMounts, sandbox.Mount{HostPath: m.Host, GuestPath: m.Guest, ReadOnly: m.Mode != "rw"})
+	}
+	if len(e.AskMounts) > 0 {
+		pol = pol.WithAskMounts(e.AskMounts...)
 	}
 	if cfg := firstMap(p.Config, d.Config); cfg != nil {
 		pol = pol.WithConfig(cfg)

@@ -140,7 +140,15 @@ secrets = { "a/b" = "v" }
 [plugins.a.ask]
 secrets = { "a/b" = "v" }`, `plugins.a.ask.secrets: "a/b" is granted in secrets already`},
 		{"ask: unknown setting", `[plugins.a.ask]
-paths = []`, "unknown settings: plugins.a.ask.paths"},
+files = []`, "unknown settings: plugins.a.ask.files"},
+		{"ask: bad path mode", `[plugins.a.ask]
+paths = [{ host = "/x", guest = "/y", mode = "w" }]`, `plugins.a.ask.paths[0].mode: "w" is not ro or rw`},
+		{"ask: relative path", `[defaults.ask]
+paths = [{ host = "x", guest = "/y" }]`, `defaults.ask.paths[0]: want host (an absolute folder path)`},
+		{"ask: a guest path granted already", `[plugins.a]
+allowed_paths = [{ host = "/x", guest = "/data" }]
+[plugins.a.ask]
+paths = [{ host = "/z", guest = "/data/" }]`, `plugins.a.ask.paths[0]: guest path "/data/" is used twice`},
 		{"grants: negative cap", `[grants]
 max_questions = -1`, "grants.max_questions: -1: must not be negative"},
 		{"short subject token", `[http]
@@ -170,6 +178,7 @@ hosts = ["*.example.org"]
 allow_private_networks = true
 [plugins.weather.ask]
 hosts = ["127.0.0.1:18409", "${HOST}"]
+paths = [{ host = "/srv/docs", guest = "/docs" }, { host = "/srv/out", guest = "/out", mode = "rw" }]
 secrets = { "weather/key" = "${KEY}" }
 
 [plugins.plain]
@@ -192,6 +201,9 @@ max_questions = 4
 	}
 	if got := w.Options.Policy.Network().Ask; len(got) != 2 {
 		t.Errorf("policy ask = %v", got)
+	}
+	if diff := cmp.Diff([]sandbox.Mount{{HostPath: "/srv/docs", GuestPath: "/docs", ReadOnly: true}, {HostPath: "/srv/out", GuestPath: "/out"}}, w.AskMounts); diff != "" {
+		t.Errorf("weather ask mounts (-want +got):\n%s", diff)
 	}
 	p := f.For("plain")
 	if diff := cmp.Diff(sandbox.Network{Ask: []string{"*.example.org"}}, p.Network); diff != "" {
