@@ -584,7 +584,7 @@ type Effective struct {
 	// AskMounts are the folders the person may grant at run time
 	// ([plugins.NAME.ask] paths).
 	AskMounts []sandbox.Mount
-	Instances             int
+	Instances int
 	// HandleNote: results carry the session handle note (see
 	// Plugin.HandleNote).
 	HandleNote bool
