@@ -392,17 +392,8 @@ func (h *Host) auditGrant(e *callEnv, r sandbox.GrantRequest, event, how string)
 	if e.tool != nil {
 		tool = e.tool.Name
 	}
-	line, err := json.Marshal(grantEntry{
+	h.writeRecordLog(grantEntry{
 		Time: time.Now().UTC(), Session: e.sess, Plugin: p.Name(), SHA256: p.SHA256(), Tool: tool,
 		Grant: grantEvent{Kind: r.Kind, Target: r.Target, Mode: r.Mode, Event: event, How: how},
 	})
-	if err != nil {
-		h.log.Error("record log", "error", err)
-		return
-	}
-	h.auditMu.Lock()
-	defer h.auditMu.Unlock()
-	if _, err := h.opts.RecordLog.Write(append(line, '\n')); err != nil {
-		h.log.Error("record log: write", "error", err)
-	}
 }

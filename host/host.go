@@ -126,7 +126,10 @@ type Options struct {
 	AllowedOrigins []string
 	// RecordLog, if set, receives one JSON line per tool call: time,
 	// session, plugin name and sha256, tool, duration, isError and the
-	// records the call wrote, one Write per line. It is written under a
+	// records the call wrote, one Write per line; and one line per
+	// run-time grant asked for, given or refused ({"time", "session",
+	// "plugin", "sha256", "tool", "grant": {"kind", "target", "mode"?,
+	// "event", "how"}}). It is written under a
 	// lock; the caller opens it (append-only), bounds its size (wasmtools
 	// serve rotates it, see --record-log-max) and closes it after the
 	// host.
