@@ -14,6 +14,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/wasmtools/wasmtools/abi"
+	"github.com/wasmtools/wasmtools/internal/grantstore"
 	"github.com/wasmtools/wasmtools/internal/sessions"
 	"github.com/wasmtools/wasmtools/sandbox"
 )
@@ -44,8 +45,13 @@ const grantSecret sandbox.GrantKind = "secret"
 const (
 	choiceOnce    = "allow once"
 	choiceSession = "allow for this session"
+	choiceAlways  = "always allow"
 	choiceDeny    = "deny"
 )
+
+// localSubject is the subject of a stdio (or in-memory) session in the
+// grant file: the person running the process.
+const localSubject = "local"
 
 // MetaGrant is the _meta key under which a grant question (an
 // elicitation the host writes) says what it asks for, for a client that
@@ -187,6 +193,30 @@ func (e *callEnv) AskGrant(ctx context.Context, r sandbox.GrantRequest) error {
 		h.auditGrant(e, r, "refused", "remembered")
 		return fmt.Errorf("%s was denied earlier in this session by the person using the client", what)
 	}
+	subject := e.grantSubject()
+	fk := grantstore.Key{Subject: subject, Plugin: gk.plugin, SHA256: gk.sha256, Kind: string(gk.kind), Target: gk.target}
+	if subject != "" {
+		allowed, known, err := h.opts.GrantFile.Lookup(fk)
+		if err != nil {
+			h.log.Error("grant file", "error", err) // then asked as though it had nothing
+		}
+		if known { // read each time: a revocation holds at once
+			b.mu.Lock()
+			s = b.session(key)
+			if allowed {
+				s.Given++
+			} else {
+				s.Refused++
+			}
+			b.mu.Unlock()
+			if allowed {
+				h.auditGrant(e, r, "given", "always")
+				return nil
+			}
+			h.auditGrant(e, r, "refused", "always")
+			return fmt.Errorf("%s was denied by the person using the client, who said to remember it", what)
+		}
+	}
 	refuse := func(how, msg string) error {
 		b.mu.Lock()
 		b.session(key).Refused++
@@ -211,7 +241,8 @@ func (e *callEnv) AskGrant(ctx context.Context, r sandbox.GrantRequest) error {
 		return refuse("cap", fmt.Sprintf("%s is not granted to this plugin, and this session was asked the most grant questions it may be (%d)", what, h.maxGrantQuestions()))
 	}
 	h.auditGrant(e, r, "asked", "")
-	q := &question{key: grantInputKey, params: grantQuestion(p.Name(), p.SHA256(), r, e.grantReason()), schema: []byte(grantSchemaJSON), answer: make(chan *abi.ElicitResult, 1)}
+	params, schema := grantQuestion(p.Name(), p.SHA256(), r, e.grantReason(), subject != "")
+	q := &question{key: grantInputKey, params: params, schema: schema, answer: make(chan *abi.ElicitResult, 1)}
 	a, ok := ask(ctx, e, q, q.answer)
 	if !ok {
 		return refuse("cancelled", fmt.Sprintf("%s is not granted to this plugin: the call ended before the person answered", what))
@@ -221,30 +252,57 @@ func (e *callEnv) AskGrant(ctx context.Context, r sandbox.GrantRequest) error {
 	}
 	decision, _ := a.Content["decision"].(string)
 	switch {
-	case a.Action == abi.ActionAccept && (decision == choiceOnce || decision == choiceSession):
+	case a.Action == abi.ActionAccept && (decision == choiceOnce || decision == choiceSession || decision == choiceAlways && subject != ""):
 		b.mu.Lock()
 		s = b.session(key)
 		s.Given++
 		if decision == choiceSession {
-			s.answers[gk] = true
+			s.answers[gk] = true // "always" is in the file, which a revocation changes
 		}
 		b.mu.Unlock()
-		how := "once"
-		if decision == choiceSession {
-			how = "session"
+		how := map[string]string{choiceOnce: "once", choiceSession: "session", choiceAlways: "always"}[decision]
+		if decision == choiceAlways {
+			e.keepAnswer(fk, true)
 		}
 		h.auditGrant(e, r, "given", how)
 		return nil
 	case a.Action == abi.ActionDecline || a.Action == abi.ActionAccept && decision == choiceDeny:
 		b.mu.Lock()
 		s = b.session(key)
-		s.answers[gk] = false
+		s.answers[gk] = false // for the session, even if the file's is revoked
 		s.Refused++
 		b.mu.Unlock()
+		if subject != "" {
+			e.keepAnswer(fk, false)
+		}
 		h.auditGrant(e, r, "refused", "denied")
 		return fmt.Errorf("%s was denied by the person using the client", what)
 	default: // cancel, or an answer that is none of the choices
 		return refuse("dismissed", fmt.Sprintf("%s is not granted to this plugin: the person dismissed the question", what))
+	}
+}
+
+// grantSubject is whom answers are kept for in the grant file: "" when
+// there is no file, or the session has no subject to keep them for.
+func (e *callEnv) grantSubject() string {
+	if e.h.opts.GrantFile == nil {
+		return ""
+	}
+	_, req := e.current()
+	if s := subjectOf(req.Extra); s != "" {
+		return s
+	}
+	if req.Extra == nil { // stdio, in-memory: the person running the process
+		return localSubject
+	}
+	return ""
+}
+
+// keepAnswer writes an answer to the grant file; a failure is logged (the
+// session remembers it still).
+func (e *callEnv) keepAnswer(k grantstore.Key, allowed bool) {
+	if err := e.h.opts.GrantFile.Set(grantstore.Entry{Key: k, Allowed: allowed, Time: time.Now().UTC()}); err != nil {
+		e.h.log.Error("grant file: answer not kept", "subject", k.Subject, "plugin", k.Plugin, "target", k.Target, "error", err)
 	}
 }
 
@@ -281,12 +339,25 @@ func grantWhat(r sandbox.GrantRequest) string {
 	return string(r.Kind) + " " + r.Target
 }
 
-// grantSchemaJSON is the form of every grant question: one choice.
-const grantSchemaJSON = `{"type":"object","properties":{"decision":{"type":"string","title":"Decision","enum":["` + choiceOnce + `","` + choiceSession + `","` + choiceDeny + `"]}},"required":["decision"]}`
+// grantSchema is the form of a grant question: one choice, of "always
+// allow" too when always is set.
+func grantSchema(always bool) []byte {
+	choices := []string{choiceOnce, choiceSession, choiceDeny}
+	if always {
+		choices = []string{choiceOnce, choiceSession, choiceAlways, choiceDeny}
+	}
+	b, _ := json.Marshal(map[string]any{
+		"type":       "object",
+		"properties": map[string]any{"decision": map[string]any{"type": "string", "title": "Decision", "enum": choices}},
+		"required":   []string{"decision"},
+	})
+	return b
+}
 
 // grantQuestion writes the question for grant r of plugin name (sha256
-// sum): the host's words, with the plugin's reason quoted as its own.
-func grantQuestion(name, sum string, r sandbox.GrantRequest, reason string) *mcp.ElicitParams {
+// sum), and its form: the host's words, with the plugin's reason quoted as
+// its own. always offers "always allow".
+func grantQuestion(name, sum string, r sandbox.GrantRequest, reason string, always bool) (*mcp.ElicitParams, []byte) {
 	var what string
 	switch r.Kind {
 	case sandbox.GrantNetwork:
@@ -307,15 +378,20 @@ func grantQuestion(name, sum string, r sandbox.GrantRequest, reason string) *mcp
 	} else {
 		msg += fmt.Sprintf("It says why, in its own words: %q", reason)
 	}
-	msg += "\nAllow it once, for this session, or deny it?"
+	if always {
+		msg += "\nAllow it once, for this session, always, or deny it?"
+	} else {
+		msg += "\nAllow it once, for this session, or deny it?"
+	}
+	schemaJSON := grantSchema(always)
 	var schema any
-	json.Unmarshal([]byte(grantSchemaJSON), &schema)
+	json.Unmarshal(schemaJSON, &schema)
 	grant := map[string]any{"plugin": name, "sha256": sum, "kind": string(r.Kind), "target": r.Target}
 	if r.Mode != "" {
 		grant["mode"] = r.Mode
 	}
 	meta := mcp.Meta{MetaGrant: grant}
-	return &mcp.ElicitParams{Meta: meta, Mode: "form", Message: msg, RequestedSchema: schema}
+	return &mcp.ElicitParams{Meta: meta, Mode: "form", Message: msg, RequestedSchema: schema}, schemaJSON
 }
 
 // setGrantReason serves grant_reason: the reason shown with this call's

@@ -14,6 +14,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/wasmtools/wasmtools/host"
+	"github.com/wasmtools/wasmtools/internal/grantstore"
 	"github.com/wasmtools/wasmtools/internal/testplugins"
 	"github.com/wasmtools/wasmtools/plugins"
 	"github.com/wasmtools/wasmtools/sandbox"
@@ -310,5 +311,55 @@ Allow it once, for this session, or deny it?`,
 	}
 	if _, err := os.Stat(filepath.Join(rw, "c.txt")); err == nil {
 		t.Error("a denied write made its file")
+	}
+}
+
+// TestGrantRemembered: with a grant file, "always allow" and "deny" hold
+// for the subject's later sessions ("local" for in-memory and stdio ones)
+// until revoked; an HTTP session with no subject is not offered "always".
+func TestGrantRemembered(t *testing.T) {
+	gf, err := grantstore.Open(filepath.Join(t.TempDir(), "grants.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, srv, target := grantFixture(t, &host.Options{GrantFile: gf})
+	fetch := func(cs *mcp.ClientSession) string {
+		return text(call(t, cs, "fetch", map[string]any{"url": srv.URL}))
+	}
+	a := &grantAnswerer{decisions: []string{"always allow"}}
+	if got := fetch(f.connect(t, "2025-11-25", &mcp.ClientOptions{ElicitationHandler: a.handler})); !strings.Contains(got, "200 hello") {
+		t.Fatalf("always allow: %q", got)
+	}
+	if len(a.asked) != 1 || !strings.HasSuffix(a.asked[0].Message, "\nAllow it once, for this session, always, or deny it?") ||
+		fmt.Sprint(a.asked[0].RequestedSchema.(map[string]any)["properties"]) != "map[decision:map[enum:[allow once allow for this session always allow deny] title:Decision type:string]]" {
+		t.Fatalf("question: %+v", a.asked)
+	}
+	list, _ := gf.List()
+	if len(list) != 1 || list[0].Subject != "local" || list[0].Target != target || !list[0].Allowed || list[0].Plugin != "grantask" {
+		t.Fatalf("file: %+v", list)
+	}
+	// Another session of the same subject, in the other era: not asked.
+	b := &grantAnswerer{decisions: []string{"deny"}}
+	later := f.connect(t, "", &mcp.ClientOptions{ElicitationHandler: b.handler})
+	if got := fetch(later); !strings.Contains(got, "200 hello") || b.count() != 0 {
+		t.Fatalf("later session: %q after %d questions, want allowed unasked", got, b.count())
+	}
+	// Revoked: asked again at once, in the same session; denied, kept.
+	if n, err := gf.Revoke(func(grantstore.Entry) bool { return true }); n != 1 || err != nil {
+		t.Fatalf("revoke: %d %v", n, err)
+	}
+	if got := fetch(later); !strings.Contains(got, "was denied by the person") || b.count() != 1 {
+		t.Fatalf("after the revocation: %q after %d questions", got, b.count())
+	}
+	c := &grantAnswerer{}
+	if got := fetch(f.connect(t, "2025-11-25", &mcp.ClientOptions{ElicitationHandler: c.handler})); !strings.Contains(got, "was denied by the person using the client, who said to remember it") || c.count() != 0 {
+		t.Fatalf("a third session: %q after %d questions, want refused unasked", got, c.count())
+	}
+	// Over HTTP with no subject: nothing outlives the session.
+	d := &grantAnswerer{decisions: []string{"allow once"}}
+	cs := connectHTTPEra(t, serveHTTP(t, f), "2025-11-25", &mcp.ClientOptions{ElicitationHandler: d.handler}, nil)
+	fetch(cs)
+	if len(d.asked) != 1 || !strings.HasSuffix(d.asked[0].Message, "\nAllow it once, for this session, or deny it?") {
+		t.Errorf("HTTP without a subject: %+v", d.asked)
 	}
 }

@@ -23,6 +23,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/wasmtools/wasmtools/internal/grantstore"
 	"github.com/wasmtools/wasmtools/internal/sessions"
 	"github.com/wasmtools/wasmtools/internal/statestore"
 	"github.com/wasmtools/wasmtools/plugins"
@@ -163,6 +164,13 @@ type Options struct {
 	// MaxGrantQuestions bounds the run-time grant questions one session
 	// may be asked, across its plugins; 0 means DefaultMaxGrantQuestions.
 	MaxGrantQuestions int
+	// GrantFile, if set, keeps answers per subject across sessions and
+	// restarts: the person is offered "always allow" besides the other
+	// choices, and "deny" is kept there too, until revoked (`wasmtools
+	// grants revoke`). A subject is the request's authenticated subject,
+	// or "local" for a stdio (or in-memory) session; an HTTP session with
+	// no subject is offered nothing that outlives it.
+	GrantFile *grantstore.File
 	// MaxTasksPerClient bounds the tasks (the Tasks extension, SEP-2663)
 	// one client holds, running or finished, and MaxTasks those of all
 	// clients; 0 means [DefaultMaxTasksPerClient] and [DefaultMaxTasks].

@@ -19,6 +19,7 @@ import (
 	"golang.org/x/term"
 
 	"github.com/wasmtools/wasmtools/host"
+	"github.com/wasmtools/wasmtools/internal/grantstore"
 	"github.com/wasmtools/wasmtools/plugins"
 )
 
@@ -107,7 +108,13 @@ Flags:
 
 	// The call goes through the host, as from any MCP client, so that it
 	// gets the host functions of `serve`; this command is the client.
-	h := host.New(src, &host.Options{Logger: log, MaxGrantQuestions: common.config().Grants.MaxQuestions})
+	hopts := &host.Options{Logger: log, MaxGrantQuestions: common.config().Grants.MaxQuestions}
+	if path := common.config().Grants.RememberFile; path != "" {
+		if hopts.GrantFile, err = grantstore.Open(path); err != nil {
+			return fail(err)
+		}
+	}
+	h := host.New(src, hopts)
 	defer h.Close(context.Background())
 	st, ct := mcp.NewInMemoryTransports()
 	if _, err := h.Server().Connect(ctx, st, nil); err != nil {

@@ -19,6 +19,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/wasmtools/wasmtools/host"
+	"github.com/wasmtools/wasmtools/internal/grantstore"
 	"github.com/wasmtools/wasmtools/internal/testplugins"
 )
 
@@ -208,5 +209,43 @@ func TestTerminalGrant(t *testing.T) {
 		if !strings.HasPrefix(out.String(), "\nwasmtools asks you: The plugin asks.\n[1] allow once, [2] allow for this session, [3] deny, [c]ancel: ") {
 			t.Errorf("shown: %q", out.String())
 		}
+	}
+}
+
+// TestGrantsCommand: `wasmtools grants list` shows the kept answers and
+// `revoke` removes the ones selected, the file named by --config.
+func TestGrantsCommand(t *testing.T) {
+	dir := t.TempDir()
+	cfgPath := filepath.Join(dir, "wasmtools.toml")
+	os.WriteFile(cfgPath, []byte("[grants]\nremember_file = \"grants.json\"\n"), 0o644)
+	gf, err := grantstore.Open(filepath.Join(dir, "grants.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range []grantstore.Entry{
+		{Key: grantstore.Key{Subject: "local", Plugin: "weather", SHA256: strings.Repeat("ab", 32), Kind: "network", Target: "api.weather.example:443"}, Allowed: true},
+		{Key: grantstore.Key{Subject: "alice", Plugin: "weather", SHA256: strings.Repeat("ab", 32), Kind: "file", Target: "/srv/trips read"}},
+	} {
+		if err := gf.Set(e); err != nil {
+			t.Fatal(err)
+		}
+	}
+	grants := func(args ...string) (int, string, string) {
+		var out, errb bytes.Buffer
+		code := run(context.Background(), append([]string{"grants", "--config", cfgPath}, args...), nil, nil, &out, &errb)
+		return code, out.String(), errb.String()
+	}
+	code, out, errs := grants("list")
+	if code != 0 || !strings.Contains(out, "local    weather  abababababab  network  api.weather.example:443  always allow") || !strings.Contains(out, "alice    weather  abababababab  file     /srv/trips read          deny") {
+		t.Errorf("list: exit %d\n%s%s", code, out, errs)
+	}
+	if code, _, errs := grants("revoke"); code != 1 || !strings.Contains(errs, "revoke what?") {
+		t.Errorf("revoke with nothing selected: exit %d, %s", code, errs)
+	}
+	if code, out, errs := grants("--subject", "local", "revoke"); code != 0 || out != "revoked 1 answers\n" {
+		t.Errorf("revoke: exit %d, %s%s", code, out, errs)
+	}
+	if list, _ := gf.List(); len(list) != 1 || list[0].Subject != "alice" {
+		t.Errorf("after the revocation: %+v", list)
 	}
 }

@@ -27,6 +27,7 @@ import (
 	"github.com/fsnotify/fsnotify"
 
 	"github.com/wasmtools/wasmtools/host"
+	"github.com/wasmtools/wasmtools/internal/grantstore"
 	"github.com/wasmtools/wasmtools/internal/config"
 	"github.com/wasmtools/wasmtools/internal/sources"
 	"github.com/wasmtools/wasmtools/internal/statestore"
@@ -133,6 +134,14 @@ func cmdServe(ctx context.Context, args []string, lookupEnv func(string) (string
 		MaxParked:      *maxParked, MaxParkedPerClient: *maxParkedPerClient,
 		MaxHandles: *maxHandles, QuietHandles: !*handleNote, QuietPlugins: map[string]bool{},
 		MaxGrantQuestions: cfg.Grants.MaxQuestions,
+	}
+	if path := cfg.Grants.RememberFile; path != "" { // read at start: a change needs a restart
+		gf, err := grantstore.Open(path)
+		if err != nil {
+			log.Error("start", "error", err)
+			return 1
+		}
+		opts.GrantFile = gf
 	}
 	for name := range cfg.Plugins {
 		eff := cfg.For(name)

@@ -209,6 +209,12 @@ type Grants struct {
 	// across its plugins; past it, grants not already given are refused
 	// without asking. 0 means 10.
 	MaxQuestions int `toml:"max_questions"`
+	// RememberFile, if set, keeps answers per subject across sessions and
+	// restarts in this JSON file (made if missing, mode 0600): the person
+	// is offered "always allow" too, and "deny" is kept. `wasmtools
+	// grants list|revoke` reads and changes it. A relative path is
+	// relative to the configuration file.
+	RememberFile string `toml:"remember_file"`
 }
 
 // Module is sandbox.ModuleLimits in the configuration file. A module over
@@ -401,6 +407,7 @@ func (f *File) finish(getenv func(string) (string, bool)) error {
 	f.Defaults.resolve(resolve)
 	f.Sources.PublicKey = resolve(f.Sources.PublicKey)
 	f.Sources.DockerConfig = resolve(f.Sources.DockerConfig)
+	f.Grants.RememberFile = resolve(f.Grants.RememberFile)
 	for host, c := range f.Registries {
 		c.Username, c.Password, c.Token = resolve(c.Username), resolve(c.Password), resolve(c.Token)
 		f.Registries[host] = c
@@ -706,6 +713,7 @@ func (f *File) relativeTo(dir string) {
 	}
 	abs(&f.Sources.PublicKey)
 	abs(&f.Sources.DockerConfig)
+	abs(&f.Grants.RememberFile)
 	abs(&f.Defaults.PublicKey)
 	for name, p := range f.Plugins {
 		abs(&p.PublicKey)
