@@ -172,19 +172,27 @@ Allow it once, for this session, or deny it?`,
 It says why, in its own words: "` + strings.Repeat("é", 200) + `"
 Allow it once, for this session, or deny it?`,
 		}
-		if len(a.asked) != len(want) {
-			t.Fatalf("%s: asked %d questions, want %d", proto, len(a.asked), len(want))
-		}
-		for i, q := range a.asked {
-			if q.Message != want[i] {
-				t.Errorf("%s: question %d:\n%s\nwant\n%s", proto, i+1, q.Message, want[i])
-			}
+		checkQuestions(t, proto, a.asked, want)
+		for _, q := range a.asked {
 			if q.Mode != "form" && q.Mode != "" {
 				t.Errorf("%s: mode %q, want form", proto, q.Mode)
 			}
 			if got := fmt.Sprint(q.RequestedSchema); got != "map[properties:map[decision:map[enum:[allow once allow for this session deny] title:Decision type:string]] required:[decision] type:object]" {
 				t.Errorf("%s: schema %s", proto, got)
 			}
+		}
+	}
+}
+
+// checkQuestions checks the text of each question asked.
+func checkQuestions(t *testing.T, proto string, asked []*mcp.ElicitParams, want []string) {
+	t.Helper()
+	if len(asked) != len(want) {
+		t.Fatalf("%s: asked %d questions, want %d", proto, len(asked), len(want))
+	}
+	for i, q := range asked {
+		if q.Message != want[i] {
+			t.Errorf("%s: question %d:\n%s\nwant\n%s", proto, i+1, q.Message, want[i])
 		}
 	}
 }
@@ -300,14 +308,7 @@ Allow it once, for this session, or deny it?`,
 It gives no reason.
 Allow it once, for this session, or deny it?`,
 		}
-		if len(a.asked) != len(want) {
-			t.Fatalf("%s: asked %d questions, want %d", proto, len(a.asked), len(want))
-		}
-		for i, q := range a.asked {
-			if q.Message != want[i] {
-				t.Errorf("%s: question %d:\n%s\nwant\n%s", proto, i+1, q.Message, want[i])
-			}
-		}
+		checkQuestions(t, proto, a.asked, want)
 	}
 	if _, err := os.Stat(filepath.Join(rw, "c.txt")); err == nil {
 		t.Error("a denied write made its file")

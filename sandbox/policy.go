@@ -211,11 +211,12 @@ func (p Policy) memoryLimitPages() uint32 {
 // Validate reports every value of p that an instance could not honour,
 // joined: a limit or timeout that is not positive, no logger, an empty
 // config key, an environment variable WASI cannot pass (empty name, "=" in
-// the name, NUL anywhere), an allowed host that is not a host name or
-// pattern (a URL, a port, a malformed "[" class), a negative network
-// limit, and a mount whose host path is not an absolute path to an
-// existing folder or whose guest path is not a clean absolute path or is
-// mounted twice. Mounts are checked against the file system as it is now.
+// the name, NUL anywhere), an allowed or askable host that is not a host
+// name or pattern (a URL, a port, a malformed "[" class), a negative
+// network limit, and a mount or ask mount whose host path is not an
+// absolute path to an existing folder or whose guest path is not a clean
+// absolute path or is mounted twice. Mounts are checked against the file
+// system as it is now.
 func (p Policy) Validate() error {
 	var errs []error
 	bad := func(format string, args ...any) {

@@ -27,8 +27,8 @@ import (
 	"github.com/fsnotify/fsnotify"
 
 	"github.com/wasmtools/wasmtools/host"
-	"github.com/wasmtools/wasmtools/internal/grantstore"
 	"github.com/wasmtools/wasmtools/internal/config"
+	"github.com/wasmtools/wasmtools/internal/grantstore"
 	"github.com/wasmtools/wasmtools/internal/sources"
 	"github.com/wasmtools/wasmtools/internal/statestore"
 	"github.com/wasmtools/wasmtools/plugins"
