@@ -249,3 +249,28 @@ func TestGrantsCommand(t *testing.T) {
 		t.Errorf("after the revocation: %+v", list)
 	}
 }
+
+// TestInspectAsk: inspect shows the ceiling of run-time grants.
+func TestInspectAsk(t *testing.T) {
+	dir := testplugins.Folder(t, map[string]string{"hash.wasm": testplugins.Example(t, "hash")})
+	trips := t.TempDir()
+	cfgPath := filepath.Join(dir, "c.toml")
+	os.WriteFile(cfgPath, []byte(fmt.Sprintf(`[plugins.hash.ask]
+hosts = ["api.example.com"]
+paths = [{ host = %q, guest = "/trips" }]
+secrets = { "weather/key" = "v" }`, trips)), 0o644)
+	var out, errb bytes.Buffer
+	if code := run(context.Background(), []string{"inspect", "--config", cfgPath, "--json", filepath.Join(dir, "hash.wasm")}, nil, nil, &out, &errb); code != 0 {
+		t.Fatalf("exit %d: %s", code, errb.String())
+	}
+	var in inspection
+	json.Unmarshal(out.Bytes(), &in)
+	if in.Ask == nil || fmt.Sprint(*in.Ask) != fmt.Sprintf("{[api.example.com] [/trips (ro, from %s)] [weather/key]}", trips) {
+		t.Errorf("ask: %+v", in.Ask)
+	}
+	out.Reset()
+	run(context.Background(), []string{"inspect", "--config", cfgPath, filepath.Join(dir, "hash.wasm")}, nil, nil, &out, &errb)
+	if want := "may ask the person (run-time grants):\n  hosts   [api.example.com]\n"; !strings.Contains(out.String(), want) {
+		t.Errorf("text lacks %q:\n%s", want, out.String())
+	}
+}
