@@ -100,6 +100,17 @@ type grantBook struct {
 	mu       sync.Mutex
 	sessions map[sessions.Key]*sessionGrants
 	order    []sessions.Key // oldest first, for the bound
+	// onChange, if set, is called (without b.mu) after a session's
+	// answers or question count change: the durable layer's hook to
+	// write export(key) into the session's record. Set before serving.
+	onChange func(ctx context.Context, key sessions.Key)
+}
+
+// changed reports a change of key's answers to onChange.
+func (b *grantBook) changed(ctx context.Context, key sessions.Key) {
+	if b.onChange != nil {
+		b.onChange(ctx, key)
+	}
 }
 
 // session returns key's entry, made on first use. The caller holds b.mu.
@@ -240,6 +251,7 @@ func (e *callEnv) AskGrant(ctx context.Context, r sandbox.GrantRequest) error {
 	if over {
 		return refuse("cap", fmt.Sprintf("%s is not granted to this plugin, and this session was asked the most grant questions it may be (%d)", what, h.maxGrantQuestions()))
 	}
+	b.changed(ctx, key)
 	h.auditGrant(e, r, "asked", "")
 	params, schema := grantQuestion(p.Name(), p.SHA256(), r, e.grantReason(), subject != "")
 	q := &question{key: grantInputKey, params: params, schema: schema, answer: make(chan *abi.ElicitResult, 1)}
@@ -264,6 +276,9 @@ func (e *callEnv) AskGrant(ctx context.Context, r sandbox.GrantRequest) error {
 		if decision == choiceAlways {
 			e.keepAnswer(fk, true)
 		}
+		if decision == choiceSession {
+			b.changed(ctx, key)
+		}
 		h.auditGrant(e, r, "given", how)
 		return nil
 	case a.Action == abi.ActionDecline || a.Action == abi.ActionAccept && decision == choiceDeny:
@@ -275,6 +290,7 @@ func (e *callEnv) AskGrant(ctx context.Context, r sandbox.GrantRequest) error {
 		if subject != "" {
 			e.keepAnswer(fk, false)
 		}
+		b.changed(ctx, key)
 		h.auditGrant(e, r, "refused", "denied")
 		return fmt.Errorf("%s was denied by the person using the client", what)
 	default: // cancel, or an answer that is none of the choices
@@ -472,4 +488,61 @@ func (h *Host) auditGrant(e *callEnv, r sandbox.GrantRequest, event, how string)
 		Time: time.Now().UTC(), Session: e.sess, Plugin: p.Name(), SHA256: p.SHA256(), Tool: tool,
 		Grant: grantEvent{Kind: r.Kind, Target: r.Target, Mode: r.Mode, Event: event, How: how},
 	})
+}
+
+// grantRecord is a session's answers as its durable record keeps them
+// (the "grants" field): so that a replica taking the session over asks
+// neither again nor more than the cap allows.
+type grantRecord struct {
+	Asked   int                 `json:"asked"`
+	Answers []grantRecordAnswer `json:"answers,omitempty"`
+}
+
+type grantRecordAnswer struct {
+	Plugin  string            `json:"plugin"`
+	SHA256  string            `json:"sha256"`
+	Kind    sandbox.GrantKind `json:"kind"`
+	Target  string            `json:"target"`
+	Allowed bool              `json:"allowed"`
+}
+
+// export returns key's answers and question count as its durable record
+// keeps them, nil when the session has none. For the durable layer: it
+// writes them as the session record's "grants" field when they change
+// (see onChange).
+func (b *grantBook) export(key sessions.Key) []byte {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	s := b.sessions[key]
+	if s == nil {
+		return nil
+	}
+	rec := grantRecord{Asked: s.Asked}
+	for k, allowed := range s.answers {
+		rec.Answers = append(rec.Answers, grantRecordAnswer{Plugin: k.plugin, SHA256: k.sha256, Kind: k.kind, Target: k.target, Allowed: allowed})
+	}
+	slices.SortFunc(rec.Answers, func(a, b grantRecordAnswer) int {
+		return strings.Compare(a.Plugin+"\x00"+a.SHA256+"\x00"+string(a.Kind)+"\x00"+a.Target, b.Plugin+"\x00"+b.SHA256+"\x00"+string(b.Kind)+"\x00"+b.Target)
+	})
+	out, _ := json.Marshal(rec)
+	return out
+}
+
+// restore gives key the answers of its durable record (export's bytes),
+// replacing what this replica held: the record is the session's latest
+// word. For the durable layer, when it adopts a session.
+func (b *grantBook) restore(key sessions.Key, data []byte) error {
+	var rec grantRecord
+	if err := json.Unmarshal(data, &rec); err != nil {
+		return fmt.Errorf("grants record: %w", err)
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	s := b.session(key)
+	s.Asked = max(s.Asked, rec.Asked)
+	clear(s.answers)
+	for _, a := range rec.Answers {
+		s.answers[grantKey{plugin: a.Plugin, sha256: a.SHA256, kind: a.Kind, target: a.Target}] = a.Allowed
+	}
+	return nil
 }
