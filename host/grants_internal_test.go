@@ -2,6 +2,7 @@ package host
 
 import (
 	"context"
+	"strings"
 	"testing"
 
 	"github.com/wasmtools/wasmtools/internal/sessions"
@@ -38,5 +39,26 @@ func TestGrantRecordRoundTrip(t *testing.T) {
 	}
 	if err := to.restore(key, []byte("{")); err == nil {
 		t.Error("restored a garbled record")
+	}
+}
+
+// TestCleanReason: a plugin's reason keeps printable characters only, so
+// it cannot add lines, reorder the question's text or hide characters.
+func TestCleanReason(t *testing.T) {
+	for in, want := range map[string]string{
+		"to fetch the forecast":                    "to fetch the forecast",
+		"a\nb\tc\r\nd":                             "a b c  d",
+		"\x1b[2Jcleared":                           "[2Jcleared",
+		"evil\u202egnp.exe":                        "evilgnp.exe", // right-to-left override
+		"zero\u200bwidth\ufeff":                    "zerowidth",
+		"  padded  ":                               "padded",
+		"quote \" stays, shown quoted by the host": "quote \" stays, shown quoted by the host",
+	} {
+		if got := cleanReason(in); got != want {
+			t.Errorf("cleanReason(%q) = %q, want %q", in, got, want)
+		}
+	}
+	if got := cleanReason(strings.Repeat("ab", 500)); len([]rune(got)) != 200 {
+		t.Errorf("a long reason kept %d characters, want 200", len([]rune(got)))
 	}
 }

@@ -66,6 +66,7 @@ func TestNetworkAsk(t *testing.T) {
 		{"refused by the asker", []string{self}, nil, true, srv.URL, "request to " + self + " refused: the person said no",
 			[]sandbox.GrantRequest{{Kind: sandbox.GrantNetwork, Target: self}}},
 		{"outside the ceiling: nobody asked", []string{"example.com"}, []string{self}, true, srv.URL, `needs "` + self + `" in allowed_hosts`, nil},
+		{"a name with a right-to-left override: nobody asked", []string{"*.example.org"}, nil, true, "http://a\u202eb.example.org/", `host "a\u202eb.example.org" has characters other than ASCII letters`, nil},
 		{"no asker", []string{self}, nil, false, srv.URL, "request to " + self + " refused: no one can be asked for " + self, nil},
 		{"redirect asked as such", []string{self, otherHost}, []string{self}, true, srv.URL + "/redirect", "redirect to " + otherHost + " refused: the person said no",
 			[]sandbox.GrantRequest{{Kind: sandbox.GrantNetwork, Target: self}, {Kind: sandbox.GrantNetwork, Target: otherHost, Redirect: true}}},

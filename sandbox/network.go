@@ -224,6 +224,12 @@ func (n *Network) checkURL(ctx context.Context, u *url.URL, redirect bool) error
 	}
 	if ctx != nil && matchGrants(n.Ask, host, port, u.Scheme) {
 		target := net.JoinHostPort(host, port)
+		if !plainHost(host) {
+			// A person reads the target: no look-alike or reordering
+			// characters reach the question.
+			return &NetworkError{Target: target, Redirect: redirect, Err: ErrHostNotGranted,
+				Answer: fmt.Sprintf("host %q has characters other than ASCII letters, digits, '-' and '.', so no one is asked for it (write an international name in its xn-- form)", host)}
+		}
 		err := askGrant(ctx, GrantRequest{Kind: GrantNetwork, Target: target, Redirect: redirect})
 		if err == nil {
 			return nil
@@ -238,6 +244,20 @@ func (n *Network) checkURL(ctx context.Context, u *url.URL, redirect bool) error
 		}
 	}
 	return &NetworkError{Target: net.JoinHostPort(host, port), Missing: missing, Redirect: redirect, Err: ErrHostNotGranted, granted: n.AllowedHosts}
+}
+
+// plainHost reports whether host (lower case, no brackets) is an IP
+// address or a name of ASCII letters, digits, '-' and '.' only.
+func plainHost(host string) bool {
+	if _, err := netip.ParseAddr(host); err == nil {
+		return true
+	}
+	for _, c := range host {
+		if !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '-' || c == '.') {
+			return false
+		}
+	}
+	return host != ""
 }
 
 var (
