@@ -151,6 +151,10 @@ func TestGrantsStatus(t *testing.T) {
 	if len(st.Grants) != 1 || st.Grants[0].Session != cs.ID() || st.Grants[0].Asked != 1 || st.Grants[0].Given != 1 || st.Grants[0].Refused != 0 {
 		t.Errorf("status grants = %+v, want one session (%s) asked 1, given 1", st.Grants, cs.ID())
 	}
+	var out, errb bytes.Buffer
+	if code := run(context.Background(), []string{"status", "--url", url}, nil, nil, &out, &errb); code != 0 || !strings.Contains(out.String(), "run-time grants:\n  SESSION") || !strings.Contains(out.String(), "  "+cs.ID()+"  1      1      0") {
+		t.Errorf("wasmtools status: exit %d\n%s%s", code, out.String(), errb.String())
+	}
 }
 
 // TestCallGrant: `wasmtools call` approves with --answer, and without
