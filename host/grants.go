@@ -181,12 +181,10 @@ func (e *callEnv) AskGrant(ctx context.Context, r sandbox.GrantRequest) error {
 	b.mu.Lock()
 	s := b.session(key)
 	allowed, known := s.answers[gk]
-	if r.Kind == sandbox.GrantFile && r.Mode == sandbox.ModeRead && !allowed {
-		rw := gk
-		rw.target = r.Target + " " + sandbox.ModeReadWrite
-		if s.answers[rw] { // read-write for the session covers reading
-			allowed, known = true, true
-		}
+	if other, ok := s.answers[otherMode(gk, r)]; !known && ok && other == (r.Mode == sandbox.ModeRead) {
+		// Reading and changing allowed covers reading; reading denied
+		// denies changing.
+		allowed, known = other, true
 	}
 	if known {
 		if allowed {
@@ -208,6 +206,13 @@ func (e *callEnv) AskGrant(ctx context.Context, r sandbox.GrantRequest) error {
 	fk := grantstore.Key{Subject: subject, Plugin: gk.plugin, SHA256: gk.sha256, Kind: string(gk.kind), Target: gk.target}
 	if subject != "" {
 		allowed, known, err := h.opts.GrantFile.Lookup(fk)
+		if !known && err == nil && r.Kind == sandbox.GrantFile {
+			ok := fk
+			ok.Target = otherMode(gk, r).target
+			if other, otherKnown, oerr := h.opts.GrantFile.Lookup(ok); otherKnown && other == (r.Mode == sandbox.ModeRead) {
+				allowed, known, err = other, true, oerr
+			}
+		}
 		if err != nil {
 			h.log.Error("grant file", "error", err) // then asked as though it had nothing
 		}
@@ -320,6 +325,20 @@ func (e *callEnv) keepAnswer(k grantstore.Key, allowed bool) {
 	if err := e.h.opts.GrantFile.Set(grantstore.Entry{Key: k, Allowed: allowed, Time: time.Now().UTC()}); err != nil {
 		e.h.log.Error("grant file: answer not kept", "subject", k.Subject, "plugin", k.Plugin, "target", k.Target, "error", err)
 	}
+}
+
+// otherMode is the key of the folder grant in the other mode (read for
+// read-write, and the reverse); for other kinds, gk itself.
+func otherMode(gk grantKey, r sandbox.GrantRequest) grantKey {
+	if r.Kind != sandbox.GrantFile {
+		return gk
+	}
+	mode := sandbox.ModeReadWrite
+	if r.Mode == sandbox.ModeReadWrite {
+		mode = sandbox.ModeRead
+	}
+	gk.target = r.Target + " " + mode
+	return gk
 }
 
 // cannotAsk says why the call's client cannot be asked a grant question,

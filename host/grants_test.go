@@ -309,6 +309,22 @@ It gives no reason.
 Allow it once, for this session, or deny it?`,
 		}
 		checkQuestions(t, proto, a.asked, want)
+
+		// Changing allowed covers reading; reading denied denies changing.
+		both := &grantAnswerer{decisions: []string{"allow for this session"}}
+		cs = f.connect(t, proto, &mcp.ClientOptions{ElicitationHandler: both.handler})
+		if got := text(call(t, cs, "write", map[string]any{"path": "/out/d.txt", "text": "x"})); got != "written" {
+			t.Errorf("%s: write: %q", proto, got)
+		}
+		if got := text(call(t, cs, "list", map[string]any{"path": "/out"})); !strings.Contains(got, "d.txt") || both.count() != 1 {
+			t.Errorf("%s: list after read-write for the session: %q after %d questions, want listed unasked", proto, got, both.count())
+		}
+		none := &grantAnswerer{decisions: []string{"deny"}}
+		cs = f.connect(t, proto, &mcp.ClientOptions{ElicitationHandler: none.handler})
+		call(t, cs, "list", map[string]any{"path": "/out"})
+		if got := text(call(t, cs, "write", map[string]any{"path": "/out/e.txt", "text": "x"})); got != "error: open /out/e.txt: Permission denied" || none.count() != 1 {
+			t.Errorf("%s: write after reading was denied: %q after %d questions, want refused unasked", proto, got, none.count())
+		}
 	}
 	if _, err := os.Stat(filepath.Join(rw, "c.txt")); err == nil {
 		t.Error("a denied write made its file")
