@@ -42,8 +42,8 @@ hosts = [%q]
 	return dir, cfgPath, srv
 }
 
-// grantClient answers grant questions with decisions in turn ("" declines),
-// counting them.
+// grantClient answers grant questions with decisions in turn ("" declines,
+// "cancel" cancels), counting them.
 type grantClient struct {
 	mu        sync.Mutex
 	decisions []string
@@ -59,8 +59,11 @@ func (g *grantClient) handler(_ context.Context, req *mcp.ElicitRequest) (*mcp.E
 	}
 	d := g.decisions[0]
 	g.decisions = g.decisions[1:]
-	if d == "" {
+	switch d {
+	case "":
 		return &mcp.ElicitResult{Action: "decline"}, nil
+	case "cancel":
+		return &mcp.ElicitResult{Action: "cancel"}, nil
 	}
 	return &mcp.ElicitResult{Action: "accept", Content: map[string]any{"decision": d}}, nil
 }
@@ -81,22 +84,26 @@ func fetchText(t *testing.T, cs *mcp.ClientSession, args map[string]any) string 
 }
 
 // TestGrantsStdio: the real binary over stdio, in both protocol eras,
-// its client answering the question: allowed for the session (asked
-// once), and declined (remembered).
+// its client answering the question: allow once (asked again), allow for
+// the session (asked once), decline (remembered), cancel (not
+// remembered).
 func TestGrantsStdio(t *testing.T) {
 	dir, cfgPath, srv := grantSetup(t)
 	target := strings.TrimPrefix(srv.URL, "http://")
 	for _, proto := range []string{"2025-11-25", ""} {
 		for _, tt := range []struct {
-			name     string
-			decision string
-			want     []string
+			name      string
+			decisions []string
+			want      []string
+			asked     int
 		}{
-			{"session", "allow for this session", []string{"200 hello", "200 hello"}},
-			{"decline", "", []string{"host " + target + " was denied by the person", "host " + target + " was denied earlier in this session"}},
+			{"once", []string{"allow once", "deny"}, []string{"200 hello", "host " + target + " was denied by the person"}, 2},
+			{"session", []string{"allow for this session"}, []string{"200 hello", "200 hello"}, 1},
+			{"decline", []string{""}, []string{"host " + target + " was denied by the person", "host " + target + " was denied earlier in this session"}, 1},
+			{"cancel", []string{"cancel", "allow once"}, []string{"host " + target + " is not granted to this plugin: the person dismissed the question", "200 hello"}, 2},
 		} {
 			t.Run(fmt.Sprintf("protocol=%s/%s", proto, tt.name), func(t *testing.T) {
-				g := &grantClient{decisions: []string{tt.decision}}
+				g := &grantClient{decisions: tt.decisions}
 				var stderr lockedBuffer
 				cmd := exec.Command(os.Args[0], "serve", "--cache-dir", testplugins.CacheDir(), "--load-wait", testLoadWait, "--config", cfgPath, dir)
 				cmd.Env = append(os.Environ(), "WASMTOOLS_TEST_MAIN=1")
@@ -115,8 +122,8 @@ func TestGrantsStdio(t *testing.T) {
 						t.Errorf("call %d: %q, want it to hold %q", i+1, got, want)
 					}
 				}
-				if len(g.asked) != 1 {
-					t.Errorf("asked %d questions, want 1", len(g.asked))
+				if len(g.asked) != tt.asked {
+					t.Errorf("asked %d questions, want %d", len(g.asked), tt.asked)
 				}
 			})
 		}
