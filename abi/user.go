@@ -57,7 +57,23 @@ const (
 	// client's connection during a long call (SEP-1699 polling); see
 	// docs/ABI.md.
 	FuncCloseStream = "close_stream"
+	// FuncGrantReason (offset i64): a GrantReason. Says why the plugin
+	// needs the grants it asks for next in this call (run-time grants,
+	// see docs/ABI.md): the host shows it, quoted as the plugin's words,
+	// in the question it writes. wasmtools' own; optional.
+	FuncGrantReason = "grant_reason"
 )
+
+// GrantReason is the input of [FuncGrantReason]. The host keeps at most
+// [MaxGrantReason] characters of Reason, control characters removed; ""
+// clears it.
+type GrantReason struct {
+	Reason string `json:"reason"`
+}
+
+// MaxGrantReason bounds the reason a plugin gives for a grant, in
+// characters.
+const MaxGrantReason = 200
 
 // CloseStreamParams is the input of [FuncCloseStream]: the delay, in
 // milliseconds, after which the client should reconnect (1 to 60 000; 0
@@ -222,6 +238,7 @@ func UserFuncs() []UserFunc {
 		{FuncNotifyURLElicitationCompleted, true, false},
 		{FuncRequestInputs, true, true},
 		{FuncCloseStream, true, false},
+		{FuncGrantReason, true, false},
 	}
 }
 

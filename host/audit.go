@@ -32,11 +32,16 @@ func (h *Host) audit(e *callEnv, res *mcp.CallToolResult, start time.Time) {
 	e.mu.Lock()
 	records := append([]abi.Record{}, e.records...)
 	e.mu.Unlock()
-	line, err := json.Marshal(auditEntry{
+	h.writeRecordLog(auditEntry{
 		Time: start.UTC(), Session: e.sess, Plugin: p.Name(), SHA256: p.SHA256(), Tool: e.tool.Name,
 		DurationMS: float64(time.Since(start).Microseconds()) / 1000,
 		IsError:    res == nil || res.IsError, Refused: res == nil, Records: records,
 	})
+}
+
+// writeRecordLog appends entry to the record log as one JSON line.
+func (h *Host) writeRecordLog(entry any) {
+	line, err := json.Marshal(entry)
 	if err != nil {
 		h.log.Error("record log", "error", err)
 		return

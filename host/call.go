@@ -85,14 +85,15 @@ func (h *Host) call(ctx context.Context, t *plugins.Tool, req *mcp.CallToolReque
 		Context: h.callContext(req.Session, key, m),
 	}
 	start := time.Now()
-	if !asks(t.Plugin()) {
+	if !asks(t.Plugin()) && !t.Plugin().Asks() {
 		res, err := h.callTool(ctx, key, c, env)
 		env.finish(res)
 		h.audit(env, res, start)
 		return res, err
 	}
-	// A guest that may ask questions runs on its own goroutine, so that
-	// the call can be parked between a 2026-07-28 client's requests.
+	// A guest that may ask questions (its own, or for grants inside its
+	// ceiling) runs on its own goroutine, so that the call can be parked
+	// between a 2026-07-28 client's requests.
 	env.questions = make(chan *question)
 	return h.serveRounds(ctx, req, h.startRun(ctx, key, c, env))
 }
@@ -140,7 +141,11 @@ func (h *Host) callTool(ctx context.Context, key sessions.Key, c plugins.Call, e
 		return nil, fmt.Errorf("tool %q: %w", t.Name, err)
 	default:
 		env.attach(l)
-		gctx, gspan := telemetry.Start(telemetry.Under(l.Context(), ctx), "wasmtools.guest "+t.Name, attribute.String("wasmtools.plugin", t.Plugin().Name()), attribute.String("wasmtools.plugin.sha256", t.Plugin().SHA256()))
+		cctx := telemetry.Under(l.Context(), ctx)
+		if env != nil && t.Plugin().Asks() {
+			cctx = sandbox.WithAsker(cctx, env) // grants inside the ceiling are asked for
+		}
+		gctx, gspan := telemetry.Start(cctx, "wasmtools.guest "+t.Name, attribute.String("wasmtools.plugin", t.Plugin().Name()), attribute.String("wasmtools.plugin.sha256", t.Plugin().SHA256()))
 		out, err = l.Instance().CallTool(gctx, c)
 		telemetry.End(gspan, err)
 		if err == nil {

@@ -23,6 +23,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/wasmtools/wasmtools/internal/grantstore"
 	"github.com/wasmtools/wasmtools/internal/sessions"
 	"github.com/wasmtools/wasmtools/internal/statestore"
 	"github.com/wasmtools/wasmtools/plugins"
@@ -126,7 +127,10 @@ type Options struct {
 	AllowedOrigins []string
 	// RecordLog, if set, receives one JSON line per tool call: time,
 	// session, plugin name and sha256, tool, duration, isError and the
-	// records the call wrote, one Write per line. It is written under a
+	// records the call wrote, one Write per line; and one line per
+	// run-time grant asked for, given or refused ({"time", "session",
+	// "plugin", "sha256", "tool", "grant": {"kind", "target", "mode"?,
+	// "event", "how"}}). It is written under a
 	// lock; the caller opens it (append-only), bounds its size (wasmtools
 	// serve rotates it, see --record-log-max) and closes it after the
 	// host.
@@ -157,6 +161,16 @@ type Options struct {
 	// of a call. A further question is answered "cancel" at once, with an
 	// error the guest sees.
 	MaxQuestions int
+	// MaxGrantQuestions bounds the run-time grant questions one session
+	// may be asked, across its plugins; 0 means DefaultMaxGrantQuestions.
+	MaxGrantQuestions int
+	// GrantFile, if set, keeps answers per subject across sessions and
+	// restarts: the person is offered "always allow" besides the other
+	// choices, and "deny" is kept there too, until revoked (`wasmtools
+	// grants revoke`). A subject is the request's authenticated subject,
+	// or "local" for a stdio (or in-memory) session; an HTTP session with
+	// no subject is offered nothing that outlives it.
+	GrantFile *grantstore.File
 	// MaxTasksPerClient bounds the tasks (the Tasks extension, SEP-2663)
 	// one client holds, running or finished, and MaxTasks those of all
 	// clients; 0 means [DefaultMaxTasksPerClient] and [DefaultMaxTasks].
@@ -234,6 +248,7 @@ type Host struct {
 	adoptMu sync.RWMutex
 	adoptID string // guarded by adoptMu
 	boot    string // random at each start: names this process (replicas.go)
+	grants  grantBook
 }
 
 // New returns a host serving the catalogue of src, and following its

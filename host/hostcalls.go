@@ -160,6 +160,8 @@ type callEnv struct {
 
 	sampled int // create_message requests made
 
+	reason string // why the guest says it needs its next grants (grant_reason)
+
 	lease *sessions.Lease // while the guest runs
 }
 
@@ -328,7 +330,9 @@ func (e *callEnv) hostFunc(ctx context.Context, name string, input []byte) ([]by
 	case abi.FuncListRoots:
 		return json.Marshal(e.listRoots(ctx))
 	case abi.FuncGetKeyringSecret:
-		return e.keyringSecret(input)
+		return e.keyringSecret(ctx, input)
+	case abi.FuncGrantReason:
+		return nil, e.setGrantReason(input)
 	case abi.FuncGetAccessToken:
 		return json.Marshal(e.accessToken(ctx, input))
 	case abi.FuncNotifyURLElicitationCompleted:

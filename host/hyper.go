@@ -15,6 +15,7 @@ import (
 	"golang.org/x/oauth2/clientcredentials"
 
 	"github.com/wasmtools/wasmtools/abi"
+	"github.com/wasmtools/wasmtools/sandbox"
 )
 
 // The host functions hyper-mcp's plugins import beyond progress, logging,
@@ -73,7 +74,10 @@ func rootsOf(r *mcp.ListRootsResult) *mcp.ListRootsResult {
 // refuses anything else with an error naming the grant (the call fails,
 // where hyper-mcp would answer empty bytes that a plugin cannot tell from
 // an empty secret).
-func (e *callEnv) keyringSecret(input []byte) ([]byte, error) {
+//
+// A secret in the plugin's ceiling ([plugins.NAME.ask.secrets]) is served
+// once the person using the client approves it (see AskGrant).
+func (e *callEnv) keyringSecret(ctx context.Context, input []byte) ([]byte, error) {
 	var k abi.KeyringEntry
 	if err := json.Unmarshal(input, &k); err != nil || k.Service == "" || k.User == "" {
 		return nil, errors.New(`input must be {"service": "...", "user": "..."}`)
@@ -81,6 +85,13 @@ func (e *callEnv) keyringSecret(input []byte) ([]byte, error) {
 	p := e.plugin
 	v, ok := p.Secret(k.Service, k.User)
 	if !ok {
+		if v, ok = p.AskSecret(k.Service, k.User); ok {
+			if err := e.AskGrant(ctx, sandbox.GrantRequest{Kind: grantSecret, Target: k.Service + "/" + k.User}); err != nil {
+				return nil, err
+			}
+			e.h.log.Info("keyring secret served", "plugin", p.Name(), "secret", k.Service+"/"+k.User, "approved", true)
+			return []byte(v), nil
+		}
 		name := cutString(k.Service+"/"+k.User, 256) // the guest's string, in an error and the log
 		return nil, fmt.Errorf("secret %q is not granted to plugin %q: the operator grants it with %q = ... in [plugins.%s.secrets]", name, p.Name(), name, p.Name())
 	}

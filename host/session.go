@@ -80,6 +80,7 @@ func (h *Host) connKey(ss *mcp.ServerSession) sessions.Key {
 			defer h.wg.Done()
 			_ = ss.Wait()
 			h.ses.End(context.Background(), key)
+			h.grants.end(key)
 			h.conns.Delete(ss)
 			if h.dur != nil && !h.drain.draining.Load() && !h.isClosed() {
 				// The client ended it (DELETE) or it timed out: its

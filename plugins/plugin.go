@@ -63,6 +63,10 @@ type Options struct {
 	// AccessTokens are OAuth access tokens the operator gives the plugin
 	// (hyper-mcp's get_access_token), keyed by OAuth client_id.
 	AccessTokens map[string]string
+	// AskSecrets are keyring secrets, keyed as Secrets, that the plugin
+	// may be given at run time once the client's user agrees (the host
+	// asks); see [Plugin.AskSecret].
+	AskSecrets map[string]string
 }
 
 // ManifestSection is the name of the custom section in which a plugin
@@ -148,6 +152,8 @@ type Plugin struct {
 	stateless bool
 	// Grants served by host functions (see Options).
 	secrets, accessTokens map[string]string
+	askSecrets            map[string]string
+	asks                  bool // see Asks
 	prefix                string
 	filter                ToolFilter
 	closed                atomic.Bool
@@ -258,6 +264,8 @@ func Load(ctx context.Context, rt *sandbox.Runtime, path string, wasm []byte, op
 	p.stateless = opts.Stateless || compiled.CustomSection(StatelessSection) != nil
 	p.filter = opts.Tools
 	p.secrets, p.accessTokens = maps.Clone(opts.Secrets), maps.Clone(opts.AccessTokens)
+	p.askSecrets = maps.Clone(opts.AskSecrets)
+	p.asks = len(p.askSecrets) > 0 || len(policy.Network().Ask) > 0 || len(policy.AskMounts()) > 0
 	if err := p.describe(ctx, opts.Prefix, policy.LoadTimeout()); err != nil {
 		err = fmt.Errorf("plugin %q (%s): %w", name, path, err)
 		if cerr := compiled.Close(ctx); cerr != nil {
@@ -742,7 +750,8 @@ func (p *Plugin) SameCode(q *Plugin) bool { return p.compiled == q.compiled }
 // same code, so that instances of p serve it. p is not changed. The list
 // limits and the policy's load timeout apply, as in [Load].
 func (p *Plugin) Relist(ctx context.Context, inst *Instance) (*Plugin, error) {
-	q := &Plugin{name: p.name, path: p.path, sha256: p.sha256, size: p.size, compiled: p.compiled, hasExport: map[string]bool{}, stateless: p.stateless, filter: p.filter}
+	q := &Plugin{name: p.name, path: p.path, sha256: p.sha256, size: p.size, compiled: p.compiled, hasExport: map[string]bool{}, stateless: p.stateless, filter: p.filter,
+		secrets: p.secrets, accessTokens: p.accessTokens, askSecrets: p.askSecrets, asks: p.asks}
 	if d := p.compiled.Policy().LoadTimeout(); d > 0 {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, d)
@@ -823,6 +832,22 @@ func (p *Plugin) Secret(service, user string) (string, bool) {
 	v, ok := p.secrets[service+"/"+user]
 	return v, ok
 }
+
+// AskSecret returns the keyring secret for service and user that the
+// plugin may be given once the client's user agrees, if the operator's
+// ceiling has it.
+func (p *Plugin) AskSecret(service, user string) (string, bool) {
+	if strings.Contains(service, "/") {
+		return "", false
+	}
+	v, ok := p.askSecrets[service+"/"+user]
+	return v, ok
+}
+
+// Asks reports whether the operator's ceiling lets the plugin ask for
+// grants at run time (network hosts, folders or secrets): such a plugin's calls run
+// as calls that may ask questions do.
+func (p *Plugin) Asks() bool { return p.asks }
 
 // AccessToken returns the access token the operator gave the plugin for
 // the OAuth client clientID, if any.

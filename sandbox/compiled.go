@@ -29,6 +29,7 @@ type Compiled struct {
 
 	fsConfig wazero.FSConfig // the mounts; nil for none
 	roots    []*os.Root      // the mounted folders, closed with the module
+	asks     []askRoot       // the ask mounts (askfiles.go); their roots are in roots
 	net      netClient       // the instances' HTTP connections, closed with the module
 
 	// sha256 is the digest of the module's bytes as given to Compile,
@@ -69,6 +70,12 @@ func newCompiled(rt wazero.Runtime, mod wazero.CompiledModule, p Policy) (*Compi
 	if c.fsConfig, c.roots, err = p.fsConfig(); err != nil {
 		return nil, err
 	}
+	asks, roots, err := p.openAskMounts()
+	if err != nil {
+		closeRoots(c.roots)
+		return nil, err
+	}
+	c.asks, c.roots = asks, append(c.roots, roots...)
 	for _, d := range mod.ExportedFunctions() {
 		c.exports = append(c.exports, Func{Name: d.ExportNames()[0], Signature: signature(d)})
 	}

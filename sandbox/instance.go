@@ -31,9 +31,13 @@ type Instance struct {
 	err      error     // why the instance is closed, nil while usable
 	host     HostFunc  // the current call's, nil between calls
 	deadline *deadline // the current call's
-	log      *slog.Logger
-	stdout   lineLogger
-	stderr   lineLogger
+	// callCtx is the current call's context, nil between calls; the
+	// file grants of ask mounts the call was given are in fileGrants.
+	callCtx    context.Context
+	fileGrants []fileGrant
+	log        *slog.Logger
+	stdout     lineLogger
+	stderr     lineLogger
 
 	logTokens  float64 // the guest log rate limit, see allowLog
 	logLast    time.Time
@@ -123,8 +127,8 @@ func (c *Compiled) instantiate(ctx context.Context, initialise bool, img *image)
 	for k, v := range c.policy.env {
 		cfg = cfg.WithEnv(k, v)
 	}
-	if c.fsConfig != nil {
-		cfg = cfg.WithFSConfig(c.fsConfig)
+	if fc := c.instanceFS(inst); fc != nil {
+		cfg = cfg.WithFSConfig(fc)
 	}
 	ctx, cancel := context.WithTimeout(ctx, c.policy.callTimeout)
 	defer cancel()
@@ -222,11 +226,13 @@ func (i *Instance) Call(ctx context.Context, export string, input []byte, host H
 	i.host = host
 	defer func() {
 		i.deadline.stop()
-		i.host, i.deadline = nil, nil
+		i.host, i.deadline, i.callCtx = nil, nil, nil
+		clear(i.fileGrants)
 		i.kernel.shrink()
 		i.reportDropped()
 	}()
 	ctx = context.WithValue(ctx, instanceKey{}, i)
+	i.callCtx = ctx
 	i.stack[0] = 0
 	i.mem.enter()
 	err = f.CallWithStack(ctx, i.stack[:])

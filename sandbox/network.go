@@ -35,6 +35,15 @@ type Network struct {
 	// 127.0.0.1:18410. An entry that is not a host or host:port
 	// ([CheckHostGrant]) grants nothing, and fails [Runtime.Compile].
 	AllowedHosts []string
+	// Ask is the ceiling of run-time grants: hosts, with optional ports
+	// and patterns as in AllowedHosts, that a request may go to once the
+	// [Asker] the call's context carries ([WithAsker]) grants it. A
+	// request to a host neither granted nor in Ask is refused without
+	// asking; a redirect hop to a host in Ask is put to the Asker with
+	// [GrantRequest.Redirect] set, which answers only from what it knows.
+	// AllowPrivate applies to what is asked for too. Empty (the default)
+	// asks nothing.
+	Ask []string
 	// AllowPrivate lets requests reach loopback, private (RFC 1918, ULA),
 	// link-local and cloud metadata addresses. Without it they are refused
 	// when the connection is made, whatever the name resolved to, so a
@@ -51,8 +60,17 @@ type Network struct {
 // WithNetwork grants network access through the http_request import.
 func (p Policy) WithNetwork(n Network) Policy {
 	n.AllowedHosts = append([]string(nil), n.AllowedHosts...)
+	n.Ask = append([]string(nil), n.Ask...)
 	p.network = n
 	return p
+}
+
+// Network returns the network grant, its lists copied.
+func (p Policy) Network() Network {
+	n := p.network
+	n.AllowedHosts = append([]string(nil), n.AllowedHosts...)
+	n.Ask = append([]string(nil), n.Ask...)
+	return n
 }
 
 // Allows reports whether requests may go to hostport: a host name or
@@ -166,8 +184,14 @@ func defaultPort(scheme string) string {
 // granted; a grant without a port matches the default port of scheme, or
 // of http or https when scheme is "".
 func (n *Network) allowed(host, port, scheme string) bool {
+	return matchGrants(n.AllowedHosts, host, port, scheme)
+}
+
+// matchGrants reports whether one of grants (AllowedHosts entries) names
+// host and port; see [Network.allowed].
+func matchGrants(grants []string, host, port, scheme string) bool {
 	host = strings.ToLower(strings.TrimSuffix(host, "."))
-	for _, s := range n.AllowedHosts {
+	for _, s := range grants {
 		g, err := parseGrant(s)
 		if err != nil {
 			continue
@@ -192,14 +216,29 @@ func (n *Network) allowed(host, port, scheme string) bool {
 }
 
 // checkURL returns the *NetworkError refusing u, or nil if u's host and
-// port are granted.
-func (n *Network) checkURL(u *url.URL, redirect bool) error {
+// port are granted, or are in the ceiling (Ask) and the Asker in ctx
+// grants them.
+func (n *Network) checkURL(ctx context.Context, u *url.URL, redirect bool) error {
 	host, port := strings.ToLower(strings.TrimSuffix(u.Hostname(), ".")), u.Port()
 	if port == "" {
 		port = defaultPort(u.Scheme)
 	}
 	if n.allowed(host, port, u.Scheme) {
 		return nil
+	}
+	if ctx != nil && matchGrants(n.Ask, host, port, u.Scheme) {
+		target := net.JoinHostPort(host, port)
+		if !plainHost(host) {
+			// A person reads the target: no look-alike or reordering
+			// characters reach the question.
+			return &NetworkError{Target: target, Redirect: redirect, Err: ErrHostNotGranted,
+				Answer: fmt.Sprintf("host %q has characters other than ASCII letters, digits, '-' and '.', so no one is asked for it (write an international name in its xn-- form)", host)}
+		}
+		err := askGrant(ctx, GrantRequest{Kind: GrantNetwork, Target: target, Redirect: redirect})
+		if err == nil {
+			return nil
+		}
+		return &NetworkError{Target: target, Redirect: redirect, Err: ErrHostNotGranted, Answer: err.Error()}
 	}
 	missing := net.JoinHostPort(host, port)
 	if port == defaultPort(u.Scheme) {
@@ -209,6 +248,20 @@ func (n *Network) checkURL(u *url.URL, redirect bool) error {
 		}
 	}
 	return &NetworkError{Target: net.JoinHostPort(host, port), Missing: missing, Redirect: redirect, Err: ErrHostNotGranted, granted: n.AllowedHosts}
+}
+
+// plainHost reports whether host (lower case, no brackets) is an IP
+// address or a name of ASCII letters, digits, '-' and '.' only.
+func plainHost(host string) bool {
+	if _, err := netip.ParseAddr(host); err == nil {
+		return true
+	}
+	for _, c := range host {
+		if !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '-' || c == '.') {
+			return false
+		}
+	}
+	return host != ""
 }
 
 var (
@@ -241,6 +294,9 @@ type NetworkError struct {
 	Redirect bool
 	// Err is ErrHostNotGranted or ErrAddressRefused.
 	Err error
+	// Answer is why the [Asker] refused a host inside the ceiling
+	// ([Network.Ask]); "" when no one was asked.
+	Answer string
 
 	granted []string
 }
@@ -252,6 +308,9 @@ func (e *NetworkError) Error() string {
 	}
 	if errors.Is(e.Err, ErrAddressRefused) {
 		return fmt.Sprintf("%s to %s refused: %s is a loopback, private, link-local or metadata address, which needs allow_private_networks in the grant", what, e.Target, e.Addr)
+	}
+	if e.Answer != "" {
+		return fmt.Sprintf("%s to %s refused: %s", what, e.Target, e.Answer)
 	}
 	if len(e.granted) == 0 {
 		return fmt.Sprintf("network access is not granted to this plugin: the %s to %s needs %q in allowed_hosts", what, e.Target, e.Missing)
@@ -364,7 +423,7 @@ func (n *Network) newClient() (*http.Client, *http.Transport) {
 			if req.URL.Scheme != "http" && req.URL.Scheme != "https" {
 				return fmt.Errorf("redirect to scheme %q", req.URL.Scheme)
 			}
-			return n.checkURL(req.URL, true)
+			return n.checkURL(req.Context(), req.URL, true)
 		},
 	}, tr
 }
@@ -395,7 +454,7 @@ func (i *Instance) doHTTP(ctx context.Context, reqJSON, body []byte) ([]byte, er
 	if req.URL.Scheme != "http" && req.URL.Scheme != "https" {
 		return nil, fmt.Errorf("scheme %q is not allowed: use http or https", req.URL.Scheme)
 	}
-	if err := n.checkURL(req.URL, false); err != nil {
+	if err := n.checkURL(ctx, req.URL, false); err != nil {
 		return nil, err
 	}
 	for k, v := range r.Headers {
@@ -460,7 +519,7 @@ func (c *Compiled) HTTPClient(rawURL string) (*http.Client, error) {
 		return nil, fmt.Errorf("scheme %q is not allowed: use http or https", u.Scheme)
 	}
 	n := &c.policy.network
-	if err := n.checkURL(u, false); err != nil {
+	if err := n.checkURL(nil, u, false); err != nil { // no one is asked for the host's own requests
 		return nil, err
 	}
 	return c.net.get(n)

@@ -63,6 +63,7 @@ type Policy struct {
 	env             map[string]string
 	network         Network
 	mounts          []Mount
+	askMounts       []Mount
 	fakeClock       bool
 	images          Images
 }
@@ -210,11 +211,12 @@ func (p Policy) memoryLimitPages() uint32 {
 // Validate reports every value of p that an instance could not honour,
 // joined: a limit or timeout that is not positive, no logger, an empty
 // config key, an environment variable WASI cannot pass (empty name, "=" in
-// the name, NUL anywhere), an allowed host that is not a host name or
-// pattern (a URL, a port, a malformed "[" class), a negative network
-// limit, and a mount whose host path is not an absolute path to an
-// existing folder or whose guest path is not a clean absolute path or is
-// mounted twice. Mounts are checked against the file system as it is now.
+// the name, NUL anywhere), an allowed or askable host that is not a host
+// name or pattern (a URL, a port, a malformed "[" class), a negative
+// network limit, and a mount or ask mount whose host path is not an
+// absolute path to an existing folder or whose guest path is not a clean
+// absolute path or is mounted twice. Mounts are checked against the file
+// system as it is now.
 func (p Policy) Validate() error {
 	var errs []error
 	bad := func(format string, args ...any) {
@@ -255,6 +257,11 @@ func (p Policy) Validate() error {
 			bad("network: %v", err)
 		}
 	}
+	for _, h := range p.network.Ask {
+		if err := CheckHostGrant(h); err != nil {
+			bad("network: ask: %v", err)
+		}
+	}
 	if p.network.MaxResponse < 0 {
 		bad("network: max response %d: must not be negative (0 means the default)", p.network.MaxResponse)
 	}
@@ -262,7 +269,7 @@ func (p Policy) Validate() error {
 		bad("network: timeout %v: must not be negative (0 means the default)", p.network.Timeout)
 	}
 	guests := map[string]bool{}
-	for _, m := range p.mounts {
+	for _, m := range append(slices.Clone(p.mounts), p.askMounts...) {
 		if !filepath.IsAbs(m.HostPath) {
 			bad("mount %q: the host path must be absolute", m.HostPath)
 		} else if info, err := os.Stat(m.HostPath); err != nil {

@@ -123,7 +123,7 @@ func (c *checker) snapModule() *snapModule {
 // opens in a mounted folder stay open across calls as WASI descriptors,
 // which live in wazero, outside the instance's memory.
 func (s *snapModule) policyRefusal(c *Compiled) {
-	if s.refusal == "" && c.fsConfig != nil && c.ImportsFunc(abi.WASIModule, "path_open") {
+	if s.refusal == "" && (c.fsConfig != nil || len(c.asks) > 0) && c.ImportsFunc(abi.WASIModule, "path_open") {
 		s.refusal = "it may keep files open in its mounted folders, and open files are not captured"
 	}
 }

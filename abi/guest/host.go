@@ -29,6 +29,9 @@ func hostNotifyPromptListChanged()
 //go:wasmimport extism:host/user close_stream
 func hostCloseStream(offset uint64)
 
+//go:wasmimport extism:host/user grant_reason
+func hostGrantReason(offset uint64)
+
 //go:wasmimport extism:host/user write_record
 func hostWriteRecord(offset uint64) uint64
 
@@ -108,6 +111,15 @@ func PromptListChanged() { hostNotifyPromptListChanged() }
 // over HTTP.
 func CloseStream(retryAfterMs int64) {
 	hostCloseStream(storeJSON(abi.CloseStreamParams{RetryAfterMs: retryAfterMs}))
+}
+
+// GrantReason says why the plugin needs what it asks for next in this
+// call (a host, a folder, a secret the operator lets the person approve at
+// run time). The host shows it in its question, quoted as the plugin's
+// words: at most 200 characters, control characters removed. "" clears
+// it.
+func GrantReason(reason string) {
+	hostGrantReason(storeJSON(abi.GrantReason{Reason: reason}))
 }
 
 // WriteRecord leaves a record of a side effect the call had (a file it

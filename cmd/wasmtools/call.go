@@ -19,6 +19,7 @@ import (
 	"golang.org/x/term"
 
 	"github.com/wasmtools/wasmtools/host"
+	"github.com/wasmtools/wasmtools/internal/grantstore"
 	"github.com/wasmtools/wasmtools/plugins"
 )
 
@@ -107,7 +108,13 @@ Flags:
 
 	// The call goes through the host, as from any MCP client, so that it
 	// gets the host functions of `serve`; this command is the client.
-	h := host.New(src, &host.Options{Logger: log})
+	hopts := &host.Options{Logger: log, MaxGrantQuestions: common.config().Grants.MaxQuestions}
+	if path := common.config().Grants.RememberFile; path != "" {
+		if hopts.GrantFile, err = grantstore.Open(path); err != nil {
+			return fail(err)
+		}
+	}
+	h := host.New(src, hopts)
 	defer h.Close(context.Background())
 	st, ct := mcp.NewInMemoryTransports()
 	if _, err := h.Server().Connect(ctx, st, nil); err != nil {
@@ -223,9 +230,19 @@ func (a *terminalAsker) elicit(_ context.Context, r *mcp.ElicitRequest) (*mcp.El
 		a.given = a.given[1:]
 		return parseAnswer(next)
 	}
+	_, grant := p.Meta[host.MetaGrant]
 	if !a.terminal {
+		if grant {
+			// The call goes on, refused the grant; the person is told
+			// how they could approve it.
+			a.err = fmt.Errorf("%s\nstdin is not a terminal, so no one could answer: run it in a terminal, or approve with --answer '{\"decision\":\"allow once\"}' (or \"allow for this session\"; \"deny\" refuses)", p.Message)
+			return &mcp.ElicitResult{Action: "cancel"}, nil
+		}
 		a.err = fmt.Errorf("the tool asked %q, and stdin is not a terminal: answer with --answer JSON", p.Message)
 		return &mcp.ElicitResult{Action: "cancel"}, nil
+	}
+	if grant {
+		return a.grant(p.Message), nil
 	}
 	fmt.Fprintf(a.out, "\nThe tool asks: %s\n", p.Message)
 	if p.Mode == "url" {
@@ -283,6 +300,25 @@ func (a *terminalAsker) elicit(_ context.Context, r *mcp.ElicitRequest) (*mcp.El
 		}
 	}
 	return &mcp.ElicitResult{Action: "accept", Content: content}, nil
+}
+
+// grant asks the person on the terminal for a grant the host's question
+// (message) describes: allow once, for this session, or deny.
+func (a *terminalAsker) grant(message string) *mcp.ElicitResult {
+	fmt.Fprintf(a.out, "\nwasmtools asks you: %s\n", message)
+	choices := []string{"allow once", "allow for this session", "deny"}
+	for {
+		fmt.Fprint(a.out, "[1] allow once, [2] allow for this session, [3] deny, [c]ancel: ")
+		line, err := a.in.ReadString('\n')
+		switch s := strings.ToLower(strings.TrimSpace(line)); {
+		case s == "1" || s == "2" || s == "3":
+			return &mcp.ElicitResult{Action: "accept", Content: map[string]any{"decision": choices[s[0]-'1']}}
+		case slices.Contains(choices, s):
+			return &mcp.ElicitResult{Action: "accept", Content: map[string]any{"decision": s}}
+		case s == "c" || s == "cancel" || err != nil:
+			return &mcp.ElicitResult{Action: "cancel"}
+		}
+	}
 }
 
 // choice reads y, n or c: accept, decline or cancel (end of input).

@@ -38,10 +38,43 @@ type inspection struct {
 	Granted   plugins.Manifest  `json:"granted"`
 	// Missing lists what is requested and not granted.
 	Missing []string `json:"missing,omitempty"`
+	// Ask is the ceiling of run-time grants: what the person using a
+	// client may approve ([plugins.NAME.ask]).
+	Ask *askCeiling `json:"ask,omitempty"`
 	// Snapshot says whether the host can save and restore the plugin's
 	// instances itself (durable sessions, state kept across a
 	// configuration change), and if not, why not.
 	Snapshot *snapshotAbility `json:"snapshot,omitempty"`
+}
+
+// askCeiling is what a plugin may be given at run time: hosts, folders
+// ("GUEST (MODE, from HOST)") and secret names.
+type askCeiling struct {
+	Hosts   []string `json:"hosts,omitempty"`
+	Paths   []string `json:"paths,omitempty"`
+	Secrets []string `json:"secrets,omitempty"`
+}
+
+// ceilingOf returns e's ceiling, nil for none.
+func ceilingOf(e config.Effective) *askCeiling {
+	c := &askCeiling{Hosts: e.Network.Ask, Paths: mountNames(e.AskMounts), Secrets: slices.Sorted(maps.Keys(e.Options.AskSecrets))}
+	if len(c.Hosts)+len(c.Paths)+len(c.Secrets) == 0 {
+		return nil
+	}
+	return c
+}
+
+// mountNames describes mounts as "GUEST (MODE, from HOST)".
+func mountNames(mounts []sandbox.Mount) []string {
+	var out []string
+	for _, m := range mounts {
+		mode := "ro"
+		if !m.ReadOnly {
+			mode = "rw"
+		}
+		out = append(out, m.GuestPath+" ("+mode+", from "+m.HostPath+")")
+	}
+	return out
 }
 
 // snapshotAbility is the snapshot part of an inspection.
@@ -122,6 +155,7 @@ func cmdInspect(ctx context.Context, args []string, lookupEnv func(string) (stri
 				}
 			}
 			in.Granted, in.Missing = granted(common.config().For(pluginName(path)), in.Requested)
+			in.Ask = ceilingOf(common.config().For(pluginName(path)))
 			in.Snapshot = &snapshotAbility{Host: true, Guest: p.HandsOffState()}
 			in.Snapshot.Images, in.Snapshot.NoImages = p.UsesImages()
 			in.Snapshot.PreInitialize = p.HasExport(abi.ExportPreInitialize)
@@ -182,6 +216,9 @@ func printInspection(w io.Writer, in inspection) {
 			fmt.Fprintf(w, "  not granted: %s\n", strings.Join(in.Missing, ", "))
 		}
 	}
+	if a := in.Ask; a != nil {
+		fmt.Fprintf(w, "\nmay ask the person (run-time grants):\n  hosts   %v\n  paths   %v\n  secrets %v\n", a.Hosts, a.Paths, a.Secrets)
+	}
 	if s := in.Snapshot; s != nil {
 		switch {
 		case s.Host:
@@ -217,14 +254,7 @@ func printInspection(w io.Writer, in inspection) {
 // granted lists what a plugin's effective configuration grants, and what
 // of the request it does not.
 func granted(e config.Effective, req *plugins.Manifest) (plugins.Manifest, []string) {
-	g := plugins.Manifest{Hosts: e.Network.AllowedHosts}
-	for _, m := range e.Mounts {
-		mode := "ro"
-		if !m.ReadOnly {
-			mode = "rw"
-		}
-		g.Paths = append(g.Paths, m.GuestPath+" ("+mode+", from "+m.HostPath+")")
-	}
+	g := plugins.Manifest{Hosts: e.Network.AllowedHosts, Paths: mountNames(e.Mounts)}
 	g.Config = slices.Sorted(maps.Keys(e.Options.Policy.Config()))
 	g.Env = slices.Sorted(maps.Keys(e.Options.Policy.Env()))
 	if req == nil {

@@ -40,6 +40,8 @@ Usage:
   wasmtools status [--url URL]        show the plugins a running HTTP server serves
   wasmtools reload [--url URL]        make a running HTTP server resolve its remote
                                       plugins again (a moved tag is swapped in)
+  wasmtools grants list|revoke        list or revoke the grant answers kept per
+                                      subject ([grants] remember_file)
   wasmtools version                   print the version (also --version)
   wasmtools help                      show this help
 
@@ -68,6 +70,8 @@ func run(ctx context.Context, args []string, lookupEnv func(string) (string, boo
 		return cmdStatus(ctx, args[1:], stdout, stderr)
 	case "reload":
 		return cmdReload(ctx, args[1:], lookupEnv, stdout, stderr)
+	case "grants":
+		return cmdGrants(ctx, args[1:], lookupEnv, stdout, stderr)
 	case "version", "--version":
 		fmt.Fprintln(stdout, version())
 		return 0

@@ -29,6 +29,7 @@ import (
 	"github.com/wasmtools/wasmtools/host"
 	"github.com/wasmtools/wasmtools/internal/config"
 	"github.com/wasmtools/wasmtools/internal/telemetry"
+	"github.com/wasmtools/wasmtools/internal/grantstore"
 	"github.com/wasmtools/wasmtools/internal/sources"
 	"github.com/wasmtools/wasmtools/internal/statestore"
 	"github.com/wasmtools/wasmtools/plugins"
@@ -150,6 +151,15 @@ func cmdServe(ctx context.Context, args []string, lookupEnv func(string) (string
 		AllowedOrigins: cfg.HTTP.AllowedOrigins,
 		MaxParked:      *maxParked, MaxParkedPerClient: *maxParkedPerClient,
 		MaxHandles: *maxHandles, QuietHandles: !*handleNote, QuietPlugins: map[string]bool{},
+		MaxGrantQuestions: cfg.Grants.MaxQuestions,
+	}
+	if path := cfg.Grants.RememberFile; path != "" { // read at start: a change needs a restart
+		gf, err := grantstore.Open(path)
+		if err != nil {
+			log.Error("start", "error", err)
+			return 1
+		}
+		opts.GrantFile = gf
 	}
 	for name := range cfg.Plugins {
 		eff := cfg.For(name)
@@ -410,12 +420,15 @@ type pluginStatus struct {
 // statusReport is what /status serves.
 type statusReport struct {
 	Plugins []pluginStatus `json:"plugins"`
+	// Grants are the run-time grant counts of each session that was
+	// asked for or gave one (see [host.Host.GrantStatus]).
+	Grants []host.SessionGrants `json:"grants"`
 }
 
 func statusHandler(h *host.Host, r *plugins.Reloader, rem *remote) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
 		live := h.LiveInstancesByPlugin()
-		rep := statusReport{Plugins: []pluginStatus{}}
+		rep := statusReport{Plugins: []pluginStatus{}, Grants: h.GrantStatus()}
 		linked := map[string]bool{}
 		for _, st := range r.Status() {
 			ps := pluginStatus{Status: st, LiveInstances: live[st.Name]}

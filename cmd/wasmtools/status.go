@@ -18,7 +18,7 @@ func cmdStatus(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	url := fs.String("url", "http://127.0.0.1:8080", "the running `wasmtools serve --http` server")
 	asJSON := fs.Bool("json", false, "print JSON")
 	fs.Usage = func() {
-		fmt.Fprint(stderr, "Usage: wasmtools status [--url URL] [--json]\n\nShows each plugin a running HTTP server serves: version (sha256), state\n(loaded, error with the reason, disabled), tools, live instances and the\ntime of its last reload.\n\nFlags:\n")
+		fmt.Fprint(stderr, "Usage: wasmtools status [--url URL] [--json]\n\nShows each plugin a running HTTP server serves: version (sha256), state\n(loaded, error with the reason, disabled), tools, live instances and the\ntime of its last reload; and each session's run-time grant questions.\n\nFlags:\n")
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {
@@ -53,6 +53,15 @@ func cmdStatus(ctx context.Context, args []string, stdout, stderr io.Writer) int
 		if p.Error != "" {
 			fmt.Fprintf(stdout, "\n%s (%s): %s\n", p.Name, p.Path, p.Error)
 		}
+	}
+	if len(rep.Grants) > 0 {
+		fmt.Fprintln(stdout, "\nrun-time grants:")
+		tw = tabwriter.NewWriter(stdout, 2, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "  SESSION\tASKED\tGIVEN\tREFUSED")
+		for _, g := range rep.Grants {
+			fmt.Fprintf(tw, "  %s\t%d\t%d\t%d\n", g.Session, g.Asked, g.Given, g.Refused)
+		}
+		tw.Flush()
 	}
 	return 0
 }

@@ -46,6 +46,13 @@
 //	secrets = { "github/bot" = "${GITHUB_TOKEN}" }
 //	access_tokens = { "my-client-id" = "${API_TOKEN}" }
 //
+//	[plugins.weather.ask]
+//	hosts = ["api.weather.example:443", "*.tiles.example"]
+//	secrets = { "weather/key" = "${WEATHER_KEY}" }
+//
+//	[grants]
+//	max_questions = 10
+//
 // ${VAR} in any string is replaced by the host environment variable VAR
 // when the file is read; a variable that is not set is an error naming
 // every such variable at once, and a variable set to "" is a value.
@@ -78,6 +85,7 @@ type File struct {
 	Limits   Limits            `toml:"limits"`
 	HTTP     HTTP              `toml:"http"`
 	Sources  Sources           `toml:"sources"`
+	Grants   Grants            `toml:"grants"`
 	Plugins  map[string]Plugin `toml:"plugins"`
 	// Registries are logins, by host[:port], for OCI registries and
 	// HTTPS plugin servers; a registry without one uses the Docker
@@ -166,9 +174,47 @@ type Plugin struct {
 	// to the plugin's get_access_token before any token endpoint is asked.
 	AccessTokens map[string]string `toml:"access_tokens"`
 
+	// Ask is the ceiling of run-time grants: what the plugin may ask the
+	// person using a client for, and get if they agree. Empty asks
+	// nothing.
+	Ask Ask `toml:"ask"`
+
 	// hyperSecrets are the keyring entries ("service/user") a hyper-mcp
 	// configuration grants, whose values must be in Secrets.
 	hyperSecrets map[string]bool
+}
+
+// Ask is what a plugin may ask for at run time (issue 30): the host asks
+// the client's user, through elicitation, and grants it only if they
+// agree. Nothing outside it is ever asked for.
+type Ask struct {
+	// Hosts are network destinations, written as allowed_hosts entries
+	// (host, host:port, patterns with *). allow_private_networks applies
+	// to them too.
+	Hosts []string `toml:"hosts"`
+	// Paths are host folders, each seen by the guest at its guest path,
+	// that the person may let it read ("ro", the default) or read and
+	// change ("rw": the person is asked for reading and, on the first
+	// change, for changing). A grant lasts for the call, or the session.
+	Paths []Path `toml:"paths"`
+	// Secrets are keyring secrets ("service/user" = value) served to
+	// get_keyring_secret once the person agrees. Only in [plugins.NAME]:
+	// a secret is never in every plugin's ceiling.
+	Secrets map[string]string `toml:"secrets"`
+}
+
+// Grants are the host's settings for run-time grants.
+type Grants struct {
+	// MaxQuestions bounds the grant questions one session may be asked,
+	// across its plugins; past it, grants not already given are refused
+	// without asking. 0 means 10.
+	MaxQuestions int `toml:"max_questions"`
+	// RememberFile, if set, keeps answers per subject across sessions and
+	// restarts in this JSON file (made if missing, mode 0600): the person
+	// is offered "always allow" too, and "deny" is kept. `wasmtools
+	// grants list|revoke` reads and changes it. A relative path is
+	// relative to the configuration file.
+	RememberFile string `toml:"remember_file"`
 }
 
 // Module is sandbox.ModuleLimits in the configuration file. A module over
@@ -361,6 +407,7 @@ func (f *File) finish(getenv func(string) (string, bool)) error {
 	f.Defaults.resolve(resolve)
 	f.Sources.PublicKey = resolve(f.Sources.PublicKey)
 	f.Sources.DockerConfig = resolve(f.Sources.DockerConfig)
+	f.Grants.RememberFile = resolve(f.Grants.RememberFile)
 	for host, c := range f.Registries {
 		c.Username, c.Password, c.Token = resolve(c.Username), resolve(c.Password), resolve(c.Token)
 		f.Registries[host] = c
@@ -378,6 +425,12 @@ func (f *File) finish(getenv func(string) (string, bool)) error {
 	errs = append(errs, f.Defaults.check("defaults"))
 	if f.Defaults.Secrets != nil || f.Defaults.AccessTokens != nil {
 		errs = append(errs, errors.New("defaults: secrets and access_tokens are granted per plugin, in [plugins.NAME], never to every plugin"))
+	}
+	if f.Defaults.Ask.Secrets != nil {
+		errs = append(errs, errors.New("defaults.ask.secrets: secrets are put in a ceiling per plugin, in [plugins.NAME.ask], never for every plugin"))
+	}
+	if f.Grants.MaxQuestions < 0 {
+		errs = append(errs, fmt.Errorf("grants.max_questions: %d: must not be negative (0 means 10)", f.Grants.MaxQuestions))
 	}
 	if f.Defaults.Source != "" {
 		errs = append(errs, errors.New("defaults.source: a source names one plugin: set it in [plugins.NAME]"))
@@ -430,8 +483,17 @@ func (p *Plugin) resolve(r func(string) string) {
 	for i, h := range p.AllowedHosts {
 		p.AllowedHosts[i] = r(h)
 	}
+	for i, h := range p.Ask.Hosts {
+		p.Ask.Hosts[i] = r(h)
+	}
+	for k, v := range p.Ask.Secrets {
+		p.Ask.Secrets[k] = r(v)
+	}
 	for i := range p.AllowedPaths {
 		p.AllowedPaths[i].Host = r(p.AllowedPaths[i].Host)
+	}
+	for i := range p.Ask.Paths {
+		p.Ask.Paths[i].Host = r(p.Ask.Paths[i].Host)
 	}
 	p.SHA256 = r(p.SHA256)
 	p.Source = r(p.Source)
@@ -453,14 +515,35 @@ func (p *Plugin) check(where string) error {
 			errs = append(errs, fmt.Errorf("%s.allowed_hosts[%d]: %v", where, i, err))
 		}
 	}
-	for i, m := range p.AllowedPaths {
-		if !filepath.IsAbs(m.Host) || !strings.HasPrefix(m.Guest, "/") {
-			errs = append(errs, fmt.Errorf("%s.allowed_paths[%d]: want host (an absolute folder path) and guest (an absolute path)", where, i))
-		}
-		if m.Mode != "" && m.Mode != "ro" && m.Mode != "rw" {
-			errs = append(errs, fmt.Errorf("%s.allowed_paths[%d].mode: %q is not ro or rw", where, i, m.Mode))
+	for i, h := range p.Ask.Hosts {
+		if err := sandbox.CheckHostGrant(h); err != nil {
+			errs = append(errs, fmt.Errorf("%s.ask.hosts[%d]: %v", where, i, err))
 		}
 	}
+	for _, k := range slices.Sorted(maps.Keys(p.Ask.Secrets)) {
+		if service, user, ok := strings.Cut(k, "/"); !ok || service == "" || user == "" {
+			errs = append(errs, fmt.Errorf("%s.ask.secrets: key %q is not \"service/user\"", where, k))
+		} else if _, granted := p.Secrets[k]; granted {
+			errs = append(errs, fmt.Errorf("%s.ask.secrets: %q is granted in secrets already: keep it in one of the two", where, k))
+		}
+	}
+	guests := map[string]bool{}
+	checkPaths := func(setting string, paths []Path) {
+		for i, m := range paths {
+			if !filepath.IsAbs(m.Host) || !strings.HasPrefix(m.Guest, "/") {
+				errs = append(errs, fmt.Errorf("%s.%s[%d]: want host (an absolute folder path) and guest (an absolute path)", where, setting, i))
+			} else if g := path.Clean(m.Guest); guests[g] {
+				errs = append(errs, fmt.Errorf("%s.%s[%d]: guest path %q is used twice", where, setting, i, m.Guest))
+			} else {
+				guests[g] = true
+			}
+			if m.Mode != "" && m.Mode != "ro" && m.Mode != "rw" {
+				errs = append(errs, fmt.Errorf("%s.%s[%d].mode: %q is not ro or rw", where, setting, i, m.Mode))
+			}
+		}
+	}
+	checkPaths("allowed_paths", p.AllowedPaths)
+	checkPaths("ask.paths", p.Ask.Paths)
 	if p.Clock != "" && p.Clock != "real" && p.Clock != "fake" {
 		errs = append(errs, fmt.Errorf("%s.clock: %q is not real or fake", where, p.Clock))
 	}
@@ -505,7 +588,10 @@ type Effective struct {
 	Options               plugins.Options
 	Network               sandbox.Network
 	Mounts                []sandbox.Mount
-	Instances             int
+	// AskMounts are the folders the person may grant at run time
+	// ([plugins.NAME.ask] paths).
+	AskMounts []sandbox.Mount
+	Instances int
 	// HandleNote: results carry the session handle note (see
 	// Plugin.HandleNote).
 	HandleNote bool
@@ -550,9 +636,13 @@ func (f *File) For(name string) Effective {
 	if hosts == nil {
 		hosts = d.AllowedHosts
 	}
-	if len(hosts) > 0 {
+	ask := p.Ask.Hosts
+	if ask == nil {
+		ask = d.Ask.Hosts
+	}
+	if len(hosts) > 0 || len(ask) > 0 {
 		private := cmp.Or(p.AllowPrivateNetworks, d.AllowPrivateNetworks)
-		e.Network = sandbox.Network{AllowedHosts: hosts, AllowPrivate: private != nil && *private}
+		e.Network = sandbox.Network{AllowedHosts: hosts, Ask: ask, AllowPrivate: private != nil && *private}
 		pol = pol.WithNetwork(e.Network)
 	}
 	paths := p.AllowedPaths
@@ -564,6 +654,16 @@ func (f *File) For(name string) Effective {
 	}
 	if len(e.Mounts) > 0 {
 		pol = pol.WithMounts(e.Mounts...)
+	}
+	askPaths := p.Ask.Paths
+	if askPaths == nil {
+		askPaths = d.Ask.Paths
+	}
+	for _, m := range askPaths {
+		e.AskMounts = append(e.AskMounts, sandbox.Mount{HostPath: m.Host, GuestPath: m.Guest, ReadOnly: m.Mode != "rw"})
+	}
+	if len(e.AskMounts) > 0 {
+		pol = pol.WithAskMounts(e.AskMounts...)
 	}
 	if cfg := firstMap(p.Config, d.Config); cfg != nil {
 		pol = pol.WithConfig(cfg)
@@ -586,6 +686,7 @@ func (f *File) For(name string) Effective {
 		// would hand them to every plugin.
 		Secrets:      p.Secrets,
 		AccessTokens: p.AccessTokens,
+		AskSecrets:   p.Ask.Secrets,
 	}
 	e.Instances = cmp.Or(p.MaxInstances, d.MaxInstances)
 	note := cmp.Or(p.HandleNote, d.HandleNote)
@@ -612,6 +713,7 @@ func (f *File) relativeTo(dir string) {
 	}
 	abs(&f.Sources.PublicKey)
 	abs(&f.Sources.DockerConfig)
+	abs(&f.Grants.RememberFile)
 	abs(&f.Defaults.PublicKey)
 	for name, p := range f.Plugins {
 		abs(&p.PublicKey)

@@ -127,6 +127,30 @@ allowed_hosts = ["::ffff:1.2.3.4:8080"]`, "in brackets"},
 		{"relative host path", `[defaults]
 allowed_paths = [{ host = "x", guest = "/y" }]`, "want host (an absolute folder path)"},
 		{"not TOML", `[plugins`, "expected"},
+		{"ask: a URL", `[plugins.a.ask]
+hosts = ["https://api.example.com/"]`, `plugins.a.ask.hosts[0]: allowed host "https://api.example.com/": want a host or host:port, not a URL`},
+		{"ask: bad port in defaults", `[defaults.ask]
+hosts = ["api.example.com:0"]`, `defaults.ask.hosts[0]`},
+		{"ask: secrets in defaults", `[defaults.ask]
+secrets = { "a/b" = "v" }`, "defaults.ask.secrets: secrets are put in a ceiling per plugin"},
+		{"ask: secret not service/user", `[plugins.a.ask]
+secrets = { "ab" = "v" }`, `plugins.a.ask.secrets: key "ab" is not "service/user"`},
+		{"ask: secret granted already", `[plugins.a]
+secrets = { "a/b" = "v" }
+[plugins.a.ask]
+secrets = { "a/b" = "v" }`, `plugins.a.ask.secrets: "a/b" is granted in secrets already`},
+		{"ask: unknown setting", `[plugins.a.ask]
+files = []`, "unknown settings: plugins.a.ask.files"},
+		{"ask: bad path mode", `[plugins.a.ask]
+paths = [{ host = "/x", guest = "/y", mode = "w" }]`, `plugins.a.ask.paths[0].mode: "w" is not ro or rw`},
+		{"ask: relative path", `[defaults.ask]
+paths = [{ host = "x", guest = "/y" }]`, `defaults.ask.paths[0]: want host (an absolute folder path)`},
+		{"ask: a guest path granted already", `[plugins.a]
+allowed_paths = [{ host = "/x", guest = "/data" }]
+[plugins.a.ask]
+paths = [{ host = "/z", guest = "/data/" }]`, `plugins.a.ask.paths[0]: guest path "/data/" is used twice`},
+		{"grants: negative cap", `[grants]
+max_questions = -1`, "grants.max_questions: -1: must not be negative"},
 		{"short subject token", `[http]
 tokens = { alice = "short" }`, "http.tokens.alice: a token must have at least 16 characters"},
 		{"subject token shared", `[http]
@@ -142,6 +166,55 @@ tokens = { alice = "same-token-0123456789", bob = "same-token-0123456789" }`, "h
 				t.Errorf("err = %v; want %q", err, tt.want)
 			}
 		})
+	}
+}
+
+func TestAskCeiling(t *testing.T) {
+	f, err := Parse([]byte(`
+[defaults.ask]
+hosts = ["*.example.org"]
+
+[plugins.weather]
+allow_private_networks = true
+[plugins.weather.ask]
+hosts = ["127.0.0.1:18409", "${HOST}"]
+paths = [{ host = "/srv/docs", guest = "/docs" }, { host = "/srv/out", guest = "/out", mode = "rw" }]
+secrets = { "weather/key" = "${KEY}" }
+
+[plugins.plain]
+
+[grants]
+max_questions = 4
+`), env(map[string]string{"HOST": "api.weather.example", "KEY": "k3y"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if f.Grants.MaxQuestions != 4 {
+		t.Errorf("max_questions = %d, want 4", f.Grants.MaxQuestions)
+	}
+	w := f.For("weather")
+	if diff := cmp.Diff(sandbox.Network{Ask: []string{"127.0.0.1:18409", "api.weather.example"}, AllowPrivate: true}, w.Network); diff != "" {
+		t.Errorf("weather network (-want +got):\n%s", diff)
+	}
+	if diff := cmp.Diff(map[string]string{"weather/key": "k3y"}, w.Options.AskSecrets); diff != "" {
+		t.Errorf("weather ask secrets (-want +got):\n%s", diff)
+	}
+	if got := w.Options.Policy.Network().Ask; len(got) != 2 {
+		t.Errorf("policy ask = %v", got)
+	}
+	if diff := cmp.Diff([]sandbox.Mount{{HostPath: "/srv/docs", GuestPath: "/docs", ReadOnly: true}, {HostPath: "/srv/out", GuestPath: "/out"}}, w.AskMounts); diff != "" {
+		t.Errorf("weather ask mounts (-want +got):\n%s", diff)
+	}
+	p := f.For("plain")
+	if diff := cmp.Diff(sandbox.Network{Ask: []string{"*.example.org"}}, p.Network); diff != "" {
+		t.Errorf("plain network, from the defaults (-want +got):\n%s", diff)
+	}
+	if p.Options.AskSecrets != nil {
+		t.Errorf("plain ask secrets = %v, want none", p.Options.AskSecrets)
+	}
+	none, _ := Parse([]byte(`[plugins.x]`), env(nil))
+	if n := none.For("x").Network; len(n.Ask) > 0 || len(n.AllowedHosts) > 0 {
+		t.Errorf("no ceiling: network %+v, want nothing", n)
 	}
 }
 

@@ -1,0 +1,567 @@
+package host
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+	"unicode"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/wasmtools/wasmtools/abi"
+	"github.com/wasmtools/wasmtools/internal/grantstore"
+	"github.com/wasmtools/wasmtools/internal/sessions"
+	"github.com/wasmtools/wasmtools/sandbox"
+)
+
+// Run-time grants (issue 30): a plugin's request that the operator's
+// ceiling allows but did not grant (a host in ask.hosts, a secret in
+// ask.secrets) is put to the person using the client, in a question the
+// host writes, through elicitation. The answer is remembered for the
+// session when the person says so (allow for this session) and always when
+// they deny, so that a plugin cannot nag.
+
+// DefaultMaxGrantQuestions is how many grant questions one session may be
+// asked, across its plugins, when Options.MaxGrantQuestions is 0. Past it,
+// grants not already given are refused without asking: a plugin cannot ask
+// faster than a person can be expected to read.
+const DefaultMaxGrantQuestions = 10
+
+// maxGrantSessions bounds the sessions whose answers are kept; past it the
+// oldest session's answers are forgotten (it is asked again, within its
+// cap afresh). Answers go when their session ends.
+const maxGrantSessions = 4096
+
+// grantSecret is the kind of a keyring secret asked for (the sandbox asks
+// for network grants; the host serves secrets itself).
+const grantSecret sandbox.GrantKind = "secret"
+
+// The choices of a grant question, in the order a client shows them.
+const (
+	choiceOnce    = "allow once"
+	choiceSession = "allow for this session"
+	choiceAlways  = "always allow"
+	choiceDeny    = "deny"
+)
+
+// localSubject is the subject of a stdio (or in-memory) session in the
+// grant file: the person running the process.
+const localSubject = "local"
+
+// MetaGrant is the _meta key under which a grant question (an
+// elicitation the host writes) says what it asks for, for a client that
+// shows it its own way: {"plugin", "sha256", "kind", "target"}. The
+// choices are the enum of the form's one property, "decision".
+const MetaGrant = MetaPrefix + "grant"
+
+// grantInputKey is the input request key of a grant question to a
+// 2026-07-28 client.
+const grantInputKey = "wasmtools.grant"
+
+// grantKey is one grant of one plugin version: a session's answer is for
+// the plugin (name and sha256) it was asked about.
+type grantKey struct {
+	plugin, sha256 string
+	kind           sandbox.GrantKind
+	target         string
+}
+
+// sessionGrants is one session's answers and counts.
+type sessionGrants struct {
+	label   string
+	answers map[grantKey]bool // true: allowed for the session; false: denied
+	GrantCounts
+}
+
+// GrantCounts are a session's grant questions and their outcomes, as
+// /status shows them.
+type GrantCounts struct {
+	// Asked counts questions put to the person; Given and Refused count
+	// grants given and refused, whether asked or remembered.
+	Asked   int `json:"asked"`
+	Given   int `json:"given"`
+	Refused int `json:"refused"`
+}
+
+// SessionGrants is one session's counts in [Host.GrantStatus].
+type SessionGrants struct {
+	Session string `json:"session"`
+	GrantCounts
+}
+
+// grantBook holds every session's answers. It is the one owner of them;
+// others ask it. Safe for concurrent use.
+type grantBook struct {
+	mu       sync.Mutex
+	sessions map[sessions.Key]*sessionGrants
+	order    []sessions.Key // oldest first, for the bound
+	// onChange, if set, is called (without b.mu) after a session's
+	// answers or question count change: the durable layer's hook to
+	// write export(key) into the session's record. Set before serving.
+	onChange func(ctx context.Context, key sessions.Key)
+}
+
+// changed reports a change of key's answers to onChange.
+func (b *grantBook) changed(ctx context.Context, key sessions.Key) {
+	if b.onChange != nil {
+		b.onChange(ctx, key)
+	}
+}
+
+// session returns key's entry, made on first use. The caller holds b.mu.
+func (b *grantBook) session(key sessions.Key) *sessionGrants {
+	if b.sessions == nil {
+		b.sessions = map[sessions.Key]*sessionGrants{}
+	}
+	s := b.sessions[key]
+	if s == nil {
+		if len(b.order) >= maxGrantSessions {
+			delete(b.sessions, b.order[0])
+			b.order = b.order[1:]
+		}
+		s = &sessionGrants{label: key.String(), answers: map[grantKey]bool{}}
+		b.sessions[key] = s
+		b.order = append(b.order, key)
+	}
+	return s
+}
+
+// end forgets key's answers: its session ended.
+func (b *grantBook) end(key sessions.Key) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if _, ok := b.sessions[key]; !ok {
+		return
+	}
+	delete(b.sessions, key)
+	b.order = slices.DeleteFunc(b.order, func(k sessions.Key) bool { return k == key })
+}
+
+// GrantStatus returns the grant counts of the sessions that were asked
+// for or gave grants, sorted by session.
+func (h *Host) GrantStatus() []SessionGrants {
+	h.grants.mu.Lock()
+	defer h.grants.mu.Unlock()
+	out := []SessionGrants{}
+	for _, s := range h.grants.sessions {
+		out = append(out, SessionGrants{Session: s.label, GrantCounts: s.GrantCounts})
+	}
+	slices.SortFunc(out, func(a, b SessionGrants) int { return strings.Compare(a.Session, b.Session) })
+	return out
+}
+
+func (h *Host) maxGrantQuestions() int {
+	if h.opts.MaxGrantQuestions > 0 {
+		return h.opts.MaxGrantQuestions
+	}
+	return DefaultMaxGrantQuestions
+}
+
+// AskGrant serves the sandbox's request for a grant inside the ceiling
+// (a [sandbox.Asker]), and the host's own for a secret: it answers from
+// what the session's person said before, or asks them, or refuses. The
+// error's text is what the guest sees.
+func (e *callEnv) AskGrant(ctx context.Context, r sandbox.GrantRequest) error {
+	h, p := e.h, e.plugin
+	what := grantWhat(r)
+	if e.tool == nil {
+		return fmt.Errorf("%s is not granted to this plugin: grants are asked for during tool calls only", what)
+	}
+	gk := grantKey{plugin: p.Name(), sha256: p.SHA256(), kind: r.Kind, target: r.Target}
+	if r.Kind == sandbox.GrantFile {
+		gk.target += " " + r.Mode
+	}
+	key := e.ref.key
+	b := &h.grants
+	b.mu.Lock()
+	s := b.session(key)
+	allowed, known := s.answers[gk]
+	if other, ok := s.answers[otherMode(gk, r)]; !known && ok && other == (r.Mode == sandbox.ModeRead) {
+		// Reading and changing allowed covers reading; reading denied
+		// denies changing.
+		allowed, known = other, true
+	}
+	if known {
+		if allowed {
+			s.Given++
+		} else {
+			s.Refused++
+		}
+	}
+	b.mu.Unlock()
+	switch {
+	case known && allowed:
+		h.auditGrant(e, r, "given", "remembered")
+		return nil
+	case known:
+		h.auditGrant(e, r, "refused", "remembered")
+		return fmt.Errorf("%s was denied earlier in this session by the person using the client", what)
+	}
+	subject := e.grantSubject()
+	fk := grantstore.Key{Subject: subject, Plugin: gk.plugin, SHA256: gk.sha256, Kind: string(gk.kind), Target: gk.target}
+	if subject != "" {
+		allowed, known, err := h.opts.GrantFile.Lookup(fk)
+		if !known && err == nil && r.Kind == sandbox.GrantFile {
+			ok := fk
+			ok.Target = otherMode(gk, r).target
+			if other, otherKnown, oerr := h.opts.GrantFile.Lookup(ok); otherKnown && other == (r.Mode == sandbox.ModeRead) {
+				allowed, known, err = other, true, oerr
+			}
+		}
+		if err != nil {
+			h.log.Error("grant file", "error", err) // then asked as though it had nothing
+		}
+		if known { // read each time: a revocation holds at once
+			b.mu.Lock()
+			s = b.session(key)
+			if allowed {
+				s.Given++
+			} else {
+				s.Refused++
+			}
+			b.mu.Unlock()
+			if allowed {
+				h.auditGrant(e, r, "given", "always")
+				return nil
+			}
+			h.auditGrant(e, r, "refused", "always")
+			return fmt.Errorf("%s was denied by the person using the client, who said to remember it", what)
+		}
+	}
+	refuse := func(how, msg string) error {
+		b.mu.Lock()
+		b.session(key).Refused++
+		b.mu.Unlock()
+		h.auditGrant(e, r, "refused", how)
+		return errors.New(msg)
+	}
+	if r.Redirect {
+		return refuse("redirect", fmt.Sprintf("%s is not granted to this plugin: the person using the client may approve it, but not for a redirect: request it directly", what))
+	}
+	if why := e.cannotAsk(); why != "" {
+		return refuse("cannot-ask", fmt.Sprintf("%s is not granted to this plugin; the operator allows it to be approved at run time, but %s: a client that supports elicitation could approve it", what, why))
+	}
+	b.mu.Lock()
+	s = b.session(key)
+	over := s.Asked >= h.maxGrantQuestions()
+	if !over {
+		s.Asked++
+	}
+	b.mu.Unlock()
+	if over {
+		return refuse("cap", fmt.Sprintf("%s is not granted to this plugin, and this session was asked the most grant questions it may be (%d)", what, h.maxGrantQuestions()))
+	}
+	b.changed(ctx, key)
+	h.auditGrant(e, r, "asked", "")
+	params, schema := grantQuestion(p.Name(), p.SHA256(), r, e.grantReason(), subject != "")
+	q := &question{key: grantInputKey, params: params, schema: schema, answer: make(chan *abi.ElicitResult, 1)}
+	a, ok := ask(ctx, e, q, q.answer)
+	if !ok {
+		return refuse("cancelled", fmt.Sprintf("%s is not granted to this plugin: the call ended before the person answered", what))
+	}
+	if a.Error != "" { // the host did not ask after all
+		return refuse("not-asked", fmt.Sprintf("%s is not granted to this plugin: the person could not be asked (%s)", what, a.Error))
+	}
+	decision, _ := a.Content["decision"].(string)
+	switch {
+	case a.Action == abi.ActionAccept && (decision == choiceOnce || decision == choiceSession || decision == choiceAlways && subject != ""):
+		b.mu.Lock()
+		s = b.session(key)
+		s.Given++
+		if decision == choiceSession {
+			s.answers[gk] = true // "always" is in the file, which a revocation changes
+		}
+		b.mu.Unlock()
+		how := map[string]string{choiceOnce: "once", choiceSession: "session", choiceAlways: "always"}[decision]
+		if decision == choiceAlways {
+			e.keepAnswer(fk, true)
+		}
+		if decision == choiceSession {
+			b.changed(ctx, key)
+		}
+		h.auditGrant(e, r, "given", how)
+		return nil
+	case a.Action == abi.ActionDecline || a.Action == abi.ActionAccept && decision == choiceDeny:
+		b.mu.Lock()
+		s = b.session(key)
+		s.answers[gk] = false // for the session, even if the file's is revoked
+		s.Refused++
+		b.mu.Unlock()
+		if subject != "" {
+			e.keepAnswer(fk, false)
+		}
+		b.changed(ctx, key)
+		h.auditGrant(e, r, "refused", "denied")
+		return fmt.Errorf("%s was denied by the person using the client", what)
+	default: // cancel, or an answer that is none of the choices
+		return refuse("dismissed", fmt.Sprintf("%s is not granted to this plugin: the person dismissed the question", what))
+	}
+}
+
+// grantSubject is whom answers are kept for in the grant file: "" when
+// there is no file, or the session has no subject to keep them for.
+func (e *callEnv) grantSubject() string {
+	if e.h.opts.GrantFile == nil {
+		return ""
+	}
+	_, req := e.current()
+	if s := subjectOf(req.Extra); s != "" {
+		return s
+	}
+	if req.Extra == nil { // stdio, in-memory: the person running the process
+		return localSubject
+	}
+	return ""
+}
+
+// keepAnswer writes an answer to the grant file; a failure is logged (the
+// session remembers it still).
+func (e *callEnv) keepAnswer(k grantstore.Key, allowed bool) {
+	if err := e.h.opts.GrantFile.Set(grantstore.Entry{Key: k, Allowed: allowed, Time: time.Now().UTC()}); err != nil {
+		e.h.log.Error("grant file: answer not kept", "subject", k.Subject, "plugin", k.Plugin, "target", k.Target, "error", err)
+	}
+}
+
+// otherMode is the key of the folder grant in the other mode (read for
+// read-write, and the reverse); for other kinds, gk itself.
+func otherMode(gk grantKey, r sandbox.GrantRequest) grantKey {
+	if r.Kind != sandbox.GrantFile {
+		return gk
+	}
+	mode := sandbox.ModeReadWrite
+	if r.Mode == sandbox.ModeReadWrite {
+		mode = sandbox.ModeRead
+	}
+	gk.target = r.Target + " " + mode
+	return gk
+}
+
+// cannotAsk says why the call's client cannot be asked a grant question,
+// or returns "".
+func (e *callEnv) cannotAsk() string {
+	if e.questions == nil {
+		return "this call cannot ask questions"
+	}
+	_, req := e.current()
+	var caps *mcp.ClientCapabilities
+	if ip := req.Session.InitializeParams(); ip != nil {
+		caps = ip.Capabilities
+	}
+	switch {
+	case caps == nil || caps.Elicitation == nil:
+		return "the client does not offer elicitation"
+	case caps.Elicitation.Form == nil && caps.Elicitation.URL != nil:
+		return `the client does not offer "form" elicitation`
+	}
+	return ""
+}
+
+// grantWhat names what a grant is for, in an error to the guest.
+func grantWhat(r sandbox.GrantRequest) string {
+	switch r.Kind {
+	case sandbox.GrantNetwork:
+		return "host " + r.Target
+	case grantSecret:
+		return fmt.Sprintf("secret %q", r.Target)
+	case sandbox.GrantFile:
+		return fmt.Sprintf("folder %s (%s)", r.Target, r.Mode)
+	}
+	return string(r.Kind) + " " + r.Target
+}
+
+// grantSchema is the form of a grant question: one choice, of "always
+// allow" too when always is set.
+func grantSchema(always bool) []byte {
+	choices := []string{choiceOnce, choiceSession, choiceDeny}
+	if always {
+		choices = []string{choiceOnce, choiceSession, choiceAlways, choiceDeny}
+	}
+	b, _ := json.Marshal(map[string]any{
+		"type":       "object",
+		"properties": map[string]any{"decision": map[string]any{"type": "string", "title": "Decision", "enum": choices}},
+		"required":   []string{"decision"},
+	})
+	return b
+}
+
+// grantQuestion writes the question for grant r of plugin name (sha256
+// sum), and its form: the host's words, with the plugin's reason quoted as
+// its own. always offers "always allow".
+func grantQuestion(name, sum string, r sandbox.GrantRequest, reason string, always bool) (*mcp.ElicitParams, []byte) {
+	var what string
+	switch r.Kind {
+	case sandbox.GrantNetwork:
+		what = "to connect to " + r.Target
+	case grantSecret:
+		what = fmt.Sprintf("for the secret %q", r.Target)
+	case sandbox.GrantFile:
+		what = "to read the files in the folder " + r.Target
+		if r.Mode == sandbox.ModeReadWrite {
+			what = "to read and change the files in the folder " + r.Target
+		}
+	default:
+		what = "for " + string(r.Kind) + " " + r.Target
+	}
+	msg := fmt.Sprintf("The plugin %q (sha256 %s) asks %s.\n", name, sum, what)
+	if reason == "" {
+		msg += "It gives no reason."
+	} else {
+		msg += fmt.Sprintf("It says why, in its own words: %q", reason)
+	}
+	if always {
+		msg += "\nAllow it once, for this session, always, or deny it?"
+	} else {
+		msg += "\nAllow it once, for this session, or deny it?"
+	}
+	schemaJSON := grantSchema(always)
+	var schema any
+	json.Unmarshal(schemaJSON, &schema)
+	grant := map[string]any{"plugin": name, "sha256": sum, "kind": string(r.Kind), "target": r.Target}
+	if r.Mode != "" {
+		grant["mode"] = r.Mode
+	}
+	meta := mcp.Meta{MetaGrant: grant}
+	return &mcp.ElicitParams{Meta: meta, Mode: "form", Message: msg, RequestedSchema: schema}, schemaJSON
+}
+
+// setGrantReason serves grant_reason: the reason shown with this call's
+// next grant questions, control characters removed and cut to
+// abi.MaxGrantReason characters.
+func (e *callEnv) setGrantReason(input []byte) error {
+	var r abi.GrantReason
+	if err := strictJSON(input, &r); err != nil {
+		return err
+	}
+	e.mu.Lock()
+	e.reason = cleanReason(r.Reason)
+	e.mu.Unlock()
+	return nil
+}
+
+func (e *callEnv) grantReason() string {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.reason
+}
+
+// cleanReason keeps the printable characters of a guest's reason, spaces
+// for any whitespace, at most abi.MaxGrantReason of them.
+func cleanReason(s string) string {
+	var b strings.Builder
+	n := 0
+	for _, c := range s {
+		switch {
+		case n >= abi.MaxGrantReason:
+			return strings.TrimSpace(b.String())
+		case unicode.IsSpace(c):
+			c = ' '
+		case !unicode.IsPrint(c):
+			continue
+		}
+		b.WriteRune(c)
+		n++
+	}
+	return strings.TrimSpace(b.String())
+}
+
+// grantEntry is a line of the record log for a grant asked for, given or
+// refused.
+type grantEntry struct {
+	Time    time.Time  `json:"time"`
+	Session string     `json:"session"`
+	Plugin  string     `json:"plugin"`
+	SHA256  string     `json:"sha256"`
+	Tool    string     `json:"tool"`
+	Grant   grantEvent `json:"grant"`
+}
+
+type grantEvent struct {
+	Kind   sandbox.GrantKind `json:"kind"`
+	Target string            `json:"target"`
+	Mode   string            `json:"mode,omitempty"` // a folder's: read, read-write
+	// Event is asked, given or refused; How says how it was decided
+	// (once, session, denied, remembered, dismissed, cannot-ask, cap,
+	// redirect, cancelled, not-asked).
+	Event string `json:"event"`
+	How   string `json:"how,omitempty"`
+}
+
+// auditGrant logs a grant event, and appends it to the record log if
+// there is one.
+func (h *Host) auditGrant(e *callEnv, r sandbox.GrantRequest, event, how string) {
+	p := e.plugin
+	h.log.Info("grant "+event, "plugin", p.Name(), "session", e.sess, "kind", r.Kind, "target", r.Target, "how", how)
+	if h.opts.RecordLog == nil {
+		return
+	}
+	tool := ""
+	if e.tool != nil {
+		tool = e.tool.Name
+	}
+	h.writeRecordLog(grantEntry{
+		Time: time.Now().UTC(), Session: e.sess, Plugin: p.Name(), SHA256: p.SHA256(), Tool: tool,
+		Grant: grantEvent{Kind: r.Kind, Target: r.Target, Mode: r.Mode, Event: event, How: how},
+	})
+}
+
+// grantRecord is a session's answers as its durable record keeps them
+// (the "grants" field): so that a replica taking the session over asks
+// neither again nor more than the cap allows.
+type grantRecord struct {
+	Asked   int                 `json:"asked"`
+	Answers []grantRecordAnswer `json:"answers,omitempty"`
+}
+
+type grantRecordAnswer struct {
+	Plugin  string            `json:"plugin"`
+	SHA256  string            `json:"sha256"`
+	Kind    sandbox.GrantKind `json:"kind"`
+	Target  string            `json:"target"`
+	Allowed bool              `json:"allowed"`
+}
+
+// export returns key's answers and question count as its durable record
+// keeps them, nil when the session has none. For the durable layer: it
+// writes them as the session record's "grants" field when they change
+// (see onChange).
+func (b *grantBook) export(key sessions.Key) []byte {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	s := b.sessions[key]
+	if s == nil {
+		return nil
+	}
+	rec := grantRecord{Asked: s.Asked}
+	for k, allowed := range s.answers {
+		rec.Answers = append(rec.Answers, grantRecordAnswer{Plugin: k.plugin, SHA256: k.sha256, Kind: k.kind, Target: k.target, Allowed: allowed})
+	}
+	slices.SortFunc(rec.Answers, func(a, b grantRecordAnswer) int {
+		return strings.Compare(a.Plugin+"\x00"+a.SHA256+"\x00"+string(a.Kind)+"\x00"+a.Target, b.Plugin+"\x00"+b.SHA256+"\x00"+string(b.Kind)+"\x00"+b.Target)
+	})
+	out, _ := json.Marshal(rec)
+	return out
+}
+
+// restore gives key the answers of its durable record (export's bytes),
+// replacing what this replica held: the record is the session's latest
+// word. For the durable layer, when it adopts a session.
+func (b *grantBook) restore(key sessions.Key, data []byte) error {
+	var rec grantRecord
+	if err := json.Unmarshal(data, &rec); err != nil {
+		return fmt.Errorf("grants record: %w", err)
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	s := b.session(key)
+	s.Asked = max(s.Asked, rec.Asked)
+	clear(s.answers)
+	for _, a := range rec.Answers {
+		s.answers[grantKey{plugin: a.Plugin, sha256: a.SHA256, kind: a.Kind, target: a.Target}] = a.Allowed
+	}
+	return nil
+}

@@ -1,0 +1,64 @@
+package host
+
+import (
+	"context"
+	"strings"
+	"testing"
+
+	"github.com/wasmtools/wasmtools/internal/sessions"
+	"github.com/wasmtools/wasmtools/sandbox"
+)
+
+// TestGrantRecordRoundTrip: a session's answers and question count, as
+// the durable layer would carry them to another replica.
+func TestGrantRecordRoundTrip(t *testing.T) {
+	key := sessions.Client("c1")
+	var from grantBook
+	var changes int
+	from.onChange = func(context.Context, sessions.Key) { changes++ }
+	from.mu.Lock()
+	s := from.session(key)
+	s.Asked = 3
+	s.answers[grantKey{plugin: "weather", sha256: "ab", kind: sandbox.GrantNetwork, target: "api.example.com:443"}] = true
+	s.answers[grantKey{plugin: "weather", sha256: "ab", kind: sandbox.GrantFile, target: "/srv read"}] = false
+	from.mu.Unlock()
+	from.changed(context.Background(), key)
+	rec := from.export(key)
+	if want := `{"asked":3,"answers":[{"plugin":"weather","sha256":"ab","kind":"file","target":"/srv read","allowed":false},{"plugin":"weather","sha256":"ab","kind":"network","target":"api.example.com:443","allowed":true}]}`; string(rec) != want || changes != 1 {
+		t.Fatalf("export: %s (%d changes), want %s", rec, changes, want)
+	}
+	var to grantBook
+	if err := to.restore(key, rec); err != nil {
+		t.Fatal(err)
+	}
+	if got := to.export(key); string(got) != string(rec) {
+		t.Errorf("restored: %s, want %s", got, rec)
+	}
+	if to.export(sessions.Client("other")) != nil {
+		t.Error("another session got answers")
+	}
+	if err := to.restore(key, []byte("{")); err == nil {
+		t.Error("restored a garbled record")
+	}
+}
+
+// TestCleanReason: a plugin's reason keeps printable characters only, so
+// it cannot add lines, reorder the question's text or hide characters.
+func TestCleanReason(t *testing.T) {
+	for in, want := range map[string]string{
+		"to fetch the forecast":                    "to fetch the forecast",
+		"a\nb\tc\r\nd":                             "a b c  d",
+		"\x1b[2Jcleared":                           "[2Jcleared",
+		"evil\u202egnp.exe":                        "evilgnp.exe", // right-to-left override
+		"zero\u200bwidth\ufeff":                    "zerowidth",
+		"  padded  ":                               "padded",
+		"quote \" stays, shown quoted by the host": "quote \" stays, shown quoted by the host",
+	} {
+		if got := cleanReason(in); got != want {
+			t.Errorf("cleanReason(%q) = %q, want %q", in, got, want)
+		}
+	}
+	if got := cleanReason(strings.Repeat("ab", 500)); len([]rune(got)) != 200 {
+		t.Errorf("a long reason kept %d characters, want 200", len([]rune(got)))
+	}
+}
