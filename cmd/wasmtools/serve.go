@@ -28,10 +28,10 @@ import (
 
 	"github.com/wasmtools/wasmtools/host"
 	"github.com/wasmtools/wasmtools/internal/config"
-	"github.com/wasmtools/wasmtools/internal/telemetry"
 	"github.com/wasmtools/wasmtools/internal/grantstore"
 	"github.com/wasmtools/wasmtools/internal/sources"
 	"github.com/wasmtools/wasmtools/internal/statestore"
+	"github.com/wasmtools/wasmtools/internal/telemetry"
 	"github.com/wasmtools/wasmtools/plugins"
 )
 
