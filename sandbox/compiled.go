@@ -70,7 +70,11 @@ func newCompiled(rt wazero.Runtime, mod wazero.CompiledModule, p Policy) (*Compi
 		return nil, err
 	}
 	for _, d := range mod.ExportedFunctions() {
-		c.exports = append(c.exports, Func{Name: d.ExportNames()[0], Signature: signature(d)})
+		names := slices.DeleteFunc(slices.Clone(d.ExportNames()), func(n string) bool { return n == startExport })
+		if len(names) == 0 {
+			continue // the start function, exported by instrument only
+		}
+		c.exports = append(c.exports, Func{Name: names[0], Signature: signature(d)})
 	}
 	slices.SortFunc(c.exports, func(a, b Func) int { return strings.Compare(a.Name, b.Name) })
 
@@ -140,7 +144,7 @@ func (c *Compiled) Exports() []Func { return slices.Clone(c.exports) }
 // HasExport reports whether the module exports a function named name.
 func (c *Compiled) HasExport(name string) bool {
 	_, ok := c.mod.ExportedFunctions()[name]
-	return ok
+	return ok && name != startExport
 }
 
 // CustomSection returns the contents of the first custom section named

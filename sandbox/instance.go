@@ -26,6 +26,9 @@ type Instance struct {
 	mod      api.Module
 	kernel   kernel
 	mem      *reservedMemory // nil where the memory is wazero's own
+	// interrupt is the flag that stops the guest (interrupt.go), nil
+	// where wazero's own check does.
+	interrupt api.MutableGlobal
 	funcs    map[string]api.Function
 	stack    [1]uint64
 	err      error     // why the instance is closed, nil while usable
@@ -156,12 +159,23 @@ func (c *Compiled) instantiate(ctx context.Context, initialise bool, img *image)
 		return nil, fmt.Errorf("instantiate: %w", contextCause(ctx, err))
 	}
 	inst.mod = mod
+	if g, ok := mod.ExportedGlobal(interruptExport).(api.MutableGlobal); ok {
+		inst.interrupt = g
+	}
+	// The module's start function, which instrument made an export so
+	// that it runs here, under the flag: as part of every instantiation.
+	if f := mod.ExportedFunction(startExport); f != nil {
+		if err := inst.callInit(ctx, f); err != nil {
+			_ = mod.Close(context.Background())
+			return nil, fmt.Errorf("instantiate: %w", &TrapError{Export: "start function", Cause: ctxErr(ctx), Err: err})
+		}
+	}
 	if !initialise {
 		return inst, nil
 	}
 	for _, name := range []string{abi.ExportInitialize, abi.ExportCallCtors} {
 		if f := mod.ExportedFunction(name); f != nil {
-			if _, err := f.Call(ctx); err != nil {
+			if err := inst.callInit(ctx, f); err != nil {
 				_ = mod.Close(context.Background())
 				return nil, fmt.Errorf("initialise: %w", &TrapError{Export: name, Cause: ctxErr(ctx), Err: err})
 			}
@@ -171,12 +185,20 @@ func (c *Compiled) instantiate(ctx context.Context, initialise bool, img *image)
 	// Wizer's pre-initialisation, in the same deadline: its state goes
 	// into the image when there is one (abi.ExportPreInitialize).
 	if f := mod.ExportedFunction(abi.ExportPreInitialize); f != nil && len(f.Definition().ParamTypes()) == 0 {
-		if _, err := f.Call(ctx); err != nil {
+		if err := inst.callInit(ctx, f); err != nil {
 			_ = mod.Close(context.Background())
 			return nil, fmt.Errorf("pre-initialise: %w", &TrapError{Export: abi.ExportPreInitialize, Cause: ctxErr(ctx), Err: err})
 		}
 	}
 	return inst, nil
+}
+
+// callInit runs an initialisation function under ctx.
+func (i *Instance) callInit(ctx context.Context, f api.Function) error {
+	disarm := watchInterrupt(ctx, i.interrupt)
+	defer disarm()
+	_, err := f.Call(ctx)
+	return err
 }
 
 // maxSleepSlice bounds one guest sleep with real clocks (see Instantiate).
@@ -229,7 +251,9 @@ func (i *Instance) Call(ctx context.Context, export string, input []byte, host H
 	ctx = context.WithValue(ctx, instanceKey{}, i)
 	i.stack[0] = 0
 	i.mem.enter()
+	disarm := watchInterrupt(ctx, i.interrupt)
 	err = f.CallWithStack(ctx, i.stack[:])
+	disarm()
 	i.mem.exit()
 	if err != nil {
 		te := &TrapError{Export: export, Err: err}
@@ -253,7 +277,7 @@ func (i *Instance) function(export string) (api.Function, error) {
 		return f, nil
 	}
 	f := i.mod.ExportedFunction(export)
-	if f == nil {
+	if f == nil || export == startExport {
 		return nil, fmt.Errorf("%w: %q", ErrNoExport, export)
 	}
 	d := f.Definition()
