@@ -163,6 +163,9 @@ type checker struct {
 	stats   ModuleStats
 	r       reader
 	imports uint32 // functions imported
+	// types and memories count the function types and the memories
+	// (imported or defined) of the module.
+	types, memories uint32
 	// tables are the limits of the tables the module defines, and
 	// tableSection where its table section lies, for capTables.
 	tables       []tableLimits
@@ -309,16 +312,8 @@ func (c *checker) module(wasm []byte) error {
 		case id == 12:
 			c.data.count = sectionPos{id: idPos, start: start, end: start + len(body), found: true}
 		}
-		if c.rec != nil {
-			pos := sectionPos{id: idPos, start: start, end: start + len(body), found: true}
-			switch id {
-			case 6:
-				c.rec.global = pos
-			case 8:
-				c.rec.start = pos
-			case 10:
-				c.rec.code = pos
-			}
+		if c.rec != nil && id != 0 && int(id) < len(c.rec.sections) {
+			c.rec.sections[id] = sectionPos{id: idPos, start: start, end: start + len(body), found: true}
 		}
 		switch {
 		case id == 7:
@@ -365,6 +360,7 @@ func (c *checker) section(id byte, r *reader) error {
 		r.pos = len(r.b)
 	case 1: // type
 		return c.vec(r, func(uint32) error {
+			c.types++
 			if f := r.byte(); f != 0x60 && r.err == nil {
 				r.fail("type form 0x%02x: only function types (0x60) are supported", f)
 			}
@@ -388,6 +384,7 @@ func (c *checker) section(id byte, r *reader) error {
 				c.limits(r, false)
 			case 0x02:
 				c.limits(r, true)
+				c.memories++
 			case 0x03:
 				t := r.pos
 				c.valType(r)
@@ -427,7 +424,7 @@ func (c *checker) section(id byte, r *reader) error {
 			return nil
 		})
 	case 5: // memory
-		return c.vec(r, func(uint32) error { c.limits(r, true); return nil })
+		return c.vec(r, func(uint32) error { c.limits(r, true); c.memories++; return nil })
 	case 6: // global
 		return c.vec(r, func(uint32) error {
 			t := r.pos
@@ -447,7 +444,7 @@ func (c *checker) section(id byte, r *reader) error {
 			}
 			idx := r.u32()
 			c.snap.export(name, k, idx)
-			if c.rec != nil && (name == interruptExport || name == startExport) {
+			if c.rec != nil && (name == interruptExport || name == budgetExport || name == startExport) {
 				c.rec.clash = name
 			}
 			return nil

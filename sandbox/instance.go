@@ -6,6 +6,7 @@ import (
 	"crypto/rand"
 	"fmt"
 	"log/slog"
+	"reflect"
 	"sync/atomic"
 	"time"
 
@@ -26,17 +27,17 @@ type Instance struct {
 	mod      api.Module
 	kernel   kernel
 	mem      *reservedMemory // nil where the memory is wazero's own
-	// interrupt is the flag that stops the guest (interrupt.go), nil
-	// where wazero's own check does.
-	interrupt api.MutableGlobal
-	funcs    map[string]api.Function
-	stack    [1]uint64
-	err      error     // why the instance is closed, nil while usable
-	host     HostFunc  // the current call's, nil between calls
-	deadline *deadline // the current call's
-	log      *slog.Logger
-	stdout   lineLogger
-	stderr   lineLogger
+	// interrupt and budget are the globals that stop the guest
+	// (interrupt.go), nil where wazero's own check does.
+	interrupt, budget api.MutableGlobal
+	funcs             map[string]api.Function
+	stack             [1]uint64
+	err               error     // why the instance is closed, nil while usable
+	host              HostFunc  // the current call's, nil between calls
+	deadline          *deadline // the current call's
+	log               *slog.Logger
+	stdout            lineLogger
+	stderr            lineLogger
 
 	logTokens  float64 // the guest log rate limit, see allowLog
 	logLast    time.Time
@@ -161,6 +162,7 @@ func (c *Compiled) instantiate(ctx context.Context, initialise bool, img *image)
 	inst.mod = mod
 	if g, ok := mod.ExportedGlobal(interruptExport).(api.MutableGlobal); ok {
 		inst.interrupt = g
+		inst.budget, _ = mod.ExportedGlobal(budgetExport).(api.MutableGlobal)
 	}
 	// The module's start function, which instrument made an export so
 	// that it runs here, under the flag: as part of every instantiation.
@@ -195,7 +197,7 @@ func (c *Compiled) instantiate(ctx context.Context, initialise bool, img *image)
 
 // callInit runs an initialisation function under ctx.
 func (i *Instance) callInit(ctx context.Context, f api.Function) error {
-	disarm := watchInterrupt(ctx, i.interrupt)
+	disarm := watchInterrupt(ctx, i.interrupt, i.budget)
 	defer disarm()
 	_, err := f.Call(ctx)
 	return err
@@ -240,6 +242,10 @@ func (i *Instance) Call(ctx context.Context, export string, input []byte, host H
 	}
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
+	if !i.compiled.startCall(i, cancel) {
+		return nil, fmt.Errorf("%w: its module was closed", ErrClosed)
+	}
+	defer i.compiled.endCall(i)
 	i.deadline = newDeadline(i.compiled.policy.callTimeout, cancel)
 	i.host = host
 	defer func() {
@@ -251,7 +257,7 @@ func (i *Instance) Call(ctx context.Context, export string, input []byte, host H
 	ctx = context.WithValue(ctx, instanceKey{}, i)
 	i.stack[0] = 0
 	i.mem.enter()
-	disarm := watchInterrupt(ctx, i.interrupt)
+	disarm := watchInterrupt(ctx, i.interrupt, i.budget)
 	err = f.CallWithStack(ctx, i.stack[:])
 	disarm()
 	i.mem.exit()
@@ -293,7 +299,7 @@ func (i *Instance) Err() error { return i.err }
 
 // MemorySize reports the guest's linear memory size in bytes.
 func (i *Instance) MemorySize() uint64 {
-	if m := i.mod.Memory(); m != nil {
+	if m := moduleMemory(i.mod); m != nil {
 		return uint64(m.Size())
 	}
 	return 0
@@ -393,4 +399,14 @@ func (w *lineLogger) flush() {
 		w.inst.log.Info("guest "+w.stream, "line", string(w.buf))
 	}
 	w.buf = w.buf[:0]
+}
+
+// moduleMemory returns mod's linear memory, or nil when it has none
+// (wazero v1.12 returns a nil *MemoryInstance in a non-nil api.Memory).
+func moduleMemory(mod api.Module) api.Memory {
+	m := mod.Memory()
+	if m == nil || reflect.ValueOf(m).IsNil() {
+		return nil
+	}
+	return m
 }

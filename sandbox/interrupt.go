@@ -11,17 +11,30 @@ import (
 )
 
 // This file is the host's own interruption of a running guest (issue 27).
-// At compile time, instrument adds to the module one mutable i32 global,
-// the interrupt flag, exported to the host only, and a check of it at the
-// entry of every function and at the header of every loop:
+// At compile time, instrument adds to the module two mutable i32 globals,
+// the interrupt flag and a budget, both exported to the host only; a
+// function, yield; and at the entry of every function and the header of
+// every loop a check that spends one unit of the budget:
 //
-//	global.get $flag  if  unreachable  end
+//	global.get $budget  i32.const 1  i32.lt_s  if  call $yield  end
+//	global.get $budget  i32.const 1  i32.sub   global.set $budget
 //
-// A call's watcher sets the flag when the call's context ends (its
-// deadline, or a cancellation); the guest traps at its next check, and
-// the call reports the context's error, as wazero's own check did. A
-// guest cannot clear the flag: the global is new, so no instruction of
-// the guest names its index, and a module's exports are visible to the
+// yield runs memory.grow 0, which wazero serves in Go, then traps if the
+// flag is set, then refills the budget. A call's watcher sets the flag,
+// and empties the budget, when the call's context ends (its deadline, or a
+// cancellation); the guest traps at its next check, and the call reports
+// the context's error, as wazero's own check did.
+//
+// The budget exists because native code cannot be preempted by Go: a
+// guest that never leaves it would hold its thread through a garbage
+// collection's stop-the-world, which would wait for it, and with it
+// every goroutine of the host, including the timer that is to stop the
+// guest. The trip to Go every yieldBudget checks is where the goroutine
+// can be preempted. (wazero's own check makes that trip at every loop
+// header, hence its cost.)
+//
+// A guest cannot clear the flag: the globals are new, so no instruction of
+// the guest names their indexes, and a module's exports are visible to the
 // host alone. See docs/DESIGN.md, "Interrupting guests".
 
 // Interruption chooses how a running guest is stopped when its call's
@@ -31,35 +44,42 @@ type Interruption int
 
 const (
 	// InterruptFlag instruments each module with a check of a host-set
-	// flag at every function entry and loop header. It costs a load and
-	// a branch at each; the default.
+	// flag at every function entry and loop header: a few instructions
+	// at each, and a trip to Go every yieldBudget checks. The default.
 	InterruptFlag Interruption = iota
 	// InterruptWazero uses wazero's own check (WithCloseOnContextDone),
-	// which calls into the runtime at every loop header and function
-	// entry: the Go plugins of the benchmarks run 4 to 9 times slower
-	// with it. A fallback, should the rewriter meet a module it cannot
-	// instrument.
+	// which makes a trip to Go at every loop header: the Go plugins of
+	// the benchmarks run several times slower with it, and it does not
+	// stop recursion without loops. A fallback, should the rewriter meet
+	// a module it cannot instrument.
 	InterruptWazero
 )
 
-// Names of what instrument adds to a module. A guest that exports either
-// name itself is refused.
+// Names of what instrument adds to a module. A guest that exports one of
+// them itself is refused.
 const (
 	// interruptExport is the export of the interrupt flag.
 	interruptExport = "wasmtools.interrupt"
+	// budgetExport is the export of the budget.
+	budgetExport = "wasmtools.budget"
 	// startExport is the export of the module's start function, which
 	// instrument removes from the start section so that it runs after
 	// instantiation, when the flag can be reached (Compiled.instantiate).
 	startExport = "wasmtools.start"
 )
 
+// yieldBudget is how many checks a guest passes between two trips to Go:
+// at a few nanoseconds a check, tens of microseconds, what a garbage
+// collection may wait for a guest's thread.
+const yieldBudget = 1 << 14
+
 // instrumentRecord is what the checker records, in a second pass over the
-// module bytes about to be compiled, for instrument: where the sections it
-// rewrites are, and where each function body and loop header is.
+// module bytes about to be compiled, for instrument: where each section
+// is, and where each function body and loop header is.
 type instrumentRecord struct {
-	global, code, start sectionPos
-	startFunc           uint32
-	bodies              []bodyPos
+	sections  [13]sectionPos // by section id
+	startFunc uint32
+	bodies    []bodyPos
 	// loops holds, for all functions in order, the offset just after
 	// each loop's block type.
 	loops []int
@@ -72,7 +92,23 @@ type instrumentRecord struct {
 // instrumentRecord.loops.
 type bodyPos struct {
 	start, entry, end int
-	loops           [2]int
+	loops             [2]int
+}
+
+// sectionRank is each known section's place in a module (the data count
+// section, 12, comes before code).
+var sectionRank = [13]int{1: 1, 2: 2, 3: 3, 4: 4, 5: 5, 6: 6, 7: 7, 8: 8, 9: 9, 12: 10, 10: 11, 11: 12}
+
+// insertAt is where a new section id goes: after the last present section
+// that comes before it.
+func (r *instrumentRecord) insertAt(id byte) int {
+	at := 8
+	for i, s := range r.sections {
+		if s.found && sectionRank[i] < sectionRank[id] {
+			at = max(at, s.end)
+		}
+	}
+	return at
 }
 
 // unlimited is ModuleLimits that nothing is over: instrument's pass is on
@@ -90,14 +126,14 @@ type edit struct {
 	b        []byte
 }
 
-// instrument returns wasm with the interrupt flag and its checks added:
-// a global appended to the global section (the last index, so no
-// existing index shifts), exported as interruptExport; the check at the
-// entry of each function and after each loop's block type; and the start
-// section, if any, replaced by the export startExport. Every other byte
-// is kept. wasm must have passed the checker; the result differs in the
-// offsets of code, so custom sections that point into code (DWARF) no
-// longer match it.
+// instrument returns wasm with the interrupt flag, the budget, yield and
+// the checks added. Every index the module uses keeps its meaning: the
+// globals, the function and its type are appended after the module's
+// own; a memory of no pages is added for yield's memory.grow when the
+// module has none. The start section, if any, is replaced by the export
+// startExport. wasm must have passed the checker; the result differs in
+// the offsets of code, so custom sections that point into code (DWARF)
+// no longer match it.
 func instrument(wasm []byte) ([]byte, error) {
 	c := &checker{lim: unlimited, rec: &instrumentRecord{}}
 	if err := c.module(wasm); err != nil {
@@ -107,53 +143,69 @@ func instrument(wasm []byte) ([]byte, error) {
 	if rec.clash != "" {
 		return nil, fmt.Errorf("it exports %q, a name the host keeps for its own use", rec.clash)
 	}
-	flag := uint64(len(c.snap.globals))
-	if flag >= math.MaxUint32 {
-		return nil, errors.New("instrument: no global index left for the interrupt flag")
+	flag, budget := uint64(len(c.snap.globals)), uint64(len(c.snap.globals))+1
+	yield, yieldType := uint64(c.stats.Functions), uint64(c.types)
+	if budget >= math.MaxUint32 || yield >= math.MaxUint32 || yieldType >= math.MaxUint32 {
+		return nil, errors.New("instrument: no index left for the interruption's globals and function")
 	}
-	check := appendULEB([]byte{0x23}, flag) // global.get $flag
-	check = append(check, 0x04, 0x40, 0x00, 0x0b)
+	check := appendULEB([]byte{0x23}, budget)                 // global.get $budget
+	check = append(check, 0x41, 0x01, 0x48, 0x04, 0x40, 0x10) // i32.const 1, i32.lt_s, if, call
+	check = append(appendULEB(check, yield), 0x0b)            // $yield, end
+	check = appendULEB(append(check, 0x23), budget)           // global.get $budget
+	check = append(check, 0x41, 0x01, 0x6b, 0x24)             // i32.const 1, i32.sub, global.set
+	check = appendULEB(check, budget)                         // $budget
 
-	at := max(c.snap.insertAt, 8) // where a new global or export section goes
 	var edits []edit
-
-	global := []byte{0x7f, 0x01, 0x41, 0x00, 0x0b} // mut i32, i32.const 0
-	edits = append(edits, vecEdit(wasm, 6, rec.global, at, global))
-
-	exports := appendULEB(nil, uint64(len(interruptExport)))
-	exports = append(append(exports, interruptExport...), 0x03)
-	exports = appendULEB(exports, flag)
-	if rec.start.found {
-		exports = appendULEB(exports, uint64(len(startExport)))
-		exports = append(append(exports, startExport...), 0x00)
-		exports = appendULEB(exports, uint64(rec.startFunc))
-		edits = append(edits, edit{from: rec.start.id, to: rec.start.end})
+	add := func(id byte, items []byte, n int) {
+		edits = append(edits, vecEdit(wasm, id, rec.sections[id], rec.insertAt(id), items, n))
 	}
-	edits = append(edits, vecEditN(wasm, 7, c.snap.exportSection, at, exports, 1+boolInt(rec.start.found)))
+	add(1, []byte{0x60, 0x00, 0x00}, 1)
+	add(3, appendULEB(nil, yieldType), 1)
+	if c.memories == 0 {
+		add(5, []byte{0x01, 0x00, 0x00}, 1) // min 0, max 0 pages
+	}
+	globals := []byte{0x7f, 0x01, 0x41, 0x00, 0x0b, 0x7f, 0x01, 0x41}
+	globals = append(sleb32(globals, yieldBudget), 0x0b)
+	add(6, globals, 2)
 
-	if rec.code.found {
-		r := reader{b: wasm[:rec.code.end], pos: rec.code.start}
-		n := r.u32()
-		content := appendULEB(make([]byte, 0, rec.code.end-rec.code.start+len(rec.bodies)*len(check)*2), uint64(n))
-		for _, b := range rec.bodies {
-			loops := rec.loops[b.loops[0]:b.loops[1]]
-			size := b.end - b.start + len(check)*(1+len(loops))
-			content = appendULEB(content, uint64(size))
-			content = append(content, wasm[b.start:b.entry]...)
-			content = append(content, check...)
-			pos := b.entry
-			for _, l := range loops {
-				content = append(content, wasm[pos:l]...)
-				content = append(content, check...)
-				pos = l
-			}
-			content = append(content, wasm[pos:b.end]...)
+	exports := exportEntry(nil, interruptExport, 0x03, flag)
+	exports = exportEntry(exports, budgetExport, 0x03, budget)
+	n := 2
+	if s := rec.sections[8]; s.found {
+		exports = exportEntry(exports, startExport, 0x00, uint64(rec.startFunc))
+		edits = append(edits, edit{from: s.id, to: s.end})
+		n++
+	}
+	add(7, exports, n)
+
+	body := []byte{0x00, 0x41, 0x00, 0x40, 0x00, 0x1a}  // no locals; i32.const 0, memory.grow, drop
+	body = append(appendULEB(append(body, 0x23), flag), // global.get $flag
+		0x04, 0x40, 0x00, 0x0b, 0x41) // if unreachable end, i32.const
+	body = appendULEB(append(sleb32(body, yieldBudget), 0x24), budget) // budget, global.set $budget
+	body = append(body, 0x0b)
+	code := make([]byte, 0, rec.sections[10].end-rec.sections[10].start+(len(rec.bodies)+len(rec.loops))*len(check)+len(body)+8)
+	for _, b := range rec.bodies {
+		loops := rec.loops[b.loops[0]:b.loops[1]]
+		code = appendULEB(code, uint64(b.end-b.start+len(check)*(1+len(loops))))
+		code = append(code, wasm[b.start:b.entry]...)
+		code = append(code, check...)
+		pos := b.entry
+		for _, l := range loops {
+			code = append(code, wasm[pos:l]...)
+			code = append(code, check...)
+			pos = l
 		}
-		edits = append(edits, edit{rec.code.id, rec.code.end, section(nil, 10, content)})
+		code = append(code, wasm[pos:b.end]...)
+	}
+	code = append(appendULEB(code, uint64(len(body))), body...)
+	if s := rec.sections[10]; s.found {
+		edits = append(edits, edit{s.id, s.end, section(nil, 10, append(appendULEB(nil, uint64(len(rec.bodies))+1), code...))})
+	} else {
+		edits = append(edits, edit{rec.insertAt(10), rec.insertAt(10), section(nil, 10, append([]byte{1}, code...))})
 	}
 
 	slices.SortStableFunc(edits, func(a, b edit) int { return a.from - b.from })
-	out := make([]byte, 0, len(wasm)+len(rec.loops)*len(check)+len(rec.bodies)*(len(check)+1)+64)
+	out := make([]byte, 0, len(wasm)+len(code)+256)
 	pos := 0
 	for _, e := range edits {
 		out = append(out, wasm[pos:e.from]...)
@@ -163,22 +215,27 @@ func instrument(wasm []byte) ([]byte, error) {
 	return append(out, wasm[pos:]...), nil
 }
 
-func boolInt(b bool) int {
-	if b {
-		return 1
+func exportEntry(b []byte, name string, kind byte, idx uint64) []byte {
+	b = appendULEB(b, uint64(len(name)))
+	return appendULEB(append(append(b, name...), kind), idx)
+}
+
+// sleb32 appends v as a signed LEB128.
+func sleb32(b []byte, v int32) []byte {
+	for {
+		c := byte(v & 0x7f)
+		v >>= 7
+		if (v == 0 && c&0x40 == 0) || (v == -1 && c&0x40 != 0) {
+			return append(b, c)
+		}
+		b = append(b, c|0x80)
 	}
-	return 0
 }
 
-// vecEdit is vecEditN of one item.
-func vecEdit(wasm []byte, id byte, s sectionPos, at int, item []byte) edit {
-	return vecEditN(wasm, id, s, at, item, 1)
-}
-
-// vecEditN returns the edit that appends items (n of them, encoded) to the
+// vecEdit returns the edit that appends items (n of them, encoded) to the
 // vector that is section id's content, at s, or adds the section at at
 // when the module has none.
-func vecEditN(wasm []byte, id byte, s sectionPos, at int, items []byte, n int) edit {
+func vecEdit(wasm []byte, id byte, s sectionPos, at int, items []byte, n int) edit {
 	if !s.found {
 		return edit{at, at, section(nil, id, append(appendULEB(nil, uint64(n)), items...))}
 	}
@@ -199,7 +256,7 @@ func section(b []byte, id byte, content []byte) []byte {
 // ctx ends. The returned function disarms it, waiting for a setting under
 // way, so that nothing sets the flag once it returns. A nil flag (a module
 // wazero interrupts) is a no-op.
-func watchInterrupt(ctx context.Context, flag api.MutableGlobal) (disarm func()) {
+func watchInterrupt(ctx context.Context, flag, budget api.MutableGlobal) (disarm func()) {
 	if flag == nil {
 		return func() {}
 	}
@@ -207,6 +264,7 @@ func watchInterrupt(ctx context.Context, flag api.MutableGlobal) (disarm func())
 	fired := make(chan struct{})
 	stop := context.AfterFunc(ctx, func() {
 		flag.Set(1)
+		budget.Set(0)
 		close(fired)
 	})
 	return func() {
