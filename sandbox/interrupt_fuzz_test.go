@@ -3,8 +3,11 @@ package sandbox
 import (
 	"context"
 	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/tetratelabs/wazero"
 	"github.com/tetratelabs/wazero/api"
@@ -312,4 +315,38 @@ func trapKind(err error) string {
 		return "unreachable"
 	}
 	return s
+}
+
+// TestInstrumentPlugins instruments every plugin the repository builds:
+// each must instrument and compile, and the instrumentation's time is
+// logged beside the largest's size.
+func TestInstrumentPlugins(t *testing.T) {
+	ctx := context.Background()
+	rt := wazero.NewRuntimeWithConfig(ctx, wazero.NewRuntimeConfigInterpreter())
+	defer rt.Close(ctx)
+	for _, f := range builtPlugins(t) {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := checkModule(b, ModuleLimits{}); err != nil {
+			continue // a hostile fixture the checker refuses
+		}
+		start := time.Now()
+		out, err := instrument(b)
+		took := time.Since(start)
+		if err != nil {
+			t.Errorf("%s: %v", f, err)
+			continue
+		}
+		if len(b) > 1<<20 {
+			t.Logf("%s: %d bytes instrumented in %v, %d bytes more", filepath.Base(f), len(b), took, len(out)-len(b))
+		}
+		mod, err := rt.CompileModule(ctx, out)
+		if err != nil {
+			t.Errorf("%s: the instrumented module does not compile: %v", f, err)
+			continue
+		}
+		mod.Close(ctx)
+	}
 }

@@ -140,7 +140,7 @@ var sections = []Section{
 	},
 	{
 		Title: "7. Per-instance cost, host side (issue 3)", Bench: "NewInstanceFirstCall",
-		About: "A new instance of the small (WAT) plugin and its first call, with no MCP: `sandbox` is wasmtools' sandbox (native Extism kernel, limits, deadline); `raw-wazero` the least host code that runs the module; `raw-wazero-termination` the same with wazero's close-on-context-done, the check that lets a deadline stop a guest that never calls the host, which the sandbox cannot do without; `host-session` is a new session's first call through the host (session, slot, limits, instance, call, result), without the MCP transport. " +
+		About: "A new instance of the small (WAT) plugin and its first call, with no MCP: `sandbox` is wasmtools' sandbox (native Extism kernel, limits, deadline); `raw-wazero` the least host code that runs the module; `raw-wazero-termination` the same with wazero's close-on-context-done, the check that let a deadline stop a guest that never calls the host until the sandbox compiled in its own (issue 27, docs/DESIGN.md); `host-session` is a new session's first call through the host (session, slot, limits, instance, call, result), without the MCP transport. " +
 			"Issue 3's bar for `host-session`: 100 µs.",
 		Unit: "ns/op", Baselines: []string{"raw-wazero-termination", "raw-wazero"}, Headline: "host-session",
 	},
@@ -199,6 +199,13 @@ var sections = []Section{
 			Label: "Adoption against a new session's first call (issue 16)",
 			About: "The same first call against that of a new session without a store, which also makes an instance but has no state to read, claim or restore.",
 		}},
+	},
+	{
+		Title: "13. Compute-heavy Go plugin (issue 27)", Bench: "ComputeCall",
+		About: "A warm call of a tool that spends its time in the guest: the test plugin `compute` (ordinary Go, the standard toolchain and the Extism Go PDK), whose `crunch` builds 1 000 records, counts their words in a map, encodes them as JSON and decodes them back, sorts them and hashes the result (SHA-256, 65 rounds). " +
+			"`raw-wazero` runs the module on plain wazero with no termination check (nothing could stop it) and the least Extism kernel: the floor; `raw-wazero-check` adds wazero's close-on-context-done; `sandbox` is wasmtools' sandbox, whose modules carry the host's own interruption check (docs/DESIGN.md, \"Why interrupt guests with a flag of our own\"); `sandbox-wazero-check` the sandbox with wazero's check instead (the fallback setting); `wasmtools` the full MCP stack in memory. " +
+			"The unit is the CPU time of the whole process per call (every thread: guest, host, garbage collector), steadier than wall time (ns/op, shown) on a shared machine. Issue 27's goal: `wasmtools` at most 1.3 times `raw-wazero`.",
+		Unit: "cpu-ns/op", Baselines: []string{"raw-wazero", "raw-wazero-check"}, Headline: "wasmtools", Extra: []string{"ns/op"},
 	},
 }
 
@@ -482,6 +489,10 @@ func unitHeader(unit string) string {
 		return "RSS per instance"
 	case "write-us":
 		return "store write"
+	case "cpu-ns/op":
+		return "CPU time per call"
+	case "ns/op":
+		return "wall time per call"
 	}
 	return unit
 }
@@ -548,7 +559,7 @@ func formatRatio(x float64) string {
 // KiB as KiB or MiB, rates as whole numbers.
 func formatValue(v float64, unit string) string {
 	switch unit {
-	case "ns/op":
+	case "ns/op", "cpu-ns/op":
 		return formatDuration(v)
 	case "p50-us", "p99-us", "write-us":
 		return formatDuration(v * 1e3)
