@@ -27,17 +27,17 @@ type Instance struct {
 	mod      api.Module
 	kernel   kernel
 	mem      *reservedMemory // nil where the memory is wazero's own
-	// interrupt and budget are the globals that stop the guest
-	// (interrupt.go), nil where wazero's own check does.
-	interrupt, budget api.MutableGlobal
-	funcs             map[string]api.Function
-	stack             [1]uint64
-	err               error     // why the instance is closed, nil while usable
-	host              HostFunc  // the current call's, nil between calls
-	deadline          *deadline // the current call's
-	log               *slog.Logger
-	stdout            lineLogger
-	stderr            lineLogger
+	// interrupt stops the guest (interrupt.go); nil where wazero's own
+	// check does.
+	interrupt *interrupter
+	funcs     map[string]api.Function
+	stack     [1]uint64
+	err       error     // why the instance is closed, nil while usable
+	host      HostFunc  // the current call's, nil between calls
+	deadline  *deadline // the current call's
+	log       *slog.Logger
+	stdout    lineLogger
+	stderr    lineLogger
 
 	logTokens  float64 // the guest log rate limit, see allowLog
 	logLast    time.Time
@@ -160,9 +160,10 @@ func (c *Compiled) instantiate(ctx context.Context, initialise bool, img *image)
 		return nil, fmt.Errorf("instantiate: %w", contextCause(ctx, err))
 	}
 	inst.mod = mod
-	if g, ok := mod.ExportedGlobal(interruptExport).(api.MutableGlobal); ok {
-		inst.interrupt = g
-		inst.budget, _ = mod.ExportedGlobal(budgetExport).(api.MutableGlobal)
+	flag, _ := mod.ExportedGlobal(interruptExport).(api.MutableGlobal)
+	budget, _ := mod.ExportedGlobal(budgetExport).(api.MutableGlobal)
+	if flag != nil && budget != nil {
+		inst.interrupt = newInterrupter(flag, budget)
 	}
 	// The module's start function, which instrument made an export so
 	// that it runs here, under the flag: as part of every instantiation.
@@ -197,8 +198,8 @@ func (c *Compiled) instantiate(ctx context.Context, initialise bool, img *image)
 
 // callInit runs an initialisation function under ctx.
 func (i *Instance) callInit(ctx context.Context, f api.Function) error {
-	disarm := watchInterrupt(ctx, i.interrupt, i.budget)
-	defer disarm()
+	stop := i.interrupt.arm(ctx)
+	defer i.interrupt.disarm(stop)
 	_, err := f.Call(ctx)
 	return err
 }
@@ -257,9 +258,9 @@ func (i *Instance) Call(ctx context.Context, export string, input []byte, host H
 	ctx = context.WithValue(ctx, instanceKey{}, i)
 	i.stack[0] = 0
 	i.mem.enter()
-	disarm := watchInterrupt(ctx, i.interrupt, i.budget)
+	stop := i.interrupt.arm(ctx)
 	err = f.CallWithStack(ctx, i.stack[:])
-	disarm()
+	i.interrupt.disarm(stop)
 	i.mem.exit()
 	if err != nil {
 		te := &TrapError{Export: export, Err: err}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"slices"
+	"sync"
 
 	"github.com/tetratelabs/wazero/api"
 )
@@ -252,24 +253,55 @@ func section(b []byte, id byte, content []byte) []byte {
 	return append(b, content...)
 }
 
-// watchInterrupt arms flag for one call: it clears it, then sets it when
-// ctx ends. The returned function disarms it, waiting for a setting under
-// way, so that nothing sets the flag once it returns. A nil flag (a module
-// wazero interrupts) is a no-op.
-func watchInterrupt(ctx context.Context, flag, budget api.MutableGlobal) (disarm func()) {
-	if flag == nil {
-		return func() {}
+// interrupter sets an instance's interrupt flag and empties its budget
+// when the context of the call it is armed for ends. One per instance,
+// reused by its calls; the zero value (a module wazero interrupts) does
+// nothing.
+type interrupter struct {
+	flag, budget api.MutableGlobal
+	fire         func() // i.set, made once
+	mu           sync.Mutex
+	armed        bool // a call is running; set and cleared under mu
+}
+
+func newInterrupter(flag, budget api.MutableGlobal) *interrupter {
+	w := &interrupter{flag: flag, budget: budget}
+	w.fire = w.set
+	return w
+}
+
+// set interrupts the guest, if a call is armed.
+func (w *interrupter) set() {
+	w.mu.Lock()
+	if w.armed {
+		w.flag.Set(1)
+		w.budget.Set(0)
 	}
-	flag.Set(0)
-	fired := make(chan struct{})
-	stop := context.AfterFunc(ctx, func() {
-		flag.Set(1)
-		budget.Set(0)
-		close(fired)
-	})
-	return func() {
-		if !stop() {
-			<-fired
-		}
+	w.mu.Unlock()
+}
+
+// arm clears the flag, then has it set when ctx ends, until stop is
+// called. After stop, nothing sets the flag: a setting under way when
+// the call ended has finished, and a later one does nothing, so the next
+// call starts clear. A nil w is a no-op.
+func (w *interrupter) arm(ctx context.Context) (stop func() bool) {
+	if w == nil {
+		return nil
 	}
+	w.mu.Lock()
+	w.flag.Set(0)
+	w.armed = true
+	w.mu.Unlock()
+	return context.AfterFunc(ctx, w.fire)
+}
+
+// disarm ends the call armed with stop (arm's result).
+func (w *interrupter) disarm(stop func() bool) {
+	if w == nil {
+		return
+	}
+	stop()
+	w.mu.Lock()
+	w.armed = false
+	w.mu.Unlock()
 }
