@@ -132,6 +132,13 @@ func (c *Compiled) instantiate(ctx context.Context, initialise bool, img *image)
 	}
 	ctx, cancel := context.WithTimeout(ctx, c.policy.callTimeout)
 	defer cancel()
+	// Closing the module stops the initialisation as it stops a call.
+	ctx, stop := context.WithCancelCause(ctx)
+	defer stop(nil)
+	if !c.startCall(inst, stop) {
+		return nil, fmt.Errorf("instantiate: %w: its module was closed", ErrClosed)
+	}
+	defer c.endCall(inst)
 	ctx = context.WithValue(ctx, instanceKey{}, inst)
 	ctx = experimental.WithMemoryAllocator(ctx, experimental.MemoryAllocatorFunc(func(_, max uint64) experimental.LinearMemory {
 		var m *reservedMemory
