@@ -255,13 +255,14 @@ func section(b []byte, id byte, content []byte) []byte {
 
 // interrupter sets an instance's interrupt flag and empties its budget
 // when the context of the call it is armed for ends. One per instance,
-// reused by its calls; the zero value (a module wazero interrupts) does
-// nothing.
+// reused by its calls (one at a time); nil (a module wazero interrupts)
+// does nothing.
 type interrupter struct {
 	flag, budget api.MutableGlobal
 	fire         func() // i.set, made once
-	mu           sync.Mutex
-	armed        bool // a call is running; set and cleared under mu
+	// pending counts the armed call's setting that has not run to its
+	// end: one from arm until the setting ran or was stopped.
+	pending sync.WaitGroup
 }
 
 func newInterrupter(flag, budget api.MutableGlobal) *interrupter {
@@ -270,38 +271,32 @@ func newInterrupter(flag, budget api.MutableGlobal) *interrupter {
 	return w
 }
 
-// set interrupts the guest, if a call is armed.
+// set interrupts the guest.
 func (w *interrupter) set() {
-	w.mu.Lock()
-	if w.armed {
-		w.flag.Set(1)
-		w.budget.Set(0)
-	}
-	w.mu.Unlock()
+	w.flag.Set(1)
+	w.budget.Set(0)
+	w.pending.Done()
 }
 
-// arm clears the flag, then has it set when ctx ends, until stop is
-// called. After stop, nothing sets the flag: a setting under way when
-// the call ended has finished, and a later one does nothing, so the next
-// call starts clear. A nil w is a no-op.
+// arm clears the flag, then has it set when ctx ends, until disarm.
 func (w *interrupter) arm(ctx context.Context) (stop func() bool) {
 	if w == nil {
 		return nil
 	}
-	w.mu.Lock()
 	w.flag.Set(0)
-	w.armed = true
-	w.mu.Unlock()
+	w.pending.Add(1)
 	return context.AfterFunc(ctx, w.fire)
 }
 
-// disarm ends the call armed with stop (arm's result).
+// disarm ends the call armed with stop (arm's result). Once it returns
+// nothing sets the flag: a setting already started has finished (the
+// next arm clears what it set), and none can start.
 func (w *interrupter) disarm(stop func() bool) {
 	if w == nil {
 		return
 	}
-	stop()
-	w.mu.Lock()
-	w.armed = false
-	w.mu.Unlock()
+	if stop() {
+		w.pending.Done()
+	}
+	w.pending.Wait()
 }

@@ -255,7 +255,7 @@ func TestInterruptLateCancel(t *testing.T) {
 	ctx := context.Background()
 	src := spinnerModule(`(func (export "run") (result i32) (local $i i32)
 		(loop $l (local.set $i (i32.add (local.get $i) (i32.const 1)))
-			(br_if $l (i32.lt_u (local.get $i) (i32.const 20000))))
+			(br_if $l (i32.lt_u (local.get $i) (i32.const 100000))))
 		(i32.const 0))`)
 	c, err := newRuntime(t).Compile(ctx, wat(t, src), sandbox.NewPolicy())
 	if err != nil {
@@ -266,7 +266,7 @@ func TestInterruptLateCancel(t *testing.T) {
 	var stopped, finished int
 	for range 300 {
 		cctx, cancel := context.WithCancel(ctx)
-		time.AfterFunc(time.Duration(rand.IntN(40))*time.Microsecond, cancel)
+		time.AfterFunc(time.Duration(rand.IntN(150))*time.Microsecond, cancel)
 		_, err := inst.Call(cctx, "run", nil, nil)
 		cancel()
 		if err != nil {
