@@ -15,10 +15,11 @@ import (
 // At compile time, instrument adds to the module two mutable i32 globals,
 // the interrupt flag and a budget, both exported to the host only; a
 // function, yield; and at the entry of every function and the header of
-// every loop a check that spends one unit of the budget:
+// every loop a check that spends part of the budget (cost, the bytes of
+// code from the check to the end of its function):
 //
-//	global.get $budget  i32.const 1  i32.lt_s  if  call $yield  end
-//	global.get $budget  i32.const 1  i32.sub   global.set $budget
+//	global.get $budget  i32.const 1     i32.lt_s  if  call $yield  end
+//	global.get $budget  i32.const cost  i32.sub   global.set $budget
 //
 // yield runs memory.grow 0, which wazero serves in Go, then traps if the
 // flag is set, then refills the budget. A call's watcher sets the flag,
@@ -30,8 +31,8 @@ import (
 // guest that never leaves it would hold its thread through a garbage
 // collection's stop-the-world, which would wait for it, and with it
 // every goroutine of the host, including the timer that is to stop the
-// guest. The trip to Go every yieldBudget checks is where the goroutine
-// can be preempted. (wazero's own check makes that trip at every loop
+// guest. The trip to Go, every yieldBudget bytes of code run at most, is
+// where the goroutine can be preempted. (wazero's own check makes that trip at every loop
 // header, hence its cost.)
 //
 // A guest cannot clear the flag: the globals are new, so no instruction of
@@ -46,7 +47,7 @@ type Interruption int
 const (
 	// InterruptFlag instruments each module with a check of a host-set
 	// flag at every function entry and loop header: a few instructions
-	// at each, and a trip to Go every yieldBudget checks. The default.
+	// at each, and now and then a trip to Go. The default.
 	InterruptFlag Interruption = iota
 	// InterruptWazero uses wazero's own check (WithCloseOnContextDone),
 	// which makes a trip to Go at every loop header: the Go plugins of
@@ -69,10 +70,18 @@ const (
 	startExport = "wasmtools.start"
 )
 
-// yieldBudget is how many checks a guest passes between two trips to Go:
-// at a few nanoseconds a check, tens of microseconds, what a garbage
-// collection may wait for a guest's thread.
-const yieldBudget = 1 << 14
+// yieldBudget is how much code, in bytes, a guest may run between two trips
+// to Go (each check is charged the bytes from it to the end of its
+// function, see instrument): a few milliseconds at most, what a garbage
+// collection may wait for a guest's thread; ordinary code, whose loops are
+// short, goes to Go far more often than it would have to. maxCharge caps
+// one check's charge, so that the budget cannot wrap around (a function
+// over it, allowed only by raising max_function_size past 1 MiB, may run
+// longer between trips).
+const (
+	yieldBudget = 1 << 22
+	maxCharge   = 1 << 20
+)
 
 // instrumentRecord is what the checker records, in a second pass over the
 // module bytes about to be compiled, for instrument: where each section
@@ -149,12 +158,15 @@ func instrument(wasm []byte) ([]byte, error) {
 	if budget >= math.MaxUint32 || yield >= math.MaxUint32 || yieldType >= math.MaxUint32 {
 		return nil, errors.New("instrument: no index left for the interruption's globals and function")
 	}
-	check := appendULEB([]byte{0x23}, budget)                 // global.get $budget
-	check = append(check, 0x41, 0x01, 0x48, 0x04, 0x40, 0x10) // i32.const 1, i32.lt_s, if, call
-	check = append(appendULEB(check, yield), 0x0b)            // $yield, end
-	check = appendULEB(append(check, 0x23), budget)           // global.get $budget
-	check = append(check, 0x41, 0x01, 0x6b, 0x24)             // i32.const 1, i32.sub, global.set
-	check = appendULEB(check, budget)                         // $budget
+	// appendCheck appends a check charging cost to the budget.
+	appendCheck := func(b []byte, cost int) []byte {
+		b = appendULEB(append(b, 0x23), budget)           // global.get $budget
+		b = append(b, 0x41, 0x01, 0x48, 0x04, 0x40, 0x10) // i32.const 1, i32.lt_s, if, call
+		b = append(appendULEB(b, yield), 0x0b)            // $yield, end
+		b = appendULEB(append(b, 0x23), budget)           // global.get $budget
+		b = append(sleb32(append(b, 0x41), int32(min(max(cost, 1), maxCharge))), 0x6b, 0x24)
+		return appendULEB(b, budget) // i32.const cost, i32.sub, global.set $budget
+	}
 
 	var edits []edit
 	add := func(id byte, items []byte, n int) {
@@ -184,19 +196,24 @@ func instrument(wasm []byte) ([]byte, error) {
 		0x04, 0x40, 0x00, 0x0b, 0x41) // if unreachable end, i32.const
 	body = appendULEB(append(sleb32(body, yieldBudget), 0x24), budget) // budget, global.set $budget
 	body = append(body, 0x0b)
-	code := make([]byte, 0, rec.sections[10].end-rec.sections[10].start+(len(rec.bodies)+len(rec.loops))*len(check)+len(body)+8)
+	// Each check is charged the bytes from it to the end of its function:
+	// code runs forward between two checks (a backward branch goes to a
+	// loop header), so what runs between two trips to Go is at most the
+	// budget plus one charge, in bytes of code.
+	code := make([]byte, 0, rec.sections[10].end-rec.sections[10].start+(len(rec.bodies)+len(rec.loops))*24+len(body)+8)
+	var fn []byte
 	for _, b := range rec.bodies {
 		loops := rec.loops[b.loops[0]:b.loops[1]]
-		code = appendULEB(code, uint64(b.end-b.start+len(check)*(1+len(loops))))
-		code = append(code, wasm[b.start:b.entry]...)
-		code = append(code, check...)
+		fn = append(fn[:0], wasm[b.start:b.entry]...)
+		fn = appendCheck(fn, b.end-b.entry)
 		pos := b.entry
 		for _, l := range loops {
-			code = append(code, wasm[pos:l]...)
-			code = append(code, check...)
+			fn = append(fn, wasm[pos:l]...)
+			fn = appendCheck(fn, b.end-l)
 			pos = l
 		}
-		code = append(code, wasm[pos:b.end]...)
+		fn = append(fn, wasm[pos:b.end]...)
+		code = append(appendULEB(code, uint64(len(fn))), fn...)
 	}
 	code = append(appendULEB(code, uint64(len(body))), body...)
 	if s := rec.sections[10]; s.found {

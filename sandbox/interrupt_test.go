@@ -1,6 +1,7 @@
 package sandbox_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"math/rand/v2"
@@ -12,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/wasmtools/wasmtools/internal/testplugins"
 	"github.com/wasmtools/wasmtools/sandbox"
 )
 
@@ -329,5 +331,55 @@ func TestInterruptDuringGC(t *testing.T) {
 				t.Errorf("a collection took %v while the guest ran", most)
 			}
 		})
+	}
+}
+
+// TestInterruptLongLoopBody runs, while garbage is collected back to back,
+// a loop whose body is half a megabyte of straight-line code: the budget
+// is charged in bytes of code, so the guest still goes to Go (where a
+// collection can stop it) every few iterations, not every few thousand.
+func TestInterruptLongLoopBody(t *testing.T) {
+	ctx := context.Background()
+	unit := []byte{0x41, 0x00, 0x41, 0x00, 0x28, 0x02, 0x00, 0x41, 0x01, 0x6a, 0x36, 0x02, 0x00} // mem[0]++
+	body := []byte{0x00, 0x03, 0x40}                                                             // no locals; loop
+	body = append(body, bytes.Repeat(unit, 40_000)...)
+	body = append(body, 0x0c, 0x00, 0x0b, 0x0b) // br 0, end loop, end
+	m := []byte("\x00asm\x01\x00\x00\x00")
+	m = testplugins.Section(m, 1, []byte{1, 0x60, 0, 0})
+	m = testplugins.Section(m, 3, []byte{1, 0})
+	m = testplugins.Section(m, 5, []byte{1, 0, 1})
+	m = testplugins.Section(m, 7, []byte{2, 3, 'r', 'u', 'n', 0, 0, 6, 'm', 'e', 'm', 'o', 'r', 'y', 2, 0})
+	m = testplugins.Section(m, 10, append(testplugins.ULEB([]byte{1}, uint64(len(body))), body...))
+	c, err := newRuntime(t).Compile(ctx, m, sandbox.NewPolicy().WithCallTimeout(2*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close(ctx)
+	inst := instantiate(t, c)
+	done := make(chan struct{})
+	longest := make(chan time.Duration, 1)
+	go func() {
+		var most time.Duration
+		for {
+			select {
+			case <-done:
+				longest <- most
+				return
+			default:
+			}
+			start := time.Now()
+			runtime.GC()
+			most = max(most, time.Since(start))
+		}
+	}()
+	_, err = inst.Call(ctx, "run", nil, nil)
+	close(done)
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("err = %v; want context.DeadlineExceeded", err)
+	}
+	most := <-longest
+	t.Logf("the longest collection took %v", most)
+	if most > time.Second {
+		t.Errorf("a collection took %v while the guest ran", most)
 	}
 }
