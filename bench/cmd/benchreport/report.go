@@ -86,7 +86,8 @@ var sections = []Section{
 		About: "One `tools/call` on a session that has called before (its instance is warm): go-sdk client → transport → go-sdk server → tool → result. " +
 			"Transports: the in-memory pair, and streamable HTTP on 127.0.0.1 (protocol 2025-11-25, whose session, Mcp-Session-Id, keeps its instance). " +
 			"`native` is the same tool as a native Go handler (`mcp.AddTool`) on a go-sdk server. The ratio is throughput relative to native (native time ÷ wasmtools time); issue 7's goal is ≥ 0.8. " +
-			"`wasmtools-handle` is the same wasmtools server and plugin for a client of protocol 2026-07-28, which has no sessions: the go-sdk client with default options lists the tools once (so that it mirrors the `wasmtools_session` argument into the `Mcp-Param-Wasmtools-Session` header), makes one untimed call that mints a session handle, then passes the handle back in every call.",
+			"`wasmtools-handle` is the same wasmtools server and plugin for a client of protocol 2026-07-28, which has no sessions: the go-sdk client with default options lists the tools once (so that it mirrors the `wasmtools_session` argument into the `Mcp-Param-Wasmtools-Session` header), makes one untimed call that mints a session handle, then passes the handle back in every call. " +
+			"`native-2026` is the native server for a 2026-07-28 client (stateless streamable HTTP, its state keyed by a client header): that path's baseline.",
 		Unit: "ns/op", Throughput: true, Baselines: []string{"native"}, Headline: "wasmtools", Goal: 0.8,
 		Deltas: []Delta{{
 			Contender: "wasmtools-handle", Against: "wasmtools",
@@ -104,6 +105,14 @@ var sections = []Section{
 			Contender: "wasmtools-header", Against: "wasmtools",
 			Label: "The 2026-07-28 path without a handle",
 			About: "A 2026-07-28 call keyed by the client header (`wasmtools-header`) against a 2025-11-25 call on a stateful session (`wasmtools`): what the go-sdk's sessionless transport costs per request (a server session made and closed for each request, the per-request protocol checks), with no handle involved.",
+		}, {
+			Contender: "wasmtools-handle", Against: "native-2026",
+			Label: "The 2026-07-28 path against a native server of it (issue 27)",
+			About: "A 2026-07-28 call with a session handle (`wasmtools-handle`) against the same tool as a native Go handler on a go-sdk server of the same protocol (`native-2026`: stateless streamable HTTP, the only way the go-sdk serves 2026-07-28, the counter keyed by a client header). Issue 27's goal: at most 1.15 times its time.",
+		}, {
+			Contender: "native-2026", Against: "native",
+			Label: "The go-sdk's own 2026-07-28 cost (issue 27)",
+			About: "The native server on the 2026-07-28 path (`native-2026`) against the same server on a stateful 2025-11-25 session (`native`): what the go-sdk's sessionless transport costs a native server per request, which wasmtools pays too.",
 		}},
 	},
 	{
