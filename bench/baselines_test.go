@@ -75,7 +75,14 @@ var (
 
 func newRawRuntime(ctx context.Context, t testing.TB, wasm []byte) *rawRuntime {
 	t.Helper()
-	rt := wazero.NewRuntimeWithConfig(ctx, wazero.NewRuntimeConfig().WithCompilationCache(compilationCache(t)))
+	return newRawRuntimeWith(ctx, t, wasm, wazero.NewRuntimeConfig())
+}
+
+// newRawRuntimeWith is newRawRuntime on a runtime of configuration cfg
+// (its compilation cache replaced by the shared one).
+func newRawRuntimeWith(ctx context.Context, t testing.TB, wasm []byte, cfg wazero.RuntimeConfig) *rawRuntime {
+	t.Helper()
+	rt := wazero.NewRuntimeWithConfig(ctx, cfg.WithCompilationCache(compilationCache(t)))
 	r := &rawRuntime{rt: rt, k: &rawKernel{mem: make([]byte, 8, 1024)}}
 	t.Cleanup(func() { r.rt.Close(ctx) })
 	wasi_snapshot_preview1.MustInstantiate(ctx, r.rt)
@@ -181,7 +188,15 @@ func extismCall(ctx context.Context, p *extism.Plugin, input []byte) ([]byte, er
 // serves it.
 func newSandbox(ctx context.Context, t testing.TB, wasm []byte) *sandbox.Compiled {
 	t.Helper()
-	rt, err := sandbox.NewRuntime(sandbox.Options{CacheDir: testplugins.CacheDir()})
+	return newSandboxWith(ctx, t, wasm, sandbox.Options{})
+}
+
+// newSandboxWith is newSandbox with runtime options opts (its CacheDir
+// replaced by the shared one).
+func newSandboxWith(ctx context.Context, t testing.TB, wasm []byte, opts sandbox.Options) *sandbox.Compiled {
+	t.Helper()
+	opts.CacheDir = testplugins.CacheDir()
+	rt, err := sandbox.NewRuntime(opts)
 	if err != nil {
 		t.Fatal(err)
 	}

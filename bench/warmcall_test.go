@@ -91,6 +91,23 @@ func BenchmarkWarmCall(b *testing.B) {
 				warmCalls(ctx, b, cs, p, false)
 			})
 		}
+		// The native baseline of the 2026-07-28 path: the same tools on a
+		// go-sdk server over stateless streamable HTTP (the go-sdk serves
+		// 2026-07-28 only so), its state keyed by the client header.
+		b.Run("http/"+p.name+"/native-2026", func(b *testing.B) {
+			ksrv := native.NewServerKeyed("X-Client")
+			srv := httptest.NewServer(mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return ksrv }, &mcp.StreamableHTTPOptions{Stateless: true}))
+			defer srv.Close()
+			cs, err := client.Connect(ctx, &mcp.StreamableClientTransport{Endpoint: srv.URL, HTTPClient: &http.Client{Transport: clientHeader{}}}, nil)
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer cs.Close()
+			if v := cs.InitializeResult().ProtocolVersion; v != handleProtocol {
+				b.Fatalf("negotiated %s, want %s", v, handleProtocol)
+			}
+			warmCalls(ctx, b, cs, p, false)
+		})
 		b.Run("http/"+p.name+"/wasmtools-handle", func(b *testing.B) {
 			warmCalls(ctx, b, connect2026(ctx, b, h, nil), p, true)
 		})
@@ -157,6 +174,8 @@ func warmCalls(ctx context.Context, b *testing.B, cs *mcp.ClientSession, p plugi
 		args[host.SessionArgument] = h
 	}
 	b.ReportAllocs()
+	cpu := startCPU()
+	defer cpu.report(b)
 	for b.Loop() {
 		res, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: p.tool, Arguments: args})
 		if err != nil {

@@ -20,12 +20,11 @@ import (
 // closures over one byte slice, no checks beyond Go's, no timeout, no
 // logging). They are the floor wasmtools is measured against.
 
-// rawConfigs are the raw baselines: plain wazero, and wazero with the one
-// option the sandbox cannot do without, close-on-context-done, which
-// compiles a termination check into every loop so that a deadline stops a
-// guest that never calls the host. The gap between the two is the price of
-// that guarantee; the gap between the second and the sandbox is the host's
-// own overhead.
+// rawConfigs are the raw baselines: plain wazero, and wazero with
+// close-on-context-done, which compiles a termination check into every
+// loop so that a deadline stops a guest that never calls the host: what
+// the sandbox used before it compiled in a check of its own
+// (interrupt.go). The gap between the two is the price of wazero's check.
 func rawConfigs() map[string]wazero.RuntimeConfig {
 	return map[string]wazero.RuntimeConfig{
 		"raw-wazero":             wazero.NewRuntimeConfig(),

@@ -163,6 +163,9 @@ type checker struct {
 	stats   ModuleStats
 	r       reader
 	imports uint32 // functions imported
+	// types and memories count the function types and the memories
+	// (imported or defined) of the module.
+	types, memories uint32
 	// tables are the limits of the tables the module defines, and
 	// tableSection where its table section lies, for capTables.
 	tables       []tableLimits
@@ -171,6 +174,10 @@ type checker struct {
 	snap snapInfo
 	// data is what merging data segments needs to know (data_merge.go).
 	data dataInfo
+	// rec, when set, records what instrument needs (interrupt.go).
+	rec *instrumentRecord
+	// inCode is set while the checker reads a function body.
+	inCode bool
 }
 
 // tableLimits locates one table type's limits in the module.
@@ -305,6 +312,9 @@ func (c *checker) module(wasm []byte) error {
 		case id == 12:
 			c.data.count = sectionPos{id: idPos, start: start, end: start + len(body), found: true}
 		}
+		if c.rec != nil && id != 0 && int(id) < len(c.rec.sections) {
+			c.rec.sections[id] = sectionPos{id: idPos, start: start, end: start + len(body), found: true}
+		}
 		switch {
 		case id == 7:
 			c.snap.exportSection = sectionPos{id: idPos, start: start, end: start + len(body), found: true}
@@ -350,6 +360,7 @@ func (c *checker) section(id byte, r *reader) error {
 		r.pos = len(r.b)
 	case 1: // type
 		return c.vec(r, func(uint32) error {
+			c.types++
 			if f := r.byte(); f != 0x60 && r.err == nil {
 				r.fail("type form 0x%02x: only function types (0x60) are supported", f)
 			}
@@ -373,6 +384,7 @@ func (c *checker) section(id byte, r *reader) error {
 				c.limits(r, false)
 			case 0x02:
 				c.limits(r, true)
+				c.memories++
 			case 0x03:
 				t := r.pos
 				c.valType(r)
@@ -412,7 +424,7 @@ func (c *checker) section(id byte, r *reader) error {
 			return nil
 		})
 	case 5: // memory
-		return c.vec(r, func(uint32) error { c.limits(r, true); return nil })
+		return c.vec(r, func(uint32) error { c.limits(r, true); c.memories++; return nil })
 	case 6: // global
 		return c.vec(r, func(uint32) error {
 			t := r.pos
@@ -432,11 +444,17 @@ func (c *checker) section(id byte, r *reader) error {
 			}
 			idx := r.u32()
 			c.snap.export(name, k, idx)
+			if c.rec != nil && (name == interruptExport || name == budgetExport || name == startExport) {
+				c.rec.clash = name
+			}
 			return nil
 		})
 	case 8: // start
-		r.u32()
+		f := r.u32()
 		c.snap.hasStart = true
+		if c.rec != nil {
+			c.rec.startFunc = f
+		}
 	case 9: // element
 		return c.vec(r, func(i uint32) error {
 			c.stats.ElemSegments++
@@ -591,7 +609,16 @@ func (c *checker) code(r *reader, i uint32) error {
 		return err
 	}
 	c.stats.MaxLocals = max(c.stats.MaxLocals, uint32(locals))
-	if err := c.instructions(&br, where); err != nil {
+	if c.rec != nil {
+		c.rec.bodies = append(c.rec.bodies, bodyPos{start: r.pos - len(body), entry: br.pos, end: r.pos, loops: [2]int{len(c.rec.loops), len(c.rec.loops)}})
+	}
+	c.inCode = true
+	err = c.instructions(&br, where)
+	c.inCode = false
+	if c.rec != nil {
+		c.rec.bodies[len(c.rec.bodies)-1].loops[1] = len(c.rec.loops)
+	}
+	if err != nil {
 		return err
 	}
 	if br.err == nil && br.pos != len(br.b) {
@@ -623,6 +650,9 @@ func (c *checker) instructions(r *reader, where string) error {
 				return err
 			}
 			if op == 0x03 {
+				if c.rec != nil && c.inCode && r.err == nil {
+					c.rec.loops = append(c.rec.loops, r.pos)
+				}
 				loops++
 				c.stats.MaxLoops = max(c.stats.MaxLoops, loops)
 				if err := c.over("max_loops", where+" loops", uint64(loops), uint64(c.lim.MaxLoops)); err != nil {

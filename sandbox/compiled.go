@@ -40,6 +40,35 @@ type Compiled struct {
 
 	closeOnce sync.Once
 	closeErr  error
+
+	// calls holds how to stop each call running in an instance of the
+	// module, which Close stops before it frees them.
+	calls struct {
+		sync.Mutex
+		closed bool
+		stop   map[*Instance]context.CancelCauseFunc
+	}
+}
+
+// startCall registers i's call, stopped with cancel by Close; it reports
+// false once the module is closed.
+func (c *Compiled) startCall(i *Instance, cancel context.CancelCauseFunc) bool {
+	c.calls.Lock()
+	defer c.calls.Unlock()
+	if c.calls.closed {
+		return false
+	}
+	if c.calls.stop == nil {
+		c.calls.stop = make(map[*Instance]context.CancelCauseFunc)
+	}
+	c.calls.stop[i] = cancel
+	return true
+}
+
+func (c *Compiled) endCall(i *Instance) {
+	c.calls.Lock()
+	delete(c.calls.stop, i)
+	c.calls.Unlock()
 }
 
 // Func names a function a module imports or exports, with its signature in
@@ -77,7 +106,11 @@ func newCompiled(rt wazero.Runtime, mod wazero.CompiledModule, p Policy) (*Compi
 	}
 	c.asks, c.roots = asks, append(c.roots, roots...)
 	for _, d := range mod.ExportedFunctions() {
-		c.exports = append(c.exports, Func{Name: d.ExportNames()[0], Signature: signature(d)})
+		names := slices.DeleteFunc(slices.Clone(d.ExportNames()), func(n string) bool { return n == startExport })
+		if len(names) == 0 {
+			continue // the start function, exported by instrument only
+		}
+		c.exports = append(c.exports, Func{Name: names[0], Signature: signature(d)})
 	}
 	slices.SortFunc(c.exports, func(a, b Func) int { return strings.Compare(a.Name, b.Name) })
 
@@ -147,7 +180,7 @@ func (c *Compiled) Exports() []Func { return slices.Clone(c.exports) }
 // HasExport reports whether the module exports a function named name.
 func (c *Compiled) HasExport(name string) bool {
 	_, ok := c.mod.ExportedFunctions()[name]
-	return ok
+	return ok && name != startExport
 }
 
 // CustomSection returns the contents of the first custom section named
@@ -165,9 +198,18 @@ func (c *Compiled) CustomSection(name string) []byte {
 func (c *Compiled) Policy() Policy { return c.policy }
 
 // Close closes every instance of the module and frees its machine code.
-// It is idempotent.
+// A call running in one of them is stopped, failing with a [TrapError]
+// that matches [ErrClosed]. It is idempotent.
 func (c *Compiled) Close(ctx context.Context) error {
 	c.closeOnce.Do(func() {
+		// Stop the running calls first: wazero's close does not stop a
+		// guest the host interrupts itself (interrupt.go).
+		c.calls.Lock()
+		c.calls.closed = true
+		for _, stop := range c.calls.stop {
+			stop(ErrClosed)
+		}
+		c.calls.Unlock()
 		c.closeErr = c.rt.Close(ctx)
 		if c.snap != nil && c.snap.image != nil && c.snap.image.file != nil {
 			c.snap.image.file.close() // mappings of it outlive the descriptor

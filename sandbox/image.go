@@ -189,7 +189,7 @@ func (c *Compiled) fromImage(ctx context.Context, img *image) (*Instance, error)
 
 func (inst *Instance) applyImage(img *image) error {
 	s := img.state
-	if mem := inst.mod.Memory(); mem != nil {
+	if mem := moduleMemory(inst.mod); mem != nil {
 		cur := mem.Size() / pageSize
 		if cur > s.pages {
 			return fmt.Errorf("the module starts with %d pages, its image has %d", cur, s.pages)

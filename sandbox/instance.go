@@ -6,6 +6,7 @@ import (
 	"crypto/rand"
 	"fmt"
 	"log/slog"
+	"reflect"
 	"sync/atomic"
 	"time"
 
@@ -26,11 +27,14 @@ type Instance struct {
 	mod      api.Module
 	kernel   kernel
 	mem      *reservedMemory // nil where the memory is wazero's own
-	funcs    map[string]api.Function
-	stack    [1]uint64
-	err      error     // why the instance is closed, nil while usable
-	host     HostFunc  // the current call's, nil between calls
-	deadline *deadline // the current call's
+	// interrupt stops the guest (interrupt.go); nil where wazero's own
+	// check does.
+	interrupt *interrupter
+	funcs     map[string]api.Function
+	stack     [1]uint64
+	err       error     // why the instance is closed, nil while usable
+	host      HostFunc  // the current call's, nil between calls
+	deadline  *deadline // the current call's
 	// callCtx is the current call's context, nil between calls; the
 	// file grants of ask mounts the call was given are in fileGrants.
 	callCtx    context.Context
@@ -132,6 +136,13 @@ func (c *Compiled) instantiate(ctx context.Context, initialise bool, img *image)
 	}
 	ctx, cancel := context.WithTimeout(ctx, c.policy.callTimeout)
 	defer cancel()
+	// Closing the module stops the initialisation as it stops a call.
+	ctx, stop := context.WithCancelCause(ctx)
+	defer stop(nil)
+	if !c.startCall(inst, stop) {
+		return nil, fmt.Errorf("instantiate: %w: its module was closed", ErrClosed)
+	}
+	defer c.endCall(inst)
 	ctx = context.WithValue(ctx, instanceKey{}, inst)
 	ctx = experimental.WithMemoryAllocator(ctx, experimental.MemoryAllocatorFunc(func(_, max uint64) experimental.LinearMemory {
 		var m *reservedMemory
@@ -160,12 +171,25 @@ func (c *Compiled) instantiate(ctx context.Context, initialise bool, img *image)
 		return nil, fmt.Errorf("instantiate: %w", contextCause(ctx, err))
 	}
 	inst.mod = mod
+	flag, _ := mod.ExportedGlobal(interruptExport).(api.MutableGlobal)
+	budget, _ := mod.ExportedGlobal(budgetExport).(api.MutableGlobal)
+	if flag != nil && budget != nil {
+		inst.interrupt = newInterrupter(flag, budget)
+	}
+	// The module's start function, which instrument made an export so
+	// that it runs here, under the flag: as part of every instantiation.
+	if f := mod.ExportedFunction(startExport); f != nil {
+		if err := inst.callInit(ctx, f); err != nil {
+			_ = mod.Close(context.Background())
+			return nil, fmt.Errorf("instantiate: %w", &TrapError{Export: "start function", Cause: ctxErr(ctx), Err: err})
+		}
+	}
 	if !initialise {
 		return inst, nil
 	}
 	for _, name := range []string{abi.ExportInitialize, abi.ExportCallCtors} {
 		if f := mod.ExportedFunction(name); f != nil {
-			if _, err := f.Call(ctx); err != nil {
+			if err := inst.callInit(ctx, f); err != nil {
 				_ = mod.Close(context.Background())
 				return nil, fmt.Errorf("initialise: %w", &TrapError{Export: name, Cause: ctxErr(ctx), Err: err})
 			}
@@ -175,12 +199,20 @@ func (c *Compiled) instantiate(ctx context.Context, initialise bool, img *image)
 	// Wizer's pre-initialisation, in the same deadline: its state goes
 	// into the image when there is one (abi.ExportPreInitialize).
 	if f := mod.ExportedFunction(abi.ExportPreInitialize); f != nil && len(f.Definition().ParamTypes()) == 0 {
-		if _, err := f.Call(ctx); err != nil {
+		if err := inst.callInit(ctx, f); err != nil {
 			_ = mod.Close(context.Background())
 			return nil, fmt.Errorf("pre-initialise: %w", &TrapError{Export: abi.ExportPreInitialize, Cause: ctxErr(ctx), Err: err})
 		}
 	}
 	return inst, nil
+}
+
+// callInit runs an initialisation function under ctx.
+func (i *Instance) callInit(ctx context.Context, f api.Function) error {
+	stop := i.interrupt.arm(ctx)
+	defer i.interrupt.disarm(stop)
+	_, err := f.Call(ctx)
+	return err
 }
 
 // maxSleepSlice bounds one guest sleep with real clocks (see Instantiate).
@@ -222,6 +254,10 @@ func (i *Instance) Call(ctx context.Context, export string, input []byte, host H
 	}
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
+	if !i.compiled.startCall(i, cancel) {
+		return nil, fmt.Errorf("%w: its module was closed", ErrClosed)
+	}
+	defer i.compiled.endCall(i)
 	i.deadline = newDeadline(i.compiled.policy.callTimeout, cancel)
 	i.host = host
 	defer func() {
@@ -235,7 +271,9 @@ func (i *Instance) Call(ctx context.Context, export string, input []byte, host H
 	i.callCtx = ctx
 	i.stack[0] = 0
 	i.mem.enter()
+	stop := i.interrupt.arm(ctx)
 	err = f.CallWithStack(ctx, i.stack[:])
+	i.interrupt.disarm(stop)
 	i.mem.exit()
 	if err != nil {
 		te := &TrapError{Export: export, Err: err}
@@ -259,7 +297,7 @@ func (i *Instance) function(export string) (api.Function, error) {
 		return f, nil
 	}
 	f := i.mod.ExportedFunction(export)
-	if f == nil {
+	if f == nil || export == startExport {
 		return nil, fmt.Errorf("%w: %q", ErrNoExport, export)
 	}
 	d := f.Definition()
@@ -275,7 +313,7 @@ func (i *Instance) Err() error { return i.err }
 
 // MemorySize reports the guest's linear memory size in bytes.
 func (i *Instance) MemorySize() uint64 {
-	if m := i.mod.Memory(); m != nil {
+	if m := moduleMemory(i.mod); m != nil {
 		return uint64(m.Size())
 	}
 	return 0
@@ -375,4 +413,14 @@ func (w *lineLogger) flush() {
 		w.inst.log.Info("guest "+w.stream, "line", string(w.buf))
 	}
 	w.buf = w.buf[:0]
+}
+
+// moduleMemory returns mod's linear memory, or nil when it has none
+// (wazero v1.12 returns a nil *MemoryInstance in a non-nil api.Memory).
+func moduleMemory(mod api.Module) api.Memory {
+	m := mod.Memory()
+	if m == nil || reflect.ValueOf(m).IsNil() {
+		return nil
+	}
+	return m
 }

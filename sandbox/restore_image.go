@@ -104,7 +104,7 @@ func (c *Compiled) restoreOnImage(ctx context.Context, img *image, s *snapshotSt
 }
 
 func (inst *Instance) restoreOnImage(s *snapshotState, diff *imageDiff) error {
-	mem := inst.mod.Memory()
+	mem := moduleMemory(inst.mod)
 	if mem == nil {
 		return fmt.Errorf("%w: %d pages of memory, but the module has none", ErrBadSnapshot, s.pages)
 	}

@@ -31,13 +31,18 @@ type Options struct {
 	CacheDir string
 	// Logger receives the runtime's own messages. nil discards them.
 	Logger *slog.Logger
+	// Interruption is how a guest is stopped at its call's deadline or
+	// cancellation; the zero value, [InterruptFlag], instruments each
+	// module with a host-set flag. [InterruptWazero] is the fallback.
+	Interruption Interruption
 }
 
 // Runtime compiles modules. It is safe for concurrent use. Close it after
 // every [Compiled] it made.
 type Runtime struct {
-	cache wazero.CompilationCache
-	log   *slog.Logger
+	cache     wazero.CompilationCache
+	log       *slog.Logger
+	interrupt Interruption
 	// overrun counts compilations that passed their deadline and are
 	// still running in the background (see compileModule).
 	overrun atomic.Int32
@@ -54,7 +59,7 @@ type Runtime struct {
 
 // NewRuntime returns a Runtime with the given options.
 func NewRuntime(opts Options) (*Runtime, error) {
-	r := &Runtime{log: opts.Logger}
+	r := &Runtime{log: opts.Logger, interrupt: opts.Interruption}
 	for i := range r.compiling {
 		r.compiling[i] = make(chan struct{}, 1)
 	}
@@ -110,9 +115,18 @@ func (r *Runtime) Compile(ctx context.Context, wasm []byte, p Policy) (*Compiled
 		wasm = chk.exportGlobals(wasm)
 	}
 	wasm = chk.capTables(wasm)
+	flag := r.interrupt == InterruptFlag
+	if flag {
+		if wasm, err = instrument(wasm); err != nil {
+			return nil, fmt.Errorf("compile: %w", err)
+		}
+	}
 	cfg := wazero.NewRuntimeConfig().
 		WithCompilationCache(r.cache).
-		WithCloseOnContextDone(true).
+		WithCloseOnContextDone(!flag).
+		// The instrumented code no longer matches the offsets of the
+		// module's DWARF sections: trap traces name functions only.
+		WithDebugInfoEnabled(!flag).
 		WithMemoryLimitPages(p.memoryLimitPages()).
 		WithCustomSections(true)
 	rt := wazero.NewRuntimeWithConfig(ctx, cfg)

@@ -177,7 +177,7 @@ func (i *Instance) withMemory(f func(mem []byte) error) error {
 	}
 	defer i.mem.exit()
 	var mem []byte
-	if m := i.mod.Memory(); m != nil {
+	if m := moduleMemory(i.mod); m != nil {
 		mem, _ = m.Read(0, m.Size())
 	}
 	return f(mem)
@@ -386,7 +386,7 @@ type savedPage struct {
 }
 
 func (inst *Instance) restore(s *snapshotState) error {
-	mem := inst.mod.Memory()
+	mem := moduleMemory(inst.mod)
 	if mem == nil && s.pages > 0 || mem != nil && s.pages < mem.Size()/pageSize {
 		return fmt.Errorf("%w: %d pages of memory, but the module starts with more", ErrBadSnapshot, s.pages)
 	}

@@ -12,7 +12,8 @@ import (
 )
 
 // FuzzRewrite feeds the rewrites Compile applies (mergeData, then
-// exportGlobals for a module the host can snapshot, then capTables) the
+// exportGlobals for a module the host can snapshot, then capTables, then
+// instrument) the
 // modules the checker accepts and wazero compiles. They must never panic,
 // and their output must check, compile, export the same functions, and
 // export every mutable global under the name snapGlobals gives it. (That
@@ -57,6 +58,35 @@ func FuzzRewrite(f *testing.F) {
 		defer mod.Close(ctx)
 		if got := slices.Sorted(maps.Keys(mod.ExportedFunctions())); !slices.Equal(got, funcs) {
 			t.Fatalf("exported functions changed: %v, was %v", got, funcs)
+		}
+		// Then the instrumentation for interruption (interrupt.go): it
+		// must take every module that got here, and keep it valid.
+		if _, clash := mod.ExportedFunctions()[startExport]; clash {
+			return
+		}
+		ins, err := instrument(out)
+		if err != nil {
+			t.Fatalf("instrument: %v", err)
+		}
+		imod, err := rt.CompileModule(ctx, ins)
+		if err != nil {
+			t.Fatalf("the instrumented module does not compile: %v", err)
+		}
+		defer imod.Close(ctx)
+		got := slices.Sorted(maps.Keys(imod.ExportedFunctions()))
+		got = slices.DeleteFunc(got, func(n string) bool { return n == startExport })
+		if !slices.Equal(got, funcs) {
+			t.Fatalf("instrumented: exported functions changed: %v, was %v", got, funcs)
+		}
+		c3, err := checkModule(ins, unlimited)
+		if err != nil {
+			t.Fatalf("the instrumented module does not check: %v", err)
+		}
+		for i, name := range []string{interruptExport, budgetExport} {
+			idx := uint32(len(c3.snap.globals) - 2 + i)
+			if g := c3.snap.globals[idx]; g.valType != 0x7f || !g.mutable || g.imported || c3.snap.exported[idx] != name {
+				t.Fatalf("instrumented: global %d is %+v, exported as %q; want a mutable i32 exported as %s", idx, g, c3.snap.exported[idx], name)
+			}
 		}
 		if snap.refusal != "" {
 			return

@@ -18,6 +18,7 @@ targets=(
 	"./sandbox FuzzKernel"
 	"./sandbox FuzzCheckModule"
 	"./sandbox FuzzRewrite"
+	"./sandbox FuzzInterrupt"
 	"./sandbox FuzzSnapshotBody"
 	"./plugins FuzzDecodeOutput"
 	"./plugins FuzzLoadAndCall"

@@ -42,6 +42,7 @@ func (n names) Set(v string) error {
 // commonFlags are the flags of every command that loads plugins.
 type commonFlags struct {
 	cacheDir   string
+	interrupt  interruption
 	verbose    bool
 	prefix     prefixes
 	stateless  names
@@ -60,6 +61,7 @@ func (c *commonFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&c.configPath, "config", "", "the operator's configuration FILE (TOML): grants, limits, pins per plugin; see README")
 	fs.Var(c.stateless, "stateless", "PLUGIN: the plugin keeps no state between calls; serve it from a shared pool of warm instances (repeatable)")
 	fs.StringVar(&c.cacheDir, "cache-dir", defaultCacheDir(), "where compiled plugins are cached between runs (\"\" for no disk cache)")
+	fs.Var(&c.interrupt, "interrupt", "how a guest is stopped at its deadline: flag (a check wasmtools compiles into each plugin; the default) or wazero (wazero's own check: several times slower; a fallback)")
 	fs.BoolVar(&c.verbose, "v", false, "log debug messages")
 	fs.Var(c.prefix, "prefix", "PLUGIN=PREFIX: serve PLUGIN's tools as PREFIX+name (repeatable)")
 }
@@ -108,7 +110,29 @@ func (c *commonFlags) config() *config.File {
 }
 
 func (c *commonFlags) runtime(log *slog.Logger) (*sandbox.Runtime, error) {
-	return sandbox.NewRuntime(sandbox.Options{CacheDir: c.cacheDir, Logger: log})
+	return sandbox.NewRuntime(sandbox.Options{CacheDir: c.cacheDir, Logger: log, Interruption: sandbox.Interruption(c.interrupt)})
+}
+
+// interruption is the --interrupt flag: "flag" or "wazero".
+type interruption sandbox.Interruption
+
+func (i *interruption) String() string {
+	if sandbox.Interruption(*i) == sandbox.InterruptWazero {
+		return "wazero"
+	}
+	return "flag"
+}
+
+func (i *interruption) Set(s string) error {
+	switch s {
+	case "flag":
+		*i = interruption(sandbox.InterruptFlag)
+	case "wazero":
+		*i = interruption(sandbox.InterruptWazero)
+	default:
+		return fmt.Errorf("%q is neither flag nor wazero", s)
+	}
+	return nil
 }
 
 // optsFor gives each plugin file its options: the configuration's, with

@@ -332,6 +332,9 @@ func TestCall(t *testing.T) {
 		{"decline", []string{"--answer", `{"action":"decline"}`, testplugins.Test(t, "pdkhost"), "ask", `{"rounds":1}`}, 0, "decline", ""},
 		{"question without a terminal", []string{testplugins.Test(t, "pdkhost"), "ask", `{"rounds":1}`}, 1, "", "stdin is not a terminal: answer with --answer JSON"},
 		{"usage", []string{"only-a-file.wasm"}, 2, "", "Usage"},
+		// The fallback interruption, wazero's own check.
+		{"interrupt wazero", []string{"--interrupt", "wazero", testplugins.Example(t, "hash"), "hash", `{"text":"abc","algorithm":"md5"}`}, 0, "900150983cd24fb0d6963f7d28e17f72", ""},
+		{"interrupt unknown", []string{"--interrupt", "fuel", testplugins.Example(t, "hash"), "hash", `{"text":"abc"}`}, 2, "", "neither flag nor wazero"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -86,7 +86,8 @@ var sections = []Section{
 		About: "One `tools/call` on a session that has called before (its instance is warm): go-sdk client → transport → go-sdk server → tool → result. " +
 			"Transports: the in-memory pair, and streamable HTTP on 127.0.0.1 (protocol 2025-11-25, whose session, Mcp-Session-Id, keeps its instance). " +
 			"`native` is the same tool as a native Go handler (`mcp.AddTool`) on a go-sdk server. The ratio is throughput relative to native (native time ÷ wasmtools time); issue 7's goal is ≥ 0.8. " +
-			"`wasmtools-handle` is the same wasmtools server and plugin for a client of protocol 2026-07-28, which has no sessions: the go-sdk client with default options lists the tools once (so that it mirrors the `wasmtools_session` argument into the `Mcp-Param-Wasmtools-Session` header), makes one untimed call that mints a session handle, then passes the handle back in every call.",
+			"`wasmtools-handle` is the same wasmtools server and plugin for a client of protocol 2026-07-28, which has no sessions: the go-sdk client with default options lists the tools once (so that it mirrors the `wasmtools_session` argument into the `Mcp-Param-Wasmtools-Session` header), makes one untimed call that mints a session handle, then passes the handle back in every call. " +
+			"`native-2026` is the native server for a 2026-07-28 client (stateless streamable HTTP, its state keyed by a client header): that path's baseline.",
 		Unit: "ns/op", Throughput: true, Baselines: []string{"native"}, Headline: "wasmtools", Goal: 0.8,
 		Deltas: []Delta{{
 			Contender: "wasmtools-handle", Against: "wasmtools",
@@ -104,6 +105,14 @@ var sections = []Section{
 			Contender: "wasmtools-header", Against: "wasmtools",
 			Label: "The 2026-07-28 path without a handle",
 			About: "A 2026-07-28 call keyed by the client header (`wasmtools-header`) against a 2025-11-25 call on a stateful session (`wasmtools`): what the go-sdk's sessionless transport costs per request (a server session made and closed for each request, the per-request protocol checks), with no handle involved.",
+		}, {
+			Contender: "wasmtools-handle", Against: "native-2026",
+			Label: "The 2026-07-28 path against a native server of it (issue 27)",
+			About: "A 2026-07-28 call with a session handle (`wasmtools-handle`) against the same tool as a native Go handler on a go-sdk server of the same protocol (`native-2026`: stateless streamable HTTP, the only way the go-sdk serves 2026-07-28, the counter keyed by a client header). Issue 27's goal: at most 1.15 times its time.",
+		}, {
+			Contender: "native-2026", Against: "native",
+			Label: "The go-sdk's own 2026-07-28 cost (issue 27)",
+			About: "The native server on the 2026-07-28 path (`native-2026`) against the same server on a stateful 2025-11-25 session (`native`): what the go-sdk's sessionless transport costs a native server per request, which wasmtools pays too.",
 		}},
 	},
 	{
@@ -140,7 +149,7 @@ var sections = []Section{
 	},
 	{
 		Title: "7. Per-instance cost, host side (issue 3)", Bench: "NewInstanceFirstCall",
-		About: "A new instance of the small (WAT) plugin and its first call, with no MCP: `sandbox` is wasmtools' sandbox (native Extism kernel, limits, deadline); `raw-wazero` the least host code that runs the module; `raw-wazero-termination` the same with wazero's close-on-context-done, the check that lets a deadline stop a guest that never calls the host, which the sandbox cannot do without; `host-session` is a new session's first call through the host (session, slot, limits, instance, call, result), without the MCP transport. " +
+		About: "A new instance of the small (WAT) plugin and its first call, with no MCP: `sandbox` is wasmtools' sandbox (native Extism kernel, limits, deadline); `raw-wazero` the least host code that runs the module; `raw-wazero-termination` the same with wazero's close-on-context-done, the check that let a deadline stop a guest that never calls the host until the sandbox compiled in its own (issue 27, docs/DESIGN.md); `host-session` is a new session's first call through the host (session, slot, limits, instance, call, result), without the MCP transport. " +
 			"Issue 3's bar for `host-session`: 100 µs.",
 		Unit: "ns/op", Baselines: []string{"raw-wazero-termination", "raw-wazero"}, Headline: "host-session",
 	},
@@ -199,6 +208,13 @@ var sections = []Section{
 			Label: "Adoption against a new session's first call (issue 16)",
 			About: "The same first call against that of a new session without a store, which also makes an instance but has no state to read, claim or restore.",
 		}},
+	},
+	{
+		Title: "13. Compute-heavy Go plugin (issue 27)", Bench: "ComputeCall",
+		About: "A warm call of a tool that spends its time in the guest: the test plugin `compute` (ordinary Go, the standard toolchain and the Extism Go PDK), whose `crunch` builds 1 000 records, counts their words in a map, encodes them as JSON and decodes them back, sorts them and hashes the result (SHA-256, 65 rounds). " +
+			"`raw-wazero` runs the module on plain wazero with no termination check (nothing could stop it) and the least Extism kernel: the floor; `raw-wazero-check` adds wazero's close-on-context-done; `sandbox` is wasmtools' sandbox, whose modules carry the host's own interruption check (docs/DESIGN.md, \"Why interrupt guests with a flag of our own\"); `sandbox-wazero-check` the sandbox with wazero's check instead (the fallback setting); `wasmtools` the full MCP stack in memory. " +
+			"The unit is the CPU time of the whole process per call (every thread: guest, host, garbage collector), steadier than wall time (ns/op, shown) on a shared machine. Issue 27's goal: `wasmtools` at most 1.3 times `raw-wazero`.",
+		Unit: "cpu-ns/op", Baselines: []string{"raw-wazero", "raw-wazero-check"}, Headline: "wasmtools", Extra: []string{"ns/op"},
 	},
 }
 
@@ -482,6 +498,10 @@ func unitHeader(unit string) string {
 		return "RSS per instance"
 	case "write-us":
 		return "store write"
+	case "cpu-ns/op":
+		return "CPU time per call"
+	case "ns/op":
+		return "wall time per call"
 	}
 	return unit
 }
@@ -548,7 +568,7 @@ func formatRatio(x float64) string {
 // KiB as KiB or MiB, rates as whole numbers.
 func formatValue(v float64, unit string) string {
 	switch unit {
-	case "ns/op":
+	case "ns/op", "cpu-ns/op":
 		return formatDuration(v)
 	case "p50-us", "p99-us", "write-us":
 		return formatDuration(v * 1e3)

@@ -24,14 +24,33 @@ type EchoInput struct {
 // does), and "echo", which returns its text argument (as the servlet
 // plugin's echo does). It is safe for concurrent use.
 func NewServer() *mcp.Server {
+	return newServer(func(req *mcp.CallToolRequest) any { return req.Session })
+}
+
+// NewServerKeyed is NewServer for clients of protocol 2026-07-28 over
+// stateless streamable HTTP, which have no session: "count" keeps a
+// counter per value of the request's HTTP header, as a native server of
+// that protocol keys its clients' state.
+func NewServerKeyed(header string) *mcp.Server {
+	return newServer(func(req *mcp.CallToolRequest) any {
+		if req.Extra == nil || req.Extra.Header == nil {
+			return ""
+		}
+		return req.Extra.Header.Get(header)
+	})
+}
+
+// newServer makes the server, keeping count's counters per key(req).
+func newServer(key func(*mcp.CallToolRequest) any) *mcp.Server {
 	s := mcp.NewServer(&mcp.Implementation{Name: "native", Version: "1"}, nil)
 	var mu sync.Mutex
-	counts := map[*mcp.ServerSession]int64{}
+	counts := map[any]int64{}
 	mcp.AddTool(s, &mcp.Tool{Name: "count", Description: "Adds one to this session's counter and returns it."},
 		func(_ context.Context, req *mcp.CallToolRequest, _ struct{}) (*mcp.CallToolResult, any, error) {
+			k := key(req)
 			mu.Lock()
-			counts[req.Session]++
-			n := counts[req.Session]
+			counts[k]++
+			n := counts[k]
 			mu.Unlock()
 			return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: strconv.FormatInt(n, 10)}}}, nil, nil
 		})
