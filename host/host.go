@@ -353,14 +353,15 @@ func (h *Host) newServer(name, version string) *mcp.Server {
 			h.initialized(ctx, req.Session)
 		},
 	})
-	// The trace span first: it is the outermost, so it covers the rest.
-	s.AddReceivingMiddleware(h.traceMiddleware)
-	s.AddSendingMiddleware(traceSending)
 	s.AddReceivingMiddleware(keepEmptyText)
 	if h.opts.Loaded != nil {
 		s.AddReceivingMiddleware(h.waitForLoad)
 	}
 	s.AddReceivingMiddleware(h.taskMiddleware)
+	// The trace span last: each middleware added wraps those before it,
+	// so this one is outermost and its span covers the rest.
+	s.AddReceivingMiddleware(h.traceMiddleware)
+	s.AddSendingMiddleware(traceSending)
 	h.addTaskMethods(s)
 	return s
 }

@@ -14,6 +14,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"maps"
+	"reflect"
 	"strconv"
 	"strings"
 
@@ -28,10 +29,7 @@ import (
 // everything the request costs, the wait for the first load included.
 func (h *Host) traceMiddleware(next mcp.MethodHandler) mcp.MethodHandler {
 	return func(ctx context.Context, method string, req mcp.Request) (mcp.Result, error) {
-		var meta map[string]any
-		if p, ok := req.GetParams().(interface{ GetMeta() map[string]any }); ok && p != nil {
-			meta = p.GetMeta()
-		}
+		meta := metaOf(req)
 		parent := telemetry.FromMeta(ctx, meta)
 		var header map[string][]string
 		if extra := req.GetExtra(); extra != nil {
@@ -89,6 +87,20 @@ func (h *Host) traceMiddleware(next mcp.MethodHandler) mcp.MethodHandler {
 	}
 }
 
+// metaOf is a request's `_meta`, nil when it has no params.
+func metaOf(req mcp.Request) map[string]any {
+	if p := req.GetParams(); !isNil(p) {
+		return p.GetMeta()
+	}
+	return nil
+}
+
+// isNil reports whether p is nil or a nil pointer: a request without
+// params holds a typed nil (*ListToolsParams)(nil).
+func isNil(p mcp.Params) bool {
+	return p == nil || reflect.ValueOf(p).IsNil()
+}
+
 // protocolOfRequest is the request's protocol revision: its
 // Mcp-Protocol-Version header (every request of a 2026-07-28 client and
 // later HTTP requests), else what the session was initialized with.
@@ -119,10 +131,7 @@ func traceSending(next mcp.MethodHandler) mcp.MethodHandler {
 			return next(ctx, method, req)
 		}
 		ctx, span := telemetry.StartClient(ctx, method, attribute.String("mcp.method.name", method))
-		if p, ok := req.GetParams().(interface {
-			GetMeta() map[string]any
-			SetMeta(map[string]any)
-		}); ok && p != nil && span.SpanContext().IsValid() {
+		if p := req.GetParams(); !isNil(p) && span.SpanContext().IsValid() {
 			m := maps.Clone(p.GetMeta())
 			if m == nil {
 				m = map[string]any{}
