@@ -10,6 +10,8 @@ import (
 	"net/url"
 	"strings"
 	"time"
+
+	wauth "github.com/wasmtools/wasmtools/internal/auth"
 )
 
 // Defaults of [GuardOptions] and of the HTTP server wasmtools runs.
@@ -36,6 +38,11 @@ type GuardOptions struct {
 	// [RequireTokens]). With either set, every request needs one.
 	Token  string
 	Tokens map[string]string
+	// Verifier, if set, checks bearer tokens instead (an OAuth resource
+	// server's, or a chain with the static tokens); Bearer says what its
+	// refusals tell the client (see [RequireBearer]).
+	Verifier wauth.Verifier
+	Bearer   BearerOptions
 	// Public are paths served without the token; the other checks still
 	// apply. wasmtools lists /metrics here only when the operator says
 	// so (http.metrics_public).
@@ -86,8 +93,11 @@ func Guard(next http.Handler, o GuardOptions) http.Handler {
 		public[p] = true
 	}
 	withToken := next
-	if o.Token != "" || len(o.Tokens) > 0 {
-		withToken = RequireTokens(o.Token, o.Tokens, next)
+	switch {
+	case o.Verifier != nil:
+		withToken = RequireBearer(o.Verifier, o.Bearer, next)
+	case o.Token != "" || len(o.Tokens) > 0:
+		withToken = RequireBearer(wauth.NewStatic(o.Token, o.Tokens), o.Bearer, next)
 	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.ContentLength != 0 {

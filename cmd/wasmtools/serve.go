@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"net"
 	"net/http"
 	neturl "net/url"
@@ -27,6 +28,7 @@ import (
 	"github.com/fsnotify/fsnotify"
 
 	"github.com/wasmtools/wasmtools/host"
+	wauth "github.com/wasmtools/wasmtools/internal/auth"
 	"github.com/wasmtools/wasmtools/internal/config"
 	"github.com/wasmtools/wasmtools/internal/sources"
 	"github.com/wasmtools/wasmtools/internal/statestore"
@@ -276,7 +278,15 @@ func cmdServe(ctx context.Context, args []string, lookupEnv func(string) (string
 			return 1
 		}
 	}
-	return serveHTTP(ctx, log, *httpAddr, h, reloader, rem, refresh, cfg.HTTP, token, *shutdownGrace, *drainDelay)
+	op := wauth.Operator{Token: cfg.HTTP.OperatorToken, Subjects: cfg.HTTP.OperatorSubjects, Scope: cfg.HTTP.OperatorScope}
+	if v, ok := lookupEnv("WASMTOOLS_OPERATOR_TOKEN"); ok && v != "" {
+		op.Token = v
+	}
+	if op.Token != "" && (op.Token == token || slices.Contains(slices.Collect(maps.Values(cfg.HTTP.Tokens)), op.Token)) {
+		log.Error("configuration refused", "error", errors.New("the operator's token (http.operator_token or WASMTOOLS_OPERATOR_TOKEN) is also a tenant's"))
+		return 1
+	}
+	return serveHTTP(ctx, log, *httpAddr, h, reloader, rem, refresh, cfg.HTTP, token, op, *shutdownGrace, *drainDelay)
 }
 
 // serveHTTP serves /mcp, /status, /metrics and /healthz at addr, each
@@ -292,7 +302,7 @@ func cmdServe(ctx context.Context, args []string, lookupEnv func(string) (string
 // the host (see [host.Host.Drain]): readiness fails at once, open SSE
 // streams close, calls in flight finish within grace, and every session
 // is left in the state store for the other replicas.
-func serveHTTP(ctx context.Context, log *slog.Logger, addr string, h *host.Host, reloader *plugins.Reloader, rem *remote, refresh func(context.Context) (bool, []error), cfg config.HTTP, token string, grace, drainDelay time.Duration) int {
+func serveHTTP(ctx context.Context, log *slog.Logger, addr string, h *host.Host, reloader *plugins.Reloader, rem *remote, refresh func(context.Context) (bool, []error), cfg config.HTTP, token string, op wauth.Operator, grace, drainDelay time.Duration) int {
 	if strings.HasPrefix(addr, ":") {
 		addr = "127.0.0.1" + addr // loopback unless told otherwise
 	}
@@ -301,11 +311,20 @@ func serveHTTP(ctx context.Context, log *slog.Logger, addr string, h *host.Host,
 		log.Error("listen", "addr", addr, "error", err)
 		return 1
 	}
+	var tenants wauth.Verifier
+	if static := wauth.NewStatic(token, cfg.Tokens); !static.Empty() {
+		tenants = static
+	}
+	gate := operatorGate{op: op, tenants: tenants}
 	mux := http.NewServeMux()
 	mux.Handle("/mcp", h.HTTPHandler())
-	mux.Handle("/metrics", h.MetricsHandler())
-	mux.Handle("/status", statusHandler(h, reloader, rem))
-	mux.Handle("/reload", reloadHandler(refresh))
+	if cfg.MetricsPublic {
+		mux.Handle("/metrics", h.MetricsHandler())
+	} else {
+		mux.Handle("/metrics", gate.wrap(h.MetricsHandler(), true))
+	}
+	mux.Handle("/status", gate.wrap(statusHandler(h, reloader, rem), true))
+	mux.Handle("/reload", gate.wrap(reloadHandler(refresh), false))
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 		io.WriteString(w, "ok")
@@ -313,7 +332,7 @@ func serveHTTP(ctx context.Context, log *slog.Logger, addr string, h *host.Host,
 	mux.Handle("/readyz", h.ReadyHandler())
 	drainNow := make(chan struct{})
 	var drainOnce sync.Once
-	mux.HandleFunc("/drain", func(w http.ResponseWriter, r *http.Request) {
+	mux.Handle("/drain", gate.wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Method != http.MethodPost {
 			w.Header().Set("Allow", "POST")
 			http.Error(w, "POST to drain", http.StatusMethodNotAllowed)
@@ -322,20 +341,18 @@ func serveHTTP(ctx context.Context, log *slog.Logger, addr string, h *host.Host,
 		drainOnce.Do(func() { close(drainNow) })
 		w.WriteHeader(http.StatusAccepted)
 		io.WriteString(w, "draining\n")
-	})
+	}), false))
 	guard := host.GuardOptions{
-		Token:          token,
-		Tokens:         cfg.Tokens,
+		Verifier:       tenants,
 		AllowedOrigins: cfg.AllowedOrigins,
 		MaxBody:        int64(cfg.MaxRequestBody),
 		BodyTimeout:    time.Duration(cfg.BodyTimeout),
 	}
 	// Probes (a proxy's health check, Kubernetes') send no token; they
 	// learn only whether the replica is up and ready, and its name.
-	guard.Public = []string{"/healthz", "/readyz"}
-	if cfg.MetricsPublic {
-		guard.Public = append(guard.Public, "/metrics")
-	}
+	// The operator's endpoints check the operator's credential themselves
+	// (a tenant's token is not one).
+	guard.Public = append([]string{"/healthz", "/readyz"}, operatorPaths...)
 	if host, _, _ := net.SplitHostPort(ln.Addr().String()); token == "" && len(cfg.Tokens) == 0 && !net.ParseIP(host).IsLoopback() {
 		log.Warn("serving beyond loopback without authentication: set http.auth_token in the configuration, or WASMTOOLS_AUTH_TOKEN")
 	}

@@ -260,6 +260,44 @@ type HTTP struct {
 	// handles minted for it are bound to it. auth_token, if also set, is
 	// a token shared by clients that are not told apart.
 	Tokens map[string]string `toml:"tokens"`
+	// OperatorToken, if set, is the bearer token of the operator: the
+	// only credential (with OperatorSubjects and OperatorScope) that
+	// /drain, /reload, /status and /metrics answer to. It must differ
+	// from every tenant token. Without an operator credential, /drain and
+	// /reload are not served over HTTP (signals still work) and /status
+	// and /metrics answer loopback connections only.
+	OperatorToken string `toml:"operator_token"`
+	// OperatorSubjects are subjects (of http.tokens, or issuer + " " +
+	// sub of an OAuth access token) that act as the operator.
+	OperatorSubjects []string `toml:"operator_subjects"`
+	// OperatorScope, if set, is an OAuth scope whose holders act as the
+	// operator ("wasmtools:operate").
+	OperatorScope string `toml:"operator_scope"`
+	// OAuth makes the server an OAuth 2.1 resource server (see [OAuth]).
+	OAuth *OAuth `toml:"oauth"`
+}
+
+// OAuth configures wasmtools as an OAuth 2.1 resource server, per the MCP
+// authorization specification: access tokens from Issuer's authorization
+// server, audience-bound to Resource.
+type OAuth struct {
+	// Issuer is the authorization server's issuer URL; its keys are
+	// discovered through RFC 8414 or OpenID discovery under it.
+	Issuer string `toml:"issuer"`
+	// Resource is this server's canonical resource URI (RFC 8707), the
+	// audience every access token must name: "https://tools.example/mcp".
+	Resource string `toml:"resource"`
+	// Scopes are required of every access token (none by default).
+	Scopes []string `toml:"scopes"`
+	// ClockSkew tolerates clocks this far apart on exp and nbf; 0 means
+	// 30s.
+	ClockSkew Duration `toml:"clock_skew"`
+	// IntrospectionURL, if set, checks tokens that are not JWTs through
+	// RFC 7662 introspection, authenticated with ClientID and
+	// ClientSecret.
+	IntrospectionURL string `toml:"introspection_url"`
+	ClientID         string `toml:"client_id"`
+	ClientSecret     string `toml:"client_secret"`
 }
 
 // Size is a byte count written as a number or with a unit: "64MiB", "1GB".
@@ -358,6 +396,10 @@ func (f *File) finish(getenv func(string) (string, bool)) error {
 	for subject, token := range f.HTTP.Tokens {
 		f.HTTP.Tokens[subject] = resolve(token)
 	}
+	f.HTTP.OperatorToken = resolve(f.HTTP.OperatorToken)
+	if o := f.HTTP.OAuth; o != nil {
+		o.ClientSecret = resolve(o.ClientSecret)
+	}
 	f.Defaults.resolve(resolve)
 	f.Sources.PublicKey = resolve(f.Sources.PublicKey)
 	f.Sources.DockerConfig = resolve(f.Sources.DockerConfig)
@@ -416,6 +458,24 @@ func (h *HTTP) check() error {
 			errs = append(errs, fmt.Errorf("http.tokens.%s: the same token as %s", subject, seen[token]))
 		}
 		seen[token] = subject
+	}
+	if op := h.OperatorToken; op != "" {
+		switch {
+		case len(op) < 16:
+			errs = append(errs, errors.New("http.operator_token: a token must have at least 16 characters"))
+		case op == h.AuthToken:
+			errs = append(errs, errors.New("http.operator_token: the same token as auth_token, which every client holds"))
+		case seen[op] != "":
+			errs = append(errs, fmt.Errorf("http.operator_token: the same token as tenant %s", seen[op]))
+		}
+	}
+	if o := h.OAuth; o != nil {
+		if o.Issuer == "" || o.Resource == "" {
+			errs = append(errs, errors.New("http.oauth: issuer and resource are required"))
+		}
+		if o.IntrospectionURL != "" && o.ClientID == "" {
+			errs = append(errs, errors.New("http.oauth: introspection_url needs client_id (and client_secret)"))
+		}
 	}
 	return errors.Join(errs...)
 }
