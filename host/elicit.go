@@ -51,6 +51,9 @@ type run struct {
 	round    int       // the client's requests so far, the first included
 	pending  *question // the question a parked run waits on
 	answered string    // the key the last retry answered
+	// subject is the authenticated subject of the request that started
+	// the run: only a retry of the same subject resumes it.
+	subject string
 }
 
 type runResult struct {
@@ -83,7 +86,11 @@ func roundOf(req *mcp.CallToolRequest) roundReq {
 func newRun(name string, env *callEnv, cancel context.CancelCauseFunc) *run {
 	var idb [12]byte
 	rand.Read(idb[:])
-	return &run{id: hex.EncodeToString(idb[:]), name: name, env: env, cancel: cancel, done: make(chan runResult, 1), start: time.Now(), round: 1}
+	var subject string
+	if _, req := env.current(); req != nil {
+		subject = subjectOf(req.Extra)
+	}
+	return &run{id: hex.EncodeToString(idb[:]), name: name, env: env, cancel: cancel, done: make(chan runResult, 1), start: time.Now(), round: 1, subject: subject}
 }
 
 // startRequestRun starts work, a prompt get, resource read or completion
@@ -442,7 +449,7 @@ func (h *Host) abandonRun(r *run, cause error) {
 // resume continues a parked run with the answer the client's retried call
 // carries.
 func (h *Host) resume(ctx context.Context, t *plugins.Tool, req *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
-	r, err := h.unpark(t.Name, req.Params.RequestState)
+	r, err := h.unpark(t.Name, req.Params.RequestState, subjectOf(req.Extra))
 	if err != nil {
 		return nil, err
 	}
@@ -453,13 +460,16 @@ func (h *Host) resume(ctx context.Context, t *plugins.Tool, req *mcp.CallToolReq
 }
 
 // unpark takes the run that state names, signed for name, from the
-// session layer, and marks the keys its question is answered under.
-func (h *Host) unpark(name, state string) (*run, error) {
+// session layer, and marks the keys its question is answered under. Only
+// the subject that started the run resumes it: another subject's retry
+// with the same state is refused as a state that names no waiting call,
+// and the run stays parked for its own client.
+func (h *Host) unpark(name, state, subject string) (*run, error) {
 	id, round, err := h.verifyState(state, name)
 	if err != nil {
 		return nil, err
 	}
-	v, ok := h.ses.Unpark(id, func(v any) bool { return v.(*run).round == round })
+	v, ok := h.ses.Unpark(id, func(v any) bool { r := v.(*run); return r.round == round && r.subject == subject })
 	if !ok {
 		return nil, fmt.Errorf("%w: it names no call waiting for an answer (finished, abandoned, or answered already)", ErrRequestState)
 	}

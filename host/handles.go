@@ -258,11 +258,14 @@ func (h *Host) requestKey(ss *mcp.ServerSession, extra *mcp.RequestExtra, meta m
 }
 
 // headerKey is the key of the operator's client header
-// ([Options.ClientKeyHeader]), which takes precedence over handles.
+// ([Options.ClientKeyHeader]), which takes precedence over handles. It is
+// bound to the request's subject: another subject naming the same header
+// value gets a client of its own, never the first one's instances.
 func (h *Host) headerKey(extra *mcp.RequestExtra) (sessions.Key, bool) {
 	if name := h.opts.ClientKeyHeader; name != "" {
 		if v := extra.Header.Get(name); v != "" {
-			return sessions.Client("header:" + v), true
+			// The tag has no ':' (base64url, or "-" for no subject).
+			return sessions.Client("header:" + h.subjectTag(subjectOf(extra)) + ":" + v), true
 		}
 	}
 	return sessions.Key{}, false

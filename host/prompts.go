@@ -142,7 +142,7 @@ func (h *Host) resourceHandler(p *plugins.Plugin) mcp.ResourceHandler {
 // run inline. Either way the guest has the host functions of a tool call.
 func (h *Host) serveRequest(ctx context.Context, p *plugins.Plugin, name string, round roundReq, asCall *mcp.CallToolRequest, work func(context.Context, sessions.Key, *callEnv) (any, error)) (any, *parkedRound, error) {
 	if round.state != "" {
-		r, err := h.unpark(name, round.state)
+		r, err := h.unpark(name, round.state, subjectOf(asCall.Extra))
 		if err != nil {
 			return nil, nil, err
 		}

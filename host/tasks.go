@@ -306,7 +306,7 @@ func (h *Host) taskOwner(ss *mcp.ServerSession, extra *mcp.RequestExtra) string 
 	}
 	if hdr := h.opts.ClientKeyHeader; hdr != "" && extra != nil {
 		if v := extra.Header.Get(hdr); v != "" {
-			return "client:" + v
+			return "client:" + v // a subject's requests are the subject's, above
 		}
 	}
 	return "anonymous"

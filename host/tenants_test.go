@@ -1,0 +1,96 @@
+package host_test
+
+import (
+	"context"
+	"net/http"
+	"strings"
+	"testing"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/wasmtools/wasmtools/host"
+	"github.com/wasmtools/wasmtools/internal/testplugins"
+	"github.com/wasmtools/wasmtools/sandbox"
+)
+
+// Tenants' tokens in these tests.
+const aliceToken, bobToken = "alice-token-0123456789", "bob-token-0123456789"
+
+// tenantTransport sends a subject's bearer token and, if name is set, a
+// header.
+type tenantTransport struct{ token, name, value string }
+
+func (tt tenantTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+	r = r.Clone(r.Context())
+	r.Header.Set("Authorization", "Bearer "+tt.token)
+	if tt.name != "" {
+		r.Header.Set(tt.name, tt.value)
+	}
+	return http.DefaultTransport.RoundTrip(r)
+}
+
+// TestParkedCallBoundToSubject: alice's call parks at a question; bob
+// retries tools/call with alice's requestState and his own answer (issue
+// 26: he answered her question and received her result, her session
+// handle included). He is refused as an invalid state, and alice's call
+// stays parked for her.
+func TestParkedCallBoundToSubject(t *testing.T) {
+	f := pdkhostFixture(t, nil)
+	url := serveGuarded(t, f, host.GuardOptions{Tokens: map[string]string{"alice": aliceToken, "bob": bobToken}})
+	copts := &mcp.ClientOptions{ElicitationHandler: (&answerer{}).handler, MultiRoundTrip: &mcp.MultiRoundTripOptions{Disabled: true}}
+	alice := connectHTTPEra(t, url, "", copts, tenantTransport{token: aliceToken})
+	bob := connectHTTPEra(t, url, "", copts, tenantTransport{token: bobToken})
+
+	first, err := alice.CallTool(context.Background(), &mcp.CallToolParams{Name: "ask", Arguments: map[string]any{"rounds": 2}})
+	if err != nil || first.RequestState == "" {
+		t.Fatalf("alice's first round: %v %+v", err, first)
+	}
+	res, err := retry(bob, first.RequestState, accept("mallory"))
+	if err == nil || !strings.Contains(err.Error(), "invalid request state") {
+		t.Fatalf("bob with alice's request state: %v %+v; want refused as an invalid request state", err, res)
+	}
+	second, err := retry(alice, first.RequestState, accept("ann"))
+	if err != nil || second.RequestState == "" {
+		t.Fatalf("alice after bob's attempt: %v %+v; want her second round", err, second)
+	}
+	final, err := retry(alice, second.RequestState, accept("bo"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := text(final); !strings.HasPrefix(got, "accept:ann,accept:bo") {
+		t.Errorf("alice's result = %q, want her own answers", got)
+	}
+}
+
+// TestClientHeaderBoundToSubject: with --client-header, bob naming
+// alice's header value runs on his own instance, not hers (issue 26: the
+// key ignored the subject).
+func TestClientHeaderBoundToSubject(t *testing.T) {
+	f := newFixture(t, &host.Options{ClientKeyHeader: "X-Client"}, sandbox.NewPolicy(), map[string]string{"counter.wasm": testplugins.Example(t, "counter")})
+	url := serveGuarded(t, f, host.GuardOptions{Tokens: map[string]string{"alice": aliceToken, "bob": bobToken}})
+	alice := connectHTTP(t, url, "", tenantTransport{aliceToken, "X-Client", "laptop"})
+	alice2 := connectHTTP(t, url, "", tenantTransport{aliceToken, "X-Client", "laptop"})
+	bob := connectHTTP(t, url, "", tenantTransport{bobToken, "X-Client", "laptop"})
+	var got []string
+	for _, cs := range []*mcp.ClientSession{alice, alice2, bob, alice} {
+		got = append(got, text(call(t, cs, "count", nil)))
+	}
+	if strings.Join(got, ",") != "1,2,1,3" {
+		t.Errorf("counts = %v; want 1,2,1,3 (alice's header value hers, bob's the same value his own)", got)
+	}
+}
+
+// TestRecordLogSubject: the record log names the subject each call ran
+// for, and none for the shared token.
+func TestRecordLogSubject(t *testing.T) {
+	var audit syncBuffer
+	f := pdkhostFixture(t, &host.Options{RecordLog: &audit})
+	const shared = "shared-token-0123456789"
+	url := serveGuarded(t, f, host.GuardOptions{Token: shared, Tokens: map[string]string{"alice": aliceToken}})
+	call(t, connectHTTP(t, url, "", tenantTransport{token: aliceToken}), "record", map[string]any{"count": 1})
+	call(t, connectHTTP(t, url, "", tenantTransport{token: shared}), "record", map[string]any{"count": 1})
+	lines := strings.Split(strings.TrimSpace(audit.String()), "\n")
+	if len(lines) != 2 || !strings.Contains(lines[0], `"subject":"alice"`) || strings.Contains(lines[1], `"subject"`) {
+		t.Errorf("record log:\n%s\nwant alice's call with her subject, the shared token's with none", audit.String())
+	}
+}
