@@ -47,6 +47,10 @@ type GuardOptions struct {
 	// apply. wasmtools lists /metrics here only when the operator says
 	// so (http.metrics_public).
 	Public []string
+	// Open are paths served without the token to any origin (the Host
+	// check still applies): public documents a browser-based client reads
+	// cross-origin, such as the protected resource metadata (RFC 9728).
+	Open []string
 	// AllowedOrigins are browser origins ("http://localhost:6274"),
 	// besides the server's own, whose cross-origin requests are served.
 	AllowedOrigins []string
@@ -88,9 +92,12 @@ func Guard(next http.Handler, o GuardOptions) http.Handler {
 	for _, origin := range o.AllowedOrigins {
 		allowed[strings.TrimSuffix(origin, "/")] = true
 	}
-	public := map[string]bool{}
+	public, open := map[string]bool{}, map[string]bool{}
 	for _, p := range o.Public {
 		public[p] = true
+	}
+	for _, p := range o.Open {
+		open[p] = true
 	}
 	withToken := next
 	switch {
@@ -107,6 +114,10 @@ func Guard(next http.Handler, o GuardOptions) http.Handler {
 		}
 		if err := checkHost(r); err != nil {
 			http.Error(w, err.Error(), http.StatusForbidden)
+			return
+		}
+		if open[r.URL.Path] {
+			next.ServeHTTP(w, r)
 			return
 		}
 		if err := checkOrigin(r, allowed); err != nil {

@@ -315,8 +315,28 @@ func serveHTTP(ctx context.Context, log *slog.Logger, addr string, h *host.Host,
 	if static := wauth.NewStatic(token, cfg.Tokens); !static.Empty() {
 		tenants = static
 	}
-	gate := operatorGate{op: op, tenants: tenants}
 	mux := http.NewServeMux()
+	var bearer host.BearerOptions
+	var open []string
+	if cfg.OAuth != nil {
+		rs, err := newResourceServer(*cfg.OAuth)
+		if err != nil {
+			log.Error("configuration refused", "error", err)
+			return 1
+		}
+		if tenants != nil {
+			tenants = wauth.Chain{tenants, rs.verifier}
+		} else {
+			tenants = rs.verifier
+		}
+		bearer = host.BearerOptions{ResourceMetadataURL: rs.metadataURL, Scopes: cfg.OAuth.Scopes}
+		for _, p := range rs.metadataPaths {
+			mux.Handle(p, rs.metadata)
+		}
+		open = rs.metadataPaths
+		log.Info("OAuth resource server", "resource", cfg.OAuth.Resource, "issuer", cfg.OAuth.Issuer, "metadata", rs.metadataURL)
+	}
+	gate := operatorGate{op: op, tenants: tenants, resourceMetadata: bearer.ResourceMetadataURL}
 	mux.Handle("/mcp", h.HTTPHandler())
 	if cfg.MetricsPublic {
 		mux.Handle("/metrics", h.MetricsHandler())
@@ -344,6 +364,8 @@ func serveHTTP(ctx context.Context, log *slog.Logger, addr string, h *host.Host,
 	}), false))
 	guard := host.GuardOptions{
 		Verifier:       tenants,
+		Bearer:         bearer,
+		Open:           open,
 		AllowedOrigins: cfg.AllowedOrigins,
 		MaxBody:        int64(cfg.MaxRequestBody),
 		BodyTimeout:    time.Duration(cfg.BodyTimeout),
@@ -353,7 +375,7 @@ func serveHTTP(ctx context.Context, log *slog.Logger, addr string, h *host.Host,
 	// The operator's endpoints check the operator's credential themselves
 	// (a tenant's token is not one).
 	guard.Public = append([]string{"/healthz", "/readyz"}, operatorPaths...)
-	if host, _, _ := net.SplitHostPort(ln.Addr().String()); token == "" && len(cfg.Tokens) == 0 && !net.ParseIP(host).IsLoopback() {
+	if host, _, _ := net.SplitHostPort(ln.Addr().String()); tenants == nil && !net.ParseIP(host).IsLoopback() {
 		log.Warn("serving beyond loopback without authentication: set http.auth_token in the configuration, or WASMTOOLS_AUTH_TOKEN")
 	}
 	srv := &http.Server{
