@@ -82,8 +82,8 @@ func NewServer(t testing.TB, resource string) *Server {
 	mux.HandleFunc("/.well-known/openid-configuration", func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, map[string]any{
 			"issuer": s.URL, "jwks_uri": s.URL + "/keys", "token_endpoint": s.URL + "/token",
-			"introspection_endpoint": s.URL + "/introspect",
-			"grant_types_supported":  []string{"client_credentials"},
+			"introspection_endpoint":   s.URL + "/introspect",
+			"grant_types_supported":    []string{"client_credentials"},
 			"response_types_supported": []string{"code"}, "subject_types_supported": []string{"public"},
 			"id_token_signing_alg_values_supported": []string{"RS256", "ES256"},
 		})
@@ -240,4 +240,6 @@ func (s *Server) MintHMACWithPublicKey(c map[string]any) string {
 func b64(b []byte) string { return base64.RawURLEncoding.EncodeToString(b) }
 
 // String names the server in failures.
-func (s *Server) String() string { return fmt.Sprintf("authorization server %s", strings.TrimPrefix(s.URL, "http://")) }
+func (s *Server) String() string {
+	return fmt.Sprintf("authorization server %s", strings.TrimPrefix(s.URL, "http://"))
+}
