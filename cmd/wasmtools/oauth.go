@@ -31,7 +31,7 @@ type resourceServer struct {
 
 func newResourceServer(c config.OAuth) (*resourceServer, error) {
 	v, err := wauth.NewOAuth(wauth.OAuthOptions{
-		Issuer: c.Issuer, Resource: c.Resource, ClockSkew: time.Duration(c.ClockSkew),
+		Issuer: c.Issuer, Resource: c.Resource, ClockSkew: time.Duration(c.ClockSkew), KeysMinRefresh: time.Duration(c.KeysMinRefresh),
 		IntrospectionURL: c.IntrospectionURL, ClientID: c.ClientID, ClientSecret: c.ClientSecret,
 	})
 	if err != nil {

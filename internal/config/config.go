@@ -292,6 +292,11 @@ type OAuth struct {
 	// ClockSkew tolerates clocks this far apart on exp and nbf; 0 means
 	// 30s.
 	ClockSkew Duration `toml:"clock_skew"`
+	// KeysMinRefresh is the least time between two fetches of the key
+	// set for a token signed with a key not yet known (a rotation); 0
+	// means 10s. It keeps made-up key IDs from making wasmtools fetch the
+	// keys at a client's rate.
+	KeysMinRefresh Duration `toml:"keys_min_refresh"`
 	// IntrospectionURL, if set, checks tokens that are not JWTs through
 	// RFC 7662 introspection, authenticated with ClientID and
 	// ClientSecret.
