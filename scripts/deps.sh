@@ -13,6 +13,9 @@
 #   relies on them, and nginx's would hold port 80.
 #   cosign (go install, into $(go env GOPATH)/bin, where the tests look;
 #   scripts/install-cosign.sh) signs the plugins those tests push.
+#   zitadel-oidc-example (zitadel/oidc's example OpenID provider, go
+#   install, pinned, into $(go env GOPATH)/bin) issues the tokens of the
+#   OAuth resource-server tests.
 set -euo pipefail
 
 # install PKG...: apt-get install as root, else say what to install.
@@ -81,4 +84,15 @@ if ! command -v cosign >/dev/null && [ ! -x "$gobin/cosign" ]; then
 	mkdir -p "$gobin"
 	echo "deps: building cosign in the background (log: $gobin/cosign-install.log)" >&2
 	nohup "$(dirname "$0")/install-cosign.sh" >"$gobin/cosign-install.log" 2>&1 &
+fi
+
+# The OAuth tests' OpenID provider (issue 26). Its binary is named
+# "server": installed beside, under a name of its own.
+if [ ! -x "$gobin/zitadel-oidc-example" ]; then
+	mkdir -p "$gobin"
+	tmp="$(mktemp -d)"
+	echo "deps: installing zitadel/oidc's example OpenID provider" >&2
+	GOBIN="$tmp" go install github.com/zitadel/oidc/v3/example/server@v3.52.0
+	mv "$tmp/server" "$gobin/zitadel-oidc-example"
+	rm -rf "$tmp"
 fi
