@@ -165,7 +165,15 @@ type Options struct {
 	// authenticated subject, else its session, else its
 	// ClientKeyHeader value; unauthenticated 2026-07-28 clients without
 	// that header cannot be told apart and share one bound.
+	//
+	// Clients without a subject (no token, or the shared one) also share
+	// one small pool, MaxAnonymousTasks (0: 2 × MaxTasksPerClient), so
+	// that however many sessions they open they never fill MaxTasks for
+	// the subjects; and a finished task is forgotten only to make room
+	// for a task of the same client (the anonymous pool is one client
+	// here).
 	MaxTasksPerClient, MaxTasks int
+	MaxAnonymousTasks           int
 	// MaxTaskBytesPerClient bounds the bytes one client's tasks hold (a
 	// running task its call's arguments, a finished one its result); 0
 	// means [DefaultMaxTaskBytesPerClient]. All clients' tasks hold at

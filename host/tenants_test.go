@@ -2,9 +2,11 @@ package host_test
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
@@ -93,4 +95,72 @@ func TestRecordLogSubject(t *testing.T) {
 	if len(lines) != 2 || !strings.Contains(lines[0], `"subject":"alice"`) || strings.Contains(lines[1], `"subject"`) {
 		t.Errorf("record log:\n%s\nwant alice's call with her subject, the shared token's with none", audit.String())
 	}
+}
+
+// as is the headers of a request by the bearer of token, with the client
+// header X-Client: client if set.
+func as(token, client string) http.Header {
+	h := http.Header{"Authorization": {"Bearer " + token}}
+	if client != "" {
+		h.Set("X-Client", client)
+	}
+	return h
+}
+
+// TestTaskFairShares: clients without a subject, however many they are,
+// share one small pool of tasks, and one subject holds at most its own
+// share: each subject is then fully served (issue 26: 288 task requests
+// from 16 unauthenticated sessions made every client, token holders
+// included, get -32050 for an hour).
+func TestTaskFairShares(t *testing.T) {
+	const shared = "shared-token-0123456789"
+	f := newFixture(t, &host.Options{MaxTasksPerClient: 2, MaxTasks: 8, MaxAnonymousTasks: 3, ClientKeyHeader: "X-Client"}, sandbox.NewPolicy(), map[string]string{"everything.wasm": testplugins.Example(t, "everything")})
+	url := serveGuarded(t, f, host.GuardOptions{Token: shared, Tokens: map[string]string{"alice": aliceToken, "bob": bobToken}})
+	start := func(h http.Header) bool {
+		res, e := rpcWith(t, url, h, "tools/call", "slow_compute", map[string]any{"name": "slow_compute", "arguments": map[string]any{"seconds": 600}}, withTasks)
+		if e != nil {
+			if e["code"] != float64(host.CodeBusy) {
+				t.Fatalf("refused with %v, want CodeBusy", e)
+			}
+			return false
+		}
+		return res["resultType"] == "task"
+	}
+	anonymous := 0
+	for i := range 10 { // five anonymous clients, two tasks each
+		if start(as(shared, fmt.Sprintf("anon-%d", i/2))) {
+			anonymous++
+		}
+	}
+	if anonymous != 3 {
+		t.Errorf("anonymous clients got %d tasks, want the pool's 3", anonymous)
+	}
+	for _, tok := range []string{aliceToken, bobToken} {
+		for i := range 2 {
+			if !start(as(tok, "")) {
+				t.Fatalf("subject %s's task %d refused after the anonymous flood; want its share served", tok[:5], i+1)
+			}
+		}
+		if start(as(tok, "")) {
+			t.Errorf("subject %s got a third task past its share of 2", tok[:5])
+		}
+	}
+}
+
+// TestTaskAbandonedQuestion: a task waiting in input_required for an
+// answer that never comes fails after AbandonAfter, its call stopped, and
+// its slot is the client's again (issue 26: it held the slot for the
+// task's hour).
+func TestTaskAbandonedQuestion(t *testing.T) {
+	f := newFixture(t, &host.Options{MaxTasksPerClient: 1, AbandonAfter: 2 * time.Second}, sandbox.NewPolicy(), map[string]string{"everything.wasm": testplugins.Example(t, "everything")})
+	url := serveHTTP(t, f)
+	cs := tasksClient(t, url, true)
+	id := startTask(t, url, "confirm_delete", map[string]any{"filename": "a.txt"})
+	waitStatus(t, f, cs, id, "input_required")
+	got := waitStatus(t, f, cs, id, "failed")
+	if got.Error == nil {
+		t.Errorf("abandoned task: %+v, want an error", got)
+	}
+	eventually(t, "the abandoned task's guest to stop", func() bool { return f.h.LiveInstances() == 0 })
+	startTask(t, url, "slow_compute", map[string]any{"seconds": 0}) // the finished one makes room
 }
