@@ -22,6 +22,7 @@ package host
 
 import (
 	"bytes"
+	"cmp"
 	"crypto/hmac"
 	"crypto/rand"
 	"crypto/sha256"
@@ -111,10 +112,23 @@ func (h *Host) mintHandle(subject string) (string, sessions.Key, error) {
 	id := b64.EncodeToString(raw[:])
 	body := h.replicaPrefix() + strings.Join([]string{handleVersion, id, h.subjectTag(subject)}, ".")
 	key := handleKey(id)
-	if err := h.ses.Open(key); err != nil {
+	// Each subject's handles, and those of no subject, are a group with a
+	// share of their own: past it, or past MaxHandles, a subject's new
+	// handle ends one of its own idle handles, never another's.
+	if err := h.ses.OpenIn(key, "tenant:"+h.subjectTag(subject), h.handleShare()); err != nil {
 		return "", sessions.Key{}, fmt.Errorf("no new session handle: %w", err)
 	}
 	return body + "." + h.handleMAC(body), key, nil
+}
+
+// handleShare is each subject's share of the open handles (and that of
+// the clients without a subject, together): [Options.MaxHandlesPerSubject],
+// by default a quarter of MaxHandles.
+func (h *Host) handleShare() int {
+	if h.opts.MaxHandlesPerSubject > 0 {
+		return h.opts.MaxHandlesPerSubject
+	}
+	return max(cmp.Or(h.opts.MaxHandles, sessions.DefaultMaxHandles)/4, 1)
 }
 
 // checkHandle returns the key of handle as presented by subject. The

@@ -111,6 +111,12 @@ type Options struct {
 	// idle handle, those never passed back first (its next call is told
 	// it expired). A handle also ends after SessionTimeout unused.
 	MaxHandles int
+	// MaxHandlesPerSubject is each subject's share of MaxHandles, and
+	// that of all clients without a subject together; 0 means a quarter
+	// of MaxHandles. Past its share, or past MaxHandles, a new handle ends
+	// one of the same subject's idle handles, never another subject's;
+	// with none idle it is refused.
+	MaxHandlesPerSubject int
 	// QuietHandles leaves out of every result the note that tells the
 	// model the session handle it was given; QuietPlugins overrides it for
 	// the plugins it names (true: no note; false: the note). The handle

@@ -164,3 +164,35 @@ func TestTaskAbandonedQuestion(t *testing.T) {
 	eventually(t, "the abandoned task's guest to stop", func() bool { return f.h.LiveInstances() == 0 })
 	startTask(t, url, "slow_compute", map[string]any{"seconds": 0}) // the finished one makes room
 }
+
+// TestHandleFairShares: with --max-handles 8 (a share of 2 each), bob
+// and the anonymous clients mint 20 handles each and pass each back once;
+// alice's handle lives on, and she can still mint one (issue 26: minting
+// 40 handles and passing each back once evicted a victim's handle in
+// use, across subjects too).
+func TestHandleFairShares(t *testing.T) {
+	const shared = "shared-token-0123456789"
+	f := newFixture(t, &host.Options{MaxHandles: 8}, sandbox.NewPolicy(), map[string]string{"counter.wasm": testplugins.Example(t, "counter")})
+	url := serveGuarded(t, f, host.GuardOptions{Token: shared, Tokens: map[string]string{"alice": aliceToken, "bob": bobToken}})
+	alice := connectHTTP(t, url, "", tenantTransport{token: aliceToken})
+	alice.ListTools(context.Background(), nil) // the client mirrors the handle into its header once it knows the schema
+	h := handleOf(countWith(t, alice, ""))
+	if got := firstText(countWith(t, alice, h)); got != "2" {
+		t.Fatalf("alice: count = %s, want 2", got)
+	}
+	for _, tok := range []string{bobToken, shared} {
+		flooder := connectHTTP(t, url, "", tenantTransport{token: tok})
+		flooder.ListTools(context.Background(), nil)
+		for range 20 {
+			if fh := handleOf(countWith(t, flooder, "")); fh != "" {
+				countWith(t, flooder, fh)
+			}
+		}
+	}
+	if res := countWith(t, alice, h); res.IsError || firstText(res) != "3" {
+		t.Errorf("alice's handle after the floods: isError=%v %q, want count 3", res.IsError, text(res))
+	}
+	if res := countWith(t, alice, ""); res.IsError || handleOf(res) == "" {
+		t.Errorf("alice's new handle after the floods: %q", text(res))
+	}
+}
