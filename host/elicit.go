@@ -54,6 +54,9 @@ type run struct {
 	// subject is the authenticated subject of the request that started
 	// the run: only a retry of the same subject resumes it.
 	subject string
+	// parkedBy is the tenant whose share the run's parking holds, ""
+	// when it holds none.
+	parkedBy string
 }
 
 type runResult struct {
@@ -424,11 +427,17 @@ func (h *Host) park(r *run, q *question) (*parkedRound, error) {
 	if l == nil {
 		return nil, errors.New("the call cannot be parked")
 	}
+	tenant := h.tenantOf(r.subject)
+	if !h.parkedShares.take(tenant, h.parkedShare()) {
+		return nil, fmt.Errorf("%w: this client's subject has %d, its share", sessions.ErrParkLimit, h.parkedShare())
+	}
 	r.round++
 	r.pending = q
+	r.parkedBy = tenant
 	if err := l.Park(r.id, r, abandon, func(cause error) { h.abandonRun(r, cause) }); err != nil {
 		r.round--
 		r.pending = nil
+		h.releasePark(r)
 		return nil, err
 	}
 	state := h.signState(r.id, r.round, time.Now().Add(abandon), r.name)
@@ -439,6 +448,7 @@ func (h *Host) park(r *run, q *question) (*parkedRound, error) {
 // abandonRun stops a parked run whose client did not come back in time,
 // or that was evicted, or whose server is shutting down.
 func (h *Host) abandonRun(r *run, cause error) {
+	h.releasePark(r)
 	h.log.Info("parked call abandoned", "run", r.name, "session", r.env.sess, "cause", cause)
 	r.cancel(fmt.Errorf("%w: %w", context.Canceled, cause))
 	out := <-r.done
@@ -475,7 +485,27 @@ func (h *Host) unpark(name, state, subject string) (*run, error) {
 	}
 	r := v.(*run)
 	r.answered = r.pending.key
+	h.releasePark(r)
 	return r, nil
+}
+
+// parkedShare is each tenant's share of the parked calls
+// ([Options.MaxParkedPerSubject]).
+func (h *Host) parkedShare() int {
+	if h.opts.MaxParkedPerSubject > 0 {
+		return h.opts.MaxParkedPerSubject
+	}
+	return max(cmp.Or(h.opts.MaxParked, sessions.DefaultMaxParked)/4, 1)
+}
+
+// releasePark gives back the share r's parking took, once. Whoever takes
+// r out of the session layer (the retry that unparks it, or its
+// abandonment) calls it; the session layer makes that one goroutine.
+func (h *Host) releasePark(r *run) {
+	if r.parkedBy != "" {
+		h.parkedShares.give(r.parkedBy)
+		r.parkedBy = ""
+	}
 }
 
 // answerOf turns the client's response into the guest's answer, checking

@@ -158,6 +158,10 @@ type Options struct {
 	// the instance limits, the call that has waited longest for a person
 	// is evicted (stopped, its instance reset) before a call is refused.
 	MaxParked, MaxParkedPerClient int
+	// MaxParkedPerSubject is each subject's share of MaxParked, and that
+	// of all clients without a subject together; 0 means a quarter of
+	// MaxParked. Past it a call that asks is refused as past MaxParked.
+	MaxParkedPerSubject int
 	// MaxQuestions bounds the questions one call may ask a 2026-07-28
 	// client; 0 means 9, since the go-sdk client makes at most 10 requests
 	// of a call. A further question is answered "cancel" at once, with an
@@ -210,6 +214,8 @@ type Options struct {
 // free every instance.
 type Host struct {
 	opts    Options
+	// parkedShares counts each tenant's parked calls (elicit.go).
+	parkedShares shares
 	log     *slog.Logger
 	server  *mcp.Server // stdio, in-memory and stateful HTTP sessions
 	modern  *mcp.Server // sessionless HTTP (2026-07-28): tools take a session handle

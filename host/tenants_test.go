@@ -196,3 +196,44 @@ func TestHandleFairShares(t *testing.T) {
 		t.Errorf("alice's new handle after the floods: %q", text(res))
 	}
 }
+
+// TestParkedFairShares: with MaxParked 8 (a share of 2 each), bob and
+// the anonymous clients each leave 6 calls parked at a question; alice's
+// calls still park, and she finishes hers.
+func TestParkedFairShares(t *testing.T) {
+	const shared = "shared-token-0123456789"
+	f := pdkhostFixture(t, &host.Options{MaxParked: 8})
+	url := serveGuarded(t, f, host.GuardOptions{Token: shared, Tokens: map[string]string{"alice": aliceToken, "bob": bobToken}})
+	copts := &mcp.ClientOptions{ElicitationHandler: (&answerer{}).handler, MultiRoundTrip: &mcp.MultiRoundTripOptions{Disabled: true}}
+	ask := func(cs *mcp.ClientSession) (*mcp.CallToolResult, error) {
+		return cs.CallTool(context.Background(), &mcp.CallToolParams{Name: "ask", Arguments: map[string]any{"rounds": 2}})
+	}
+	for _, tok := range []string{bobToken, shared} {
+		cs := connectHTTPEra(t, url, "", copts, tenantTransport{token: tok})
+		parked := 0
+		for range 6 {
+			if res, err := ask(cs); err == nil && res.RequestState != "" {
+				parked++
+			}
+		}
+		if parked != 2 {
+			t.Errorf("%s parked %d calls, want its share of 2", tok[:5], parked)
+		}
+	}
+	alice := connectHTTPEra(t, url, "", copts, tenantTransport{token: aliceToken})
+	var first *mcp.CallToolResult
+	for i := range 2 {
+		res, err := ask(alice)
+		if err != nil || res.RequestState == "" {
+			t.Fatalf("alice's call %d after the floods: %v %+v; want parked at its question", i+1, err, res)
+		}
+		first = res
+	}
+	second, err := retry(alice, first.RequestState, accept("ann"))
+	if err != nil || second.RequestState == "" {
+		t.Fatalf("alice's second round: %v", err)
+	}
+	if final, err := retry(alice, second.RequestState, accept("bo")); err != nil || !strings.HasPrefix(text(final), "accept:ann,accept:bo") {
+		t.Fatalf("alice's result: %v %q", err, text(final))
+	}
+}
