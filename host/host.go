@@ -22,6 +22,7 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/time/rate"
 
 	"github.com/wasmtools/wasmtools/internal/sessions"
 	"github.com/wasmtools/wasmtools/internal/statestore"
@@ -95,6 +96,18 @@ type Options struct {
 	// MaxConcurrentCalls bounds the guest calls running at once across
 	// all sessions; 0 means no bound. Further calls wait their turn.
 	MaxConcurrentCalls int
+	// MaxCallsPerSubject bounds the tool calls over HTTP one subject has
+	// in flight (parked ones included), and those of all clients without
+	// a subject together; 0 means a quarter of the smaller of MaxInstances
+	// and MaxConcurrentCalls, or no bound when neither is set. Past it a
+	// call is refused with CodeBusy (retry), so that one tenant's busy
+	// calls never hold every instance.
+	MaxCallsPerSubject int
+	// CallsPerSecondPerSubject bounds the rate of one subject's tool
+	// calls over HTTP (and of all clients without a subject together),
+	// with a burst of as many; 0 means no bound. Past it a call is
+	// refused with CodeBusy (retry).
+	CallsPerSecondPerSubject float64
 	// PoolSize bounds the warm instances kept per stateless plugin; 0
 	// means twice GOMAXPROCS.
 	PoolSize int
@@ -213,17 +226,21 @@ type Options struct {
 // Host serves plugins over MCP. It is safe for concurrent use. Close it to
 // free every instance.
 type Host struct {
-	opts    Options
-	// parkedShares counts each tenant's parked calls (elicit.go).
-	parkedShares shares
-	log     *slog.Logger
-	server  *mcp.Server // stdio, in-memory and stateful HTTP sessions
-	modern  *mcp.Server // sessionless HTTP (2026-07-28): tools take a session handle
-	metrics *metrics
-	src     *plugins.Reloader // the one writer of the catalogue
-	ses     *sessions.Manager // every client's instances
-	conns   sync.Map          // *mcp.ServerSession -> sessions.Key, for sessions watched until they end
-	connID  atomic.Uint64     // labels of sessions with no ID
+	opts Options
+	// parkedShares counts each tenant's parked calls (elicit.go),
+	// callShares its calls in flight, rates its calls per second
+	// (shares.go).
+	parkedShares, callShares shares
+	rateMu                   sync.Mutex
+	rates                    map[string]*rate.Limiter
+	log                      *slog.Logger
+	server                   *mcp.Server // stdio, in-memory and stateful HTTP sessions
+	modern                   *mcp.Server // sessionless HTTP (2026-07-28): tools take a session handle
+	metrics                  *metrics
+	src                      *plugins.Reloader // the one writer of the catalogue
+	ses                      *sessions.Manager // every client's instances
+	conns                    sync.Map          // *mcp.ServerSession -> sessions.Key, for sessions watched until they end
+	connID                   atomic.Uint64     // labels of sessions with no ID
 	// requests numbers the requests handed to v2 guests (their context's
 	// id): the go-sdk keeps the JSON-RPC id to itself.
 	requests atomic.Int64

@@ -237,3 +237,57 @@ func TestParkedFairShares(t *testing.T) {
 		t.Fatalf("alice's result: %v %q", err, text(final))
 	}
 }
+
+// TestCallFairShares: with --max-instances 8 (a share of 2 calls in
+// flight each), bob and the anonymous clients each start 4 long calls:
+// 2 each run, the rest are refused with CodeBusy, and alice's call is
+// served (before shares, their 8 busy instances left her none).
+func TestCallFairShares(t *testing.T) {
+	const shared = "shared-token-0123456789"
+	f := newFixture(t, &host.Options{MaxInstances: 8}, sandbox.NewPolicy(), map[string]string{"everything.wasm": testplugins.Example(t, "everything")})
+	url := serveGuarded(t, f, host.GuardOptions{Token: shared, Tokens: map[string]string{"alice": aliceToken, "bob": bobToken}})
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	refused := make(chan error, 8)
+	for _, tok := range []string{bobToken, shared} {
+		cs := connectHTTP(t, url, "", tenantTransport{token: tok})
+		for range 4 {
+			go func() {
+				_, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: "slow_compute", Arguments: map[string]any{"seconds": 600}})
+				if ctx.Err() == nil {
+					refused <- err
+				}
+			}()
+		}
+	}
+	for range 4 {
+		if err := <-refused; rpcCode(err) != host.CodeBusy {
+			t.Fatalf("a call past the share: %v, want CodeBusy", err)
+		}
+	}
+	eventually(t, "the 4 calls within the shares to run", func() bool { return f.h.LiveInstances() >= 4 })
+	alice := connectHTTP(t, url, "", tenantTransport{token: aliceToken})
+	res, err := alice.CallTool(context.Background(), &mcp.CallToolParams{Name: "greet", Arguments: map[string]any{"name": "alice"}})
+	if err != nil || res.IsError {
+		t.Fatalf("alice's call while the others hold their shares: %v %+v", err, res)
+	}
+	select {
+	case err := <-refused:
+		t.Errorf("more than 4 calls refused: %v", err)
+	default:
+	}
+}
+
+// TestCallRateShares: CallsPerSecondPerSubject bounds each subject's call
+// rate: bob's second call in the same 100 s is refused with CodeBusy,
+// alice's first is served.
+func TestCallRateShares(t *testing.T) {
+	f := newFixture(t, &host.Options{CallsPerSecondPerSubject: 0.01}, sandbox.NewPolicy(), map[string]string{"counter.wasm": testplugins.Example(t, "counter")})
+	url := serveGuarded(t, f, host.GuardOptions{Tokens: map[string]string{"alice": aliceToken, "bob": bobToken}})
+	bob := connectHTTP(t, url, "", tenantTransport{token: bobToken})
+	call(t, bob, "count", nil)
+	if _, err := bob.CallTool(context.Background(), &mcp.CallToolParams{Name: "count"}); rpcCode(err) != host.CodeBusy {
+		t.Fatalf("bob's second call: %v, want CodeBusy", err)
+	}
+	call(t, connectHTTP(t, url, "", tenantTransport{token: aliceToken}), "count", nil)
+}
