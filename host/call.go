@@ -120,6 +120,9 @@ func (h *Host) callTool(ctx context.Context, key sessions.Key, c plugins.Call, e
 	// another replica served it) before its instance is leased.
 	var claim *claim
 	if !t.Plugin().Stateless() {
+		if _, req := env.current(); req != nil {
+			h.storeBytes.attribute(storeID(key), h.tenantOf(subjectOf(req.Extra)))
+		}
 		claim = h.dur.claimOrLog(ctx, key)
 	}
 	l, err := h.acquire(ctx, key, t.Plugin(), func() (*plugins.Plugin, error) {

@@ -108,6 +108,15 @@ type Options struct {
 	// with a burst of as many; 0 means no bound. Past it a call is
 	// refused with CodeBusy (retry).
 	CallsPerSecondPerSubject float64
+	// StoreBytesPerRecord, StoreBytesPerTenant and StoreBytesTotal bound
+	// the bytes the state store holds for one session, for one subject's
+	// sessions (and all sessions without a subject together), and for
+	// all; 0 means [DefaultStoreBytesPerRecord] (64 MiB),
+	// [DefaultStoreBytesPerTenant] (128 MiB) and [DefaultStoreBytesTotal]
+	// (768 MiB). A session's MCP record (its initialize parameters) is
+	// bounded to 256 KiB. A write past a budget is refused
+	// ([ErrStoreBudget]): the state stays in this replica's memory only.
+	StoreBytesPerRecord, StoreBytesPerTenant, StoreBytesTotal int
 	// PoolSize bounds the warm instances kept per stateless plugin; 0
 	// means twice GOMAXPROCS.
 	PoolSize int
@@ -231,6 +240,9 @@ type Host struct {
 	// callShares its calls in flight, rates its calls per second
 	// (shares.go).
 	parkedShares, callShares shares
+	// storeBytes counts the state store's bytes by tenant (shares.go);
+	// nil without a store.
+	storeBytes *storeBudget
 	rateMu                   sync.Mutex
 	rates                    map[string]*rate.Limiter
 	log                      *slog.Logger
@@ -330,6 +342,7 @@ func New(src *plugins.Reloader, opts *Options) *Host {
 	var bg context.Context
 	bg, h.stopBG = context.WithCancel(context.Background())
 	if h.opts.Store != nil {
+		h.storeBytes = newStoreBudget(h.opts.StoreBytesPerRecord, h.opts.StoreBytesPerTenant, h.opts.StoreBytesTotal)
 		h.dur = newDurable(h)
 		h.wg.Add(1)
 		go func() { defer h.wg.Done(); h.dur.heartbeat(bg) }()

@@ -1,8 +1,11 @@
 package host
 
 import (
+	"cmp"
+	"errors"
 	"fmt"
 	"sync"
+	"time"
 
 	"golang.org/x/time/rate"
 
@@ -119,4 +122,170 @@ func (h *Host) admitCall(subject string) (release func(), err error) {
 	}
 	var once sync.Once
 	return func() { once.Do(func() { h.callShares.give(tenant) }) }, nil
+}
+
+// Defaults of the state store's byte budgets ([Options.StoreBytesPerRecord]
+// and the others): what one session's record, one tenant's records and
+// all records may hold. The shipped Kubernetes Redis has 1 GiB.
+const (
+	DefaultStoreBytesPerRecord = 64 << 20
+	DefaultStoreBytesPerTenant = 128 << 20
+	DefaultStoreBytesTotal     = 768 << 20
+	// maxInitializeRecord bounds a stateful session's MCP record (its
+	// initialize parameters): a client's capabilities are a few KiB.
+	maxInitializeRecord = 256 << 10
+)
+
+// ErrStoreBudget is matched (errors.Is) by a write to the state store
+// refused by a byte budget: the record's, its tenant's or the total. The
+// state is then not saved (the call's result says so), and the session
+// goes on from this replica's memory.
+var ErrStoreBudget = errors.New("state store budget exceeded")
+
+// storeBudget counts the bytes each session's record holds in the state
+// store, by tenant, and refuses a write past a budget. A record counts
+// until its session ends or its store TTL lapses unwritten. It is safe
+// for concurrent use.
+type storeBudget struct {
+	perRecord, perTenant, total int
+
+	mu      sync.Mutex
+	tenant  map[string]string               // store ID -> tenant (attribute)
+	records map[string]map[string]*recBytes // tenant -> store ID -> bytes
+	held    map[string]int                  // tenant -> bytes
+	sum     int
+}
+
+type recBytes struct {
+	fields  map[string]int
+	bytes   int
+	expires time.Time
+}
+
+func newStoreBudget(perRecord, perTenant, total int) *storeBudget {
+	return &storeBudget{
+		perRecord: cmp.Or(perRecord, DefaultStoreBytesPerRecord), perTenant: cmp.Or(perTenant, DefaultStoreBytesPerTenant), total: cmp.Or(total, DefaultStoreBytesTotal),
+		tenant: map[string]string{}, records: map[string]map[string]*recBytes{}, held: map[string]int{},
+	}
+}
+
+// maxAttributed bounds the records whose tenant is remembered before
+// they are written; past it a record counts as the anonymous tenant's.
+const maxAttributed = 1 << 17
+
+// attribute says whose the record id is: the tenant of the requests that
+// write it. A record never attributed counts as the anonymous tenant's.
+func (b *storeBudget) attribute(id, tenant string) {
+	if b == nil || id == "" {
+		return
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if _, ok := b.tenant[id]; !ok && len(b.tenant) < maxAttributed {
+		b.tenant[id] = tenant
+	}
+}
+
+// reserve counts field of record id at size bytes, to be kept for ttl,
+// and returns how to undo it (the write failed); past a budget it fails
+// with an error matching [ErrStoreBudget] that says which.
+func (b *storeBudget) reserve(id, field string, size int, ttl time.Duration, anonymous string) (undo func(), err error) {
+	if b == nil {
+		return func() {}, nil
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	tenant, ok := b.tenant[id]
+	if !ok {
+		tenant = anonymous
+		b.tenant[id] = tenant
+	}
+	now := time.Now()
+	b.pruneLocked(tenant, now)
+	recs := b.records[tenant]
+	if recs == nil {
+		recs = map[string]*recBytes{}
+		b.records[tenant] = recs
+	}
+	r := recs[id]
+	if r == nil {
+		r = &recBytes{fields: map[string]int{}}
+	}
+	delta := size - r.fields[field]
+	switch {
+	case field == "mcp" && size > maxInitializeRecord:
+		return nil, fmt.Errorf("%w: the session's MCP record (its initialize parameters) is %d bytes, over %d", ErrStoreBudget, size, maxInitializeRecord)
+	case r.bytes+delta > b.perRecord:
+		return nil, fmt.Errorf("%w: the session's stored state would be %d bytes, over %d for one session", ErrStoreBudget, r.bytes+delta, b.perRecord)
+	case delta > 0 && b.held[tenant]+delta > b.perTenant:
+		return nil, fmt.Errorf("%w: this client's subject stores %d bytes, and this state %d more; its share is %d", ErrStoreBudget, b.held[tenant], delta, b.perTenant)
+	case delta > 0 && b.sum+delta > b.total:
+		for t := range b.records { // the other tenants' lapsed records first
+			b.pruneLocked(t, now)
+		}
+		if b.sum+delta > b.total {
+			return nil, fmt.Errorf("%w: the server stores %d bytes of sessions, the most it may (%d)", ErrStoreBudget, b.sum, b.total)
+		}
+	}
+	prev, prevExp := r.fields[field], r.expires
+	_, had := r.fields[field]
+	r.fields[field] = size
+	r.bytes += delta
+	r.expires = now.Add(ttl)
+	recs[id] = r
+	b.held[tenant] += delta
+	b.sum += delta
+	return func() {
+		b.mu.Lock()
+		defer b.mu.Unlock()
+		if b.records[tenant][id] != r {
+			return
+		}
+		if had {
+			r.fields[field] = prev
+		} else {
+			delete(r.fields, field)
+		}
+		r.bytes -= delta
+		r.expires = prevExp
+		b.held[tenant] -= delta
+		b.sum -= delta
+	}, nil
+}
+
+// release forgets record id (its session ended, its record deleted).
+func (b *storeBudget) release(id string) {
+	if b == nil {
+		return
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	tenant := b.tenant[id]
+	delete(b.tenant, id)
+	if r := b.records[tenant][id]; r != nil {
+		b.dropLocked(tenant, id, r)
+	}
+}
+
+// pruneLocked forgets tenant's records whose TTL lapsed (the store has
+// dropped them). b.mu is held.
+func (b *storeBudget) pruneLocked(tenant string, now time.Time) {
+	for id, r := range b.records[tenant] {
+		if now.After(r.expires) {
+			b.dropLocked(tenant, id, r)
+			delete(b.tenant, id)
+		}
+	}
+}
+
+func (b *storeBudget) dropLocked(tenant, id string, r *recBytes) {
+	delete(b.records[tenant], id)
+	if len(b.records[tenant]) == 0 {
+		delete(b.records, tenant)
+	}
+	b.held[tenant] -= r.bytes
+	if b.held[tenant] <= 0 {
+		delete(b.held, tenant)
+	}
+	b.sum -= r.bytes
 }

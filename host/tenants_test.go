@@ -5,12 +5,14 @@ import (
 	"fmt"
 	"net/http"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/wasmtools/wasmtools/host"
+	"github.com/wasmtools/wasmtools/internal/statestore"
 	"github.com/wasmtools/wasmtools/internal/testplugins"
 	"github.com/wasmtools/wasmtools/sandbox"
 )
@@ -290,4 +292,86 @@ func TestCallRateShares(t *testing.T) {
 		t.Fatalf("bob's second call: %v, want CodeBusy", err)
 	}
 	call(t, connectHTTP(t, url, "", tenantTransport{token: aliceToken}), "count", nil)
+}
+
+// countingStore is a real store whose writes the test observes: the
+// bytes of each record's fields as last written.
+type countingStore struct {
+	statestore.Store
+	mu    sync.Mutex
+	bytes map[string]map[string]int
+}
+
+func (c *countingStore) Put(ctx context.Context, id, field string, value []byte, fence uint64, ttl time.Duration) error {
+	err := c.Store.Put(ctx, id, field, value, fence, ttl)
+	if err == nil {
+		c.mu.Lock()
+		if c.bytes[id] == nil {
+			c.bytes[id] = map[string]int{}
+		}
+		c.bytes[id][field] = len(value)
+		c.mu.Unlock()
+	}
+	return err
+}
+
+// saved counts the records holding field.
+func (c *countingStore) saved(field string) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	n := 0
+	for _, r := range c.bytes {
+		if _, ok := r[field]; ok {
+			n++
+		}
+	}
+	return n
+}
+
+// largest is the largest value of field.
+func (c *countingStore) largest(field string) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	n := 0
+	for _, r := range c.bytes {
+		n = max(n, r[field])
+	}
+	return n
+}
+
+// TestStoreFairShares: each subject's sessions hold at most its share of
+// the state store's bytes, and a session's MCP record at most 256 KiB
+// (issue 26: 11 anonymous handles wrote 240 MiB, 30 bare initialize
+// requests with 3 MiB capabilities 105 MiB). Bob's sessions past his
+// share are not saved; alice's are.
+func TestStoreFairShares(t *testing.T) {
+	store := &countingStore{Store: statestore.NewMemory(), bytes: map[string]map[string]int{}}
+	f := newFixture(t, &host.Options{Store: store, StateKey: replicaKey, StoreBytesPerTenant: 1200}, sandbox.NewPolicy(), map[string]string{"counter.wasm": testplugins.Example(t, "counter")})
+	url := serveGuarded(t, f, host.GuardOptions{Tokens: map[string]string{"alice": aliceToken, "bob": bobToken}})
+	bob := connectHTTP(t, url, "", tenantTransport{token: bobToken})
+	for range 5 {
+		countWith(t, bob, "")
+	}
+	if n := store.saved("p/counter"); n != 2 {
+		t.Errorf("bob's 5 sessions: %d saved, want the 2 his share of 1200 bytes holds (about 465 each)", n)
+	}
+	f.waitLog(t, "state store budget exceeded", 1)
+	alice := connectHTTP(t, url, "", tenantTransport{token: aliceToken})
+	for range 2 {
+		countWith(t, alice, "")
+	}
+	if n := store.saved("p/counter"); n != 4 {
+		t.Errorf("after alice's 2 sessions: %d saved, want 4 (alice's share untouched by bob's)", n)
+	}
+
+	// A stateful session whose initialize carries 300 KiB of
+	// capabilities: its record is refused, the session served all the
+	// same from this replica.
+	big := map[string]any{"padding": strings.Repeat("x", 300<<10)}
+	cs := connectHTTPEra(t, url, "2025-11-25", &mcp.ClientOptions{Capabilities: &mcp.ClientCapabilities{Experimental: big}}, tenantTransport{token: bobToken})
+	call(t, cs, "count", nil)
+	f.waitLog(t, "new session not kept", 1)
+	if n := store.largest("mcp"); n > 256<<10 {
+		t.Errorf("a %d-byte MCP record was stored, over 256 KiB", n)
+	}
 }
