@@ -235,24 +235,15 @@ type Options struct {
 // Host serves plugins over MCP. It is safe for concurrent use. Close it to
 // free every instance.
 type Host struct {
-	opts Options
-	// parkedShares counts each tenant's parked calls (elicit.go),
-	// callShares its calls in flight, rates its calls per second
-	// (shares.go).
-	parkedShares, callShares shares
-	// storeBytes counts the state store's bytes by tenant (shares.go);
-	// nil without a store.
-	storeBytes *storeBudget
-	rateMu     sync.Mutex
-	rates      map[string]*rate.Limiter
-	log        *slog.Logger
-	server     *mcp.Server // stdio, in-memory and stateful HTTP sessions
-	modern     *mcp.Server // sessionless HTTP (2026-07-28): tools take a session handle
-	metrics    *metrics
-	src        *plugins.Reloader // the one writer of the catalogue
-	ses        *sessions.Manager // every client's instances
-	conns      sync.Map          // *mcp.ServerSession -> sessions.Key, for sessions watched until they end
-	connID     atomic.Uint64     // labels of sessions with no ID
+	opts    Options
+	log     *slog.Logger
+	server  *mcp.Server // stdio, in-memory and stateful HTTP sessions
+	modern  *mcp.Server // sessionless HTTP (2026-07-28): tools take a session handle
+	metrics *metrics
+	src     *plugins.Reloader // the one writer of the catalogue
+	ses     *sessions.Manager // every client's instances
+	conns   sync.Map          // *mcp.ServerSession -> sessions.Key, for sessions watched until they end
+	connID  atomic.Uint64     // labels of sessions with no ID
 	// requests numbers the requests handed to v2 guests (their context's
 	// id): the go-sdk keeps the JSON-RPC id to itself.
 	requests atomic.Int64
@@ -283,6 +274,16 @@ type Host struct {
 	adoptMu sync.RWMutex
 	adoptID string // guarded by adoptMu
 	boot    string // random at each start: names this process (replicas.go)
+
+	// parkedShares counts each tenant's parked calls (elicit.go),
+	// callShares its calls in flight, rates its calls per second
+	// (shares.go).
+	parkedShares, callShares shares
+	// storeBytes counts the state store's bytes by tenant (shares.go);
+	// nil without a store.
+	storeBytes *storeBudget
+	rateMu     sync.Mutex
+	rates      map[string]*rate.Limiter
 }
 
 // New returns a host serving the catalogue of src, and following its
