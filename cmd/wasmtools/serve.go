@@ -134,6 +134,10 @@ func cmdServe(ctx context.Context, args []string, lookupEnv func(string) (string
 		AllowedOrigins: cfg.HTTP.AllowedOrigins,
 		MaxParked:      *maxParked, MaxParkedPerClient: *maxParkedPerClient,
 		MaxHandles: *maxHandles, QuietHandles: !*handleNote, QuietPlugins: map[string]bool{},
+		MaxCallsPerSubject: cfg.Limits.MaxCallsPerSubject, CallsPerSecondPerSubject: cfg.Limits.CallsPerSecondPerSubject,
+		MaxHandlesPerSubject: cfg.Limits.MaxHandlesPerSubject, MaxParkedPerSubject: cfg.Limits.MaxParkedPerSubject,
+		MaxAnonymousTasks:   cfg.Limits.MaxAnonymousTasks,
+		StoreBytesPerRecord: int(cfg.Limits.StoreBytesPerRecord), StoreBytesPerTenant: int(cfg.Limits.StoreBytesPerSubject), StoreBytesTotal: int(cfg.Limits.StoreBytesTotal),
 	}
 	for name := range cfg.Plugins {
 		eff := cfg.For(name)

@@ -231,6 +231,16 @@ type Limits struct {
 	MaxConcurrentCalls    int  `toml:"max_concurrent_calls"`
 	MaxInstances          int  `toml:"max_instances"`
 	MaxInstancesPerPlugin int  `toml:"max_instances_per_plugin"`
+	// Tenants' shares of the bounds above and of the state store (see
+	// host.Options): 0 means the host's defaults (a quarter of the bound).
+	MaxCallsPerSubject       int     `toml:"max_calls_per_subject"`
+	CallsPerSecondPerSubject float64 `toml:"calls_per_second_per_subject"`
+	MaxHandlesPerSubject     int     `toml:"max_handles_per_subject"`
+	MaxParkedPerSubject      int     `toml:"max_parked_per_subject"`
+	MaxAnonymousTasks        int     `toml:"max_anonymous_tasks"`
+	StoreBytesPerRecord      Size    `toml:"store_bytes_per_record"`
+	StoreBytesPerSubject     Size    `toml:"store_bytes_per_subject"`
+	StoreBytesTotal          Size    `toml:"store_bytes_total"`
 }
 
 // HTTP protects the HTTP transport.
