@@ -556,6 +556,7 @@ func (e *callEnv) elicit(ctx context.Context, input []byte) *abi.ElicitResult {
 	if e.questions == nil {
 		return cancelWith("this call cannot ask questions")
 	}
+	e.issueURLs(params)
 	q := &question{key: inputKey(r), params: params, schema: schema, answer: make(chan *abi.ElicitResult, 1)}
 	if a, ok := ask(ctx, e, q, q.answer); ok {
 		return a

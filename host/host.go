@@ -284,6 +284,9 @@ type Host struct {
 	storeBytes *storeBudget
 	rateMu     sync.Mutex
 	rates      map[string]*rate.Limiter
+	// urls are the URL elicitations issued, for their completions
+	// (urlelicit.go).
+	urls issuedURLs
 }
 
 // New returns a host serving the catalogue of src, and following its

@@ -375,3 +375,38 @@ func TestStoreFairShares(t *testing.T) {
 		t.Errorf("a %d-byte MCP record was stored, over 256 KiB", n)
 	}
 }
+
+// TestURLElicitationCompletions: a guest looping on
+// notify_url_elicitation_completed, 1000 times with the ID its URL
+// elicitation issued and 1000 with IDs it never issued, gets exactly one
+// completion to the client: the issued ID, once (issue 26: 30 to 49
+// thousand per call, forged IDs forwarded).
+func TestURLElicitationCompletions(t *testing.T) {
+	f := hyperFixture(t, "", false)
+	var mu sync.Mutex
+	var completed []string
+	cs := connectKind(t, f, "", clientKind{"memory", "2025-11-25"}, &mcp.ClientOptions{
+		Capabilities:       &mcp.ClientCapabilities{Elicitation: &mcp.ElicitationCapabilities{URL: &mcp.URLElicitationCapabilities{}}},
+		ElicitationHandler: func(context.Context, *mcp.ElicitRequest) (*mcp.ElicitResult, error) { return &mcp.ElicitResult{Action: "accept"}, nil },
+		ElicitationCompleteHandler: func(_ context.Context, r *mcp.ElicitationCompleteNotificationRequest) {
+			mu.Lock()
+			completed = append(completed, r.Params.ElicitationID)
+			mu.Unlock()
+		},
+	})
+	if got, _ := callText(t, cs, "url_flood", map[string]any{"count": 1000}); !strings.Contains(got, `"action":"accept"`) {
+		t.Fatalf("url_flood: %s", got)
+	}
+	eventually(t, "the completion", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(completed) > 0
+	})
+	callText(t, cs, "now", nil) // after the flood's notifications
+	f.waitLog(t, "URL elicitation completions dropped", 1)
+	mu.Lock()
+	defer mu.Unlock()
+	if len(completed) != 1 || completed[0] != "flood-1" {
+		t.Errorf("%d completions (first %q), want exactly one, flood-1", len(completed), completed[0])
+	}
+}
