@@ -117,6 +117,11 @@ type Options struct {
 	// bounded to 256 KiB. A write past a budget is refused
 	// ([ErrStoreBudget]): the state stays in this replica's memory only.
 	StoreBytesPerRecord, StoreBytesPerTenant, StoreBytesTotal int
+	// PluginAccess says, per plugin name, who may list and use its tools,
+	// prompts and resources (see [AccessRule]); a plugin it does not name
+	// is everyone's. With any rule, list results go out with cacheScope
+	// "private".
+	PluginAccess map[string]AccessRule
 	// PoolSize bounds the warm instances kept per stateless plugin; 0
 	// means twice GOMAXPROCS.
 	PoolSize int
@@ -391,12 +396,14 @@ func (h *Host) newServer(name, version string) *mcp.Server {
 		InitializedHandler: func(ctx context.Context, req *mcp.InitializedRequest) {
 			h.initialized(ctx, req.Session)
 		},
+		SetCacheable: h.setCacheable,
 	})
 	s.AddReceivingMiddleware(keepEmptyText)
 	if h.opts.Loaded != nil {
 		s.AddReceivingMiddleware(h.waitForLoad)
 	}
 	s.AddReceivingMiddleware(h.taskMiddleware)
+	s.AddReceivingMiddleware(h.accessMiddleware) // outermost
 	h.addTaskMethods(s)
 	return s
 }

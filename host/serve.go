@@ -108,6 +108,9 @@ func RequireBearer(v wauth.Verifier, o BearerOptions, next http.Handler) http.Ha
 			}
 		}
 		ti := &auth.TokenInfo{UserID: id.Subject, Scopes: id.Scopes, Expiration: id.Expires}
+		if id.Claims != nil {
+			ti.Extra = map[string]any{"claims": id.Claims} // for the access rules
+		}
 		inner.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), verifiedKey{}, ti)))
 	})
 }

@@ -410,3 +410,47 @@ func TestURLElicitationCompletions(t *testing.T) {
 		t.Errorf("%d completions (first %q), want exactly one, flood-1", len(completed), completed[0])
 	}
 }
+
+// TestPluginAccess: [plugins.hash] access = {subjects = ["alice"]}: alice
+// lists and calls hash's tools; bob's list lacks them, and his call of
+// one is refused exactly as a tool that does not exist; lists go out with
+// cacheScope "private".
+func TestPluginAccess(t *testing.T) {
+	f := newFixture(t, &host.Options{PluginAccess: map[string]host.AccessRule{"hash": {Subjects: []string{"alice"}}}}, sandbox.NewPolicy(), map[string]string{
+		"counter.wasm": testplugins.Example(t, "counter"),
+		"hash.wasm":    testplugins.Example(t, "hash"),
+	})
+	url := serveGuarded(t, f, host.GuardOptions{Tokens: map[string]string{"alice": aliceToken, "bob": bobToken}})
+	names := func(cs *mcp.ClientSession) string {
+		res, err := cs.ListTools(context.Background(), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var n []string
+		for _, tool := range res.Tools {
+			n = append(n, tool.Name)
+		}
+		return strings.Join(n, ",")
+	}
+	alice := connectHTTP(t, url, "", tenantTransport{token: aliceToken})
+	bob := connectHTTP(t, url, "", tenantTransport{token: bobToken})
+	if got := names(alice); !strings.Contains(got, "hash") || !strings.Contains(got, "count") {
+		t.Errorf("alice lists %s, want hash's and counter's tools", got)
+	}
+	if got := names(bob); strings.Contains(got, "hash") || strings.Contains(got, "base64") || !strings.Contains(got, "count") {
+		t.Errorf("bob lists %s, want counter's tools only", got)
+	}
+	if res := call(t, alice, "base64", map[string]any{"text": "hi"}); res.IsError {
+		t.Errorf("alice's call of hash's tool: %s", text(res))
+	}
+	_, refused := bob.CallTool(context.Background(), &mcp.CallToolParams{Name: "base64", Arguments: map[string]any{"text": "hi"}})
+	_, unknown := bob.CallTool(context.Background(), &mcp.CallToolParams{Name: "no_such_tool", Arguments: map[string]any{"text": "hi"}})
+	if refused == nil || unknown == nil || rpcCode(refused) != rpcCode(unknown) ||
+		strings.ReplaceAll(refused.Error(), "base64", "X") != strings.ReplaceAll(unknown.Error(), "no_such_tool", "X") {
+		t.Errorf("bob's call of hash's tool: %v; want exactly as an unknown tool: %v", refused, unknown)
+	}
+	res, e := rpcWith(t, url, as(bobToken, ""), "tools/list", "", map[string]any{}, map[string]any{})
+	if e != nil || res["cacheScope"] != "private" {
+		t.Errorf("tools/list: %v %v; want cacheScope private", res["cacheScope"], e)
+	}
+}

@@ -139,7 +139,13 @@ func cmdServe(ctx context.Context, args []string, lookupEnv func(string) (string
 		MaxAnonymousTasks:   cfg.Limits.MaxAnonymousTasks,
 		StoreBytesPerRecord: int(cfg.Limits.StoreBytesPerRecord), StoreBytesPerTenant: int(cfg.Limits.StoreBytesPerSubject), StoreBytesTotal: int(cfg.Limits.StoreBytesTotal),
 	}
-	for name := range cfg.Plugins {
+	for name, p := range cfg.Plugins {
+		if a := p.Access; a != nil {
+			if opts.PluginAccess == nil {
+				opts.PluginAccess = map[string]host.AccessRule{}
+			}
+			opts.PluginAccess[name] = host.AccessRule{Subjects: a.Subjects, Scopes: a.Scopes, Claims: a.Claims}
+		}
 		eff := cfg.For(name)
 		if n := eff.Instances; n > 0 {
 			opts.InstanceLimits[name] = n

@@ -137,6 +137,9 @@ type Plugin struct {
 	// image (sandbox.Policy.WithImages): true always, false never; unset,
 	// as the plugin's wasmtools.image section says, and on without one.
 	Images *bool `toml:"images"`
+	// Access, if set, says who may list and use the plugin's tools,
+	// prompts and resources (only in [plugins.NAME]); unset, everyone.
+	Access *Access `toml:"access"`
 
 	MemoryLimit    Size     `toml:"memory_limit"`
 	CallTimeout    Duration `toml:"call_timeout"`
@@ -315,6 +318,15 @@ type OAuth struct {
 	ClientSecret     string `toml:"client_secret"`
 }
 
+// Access names who may use a plugin: subjects (of http.tokens, or
+// "ISSUER SUB" of OAuth), OAuth scopes, or claims (name = value). Anyone
+// matching one is allowed; others neither see nor may call its tools.
+type Access struct {
+	Subjects []string          `toml:"subjects"`
+	Scopes   []string          `toml:"scopes"`
+	Claims   map[string]string `toml:"claims"`
+}
+
 // Size is a byte count written as a number or with a unit: "64MiB", "1GB".
 type Size uint64
 
@@ -435,6 +447,9 @@ func (f *File) finish(getenv func(string) (string, bool)) error {
 	errs = append(errs, f.Defaults.check("defaults"))
 	if f.Defaults.Secrets != nil || f.Defaults.AccessTokens != nil {
 		errs = append(errs, errors.New("defaults: secrets and access_tokens are granted per plugin, in [plugins.NAME], never to every plugin"))
+	}
+	if f.Defaults.Access != nil {
+		errs = append(errs, errors.New("defaults.access: access is given per plugin, in [plugins.NAME]"))
 	}
 	if f.Defaults.Source != "" {
 		errs = append(errs, errors.New("defaults.source: a source names one plugin: set it in [plugins.NAME]"))
