@@ -427,13 +427,15 @@ func (h *Host) park(r *run, q *question) (*parkedRound, error) {
 	if l == nil {
 		return nil, errors.New("the call cannot be parked")
 	}
-	tenant := h.tenantOf(r.subject)
-	if !h.parkedShares.take(tenant, h.parkedShare()) {
-		return nil, fmt.Errorf("%w: this client's subject has %d, its share", sessions.ErrParkLimit, h.parkedShare())
+	if h.opts.Tenants {
+		tenant := h.tenantOf(r.subject)
+		if !h.parkedShares.take(tenant, h.parkedShare()) {
+			return nil, fmt.Errorf("%w: this client's subject has %d, its share", sessions.ErrParkLimit, h.parkedShare())
+		}
+		r.parkedBy = tenant
 	}
 	r.round++
 	r.pending = q
-	r.parkedBy = tenant
 	if err := l.Park(r.id, r, abandon, func(cause error) { h.abandonRun(r, cause) }); err != nil {
 		r.round--
 		r.pending = nil

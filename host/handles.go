@@ -115,7 +115,11 @@ func (h *Host) mintHandle(subject string) (string, sessions.Key, error) {
 	// Each subject's handles, and those of no subject, are a group with a
 	// share of their own: past it, or past MaxHandles, a subject's new
 	// handle ends one of its own idle handles, never another's.
-	if err := h.ses.OpenIn(key, "tenant:"+h.subjectTag(subject), h.handleShare()); err != nil {
+	group := ""
+	if h.opts.Tenants {
+		group = h.tenantOf(subject)
+	}
+	if err := h.ses.OpenIn(key, group, h.handleShare()); err != nil {
 		return "", sessions.Key{}, fmt.Errorf("no new session handle: %w", err)
 	}
 	return body + "." + h.handleMAC(body), key, nil
@@ -125,6 +129,9 @@ func (h *Host) mintHandle(subject string) (string, sessions.Key, error) {
 // the clients without a subject, together): [Options.MaxHandlesPerSubject],
 // by default a quarter of MaxHandles.
 func (h *Host) handleShare() int {
+	if !h.opts.Tenants {
+		return 0
+	}
 	if h.opts.MaxHandlesPerSubject > 0 {
 		return h.opts.MaxHandlesPerSubject
 	}

@@ -117,6 +117,14 @@ type Options struct {
 	// bounded to 256 KiB. A write past a budget is refused
 	// ([ErrStoreBudget]): the state stays in this replica's memory only.
 	StoreBytesPerRecord, StoreBytesPerTenant, StoreBytesTotal int
+	// Tenants says that requests carry authenticated subjects (per-subject
+	// tokens or OAuth are configured): each subject, and all clients
+	// without one together, then get the shares of the bounds that
+	// MaxHandlesPerSubject, MaxParkedPerSubject, MaxCallsPerSubject,
+	// MaxAnonymousTasks and StoreBytesPerTenant describe. Without it every
+	// client is the same one tenant and no share applies: the bounds are
+	// all everyone's.
+	Tenants bool
 	// PluginAccess says, per plugin name, who may list and use its tools,
 	// prompts and resources (see [AccessRule]); a plugin it does not name
 	// is everyone's. With any rule, list results go out with cacheScope
@@ -351,7 +359,7 @@ func New(src *plugins.Reloader, opts *Options) *Host {
 	var bg context.Context
 	bg, h.stopBG = context.WithCancel(context.Background())
 	if h.opts.Store != nil {
-		h.storeBytes = newStoreBudget(h.opts.StoreBytesPerRecord, h.opts.StoreBytesPerTenant, h.opts.StoreBytesTotal)
+		h.storeBytes = newStoreBudget(h.opts.StoreBytesPerRecord, h.opts.StoreBytesPerTenant, h.opts.StoreBytesTotal, h.opts.Tenants)
 		h.dur = newDurable(h)
 		h.wg.Add(1)
 		go func() { defer h.wg.Done(); h.dur.heartbeat(bg) }()

@@ -64,6 +64,9 @@ func (s *shares) count(tenant string) int {
 // set. A call in flight holds an instance (a parked one too), so one
 // tenant's busy calls can never take every instance.
 func (h *Host) callShare() int {
+	if !h.opts.Tenants {
+		return 0
+	}
 	if h.opts.MaxCallsPerSubject > 0 {
 		return h.opts.MaxCallsPerSubject
 	}
@@ -162,7 +165,12 @@ type recBytes struct {
 	expires time.Time
 }
 
-func newStoreBudget(perRecord, perTenant, total int) *storeBudget {
+// newStoreBudget makes the budgets; tenants false leaves out the
+// per-tenant one (every client is one tenant).
+func newStoreBudget(perRecord, perTenant, total int, tenants bool) *storeBudget {
+	if !tenants {
+		perTenant = -1
+	}
 	return &storeBudget{
 		perRecord: cmp.Or(perRecord, DefaultStoreBytesPerRecord), perTenant: cmp.Or(perTenant, DefaultStoreBytesPerTenant), total: cmp.Or(total, DefaultStoreBytesTotal),
 		tenant: map[string]string{}, records: map[string]map[string]*recBytes{}, held: map[string]int{},
@@ -217,7 +225,7 @@ func (b *storeBudget) reserve(id, field string, size int, ttl time.Duration, ano
 		return nil, fmt.Errorf("%w: the session's MCP record (its initialize parameters) is %d bytes, over %d", ErrStoreBudget, size, maxInitializeRecord)
 	case r.bytes+delta > b.perRecord:
 		return nil, fmt.Errorf("%w: the session's stored state would be %d bytes, over %d for one session", ErrStoreBudget, r.bytes+delta, b.perRecord)
-	case delta > 0 && b.held[tenant]+delta > b.perTenant:
+	case delta > 0 && b.perTenant > 0 && b.held[tenant]+delta > b.perTenant:
 		return nil, fmt.Errorf("%w: this client's subject stores %d bytes, and this state %d more; its share is %d", ErrStoreBudget, b.held[tenant], delta, b.perTenant)
 	case delta > 0 && b.sum+delta > b.total:
 		for t := range b.records { // the other tenants' lapsed records first

@@ -178,8 +178,12 @@ func (h *Host) maxAnonymousTasks() int {
 const anonymousPool = "anonymous-pool"
 
 // poolOf is the share an owner's tasks count against: a subject's own,
-// or the one pool of every client without a subject.
-func poolOf(owner string) string {
+// or the one pool of every client without a subject; "" (no pool but the
+// server's bounds) without [Options.Tenants].
+func (s *taskStore) poolOf(owner string) string {
+	if !s.h.opts.Tenants {
+		return ""
+	}
 	if strings.HasPrefix(owner, "subject:") {
 		return owner
 	}
@@ -209,7 +213,7 @@ type ownerUse struct{ tasks, bytes int }
 func (s *taskStore) add(owner string, size int, cancel context.CancelFunc) (*task, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	pool := poolOf(owner)
+	pool := s.poolOf(owner)
 	use := func(m map[string]*ownerUse, k string) ownerUse {
 		if u := m[k]; u != nil {
 			return *u
@@ -223,6 +227,7 @@ func (s *taskStore) add(owner string, size int, cancel context.CancelFunc) (*tas
 		case u.tasks >= s.h.maxTasksPerClient():
 			over = fmt.Errorf("%w: the client holds %d tasks, the most it may; cancel one or wait for one to finish", errTooManyTasks, u.tasks)
 		case pool == anonymousPool && pu.tasks >= s.h.maxAnonymousTasks():
+			// (only with Tenants: the clients without a subject together)
 			over = fmt.Errorf("%w: clients without a subject hold %d tasks, the most they may together; authenticate, or wait", errTooManyTasks, pu.tasks)
 		case pool == anonymousPool && pu.bytes+size > 2*s.h.maxTaskBytesPerClient():
 			over = fmt.Errorf("%w: clients without a subject hold %d bytes in tasks, the most they may together", errTooManyTasks, pu.bytes)
@@ -261,7 +266,7 @@ func (s *taskStore) resizeLocked(t *task, size int) {
 	if u := s.owners[t.owner]; u != nil {
 		u.bytes += size - t.bytes
 	}
-	if u := s.pools[poolOf(t.owner)]; u != nil {
+	if u := s.pools[s.poolOf(t.owner)]; u != nil {
 		u.bytes += size - t.bytes
 	}
 	s.bytes += size - t.bytes
@@ -296,9 +301,9 @@ func (s *taskStore) removeLocked(t *task) {
 			delete(s.owners, t.owner)
 		}
 	}
-	if u := s.pools[poolOf(t.owner)]; u != nil {
+	if u := s.pools[s.poolOf(t.owner)]; u != nil {
 		if u.tasks--; u.tasks <= 0 {
-			delete(s.pools, poolOf(t.owner))
+			delete(s.pools, s.poolOf(t.owner))
 		}
 	}
 	t.expire.Stop()

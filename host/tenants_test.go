@@ -116,7 +116,7 @@ func as(token, client string) http.Header {
 // included, get -32050 for an hour).
 func TestTaskFairShares(t *testing.T) {
 	const shared = "shared-token-0123456789"
-	f := newFixture(t, &host.Options{MaxTasksPerClient: 2, MaxTasks: 8, MaxAnonymousTasks: 3, ClientKeyHeader: "X-Client"}, sandbox.NewPolicy(), map[string]string{"everything.wasm": testplugins.Example(t, "everything")})
+	f := newFixture(t, &host.Options{MaxTasksPerClient: 2, MaxTasks: 8, MaxAnonymousTasks: 3, ClientKeyHeader: "X-Client", Tenants: true}, sandbox.NewPolicy(), map[string]string{"everything.wasm": testplugins.Example(t, "everything")})
 	url := serveGuarded(t, f, host.GuardOptions{Token: shared, Tokens: map[string]string{"alice": aliceToken, "bob": bobToken}})
 	start := func(h http.Header) bool {
 		res, e := rpcWith(t, url, h, "tools/call", "slow_compute", map[string]any{"name": "slow_compute", "arguments": map[string]any{"seconds": 600}}, withTasks)
@@ -174,7 +174,7 @@ func TestTaskAbandonedQuestion(t *testing.T) {
 // use, across subjects too).
 func TestHandleFairShares(t *testing.T) {
 	const shared = "shared-token-0123456789"
-	f := newFixture(t, &host.Options{MaxHandles: 8}, sandbox.NewPolicy(), map[string]string{"counter.wasm": testplugins.Example(t, "counter")})
+	f := newFixture(t, &host.Options{MaxHandles: 8, Tenants: true}, sandbox.NewPolicy(), map[string]string{"counter.wasm": testplugins.Example(t, "counter")})
 	url := serveGuarded(t, f, host.GuardOptions{Token: shared, Tokens: map[string]string{"alice": aliceToken, "bob": bobToken}})
 	alice := connectHTTP(t, url, "", tenantTransport{token: aliceToken})
 	alice.ListTools(context.Background(), nil) // the client mirrors the handle into its header once it knows the schema
@@ -204,7 +204,7 @@ func TestHandleFairShares(t *testing.T) {
 // calls still park, and she finishes hers.
 func TestParkedFairShares(t *testing.T) {
 	const shared = "shared-token-0123456789"
-	f := pdkhostFixture(t, &host.Options{MaxParked: 8})
+	f := pdkhostFixture(t, &host.Options{MaxParked: 8, Tenants: true})
 	url := serveGuarded(t, f, host.GuardOptions{Token: shared, Tokens: map[string]string{"alice": aliceToken, "bob": bobToken}})
 	copts := &mcp.ClientOptions{ElicitationHandler: (&answerer{}).handler, MultiRoundTrip: &mcp.MultiRoundTripOptions{Disabled: true}}
 	ask := func(cs *mcp.ClientSession) (*mcp.CallToolResult, error) {
@@ -246,7 +246,7 @@ func TestParkedFairShares(t *testing.T) {
 // served (before shares, their 8 busy instances left her none).
 func TestCallFairShares(t *testing.T) {
 	const shared = "shared-token-0123456789"
-	f := newFixture(t, &host.Options{MaxInstances: 8}, sandbox.NewPolicy(), map[string]string{"everything.wasm": testplugins.Example(t, "everything")})
+	f := newFixture(t, &host.Options{MaxInstances: 8, Tenants: true}, sandbox.NewPolicy(), map[string]string{"everything.wasm": testplugins.Example(t, "everything")})
 	url := serveGuarded(t, f, host.GuardOptions{Token: shared, Tokens: map[string]string{"alice": aliceToken, "bob": bobToken}})
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
@@ -346,7 +346,7 @@ func (c *countingStore) largest(field string) int {
 // share are not saved; alice's are.
 func TestStoreFairShares(t *testing.T) {
 	store := &countingStore{Store: statestore.NewMemory(), bytes: map[string]map[string]int{}}
-	f := newFixture(t, &host.Options{Store: store, StateKey: replicaKey, StoreBytesPerTenant: 1200}, sandbox.NewPolicy(), map[string]string{"counter.wasm": testplugins.Example(t, "counter")})
+	f := newFixture(t, &host.Options{Store: store, StateKey: replicaKey, StoreBytesPerTenant: 1200, Tenants: true}, sandbox.NewPolicy(), map[string]string{"counter.wasm": testplugins.Example(t, "counter")})
 	url := serveGuarded(t, f, host.GuardOptions{Tokens: map[string]string{"alice": aliceToken, "bob": bobToken}})
 	bob := connectHTTP(t, url, "", tenantTransport{token: bobToken})
 	for range 5 {

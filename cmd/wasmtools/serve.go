@@ -139,6 +139,9 @@ func cmdServe(ctx context.Context, args []string, lookupEnv func(string) (string
 		MaxAnonymousTasks:   cfg.Limits.MaxAnonymousTasks,
 		StoreBytesPerRecord: int(cfg.Limits.StoreBytesPerRecord), StoreBytesPerTenant: int(cfg.Limits.StoreBytesPerSubject), StoreBytesTotal: int(cfg.Limits.StoreBytesTotal),
 	}
+	// Subjects (per-subject tokens, OAuth) make the clients tenants,
+	// each with its share of the bounds; without, everyone is one.
+	opts.Tenants = len(cfg.HTTP.Tokens) > 0 || cfg.HTTP.OAuth != nil
 	for name, p := range cfg.Plugins {
 		if a := p.Access; a != nil {
 			if opts.PluginAccess == nil {
