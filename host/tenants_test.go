@@ -163,7 +163,7 @@ func TestTaskAbandonedQuestion(t *testing.T) {
 	if got.Error == nil {
 		t.Errorf("abandoned task: %+v, want an error", got)
 	}
-	eventually(t, "the abandoned task's guest to stop", func() bool { return f.h.LiveInstances() == 0 })
+	f.waitLog(t, "parked call abandoned", 1) // its guest stopped
 	startTask(t, url, "slow_compute", map[string]any{"seconds": 0}) // the finished one makes room
 }
 
