@@ -105,30 +105,29 @@ func (h *Host) accessMiddleware(next mcp.MethodHandler) mcp.MethodHandler {
 		if err != nil {
 			return out, err
 		}
+		hidden := func(p *plugins.Plugin, ok bool) bool { return ok && !h.mayUse(ai, p) }
 		switch res := out.(type) {
 		case *mcp.ListToolsResult:
-			res.Tools = slices.DeleteFunc(res.Tools, func(t *mcp.Tool) bool {
-				ct, ok := cat.Tool(t.Name)
-				return ok && !h.mayUse(ai, ct.Plugin())
-			})
+			res.Tools = slices.DeleteFunc(res.Tools, func(t *mcp.Tool) bool { return hidden(pluginOf(cat.Tool(t.Name))) })
 		case *mcp.ListPromptsResult:
-			res.Prompts = slices.DeleteFunc(res.Prompts, func(p *mcp.Prompt) bool {
-				cp, ok := cat.Prompt(p.Name)
-				return ok && !h.mayUse(ai, cp.Plugin())
-			})
+			res.Prompts = slices.DeleteFunc(res.Prompts, func(p *mcp.Prompt) bool { return hidden(pluginOf(cat.Prompt(p.Name))) })
 		case *mcp.ListResourcesResult:
-			res.Resources = slices.DeleteFunc(res.Resources, func(r *mcp.Resource) bool {
-				cr, ok := cat.Resource(r.URI)
-				return ok && !h.mayUse(ai, cr.Plugin())
-			})
+			res.Resources = slices.DeleteFunc(res.Resources, func(r *mcp.Resource) bool { return hidden(pluginOf(cat.Resource(r.URI))) })
 		case *mcp.ListResourceTemplatesResult:
 			res.ResourceTemplates = slices.DeleteFunc(res.ResourceTemplates, func(r *mcp.ResourceTemplate) bool {
-				cr, ok := cat.ResourceTemplate(r.URITemplate)
-				return ok && !h.mayUse(ai, cr.Plugin())
+				return hidden(pluginOf(cat.ResourceTemplate(r.URITemplate)))
 			})
 		}
 		return out, err
 	}
+}
+
+// pluginOf is the plugin of a catalogue entry, as a lookup returns it.
+func pluginOf[T interface{ Plugin() *plugins.Plugin }](v T, ok bool) (*plugins.Plugin, bool) {
+	if !ok {
+		return nil, false
+	}
+	return v.Plugin(), true
 }
 
 // setCacheable marks the lists private when they differ by subject

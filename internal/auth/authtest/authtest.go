@@ -194,7 +194,12 @@ func (s *Server) Mint(c map[string]any) string {
 
 // MintWith signs claims (with the defaults) with k, naming k.ID.
 func (s *Server) MintWith(k Key, c map[string]any) string {
-	signer, err := jose.NewSigner(jose.SigningKey{Algorithm: k.Alg, Key: k.Private}, (&jose.SignerOptions{}).WithType("at+jwt").WithHeader("kid", k.ID))
+	return s.sign(jose.SigningKey{Algorithm: k.Alg, Key: k.Private}, (&jose.SignerOptions{}).WithType("at+jwt").WithHeader("kid", k.ID), c)
+}
+
+// sign signs claims (with the defaults) with key.
+func (s *Server) sign(key jose.SigningKey, opts *jose.SignerOptions, c map[string]any) string {
+	signer, err := jose.NewSigner(key, opts)
 	if err != nil {
 		s.t.Fatal(err)
 	}
@@ -224,17 +229,7 @@ func (s *Server) MintHMACWithPublicKey(c map[string]any) string {
 	if err != nil {
 		s.t.Fatal(err)
 	}
-	signer, err := jose.NewSigner(jose.SigningKey{Algorithm: jose.HS256, Key: der}, (&jose.SignerOptions{}).WithHeader("kid", k.ID))
-	if err != nil {
-		s.t.Fatal(err)
-	}
-	payload, _ := json.Marshal(s.claims(c))
-	obj, err := signer.Sign(payload)
-	if err != nil {
-		s.t.Fatal(err)
-	}
-	tok, _ := obj.CompactSerialize()
-	return tok
+	return s.sign(jose.SigningKey{Algorithm: jose.HS256, Key: der}, (&jose.SignerOptions{}).WithHeader("kid", k.ID), c)
 }
 
 func b64(b []byte) string { return base64.RawURLEncoding.EncodeToString(b) }
