@@ -11,8 +11,11 @@ import (
 
 // auditEntry is one line of the record log: one tool call.
 type auditEntry struct {
-	Time       time.Time    `json:"time"`
-	Session    string       `json:"session"`
+	Time    time.Time `json:"time"`
+	Session string    `json:"session"`
+	// Subject is the authenticated subject the call ran for; left out
+	// for none (the shared token, or no token).
+	Subject    string       `json:"subject,omitempty"`
 	Plugin     string       `json:"plugin"`
 	SHA256     string       `json:"sha256"`
 	Tool       string       `json:"tool"`
@@ -31,9 +34,13 @@ func (h *Host) audit(e *callEnv, res *mcp.CallToolResult, start time.Time) {
 	p := e.plugin
 	e.mu.Lock()
 	records := append([]abi.Record{}, e.records...)
+	var subject string
+	if e.req != nil {
+		subject = subjectOf(e.req.Extra)
+	}
 	e.mu.Unlock()
 	h.writeRecordLog(auditEntry{
-		Time: start.UTC(), Session: e.sess, Plugin: p.Name(), SHA256: p.SHA256(), Tool: e.tool.Name,
+		Time: start.UTC(), Session: e.sess, Subject: subject, Plugin: p.Name(), SHA256: p.SHA256(), Tool: e.tool.Name,
 		DurationMS: float64(time.Since(start).Microseconds()) / 1000,
 		IsError:    res == nil || res.IsError, Refused: res == nil, Records: records,
 	})

@@ -112,10 +112,20 @@ func asks(p *plugins.Plugin) bool {
 // client.
 func (h *Host) callTool(ctx context.Context, key sessions.Key, c plugins.Call, env *callEnv) (*mcp.CallToolResult, error) {
 	t := c.Tool
+	if _, req := env.current(); req != nil && req.Extra != nil && req.Extra.Header != nil { // over HTTP
+		release, err := h.admitCall(subjectOf(req.Extra))
+		if err != nil {
+			return nil, fmt.Errorf("tool %q: %w", t.Name, err)
+		}
+		defer release()
+	}
 	// With a state store, the session is claimed (and taken over, if
 	// another replica served it) before its instance is leased.
 	var claim *claim
 	if !t.Plugin().Stateless() {
+		if _, req := env.current(); req != nil {
+			h.storeBytes.attribute(storeID(key), h.tenantOf(subjectOf(req.Extra)))
+		}
 		claim = h.dur.claimOrLog(ctx, key)
 	}
 	actx, aspan := telemetry.Start(ctx, "wasmtools.acquire", attribute.String("wasmtools.plugin", t.Plugin().Name()))

@@ -411,7 +411,13 @@ func (d *durable) putLocked(ctx context.Context, c *claim, field string, v []byt
 	if prev, ok := c.saved[field]; ok && prev == sum {
 		return nil
 	}
+	// The tenants' byte budgets (shares.go) before the store.
+	undo, err := d.h.storeBytes.reserve(c.id, field, len(v), d.ttl(), d.h.tenantOf(""))
+	if err != nil {
+		return err
+	}
 	if err := d.store.Put(ctx, c.id, field, v, c.fence, d.ttl()); err != nil {
+		undo()
 		return err
 	}
 	c.saved[field] = sum
@@ -522,6 +528,7 @@ func (d *durable) ended(key sessions.Key) {
 	if err := d.store.Delete(ctx, c.id, c.fence); err != nil && !errors.Is(err, statestore.ErrFenced) {
 		d.log.Warn("state store: delete ended session", "session", key.String(), "error", err)
 	}
+	d.h.storeBytes.release(c.id)
 }
 
 // drain checkpoints every idle instance of every claimed session and

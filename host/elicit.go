@@ -51,6 +51,12 @@ type run struct {
 	round    int       // the client's requests so far, the first included
 	pending  *question // the question a parked run waits on
 	answered string    // the key the last retry answered
+	// subject is the authenticated subject of the request that started
+	// the run: only a retry of the same subject resumes it.
+	subject string
+	// parkedBy is the tenant whose share the run's parking holds, ""
+	// when it holds none.
+	parkedBy string
 }
 
 type runResult struct {
@@ -83,7 +89,11 @@ func roundOf(req *mcp.CallToolRequest) roundReq {
 func newRun(name string, env *callEnv, cancel context.CancelCauseFunc) *run {
 	var idb [12]byte
 	rand.Read(idb[:])
-	return &run{id: hex.EncodeToString(idb[:]), name: name, env: env, cancel: cancel, done: make(chan runResult, 1), start: time.Now(), round: 1}
+	var subject string
+	if _, req := env.current(); req != nil {
+		subject = subjectOf(req.Extra)
+	}
+	return &run{id: hex.EncodeToString(idb[:]), name: name, env: env, cancel: cancel, done: make(chan runResult, 1), start: time.Now(), round: 1, subject: subject}
 }
 
 // startRequestRun starts work, a prompt get, resource read or completion
@@ -417,11 +427,19 @@ func (h *Host) park(r *run, q *question) (*parkedRound, error) {
 	if l == nil {
 		return nil, errors.New("the call cannot be parked")
 	}
+	if h.opts.Tenants {
+		tenant := h.tenantOf(r.subject)
+		if !h.parkedShares.take(tenant, h.parkedShare()) {
+			return nil, fmt.Errorf("%w: this client's subject has %d, its share", sessions.ErrParkLimit, h.parkedShare())
+		}
+		r.parkedBy = tenant
+	}
 	r.round++
 	r.pending = q
 	if err := l.Park(r.id, r, abandon, func(cause error) { h.abandonRun(r, cause) }); err != nil {
 		r.round--
 		r.pending = nil
+		h.releasePark(r)
 		return nil, err
 	}
 	state := h.signState(r.id, r.round, time.Now().Add(abandon), r.name)
@@ -432,6 +450,7 @@ func (h *Host) park(r *run, q *question) (*parkedRound, error) {
 // abandonRun stops a parked run whose client did not come back in time,
 // or that was evicted, or whose server is shutting down.
 func (h *Host) abandonRun(r *run, cause error) {
+	h.releasePark(r)
 	h.log.Info("parked call abandoned", "run", r.name, "session", r.env.sess, "cause", cause)
 	r.cancel(fmt.Errorf("%w: %w", context.Canceled, cause))
 	out := <-r.done
@@ -442,7 +461,7 @@ func (h *Host) abandonRun(r *run, cause error) {
 // resume continues a parked run with the answer the client's retried call
 // carries.
 func (h *Host) resume(ctx context.Context, t *plugins.Tool, req *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
-	r, err := h.unpark(t.Name, req.Params.RequestState)
+	r, err := h.unpark(t.Name, req.Params.RequestState, subjectOf(req.Extra))
 	if err != nil {
 		return nil, err
 	}
@@ -453,19 +472,42 @@ func (h *Host) resume(ctx context.Context, t *plugins.Tool, req *mcp.CallToolReq
 }
 
 // unpark takes the run that state names, signed for name, from the
-// session layer, and marks the keys its question is answered under.
-func (h *Host) unpark(name, state string) (*run, error) {
+// session layer, and marks the keys its question is answered under. Only
+// the subject that started the run resumes it: another subject's retry
+// with the same state is refused as a state that names no waiting call,
+// and the run stays parked for its own client.
+func (h *Host) unpark(name, state, subject string) (*run, error) {
 	id, round, err := h.verifyState(state, name)
 	if err != nil {
 		return nil, err
 	}
-	v, ok := h.ses.Unpark(id, func(v any) bool { return v.(*run).round == round })
+	v, ok := h.ses.Unpark(id, func(v any) bool { r := v.(*run); return r.round == round && r.subject == subject })
 	if !ok {
 		return nil, fmt.Errorf("%w: it names no call waiting for an answer (finished, abandoned, or answered already)", ErrRequestState)
 	}
 	r := v.(*run)
 	r.answered = r.pending.key
+	h.releasePark(r)
 	return r, nil
+}
+
+// parkedShare is each tenant's share of the parked calls
+// ([Options.MaxParkedPerSubject]).
+func (h *Host) parkedShare() int {
+	if h.opts.MaxParkedPerSubject > 0 {
+		return h.opts.MaxParkedPerSubject
+	}
+	return max(cmp.Or(h.opts.MaxParked, sessions.DefaultMaxParked)/4, 1)
+}
+
+// releasePark gives back the share r's parking took, once. Whoever takes
+// r out of the session layer (the retry that unparks it, or its
+// abandonment) calls it; the session layer makes that one goroutine.
+func (h *Host) releasePark(r *run) {
+	if r.parkedBy != "" {
+		h.parkedShares.give(r.parkedBy)
+		r.parkedBy = ""
+	}
 }
 
 // answerOf turns the client's response into the guest's answer, checking
@@ -516,6 +558,7 @@ func (e *callEnv) elicit(ctx context.Context, input []byte) *abi.ElicitResult {
 	if e.questions == nil {
 		return cancelWith("this call cannot ask questions")
 	}
+	e.issueURLs(params)
 	q := &question{key: inputKey(r), params: params, schema: schema, answer: make(chan *abi.ElicitResult, 1)}
 	if a, ok := ask(ctx, e, q, q.answer); ok {
 		return a

@@ -10,6 +10,8 @@ import (
 	"net/url"
 	"strings"
 	"time"
+
+	wauth "github.com/wasmtools/wasmtools/internal/auth"
 )
 
 // Defaults of [GuardOptions] and of the HTTP server wasmtools runs.
@@ -36,10 +38,19 @@ type GuardOptions struct {
 	// [RequireTokens]). With either set, every request needs one.
 	Token  string
 	Tokens map[string]string
+	// Verifier, if set, checks bearer tokens instead (an OAuth resource
+	// server's, or a chain with the static tokens); Bearer says what its
+	// refusals tell the client (see [RequireBearer]).
+	Verifier wauth.Verifier
+	Bearer   BearerOptions
 	// Public are paths served without the token; the other checks still
 	// apply. wasmtools lists /metrics here only when the operator says
 	// so (http.metrics_public).
 	Public []string
+	// Open are paths served without the token to any origin (the Host
+	// check still applies): public documents a browser-based client reads
+	// cross-origin, such as the protected resource metadata (RFC 9728).
+	Open []string
 	// AllowedOrigins are browser origins ("http://localhost:6274"),
 	// besides the server's own, whose cross-origin requests are served.
 	AllowedOrigins []string
@@ -81,13 +92,19 @@ func Guard(next http.Handler, o GuardOptions) http.Handler {
 	for _, origin := range o.AllowedOrigins {
 		allowed[strings.TrimSuffix(origin, "/")] = true
 	}
-	public := map[string]bool{}
+	public, open := map[string]bool{}, map[string]bool{}
 	for _, p := range o.Public {
 		public[p] = true
 	}
+	for _, p := range o.Open {
+		open[p] = true
+	}
 	withToken := next
-	if o.Token != "" || len(o.Tokens) > 0 {
-		withToken = RequireTokens(o.Token, o.Tokens, next)
+	switch {
+	case o.Verifier != nil:
+		withToken = RequireBearer(o.Verifier, o.Bearer, next)
+	case o.Token != "" || len(o.Tokens) > 0:
+		withToken = RequireBearer(wauth.NewStatic(o.Token, o.Tokens), o.Bearer, next)
 	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.ContentLength != 0 {
@@ -97,6 +114,10 @@ func Guard(next http.Handler, o GuardOptions) http.Handler {
 		}
 		if err := checkHost(r); err != nil {
 			http.Error(w, err.Error(), http.StatusForbidden)
+			return
+		}
+		if open[r.URL.Path] {
+			next.ServeHTTP(w, r)
 			return
 		}
 		if err := checkOrigin(r, allowed); err != nil {

@@ -22,6 +22,7 @@ package host
 
 import (
 	"bytes"
+	"cmp"
 	"crypto/hmac"
 	"crypto/rand"
 	"crypto/sha256"
@@ -111,10 +112,30 @@ func (h *Host) mintHandle(subject string) (string, sessions.Key, error) {
 	id := b64.EncodeToString(raw[:])
 	body := h.replicaPrefix() + strings.Join([]string{handleVersion, id, h.subjectTag(subject)}, ".")
 	key := handleKey(id)
-	if err := h.ses.Open(key); err != nil {
+	// Each subject's handles, and those of no subject, are a group with a
+	// share of their own: past it, or past MaxHandles, a subject's new
+	// handle ends one of its own idle handles, never another's.
+	group := ""
+	if h.opts.Tenants {
+		group = h.tenantOf(subject)
+	}
+	if err := h.ses.OpenIn(key, group, h.handleShare()); err != nil {
 		return "", sessions.Key{}, fmt.Errorf("no new session handle: %w", err)
 	}
 	return body + "." + h.handleMAC(body), key, nil
+}
+
+// handleShare is each subject's share of the open handles (and that of
+// the clients without a subject, together): [Options.MaxHandlesPerSubject],
+// by default a quarter of MaxHandles.
+func (h *Host) handleShare() int {
+	if !h.opts.Tenants {
+		return 0
+	}
+	if h.opts.MaxHandlesPerSubject > 0 {
+		return h.opts.MaxHandlesPerSubject
+	}
+	return max(cmp.Or(h.opts.MaxHandles, sessions.DefaultMaxHandles)/4, 1)
 }
 
 // checkHandle returns the key of handle as presented by subject. The
@@ -258,11 +279,14 @@ func (h *Host) requestKey(ss *mcp.ServerSession, extra *mcp.RequestExtra, meta m
 }
 
 // headerKey is the key of the operator's client header
-// ([Options.ClientKeyHeader]), which takes precedence over handles.
+// ([Options.ClientKeyHeader]), which takes precedence over handles. It is
+// bound to the request's subject: another subject naming the same header
+// value gets a client of its own, never the first one's instances.
 func (h *Host) headerKey(extra *mcp.RequestExtra) (sessions.Key, bool) {
 	if name := h.opts.ClientKeyHeader; name != "" {
 		if v := extra.Header.Get(name); v != "" {
-			return sessions.Client("header:" + v), true
+			// The tag has no ':' (base64url, or "-" for no subject).
+			return sessions.Client("header:" + h.subjectTag(subjectOf(extra)) + ":" + v), true
 		}
 	}
 	return sessions.Key{}, false

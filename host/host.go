@@ -22,6 +22,7 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/time/rate"
 
 	"github.com/wasmtools/wasmtools/internal/grantstore"
 	"github.com/wasmtools/wasmtools/internal/sessions"
@@ -96,6 +97,40 @@ type Options struct {
 	// MaxConcurrentCalls bounds the guest calls running at once across
 	// all sessions; 0 means no bound. Further calls wait their turn.
 	MaxConcurrentCalls int
+	// MaxCallsPerSubject bounds the tool calls over HTTP one subject has
+	// in flight (parked ones included), and those of all clients without
+	// a subject together; 0 means a quarter of the smaller of MaxInstances
+	// and MaxConcurrentCalls, or no bound when neither is set. Past it a
+	// call is refused with CodeBusy (retry), so that one tenant's busy
+	// calls never hold every instance.
+	MaxCallsPerSubject int
+	// CallsPerSecondPerSubject bounds the rate of one subject's tool
+	// calls over HTTP (and of all clients without a subject together),
+	// with a burst of as many; 0 means no bound. Past it a call is
+	// refused with CodeBusy (retry).
+	CallsPerSecondPerSubject float64
+	// StoreBytesPerRecord, StoreBytesPerTenant and StoreBytesTotal bound
+	// the bytes the state store holds for one session, for one subject's
+	// sessions (and all sessions without a subject together), and for
+	// all; 0 means [DefaultStoreBytesPerRecord] (64 MiB),
+	// [DefaultStoreBytesPerTenant] (128 MiB) and [DefaultStoreBytesTotal]
+	// (768 MiB). A session's MCP record (its initialize parameters) is
+	// bounded to 256 KiB. A write past a budget is refused
+	// ([ErrStoreBudget]): the state stays in this replica's memory only.
+	StoreBytesPerRecord, StoreBytesPerTenant, StoreBytesTotal int
+	// Tenants says that requests carry authenticated subjects (per-subject
+	// tokens or OAuth are configured): each subject, and all clients
+	// without one together, then get the shares of the bounds that
+	// MaxHandlesPerSubject, MaxParkedPerSubject, MaxCallsPerSubject,
+	// MaxAnonymousTasks and StoreBytesPerTenant describe. Without it every
+	// client is the same one tenant and no share applies: the bounds are
+	// all everyone's.
+	Tenants bool
+	// PluginAccess says, per plugin name, who may list and use its tools,
+	// prompts and resources (see [AccessRule]); a plugin it does not name
+	// is everyone's. With any rule, list results go out with cacheScope
+	// "private".
+	PluginAccess map[string]AccessRule
 	// PoolSize bounds the warm instances kept per stateless plugin; 0
 	// means twice GOMAXPROCS.
 	PoolSize int
@@ -112,6 +147,12 @@ type Options struct {
 	// idle handle, those never passed back first (its next call is told
 	// it expired). A handle also ends after SessionTimeout unused.
 	MaxHandles int
+	// MaxHandlesPerSubject is each subject's share of MaxHandles, and
+	// that of all clients without a subject together; 0 means a quarter
+	// of MaxHandles. Past its share, or past MaxHandles, a new handle ends
+	// one of the same subject's idle handles, never another subject's;
+	// with none idle it is refused.
+	MaxHandlesPerSubject int
 	// QuietHandles leaves out of every result the note that tells the
 	// model the session handle it was given; QuietPlugins overrides it for
 	// the plugins it names (true: no note; false: the note). The handle
@@ -156,6 +197,10 @@ type Options struct {
 	// the instance limits, the call that has waited longest for a person
 	// is evicted (stopped, its instance reset) before a call is refused.
 	MaxParked, MaxParkedPerClient int
+	// MaxParkedPerSubject is each subject's share of MaxParked, and that
+	// of all clients without a subject together; 0 means a quarter of
+	// MaxParked. Past it a call that asks is refused as past MaxParked.
+	MaxParkedPerSubject int
 	// MaxQuestions bounds the questions one call may ask a 2026-07-28
 	// client; 0 means 9, since the go-sdk client makes at most 10 requests
 	// of a call. A further question is answered "cancel" at once, with an
@@ -179,7 +224,15 @@ type Options struct {
 	// authenticated subject, else its session, else its
 	// ClientKeyHeader value; unauthenticated 2026-07-28 clients without
 	// that header cannot be told apart and share one bound.
+	//
+	// Clients without a subject (no token, or the shared one) also share
+	// one small pool, MaxAnonymousTasks (0: 2 × MaxTasksPerClient), so
+	// that however many sessions they open they never fill MaxTasks for
+	// the subjects; and a finished task is forgotten only to make room
+	// for a task of the same client (the anonymous pool is one client
+	// here).
 	MaxTasksPerClient, MaxTasks int
+	MaxAnonymousTasks           int
 	// MaxTaskBytesPerClient bounds the bytes one client's tasks hold (a
 	// running task its call's arguments, a finished one its result); 0
 	// means [DefaultMaxTaskBytesPerClient]. All clients' tasks hold at
@@ -249,6 +302,19 @@ type Host struct {
 	adoptID string // guarded by adoptMu
 	boot    string // random at each start: names this process (replicas.go)
 	grants  grantBook
+
+	// parkedShares counts each tenant's parked calls (elicit.go),
+	// callShares its calls in flight, rates its calls per second
+	// (shares.go).
+	parkedShares, callShares shares
+	// storeBytes counts the state store's bytes by tenant (shares.go);
+	// nil without a store.
+	storeBytes *storeBudget
+	rateMu     sync.Mutex
+	rates      map[string]*rate.Limiter
+	// urls are the URL elicitations issued, for their completions
+	// (urlelicit.go).
+	urls issuedURLs
 }
 
 // New returns a host serving the catalogue of src, and following its
@@ -308,6 +374,7 @@ func New(src *plugins.Reloader, opts *Options) *Host {
 	var bg context.Context
 	bg, h.stopBG = context.WithCancel(context.Background())
 	if h.opts.Store != nil {
+		h.storeBytes = newStoreBudget(h.opts.StoreBytesPerRecord, h.opts.StoreBytesPerTenant, h.opts.StoreBytesTotal, h.opts.Tenants)
 		h.dur = newDurable(h)
 		h.wg.Add(1)
 		go func() { defer h.wg.Done(); h.dur.heartbeat(bg) }()
@@ -352,12 +419,14 @@ func (h *Host) newServer(name, version string) *mcp.Server {
 		InitializedHandler: func(ctx context.Context, req *mcp.InitializedRequest) {
 			h.initialized(ctx, req.Session)
 		},
+		SetCacheable: h.setCacheable,
 	})
 	s.AddReceivingMiddleware(keepEmptyText)
 	if h.opts.Loaded != nil {
 		s.AddReceivingMiddleware(h.waitForLoad)
 	}
 	s.AddReceivingMiddleware(h.taskMiddleware)
+	s.AddReceivingMiddleware(h.accessMiddleware)
 	// The trace span last: each middleware added wraps those before it,
 	// so this one is outermost and its span covers the rest.
 	s.AddReceivingMiddleware(h.traceMiddleware)

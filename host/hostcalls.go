@@ -151,6 +151,11 @@ type callEnv struct {
 	records     []abi.Record
 	recordBytes int
 
+	// completions paces notify_url_elicitation_completed (urlelicit.go);
+	// completionsDropped counts those refused.
+	completions        tokenBucket
+	completionsDropped int
+
 	// questions carries the guest's elicitation requests to the goroutine
 	// serving the client; nil for a call that runs inline.
 	questions chan *question
@@ -609,6 +614,9 @@ func (e *callEnv) finish(res *mcp.CallToolResult) {
 	}
 	if e.updatesDropped > 0 {
 		e.h.log.Warn("plugin resource updates dropped by the rate limit", "plugin", e.plugin.Name(), "session", e.sess, "dropped", e.updatesDropped)
+	}
+	if e.completionsDropped > 0 {
+		e.h.log.Warn("plugin URL elicitation completions dropped", "plugin", e.plugin.Name(), "session", e.sess, "dropped", e.completionsDropped)
 	}
 }
 

@@ -173,6 +173,17 @@ func (e *callEnv) elicitationComplete(p *mcp.ElicitationCompleteParams) error {
 	if len(p.ElicitationID) > 256 {
 		return fmt.Errorf("elicitationId of %d bytes is over the 256-byte limit", len(p.ElicitationID))
 	}
+	if ok, why := e.spendURL(p.ElicitationID); !ok {
+		// Dropped, not an error: a looping guest is bounded, not killed.
+		e.mu.Lock()
+		e.completionsDropped++
+		first := e.completionsDropped == 1
+		e.mu.Unlock()
+		if first {
+			e.h.log.Info("URL elicitation completion dropped", "plugin", e.plugin.Name(), "session", e.sess, "why", why)
+		}
+		return nil
+	}
 	ctx, req := e.current()
 	if err := req.Session.NotifyElicitationComplete(ctx, p); err != nil {
 		e.h.log.Debug("elicitation complete not sent", "run", e.name, "err", err)

@@ -29,6 +29,11 @@ func (e *callEnv) requestInputs(ctx context.Context, input []byte) abi.InputResu
 	if err != nil {
 		return abi.InputResults{Error: err.Error()}
 	}
+	for _, r := range q.batch {
+		if p, ok := r.(*mcp.ElicitParams); ok {
+			e.issueURLs(p)
+		}
+	}
 	if e.questions != nil {
 		if a, ok := ask(ctx, e, q, q.batched); ok {
 			return a

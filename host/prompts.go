@@ -115,6 +115,11 @@ func (h *Host) promptHandler(pr *plugins.Prompt) mcp.PromptHandler {
 
 func (h *Host) resourceHandler(p *plugins.Plugin) mcp.ResourceHandler {
 	return func(ctx context.Context, req *mcp.ReadResourceRequest) (*mcp.ReadResourceResult, error) {
+		if len(h.opts.PluginAccess) > 0 && !h.mayUse(authOf(req), p) {
+			// A templated URI: the access middleware could not tell
+			// its plugin (access.go).
+			return nil, mcp.ResourceNotFoundError(req.Params.URI)
+		}
 		params := *req.Params
 		params.Meta = withoutHandle(params.Meta)
 		params.InputResponses, params.RequestState = nil, ""
@@ -142,7 +147,7 @@ func (h *Host) resourceHandler(p *plugins.Plugin) mcp.ResourceHandler {
 // run inline. Either way the guest has the host functions of a tool call.
 func (h *Host) serveRequest(ctx context.Context, p *plugins.Plugin, name string, round roundReq, asCall *mcp.CallToolRequest, work func(context.Context, sessions.Key, *callEnv) (any, error)) (any, *parkedRound, error) {
 	if round.state != "" {
-		r, err := h.unpark(name, round.state)
+		r, err := h.unpark(name, round.state, subjectOf(asCall.Extra))
 		if err != nil {
 			return nil, nil, err
 		}

@@ -70,6 +70,7 @@ func (h *Host) initialized(ctx context.Context, ss *mcp.ServerSession) {
 	subject := "?"
 	if user, ok := h.dur.madeFor(ss.ID()); ok {
 		subject = h.subjectTag(user)
+		h.storeBytes.attribute(storeID(h.connKey(ss)), h.tenantOf(user))
 	}
 	if _, err := h.dur.ensure(ctx, h.connKey(ss), &newSession{ss: ss, subject: subject}); err != nil {
 		h.log.Error("state store: new session not kept", "session", ss.ID(), "error", err)

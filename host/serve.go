@@ -2,14 +2,16 @@ package host
 
 import (
 	"context"
-	"crypto/sha256"
-	"crypto/subtle"
+	"errors"
 	"io"
 	"net/http"
+	"strings"
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/auth"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	wauth "github.com/wasmtools/wasmtools/internal/auth"
 )
 
 // ServeStdio serves one MCP session over r and w (the process's stdin and
@@ -31,8 +33,7 @@ func RequireToken(token string, next http.Handler) http.Handler {
 
 // RequireTokens wraps an HTTP handler so that every request must carry a
 // bearer token: shared (if not "") or one of subjects' (subject name to
-// token). Tokens are compared by their SHA-256 digests, in constant time
-// for the shared one.
+// token), checked by [wauth.Static].
 //
 // A subject's token identifies its bearer: its requests carry the subject
 // as auth.TokenInfo.UserID, to which session handles are bound and
@@ -40,28 +41,76 @@ func RequireToken(token string, next http.Handler) http.Handler {
 // client of the server may hold it), so its requests have no subject and
 // clients tell their state apart by session or handle alone.
 func RequireTokens(shared string, subjects map[string]string, next http.Handler) http.Handler {
-	var sharedSum [32]byte
-	if shared != "" {
-		sharedSum = sha256.Sum256([]byte(shared))
-	}
-	bySum := make(map[[32]byte]string, len(subjects))
-	for subject, token := range subjects {
-		// A subject's token that is also the shared one identifies no
-		// one: every holder of the shared token would be the subject.
-		if sum := sha256.Sum256([]byte(token)); token != "" && subject != "" && (shared == "" || sum != sharedSum) {
-			bySum[sum] = subject
-		}
-	}
-	verify := func(_ context.Context, got string, _ *http.Request) (*auth.TokenInfo, error) {
-		sum := sha256.Sum256([]byte(got))
-		expires := time.Now().Add(24 * time.Hour)
-		if subject, ok := bySum[sum]; ok {
-			return &auth.TokenInfo{UserID: subject, Expiration: expires}, nil
-		}
-		if shared != "" && subtle.ConstantTimeCompare(sum[:], sharedSum[:]) == 1 {
-			return &auth.TokenInfo{Expiration: expires}, nil
+	return RequireBearer(wauth.NewStatic(shared, subjects), BearerOptions{}, next)
+}
+
+// BearerOptions are what [RequireBearer] tells a client it refuses.
+type BearerOptions struct {
+	// ResourceMetadataURL is the URL of the protected resource metadata
+	// (RFC 9728), sent in every challenge so that an MCP client finds
+	// the authorization server.
+	ResourceMetadataURL string
+	// Scopes are required of every token; a valid token without one of
+	// them is refused with 403 insufficient_scope.
+	Scopes []string
+}
+
+// verifiedKey carries a request's verified token info from
+// [RequireBearer]'s check to the SDK's middleware, which puts it where
+// the MCP handler reads it.
+type verifiedKey struct{}
+
+// RequireBearer wraps an HTTP handler so that every request must carry a
+// bearer token that v verifies, per the MCP authorization specification:
+// no token or an invalid one is refused with 401 and
+// `WWW-Authenticate: Bearer resource_metadata="…"` (with
+// error="invalid_token" when one was sent), a valid token lacking a
+// required scope with 403 and error="insufficient_scope" naming the
+// scopes, and a token v cannot check now (its authorization server is
+// unreachable) with 503. The identity's subject becomes the request's
+// auth.TokenInfo.UserID.
+func RequireBearer(v wauth.Verifier, o BearerOptions, next http.Handler) http.Handler {
+	// The SDK's middleware stores the token info where the streamable
+	// handler reads it (its key is the SDK's own); the check is ours, for
+	// the challenges the specification asks for.
+	inner := auth.RequireBearerToken(func(ctx context.Context, _ string, _ *http.Request) (*auth.TokenInfo, error) {
+		if ti, ok := ctx.Value(verifiedKey{}).(*auth.TokenInfo); ok {
+			return ti, nil
 		}
 		return nil, auth.ErrInvalidToken
-	}
-	return auth.RequireBearerToken(verify, nil)(next)
+	}, &auth.RequireBearerTokenOptions{AllowMissingExpiration: true, ClockSkew: time.Hour})(next)
+	scope := strings.Join(o.Scopes, " ")
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		refuse := func(code int, c wauth.Challenge) {
+			c.ResourceMetadata = o.ResourceMetadataURL
+			w.Header().Set("WWW-Authenticate", c.String())
+			http.Error(w, strings.TrimSpace(c.Error+": "+c.Description), code)
+		}
+		token := wauth.BearerToken(r.Header.Get("Authorization"))
+		if token == "" {
+			refuse(http.StatusUnauthorized, wauth.Challenge{Description: "no bearer token", Scope: scope})
+			return
+		}
+		id, err := v.Verify(r.Context(), token)
+		if errors.Is(err, wauth.ErrInvalidToken) {
+			refuse(http.StatusUnauthorized, wauth.Challenge{Error: "invalid_token", Description: err.Error()})
+			return
+		}
+		if err != nil {
+			w.Header().Set("Retry-After", "5")
+			http.Error(w, "the token cannot be checked now: "+err.Error(), http.StatusServiceUnavailable)
+			return
+		}
+		for _, s := range o.Scopes {
+			if !id.HasScope(s) {
+				refuse(http.StatusForbidden, wauth.Challenge{Error: "insufficient_scope", Description: "the token lacks scope " + s, Scope: scope})
+				return
+			}
+		}
+		ti := &auth.TokenInfo{UserID: id.Subject, Scopes: id.Scopes, Expiration: id.Expires}
+		if id.Claims != nil {
+			ti.Extra = map[string]any{"claims": id.Claims} // for the access rules
+		}
+		inner.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), verifiedKey{}, ti)))
+	})
 }

@@ -1,6 +1,7 @@
 package host
 
 import (
+	"cmp"
 	"context"
 	"crypto/hmac"
 	"crypto/rand"
@@ -91,6 +92,7 @@ type taskStore struct {
 	mu     sync.Mutex
 	tasks  map[string]*task
 	owners map[string]*ownerUse    // owner -> what its tasks hold
+	pools  map[string]*ownerUse    // poolOf(owner) -> what its tasks hold
 	bytes  int                     // held by all tasks
 	wakes  map[*task]chan struct{} // closed at a task's next update
 }
@@ -98,7 +100,7 @@ type taskStore struct {
 func newTaskStore(h *Host) *taskStore {
 	var b [6]byte
 	rand.Read(b[:])
-	return &taskStore{h: h, boot: hex.EncodeToString(b[:]), tasks: map[string]*task{}, owners: map[string]*ownerUse{}, wakes: map[*task]chan struct{}{}}
+	return &taskStore{h: h, boot: hex.EncodeToString(b[:]), tasks: map[string]*task{}, owners: map[string]*ownerUse{}, pools: map[string]*ownerUse{}, wakes: map[*task]chan struct{}{}}
 }
 
 // ErrTask is matched by the refusal of a task ID: unknown, another
@@ -165,6 +167,29 @@ func (h *Host) maxTasks() int {
 	return DefaultMaxTasks
 }
 
+func (h *Host) maxAnonymousTasks() int {
+	if h.opts.MaxAnonymousTasks > 0 {
+		return h.opts.MaxAnonymousTasks
+	}
+	return 2 * h.maxTasksPerClient()
+}
+
+// anonymousPool is the pool of the owners that are no subject's.
+const anonymousPool = "anonymous-pool"
+
+// poolOf is the share an owner's tasks count against: a subject's own,
+// or the one pool of every client without a subject; "" (no pool but the
+// server's bounds) without [Options.Tenants].
+func (s *taskStore) poolOf(owner string) string {
+	if !s.h.opts.Tenants {
+		return ""
+	}
+	if strings.HasPrefix(owner, "subject:") {
+		return owner
+	}
+	return anonymousPool
+}
+
 func (h *Host) maxTaskBytesPerClient() int {
 	if h.opts.MaxTaskBytesPerClient > 0 {
 		return h.opts.MaxTaskBytesPerClient
@@ -188,18 +213,24 @@ type ownerUse struct{ tasks, bytes int }
 func (s *taskStore) add(owner string, size int, cancel context.CancelFunc) (*task, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	use := func() ownerUse {
-		if u := s.owners[owner]; u != nil {
+	pool := s.poolOf(owner)
+	use := func(m map[string]*ownerUse, k string) ownerUse {
+		if u := m[k]; u != nil {
 			return *u
 		}
 		return ownerUse{}
 	}
 	for {
-		u := use()
+		u, pu := use(s.owners, owner), use(s.pools, pool)
 		var over error
 		switch {
 		case u.tasks >= s.h.maxTasksPerClient():
 			over = fmt.Errorf("%w: the client holds %d tasks, the most it may; cancel one or wait for one to finish", errTooManyTasks, u.tasks)
+		case pool == anonymousPool && pu.tasks >= s.h.maxAnonymousTasks():
+			// (only with Tenants: the clients without a subject together)
+			over = fmt.Errorf("%w: clients without a subject hold %d tasks, the most they may together; authenticate, or wait", errTooManyTasks, pu.tasks)
+		case pool == anonymousPool && pu.bytes+size > 2*s.h.maxTaskBytesPerClient():
+			over = fmt.Errorf("%w: clients without a subject hold %d bytes in tasks, the most they may together", errTooManyTasks, pu.bytes)
 		case len(s.tasks) >= s.h.maxTasks():
 			over = fmt.Errorf("%w: the server holds %d tasks, the most it may", errTooManyTasks, len(s.tasks))
 		case u.bytes+size > s.h.maxTaskBytesPerClient():
@@ -221,6 +252,10 @@ func (s *taskStore) add(owner string, size int, cancel context.CancelFunc) (*tas
 		s.owners[owner] = &ownerUse{}
 	}
 	s.owners[owner].tasks++
+	if s.pools[pool] == nil {
+		s.pools[pool] = &ownerUse{}
+	}
+	s.pools[pool].tasks++
 	s.resizeLocked(t, size)
 	t.expire = time.AfterFunc(t.ttl, func() { s.expire(t) })
 	return t, nil
@@ -229,6 +264,9 @@ func (s *taskStore) add(owner string, size int, cancel context.CancelFunc) (*tas
 // resizeLocked sets what t holds to size bytes. s.mu is held.
 func (s *taskStore) resizeLocked(t *task, size int) {
 	if u := s.owners[t.owner]; u != nil {
+		u.bytes += size - t.bytes
+	}
+	if u := s.pools[s.poolOf(t.owner)]; u != nil {
 		u.bytes += size - t.bytes
 	}
 	s.bytes += size - t.bytes
@@ -261,6 +299,11 @@ func (s *taskStore) removeLocked(t *task) {
 	if u := s.owners[t.owner]; u != nil {
 		if u.tasks--; u.tasks <= 0 {
 			delete(s.owners, t.owner)
+		}
+	}
+	if u := s.pools[s.poolOf(t.owner)]; u != nil {
+		if u.tasks--; u.tasks <= 0 {
+			delete(s.pools, s.poolOf(t.owner))
 		}
 	}
 	t.expire.Stop()
@@ -306,7 +349,7 @@ func (h *Host) taskOwner(ss *mcp.ServerSession, extra *mcp.RequestExtra) string 
 	}
 	if hdr := h.opts.ClientKeyHeader; hdr != "" && extra != nil {
 		if v := extra.Header.Get(hdr); v != "" {
-			return "client:" + v
+			return "client:" + v // a subject's requests are the subject's, above
 		}
 	}
 	return "anonymous"
@@ -505,8 +548,16 @@ func (h *Host) driveTask(ctx context.Context, next mcp.MethodHandler, t *task, r
 // awaitInput waits until tasks/update has answered every input request
 // of t (true), or t is cancelled or expires (false). An input-required
 // task is woken by tasks/update through the store's condition.
+//
+// A task whose questions are not all answered within the abandonment
+// time ([Options.AbandonAfter], as a parked call's) fails then, its call
+// stopped: an abandoned question holds its slot minutes, not the task's
+// hour.
 func (h *Host) awaitInput(ctx context.Context, t *task) bool {
 	s := h.tasks
+	abandon := cmp.Or(h.opts.AbandonAfter, DefaultAbandonAfter)
+	timer := time.NewTimer(abandon)
+	defer timer.Stop()
 	for {
 		s.mu.Lock()
 		ready := t.status == taskInputRequired && len(t.inputs) == 0
@@ -517,6 +568,21 @@ func (h *Host) awaitInput(ctx context.Context, t *task) bool {
 		}
 		select {
 		case <-wake:
+		case <-timer.C:
+			s.mu.Lock()
+			if t.status == taskInputRequired {
+				t.status, t.inputs, t.updated = taskFailed, nil, time.Now()
+				t.err = &jsonrpc.Error{Code: jsonrpc.CodeInternalError, Message: fmt.Sprintf("abandoned: its questions were not answered within %v", abandon)}
+				held, _ := json.Marshal(t.err)
+				if s.tasks[t.id] == t {
+					s.resizeLocked(t, len(held))
+				}
+				s.notifyLocked(t)
+			}
+			s.mu.Unlock()
+			h.log.Info("task abandoned: no answer", "task", t.id)
+			h.abandonParked(t)
+			return false
 		case <-ctx.Done():
 			// The call waits parked for its answer: a retry with none
 			// ends it (its guest is stopped, its instance reset).

@@ -26,6 +26,12 @@ var withTasks = map[string]any{"elicitation": map[string]any{}, "extensions": ma
 // handle as an empty tool result), and returns its result or error.
 func rpc(t *testing.T, url, method, name string, params map[string]any, caps map[string]any) (result map[string]any, rpcErr map[string]any) {
 	t.Helper()
+	return rpcWith(t, url, nil, method, name, params, caps)
+}
+
+// rpcWith is rpc with headers (a bearer token, a client header).
+func rpcWith(t *testing.T, url string, header http.Header, method, name string, params map[string]any, caps map[string]any) (result map[string]any, rpcErr map[string]any) {
+	t.Helper()
 	params["_meta"] = map[string]any{"io.modelcontextprotocol/protocolVersion": "2026-07-28", "io.modelcontextprotocol/clientCapabilities": caps}
 	body, _ := json.Marshal(map[string]any{"jsonrpc": "2.0", "id": 1, "method": method, "params": params})
 	req, _ := http.NewRequest(http.MethodPost, url+"/mcp", bytes.NewReader(body))
@@ -35,6 +41,9 @@ func rpc(t *testing.T, url, method, name string, params map[string]any, caps map
 	req.Header.Set("Mcp-Method", method)
 	if name != "" {
 		req.Header.Set("Mcp-Name", name)
+	}
+	for k, v := range header {
+		req.Header[k] = v
 	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {

@@ -15,6 +15,9 @@
 #   look; scripts/install-go-tool.sh): cosign signs the plugins and the
 #   image the tests push, ko builds wasmtools' image (.ko.yaml); jaeger
 #   (scripts/install-jaeger.sh) collects the tracing test's spans.
+#   zitadel-oidc-example (zitadel/oidc's example OpenID provider, go
+#   install, pinned, into $(go env GOPATH)/bin) issues the tokens of the
+#   OAuth resource-server tests.
 set -euo pipefail
 
 # install PKG...: apt-get install as root, else say what to install.
@@ -95,4 +98,15 @@ if ! command -v jaeger >/dev/null && [ ! -x "$gobin/jaeger" ]; then
 	mkdir -p "$gobin"
 	echo "deps: building jaeger in the background (log: $gobin/jaeger-install.log)" >&2
 	nohup "$(dirname "$0")/install-jaeger.sh" >"$gobin/jaeger-install.log" 2>&1 &
+fi
+
+# The OAuth tests' OpenID provider (issue 26). Its binary is named
+# "server": installed beside, under a name of its own.
+if [ ! -x "$gobin/zitadel-oidc-example" ]; then
+	mkdir -p "$gobin"
+	tmp="$(mktemp -d)"
+	echo "deps: installing zitadel/oidc's example OpenID provider" >&2
+	GOBIN="$tmp" go install github.com/zitadel/oidc/v3/example/server@v3.52.0
+	mv "$tmp/server" "$gobin/zitadel-oidc-example"
+	rm -rf "$tmp"
 fi

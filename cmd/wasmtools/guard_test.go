@@ -88,8 +88,8 @@ metrics_public = true
 		want  int
 	}{
 		{"with the token", base, []string{"/mcp", "/status", "/metrics", "/healthz"}, token("s3cret"), http.StatusOK},
-		{"no token", base, []string{"/mcp", "/status", "/metrics", "/drain"}, func(*http.Request) {}, http.StatusUnauthorized},
-		{"wrong token", base, []string{"/mcp", "/status", "/metrics", "/drain"}, token("guess"), http.StatusUnauthorized},
+		{"no token", base, []string{"/mcp"}, func(*http.Request) {}, http.StatusUnauthorized},
+		{"wrong token", base, []string{"/mcp"}, token("guess"), http.StatusUnauthorized},
 		{"probes without the token", base, []string{"/healthz", "/readyz"}, func(*http.Request) {}, http.StatusOK},
 		{"probes: rebound host", base, []string{"/healthz", "/readyz"}, rebound, http.StatusForbidden},
 		{"probes: cross-site browser", base, []string{"/healthz", "/readyz"}, with(header("Origin", "http://evil.example"), header("Sec-Fetch-Site", "cross-site")), http.StatusForbidden},
@@ -99,9 +99,16 @@ metrics_public = true
 		{"null origin", base, []string{"/mcp", "/status", "/metrics", "/healthz"}, with(token("s3cret"), header("Origin", "null")), http.StatusForbidden},
 		{"allowed origin", base, []string{"/mcp", "/status", "/metrics", "/healthz"}, with(token("s3cret"), header("Origin", "http://inspector.example"), header("Sec-Fetch-Site", "cross-site")), http.StatusOK},
 		{"same origin", base, []string{"/mcp", "/status", "/metrics", "/healthz"}, with(token("s3cret"), header("Origin", base), header("Sec-Fetch-Site", "same-origin")), http.StatusOK},
-		{"allowed origin without the token", base, []string{"/mcp", "/status", "/metrics"}, with(header("Origin", "http://inspector.example")), http.StatusUnauthorized},
+		{"allowed origin without the token", base, []string{"/mcp"}, with(header("Origin", "http://inspector.example")), http.StatusUnauthorized},
+		// Without an operator credential: the operator is whoever is on
+		// this machine (issue 26).
+		{"no operator: drain and reload not served", base, []string{"/drain", "/reload"}, token("s3cret"), http.StatusNotFound},
+		{"no operator: status and metrics on this machine", base, []string{"/status", "/metrics"}, func(*http.Request) {}, http.StatusOK},
+		{"no operator: status and metrics through a proxy", base, []string{"/status", "/metrics"}, with(token("s3cret"), header("X-Forwarded-For", "203.0.113.7")), http.StatusForbidden},
 		{"metrics_public: metrics without a token", basePublic, []string{"/metrics"}, func(*http.Request) {}, http.StatusOK},
-		{"metrics_public: the rest still need it", basePublic, []string{"/mcp", "/status", "/drain"}, func(*http.Request) {}, http.StatusUnauthorized},
+		{"metrics_public: metrics through a proxy", basePublic, []string{"/metrics"}, header("X-Forwarded-For", "203.0.113.7"), http.StatusOK},
+		{"metrics_public: the rest still need it", basePublic, []string{"/mcp"}, func(*http.Request) {}, http.StatusUnauthorized},
+		{"metrics_public: the rest still the operator's", basePublic, []string{"/status"}, header("X-Forwarded-For", "203.0.113.7"), http.StatusForbidden},
 		{"metrics_public: rebound host", basePublic, []string{"/metrics"}, rebound, http.StatusForbidden},
 		{"metrics_public: cross-site browser", basePublic, []string{"/metrics"}, with(header("Origin", "http://evil.example"), header("Sec-Fetch-Site", "cross-site")), http.StatusForbidden},
 	}

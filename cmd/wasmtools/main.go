@@ -67,7 +67,7 @@ func run(ctx context.Context, args []string, lookupEnv func(string) (string, boo
 	case "call":
 		return cmdCall(ctx, args[1:], lookupEnv, stdin, stdout, stderr)
 	case "status":
-		return cmdStatus(ctx, args[1:], stdout, stderr)
+		return cmdStatus(ctx, args[1:], lookupEnv, stdout, stderr)
 	case "reload":
 		return cmdReload(ctx, args[1:], lookupEnv, stdout, stderr)
 	case "grants":

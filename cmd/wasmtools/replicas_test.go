@@ -479,7 +479,7 @@ func TestFileStoreKeepsSessionsAcrossRestart(t *testing.T) {
 	start := func() *proxytest.Process {
 		cmd := exec.Command(os.Args[0], "serve", "--cache-dir", testplugins.CacheDir(), "--no-watch",
 			"--http", addr, "--state-store", "file:"+state, dir)
-		cmd.Env = append(os.Environ(), "WASMTOOLS_TEST_MAIN=1")
+		cmd.Env = append(os.Environ(), "WASMTOOLS_TEST_MAIN=1", "WASMTOOLS_OPERATOR_TOKEN="+testOperatorToken)
 		return proxytest.Start(t, cmd, readyAt(addr))
 	}
 	p := start()
@@ -494,7 +494,9 @@ func TestFileStoreKeepsSessionsAcrossRestart(t *testing.T) {
 		}
 	}
 	// POST /drain stops it as SIGTERM does (the e2e test sends that).
-	res, err := http.Post("http://"+addr+"/drain", "text/plain", nil)
+	req, _ := http.NewRequest(http.MethodPost, "http://"+addr+"/drain", nil)
+	req.Header.Set("Authorization", "Bearer "+testOperatorToken)
+	res, err := http.DefaultClient.Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"net"
 	"net/http"
 	neturl "net/url"
@@ -27,6 +28,7 @@ import (
 	"github.com/fsnotify/fsnotify"
 
 	"github.com/wasmtools/wasmtools/host"
+	wauth "github.com/wasmtools/wasmtools/internal/auth"
 	"github.com/wasmtools/wasmtools/internal/config"
 	"github.com/wasmtools/wasmtools/internal/grantstore"
 	"github.com/wasmtools/wasmtools/internal/sources"
@@ -151,7 +153,11 @@ func cmdServe(ctx context.Context, args []string, lookupEnv func(string) (string
 		AllowedOrigins: cfg.HTTP.AllowedOrigins,
 		MaxParked:      *maxParked, MaxParkedPerClient: *maxParkedPerClient,
 		MaxHandles: *maxHandles, QuietHandles: !*handleNote, QuietPlugins: map[string]bool{},
-		MaxGrantQuestions: cfg.Grants.MaxQuestions,
+		MaxGrantQuestions:  cfg.Grants.MaxQuestions,
+		MaxCallsPerSubject: cfg.Limits.MaxCallsPerSubject, CallsPerSecondPerSubject: cfg.Limits.CallsPerSecondPerSubject,
+		MaxHandlesPerSubject: cfg.Limits.MaxHandlesPerSubject, MaxParkedPerSubject: cfg.Limits.MaxParkedPerSubject,
+		MaxAnonymousTasks:   cfg.Limits.MaxAnonymousTasks,
+		StoreBytesPerRecord: int(cfg.Limits.StoreBytesPerRecord), StoreBytesPerTenant: int(cfg.Limits.StoreBytesPerSubject), StoreBytesTotal: int(cfg.Limits.StoreBytesTotal),
 	}
 	if path := cfg.Grants.RememberFile; path != "" { // read at start: a change needs a restart
 		gf, err := grantstore.Open(path)
@@ -161,7 +167,16 @@ func cmdServe(ctx context.Context, args []string, lookupEnv func(string) (string
 		}
 		opts.GrantFile = gf
 	}
-	for name := range cfg.Plugins {
+	// Subjects (per-subject tokens, OAuth) make the clients tenants,
+	// each with its share of the bounds; without, everyone is one.
+	opts.Tenants = len(cfg.HTTP.Tokens) > 0 || cfg.HTTP.OAuth != nil
+	for name, p := range cfg.Plugins {
+		if a := p.Access; a != nil {
+			if opts.PluginAccess == nil {
+				opts.PluginAccess = map[string]host.AccessRule{}
+			}
+			opts.PluginAccess[name] = host.AccessRule{Subjects: a.Subjects, Scopes: a.Scopes, Claims: a.Claims}
+		}
 		eff := cfg.For(name)
 		if n := eff.Instances; n > 0 {
 			opts.InstanceLimits[name] = n
@@ -304,7 +319,15 @@ func cmdServe(ctx context.Context, args []string, lookupEnv func(string) (string
 			return 1
 		}
 	}
-	return serveHTTP(ctx, log, *httpAddr, h, reloader, rem, refresh, cfg.HTTP, token, *shutdownGrace, *drainDelay)
+	op := wauth.Operator{Token: cfg.HTTP.OperatorToken, Subjects: cfg.HTTP.OperatorSubjects, Scope: cfg.HTTP.OperatorScope}
+	if v, ok := lookupEnv("WASMTOOLS_OPERATOR_TOKEN"); ok && v != "" {
+		op.Token = v
+	}
+	if op.Token != "" && (op.Token == token || slices.Contains(slices.Collect(maps.Values(cfg.HTTP.Tokens)), op.Token)) {
+		log.Error("configuration refused", "error", errors.New("the operator's token (http.operator_token or WASMTOOLS_OPERATOR_TOKEN) is also a tenant's"))
+		return 1
+	}
+	return serveHTTP(ctx, log, *httpAddr, h, reloader, rem, refresh, cfg.HTTP, token, op, *shutdownGrace, *drainDelay)
 }
 
 // serveHTTP serves /mcp, /status, /metrics and /healthz at addr, each
@@ -320,7 +343,7 @@ func cmdServe(ctx context.Context, args []string, lookupEnv func(string) (string
 // the host (see [host.Host.Drain]): readiness fails at once, open SSE
 // streams close, calls in flight finish within grace, and every session
 // is left in the state store for the other replicas.
-func serveHTTP(ctx context.Context, log *slog.Logger, addr string, h *host.Host, reloader *plugins.Reloader, rem *remote, refresh func(context.Context) (bool, []error), cfg config.HTTP, token string, grace, drainDelay time.Duration) int {
+func serveHTTP(ctx context.Context, log *slog.Logger, addr string, h *host.Host, reloader *plugins.Reloader, rem *remote, refresh func(context.Context) (bool, []error), cfg config.HTTP, token string, op wauth.Operator, grace, drainDelay time.Duration) int {
 	if strings.HasPrefix(addr, ":") {
 		addr = "127.0.0.1" + addr // loopback unless told otherwise
 	}
@@ -329,11 +352,40 @@ func serveHTTP(ctx context.Context, log *slog.Logger, addr string, h *host.Host,
 		log.Error("listen", "addr", addr, "error", err)
 		return 1
 	}
+	var tenants wauth.Verifier
+	if static := wauth.NewStatic(token, cfg.Tokens); !static.Empty() {
+		tenants = static
+	}
 	mux := http.NewServeMux()
+	var bearer host.BearerOptions
+	var open []string
+	if cfg.OAuth != nil {
+		rs, err := newResourceServer(*cfg.OAuth)
+		if err != nil {
+			log.Error("configuration refused", "error", err)
+			return 1
+		}
+		if tenants != nil {
+			tenants = wauth.Chain{tenants, rs.verifier}
+		} else {
+			tenants = rs.verifier
+		}
+		bearer = host.BearerOptions{ResourceMetadataURL: rs.metadataURL, Scopes: cfg.OAuth.Scopes}
+		for _, p := range rs.metadataPaths {
+			mux.Handle(p, rs.metadata)
+		}
+		open = rs.metadataPaths
+		log.Info("OAuth resource server", "resource", cfg.OAuth.Resource, "issuer", cfg.OAuth.Issuer, "metadata", rs.metadataURL)
+	}
+	gate := operatorGate{op: op, tenants: tenants, resourceMetadata: bearer.ResourceMetadataURL}
 	mux.Handle("/mcp", h.HTTPHandler())
-	mux.Handle("/metrics", h.MetricsHandler())
-	mux.Handle("/status", statusHandler(h, reloader, rem))
-	mux.Handle("/reload", reloadHandler(refresh))
+	if cfg.MetricsPublic {
+		mux.Handle("/metrics", h.MetricsHandler())
+	} else {
+		mux.Handle("/metrics", gate.wrap(h.MetricsHandler(), true))
+	}
+	mux.Handle("/status", gate.wrap(statusHandler(h, reloader, rem), true))
+	mux.Handle("/reload", gate.wrap(reloadHandler(refresh), false))
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 		io.WriteString(w, "ok")
@@ -341,7 +393,7 @@ func serveHTTP(ctx context.Context, log *slog.Logger, addr string, h *host.Host,
 	mux.Handle("/readyz", h.ReadyHandler())
 	drainNow := make(chan struct{})
 	var drainOnce sync.Once
-	mux.HandleFunc("/drain", func(w http.ResponseWriter, r *http.Request) {
+	mux.Handle("/drain", gate.wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Method != http.MethodPost {
 			w.Header().Set("Allow", "POST")
 			http.Error(w, "POST to drain", http.StatusMethodNotAllowed)
@@ -350,21 +402,21 @@ func serveHTTP(ctx context.Context, log *slog.Logger, addr string, h *host.Host,
 		drainOnce.Do(func() { close(drainNow) })
 		w.WriteHeader(http.StatusAccepted)
 		io.WriteString(w, "draining\n")
-	})
+	}), false))
 	guard := host.GuardOptions{
-		Token:          token,
-		Tokens:         cfg.Tokens,
+		Verifier:       tenants,
+		Bearer:         bearer,
+		Open:           open,
 		AllowedOrigins: cfg.AllowedOrigins,
 		MaxBody:        int64(cfg.MaxRequestBody),
 		BodyTimeout:    time.Duration(cfg.BodyTimeout),
 	}
 	// Probes (a proxy's health check, Kubernetes') send no token; they
 	// learn only whether the replica is up and ready, and its name.
-	guard.Public = []string{"/healthz", "/readyz"}
-	if cfg.MetricsPublic {
-		guard.Public = append(guard.Public, "/metrics")
-	}
-	if host, _, _ := net.SplitHostPort(ln.Addr().String()); token == "" && len(cfg.Tokens) == 0 && !net.ParseIP(host).IsLoopback() {
+	// The operator's endpoints check the operator's credential themselves
+	// (a tenant's token is not one).
+	guard.Public = append([]string{"/healthz", "/readyz"}, operatorPaths...)
+	if host, _, _ := net.SplitHostPort(ln.Addr().String()); tenants == nil && !net.ParseIP(host).IsLoopback() {
 		log.Warn("serving beyond loopback without authentication: set http.auth_token in the configuration, or WASMTOOLS_AUTH_TOKEN")
 	}
 	srv := &http.Server{

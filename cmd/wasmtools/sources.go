@@ -327,13 +327,13 @@ func cmdReload(ctx context.Context, args []string, lookupEnv func(string) (strin
 	fs.SetOutput(stderr)
 	u := fs.String("url", "http://127.0.0.1:8080", "the running `wasmtools serve --http` server")
 	fs.Usage = func() {
-		fmt.Fprint(stderr, "Usage: wasmtools reload [--url URL]\n\nAsks a running HTTP server to resolve its remote plugins again (a moved\ntag is fetched, verified and swapped in) and to rescan its folders.\nWASMTOOLS_AUTH_TOKEN, if set, is sent as the bearer token.\n\nFlags:\n")
+		fmt.Fprint(stderr, "Usage: wasmtools reload [--url URL]\n\nAsks a running HTTP server to resolve its remote plugins again (a moved\ntag is fetched, verified and swapped in) and to rescan its folders.\nWASMTOOLS_OPERATOR_TOKEN, if set, is sent as the bearer token: a server\nserves /reload only to its operator (http.operator_token).\n\nFlags:\n")
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
-	token, _ := lookupEnv("WASMTOOLS_AUTH_TOKEN")
+	token := operatorToken(lookupEnv)
 	var rep reloadReport
 	if code := requestJSON(ctx, "reload", http.MethodPost, baseURL(*u)+"/reload", token, 10*time.Minute, &rep, stderr); code != 0 {
 		return code

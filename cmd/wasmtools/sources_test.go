@@ -41,7 +41,7 @@ func toolNames(t *testing.T, cs *mcp.ClientSession) []string {
 func statusOf(t *testing.T, url string) map[string]pluginStatus {
 	t.Helper()
 	var out, errb bytes.Buffer
-	if code := run(context.Background(), []string{"status", "--url", url, "--json"}, nil, nil, &out, &errb); code != 0 {
+	if code := run(context.Background(), []string{"status", "--url", url, "--json"}, lookup(map[string]string{"WASMTOOLS_OPERATOR_TOKEN": testOperatorToken}), nil, &out, &errb); code != 0 {
 		t.Fatalf("status: exit %d: %s", code, errb.String())
 	}
 	var rep statusReport
@@ -68,7 +68,8 @@ func TestServeOCI(t *testing.T) {
 	d1 := sourcestest.Push(t, host, "plugins/versioned", "stable", sources.MediaTypeWasm, v1)
 	sourcestest.Sign(t, cosign, key, host+"/plugins/versioned@"+d1)
 
-	url, stderr := serveInProcess(t, nil, "--public-key", pub, "--source-dir", t.TempDir(), "oci://"+host+"/plugins/versioned:stable")
+	env := map[string]string{"WASMTOOLS_OPERATOR_TOKEN": testOperatorToken}
+	url, stderr := serveInProcess(t, env, "--public-key", pub, "--source-dir", t.TempDir(), "oci://"+host+"/plugins/versioned:stable")
 	cs, err := connectURL(t, url, bearer(""))
 	if err != nil {
 		t.Fatal(err)
@@ -84,7 +85,7 @@ func TestServeOCI(t *testing.T) {
 	// The tag moves to an unsigned version: refused, v1 serves on.
 	d2 := sourcestest.Push(t, host, "plugins/versioned", "stable", sources.MediaTypeWasm, v2)
 	var out, errb bytes.Buffer
-	if code := run(context.Background(), []string{"reload", "--url", url}, nil, nil, &out, &errb); code != 1 || !strings.Contains(out.String(), "signature") {
+	if code := run(context.Background(), []string{"reload", "--url", url}, lookup(env), nil, &out, &errb); code != 1 || !strings.Contains(out.String(), "signature") {
 		t.Fatalf("reload of an unsigned tag: exit %d\n%s%s", code, out.String(), errb.String())
 	}
 	if got := callText(t, cs, "version", nil); got != "v1" {
@@ -98,7 +99,7 @@ func TestServeOCI(t *testing.T) {
 	// Signed: reload swaps it in.
 	sourcestest.Sign(t, cosign, key, host+"/plugins/versioned@"+d2)
 	out.Reset()
-	if code := run(context.Background(), []string{"reload", "--url", url}, nil, nil, &out, &errb); code != 0 || !strings.Contains(out.String(), "changed: true") {
+	if code := run(context.Background(), []string{"reload", "--url", url}, lookup(env), nil, &out, &errb); code != 0 || !strings.Contains(out.String(), "changed: true") {
 		t.Fatalf("reload of a signed tag: exit %d\n%s%s", code, out.String(), errb.String())
 	}
 	if got := callText(t, cs, "version", nil); got != "v2" {

@@ -12,20 +12,20 @@ import (
 	"time"
 )
 
-func cmdStatus(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+func cmdStatus(ctx context.Context, args []string, lookupEnv func(string) (string, bool), stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("status", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	url := fs.String("url", "http://127.0.0.1:8080", "the running `wasmtools serve --http` server")
 	asJSON := fs.Bool("json", false, "print JSON")
 	fs.Usage = func() {
-		fmt.Fprint(stderr, "Usage: wasmtools status [--url URL] [--json]\n\nShows each plugin a running HTTP server serves: version (sha256), state\n(loaded, error with the reason, disabled), tools, live instances and the\ntime of its last reload; and each session's run-time grant questions.\n\nFlags:\n")
+		fmt.Fprint(stderr, "Usage: wasmtools status [--url URL] [--json]\n\nShows each plugin a running HTTP server serves: version (sha256), state\n(loaded, error with the reason, disabled), tools, live instances and the\ntime of its last reload; and each session's run-time grant questions.\nWASMTOOLS_OPERATOR_TOKEN, if set, is sent as the bearer token (without an\noperator credential, the server answers /status on its own machine only).\n\nFlags:\n")
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
 	var rep statusReport
-	if code := requestJSON(ctx, "status", http.MethodGet, baseURL(*url)+"/status", "", 10*time.Second, &rep, stderr); code != 0 {
+	if code := requestJSON(ctx, "status", http.MethodGet, baseURL(*url)+"/status", operatorToken(lookupEnv), 10*time.Second, &rep, stderr); code != 0 {
 		return code
 	}
 	if *asJSON {
@@ -107,4 +107,11 @@ func requestJSON(ctx context.Context, cmd, method, url, token string, timeout ti
 		return 1
 	}
 	return 0
+}
+
+// operatorToken is the token `wasmtools status` and `wasmtools reload`
+// send: WASMTOOLS_OPERATOR_TOKEN.
+func operatorToken(lookupEnv func(string) (string, bool)) string {
+	v, _ := lookupEnv("WASMTOOLS_OPERATOR_TOKEN")
+	return v
 }

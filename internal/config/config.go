@@ -145,6 +145,9 @@ type Plugin struct {
 	// image (sandbox.Policy.WithImages): true always, false never; unset,
 	// as the plugin's wasmtools.image section says, and on without one.
 	Images *bool `toml:"images"`
+	// Access, if set, says who may list and use the plugin's tools,
+	// prompts and resources (only in [plugins.NAME]); unset, everyone.
+	Access *Access `toml:"access"`
 
 	MemoryLimit    Size     `toml:"memory_limit"`
 	CallTimeout    Duration `toml:"call_timeout"`
@@ -277,6 +280,16 @@ type Limits struct {
 	MaxConcurrentCalls    int  `toml:"max_concurrent_calls"`
 	MaxInstances          int  `toml:"max_instances"`
 	MaxInstancesPerPlugin int  `toml:"max_instances_per_plugin"`
+	// Tenants' shares of the bounds above and of the state store (see
+	// host.Options): 0 means the host's defaults (a quarter of the bound).
+	MaxCallsPerSubject       int     `toml:"max_calls_per_subject"`
+	CallsPerSecondPerSubject float64 `toml:"calls_per_second_per_subject"`
+	MaxHandlesPerSubject     int     `toml:"max_handles_per_subject"`
+	MaxParkedPerSubject      int     `toml:"max_parked_per_subject"`
+	MaxAnonymousTasks        int     `toml:"max_anonymous_tasks"`
+	StoreBytesPerRecord      Size    `toml:"store_bytes_per_record"`
+	StoreBytesPerSubject     Size    `toml:"store_bytes_per_subject"`
+	StoreBytesTotal          Size    `toml:"store_bytes_total"`
 }
 
 // HTTP protects the HTTP transport.
@@ -306,6 +319,58 @@ type HTTP struct {
 	// handles minted for it are bound to it. auth_token, if also set, is
 	// a token shared by clients that are not told apart.
 	Tokens map[string]string `toml:"tokens"`
+	// OperatorToken, if set, is the bearer token of the operator: the
+	// only credential (with OperatorSubjects and OperatorScope) that
+	// /drain, /reload, /status and /metrics answer to. It must differ
+	// from every tenant token. Without an operator credential, /drain and
+	// /reload are not served over HTTP (signals still work) and /status
+	// and /metrics answer loopback connections only.
+	OperatorToken string `toml:"operator_token"`
+	// OperatorSubjects are subjects (of http.tokens, or issuer + " " +
+	// sub of an OAuth access token) that act as the operator.
+	OperatorSubjects []string `toml:"operator_subjects"`
+	// OperatorScope, if set, is an OAuth scope whose holders act as the
+	// operator ("wasmtools:operate").
+	OperatorScope string `toml:"operator_scope"`
+	// OAuth makes the server an OAuth 2.1 resource server (see [OAuth]).
+	OAuth *OAuth `toml:"oauth"`
+}
+
+// OAuth configures wasmtools as an OAuth 2.1 resource server, per the MCP
+// authorization specification: access tokens from Issuer's authorization
+// server, audience-bound to Resource.
+type OAuth struct {
+	// Issuer is the authorization server's issuer URL; its keys are
+	// discovered through RFC 8414 or OpenID discovery under it.
+	Issuer string `toml:"issuer"`
+	// Resource is this server's canonical resource URI (RFC 8707), the
+	// audience every access token must name: "https://tools.example/mcp".
+	Resource string `toml:"resource"`
+	// Scopes are required of every access token (none by default).
+	Scopes []string `toml:"scopes"`
+	// ClockSkew tolerates clocks this far apart on exp and nbf; 0 means
+	// 30s.
+	ClockSkew Duration `toml:"clock_skew"`
+	// KeysMinRefresh is the least time between two fetches of the key
+	// set for a token signed with a key not yet known (a rotation); 0
+	// means 10s. It keeps made-up key IDs from making wasmtools fetch the
+	// keys at a client's rate.
+	KeysMinRefresh Duration `toml:"keys_min_refresh"`
+	// IntrospectionURL, if set, checks tokens that are not JWTs through
+	// RFC 7662 introspection, authenticated with ClientID and
+	// ClientSecret.
+	IntrospectionURL string `toml:"introspection_url"`
+	ClientID         string `toml:"client_id"`
+	ClientSecret     string `toml:"client_secret"`
+}
+
+// Access names who may use a plugin: subjects (of http.tokens, or
+// "ISSUER SUB" of OAuth), OAuth scopes, or claims (name = value). Anyone
+// matching one is allowed; others neither see nor may call its tools.
+type Access struct {
+	Subjects []string          `toml:"subjects"`
+	Scopes   []string          `toml:"scopes"`
+	Claims   map[string]string `toml:"claims"`
 }
 
 // Size is a byte count written as a number or with a unit: "64MiB", "1GB".
@@ -404,6 +469,10 @@ func (f *File) finish(getenv func(string) (string, bool)) error {
 	for subject, token := range f.HTTP.Tokens {
 		f.HTTP.Tokens[subject] = resolve(token)
 	}
+	f.HTTP.OperatorToken = resolve(f.HTTP.OperatorToken)
+	if o := f.HTTP.OAuth; o != nil {
+		o.ClientSecret = resolve(o.ClientSecret)
+	}
 	f.Defaults.resolve(resolve)
 	f.Sources.PublicKey = resolve(f.Sources.PublicKey)
 	f.Sources.DockerConfig = resolve(f.Sources.DockerConfig)
@@ -431,6 +500,9 @@ func (f *File) finish(getenv func(string) (string, bool)) error {
 	}
 	if f.Grants.MaxQuestions < 0 {
 		errs = append(errs, fmt.Errorf("grants.max_questions: %d: must not be negative (0 means 10)", f.Grants.MaxQuestions))
+	}
+	if f.Defaults.Access != nil {
+		errs = append(errs, errors.New("defaults.access: access is given per plugin, in [plugins.NAME]"))
 	}
 	if f.Defaults.Source != "" {
 		errs = append(errs, errors.New("defaults.source: a source names one plugin: set it in [plugins.NAME]"))
@@ -469,6 +541,24 @@ func (h *HTTP) check() error {
 			errs = append(errs, fmt.Errorf("http.tokens.%s: the same token as %s", subject, seen[token]))
 		}
 		seen[token] = subject
+	}
+	if op := h.OperatorToken; op != "" {
+		switch {
+		case len(op) < 16:
+			errs = append(errs, errors.New("http.operator_token: a token must have at least 16 characters"))
+		case op == h.AuthToken:
+			errs = append(errs, errors.New("http.operator_token: the same token as auth_token, which every client holds"))
+		case seen[op] != "":
+			errs = append(errs, fmt.Errorf("http.operator_token: the same token as tenant %s", seen[op]))
+		}
+	}
+	if o := h.OAuth; o != nil {
+		if o.Issuer == "" || o.Resource == "" {
+			errs = append(errs, errors.New("http.oauth: issuer and resource are required"))
+		}
+		if o.IntrospectionURL != "" && o.ClientID == "" {
+			errs = append(errs, errors.New("http.oauth: introspection_url needs client_id (and client_secret)"))
+		}
 	}
 	return errors.Join(errs...)
 }

@@ -247,6 +247,7 @@ type client struct {
 	lastUsed time.Time        // guarded by Manager.mu
 	requests int              // leases asked for, ever; guarded by Manager.mu
 	parked   int              // guarded by Manager.mu
+	group    string           // the tenant of a Handle client (OpenIn); immutable
 	// seeds are the states the client's first instances start from, by
 	// plugin name (see Seed); guarded by Manager.mu.
 	seeds map[string]Seed
@@ -295,7 +296,15 @@ func (m *Manager) forgetLocked(c *client) {
 // with no lease (see there which); with none, it fails with
 // [ErrAtCapacity]. It fails with [ErrClosed] after Close, and is a no-op
 // for a key whose client exists.
-func (m *Manager) Open(key Key) error {
+func (m *Manager) Open(key Key) error { return m.OpenIn(key, "", 0) }
+
+// OpenIn is [Manager.Open] for a client of group (a tenant): past the
+// bounds it ends only a handle client of the same group (or of none),
+// never another group's, and a group may hold at most share open
+// handles (0: no share of its own, only MaxHandles); past its share it
+// ends one of its own, and with none idle it fails with [ErrAtCapacity].
+// Group "" is Open's: its victims may be anyone's.
+func (m *Manager) OpenIn(key Key, group string, share int) error {
 	m.mu.Lock()
 	if m.closed {
 		m.mu.Unlock()
@@ -305,14 +314,26 @@ func (m *Manager) Open(key Key) error {
 		m.mu.Unlock()
 		return nil
 	}
+	inGroup := 0
+	if group != "" && key.kind == KindHandle {
+		for _, c := range m.clients {
+			if c.key.kind == KindHandle && c.group == group && !c.closed {
+				inGroup++
+			}
+		}
+	}
+	overShare := share > 0 && inGroup >= share
 	var victim *client
-	if key.kind == KindHandle && m.handles >= m.maxHandles() {
+	if key.kind == KindHandle && (m.handles >= m.maxHandles() || overShare) {
 		// Handles whose client never came back first: a client that
 		// ignores handles mints one per call.
 		var once, lru *client
 		for _, c := range m.clients {
 			if c.key.kind != KindHandle || c.leases > 0 || c.closed {
 				continue
+			}
+			if group != "" && c.group != group && (overShare || c.group != "") {
+				continue // another tenant's
 			}
 			if lru == nil || c.lastUsed.Before(lru.lastUsed) {
 				lru = c
@@ -329,13 +350,16 @@ func (m *Manager) Open(key Key) error {
 		}
 		if victim == nil {
 			m.mu.Unlock()
+			if overShare {
+				return fmt.Errorf("%w: this client's %d session handles are in use, its share", ErrAtCapacity, inGroup)
+			}
 			return fmt.Errorf("%w: %d session handles are in use", ErrAtCapacity, m.handles)
 		}
 		// Forgotten now, so the count makes room under this lock; its
 		// instances are freed below.
 		m.forgetLocked(victim)
 	}
-	m.newClientLocked(key)
+	m.newClientLocked(key).group = group
 	m.mu.Unlock()
 	if victim != nil {
 		m.log.Info("session handle evicted: too many open", "session", victim.key.String(), "max", m.maxHandles())

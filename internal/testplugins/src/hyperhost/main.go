@@ -59,6 +59,7 @@ const tools = `{"tools":[
  {"name":"token","inputSchema":{"type":"object","properties":{"credentials":{"type":"object"}},"required":["credentials"]}},
  {"name":"elicit","inputSchema":{"type":"object"}},
  {"name":"url_elicit","inputSchema":{"type":"object"}},
+ {"name":"url_flood","inputSchema":{"type":"object","properties":{"count":{"type":"integer"}}}},
  {"name":"sample","inputSchema":{"type":"object"}},
  {"name":"notify","inputSchema":{"type":"object"}},
  {"name":"now","inputSchema":{"type":"object"}}
@@ -172,6 +173,7 @@ func callTool() int32 {
 		return 1
 	}
 	var args struct {
+		Count       int             `json:"count"`
 		Service     string          `json:"service"`
 		User        string          `json:"user"`
 		Credentials json.RawMessage `json:"credentials"`
@@ -190,6 +192,16 @@ func callTool() int32 {
 	case "url_elicit":
 		off := createElicitation(alloc(map[string]any{"mode": "url", "message": "sign in", "url": "https://example.com/signin", "elicitationId": "signin-1"}))
 		notifyURLElicitationCompleted(alloc(map[string]string{"elicitationId": "signin-1"}))
+		return answer(off)
+	case "url_flood":
+		// One URL elicitation, then count completions of its ID, of IDs
+		// it never issued, and of an oversized ID (issue 26: 30-49
+		// thousand notifications per call, IDs never issued forwarded).
+		off := createElicitation(alloc(map[string]any{"mode": "url", "message": "sign in", "url": "https://example.com/signin", "elicitationId": "flood-1"}))
+		for i := 0; i < args.Count; i++ {
+			notifyURLElicitationCompleted(alloc(map[string]string{"elicitationId": "flood-1"}))
+			notifyURLElicitationCompleted(alloc(map[string]string{"elicitationId": fmt.Sprintf("forged-%d", i)}))
+		}
 		return answer(off)
 	case "sample":
 		return answer(createMessage(alloc(map[string]any{"messages": []any{map[string]any{"role": "user", "content": map[string]any{"type": "text", "text": "hello"}}}, "maxTokens": 10})))

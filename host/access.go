@@ -1,0 +1,140 @@
+package host
+
+import (
+	"context"
+	"fmt"
+	"slices"
+
+	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/wasmtools/wasmtools/plugins"
+)
+
+// AccessRule says who may list and use a plugin's tools, prompts and
+// resources: a request whose authenticated subject is one of Subjects,
+// or whose access token holds one of Scopes, or whose token's claims
+// match one of Claims (claim name = value; a list claim matches when it
+// holds the value). A rule that names no one allows no one. Requests
+// without a subject (the shared token, no token) match only Subjects
+// containing "".
+type AccessRule struct {
+	Subjects []string
+	Scopes   []string
+	Claims   map[string]string
+}
+
+// allows reports whether the rule allows the request's token.
+func (r AccessRule) allows(ti *authInfo) bool {
+	if slices.Contains(r.Subjects, ti.subject) {
+		return true
+	}
+	for _, s := range r.Scopes {
+		if slices.Contains(ti.scopes, s) {
+			return true
+		}
+	}
+	for k, want := range r.Claims {
+		switch v := ti.claims[k].(type) {
+		case string:
+			if v == want {
+				return true
+			}
+		case []any:
+			for _, e := range v {
+				if s, ok := e.(string); ok && s == want {
+					return true
+				}
+			}
+		}
+	}
+	return false
+}
+
+// authInfo is what the access rules read of a request's token.
+type authInfo struct {
+	subject string
+	scopes  []string
+	claims  map[string]any
+}
+
+func authOf(req mcp.Request) *authInfo {
+	ai := &authInfo{}
+	if extra := req.GetExtra(); extra != nil && extra.TokenInfo != nil {
+		ai.subject, ai.scopes = extra.TokenInfo.UserID, extra.TokenInfo.Scopes
+		ai.claims, _ = extra.TokenInfo.Extra["claims"].(map[string]any)
+	}
+	return ai
+}
+
+// mayUse reports whether the request may use plugin p: p has no rule,
+// or its rule allows the request.
+func (h *Host) mayUse(ai *authInfo, p *plugins.Plugin) bool {
+	rule, ok := h.opts.PluginAccess[p.Name()]
+	return !ok || rule.allows(ai)
+}
+
+// accessMiddleware applies [Options.PluginAccess]: the lists a request
+// gets show only what it may use, and using anything else is refused
+// exactly as a name the server does not know (the SDK's own errors), so
+// that a plugin outside one's grant cannot be told from one that does not
+// exist. It is the outermost middleware: a call refused here never
+// becomes a task.
+func (h *Host) accessMiddleware(next mcp.MethodHandler) mcp.MethodHandler {
+	return func(ctx context.Context, method string, req mcp.Request) (mcp.Result, error) {
+		cat := h.Catalogue()
+		if len(h.opts.PluginAccess) == 0 || cat == nil {
+			return next(ctx, method, req)
+		}
+		ai := authOf(req)
+		switch r := req.(type) {
+		case *mcp.CallToolRequest:
+			if t, ok := cat.Tool(r.Params.Name); ok && !h.mayUse(ai, t.Plugin()) {
+				return nil, &jsonrpc.Error{Code: jsonrpc.CodeInvalidParams, Message: fmt.Sprintf("unknown tool %q", r.Params.Name)}
+			}
+		case *mcp.GetPromptRequest:
+			if p, ok := cat.Prompt(r.Params.Name); ok && !h.mayUse(ai, p.Plugin()) {
+				return nil, &jsonrpc.Error{Code: jsonrpc.CodeInvalidParams, Message: fmt.Sprintf("unknown prompt %q", r.Params.Name)}
+			}
+		case *mcp.ReadResourceRequest:
+			if res, ok := cat.Resource(r.Params.URI); ok && !h.mayUse(ai, res.Plugin()) {
+				return nil, mcp.ResourceNotFoundError(r.Params.URI)
+			}
+		}
+		out, err := next(ctx, method, req)
+		if err != nil {
+			return out, err
+		}
+		hidden := func(p *plugins.Plugin, ok bool) bool { return ok && !h.mayUse(ai, p) }
+		switch res := out.(type) {
+		case *mcp.ListToolsResult:
+			res.Tools = slices.DeleteFunc(res.Tools, func(t *mcp.Tool) bool { return hidden(pluginOf(cat.Tool(t.Name))) })
+		case *mcp.ListPromptsResult:
+			res.Prompts = slices.DeleteFunc(res.Prompts, func(p *mcp.Prompt) bool { return hidden(pluginOf(cat.Prompt(p.Name))) })
+		case *mcp.ListResourcesResult:
+			res.Resources = slices.DeleteFunc(res.Resources, func(r *mcp.Resource) bool { return hidden(pluginOf(cat.Resource(r.URI))) })
+		case *mcp.ListResourceTemplatesResult:
+			res.ResourceTemplates = slices.DeleteFunc(res.ResourceTemplates, func(r *mcp.ResourceTemplate) bool {
+				return hidden(pluginOf(cat.ResourceTemplate(r.URITemplate)))
+			})
+		}
+		return out, err
+	}
+}
+
+// pluginOf is the plugin of a catalogue entry, as a lookup returns it.
+func pluginOf[T interface{ Plugin() *plugins.Plugin }](v T, ok bool) (*plugins.Plugin, bool) {
+	if !ok {
+		return nil, false
+	}
+	return v.Plugin(), true
+}
+
+// setCacheable marks the lists private when they differ by subject
+// (with access rules), so that no shared cache serves one subject's list
+// to another (2026-07-28 cacheScope).
+func (h *Host) setCacheable(_ context.Context, _ mcp.Request, c *mcp.Cacheable) {
+	if len(h.opts.PluginAccess) > 0 {
+		c.CacheScope = "private"
+	}
+}

@@ -1,0 +1,299 @@
+package host
+
+import (
+	"cmp"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"golang.org/x/time/rate"
+
+	"github.com/wasmtools/wasmtools/internal/sessions"
+)
+
+// Per-tenant shares of the bounds the clients share (issue 26): a tenant
+// is an authenticated subject, and all clients without a subject together
+// are one more. One tenant exhausting its share leaves the others theirs.
+
+// tenantOf is the tenant of subject ("" for none): a keyed digest, so that
+// a subject's name (any string) never shows in logs or keys.
+func (h *Host) tenantOf(subject string) string { return "tenant:" + h.subjectTag(subject) }
+
+// shares counts what each tenant holds of one bound. It is safe for
+// concurrent use.
+type shares struct {
+	mu   sync.Mutex
+	held map[string]int
+}
+
+// take counts one more for tenant if it holds fewer than max, and
+// reports whether it did.
+func (s *shares) take(tenant string, max int) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.held[tenant] >= max {
+		return false
+	}
+	if s.held == nil {
+		s.held = map[string]int{}
+	}
+	s.held[tenant]++
+	return true
+}
+
+// give counts one fewer for tenant.
+func (s *shares) give(tenant string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.held[tenant]--; s.held[tenant] <= 0 {
+		delete(s.held, tenant)
+	}
+}
+
+// count is what tenant holds.
+func (s *shares) count(tenant string) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.held[tenant]
+}
+
+// callShare is each tenant's share of the calls in flight
+// ([Options.MaxCallsPerSubject]); by default a quarter of the smallest of
+// MaxInstances and MaxConcurrentCalls, and 0 (no share) when neither is
+// set. A call in flight holds an instance (a parked one too), so one
+// tenant's busy calls can never take every instance.
+func (h *Host) callShare() int {
+	if !h.opts.Tenants {
+		return 0
+	}
+	if h.opts.MaxCallsPerSubject > 0 {
+		return h.opts.MaxCallsPerSubject
+	}
+	least := 0
+	for _, b := range []int{h.opts.MaxInstances, h.opts.MaxConcurrentCalls} {
+		if b > 0 && (least == 0 || b < least) {
+			least = b
+		}
+	}
+	if least == 0 {
+		return 0
+	}
+	return max(least/4, 1)
+}
+
+// maxRateTenants bounds the tenants whose call rates are tracked; past
+// it, the tenants whose buckets are full (idle) are forgotten.
+const maxRateTenants = 4096
+
+// admitCall counts a tool call over HTTP by subject ("" for none) against
+// its tenant's shares: the calls it has in flight ([Host.callShare]) and
+// its calls per second ([Options.CallsPerSecondPerSubject]). Past either
+// it fails with an error matching sessions.ErrBusy (CodeBusy, retry);
+// else release must be called once the call has ended.
+func (h *Host) admitCall(subject string) (release func(), err error) {
+	tenant := h.tenantOf(subject)
+	if r := h.opts.CallsPerSecondPerSubject; r > 0 {
+		h.rateMu.Lock()
+		if h.rates == nil {
+			h.rates = map[string]*rate.Limiter{}
+		}
+		if len(h.rates) >= maxRateTenants {
+			for k, l := range h.rates {
+				if l.Tokens() >= float64(l.Burst()) {
+					delete(h.rates, k)
+				}
+			}
+		}
+		l := h.rates[tenant]
+		if l == nil {
+			l = rate.NewLimiter(rate.Limit(r), max(int(r), 1))
+			h.rates[tenant] = l
+		}
+		ok := l.Allow()
+		h.rateMu.Unlock()
+		if !ok {
+			return nil, fmt.Errorf("%w: this client's subject makes more than %g calls per second, its share", sessions.ErrBusy, r)
+		}
+	}
+	share := h.callShare()
+	if share == 0 {
+		return func() {}, nil
+	}
+	if !h.callShares.take(tenant, share) {
+		return nil, fmt.Errorf("%w: this client's subject has %d calls in flight, its share", sessions.ErrBusy, share)
+	}
+	var once sync.Once
+	return func() { once.Do(func() { h.callShares.give(tenant) }) }, nil
+}
+
+// Defaults of the state store's byte budgets ([Options.StoreBytesPerRecord]
+// and the others): what one session's record, one tenant's records and
+// all records may hold. The shipped Kubernetes Redis has 1 GiB.
+const (
+	DefaultStoreBytesPerRecord = 64 << 20
+	DefaultStoreBytesPerTenant = 128 << 20
+	DefaultStoreBytesTotal     = 768 << 20
+	// maxInitializeRecord bounds a stateful session's MCP record (its
+	// initialize parameters): a client's capabilities are a few KiB.
+	maxInitializeRecord = 256 << 10
+)
+
+// ErrStoreBudget is matched (errors.Is) by a write to the state store
+// refused by a byte budget: the record's, its tenant's or the total. The
+// state is then not saved (the call's result says so), and the session
+// goes on from this replica's memory.
+var ErrStoreBudget = errors.New("state store budget exceeded")
+
+// storeBudget counts the bytes each session's record holds in the state
+// store, by tenant, and refuses a write past a budget. A record counts
+// until its session ends or its store TTL lapses unwritten. It is safe
+// for concurrent use.
+type storeBudget struct {
+	perRecord, perTenant, total int
+
+	mu      sync.Mutex
+	tenant  map[string]string               // store ID -> tenant (attribute)
+	records map[string]map[string]*recBytes // tenant -> store ID -> bytes
+	held    map[string]int                  // tenant -> bytes
+	sum     int
+}
+
+type recBytes struct {
+	fields  map[string]int
+	bytes   int
+	expires time.Time
+}
+
+// newStoreBudget makes the budgets; tenants false leaves out the
+// per-tenant one (every client is one tenant).
+func newStoreBudget(perRecord, perTenant, total int, tenants bool) *storeBudget {
+	if !tenants {
+		perTenant = -1
+	}
+	return &storeBudget{
+		perRecord: cmp.Or(perRecord, DefaultStoreBytesPerRecord), perTenant: cmp.Or(perTenant, DefaultStoreBytesPerTenant), total: cmp.Or(total, DefaultStoreBytesTotal),
+		tenant: map[string]string{}, records: map[string]map[string]*recBytes{}, held: map[string]int{},
+	}
+}
+
+// maxAttributed bounds the records whose tenant is remembered before
+// they are written; past it a record counts as the anonymous tenant's.
+const maxAttributed = 1 << 17
+
+// attribute says whose the record id is: the tenant of the requests that
+// write it. A record never attributed counts as the anonymous tenant's.
+func (b *storeBudget) attribute(id, tenant string) {
+	if b == nil || id == "" {
+		return
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if _, ok := b.tenant[id]; !ok && len(b.tenant) < maxAttributed {
+		b.tenant[id] = tenant
+	}
+}
+
+// reserve counts field of record id at size bytes, to be kept for ttl,
+// and returns how to undo it (the write failed); past a budget it fails
+// with an error matching [ErrStoreBudget] that says which.
+func (b *storeBudget) reserve(id, field string, size int, ttl time.Duration, anonymous string) (undo func(), err error) {
+	if b == nil {
+		return func() {}, nil
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	tenant, ok := b.tenant[id]
+	if !ok {
+		tenant = anonymous
+		b.tenant[id] = tenant
+	}
+	now := time.Now()
+	b.pruneLocked(tenant, now)
+	recs := b.records[tenant]
+	if recs == nil {
+		recs = map[string]*recBytes{}
+		b.records[tenant] = recs
+	}
+	r := recs[id]
+	if r == nil {
+		r = &recBytes{fields: map[string]int{}}
+	}
+	delta := size - r.fields[field]
+	switch {
+	case field == "mcp" && size > maxInitializeRecord:
+		return nil, fmt.Errorf("%w: the session's MCP record (its initialize parameters) is %d bytes, over %d", ErrStoreBudget, size, maxInitializeRecord)
+	case r.bytes+delta > b.perRecord:
+		return nil, fmt.Errorf("%w: the session's stored state would be %d bytes, over %d for one session", ErrStoreBudget, r.bytes+delta, b.perRecord)
+	case delta > 0 && b.perTenant > 0 && b.held[tenant]+delta > b.perTenant:
+		return nil, fmt.Errorf("%w: this client's subject stores %d bytes, and this state %d more; its share is %d", ErrStoreBudget, b.held[tenant], delta, b.perTenant)
+	case delta > 0 && b.sum+delta > b.total:
+		for t := range b.records { // the other tenants' lapsed records first
+			b.pruneLocked(t, now)
+		}
+		if b.sum+delta > b.total {
+			return nil, fmt.Errorf("%w: the server stores %d bytes of sessions, the most it may (%d)", ErrStoreBudget, b.sum, b.total)
+		}
+	}
+	prev, prevExp := r.fields[field], r.expires
+	_, had := r.fields[field]
+	r.fields[field] = size
+	r.bytes += delta
+	r.expires = now.Add(ttl)
+	recs[id] = r
+	b.held[tenant] += delta
+	b.sum += delta
+	return func() {
+		b.mu.Lock()
+		defer b.mu.Unlock()
+		if b.records[tenant][id] != r {
+			return
+		}
+		if had {
+			r.fields[field] = prev
+		} else {
+			delete(r.fields, field)
+		}
+		r.bytes -= delta
+		r.expires = prevExp
+		b.held[tenant] -= delta
+		b.sum -= delta
+	}, nil
+}
+
+// release forgets record id (its session ended, its record deleted).
+func (b *storeBudget) release(id string) {
+	if b == nil {
+		return
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	tenant := b.tenant[id]
+	delete(b.tenant, id)
+	if r := b.records[tenant][id]; r != nil {
+		b.dropLocked(tenant, id, r)
+	}
+}
+
+// pruneLocked forgets tenant's records whose TTL lapsed (the store has
+// dropped them). b.mu is held.
+func (b *storeBudget) pruneLocked(tenant string, now time.Time) {
+	for id, r := range b.records[tenant] {
+		if now.After(r.expires) {
+			b.dropLocked(tenant, id, r)
+			delete(b.tenant, id)
+		}
+	}
+}
+
+func (b *storeBudget) dropLocked(tenant, id string, r *recBytes) {
+	delete(b.records[tenant], id)
+	if len(b.records[tenant]) == 0 {
+		delete(b.records, tenant)
+	}
+	b.held[tenant] -= r.bytes
+	if b.held[tenant] <= 0 {
+		delete(b.held, tenant)
+	}
+	b.sum -= r.bytes
+}

@@ -1,0 +1,448 @@
+package host_test
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/wasmtools/wasmtools/host"
+	"github.com/wasmtools/wasmtools/internal/statestore"
+	"github.com/wasmtools/wasmtools/internal/testplugins"
+	"github.com/wasmtools/wasmtools/sandbox"
+)
+
+// Tenants' tokens in these tests.
+const aliceToken, bobToken = "alice-token-0123456789", "bob-token-0123456789"
+
+// tenantTransport sends a subject's bearer token and, if name is set, a
+// header.
+type tenantTransport struct{ token, name, value string }
+
+func (tt tenantTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+	r = r.Clone(r.Context())
+	r.Header.Set("Authorization", "Bearer "+tt.token)
+	if tt.name != "" {
+		r.Header.Set(tt.name, tt.value)
+	}
+	return http.DefaultTransport.RoundTrip(r)
+}
+
+// TestParkedCallBoundToSubject: alice's call parks at a question; bob
+// retries tools/call with alice's requestState and his own answer (issue
+// 26: he answered her question and received her result, her session
+// handle included). He is refused as an invalid state, and alice's call
+// stays parked for her.
+func TestParkedCallBoundToSubject(t *testing.T) {
+	f := pdkhostFixture(t, nil)
+	url := serveGuarded(t, f, host.GuardOptions{Tokens: map[string]string{"alice": aliceToken, "bob": bobToken}})
+	copts := &mcp.ClientOptions{ElicitationHandler: (&answerer{}).handler, MultiRoundTrip: &mcp.MultiRoundTripOptions{Disabled: true}}
+	alice := connectHTTPEra(t, url, "", copts, tenantTransport{token: aliceToken})
+	bob := connectHTTPEra(t, url, "", copts, tenantTransport{token: bobToken})
+
+	first, err := alice.CallTool(context.Background(), &mcp.CallToolParams{Name: "ask", Arguments: map[string]any{"rounds": 2}})
+	if err != nil || first.RequestState == "" {
+		t.Fatalf("alice's first round: %v %+v", err, first)
+	}
+	res, err := retry(bob, first.RequestState, accept("mallory"))
+	if err == nil || !strings.Contains(err.Error(), "invalid request state") {
+		t.Fatalf("bob with alice's request state: %v %+v; want refused as an invalid request state", err, res)
+	}
+	second, err := retry(alice, first.RequestState, accept("ann"))
+	if err != nil || second.RequestState == "" {
+		t.Fatalf("alice after bob's attempt: %v %+v; want her second round", err, second)
+	}
+	final, err := retry(alice, second.RequestState, accept("bo"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := text(final); !strings.HasPrefix(got, "accept:ann,accept:bo") {
+		t.Errorf("alice's result = %q, want her own answers", got)
+	}
+}
+
+// TestClientHeaderBoundToSubject: with --client-header, bob naming
+// alice's header value runs on his own instance, not hers (issue 26: the
+// key ignored the subject).
+func TestClientHeaderBoundToSubject(t *testing.T) {
+	f := newFixture(t, &host.Options{ClientKeyHeader: "X-Client"}, sandbox.NewPolicy(), map[string]string{"counter.wasm": testplugins.Example(t, "counter")})
+	url := serveGuarded(t, f, host.GuardOptions{Tokens: map[string]string{"alice": aliceToken, "bob": bobToken}})
+	alice := connectHTTP(t, url, "", tenantTransport{aliceToken, "X-Client", "laptop"})
+	alice2 := connectHTTP(t, url, "", tenantTransport{aliceToken, "X-Client", "laptop"})
+	bob := connectHTTP(t, url, "", tenantTransport{bobToken, "X-Client", "laptop"})
+	var got []string
+	for _, cs := range []*mcp.ClientSession{alice, alice2, bob, alice} {
+		got = append(got, text(call(t, cs, "count", nil)))
+	}
+	if strings.Join(got, ",") != "1,2,1,3" {
+		t.Errorf("counts = %v; want 1,2,1,3 (alice's header value hers, bob's the same value his own)", got)
+	}
+}
+
+// TestRecordLogSubject: the record log names the subject each call ran
+// for, and none for the shared token.
+func TestRecordLogSubject(t *testing.T) {
+	var audit syncBuffer
+	f := pdkhostFixture(t, &host.Options{RecordLog: &audit})
+	const shared = "shared-token-0123456789"
+	url := serveGuarded(t, f, host.GuardOptions{Token: shared, Tokens: map[string]string{"alice": aliceToken}})
+	call(t, connectHTTP(t, url, "", tenantTransport{token: aliceToken}), "record", map[string]any{"count": 1})
+	call(t, connectHTTP(t, url, "", tenantTransport{token: shared}), "record", map[string]any{"count": 1})
+	lines := strings.Split(strings.TrimSpace(audit.String()), "\n")
+	if len(lines) != 2 || !strings.Contains(lines[0], `"subject":"alice"`) || strings.Contains(lines[1], `"subject"`) {
+		t.Errorf("record log:\n%s\nwant alice's call with her subject, the shared token's with none", audit.String())
+	}
+}
+
+// as is the headers of a request by the bearer of token, with the client
+// header X-Client: client if set.
+func as(token, client string) http.Header {
+	h := http.Header{"Authorization": {"Bearer " + token}}
+	if client != "" {
+		h.Set("X-Client", client)
+	}
+	return h
+}
+
+// TestTaskFairShares: clients without a subject, however many they are,
+// share one small pool of tasks, and one subject holds at most its own
+// share: each subject is then fully served (issue 26: 288 task requests
+// from 16 unauthenticated sessions made every client, token holders
+// included, get -32050 for an hour).
+func TestTaskFairShares(t *testing.T) {
+	const shared = "shared-token-0123456789"
+	f := newFixture(t, &host.Options{MaxTasksPerClient: 2, MaxTasks: 8, MaxAnonymousTasks: 3, ClientKeyHeader: "X-Client", Tenants: true}, sandbox.NewPolicy(), map[string]string{"everything.wasm": testplugins.Example(t, "everything")})
+	url := serveGuarded(t, f, host.GuardOptions{Token: shared, Tokens: map[string]string{"alice": aliceToken, "bob": bobToken}})
+	start := func(h http.Header) bool {
+		res, e := rpcWith(t, url, h, "tools/call", "slow_compute", map[string]any{"name": "slow_compute", "arguments": map[string]any{"seconds": 600}}, withTasks)
+		if e != nil {
+			if e["code"] != float64(host.CodeBusy) {
+				t.Fatalf("refused with %v, want CodeBusy", e)
+			}
+			return false
+		}
+		return res["resultType"] == "task"
+	}
+	anonymous := 0
+	for i := range 10 { // five anonymous clients, two tasks each
+		if start(as(shared, fmt.Sprintf("anon-%d", i/2))) {
+			anonymous++
+		}
+	}
+	if anonymous != 3 {
+		t.Errorf("anonymous clients got %d tasks, want the pool's 3", anonymous)
+	}
+	for _, tok := range []string{aliceToken, bobToken} {
+		for i := range 2 {
+			if !start(as(tok, "")) {
+				t.Fatalf("subject %s's task %d refused after the anonymous flood; want its share served", tok[:5], i+1)
+			}
+		}
+		if start(as(tok, "")) {
+			t.Errorf("subject %s got a third task past its share of 2", tok[:5])
+		}
+	}
+}
+
+// TestTaskAbandonedQuestion: a task waiting in input_required for an
+// answer that never comes fails after AbandonAfter, its call stopped, and
+// its slot is the client's again (issue 26: it held the slot for the
+// task's hour).
+func TestTaskAbandonedQuestion(t *testing.T) {
+	f := newFixture(t, &host.Options{MaxTasksPerClient: 1, AbandonAfter: 2 * time.Second}, sandbox.NewPolicy(), map[string]string{"everything.wasm": testplugins.Example(t, "everything")})
+	url := serveHTTP(t, f)
+	cs := tasksClient(t, url, true)
+	id := startTask(t, url, "confirm_delete", map[string]any{"filename": "a.txt"})
+	waitStatus(t, f, cs, id, "input_required")
+	got := waitStatus(t, f, cs, id, "failed")
+	if got.Error == nil {
+		t.Errorf("abandoned task: %+v, want an error", got)
+	}
+	f.waitLog(t, "parked call abandoned", 1)                        // its guest stopped
+	startTask(t, url, "slow_compute", map[string]any{"seconds": 0}) // the finished one makes room
+}
+
+// TestHandleFairShares: with --max-handles 8 (a share of 2 each), bob
+// and the anonymous clients mint 20 handles each and pass each back once;
+// alice's handle lives on, and she can still mint one (issue 26: minting
+// 40 handles and passing each back once evicted a victim's handle in
+// use, across subjects too).
+func TestHandleFairShares(t *testing.T) {
+	const shared = "shared-token-0123456789"
+	f := newFixture(t, &host.Options{MaxHandles: 8, Tenants: true}, sandbox.NewPolicy(), map[string]string{"counter.wasm": testplugins.Example(t, "counter")})
+	url := serveGuarded(t, f, host.GuardOptions{Token: shared, Tokens: map[string]string{"alice": aliceToken, "bob": bobToken}})
+	alice := connectHTTP(t, url, "", tenantTransport{token: aliceToken})
+	alice.ListTools(context.Background(), nil) // the client mirrors the handle into its header once it knows the schema
+	h := handleOf(countWith(t, alice, ""))
+	if got := firstText(countWith(t, alice, h)); got != "2" {
+		t.Fatalf("alice: count = %s, want 2", got)
+	}
+	for _, tok := range []string{bobToken, shared} {
+		flooder := connectHTTP(t, url, "", tenantTransport{token: tok})
+		flooder.ListTools(context.Background(), nil)
+		for range 20 {
+			if fh := handleOf(countWith(t, flooder, "")); fh != "" {
+				countWith(t, flooder, fh)
+			}
+		}
+	}
+	if res := countWith(t, alice, h); res.IsError || firstText(res) != "3" {
+		t.Errorf("alice's handle after the floods: isError=%v %q, want count 3", res.IsError, text(res))
+	}
+	if res := countWith(t, alice, ""); res.IsError || handleOf(res) == "" {
+		t.Errorf("alice's new handle after the floods: %q", text(res))
+	}
+}
+
+// TestParkedFairShares: with MaxParked 8 (a share of 2 each), bob and
+// the anonymous clients each leave 6 calls parked at a question; alice's
+// calls still park, and she finishes hers.
+func TestParkedFairShares(t *testing.T) {
+	const shared = "shared-token-0123456789"
+	f := pdkhostFixture(t, &host.Options{MaxParked: 8, Tenants: true})
+	url := serveGuarded(t, f, host.GuardOptions{Token: shared, Tokens: map[string]string{"alice": aliceToken, "bob": bobToken}})
+	copts := &mcp.ClientOptions{ElicitationHandler: (&answerer{}).handler, MultiRoundTrip: &mcp.MultiRoundTripOptions{Disabled: true}}
+	ask := func(cs *mcp.ClientSession) (*mcp.CallToolResult, error) {
+		return cs.CallTool(context.Background(), &mcp.CallToolParams{Name: "ask", Arguments: map[string]any{"rounds": 2}})
+	}
+	for _, tok := range []string{bobToken, shared} {
+		cs := connectHTTPEra(t, url, "", copts, tenantTransport{token: tok})
+		parked := 0
+		for range 6 {
+			if res, err := ask(cs); err == nil && res.RequestState != "" {
+				parked++
+			}
+		}
+		if parked != 2 {
+			t.Errorf("%s parked %d calls, want its share of 2", tok[:5], parked)
+		}
+	}
+	alice := connectHTTPEra(t, url, "", copts, tenantTransport{token: aliceToken})
+	var first *mcp.CallToolResult
+	for i := range 2 {
+		res, err := ask(alice)
+		if err != nil || res.RequestState == "" {
+			t.Fatalf("alice's call %d after the floods: %v %+v; want parked at its question", i+1, err, res)
+		}
+		first = res
+	}
+	second, err := retry(alice, first.RequestState, accept("ann"))
+	if err != nil || second.RequestState == "" {
+		t.Fatalf("alice's second round: %v", err)
+	}
+	if final, err := retry(alice, second.RequestState, accept("bo")); err != nil || !strings.HasPrefix(text(final), "accept:ann,accept:bo") {
+		t.Fatalf("alice's result: %v %q", err, text(final))
+	}
+}
+
+// TestCallFairShares: with --max-instances 8 (a share of 2 calls in
+// flight each), bob and the anonymous clients each start 4 long calls:
+// 2 each run, the rest are refused with CodeBusy, and alice's call is
+// served (before shares, their 8 busy instances left her none).
+func TestCallFairShares(t *testing.T) {
+	const shared = "shared-token-0123456789"
+	f := newFixture(t, &host.Options{MaxInstances: 8, Tenants: true}, sandbox.NewPolicy(), map[string]string{"everything.wasm": testplugins.Example(t, "everything")})
+	url := serveGuarded(t, f, host.GuardOptions{Token: shared, Tokens: map[string]string{"alice": aliceToken, "bob": bobToken}})
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	refused := make(chan error, 8)
+	for _, tok := range []string{bobToken, shared} {
+		cs := connectHTTP(t, url, "", tenantTransport{token: tok})
+		for range 4 {
+			go func() {
+				_, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: "slow_compute", Arguments: map[string]any{"seconds": 600}})
+				if ctx.Err() == nil {
+					refused <- err
+				}
+			}()
+		}
+	}
+	for range 4 {
+		if err := <-refused; rpcCode(err) != host.CodeBusy {
+			t.Fatalf("a call past the share: %v, want CodeBusy", err)
+		}
+	}
+	eventually(t, "the 4 calls within the shares to run", func() bool { return f.h.LiveInstances() >= 4 })
+	alice := connectHTTP(t, url, "", tenantTransport{token: aliceToken})
+	res, err := alice.CallTool(context.Background(), &mcp.CallToolParams{Name: "greet", Arguments: map[string]any{"name": "alice"}})
+	if err != nil || res.IsError {
+		t.Fatalf("alice's call while the others hold their shares: %v %+v", err, res)
+	}
+	select {
+	case err := <-refused:
+		t.Errorf("more than 4 calls refused: %v", err)
+	default:
+	}
+}
+
+// TestCallRateShares: CallsPerSecondPerSubject bounds each subject's call
+// rate: bob's second call in the same 100 s is refused with CodeBusy,
+// alice's first is served.
+func TestCallRateShares(t *testing.T) {
+	f := newFixture(t, &host.Options{CallsPerSecondPerSubject: 0.01}, sandbox.NewPolicy(), map[string]string{"counter.wasm": testplugins.Example(t, "counter")})
+	url := serveGuarded(t, f, host.GuardOptions{Tokens: map[string]string{"alice": aliceToken, "bob": bobToken}})
+	bob := connectHTTP(t, url, "", tenantTransport{token: bobToken})
+	call(t, bob, "count", nil)
+	if _, err := bob.CallTool(context.Background(), &mcp.CallToolParams{Name: "count"}); rpcCode(err) != host.CodeBusy {
+		t.Fatalf("bob's second call: %v, want CodeBusy", err)
+	}
+	call(t, connectHTTP(t, url, "", tenantTransport{token: aliceToken}), "count", nil)
+}
+
+// countingStore is a real store whose writes the test observes: the
+// bytes of each record's fields as last written.
+type countingStore struct {
+	statestore.Store
+	mu    sync.Mutex
+	bytes map[string]map[string]int
+}
+
+func (c *countingStore) Put(ctx context.Context, id, field string, value []byte, fence uint64, ttl time.Duration) error {
+	err := c.Store.Put(ctx, id, field, value, fence, ttl)
+	if err == nil {
+		c.mu.Lock()
+		if c.bytes[id] == nil {
+			c.bytes[id] = map[string]int{}
+		}
+		c.bytes[id][field] = len(value)
+		c.mu.Unlock()
+	}
+	return err
+}
+
+// sizes are the sizes of field in the records that hold it.
+func (c *countingStore) sizes(field string) []int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var out []int
+	for _, r := range c.bytes {
+		if n, ok := r[field]; ok {
+			out = append(out, n)
+		}
+	}
+	return out
+}
+
+// TestStoreFairShares: each subject's sessions hold at most its share of
+// the state store's bytes, and a session's MCP record at most 256 KiB
+// (issue 26: 11 anonymous handles wrote 240 MiB, 30 bare initialize
+// requests with 3 MiB capabilities 105 MiB). Bob's sessions past his
+// share are not saved; alice's are.
+func TestStoreFairShares(t *testing.T) {
+	store := &countingStore{Store: statestore.NewMemory(), bytes: map[string]map[string]int{}}
+	f := newFixture(t, &host.Options{Store: store, StateKey: replicaKey, StoreBytesPerTenant: 1200, Tenants: true}, sandbox.NewPolicy(), map[string]string{"counter.wasm": testplugins.Example(t, "counter")})
+	url := serveGuarded(t, f, host.GuardOptions{Tokens: map[string]string{"alice": aliceToken, "bob": bobToken}})
+	bob := connectHTTP(t, url, "", tenantTransport{token: bobToken})
+	for range 5 {
+		countWith(t, bob, "")
+	}
+	if n := len(store.sizes("p/counter")); n != 2 {
+		t.Errorf("bob's 5 sessions: %d saved, want the 2 his share of 1200 bytes holds (about 465 each)", n)
+	}
+	f.waitLog(t, "state store budget exceeded", 1)
+	alice := connectHTTP(t, url, "", tenantTransport{token: aliceToken})
+	for range 2 {
+		countWith(t, alice, "")
+	}
+	if n := len(store.sizes("p/counter")); n != 4 {
+		t.Errorf("after alice's 2 sessions: %d saved, want 4 (alice's share untouched by bob's)", n)
+	}
+
+	// A stateful session whose initialize carries 300 KiB of
+	// capabilities: its record is refused, the session served all the
+	// same from this replica.
+	big := map[string]any{"padding": strings.Repeat("x", 300<<10)}
+	cs := connectHTTPEra(t, url, "2025-11-25", &mcp.ClientOptions{Capabilities: &mcp.ClientCapabilities{Experimental: big}}, tenantTransport{token: bobToken})
+	call(t, cs, "count", nil)
+	f.waitLog(t, "new session not kept", 1)
+	if n := slices.Max(append(store.sizes("mcp"), 0)); n > 256<<10 {
+		t.Errorf("a %d-byte MCP record was stored, over 256 KiB", n)
+	}
+}
+
+// TestURLElicitationCompletions: a guest looping on
+// notify_url_elicitation_completed, 1000 times with the ID its URL
+// elicitation issued and 1000 with IDs it never issued, gets exactly one
+// completion to the client: the issued ID, once (issue 26: 30 to 49
+// thousand per call, forged IDs forwarded).
+func TestURLElicitationCompletions(t *testing.T) {
+	f := hyperFixture(t, "", false)
+	var mu sync.Mutex
+	var completed []string
+	cs := connectKind(t, f, "", clientKind{"memory", "2025-11-25"}, &mcp.ClientOptions{
+		Capabilities: &mcp.ClientCapabilities{Elicitation: &mcp.ElicitationCapabilities{URL: &mcp.URLElicitationCapabilities{}}},
+		ElicitationHandler: func(context.Context, *mcp.ElicitRequest) (*mcp.ElicitResult, error) {
+			return &mcp.ElicitResult{Action: "accept"}, nil
+		},
+		ElicitationCompleteHandler: func(_ context.Context, r *mcp.ElicitationCompleteNotificationRequest) {
+			mu.Lock()
+			completed = append(completed, r.Params.ElicitationID)
+			mu.Unlock()
+		},
+	})
+	if got, _ := callText(t, cs, "url_flood", map[string]any{"count": 1000}); !strings.Contains(got, `"action":"accept"`) {
+		t.Fatalf("url_flood: %s", got)
+	}
+	eventually(t, "the completion", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(completed) > 0
+	})
+	callText(t, cs, "now", nil) // after the flood's notifications
+	f.waitLog(t, "URL elicitation completions dropped", 1)
+	mu.Lock()
+	defer mu.Unlock()
+	if len(completed) != 1 || completed[0] != "flood-1" {
+		t.Errorf("%d completions (first %q), want exactly one, flood-1", len(completed), completed[0])
+	}
+}
+
+// TestPluginAccess: [plugins.hash] access = {subjects = ["alice"]}: alice
+// lists and calls hash's tools; bob's list lacks them, and his call of
+// one is refused exactly as a tool that does not exist; lists go out with
+// cacheScope "private".
+func TestPluginAccess(t *testing.T) {
+	f := newFixture(t, &host.Options{PluginAccess: map[string]host.AccessRule{"hash": {Subjects: []string{"alice"}}}}, sandbox.NewPolicy(), map[string]string{
+		"counter.wasm": testplugins.Example(t, "counter"),
+		"hash.wasm":    testplugins.Example(t, "hash"),
+	})
+	url := serveGuarded(t, f, host.GuardOptions{Tokens: map[string]string{"alice": aliceToken, "bob": bobToken}})
+	names := func(cs *mcp.ClientSession) string {
+		res, err := cs.ListTools(context.Background(), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var n []string
+		for _, tool := range res.Tools {
+			n = append(n, tool.Name)
+		}
+		return strings.Join(n, ",")
+	}
+	alice := connectHTTP(t, url, "", tenantTransport{token: aliceToken})
+	bob := connectHTTP(t, url, "", tenantTransport{token: bobToken})
+	if got := names(alice); !strings.Contains(got, "hash") || !strings.Contains(got, "count") {
+		t.Errorf("alice lists %s, want hash's and counter's tools", got)
+	}
+	if got := names(bob); strings.Contains(got, "hash") || strings.Contains(got, "base64") || !strings.Contains(got, "count") {
+		t.Errorf("bob lists %s, want counter's tools only", got)
+	}
+	if res := call(t, alice, "base64", map[string]any{"text": "hi"}); res.IsError {
+		t.Errorf("alice's call of hash's tool: %s", text(res))
+	}
+	_, refused := bob.CallTool(context.Background(), &mcp.CallToolParams{Name: "base64", Arguments: map[string]any{"text": "hi"}})
+	_, unknown := bob.CallTool(context.Background(), &mcp.CallToolParams{Name: "no_such_tool", Arguments: map[string]any{"text": "hi"}})
+	if refused == nil || unknown == nil || rpcCode(refused) != rpcCode(unknown) ||
+		strings.ReplaceAll(refused.Error(), "base64", "X") != strings.ReplaceAll(unknown.Error(), "no_such_tool", "X") {
+		t.Errorf("bob's call of hash's tool: %v; want exactly as an unknown tool: %v", refused, unknown)
+	}
+	res, e := rpcWith(t, url, as(bobToken, ""), "tools/list", "", map[string]any{}, map[string]any{})
+	if e != nil || res["cacheScope"] != "private" {
+		t.Errorf("tools/list: %v %v; want cacheScope private", res["cacheScope"], e)
+	}
+}

@@ -1,0 +1,109 @@
+package host
+
+import (
+	"sync"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+)
+
+// Bounds of notify_url_elicitation_completed (issue 26: a guest looping
+// on it sent tens of thousands of notifications per call, for IDs it
+// never issued). A completion is forwarded only for an elicitation ID
+// that the same plugin's URL elicitation issued in the same session, once
+// (the ID is then spent), within a rate per call and per plugin; the rest
+// are dropped, counted in the log.
+const (
+	completeCallBurst       = 8
+	completeCallPerSecond   = 1
+	completePluginBurst     = 32
+	completePluginPerSecond = 4
+	// maxIssuedPerScope bounds the IDs remembered per session and
+	// plugin, maxIssuedScopes the sessions and plugins remembered: past
+	// them the oldest go (their completions are then dropped).
+	maxIssuedPerScope = 32
+	maxIssuedScopes   = 4096
+)
+
+// issuedURLs remembers the URL elicitation IDs each plugin issued in
+// each session, and paces each plugin's completions. It is safe for
+// concurrent use.
+type issuedURLs struct {
+	mu      sync.Mutex
+	ids     map[string][]string // scope -> IDs, oldest first
+	order   []string            // scopes, oldest first
+	plugins map[string]*tokenBucket
+}
+
+// urlScope is the session and plugin an env's URL elicitations belong to.
+func (e *callEnv) urlScope() string { return e.sess + "\x00" + e.plugin.Name() }
+
+// issueURLs remembers the URL elicitations among params as issued by e's
+// plugin in e's session.
+func (e *callEnv) issueURLs(params ...*mcp.ElicitParams) {
+	u := &e.h.urls
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	scope := e.urlScope()
+	for _, p := range params {
+		if p == nil || p.Mode != "url" || p.ElicitationID == "" {
+			continue
+		}
+		if u.ids == nil {
+			u.ids = map[string][]string{}
+		}
+		ids, known := u.ids[scope]
+		if !known {
+			u.order = append(u.order, scope)
+			if len(u.order) > maxIssuedScopes {
+				delete(u.ids, u.order[0])
+				u.order = u.order[1:]
+			}
+		}
+		ids = append(ids, p.ElicitationID)
+		if len(ids) > maxIssuedPerScope {
+			ids = ids[1:]
+		}
+		u.ids[scope] = ids
+	}
+}
+
+// spendURL reports whether e may send the completion of elicitation id:
+// issued by e's plugin in e's session and not completed yet, within the
+// call's and the plugin's rates. The ID is spent when it may.
+func (e *callEnv) spendURL(id string) (ok bool, why string) {
+	u := &e.h.urls
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	scope := e.urlScope()
+	ids := u.ids[scope]
+	i := -1
+	for j, v := range ids {
+		if v == id {
+			i = j
+			break
+		}
+	}
+	if i < 0 {
+		return false, "not an ID this plugin's URL elicitation issued in this session (or completed already)"
+	}
+	if u.plugins == nil {
+		u.plugins = map[string]*tokenBucket{}
+	}
+	pb := u.plugins[e.plugin.Name()]
+	if pb == nil {
+		b := newTokenBucket(completePluginBurst, completePluginPerSecond)
+		pb = &b
+		u.plugins[e.plugin.Name()] = pb
+	}
+	e.mu.Lock()
+	if e.completions.burst == 0 {
+		e.completions = newTokenBucket(completeCallBurst, completeCallPerSecond)
+	}
+	callOK := e.completions.take()
+	e.mu.Unlock()
+	if !callOK || !pb.take() {
+		return false, "over the rate of completions"
+	}
+	u.ids[scope] = append(ids[:i:i], ids[i+1:]...)
+	return true, ""
+}

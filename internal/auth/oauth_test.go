@@ -1,0 +1,148 @@
+package auth_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/wasmtools/wasmtools/internal/auth"
+	"github.com/wasmtools/wasmtools/internal/auth/authtest"
+)
+
+const resource = "http://127.0.0.1:9/mcp"
+
+func newVerifier(t *testing.T, as *authtest.Server, o auth.OAuthOptions) *auth.OAuth {
+	t.Helper()
+	o.Issuer, o.Resource = as.URL, resource
+	v, err := auth.NewOAuth(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return v
+}
+
+// TestOAuthTokens: a JWT access token is accepted only when signed by
+// the issuer's key with an asymmetric algorithm, for this resource, from
+// this issuer, within exp and nbf (30 s of skew).
+func TestOAuthTokens(t *testing.T) {
+	as := authtest.NewServer(t, resource)
+	v := newVerifier(t, as, auth.OAuthOptions{})
+	now := time.Now()
+	stranger := authtest.NewRSAKey(t, "k1") // the issuer's key ID, another key
+	tests := []struct {
+		name  string
+		token string
+		why   string // "" for accepted
+	}{
+		{"valid", as.Mint(map[string]any{"sub": "alice", "scope": "tools read"}), ""},
+		{"audience among others", as.Mint(map[string]any{"sub": "alice", "aud": []string{"other", resource}}), ""},
+		{"expired within the skew", as.Mint(map[string]any{"sub": "alice", "exp": now.Add(-10 * time.Second).Unix()}), ""},
+		{"expired", as.Mint(map[string]any{"sub": "alice", "exp": now.Add(-2 * time.Minute).Unix()}), "expired"},
+		{"not yet valid", as.Mint(map[string]any{"sub": "alice", "nbf": now.Add(2 * time.Minute).Unix()}), "not valid yet"},
+		{"no exp", as.Mint(map[string]any{"sub": "alice", "exp": nil}), "no exp"},
+		{"no sub", as.Mint(map[string]any{}), "no sub"},
+		{"wrong audience", as.Mint(map[string]any{"sub": "alice", "aud": "http://127.0.0.1:9/other"}), "another audience"},
+		{"no audience", as.Mint(map[string]any{"sub": "alice", "aud": nil}), "another audience"},
+		{"wrong issuer", as.Mint(map[string]any{"sub": "alice", "iss": "http://127.0.0.1:1"}), "issued by"},
+		{"alg none", as.MintNone(map[string]any{"sub": "alice"}), "signature algorithm"},
+		{"HMAC with the public key", as.MintHMACWithPublicKey(map[string]any{"sub": "alice"}), "signature algorithm"},
+		{"wrongly signed", as.MintWith(stranger, map[string]any{"sub": "alice"}), "does not verify"},
+		{"unknown key", as.MintWith(authtest.NewECKey(t, "k9"), map[string]any{"sub": "alice"}), "does not list"},
+		{"not a JWT", "opaque-token", "not a JWT"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			id, err := v.Verify(context.Background(), tt.token)
+			if tt.why == "" {
+				if err != nil {
+					t.Fatalf("refused: %v", err)
+				}
+				if id.Subject != as.URL+" alice" {
+					t.Errorf("subject %q, want the issuer and sub", id.Subject)
+				}
+				return
+			}
+			if !errors.Is(err, auth.ErrInvalidToken) || !strings.Contains(err.Error(), tt.why) {
+				t.Errorf("err = %v, want an invalid token saying %q", err, tt.why)
+			}
+		})
+	}
+	id, _ := v.Verify(context.Background(), as.Mint(map[string]any{"sub": "alice", "scope": "tools read", "scp": []string{"admin"}}))
+	if !id.HasScope("tools") || !id.HasScope("read") || !id.HasScope("admin") {
+		t.Errorf("scopes %v, want tools, read (scope) and admin (scp)", id.Scopes)
+	}
+}
+
+// TestOAuthKeyRotation: the issuer rotates its key; a token signed with
+// the new key (a key ID not yet known) makes the verifier fetch the key
+// set again, without a restart, and tokens of the old key are refused.
+// Unknown key IDs cannot make it fetch faster than KeysMinRefresh.
+func TestOAuthKeyRotation(t *testing.T) {
+	as := authtest.NewServer(t, resource)
+	v := newVerifier(t, as, auth.OAuthOptions{KeysMinRefresh: time.Nanosecond})
+	old := as.Mint(map[string]any{"sub": "alice"})
+	if _, err := v.Verify(context.Background(), old); err != nil {
+		t.Fatal(err)
+	}
+	as.Rotate(authtest.NewECKey(t, "k2"))
+	if _, err := v.Verify(context.Background(), as.Mint(map[string]any{"sub": "alice"})); err != nil {
+		t.Fatalf("a token of the rotated key: %v", err)
+	}
+	if _, err := v.Verify(context.Background(), old); !errors.Is(err, auth.ErrInvalidToken) {
+		t.Fatalf("a token of the retired key: %v, want refused", err)
+	}
+
+	// Paced: made-up key IDs fetch the key set at most once per
+	// KeysMinRefresh (an hour here).
+	paced := newVerifier(t, as, auth.OAuthOptions{KeysMinRefresh: time.Hour})
+	paced.Verify(context.Background(), as.Mint(map[string]any{"sub": "alice"}))
+	before := as.KeyFetches.Load()
+	for i := range 20 {
+		paced.Verify(context.Background(), as.MintWith(authtest.NewECKey(t, "made-up-"+string(rune('a'+i))), map[string]any{"sub": "alice"}))
+	}
+	if n := as.KeyFetches.Load() - before; n > 0 {
+		t.Errorf("20 tokens with made-up key IDs fetched the key set %d times, want 0 within KeysMinRefresh", n)
+	}
+}
+
+// TestOAuthUnreachable: an authorization server that cannot be reached
+// is not an invalid token (the client may retry), and says why.
+func TestOAuthUnreachable(t *testing.T) {
+	v, err := auth.NewOAuth(auth.OAuthOptions{Issuer: "http://127.0.0.1:1", Resource: resource})
+	if err != nil {
+		t.Fatal(err)
+	}
+	as := authtest.NewServer(t, resource)
+	_, err = v.Verify(context.Background(), as.Mint(map[string]any{"sub": "alice"}))
+	if err == nil || errors.Is(err, auth.ErrInvalidToken) {
+		t.Fatalf("err = %v, want an error that is not an invalid token", err)
+	}
+}
+
+// TestOAuthIntrospection: an opaque token is checked by RFC 7662
+// introspection, with the resource server's client credentials.
+func TestOAuthIntrospection(t *testing.T) {
+	as := authtest.NewServer(t, resource)
+	as.AddClient("wasmtools", "rs-secret")
+	exp := time.Now().Add(time.Minute).Unix()
+	as.AddOpaque("good", map[string]any{"active": true, "sub": "bob", "aud": resource, "scope": "tools", "exp": exp, "iss": as.URL})
+	as.AddOpaque("other-audience", map[string]any{"active": true, "sub": "bob", "aud": "http://elsewhere/mcp", "exp": exp})
+	as.AddOpaque("no-audience", map[string]any{"active": true, "sub": "bob", "exp": exp})
+	as.AddOpaque("expired", map[string]any{"active": true, "sub": "bob", "aud": resource, "exp": time.Now().Add(-time.Hour).Unix()})
+	v := newVerifier(t, as, auth.OAuthOptions{IntrospectionURL: as.URL + "/introspect", ClientID: "wasmtools", ClientSecret: "rs-secret"})
+	id, err := v.Verify(context.Background(), "good")
+	if err != nil || id.Subject != as.URL+" bob" || !id.HasScope("tools") {
+		t.Fatalf("good: %+v %v", id, err)
+	}
+	for tok, why := range map[string]string{"unknown": "not active", "other-audience": "not for this resource", "no-audience": "not for this resource", "expired": "expired"} {
+		if _, err := v.Verify(context.Background(), tok); !errors.Is(err, auth.ErrInvalidToken) || !strings.Contains(err.Error(), why) {
+			t.Errorf("%s: %v, want refused saying %q", tok, err, why)
+		}
+	}
+	wrong := newVerifier(t, as, auth.OAuthOptions{IntrospectionURL: as.URL + "/introspect", ClientID: "wasmtools", ClientSecret: "guess"})
+	if _, err := wrong.Verify(context.Background(), "good"); err == nil || errors.Is(err, auth.ErrInvalidToken) {
+		t.Errorf("introspection refused to the resource server: %v, want an error that is not an invalid token", err)
+	}
+}
