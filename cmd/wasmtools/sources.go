@@ -108,7 +108,7 @@ func (s *sourceFlags) specs(cfg *config.File) ([]sources.Spec, error) {
 		if ref, err := sources.Parse(src); err != nil {
 			errs = append(errs, err)
 			return
-		} else if c := cfg.Credential(registryHost(ref)); c != nil {
+		} else if c := sourceCredential(cfg, ref); c != nil {
 			spec.Credential = &sources.Credential{Username: c.Username, Password: c.Password, Token: c.Token}
 		}
 		out = append(out, spec)
@@ -131,6 +131,15 @@ func (s *sourceFlags) specs(cfg *config.File) ([]sources.Spec, error) {
 		add(name, src)
 	}
 	return out, errors.Join(errs...)
+}
+
+// sourceCredential is the login for ref: an HTTPS source's by its URL
+// (hyper-mcp's auths, by prefix) or host, an OCI source's by registry.
+func sourceCredential(cfg *config.File, ref sources.Ref) *config.Credential {
+	if ref.URL != nil {
+		return cfg.SourceCredential(ref.URL.String(), ref.URL.Host)
+	}
+	return cfg.Credential(ref.Registry)
 }
 
 func registryHost(ref sources.Ref) string {
