@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
@@ -196,5 +197,41 @@ skip_resource_templates = ["test://template/.*"]
 				t.Errorf("templates = %v, want none", templates.ResourceTemplates)
 			}
 		})
+	}
+}
+
+// TestServeSecretsExpanded: ${VAR} in a plugin's secrets and access_tokens
+// reaches the plugin resolved (get_keyring_secret, get_access_token), and
+// a start with unset variables is refused naming all of them.
+func TestServeSecretsExpanded(t *testing.T) {
+	dir := t.TempDir()
+	wasm, err := os.ReadFile(testplugins.Test(t, "hyperhost"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	os.WriteFile(filepath.Join(dir, "hyperhost.wasm"), wasm, 0o644)
+	cfg := filepath.Join(dir, "wasmtools.toml")
+	os.WriteFile(cfg, []byte(`[plugins.hyperhost]
+secrets = { "github/bot" = "${GH_SECRET}" }
+access_tokens = { "static-client" = "${STATIC_TOKEN}" }
+`), 0o644)
+	url, stderr := serveInProcess(t, map[string]string{"GH_SECRET": "s3cret-from-env", "STATIC_TOKEN": "tok-from-env"}, "--config", cfg, dir)
+	cs, err := connectURL(t, url, bearer(""))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := callText(t, cs, "secret", map[string]any{"service": "github", "user": "bot"}); got != "s3cret-from-env" {
+		t.Errorf("secret = %q, want the variable's value\n%s", got, stderr.String())
+	}
+	if got := callText(t, cs, "token", map[string]any{"credentials": map[string]any{"client_id": "static-client", "token_endpoint_url": "https://auth.invalid/token"}}); !strings.Contains(got, `"access_token":"tok-from-env"`) {
+		t.Errorf("token = %q, want the variable's value", got)
+	}
+
+	var out, errb strings.Builder
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	code := run(ctx, []string{"serve", "--config", cfg, dir}, lookup(nil), strings.NewReader(""), &out, &errb)
+	if code != 1 || !strings.Contains(errb.String(), "GH_SECRET, STATIC_TOKEN") {
+		t.Errorf("exit %d, want a refusal naming GH_SECRET, STATIC_TOKEN:\n%s", code, errb.String())
 	}
 }

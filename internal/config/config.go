@@ -441,6 +441,12 @@ func (p *Plugin) resolve(r func(string) string) {
 	for k, v := range p.Env {
 		p.Env[k] = r(v)
 	}
+	for k, v := range p.Secrets {
+		p.Secrets[k] = r(v)
+	}
+	for k, v := range p.AccessTokens {
+		p.AccessTokens[k] = r(v)
+	}
 	for i, h := range p.AllowedHosts {
 		p.AllowedHosts[i] = r(h)
 	}
