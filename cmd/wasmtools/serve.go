@@ -204,19 +204,27 @@ func cmdServe(ctx context.Context, args []string, lookupEnv func(string) (string
 	// work (watches, refreshes, SIGHUP) stops then too, before the wait.
 	ctx, stopBackground := context.WithCancel(ctx)
 	defer stopBackground()
+	// Remote sources never hold the local plugins: what the store holds
+	// verified is linked first (no network), the first load serves it
+	// with the local plugins, and the sources are fetched afterwards, in
+	// the background, each swapped in once verified and compiled.
 	background.Go(func() {
-		defer close(loaded)
-		stop := func() {}
 		if rem != nil {
-			rem.sync(ctx, nil)
-			stop = rem.progress.compiling(true)
+			log.Info("plugin sources: serving what the store holds, fetching in the background")
+			for _, err := range rem.restore(ctx) {
+				log.Error("plugin source refused", "error", err)
+			}
 		}
 		_, errs := reloader.Load(ctx)
-		stop()
 		for _, err := range errs {
 			log.Error("plugin not served", "error", err)
 		}
 		log.Info("plugins loaded", "tools", len(reloader.Catalogue().Tools()))
+		close(loaded)
+		if rem != nil {
+			rem.sync(ctx, reloader.Rescan)
+			log.Info("plugin sources fetched", "tools", len(reloader.Catalogue().Tools()))
+		}
 	})
 	if !*noWatch {
 		background.Go(func() {

@@ -179,7 +179,7 @@ func newRemote(flags *sourceFlags, common *commonFlags, log *slog.Logger, stderr
 	ui := newProgressUI(stderr, log)
 	mgr, err := sources.New(sources.Options{
 		Dir: flags.dir, LinkDir: links, Logger: log,
-		Timeout: time.Duration(cfg.Sources.Timeout), DockerConfig: cfg.Sources.DockerConfig,
+		Timeout: time.Duration(cfg.Sources.Timeout), StageTimeout: time.Duration(cfg.Sources.StageTimeout), DockerConfig: cfg.Sources.DockerConfig,
 		Progress: ui.event,
 	})
 	if err != nil {
@@ -194,6 +194,19 @@ func (r *remote) close() {
 	if r != nil {
 		os.RemoveAll(r.mgr.LinkDir())
 	}
+}
+
+// restore links the sources whose verified bytes the store holds, with
+// no network (sources.Manager.Restore).
+func (r *remote) restore(ctx context.Context) []error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	specs, err := r.flags.specs(r.common.config())
+	if err != nil {
+		return []error{err}
+	}
+	_, errs := r.mgr.Restore(ctx, specs)
+	return errs
 }
 
 // sync fetches what changed; rescan, if set, serves it.

@@ -98,6 +98,11 @@ type Sources struct {
 	RefreshInterval Duration `toml:"refresh_interval"`
 	// Timeout bounds one source's fetch; 0 means 5m.
 	Timeout Duration `toml:"timeout"`
+	// StageTimeout bounds each stage of a fetch before the download
+	// (resolving a tag, verifying its signature, reading its manifest),
+	// so that a registry that stalls or trickles is given up on; 0 means
+	// 30s.
+	StageTimeout Duration `toml:"stage_timeout"`
 	// PublicKey is the PEM public key (as cosign writes it) that OCI
 	// plugins' signatures are verified with, for plugins without a
 	// public_key of their own.

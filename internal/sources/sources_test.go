@@ -192,12 +192,17 @@ func TestOCI(t *testing.T) {
 		if err := m.Check(path, b); err == nil || !strings.Contains(err.Error(), "changed on disk") {
 			t.Fatalf("check of a changed store: %v", err)
 		}
-		// The next sync fetches it again.
-		if _, errs := m.Sync(ctx, []sources.Spec{spec}); len(errs) > 0 {
-			t.Fatal(errs)
+		// The next sync reports it (an error, a changed link so that it is
+		// loaded again, the status) and fetches it again.
+		changed, errs := m.Sync(ctx, []sources.Spec{spec})
+		if len(errs) != 1 || !errors.Is(errs[0], sources.ErrStoreChanged) || !changed {
+			t.Fatalf("sync of a changed store: changed %v, errs %v; want one ErrStoreChanged and a change", changed, errs)
 		}
 		if !bytes.Equal(served(t, m, "echo"), good) {
 			t.Error("not fetched again")
+		}
+		if st, _ := m.Lookup("echo"); !strings.Contains(st.StoreChanged, "changed") || st.Error != "" {
+			t.Errorf("status = %+v, want StoreChanged and no error", st)
 		}
 	})
 
