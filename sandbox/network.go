@@ -267,8 +267,13 @@ func (e *NetworkError) Error() string {
 
 func (e *NetworkError) Unwrap() error { return e.Err }
 
-// privateAddr reports whether ip is loopback, private, link-local,
-// unspecified, multicast or a cloud metadata address.
+// PrivateAddr reports whether ip is loopback, private, link-local,
+// unspecified, multicast, carrier-grade NAT or a cloud metadata address:
+// what a grant without AllowPrivate never reaches. Plugin sources hold
+// redirect hops to the same rule.
+func PrivateAddr(ip netip.Addr) bool { return privateAddr(ip) }
+
+// privateAddr is [PrivateAddr].
 func privateAddr(ip netip.Addr) bool {
 	ip = ip.Unmap()
 	return ip.IsLoopback() || ip.IsPrivate() || ip.IsLinkLocalUnicast() || ip.IsLinkLocalMulticast() ||

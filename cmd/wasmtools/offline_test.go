@@ -212,7 +212,35 @@ prefix = "pinned-"
 	if n := strings.Count(stderr.String(), `msg="plugin downloaded"`); n != 1 || !strings.Contains(stderr.String(), `msg="plugin downloaded" plugin=fresh`) {
 		t.Errorf("%d downloads, want only fresh's:\n%s", n, stderr.String())
 	}
-	if s := statusOf(t, url)["tagged"]; s.Source == nil || s.Source.Stored || s.Source.Error != "" {
-		t.Errorf("tagged once the registry answered: %+v", s.Source)
+	s := statusOf(t, url)["tagged"]
+	if s.Source == nil || s.Source.Stored || s.Source.Error != "" {
+		t.Fatalf("tagged once the registry answered: %+v", s.Source)
+	}
+
+	// 4. A store entry changed on disk is refused and reported (log,
+	// /status, the reload's result) before it is fetched again.
+	blob := filepath.Join(store, "blobs", "sha256", s.Source.SHA256)
+	good, err := os.ReadFile(blob)
+	if err != nil {
+		t.Fatal(err)
+	}
+	os.WriteFile(blob, append(bytes.Clone(good), 0), 0o644)
+	out.Reset()
+	errb.Reset()
+	code := run(context.Background(), []string{"reload", "--url", url}, nil, nil, &out, &errb)
+	if code != 1 || !strings.Contains(out.String(), "store entry changed") || !strings.Contains(out.String(), "changed: true") {
+		t.Errorf("reload over a changed store: exit %d\n%s%s", code, out.String(), errb.String())
+	}
+	if !strings.Contains(stderr.String(), `msg="plugin store entry changed on disk: refused, fetching it again" plugin=tagged`) {
+		t.Errorf("no log line for the changed store:\n%s", stderr.String())
+	}
+	if s := statusOf(t, url)["tagged"]; s.Source == nil || !strings.Contains(s.Source.StoreChanged, "store entry changed") {
+		t.Errorf("status after the changed store: %+v", s.Source)
+	}
+	if b, _ := os.ReadFile(blob); !bytes.Equal(b, good) {
+		t.Error("the store entry was not fetched again")
+	}
+	if got := callText(t, cs, "tagged-version", nil); got != "v1" {
+		t.Errorf("tagged-version after the repair = %q", got)
 	}
 }

@@ -349,7 +349,8 @@ func (m *Manager) stageErr(sctx, ctx context.Context, err error) error {
 }
 
 // safeClient copies c (or a default client) with a redirect policy that
-// refuses plain HTTP off loopback and more than 5 hops.
+// refuses plain HTTP off loopback and more than 5 hops, and whose dials
+// hold each redirect hop to the private-address rule (redirect.go).
 func safeClient(c *http.Client) *http.Client {
 	var out http.Client
 	if c != nil {
@@ -365,6 +366,7 @@ func safeClient(c *http.Client) *http.Client {
 			MaxIdleConnsPerHost:   4,
 		}
 	}
+	out.Transport = guardTransport(out.Transport)
 	out.CheckRedirect = func(req *http.Request, via []*http.Request) error {
 		if len(via) >= 5 {
 			return errors.New("more than 5 redirects")
@@ -372,6 +374,7 @@ func safeClient(c *http.Client) *http.Client {
 		if req.URL.Scheme != "https" && !(req.URL.Scheme == "http" && isLoopback(req.URL.Host)) {
 			return fmt.Errorf("redirect to %s refused: plain http only on loopback", req.URL.Redacted())
 		}
+		redirected(req.Context(), req.URL)
 		return nil
 	}
 	return &out

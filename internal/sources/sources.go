@@ -425,6 +425,18 @@ func (m *Manager) syncOne(ctx context.Context, s Spec) (bool, error) {
 	}
 	ctx, cancel := context.WithTimeout(ctx, m.opts.Timeout)
 	defer cancel()
+	if ref, err := Parse(s.Source); err == nil {
+		switch {
+		case ref.URL != nil:
+			ctx = withHops(ctx, hostPort(ref.URL))
+		case ref.Registry != "":
+			scheme := "https"
+			if isLoopback(ref.Registry) {
+				scheme = "http"
+			}
+			ctx = withHops(ctx, hostPort(&url.URL{Scheme: scheme, Host: ref.Registry}))
+		}
+	}
 	res, err := m.fetch(ctx, s, prev, sameSpec)
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -509,7 +521,7 @@ func (m *Manager) fetch(ctx context.Context, s Spec, prev Status, sameSpec bool)
 	var res result
 	var wasm []byte
 	if ref.File != "" {
-		if wasm, err = readBounded(ref.File, s.MaxSize); err != nil {
+		if wasm, err = readSourceFile(ref.File, s.MaxSize); err != nil {
 			return result{}, err
 		}
 		res.verified = "local file"

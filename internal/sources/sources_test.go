@@ -9,11 +9,13 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -227,6 +229,15 @@ func TestHTTPS(t *testing.T) {
 			rw.Write(w)
 		case "/away":
 			http.Redirect(rw, r, "http://wasmtools.invalid/plugin.wasm", http.StatusFound)
+		case "/same":
+			http.Redirect(rw, r, "/plugin.wasm", http.StatusFound)
+		case "/private":
+			// Another host than the source's, on loopback: as a public
+			// host bouncing the fetch to a private service would.
+			_, port, _ := net.SplitHostPort(r.Host)
+			http.Redirect(rw, r, "https://localhost:"+port+"/plugin.wasm", http.StatusFound)
+		case "/metadata":
+			http.Redirect(rw, r, "https://169.254.169.254/latest/meta-data/", http.StatusFound)
 		default:
 			http.NotFound(rw, r)
 		}
@@ -244,6 +255,9 @@ func TestHTTPS(t *testing.T) {
 		{"no pin", sources.Spec{Source: srv.URL + "/plugin.wasm"}, "needs a sha256 pin"},
 		{"no pin, insecure", sources.Spec{Source: srv.URL + "/plugin.wasm", InsecureSkipSignature: true}, ""},
 		{"redirect to http", sources.Spec{Source: srv.URL + "/away", InsecureSkipSignature: true}, "plain http only on loopback"},
+		{"redirect on the same host", sources.Spec{Source: srv.URL + "/same", SHA256: sha(w)}, ""},
+		{"redirect to a private host", sources.Spec{Source: srv.URL + "/private", SHA256: sha(w)}, "redirect to a private address refused: localhost:"},
+		{"redirect to the metadata address", sources.Spec{Source: srv.URL + "/metadata", SHA256: sha(w)}, "redirect to a private address refused: 169.254.169.254:443"},
 		{"too large", sources.Spec{Source: srv.URL + "/plugin.wasm", SHA256: sha(w), MaxSize: 8}, "over the size limit"},
 	}
 	for i, tt := range tests {
@@ -328,5 +342,47 @@ func TestRegistryLogin(t *testing.T) {
 	}
 	if _, errs := m.Sync(ctx, []sources.Spec{spec}); len(errs) > 0 {
 		t.Fatalf("with the Docker config's login: %v", errs)
+	}
+}
+
+// TestFileSource: a file:// source (hyper-mcp's local plugins) is a
+// regular file only: /proc/self/environ (a "regular" file holding the
+// server's environment), a symlink to it, /sys, a device and a FIFO are
+// refused, and none reaches the store.
+func TestFileSource(t *testing.T) {
+	dir := t.TempDir()
+	w := fakeWasm(t)
+	good := filepath.Join(dir, "good.wasm")
+	os.WriteFile(good, w, 0o644)
+	link := filepath.Join(dir, "environ.wasm")
+	os.Symlink("/proc/self/environ", link)
+	fifo := filepath.Join(dir, "fifo.wasm")
+	if err := syscall.Mkfifo(fifo, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	m := newManager(t, nil)
+	for _, tt := range []struct{ name, path, want string }{
+		{"regular", good, ""},
+		{"proc", "/proc/self/environ", "under /proc"},
+		{"symlink to proc", link, "under /proc"},
+		{"sys", "/sys/kernel/mm/transparent_hugepage/enabled", "under /sys"},
+		{"device", "/dev/zero", "under /dev"},
+		{"fifo", fifo, "a FIFO"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			_, errs := m.Sync(context.Background(), []sources.Spec{{Name: tt.name, Source: "file://" + tt.path}})
+			if tt.want == "" {
+				if len(errs) > 0 || !bytes.Equal(served(t, m, tt.name), w) {
+					t.Fatalf("errs = %v", errs)
+				}
+				return
+			}
+			if len(errs) != 1 || !errors.Is(errs[0], sources.ErrNotPluginFile) || !strings.Contains(errs[0].Error(), tt.want) {
+				t.Fatalf("errs = %v, want ErrNotPluginFile naming %q", errs, tt.want)
+			}
+			if _, err := os.Lstat(filepath.Join(m.LinkDir(), tt.name+".wasm")); err == nil {
+				t.Error("linked")
+			}
+		})
 	}
 }
