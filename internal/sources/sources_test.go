@@ -386,3 +386,46 @@ func TestFileSource(t *testing.T) {
 		})
 	}
 }
+
+// TestOCIBundle: cosign 3's signature format (a sigstore bundle as an OCI
+// referrer) is verified natively beside the .sig tag: a bundle by the key
+// serves, one by another key is refused naming the key, and both formats
+// on one artifact serve.
+func TestOCIBundle(t *testing.T) {
+	cosign := sourcestest.Cosign(t)
+	host, _ := sourcestest.Registry(t)
+	dir := t.TempDir()
+	key, pub := sourcestest.KeyPair(t, cosign, filepath.Join(dir, "a"))
+	other, _ := sourcestest.KeyPair(t, cosign, filepath.Join(dir, "b"))
+	ctx := context.Background()
+	m := newManager(t, nil)
+	w := fakeWasm(t)
+	d := sourcestest.Push(t, host, "plugins/bundled", "v1", sources.MediaTypeWasm, w)
+	sourcestest.SignBundle(t, cosign, key, host+"/plugins/bundled@"+d)
+	spec := sources.Spec{Name: "bundled", Source: "oci://" + host + "/plugins/bundled:v1", PublicKeys: []string{pub}}
+	if _, errs := m.Sync(ctx, []sources.Spec{spec}); len(errs) > 0 {
+		t.Fatal(errs)
+	}
+	if !bytes.Equal(served(t, m, "bundled"), w) {
+		t.Error("bytes differ")
+	}
+	if st, _ := m.Lookup("bundled"); !strings.Contains(st.Verified, "sigstore bundle") {
+		t.Errorf("verified = %q, want the bundle named", st.Verified)
+	}
+
+	w2 := fakeWasm(t)
+	d2 := sourcestest.Push(t, host, "plugins/otherbundle", "v1", sources.MediaTypeWasm, w2)
+	sourcestest.SignBundle(t, cosign, other, host+"/plugins/otherbundle@"+d2)
+	_, errs := m.Sync(ctx, []sources.Spec{{Name: "otherbundle", Source: "oci://" + host + "/plugins/otherbundle:v1", PublicKeys: []string{pub}}})
+	if len(errs) != 1 || !errors.Is(errs[0], sources.ErrSignature) || !strings.Contains(errs[0].Error(), "none of the 1 signatures") || !strings.Contains(errs[0].Error(), pub) {
+		t.Fatalf("another key's bundle: %v", errs)
+	}
+
+	w3 := fakeWasm(t)
+	d3 := sourcestest.Push(t, host, "plugins/both", "v1", sources.MediaTypeWasm, w3)
+	sourcestest.Sign(t, cosign, other, host+"/plugins/both@"+d3)
+	sourcestest.SignBundle(t, cosign, key, host+"/plugins/both@"+d3)
+	if _, errs := m.Sync(ctx, []sources.Spec{{Name: "both", Source: "oci://" + host + "/plugins/both:v1", PublicKeys: []string{pub}}}); len(errs) > 0 {
+		t.Fatalf("a .sig by another key and a bundle by the key: %v", errs)
+	}
+}
