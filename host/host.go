@@ -146,6 +146,13 @@ type Options struct {
 	// served yet waits, within the same bound, until it is.
 	Loaded   <-chan struct{}
 	LoadWait time.Duration
+	// Settled, if set, is closed once the first load has settled: every
+	// plugin loaded, failed, or found slow (a start function or list
+	// that spins; plugins.ReloaderOptions.SlowLoad). A list waits for
+	// Loaded or Settled, whichever comes first, so that slow plugins
+	// never hold a client's first list; they follow with list_changed. A
+	// call of a tool not served yet still waits up to LoadWait for it.
+	Settled <-chan struct{}
 	// MaxParked bounds the calls parked for a 2026-07-28 client's answer
 	// across all clients, and MaxParkedPerClient one client's; 0 means
 	// 256 and 4. A question past either is answered "cancel" at once. At

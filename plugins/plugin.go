@@ -265,6 +265,12 @@ func (t *Tool) ValidateArguments(args json.RawMessage) error {
 // follows (instantiating, listing) by its load timeout, an overrun failing
 // with an error matching context.DeadlineExceeded.
 func Load(ctx context.Context, rt *sandbox.Runtime, path string, wasm []byte, opts Options) (*Plugin, error) {
+	return load(ctx, rt, path, wasm, opts, nil)
+}
+
+// load is [Load]; onCompiled, if set, is called once the module compiled,
+// before any guest code runs.
+func load(ctx context.Context, rt *sandbox.Runtime, path string, wasm []byte, opts Options, onCompiled func()) (*Plugin, error) {
 	name := cmp.Or(opts.Name, strings.TrimSuffix(filepath.Base(path), ".wasm"))
 	sum := sha256.Sum256(wasm)
 	p := &Plugin{name: name, path: path, sha256: hex.EncodeToString(sum[:]), size: len(wasm), hasExport: map[string]bool{}}
@@ -275,6 +281,9 @@ func Load(ctx context.Context, rt *sandbox.Runtime, path string, wasm []byte, op
 	compiled, err := rt.Compile(ctx, wasm, policy)
 	if err != nil {
 		return nil, fmt.Errorf("plugin %q (%s): %w", name, path, err)
+	}
+	if onCompiled != nil {
+		onCompiled()
 	}
 	p.compiled = compiled
 	p.stateless = opts.Stateless || compiled.CustomSection(StatelessSection) != nil

@@ -104,7 +104,9 @@ func cmdServe(ctx context.Context, args []string, lookupEnv func(string) (string
 	}
 	defer rt.Close(context.Background())
 
-	reloader := plugins.NewReloader(rt, plugins.ReloaderOptions{Paths: paths, OptionsFor: common.optsFor(log), Check: rem.check(common.check()), Logger: log})
+	settled := make(chan struct{})
+	reloader := plugins.NewReloader(rt, plugins.ReloaderOptions{Paths: paths, OptionsFor: common.optsFor(log), Check: rem.check(common.check()), Logger: log,
+		OnSettled: func() { close(settled); log.Info("plugins settled: lists answer without waiting for slow plugins") }})
 	defer reloader.Close(context.Background())
 	// refresh resolves the remote plugins again (a moved tag is fetched
 	// and verified beside the version served) and rescans: `wasmtools
@@ -194,7 +196,7 @@ func cmdServe(ctx context.Context, args []string, lookupEnv func(string) (string
 	// holds the others or the client's initialize. Requests that read the
 	// catalogue wait up to --load-wait for the first load.
 	loaded := make(chan struct{})
-	opts.Loaded, opts.LoadWait = loaded, *loadWait
+	opts.Loaded, opts.LoadWait, opts.Settled = loaded, *loadWait, settled
 	h := host.New(reloader, opts)
 	// The runtime and the reloader outlive the loads and rescans under
 	// way (a compilation cannot be stopped midway, only bounded).
