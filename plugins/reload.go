@@ -112,7 +112,7 @@ type Reloader struct {
 	opts ReloaderOptions
 	log  *slog.Logger
 
-	settled func() // OnSettled, once
+	settled func()     // OnSettled, once
 	scan    sync.Mutex // one rescan at a time
 	mu      sync.Mutex // serialises every change of the catalogue and guards what follows
 	gen     int        // bumped by Reconfigure: every file is read again
