@@ -508,6 +508,7 @@ func (h *Host) HTTPHandler() http.Handler {
 	})
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if v := r.Header.Get("Mcp-Protocol-Version"); v >= sessionlessProtocol && r.Header.Get("Mcp-Session-Id") == "" {
+			r = deriveSessionHeader(r)
 			switch {
 			case h.drain.closing.Load():
 				refuse(w, "this replica is shutting down")
