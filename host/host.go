@@ -35,6 +35,10 @@ const (
 	// content, its own _meta keys and the call's records. A model reads
 	// results into a bounded context.
 	DefaultMaxResultRunes = 50_000
+	// MaxResultBlocks bounds the content blocks of a result, whatever
+	// MaxResultRunes says: past it they are dropped, and a note says how
+	// many. A model gains nothing from more, and a client renders each.
+	MaxResultBlocks = 1000
 	// DefaultQueueLimit bounds the calls one session may have waiting for
 	// one plugin instance, the running one included.
 	DefaultQueueLimit = sessions.DefaultQueueLimit
