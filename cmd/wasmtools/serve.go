@@ -72,7 +72,20 @@ func cmdServe(ctx context.Context, args []string, lookupEnv func(string) (string
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
-	log := newLogger(stderr, common.verbose)
+	// Log lines and the pull progress bars share the terminal: a log line
+	// clears the bar's line before it is written (progressUI).
+	ui := newProgressUI(stderr)
+	log := newLogger(ui, common.verbose)
+	ui.log = log
+	// SIGHUP is caught from here until every deferred cleanup has run (the
+	// link folder's removal is the first deferred): a SIGHUP during the
+	// shutdown would otherwise kill the process midway.
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
+	ctx, stopServing := context.WithCancel(ctx)
+	defer stopServing()
+	interactive := isTerminal(stdin)
 	local := srcFlags.splitArgs(fs.Args())
 	if fs.NArg() == 0 && common.configPath == "" && common.hyperPath == "" {
 		fmt.Fprintln(stderr, "wasmtools serve: give at least one plugin folder, file or source")
@@ -83,7 +96,7 @@ func cmdServe(ctx context.Context, args []string, lookupEnv func(string) (string
 		return 1
 	}
 	cfg := common.config()
-	rem, err := newRemote(&srcFlags, &common, log, stderr)
+	rem, err := newRemote(&srcFlags, &common, log, ui)
 	if err != nil {
 		log.Error("plugin sources refused", "error", err)
 		return 1
@@ -245,15 +258,20 @@ func cmdServe(ctx context.Context, args []string, lookupEnv func(string) (string
 	if rem != nil && every > 0 {
 		background.Go(func() { rem.refreshEvery(ctx, every, reloader) })
 	}
-	hup := make(chan os.Signal, 1)
-	signal.Notify(hup, syscall.SIGHUP)
-	defer signal.Stop(hup)
+	// SIGHUP reloads a server run detached (a service manager, nohup,
+	// kill -HUP); run from a terminal, it means the terminal closed, and
+	// the server stops as on SIGTERM.
 	background.Go(func() {
 		for {
 			select {
 			case <-ctx.Done():
 				return
 			case <-hup:
+				if interactive {
+					log.Info("SIGHUP: the terminal closed: stopping (detached, SIGHUP reloads; `wasmtools reload` always does)")
+					stopServing()
+					return
+				}
 				log.Info("SIGHUP: reloading")
 				refresh(ctx)
 			}
