@@ -3,11 +3,11 @@ package sources
 import (
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"path/filepath"
 	"strings"
-	"syscall"
+
+	"github.com/wasmtools/wasmtools/plugins"
 )
 
 // ErrNotPluginFile: a file:// source names something other than a
@@ -35,41 +35,14 @@ func readSourceFile(path string, max uint64) ([]byte, error) {
 			return nil, fmt.Errorf("%s: %w: it is under %s", path, ErrNotPluginFile, d)
 		}
 	}
-	f, err := os.OpenFile(resolved, os.O_RDONLY|syscall.O_NONBLOCK|syscall.O_NOFOLLOW, 0)
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	info, err := f.Stat()
-	if err != nil {
-		return nil, err
-	}
-	if !info.Mode().IsRegular() {
-		kind := "not a regular file"
-		switch m := info.Mode(); {
-		case m&os.ModeNamedPipe != 0:
-			kind = "a FIFO (named pipe)"
-		case m&os.ModeDevice != 0:
-			kind = "a device"
-		case m&os.ModeSocket != 0:
-			kind = "a socket"
-		case m.IsDir():
-			kind = "a folder"
+	wasm, err := plugins.ReadFileVetted(resolved, max, func(f *os.File) error {
+		if fs := kernelFS(f); fs != "" {
+			return fmt.Errorf("%s: %w: it is on %s", path, ErrNotPluginFile, fs)
 		}
-		return nil, fmt.Errorf("%s: %w: it is %s", path, ErrNotPluginFile, kind)
+		return nil
+	})
+	if errors.Is(err, plugins.ErrNotRegular) {
+		return nil, fmt.Errorf("%s: %w: %v", path, ErrNotPluginFile, err)
 	}
-	if fs := kernelFS(f); fs != "" {
-		return nil, fmt.Errorf("%s: %w: it is on %s", path, ErrNotPluginFile, fs)
-	}
-	if uint64(info.Size()) > max {
-		return nil, fmt.Errorf("%d bytes: %w (max_module_size = %d)", info.Size(), ErrTooLarge, max)
-	}
-	b, err := io.ReadAll(io.LimitReader(f, int64(min(max, 1<<62))+1))
-	if err != nil {
-		return nil, err
-	}
-	if uint64(len(b)) > max {
-		return nil, fmt.Errorf("more than %d bytes: %w (max_module_size)", max, ErrTooLarge)
-	}
-	return b, nil
+	return wasm, err
 }
