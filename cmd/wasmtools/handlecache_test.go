@@ -105,3 +105,39 @@ func TestHandlesSurviveClientCache(t *testing.T) {
 		}
 	}
 }
+
+// TestHandlesWithoutHeaderBehindHAProxy: behind the project's HAProxy
+// configuration (three replicas, a state store), two 2026-07-28 go-sdk
+// clients that never list the tools (as after a list_changed dropped
+// their cache) send their handles without the Mcp-Param header: HAProxy
+// cannot route on it, so each call may reach any replica, which derives
+// the header, takes the session over from the store, and keeps every note.
+func TestHandlesWithoutHeaderBehindHAProxy(t *testing.T) {
+	rs := newReplicaSet(t)
+	ctx := context.Background()
+	var clients []*mcpClient
+	for i := range 2 {
+		tr := &mcp.StreamableClientTransport{Endpoint: rs.proxy, HTTPClient: rs.client}
+		cs, err := mcp.NewClient(&mcp.Implementation{Name: "e2e", Version: "1"}, nil).Connect(ctx, tr, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { cs.Close() })
+		clients = append(clients, &mcpClient{n: i, modern: true, cs: cs})
+	}
+	for range 4 {
+		for _, c := range clients {
+			if err := c.addNote(ctx); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	for _, c := range clients {
+		if c.handle == "" {
+			t.Fatalf("client %d got no handle", c.n)
+		}
+		if err := c.checkNotes(ctx); err != nil {
+			t.Error(err)
+		}
+	}
+}
