@@ -32,11 +32,14 @@ func distinct(t *testing.T, path string, i int) []byte {
 }
 
 // TestFirstListBesideHostile: ten plugins that spin at load (five in
-// their start function, five in their tool listing) beside a good one: a
+// their start function, five in their tool listing) and one merely slow
+// to start beside a good one: a
 // real wasmtools process over stdio answers its first tools/list with the
-// good plugin's tools in under 2 s from the process's start (10 s under
-// the race detector), without waiting for the spinning ones' load
-// timeout: their loads are stopped after SlowLoad and done again later.
+// good plugin's tools in about 1.4 s from the process's start on an idle
+// machine (bounded at 5 s, 15 s under the race detector, for loaded
+// machines), without waiting for the spinning ones' load
+// timeout: their loads are stopped after SlowLoad and done again later,
+// and the slow one's tool follows with list_changed.
 func TestFirstListBesideHostile(t *testing.T) {
 	dir := t.TempDir()
 	servlet, err := os.ReadFile(testplugins.Test(t, "servlet"))
@@ -44,6 +47,11 @@ func TestFirstListBesideHostile(t *testing.T) {
 		t.Fatal(err)
 	}
 	os.WriteFile(filepath.Join(dir, "servlet.wasm"), servlet, 0o644)
+	slow, err := os.ReadFile(testplugins.Test(t, "slowstart"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	os.WriteFile(filepath.Join(dir, "slowstart.wasm"), slow, 0o644)
 	var cfg strings.Builder
 	for i := range 5 {
 		os.WriteFile(filepath.Join(dir, fmt.Sprintf("spinstart%d.wasm", i)), distinct(t, testplugins.Test(t, "hostilestart"), i), 0o644)
@@ -64,7 +72,9 @@ func TestFirstListBesideHostile(t *testing.T) {
 	cmd.Env = append(os.Environ(), "WASMTOOLS_TEST_MAIN=1")
 	cmd.Stderr = &stderr
 	start := time.Now()
-	cs, err := mcp.NewClient(&mcp.Implementation{Name: "test", Version: "1"}, nil).Connect(context.Background(), &mcp.CommandTransport{Command: cmd}, nil)
+	changed := make(chan struct{}, 16)
+	copts := &mcp.ClientOptions{ToolListChangedHandler: func(context.Context, *mcp.ToolListChangedRequest) { changed <- struct{}{} }}
+	cs, err := mcp.NewClient(&mcp.Implementation{Name: "test", Version: "1"}, copts).Connect(context.Background(), &mcp.CommandTransport{Command: cmd}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -82,9 +92,34 @@ func TestFirstListBesideHostile(t *testing.T) {
 	if !slices.Contains(names, "echo") {
 		t.Fatalf("first list %v: want the good plugin's tools\n%s", names, stderr.String())
 	}
-	bound := 2 * time.Second
+	// The plugin that is merely slow to start comes later, with
+	// list_changed (over stdio).
+	if slices.Contains(names, "late") {
+		t.Logf("the slow plugin loaded within SlowLoad this time")
+	}
+	deadline := time.After(startupTimeout)
+	for !slices.Contains(names, "late") {
+		select {
+		case <-changed:
+		case <-deadline:
+			t.Fatalf("no list_changed brought the slow plugin's tool: %v\n%s", names, stderr.String())
+		}
+		res, err := cs.ListTools(context.Background(), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		names = names[:0]
+		for _, tool := range res.Tools {
+			names = append(names, tool.Name)
+		}
+	}
+	// 1.4 s on this project's 2-core machine when idle; the bound leaves
+	// room for a machine loaded by other work (load average 15 measured
+	// 3 s), and for the race detector, which slows the good plugin's Go
+	// start several times over.
+	bound := 5 * time.Second
 	if raceEnabled {
-		bound = 10 * time.Second // the race detector slows the good plugin's Go start several times over
+		bound = 15 * time.Second
 	}
 	if elapsed >= bound {
 		t.Errorf("first list after %v, want under %v\n%s", elapsed, bound, stderr.String())
@@ -93,6 +128,6 @@ func TestFirstListBesideHostile(t *testing.T) {
 		t.Errorf("the list waited for the spinning plugins' load timeout:\n%s", stderr.String())
 	}
 	if n := strings.Count(stderr.String(), "plugin slow to load"); n < 10 {
-		t.Errorf("%d slow loads logged, want 10:\n%s", n, stderr.String())
+		t.Errorf("%d slow loads logged, want at least 10:\n%s", n, stderr.String())
 	}
 }
