@@ -53,6 +53,10 @@ func TestFirstListBesideHostile(t *testing.T) {
 	}
 	os.WriteFile(filepath.Join(dir, "slowstart.wasm"), slow, 0o644)
 	var cfg strings.Builder
+	// Its second load competes with the ten spinning ones' second loads
+	// until their load timeout stops them: a load timeout of its own
+	// beyond theirs, as an operator gives a plugin known to start slowly.
+	cfg.WriteString("[plugins.slowstart]\nload_timeout = \"2m\"\n")
 	for i := range 5 {
 		os.WriteFile(filepath.Join(dir, fmt.Sprintf("spinstart%d.wasm", i)), distinct(t, testplugins.Test(t, "hostilestart"), i), 0o644)
 		os.WriteFile(filepath.Join(dir, fmt.Sprintf("spinlist%d.wasm", i)), distinct(t, testplugins.Test(t, "hostilelist"), i), 0o644)
