@@ -299,7 +299,17 @@ func (h *Host) maxRunes() int {
 // upgrade) are not counted: they are small and the host's. A note at the
 // end says what was left out.
 func capResult(res *mcp.CallToolResult, limit int) {
+	// The number of blocks is bounded whatever the character limit: a
+	// result of thousands of empty blocks fits 50 000 characters.
+	overBlocks := 0
+	if n := len(res.Content); n > MaxResultBlocks {
+		overBlocks = n - MaxResultBlocks
+		res.Content = res.Content[:MaxResultBlocks]
+	}
 	if limit < 0 {
+		if overBlocks > 0 {
+			res.Content = append(res.Content, &mcp.TextContent{Text: fmt.Sprintf("[wasmtools: the result had more than %d content blocks: %d dropped]", MaxResultBlocks, overBlocks)})
+		}
 		return
 	}
 	left := limit
@@ -379,10 +389,16 @@ func capResult(res *mcp.CallToolResult, limit int) {
 			res.Meta[MetaRecords] = records[:i]
 		}
 	}
-	if cut == 0 && dropped == 0 && !structured && metaDropped == 0 && recordsDropped == 0 {
+	if cut == 0 && dropped == 0 && !structured && metaDropped == 0 && recordsDropped == 0 && overBlocks == 0 {
 		return
 	}
 	note := fmt.Sprintf("[wasmtools: the result was over the %d-character limit:", limit)
+	if overBlocks > 0 {
+		note = fmt.Sprintf("[wasmtools: the result had more than %d content blocks: %d dropped;", MaxResultBlocks, overBlocks)
+		if cut > 0 || dropped > 0 || structured || metaDropped > 0 || recordsDropped > 0 {
+			note += fmt.Sprintf(" and it was over the %d-character limit:", limit)
+		}
+	}
 	if cut > 0 {
 		note += fmt.Sprintf(" %d characters of text cut;", cut)
 	}

@@ -30,6 +30,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
+	"net/http"
 	"strings"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
@@ -444,4 +446,66 @@ func withSessionArgument(schema json.RawMessage) (json.RawMessage, error) {
 	}
 	top["properties"] = b
 	return json.Marshal(top)
+}
+
+// maxDerivedBody bounds the request body read to derive a missing
+// session header; a larger body is passed on as it is.
+const maxDerivedBody = 4 << 20
+
+// deriveSessionHeader fills in the Mcp-Param-Wasmtools-Session header of a
+// 2026-07-28 tools/call that carries the session argument but not the
+// header, from the argument, before the transport checks the headers
+// against the body (SEP-2243). A client that has not listed the tools
+// again since a list_changed (the go-sdk client drops its tool cache
+// then) no longer knows the session property's x-mcp-header, so it sends
+// the handle without the header, and the transport would refuse the call
+// with HTTP 400, which no client recovers from. The specification
+// requires a server to refuse a header that disagrees with the body; one
+// that is absent disagrees with nothing, and deriving it keeps that rule
+// whole: a header that is present is never changed, so one that
+// contradicts the argument is still refused. Proxies that route on the
+// header see none for such a request and route it as a request without a
+// handle (the state store still finds the session).
+func deriveSessionHeader(r *http.Request) *http.Request {
+	if r.Method != http.MethodPost || r.Header.Get("Mcp-Method") != "tools/call" || r.Header.Get("Mcp-Param-"+SessionHeader) != "" || r.Body == nil {
+		return r
+	}
+	b, err := io.ReadAll(io.LimitReader(r.Body, maxDerivedBody+1))
+	body := io.MultiReader(bytes.NewReader(b), r.Body)
+	r2 := r.Clone(r.Context())
+	r2.Body = struct {
+		io.Reader
+		io.Closer
+	}{body, r.Body}
+	if err != nil || len(b) > maxDerivedBody {
+		return r2
+	}
+	var msg struct {
+		Params struct {
+			Arguments map[string]json.RawMessage `json:"arguments"`
+		} `json:"params"`
+	}
+	if json.Unmarshal(b, &msg) != nil {
+		return r2
+	}
+	var handle string
+	if raw, ok := msg.Params.Arguments[SessionArgument]; !ok || json.Unmarshal(raw, &handle) != nil || handle == "" {
+		return r2
+	}
+	r2.Header.Set("Mcp-Param-"+SessionHeader, encodeParamHeader(handle))
+	return r2
+}
+
+// encodeParamHeader encodes an Mcp-Param-* header value as SEP-2243 says:
+// plain when it is printable ASCII without leading or trailing spaces,
+// else =?base64?…?=.
+func encodeParamHeader(v string) string {
+	plain := v == strings.TrimSpace(v) && !strings.HasPrefix(v, "=?base64?")
+	for i := 0; plain && i < len(v); i++ {
+		plain = v[i] >= 0x20 && v[i] < 0x7f
+	}
+	if plain {
+		return v
+	}
+	return "=?base64?" + base64.StdEncoding.EncodeToString([]byte(v)) + "?="
 }

@@ -17,6 +17,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/wasmtools/wasmtools/host"
+	"github.com/wasmtools/wasmtools/internal/sessions"
 	"github.com/wasmtools/wasmtools/internal/testplugins"
 	"github.com/wasmtools/wasmtools/plugins"
 	"github.com/wasmtools/wasmtools/sandbox"
@@ -241,7 +242,7 @@ func TestHandlesBoundToSubjects(t *testing.T) {
 }
 
 // TestHandleHeaderChecked: the server checks the Mcp-Param header against
-// the argument (SEP-2243), and a prompt or resource request may carry the
+// the argument (SEP-2243), derives it when it is missing, and a prompt or resource request may carry the
 // handle in the header or _meta.
 func TestHandleHeaderChecked(t *testing.T) {
 	f := newFixture(t, nil, sandbox.NewPolicy(), map[string]string{"counter.wasm": testplugins.Example(t, "counter")})
@@ -277,11 +278,13 @@ func TestHandleHeaderChecked(t *testing.T) {
 	if code, body := post("wt1.-.other", arg); code == 200 && !strings.Contains(body, "mismatch") {
 		t.Errorf("header that does not match the argument: %d %s; want refused", code, body)
 	}
-	if code, body := post("", arg); code == 200 && !strings.Contains(body, "missing") {
-		t.Errorf("argument without its header: %d %s; want refused", code, body)
+	// A client whose tool cache was dropped (list_changed) sends the
+	// argument without its header: the header is derived from it.
+	if code, body := post("", arg); code != 200 || !strings.Contains(body, `"text":"3"`) {
+		t.Errorf("argument without its header: %d %s; want served with the handle", code, body)
 	}
-	if got := firstText(countWith(t, cs, h)); got != "3" {
-		t.Errorf("count = %s, want 3 (the refused requests ran nothing)", got)
+	if got := firstText(countWith(t, cs, h)); got != "4" {
+		t.Errorf("count = %s, want 4 (the refused request ran nothing)", got)
 	}
 }
 
@@ -471,5 +474,25 @@ func TestDisconnectCancels(t *testing.T) {
 	}
 	if got := firstText(countWith(t, cs, h)); got != "2" {
 		t.Errorf("the handle's counter = %s after the cancelled call, want 2 (its instance untouched)", got)
+	}
+}
+
+// TestUnreturnedHandlesReclaimed: a client that ignores handles mints one
+// per call; the instances of handles never passed back are freed past
+// sessions.DefaultMaxUnreturned (well before --max-handles), and a handle
+// passed back after that gets a fresh instance with its reset said.
+func TestUnreturnedHandlesReclaimed(t *testing.T) {
+	f := newFixture(t, nil, sandbox.NewPolicy(), map[string]string{"counter.wasm": testplugins.Example(t, "counter")})
+	cs := connectHTTP(t, serveHTTP(t, f), "", nil)
+	first := handleOf(countWith(t, cs, ""))
+	for range 200 {
+		countWith(t, cs, "")
+	}
+	if live := f.h.LiveInstancesByPlugin()["counter"]; live > sessions.DefaultMaxUnreturned+1 {
+		t.Errorf("%d live instances after 201 handle-less calls, want at most %d", live, sessions.DefaultMaxUnreturned+1)
+	}
+	res := countWith(t, cs, first)
+	if _, reset := res.Meta[host.MetaStateReset]; !reset || firstText(res) != "1" {
+		t.Errorf("the first handle passed back: %q, _meta %v; want a fresh count with the reset said", firstText(res), res.Meta)
 	}
 }

@@ -37,6 +37,10 @@ const (
 	// content, its own _meta keys and the call's records. A model reads
 	// results into a bounded context.
 	DefaultMaxResultRunes = 50_000
+	// MaxResultBlocks bounds the content blocks of a result, whatever
+	// MaxResultRunes says: past it they are dropped, and a note says how
+	// many. A model gains nothing from more, and a client renders each.
+	MaxResultBlocks = 1000
 	// DefaultQueueLimit bounds the calls one session may have waiting for
 	// one plugin instance, the running one included.
 	DefaultQueueLimit = sessions.DefaultQueueLimit
@@ -191,6 +195,13 @@ type Options struct {
 	// served yet waits, within the same bound, until it is.
 	Loaded   <-chan struct{}
 	LoadWait time.Duration
+	// Settled, if set, is closed once the first load has settled: every
+	// plugin loaded, failed, or found slow (a start function or list
+	// that spins; plugins.ReloaderOptions.SlowLoad). A list waits for
+	// Loaded or Settled, whichever comes first, so that slow plugins
+	// never hold a client's first list; they follow with list_changed. A
+	// call of a tool not served yet still waits up to LoadWait for it.
+	Settled <-chan struct{}
 	// MaxParked bounds the calls parked for a 2026-07-28 client's answer
 	// across all clients, and MaxParkedPerClient one client's; 0 means
 	// 256 and 4. A question past either is answered "cancel" at once. At
@@ -589,6 +600,7 @@ func (h *Host) HTTPHandler() http.Handler {
 	})
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if v := r.Header.Get("Mcp-Protocol-Version"); v >= sessionlessProtocol && r.Header.Get("Mcp-Session-Id") == "" {
+			r = deriveSessionHeader(r)
 			switch {
 			case h.drain.closing.Load():
 				refuse(w, "this replica is shutting down")

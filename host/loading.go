@@ -36,6 +36,10 @@ func (h *Host) waitForLoad(next mcp.MethodHandler) mcp.MethodHandler {
 		if r, ok := req.(*mcp.CallToolRequest); ok && r.Params != nil {
 			tool = r.Params.Name
 		}
+		settled := h.opts.Settled
+		if tool != "" {
+			settled = nil // a call waits for its tool
+		}
 		for {
 			h.mu.Lock()
 			changed := h.catChanged
@@ -48,6 +52,7 @@ func (h *Host) waitForLoad(next mcp.MethodHandler) mcp.MethodHandler {
 			}
 			select {
 			case <-h.opts.Loaded:
+			case <-settled:
 			case <-wait.C:
 			case <-ctx.Done():
 				return nil, ctx.Err()

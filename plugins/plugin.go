@@ -48,6 +48,10 @@ type Options struct {
 	Policy *sandbox.Policy
 	// Tools filters the tools served, by the plugin's own tool names.
 	Tools ToolFilter
+	// Skip leaves out prompts, resources and resource templates, as
+	// hyper-mcp's skip_prompts, skip_resources and
+	// skip_resource_templates do.
+	Skip Skip
 	// Disabled keeps the plugin from loading; a reloader reports it as
 	// disabled.
 	Disabled bool
@@ -108,6 +112,25 @@ type ToolFilter struct {
 	DenyRegexp []string
 }
 
+// Skip holds regular expressions (RE2), each anchored to match the whole
+// string as hyper-mcp anchors them: a prompt whose own name (before any
+// prefix), a resource whose URI, or a template whose URI template matches
+// one is not served. One that does not compile matches nothing (the
+// configuration checks them). The zero value skips nothing.
+type Skip struct {
+	Prompts, Resources, ResourceTemplates []string
+}
+
+// skips reports whether s matches one of res, each anchored.
+func skips(res []string, s string) bool {
+	for _, re := range res {
+		if r, err := regexp.Compile(`^(?:` + re + `)$`); err == nil && r.MatchString(s) {
+			return true
+		}
+	}
+	return false
+}
+
 // Serves reports whether the filter lets tool name through.
 func (f ToolFilter) Serves(name string) bool {
 	match := func(pats []string) bool {
@@ -118,10 +141,8 @@ func (f ToolFilter) Serves(name string) bool {
 		}
 		return false
 	}
-	for _, re := range f.DenyRegexp {
-		if r, err := regexp.Compile(`^(?:` + re + `)$`); err == nil && r.MatchString(name) {
-			return false
-		}
+	if skips(f.DenyRegexp, name) {
+		return false
 	}
 	return (len(f.Allow) == 0 || match(f.Allow)) && !match(f.Deny)
 }
@@ -156,6 +177,7 @@ type Plugin struct {
 	asks                  bool // see Asks
 	prefix                string
 	filter                ToolFilter
+	skip                  Skip
 	closed                atomic.Bool
 }
 
@@ -249,6 +271,12 @@ func (t *Tool) ValidateArguments(args json.RawMessage) error {
 // follows (instantiating, listing) by its load timeout, an overrun failing
 // with an error matching context.DeadlineExceeded.
 func Load(ctx context.Context, rt *sandbox.Runtime, path string, wasm []byte, opts Options) (*Plugin, error) {
+	return load(ctx, rt, path, wasm, opts, nil)
+}
+
+// load is [Load]; onCompiled, if set, is called once the module compiled,
+// before any guest code runs.
+func load(ctx context.Context, rt *sandbox.Runtime, path string, wasm []byte, opts Options, onCompiled func()) (*Plugin, error) {
 	name := cmp.Or(opts.Name, strings.TrimSuffix(filepath.Base(path), ".wasm"))
 	sum := sha256.Sum256(wasm)
 	p := &Plugin{name: name, path: path, sha256: hex.EncodeToString(sum[:]), size: len(wasm), hasExport: map[string]bool{}}
@@ -260,9 +288,12 @@ func Load(ctx context.Context, rt *sandbox.Runtime, path string, wasm []byte, op
 	if err != nil {
 		return nil, fmt.Errorf("plugin %q (%s): %w", name, path, err)
 	}
+	if onCompiled != nil {
+		onCompiled()
+	}
 	p.compiled = compiled
 	p.stateless = opts.Stateless || compiled.CustomSection(StatelessSection) != nil
-	p.filter = opts.Tools
+	p.filter, p.skip = opts.Tools, opts.Skip
 	p.secrets, p.accessTokens = maps.Clone(opts.Secrets), maps.Clone(opts.AccessTokens)
 	p.askSecrets = maps.Clone(opts.AskSecrets)
 	p.asks = len(p.askSecrets) > 0 || len(policy.Network().Ask) > 0 || len(policy.AskMounts()) > 0
@@ -381,6 +412,9 @@ func (p *Plugin) describeMore(ctx context.Context, inst *sandbox.Instance, prefi
 				return fmt.Errorf("prompt: %w", err)
 			}
 			own, _ := head["name"].(string)
+			if skips(p.skip.Prompts, own) {
+				continue
+			}
 			served := prefix + own
 			if !validName.MatchString(served) || seen[served] {
 				return fmt.Errorf("prompt name %q is not allowed or listed twice: names must match %s", served, validName)
@@ -407,6 +441,9 @@ func (p *Plugin) describeMore(ctx context.Context, inst *sandbox.Instance, prefi
 			if err := json.Unmarshal(d, &head); err != nil || head.URI == "" {
 				return fmt.Errorf("resource without a uri: %s", d)
 			}
+			if skips(p.skip.Resources, head.URI) {
+				continue
+			}
 			p.resources = append(p.resources, &Resource{URI: head.URI, Def: d, plugin: p})
 		}
 	}
@@ -425,6 +462,9 @@ func (p *Plugin) describeMore(ctx context.Context, inst *sandbox.Instance, prefi
 			}
 			if err := json.Unmarshal(d, &head); err != nil || head.URITemplate == "" {
 				return fmt.Errorf("resource template without a uriTemplate: %s", d)
+			}
+			if skips(p.skip.ResourceTemplates, head.URITemplate) {
+				continue
 			}
 			p.templates = append(p.templates, &ResourceTemplate{URITemplate: head.URITemplate, Def: d, plugin: p})
 		}
@@ -750,7 +790,7 @@ func (p *Plugin) SameCode(q *Plugin) bool { return p.compiled == q.compiled }
 // same code, so that instances of p serve it. p is not changed. The list
 // limits and the policy's load timeout apply, as in [Load].
 func (p *Plugin) Relist(ctx context.Context, inst *Instance) (*Plugin, error) {
-	q := &Plugin{name: p.name, path: p.path, sha256: p.sha256, size: p.size, compiled: p.compiled, hasExport: map[string]bool{}, stateless: p.stateless, filter: p.filter,
+	q := &Plugin{name: p.name, path: p.path, sha256: p.sha256, size: p.size, compiled: p.compiled, hasExport: map[string]bool{}, stateless: p.stateless, filter: p.filter, skip: p.skip,
 		secrets: p.secrets, accessTokens: p.accessTokens, askSecrets: p.askSecrets, asks: p.asks}
 	if d := p.compiled.Policy().LoadTimeout(); d > 0 {
 		var cancel context.CancelFunc

@@ -1,6 +1,7 @@
 package plugins
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"io/fs"
@@ -18,6 +19,18 @@ func ReadFile(path string, limit uint64) ([]byte, error) {
 	return readPluginFile(path, limit)
 }
 
+// ErrNotRegular is matched by the error of [ReadFile] and
+// [ReadFileVetted] for anything but a regular file.
+var ErrNotRegular = errors.New("not a regular file")
+
+// ReadFileVetted is [ReadFile] with vet, if set, asked about the file
+// opened (after the regular-file check, before any byte is read): its
+// error refuses the file. For checks that must be made on what is read,
+// not on a path that may change meanwhile (the file system it is on).
+func ReadFileVetted(path string, limit uint64, vet func(*os.File) error) ([]byte, error) {
+	return readVetted(path, limit, vet)
+}
+
 // readPluginFile reads the plugin file at path, refusing anything but a
 // regular file of at most limit bytes. A plugin folder is the operator's,
 // but what is in it may be a symlink to /dev/zero (which os.ReadFile
@@ -30,6 +43,10 @@ func ReadFile(path string, limit uint64) ([]byte, error) {
 // checked. Reading stops at limit+1 bytes, in case the file grows while
 // it is read.
 func readPluginFile(path string, limit uint64) ([]byte, error) {
+	return readVetted(path, limit, nil)
+}
+
+func readVetted(path string, limit uint64, vet func(*os.File) error) ([]byte, error) {
 	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NONBLOCK, 0)
 	if err != nil {
 		return nil, err
@@ -40,7 +57,12 @@ func readPluginFile(path string, limit uint64) ([]byte, error) {
 		return nil, err
 	}
 	if !info.Mode().IsRegular() {
-		return nil, fmt.Errorf("not a regular file (%s): refused", fileKind(info.Mode()))
+		return nil, fmt.Errorf("%w (%s): refused", ErrNotRegular, fileKind(info.Mode()))
+	}
+	if vet != nil {
+		if err := vet(f); err != nil {
+			return nil, err
+		}
 	}
 	if uint64(info.Size()) > limit {
 		return nil, fmt.Errorf("%d bytes is over the limit max_module_size = %d", info.Size(), limit)

@@ -12,6 +12,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/fsnotify/fsnotify"
@@ -82,7 +83,25 @@ type ReloaderOptions struct {
 	// deadline) must not hold a good plugin's load behind it, and the Go
 	// scheduler shares the cores among them.
 	LoadConcurrency int
+	// SlowLoad is how long a file's guest code may run at load (its start
+	// function and its lists, after it compiled) in the first pass of a
+	// rescan: a load that runs longer is stopped (a spinning guest would
+	// take the cores from the others) and done again, with the plugin's
+	// whole load timeout, once the other files are in; it holds neither
+	// a place of LoadConcurrency nor the settling (OnSettled) meanwhile.
+	// 0 means [DefaultSlowLoad].
+	SlowLoad time.Duration
+	// OnSettled, if set, is called once, when every file of the first
+	// rescan has loaded, failed or been found slow: what a client's first
+	// list waits for. The slow ones are served later, if their second
+	// load succeeds, with the usual swap (list_changed).
+	OnSettled func()
 }
+
+// DefaultSlowLoad is ReloaderOptions.SlowLoad's default: a plugin's
+// start function and lists run in milliseconds; one that spins is not
+// waited for beyond this.
+const DefaultSlowLoad = 500 * time.Millisecond
 
 // Reloader keeps a catalogue in step with plugin folders: it loads what
 // appears, swaps in what changes, drops what disappears, and keeps serving
@@ -93,6 +112,7 @@ type Reloader struct {
 	opts ReloaderOptions
 	log  *slog.Logger
 
+	settled func()     // OnSettled, once
 	scan    sync.Mutex // one rescan at a time
 	mu      sync.Mutex // serialises every change of the catalogue and guards what follows
 	gen     int        // bumped by Reconfigure: every file is read again
@@ -125,6 +145,14 @@ func NewReloader(rt *sandbox.Runtime, opts ReloaderOptions) *Reloader {
 	}
 	if r.opts.LoadConcurrency <= 0 {
 		r.opts.LoadConcurrency = 8
+	}
+	if r.opts.SlowLoad <= 0 {
+		r.opts.SlowLoad = DefaultSlowLoad
+	}
+	if r.opts.OnSettled != nil {
+		r.settled = sync.OnceFunc(r.opts.OnSettled)
+	} else {
+		r.settled = func() {}
 	}
 	return r
 }
@@ -270,26 +298,70 @@ func (r *Reloader) Rescan(ctx context.Context) (bool, []error) {
 	var mu sync.Mutex
 	var wg sync.WaitGroup
 	sem := make(chan struct{}, r.opts.LoadConcurrency)
+	// pending counts the files not yet loaded, failed or found slow; at 0
+	// the first load has settled.
+	var pending atomic.Int64
+	pending.Store(int64(len(present)) + 1)
+	settle := func() {
+		if pending.Add(-1) == 0 {
+			r.settled()
+		}
+	}
+	// A load whose guest code runs past SlowLoad is stopped (it would
+	// take the cores from the others) and tried again, with its whole
+	// load timeout, once the rest are in.
+	var slowPaths []string
+	load := func(path string, bounded bool, done func()) {
+		defer done()
+		lctx, stop := context.WithCancelCause(ctx)
+		defer stop(nil)
+		var slow *time.Timer
+		var compiled func()
+		if bounded {
+			compiled = func() {
+				slow = time.AfterFunc(r.opts.SlowLoad, func() {
+					r.log.Warn("plugin slow to load: stopped, and loaded again once the others are in", "path", path, "after", r.opts.SlowLoad)
+					stop(errSlowLoad)
+				})
+			}
+		}
+		p, err := r.loadIfChanged(lctx, path, compiled)
+		if slow != nil {
+			slow.Stop()
+		}
+		if errors.Is(err, errSlowLoad) {
+			mu.Lock()
+			slowPaths = append(slowPaths, path)
+			mu.Unlock()
+			return
+		}
+		if err == nil && p != nil {
+			err = r.apply(ctx, p)
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		if err != nil {
+			errs = append(errs, err)
+		} else if p != nil {
+			changed = true
+		}
+	}
 	for _, path := range present {
 		sem <- struct{}{}
-		wg.Go(func() {
-			defer func() { <-sem }()
-			p, err := r.loadIfChanged(ctx, path)
-			if err == nil && p != nil {
-				err = r.apply(ctx, p)
-			}
-			mu.Lock()
-			defer mu.Unlock()
-			if err != nil {
-				errs = append(errs, err)
-			} else if p != nil {
-				changed = true
-			}
-		})
+		wg.Go(func() { load(path, true, func() { <-sem; settle() }) })
+	}
+	settle()
+	wg.Wait()
+	for _, path := range slowPaths {
+		sem <- struct{}{}
+		wg.Go(func() { load(path, false, func() { <-sem }) })
 	}
 	wg.Wait()
 	return changed, errs
 }
+
+// errSlowLoad stops a load that ran past ReloaderOptions.SlowLoad.
+var errSlowLoad = errors.New("slow load: tried again later")
 
 // apply serves p, a new file's plugin or a served file's new version, if
 // it claims no name another served plugin holds (see Catalogue.next); else
@@ -441,7 +513,7 @@ func toolNames(p *Plugin) []string {
 // served, checks and compiles those same bytes. It returns nil, nil when
 // nothing changed. It runs outside r.mu, taking it only to read and record
 // the file's state.
-func (r *Reloader) loadIfChanged(ctx context.Context, path string) (*Plugin, error) {
+func (r *Reloader) loadIfChanged(ctx context.Context, path string, compiled func()) (*Plugin, error) {
 	r.mu.Lock()
 	maxSize := maxFileSize(r.opts.OptionsFor, path)
 	r.mu.Unlock()
@@ -474,6 +546,9 @@ func (r *Reloader) loadIfChanged(ctx context.Context, path string) (*Plugin, err
 	}
 	r.mu.Unlock()
 	refuse := func(err error) (*Plugin, error) {
+		if errors.Is(context.Cause(ctx), errSlowLoad) {
+			return nil, errSlowLoad // not refused: loaded again
+		}
 		r.mu.Lock()
 		defer r.mu.Unlock()
 		f.lastBad = sha
@@ -484,7 +559,7 @@ func (r *Reloader) loadIfChanged(ctx context.Context, path string) (*Plugin, err
 			return refuse(fmt.Errorf("plugin %q (%s): %w", f.status.Name, path, err))
 		}
 	}
-	p, err := Load(ctx, r.rt, path, wasm, opts)
+	p, err := load(ctx, r.rt, path, wasm, opts, compiled)
 	if err != nil {
 		return refuse(err)
 	}

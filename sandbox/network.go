@@ -50,6 +50,15 @@ type Network struct {
 	// granted name that resolves (or is rebound) to 127.0.0.1 or
 	// 169.254.169.254 reaches nothing.
 	AllowPrivate bool
+	// Extism reads AllowedHosts as Extism and hyper-mcp read them (for
+	// hyper-mcp's configuration files): an entry without a port grants
+	// every port, and an entry that is itself a loopback or private
+	// address ("127.0.0.1", "[::1]", "10.0.0.7") or "localhost" lets
+	// requests that name it reach that address without AllowPrivate. A
+	// host name that resolves to a private address, a pattern that
+	// happens to match an address ("*"), and metadata addresses
+	// (169.254.169.254) stay refused. Off by default.
+	Extism bool
 	// MaxResponse bounds a response body; 0 means 4 MiB. Timeout bounds a
 	// request (redirects included); 0 means 10s. The call's own deadline
 	// applies too.
@@ -184,12 +193,13 @@ func defaultPort(scheme string) string {
 // granted; a grant without a port matches the default port of scheme, or
 // of http or https when scheme is "".
 func (n *Network) allowed(host, port, scheme string) bool {
-	return matchGrants(n.AllowedHosts, host, port, scheme)
+	return matchGrants(n.AllowedHosts, host, port, scheme, n.Extism)
 }
 
 // matchGrants reports whether one of grants (AllowedHosts entries) names
-// host and port; see [Network.allowed].
-func matchGrants(grants []string, host, port, scheme string) bool {
+// host and port; see [Network.allowed]. With anyPort (Extism's reading of
+// a hyper-mcp file), a grant without a port matches every port.
+func matchGrants(grants []string, host, port, scheme string, anyPort bool) bool {
 	host = strings.ToLower(strings.TrimSuffix(host, "."))
 	for _, s := range grants {
 		g, err := parseGrant(s)
@@ -198,6 +208,7 @@ func matchGrants(grants []string, host, port, scheme string) bool {
 		}
 		switch {
 		case g.port == port:
+		case g.port == "" && anyPort:
 		case g.port == "" && scheme != "" && port == defaultPort(scheme):
 		case g.port == "" && scheme == "" && (port == "80" || port == "443"):
 		default:
@@ -226,7 +237,7 @@ func (n *Network) checkURL(ctx context.Context, u *url.URL, redirect bool) error
 	if n.allowed(host, port, u.Scheme) {
 		return nil
 	}
-	if ctx != nil && matchGrants(n.Ask, host, port, u.Scheme) {
+	if ctx != nil && matchGrants(n.Ask, host, port, u.Scheme, false) {
 		target := net.JoinHostPort(host, port)
 		if !plainHost(host) {
 			// A person reads the target: no look-alike or reordering
@@ -320,14 +331,52 @@ func (e *NetworkError) Error() string {
 
 func (e *NetworkError) Unwrap() error { return e.Err }
 
-// privateAddr reports whether ip is loopback, private, link-local,
-// unspecified, multicast or a cloud metadata address.
+// PrivateAddr reports whether ip is loopback, private, link-local,
+// unspecified, multicast, carrier-grade NAT or a cloud metadata address:
+// what a grant without AllowPrivate never reaches. Plugin sources hold
+// redirect hops to the same rule.
+func PrivateAddr(ip netip.Addr) bool { return privateAddr(ip) }
+
+// privateAddr is [PrivateAddr].
 func privateAddr(ip netip.Addr) bool {
 	ip = ip.Unmap()
 	return ip.IsLoopback() || ip.IsPrivate() || ip.IsLinkLocalUnicast() || ip.IsLinkLocalMulticast() ||
 		ip.IsUnspecified() || ip.IsMulticast() || ip.IsInterfaceLocalMulticast() ||
 		ip == netip.MustParseAddr("169.254.169.254") || ip == netip.MustParseAddr("fd00:ec2::254") ||
 		netip.MustParsePrefix("100.64.0.0/10").Contains(ip) // carrier-grade NAT
+}
+
+// namesPrivate reports whether, under Extism's reading of the grant,
+// target (the host:port a request named) names addr explicitly: target's
+// host is an address literal equal to addr, or "localhost" with addr a
+// loopback address, and a grant names that host without a pattern.
+// Metadata addresses are never named this way.
+func (n *Network) namesPrivate(target string, addr netip.Addr) bool {
+	if !n.Extism {
+		return false
+	}
+	addr = addr.Unmap()
+	if addr == netip.MustParseAddr("169.254.169.254") || addr == netip.MustParseAddr("fd00:ec2::254") {
+		return false
+	}
+	host, _, err := net.SplitHostPort(target)
+	if err != nil {
+		return false
+	}
+	host = strings.ToLower(strings.TrimSuffix(host, "."))
+	if host == "localhost" {
+		if !addr.IsLoopback() {
+			return false
+		}
+	} else if a, err := netip.ParseAddr(host); err != nil || a.Unmap() != addr {
+		return false
+	}
+	for _, s := range n.AllowedHosts {
+		if g, err := parseGrant(s); err == nil && g.host == host {
+			return true
+		}
+	}
+	return false
 }
 
 // Limits of the connection pool each compiled plugin keeps for its
@@ -395,7 +444,7 @@ func (n *Network) newClient() (*http.Client, *http.Transport) {
 				if err != nil {
 					return &NetworkError{Target: target, Missing: "allow_private_networks", Err: ErrAddressRefused}
 				}
-				if !n.AllowPrivate && privateAddr(ap.Addr()) {
+				if !n.AllowPrivate && privateAddr(ap.Addr()) && !n.namesPrivate(target, ap.Addr()) {
 					return &NetworkError{Target: target, Addr: ap.Addr(), Missing: "allow_private_networks", Err: ErrAddressRefused}
 				}
 				return nil

@@ -39,7 +39,12 @@ func serveInProcess(t *testing.T, env map[string]string, args ...string) (string
 	}()
 	t.Cleanup(func() { cancel(); <-done })
 	// Ready once serving, and the plugins' first load is done.
-	ready := contains("serving MCP over streamable HTTP", "plugins loaded")
+	// With remote sources, also once they are fetched (in the background,
+	// after the first load).
+	ready := func(s string) bool {
+		return contains("serving MCP over streamable HTTP", "plugins loaded")(s) &&
+			(!strings.Contains(s, "fetching in the background") || strings.Contains(s, `msg="plugin sources fetched"`))
+	}
 	refused := contains("level=ERROR msg=\"configuration refused\"")
 	stderr.waitFor(time.Now().Add(startupTimeout), func(s string) bool { return ready(s) || refused(s) })
 	if s := stderr.String(); !ready(s) || refused(s) {

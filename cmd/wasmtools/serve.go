@@ -76,7 +76,20 @@ func cmdServe(ctx context.Context, args []string, lookupEnv func(string) (string
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
-	log := newLogger(stderr, common.verbose)
+	// Log lines and the pull progress bars share the terminal: a log line
+	// clears the bar's line before it is written (progressUI).
+	ui := newProgressUI(stderr)
+	log := newLogger(ui, common.verbose)
+	ui.log = log
+	// SIGHUP is caught from here until every deferred cleanup has run (the
+	// link folder's removal is the first deferred): a SIGHUP during the
+	// shutdown would otherwise kill the process midway.
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
+	ctx, stopServing := context.WithCancel(ctx)
+	defer stopServing()
+	interactive := isTerminal(stdin)
 	// Traces, when the OTEL_* variables name an exporter (off otherwise).
 	traces, flushTraces, err := telemetry.Setup(ctx, func(k string) string { v, _ := lookupEnv(k); return v }, "wasmtools", version())
 	if err != nil {
@@ -104,7 +117,7 @@ func cmdServe(ctx context.Context, args []string, lookupEnv func(string) (string
 		return 1
 	}
 	cfg := common.config()
-	rem, err := newRemote(&srcFlags, &common, log, stderr)
+	rem, err := newRemote(&srcFlags, &common, log, ui)
 	if err != nil {
 		log.Error("plugin sources refused", "error", err)
 		return 1
@@ -125,7 +138,9 @@ func cmdServe(ctx context.Context, args []string, lookupEnv func(string) (string
 	}
 	defer rt.Close(context.Background())
 
-	reloader := plugins.NewReloader(rt, plugins.ReloaderOptions{Paths: paths, OptionsFor: common.optsFor(log), Check: rem.check(common.check()), Logger: log})
+	settled := make(chan struct{})
+	reloader := plugins.NewReloader(rt, plugins.ReloaderOptions{Paths: paths, OptionsFor: common.optsFor(log), Check: rem.check(common.check()), Logger: log,
+		OnSettled: func() { close(settled); log.Info("plugins settled: lists answer without waiting for slow plugins") }})
 	defer reloader.Close(context.Background())
 	// refresh resolves the remote plugins again (a moved tag is fetched
 	// and verified beside the version served) and rescans: `wasmtools
@@ -237,7 +252,7 @@ func cmdServe(ctx context.Context, args []string, lookupEnv func(string) (string
 	// holds the others or the client's initialize. Requests that read the
 	// catalogue wait up to --load-wait for the first load.
 	loaded := make(chan struct{})
-	opts.Loaded, opts.LoadWait = loaded, *loadWait
+	opts.Loaded, opts.LoadWait, opts.Settled = loaded, *loadWait, settled
 	h := host.New(reloader, opts)
 	// The runtime and the reloader outlive the loads and rescans under
 	// way (a compilation cannot be stopped midway, only bounded).
@@ -247,19 +262,27 @@ func cmdServe(ctx context.Context, args []string, lookupEnv func(string) (string
 	// work (watches, refreshes, SIGHUP) stops then too, before the wait.
 	ctx, stopBackground := context.WithCancel(ctx)
 	defer stopBackground()
+	// Remote sources never hold the local plugins: what the store holds
+	// verified is linked first (no network), the first load serves it
+	// with the local plugins, and the sources are fetched afterwards, in
+	// the background, each swapped in once verified and compiled.
 	background.Go(func() {
-		defer close(loaded)
-		stop := func() {}
 		if rem != nil {
-			rem.sync(ctx, nil)
-			stop = rem.progress.compiling(true)
+			log.Info("plugin sources: serving what the store holds, fetching in the background")
+			for _, err := range rem.restore(ctx) {
+				log.Error("plugin source refused", "error", err)
+			}
 		}
 		_, errs := reloader.Load(ctx)
-		stop()
 		for _, err := range errs {
 			log.Error("plugin not served", "error", err)
 		}
 		log.Info("plugins loaded", "tools", len(reloader.Catalogue().Tools()))
+		close(loaded)
+		if rem != nil {
+			rem.sync(ctx, reloader.Rescan)
+			log.Info("plugin sources fetched", "tools", len(reloader.Catalogue().Tools()))
+		}
 	})
 	if !*noWatch {
 		background.Go(func() {
@@ -278,15 +301,20 @@ func cmdServe(ctx context.Context, args []string, lookupEnv func(string) (string
 	if rem != nil && every > 0 {
 		background.Go(func() { rem.refreshEvery(ctx, every, reloader) })
 	}
-	hup := make(chan os.Signal, 1)
-	signal.Notify(hup, syscall.SIGHUP)
-	defer signal.Stop(hup)
+	// SIGHUP reloads a server run detached (a service manager, nohup,
+	// kill -HUP); run from a terminal, it means the terminal closed, and
+	// the server stops as on SIGTERM.
 	background.Go(func() {
 		for {
 			select {
 			case <-ctx.Done():
 				return
 			case <-hup:
+				if interactive {
+					log.Info("SIGHUP: the terminal closed: stopping (detached, SIGHUP reloads; `wasmtools reload` always does)")
+					stopServing()
+					return
+				}
 				log.Info("SIGHUP: reloading")
 				refresh(ctx)
 			}

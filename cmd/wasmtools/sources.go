@@ -108,7 +108,7 @@ func (s *sourceFlags) specs(cfg *config.File) ([]sources.Spec, error) {
 		if ref, err := sources.Parse(src); err != nil {
 			errs = append(errs, err)
 			return
-		} else if c := cfg.Credential(registryHost(ref)); c != nil {
+		} else if c := sourceCredential(cfg, ref); c != nil {
 			spec.Credential = &sources.Credential{Username: c.Username, Password: c.Password, Token: c.Token}
 		}
 		out = append(out, spec)
@@ -133,6 +133,15 @@ func (s *sourceFlags) specs(cfg *config.File) ([]sources.Spec, error) {
 	return out, errors.Join(errs...)
 }
 
+// sourceCredential is the login for ref: an HTTPS source's by its URL
+// (hyper-mcp's auths, by prefix) or host, an OCI source's by registry.
+func sourceCredential(cfg *config.File, ref sources.Ref) *config.Credential {
+	if ref.URL != nil {
+		return cfg.SourceCredential(ref.URL.String(), ref.URL.Host)
+	}
+	return cfg.Credential(ref.Registry)
+}
+
 func registryHost(ref sources.Ref) string {
 	if ref.URL != nil {
 		return ref.URL.Host
@@ -154,7 +163,7 @@ type remote struct {
 
 // newRemote returns nil when nothing remote is asked for (and none may be
 // later: a configuration change adding a source needs a restart then).
-func newRemote(flags *sourceFlags, common *commonFlags, log *slog.Logger, stderr io.Writer) (*remote, error) {
+func newRemote(flags *sourceFlags, common *commonFlags, log *slog.Logger, ui *progressUI) (*remote, error) {
 	specs, err := flags.specs(common.config())
 	if err != nil {
 		return nil, err
@@ -167,10 +176,9 @@ func newRemote(flags *sourceFlags, common *commonFlags, log *slog.Logger, stderr
 		return nil, err
 	}
 	cfg := common.config()
-	ui := newProgressUI(stderr, log)
 	mgr, err := sources.New(sources.Options{
 		Dir: flags.dir, LinkDir: links, Logger: log,
-		Timeout: time.Duration(cfg.Sources.Timeout), DockerConfig: cfg.Sources.DockerConfig,
+		Timeout: time.Duration(cfg.Sources.Timeout), StageTimeout: time.Duration(cfg.Sources.StageTimeout), DockerConfig: cfg.Sources.DockerConfig,
 		Progress: ui.event,
 	})
 	if err != nil {
@@ -185,6 +193,19 @@ func (r *remote) close() {
 	if r != nil {
 		os.RemoveAll(r.mgr.LinkDir())
 	}
+}
+
+// restore links the sources whose verified bytes the store holds, with
+// no network (sources.Manager.Restore).
+func (r *remote) restore(ctx context.Context) []error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	specs, err := r.flags.specs(r.common.config())
+	if err != nil {
+		return []error{err}
+	}
+	_, errs := r.mgr.Restore(ctx, specs)
+	return errs
 }
 
 // sync fetches what changed; rescan, if set, serves it.
@@ -239,27 +260,48 @@ func (r *remote) refreshEvery(ctx context.Context, every time.Duration, rl *plug
 }
 
 // progressUI shows fetches: bars (size, speed) and a compile spinner on a
-// terminal, log lines otherwise.
+// terminal, log lines otherwise. It is also the writer of the log: on a
+// terminal, a log line first clears the line a bar is drawn on (the bar is
+// drawn again on its next step), so that the two never tangle; and a
+// finished pull leaves a line with its size, time and speed.
 type progressUI struct {
 	w   io.Writer
 	tty bool
 	log *slog.Logger
 
-	mu   sync.Mutex
-	bars map[string]*progressbar.ProgressBar
+	mu    sync.Mutex
+	bars  map[string]*progressbar.ProgressBar
+	drawn bool // a bar or spinner may be on the current line
 }
 
-func newProgressUI(stderr io.Writer, log *slog.Logger) *progressUI {
-	p := &progressUI{w: stderr, log: log, bars: map[string]*progressbar.ProgressBar{}}
+func newProgressUI(stderr io.Writer) *progressUI {
+	p := &progressUI{w: stderr, bars: map[string]*progressbar.ProgressBar{}}
 	if f, ok := stderr.(*os.File); ok && term.IsTerminal(int(f.Fd())) {
 		p.tty = true
 	}
 	return p
 }
 
-func (p *progressUI) event(ev sources.Event) {
+// Write writes a log line, clearing a bar's line first.
+func (p *progressUI) Write(b []byte) (int, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	if p.tty && p.drawn {
+		io.WriteString(p.w, "\r\x1b[K")
+		p.drawn = false
+	}
+	return p.w.Write(b)
+}
+
+// barWriter is what the bars write through: it marks the line drawn.
+type barWriter struct{ p *progressUI }
+
+func (w barWriter) Write(b []byte) (int, error) {
+	w.p.drawn = true // under p.mu: bars are drawn from event, which holds it
+	return w.p.w.Write(b)
+}
+
+func (p *progressUI) event(ev sources.Event) {
 	if !p.tty {
 		if ev.Stage == "done" {
 			rate := float64(ev.Done) / max(ev.Elapsed.Seconds(), 1e-3) / (1 << 20)
@@ -267,17 +309,19 @@ func (p *progressUI) event(ev sources.Event) {
 		}
 		return
 	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
 	switch ev.Stage {
 	case "download", "done":
 		bar := p.bars[ev.Name]
 		if bar == nil {
 			bar = progressbar.NewOptions64(ev.Total,
-				progressbar.OptionSetWriter(p.w),
+				progressbar.OptionSetWriter(barWriter{p}),
 				progressbar.OptionSetDescription("pulling "+ev.Name),
 				progressbar.OptionShowBytes(true),
 				progressbar.OptionShowCount(),
 				progressbar.OptionThrottle(100*time.Millisecond),
-				progressbar.OptionOnCompletion(func() { fmt.Fprintln(p.w) }),
+				progressbar.OptionClearOnFinish(),
 			)
 			p.bars[ev.Name] = bar
 		}
@@ -285,6 +329,9 @@ func (p *progressUI) event(ev sources.Event) {
 		if ev.Stage == "done" {
 			_ = bar.Finish()
 			delete(p.bars, ev.Name)
+			rate := float64(ev.Done) / max(ev.Elapsed.Seconds(), 1e-3) / (1 << 20)
+			fmt.Fprintf(p.w, "\r\x1b[Kpulled %s: %.1f MiB in %v (%.1f MiB/s)\n", ev.Name, float64(ev.Done)/(1<<20), ev.Elapsed.Round(time.Millisecond), rate)
+			p.drawn = false
 		}
 	}
 }
@@ -299,8 +346,8 @@ func (p *progressUI) compiling(fetched bool) func() {
 		p.log.Info("compiling the plugins fetched")
 		return func() {}
 	}
-	bar := progressbar.NewOptions(-1, progressbar.OptionSetWriter(p.w), progressbar.OptionSetDescription("compiling"),
-		progressbar.OptionSpinnerType(14), progressbar.OptionOnCompletion(func() { fmt.Fprintln(p.w) }))
+	bar := progressbar.NewOptions(-1, progressbar.OptionSetWriter(barWriter{p}), progressbar.OptionSetDescription("compiling"),
+		progressbar.OptionSpinnerType(14), progressbar.OptionClearOnFinish())
 	stop := make(chan struct{})
 	done := make(chan struct{})
 	go func() {
@@ -310,10 +357,14 @@ func (p *progressUI) compiling(fetched bool) func() {
 		for {
 			select {
 			case <-stop:
+				p.mu.Lock()
 				_ = bar.Finish()
+				p.mu.Unlock()
 				return
 			case <-t.C:
+				p.mu.Lock()
 				_ = bar.Add(1)
+				p.mu.Unlock()
 			}
 		}
 	}()

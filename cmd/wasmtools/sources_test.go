@@ -189,12 +189,12 @@ func TestHyperMCPExample(t *testing.T) {
 func TestHyperMCPRefused(t *testing.T) {
 	dir := t.TempDir()
 	bad := filepath.Join(dir, "bad.yaml")
-	os.WriteFile(bad, []byte("plugins:\n  p:\n    url: s3://bucket/p.wasm\n    runtime_config:\n      skip_prompts: [\"x\"]\noci:\n  cert_email: me@example.com\n"), 0o644)
+	os.WriteFile(bad, []byte("dynamic_loading: true\nplugins:\n  p:\n    url: s3://bucket/p.wasm\n    runtime_config:\n      skip_prompts: [\"(\"]\noci:\n  cert_email: me@example.com\n"), 0o644)
 	var out, errb bytes.Buffer
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	code := run(ctx, []string{"serve", "--hyper-mcp-config", bad, "--source-dir", t.TempDir()}, nil, strings.NewReader(""), &out, &errb)
-	for _, want := range []string{"plugins.p.url", "plugins.p.runtime_config.skip_prompts", "oci.cert_email"} {
+	for _, want := range []string{"plugins.p.url", "plugins.p.runtime_config.skip_prompts[0]", "oci.cert_email", "dynamic_loading"} {
 		if code != 1 || !strings.Contains(errb.String(), want) {
 			t.Errorf("exit %d, want an error naming %s:\n%s", code, want, errb.String())
 		}

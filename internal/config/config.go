@@ -91,6 +91,10 @@ type File struct {
 	// HTTPS plugin servers; a registry without one uses the Docker
 	// config file's.
 	Registries map[string]Credential `toml:"registries"`
+
+	// urlAuths are hyper-mcp's auths: logins for HTTPS sources whose URL
+	// starts with the key, the longest key first.
+	urlAuths map[string]Credential
 }
 
 // Sources configures plugins fetched from remote sources (see the
@@ -102,6 +106,11 @@ type Sources struct {
 	RefreshInterval Duration `toml:"refresh_interval"`
 	// Timeout bounds one source's fetch; 0 means 5m.
 	Timeout Duration `toml:"timeout"`
+	// StageTimeout bounds each stage of a fetch before the download
+	// (resolving a tag, verifying its signature, reading its manifest),
+	// so that a registry that stalls or trickles is given up on; 0 means
+	// 30s.
+	StageTimeout Duration `toml:"stage_timeout"`
 	// PublicKey is the PEM public key (as cosign writes it) that OCI
 	// plugins' signatures are verified with, for plugins without a
 	// public_key of their own.
@@ -185,6 +194,12 @@ type Plugin struct {
 	// hyperSecrets are the keyring entries ("service/user") a hyper-mcp
 	// configuration grants, whose values must be in Secrets.
 	hyperSecrets map[string]bool
+	// hyperHosts: AllowedHosts came from a hyper-mcp configuration and
+	// are read as Extism reads them (sandbox.Network.Extism).
+	hyperHosts bool
+	// hyperSkip are hyper-mcp's skip_prompts, skip_resources and
+	// skip_resource_templates.
+	hyperSkip plugins.Skip
 }
 
 // Ask is what a plugin may ask for at run time (issue 30): the host asks
@@ -481,6 +496,10 @@ func (f *File) finish(getenv func(string) (string, bool)) error {
 		c.Username, c.Password, c.Token = resolve(c.Username), resolve(c.Password), resolve(c.Token)
 		f.Registries[host] = c
 	}
+	for prefix, c := range f.urlAuths {
+		c.Username, c.Password, c.Token = resolve(c.Username), resolve(c.Password), resolve(c.Token)
+		f.urlAuths[prefix] = c
+	}
 	for name, p := range f.Plugins {
 		p.resolve(resolve)
 		f.Plugins[name] = p
@@ -569,6 +588,12 @@ func (p *Plugin) resolve(r func(string) string) {
 	}
 	for k, v := range p.Env {
 		p.Env[k] = r(v)
+	}
+	for k, v := range p.Secrets {
+		p.Secrets[k] = r(v)
+	}
+	for k, v := range p.AccessTokens {
+		p.AccessTokens[k] = r(v)
 	}
 	for i, h := range p.AllowedHosts {
 		p.AllowedHosts[i] = r(h)
@@ -732,7 +757,7 @@ func (f *File) For(name string) Effective {
 	}
 	if len(hosts) > 0 || len(ask) > 0 {
 		private := cmp.Or(p.AllowPrivateNetworks, d.AllowPrivateNetworks)
-		e.Network = sandbox.Network{AllowedHosts: hosts, Ask: ask, AllowPrivate: private != nil && *private}
+		e.Network = sandbox.Network{AllowedHosts: hosts, Ask: ask, AllowPrivate: private != nil && *private, Extism: p.AllowedHosts != nil && p.hyperHosts}
 		pol = pol.WithNetwork(e.Network)
 	}
 	paths := p.AllowedPaths
@@ -772,6 +797,7 @@ func (f *File) For(name string) Effective {
 		Policy:    &pol,
 		Stateless: stateless != nil && *stateless,
 		Tools:     plugins.ToolFilter{Allow: tools.Allow, Deny: tools.Deny, DenyRegexp: tools.DenyRegexp},
+		Skip:      p.hyperSkip,
 		// Secrets and tokens are granted per plugin only: [defaults]
 		// would hand them to every plugin.
 		Secrets:      p.Secrets,
@@ -809,6 +835,24 @@ func (f *File) relativeTo(dir string) {
 		abs(&p.PublicKey)
 		f.Plugins[name] = p
 	}
+}
+
+// SourceCredential returns the login for an HTTPS source's URL: the
+// hyper-mcp auths entry whose URL is the longest prefix of it (as
+// hyper-mcp matches them, case-sensitively), else the registries entry of
+// its host[:port]; nil if neither.
+func (f *File) SourceCredential(sourceURL, host string) *Credential {
+	best := ""
+	for prefix := range f.urlAuths {
+		if strings.HasPrefix(sourceURL, prefix) && len(prefix) > len(best) {
+			best = prefix
+		}
+	}
+	if best != "" {
+		c := f.urlAuths[best]
+		return &c
+	}
+	return f.Credential(host)
 }
 
 // Credential returns the login configured for host (a registry's

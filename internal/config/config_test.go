@@ -225,3 +225,35 @@ func TestParseSize(t *testing.T) {
 		}
 	}
 }
+
+// TestSecretsExpanded: ${VAR} is resolved in secrets and access_tokens,
+// and the error for unset variables names all of them, from every place.
+func TestSecretsExpanded(t *testing.T) {
+	src := `
+[http]
+auth_token = "${TOKEN}"
+
+[plugins.p]
+secrets = { "github/bot" = "${GITHUB_TOKEN}", "plain/x" = "literal" }
+access_tokens = { "client-1" = "Bearer ${API_TOKEN}" }
+config = { k = "${CONF}" }
+`
+	f, err := Parse([]byte(src), env(map[string]string{"TOKEN": "t", "GITHUB_TOKEN": "gh-123", "API_TOKEN": "api-456", "CONF": "c"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := f.For("p")
+	if got := e.Options.Secrets["github/bot"]; got != "gh-123" {
+		t.Errorf("secret = %q, want gh-123", got)
+	}
+	if got := e.Options.Secrets["plain/x"]; got != "literal" {
+		t.Errorf("plain secret = %q", got)
+	}
+	if got := e.Options.AccessTokens["client-1"]; got != "Bearer api-456" {
+		t.Errorf("access token = %q, want Bearer api-456", got)
+	}
+	_, err = Parse([]byte(src), env(map[string]string{"TOKEN": "t"}))
+	if err == nil || !strings.Contains(err.Error(), "API_TOKEN, CONF, GITHUB_TOKEN") {
+		t.Fatalf("err = %v, want one error naming API_TOKEN, CONF, GITHUB_TOKEN", err)
+	}
+}

@@ -16,6 +16,8 @@ import (
 
 	"github.com/BurntSushi/toml"
 	"go.yaml.in/yaml/v3"
+
+	"github.com/wasmtools/wasmtools/plugins"
 )
 
 // hyperConfig is hyper-mcp's configuration file (src/config.rs), in JSON,
@@ -91,20 +93,23 @@ func strictJSON(b []byte, v any) error {
 	return d.Decode(v)
 }
 
-// LoadHyperMCP reads hyper-mcp's configuration file and maps it to ours:
-// each plugin gets its url as source (oci://, https://, file://), hyper-mcp's
-// tool namespace (NAME-tool) as prefix unless it sets tool_name_prefix, and
-// its runtime_config: allowed_hosts, allowed_paths ("host" or
-// "host:guest", granted read-write as hyper-mcp does), env_vars,
-// memory_limit, skip_tools (as tools.deny_regexp); auths become
-// registries, and oci.insecure_skip_signature the default of
-// insecure_skip_signature. A setting that cannot be mapped is an error
-// naming it: keyless verification (oci.use_sigstore_tuf_data = true,
-// cert_*, fulcio_certs, rekor_pub_keys), keyring logins, skip_prompts and
-// skip_resources, dynamic_loading, s3:// URLs. allowed_secrets are
-// keyring entries, whose values wasmtools does not read from the keyring:
-// each must be given in our configuration, as [plugins.NAME] secrets
-// (checked by [File.Overlay]).
+// LoadHyperMCP reads hyper-mcp's configuration file and maps it to ours,
+// with hyper-mcp's meaning: each plugin gets its url as source (oci://,
+// https://, file://), hyper-mcp's tool namespace (NAME-tool) as prefix
+// unless it sets tool_name_prefix, and its runtime_config: allowed_hosts
+// (read as Extism reads them: sandbox.Network.Extism), allowed_paths
+// ("host" or "host:guest", granted read-write as hyper-mcp does),
+// env_vars (as Extism config keys, which is how hyper-mcp passes them),
+// memory_limit, skip_tools (as tools.deny_regexp), skip_prompts,
+// skip_resources and skip_resource_templates (plugins.Skip); auths become
+// logins for HTTPS sources by URL prefix, and oci.insecure_skip_signature
+// the default of insecure_skip_signature. A setting that cannot be mapped
+// is an error naming it: keyless verification (oci.use_sigstore_tuf_data =
+// true, cert_*, fulcio_certs, rekor_pub_keys), keyring logins,
+// dynamic_loading, disable_completions, disable_logging, s3:// URLs.
+// allowed_secrets are keyring entries, whose values wasmtools does not
+// read from the keyring: each must be given in our configuration, as
+// [plugins.NAME] secrets (checked by [File.Overlay]).
 //
 // getenv resolves ${VAR} in the mapped strings as [Parse] does.
 func LoadHyperMCP(path string, getenv func(string) (string, bool)) (*File, error) {
@@ -212,7 +217,7 @@ func parseHyperSize(s string) (uint64, error) {
 func (h *hyperConfig) mapped(byName map[string]hyperPlugin, list []hyperPlugin) (*File, error) {
 	var errs []error
 	bad := func(setting, why string) { errs = append(errs, fmt.Errorf("%s: %s", setting, why)) }
-	f := &File{Plugins: map[string]Plugin{}, Registries: map[string]Credential{}}
+	f := &File{Plugins: map[string]Plugin{}, Registries: map[string]Credential{}, urlAuths: map[string]Credential{}}
 	if h.DynamicLoading {
 		bad("dynamic_loading", "wasmtools does not let clients load plugins at run time")
 	}
@@ -238,11 +243,16 @@ func (h *hyperConfig) mapped(byName map[string]hyperPlugin, list []hyperPlugin) 
 			bad("auths."+key, "want a URL")
 			continue
 		}
+		// As hyper-mcp's Url key: a URL without a path ends in "/".
+		prefix := key
+		if u.Path == "" && u.RawQuery == "" && u.Fragment == "" {
+			prefix += "/"
+		}
 		switch a.Type {
 		case "basic":
-			f.Registries[u.Host] = Credential{Username: a.Username, Password: a.Password}
+			f.urlAuths[prefix] = Credential{Username: a.Username, Password: a.Password}
 		case "token":
-			f.Registries[u.Host] = Credential{Token: a.Token}
+			f.urlAuths[prefix] = Credential{Token: a.Token}
 		case "keyring":
 			bad("auths."+key, "type keyring: wasmtools does not read the system keyring; give the login in --config as [registries.\""+u.Host+"\"]")
 		default:
@@ -283,12 +293,15 @@ func (h *hyperConfig) mapped(byName map[string]hyperPlugin, list []hyperPlugin) 
 				out.Prefix = *rc.ToolNamePrefix
 			}
 			out.Tools.DenyRegexp = rc.SkipTools
-			for setting, v := range map[string][]string{"skip_prompts": rc.SkipPrompts, "skip_resources": rc.SkipResources, "skip_resource_templates": rc.SkipResourceTemplates} {
-				if len(v) > 0 {
-					bad(where+".runtime_config."+setting, "wasmtools filters tools only")
+			out.hyperSkip = plugins.Skip{Prompts: rc.SkipPrompts, Resources: rc.SkipResources, ResourceTemplates: rc.SkipResourceTemplates}
+			for setting, res := range map[string][]string{"skip_tools": rc.SkipTools, "skip_prompts": rc.SkipPrompts, "skip_resources": rc.SkipResources, "skip_resource_templates": rc.SkipResourceTemplates} {
+				for i, re := range res {
+					if _, err := regexp.Compile(re); err != nil {
+						bad(fmt.Sprintf("%s.runtime_config.%s[%d]", where, setting, i), err.Error())
+					}
 				}
 			}
-			out.AllowedHosts = rc.AllowedHosts
+			out.AllowedHosts, out.hyperHosts = rc.AllowedHosts, rc.AllowedHosts != nil
 			for i, ap := range rc.AllowedPaths {
 				host, guest, ok := strings.Cut(ap, ":")
 				host, guest = strings.TrimSpace(host), strings.TrimSpace(guest)
@@ -301,7 +314,10 @@ func (h *hyperConfig) mapped(byName map[string]hyperPlugin, list []hyperPlugin) 
 				}
 				out.AllowedPaths = append(out.AllowedPaths, Path{Host: host, Guest: guest, Mode: "rw"})
 			}
-			out.Env = rc.EnvVars
+			// hyper-mcp passes env_vars as Extism config keys
+			// (manifest.with_config_key), which plugins read with
+			// config_get, not as environment variables.
+			out.Config = rc.EnvVars
 			if rc.MemoryLimit != "" {
 				n, err := parseHyperSize(rc.MemoryLimit)
 				if err != nil {
@@ -338,6 +354,14 @@ func (f *File) Overlay(h *File) error {
 			f.Registries[host] = c
 		}
 	}
+	if len(h.urlAuths) > 0 && f.urlAuths == nil {
+		f.urlAuths = map[string]Credential{}
+	}
+	for prefix, c := range h.urlAuths {
+		if _, ok := f.urlAuths[prefix]; !ok {
+			f.urlAuths[prefix] = c
+		}
+	}
 	if f.Defaults.InsecureSkipSignature == nil {
 		f.Defaults.InsecureSkipSignature = h.Defaults.InsecureSkipSignature
 	}
@@ -356,14 +380,15 @@ func (f *File) Overlay(h *File) error {
 				p.Prefix = hp.Prefix
 			}
 			if p.AllowedHosts == nil {
-				p.AllowedHosts = hp.AllowedHosts
+				p.AllowedHosts, p.hyperHosts = hp.AllowedHosts, hp.hyperHosts
 			}
 			if p.AllowedPaths == nil {
 				p.AllowedPaths = hp.AllowedPaths
 			}
-			if p.Env == nil {
-				p.Env = hp.Env
+			if p.Config == nil {
+				p.Config = hp.Config
 			}
+			p.hyperSkip = hp.hyperSkip
 			if p.MemoryLimit == 0 {
 				p.MemoryLimit = hp.MemoryLimit
 			}

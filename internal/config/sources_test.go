@@ -101,14 +101,22 @@ allowed_secrets = [{ service = "notes", user = "bot" }]
 		Source: "https://plugins.example.com/notes.wasm", Prefix: "notes-",
 		AllowedHosts: []string{"api.example.com"},
 		AllowedPaths: []Path{{Host: "/srv/notes", Guest: "/data", Mode: "rw"}, {Host: "/tmp", Guest: "/tmp", Mode: "rw"}},
-		Env:          map[string]string{"MODE": "fast"}, MemoryLimit: 512 << 20,
+		Config:       map[string]string{"MODE": "fast"}, MemoryLimit: 512 << 20,
 		Tools: Tools{DenyRegexp: []string{"admin_.*"}},
 	}
-	if diff := cmp.Diff(want, p, cmp.AllowUnexported(Plugin{}), cmp.FilterPath(func(p cmp.Path) bool { return p.Last().String() == ".hyperSecrets" }, cmp.Ignore())); diff != "" {
+	if diff := cmp.Diff(want, p, cmp.AllowUnexported(Plugin{}), cmp.FilterPath(func(p cmp.Path) bool {
+		return p.Last().String() == ".hyperSecrets" || p.Last().String() == ".hyperHosts"
+	}, cmp.Ignore())); diff != "" {
 		t.Errorf("notes (-want +got):\n%s", diff)
 	}
-	if c := h.Credential("plugins.example.com"); c == nil || c.Username != "u" {
+	if c := h.SourceCredential("https://plugins.example.com/notes.wasm", "plugins.example.com"); c == nil || c.Username != "u" {
 		t.Errorf("auths: %+v", c)
+	}
+	if c := h.SourceCredential("https://other.example.com/plugins.example.com/", "other.example.com"); c != nil {
+		t.Errorf("auths for another URL: %+v", c)
+	}
+	if e := h.For("notes"); !e.Network.Extism || e.Options.Policy.Config()["MODE"] != "fast" {
+		t.Errorf("notes: network %+v, config %v: want Extism's host reading and env_vars as config", e.Network, e.Options.Policy.Config())
 	}
 	if s := h.Defaults.InsecureSkipSignature; s == nil || !*s {
 		t.Error("oci.insecure_skip_signature not mapped")
@@ -132,7 +140,8 @@ allowed_secrets = [{ service = "notes", user = "bot" }]
 		{"tuf", "p.json", `{"oci": {"use_sigstore_tuf_data": true}, "plugins": {}}`, "oci.use_sigstore_tuf_data"},
 		{"dynamic", "p.yaml", "dynamic_loading: true\nplugins: {}\n", "dynamic_loading"},
 		{"bad size", "p.yaml", "plugins:\n  p:\n    url: oci://r/p:v1\n    runtime_config:\n      memory_limit: lots\n", "memory_limit"},
-		{"skip_resources", "p.toml", "[plugins.p]\nurl = \"oci://r/p:v1\"\n[plugins.p.runtime_config]\nskip_resources = [\"x\"]\n", "plugins.p.runtime_config.skip_resources"},
+		{"skip_resources", "p.toml", "[plugins.p]\nurl = \"oci://r/p:v1\"\n[plugins.p.runtime_config]\nskip_resources = [\"(\"]\n", "plugins.p.runtime_config.skip_resources[0]"},
+		{"completions", "p.json", `{"disable_completions": true, "plugins": {}}`, "disable_completions"},
 		{"unknown top-level key", "p.toml", "extra = 1\n[plugins]\n", "unknown settings: extra"},
 		{"format", "p.ini", "", "unsupported format"},
 	} {

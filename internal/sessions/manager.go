@@ -129,6 +129,15 @@ type Options struct {
 	// the way, is the newest). With every one holding a lease, Open fails with
 	// [ErrAtCapacity].
 	MaxHandles int
+	// MaxUnreturned bounds the handle clients whose handle was never
+	// passed back (minted by one call, not used since) that keep their
+	// instances; 0 means [DefaultMaxUnreturned]. Past it, the oldest
+	// ones' idle instances are freed, well before MaxHandles: a client
+	// that ignores handles mints one per call, and an instance is cheap
+	// to make again. Their handles stay open: one passed back later gets
+	// a fresh instance (or its saved state), with the reset said
+	// (ReasonEvicted).
+	MaxUnreturned int
 	// MaxParked bounds the calls parked for an answer in all; 0 means
 	// [DefaultMaxParked]. MaxParkedPerClient bounds one client's; 0
 	// means [DefaultMaxParkedPerClient].
@@ -360,6 +369,9 @@ func (m *Manager) OpenIn(key Key, group string, share int) error {
 		m.forgetLocked(victim)
 	}
 	m.newClientLocked(key).group = group
+	if key.kind == KindHandle {
+		m.reclaimUnreturnedLocked()
+	}
 	m.mu.Unlock()
 	if victim != nil {
 		m.log.Info("session handle evicted: too many open", "session", victim.key.String(), "max", m.maxHandles())

@@ -100,9 +100,11 @@ func (o *ociFetch) resolve(ctx context.Context) (string, error) {
 	if o.ref.Digest != "" {
 		reference = o.ref.Digest
 	}
-	desc, err := repo.Resolve(ctx, reference)
+	sctx, cancel := o.m.stage(ctx)
+	defer cancel()
+	desc, err := repo.Resolve(sctx, reference)
 	if err != nil {
-		return "", fmt.Errorf("resolve %s: %w", reference, err)
+		return "", fmt.Errorf("resolve %s: %w", reference, o.m.stageErr(sctx, ctx, err))
 	}
 	if o.ref.Digest != "" && desc.Digest.String() != o.ref.Digest {
 		return "", fmt.Errorf("resolve %s: the registry answered %s", o.ref.Digest, desc.Digest)
@@ -139,20 +141,26 @@ func (o *ociFetch) pull(ctx context.Context) ([]byte, string, error) {
 	verified := "skipped (insecure_skip_signature)"
 	if !o.spec.InsecureSkipSignature {
 		o.m.progress(Event{Name: o.spec.Name, Stage: "verify"})
-		by, err := o.verify(ctx)
+		sctx, cancel := o.m.stage(ctx)
+		by, err := o.verify(sctx)
+		err = o.m.stageErr(sctx, ctx, err)
+		cancel()
 		if err != nil {
 			return nil, "", err
 		}
 		verified = by
 	}
-	mb, err := o.fetchSmall(ctx, o.desc, maxManifest)
+	sctx, cancel := o.m.stage(ctx)
+	defer cancel()
+	mb, err := o.fetchSmall(sctx, o.desc, maxManifest)
 	if err != nil {
-		return nil, "", fmt.Errorf("manifest: %w", err)
+		return nil, "", fmt.Errorf("manifest: %w", o.m.stageErr(sctx, ctx, err))
 	}
-	man, err := o.manifest(ctx, o.desc.MediaType, mb, 0)
+	man, err := o.manifest(sctx, o.desc.MediaType, mb, 0)
 	if err != nil {
-		return nil, "", err
+		return nil, "", o.m.stageErr(sctx, ctx, err)
 	}
+	o.m.progress(Event{Name: o.spec.Name, Stage: "download"})
 	layer, err := pluginLayer(man)
 	if err != nil {
 		return nil, "", err
@@ -307,13 +315,42 @@ func (p *progressReader) Read(b []byte) (int, error) {
 }
 
 func (m *Manager) progress(ev Event) {
+	if ev.Stage != "done" {
+		m.mu.Lock()
+		if e := m.ents[ev.Name]; e != nil && e.status.Stage != ev.Stage {
+			e.status.Stage, e.status.StageSince = ev.Stage, time.Now()
+		}
+		m.mu.Unlock()
+	}
 	if m.opts.Progress != nil {
 		m.opts.Progress(ev)
 	}
 }
 
+// ErrStageTimeout: one stage of a fetch before the download took longer
+// than Options.StageTimeout (a stalled or trickling registry).
+var ErrStageTimeout = errors.New("stage timed out")
+
+// stage bounds one stage of a fetch by Options.StageTimeout.
+func (m *Manager) stage(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(ctx, m.opts.StageTimeout)
+}
+
+// stageErr names a stage's own timeout (sctx expired, ctx not) as
+// ErrStageTimeout.
+func (m *Manager) stageErr(sctx, ctx context.Context, err error) error {
+	if err == nil {
+		return nil
+	}
+	if errors.Is(sctx.Err(), context.DeadlineExceeded) && ctx.Err() == nil {
+		return fmt.Errorf("%w after %v (stage_timeout): %v", ErrStageTimeout, m.opts.StageTimeout, err)
+	}
+	return err
+}
+
 // safeClient copies c (or a default client) with a redirect policy that
-// refuses plain HTTP off loopback and more than 5 hops.
+// refuses plain HTTP off loopback and more than 5 hops, and whose dials
+// hold each redirect hop to the private-address rule (redirect.go).
 func safeClient(c *http.Client) *http.Client {
 	var out http.Client
 	if c != nil {
@@ -329,6 +366,7 @@ func safeClient(c *http.Client) *http.Client {
 			MaxIdleConnsPerHost:   4,
 		}
 	}
+	out.Transport = guardTransport(out.Transport)
 	out.CheckRedirect = func(req *http.Request, via []*http.Request) error {
 		if len(via) >= 5 {
 			return errors.New("more than 5 redirects")
@@ -336,6 +374,7 @@ func safeClient(c *http.Client) *http.Client {
 		if req.URL.Scheme != "https" && !(req.URL.Scheme == "http" && isLoopback(req.URL.Host)) {
 			return fmt.Errorf("redirect to %s refused: plain http only on loopback", req.URL.Redacted())
 		}
+		redirected(req.Context(), req.URL)
 		return nil
 	}
 	return &out

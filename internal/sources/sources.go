@@ -56,6 +56,12 @@ const DefaultMaxSize = 64 << 20
 // DefaultTimeout bounds one source's fetch when Options.Timeout is 0.
 const DefaultTimeout = 5 * time.Minute
 
+// DefaultStageTimeout bounds each stage of a fetch before the download
+// (resolving a tag, verifying a signature, reading a manifest) when
+// Options.StageTimeout is 0: a registry that stalls or trickles is given
+// up on after it, and the download is bounded by Options.Timeout.
+const DefaultStageTimeout = 30 * time.Second
+
 // Errors callers branch on.
 var (
 	// ErrSignature: an OCI artifact has no signature that verifies with
@@ -228,6 +234,9 @@ type Options struct {
 	Client *http.Client
 	// Timeout bounds one source's whole fetch; 0 means [DefaultTimeout].
 	Timeout time.Duration
+	// StageTimeout bounds each stage before the download (resolve,
+	// verify, manifest); 0 means [DefaultStageTimeout].
+	StageTimeout time.Duration
 	// DockerConfig is the Docker config file whose logins are used for
 	// OCI registries without a Spec.Credential: "" means the default
 	// ($DOCKER_CONFIG/config.json, else ~/.docker/config.json), "-"
@@ -255,6 +264,18 @@ type Status struct {
 	// on serving.
 	Error   string    `json:"error,omitempty"`
 	Checked time.Time `json:"checked"`
+	// Stored says the version above was taken from the store at start
+	// ([Manager.Restore]) and the source has not answered since: for a
+	// tag, a newer version may exist.
+	Stored bool `json:"stored,omitempty"`
+	// Stage is the stage of the fetch under way ("resolve", "verify",
+	// "download"), "" when none is; StageSince is when it began.
+	Stage      string    `json:"stage,omitempty"`
+	StageSince time.Time `json:"stageSince,omitzero"`
+	// StoreChanged, if set, says the stored bytes of the version served
+	// before were found changed on disk, refused, and fetched again
+	// (ErrStoreChanged); it stays until the next fetch.
+	StoreChanged string `json:"storeChanged,omitempty"`
 }
 
 // Manager fetches sources into the store and keeps their links. It is
@@ -286,6 +307,9 @@ func New(opts Options) (*Manager, error) {
 	}
 	if opts.Timeout <= 0 {
 		opts.Timeout = DefaultTimeout
+	}
+	if opts.StageTimeout <= 0 {
+		opts.StageTimeout = DefaultStageTimeout
 	}
 	m := &Manager{opts: opts, log: opts.Logger, ents: map[string]*entry{}}
 	if m.log == nil {
@@ -390,8 +414,29 @@ func (m *Manager) syncOne(ctx context.Context, s Spec) (bool, error) {
 	if s.MaxSize == 0 {
 		s.MaxSize = DefaultMaxSize
 	}
+	// A stored version that no longer hashes to its name was changed on
+	// disk: refused and reported (log, status, Sync's errors), then
+	// fetched again below.
+	var changedOnDisk error
+	if prev.SHA256 != "" && !m.intact(prev.SHA256, s.MaxSize) {
+		changedOnDisk = fmt.Errorf("plugin %q (%s): %w: the stored bytes of sha256 %s are missing or no longer hash to it; refused, and fetched again", s.Name, s.Source, ErrStoreChanged, prev.SHA256)
+		m.log.Error("plugin store entry changed on disk: refused, fetching it again", "plugin", s.Name, "source", s.Source, "sha256", prev.SHA256)
+		prev.Digest, prev.SHA256 = "", ""
+	}
 	ctx, cancel := context.WithTimeout(ctx, m.opts.Timeout)
 	defer cancel()
+	if ref, err := Parse(s.Source); err == nil {
+		switch {
+		case ref.URL != nil:
+			ctx = withHops(ctx, hostPort(ref.URL))
+		case ref.Registry != "":
+			scheme := "https"
+			if isLoopback(ref.Registry) {
+				scheme = "http"
+			}
+			ctx = withHops(ctx, hostPort(&url.URL{Scheme: scheme, Host: ref.Registry}))
+		}
+	}
 	res, err := m.fetch(ctx, s, prev, sameSpec)
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -399,8 +444,9 @@ func (m *Manager) syncOne(ctx context.Context, s Spec) (bool, error) {
 		return false, nil
 	}
 	e.status.Checked = time.Now()
+	e.status.Stage, e.status.StageSince = "", time.Time{}
 	if err != nil {
-		err = fmt.Errorf("plugin %q (%s): %w", s.Name, s.Source, err)
+		err = errors.Join(changedOnDisk, fmt.Errorf("plugin %q (%s): %w", s.Name, s.Source, err))
 		e.status.Error = err.Error()
 		if prev.SHA256 != "" {
 			m.log.Error("plugin source refused: the version served goes on", "plugin", s.Name, "source", s.Source, "serving", prev.SHA256, "error", err)
@@ -410,16 +456,23 @@ func (m *Manager) syncOne(ctx context.Context, s Spec) (bool, error) {
 		return false, err
 	}
 	e.status = Status{Name: s.Name, Source: s.Source, Digest: res.digest, SHA256: res.sha, Verified: res.verified, Checked: e.status.Checked}
-	if res.sha == prev.SHA256 && linkTarget(m.link(s.Name)) == m.blob(res.sha) {
+	if changedOnDisk != nil {
+		e.status.StoreChanged = changedOnDisk.Error()
+	}
+	m.remember(s, e.status)
+	if prev.Stored {
+		m.log.Info("plugin source answered: the stored version is current", "plugin", s.Name, "source", s.Source, "sha256", res.sha, "same", res.sha == prev.SHA256)
+	}
+	if changedOnDisk == nil && res.sha == prev.SHA256 && linkTarget(m.link(s.Name)) == m.blob(res.sha) {
 		return false, nil
 	}
 	if err := m.relink(s.Name, res.sha); err != nil {
 		e.status = prev
 		e.status.Error = err.Error()
-		return false, err
+		return false, errors.Join(changedOnDisk, err)
 	}
 	m.log.Info("plugin source fetched", "plugin", s.Name, "source", s.Source, "digest", res.digest, "sha256", res.sha, "verified", res.verified)
-	return true, nil
+	return true, changedOnDisk
 }
 
 func specEqual(a, b Spec) bool {
@@ -468,7 +521,7 @@ func (m *Manager) fetch(ctx context.Context, s Spec, prev Status, sameSpec bool)
 	var res result
 	var wasm []byte
 	if ref.File != "" {
-		if wasm, err = readBounded(ref.File, s.MaxSize); err != nil {
+		if wasm, err = readSourceFile(ref.File, s.MaxSize); err != nil {
 			return result{}, err
 		}
 		res.verified = "local file"
@@ -491,6 +544,10 @@ func (m *Manager) fetch(ctx context.Context, s Spec, prev Status, sameSpec bool)
 			res.verified = "skipped (insecure_skip_signature)"
 		}
 	} else {
+		if ref.Digest != "" && sameSpec && prev.Digest == ref.Digest && prev.SHA256 != "" && m.intact(prev.SHA256, s.MaxSize) {
+			// A digest pin cannot move: its verified bytes are final.
+			return result{digest: prev.Digest, sha: prev.SHA256, verified: prev.Verified}, nil
+		}
 		o := &ociFetch{m: m, spec: s, ref: ref}
 		digest, err := o.resolve(ctx)
 		if err != nil {

@@ -9,11 +9,13 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -192,12 +194,17 @@ func TestOCI(t *testing.T) {
 		if err := m.Check(path, b); err == nil || !strings.Contains(err.Error(), "changed on disk") {
 			t.Fatalf("check of a changed store: %v", err)
 		}
-		// The next sync fetches it again.
-		if _, errs := m.Sync(ctx, []sources.Spec{spec}); len(errs) > 0 {
-			t.Fatal(errs)
+		// The next sync reports it (an error, a changed link so that it is
+		// loaded again, the status) and fetches it again.
+		changed, errs := m.Sync(ctx, []sources.Spec{spec})
+		if len(errs) != 1 || !errors.Is(errs[0], sources.ErrStoreChanged) || !changed {
+			t.Fatalf("sync of a changed store: changed %v, errs %v; want one ErrStoreChanged and a change", changed, errs)
 		}
 		if !bytes.Equal(served(t, m, "echo"), good) {
 			t.Error("not fetched again")
+		}
+		if st, _ := m.Lookup("echo"); !strings.Contains(st.StoreChanged, "changed") || st.Error != "" {
+			t.Errorf("status = %+v, want StoreChanged and no error", st)
 		}
 	})
 
@@ -222,6 +229,15 @@ func TestHTTPS(t *testing.T) {
 			rw.Write(w)
 		case "/away":
 			http.Redirect(rw, r, "http://wasmtools.invalid/plugin.wasm", http.StatusFound)
+		case "/same":
+			http.Redirect(rw, r, "/plugin.wasm", http.StatusFound)
+		case "/private":
+			// Another host than the source's, on loopback: as a public
+			// host bouncing the fetch to a private service would.
+			_, port, _ := net.SplitHostPort(r.Host)
+			http.Redirect(rw, r, "https://localhost:"+port+"/plugin.wasm", http.StatusFound)
+		case "/metadata":
+			http.Redirect(rw, r, "https://169.254.169.254/latest/meta-data/", http.StatusFound)
 		default:
 			http.NotFound(rw, r)
 		}
@@ -239,6 +255,9 @@ func TestHTTPS(t *testing.T) {
 		{"no pin", sources.Spec{Source: srv.URL + "/plugin.wasm"}, "needs a sha256 pin"},
 		{"no pin, insecure", sources.Spec{Source: srv.URL + "/plugin.wasm", InsecureSkipSignature: true}, ""},
 		{"redirect to http", sources.Spec{Source: srv.URL + "/away", InsecureSkipSignature: true}, "plain http only on loopback"},
+		{"redirect on the same host", sources.Spec{Source: srv.URL + "/same", SHA256: sha(w)}, ""},
+		{"redirect to a private host", sources.Spec{Source: srv.URL + "/private", SHA256: sha(w)}, "redirect to a private address refused: localhost:"},
+		{"redirect to the metadata address", sources.Spec{Source: srv.URL + "/metadata", SHA256: sha(w)}, "redirect to a private address refused: 169.254.169.254:443"},
 		{"too large", sources.Spec{Source: srv.URL + "/plugin.wasm", SHA256: sha(w), MaxSize: 8}, "over the size limit"},
 	}
 	for i, tt := range tests {
@@ -323,5 +342,90 @@ func TestRegistryLogin(t *testing.T) {
 	}
 	if _, errs := m.Sync(ctx, []sources.Spec{spec}); len(errs) > 0 {
 		t.Fatalf("with the Docker config's login: %v", errs)
+	}
+}
+
+// TestFileSource: a file:// source (hyper-mcp's local plugins) is a
+// regular file only: /proc/self/environ (a "regular" file holding the
+// server's environment), a symlink to it, /sys, a device and a FIFO are
+// refused, and none reaches the store.
+func TestFileSource(t *testing.T) {
+	dir := t.TempDir()
+	w := fakeWasm(t)
+	good := filepath.Join(dir, "good.wasm")
+	os.WriteFile(good, w, 0o644)
+	link := filepath.Join(dir, "environ.wasm")
+	os.Symlink("/proc/self/environ", link)
+	fifo := filepath.Join(dir, "fifo.wasm")
+	if err := syscall.Mkfifo(fifo, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	m := newManager(t, nil)
+	for _, tt := range []struct{ name, path, want string }{
+		{"regular", good, ""},
+		{"proc", "/proc/self/environ", "under /proc"},
+		{"symlink to proc", link, "under /proc"},
+		{"sys", "/sys/kernel/mm/transparent_hugepage/enabled", "under /sys"},
+		{"device", "/dev/zero", "under /dev"},
+		{"fifo", fifo, "a FIFO"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			_, errs := m.Sync(context.Background(), []sources.Spec{{Name: tt.name, Source: "file://" + tt.path}})
+			if tt.want == "" {
+				if len(errs) > 0 || !bytes.Equal(served(t, m, tt.name), w) {
+					t.Fatalf("errs = %v", errs)
+				}
+				return
+			}
+			if len(errs) != 1 || !errors.Is(errs[0], sources.ErrNotPluginFile) || !strings.Contains(errs[0].Error(), tt.want) {
+				t.Fatalf("errs = %v, want ErrNotPluginFile naming %q", errs, tt.want)
+			}
+			if _, err := os.Lstat(filepath.Join(m.LinkDir(), tt.name+".wasm")); err == nil {
+				t.Error("linked")
+			}
+		})
+	}
+}
+
+// TestOCIBundle: cosign 3's signature format (a sigstore bundle as an OCI
+// referrer) is verified natively beside the .sig tag: a bundle by the key
+// serves, one by another key is refused naming the key, and both formats
+// on one artifact serve.
+func TestOCIBundle(t *testing.T) {
+	cosign := sourcestest.Cosign(t)
+	host, _ := sourcestest.Registry(t)
+	dir := t.TempDir()
+	key, pub := sourcestest.KeyPair(t, cosign, filepath.Join(dir, "a"))
+	other, _ := sourcestest.KeyPair(t, cosign, filepath.Join(dir, "b"))
+	ctx := context.Background()
+	m := newManager(t, nil)
+	w := fakeWasm(t)
+	d := sourcestest.Push(t, host, "plugins/bundled", "v1", sources.MediaTypeWasm, w)
+	sourcestest.SignBundle(t, cosign, key, host+"/plugins/bundled@"+d)
+	spec := sources.Spec{Name: "bundled", Source: "oci://" + host + "/plugins/bundled:v1", PublicKeys: []string{pub}}
+	if _, errs := m.Sync(ctx, []sources.Spec{spec}); len(errs) > 0 {
+		t.Fatal(errs)
+	}
+	if !bytes.Equal(served(t, m, "bundled"), w) {
+		t.Error("bytes differ")
+	}
+	if st, _ := m.Lookup("bundled"); !strings.Contains(st.Verified, "sigstore bundle") {
+		t.Errorf("verified = %q, want the bundle named", st.Verified)
+	}
+
+	w2 := fakeWasm(t)
+	d2 := sourcestest.Push(t, host, "plugins/otherbundle", "v1", sources.MediaTypeWasm, w2)
+	sourcestest.SignBundle(t, cosign, other, host+"/plugins/otherbundle@"+d2)
+	_, errs := m.Sync(ctx, []sources.Spec{{Name: "otherbundle", Source: "oci://" + host + "/plugins/otherbundle:v1", PublicKeys: []string{pub}}})
+	if len(errs) != 1 || !errors.Is(errs[0], sources.ErrSignature) || !strings.Contains(errs[0].Error(), "none of the 1 signatures") || !strings.Contains(errs[0].Error(), pub) {
+		t.Fatalf("another key's bundle: %v", errs)
+	}
+
+	w3 := fakeWasm(t)
+	d3 := sourcestest.Push(t, host, "plugins/both", "v1", sources.MediaTypeWasm, w3)
+	sourcestest.Sign(t, cosign, other, host+"/plugins/both@"+d3)
+	sourcestest.SignBundle(t, cosign, key, host+"/plugins/both@"+d3)
+	if _, errs := m.Sync(ctx, []sources.Spec{{Name: "both", Source: "oci://" + host + "/plugins/both:v1", PublicKeys: []string{pub}}}); len(errs) > 0 {
+		t.Fatalf("a .sig by another key and a bundle by the key: %v", errs)
 	}
 }

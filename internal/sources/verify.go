@@ -98,24 +98,56 @@ func (o *ociFetch) verify(ctx context.Context) (string, error) {
 	}
 	keyNames := strings.Join(names, ", ")
 	d := o.desc.Digest.String()
+	// cosign's two formats: the simple-signing manifest tagged
+	// sha256-HEX.sig (cosign 2's default), and sigstore bundles attached
+	// as OCI referrers (cosign 3's default, --new-bundle-format). Either
+	// verifying is enough.
 	tag := strings.Replace(d, ":", "-", 1) + ".sig"
+	by, checked, reasons, sigErr := o.verifySigTag(ctx, keys, d, tag)
+	if by != "" {
+		return by, nil
+	}
+	bby, bchecked, breasons, bundleErr := o.verifyBundles(ctx, keys, d)
+	if bby != "" {
+		return bby, nil
+	}
+	checked += bchecked
+	reasons = append(reasons, breasons...)
+	if checked == 0 && len(reasons) == 0 {
+		if sigErr != nil {
+			return "", sigErr
+		}
+		if bundleErr != nil {
+			return "", fmt.Errorf("signature bundles of %s: %w", d, bundleErr)
+		}
+		return "", fmt.Errorf("%w: %s has no cosign signature (no tag %s, no sigstore bundle among its referrers) to verify with %s", ErrSignature, d, tag, keyNames)
+	}
+	why := ""
+	if len(reasons) > 0 {
+		why = " (" + strings.Join(reasons, "; ") + ")"
+	}
+	return "", fmt.Errorf("%w: none of the %d signatures of %s verifies with %s%s", ErrSignature, checked, d, keyNames, why)
+}
+
+// verifySigTag checks the simple-signing signatures tagged tag. It
+// returns what verified one, else how many were checked and why they
+// failed; err is set when the tag could not be read (nil when absent).
+func (o *ociFetch) verifySigTag(ctx context.Context, keys []PublicKey, d, tag string) (by string, checked int, reasons []string, err error) {
 	sigDesc, err := o.repo.Resolve(ctx, tag)
 	if errors.Is(err, errdef.ErrNotFound) {
-		return "", fmt.Errorf("%w: %s has no cosign signature (no tag %s) to verify with %s", ErrSignature, d, tag, keyNames)
+		return "", 0, nil, nil
 	}
 	if err != nil {
-		return "", fmt.Errorf("signature %s: %w", tag, err)
+		return "", 0, nil, fmt.Errorf("signature %s: %w", tag, err)
 	}
 	mb, err := o.fetchSmall(ctx, sigDesc, maxManifest)
 	if err != nil {
-		return "", fmt.Errorf("signature %s: %w", tag, err)
+		return "", 0, nil, fmt.Errorf("signature %s: %w", tag, err)
 	}
 	var man ocispec.Manifest
 	if err := json.Unmarshal(mb, &man); err != nil {
-		return "", fmt.Errorf("signature %s: %w", tag, err)
+		return "", 0, nil, fmt.Errorf("signature %s: %w", tag, err)
 	}
-	checked := 0
-	var reasons []string
 	for i, l := range man.Layers {
 		if i >= maxSignatureLayers {
 			break
@@ -148,12 +180,8 @@ func (o *ociFetch) verify(ctx context.Context) (string, error) {
 				reasons = append(reasons, fmt.Sprintf("a payload signed by %s is for %q, not %s", k, p.Critical.Image.DockerManifestDigest, d))
 				continue
 			}
-			return k.String(), nil
+			return k.String(), checked, nil, nil
 		}
 	}
-	why := ""
-	if len(reasons) > 0 {
-		why = " (" + strings.Join(reasons, "; ") + ")"
-	}
-	return "", fmt.Errorf("%w: none of the %d signatures of %s verifies with %s%s", ErrSignature, checked, d, keyNames, why)
+	return "", checked, reasons, nil
 }

@@ -266,6 +266,15 @@ func Sign(t testing.TB, cosign, key, ref string) {
 	run(t, cosign, filepath.Dir(key), "sign", "--key", key, "--tlog-upload=false", "--allow-http-registry", "--allow-insecure-registry", "--yes", ref)
 }
 
+// SignBundle signs host/repo@digest with key in cosign 3's format: a
+// sigstore bundle attached as an OCI referrer (--new-bundle-format; with
+// a registry without the referrers API, the sha256-HEX tag index), with
+// no transparency log.
+func SignBundle(t testing.TB, cosign, key, ref string) {
+	t.Helper()
+	run(t, cosign, filepath.Dir(key), "sign", "--key", key, "--tlog-upload=false", "--new-bundle-format", "--allow-http-registry", "--allow-insecure-registry", "--yes", ref)
+}
+
 func run(t testing.TB, cosign, dir string, args ...string) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)

@@ -1,0 +1,137 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/wasmtools/wasmtools/internal/testplugins"
+)
+
+// distinct returns wasm with a custom section naming i appended, so that
+// copies of one hostile module are distinct files with distinct bytes.
+func distinct(t *testing.T, path string, i int) []byte {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	name := "copy"
+	payload := fmt.Sprintf("%d", i)
+	body := append([]byte{byte(len(name))}, name...)
+	body = append(body, payload...)
+	return append(append(b, 0, byte(len(body))), body...)
+}
+
+// TestFirstListBesideHostile: ten plugins that spin at load (five in
+// their start function, five in their tool listing) and one merely slow
+// to start beside a good one: a
+// real wasmtools process over stdio answers its first tools/list with the
+// good plugin's tools in about 1.4 s from the process's start on an idle
+// machine (bounded at 5 s, 15 s under the race detector, for loaded
+// machines), without waiting for the spinning ones' load
+// timeout: their loads are stopped after SlowLoad and done again later,
+// and the slow one's tool follows with list_changed.
+func TestFirstListBesideHostile(t *testing.T) {
+	dir := t.TempDir()
+	servlet, err := os.ReadFile(testplugins.Test(t, "servlet"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	os.WriteFile(filepath.Join(dir, "servlet.wasm"), servlet, 0o644)
+	slow, err := os.ReadFile(testplugins.Test(t, "slowstart"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	os.WriteFile(filepath.Join(dir, "slowstart.wasm"), slow, 0o644)
+	var cfg strings.Builder
+	// Its second load competes with the ten spinning ones' second loads
+	// until their load timeout stops them: a load timeout of its own
+	// beyond theirs, as an operator gives a plugin known to start slowly.
+	cfg.WriteString("[plugins.slowstart]\nload_timeout = \"2m\"\n")
+	for i := range 5 {
+		os.WriteFile(filepath.Join(dir, fmt.Sprintf("spinstart%d.wasm", i)), distinct(t, testplugins.Test(t, "hostilestart"), i), 0o644)
+		os.WriteFile(filepath.Join(dir, fmt.Sprintf("spinlist%d.wasm", i)), distinct(t, testplugins.Test(t, "hostilelist"), i), 0o644)
+		fmt.Fprintf(&cfg, "[plugins.spinlist%d]\nconfig = { spin = \"1\" }\n", i)
+	}
+	config := filepath.Join(t.TempDir(), "wasmtools.toml")
+	os.WriteFile(config, []byte(cfg.String()), 0o644)
+
+	// A warm compile cache, as in production after the first start: the
+	// measure is of the load, not of the compiler.
+	var warm lockedBuffer
+	warmCS := connectStdio(t, &warm, "--config", config, dir)
+	warmCS.Close()
+
+	var stderr lockedBuffer
+	cmd := exec.Command(os.Args[0], "serve", "--cache-dir", testplugins.CacheDir(), "--config", config, dir)
+	cmd.Env = append(os.Environ(), "WASMTOOLS_TEST_MAIN=1")
+	cmd.Stderr = &stderr
+	start := time.Now()
+	changed := make(chan struct{}, 16)
+	copts := &mcp.ClientOptions{ToolListChangedHandler: func(context.Context, *mcp.ToolListChangedRequest) { changed <- struct{}{} }}
+	cs, err := mcp.NewClient(&mcp.Implementation{Name: "test", Version: "1"}, copts).Connect(context.Background(), &mcp.CommandTransport{Command: cmd}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cs.Close()
+	res, err := cs.ListTools(context.Background(), nil)
+	elapsed := time.Since(start)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, tool := range res.Tools {
+		names = append(names, tool.Name)
+	}
+	t.Logf("first tools/list %v after the process started: %d tools", elapsed.Round(time.Millisecond), len(names))
+	if !slices.Contains(names, "echo") {
+		t.Fatalf("first list %v: want the good plugin's tools\n%s", names, stderr.String())
+	}
+	// The plugin that is merely slow to start comes later, with
+	// list_changed (over stdio).
+	if slices.Contains(names, "late") {
+		t.Logf("the slow plugin loaded within SlowLoad this time")
+	}
+	deadline := time.After(startupTimeout)
+	for !slices.Contains(names, "late") {
+		select {
+		case <-changed:
+		case <-deadline:
+			t.Fatalf("no list_changed brought the slow plugin's tool: %v\n%s", names, stderr.String())
+		}
+		res, err := cs.ListTools(context.Background(), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		names = names[:0]
+		for _, tool := range res.Tools {
+			names = append(names, tool.Name)
+		}
+	}
+	// 1.4 s on this project's 2-core machine when idle; the bound leaves
+	// room for a machine loaded by other work (load average 15 measured
+	// 3 s), and for the race detector, which slows the good plugin's Go
+	// start several times over.
+	bound := 5 * time.Second
+	if raceEnabled {
+		bound = 15 * time.Second
+	}
+	if elapsed >= bound {
+		t.Errorf("first list after %v, want under %v\n%s", elapsed, bound, stderr.String())
+	}
+	if strings.Contains(stderr.String(), `msg="plugins loaded"`) {
+		t.Errorf("the list waited for the spinning plugins' load timeout:\n%s", stderr.String())
+	}
+	if n := strings.Count(stderr.String(), "plugin slow to load"); n < 10 {
+		t.Errorf("%d slow loads logged, want at least 10:\n%s", n, stderr.String())
+	}
+}
