@@ -61,7 +61,7 @@ func serveStoppable(t *testing.T, args ...string) (url string, stderr *lockedBuf
 	stderr = &lockedBuffer{}
 	done := make(chan struct{})
 	go func() {
-		run(ctx, append([]string{"serve", "--cache-dir", testplugins.CacheDir(), "--load-wait", testLoadWait, "--http", addr}, args...), lookup(nil), strings.NewReader(""), &bytes.Buffer{}, stderr)
+		run(ctx, append([]string{"serve", "--cache-dir", testplugins.CacheDir(), "--load-wait", testLoadWait, "--http", addr}, args...), lookup(map[string]string{"WASMTOOLS_OPERATOR_TOKEN": testOperatorToken}), strings.NewReader(""), &bytes.Buffer{}, stderr)
 		close(done)
 	}()
 	var once atomic.Bool
@@ -203,7 +203,7 @@ prefix = "pinned-"
 	}
 	proxy.mode.Store("pass")
 	var out, errb bytes.Buffer
-	if code := run(context.Background(), []string{"reload", "--url", url}, nil, nil, &out, &errb); code != 0 || !strings.Contains(out.String(), "changed: true") {
+	if code := run(context.Background(), []string{"reload", "--url", url}, lookup(map[string]string{"WASMTOOLS_OPERATOR_TOKEN": testOperatorToken}), nil, &out, &errb); code != 0 || !strings.Contains(out.String(), "changed: true") {
 		t.Fatalf("reload once the registry answers: exit %d\n%s%s", code, out.String(), errb.String())
 	}
 	if got := callText(t, cs, "fresh-version", nil); got != "v3" {
@@ -227,7 +227,7 @@ prefix = "pinned-"
 	os.WriteFile(blob, append(bytes.Clone(good), 0), 0o644)
 	out.Reset()
 	errb.Reset()
-	code := run(context.Background(), []string{"reload", "--url", url}, nil, nil, &out, &errb)
+	code := run(context.Background(), []string{"reload", "--url", url}, lookup(map[string]string{"WASMTOOLS_OPERATOR_TOKEN": testOperatorToken}), nil, &out, &errb)
 	if code != 1 || !strings.Contains(out.String(), "store entry changed") || !strings.Contains(out.String(), "changed: true") {
 		t.Errorf("reload over a changed store: exit %d\n%s%s", code, out.String(), errb.String())
 	}
