@@ -81,9 +81,10 @@ func Check(history []Op) ([]Violation, Stats) {
 	var out []Violation
 	var (
 		known    []entry
-		synced   = true // known is the state as last read (or empty, at start)
-		sinceAt  = 0    // notes numbered below this are from before a reset
-		failures = 0    // failed attempts of the operation under way
+		synced   = true           // known is the state as last read (or empty, at start)
+		sinceAt  = 0              // notes numbered below this are from before a reset
+		failures = 0              // failed attempts of the operation under way
+		twice    = map[int]bool{} // notes already reported present twice
 	)
 	flag := func(kind string, op Op, format string, args ...any) {
 		what := op.Kind
@@ -175,7 +176,10 @@ func Check(history []Op) ([]Violation, Stats) {
 			for _, n := range notes {
 				switch {
 				case seen[n]:
-					flag(Twice, op, "note n%d is in the list twice: %s", n, oneLine(op.Text))
+					if !twice[n] {
+						flag(Twice, op, "note n%d is in the list twice: %s", n, oneLine(op.Text))
+					}
+					twice[n] = true
 				case n <= last:
 					flag(Phantom, op, "note n%d after n%d: out of order: %s", n, last, oneLine(op.Text))
 				case byNote[n] == (entry{}) && synced:

@@ -94,6 +94,8 @@ func TestCheck(t *testing.T) {
 		{"not saved, then gone", h("add 1 ok note 1 saved", "list 1", "add 2 ok note 2 saved |notsaved", "list 1", "add 3 ok note 2 saved", "list 1 3"), nil},
 		{"applied twice by a retry", h("add 1 ok note 1 saved", "list 1", "add 2 fail", "add 2 ok note 3 saved", "list 1 2 2"),
 			[]string{"applied-twice add n2", "applied-twice list"}},
+		{"twice, reported once", h("add 1 ok note 1 saved", "add 2 fail", "add 2 ok note 3 saved", "list 1 2 2", "add 3 ok note 4 saved", "list 1 2 2 3"),
+			[]string{"applied-twice add n2", "applied-twice list"}},
 		{"given up", h("add 1 giveup", "list"), []string{"unrecovered add n1"}},
 		{"given up, applied after all", h("add 1 giveup", "list 1", "add 2 ok note 2 saved", "list 1 2"), []string{"unrecovered add n1"}},
 		{"phantom", h("add 1 ok note 1 saved", "list 1 5"), []string{"phantom list"}},

@@ -111,7 +111,7 @@ type Options struct {
 	Tag     string
 	Attempt time.Duration // ClientOptions.AttemptTimeout
 	GiveUp  time.Duration
-	Steps   int    // slow_add's steps
+	Steps   int       // slow_add's steps
 	Out     io.Writer // every violation and the timeline are written here
 }
 
