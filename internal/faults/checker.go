@@ -11,8 +11,9 @@ import (
 
 // The kinds of violation [Check] finds.
 const (
-	// Lost: a write the client was told succeeded (with no notSaved
-	// mark) is missing from its next read, and no stateReset said so.
+	// Lost: writes the client was told succeeded (with no notSaved
+	// mark) are missing from a read, and no stateReset said so (one
+	// violation per read).
 	Lost = "lost"
 	// CountFell: an add's "note N saved" says earlier acknowledged notes
 	// are gone, with no stateReset: a silent reset.
@@ -190,10 +191,14 @@ func Check(history []Op) ([]Violation, Stats) {
 				seen[n] = true
 				last = max(last, n)
 			}
+			var lost []string
 			for _, e := range known {
 				if e.durable && !seen[e.n] {
-					flag(Lost, op, "note n%d, acknowledged at %s, is missing with no stateReset: %s", e.n, e.acked.Format("15:04:05.000"), oneLine(op.Text))
+					lost = append(lost, fmt.Sprintf("n%d (acknowledged at %s)", e.n, e.acked.Format("15:04:05.000")))
 				}
+			}
+			if len(lost) > 0 {
+				flag(Lost, op, "%d acknowledged notes missing with no stateReset: %s; read %s", len(lost), strings.Join(lost, ", "), oneLine(op.Text))
 			}
 			next := make([]entry, 0, len(notes))
 			for _, n := range notes {

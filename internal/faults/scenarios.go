@@ -32,16 +32,19 @@ func Scenarios(stops int) []Scenario {
 		Scenario{Name: "redis-restart-empty", Proxy: HAProxy, Fault: func(r *Run) {
 			r.C.RedisKill()
 			r.C.RedisStart()
+			moveAfterStore(r)
 		}},
 		Scenario{Name: "redis-down-10s", Proxy: HAProxy, Fault: func(r *Run) {
 			r.C.RedisKill()
 			r.Hold(RedisDownFor)
 			r.C.RedisStart()
+			moveAfterStore(r)
 		}},
 		Scenario{Name: "redis-frozen", Proxy: HAProxy, Fault: func(r *Run) {
 			r.C.RedisFreeze()
 			r.Hold(RedisFreeze)
 			r.C.RedisThaw()
+			moveAfterStore(r)
 		}},
 		Scenario{Name: "kill9-under-load", Proxy: HAProxy, Fault: func(r *Run) {
 			for _, i := range []int{0, 1} {
@@ -67,6 +70,17 @@ func Scenarios(stops int) []Scenario {
 		}},
 	)
 	return s
+}
+
+// moveAfterStore checks that sessions recovered from a store fault by
+// themselves: two rounds, then s1 drains and restarts, so that its
+// sessions move to their fallbacks and back, through the store.
+func moveAfterStore(r *Run) {
+	r.Rounds(2)
+	r.C.Term(0)
+	r.C.WaitDown(0)
+	r.Rounds(1)
+	r.C.Start(0)
 }
 
 // rollingRestart drains (SIGTERM) and restarts each replica in turn,
