@@ -36,7 +36,7 @@ func init() {
 	guest.Register(
 		guest.Tool{
 			Name:        "slow_add",
-			Description: "Adds a note, then works for steps steps (each about 2^22 rounds of arithmetic), reporting progress after each; returns the note's number.",
+			Description: "Adds a note, then works for steps steps (each 2^16 rounds of arithmetic), reporting progress after each; returns the note's number.",
 			InputSchema: `{"type":"object","properties":{"text":{"type":"string","minLength":1,"maxLength":10000},"steps":{"type":"integer","minimum":0,"maximum":1000,"default":10}},"required":["text"],"additionalProperties":false}`,
 			Handler: func(c *guest.Call) (*guest.Result, error) {
 				in := struct {
@@ -54,7 +54,7 @@ func init() {
 				x := uint64(len(notes))
 				for i := range steps {
 					guest.Progress(float64(i), float64(steps), fmt.Sprintf("note %d added; working", len(notes)))
-					for range 1 << 22 {
+					for range 1 << 16 {
 						x = x*6364136223846793005 + 1442695040888963407
 					}
 				}
