@@ -357,9 +357,21 @@ func unavailable(err error) error {
 // ErrStateUnavailable, never served afresh over a state the store may
 // hold.
 func (d *durable) claimOrLog(ctx context.Context, key sessions.Key) (c *claim, err error) {
+	if err := ctx.Err(); err != nil {
+		// The client is gone (a request that waited in a stopped
+		// process): nothing runs, so nothing resets a stored state.
+		return nil, err
+	}
 	c, err = d.ensure(ctx, key, nil)
-	if err == nil || c == nil || !unanswered(err) {
+	if err == nil || !unanswered(err) || ctx.Err() != nil {
 		return c, err
+	}
+	// Served from memory only what this replica holds (or made: a
+	// stateful session exists here because it was made or adopted here);
+	// a client header's or handle's session seen here first may have a
+	// state in the store, which a fresh instance must not shadow.
+	if held := c != nil && c.err == nil; !held && key.Kind() != sessions.KindConn {
+		return nil, err
 	}
 	d.log.Warn("state store unavailable: serving the session from this replica, not saved", "session", key.String(), "error", err)
 	return nil, errServedFromMemory
