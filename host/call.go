@@ -112,8 +112,16 @@ func (h *Host) callTool(ctx context.Context, key sessions.Key, c plugins.Call, e
 	// With a state store, the session is claimed (and taken over, if
 	// another replica served it) before its instance is leased.
 	var claim *claim
+	notSaved := ""
 	if !t.Plugin().Stateless() {
-		claim = h.dur.claimOrLog(ctx, key)
+		var cerr error
+		claim, cerr = h.dur.claimOrLog(ctx, key)
+		switch {
+		case errors.Is(cerr, errServedFromMemory):
+			notSaved = notSavedUnavailable
+		case cerr != nil:
+			return nil, fmt.Errorf("tool %q: %w", t.Name, cerr)
+		}
 	}
 	l, err := h.acquire(ctx, key, t.Plugin(), func() (*plugins.Plugin, error) {
 		now, err := h.current(t)
@@ -136,7 +144,9 @@ func (h *Host) callTool(ctx context.Context, key sessions.Key, c plugins.Call, e
 		return nil, fmt.Errorf("tool %q: %w", t.Name, err)
 	default:
 		env.attach(l)
+		stop := h.dur.keepAlive(claim)
 		out, err = l.Instance().CallTool(l.Context(), c)
+		stop()
 		if err == nil {
 			env.afterCall(l)
 		}
@@ -145,10 +155,14 @@ func (h *Host) callTool(ctx context.Context, key sessions.Key, c plugins.Call, e
 		if err == nil && h.dur != nil {
 			// Saved before the result is sent: a replica killed after
 			// it loses nothing the client was told.
-			if cerr := h.dur.afterCall(ctx, key, claim, l); cerr != nil {
+			why, cerr := h.dur.afterCall(ctx, key, claim, l)
+			if cerr != nil {
 				l.Done(sessions.ErrMoved)
-				return errorResult(fmt.Sprintf("tool %q: %v", t.Name, cerr)), nil
+				res := errorResult(fmt.Sprintf("tool %q: %v", t.Name, cerr))
+				res.Meta = mcp.Meta{MetaNotSaved: map[string]any{"reason": why}}
+				return res, nil
 			}
+			notSaved = cmp.Or(why, notSaved)
 		}
 		l.Done(err)
 	}
@@ -159,6 +173,12 @@ func (h *Host) callTool(ctx context.Context, key sessions.Key, c plugins.Call, e
 		res = errorResult(fmt.Sprintf("tool %q: plugin %q returned a result that is not valid MCP: %v", t.Name, t.Plugin().Name(), err))
 	}
 	noticeMeta(notice, &res.Meta)
+	if notSaved != "" && err == nil {
+		if res.Meta == nil {
+			res.Meta = mcp.Meta{}
+		}
+		res.Meta[MetaNotSaved] = map[string]any{"reason": notSaved}
+	}
 	env.attachRecords(res)
 	capResult(res, h.maxRunes())
 	if env != nil {
