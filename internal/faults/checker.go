@@ -247,22 +247,17 @@ func maxNote(notes []int) int {
 	return m
 }
 
-// oneLine shortens a list for a report: its note numbers.
+// oneLine shortens a list for a report: its note numbers, the first
+// three and the last eight when there are more.
 func oneLine(s string) string {
-	notes, bad := parseList(s, -1)
-	if bad != "" {
-		// Another client's note is reported as bad; show the numbers anyway.
-		var ns []string
-		for _, line := range strings.Split(strings.TrimSpace(s), "\n") {
-			if m := listLine.FindStringSubmatch(strings.TrimSpace(line)); m != nil {
-				ns = append(ns, "n"+m[3])
-			}
+	var ns []string
+	for _, line := range strings.Split(strings.TrimSpace(s), "\n") {
+		if m := listLine.FindStringSubmatch(strings.TrimSpace(line)); m != nil {
+			ns = append(ns, "n"+m[3])
 		}
-		return "[" + strings.Join(ns, " ") + "]"
 	}
-	ns := make([]string, len(notes))
-	for i, n := range notes {
-		ns[i] = "n" + strconv.Itoa(n)
+	if len(ns) > 11 {
+		ns = append(append(ns[:3:3], "…"), ns[len(ns)-8:]...)
 	}
 	return "[" + strings.Join(ns, " ") + "]"
 }
