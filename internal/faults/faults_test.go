@@ -25,7 +25,8 @@ import (
 //
 // FAULTS_RUN (a regular expression) picks scenarios by "name/proxy";
 // FAULTS_BIN names a wasmtools binary to test (default: built from this
-// tree); FAULTS_REPORT names a file the summary table is written to;
+// tree); FAULTS_DEPLOY a folder with other proxy configs (default:
+// deploy/); FAULTS_REPORT names a file the summary table is written to;
 // FAULTS_LOGS=1 prints the replicas' logs of a failed scenario.
 func TestFaults(t *testing.T) {
 	mode := os.Getenv("FAULTS")
@@ -44,7 +45,7 @@ func TestFaults(t *testing.T) {
 	setup := faults.Setup{
 		Binary:   binary(t),
 		CacheDir: testplugins.CacheDir(),
-		Deploy:   filepath.Join(testplugins.Root(), "deploy"),
+		Deploy:   cmpOr(os.Getenv("FAULTS_DEPLOY"), filepath.Join(testplugins.Root(), "deploy")),
 		Plugins: testplugins.Folder(t, map[string]string{
 			"notes.wasm":     testplugins.Example(t, "notes"),
 			"slownotes.wasm": testplugins.Test(t, "slownotes"),
@@ -92,6 +93,13 @@ func TestFaults(t *testing.T) {
 			t.Error(err)
 		}
 	}
+}
+
+func cmpOr(a, b string) string {
+	if a != "" {
+		return a
+	}
+	return b
 }
 
 // binary returns FAULTS_BIN, or a wasmtools built from this tree.
