@@ -21,8 +21,9 @@ const (
 	// Twice: a note present twice in a read, or an add's count that
 	// jumped past the notes the client had: applied twice.
 	Twice = "applied-twice"
-	// Phantom: a read holds a note the client never wrote, or wrote and
-	// later saw gone (a rollback undone), or a note out of order.
+	// Phantom: a read holds notes the client was never told were saved,
+	// or saw gone before (a rollback undone), or out of order (one
+	// violation per read).
 	Phantom = "phantom"
 	// Unrecovered: a failed call whose retries never succeeded.
 	Unrecovered = "unrecovered"
@@ -174,6 +175,7 @@ func Check(history []Op) ([]Violation, Stats) {
 			}
 			seen := map[int]bool{}
 			last := 0
+			var phantoms []string
 			for _, n := range notes {
 				switch {
 				case seen[n]:
@@ -182,14 +184,17 @@ func Check(history []Op) ([]Violation, Stats) {
 					}
 					twice[n] = true
 				case n <= last:
-					flag(Phantom, op, "note n%d after n%d: out of order: %s", n, last, oneLine(op.Text))
+					phantoms = append(phantoms, fmt.Sprintf("n%d (after n%d: out of order)", n, last))
 				case byNote[n] == (entry{}) && synced:
-					flag(Phantom, op, "note n%d, which the client was not told was saved (or saw gone): %s", n, oneLine(op.Text))
+					phantoms = append(phantoms, fmt.Sprintf("n%d", n))
 				case byNote[n] == (entry{}) && n >= sinceAt && op.Reset == "":
-					flag(Phantom, op, "note n%d after a stateReset, which the client was not told was saved: %s", n, oneLine(op.Text))
+					phantoms = append(phantoms, fmt.Sprintf("n%d (after a stateReset)", n))
 				}
 				seen[n] = true
 				last = max(last, n)
+			}
+			if len(phantoms) > 0 {
+				flag(Phantom, op, "%d notes the client was not told were saved, or saw gone: %s; read %s", len(phantoms), strings.Join(phantoms, ", "), oneLine(op.Text))
 			}
 			var lost []string
 			for _, e := range known {
