@@ -57,6 +57,7 @@ type Stats struct {
 	Ops       int            // operations (adds and lists) completed or given up
 	Attempts  int            // attempts
 	Failed    int            // failed attempts
+	FailedBy  map[string]int // failed attempts by what the client was told (see [FailureKind])
 	Recovered int            // operations that failed at first and then succeeded
 	Notices   map[string]int // "stateReset:R" and "notSaved:R" marks seen
 }
@@ -79,7 +80,7 @@ var listLine = regexp.MustCompile(`^(\d+)\. c(\d+)-n(\d+)$`)
 // stateReset mark (on an add or a read) forgives what came before it: the
 // next read is the new baseline.
 func Check(history []Op) ([]Violation, Stats) {
-	st := Stats{Notices: map[string]int{}}
+	st := Stats{Notices: map[string]int{}, FailedBy: map[string]int{}}
 	var out []Violation
 	var (
 		known    []entry
@@ -104,6 +105,7 @@ func Check(history []Op) ([]Violation, Stats) {
 		st.Attempts++
 		if !op.OK() {
 			st.Failed++
+			st.FailedBy[FailureKind(op.Err)]++
 			failures++
 			if op.Final {
 				st.Ops++
@@ -218,6 +220,24 @@ func Check(history []Op) ([]Violation, Stats) {
 		}
 	}
 	return out, st
+}
+
+// FailureKind classifies what a client was told of a failed attempt:
+// "rpc" (a JSON-RPC error, such as -32053), "result" (an error result),
+// "timeout" (the client gave up on the attempt), "connect" (no session
+// could be opened), or "transport" (an HTTP error or a broken connection).
+func FailureKind(err string) string {
+	switch {
+	case strings.HasPrefix(err, "JSON-RPC error"):
+		return "rpc"
+	case strings.HasPrefix(err, "error result"):
+		return "result"
+	case strings.HasPrefix(err, "timeout"):
+		return "timeout"
+	case strings.HasPrefix(err, "connect") || strings.HasPrefix(err, "tools/list"):
+		return "connect"
+	}
+	return "transport"
 }
 
 // parseList reads a list's text ("no notes", or "1. cC-nN" lines): the

@@ -122,7 +122,8 @@ func TestCheck(t *testing.T) {
 
 func TestCheckStats(t *testing.T) {
 	_, st := Check(h("add 1 fail", "add 1 fail", "add 1 ok note 1 saved |notsaved", "list 1", "add 2 ok note 1 saved |reset", "list 2"))
-	want := Stats{Ops: 4, Attempts: 6, Failed: 2, Recovered: 1, Notices: map[string]int{"notSaved:store-unavailable": 1, "stateReset:store-lost": 1}}
+	want := Stats{Ops: 4, Attempts: 6, Failed: 2, Recovered: 1, FailedBy: map[string]int{"rpc": 2},
+		Notices: map[string]int{"notSaved:store-unavailable": 1, "stateReset:store-lost": 1}}
 	if diff := cmp.Diff(want, st); diff != "" {
 		t.Errorf("stats (-want +got):\n%s", diff)
 	}

@@ -66,7 +66,11 @@ func TestFaults(t *testing.T) {
 			if soak > 0 && time.Since(begin) > soak {
 				break
 			}
-			t.Run(id, func(t *testing.T) {
+			name := id
+			if soak > 0 {
+				name = fmt.Sprintf("%s/pass%d", id, pass+1)
+			}
+			t.Run(name, func(t *testing.T) {
 				var out bytes.Buffer
 				res := faults.RunScenario(t, sc, faults.Options{
 					Setup: setup, PerEra: perEra, Tag: fmt.Sprintf("p%d", pass),

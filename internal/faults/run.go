@@ -171,7 +171,7 @@ func RunScenario(t testing.TB, sc Scenario, o Options) Result {
 	wg.Wait()
 	c.Logf("clients stopped")
 
-	res := Result{Scenario: sc.Name, Proxy: sc.Proxy, Clients: len(r.Clients), Stats: Stats{Notices: map[string]int{}}}
+	res := Result{Scenario: sc.Name, Proxy: sc.Proxy, Clients: len(r.Clients), Stats: Stats{Notices: map[string]int{}, FailedBy: map[string]int{}}}
 	res.Violations = append(res.Violations, r.violations...)
 	for _, cl := range r.Clients {
 		vs, st := Check(cl.History())
@@ -182,6 +182,9 @@ func RunScenario(t testing.TB, sc Scenario, o Options) Result {
 		res.Stats.Recovered += st.Recovered
 		for k, n := range st.Notices {
 			res.Stats.Notices[k] += n
+		}
+		for k, n := range st.FailedBy {
+			res.Stats.FailedBy[k] += n
 		}
 	}
 	res.Took = time.Since(start)
@@ -216,7 +219,11 @@ func Table(w io.Writer, results []Result) {
 		if notices == "" {
 			notices = "-"
 		}
-		fmt.Fprintf(w, "| %s | %s | %d | %d | %d | %d | %s |", r.Scenario, r.Proxy, r.Clients, r.Stats.Ops, r.Stats.Failed, r.Stats.Recovered, notices)
+		failed := fmt.Sprint(r.Stats.Failed)
+		if by := SortedNotices(r.Stats.FailedBy); by != "" {
+			failed += " (" + by + ")"
+		}
+		fmt.Fprintf(w, "| %s | %s | %d | %d | %s | %d | %s |", r.Scenario, r.Proxy, r.Clients, r.Stats.Ops, failed, r.Stats.Recovered, notices)
 		for _, k := range Kinds {
 			fmt.Fprintf(w, " %d |", counts[k])
 		}
