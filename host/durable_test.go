@@ -1,11 +1,17 @@
 package host_test
 
 import (
+	"context"
 	"strings"
+	"sync"
 	"testing"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/wasmtools/wasmtools/host"
 	"github.com/wasmtools/wasmtools/internal/statestore"
+	"github.com/wasmtools/wasmtools/internal/testplugins"
 	"github.com/wasmtools/wasmtools/sandbox"
 )
 
@@ -65,5 +71,41 @@ func TestNotSavedIsMarked(t *testing.T) {
 	m, ok := res.Meta[host.MetaNotSaved].(map[string]any)
 	if res.IsError || !ok || m["reason"] != "store-unavailable" {
 		t.Fatalf("a call with the store gone: meta %v, %s; want notSaved store-unavailable", res.Meta, text(res))
+	}
+}
+
+// A 2025-11-25 client whose replica died while a call's stream was open
+// resumes the stream (GET with Last-Event-ID) at another replica, which
+// has none of its events: the call fails, the session goes on. The old
+// code turned the resumption into a second standalone stream: 409, and
+// the go-sdk client closed the session.
+func TestResumedStreamAtAnotherReplicaKeepsSession(t *testing.T) {
+	store := statestore.NewMemory()
+	files := map[string]string{"confirm.wasm": testplugins.Example(t, "confirm")}
+	a := newReplicaOf(t, "a", store, sandbox.NewPolicy(), files)
+	b := newReplicaOf(t, "b", store, sandbox.NewPolicy(), files)
+	rt := &router{to: a}
+	var once sync.Once
+	answer := func(context.Context, *mcp.ElicitRequest) (*mcp.ElicitResult, error) {
+		once.Do(func() { rt.point(b); a.srv.CloseClientConnections(); go a.gone() }) // a dies while the person thinks
+		return &mcp.ElicitResult{Action: "accept", Content: map[string]any{"confirm": true}}, nil
+	}
+	cs := connectHTTPEra(t, a.srv.URL, "2025-11-25", &mcp.ClientOptions{ElicitationHandler: answer}, rt)
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("a's log:\n%s\nb's log:\n%s", a.log.String(), b.log.String())
+		}
+	})
+	h := handleOf(call(t, cs, "add", map[string]any{"item": "milk"}))
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	cs.CallTool(ctx, &mcp.CallToolParams{Name: "delete", Arguments: map[string]any{"item": "milk", host.SessionArgument: h}})
+	// Whatever the interrupted call says, the session goes on at b.
+	res, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: "list", Arguments: map[string]any{host.SessionArgument: h}})
+	if err != nil {
+		t.Fatalf("the session after its stream was resumed at b: %v", err)
+	}
+	if res.IsError {
+		t.Fatalf("list at b: %s", text(res))
 	}
 }

@@ -246,6 +246,9 @@ type Host struct {
 	// session ID of a takeover goes to it alone.
 	adoptMu sync.RWMutex
 	adoptID string // guarded by adoptMu
+	// asks are the questions asked of clients before 2026-07-28 and not
+	// answered yet: Close and Drain withdraw them (see withdrawAsks).
+	asks asking
 	boot    string // random at each start: names this process (replicas.go)
 }
 
@@ -552,6 +555,7 @@ func (h *Host) Close(ctx context.Context) error {
 	}
 	h.closed = true
 	h.mu.Unlock()
+	h.asks.withdraw()
 	h.stopBG()
 	h.tasks.closeAll()
 	err := h.ses.Close(ctx)

@@ -153,6 +153,9 @@ func (h *Host) Drain(ctx context.Context, opts DrainOptions) error {
 			}
 		}
 		h.drain.closing.Store(true)
+		// Questions waiting for a person end now, with a clear answer:
+		// their calls then finish and are saved like any other.
+		h.asks.withdraw()
 		if werr := h.ses.WaitIdle(ctx); werr != nil {
 			h.log.Warn("drain: calls still running", "error", werr)
 		}
@@ -235,9 +238,17 @@ func (h *Host) serveStateful(stateful http.Handler, events mcp.EventStore, w htt
 		r = r.WithContext(ctx)
 		if eid := r.Header.Get("Last-Event-ID"); eid != "" && !h.canReplay(ctx, events, id, eid) {
 			// Events of another replica (the session moved here) or
-			// purged: resumed from now on, rather than refused (which
-			// the client takes for a broken connection).
-			r.Header.Del("Last-Event-ID")
+			// purged: the stream cannot be resumed. An empty stream,
+			// ended at once, tells a go-sdk client that the call it
+			// waited for ended without a response (that one call fails,
+			// the session goes on; a standalone stream just reconnects).
+			// Neither a refusal (the client takes it for a broken
+			// connection) nor a second standalone stream (409 when the
+			// client has one, and the client closes the session).
+			w.Header().Set("Content-Type", "text/event-stream")
+			w.Header().Set("Cache-Control", "no-cache, no-store")
+			w.WriteHeader(http.StatusOK)
+			return
 		}
 	}
 	if h.dur == nil {
