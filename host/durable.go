@@ -23,6 +23,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -128,6 +129,9 @@ type claim struct {
 	// instance failed: its stored state is older than what the client
 	// was told.
 	unsaved map[string]string
+	// done are the results kept for at-most-once calls, by plugin name
+	// (see pluginRecord.Done).
+	done map[string][]once
 }
 
 func newDurable(h *Host) *durable {
@@ -146,7 +150,7 @@ func newDurable(h *Host) *durable {
 }
 
 func newClaim(id string) *claim {
-	return &claim{id: id, ready: make(chan struct{}), saved: map[string][sha256.Size]byte{}, unsaved: map[string]string{}}
+	return &claim{id: id, ready: make(chan struct{}), saved: map[string][sha256.Size]byte{}, unsaved: map[string]string{}, done: map[string][]once{}}
 }
 
 // Store bounds (see [Options.StoreTimeout]).
@@ -287,6 +291,69 @@ type pluginRecord struct {
 	// snapshotted): a replica that takes the session over tells the
 	// client its state was reset.
 	Lost string `json:"lost,omitempty"`
+	// Done are the results of the plugin's last calls that carried an
+	// at-most-once key, oldest first (at most maxOnce, maxOnceBytes).
+	Done []once `json:"done,omitempty"`
+}
+
+// once is a call's first result, under its at-most-once key.
+type once struct {
+	Key    string          `json:"key"`
+	Result json.RawMessage `json:"result"`
+}
+
+// Bounds of the results kept per plugin for at-most-once calls.
+const (
+	maxOnce      = 8
+	maxOnceBytes = 32 << 10
+)
+
+// remember adds first to the results kept for plugin, within the bounds
+// (a result over maxOnceBytes is kept as a refusal to run again). c.mu is
+// held.
+func (c *claim) remember(plugin string, first *once) {
+	if first == nil {
+		return
+	}
+	if len(first.Result) > maxOnceBytes {
+		b, _ := json.Marshal(errorResult("this call completed before, and its result was too large to keep: it was not run again"))
+		first = &once{Key: first.Key, Result: b}
+	}
+	list := append(c.done[plugin], *first)
+	size := 0
+	for i := len(list) - 1; i >= 0; i-- {
+		size += len(list[i].Result)
+		if size > maxOnceBytes || len(list)-i > maxOnce {
+			list = list[i+1:]
+			break
+		}
+	}
+	c.done[plugin] = slices.Clone(list)
+}
+
+// replay returns the first result of the call with at-most-once key k
+// in c's session, or nil.
+func (d *durable) replay(c *claim, k string) *mcp.CallToolResult {
+	if d == nil || c == nil || k == "" {
+		return nil
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, list := range c.done {
+		for _, o := range list {
+			if o.Key == k {
+				var res mcp.CallToolResult
+				if json.Unmarshal(o.Result, &res) != nil {
+					return nil
+				}
+				if res.Content == nil {
+					res.Content = []mcp.Content{}
+				}
+				return &res
+			}
+		}
+	}
+	return nil
 }
 
 // ensure claims key's session for this replica before a request runs on
@@ -476,6 +543,7 @@ func (d *durable) verify(ctx context.Context, key sessions.Key, c *claim) error 
 	}
 	clear(c.saved)
 	clear(c.unsaved)
+	clear(c.done)
 	c.fence = cl.Fence
 	if b, ok := rec["mcp"]; ok {
 		c.mcp = b
@@ -525,7 +593,7 @@ func (d *durable) recover(ctx context.Context, key sessions.Key, c *claim, fence
 		rctx, cancel := context.WithTimeout(context.Background(), 10*d.timeout())
 		defer cancel()
 		err := d.h.ses.Instances(rctx, key, func(name string, inst *plugins.Instance, f uint64) error {
-			_, err := d.checkpoint(rctx, c, inst.Plugin(), inst, f)
+			_, err := d.checkpoint(rctx, c, inst.Plugin(), inst, f, nil)
 			return err
 		})
 		if err != nil {
@@ -556,6 +624,7 @@ func (d *durable) seed(key sessions.Key, c *claim, rec map[string][]byte, fence 
 			continue
 		}
 		c.saved[field] = sha256.Sum256(v)
+		c.done[name] = pr.Done
 		if pr.Lost != "" {
 			seeds[name] = sessions.Seed{Lost: pr.Lost}
 			continue
@@ -627,7 +696,7 @@ const (
 // record is written back first (recover). An instance the host cannot
 // snapshot is recorded as such once, so that a replica taking the
 // session over says its state was lost.
-func (d *durable) checkpoint(ctx context.Context, c *claim, p *plugins.Plugin, inst *plugins.Instance, fence uint64) (string, error) {
+func (d *durable) checkpoint(ctx context.Context, c *claim, p *plugins.Plugin, inst *plugins.Instance, fence uint64, first *once) (string, error) {
 	ctx, cancel := context.WithTimeout(ctx, d.timeout())
 	defer cancel()
 	st, err := inst.SaveState(ctx)
@@ -642,15 +711,17 @@ func (d *durable) checkpoint(ctx context.Context, c *claim, p *plugins.Plugin, i
 	} else {
 		pr = pluginRecord{Host: st.Host, SHA256: st.SHA256, Data: st.Data}
 	}
-	b, err := json.Marshal(pr)
-	if err != nil {
-		return notSavedUnavailable, err
-	}
 	field := "p/" + p.Name()
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if fence != c.seeded {
 		return notSavedMoved, errMoved
+	}
+	c.remember(p.Name(), first)
+	pr.Done = c.done[p.Name()]
+	b, err := json.Marshal(pr)
+	if err != nil {
+		return notSavedUnavailable, err
 	}
 	start := time.Now()
 	err = d.putLocked(ctx, c, field, b)
@@ -699,13 +770,13 @@ func (d *durable) relost(ctx context.Context, c *claim) error {
 // session over while the call ran: the claim is forgotten here (its next
 // request claims it again, from the store), and the call fails (its
 // effect is not in the store).
-func (d *durable) afterCall(ctx context.Context, key sessions.Key, c *claim, l *sessions.Lease) (string, error) {
+func (d *durable) afterCall(ctx context.Context, key sessions.Key, c *claim, l *sessions.Lease, first *once) (string, error) {
 	if c == nil || d.policy != CheckpointAfterCall || l.Plugin().Stateless() || l.Instance().Err() != nil {
 		return "", nil
 	}
 	// Saved even if the client is gone: the call's effect is in the
 	// instance, and the store must not fall behind it.
-	notSaved, err := d.checkpoint(context.WithoutCancel(ctx), c, l.Plugin(), l.Instance(), l.Fence())
+	notSaved, err := d.checkpoint(context.WithoutCancel(ctx), c, l.Plugin(), l.Instance(), l.Fence(), first)
 	if errors.Is(err, errMoved) {
 		d.forget(key)
 		d.log.Warn("session taken over by another replica during a call", "session", key.String())
@@ -862,7 +933,7 @@ func (d *durable) drain(ctx context.Context) error {
 		}
 		err := d.h.ses.Instances(ctx, key, func(name string, inst *plugins.Instance, fence uint64) error {
 			saved++
-			_, err := d.checkpoint(ctx, c, inst.Plugin(), inst, fence)
+			_, err := d.checkpoint(ctx, c, inst.Plugin(), inst, fence, nil)
 			return err
 		})
 		if err != nil {

@@ -2,6 +2,7 @@ package host_test
 
 import (
 	"context"
+	"net/http"
 	"strings"
 	"sync"
 	"testing"
@@ -107,5 +108,53 @@ func TestResumedStreamAtAnotherReplicaKeepsSession(t *testing.T) {
 	}
 	if res.IsError {
 		t.Fatalf("list at b: %s", text(res))
+	}
+}
+
+// At most once: a proxy's resend of a tools/call POST that completed
+// (the replica died between its checkpoint and its answer) reaches
+// another replica, which answers with the first result instead of
+// running the call again; so does a client's retry with the same
+// idempotency key. The old code applied the call twice.
+func TestCallAppliedAtMostOnce(t *testing.T) {
+	store := statestore.NewMemory()
+	a := newReplica(t, "a", store, sandbox.NewPolicy())
+	b := newReplica(t, "b", store, sandbox.NewPolicy())
+	rt := &router{to: a}
+	cs := connectHTTP(t, a.srv.URL, "2025-11-25", rt)
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("a's log:\n%s\nb's log:\n%s", a.log.String(), b.log.String())
+		}
+	})
+	body := `{"jsonrpc":"2.0","id":1000,"method":"tools/call","params":{"name":"note_add","arguments":{"text":"once"}}}`
+	status, first := postSession(t, a.srv.URL, cs.ID(), body)
+	if status != http.StatusOK || !strings.Contains(first, "note 1 saved") {
+		t.Fatalf("first POST: %d %s", status, first)
+	}
+	a.gone()
+	rt.point(b)
+	status, again := postSession(t, b.srv.URL, cs.ID(), body)
+	if status != http.StatusOK || !strings.Contains(again, "note 1 saved") {
+		t.Fatalf("the resent POST at b: %d %s; want the first result, note 1 saved", status, again)
+	}
+	if n := strings.Count(text(notes(t, cs, nil)), "once"); n != 1 {
+		t.Fatalf("the resent call was applied %d times", n)
+	}
+	// A client's retry with an idempotency key.
+	retry := func() *mcp.CallToolResult {
+		res, err := cs.CallTool(context.Background(), &mcp.CallToolParams{Name: "note_add",
+			Arguments: map[string]any{"text": "keyed"}, Meta: mcp.Meta{host.MetaIdempotencyKey: "k-1"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return res
+	}
+	r1, r2 := retry(), retry()
+	if text(r1) != text(r2) || !strings.Contains(text(r1), "note 2 saved") {
+		t.Fatalf("keyed call and its retry: %q, %q", text(r1), text(r2))
+	}
+	if n := strings.Count(text(notes(t, cs, nil)), "keyed"); n != 1 {
+		t.Fatalf("the keyed call was applied %d times", n)
 	}
 }

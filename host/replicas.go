@@ -9,6 +9,8 @@ import (
 	"context"
 	"crypto/hmac"
 	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -272,6 +274,11 @@ func (h *Host) serveStateful(stateful http.Handler, events mcp.EventStore, w htt
 		body = b
 		r.Body = io.NopCloser(bytes.NewReader(body))
 	}
+	r.Header.Del(resendHeader) // the host's own, never a client's
+	if r.Method == http.MethodPost && isToolCall(body) {
+		sum := sha256.Sum256(body)
+		r.Header.Set(resendHeader, hex.EncodeToString(sum[:16]))
+	}
 	nf := &notFound{ResponseWriter: w}
 	stateful.ServeHTTP(nf, r)
 	if !nf.missing {
@@ -470,4 +477,16 @@ func userOf(r *http.Request) string {
 		return ti.UserID
 	}
 	return ""
+}
+
+// isToolCall reports whether body is one JSON-RPC tools/call request.
+func isToolCall(body []byte) bool {
+	if !bytes.Contains(body, []byte(`tools/call`)) {
+		return false // cheap: most POSTs are not
+	}
+	var m struct {
+		Method string          `json:"method"`
+		ID     json.RawMessage `json:"id"`
+	}
+	return json.Unmarshal(body, &m) == nil && m.Method == "tools/call" && len(m.ID) > 0
 }
