@@ -69,6 +69,10 @@ type durable struct {
 	log    *slog.Logger
 
 	downUntil atomic.Int64 // the breaker: Unix ns until which the store is not asked
+	// keyChecked: the store's key check passed; keyBad: it failed (why),
+	// and the replica is not ready.
+	keyChecked atomic.Bool
+	keyBad     atomic.Pointer[string]
 
 	mu     sync.Mutex
 	claims map[sessions.Key]*claim
@@ -216,6 +220,9 @@ func (d *durable) heartbeat(ctx context.Context) {
 		if err := d.store.Heartbeat(hctx, d.owner, heartbeatTTL); err != nil && ctx.Err() == nil {
 			d.log.Warn("state store heartbeat", "error", err)
 		}
+		if !d.keyChecked.Load() && d.keyBad.Load() == nil {
+			d.checkKey(hctx)
+		}
 		cancel()
 		d.sweep()
 		select {
@@ -223,6 +230,25 @@ func (d *durable) heartbeat(ctx context.Context) {
 			return
 		case <-t.C:
 		}
+	}
+}
+
+// checkKey checks that this replica's state key opens what the store
+// holds (see statestore.CheckKey). A mismatch makes the replica not ready
+// for good, saying why in /readyz and the log; a store that cannot tell
+// now is asked again at the next heartbeat.
+func (d *durable) checkKey(ctx context.Context) {
+	err := statestore.CheckKey(ctx, d.store)
+	switch {
+	case err == nil:
+		d.keyChecked.Store(true)
+		d.log.Info("state key checked: the store's values open with it")
+	case errors.Is(err, statestore.ErrKeyMismatch):
+		why := "the state store's values are sealed with another WASMTOOLS_STATE_KEY than this replica's: every replica sharing a store must share its state key"
+		d.keyBad.Store(&why)
+		d.log.Error("state key mismatch: this replica is not ready", "why", why)
+	default:
+		d.log.Warn("state store: key check", "error", err)
 	}
 }
 

@@ -2,6 +2,7 @@ package host_test
 
 import (
 	"context"
+	"io"
 	"net/http"
 	"strings"
 	"sync"
@@ -156,5 +157,32 @@ func TestCallAppliedAtMostOnce(t *testing.T) {
 	}
 	if n := strings.Count(text(notes(t, cs, nil)), "keyed"); n != 1 {
 		t.Fatalf("the keyed call was applied %d times", n)
+	}
+}
+
+// A replica started with another WASMTOOLS_STATE_KEY than the store's is
+// detected at start: it is not ready, and says why in /readyz and its
+// log. The old code was ready, and lost every session that moved across
+// it.
+func TestStateKeyMismatchIsNotReady(t *testing.T) {
+	store := statestore.NewMemory()
+	a := newReplica(t, "a", statestore.Seal(store, []byte("the replicas' state key")), sandbox.NewPolicy())
+	a.waitLog(t, "state key checked", 1)
+	b := newReplica(t, "b", statestore.Seal(store, []byte("another state key")), sandbox.NewPolicy())
+	b.waitLog(t, "state key mismatch", 1)
+	for _, r := range []*replica{a, b} {
+		res, err := http.Get(r.srv.URL + "/readyz")
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(res.Body)
+		res.Body.Close()
+		want := http.StatusOK
+		if r == b {
+			want = http.StatusServiceUnavailable
+		}
+		if res.StatusCode != want || (r == b && !strings.Contains(string(body), "state key mismatch")) {
+			t.Errorf("%s /readyz: %d %q", r.srv.URL, res.StatusCode, body)
+		}
 	}
 }

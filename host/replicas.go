@@ -91,7 +91,7 @@ type drainState struct {
 // Ready reports whether the host takes new sessions: not before the
 // plugins' first load ([Options.Loaded]), nor once it drains.
 func (h *Host) Ready() bool {
-	if h.drain.draining.Load() {
+	if h.drain.draining.Load() || h.keyMismatch() != "" {
 		return false
 	}
 	if h.opts.Loaded != nil {
@@ -113,7 +113,9 @@ func (h *Host) ReadyHandler() http.Handler {
 		w.Header().Set("Cache-Control", "no-store")
 		if !h.Ready() {
 			w.WriteHeader(http.StatusServiceUnavailable)
-			if h.drain.draining.Load() {
+			if why := h.keyMismatch(); why != "" {
+				io.WriteString(w, "state key mismatch: "+why+"\n")
+			} else if h.drain.draining.Load() {
 				io.WriteString(w, "draining\n")
 			} else {
 				io.WriteString(w, "loading\n")
@@ -124,6 +126,18 @@ func (h *Host) ReadyHandler() http.Handler {
 		// which replica answered.
 		io.WriteString(w, strings.TrimSpace("ready "+h.opts.Replica)+"\n")
 	})
+}
+
+// keyMismatch says why the state store's values do not open with this
+// replica's state key, or "" (no store, or they do, or not known yet).
+func (h *Host) keyMismatch() string {
+	if h.dur == nil {
+		return ""
+	}
+	if why := h.dur.keyBad.Load(); why != nil {
+		return *why
+	}
+	return ""
 }
 
 // DrainOptions configures [Host.Drain].
