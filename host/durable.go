@@ -73,6 +73,7 @@ type durable struct {
 	// and the replica is not ready.
 	keyChecked atomic.Bool
 	keyBad     atomic.Pointer[string]
+	renewing   atomic.Bool // a renewAll round runs
 
 	mu     sync.Mutex
 	claims map[sessions.Key]*claim
@@ -136,6 +137,8 @@ type claim struct {
 	// done are the results kept for at-most-once calls, by plugin name
 	// (see pluginRecord.Done).
 	done map[string][]once
+	// renewed is when the record's TTL was last renewed by this replica.
+	renewed time.Time
 }
 
 func newDurable(h *Host) *durable {
@@ -259,17 +262,79 @@ func (d *durable) sweep() {
 	for _, k := range d.h.ses.Keys() {
 		live[k] = true
 	}
+	var stale []*claimOf
 	d.mu.Lock()
-	defer d.mu.Unlock()
 	for k, c := range d.claims {
 		select {
 		case <-c.ready:
 			if !live[k] {
 				delete(d.claims, k)
+			} else if c.err == nil {
+				stale = append(stale, &claimOf{k, c})
 			}
 		default:
 		}
 	}
+	d.mu.Unlock()
+	// Live sessions keep their records, whatever keeps them alive (pings,
+	// a person answering, a task): renewed every third of their TTL. A
+	// session whose last checkpoint failed is saved again. Off the
+	// heartbeat's goroutine (it may wait for a busy instance), one round
+	// at a time.
+	if len(stale) == 0 || !d.renewing.CompareAndSwap(false, true) {
+		return
+	}
+	d.h.wg.Add(1)
+	go func() {
+		defer d.h.wg.Done()
+		defer d.renewing.Store(false)
+		d.renewAll(stale)
+	}()
+}
+
+// renewAll renews the records of live sessions whose TTL is a third
+// gone, and saves again what failed to save.
+func (d *durable) renewAll(stale []*claimOf) {
+	now := time.Now()
+	for _, kc := range stale {
+		c := kc.c
+		c.mu.Lock()
+		due := now.Sub(c.renewed) > d.ttl()/3
+		unsaved := len(c.unsaved) > 0
+		c.mu.Unlock()
+		if due {
+			d.renew(c)
+		}
+		if unsaved && !d.open() {
+			d.resave(kc.key, c)
+		}
+	}
+}
+
+// claimOf is a claim and its key.
+type claimOf struct {
+	key sessions.Key
+	c   *claim
+}
+
+// resave writes again the states of key's instances whose last
+// checkpoint failed.
+func (d *durable) resave(key sessions.Key, c *claim) {
+	ctx, cancel := context.WithTimeout(context.Background(), 4*d.timeout())
+	defer cancel()
+	d.h.ses.Instances(ctx, key, func(name string, inst *plugins.Instance, fence uint64) error {
+		c.mu.Lock()
+		why := c.unsaved[name]
+		c.mu.Unlock()
+		if why == "" || why == notSavedTooLarge || why == notSavedUnsnapshot {
+			return nil
+		}
+		if _, err := d.checkpoint(ctx, c, inst.Plugin(), inst, fence, nil); err != nil {
+			return err
+		}
+		d.log.Info("state saved again after a failed checkpoint", "session", key.String(), "plugin", name)
+		return nil
+	})
 }
 
 // storeID is key's ID in the store, "" for a key that cannot outlive its
@@ -558,6 +623,7 @@ func (d *durable) verify(ctx context.Context, key sessions.Key, c *claim) error 
 		return unavailable(err)
 	}
 	if cl.Fence == c.fence {
+		c.renewed = time.Now() // a claim renews the record
 		return nil
 	}
 	rec, err := d.store.Get(ctx, c.id)
@@ -704,6 +770,7 @@ func (d *durable) putLocked(ctx context.Context, c *claim, field string, v []byt
 		return d.observe(err)
 	}
 	c.saved[field] = sum
+	c.renewed = time.Now()
 	return nil
 }
 
@@ -850,7 +917,9 @@ func (d *durable) renew(c *claim) {
 	if _, err := d.store.Renew(ctx, c.id, c.fence, d.ttl(), false); err != nil {
 		d.observe(err)
 		d.log.Debug("state store: renew", "session", c.id, "error", err)
+		return
 	}
+	c.renewed = time.Now()
 }
 
 // saved returns the state of key's instance of p as the store keeps it,

@@ -4,6 +4,7 @@ import (
 	"context"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"sync"
 	"testing"
@@ -184,5 +185,37 @@ func TestStateKeyMismatchIsNotReady(t *testing.T) {
 		if res.StatusCode != want || (r == b && !strings.Contains(string(body), "state key mismatch")) {
 			t.Errorf("%s /readyz: %d %q", r.srv.URL, res.StatusCode, body)
 		}
+	}
+}
+
+// Finding 6: a session kept alive without calls (pings here; a person
+// answering late, a task) keeps its record in the store past the TTL its
+// last call set, and its instance. The old code renewed the record only
+// on calls: it expired under the live session, and the next call
+// started the notepad empty.
+func TestLiveSessionKeepsItsRecord(t *testing.T) {
+	store := statestore.NewMemory()
+	f := newFixture(t, &host.Options{Replica: "a", Store: store, StateKey: replicaKey, SessionTimeout: 6 * time.Second},
+		sandbox.NewPolicy(), map[string]string{"notes.wasm": testplugins.Example(t, "notes")})
+	mux := http.NewServeMux()
+	mux.Handle("/mcp", f.h.HTTPHandler())
+	srv := httptest.NewServer(mux)
+	t.Cleanup(srv.Close)
+	cs := connectHTTP(t, srv.URL, "2025-11-25", nil)
+	call(t, cs, "note_add", map[string]any{"text": "kept"})
+	// Twice the TTL with pings only. Time passing is what is tested
+	// (expiry has no event to wait on), as in statestore's afterTTL.
+	end := time.Now().Add(13 * time.Second)
+	for time.Now().Before(end) {
+		if err := cs.Ping(context.Background(), nil); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(time.Second)
+	}
+	if _, err := store.Get(context.Background(), "s."+cs.ID()); err != nil {
+		t.Fatalf("the live session's record: %v", err)
+	}
+	if got := text(notes(t, cs, nil)); !strings.Contains(got, "kept") {
+		t.Fatalf("notes after the TTL, kept alive by pings: %q", got)
 	}
 }
