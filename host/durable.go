@@ -930,35 +930,45 @@ func (d *durable) renew(c *claim) {
 // last checkpoint failed: the store's state is older than what the client
 // was told, and the client's next result says its state was reset rather
 // than rolling it back silently.
-func (d *durable) saved(ctx context.Context, key sessions.Key, p *plugins.Plugin) *plugins.State {
+func (d *durable) saved(ctx context.Context, key sessions.Key, p *plugins.Plugin) (*plugins.State, string) {
 	if d == nil || d.policy != CheckpointAfterCall {
-		return nil
+		return nil, ""
 	}
 	d.mu.Lock()
 	c := d.claims[key]
 	d.mu.Unlock()
 	if c == nil {
-		return nil
+		return nil, ""
 	}
 	c.mu.Lock()
 	unsaved := c.unsaved[p.Name()] != ""
+	delete(c.unsaved, p.Name()) // said once, by this reset
 	c.mu.Unlock()
-	if unsaved || d.open() {
-		return nil
+	if unsaved {
+		return nil, ReasonNotSaved
+	}
+	if d.open() {
+		return nil, ""
 	}
 	ctx, cancel := context.WithTimeout(ctx, d.timeout())
 	defer cancel()
 	rec, err := d.store.Get(ctx, c.id)
 	if err != nil {
 		d.observe(err)
-		return nil
+		return nil, ""
 	}
 	var pr pluginRecord
 	if json.Unmarshal(rec["p/"+p.Name()], &pr) != nil || pr.Lost != "" || pr.SHA256 != p.SHA256() {
-		return nil
+		return nil, ""
 	}
-	return &plugins.State{Host: pr.Host, SHA256: pr.SHA256, Data: pr.Data}
+	return &plugins.State{Host: pr.Host, SHA256: pr.SHA256, Data: pr.Data}, ""
 }
+
+// ReasonNotSaved is the stateReset reason of a plugin's state that an
+// earlier result marked not saved ([MetaNotSaved]) and that was then lost
+// (its instance evicted): the client goes on from a fresh instance, told
+// so, rather than from the older stored state.
+const ReasonNotSaved = "not-saved"
 
 // forget drops this replica's claim on key, without touching the store.
 func (d *durable) forget(key sessions.Key) {

@@ -2,11 +2,13 @@ package host_test
 
 import (
 	"context"
+	"errors"
 	"io"
 	"net/http"
 	"net/http/httptest"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -217,5 +219,46 @@ func TestLiveSessionKeepsItsRecord(t *testing.T) {
 	}
 	if got := text(notes(t, cs, nil)); !strings.Contains(got, "kept") {
 		t.Fatalf("notes after the TTL, kept alive by pings: %q", got)
+	}
+}
+
+// failingStore is a store whose writes fail while failing is set, as a
+// store that stopped answering does.
+type failingStore struct {
+	statestore.Store
+	failing atomic.Bool
+}
+
+func (s *failingStore) Put(ctx context.Context, id, field string, value []byte, fence uint64, ttl time.Duration) error {
+	if s.failing.Load() {
+		return errors.New("store not answering (test)")
+	}
+	return s.Store.Put(ctx, id, field, value, fence, ttl)
+}
+
+// Finding 10: a call whose checkpoint failed, then the loss of its
+// instance (evicted for room): the client's next result must not roll
+// back silently to the older stored state. The old code restored the
+// older checkpoint and said nothing.
+func TestNoSilentRollbackAfterFailedCheckpoint(t *testing.T) {
+	store := &failingStore{Store: statestore.NewMemory()}
+	f := newFixture(t, &host.Options{Store: store, StateKey: replicaKey, MaxInstances: 1}, sandbox.NewPolicy(),
+		map[string]string{"notes.wasm": testplugins.Example(t, "notes")})
+	url := serveHTTP(t, f)
+	a := connectHTTP(t, url, "2025-11-25", nil)
+	b := connectHTTP(t, url, "2025-11-25", nil)
+	call(t, a, "note_add", map[string]any{"text": "one"})
+	store.failing.Store(true)
+	res := call(t, a, "note_add", map[string]any{"text": "two"})
+	if res.Meta[host.MetaNotSaved] == nil {
+		t.Fatalf("a call whose checkpoint failed: %v %s", res.Meta, text(res))
+	}
+	store.failing.Store(false)
+	call(t, b, "note_add", map[string]any{"text": "b's"}) // evicts a's instance
+	f.waitLog(t, "instance evicted", 1)
+	res = notes(t, a, nil)
+	reset, _ := res.Meta[host.MetaStateReset].(map[string]any)
+	if !strings.Contains(text(res), "two") && (reset == nil || reset["reason"] != host.ReasonNotSaved) {
+		t.Fatalf("a after its unsaved instance was evicted: %v %q; want note two, or stateReset not-saved", res.Meta, text(res))
 	}
 }

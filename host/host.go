@@ -290,7 +290,7 @@ func New(src *plugins.Reloader, opts *Options) *Host {
 		IdleTimeout: idle,
 		MaxParked:   h.opts.MaxParked, MaxParkedPerClient: h.opts.MaxParkedPerClient,
 		MaxHandles: h.opts.MaxHandles,
-		Saved: func(ctx context.Context, key sessions.Key, p *plugins.Plugin) *plugins.State {
+		Saved: func(ctx context.Context, key sessions.Key, p *plugins.Plugin) (*plugins.State, string) {
 			return h.dur.saved(ctx, key, p)
 		},
 	})
