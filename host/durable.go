@@ -23,6 +23,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -68,6 +69,11 @@ type durable struct {
 	log    *slog.Logger
 
 	downUntil atomic.Int64 // the breaker: Unix ns until which the store is not asked
+	// keyChecked: the store's key check passed; keyBad: it failed (why),
+	// and the replica is not ready.
+	keyChecked atomic.Bool
+	keyBad     atomic.Pointer[string]
+	renewing   atomic.Bool // a renewAll round runs
 
 	mu     sync.Mutex
 	claims map[sessions.Key]*claim
@@ -128,6 +134,11 @@ type claim struct {
 	// instance failed: its stored state is older than what the client
 	// was told.
 	unsaved map[string]string
+	// done are the results kept for at-most-once calls, by plugin name
+	// (see pluginRecord.Done).
+	done map[string][]once
+	// renewed is when the record's TTL was last renewed by this replica.
+	renewed time.Time
 }
 
 func newDurable(h *Host) *durable {
@@ -146,7 +157,7 @@ func newDurable(h *Host) *durable {
 }
 
 func newClaim(id string) *claim {
-	return &claim{id: id, ready: make(chan struct{}), saved: map[string][sha256.Size]byte{}, unsaved: map[string]string{}}
+	return &claim{id: id, ready: make(chan struct{}), saved: map[string][sha256.Size]byte{}, unsaved: map[string]string{}, done: map[string][]once{}}
 }
 
 // Store bounds (see [Options.StoreTimeout]).
@@ -212,6 +223,9 @@ func (d *durable) heartbeat(ctx context.Context) {
 		if err := d.store.Heartbeat(hctx, d.owner, heartbeatTTL); err != nil && ctx.Err() == nil {
 			d.log.Warn("state store heartbeat", "error", err)
 		}
+		if !d.keyChecked.Load() && d.keyBad.Load() == nil {
+			d.checkKey(hctx)
+		}
 		cancel()
 		d.sweep()
 		select {
@@ -222,6 +236,25 @@ func (d *durable) heartbeat(ctx context.Context) {
 	}
 }
 
+// checkKey checks that this replica's state key opens what the store
+// holds (see statestore.CheckKey). A mismatch makes the replica not ready
+// for good, saying why in /readyz and the log; a store that cannot tell
+// now is asked again at the next heartbeat.
+func (d *durable) checkKey(ctx context.Context) {
+	err := statestore.CheckKey(ctx, d.store)
+	switch {
+	case err == nil:
+		d.keyChecked.Store(true)
+		d.log.Info("state key checked: the store's values open with it")
+	case errors.Is(err, statestore.ErrKeyMismatch):
+		why := "the state store's values are sealed with another WASMTOOLS_STATE_KEY than this replica's: every replica sharing a store must share its state key"
+		d.keyBad.Store(&why)
+		d.log.Error("state key mismatch: this replica is not ready", "why", why)
+	default:
+		d.log.Warn("state store: key check", "error", err)
+	}
+}
+
 // sweep forgets the claims of clients that ended in the session layer
 // (handles ended idle or evicted: their records expire in the store).
 func (d *durable) sweep() {
@@ -229,17 +262,79 @@ func (d *durable) sweep() {
 	for _, k := range d.h.ses.Keys() {
 		live[k] = true
 	}
+	var stale []*claimOf
 	d.mu.Lock()
-	defer d.mu.Unlock()
 	for k, c := range d.claims {
 		select {
 		case <-c.ready:
 			if !live[k] {
 				delete(d.claims, k)
+			} else if c.err == nil {
+				stale = append(stale, &claimOf{k, c})
 			}
 		default:
 		}
 	}
+	d.mu.Unlock()
+	// Live sessions keep their records, whatever keeps them alive (pings,
+	// a person answering, a task): renewed every third of their TTL. A
+	// session whose last checkpoint failed is saved again. Off the
+	// heartbeat's goroutine (it may wait for a busy instance), one round
+	// at a time.
+	if len(stale) == 0 || !d.renewing.CompareAndSwap(false, true) {
+		return
+	}
+	d.h.wg.Add(1)
+	go func() {
+		defer d.h.wg.Done()
+		defer d.renewing.Store(false)
+		d.renewAll(stale)
+	}()
+}
+
+// renewAll renews the records of live sessions whose TTL is a third
+// gone, and saves again what failed to save.
+func (d *durable) renewAll(stale []*claimOf) {
+	now := time.Now()
+	for _, kc := range stale {
+		c := kc.c
+		c.mu.Lock()
+		due := now.Sub(c.renewed) > d.ttl()/3
+		unsaved := len(c.unsaved) > 0
+		c.mu.Unlock()
+		if due {
+			d.renew(c)
+		}
+		if unsaved && !d.open() {
+			d.resave(kc.key, c)
+		}
+	}
+}
+
+// claimOf is a claim and its key.
+type claimOf struct {
+	key sessions.Key
+	c   *claim
+}
+
+// resave writes again the states of key's instances whose last
+// checkpoint failed.
+func (d *durable) resave(key sessions.Key, c *claim) {
+	ctx, cancel := context.WithTimeout(context.Background(), 4*d.timeout())
+	defer cancel()
+	d.h.ses.Instances(ctx, key, func(name string, inst *plugins.Instance, fence uint64) error {
+		c.mu.Lock()
+		why := c.unsaved[name]
+		c.mu.Unlock()
+		if why == "" || why == notSavedTooLarge || why == notSavedUnsnapshot {
+			return nil
+		}
+		if _, err := d.checkpoint(ctx, c, inst.Plugin(), inst, fence, nil); err != nil {
+			return err
+		}
+		d.log.Info("state saved again after a failed checkpoint", "session", key.String(), "plugin", name)
+		return nil
+	})
 }
 
 // storeID is key's ID in the store, "" for a key that cannot outlive its
@@ -287,6 +382,69 @@ type pluginRecord struct {
 	// snapshotted): a replica that takes the session over tells the
 	// client its state was reset.
 	Lost string `json:"lost,omitempty"`
+	// Done are the results of the plugin's last calls that carried an
+	// at-most-once key, oldest first (at most maxOnce, maxOnceBytes).
+	Done []once `json:"done,omitempty"`
+}
+
+// once is a call's first result, under its at-most-once key.
+type once struct {
+	Key    string          `json:"key"`
+	Result json.RawMessage `json:"result"`
+}
+
+// Bounds of the results kept per plugin for at-most-once calls.
+const (
+	maxOnce      = 8
+	maxOnceBytes = 32 << 10
+)
+
+// remember adds first to the results kept for plugin, within the bounds
+// (a result over maxOnceBytes is kept as a refusal to run again). c.mu is
+// held.
+func (c *claim) remember(plugin string, first *once) {
+	if first == nil {
+		return
+	}
+	if len(first.Result) > maxOnceBytes {
+		b, _ := json.Marshal(errorResult("this call completed before, and its result was too large to keep: it was not run again"))
+		first = &once{Key: first.Key, Result: b}
+	}
+	list := append(c.done[plugin], *first)
+	size := 0
+	for i := len(list) - 1; i >= 0; i-- {
+		size += len(list[i].Result)
+		if size > maxOnceBytes || len(list)-i > maxOnce {
+			list = list[i+1:]
+			break
+		}
+	}
+	c.done[plugin] = slices.Clone(list)
+}
+
+// replay returns the first result of the call with at-most-once key k
+// in c's session, or nil.
+func (d *durable) replay(c *claim, k string) *mcp.CallToolResult {
+	if d == nil || c == nil || k == "" {
+		return nil
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, list := range c.done {
+		for _, o := range list {
+			if o.Key == k {
+				var res mcp.CallToolResult
+				if json.Unmarshal(o.Result, &res) != nil {
+					return nil
+				}
+				if res.Content == nil {
+					res.Content = []mcp.Content{}
+				}
+				return &res
+			}
+		}
+	}
+	return nil
 }
 
 // ensure claims key's session for this replica before a request runs on
@@ -465,6 +623,7 @@ func (d *durable) verify(ctx context.Context, key sessions.Key, c *claim) error 
 		return unavailable(err)
 	}
 	if cl.Fence == c.fence {
+		c.renewed = time.Now() // a claim renews the record
 		return nil
 	}
 	rec, err := d.store.Get(ctx, c.id)
@@ -476,6 +635,7 @@ func (d *durable) verify(ctx context.Context, key sessions.Key, c *claim) error 
 	}
 	clear(c.saved)
 	clear(c.unsaved)
+	clear(c.done)
 	c.fence = cl.Fence
 	if b, ok := rec["mcp"]; ok {
 		c.mcp = b
@@ -525,7 +685,7 @@ func (d *durable) recover(ctx context.Context, key sessions.Key, c *claim, fence
 		rctx, cancel := context.WithTimeout(context.Background(), 10*d.timeout())
 		defer cancel()
 		err := d.h.ses.Instances(rctx, key, func(name string, inst *plugins.Instance, f uint64) error {
-			_, err := d.checkpoint(rctx, c, inst.Plugin(), inst, f)
+			_, err := d.checkpoint(rctx, c, inst.Plugin(), inst, f, nil)
 			return err
 		})
 		if err != nil {
@@ -556,6 +716,7 @@ func (d *durable) seed(key sessions.Key, c *claim, rec map[string][]byte, fence 
 			continue
 		}
 		c.saved[field] = sha256.Sum256(v)
+		c.done[name] = pr.Done
 		if pr.Lost != "" {
 			seeds[name] = sessions.Seed{Lost: pr.Lost}
 			continue
@@ -609,6 +770,7 @@ func (d *durable) putLocked(ctx context.Context, c *claim, field string, v []byt
 		return d.observe(err)
 	}
 	c.saved[field] = sum
+	c.renewed = time.Now()
 	return nil
 }
 
@@ -627,7 +789,7 @@ const (
 // record is written back first (recover). An instance the host cannot
 // snapshot is recorded as such once, so that a replica taking the
 // session over says its state was lost.
-func (d *durable) checkpoint(ctx context.Context, c *claim, p *plugins.Plugin, inst *plugins.Instance, fence uint64) (string, error) {
+func (d *durable) checkpoint(ctx context.Context, c *claim, p *plugins.Plugin, inst *plugins.Instance, fence uint64, first *once) (string, error) {
 	ctx, cancel := context.WithTimeout(ctx, d.timeout())
 	defer cancel()
 	st, err := inst.SaveState(ctx)
@@ -642,15 +804,17 @@ func (d *durable) checkpoint(ctx context.Context, c *claim, p *plugins.Plugin, i
 	} else {
 		pr = pluginRecord{Host: st.Host, SHA256: st.SHA256, Data: st.Data}
 	}
-	b, err := json.Marshal(pr)
-	if err != nil {
-		return notSavedUnavailable, err
-	}
 	field := "p/" + p.Name()
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if fence != c.seeded {
 		return notSavedMoved, errMoved
+	}
+	c.remember(p.Name(), first)
+	pr.Done = c.done[p.Name()]
+	b, err := json.Marshal(pr)
+	if err != nil {
+		return notSavedUnavailable, err
 	}
 	start := time.Now()
 	err = d.putLocked(ctx, c, field, b)
@@ -699,13 +863,13 @@ func (d *durable) relost(ctx context.Context, c *claim) error {
 // session over while the call ran: the claim is forgotten here (its next
 // request claims it again, from the store), and the call fails (its
 // effect is not in the store).
-func (d *durable) afterCall(ctx context.Context, key sessions.Key, c *claim, l *sessions.Lease) (string, error) {
+func (d *durable) afterCall(ctx context.Context, key sessions.Key, c *claim, l *sessions.Lease, first *once) (string, error) {
 	if c == nil || d.policy != CheckpointAfterCall || l.Plugin().Stateless() || l.Instance().Err() != nil {
 		return "", nil
 	}
 	// Saved even if the client is gone: the call's effect is in the
 	// instance, and the store must not fall behind it.
-	notSaved, err := d.checkpoint(context.WithoutCancel(ctx), c, l.Plugin(), l.Instance(), l.Fence())
+	notSaved, err := d.checkpoint(context.WithoutCancel(ctx), c, l.Plugin(), l.Instance(), l.Fence(), first)
 	if errors.Is(err, errMoved) {
 		d.forget(key)
 		d.log.Warn("session taken over by another replica during a call", "session", key.String())
@@ -753,7 +917,9 @@ func (d *durable) renew(c *claim) {
 	if _, err := d.store.Renew(ctx, c.id, c.fence, d.ttl(), false); err != nil {
 		d.observe(err)
 		d.log.Debug("state store: renew", "session", c.id, "error", err)
+		return
 	}
+	c.renewed = time.Now()
 }
 
 // saved returns the state of key's instance of p as the store keeps it,
@@ -764,35 +930,45 @@ func (d *durable) renew(c *claim) {
 // last checkpoint failed: the store's state is older than what the client
 // was told, and the client's next result says its state was reset rather
 // than rolling it back silently.
-func (d *durable) saved(ctx context.Context, key sessions.Key, p *plugins.Plugin) *plugins.State {
+func (d *durable) saved(ctx context.Context, key sessions.Key, p *plugins.Plugin) (*plugins.State, string) {
 	if d == nil || d.policy != CheckpointAfterCall {
-		return nil
+		return nil, ""
 	}
 	d.mu.Lock()
 	c := d.claims[key]
 	d.mu.Unlock()
 	if c == nil {
-		return nil
+		return nil, ""
 	}
 	c.mu.Lock()
 	unsaved := c.unsaved[p.Name()] != ""
+	delete(c.unsaved, p.Name()) // said once, by this reset
 	c.mu.Unlock()
-	if unsaved || d.open() {
-		return nil
+	if unsaved {
+		return nil, ReasonNotSaved
+	}
+	if d.open() {
+		return nil, ""
 	}
 	ctx, cancel := context.WithTimeout(ctx, d.timeout())
 	defer cancel()
 	rec, err := d.store.Get(ctx, c.id)
 	if err != nil {
 		d.observe(err)
-		return nil
+		return nil, ""
 	}
 	var pr pluginRecord
 	if json.Unmarshal(rec["p/"+p.Name()], &pr) != nil || pr.Lost != "" || pr.SHA256 != p.SHA256() {
-		return nil
+		return nil, ""
 	}
-	return &plugins.State{Host: pr.Host, SHA256: pr.SHA256, Data: pr.Data}
+	return &plugins.State{Host: pr.Host, SHA256: pr.SHA256, Data: pr.Data}, ""
 }
+
+// ReasonNotSaved is the stateReset reason of a plugin's state that an
+// earlier result marked not saved ([MetaNotSaved]) and that was then lost
+// (its instance evicted): the client goes on from a fresh instance, told
+// so, rather than from the older stored state.
+const ReasonNotSaved = "not-saved"
 
 // forget drops this replica's claim on key, without touching the store.
 func (d *durable) forget(key sessions.Key) {
@@ -862,7 +1038,7 @@ func (d *durable) drain(ctx context.Context) error {
 		}
 		err := d.h.ses.Instances(ctx, key, func(name string, inst *plugins.Instance, fence uint64) error {
 			saved++
-			_, err := d.checkpoint(ctx, c, inst.Plugin(), inst, fence)
+			_, err := d.checkpoint(ctx, c, inst.Plugin(), inst, fence, nil)
 			return err
 		})
 		if err != nil {

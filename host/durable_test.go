@@ -1,11 +1,22 @@
 package host_test
 
 import (
+	"context"
+	"errors"
+	"io"
+	"net/http"
+	"net/http/httptest"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/wasmtools/wasmtools/host"
 	"github.com/wasmtools/wasmtools/internal/statestore"
+	"github.com/wasmtools/wasmtools/internal/testplugins"
 	"github.com/wasmtools/wasmtools/sandbox"
 )
 
@@ -65,5 +76,189 @@ func TestNotSavedIsMarked(t *testing.T) {
 	m, ok := res.Meta[host.MetaNotSaved].(map[string]any)
 	if res.IsError || !ok || m["reason"] != "store-unavailable" {
 		t.Fatalf("a call with the store gone: meta %v, %s; want notSaved store-unavailable", res.Meta, text(res))
+	}
+}
+
+// A 2025-11-25 client whose replica died while a call's stream was open
+// resumes the stream (GET with Last-Event-ID) at another replica, which
+// has none of its events: the call fails, the session goes on. The old
+// code turned the resumption into a second standalone stream: 409, and
+// the go-sdk client closed the session.
+func TestResumedStreamAtAnotherReplicaKeepsSession(t *testing.T) {
+	store := statestore.NewMemory()
+	files := map[string]string{"confirm.wasm": testplugins.Example(t, "confirm")}
+	a := newReplicaOf(t, "a", store, sandbox.NewPolicy(), files)
+	b := newReplicaOf(t, "b", store, sandbox.NewPolicy(), files)
+	rt := &router{to: a}
+	var once sync.Once
+	answer := func(context.Context, *mcp.ElicitRequest) (*mcp.ElicitResult, error) {
+		once.Do(func() { rt.point(b); a.srv.CloseClientConnections(); go a.gone() }) // a dies while the person thinks
+		return &mcp.ElicitResult{Action: "accept", Content: map[string]any{"confirm": true}}, nil
+	}
+	cs := connectHTTPEra(t, a.srv.URL, "2025-11-25", &mcp.ClientOptions{ElicitationHandler: answer}, rt)
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("a's log:\n%s\nb's log:\n%s", a.log.String(), b.log.String())
+		}
+	})
+	h := handleOf(call(t, cs, "add", map[string]any{"item": "milk"}))
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	cs.CallTool(ctx, &mcp.CallToolParams{Name: "delete", Arguments: map[string]any{"item": "milk", host.SessionArgument: h}})
+	// Whatever the interrupted call says, the session goes on at b.
+	res, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: "list", Arguments: map[string]any{host.SessionArgument: h}})
+	if err != nil {
+		t.Fatalf("the session after its stream was resumed at b: %v", err)
+	}
+	if res.IsError {
+		t.Fatalf("list at b: %s", text(res))
+	}
+}
+
+// At most once: a proxy's resend of a tools/call POST that completed
+// (the replica died between its checkpoint and its answer) reaches
+// another replica, which answers with the first result instead of
+// running the call again; so does a client's retry with the same
+// idempotency key. The old code applied the call twice.
+func TestCallAppliedAtMostOnce(t *testing.T) {
+	store := statestore.NewMemory()
+	a := newReplica(t, "a", store, sandbox.NewPolicy())
+	b := newReplica(t, "b", store, sandbox.NewPolicy())
+	rt := &router{to: a}
+	cs := connectHTTP(t, a.srv.URL, "2025-11-25", rt)
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("a's log:\n%s\nb's log:\n%s", a.log.String(), b.log.String())
+		}
+	})
+	body := `{"jsonrpc":"2.0","id":1000,"method":"tools/call","params":{"name":"note_add","arguments":{"text":"once"}}}`
+	status, first := postSession(t, a.srv.URL, cs.ID(), body)
+	if status != http.StatusOK || !strings.Contains(first, "note 1 saved") {
+		t.Fatalf("first POST: %d %s", status, first)
+	}
+	a.gone()
+	rt.point(b)
+	status, again := postSession(t, b.srv.URL, cs.ID(), body)
+	if status != http.StatusOK || !strings.Contains(again, "note 1 saved") {
+		t.Fatalf("the resent POST at b: %d %s; want the first result, note 1 saved", status, again)
+	}
+	if n := strings.Count(text(notes(t, cs, nil)), "once"); n != 1 {
+		t.Fatalf("the resent call was applied %d times", n)
+	}
+	// A client's retry with an idempotency key.
+	retry := func() *mcp.CallToolResult {
+		res, err := cs.CallTool(context.Background(), &mcp.CallToolParams{Name: "note_add",
+			Arguments: map[string]any{"text": "keyed"}, Meta: mcp.Meta{host.MetaIdempotencyKey: "k-1"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return res
+	}
+	r1, r2 := retry(), retry()
+	if text(r1) != text(r2) || !strings.Contains(text(r1), "note 2 saved") {
+		t.Fatalf("keyed call and its retry: %q, %q", text(r1), text(r2))
+	}
+	if n := strings.Count(text(notes(t, cs, nil)), "keyed"); n != 1 {
+		t.Fatalf("the keyed call was applied %d times", n)
+	}
+}
+
+// A replica started with another WASMTOOLS_STATE_KEY than the store's is
+// detected at start: it is not ready, and says why in /readyz and its
+// log. The old code was ready, and lost every session that moved across
+// it.
+func TestStateKeyMismatchIsNotReady(t *testing.T) {
+	store := statestore.NewMemory()
+	a := newReplica(t, "a", statestore.Seal(store, []byte("the replicas' state key")), sandbox.NewPolicy())
+	a.waitLog(t, "state key checked", 1)
+	b := newReplica(t, "b", statestore.Seal(store, []byte("another state key")), sandbox.NewPolicy())
+	b.waitLog(t, "state key mismatch", 1)
+	for _, r := range []*replica{a, b} {
+		res, err := http.Get(r.srv.URL + "/readyz")
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(res.Body)
+		res.Body.Close()
+		want := http.StatusOK
+		if r == b {
+			want = http.StatusServiceUnavailable
+		}
+		if res.StatusCode != want || (r == b && !strings.Contains(string(body), "state key mismatch")) {
+			t.Errorf("%s /readyz: %d %q", r.srv.URL, res.StatusCode, body)
+		}
+	}
+}
+
+// Finding 6: a session kept alive without calls (pings here; a person
+// answering late, a task) keeps its record in the store past the TTL its
+// last call set, and its instance. The old code renewed the record only
+// on calls: it expired under the live session, and the next call
+// started the notepad empty.
+func TestLiveSessionKeepsItsRecord(t *testing.T) {
+	store := statestore.NewMemory()
+	f := newFixture(t, &host.Options{Replica: "a", Store: store, StateKey: replicaKey, SessionTimeout: 6 * time.Second},
+		sandbox.NewPolicy(), map[string]string{"notes.wasm": testplugins.Example(t, "notes")})
+	mux := http.NewServeMux()
+	mux.Handle("/mcp", f.h.HTTPHandler())
+	srv := httptest.NewServer(mux)
+	t.Cleanup(srv.Close)
+	cs := connectHTTP(t, srv.URL, "2025-11-25", nil)
+	call(t, cs, "note_add", map[string]any{"text": "kept"})
+	// Twice the TTL with pings only. Time passing is what is tested
+	// (expiry has no event to wait on), as in statestore's afterTTL.
+	end := time.Now().Add(13 * time.Second)
+	for time.Now().Before(end) {
+		if err := cs.Ping(context.Background(), nil); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(time.Second)
+	}
+	if _, err := store.Get(context.Background(), "s."+cs.ID()); err != nil {
+		t.Fatalf("the live session's record: %v", err)
+	}
+	if got := text(notes(t, cs, nil)); !strings.Contains(got, "kept") {
+		t.Fatalf("notes after the TTL, kept alive by pings: %q", got)
+	}
+}
+
+// failingStore is a store whose writes fail while failing is set, as a
+// store that stopped answering does.
+type failingStore struct {
+	statestore.Store
+	failing atomic.Bool
+}
+
+func (s *failingStore) Put(ctx context.Context, id, field string, value []byte, fence uint64, ttl time.Duration) error {
+	if s.failing.Load() {
+		return errors.New("store not answering (test)")
+	}
+	return s.Store.Put(ctx, id, field, value, fence, ttl)
+}
+
+// Finding 10: a call whose checkpoint failed, then the loss of its
+// instance (evicted for room): the client's next result must not roll
+// back silently to the older stored state. The old code restored the
+// older checkpoint and said nothing.
+func TestNoSilentRollbackAfterFailedCheckpoint(t *testing.T) {
+	store := &failingStore{Store: statestore.NewMemory()}
+	f := newFixture(t, &host.Options{Store: store, StateKey: replicaKey, MaxInstances: 1}, sandbox.NewPolicy(),
+		map[string]string{"notes.wasm": testplugins.Example(t, "notes")})
+	url := serveHTTP(t, f)
+	a := connectHTTP(t, url, "2025-11-25", nil)
+	b := connectHTTP(t, url, "2025-11-25", nil)
+	call(t, a, "note_add", map[string]any{"text": "one"})
+	store.failing.Store(true)
+	res := call(t, a, "note_add", map[string]any{"text": "two"})
+	if res.Meta[host.MetaNotSaved] == nil {
+		t.Fatalf("a call whose checkpoint failed: %v %s", res.Meta, text(res))
+	}
+	store.failing.Store(false)
+	call(t, b, "note_add", map[string]any{"text": "b's"}) // evicts a's instance
+	f.waitLog(t, "instance evicted", 1)
+	res = notes(t, a, nil)
+	reset, _ := res.Meta[host.MetaStateReset].(map[string]any)
+	if !strings.Contains(text(res), "two") && (reset == nil || reset["reason"] != host.ReasonNotSaved) {
+		t.Fatalf("a after its unsaved instance was evicted: %v %q; want note two, or stateReset not-saved", res.Meta, text(res))
 	}
 }

@@ -246,6 +246,9 @@ type Host struct {
 	// session ID of a takeover goes to it alone.
 	adoptMu sync.RWMutex
 	adoptID string // guarded by adoptMu
+	// asks are the questions asked of clients before 2026-07-28 and not
+	// answered yet: Close and Drain withdraw them (see withdrawAsks).
+	asks asking
 	boot    string // random at each start: names this process (replicas.go)
 }
 
@@ -287,7 +290,7 @@ func New(src *plugins.Reloader, opts *Options) *Host {
 		IdleTimeout: idle,
 		MaxParked:   h.opts.MaxParked, MaxParkedPerClient: h.opts.MaxParkedPerClient,
 		MaxHandles: h.opts.MaxHandles,
-		Saved: func(ctx context.Context, key sessions.Key, p *plugins.Plugin) *plugins.State {
+		Saved: func(ctx context.Context, key sessions.Key, p *plugins.Plugin) (*plugins.State, string) {
 			return h.dur.saved(ctx, key, p)
 		},
 	})
@@ -552,6 +555,7 @@ func (h *Host) Close(ctx context.Context) error {
 	}
 	h.closed = true
 	h.mu.Unlock()
+	h.asks.withdraw()
 	h.stopBG()
 	h.tasks.closeAll()
 	err := h.ses.Close(ctx)

@@ -71,7 +71,7 @@ func (h *Host) request(ctx context.Context, key sessions.Key, p *plugins.Plugin,
 	env.attach(nil)
 	if runErr == nil && h.dur != nil {
 		// A prompt or resource may change the guest's state too.
-		if _, cerr := h.dur.afterCall(ctx, key, claim, l); cerr != nil {
+		if _, cerr := h.dur.afterCall(ctx, key, claim, l, nil); cerr != nil {
 			l.Done(sessions.ErrMoved)
 			return fmt.Errorf("plugin %q: %w", p.Name(), cerr)
 		}

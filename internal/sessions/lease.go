@@ -250,12 +250,16 @@ func (m *Manager) acquireSlot(ctx context.Context, key Key, p *plugins.Plugin) (
 		m.mu.Unlock()
 		if !seeded && evicted && m.opts.Saved != nil {
 			// The evicted instance's state may be kept elsewhere.
-			if st := m.opts.Saved(ctx, c.key, p); st != nil {
+			st, why := m.opts.Saved(ctx, c.key, p)
+			m.mu.Lock()
+			switch {
+			case st != nil:
 				seed, seeded = Seed{State: st}, true
-				m.mu.Lock()
 				sl.notice.Reset = nil
-				m.mu.Unlock()
+			case why != "":
+				sl.notice.Reset = &Reset{Reason: why, Detail: "the instance was evicted, and its last state was not saved"}
 			}
+			m.mu.Unlock()
 		}
 		inst, reset, err := m.start(ctx, p, seed, seeded)
 		if err != nil {

@@ -137,8 +137,10 @@ type Options struct {
 	// state store's copy, as of its last call), or nil: an instance
 	// evicted for room then comes back from it on the client's next lease,
 	// and the client is told nothing, instead of starting afresh with an
-	// "evicted" reset.
-	Saved func(ctx context.Context, key Key, p *plugins.Plugin) *plugins.State
+	// "evicted" reset. With nil, a non-empty reason replaces "evicted" as
+	// the reset's reason (the stored state is older than the instance's
+	// last call: "not-saved").
+	Saved func(ctx context.Context, key Key, p *plugins.Plugin) (st *plugins.State, reason string)
 }
 
 // Observer is told of instance events. Its methods must not block.

@@ -2,6 +2,8 @@ package statestore_test
 
 import (
 	"context"
+	"os"
+	"path/filepath"
 	"testing"
 
 	"github.com/redis/go-redis/v9"
@@ -125,5 +127,38 @@ func TestBumpedFenceRefusesLateWrite(t *testing.T) {
 				t.Fatalf("claim after bump = %d, want %d", again.Fence, next)
 			}
 		})
+	}
+}
+
+// A process whose state key is not the one the store's values were
+// sealed with is told so (issue #25: a replica started with another
+// WASMTOOLS_STATE_KEY).
+func TestCheckKey(t *testing.T) {
+	ctx := context.Background()
+	raw := statestore.NewMemory()
+	first := statestore.Seal(raw, []byte("the replicas' key"))
+	must(t, statestore.CheckKey(ctx, first))
+	must(t, statestore.CheckKey(ctx, statestore.Seal(raw, []byte("the replicas' key"))))
+	wantErr(t, "another key", statestore.CheckKey(ctx, statestore.Seal(raw, []byte("another key"))), statestore.ErrKeyMismatch)
+}
+
+// The state key file is made whole, once, and read back the same.
+func TestKeyFile(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "dir", "sessions.db.key")
+	k1, err := statestore.KeyFile(path)
+	must(t, err)
+	k2, err := statestore.KeyFile(path)
+	must(t, err)
+	if string(k1) != string(k2) || len(k1) != 64 {
+		t.Fatalf("key %q then %q", k1, k2)
+	}
+	st, err := os.Stat(path)
+	must(t, err)
+	if st.Mode().Perm() != 0o600 {
+		t.Fatalf("key file mode %v", st.Mode())
+	}
+	left, _ := filepath.Glob(filepath.Join(filepath.Dir(path), "*.tmp*"))
+	if len(left) != 0 {
+		t.Fatalf("temporary files left: %v", left)
 	}
 }

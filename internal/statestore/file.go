@@ -37,6 +37,17 @@ type File struct {
 	alive map[Owner]time.Time // heartbeat expiry
 }
 
+// steadyClock is the wall clock at the call, advanced by the monotonic
+// clock since: expiry times written to the file are wall-clock times (a
+// restarted process reads them), but while a process runs, a step of the
+// system clock (NTP, an operator) neither expires every record at once
+// nor keeps them past their TTL.
+func steadyClock() func() time.Time {
+	start := time.Now()
+	wall := start.Round(0) // the wall reading alone
+	return func() time.Time { return wall.Add(time.Since(start)) }
+}
+
 // SweepEvery is how often [File] drops expired records.
 const SweepEvery = time.Minute
 
@@ -77,7 +88,7 @@ func NewFile(path string) (*File, error) {
 	if err != nil {
 		return nil, errors.Join(fmt.Errorf("statestore: state file %s: %v", path, err), db.Close())
 	}
-	f := &File{now: time.Now, path: path, db: db, stop: make(chan struct{}), swept: make(chan struct{}),
+	f := &File{now: steadyClock(), path: path, db: db, stop: make(chan struct{}), swept: make(chan struct{}),
 		alive: map[Owner]time.Time{}}
 	go f.sweeper()
 	return f, nil
