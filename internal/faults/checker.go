@@ -34,7 +34,8 @@ const (
 	// Unexpected: a result the client cannot read (not "note N saved",
 	// not a list).
 	Unexpected = "unexpected"
-	// Ready: a replica that must not be ready was (another state key).
+	// Ready: a replica that must not be ready was (another state key), or
+	// did not say why it is not.
 	Ready = "ready"
 )
 

@@ -14,6 +14,7 @@ package faults
 
 import (
 	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"os/exec"
@@ -254,8 +255,17 @@ func (c *Cluster) StartWithKey(i int, key string) {
 	c.Logf("%s started with another state key", c.Replicas[i].Name)
 }
 
-// Ready says whether replica i's /readyz answers 200.
-func (c *Cluster) Ready(i int) bool { return get("http://"+c.Replicas[i].Listen+"/readyz") == nil }
+// Readyz returns replica i's /readyz status and body (0 if it does not
+// answer).
+func (c *Cluster) Readyz(i int) (int, string) {
+	res, err := http.Get("http://" + c.Replicas[i].Listen + "/readyz")
+	if err != nil {
+		return 0, err.Error()
+	}
+	defer res.Body.Close()
+	b, _ := io.ReadAll(io.LimitReader(res.Body, 4096))
+	return res.StatusCode, string(b)
+}
 
 // WaitRouted waits until the proxy sends replica i's sessions to it:
 // HAProxy reports it UP and a request for one of its sessions reaches it;

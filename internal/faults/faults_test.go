@@ -2,6 +2,7 @@ package faults_test
 
 import (
 	"bytes"
+	"cmp"
 	"fmt"
 	"os"
 	"os/exec"
@@ -45,7 +46,7 @@ func TestFaults(t *testing.T) {
 	setup := faults.Setup{
 		Binary:   binary(t),
 		CacheDir: testplugins.CacheDir(),
-		Deploy:   cmpOr(os.Getenv("FAULTS_DEPLOY"), filepath.Join(testplugins.Root(), "deploy")),
+		Deploy:   cmp.Or(os.Getenv("FAULTS_DEPLOY"), filepath.Join(testplugins.Root(), "deploy")),
 		Plugins: testplugins.Folder(t, map[string]string{
 			"notes.wasm":     testplugins.Example(t, "notes"),
 			"slownotes.wasm": testplugins.Test(t, "slownotes"),
@@ -97,13 +98,6 @@ func TestFaults(t *testing.T) {
 			t.Error(err)
 		}
 	}
-}
-
-func cmpOr(a, b string) string {
-	if a != "" {
-		return a
-	}
-	return b
 }
 
 // binary returns FAULTS_BIN, or a wasmtools built from this tree.

@@ -2,6 +2,8 @@ package faults
 
 import (
 	"fmt"
+	"net/http"
+	"strings"
 	"syscall"
 	"time"
 )
@@ -150,9 +152,9 @@ func killAfterCheckpoint(r *Run) {
 }
 
 // mismatchedKey restarts s3 with another WASMTOOLS_STATE_KEY: it must
-// not become ready (watched for BadKeyWatch while the clients run), and
-// no session may be lost through it. Then s3 comes back with the right
-// key.
+// not become ready, and must say why in /readyz ("state key mismatch"),
+// watched for BadKeyWatch while the clients run; no session may be lost
+// through it. Then s3 comes back with the right key.
 func mismatchedKey(r *Run) {
 	const i = 2
 	r.C.Term(i)
@@ -162,13 +164,22 @@ func mismatchedKey(r *Run) {
 	deadline := time.Now().Add(BadKeyWatch)
 	tick := time.NewTicker(250 * time.Millisecond)
 	defer tick.Stop()
+	said := false
 	for time.Now().Before(deadline) && rep.Running() {
-		if r.C.Ready(i) {
-			r.Violate(Ready, fmt.Sprintf("%s, started with another state key than the store's, answers /readyz 200", rep.Name))
+		code, body := r.C.Readyz(i)
+		if code == http.StatusOK {
+			r.Violate(Ready, fmt.Sprintf("%s, started with another state key than the store's, answers /readyz 200 %q", rep.Name, body))
 			r.C.Logf("%s ready with the wrong key", rep.Name)
 			break
 		}
+		if !said && strings.Contains(body, "state key") {
+			said = true
+			r.C.Logf("%s not ready: %s", rep.Name, strings.TrimSpace(body))
+		}
 		<-tick.C
+	}
+	if !said && rep.Running() {
+		r.Violate(Ready, fmt.Sprintf("%s, started with another state key, did not say why in /readyz within %v", rep.Name, BadKeyWatch))
 	}
 	r.Rounds(1)
 	if rep.Running() {
