@@ -262,3 +262,31 @@ func TestNoSilentRollbackAfterFailedCheckpoint(t *testing.T) {
 		t.Fatalf("a after its unsaved instance was evicted: %v %q; want note two, or stateReset not-saved", res.Meta, text(res))
 	}
 }
+
+// Finding 13: a question waiting for a 2025-11-25 client's answer does
+// not hold Close to its grace: it is withdrawn, and the call ends. The
+// old code waited until Close's context ended.
+func TestCloseWithdrawsPendingQuestions(t *testing.T) {
+	f := newFixture(t, &host.Options{}, sandbox.NewPolicy(), map[string]string{"confirm.wasm": testplugins.Example(t, "confirm")})
+	url := serveHTTP(t, f)
+	asked := make(chan struct{})
+	never := make(chan struct{})
+	defer close(never)
+	answer := func(ctx context.Context, _ *mcp.ElicitRequest) (*mcp.ElicitResult, error) {
+		close(asked)
+		select {
+		case <-never:
+		case <-ctx.Done():
+		}
+		return nil, context.Canceled
+	}
+	cs := connectHTTPEra(t, url, "2025-11-25", &mcp.ClientOptions{ElicitationHandler: answer}, nil)
+	h := handleOf(call(t, cs, "add", map[string]any{"item": "milk"}))
+	go cs.CallTool(context.Background(), &mcp.CallToolParams{Name: "delete", Arguments: map[string]any{"item": "milk", host.SessionArgument: h}})
+	<-asked
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := f.h.Close(ctx); err != nil {
+		t.Fatalf("close with a question pending: %v", err)
+	}
+}
