@@ -992,7 +992,7 @@ func (d *durable) forget(key sessions.Key) {
 // ended deletes an ended session's record: its client closed it, or it
 // timed out. Not at drain or close, whose sessions live on elsewhere. A
 // session whose claim this replica no longer has (the heartbeat swept
-// it) is claimed again to be deleted.
+// it) is claimed again to be deleted, unless a live replica holds it.
 func (d *durable) ended(key sessions.Key) {
 	d.mu.Lock()
 	c := d.claims[key]
@@ -1005,8 +1005,13 @@ func (d *durable) ended(key sessions.Key) {
 		if id == "" {
 			return
 		}
+		// Not stolen: a session that ended here by timing out may live on
+		// at the replica that holds it now.
 		c = newClaim(id)
-		cl, err := d.store.Claim(ctx, id, d.owner, d.ttl(), true)
+		cl, err := d.store.Claim(ctx, id, d.owner, d.ttl(), false)
+		if errors.Is(err, statestore.ErrHeld) {
+			return
+		}
 		if err != nil {
 			d.log.Warn("state store: delete ended session", "session", key.String(), "error", err)
 			return
