@@ -397,6 +397,7 @@ type once struct {
 const (
 	maxOnce      = 8
 	maxOnceBytes = 32 << 10
+	maxResends   = 2
 )
 
 // remember adds first to the results kept for plugin, within the bounds
@@ -411,15 +412,26 @@ func (c *claim) remember(plugin string, first *once) {
 		first = &once{Key: first.Key, Result: b}
 	}
 	list := append(c.done[plugin], *first)
-	size := 0
-	for i := len(list) - 1; i >= 0; i-- {
-		size += len(list[i].Result)
-		if size > maxOnceBytes || len(list)-i > maxOnce {
-			list = list[i+1:]
+	// Newest first: within the bounds, and at most maxResends results of
+	// resends (a proxy resends only the calls in flight when a replica
+	// died: the last ones), so that keyless calls cost little.
+	kept := make([]once, 0, len(list))
+	size, resends := 0, 0
+	for i := len(list) - 1; i >= 0 && len(kept) < maxOnce; i-- {
+		o := list[i]
+		if strings.HasPrefix(o.Key, "r:") {
+			if resends == maxResends {
+				continue
+			}
+			resends++
+		}
+		if size += len(o.Result); size > maxOnceBytes {
 			break
 		}
+		kept = append(kept, o)
 	}
-	c.done[plugin] = slices.Clone(list)
+	slices.Reverse(kept)
+	c.done[plugin] = kept
 }
 
 // replay returns the first result of the call with at-most-once key k
@@ -980,7 +992,7 @@ func (d *durable) forget(key sessions.Key) {
 // ended deletes an ended session's record: its client closed it, or it
 // timed out. Not at drain or close, whose sessions live on elsewhere. A
 // session whose claim this replica no longer has (the heartbeat swept
-// it) is claimed again to be deleted.
+// it) is claimed again to be deleted, unless a live replica holds it.
 func (d *durable) ended(key sessions.Key) {
 	d.mu.Lock()
 	c := d.claims[key]
@@ -993,8 +1005,13 @@ func (d *durable) ended(key sessions.Key) {
 		if id == "" {
 			return
 		}
+		// Not stolen: a session that ended here by timing out may live on
+		// at the replica that holds it now.
 		c = newClaim(id)
-		cl, err := d.store.Claim(ctx, id, d.owner, d.ttl(), true)
+		cl, err := d.store.Claim(ctx, id, d.owner, d.ttl(), false)
+		if errors.Is(err, statestore.ErrHeld) {
+			return
+		}
 		if err != nil {
 			d.log.Warn("state store: delete ended session", "session", key.String(), "error", err)
 			return

@@ -229,11 +229,33 @@ type failingStore struct {
 	failing atomic.Bool
 }
 
+// errNoAnswer is failingStore's failure.
+var errNoAnswer = errors.New("store not answering (test)")
+
 func (s *failingStore) Put(ctx context.Context, id, field string, value []byte, fence uint64, ttl time.Duration) error {
 	if s.failing.Load() {
-		return errors.New("store not answering (test)")
+		return errNoAnswer
 	}
 	return s.Store.Put(ctx, id, field, value, fence, ttl)
+}
+
+// down makes reads and claims fail too.
+type downStore struct {
+	failingStore
+}
+
+func (s *downStore) Claim(ctx context.Context, id string, o statestore.Owner, ttl time.Duration, steal bool) (statestore.Claim, error) {
+	if s.failing.Load() {
+		return statestore.Claim{}, errNoAnswer
+	}
+	return s.Store.Claim(ctx, id, o, ttl, steal)
+}
+
+func (s *downStore) Get(ctx context.Context, id string) (map[string][]byte, error) {
+	if s.failing.Load() {
+		return nil, errNoAnswer
+	}
+	return s.Store.Get(ctx, id)
 }
 
 // Finding 10: a call whose checkpoint failed, then the loss of its
@@ -260,5 +282,93 @@ func TestNoSilentRollbackAfterFailedCheckpoint(t *testing.T) {
 	reset, _ := res.Meta[host.MetaStateReset].(map[string]any)
 	if !strings.Contains(text(res), "two") && (reset == nil || reset["reason"] != host.ReasonNotSaved) {
 		t.Fatalf("a after its unsaved instance was evicted: %v %q; want note two, or stateReset not-saved", res.Meta, text(res))
+	}
+}
+
+// Finding 13: a question waiting for a 2025-11-25 client's answer does
+// not hold Close to its grace: it is withdrawn, and the call ends. The
+// old code waited until Close's context ended.
+func TestCloseWithdrawsPendingQuestions(t *testing.T) {
+	f := newFixture(t, &host.Options{}, sandbox.NewPolicy(), map[string]string{"confirm.wasm": testplugins.Example(t, "confirm")})
+	url := serveHTTP(t, f)
+	asked := make(chan struct{})
+	never := make(chan struct{})
+	defer close(never)
+	answer := func(ctx context.Context, _ *mcp.ElicitRequest) (*mcp.ElicitResult, error) {
+		close(asked)
+		select {
+		case <-never:
+		case <-ctx.Done():
+		}
+		return nil, context.Canceled
+	}
+	cs := connectHTTPEra(t, url, "2025-11-25", &mcp.ClientOptions{ElicitationHandler: answer}, nil)
+	h := handleOf(call(t, cs, "add", map[string]any{"item": "milk"}))
+	go cs.CallTool(context.Background(), &mcp.CallToolParams{Name: "delete", Arguments: map[string]any{"item": "milk", host.SessionArgument: h}})
+	<-asked
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := f.h.Close(ctx); err != nil {
+		t.Fatalf("close with a question pending: %v", err)
+	}
+}
+
+// withHeader adds a header to every request, as a gateway naming its
+// client does (--client-header).
+type withHeader struct {
+	rt          http.RoundTripper
+	name, value string
+}
+
+func (w withHeader) RoundTrip(req *http.Request) (*http.Response, error) {
+	req = req.Clone(req.Context())
+	req.Header.Set(w.name, w.value)
+	return w.rt.RoundTrip(req)
+}
+
+// Finding 9: a --client-header client's first request at a replica
+// while the store cannot be read is refused with the retryable -32053,
+// not served from a fresh instance (which, once reads worked again,
+// overwrote the stored state). The retry succeeds, with the state.
+func TestUnreadableStateIsRefusedNotReset(t *testing.T) {
+	store := &downStore{failingStore{Store: statestore.NewMemory()}}
+	files := map[string]string{"notes.wasm": testplugins.Example(t, "notes")}
+	opts := func(name string) *host.Options {
+		return &host.Options{Replica: name, Store: store, StateKey: replicaKey, ClientKeyHeader: "X-Client"}
+	}
+	serve := func(name string) *replica {
+		f := newFixture(t, opts(name), sandbox.NewPolicy(), files)
+		mux := http.NewServeMux()
+		mux.Handle("/mcp", f.h.HTTPHandler())
+		srv := httptest.NewServer(mux)
+		t.Cleanup(srv.Close)
+		return &replica{fixture: f, srv: srv}
+	}
+	a, b := serve("a"), serve("b")
+	rt := &router{to: a}
+	hdr := withHeader{rt: rt, name: "X-Client", value: "c1"}
+	cs := connectHTTP(t, a.srv.URL, "2026-07-28", hdr)
+	call(t, cs, "note_add", map[string]any{"text": "kept"})
+	// The client's next request reaches b, which never saw it, while the
+	// store does not answer.
+	store.failing.Store(true)
+	rt.point(b)
+	cs2 := connectHTTP(t, b.srv.URL, "2026-07-28", hdr)
+	_, err := cs2.CallTool(context.Background(), &mcp.CallToolParams{Name: "note_add", Arguments: map[string]any{"text": "new"}})
+	if err == nil || !strings.Contains(err.Error(), "-32053") && !strings.Contains(err.Error(), "state unavailable") {
+		t.Fatalf("a call whose state cannot be read: %v; want the -32053 refusal\nb log:\n%s", err, b.log.String())
+	}
+	store.failing.Store(false)
+	// The retry, once the store answers (after the breaker's 2 s).
+	var res *mcp.CallToolResult
+	for deadline := time.Now().Add(30 * time.Second); ; {
+		res, err = cs2.CallTool(context.Background(), &mcp.CallToolParams{Name: "note_list"})
+		if err == nil || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+	if err != nil || !strings.Contains(text(res), "kept") || strings.Contains(text(res), "new") {
+		t.Fatalf("the retry: %v %q; want the stored note only", err, text(res))
 	}
 }
