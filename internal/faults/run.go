@@ -71,8 +71,17 @@ func (r *Run) Rounds(n int) {
 
 // Progress returns the number of the next client to report progress on
 // a slow call (after the calls before it were discarded with
-// [Run.DrainProgress]).
-func (r *Run) Progress() int { return <-r.progress }
+// [Run.DrainProgress]). It fails the test after 2 minutes without one.
+func (r *Run) Progress() int {
+	r.T.Helper()
+	select {
+	case n := <-r.progress:
+		return n
+	case <-time.After(2 * time.Minute):
+		r.T.Fatal("no slow call reported progress for 2 minutes")
+		return -1
+	}
+}
 
 // DrainProgress discards progress reports so far.
 func (r *Run) DrainProgress() {
