@@ -139,6 +139,16 @@ type claim struct {
 	done map[string][]once
 	// renewed is when the record's TTL was last renewed by this replica.
 	renewed time.Time
+	// stale: another replica served the session since this one's
+	// instances started, and the record has not been read since.
+	stale bool
+}
+
+// isStale reports c.stale.
+func (c *claim) isStale() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.stale
 }
 
 func newDurable(h *Host) *durable {
@@ -533,8 +543,11 @@ func (d *durable) claimOrLog(ctx context.Context, key sessions.Key) (c *claim, e
 		return nil, err
 	}
 	c, err = d.ensure(ctx, key, nil)
-	if err == nil || !unanswered(err) || ctx.Err() != nil {
+	if err == nil || !unanswered(err) || ctx.Err() != nil || errors.Is(err, errChanged) {
 		return c, err
+	}
+	if c != nil && c.isStale() {
+		return nil, unavailable(fmt.Errorf("%w: %w", errChanged, err))
 	}
 	// Served from memory only what this replica holds (or made: a
 	// stateful session exists here because it was made or adopted here);
@@ -551,6 +564,11 @@ func (d *durable) claimOrLog(ctx context.Context, key sessions.Key) (c *claim, e
 // store did not answer), and the call runs on what this replica holds;
 // its result is marked not saved.
 var errServedFromMemory = errors.New("served from memory")
+
+// errChanged: another replica served the session since this one last
+// did, and its record could not be read: what this replica holds is
+// stale, and the request is refused rather than served from it.
+var errChanged = errors.New("the session was served by another replica since")
 
 // errNotKept marks a claim given up: a handle the store does not know.
 var errNotKept = errors.New("session not kept")
@@ -640,8 +658,12 @@ func (d *durable) verify(ctx context.Context, key sessions.Key, c *claim) error 
 	}
 	rec, err := d.store.Get(ctx, c.id)
 	if err != nil && !errors.Is(err, statestore.ErrNotFound) {
-		return unavailable(d.observe(fmt.Errorf("state store: read session: %w", err)))
+		// What this replica holds is stale: never served from memory,
+		// until the record is read.
+		c.stale = true
+		return unavailable(fmt.Errorf("%w: %w", errChanged, d.observe(fmt.Errorf("state store: read session: %w", err))))
 	}
+	c.stale = false
 	if cl.Previous == (statestore.Owner{}) && !hasPlugins(rec) {
 		return d.recover(ctx, key, c, cl.Fence)
 	}
