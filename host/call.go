@@ -143,6 +143,11 @@ func (h *Host) callTool(ctx context.Context, key sessions.Key, c plugins.Call, e
 		return nil, fmt.Errorf("tool %q: %w (limit %d): wait for earlier calls to finish", t.Name, err, cmp.Or(h.opts.QueueLimit, DefaultQueueLimit))
 	case err != nil:
 		return nil, fmt.Errorf("tool %q: %w", t.Name, err)
+	case ctx.Err() != nil:
+		// The client went away while the call waited (a request that
+		// sat in a stopped process): nothing runs, so nothing resets.
+		l.Done(nil)
+		return nil, fmt.Errorf("tool %q: %w", t.Name, ctx.Err())
 	case env != nil && h.dur.replay(claim, env.once) != nil:
 		// The call completed before (a proxy's resend, a client's retry
 		// with the same idempotency key): its first result, not a

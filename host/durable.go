@@ -139,6 +139,29 @@ type claim struct {
 	done map[string][]once
 	// renewed is when the record's TTL was last renewed by this replica.
 	renewed time.Time
+	// stale: another replica served the session since this one's
+	// instances started, and the record has not been read since.
+	stale bool
+	// verified is when this replica's claim was last confirmed by the
+	// store (monotonic).
+	verified time.Time
+}
+
+// memoryGrace is how long after its last verified claim a session may be
+// served from what this replica holds when the store does not answer:
+// long enough to ride out a blip, short enough that a replica that was
+// stopped (SIGSTOP, a long GC pause, a frozen VM) or cut off from the
+// store alone does not serve a session another replica took over
+// meanwhile. Past it, the request is refused with -32053 until the store
+// answers.
+const memoryGrace = 2 * time.Second
+
+// fresh reports whether c may be served from memory: its claim was
+// verified within memoryGrace, and nothing since says it is stale.
+func (c *claim) fresh() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return !c.stale && !c.verified.IsZero() && time.Since(c.verified) < memoryGrace
 }
 
 func newDurable(h *Host) *durable {
@@ -522,10 +545,10 @@ func unavailable(err error) error {
 }
 
 // claimOrLog is ensure for a call. With the store unreachable, a session
-// this replica holds is served from what it holds (held: the call's
-// result is marked not saved); one it does not hold is refused with
-// ErrStateUnavailable, never served afresh over a state the store may
-// hold.
+// this replica holds, whose claim it verified within memoryGrace, is
+// served from what it holds (the call's result is marked not saved); any
+// other is refused with ErrStateUnavailable, never served afresh over a
+// state the store may hold, nor from an instance that may be stale.
 func (d *durable) claimOrLog(ctx context.Context, key sessions.Key) (c *claim, err error) {
 	if err := ctx.Err(); err != nil {
 		// The client is gone (a request that waited in a stopped
@@ -533,14 +556,22 @@ func (d *durable) claimOrLog(ctx context.Context, key sessions.Key) (c *claim, e
 		return nil, err
 	}
 	c, err = d.ensure(ctx, key, nil)
-	if err == nil || !unanswered(err) || ctx.Err() != nil {
+	if err == nil || !unanswered(err) || ctx.Err() != nil || errors.Is(err, errChanged) {
 		return c, err
 	}
-	// Served from memory only what this replica holds (or made: a
-	// stateful session exists here because it was made or adopted here);
-	// a client header's or handle's session seen here first may have a
-	// state in the store, which a fresh instance must not shadow.
-	if held := c != nil && c.err == nil; !held && key.Kind() != sessions.KindConn {
+	held := c != nil && c.err == nil
+	switch {
+	case held && !c.fresh():
+		// Not verified lately: another replica may have taken the
+		// session over meanwhile (this process was stopped, or cut off
+		// from the store alone), so what it holds may be stale.
+		return nil, err
+	case !held && key.Kind() != sessions.KindConn:
+		// Served from memory only what this replica holds (or made: a
+		// stateful session exists here because it was made or adopted
+		// here); a client header's or handle's session seen here first
+		// may have a state in the store, which a fresh instance must
+		// not shadow.
 		return nil, err
 	}
 	d.log.Warn("state store unavailable: serving the session from this replica, not saved", "session", key.String(), "error", err)
@@ -551,6 +582,11 @@ func (d *durable) claimOrLog(ctx context.Context, key sessions.Key) (c *claim, e
 // store did not answer), and the call runs on what this replica holds;
 // its result is marked not saved.
 var errServedFromMemory = errors.New("served from memory")
+
+// errChanged: another replica served the session since this one last
+// did, and its record could not be read: what this replica holds is
+// stale, and the request is refused rather than served from it.
+var errChanged = errors.New("the session was served by another replica since")
 
 // errNotKept marks a claim given up: a handle the store does not know.
 var errNotKept = errors.New("session not kept")
@@ -578,6 +614,7 @@ func (d *durable) take(ctx context.Context, key sessions.Key, ns *newSession, c 
 		return false, nil
 	}
 	c.fence = cl.Fence
+	c.verified = time.Now()
 	if err := d.seed(key, c, rec, cl.Fence); err != nil {
 		return false, err
 	}
@@ -636,12 +673,18 @@ func (d *durable) verify(ctx context.Context, key sessions.Key, c *claim) error 
 	}
 	if cl.Fence == c.fence {
 		c.renewed = time.Now() // a claim renews the record
+		c.verified = c.renewed
 		return nil
 	}
 	rec, err := d.store.Get(ctx, c.id)
 	if err != nil && !errors.Is(err, statestore.ErrNotFound) {
-		return unavailable(d.observe(fmt.Errorf("state store: read session: %w", err)))
+		// What this replica holds is stale: never served from memory,
+		// until the record is read.
+		c.stale = true
+		return unavailable(fmt.Errorf("%w: %w", errChanged, d.observe(fmt.Errorf("state store: read session: %w", err))))
 	}
+	c.stale = false
+	c.verified = time.Now()
 	if cl.Previous == (statestore.Owner{}) && !hasPlugins(rec) {
 		return d.recover(ctx, key, c, cl.Fence)
 	}

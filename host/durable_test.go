@@ -372,3 +372,117 @@ func TestUnreadableStateIsRefusedNotReset(t *testing.T) {
 		t.Fatalf("the retry: %v %q; want the stored note only", err, text(res))
 	}
 }
+
+// hookStore runs hook (once) after the nth Get of id returns, or fails
+// that Get when fail is set.
+type hookStore struct {
+	statestore.Store
+	mu   sync.Mutex
+	id   string
+	n    int
+	gets int
+	fail bool
+	hook func()
+}
+
+func (s *hookStore) arm(id string, n int, fail bool, hook func()) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.id, s.n, s.gets, s.fail, s.hook = id, n, 0, fail, hook
+}
+
+func (s *hookStore) Get(ctx context.Context, id string) (map[string][]byte, error) {
+	s.mu.Lock()
+	fire := false
+	if id == s.id {
+		s.gets++
+		fire = s.gets == s.n
+	}
+	fail, hook := s.fail, s.hook
+	if fire {
+		s.hook = nil
+	}
+	s.mu.Unlock()
+	if fire && fail {
+		return nil, errNoAnswer
+	}
+	rec, err := s.Store.Get(ctx, id)
+	if fire && hook != nil {
+		hook()
+	}
+	return rec, err
+}
+
+// Finding 3: a replica taking a session over claims it before it reads
+// its record, so a write the old holder acknowledges meanwhile is either
+// in what it reads or fenced (and the old holder's call fails): never
+// acknowledged and then erased. The old code read first: the old
+// holder's acknowledged note was lost.
+func TestTakeoverClaimsBeforeReading(t *testing.T) {
+	shared := statestore.NewMemory()
+	atB := &hookStore{Store: shared}
+	a := newReplica(t, "a", shared, sandbox.NewPolicy())
+	b := newReplica(t, "b", atB, sandbox.NewPolicy())
+	rt := &router{to: a}
+	cs := connectHTTP(t, a.srv.URL, "2025-11-25", rt)
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("a's log:\n%s\nb's log:\n%s", a.log.String(), b.log.String())
+		}
+	})
+	call(t, cs, "note_add", map[string]any{"text": "one"})
+	// b's second read of the session's record is the takeover's (the
+	// first is the handshake's replay); right after it returns, a
+	// acknowledges a write, as a replica still serving would.
+	var between string
+	atB.arm("s."+cs.ID(), 2, false, func() {
+		_, between = postSession(t, a.srv.URL, cs.ID(), `{"jsonrpc":"2.0","id":500,"method":"tools/call","params":{"name":"note_add","arguments":{"text":"between"}}}`)
+	})
+	rt.point(b)
+	call(t, cs, "note_add", map[string]any{"text": "at b"})
+	acked := strings.Contains(between, "saved") && !strings.Contains(between, `"isError":true`) && !strings.Contains(between, "notSaved")
+	list := text(notes(t, cs, nil))
+	if acked && !strings.Contains(list, "between") {
+		t.Fatalf("a acknowledged %q, and b lost it:\n%s", between, list)
+	}
+	if !strings.Contains(list, "one") || !strings.Contains(list, "at b") {
+		t.Fatalf("notes at b:\n%s", list)
+	}
+}
+
+// Finding 4: a replica that finds its session was served by another one
+// since, and cannot read the record now, refuses the request (-32053)
+// rather than serving its stale instance; the retry gets the other
+// replica's writes. The old code adopted the new fence first: the stale
+// instance was served, and never seeded again.
+func TestStaleInstanceNotServedWhenRereadFails(t *testing.T) {
+	shared := statestore.NewMemory()
+	atA := &hookStore{Store: shared}
+	a := newReplica(t, "a", atA, sandbox.NewPolicy())
+	b := newReplica(t, "b", shared, sandbox.NewPolicy())
+	rt := &router{to: a}
+	cs := connectHTTP(t, a.srv.URL, "2025-11-25", rt)
+	call(t, cs, "note_add", map[string]any{"text": "one"})
+	rt.point(b)
+	call(t, cs, "note_add", map[string]any{"text": "two at b"})
+	rt.point(a)
+	atA.arm("s."+cs.ID(), 1, true, nil) // a's re-read fails, once
+	res, err := cs.CallTool(context.Background(), &mcp.CallToolParams{Name: "note_list"})
+	if err == nil && !strings.Contains(text(res), "two at b") {
+		t.Fatalf("a served its stale instance: %q", text(res))
+	}
+	// The retry, once the store is asked again (after the breaker's 2 s).
+	for deadline := time.Now().Add(30 * time.Second); ; {
+		res, err = cs.CallTool(context.Background(), &mcp.CallToolParams{Name: "note_list"})
+		if err == nil || time.Now().After(deadline) {
+			break
+		}
+		if !strings.Contains(err.Error(), "unavailable") {
+			t.Fatalf("the retry at a: %v", err)
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+	if err != nil || !strings.Contains(text(res), "two at b") {
+		t.Fatalf("the retry at a: %v %q", err, text(res))
+	}
+}
