@@ -209,7 +209,9 @@ func (d *durable) open() bool { return time.Now().UnixNano() < d.downUntil.Load(
 // observe trips the breaker on an error that says the store did not
 // answer (not a refusal the store made).
 func (d *durable) observe(err error) error {
-	if err != nil && unanswered(err) {
+	// A caller that went away (its client cancelled) says nothing of the
+	// store.
+	if err != nil && unanswered(err) && !errors.Is(err, context.Canceled) {
 		d.downUntil.Store(time.Now().Add(breakerWindow).UnixNano())
 	}
 	return err
