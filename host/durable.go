@@ -568,12 +568,14 @@ func (d *durable) claimOrLog(ctx context.Context, key sessions.Key) (c *claim, e
 		// session over meanwhile (this process was stopped, or cut off
 		// from the store alone), so what it holds may be stale.
 		return nil, err
-	case !held && key.Kind() != sessions.KindConn:
-		// Served from memory only what this replica holds (or made: a
-		// stateful session exists here because it was made or adopted
-		// here); a client header's or handle's session seen here first
-		// may have a state in the store, which a fresh instance must
-		// not shadow.
+	case !held && (key.Kind() != sessions.KindConn || d.h.ses.Fence(key) != 0):
+		// Served from memory only what this replica holds, or a
+		// stateful session made here that was never claimed (the store
+		// was away when it began). A client header's or handle's
+		// session seen here first may have a state in the store, which
+		// a fresh instance must not shadow; a session whose claim this
+		// replica lost (another replica took it over) holds stale
+		// instances.
 		return nil, err
 	}
 	d.log.Warn("state store unavailable: serving the session from this replica, not saved", "session", key.String(), "error", err)
