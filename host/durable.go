@@ -80,6 +80,31 @@ type durable struct {
 	// users are the authenticated users of stateful sessions made and
 	// not yet initialized, by session ID (at most maxPendingUsers).
 	users map[string]string
+	// adopted are the stateful sessions this replica took over from the
+	// store (at most maxPendingUsers): never served afresh from memory.
+	adopted map[string]bool
+}
+
+// adoptedHere notes that stateful session id was taken over from the
+// store: it has a state there, so it is never served from memory before
+// this replica's claim on it succeeded.
+func (d *durable) adoptedHere(id string) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if len(d.adopted) >= maxPendingUsers {
+		for k := range d.adopted {
+			delete(d.adopted, k)
+			break
+		}
+	}
+	d.adopted[id] = true
+}
+
+// wasAdopted reports whether key's stateful session was taken over here.
+func (d *durable) wasAdopted(key sessions.Key) bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.adopted[key.ID()]
 }
 
 // maxPendingUsers bounds the sessions whose initialize was answered and
@@ -168,13 +193,14 @@ func newDurable(h *Host) *durable {
 	var boot [6]byte
 	rand.Read(boot[:])
 	d := &durable{
-		h:      h,
-		store:  h.opts.Store,
-		owner:  statestore.Owner{Replica: cmpOr(h.opts.Replica, "-"), Boot: hex.EncodeToString(boot[:])},
-		policy: cmpOr(h.opts.Checkpoint, CheckpointAfterCall),
-		log:    h.log.With("component", "durable"),
-		claims: map[sessions.Key]*claim{},
-		users:  map[string]string{},
+		h:       h,
+		store:   h.opts.Store,
+		owner:   statestore.Owner{Replica: cmpOr(h.opts.Replica, "-"), Boot: hex.EncodeToString(boot[:])},
+		policy:  cmpOr(h.opts.Checkpoint, CheckpointAfterCall),
+		log:     h.log.With("component", "durable"),
+		claims:  map[sessions.Key]*claim{},
+		users:   map[string]string{},
+		adopted: map[string]bool{},
 	}
 	return d
 }
@@ -502,7 +528,9 @@ func (d *durable) ensure(ctx context.Context, key sessions.Key, ns *newSession) 
 	if id == "" {
 		return nil, nil
 	}
-	ctx, cancel := context.WithTimeout(ctx, d.timeout())
+	// A claim, a read, a write: a few exchanges, each bounded by the
+	// store's client too.
+	ctx, cancel := context.WithTimeout(ctx, 4*d.timeout())
 	defer cancel()
 	d.mu.Lock()
 	c := d.claims[key]
@@ -568,7 +596,7 @@ func (d *durable) claimOrLog(ctx context.Context, key sessions.Key) (c *claim, e
 		// session over meanwhile (this process was stopped, or cut off
 		// from the store alone), so what it holds may be stale.
 		return nil, err
-	case !held && (key.Kind() != sessions.KindConn || d.h.ses.Fence(key) != 0):
+	case !held && (key.Kind() != sessions.KindConn || d.h.ses.Fence(key) != 0 || d.wasAdopted(key)):
 		// Served from memory only what this replica holds, or a
 		// stateful session made here that was never claimed (the store
 		// was away when it began). A client header's or handle's
