@@ -194,7 +194,7 @@ func newDurable(h *Host) *durable {
 	rand.Read(boot[:])
 	d := &durable{
 		h:       h,
-		store:   h.opts.Store,
+		store:   bounded{Store: h.opts.Store, d: cmp.Or(h.opts.StoreTimeout, DefaultStoreTimeout)},
 		owner:   statestore.Owner{Replica: cmpOr(h.opts.Replica, "-"), Boot: hex.EncodeToString(boot[:])},
 		policy:  cmpOr(h.opts.Checkpoint, CheckpointAfterCall),
 		log:     h.log.With("component", "durable"),
@@ -223,6 +223,61 @@ const (
 // timeout bounds one exchange with the store.
 func (d *durable) timeout() time.Duration {
 	return cmp.Or(d.h.opts.StoreTimeout, DefaultStoreTimeout)
+}
+
+// bounded is a store whose every exchange is bounded by a timeout
+// (Options.StoreTimeout), whatever its caller's context allows.
+type bounded struct {
+	statestore.Store
+	d time.Duration
+}
+
+func (b bounded) Heartbeat(ctx context.Context, o statestore.Owner, ttl time.Duration) error {
+	ctx, cancel := context.WithTimeout(ctx, b.d)
+	defer cancel()
+	return b.Store.Heartbeat(ctx, o, ttl)
+}
+
+func (b bounded) Leave(ctx context.Context, o statestore.Owner) error {
+	ctx, cancel := context.WithTimeout(ctx, b.d)
+	defer cancel()
+	return b.Store.Leave(ctx, o)
+}
+
+func (b bounded) Claim(ctx context.Context, id string, o statestore.Owner, ttl time.Duration, steal bool) (statestore.Claim, error) {
+	ctx, cancel := context.WithTimeout(ctx, b.d)
+	defer cancel()
+	return b.Store.Claim(ctx, id, o, ttl, steal)
+}
+
+func (b bounded) Put(ctx context.Context, id, field string, v []byte, fence uint64, ttl time.Duration) error {
+	ctx, cancel := context.WithTimeout(ctx, b.d)
+	defer cancel()
+	return b.Store.Put(ctx, id, field, v, fence, ttl)
+}
+
+func (b bounded) Renew(ctx context.Context, id string, fence uint64, ttl time.Duration, bump bool) (uint64, error) {
+	ctx, cancel := context.WithTimeout(ctx, b.d)
+	defer cancel()
+	return b.Store.Renew(ctx, id, fence, ttl, bump)
+}
+
+func (b bounded) Get(ctx context.Context, id string) (map[string][]byte, error) {
+	ctx, cancel := context.WithTimeout(ctx, b.d)
+	defer cancel()
+	return b.Store.Get(ctx, id)
+}
+
+func (b bounded) Release(ctx context.Context, id string, fence uint64) error {
+	ctx, cancel := context.WithTimeout(ctx, b.d)
+	defer cancel()
+	return b.Store.Release(ctx, id, fence)
+}
+
+func (b bounded) Delete(ctx context.Context, id string, fence uint64) error {
+	ctx, cancel := context.WithTimeout(ctx, b.d)
+	defer cancel()
+	return b.Store.Delete(ctx, id, fence)
 }
 
 // errStoreDown is the breaker's refusal: the store failed to answer a
