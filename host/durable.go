@@ -80,6 +80,31 @@ type durable struct {
 	// users are the authenticated users of stateful sessions made and
 	// not yet initialized, by session ID (at most maxPendingUsers).
 	users map[string]string
+	// adopted are the stateful sessions this replica took over from the
+	// store (at most maxPendingUsers): never served afresh from memory.
+	adopted map[string]bool
+}
+
+// adoptedHere notes that stateful session id was taken over from the
+// store: it has a state there, so it is never served from memory before
+// this replica's claim on it succeeded.
+func (d *durable) adoptedHere(id string) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if len(d.adopted) >= maxPendingUsers {
+		for k := range d.adopted {
+			delete(d.adopted, k)
+			break
+		}
+	}
+	d.adopted[id] = true
+}
+
+// wasAdopted reports whether key's stateful session was taken over here.
+func (d *durable) wasAdopted(key sessions.Key) bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.adopted[key.ID()]
 }
 
 // maxPendingUsers bounds the sessions whose initialize was answered and
@@ -168,13 +193,14 @@ func newDurable(h *Host) *durable {
 	var boot [6]byte
 	rand.Read(boot[:])
 	d := &durable{
-		h:      h,
-		store:  h.opts.Store,
-		owner:  statestore.Owner{Replica: cmpOr(h.opts.Replica, "-"), Boot: hex.EncodeToString(boot[:])},
-		policy: cmpOr(h.opts.Checkpoint, CheckpointAfterCall),
-		log:    h.log.With("component", "durable"),
-		claims: map[sessions.Key]*claim{},
-		users:  map[string]string{},
+		h:       h,
+		store:   bounded{Store: h.opts.Store, d: cmp.Or(h.opts.StoreTimeout, DefaultStoreTimeout)},
+		owner:   statestore.Owner{Replica: cmpOr(h.opts.Replica, "-"), Boot: hex.EncodeToString(boot[:])},
+		policy:  cmpOr(h.opts.Checkpoint, CheckpointAfterCall),
+		log:     h.log.With("component", "durable"),
+		claims:  map[sessions.Key]*claim{},
+		users:   map[string]string{},
+		adopted: map[string]bool{},
 	}
 	return d
 }
@@ -199,6 +225,61 @@ func (d *durable) timeout() time.Duration {
 	return cmp.Or(d.h.opts.StoreTimeout, DefaultStoreTimeout)
 }
 
+// bounded is a store whose every exchange is bounded by a timeout
+// (Options.StoreTimeout), whatever its caller's context allows.
+type bounded struct {
+	statestore.Store
+	d time.Duration
+}
+
+func (b bounded) Heartbeat(ctx context.Context, o statestore.Owner, ttl time.Duration) error {
+	ctx, cancel := context.WithTimeout(ctx, b.d)
+	defer cancel()
+	return b.Store.Heartbeat(ctx, o, ttl)
+}
+
+func (b bounded) Leave(ctx context.Context, o statestore.Owner) error {
+	ctx, cancel := context.WithTimeout(ctx, b.d)
+	defer cancel()
+	return b.Store.Leave(ctx, o)
+}
+
+func (b bounded) Claim(ctx context.Context, id string, o statestore.Owner, ttl time.Duration, steal bool) (statestore.Claim, error) {
+	ctx, cancel := context.WithTimeout(ctx, b.d)
+	defer cancel()
+	return b.Store.Claim(ctx, id, o, ttl, steal)
+}
+
+func (b bounded) Put(ctx context.Context, id, field string, v []byte, fence uint64, ttl time.Duration) error {
+	ctx, cancel := context.WithTimeout(ctx, b.d)
+	defer cancel()
+	return b.Store.Put(ctx, id, field, v, fence, ttl)
+}
+
+func (b bounded) Renew(ctx context.Context, id string, fence uint64, ttl time.Duration, bump bool) (uint64, error) {
+	ctx, cancel := context.WithTimeout(ctx, b.d)
+	defer cancel()
+	return b.Store.Renew(ctx, id, fence, ttl, bump)
+}
+
+func (b bounded) Get(ctx context.Context, id string) (map[string][]byte, error) {
+	ctx, cancel := context.WithTimeout(ctx, b.d)
+	defer cancel()
+	return b.Store.Get(ctx, id)
+}
+
+func (b bounded) Release(ctx context.Context, id string, fence uint64) error {
+	ctx, cancel := context.WithTimeout(ctx, b.d)
+	defer cancel()
+	return b.Store.Release(ctx, id, fence)
+}
+
+func (b bounded) Delete(ctx context.Context, id string, fence uint64) error {
+	ctx, cancel := context.WithTimeout(ctx, b.d)
+	defer cancel()
+	return b.Store.Delete(ctx, id, fence)
+}
+
 // errStoreDown is the breaker's refusal: the store failed to answer a
 // moment ago.
 var errStoreDown = errors.New("state store unavailable (failing fast after a timeout)")
@@ -209,7 +290,9 @@ func (d *durable) open() bool { return time.Now().UnixNano() < d.downUntil.Load(
 // observe trips the breaker on an error that says the store did not
 // answer (not a refusal the store made).
 func (d *durable) observe(err error) error {
-	if err != nil && unanswered(err) {
+	// A caller that went away (its client cancelled) says nothing of the
+	// store.
+	if err != nil && unanswered(err) && !errors.Is(err, context.Canceled) {
 		d.downUntil.Store(time.Now().Add(breakerWindow).UnixNano())
 	}
 	return err
@@ -500,7 +583,9 @@ func (d *durable) ensure(ctx context.Context, key sessions.Key, ns *newSession) 
 	if id == "" {
 		return nil, nil
 	}
-	ctx, cancel := context.WithTimeout(ctx, d.timeout())
+	// A claim, a read, a write: a few exchanges, each bounded by the
+	// store's client too.
+	ctx, cancel := context.WithTimeout(ctx, 4*d.timeout())
 	defer cancel()
 	d.mu.Lock()
 	c := d.claims[key]
@@ -566,12 +651,14 @@ func (d *durable) claimOrLog(ctx context.Context, key sessions.Key) (c *claim, e
 		// session over meanwhile (this process was stopped, or cut off
 		// from the store alone), so what it holds may be stale.
 		return nil, err
-	case !held && key.Kind() != sessions.KindConn:
-		// Served from memory only what this replica holds (or made: a
-		// stateful session exists here because it was made or adopted
-		// here); a client header's or handle's session seen here first
-		// may have a state in the store, which a fresh instance must
-		// not shadow.
+	case !held && (key.Kind() != sessions.KindConn || d.h.ses.Fence(key) != 0 || d.wasAdopted(key)):
+		// Served from memory only what this replica holds, or a
+		// stateful session made here that was never claimed (the store
+		// was away when it began). A client header's or handle's
+		// session seen here first may have a state in the store, which
+		// a fresh instance must not shadow; a session whose claim this
+		// replica lost (another replica took it over) holds stale
+		// instances.
 		return nil, err
 	}
 	d.log.Warn("state store unavailable: serving the session from this replica, not saved", "session", key.String(), "error", err)

@@ -23,6 +23,24 @@ import (
 // Regression tests of issue #25 (durable sessions never lose an
 // acknowledged write).
 
+// pair is replicas a and b of the notes example on stores sa and sb (one
+// store seen through two wrappers, or the same), a router pointing at a,
+// and a 2025-11-25 client through it; their logs are shown if the test
+// fails.
+func pair(t *testing.T, sa, sb statestore.Store) (a, b *replica, rt *router, cs *mcp.ClientSession) {
+	t.Helper()
+	a = newReplica(t, "a", sa, sandbox.NewPolicy())
+	b = newReplica(t, "b", sb, sandbox.NewPolicy())
+	rt = &router{to: a}
+	cs = connectHTTP(t, a.srv.URL, "2025-11-25", rt)
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("a's log:\n%s\nb's log:\n%s", a.log.String(), b.log.String())
+		}
+	})
+	return a, b, rt, cs
+}
+
 // A store that came back empty (a Redis restarted without persistence)
 // is detected by its epoch: the replica holding a session writes back
 // what it holds, the session's calls go on without "moved", and another
@@ -30,15 +48,7 @@ import (
 // every call "moved" and started the session empty.
 func TestStoreBackEmptySessionGoesOn(t *testing.T) {
 	store := statestore.NewMemory()
-	a := newReplica(t, "a", store, sandbox.NewPolicy())
-	b := newReplica(t, "b", store, sandbox.NewPolicy())
-	rt := &router{to: a}
-	cs := connectHTTP(t, a.srv.URL, "2025-11-25", rt)
-	t.Cleanup(func() {
-		if t.Failed() {
-			t.Logf("a's log:\n%s\nb's log:\n%s", a.log.String(), b.log.String())
-		}
-	})
+	a, b, rt, cs := pair(t, store, store)
 	for _, n := range []string{"one", "two"} {
 		if res := call(t, cs, "note_add", map[string]any{"text": n}); res.IsError {
 			t.Fatal(text(res))
@@ -122,15 +132,7 @@ func TestResumedStreamAtAnotherReplicaKeepsSession(t *testing.T) {
 // idempotency key. The old code applied the call twice.
 func TestCallAppliedAtMostOnce(t *testing.T) {
 	store := statestore.NewMemory()
-	a := newReplica(t, "a", store, sandbox.NewPolicy())
-	b := newReplica(t, "b", store, sandbox.NewPolicy())
-	rt := &router{to: a}
-	cs := connectHTTP(t, a.srv.URL, "2025-11-25", rt)
-	t.Cleanup(func() {
-		if t.Failed() {
-			t.Logf("a's log:\n%s\nb's log:\n%s", a.log.String(), b.log.String())
-		}
-	})
+	a, b, rt, cs := pair(t, store, store)
 	body := `{"jsonrpc":"2.0","id":1000,"method":"tools/call","params":{"name":"note_add","arguments":{"text":"once"}}}`
 	status, first := postSession(t, a.srv.URL, cs.ID(), body)
 	if status != http.StatusOK || !strings.Contains(first, "note 1 saved") {
@@ -421,15 +423,7 @@ func (s *hookStore) Get(ctx context.Context, id string) (map[string][]byte, erro
 func TestTakeoverClaimsBeforeReading(t *testing.T) {
 	shared := statestore.NewMemory()
 	atB := &hookStore{Store: shared}
-	a := newReplica(t, "a", shared, sandbox.NewPolicy())
-	b := newReplica(t, "b", atB, sandbox.NewPolicy())
-	rt := &router{to: a}
-	cs := connectHTTP(t, a.srv.URL, "2025-11-25", rt)
-	t.Cleanup(func() {
-		if t.Failed() {
-			t.Logf("a's log:\n%s\nb's log:\n%s", a.log.String(), b.log.String())
-		}
-	})
+	a, b, rt, cs := pair(t, shared, atB)
 	call(t, cs, "note_add", map[string]any{"text": "one"})
 	// b's second read of the session's record is the takeover's (the
 	// first is the handshake's replay); right after it returns, a
@@ -458,10 +452,7 @@ func TestTakeoverClaimsBeforeReading(t *testing.T) {
 func TestStaleInstanceNotServedWhenRereadFails(t *testing.T) {
 	shared := statestore.NewMemory()
 	atA := &hookStore{Store: shared}
-	a := newReplica(t, "a", atA, sandbox.NewPolicy())
-	b := newReplica(t, "b", shared, sandbox.NewPolicy())
-	rt := &router{to: a}
-	cs := connectHTTP(t, a.srv.URL, "2025-11-25", rt)
+	a, b, rt, cs := pair(t, atA, shared)
 	call(t, cs, "note_add", map[string]any{"text": "one"})
 	rt.point(b)
 	call(t, cs, "note_add", map[string]any{"text": "two at b"})

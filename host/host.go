@@ -246,10 +246,10 @@ type Host struct {
 	// session ID of a takeover goes to it alone.
 	adoptMu sync.RWMutex
 	adoptID string // guarded by adoptMu
-	// asks are the questions asked of clients before 2026-07-28 and not
-	// answered yet: Close and Drain withdraw them (see withdrawAsks).
-	asks asking
 	boot    string // random at each start: names this process (replicas.go)
+	// asks are the questions asked of clients before 2026-07-28 and not
+	// answered yet: Close and Drain withdraw them (see asking).
+	asks asking
 }
 
 // New returns a host serving the catalogue of src, and following its

@@ -436,6 +436,7 @@ func (h *Host) adopt(ctx context.Context, stateful http.Handler, orig *http.Requ
 	}
 	// The replayed initialized writes the record again: with this user.
 	h.dur.madeBy(id, userOf(orig))
+	h.dur.adoptedHere(id)
 	init, err := json.Marshal(map[string]any{"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": sr.Initialize})
 	if err != nil {
 		return err

@@ -42,4 +42,3 @@ func TestSeedRetiresInstancesOfAnotherFence(t *testing.T) {
 		t.Fatalf("after the change of owner: same instance %v, fence %d, stale %v", l2.Instance() == first, l2.Fence(), l2.Stale())
 	}
 }
-

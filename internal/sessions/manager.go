@@ -673,6 +673,17 @@ func (m *Manager) Keys() []Key {
 	return keys
 }
 
+// Fence returns the fence key's client was last seeded under (see
+// [Manager.Seed]), 0 for a client never seeded or none.
+func (m *Manager) Fence(key Key) uint64 {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if c, ok := m.clients[key]; ok && !c.closed {
+		return c.fence
+	}
+	return 0
+}
+
 // Has reports whether key has a live client.
 func (m *Manager) Has(key Key) bool {
 	m.mu.Lock()
