@@ -28,7 +28,9 @@ import (
 // FAULTS_BIN names a wasmtools binary to test (default: built from this
 // tree); FAULTS_DEPLOY a folder with other proxy configs (default:
 // deploy/); FAULTS_REPORT names a file the summary table is written to;
-// FAULTS_LOGS=1 prints the replicas' logs of a failed scenario.
+// FAULTS_LOGS=1 prints the replicas' logs of a failed scenario;
+// FAULTS_VERBOSE=1 prints each fault as it is injected, =2 also every
+// attempt of every client.
 func TestFaults(t *testing.T) {
 	mode := os.Getenv("FAULTS")
 	if mode == "" {
