@@ -689,6 +689,7 @@ func (d *durable) take(ctx context.Context, key sessions.Key, ns *newSession, c 
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	asked := time.Now() // before the claim: a pause after it shortens the grace, never lengthens it
 	cl, err := d.claim(ctx, key, c)
 	if err != nil {
 		return false, unavailable(err)
@@ -701,7 +702,7 @@ func (d *durable) take(ctx context.Context, key sessions.Key, ns *newSession, c 
 		return false, nil
 	}
 	c.fence = cl.Fence
-	c.verified = time.Now()
+	c.verified = asked
 	if err := d.seed(key, c, rec, cl.Fence); err != nil {
 		return false, err
 	}
@@ -754,13 +755,13 @@ func (d *durable) verify(ctx context.Context, key sessions.Key, c *claim) error 
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	asked := time.Now() // before the claim: a pause after it shortens the grace, never lengthens it
 	cl, err := d.claim(ctx, key, c)
 	if err != nil {
 		return unavailable(err)
 	}
 	if cl.Fence == c.fence {
-		c.renewed = time.Now() // a claim renews the record
-		c.verified = c.renewed
+		c.renewed, c.verified = asked, asked // a claim renews the record
 		return nil
 	}
 	rec, err := d.store.Get(ctx, c.id)
@@ -771,7 +772,7 @@ func (d *durable) verify(ctx context.Context, key sessions.Key, c *claim) error 
 		return unavailable(fmt.Errorf("%w: %w", errChanged, d.observe(fmt.Errorf("state store: read session: %w", err))))
 	}
 	c.stale = false
-	c.verified = time.Now()
+	c.verified = asked
 	if cl.Previous == (statestore.Owner{}) && !hasPlugins(rec) {
 		return d.recover(ctx, key, c, cl.Fence)
 	}
@@ -891,11 +892,27 @@ const storeTimeout = 5 * time.Second
 // lands after it. c.mu is held.
 func (d *durable) putLocked(ctx context.Context, c *claim, field string, v []byte) error {
 	sum := sha256.Sum256(v)
+	unchanged := false
 	if prev, ok := c.saved[field]; ok && prev == sum {
-		return nil
+		// Nothing to write. Unless the claim was verified long ago (the
+		// call was long, or this process was stopped while it ran): the
+		// result was computed from what may be a stale instance, and
+		// the fence is checked before it is sent.
+		if time.Since(c.verified) < memoryGrace {
+			return nil
+		}
+		unchanged = true
 	}
 	if d.open() {
 		return errStoreDown
+	}
+	asked := time.Now()
+	if unchanged && !c.dirty {
+		if _, err := d.store.Renew(ctx, c.id, c.fence, d.ttl(), false); err != nil {
+			return d.observe(err)
+		}
+		c.verified, c.renewed = asked, asked
+		return nil
 	}
 	if c.dirty {
 		f, err := d.store.Renew(ctx, c.id, c.fence, d.ttl(), true)
@@ -912,7 +929,7 @@ func (d *durable) putLocked(ctx context.Context, c *claim, field string, v []byt
 		return d.observe(err)
 	}
 	c.saved[field] = sum
-	c.renewed = time.Now()
+	c.renewed, c.verified = asked, asked
 	return nil
 }
 
