@@ -47,3 +47,15 @@ bench-short: plugins testplugins
 	cd bench && $(GO) test -short -count=1 -bench . -benchtime 1x ./...
 
 .PHONY: bench bench-short
+
+# faults: the fault suite of durable sessions (internal/faults; docs/DEPLOY.md,
+# "Faults"): three replicas, redis-server, HAProxy and nginx as real
+# processes, faults injected while clients of both protocol eras write and
+# read, a checker of what they were told. One pass, 3 clients per era: a few
+# minutes (CI). FAULTS_SOAK=30m: a soak, 10 clients per era, passes until
+# then. FAULTS_RUN=regexp picks scenarios; FAULTS_REPORT=file keeps the table.
+FAULTS_SOAK ?=
+faults: plugins testplugins
+	FAULTS=$(or $(FAULTS_SOAK),short) $(GO) test -count=1 -timeout $(if $(FAULTS_SOAK),0,30m) -run '^TestFaults$$' -v ./internal/faults
+
+.PHONY: faults

@@ -80,6 +80,7 @@ func (h *Host) call(ctx context.Context, t *plugins.Tool, req *mcp.CallToolReque
 	key := ref.key
 	env := h.newCallEnv(ctx, t, req, key.String())
 	env.ref = ref
+	env.once = onceKey(req)
 	c := plugins.Call{
 		Tool: t, Arguments: args, Meta: meta, Host: env.hostFunc,
 		Context: h.callContext(req.Session, key, m),
@@ -122,11 +123,19 @@ func (h *Host) callTool(ctx context.Context, key sessions.Key, c plugins.Call, e
 	// With a state store, the session is claimed (and taken over, if
 	// another replica served it) before its instance is leased.
 	var claim *claim
+	notSaved := ""
 	if !t.Plugin().Stateless() {
 		if _, req := env.current(); req != nil {
 			h.storeBytes.attribute(storeID(key), h.tenantOf(subjectOf(req.Extra)))
 		}
-		claim = h.dur.claimOrLog(ctx, key)
+		var cerr error
+		claim, cerr = h.dur.claimOrLog(ctx, key)
+		switch {
+		case errors.Is(cerr, errServedFromMemory):
+			notSaved = notSavedUnavailable
+		case cerr != nil:
+			return nil, fmt.Errorf("tool %q: %w", t.Name, cerr)
+		}
 	}
 	actx, aspan := telemetry.Start(ctx, "wasmtools.acquire", attribute.String("wasmtools.plugin", t.Plugin().Name()))
 	l, err := h.acquire(actx, key, t.Plugin(), func() (*plugins.Plugin, error) {
@@ -149,6 +158,19 @@ func (h *Host) callTool(ctx context.Context, key sessions.Key, c plugins.Call, e
 		return nil, fmt.Errorf("tool %q: %w (limit %d): wait for earlier calls to finish", t.Name, err, cmp.Or(h.opts.QueueLimit, DefaultQueueLimit))
 	case err != nil:
 		return nil, fmt.Errorf("tool %q: %w", t.Name, err)
+	case ctx.Err() != nil:
+		// The client went away while the call waited (a request that
+		// sat in a stopped process): nothing runs, so nothing resets.
+		l.Done(nil)
+		return nil, fmt.Errorf("tool %q: %w", t.Name, ctx.Err())
+	case env != nil && h.dur.replay(claim, env.once) != nil:
+		// The call completed before (a proxy's resend, a client's retry
+		// with the same idempotency key): its first result, not a
+		// second run.
+		res := h.dur.replay(claim, env.once)
+		l.Done(nil)
+		h.log.Info("call answered from its first run", "tool", t.Name, "session", key.String())
+		return res, nil
 	default:
 		env.attach(l)
 		cctx := telemetry.Under(l.Context(), ctx)
@@ -156,7 +178,9 @@ func (h *Host) callTool(ctx context.Context, key sessions.Key, c plugins.Call, e
 			cctx = sandbox.WithAsker(cctx, env) // grants inside the ceiling are asked for
 		}
 		gctx, gspan := telemetry.Start(cctx, "wasmtools.guest "+t.Name, attribute.String("wasmtools.plugin", t.Plugin().Name()), attribute.String("wasmtools.plugin.sha256", t.Plugin().SHA256()))
+		stop := h.dur.keepAlive(claim)
 		out, err = l.Instance().CallTool(gctx, c)
+		stop()
 		telemetry.End(gspan, err)
 		if err == nil {
 			env.afterCall(l)
@@ -165,11 +189,23 @@ func (h *Host) callTool(ctx context.Context, key sessions.Key, c plugins.Call, e
 		notice = l.Notice()
 		if err == nil && h.dur != nil {
 			// Saved before the result is sent: a replica killed after
-			// it loses nothing the client was told.
-			if cerr := h.dur.afterCall(ctx, key, claim, l); cerr != nil {
-				l.Done(sessions.ErrMoved)
-				return errorResult(fmt.Sprintf("tool %q: %v", t.Name, cerr)), nil
+			// it loses nothing the client was told. The result goes in
+			// the same write, under the call's at-most-once key.
+			var first *once
+			if env != nil && env.once != "" {
+				if r, cerr := toMCP(out); cerr == nil {
+					b, _ := json.Marshal(r)
+					first = &once{Key: env.once, Result: b}
+				}
 			}
+			why, cerr := h.dur.afterCall(ctx, key, claim, l, first)
+			if cerr != nil {
+				l.Done(sessions.ErrMoved)
+				res := errorResult(fmt.Sprintf("tool %q: %v", t.Name, cerr))
+				res.Meta = mcp.Meta{MetaNotSaved: map[string]any{"reason": why}}
+				return res, nil
+			}
+			notSaved = cmp.Or(why, notSaved)
 		}
 		l.Done(err)
 	}
@@ -180,6 +216,12 @@ func (h *Host) callTool(ctx context.Context, key sessions.Key, c plugins.Call, e
 		res = errorResult(fmt.Sprintf("tool %q: plugin %q returned a result that is not valid MCP: %v", t.Name, t.Plugin().Name(), err))
 	}
 	noticeMeta(notice, &res.Meta)
+	if notSaved != "" && err == nil {
+		if res.Meta == nil {
+			res.Meta = mcp.Meta{}
+		}
+		res.Meta[MetaNotSaved] = map[string]any{"reason": notSaved}
+	}
 	env.attachRecords(res)
 	capResult(res, h.maxRunes())
 	if env != nil {
@@ -427,4 +469,31 @@ func blockOverhead(tc *mcp.TextContent) int {
 	}
 	b, _ := json.Marshal(&mcp.TextContent{Meta: tc.Meta, Annotations: tc.Annotations})
 	return utf8.RuneCount(b) + 1
+}
+
+// MetaIdempotencyKey is the _meta key of a tools/call's idempotency key
+// (a string of 1 to 128 bytes): with a state store and the after-call
+// checkpoint policy, a call of a session that carries the key of a call
+// that completed in that session is not run again; its first result is
+// returned (kept with the session's checkpoint, in the same write: the
+// last 8 results per plugin, at most 32 KiB of them).
+const MetaIdempotencyKey = MetaPrefix + "idempotencyKey"
+
+// resendHeader carries, from the HTTP layer to the call, a digest of a
+// tools/call POST's body (its JSON-RPC id, tool and arguments): a
+// proxy's resend of the same POST is the same call, answered once.
+const resendHeader = "X-Wasmtools-Resend"
+
+// onceKey is req's at-most-once key: its idempotency key, else the
+// digest of its POST (a resend), else "".
+func onceKey(req *mcp.CallToolRequest) string {
+	if k, ok := req.Params.Meta[MetaIdempotencyKey].(string); ok && k != "" && len(k) <= 128 {
+		return "k:" + k
+	}
+	if req.Extra != nil && req.Extra.Header != nil {
+		if d := req.Extra.Header.Get(resendHeader); d != "" {
+			return "r:" + d
+		}
+	}
+	return ""
 }

@@ -16,6 +16,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/google/jsonschema-go/jsonschema"
@@ -166,7 +167,9 @@ func (h *Host) rounds(ctx context.Context, req roundReq, r *run) (runResult, *pa
 			// on requests); each question counts for an older one.
 			r.env.asked += q.size(multiRound)
 			if !multiRound {
-				q.askLegacy(ctx, req.ss)
+				actx, done := h.asks.add(ctx)
+				q.askLegacy(actx, req.ss)
+				done()
 				continue
 			}
 			// A 2026-07-28 client may answer ahead: a response under
@@ -290,7 +293,7 @@ func (q *question) askLegacy(ctx context.Context, ss *mcp.ServerSession) {
 	}
 	res, err := ss.Elicit(ctx, q.params)
 	if err != nil {
-		q.refuse("elicitation failed: " + err.Error())
+		q.refuse("elicitation failed: " + withdrawn(ctx, err))
 		return
 	}
 	q.answer <- &abi.ElicitResult{Action: res.Action, Content: res.Content}
@@ -740,4 +743,57 @@ func (h *Host) verifyState(state, name string) (string, int, error) {
 		return "", 0, fmt.Errorf("%w: it belongs to %q, not %q", ErrRequestState, f[4], name)
 	}
 	return f[1], round, nil
+}
+
+// asking holds the questions waiting for a client's answer (before
+// 2026-07-28, on the session's stream), so that Close and Drain end them
+// at once rather than waiting for a person: each is answered with a
+// refusal saying the server is shutting down, and its call ends.
+type asking struct {
+	mu     sync.Mutex
+	closed bool
+	asks   map[*context.CancelCauseFunc]struct{}
+}
+
+// errWithdrawn is the cause of a question withdrawn at shutdown.
+var errWithdrawn = errors.New("the server is shutting down: the question was withdrawn, call the tool again")
+
+// add returns ctx for one question, ended when the host shuts down; done
+// forgets it.
+func (a *asking) add(ctx context.Context) (context.Context, func()) {
+	actx, cancel := context.WithCancelCause(ctx)
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.closed {
+		cancel(errWithdrawn)
+		return actx, func() {}
+	}
+	if a.asks == nil {
+		a.asks = map[*context.CancelCauseFunc]struct{}{}
+	}
+	a.asks[&cancel] = struct{}{}
+	return actx, func() {
+		a.mu.Lock()
+		delete(a.asks, &cancel)
+		a.mu.Unlock()
+		cancel(nil)
+	}
+}
+
+// withdraw ends every question waiting, and every one asked from now on.
+func (a *asking) withdraw() {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.closed = true
+	for c := range a.asks {
+		(*c)(errWithdrawn)
+	}
+}
+
+// withdrawn is err's message, or why the host withdrew the question.
+func withdrawn(ctx context.Context, err error) string {
+	if errors.Is(context.Cause(ctx), errWithdrawn) {
+		return errWithdrawn.Error()
+	}
+	return err.Error()
 }

@@ -32,7 +32,16 @@ const (
 	// ended while the call waited. Retry against another server, or
 	// after reconnecting.
 	CodeShuttingDown = -32052
+	// CodeStateUnavailable: the session's state could not be read or
+	// verified in the state store now (it did not answer, or is failing
+	// fast). Nothing ran. Retry: the same request succeeds once the store
+	// answers.
+	CodeStateUnavailable = -32053
 )
+
+// ErrStateUnavailable is matched by the refusal of a request whose
+// session state could not be read or verified in the state store.
+var ErrStateUnavailable = errors.New("session state unavailable: the state store did not answer; nothing ran, retry")
 
 // errUnknownTool is matched by the error for a call of a tool that is not
 // served (any more): the go-sdk answers a name never registered with
@@ -56,6 +65,8 @@ func protocolError(err error) error {
 		code, reason, retry = CodeBusy, "busy", true
 	case errors.Is(err, sessions.ErrAtCapacity):
 		code, reason, retry = CodeAtCapacity, "at_capacity", true
+	case errors.Is(err, ErrStateUnavailable):
+		code, reason, retry = CodeStateUnavailable, "state_unavailable", true
 	case errors.Is(err, sessions.ErrClosed), errors.Is(err, sessions.ErrSessionEnded):
 		code, reason, retry = CodeShuttingDown, "shutting_down", true
 	default:

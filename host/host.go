@@ -59,6 +59,14 @@ const MetaPrefix = "dev.wasmtools/"
 // plugin's state could not move with it), and "detail".
 const MetaStateReset = MetaPrefix + "stateReset"
 
+// MetaNotSaved is the _meta key of a call result whose state change was
+// not durably saved in the state store (with [CheckpointAfterCall]): a
+// replica lost now would lose it. Its value is an object with "reason":
+// "store-unavailable", "too-large" (the state is over the store's bound),
+// "moved" (another replica took the session over while the call ran: the
+// call is also an error) or "cannot-snapshot".
+const MetaNotSaved = MetaPrefix + "notSaved"
+
 // MetaFailed is the _meta key of an error result whose guest produced no
 // result: it trapped, crashed, overran its deadline or was cancelled (and
 // its instance was reset). Its value is "trap", "timeout" or "cancelled".
@@ -268,6 +276,11 @@ type Options struct {
 	// Checkpoint is when instances' states are written to Store:
 	// [CheckpointAfterCall] (the default) or [CheckpointOnDrain].
 	Checkpoint string
+	// StoreTimeout bounds each exchange with Store; 0 means
+	// [DefaultStoreTimeout] (1s). After an exchange that got no answer,
+	// the store is not asked for 2s: calls go on from what this replica
+	// holds, their results marked not saved ([MetaNotSaved]).
+	StoreTimeout time.Duration
 }
 
 // Host serves plugins over MCP. It is safe for concurrent use. Close it to
@@ -326,6 +339,9 @@ type Host struct {
 	// urls are the URL elicitations issued, for their completions
 	// (urlelicit.go).
 	urls issuedURLs
+	// asks are the questions asked of clients before 2026-07-28 and not
+	// answered yet: Close and Drain withdraw them (see asking).
+	asks asking
 }
 
 // New returns a host serving the catalogue of src, and following its
@@ -366,7 +382,7 @@ func New(src *plugins.Reloader, opts *Options) *Host {
 		IdleTimeout: idle,
 		MaxParked:   h.opts.MaxParked, MaxParkedPerClient: h.opts.MaxParkedPerClient,
 		MaxHandles: h.opts.MaxHandles,
-		Saved: func(ctx context.Context, key sessions.Key, p *plugins.Plugin) *plugins.State {
+		Saved: func(ctx context.Context, key sessions.Key, p *plugins.Plugin) (*plugins.State, string) {
 			return h.dur.saved(ctx, key, p)
 		},
 	})
@@ -639,6 +655,7 @@ func (h *Host) Close(ctx context.Context) error {
 	}
 	h.closed = true
 	h.mu.Unlock()
+	h.asks.withdraw()
 	h.stopBG()
 	h.tasks.closeAll()
 	err := h.ses.Close(ctx)

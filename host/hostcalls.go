@@ -133,6 +133,8 @@ type callEnv struct {
 	name   string          // what runs: the tool's name, or "prompt NAME", "resource URI", "completion"
 	sess   string          // for logs
 	ref    clientRef       // whose instances; its handle goes in the result
+	// once is the call's at-most-once key (see onceKey), "" for none.
+	once string
 
 	mu       sync.Mutex
 	ctx      context.Context // the current request's handler context

@@ -47,7 +47,11 @@ func (e *callEnv) listRoots(ctx context.Context) *mcp.ListRootsResult {
 		// runs on a goroutine of its own (see Host.call).
 		return noRoots("roots are available to " + sessionlessProtocol + " clients only through an input request")
 	}
-	e.waitForPerson(ctx, func() { q.askLegacy(ctx, ss) })
+	e.waitForPerson(ctx, func() {
+		actx, done := e.h.asks.add(ctx)
+		q.askLegacy(actx, ss)
+		done()
+	})
 	select {
 	case a := <-q.rooted:
 		return rootsOf(a)

@@ -24,6 +24,7 @@ type metrics struct {
 	duration  *prometheus.HistogramVec
 	// The state store (durable.go).
 	adopted     prometheus.Counter
+	storeLost   prometheus.Counter
 	checkpoints *prometheus.CounterVec
 	ckptTime    prometheus.Histogram
 	ckptBytes   prometheus.Histogram
@@ -54,6 +55,9 @@ func newMetrics() *metrics {
 		adopted: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "wasmtools_sessions_adopted_total", Help: "Sessions taken over from the state store (served before by another replica, or by this one before a restart).",
 		}),
+		storeLost: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "wasmtools_store_lost_total", Help: "Session records the state store lost (it came back empty, or evicted them) that this replica wrote back.",
+		}),
 		checkpoints: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "wasmtools_checkpoints_total", Help: "Instance states written to the state store, by outcome (ok, fenced, error).",
 		}, []string{"outcome"}),
@@ -66,7 +70,7 @@ func newMetrics() *metrics {
 			Buckets: prometheus.ExponentialBuckets(256, 4, 10),
 		}),
 	}
-	m.reg.MustRegister(m.live, m.created, m.evictions, m.resets, m.calls, m.duration, m.adopted, m.checkpoints, m.ckptTime, m.ckptBytes,
+	m.reg.MustRegister(m.live, m.created, m.evictions, m.resets, m.calls, m.duration, m.adopted, m.storeLost, m.checkpoints, m.ckptTime, m.ckptBytes,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }

@@ -49,7 +49,11 @@ func (h *Host) request(ctx context.Context, key sessions.Key, p *plugins.Plugin,
 	}
 	var claim *claim
 	if !p.Stateless() {
-		claim = h.dur.claimOrLog(ctx, key)
+		var cerr error
+		claim, cerr = h.dur.claimOrLog(ctx, key)
+		if cerr != nil && !errors.Is(cerr, errServedFromMemory) {
+			return fmt.Errorf("plugin %q: %w", p.Name(), cerr)
+		}
 	}
 	l, err := h.acquire(ctx, key, p, func() (*plugins.Plugin, error) { return h.currentPlugin(p) })
 	if err != nil {
@@ -67,7 +71,7 @@ func (h *Host) request(ctx context.Context, key sessions.Key, p *plugins.Plugin,
 	env.attach(nil)
 	if runErr == nil && h.dur != nil {
 		// A prompt or resource may change the guest's state too.
-		if cerr := h.dur.afterCall(ctx, key, claim, l); cerr != nil {
+		if _, cerr := h.dur.afterCall(ctx, key, claim, l, nil); cerr != nil {
 			l.Done(sessions.ErrMoved)
 			return fmt.Errorf("plugin %q: %w", p.Name(), cerr)
 		}

@@ -9,6 +9,8 @@ import (
 	"context"
 	"crypto/hmac"
 	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -90,7 +92,7 @@ type drainState struct {
 // Ready reports whether the host takes new sessions: not before the
 // plugins' first load ([Options.Loaded]), nor once it drains.
 func (h *Host) Ready() bool {
-	if h.drain.draining.Load() {
+	if h.drain.draining.Load() || h.keyMismatch() != "" {
 		return false
 	}
 	if h.opts.Loaded != nil {
@@ -112,7 +114,9 @@ func (h *Host) ReadyHandler() http.Handler {
 		w.Header().Set("Cache-Control", "no-store")
 		if !h.Ready() {
 			w.WriteHeader(http.StatusServiceUnavailable)
-			if h.drain.draining.Load() {
+			if why := h.keyMismatch(); why != "" {
+				io.WriteString(w, "state key mismatch: "+why+"\n")
+			} else if h.drain.draining.Load() {
 				io.WriteString(w, "draining\n")
 			} else {
 				io.WriteString(w, "loading\n")
@@ -123,6 +127,18 @@ func (h *Host) ReadyHandler() http.Handler {
 		// which replica answered.
 		io.WriteString(w, strings.TrimSpace("ready "+h.opts.Replica)+"\n")
 	})
+}
+
+// keyMismatch says why the state store's values do not open with this
+// replica's state key, or "" (no store, or they do, or not known yet).
+func (h *Host) keyMismatch() string {
+	if h.dur == nil {
+		return ""
+	}
+	if why := h.dur.keyBad.Load(); why != nil {
+		return *why
+	}
+	return ""
 }
 
 // DrainOptions configures [Host.Drain].
@@ -154,6 +170,9 @@ func (h *Host) Drain(ctx context.Context, opts DrainOptions) error {
 			}
 		}
 		h.drain.closing.Store(true)
+		// Questions waiting for a person end now, with a clear answer:
+		// their calls then finish and are saved like any other.
+		h.asks.withdraw()
 		if werr := h.ses.WaitIdle(ctx); werr != nil {
 			h.log.Warn("drain: calls still running", "error", werr)
 		}
@@ -236,9 +255,17 @@ func (h *Host) serveStateful(stateful http.Handler, events mcp.EventStore, w htt
 		r = r.WithContext(ctx)
 		if eid := r.Header.Get("Last-Event-ID"); eid != "" && !h.canReplay(ctx, events, id, eid) {
 			// Events of another replica (the session moved here) or
-			// purged: resumed from now on, rather than refused (which
-			// the client takes for a broken connection).
-			r.Header.Del("Last-Event-ID")
+			// purged: the stream cannot be resumed. An empty stream,
+			// ended at once, tells a go-sdk client that the call it
+			// waited for ended without a response (that one call fails,
+			// the session goes on; a standalone stream just reconnects).
+			// Neither a refusal (the client takes it for a broken
+			// connection) nor a second standalone stream (409 when the
+			// client has one, and the client closes the session).
+			w.Header().Set("Content-Type", "text/event-stream")
+			w.Header().Set("Cache-Control", "no-cache, no-store")
+			w.WriteHeader(http.StatusOK)
+			return
 		}
 	}
 	if h.dur == nil {
@@ -261,6 +288,11 @@ func (h *Host) serveStateful(stateful http.Handler, events mcp.EventStore, w htt
 		}
 		body = b
 		r.Body = io.NopCloser(bytes.NewReader(body))
+	}
+	r.Header.Del(resendHeader) // the host's own, never a client's
+	if r.Method == http.MethodPost && isToolCall(body) {
+		sum := sha256.Sum256(body)
+		r.Header.Set(resendHeader, hex.EncodeToString(sum[:16]))
 	}
 	nf := &notFound{ResponseWriter: w}
 	stateful.ServeHTTP(nf, r)
@@ -405,6 +437,7 @@ func (h *Host) adopt(ctx context.Context, stateful http.Handler, orig *http.Requ
 	}
 	// The replayed initialized writes the record again: with this user.
 	h.dur.madeBy(id, userOf(orig))
+	h.dur.adoptedHere(id)
 	init, err := json.Marshal(map[string]any{"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": sr.Initialize})
 	if err != nil {
 		return err
@@ -460,4 +493,16 @@ func userOf(r *http.Request) string {
 		return ti.UserID
 	}
 	return ""
+}
+
+// isToolCall reports whether body is one JSON-RPC tools/call request.
+func isToolCall(body []byte) bool {
+	if !bytes.Contains(body, []byte(`tools/call`)) {
+		return false // cheap: most POSTs are not
+	}
+	var m struct {
+		Method string          `json:"method"`
+		ID     json.RawMessage `json:"id"`
+	}
+	return json.Unmarshal(body, &m) == nil && m.Method == "tools/call" && len(m.ID) > 0
 }

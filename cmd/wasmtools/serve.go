@@ -3,8 +3,6 @@ package main
 import (
 	"cmp"
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -628,33 +626,9 @@ func openStateStore(url string, key []byte) (statestore.Store, []byte, error) {
 	return s, key, err
 }
 
-// fileKey reads the key at path, making it first if there is none.
-func fileKey(path string) ([]byte, error) {
-	if b, err := os.ReadFile(path); err == nil {
-		if len(b) < 32 {
-			return nil, fmt.Errorf("state key %s is too short", path)
-		}
-		return b, nil
-	}
-	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
-		return nil, err
-	}
-	k := make([]byte, 32)
-	rand.Read(k)
-	k = []byte(hex.EncodeToString(k))
-	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
-	if errors.Is(err, os.ErrExist) {
-		return fileKey(path) // made meanwhile by another process
-	}
-	if err != nil {
-		return nil, err
-	}
-	if _, err := f.Write(k); err != nil {
-		f.Close()
-		return nil, err
-	}
-	return k, f.Close()
-}
+// fileKey reads the key at path, making it first if there is none (see
+// statestore.KeyFile: written atomically and synced).
+func fileKey(path string) ([]byte, error) { return statestore.KeyFile(path) }
 
 // redactURL hides a store URL's password in logs.
 func redactURL(s string) string {

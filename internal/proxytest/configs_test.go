@@ -52,6 +52,13 @@ func startReplica(t *testing.T, name string) *replica {
 			return
 		}
 		body, _ := io.ReadAll(req.Body)
+		if string(body) == "hangup" { // it ran, and died before answering
+			conn, _, err := w.(http.Hijacker).Hijack()
+			if err == nil {
+				conn.Close()
+			}
+			return
+		}
 		if string(body) != "ping" { // the proxy sent the body again on a retry
 			http.Error(w, fmt.Sprintf("body %q", body), http.StatusBadRequest)
 			return
@@ -138,18 +145,42 @@ func (s *setup) routed(name, key string) {
 // and returns the status and the replica that answered.
 func (s *setup) post(header, value string) (int, string) {
 	s.t.Helper()
-	req, _ := http.NewRequest("POST", "http://"+s.proxy+"/mcp", strings.NewReader("ping"))
+	return s.postBody(header, value, "ping")
+}
+
+// hits is the number of requests the replicas got.
+func (s *setup) hits() int64 {
+	var n int64
+	for _, r := range s.replicas {
+		n += r.hits.Load()
+	}
+	return n
+}
+
+// postBody is post with another body.
+func (s *setup) postBody(header, value, body string) (int, string) {
+	s.t.Helper()
+	code, answer, err := s.try(header, value, body)
+	if err != nil {
+		s.t.Fatalf("POST through the proxy: %v", err)
+	}
+	return code, answer
+}
+
+// try is postBody, returning a failed request's error.
+func (s *setup) try(header, value, body string) (int, string, error) {
+	req, _ := http.NewRequest("POST", "http://"+s.proxy+"/mcp", strings.NewReader(body))
 	req.Header.Set("Content-Type", "application/json")
 	if header != "" {
 		req.Header.Set(header, value)
 	}
 	resp, err := s.client.Do(req)
 	if err != nil {
-		s.t.Fatalf("POST through the proxy: %v", err)
+		return 0, "", err
 	}
 	defer resp.Body.Close()
-	body, _ := io.ReadAll(resp.Body)
-	return resp.StatusCode, string(body)
+	answer, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(answer), nil
 }
 
 // mustPost is post, failing the test on a status other than 200.
@@ -324,6 +355,22 @@ func TestConfigs(t *testing.T) {
 				line, err := bufio.NewReader(resp.Body).ReadString('\n')
 				if err != nil || line != "data: s2\n" {
 					t.Fatalf("first line of the stream: %q, %v", line, err)
+				}
+			})
+			t.Run("what ran is not sent again", func(t *testing.T) {
+				// A replica that got a request and closed the connection
+				// without an answer may have run it (it died mid-call):
+				// the proxy must answer with an error, not send it to
+				// another replica (docs/DEPLOY.md, "Faults").
+				s := start(t, p.start)
+				for _, k := range [][2]string{{"Mcp-Session-Id", "s1.ran"}, {"Mcp-Param-Wasmtools-Session", "s2.ran"}, {"", ""}} {
+					before := s.hits()
+					// The client sees a 5xx, or a connection closed
+					// without an answer (HAProxy), as from the replica.
+					code, got, err := s.try(k[0], k[1], "hangup")
+					if n := s.hits() - before; n != 1 || err == nil && code < 500 {
+						t.Errorf("%s %s: a request answered by no one was sent %d times, and answered %d %q (%v); want once, and an error", k[0], k[1], n, code, got, err)
+					}
 				}
 			})
 			t.Run("stopped replica", func(t *testing.T) {

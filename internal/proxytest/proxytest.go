@@ -124,6 +124,13 @@ func (p *Process) WaitOutput(timeout time.Duration, cond func(out string) bool) 
 // exits first or never gets ready.
 func Start(t testing.TB, cmd *exec.Cmd, ready func() error) *Process {
 	t.Helper()
+	return StartWithin(t, cmd, StartTimeout, ready)
+}
+
+// StartWithin is [Start] with another bound on the wait for ready: a
+// server that compiles plugins at start is slower than Redis.
+func StartWithin(t testing.TB, cmd *exec.Cmd, timeout time.Duration, ready func() error) *Process {
+	t.Helper()
 	p := &Process{Cmd: cmd, done: make(chan struct{}), out: &syncBuffer{}}
 	cmd.Stdout, cmd.Stderr = p.out, p.out
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
@@ -132,7 +139,7 @@ func Start(t testing.TB, cmd *exec.Cmd, ready func() error) *Process {
 	}
 	go func() { cmd.Wait(); close(p.done) }()
 	t.Cleanup(func() { p.stop() })
-	deadline := time.Now().Add(StartTimeout)
+	deadline := time.Now().Add(timeout)
 	tick := time.NewTicker(20 * time.Millisecond)
 	defer tick.Stop()
 	var err error
@@ -141,7 +148,7 @@ func Start(t testing.TB, cmd *exec.Cmd, ready func() error) *Process {
 			return p
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("%s not ready after %v: %v\n%s", filepath.Base(cmd.Path), StartTimeout, err, p.Output())
+			t.Fatalf("%s not ready after %v: %v\n%s", filepath.Base(cmd.Path), timeout, err, p.Output())
 		}
 		select {
 		case <-p.done:
@@ -151,6 +158,17 @@ func Start(t testing.TB, cmd *exec.Cmd, ready func() error) *Process {
 	}
 }
 
+// Signal sends sig to the process (its PID alone, not its group): a test's
+// fault (SIGKILL, SIGSTOP, SIGCONT, SIGTERM).
+func (p *Process) Signal(sig syscall.Signal) error {
+	return syscall.Kill(p.Cmd.Process.Pid, sig)
+}
+
+// Stop ends the process as the test's Cleanup would (SIGTERM to its
+// group, SIGKILL after 5 s), and returns once it has exited. A stopped
+// (SIGSTOP) process is continued first, so that it can exit.
+func (p *Process) Stop() { p.stop() }
+
 // stop ends the process group it leads (nginx's workers too), by its PID.
 func (p *Process) stop() {
 	if p.Exited() {
@@ -158,6 +176,7 @@ func (p *Process) stop() {
 	}
 	pid := p.Cmd.Process.Pid
 	syscall.Kill(-pid, syscall.SIGTERM)
+	syscall.Kill(-pid, syscall.SIGCONT) // a stopped process handles SIGTERM once continued
 	select {
 	case <-p.done:
 	case <-time.After(5 * time.Second):
@@ -170,13 +189,21 @@ func (p *Process) stop() {
 // saved to disk, and returns its address once it answers PING.
 func StartRedis(t testing.TB) (addr string) {
 	t.Helper()
-	bin := Binary(t, "redis-server", "redis-server")
 	addr = FreeAddr(t)
+	StartRedisAt(t, addr)
+	return addr
+}
+
+// StartRedisAt starts redis-server at addr (127.0.0.1:PORT), empty and
+// with nothing saved to disk, and returns it once it answers PING: a
+// Redis restarted at the address its clients know.
+func StartRedisAt(t testing.TB, addr string) *Process {
+	t.Helper()
+	bin := Binary(t, "redis-server", "redis-server")
 	_, port, _ := net.SplitHostPort(addr)
 	cmd := exec.Command(bin, "--port", port, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
 		"--dir", t.TempDir(), "--daemonize", "no", "--logfile", "")
-	Start(t, cmd, func() error { return redisPing(addr) })
-	return addr
+	return Start(t, cmd, func() error { return redisPing(addr) })
 }
 
 func redisPing(addr string) error {

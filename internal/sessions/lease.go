@@ -1,6 +1,7 @@
 package sessions
 
 import (
+	"cmp"
 	"container/list"
 	"context"
 	"errors"
@@ -25,6 +26,9 @@ type slot struct {
 	inst    *plugins.Instance
 	notice  Notice
 	elem    *list.Element // in Manager.lru while inst is set; guarded by Manager.mu
+	// fence is the fence inst was seeded or verified under (its client's
+	// fence when it started, see [Manager.Seed]); guarded by Manager.mu.
+	fence uint64
 }
 
 // acquire waits for the slot, refusing at once past the queue limit, and
@@ -121,6 +125,7 @@ type Lease struct {
 	ctx    context.Context
 	cancel context.CancelCauseFunc
 	start  time.Time
+	fence  uint64
 
 	// guarded by m.mu
 	token    bool          // holds a concurrency token
@@ -182,6 +187,7 @@ func (m *Manager) acquireSlot(ctx context.Context, key Key, p *plugins.Plugin) (
 	leave := func() {
 		m.mu.Lock()
 		c.leaveLocked()
+		m.broadcastLocked() // WaitIdle counts queued leases
 		m.mu.Unlock()
 	}
 	if err := sl.acquire(ctx, m.queueLimit()); err != nil {
@@ -218,6 +224,15 @@ func (m *Manager) acquireSlot(ctx context.Context, key Key, p *plugins.Plugin) (
 		return nil, err
 	}
 
+	m.mu.Lock()
+	stale := sl.inst != nil && sl.fence != c.fence
+	m.mu.Unlock()
+	if stale {
+		// Its session was claimed by another holder since the instance
+		// started: what it holds is not the session's state any more.
+		m.log.Info("instance retired: its session changed owner", "session", c.key.String(), "plugin", p.Name())
+		m.dropInstance(sl)
+	}
 	if sl.inst != nil && !sl.inst.Plugin().SameCode(p) {
 		// p replaced the instance's version, and this lease got here
 		// before the retirement's own move did.
@@ -230,16 +245,21 @@ func (m *Manager) acquireSlot(ctx context.Context, key Key, p *plugins.Plugin) (
 		m.mu.Lock()
 		seed, seeded := c.seeds[p.Name()]
 		delete(c.seeds, p.Name())
+		fence := c.fence
 		evicted := sl.notice.Reset != nil && sl.notice.Reset.Reason == ReasonEvicted
 		m.mu.Unlock()
 		if !seeded && evicted && m.opts.Saved != nil {
 			// The evicted instance's state may be kept elsewhere.
-			if st := m.opts.Saved(ctx, c.key, p); st != nil {
+			st, why := m.opts.Saved(ctx, c.key, p)
+			m.mu.Lock()
+			switch {
+			case st != nil:
 				seed, seeded = Seed{State: st}, true
-				m.mu.Lock()
 				sl.notice.Reset = nil
-				m.mu.Unlock()
+			case why != "":
+				sl.notice.Reset = &Reset{Reason: why, Detail: "the instance was evicted, and its last state was not saved"}
 			}
+			m.mu.Unlock()
 		}
 		inst, reset, err := m.start(ctx, p, seed, seeded)
 		if err != nil {
@@ -251,6 +271,7 @@ func (m *Manager) acquireSlot(ctx context.Context, key Key, p *plugins.Plugin) (
 			sl.notice.Reset = reset
 		}
 		sl.inst = inst
+		sl.fence = fence
 		sl.elem = m.lru.PushBack(sl)
 		m.mu.Unlock()
 		m.obs.InstanceStarted(p.Name())
@@ -263,6 +284,9 @@ func (m *Manager) acquireSlot(ctx context.Context, key Key, p *plugins.Plugin) (
 		m.mu.Unlock()
 	}
 	l.inst = sl.inst
+	m.mu.Lock()
+	l.fence = sl.fence
+	m.mu.Unlock()
 	l.notice, sl.notice = sl.notice, Notice{}
 	if err := m.takeToken(ctx, l); err != nil {
 		sl.notice = l.notice // not delivered: the next lease says it
@@ -297,7 +321,7 @@ func (m *Manager) start(ctx context.Context, p *plugins.Plugin, seed Seed, seede
 		return nil, nil, err
 	}
 	m.log.Warn("instance state lost with its replica", "plugin", p.Name(), "detail", lost)
-	return inst, &Reset{Reason: ReasonReplicaLost, Detail: lost}, nil
+	return inst, &Reset{Reason: cmp.Or(seed.Reason, ReasonReplicaLost), Detail: lost}, nil
 }
 
 // takeToken waits for a turn under the concurrency limit.
@@ -324,6 +348,23 @@ func (l *Lease) Context() context.Context { return l.ctx }
 
 // Instance is the instance to run.
 func (l *Lease) Instance() *plugins.Instance { return l.inst }
+
+// Fence is the fence the lease's instance was seeded or verified under
+// (see [Manager.Seed]): a write of its state is conditioned on it. 0 for a
+// client never seeded (no state store).
+func (l *Lease) Fence() uint64 { return l.fence }
+
+// Stale reports whether the lease's client was seeded under another fence
+// since its instance started: another holder served the session, and the
+// instance is dropped when the lease is done.
+func (l *Lease) Stale() bool {
+	if l.c == nil {
+		return false
+	}
+	l.m.mu.Lock()
+	defer l.m.mu.Unlock()
+	return l.c.fence != l.fence
+}
 
 // Plugin is the plugin version the lease runs: the one acquired.
 func (l *Lease) Plugin() *plugins.Plugin { return l.plugin }
@@ -404,7 +445,7 @@ func (l *Lease) Done(err error) {
 	} else {
 		sl := l.sl
 		switch {
-		case errors.Is(err, ErrMoved):
+		case errors.Is(err, ErrMoved), l.Stale():
 			m.dropInstance(sl)
 		case reason != "":
 			m.discard(sl, reason, detailOf(err, l))

@@ -146,8 +146,10 @@ type Options struct {
 	// state store's copy, as of its last call), or nil: an instance
 	// evicted for room then comes back from it on the client's next lease,
 	// and the client is told nothing, instead of starting afresh with an
-	// "evicted" reset.
-	Saved func(ctx context.Context, key Key, p *plugins.Plugin) *plugins.State
+	// "evicted" reset. With nil, a non-empty reason replaces "evicted" as
+	// the reset's reason (the stored state is older than the instance's
+	// last call: "not-saved").
+	Saved func(ctx context.Context, key Key, p *plugins.Plugin) (st *plugins.State, reason string)
 }
 
 // Observer is told of instance events. Its methods must not block.
@@ -260,6 +262,9 @@ type client struct {
 	// seeds are the states the client's first instances start from, by
 	// plugin name (see Seed); guarded by Manager.mu.
 	seeds map[string]Seed
+	// fence is the fence of the client's last Seed: instances started
+	// under another are stale; guarded by Manager.mu.
+	fence uint64
 }
 
 // clientLocked returns key's client, making it on first use, and counts a
@@ -615,44 +620,73 @@ type Seed struct {
 	// next result says so (a [Reset] with [ReasonReplicaLost]).
 	State *plugins.State
 	Lost  string
+	// Reason is the [Reset] reason when the state is lost; ""
+	// means [ReasonReplicaLost].
+	Reason string
 }
 
 // Seed gives key's client the states its first instances start from, by
-// plugin name, replacing any seeds it had. A plugin whose instance the
-// client already holds keeps that instance. Key's client is made if need
-// be, except a [Handle] key's, which must be open ([ErrUnknownKey]).
-func (m *Manager) Seed(key Key, seeds map[string]Seed) error {
+// plugin name, replacing any seeds it had, under fence (the claim that
+// vouches for them). An instance the client holds under the same fence
+// keeps going; one started under another fence is stale (another holder
+// served the session since): an idle one is closed now, a busy one when
+// its lease is done ([Lease.Stale] says so meanwhile), without a notice,
+// and the plugin's next lease starts from its seed. Key's client is made
+// if need be, except a [Handle] key's, which must be open
+// ([ErrUnknownKey]).
+func (m *Manager) Seed(key Key, seeds map[string]Seed, fence uint64) error {
 	m.mu.Lock()
-	defer m.mu.Unlock()
 	if m.closed {
+		m.mu.Unlock()
 		return ErrClosed
 	}
 	c, ok := m.clients[key]
 	if !ok {
 		if key.kind == KindHandle {
+			m.mu.Unlock()
 			return ErrUnknownKey
 		}
 		c = m.newClientLocked(key)
 	}
 	c.seeds = seeds
+	c.fence = fence
+	m.mu.Unlock()
+	for _, sl := range m.slotsOf(key) {
+		if sl.tryLock() {
+			m.mu.Lock()
+			stale := sl.inst != nil && sl.fence != fence
+			m.mu.Unlock()
+			if stale {
+				m.dropInstance(sl)
+			}
+			m.letGo(sl)
+		}
+	}
 	return nil
 }
 
-// Instances calls f for each of the client's idle instances, with a lease
-// on it so that no call runs meanwhile (a checkpoint at drain); f's error
-// stops the walk and is returned. Busy slots are skipped: the caller
-// waits for calls in flight first.
-func (m *Manager) Instances(ctx context.Context, key Key, f func(plugin string, inst *plugins.Instance) error) error {
+// Instances calls f for each of the client's instances, with its fence
+// (see [Manager.Seed]), holding its slot so that no call runs meanwhile (a
+// checkpoint at drain); f's error stops the walk and is returned. A busy
+// slot is waited for, until ctx ends (then ctx's error is returned); an
+// instance of a stale fence is skipped.
+func (m *Manager) Instances(ctx context.Context, key Key, f func(plugin string, inst *plugins.Instance, fence uint64) error) error {
 	for _, sl := range m.slotsOf(key) {
 		if !sl.tryLock() {
-			continue
+			select {
+			case sl.lock <- struct{}{}:
+			case <-sl.c.ended:
+				continue
+			case <-ctx.Done():
+				return ctx.Err()
+			}
 		}
 		m.mu.Lock()
-		inst := sl.inst
+		inst, fence, stale := sl.inst, sl.fence, sl.fence != sl.c.fence
 		m.mu.Unlock()
 		var err error
-		if inst != nil && inst.Err() == nil {
-			err = f(sl.plugin, inst)
+		if inst != nil && inst.Err() == nil && !stale {
+			err = f(sl.plugin, inst, fence)
 		}
 		m.letGo(sl)
 		if err != nil {
@@ -675,6 +709,17 @@ func (m *Manager) Keys() []Key {
 	return keys
 }
 
+// Fence returns the fence key's client was last seeded under (see
+// [Manager.Seed]), 0 for a client never seeded or none.
+func (m *Manager) Fence(key Key) uint64 {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if c, ok := m.clients[key]; ok && !c.closed {
+		return c.fence
+	}
+	return 0
+}
+
 // Has reports whether key has a live client.
 func (m *Manager) Has(key Key) bool {
 	m.mu.Lock()
@@ -683,23 +728,28 @@ func (m *Manager) Has(key Key) bool {
 	return ok && !c.closed
 }
 
-// WaitIdle waits until no lease runs guest code (leases waiting for a
-// person do not count: a drain does not wait for people), or ctx ends.
+// WaitIdle waits until no lease runs guest code and none is queued for a
+// slot (leases waiting for a person do not count: a drain does not wait
+// for people), or ctx ends.
 func (m *Manager) WaitIdle(ctx context.Context) error {
-	return m.waitUntil(ctx, func() bool { return len(m.leases) == m.waiting.Len() })
-}
-
-// DropIdle closes key's client's idle instances, without a notice: the
-// client's state moved on elsewhere (another replica served it since),
-// and its next leases start from the seeds [Manager.Seed] gives. A slot
-// busy with a lease keeps its instance.
-func (m *Manager) DropIdle(key Key) {
-	for _, sl := range m.slotsOf(key) {
-		if sl.tryLock() {
-			m.dropInstance(sl)
-			sl.unlock()
+	return m.waitUntil(ctx, func() bool {
+		if len(m.leases) != m.waiting.Len() {
+			return false
 		}
-	}
+		// A client's leases count those queued for a slot, not yet in
+		// m.leases.
+		held := 0
+		for l := range m.leases {
+			if l.c != nil {
+				held++
+			}
+		}
+		queued := -held
+		for _, c := range m.clients {
+			queued += c.leases
+		}
+		return queued <= 0
+	})
 }
 
 // slotsOf returns key's client's slots now (none for no client).

@@ -34,14 +34,14 @@ func ExampleOpen() {
 
 	s.Leave(ctx, s1) // s1 drained
 	c2, _ := s.Claim(ctx, "s1.abc", s2, time.Hour, false)
-	fmt.Println("taken from", c2.Previous.Replica, "fence", c1.Fence, "→", c2.Fence)
+	fmt.Println("taken from", c2.Previous.Replica, "with the next fence:", c2.Fence == c1.Fence+1)
 	rec, _ := s.Get(ctx, "s1.abc")
 	fmt.Println("counter", string(rec["counter"]))
 
 	err = s.Put(ctx, "s1.abc", "counter", []byte("lost"), c1.Fence, time.Hour)
 	fmt.Println(errors.Is(err, statestore.ErrFenced))
 	// Output:
-	// taken from s1 fence 1 → 2
+	// taken from s1 with the next fence: true
 	// counter 41
 	// true
 }

@@ -37,12 +37,24 @@ type File struct {
 	alive map[Owner]time.Time // heartbeat expiry
 }
 
+// steadyClock is the wall clock at the call, advanced by the monotonic
+// clock since: expiry times written to the file are wall-clock times (a
+// restarted process reads them), but while a process runs, a step of the
+// system clock (NTP, an operator) neither expires every record at once
+// nor keeps them past their TTL.
+func steadyClock() func() time.Time {
+	start := time.Now()
+	wall := start.Round(0) // the wall reading alone
+	return func() time.Time { return wall.Add(time.Since(start)) }
+}
+
 // SweepEvery is how often [File] drops expired records.
 const SweepEvery = time.Minute
 
 var (
 	bucketRecords = []byte("records") // id → sub-bucket: metaKey → fileMeta, field → value
 	bucketFences  = []byte("fences")  // id → fence (8 bytes), expiry (8 bytes, Unix ns)
+	bucketStore   = []byte("store")   // "epoch" → the store's epoch (4 bytes)
 	metaKey       = []byte{0}         // not a field name: those are printable
 )
 
@@ -63,17 +75,20 @@ func NewFile(path string) (*File, error) {
 		return nil, fmt.Errorf("statestore: state file %s: %v", path, err)
 	}
 	err = db.Update(func(tx *bolt.Tx) error {
-		for _, b := range [][]byte{bucketRecords, bucketFences} {
+		for _, b := range [][]byte{bucketRecords, bucketFences, bucketStore} {
 			if _, err := tx.CreateBucketIfNotExists(b); err != nil {
 				return err
 			}
+		}
+		if tx.Bucket(bucketStore).Get([]byte("epoch")) == nil {
+			return tx.Bucket(bucketStore).Put([]byte("epoch"), binary.BigEndian.AppendUint32(nil, newEpoch()))
 		}
 		return nil
 	})
 	if err != nil {
 		return nil, errors.Join(fmt.Errorf("statestore: state file %s: %v", path, err), db.Close())
 	}
-	f := &File{now: time.Now, path: path, db: db, stop: make(chan struct{}), swept: make(chan struct{}),
+	f := &File{now: steadyClock(), path: path, db: db, stop: make(chan struct{}), swept: make(chan struct{}),
 		alive: map[Owner]time.Time{}}
 	go f.sweeper()
 	return f, nil
@@ -173,6 +188,30 @@ func decodeFence(v []byte) (fence uint64, expires int64) {
 	return binary.BigEndian.Uint64(v), int64(binary.BigEndian.Uint64(v[8:]))
 }
 
+// epoch is the file's epoch, made when the file was.
+func (f *File) epoch(tx *bolt.Tx) uint32 {
+	v := tx.Bucket(bucketStore).Get([]byte("epoch"))
+	if len(v) != 4 {
+		return 0
+	}
+	return binary.BigEndian.Uint32(v)
+}
+
+// check returns id's record if fence may write it.
+func (f *File) check(tx *bolt.Tx, id string, fence uint64) (*bolt.Bucket, fileMeta, error) {
+	if Epoch(fence) != f.epoch(tx) {
+		return nil, fileMeta{}, ErrStoreLost
+	}
+	b, m := f.record(tx, id)
+	switch {
+	case b == nil:
+		return nil, m, ErrRecordLost
+	case !m.Held || f.fence(tx, id) != fence:
+		return nil, m, ErrFenced
+	}
+	return b, m, nil
+}
+
 func (f *File) fence(tx *bolt.Tx, id string) uint64 {
 	n, _ := decodeFence(tx.Bucket(bucketFences).Get([]byte(id)))
 	return n
@@ -243,7 +282,7 @@ func (f *File) Claim(ctx context.Context, id string, owner Owner, ttl time.Durat
 		m.Expires = f.now().Add(ttl).UnixNano() // as Memory: even a refused claim renews
 		fence := f.fence(tx, id)
 		switch {
-		case m.Held && m.Owner == owner:
+		case m.Held && m.Owner == owner && Epoch(fence) == f.epoch(tx):
 			c.Fence = fence
 			return errors.Join(putMeta(b, m), f.setFence(tx, id, fence, ttl))
 		case m.Held:
@@ -255,7 +294,11 @@ func (f *File) Claim(ctx context.Context, id string, owner Owner, ttl time.Durat
 			c.Previous, c.PreviousAlive = m.Owner, alive
 		}
 		m.Owner, m.Held = owner, true
-		c.Fence = fence + 1
+		n := uint32(fence) + 1
+		if fence == 0 {
+			n = firstFence()
+		}
+		c.Fence = uint64(f.epoch(tx))<<32 | uint64(n)
 		return errors.Join(putMeta(b, m), f.setFence(tx, id, c.Fence, ttl))
 	})
 	switch {
@@ -272,13 +315,33 @@ func (f *File) Put(ctx context.Context, id, field string, value []byte, fence ui
 		return ErrTooLarge
 	}
 	return fileErr(f.do(ctx, true, func(tx *bolt.Tx) error {
-		b, m := f.record(tx, id)
-		if b == nil || !m.Held || f.fence(tx, id) != fence {
-			return ErrFenced
+		b, m, err := f.check(tx, id, fence)
+		if err != nil {
+			return err
 		}
 		m.Expires = f.now().Add(ttl).UnixNano()
 		return errors.Join(b.Put([]byte(field), value), putMeta(b, m), f.setFence(tx, id, fence, ttl))
 	}))
+}
+
+func (f *File) Renew(ctx context.Context, id string, fence uint64, ttl time.Duration, bump bool) (uint64, error) {
+	next := fence
+	err := f.do(ctx, true, func(tx *bolt.Tx) error {
+		next = fence
+		b, m, err := f.check(tx, id, fence)
+		if err != nil {
+			return err
+		}
+		if bump {
+			next++
+		}
+		m.Expires = f.now().Add(ttl).UnixNano()
+		return errors.Join(putMeta(b, m), f.setFence(tx, id, next, ttl))
+	})
+	if err != nil {
+		return 0, fileErr(err)
+	}
+	return next, nil
 }
 
 func (f *File) Get(ctx context.Context, id string) (map[string][]byte, error) {
@@ -339,7 +402,7 @@ func (f *File) Delete(ctx context.Context, id string, fence uint64) error {
 
 // fileErr keeps the store's own errors and names the file in others.
 func fileErr(err error) error {
-	if err == nil || errors.Is(err, ErrFenced) || errors.Is(err, ErrClosed) ||
+	if err == nil || errors.Is(err, ErrFenced) || errors.Is(err, ErrClosed) || Lost(err) ||
 		errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
 		return err
 	}

@@ -14,6 +14,7 @@ type Memory struct {
 
 	mu      sync.Mutex
 	closed  bool
+	epoch   uint32
 	alive   map[Owner]time.Time // heartbeat expiry
 	records map[string]*memRecord
 }
@@ -28,7 +29,25 @@ type memRecord struct {
 
 // NewMemory returns an empty in-memory store.
 func NewMemory() *Memory {
-	return &Memory{now: time.Now, alive: map[Owner]time.Time{}, records: map[string]*memRecord{}}
+	return &Memory{now: time.Now, epoch: newEpoch(), alive: map[Owner]time.Time{}, records: map[string]*memRecord{}}
+}
+
+// Flush forgets everything, as a Redis server restarted without
+// persistence does: the store gets a new epoch, so every fence claimed
+// before is refused with [ErrStoreLost]. For tests.
+func (m *Memory) Flush() {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.epoch = newEpoch()
+	clear(m.records)
+	clear(m.alive)
+}
+
+// Expire forgets one record and its fence, as an eviction does. For tests.
+func (m *Memory) Expire(id string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	delete(m.records, id)
 }
 
 func (m *Memory) lock(ctx context.Context) error {
@@ -94,7 +113,7 @@ func (m *Memory) Claim(ctx context.Context, id string, owner Owner, ttl time.Dur
 		m.records[id] = r
 	}
 	r.expires = m.now().Add(ttl)
-	if r.held && r.owner == owner {
+	if r.held && r.owner == owner && Epoch(r.fence) == m.epoch {
 		return Claim{Fence: r.fence}, nil
 	}
 	var c Claim
@@ -106,7 +125,11 @@ func (m *Memory) Claim(ctx context.Context, id string, owner Owner, ttl time.Dur
 		c.Previous, c.PreviousAlive = r.owner, alive
 	}
 	r.owner, r.held = owner, true
-	r.fence++
+	n := uint32(r.fence) + 1
+	if r.fence == 0 {
+		n = firstFence()
+	}
+	r.fence = uint64(m.epoch)<<32 | uint64(n)
 	c.Fence = r.fence
 	return c, nil
 }
@@ -119,13 +142,44 @@ func (m *Memory) Put(ctx context.Context, id, field string, value []byte, fence 
 		return err
 	}
 	defer m.mu.Unlock()
-	r := m.record(id)
-	if r == nil || !r.held || r.fence != fence {
-		return ErrFenced
+	r, err := m.check(id, fence)
+	if err != nil {
+		return err
 	}
 	r.fields[field] = append([]byte(nil), value...)
 	r.expires = m.now().Add(ttl)
 	return nil
+}
+
+// check returns id's record if fence may write it. m.mu is held.
+func (m *Memory) check(id string, fence uint64) (*memRecord, error) {
+	if Epoch(fence) != m.epoch {
+		return nil, ErrStoreLost
+	}
+	r := m.record(id)
+	switch {
+	case r == nil:
+		return nil, ErrRecordLost
+	case !r.held || r.fence != fence:
+		return nil, ErrFenced
+	}
+	return r, nil
+}
+
+func (m *Memory) Renew(ctx context.Context, id string, fence uint64, ttl time.Duration, bump bool) (uint64, error) {
+	if err := m.lock(ctx); err != nil {
+		return 0, err
+	}
+	defer m.mu.Unlock()
+	r, err := m.check(id, fence)
+	if err != nil {
+		return 0, err
+	}
+	if bump {
+		r.fence++
+	}
+	r.expires = m.now().Add(ttl)
+	return r.fence, nil
 }
 
 func (m *Memory) Get(ctx context.Context, id string) (map[string][]byte, error) {

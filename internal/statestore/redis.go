@@ -72,6 +72,11 @@ func NewRedis(url string) (*Redis, error) {
 	return &Redis{c: c}, nil
 }
 
+// epochKey holds the store's epoch: a random number made when the store
+// has none (a new store, or one that came back empty), part of every
+// fence. It has no TTL.
+const epochKey = "wt:epoch"
+
 func recKey(id string) string   { return "wt:{" + id + "}:rec" }
 func fenceKey(id string) string { return "wt:{" + id + "}:fence" }
 func ownerKey(o Owner) string {
@@ -124,17 +129,28 @@ func (r *Redis) Leave(ctx context.Context, owner Owner) error {
 	return r.call(ctx, func() error { return r.c.Del(ctx, ownerKey(owner)).Err() })
 }
 
-// claimScript: KEYS rec, fence; ARGV owner key, replica, boot, ttl ms,
-// fence ttl ms, steal. Returns {0, fence} (held already), {1, replica,
-// boot} (held by a live owner), or {2, fence, prev replica, prev boot,
-// prev alive}. Like Memory, every claim renews the record's TTL.
+// claimScript: KEYS rec, fence counter, epoch; ARGV owner key, replica,
+// boot, ttl ms, fence ttl ms, steal, a new epoch (used when the store has
+// none), a random first fence (used when neither the counter nor the
+// record has one). Returns {0, epoch, n} (held already, under this
+// epoch), {1, replica, boot} (held by a live owner), or {2, epoch, n, prev
+// replica, prev boot, prev alive}. Like Memory, every claim renews the
+// record's TTL.
+//
+// The holder and its fence (epoch and number) live together in the
+// record's hash, so that a write compares both in one place; the counter
+// key is only a floor for the next number, and the epoch key says which
+// store generation the fence belongs to: a store that lost its keys has a
+// new epoch, and every fence of the old one is refused.
 var claimScript = redis.NewScript(`
-local rec, fk = KEYS[1], KEYS[2]
-local h = redis.call('HMGET', rec, 'm:owner', 'm:replica', 'm:boot')
+local rec, fk, ek = KEYS[1], KEYS[2], KEYS[3]
+local epoch = redis.call('GET', ek)
+if not epoch then redis.call('SET', ek, ARGV[7]); epoch = ARGV[7] end
+local h = redis.call('HMGET', rec, 'm:owner', 'm:replica', 'm:boot', 'm:epoch', 'm:n')
 if redis.call('EXISTS', rec) == 1 then redis.call('PEXPIRE', rec, ARGV[4]) end
-if h[1] == ARGV[1] then
+if h[1] == ARGV[1] and h[4] == epoch and h[5] then
   redis.call('PEXPIRE', fk, ARGV[5])
-  return {0, tonumber(redis.call('GET', fk) or '0')}
+  return {0, epoch, h[5]}
 end
 local pr, pb, alive = '', '', 0
 if h[1] and h[1] ~= '' then
@@ -142,61 +158,174 @@ if h[1] and h[1] ~= '' then
   if alive == 1 and ARGV[6] ~= '1' then return {1, h[2], h[3]} end
   pr, pb = h[2], h[3]
 end
-local fence = redis.call('INCR', fk)
-redis.call('PEXPIRE', fk, ARGV[5])
-redis.call('HSET', rec, 'm:owner', ARGV[1], 'm:replica', ARGV[2], 'm:boot', ARGV[3])
+local c, r = tonumber(redis.call('GET', fk) or '0'), tonumber(h[5] or '0')
+local n = math.max(c, r) + 1
+if c == 0 and r == 0 then n = tonumber(ARGV[8]) end
+redis.call('SET', fk, n, 'PX', ARGV[5])
+redis.call('HSET', rec, 'm:owner', ARGV[1], 'm:replica', ARGV[2], 'm:boot', ARGV[3], 'm:epoch', epoch, 'm:n', n)
 redis.call('PEXPIRE', rec, ARGV[4])
-return {2, fence, pr, pb, alive}
+return {2, epoch, tostring(n), pr, pb, alive}
 `)
+
+// fenceArgs splits a fence into the strings the scripts compare.
+func fenceArgs(fence uint64) (epoch, n string) {
+	return strconv.FormatUint(fence>>32, 10), strconv.FormatUint(fence&0xffffffff, 10)
+}
+
+// joinFence is fenceArgs' inverse.
+func joinFence(epoch, n string) (uint64, bool) {
+	e, err1 := strconv.ParseUint(epoch, 10, 32)
+	k, err2 := strconv.ParseUint(n, 10, 32)
+	return e<<32 | k, err1 == nil && err2 == nil && e != 0
+}
 
 func (r *Redis) Claim(ctx context.Context, id string, owner Owner, ttl time.Duration, steal bool) (Claim, error) {
 	var res []any
 	err := r.call(ctx, func() (err error) {
-		res, err = claimScript.Run(ctx, r.c, []string{recKey(id), fenceKey(id)},
-			ownerKey(owner), owner.Replica, owner.Boot, ms(ttl), fenceMS(ttl), steal).Slice()
+		res, err = claimScript.Run(ctx, r.c, []string{recKey(id), fenceKey(id), epochKey},
+			ownerKey(owner), owner.Replica, owner.Boot, ms(ttl), fenceMS(ttl), steal,
+			newEpoch(), firstFence()).Slice()
 		return err
 	})
 	if err != nil {
 		return Claim{}, err
 	}
-	str := func(i int) string { s, _ := res[i].(string); return s }
+	str := func(i int) string {
+		switch v := res[i].(type) {
+		case string:
+			return v
+		case int64:
+			return strconv.FormatInt(v, 10)
+		}
+		return ""
+	}
 	num := func(i int) uint64 { n, _ := res[i].(int64); return uint64(n) }
 	switch {
-	case len(res) == 2 && num(0) == 0:
-		return Claim{Fence: num(1)}, nil
+	case len(res) == 3 && num(0) == 0:
+		if f, ok := joinFence(str(1), str(2)); ok {
+			return Claim{Fence: f}, nil
+		}
 	case len(res) == 3 && num(0) == 1:
 		return Claim{}, &HeldError{Holder: Owner{Replica: str(1), Boot: str(2)}}
-	case len(res) == 5 && num(0) == 2:
-		return Claim{Fence: num(1), Previous: Owner{Replica: str(2), Boot: str(3)}, PreviousAlive: num(4) == 1}, nil
+	case len(res) == 6 && num(0) == 2:
+		if f, ok := joinFence(str(1), str(2)); ok {
+			return Claim{Fence: f, Previous: Owner{Replica: str(3), Boot: str(4)}, PreviousAlive: num(5) == 1}, nil
+		}
 	}
 	return Claim{}, fmt.Errorf("statestore: redis: claim: unexpected reply %v", res)
 }
 
-// putScript: KEYS rec, fence; ARGV fence, field, value, ttl ms, fence ttl
-// ms. Returns 1, or 0 when fenced (no holder, or another fence).
-var putScript = redis.NewScript(`
-local o = redis.call('HGET', KEYS[1], 'm:owner')
-if not o or o == '' or redis.call('GET', KEYS[2]) ~= ARGV[1] then return 0 end
-redis.call('HSET', KEYS[1], ARGV[2], ARGV[3])
-redis.call('PEXPIRE', KEYS[1], ARGV[4])
-redis.call('PEXPIRE', KEYS[2], ARGV[5])
+// checkFence is the test every write makes, at the top of its script:
+// KEYS[1] rec, KEYS[3] epoch; ARGV[1] epoch, ARGV[2] number. It returns
+// from the script with 3 when the store's epoch is not the fence's (the
+// store lost its data), 4 when the record is gone (expired, evicted,
+// flushed), 0 when another owner (or none) holds the session.
+const checkFence = `
+if redis.call('GET', KEYS[3]) ~= ARGV[1] then return 3 end
+local h = redis.call('HMGET', KEYS[1], 'm:owner', 'm:epoch', 'm:n')
+if not h[2] then return 4 end
+if not h[1] or h[1] == '' or h[2] ~= ARGV[1] or h[3] ~= ARGV[2] then return 0 end
+`
+
+// putScript: KEYS rec, fence counter, epoch; ARGV epoch, n, field, value,
+// ttl ms, fence ttl ms. Returns 1, or checkFence's refusal.
+var putScript = redis.NewScript(checkFence + `
+redis.call('HSET', KEYS[1], ARGV[3], ARGV[4])
+redis.call('PEXPIRE', KEYS[1], ARGV[5])
+redis.call('PEXPIRE', KEYS[2], ARGV[6])
 return 1
 `)
+
+// renewScript: KEYS rec, fence counter, epoch; ARGV epoch, n, ttl ms,
+// fence ttl ms, bump (a new number for the same holder). Returns {1, n},
+// or checkFence's refusal.
+var renewScript = redis.NewScript(checkFence + `
+local n = ARGV[2]
+if ARGV[5] == '1' then
+  n = tostring(math.max(tonumber(redis.call('GET', KEYS[2]) or '0'), tonumber(ARGV[2])) + 1)
+  redis.call('HSET', KEYS[1], 'm:n', n)
+  redis.call('SET', KEYS[2], n)
+end
+redis.call('PEXPIRE', KEYS[1], ARGV[3])
+redis.call('PEXPIRE', KEYS[2], ARGV[4])
+return {1, n}
+`)
+
+// refusal maps checkFence's codes to errors.
+func refusal(code int64) error {
+	switch code {
+	case 1:
+		return nil
+	case 3:
+		return ErrStoreLost
+	case 4:
+		return ErrRecordLost
+	}
+	return ErrFenced
+}
 
 func (r *Redis) Put(ctx context.Context, id, field string, value []byte, fence uint64, ttl time.Duration) error {
 	if len(value) > MaxValue {
 		return ErrTooLarge
 	}
-	var ok int64
+	e, n := fenceArgs(fence)
+	var code int64
 	err := r.call(ctx, func() (err error) {
-		ok, err = putScript.Run(ctx, r.c, []string{recKey(id), fenceKey(id)},
-			strconv.FormatUint(fence, 10), "f:"+field, value, ms(ttl), fenceMS(ttl)).Int64()
+		code, err = putScript.Run(ctx, r.c, []string{recKey(id), fenceKey(id), epochKey},
+			e, n, "f:"+field, value, ms(ttl), fenceMS(ttl)).Int64()
 		return err
 	})
-	if err == nil && ok != 1 {
-		err = ErrFenced
+	if err != nil {
+		return err
 	}
-	return err
+	return refusal(code)
+}
+
+func (r *Redis) Renew(ctx context.Context, id string, fence uint64, ttl time.Duration, bump bool) (uint64, error) {
+	e, n := fenceArgs(fence)
+	var res any
+	err := r.call(ctx, func() (err error) {
+		res, err = renewScript.Run(ctx, r.c, []string{recKey(id), fenceKey(id), epochKey},
+			e, n, ms(ttl), fenceMS(ttl), bump).Result()
+		return err
+	})
+	if err != nil {
+		return 0, err
+	}
+	switch v := res.(type) {
+	case int64:
+		return 0, refusal(v)
+	case []any:
+		if len(v) == 2 {
+			s, _ := v[1].(string)
+			if f, ok := joinFence(e, s); ok {
+				return f, nil
+			}
+		}
+	}
+	return 0, fmt.Errorf("statestore: redis: renew: unexpected reply %v", res)
+}
+
+// Epoch returns the store's epoch, making one if it has none.
+func (r *Redis) Epoch(ctx context.Context) (uint32, error) {
+	var s string
+	err := r.call(ctx, func() error {
+		ok, err := r.c.SetNX(ctx, epochKey, newEpoch(), 0).Result()
+		_ = ok
+		if err != nil {
+			return err
+		}
+		s, err = r.c.Get(ctx, epochKey).Result()
+		return err
+	})
+	if err != nil {
+		return 0, err
+	}
+	e, err := strconv.ParseUint(s, 10, 32)
+	if err != nil {
+		return 0, fmt.Errorf("statestore: redis: epoch %q: %v", s, err)
+	}
+	return uint32(e), nil
 }
 
 func (r *Redis) Get(ctx context.Context, id string) (map[string][]byte, error) {
@@ -223,16 +352,17 @@ func (r *Redis) Get(ctx context.Context, id string) (map[string][]byte, error) {
 // releaseScript: KEYS rec, fence; ARGV fence. The holder is blanked, not
 // removed, so the record (its fields, its TTL) stays as it was.
 var releaseScript = redis.NewScript(`
-local o = redis.call('HGET', KEYS[1], 'm:owner')
-if o and o ~= '' and redis.call('GET', KEYS[2]) == ARGV[1] then
+local h = redis.call('HMGET', KEYS[1], 'm:owner', 'm:epoch', 'm:n')
+if h[1] and h[1] ~= '' and h[2] == ARGV[1] and h[3] == ARGV[2] then
   redis.call('HSET', KEYS[1], 'm:owner', '', 'm:replica', '', 'm:boot', '')
 end
 return 1
 `)
 
 func (r *Redis) Release(ctx context.Context, id string, fence uint64) error {
+	e, n := fenceArgs(fence)
 	return r.call(ctx, func() error {
-		return releaseScript.Run(ctx, r.c, []string{recKey(id), fenceKey(id)}, strconv.FormatUint(fence, 10)).Err()
+		return releaseScript.Run(ctx, r.c, []string{recKey(id), fenceKey(id)}, e, n).Err()
 	})
 }
 
@@ -241,20 +371,21 @@ func (r *Redis) Release(ctx context.Context, id string, fence uint64) error {
 // expired, as Memory does; the fence stays.
 var deleteScript = redis.NewScript(`
 if redis.call('EXISTS', KEYS[1]) == 0 then return 1 end
-if redis.call('GET', KEYS[2]) ~= ARGV[1] then return 0 end
+local h = redis.call('HMGET', KEYS[1], 'm:epoch', 'm:n')
+if h[1] ~= ARGV[1] or h[2] ~= ARGV[2] then return 0 end
 local pttl = redis.call('PTTL', KEYS[1])
 redis.call('DEL', KEYS[1])
-redis.call('HSET', KEYS[1], 'm:owner', '', 'm:replica', '', 'm:boot', '')
+redis.call('HSET', KEYS[1], 'm:owner', '', 'm:replica', '', 'm:boot', '', 'm:epoch', h[1], 'm:n', h[2])
 if pttl > 0 then redis.call('PEXPIRE', KEYS[1], pttl) end
-redis.call('PEXPIRE', KEYS[2], ARGV[2])
+redis.call('PEXPIRE', KEYS[2], ARGV[3])
 return 1
 `)
 
 func (r *Redis) Delete(ctx context.Context, id string, fence uint64) error {
 	var ok int64
 	err := r.call(ctx, func() (err error) {
-		ok, err = deleteScript.Run(ctx, r.c, []string{recKey(id), fenceKey(id)},
-			strconv.FormatUint(fence, 10), fenceMS(0)).Int64()
+		e, n := fenceArgs(fence)
+		ok, err = deleteScript.Run(ctx, r.c, []string{recKey(id), fenceKey(id)}, e, n, fenceMS(0)).Int64()
 		return err
 	})
 	if err == nil && ok != 1 {

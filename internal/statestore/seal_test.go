@@ -15,6 +15,8 @@ func TestSeal(t *testing.T) {
 	ctx := context.Background()
 	a := statestore.Owner{Replica: "s1", Boot: "a"}
 	// raw is what the backend holds; s seals into it.
+	// fence is id2's fence, fence1 id1's.
+	var fence1 uint64
 	setup := func(t *testing.T) (raw *statestore.Memory, s statestore.Store, fence uint64) {
 		raw = statestore.NewMemory()
 		s = statestore.Seal(raw, testKey)
@@ -24,7 +26,7 @@ func TestSeal(t *testing.T) {
 			must(t, err)
 			must(t, s.Put(ctx, id, "f", []byte("secret "+id), c.Fence, long))
 			must(t, s.Put(ctx, id, "g", []byte("other "+id), c.Fence, long))
-			fence = c.Fence
+			fence1, fence = fence, c.Fence
 		}
 		return raw, s, fence
 	}
@@ -50,11 +52,11 @@ func TestSeal(t *testing.T) {
 		}
 	})
 	t.Run("tampered", func(t *testing.T) {
-		raw, s, fence := setup(t)
+		raw, s, _ := setup(t)
 		stored, _ := raw.Get(ctx, "id1")
 		v := stored["f"]
 		v[len(v)-20] ^= 1
-		must(t, raw.Put(ctx, "id1", "f", v, fence, long))
+		must(t, raw.Put(ctx, "id1", "f", v, fence1, long))
 		wantSealError(t, s, "id1", "f")
 	})
 	t.Run("moved to another session", func(t *testing.T) {
@@ -83,10 +85,10 @@ func TestSeal(t *testing.T) {
 		}
 	})
 	t.Run("too large", func(t *testing.T) {
-		_, s, fence := setup(t)
+		_, s, _ := setup(t)
 		big := make([]byte, statestore.MaxValue-statestore.SealOverhead+1)
-		wantErr(t, "put", s.Put(ctx, "id1", "f", big, fence, long), statestore.ErrTooLarge)
-		must(t, s.Put(ctx, "id1", "f", big[1:], fence, long)) // the largest that fits
+		wantErr(t, "put", s.Put(ctx, "id1", "f", big, fence1, long), statestore.ErrTooLarge)
+		must(t, s.Put(ctx, "id1", "f", big[1:], fence1, long)) // the largest that fits
 	})
 }
 

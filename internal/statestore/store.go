@@ -25,6 +25,8 @@ package statestore
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"time"
@@ -51,7 +53,42 @@ var (
 	ErrTooLarge = errors.New("statestore: value too large")
 	// ErrClosed: the store was closed.
 	ErrClosed = errors.New("statestore: closed")
+	// ErrStoreLost: the write's fence belongs to another epoch of the
+	// store: the store lost its data (it came back empty, was flushed,
+	// or failed over to a replica that had not got it) since the fence
+	// was claimed. The writer claims again and writes back what it holds.
+	ErrStoreLost = errors.New("statestore: the store lost its data since the session was claimed")
+	// ErrRecordLost: the session's record is gone (expired or evicted)
+	// though the store kept its epoch. The writer claims again and
+	// writes back what it holds.
+	ErrRecordLost = errors.New("statestore: the session's record is gone")
 )
+
+// Lost reports whether err says the store no longer has what the writer
+// wrote before ([ErrStoreLost] or [ErrRecordLost]).
+func Lost(err error) bool { return errors.Is(err, ErrStoreLost) || errors.Is(err, ErrRecordLost) }
+
+// Epoch is the store generation a fence belongs to: a fence's top 32
+// bits. A store makes a random one when it has none, so a store that came
+// back empty refuses every fence claimed before.
+func Epoch(fence uint64) uint32 { return uint32(fence >> 32) }
+
+// newEpoch is a random epoch, never 0.
+func newEpoch() uint32 {
+	var b [4]byte
+	rand.Read(b[:])
+	return max(binary.BigEndian.Uint32(b[:])&0x7fffffff, 1)
+}
+
+// firstFence is the number of a session's first claim in a store that
+// has none for it (nor a record): random, so that a stale owner's fence of
+// a record the store forgot (evicted with its counter) is not the new
+// owner's.
+func firstFence() uint32 {
+	var b [4]byte
+	rand.Read(b[:])
+	return binary.BigEndian.Uint32(b[:])&0x3fffffff | 1
+}
 
 // MaxValue bounds one field's value, sealed: the snapshot cap of a guest's
 // state, plus room for the seal.
@@ -98,9 +135,18 @@ type Store interface {
 	// *HeldError. A claim does not need a record to exist.
 	Claim(ctx context.Context, id string, owner Owner, ttl time.Duration, steal bool) (Claim, error)
 	// Put sets one field of id's record if fence is id's current fence,
-	// else fails with ErrFenced; the record's and the claim's TTL are
-	// reset to ttl.
+	// else fails with ErrFenced (another owner holds it), ErrStoreLost
+	// (the fence's epoch is not the store's) or ErrRecordLost (the record
+	// expired or was evicted); the record's and the claim's TTL are reset
+	// to ttl. Owner, epoch and number are compared in one atomic step.
 	Put(ctx context.Context, id, field string, value []byte, fence uint64, ttl time.Duration) error
+	// Renew resets the TTL of id's record and claim to ttl if fence is
+	// id's current fence, as Put does, without writing a field: a call
+	// that runs longer than the TTL keeps its session. With bump, the
+	// holder gets a new fence (returned; else fence is): a write of the
+	// old fence still in flight (reported failed) can then never land.
+	// Refusals are Put's.
+	Renew(ctx context.Context, id string, fence uint64, ttl time.Duration, bump bool) (uint64, error)
 	// Get returns every field of id's record, or ErrNotFound.
 	Get(ctx context.Context, id string) (map[string][]byte, error)
 	// Release gives up the claim made with fence, keeping the record (a

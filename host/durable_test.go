@@ -1,0 +1,479 @@
+package host_test
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/wasmtools/wasmtools/host"
+	"github.com/wasmtools/wasmtools/internal/statestore"
+	"github.com/wasmtools/wasmtools/internal/testplugins"
+	"github.com/wasmtools/wasmtools/sandbox"
+)
+
+// Regression tests of issue #25 (durable sessions never lose an
+// acknowledged write).
+
+// pair is replicas a and b of the notes example on stores sa and sb (one
+// store seen through two wrappers, or the same), a router pointing at a,
+// and a 2025-11-25 client through it; their logs are shown if the test
+// fails.
+func pair(t *testing.T, sa, sb statestore.Store) (a, b *replica, rt *router, cs *mcp.ClientSession) {
+	t.Helper()
+	a = newReplica(t, "a", sa, sandbox.NewPolicy())
+	b = newReplica(t, "b", sb, sandbox.NewPolicy())
+	rt = &router{to: a}
+	cs = connectHTTP(t, a.srv.URL, "2025-11-25", rt)
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("a's log:\n%s\nb's log:\n%s", a.log.String(), b.log.String())
+		}
+	})
+	return a, b, rt, cs
+}
+
+// A store that came back empty (a Redis restarted without persistence)
+// is detected by its epoch: the replica holding a session writes back
+// what it holds, the session's calls go on without "moved", and another
+// replica takes the session over with every note. The old code answered
+// every call "moved" and started the session empty.
+func TestStoreBackEmptySessionGoesOn(t *testing.T) {
+	store := statestore.NewMemory()
+	a, b, rt, cs := pair(t, store, store)
+	for _, n := range []string{"one", "two"} {
+		if res := call(t, cs, "note_add", map[string]any{"text": n}); res.IsError {
+			t.Fatal(text(res))
+		}
+	}
+	store.Flush()
+	res := call(t, cs, "note_add", map[string]any{"text": "three"})
+	if res.IsError || !strings.Contains(text(res), "note 3 saved") || res.Meta[host.MetaNotSaved] != nil {
+		t.Fatalf("call after the store came back empty: %v %s", res.Meta, text(res))
+	}
+	a.waitLog(t, "state store lost the session's record", 1)
+	a.gone()
+	rt.point(b)
+	list := text(notes(t, cs, nil))
+	for _, n := range []string{"one", "two", "three"} {
+		if !strings.Contains(list, n) {
+			t.Fatalf("note %q lost after the store came back empty and the session moved:\n%s", n, list)
+		}
+	}
+}
+
+// A call whose state could not be saved says so in its result
+// (_meta notSaved), rather than answering as if it were durable. The old
+// code said nothing: the client's next call on another replica had lost
+// it silently.
+func TestNotSavedIsMarked(t *testing.T) {
+	store := statestore.NewMemory()
+	a := newReplica(t, "a", store, sandbox.NewPolicy())
+	cs := connectHTTP(t, a.srv.URL, "2025-11-25", nil)
+	if res := call(t, cs, "note_add", map[string]any{"text": "kept"}); res.IsError || res.Meta[host.MetaNotSaved] != nil {
+		t.Fatalf("a saved call: %v %s", res.Meta, text(res))
+	}
+	store.Close()
+	res := call(t, cs, "note_add", map[string]any{"text": "not kept"})
+	m, ok := res.Meta[host.MetaNotSaved].(map[string]any)
+	if res.IsError || !ok || m["reason"] != "store-unavailable" {
+		t.Fatalf("a call with the store gone: meta %v, %s; want notSaved store-unavailable", res.Meta, text(res))
+	}
+}
+
+// A 2025-11-25 client whose replica died while a call's stream was open
+// resumes the stream (GET with Last-Event-ID) at another replica, which
+// has none of its events: the call fails, the session goes on. The old
+// code turned the resumption into a second standalone stream: 409, and
+// the go-sdk client closed the session.
+func TestResumedStreamAtAnotherReplicaKeepsSession(t *testing.T) {
+	store := statestore.NewMemory()
+	files := map[string]string{"confirm.wasm": testplugins.Example(t, "confirm")}
+	a := newReplicaOf(t, "a", store, sandbox.NewPolicy(), files)
+	b := newReplicaOf(t, "b", store, sandbox.NewPolicy(), files)
+	rt := &router{to: a}
+	var once sync.Once
+	answer := func(context.Context, *mcp.ElicitRequest) (*mcp.ElicitResult, error) {
+		once.Do(func() { rt.point(b); a.srv.CloseClientConnections(); go a.gone() }) // a dies while the person thinks
+		return &mcp.ElicitResult{Action: "accept", Content: map[string]any{"confirm": true}}, nil
+	}
+	cs := connectHTTPEra(t, a.srv.URL, "2025-11-25", &mcp.ClientOptions{ElicitationHandler: answer}, rt)
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("a's log:\n%s\nb's log:\n%s", a.log.String(), b.log.String())
+		}
+	})
+	h := handleOf(call(t, cs, "add", map[string]any{"item": "milk"}))
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	cs.CallTool(ctx, &mcp.CallToolParams{Name: "delete", Arguments: map[string]any{"item": "milk", host.SessionArgument: h}})
+	// Whatever the interrupted call says, the session goes on at b.
+	res, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: "list", Arguments: map[string]any{host.SessionArgument: h}})
+	if err != nil {
+		t.Fatalf("the session after its stream was resumed at b: %v", err)
+	}
+	if res.IsError {
+		t.Fatalf("list at b: %s", text(res))
+	}
+}
+
+// At most once: a proxy's resend of a tools/call POST that completed
+// (the replica died between its checkpoint and its answer) reaches
+// another replica, which answers with the first result instead of
+// running the call again; so does a client's retry with the same
+// idempotency key. The old code applied the call twice.
+func TestCallAppliedAtMostOnce(t *testing.T) {
+	store := statestore.NewMemory()
+	a, b, rt, cs := pair(t, store, store)
+	body := `{"jsonrpc":"2.0","id":1000,"method":"tools/call","params":{"name":"note_add","arguments":{"text":"once"}}}`
+	status, first := postSession(t, a.srv.URL, cs.ID(), body)
+	if status != http.StatusOK || !strings.Contains(first, "note 1 saved") {
+		t.Fatalf("first POST: %d %s", status, first)
+	}
+	a.gone()
+	rt.point(b)
+	status, again := postSession(t, b.srv.URL, cs.ID(), body)
+	if status != http.StatusOK || !strings.Contains(again, "note 1 saved") {
+		t.Fatalf("the resent POST at b: %d %s; want the first result, note 1 saved", status, again)
+	}
+	if n := strings.Count(text(notes(t, cs, nil)), "once"); n != 1 {
+		t.Fatalf("the resent call was applied %d times", n)
+	}
+	// A client's retry with an idempotency key.
+	retry := func() *mcp.CallToolResult {
+		res, err := cs.CallTool(context.Background(), &mcp.CallToolParams{Name: "note_add",
+			Arguments: map[string]any{"text": "keyed"}, Meta: mcp.Meta{host.MetaIdempotencyKey: "k-1"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return res
+	}
+	r1, r2 := retry(), retry()
+	if text(r1) != text(r2) || !strings.Contains(text(r1), "note 2 saved") {
+		t.Fatalf("keyed call and its retry: %q, %q", text(r1), text(r2))
+	}
+	if n := strings.Count(text(notes(t, cs, nil)), "keyed"); n != 1 {
+		t.Fatalf("the keyed call was applied %d times", n)
+	}
+}
+
+// A replica started with another WASMTOOLS_STATE_KEY than the store's is
+// detected at start: it is not ready, and says why in /readyz and its
+// log. The old code was ready, and lost every session that moved across
+// it.
+func TestStateKeyMismatchIsNotReady(t *testing.T) {
+	store := statestore.NewMemory()
+	a := newReplica(t, "a", statestore.Seal(store, []byte("the replicas' state key")), sandbox.NewPolicy())
+	a.waitLog(t, "state key checked", 1)
+	b := newReplica(t, "b", statestore.Seal(store, []byte("another state key")), sandbox.NewPolicy())
+	b.waitLog(t, "state key mismatch", 1)
+	for _, r := range []*replica{a, b} {
+		res, err := http.Get(r.srv.URL + "/readyz")
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(res.Body)
+		res.Body.Close()
+		want := http.StatusOK
+		if r == b {
+			want = http.StatusServiceUnavailable
+		}
+		if res.StatusCode != want || (r == b && !strings.Contains(string(body), "state key mismatch")) {
+			t.Errorf("%s /readyz: %d %q", r.srv.URL, res.StatusCode, body)
+		}
+	}
+}
+
+// Finding 6: a session kept alive without calls (pings here; a person
+// answering late, a task) keeps its record in the store past the TTL its
+// last call set, and its instance. The old code renewed the record only
+// on calls: it expired under the live session, and the next call
+// started the notepad empty.
+func TestLiveSessionKeepsItsRecord(t *testing.T) {
+	store := statestore.NewMemory()
+	f := newFixture(t, &host.Options{Replica: "a", Store: store, StateKey: replicaKey, SessionTimeout: 6 * time.Second},
+		sandbox.NewPolicy(), map[string]string{"notes.wasm": testplugins.Example(t, "notes")})
+	mux := http.NewServeMux()
+	mux.Handle("/mcp", f.h.HTTPHandler())
+	srv := httptest.NewServer(mux)
+	t.Cleanup(srv.Close)
+	cs := connectHTTP(t, srv.URL, "2025-11-25", nil)
+	call(t, cs, "note_add", map[string]any{"text": "kept"})
+	// Twice the TTL with pings only. Time passing is what is tested
+	// (expiry has no event to wait on), as in statestore's afterTTL.
+	end := time.Now().Add(13 * time.Second)
+	for time.Now().Before(end) {
+		if err := cs.Ping(context.Background(), nil); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(time.Second)
+	}
+	if _, err := store.Get(context.Background(), "s."+cs.ID()); err != nil {
+		t.Fatalf("the live session's record: %v", err)
+	}
+	if got := text(notes(t, cs, nil)); !strings.Contains(got, "kept") {
+		t.Fatalf("notes after the TTL, kept alive by pings: %q", got)
+	}
+}
+
+// failingStore is a store whose writes fail while failing is set, as a
+// store that stopped answering does.
+type failingStore struct {
+	statestore.Store
+	failing atomic.Bool
+}
+
+// errNoAnswer is failingStore's failure.
+var errNoAnswer = errors.New("store not answering (test)")
+
+func (s *failingStore) Put(ctx context.Context, id, field string, value []byte, fence uint64, ttl time.Duration) error {
+	if s.failing.Load() {
+		return errNoAnswer
+	}
+	return s.Store.Put(ctx, id, field, value, fence, ttl)
+}
+
+// down makes reads and claims fail too.
+type downStore struct {
+	failingStore
+}
+
+func (s *downStore) Claim(ctx context.Context, id string, o statestore.Owner, ttl time.Duration, steal bool) (statestore.Claim, error) {
+	if s.failing.Load() {
+		return statestore.Claim{}, errNoAnswer
+	}
+	return s.Store.Claim(ctx, id, o, ttl, steal)
+}
+
+func (s *downStore) Get(ctx context.Context, id string) (map[string][]byte, error) {
+	if s.failing.Load() {
+		return nil, errNoAnswer
+	}
+	return s.Store.Get(ctx, id)
+}
+
+// Finding 10: a call whose checkpoint failed, then the loss of its
+// instance (evicted for room): the client's next result must not roll
+// back silently to the older stored state. The old code restored the
+// older checkpoint and said nothing.
+func TestNoSilentRollbackAfterFailedCheckpoint(t *testing.T) {
+	store := &failingStore{Store: statestore.NewMemory()}
+	f := newFixture(t, &host.Options{Store: store, StateKey: replicaKey, MaxInstances: 1}, sandbox.NewPolicy(),
+		map[string]string{"notes.wasm": testplugins.Example(t, "notes")})
+	url := serveHTTP(t, f)
+	a := connectHTTP(t, url, "2025-11-25", nil)
+	b := connectHTTP(t, url, "2025-11-25", nil)
+	call(t, a, "note_add", map[string]any{"text": "one"})
+	store.failing.Store(true)
+	res := call(t, a, "note_add", map[string]any{"text": "two"})
+	if res.Meta[host.MetaNotSaved] == nil {
+		t.Fatalf("a call whose checkpoint failed: %v %s", res.Meta, text(res))
+	}
+	store.failing.Store(false)
+	call(t, b, "note_add", map[string]any{"text": "b's"}) // evicts a's instance
+	f.waitLog(t, "instance evicted", 1)
+	res = notes(t, a, nil)
+	reset, _ := res.Meta[host.MetaStateReset].(map[string]any)
+	if !strings.Contains(text(res), "two") && (reset == nil || reset["reason"] != host.ReasonNotSaved) {
+		t.Fatalf("a after its unsaved instance was evicted: %v %q; want note two, or stateReset not-saved", res.Meta, text(res))
+	}
+}
+
+// Finding 13: a question waiting for a 2025-11-25 client's answer does
+// not hold Close to its grace: it is withdrawn, and the call ends. The
+// old code waited until Close's context ended.
+func TestCloseWithdrawsPendingQuestions(t *testing.T) {
+	f := newFixture(t, &host.Options{}, sandbox.NewPolicy(), map[string]string{"confirm.wasm": testplugins.Example(t, "confirm")})
+	url := serveHTTP(t, f)
+	asked := make(chan struct{})
+	never := make(chan struct{})
+	defer close(never)
+	answer := func(ctx context.Context, _ *mcp.ElicitRequest) (*mcp.ElicitResult, error) {
+		close(asked)
+		select {
+		case <-never:
+		case <-ctx.Done():
+		}
+		return nil, context.Canceled
+	}
+	cs := connectHTTPEra(t, url, "2025-11-25", &mcp.ClientOptions{ElicitationHandler: answer}, nil)
+	h := handleOf(call(t, cs, "add", map[string]any{"item": "milk"}))
+	go cs.CallTool(context.Background(), &mcp.CallToolParams{Name: "delete", Arguments: map[string]any{"item": "milk", host.SessionArgument: h}})
+	<-asked
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := f.h.Close(ctx); err != nil {
+		t.Fatalf("close with a question pending: %v", err)
+	}
+}
+
+// withHeader adds a header to every request, as a gateway naming its
+// client does (--client-header).
+type withHeader struct {
+	rt          http.RoundTripper
+	name, value string
+}
+
+func (w withHeader) RoundTrip(req *http.Request) (*http.Response, error) {
+	req = req.Clone(req.Context())
+	req.Header.Set(w.name, w.value)
+	return w.rt.RoundTrip(req)
+}
+
+// Finding 9: a --client-header client's first request at a replica
+// while the store cannot be read is refused with the retryable -32053,
+// not served from a fresh instance (which, once reads worked again,
+// overwrote the stored state). The retry succeeds, with the state.
+func TestUnreadableStateIsRefusedNotReset(t *testing.T) {
+	store := &downStore{failingStore{Store: statestore.NewMemory()}}
+	files := map[string]string{"notes.wasm": testplugins.Example(t, "notes")}
+	opts := func(name string) *host.Options {
+		return &host.Options{Replica: name, Store: store, StateKey: replicaKey, ClientKeyHeader: "X-Client"}
+	}
+	serve := func(name string) *replica {
+		f := newFixture(t, opts(name), sandbox.NewPolicy(), files)
+		mux := http.NewServeMux()
+		mux.Handle("/mcp", f.h.HTTPHandler())
+		srv := httptest.NewServer(mux)
+		t.Cleanup(srv.Close)
+		return &replica{fixture: f, srv: srv}
+	}
+	a, b := serve("a"), serve("b")
+	rt := &router{to: a}
+	hdr := withHeader{rt: rt, name: "X-Client", value: "c1"}
+	cs := connectHTTP(t, a.srv.URL, "2026-07-28", hdr)
+	call(t, cs, "note_add", map[string]any{"text": "kept"})
+	// The client's next request reaches b, which never saw it, while the
+	// store does not answer.
+	store.failing.Store(true)
+	rt.point(b)
+	cs2 := connectHTTP(t, b.srv.URL, "2026-07-28", hdr)
+	_, err := cs2.CallTool(context.Background(), &mcp.CallToolParams{Name: "note_add", Arguments: map[string]any{"text": "new"}})
+	if err == nil || !strings.Contains(err.Error(), "-32053") && !strings.Contains(err.Error(), "state unavailable") {
+		t.Fatalf("a call whose state cannot be read: %v; want the -32053 refusal\nb log:\n%s", err, b.log.String())
+	}
+	store.failing.Store(false)
+	// The retry, once the store answers (after the breaker's 2 s).
+	var res *mcp.CallToolResult
+	for deadline := time.Now().Add(30 * time.Second); ; {
+		res, err = cs2.CallTool(context.Background(), &mcp.CallToolParams{Name: "note_list"})
+		if err == nil || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+	if err != nil || !strings.Contains(text(res), "kept") || strings.Contains(text(res), "new") {
+		t.Fatalf("the retry: %v %q; want the stored note only", err, text(res))
+	}
+}
+
+// hookStore runs hook (once) after the nth Get of id returns, or fails
+// that Get when fail is set.
+type hookStore struct {
+	statestore.Store
+	mu   sync.Mutex
+	id   string
+	n    int
+	gets int
+	fail bool
+	hook func()
+}
+
+func (s *hookStore) arm(id string, n int, fail bool, hook func()) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.id, s.n, s.gets, s.fail, s.hook = id, n, 0, fail, hook
+}
+
+func (s *hookStore) Get(ctx context.Context, id string) (map[string][]byte, error) {
+	s.mu.Lock()
+	fire := false
+	if id == s.id {
+		s.gets++
+		fire = s.gets == s.n
+	}
+	fail, hook := s.fail, s.hook
+	if fire {
+		s.hook = nil
+	}
+	s.mu.Unlock()
+	if fire && fail {
+		return nil, errNoAnswer
+	}
+	rec, err := s.Store.Get(ctx, id)
+	if fire && hook != nil {
+		hook()
+	}
+	return rec, err
+}
+
+// Finding 3: a replica taking a session over claims it before it reads
+// its record, so a write the old holder acknowledges meanwhile is either
+// in what it reads or fenced (and the old holder's call fails): never
+// acknowledged and then erased. The old code read first: the old
+// holder's acknowledged note was lost.
+func TestTakeoverClaimsBeforeReading(t *testing.T) {
+	shared := statestore.NewMemory()
+	atB := &hookStore{Store: shared}
+	a, b, rt, cs := pair(t, shared, atB)
+	call(t, cs, "note_add", map[string]any{"text": "one"})
+	// b's second read of the session's record is the takeover's (the
+	// first is the handshake's replay); right after it returns, a
+	// acknowledges a write, as a replica still serving would.
+	var between string
+	atB.arm("s."+cs.ID(), 2, false, func() {
+		_, between = postSession(t, a.srv.URL, cs.ID(), `{"jsonrpc":"2.0","id":500,"method":"tools/call","params":{"name":"note_add","arguments":{"text":"between"}}}`)
+	})
+	rt.point(b)
+	call(t, cs, "note_add", map[string]any{"text": "at b"})
+	acked := strings.Contains(between, "saved") && !strings.Contains(between, `"isError":true`) && !strings.Contains(between, "notSaved")
+	list := text(notes(t, cs, nil))
+	if acked && !strings.Contains(list, "between") {
+		t.Fatalf("a acknowledged %q, and b lost it:\n%s", between, list)
+	}
+	if !strings.Contains(list, "one") || !strings.Contains(list, "at b") {
+		t.Fatalf("notes at b:\n%s", list)
+	}
+}
+
+// Finding 4: a replica that finds its session was served by another one
+// since, and cannot read the record now, refuses the request (-32053)
+// rather than serving its stale instance; the retry gets the other
+// replica's writes. The old code adopted the new fence first: the stale
+// instance was served, and never seeded again.
+func TestStaleInstanceNotServedWhenRereadFails(t *testing.T) {
+	shared := statestore.NewMemory()
+	atA := &hookStore{Store: shared}
+	a, b, rt, cs := pair(t, atA, shared)
+	call(t, cs, "note_add", map[string]any{"text": "one"})
+	rt.point(b)
+	call(t, cs, "note_add", map[string]any{"text": "two at b"})
+	rt.point(a)
+	atA.arm("s."+cs.ID(), 1, true, nil) // a's re-read fails, once
+	res, err := cs.CallTool(context.Background(), &mcp.CallToolParams{Name: "note_list"})
+	if err == nil && !strings.Contains(text(res), "two at b") {
+		t.Fatalf("a served its stale instance: %q", text(res))
+	}
+	// The retry, once the store is asked again (after the breaker's 2 s).
+	for deadline := time.Now().Add(30 * time.Second); ; {
+		res, err = cs.CallTool(context.Background(), &mcp.CallToolParams{Name: "note_list"})
+		if err == nil || time.Now().After(deadline) {
+			break
+		}
+		if !strings.Contains(err.Error(), "unavailable") {
+			t.Fatalf("the retry at a: %v", err)
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+	if err != nil || !strings.Contains(text(res), "two at b") {
+		t.Fatalf("the retry at a: %v %q", err, text(res))
+	}
+}

@@ -1,0 +1,130 @@
+package faults
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+)
+
+// h builds a client's history from a compact script, one op per string:
+//
+//	"add 3 ok note 2 saved"         an add of note 3, answered "note 2 saved"
+//	"add 3 ok note 1 saved |reset"  ... with a stateReset mark
+//	"add 3 ok note 1 saved |notsaved"
+//	"add 3 fail"                    a failed attempt, retried
+//	"add 3 giveup"                  a failed attempt, given up
+//	"list 1 2"                      a read of notes n1 and n2 ("list" alone: none)
+//	"list |reset 4"                 a read with a stateReset mark
+//	"session"                       the session was lost
+func h(script ...string) []Op {
+	var ops []Op
+	at := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
+	attempt := 1
+	for _, s := range script {
+		at = at.Add(time.Second)
+		op := Op{Client: 7, Era: Legacy, Start: at, End: at, Attempt: attempt, Final: true}
+		body, marks, _ := strings.Cut(s, "|")
+		f := strings.Fields(body)
+		op.Kind = f[0]
+		switch op.Kind {
+		case "add":
+			fmt.Sscan(f[1], &op.Note)
+			switch f[2] {
+			case "ok":
+				op.Text = strings.Join(f[3:], " ")
+			case "fail":
+				op.Err, op.Final = "JSON-RPC error -32053: state unavailable", false
+			case "giveup":
+				op.Err = "timeout"
+			}
+		case "list":
+			var lines []string
+			for i, n := range f[1:] {
+				lines = append(lines, fmt.Sprintf("%d. c7-n%s", i+1, n))
+			}
+			op.Text = strings.Join(lines, "\n")
+			if len(lines) == 0 {
+				op.Text = "no notes"
+			}
+		case "session":
+			op.Err = "session not found"
+		}
+		for _, m := range strings.Fields(marks) {
+			switch {
+			case m == "reset":
+				op.Reset = "store-lost"
+			case m == "notsaved":
+				op.NotSaved = "store-unavailable"
+			default: // a list's notes after its mark
+				lines := strings.Split(op.Text, "\n")
+				if op.Text == "no notes" {
+					lines = nil
+				}
+				lines = append(lines, fmt.Sprintf("%d. c7-n%s", len(lines)+1, m))
+				op.Text = strings.Join(lines, "\n")
+			}
+		}
+		if op.Final {
+			attempt = 1
+		} else {
+			attempt++
+		}
+		ops = append(ops, op)
+	}
+	return ops
+}
+
+func TestCheck(t *testing.T) {
+	tests := []struct {
+		name    string
+		history []Op
+		want    []string // "kind op", in order
+	}{
+		{"clean", h("add 1 ok note 1 saved", "list 1", "add 2 ok note 2 saved", "list 1 2"), nil},
+		{"failed then retried once", h("add 1 fail", "add 1 ok note 1 saved", "list 1"), nil},
+		{"acknowledged write lost", h("add 1 ok note 1 saved", "list 1", "add 2 ok note 2 saved", "list 1"),
+			[]string{"lost list"}},
+		{"silent reset", h("add 1 ok note 1 saved", "list 1", "add 2 ok note 1 saved", "list 2"),
+			[]string{"count-fell add n2", "lost list"}},
+		{"reset said so", h("add 1 ok note 1 saved", "list 1", "add 2 ok note 1 saved |reset", "list 2"), nil},
+		{"reset on a read", h("add 1 ok note 1 saved", "list 1", "add 2 ok note 2 saved", "list |reset", "add 3 ok note 1 saved", "list 3"), nil},
+		{"not saved, then gone", h("add 1 ok note 1 saved", "list 1", "add 2 ok note 2 saved |notsaved", "list 1", "add 3 ok note 2 saved", "list 1 3"), nil},
+		{"applied twice by a retry", h("add 1 ok note 1 saved", "list 1", "add 2 fail", "add 2 ok note 3 saved", "list 1 2 2"),
+			[]string{"applied-twice add n2", "applied-twice list"}},
+		{"twice, reported once", h("add 1 ok note 1 saved", "add 2 fail", "add 2 ok note 3 saved", "list 1 2 2", "add 3 ok note 4 saved", "list 1 2 2 3"),
+			[]string{"applied-twice add n2", "applied-twice list"}},
+		{"given up", h("add 1 giveup", "list"), []string{"unrecovered add n1"}},
+		{"given up, applied after all", h("add 1 giveup", "list 1", "add 2 ok note 2 saved", "list 1 2"), []string{"unrecovered add n1"}},
+		{"phantom", h("add 1 ok note 1 saved", "list 1 5"), []string{"phantom list"}},
+		{"out of order", h("add 1 ok note 1 saved", "add 2 ok note 2 saved", "list 2 1"), []string{"phantom list"}},
+		{"rolled back and forth", h("add 1 ok note 1 saved |notsaved", "list", "add 2 ok note 1 saved", "list 1 2"), []string{"phantom list"}},
+		{"session lost", h("add 1 ok note 1 saved", "list 1", "session", "add 2 ok note 1 saved", "list 2"), []string{"session-lost session"}},
+		{"new session holds old notes", h("add 1 ok note 1 saved", "session", "add 2 ok note 2 saved", "list 1 2"),
+			[]string{"session-lost session", "phantom list"}},
+		{"unreadable result", h("add 1 ok the session moved"), []string{"unexpected add n1"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			vs, _ := Check(tt.history)
+			var got []string
+			for _, v := range vs {
+				got = append(got, v.Kind+" "+v.Op)
+			}
+			if diff := cmp.Diff(tt.want, got); diff != "" {
+				t.Errorf("violations (-want +got):\n%s\n%v", diff, vs)
+			}
+		})
+	}
+}
+
+func TestCheckStats(t *testing.T) {
+	_, st := Check(h("add 1 fail", "add 1 fail", "add 1 ok note 1 saved |notsaved", "list 1", "add 2 ok note 1 saved |reset", "list 2"))
+	want := Stats{Ops: 4, Attempts: 6, Failed: 2, Recovered: 1, FailedBy: map[string]int{"rpc": 2},
+		Notices: map[string]int{"notSaved:store-unavailable": 1, "stateReset:store-lost": 1}}
+	if diff := cmp.Diff(want, st); diff != "" {
+		t.Errorf("stats (-want +got):\n%s", diff)
+	}
+}

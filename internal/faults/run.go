@@ -1,0 +1,241 @@
+package faults
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// Scenario is one fault, injected into a fresh [Cluster] while the
+// clients run.
+type Scenario struct {
+	Name  string
+	Proxy Proxy
+	// Slow: the clients call slownotes' slow_add (which works on after
+	// changing its state, reporting progress), not the notes example.
+	Slow bool
+	// Relays, Down: see [Setup].
+	Relays bool
+	Down   []int
+	// Fault injects the fault and waits until the cluster is whole
+	// again; the runner then waits for two more rounds of every client.
+	Fault func(r *Run)
+}
+
+// Run is a scenario being run: its cluster, its clients, and the
+// violations the scenario itself finds (a replica ready that must not
+// be).
+type Run struct {
+	T       testing.TB
+	C       *Cluster
+	Clients []*Client
+
+	mu         sync.Mutex
+	violations []Violation
+	progress   chan int      // clients that reported progress (Slow)
+	round      chan struct{} // poked by each client's round
+}
+
+// Violate records a violation the scenario found.
+func (r *Run) Violate(kind, detail string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.violations = append(r.violations, Violation{Kind: kind, Client: -1, Op: "scenario", At: time.Now(), Detail: detail})
+}
+
+// Rounds waits until every client has completed n more rounds (an add
+// and a read, each retried until it succeeded or was given up) than it
+// had when called. A client that is stuck gives up its operation after
+// GiveUp, so this ends; it fails the test after 5 minutes.
+func (r *Run) Rounds(n int) {
+	r.T.Helper()
+	want := make([]int64, len(r.Clients))
+	for i, c := range r.Clients {
+		want[i] = c.Rounds() + int64(n)
+	}
+	timeout := time.After(5 * time.Minute)
+	for i, c := range r.Clients {
+		for c.Rounds() < want[i] {
+			select {
+			case <-r.round: // some client finished a round
+			case <-timeout:
+				r.T.Fatalf("client %d made no progress for 5 minutes", c.N)
+			}
+		}
+	}
+}
+
+// Progress returns the number of the next client to report progress on
+// a slow call (after the calls before it were discarded with
+// [Run.DrainProgress]). It fails the test after 2 minutes without one.
+func (r *Run) Progress() int {
+	r.T.Helper()
+	select {
+	case n := <-r.progress:
+		return n
+	case <-time.After(2 * time.Minute):
+		r.T.Fatal("no slow call reported progress for 2 minutes")
+		return -1
+	}
+}
+
+// DrainProgress discards progress reports so far.
+func (r *Run) DrainProgress() {
+	for {
+		select {
+		case <-r.progress:
+		default:
+			return
+		}
+	}
+}
+
+// ReplicaOf returns the index of the replica that minted client n's
+// session (its ID's or handle's first field), -1 if none yet.
+func (r *Run) ReplicaOf(n int) int {
+	s := r.Clients[n].session()
+	name, _, _ := strings.Cut(s, ".")
+	for i, rep := range r.C.Replicas {
+		if rep.Name == name {
+			return i
+		}
+	}
+	return -1
+}
+
+// Hold waits d: the length of a fault (a replica stopped, Redis down).
+func (r *Run) Hold(d time.Duration) {
+	r.C.Logf("holding the fault %v", d)
+	time.Sleep(d)
+}
+
+// Options tune [RunScenario].
+type Options struct {
+	Setup   Setup // Proxy, Relays, Down are the scenario's
+	PerEra  int   // clients of each era
+	Tag     string
+	Attempt time.Duration // ClientOptions.AttemptTimeout
+	GiveUp  time.Duration
+	Steps   int       // slow_add's steps
+	Out     io.Writer // every violation and the timeline are written here
+}
+
+// Result is one scenario's outcome.
+type Result struct {
+	Scenario   string
+	Proxy      Proxy
+	Clients    int
+	Stats      Stats
+	Violations []Violation
+	Took       time.Duration
+}
+
+// RunScenario runs sc on a fresh cluster and checks every client's
+// history.
+func RunScenario(t testing.TB, sc Scenario, o Options) Result {
+	start := time.Now()
+	setup := o.Setup
+	setup.Proxy, setup.Relays, setup.Down = sc.Proxy, sc.Relays, sc.Down
+	c := NewCluster(t, setup)
+	r := &Run{T: t, C: c, progress: make(chan int, 1024), round: make(chan struct{}, 1)}
+	copts := ClientOptions{AddTool: "note_add", ListTool: "note_list", AttemptTimeout: o.Attempt, GiveUp: o.GiveUp,
+		Round: func() {
+			select {
+			case r.round <- struct{}{}:
+			default:
+			}
+		}}
+	if sc.Slow {
+		copts.AddTool, copts.ListTool, copts.Steps = "slow_add", "slow_list", o.Steps
+		copts.Progress = func(n int, _ string) {
+			select {
+			case r.progress <- n:
+			default:
+			}
+		}
+	}
+	for i := range 2 * o.PerEra {
+		era := Legacy
+		if i%2 == 1 {
+			era = Modern
+		}
+		r.Clients = append(r.Clients, NewClient(i, era, c.ProxyAddr, o.Tag+"."+sc.Name, copts))
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for _, cl := range r.Clients {
+		wg.Go(func() { cl.Run(ctx, stop) })
+	}
+	r.Rounds(1)
+	c.Logf("clients warm")
+	sc.Fault(r)
+	r.Rounds(2)
+	close(stop)
+	wg.Wait()
+	c.Logf("clients stopped")
+
+	res := Result{Scenario: sc.Name, Proxy: sc.Proxy, Clients: len(r.Clients), Stats: Stats{Notices: map[string]int{}, FailedBy: map[string]int{}}}
+	res.Violations = append(res.Violations, r.violations...)
+	for _, cl := range r.Clients {
+		vs, st := Check(cl.History())
+		res.Violations = append(res.Violations, vs...)
+		res.Stats.Ops += st.Ops
+		res.Stats.Attempts += st.Attempts
+		res.Stats.Failed += st.Failed
+		res.Stats.Recovered += st.Recovered
+		for k, n := range st.Notices {
+			res.Stats.Notices[k] += n
+		}
+		for k, n := range st.FailedBy {
+			res.Stats.FailedBy[k] += n
+		}
+	}
+	res.Took = time.Since(start)
+	if o.Out != nil {
+		fmt.Fprintf(o.Out, "=== %s (%s): %d clients, %d ops, %d failed attempts, %d recovered, %d violations, %s\n",
+			sc.Name, sc.Proxy, res.Clients, res.Stats.Ops, res.Stats.Failed, res.Stats.Recovered, len(res.Violations), res.Took.Round(time.Second))
+		for _, e := range c.Timeline() {
+			fmt.Fprintf(o.Out, "    %s\n", e)
+		}
+		for _, v := range res.Violations {
+			fmt.Fprintf(o.Out, "  VIOLATION %s: client %d (%s) %s at %.2fs: %s\n", v.Kind, v.Client, v.Era, v.Op, c.Since(v.At).Seconds(), v.Detail)
+		}
+	}
+	return res
+}
+
+// Table writes results as a Markdown table: one row per scenario, a
+// column per violation kind.
+func Table(w io.Writer, results []Result) {
+	fmt.Fprintf(w, "| scenario | proxy | clients | ops | failed attempts | recovered | notices |")
+	for _, k := range Kinds {
+		fmt.Fprintf(w, " %s |", k)
+	}
+	fmt.Fprintf(w, " violations | time |\n|---|---|---|---|---|---|---|")
+	for range Kinds {
+		fmt.Fprint(w, "---|")
+	}
+	fmt.Fprintln(w, "---|---|")
+	for _, r := range results {
+		counts := Counts(r.Violations)
+		notices := SortedNotices(r.Stats.Notices)
+		if notices == "" {
+			notices = "-"
+		}
+		failed := fmt.Sprint(r.Stats.Failed)
+		if by := SortedNotices(r.Stats.FailedBy); by != "" {
+			failed += " (" + by + ")"
+		}
+		fmt.Fprintf(w, "| %s | %s | %d | %d | %s | %d | %s |", r.Scenario, r.Proxy, r.Clients, r.Stats.Ops, failed, r.Stats.Recovered, notices)
+		for _, k := range Kinds {
+			fmt.Fprintf(w, " %d |", counts[k])
+		}
+		fmt.Fprintf(w, " **%d** | %s |\n", len(r.Violations), r.Took.Round(time.Second))
+	}
+}

@@ -1,0 +1,190 @@
+package faults
+
+import (
+	"fmt"
+	"net/http"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// The timings of the faults. Past the claim timeouts: a replica's
+// heartbeat lives 6 s (host/durable.go), so a replica stopped 8 s has
+// lost its claims to whoever takes its sessions over.
+const (
+	StopFor      = 8 * time.Second
+	RedisDownFor = 10 * time.Second
+	RedisFreeze  = 10 * time.Second
+	// BadKeyWatch is how long a replica started with another state key
+	// is watched (while the clients run) for becoming ready.
+	BadKeyWatch = 10 * time.Second
+)
+
+// Scenarios returns the suite's scenarios; stops is how many times the
+// SIGSTOP scenarios stop a replica.
+func Scenarios(stops int) []Scenario {
+	var s []Scenario
+	for _, p := range []Proxy{HAProxy, Nginx} {
+		s = append(s, Scenario{Name: "rolling-restart", Proxy: p, Fault: rollingRestart})
+	}
+	for _, p := range []Proxy{HAProxy, Nginx} {
+		s = append(s, Scenario{Name: "sigstop-replica", Proxy: p, Fault: func(r *Run) { sigstop(r, stops) }})
+	}
+	s = append(s,
+		Scenario{Name: "redis-restart-empty", Proxy: HAProxy, Fault: func(r *Run) {
+			r.C.RedisKill()
+			r.C.RedisStart()
+			moveAfterStore(r)
+		}},
+		Scenario{Name: "redis-down-10s", Proxy: HAProxy, Fault: func(r *Run) {
+			r.C.RedisKill()
+			r.Hold(RedisDownFor)
+			r.C.RedisStart()
+			moveAfterStore(r)
+		}},
+		Scenario{Name: "redis-frozen", Proxy: HAProxy, Fault: func(r *Run) {
+			r.C.RedisFreeze()
+			r.Hold(RedisFreeze)
+			r.C.RedisThaw()
+			moveAfterStore(r)
+		}},
+		Scenario{Name: "kill9-under-load", Proxy: HAProxy, Fault: func(r *Run) {
+			for _, i := range []int{0, 1} {
+				r.C.Kill(i)
+				r.C.WaitDown(i)
+				r.Rounds(1)
+				r.C.Start(i)
+				r.Rounds(1)
+			}
+		}},
+		Scenario{Name: "kill9-slow-calls", Proxy: HAProxy, Slow: true, Fault: killDuringSlowCalls},
+	)
+	for _, p := range []Proxy{HAProxy, Nginx} {
+		s = append(s, Scenario{Name: "kill9-after-checkpoint", Proxy: p, Relays: true, Fault: killAfterCheckpoint})
+	}
+	s = append(s,
+		Scenario{Name: "mismatched-state-key", Proxy: HAProxy, Fault: mismatchedKey},
+		Scenario{Name: "scale-out-in", Proxy: HAProxy, Down: []int{2}, Fault: func(r *Run) {
+			r.C.Start(2) // 2 → 3 replicas
+			r.Rounds(2)
+			r.C.Term(0) // 3 → 2: s1 drained and gone
+			r.C.WaitDown(0)
+		}},
+	)
+	return s
+}
+
+// moveAfterStore checks that sessions recovered from a store fault by
+// themselves: two rounds, then s1 drains and restarts, so that its
+// sessions move to their fallbacks and back, through the store.
+func moveAfterStore(r *Run) {
+	r.Rounds(2)
+	r.C.Term(0)
+	r.C.WaitDown(0)
+	r.Rounds(1)
+	r.C.Start(0)
+}
+
+// rollingRestart drains (SIGTERM) and restarts each replica in turn,
+// a round of every client between steps.
+func rollingRestart(r *Run) {
+	for i := range r.C.Replicas {
+		r.C.Term(i)
+		r.C.WaitDown(i)
+		r.Rounds(1)
+		r.C.Start(i)
+		r.Rounds(1)
+	}
+}
+
+// sigstop stops each replica in turn (stops times in all) past the claim
+// timeouts, then continues it.
+func sigstop(r *Run, stops int) {
+	for k := range stops {
+		i := k % len(r.C.Replicas)
+		r.C.Freeze(i)
+		r.Hold(StopFor)
+		r.C.Thaw(i)
+		r.C.WaitRouted(i)
+		r.Rounds(1)
+	}
+}
+
+// killDuringSlowCalls kills (-9) the replica of a client whose slow call
+// has changed its state and works on (its first progress report), twice,
+// restarting it after each.
+func killDuringSlowCalls(r *Run) {
+	for range 2 {
+		r.DrainProgress()
+		i := -1
+		for i < 0 {
+			i = r.ReplicaOf(r.Progress())
+		}
+		r.C.Logf("a slow call on %s reported progress", r.C.Replicas[i].Name)
+		r.C.Kill(i)
+		r.C.WaitDown(i)
+		r.Rounds(1)
+		r.C.Start(i)
+		r.Rounds(1)
+	}
+}
+
+// killAfterCheckpoint kills (-9) a replica once a note_add's answer has
+// left it (so its state is in the store) and before the proxy got it:
+// the proxy sees a connection closed without an answer. Each of two
+// replicas in turn.
+func killAfterCheckpoint(r *Run) {
+	for _, i := range []int{0, 1} {
+		rep := r.C.Replicas[i]
+		done := rep.Relay.Trap(`"note_add"`, func() { rep.proc.Signal(syscall.SIGKILL) })
+		select {
+		case <-done:
+		case <-time.After(2 * time.Minute):
+			r.T.Fatalf("no note_add reached %s in 2 minutes", rep.Name)
+		}
+		r.C.waitExit(i)
+		r.C.Logf("%s killed (-9) between a note_add's checkpoint and its answer", rep.Name)
+		r.C.WaitDown(i)
+		r.Rounds(1)
+		r.C.Start(i)
+		r.Rounds(1)
+	}
+}
+
+// mismatchedKey restarts s3 with another WASMTOOLS_STATE_KEY: it must
+// not become ready, and must say why in /readyz ("state key mismatch"),
+// watched for BadKeyWatch while the clients run; no session may be lost
+// through it. Then s3 comes back with the right key.
+func mismatchedKey(r *Run) {
+	const i = 2
+	r.C.Term(i)
+	r.C.WaitDown(i)
+	r.C.StartWithKey(i, "another state key")
+	rep := r.C.Replicas[i]
+	deadline := time.Now().Add(BadKeyWatch)
+	tick := time.NewTicker(250 * time.Millisecond)
+	defer tick.Stop()
+	said := false
+	for time.Now().Before(deadline) && rep.Running() {
+		code, body := r.C.Readyz(i)
+		if code == http.StatusOK {
+			r.Violate(Ready, fmt.Sprintf("%s, started with another state key than the store's, answers /readyz 200 %q", rep.Name, body))
+			r.C.Logf("%s ready with the wrong key", rep.Name)
+			break
+		}
+		if !said && strings.Contains(body, "state key") {
+			said = true
+			r.C.Logf("%s not ready: %s", rep.Name, strings.TrimSpace(body))
+		}
+		<-tick.C
+	}
+	if !said && rep.Running() {
+		r.Violate(Ready, fmt.Sprintf("%s, started with another state key, did not say why in /readyz within %v", rep.Name, BadKeyWatch))
+	}
+	r.Rounds(1)
+	if rep.Running() {
+		r.C.Term(i)
+	}
+	r.C.WaitDown(i)
+	r.C.Start(i)
+}

@@ -1,0 +1,164 @@
+package statestore_test
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/wasmtools/wasmtools/internal/proxytest"
+	"github.com/wasmtools/wasmtools/internal/statestore"
+)
+
+// Regression tests of issue #25's review findings on the store layer.
+
+// redisPair is a Redis store and a raw client of the same server, to
+// lose keys behind the store's back as eviction, FLUSHALL or a restart
+// without persistence do.
+func redisPair(t *testing.T) (statestore.Store, *redis.Client) {
+	t.Helper()
+	addr := proxytest.StartRedis(t)
+	s, err := statestore.NewRedis("redis://" + addr + "/0")
+	must(t, err)
+	t.Cleanup(func() { s.Close() })
+	raw := redis.NewClient(&redis.Options{Addr: addr})
+	t.Cleanup(func() { raw.Close() })
+	return s, raw
+}
+
+// Finding 5: the fence counter key lost (evicted) must not hand a new
+// owner a fence the stale owner still holds, nor fence the holder out
+// for good.
+func TestFenceCounterLostKeepsFencing(t *testing.T) {
+	s, raw := redisPair(t)
+	ctx := context.Background()
+	a, b := owners(t)
+	id := "finding5"
+	must(t, s.Heartbeat(ctx, a, long))
+	must(t, s.Heartbeat(ctx, b, long))
+	ca, err := s.Claim(ctx, id, a, long, false)
+	must(t, err)
+	must(t, s.Put(ctx, id, "f", []byte("by a"), ca.Fence, long))
+	must(t, raw.Del(ctx, "wt:{"+id+"}:fence").Err())
+	// The holder's claim again keeps its fence (it was 0 before: "moved" forever).
+	again, err := s.Claim(ctx, id, a, long, false)
+	must(t, err)
+	if again.Fence != ca.Fence {
+		t.Fatalf("holder's claim after the counter was lost: fence %d, want %d", again.Fence, ca.Fence)
+	}
+	must(t, s.Put(ctx, id, "f", []byte("by a again"), ca.Fence, long))
+	must(t, raw.Del(ctx, "wt:{"+id+"}:fence").Err())
+	cb, err := s.Claim(ctx, id, b, long, true)
+	must(t, err)
+	if cb.Fence == ca.Fence {
+		t.Fatalf("new owner got the stale owner's fence %d", cb.Fence)
+	}
+	wantErr(t, "stale owner's put", s.Put(ctx, id, "f", []byte("stale"), ca.Fence, long), statestore.ErrFenced)
+	must(t, s.Put(ctx, id, "f", []byte("by b"), cb.Fence, long))
+	// Record and counter both evicted: a new claim must still not be
+	// the stale owner's fence.
+	must(t, raw.Del(ctx, "wt:{"+id+"}:fence", "wt:{"+id+"}:rec").Err())
+	cb2, err := s.Claim(ctx, id, b, long, true)
+	must(t, err)
+	if cb2.Fence == ca.Fence || cb2.Fence == cb.Fence {
+		t.Fatalf("claim after the record and counter were evicted: fence %d reused", cb2.Fence)
+	}
+	wantErr(t, "stale owner's put after eviction", s.Put(ctx, id, "f", []byte("stale"), ca.Fence, long), statestore.ErrFenced)
+}
+
+// Finding 2 of "fences the store cannot forget": a store that came back
+// empty refuses every older fence with ErrStoreLost (not "fenced"), and
+// the holder's next claim works, in a new epoch.
+func TestStoreBackEmptyIsDetected(t *testing.T) {
+	s, raw := redisPair(t)
+	ctx := context.Background()
+	a, _ := owners(t)
+	id := "flushed"
+	must(t, s.Heartbeat(ctx, a, long))
+	ca, err := s.Claim(ctx, id, a, long, false)
+	must(t, err)
+	must(t, s.Put(ctx, id, "f", []byte("v"), ca.Fence, long))
+	must(t, raw.FlushAll(ctx).Err())
+	wantErr(t, "put after FLUSHALL", s.Put(ctx, id, "f", []byte("v2"), ca.Fence, long), statestore.ErrStoreLost)
+	c2, err := s.Claim(ctx, id, a, long, false)
+	must(t, err)
+	if statestore.Epoch(c2.Fence) == statestore.Epoch(ca.Fence) {
+		t.Fatalf("the store came back empty with the same epoch %d", statestore.Epoch(c2.Fence))
+	}
+	must(t, s.Put(ctx, id, "f", []byte("v2"), c2.Fence, long))
+	// The record alone evicted: ErrRecordLost, so the holder writes back.
+	must(t, raw.Del(ctx, "wt:{"+id+"}:rec").Err())
+	wantErr(t, "put after the record was evicted", s.Put(ctx, id, "f", []byte("v3"), c2.Fence, long), statestore.ErrRecordLost)
+}
+
+// Finding 7: a write reported failed (it may still be in flight) can
+// never land after the holder bumped its fence, which it does before its
+// next write.
+func TestBumpedFenceRefusesLateWrite(t *testing.T) {
+	for _, b := range backends(t) {
+		t.Run(b.name, func(t *testing.T) {
+			s := b.open(t)
+			ctx := context.Background()
+			a, _ := owners(t)
+			id := t.Name()
+			must(t, s.Heartbeat(ctx, a, long))
+			c, err := s.Claim(ctx, id, a, long, false)
+			must(t, err)
+			must(t, s.Put(ctx, id, "f", []byte("1"), c.Fence, long))
+			next, err := s.Renew(ctx, id, c.Fence, long, true)
+			must(t, err)
+			if next == c.Fence {
+				t.Fatal("bump kept the fence")
+			}
+			must(t, s.Put(ctx, id, "f", []byte("2"), next, long))
+			// The late write of the old fence lands now: refused.
+			wantErr(t, "late write", s.Put(ctx, id, "f", []byte("1 late"), c.Fence, long), statestore.ErrFenced)
+			got, err := s.Get(ctx, id)
+			must(t, err)
+			if string(got["f"]) != "2" {
+				t.Fatalf("f = %q, want 2", got["f"])
+			}
+			// The holder's claim keeps the bumped fence.
+			again, err := s.Claim(ctx, id, a, long, false)
+			must(t, err)
+			if again.Fence != next {
+				t.Fatalf("claim after bump = %d, want %d", again.Fence, next)
+			}
+		})
+	}
+}
+
+// A process whose state key is not the one the store's values were
+// sealed with is told so (issue #25: a replica started with another
+// WASMTOOLS_STATE_KEY).
+func TestCheckKey(t *testing.T) {
+	ctx := context.Background()
+	raw := statestore.NewMemory()
+	first := statestore.Seal(raw, []byte("the replicas' key"))
+	must(t, statestore.CheckKey(ctx, first))
+	must(t, statestore.CheckKey(ctx, statestore.Seal(raw, []byte("the replicas' key"))))
+	wantErr(t, "another key", statestore.CheckKey(ctx, statestore.Seal(raw, []byte("another key"))), statestore.ErrKeyMismatch)
+}
+
+// The state key file is made whole, once, and read back the same.
+func TestKeyFile(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "dir", "sessions.db.key")
+	k1, err := statestore.KeyFile(path)
+	must(t, err)
+	k2, err := statestore.KeyFile(path)
+	must(t, err)
+	if string(k1) != string(k2) || len(k1) != 64 {
+		t.Fatalf("key %q then %q", k1, k2)
+	}
+	st, err := os.Stat(path)
+	must(t, err)
+	if st.Mode().Perm() != 0o600 {
+		t.Fatalf("key file mode %v", st.Mode())
+	}
+	left, _ := filepath.Glob(filepath.Join(filepath.Dir(path), "*.tmp*"))
+	if len(left) != 0 {
+		t.Fatalf("temporary files left: %v", left)
+	}
+}
