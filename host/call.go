@@ -203,6 +203,7 @@ func (h *Host) callTool(ctx context.Context, key sessions.Key, c plugins.Call, e
 				l.Done(sessions.ErrMoved)
 				res := errorResult(fmt.Sprintf("tool %q: %v", t.Name, cerr))
 				res.Meta = mcp.Meta{MetaNotSaved: map[string]any{"reason": why}}
+				h.metrics.notSaved.WithLabelValues(why).Inc()
 				return res, nil
 			}
 			notSaved = cmp.Or(why, notSaved)
@@ -221,6 +222,7 @@ func (h *Host) callTool(ctx context.Context, key sessions.Key, c plugins.Call, e
 			res.Meta = mcp.Meta{}
 		}
 		res.Meta[MetaNotSaved] = map[string]any{"reason": notSaved}
+		h.metrics.notSaved.WithLabelValues(notSaved).Inc()
 	}
 	env.attachRecords(res)
 	capResult(res, h.maxRunes())

@@ -194,7 +194,7 @@ func newDurable(h *Host) *durable {
 	rand.Read(boot[:])
 	d := &durable{
 		h:       h,
-		store:   bounded{Store: h.opts.Store, d: cmp.Or(h.opts.StoreTimeout, DefaultStoreTimeout)},
+		store:   bounded{Store: observed{Store: h.opts.Store, m: h.metrics}, d: cmp.Or(h.opts.StoreTimeout, DefaultStoreTimeout)},
 		owner:   statestore.Owner{Replica: cmpOr(h.opts.Replica, "-"), Boot: hex.EncodeToString(boot[:])},
 		policy:  cmpOr(h.opts.Checkpoint, CheckpointAfterCall),
 		log:     h.log.With("component", "durable"),

@@ -389,6 +389,17 @@ func New(src *plugins.Reloader, opts *Options) *Host {
 	h.metrics.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "wasmtools_session_handles", Help: "Session handles of 2026-07-28 clients open now.",
 	}, func() float64 { return float64(h.ses.Stats().Handles) }))
+	h.metrics.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "wasmtools_parked_calls", Help: "Calls parked for a 2026-07-28 client's answer now.",
+	}, func() float64 { return float64(h.ses.Stats().Parked) }))
+	h.metrics.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "wasmtools_tasks", Help: "Tasks held now (running, waiting for input, or finished and not yet forgotten).",
+	}, func() float64 {
+		if h.tasks == nil {
+			return 0
+		}
+		return float64(h.tasks.count())
+	}))
 	name, version := h.opts.Name, h.opts.Version
 	if name == "" {
 		name = "wasmtools"

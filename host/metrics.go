@@ -28,6 +28,11 @@ type metrics struct {
 	checkpoints *prometheus.CounterVec
 	ckptTime    prometheus.Histogram
 	ckptBytes   prometheus.Histogram
+	notSaved    *prometheus.CounterVec
+	storeOps    *prometheus.HistogramVec
+	claims      *prometheus.CounterVec
+	// Refusals by reason and by tenant kind (trace.go sees each).
+	refusals *prometheus.CounterVec
 }
 
 func newMetrics() *metrics {
@@ -69,8 +74,22 @@ func newMetrics() *metrics {
 			Name: "wasmtools_checkpoint_bytes", Help: "Size of one instance state as written to the state store (before sealing).",
 			Buckets: prometheus.ExponentialBuckets(256, 4, 10),
 		}),
+		notSaved: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "wasmtools_not_saved_total", Help: "Call results marked notSaved (their state change not durably checkpointed), by reason (store-unavailable, too-large, moved, cannot-snapshot).",
+		}, []string{"reason"}),
+		storeOps: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "wasmtools_store_op_seconds", Help: "Exchanges with the state store, by operation and outcome (ok, not_found, fenced, held, lost, too_large, timeout, error).",
+			Buckets: []float64{.0001, .0005, .001, .005, .01, .05, .1, .5, 1, 5},
+		}, []string{"op", "outcome"}),
+		claims: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "wasmtools_claims_total", Help: "Claims of sessions in the state store, by outcome (ok; held: a live replica holds it; lost: the store forgot it; timeout, error).",
+		}, []string{"outcome"}),
+		refusals: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "wasmtools_refusals_total", Help: "Requests refused with one of wasmtools' codes, by reason (busy, at_capacity, state_unavailable, shutting_down, ...) and tenant (subject: an authenticated client; anonymous).",
+		}, []string{"reason", "tenant"}),
 	}
 	m.reg.MustRegister(m.live, m.created, m.evictions, m.resets, m.calls, m.duration, m.adopted, m.storeLost, m.checkpoints, m.ckptTime, m.ckptBytes,
+		m.notSaved, m.storeOps, m.claims, m.refusals,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }

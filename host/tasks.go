@@ -103,6 +103,13 @@ func newTaskStore(h *Host) *taskStore {
 	return &taskStore{h: h, boot: hex.EncodeToString(b[:]), tasks: map[string]*task{}, owners: map[string]*ownerUse{}, pools: map[string]*ownerUse{}, wakes: map[*task]chan struct{}{}}
 }
 
+// count is the number of tasks held.
+func (s *taskStore) count() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.tasks)
+}
+
 // ErrTask is matched by the refusal of a task ID: unknown, another
 // client's, expired, or from before a restart.
 var ErrTask = errors.New("unknown task")

@@ -12,6 +12,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"maps"
 	"reflect"
@@ -74,6 +75,7 @@ func (h *Host) traceMiddleware(next mcp.MethodHandler) mcp.MethodHandler {
 			if errors.As(err, &je) {
 				span.SetAttributes(attribute.String("rpc.response.status_code", strconv.FormatInt(je.Code, 10)))
 				telemetry.Fail(span, strconv.FormatInt(je.Code, 10), err.Error())
+				h.countRefusal(je, req)
 			} else {
 				telemetry.Fail(span, "_OTHER", err.Error())
 			}
@@ -143,4 +145,22 @@ func traceSending(next mcp.MethodHandler) mcp.MethodHandler {
 		telemetry.End(span, err)
 		return res, err
 	}
+}
+
+// countRefusal counts a refusal with one of wasmtools' codes (their data
+// carries a reason word) by reason and by tenant kind: "subject" for an
+// authenticated client, "anonymous" otherwise. Subjects themselves are
+// not labels: their number has no bound.
+func (h *Host) countRefusal(je *jsonrpc.Error, req mcp.Request) {
+	var data struct {
+		Reason string `json:"reason"`
+	}
+	if len(je.Data) == 0 || json.Unmarshal(je.Data, &data) != nil || data.Reason == "" {
+		return
+	}
+	tenant := "anonymous"
+	if subjectOf(req.GetExtra()) != "" {
+		tenant = "subject"
+	}
+	h.metrics.refusals.WithLabelValues(data.Reason, tenant).Inc()
 }
