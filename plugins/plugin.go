@@ -29,8 +29,10 @@ import (
 	"unicode/utf8"
 
 	"github.com/google/jsonschema-go/jsonschema"
+	"go.opentelemetry.io/otel/attribute"
 
 	"github.com/wasmtools/wasmtools/abi"
+	"github.com/wasmtools/wasmtools/internal/telemetry"
 	"github.com/wasmtools/wasmtools/sandbox"
 )
 
@@ -276,15 +278,19 @@ func Load(ctx context.Context, rt *sandbox.Runtime, path string, wasm []byte, op
 
 // load is [Load]; onCompiled, if set, is called once the module compiled,
 // before any guest code runs.
-func load(ctx context.Context, rt *sandbox.Runtime, path string, wasm []byte, opts Options, onCompiled func()) (*Plugin, error) {
+func load(ctx context.Context, rt *sandbox.Runtime, path string, wasm []byte, opts Options, onCompiled func()) (_ *Plugin, err error) {
 	name := cmp.Or(opts.Name, strings.TrimSuffix(filepath.Base(path), ".wasm"))
 	sum := sha256.Sum256(wasm)
 	p := &Plugin{name: name, path: path, sha256: hex.EncodeToString(sum[:]), size: len(wasm), hasExport: map[string]bool{}}
+	ctx, span := telemetry.Start(ctx, "wasmtools.load", attribute.String("wasmtools.plugin", name), attribute.String("wasmtools.plugin.sha256", p.sha256), attribute.Int("wasmtools.plugin.size", len(wasm)))
+	defer func() { telemetry.End(span, err) }()
 	policy := sandbox.NewPolicy()
 	if opts.Policy != nil {
 		policy = *opts.Policy
 	}
-	compiled, err := rt.Compile(ctx, wasm, policy)
+	cctx, cspan := telemetry.Start(ctx, "wasmtools.compile")
+	compiled, err := rt.Compile(cctx, wasm, policy)
+	telemetry.End(cspan, err)
 	if err != nil {
 		return nil, fmt.Errorf("plugin %q (%s): %w", name, path, err)
 	}

@@ -18,6 +18,7 @@ import (
 	"github.com/fsnotify/fsnotify"
 	"golang.org/x/time/rate"
 
+	"github.com/wasmtools/wasmtools/internal/telemetry"
 	"github.com/wasmtools/wasmtools/sandbox"
 )
 
@@ -247,6 +248,8 @@ func (r *Reloader) Load(ctx context.Context) (*Catalogue, []error) {
 // the catalogue changed, and the errors of files that failed (their old
 // versions, if any, still served). One rescan runs at a time.
 func (r *Reloader) Rescan(ctx context.Context) (bool, []error) {
+	ctx, span := telemetry.Start(ctx, "wasmtools.reload")
+	defer span.End()
 	r.scan.Lock()
 	defer r.scan.Unlock()
 	files, errs := Discover(r.opts.Paths)

@@ -46,6 +46,9 @@ import (
 	"sync"
 	"time"
 
+	"go.opentelemetry.io/otel/attribute"
+
+	"github.com/wasmtools/wasmtools/internal/telemetry"
 	"github.com/wasmtools/wasmtools/plugins"
 )
 
@@ -507,7 +510,11 @@ type result struct {
 
 // fetch gets s's bytes into the store, verified, unless what prev serves
 // is still what s resolves to and its stored bytes are intact.
-func (m *Manager) fetch(ctx context.Context, s Spec, prev Status, sameSpec bool) (result, error) {
+func (m *Manager) fetch(ctx context.Context, s Spec, prev Status, sameSpec bool) (_ result, err error) {
+	// The source's scheme only: a URL's path and query can hold tokens.
+	scheme, _, _ := strings.Cut(s.Source, "://")
+	ctx, span := telemetry.Start(ctx, "wasmtools.fetch", attribute.String("wasmtools.plugin", s.Name), attribute.String("url.scheme", scheme))
+	defer func() { telemetry.End(span, err) }()
 	ref, err := Parse(s.Source)
 	if err != nil {
 		return result{}, err
