@@ -4,9 +4,9 @@ import (
 	"context"
 	"testing"
 
-	"go.opentelemetry.io/otel"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
-	"go.opentelemetry.io/otel/trace/noop"
+
+	"github.com/wasmtools/wasmtools/internal/telemetry"
 )
 
 // BenchmarkTracedCall is BenchmarkWarmCall's in-memory call of each plugin
@@ -24,10 +24,10 @@ func BenchmarkTracedCall(b *testing.B) {
 			b.Run("inmemory/"+p.name+"/traces-"+mode, func(b *testing.B) {
 				if mode == "on" {
 					tp := sdktrace.NewTracerProvider(sdktrace.WithBatcher(discard{}), sdktrace.WithSampler(sdktrace.AlwaysSample()))
-					otel.SetTracerProvider(tp)
+					telemetry.Use(tp)
 					defer func() {
+						telemetry.Use(nil)
 						tp.Shutdown(ctx)
-						otel.SetTracerProvider(noop.NewTracerProvider())
 					}()
 				}
 				cs, _, err := connectInMemory(ctx, h.Server())

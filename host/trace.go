@@ -30,6 +30,14 @@ import (
 // everything the request costs, the wait for the first load included.
 func (h *Host) traceMiddleware(next mcp.MethodHandler) mcp.MethodHandler {
 	return func(ctx context.Context, method string, req mcp.Request) (mcp.Result, error) {
+		if !telemetry.On() {
+			res, err := next(ctx, method, req)
+			var je *jsonrpc.Error
+			if errors.As(err, &je) {
+				h.countRefusal(je, req)
+			}
+			return res, err
+		}
 		meta := metaOf(req)
 		parent := telemetry.FromMeta(ctx, meta)
 		var header map[string][]string
@@ -129,7 +137,7 @@ func traceDigest(s string) string {
 // Notifications (progress, logs) are not spans: too many, too cheap.
 func traceSending(next mcp.MethodHandler) mcp.MethodHandler {
 	return func(ctx context.Context, method string, req mcp.Request) (mcp.Result, error) {
-		if strings.HasPrefix(method, "notifications/") {
+		if !telemetry.On() || strings.HasPrefix(method, "notifications/") {
 			return next(ctx, method, req)
 		}
 		ctx, span := telemetry.StartClient(ctx, method, attribute.String("mcp.method.name", method))

@@ -20,6 +20,7 @@ import (
 	"log/slog"
 	"net/http"
 	"strings"
+	"sync/atomic"
 
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
@@ -29,6 +30,7 @@ import (
 	"go.opentelemetry.io/otel/sdk/resource"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/trace"
+	"go.opentelemetry.io/otel/trace/noop"
 )
 
 // instrumentation is the tracer's name: wasmtools' module path.
@@ -113,25 +115,57 @@ func Setup(ctx context.Context, getenv func(string) string, service, version str
 		res = resource.Default()
 	}
 	tp := sdktrace.NewTracerProvider(sdktrace.WithBatcher(exporter), sdktrace.WithResource(res))
-	otel.SetTracerProvider(tp)
+	Use(tp)
 	s.Enabled, s.Endpoint = true, endpoint
 	return s, tp.Shutdown, nil
 }
 
+// on is whether a real provider is in place: with it off, the Start
+// functions return at once, before making a context or a span.
+var on atomic.Bool
+
+// On reports whether spans are recorded.
+func On() bool { return on.Load() }
+
+// Use installs tp as the global tracer provider and turns spans on; nil
+// turns them off (OpenTelemetry's no-op provider). [Setup] calls it; the
+// benchmarks call it with a provider of their own.
+func Use(tp trace.TracerProvider) {
+	if tp == nil {
+		otel.SetTracerProvider(noop.NewTracerProvider())
+		on.Store(false)
+		return
+	}
+	otel.SetTracerProvider(tp)
+	on.Store(true)
+}
+
+// off is the span the Start functions return when spans are off.
+var off = trace.SpanFromContext(context.Background())
+
 // Start starts a span named name, a child of ctx's span (or a root), with
 // attrs. End it with [End].
 func Start(ctx context.Context, name string, attrs ...attribute.KeyValue) (context.Context, trace.Span) {
+	if !on.Load() {
+		return ctx, off
+	}
 	return otel.Tracer(instrumentation).Start(ctx, name, trace.WithAttributes(attrs...))
 }
 
 // StartServer is Start for a request wasmtools received (span kind server).
 func StartServer(ctx context.Context, name string, attrs ...attribute.KeyValue) (context.Context, trace.Span) {
+	if !on.Load() {
+		return ctx, off
+	}
 	return otel.Tracer(instrumentation).Start(ctx, name, trace.WithSpanKind(trace.SpanKindServer), trace.WithAttributes(attrs...))
 }
 
 // StartClient is Start for a request wasmtools sends (span kind client):
 // an HTTP request of a guest's, a question to the client.
 func StartClient(ctx context.Context, name string, attrs ...attribute.KeyValue) (context.Context, trace.Span) {
+	if !on.Load() {
+		return ctx, off
+	}
 	return otel.Tracer(instrumentation).Start(ctx, name, trace.WithSpanKind(trace.SpanKindClient), trace.WithAttributes(attrs...))
 }
 
