@@ -58,7 +58,9 @@ const MetaStateReset = MetaPrefix + "stateReset"
 // replica lost now would lose it. Its value is an object with "reason":
 // "store-unavailable", "too-large" (the state is over the store's bound),
 // "moved" (another replica took the session over while the call ran: the
-// call is also an error) or "cannot-snapshot".
+// call is also an error), "unverified" (the store did not answer and the
+// session's claim was verified too long ago to trust the instance: the
+// call is also an error, its effect not kept) or "cannot-snapshot".
 const MetaNotSaved = MetaPrefix + "notSaved"
 
 // MetaFailed is the _meta key of an error result whose guest produced no
