@@ -993,11 +993,14 @@ func (d *durable) checkpoint(ctx context.Context, c *claim, p *plugins.Plugin, i
 		return notSavedMoved, errMoved
 	case errors.Is(err, statestore.ErrTooLarge):
 		notSaved = notSavedTooLarge
-	case time.Since(c.verified) >= memoryGrace:
-		// The store did not answer, and the claim was verified too long
-		// ago to know the instance is current (this process may have
-		// been stopped while another replica took the session over):
-		// the result is not sent as a success, and the instance goes.
+	case errors.Is(err, errStoreDown) && time.Since(c.verified) >= memoryGrace:
+		// The store was not asked (the breaker is open), and the claim
+		// was verified too long ago to know the instance is current
+		// (this process may have been stopped while another replica
+		// took the session over): the result is not sent as a success,
+		// and the instance goes. (A write that was sent and got no
+		// answer may still land: that call is acknowledged, marked not
+		// saved, never said to have had no effect.)
 		return notSavedUnverified, errUnverified
 	default:
 		notSaved = notSavedUnavailable
