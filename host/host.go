@@ -218,6 +218,7 @@ type Host struct {
 	src     *plugins.Reloader // the one writer of the catalogue
 	ses     *sessions.Manager // every client's instances
 	conns   sync.Map          // *mcp.ServerSession -> sessions.Key, for sessions watched until they end
+	posts   sync.Map          // liveHeader token -> the HTTP request's context, while a tools/call POST is served
 	connID  atomic.Uint64     // labels of sessions with no ID
 	// requests numbers the requests handed to v2 guests (their context's
 	// id): the go-sdk keeps the JSON-RPC id to itself.
