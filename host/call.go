@@ -158,11 +158,12 @@ func (h *Host) callTool(ctx context.Context, key sessions.Key, c plugins.Call, e
 		return nil, fmt.Errorf("tool %q: %w (limit %d): wait for earlier calls to finish", t.Name, err, cmp.Or(h.opts.QueueLimit, DefaultQueueLimit))
 	case err != nil:
 		return nil, fmt.Errorf("tool %q: %w", t.Name, err)
-	case ctx.Err() != nil:
+	case ctx.Err() != nil || h.postGone(env):
 		// The client went away while the call waited (a request that
-		// sat in a stopped process): nothing runs, so nothing resets.
+		// sat in a stopped process): nothing runs, so nothing resets,
+		// and a retry it sent meanwhile is the only run.
 		l.Done(nil)
-		return nil, fmt.Errorf("tool %q: %w", t.Name, ctx.Err())
+		return nil, fmt.Errorf("tool %q: %w", t.Name, cmp.Or(ctx.Err(), context.Canceled))
 	case env != nil && h.dur.replay(claim, env.once) != nil:
 		// The call completed before (a proxy's resend, a client's retry
 		// with the same idempotency key): its first result, not a
@@ -498,4 +499,24 @@ func onceKey(req *mcp.CallToolRequest) string {
 		}
 	}
 	return ""
+}
+
+// liveHeader carries, from the HTTP layer to a stateful session's call,
+// a token naming the POST's own context (see Host.posts).
+const liveHeader = "X-Wasmtools-Post"
+
+// postGone reports whether the HTTP request that carried env's call has
+// ended (its client closed the connection) before the call ran.
+func (h *Host) postGone(env *callEnv) bool {
+	if env == nil || env.req == nil || env.req.Extra == nil || env.req.Extra.Header == nil {
+		return false
+	}
+	token := env.req.Extra.Header.Get(liveHeader)
+	if token == "" {
+		return false
+	}
+	// Not there: the POST was answered already (a task runs on after
+	// its POST): nothing says the client is gone.
+	v, ok := h.posts.Load(token)
+	return ok && v.(context.Context).Err() != nil
 }

@@ -946,6 +946,7 @@ const (
 	notSavedTooLarge    = "too-large"
 	notSavedMoved       = "moved"
 	notSavedUnsnapshot  = "cannot-snapshot"
+	notSavedUnverified  = "unverified"
 )
 
 // checkpoint saves inst's state (between calls), started under fence,
@@ -999,12 +1000,25 @@ func (d *durable) checkpoint(ctx context.Context, c *claim, p *plugins.Plugin, i
 		return notSavedMoved, errMoved
 	case errors.Is(err, statestore.ErrTooLarge):
 		notSaved = notSavedTooLarge
+	case errors.Is(err, errStoreDown) && time.Since(c.verified) >= memoryGrace:
+		// The store was not asked (the breaker is open), and the claim
+		// was verified too long ago to know the instance is current
+		// (this process may have been stopped while another replica
+		// took the session over): the result is not sent as a success,
+		// and the instance goes. (A write that was sent and got no
+		// answer may still land: that call is acknowledged, marked not
+		// saved, never said to have had no effect.)
+		return notSavedUnverified, errUnverified
 	default:
 		notSaved = notSavedUnavailable
 	}
 	c.unsaved[p.Name()] = notSaved
 	return notSaved, err
 }
+
+// errUnverified fails a call whose state could be neither saved nor
+// known current (see checkpoint).
+var errUnverified = errors.New("the session's state could not be saved or verified while this call ran (the state store did not answer), and its effect was not kept: call the tool again")
 
 // relost claims a session whose record the store lost again, for a write
 // back: errMoved if another replica claimed it meanwhile. c.mu is held.
@@ -1040,6 +1054,11 @@ func (d *durable) afterCall(ctx context.Context, key sessions.Key, c *claim, l *
 		d.forget(key)
 		d.log.Warn("session taken over by another replica during a call", "session", key.String())
 		return notSaved, errMoved
+	}
+	if errors.Is(err, errUnverified) {
+		d.forget(key) // claimed and read again by the session's next request
+		d.log.Warn("call not kept: its state could be neither saved nor verified", "session", key.String())
+		return notSaved, errUnverified
 	}
 	if err != nil {
 		d.log.Error("checkpoint: the call's state is not saved", "session", key.String(), "plugin", l.Plugin().Name(), "reason", notSaved, "error", err)

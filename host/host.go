@@ -64,7 +64,9 @@ const MetaStateReset = MetaPrefix + "stateReset"
 // replica lost now would lose it. Its value is an object with "reason":
 // "store-unavailable", "too-large" (the state is over the store's bound),
 // "moved" (another replica took the session over while the call ran: the
-// call is also an error) or "cannot-snapshot".
+// call is also an error), "unverified" (the store did not answer and the
+// session's claim was verified too long ago to trust the instance: the
+// call is also an error, its effect not kept) or "cannot-snapshot".
 const MetaNotSaved = MetaPrefix + "notSaved"
 
 // MetaFailed is the _meta key of an error result whose guest produced no
@@ -294,6 +296,7 @@ type Host struct {
 	src     *plugins.Reloader // the one writer of the catalogue
 	ses     *sessions.Manager // every client's instances
 	conns   sync.Map          // *mcp.ServerSession -> sessions.Key, for sessions watched until they end
+	posts   sync.Map          // liveHeader token -> the HTTP request's context, while a tools/call POST is served
 	connID  atomic.Uint64     // labels of sessions with no ID
 	// requests numbers the requests handed to v2 guests (their context's
 	// id): the go-sdk keeps the JSON-RPC id to itself.

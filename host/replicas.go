@@ -290,9 +290,17 @@ func (h *Host) serveStateful(stateful http.Handler, events mcp.EventStore, w htt
 		r.Body = io.NopCloser(bytes.NewReader(body))
 	}
 	r.Header.Del(resendHeader) // the host's own, never a client's
+	r.Header.Del(liveHeader)
 	if r.Method == http.MethodPost && isToolCall(body) {
 		sum := sha256.Sum256(body)
 		r.Header.Set(resendHeader, hex.EncodeToString(sum[:16]))
+		// The call learns through this whether its client is still
+		// there: a stateful session's handler runs on the session's
+		// context, which a client that gave up does not end.
+		token := rand.Text()
+		h.posts.Store(token, r.Context())
+		defer h.posts.Delete(token)
+		r.Header.Set(liveHeader, token)
 	}
 	nf := &notFound{ResponseWriter: w}
 	stateful.ServeHTTP(nf, r)
