@@ -874,6 +874,13 @@ func (d *durable) seed(key sessions.Key, c *claim, rec map[string][]byte, fence 
 	if err := d.h.ses.Seed(key, seeds, fence); err != nil {
 		return err
 	}
+	if b, ok := rec["grants"]; ok {
+		// The person's answers to run-time grant questions move with
+		// the session (grants.go).
+		if err := d.h.grants.restore(key, b); err != nil {
+			d.log.Warn("session adopted without its grant answers", "session", key.String(), "error", err)
+		}
+	}
 	c.seeded = fence
 	if rec != nil {
 		d.log.Info("session adopted", "session", key.String(), "plugins", len(seeds))
@@ -1264,4 +1271,24 @@ func mcpOr(b []byte) []byte {
 		return []byte(`{}`)
 	}
 	return b
+}
+
+// grantsChanged writes key's run-time grant answers (grants.go) into its
+// record, so that they move with the session to another replica. A write
+// that fails leaves them in this replica's memory: the person is asked
+// again elsewhere, never granted what they did not approve.
+func (d *durable) grantsChanged(ctx context.Context, key sessions.Key) {
+	b := d.h.grants.export(key)
+	if b == nil {
+		return
+	}
+	c, err := d.claimOrLog(ctx, key)
+	if c == nil || err != nil {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if err := d.putLocked(context.WithoutCancel(ctx), c, "grants", b); err != nil {
+		d.log.Warn("state store: the session's grant answers not saved", "session", key.String(), "error", err)
+	}
 }

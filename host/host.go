@@ -417,6 +417,7 @@ func New(src *plugins.Reloader, opts *Options) *Host {
 	if h.opts.Store != nil {
 		h.storeBytes = newStoreBudget(h.opts.StoreBytesPerRecord, h.opts.StoreBytesPerTenant, h.opts.StoreBytesTotal, h.opts.Tenants)
 		h.dur = newDurable(h)
+		h.grants.onChange = h.dur.grantsChanged
 		h.wg.Add(1)
 		go func() { defer h.wg.Done(); h.dur.heartbeat(bg) }()
 	}
