@@ -30,9 +30,11 @@ import (
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
+	"go.opentelemetry.io/otel/attribute"
 
 	"github.com/wasmtools/wasmtools/internal/sessions"
 	"github.com/wasmtools/wasmtools/internal/statestore"
+	"github.com/wasmtools/wasmtools/internal/telemetry"
 	"github.com/wasmtools/wasmtools/plugins"
 )
 
@@ -684,6 +686,8 @@ var errNotKept = errors.New("session not kept")
 // state, and later writes of it are fenced). kept is false for a handle
 // that neither this replica nor the store knows.
 func (d *durable) take(ctx context.Context, key sessions.Key, ns *newSession, c *claim) (kept bool, err error) {
+	ctx, span := telemetry.Start(ctx, "wasmtools.takeover")
+	defer func() { telemetry.End(span, err) }()
 	if d.open() {
 		return false, unavailable(errStoreDown)
 	}
@@ -963,7 +967,14 @@ const (
 // record is written back first (recover). An instance the host cannot
 // snapshot is recorded as such once, so that a replica taking the
 // session over says its state was lost.
-func (d *durable) checkpoint(ctx context.Context, c *claim, p *plugins.Plugin, inst *plugins.Instance, fence uint64, first *once) (string, error) {
+func (d *durable) checkpoint(ctx context.Context, c *claim, p *plugins.Plugin, inst *plugins.Instance, fence uint64, first *once) (why string, err error) {
+	ctx, span := telemetry.Start(ctx, "wasmtools.checkpoint", attribute.String("wasmtools.plugin", p.Name()))
+	defer func() {
+		if why != "" {
+			span.SetAttributes(attribute.String("wasmtools.not_saved", why))
+		}
+		telemetry.End(span, err)
+	}()
 	ctx, cancel := context.WithTimeout(ctx, d.timeout())
 	defer cancel()
 	st, err := inst.SaveState(ctx)
