@@ -25,6 +25,10 @@ import (
 //	              have gone by
 //
 // FAULTS_RUN (a regular expression) picks scenarios by "name/proxy";
+// FAULTS_KNOWN (a regular expression) names scenarios with a violation
+// known and open (docs/DEPLOY.md, "Faults", says which and why): theirs are
+// reported as KNOWN in the log and the table, and do not fail the run,
+// while every other scenario's do;
 // FAULTS_BIN names a wasmtools binary to test (default: built from this
 // tree); FAULTS_DEPLOY a folder with other proxy configs (default:
 // deploy/); FAULTS_REPORT names a file the summary table is written to;
@@ -45,6 +49,10 @@ func TestFaults(t *testing.T) {
 		perEra, passes, soak = 10, 1<<30, d
 	}
 	pick := regexp.MustCompile(os.Getenv("FAULTS_RUN"))
+	var known *regexp.Regexp
+	if k := os.Getenv("FAULTS_KNOWN"); k != "" {
+		known = regexp.MustCompile(k)
+	}
 	setup := faults.Setup{
 		Binary:   binary(t),
 		CacheDir: testplugins.CacheDir(),
@@ -82,7 +90,10 @@ func TestFaults(t *testing.T) {
 				t.Log("\n" + out.String())
 				log.Write(out.Bytes())
 				results = append(results, res)
-				if n := len(res.Violations); n > 0 {
+				switch n := len(res.Violations); {
+				case n > 0 && known != nil && known.MatchString(id):
+					t.Logf("KNOWN OPEN (FAULTS_KNOWN): %s: %d violations: %v", id, n, faults.Counts(res.Violations))
+				case n > 0:
 					t.Errorf("%s: %d violations: %v", id, n, faults.Counts(res.Violations))
 				}
 			})
