@@ -51,6 +51,10 @@ func startReplica(t *testing.T, name string) *replica {
 			}
 			return
 		}
+		if req.URL.Path == "/whom" { // whom the proxy says it forwards for
+			io.WriteString(w, req.Header.Get("X-Forwarded-For"))
+			return
+		}
 		body, _ := io.ReadAll(req.Body)
 		if string(body) == "hangup" { // it ran, and died before answering
 			conn, _, err := w.(http.Hijacker).Hijack()
@@ -272,6 +276,21 @@ func TestConfigs(t *testing.T) {
 					if got := s.mustPost("Mcp-Session-Id", "s9.unknown"); got != first {
 						t.Fatalf("s9.unknown answered by %s, then %s", first, got)
 					}
+				}
+			})
+			t.Run("says whom it forwards for", func(t *testing.T) {
+				// wasmtools without an operator credential answers /status
+				// and /metrics only to a loopback peer with no forwarding
+				// header: the proxy, on the same machine, must add one.
+				s := start(t, p.start)
+				resp, err := s.client.Get("http://" + s.proxy + "/whom")
+				if err != nil {
+					t.Fatal(err)
+				}
+				got, _ := io.ReadAll(resp.Body)
+				resp.Body.Close()
+				if !strings.Contains(string(got), "127.0.0.1") {
+					t.Fatalf("X-Forwarded-For through %s: %q, want the client's address", p.name, got)
 				}
 			})
 			t.Run("no header is spread", func(t *testing.T) {
