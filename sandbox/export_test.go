@@ -4,6 +4,9 @@ package sandbox
 // still running in the background.
 func (r *Runtime) Overrunning() int { return int(r.overrun.Load()) }
 
+// Compiling reports how many compilations are running.
+func (r *Runtime) Compiling() int { return int(r.running.Load()) }
+
 // ImageMapped reports whether the module's image is a file its instances
 // map, rather than bytes they copy.
 func (c *Compiled) ImageMapped() bool {

@@ -181,6 +181,35 @@ func TestHostileCompileDeadline(t *testing.T) {
 			}
 		})
 	}
+	// A Runtime closed while an abandoned compilation still runs waits
+	// for it: wazero's engine, closed under it, made the compilation's
+	// end write into a nil table and panic, ending the process.
+	t.Run("closed while an abandoned compilation runs", func(t *testing.T) {
+		rt2, err := sandbox.NewRuntime(sandbox.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if c, err := rt2.Compile(ctx, wasm, sandbox.NewPolicy().WithCompileTimeout(timeout)); err == nil {
+			c.Close(ctx)
+			t.Fatal("compiled; want it stopped")
+		}
+		if rt2.Overrunning() == 0 {
+			t.Skip("the compilation ended with Compile: nothing runs in the background")
+		}
+		cctx, cancel := context.WithTimeout(ctx, 20*one+time.Minute)
+		defer cancel()
+		if err := rt2.Close(cctx); err != nil {
+			t.Fatal(err)
+		}
+		if n := rt2.Compiling(); n != 0 {
+			t.Fatalf("Close returned with %d compilations running under the closed cache", n)
+		}
+		deadline := time.Now().Add(20*one + 10*time.Second)
+		for rt2.Overrunning() > 0 && time.Now().Before(deadline) {
+			runtime.Gosched()
+			time.Sleep(10 * time.Millisecond)
+		}
+	})
 }
 
 // hostileHost returns an instance of fixture hostilehost.

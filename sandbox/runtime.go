@@ -16,6 +16,7 @@ import (
 	"log/slog"
 	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -46,6 +47,10 @@ type Runtime struct {
 	// overrun counts compilations that passed their deadline and are
 	// still running in the background (see compileModule).
 	overrun atomic.Int32
+	// inflight counts compilations running, for Close; running is
+	// their number.
+	inflight sync.WaitGroup
+	running  atomic.Int32
 	// compiling serialises the compilations of identical bytes: a lock
 	// (a 1-slot channel, so a wait can end at the deadline) per stripe,
 	// chosen by the bytes' digest. wazero v1.12 publishes a module read
@@ -78,9 +83,24 @@ func NewRuntime(opts Options) (*Runtime, error) {
 	return r, nil
 }
 
-// Close releases the compilation cache. It does not close the Compiled
-// modules the Runtime made.
+// Close releases the compilation cache, once every compilation still
+// running has ended: one that passed its deadline goes on in the
+// background, and wazero's engine, which the cache holds, must not be
+// closed under it (wazero v1.12 then writes into the closed engine's
+// table and panics, ending the process). If ctx ends first, Close leaves
+// the cache open and says so. It does not close the Compiled modules the
+// Runtime made.
 func (r *Runtime) Close(ctx context.Context) error {
+	done := make(chan struct{})
+	go func() {
+		r.inflight.Wait()
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-ctx.Done():
+		return fmt.Errorf("sandbox: close: compilations still running, the cache is left open: %w", ctx.Err())
+	}
 	return r.cache.Close(ctx)
 }
 
@@ -212,7 +232,11 @@ func (r *Runtime) compileModule(ctx context.Context, rt wazero.Runtime, wasm []b
 		cancel()
 		return nil, fmt.Errorf("compile: waiting for another compilation of the same bytes: %w", cctx.Err())
 	}
+	r.inflight.Add(1)
+	r.running.Add(1)
 	go func() {
+		defer r.inflight.Done()
+		defer r.running.Add(-1)
 		mod, err := rt.CompileModule(cctx, wasm)
 		<-lock
 		done <- result{mod, err}
