@@ -158,7 +158,7 @@ func (h *Host) callTool(ctx context.Context, key sessions.Key, c plugins.Call, e
 		return nil, fmt.Errorf("tool %q: %w (limit %d): wait for earlier calls to finish", t.Name, err, cmp.Or(h.opts.QueueLimit, DefaultQueueLimit))
 	case err != nil:
 		return nil, fmt.Errorf("tool %q: %w", t.Name, err)
-	case ctx.Err() != nil || h.postGone(env):
+	case ctx.Err() != nil || h.postGone(ctx, env):
 		// The client went away while the call waited (a request that
 		// sat in a stopped process): nothing runs, so nothing resets,
 		// and a retry it sent meanwhile is the only run.
@@ -501,13 +501,22 @@ func onceKey(req *mcp.CallToolRequest) string {
 	return ""
 }
 
+// detachedCall marks the context of a call that runs detached from the
+// request that started it (a task: tasks.go).
+type detachedCall struct{}
+
 // liveHeader carries, from the HTTP layer to a stateful session's call,
 // a token naming the POST's own context (see Host.posts).
 const liveHeader = "X-Wasmtools-Post"
 
 // postGone reports whether the HTTP request that carried env's call has
 // ended (its client closed the connection) before the call ran.
-func (h *Host) postGone(env *callEnv) bool {
+func (h *Host) postGone(ctx context.Context, env *callEnv) bool {
+	if ctx.Value(detachedCall{}) != nil {
+		// A task's call runs on after its POST was answered (and its
+		// client may have hung up): it is not the POST's.
+		return false
+	}
 	if env == nil || env.req == nil || env.req.Extra == nil || env.req.Extra.Header == nil {
 		return false
 	}

@@ -696,3 +696,7 @@ func (h *Host) LiveInstancesByPlugin() map[string]int { return h.ses.Stats().Per
 // LiveInstances reports how many plugin instances are live across all
 // sessions.
 func (h *Host) LiveInstances() int { return h.ses.Stats().Live }
+
+// BusyInstances reports how many instances a call holds now (running a
+// guest, or waiting for a person).
+func (h *Host) BusyInstances() int { return h.ses.Stats().Leases }

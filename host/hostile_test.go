@@ -432,8 +432,9 @@ var hostileCalls = []struct {
 		}},
 		{tool: "blocks_many", check: func(t *testing.T, res *mcp.CallToolResult) {
 			checkWire(t, res)
-			if n := len(res.Content); res.IsError || n > host.DefaultMaxResultRunes/25+1 || !strings.Contains(text(res), "content blocks dropped") {
-				t.Errorf("blocks_many: %d blocks, note %q; want at most %d and a note", n, clip(text(res)), host.DefaultMaxResultRunes/25+1)
+			// At most 1 000 blocks and the note saying how many were dropped.
+			if n := len(res.Content); res.IsError || n > 1001 || !strings.Contains(text(res), "content blocks: 4000 dropped") {
+				t.Errorf("blocks_many: %d blocks, note %q; want at most 1001 and a note", n, clip(text(res)))
 			}
 		}},
 	}},

@@ -462,7 +462,7 @@ func (h *Host) startTask(ctx context.Context, next mcp.MethodHandler, req *mcp.C
 	if !h.track() {
 		return nil, protocolError(ErrClosed)
 	}
-	tctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	tctx, cancel := context.WithCancel(context.WithValue(context.WithoutCancel(ctx), detachedCall{}, true))
 	t, err := h.tasks.add(h.taskOwner(req.Session, req.Extra), len(req.Params.Arguments), cancel)
 	if err != nil {
 		cancel()
