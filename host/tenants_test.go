@@ -446,3 +446,47 @@ func TestPluginAccess(t *testing.T) {
 		t.Errorf("tools/list: %v %v; want cacheScope private", res["cacheScope"], e)
 	}
 }
+
+// TestPluginAccessPromptsResources: a plugin's prompts and resources
+// follow its access rule like its tools: listed only to who may use them,
+// and a get or read outside the rule refused as an unknown name is.
+func TestPluginAccessPromptsResources(t *testing.T) {
+	f := newFixture(t, &host.Options{PluginAccess: map[string]host.AccessRule{"everything": {Subjects: []string{"alice"}}}}, sandbox.NewPolicy(), map[string]string{
+		"everything.wasm": testplugins.Example(t, "everything"),
+		"counter.wasm":    testplugins.Example(t, "counter"),
+	})
+	url := serveGuarded(t, f, host.GuardOptions{Tokens: map[string]string{"alice": aliceToken, "bob": bobToken}})
+	ctx := context.Background()
+	alice := connectHTTP(t, url, "2025-11-25", tenantTransport{token: aliceToken})
+	bob := connectHTTP(t, url, "2025-11-25", tenantTransport{token: bobToken})
+	ap, err := alice.ListPrompts(ctx, nil)
+	if err != nil || len(ap.Prompts) == 0 {
+		t.Fatalf("alice's prompts: %v %v; want everything's", ap, err)
+	}
+	ar, err := alice.ListResources(ctx, nil)
+	if err != nil || len(ar.Resources) == 0 {
+		t.Fatalf("alice's resources: %v %v; want everything's", ar, err)
+	}
+	if bp, err := bob.ListPrompts(ctx, nil); err != nil || len(bp.Prompts) != 0 {
+		t.Errorf("bob's prompts: %v %v; want none", bp, err)
+	}
+	if br, err := bob.ListResources(ctx, nil); err != nil || len(br.Resources) != 0 {
+		t.Errorf("bob's resources: %v %v; want none", br, err)
+	}
+	if bt, err := bob.ListResourceTemplates(ctx, nil); err != nil || len(bt.ResourceTemplates) != 0 {
+		t.Errorf("bob's resource templates: %v %v; want none", bt, err)
+	}
+	_, refused := bob.GetPrompt(ctx, &mcp.GetPromptParams{Name: ap.Prompts[0].Name})
+	_, unknown := bob.GetPrompt(ctx, &mcp.GetPromptParams{Name: "no_such_prompt"})
+	if refused == nil || unknown == nil || rpcCode(refused) != rpcCode(unknown) {
+		t.Errorf("bob's get of everything's prompt: %v; want as an unknown prompt: %v", refused, unknown)
+	}
+	_, refused = bob.ReadResource(ctx, &mcp.ReadResourceParams{URI: ar.Resources[0].URI})
+	_, unknown = bob.ReadResource(ctx, &mcp.ReadResourceParams{URI: "nosuch://resource"})
+	if refused == nil || unknown == nil || rpcCode(refused) != rpcCode(unknown) {
+		t.Errorf("bob's read of everything's resource: %v; want as an unknown resource: %v", refused, unknown)
+	}
+	if _, err := alice.ReadResource(ctx, &mcp.ReadResourceParams{URI: ar.Resources[0].URI}); err != nil {
+		t.Errorf("alice's read of everything's resource: %v", err)
+	}
+}
