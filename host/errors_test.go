@@ -124,7 +124,7 @@ func TestRefusalCodes(t *testing.T) {
 				cs.CallTool(ctx, &mcp.CallToolParams{Name: "spin", Arguments: map[string]any{}})
 			}()
 			<-running
-			eventually(t, "the first call to start", func() bool { return f.h.LiveInstances() == 1 })
+			eventually(t, "the first call to hold its instance", func() bool { return f.h.BusyInstances() == 1 })
 			_, err = cs.CallTool(context.Background(), &mcp.CallToolParams{Name: "spin", Arguments: map[string]any{}})
 			je := rpcError(t, "second call with queue limit 1", err)
 			var data map[string]any
@@ -133,7 +133,7 @@ func TestRefusalCodes(t *testing.T) {
 				t.Errorf("busy: code %d data %s; want %d, reason busy, retry", je.Code, je.Data, host.CodeBusy)
 			}
 			cancel()
-			eventually(t, "the spinning call to stop", func() bool { return f.h.LiveInstances() == 0 })
+			eventually(t, "the spinning call to stop", func() bool { return f.h.BusyInstances() == 0 })
 		})
 	}
 	t.Run("shutting down", func(t *testing.T) {
