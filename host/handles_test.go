@@ -242,10 +242,12 @@ func TestHandlesBoundToSubjects(t *testing.T) {
 }
 
 // TestHandleHeaderChecked: the server checks the Mcp-Param header against
-// the argument (SEP-2243), derives it when it is missing, and a prompt or resource request may carry the
+// the argument (SEP-2243), derives it when it is missing (with
+// DeriveSessionHeader; without, the conformance suite checks it is
+// refused), and a prompt or resource request may carry the
 // handle in the header or _meta.
 func TestHandleHeaderChecked(t *testing.T) {
-	f := newFixture(t, nil, sandbox.NewPolicy(), map[string]string{"counter.wasm": testplugins.Example(t, "counter")})
+	f := newFixture(t, &host.Options{DeriveSessionHeader: true}, sandbox.NewPolicy(), map[string]string{"counter.wasm": testplugins.Example(t, "counter")})
 	url := serveHTTP(t, f)
 	cs := connectHTTP(t, url, "", nil)
 	cs.ListTools(context.Background(), nil)

@@ -156,6 +156,16 @@ type Options struct {
 	// header is not authentication: anyone who sends the same value gets
 	// the same guest state.
 	ClientKeyHeader string
+	// DeriveSessionHeader fills in a 2026-07-28 tools/call's missing
+	// Mcp-Param-Wasmtools-Session header from its session argument before
+	// the transport checks headers against the body (see
+	// deriveSessionHeader). Off by default: MCP 2026-07-28 has a server
+	// refuse a request without a header its tool's schema requires (the
+	// conformance suite's http-custom-header-server-validation). On, a
+	// go-sdk v1.8.0 client whose tool cache a list_changed dropped still
+	// reaches its handle's state instead of an HTTP 400 it does not
+	// recover from; a header that is present is still checked.
+	DeriveSessionHeader bool
 	// MaxHandles bounds the open session handles; 0 means
 	// [sessions.DefaultMaxHandles] (1,000). Minting one past it ends an
 	// idle handle, those never passed back first (its next call is told
@@ -631,7 +641,9 @@ func (h *Host) HTTPHandler() http.Handler {
 	})
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if v := r.Header.Get("Mcp-Protocol-Version"); v >= sessionlessProtocol && r.Header.Get("Mcp-Session-Id") == "" {
-			r = deriveSessionHeader(r)
+			if h.opts.DeriveSessionHeader {
+				r = deriveSessionHeader(r)
+			}
 			switch {
 			case h.drain.closing.Load():
 				refuse(w, "this replica is shutting down")

@@ -34,7 +34,7 @@ func TestHandlesSurviveClientCache(t *testing.T) {
 	stderr := &lockedBuffer{}
 	done := make(chan struct{})
 	go func() {
-		run(ctx, []string{"serve", "--cache-dir", testplugins.CacheDir(), "--load-wait", testLoadWait, "--http", addr, dir}, lookup(nil), strings.NewReader(""), &bytes.Buffer{}, stderr)
+		run(ctx, []string{"serve", "--cache-dir", testplugins.CacheDir(), "--load-wait", testLoadWait, "--derive-session-header", "--http", addr, dir}, lookup(nil), strings.NewReader(""), &bytes.Buffer{}, stderr)
 		close(done)
 	}()
 	t.Cleanup(func() { cancel(); <-done })

@@ -124,7 +124,7 @@ func (rs *replicaSet) start(i int) {
 		rs.logs[i] += p.Output()
 	}
 	cmd := exec.Command(os.Args[0], "serve", "--cache-dir", testplugins.CacheDir(), "--no-watch",
-		"--http", rs.addrs[i], "--replica", rs.names[i], "--state-store", "redis://"+rs.redis+"/0",
+		"--http", rs.addrs[i], "--replica", rs.names[i], "--state-store", "redis://"+rs.redis+"/0", "--derive-session-header",
 		"--shutdown-grace", "30s", rs.dir)
 	cmd.Env = append(os.Environ(), "WASMTOOLS_TEST_MAIN=1", "WASMTOOLS_STATE_KEY="+replicaStateKey)
 	rs.procs[i] = proxytest.Start(rs.t, cmd, readyAt(rs.addrs[i]))

@@ -52,6 +52,7 @@ func cmdServe(ctx context.Context, args []string, lookupEnv func(string) (string
 	maxResult := fs.Int("max-result", host.DefaultMaxResultRunes, "cap each tool result at this many characters (0: no cap)")
 	maxInstances := fs.Int("max-instances", 0, "at most this many live plugin instances; the least recently used idle one is evicted (0: no bound)")
 	maxPerPlugin := fs.Int("max-instances-per-plugin", 0, "at most this many live instances of any one plugin (0: no bound)")
+	deriveHeader := fs.Bool("derive-session-header", false, "fill in a 2026-07-28 call's missing Mcp-Param-Wasmtools-Session header from its session argument (for clients that dropped their tool cache after list_changed); off: refused, as MCP 2026-07-28 says")
 	clientHeader := fs.String("client-header", "", "HTTP header that identifies a client on sessionless (2026-07-28) requests, so its calls share instances instead of getting session handles; not authentication")
 	handleNote := fs.Bool("handle-note", true, "tell the model, in a note after a result, the session handle minted for a 2026-07-28 client (the handle is in the result's _meta either way)")
 	maxHandles := fs.Int("max-handles", 0, "at most this many open session handles of 2026-07-28 clients; past it an idle one is ended, those never passed back first (0: 1000)")
@@ -162,7 +163,7 @@ func cmdServe(ctx context.Context, args []string, lookupEnv func(string) (string
 		Logger: log, Version: version(), MaxResultRunes: maxRunes, SessionTimeout: timeout,
 		MaxInstances: cmp.Or(*maxInstances, cfg.Limits.MaxInstances), MaxInstancesPerPlugin: cmp.Or(*maxPerPlugin, cfg.Limits.MaxInstancesPerPlugin),
 		MemoryBudget: uint64(cfg.Limits.MemoryBudget), MaxConcurrentCalls: cfg.Limits.MaxConcurrentCalls,
-		InstanceLimits: map[string]int{}, ClientKeyHeader: *clientHeader, AbandonAfter: *abandonAfter,
+		InstanceLimits: map[string]int{}, ClientKeyHeader: *clientHeader, DeriveSessionHeader: *deriveHeader, AbandonAfter: *abandonAfter,
 		AllowedOrigins: cfg.HTTP.AllowedOrigins,
 		MaxParked:      *maxParked, MaxParkedPerClient: *maxParkedPerClient,
 		MaxHandles: *maxHandles, QuietHandles: !*handleNote, QuietPlugins: map[string]bool{},
