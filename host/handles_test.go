@@ -486,6 +486,10 @@ func TestDisconnectCancels(t *testing.T) {
 func TestUnreturnedHandlesReclaimed(t *testing.T) {
 	f := newFixture(t, nil, sandbox.NewPolicy(), map[string]string{"counter.wasm": testplugins.Example(t, "counter")})
 	cs := connectHTTP(t, serveHTTP(t, f), "", nil)
+	// A client that lists the tools mirrors the handle into its header.
+	if _, err := cs.ListTools(context.Background(), nil); err != nil {
+		t.Fatal(err)
+	}
 	first := handleOf(countWith(t, cs, ""))
 	for range 200 {
 		countWith(t, cs, "")
