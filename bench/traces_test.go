@@ -45,4 +45,4 @@ func BenchmarkTracedCall(b *testing.B) {
 type discard struct{}
 
 func (discard) ExportSpans(context.Context, []sdktrace.ReadOnlySpan) error { return nil }
-func (discard) Shutdown(context.Context) error                            { return nil }
+func (discard) Shutdown(context.Context) error                             { return nil }

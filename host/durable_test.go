@@ -368,6 +368,8 @@ func TestUnreadableStateIsRefusedNotReset(t *testing.T) {
 		if err == nil || time.Now().After(deadline) {
 			break
 		}
+		// A client's backoff between retries: the breaker reopens the
+		// store on its own clock (2 s), with no event to wait on.
 		time.Sleep(500 * time.Millisecond)
 	}
 	if err != nil || !strings.Contains(text(res), "kept") || strings.Contains(text(res), "new") {
@@ -471,6 +473,8 @@ func TestStaleInstanceNotServedWhenRereadFails(t *testing.T) {
 		if !strings.Contains(err.Error(), "unavailable") {
 			t.Fatalf("the retry at a: %v", err)
 		}
+		// A client's backoff between retries of -32053 (retryable): the
+		// store answers again on the breaker's clock, no event to wait on.
 		time.Sleep(500 * time.Millisecond)
 	}
 	if err != nil || !strings.Contains(text(res), "two at b") {
