@@ -26,7 +26,7 @@ run() {
 
 start=$(date +%s)
 # bench is a module of its own (bench/go.mod): -C bench runs in it.
-run -C bench -run XXX -bench 'SessionStart|WarmCall|ConcurrentSessions|Compile|ReloadLatency|ComputeCall' -benchtime 500ms -count 5 .
+run -C bench -run XXX -bench 'SessionStart|WarmCall|ConcurrentSessions|Compile|ReloadLatency|ComputeCall|TracedCall' -benchtime 500ms -count 5 .
 run -C bench -run XXX -bench 'IdleSessionMemory' -benchtime 1x -count 3 .
 # DurableCall starts a redis-server (Debian package redis-server, see
 # scripts/deps.sh); without one it is skipped and section 12 is empty.

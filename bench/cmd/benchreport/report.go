@@ -269,6 +269,12 @@ var sections = []Section{
 			MaxRatio: 1.3,
 		}},
 	},
+	{
+		Title: "15. Traces on and off (issue 29)", Bench: "TracedCall",
+		About: "Section 2's in-memory warm call of each plugin with tracing off (no `OTEL_*` exporter: what wasmtools runs with by default; the request middleware makes one atomic load and calls through, `telemetry.On`) and on (the OpenTelemetry SDK's provider, every span sampled, a batch processor whose exporter discards: the cost in wasmtools, not in a collector). " +
+			"On, each call makes its spans (the request, the slot wait, the guest's run, and the guest's HTTP requests if any) with their attributes. Allocation counts are exact whatever the machine's load.",
+		Unit: "ns/op", Baselines: []string{"traces-off"}, Headline: "traces-on", Extra: []string{"allocs/op", "B/op"},
+	},
 }
 
 // Env is where and when the benchmarks ran.
