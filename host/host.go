@@ -94,6 +94,11 @@ type Options struct {
 	// instances of idle client keys; 0 means [DefaultSessionTimeout],
 	// negative means never.
 	SessionTimeout time.Duration
+	// StreamKeepAlive is how often an event stream with nothing to say
+	// carries an SSE comment, so that a proxy's read timeout can tell a
+	// hung replica from a long call; 0 means [DefaultStreamKeepAlive],
+	// negative means never.
+	StreamKeepAlive time.Duration
 	// MaxInstances bounds the live instances of all plugins, and
 	// MaxInstancesPerPlugin those of any one plugin; 0 means no bound.
 	// At a bound, the least recently used idle instance is evicted (its
@@ -639,7 +644,11 @@ func (h *Host) HTTPHandler() http.Handler {
 		Logger:                       h.log.With("component", "mcp-http"),
 		CrossOriginProtection:        cop,
 	})
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	every := h.opts.StreamKeepAlive
+	if every == 0 {
+		every = DefaultStreamKeepAlive
+	}
+	return keepAlive(every, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if v := r.Header.Get("Mcp-Protocol-Version"); v >= sessionlessProtocol && r.Header.Get("Mcp-Session-Id") == "" {
 			if h.opts.DeriveSessionHeader {
 				r = deriveSessionHeader(r)
@@ -655,7 +664,7 @@ func (h *Host) HTTPHandler() http.Handler {
 			return
 		}
 		h.serveStateful(stateful, events, w, r)
-	})
+	}))
 }
 
 // StreamReplayBytes bounds the messages kept, across all HTTP sessions,

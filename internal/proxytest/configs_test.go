@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/wasmtools/wasmtools/host"
 	"github.com/wasmtools/wasmtools/internal/proxytest"
 )
 
@@ -23,6 +24,7 @@ type replica struct {
 	srv      *httptest.Server
 	unready  atomic.Bool
 	refusing atomic.Bool
+	hung     atomic.Bool   // takes requests and writes nothing, as a stopped process
 	hits     atomic.Int64  // requests, /readyz and /healthz aside
 	release  chan struct{} // ends /sse's stream
 }
@@ -33,6 +35,13 @@ func startReplica(t *testing.T, name string) *replica {
 		health := req.URL.Path == "/readyz" || req.URL.Path == "/healthz"
 		if !health {
 			r.hits.Add(1)
+		}
+		if r.hung.Load() {
+			select {
+			case <-r.release:
+			case <-req.Context().Done():
+			}
+			return
 		}
 		if health && r.unready.Load() || !health && r.refusing.Load() {
 			http.Error(w, "draining", http.StatusServiceUnavailable)
@@ -49,6 +58,18 @@ func startReplica(t *testing.T, name string) *replica {
 			case <-r.release:
 			case <-req.Context().Done():
 			}
+			return
+		}
+		if req.URL.Path == "/beats" { // a long call: silent but for comments
+			w.Header().Set("Content-Type", "text/event-stream")
+			w.WriteHeader(http.StatusOK)
+			w.(http.Flusher).Flush()
+			for range 4 {
+				time.Sleep(host.DefaultStreamKeepAlive)
+				io.WriteString(w, ": keepalive\n\n")
+				w.(http.Flusher).Flush()
+			}
+			io.WriteString(w, "data: "+name+"\n\n")
 			return
 		}
 		if req.URL.Path == "/whom" { // whom the proxy says it forwards for
@@ -390,6 +411,45 @@ func TestConfigs(t *testing.T) {
 					if n := s.hits() - before; n != 1 || err == nil && code < 500 {
 						t.Errorf("%s %s: a request answered by no one was sent %d times, and answered %d %q (%v); want once, and an error", k[0], k[1], n, code, got, err)
 					}
+				}
+			})
+			// A hung replica (stopped, deadlocked) is alive to TCP and
+			// writes nothing; wasmtools writes a comment on every stream
+			// at least every host.DefaultStreamKeepAlive. Each proxy's
+			// read timeout (15 s) tells the two apart: the hung one's
+			// request goes to its fallback, which fences it out by taking
+			// the session over, and a long call carrying comments is not
+			// cut.
+			t.Run("hung replica", func(t *testing.T) {
+				t.Parallel()
+				s := start(t, p.start)
+				s.client.Timeout = time.Minute
+				s1 := s.replicas["s1"]
+				s1.hung.Store(true)
+				before := s1.hits.Load()
+				code, got, err := s.try("Mcp-Session-Id", "s1.hung", "ping")
+				if err != nil || code != 200 || got == "s1" || s.replicas[got] == nil {
+					t.Fatalf("a session's request to its hung replica: %d %q %v; want answered by its fallback", code, got, err)
+				}
+				if n := s1.hits.Load() - before; n > 1 {
+					t.Errorf("the hung replica got the request %d times", n)
+				}
+			})
+			t.Run("long call kept by comments", func(t *testing.T) {
+				t.Parallel()
+				s := start(t, p.start)
+				s.client.Timeout = time.Minute
+				req, _ := http.NewRequest("GET", "http://"+s.proxy+"/beats", nil)
+				req.Header.Set("Accept", "text/event-stream")
+				req.Header.Set("Mcp-Session-Id", "s2.long")
+				resp, err := s.client.Do(req)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer resp.Body.Close()
+				b, err := io.ReadAll(resp.Body)
+				if err != nil || !strings.HasSuffix(string(b), "data: s2\n\n") {
+					t.Fatalf("a %v call through %s: %q, %v; want it whole, from s2", 4*host.DefaultStreamKeepAlive, p.name, b, err)
 				}
 			})
 			t.Run("stopped replica", func(t *testing.T) {
