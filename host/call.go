@@ -48,7 +48,7 @@ func (h *Host) call(ctx context.Context, t *plugins.Tool, req *mcp.CallToolReque
 	// Before anything runs: a call the client cannot take part in is
 	// refused whole (MCP 2026-07-28 says a server must not rely on a
 	// capability the client did not declare).
-	if missing := missingCapabilities(t, req.ClientCapabilities()); missing != nil {
+	if missing := missingCapabilities(t, req); missing != nil {
 		return nil, missingCapabilityError(t.Name, missing)
 	}
 	if req.Params.RequestState != "" {
@@ -83,7 +83,7 @@ func (h *Host) call(ctx context.Context, t *plugins.Tool, req *mcp.CallToolReque
 	env.once = onceKey(req)
 	c := plugins.Call{
 		Tool: t, Arguments: args, Meta: meta, Host: env.hostFunc,
-		Context: h.callContext(req.Session, key, m),
+		Context: h.callContextJSON(req.Session, key, meta),
 	}
 	start := time.Now()
 	if !asks(t.Plugin()) && !t.Plugin().Asks() {
