@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"slices"
 	"strings"
 	"time"
@@ -39,7 +40,9 @@ func (h *Host) handler(t *plugins.Tool) mcp.ToolHandler {
 		default:
 			h.metrics.call(name, "ok", d)
 		}
-		h.log.Debug("call", "tool", t.Name, "plugin", name, "duration", d, "isError", res.IsError)
+		if h.log.Enabled(ctx, slog.LevelDebug) { // its arguments cost allocations even when off
+			h.log.Debug("call", "tool", t.Name, "plugin", name, "duration", d, "isError", res.IsError)
+		}
 		return res, nil
 	}
 }
