@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"slices"
 	"strings"
 	"time"
@@ -39,7 +40,9 @@ func (h *Host) handler(t *plugins.Tool) mcp.ToolHandler {
 		default:
 			h.metrics.call(name, "ok", d)
 		}
-		h.log.Debug("call", "tool", t.Name, "plugin", name, "duration", d, "isError", res.IsError)
+		if h.log.Enabled(ctx, slog.LevelDebug) { // its arguments cost allocations even when off
+			h.log.Debug("call", "tool", t.Name, "plugin", name, "duration", d, "isError", res.IsError)
+		}
 		return res, nil
 	}
 }
@@ -48,7 +51,7 @@ func (h *Host) call(ctx context.Context, t *plugins.Tool, req *mcp.CallToolReque
 	// Before anything runs: a call the client cannot take part in is
 	// refused whole (MCP 2026-07-28 says a server must not rely on a
 	// capability the client did not declare).
-	if missing := missingCapabilities(t, req.ClientCapabilities()); missing != nil {
+	if missing := missingCapabilities(t, req); missing != nil {
 		return nil, missingCapabilityError(t.Name, missing)
 	}
 	if req.Params.RequestState != "" {
@@ -83,7 +86,7 @@ func (h *Host) call(ctx context.Context, t *plugins.Tool, req *mcp.CallToolReque
 	env.once = onceKey(req)
 	c := plugins.Call{
 		Tool: t, Arguments: args, Meta: meta, Host: env.hostFunc,
-		Context: h.callContext(req.Session, key, m),
+		Context: h.callContextJSON(req.Session, key, meta),
 	}
 	start := time.Now()
 	if !asks(t.Plugin()) && !t.Plugin().Asks() {

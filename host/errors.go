@@ -84,7 +84,11 @@ func protocolError(err error) error {
 // nil. A required capability is declared when the client's capabilities
 // have the same key; when the required value is an object with keys of
 // its own (a mode of elicitation, an extension), each of those too.
-func missingCapabilities(t *plugins.Tool, have *mcp.ClientCapabilities) map[string]any {
+//
+// The client's capabilities are read from req only when t requires some:
+// the go-sdk decodes them from the request's _meta on each read (a JSON
+// encoding and decoding, 32 KiB of buffers), and most tools require none.
+func missingCapabilities(t *plugins.Tool, req *mcp.CallToolRequest) map[string]any {
 	var want map[string]any
 	if req := t.Def.RequiredClientCapabilities; len(req) > 0 {
 		json.Unmarshal(req, &want) // checked at load
@@ -104,7 +108,7 @@ func missingCapabilities(t *plugins.Tool, have *mcp.ClientCapabilities) map[stri
 		return nil
 	}
 	var got map[string]any
-	if have != nil {
+	if have := req.ClientCapabilities(); have != nil {
 		b, _ := json.Marshal(have)
 		json.Unmarshal(b, &got)
 	}

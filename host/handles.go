@@ -32,6 +32,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"slices"
 	"strings"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
@@ -342,19 +343,37 @@ func metaHandle(meta mcp.Meta) (handle string, present bool, err error) {
 
 // withoutHandle is a request's _meta as the guest gets it: without the
 // session handle, a capability over the client's instances of every
-// plugin.
+// plugin, and without the keys of MCP 2026-07-28's per-request envelope
+// (see hostOnlyMeta).
 func withoutHandle(meta mcp.Meta) mcp.Meta {
-	if _, ok := meta[MetaSession]; !ok {
+	drop := 0
+	for _, k := range hostOnlyMeta {
+		if _, ok := meta[k]; ok {
+			drop++
+		}
+	}
+	if drop == 0 {
 		return meta
 	}
-	m := make(mcp.Meta, len(meta)-1)
+	m := make(mcp.Meta, len(meta)-drop)
 	for k, v := range meta {
-		if k != MetaSession {
+		if !slices.Contains(hostOnlyMeta[:], k) {
 			m[k] = v
 		}
 	}
 	return m
 }
+
+// hostOnlyMeta are the _meta keys a guest never gets: the session handle,
+// and the keys of MCP 2026-07-28's per-request envelope (the go-sdk's
+// MetaKey*), in which a client says with every request what a 2025-11-25
+// client says once, in initialize: its protocol version, name and
+// capabilities, its log level. They are the protocol's, read by the go-sdk
+// and the host; a v2 guest gets the protocol version in its call context.
+// Leaving them out keeps a guest's input the same in both protocol eras,
+// and spares each call their encoding and the guest their decoding (a
+// quarter of the Go servlet's time on a 100-byte echo; docs/DESIGN.md).
+var hostOnlyMeta = [...]string{MetaSession, mcp.MetaKeyProtocolVersion, mcp.MetaKeyClientInfo, mcp.MetaKeyClientCapabilities, mcp.MetaKeyLogLevel}
 
 // decodeParamHeader decodes an Mcp-Param-* header value (SEP-2243: a
 // value that is not plain ASCII comes as =?base64?…?=).

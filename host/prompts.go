@@ -25,11 +25,19 @@ import (
 // the label of its session handle (never the handle itself), and the
 // protocol version.
 func (h *Host) callContext(ss *mcp.ServerSession, key sessions.Key, meta map[string]any) abi.CallContext {
+	var b json.RawMessage
+	if len(meta) > 0 {
+		b, _ = json.Marshal(meta)
+	}
+	return h.callContextJSON(ss, key, b)
+}
+
+// callContextJSON is callContext with the _meta already encoded (nil for
+// none), so that a tool call encodes it once for both places it goes.
+func (h *Host) callContextJSON(ss *mcp.ServerSession, key sessions.Key, meta json.RawMessage) abi.CallContext {
 	cc := abi.CallContext{ID: h.requests.Add(1), Meta: json.RawMessage(`{}`), SessionID: sessionID(ss, key)}
 	if len(meta) > 0 {
-		if b, err := json.Marshal(meta); err == nil {
-			cc.Meta = b
-		}
+		cc.Meta = meta
 	}
 	if ip := ss.InitializeParams(); ip != nil {
 		cc.ProtocolVersion = ip.ProtocolVersion

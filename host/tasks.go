@@ -369,7 +369,7 @@ func (h *Host) taskOwner(ss *mcp.ServerSession, extra *mcp.RequestExtra) string 
 // task after input (execution.wasmtools_taskAfterInput): its first round
 // is a plain call, and the retry that answers it becomes the task.
 func (h *Host) wantsTask(req *mcp.CallToolRequest) bool {
-	if req.Params == nil || !declaresTasks(req.ClientCapabilities()) {
+	if req.Params == nil {
 		return false
 	}
 	cat := h.Catalogue()
@@ -385,7 +385,9 @@ func (h *Host) wantsTask(req *mcp.CallToolRequest) bool {
 	}
 	switch t.Def.Execution.TaskSupport {
 	case abi.TaskOptional, abi.TaskRequired:
-		return true
+		// Read last: the go-sdk decodes the client's capabilities from
+		// the request's _meta on each read (32 KiB of buffers a call).
+		return declaresTasks(req.ClientCapabilities())
 	}
 	return false
 }
@@ -453,7 +455,7 @@ func checkTaskHeader(req mcp.Request) error {
 func (h *Host) startTask(ctx context.Context, next mcp.MethodHandler, req *mcp.CallToolRequest) (mcp.Result, error) {
 	if cat := h.Catalogue(); cat != nil {
 		if tool, ok := cat.Tool(req.Params.Name); ok {
-			if missing := missingCapabilities(tool, req.ClientCapabilities()); missing != nil {
+			if missing := missingCapabilities(tool, req); missing != nil {
 				return nil, missingCapabilityError(tool.Name, missing)
 			}
 		}
