@@ -237,49 +237,95 @@ type bounded struct {
 func (b bounded) Heartbeat(ctx context.Context, o statestore.Owner, ttl time.Duration) error {
 	ctx, cancel := context.WithTimeout(ctx, b.d)
 	defer cancel()
-	return b.Store.Heartbeat(ctx, o, ttl)
+	begun := time.Now()
+	return b.ended(ctx, begun, b.Store.Heartbeat(ctx, o, ttl))
 }
 
 func (b bounded) Leave(ctx context.Context, o statestore.Owner) error {
 	ctx, cancel := context.WithTimeout(ctx, b.d)
 	defer cancel()
-	return b.Store.Leave(ctx, o)
+	begun := time.Now()
+	return b.ended(ctx, begun, b.Store.Leave(ctx, o))
 }
 
 func (b bounded) Claim(ctx context.Context, id string, o statestore.Owner, ttl time.Duration, steal bool) (statestore.Claim, error) {
 	ctx, cancel := context.WithTimeout(ctx, b.d)
 	defer cancel()
-	return b.Store.Claim(ctx, id, o, ttl, steal)
+	begun := time.Now()
+	cl, err := b.Store.Claim(ctx, id, o, ttl, steal)
+	return cl, b.ended(ctx, begun, err)
 }
 
 func (b bounded) Put(ctx context.Context, id, field string, v []byte, fence uint64, ttl time.Duration) error {
 	ctx, cancel := context.WithTimeout(ctx, b.d)
 	defer cancel()
-	return b.Store.Put(ctx, id, field, v, fence, ttl)
+	begun := time.Now()
+	return b.ended(ctx, begun, b.Store.Put(ctx, id, field, v, fence, ttl))
 }
 
 func (b bounded) Renew(ctx context.Context, id string, fence uint64, ttl time.Duration, bump bool) (uint64, error) {
 	ctx, cancel := context.WithTimeout(ctx, b.d)
 	defer cancel()
-	return b.Store.Renew(ctx, id, fence, ttl, bump)
+	begun := time.Now()
+	f, err := b.Store.Renew(ctx, id, fence, ttl, bump)
+	return f, b.ended(ctx, begun, err)
 }
 
 func (b bounded) Get(ctx context.Context, id string) (map[string][]byte, error) {
 	ctx, cancel := context.WithTimeout(ctx, b.d)
 	defer cancel()
-	return b.Store.Get(ctx, id)
+	begun := time.Now()
+	rec, err := b.Store.Get(ctx, id)
+	return rec, b.ended(ctx, begun, err)
 }
 
 func (b bounded) Release(ctx context.Context, id string, fence uint64) error {
 	ctx, cancel := context.WithTimeout(ctx, b.d)
 	defer cancel()
-	return b.Store.Release(ctx, id, fence)
+	begun := time.Now()
+	return b.ended(ctx, begun, b.Store.Release(ctx, id, fence))
 }
 
 func (b bounded) Delete(ctx context.Context, id string, fence uint64) error {
 	ctx, cancel := context.WithTimeout(ctx, b.d)
 	defer cancel()
-	return b.Store.Delete(ctx, id, fence)
+	begun := time.Now()
+	return b.ended(ctx, begun, b.Store.Delete(ctx, id, fence))
+}
+
+// stalledError is the failure of an exchange that says nothing of the
+// store, because this process did not run while it was bounded: its
+// deadline fired long after it was due (the process was stopped by
+// SIGSTOP, a frozen VM, a long pause, while the exchange was in flight),
+// or the exchange began with its deadline already (nearly) passed (the
+// process was stopped earlier in the same call, say while it snapshotted
+// the instance). The store may have answered all along. It is still
+// unanswered (a write may have landed), but it does not open the breaker
+// (observe): a replica continued after a stop would otherwise find the
+// store "down" for breakerWindow, and serve from memory sessions that
+// other replicas took over while it was stopped (issue #25,
+// sigstop-replica).
+type stalledError struct{ err error }
+
+func (e *stalledError) Error() string {
+	return e.err.Error() + " (not the store's failure: this process was paused during the exchange)"
+}
+
+func (e *stalledError) Unwrap() error { return e.err }
+
+// ended is the error of an exchange begun at begun under ctx (bounded):
+// a failure for want of an answer is marked stalled when the store was
+// given less than a quarter of the bound, or when it ended more than the
+// bound after its deadline (a timer that fires on time ends it at the
+// deadline).
+func (b bounded) ended(ctx context.Context, begun time.Time, err error) error {
+	if err == nil || !unanswered(err) {
+		return err
+	}
+	if dl, ok := ctx.Deadline(); ok && (dl.Sub(begun) < b.d/4 || time.Since(dl) > b.d) {
+		return &stalledError{err}
+	}
+	return err
 }
 
 // errStoreDown is the breaker's refusal: the store failed to answer a
@@ -293,8 +339,9 @@ func (d *durable) open() bool { return time.Now().UnixNano() < d.downUntil.Load(
 // answer (not a refusal the store made).
 func (d *durable) observe(err error) error {
 	// A caller that went away (its client cancelled) says nothing of the
-	// store.
-	if err != nil && unanswered(err) && !errors.Is(err, context.Canceled) {
+	// store; nor does an exchange this process stalled (stalledError).
+	var stalled *stalledError
+	if err != nil && unanswered(err) && !errors.Is(err, context.Canceled) && !errors.As(err, &stalled) {
 		d.downUntil.Store(time.Now().Add(breakerWindow).UnixNano())
 	}
 	return err
