@@ -164,6 +164,9 @@ type claim struct {
 	// done are the results kept for at-most-once calls, by plugin name
 	// (see pluginRecord.Done).
 	done map[string][]once
+	// ran are the digests of the at-most-once keys of calls whose results
+	// fell out of done, by plugin name (see pluginRecord.Ran).
+	ran map[string][]byte
 	// renewed is when the record's TTL was last renewed by this replica.
 	renewed time.Time
 	// stale: another replica served the session since this one's
@@ -208,7 +211,7 @@ func newDurable(h *Host) *durable {
 }
 
 func newClaim(id string) *claim {
-	return &claim{id: id, ready: make(chan struct{}), saved: map[string][sha256.Size]byte{}, unsaved: map[string]string{}, done: map[string][]once{}}
+	return &claim{id: id, ready: make(chan struct{}), saved: map[string][sha256.Size]byte{}, unsaved: map[string]string{}, done: map[string][]once{}, ran: map[string][]byte{}}
 }
 
 // Store bounds (see [Options.StoreTimeout]).
@@ -540,6 +543,15 @@ type pluginRecord struct {
 	// Done are the results of the plugin's last calls that carried an
 	// at-most-once key, oldest first (at most maxOnce, maxOnceBytes).
 	Done []once `json:"done,omitempty"`
+	// Ran are the digests (ranSize bytes each, oldest first, at most
+	// maxRan) of the at-most-once keys of the plugin's calls that
+	// completed before those in Done: such a call is not run again,
+	// though its result is no longer kept. A request can arrive long
+	// after its client's retry ran and many calls followed (it waited in
+	// a replica stopped by SIGSTOP, and ran when the replica was
+	// continued): with Done alone it ran twice (issue #25,
+	// sigstop-replica).
+	Ran []byte `json:"ran,omitempty"`
 }
 
 // once is a call's first result, under its at-most-once key.
@@ -553,7 +565,17 @@ const (
 	maxOnce      = 8
 	maxOnceBytes = 32 << 10
 	maxResends   = 2
+	// maxRan keys of calls whose results are no longer kept are
+	// remembered, ranSize bytes of digest each (4 KiB per plugin).
+	maxRan  = 512
+	ranSize = 8
 )
+
+// ranDigest is the digest of at-most-once key k kept in pluginRecord.Ran.
+func ranDigest(k string) []byte {
+	sum := sha256.Sum256([]byte(k))
+	return sum[:ranSize]
+}
 
 // remember adds first to the results kept for plugin, within the bounds
 // (a result over maxOnceBytes is kept as a refusal to run again). c.mu is
@@ -586,6 +608,17 @@ func (c *claim) remember(plugin string, first *once) {
 		kept = append(kept, o)
 	}
 	slices.Reverse(kept)
+	// The keys of the results dropped are remembered without them.
+	ran := c.ran[plugin]
+	for _, o := range list {
+		if !slices.ContainsFunc(kept, func(k once) bool { return k.Key == o.Key }) {
+			ran = append(ran, ranDigest(o.Key)...)
+		}
+	}
+	if over := len(ran) - maxRan*ranSize; over > 0 {
+		ran = ran[over:]
+	}
+	c.ran[plugin] = ran
 	c.done[plugin] = kept
 }
 
@@ -608,6 +641,14 @@ func (d *durable) replay(c *claim, k string) *mcp.CallToolResult {
 					res.Content = []mcp.Content{}
 				}
 				return &res
+			}
+		}
+	}
+	sum := ranDigest(k)
+	for _, ran := range c.ran {
+		for i := 0; i+ranSize <= len(ran); i += ranSize {
+			if string(ran[i:i+ranSize]) == string(sum) {
+				return errorResult("this call completed before, and its result is no longer kept: it was not run again")
 			}
 		}
 	}
@@ -830,6 +871,7 @@ func (d *durable) verify(ctx context.Context, key sessions.Key, c *claim) error 
 	clear(c.saved)
 	clear(c.unsaved)
 	clear(c.done)
+	clear(c.ran)
 	c.fence = cl.Fence
 	if b, ok := rec["mcp"]; ok {
 		c.mcp = b
@@ -911,6 +953,7 @@ func (d *durable) seed(key sessions.Key, c *claim, rec map[string][]byte, fence 
 		}
 		c.saved[field] = sha256.Sum256(v)
 		c.done[name] = pr.Done
+		c.ran[name] = pr.Ran
 		if pr.Lost != "" {
 			seeds[name] = sessions.Seed{Lost: pr.Lost}
 			continue
@@ -1044,6 +1087,7 @@ func (d *durable) checkpoint(ctx context.Context, c *claim, p *plugins.Plugin, i
 	}
 	c.remember(p.Name(), first)
 	pr.Done = c.done[p.Name()]
+	pr.Ran = c.ran[p.Name()]
 	b, err := json.Marshal(pr)
 	if err != nil {
 		return notSavedUnavailable, err

@@ -37,6 +37,34 @@ func TestOnceBounds(t *testing.T) {
 	}
 }
 
+// A call whose result fell out of the kept ones is still not run again:
+// its key is remembered (within maxRan), and its replay is a refusal.
+// The old code ran it again: a request that waited in a replica stopped
+// by SIGSTOP, continued after its client's retry ran elsewhere and more
+// than maxOnce calls followed, was applied twice (issue #25).
+func TestOnceKeysOutlastResults(t *testing.T) {
+	d := &durable{}
+	c := newClaim("s.x")
+	for i := range maxRan + 50 {
+		c.remember("p", &once{Key: fmt.Sprint("k:", i), Result: []byte(`{"content":[]}`)})
+	}
+	if res := d.replay(c, "k:60"); res == nil || !res.IsError || !strings.Contains(fmt.Sprint(res.Content[0]), "not run again") {
+		t.Fatalf("replay of a key whose result is no longer kept: %v", res)
+	}
+	if res := d.replay(c, fmt.Sprint("k:", maxRan+49)); res == nil || res.IsError {
+		t.Fatalf("replay of the last key: %v", res)
+	}
+	if res := d.replay(c, "k:10"); res != nil {
+		t.Fatalf("a key older than maxRan calls: %v; want nil (forgotten)", res)
+	}
+	if res := d.replay(c, "k:never"); res != nil {
+		t.Fatalf("a key never seen: %v", res)
+	}
+	if n := len(c.ran["p"]); n != maxRan*ranSize {
+		t.Fatalf("ran holds %d bytes; want %d", n, maxRan*ranSize)
+	}
+}
+
 // An exchange's failure opens the breaker only when the store had the
 // exchange's bound to answer in, with this process running: not when the
 // exchange began past its deadline (the process was stopped earlier in
