@@ -482,7 +482,9 @@ func blockOverhead(tc *mcp.TextContent) int {
 // checkpoint policy, a call of a session that carries the key of a call
 // that completed in that session is not run again; its first result is
 // returned (kept with the session's checkpoint, in the same write: the
-// last 8 results per plugin, at most 32 KiB of them).
+// last 8 results per plugin, at most 32 KiB of them; of the 512 calls
+// before those, only the keys are kept, and such a call is refused as run
+// before, not run again).
 const MetaIdempotencyKey = MetaPrefix + "idempotencyKey"
 
 // resendHeader carries, from the HTTP layer to the call, a digest of a

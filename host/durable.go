@@ -164,6 +164,9 @@ type claim struct {
 	// done are the results kept for at-most-once calls, by plugin name
 	// (see pluginRecord.Done).
 	done map[string][]once
+	// ran are the digests of the at-most-once keys of calls whose results
+	// fell out of done, by plugin name (see pluginRecord.Ran).
+	ran map[string][]byte
 	// renewed is when the record's TTL was last renewed by this replica.
 	renewed time.Time
 	// stale: another replica served the session since this one's
@@ -208,7 +211,7 @@ func newDurable(h *Host) *durable {
 }
 
 func newClaim(id string) *claim {
-	return &claim{id: id, ready: make(chan struct{}), saved: map[string][sha256.Size]byte{}, unsaved: map[string]string{}, done: map[string][]once{}}
+	return &claim{id: id, ready: make(chan struct{}), saved: map[string][sha256.Size]byte{}, unsaved: map[string]string{}, done: map[string][]once{}, ran: map[string][]byte{}}
 }
 
 // Store bounds (see [Options.StoreTimeout]).
@@ -237,49 +240,95 @@ type bounded struct {
 func (b bounded) Heartbeat(ctx context.Context, o statestore.Owner, ttl time.Duration) error {
 	ctx, cancel := context.WithTimeout(ctx, b.d)
 	defer cancel()
-	return b.Store.Heartbeat(ctx, o, ttl)
+	begun := time.Now()
+	return b.ended(ctx, begun, b.Store.Heartbeat(ctx, o, ttl))
 }
 
 func (b bounded) Leave(ctx context.Context, o statestore.Owner) error {
 	ctx, cancel := context.WithTimeout(ctx, b.d)
 	defer cancel()
-	return b.Store.Leave(ctx, o)
+	begun := time.Now()
+	return b.ended(ctx, begun, b.Store.Leave(ctx, o))
 }
 
 func (b bounded) Claim(ctx context.Context, id string, o statestore.Owner, ttl time.Duration, steal bool) (statestore.Claim, error) {
 	ctx, cancel := context.WithTimeout(ctx, b.d)
 	defer cancel()
-	return b.Store.Claim(ctx, id, o, ttl, steal)
+	begun := time.Now()
+	cl, err := b.Store.Claim(ctx, id, o, ttl, steal)
+	return cl, b.ended(ctx, begun, err)
 }
 
 func (b bounded) Put(ctx context.Context, id, field string, v []byte, fence uint64, ttl time.Duration) error {
 	ctx, cancel := context.WithTimeout(ctx, b.d)
 	defer cancel()
-	return b.Store.Put(ctx, id, field, v, fence, ttl)
+	begun := time.Now()
+	return b.ended(ctx, begun, b.Store.Put(ctx, id, field, v, fence, ttl))
 }
 
 func (b bounded) Renew(ctx context.Context, id string, fence uint64, ttl time.Duration, bump bool) (uint64, error) {
 	ctx, cancel := context.WithTimeout(ctx, b.d)
 	defer cancel()
-	return b.Store.Renew(ctx, id, fence, ttl, bump)
+	begun := time.Now()
+	f, err := b.Store.Renew(ctx, id, fence, ttl, bump)
+	return f, b.ended(ctx, begun, err)
 }
 
 func (b bounded) Get(ctx context.Context, id string) (map[string][]byte, error) {
 	ctx, cancel := context.WithTimeout(ctx, b.d)
 	defer cancel()
-	return b.Store.Get(ctx, id)
+	begun := time.Now()
+	rec, err := b.Store.Get(ctx, id)
+	return rec, b.ended(ctx, begun, err)
 }
 
 func (b bounded) Release(ctx context.Context, id string, fence uint64) error {
 	ctx, cancel := context.WithTimeout(ctx, b.d)
 	defer cancel()
-	return b.Store.Release(ctx, id, fence)
+	begun := time.Now()
+	return b.ended(ctx, begun, b.Store.Release(ctx, id, fence))
 }
 
 func (b bounded) Delete(ctx context.Context, id string, fence uint64) error {
 	ctx, cancel := context.WithTimeout(ctx, b.d)
 	defer cancel()
-	return b.Store.Delete(ctx, id, fence)
+	begun := time.Now()
+	return b.ended(ctx, begun, b.Store.Delete(ctx, id, fence))
+}
+
+// stalledError is the failure of an exchange that says nothing of the
+// store, because this process did not run while it was bounded: its
+// deadline fired long after it was due (the process was stopped by
+// SIGSTOP, a frozen VM, a long pause, while the exchange was in flight),
+// or the exchange began with its deadline already (nearly) passed (the
+// process was stopped earlier in the same call, say while it snapshotted
+// the instance). The store may have answered all along. It is still
+// unanswered (a write may have landed), but it does not open the breaker
+// (observe): a replica continued after a stop would otherwise find the
+// store "down" for breakerWindow, and serve from memory sessions that
+// other replicas took over while it was stopped (issue #25,
+// sigstop-replica).
+type stalledError struct{ err error }
+
+func (e *stalledError) Error() string {
+	return e.err.Error() + " (not the store's failure: this process was paused during the exchange)"
+}
+
+func (e *stalledError) Unwrap() error { return e.err }
+
+// ended is the error of an exchange begun at begun under ctx (bounded):
+// a failure for want of an answer is marked stalled when the store was
+// given less than a quarter of the bound, or when it ended more than the
+// bound after its deadline (a timer that fires on time ends it at the
+// deadline).
+func (b bounded) ended(ctx context.Context, begun time.Time, err error) error {
+	if err == nil || !unanswered(err) {
+		return err
+	}
+	if dl, ok := ctx.Deadline(); ok && (dl.Sub(begun) < b.d/4 || time.Since(dl) > b.d) {
+		return &stalledError{err}
+	}
+	return err
 }
 
 // errStoreDown is the breaker's refusal: the store failed to answer a
@@ -293,8 +342,9 @@ func (d *durable) open() bool { return time.Now().UnixNano() < d.downUntil.Load(
 // answer (not a refusal the store made).
 func (d *durable) observe(err error) error {
 	// A caller that went away (its client cancelled) says nothing of the
-	// store.
-	if err != nil && unanswered(err) && !errors.Is(err, context.Canceled) {
+	// store; nor does an exchange this process stalled (stalledError).
+	var stalled *stalledError
+	if err != nil && unanswered(err) && !errors.Is(err, context.Canceled) && !errors.As(err, &stalled) {
 		d.downUntil.Store(time.Now().Add(breakerWindow).UnixNano())
 	}
 	return err
@@ -493,6 +543,15 @@ type pluginRecord struct {
 	// Done are the results of the plugin's last calls that carried an
 	// at-most-once key, oldest first (at most maxOnce, maxOnceBytes).
 	Done []once `json:"done,omitempty"`
+	// Ran are the digests (ranSize bytes each, oldest first, at most
+	// maxRan) of the at-most-once keys of the plugin's calls that
+	// completed before those in Done: such a call is not run again,
+	// though its result is no longer kept. A request can arrive long
+	// after its client's retry ran and many calls followed (it waited in
+	// a replica stopped by SIGSTOP, and ran when the replica was
+	// continued): with Done alone it ran twice (issue #25,
+	// sigstop-replica).
+	Ran []byte `json:"ran,omitempty"`
 }
 
 // once is a call's first result, under its at-most-once key.
@@ -506,7 +565,17 @@ const (
 	maxOnce      = 8
 	maxOnceBytes = 32 << 10
 	maxResends   = 2
+	// maxRan keys of calls whose results are no longer kept are
+	// remembered, ranSize bytes of digest each (4 KiB per plugin).
+	maxRan  = 512
+	ranSize = 8
 )
+
+// ranDigest is the digest of at-most-once key k kept in pluginRecord.Ran.
+func ranDigest(k string) []byte {
+	sum := sha256.Sum256([]byte(k))
+	return sum[:ranSize]
+}
 
 // remember adds first to the results kept for plugin, within the bounds
 // (a result over maxOnceBytes is kept as a refusal to run again). c.mu is
@@ -539,6 +608,17 @@ func (c *claim) remember(plugin string, first *once) {
 		kept = append(kept, o)
 	}
 	slices.Reverse(kept)
+	// The keys of the results dropped are remembered without them.
+	ran := c.ran[plugin]
+	for _, o := range list {
+		if !slices.ContainsFunc(kept, func(k once) bool { return k.Key == o.Key }) {
+			ran = append(ran, ranDigest(o.Key)...)
+		}
+	}
+	if over := len(ran) - maxRan*ranSize; over > 0 {
+		ran = ran[over:]
+	}
+	c.ran[plugin] = ran
 	c.done[plugin] = kept
 }
 
@@ -561,6 +641,14 @@ func (d *durable) replay(c *claim, k string) *mcp.CallToolResult {
 					res.Content = []mcp.Content{}
 				}
 				return &res
+			}
+		}
+	}
+	sum := ranDigest(k)
+	for _, ran := range c.ran {
+		for i := 0; i+ranSize <= len(ran); i += ranSize {
+			if string(ran[i:i+ranSize]) == string(sum) {
+				return errorResult("this call completed before, and its result is no longer kept: it was not run again")
 			}
 		}
 	}
@@ -783,6 +871,7 @@ func (d *durable) verify(ctx context.Context, key sessions.Key, c *claim) error 
 	clear(c.saved)
 	clear(c.unsaved)
 	clear(c.done)
+	clear(c.ran)
 	c.fence = cl.Fence
 	if b, ok := rec["mcp"]; ok {
 		c.mcp = b
@@ -864,6 +953,7 @@ func (d *durable) seed(key sessions.Key, c *claim, rec map[string][]byte, fence 
 		}
 		c.saved[field] = sha256.Sum256(v)
 		c.done[name] = pr.Done
+		c.ran[name] = pr.Ran
 		if pr.Lost != "" {
 			seeds[name] = sessions.Seed{Lost: pr.Lost}
 			continue
@@ -997,6 +1087,7 @@ func (d *durable) checkpoint(ctx context.Context, c *claim, p *plugins.Plugin, i
 	}
 	c.remember(p.Name(), first)
 	pr.Done = c.done[p.Name()]
+	pr.Ran = c.ran[p.Name()]
 	b, err := json.Marshal(pr)
 	if err != nil {
 		return notSavedUnavailable, err

@@ -1,9 +1,14 @@
 package host
 
 import (
+	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/wasmtools/wasmtools/internal/statestore"
 )
 
 // The results kept for at-most-once calls stay within their bounds:
@@ -29,5 +34,70 @@ func TestOnceBounds(t *testing.T) {
 	last := c.done["p"][len(c.done["p"])-1]
 	if last.Key != "k:big" || len(last.Result) > maxOnceBytes || !strings.Contains(string(last.Result), "too large") {
 		t.Fatalf("a result over the bound: %q %d bytes", last.Key, len(last.Result))
+	}
+}
+
+// A call whose result fell out of the kept ones is still not run again:
+// its key is remembered (within maxRan), and its replay is a refusal.
+// The old code ran it again: a request that waited in a replica stopped
+// by SIGSTOP, continued after its client's retry ran elsewhere and more
+// than maxOnce calls followed, was applied twice (issue #25).
+func TestOnceKeysOutlastResults(t *testing.T) {
+	d := &durable{}
+	c := newClaim("s.x")
+	for i := range maxRan + 50 {
+		c.remember("p", &once{Key: fmt.Sprint("k:", i), Result: []byte(`{"content":[]}`)})
+	}
+	if res := d.replay(c, "k:60"); res == nil || !res.IsError || !strings.Contains(fmt.Sprint(res.Content[0]), "not run again") {
+		t.Fatalf("replay of a key whose result is no longer kept: %v", res)
+	}
+	if res := d.replay(c, fmt.Sprint("k:", maxRan+49)); res == nil || res.IsError {
+		t.Fatalf("replay of the last key: %v", res)
+	}
+	if res := d.replay(c, "k:10"); res != nil {
+		t.Fatalf("a key older than maxRan calls: %v; want nil (forgotten)", res)
+	}
+	if res := d.replay(c, "k:never"); res != nil {
+		t.Fatalf("a key never seen: %v", res)
+	}
+	if n := len(c.ran["p"]); n != maxRan*ranSize {
+		t.Fatalf("ran holds %d bytes; want %d", n, maxRan*ranSize)
+	}
+}
+
+// An exchange's failure opens the breaker only when the store had the
+// exchange's bound to answer in, with this process running: not when the
+// exchange began past its deadline (the process was stopped earlier in
+// the call), nor when its deadline fired long after it was due (stopped
+// during the exchange).
+func TestStalledExchangeKeepsBreakerClosed(t *testing.T) {
+	const bound = time.Second
+	now := time.Now()
+	for _, tc := range []struct {
+		name          string
+		begun, dl     time.Time
+		err           error
+		stalled, trip bool
+	}{
+		{"timed out on time", now.Add(-bound), now, context.DeadlineExceeded, false, true},
+		{"refused at once", now, now.Add(bound), errors.New("connection refused"), false, true},
+		{"fired late (stopped during it)", now.Add(-9 * bound), now.Add(-8 * bound), context.DeadlineExceeded, true, false},
+		{"began past its deadline (stopped before it)", now, now.Add(-7 * bound), context.DeadlineExceeded, true, false},
+		{"fenced, late", now.Add(-9 * bound), now.Add(-8 * bound), statestore.ErrFenced, false, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx, cancel := context.WithDeadline(context.Background(), tc.dl)
+			defer cancel()
+			err := bounded{d: bound}.ended(ctx, tc.begun, tc.err)
+			var s *stalledError
+			if got := errors.As(err, &s); got != tc.stalled || !errors.Is(err, tc.err) {
+				t.Fatalf("ended: %v, stalled %v; want stalled %v, matching %v", err, got, tc.stalled, tc.err)
+			}
+			d := &durable{}
+			d.observe(err)
+			if got := d.open(); got != tc.trip {
+				t.Fatalf("breaker open %v after %v; want %v", got, err, tc.trip)
+			}
+		})
 	}
 }

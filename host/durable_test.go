@@ -481,3 +481,92 @@ func TestStaleInstanceNotServedWhenRereadFails(t *testing.T) {
 		t.Fatalf("the retry at a: %v %q", err, text(res))
 	}
 }
+
+// stallStore holds the next Put of the session named by hold until
+// released, then fails it with its context's error: what a replica
+// stopped (SIGSTOP) in the middle of an exchange sees when it is
+// continued, its deadline long passed, though the store answered all
+// along.
+type stallStore struct {
+	statestore.Store
+	mu      sync.Mutex
+	id      string
+	entered chan struct{} // closed when the Put is held
+	release chan struct{} // closed by the test: the process "continues"
+}
+
+func (s *stallStore) hold(id string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.id = id
+}
+
+func (s *stallStore) Put(ctx context.Context, id, field string, value []byte, fence uint64, ttl time.Duration) error {
+	s.mu.Lock()
+	held := id == s.id
+	if held {
+		s.id = "" // once
+	}
+	s.mu.Unlock()
+	if !held {
+		return s.Store.Put(ctx, id, field, value, fence, ttl)
+	}
+	close(s.entered)
+	<-s.release
+	<-ctx.Done()
+	return ctx.Err()
+}
+
+// Issue #25, sigstop-replica behind HAProxy: a replica continued after a
+// stop finds the store exchanges it had in flight past their deadlines.
+// Those timeouts are its own pause, not the store's: they must not open
+// the breaker, or the replica serves "from memory" (marked notSaved) a
+// session it verified a moment ago and another replica has taken over
+// since, from its stale instance. The old code did: "note 51 saved" to a
+// client with 53 notes, then hundreds of notSaved results it later lost.
+func TestStalledExchangeDoesNotServeStaleInstance(t *testing.T) {
+	shared := statestore.NewMemory()
+	atA := &stallStore{Store: shared, entered: make(chan struct{}), release: make(chan struct{})}
+	a, b := newReplica(t, "a", atA, sandbox.NewPolicy()), newReplica(t, "b", shared, sandbox.NewPolicy())
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("a's log:\n%s\nb's log:\n%s", a.log.String(), b.log.String())
+		}
+	})
+	rt := &router{to: a}
+	cs := connectHTTP(t, a.srv.URL, "2025-11-25", rt)
+	call(t, cs, "note_add", map[string]any{"text": "one"})
+	// Another session's checkpoint at a is in flight when a "stops".
+	other := connectHTTP(t, a.srv.URL, "2025-11-25", nil)
+	call(t, other, "note_add", map[string]any{"text": "first"})
+	atA.hold("s." + other.ID())
+	stalled := make(chan struct{})
+	go func() {
+		defer close(stalled)
+		other.CallTool(context.Background(), &mcp.CallToolParams{Name: "note_add", Arguments: map[string]any{"text": "in flight"}})
+	}()
+	<-atA.entered
+	begin := time.Now()
+	// Late in the stall, the client's session is verified at a; then b
+	// takes it over (the proxy failed a over) and acknowledges a note.
+	time.Sleep(2*host.DefaultStoreTimeout - 500*time.Millisecond)
+	call(t, cs, "note_list", nil)
+	rt.point(b)
+	if res := call(t, cs, "note_add", map[string]any{"text": "two at b"}); res.IsError || res.Meta[host.MetaNotSaved] != nil {
+		t.Fatalf("b: %v %s", res.Meta, text(res))
+	}
+	// a "continues": the held exchange ends more than its bound after its
+	// deadline, and the session comes back to a within memoryGrace (2 s)
+	// of a's verification.
+	time.Sleep(time.Until(begin.Add(2*host.DefaultStoreTimeout + 300*time.Millisecond)))
+	close(atA.release)
+	<-stalled
+	rt.point(a)
+	res, err := cs.CallTool(context.Background(), &mcp.CallToolParams{Name: "note_list"})
+	if err == nil && !strings.Contains(text(res), "two at b") {
+		t.Fatalf("a served its stale instance after a stalled exchange: %v %q", res.Meta, text(res))
+	}
+	if err != nil || res.Meta[host.MetaNotSaved] != nil {
+		t.Fatalf("a after a stalled exchange: %v %v; want the session read again from the store, not refused", err, res)
+	}
+}

@@ -156,8 +156,19 @@ func Check(history []Op) ([]Violation, Stats) {
 				}
 			}
 			if op.NotSaved == "" {
+				// A saved add saves the state it counts: the earlier
+				// notes become durable. Unless the count is short of
+				// them: notes marked notSaved were dropped (their
+				// session moved before they were saved, as the mark
+				// warned), and are then neither owed nor phantoms, as
+				// when a read shows them gone.
+				dropped := synced && op.Reset == "" && n < len(known)+1
 				for i := range known {
-					if !known[i].maybe {
+					switch {
+					case known[i].maybe:
+					case dropped && !known[i].durable:
+						known[i].maybe = true
+					default:
 						known[i].durable = true
 					}
 				}
