@@ -1,4 +1,4 @@
-package host
+package durable
 
 import (
 	"fmt"
@@ -12,8 +12,8 @@ import (
 func TestOnceBounds(t *testing.T) {
 	c := newClaim("s.x")
 	for i := range 20 {
-		c.remember("p", &once{Key: fmt.Sprint("k:", i), Result: []byte(`{}`)})
-		c.remember("p", &once{Key: fmt.Sprint("r:", i), Result: []byte(`{}`)})
+		c.remember("p", &Once{Key: fmt.Sprint("k:", i), Result: []byte(`{}`)})
+		c.remember("p", &Once{Key: fmt.Sprint("r:", i), Result: []byte(`{}`)})
 	}
 	got := c.done["p"]
 	resends := 0
@@ -25,7 +25,7 @@ func TestOnceBounds(t *testing.T) {
 	if len(got) != maxOnce || resends != maxResends || got[len(got)-1].Key != "r:19" {
 		t.Fatalf("kept %d results, %d resends, newest %q", len(got), resends, got[len(got)-1].Key)
 	}
-	c.remember("p", &once{Key: "k:big", Result: []byte(`"` + strings.Repeat("x", maxOnceBytes) + `"`)})
+	c.remember("p", &Once{Key: "k:big", Result: []byte(`"` + strings.Repeat("x", maxOnceBytes) + `"`)})
 	last := c.done["p"][len(c.done["p"])-1]
 	if last.Key != "k:big" || len(last.Result) > maxOnceBytes || !strings.Contains(string(last.Result), "too large") {
 		t.Fatalf("a result over the bound: %q %d bytes", last.Key, len(last.Result))
