@@ -16,6 +16,7 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 
 	"github.com/wasmtools/wasmtools/abi"
+	"github.com/wasmtools/wasmtools/internal/durable"
 	"github.com/wasmtools/wasmtools/internal/sessions"
 	"github.com/wasmtools/wasmtools/internal/telemetry"
 	"github.com/wasmtools/wasmtools/plugins"
@@ -125,17 +126,17 @@ func (h *Host) callTool(ctx context.Context, key sessions.Key, c plugins.Call, e
 	}
 	// With a state store, the session is claimed (and taken over, if
 	// another replica served it) before its instance is leased.
-	var claim *claim
-	notSaved := ""
+	var claim *durable.Claim
+	var notSaved durable.NotSaved
 	if !t.Plugin().Stateless() {
 		if _, req := env.current(); req != nil {
-			h.storeBytes.attribute(storeID(key), h.tenantOf(subjectOf(req.Extra)))
+			h.storeBytes.attribute(durable.StoreID(key), h.tenantOf(subjectOf(req.Extra)))
 		}
 		var cerr error
-		claim, cerr = h.dur.claimOrLog(ctx, key)
+		claim, cerr = h.dur.BeforeCall(ctx, key)
 		switch {
-		case errors.Is(cerr, errServedFromMemory):
-			notSaved = notSavedUnavailable
+		case errors.Is(cerr, durable.ErrServedFromMemory):
+			notSaved = durable.NotSavedUnavailable
 		case cerr != nil:
 			return nil, fmt.Errorf("tool %q: %w", t.Name, cerr)
 		}
@@ -167,11 +168,11 @@ func (h *Host) callTool(ctx context.Context, key sessions.Key, c plugins.Call, e
 		// and a retry it sent meanwhile is the only run.
 		l.Done(nil)
 		return nil, fmt.Errorf("tool %q: %w", t.Name, cmp.Or(ctx.Err(), context.Canceled))
-	case env != nil && h.dur.replay(claim, env.once) != nil:
+	case env != nil && h.replayed(claim, env.once) != nil:
 		// The call completed before (a proxy's resend, a client's retry
 		// with the same idempotency key): its first result, not a
 		// second run.
-		res := h.dur.replay(claim, env.once)
+		res := h.replayed(claim, env.once)
 		l.Done(nil)
 		h.log.Info("call answered from its first run", "tool", t.Name, "session", key.String())
 		return res, nil
@@ -182,7 +183,7 @@ func (h *Host) callTool(ctx context.Context, key sessions.Key, c plugins.Call, e
 			cctx = sandbox.WithAsker(cctx, env) // grants inside the ceiling are asked for
 		}
 		gctx, gspan := telemetry.Start(cctx, "wasmtools.guest "+t.Name, attribute.String("wasmtools.plugin", t.Plugin().Name()), attribute.String("wasmtools.plugin.sha256", t.Plugin().SHA256()))
-		stop := h.dur.keepAlive(claim)
+		stop := h.dur.KeepAlive(claim)
 		out, err = l.Instance().CallTool(gctx, c)
 		stop()
 		telemetry.End(gspan, err)
@@ -195,19 +196,19 @@ func (h *Host) callTool(ctx context.Context, key sessions.Key, c plugins.Call, e
 			// Saved before the result is sent: a replica killed after
 			// it loses nothing the client was told. The result goes in
 			// the same write, under the call's at-most-once key.
-			var first *once
+			var first *durable.Once
 			if env != nil && env.once != "" {
 				if r, cerr := toMCP(out); cerr == nil {
 					b, _ := json.Marshal(r)
-					first = &once{Key: env.once, Result: b}
+					first = &durable.Once{Key: env.once, Result: b}
 				}
 			}
-			why, cerr := h.dur.afterCall(ctx, key, claim, l, first)
+			why, cerr := h.dur.AfterCall(ctx, key, claim, l, first)
 			if cerr != nil {
 				l.Done(sessions.ErrMoved)
 				res := errorResult(fmt.Sprintf("tool %q: %v", t.Name, cerr))
 				res.Meta = mcp.Meta{MetaNotSaved: map[string]any{"reason": why}}
-				h.metrics.notSaved.WithLabelValues(why).Inc()
+				h.metrics.notSaved.WithLabelValues(string(why)).Inc()
 				return res, nil
 			}
 			notSaved = cmp.Or(why, notSaved)
@@ -226,7 +227,7 @@ func (h *Host) callTool(ctx context.Context, key sessions.Key, c plugins.Call, e
 			res.Meta = mcp.Meta{}
 		}
 		res.Meta[MetaNotSaved] = map[string]any{"reason": notSaved}
-		h.metrics.notSaved.WithLabelValues(notSaved).Inc()
+		h.metrics.notSaved.WithLabelValues(string(notSaved)).Inc()
 	}
 	env.attachRecords(res)
 	capResult(res, h.maxRunes())

@@ -11,6 +11,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/wasmtools/wasmtools/abi"
+	"github.com/wasmtools/wasmtools/internal/durable"
 	"github.com/wasmtools/wasmtools/internal/sessions"
 	"github.com/wasmtools/wasmtools/plugins"
 )
@@ -41,7 +42,7 @@ const (
 
 // ErrStateUnavailable is matched by the refusal of a request whose
 // session state could not be read or verified in the state store.
-var ErrStateUnavailable = errors.New("session state unavailable: the state store did not answer; nothing ran, retry")
+var ErrStateUnavailable = durable.ErrStateUnavailable
 
 // errUnknownTool is matched by the error for a call of a tool that is not
 // served (any more): the go-sdk answers a name never registered with

@@ -24,6 +24,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/time/rate"
 
+	"github.com/wasmtools/wasmtools/internal/durable"
 	"github.com/wasmtools/wasmtools/internal/grantstore"
 	"github.com/wasmtools/wasmtools/internal/sessions"
 	"github.com/wasmtools/wasmtools/internal/statestore"
@@ -333,8 +334,8 @@ type Host struct {
 	auditMu                         sync.Mutex
 	budgets                         sync.Map // plugin name -> *pluginBudget
 	tasks                           *taskStore
-	wg                              sync.WaitGroup // session watchers
-	dur                             *durable       // nil without a state store
+	wg                              sync.WaitGroup  // session watchers
+	dur                             *durable.Keeper // nil without a state store
 	drain                           drainState
 	stopBG                          context.CancelFunc // stops the heartbeat
 	// adoptMu: held for writing while a stateful session is taken over
@@ -401,7 +402,7 @@ func New(src *plugins.Reloader, opts *Options) *Host {
 		MaxParked:   h.opts.MaxParked, MaxParkedPerClient: h.opts.MaxParkedPerClient,
 		MaxHandles: h.opts.MaxHandles,
 		Saved: func(ctx context.Context, key sessions.Key, p *plugins.Plugin) (*plugins.State, string) {
-			return h.dur.saved(ctx, key, p)
+			return h.dur.Saved(ctx, key, p)
 		},
 	})
 	h.metrics.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
@@ -432,9 +433,9 @@ func New(src *plugins.Reloader, opts *Options) *Host {
 	if h.opts.Store != nil {
 		h.storeBytes = newStoreBudget(h.opts.StoreBytesPerRecord, h.opts.StoreBytesPerTenant, h.opts.StoreBytesTotal, h.opts.Tenants)
 		h.dur = newDurable(h)
-		h.grants.onChange = h.dur.grantsChanged
+		h.grants.onChange = h.dur.GrantsChanged
 		h.wg.Add(1)
-		go func() { defer h.wg.Done(); h.dur.heartbeat(bg) }()
+		go func() { defer h.wg.Done(); h.dur.Heartbeat(bg) }()
 	}
 	h.server = h.newServer(name, version)
 	h.modern = h.newServer(name, version)
@@ -702,7 +703,7 @@ func (h *Host) Close(ctx context.Context) error {
 		return true
 	})
 	done := make(chan struct{})
-	go func() { h.wg.Wait(); close(done) }()
+	go func() { h.wg.Wait(); h.dur.Wait(); close(done) }()
 	select {
 	case <-done:
 	case <-ctx.Done():

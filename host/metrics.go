@@ -22,7 +22,7 @@ type metrics struct {
 	resets    *prometheus.CounterVec
 	calls     *prometheus.CounterVec
 	duration  *prometheus.HistogramVec
-	// The state store (durable.go).
+	// The state store (internal/durable).
 	adopted     prometheus.Counter
 	storeLost   prometheus.Counter
 	checkpoints *prometheus.CounterVec

@@ -10,6 +10,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/wasmtools/wasmtools/abi"
+	"github.com/wasmtools/wasmtools/internal/durable"
 	"github.com/wasmtools/wasmtools/internal/sessions"
 	"github.com/wasmtools/wasmtools/plugins"
 	"github.com/wasmtools/wasmtools/sandbox"
@@ -55,11 +56,11 @@ func (h *Host) request(ctx context.Context, key sessions.Key, p *plugins.Plugin,
 	if err != nil {
 		return err
 	}
-	var claim *claim
+	var claim *durable.Claim
 	if !p.Stateless() {
 		var cerr error
-		claim, cerr = h.dur.claimOrLog(ctx, key)
-		if cerr != nil && !errors.Is(cerr, errServedFromMemory) {
+		claim, cerr = h.dur.BeforeCall(ctx, key)
+		if cerr != nil && !errors.Is(cerr, durable.ErrServedFromMemory) {
 			return fmt.Errorf("plugin %q: %w", p.Name(), cerr)
 		}
 	}
@@ -79,7 +80,7 @@ func (h *Host) request(ctx context.Context, key sessions.Key, p *plugins.Plugin,
 	env.attach(nil)
 	if runErr == nil && h.dur != nil {
 		// A prompt or resource may change the guest's state too.
-		if _, cerr := h.dur.afterCall(ctx, key, claim, l, nil); cerr != nil {
+		if _, cerr := h.dur.AfterCall(ctx, key, claim, l, nil); cerr != nil {
 			l.Done(sessions.ErrMoved)
 			return fmt.Errorf("plugin %q: %w", p.Name(), cerr)
 		}

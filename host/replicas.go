@@ -27,6 +27,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/auth"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
+	"github.com/wasmtools/wasmtools/internal/durable"
 	"github.com/wasmtools/wasmtools/internal/statestore"
 )
 
@@ -70,11 +71,11 @@ func (h *Host) initialized(ctx context.Context, ss *mcp.ServerSession) {
 	// An unknown user (not seen at the initialize) fails closed: "?" is
 	// no subject's tag, so no request takes the session over.
 	subject := "?"
-	if user, ok := h.dur.madeFor(ss.ID()); ok {
+	if user, ok := h.dur.MadeFor(ss.ID()); ok {
 		subject = h.subjectTag(user)
-		h.storeBytes.attribute(storeID(h.connKey(ss)), h.tenantOf(user))
+		h.storeBytes.attribute(durable.StoreID(h.connKey(ss)), h.tenantOf(user))
 	}
-	if _, err := h.dur.ensure(ctx, h.connKey(ss), &newSession{ss: ss, subject: subject}); err != nil {
+	if _, err := h.dur.Ensure(ctx, h.connKey(ss), newSession(ss, subject)); err != nil {
 		h.log.Error("state store: new session not kept", "session", ss.ID(), "error", err)
 	}
 }
@@ -135,10 +136,7 @@ func (h *Host) keyMismatch() string {
 	if h.dur == nil {
 		return ""
 	}
-	if why := h.dur.keyBad.Load(); why != nil {
-		return *why
-	}
-	return ""
+	return h.dur.KeyMismatch()
 }
 
 // DrainOptions configures [Host.Drain].
@@ -177,7 +175,7 @@ func (h *Host) Drain(ctx context.Context, opts DrainOptions) error {
 			h.log.Warn("drain: calls still running", "error", werr)
 		}
 		if h.dur != nil {
-			err = h.dur.drain(ctx)
+			err = h.dur.Drain(ctx)
 		}
 		if cerr := h.Close(ctx); err == nil {
 			err = cerr
@@ -240,7 +238,7 @@ func (h *Host) serveStateful(stateful http.Handler, events mcp.EventStore, w htt
 			// notifications/initialized is not told. Noted before the
 			// response leaves, since the client's next request may
 			// come before this handler returns.
-			w = &sessionMade{ResponseWriter: w, made: func(id string) { h.dur.madeBy(id, userOf(r)) }}
+			w = &sessionMade{ResponseWriter: w, made: func(id string) { h.dur.MadeBy(id, userOf(r)) }}
 		}
 		stateful.ServeHTTP(w, r)
 		return
@@ -409,7 +407,7 @@ func (n *notFound) Unwrap() http.ResponseWriter { return n.ResponseWriter }
 // go-sdk session again, under the same ID, by replaying the client's
 // initialize (its recorded parameters) and initialized notification
 // through the stateful handler. The instances' states follow on the
-// session's first call (durable.ensure). It fails with
+// session's first call (durable.Keeper.Ensure). It fails with
 // statestore.ErrNotFound when the store does not know the session.
 func (h *Host) adopt(ctx context.Context, stateful http.Handler, orig *http.Request, id string) error {
 	if len(id) > 128 {
@@ -417,13 +415,17 @@ func (h *Host) adopt(ctx context.Context, stateful http.Handler, orig *http.Requ
 	}
 	ctx, cancel := context.WithTimeout(ctx, storeTimeout)
 	defer cancel()
-	rec, err := h.dur.store.Get(ctx, "s."+id)
+	rec, err := h.dur.ReadSession(ctx, id)
 	if err != nil {
 		return err
 	}
-	var sr sessionRecord
-	if b, ok := rec["mcp"]; ok {
-		if err := json.Unmarshal(b, &sr); err != nil {
+	var sr struct {
+		Initialize *mcp.InitializeParams
+		Subject    string
+	}
+	sr.Subject = rec.Subject
+	if rec.Initialize != nil {
+		if err := json.Unmarshal(rec.Initialize, &sr.Initialize); err != nil {
 			return fmt.Errorf("session record: %w", err)
 		}
 	}
@@ -444,8 +446,8 @@ func (h *Host) adopt(ctx context.Context, stateful http.Handler, orig *http.Requ
 		return nil
 	}
 	// The replayed initialized writes the record again: with this user.
-	h.dur.madeBy(id, userOf(orig))
-	h.dur.adoptedHere(id)
+	h.dur.MadeBy(id, userOf(orig))
+	h.dur.AdoptedHere(id)
 	init, err := json.Marshal(map[string]any{"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": sr.Initialize})
 	if err != nil {
 		return err

@@ -8,6 +8,7 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
+	"github.com/wasmtools/wasmtools/internal/durable"
 	"github.com/wasmtools/wasmtools/internal/sessions"
 	"github.com/wasmtools/wasmtools/plugins"
 )
@@ -51,7 +52,7 @@ func (h *Host) track() bool {
 
 // localPrefix starts the label of a session with no ID (stdio,
 // in-memory, a sessionless request), which is not kept in a state store.
-const localPrefix = "local-"
+const localPrefix = durable.LocalPrefix
 
 func (h *Host) isClosed() bool {
 	h.mu.Lock()
@@ -86,7 +87,7 @@ func (h *Host) connKey(ss *mcp.ServerSession) sessions.Key {
 				// The client ended it (DELETE) or it timed out: its
 				// record goes too. A host that drains or closes leaves
 				// its sessions to the other replicas.
-				h.dur.ended(key)
+				h.dur.Ended(key)
 			}
 		}()
 	}

@@ -9,7 +9,7 @@ import (
 )
 
 // The timings of the faults. Past the claim timeouts: a replica's
-// heartbeat lives 6 s (host/durable.go), so a replica stopped 8 s has
+// heartbeat lives 6 s (internal/durable), so a replica stopped 8 s has
 // lost its claims to whoever takes its sessions over.
 const (
 	StopFor      = 8 * time.Second

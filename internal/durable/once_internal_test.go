@@ -1,4 +1,4 @@
-package host
+package durable
 
 import (
 	"context"
@@ -17,8 +17,8 @@ import (
 func TestOnceBounds(t *testing.T) {
 	c := newClaim("s.x")
 	for i := range 20 {
-		c.remember("p", &once{Key: fmt.Sprint("k:", i), Result: []byte(`{}`)})
-		c.remember("p", &once{Key: fmt.Sprint("r:", i), Result: []byte(`{}`)})
+		c.remember("p", &Once{Key: fmt.Sprint("k:", i), Result: []byte(`{}`)})
+		c.remember("p", &Once{Key: fmt.Sprint("r:", i), Result: []byte(`{}`)})
 	}
 	got := c.done["p"]
 	resends := 0
@@ -30,7 +30,7 @@ func TestOnceBounds(t *testing.T) {
 	if len(got) != maxOnce || resends != maxResends || got[len(got)-1].Key != "r:19" {
 		t.Fatalf("kept %d results, %d resends, newest %q", len(got), resends, got[len(got)-1].Key)
 	}
-	c.remember("p", &once{Key: "k:big", Result: []byte(`"` + strings.Repeat("x", maxOnceBytes) + `"`)})
+	c.remember("p", &Once{Key: "k:big", Result: []byte(`"` + strings.Repeat("x", maxOnceBytes) + `"`)})
 	last := c.done["p"][len(c.done["p"])-1]
 	if last.Key != "k:big" || len(last.Result) > maxOnceBytes || !strings.Contains(string(last.Result), "too large") {
 		t.Fatalf("a result over the bound: %q %d bytes", last.Key, len(last.Result))
@@ -43,22 +43,22 @@ func TestOnceBounds(t *testing.T) {
 // by SIGSTOP, continued after its client's retry ran elsewhere and more
 // than maxOnce calls followed, was applied twice (issue #25).
 func TestOnceKeysOutlastResults(t *testing.T) {
-	d := &durable{}
+	d := &Keeper{}
 	c := newClaim("s.x")
 	for i := range maxRan + 50 {
-		c.remember("p", &once{Key: fmt.Sprint("k:", i), Result: []byte(`{"content":[]}`)})
+		c.remember("p", &Once{Key: fmt.Sprint("k:", i), Result: []byte(`{"content":[]}`)})
 	}
-	if res := d.replay(c, "k:60"); res == nil || !res.IsError || !strings.Contains(fmt.Sprint(res.Content[0]), "not run again") {
-		t.Fatalf("replay of a key whose result is no longer kept: %v", res)
+	if res := string(d.Replay(c, "k:60")); !strings.Contains(res, `"isError":true`) || !strings.Contains(res, "not run again") {
+		t.Fatalf("replay of a key whose result is no longer kept: %s", res)
 	}
-	if res := d.replay(c, fmt.Sprint("k:", maxRan+49)); res == nil || res.IsError {
-		t.Fatalf("replay of the last key: %v", res)
+	if res := string(d.Replay(c, fmt.Sprint("k:", maxRan+49))); res != `{"content":[]}` {
+		t.Fatalf("replay of the last key: %s", res)
 	}
-	if res := d.replay(c, "k:10"); res != nil {
-		t.Fatalf("a key older than maxRan calls: %v; want nil (forgotten)", res)
+	if res := d.Replay(c, "k:10"); res != nil {
+		t.Fatalf("a key older than maxRan calls: %s; want nil (forgotten)", res)
 	}
-	if res := d.replay(c, "k:never"); res != nil {
-		t.Fatalf("a key never seen: %v", res)
+	if res := d.Replay(c, "k:never"); res != nil {
+		t.Fatalf("a key never seen: %s", res)
 	}
 	if n := len(c.ran["p"]); n != maxRan*ranSize {
 		t.Fatalf("ran holds %d bytes; want %d", n, maxRan*ranSize)
@@ -93,7 +93,7 @@ func TestStalledExchangeKeepsBreakerClosed(t *testing.T) {
 			if got := errors.As(err, &s); got != tc.stalled || !errors.Is(err, tc.err) {
 				t.Fatalf("ended: %v, stalled %v; want stalled %v, matching %v", err, got, tc.stalled, tc.err)
 			}
-			d := &durable{}
+			d := &Keeper{}
 			d.observe(err)
 			if got := d.open(); got != tc.trip {
 				t.Fatalf("breaker open %v after %v; want %v", got, err, tc.trip)

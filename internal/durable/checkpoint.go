@@ -1,0 +1,252 @@
+package durable
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"time"
+
+	"go.opentelemetry.io/otel/attribute"
+
+	"github.com/wasmtools/wasmtools/internal/sessions"
+	"github.com/wasmtools/wasmtools/internal/statestore"
+	"github.com/wasmtools/wasmtools/internal/telemetry"
+	"github.com/wasmtools/wasmtools/plugins"
+)
+
+// checkpoint saves inst's state (between calls), started under fence,
+// into c's record. It returns why the state is not saved ("" when it
+// is), and errMoved when the session changed owner since inst started
+// (inst is stale: its state is not the session's). A store that lost the
+// record is written back first (recover). An instance the host cannot
+// snapshot is recorded as such once, so that a replica taking the
+// session over says its state was lost.
+func (d *Keeper) checkpoint(ctx context.Context, c *Claim, p *plugins.Plugin, inst *plugins.Instance, fence uint64, first *Once) (why NotSaved, err error) {
+	ctx, span := telemetry.Start(ctx, "wasmtools.checkpoint", attribute.String("wasmtools.plugin", p.Name()))
+	defer func() {
+		if why != "" {
+			span.SetAttributes(attribute.String("wasmtools.not_saved", string(why)))
+		}
+		telemetry.End(span, err)
+	}()
+	ctx, cancel := context.WithTimeout(ctx, d.timeout())
+	defer cancel()
+	st, err := inst.SaveState(ctx)
+	var pr pluginRecord
+	var notSaved NotSaved
+	if err != nil {
+		if ctx.Err() != nil {
+			return NotSavedUnavailable, err
+		}
+		pr = pluginRecord{SHA256: p.SHA256(), Lost: "plugin " + p.Name() + " cannot be snapshotted: " + err.Error()}
+		notSaved = NotSavedUnsnapshot
+	} else {
+		pr = pluginRecord{Host: st.Host, SHA256: st.SHA256, Data: st.Data}
+	}
+	field := "p/" + p.Name()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if fence != c.seeded {
+		return NotSavedMoved, errMoved
+	}
+	c.remember(p.Name(), first)
+	pr.Done = c.done[p.Name()]
+	pr.Ran = c.ran[p.Name()]
+	b, err := json.Marshal(pr)
+	if err != nil {
+		return NotSavedUnavailable, err
+	}
+	start := time.Now()
+	err = d.putLocked(ctx, c, field, b)
+	if statestore.Lost(err) {
+		err = d.relost(ctx, c)
+		if err == nil {
+			err = d.putLocked(ctx, c, field, b)
+		}
+	}
+	d.obs.Checkpointed(time.Since(start), len(b), err)
+	switch {
+	case err == nil:
+		delete(c.unsaved, p.Name())
+		return notSaved, nil
+	case errors.Is(err, statestore.ErrFenced), errors.Is(err, errMoved):
+		return NotSavedMoved, errMoved
+	case errors.Is(err, statestore.ErrTooLarge):
+		notSaved = NotSavedTooLarge
+	case errors.Is(err, errStoreDown) && time.Since(c.verified) >= memoryGrace:
+		// The store was not asked (the breaker is open), and the claim
+		// was verified too long ago to know the instance is current
+		// (this process may have been stopped while another replica
+		// took the session over): the result is not sent as a success,
+		// and the instance goes. (A write that was sent and got no
+		// answer may still land: that call is acknowledged, marked not
+		// saved, never said to have had no effect.)
+		return NotSavedUnverified, errUnverified
+	default:
+		notSaved = NotSavedUnavailable
+	}
+	c.unsaved[p.Name()] = notSaved
+	return notSaved, err
+}
+
+// relost claims a session whose record the store lost again, for a write
+// back: errMoved if another replica claimed it meanwhile. c.mu is held.
+func (d *Keeper) relost(ctx context.Context, c *Claim) error {
+	cl, err := d.store.Claim(ctx, c.id, d.owner, d.ttl(), true)
+	if err != nil {
+		return d.observe(err)
+	}
+	if cl.Previous != (statestore.Owner{}) {
+		return errMoved
+	}
+	d.log.Warn("state store lost the session's record: writing it back", "session", c.id)
+	d.obs.StoreLost()
+	clear(c.saved)
+	c.fence, c.dirty = cl.Fence, false
+	return d.putLocked(ctx, c, "mcp", mcpOr(c.mcp))
+}
+
+// AfterCall is the checkpoint of a call that succeeded, under the
+// after-call policy. It returns why the call's state is not saved (""
+// when it is, or need not be), and errMoved when another replica took the
+// session over while the call ran: the claim is forgotten here (its next
+// request claims it again, from the store), and the call fails (its
+// effect is not in the store).
+func (d *Keeper) AfterCall(ctx context.Context, key sessions.Key, c *Claim, l *sessions.Lease, first *Once) (NotSaved, error) {
+	if c == nil || d.policy != CheckpointAfterCall || l.Plugin().Stateless() || l.Instance().Err() != nil {
+		return "", nil
+	}
+	// Saved even if the client is gone: the call's effect is in the
+	// instance, and the store must not fall behind it.
+	notSaved, err := d.checkpoint(context.WithoutCancel(ctx), c, l.Plugin(), l.Instance(), l.Fence(), first)
+	if errors.Is(err, errMoved) {
+		d.forget(key)
+		d.log.Warn("session taken over by another replica during a call", "session", key.String())
+		return notSaved, errMoved
+	}
+	if errors.Is(err, errUnverified) {
+		d.forget(key) // claimed and read again by the session's next request
+		d.log.Warn("call not kept: its state could be neither saved nor verified", "session", key.String())
+		return notSaved, errUnverified
+	}
+	if err != nil {
+		d.log.Error("checkpoint: the call's state is not saved", "session", key.String(), "plugin", l.Plugin().Name(), "reason", notSaved, "error", err)
+	}
+	return notSaved, nil
+}
+
+// Saved returns the state of key's instance of p as the store keeps it,
+// for an instance evicted for room: with after-call checkpoints it is
+// the state as of its last call, so the client goes on as if it had never
+// been evicted. nil when there is none (no store, another policy, a state
+// that could not be saved, or another version's), and when the instance's
+// last checkpoint failed: the store's state is older than what the client
+// was told, and the client's next result says its state was reset rather
+// than rolling it back silently.
+func (d *Keeper) Saved(ctx context.Context, key sessions.Key, p *plugins.Plugin) (*plugins.State, string) {
+	if d == nil || d.policy != CheckpointAfterCall {
+		return nil, ""
+	}
+	d.mu.Lock()
+	c := d.claims[key]
+	d.mu.Unlock()
+	if c == nil {
+		return nil, ""
+	}
+	c.mu.Lock()
+	unsaved := c.unsaved[p.Name()] != ""
+	delete(c.unsaved, p.Name()) // said once, by this reset
+	c.mu.Unlock()
+	if unsaved {
+		return nil, ReasonNotSaved
+	}
+	if d.open() {
+		return nil, ""
+	}
+	ctx, cancel := context.WithTimeout(ctx, d.timeout())
+	defer cancel()
+	rec, err := d.store.Get(ctx, c.id)
+	if err != nil {
+		d.observe(err)
+		return nil, ""
+	}
+	var pr pluginRecord
+	if json.Unmarshal(rec["p/"+p.Name()], &pr) != nil || pr.Lost != "" || pr.SHA256 != p.SHA256() {
+		return nil, ""
+	}
+	return &plugins.State{Host: pr.Host, SHA256: pr.SHA256, Data: pr.Data}, ""
+}
+
+// Drain checkpoints every instance of every claimed session (waiting for
+// calls queued on them) and releases the claims of the sessions it saved
+// whole, so that other replicas take them over at once. A session not
+// saved whole keeps its claim: it is taken over once this replica's
+// heartbeat ends, from its last checkpoint.
+func (d *Keeper) Drain(ctx context.Context) error {
+	d.mu.Lock()
+	claims := make(map[sessions.Key]*Claim, len(d.claims))
+	for k, c := range d.claims {
+		claims[k] = c
+	}
+	d.mu.Unlock()
+	var firstErr error
+	saved, released := 0, 0
+	for key, c := range claims {
+		select {
+		case <-c.ready:
+		default:
+			continue
+		}
+		if c.err != nil {
+			continue
+		}
+		err := d.ses.Instances(ctx, key, func(name string, inst *plugins.Instance, fence uint64) error {
+			saved++
+			_, err := d.checkpoint(ctx, c, inst.Plugin(), inst, fence, nil)
+			return err
+		})
+		if err != nil {
+			if !errors.Is(err, errMoved) {
+				d.log.Error("drain: checkpoint", "session", key.String(), "error", err)
+				if firstErr == nil {
+					firstErr = err
+				}
+			}
+			continue // keep the claim: the holder's heartbeat ends soon
+		}
+		rctx, cancel := context.WithTimeout(ctx, d.timeout())
+		c.mu.Lock()
+		if err := d.store.Release(rctx, c.id, c.fence); err == nil {
+			released++
+		}
+		c.mu.Unlock()
+		cancel()
+	}
+	lctx, cancel := context.WithTimeout(context.Background(), d.timeout())
+	defer cancel()
+	if err := d.store.Leave(lctx, d.owner); err != nil && firstErr == nil {
+		firstErr = err
+	}
+	d.log.Info("drained", "sessions", len(claims), "released", released, "instances saved", saved)
+	return firstErr
+}
+
+// GrantsChanged writes key's run-time grant answers (the host's) into its
+// record, so that they move with the session to another replica. A write
+// that fails leaves them in this replica's memory: the person is asked
+// again elsewhere, never granted what they did not approve.
+func (d *Keeper) GrantsChanged(ctx context.Context, key sessions.Key) {
+	b := d.exportGrants(key)
+	if b == nil {
+		return
+	}
+	c, err := d.BeforeCall(ctx, key)
+	if c == nil || err != nil {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if err := d.putLocked(context.WithoutCancel(ctx), c, "grants", b); err != nil {
+		d.log.Warn("state store: the session's grant answers not saved", "session", key.String(), "error", err)
+	}
+}

@@ -1,0 +1,431 @@
+package durable
+
+import (
+	"cmp"
+	"context"
+	"crypto/sha256"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/wasmtools/wasmtools/internal/sessions"
+	"github.com/wasmtools/wasmtools/internal/statestore"
+	"github.com/wasmtools/wasmtools/internal/telemetry"
+	"github.com/wasmtools/wasmtools/plugins"
+)
+
+// claim is this replica's claim on one session. Its writes take turns
+// under mu; each names the fence it writes with (fence), and writes only
+// the state of an instance started under the fence the session's
+// instances were last seeded with (seeded): another holder served the
+// session since an instance started under another, and what it holds is
+// not the session's state any more.
+type Claim struct {
+	id    string
+	ready chan struct{} // closed once claimed (or failed)
+	err   error
+
+	mu     sync.Mutex // serialises the session's writes
+	fence  uint64     // the fence to write with now
+	seeded uint64     // the fence the session's instances are current under
+	// dirty: a write failed without an answer (it may still land): the
+	// fence is bumped before the next write, so that it never does.
+	dirty bool
+	saved map[string][sha256.Size]byte // digest of each field as last written
+	// mcp is the "mcp" field as last written: written back when the
+	// store lost the record.
+	mcp []byte
+	// unsaved says, by plugin name, why the last checkpoint of its
+	// instance failed: its stored state is older than what the client
+	// was told.
+	unsaved map[string]NotSaved
+	// done are the results kept for at-most-once calls, by plugin name
+	// (see pluginRecord.Done).
+	done map[string][]Once
+	// ran are the digests of the at-most-once keys of calls whose results
+	// fell out of done, by plugin name (see pluginRecord.Ran).
+	ran map[string][]byte
+	// renewed is when the record's TTL was last renewed by this replica.
+	renewed time.Time
+	// stale: another replica served the session since this one's
+	// instances started, and the record has not been read since.
+	stale bool
+	// verified is when this replica's claim was last confirmed by the
+	// store (monotonic).
+	verified time.Time
+}
+
+func newClaim(id string) *Claim {
+	return &Claim{id: id, ready: make(chan struct{}), saved: map[string][sha256.Size]byte{}, unsaved: map[string]NotSaved{}, done: map[string][]Once{}, ran: map[string][]byte{}}
+}
+
+// memoryGrace is how long after its last verified claim a session may be
+// served from what this replica holds when the store does not answer:
+// long enough to ride out a blip, short enough that a replica that was
+// stopped (SIGSTOP, a long GC pause, a frozen VM) or cut off from the
+// store alone does not serve a session another replica took over
+// meanwhile. Past it, the request is refused with -32053 until the store
+// answers.
+const memoryGrace = 2 * time.Second
+
+// fresh reports whether c may be served from memory: its claim was
+// verified within memoryGrace, and nothing since says it is stale.
+func (c *Claim) fresh() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return !c.stale && !c.verified.IsZero() && time.Since(c.verified) < memoryGrace
+}
+
+// Ensure claims key's session for this replica before a request runs on
+// it (ns: the stateful session being made, whose record is written). The
+// first time this replica serves the session, or when another replica
+// served it since (the claim's fence moved), the store's record (if any)
+// is read after the claim and seeds the key's client: its instances'
+// states, and a handle's client is opened; instances of the old fence are
+// retired. It returns nil for a key that is not kept, and for a handle
+// the store does not know either (the caller refuses it). An error
+// matching ErrStateUnavailable means the session's state could not be
+// read or verified now: the request is refused, to be retried.
+func (d *Keeper) Ensure(ctx context.Context, key sessions.Key, ns *NewSession) (*Claim, error) {
+	if d == nil {
+		return nil, nil
+	}
+	id := StoreID(key)
+	if id == "" {
+		return nil, nil
+	}
+	// A claim, a read, a write: a few exchanges, each bounded by the
+	// store's client too.
+	ctx, cancel := context.WithTimeout(ctx, 4*d.timeout())
+	defer cancel()
+	d.mu.Lock()
+	c := d.claims[key]
+	if c == nil {
+		c = newClaim(id)
+		d.claims[key] = c
+		d.mu.Unlock()
+		kept, err := d.take(ctx, key, ns, c)
+		if err != nil || !kept {
+			c.err = cmp.Or(err, errNotKept)
+			d.mu.Lock()
+			delete(d.claims, key) // the next request tries again
+			d.mu.Unlock()
+		}
+		close(c.ready)
+		if !kept && err == nil {
+			return nil, nil
+		}
+		return c, err
+	}
+	d.mu.Unlock()
+	select {
+	case <-c.ready:
+	case <-ctx.Done():
+		return nil, unavailable(ctx.Err())
+	}
+	if errors.Is(c.err, errNotKept) {
+		return nil, nil
+	}
+	if c.err != nil {
+		return nil, c.err
+	}
+	return c, d.verify(ctx, key, c)
+}
+
+// BeforeCall is Ensure for a call (it was claimOrLog). With the store unreachable, a session
+// this replica holds, whose claim it verified within memoryGrace, is
+// served from what it holds (the call's result is marked not saved); any
+// other is refused with ErrStateUnavailable, never served afresh over a
+// state the store may hold, nor from an instance that may be stale.
+func (d *Keeper) BeforeCall(ctx context.Context, key sessions.Key) (c *Claim, err error) {
+	if err := ctx.Err(); err != nil {
+		// The client is gone (a request that waited in a stopped
+		// process): nothing runs, so nothing resets a stored state.
+		return nil, err
+	}
+	c, err = d.Ensure(ctx, key, nil)
+	if err == nil || !unanswered(err) || ctx.Err() != nil || errors.Is(err, errChanged) {
+		return c, err
+	}
+	held := c != nil && c.err == nil
+	switch {
+	case held && !c.fresh():
+		// Not verified lately: another replica may have taken the
+		// session over meanwhile (this process was stopped, or cut off
+		// from the store alone), so what it holds may be stale.
+		return nil, err
+	case !held && (key.Kind() != sessions.KindConn || d.ses.Fence(key) != 0 || d.wasAdopted(key)):
+		// Served from memory only what this replica holds, or a
+		// stateful session made here that was never claimed (the store
+		// was away when it began). A client header's or handle's
+		// session seen here first may have a state in the store, which
+		// a fresh instance must not shadow; a session whose claim this
+		// replica lost (another replica took it over) holds stale
+		// instances.
+		return nil, err
+	}
+	d.log.Warn("state store unavailable: serving the session from this replica, not saved", "session", key.String(), "error", err)
+	return nil, ErrServedFromMemory
+}
+
+// take claims the session for the first time and then, if the store has
+// it, seeds key's client from what the store holds after the claim (a
+// write acknowledged by the previous holder before it is the newest
+// state, and later writes of it are fenced). kept is false for a handle
+// that neither this replica nor the store knows.
+func (d *Keeper) take(ctx context.Context, key sessions.Key, ns *NewSession, c *Claim) (kept bool, err error) {
+	ctx, span := telemetry.Start(ctx, "wasmtools.takeover")
+	defer func() { telemetry.End(span, err) }()
+	if d.open() {
+		return false, unavailable(errStoreDown)
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	asked := time.Now() // before the claim: a pause after it shortens the grace, never lengthens it
+	cl, err := d.claim(ctx, key, c)
+	if err != nil {
+		return false, unavailable(err)
+	}
+	rec, err := d.store.Get(ctx, c.id)
+	if err != nil && !errors.Is(err, statestore.ErrNotFound) {
+		return false, unavailable(d.observe(fmt.Errorf("state store: read session: %w", err)))
+	}
+	if rec == nil && key.Kind() == sessions.KindHandle && !d.ses.Has(key) {
+		return false, nil
+	}
+	c.fence = cl.Fence
+	c.verified = asked
+	if err := d.seed(key, c, rec, cl.Fence); err != nil {
+		return false, err
+	}
+	if b, ok := rec["mcp"]; ok {
+		c.mcp = b
+	}
+	switch {
+	case ns != nil && ns.Initialize != nil:
+		b, _ := json.Marshal(SessionRecord{Initialize: ns.Initialize, Subject: ns.Subject})
+		c.mcp = b
+		err = d.putLocked(ctx, c, "mcp", b)
+	case rec == nil:
+		// A record, so that a replica taking the session over knows it.
+		c.mcp = []byte(`{}`)
+		err = d.putLocked(ctx, c, "mcp", c.mcp)
+	}
+	if err != nil {
+		return false, unavailable(err)
+	}
+	return true, nil
+}
+
+// claim takes the session for this replica. The request reached this
+// replica, so the proxy routes the session here now: it is taken even
+// from a live holder, whose later writes are fenced. c.mu is held; c's
+// fence is not changed (the caller adopts the new one once it has read
+// what it vouches for).
+func (d *Keeper) claim(ctx context.Context, key sessions.Key, c *Claim) (statestore.Claim, error) {
+	cl, err := d.store.Claim(ctx, c.id, d.owner, d.ttl(), true)
+	if err != nil {
+		return cl, d.observe(fmt.Errorf("state store: claim session: %w", err))
+	}
+	if cl.Previous != (statestore.Owner{}) {
+		d.log.Info("session taken over", "session", key.String(), "from", cl.Previous.Replica, "holderAlive", cl.PreviousAlive, "fence", cl.Fence)
+	}
+	return cl, nil
+}
+
+// verify checks, before a request runs, that this replica still holds
+// the session it claimed. If another replica served the session since,
+// what this replica holds is stale: the store's record is read again and
+// seeds the client under the new fence, retiring every instance of the
+// old one. If the store lost the record (it came back empty, or the
+// record expired) and no one else held the session, what this replica
+// holds is the newest state: it is written back under the new fence.
+// The new fence is adopted only once the record was read.
+func (d *Keeper) verify(ctx context.Context, key sessions.Key, c *Claim) error {
+	if d.open() {
+		return unavailable(errStoreDown)
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	asked := time.Now() // before the claim: a pause after it shortens the grace, never lengthens it
+	cl, err := d.claim(ctx, key, c)
+	if err != nil {
+		return unavailable(err)
+	}
+	if cl.Fence == c.fence {
+		c.renewed, c.verified = asked, asked // a claim renews the record
+		return nil
+	}
+	rec, err := d.store.Get(ctx, c.id)
+	if err != nil && !errors.Is(err, statestore.ErrNotFound) {
+		// What this replica holds is stale: never served from memory,
+		// until the record is read.
+		c.stale = true
+		return unavailable(fmt.Errorf("%w: %w", errChanged, d.observe(fmt.Errorf("state store: read session: %w", err))))
+	}
+	c.stale = false
+	c.verified = asked
+	if cl.Previous == (statestore.Owner{}) && !hasPlugins(rec) {
+		return d.recover(ctx, key, c, cl.Fence)
+	}
+	clear(c.saved)
+	clear(c.unsaved)
+	clear(c.done)
+	clear(c.ran)
+	c.fence = cl.Fence
+	if b, ok := rec["mcp"]; ok {
+		c.mcp = b
+	}
+	return d.seed(key, c, rec, cl.Fence)
+}
+
+// hasPlugins reports whether rec holds any plugin's state.
+func hasPlugins(rec map[string][]byte) bool {
+	for f := range rec {
+		if strings.HasPrefix(f, "p/") {
+			return true
+		}
+	}
+	return false
+}
+
+// recover writes back what this replica holds of a session whose record
+// the store lost, under fence (this replica's new claim): the session's
+// MCP record now, its instances' states in the background. A plugin whose
+// state was in the store but whose instance this replica no longer holds
+// is lost: its next instance starts afresh, and the client is told (a
+// reset with reason "store-lost"). c.mu is held.
+func (d *Keeper) recover(ctx context.Context, key sessions.Key, c *Claim, fence uint64) error {
+	d.log.Warn("state store lost the session's record: writing back what this replica holds", "session", key.String(), "epochChanged", statestore.Epoch(fence) != statestore.Epoch(c.fence))
+	d.obs.StoreLost()
+	lost := map[string]sessions.Seed{}
+	for field := range c.saved {
+		if name, ok := strings.CutPrefix(field, "p/"); ok && !d.ses.Holds(key, name) {
+			lost[name] = sessions.Seed{Lost: "the state store lost this session's saved state", Reason: ReasonStoreLost}
+		}
+	}
+	clear(c.saved)
+	c.fence = fence
+	c.dirty = false
+	if len(lost) > 0 {
+		if err := d.ses.Seed(key, lost, c.seeded); err != nil {
+			return err
+		}
+	}
+	if err := d.putLocked(ctx, c, "mcp", mcpOr(c.mcp)); err != nil {
+		return unavailable(err)
+	}
+	d.wg.Add(1)
+	go func() {
+		defer d.wg.Done()
+		rctx, cancel := context.WithTimeout(context.Background(), 10*d.timeout())
+		defer cancel()
+		err := d.ses.Instances(rctx, key, func(name string, inst *plugins.Instance, f uint64) error {
+			_, err := d.checkpoint(rctx, c, inst.Plugin(), inst, f, nil)
+			return err
+		})
+		if err != nil {
+			d.log.Warn("state store: writing back a lost session", "session", key.String(), "error", err)
+		}
+	}()
+	return nil
+}
+
+// seed gives key's client the instance states of rec (nil: none, the
+// session's states are new), under fence: instances of another fence are
+// retired. c.mu is held.
+func (d *Keeper) seed(key sessions.Key, c *Claim, rec map[string][]byte, fence uint64) error {
+	seeds := map[string]sessions.Seed{}
+	for field, v := range rec {
+		name, ok := strings.CutPrefix(field, "p/")
+		if !ok {
+			continue
+		}
+		var pr pluginRecord
+		if err := json.Unmarshal(v, &pr); err != nil {
+			seeds[name] = sessions.Seed{Lost: "its saved state is unreadable: " + err.Error()}
+			continue
+		}
+		c.saved[field] = sha256.Sum256(v)
+		c.done[name] = pr.Done
+		c.ran[name] = pr.Ran
+		if pr.Lost != "" {
+			seeds[name] = sessions.Seed{Lost: pr.Lost}
+			continue
+		}
+		seeds[name] = sessions.Seed{State: &plugins.State{Host: pr.Host, SHA256: pr.SHA256, Data: pr.Data}}
+	}
+	if key.Kind() == sessions.KindHandle {
+		if err := d.ses.Open(key); err != nil {
+			return err
+		}
+	}
+	if err := d.ses.Seed(key, seeds, fence); err != nil {
+		return err
+	}
+	if b, ok := rec["grants"]; ok {
+		// The person's answers to run-time grant questions move with
+		// the session (Options.RestoreGrants).
+		if err := d.restoreGrants(key, b); err != nil {
+			d.log.Warn("session adopted without its grant answers", "session", key.String(), "error", err)
+		}
+	}
+	c.seeded = fence
+	if rec != nil {
+		d.log.Info("session adopted", "session", key.String(), "plugins", len(seeds))
+		d.obs.Adopted()
+	}
+	return nil
+}
+
+// forget drops this replica's claim on key, without touching the store.
+func (d *Keeper) forget(key sessions.Key) {
+	d.mu.Lock()
+	delete(d.claims, key)
+	d.mu.Unlock()
+}
+
+// Ended deletes an ended session's record: its client closed it, or it
+// timed out. Not at drain or close, whose sessions live on elsewhere. A
+// session whose claim this replica no longer has (the heartbeat swept
+// it) is claimed again to be deleted, unless a live replica holds it.
+func (d *Keeper) Ended(key sessions.Key) {
+	d.mu.Lock()
+	c := d.claims[key]
+	delete(d.claims, key)
+	d.mu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), d.timeout())
+	defer cancel()
+	if c == nil {
+		id := StoreID(key)
+		if id == "" {
+			return
+		}
+		// Not stolen: a session that ended here by timing out may live on
+		// at the replica that holds it now.
+		c = newClaim(id)
+		cl, err := d.store.Claim(ctx, id, d.owner, d.ttl(), false)
+		if errors.Is(err, statestore.ErrHeld) {
+			return
+		}
+		if err != nil {
+			d.log.Warn("state store: delete ended session", "session", key.String(), "error", err)
+			return
+		}
+		c.fence = cl.Fence
+		close(c.ready)
+	}
+	<-c.ready
+	if c.err != nil {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if err := d.store.Delete(ctx, c.id, c.fence); err != nil && !errors.Is(err, statestore.ErrFenced) {
+		d.log.Warn("state store: delete ended session", "session", key.String(), "error", err)
+	}
+	d.release(c.id)
+}

@@ -1,0 +1,77 @@
+package durable
+
+import (
+	"errors"
+	"fmt"
+)
+
+// ErrStateUnavailable is matched by the refusal of a request whose
+// session state could not be read or verified in the state store.
+var ErrStateUnavailable = errors.New("session state unavailable: the state store did not answer; nothing ran, retry")
+
+// unavailable wraps a store's failure as ErrStateUnavailable.
+func unavailable(err error) error {
+	if errors.Is(err, ErrStateUnavailable) {
+		return err
+	}
+	return fmt.Errorf("%w: %w", ErrStateUnavailable, err)
+}
+
+// ErrServedFromMemory is BeforeCall's answer when the session's claim
+// could not be verified (the store did not answer) and the call may run
+// on what this replica holds: its result is marked not saved
+// ([NotSavedUnavailable]).
+var ErrServedFromMemory = errors.New("served from memory")
+
+// MetaMoved-style refusals: the error of a call whose session another
+// replica took over while it ran.
+var errMoved = errors.New("the session moved to another replica while this call ran, and its effect was not kept: call the tool again")
+
+// errUnverified fails a call whose state could be neither saved nor
+// known current (see checkpoint).
+var errUnverified = errors.New("the session's state could not be saved or verified while this call ran (the state store did not answer), and its effect was not kept: call the tool again")
+
+// errChanged: another replica served the session since this one last
+// did, and its record could not be read: what this replica holds is
+// stale, and the request is refused rather than served from it.
+var errChanged = errors.New("the session was served by another replica since")
+
+// errNotKept marks a claim given up: a handle the store does not know.
+var errNotKept = errors.New("session not kept")
+
+// errStoreDown is the breaker's refusal: the store failed to answer a
+// moment ago.
+var errStoreDown = errors.New("state store unavailable (failing fast after a timeout)")
+
+// NotSaved says why a call's effect on its instance is not in the store
+// (the reason of a result's notSaved mark), "" when it is.
+type NotSaved string
+
+// Reasons of a result's notSaved mark.
+const (
+	// NotSavedUnavailable: the store did not answer (or was not asked:
+	// the breaker is open); the state is saved again in the background.
+	NotSavedUnavailable NotSaved = "store-unavailable"
+	// NotSavedTooLarge: the state is over the store's limit.
+	NotSavedTooLarge NotSaved = "too-large"
+	// NotSavedMoved: another replica took the session over while the
+	// call ran; the call failed.
+	NotSavedMoved NotSaved = "moved"
+	// NotSavedUnsnapshot: the plugin's state cannot be snapshotted; a
+	// replica taking the session over says its state was lost.
+	NotSavedUnsnapshot NotSaved = "cannot-snapshot"
+	// NotSavedUnverified: the state could be neither saved nor known
+	// current; the call failed.
+	NotSavedUnverified NotSaved = "unverified"
+)
+
+// ReasonNotSaved is the stateReset reason of a plugin's state that an
+// earlier result marked not saved and that was then lost (its instance
+// evicted): the client goes on from a fresh instance, told so, rather
+// than from the older stored state.
+const ReasonNotSaved = "not-saved"
+
+// ReasonStoreLost is the stateReset reason of a plugin's state that the
+// state store lost (it came back empty, or evicted the record) while no
+// replica held its instance.
+const ReasonStoreLost = "store-lost"

@@ -1,0 +1,183 @@
+package durable
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/wasmtools/wasmtools/internal/sessions"
+	"github.com/wasmtools/wasmtools/internal/statestore"
+	"github.com/wasmtools/wasmtools/plugins"
+)
+
+// Heartbeat timing: a replica says it is alive every heartbeatEvery, for
+// heartbeatTTL.
+const (
+	heartbeatTTL   = 6 * time.Second
+	heartbeatEvery = 2 * time.Second
+)
+
+// Heartbeat says this replica is alive until ctx ends, and drops the
+// claims of clients the session layer no longer has.
+func (d *Keeper) Heartbeat(ctx context.Context) {
+	t := time.NewTicker(heartbeatEvery)
+	defer t.Stop()
+	for {
+		hctx, cancel := context.WithTimeout(ctx, heartbeatEvery)
+		if err := d.store.Heartbeat(hctx, d.owner, heartbeatTTL); err != nil && ctx.Err() == nil {
+			d.log.Warn("state store heartbeat", "error", err)
+		}
+		if !d.keyChecked.Load() && d.keyBad.Load() == nil {
+			d.checkKey(hctx)
+		}
+		cancel()
+		d.sweep()
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// checkKey checks that this replica's state key opens what the store
+// holds (see statestore.CheckKey). A mismatch makes the replica not ready
+// for good, saying why in /readyz and the log; a store that cannot tell
+// now is asked again at the next heartbeat.
+func (d *Keeper) checkKey(ctx context.Context) {
+	err := statestore.CheckKey(ctx, d.store)
+	switch {
+	case err == nil:
+		d.keyChecked.Store(true)
+		d.log.Info("state key checked: the store's values open with it")
+	case errors.Is(err, statestore.ErrKeyMismatch):
+		why := "the state store's values are sealed with another WASMTOOLS_STATE_KEY than this replica's: every replica sharing a store must share its state key"
+		d.keyBad.Store(&why)
+		d.log.Error("state key mismatch: this replica is not ready", "why", why)
+	default:
+		d.log.Warn("state store: key check", "error", err)
+	}
+}
+
+// sweep forgets the claims of clients that ended in the session layer
+// (handles ended idle or evicted: their records expire in the store).
+func (d *Keeper) sweep() {
+	live := map[sessions.Key]bool{}
+	for _, k := range d.ses.Keys() {
+		live[k] = true
+	}
+	var stale []*claimOf
+	d.mu.Lock()
+	for k, c := range d.claims {
+		select {
+		case <-c.ready:
+			if !live[k] {
+				delete(d.claims, k)
+			} else if c.err == nil {
+				stale = append(stale, &claimOf{k, c})
+			}
+		default:
+		}
+	}
+	d.mu.Unlock()
+	// Live sessions keep their records, whatever keeps them alive (pings,
+	// a person answering, a task): renewed every third of their TTL. A
+	// session whose last checkpoint failed is saved again. Off the
+	// heartbeat's goroutine (it may wait for a busy instance), one round
+	// at a time.
+	if len(stale) == 0 || !d.renewing.CompareAndSwap(false, true) {
+		return
+	}
+	d.wg.Add(1)
+	go func() {
+		defer d.wg.Done()
+		defer d.renewing.Store(false)
+		d.renewAll(stale)
+	}()
+}
+
+// renewAll renews the records of live sessions whose TTL is a third
+// gone, and saves again what failed to save.
+func (d *Keeper) renewAll(stale []*claimOf) {
+	now := time.Now()
+	for _, kc := range stale {
+		c := kc.c
+		c.mu.Lock()
+		due := now.Sub(c.renewed) > d.ttl()/3
+		unsaved := len(c.unsaved) > 0
+		c.mu.Unlock()
+		if due {
+			d.renew(c)
+		}
+		if unsaved && !d.open() {
+			d.resave(kc.key, c)
+		}
+	}
+}
+
+// claimOf is a claim and its key.
+type claimOf struct {
+	key sessions.Key
+	c   *Claim
+}
+
+// resave writes again the states of key's instances whose last
+// checkpoint failed.
+func (d *Keeper) resave(key sessions.Key, c *Claim) {
+	ctx, cancel := context.WithTimeout(context.Background(), 4*d.timeout())
+	defer cancel()
+	d.ses.Instances(ctx, key, func(name string, inst *plugins.Instance, fence uint64) error {
+		c.mu.Lock()
+		why := c.unsaved[name]
+		c.mu.Unlock()
+		if why == "" || why == NotSavedTooLarge || why == NotSavedUnsnapshot {
+			return nil
+		}
+		if _, err := d.checkpoint(ctx, c, inst.Plugin(), inst, fence, nil); err != nil {
+			return err
+		}
+		d.log.Info("state saved again after a failed checkpoint", "session", key.String(), "plugin", name)
+		return nil
+	})
+}
+
+// KeepAlive renews c's record while a call runs, every third of its TTL,
+// so that a call longer than the session timeout keeps its session; the
+// returned func stops it.
+func (d *Keeper) KeepAlive(c *Claim) func() {
+	if d == nil || c == nil {
+		return func() {}
+	}
+	every := d.ttl() / 3
+	done := make(chan struct{})
+	go func() {
+		t := time.NewTicker(every)
+		defer t.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-t.C:
+				d.renew(c)
+			}
+		}
+	}()
+	return func() { close(done) }
+}
+
+// renew resets c's record's TTL (any activity of its session).
+func (d *Keeper) renew(c *Claim) {
+	if d.open() {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), d.timeout())
+	defer cancel()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if _, err := d.store.Renew(ctx, c.id, c.fence, d.ttl(), false); err != nil {
+		d.observe(err)
+		d.log.Debug("state store: renew", "session", c.id, "error", err)
+		return
+	}
+	c.renewed = time.Now()
+}

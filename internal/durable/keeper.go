@@ -1,0 +1,247 @@
+package durable
+
+import (
+	"cmp"
+	"crypto/rand"
+	"encoding/hex"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/wasmtools/wasmtools/internal/sessions"
+	"github.com/wasmtools/wasmtools/internal/statestore"
+)
+
+// Checkpoint policies ([Options.Checkpoint]).
+const (
+	// CheckpointAfterCall saves an instance's state after each call that
+	// changed it, before the result is sent: a replica killed at any
+	// moment loses no call a client was told succeeded.
+	CheckpointAfterCall = "after-call"
+	// CheckpointOnDrain saves states only when a replica drains (and when
+	// a session's instance is idle at drain): cheaper per call, but a
+	// replica killed without a drain loses what its clients did since.
+	CheckpointOnDrain = "drain"
+)
+
+// Store bounds (see [Options.StoreTimeout]).
+const (
+	// DefaultStoreTimeout bounds one exchange with the store.
+	DefaultStoreTimeout = time.Second
+	// breakerWindow is how long the store is not asked after an exchange
+	// failed for want of an answer: calls go on from memory meanwhile,
+	// their results marked not saved, instead of each waiting out the
+	// timeout.
+	breakerWindow = 2 * time.Second
+)
+
+// Options configures [New]. Zero values mean the documented defaults;
+// only Store and Sessions are required.
+type Options struct {
+	// Store keeps the records. Every exchange with it is bounded by
+	// StoreTimeout, whatever the caller's context allows.
+	Store statestore.Store
+	// Sessions is the session layer whose clients the keeper seeds and
+	// whose instances it checkpoints.
+	Sessions *sessions.Manager
+	// StoreTimeout bounds one exchange with the store. The default is
+	// [DefaultStoreTimeout] (1s). After an exchange that got no answer
+	// the store is not asked for 2s (the breaker).
+	StoreTimeout time.Duration
+	// Replica names this replica in its claims ("-" if empty).
+	Replica string
+	// Checkpoint is the policy: [CheckpointAfterCall] (the default) or
+	// [CheckpointOnDrain].
+	Checkpoint string
+	// SessionTimeout is how long a session's record lives unused; 0 means
+	// sessions never time out, and a record lives a day unused.
+	SessionTimeout time.Duration
+	// Logger receives the keeper's records (component=durable); nil
+	// discards them.
+	Logger *slog.Logger
+	// Observer counts checkpoints, adoptions and lost records; nil
+	// counts nothing.
+	Observer Observer
+	// ExportGrants and RestoreGrants carry a session's run-time grant
+	// answers in its record (field "grants"); nil carries none.
+	ExportGrants  func(key sessions.Key) []byte
+	RestoreGrants func(key sessions.Key, data []byte) error
+	// Reserve counts size bytes of field of record id against the
+	// tenants' budgets before the write, and returns how to undo it (the
+	// write failed); Release forgets record id (deleted). nil counts
+	// nothing.
+	Reserve func(id, field string, size int, ttl time.Duration) (undo func(), err error)
+	Release func(id string)
+}
+
+// Observer is told what an operator watches of the keeper. Its methods
+// must not block.
+type Observer interface {
+	// Checkpointed is called after each write of an instance's state:
+	// how long it took, its size, and its error (nil if it landed).
+	Checkpointed(d time.Duration, size int, err error)
+	// Adopted is called when a session is taken over from the store.
+	Adopted()
+	// StoreLost is called when the store lost a record this replica
+	// writes back.
+	StoreLost()
+}
+
+type nopObserver struct{}
+
+func (nopObserver) Checkpointed(time.Duration, int, error) {}
+
+func (nopObserver) Adopted() {}
+
+func (nopObserver) StoreLost() {}
+
+// Keeper keeps sessions in the store. It owns the claims of this
+// replica: which sessions it serves, under which fence. Its methods are
+// safe for concurrent use; a nil *Keeper (no store) keeps nothing.
+type Keeper struct {
+	store   statestore.Store // bounded: every exchange within timeout
+	owner   statestore.Owner
+	policy  string
+	log     *slog.Logger
+	ses     *sessions.Manager
+	obs     Observer
+	exp     time.Duration // the store's timeout for one exchange
+	session time.Duration // the session timeout, 0 for none
+
+	exportGrants  func(sessions.Key) []byte
+	restoreGrants func(sessions.Key, []byte) error
+	reserve       func(id, field string, size int, ttl time.Duration) (undo func(), err error)
+	release       func(id string)
+
+	wg sync.WaitGroup // background work: renewals, write-backs
+
+	downUntil atomic.Int64 // the breaker: Unix ns until which the store is not asked
+	// keyChecked: the store's key check passed; keyBad: it failed (why),
+	// and the replica is not ready.
+	keyChecked atomic.Bool
+	keyBad     atomic.Pointer[string]
+	renewing   atomic.Bool // a renewAll round runs
+
+	mu     sync.Mutex
+	claims map[sessions.Key]*Claim
+	// users are the authenticated users of stateful sessions made and
+	// not yet initialized, by session ID (at most maxPendingUsers).
+	users map[string]string
+	// adopted are the stateful sessions this replica took over from the
+	// store (at most maxPendingUsers): never served afresh from memory.
+	adopted map[string]bool
+}
+
+// New returns the keeper of this replica's sessions in o.Store. Its
+// heartbeat runs in [Keeper.Heartbeat], which the caller runs until the
+// replica stops; [Keeper.Wait] then waits for its background work.
+func New(o Options) *Keeper {
+	var boot [6]byte
+	rand.Read(boot[:])
+	exp := cmp.Or(o.StoreTimeout, DefaultStoreTimeout)
+	d := &Keeper{
+		store:         bounded{Store: o.Store, d: exp},
+		owner:         statestore.Owner{Replica: cmp.Or(o.Replica, "-"), Boot: hex.EncodeToString(boot[:])},
+		policy:        cmp.Or(o.Checkpoint, CheckpointAfterCall),
+		log:           cmp.Or(o.Logger, slog.New(slog.DiscardHandler)).With("component", "durable"),
+		ses:           o.Sessions,
+		obs:           o.Observer,
+		exp:           exp,
+		session:       max(o.SessionTimeout, 0),
+		exportGrants:  o.ExportGrants,
+		restoreGrants: o.RestoreGrants,
+		reserve:       o.Reserve,
+		release:       o.Release,
+		claims:        map[sessions.Key]*Claim{},
+		users:         map[string]string{},
+		adopted:       map[string]bool{},
+	}
+	if d.obs == nil {
+		d.obs = nopObserver{}
+	}
+	if d.exportGrants == nil {
+		d.exportGrants = func(sessions.Key) []byte { return nil }
+	}
+	if d.restoreGrants == nil {
+		d.restoreGrants = func(sessions.Key, []byte) error { return nil }
+	}
+	if d.reserve == nil {
+		d.reserve = func(string, string, int, time.Duration) (func(), error) { return func() {}, nil }
+	}
+	if d.release == nil {
+		d.release = func(string) {}
+	}
+	return d
+}
+
+// Wait waits for the keeper's background work (renewals, write-backs
+// of a record the store lost) to end. Call it after Heartbeat's context
+// ended and no request runs.
+func (d *Keeper) Wait() {
+	if d != nil {
+		d.wg.Wait()
+	}
+}
+
+// KeyMismatch says why the state store's values do not open with this
+// replica's state key, or "" (no store, or they do, or not known yet).
+// A mismatch is for good: the replica is not ready.
+func (d *Keeper) KeyMismatch() string {
+	if d == nil {
+		return ""
+	}
+	if why := d.keyBad.Load(); why != nil {
+		return *why
+	}
+	return ""
+}
+
+// maxPendingUsers bounds the sessions whose initialize was answered and
+// whose initialized has not come: past it one is forgotten for each new one (its
+// record names no user, and no one can take it over).
+const maxPendingUsers = 4096
+
+// MadeBy records the user that made stateful session id.
+func (d *Keeper) MadeBy(id, user string) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if len(d.users) >= maxPendingUsers {
+		for k := range d.users { // map order: some entry, a cheap bound
+			delete(d.users, k)
+			break
+		}
+	}
+	d.users[id] = user
+}
+
+// MadeFor returns, once, the user that made session id.
+func (d *Keeper) MadeFor(id string) (string, bool) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	user, ok := d.users[id]
+	delete(d.users, id)
+	return user, ok
+}
+
+// AdoptedHere notes that stateful session id was taken over from the
+// store: it has a state there, so it is never served from memory before
+// this replica's claim on it succeeded.
+func (d *Keeper) AdoptedHere(id string) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if len(d.adopted) >= maxPendingUsers {
+		for k := range d.adopted {
+			delete(d.adopted, k)
+			break
+		}
+	}
+	d.adopted[id] = true
+}
+
+// wasAdopted reports whether key's stateful session was taken over here.
+func (d *Keeper) wasAdopted(key sessions.Key) bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.adopted[key.ID()]
+}

@@ -1,0 +1,212 @@
+package durable
+
+import (
+	"context"
+	"crypto/sha256"
+	"errors"
+	"time"
+
+	"github.com/wasmtools/wasmtools/internal/statestore"
+)
+
+// timeout bounds one exchange with the store.
+func (d *Keeper) timeout() time.Duration { return d.exp }
+
+// ttl is how long a session's record lives unused: the session timeout,
+// or a day when sessions never time out.
+func (d *Keeper) ttl() time.Duration {
+	if t := d.session; t > 0 {
+		return t
+	}
+	return 24 * time.Hour
+}
+
+// bounded is a store whose every exchange is bounded by a timeout
+// (Options.StoreTimeout), whatever its caller's context allows.
+type bounded struct {
+	statestore.Store
+	d time.Duration
+}
+
+func (b bounded) Heartbeat(ctx context.Context, o statestore.Owner, ttl time.Duration) error {
+	ctx, cancel := context.WithTimeout(ctx, b.d)
+	defer cancel()
+	begun := time.Now()
+	return b.ended(ctx, begun, b.Store.Heartbeat(ctx, o, ttl))
+}
+
+func (b bounded) Leave(ctx context.Context, o statestore.Owner) error {
+	ctx, cancel := context.WithTimeout(ctx, b.d)
+	defer cancel()
+	begun := time.Now()
+	return b.ended(ctx, begun, b.Store.Leave(ctx, o))
+}
+
+func (b bounded) Claim(ctx context.Context, id string, o statestore.Owner, ttl time.Duration, steal bool) (statestore.Claim, error) {
+	ctx, cancel := context.WithTimeout(ctx, b.d)
+	defer cancel()
+	begun := time.Now()
+	cl, err := b.Store.Claim(ctx, id, o, ttl, steal)
+	return cl, b.ended(ctx, begun, err)
+}
+
+func (b bounded) Put(ctx context.Context, id, field string, v []byte, fence uint64, ttl time.Duration) error {
+	ctx, cancel := context.WithTimeout(ctx, b.d)
+	defer cancel()
+	begun := time.Now()
+	return b.ended(ctx, begun, b.Store.Put(ctx, id, field, v, fence, ttl))
+}
+
+func (b bounded) Renew(ctx context.Context, id string, fence uint64, ttl time.Duration, bump bool) (uint64, error) {
+	ctx, cancel := context.WithTimeout(ctx, b.d)
+	defer cancel()
+	begun := time.Now()
+	f, err := b.Store.Renew(ctx, id, fence, ttl, bump)
+	return f, b.ended(ctx, begun, err)
+}
+
+func (b bounded) Get(ctx context.Context, id string) (map[string][]byte, error) {
+	ctx, cancel := context.WithTimeout(ctx, b.d)
+	defer cancel()
+	begun := time.Now()
+	rec, err := b.Store.Get(ctx, id)
+	return rec, b.ended(ctx, begun, err)
+}
+
+func (b bounded) Release(ctx context.Context, id string, fence uint64) error {
+	ctx, cancel := context.WithTimeout(ctx, b.d)
+	defer cancel()
+	begun := time.Now()
+	return b.ended(ctx, begun, b.Store.Release(ctx, id, fence))
+}
+
+func (b bounded) Delete(ctx context.Context, id string, fence uint64) error {
+	ctx, cancel := context.WithTimeout(ctx, b.d)
+	defer cancel()
+	begun := time.Now()
+	return b.ended(ctx, begun, b.Store.Delete(ctx, id, fence))
+}
+
+// stalledError is the failure of an exchange that says nothing of the
+// store, because this process did not run while it was bounded: its
+// deadline fired long after it was due (the process was stopped by
+// SIGSTOP, a frozen VM, a long pause, while the exchange was in flight),
+// or the exchange began with its deadline already (nearly) passed (the
+// process was stopped earlier in the same call, say while it snapshotted
+// the instance). The store may have answered all along. It is still
+// unanswered (a write may have landed), but it does not open the breaker
+// (observe): a replica continued after a stop would otherwise find the
+// store "down" for breakerWindow, and serve from memory sessions that
+// other replicas took over while it was stopped (issue #25,
+// sigstop-replica).
+type stalledError struct{ err error }
+
+func (e *stalledError) Error() string {
+	return e.err.Error() + " (not the store's failure: this process was paused during the exchange)"
+}
+
+func (e *stalledError) Unwrap() error { return e.err }
+
+// ended is the error of an exchange begun at begun under ctx (bounded):
+// a failure for want of an answer is marked stalled when the store was
+// given less than a quarter of the bound, or when it ended more than the
+// bound after its deadline (a timer that fires on time ends it at the
+// deadline).
+func (b bounded) ended(ctx context.Context, begun time.Time, err error) error {
+	if err == nil || !unanswered(err) {
+		return err
+	}
+	if dl, ok := ctx.Deadline(); ok && (dl.Sub(begun) < b.d/4 || time.Since(dl) > b.d) {
+		return &stalledError{err}
+	}
+	return err
+}
+
+// open reports whether the breaker is open: the store is not asked.
+func (d *Keeper) open() bool { return time.Now().UnixNano() < d.downUntil.Load() }
+
+// observe trips the breaker on an error that says the store did not
+// answer (not a refusal the store made).
+func (d *Keeper) observe(err error) error {
+	// A caller that went away (its client cancelled) says nothing of the
+	// store; nor does an exchange this process stalled (stalledError).
+	var stalled *stalledError
+	if err != nil && unanswered(err) && !errors.Is(err, context.Canceled) && !errors.As(err, &stalled) {
+		d.downUntil.Store(time.Now().Add(breakerWindow).UnixNano())
+	}
+	return err
+}
+
+// unanswered reports whether err is a store that did not answer, rather
+// than one that refused.
+func unanswered(err error) bool {
+	switch {
+	case err == nil, errors.Is(err, statestore.ErrFenced), statestore.Lost(err),
+		errors.Is(err, statestore.ErrNotFound), errors.Is(err, statestore.ErrTooLarge),
+		errors.Is(err, statestore.ErrSeal), errors.Is(err, statestore.ErrHeld):
+		return false
+	}
+	return true
+}
+
+// putLocked writes one field of c's record with c's fence, unless it
+// holds that value already. A write that got no answer may still land:
+// the fence is bumped before the next write (dirty), so that it never
+// lands after it. c.mu is held.
+func (d *Keeper) putLocked(ctx context.Context, c *Claim, field string, v []byte) error {
+	sum := sha256.Sum256(v)
+	unchanged := false
+	if prev, ok := c.saved[field]; ok && prev == sum {
+		// Nothing to write. Unless the claim was verified long ago (the
+		// call was long, or this process was stopped while it ran): the
+		// result was computed from what may be a stale instance, and
+		// the fence is checked before it is sent.
+		if time.Since(c.verified) < memoryGrace {
+			return nil
+		}
+		unchanged = true
+	}
+	if d.open() {
+		return errStoreDown
+	}
+	asked := time.Now()
+	if unchanged && !c.dirty {
+		if _, err := d.store.Renew(ctx, c.id, c.fence, d.ttl(), false); err != nil {
+			return d.observe(err)
+		}
+		c.verified, c.renewed = asked, asked
+		return nil
+	}
+	// The tenants' byte budgets (Options.Reserve) before the store.
+	undo, err := d.reserve(c.id, field, len(v), d.ttl())
+	if err != nil {
+		return err
+	}
+	if c.dirty {
+		f, err := d.store.Renew(ctx, c.id, c.fence, d.ttl(), true)
+		if err != nil {
+			undo()
+			return d.observe(err)
+		}
+		c.fence, c.dirty = f, false
+	}
+	if err := d.store.Put(ctx, c.id, field, v, c.fence, d.ttl()); err != nil {
+		undo()
+		if unanswered(err) {
+			c.dirty = true
+			delete(c.saved, field)
+		}
+		return d.observe(err)
+	}
+	c.saved[field] = sum
+	c.renewed, c.verified = asked, asked
+	return nil
+}
+
+// mcpOr is b, or an empty session record.
+func mcpOr(b []byte) []byte {
+	if len(b) == 0 {
+		return []byte(`{}`)
+	}
+	return b
+}
