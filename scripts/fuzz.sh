@@ -28,6 +28,7 @@ targets=(
 	"./host FuzzVerifyState"
 	"./host FuzzHandles"
 	"./internal/sessions FuzzLeases"
+	"./internal/statestore FuzzSealOpen"
 	"./internal/sources FuzzLayer"
 )
 out=$(mktemp)

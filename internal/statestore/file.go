@@ -1,6 +1,7 @@
 package statestore
 
 import (
+	"bytes"
 	"context"
 	"encoding/binary"
 	"encoding/json"
@@ -56,12 +57,14 @@ var (
 	bucketFences  = []byte("fences")  // id → fence (8 bytes), expiry (8 bytes, Unix ns)
 	bucketStore   = []byte("store")   // "epoch" → the store's epoch (4 bytes)
 	metaKey       = []byte{0}         // not a field name: those are printable
+	headKey       = []byte{1}         // the sealed head ([versioned]), nor is this
 )
 
 type fileMeta struct {
-	Owner   Owner `json:"owner"`
-	Held    bool  `json:"held"`
-	Expires int64 `json:"expires"` // Unix ns
+	Owner   Owner  `json:"owner"`
+	Held    bool   `json:"held"`
+	Expires int64  `json:"expires"`           // Unix ns
+	Version uint64 `json:"version,omitempty"` // the write version ([versioned])
 }
 
 // NewFile opens (or creates, mode 0600) the store at path. The caller
@@ -311,17 +314,7 @@ func (f *File) Claim(ctx context.Context, id string, owner Owner, ttl time.Durat
 }
 
 func (f *File) Put(ctx context.Context, id, field string, value []byte, fence uint64, ttl time.Duration) error {
-	if len(value) > MaxValue {
-		return ErrTooLarge
-	}
-	return fileErr(f.do(ctx, true, func(tx *bolt.Tx) error {
-		b, m, err := f.check(tx, id, fence)
-		if err != nil {
-			return err
-		}
-		m.Expires = f.now().Add(ttl).UnixNano()
-		return errors.Join(b.Put([]byte(field), value), putMeta(b, m), f.setFence(tx, id, fence, ttl))
-	}))
+	return f.write(ctx, id, field, value, nil, fence, 0, ttl, false)
 }
 
 func (f *File) Renew(ctx context.Context, id string, fence uint64, ttl time.Duration, bump bool) (uint64, error) {
@@ -345,26 +338,92 @@ func (f *File) Renew(ctx context.Context, id string, fence uint64, ttl time.Dura
 }
 
 func (f *File) Get(ctx context.Context, id string) (map[string][]byte, error) {
-	out := map[string][]byte{}
-	err := f.do(ctx, false, func(tx *bolt.Tx) error {
-		b, _ := f.record(tx, id)
+	fields, _, _, err := f.getVersioned(ctx, id)
+	return fields, err
+}
+
+// isField tells a field's key in a record's bucket from the meta and head.
+func isField(k []byte) bool { return string(k) != string(metaKey) && string(k) != string(headKey) }
+
+func (f *File) readHead(ctx context.Context, id string) (uint64, []byte, []string, error) {
+	fields, version, head, err := f.read(ctx, id, false)
+	if err != nil {
+		return 0, nil, nil, err
+	}
+	names := make([]string, 0, len(fields))
+	for k := range fields {
+		names = append(names, k)
+	}
+	return version, head, names, nil
+}
+
+func (f *File) getVersioned(ctx context.Context, id string) (map[string][]byte, uint64, []byte, error) {
+	fields, version, head, err := f.read(ctx, id, true)
+	if err == nil && len(fields) == 0 {
+		err = ErrNotFound
+	}
+	if err != nil {
+		return nil, 0, nil, err
+	}
+	return fields, version, head, nil
+}
+
+// read returns id's fields (their values too if values is set), version
+// and head, in one transaction.
+func (f *File) read(ctx context.Context, id string, values bool) (fields map[string][]byte, version uint64, head []byte, err error) {
+	err = f.do(ctx, false, func(tx *bolt.Tx) error {
+		fields, version, head = map[string][]byte{}, 0, nil
+		b, m := f.record(tx, id)
 		if b == nil {
 			return nil
 		}
+		version, head = m.Version, bytes.Clone(b.Get(headKey))
 		return b.ForEach(func(k, v []byte) error {
-			if v != nil && string(k) != string(metaKey) {
-				out[string(k)] = append([]byte(nil), v...)
+			if v != nil && isField(k) {
+				fields[string(k)] = nil
+				if values {
+					fields[string(k)] = bytes.Clone(v)
+				}
 			}
 			return nil
 		})
 	})
 	if err != nil {
-		return nil, fileErr(err)
+		return nil, 0, nil, fileErr(err)
 	}
-	if len(out) == 0 {
-		return nil, ErrNotFound
+	return fields, version, head, nil
+}
+
+func (f *File) putVersioned(ctx context.Context, id, field string, value, head []byte, fence, prev uint64, ttl time.Duration) error {
+	return f.write(ctx, id, field, value, head, fence, prev, ttl, true)
+}
+
+// write is Put, and with versioned putVersioned.
+func (f *File) write(ctx context.Context, id, field string, value, head []byte, fence, prev uint64, ttl time.Duration, versioned bool) error {
+	if len(value) > MaxValue {
+		return ErrTooLarge
 	}
-	return out, nil
+	err := f.do(ctx, true, func(tx *bolt.Tx) error {
+		b, m, err := f.check(tx, id, fence)
+		if err != nil {
+			return err
+		}
+		if versioned {
+			if m.Version != prev {
+				return errVersion
+			}
+			m.Version = prev + 1
+			if err := b.Put(headKey, head); err != nil {
+				return err
+			}
+		}
+		m.Expires = f.now().Add(ttl).UnixNano()
+		return errors.Join(b.Put([]byte(field), value), putMeta(b, m), f.setFence(tx, id, fence, ttl))
+	})
+	if errors.Is(err, errVersion) {
+		return errVersion
+	}
+	return fileErr(err)
 }
 
 func (f *File) Release(ctx context.Context, id string, fence uint64) error {

@@ -1,6 +1,7 @@
 package statestore
 
 import (
+	"bytes"
 	"context"
 	"maps"
 	"sync"
@@ -25,6 +26,8 @@ type memRecord struct {
 	fence   uint64
 	expires time.Time
 	fields  map[string][]byte
+	version uint64 // the write version ([versioned]); 0 for none
+	head    []byte // the sealed head, nil for none
 }
 
 // NewMemory returns an empty in-memory store.
@@ -135,6 +138,47 @@ func (m *Memory) Claim(ctx context.Context, id string, owner Owner, ttl time.Dur
 }
 
 func (m *Memory) Put(ctx context.Context, id, field string, value []byte, fence uint64, ttl time.Duration) error {
+	return m.write(ctx, id, field, value, nil, fence, 0, ttl, false)
+}
+
+func (m *Memory) readHead(ctx context.Context, id string) (uint64, []byte, []string, error) {
+	if err := m.lock(ctx); err != nil {
+		return 0, nil, nil, err
+	}
+	defer m.mu.Unlock()
+	r := m.record(id)
+	if r == nil {
+		return 0, nil, nil, nil
+	}
+	names := make([]string, 0, len(r.fields))
+	for k := range r.fields {
+		names = append(names, k)
+	}
+	return r.version, bytes.Clone(r.head), names, nil
+}
+
+func (m *Memory) getVersioned(ctx context.Context, id string) (map[string][]byte, uint64, []byte, error) {
+	if err := m.lock(ctx); err != nil {
+		return nil, 0, nil, err
+	}
+	defer m.mu.Unlock()
+	r := m.record(id)
+	if r == nil || len(r.fields) == 0 {
+		return nil, 0, nil, ErrNotFound
+	}
+	out := maps.Clone(r.fields)
+	for k, v := range out {
+		out[k] = bytes.Clone(v)
+	}
+	return out, r.version, bytes.Clone(r.head), nil
+}
+
+func (m *Memory) putVersioned(ctx context.Context, id, field string, value, head []byte, fence, prev uint64, ttl time.Duration) error {
+	return m.write(ctx, id, field, value, head, fence, prev, ttl, true)
+}
+
+// write is Put, and with versioned putVersioned.
+func (m *Memory) write(ctx context.Context, id, field string, value, head []byte, fence, prev uint64, ttl time.Duration, versioned bool) error {
 	if len(value) > MaxValue {
 		return ErrTooLarge
 	}
@@ -146,7 +190,13 @@ func (m *Memory) Put(ctx context.Context, id, field string, value []byte, fence 
 	if err != nil {
 		return err
 	}
-	r.fields[field] = append([]byte(nil), value...)
+	if versioned {
+		if r.version != prev {
+			return errVersion
+		}
+		r.head, r.version = bytes.Clone(head), prev+1
+	}
+	r.fields[field] = bytes.Clone(value)
 	r.expires = m.now().Add(ttl)
 	return nil
 }
@@ -183,19 +233,8 @@ func (m *Memory) Renew(ctx context.Context, id string, fence uint64, ttl time.Du
 }
 
 func (m *Memory) Get(ctx context.Context, id string) (map[string][]byte, error) {
-	if err := m.lock(ctx); err != nil {
-		return nil, err
-	}
-	defer m.mu.Unlock()
-	r := m.record(id)
-	if r == nil || len(r.fields) == 0 {
-		return nil, ErrNotFound
-	}
-	out := maps.Clone(r.fields)
-	for k, v := range out {
-		out[k] = append([]byte(nil), v...)
-	}
-	return out, nil
+	fields, _, _, err := m.getVersioned(ctx, id)
+	return fields, err
 }
 
 func (m *Memory) Release(ctx context.Context, id string, fence uint64) error {

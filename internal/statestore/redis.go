@@ -19,8 +19,10 @@ import (
 // Keys, for a session ID (the hash tag keeps a session's keys together):
 //
 //	wt:{ID}:rec    hash: the record's fields ("f:NAME") and its holder
-//	               ("m:owner", "m:replica", "m:boot"); expires after the
-//	               claim's or last Put's TTL, as Memory's record does.
+//	               ("m:owner", "m:replica", "m:boot", "m:epoch", "m:n"),
+//	               the write version and sealed head of [Seal] ("m:v",
+//	               "m:head"); expires after the claim's or last Put's
+//	               TTL, as Memory's record does.
 //	wt:{ID}:fence  the fence counter; expires FenceTTL (at least) after the
 //	               record was last claimed or written, so that a stale
 //	               owner stays fenced after the record itself expired.
@@ -251,11 +253,35 @@ redis.call('PEXPIRE', KEYS[2], ARGV[4])
 return {1, n}
 `)
 
+// putVersionedScript: KEYS rec, fence counter, epoch; ARGV epoch, n,
+// field, value, ttl ms, fence ttl ms, the version replaced, the next
+// version, the head. Returns 1, checkFence's refusal, or 5 when the
+// record's version is not the one replaced.
+var putVersionedScript = redis.NewScript(checkFence + `
+if (redis.call('HGET', KEYS[1], 'm:v') or '0') ~= ARGV[7] then return 5 end
+redis.call('HSET', KEYS[1], ARGV[3], ARGV[4], 'm:v', ARGV[8], 'm:head', ARGV[9])
+redis.call('PEXPIRE', KEYS[1], ARGV[5])
+redis.call('PEXPIRE', KEYS[2], ARGV[6])
+return 1
+`)
+
+// headScript: KEYS rec. Returns {version, head, field keys...}, the
+// version and head false when absent.
+var headScript = redis.NewScript(`
+local out = redis.call('HMGET', KEYS[1], 'm:v', 'm:head')
+for _, k in ipairs(redis.call('HKEYS', KEYS[1])) do
+  if string.sub(k, 1, 2) == 'f:' then table.insert(out, k) end
+end
+return out
+`)
+
 // refusal maps checkFence's codes to errors.
 func refusal(code int64) error {
 	switch code {
 	case 1:
 		return nil
+	case 5:
+		return errVersion
 	case 3:
 		return ErrStoreLost
 	case 4:
@@ -265,20 +291,105 @@ func refusal(code int64) error {
 }
 
 func (r *Redis) Put(ctx context.Context, id, field string, value []byte, fence uint64, ttl time.Duration) error {
+	return r.write(ctx, putScript, id, field, value, fence, ttl)
+}
+
+// write runs a script of Put's arguments, and more (putVersionedScript's).
+func (r *Redis) write(ctx context.Context, script *redis.Script, id, field string, value []byte, fence uint64, ttl time.Duration, more ...any) error {
 	if len(value) > MaxValue {
 		return ErrTooLarge
 	}
 	e, n := fenceArgs(fence)
 	var code int64
 	err := r.call(ctx, func() (err error) {
-		code, err = putScript.Run(ctx, r.c, []string{recKey(id), fenceKey(id), epochKey},
-			e, n, "f:"+field, value, ms(ttl), fenceMS(ttl)).Int64()
+		code, err = script.Run(ctx, r.c, []string{recKey(id), fenceKey(id), epochKey},
+			append([]any{e, n, "f:" + field, value, ms(ttl), fenceMS(ttl)}, more...)...).Int64()
 		return err
 	})
 	if err != nil {
 		return err
 	}
 	return refusal(code)
+}
+
+func (r *Redis) putVersioned(ctx context.Context, id, field string, value, head []byte, fence, prev uint64, ttl time.Duration) error {
+	return r.write(ctx, putVersionedScript, id, field, value, fence, ttl,
+		strconv.FormatUint(prev, 10), strconv.FormatUint(prev+1, 10), head)
+}
+
+// parseVersion reads the record's version "m:v", absent for 0.
+func parseVersion(v any) (uint64, error) {
+	switch v := v.(type) {
+	case nil:
+		return 0, nil
+	case string:
+		n, err := strconv.ParseUint(v, 10, 64)
+		if err != nil {
+			return 0, fmt.Errorf("statestore: redis: record version %q: %v", v, err)
+		}
+		return n, nil
+	}
+	return 0, fmt.Errorf("statestore: redis: record version %v", v)
+}
+
+func (r *Redis) readHead(ctx context.Context, id string) (uint64, []byte, []string, error) {
+	var res []any
+	err := r.call(ctx, func() (err error) {
+		res, err = headScript.Run(ctx, r.c, []string{recKey(id)}).Slice()
+		return err
+	})
+	if err != nil {
+		return 0, nil, nil, err
+	}
+	if len(res) < 2 {
+		return 0, nil, nil, fmt.Errorf("statestore: redis: head: unexpected reply %v", res)
+	}
+	version, err := parseVersion(res[0])
+	if err != nil {
+		return 0, nil, nil, err
+	}
+	var head []byte
+	if h, ok := res[1].(string); ok {
+		head = []byte(h)
+	}
+	var fields []string
+	for _, k := range res[2:] {
+		if s, ok := k.(string); ok {
+			fields = append(fields, strings.TrimPrefix(s, "f:"))
+		}
+	}
+	return version, head, fields, nil
+}
+
+func (r *Redis) getVersioned(ctx context.Context, id string) (map[string][]byte, uint64, []byte, error) {
+	var all map[string]string
+	err := r.call(ctx, func() (err error) {
+		all, err = r.c.HGetAll(ctx, recKey(id)).Result()
+		return err
+	})
+	if err != nil {
+		return nil, 0, nil, err
+	}
+	out := map[string][]byte{}
+	for k, v := range all {
+		if name, ok := strings.CutPrefix(k, "f:"); ok {
+			out[name] = []byte(v)
+		}
+	}
+	if len(out) == 0 {
+		return nil, 0, nil, ErrNotFound
+	}
+	var version uint64
+	if v, ok := all["m:v"]; ok {
+		if version, err = parseVersion(v); err != nil {
+			return nil, 0, nil, err
+		}
+	}
+	var head []byte
+	if h, ok := all["m:head"]; ok {
+		head = []byte(h)
+	}
+	return out, version, head, nil
 }
 
 func (r *Redis) Renew(ctx context.Context, id string, fence uint64, ttl time.Duration, bump bool) (uint64, error) {
@@ -329,24 +440,8 @@ func (r *Redis) Epoch(ctx context.Context) (uint32, error) {
 }
 
 func (r *Redis) Get(ctx context.Context, id string) (map[string][]byte, error) {
-	var all map[string]string
-	err := r.call(ctx, func() (err error) {
-		all, err = r.c.HGetAll(ctx, recKey(id)).Result()
-		return err
-	})
-	if err != nil {
-		return nil, err
-	}
-	out := map[string][]byte{}
-	for k, v := range all {
-		if name, ok := strings.CutPrefix(k, "f:"); ok {
-			out[name] = []byte(v)
-		}
-	}
-	if len(out) == 0 {
-		return nil, ErrNotFound
-	}
-	return out, nil
+	fields, _, _, err := r.getVersioned(ctx, id)
+	return fields, err
 }
 
 // releaseScript: KEYS rec, fence; ARGV fence. The holder is blanked, not

@@ -138,3 +138,37 @@ func TestOpen(t *testing.T) {
 		}
 	})
 }
+
+// An older value of a field, replayed into it by someone who can write
+// to the store but has not the state key (from a backup, or an earlier
+// read), does not open: its seal names the record's write version it was
+// written at, and the record's sealed head names the field's current one
+// (issue #25, finding 12). The seal of before (the ID and field only)
+// opened it, rolling the guest's state back unnoticed.
+func TestSealRefusesReplayedValue(t *testing.T) {
+	ctx := context.Background()
+	for _, b := range backends(t) {
+		if strings.HasPrefix(b.name, "sealed-") {
+			continue // the raw backends: the test seals them itself
+		}
+		t.Run(b.name, func(t *testing.T) {
+			raw := b.open(t)
+			s := statestore.Seal(raw, testKey)
+			a, _ := owners(t)
+			id := "replay." + b.name
+			must(t, s.Heartbeat(ctx, a, long))
+			c, err := s.Claim(ctx, id, a, long, false)
+			must(t, err)
+			must(t, s.Put(ctx, id, "f", []byte("state 1"), c.Fence, long))
+			old, err := raw.Get(ctx, id) // the sealed value, as Redis holds it
+			must(t, err)
+			must(t, s.Put(ctx, id, "f", []byte("state 2"), c.Fence, long))
+			must(t, raw.Put(ctx, id, "f", old["f"], c.Fence, long)) // replayed
+			got, err := s.Get(ctx, id)
+			var se *statestore.SealError
+			if !errors.As(err, &se) || se.ID != id || se.Field != "f" {
+				t.Fatalf("get after the replay = %q, %v; want a SealError for field f", got, err)
+			}
+		})
+	}
+}

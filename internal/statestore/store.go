@@ -19,8 +19,8 @@
 // another replica, so the proxy no longer routes it to the holder).
 //
 // Values are sealed by [Seal] (AES-GCM, a key derived from the state key,
-// the record's ID and field as additional data) before they reach a
-// backend, and bounded in size.
+// the record's ID, the field and the record's write version as additional
+// data) before they reach a backend, and bounded in size.
 package statestore
 
 import (
