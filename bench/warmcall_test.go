@@ -53,6 +53,10 @@ const (
 // stateful session, in the same run. http/<plugin>/wasmtools-header is the
 // same 2026-07-28 path keyed by the operator's client header instead, with
 // no handle: it separates the handle's own cost from the protocol path's.
+// http/<plugin>/native-2026-handle is native-2026 keyed by a session
+// argument like wasmtools' (same name, same x-mcp-header annotation, the
+// handle returned in _meta): wasmtools-handle's baseline, issue 27's goal
+// being at most 1.15 times its time.
 func BenchmarkWarmCall(b *testing.B) {
 	ctx := context.Background()
 	nsrv := native.NewServer()
@@ -108,6 +112,20 @@ func BenchmarkWarmCall(b *testing.B) {
 			}
 			warmCalls(ctx, b, cs, p, false)
 		})
+		// The native baseline of the 2026-07-28 path with a handle: the
+		// same stateless go-sdk server, its tools taking the session
+		// argument with the same x-mcp-header annotation and keying the
+		// counter by it, so that it pays what the go-sdk charges for
+		// SEP-2243 and a handle's round trip, and nothing of wasmtools.
+		b.Run("http/"+p.name+"/native-2026-handle", func(b *testing.B) {
+			if native.SessionArgument != host.SessionArgument || native.SessionHeader != host.SessionHeader || native.MetaSession != host.MetaSession {
+				b.Fatal("package native's session names are not package host's")
+			}
+			ksrv := native.NewServerHandle()
+			srv := httptest.NewServer(mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return ksrv }, &mcp.StreamableHTTPOptions{Stateless: true}))
+			defer srv.Close()
+			warmCalls(ctx, b, connect2026Handler(ctx, b, srv.URL, nil), p, true)
+		})
 		b.Run("http/"+p.name+"/wasmtools-handle", func(b *testing.B) {
 			warmCalls(ctx, b, connect2026(ctx, b, h, nil), p, true)
 		})
@@ -128,7 +146,12 @@ func BenchmarkWarmCall(b *testing.B) {
 func connect2026(ctx context.Context, b *testing.B, h *host.Host, hc *http.Client) *mcp.ClientSession {
 	srv := httptest.NewServer(h.HTTPHandler())
 	b.Cleanup(srv.Close)
-	cs, err := client.Connect(ctx, &mcp.StreamableClientTransport{Endpoint: srv.URL, HTTPClient: hc}, nil)
+	return connect2026Handler(ctx, b, srv.URL, hc)
+}
+
+// connect2026Handler is connect2026 for a server already at url.
+func connect2026Handler(ctx context.Context, b *testing.B, url string, hc *http.Client) *mcp.ClientSession {
+	cs, err := client.Connect(ctx, &mcp.StreamableClientTransport{Endpoint: url, HTTPClient: hc}, nil)
 	if err != nil {
 		b.Fatal(err)
 	}

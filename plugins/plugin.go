@@ -248,8 +248,21 @@ func (t *Tool) ValidateArguments(args json.RawMessage) error {
 	if err := t.schema.checkArguments(args); err != nil {
 		return fmt.Errorf("%w: %v", ErrInvalidArguments, err)
 	}
+	// The common cases, without decoding: no arguments, whose verdict was
+	// found when the schema was compiled, and arguments a flat schema
+	// proves valid (see flatSchema; what it does not prove goes on).
+	trimmed := bytes.TrimSpace(args)
+	if len(trimmed) == 0 || string(trimmed) == "null" || string(trimmed) == "{}" {
+		if err := t.schema.emptyErr; err != nil {
+			return fmt.Errorf("%w: %v", ErrInvalidArguments, err)
+		}
+		return nil
+	}
+	if t.schema.flat != nil && t.schema.flat.valid(args) {
+		return nil
+	}
 	var v any = map[string]any{}
-	if len(bytes.TrimSpace(args)) > 0 && !bytes.Equal(bytes.TrimSpace(args), []byte("null")) {
+	if len(trimmed) > 0 && string(trimmed) != "null" {
 		if err := json.Unmarshal(args, &v); err != nil {
 			return fmt.Errorf("%w: not JSON: %v", ErrInvalidArguments, err)
 		}
@@ -603,7 +616,7 @@ func compileSchema(raw json.RawMessage) (*inputSchema, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &inputSchema{Resolved: rs, perValue: cost}, nil
+	return &inputSchema{Resolved: rs, perValue: cost, emptyErr: rs.Validate(map[string]any{}), flat: flatSchemaOf(tree)}, nil
 }
 
 // checkRefs refuses the references a validator could follow forever: a

@@ -62,10 +62,17 @@ const (
 var errTooComplex = errors.New("validation cost: the schema is too complex to analyse")
 
 // inputSchema is a tool's compiled input schema and its worst weighted
-// count of applications per argument value, from [checkCost].
+// count of applications per argument value, from [checkCost], with what
+// makes the common calls cheap to validate.
 type inputSchema struct {
 	*jsonschema.Resolved
 	perValue sat
+	// emptyErr is the verdict on no arguments (an empty object), the
+	// same on every call, so found once.
+	emptyErr error
+	// flat, if not nil, proves the common arguments valid without
+	// decoding them.
+	flat *flatSchema
 }
 
 // sat is a saturating count.
