@@ -23,6 +23,7 @@ targets=(
 	"./plugins FuzzDecodeOutput"
 	"./plugins FuzzLoadAndCall"
 	"./plugins FuzzValidateArguments"
+	"./plugins FuzzFlatSchemaAgrees"
 	"./host FuzzToMCP"
 	"./host FuzzElicitParams"
 	"./host FuzzVerifyState"
