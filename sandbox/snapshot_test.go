@@ -223,18 +223,19 @@ func TestSnapshotIncremental(t *testing.T) {
 	defer c.Close(ctx)
 	inst := instantiate(t, c)
 	// Each step calls fn (unless ""), snapshots, and wants the snapshot to
-	// hold pages, of which it compressed only compressed.
+	// hold pieces (4 KiB: 70000 is in piece 17, 140000 in 34), of which it
+	// compressed only compressed.
 	steps := []struct {
 		fn         string
 		pages      []uint32
 		compressed int
 	}{
 		{"", nil, 0},
-		{"set1", []uint32{1}, 1},
-		{"", []uint32{1}, 0},        // nothing changed: the frame is reused
-		{"set2", []uint32{1, 2}, 1}, // only the changed page is compressed
-		{"clear1", []uint32{2}, 0},  // page 1 is its initial image again
-		{"set1", []uint32{1, 2}, 1},
+		{"set1", []uint32{17}, 1},
+		{"", []uint32{17}, 0},         // nothing changed: the frame is reused
+		{"set2", []uint32{17, 34}, 1}, // only the changed piece is compressed
+		{"clear1", []uint32{34}, 0},   // piece 17 is its initial image again
+		{"set1", []uint32{17, 34}, 1},
 	}
 	for k, st := range steps {
 		if st.fn != "" {
