@@ -858,7 +858,7 @@ func (d *durable) seed(key sessions.Key, c *claim, rec map[string][]byte, fence 
 			continue
 		}
 		var pr pluginRecord
-		if err := json.Unmarshal(v, &pr); err != nil {
+		if err := unmarshalRecord(v, &pr); err != nil {
 			seeds[name] = sessions.Seed{Lost: "its saved state is unreadable: " + err.Error()}
 			continue
 		}
@@ -997,7 +997,7 @@ func (d *durable) checkpoint(ctx context.Context, c *claim, p *plugins.Plugin, i
 	}
 	c.remember(p.Name(), first)
 	pr.Done = c.done[p.Name()]
-	b, err := json.Marshal(pr)
+	b, err := marshalRecord(pr)
 	if err != nil {
 		return notSavedUnavailable, err
 	}
@@ -1161,7 +1161,7 @@ func (d *durable) saved(ctx context.Context, key sessions.Key, p *plugins.Plugin
 		return nil, ""
 	}
 	var pr pluginRecord
-	if json.Unmarshal(rec["p/"+p.Name()], &pr) != nil || pr.Lost != "" || pr.SHA256 != p.SHA256() {
+	if unmarshalRecord(rec["p/"+p.Name()], &pr) != nil || pr.Lost != "" || pr.SHA256 != p.SHA256() {
 		return nil, ""
 	}
 	return &plugins.State{Host: pr.Host, SHA256: pr.SHA256, Data: pr.Data}, ""

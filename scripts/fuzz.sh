@@ -27,6 +27,7 @@ targets=(
 	"./host FuzzElicitParams"
 	"./host FuzzVerifyState"
 	"./host FuzzHandles"
+	"./host FuzzRecord"
 	"./internal/sessions FuzzLeases"
 	"./internal/sources FuzzLayer"
 )
