@@ -100,7 +100,9 @@ func writtenPieces(mem []byte) []uint64 {
 	}
 	n := len(mem) / pieceSize
 	bits := make([]uint64, (n+63)/64)
-	buf := make([]byte, 8*min(n, 4096))
+	bp := pagemapBuf.Get().(*[]byte)
+	defer pagemapBuf.Put(bp)
+	buf := *bp
 	base := uintptr(unsafe.Pointer(&mem[0])) / pieceSize
 	for done := 0; done < n; {
 		k := min(n-done, len(buf)/8)
@@ -117,6 +119,13 @@ func writtenPieces(mem []byte) []uint64 {
 	}
 	return bits
 }
+
+// pagemapBuf holds buffers of *[]byte for writtenPieces' reads of pagemap,
+// 4096 entries at a time.
+var pagemapBuf = sync.Pool{New: func() any {
+	b := make([]byte, 8*4096)
+	return &b
+}}
 
 // take returns a pooled reservation of max bytes, reset to the image,
 // or nil.

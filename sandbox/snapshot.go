@@ -254,6 +254,7 @@ func (i *Instance) Snapshot(ctx context.Context) ([]byte, error) {
 		pages = uint32(len(mem) / pageSize)
 		pieces := pages * piecesPerPage
 		prev := i.snapPages
+		saved = make([]cachedPage, 0, len(prev)+32)
 		// The pieces never written since the memory was mapped are as
 		// they were at the last snapshot (which snapPages describes
 		// whole, up to snapPieces): nil when unknown.
