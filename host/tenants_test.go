@@ -336,14 +336,14 @@ func (c *countingStore) sizes(field string) []int {
 // share are not saved; alice's are.
 func TestStoreFairShares(t *testing.T) {
 	store := &countingStore{Store: statestore.NewMemory(), bytes: map[string]map[string]int{}}
-	f := newFixture(t, &host.Options{Store: store, StateKey: replicaKey, StoreBytesPerTenant: 1200, Tenants: true}, sandbox.NewPolicy(), map[string]string{"counter.wasm": testplugins.Example(t, "counter")})
+	f := newFixture(t, &host.Options{Store: store, StateKey: replicaKey, StoreBytesPerTenant: 920, Tenants: true}, sandbox.NewPolicy(), map[string]string{"counter.wasm": testplugins.Example(t, "counter")})
 	url := serveGuarded(t, f, host.GuardOptions{Tokens: map[string]string{"alice": aliceToken, "bob": bobToken}})
 	bob := connectHTTP(t, url, "", tenantTransport{token: bobToken})
 	for range 5 {
 		countWith(t, bob, "")
 	}
 	if n := len(store.sizes("p/counter")); n != 2 {
-		t.Errorf("bob's 5 sessions: %d saved, want the 2 his share of 1200 bytes holds (about 465 each)", n)
+		t.Errorf("bob's 5 sessions: %d saved, want the 2 his share of 920 bytes holds (about 368 each)", n)
 	}
 	f.waitLog(t, "state store budget exceeded", 1)
 	alice := connectHTTP(t, url, "", tenantTransport{token: aliceToken})

@@ -18,7 +18,8 @@ func (c *Compiled) ImageMapped() bool {
 // compressed anew, rather than reusing the frames of the one before.
 func (i *Instance) SnapshotCompressed() int { return i.snapCompressed }
 
-// SnapshotPages returns the indexes of the pages snap holds.
+// SnapshotPages returns the indexes of the units (4 KiB pieces, or 64
+// KiB pages before version 3) snap holds.
 func (c *Compiled) SnapshotPages(snap []byte) ([]uint32, error) {
 	s, err := c.decodeSnapshot(snap)
 	if err != nil {

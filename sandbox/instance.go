@@ -53,12 +53,15 @@ type Instance struct {
 	// reading; each reading adds a millisecond. Unused with real clocks.
 	wall, mono atomic.Int64
 
-	// snapPages are the pages of the last snapshot (or of the snapshot
-	// the instance was restored from), which the next one reuses for the
-	// pages that did not change; snapCompressed counts the pages the last
-	// snapshot compressed anew (snapshot.go).
+	// snapPages are the 4 KiB pieces of the last snapshot (or of the
+	// snapshot the instance was restored from), which the next one
+	// reuses for the pieces that did not change; snapCompressed counts
+	// the pieces the last snapshot compressed anew (snapshot.go).
+	// snapPieces is how many pieces of the memory snapPages describes
+	// whole (the memory is the base's but for them), 0 when it does not.
 	snapPages      []cachedPage
 	snapCompressed int
+	snapPieces     uint32
 }
 
 // fakeEpoch is the first reading of a guest's wall clock: midnight UTC
@@ -325,13 +328,13 @@ func (i *Instance) Close(ctx context.Context) error {
 		return nil
 	}
 	i.err = ErrClosed
-	i.snapPages = nil
+	i.snapPages, i.snapPieces = nil, 0
 	return i.mod.Close(ctx)
 }
 
 func (i *Instance) close(reason error) {
 	i.err = reason
-	i.snapPages = nil
+	i.snapPages, i.snapPieces = nil, 0
 	_ = i.mod.Close(context.Background())
 }
 

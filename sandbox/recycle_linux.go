@@ -87,6 +87,46 @@ func ownPages(b []byte, f func(off int)) error {
 	return nil
 }
 
+// writtenPieces returns a bitmap of the pieceSize pieces of mem (an
+// instance's memory, which starts on a page) that may have been written
+// since they were mapped (a copy on write of the image, anonymous memory
+// touched, or swapped): each other piece is still the image file's, or
+// never touched. nil when the system cannot say (no pagemap, or pages
+// of another size). Snapshots read only the written pieces.
+func writtenPieces(mem []byte) []uint64 {
+	pm := pagemap()
+	if pm == nil || os.Getpagesize() != pieceSize || len(mem) == 0 {
+		return nil
+	}
+	n := len(mem) / pieceSize
+	bits := make([]uint64, (n+63)/64)
+	bp := pagemapBuf.Get().(*[]byte)
+	defer pagemapBuf.Put(bp)
+	buf := *bp
+	base := uintptr(unsafe.Pointer(&mem[0])) / pieceSize
+	for done := 0; done < n; {
+		k := min(n-done, len(buf)/8)
+		if _, err := pm.ReadAt(buf[:8*k], int64(base+uintptr(done))*8); err != nil {
+			return nil
+		}
+		for i := 0; i < k; i++ {
+			e := binary.LittleEndian.Uint64(buf[8*i:])
+			if e&pmSwapped != 0 || e&pmPresent != 0 && e&pmFile == 0 {
+				bits[(done+i)/64] |= 1 << ((done + i) % 64)
+			}
+		}
+		done += k
+	}
+	return bits
+}
+
+// pagemapBuf holds buffers of *[]byte for writtenPieces' reads of pagemap,
+// 4096 entries at a time.
+var pagemapBuf = sync.Pool{New: func() any {
+	b := make([]byte, 8*4096)
+	return &b
+}}
+
 // take returns a pooled reservation of max bytes, reset to the image,
 // or nil.
 func (f *imageFile) take(max uint64) *reservedMemory {

@@ -47,8 +47,11 @@ func (c *Compiled) diffFor(ctx context.Context, img *image, base *baseImage) (*i
 	d = &imageDiff{img: img, base: map[uint32][]byte{}}
 	var changed []uint32
 	for p := uint32(0); p < img.state.pages; p++ {
-		if hashPage(src[p*pageSize:(p+1)*pageSize]) != base.hash(p) {
-			changed = append(changed, p)
+		for q := p * piecesPerPage; q < (p+1)*piecesPerPage; q++ {
+			if hashPage(src[q*pieceSize:(q+1)*pieceSize]) != base.hash(q) {
+				changed = append(changed, p)
+				break
+			}
 		}
 	}
 	if len(changed) > 0 {
@@ -117,37 +120,46 @@ func (inst *Instance) restoreOnImage(s *snapshotState, diff *imageDiff) error {
 	err := inst.withMemory(func(b []byte) error {
 		scratch := frameScratch.Get().(*[]byte)
 		defer frameScratch.Put(scratch)
-		page := slices.Grow((*scratch)[:0], pageSize)[:pageSize]
-		*scratch = page[:0]
-		saved := map[uint32]bool{}
+		u := s.unit
+		buf := slices.Grow((*scratch)[:0], int(u))[:u]
+		*scratch = buf[:0]
+		saved := map[uint32]bool{} // by piece
 		for _, p := range s.data {
-			saved[p.index] = true
+			for q := range u / pieceSize {
+				saved[p.index*(u/pieceSize)+q] = true
+			}
 			want := p.data
 			if p.frame != nil {
-				if err := decodePage(p.frame, page); err != nil {
-					return fmt.Errorf("page %d: %w", p.index, err)
+				if err := decodePage(p.frame, buf); err != nil {
+					return fmt.Errorf("piece %d: %w", p.index, err)
 				}
-				want = page
+				want = buf
 			}
-			dst := b[p.index*pageSize : (p.index+1)*pageSize]
+			dst := b[p.index*u : (p.index+1)*u]
 			writeChanged(dst, want)
-			if p.frame != nil {
+			if p.frame != nil && u == pieceSize {
 				cache = append(cache, cachedPage{index: p.index, hash: hashPage(dst), frame: slices.Clone(p.frame)})
 			}
 		}
 		for p, want := range diff.base {
-			if saved[p] {
-				continue
-			}
 			if want == nil {
 				want = zeroPage[:]
 			}
-			writeChanged(b[p*pageSize:(p+1)*pageSize], want)
+			for q := range uint32(piecesPerPage) {
+				if i := p*piecesPerPage + q; !saved[i] {
+					writeChanged(b[i*pieceSize:(i+1)*pieceSize], want[q*pieceSize:(q+1)*pieceSize])
+				}
+			}
 		}
 		return nil
 	})
 	if err != nil {
 		return err
+	}
+	inst.snapPieces = 0
+	if s.unit == pieceSize {
+		// The memory is the base's but for the cached pieces.
+		inst.snapPieces = s.pages * piecesPerPage
 	}
 	inst.snapPages = cache
 	return inst.setState(s, s.vars)

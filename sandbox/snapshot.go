@@ -2,6 +2,7 @@ package sandbox
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/binary"
 	"encoding/hex"
@@ -65,12 +66,20 @@ const (
 	snapshotHeader = len(snapshotMagic) + 1 + 32
 	// snapshotVersion is the format snapshots are taken in: after the
 	// header, the length and bytes of a zstd frame of the globals, clocks,
-	// vars, memory size and the index and frame length of each saved
-	// page, then each saved page's own zstd frame. Version 1, which
-	// restores still read, was one frame of it all, the pages raw.
-	snapshotVersion  = 2
+	// vars, memory size (in 64 KiB pages) and the index and frame length
+	// of each saved 4 KiB piece, then each saved piece's own zstd frame.
+	// Restores still read versions 1 (one frame of it all, the 64 KiB
+	// pages raw) and 2 (as 3, of 64 KiB pages).
+	snapshotVersion  = 3
+	snapshotVersion2 = 2
 	snapshotVersion1 = 1
-	maxPageFrame     = pageSize + 64 // the most a page's frame takes: a raw block, header and checksum
+	// pieceSize is the unit a version 3 snapshot saves: the system's
+	// page, the unit a guest's write makes an instance's own.
+	pieceSize     = osPage
+	piecesPerPage = pageSize / pieceSize
+	// maxFrameOver is the most a unit's frame takes over the unit: a raw
+	// block, header and checksum.
+	maxFrameOver = 64
 )
 
 // snapModule is what a Compiled knows about snapshotting its instances.
@@ -105,7 +114,7 @@ type snapModule struct {
 // before its initialisation export runs: what a restore starts from, and
 // what snapshots are the difference to.
 type baseImage struct {
-	hashes []uint64 // of each page (hashPage)
+	hashes []uint64 // of each 4 KiB piece (hashPage)
 }
 
 func (c *checker) snapModule() *snapModule {
@@ -157,8 +166,8 @@ func (c *Compiled) baseImage(ctx context.Context) (*baseImage, error) {
 	defer inst.Close(context.Background())
 	b := &baseImage{}
 	err = inst.withMemory(func(mem []byte) error {
-		for p := 0; p+pageSize <= len(mem); p += pageSize {
-			b.hashes = append(b.hashes, hashPage(mem[p:p+pageSize]))
+		for p := 0; p+pieceSize <= len(mem); p += pieceSize {
+			b.hashes = append(b.hashes, hashPage(mem[p:p+pieceSize]))
 		}
 		return nil
 	})
@@ -188,16 +197,18 @@ var zeroPage [pageSize]byte
 func isZero(page []byte) bool { return bytes.Equal(page, zeroPage[:len(page)]) }
 
 // Snapshot saves the instance's state between calls: its linear memory
-// (the pages that differ from the module's initial image), its mutable
-// globals, its Extism vars and its clocks, compressed with zstd. The
-// snapshot names the module's sha256, and [Compiled.Restore] restores it
-// only into a Compiled of the same bytes. It contains everything the
+// (the 4 KiB pieces that differ from the module's initial image), its
+// mutable globals, its Extism vars and its clocks, compressed with zstd.
+// The snapshot names the module's sha256, and [Compiled.Restore] restores
+// it only into a Compiled of the same bytes. It contains everything the
 // guest keeps, secrets included: store it as the guest's memory.
 //
-// Each page is compressed on its own, and the instance keeps the last
-// snapshot's compressed pages (at most that snapshot's size, freed by
-// Close), so that a snapshot compresses only the pages written since the
-// one before; it is still whole, and restores without it.
+// Each piece is compressed on its own, and the instance keeps the last
+// snapshot's compressed pieces (at most that snapshot's size, freed by
+// Close), so that a snapshot compresses only the pieces written since the
+// one before; it is still whole, and restores without it. Where the
+// system says which pieces of the memory were never written (Linux's
+// pagemap), those are not even read.
 //
 // It fails with a [*SnapshotError] (matching [ErrSnapshotRefused]) when
 // the module's state cannot be captured ([Compiled.CanSnapshot]), and with
@@ -241,33 +252,50 @@ func (i *Instance) Snapshot(ctx context.Context) ([]byte, error) {
 	)
 	err = i.withMemory(func(mem []byte) error {
 		pages = uint32(len(mem) / pageSize)
+		pieces := pages * piecesPerPage
 		prev := i.snapPages
-		var scratch *[]byte // a page's frame is encoded here, then copied at its size
+		saved = make([]cachedPage, 0, len(prev)+32)
+		// The pieces never written since the memory was mapped are as
+		// they were at the last snapshot (which snapPages describes
+		// whole, up to snapPieces): nil when unknown.
+		var written []uint64
+		if i.snapPieces > 0 && i.mem != nil {
+			written = writtenPieces(mem)
+		}
+		var scratch *[]byte // a piece's frame is encoded here, then copied at its size
 		defer func() {
 			if scratch != nil {
 				frameScratch.Put(scratch)
 			}
 		}()
-		for p := range pages {
-			page := mem[p*pageSize : (p+1)*pageSize]
-			h := hashPage(page)
-			if h == base.hash(p) {
-				continue
-			}
+		for p := range pieces {
 			for len(prev) > 0 && prev[0].index < p {
 				prev = prev[1:]
 			}
-			if len(prev) > 0 && prev[0].index == p && prev[0].hash == h {
+			kept := len(prev) > 0 && prev[0].index == p
+			if written != nil && p < i.snapPieces && written[p/64]&(1<<(p%64)) == 0 {
+				if kept {
+					saved = append(saved, prev[0])
+				}
+				continue
+			}
+			piece := mem[p*pieceSize : (p+1)*pieceSize]
+			h := hashPage(piece)
+			if h == base.hash(p) {
+				continue
+			}
+			if kept && prev[0].hash == h {
 				saved = append(saved, prev[0])
 				continue
 			}
 			if scratch == nil {
 				scratch = frameScratch.Get().(*[]byte)
 			}
-			*scratch = encoder().EncodeAll(page, (*scratch)[:0])
+			*scratch = encoder().EncodeAll(piece, (*scratch)[:0])
 			saved = append(saved, cachedPage{index: p, hash: h, frame: slices.Clone(*scratch)})
 			compressed++
 		}
+		i.snapPieces = pieces
 		return nil
 	})
 	if err != nil {
@@ -295,7 +323,7 @@ func (i *Instance) Snapshot(ctx context.Context) ([]byte, error) {
 
 // frameScratch holds buffers of *[]byte in which snapshots encode pages.
 var frameScratch = sync.Pool{New: func() any {
-	b := make([]byte, 0, maxPageFrame)
+	b := make([]byte, 0, pageSize+maxFrameOver)
 	return &b
 }}
 
@@ -374,11 +402,14 @@ type snapshotState struct {
 	vars       map[string][]byte
 	varBytes   uint64
 	pages      uint32
-	data       []savedPage
+	// unit is the size of what data holds: 64 KiB pages (versions 1
+	// and 2) or 4 KiB pieces (version 3).
+	unit uint32
+	data []savedPage
 }
 
-// savedPage is a page of a snapshot: its bytes (version 1) or its zstd
-// frame (version 2).
+// savedPage is a unit of a snapshot: its index in units, and its bytes
+// (version 1) or its zstd frame (versions 2 and 3).
 type savedPage struct {
 	index uint32
 	data  []byte
@@ -398,41 +429,49 @@ func (inst *Instance) restore(s *snapshotState) error {
 		}
 		var cache []cachedPage
 		err := inst.withMemory(func(b []byte) error {
+			u := s.unit
 			for _, p := range s.data {
-				page := b[p.index*pageSize : (p.index+1)*pageSize]
+				unit := b[p.index*u : (p.index+1)*u]
 				if p.frame == nil {
-					copy(page, p.data)
+					copy(unit, p.data)
 					continue
 				}
-				if err := decodePage(p.frame, page); err != nil {
-					return fmt.Errorf("page %d: %w", p.index, err)
+				if err := decodePage(p.frame, unit); err != nil {
+					return fmt.Errorf("piece %d: %w", p.index, err)
 				}
 				// The snapshot's frames are the next snapshot's, for the
-				// pages the guest does not write meanwhile.
-				cache = append(cache, cachedPage{index: p.index, hash: hashPage(page), frame: slices.Clone(p.frame)})
+				// pieces the guest does not write meanwhile.
+				if u == pieceSize {
+					cache = append(cache, cachedPage{index: p.index, hash: hashPage(unit), frame: slices.Clone(p.frame)})
+				}
 			}
 			return nil
 		})
 		if err != nil {
 			return err
 		}
-		inst.snapPages = cache
+		inst.snapPages, inst.snapPieces = cache, 0
+		if s.unit == pieceSize {
+			// The memory is the base's but for the cached pieces.
+			inst.snapPieces = s.pages * piecesPerPage
+		}
 	}
 	return inst.setState(s, s.vars)
 }
 
-// decodePage decodes a page's frame into page, of pageSize bytes.
+// decodePage decodes a unit's frame into page, of the unit's size (a
+// 64 KiB page or a 4 KiB piece).
 func decodePage(frame, page []byte) error {
 	var h zstd.Header
-	if err := h.Decode(frame); err != nil || !h.HasFCS || h.FrameContentSize != pageSize {
-		return fmt.Errorf("%w: a page's frame is not of one page", ErrBadSnapshot)
+	if err := h.Decode(frame); err != nil || !h.HasFCS || h.FrameContentSize != uint64(len(page)) {
+		return fmt.Errorf("%w: a frame is not of one %d-byte unit", ErrBadSnapshot, len(page))
 	}
-	got, err := decoder().DecodeAll(frame, page[:0:pageSize])
+	got, err := decoder().DecodeAll(frame, page[:0:len(page)])
 	if err != nil {
 		return fmt.Errorf("%w: %v", ErrBadSnapshot, err)
 	}
-	if len(got) != pageSize {
-		return fmt.Errorf("%w: a page's frame holds %d bytes", ErrBadSnapshot, len(got))
+	if len(got) != len(page) {
+		return fmt.Errorf("%w: a frame holds %d bytes", ErrBadSnapshot, len(got))
 	}
 	if &got[0] != &page[0] {
 		copy(page, got)
@@ -463,17 +502,20 @@ func (c *Compiled) decodeSnapshot(snapshot []byte) (*snapshotState, error) {
 		return nil, fmt.Errorf("%w: no snapshot header", ErrBadSnapshot)
 	}
 	v := snapshot[len(snapshotMagic)]
-	if v != snapshotVersion && v != snapshotVersion1 {
+	if v != snapshotVersion && v != snapshotVersion2 && v != snapshotVersion1 {
 		return nil, fmt.Errorf("%w: format version %d, not %d", ErrSnapshotMismatch, v, snapshotVersion)
 	}
 	if sum := snapshot[len(snapshotMagic)+1 : snapshotHeader]; !bytes.Equal(sum, c.sha256[:]) {
 		return nil, fmt.Errorf("%w: taken of module %x, not %x", ErrSnapshotMismatch, sum, c.sha256)
 	}
 	maxPages := c.policy.memoryLimitPages()
-	if v == snapshotVersion1 {
+	switch v {
+	case snapshotVersion1:
 		return parseSnapshotV1(snapshot[snapshotHeader:], len(c.snap.globals), maxPages)
+	case snapshotVersion2:
+		return parseSnapshot(snapshot[snapshotHeader:], pageSize, len(c.snap.globals), maxPages)
 	}
-	return parseSnapshot(snapshot[snapshotHeader:], len(c.snap.globals), maxPages)
+	return parseSnapshot(snapshot[snapshotHeader:], pieceSize, len(c.snap.globals), maxPages)
 }
 
 // maxHead is the most the globals, clocks and vars of a valid snapshot
@@ -491,25 +533,25 @@ func parseSnapshotV1(frame []byte, globals int, maxPages uint32) (*snapshotState
 	if err != nil {
 		return nil, err
 	}
-	return parseSnapshotBody(body, false, nil, globals, maxPages)
+	return parseSnapshotBody(body, 0, nil, globals, maxPages)
 }
 
-// parseSnapshot reads a version 2 snapshot after its header: the length
-// and bytes of the frame of the rest, then the pages' frames, which it
-// splits but does not decode.
-func parseSnapshot(b []byte, globals int, maxPages uint32) (*snapshotState, error) {
+// parseSnapshot reads a version 2 (unit: pageSize) or 3 (pieceSize)
+// snapshot after its header: the length and bytes of the frame of the
+// rest, then the units' frames, which it splits but does not decode.
+func parseSnapshot(b []byte, unit uint32, globals int, maxPages uint32) (*snapshotState, error) {
 	r := snapReader{b: b}
 	frame := r.bytes()
 	if r.err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrBadSnapshot, r.err)
 	}
-	// Each page once with its index and frame length.
-	maxMeta := uint64(maxPages)*(5+3) + maxHead(globals) + 20
+	// Each unit once with its index and frame length.
+	maxMeta := uint64(maxPages)*(pageSize/uint64(unit))*(5+3) + maxHead(globals) + 20
 	meta, err := decodeFrame(frame, maxMeta)
 	if err != nil {
 		return nil, err
 	}
-	return parseSnapshotBody(meta, true, r.b, globals, maxPages)
+	return parseSnapshotBody(meta, unit, r.b, globals, maxPages)
 }
 
 // decodeFrame decodes one zstd frame whose declared size is at most max.
@@ -527,11 +569,13 @@ func decodeFrame(frame []byte, max uint64) ([]byte, error) {
 
 // parseSnapshotBody reads a decompressed snapshot body of a module with
 // globals mutable globals and at most maxPages pages of memory: of
-// version 1, its pages raw, or of version 2 (v2), where frames holds the
-// pages' frames, as many bytes as the body says.
-func parseSnapshotBody(body []byte, v2 bool, frames []byte, globals int, maxPages uint32) (*snapshotState, error) {
+// version 1 (unit 0), its pages raw, or of version 2 or 3 (unit: the size
+// of what each frame holds), where frames holds the units' frames, as
+// many bytes as the body says.
+func parseSnapshotBody(body []byte, unit uint32, frames []byte, globals int, maxPages uint32) (*snapshotState, error) {
 	r := snapReader{b: body}
-	s := &snapshotState{}
+	s := &snapshotState{unit: cmp.Or(unit, pageSize)}
+	perPage := uint64(pageSize / s.unit)
 	if n := r.uvarint(); n != uint64(globals) {
 		return nil, fmt.Errorf("%w: %d globals, but the module has %d", ErrBadSnapshot, n, globals)
 	}
@@ -567,27 +611,28 @@ func parseSnapshotBody(body []byte, v2 bool, frames []byte, globals int, maxPage
 		return nil, fmt.Errorf("%w: %d pages of memory, over the limit of %d", ErrBadSnapshot, pages, maxPages)
 	}
 	s.pages = uint32(pages)
+	units := pages * perPage
 	n := r.uvarint()
-	if n > pages {
-		return nil, fmt.Errorf("%w: %d saved pages of %d", ErrBadSnapshot, n, pages)
+	if n > units {
+		return nil, fmt.Errorf("%w: %d saved units of %d", ErrBadSnapshot, n, units)
 	}
 	fr := snapReader{b: frames}
 	next := uint64(0)
 	for range n {
 		p := r.uvarint()
 		var page savedPage
-		if !v2 {
+		if unit == 0 {
 			page.data = r.take(pageSize)
-		} else if size := r.uvarint(); r.err == nil && (size == 0 || size > maxPageFrame) {
-			r.err = fmt.Errorf("a page's frame of %d bytes", size)
+		} else if size := r.uvarint(); r.err == nil && (size == 0 || size > uint64(unit)+maxFrameOver) {
+			r.err = fmt.Errorf("a frame of %d bytes", size)
 		} else {
 			page.frame = fr.take(size)
 		}
 		if r.err != nil || fr.err != nil {
 			break
 		}
-		if p < next || p >= pages {
-			return nil, fmt.Errorf("%w: page %d out of order or past the memory's %d pages", ErrBadSnapshot, p, pages)
+		if p < next || p >= units {
+			return nil, fmt.Errorf("%w: unit %d out of order or past the memory's %d", ErrBadSnapshot, p, units)
 		}
 		next = p + 1
 		page.index = uint32(p)

@@ -108,10 +108,11 @@ func FuzzRewrite(f *testing.F) {
 }
 
 // FuzzSnapshotBody feeds the snapshot parsers arbitrary bytes, as a
-// version 2 snapshot after its header and as a version 1 body: they must
-// never panic, and what they accept stays within the limits they are
-// given. The pages' frames of what the version 2 parser accepts are
-// decoded too: each fills one page, or fails.
+// version 3 or 2 snapshot after its header and as a version 1 body: they
+// must never panic, and what they accept stays within the limits they
+// are given. The frames of what the version 3 and 2 parsers accept are
+// decoded too: each fills one unit (a 4 KiB piece or a 64 KiB page), or
+// fails.
 func FuzzSnapshotBody(f *testing.F) {
 	head := binary.AppendUvarint(nil, 1)
 	head = binary.LittleEndian.AppendUint64(head, 42)
@@ -124,19 +125,21 @@ func FuzzSnapshotBody(f *testing.F) {
 	v1 := binary.AppendUvarint(slices.Clone(head), 1)
 	f.Add(append(v1, make([]byte, pageSize)...))
 	f.Add(head)
-	page := make([]byte, pageSize)
-	copy(page[100:], "a page")
-	frame := encoder().EncodeAll(page, nil)
-	meta := binary.AppendUvarint(binary.AppendUvarint(slices.Clone(head), 1), uint64(len(frame)))
-	f.Add(append(appendBytes(nil, encoder().EncodeAll(meta, nil)), frame...))
+	for _, unit := range []int{pageSize, pieceSize} {
+		page := make([]byte, unit)
+		copy(page[100:], "a page")
+		frame := encoder().EncodeAll(page, nil)
+		meta := binary.AppendUvarint(binary.AppendUvarint(slices.Clone(head), 1), uint64(len(frame)))
+		f.Add(append(appendBytes(nil, encoder().EncodeAll(meta, nil)), frame...))
+	}
 	f.Fuzz(func(t *testing.T, b []byte) {
 		const maxPages = 4
 		check := func(s *snapshotState) {
-			if s.pages > maxPages || len(s.data) > int(s.pages) || len(s.vars) > maxVars || s.varBytes > maxVarBytes {
+			if s.pages > maxPages || len(s.data) > int(s.pages)*pageSize/int(s.unit) || len(s.vars) > maxVars || s.varBytes > maxVarBytes {
 				t.Fatalf("accepted past the limits: %d pages, %d saved, %d vars of %d bytes", s.pages, len(s.data), len(s.vars), s.varBytes)
 			}
 		}
-		if s, err := parseSnapshotBody(b, false, nil, 1, maxPages); err == nil {
+		if s, err := parseSnapshotBody(b, 0, nil, 1, maxPages); err == nil {
 			check(s)
 			for _, p := range s.data {
 				if p.index >= s.pages || len(p.data) != pageSize {
@@ -144,17 +147,19 @@ func FuzzSnapshotBody(f *testing.F) {
 				}
 			}
 		}
-		s, err := parseSnapshot(b, 1, maxPages)
-		if err != nil {
-			return
-		}
-		check(s)
-		buf := make([]byte, pageSize)
-		for _, p := range s.data {
-			if p.index >= s.pages || len(p.frame) == 0 || len(p.frame) > maxPageFrame {
-				t.Fatalf("page %d of a %d-byte frame in %d pages", p.index, len(p.frame), s.pages)
+		for _, unit := range []uint32{pageSize, pieceSize} {
+			s, err := parseSnapshot(b, unit, 1, maxPages)
+			if err != nil {
+				continue
 			}
-			_ = decodePage(p.frame, buf)
+			check(s)
+			buf := make([]byte, unit)
+			for _, p := range s.data {
+				if p.index >= s.pages*pageSize/unit || len(p.frame) == 0 || len(p.frame) > int(unit)+maxFrameOver {
+					t.Fatalf("unit %d of a %d-byte frame in %d pages", p.index, len(p.frame), s.pages)
+				}
+				_ = decodePage(p.frame, buf)
+			}
 		}
 	})
 }

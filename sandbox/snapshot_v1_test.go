@@ -9,9 +9,17 @@ import (
 	"testing"
 )
 
-// encodeV1 encodes s as a version 1 snapshot of c: one frame of the
-// body, the pages raw (what the host took before version 2).
-func encodeV1(c *Compiled, s *snapshotState, mem func(p uint32) []byte) []byte {
+// encodeOld encodes s as a snapshot of c in an older format, with each
+// 64 KiB page that holds a saved piece: version 1, one frame of the body,
+// the pages raw (what the host took before version 2), or version 2, a
+// frame of each page (before version 3).
+func encodeOld(c *Compiled, s *snapshotState, version byte, mem func(p uint32) []byte) []byte {
+	var pages []uint32
+	for _, p := range s.data {
+		if i := p.index / piecesPerPage; len(pages) == 0 || pages[len(pages)-1] != i {
+			pages = append(pages, i)
+		}
+	}
 	body := binary.AppendUvarint(nil, uint64(len(s.globals)))
 	for _, g := range s.globals {
 		body = binary.LittleEndian.AppendUint64(body, g)
@@ -23,19 +31,28 @@ func encodeV1(c *Compiled, s *snapshotState, mem func(p uint32) []byte) []byte {
 		body = appendBytes(appendBytes(body, []byte(k)), s.vars[k])
 	}
 	body = binary.AppendUvarint(body, uint64(s.pages))
-	body = binary.AppendUvarint(body, uint64(len(s.data)))
-	for _, p := range s.data {
-		body = append(binary.AppendUvarint(body, uint64(p.index)), mem(p.index)...)
-	}
-	out := append([]byte(snapshotMagic), snapshotVersion1)
+	body = binary.AppendUvarint(body, uint64(len(pages)))
+	out := append([]byte(snapshotMagic), version)
 	out = append(out, c.sha256[:]...)
-	return encoder().EncodeAll(body, out)
+	if version == snapshotVersion1 {
+		for _, p := range pages {
+			body = append(binary.AppendUvarint(body, uint64(p)), mem(p)...)
+		}
+		return encoder().EncodeAll(body, out)
+	}
+	var frames []byte
+	for _, p := range pages {
+		f := encoder().EncodeAll(mem(p), nil)
+		body = binary.AppendUvarint(binary.AppendUvarint(body, uint64(p)), uint64(len(f)))
+		frames = append(frames, f...)
+	}
+	return append(appendBytes(out, encoder().EncodeAll(body, nil)), frames...)
 }
 
-// TestRestoreVersion1 restores a snapshot of the previous format: the
-// instance has the memory and state of the one it was taken of, and its
-// first snapshot, having no frames to reuse, compresses every page.
-func TestRestoreVersion1(t *testing.T) {
+// TestRestoreOlderVersions restores snapshots of the previous formats:
+// the instance has the memory and state of the one it was taken of, and
+// its first snapshot, having no frames to reuse, compresses every piece.
+func TestRestoreOlderVersions(t *testing.T) {
 	ctx := context.Background()
 	rt, err := NewRuntime(Options{})
 	if err != nil {
@@ -69,26 +86,28 @@ func TestRestoreVersion1(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	v1 := encodeV1(c, s, func(p uint32) []byte { return mem[p*pageSize : (p+1)*pageSize] })
-	fresh, err := c.Restore(ctx, v1)
-	if err != nil {
-		t.Fatalf("restore version 1: %v", err)
-	}
-	defer fresh.Close(ctx)
-	err = fresh.withMemory(func(b []byte) error {
-		if string(b) != string(mem) {
-			t.Error("the memory restored from version 1 differs")
+	for _, v := range []byte{snapshotVersion1, snapshotVersion2} {
+		old := encodeOld(c, s, v, func(p uint32) []byte { return mem[p*pageSize : (p+1)*pageSize] })
+		fresh, err := c.Restore(ctx, old)
+		if err != nil {
+			t.Fatalf("restore version %d: %v", v, err)
 		}
-		return nil
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	again, err := fresh.Snapshot(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if string(again) != string(snap) || fresh.snapCompressed != 2 {
-		t.Errorf("snapshot after a version 1 restore: same bytes %v, %d pages compressed, want 2", string(again) == string(snap), fresh.snapCompressed)
+		defer fresh.Close(ctx)
+		err = fresh.withMemory(func(b []byte) error {
+			if string(b) != string(mem) {
+				t.Errorf("the memory restored from version %d differs", v)
+			}
+			return nil
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		again, err := fresh.Snapshot(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if string(again) != string(snap) || fresh.snapCompressed != inst.snapCompressed {
+			t.Errorf("snapshot after a version %d restore: same bytes %v, %d pieces compressed, want %d", v, string(again) == string(snap), fresh.snapCompressed, inst.snapCompressed)
+		}
 	}
 }

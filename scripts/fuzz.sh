@@ -28,6 +28,7 @@ targets=(
 	"./host FuzzElicitParams"
 	"./host FuzzVerifyState"
 	"./host FuzzHandles"
+	"./internal/durable FuzzRecord"
 	"./internal/sessions FuzzLeases"
 	"./internal/statestore FuzzSealOpen"
 	"./internal/sources FuzzLayer"

@@ -2,7 +2,6 @@ package durable
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"time"
 
@@ -52,7 +51,7 @@ func (d *Keeper) checkpoint(ctx context.Context, c *Claim, p *plugins.Plugin, in
 	c.remember(p.Name(), first)
 	pr.Done = c.done[p.Name()]
 	pr.Ran = c.ran[p.Name()]
-	b, err := json.Marshal(pr)
+	b, err := marshalRecord(pr)
 	if err != nil {
 		return NotSavedUnavailable, err
 	}
@@ -171,7 +170,7 @@ func (d *Keeper) Saved(ctx context.Context, key sessions.Key, p *plugins.Plugin)
 		return nil, ""
 	}
 	var pr pluginRecord
-	if json.Unmarshal(rec["p/"+p.Name()], &pr) != nil || pr.Lost != "" || pr.SHA256 != p.SHA256() {
+	if unmarshalRecord(rec["p/"+p.Name()], &pr) != nil || pr.Lost != "" || pr.SHA256 != p.SHA256() {
 		return nil, ""
 	}
 	return &plugins.State{Host: pr.Host, SHA256: pr.SHA256, Data: pr.Data}, ""

@@ -345,7 +345,7 @@ func (d *Keeper) seed(key sessions.Key, c *Claim, rec map[string][]byte, fence u
 			continue
 		}
 		var pr pluginRecord
-		if err := json.Unmarshal(v, &pr); err != nil {
+		if err := unmarshalRecord(v, &pr); err != nil {
 			seeds[name] = sessions.Seed{Lost: "its saved state is unreadable: " + err.Error()}
 			continue
 		}
