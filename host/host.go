@@ -722,3 +722,7 @@ func (h *Host) LiveInstances() int { return h.ses.Stats().Live }
 // BusyInstances reports how many instances a call holds now (running a
 // guest, or waiting for a person).
 func (h *Host) BusyInstances() int { return h.ses.Stats().Leases }
+
+// QueuedCalls reports how many calls wait for an instance that another
+// call of their session holds.
+func (h *Host) QueuedCalls() int { return h.ses.Stats().Queued }

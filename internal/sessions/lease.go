@@ -133,6 +133,7 @@ type Lease struct {
 	park     *parkedRun
 	evicted  bool
 	done     bool
+	released bool // Done has finished: its instance discarded or given back
 }
 
 // Acquire returns a lease on key's instance of plugin p, making the
@@ -456,6 +457,7 @@ func (l *Lease) Done(err error) {
 		m.release(sl) // frees the instance if the client ended meanwhile
 	}
 	m.mu.Lock()
+	l.released = true
 	m.broadcastLocked()
 	m.mu.Unlock()
 }

@@ -37,7 +37,10 @@ func (m *Manager) reserve(ctx context.Context, p *plugins.Plugin, self *slot) er
 		}
 		m.evictLocked(victim)
 		m.mu.Unlock()
-		if err := m.waitUntil(ctx, func() bool { return victim.done }); err != nil {
+		// Until its Done has discarded the instance, not only begun: a
+		// wake-up in between would find the limit still reached and the
+		// victim's slot held, and evict the next waiting call too.
+		if err := m.waitUntil(ctx, func() bool { return victim.released }); err != nil {
 			return err
 		}
 		m.mu.Lock()

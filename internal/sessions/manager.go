@@ -536,6 +536,7 @@ type Stats struct {
 	Clients   int            // clients with state
 	Leases    int            // live leases
 	Waiting   int            // leases waiting for a person
+	Queued    int            // calls waiting for a slot another call holds
 	Parked    int            // calls parked for an answer
 	Handles   int            // open session handles
 }
@@ -544,7 +545,7 @@ type Stats struct {
 func (m *Manager) Stats() Stats {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	s := Stats{Live: m.live, PerPlugin: map[string]int{}, Memory: m.memory, Clients: len(m.clients), Leases: len(m.leases), Waiting: m.waiting.Len(), Parked: len(m.parked), Handles: m.handles}
+	s := Stats{Live: m.live, PerPlugin: map[string]int{}, Memory: m.memory, Clients: len(m.clients), Leases: len(m.leases), Waiting: m.waiting.Len(), Parked: len(m.parked), Handles: m.handles, Queued: m.queuedLocked()}
 	for k, v := range m.perPlugin {
 		if v > 0 {
 			s.PerPlugin[k] = v
@@ -736,20 +737,23 @@ func (m *Manager) WaitIdle(ctx context.Context) error {
 		if len(m.leases) != m.waiting.Len() {
 			return false
 		}
-		// A client's leases count those queued for a slot, not yet in
-		// m.leases.
-		held := 0
-		for l := range m.leases {
-			if l.c != nil {
-				held++
-			}
-		}
-		queued := -held
-		for _, c := range m.clients {
-			queued += c.leases
-		}
-		return queued <= 0
+		return m.queuedLocked() <= 0
 	})
+}
+
+// queuedLocked counts the leases queued for a slot: a client's leases
+// count those, not yet in m.leases. The caller holds m.mu.
+func (m *Manager) queuedLocked() int {
+	queued := 0
+	for l := range m.leases {
+		if l.c != nil {
+			queued--
+		}
+	}
+	for _, c := range m.clients {
+		queued += c.leases
+	}
+	return queued
 }
 
 // slotsOf returns key's client's slots now (none for no client).
