@@ -361,17 +361,13 @@ func TestUnreadableStateIsRefusedNotReset(t *testing.T) {
 		t.Fatalf("a call whose state cannot be read: %v; want the -32053 refusal\nb log:\n%s", err, b.log.String())
 	}
 	store.failing.Store(false)
-	// The retry, once the store answers (after the breaker's 2 s).
-	var res *mcp.CallToolResult
-	for deadline := time.Now().Add(30 * time.Second); ; {
-		res, err = cs2.CallTool(context.Background(), &mcp.CallToolParams{Name: "note_list"})
-		if err == nil || time.Now().After(deadline) {
-			break
-		}
-		// A client's backoff between retries: the breaker reopens the
-		// store on its own clock (2 s), with no event to wait on.
-		time.Sleep(500 * time.Millisecond)
+	// The retry, once b asks the store again (its breaker closed).
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := b.h.WaitStore(ctx); err != nil {
+		t.Fatalf("b's breaker still open: %v", err)
 	}
+	res, err := cs2.CallTool(context.Background(), &mcp.CallToolParams{Name: "note_list"})
 	if err != nil || !strings.Contains(text(res), "kept") || strings.Contains(text(res), "new") {
 		t.Fatalf("the retry: %v %q; want the stored note only", err, text(res))
 	}
@@ -464,19 +460,16 @@ func TestStaleInstanceNotServedWhenRereadFails(t *testing.T) {
 	if err == nil && !strings.Contains(text(res), "two at b") {
 		t.Fatalf("a served its stale instance: %q", text(res))
 	}
-	// The retry, once the store is asked again (after the breaker's 2 s).
-	for deadline := time.Now().Add(30 * time.Second); ; {
-		res, err = cs.CallTool(context.Background(), &mcp.CallToolParams{Name: "note_list"})
-		if err == nil || time.Now().After(deadline) {
-			break
-		}
-		if !strings.Contains(err.Error(), "unavailable") {
-			t.Fatalf("the retry at a: %v", err)
-		}
-		// A client's backoff between retries of -32053 (retryable): the
-		// store answers again on the breaker's clock, no event to wait on.
-		time.Sleep(500 * time.Millisecond)
+	if err != nil && !strings.Contains(err.Error(), "unavailable") {
+		t.Fatalf("the call at a whose re-read failed: %v; want served fresh or refused as unavailable", err)
 	}
+	// The retry, once a asks the store again (its breaker closed).
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := a.h.WaitStore(ctx); err != nil {
+		t.Fatalf("a's breaker still open: %v", err)
+	}
+	res, err = cs.CallTool(context.Background(), &mcp.CallToolParams{Name: "note_list"})
 	if err != nil || !strings.Contains(text(res), "two at b") {
 		t.Fatalf("the retry at a: %v %q", err, text(res))
 	}

@@ -726,3 +726,14 @@ func (h *Host) BusyInstances() int { return h.ses.Stats().Leases }
 // QueuedCalls reports how many calls wait for an instance that another
 // call of their session holds.
 func (h *Host) QueuedCalls() int { return h.ses.Stats().Queued }
+
+// WaitStore waits until the host asks its state store again after the
+// store failed to answer (its breaker, 2 s after the last such failure,
+// refuses requests that need the store meanwhile), or until ctx ends. It
+// returns at once when the breaker is closed or there is no store.
+func (h *Host) WaitStore(ctx context.Context) error {
+	if h.dur == nil {
+		return nil
+	}
+	return h.dur.WaitStore(ctx)
+}

@@ -116,7 +116,7 @@ type Keeper struct {
 
 	wg sync.WaitGroup // background work: renewals, write-backs
 
-	downUntil atomic.Int64 // the breaker: Unix ns until which the store is not asked
+	downUntil atomic.Int64 // the breaker: until when (ns since clockBase) the store is not asked
 	// keyChecked: the store's key check passed; keyBad: it failed (why),
 	// and the replica is not ready.
 	keyChecked atomic.Bool

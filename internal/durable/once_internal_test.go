@@ -101,3 +101,24 @@ func TestStalledExchangeKeepsBreakerClosed(t *testing.T) {
 		})
 	}
 }
+
+// WaitStore returns at once with the breaker closed, waits out an open
+// one (it is closed when WaitStore returns), and gives up with its ctx.
+func TestWaitStore(t *testing.T) {
+	d := &Keeper{}
+	if err := d.WaitStore(context.Background()); err != nil {
+		t.Fatalf("closed breaker: %v", err)
+	}
+	d.observe(context.DeadlineExceeded)
+	if !d.open() {
+		t.Fatal("an unanswered exchange left the breaker closed")
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if err := d.WaitStore(ctx); !errors.Is(err, context.Canceled) {
+		t.Fatalf("ended ctx: %v", err)
+	}
+	if err := d.WaitStore(context.Background()); err != nil || d.open() {
+		t.Fatalf("after WaitStore: %v, open %v", err, d.open())
+	}
+}

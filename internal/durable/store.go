@@ -122,8 +122,34 @@ func (b bounded) ended(ctx context.Context, begun time.Time, err error) error {
 	return err
 }
 
+// clockBase is what the breaker's times count from: the monotonic clock
+// since it, so that a step of the system clock neither holds the breaker
+// open nor closes it early.
+var clockBase = time.Now()
+
+// sinceBase is the monotonic time since clockBase.
+func sinceBase() time.Duration { return time.Since(clockBase) }
+
 // open reports whether the breaker is open: the store is not asked.
-func (d *Keeper) open() bool { return time.Now().UnixNano() < d.downUntil.Load() }
+func (d *Keeper) open() bool { return sinceBase() < time.Duration(d.downUntil.Load()) }
+
+// WaitStore waits until the breaker lets the store be asked again (at
+// once if it is closed), or until ctx ends.
+func (d *Keeper) WaitStore(ctx context.Context) error {
+	for {
+		left := time.Duration(d.downUntil.Load()) - sinceBase()
+		if left <= 0 {
+			return nil
+		}
+		t := time.NewTimer(left)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return ctx.Err()
+		case <-t.C:
+		}
+	}
+}
 
 // observe trips the breaker on an error that says the store did not
 // answer (not a refusal the store made).
@@ -132,7 +158,7 @@ func (d *Keeper) observe(err error) error {
 	// store; nor does an exchange this process stalled (stalledError).
 	var stalled *stalledError
 	if err != nil && unanswered(err) && !errors.Is(err, context.Canceled) && !errors.As(err, &stalled) {
-		d.downUntil.Store(time.Now().Add(breakerWindow).UnixNano())
+		d.downUntil.Store(int64(sinceBase() + breakerWindow))
 	}
 	return err
 }
