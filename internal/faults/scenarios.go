@@ -131,10 +131,15 @@ func killDuringSlowCalls(r *Run) {
 
 // killAfterCheckpoint kills (-9) a replica once a note_add's answer has
 // left it (so its state is in the store) and before the proxy got it:
-// the proxy sees a connection closed without an answer. Each of two
-// replicas in turn.
+// the proxy sees a connection closed without an answer. Two replicas in
+// turn, each one that some client's session was minted on: HAProxy sends
+// a session to the replica its ID names, so a replica that minted none
+// (new sessions are balanced round robin, and six need not reach all
+// three) would never see a note_add.
 func killAfterCheckpoint(r *Run) {
-	for _, i := range []int{0, 1} {
+	killed := -1
+	for range 2 {
+		i := r.servingReplica(killed)
 		rep := r.C.Replicas[i]
 		done := rep.Relay.Trap(`"note_add"`, func() { rep.proc.Signal(syscall.SIGKILL) })
 		select {
@@ -148,7 +153,29 @@ func killAfterCheckpoint(r *Run) {
 		r.Rounds(1)
 		r.C.Start(i)
 		r.Rounds(1)
+		killed = i
 	}
+}
+
+// servingReplica returns the lowest-numbered replica, other than not,
+// that minted some client's session; if only not did, not.
+func (r *Run) servingReplica(not int) int {
+	minted := make([]bool, len(r.C.Replicas))
+	for n := range r.Clients {
+		if i := r.ReplicaOf(n); i >= 0 {
+			minted[i] = true
+		}
+	}
+	for i, ok := range minted {
+		if ok && i != not {
+			return i
+		}
+	}
+	if not >= 0 && minted[not] {
+		return not
+	}
+	r.T.Fatal("no client has a session yet")
+	return -1
 }
 
 // mismatchedKey restarts s3 with another WASMTOOLS_STATE_KEY: it must
