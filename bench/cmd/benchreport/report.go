@@ -210,7 +210,7 @@ var sections = []Section{
 	},
 	{
 		Title: "8. Per-call cost on a warm instance (issue 3)", Bench: "InstanceWarmCall",
-		About: "One call with a 100-byte JSON input on a warm instance of the Go plugin (the Extism Go PDK's echo), no MCP. `host-session` adds what a session's call costs the host besides the sandbox: argument validation, the session's instance, result shaping (no MCP transport). The gap between `raw-wazero-termination` and `host-session` is the host's own per-call overhead (issue 3's bar: 5 µs); the gap between the two raw baselines is the price of the termination check on loop-heavy Go guest code.",
+		About: "One call with a 100-byte JSON input on a warm instance of the Go plugin (the Extism Go PDK's echo), no MCP. `host-session` adds what a session's call costs the host besides the sandbox: argument validation, the session's instance, result shaping (no MCP transport). The gap between `raw-wazero-termination` and `host-session` is the host's own per-call overhead (issue 3's bar: 5 µs); the gap between the two raw baselines is the price of the termination check on loop-heavy Go guest code. `sandbox-gc` is `sandbox` in a process that makes, before each call, the garbage the go-sdk makes per `tools/call` (twelve 32 KiB buffers, about 390 KB), its figure the call's time alone: the same guest code takes longer with the garbage collector working beside it, which is most of what the Go plugin loses inside the server (docs/DESIGN.md, \"The Go guest inside the server\").",
 		Unit:  "ns/op", Baselines: []string{"raw-wazero-termination", "raw-wazero"}, Headline: "host-session",
 	},
 	{
