@@ -172,6 +172,8 @@ func BenchmarkNewInstanceFirstCall(b *testing.B) {
 // BenchmarkInstanceWarmCall: one call with a 100-byte JSON input on a warm instance
 // of a Go plugin (the Extism Go PDK's echo). Raw wazero is the baseline.
 //
+// sandbox-goroutine is sandbox with each call on a goroutine of its own,
+// as the go-sdk runs each request: the caller waits for it on a channel.
 // sandbox-gc is sandbox in a process that makes, before each call, the
 // garbage a go-sdk server and client make per tools/call (sdkGarbage):
 // the guest's own time grows with the collector's work beside it, which
@@ -203,6 +205,23 @@ func BenchmarkInstanceWarmCall(b *testing.B) {
 		b.ReportAllocs()
 		for b.Loop() {
 			if _, err := inst.Call(ctx, "call", benchInput, nil); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("sandbox-goroutine", func(b *testing.B) {
+		rt, _ := sandbox.NewRuntime(sandbox.Options{CacheDir: testplugins.CacheDir()})
+		c, _ := rt.Compile(ctx, wasm, sandbox.NewPolicy())
+		defer c.Close(ctx)
+		inst, _ := c.Instantiate(ctx)
+		b.ReportAllocs()
+		done := make(chan error)
+		for b.Loop() {
+			go func() {
+				_, err := inst.Call(ctx, "call", benchInput, nil)
+				done <- err
+			}()
+			if err := <-done; err != nil {
 				b.Fatal(err)
 			}
 		}
