@@ -1,5 +1,7 @@
 package sandbox
 
+import "slices"
+
 // Overrunning reports how many compilations passed their deadline and are
 // still running in the background.
 func (r *Runtime) Overrunning() int { return int(r.overrun.Load()) }
@@ -19,7 +21,7 @@ func (c *Compiled) ImageMapped() bool {
 func (i *Instance) SnapshotCompressed() int { return i.snapCompressed }
 
 // SnapshotPages returns the indexes of the units (4 KiB pieces, or 64
-// KiB pages before version 3) snap holds.
+// KiB pages before version 3) snap holds, in increasing order.
 func (c *Compiled) SnapshotPages(snap []byte) ([]uint32, error) {
 	s, err := c.decodeSnapshot(snap)
 	if err != nil {
@@ -29,6 +31,10 @@ func (c *Compiled) SnapshotPages(snap []byte) ([]uint32, error) {
 	for _, p := range s.data {
 		pages = append(pages, p.index)
 	}
+	for _, f := range s.frames {
+		pages = append(pages, f.pieces...)
+	}
+	slices.Sort(pages)
 	return pages, nil
 }
 

@@ -53,13 +53,13 @@ type Instance struct {
 	// reading; each reading adds a millisecond. Unused with real clocks.
 	wall, mono atomic.Int64
 
-	// snapPages are the 4 KiB pieces of the last snapshot (or of the
+	// snapFrames are the frames of the last snapshot (or of the
 	// snapshot the instance was restored from), which the next one
-	// reuses for the pieces that did not change; snapCompressed counts
+	// reuses where none of their pieces changed; snapCompressed counts
 	// the pieces the last snapshot compressed anew (snapshot.go).
-	// snapPieces is how many pieces of the memory snapPages describes
+	// snapPieces is how many pieces of the memory snapFrames describes
 	// whole (the memory is the base's but for them), 0 when it does not.
-	snapPages      []cachedPage
+	snapFrames     cachedFrames
 	snapCompressed int
 	snapPieces     uint32
 }
@@ -328,13 +328,13 @@ func (i *Instance) Close(ctx context.Context) error {
 		return nil
 	}
 	i.err = ErrClosed
-	i.snapPages, i.snapPieces = nil, 0
+	i.snapFrames, i.snapPieces = nil, 0
 	return i.mod.Close(ctx)
 }
 
 func (i *Instance) close(reason error) {
 	i.err = reason
-	i.snapPages, i.snapPieces = nil, 0
+	i.snapFrames, i.snapPieces = nil, 0
 	_ = i.mod.Close(context.Background())
 }
 

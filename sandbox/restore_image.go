@@ -116,30 +116,38 @@ func (inst *Instance) restoreOnImage(s *snapshotState, diff *imageDiff) error {
 			return fmt.Errorf("%w: %d pages of memory, over the memory limit", ErrBadSnapshot, s.pages)
 		}
 	}
-	var cache []cachedPage
+	var cache cachedFrames
 	err := inst.withMemory(func(b []byte) error {
-		scratch := frameScratch.Get().(*[]byte)
-		defer frameScratch.Put(scratch)
-		u := s.unit
-		buf := slices.Grow((*scratch)[:0], int(u))[:u]
-		*scratch = buf[:0]
 		saved := map[uint32]bool{} // by piece
-		for _, p := range s.data {
-			for q := range u / pieceSize {
-				saved[p.index*(u/pieceSize)+q] = true
-			}
-			want := p.data
-			if p.frame != nil {
-				if err := decodePage(p.frame, buf); err != nil {
-					return fmt.Errorf("piece %d: %w", p.index, err)
+		if len(s.data) > 0 {
+			scratch := frameScratch.Get().(*[]byte)
+			defer frameScratch.Put(scratch)
+			u := s.unit
+			buf := slices.Grow((*scratch)[:0], int(u))[:u]
+			*scratch = buf[:0]
+			for _, p := range s.data {
+				for q := range u / pieceSize {
+					saved[p.index*(u/pieceSize)+q] = true
 				}
-				want = buf
+				want := p.data
+				if p.frame != nil {
+					if err := decodePage(p.frame, buf); err != nil {
+						return fmt.Errorf("page %d: %w", p.index, err)
+					}
+					want = buf
+				}
+				writeChanged(b[p.index*u:(p.index+1)*u], want)
 			}
-			dst := b[p.index*u : (p.index+1)*u]
-			writeChanged(dst, want)
-			if p.frame != nil && u == pieceSize {
-				cache = append(cache, cachedPage{index: p.index, hash: hashPage(dst), frame: slices.Clone(p.frame)})
-			}
+		}
+		var err error
+		cache, err = s.eachFrame(func(p uint32, piece []byte) []byte {
+			saved[p] = true
+			dst := b[p*pieceSize : (p+1)*pieceSize]
+			writeChanged(dst, piece)
+			return dst
+		})
+		if err != nil {
+			return err
 		}
 		for p, want := range diff.base {
 			if want == nil {
@@ -161,7 +169,7 @@ func (inst *Instance) restoreOnImage(s *snapshotState, diff *imageDiff) error {
 		// The memory is the base's but for the cached pieces.
 		inst.snapPieces = s.pages * piecesPerPage
 	}
-	inst.snapPages = cache
+	inst.snapFrames = cache
 	return inst.setState(s, s.vars)
 }
 

@@ -108,11 +108,11 @@ func FuzzRewrite(f *testing.F) {
 }
 
 // FuzzSnapshotBody feeds the snapshot parsers arbitrary bytes, as a
-// version 3 or 2 snapshot after its header and as a version 1 body: they
-// must never panic, and what they accept stays within the limits they
-// are given. The frames of what the version 3 and 2 parsers accept are
-// decoded too: each fills one unit (a 4 KiB piece or a 64 KiB page), or
-// fails.
+// version 4, 3 or 2 snapshot after its header and as a version 1 body:
+// they must never panic, and what they accept stays within the limits
+// they are given, each piece saved once. The frames of what the version
+// 4, 3 and 2 parsers accept are decoded too: each fills its pieces (or
+// its 64 KiB page) exactly, or fails.
 func FuzzSnapshotBody(f *testing.F) {
 	head := binary.AppendUvarint(nil, 1)
 	head = binary.LittleEndian.AppendUint64(head, 42)
@@ -132,14 +132,36 @@ func FuzzSnapshotBody(f *testing.F) {
 		meta := binary.AppendUvarint(binary.AppendUvarint(slices.Clone(head), 1), uint64(len(frame)))
 		f.Add(append(appendBytes(nil, encoder().EncodeAll(meta, nil)), frame...))
 	}
+	{ // version 4: a frame of pieces 1 and 3
+		pieces := make([]byte, 2*pieceSize)
+		copy(pieces[100:], "a piece")
+		copy(pieces[pieceSize+100:], "another")
+		frame := encoder().EncodeAll(pieces, nil)
+		meta := binary.AppendUvarint(slices.Clone(head), 2)
+		meta = binary.AppendUvarint(binary.AppendUvarint(meta, 1), 2)
+		meta = binary.AppendUvarint(meta, uint64(len(frame)))
+		f.Add(append(appendBytes(nil, encoder().EncodeAll(meta, nil)), frame...))
+	}
 	f.Fuzz(func(t *testing.T, b []byte) {
 		const maxPages = 4
 		check := func(s *snapshotState) {
 			if s.pages > maxPages || len(s.data) > int(s.pages)*pageSize/int(s.unit) || len(s.vars) > maxVars || s.varBytes > maxVarBytes {
 				t.Fatalf("accepted past the limits: %d pages, %d saved, %d vars of %d bytes", s.pages, len(s.data), len(s.vars), s.varBytes)
 			}
+			seen := map[uint32]bool{}
+			for _, f := range s.frames {
+				if len(f.pieces) == 0 || len(f.pieces) > framePieces || len(f.frame) == 0 || len(f.frame) > len(f.pieces)*pieceSize+maxFrameOver {
+					t.Fatalf("a frame of %d pieces in %d bytes", len(f.pieces), len(f.frame))
+				}
+				for k, p := range f.pieces {
+					if p >= s.pages*piecesPerPage || seen[p] || k > 0 && p <= f.pieces[k-1] {
+						t.Fatalf("piece %d twice, out of order or past %d pages", p, s.pages)
+					}
+					seen[p] = true
+				}
+			}
 		}
-		if s, err := parseSnapshotBody(b, 0, nil, 1, maxPages); err == nil {
+		if s, err := parseSnapshotBody(b, snapshotVersion1, 0, nil, 1, maxPages); err == nil {
 			check(s)
 			for _, p := range s.data {
 				if p.index >= s.pages || len(p.data) != pageSize {
@@ -147,8 +169,12 @@ func FuzzSnapshotBody(f *testing.F) {
 				}
 			}
 		}
-		for _, unit := range []uint32{pageSize, pieceSize} {
-			s, err := parseSnapshot(b, unit, 1, maxPages)
+		for _, v := range []byte{snapshotVersion2, snapshotVersion3, snapshotVersion} {
+			unit := uint32(pieceSize)
+			if v == snapshotVersion2 {
+				unit = pageSize
+			}
+			s, err := parseSnapshot(b, v, unit, 1, maxPages)
 			if err != nil {
 				continue
 			}
@@ -160,6 +186,12 @@ func FuzzSnapshotBody(f *testing.F) {
 				}
 				_ = decodePage(p.frame, buf)
 			}
+			_, _ = s.eachFrame(func(p uint32, piece []byte) []byte {
+				if len(piece) != pieceSize {
+					t.Fatalf("piece %d of %d bytes", p, len(piece))
+				}
+				return piece
+			})
 		}
 	})
 }

@@ -11,12 +11,17 @@ import (
 
 // encodeOld encodes s as a snapshot of c in an older format, with each
 // 64 KiB page that holds a saved piece: version 1, one frame of the body,
-// the pages raw (what the host took before version 2), or version 2, a
-// frame of each page (before version 3).
+// the pages raw (what the host took before version 2), version 2, a frame
+// of each page (before version 3), or with each saved piece: version 3, a
+// frame of each piece (before version 4).
 func encodeOld(c *Compiled, s *snapshotState, version byte, mem func(p uint32) []byte) []byte {
-	var pages []uint32
-	for _, p := range s.data {
-		if i := p.index / piecesPerPage; len(pages) == 0 || pages[len(pages)-1] != i {
+	var pieces, pages []uint32
+	for _, f := range s.frames {
+		pieces = append(pieces, f.pieces...)
+	}
+	slices.Sort(pieces)
+	for _, p := range pieces {
+		if i := p / piecesPerPage; len(pages) == 0 || pages[len(pages)-1] != i {
 			pages = append(pages, i)
 		}
 	}
@@ -31,9 +36,19 @@ func encodeOld(c *Compiled, s *snapshotState, version byte, mem func(p uint32) [
 		body = appendBytes(appendBytes(body, []byte(k)), s.vars[k])
 	}
 	body = binary.AppendUvarint(body, uint64(s.pages))
-	body = binary.AppendUvarint(body, uint64(len(pages)))
 	out := append([]byte(snapshotMagic), version)
 	out = append(out, c.sha256[:]...)
+	if version == snapshotVersion3 {
+		body = binary.AppendUvarint(body, uint64(len(pieces)))
+		var frames []byte
+		for _, p := range pieces {
+			f := encoder().EncodeAll(mem(p / piecesPerPage)[p%piecesPerPage*pieceSize:][:pieceSize], nil)
+			body = binary.AppendUvarint(binary.AppendUvarint(body, uint64(p)), uint64(len(f)))
+			frames = append(frames, f...)
+		}
+		return append(appendBytes(out, encoder().EncodeAll(body, nil)), frames...)
+	}
+	body = binary.AppendUvarint(body, uint64(len(pages)))
 	if version == snapshotVersion1 {
 		for _, p := range pages {
 			body = append(binary.AppendUvarint(body, uint64(p)), mem(p)...)
@@ -86,7 +101,7 @@ func TestRestoreOlderVersions(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, v := range []byte{snapshotVersion1, snapshotVersion2} {
+	for _, v := range []byte{snapshotVersion1, snapshotVersion2, snapshotVersion3} {
 		old := encodeOld(c, s, v, func(p uint32) []byte { return mem[p*pageSize : (p+1)*pageSize] })
 		fresh, err := c.Restore(ctx, old)
 		if err != nil {
@@ -105,6 +120,25 @@ func TestRestoreOlderVersions(t *testing.T) {
 		again, err := fresh.Snapshot(ctx)
 		if err != nil {
 			t.Fatal(err)
+		}
+		if v == snapshotVersion3 {
+			// Its frames are reused, a piece each: nothing is compressed,
+			// and the snapshot restores the same memory.
+			if fresh.snapCompressed != 0 {
+				t.Errorf("snapshot after a version 3 restore compressed %d pieces, want 0", fresh.snapCompressed)
+			}
+			third, err := c.Restore(ctx, again)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer third.Close(ctx)
+			_ = third.withMemory(func(b []byte) error {
+				if string(b) != string(mem) {
+					t.Error("the memory restored from the snapshot after a version 3 restore differs")
+				}
+				return nil
+			})
+			continue
 		}
 		if string(again) != string(snap) || fresh.snapCompressed != inst.snapCompressed {
 			t.Errorf("snapshot after a version %d restore: same bytes %v, %d pieces compressed, want %d", v, string(again) == string(snap), fresh.snapCompressed, inst.snapCompressed)

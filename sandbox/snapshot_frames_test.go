@@ -1,0 +1,54 @@
+package sandbox
+
+import (
+	"slices"
+	"testing"
+)
+
+// TestFramesSort sorts pieces against a last snapshot's frames: a frame
+// is kept only if none of its pieces changed or went back to the initial
+// image; the changed pieces and the unchanged ones of broken frames come
+// back apart, in order.
+func TestFramesSort(t *testing.T) {
+	last := cachedFrames{
+		{pieces: []uint32{1, 2, 3}, hashes: []uint64{10, 20, 30}},
+		{pieces: []uint32{5, 6}, hashes: []uint64{50, 60}},
+		{pieces: []uint32{9}, hashes: []uint64{90}},
+	}
+	type want struct {
+		keep         []uint32 // first piece of each kept frame
+		fresh, stale []pieceHash
+	}
+	for _, tc := range []struct {
+		name string
+		now  map[uint32]uint64 // hashes now; absent: unwritten, 0: initial
+		want want
+	}{
+		{"nothing written", map[uint32]uint64{}, want{keep: []uint32{1, 5, 9}}},
+		{"rewritten the same", map[uint32]uint64{1: 10, 2: 20, 3: 30, 5: 50, 6: 60, 9: 90}, want{keep: []uint32{1, 5, 9}}},
+		{"one changed, one back to the image, one new",
+			map[uint32]uint64{2: 21, 6: 0, 8: 80},
+			want{keep: []uint32{9}, fresh: []pieceHash{{2, 21}, {8, 80}}, stale: []pieceHash{{1, 10}, {3, 30}, {5, 50}}}},
+		{"a new piece only", map[uint32]uint64{0: 1}, want{keep: []uint32{1, 5, 9}, fresh: []pieceHash{{0, 1}}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			keep, fresh, stale := last.sort(10, func(p uint32) (look, uint64) {
+				switch h, ok := tc.now[p]; {
+				case !ok:
+					return unwritten, 0
+				case h == 0:
+					return initial, 0
+				default:
+					return hashed, h
+				}
+			})
+			var firsts []uint32
+			for _, f := range keep {
+				firsts = append(firsts, f.pieces[0])
+			}
+			if !slices.Equal(firsts, tc.want.keep) || !slices.Equal(fresh, tc.want.fresh) || !slices.Equal(stale, tc.want.stale) {
+				t.Errorf("kept %v, fresh %v, stale %v; want %v, %v, %v", firsts, fresh, stale, tc.want.keep, tc.want.fresh, tc.want.stale)
+			}
+		})
+	}
+}
