@@ -198,10 +198,7 @@ func BenchmarkInstanceWarmCall(b *testing.B) {
 		})
 	}
 	b.Run("sandbox", func(b *testing.B) {
-		rt, _ := sandbox.NewRuntime(sandbox.Options{CacheDir: testplugins.CacheDir()})
-		c, _ := rt.Compile(ctx, wasm, sandbox.NewPolicy())
-		defer c.Close(ctx)
-		inst, _ := c.Instantiate(ctx)
+		inst := warmInstance(ctx, b, wasm)
 		b.ReportAllocs()
 		for b.Loop() {
 			if _, err := inst.Call(ctx, "call", benchInput, nil); err != nil {
@@ -210,10 +207,7 @@ func BenchmarkInstanceWarmCall(b *testing.B) {
 		}
 	})
 	b.Run("sandbox-goroutine", func(b *testing.B) {
-		rt, _ := sandbox.NewRuntime(sandbox.Options{CacheDir: testplugins.CacheDir()})
-		c, _ := rt.Compile(ctx, wasm, sandbox.NewPolicy())
-		defer c.Close(ctx)
-		inst, _ := c.Instantiate(ctx)
+		inst := warmInstance(ctx, b, wasm)
 		b.ReportAllocs()
 		done := make(chan error)
 		for b.Loop() {
@@ -227,10 +221,7 @@ func BenchmarkInstanceWarmCall(b *testing.B) {
 		}
 	})
 	b.Run("sandbox-gc", func(b *testing.B) {
-		rt, _ := sandbox.NewRuntime(sandbox.Options{CacheDir: testplugins.CacheDir()})
-		c, _ := rt.Compile(ctx, wasm, sandbox.NewPolicy())
-		defer c.Close(ctx)
-		inst, _ := c.Instantiate(ctx)
+		inst := warmInstance(ctx, b, wasm)
 		var calls time.Duration
 		for b.Loop() {
 			sdkGarbage()
@@ -243,6 +234,25 @@ func BenchmarkInstanceWarmCall(b *testing.B) {
 		// The call's time alone: making the garbage is not the guest's.
 		b.ReportMetric(float64(calls.Nanoseconds())/float64(b.N), "ns/op")
 	})
+}
+
+// warmInstance compiles wasm in a sandbox runtime and returns an
+// instance of it, closed with the module when b ends.
+func warmInstance(ctx context.Context, b *testing.B, wasm []byte) *sandbox.Instance {
+	rt, err := sandbox.NewRuntime(sandbox.Options{CacheDir: testplugins.CacheDir()})
+	if err != nil {
+		b.Fatal(err)
+	}
+	c, err := rt.Compile(ctx, wasm, sandbox.NewPolicy())
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { c.Close(ctx) })
+	inst, err := c.Instantiate(ctx)
+	if err != nil {
+		b.Fatal(err)
+	}
+	return inst
 }
 
 // sdkGarbage allocates what go-sdk v1.8.0 allocates per tools/call over
