@@ -388,14 +388,16 @@ func (fs cachedFrames) sort(pieces uint32, see func(p uint32) (look, uint64)) (k
 	// slot[p]: the frame holding piece p, plus one, and its position in
 	// it (frame+1)<<32 | position; 0 for none.
 	slot := make([]uint64, pieces)
+	broken := make([]bool, len(fs))
 	for f, fr := range fs {
 		for k, p := range fr.pieces {
-			if p < pieces {
-				slot[p] = uint64(f+1)<<32 | uint64(k)
+			if p >= pieces {
+				broken[f] = true // never, as a memory does not shrink
+				continue
 			}
+			slot[p] = uint64(f+1)<<32 | uint64(k)
 		}
 	}
-	broken := make([]bool, len(fs))
 	for p := range pieces {
 		f, k := int(slot[p]>>32)-1, uint32(slot[p])
 		st, h := see(p)
@@ -811,8 +813,8 @@ func (s *snapshotState) parseFrames(r, fr *snapReader, version byte, n, units ui
 			case r.err != nil:
 			case k == 0:
 				p = d
-			case d == 0:
-				return fmt.Errorf("%w: a piece twice in a frame", ErrBadSnapshot)
+			case d == 0 || d >= units:
+				return fmt.Errorf("%w: a gap of %d pieces in a frame", ErrBadSnapshot, d)
 			default:
 				p += d
 			}

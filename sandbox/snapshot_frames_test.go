@@ -1,6 +1,9 @@
 package sandbox
 
 import (
+	"bytes"
+	"encoding/binary"
+	"errors"
 	"slices"
 	"testing"
 )
@@ -50,5 +53,43 @@ func TestFramesSort(t *testing.T) {
 				t.Errorf("kept %v, fresh %v, stale %v; want %v, %v, %v", firsts, fresh, stale, tc.want.keep, tc.want.fresh, tc.want.stale)
 			}
 		})
+	}
+}
+
+// TestParseFramesRefuses refuses version 4 frame lists that are not
+// whole, ordered pieces of the memory, each once.
+func TestParseFramesRefuses(t *testing.T) {
+	head := binary.AppendUvarint(nil, 0)             // no globals
+	head = binary.LittleEndian.AppendUint64(head, 0) // wall
+	head = binary.LittleEndian.AppendUint64(head, 0) // mono
+	head = binary.AppendUvarint(head, 0)             // no vars
+	head = binary.AppendUvarint(head, 1)             // one 64 KiB page: 16 pieces
+	frame := encoder().EncodeAll(make([]byte, 2*pieceSize), nil)
+	// body: the frames, each (count, first, gaps...) with frame's length.
+	body := func(frames ...[]uint64) []byte {
+		b := binary.AppendUvarint(slices.Clone(head), uint64(len(frames)))
+		for _, f := range frames {
+			for _, v := range f {
+				b = binary.AppendUvarint(b, v)
+			}
+			b = binary.AppendUvarint(b, uint64(len(frame)))
+		}
+		return b
+	}
+	frames := func(n int) []byte { return bytes.Repeat(frame, n) }
+	if _, err := parseSnapshotBody(body([]uint64{2, 3, 4}), snapshotVersion, pieceSize, frames(1), 0, 4); err != nil {
+		t.Fatalf("a frame of pieces 3 and 7: %v", err)
+	}
+	for name, list := range map[string][][]uint64{
+		"a gap of 0":              {{2, 3, 0}},
+		"a gap that wraps around": {{2, 3, 1<<64 - 1}},
+		"past the memory":         {{2, 15, 1}},
+		"a piece in two frames":   {{2, 3, 1}, {2, 4, 1}},
+		"no pieces":               {{0}},
+		"more than 16 pieces":     {append([]uint64{17, 0}, slices.Repeat([]uint64{1}, 16)...)},
+	} {
+		if _, err := parseSnapshotBody(body(list...), snapshotVersion, pieceSize, frames(len(list)), 0, 4); !errors.Is(err, ErrBadSnapshot) {
+			t.Errorf("%s: %v, want ErrBadSnapshot", name, err)
+		}
 	}
 }
