@@ -76,8 +76,8 @@ const (
 	snapshotVersion3 = 3
 	snapshotVersion2 = 2
 	snapshotVersion1 = 1
-	// pieceSize is the unit a version 3 snapshot saves: the system's
-	// page, the unit a guest's write makes an instance's own.
+	// pieceSize is the unit versions 3 and 4 save: the system's page,
+	// the unit a guest's write makes an instance's own.
 	pieceSize     = osPage
 	piecesPerPage = pageSize / pieceSize
 	// maxFrameOver is the most a unit's frame takes over the unit: a raw
@@ -206,12 +206,13 @@ func isZero(page []byte) bool { return bytes.Equal(page, zeroPage[:len(page)]) }
 // it only into a Compiled of the same bytes. It contains everything the
 // guest keeps, secrets included: store it as the guest's memory.
 //
-// Each piece is compressed on its own, and the instance keeps the last
-// snapshot's compressed pieces (at most that snapshot's size, freed by
-// Close), so that a snapshot compresses only the pieces written since the
-// one before; it is still whole, and restores without it. Where the
-// system says which pieces of the memory were never written (Linux's
-// pagemap), those are not even read.
+// Pieces are compressed in frames of up to 16, and the instance keeps the
+// last snapshot's frames (at most that snapshot's size, freed by Close),
+// so that a snapshot compresses only the pieces written since the one
+// before, together, and the unchanged pieces of the frames those broke;
+// it is still whole, and restores without them. Where the system says
+// which pieces of the memory were never written (Linux's pagemap), those
+// are not even read.
 //
 // It fails with a [*SnapshotError] (matching [ErrSnapshotRefused]) when
 // the module's state cannot be captured ([Compiled.CanSnapshot]), and with

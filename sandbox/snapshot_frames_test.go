@@ -2,6 +2,8 @@ package sandbox
 
 import (
 	"bytes"
+	"context"
+	"crypto/rand"
 	"encoding/binary"
 	"errors"
 	"slices"
@@ -92,4 +94,49 @@ func TestParseFramesRefuses(t *testing.T) {
 			t.Errorf("%s: %v, want ErrBadSnapshot", name, err)
 		}
 	}
+}
+
+// TestIncompressibleFramesRestore snapshots a memory of random bytes:
+// whole frames of 16 incompressible pieces stay within the bound a
+// restore allows a frame (its pieces and 64 bytes), and restore exactly.
+func TestIncompressibleFramesRestore(t *testing.T) {
+	ctx := context.Background()
+	rt, err := NewRuntime(Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rt.Close(ctx)
+	c, err := rt.Compile(ctx, []byte("\x00asm\x01\x00\x00\x00\x05\x03\x01\x00\x03"), NewPolicy()) // 3 pages of memory
+	if err != nil {
+		t.Fatal(err)
+	}
+	inst, err := c.Instantiate(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer inst.Close(ctx)
+	var mem []byte
+	_ = inst.withMemory(func(b []byte) error {
+		rand.Read(b)
+		mem = slices.Clone(b)
+		return nil
+	})
+	snap, err := inst.Snapshot(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(inst.snapFrames) != 3 || inst.snapCompressed != 3*framePieces {
+		t.Errorf("%d frames, %d pieces compressed; want 3 frames of %d", len(inst.snapFrames), inst.snapCompressed, framePieces)
+	}
+	fresh, err := c.Restore(ctx, snap)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer fresh.Close(ctx)
+	_ = fresh.withMemory(func(b []byte) error {
+		if !bytes.Equal(b, mem) {
+			t.Error("the restored memory differs")
+		}
+		return nil
+	})
 }
