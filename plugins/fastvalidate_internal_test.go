@@ -49,6 +49,7 @@ var flatCases = struct{ schemas, args []string }{
 		``, `null`, `{}`, ` { } `, `[]`, `"x"`, `{"text":"x"}`, `{"text":1}`, `{"text":"x","text":true}`, `{"text":true,"text":"x"}`,
 		`{"text":"a\"b\\","b":false}`, `{"b":true}`, `{"c":"x"}`, `{"a":"x","z":true}`, `{"z":"y"}`, `{"t\u0065xt":1}`,
 		"{\"t\xffxt\":\"s\"}", `{"text":null}`, `{"text":"x"} x`, `{"text":"x",}`, `{"TEXT":"x"}`, `{"text":"x","n":1e400}`,
+		"\f{}", "\v", "{}\u0085", "\u00a0{}", "\u00a0null", "\t{}\r\n",
 	},
 }
 
@@ -88,7 +89,7 @@ func checkFlatAgrees(t *testing.T, schema, args string) {
 	got := (&Tool{schema: s}).ValidateArguments(json.RawMessage(args))
 	var v any = map[string]any{}
 	var want error
-	if a := strings.TrimSpace(args); a != "" && a != "null" {
+	if a := strings.Trim(args, jsonSpace); a != "" && a != "null" {
 		if err := json.Unmarshal([]byte(args), &v); err != nil {
 			want = err
 		}

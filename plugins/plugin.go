@@ -238,6 +238,9 @@ var validName = regexp.MustCompile(`^[a-zA-Z0-9_-]{1,64}$`)
 // ErrInvalidArguments is matched by the error of [Tool.ValidateArguments].
 var ErrInvalidArguments = errors.New("invalid arguments")
 
+// jsonSpace is the whitespace JSON allows around a value.
+const jsonSpace = " \t\n\r"
+
 // ValidateArguments checks args against the tool's input schema. The error
 // says what is wrong, for the calling model to read, and matches
 // [ErrInvalidArguments]. Arguments over [MaxArgumentBytes] or nested
@@ -251,7 +254,7 @@ func (t *Tool) ValidateArguments(args json.RawMessage) error {
 	// The common cases, without decoding: no arguments, whose verdict was
 	// found when the schema was compiled, and arguments a flat schema
 	// proves valid (see flatSchema; what it does not prove goes on).
-	trimmed := bytes.TrimSpace(args)
+	trimmed := bytes.Trim(args, jsonSpace) // JSON's whitespace only: "\f{}" is not JSON
 	if len(trimmed) == 0 || string(trimmed) == "null" || string(trimmed) == "{}" {
 		if err := t.schema.emptyErr; err != nil {
 			return fmt.Errorf("%w: %v", ErrInvalidArguments, err)
