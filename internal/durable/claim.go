@@ -350,8 +350,11 @@ func (d *Keeper) seed(key sessions.Key, c *Claim, rec map[string][]byte, fence u
 			continue
 		}
 		c.saved[field] = sha256.Sum256(v)
-		c.done[name] = pr.Done
-		c.ran[name] = pr.Ran
+		// Within the bounds a write keeps, whole digests only: a
+		// record is sealed, but its reader does not rely on it.
+		ran := pr.Ran[len(pr.Ran)%ranSize:]
+		c.done[name] = pr.Done[max(0, len(pr.Done)-maxOnce):]
+		c.ran[name] = ran[max(0, len(ran)-maxRan*ranSize):]
 		if pr.Lost != "" {
 			seeds[name] = sessions.Seed{Lost: pr.Lost}
 			continue

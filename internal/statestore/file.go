@@ -369,9 +369,16 @@ func (f *File) getVersioned(ctx context.Context, id string) (map[string][]byte, 
 }
 
 // read returns id's fields (their values too if values is set), version
-// and head, in one transaction.
-func (f *File) read(ctx context.Context, id string, values bool) (fields map[string][]byte, version uint64, head []byte, err error) {
-	err = f.do(ctx, false, func(tx *bolt.Tx) error {
+// and head, in one transaction. Its results are the transaction's own
+// variables, returned only once it ended: do returns early when ctx ends,
+// leaving the transaction to finish on its own.
+func (f *File) read(ctx context.Context, id string, values bool) (map[string][]byte, uint64, []byte, error) {
+	var (
+		fields  map[string][]byte
+		version uint64
+		head    []byte
+	)
+	err := f.do(ctx, false, func(tx *bolt.Tx) error {
 		fields, version, head = map[string][]byte{}, 0, nil
 		b, m := f.record(tx, id)
 		if b == nil {
