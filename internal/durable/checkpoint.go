@@ -35,6 +35,18 @@ func (d *Keeper) checkpoint(ctx context.Context, c *Claim, p *plugins.Plugin, in
 	var notSaved NotSaved
 	if err != nil {
 		if ctx.Err() != nil {
+			// Out of time: nothing is written (not a lost state, which
+			// would reset it for good), but the call was answered: its
+			// key is kept for the next write, and an eviction before
+			// then says the state was reset rather than serving the
+			// store's older one.
+			c.mu.Lock()
+			defer c.mu.Unlock()
+			if fence != c.seeded {
+				return NotSavedMoved, errMoved
+			}
+			c.remember(p.Name(), first)
+			c.unsaved[p.Name()] = NotSavedUnavailable
 			return NotSavedUnavailable, err
 		}
 		pr = pluginRecord{SHA256: p.SHA256(), Lost: "plugin " + p.Name() + " cannot be snapshotted: " + err.Error()}
