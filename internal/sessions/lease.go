@@ -240,6 +240,15 @@ func (m *Manager) acquireSlot(ctx context.Context, key Key, p *plugins.Plugin) (
 		m.moveOff(sl, sl.inst.Plugin(), p)
 	}
 	if sl.inst == nil {
+		m.mu.Lock()
+		_, seeded := c.seeds[p.Name()]
+		moved := c.moved && !seeded
+		m.mu.Unlock()
+		if moved {
+			// The session's state is in the store, and this lease came
+			// with a claim from before the move (see ErrMoved).
+			return fail(ErrMoved)
+		}
 		if err := m.reserve(ctx, p, sl); err != nil {
 			return fail(err)
 		}
@@ -448,6 +457,11 @@ func (l *Lease) Done(err error) {
 		switch {
 		case errors.Is(err, ErrMoved), l.Stale():
 			m.dropInstance(sl)
+			if errors.Is(err, ErrMoved) {
+				m.mu.Lock()
+				l.c.moved = true
+				m.mu.Unlock()
+			}
 		case reason != "":
 			m.discard(sl, reason, detailOf(err, l))
 		}
