@@ -76,5 +76,16 @@ func TestMovedClientStartsOnlyFromASeed(t *testing.T) {
 	if err != nil {
 		t.Fatalf("a lease after the client was seeded again: %v", err)
 	}
+	// Seeded again while a call that is to end moved still runs (another
+	// request took the session over from the store meanwhile): the new
+	// seed stands, and a later lease starts without one.
+	if err := w.m.Seed(k, nil, 3); err != nil {
+		t.Fatal(err)
+	}
+	l.Done(sessions.ErrMoved)
+	l, err = w.m.Acquire(w.ctx, k, w.plugin("counter"))
+	if err != nil {
+		t.Fatalf("a lease after a move that a seed overtook: %v", err)
+	}
 	l.Done(nil)
 }

@@ -126,6 +126,9 @@ type Lease struct {
 	cancel context.CancelCauseFunc
 	start  time.Time
 	fence  uint64
+	// seeded is the client's count of Seeds when the lease got its
+	// instance (see ErrMoved).
+	seeded uint64
 
 	// guarded by m.mu
 	token    bool          // holds a concurrency token
@@ -295,7 +298,7 @@ func (m *Manager) acquireSlot(ctx context.Context, key Key, p *plugins.Plugin) (
 	}
 	l.inst = sl.inst
 	m.mu.Lock()
-	l.fence = sl.fence
+	l.fence, l.seeded = sl.fence, c.seeded
 	m.mu.Unlock()
 	l.notice, sl.notice = sl.notice, Notice{}
 	if err := m.takeToken(ctx, l); err != nil {
@@ -459,7 +462,10 @@ func (l *Lease) Done(err error) {
 			m.dropInstance(sl)
 			if errors.Is(err, ErrMoved) {
 				m.mu.Lock()
-				l.c.moved = true
+				// Unless the client was seeded again meanwhile (another
+				// request took the session over from the store while
+				// this call ended).
+				l.c.moved = l.c.seeded == l.seeded
 				m.mu.Unlock()
 			}
 		case reason != "":

@@ -270,9 +270,10 @@ type client struct {
 	fence uint64
 	// moved: a lease ended with ErrMoved since the last Seed, so what
 	// an instance must start from is in the state store, not known
-	// here: no instance starts without a seed until the next Seed;
-	// guarded by Manager.mu.
-	moved bool
+	// here: no instance starts without a seed until the next Seed.
+	// seeded counts the Seeds. Both guarded by Manager.mu.
+	moved  bool
+	seeded uint64
 }
 
 // clientLocked returns key's client, making it on first use, and counts a
@@ -660,6 +661,7 @@ func (m *Manager) Seed(key Key, seeds map[string]Seed, fence uint64) error {
 	c.seeds = seeds
 	c.fence = fence
 	c.moved = false
+	c.seeded++
 	m.mu.Unlock()
 	for _, sl := range m.slotsOf(key) {
 		if sl.tryLock() {
