@@ -137,6 +137,7 @@ func (h *Host) callTool(ctx context.Context, key sessions.Key, c plugins.Call, e
 			h.storeBytes.attribute(durable.StoreID(key), h.tenantOf(subjectOf(req.Extra)))
 		}
 	}
+	const maxReclaims = 3
 	for attempt := 0; ; attempt++ {
 		notSaved = ""
 		if !t.Plugin().Stateless() {
@@ -160,9 +161,11 @@ func (h *Host) callTool(ctx context.Context, key sessions.Key, c plugins.Call, e
 		})
 		telemetry.End(aspan, err)
 		// The session moved while this call waited behind another: its
-		// claim was forgotten, and a second claim takes the session over
-		// from the store. Once; after that the client retries (-32053).
-		if !errors.Is(err, sessions.ErrMoved) || attempt > 0 {
+		// claim was forgotten, and claiming again takes the session over
+		// from the store. Up to three times (replicas taking a session in
+		// turn can move it again meanwhile); then the client retries
+		// (-32053). Nothing ran.
+		if !errors.Is(err, sessions.ErrMoved) || attempt == maxReclaims {
 			break
 		}
 	}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
+	"os"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -121,8 +122,19 @@ func (r *Redis) call(ctx context.Context, f func() error) error {
 		return ErrClosed
 	case ctx.Err() != nil:
 		return ctx.Err()
+	case errors.Is(err, os.ErrDeadlineExceeded) && pastDeadline(ctx):
+		// The socket's deadline, which the client takes from ctx's,
+		// fired before ctx's own timer did.
+		return context.DeadlineExceeded
 	}
 	return fmt.Errorf("statestore: redis: %w", err)
+}
+
+// pastDeadline reports whether ctx's deadline has come (within a
+// millisecond).
+func pastDeadline(ctx context.Context) bool {
+	d, ok := ctx.Deadline()
+	return ok && time.Until(d) < time.Millisecond
 }
 
 func (r *Redis) Heartbeat(ctx context.Context, owner Owner, ttl time.Duration) error {
