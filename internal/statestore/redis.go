@@ -38,12 +38,11 @@ import (
 // Every call returns when ctx ends (a deadline or a cancellation; the
 // call may still take effect in Redis, as any call whose reply is lost)
 // and has the client's own bounds too: 3 s to dial, 5 s to read or write
-// a reply, a pool of 8 connections per process. The client never retries
-// a command: go-redis would resend one whose reply was lost after Redis
-// ran it, and a versioned put or a fence bump run twice is refused (the
-// version or number moved), which reads as a rollback or a takeover. A
-// lost reply is an unanswered write instead, which the caller handles
-// (internal/durable bumps the fence before the next write).
+// a reply, a pool of 8 connections per process, one retry after a network
+// error (a dead pooled connection after Redis restarted). A retry can
+// resend a script whose reply was lost after Redis ran it; a versioned
+// put or a fence bump run twice is then refused (known, not fixed: see
+// docs/DESIGN.md).
 type Redis struct {
 	c      *redis.Client
 	closed atomic.Bool
@@ -67,7 +66,7 @@ func NewRedis(url string) (*Redis, error) {
 	opt.WriteTimeout = 5 * time.Second
 	opt.ContextTimeoutEnabled = true
 	opt.PoolSize = 8
-	opt.MaxRetries = -1        // none: see Redis
+	opt.MaxRetries = 1
 	opt.DisableIdentity = true // no CLIENT SETINFO: older servers refuse it noisily
 	c := redis.NewClient(opt)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
