@@ -126,31 +126,49 @@ func (h *Host) callTool(ctx context.Context, key sessions.Key, c plugins.Call, e
 	}
 	// With a state store, the session is claimed (and taken over, if
 	// another replica served it) before its instance is leased.
-	var claim *durable.Claim
-	var notSaved durable.NotSaved
+	var (
+		claim    *durable.Claim
+		notSaved durable.NotSaved
+		l        *sessions.Lease
+		err      error
+	)
 	if !t.Plugin().Stateless() {
 		if _, req := env.current(); req != nil {
 			h.storeBytes.attribute(durable.StoreID(key), h.tenantOf(subjectOf(req.Extra)))
 		}
-		var cerr error
-		claim, cerr = h.dur.BeforeCall(ctx, key)
-		switch {
-		case errors.Is(cerr, durable.ErrServedFromMemory):
-			notSaved = durable.NotSavedUnavailable
-		case cerr != nil:
-			return nil, fmt.Errorf("tool %q: %w", t.Name, cerr)
+	}
+	const maxReclaims = 3
+	for attempt := 0; ; attempt++ {
+		notSaved = ""
+		if !t.Plugin().Stateless() {
+			var cerr error
+			claim, cerr = h.dur.BeforeCall(ctx, key)
+			switch {
+			case errors.Is(cerr, durable.ErrServedFromMemory):
+				notSaved = durable.NotSavedUnavailable
+			case cerr != nil:
+				return nil, fmt.Errorf("tool %q: %w", t.Name, cerr)
+			}
+		}
+		actx, aspan := telemetry.Start(ctx, "wasmtools.acquire", attribute.String("wasmtools.plugin", t.Plugin().Name()))
+		l, err = h.acquire(actx, key, t.Plugin(), func() (*plugins.Plugin, error) {
+			now, err := h.current(t)
+			if err != nil {
+				return nil, err
+			}
+			c.Tool = now
+			return now.Plugin(), nil
+		})
+		telemetry.End(aspan, err)
+		// The session moved while this call waited behind another: its
+		// claim was forgotten, and claiming again takes the session over
+		// from the store. Up to three times (replicas taking a session in
+		// turn can move it again meanwhile); then the client retries
+		// (-32053). Nothing ran.
+		if !errors.Is(err, sessions.ErrMoved) || attempt == maxReclaims {
+			break
 		}
 	}
-	actx, aspan := telemetry.Start(ctx, "wasmtools.acquire", attribute.String("wasmtools.plugin", t.Plugin().Name()))
-	l, err := h.acquire(actx, key, t.Plugin(), func() (*plugins.Plugin, error) {
-		now, err := h.current(t)
-		if err != nil {
-			return nil, err
-		}
-		c.Tool = now
-		return now.Plugin(), nil
-	})
-	telemetry.End(aspan, err)
 	var out *abi.CallToolResult
 	var notice sessions.Notice
 	switch {

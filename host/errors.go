@@ -66,7 +66,9 @@ func protocolError(err error) error {
 		code, reason, retry = CodeBusy, "busy", true
 	case errors.Is(err, sessions.ErrAtCapacity):
 		code, reason, retry = CodeAtCapacity, "at_capacity", true
-	case errors.Is(err, ErrStateUnavailable):
+	case errors.Is(err, ErrStateUnavailable), errors.Is(err, sessions.ErrMoved):
+		// ErrMoved: a request that was claimed before its session moved;
+		// nothing ran, and the retry claims it again from the store.
 		code, reason, retry = CodeStateUnavailable, "state_unavailable", true
 	case errors.Is(err, sessions.ErrClosed), errors.Is(err, sessions.ErrSessionEnded):
 		code, reason, retry = CodeShuttingDown, "shutting_down", true

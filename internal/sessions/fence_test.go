@@ -1,6 +1,7 @@
 package sessions_test
 
 import (
+	"errors"
 	"testing"
 
 	"github.com/wasmtools/wasmtools/internal/sessions"
@@ -41,4 +42,50 @@ func TestSeedRetiresInstancesOfAnotherFence(t *testing.T) {
 	if l2.Instance() == first || l2.Fence() != 3 || l2.Stale() {
 		t.Fatalf("after the change of owner: same instance %v, fence %d, stale %v", l2.Instance() == first, l2.Fence(), l2.Stale())
 	}
+}
+
+// A lease done with ErrMoved (its session was taken over during the call)
+// leaves the client's state in the store: a lease that came with a claim
+// from before the move, and would start an instance without a seed, fails
+// with ErrMoved until the client is seeded again. The old code started a
+// fresh instance, and its checkpoint wrote an empty state over the
+// stored one (TestRacingTakeoversLoseNoUpdate, about one run in a
+// hundred under load).
+func TestMovedClientStartsOnlyFromASeed(t *testing.T) {
+	w := newWorld(t, sessions.Options{})
+	defer w.finish()
+	k := sessions.Client("c1")
+	if err := w.m.Seed(k, nil, 1); err != nil {
+		t.Fatal(err)
+	}
+	l, err := w.m.Acquire(w.ctx, k, w.plugin("counter"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.Done(sessions.ErrMoved)
+	if l, err := w.m.Acquire(w.ctx, k, w.plugin("counter")); !errors.Is(err, sessions.ErrMoved) {
+		if err == nil {
+			l.Done(nil)
+		}
+		t.Fatalf("a lease after the move, before a seed: %v; want ErrMoved", err)
+	}
+	if err := w.m.Seed(k, nil, 2); err != nil {
+		t.Fatal(err)
+	}
+	l, err = w.m.Acquire(w.ctx, k, w.plugin("counter"))
+	if err != nil {
+		t.Fatalf("a lease after the client was seeded again: %v", err)
+	}
+	// Seeded again while a call that is to end moved still runs (another
+	// request took the session over from the store meanwhile): the new
+	// seed stands, and a later lease starts without one.
+	if err := w.m.Seed(k, nil, 3); err != nil {
+		t.Fatal(err)
+	}
+	l.Done(sessions.ErrMoved)
+	l, err = w.m.Acquire(w.ctx, k, w.plugin("counter"))
+	if err != nil {
+		t.Fatalf("a lease after a move that a seed overtook: %v", err)
+	}
+	l.Done(nil)
 }

@@ -126,6 +126,9 @@ type Lease struct {
 	cancel context.CancelCauseFunc
 	start  time.Time
 	fence  uint64
+	// seeded is the client's count of Seeds when the lease got its
+	// instance (see ErrMoved).
+	seeded uint64
 
 	// guarded by m.mu
 	token    bool          // holds a concurrency token
@@ -240,6 +243,15 @@ func (m *Manager) acquireSlot(ctx context.Context, key Key, p *plugins.Plugin) (
 		m.moveOff(sl, sl.inst.Plugin(), p)
 	}
 	if sl.inst == nil {
+		m.mu.Lock()
+		_, seeded := c.seeds[p.Name()]
+		moved := c.moved && !seeded
+		m.mu.Unlock()
+		if moved {
+			// The session's state is in the store, and this lease came
+			// with a claim from before the move (see ErrMoved).
+			return fail(ErrMoved)
+		}
 		if err := m.reserve(ctx, p, sl); err != nil {
 			return fail(err)
 		}
@@ -286,7 +298,7 @@ func (m *Manager) acquireSlot(ctx context.Context, key Key, p *plugins.Plugin) (
 	}
 	l.inst = sl.inst
 	m.mu.Lock()
-	l.fence = sl.fence
+	l.fence, l.seeded = sl.fence, c.seeded
 	m.mu.Unlock()
 	l.notice, sl.notice = sl.notice, Notice{}
 	if err := m.takeToken(ctx, l); err != nil {
@@ -448,6 +460,14 @@ func (l *Lease) Done(err error) {
 		switch {
 		case errors.Is(err, ErrMoved), l.Stale():
 			m.dropInstance(sl)
+			if errors.Is(err, ErrMoved) {
+				m.mu.Lock()
+				// Unless the client was seeded again meanwhile (another
+				// request took the session over from the store while
+				// this call ended).
+				l.c.moved = l.c.seeded == l.seeded
+				m.mu.Unlock()
+			}
 		case reason != "":
 			m.discard(sl, reason, detailOf(err, l))
 		}

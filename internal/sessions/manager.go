@@ -80,7 +80,10 @@ var (
 	ErrUnknownKey = errors.New("unknown or expired session handle")
 	// ErrMoved, given to [Lease.Done], drops the lease's instance without
 	// a notice: the client's session was taken over by another replica,
-	// and its next lease here starts from the state store.
+	// and its next lease here starts from the state store. Until the
+	// client is seeded again ([Manager.Seed]), a lease that would start
+	// an instance without a seed fails with ErrMoved: nothing runs on a
+	// fresh instance in place of the stored state.
 	ErrMoved = errors.New("session moved to another replica")
 )
 
@@ -265,6 +268,12 @@ type client struct {
 	// fence is the fence of the client's last Seed: instances started
 	// under another are stale; guarded by Manager.mu.
 	fence uint64
+	// moved: a lease ended with ErrMoved since the last Seed, so what
+	// an instance must start from is in the state store, not known
+	// here: no instance starts without a seed until the next Seed.
+	// seeded counts the Seeds. Both guarded by Manager.mu.
+	moved  bool
+	seeded uint64
 }
 
 // clientLocked returns key's client, making it on first use, and counts a
@@ -651,6 +660,8 @@ func (m *Manager) Seed(key Key, seeds map[string]Seed, fence uint64) error {
 	}
 	c.seeds = seeds
 	c.fence = fence
+	c.moved = false
+	c.seeded++
 	m.mu.Unlock()
 	for _, sl := range m.slotsOf(key) {
 		if sl.tryLock() {
