@@ -130,6 +130,46 @@ func TestBumpedFenceRefusesLateWrite(t *testing.T) {
 	}
 }
 
+// A bump whose reply was lost is sent again (go-redis resends once after
+// a network error; the holder bumps again before its next write): it
+// returns the fence it made and changes nothing. Before, the second bump
+// was refused as fenced, and the session's calls answered "moved" until
+// it was claimed anew. A claim by another owner ends that: the old
+// holder's bump, sent again, is refused.
+func TestBumpSentAgain(t *testing.T) {
+	for _, b := range backends(t) {
+		t.Run(b.name, func(t *testing.T) {
+			s := b.open(t)
+			ctx := context.Background()
+			a, o := owners(t)
+			id := t.Name()
+			must(t, s.Heartbeat(ctx, a, long))
+			c, err := s.Claim(ctx, id, a, long, false)
+			must(t, err)
+			must(t, s.Put(ctx, id, "f", []byte("1"), c.Fence, long))
+			next, err := s.Renew(ctx, id, c.Fence, long, true)
+			must(t, err)
+			again, err := s.Renew(ctx, id, c.Fence, long, true)
+			must(t, err)
+			if again != next {
+				t.Fatalf("the bump sent again = %d, want the first bump's %d", again, next)
+			}
+			must(t, s.Put(ctx, id, "f", []byte("2"), next, long))
+			wantErr(t, "late write of the old fence", s.Put(ctx, id, "f", []byte("1 late"), c.Fence, long), statestore.ErrFenced)
+			// Another owner takes the session: neither of the old
+			// holder's fences bumps any more.
+			must(t, s.Heartbeat(ctx, o, long))
+			if _, err := s.Claim(ctx, id, o, long, true); err != nil {
+				t.Fatal(err)
+			}
+			_, err = s.Renew(ctx, id, c.Fence, long, true)
+			wantErr(t, "the old holder's bump after a claim", err, statestore.ErrFenced)
+			_, err = s.Renew(ctx, id, next, long, true)
+			wantErr(t, "the old holder's bump of its new fence after a claim", err, statestore.ErrFenced)
+		})
+	}
+}
+
 // A process whose state key is not the one the store's values were
 // sealed with is told so (issue #25: a replica started with another
 // WASMTOOLS_STATE_KEY).

@@ -65,6 +65,7 @@ type fileMeta struct {
 	Held    bool   `json:"held"`
 	Expires int64  `json:"expires"`           // Unix ns
 	Version uint64 `json:"version,omitempty"` // the write version ([versioned])
+	Bumped  uint64 `json:"bumped,omitempty"`  // the fence the holder's last bump replaced; 0 after a claim
 }
 
 // NewFile opens (or creates, mode 0600) the store at path. The caller
@@ -296,7 +297,7 @@ func (f *File) Claim(ctx context.Context, id string, owner Owner, ttl time.Durat
 			}
 			c.Previous, c.PreviousAlive = m.Owner, alive
 		}
-		m.Owner, m.Held = owner, true
+		m.Owner, m.Held, m.Bumped = owner, true, 0
 		n := uint32(fence) + 1
 		if fence == 0 {
 			n = firstFence()
@@ -321,11 +322,18 @@ func (f *File) Renew(ctx context.Context, id string, fence uint64, ttl time.Dura
 	next := fence
 	err := f.do(ctx, true, func(tx *bolt.Tx) error {
 		next = fence
+		if b, m := f.record(tx, id); bump && b != nil && m.Held && m.Bumped == fence && fence != 0 {
+			// The same bump, sent again.
+			next = f.fence(tx, id)
+			m.Expires = f.now().Add(ttl).UnixNano()
+			return errors.Join(putMeta(b, m), f.setFence(tx, id, next, ttl))
+		}
 		b, m, err := f.check(tx, id, fence)
 		if err != nil {
 			return err
 		}
 		if bump {
+			m.Bumped = fence
 			next++
 		}
 		m.Expires = f.now().Add(ttl).UnixNano()
@@ -416,6 +424,9 @@ func (f *File) write(ctx context.Context, id, field string, value, head []byte, 
 			return err
 		}
 		if versioned {
+			if m.Version == prev+1 && bytes.Equal(b.Get(headKey), head) {
+				return errResent
+			}
 			if m.Version != prev {
 				return errVersion
 			}
@@ -427,11 +438,18 @@ func (f *File) write(ctx context.Context, id, field string, value, head []byte, 
 		m.Expires = f.now().Add(ttl).UnixNano()
 		return errors.Join(b.Put([]byte(field), value), putMeta(b, m), f.setFence(tx, id, fence, ttl))
 	})
-	if errors.Is(err, errVersion) {
+	switch {
+	case errors.Is(err, errResent):
+		return nil
+	case errors.Is(err, errVersion):
 		return errVersion
 	}
 	return fileErr(err)
 }
+
+// errResent ends, without a change, the transaction of a versioned write
+// that was applied already (see versioned.putVersioned).
+var errResent = errors.New("statestore: the same write, sent again")
 
 func (f *File) Release(ctx context.Context, id string, fence uint64) error {
 	return fileErr(f.do(ctx, true, func(tx *bolt.Tx) error {

@@ -24,6 +24,7 @@ type memRecord struct {
 	owner   Owner
 	held    bool
 	fence   uint64
+	bumped  uint64 // the fence the holder's last bump replaced; 0 after a claim
 	expires time.Time
 	fields  map[string][]byte
 	version uint64 // the write version ([versioned]); 0 for none
@@ -127,7 +128,7 @@ func (m *Memory) Claim(ctx context.Context, id string, owner Owner, ttl time.Dur
 		}
 		c.Previous, c.PreviousAlive = r.owner, alive
 	}
-	r.owner, r.held = owner, true
+	r.owner, r.held, r.bumped = owner, true, 0
 	n := uint32(r.fence) + 1
 	if r.fence == 0 {
 		n = firstFence()
@@ -191,6 +192,9 @@ func (m *Memory) write(ctx context.Context, id, field string, value, head []byte
 		return err
 	}
 	if versioned {
+		if r.version == prev+1 && bytes.Equal(r.head, head) {
+			return nil // the same write, sent again
+		}
 		if r.version != prev {
 			return errVersion
 		}
@@ -221,11 +225,16 @@ func (m *Memory) Renew(ctx context.Context, id string, fence uint64, ttl time.Du
 		return 0, err
 	}
 	defer m.mu.Unlock()
+	if r := m.record(id); bump && r != nil && r.held && r.bumped == fence && r.bumped != 0 {
+		r.expires = m.now().Add(ttl) // the same bump, sent again
+		return r.fence, nil
+	}
 	r, err := m.check(id, fence)
 	if err != nil {
 		return 0, err
 	}
 	if bump {
+		r.bumped = fence
 		r.fence++
 	}
 	r.expires = m.now().Add(ttl)

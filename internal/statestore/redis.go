@@ -180,6 +180,7 @@ local n = math.max(c, r) + 1
 if c == 0 and r == 0 then n = tonumber(ARGV[8]) end
 redis.call('SET', fk, n, 'PX', ARGV[5])
 redis.call('HSET', rec, 'm:owner', ARGV[1], 'm:replica', ARGV[2], 'm:boot', ARGV[3], 'm:epoch', epoch, 'm:n', n)
+redis.call('HDEL', rec, 'm:bumped')
 redis.call('PEXPIRE', rec, ARGV[4])
 return {2, epoch, tostring(n), pr, pb, alive}
 `)
@@ -255,12 +256,23 @@ return 1
 
 // renewScript: KEYS rec, fence counter, epoch; ARGV epoch, n, ttl ms,
 // fence ttl ms, bump (a new number for the same holder). Returns {1, n},
-// or checkFence's refusal.
-var renewScript = redis.NewScript(checkFence + `
+// or checkFence's refusal. A bump from the number the holder's last bump
+// replaced ("m:bumped", cleared by a claim) is that bump sent again: it
+// returns the number it made.
+var renewScript = redis.NewScript(`
+if ARGV[5] == '1' and redis.call('GET', KEYS[3]) == ARGV[1] then
+  local b = redis.call('HMGET', KEYS[1], 'm:owner', 'm:epoch', 'm:bumped', 'm:n')
+  if b[1] and b[1] ~= '' and b[2] == ARGV[1] and b[3] == ARGV[2] then
+    redis.call('PEXPIRE', KEYS[1], ARGV[3])
+    redis.call('PEXPIRE', KEYS[2], ARGV[4])
+    return {1, b[4]}
+  end
+end
+` + checkFence + `
 local n = ARGV[2]
 if ARGV[5] == '1' then
   n = tostring(math.max(tonumber(redis.call('GET', KEYS[2]) or '0'), tonumber(ARGV[2])) + 1)
-  redis.call('HSET', KEYS[1], 'm:n', n)
+  redis.call('HSET', KEYS[1], 'm:n', n, 'm:bumped', ARGV[2])
   redis.call('SET', KEYS[2], n)
 end
 redis.call('PEXPIRE', KEYS[1], ARGV[3])
@@ -271,9 +283,13 @@ return {1, n}
 // putVersionedScript: KEYS rec, fence counter, epoch; ARGV epoch, n,
 // field, value, ttl ms, fence ttl ms, the version replaced, the next
 // version, the head. Returns 1, checkFence's refusal, or 5 when the
-// record's version is not the one replaced.
+// record's version is not the one replaced. The same write resent (the
+// client's retry after a lost reply) finds its own version and head and
+// returns 1 without writing.
 var putVersionedScript = redis.NewScript(checkFence + `
-if (redis.call('HGET', KEYS[1], 'm:v') or '0') ~= ARGV[7] then return 5 end
+local v = redis.call('HMGET', KEYS[1], 'm:v', 'm:head')
+if v[1] == ARGV[8] and v[2] == ARGV[9] then return 1 end
+if (v[1] or '0') ~= ARGV[7] then return 5 end
 redis.call('HSET', KEYS[1], ARGV[3], ARGV[4], 'm:v', ARGV[8], 'm:head', ARGV[9])
 redis.call('PEXPIRE', KEYS[1], ARGV[5])
 redis.call('PEXPIRE', KEYS[2], ARGV[6])

@@ -71,7 +71,11 @@ type versioned interface {
 	// record's version is prev: the version becomes prev+1, in the same
 	// atomic step as the fence's check. It fails with errVersion if the
 	// version is not prev (after the fence's check, so a stale fence is
-	// ErrFenced).
+	// ErrFenced). The same write sent again after it was applied (the
+	// version is prev+1 and the head is this one, which a random nonce
+	// makes unique) succeeds without writing: a client that resends a
+	// request whose reply was lost must not read its own write as a
+	// rollback.
 	putVersioned(ctx context.Context, id, field string, value, head []byte, fence, prev uint64, ttl time.Duration) error
 }
 

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -204,6 +205,34 @@ func TestSealVersions(t *testing.T) {
 				err := raw.(versioned).putVersioned(ctx, id, "f", after[0].fields["f"], after[0].head, fence, 0, long)
 				if !errors.Is(err, errVersion) {
 					t.Fatalf("a write replacing version 0 of a record at 3: %v, want errVersion", err)
+				}
+			})
+			t.Run("resent write", func(t *testing.T) {
+				// The last write sent again, as a client does when the
+				// reply was lost (go-redis retries once): applied already,
+				// so it succeeds without writing, and the holder's next
+				// write is not taken for a rollback. Before, the resent
+				// write failed with errVersion, and the session could not
+				// be saved again.
+				id := name + ".resent"
+				s, fence, after := setup(t, id)
+				last := after[2]
+				if err := raw.(versioned).putVersioned(ctx, id, "f", last.fields["f"], last.head, fence, 2, long); err != nil {
+					t.Fatalf("the last write resent: %v, want nil", err)
+				}
+				if got := snapshot(t, raw, id); got.version != 3 {
+					t.Fatalf("version after the resent write = %d, want 3", got.version)
+				}
+				if err := s.Put(ctx, id, "g", []byte("g2"), fence, long); err != nil {
+					t.Fatalf("the holder's next write: %v", err)
+				}
+				if err := get(s, id); err == nil || !strings.Contains(err.Error(), "opened: f=f2") {
+					t.Fatalf("get after: %v, want f2", err)
+				}
+				// An earlier write resent (its head is not the record's)
+				// is still refused.
+				if err := raw.(versioned).putVersioned(ctx, id, "f", last.fields["f"], last.head, fence, 2, long); !errors.Is(err, errVersion) {
+					t.Fatalf("a write resent after a newer one: %v, want errVersion", err)
 				}
 			})
 			t.Run("concurrent writes of the holder", func(t *testing.T) {
