@@ -128,6 +128,7 @@ func (h *Host) callTool(ctx context.Context, key sessions.Key, c plugins.Call, e
 	// another replica served it) before its instance is leased.
 	var (
 		claim    *durable.Claim
+		memory   *durable.Claim // served from memory: for at-most-once only
 		notSaved durable.NotSaved
 		l        *sessions.Lease
 		err      error
@@ -146,6 +147,7 @@ func (h *Host) callTool(ctx context.Context, key sessions.Key, c plugins.Call, e
 			switch {
 			case errors.Is(cerr, durable.ErrServedFromMemory):
 				notSaved = durable.NotSavedUnavailable
+				memory, claim = claim, nil
 			case cerr != nil:
 				return nil, fmt.Errorf("tool %q: %w", t.Name, cerr)
 			}
@@ -186,11 +188,11 @@ func (h *Host) callTool(ctx context.Context, key sessions.Key, c plugins.Call, e
 		// and a retry it sent meanwhile is the only run.
 		l.Done(nil)
 		return nil, fmt.Errorf("tool %q: %w", t.Name, cmp.Or(ctx.Err(), context.Canceled))
-	case env != nil && h.replayed(claim, env.once) != nil:
+	case env != nil && h.replayed(cmp.Or(claim, memory), env.once) != nil:
 		// The call completed before (a proxy's resend, a client's retry
 		// with the same idempotency key): its first result, not a
 		// second run.
-		res := h.replayed(claim, env.once)
+		res := h.replayed(cmp.Or(claim, memory), env.once)
 		l.Done(nil)
 		h.log.Info("call answered from its first run", "tool", t.Name, "session", key.String())
 		return res, nil
@@ -220,6 +222,12 @@ func (h *Host) callTool(ctx context.Context, key sessions.Key, c plugins.Call, e
 					b, _ := json.Marshal(r)
 					first = &durable.Once{Key: env.once, Result: b}
 				}
+			}
+			if memory != nil {
+				// Not checkpointed (the store is away), but its key is
+				// kept (a retry during the outage gets this result), and
+				// its state is saved when the store is back.
+				h.dur.ServedFromMemory(memory, t.Plugin().Name(), first)
 			}
 			why, cerr := h.dur.AfterCall(ctx, key, claim, l, first)
 			if cerr != nil {

@@ -287,6 +287,45 @@ func TestNoSilentRollbackAfterFailedCheckpoint(t *testing.T) {
 	}
 }
 
+// A call served from memory while the store is away keeps its
+// at-most-once key: its retry gets its first result, not a second run.
+// The old code served it without its claim, so the key was neither looked
+// up nor kept, and the retry added the note again.
+func TestServedFromMemoryKeepsIdempotencyKey(t *testing.T) {
+	store := &downStore{failingStore{Store: statestore.NewMemory()}}
+	f := newFixture(t, &host.Options{Store: store, StateKey: replicaKey}, sandbox.NewPolicy(),
+		map[string]string{"notes.wasm": testplugins.Example(t, "notes")})
+	cs := connectHTTP(t, serveHTTP(t, f), "2025-11-25", nil)
+	call(t, cs, "note_add", map[string]any{"text": "one"})
+	store.failing.Store(true)
+	keyed := func() (*mcp.CallToolResult, error) {
+		return cs.CallTool(context.Background(), &mcp.CallToolParams{Name: "note_add",
+			Arguments: map[string]any{"text": "keyed"}, Meta: mcp.Meta{host.MetaIdempotencyKey: "k-down"}})
+	}
+	first, err := keyed()
+	if err != nil {
+		// Refused as unavailable: the claim was verified too long ago
+		// on a loaded machine, so nothing was served from memory.
+		t.Skipf("not served from memory: %v", err)
+	}
+	if first.Meta[host.MetaNotSaved] == nil || !strings.Contains(text(first), "note 2 saved") {
+		t.Fatalf("a call served from memory: %v %q", first.Meta, text(first))
+	}
+	again, err := keyed()
+	if err == nil && text(again) != text(first) {
+		t.Fatalf("its retry: %q; want the first result, %q", text(again), text(first))
+	}
+	store.failing.Store(false)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := f.h.WaitStore(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n := strings.Count(text(notes(t, cs, nil)), "keyed"); n != 1 {
+		t.Fatalf("the keyed call was applied %d times", n)
+	}
+}
+
 // Finding 13: a question waiting for a 2025-11-25 client's answer does
 // not hold Close to its grace: it is withdrawn, and the call ends. The
 // old code waited until Close's context ended.

@@ -135,11 +135,13 @@ func (d *Keeper) Ensure(ctx context.Context, key sessions.Key, ns *NewSession) (
 	return c, d.verify(ctx, key, c)
 }
 
-// BeforeCall is Ensure for a call (it was claimOrLog). With the store unreachable, a session
+// BeforeCall is Ensure for a call. With the store unreachable, a session
 // this replica holds, whose claim it verified within memoryGrace, is
-// served from what it holds (the call's result is marked not saved); any
-// other is refused with ErrStateUnavailable, never served afresh over a
-// state the store may hold, nor from an instance that may be stale.
+// served from what it holds: ErrServedFromMemory, with the claim when
+// there is one, for [Keeper.Replay] and [Keeper.ServedFromMemory] only (the call
+// is not checkpointed, and its result is marked not saved). Any other is
+// refused with ErrStateUnavailable, never served afresh over a state the
+// store may hold, nor from an instance that may be stale.
 func (d *Keeper) BeforeCall(ctx context.Context, key sessions.Key) (c *Claim, err error) {
 	if err := ctx.Err(); err != nil {
 		// The client is gone (a request that waited in a stopped
@@ -168,6 +170,9 @@ func (d *Keeper) BeforeCall(ctx context.Context, key sessions.Key) (c *Claim, er
 		return nil, err
 	}
 	d.log.Warn("state store unavailable: serving the session from this replica, not saved", "session", key.String(), "error", err)
+	if held {
+		return c, ErrServedFromMemory
+	}
 	return nil, ErrServedFromMemory
 }
 

@@ -168,6 +168,24 @@ func (c *Claim) remember(plugin string, first *Once) {
 // CallToolResult (isError) saying the call is not run again.
 var tooLarge = json.RawMessage(`{"content":[{"type":"text","text":"this call completed before, and its result was too large to keep: it was not run again"}],"isError":true}`)
 
+// ServedFromMemory ends a call of plugin served from memory with c (see
+// [Keeper.BeforeCall]) as a checkpoint that could not write would: its
+// result first is kept, so a retry with its key is answered from it, and
+// the plugin is marked unsaved, so its state is written again once the
+// store answers (with that result), and an eviction before then says the
+// state was reset rather than restoring the store's older one.
+func (d *Keeper) ServedFromMemory(c *Claim, plugin string, first *Once) {
+	if d == nil || c == nil {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.remember(plugin, first)
+	if d.policy == CheckpointAfterCall {
+		c.unsaved[plugin] = NotSavedUnavailable
+	}
+}
+
 // Replay returns the first result (an MCP CallToolResult, as JSON) of
 // the call with at-most-once key k in c's session, or nil.
 func (d *Keeper) Replay(c *Claim, k string) json.RawMessage {
