@@ -103,15 +103,7 @@ func TestBumpedFenceRefusesLateWrite(t *testing.T) {
 			ctx := context.Background()
 			a, _ := owners(t)
 			id := t.Name()
-			must(t, s.Heartbeat(ctx, a, long))
-			c, err := s.Claim(ctx, id, a, long, false)
-			must(t, err)
-			must(t, s.Put(ctx, id, "f", []byte("1"), c.Fence, long))
-			next, err := s.Renew(ctx, id, c.Fence, long, true)
-			must(t, err)
-			if next == c.Fence {
-				t.Fatal("bump kept the fence")
-			}
+			c, next := writeAndBump(t, s, id, a)
 			must(t, s.Put(ctx, id, "f", []byte("2"), next, long))
 			// The late write of the old fence lands now: refused.
 			wantErr(t, "late write", s.Put(ctx, id, "f", []byte("1 late"), c.Fence, long), statestore.ErrFenced)
@@ -143,12 +135,7 @@ func TestBumpSentAgain(t *testing.T) {
 			ctx := context.Background()
 			a, o := owners(t)
 			id := t.Name()
-			must(t, s.Heartbeat(ctx, a, long))
-			c, err := s.Claim(ctx, id, a, long, false)
-			must(t, err)
-			must(t, s.Put(ctx, id, "f", []byte("1"), c.Fence, long))
-			next, err := s.Renew(ctx, id, c.Fence, long, true)
-			must(t, err)
+			c, next := writeAndBump(t, s, id, a)
 			again, err := s.Renew(ctx, id, c.Fence, long, true)
 			must(t, err)
 			if again != next {
@@ -168,6 +155,23 @@ func TestBumpSentAgain(t *testing.T) {
 			wantErr(t, "the old holder's bump of its new fence after a claim", err, statestore.ErrFenced)
 		})
 	}
+}
+
+// writeAndBump claims id for owner a, writes f=1 and bumps the fence: it
+// returns the claim and the bumped fence.
+func writeAndBump(t *testing.T, s statestore.Store, id string, a statestore.Owner) (statestore.Claim, uint64) {
+	t.Helper()
+	ctx := context.Background()
+	must(t, s.Heartbeat(ctx, a, long))
+	c, err := s.Claim(ctx, id, a, long, false)
+	must(t, err)
+	must(t, s.Put(ctx, id, "f", []byte("1"), c.Fence, long))
+	next, err := s.Renew(ctx, id, c.Fence, long, true)
+	must(t, err)
+	if next == c.Fence {
+		t.Fatal("bump kept the fence")
+	}
+	return c, next
 }
 
 // A process whose state key is not the one the store's values were
