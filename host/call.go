@@ -124,53 +124,25 @@ func (h *Host) callTool(ctx context.Context, key sessions.Key, c plugins.Call, e
 		}
 		defer release()
 	}
-	// With a state store, the session is claimed (and taken over, if
-	// another replica served it) before its instance is leased.
-	var (
-		claim    *durable.Claim
-		memory   *durable.Claim // served from memory: for at-most-once only
-		notSaved durable.NotSaved
-		l        *sessions.Lease
-		err      error
-	)
 	if !t.Plugin().Stateless() {
 		if _, req := env.current(); req != nil {
 			h.storeBytes.attribute(durable.StoreID(key), h.tenantOf(subjectOf(req.Extra)))
 		}
 	}
-	const maxReclaims = 3
-	for attempt := 0; ; attempt++ {
-		notSaved = ""
-		if !t.Plugin().Stateless() {
-			var cerr error
-			claim, cerr = h.dur.BeforeCall(ctx, key)
-			switch {
-			case errors.Is(cerr, durable.ErrServedFromMemory):
-				notSaved = durable.NotSavedUnavailable
-				memory, claim = claim, nil
-			case cerr != nil:
-				return nil, fmt.Errorf("tool %q: %w", t.Name, cerr)
-			}
+	actx, aspan := telemetry.Start(ctx, "wasmtools.acquire", attribute.String("wasmtools.plugin", t.Plugin().Name()))
+	cl, claimErr, err := h.claimAndLease(actx, key, t.Plugin(), func() (*plugins.Plugin, error) {
+		now, err := h.current(t)
+		if err != nil {
+			return nil, err
 		}
-		actx, aspan := telemetry.Start(ctx, "wasmtools.acquire", attribute.String("wasmtools.plugin", t.Plugin().Name()))
-		l, err = h.acquire(actx, key, t.Plugin(), func() (*plugins.Plugin, error) {
-			now, err := h.current(t)
-			if err != nil {
-				return nil, err
-			}
-			c.Tool = now
-			return now.Plugin(), nil
-		})
-		telemetry.End(aspan, err)
-		// The session moved while this call waited behind another: its
-		// claim was forgotten, and claiming again takes the session over
-		// from the store. Up to three times (replicas taking a session in
-		// turn can move it again meanwhile); then the client retries
-		// (-32053). Nothing ran.
-		if !errors.Is(err, sessions.ErrMoved) || attempt == maxReclaims {
-			break
-		}
+		c.Tool = now
+		return now.Plugin(), nil
+	})
+	telemetry.End(aspan, cmp.Or(claimErr, err))
+	if claimErr != nil {
+		return nil, fmt.Errorf("tool %q: %w", t.Name, claimErr)
 	}
+	claim, memory, notSaved, l := cl.claim, cl.memory, cl.notSaved, cl.l
 	var out *abi.CallToolResult
 	var notice sessions.Notice
 	switch {
@@ -560,4 +532,46 @@ func (h *Host) postGone(ctx context.Context, env *callEnv) bool {
 	// its POST): nothing says the client is gone.
 	v, ok := h.posts.Load(token)
 	return ok && v.(context.Context).Err() != nil
+}
+
+// leased is a request's claim on its session and its lease of an
+// instance (claimAndLease).
+type leased struct {
+	claim    *durable.Claim // nil without a store, or when served from memory
+	memory   *durable.Claim // served from memory: for at-most-once only
+	notSaved durable.NotSaved
+	l        *sessions.Lease
+}
+
+// maxReclaims is how many times a request claims its session again when
+// the session moved while the request waited for its instance.
+const maxReclaims = 3
+
+// claimAndLease claims key's session with a state store (taking it over,
+// if another replica served it) and then leases its instance of p
+// (retarget: see Host.acquire). claimErr is the claim's failure, with
+// nothing leased; err the lease's. A session that moved while the request
+// waited behind another call is claimed again, which takes it over from
+// the store, up to maxReclaims times (replicas taking a session in turn
+// can move it again meanwhile); then err is sessions.ErrMoved, answered
+// as the retryable -32053, and nothing ran.
+func (h *Host) claimAndLease(ctx context.Context, key sessions.Key, p *plugins.Plugin, retarget func() (*plugins.Plugin, error)) (cl leased, claimErr, err error) {
+	for attempt := 0; ; attempt++ {
+		cl = leased{}
+		if !p.Stateless() {
+			c, cerr := h.dur.BeforeCall(ctx, key)
+			switch {
+			case errors.Is(cerr, durable.ErrServedFromMemory):
+				cl.notSaved, cl.memory = durable.NotSavedUnavailable, c
+			case cerr != nil:
+				return cl, cerr, nil
+			default:
+				cl.claim = c
+			}
+		}
+		cl.l, err = h.acquire(ctx, key, p, retarget)
+		if !errors.Is(err, sessions.ErrMoved) || attempt == maxReclaims {
+			return cl, nil, err
+		}
+	}
 }

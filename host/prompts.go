@@ -1,6 +1,7 @@
 package host
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -10,7 +11,6 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/wasmtools/wasmtools/abi"
-	"github.com/wasmtools/wasmtools/internal/durable"
 	"github.com/wasmtools/wasmtools/internal/sessions"
 	"github.com/wasmtools/wasmtools/plugins"
 	"github.com/wasmtools/wasmtools/sandbox"
@@ -56,18 +56,11 @@ func (h *Host) request(ctx context.Context, key sessions.Key, p *plugins.Plugin,
 	if err != nil {
 		return err
 	}
-	var claim *durable.Claim
-	if !p.Stateless() {
-		var cerr error
-		claim, cerr = h.dur.BeforeCall(ctx, key)
-		if cerr != nil && !errors.Is(cerr, durable.ErrServedFromMemory) {
-			return fmt.Errorf("plugin %q: %w", p.Name(), cerr)
-		}
-	}
-	l, err := h.acquire(ctx, key, p, func() (*plugins.Plugin, error) { return h.currentPlugin(p) })
-	if err != nil {
+	cl, claimErr, err := h.claimAndLease(ctx, key, p, func() (*plugins.Plugin, error) { return h.currentPlugin(p) })
+	if err = cmp.Or(claimErr, err); err != nil {
 		return fmt.Errorf("plugin %q: %w", p.Name(), err)
 	}
+	claim, l := cl.claim, cl.l
 	var hostFunc sandbox.HostFunc
 	if env != nil {
 		hostFunc = env.hostFunc
@@ -80,6 +73,9 @@ func (h *Host) request(ctx context.Context, key sessions.Key, p *plugins.Plugin,
 	env.attach(nil)
 	if runErr == nil && h.dur != nil {
 		// A prompt or resource may change the guest's state too.
+		if cl.memory != nil {
+			h.dur.ServedFromMemory(cl.memory, l.Plugin().Name(), nil)
+		}
 		if _, cerr := h.dur.AfterCall(ctx, key, claim, l, nil); cerr != nil {
 			l.Done(sessions.ErrMoved)
 			return fmt.Errorf("plugin %q: %w", p.Name(), cerr)
@@ -120,7 +116,7 @@ func (h *Host) promptHandler(pr *plugins.Prompt) mcp.PromptHandler {
 			return &mcp.GetPromptResult{InputRequests: parked.requests, RequestState: parked.state}, nil
 		}
 		if err != nil {
-			return nil, err
+			return nil, protocolError(err) // busy, state unavailable: retryable
 		}
 		return v.(*mcp.GetPromptResult), nil
 	}
@@ -146,7 +142,7 @@ func (h *Host) resourceHandler(p *plugins.Plugin) mcp.ResourceHandler {
 			return &mcp.ReadResourceResult{InputRequests: parked.requests, RequestState: parked.state}, nil
 		}
 		if err != nil {
-			return nil, err
+			return nil, protocolError(err)
 		}
 		return v.(*mcp.ReadResourceResult), nil
 	}

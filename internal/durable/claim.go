@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"strings"
 	"sync"
 	"time"
@@ -70,6 +71,13 @@ func newClaim(id string) *Claim {
 // meanwhile. Past it, the request is refused with -32053 until the store
 // answers.
 const memoryGrace = 2 * time.Second
+
+// isStale reports c.stale.
+func (c *Claim) isStale() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.stale
+}
 
 // fresh reports whether c may be served from memory: its claim was
 // verified within memoryGrace, and nothing since says it is stale.
@@ -187,6 +195,21 @@ func (d *Keeper) take(ctx context.Context, key sessions.Key, ns *NewSession, c *
 	if d.open() {
 		return false, unavailable(errStoreDown)
 	}
+	d.mu.Lock()
+	old := d.forgotten[key]
+	delete(d.forgotten, key)
+	d.mu.Unlock()
+	resumable := old != nil // until a claim says someone else claimed since
+	defer func() {
+		if err != nil && resumable {
+			// Not taken after all: kept for the next try.
+			d.mu.Lock()
+			if d.forgotten[key] == nil {
+				d.forgotten[key] = old
+			}
+			d.mu.Unlock()
+		}
+	}()
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	asked := time.Now() // before the claim: a pause after it shortens the grace, never lengthens it
@@ -194,6 +217,7 @@ func (d *Keeper) take(ctx context.Context, key sessions.Key, ns *NewSession, c *
 	if err != nil {
 		return false, unavailable(err)
 	}
+	resumable = resumable && cl.Held && !old.isStale()
 	rec, err := d.store.Get(ctx, c.id)
 	if err != nil && !errors.Is(err, statestore.ErrNotFound) {
 		return false, unavailable(d.observe(fmt.Errorf("state store: read session: %w", err)))
@@ -203,7 +227,14 @@ func (d *Keeper) take(ctx context.Context, key sessions.Key, ns *NewSession, c *
 	}
 	c.fence = cl.Fence
 	c.verified = asked
-	if err := d.seed(key, c, rec, cl.Fence); err != nil {
+	if resumable {
+		// This replica forgot its claim (a call could be neither saved
+		// nor verified), and no one claimed the session since: what it
+		// still holds is the newest state.
+		if err := d.resume(key, c, old, rec); err != nil {
+			return false, err
+		}
+	} else if err := d.seed(key, c, rec, cl.Fence, nil); err != nil {
 		return false, err
 	}
 	if b, ok := rec["mcp"]; ok {
@@ -260,6 +291,15 @@ func (d *Keeper) verify(ctx context.Context, key sessions.Key, c *Claim) error {
 	if err != nil {
 		return unavailable(err)
 	}
+	if cl.Held && cl.Fence != c.fence && !c.stale {
+		// No one claimed the session since this replica did: the fence
+		// moved by its own bump, whose answer was lost. What it holds
+		// is the newest state; re-reading would roll back what it was
+		// told was not saved, without a notice. (Stale: another
+		// replica served the session before this replica's last
+		// claim, whose record was not read: it is read now.)
+		c.fence, c.dirty = cl.Fence, false
+	}
 	if cl.Fence == c.fence {
 		c.renewed, c.verified = asked, asked // a claim renews the record
 		return nil
@@ -284,7 +324,37 @@ func (d *Keeper) verify(ctx context.Context, key sessions.Key, c *Claim) error {
 	if b, ok := rec["mcp"]; ok {
 		c.mcp = b
 	}
-	return d.seed(key, c, rec, cl.Fence)
+	return d.seed(key, c, rec, cl.Fence, nil)
+}
+
+// resume takes over what old, a claim this replica forgot, knew of the
+// instances it still holds, for c, its new claim, made while no one else
+// claimed the session (rec is the record read after it): they stay,
+// under the fence they were seeded with, and c writes under its own. A
+// plugin whose last state was not saved keeps its notes if its instance
+// is still here (its results kept for at-most-once calls; the state is
+// saved again once the store answers); if not, that state is lost, and
+// its next instance says so (stateReset not-saved). c.mu is held.
+func (d *Keeper) resume(key sessions.Key, c, old *Claim, rec map[string][]byte) error {
+	old.mu.Lock()
+	seeded, dirty, fence := old.seeded, old.dirty, old.fence
+	unsaved := maps.Clone(old.unsaved)
+	done, ran := maps.Clone(old.done), maps.Clone(old.ran)
+	old.mu.Unlock()
+	if err := d.seed(key, c, rec, seeded, unsaved); err != nil {
+		return err
+	}
+	// A write of old's fence that got no answer may still land.
+	c.dirty = dirty && c.fence == fence
+	for name, why := range unsaved {
+		if d.ses.Holds(key, name) {
+			c.unsaved[name] = why
+			c.done[name], c.ran[name] = done[name], ran[name]
+			delete(c.saved, "p/"+name)
+		}
+	}
+	d.log.Info("session claimed again: its instances here are current", "session", key.String(), "unsaved", len(unsaved))
+	return nil
 }
 
 // hasPlugins reports whether rec holds any plugin's state.
@@ -341,8 +411,9 @@ func (d *Keeper) recover(ctx context.Context, key sessions.Key, c *Claim, fence 
 
 // seed gives key's client the instance states of rec (nil: none, the
 // session's states are new), under fence: instances of another fence are
-// retired. c.mu is held.
-func (d *Keeper) seed(key sessions.Key, c *Claim, rec map[string][]byte, fence uint64) error {
+// retired. The plugins of unsaved had a newer state than rec's, which was
+// not saved: their next instances start afresh, and say so. c.mu is held.
+func (d *Keeper) seed(key sessions.Key, c *Claim, rec map[string][]byte, fence uint64, unsaved map[string]NotSaved) error {
 	seeds := map[string]sessions.Seed{}
 	for field, v := range rec {
 		name, ok := strings.CutPrefix(field, "p/")
@@ -371,6 +442,9 @@ func (d *Keeper) seed(key sessions.Key, c *Claim, rec map[string][]byte, fence u
 			return err
 		}
 	}
+	for name := range unsaved {
+		seeds[name] = sessions.Seed{Lost: "its last state was not saved", Reason: ReasonNotSaved}
+	}
 	if err := d.ses.Seed(key, seeds, fence); err != nil {
 		return err
 	}
@@ -389,9 +463,14 @@ func (d *Keeper) seed(key sessions.Key, c *Claim, rec map[string][]byte, fence u
 	return nil
 }
 
-// forget drops this replica's claim on key, without touching the store.
+// forget drops this replica's claim on key, without touching the store:
+// the session's next request claims it again (take). The claim is kept
+// aside until then (Keeper.forgotten).
 func (d *Keeper) forget(key sessions.Key) {
 	d.mu.Lock()
+	if c := d.claims[key]; c != nil {
+		d.forgotten[key] = c
+	}
 	delete(d.claims, key)
 	d.mu.Unlock()
 }
@@ -404,6 +483,7 @@ func (d *Keeper) Ended(key sessions.Key) {
 	d.mu.Lock()
 	c := d.claims[key]
 	delete(d.claims, key)
+	delete(d.forgotten, key)
 	d.mu.Unlock()
 	ctx, cancel := context.WithTimeout(context.Background(), d.timeout())
 	defer cancel()

@@ -79,6 +79,11 @@ func (d *Keeper) sweep() {
 		default:
 		}
 	}
+	for k := range d.forgotten {
+		if !live[k] {
+			delete(d.forgotten, k)
+		}
+	}
 	d.mu.Unlock()
 	// Live sessions keep their records, whatever keeps them alive (pings,
 	// a person answering, a task): renewed every third of their TTL. A

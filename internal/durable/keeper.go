@@ -125,6 +125,12 @@ type Keeper struct {
 
 	mu     sync.Mutex
 	claims map[sessions.Key]*Claim
+	// forgotten are claims dropped after a call that could not be
+	// verified or saved (forget), until the session's next claim (take)
+	// or its end: what they say of the instances this replica still
+	// holds (what was not saved, the results kept for at-most-once
+	// calls) carries over if no one claimed the session meanwhile.
+	forgotten map[sessions.Key]*Claim
 	// users are the authenticated users of stateful sessions made and
 	// not yet initialized, by session ID (at most maxPendingUsers).
 	users map[string]string
@@ -154,6 +160,7 @@ func New(o Options) *Keeper {
 		reserve:       o.Reserve,
 		release:       o.Release,
 		claims:        map[sessions.Key]*Claim{},
+		forgotten:     map[sessions.Key]*Claim{},
 		users:         map[string]string{},
 		adopted:       map[string]bool{},
 	}

@@ -87,5 +87,27 @@ func TestMovedClientStartsOnlyFromASeed(t *testing.T) {
 	if err != nil {
 		t.Fatalf("a lease after a move that a seed overtook: %v", err)
 	}
+	// Seeded again under the same fence while the call runs (this
+	// replica claimed the session again, and no one else had): the
+	// instance is kept and its seed dropped (a later eviction must not
+	// roll it back to the seed), so that Seed does not speak for it: a
+	// move after it is marked, and only the next Seed lets it start.
+	if err := w.m.Seed(k, map[string]sessions.Seed{"counter": {Lost: "stands for a stored state"}}, 3); err != nil {
+		t.Fatal(err)
+	}
+	l.Done(sessions.ErrMoved)
+	if l, err := w.m.Acquire(w.ctx, k, w.plugin("counter")); !errors.Is(err, sessions.ErrMoved) {
+		if err == nil {
+			l.Done(nil)
+		}
+		t.Fatalf("a lease after a move that a seed keeping the instance overtook: %v; want ErrMoved", err)
+	}
+	if err := w.m.Seed(k, nil, 4); err != nil {
+		t.Fatal(err)
+	}
+	l, err = w.m.Acquire(w.ctx, k, w.plugin("counter"))
+	if err != nil {
+		t.Fatalf("a lease after the next seed: %v", err)
+	}
 	l.Done(nil)
 }

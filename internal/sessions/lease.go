@@ -245,7 +245,7 @@ func (m *Manager) acquireSlot(ctx context.Context, key Key, p *plugins.Plugin) (
 	if sl.inst == nil {
 		m.mu.Lock()
 		_, seeded := c.seeds[p.Name()]
-		moved := c.moved && !seeded
+		moved := c.moved[p.Name()] && !seeded
 		m.mu.Unlock()
 		if moved {
 			// The session's state is in the store, and this lease came
@@ -464,8 +464,15 @@ func (l *Lease) Done(err error) {
 				m.mu.Lock()
 				// Unless the client was seeded again meanwhile (another
 				// request took the session over from the store while
-				// this call ended).
-				l.c.moved = l.c.seeded == l.seeded
+				// this call ended) and that Seed spoke for this plugin
+				// (gave it a seed, or none, meaning a fresh start): one
+				// that kept this instance going dropped its seed.
+				if l.c.seeded == l.seeded || l.c.kept[sl.plugin] {
+					if l.c.moved == nil {
+						l.c.moved = map[string]bool{}
+					}
+					l.c.moved[sl.plugin] = true
+				}
 				m.mu.Unlock()
 			}
 		case reason != "":

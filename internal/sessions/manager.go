@@ -26,6 +26,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"runtime"
 	"sync"
 	"time"
@@ -82,8 +83,8 @@ var (
 	// a notice: the client's session was taken over by another replica,
 	// and its next lease here starts from the state store. Until the
 	// client is seeded again ([Manager.Seed]), a lease that would start
-	// an instance without a seed fails with ErrMoved: nothing runs on a
-	// fresh instance in place of the stored state.
+	// that plugin's instance without a seed fails with ErrMoved: nothing
+	// runs on a fresh instance in place of the stored state.
 	ErrMoved = errors.New("session moved to another replica")
 )
 
@@ -268,11 +269,14 @@ type client struct {
 	// fence is the fence of the client's last Seed: instances started
 	// under another are stale; guarded by Manager.mu.
 	fence uint64
-	// moved: a lease ended with ErrMoved since the last Seed, so what
-	// an instance must start from is in the state store, not known
-	// here: no instance starts without a seed until the next Seed.
-	// seeded counts the Seeds. Both guarded by Manager.mu.
-	moved  bool
+	// moved are the plugins whose lease ended with ErrMoved, with no
+	// seed since: what their next instance must start from is in the
+	// state store, not known here, so none starts until the next Seed.
+	// kept are the plugins whose instance the last Seed kept going (and
+	// whose seed it dropped); seeded counts the Seeds. All three guarded
+	// by Manager.mu.
+	moved  map[string]bool
+	kept   map[string]bool
 	seeded uint64
 }
 
@@ -641,7 +645,9 @@ type Seed struct {
 // keeps going; one started under another fence is stale (another holder
 // served the session since): an idle one is closed now, a busy one when
 // its lease is done ([Lease.Stale] says so meanwhile), without a notice,
-// and the plugin's next lease starts from its seed. Key's client is made
+// and the plugin's next lease starts from its seed. The seed of an
+// instance that keeps going is dropped: after an eviction, the instance
+// starts from [Options.Saved], which knows what was saved since. Key's client is made
 // if need be, except a [Handle] key's, which must be open
 // ([ErrUnknownKey]).
 func (m *Manager) Seed(key Key, seeds map[string]Seed, fence uint64) error {
@@ -658,9 +664,19 @@ func (m *Manager) Seed(key Key, seeds map[string]Seed, fence uint64) error {
 		}
 		c = m.newClientLocked(key)
 	}
+	// An instance that stays (same fence) is newer than its seed: were
+	// it evicted later, its seed would roll it back unnoticed.
+	seeds = maps.Clone(seeds)
+	c.kept = map[string]bool{}
+	for name, sl := range c.slots {
+		if sl.inst != nil && sl.fence == fence {
+			delete(seeds, name)
+			c.kept[name] = true
+		}
+	}
 	c.seeds = seeds
 	c.fence = fence
-	c.moved = false
+	c.moved = nil
 	c.seeded++
 	m.mu.Unlock()
 	for _, sl := range m.slotsOf(key) {

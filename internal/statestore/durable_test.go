@@ -127,7 +127,10 @@ func TestBumpedFenceRefusesLateWrite(t *testing.T) {
 // returns the fence it made and changes nothing. Before, the second bump
 // was refused as fenced, and the session's calls answered "moved" until
 // it was claimed anew. A claim by another owner ends that: the old
-// holder's bump, sent again, is refused.
+// holder's bump, sent again, is refused; so does a claim by the holder
+// itself (a request's verify, or a new claim object after the old one was
+// forgotten, whose instances the old one's write must not pass for:
+// TestForgottenClaimCannotWriteThroughResentBump in durable).
 func TestBumpSentAgain(t *testing.T) {
 	for _, b := range backends(t) {
 		t.Run(b.name, func(t *testing.T) {
@@ -143,11 +146,19 @@ func TestBumpSentAgain(t *testing.T) {
 			}
 			must(t, s.Put(ctx, id, "f", []byte("2"), next, long))
 			wantErr(t, "late write of the old fence", s.Put(ctx, id, "f", []byte("1 late"), c.Fence, long), statestore.ErrFenced)
+			// The holder claims again: the old fence's bump is refused.
+			own, err := s.Claim(ctx, id, a, long, true)
+			must(t, err)
+			if own.Fence != next || !own.Held || c.Held {
+				t.Fatalf("the holder's claim: %d (held %v), want %d (held); its first: held %v", own.Fence, own.Held, next, c.Held)
+			}
+			_, err = s.Renew(ctx, id, c.Fence, long, true)
+			wantErr(t, "a bump from the replaced fence after the holder's claim", err, statestore.ErrFenced)
 			// Another owner takes the session: neither of the old
 			// holder's fences bumps any more.
 			must(t, s.Heartbeat(ctx, o, long))
-			if _, err := s.Claim(ctx, id, o, long, true); err != nil {
-				t.Fatal(err)
+			if other, err := s.Claim(ctx, id, o, long, true); err != nil || other.Held {
+				t.Fatalf("another owner's claim: held %v, %v", other.Held, err)
 			}
 			_, err = s.Renew(ctx, id, c.Fence, long, true)
 			wantErr(t, "the old holder's bump after a claim", err, statestore.ErrFenced)

@@ -287,7 +287,7 @@ func (f *File) Claim(ctx context.Context, id string, owner Owner, ttl time.Durat
 		fence := f.fence(tx, id)
 		switch {
 		case m.Held && m.Owner == owner && Epoch(fence) == f.epoch(tx):
-			c.Fence = fence
+			c.Fence, c.Held, m.Bumped = fence, true, 0
 			return errors.Join(putMeta(b, m), f.setFence(tx, id, fence, ttl))
 		case m.Held:
 			alive := f.isAlive(m.Owner)

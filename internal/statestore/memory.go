@@ -118,7 +118,8 @@ func (m *Memory) Claim(ctx context.Context, id string, owner Owner, ttl time.Dur
 	}
 	r.expires = m.now().Add(ttl)
 	if r.held && r.owner == owner && Epoch(r.fence) == m.epoch {
-		return Claim{Fence: r.fence}, nil
+		r.bumped = 0
+		return Claim{Fence: r.fence, Held: true}, nil
 	}
 	var c Claim
 	if r.held {

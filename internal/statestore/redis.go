@@ -40,9 +40,9 @@ import (
 // and has the client's own bounds too: 3 s to dial, 5 s to read or write
 // a reply, a pool of 8 connections per process, one retry after a network
 // error (a dead pooled connection after Redis restarted). A retry can
-// resend a script whose reply was lost after Redis ran it; a versioned
-// put or a fence bump run twice is then refused (known, not fixed: see
-// docs/DESIGN.md).
+// resend a script whose reply was lost after Redis ran it: a versioned
+// put or a fence bump sent again succeeds with what it did the first time
+// (see putVersionedScript and renewScript).
 type Redis struct {
 	c      *redis.Client
 	closed atomic.Bool
@@ -166,6 +166,7 @@ if not epoch then redis.call('SET', ek, ARGV[7]); epoch = ARGV[7] end
 local h = redis.call('HMGET', rec, 'm:owner', 'm:replica', 'm:boot', 'm:epoch', 'm:n')
 if redis.call('EXISTS', rec) == 1 then redis.call('PEXPIRE', rec, ARGV[4]) end
 if h[1] == ARGV[1] and h[4] == epoch and h[5] then
+  redis.call('HDEL', rec, 'm:bumped')
   redis.call('PEXPIRE', fk, ARGV[5])
   return {0, epoch, h[5]}
 end
@@ -221,7 +222,7 @@ func (r *Redis) Claim(ctx context.Context, id string, owner Owner, ttl time.Dura
 	switch {
 	case len(res) == 3 && num(0) == 0:
 		if f, ok := joinFence(str(1), str(2)); ok {
-			return Claim{Fence: f}, nil
+			return Claim{Fence: f, Held: true}, nil
 		}
 	case len(res) == 3 && num(0) == 1:
 		return Claim{}, &HeldError{Holder: Owner{Replica: str(1), Boot: str(2)}}

@@ -116,6 +116,10 @@ type Claim struct {
 	// PreviousAlive says Previous's heartbeat was still there: the claim
 	// was stolen from a live owner.
 	PreviousAlive bool
+	// Held says the caller held the session already: no one claimed it
+	// since the caller's last claim (its fence may still have moved, by
+	// the caller's own bump).
+	Held bool
 }
 
 // Store is a backend. Every method is safe for concurrent use, honours
@@ -145,10 +149,10 @@ type Store interface {
 	// that runs longer than the TTL keeps its session. With bump, the
 	// holder gets a new fence (returned; else fence is): a write of the
 	// old fence still in flight (reported failed) can then never land.
-	// A bump sent again from the fence it replaced, by the same holder
-	// with no claim since (its reply was lost, and the client resent it,
-	// or the holder bumps again), returns the fence that bump made and
-	// changes nothing but the TTL. Refusals are Put's.
+	// A bump sent again from the fence it replaced, with no claim since
+	// (by anyone, the holder included: its reply was lost, and the client
+	// resent it), returns the fence that bump made and changes nothing
+	// but the TTL. Refusals are Put's.
 	Renew(ctx context.Context, id string, fence uint64, ttl time.Duration, bump bool) (uint64, error)
 	// Get returns every field of id's record, or ErrNotFound.
 	Get(ctx context.Context, id string) (map[string][]byte, error)

@@ -204,8 +204,8 @@ var cases = []struct {
 		if diff := cmp.Diff(map[string]string{"go-sdk": "state 2", "plugin/fmt": ""}, e.get()); diff != "" {
 			e.t.Errorf("get (-want +got):\n%s", diff)
 		}
-		if again := e.claim(e.a, false); again != (statestore.Claim{Fence: c.Fence}) {
-			e.t.Errorf("holder's claim again = %+v, want fence %d unchanged", again, c.Fence)
+		if again := e.claim(e.a, false); again != (statestore.Claim{Fence: c.Fence, Held: true}) {
+			e.t.Errorf("holder's claim again = %+v, want fence %d unchanged, held", again, c.Fence)
 		}
 		_, err := e.s.Get(e.ctx, e.id+"-other")
 		wantErr(e.t, "get of an unknown ID", err, statestore.ErrNotFound)
