@@ -404,6 +404,9 @@ func New(src *plugins.Reloader, opts *Options) *Host {
 		Saved: func(ctx context.Context, key sessions.Key, p *plugins.Plugin) (*plugins.State, string) {
 			return h.dur.Saved(ctx, key, p)
 		},
+		Stored: func(ctx context.Context, key sessions.Key, p *plugins.Plugin) (*plugins.State, string, bool) {
+			return h.dur.Stored(ctx, key, p)
+		},
 	})
 	h.metrics.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "wasmtools_session_handles", Help: "Session handles of 2026-07-28 clients open now.",

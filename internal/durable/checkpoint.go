@@ -2,6 +2,7 @@ package durable
 
 import (
 	"context"
+	"crypto/sha256"
 	"errors"
 	"time"
 
@@ -42,7 +43,7 @@ func (d *Keeper) checkpoint(ctx context.Context, c *Claim, p *plugins.Plugin, in
 			// store's older one.
 			c.mu.Lock()
 			defer c.mu.Unlock()
-			if fence != c.seeded {
+			if fence != c.seeded || c.retired {
 				return NotSavedMoved, errMoved
 			}
 			c.remember(p.Name(), first)
@@ -57,7 +58,7 @@ func (d *Keeper) checkpoint(ctx context.Context, c *Claim, p *plugins.Plugin, in
 	field := "p/" + p.Name()
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if fence != c.seeded {
+	if fence != c.seeded || c.retired {
 		return NotSavedMoved, errMoved
 	}
 	c.remember(p.Name(), first)
@@ -113,7 +114,7 @@ func (d *Keeper) relost(ctx context.Context, c *Claim) error {
 	d.log.Warn("state store lost the session's record: writing it back", "session", c.id)
 	d.obs.StoreLost()
 	clear(c.saved)
-	c.fence, c.dirty = cl.Fence, false
+	c.fence, c.dirty, c.taken = cl.Fence, false, cl.Taken
 	return d.putLocked(ctx, c, "mcp", mcpOr(c.mcp))
 }
 
@@ -186,6 +187,64 @@ func (d *Keeper) Saved(ctx context.Context, key sessions.Key, p *plugins.Plugin)
 		return nil, ""
 	}
 	return &plugins.State{Host: pr.Host, SHA256: pr.SHA256, Data: pr.Data}, ""
+}
+
+// Stored is [sessions.Options.Stored]: p's state in key's record, read
+// now under this replica's claim, for a plugin whose instance was dropped
+// as moved. known is false without a current claim here (the session's
+// next request claims it, and seeds the client), with the store away, or
+// with the record gone (the claim's next check writes it back). A state
+// this replica was told was not saved is lost with the instance: reason
+// not-saved, once.
+func (d *Keeper) Stored(ctx context.Context, key sessions.Key, p *plugins.Plugin) (st *plugins.State, reason string, known bool) {
+	if d == nil {
+		return nil, "", false
+	}
+	d.mu.Lock()
+	c := d.claims[key]
+	d.mu.Unlock()
+	if c == nil || d.open() {
+		return nil, "", false
+	}
+	select {
+	case <-c.ready:
+	default:
+		return nil, "", false
+	}
+	if c.err != nil {
+		return nil, "", false
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.stale || c.retired {
+		return nil, "", false
+	}
+	name := p.Name()
+	if c.unsaved[name] != "" {
+		delete(c.unsaved, name) // said once, by this reset
+		return nil, ReasonNotSaved, true
+	}
+	ctx, cancel := context.WithTimeout(ctx, d.timeout())
+	defer cancel()
+	rec, err := d.store.Get(ctx, c.id)
+	if err != nil {
+		if !errors.Is(err, statestore.ErrNotFound) {
+			d.observe(err)
+		}
+		return nil, "", false
+	}
+	v, ok := rec["p/"+name]
+	if !ok {
+		return nil, "", true // none saved: a fresh start
+	}
+	var pr pluginRecord
+	if err := unmarshalRecord(v, &pr); err != nil || pr.Lost != "" {
+		return nil, sessions.ReasonReplicaLost, true
+	}
+	// The claim's notes follow the state the instance starts from.
+	c.saved["p/"+name] = sha256.Sum256(v)
+	c.done[name], c.ran[name] = pr.Done, pr.Ran
+	return &plugins.State{Host: pr.Host, SHA256: pr.SHA256, Data: pr.Data}, "", true
 }
 
 // Drain checkpoints every instance of every claimed session (waiting for

@@ -57,6 +57,15 @@ type Claim struct {
 	// verified is when this replica's claim was last confirmed by the
 	// store (monotonic).
 	verified time.Time
+	// retired: this replica forgot the claim and claimed the session
+	// anew; the new claim holds its notes (or read the record again), and
+	// it writes nothing more (a write of its, late, could land over the
+	// new claim's under the same fence).
+	retired bool
+	// taken is the Taken of the last claim this replica saw answered
+	// (statestore.Claim.Taken): while the store's stays the same, no one
+	// claimed the session since, this replica included.
+	taken uint64
 }
 
 func newClaim(id string) *Claim {
@@ -72,11 +81,21 @@ func newClaim(id string) *Claim {
 // answers.
 const memoryGrace = 2 * time.Second
 
-// isStale reports c.stale.
-func (c *Claim) isStale() bool {
+// retire marks c, a claim this replica forgot, as replaced.
+func (c *Claim) retire() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return c.stale
+	c.retired = true
+}
+
+// claimedLast reports whether c, a claim this replica forgot, was the
+// last to claim the session: the store's Taken is still the one c saw
+// answered (no one claimed since, this replica included), and c's record
+// was read since its last claim (not stale).
+func (c *Claim) claimedLast(taken uint64) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return !c.stale && c.taken != 0 && c.taken == taken
 }
 
 // fresh reports whether c may be served from memory: its claim was
@@ -201,13 +220,17 @@ func (d *Keeper) take(ctx context.Context, key sessions.Key, ns *NewSession, c *
 	d.mu.Unlock()
 	resumable := old != nil // until a claim says someone else claimed since
 	defer func() {
-		if err != nil && resumable {
+		switch {
+		case old == nil:
+		case err != nil && resumable:
 			// Not taken after all: kept for the next try.
 			d.mu.Lock()
 			if d.forgotten[key] == nil {
 				d.forgotten[key] = old
 			}
 			d.mu.Unlock()
+		default:
+			old.retire()
 		}
 	}()
 	c.mu.Lock()
@@ -217,7 +240,8 @@ func (d *Keeper) take(ctx context.Context, key sessions.Key, ns *NewSession, c *
 	if err != nil {
 		return false, unavailable(err)
 	}
-	resumable = resumable && cl.Held && !old.isStale()
+	c.taken = cl.Taken
+	resumable = resumable && old.claimedLast(cl.Taken)
 	rec, err := d.store.Get(ctx, c.id)
 	if err != nil && !errors.Is(err, statestore.ErrNotFound) {
 		return false, unavailable(d.observe(fmt.Errorf("state store: read session: %w", err)))
@@ -291,13 +315,14 @@ func (d *Keeper) verify(ctx context.Context, key sessions.Key, c *Claim) error {
 	if err != nil {
 		return unavailable(err)
 	}
-	if cl.Held && cl.Fence != c.fence && !c.stale {
-		// No one claimed the session since this replica did: the fence
-		// moved by its own bump, whose answer was lost. What it holds
-		// is the newest state; re-reading would roll back what it was
-		// told was not saved, without a notice. (Stale: another
-		// replica served the session before this replica's last
-		// claim, whose record was not read: it is read now.)
+	if cl.Fence != c.fence && !c.stale && cl.Taken != 0 && cl.Taken == c.taken {
+		// No one claimed the session since the last claim this replica
+		// saw answered: the fence moved by its own bump, whose answer
+		// was lost. What it holds is the newest state; re-reading would
+		// roll back what it was told was not saved, without a notice.
+		// (Stale: another replica served the session before this
+		// replica's last claim, whose record was not read: it is read
+		// now.)
 		c.fence, c.dirty = cl.Fence, false
 	}
 	if cl.Fence == c.fence {
@@ -313,6 +338,7 @@ func (d *Keeper) verify(ctx context.Context, key sessions.Key, c *Claim) error {
 	}
 	c.stale = false
 	c.verified = asked
+	c.taken = cl.Taken
 	if cl.Previous == (statestore.Owner{}) && !hasPlugins(rec) {
 		return d.recover(ctx, key, c, cl.Fence)
 	}
@@ -340,6 +366,7 @@ func (d *Keeper) resume(key sessions.Key, c, old *Claim, rec map[string][]byte) 
 	seeded, dirty, fence := old.seeded, old.dirty, old.fence
 	unsaved := maps.Clone(old.unsaved)
 	done, ran := maps.Clone(old.done), maps.Clone(old.ran)
+	old.retired = true // in the same step: none of its notes is missed
 	old.mu.Unlock()
 	if err := d.seed(key, c, rec, seeded, unsaved); err != nil {
 		return err

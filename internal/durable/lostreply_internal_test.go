@@ -88,7 +88,9 @@ func newLossyWorld(t *testing.T) *lossyWorld {
 		return p
 	}
 	w := &lossyWorld{t: t, ctx: ctx, key: sessions.Client("alice"), p: load("p"), q: load("q")}
-	w.ses = sessions.New(&sessions.Options{})
+	w.ses = sessions.New(&sessions.Options{Stored: func(ctx context.Context, key sessions.Key, p *plugins.Plugin) (*plugins.State, string, bool) {
+		return w.d.Stored(ctx, key, p) // as the host wires it
+	}})
 	t.Cleanup(func() { w.ses.Close(ctx) })
 	w.st = &lossyStore{Store: statestore.NewMemory()}
 	w.d = New(Options{Store: w.st, Sessions: w.ses, Replica: "a"})
@@ -269,7 +271,7 @@ func TestServedFromMemoryKeyOutlivesForgottenClaim(t *testing.T) {
 
 // A bump whose reply is lost without a resend (the exchange's deadline
 // fired) leaves the claim at the old fence; at the next request's claim
-// the store says this replica held the session all along (Claim.Held),
+// the store says no one claimed the session since (Claim.Taken unchanged),
 // so the new fence is its own: adopted, and what it holds goes on. Before,
 // its own bump was taken for another holder's claim: the claim's unsaved
 // notes were cleared and the client re-seeded from the store, and the

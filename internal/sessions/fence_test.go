@@ -1,10 +1,13 @@
 package sessions_test
 
 import (
+	"context"
 	"errors"
+	"sync/atomic"
 	"testing"
 
 	"github.com/wasmtools/wasmtools/internal/sessions"
+	"github.com/wasmtools/wasmtools/plugins"
 )
 
 // Issue #25, findings 1 and 2: the fence an instance was seeded under is
@@ -45,14 +48,21 @@ func TestSeedRetiresInstancesOfAnotherFence(t *testing.T) {
 }
 
 // A lease done with ErrMoved (its session was taken over during the call)
-// leaves the client's state in the store: a lease that came with a claim
-// from before the move, and would start an instance without a seed, fails
-// with ErrMoved until the client is seeded again. The old code started a
-// fresh instance, and its checkpoint wrote an empty state over the
-// stored one (TestRacingTakeoversLoseNoUpdate, about one run in a
-// hundred under load).
-func TestMovedClientStartsOnlyFromASeed(t *testing.T) {
-	w := newWorld(t, sessions.Options{})
+// leaves the client's state in the store: the plugin's next instance,
+// unless a Seed came since, starts from what Options.Stored reads from
+// the store, and the lease fails with ErrMoved while it cannot tell. The
+// old code started a fresh instance, and its checkpoint wrote an empty
+// state over the stored one (TestRacingTakeoversLoseNoUpdate, about one
+// run in a hundred under load); then, asked to wait for the next Seed, a
+// session whose claim was current waited for good (a Seed that came
+// during the call and kept the instance going had dropped its seed).
+func TestMovedClientStartsOnlyFromTheStore(t *testing.T) {
+	var known atomic.Bool
+	var asked atomic.Int32
+	w := newWorld(t, sessions.Options{Stored: func(ctx context.Context, key sessions.Key, p *plugins.Plugin) (*plugins.State, string, bool) {
+		asked.Add(1)
+		return nil, "", known.Load()
+	}})
 	defer w.finish()
 	k := sessions.Client("c1")
 	if err := w.m.Seed(k, nil, 1); err != nil {
@@ -63,51 +73,39 @@ func TestMovedClientStartsOnlyFromASeed(t *testing.T) {
 		t.Fatal(err)
 	}
 	l.Done(sessions.ErrMoved)
-	if l, err := w.m.Acquire(w.ctx, k, w.plugin("counter")); !errors.Is(err, sessions.ErrMoved) {
+	if l, err := w.m.Acquire(w.ctx, k, w.plugin("counter")); !errors.Is(err, sessions.ErrMoved) || asked.Load() != 1 {
 		if err == nil {
 			l.Done(nil)
 		}
-		t.Fatalf("a lease after the move, before a seed: %v; want ErrMoved", err)
+		t.Fatalf("a lease after the move, the store not telling: %v (Stored asked %d times); want ErrMoved", err, asked.Load())
 	}
+	// The store tells (it holds nothing for the plugin): a fresh start.
+	known.Store(true)
+	l, err = w.m.Acquire(w.ctx, k, w.plugin("counter"))
+	if err != nil {
+		t.Fatalf("a lease after the move, the store telling: %v", err)
+	}
+	// Seeded again under the same fence while the call runs: the
+	// instance is kept and its seed dropped (a later eviction must not
+	// roll it back to the seed); a move after it asks the store again.
+	if err := w.m.Seed(k, map[string]sessions.Seed{"counter": {Lost: "stands for a stored state"}}, 1); err != nil {
+		t.Fatal(err)
+	}
+	l.Done(sessions.ErrMoved)
+	known.Store(false)
+	if l, err := w.m.Acquire(w.ctx, k, w.plugin("counter")); !errors.Is(err, sessions.ErrMoved) || asked.Load() != 3 {
+		if err == nil {
+			l.Done(nil)
+		}
+		t.Fatalf("a lease after a move that a Seed keeping the instance overtook: %v (Stored asked %d times); want ErrMoved", err, asked.Load())
+	}
+	// A Seed after the move speaks for the plugin: no store asked.
 	if err := w.m.Seed(k, nil, 2); err != nil {
 		t.Fatal(err)
 	}
 	l, err = w.m.Acquire(w.ctx, k, w.plugin("counter"))
-	if err != nil {
-		t.Fatalf("a lease after the client was seeded again: %v", err)
-	}
-	// Seeded again while a call that is to end moved still runs (another
-	// request took the session over from the store meanwhile): the new
-	// seed stands, and a later lease starts without one.
-	if err := w.m.Seed(k, nil, 3); err != nil {
-		t.Fatal(err)
-	}
-	l.Done(sessions.ErrMoved)
-	l, err = w.m.Acquire(w.ctx, k, w.plugin("counter"))
-	if err != nil {
-		t.Fatalf("a lease after a move that a seed overtook: %v", err)
-	}
-	// Seeded again under the same fence while the call runs (this
-	// replica claimed the session again, and no one else had): the
-	// instance is kept and its seed dropped (a later eviction must not
-	// roll it back to the seed), so that Seed does not speak for it: a
-	// move after it is marked, and only the next Seed lets it start.
-	if err := w.m.Seed(k, map[string]sessions.Seed{"counter": {Lost: "stands for a stored state"}}, 3); err != nil {
-		t.Fatal(err)
-	}
-	l.Done(sessions.ErrMoved)
-	if l, err := w.m.Acquire(w.ctx, k, w.plugin("counter")); !errors.Is(err, sessions.ErrMoved) {
-		if err == nil {
-			l.Done(nil)
-		}
-		t.Fatalf("a lease after a move that a seed keeping the instance overtook: %v; want ErrMoved", err)
-	}
-	if err := w.m.Seed(k, nil, 4); err != nil {
-		t.Fatal(err)
-	}
-	l, err = w.m.Acquire(w.ctx, k, w.plugin("counter"))
-	if err != nil {
-		t.Fatalf("a lease after the next seed: %v", err)
+	if err != nil || asked.Load() != 3 {
+		t.Fatalf("a lease after the next Seed: %v (Stored asked %d times)", err, asked.Load())
 	}
 	l.Done(nil)
 }

@@ -126,9 +126,6 @@ type Lease struct {
 	cancel context.CancelCauseFunc
 	start  time.Time
 	fence  uint64
-	// seeded is the client's count of Seeds when the lease got its
-	// instance (see ErrMoved).
-	seeded uint64
 
 	// guarded by m.mu
 	token    bool          // holds a concurrency token
@@ -247,17 +244,33 @@ func (m *Manager) acquireSlot(ctx context.Context, key Key, p *plugins.Plugin) (
 		_, seeded := c.seeds[p.Name()]
 		moved := c.moved[p.Name()] && !seeded
 		m.mu.Unlock()
+		var stored *Seed
 		if moved {
-			// The session's state is in the store, and this lease came
-			// with a claim from before the move (see ErrMoved).
-			return fail(ErrMoved)
+			// The plugin's state is in the store (see ErrMoved).
+			var st *plugins.State
+			why, known := "", false
+			if m.opts.Stored != nil {
+				st, why, known = m.opts.Stored(ctx, c.key, p)
+			}
+			switch {
+			case !known:
+				return fail(ErrMoved)
+			case st != nil:
+				stored = &Seed{State: st}
+			case why != "":
+				stored = &Seed{Lost: "its state could not be read back from the state store", Reason: why}
+			}
 		}
 		if err := m.reserve(ctx, p, sl); err != nil {
 			return fail(err)
 		}
 		m.mu.Lock()
+		delete(c.moved, p.Name())
 		seed, seeded := c.seeds[p.Name()]
 		delete(c.seeds, p.Name())
+		if stored != nil {
+			seed, seeded = *stored, true
+		}
 		fence := c.fence
 		evicted := sl.notice.Reset != nil && sl.notice.Reset.Reason == ReasonEvicted
 		m.mu.Unlock()
@@ -298,7 +311,7 @@ func (m *Manager) acquireSlot(ctx context.Context, key Key, p *plugins.Plugin) (
 	}
 	l.inst = sl.inst
 	m.mu.Lock()
-	l.fence, l.seeded = sl.fence, c.seeded
+	l.fence = sl.fence
 	m.mu.Unlock()
 	l.notice, sl.notice = sl.notice, Notice{}
 	if err := m.takeToken(ctx, l); err != nil {
@@ -462,17 +475,10 @@ func (l *Lease) Done(err error) {
 			m.dropInstance(sl)
 			if errors.Is(err, ErrMoved) {
 				m.mu.Lock()
-				// Unless the client was seeded again meanwhile (another
-				// request took the session over from the store while
-				// this call ended) and that Seed spoke for this plugin
-				// (gave it a seed, or none, meaning a fresh start): one
-				// that kept this instance going dropped its seed.
-				if l.c.seeded == l.seeded || l.c.kept[sl.plugin] {
-					if l.c.moved == nil {
-						l.c.moved = map[string]bool{}
-					}
-					l.c.moved[sl.plugin] = true
+				if l.c.moved == nil {
+					l.c.moved = map[string]bool{}
 				}
+				l.c.moved[sl.plugin] = true
 				m.mu.Unlock()
 			}
 		case reason != "":

@@ -82,9 +82,10 @@ var (
 	// ErrMoved, given to [Lease.Done], drops the lease's instance without
 	// a notice: the client's session was taken over by another replica,
 	// and its next lease here starts from the state store. Until the
-	// client is seeded again ([Manager.Seed]), a lease that would start
-	// that plugin's instance without a seed fails with ErrMoved: nothing
-	// runs on a fresh instance in place of the stored state.
+	// client is seeded again ([Manager.Seed]), that plugin's next
+	// instance starts from what [Options.Stored] reads from the store, or
+	// the lease fails with ErrMoved when it cannot tell: nothing runs on
+	// a fresh instance in place of the stored state.
 	ErrMoved = errors.New("session moved to another replica")
 )
 
@@ -154,6 +155,14 @@ type Options struct {
 	// the reset's reason (the stored state is older than the instance's
 	// last call: "not-saved").
 	Saved func(ctx context.Context, key Key, p *plugins.Plugin) (st *plugins.State, reason string)
+	// Stored, if set, returns p's state as the state store holds it for
+	// key's client, read now, for a plugin whose instance was dropped as
+	// moved ([ErrMoved]) with no seed since: its next instance starts
+	// from it (from nothing, with known and no state or reason: the
+	// store holds none; afresh with a reset of that reason, with a
+	// reason). known is false when the caller cannot tell now: the lease
+	// then fails with ErrMoved, and the client's next Seed decides.
+	Stored func(ctx context.Context, key Key, p *plugins.Plugin) (st *plugins.State, reason string, known bool)
 }
 
 // Observer is told of instance events. Its methods must not block.
@@ -270,14 +279,10 @@ type client struct {
 	// under another are stale; guarded by Manager.mu.
 	fence uint64
 	// moved are the plugins whose lease ended with ErrMoved, with no
-	// seed since: what their next instance must start from is in the
-	// state store, not known here, so none starts until the next Seed.
-	// kept are the plugins whose instance the last Seed kept going (and
-	// whose seed it dropped); seeded counts the Seeds. All three guarded
-	// by Manager.mu.
-	moved  map[string]bool
-	kept   map[string]bool
-	seeded uint64
+	// Seed since: what their next instance must start from is in the
+	// state store, not known here (Options.Stored); guarded by
+	// Manager.mu.
+	moved map[string]bool
 }
 
 // clientLocked returns key's client, making it on first use, and counts a
@@ -667,17 +672,14 @@ func (m *Manager) Seed(key Key, seeds map[string]Seed, fence uint64) error {
 	// An instance that stays (same fence) is newer than its seed: were
 	// it evicted later, its seed would roll it back unnoticed.
 	seeds = maps.Clone(seeds)
-	c.kept = map[string]bool{}
 	for name, sl := range c.slots {
 		if sl.inst != nil && sl.fence == fence {
 			delete(seeds, name)
-			c.kept[name] = true
 		}
 	}
 	c.seeds = seeds
 	c.fence = fence
 	c.moved = nil
-	c.seeded++
 	m.mu.Unlock()
 	for _, sl := range m.slotsOf(key) {
 		if sl.tryLock() {

@@ -149,21 +149,55 @@ func TestBumpSentAgain(t *testing.T) {
 			// The holder claims again: the old fence's bump is refused.
 			own, err := s.Claim(ctx, id, a, long, true)
 			must(t, err)
-			if own.Fence != next || !own.Held || c.Held {
-				t.Fatalf("the holder's claim: %d (held %v), want %d (held); its first: held %v", own.Fence, own.Held, next, c.Held)
+			if own.Fence != next || own.Taken != c.Fence || c.Taken != c.Fence {
+				t.Fatalf("the holder's claim: %+v, want fence %d taken %d; its first: %+v", own, next, c.Fence, c)
 			}
 			_, err = s.Renew(ctx, id, c.Fence, long, true)
 			wantErr(t, "a bump from the replaced fence after the holder's claim", err, statestore.ErrFenced)
 			// Another owner takes the session: neither of the old
 			// holder's fences bumps any more.
 			must(t, s.Heartbeat(ctx, o, long))
-			if other, err := s.Claim(ctx, id, o, long, true); err != nil || other.Held {
-				t.Fatalf("another owner's claim: held %v, %v", other.Held, err)
+			if other, err := s.Claim(ctx, id, o, long, true); err != nil || other.Taken != other.Fence {
+				t.Fatalf("another owner's claim: %+v, %v", other, err)
 			}
 			_, err = s.Renew(ctx, id, c.Fence, long, true)
 			wantErr(t, "the old holder's bump after a claim", err, statestore.ErrFenced)
 			_, err = s.Renew(ctx, id, next, long, true)
 			wantErr(t, "the old holder's bump of its new fence after a claim", err, statestore.ErrFenced)
+		})
+	}
+}
+
+// A claim says which claim made its caller the holder (Claim.Taken), so
+// that a holder whose stealing claim's reply was lost (or was sent again
+// by its client, which then answers as the holder's own claim) sees from
+// its next claim that someone claimed since the last claim it saw
+// answered: itself. Without it, the holder took the store's word that it
+// had held the session all along, and served instances from before the
+// other owner's writes (TestClaimLostReplyIsNotOwnBump in durable).
+func TestClaimTakenNamesTheLastClaim(t *testing.T) {
+	for _, b := range backends(t) {
+		t.Run(b.name, func(t *testing.T) {
+			s := b.open(t)
+			ctx := context.Background()
+			a, o := owners(t)
+			id := t.Name()
+			must(t, s.Heartbeat(ctx, a, long))
+			must(t, s.Heartbeat(ctx, o, long))
+			mine, err := s.Claim(ctx, id, a, long, false)
+			must(t, err)
+			_, err = s.Claim(ctx, id, o, long, true)
+			must(t, err)
+			stolen, err := s.Claim(ctx, id, a, long, true) // its reply is lost
+			must(t, err)
+			again, err := s.Claim(ctx, id, a, long, true)
+			must(t, err)
+			if stolen.Taken != stolen.Fence || again.Taken != stolen.Fence || again.Fence != stolen.Fence {
+				t.Fatalf("the stealing claim %+v, the next %+v: want both taken at %d", stolen, again, stolen.Fence)
+			}
+			if again.Taken == mine.Taken {
+				t.Fatalf("the claim after another owner's reads as the holder's first: taken %d", again.Taken)
+			}
 		})
 	}
 }

@@ -66,6 +66,7 @@ type fileMeta struct {
 	Expires int64  `json:"expires"`           // Unix ns
 	Version uint64 `json:"version,omitempty"` // the write version ([versioned])
 	Bumped  uint64 `json:"bumped,omitempty"`  // the fence the holder's last bump replaced; 0 after a claim
+	Taken   uint64 `json:"taken,omitempty"`   // the fence of the claim that made the holder (Claim.Taken)
 }
 
 // NewFile opens (or creates, mode 0600) the store at path. The caller
@@ -287,7 +288,7 @@ func (f *File) Claim(ctx context.Context, id string, owner Owner, ttl time.Durat
 		fence := f.fence(tx, id)
 		switch {
 		case m.Held && m.Owner == owner && Epoch(fence) == f.epoch(tx):
-			c.Fence, c.Held, m.Bumped = fence, true, 0
+			c.Fence, c.Taken, m.Bumped = fence, m.Taken, 0
 			return errors.Join(putMeta(b, m), f.setFence(tx, id, fence, ttl))
 		case m.Held:
 			alive := f.isAlive(m.Owner)
@@ -303,6 +304,7 @@ func (f *File) Claim(ctx context.Context, id string, owner Owner, ttl time.Durat
 			n = firstFence()
 		}
 		c.Fence = uint64(f.epoch(tx))<<32 | uint64(n)
+		c.Taken, m.Taken = c.Fence, c.Fence
 		return errors.Join(putMeta(b, m), f.setFence(tx, id, c.Fence, ttl))
 	})
 	switch {

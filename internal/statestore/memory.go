@@ -25,6 +25,7 @@ type memRecord struct {
 	held    bool
 	fence   uint64
 	bumped  uint64 // the fence the holder's last bump replaced; 0 after a claim
+	taken   uint64 // the fence of the claim that made the holder (Claim.Taken)
 	expires time.Time
 	fields  map[string][]byte
 	version uint64 // the write version ([versioned]); 0 for none
@@ -119,7 +120,7 @@ func (m *Memory) Claim(ctx context.Context, id string, owner Owner, ttl time.Dur
 	r.expires = m.now().Add(ttl)
 	if r.held && r.owner == owner && Epoch(r.fence) == m.epoch {
 		r.bumped = 0
-		return Claim{Fence: r.fence, Held: true}, nil
+		return Claim{Fence: r.fence, Taken: r.taken}, nil
 	}
 	var c Claim
 	if r.held {
@@ -135,7 +136,7 @@ func (m *Memory) Claim(ctx context.Context, id string, owner Owner, ttl time.Dur
 		n = firstFence()
 	}
 	r.fence = uint64(m.epoch)<<32 | uint64(n)
-	c.Fence = r.fence
+	c.Fence, c.Taken, r.taken = r.fence, r.fence, r.fence
 	return c, nil
 }
 

@@ -149,8 +149,9 @@ func (r *Redis) Leave(ctx context.Context, owner Owner) error {
 // claimScript: KEYS rec, fence counter, epoch; ARGV owner key, replica,
 // boot, ttl ms, fence ttl ms, steal, a new epoch (used when the store has
 // none), a random first fence (used when neither the counter nor the
-// record has one). Returns {0, epoch, n} (held already, under this
-// epoch), {1, replica, boot} (held by a live owner), or {2, epoch, n, prev
+// record has one). Returns {0, epoch, n, taken} (held already, under this
+// epoch; taken: the number of the claim that made the holder, "m:taken"),
+// {1, replica, boot} (held by a live owner), or {2, epoch, n, prev
 // replica, prev boot, prev alive}. Like Memory, every claim renews the
 // record's TTL.
 //
@@ -163,12 +164,12 @@ var claimScript = redis.NewScript(`
 local rec, fk, ek = KEYS[1], KEYS[2], KEYS[3]
 local epoch = redis.call('GET', ek)
 if not epoch then redis.call('SET', ek, ARGV[7]); epoch = ARGV[7] end
-local h = redis.call('HMGET', rec, 'm:owner', 'm:replica', 'm:boot', 'm:epoch', 'm:n')
+local h = redis.call('HMGET', rec, 'm:owner', 'm:replica', 'm:boot', 'm:epoch', 'm:n', 'm:taken')
 if redis.call('EXISTS', rec) == 1 then redis.call('PEXPIRE', rec, ARGV[4]) end
 if h[1] == ARGV[1] and h[4] == epoch and h[5] then
   redis.call('HDEL', rec, 'm:bumped')
   redis.call('PEXPIRE', fk, ARGV[5])
-  return {0, epoch, h[5]}
+  return {0, epoch, h[5], h[6] or '0'}
 end
 local pr, pb, alive = '', '', 0
 if h[1] and h[1] ~= '' then
@@ -180,7 +181,7 @@ local c, r = tonumber(redis.call('GET', fk) or '0'), tonumber(h[5] or '0')
 local n = math.max(c, r) + 1
 if c == 0 and r == 0 then n = tonumber(ARGV[8]) end
 redis.call('SET', fk, n, 'PX', ARGV[5])
-redis.call('HSET', rec, 'm:owner', ARGV[1], 'm:replica', ARGV[2], 'm:boot', ARGV[3], 'm:epoch', epoch, 'm:n', n)
+redis.call('HSET', rec, 'm:owner', ARGV[1], 'm:replica', ARGV[2], 'm:boot', ARGV[3], 'm:epoch', epoch, 'm:n', n, 'm:taken', n)
 redis.call('HDEL', rec, 'm:bumped')
 redis.call('PEXPIRE', rec, ARGV[4])
 return {2, epoch, tostring(n), pr, pb, alive}
@@ -220,15 +221,19 @@ func (r *Redis) Claim(ctx context.Context, id string, owner Owner, ttl time.Dura
 	}
 	num := func(i int) uint64 { n, _ := res[i].(int64); return uint64(n) }
 	switch {
-	case len(res) == 3 && num(0) == 0:
+	case len(res) == 4 && num(0) == 0:
 		if f, ok := joinFence(str(1), str(2)); ok {
-			return Claim{Fence: f, Held: true}, nil
+			var taken uint64 // 0 when the record has none
+			if str(3) != "0" {
+				taken, _ = joinFence(str(1), str(3))
+			}
+			return Claim{Fence: f, Taken: taken}, nil
 		}
 	case len(res) == 3 && num(0) == 1:
 		return Claim{}, &HeldError{Holder: Owner{Replica: str(1), Boot: str(2)}}
 	case len(res) == 6 && num(0) == 2:
 		if f, ok := joinFence(str(1), str(2)); ok {
-			return Claim{Fence: f, Previous: Owner{Replica: str(3), Boot: str(4)}, PreviousAlive: num(5) == 1}, nil
+			return Claim{Fence: f, Taken: f, Previous: Owner{Replica: str(3), Boot: str(4)}, PreviousAlive: num(5) == 1}, nil
 		}
 	}
 	return Claim{}, fmt.Errorf("statestore: redis: claim: unexpected reply %v", res)

@@ -116,10 +116,14 @@ type Claim struct {
 	// PreviousAlive says Previous's heartbeat was still there: the claim
 	// was stolen from a live owner.
 	PreviousAlive bool
-	// Held says the caller held the session already: no one claimed it
-	// since the caller's last claim (its fence may still have moved, by
-	// the caller's own bump).
-	Held bool
+	// Taken is the fence of the claim that made the caller the holder:
+	// this claim's if it did, else an earlier one's (0 when the store
+	// cannot tell). A holder that remembers the fence of the last claim
+	// it saw answered knows from Taken whether anyone claimed the
+	// session since, itself included (a claim whose reply it lost, or
+	// that its client sent again); a fence that moved with Taken
+	// unchanged moved by the holder's own bumps.
+	Taken uint64
 }
 
 // Store is a backend. Every method is safe for concurrent use, honours

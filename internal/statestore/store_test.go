@@ -204,8 +204,8 @@ var cases = []struct {
 		if diff := cmp.Diff(map[string]string{"go-sdk": "state 2", "plugin/fmt": ""}, e.get()); diff != "" {
 			e.t.Errorf("get (-want +got):\n%s", diff)
 		}
-		if again := e.claim(e.a, false); again != (statestore.Claim{Fence: c.Fence, Held: true}) {
-			e.t.Errorf("holder's claim again = %+v, want fence %d unchanged, held", again, c.Fence)
+		if again := e.claim(e.a, false); again != (statestore.Claim{Fence: c.Fence, Taken: c.Fence}) {
+			e.t.Errorf("holder's claim again = %+v, want fence %d unchanged, taken by the first claim", again, c.Fence)
 		}
 		_, err := e.s.Get(e.ctx, e.id+"-other")
 		wantErr(e.t, "get of an unknown ID", err, statestore.ErrNotFound)
@@ -235,7 +235,7 @@ var cases = []struct {
 		if err != nil {
 			e.t.Fatalf("claim by b once a's heartbeat expired: %v", err)
 		}
-		e.wantClaim("takeover", b, statestore.Claim{Fence: a.Fence + 1, Previous: e.a})
+		e.wantClaim("takeover", b, statestore.Claim{Fence: a.Fence + 1, Taken: a.Fence + 1, Previous: e.a})
 		wantErr(e.t, "stale owner's put", e.put("f", "lost", a.Fence), statestore.ErrFenced)
 		if got := e.get()["f"]; got != "by a" {
 			e.t.Fatalf("f = %q after a fenced put", got)
@@ -246,14 +246,14 @@ var cases = []struct {
 		a := e.claim(e.a, false)
 		must(e.t, e.s.Leave(e.ctx, e.a))
 		b := e.claim(e.b, false)
-		e.wantClaim("takeover", b, statestore.Claim{Fence: a.Fence + 1, Previous: e.a})
+		e.wantClaim("takeover", b, statestore.Claim{Fence: a.Fence + 1, Taken: a.Fence + 1, Previous: e.a})
 	}},
 	{"steal from a live owner", func(e env) {
 		e.bothAlive()
 		a := e.claim(e.a, false)
 		must(e.t, e.put("n", "1", a.Fence))
 		b := e.claim(e.b, true)
-		e.wantClaim("steal", b, statestore.Claim{Fence: a.Fence + 1, Previous: e.a, PreviousAlive: true})
+		e.wantClaim("steal", b, statestore.Claim{Fence: a.Fence + 1, Taken: a.Fence + 1, Previous: e.a, PreviousAlive: true})
 		wantErr(e.t, "stale owner's put", e.put("n", "2 by a", a.Fence), statestore.ErrFenced)
 		must(e.t, e.put("n", "2 by b", b.Fence))
 		if got := e.get()["n"]; got != "2 by b" {
@@ -270,7 +270,7 @@ var cases = []struct {
 		must(e.t, e.put("f", "kept", a.Fence))
 		must(e.t, e.s.Release(e.ctx, e.id, a.Fence))
 		b := e.claim(e.b, false) // at once, though a is alive
-		e.wantClaim("claim after release", b, statestore.Claim{Fence: a.Fence + 1})
+		e.wantClaim("claim after release", b, statestore.Claim{Fence: a.Fence + 1, Taken: a.Fence + 1})
 		if got := e.get()["f"]; got != "kept" {
 			e.t.Fatalf("f = %q after release", got)
 		}
@@ -305,7 +305,7 @@ var cases = []struct {
 		// The claim went with the record: b claims at once, and the fence
 		// goes on counting, so a's stale write is refused.
 		b := e.claim(e.b, false)
-		e.wantClaim("claim after expiry", b, statestore.Claim{Fence: a.Fence + 1})
+		e.wantClaim("claim after expiry", b, statestore.Claim{Fence: a.Fence + 1, Taken: a.Fence + 1})
 		wantErr(e.t, "stale put after expiry", e.put("f", "v", a.Fence), statestore.ErrFenced)
 		// A claim's TTL alone expires too.
 		c, err := e.s.Claim(e.ctx, e.id+"-2", e.a, 300*time.Millisecond, false)
@@ -443,7 +443,7 @@ func TestFileReopen(t *testing.T) {
 	// a's heartbeat was in the old process: its claim is taken at once.
 	b, err := f.Claim(ctx, "id", ownerB, long, false)
 	must(t, err)
-	if want := (statestore.Claim{Fence: a.Fence + 1, Previous: ownerA}); b != want {
+	if want := (statestore.Claim{Fence: a.Fence + 1, Taken: a.Fence + 1, Previous: ownerA}); b != want {
 		t.Fatalf("claim after reopen = %+v, want %+v", b, want)
 	}
 	wantErr(t, "stale put after reopen", f.Put(ctx, "id", "f", []byte("x"), a.Fence, long), statestore.ErrFenced)
