@@ -199,7 +199,7 @@ func (h *Host) callTool(ctx context.Context, key sessions.Key, c plugins.Call, e
 				// Not checkpointed (the store is away), but its key is
 				// kept (a retry during the outage gets this result), and
 				// its state is saved when the store is back.
-				h.dur.ServedFromMemory(memory, t.Plugin().Name(), first)
+				h.dur.ServedFromMemory(key, memory, t.Plugin().Name(), first)
 			}
 			why, cerr := h.dur.AfterCall(ctx, key, claim, l, first)
 			if cerr != nil {

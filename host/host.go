@@ -404,7 +404,7 @@ func New(src *plugins.Reloader, opts *Options) *Host {
 		Saved: func(ctx context.Context, key sessions.Key, p *plugins.Plugin) (*plugins.State, string) {
 			return h.dur.Saved(ctx, key, p)
 		},
-		Stored: func(ctx context.Context, key sessions.Key, p *plugins.Plugin) (*plugins.State, string, bool) {
+		Stored: func(ctx context.Context, key sessions.Key, p *plugins.Plugin) (*plugins.State, string, uint64, bool) {
 			return h.dur.Stored(ctx, key, p)
 		},
 	})

@@ -74,7 +74,7 @@ func (h *Host) request(ctx context.Context, key sessions.Key, p *plugins.Plugin,
 	if runErr == nil && h.dur != nil {
 		// A prompt or resource may change the guest's state too.
 		if cl.memory != nil {
-			h.dur.ServedFromMemory(cl.memory, l.Plugin().Name(), nil)
+			h.dur.ServedFromMemory(key, cl.memory, l.Plugin().Name(), nil)
 		}
 		if _, cerr := h.dur.AfterCall(ctx, key, claim, l, nil); cerr != nil {
 			l.Done(sessions.ErrMoved)

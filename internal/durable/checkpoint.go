@@ -71,7 +71,7 @@ func (d *Keeper) checkpoint(ctx context.Context, c *Claim, p *plugins.Plugin, in
 	start := time.Now()
 	err = d.putLocked(ctx, c, field, b)
 	if statestore.Lost(err) {
-		err = d.relost(ctx, c)
+		err = d.relost(ctx, c.key, c)
 		if err == nil {
 			err = d.putLocked(ctx, c, field, b)
 		}
@@ -103,7 +103,7 @@ func (d *Keeper) checkpoint(ctx context.Context, c *Claim, p *plugins.Plugin, in
 
 // relost claims a session whose record the store lost again, for a write
 // back: errMoved if another replica claimed it meanwhile. c.mu is held.
-func (d *Keeper) relost(ctx context.Context, c *Claim) error {
+func (d *Keeper) relost(ctx context.Context, key sessions.Key, c *Claim) error {
 	cl, err := d.store.Claim(ctx, c.id, d.owner, d.ttl(), true)
 	if err != nil {
 		return d.observe(err)
@@ -113,6 +113,9 @@ func (d *Keeper) relost(ctx context.Context, c *Claim) error {
 	}
 	d.log.Warn("state store lost the session's record: writing it back", "session", c.id)
 	d.obs.StoreLost()
+	if err := d.announceLost(key, c); err != nil {
+		return err
+	}
 	clear(c.saved)
 	c.fence, c.dirty, c.taken = cl.Fence, false, cl.Taken
 	return d.putLocked(ctx, c, "mcp", mcpOr(c.mcp))
@@ -132,12 +135,12 @@ func (d *Keeper) AfterCall(ctx context.Context, key sessions.Key, c *Claim, l *s
 	// instance, and the store must not fall behind it.
 	notSaved, err := d.checkpoint(context.WithoutCancel(ctx), c, l.Plugin(), l.Instance(), l.Fence(), first)
 	if errors.Is(err, errMoved) {
-		d.forget(key)
+		d.forget(key, c)
 		d.log.Warn("session taken over by another replica during a call", "session", key.String())
 		return notSaved, errMoved
 	}
 	if errors.Is(err, errUnverified) {
-		d.forget(key) // claimed and read again by the session's next request
+		d.forget(key, c) // claimed and read again by the session's next request
 		d.log.Warn("call not kept: its state could be neither saved nor verified", "session", key.String())
 		return notSaved, errUnverified
 	}
@@ -148,7 +151,8 @@ func (d *Keeper) AfterCall(ctx context.Context, key sessions.Key, c *Claim, l *s
 }
 
 // Saved returns the state of key's instance of p as the store keeps it,
-// for an instance evicted for room: with after-call checkpoints it is
+// for an instance evicted for room (or discarded in a call that was
+// cancelled or ran out of time, which failed): with after-call checkpoints it is
 // the state as of its last call, so the client goes on as if it had never
 // been evicted. nil when there is none (no store, another policy, a state
 // that could not be saved, or another version's), and when the instance's
@@ -190,39 +194,40 @@ func (d *Keeper) Saved(ctx context.Context, key sessions.Key, p *plugins.Plugin)
 }
 
 // Stored is [sessions.Options.Stored]: p's state in key's record, read
-// now under this replica's claim, for a plugin whose instance was dropped
-// as moved. known is false without a current claim here (the session's
-// next request claims it, and seeds the client), with the store away, or
-// with the record gone (the claim's next check writes it back). A state
-// this replica was told was not saved is lost with the instance: reason
-// not-saved, once.
-func (d *Keeper) Stored(ctx context.Context, key sessions.Key, p *plugins.Plugin) (st *plugins.State, reason string, known bool) {
+// now under this replica's claim (under: the fence the claim's instances
+// are seeded under), for a plugin whose instance was dropped as moved.
+// known is false without a current claim here (the session's next
+// request claims it, and seeds the client), with the store away, or with
+// the record gone (the claim's next check writes it back). A state this
+// replica was told was not saved is lost with the instance: reason
+// not-saved (the note stays until the plugin's next checkpoint, so an
+// attempt that fails after this one says so again).
+func (d *Keeper) Stored(ctx context.Context, key sessions.Key, p *plugins.Plugin) (st *plugins.State, reason string, under uint64, known bool) {
 	if d == nil {
-		return nil, "", false
+		return nil, "", 0, false
 	}
 	d.mu.Lock()
 	c := d.claims[key]
 	d.mu.Unlock()
 	if c == nil || d.open() {
-		return nil, "", false
+		return nil, "", 0, false
 	}
 	select {
 	case <-c.ready:
 	default:
-		return nil, "", false
+		return nil, "", 0, false
 	}
 	if c.err != nil {
-		return nil, "", false
+		return nil, "", 0, false
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.stale || c.retired {
-		return nil, "", false
+		return nil, "", 0, false
 	}
 	name := p.Name()
 	if c.unsaved[name] != "" {
-		delete(c.unsaved, name) // said once, by this reset
-		return nil, ReasonNotSaved, true
+		return nil, ReasonNotSaved, c.seeded, true
 	}
 	ctx, cancel := context.WithTimeout(ctx, d.timeout())
 	defer cancel()
@@ -231,20 +236,20 @@ func (d *Keeper) Stored(ctx context.Context, key sessions.Key, p *plugins.Plugin
 		if !errors.Is(err, statestore.ErrNotFound) {
 			d.observe(err)
 		}
-		return nil, "", false
+		return nil, "", 0, false
 	}
 	v, ok := rec["p/"+name]
 	if !ok {
-		return nil, "", true // none saved: a fresh start
+		return nil, "", c.seeded, true // none saved: a fresh start
 	}
 	var pr pluginRecord
 	if err := unmarshalRecord(v, &pr); err != nil || pr.Lost != "" {
-		return nil, sessions.ReasonReplicaLost, true
+		return nil, sessions.ReasonReplicaLost, c.seeded, true
 	}
 	// The claim's notes follow the state the instance starts from.
 	c.saved["p/"+name] = sha256.Sum256(v)
 	c.done[name], c.ran[name] = pr.Done, pr.Ran
-	return &plugins.State{Host: pr.Host, SHA256: pr.SHA256, Data: pr.Data}, "", true
+	return &plugins.State{Host: pr.Host, SHA256: pr.SHA256, Data: pr.Data}, "", c.seeded, true
 }
 
 // Drain checkpoints every instance of every claimed session (waiting for

@@ -25,6 +25,7 @@ import (
 // session since an instance started under another, and what it holds is
 // not the session's state any more.
 type Claim struct {
+	key   sessions.Key
 	id    string
 	ready chan struct{} // closed once claimed (or failed)
 	err   error
@@ -68,8 +69,8 @@ type Claim struct {
 	taken uint64
 }
 
-func newClaim(id string) *Claim {
-	return &Claim{id: id, ready: make(chan struct{}), saved: map[string][sha256.Size]byte{}, unsaved: map[string]NotSaved{}, done: map[string][]Once{}, ran: map[string][]byte{}}
+func newClaim(key sessions.Key, id string) *Claim {
+	return &Claim{key: key, id: id, ready: make(chan struct{}), saved: map[string][sha256.Size]byte{}, unsaved: map[string]NotSaved{}, done: map[string][]Once{}, ran: map[string][]byte{}}
 }
 
 // memoryGrace is how long after its last verified claim a session may be
@@ -131,7 +132,7 @@ func (d *Keeper) Ensure(ctx context.Context, key sessions.Key, ns *NewSession) (
 	d.mu.Lock()
 	c := d.claims[key]
 	if c == nil {
-		c = newClaim(id)
+		c = newClaim(key, id)
 		d.claims[key] = c
 		d.mu.Unlock()
 		kept, err := d.take(ctx, key, ns, c)
@@ -223,7 +224,8 @@ func (d *Keeper) take(ctx context.Context, key sessions.Key, ns *NewSession, c *
 		switch {
 		case old == nil:
 		case err != nil && resumable:
-			// Not taken after all: kept for the next try.
+			// Not taken after all: kept for the next try (retired, its
+			// notes are as they were taken).
 			d.mu.Lock()
 			if d.forgotten[key] == nil {
 				d.forgotten[key] = old
@@ -242,6 +244,12 @@ func (d *Keeper) take(ctx context.Context, key sessions.Key, ns *NewSession, c *
 	}
 	c.taken = cl.Taken
 	resumable = resumable && old.claimedLast(cl.Taken)
+	var notes claimNotes
+	if old != nil {
+		// Retired before the record is read: a checkpoint of old's
+		// after the read would be in neither the record nor the notes.
+		notes = old.retireTaking()
+	}
 	rec, err := d.store.Get(ctx, c.id)
 	if err != nil && !errors.Is(err, statestore.ErrNotFound) {
 		return false, unavailable(d.observe(fmt.Errorf("state store: read session: %w", err)))
@@ -255,7 +263,7 @@ func (d *Keeper) take(ctx context.Context, key sessions.Key, ns *NewSession, c *
 		// This replica forgot its claim (a call could be neither saved
 		// nor verified), and no one claimed the session since: what it
 		// still holds is the newest state.
-		if err := d.resume(key, c, old, rec); err != nil {
+		if err := d.resume(key, c, notes, rec); err != nil {
 			return false, err
 		}
 	} else if err := d.seed(key, c, rec, cl.Fence, nil); err != nil {
@@ -353,34 +361,49 @@ func (d *Keeper) verify(ctx context.Context, key sessions.Key, c *Claim) error {
 	return d.seed(key, c, rec, cl.Fence, nil)
 }
 
-// resume takes over what old, a claim this replica forgot, knew of the
-// instances it still holds, for c, its new claim, made while no one else
-// claimed the session (rec is the record read after it): they stay,
-// under the fence they were seeded with, and c writes under its own. A
-// plugin whose last state was not saved keeps its notes if its instance
-// is still here (its results kept for at-most-once calls; the state is
-// saved again once the store answers); if not, that state is lost, and
-// its next instance says so (stateReset not-saved). c.mu is held.
-func (d *Keeper) resume(key sessions.Key, c, old *Claim, rec map[string][]byte) error {
-	old.mu.Lock()
-	seeded, dirty, fence := old.seeded, old.dirty, old.fence
-	unsaved := maps.Clone(old.unsaved)
-	done, ran := maps.Clone(old.done), maps.Clone(old.ran)
-	old.retired = true // in the same step: none of its notes is missed
-	old.mu.Unlock()
-	if err := d.seed(key, c, rec, seeded, unsaved); err != nil {
+// claimNotes are what a claim knew of the instances of its session, taken
+// when it is retired (retireTaking).
+type claimNotes struct {
+	seeded, fence uint64
+	dirty         bool
+	unsaved       map[string]NotSaved
+	done          map[string][]Once
+	ran           map[string][]byte
+}
+
+// retireTaking retires c, a claim this replica forgot, and returns its
+// notes, in one step: none of its writes is missed, and none follows.
+func (c *Claim) retireTaking() claimNotes {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.retired = true
+	return claimNotes{seeded: c.seeded, fence: c.fence, dirty: c.dirty,
+		unsaved: maps.Clone(c.unsaved), done: maps.Clone(c.done), ran: maps.Clone(c.ran)}
+}
+
+// resume takes over what a claim this replica forgot knew of the
+// instances it still holds (old, its notes), for c, its new claim, made
+// while no one else claimed the session (rec is the record read after
+// it): they stay, under the fence they were seeded with, and c writes
+// under its own. A plugin whose last state was not saved keeps its notes
+// if its instance is still here (its results kept for at-most-once
+// calls; the state is saved again once the store answers); if not, that
+// state is lost, and its next instance says so (stateReset not-saved).
+// c.mu is held.
+func (d *Keeper) resume(key sessions.Key, c *Claim, old claimNotes, rec map[string][]byte) error {
+	if err := d.seed(key, c, rec, old.seeded, old.unsaved); err != nil {
 		return err
 	}
 	// A write of old's fence that got no answer may still land.
-	c.dirty = dirty && c.fence == fence
-	for name, why := range unsaved {
+	c.dirty = old.dirty && c.fence == old.fence
+	for name, why := range old.unsaved {
 		if d.ses.Holds(key, name) {
 			c.unsaved[name] = why
-			c.done[name], c.ran[name] = done[name], ran[name]
+			c.done[name], c.ran[name] = old.done[name], old.ran[name]
 			delete(c.saved, "p/"+name)
 		}
 	}
-	d.log.Info("session claimed again: its instances here are current", "session", key.String(), "unsaved", len(unsaved))
+	d.log.Info("session claimed again: its instances here are current", "session", key.String(), "unsaved", len(old.unsaved))
 	return nil
 }
 
@@ -403,20 +426,12 @@ func hasPlugins(rec map[string][]byte) bool {
 func (d *Keeper) recover(ctx context.Context, key sessions.Key, c *Claim, fence uint64) error {
 	d.log.Warn("state store lost the session's record: writing back what this replica holds", "session", key.String(), "epochChanged", statestore.Epoch(fence) != statestore.Epoch(c.fence))
 	d.obs.StoreLost()
-	lost := map[string]sessions.Seed{}
-	for field := range c.saved {
-		if name, ok := strings.CutPrefix(field, "p/"); ok && !d.ses.Holds(key, name) {
-			lost[name] = sessions.Seed{Lost: "the state store lost this session's saved state", Reason: ReasonStoreLost}
-		}
+	if err := d.announceLost(key, c); err != nil {
+		return err
 	}
 	clear(c.saved)
 	c.fence = fence
 	c.dirty = false
-	if len(lost) > 0 {
-		if err := d.ses.Seed(key, lost, c.seeded); err != nil {
-			return err
-		}
-	}
 	if err := d.putLocked(ctx, c, "mcp", mcpOr(c.mcp)); err != nil {
 		return unavailable(err)
 	}
@@ -434,6 +449,23 @@ func (d *Keeper) recover(ctx context.Context, key sessions.Key, c *Claim, fence 
 		}
 	}()
 	return nil
+}
+
+// announceLost seeds, when the store lost key's record, each plugin
+// whose state was saved there and whose instance this replica no longer
+// holds as lost: its next instance starts afresh, and the client is told
+// (a reset with reason "store-lost"). c.mu is held.
+func (d *Keeper) announceLost(key sessions.Key, c *Claim) error {
+	lost := map[string]sessions.Seed{}
+	for field := range c.saved {
+		if name, ok := strings.CutPrefix(field, "p/"); ok && !d.ses.Holds(key, name) {
+			lost[name] = sessions.Seed{Lost: "the state store lost this session's saved state", Reason: ReasonStoreLost}
+		}
+	}
+	if len(lost) == 0 {
+		return nil
+	}
+	return d.ses.Seed(key, lost, c.seeded)
 }
 
 // seed gives key's client the instance states of rec (nil: none, the
@@ -490,16 +522,18 @@ func (d *Keeper) seed(key sessions.Key, c *Claim, rec map[string][]byte, fence u
 	return nil
 }
 
-// forget drops this replica's claim on key, without touching the store:
-// the session's next request claims it again (take). The claim is kept
-// aside until then (Keeper.forgotten).
-func (d *Keeper) forget(key sessions.Key) {
+// forget drops c, this replica's claim on key, without touching the
+// store: the session's next request claims it again (take). The claim is
+// kept aside until then (Keeper.forgotten). A claim that is no longer
+// key's (a newer one took its place) is left alone.
+func (d *Keeper) forget(key sessions.Key, c *Claim) {
 	d.mu.Lock()
-	if c := d.claims[key]; c != nil {
-		d.forgotten[key] = c
+	defer d.mu.Unlock()
+	if d.claims[key] != c {
+		return
 	}
+	d.forgotten[key] = c
 	delete(d.claims, key)
-	d.mu.Unlock()
 }
 
 // Ended deletes an ended session's record: its client closed it, or it
@@ -521,7 +555,7 @@ func (d *Keeper) Ended(key sessions.Key) {
 		}
 		// Not stolen: a session that ended here by timing out may live on
 		// at the replica that holds it now.
-		c = newClaim(id)
+		c = newClaim(key, id)
 		cl, err := d.store.Claim(ctx, id, d.owner, d.ttl(), false)
 		if errors.Is(err, statestore.ErrHeld) {
 			return

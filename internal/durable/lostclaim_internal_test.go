@@ -116,9 +116,7 @@ func TestClaimLostReplyIsNotOwnBump(t *testing.T) {
 			if !resend {
 				// Not within memoryGrace (else it is served from memory,
 				// which is the documented 2 s window).
-				c.mu.Lock()
-				c.verified = time.Now().Add(-3 * memoryGrace)
-				c.mu.Unlock()
+				ageClaim(c)
 				if _, err := d.BeforeCall(ctx, w.key); err == nil {
 					t.Fatal("a claim whose reply was lost succeeded")
 				}
@@ -154,7 +152,7 @@ func TestForgottenClaimNotResumedAfterLostClaimReply(t *testing.T) {
 			d, ctx := w.d, w.ctx
 			c := w.claim()
 			w.callSaved(c, w.p) // a: 1, saved
-			d.forget(w.key)     // a call that could be neither saved nor verified
+			d.forget(w.key, c)  // a call that could be neither saved nor verified
 			if got := w.bCalls(2); got != "3" {
 				t.Fatalf("b counts %s, want 3", got)
 			}
@@ -196,9 +194,7 @@ func TestMovedPluginStartsFromTheStore(t *testing.T) {
 	l := w.acquire(w.p)
 	w.count(l) // 2
 	// The breaker is open, and the claim was verified long ago.
-	c.mu.Lock()
-	c.verified = time.Now().Add(-3 * memoryGrace)
-	c.mu.Unlock()
+	ageClaim(c)
 	d.downUntil.Store(int64(sinceBase() + time.Hour))
 	if _, err := d.AfterCall(ctx, w.key, c, l, nil); !errors.Is(err, errUnverified) {
 		t.Fatalf("want errUnverified, got %v", err)
@@ -273,9 +269,7 @@ func TestLostRecordRecoveredAfterLostClaimReply(t *testing.T) {
 			w.cs.resendClaim.Store(resend)
 			w.cs.loseClaim.Store(true)
 			if !resend {
-				c.mu.Lock()
-				c.verified = time.Now().Add(-3 * memoryGrace)
-				c.mu.Unlock()
+				ageClaim(c)
 				if _, err := d.BeforeCall(ctx, w.key); err == nil {
 					t.Fatal("a claim whose reply was lost succeeded")
 				}
@@ -332,7 +326,7 @@ func TestForgottenClaimWritesNothingAfterResume(t *testing.T) {
 	c := w.claim()
 	w.callSaved(c, w.p)
 	lq := w.acquire(w.q) // a long call on q, under c
-	d.forget(w.key)      // another call of the session could be neither saved nor verified
+	d.forget(w.key, c)   // another call of the session could be neither saved nor verified
 	c2 := w.claim()      // resumed
 	if c2 == c {
 		t.Fatal("not a new claim")

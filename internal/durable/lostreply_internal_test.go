@@ -88,7 +88,7 @@ func newLossyWorld(t *testing.T) *lossyWorld {
 		return p
 	}
 	w := &lossyWorld{t: t, ctx: ctx, key: sessions.Client("alice"), p: load("p"), q: load("q")}
-	w.ses = sessions.New(&sessions.Options{Stored: func(ctx context.Context, key sessions.Key, p *plugins.Plugin) (*plugins.State, string, bool) {
+	w.ses = sessions.New(&sessions.Options{Stored: func(ctx context.Context, key sessions.Key, p *plugins.Plugin) (*plugins.State, string, uint64, bool) {
 		return w.d.Stored(ctx, key, p) // as the host wires it
 	}})
 	t.Cleanup(func() { w.ses.Close(ctx) })
@@ -109,6 +109,14 @@ func (w *lossyWorld) count(l *sessions.Lease) string {
 		w.t.Fatal(err)
 	}
 	return c.Text
+}
+
+// ageClaim makes c's last verification older than memoryGrace: what a
+// replica stopped for a while, or cut off from the store, holds.
+func ageClaim(c *Claim) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.verified = time.Now().Add(-3 * memoryGrace)
 }
 
 // claim is BeforeCall's claim of the world's session, which must succeed.
@@ -184,9 +192,7 @@ func TestForgottenClaimCannotWriteThroughResentBump(t *testing.T) {
 	l.Done(nil)
 	// The breaker is open; a call whose claim was verified more than
 	// memoryGrace ago fails unverified, and the claim is forgotten.
-	cOld.mu.Lock()
-	cOld.verified = time.Now().Add(-3 * memoryGrace)
-	cOld.mu.Unlock()
+	ageClaim(cOld)
 	l = w.acquire(w.p)
 	w.count(l)
 	if _, err := d.AfterCall(ctx, w.key, cOld, l, nil); !errors.Is(err, errUnverified) {
@@ -239,16 +245,14 @@ func TestServedFromMemoryKeyOutlivesForgottenClaim(t *testing.T) {
 		t.Fatalf("p: %s", got)
 	}
 	first := &Once{Key: "K", Result: json.RawMessage(`{"content":[{"type":"text","text":"2"}]}`)}
-	d.ServedFromMemory(m, w.p.Name(), first)
+	d.ServedFromMemory(w.key, m, w.p.Name(), first)
 	l.Done(nil)
 	if d.Replay(m, "K") == nil {
 		t.Fatal("the key is not kept at all")
 	}
 	// The call on q ends more than memoryGrace after the last verify:
 	// unverified, and the claim is forgotten (as host/call.go does).
-	c.mu.Lock()
-	c.verified = time.Now().Add(-3 * memoryGrace)
-	c.mu.Unlock()
+	ageClaim(c)
 	w.count(lq)
 	if _, err := d.AfterCall(ctx, w.key, c, lq, nil); !errors.Is(err, errUnverified) {
 		t.Fatalf("want errUnverified, got %v", err)
@@ -316,7 +320,7 @@ func TestForgottenClaimNotResumedAfterAnotherClaim(t *testing.T) {
 	d, ctx := w.d, w.ctx
 	c := w.claim()
 	w.callSaved(c, w.p)
-	d.forget(w.key)
+	d.forget(w.key, c)
 	other := statestore.Owner{Replica: "b", Boot: "b"}
 	if _, err := w.st.Store.Claim(ctx, StoreID(w.key), other, time.Minute, true); err != nil {
 		t.Fatal(err)

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/wasmtools/wasmtools/internal/sessions"
 	"github.com/wasmtools/wasmtools/internal/statestore"
 )
 
@@ -15,7 +16,7 @@ import (
 // maxOnce per plugin, maxResends of them resends, maxOnceBytes in all; a
 // result too large is kept as a refusal to run again.
 func TestOnceBounds(t *testing.T) {
-	c := newClaim("s.x")
+	c := newClaim(sessions.Client("x"), "s.x")
 	for i := range 20 {
 		c.remember("p", &Once{Key: fmt.Sprint("k:", i), Result: []byte(`{}`)})
 		c.remember("p", &Once{Key: fmt.Sprint("r:", i), Result: []byte(`{}`)})
@@ -44,7 +45,7 @@ func TestOnceBounds(t *testing.T) {
 // than maxOnce calls followed, was applied twice (issue #25).
 func TestOnceKeysOutlastResults(t *testing.T) {
 	d := &Keeper{}
-	c := newClaim("s.x")
+	c := newClaim(sessions.Client("x"), "s.x")
 	for i := range maxRan + 50 {
 		c.remember("p", &Once{Key: fmt.Sprint("k:", i), Result: []byte(`{"content":[]}`)})
 	}

@@ -173,12 +173,24 @@ var tooLarge = json.RawMessage(`{"content":[{"type":"text","text":"this call com
 // result first is kept, so a retry with its key is answered from it, and
 // the plugin is marked unsaved, so its state is written again once the
 // store answers (with that result), and an eviction before then says the
-// state was reset rather than restoring the store's older one.
-func (d *Keeper) ServedFromMemory(c *Claim, plugin string, first *Once) {
+// state was reset rather than restoring the store's older one. A c that
+// was retired meanwhile (the session claimed anew, its notes taken over)
+// hands the call to key's claim now.
+func (d *Keeper) ServedFromMemory(key sessions.Key, c *Claim, plugin string, first *Once) {
 	if d == nil || c == nil {
 		return
 	}
 	c.mu.Lock()
+	if c.retired {
+		c.mu.Unlock()
+		d.mu.Lock()
+		c = d.claims[key]
+		d.mu.Unlock()
+		if c == nil {
+			return
+		}
+		c.mu.Lock()
+	}
 	defer c.mu.Unlock()
 	c.remember(plugin, first)
 	if d.policy == CheckpointAfterCall {

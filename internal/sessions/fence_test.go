@@ -59,15 +59,17 @@ func TestSeedRetiresInstancesOfAnotherFence(t *testing.T) {
 func TestMovedClientStartsOnlyFromTheStore(t *testing.T) {
 	var known atomic.Bool
 	var asked atomic.Int32
-	w := newWorld(t, sessions.Options{Stored: func(ctx context.Context, key sessions.Key, p *plugins.Plugin) (*plugins.State, string, bool) {
+	var under atomic.Uint64 // the fence the client is seeded under
+	w := newWorld(t, sessions.Options{Stored: func(ctx context.Context, key sessions.Key, p *plugins.Plugin) (*plugins.State, string, uint64, bool) {
 		asked.Add(1)
-		return nil, "", known.Load()
+		return nil, "", under.Load(), known.Load()
 	}})
 	defer w.finish()
 	k := sessions.Client("c1")
 	if err := w.m.Seed(k, nil, 1); err != nil {
 		t.Fatal(err)
 	}
+	under.Store(1)
 	l, err := w.m.Acquire(w.ctx, k, w.plugin("counter"))
 	if err != nil {
 		t.Fatal(err)

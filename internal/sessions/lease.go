@@ -244,38 +244,55 @@ func (m *Manager) acquireSlot(ctx context.Context, key Key, p *plugins.Plugin) (
 		_, seeded := c.seeds[p.Name()]
 		moved := c.moved[p.Name()] && !seeded
 		m.mu.Unlock()
+		if err := m.reserve(ctx, p, sl); err != nil {
+			return fail(err)
+		}
 		var stored *Seed
+		var under uint64
 		if moved {
-			// The plugin's state is in the store (see ErrMoved).
+			// The plugin's state is in the store (see ErrMoved), read
+			// under the fence the client is seeded under: a Seed since
+			// (another claim's) supersedes it.
 			var st *plugins.State
 			why, known := "", false
 			if m.opts.Stored != nil {
-				st, why, known = m.opts.Stored(ctx, c.key, p)
+				st, why, under, known = m.opts.Stored(ctx, c.key, p)
 			}
 			switch {
 			case !known:
+				m.unreserve(p)
 				return fail(ErrMoved)
 			case st != nil:
 				stored = &Seed{State: st}
 			case why != "":
 				stored = &Seed{Lost: "its state could not be read back from the state store", Reason: why}
+			default:
+				stored = &Seed{} // none saved: a fresh start
 			}
 		}
-		if err := m.reserve(ctx, p, sl); err != nil {
-			return fail(err)
-		}
 		m.mu.Lock()
-		delete(c.moved, p.Name())
+		if stored != nil && (!c.moved[p.Name()] || c.fence != under) {
+			m.mu.Unlock()
+			m.unreserve(p)
+			return fail(ErrMoved)
+		}
 		seed, seeded := c.seeds[p.Name()]
 		delete(c.seeds, p.Name())
 		if stored != nil {
-			seed, seeded = *stored, true
+			seed, seeded = *stored, stored.State != nil || stored.Lost != ""
 		}
+		delete(c.moved, p.Name())
 		fence := c.fence
-		evicted := sl.notice.Reset != nil && sl.notice.Reset.Reason == ReasonEvicted
+		var dropped string // why the last instance went, if it may come back
+		if r := sl.notice.Reset; r != nil && (r.Reason == ReasonEvicted || r.Reason == "cancelled" || r.Reason == "timeout") {
+			dropped = r.Reason
+		}
 		m.mu.Unlock()
-		if !seeded && evicted && m.opts.Saved != nil {
-			// The evicted instance's state may be kept elsewhere.
+		if !seeded && dropped != "" && m.opts.Saved != nil {
+			// The instance's state as of its last call that succeeded may
+			// be kept elsewhere: evicted for room, or interrupted in a
+			// call that failed (a client long gone must not reset a state
+			// the store holds), it comes back from there.
 			st, why := m.opts.Saved(ctx, c.key, p)
 			m.mu.Lock()
 			switch {
@@ -283,7 +300,7 @@ func (m *Manager) acquireSlot(ctx context.Context, key Key, p *plugins.Plugin) (
 				seed, seeded = Seed{State: st}, true
 				sl.notice.Reset = nil
 			case why != "":
-				sl.notice.Reset = &Reset{Reason: why, Detail: "the instance was evicted, and its last state was not saved"}
+				sl.notice.Reset = &Reset{Reason: why, Detail: "the instance was " + droppedAs(dropped) + ", and its last state was not saved"}
 			}
 			m.mu.Unlock()
 		}
@@ -519,4 +536,16 @@ func detailOf(err error, l *Lease) string {
 		return err.Error()
 	}
 	return l.inst.Err().Error()
+}
+
+// droppedAs says how an instance went, by its reset reason, for a reset's
+// detail.
+func droppedAs(reason string) string {
+	switch reason {
+	case "cancelled":
+		return "cancelled in a call"
+	case "timeout":
+		return "stopped at a call's deadline"
+	}
+	return reason
 }

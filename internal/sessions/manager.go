@@ -149,20 +149,24 @@ type Options struct {
 	MaxParked, MaxParkedPerClient int
 	// Saved, if set, returns the saved state of key's instance of p (a
 	// state store's copy, as of its last call), or nil: an instance
-	// evicted for room then comes back from it on the client's next lease,
-	// and the client is told nothing, instead of starting afresh with an
-	// "evicted" reset. With nil, a non-empty reason replaces "evicted" as
-	// the reset's reason (the stored state is older than the instance's
-	// last call: "not-saved").
+	// evicted for room, or discarded when a call was cancelled or ran out
+	// of time (the call failed: its effect is not in that state), then
+	// comes back from it on the client's next lease, and the client is
+	// told nothing, instead of starting afresh with an "evicted",
+	// "cancelled" or "timeout" reset. With nil, a non-empty reason
+	// replaces that one as the reset's reason (the stored state is older
+	// than the instance's last call: "not-saved").
 	Saved func(ctx context.Context, key Key, p *plugins.Plugin) (st *plugins.State, reason string)
 	// Stored, if set, returns p's state as the state store holds it for
 	// key's client, read now, for a plugin whose instance was dropped as
 	// moved ([ErrMoved]) with no seed since: its next instance starts
 	// from it (from nothing, with known and no state or reason: the
 	// store holds none; afresh with a reset of that reason, with a
-	// reason). known is false when the caller cannot tell now: the lease
-	// then fails with ErrMoved, and the client's next Seed decides.
-	Stored func(ctx context.Context, key Key, p *plugins.Plugin) (st *plugins.State, reason string, known bool)
+	// reason). under is the fence the state was read under: unless the
+	// client is still seeded under it, the lease fails with ErrMoved.
+	// known is false when the caller cannot tell now: the lease then
+	// fails with ErrMoved, and the client's next Seed decides.
+	Stored func(ctx context.Context, key Key, p *plugins.Plugin) (st *plugins.State, reason string, under uint64, known bool)
 }
 
 // Observer is told of instance events. Its methods must not block.

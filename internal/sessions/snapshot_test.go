@@ -3,6 +3,7 @@ package sessions_test
 import (
 	"context"
 	"encoding/json"
+	"strconv"
 	"testing"
 
 	"github.com/wasmtools/wasmtools/abi"
@@ -63,5 +64,66 @@ func TestRetireKeepsHostSnapshot(t *testing.T) {
 	got, notice := count(next)
 	if got != "4" || notice.Upgraded == nil {
 		t.Errorf("after the retirement: count %q, notice %+v; want 4, upgraded", got, notice)
+	}
+}
+
+// An instance discarded because its call was cancelled (a client long
+// gone) or ran out of time comes back from the state the store saved
+// after its last call that succeeded (Options.Saved), with no reset: the
+// failed call's effect is not in it, as it should not be. Before, only an
+// evicted instance did; a cancelled one started afresh with a "cancelled"
+// reset, and the session's whole state was gone though the store held
+// it (issue #25, item 7).
+func TestInterruptedInstanceComesBackFromSaved(t *testing.T) {
+	ctx := context.Background()
+	rt, err := sandbox.NewRuntime(sandbox.Options{CacheDir: testplugins.CacheDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { rt.Close(ctx) })
+	wasm := testplugins.Bytes(t, testplugins.Example(t, "counter"))
+	p, err := plugins.Load(ctx, rt, "counter.wasm", wasm, plugins.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.Close(ctx) })
+	var saved *plugins.State // the store's copy, as of the last call saved
+	m := sessions.New(&sessions.Options{Saved: func(context.Context, sessions.Key, *plugins.Plugin) (*plugins.State, string) {
+		return saved, ""
+	}})
+	t.Cleanup(func() { m.Close(ctx) })
+	key := sessions.Client("a")
+	// count calls the counter; done ends its lease with the error given.
+	count := func(done error) (string, sessions.Notice) {
+		t.Helper()
+		l, err := m.Acquire(ctx, key, p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		res, err := l.Instance().CallTool(l.Context(), plugins.Call{Tool: p.Tools()[0], Arguments: json.RawMessage(`{}`)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if done == nil {
+			if saved, err = l.Instance().SaveState(ctx); err != nil {
+				t.Fatal(err)
+			}
+		}
+		n := l.Notice()
+		l.Done(done)
+		var c abi.TextContent
+		if err := json.Unmarshal(res.Content[0], &c); err != nil {
+			t.Fatal(err)
+		}
+		return c.Text, n
+	}
+	count(nil)
+	count(nil)
+	for i, failed := range []error{context.Canceled, context.DeadlineExceeded} {
+		count(failed) // its effect is lost with the instance
+		got, n := count(nil)
+		if want := strconv.Itoa(3 + i); got != want || n.Reset != nil {
+			t.Fatalf("after a call that failed with %v: count %s (reset %+v); want %s, no reset", failed, got, n.Reset, want)
+		}
 	}
 }
