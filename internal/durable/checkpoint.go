@@ -152,7 +152,7 @@ func (d *Keeper) AfterCall(ctx context.Context, key sessions.Key, c *Claim, l *s
 
 // Saved returns the state of key's instance of p as the store keeps it,
 // for an instance evicted for room (or discarded in a call that was
-// cancelled or ran out of time, which failed): with after-call checkpoints it is
+// cancelled, which failed): with after-call checkpoints it is
 // the state as of its last call, so the client goes on as if it had never
 // been evicted. nil when there is none (no store, another policy, a state
 // that could not be saved, or another version's), and when the instance's

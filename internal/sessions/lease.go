@@ -284,15 +284,16 @@ func (m *Manager) acquireSlot(ctx context.Context, key Key, p *plugins.Plugin) (
 		delete(c.moved, p.Name())
 		fence := c.fence
 		var dropped string // why the last instance went, if it may come back
-		if r := sl.notice.Reset; r != nil && (r.Reason == ReasonEvicted || r.Reason == "cancelled" || r.Reason == "timeout") {
+		if r := sl.notice.Reset; r != nil && (r.Reason == ReasonEvicted || r.Reason == "cancelled") {
 			dropped = r.Reason
 		}
 		m.mu.Unlock()
 		if !seeded && dropped != "" && m.opts.Saved != nil {
 			// The instance's state as of its last call that succeeded may
-			// be kept elsewhere: evicted for room, or interrupted in a
-			// call that failed (a client long gone must not reset a state
-			// the store holds), it comes back from there.
+			// be kept elsewhere: evicted for room, or cancelled in a call
+			// (a client long gone must not reset a state the store
+			// holds), it comes back from there. Not after a timeout or a
+			// trap: the same state may fail the same way again.
 			st, why := m.opts.Saved(ctx, c.key, p)
 			m.mu.Lock()
 			switch {
@@ -544,8 +545,6 @@ func droppedAs(reason string) string {
 	switch reason {
 	case "cancelled":
 		return "cancelled in a call"
-	case "timeout":
-		return "stopped at a call's deadline"
 	}
 	return reason
 }

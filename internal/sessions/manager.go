@@ -149,11 +149,11 @@ type Options struct {
 	MaxParked, MaxParkedPerClient int
 	// Saved, if set, returns the saved state of key's instance of p (a
 	// state store's copy, as of its last call), or nil: an instance
-	// evicted for room, or discarded when a call was cancelled or ran out
-	// of time (the call failed: its effect is not in that state), then
-	// comes back from it on the client's next lease, and the client is
-	// told nothing, instead of starting afresh with an "evicted",
-	// "cancelled" or "timeout" reset. With nil, a non-empty reason
+	// evicted for room, or discarded when a call was cancelled (the call
+	// failed: its effect is not in that state), then comes back from it
+	// on the client's next lease, and the client is told nothing, instead
+	// of starting afresh with an "evicted" or "cancelled" reset. Not
+	// after a timeout or a trap, which the same state may cause again. With nil, a non-empty reason
 	// replaces that one as the reset's reason (the stored state is older
 	// than the instance's last call: "not-saved").
 	Saved func(ctx context.Context, key Key, p *plugins.Plugin) (st *plugins.State, reason string)
