@@ -86,6 +86,24 @@ func (w *twoReplicas) aCall(c *Claim) (string, NotSaved, error) {
 	return got, why, err
 }
 
+// eachLoss runs f for a claim reply lost both ways ("resent": go-redis
+// sent the claim again; "deadline": its exchange timed out), each on a
+// fresh pair of replicas where a made c and saved p once (count 1).
+func eachLoss(t *testing.T, f func(t *testing.T, w *twoReplicas, c *Claim, resend bool)) {
+	for _, resend := range []bool{true, false} {
+		name := "deadline"
+		if resend {
+			name = "resent"
+		}
+		t.Run(name, func(t *testing.T) {
+			w := newTwoReplicas(t)
+			c := w.claim()
+			w.callSaved(c, w.p) // a: 1, saved
+			f(t, w, c, resend)
+		})
+	}
+}
+
 // A claim of replica a that steals the session back from b, whose reply
 // is lost (or sent again by go-redis, whose resend answers as a's own
 // claim), is not taken at a's next claim for a's own bump: the store's
@@ -94,46 +112,37 @@ func (w *twoReplicas) aCall(c *Claim) (string, NotSaved, error) {
 // "held already" flag in its place, the new fence was adopted without a
 // read, and that instance was served and checkpointed over b's writes.
 func TestClaimLostReplyIsNotOwnBump(t *testing.T) {
-	for _, resend := range []bool{true, false} {
-		name := "deadline"
-		if resend {
-			name = "resent"
+	eachLoss(t, func(t *testing.T, w *twoReplicas, c *Claim, resend bool) {
+		d, ctx := w.d, w.ctx
+		// b takes the session over (a is paused, or the proxy
+		// flapped) and counts to 3, saved.
+		if got := w.bCalls(2); got != "3" {
+			t.Fatalf("b counts %s, want 3", got)
 		}
-		t.Run(name, func(t *testing.T) {
-			w := newTwoReplicas(t)
-			d, ctx := w.d, w.ctx
-			c := w.claim()
-			w.callSaved(c, w.p) // a: 1, saved
-			// b takes the session over (a is paused, or the proxy
-			// flapped) and counts to 3, saved.
-			if got := w.bCalls(2); got != "3" {
-				t.Fatalf("b counts %s, want 3", got)
+		// The request comes back to a. Its claim steals the session
+		// from b; the reply is lost.
+		w.cs.resendClaim.Store(resend)
+		w.cs.loseClaim.Store(true)
+		if !resend {
+			// Not within memoryGrace (else it is served from memory,
+			// which is the documented 2 s window).
+			ageClaim(c)
+			if _, err := d.BeforeCall(ctx, w.key); err == nil {
+				t.Fatal("a claim whose reply was lost succeeded")
 			}
-			// The request comes back to a. Its claim steals the session
-			// from b; the reply is lost.
-			w.cs.resendClaim.Store(resend)
-			w.cs.loseClaim.Store(true)
-			if !resend {
-				// Not within memoryGrace (else it is served from memory,
-				// which is the documented 2 s window).
-				ageClaim(c)
-				if _, err := d.BeforeCall(ctx, w.key); err == nil {
-					t.Fatal("a claim whose reply was lost succeeded")
-				}
-				d.downUntil.Store(0)
-			}
-			c2, err := d.BeforeCall(ctx, w.key)
-			if err != nil || c2 != c {
-				t.Fatalf("a: claim: %v %v", c2, err)
-			}
-			got, why, err := w.aCall(c2)
-			t.Logf("a counts %s (checkpoint %q, %v)", got, why, err)
-			if got != "4" {
-				rec, _ := w.st.Store.Get(ctx, StoreID(w.key))
-				t.Errorf("a served its instance from before b's writes: counts %s, want 4 (b saved 3); checkpoint %q %v; the store now holds %d bytes for p, written by a over b's", got, why, err, len(rec["p/p"]))
-			}
-		})
-	}
+			d.downUntil.Store(0)
+		}
+		c2, err := d.BeforeCall(ctx, w.key)
+		if err != nil || c2 != c {
+			t.Fatalf("a: claim: %v %v", c2, err)
+		}
+		got, why, err := w.aCall(c2)
+		t.Logf("a counts %s (checkpoint %q, %v)", got, why, err)
+		if got != "4" {
+			rec, _ := w.st.Store.Get(ctx, StoreID(w.key))
+			t.Errorf("a served its instance from before b's writes: counts %s, want 4 (b saved 3); checkpoint %q %v; the store now holds %d bytes for p, written by a over b's", got, why, err, len(rec["p/p"]))
+		}
+	})
 }
 
 // The same through take: a forgotten claim is not resumed after a take
@@ -142,39 +151,30 @@ func TestClaimLostReplyIsNotOwnBump(t *testing.T) {
 // not the forgotten claim's), nor in one take whose claim go-redis sent
 // again.
 func TestForgottenClaimNotResumedAfterLostClaimReply(t *testing.T) {
-	for _, resend := range []bool{true, false} {
-		name := "deadline"
-		if resend {
-			name = "resent"
+	eachLoss(t, func(t *testing.T, w *twoReplicas, c *Claim, resend bool) {
+		d, ctx := w.d, w.ctx
+		d.forget(w.key, c) // a call that could be neither saved nor verified
+		if got := w.bCalls(2); got != "3" {
+			t.Fatalf("b counts %s, want 3", got)
 		}
-		t.Run(name, func(t *testing.T) {
-			w := newTwoReplicas(t)
-			d, ctx := w.d, w.ctx
-			c := w.claim()
-			w.callSaved(c, w.p) // a: 1, saved
-			d.forget(w.key, c)  // a call that could be neither saved nor verified
-			if got := w.bCalls(2); got != "3" {
-				t.Fatalf("b counts %s, want 3", got)
+		w.cs.resendClaim.Store(resend)
+		w.cs.loseClaim.Store(true)
+		if !resend {
+			if _, err := d.BeforeCall(ctx, w.key); err == nil {
+				t.Fatal("a take whose claim's reply was lost succeeded")
 			}
-			w.cs.resendClaim.Store(resend)
-			w.cs.loseClaim.Store(true)
-			if !resend {
-				if _, err := d.BeforeCall(ctx, w.key); err == nil {
-					t.Fatal("a take whose claim's reply was lost succeeded")
-				}
-				d.downUntil.Store(0)
-			}
-			c2, err := d.BeforeCall(ctx, w.key)
-			if err != nil || c2 == nil {
-				t.Fatalf("a: claim: %v %v", c2, err)
-			}
-			got, why, err := w.aCall(c2)
-			t.Logf("a counts %s (checkpoint %q, %v)", got, why, err)
-			if got != "4" {
-				t.Errorf("a resumed its forgotten claim over b's writes: counts %s, want 4 (b saved 3); checkpoint %q %v", got, why, err)
-			}
-		})
-	}
+			d.downUntil.Store(0)
+		}
+		c2, err := d.BeforeCall(ctx, w.key)
+		if err != nil || c2 == nil {
+			t.Fatalf("a: claim: %v %v", c2, err)
+		}
+		got, why, err := w.aCall(c2)
+		t.Logf("a counts %s (checkpoint %q, %v)", got, why, err)
+		if got != "4" {
+			t.Errorf("a resumed its forgotten claim over b's writes: counts %s, want 4 (b saved 3); checkpoint %q %v", got, why, err)
+		}
+	})
 }
 
 // A call's checkpoint fails unverified (its claim is forgotten), and
