@@ -407,6 +407,7 @@ func New(src *plugins.Reloader, opts *Options) *Host {
 		Stored: func(ctx context.Context, key sessions.Key, p *plugins.Plugin) (*plugins.State, string, uint64, bool) {
 			return h.dur.Stored(ctx, key, p)
 		},
+		StoredAfterCancel: h.opts.Store != nil && cmp.Or(h.opts.Checkpoint, CheckpointAfterCall) == CheckpointAfterCall,
 	})
 	h.metrics.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "wasmtools_session_handles", Help: "Session handles of 2026-07-28 clients open now.",

@@ -151,8 +151,7 @@ func (d *Keeper) AfterCall(ctx context.Context, key sessions.Key, c *Claim, l *s
 }
 
 // Saved returns the state of key's instance of p as the store keeps it,
-// for an instance evicted for room (or discarded in a call that was
-// cancelled, which failed): with after-call checkpoints it is
+// for an instance evicted for room: with after-call checkpoints it is
 // the state as of its last call, so the client goes on as if it had never
 // been evicted. nil when there is none (no store, another policy, a state
 // that could not be saved, or another version's), and when the instance's
@@ -204,7 +203,10 @@ func (d *Keeper) Saved(ctx context.Context, key sessions.Key, p *plugins.Plugin)
 // attempt that fails after this one says so again).
 func (d *Keeper) Stored(ctx context.Context, key sessions.Key, p *plugins.Plugin) (st *plugins.State, reason string, under uint64, known bool) {
 	if d == nil {
-		return nil, "", 0, false
+		return nil, "", 0, true // no store: nothing to start from
+	}
+	if StoreID(key) == "" {
+		return nil, "", d.ses.Fence(key), true // not kept: the same
 	}
 	d.mu.Lock()
 	c := d.claims[key]

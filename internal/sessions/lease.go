@@ -283,17 +283,13 @@ func (m *Manager) acquireSlot(ctx context.Context, key Key, p *plugins.Plugin) (
 		}
 		delete(c.moved, p.Name())
 		fence := c.fence
-		var dropped string // why the last instance went, if it may come back
-		if r := sl.notice.Reset; r != nil && (r.Reason == ReasonEvicted || r.Reason == "cancelled") {
-			dropped = r.Reason
+		if stored != nil && stored.State != nil && sl.notice.Reset != nil && sl.notice.Reset.Reason == "cancelled" {
+			sl.notice.Reset = nil // back as of its last call that succeeded
 		}
+		evicted := sl.notice.Reset != nil && sl.notice.Reset.Reason == ReasonEvicted
 		m.mu.Unlock()
-		if !seeded && dropped != "" && m.opts.Saved != nil {
-			// The instance's state as of its last call that succeeded may
-			// be kept elsewhere: evicted for room, or cancelled in a call
-			// (a client long gone must not reset a state the store
-			// holds), it comes back from there. Not after a timeout or a
-			// trap: the same state may fail the same way again.
+		if !seeded && evicted && m.opts.Saved != nil {
+			// The evicted instance's state may be kept elsewhere.
 			st, why := m.opts.Saved(ctx, c.key, p)
 			m.mu.Lock()
 			switch {
@@ -301,7 +297,7 @@ func (m *Manager) acquireSlot(ctx context.Context, key Key, p *plugins.Plugin) (
 				seed, seeded = Seed{State: st}, true
 				sl.notice.Reset = nil
 			case why != "":
-				sl.notice.Reset = &Reset{Reason: why, Detail: "the instance was " + droppedAs(dropped) + ", and its last state was not saved"}
+				sl.notice.Reset = &Reset{Reason: why, Detail: "the instance was evicted, and its last state was not saved"}
 			}
 			m.mu.Unlock()
 		}
@@ -501,6 +497,16 @@ func (l *Lease) Done(err error) {
 			}
 		case reason != "":
 			m.discard(sl, reason, detailOf(err, l))
+			if reason == "cancelled" && m.opts.StoredAfterCancel {
+				// Not after a timeout or a trap: the same state may fail
+				// the same way again.
+				m.mu.Lock()
+				if l.c.moved == nil {
+					l.c.moved = map[string]bool{}
+				}
+				l.c.moved[sl.plugin] = true
+				m.mu.Unlock()
+			}
 		}
 		m.mu.Lock()
 		l.c.leaveLocked()
@@ -537,14 +543,4 @@ func detailOf(err error, l *Lease) string {
 		return err.Error()
 	}
 	return l.inst.Err().Error()
-}
-
-// droppedAs says how an instance went, by its reset reason, for a reset's
-// detail.
-func droppedAs(reason string) string {
-	switch reason {
-	case "cancelled":
-		return "cancelled in a call"
-	}
-	return reason
 }

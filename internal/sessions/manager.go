@@ -149,11 +149,9 @@ type Options struct {
 	MaxParked, MaxParkedPerClient int
 	// Saved, if set, returns the saved state of key's instance of p (a
 	// state store's copy, as of its last call), or nil: an instance
-	// evicted for room, or discarded when a call was cancelled (the call
-	// failed: its effect is not in that state), then comes back from it
-	// on the client's next lease, and the client is told nothing, instead
-	// of starting afresh with an "evicted" or "cancelled" reset. Not
-	// after a timeout or a trap, which the same state may cause again. With nil, a non-empty reason
+	// evicted for room then comes back from it on the client's next
+	// lease, and the client is told nothing, instead of starting afresh
+	// with an "evicted" reset. With nil, a non-empty reason
 	// replaces that one as the reset's reason (the stored state is older
 	// than the instance's last call: "not-saved").
 	Saved func(ctx context.Context, key Key, p *plugins.Plugin) (st *plugins.State, reason string)
@@ -167,6 +165,12 @@ type Options struct {
 	// known is false when the caller cannot tell now: the lease then
 	// fails with ErrMoved, and the client's next Seed decides.
 	Stored func(ctx context.Context, key Key, p *plugins.Plugin) (st *plugins.State, reason string, under uint64, known bool)
+	// StoredAfterCancel: an instance discarded because its call was
+	// cancelled comes back as one dropped as moved does, from what Stored
+	// reads (its state as of its last call that succeeded: a client long
+	// gone must not reset a state the store holds), with no reset when
+	// there is one. For a store written after every call.
+	StoredAfterCancel bool
 }
 
 // Observer is told of instance events. Its methods must not block.

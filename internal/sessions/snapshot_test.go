@@ -67,14 +67,15 @@ func TestRetireKeepsHostSnapshot(t *testing.T) {
 }
 
 // An instance discarded because its call was cancelled (a client long
-// gone) comes back from the state the store saved after its last call
-// that succeeded (Options.Saved), with no reset: the failed call's effect
-// is not in it, as it should not be. One that ran out of time starts
-// afresh, told so, as before. Before, only an
-// evicted instance did; a cancelled one started afresh with a "cancelled"
-// reset, and the session's whole state was gone though the store held
-// it (issue #25, item 7).
-func TestInterruptedInstanceComesBackFromSaved(t *testing.T) {
+// gone) comes back, with Options.StoredAfterCancel, from the state the
+// store saved after its last call that succeeded (Options.Stored), with
+// no reset: the failed call's effect is not in it, as it should not be.
+// One that ran out of time starts afresh, told so: the same state may run
+// out of time again, and a session restored to it each time would fail
+// for good. Before, a cancelled instance started afresh with a
+// "cancelled" reset, and the session's whole state was gone though the
+// store held it (issue #25, item 7).
+func TestInterruptedInstanceComesBackFromTheStore(t *testing.T) {
 	ctx := context.Background()
 	rt, err := sandbox.NewRuntime(sandbox.Options{CacheDir: testplugins.CacheDir()})
 	if err != nil {
@@ -88,9 +89,10 @@ func TestInterruptedInstanceComesBackFromSaved(t *testing.T) {
 	}
 	t.Cleanup(func() { p.Close(ctx) })
 	var saved *plugins.State // the store's copy, as of the last call saved
-	m := sessions.New(&sessions.Options{Saved: func(context.Context, sessions.Key, *plugins.Plugin) (*plugins.State, string) {
-		return saved, ""
-	}})
+	m := sessions.New(&sessions.Options{StoredAfterCancel: true,
+		Stored: func(context.Context, sessions.Key, *plugins.Plugin) (*plugins.State, string, uint64, bool) {
+			return saved, "", 0, true
+		}})
 	t.Cleanup(func() { m.Close(ctx) })
 	key := sessions.Client("a")
 	// count calls the counter; done ends its lease with the error given.
@@ -123,8 +125,6 @@ func TestInterruptedInstanceComesBackFromSaved(t *testing.T) {
 	if got, n := count(nil); got != "3" || n.Reset != nil {
 		t.Fatalf("after a cancelled call: count %s (reset %+v); want 3, no reset", got, n.Reset)
 	}
-	// Not after a timeout: the same state may run out of time again, and
-	// a session restored to it each time would fail for good.
 	count(context.DeadlineExceeded)
 	if got, n := count(nil); got != "1" || n.Reset == nil || n.Reset.Reason != "timeout" {
 		t.Fatalf("after a call that timed out: count %s (reset %+v); want 1, reset timeout", got, n.Reset)
