@@ -253,8 +253,9 @@ func failureResult(t *plugins.Tool, err error) *mcp.CallToolResult {
 		return failed(fmt.Sprintf("tool %q timed out and was stopped; plugin %q's state for this session was reset", t.Name, name), "timeout")
 	case errors.Is(err, context.Canceled):
 		// With a state store the next call goes on from the state saved
-		// after the last call that succeeded; without one it starts
-		// afresh (its result says stateReset either way it is lost).
+		// after the last call that succeeded; without one, or if that
+		// state was not saved, it starts afresh and its result says so
+		// (stateReset).
 		return failed(fmt.Sprintf("tool %q was cancelled and its effect was not kept; plugin %q's state for this session goes back to before the call, or is reset if that was not saved", t.Name, name), "cancelled")
 	case errors.As(err, &te):
 		return failed(fmt.Sprintf("tool %q crashed (%s); plugin %q's state for this session was reset", t.Name, te.Reason(), name), "trap")

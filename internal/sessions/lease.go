@@ -488,24 +488,14 @@ func (l *Lease) Done(err error) {
 		case errors.Is(err, ErrMoved), l.Stale():
 			m.dropInstance(sl)
 			if errors.Is(err, ErrMoved) {
-				m.mu.Lock()
-				if l.c.moved == nil {
-					l.c.moved = map[string]bool{}
-				}
-				l.c.moved[sl.plugin] = true
-				m.mu.Unlock()
+				m.markMoved(l.c, sl.plugin)
 			}
 		case reason != "":
 			m.discard(sl, reason, detailOf(err, l))
 			if reason == "cancelled" && m.opts.StoredAfterCancel {
 				// Not after a timeout or a trap: the same state may fail
 				// the same way again.
-				m.mu.Lock()
-				if l.c.moved == nil {
-					l.c.moved = map[string]bool{}
-				}
-				l.c.moved[sl.plugin] = true
-				m.mu.Unlock()
+				m.markMoved(l.c, sl.plugin)
 			}
 		}
 		m.mu.Lock()
@@ -543,4 +533,16 @@ func detailOf(err error, l *Lease) string {
 		return err.Error()
 	}
 	return l.inst.Err().Error()
+}
+
+// markMoved says c's instance of plugin is gone and its state is in the
+// store: its next instance starts from a seed or from Options.Stored (see
+// ErrMoved).
+func (m *Manager) markMoved(c *client, plugin string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if c.moved == nil {
+		c.moved = map[string]bool{}
+	}
+	c.moved[plugin] = true
 }

@@ -12,10 +12,9 @@ import (
 	"github.com/wasmtools/wasmtools/sandbox"
 )
 
-// TestRetireKeepsHostSnapshot: a version of the same code (a configuration
-// change) takes over each client's instance with its whole state, saved by
-// the host, for a plugin that exports no handoff pair of its own.
-func TestRetireKeepsHostSnapshot(t *testing.T) {
+// counterLoader returns a func that loads the counter example plugin,
+// each time as a new version, in a runtime closed when t ends.
+func counterLoader(t *testing.T) func() *plugins.Plugin {
 	ctx := context.Background()
 	rt, err := sandbox.NewRuntime(sandbox.Options{CacheDir: testplugins.CacheDir()})
 	if err != nil {
@@ -23,13 +22,21 @@ func TestRetireKeepsHostSnapshot(t *testing.T) {
 	}
 	t.Cleanup(func() { rt.Close(ctx) })
 	wasm := testplugins.Bytes(t, testplugins.Example(t, "counter"))
-	load := func() *plugins.Plugin {
+	return func() *plugins.Plugin {
 		p, err := plugins.Load(ctx, rt, "counter.wasm", wasm, plugins.Options{})
 		if err != nil {
 			t.Fatal(err)
 		}
 		return p
 	}
+}
+
+// TestRetireKeepsHostSnapshot: a version of the same code (a configuration
+// change) takes over each client's instance with its whole state, saved by
+// the host, for a plugin that exports no handoff pair of its own.
+func TestRetireKeepsHostSnapshot(t *testing.T) {
+	ctx := context.Background()
+	load := counterLoader(t)
 	old, next := load(), load()
 	t.Cleanup(func() { next.Close(ctx) })
 	if old.HandsOffState() || !old.CarriesStateTo(next) {
@@ -77,16 +84,7 @@ func TestRetireKeepsHostSnapshot(t *testing.T) {
 // store held it (issue #25, item 7).
 func TestInterruptedInstanceComesBackFromTheStore(t *testing.T) {
 	ctx := context.Background()
-	rt, err := sandbox.NewRuntime(sandbox.Options{CacheDir: testplugins.CacheDir()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { rt.Close(ctx) })
-	wasm := testplugins.Bytes(t, testplugins.Example(t, "counter"))
-	p, err := plugins.Load(ctx, rt, "counter.wasm", wasm, plugins.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	p := counterLoader(t)()
 	t.Cleanup(func() { p.Close(ctx) })
 	var saved *plugins.State // the store's copy, as of the last call saved
 	m := sessions.New(&sessions.Options{StoredAfterCancel: true,
