@@ -177,8 +177,22 @@ prefix = "pinned-"
 	second := write("second.toml", fmt.Sprintf("\n[plugins.fresh]\nsource = \"oci://%s/plugins/fresh:v1\"\nprefix = \"fresh-\"\n", proxy.host()))
 	start := time.Now()
 	url, stderr, stop = serveStoppable(t, args(second)...)
-	if resp, err := http.Get(url + "/readyz"); err != nil || resp.StatusCode != http.StatusOK {
-		t.Fatalf("readyz with the registry stalled: %v %v", resp, err)
+	// Ready once the local and stored plugins are loaded (serveStoppable
+	// returns when the listener is up, which may come first): 503
+	// "loading" until then. That readiness did not wait for the stalled
+	// registry is checked below, where fresh is still in its stage.
+	for deadline := time.Now().Add(startupTimeout); ; {
+		resp, err := http.Get(url + "/readyz")
+		if err == nil {
+			resp.Body.Close()
+		}
+		if err == nil && resp.StatusCode == http.StatusOK {
+			break
+		}
+		if time.Now().After(deadline) || (err == nil && resp.StatusCode != http.StatusServiceUnavailable) {
+			t.Fatalf("readyz with the registry stalled: %v %v", resp, err)
+		}
+		stderr.waitFor(time.Now().Add(100*time.Millisecond), contains("plugins loaded"))
 	}
 	cs, err = connectURL(t, url, bearer(""))
 	if err != nil {
