@@ -163,6 +163,11 @@ type State struct {
 	// SHA256 is the plugin the state was saved from.
 	SHA256 string
 	Data   []byte
+	// Frames, of a host snapshot, are the lengths of the compressed
+	// frames Data ends with, in order ([sandbox.Instance.SnapshotFrames]):
+	// a store may keep those a state shares with the one before apart.
+	// nil when unknown; a state restores without it.
+	Frames []int
 }
 
 // SaveState saves the instance's state between calls: a host-side
@@ -174,11 +179,11 @@ type State struct {
 func (i *Instance) SaveState(ctx context.Context) (*State, error) {
 	hostErr := i.plugin.CanSnapshot()
 	if hostErr == nil {
-		b, err := i.sb.Snapshot(ctx)
+		b, frames, err := i.sb.SnapshotFrames(ctx)
 		if err != nil {
 			return nil, fmt.Errorf("plugin %q: %w", i.plugin.name, err)
 		}
-		return &State{Host: true, SHA256: i.plugin.sha256, Data: b}, nil
+		return &State{Host: true, SHA256: i.plugin.sha256, Data: b, Frames: frames}, nil
 	}
 	if i.plugin.HandsOffState() {
 		return i.SaveGuestState(ctx)

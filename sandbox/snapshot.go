@@ -220,19 +220,30 @@ func isZero(page []byte) bool { return bytes.Equal(page, zeroPage[:len(page)]) }
 // of the instance. The first snapshot of a module makes its initial image
 // with a throwaway instance, under ctx and the call timeout.
 func (i *Instance) Snapshot(ctx context.Context) ([]byte, error) {
+	b, _, err := i.SnapshotFrames(ctx)
+	return b, err
+}
+
+// SnapshotFrames is [Instance.Snapshot], which also returns the lengths of
+// the compressed frames the snapshot ends with, in order. A frame whose
+// pieces the next snapshot finds unchanged comes out of it byte for byte
+// the same, so a store can keep the frames a state shares with the one
+// before apart and write only the new ones (internal/durable does). The
+// snapshot is still whole: it restores without knowing its frames.
+func (i *Instance) SnapshotFrames(ctx context.Context) (snapshot []byte, frames []int, err error) {
 	if i.err != nil {
-		return nil, fmt.Errorf("snapshot: %w: %v", ErrClosed, i.err)
+		return nil, nil, fmt.Errorf("snapshot: %w: %v", ErrClosed, i.err)
 	}
 	if i.deadline != nil {
-		return nil, errors.New("snapshot: a call of the instance is running")
+		return nil, nil, errors.New("snapshot: a call of the instance is running")
 	}
 	c := i.compiled
 	if err := c.CanSnapshot(); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	base, err := c.baseImage(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("snapshot: initial image: %w", err)
+		return nil, nil, fmt.Errorf("snapshot: initial image: %w", err)
 	}
 	meta := binary.AppendUvarint(nil, uint64(len(c.snap.globals)))
 	for _, name := range c.snap.globals {
@@ -291,7 +302,7 @@ func (i *Instance) Snapshot(ctx context.Context) ([]byte, error) {
 		return nil
 	})
 	if err != nil {
-		return nil, fmt.Errorf("snapshot: %w", err)
+		return nil, nil, fmt.Errorf("snapshot: %w", err)
 	}
 	i.snapFrames, i.snapCompressed = saved, compressed
 	meta = binary.AppendUvarint(meta, uint64(pages))
@@ -317,10 +328,12 @@ func (i *Instance) Snapshot(ctx context.Context) ([]byte, error) {
 	out = append(out, snapshotVersion)
 	out = append(out, c.sha256[:]...)
 	out = appendBytes(out, metaFrame)
-	for _, f := range saved {
+	frames = make([]int, len(saved))
+	for k, f := range saved {
 		out = append(out, f.frame...)
+		frames[k] = len(f.frame)
 	}
-	return out, nil
+	return out, frames, nil
 }
 
 // frameScratch holds buffers of *[]byte in which snapshots encode pages.

@@ -55,7 +55,8 @@ func (d *Keeper) checkpoint(ctx context.Context, c *Claim, p *plugins.Plugin, in
 	} else {
 		pr = pluginRecord{Host: st.Host, SHA256: st.SHA256, Data: st.Data}
 	}
-	field := "p/" + p.Name()
+	name := p.Name()
+	field := "p/" + name
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if fence != c.seeded || c.retired {
@@ -64,7 +65,7 @@ func (d *Keeper) checkpoint(ctx context.Context, c *Claim, p *plugins.Plugin, in
 	c.remember(p.Name(), first)
 	pr.Done = c.done[p.Name()]
 	pr.Ran = c.ran[p.Name()]
-	b, err := marshalRecord(pr)
+	b, base, err := c.encodePlugin(name, pr, st)
 	if err != nil {
 		return NotSavedUnavailable, err
 	}
@@ -73,10 +74,26 @@ func (d *Keeper) checkpoint(ctx context.Context, c *Claim, p *plugins.Plugin, in
 	if statestore.Lost(err) {
 		err = d.relost(ctx, c.key, c)
 		if err == nil {
-			err = d.putLocked(ctx, c, field, b)
+			// Encoded again: the base went with the record.
+			if b, base, err = c.encodePlugin(name, pr, st); err == nil {
+				err = d.putLocked(ctx, c, field, b)
+			}
 		}
 	}
-	d.obs.Checkpointed(time.Since(start), len(b), err)
+	c.wrotePlugin(name, err)
+	written := len(b)
+	if err == nil && base != nil {
+		// The state is stored whole now: its frames become the base
+		// that the next checkpoints refer to. Without it (a failed
+		// write), they write the state whole again, and the base.
+		bf := marshalBase(base)
+		berr := d.putLocked(ctx, c, "b/"+name, bf)
+		c.wroteBase(name, bf, base, berr)
+		if berr == nil {
+			written += len(bf)
+		}
+	}
+	d.obs.Checkpointed(time.Since(start), written, err)
 	switch {
 	case err == nil:
 		delete(c.unsaved, p.Name())
@@ -117,6 +134,7 @@ func (d *Keeper) relost(ctx context.Context, key sessions.Key, c *Claim) error {
 		return err
 	}
 	clear(c.saved)
+	clear(c.bases)
 	c.fence, c.dirty, c.taken = cl.Fence, false, cl.Taken
 	return d.putLocked(ctx, c, "mcp", mcpOr(c.mcp))
 }
@@ -185,8 +203,8 @@ func (d *Keeper) Saved(ctx context.Context, key sessions.Key, p *plugins.Plugin)
 		d.observe(err)
 		return nil, ""
 	}
-	var pr pluginRecord
-	if unmarshalRecord(rec["p/"+p.Name()], &pr) != nil || pr.Lost != "" || pr.SHA256 != p.SHA256() {
+	pr, err := readPlugin(rec, p.Name())
+	if err != nil || pr.Lost != "" || pr.SHA256 != p.SHA256() {
 		return nil, ""
 	}
 	return &plugins.State{Host: pr.Host, SHA256: pr.SHA256, Data: pr.Data}, ""
@@ -244,12 +262,13 @@ func (d *Keeper) Stored(ctx context.Context, key sessions.Key, p *plugins.Plugin
 	if !ok {
 		return nil, "", c.seeded, true // none saved: a fresh start
 	}
-	var pr pluginRecord
-	if err := unmarshalRecord(v, &pr); err != nil || pr.Lost != "" {
+	pr, err := readPlugin(rec, name)
+	if err != nil || pr.Lost != "" {
 		return nil, sessions.ReasonReplicaLost, c.seeded, true
 	}
 	// The claim's notes follow the state the instance starts from.
 	c.saved["p/"+name] = sha256.Sum256(v)
+	c.learnBase(name, rec)
 	c.done[name], c.ran[name] = pr.Done, pr.Ran
 	return &plugins.State{Host: pr.Host, SHA256: pr.SHA256, Data: pr.Data}, "", c.seeded, true
 }

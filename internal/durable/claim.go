@@ -37,6 +37,9 @@ type Claim struct {
 	// fence is bumped before the next write, so that it never does.
 	dirty bool
 	saved map[string][sha256.Size]byte // digest of each field as last written
+	// bases are what the store holds of each plugin's base of frames, as
+	// far as this claim knows (frames.go).
+	bases map[string]*storedBase
 	// mcp is the "mcp" field as last written: written back when the
 	// store lost the record.
 	mcp []byte
@@ -70,7 +73,7 @@ type Claim struct {
 }
 
 func newClaim(key sessions.Key, id string) *Claim {
-	return &Claim{key: key, id: id, ready: make(chan struct{}), saved: map[string][sha256.Size]byte{}, unsaved: map[string]NotSaved{}, done: map[string][]Once{}, ran: map[string][]byte{}}
+	return &Claim{key: key, id: id, ready: make(chan struct{}), saved: map[string][sha256.Size]byte{}, bases: map[string]*storedBase{}, unsaved: map[string]NotSaved{}, done: map[string][]Once{}, ran: map[string][]byte{}}
 }
 
 // memoryGrace is how long after its last verified claim a session may be
@@ -351,6 +354,7 @@ func (d *Keeper) verify(ctx context.Context, key sessions.Key, c *Claim) error {
 		return d.recover(ctx, key, c, cl.Fence)
 	}
 	clear(c.saved)
+	clear(c.bases)
 	clear(c.unsaved)
 	clear(c.done)
 	clear(c.ran)
@@ -430,6 +434,7 @@ func (d *Keeper) recover(ctx context.Context, key sessions.Key, c *Claim, fence 
 		return err
 	}
 	clear(c.saved)
+	clear(c.bases)
 	c.fence = fence
 	c.dirty = false
 	if err := d.putLocked(ctx, c, "mcp", mcpOr(c.mcp)); err != nil {
@@ -479,12 +484,13 @@ func (d *Keeper) seed(key sessions.Key, c *Claim, rec map[string][]byte, fence u
 		if !ok {
 			continue
 		}
-		var pr pluginRecord
-		if err := unmarshalRecord(v, &pr); err != nil {
+		pr, err := readPlugin(rec, name)
+		if err != nil {
 			seeds[name] = sessions.Seed{Lost: "its saved state is unreadable: " + err.Error()}
 			continue
 		}
 		c.saved[field] = sha256.Sum256(v)
+		c.learnBase(name, rec)
 		// Within the bounds a write keeps, whole digests only: a
 		// record is sealed, but its reader does not rely on it.
 		ran := pr.Ran[len(pr.Ran)%ranSize:]

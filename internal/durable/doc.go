@@ -95,7 +95,11 @@
 // client header>". Its fields: "mcp", a [SessionRecord] (what a replica
 // needs to take a stateful HTTP session over); "p/NAME" per plugin the
 // client used, the instance's saved state or why it could not be saved,
-// and the results kept for at-most-once calls; "grants", the session's
+// and the results kept for at-most-once calls; "b/NAME" beside it for a
+// host snapshot of 16 KiB or more, the frames of a state once written
+// whole, to which "p/NAME" refers for the frames a call did not change
+// (frames.go: a checkpoint writes what changed, and the base only right
+// after the state was written whole); "grants", the session's
 // run-time grant answers, as the host exports them. Sessions that cannot
 // outlive their process (stdio, in-memory: IDs starting with
 // [LocalPrefix]) have no record.

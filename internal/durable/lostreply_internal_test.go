@@ -20,10 +20,11 @@ import (
 // reply is lost, a put that gets no answer, or a store that is down.
 type lossyStore struct {
 	statestore.Store
-	loseBump atomic.Bool // the next bump is applied, its reply lost
-	losePut  atomic.Bool // the next put is not applied, and gets no answer
-	loseGet  atomic.Bool // the next get gets no answer
-	down     atomic.Bool // every exchange fails without an answer
+	loseBump atomic.Bool  // the next bump is applied, its reply lost
+	losePut  atomic.Bool  // the next put is not applied, and gets no answer
+	loseNth  atomic.Int32 // the nth put from now is not applied, and gets no answer
+	loseGet  atomic.Bool  // the next get gets no answer
+	down     atomic.Bool  // every exchange fails without an answer
 }
 
 var errNoAnswer = errors.New("no answer (test)")
@@ -41,6 +42,9 @@ func (s *lossyStore) Renew(ctx context.Context, id string, fence uint64, ttl tim
 
 func (s *lossyStore) Put(ctx context.Context, id, field string, v []byte, fence uint64, ttl time.Duration) error {
 	if s.down.Load() || s.losePut.CompareAndSwap(true, false) {
+		return errNoAnswer
+	}
+	if s.loseNth.Load() > 0 && s.loseNth.Add(-1) == 0 {
 		return errNoAnswer
 	}
 	return s.Store.Put(ctx, id, field, v, fence, ttl)

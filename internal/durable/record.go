@@ -95,6 +95,9 @@ type pluginRecord struct {
 	// continued): with Done alone it ran twice (issue #25,
 	// sigstop-replica).
 	Ran []byte `json:"ran,omitempty"`
+	// split is a version 2 record's state, its frames apart (Data nil
+	// until joined with the base's: readPlugin).
+	split *splitState
 }
 
 // Once is a call's first result, under its at-most-once key.

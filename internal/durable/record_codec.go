@@ -2,6 +2,7 @@ package durable
 
 import (
 	"bytes"
+	"crypto/sha256"
 	"encoding/binary"
 	"encoding/json"
 	"errors"
@@ -16,9 +17,26 @@ import (
 // still read: a JSON record starts with '{', never with the magic. A
 // record of a later version is refused, saying so, and its session's
 // plugin starts afresh with a stateReset, never from a misread state.
+//
+// Version 2 keeps a host snapshot's frames apart ("Checkpoints write what
+// changed" in docs/DESIGN.md): after the JSON, the length and bytes of the
+// snapshot's head (all of it before its frames), the base's digest
+// (baseSumSize bytes: the SHA-256 of the "b/NAME" field its references
+// are into, zeros for none), the number of frames, and each frame as a
+// uvarint tag: 2*i+1 for the i-th frame of the base, 2*n for the n bytes
+// of a frame that follow. A "b/NAME" field (baseMagic, its version, 1) is
+// the count of its frames and each one's length and bytes.
 const (
 	recordMagic   = "wtpr"
 	recordVersion = 1
+	splitVersion  = 2
+	baseMagic     = "wtpb"
+	baseVersion   = 1
+	baseSumSize   = 16
+	// maxBaseFrames bounds the frames of a base a record reads: a
+	// snapshot of the largest memory has fewer (64 KiB pages, up to 16
+	// pieces a frame).
+	maxBaseFrames = 1 << 20
 )
 
 // marshalRecord encodes pr as a "p/NAME" field.
@@ -47,25 +65,253 @@ func unmarshalRecord(b []byte, pr *pluginRecord) error {
 	if len(rest) == 0 {
 		return errors.New("record: truncated")
 	}
-	if v := rest[0]; v != recordVersion {
-		return fmt.Errorf("record: format version %d, not %d (written by a later version of wasmtools)", v, recordVersion)
+	v := rest[0]
+	if v != recordVersion && v != splitVersion {
+		return fmt.Errorf("record: format version %d, not %d (written by a later version of wasmtools)", v, splitVersion)
 	}
-	rest = rest[1:]
-	n, k := binary.Uvarint(rest)
-	if k <= 0 || n > uint64(len(rest)-k) {
-		return errors.New("record: truncated")
+	r := reader{b: rest[1:]}
+	head := r.bytes()
+	if r.err != nil {
+		return r.err
 	}
-	head := rest[k : k+int(n)]
-	var r pluginRecord
-	if err := json.Unmarshal(head, &r); err != nil {
+	var pr2 pluginRecord
+	if err := json.Unmarshal(head, &pr2); err != nil {
 		return fmt.Errorf("record: %w", err)
 	}
-	if r.Data != nil {
+	if pr2.Data != nil {
 		return errors.New("record: its state given twice")
 	}
-	if data := rest[k+int(n):]; len(data) > 0 {
-		r.Data = data
+	if v == recordVersion {
+		if len(r.b) > 0 {
+			pr2.Data = r.b
+		}
+		*pr = pr2
+		return nil
 	}
-	*pr = r
+	sp := &splitState{head: r.bytes(), base: r.next(baseSumSize)}
+	n := r.uvarint()
+	if r.err == nil && n > uint64(len(r.b)) {
+		r.err = errors.New("record: truncated")
+	}
+	for i := uint64(0); i < n && r.err == nil; i++ {
+		tag := r.uvarint()
+		if tag&1 == 1 {
+			if tag>>1 > maxBaseFrames {
+				return fmt.Errorf("record: frame %d of its base, over %d", tag>>1, maxBaseFrames)
+			}
+			sp.frames = append(sp.frames, frameRef{base: int(tag >> 1)})
+			continue
+		}
+		sp.frames = append(sp.frames, frameRef{base: -1, data: r.next(tag >> 1)})
+	}
+	if r.err != nil {
+		return r.err
+	}
+	if len(r.b) > 0 {
+		return errors.New("record: bytes after its last frame")
+	}
+	pr2.split = sp
+	*pr = pr2
 	return nil
 }
+
+// splitState is a version 2 record's state: a host snapshot whose frames
+// are given one by one, each either here or the base's.
+type splitState struct {
+	head   []byte
+	base   []byte // baseSumSize bytes; all zero: no frame is the base's
+	frames []frameRef
+}
+
+// frameRef is a frame of a split state: the base's frame number base, or
+// data (base -1).
+type frameRef struct {
+	base int
+	data []byte
+}
+
+// refersToBase reports whether any of s's frames is in the base.
+func (s *splitState) refersToBase() bool {
+	for _, f := range s.frames {
+		if f.base >= 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// marshalSplit encodes pr (its Data nil) with its state split as s.
+func marshalSplit(pr pluginRecord, s *splitState) ([]byte, error) {
+	pr.Data = nil
+	head, err := json.Marshal(pr)
+	if err != nil {
+		return nil, err
+	}
+	size := len(recordMagic) + 1 + 3*binary.MaxVarintLen64 + len(head) + len(s.head) + baseSumSize
+	for _, f := range s.frames {
+		size += binary.MaxVarintLen64 + len(f.data)
+	}
+	b := make([]byte, 0, size)
+	b = append(b, recordMagic...)
+	b = append(b, splitVersion)
+	b = appendBytes(b, head)
+	b = appendBytes(b, s.head)
+	b = append(b, s.base...)
+	b = binary.AppendUvarint(b, uint64(len(s.frames)))
+	for _, f := range s.frames {
+		if f.base >= 0 {
+			b = binary.AppendUvarint(b, uint64(f.base)<<1|1)
+			continue
+		}
+		b = binary.AppendUvarint(b, uint64(len(f.data))<<1)
+		b = append(b, f.data...)
+	}
+	return b, nil
+}
+
+// appendBytes appends v's length (uvarint) and v.
+func appendBytes(b, v []byte) []byte {
+	return append(binary.AppendUvarint(b, uint64(len(v))), v...)
+}
+
+// marshalBase encodes frames as a "b/NAME" field.
+func marshalBase(frames [][]byte) []byte {
+	size := len(baseMagic) + 1 + binary.MaxVarintLen64
+	for _, f := range frames {
+		size += binary.MaxVarintLen64 + len(f)
+	}
+	b := make([]byte, 0, size)
+	b = append(b, baseMagic...)
+	b = append(b, baseVersion)
+	b = binary.AppendUvarint(b, uint64(len(frames)))
+	for _, f := range frames {
+		b = appendBytes(b, f)
+	}
+	return b
+}
+
+// unmarshalBase decodes a "b/NAME" field's frames (aliasing b).
+func unmarshalBase(b []byte) ([][]byte, error) {
+	rest, ok := bytes.CutPrefix(b, []byte(baseMagic))
+	if !ok || len(rest) == 0 {
+		return nil, errors.New("base: not a base of frames")
+	}
+	if rest[0] != baseVersion {
+		return nil, fmt.Errorf("base: format version %d, not %d (written by a later version of wasmtools)", rest[0], baseVersion)
+	}
+	r := reader{b: rest[1:]}
+	n := r.uvarint()
+	if r.err == nil && n > uint64(len(r.b)) {
+		r.err = errors.New("base: truncated")
+	}
+	frames := make([][]byte, 0, min(n, 1<<16))
+	for i := uint64(0); i < n && r.err == nil; i++ {
+		frames = append(frames, r.bytes())
+	}
+	if r.err != nil {
+		return nil, r.err
+	}
+	if len(r.b) > 0 {
+		return nil, errors.New("base: bytes after its last frame")
+	}
+	return frames, nil
+}
+
+// baseSum is the digest a split record names its base by.
+func baseSum(field []byte) []byte {
+	sum := sha256.Sum256(field)
+	return sum[:baseSumSize]
+}
+
+// join puts s's snapshot back together, its base's frames from field (the
+// "b/NAME" field, nil when the record has none).
+func (s *splitState) join(field []byte) ([]byte, error) {
+	var base [][]byte
+	if s.refersToBase() {
+		if field == nil {
+			return nil, errors.New("record: its base of frames is missing")
+		}
+		if !bytes.Equal(baseSum(field), s.base) {
+			return nil, errors.New("record: its base of frames is not the one it was written with")
+		}
+		var err error
+		if base, err = unmarshalBase(field); err != nil {
+			return nil, err
+		}
+	}
+	size := len(s.head)
+	for _, f := range s.frames {
+		if f.base >= len(base) {
+			return nil, fmt.Errorf("record: frame %d of a base of %d", f.base, len(base))
+		}
+		if f.base >= 0 {
+			size += len(base[f.base])
+		} else {
+			size += len(f.data)
+		}
+	}
+	out := make([]byte, 0, size)
+	out = append(out, s.head...)
+	for _, f := range s.frames {
+		if f.base >= 0 {
+			out = append(out, base[f.base]...)
+		} else {
+			out = append(out, f.data...)
+		}
+	}
+	return out, nil
+}
+
+// readPlugin returns plugin name's record in rec, its state whole: a
+// split state is joined with the record's base of frames.
+func readPlugin(rec map[string][]byte, name string) (pluginRecord, error) {
+	var pr pluginRecord
+	if err := unmarshalRecord(rec["p/"+name], &pr); err != nil {
+		return pluginRecord{}, err
+	}
+	if pr.split != nil {
+		data, err := pr.split.join(rec["b/"+name])
+		if err != nil {
+			return pluginRecord{}, err
+		}
+		pr.Data, pr.split = data, nil
+	}
+	return pr, nil
+}
+
+// reader reads a record's uvarints and byte strings, keeping its first
+// error.
+type reader struct {
+	b   []byte
+	err error
+}
+
+func (r *reader) uvarint() uint64 {
+	if r.err != nil {
+		return 0
+	}
+	v, k := binary.Uvarint(r.b)
+	if k <= 0 {
+		r.err = errors.New("record: truncated")
+		return 0
+	}
+	r.b = r.b[k:]
+	return v
+}
+
+// next returns the next n bytes.
+func (r *reader) next(n uint64) []byte {
+	if r.err != nil {
+		return nil
+	}
+	if n > uint64(len(r.b)) {
+		r.err = errors.New("record: truncated")
+		return nil
+	}
+	v := r.b[:n:n]
+	r.b = r.b[n:]
+	return v
+}
+
+// bytes returns a uvarint length and that many bytes.
+func (r *reader) bytes() []byte { return r.next(r.uvarint()) }

@@ -37,7 +37,7 @@ func TestRecordRoundTrip(t *testing.T) {
 			if err := unmarshalRecord(enc, &got); err != nil {
 				t.Fatalf("%s: %v", name, err)
 			}
-			if diff := cmp.Diff(pr, got); diff != "" {
+			if diff := cmp.Diff(pr, got, cmp.AllowUnexported(pluginRecord{})); diff != "" {
 				t.Errorf("%s: record (-want +got):\n%s", name, diff)
 			}
 		}
@@ -53,7 +53,7 @@ func TestRecordRefused(t *testing.T) {
 	}
 	head := len(recordMagic) + 1
 	later := bytes.Clone(b)
-	later[len(recordMagic)] = recordVersion + 1
+	later[len(recordMagic)] = splitVersion + 1
 	corrupt := bytes.Clone(b)
 	corrupt[head+1] = 'x' // the JSON's first byte
 	twice, _ := json.Marshal(pluginRecord{SHA256: "ab", Data: []byte("x")})
@@ -83,9 +83,27 @@ func FuzzRecord(f *testing.F) {
 		old, _ := json.Marshal(pr)
 		f.Add(old)
 	}
+	for _, s := range splitSamples() {
+		b, _ := marshalSplit(s.pr, s.split)
+		f.Add(b)
+	}
 	f.Fuzz(func(t *testing.T, b []byte) {
 		var pr pluginRecord
 		if unmarshalRecord(b, &pr) != nil || !bytes.HasPrefix(b, []byte(recordMagic)) {
+			return
+		}
+		if pr.split != nil {
+			again, err := marshalSplit(pr, pr.split)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var pr2 pluginRecord
+			if err := unmarshalRecord(again, &pr2); err != nil {
+				t.Fatalf("a split record read back does not read again: %v", err)
+			}
+			if third, _ := marshalSplit(pr2, pr2.split); !bytes.Equal(third, again) {
+				t.Fatalf("split record changed: %q, then %q", again, third)
+			}
 			return
 		}
 		again, err := marshalRecord(pr)
@@ -106,4 +124,96 @@ func FuzzRecord(f *testing.F) {
 			t.Fatalf("record changed: %q, then %q", again, third)
 		}
 	})
+}
+
+// splitSample is a split record and the base it was written against.
+type splitSample struct {
+	pr    pluginRecord
+	split *splitState
+	base  [][]byte
+}
+
+func splitSamples() []splitSample {
+	base := [][]byte{[]byte("frame zero"), []byte("frame one, longer"), []byte("two")}
+	sum := baseSum(marshalBase(base))
+	return []splitSample{
+		{
+			pr:    pluginRecord{Host: true, SHA256: "ab", Done: []Once{{Key: "k", Result: json.RawMessage(`{}`)}}, Ran: []byte("12345678")},
+			split: &splitState{head: []byte("wtsn\x04head"), base: sum, frames: []frameRef{{base: 1}, {base: -1, data: []byte("own")}, {base: 0}, {base: 1}}},
+			base:  base,
+		},
+		{ // every frame its own: no base needed
+			pr:    pluginRecord{Host: true, SHA256: "cd"},
+			split: &splitState{head: []byte("h"), base: make([]byte, baseSumSize), frames: []frameRef{{base: -1, data: []byte("a")}, {base: -1, data: []byte("bc")}}},
+		},
+	}
+}
+
+// want is the snapshot s's record stands for.
+func (s splitSample) want() []byte {
+	out := bytes.Clone(s.split.head)
+	for _, f := range s.split.frames {
+		if f.base >= 0 {
+			out = append(out, s.base[f.base]...)
+		} else {
+			out = append(out, f.data...)
+		}
+	}
+	return out
+}
+
+// TestSplitRecordRoundTrip: a state kept apart from the frames of its
+// base reads back whole, the base's frames put back in their places.
+func TestSplitRecordRoundTrip(t *testing.T) {
+	for k, s := range splitSamples() {
+		b, err := marshalSplit(s.pr, s.split)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rec := map[string][]byte{"p/x": b}
+		if s.base != nil {
+			rec["b/x"] = marshalBase(s.base)
+		}
+		got, err := readPlugin(rec, "x")
+		if err != nil {
+			t.Fatalf("sample %d: %v", k, err)
+		}
+		want := s.pr
+		want.Data = s.want()
+		if diff := cmp.Diff(want, got, cmp.AllowUnexported(pluginRecord{})); diff != "" {
+			t.Errorf("sample %d: record (-want +got):\n%s", k, diff)
+		}
+	}
+}
+
+// TestSplitRecordRefused: a split state whose base is missing, another
+// than the one it was written against, or short of a frame it names is
+// refused (its plugin starts afresh, saying so), never joined from the
+// wrong frames.
+func TestSplitRecordRefused(t *testing.T) {
+	s := splitSamples()[0]
+	b, err := marshalSplit(s.pr, s.split)
+	if err != nil {
+		t.Fatal(err)
+	}
+	other := marshalBase([][]byte{[]byte("frame zero"), []byte("frame one, longer"), []byte("TWO")})
+	short := marshalBase(s.base[:1])
+	// A record naming the short base, so that only the count is wrong.
+	shortSplit := *s.split
+	shortSplit.base = baseSum(short)
+	bs, err := marshalSplit(s.pr, &shortSplit)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, rec := range map[string]map[string][]byte{
+		"no base":        {"p/x": b},
+		"another base":   {"p/x": b, "b/x": other},
+		"frame past end": {"p/x": bs, "b/x": short},
+		"corrupt base":   {"p/x": b, "b/x": []byte("wtpb\x01\x05")},
+		"truncated":      {"p/x": b[:len(b)-1], "b/x": marshalBase(s.base)},
+	} {
+		if pr, err := readPlugin(rec, "x"); err == nil {
+			t.Errorf("%s: accepted as %q", name, pr.Data)
+		}
+	}
 }
