@@ -8,10 +8,12 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"hash/crc32"
 	"hash/maphash"
 	"slices"
 	"sync"
 
+	"github.com/klauspost/compress/s2"
 	"github.com/klauspost/compress/zstd"
 	"github.com/tetratelabs/wazero/api"
 
@@ -69,10 +71,15 @@ const (
 	// vars, memory size (in 64 KiB pages) and the frames: for each, how
 	// many 4 KiB pieces it holds (1 to framePieces), the first piece's
 	// index and the gap to each next one, and the frame's length; then
-	// the frames, each one zstd frame of its pieces' bytes in order.
+	// the frames, each its pieces' bytes in order, compressed: an S2
+	// block and the CRC-32C of its bytes (little-endian), or, kept from a
+	// snapshot of version 4 restored, one zstd frame (which starts with
+	// zstd's magic number, an S2 block of whole pieces never does).
 	// Restores still read versions 1 (one frame of it all, the 64 KiB
-	// pages raw), 2 (a frame per 64 KiB page) and 3 (a frame per piece).
-	snapshotVersion  = 4
+	// pages raw), 2 (a frame per 64 KiB page), 3 (a frame per piece) and 4
+	// (the frames zstd only).
+	snapshotVersion  = 5
+	snapshotVersion4 = 4
 	snapshotVersion3 = 3
 	snapshotVersion2 = 2
 	snapshotVersion1 = 1
@@ -81,7 +88,8 @@ const (
 	pieceSize     = osPage
 	piecesPerPage = pageSize / pieceSize
 	// maxFrameOver is the most a unit's frame takes over the unit: a raw
-	// block, header and checksum.
+	// block, header and checksum (zstd), or literal tags and the CRC
+	// (S2).
 	maxFrameOver = 64
 )
 
@@ -338,11 +346,16 @@ func (i *Instance) SnapshotFrames(ctx context.Context) (snapshot []byte, frames 
 
 // frameScratch holds buffers of *[]byte in which snapshots encode pages.
 var frameScratch = sync.Pool{New: func() any {
-	b := make([]byte, 0, pageSize+maxFrameOver)
+	b := make([]byte, 0, s2.MaxEncodedLen(pageSize))
 	return &b
 }}
 
-// encodeFrame compresses the pieces ps of mem into one frame.
+// encodeFrame compresses the pieces ps of mem into one frame: an S2
+// block and its bytes' CRC-32C. S2 (klauspost/compress, beside zstd)
+// compresses a Go heap's pieces three times as fast as zstd's fastest
+// level, to about a quarter more bytes (64 KiB: 57 µs against 177 µs,
+// 17 KiB against 13 KiB), and a checkpoint compresses the pieces every
+// call writes; the CRC is what zstd's frame checksum was.
 func encodeFrame(mem []byte, ps []pieceHash) cachedFrame {
 	in, out := frameScratch.Get().(*[]byte), frameScratch.Get().(*[]byte)
 	defer frameScratch.Put(in)
@@ -353,10 +366,19 @@ func encodeFrame(mem []byte, ps []pieceHash) cachedFrame {
 		f.pieces[k], f.hashes[k] = p.index, p.hash
 		*in = append(*in, mem[p.index*pieceSize:(p.index+1)*pieceSize]...)
 	}
-	*out = encoder().EncodeAll(*in, (*out)[:0])
-	f.frame = slices.Clone(*out)
+	*out = s2.Encode((*out)[:cap(*out)], *in)
+	f.frame = make([]byte, len(*out), len(*out)+4)
+	copy(f.frame, *out)
+	f.frame = binary.LittleEndian.AppendUint32(f.frame, crc32.Checksum(*in, castagnoli))
 	return f
 }
+
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+
+// zstdMagic starts every zstd frame; an S2 block of whole pieces starts
+// with its length, a multiple of 4096 as a uvarint, whose first byte is
+// 0x80.
+var zstdMagic = []byte{0x28, 0xb5, 0x2f, 0xfd}
 
 // framePieces is the most 4 KiB pieces a version 4 frame holds: 64 KiB,
 // a frame scratch buffer's size. One zstd frame of 16 pieces takes about
@@ -604,8 +626,12 @@ func (s *snapshotState) eachFrame(put func(p uint32, piece []byte) []byte) (cach
 }
 
 // decodePage decodes a frame into page, of the frame's whole size (a
-// 64 KiB page, or a version 3 or 4 frame's pieces).
+// 64 KiB page, or a version 3, 4 or 5 frame's pieces): a zstd frame, or an
+// S2 block and its CRC-32C.
 func decodePage(frame, page []byte) error {
+	if !bytes.HasPrefix(frame, zstdMagic) {
+		return decodeS2(frame, page)
+	}
 	var h zstd.Header
 	if err := h.Decode(frame); err != nil || !h.HasFCS || h.FrameContentSize != uint64(len(page)) {
 		return fmt.Errorf("%w: a frame is not of one %d-byte unit", ErrBadSnapshot, len(page))
@@ -619,6 +645,29 @@ func decodePage(frame, page []byte) error {
 	}
 	if &got[0] != &page[0] {
 		copy(page, got)
+	}
+	return nil
+}
+
+// decodeS2 decodes an S2 block and its CRC-32C into page, which it must
+// fill exactly.
+func decodeS2(frame, page []byte) error {
+	if len(frame) < 5 {
+		return fmt.Errorf("%w: a frame of %d bytes", ErrBadSnapshot, len(frame))
+	}
+	block, sum := frame[:len(frame)-4], binary.LittleEndian.Uint32(frame[len(frame)-4:])
+	if n, err := s2.DecodedLen(block); err != nil || n != len(page) {
+		return fmt.Errorf("%w: a frame is not of one %d-byte unit", ErrBadSnapshot, len(page))
+	}
+	got, err := s2.Decode(page, block)
+	if err != nil {
+		return fmt.Errorf("%w: %v", ErrBadSnapshot, err)
+	}
+	if len(got) != len(page) || &got[0] != &page[0] {
+		return fmt.Errorf("%w: a frame holds %d bytes", ErrBadSnapshot, len(got))
+	}
+	if crc32.Checksum(page, castagnoli) != sum {
+		return fmt.Errorf("%w: a frame's checksum does not match", ErrBadSnapshot)
 	}
 	return nil
 }

@@ -169,7 +169,7 @@ func FuzzSnapshotBody(f *testing.F) {
 				}
 			}
 		}
-		for _, v := range []byte{snapshotVersion2, snapshotVersion3, snapshotVersion} {
+		for _, v := range []byte{snapshotVersion2, snapshotVersion3, snapshotVersion4, snapshotVersion} {
 			unit := uint32(pieceSize)
 			if v == snapshotVersion2 {
 				unit = pageSize

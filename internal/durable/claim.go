@@ -398,8 +398,12 @@ func (d *Keeper) resume(key sessions.Key, c *Claim, old claimNotes, rec map[stri
 	if err := d.seed(key, c, rec, old.seeded, old.unsaved); err != nil {
 		return err
 	}
-	// A write of old's fence that got no answer may still land.
+	// A write of old's fence that got no answer may still land: what
+	// was read of the plugins' bases may be stale (learnBase).
 	c.dirty = old.dirty && c.fence == old.fence
+	if c.dirty {
+		clear(c.bases)
+	}
 	for name, why := range old.unsaved {
 		if d.ses.Holds(key, name) {
 			c.unsaved[name] = why

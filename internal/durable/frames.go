@@ -84,10 +84,13 @@ func frames(st *plugins.State) (head []byte, frames [][]byte) {
 }
 
 // learnBase records what rec, a record just read, holds of plugin name's
-// fields. c.mu is held.
+// base. Not while a write of this claim may still land (dirty: it got no
+// answer, and the fence is not bumped yet): a base written late, after the
+// read, would make every state written against the one read unreadable.
+// c.mu is held.
 func (c *Claim) learnBase(name string, rec map[string][]byte) {
 	field, ok := rec["b/"+name]
-	if !ok {
+	if !ok || c.dirty {
 		delete(c.bases, name)
 		return
 	}
@@ -113,6 +116,10 @@ func (c *Claim) encodePlugin(name string, pr pluginRecord, st *plugins.State) (f
 	head, fs := frames(st)
 	if fs == nil {
 		b, err := marshalRecord(pr)
+		if sb := c.bases[name]; sb != nil && sb.size > 0 {
+			// A state no longer split: its base is emptied after it.
+			return b, [][]byte{}, err
+		}
 		return b, nil, err
 	}
 	if sb := c.bases[name]; sb != nil && len(sb.at) > 0 {
@@ -140,10 +147,11 @@ func (c *Claim) encodePlugin(name string, pr pluginRecord, st *plugins.State) (f
 }
 
 // wrotePlugin notes that plugin name's "p/NAME" field, as encodePlugin
-// returned it, got no answer or was refused: what the store holds is
-// unknown until it is written whole again. c.mu is held.
+// returned it, was written or not (err). One that got no answer (it may
+// land yet, or not: dirty) leaves what the store holds unknown until it
+// is written whole again; one refused left it as it was. c.mu is held.
 func (c *Claim) wrotePlugin(name string, err error) {
-	if err != nil {
+	if err != nil && c.dirty {
 		delete(c.bases, name)
 	}
 }
@@ -153,7 +161,7 @@ func (c *Claim) wrotePlugin(name string, err error) {
 // held.
 func (c *Claim) wroteBase(name string, field []byte, fs [][]byte, err error) {
 	if err != nil {
-		delete(c.bases, name)
+		delete(c.bases, name) // the state is whole: nothing refers to it
 		return
 	}
 	sb := &storedBase{at: make(map[frameKey]int, len(fs)), sum: baseSum(field)}

@@ -7,6 +7,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+
+	"github.com/wasmtools/wasmtools/internal/statestore"
 )
 
 // A "p/NAME" field's bytes (docs/DESIGN.md, "Durable sessions across
@@ -248,6 +250,11 @@ func (s *splitState) join(field []byte) ([]byte, error) {
 			size += len(base[f.base])
 		} else {
 			size += len(f.data)
+		}
+		// A state joined is no larger than one written whole: a record
+		// naming one large frame many times asks for no more.
+		if size > statestore.MaxValue {
+			return nil, fmt.Errorf("record: a state of over %d bytes", statestore.MaxValue)
 		}
 	}
 	out := make([]byte, 0, size)
