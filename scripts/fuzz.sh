@@ -20,6 +20,7 @@ targets=(
 	"./sandbox FuzzRewrite"
 	"./sandbox FuzzInterrupt"
 	"./sandbox FuzzSnapshotBody"
+	"./sandbox FuzzDecodeS2"
 	"./plugins FuzzDecodeOutput"
 	"./plugins FuzzLoadAndCall"
 	"./plugins FuzzValidateArguments"

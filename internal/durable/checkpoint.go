@@ -56,7 +56,6 @@ func (d *Keeper) checkpoint(ctx context.Context, c *Claim, p *plugins.Plugin, in
 		pr = pluginRecord{Host: st.Host, SHA256: st.SHA256, Data: st.Data}
 	}
 	name := p.Name()
-	field := "p/" + name
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if fence != c.seeded || c.retired {
@@ -65,53 +64,8 @@ func (d *Keeper) checkpoint(ctx context.Context, c *Claim, p *plugins.Plugin, in
 	c.remember(p.Name(), first)
 	pr.Done = c.done[p.Name()]
 	pr.Ran = c.ran[p.Name()]
-	b, base, err := c.encodePlugin(name, pr, st)
-	if err != nil {
-		return NotSavedUnavailable, err
-	}
 	start := time.Now()
-	var undoBase func()
-	if base != nil {
-		// The state is written whole, and a new base after it: the old
-		// base, which the whole state no longer needs, is not counted
-		// against the byte budgets meanwhile (a record over its budget
-		// by its old base for the moment between the two writes), or a
-		// state that grew past half the budget could never be written
-		// whole, and so never saved again. (A size of 0 fits any budget.)
-		undoBase, _ = d.reserve(c.id, "b/"+name, 0, d.ttl())
-	}
-	err = d.putLocked(ctx, c, field, b)
-	if statestore.Lost(err) {
-		err = d.relost(ctx, c.key, c)
-		if err == nil {
-			// Encoded again: the base went with the record.
-			if b, base, err = c.encodePlugin(name, pr, st); err == nil {
-				err = d.putLocked(ctx, c, field, b)
-			}
-		}
-	}
-	c.wrotePlugin(name, err)
-	written := len(b)
-	if err != nil && undoBase != nil {
-		undoBase()
-	}
-	if err == nil && base != nil {
-		// The state is stored whole now: its frames become the base
-		// that the next checkpoints refer to. Without it (a failed
-		// write), they write the state whole again, and the base; a
-		// base refused (the byte budgets) is emptied, so that the old
-		// one is not kept for nothing.
-		bf := marshalBase(base)
-		berr := d.putLocked(ctx, c, "b/"+name, bf)
-		if berr != nil && !c.dirty && len(base) > 0 {
-			base, bf = [][]byte{}, marshalBase(nil)
-			berr = d.putLocked(ctx, c, "b/"+name, bf)
-		}
-		c.wroteBase(name, bf, base, berr)
-		if berr == nil {
-			written += len(bf)
-		}
-	}
+	written, err := d.writeState(ctx, c, name, pr, st)
 	d.obs.Checkpointed(time.Since(start), written, err)
 	switch {
 	case err == nil:
@@ -154,6 +108,7 @@ func (d *Keeper) relost(ctx context.Context, key sessions.Key, c *Claim) error {
 	}
 	clear(c.saved)
 	clear(c.bases)
+	clear(c.baseBytes)
 	c.fence, c.dirty, c.taken = cl.Fence, false, cl.Taken
 	return d.putLocked(ctx, c, "mcp", mcpOr(c.mcp))
 }

@@ -40,6 +40,9 @@ type Claim struct {
 	// bases are what the store holds of each plugin's base of frames, as
 	// far as this claim knows (frames.go).
 	bases map[string]*storedBase
+	// baseBytes are the sizes of the plugins' bases as the byte budgets
+	// count them (Options.Reserve), as far as this claim knows.
+	baseBytes map[string]int
 	// mcp is the "mcp" field as last written: written back when the
 	// store lost the record.
 	mcp []byte
@@ -73,7 +76,7 @@ type Claim struct {
 }
 
 func newClaim(key sessions.Key, id string) *Claim {
-	return &Claim{key: key, id: id, ready: make(chan struct{}), saved: map[string][sha256.Size]byte{}, bases: map[string]*storedBase{}, unsaved: map[string]NotSaved{}, done: map[string][]Once{}, ran: map[string][]byte{}}
+	return &Claim{key: key, id: id, ready: make(chan struct{}), saved: map[string][sha256.Size]byte{}, bases: map[string]*storedBase{}, baseBytes: map[string]int{}, unsaved: map[string]NotSaved{}, done: map[string][]Once{}, ran: map[string][]byte{}}
 }
 
 // memoryGrace is how long after its last verified claim a session may be
@@ -355,6 +358,7 @@ func (d *Keeper) verify(ctx context.Context, key sessions.Key, c *Claim) error {
 	}
 	clear(c.saved)
 	clear(c.bases)
+	clear(c.baseBytes)
 	clear(c.unsaved)
 	clear(c.done)
 	clear(c.ran)
@@ -439,6 +443,7 @@ func (d *Keeper) recover(ctx context.Context, key sessions.Key, c *Claim, fence 
 	}
 	clear(c.saved)
 	clear(c.bases)
+	clear(c.baseBytes)
 	c.fence = fence
 	c.dirty = false
 	if err := d.putLocked(ctx, c, "mcp", mcpOr(c.mcp)); err != nil {

@@ -1,8 +1,11 @@
 package durable
 
 import (
+	"context"
+	"errors"
 	"hash/maphash"
 
+	"github.com/wasmtools/wasmtools/internal/statestore"
 	"github.com/wasmtools/wasmtools/plugins"
 )
 
@@ -90,6 +93,7 @@ func frames(st *plugins.State) (head []byte, frames [][]byte) {
 // c.mu is held.
 func (c *Claim) learnBase(name string, rec map[string][]byte) {
 	field, ok := rec["b/"+name]
+	c.baseBytes[name] = len(field)
 	if !ok || c.dirty {
 		delete(c.bases, name)
 		return
@@ -107,22 +111,120 @@ func (c *Claim) learnBase(name string, rec map[string][]byte) {
 	c.bases[name] = sb
 }
 
+// writeState writes plugin name's record pr, whose state is st, into c's
+// record: split against the stored base when that is worth it, else whole
+// and then a new base. It returns the bytes written, and the error of the
+// state's write. c.mu is held.
+func (d *Keeper) writeState(ctx context.Context, c *Claim, name string, pr pluginRecord, st *plugins.State) (int, error) {
+	b, base, split, err := c.encodePlugin(name, pr, st, false)
+	if err != nil {
+		return 0, err
+	}
+	written, err := d.putState(ctx, c, name, b, base)
+	if statestore.Lost(err) {
+		if err = d.relost(ctx, c.key, c); err != nil {
+			return written, err
+		}
+		// Encoded again: the base went with the record.
+		if b, base, split, err = c.encodePlugin(name, pr, st, false); err != nil {
+			return written, err
+		}
+		written, err = d.putState(ctx, c, name, b, base)
+	}
+	if split && refused(c, err) {
+		// Refused split (the byte budgets: its own frames beside the
+		// base), the state may fit whole, the base replaced.
+		if b, base, _, err = c.encodePlugin(name, pr, st, true); err != nil {
+			return written, err
+		}
+		written, err = d.putState(ctx, c, name, b, base)
+	}
+	return written, err
+}
+
+// refused reports whether err refused a write that left the store as it
+// was and may succeed in another form: not one that got no answer, nor a
+// claim lost, a record lost or a store away. c.mu is held.
+func refused(c *Claim, err error) bool {
+	return err != nil && !c.dirty && !errors.Is(err, statestore.ErrFenced) && !errors.Is(err, errMoved) &&
+		!statestore.Lost(err) && !errors.Is(err, errStoreDown)
+}
+
+// putState writes a "p/NAME" field b as encodePlugin made it, and then
+// base, if any (nil: none), once that write is answered. It returns the
+// bytes written and the error of b's write: a base not written costs
+// only size, as the state is whole. c.mu is held.
+func (d *Keeper) putState(ctx context.Context, c *Claim, name string, b []byte, base [][]byte) (int, error) {
+	field := "b/" + name
+	var undoBase func()
+	if base != nil {
+		// The state is written whole, and a new base after it: the old
+		// base, which the whole state no longer needs, is not counted
+		// against the byte budgets meanwhile (a record over its budget
+		// by its old base for the moment between the two writes), or a
+		// state that grew past half the budget could never be written
+		// whole, and so never saved again. (A size of 0 fits any budget.)
+		undoBase, _ = d.reserve(c.id, field, 0, d.ttl())
+	}
+	err := d.putLocked(ctx, c, "p/"+name, b)
+	c.wrotePlugin(name, err)
+	if base == nil {
+		return len(b), err
+	}
+	if err != nil {
+		undoBase()
+		return 0, err
+	}
+	written := len(b)
+	bf := marshalBase(base)
+	berr := d.putLocked(ctx, c, field, bf)
+	switch {
+	case berr == nil:
+		// Counted again: a write skipped as unchanged reserved nothing.
+		if _, rerr := d.reserve(c.id, field, len(bf), d.ttl()); rerr != nil {
+			berr = rerr
+		} else {
+			c.baseBytes[name] = len(bf)
+		}
+	case c.dirty:
+		// No answer: the store holds the old base or this one, so the
+		// larger is counted, over any budget (a late write is not
+		// refused).
+		n := max(c.baseBytes[name], len(bf))
+		d.reserve(c.id, field, n, d.ttl())
+		c.baseBytes[name] = n
+	}
+	if berr != nil && !c.dirty && len(base) > 0 {
+		// A base that does not fit (the budgets) is not kept, nor the
+		// old one, which nothing refers to now.
+		base, bf = [][]byte{}, marshalBase(nil)
+		if berr = d.putLocked(ctx, c, field, bf); berr == nil {
+			c.baseBytes[name] = len(bf)
+		}
+	}
+	c.wroteBase(name, bf, base, berr)
+	if berr == nil {
+		written += len(bf)
+	}
+	return written, nil
+}
+
 // encodePlugin encodes pr, whose state is st, as plugin name's "p/NAME"
 // field: its frames that the stored base holds by reference, when the
-// base is known and still worth it; else whole. With a whole state worth
-// splitting it also returns the base to write once that write is
-// answered (nil: none). c.mu is held.
-func (c *Claim) encodePlugin(name string, pr pluginRecord, st *plugins.State) (field []byte, base [][]byte, err error) {
+// base is known and still worth it (and whole is false); else whole
+// (split false). With a whole state worth splitting it also returns the
+// base to write once that write is answered (nil: none). c.mu is held.
+func (c *Claim) encodePlugin(name string, pr pluginRecord, st *plugins.State, whole bool) (field []byte, base [][]byte, split bool, err error) {
 	head, fs := frames(st)
 	if fs == nil {
 		b, err := marshalRecord(pr)
 		if sb := c.bases[name]; sb != nil && sb.size > 0 {
 			// A state no longer split: its base is emptied after it.
-			return b, [][]byte{}, err
+			return b, [][]byte{}, false, err
 		}
-		return b, nil, err
+		return b, nil, false, err
 	}
-	if sb := c.bases[name]; sb != nil && len(sb.at) > 0 {
+	if sb := c.bases[name]; sb != nil && len(sb.at) > 0 && !whole {
 		s := &splitState{head: head, base: sb.sum, frames: make([]frameRef, len(fs))}
 		own, shared := 0, 0
 		for k, f := range fs {
@@ -139,11 +241,11 @@ func (c *Claim) encodePlugin(name string, pr pluginRecord, st *plugins.State) (f
 		// is kept for nothing).
 		if own <= max(compactMin, sb.size/2) && 2*shared >= sb.size {
 			b, err := marshalSplit(pr, s)
-			return b, nil, err
+			return b, nil, true, err
 		}
 	}
 	b, err := marshalRecord(pr)
-	return b, fs, err
+	return b, fs, false, err
 }
 
 // wrotePlugin notes that plugin name's "p/NAME" field, as encodePlugin

@@ -35,9 +35,9 @@ const (
 	baseMagic     = "wtpb"
 	baseVersion   = 1
 	baseSumSize   = 16
-	// maxBaseFrames bounds the frames of a base a record reads: a
-	// snapshot of the largest memory has fewer (64 KiB pages, up to 16
-	// pieces a frame).
+	// maxBaseFrames bounds the frames of a record or a base a reader
+	// takes (none is empty): a snapshot of the largest memory (4 GiB) has
+	// at most this many, of a piece each.
 	maxBaseFrames = 1 << 20
 )
 
@@ -92,11 +92,14 @@ func unmarshalRecord(b []byte, pr *pluginRecord) error {
 	}
 	sp := &splitState{head: r.bytes(), base: r.next(baseSumSize)}
 	n := r.uvarint()
-	if r.err == nil && n > uint64(len(r.b)) {
-		r.err = errors.New("record: truncated")
+	if r.err == nil && (n > uint64(len(r.b)) || n > maxBaseFrames) {
+		r.err = fmt.Errorf("record: %d frames", n)
 	}
 	for i := uint64(0); i < n && r.err == nil; i++ {
 		tag := r.uvarint()
+		if tag == 0 {
+			return errors.New("record: an empty frame")
+		}
 		if tag&1 == 1 {
 			if tag>>1 > maxBaseFrames {
 				return fmt.Errorf("record: frame %d of its base, over %d", tag>>1, maxBaseFrames)
@@ -203,12 +206,16 @@ func unmarshalBase(b []byte) ([][]byte, error) {
 	}
 	r := reader{b: rest[1:]}
 	n := r.uvarint()
-	if r.err == nil && n > uint64(len(r.b)) {
-		r.err = errors.New("base: truncated")
+	if r.err == nil && (n > uint64(len(r.b)) || n > maxBaseFrames) {
+		r.err = fmt.Errorf("base: %d frames", n)
 	}
 	frames := make([][]byte, 0, min(n, 1<<16))
 	for i := uint64(0); i < n && r.err == nil; i++ {
-		frames = append(frames, r.bytes())
+		f := r.bytes()
+		if r.err == nil && len(f) == 0 {
+			return nil, errors.New("base: an empty frame")
+		}
+		frames = append(frames, f)
 	}
 	if r.err != nil {
 		return nil, r.err

@@ -87,7 +87,25 @@ func FuzzRecord(f *testing.F) {
 		b, _ := marshalSplit(s.pr, s.split)
 		f.Add(b)
 	}
+	for _, s := range splitSamples() {
+		if s.base != nil {
+			f.Add(marshalBase(s.base))
+		}
+	}
 	f.Fuzz(func(t *testing.T, b []byte) {
+		// As a base of frames too, and joined with a record that names
+		// it: never a panic, nor a state larger than a field holds.
+		if fs, err := unmarshalBase(b); err == nil {
+			refs := make([]frameRef, len(fs))
+			for k := range refs {
+				refs[k].base = k
+			}
+			split, _ := marshalSplit(pluginRecord{Host: true}, &splitState{head: []byte("h"), base: baseSum(b), frames: refs})
+			pr, err := readPlugin(map[string][]byte{"p/x": split, "b/x": b}, "x")
+			if err == nil && len(pr.Data) != 1+len(bytes.Join(fs, nil)) {
+				t.Fatalf("a base of %d frames joined into %d bytes", len(fs), len(pr.Data))
+			}
+		}
 		var pr pluginRecord
 		if unmarshalRecord(b, &pr) != nil || !bytes.HasPrefix(b, []byte(recordMagic)) {
 			return

@@ -1,0 +1,81 @@
+package durable
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+
+	"github.com/wasmtools/wasmtools/internal/sessions"
+	"github.com/wasmtools/wasmtools/plugins"
+)
+
+// A state that fits its record's byte budget whole is not saved when the
+// claim knows a base: encodePlugin splits it (own frames up to
+// max(compactMin, half the base)), and the split field is counted beside
+// the base it refers to, so the record is the base plus the state's own
+// frames: over a budget that holds the state whole with room to spare.
+// The claim keeps its base after the refusal, so every checkpoint splits
+// again and is refused, until the own frames pass half the base. (The
+// state whole would have been written: while a state is written whole its
+// old base is not counted, reserve(…, 0).)
+func TestSplitStateFitsItsBudgetSplit(t *testing.T) {
+	w := newNotesWorld(t)
+	budget := &recordBudget{limit: 1 << 30, fields: map[string]int{}}
+	var d *Keeper
+	ses := sessions.New(&sessions.Options{Stored: func(ctx context.Context, key sessions.Key, p *plugins.Plugin) (*plugins.State, string, uint64, bool) {
+		return d.Stored(ctx, key, p)
+	}})
+	t.Cleanup(func() { ses.Close(w.ctx) })
+	d = New(Options{Store: w.st, Sessions: ses, Replica: "a", Reserve: budget.reserve})
+	w.aSes, w.a = ses, d
+	for range 30 {
+		w.add()
+	}
+	rec := w.record()
+	pr, err := readPlugin(rec, "notes")
+	if err != nil {
+		t.Fatal(err)
+	}
+	others := 0
+	for f, v := range rec {
+		if f != "p/notes" && f != "b/notes" {
+			others += len(v)
+		}
+	}
+	// Room for the state whole, and 16 KiB more for it to grow by.
+	budget.mu.Lock()
+	budget.limit = others + len(pr.Data) + 16<<10
+	limit := budget.limit
+	budget.mu.Unlock()
+	var failed []string
+	for k := range 10 {
+		w.notes++
+		text := fmt.Sprintf("note %d %s", w.notes, strings.Repeat("x", 200+w.notes*37%900))
+		_, why := w.call(ses, d, "note_add", fmt.Sprintf(`{"text":%q}`, text))
+		d.downUntil.Store(0)
+		if why == "" {
+			continue
+		}
+		// What the state whole would take now.
+		l, err := ses.Acquire(w.ctx, w.key, w.p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		st, err := l.Instance().SaveState(w.ctx)
+		l.Done(nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		whole, _ := marshalRecord(pluginRecord{Host: st.Host, SHA256: st.SHA256, Data: st.Data})
+		if others+len(whole) > limit {
+			t.Skipf("call %d: the state grew past the budget (%d bytes whole)", k+1, len(whole))
+		}
+		rec := w.record()
+		failed = append(failed, fmt.Sprintf("call %d: not saved (%q), though the state whole (%d bytes) and the record's other fields (%d) fit the budget of %d; the store holds a base of %d bytes and a p/notes of %d",
+			k+1, why, len(whole), others, limit, len(rec["b/notes"]), len(rec["p/notes"])))
+	}
+	if len(failed) > 0 {
+		t.Fatalf("%d of 10 calls not saved:\n%s", len(failed), strings.Join(failed, "\n"))
+	}
+}
