@@ -46,6 +46,16 @@ type storedBase struct {
 	size int    // its frames' bytes
 }
 
+// newStoredBase is what a base field holds, its frames fs.
+func newStoredBase(field []byte, fs [][]byte) *storedBase {
+	sb := &storedBase{at: make(map[frameKey]int, len(fs)), sum: baseSum(field)}
+	for k, f := range fs {
+		sb.at[keyOf(f)] = k
+		sb.size += len(f)
+	}
+	return sb
+}
+
 // frameKey identifies a frame by its hash and length. The hash is not
 // cryptographic, but its seed is random per process and no guest sees it
 // (the same reasoning as the sandbox's page hashes).
@@ -103,12 +113,7 @@ func (c *Claim) learnBase(name string, rec map[string][]byte) {
 		delete(c.bases, name)
 		return
 	}
-	sb := &storedBase{at: make(map[frameKey]int, len(fs)), sum: baseSum(field)}
-	for k, f := range fs {
-		sb.at[keyOf(f)] = k
-		sb.size += len(f)
-	}
-	c.bases[name] = sb
+	c.bases[name] = newStoredBase(field, fs)
 }
 
 // writeState writes plugin name's record pr, whose state is st, into c's
@@ -266,10 +271,5 @@ func (c *Claim) wroteBase(name string, field []byte, fs [][]byte, err error) {
 		delete(c.bases, name) // the state is whole: nothing refers to it
 		return
 	}
-	sb := &storedBase{at: make(map[frameKey]int, len(fs)), sum: baseSum(field)}
-	for k, f := range fs {
-		sb.at[keyOf(f)] = k
-		sb.size += len(f)
-	}
-	c.bases[name] = sb
+	c.bases[name] = newStoredBase(field, fs)
 }

@@ -19,12 +19,11 @@ func allocated(f func()) uint64 {
 	return b.TotalAlloc - a.TotalAlloc
 }
 
-// A split record of n frames, each its own and empty (a zero tag): 1 byte
-// a frame. A valid record never holds an empty frame, nor more frames
-// than maxBaseFrames (a snapshot of the largest memory has fewer), but
-// unmarshalRecord bounds the count only by the bytes left, and keeps a
-// 32-byte frameRef per byte: a record of MaxValue (64 MiB) makes it
-// allocate some 4 GiB. (Measured here with 2 Mi frames.)
+// A split record of n empty frames of its own (a zero tag: 1 byte a
+// frame) is refused before it costs much: a valid record never holds an
+// empty frame, nor more frames than maxBaseFrames. (It was read, at a
+// 32-byte frameRef a byte: a record of MaxValue, 64 MiB, asked for some 4
+// GiB. Measured here with 2 Mi frames.)
 func TestSplitRecordFrameCountBounded(t *testing.T) {
 	const n = 2 << 20
 	b := []byte(recordMagic)
@@ -48,9 +47,8 @@ func TestSplitRecordFrameCountBounded(t *testing.T) {
 	}
 }
 
-// The same for a base: unmarshalBase takes any count of empty frames
-// (maxBaseFrames is not applied to it), and learnBase (seed, Stored) then
-// builds a map entry per frame.
+// The same for a base: no empty frame, at most maxBaseFrames (learnBase,
+// from seed and Stored, built a map entry a frame).
 func TestBaseFrameCountBounded(t *testing.T) {
 	const n = 2 << 20
 	field := []byte(baseMagic)

@@ -1,30 +1,19 @@
 package durable
 
 import (
-	"context"
 	"testing"
-
-	"github.com/wasmtools/wasmtools/internal/sessions"
-	"github.com/wasmtools/wasmtools/plugins"
 )
 
-// A checkpoint that writes a state whole reserves its base field at 0
-// bytes (reserve(…, 0)) before the write; the base written after it is
-// then skipped by putLocked when it is byte for byte the base the claim
-// last wrote (c.saved), so it is never reserved again: the byte budget
-// counts 0 bytes for a base the store holds. (Here: a split write gets no
-// answer, the claim forgets its base, and the next checkpoint of the
-// same state writes it whole and the same base.)
+// A base written again byte for byte (a write skipped as unchanged, after
+// the state was written whole) is counted again against the byte budgets:
+// the state's whole write reserved the base at 0. (It stayed at 0 while
+// the store held it. Here a split write gets no answer, the claim forgets
+// its base, and the next checkpoint of the same state writes it whole and
+// the same base.)
 func TestBudgetCountsSkippedBase(t *testing.T) {
 	w := newNotesWorld(t)
-	budget := &recordBudget{limit: 1 << 30, fields: map[string]int{}}
-	var d *Keeper
-	ses := sessions.New(&sessions.Options{Stored: func(ctx context.Context, key sessions.Key, p *plugins.Plugin) (*plugins.State, string, uint64, bool) {
-		return d.Stored(ctx, key, p)
-	}})
-	t.Cleanup(func() { ses.Close(w.ctx) })
-	d = New(Options{Store: w.st, Sessions: ses, Replica: "a", Reserve: budget.reserve})
-	w.aSes, w.a = ses, d
+	budget := w.budgeted(1 << 30)
+	ses, d := w.aSes, w.a
 	for range 5 {
 		w.add()
 	}
@@ -86,21 +75,13 @@ func TestBudgetCountsSkippedBase(t *testing.T) {
 	check("after the same base was written again")
 }
 
-// The same undercount when the base written after a state whole gets no
-// answer: the base field was reserved at 0 before the state's write (its
-// undo only runs when the state's write fails), the base's own
-// reservation is undone, and the budget counts 0 bytes while the store
-// still holds the old base (or the new one, should it land).
+// A base whose write gets no answer is counted as the larger of the old
+// base and the new, either of which the store may hold. (Its reservation
+// was undone to 0, while the store held the old base or the new one.)
 func TestBudgetCountsLostBase(t *testing.T) {
 	w := newNotesWorld(t)
-	budget := &recordBudget{limit: 1 << 30, fields: map[string]int{}}
-	var d *Keeper
-	ses := sessions.New(&sessions.Options{Stored: func(ctx context.Context, key sessions.Key, p *plugins.Plugin) (*plugins.State, string, uint64, bool) {
-		return d.Stored(ctx, key, p)
-	}})
-	t.Cleanup(func() { ses.Close(w.ctx) })
-	d = New(Options{Store: w.st, Sessions: ses, Replica: "a", Reserve: budget.reserve})
-	w.aSes, w.a = ses, d
+	budget := w.budgeted(1 << 30)
+	d := w.a
 	for range 5 {
 		w.add()
 	}

@@ -9,9 +9,6 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
-
-	"github.com/wasmtools/wasmtools/internal/sessions"
-	"github.com/wasmtools/wasmtools/plugins"
 )
 
 // recordBudget is the host's per-record byte budget (host/shares.go,
@@ -55,14 +52,7 @@ func (b *recordBudget) reserve(id, field string, size int, ttl time.Duration) (f
 // and so was every checkpoint's after it, for good.)
 func TestSplitStateFitsItsBudget(t *testing.T) {
 	w := newNotesWorld(t)
-	budget := &recordBudget{limit: 1 << 30, fields: map[string]int{}}
-	var d *Keeper
-	ses := sessions.New(&sessions.Options{Stored: func(ctx context.Context, key sessions.Key, p *plugins.Plugin) (*plugins.State, string, uint64, bool) {
-		return d.Stored(ctx, key, p)
-	}})
-	t.Cleanup(func() { ses.Close(w.ctx) })
-	d = New(Options{Store: w.st, Sessions: ses, Replica: "a", Reserve: budget.reserve})
-	w.aSes, w.a = ses, d
+	budget := w.budgeted(1 << 30)
 	for range 30 {
 		w.add()
 	}
@@ -115,29 +105,18 @@ func (s *lateStore) Put(ctx context.Context, id, field string, v []byte, fence u
 	return s.lossyStore.Put(ctx, id, field, v, fence, ttl)
 }
 
-// A base write that got no answer may still land until the fence is
-// bumped (dirty). If Stored (the reader of a dropped instance's state)
-// reads the record in that window, learnBase adopts the old base it
-// finds; the late base then lands, and the next checkpoint bumps the
-// fence and writes a p/ that refers to the old base by its digest: the
-// record is unreadable, and every acknowledged note is lost at the next
-// takeover. (Whether the next state is worth splitting against the old
-// base depends on the Go heap: the sequence is tried a few times.)
 // A base written late (its write got no answer, and landed after Stored
 // read the record, before the fence was bumped) is not taken for the one
 // read: every state written after it refers to the base the store holds.
 // (A claim learnt the base Stored read, and the next state, written
-// against it, was unreadable: a takeover lost every note.)
+// against it by its digest, was unreadable: a takeover lost every note.
+// Whether the next state is worth splitting against the old base depends
+// on the Go heap: the sequence is tried a few times.)
 func TestSplitBaseNotLearntWhileAWriteMayLand(t *testing.T) {
 	w := newNotesWorld(t)
 	late := &lateStore{lossyStore: w.st}
-	var d *Keeper
-	ses := sessions.New(&sessions.Options{Stored: func(ctx context.Context, key sessions.Key, p *plugins.Plugin) (*plugins.State, string, uint64, bool) {
-		return d.Stored(ctx, key, p)
-	}})
-	t.Cleanup(func() { ses.Close(w.ctx) })
-	d = New(Options{Store: late, Sessions: ses, Replica: "a"})
-	w.aSes, w.a = ses, d
+	w.aSes, w.a = w.replicaWith(Options{Store: late, Replica: "a"})
+	ses, d := w.aSes, w.a
 	small := func() NotSaved {
 		w.notes++
 		_, why := w.call(ses, d, "note_add", fmt.Sprintf(`{"text":"note %d x"}`, w.notes))

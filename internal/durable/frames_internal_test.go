@@ -51,13 +51,31 @@ func newNotesWorld(t *testing.T) *notesWorld {
 
 // replica is a new replica over the world's store.
 func (w *notesWorld) replica(name string) (*sessions.Manager, *Keeper) {
+	return w.replicaWith(Options{Replica: name})
+}
+
+// replicaWith is a new replica with o, over the world's store unless o
+// names another.
+func (w *notesWorld) replicaWith(o Options) (*sessions.Manager, *Keeper) {
 	var d *Keeper
 	ses := sessions.New(&sessions.Options{Stored: func(ctx context.Context, key sessions.Key, p *plugins.Plugin) (*plugins.State, string, uint64, bool) {
 		return d.Stored(ctx, key, p)
 	}})
 	w.t.Cleanup(func() { ses.Close(w.ctx) })
-	d = New(Options{Store: w.st, Sessions: ses, Replica: name})
+	o.Sessions = ses
+	if o.Store == nil {
+		o.Store = w.st
+	}
+	d = New(o)
 	return ses, d
+}
+
+// budgeted makes the world's replica a anew, under a byte budget of limit
+// for the session's record.
+func (w *notesWorld) budgeted(limit int) *recordBudget {
+	b := &recordBudget{limit: limit, fields: map[string]int{}}
+	w.aSes, w.a = w.replicaWith(Options{Replica: "a", Reserve: b.reserve})
+	return b
 }
 
 // call runs one tool call of the notes plugin at replica d and its

@@ -1,34 +1,19 @@
 package durable
 
 import (
-	"context"
 	"fmt"
 	"strings"
 	"testing"
-
-	"github.com/wasmtools/wasmtools/internal/sessions"
-	"github.com/wasmtools/wasmtools/plugins"
 )
 
-// A state that fits its record's byte budget whole is not saved when the
-// claim knows a base: encodePlugin splits it (own frames up to
-// max(compactMin, half the base)), and the split field is counted beside
-// the base it refers to, so the record is the base plus the state's own
-// frames: over a budget that holds the state whole with room to spare.
-// The claim keeps its base after the refusal, so every checkpoint splits
-// again and is refused, until the own frames pass half the base. (The
-// state whole would have been written: while a state is written whole its
-// old base is not counted, reserve(…, 0).)
+// A state that fits its record's byte budget whole is saved when the claim
+// knows a base and its split form, its own frames beside the base, does
+// not fit: a split the budgets refuse is written whole instead. (It was
+// refused at every checkpoint until its own frames passed half the base.)
 func TestSplitStateFitsItsBudgetSplit(t *testing.T) {
 	w := newNotesWorld(t)
-	budget := &recordBudget{limit: 1 << 30, fields: map[string]int{}}
-	var d *Keeper
-	ses := sessions.New(&sessions.Options{Stored: func(ctx context.Context, key sessions.Key, p *plugins.Plugin) (*plugins.State, string, uint64, bool) {
-		return d.Stored(ctx, key, p)
-	}})
-	t.Cleanup(func() { ses.Close(w.ctx) })
-	d = New(Options{Store: w.st, Sessions: ses, Replica: "a", Reserve: budget.reserve})
-	w.aSes, w.a = ses, d
+	budget := w.budgeted(1 << 30)
+	ses, d := w.aSes, w.a
 	for range 30 {
 		w.add()
 	}
