@@ -63,6 +63,9 @@ func newDurable(h *Host) *durable.Keeper {
 		Reserve: func(id, field string, size int, ttl time.Duration) (func(), error) {
 			return h.storeBytes.reserve(id, field, size, ttl, h.tenantOf(""))
 		},
+		Count: func(id, field string, size int, ttl time.Duration) {
+			h.storeBytes.count(id, field, size, ttl, h.tenantOf(""))
+		},
 		Release: h.storeBytes.release,
 	})
 }

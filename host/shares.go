@@ -261,6 +261,40 @@ func (b *storeBudget) reserve(id, field string, size int, ttl time.Duration, ano
 	}, nil
 }
 
+// count sets the bytes counted for field of record id to size, with no
+// check against the budgets: what the store may hold after a write that
+// failed or got no answer (durable.Options.Count).
+func (b *storeBudget) count(id, field string, size int, ttl time.Duration, anonymous string) {
+	if b == nil {
+		return
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	tenant, ok := b.tenant[id]
+	if !ok {
+		tenant = anonymous
+		b.tenant[id] = tenant
+	}
+	recs := b.records[tenant]
+	if recs == nil {
+		recs = map[string]*recBytes{}
+		b.records[tenant] = recs
+	}
+	r := recs[id]
+	if r == nil {
+		r = &recBytes{fields: map[string]int{}}
+		recs[id] = r
+	}
+	delta := size - r.fields[field]
+	r.fields[field] = size
+	r.bytes += delta
+	if exp := time.Now().Add(ttl); exp.After(r.expires) {
+		r.expires = exp
+	}
+	b.held[tenant] += delta
+	b.sum += delta
+}
+
 // release forgets record id (its session ended, its record deleted).
 func (b *storeBudget) release(id string) {
 	if b == nil {

@@ -75,3 +75,7 @@ const ReasonNotSaved = "not-saved"
 // state store lost (it came back empty, or evicted the record) while no
 // replica held its instance.
 const ReasonStoreLost = "store-lost"
+
+// errRefused wraps a write refused before it was sent (the byte budgets,
+// Options.Reserve): the store is as it was.
+var errRefused = errors.New("state store: write refused before it was sent")

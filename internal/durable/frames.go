@@ -3,6 +3,7 @@ package durable
 import (
 	"context"
 	"errors"
+	"fmt"
 	"hash/maphash"
 
 	"github.com/wasmtools/wasmtools/internal/statestore"
@@ -136,7 +137,7 @@ func (d *Keeper) writeState(ctx context.Context, c *Claim, name string, pr plugi
 		}
 		written, err = d.putState(ctx, c, name, b, base)
 	}
-	if split && refused(c, err) {
+	if split && refused(err) {
 		// Refused split (the byte budgets: its own frames beside the
 		// base), the state may fit whole, the base replaced.
 		if b, base, _, err = c.encodePlugin(name, pr, st, true); err != nil {
@@ -147,12 +148,15 @@ func (d *Keeper) writeState(ctx context.Context, c *Claim, name string, pr plugi
 	return written, err
 }
 
-// refused reports whether err refused a write that left the store as it
-// was and may succeed in another form: not one that got no answer, nor a
-// claim lost, a record lost or a store away. c.mu is held.
-func refused(c *Claim, err error) bool {
-	return err != nil && !c.dirty && !errors.Is(err, statestore.ErrFenced) && !errors.Is(err, errMoved) &&
-		!statestore.Lost(err) && !errors.Is(err, errStoreDown)
+// refused reports whether err refused a write before it was sent (the
+// byte budgets), so that the store is as it was and the write may
+// succeed in another form. c.mu is held.
+func refused(err error) bool { return errors.Is(err, errRefused) }
+
+// mayHaveLanded reports whether a write that failed with err was sent and
+// got no answer: it may be in the store, or not.
+func mayHaveLanded(err error) bool {
+	return err != nil && !refused(err) && !errors.Is(err, errStoreDown) && unanswered(err)
 }
 
 // putState writes a "p/NAME" field b as encodePlugin made it, and then
@@ -169,7 +173,10 @@ func (d *Keeper) putState(ctx context.Context, c *Claim, name string, b []byte, 
 		// by its old base for the moment between the two writes), or a
 		// state that grew past half the budget could never be written
 		// whole, and so never saved again. (A size of 0 fits any budget.)
-		undoBase, _ = d.reserve(c.id, field, 0, d.ttl())
+		var rerr error
+		if undoBase, rerr = d.reserve(c.id, field, 0, d.ttl()); rerr != nil {
+			undoBase = func() {}
+		}
 	}
 	err := d.putLocked(ctx, c, "p/"+name, b)
 	c.wrotePlugin(name, err)
@@ -181,31 +188,36 @@ func (d *Keeper) putState(ctx context.Context, c *Claim, name string, b []byte, 
 		return 0, err
 	}
 	written := len(b)
+	old := c.baseBytes[name]
 	bf := marshalBase(base)
 	berr := d.putLocked(ctx, c, field, bf)
-	switch {
-	case berr == nil:
+	if berr == nil {
 		// Counted again: a write skipped as unchanged reserved nothing.
 		if _, rerr := d.reserve(c.id, field, len(bf), d.ttl()); rerr != nil {
-			berr = rerr
-		} else {
-			c.baseBytes[name] = len(bf)
+			berr = fmt.Errorf("%w: %w", errRefused, rerr)
 		}
-	case c.dirty:
-		// No answer: the store holds the old base or this one, so the
-		// larger is counted, over any budget (a late write is not
-		// refused).
-		n := max(c.baseBytes[name], len(bf))
-		d.reserve(c.id, field, n, d.ttl())
-		c.baseBytes[name] = n
 	}
-	if berr != nil && !c.dirty && len(base) > 0 {
+	maybe := old // what the store may hold of the base now
+	if mayHaveLanded(berr) {
+		maybe = max(old, len(bf)) // either
+	}
+	if berr != nil && !mayHaveLanded(berr) && len(base) > 0 {
 		// A base that does not fit (the budgets) is not kept, nor the
 		// old one, which nothing refers to now.
 		base, bf = [][]byte{}, marshalBase(nil)
-		if berr = d.putLocked(ctx, c, field, bf); berr == nil {
-			c.baseBytes[name] = len(bf)
+		berr = d.putLocked(ctx, c, field, bf)
+		if mayHaveLanded(berr) {
+			maybe = max(maybe, len(bf))
 		}
+	}
+	if berr == nil {
+		c.baseBytes[name] = len(bf)
+	} else {
+		// Counted as what the store may hold, whatever the budgets: the
+		// old base was counted as nothing while the state was written
+		// whole.
+		d.count(c.id, field, maybe, d.ttl())
+		c.baseBytes[name] = maybe
 	}
 	c.wroteBase(name, bf, base, berr)
 	if berr == nil {

@@ -21,6 +21,12 @@ type recordBudget struct {
 
 var errBudget = errors.New("over the record's byte budget (test)")
 
+func (b *recordBudget) count(id, field string, size int, ttl time.Duration) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.fields[field] = size
+}
+
 func (b *recordBudget) reserve(id, field string, size int, ttl time.Duration) (func(), error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()

@@ -74,7 +74,7 @@ func (w *notesWorld) replicaWith(o Options) (*sessions.Manager, *Keeper) {
 // for the session's record.
 func (w *notesWorld) budgeted(limit int) *recordBudget {
 	b := &recordBudget{limit: limit, fields: map[string]int{}}
-	w.aSes, w.a = w.replicaWith(Options{Replica: "a", Reserve: b.reserve})
+	w.aSes, w.a = w.replicaWith(Options{Replica: "a", Reserve: b.reserve, Count: b.count})
 	return b
 }
 

@@ -72,6 +72,11 @@ type Options struct {
 	// write failed); Release forgets record id (deleted). nil counts
 	// nothing.
 	Reserve func(id, field string, size int, ttl time.Duration) (undo func(), err error)
+	// Count sets the bytes counted for field of record id to size,
+	// whatever the budgets: what the store may hold after a write that
+	// failed or got no answer, which Reserve could refuse to count. nil
+	// with Reserve nil.
+	Count   func(id, field string, size int, ttl time.Duration)
 	Release func(id string)
 }
 
@@ -112,6 +117,7 @@ type Keeper struct {
 	exportGrants  func(sessions.Key) []byte
 	restoreGrants func(sessions.Key, []byte) error
 	reserve       func(id, field string, size int, ttl time.Duration) (undo func(), err error)
+	count         func(id, field string, size int, ttl time.Duration)
 	release       func(id string)
 
 	wg sync.WaitGroup // background work: renewals, write-backs
@@ -158,6 +164,7 @@ func New(o Options) *Keeper {
 		exportGrants:  o.ExportGrants,
 		restoreGrants: o.RestoreGrants,
 		reserve:       o.Reserve,
+		count:         o.Count,
 		release:       o.Release,
 		claims:        map[sessions.Key]*Claim{},
 		forgotten:     map[sessions.Key]*Claim{},
@@ -175,6 +182,9 @@ func New(o Options) *Keeper {
 	}
 	if d.reserve == nil {
 		d.reserve = func(string, string, int, time.Duration) (func(), error) { return func() {}, nil }
+	}
+	if d.count == nil {
+		d.count = func(string, string, int, time.Duration) {}
 	}
 	if d.release == nil {
 		d.release = func(string) {}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"errors"
+	"fmt"
 	"time"
 
 	"github.com/wasmtools/wasmtools/internal/statestore"
@@ -206,7 +207,7 @@ func (d *Keeper) putLocked(ctx context.Context, c *Claim, field string, v []byte
 	// The tenants' byte budgets (Options.Reserve) before the store.
 	undo, err := d.reserve(c.id, field, len(v), d.ttl())
 	if err != nil {
-		return err
+		return fmt.Errorf("%w: %w", errRefused, err)
 	}
 	if c.dirty {
 		f, err := d.store.Renew(ctx, c.id, c.fence, d.ttl(), true)
