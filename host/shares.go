@@ -203,22 +203,8 @@ func (b *storeBudget) reserve(id, field string, size int, ttl time.Duration, ano
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	tenant, ok := b.tenant[id]
-	if !ok {
-		tenant = anonymous
-		b.tenant[id] = tenant
-	}
 	now := time.Now()
-	b.pruneLocked(tenant, now)
-	recs := b.records[tenant]
-	if recs == nil {
-		recs = map[string]*recBytes{}
-		b.records[tenant] = recs
-	}
-	r := recs[id]
-	if r == nil {
-		r = &recBytes{fields: map[string]int{}}
-	}
+	tenant, recs, r := b.recordLocked(id, anonymous, now)
 	delta := size - r.fields[field]
 	switch {
 	case field == "mcp" && size > maxInitializeRecord:
@@ -261,6 +247,28 @@ func (b *storeBudget) reserve(id, field string, size int, ttl time.Duration, ano
 	}, nil
 }
 
+// recordLocked returns record id's tenant (anonymous for a record not
+// seen before), that tenant's records, pruned of lapsed ones, and the
+// record's counts: a new one, not yet among them, when it has none.
+func (b *storeBudget) recordLocked(id, anonymous string, now time.Time) (string, map[string]*recBytes, *recBytes) {
+	tenant, ok := b.tenant[id]
+	if !ok {
+		tenant = anonymous
+		b.tenant[id] = tenant
+	}
+	b.pruneLocked(tenant, now)
+	recs := b.records[tenant]
+	if recs == nil {
+		recs = map[string]*recBytes{}
+		b.records[tenant] = recs
+	}
+	r := recs[id]
+	if r == nil {
+		r = &recBytes{fields: map[string]int{}}
+	}
+	return tenant, recs, r
+}
+
 // count sets the bytes counted for field of record id to size, with no
 // check against the budgets: what the store may hold after a write that
 // failed or got no answer (durable.Options.Count).
@@ -270,25 +278,13 @@ func (b *storeBudget) count(id, field string, size int, ttl time.Duration, anony
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	tenant, ok := b.tenant[id]
-	if !ok {
-		tenant = anonymous
-		b.tenant[id] = tenant
-	}
-	recs := b.records[tenant]
-	if recs == nil {
-		recs = map[string]*recBytes{}
-		b.records[tenant] = recs
-	}
-	r := recs[id]
-	if r == nil {
-		r = &recBytes{fields: map[string]int{}}
-		recs[id] = r
-	}
+	now := time.Now()
+	tenant, recs, r := b.recordLocked(id, anonymous, now)
+	recs[id] = r
 	delta := size - r.fields[field]
 	r.fields[field] = size
 	r.bytes += delta
-	if exp := time.Now().Add(ttl); exp.After(r.expires) {
+	if exp := now.Add(ttl); exp.After(r.expires) {
 		r.expires = exp
 	}
 	b.held[tenant] += delta

@@ -57,33 +57,12 @@ func (b *recordBudget) reserve(id, field string, size int, ttl time.Duration) (f
 // emptied. (The old base was counted: the state's write whole was refused,
 // and so was every checkpoint's after it, for good.)
 func TestSplitStateFitsItsBudget(t *testing.T) {
-	w := newNotesWorld(t)
-	budget := w.budgeted(1 << 30)
-	for range 30 {
-		w.add()
-	}
-	rec := w.record()
-	pr, err := readPlugin(rec, "notes")
-	if err != nil {
-		t.Fatal(err)
-	}
-	base := len(rec["b/notes"])
-	if base < 16<<10 {
-		t.Fatalf("a base of %d bytes", base)
-	}
-	// The next checkpoint writes the state whole (its claim knows no
-	// base), under a budget that holds the state and half the old base.
-	c := w.a.claims[w.key]
-	c.mu.Lock()
-	delete(c.bases, "notes")
-	c.mu.Unlock()
-	budget.mu.Lock()
-	budget.limit = len(pr.Data) + 8<<10 + base/2
-	budget.mu.Unlock()
+	w, budget, _, _ := budgetWorld(t)
+	base := w.wholeNext(budget)
 	for range 10 {
 		w.add() // saved, or it fails
 	}
-	rec = w.record()
+	rec := w.record()
 	if _, err := readPlugin(rec, "notes"); err != nil {
 		t.Fatal(err)
 	}

@@ -124,6 +124,83 @@ func (w *notesWorld) add() {
 	}
 }
 
+// budgetWorld is a notes session of 30 notes at replica a, under a byte
+// budget for its record that holds anything until the test lowers it.
+func budgetWorld(t *testing.T) (*notesWorld, *recordBudget, *Keeper, *sessions.Manager) {
+	w := newNotesWorld(t)
+	budget := w.budgeted(1 << 30)
+	for range 30 {
+		w.add()
+	}
+	return w, budget, w.a, w.aSes
+}
+
+// wholeNext makes a's next checkpoint write the state whole (its claim
+// forgets the base, as after a write that got no answer), under a budget
+// that holds the state and half the old base, not both. It returns the
+// old base's size.
+func (w *notesWorld) wholeNext(budget *recordBudget) (base int) {
+	w.t.Helper()
+	rec := w.record()
+	pr, err := readPlugin(rec, "notes")
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	base = len(rec["b/notes"])
+	if base < 16<<10 {
+		w.t.Fatalf("a base of %d bytes", base)
+	}
+	c := w.a.claims[w.key]
+	c.mu.Lock()
+	delete(c.bases, "notes")
+	c.mu.Unlock()
+	budget.mu.Lock()
+	budget.limit = len(pr.Data) + 8<<10 + base/2
+	budget.mu.Unlock()
+	return base
+}
+
+// addLong adds a long note at a, as add does, and returns why its state
+// was not saved ("" when it was), with the breaker shut again.
+func (w *notesWorld) addLong() NotSaved {
+	w.t.Helper()
+	w.notes++
+	text := fmt.Sprintf("note %d %s", w.notes, strings.Repeat("x", 200+w.notes*37%900))
+	_, why := w.call(w.aSes, w.a, "note_add", fmt.Sprintf(`{"text":%q}`, text))
+	w.a.downUntil.Store(0)
+	return why
+}
+
+// wholeBytes is what the state of a's instance takes written whole now.
+func (w *notesWorld) wholeBytes() int {
+	w.t.Helper()
+	l, err := w.aSes.Acquire(w.ctx, w.key, w.p)
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	st, err := l.Instance().SaveState(w.ctx)
+	l.Done(nil)
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	b, err := marshalRecord(pluginRecord{Host: st.Host, SHA256: st.SHA256, Data: st.Data})
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	return len(b)
+}
+
+// otherFields is what rec's fields but the notes plugin's take.
+func otherFields(rec map[string][]byte) int {
+	n := 0
+	for f, v := range rec {
+		if f != "p/notes" && f != "b/notes" {
+			n += len(v)
+		}
+	}
+	return n
+}
+
 // record is the session's record as the store holds it.
 func (w *notesWorld) record() map[string][]byte {
 	w.t.Helper()

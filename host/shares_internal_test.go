@@ -1,0 +1,35 @@
+package host
+
+import (
+	"errors"
+	"testing"
+	"time"
+)
+
+// count sets what a record's field is counted at whatever the budgets (a
+// write that may be in the store: durable.Options.Count), and the next
+// reserve is checked against it; release forgets it all.
+func TestStoreBudgetCount(t *testing.T) {
+	b := newStoreBudget(100, 150, 1000, true)
+	if _, err := b.reserve("r1", "p/x", 80, time.Minute, "alice"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.reserve("r1", "b/x", 50, time.Minute, "alice"); !errors.Is(err, ErrStoreBudget) {
+		t.Fatalf("130 bytes in a record of 100: %v", err)
+	}
+	b.count("r1", "b/x", 50, time.Minute, "alice") // over the budget, counted
+	if b.held["alice"] != 130 || b.sum != 130 {
+		t.Fatalf("held %d, sum %d, want 130", b.held["alice"], b.sum)
+	}
+	if _, err := b.reserve("r2", "p/x", 30, time.Minute, "alice"); !errors.Is(err, ErrStoreBudget) {
+		t.Fatalf("alice at 160 of her 150: %v", err)
+	}
+	b.count("r1", "b/x", 0, time.Minute, "alice")
+	if _, err := b.reserve("r1", "p/x", 90, time.Minute, "alice"); err != nil {
+		t.Fatalf("90 bytes once the base counts 0: %v", err)
+	}
+	b.release("r1")
+	if b.held["alice"] != 0 || b.sum != 0 {
+		t.Fatalf("after release: held %d, sum %d", b.held["alice"], b.sum)
+	}
+}
