@@ -77,3 +77,31 @@ func (c *Compiled) Pooled() int {
 // DifferingBytes counts the bytes at which a and b differ, the difference
 // of their lengths included.
 var DifferingBytes = differingBytes
+
+// WritesTracked reports whether the kernel tracks writes to reserved
+// memory for snapshots (writes_linux.go).
+func WritesTracked() bool { return writeTracker() >= 0 && !scansFailed.Load() }
+
+// SnapshotTracked reports whether the instance's last snapshot read only
+// the pieces the kernel said were written since the one before.
+func (i *Instance) SnapshotTracked() bool { return i.snapTracked }
+
+// WriteMemory runs f on the instance's live memory, between calls: the
+// host's own writes, or the kernel's (a read(2) into it).
+func (i *Instance) WriteMemory(f func(mem []byte)) {
+	_ = i.withMemory(func(mem []byte) error {
+		f(mem)
+		return nil
+	})
+}
+
+// GrowMemory grows the instance's memory by pages of 64 KiB, as the
+// guest's memory.grow does, and reports whether it could.
+func (i *Instance) GrowMemory(pages uint32) bool {
+	m := moduleMemory(i.mod)
+	if m == nil {
+		return false
+	}
+	_, ok := m.Grow(pages)
+	return ok
+}

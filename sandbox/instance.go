@@ -62,6 +62,9 @@ type Instance struct {
 	snapFrames     cachedFrames
 	snapCompressed int
 	snapPieces     uint32
+	// snapTracked says the last snapshot knew which pieces were written
+	// from the kernel's write tracking (writes_linux.go), for tests.
+	snapTracked bool
 }
 
 // fakeEpoch is the first reading of a guest's wall clock: midnight UTC

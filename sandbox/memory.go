@@ -43,6 +43,11 @@ type reservedMemory struct {
 	// (recycle.go), its first imgSize bytes holding the image already.
 	reused bool
 	kept   uint64 // while pooled: the private bytes it holds
+
+	// Write tracking (writes_linux.go): the reservation is registered
+	// with the process's userfaultfd, and armed since its last scan.
+	wpRegistered bool
+	wpArmed      bool
 }
 
 // Reallocate implements experimental.LinearMemory: it commits size bytes

@@ -138,6 +138,9 @@ func (m *reservedMemory) mapImageLocked() error {
 			return errno
 		}
 	}
+	// The mapping replaced is no longer registered, nor is what it
+	// held tracked.
+	m.wpRegistered, m.wpArmed = false, false
 	m.onImage = true
 	m.committed = max(m.committed, size)
 	return nil

@@ -25,3 +25,9 @@ func (f *imageFile) pooled() int                  { return 0 }
 
 // writtenPieces: only Linux says which pages were written.
 func writtenPieces([]byte) []uint64 { return nil }
+
+// scanWrites: only Linux says which pages were written since a scan.
+func (m *reservedMemory) scanWrites([]byte) ([]uint64, bool) { return nil, false }
+
+// writeTracker: no userfaultfd off Linux.
+func writeTracker() int { return -1 }

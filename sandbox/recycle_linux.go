@@ -178,7 +178,7 @@ func (f *imageFile) recycle(m *reservedMemory) bool {
 func (f *imageFile) reset(m *reservedMemory) (kept uint64, ok bool) {
 	f.mu.RLock()
 	defer f.mu.RUnlock()
-	if f.closed || f.view == nil {
+	if f.closed || f.view == nil || !m.disarmWrites() {
 		return 0, false
 	}
 	size := m.imgSize

@@ -170,6 +170,7 @@ func (inst *Instance) restoreOnImage(s *snapshotState, diff *imageDiff) error {
 		inst.snapPieces = s.pages * piecesPerPage
 	}
 	inst.snapFrames = cache
+	inst.armWrites()
 	return inst.setState(s, s.vars)
 }
 

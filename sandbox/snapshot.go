@@ -277,11 +277,22 @@ func (i *Instance) SnapshotFrames(ctx context.Context) (snapshot []byte, frames 
 	err = i.withMemory(func(mem []byte) error {
 		pages = uint32(len(mem) / pageSize)
 		pieces := pages * piecesPerPage
-		// The pieces never written since the memory was mapped are as
-		// they were at the last snapshot (which snapFrames describes
-		// whole, up to snapPieces): nil when unknown.
+		// The pieces not written since the last snapshot are as they
+		// were then (snapFrames describes them whole, up to
+		// snapPieces): written is nil when that is unknown. The kernel
+		// says which pieces were written since the last scan, which
+		// the last snapshot (or the restore) made, where it tracks
+		// writes (writes_linux.go); else pagemap says which were ever
+		// written since the memory was mapped. The scan runs whatever
+		// snapPieces, as it arms the tracking for the next snapshot.
 		var written []uint64
-		if i.snapPieces > 0 && i.mem != nil {
+		scanned, tracked := i.mem.scanWrites(mem)
+		i.snapTracked = tracked && i.snapPieces > 0
+		switch {
+		case i.snapPieces == 0 || i.mem == nil:
+		case tracked:
+			written = scanned
+		default:
 			written = writtenPieces(mem)
 		}
 		var fresh, stale []pieceHash
@@ -620,8 +631,22 @@ func (inst *Instance) restore(s *snapshotState) error {
 			// The memory is the base's but for the cached pieces.
 			inst.snapPieces = s.pages * piecesPerPage
 		}
+		inst.armWrites()
 	}
 	return inst.setState(s, s.vars)
+}
+
+// armWrites arms the write tracking of the instance's memory (a scan
+// whose answer is dropped), once the memory is what snapFrames
+// describes: the next snapshot then reads only the pieces written since.
+func (i *Instance) armWrites() {
+	if i.snapPieces == 0 {
+		return
+	}
+	_ = i.withMemory(func(mem []byte) error {
+		i.mem.scanWrites(mem)
+		return nil
+	})
 }
 
 // eachFrame decodes each frame of s (versions 3 and 4) and calls put with

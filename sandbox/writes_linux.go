@@ -1,0 +1,207 @@
+//go:build linux
+
+package sandbox
+
+import (
+	"errors"
+	"os"
+	"sync"
+	"sync/atomic"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+// Write tracking (docs/DESIGN.md, "sandbox: which pieces a call wrote").
+// A snapshot compresses only the pieces of memory written since the
+// instance's snapshot before; to know which, it used to hash every piece
+// the instance had ever made its own (pagemap), 230 to 380 of them for a
+// Go guest, most of a checkpoint's CPU. Where the kernel can say which
+// pages were written since a point in time, per range, that hashing is
+// left to the pages it names.
+//
+// It can where userfaultfd offers asynchronous write protection
+// (UFFD_FEATURE_WP_ASYNC, Linux 6.7) and /proc/self/pagemap the
+// PAGEMAP_SCAN ioctl: a reservation is registered with one userfaultfd
+// of the process; a write to a protected page takes a minor fault that
+// the kernel resolves by itself (no thread of ours handles it), marking
+// the page written; a scan names the pages written since the last scan
+// and protects them again, in one pass. UFFD_USER_MODE_ONLY asks for no
+// privilege (the kernel's own writes into the range, a read(2) into
+// guest memory, are tracked all the same: an asynchronous fault never
+// reaches the userfaultfd). Where any of it is missing (an older kernel,
+// a seccomp profile refusing userfaultfd, pages of another size), the
+// snapshot falls back to pagemap and hashing, as before.
+//
+// What a scan can say is only as good as the mapping it scans: a range
+// mapped over (MAP_FIXED) is no longer registered, and a page zapped
+// (MADV_DONTNEED) loses its protection. So a reservation's tracking is
+// "armed" only by a scan, and disarmed by everything that maps over or
+// resets its memory (mapImageLocked, reset); a scan of a reservation
+// not armed arms it and says nothing. The caller trusts a scan only as
+// far back as the scan before it: the snapshot's own, or the one a
+// restore ends with.
+
+// From the kernel's uapi (linux/userfaultfd.h, linux/fs.h of Linux 6.7);
+// Debian's headers are older.
+const (
+	uffdAPI                  = 0xaa
+	uffdUserModeOnly         = 1       // userfaultfd(2) flag
+	uffdFeatureWPUnpopulated = 1 << 13 // unpopulated pages count as protected
+	uffdFeatureWPAsync       = 1 << 15 // the kernel resolves write faults itself
+	uffdioAPI                = 0xc018aa3f
+	uffdioRegister           = 0xc020aa00
+	uffdioUnregister         = 0x8010aa01
+	uffdioRegisterModeWP     = 1 << 1
+	pagemapScan              = 0xc0606610 // _IOWR('f', 16, struct pm_scan_arg)
+	pmScanWPMatching         = 1 << 0     // protect the pages reported again
+	pmScanCheckWPAsync       = 1 << 1     // fail unless the range is registered so
+	pageIsWritten            = 1 << 1
+)
+
+type uffdioAPIArg struct{ api, features, ioctls uint64 }
+
+type uffdioRange struct{ start, len uint64 }
+
+type uffdioRegisterArg struct {
+	rng          uffdioRange
+	mode, ioctls uint64
+}
+
+type pageRegion struct{ start, end, categories uint64 }
+
+type pmScanArg struct {
+	size, flags, start, end, walkEnd, vec, vecLen, maxPages      uint64
+	categoryInvMask, categoryMask, categoryAnyofMask, returnMask uint64
+}
+
+// scanBuf is one scan's ioctl argument and the regions it returns, on
+// the heap (the kernel is given their addresses).
+type scanBuf struct {
+	arg pmScanArg
+	vec [256]pageRegion
+}
+
+var scanBufs = sync.Pool{New: func() any { return new(scanBuf) }}
+
+// writeTracker is the process's userfaultfd, or -1 where there is none
+// with asynchronous write protection. It stays open: closing it would
+// unregister every reservation.
+var writeTracker = sync.OnceValue(func() int {
+	if os.Getpagesize() != pieceSize || pagemap() == nil {
+		return -1
+	}
+	fd, _, errno := unix.Syscall(unix.SYS_USERFAULTFD, unix.O_CLOEXEC|unix.O_NONBLOCK|uffdUserModeOnly, 0, 0)
+	if errno != 0 {
+		return -1
+	}
+	api := uffdioAPIArg{api: uffdAPI, features: uffdFeatureWPAsync | uffdFeatureWPUnpopulated}
+	if ioctl(int(fd), uffdioAPI, unsafe.Pointer(&api)) != nil {
+		unix.Close(int(fd))
+		return -1
+	}
+	return int(fd)
+})
+
+// scansFailed is set once a scan failed other than for a range not
+// registered (no PAGEMAP_SCAN, say): tracking is then given up.
+var scansFailed atomic.Bool
+
+func ioctl(fd int, req uintptr, arg unsafe.Pointer) error {
+	if _, _, errno := unix.Syscall(unix.SYS_IOCTL, uintptr(fd), req, uintptr(arg)); errno != 0 {
+		return errno
+	}
+	return nil
+}
+
+// scanWrites returns a bitmap of the pieces of mem (the instance's
+// memory: the start of m's reservation) written since m's last scan,
+// protecting them again, and whether it can say: false when m's tracking
+// was not armed (the first scan since its memory was mapped or reset,
+// which arms it) or cannot be. m may be nil. The caller holds the
+// memory (enterLive), so that no call of the guest writes meanwhile.
+func (m *reservedMemory) scanWrites(mem []byte) (written []uint64, ok bool) {
+	if m == nil || len(mem) == 0 {
+		return nil, false
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	armed := m.wpArmed
+	m.wpArmed = false
+	fd := writeTracker()
+	if fd < 0 || scansFailed.Load() || len(m.mem) == 0 || &m.mem[0] != &mem[0] || len(mem) > len(m.mem) {
+		return nil, false
+	}
+	if !m.wpRegistered {
+		// The whole reservation, so that memory the guest grows into
+		// is registered already.
+		r := uffdioRegisterArg{rng: uffdioRange{uint64(uintptr(unsafe.Pointer(&m.mem[0]))), uint64(len(m.mem))}, mode: uffdioRegisterModeWP}
+		if ioctl(fd, uffdioRegister, unsafe.Pointer(&r)) != nil {
+			return nil, false
+		}
+		m.wpRegistered, armed = true, false
+	}
+	written, err := scanWritten(mem)
+	if err != nil {
+		if !errors.Is(err, unix.EPERM) {
+			scansFailed.Store(true)
+		}
+		return nil, false
+	}
+	m.wpArmed = true
+	return written, armed
+}
+
+// disarmWrites unregisters m from the tracker, which removes the
+// protection from its pages (so that pagemap tells its own pages from
+// the image's again: a protected page never written reads as swapped);
+// false if that failed. The caller holds m.mu.
+func (m *reservedMemory) disarmWrites() bool {
+	m.wpArmed = false
+	if !m.wpRegistered {
+		return true
+	}
+	r := uffdioRange{uint64(uintptr(unsafe.Pointer(&m.mem[0]))), uint64(len(m.mem))}
+	if ioctl(writeTracker(), uffdioUnregister, unsafe.Pointer(&r)) != nil {
+		return false
+	}
+	m.wpRegistered = false
+	return true
+}
+
+// scanWritten is one PAGEMAP_SCAN of mem, in as many ioctls as its
+// written regions need.
+func scanWritten(mem []byte) ([]uint64, error) {
+	n := len(mem) / pieceSize
+	bits := make([]uint64, (n+63)/64)
+	b := scanBufs.Get().(*scanBuf)
+	defer scanBufs.Put(b)
+	base := uint64(uintptr(unsafe.Pointer(&mem[0])))
+	end := base + uint64(n)*pieceSize
+	for at := base; at < end; {
+		b.arg = pmScanArg{
+			size:  uint64(unsafe.Sizeof(b.arg)),
+			flags: pmScanWPMatching | pmScanCheckWPAsync,
+			start: at, end: end,
+			vec: uint64(uintptr(unsafe.Pointer(&b.vec[0]))), vecLen: uint64(len(b.vec)),
+			categoryMask: pageIsWritten, returnMask: pageIsWritten,
+		}
+		r, _, errno := unix.Syscall(unix.SYS_IOCTL, pagemap().Fd(), pagemapScan, uintptr(unsafe.Pointer(&b.arg)))
+		if errno != 0 {
+			return nil, errno
+		}
+		if int(r) > len(b.vec) || b.arg.walkEnd <= at || b.arg.walkEnd > end {
+			return nil, errors.New("PAGEMAP_SCAN: an answer out of range")
+		}
+		for _, v := range b.vec[:r] {
+			if v.start < at || v.end > b.arg.walkEnd || v.start > v.end {
+				return nil, errors.New("PAGEMAP_SCAN: a region out of range")
+			}
+			for p := (v.start - base) / pieceSize; p < (v.end-base+pieceSize-1)/pieceSize; p++ {
+				bits[p/64] |= 1 << (p % 64)
+			}
+		}
+		at = b.arg.walkEnd
+	}
+	return bits, nil
+}
