@@ -170,6 +170,19 @@ type State struct {
 	Frames []int
 }
 
+// ReleaseState gives st, a state the instance saved, back to it once the
+// caller holds no part of st's data any more, nor restored anything from
+// it: a host snapshot's bytes are written over by the instance's next
+// one ([sandbox.Instance.ReuseSnapshot]). st is not to be used after.
+func (i *Instance) ReleaseState(st *State) {
+	if st != nil && st.Host && i.sb != nil && st.Data != nil {
+		i.sb.ReuseSnapshot(st.Data)
+	}
+	if st != nil {
+		st.Data, st.Frames = nil, nil
+	}
+}
+
 // SaveState saves the instance's state between calls: a host-side
 // snapshot when the host can take one ([Plugin.CanSnapshot]), else the
 // guest's own snapshot when the plugin exports the handoff pair

@@ -65,6 +65,9 @@ type Instance struct {
 	// snapTracked says the last snapshot knew which pieces were written
 	// from the kernel's write tracking (writes_linux.go), for tests.
 	snapTracked bool
+	// snapSpare is a snapshot given back (ReuseSnapshot), which the next
+	// one is written over.
+	snapSpare []byte
 }
 
 // fakeEpoch is the first reading of a guest's wall clock: midnight UTC
@@ -331,13 +334,13 @@ func (i *Instance) Close(ctx context.Context) error {
 		return nil
 	}
 	i.err = ErrClosed
-	i.snapFrames, i.snapPieces = nil, 0
+	i.snapFrames, i.snapPieces, i.snapSpare = nil, 0, nil
 	return i.mod.Close(ctx)
 }
 
 func (i *Instance) close(reason error) {
 	i.err = reason
-	i.snapFrames, i.snapPieces = nil, 0
+	i.snapFrames, i.snapPieces, i.snapSpare = nil, 0, nil
 	_ = i.mod.Close(context.Background())
 }
 

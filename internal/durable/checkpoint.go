@@ -2,7 +2,6 @@ package durable
 
 import (
 	"context"
-	"crypto/sha256"
 	"errors"
 	"time"
 
@@ -66,6 +65,10 @@ func (d *Keeper) checkpoint(ctx context.Context, c *Claim, p *plugins.Plugin, in
 	pr.Ran = c.ran[p.Name()]
 	start := time.Now()
 	written, err := d.writeState(ctx, c, name, pr, st)
+	// The record and the base were encoded from copies of st's bytes,
+	// and nothing restores from them: the instance's next snapshot can
+	// be written over them.
+	inst.ReleaseState(st)
 	d.obs.Checkpointed(time.Since(start), written, err)
 	switch {
 	case err == nil:
@@ -241,7 +244,7 @@ func (d *Keeper) Stored(ctx context.Context, key sessions.Key, p *plugins.Plugin
 		return nil, sessions.ReasonReplicaLost, c.seeded, true
 	}
 	// The claim's notes follow the state the instance starts from.
-	c.saved["p/"+name] = sha256.Sum256(v)
+	c.saved["p/"+name] = sumOf(v)
 	c.learnBase(name, rec)
 	c.done[name], c.ran[name] = pr.Done, pr.Ran
 	return &plugins.State{Host: pr.Host, SHA256: pr.SHA256, Data: pr.Data}, "", c.seeded, true

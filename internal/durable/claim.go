@@ -3,7 +3,6 @@ package durable
 import (
 	"cmp"
 	"context"
-	"crypto/sha256"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -36,7 +35,7 @@ type Claim struct {
 	// dirty: a write failed without an answer (it may still land): the
 	// fence is bumped before the next write, so that it never does.
 	dirty bool
-	saved map[string][sha256.Size]byte // digest of each field as last written
+	saved map[string]fieldSum // digest of each field as last written
 	// bases are what the store holds of each plugin's base of frames, as
 	// far as this claim knows (frames.go).
 	bases map[string]*storedBase
@@ -76,7 +75,7 @@ type Claim struct {
 }
 
 func newClaim(key sessions.Key, id string) *Claim {
-	return &Claim{key: key, id: id, ready: make(chan struct{}), saved: map[string][sha256.Size]byte{}, bases: map[string]*storedBase{}, baseBytes: map[string]int{}, unsaved: map[string]NotSaved{}, done: map[string][]Once{}, ran: map[string][]byte{}}
+	return &Claim{key: key, id: id, ready: make(chan struct{}), saved: map[string]fieldSum{}, bases: map[string]*storedBase{}, baseBytes: map[string]int{}, unsaved: map[string]NotSaved{}, done: map[string][]Once{}, ran: map[string][]byte{}}
 }
 
 // memoryGrace is how long after its last verified claim a session may be
@@ -498,7 +497,7 @@ func (d *Keeper) seed(key sessions.Key, c *Claim, rec map[string][]byte, fence u
 			seeds[name] = sessions.Seed{Lost: "its saved state is unreadable: " + err.Error()}
 			continue
 		}
-		c.saved[field] = sha256.Sum256(v)
+		c.saved[field] = sumOf(v)
 		c.learnBase(name, rec)
 		// Within the bounds a write keeps, whole digests only: a
 		// record is sealed, but its reader does not rely on it.
