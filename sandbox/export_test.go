@@ -1,6 +1,9 @@
 package sandbox
 
-import "slices"
+import (
+	"errors"
+	"slices"
+)
 
 // Overrunning reports how many compilations passed their deadline and are
 // still running in the background.
@@ -104,4 +107,45 @@ func (i *Instance) GrowMemory(pages uint32) bool {
 	}
 	_, ok := m.Grow(pages)
 	return ok
+}
+
+// PoolKept reports the private bytes the module's pooled reservations
+// hold (recycle_linux.go), for tests.
+func (c *Compiled) PoolKept() uint64 {
+	img := c.imageFor()
+	if img == nil || img.file == nil {
+		return 0
+	}
+	img.file.mu.RLock()
+	defer img.file.mu.RUnlock()
+	return img.file.poolKept
+}
+
+// TrackedReservation is a reservation of max bytes whose first len(img)
+// bytes map img (copy-on-write, as an instance's memory on its image),
+// the rest committed up to size: its memory, a scan of its writes as a
+// snapshot makes (scanWrites), and its release.
+func TrackedReservation(img []byte, max, size uint64) (mem []byte, scan func() ([]uint64, bool), free func(), err error) {
+	m := reserveMemory(max)
+	if m == nil {
+		return nil, nil, nil, errors.New("no reservation")
+	}
+	if len(img) > 0 {
+		f, err := newImageFile(img)
+		if err != nil {
+			return nil, nil, nil, err
+		}
+		m.img, m.imgSize = f, uint64(len(img))
+		if err := m.mapImage(); err != nil {
+			return nil, nil, nil, err
+		}
+	}
+	if size > uint64(len(img)) {
+		if err := commit(m.mem[len(img):size]); err != nil {
+			return nil, nil, nil, err
+		}
+	}
+	m.committed = size
+	mem = m.mem[:size]
+	return mem, func() ([]uint64, bool) { return m.scanWrites(mem) }, func() { m.mu.Lock(); m.unmap(); m.mu.Unlock() }, nil
 }

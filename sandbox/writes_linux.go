@@ -4,6 +4,7 @@ package sandbox
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"sync"
 	"sync/atomic"
@@ -21,7 +22,7 @@ import (
 // left to the pages it names.
 //
 // It can where userfaultfd offers asynchronous write protection
-// (UFFD_FEATURE_WP_ASYNC, Linux 6.7) and /proc/self/pagemap the
+// (UFFD_FEATURE_WP_ASYNC, Linux 6.7; we wait for 6.10, kernelAtLeast) and /proc/self/pagemap the
 // PAGEMAP_SCAN ioctl: a reservation is registered with one userfaultfd
 // of the process; a write to a protected page takes a minor fault that
 // the kernel resolves by itself (no thread of ours handles it), marking
@@ -88,7 +89,7 @@ var scanBufs = sync.Pool{New: func() any { return new(scanBuf) }}
 // with asynchronous write protection. It stays open: closing it would
 // unregister every reservation.
 var writeTracker = sync.OnceValue(func() int {
-	if os.Getpagesize() != pieceSize || pagemap() == nil {
+	if os.Getpagesize() != pieceSize || pagemap() == nil || !kernelAtLeast(6, 10) {
 		return -1
 	}
 	fd, _, errno := unix.Syscall(unix.SYS_USERFAULTFD, unix.O_CLOEXEC|unix.O_NONBLOCK|uffdUserModeOnly, 0, 0)
@@ -103,8 +104,24 @@ var writeTracker = sync.OnceValue(func() int {
 	return int(fd)
 })
 
-// scansFailed is set once a scan failed other than for a range not
-// registered (no PAGEMAP_SCAN, say): tracking is then given up.
+// kernelAtLeast reports whether the running kernel's release is at least
+// major.minor. The scan came with Linux 6.7; its first releases had fixes
+// after them to how it reads the protection of pages swapped out or being
+// migrated, so tracking waits for 6.10.
+func kernelAtLeast(major, minor int) bool {
+	var u unix.Utsname
+	if unix.Uname(&u) != nil {
+		return false
+	}
+	var maj, min int
+	if _, err := fmt.Sscanf(unix.ByteSliceToString(u.Release[:]), "%d.%d", &maj, &min); err != nil {
+		return false
+	}
+	return maj > major || maj == major && min >= minor
+}
+
+// scansFailed is set once a scan failed for want of the ioctl or one of
+// its flags: tracking is then given up.
 var scansFailed atomic.Bool
 
 func ioctl(fd int, req uintptr, arg unsafe.Pointer) error {
@@ -143,7 +160,9 @@ func (m *reservedMemory) scanWrites(mem []byte) (written []uint64, ok bool) {
 	}
 	written, err := scanWritten(mem)
 	if err != nil {
-		if !errors.Is(err, unix.EPERM) {
+		// Left unarmed: the next scan arms it again. An ioctl the
+		// kernel does not have gives tracking up for good.
+		if errors.Is(err, unix.ENOTTY) || errors.Is(err, unix.EINVAL) || errors.Is(err, unix.ENOSYS) || errors.Is(err, unix.EOPNOTSUPP) {
 			scansFailed.Store(true)
 		}
 		return nil, false

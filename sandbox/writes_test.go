@@ -27,9 +27,7 @@ import (
 // new instance on a recycled reservation (whose tracking must start
 // afresh); and a Go guest's calls are checked the same way.
 func TestSnapshotTracksEveryWrite(t *testing.T) {
-	if !sandbox.WritesTracked() {
-		t.Skip("this system does not track writes (userfaultfd with WP_ASYNC and PAGEMAP_SCAN): snapshots hash every written piece")
-	}
+	needTracking(t)
 	ctx := context.Background()
 	rt := newRuntime(t)
 	noise := make([]byte, 1<<16)

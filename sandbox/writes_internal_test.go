@@ -1,0 +1,65 @@
+package sandbox
+
+import (
+	"bytes"
+	"testing"
+)
+
+// TestResetAfterTracking: a reservation whose writes were tracked goes
+// back to its image's pool holding the image, and counted as keeping the
+// one page its instance wrote. A page never touched since the tracking
+// was armed holds a write-protect marker, which pagemap reports as a
+// swapped page, so a reset that did not unregister the range first would
+// count (and copy) every such page as the instance's own.
+func TestResetAfterTracking(t *testing.T) {
+	if writeTracker() < 0 || pagemap() == nil {
+		t.Skip("this system does not track writes (userfaultfd with WP_ASYNC and PAGEMAP_SCAN)")
+	}
+	const size = 64 * pieceSize
+	img := make([]byte, size)
+	for p := 0; p < size; p += 3 * pieceSize {
+		img[p] = byte(p/pieceSize + 1) // and holes between
+	}
+	f, err := newImageFile(img)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.close()
+	m := reserveMemory(4 << 20)
+	if m == nil {
+		t.Skip("no reservation")
+	}
+	m.img, m.imgSize = f, size
+	if err := m.mapImage(); err != nil {
+		t.Fatal(err)
+	}
+	mem := m.mem[:size]
+	if _, tracked := m.scanWrites(mem); tracked {
+		t.Fatal("the first scan of a mapping says what was written")
+	}
+	mem[5*pieceSize+7] = 99 // the instance's one write
+	written, tracked := m.scanWrites(mem)
+	if !tracked || written[0] != 1<<5 {
+		t.Fatalf("scan: tracked %v, written %b; want piece 5 alone", tracked, written)
+	}
+	m.mu.Lock()
+	ok := f.recycle(m)
+	m.mu.Unlock()
+	if !ok || f.pooled() != 1 {
+		t.Fatalf("not pooled (%v)", ok)
+	}
+	if f.poolKept != pieceSize {
+		t.Errorf("the pooled reservation keeps %d bytes as its own, want %d (the page written)", f.poolKept, pieceSize)
+	}
+	r := f.take(4 << 20)
+	if r == nil {
+		t.Fatal("nothing to take from the pool")
+	}
+	defer release(r.mem)
+	if !bytes.Equal(r.mem[:size], img) {
+		t.Error("the pooled reservation is not the image")
+	}
+	if r.wpRegistered || r.wpArmed {
+		t.Error("the pooled reservation says its writes are tracked")
+	}
+}
