@@ -81,10 +81,6 @@ func (c *Compiled) Pooled() int {
 // of their lengths included.
 var DifferingBytes = differingBytes
 
-// WritesTracked reports whether the kernel tracks writes to reserved
-// memory for snapshots (writes_linux.go).
-func WritesTracked() bool { return writeTracker() >= 0 && !scansFailed.Load() }
-
 // SnapshotTracked reports whether the instance's last snapshot read only
 // the pieces the kernel said were written since the one before.
 func (i *Instance) SnapshotTracked() bool { return i.snapTracked }
@@ -107,18 +103,6 @@ func (i *Instance) GrowMemory(pages uint32) bool {
 	}
 	_, ok := m.Grow(pages)
 	return ok
-}
-
-// PoolKept reports the private bytes the module's pooled reservations
-// hold (recycle_linux.go), for tests.
-func (c *Compiled) PoolKept() uint64 {
-	img := c.imageFor()
-	if img == nil || img.file == nil {
-		return 0
-	}
-	img.file.mu.RLock()
-	defer img.file.mu.RUnlock()
-	return img.file.poolKept
 }
 
 // TrackedReservation is a reservation of max bytes whose first len(img)

@@ -31,3 +31,6 @@ func (m *reservedMemory) scanWrites([]byte) ([]uint64, bool) { return nil, false
 
 // writeTracker: no userfaultfd off Linux.
 func writeTracker() int { return -1 }
+
+// TracksWrites: only Linux says which pages were written.
+func TracksWrites() bool { return false }

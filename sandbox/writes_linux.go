@@ -120,6 +120,12 @@ func kernelAtLeast(major, minor int) bool {
 	return maj > major || maj == major && min >= minor
 }
 
+// TracksWrites reports whether snapshots learn from the kernel which
+// pages of an instance's memory were written since the last one (Linux
+// 6.10 and later, userfaultfd allowed), rather than hashing every page the
+// instance made its own. The answers are the same either way.
+func TracksWrites() bool { return writeTracker() >= 0 && !scansFailed.Load() }
+
 // scansFailed is set once a scan failed for want of the ioctl or one of
 // its flags: tracking is then given up.
 var scansFailed atomic.Bool

@@ -13,6 +13,15 @@ import (
 	"github.com/wasmtools/wasmtools/sandbox"
 )
 
+// needTracking skips where snapshots do not learn from the kernel which
+// pages were written (sandbox.TracksWrites).
+func needTracking(t *testing.T) {
+	t.Helper()
+	if !sandbox.TracksWrites() {
+		t.Skip("this system does not track writes (userfaultfd with WP_ASYNC and PAGEMAP_SCAN)")
+	}
+}
+
 // TestSnapshotTracksEveryWrite checks the write tracking snapshots rely
 // on where the kernel offers it (writes_linux.go): a snapshot reads only
 // the pieces written since the one before, so a write it missed would

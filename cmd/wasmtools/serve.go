@@ -33,6 +33,7 @@ import (
 	"github.com/wasmtools/wasmtools/internal/statestore"
 	"github.com/wasmtools/wasmtools/internal/telemetry"
 	"github.com/wasmtools/wasmtools/plugins"
+	"github.com/wasmtools/wasmtools/sandbox"
 )
 
 // connStateHook, when set, sees every state change of the HTTP server's
@@ -232,7 +233,8 @@ func cmdServe(ctx context.Context, args []string, lookupEnv func(string) (string
 		}
 		defer store.Close()
 		opts.Store, opts.StateKey = store, key
-		log.Info("sessions are kept in the state store", "store", redactURL(*stateStore), "replica", *replica, "checkpoint", *checkpoint)
+		log.Info("sessions are kept in the state store", "store", redactURL(*stateStore), "replica", *replica, "checkpoint", *checkpoint,
+			"write_tracking", sandbox.TracksWrites()) // docs/DEPLOY.md, "Write tracking"
 		if *httpAddr == "" {
 			log.Warn("a stdio session is the process: the state store keeps only HTTP sessions")
 		}

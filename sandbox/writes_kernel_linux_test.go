@@ -14,13 +14,6 @@ import (
 	"github.com/wasmtools/wasmtools/sandbox"
 )
 
-func needTracking(t *testing.T) {
-	t.Helper()
-	if !sandbox.WritesTracked() {
-		t.Skip("this system does not track writes (userfaultfd with WP_ASYNC and PAGEMAP_SCAN)")
-	}
-}
-
 // bit reports whether piece p is set in a scan's bitmap.
 func bit(w []uint64, p int) bool { return w[p/64]&(1<<(p%64)) != 0 }
 
