@@ -93,6 +93,7 @@ type Client struct {
 	handle string // Modern: the session handle
 	next   int    // the next note's number
 	rounds atomic.Int64
+	capped time.Time // when the client stopped adding (MaxAdds); zero while it adds
 
 	mu      sync.Mutex
 	history []Op
@@ -117,6 +118,10 @@ func NewClient(n int, era, addr, run string, opts ClientOptions) *Client {
 
 // Rounds is how many add-then-list rounds the client completed.
 func (c *Client) Rounds() int64 { return c.rounds.Load() }
+
+// Capped returns when the client stopped adding notes (MaxAdds), or the
+// zero time. Read it once the client's Run has returned.
+func (c *Client) Capped() time.Time { return c.capped }
 
 // History returns the client's attempts so far.
 func (c *Client) History() []Op {
@@ -161,6 +166,8 @@ func (c *Client) Run(ctx context.Context, stop <-chan struct{}) {
 		}
 		if c.next <= MaxAdds {
 			c.operation(ctx, "add")
+		} else if c.capped.IsZero() {
+			c.capped = time.Now()
 		}
 		c.operation(ctx, "list")
 		c.rounds.Add(1)

@@ -179,6 +179,12 @@ func RunScenario(t testing.TB, sc Scenario, o Options) Result {
 	close(stop)
 	wg.Wait()
 	c.Logf("clients stopped")
+	for _, cl := range r.Clients {
+		// What ran after this, for this client, ran with reads only.
+		if at := cl.Capped(); !at.IsZero() {
+			c.Logf("client %d had stopped adding at %.2fs (%d notes): it only read after that", cl.N, c.Since(at).Seconds(), MaxAdds)
+		}
+	}
 
 	res := Result{Scenario: sc.Name, Proxy: sc.Proxy, Clients: len(r.Clients), Stats: Stats{Notices: map[string]int{}, FailedBy: map[string]int{}}}
 	res.Violations = append(res.Violations, r.violations...)
