@@ -478,12 +478,12 @@ func (h *Host) newServer(name, version string) *mcp.Server {
 		},
 		Logger:       h.log.With("component", "mcp"),
 		GetSessionID: h.newSessionID,
-		InitializedHandler: func(ctx context.Context, req *mcp.InitializedRequest) {
-			h.initialized(ctx, req.Session)
-		},
 		SetCacheable: h.setCacheable,
 	})
 	s.AddReceivingMiddleware(keepEmptyText)
+	// Inside every check (waitForLoad, access, tasks): only an initialize
+	// they let through makes a record.
+	s.AddReceivingMiddleware(h.keepNewSession)
 	if h.opts.Loaded != nil {
 		s.AddReceivingMiddleware(h.waitForLoad)
 	}

@@ -62,21 +62,33 @@ func (h *Host) newSessionID() string {
 	return h.replicaPrefix() + rand.Text()
 }
 
-// initialized claims a new stateful session in the store, with its MCP
-// state, so that another replica can take it over.
-func (h *Host) initialized(ctx context.Context, ss *mcp.ServerSession) {
-	if h.dur == nil || ss.ID() == "" {
-		return
-	}
-	// An unknown user (not seen at the initialize) fails closed: "?" is
-	// no subject's tag, so no request takes the session over.
-	subject := "?"
-	if user, ok := h.dur.MadeFor(ss.ID()); ok {
-		subject = h.subjectTag(user)
+// keepNewSession claims each new stateful session in the store, with its
+// MCP state, before its initialize is answered (a receiving middleware),
+// so that another replica can take it over: a session whose ID a client
+// holds is in the store, even if its replica dies before the client's
+// next request (notifications/initialized, which it once waited for).
+// The session is its authenticated user's, as the go-sdk binds it.
+func (h *Host) keepNewSession(next mcp.MethodHandler) mcp.MethodHandler {
+	return func(ctx context.Context, method string, req mcp.Request) (mcp.Result, error) {
+		res, err := next(ctx, method, req)
+		if method != "initialize" || err != nil || h.dur == nil {
+			return res, err
+		}
+		ss, ok := req.GetSession().(*mcp.ServerSession)
+		if !ok || ss.ID() == "" {
+			return res, err
+		}
+		user := ""
+		if ex := req.GetExtra(); ex != nil && ex.TokenInfo != nil {
+			user = ex.TokenInfo.UserID
+		}
 		h.storeBytes.attribute(durable.StoreID(h.connKey(ss)), h.tenantOf(user))
-	}
-	if _, err := h.dur.Ensure(ctx, h.connKey(ss), newSession(ss, subject)); err != nil {
-		h.log.Error("state store: new session not kept", "session", ss.ID(), "error", err)
+		if _, err := h.dur.Ensure(ctx, h.connKey(ss), newSession(ss, h.subjectTag(user))); err != nil {
+			// Answered all the same, as before the store: the session
+			// lives here, and its first call claims it again.
+			h.log.Error("state store: new session not kept", "session", ss.ID(), "error", err)
+		}
+		return res, err
 	}
 }
 
@@ -232,14 +244,6 @@ func (h *Host) serveStateful(stateful http.Handler, events mcp.EventStore, w htt
 	case id == "":
 		h.adoptMu.RLock()
 		defer h.adoptMu.RUnlock()
-		if h.dur != nil {
-			// Whose session it is, for its record (initialized): the
-			// go-sdk keeps the user to itself, and the handler of
-			// notifications/initialized is not told. Noted before the
-			// response leaves, since the client's next request may
-			// come before this handler returns.
-			w = &sessionMade{ResponseWriter: w, made: func(id string) { h.dur.MadeBy(id, userOf(r)) }}
-		}
 		stateful.ServeHTTP(w, r)
 		return
 	case r.Method == http.MethodGet:
@@ -330,42 +334,6 @@ func (h *Host) canReplay(ctx context.Context, events mcp.EventStore, id, eid str
 	return true
 }
 
-// sessionMade tells made the session ID a response carries, before its
-// headers are sent.
-type sessionMade struct {
-	http.ResponseWriter
-	made func(id string)
-	sent bool
-}
-
-func (s *sessionMade) WriteHeader(code int) {
-	if !s.sent {
-		s.sent = true
-		if id := s.Header().Get("Mcp-Session-Id"); id != "" {
-			s.made(id)
-		}
-	}
-	s.ResponseWriter.WriteHeader(code)
-}
-
-func (s *sessionMade) Write(b []byte) (int, error) {
-	if !s.sent {
-		s.WriteHeader(http.StatusOK)
-	}
-	return s.ResponseWriter.Write(b)
-}
-
-func (s *sessionMade) Flush() {
-	if !s.sent {
-		s.WriteHeader(http.StatusOK)
-	}
-	if f, ok := s.ResponseWriter.(http.Flusher); ok {
-		f.Flush()
-	}
-}
-
-func (s *sessionMade) Unwrap() http.ResponseWriter { return s.ResponseWriter }
-
 // notFound passes a response through unless it is the go-sdk's "session
 // not found" (a 404 before anything was written), which it swallows and
 // reports.
@@ -445,8 +413,8 @@ func (h *Host) adopt(ctx context.Context, stateful http.Handler, orig *http.Requ
 	if h.hasSession(ctx, stateful, orig, id) {
 		return nil
 	}
-	// The replayed initialized writes the record again: with this user.
-	h.dur.MadeBy(id, userOf(orig))
+	// The replayed initialize writes the record again, with this user
+	// (keepNewSession).
 	h.dur.AdoptedHere(id)
 	init, err := json.Marshal(map[string]any{"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": sr.Initialize})
 	if err != nil {

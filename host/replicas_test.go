@@ -366,16 +366,23 @@ func TestTaskNamesItsReplica(t *testing.T) {
 
 // A stateful session is its authenticated user's on every replica: another
 // user presenting its ID does not take it over.
-func TestTakeoverKeepsTheSessionsUser(t *testing.T) {
+// guardedReplicas are replicas a and b of the notes example sharing a
+// store, each behind bearer tokens for alice and bob.
+func guardedReplicas(t *testing.T) (srvs [2]*httptest.Server, tokens map[string]string) {
+	t.Helper()
 	store := statestore.NewMemory()
-	tokens := map[string]string{"alice": "alice-token-0123456789", "bob": "bob-token-0123456789"}
-	var srvs [2]*httptest.Server
+	tokens = map[string]string{"alice": "alice-token-0123456789", "bob": "bob-token-0123456789"}
 	for i, name := range []string{"a", "b"} {
 		f := newFixture(t, &host.Options{Replica: name, Store: store, StateKey: replicaKey}, sandbox.NewPolicy(),
 			map[string]string{"notes.wasm": testplugins.Example(t, "notes")})
 		srvs[i] = httptest.NewServer(host.RequireTokens("", tokens, f.h.HTTPHandler()))
 		t.Cleanup(srvs[i].Close)
 	}
+	return srvs, tokens
+}
+
+func TestTakeoverKeepsTheSessionsUser(t *testing.T) {
+	srvs, tokens := guardedReplicas(t)
 	as := func(token string) http.RoundTripper { return headerTransport{"Authorization", "Bearer " + token} }
 	alice := connectHTTP(t, srvs[0].URL, "2025-11-25", as(tokens["alice"]))
 	call(t, alice, "note_add", map[string]any{"text": "alice's"})
@@ -426,5 +433,50 @@ func TestEvictedInstanceComesBackFromTheStore(t *testing.T) {
 	}
 	if res := notes(t, b, nil); res.Meta[host.MetaStateReset] != nil || text(res) != "1. b's\n" {
 		t.Fatalf("b after its instance was evicted: %v %q", res.Meta, text(res))
+	}
+}
+
+// A session is in the store before its initialize is answered: a replica
+// that dies between its answer and the client's initialized (the fault
+// suite's kill9-under-load met it, with a client beginning a new session
+// just before the kill) leaves a session that another replica takes over,
+// for its own user only.
+func TestSessionKeptBeforeInitializeAnswered(t *testing.T) {
+	srvs, tokens := guardedReplicas(t)
+	post := func(srv *httptest.Server, token, id, body string) (*http.Response, string) {
+		t.Helper()
+		req, _ := http.NewRequest(http.MethodPost, srv.URL+"/mcp", strings.NewReader(body))
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Accept", "application/json, text/event-stream")
+		req.Header.Set("Authorization", "Bearer "+token)
+		if id != "" {
+			req.Header.Set("Mcp-Session-Id", id)
+			req.Header.Set("Mcp-Protocol-Version", "2025-11-25")
+		}
+		res, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(res.Body)
+		res.Body.Close()
+		return res, string(b)
+	}
+	res, body := post(srvs[0], tokens["alice"], "", `{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"t","version":"1"}}}`)
+	id := res.Header.Get("Mcp-Session-Id")
+	if res.StatusCode != http.StatusOK || id == "" {
+		t.Fatalf("initialize at a: %d %q %s", res.StatusCode, id, body)
+	}
+	// a is gone before the client's initialized reached it.
+	srvs[0].CloseClientConnections()
+	srvs[0].Close()
+	list := `{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"note_list","arguments":{}}}`
+	if res, body := post(srvs[1], tokens["bob"], id, list); res.StatusCode != http.StatusNotFound {
+		t.Fatalf("bob with alice's session at b: %d %s; want 404", res.StatusCode, body)
+	}
+	if res, body := post(srvs[1], tokens["alice"], id, `{"jsonrpc":"2.0","method":"notifications/initialized"}`); res.StatusCode/100 != 2 {
+		t.Fatalf("initialized at b: %d %s", res.StatusCode, body)
+	}
+	if res, body := post(srvs[1], tokens["alice"], id, list); res.StatusCode != http.StatusOK || !strings.Contains(body, `"result"`) || strings.Contains(body, `"isError":true`) {
+		t.Fatalf("alice's first call at b: %d %s", res.StatusCode, body)
 	}
 }

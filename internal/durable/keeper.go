@@ -137,11 +137,8 @@ type Keeper struct {
 	// holds (what was not saved, the results kept for at-most-once
 	// calls) carries over if no one claimed the session meanwhile.
 	forgotten map[sessions.Key]*Claim
-	// users are the authenticated users of stateful sessions made and
-	// not yet initialized, by session ID (at most maxPendingUsers).
-	users map[string]string
 	// adopted are the stateful sessions this replica took over from the
-	// store (at most maxPendingUsers): never served afresh from memory.
+	// store (at most maxAdopted): never served afresh from memory.
 	adopted map[string]bool
 }
 
@@ -168,7 +165,6 @@ func New(o Options) *Keeper {
 		release:       o.Release,
 		claims:        map[sessions.Key]*Claim{},
 		forgotten:     map[sessions.Key]*Claim{},
-		users:         map[string]string{},
 		adopted:       map[string]bool{},
 	}
 	if d.obs == nil {
@@ -214,32 +210,9 @@ func (d *Keeper) KeyMismatch() string {
 	return ""
 }
 
-// maxPendingUsers bounds the sessions whose initialize was answered and
-// whose initialized has not come: past it one is forgotten for each new one (its
-// record names no user, and no one can take it over).
-const maxPendingUsers = 4096
-
-// MadeBy records the user that made stateful session id.
-func (d *Keeper) MadeBy(id, user string) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if len(d.users) >= maxPendingUsers {
-		for k := range d.users { // map order: some entry, a cheap bound
-			delete(d.users, k)
-			break
-		}
-	}
-	d.users[id] = user
-}
-
-// MadeFor returns, once, the user that made session id.
-func (d *Keeper) MadeFor(id string) (string, bool) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	user, ok := d.users[id]
-	delete(d.users, id)
-	return user, ok
-}
+// maxAdopted bounds the sessions taken over that a Keeper remembers:
+// past it one is forgotten for each new one.
+const maxAdopted = 4096
 
 // AdoptedHere notes that stateful session id was taken over from the
 // store: it has a state there, so it is never served from memory before
@@ -247,7 +220,7 @@ func (d *Keeper) MadeFor(id string) (string, bool) {
 func (d *Keeper) AdoptedHere(id string) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if len(d.adopted) >= maxPendingUsers {
+	if len(d.adopted) >= maxAdopted {
 		for k := range d.adopted {
 			delete(d.adopted, k)
 			break
