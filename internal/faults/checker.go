@@ -79,7 +79,8 @@ var listLine = regexp.MustCompile(`^(\d+)\. c(\d+)-n(\d+)$`)
 // (plus the new one); a read must hold every one acknowledged without a
 // notSaved mark, each once, and no note the client did not write. A
 // stateReset mark (on an add or a read) forgives what came before it: the
-// next read is the new baseline.
+// next read is the new baseline. A session the client chose to begin
+// (Kind "renew") starts empty: no earlier note may appear in it.
 func Check(history []Op) ([]Violation, Stats) {
 	st := Stats{Notices: map[string]int{}, FailedBy: map[string]int{}}
 	var out []Violation
@@ -98,6 +99,12 @@ func Check(history []Op) ([]Violation, Stats) {
 		out = append(out, Violation{Kind: kind, Client: op.Client, Era: op.Era, Op: what, At: op.End, Detail: fmt.Sprintf(format, args...)})
 	}
 	for _, op := range history {
+		if op.Kind == "renew" {
+			// The client left its session for a new one: an empty state,
+			// which nothing from before may reach.
+			known, synced, sinceAt = nil, true, 0
+			continue
+		}
 		if op.Kind == "session" {
 			flag(SessionLost, op, "session %s: %s", short(op.Session), op.Err)
 			known, synced, sinceAt = nil, false, 0

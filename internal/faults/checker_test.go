@@ -19,6 +19,7 @@ import (
 //	"list 1 2"                      a read of notes n1 and n2 ("list" alone: none)
 //	"list |reset 4"                 a read with a stateReset mark
 //	"session"                       the session was lost
+//	"renew"                         the client began a new session
 func h(script ...string) []Op {
 	var ops []Op
 	at := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
@@ -51,6 +52,7 @@ func h(script ...string) []Op {
 			}
 		case "session":
 			op.Err = "session not found"
+		case "renew":
 		}
 		for _, m := range strings.Fields(marks) {
 			switch {
@@ -107,6 +109,11 @@ func TestCheck(t *testing.T) {
 		{"session lost", h("add 1 ok note 1 saved", "list 1", "session", "add 2 ok note 1 saved", "list 2"), []string{"session-lost session"}},
 		{"new session holds old notes", h("add 1 ok note 1 saved", "session", "add 2 ok note 2 saved", "list 1 2"),
 			[]string{"session-lost session", "phantom list"}},
+		{"new session of the client's", h("add 1 ok note 1 saved", "list 1", "renew", "add 2 ok note 1 saved", "list 2"), nil},
+		{"new session of the client's holds old notes", h("add 1 ok note 1 saved", "renew", "add 2 ok note 2 saved", "list 1 2"),
+			[]string{"applied-twice add n2", "phantom list"}},
+		{"new session of the client's, old note leaks in", h("add 1 ok note 1 saved", "list 1", "renew", "list 1"),
+			[]string{"phantom list"}},
 		{"unreadable result", h("add 1 ok the session moved"), []string{"unexpected add n1"}},
 	}
 	for _, tt := range tests {
