@@ -34,3 +34,6 @@ func writeTracker() int { return -1 }
 
 // TracksWrites: only Linux says which pages were written.
 func TracksWrites() bool { return false }
+
+// WriteTracking: only Linux says which pages were written.
+func WriteTracking() (bool, string) { return false, "only Linux tracks writes" }

@@ -3,6 +3,7 @@ package sandbox
 import (
 	"bytes"
 	"testing"
+	"time"
 )
 
 // TestResetAfterTracking: a reservation whose writes were tracked goes
@@ -12,7 +13,7 @@ import (
 // swapped page, so a reset that did not unregister the range first would
 // count (and copy) every such page as the instance's own.
 func TestResetAfterTracking(t *testing.T) {
-	if writeTracker() < 0 || pagemap() == nil {
+	if pagemap() == nil || !TrackWritesAnyway(t) {
 		t.Skip("this system does not track writes (userfaultfd with WP_ASYNC and PAGEMAP_SCAN)")
 	}
 	const size = 64 * pieceSize
@@ -62,4 +63,25 @@ func TestResetAfterTracking(t *testing.T) {
 	if r.wpRegistered || r.wpArmed {
 		t.Error("the pooled reservation says its writes are tracked")
 	}
+}
+
+// TestTrackingCostMeasured: where the kernel can track writes, what a page
+// written costs with tracking and hashed without is measured, and
+// tracking is used (unless a test forces it) exactly when it pays.
+func TestTrackingCostMeasured(t *testing.T) {
+	if writeTracker() < 0 {
+		t.Skip("this system does not track writes (userfaultfd with WP_ASYNC and PAGEMAP_SCAN)")
+	}
+	c := trackingCost()
+	if c.write <= 0 || c.hash <= 0 || c.write == time.Hour || c.hash == time.Hour {
+		t.Fatalf("not measured: %+v", c)
+	}
+	if c.pays != (c.write <= trackingBreakEven*c.hash) {
+		t.Fatalf("pays %v with %+v", c.pays, c)
+	}
+	if !trackAnyway.Load() && TracksWrites() != c.pays {
+		t.Errorf("TracksWrites %v, but tracking pays: %v (%+v)", TracksWrites(), c.pays, c)
+	}
+	on, why := WriteTracking()
+	t.Logf("write tracking %v: %s", on, why)
 }

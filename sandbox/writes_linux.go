@@ -8,6 +8,7 @@ import (
 	"os"
 	"sync"
 	"sync/atomic"
+	"time"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -122,9 +123,116 @@ func kernelAtLeast(major, minor int) bool {
 
 // TracksWrites reports whether snapshots learn from the kernel which
 // pages of an instance's memory were written since the last one (Linux
-// 6.10 and later, userfaultfd allowed), rather than hashing every page the
-// instance made its own. The answers are the same either way.
-func TracksWrites() bool { return writeTracker() >= 0 && !scansFailed.Load() }
+// 6.10 and later, userfaultfd allowed, and tracking measured to pay
+// here: [WriteTracking]), rather than hashing every page the instance
+// made its own. The answers are the same either way.
+func TracksWrites() bool { return tracking() >= 0 }
+
+// tracking is the process's userfaultfd where snapshots use it: the
+// kernel can track writes, no scan failed for want of an ioctl, and
+// tracking pays on this machine (or a test forces it, trackAnyway).
+func tracking() int {
+	fd := writeTracker()
+	if fd < 0 || scansFailed.Load() || !trackAnyway.Load() && !trackingCost().pays {
+		return -1
+	}
+	return fd
+}
+
+// trackAnyway makes snapshots track writes where the kernel can, whatever
+// it costs: for tests of the tracking itself.
+var trackAnyway atomic.Bool
+
+// trackingBreakEven is how many pages' hashing a page written may cost,
+// in its write-protect fault and its protection again, for tracking to be
+// used. A Go guest's call writes about one page in ten of those it made
+// its own (which the fallback hashes, every snapshot); 4 leaves room for
+// guests that write more of theirs, and for a noisy measurement.
+const trackingBreakEven = 4
+
+// costOfTracking is what tracking was measured to cost here, per page.
+type costOfTracking struct {
+	write time.Duration // a write-protect fault, and the scan protecting the page again
+	hash  time.Duration // hashing the page instead (hashPage)
+	pays  bool          // write <= trackingBreakEven * hash
+}
+
+// trackingCost measures, once, what a page written costs with tracking
+// and what hashing it costs without. Tracking trades one minor fault per
+// page written per call, and the scan's work of protecting it again, for
+// hashing every page an instance made its own at each snapshot. Where a
+// fault is cheap (about a microsecond) that is a good trade; in some
+// virtual machines a fault costs 15 to 20 µs (each one an exit to the
+// hypervisor), and a Go guest's checkpoint paid more in faults during its
+// call than hashing would have cost. The best of three rounds of 64 pages
+// each, about a millisecond where faults are that slow.
+var trackingCost = sync.OnceValue(func() costOfTracking {
+	fd := writeTracker()
+	if fd < 0 {
+		return costOfTracking{}
+	}
+	const pages = 64
+	b, err := unix.Mmap(-1, 0, pages*pieceSize, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+	if err != nil {
+		return costOfTracking{}
+	}
+	defer unix.Munmap(b) // unregisters the range too
+	for p := range pages {
+		b[p*pieceSize] = 1
+	}
+	r := uffdioRegisterArg{rng: uffdioRange{uint64(uintptr(unsafe.Pointer(&b[0]))), uint64(len(b))}, mode: uffdioRegisterModeWP}
+	if ioctl(fd, uffdioRegister, unsafe.Pointer(&r)) != nil {
+		return costOfTracking{}
+	}
+	if _, err := scanWritten(b); err != nil { // protects every page
+		return costOfTracking{}
+	}
+	c := costOfTracking{write: time.Hour, hash: time.Hour}
+	var sum uint64
+	for range 3 {
+		start := time.Now()
+		for p := range pages {
+			b[p*pieceSize]++
+		}
+		if _, err := scanWritten(b); err != nil {
+			return costOfTracking{}
+		}
+		c.write = min(c.write, time.Since(start)/pages)
+		start = time.Now()
+		for p := range pages {
+			sum += hashPage(b[p*pieceSize : (p+1)*pieceSize])
+		}
+		c.hash = min(c.hash, time.Since(start)/pages)
+	}
+	hashSink.Store(sum)
+	c.pays = c.write <= trackingBreakEven*c.hash
+	return c
+})
+
+// hashSink keeps the measurement's hashing from being optimised away.
+var hashSink atomic.Uint64
+
+// WriteTracking reports whether snapshots track writes ([TracksWrites]),
+// and why: the kernel's support, and what a page written was measured to
+// cost with tracking against hashing it without. For the log of a
+// replica's start.
+func WriteTracking() (bool, string) {
+	switch {
+	case writeTracker() < 0:
+		return false, "the kernel offers no asynchronous write protection to this process (Linux 6.10 and later, userfaultfd allowed)"
+	case scansFailed.Load():
+		return false, "a scan failed for want of an ioctl (PAGEMAP_SCAN)"
+	}
+	c := trackingCost()
+	if c.write == 0 {
+		return false, "the measurement failed"
+	}
+	why := fmt.Sprintf("a page written costs %v tracked, %v hashed", c.write, c.hash)
+	if !c.pays {
+		why += fmt.Sprintf(": more than %d pages' hashing, so pages are hashed", trackingBreakEven)
+	}
+	return TracksWrites(), why
+}
 
 // scansFailed is set once a scan failed for want of the ioctl or one of
 // its flags: tracking is then given up.
@@ -151,8 +259,8 @@ func (m *reservedMemory) scanWrites(mem []byte) (written []uint64, ok bool) {
 	defer m.mu.Unlock()
 	armed := m.wpArmed
 	m.wpArmed = false
-	fd := writeTracker()
-	if fd < 0 || scansFailed.Load() || len(m.mem) == 0 || &m.mem[0] != &mem[0] || len(mem) > len(m.mem) {
+	fd := tracking()
+	if fd < 0 || len(m.mem) == 0 || &m.mem[0] != &mem[0] || len(mem) > len(m.mem) {
 		return nil, false
 	}
 	if !m.wpRegistered {

@@ -13,11 +13,12 @@ import (
 	"github.com/wasmtools/wasmtools/sandbox"
 )
 
-// needTracking skips where snapshots do not learn from the kernel which
-// pages were written (sandbox.TracksWrites).
+// needTracking skips where snapshots cannot learn from the kernel which
+// pages were written, and has them learn it for the rest of t where they
+// can, even where tracking was measured not to pay (sandbox.WriteTracking).
 func needTracking(t *testing.T) {
 	t.Helper()
-	if !sandbox.TracksWrites() {
+	if !sandbox.TrackWritesAnyway(t) {
 		t.Skip("this system does not track writes (userfaultfd with WP_ASYNC and PAGEMAP_SCAN)")
 	}
 }

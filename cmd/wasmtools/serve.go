@@ -233,8 +233,9 @@ func cmdServe(ctx context.Context, args []string, lookupEnv func(string) (string
 		}
 		defer store.Close()
 		opts.Store, opts.StateKey = store, key
+		tracks, why := sandbox.WriteTracking() // docs/DEPLOY.md, "Write tracking"
 		log.Info("sessions are kept in the state store", "store", redactURL(*stateStore), "replica", *replica, "checkpoint", *checkpoint,
-			"write_tracking", sandbox.TracksWrites()) // docs/DEPLOY.md, "Write tracking"
+			"write_tracking", tracks, "write_tracking_why", why)
 		if *httpAddr == "" {
 			log.Warn("a stdio session is the process: the state store keeps only HTTP sessions")
 		}
