@@ -75,7 +75,11 @@ func (h *Host) keepNewSession(next mcp.MethodHandler) mcp.MethodHandler {
 			return res, err
 		}
 		ss, ok := req.GetSession().(*mcp.ServerSession)
-		if !ok || ss.ID() == "" {
+		if !ok || ss.ID() == "" || ss.ID() == h.adoptID {
+			// No session, or one being taken over (adopt's replay, under
+			// adoptMu): its record holds these parameters and this user
+			// already, and the request served after the replay claims it,
+			// outside the lock that every new session waits on.
 			return res, err
 		}
 		user := ""
@@ -413,8 +417,8 @@ func (h *Host) adopt(ctx context.Context, stateful http.Handler, orig *http.Requ
 	if h.hasSession(ctx, stateful, orig, id) {
 		return nil
 	}
-	// The replayed initialize writes the record again, with this user
-	// (keepNewSession).
+	// The replayed initialize does not write the record
+	// (keepNewSession): the request served next claims the session.
 	h.dur.AdoptedHere(id)
 	init, err := json.Marshal(map[string]any{"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": sr.Initialize})
 	if err != nil {

@@ -11,6 +11,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
@@ -478,5 +479,124 @@ func TestSessionKeptBeforeInitializeAnswered(t *testing.T) {
 	}
 	if res, body := post(srvs[1], tokens["alice"], id, list); res.StatusCode != http.StatusOK || !strings.Contains(body, `"result"`) || strings.Contains(body, `"isError":true`) {
 		t.Fatalf("alice's first call at b: %d %s", res.StatusCode, body)
+	}
+}
+
+// A session made while the store did not answer (its record not written
+// at its initialize) is written whole by its first claim once the store
+// answers: another replica can take it over. Its first claim used to
+// write a record without the initialize to replay, which no replica could
+// take over. (From a review.)
+func TestSessionMadeWhileStoreDownCanBeTakenOver(t *testing.T) {
+	store := &downStore{failingStore{Store: statestore.NewMemory()}}
+	a := newReplica(t, "a", store, sandbox.NewPolicy())
+	b := newReplica(t, "b", store, sandbox.NewPolicy())
+	rt := &router{to: a}
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("a's log:\n%s\nb's log:\n%s", a.log.String(), b.log.String())
+		}
+	})
+	store.failing.Store(true)
+	cs := connectHTTP(t, a.srv.URL, "2025-11-25", rt)
+	a.waitLog(t, "new session not kept", 1)
+	store.failing.Store(false)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := a.h.WaitStore(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if res := call(t, cs, "note_add", map[string]any{"text": "one"}); res.Meta[host.MetaNotSaved] != nil {
+		t.Fatalf("first call not saved: %v", res.Meta)
+	}
+	a.gone()
+	rt.point(b)
+	res, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: "note_list"})
+	if err != nil {
+		t.Fatalf("after a is gone, at b: %v", err)
+	}
+	if !strings.Contains(text(res), "one") {
+		t.Fatalf("after a is gone, at b: %q; want note one", text(res))
+	}
+}
+
+// heldStore holds the first Claim of record id until released (or its
+// context ends), and says when it is held.
+type heldStore struct {
+	statestore.Store
+	mu      sync.Mutex
+	id      string
+	entered chan struct{}
+	release chan struct{}
+}
+
+func (s *heldStore) Claim(ctx context.Context, id string, o statestore.Owner, ttl time.Duration, steal bool) (statestore.Claim, error) {
+	s.mu.Lock()
+	held := id == s.id
+	if held {
+		s.id = ""
+	}
+	s.mu.Unlock()
+	if held {
+		close(s.entered)
+		select {
+		case <-s.release:
+		case <-ctx.Done():
+			return statestore.Claim{}, ctx.Err()
+		}
+	}
+	return s.Store.Claim(ctx, id, o, ttl, steal)
+}
+
+// A takeover's exchanges with the store do not hold up the replica's new
+// sessions: while b waits on the store for a session it takes over (its
+// claim held, with a store timeout of a minute), another client's
+// initialize at b is answered. The takeover's replayed initialize used to
+// write the record under adoptMu, which every new session waits on.
+// (From a review.)
+func TestTakeoverStoreWaitDoesNotHoldNewSessions(t *testing.T) {
+	shared := statestore.NewMemory()
+	atB := &heldStore{Store: shared, entered: make(chan struct{}), release: make(chan struct{})}
+	a := newReplica(t, "a", shared, sandbox.NewPolicy())
+	fb := newFixture(t, &host.Options{Replica: "b", Store: atB, StateKey: replicaKey, StoreTimeout: time.Minute}, sandbox.NewPolicy(),
+		map[string]string{"notes.wasm": testplugins.Example(t, "notes")})
+	srvB := httptest.NewServer(fb.h.HTTPHandler())
+	t.Cleanup(srvB.Close)
+	rt := &router{to: a}
+	cs := connectHTTP(t, a.srv.URL, "2025-11-25", rt)
+	call(t, cs, "note_add", map[string]any{"text": "one"})
+	atB.mu.Lock()
+	atB.id = "s." + cs.ID()
+	atB.mu.Unlock()
+	a.gone()
+	rt.point(&replica{fixture: fb, srv: srvB})
+	released := false
+	defer func() {
+		if !released {
+			close(atB.release)
+		}
+	}()
+	done := make(chan error, 1)
+	go func() {
+		_, err := cs.CallTool(context.Background(), &mcp.CallToolParams{Name: "note_list"})
+		done <- err
+	}()
+	select {
+	case <-atB.entered:
+	case <-time.After(30 * time.Second):
+		t.Fatal("b never claimed the session it takes over")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	other, err := mcp.NewClient(&mcp.Implementation{Name: "other", Version: "1"}, nil).Connect(ctx,
+		&mcp.StreamableClientTransport{Endpoint: srvB.URL}, &mcp.ClientSessionOptions{ProtocolVersion: "2025-11-25"})
+	released = true
+	close(atB.release)
+	if err != nil {
+		t.Fatalf("a new session at b while b's takeover waits on the store: %v", err)
+	}
+	other.Close()
+	if err := <-done; err != nil {
+		t.Fatalf("the call of the session taken over: %v", err)
 	}
 }

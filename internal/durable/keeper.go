@@ -140,6 +140,11 @@ type Keeper struct {
 	// adopted are the stateful sessions this replica took over from the
 	// store (at most maxAdopted): never served afresh from memory.
 	adopted map[string]bool
+	// pending are new stateful sessions whose record could not be
+	// written when they were made (the store did not answer), at most
+	// maxAdopted: the session's next claim writes it, so that another
+	// replica can still take the session over.
+	pending map[sessions.Key]*NewSession
 }
 
 // New returns the keeper of this replica's sessions in o.Store. Its
@@ -166,6 +171,7 @@ func New(o Options) *Keeper {
 		claims:        map[sessions.Key]*Claim{},
 		forgotten:     map[sessions.Key]*Claim{},
 		adopted:       map[string]bool{},
+		pending:       map[sessions.Key]*NewSession{},
 	}
 	if d.obs == nil {
 		d.obs = nopObserver{}
