@@ -145,15 +145,14 @@ func (d *Keeper) Ensure(ctx context.Context, key sessions.Key, ns *NewSession) (
 		d.mu.Unlock()
 		kept, err := d.take(ctx, key, ns, c)
 		d.mu.Lock()
-		if err != nil && unanswered(err) && !errors.Is(err, errRefused) && ns != nil && ns.Initialize != nil && len(d.pending) < maxAdopted {
+		d.dropPending(key)
+		if err != nil && unanswered(err) && !errors.Is(err, errRefused) && ns != nil && ns.Initialize != nil {
 			// The store did not answer: kept for the next claim, which
 			// writes the record a takeover needs (with ns nil it would
 			// write one without the initialize to replay). Not a record
 			// refused (too large, over the byte budgets): it would be
 			// refused again.
-			d.pending[key] = ns
-		} else {
-			delete(d.pending, key)
+			d.keepPending(key, ns)
 		}
 		d.mu.Unlock()
 		if err != nil || !kept {
@@ -574,7 +573,7 @@ func (d *Keeper) Ended(key sessions.Key) {
 	c := d.claims[key]
 	delete(d.claims, key)
 	delete(d.forgotten, key)
-	delete(d.pending, key)
+	d.dropPending(key)
 	d.mu.Unlock()
 	ctx, cancel := context.WithTimeout(context.Background(), d.timeout())
 	defer cancel()

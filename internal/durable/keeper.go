@@ -144,7 +144,8 @@ type Keeper struct {
 	// written when they were made (the store did not answer), at most
 	// maxAdopted: the session's next claim writes it, so that another
 	// replica can still take the session over.
-	pending map[sessions.Key]*NewSession
+	pending      map[sessions.Key]*NewSession
+	pendingBytes int // of the pending sessions' initialize parameters
 }
 
 // New returns the keeper of this replica's sessions in o.Store. Its
@@ -219,6 +220,32 @@ func (d *Keeper) KeyMismatch() string {
 // maxAdopted bounds the sessions taken over that a Keeper remembers:
 // past it one is forgotten for each new one.
 const maxAdopted = 4096
+
+// maxPendingBytes bounds the initialize parameters a Keeper holds for
+// sessions whose record is not written yet (Keeper.pending): clients
+// choose them, and a store down for a while would otherwise let them
+// pile up. Past it (or past maxAdopted sessions) a new session is not
+// kept: its first claim writes a record no other replica can take over,
+// as one the store refused.
+const maxPendingBytes = 16 << 20
+
+// keepPending keeps ns for key's next claim, within maxAdopted sessions
+// and maxPendingBytes. d.mu is held; key holds nothing (dropPending).
+func (d *Keeper) keepPending(key sessions.Key, ns *NewSession) {
+	if len(d.pending) >= maxAdopted || d.pendingBytes+len(ns.Initialize) > maxPendingBytes {
+		return
+	}
+	d.pending[key] = ns
+	d.pendingBytes += len(ns.Initialize)
+}
+
+// dropPending forgets what keepPending kept for key. d.mu is held.
+func (d *Keeper) dropPending(key sessions.Key) {
+	if ns, ok := d.pending[key]; ok {
+		d.pendingBytes -= len(ns.Initialize)
+		delete(d.pending, key)
+	}
+}
 
 // AdoptedHere notes that stateful session id was taken over from the
 // store: it has a state there, so it is never served from memory before
