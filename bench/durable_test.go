@@ -56,7 +56,8 @@ const callsBeforeMove = 2
 //   - no-store: the host without a state store. The baseline:
 //     BenchmarkWarmCall's http/wasmtools with these tools.
 //   - redis: the host with a store in a real redis-server on loopback,
-//     started once: every call claims the session again and writes the
+//     started once: every call checks its claim (contained plugins, as both
+//     here are: in the fenced write itself) and writes the
 //     instance's saved state (sealed) to Redis before its result is sent.
 //   - file: the same with the file store (bbolt, an fsync per write).
 //   - adopt: the first call on replica B of a session whose earlier

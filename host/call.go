@@ -129,79 +129,123 @@ func (h *Host) callTool(ctx context.Context, key sessions.Key, c plugins.Call, e
 			h.storeBytes.attribute(durable.StoreID(key), h.tenantOf(subjectOf(req.Extra)))
 		}
 	}
-	actx, aspan := telemetry.Start(ctx, "wasmtools.acquire", attribute.String("wasmtools.plugin", t.Plugin().Name()))
-	cl, claimErr, err := h.claimAndLease(actx, key, t.Plugin(), func() (*plugins.Plugin, error) {
-		now, err := h.current(t)
-		if err != nil {
-			return nil, err
+	var (
+		claim, memory *durable.Claim
+		notSaved      durable.NotSaved
+		l             *sessions.Lease
+		out           *abi.CallToolResult
+		notice        sessions.Notice
+		err           error
+	)
+	// A contained call runs before its claim is checked, which its
+	// checkpoint does (durable.Keeper.CheckLater); one that ran on a stale
+	// instance runs again, claimed first.
+	later := h.dur != nil && t.Plugin().Contained()
+	for {
+		actx, aspan := telemetry.Start(ctx, "wasmtools.acquire", attribute.String("wasmtools.plugin", t.Plugin().Name()))
+		var cl leased
+		var claimErr error
+		cl, claimErr, err = h.claimAndLease(actx, key, t.Plugin(), later, func() (*plugins.Plugin, error) {
+			now, err := h.current(t)
+			if err != nil {
+				return nil, err
+			}
+			c.Tool = now
+			return now.Plugin(), nil
+		})
+		telemetry.End(aspan, cmp.Or(claimErr, err))
+		if claimErr != nil {
+			return nil, fmt.Errorf("tool %q: %w", t.Name, claimErr)
 		}
-		c.Tool = now
-		return now.Plugin(), nil
-	})
-	telemetry.End(aspan, cmp.Or(claimErr, err))
-	if claimErr != nil {
-		return nil, fmt.Errorf("tool %q: %w", t.Name, claimErr)
-	}
-	claim, memory, notSaved, l := cl.claim, cl.memory, cl.notSaved, cl.l
-	var out *abi.CallToolResult
-	var notice sessions.Notice
-	switch {
-	case errors.Is(err, sessions.ErrStart):
-		// A failure of the call (its result says so), not a refusal.
-	case errors.Is(err, sessions.ErrUnknownKey) && env != nil && env.ref.handle != "":
-		return h.expiredResult(env)
-	case errors.Is(err, sessions.ErrBusy):
-		return nil, fmt.Errorf("tool %q: %w (limit %d): wait for earlier calls to finish", t.Name, err, cmp.Or(h.opts.QueueLimit, DefaultQueueLimit))
-	case err != nil:
-		return nil, fmt.Errorf("tool %q: %w", t.Name, err)
-	case ctx.Err() != nil || h.postGone(ctx, env):
-		// The client went away while the call waited (a request that
-		// sat in a stopped process): nothing runs, so nothing resets,
-		// and a retry it sent meanwhile is the only run.
-		l.Done(nil)
-		return nil, fmt.Errorf("tool %q: %w", t.Name, cmp.Or(ctx.Err(), context.Canceled))
-	case env != nil && h.replayed(cmp.Or(claim, memory), env.once) != nil:
-		// The call completed before (a proxy's resend, a client's retry
-		// with the same idempotency key): its first result, not a
-		// second run.
-		res := h.replayed(cmp.Or(claim, memory), env.once)
-		l.Done(nil)
-		h.log.Info("call answered from its first run", "tool", t.Name, "session", key.String())
-		return res, nil
-	default:
-		env.attach(l)
-		cctx := telemetry.Under(l.Context(), ctx)
-		if env != nil && t.Plugin().Asks() {
-			cctx = sandbox.WithAsker(cctx, env) // grants inside the ceiling are asked for
+		claim, memory, notSaved, l = cl.claim, cl.memory, cl.notSaved, cl.l
+		if cl.unchecked && err == nil && !l.Plugin().Contained() {
+			// Swapped meanwhile for a version that is not contained:
+			// claimed first.
+			l.Done(nil)
+			later = false
+			continue
 		}
-		gctx, gspan := telemetry.Start(cctx, "wasmtools.guest "+t.Name, attribute.String("wasmtools.plugin", t.Plugin().Name()), attribute.String("wasmtools.plugin.sha256", t.Plugin().SHA256()))
-		stop := h.dur.KeepAlive(claim)
-		out, err = l.Instance().CallTool(gctx, c)
-		stop()
-		telemetry.End(gspan, err)
-		if err == nil {
-			env.afterCall(l)
-		}
-		env.attach(nil)
-		notice = l.Notice()
-		if err == nil && h.dur != nil {
-			// Saved before the result is sent: a replica killed after
-			// it loses nothing the client was told. The result goes in
-			// the same write, under the call's at-most-once key.
-			var first *durable.Once
-			if env != nil && env.once != "" {
-				if r, cerr := toMCP(out); cerr == nil {
-					b, _ := json.Marshal(r)
-					first = &durable.Once{Key: env.once, Result: b}
+		switch {
+		case errors.Is(err, sessions.ErrStart) && cl.unchecked:
+			// A failure is sent only under a checked claim: run again,
+			// claimed first (the instance may have started from a stale
+			// state).
+			later = false
+			continue
+		case errors.Is(err, sessions.ErrStart):
+			// A failure of the call (its result says so), not a refusal.
+		case errors.Is(err, sessions.ErrUnknownKey) && env != nil && env.ref.handle != "":
+			return h.expiredResult(env)
+		case errors.Is(err, sessions.ErrBusy):
+			return nil, fmt.Errorf("tool %q: %w (limit %d): wait for earlier calls to finish", t.Name, err, cmp.Or(h.opts.QueueLimit, DefaultQueueLimit))
+		case err != nil:
+			return nil, fmt.Errorf("tool %q: %w", t.Name, err)
+		case ctx.Err() != nil || h.postGone(ctx, env):
+			// The client went away while the call waited (a request that
+			// sat in a stopped process): nothing runs, so nothing resets,
+			// and a retry it sent meanwhile is the only run.
+			l.Done(nil)
+			return nil, fmt.Errorf("tool %q: %w", t.Name, cmp.Or(ctx.Err(), context.Canceled))
+		case env != nil && h.replayed(cmp.Or(claim, memory), env.once) != nil:
+			// The call completed before (a proxy's resend, a client's retry
+			// with the same idempotency key): its first result, not a
+			// second run. (Unchecked, it may have completed elsewhere
+			// since: a stale claim knows less, never more.)
+			res := h.replayed(cmp.Or(claim, memory), env.once)
+			l.Done(nil)
+			h.log.Info("call answered from its first run", "tool", t.Name, "session", key.String())
+			return res, nil
+		default:
+			env.attach(l)
+			cctx := telemetry.Under(l.Context(), ctx)
+			if env != nil && t.Plugin().Asks() {
+				cctx = sandbox.WithAsker(cctx, env) // grants inside the ceiling are asked for
+			}
+			gctx, gspan := telemetry.Start(cctx, "wasmtools.guest "+t.Name, attribute.String("wasmtools.plugin", t.Plugin().Name()), attribute.String("wasmtools.plugin.sha256", t.Plugin().SHA256()))
+			stop := h.dur.KeepAlive(claim)
+			out, err = l.Instance().CallTool(gctx, c)
+			stop()
+			telemetry.End(gspan, err)
+			if err == nil {
+				env.afterCall(l)
+			}
+			env.attach(nil)
+			notice = l.Notice()
+			var why durable.NotSaved
+			var cerr error
+			switch {
+			case err == nil && h.dur != nil:
+				// Saved before the result is sent: a replica killed after
+				// it loses nothing the client was told. The result goes in
+				// the same write, under the call's at-most-once key.
+				var first *durable.Once
+				if env != nil && env.once != "" {
+					if r, cerr := toMCP(out); cerr == nil {
+						b, _ := json.Marshal(r)
+						first = &durable.Once{Key: env.once, Result: b}
+					}
 				}
+				if memory != nil {
+					// Not checkpointed (the store is away), but its key is
+					// kept (a retry during the outage gets this result), and
+					// its state is saved when the store is back.
+					h.dur.ServedFromMemory(key, memory, t.Plugin().Name(), first)
+				}
+				if cl.unchecked {
+					why, cerr = h.dur.AfterUncheckedCall(ctx, key, claim, l, first, cl.started)
+				} else {
+					why, cerr = h.dur.AfterCall(ctx, key, claim, l, first)
+				}
+			case cl.unchecked:
+				// A failure is checked too: it may be as stale as a result.
+				why, cerr = h.dur.CheckSince(ctx, key, claim, l, cl.started)
 			}
-			if memory != nil {
-				// Not checkpointed (the store is away), but its key is
-				// kept (a retry during the outage gets this result), and
-				// its state is saved when the store is back.
-				h.dur.ServedFromMemory(key, memory, t.Plugin().Name(), first)
+			if errors.Is(cerr, durable.ErrRunAgain) {
+				l.Done(sessions.ErrMoved)
+				h.log.Info("call ran on a stale instance: run again, its session claimed first", "tool", t.Name, "session", key.String())
+				later = false
+				continue
 			}
-			why, cerr := h.dur.AfterCall(ctx, key, claim, l, first)
 			if cerr != nil {
 				l.Done(sessions.ErrMoved)
 				res := errorResult(fmt.Sprintf("tool %q: %v", t.Name, cerr))
@@ -210,8 +254,9 @@ func (h *Host) callTool(ctx context.Context, key sessions.Key, c plugins.Call, e
 				return res, nil
 			}
 			notSaved = cmp.Or(why, notSaved)
+			l.Done(err)
 		}
-		l.Done(err)
+		break
 	}
 	var res *mcp.CallToolResult
 	if err != nil {
@@ -545,6 +590,11 @@ type leased struct {
 	memory   *durable.Claim // served from memory: for at-most-once only
 	notSaved durable.NotSaved
 	l        *sessions.Lease
+	// unchecked: claim is not checked yet (durable.Keeper.CheckLater);
+	// the call's checkpoint, or CheckSince, checks it. started is when
+	// the request claimed its session.
+	unchecked bool
+	started   time.Time
 }
 
 // maxReclaims is how many times a request claims its session again when
@@ -559,10 +609,19 @@ const maxReclaims = 3
 // the store, up to maxReclaims times (replicas taking a session in turn
 // can move it again meanwhile); then err is sessions.ErrMoved, answered
 // as the retryable -32053, and nothing ran.
-func (h *Host) claimAndLease(ctx context.Context, key sessions.Key, p *plugins.Plugin, retarget func() (*plugins.Plugin, error)) (cl leased, claimErr, err error) {
+//
+// later asks for a claim checked after the call instead, if the keeper
+// has one that may be (durable.Keeper.CheckLater): the caller checks it
+// with the call's checkpoint.
+func (h *Host) claimAndLease(ctx context.Context, key sessions.Key, p *plugins.Plugin, later bool, retarget func() (*plugins.Plugin, error)) (cl leased, claimErr, err error) {
 	for attempt := 0; ; attempt++ {
-		cl = leased{}
-		if !p.Stateless() {
+		cl = leased{started: time.Now()}
+		if later && attempt == 0 && !p.Stateless() {
+			if c := h.dur.CheckLater(key); c != nil {
+				cl.claim, cl.unchecked = c, true
+			}
+		}
+		if !p.Stateless() && !cl.unchecked {
 			c, cerr := h.dur.BeforeCall(ctx, key)
 			switch {
 			case errors.Is(cerr, durable.ErrServedFromMemory):

@@ -56,7 +56,7 @@ func (h *Host) request(ctx context.Context, key sessions.Key, p *plugins.Plugin,
 	if err != nil {
 		return err
 	}
-	cl, claimErr, err := h.claimAndLease(ctx, key, p, func() (*plugins.Plugin, error) { return h.currentPlugin(p) })
+	cl, claimErr, err := h.claimAndLease(ctx, key, p, false, func() (*plugins.Plugin, error) { return h.currentPlugin(p) })
 	if err = cmp.Or(claimErr, err); err != nil {
 		return fmt.Errorf("plugin %q: %w", p.Name(), err)
 	}

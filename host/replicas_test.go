@@ -600,3 +600,86 @@ func TestTakeoverStoreWaitDoesNotHoldNewSessions(t *testing.T) {
 		t.Fatalf("the call of the session taken over: %v", err)
 	}
 }
+
+// A contained plugin's call (notes: no host function of the host's, no
+// grant) runs before its claim is checked, and its checkpoint checks it.
+// A session that went to b and came back finds a's instance stale: the
+// call, a read or a write, runs again at a once a has taken the session
+// over from the store, and sees what b wrote.
+func TestContainedCallOnStaleInstanceRunsAgain(t *testing.T) {
+	a, b, rt := twoReplicas(t)
+	cs := connectHTTP(t, a.srv.URL, "2025-11-25", rt)
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("a's log:\n%s\nb's log:\n%s", a.log.String(), b.log.String())
+		}
+	})
+	add := func(note, want string) {
+		t.Helper()
+		if res := call(t, cs, "note_add", map[string]any{"text": note}); res.IsError || !strings.Contains(text(res), want) {
+			t.Fatalf("note_add %q: %v %s", note, res.Meta, text(res))
+		}
+	}
+	add("one", "note 1 saved")
+	add("two", "note 2 saved")
+	rt.point(b)
+	add("three at b", "note 3 saved")
+	rt.point(a) // a's instance holds two notes: stale
+	res := notes(t, cs, nil)
+	if res.IsError || res.Meta[host.MetaStateReset] != nil || res.Meta[host.MetaNotSaved] != nil || !strings.Contains(text(res), "three at b") {
+		t.Fatalf("a read on a's stale instance: %v %s", res.Meta, text(res))
+	}
+	a.waitLog(t, "call ran on a stale instance", 1)
+	rt.point(b)
+	add("four at b", "note 4 saved")
+	rt.point(a)
+	add("five at a", "note 5 saved") // a write on a's stale instance would say note 4
+	a.waitLog(t, "call ran on a stale instance", 2)
+	rt.point(b)
+	if res := notes(t, cs, nil); res.IsError || !strings.Contains(text(res), "five at a") {
+		t.Fatalf("at b after a's write: %v %s", res.Meta, text(res))
+	}
+}
+
+// claimCounter counts the claims made of it.
+type claimCounter struct {
+	statestore.Store
+	claims atomic.Int64
+}
+
+func (s *claimCounter) Claim(ctx context.Context, id string, o statestore.Owner, ttl time.Duration, steal bool) (statestore.Claim, error) {
+	s.claims.Add(1)
+	return s.Store.Claim(ctx, id, o, ttl, steal)
+}
+
+// A warm call of a contained plugin makes one exchange with the store,
+// its fenced write, and no claim; a plugin that reports progress (a
+// message to the client while it runs) is claimed before each call.
+func TestContainedCallIsNotClaimedFirst(t *testing.T) {
+	store := &claimCounter{Store: statestore.NewMemory()}
+	f := newFixture(t, &host.Options{Replica: "a", Store: store, StateKey: replicaKey}, sandbox.NewPolicy(),
+		map[string]string{"notes.wasm": testplugins.Example(t, "notes"), "slownotes.wasm": testplugins.Test(t, "slownotes")})
+	srv := httptest.NewServer(f.h.HTTPHandler())
+	t.Cleanup(srv.Close)
+	cs := connectHTTP(t, srv.URL, "2025-11-25", nil)
+	warm := func(tool string, args map[string]any) int64 {
+		t.Helper()
+		call(t, cs, tool, args) // its instance made
+		before := store.claims.Load()
+		for range 5 {
+			if res := call(t, cs, tool, args); res.IsError || res.Meta[host.MetaNotSaved] != nil {
+				t.Fatalf("%s: %v %s", tool, res.Meta, text(res))
+			}
+		}
+		return store.claims.Load() - before
+	}
+	if n := warm("note_add", map[string]any{"text": "x"}); n != 0 {
+		t.Errorf("5 warm calls of a contained plugin made %d claims, want 0", n)
+	}
+	if n := warm("note_list", nil); n != 0 {
+		t.Errorf("5 warm reads of a contained plugin made %d claims, want 0", n)
+	}
+	if n := warm("slow_add", map[string]any{"text": "x", "steps": 1}); n != 5 {
+		t.Errorf("5 warm calls of a plugin that reports progress made %d claims, want 5", n)
+	}
+}

@@ -885,6 +885,13 @@ func (p *Plugin) CarriesStateTo(next *Plugin) bool {
 // [StatelessSection]).
 func (p *Plugin) Stateless() bool { return p.stateless }
 
+// Contained reports whether a call of the plugin can have no effect
+// outside its instance (but lines in the host's log): it calls no host
+// function of the host's own, reaches no network or folder, and asks for
+// no grant ([sandbox.Compiled.Contained]). The host may run such a call
+// before it knows the instance is current, and run it again if it was not.
+func (p *Plugin) Contained() bool { return !p.asks && p.compiled.Contained() }
+
 // Secret returns the keyring secret granted to the plugin for service and
 // user, if any.
 func (p *Plugin) Secret(service, user string) (string, bool) {

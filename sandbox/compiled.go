@@ -177,6 +177,23 @@ func (c *Compiled) ImportsFunc(module, name string) bool {
 // Exports lists the functions the module exports, sorted by name.
 func (c *Compiled) Exports() []Func { return slices.Clone(c.exports) }
 
+// Contained reports whether a call of an instance of the module can have
+// no effect outside the instance but lines in the host's log: the module
+// imports no function of the host's own ([abi.UserModule]: progress,
+// logs to the client, questions, secrets, ...), and its policy grants no
+// network, no folder, and no grant to be asked for at run time. Such a
+// call may run on an instance that turns out to be stale and be run
+// again, with nothing outside it telling the difference.
+func (c *Compiled) Contained() bool {
+	for _, f := range c.imports {
+		if f.Module == abi.UserModule {
+			return false
+		}
+	}
+	p := c.policy
+	return len(p.network.AllowedHosts) == 0 && len(p.network.Ask) == 0 && len(p.mounts) == 0 && len(p.askMounts) == 0
+}
+
 // HasExport reports whether the module exports a function named name.
 func (c *Compiled) HasExport(name string) bool {
 	_, ok := c.mod.ExportedFunctions()[name]

@@ -20,7 +20,11 @@ import (
 // record is written back first (recover). An instance the host cannot
 // snapshot is recorded as such once, so that a replica taking the
 // session over says its state was lost.
-func (d *Keeper) checkpoint(ctx context.Context, c *Claim, p *plugins.Plugin, inst *plugins.Instance, fence uint64, first *Once) (why NotSaved, err error) {
+//
+// checkFrom, if not zero, is when the call whose state this saves started,
+// a call run before its claim was checked: the write checks it then, even
+// of a state unchanged, unless the claim was verified since.
+func (d *Keeper) checkpoint(ctx context.Context, c *Claim, p *plugins.Plugin, inst *plugins.Instance, fence uint64, first *Once, checkFrom time.Time) (why NotSaved, err error) {
 	ctx, span := telemetry.Start(ctx, "wasmtools.checkpoint", attribute.String("wasmtools.plugin", p.Name()))
 	defer func() {
 		if why != "" {
@@ -60,6 +64,8 @@ func (d *Keeper) checkpoint(ctx context.Context, c *Claim, p *plugins.Plugin, in
 	if fence != c.seeded || c.retired {
 		return NotSavedMoved, errMoved
 	}
+	c.checkFrom = checkFrom
+	defer func() { c.checkFrom = time.Time{} }()
 	c.remember(p.Name(), first)
 	pr.Done = c.done[p.Name()]
 	pr.Ran = c.ran[p.Name()]
@@ -123,12 +129,18 @@ func (d *Keeper) relost(ctx context.Context, key sessions.Key, c *Claim) error {
 // request claims it again, from the store), and the call fails (its
 // effect is not in the store).
 func (d *Keeper) AfterCall(ctx context.Context, key sessions.Key, c *Claim, l *sessions.Lease, first *Once) (NotSaved, error) {
+	return d.afterCall(ctx, key, c, l, first, time.Time{})
+}
+
+// afterCall is AfterCall; checkFrom, if not zero, is when a call run
+// before its claim was checked started (see checkpoint).
+func (d *Keeper) afterCall(ctx context.Context, key sessions.Key, c *Claim, l *sessions.Lease, first *Once, checkFrom time.Time) (NotSaved, error) {
 	if c == nil || d.policy != CheckpointAfterCall || l.Plugin().Stateless() || l.Instance().Err() != nil {
 		return "", nil
 	}
 	// Saved even if the client is gone: the call's effect is in the
 	// instance, and the store must not fall behind it.
-	notSaved, err := d.checkpoint(context.WithoutCancel(ctx), c, l.Plugin(), l.Instance(), l.Fence(), first)
+	notSaved, err := d.checkpoint(context.WithoutCancel(ctx), c, l.Plugin(), l.Instance(), l.Fence(), first, checkFrom)
 	if errors.Is(err, errMoved) {
 		d.forget(key, c)
 		d.log.Warn("session taken over by another replica during a call", "session", key.String())
@@ -275,7 +287,7 @@ func (d *Keeper) Drain(ctx context.Context) error {
 		}
 		err := d.ses.Instances(ctx, key, func(name string, inst *plugins.Instance, fence uint64) error {
 			saved++
-			_, err := d.checkpoint(ctx, c, inst.Plugin(), inst, fence, nil)
+			_, err := d.checkpoint(ctx, c, inst.Plugin(), inst, fence, nil, time.Time{})
 			return err
 		})
 		if err != nil {

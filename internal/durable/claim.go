@@ -68,6 +68,11 @@ type Claim struct {
 	// it writes nothing more (a write of its, late, could land over the
 	// new claim's under the same fence).
 	retired bool
+	// checkFrom, while a checkpoint writes with c.mu held, is when the
+	// call it saves started, if it ran before its claim was checked
+	// (Keeper.CheckLater): a state unchanged is not skipped then unless
+	// the claim was verified since, so that the write checks the fence.
+	checkFrom time.Time
 	// taken is the Taken of the last claim this replica saw answered
 	// (statestore.Claim.Taken): while the store's stays the same, no one
 	// claimed the session since, this replica included.
@@ -468,7 +473,7 @@ func (d *Keeper) recover(ctx context.Context, key sessions.Key, c *Claim, fence 
 		rctx, cancel := context.WithTimeout(context.Background(), 10*d.timeout())
 		defer cancel()
 		err := d.ses.Instances(rctx, key, func(name string, inst *plugins.Instance, f uint64) error {
-			_, err := d.checkpoint(rctx, c, inst.Plugin(), inst, f, nil)
+			_, err := d.checkpoint(rctx, c, inst.Plugin(), inst, f, nil, time.Time{})
 			return err
 		})
 		if err != nil {

@@ -28,6 +28,10 @@
 //     fence: instances of the old one are retired. Only then is the new
 //     fence adopted. A claim is taken even from a live holder: the request
 //     reached this replica, so the proxy routes the session here now.
+//     A call that can have no effect outside its instance
+//     (plugins.Plugin.Contained) skips this exchange when the replica
+//     holds a claim nothing says is out of date ([Keeper.CheckLater]):
+//     step 3 checks the claim instead.
 //  2. The host leases the instance and runs the call; [Keeper.KeepAlive]
 //     renews the record meanwhile, every third of its TTL.
 //  3. [Keeper.AfterCall] checkpoints the instance before the result is
@@ -36,7 +40,12 @@
 //     the state is not saved ([NotSaved], "" when it is) and an error when
 //     the call must fail: the session moved ([NotSavedMoved]), or its state
 //     could be neither saved nor known current ([NotSavedUnverified]). A
-//     resend of the call finds its result with [Keeper.Replay].
+//     resend of the call finds its result with [Keeper.Replay]. For a
+//     call run before its claim was checked, [Keeper.AfterUncheckedCall]:
+//     the write is made only under the claim's fence, even of a state
+//     unchanged, and so checks it (or the claim is checked then:
+//     [Keeper.CheckSince]); a call whose instance was stale gets
+//     [ErrRunAgain], and is run again after step 1.
 //  4. [Keeper.Ended] deletes the record of a session its client ended (or
 //     that timed out); [Keeper.Drain] checkpoints every instance and
 //     releases the claims of the sessions it saved whole.

@@ -138,7 +138,7 @@ func (d *Keeper) resave(key sessions.Key, c *Claim) {
 		if why == "" || why == NotSavedTooLarge || why == NotSavedUnsnapshot {
 			return nil
 		}
-		if _, err := d.checkpoint(ctx, c, inst.Plugin(), inst, fence, nil); err != nil {
+		if _, err := d.checkpoint(ctx, c, inst.Plugin(), inst, fence, nil, time.Time{}); err != nil {
 			return err
 		}
 		d.log.Info("state saved again after a failed checkpoint", "session", key.String(), "plugin", name)

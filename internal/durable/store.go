@@ -203,7 +203,7 @@ func (d *Keeper) putLocked(ctx context.Context, c *Claim, field string, v []byte
 		// call was long, or this process was stopped while it ran): the
 		// result was computed from what may be a stale instance, and
 		// the fence is checked before it is sent.
-		if time.Since(c.verified) < memoryGrace {
+		if time.Since(c.verified) < memoryGrace && !c.verified.Before(c.checkFrom) {
 			return nil
 		}
 		unchanged = true
