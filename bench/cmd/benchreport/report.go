@@ -240,7 +240,7 @@ var sections = []Section{
 		About: "What keeping sessions in a state store costs: a checkpoint at every call, and the first call of a session on a replica that did not serve it before. " +
 			"Every call is a warm `tools/call` over streamable HTTP on 127.0.0.1 on a stateful session (protocol 2025-11-25), of a tool that changes its instance's state (`small`: the counter's `count`; `go`: the servlet's `var_count`, an Extism var), so that every call writes a checkpoint (the default policy: after each call, before the result is sent). " +
 			"`no-store` is the host without a store, the baseline (section 2's HTTP `wasmtools` with these tools); " +
-			"`redis` keeps sessions in a real redis-server on loopback, `file` in the file store (bbolt, an fsync per write): each call claims its session again and writes the instance's saved state (section 11's snapshot, sealed). " +
+			"`redis` keeps sessions in a real redis-server on loopback, `file` in the file store (bbolt, an fsync per write): each call writes the instance's saved state (section 11's snapshot, sealed) under the session's fence, which checks that this replica's claim is current: both plugins are contained (no host function of the host's own, no grant), so that write is the call's only exchange with the store; a plugin that is not is claimed again before each call too (docs/DESIGN.md, \"Why check the claim before a request, and after it for a contained call?\"). " +
 			"`adopt` is the first call at replica B of a session whose two earlier calls ran at replica A, the two sharing the Redis store, after A is gone (its listener closed, the host closed without a drain, as a replica killed) and the client's transport points at B: B reads the session's record, replays its initialize, claims it, restores the instance from its saved state, runs the call (whose count must go on from A's) and writes its checkpoint. " +
 			"`first-call-no-store` is the first call of a new session on the host without a store, which makes the session's instance: what the client of a replica that died would pay with no store, its state lost. " +
 			"`adopt` and `first-call-no-store` open a new session for each call, untimed and without the standalone SSE stream (a reconnecting stream would take the session over before the call). " +
@@ -249,7 +249,7 @@ var sections = []Section{
 		Deltas: []Delta{{
 			Contender: "redis", Against: "no-store",
 			Label: "Checkpoint per call, Redis (issue 16)",
-			About: "A warm call with its checkpoint in Redis against the same call with no store: the difference is the checkpoint's cost per call (the claim renewed, the state saved, sealed and written). Issue 27's goal for the Go plugin: at most +0.5 ms.",
+			About: "A warm call with its checkpoint in Redis against the same call with no store: the difference is the checkpoint's cost per call (the state saved, sealed and written under the fence, which checks the claim). Issue 27's goal for the Go plugin: at most +0.5 ms.",
 			Max:   0.5e6, GoalCases: []string{"go"},
 		}, {
 			Contender: "file", Against: "no-store",
