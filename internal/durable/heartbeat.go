@@ -3,6 +3,7 @@ package durable
 import (
 	"context"
 	"errors"
+	"sync"
 	"time"
 
 	"github.com/wasmtools/wasmtools/internal/sessions"
@@ -153,21 +154,30 @@ func (d *Keeper) KeepAlive(c *Claim) func() {
 	if d == nil || c == nil {
 		return func() {}
 	}
+	// A timer, not a goroutine waiting on a ticker: nearly every call
+	// ends long before the first renewal, and stopping a timer wakes no
+	// one (waking a goroutine on another core costs more than the rest
+	// of this, on a virtual machine).
 	every := d.ttl() / 3
-	done := make(chan struct{})
-	go func() {
-		t := time.NewTicker(every)
-		defer t.Stop()
-		for {
-			select {
-			case <-done:
-				return
-			case <-t.C:
-				d.renew(c)
-			}
+	var mu sync.Mutex
+	stopped := false
+	var t *time.Timer
+	mu.Lock()
+	t = time.AfterFunc(every, func() {
+		d.renew(c)
+		mu.Lock()
+		defer mu.Unlock()
+		if !stopped {
+			t.Reset(every)
 		}
-	}()
-	return func() { close(done) }
+	})
+	mu.Unlock()
+	return func() {
+		mu.Lock()
+		stopped = true
+		mu.Unlock()
+		t.Stop()
+	}
 }
 
 // renew resets c's record's TTL (any activity of its session).
