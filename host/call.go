@@ -166,10 +166,11 @@ func (h *Host) callTool(ctx context.Context, key sessions.Key, c plugins.Call, e
 			continue
 		}
 		switch {
-		case errors.Is(err, sessions.ErrStart) && cl.unchecked:
+		case cl.unchecked && (errors.Is(err, sessions.ErrStart) || errors.Is(err, sessions.ErrUnknownKey)):
 			// A failure is sent only under a checked claim: run again,
 			// claimed first (the instance may have started from a stale
-			// state).
+			// state; a handle this replica let go may live on in the
+			// store).
 			later = false
 			continue
 		case errors.Is(err, sessions.ErrStart):
@@ -192,6 +193,7 @@ func (h *Host) callTool(ctx context.Context, key sessions.Key, c plugins.Call, e
 			// second run. (Unchecked, it may have completed elsewhere
 			// since: a stale claim knows less, never more.)
 			res := h.replayed(cmp.Or(claim, memory), env.once)
+			noticeMeta(l.Notice(), &res.Meta) // an instance reset since says so here too
 			l.Done(nil)
 			h.log.Info("call answered from its first run", "tool", t.Name, "session", key.String())
 			return res, nil
@@ -247,7 +249,11 @@ func (h *Host) callTool(ctx context.Context, key sessions.Key, c plugins.Call, e
 				continue
 			}
 			if cerr != nil {
-				l.Done(sessions.ErrMoved)
+				if errors.Is(cerr, durable.ErrOutcomeUnknown) {
+					l.Done(err) // kept: it may hold the only copy of the call's effect
+				} else {
+					l.Done(sessions.ErrMoved)
+				}
 				res := errorResult(fmt.Sprintf("tool %q: %v", t.Name, cerr))
 				res.Meta = mcp.Meta{MetaNotSaved: map[string]any{"reason": why}}
 				h.metrics.notSaved.WithLabelValues(string(why)).Inc()

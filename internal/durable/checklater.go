@@ -52,30 +52,73 @@ func (d *Keeper) CheckLater(key sessions.Key) *Claim {
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.stale || c.dirty || c.retired || c.verified.IsZero() {
+	if c.stale || c.dirty || c.recheck || c.retired || c.verified.IsZero() {
 		return nil
 	}
 	return c
 }
 
-// AfterUncheckedCall is [Keeper.AfterCall] for a call run under c, from
-// [Keeper.CheckLater], before its claim was checked; started is when the
-// call started (before its lease). The checkpoint checks the claim; when
-// it did not (nothing was written: the instance failed, or the write was
-// refused), the claim is checked now. ErrRunAgain says the instance was
-// stale; the other errors and reasons are AfterCall's, and a call whose
-// claim could not be checked (the store did not answer) is served only
-// if the claim was verified within the last 2 s, as from memory
-// ([NotSavedUnavailable]), else it fails as unverified.
+// ErrOutcomeUnknown is [Keeper.AfterUncheckedCall]'s answer for a call
+// whose claim could not be checked to a conclusion: the store did not
+// answer (past the 2 s a session may be served from memory), or the
+// session moved while the call's own write may have landed. The call
+// fails, telling its client that its effect may or may not have been
+// kept (a retry under the same idempotency key is answered with its
+// result if it was); the caller keeps the instance (its lease is done
+// with no error), and the session's next request is claimed first.
+var ErrOutcomeUnknown = errors.New("the state store did not confirm this call: its effect may or may not have been kept; call the tool again with the same idempotency key (dev.wasmtools/idempotencyKey) to be answered with its result if it was")
+
+// AfterUncheckedCall is [Keeper.AfterCall] for a call run on l under c,
+// from [Keeper.CheckLater], before its claim was checked; started is when
+// the call started (before its lease). The checkpoint's write checks the
+// claim; when it did not (nothing written: the instance failed, the state
+// was refused; or the write failed), the claim is checked now
+// ([Keeper.CheckSince]).
+//
+// Run again only when nothing of the call can be in the store and its
+// instance is known stale: ErrRunAgain (the caller drops the instance).
+// When the claim cannot be checked, or the session moved while the
+// call's own write may have landed: ErrOutcomeUnknown (the caller keeps
+// the instance; no claim is forgotten, and the next request verifies the
+// claim, reading the record if anyone claimed since, before anything
+// runs). A claim that cannot be checked but was verified within the last
+// 2 s serves the result as from memory ([NotSavedUnavailable]).
 func (d *Keeper) AfterUncheckedCall(ctx context.Context, key sessions.Key, c *Claim, l *sessions.Lease, first *Once, started time.Time) (NotSaved, error) {
-	why, err := d.afterCall(ctx, key, c, l, first, started)
-	switch {
-	case errors.Is(err, errMoved):
-		return why, ErrRunAgain // the claim is forgotten: the next request takes the session over
-	case err != nil:
-		return why, err
+	if c == nil {
+		return "", nil
 	}
-	checked, err := d.CheckSince(ctx, key, c, l, started)
+	var why NotSaved
+	var err error
+	if d.policy == CheckpointAfterCall && !l.Plugin().Stateless() && l.Instance().Err() == nil {
+		// Saved even if the client is gone: the call's effect is in
+		// the instance, and the store must not fall behind it.
+		why, err = d.checkpoint(context.WithoutCancel(ctx), c, l.Plugin(), l.Instance(), l.Fence(), first, started)
+	}
+	switch {
+	case errors.Is(err, errStaleInstance):
+		// Nothing written; the claim is current, the instance is not.
+		return why, ErrRunAgain
+	case errors.Is(err, errMoved):
+		// The store refused the write: another claim holds the
+		// session. Nothing of the call landed.
+		d.forget(key, c)
+		d.log.Info("session taken over by another replica: the call runs again", "session", key.String())
+		return why, ErrRunAgain
+	case errors.Is(err, errUnverified):
+		// Not written (the breaker is open), and the instance is kept
+		// if the claim cannot be checked now: noted as not saved, so
+		// that an eviction says its state was reset rather than
+		// restoring the store's older one (Keeper.Saved), and the
+		// heartbeat saves it once the store answers.
+		c.mu.Lock()
+		if !c.retired && l.Fence() == c.seeded {
+			c.unsaved[l.Plugin().Name()] = NotSavedUnverified
+		}
+		c.mu.Unlock()
+	case err != nil:
+		d.log.Warn("checkpoint of a call run before its claim was checked", "session", key.String(), "plugin", l.Plugin().Name(), "reason", why, "error", err)
+	}
+	checked, err := d.checkSince(ctx, key, c, l, started, mayHaveLanded(err) || errors.Is(err, errUnverified))
 	return cmp.Or(checked, why), err
 }
 
@@ -83,11 +126,19 @@ func (d *Keeper) AfterUncheckedCall(ctx context.Context, key sessions.Key, c *Cl
 // ([Keeper.CheckLater]), unless something verified it since the call
 // started: before a result of the call is sent, a failure included (a
 // guest's error may be as stale as its result). ErrRunAgain says the
-// instance was stale. A claim that could not be checked (the store did
-// not answer) is accepted only if it was verified within the last 2 s, as
-// from memory ([NotSavedUnavailable]); otherwise the claim is forgotten
-// and the call fails as unverified ([NotSavedUnverified]).
+// instance was stale; ErrOutcomeUnknown that the claim could not be
+// checked (see AfterUncheckedCall); a claim that could not be checked
+// but was verified within the last 2 s is accepted, as from memory
+// ([NotSavedUnavailable]).
 func (d *Keeper) CheckSince(ctx context.Context, key sessions.Key, c *Claim, l *sessions.Lease, started time.Time) (NotSaved, error) {
+	return d.checkSince(ctx, key, c, l, started, false)
+}
+
+// checkSince is CheckSince. maybe: the call's own write failed in a way
+// that may have landed it, or it was not kept in memory as not saved (the
+// instance holds what the store may lack): never run again then, as its
+// first run may be in the store, or be the only copy of its effect.
+func (d *Keeper) checkSince(ctx context.Context, key sessions.Key, c *Claim, l *sessions.Lease, started time.Time, maybe bool) (NotSaved, error) {
 	c.mu.Lock()
 	checked := !c.verified.Before(started)
 	seeded := c.seeded
@@ -99,9 +150,11 @@ func (d *Keeper) CheckSince(ctx context.Context, key sessions.Key, c *Claim, l *
 	current := d.claims[key] == c
 	d.mu.Unlock()
 	if !current {
-		// Forgotten since (a call of the session found it moved, or
-		// could not save): the run again claims the session first.
-		return "", ErrRunAgain
+		// Forgotten since (another call of the session could not be
+		// saved or checked): the session's next request claims it
+		// again, and resumes this claim's instances if no one claimed
+		// since.
+		return d.unknown(key, c, "its claim was forgotten meanwhile")
 	}
 	verr := d.verify(context.WithoutCancel(ctx), key, c)
 	c.mu.Lock()
@@ -109,18 +162,37 @@ func (d *Keeper) CheckSince(ctx context.Context, key sessions.Key, c *Claim, l *
 	fresh := !moved && !c.stale && time.Since(c.verified) < memoryGrace
 	c.mu.Unlock()
 	switch {
-	case verr == nil && moved:
+	case verr == nil && !moved:
+		return "", nil
+	case verr == nil && !maybe:
 		// Taken over and read again: the session's instances are
 		// seeded from the store under the new fence.
 		return "", ErrRunAgain
 	case verr == nil:
-		return "", nil
-	case errors.Is(verr, errChanged):
-		return "", ErrRunAgain
+		// Taken over, but this call's write may be in what the other
+		// replica read: not run again.
+		return d.unknown(key, c, "the session moved while its write may have landed")
 	case fresh:
+		d.markRecheck(c)
 		return NotSavedUnavailable, nil
 	}
-	d.forget(key, c) // claimed and read again by the session's next request
-	d.log.Warn("call not kept: its claim could not be checked", "session", key.String(), "error", verr)
-	return NotSavedUnverified, errUnverified
+	return d.unknown(key, c, verr.Error())
+}
+
+// unknown ends a call whose claim could not be checked to a conclusion:
+// ErrOutcomeUnknown, the session's next request claimed first. c's notes
+// stay as they are (a state not saved is saved again once the store
+// answers, or resumed with its instance by the next claim).
+func (d *Keeper) unknown(key sessions.Key, c *Claim, why string) (NotSaved, error) {
+	d.markRecheck(c)
+	d.log.Warn("call not confirmed: its claim could not be checked", "session", key.String(), "why", why)
+	return NotSavedUnverified, ErrOutcomeUnknown
+}
+
+// markRecheck has the next request of c's session claim it first
+// (CheckLater refuses c until a claim of it is answered: verify).
+func (d *Keeper) markRecheck(c *Claim) {
+	c.mu.Lock()
+	c.recheck = true
+	c.mu.Unlock()
 }

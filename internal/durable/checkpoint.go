@@ -46,8 +46,8 @@ func (d *Keeper) checkpoint(ctx context.Context, c *Claim, p *plugins.Plugin, in
 			// store's older one.
 			c.mu.Lock()
 			defer c.mu.Unlock()
-			if fence != c.seeded || c.retired {
-				return NotSavedMoved, errMoved
+			if err := c.instanceMoved(fence); err != nil {
+				return NotSavedMoved, err
 			}
 			c.remember(p.Name(), first)
 			c.unsaved[p.Name()] = NotSavedUnavailable
@@ -61,8 +61,8 @@ func (d *Keeper) checkpoint(ctx context.Context, c *Claim, p *plugins.Plugin, in
 	name := p.Name()
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if fence != c.seeded || c.retired {
-		return NotSavedMoved, errMoved
+	if err := c.instanceMoved(fence); err != nil {
+		return NotSavedMoved, err
 	}
 	c.checkFrom = checkFrom
 	defer func() { c.checkFrom = time.Time{} }()
@@ -100,14 +100,40 @@ func (d *Keeper) checkpoint(ctx context.Context, c *Claim, p *plugins.Plugin, in
 	return notSaved, err
 }
 
+// instanceMoved says why an instance started under fence may not be
+// saved under c: errMoved when c is retired (another claim of this
+// replica's replaced it), errStaleInstance when the session's instances
+// were seeded since under another fence (the claim is current; only the
+// instance is not). c.mu is held.
+func (c *Claim) instanceMoved(fence uint64) error {
+	switch {
+	case c.retired:
+		return errMoved
+	case fence != c.seeded:
+		return errStaleInstance
+	}
+	return nil
+}
+
 // relost claims a session whose record the store lost again, for a write
-// back: errMoved if another replica claimed it meanwhile. c.mu is held.
+// back: errMoved if another replica claimed it meanwhile, whether it
+// holds it still or wrote the session's state back and let it go (a
+// drain releases its claims): what this replica holds is then older than
+// the record, which the session's next claim reads (verify's rule). c.mu
+// is held.
 func (d *Keeper) relost(ctx context.Context, key sessions.Key, c *Claim) error {
 	cl, err := d.store.Claim(ctx, c.id, d.owner, d.ttl(), true)
 	if err != nil {
 		return d.observe(err)
 	}
 	if cl.Previous != (statestore.Owner{}) {
+		return errMoved
+	}
+	rec, err := d.store.Get(ctx, c.id)
+	if err != nil && !errors.Is(err, statestore.ErrNotFound) {
+		return d.observe(err)
+	}
+	if hasPlugins(rec) {
 		return errMoved
 	}
 	d.log.Warn("state store lost the session's record: writing it back", "session", c.id)
@@ -142,7 +168,13 @@ func (d *Keeper) afterCall(ctx context.Context, key sessions.Key, c *Claim, l *s
 	// instance, and the store must not fall behind it.
 	notSaved, err := d.checkpoint(context.WithoutCancel(ctx), c, l.Plugin(), l.Instance(), l.Fence(), first, checkFrom)
 	if errors.Is(err, errMoved) {
-		d.forget(key, c)
+		if !errors.Is(err, errStaleInstance) {
+			// The store says another claim holds the session: the next
+			// request claims it again. (Not when only the instance is
+			// older than the claim, which is current: forgetting it
+			// would fail the session's other calls under it.)
+			d.forget(key, c)
+		}
 		d.log.Warn("session taken over by another replica during a call", "session", key.String())
 		return notSaved, errMoved
 	}

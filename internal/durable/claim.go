@@ -68,6 +68,10 @@ type Claim struct {
 	// it writes nothing more (a write of its, late, could land over the
 	// new claim's under the same fence).
 	retired bool
+	// recheck: a call run before its claim was checked could not check
+	// it; the next request claims first (Keeper.CheckLater refuses c
+	// until a claim of it is answered).
+	recheck bool
 	// checkFrom, while a checkpoint writes with c.mu held, is when the
 	// call it saves started, if it ran before its claim was checked
 	// (Keeper.CheckLater): a state unchanged is not skipped then unless
@@ -342,11 +346,17 @@ func (d *Keeper) verify(ctx context.Context, key sessions.Key, c *Claim) error {
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if c.retired {
+		// Replaced (forgotten and claimed anew) since the caller found
+		// it: the new claim is the session's; this one claims nothing.
+		return unavailable(fmt.Errorf("%w: the claim was replaced", errChanged))
+	}
 	asked := time.Now() // before the claim: a pause after it shortens the grace, never lengthens it
 	cl, err := d.claim(ctx, key, c)
 	if err != nil {
 		return unavailable(err)
 	}
+	c.recheck = false // checked now: what follows reads the record if anyone claimed since
 	if cl.Fence != c.fence && !c.stale && cl.Taken != 0 && cl.Taken == c.taken {
 		// No one claimed the session since the last claim this replica
 		// saw answered: the fence moved by its own bump, whose answer

@@ -44,8 +44,11 @@
 //     call run before its claim was checked, [Keeper.AfterUncheckedCall]:
 //     the write is made only under the claim's fence, even of a state
 //     unchanged, and so checks it (or the claim is checked then:
-//     [Keeper.CheckSince]); a call whose instance was stale gets
-//     [ErrRunAgain], and is run again after step 1.
+//     [Keeper.CheckSince]); a call whose instance was stale, and of which
+//     nothing can be in the store, gets [ErrRunAgain], and is run again
+//     after step 1; one whose claim could not be checked to a conclusion
+//     gets [ErrOutcomeUnknown], keeps its instance, and the session's next
+//     request is claimed first.
 //  4. [Keeper.Ended] deletes the record of a session its client ended (or
 //     that timed out); [Keeper.Drain] checkpoints every instance and
 //     releases the claims of the sessions it saved whole.

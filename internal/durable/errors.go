@@ -27,6 +27,11 @@ var ErrServedFromMemory = errors.New("served from memory")
 // replica took over while it ran.
 var errMoved = errors.New("the session moved to another replica while this call ran, and its effect was not kept: call the tool again")
 
+// errStaleInstance is errMoved of an instance seeded under an older fence
+// than its session's claim, which is current: another call of this
+// replica's took the session over since the instance started.
+var errStaleInstance = fmt.Errorf("%w (the instance is older than the session's claim)", errMoved)
+
 // errUnverified fails a call whose state could be neither saved nor
 // known current (see checkpoint).
 var errUnverified = errors.New("the session's state could not be saved or verified while this call ran (the state store did not answer), and its effect was not kept: call the tool again")

@@ -1,0 +1,85 @@
+package durable
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/wasmtools/wasmtools/internal/sessions"
+	"github.com/wasmtools/wasmtools/plugins"
+)
+
+// A contained call X runs unchecked on a claim verified over 2 s ago;
+// the store does not answer (the breaker open): its checkpoint fails with
+// errUnverified (nothing written), and X ends with ErrOutcomeUnknown, its
+// instance kept. A review found no note of the state not saved then: the
+// instance, evicted for room, came back as the store's older state with
+// no reset notice, while the claim answered X's idempotency key with X's
+// result. Now the instance is noted as not saved, and its eviction says
+// the state was reset.
+func TestUnverifiedOutcomeUnknownThenEvictedIsNotSilent(t *testing.T) {
+	w := newLossyWorld(t)
+	// The same world, with an instance cap and Saved wired as the host
+	// does.
+	w.ses = sessions.New(&sessions.Options{
+		MaxInstances: 1,
+		Saved: func(ctx context.Context, key sessions.Key, p *plugins.Plugin) (*plugins.State, string) {
+			return w.d.Saved(ctx, key, p)
+		},
+		Stored: func(ctx context.Context, key sessions.Key, p *plugins.Plugin) (*plugins.State, string, uint64, bool) {
+			return w.d.Stored(ctx, key, p)
+		},
+	})
+	t.Cleanup(func() { w.ses.Close(w.ctx) })
+	w.d = New(Options{Store: w.st, Sessions: w.ses, Replica: "a"})
+	d, ctx := w.d, w.ctx
+
+	c := w.claim()
+	w.callSaved(c, w.p) // p: 1, saved
+
+	// X: unchecked, with an at-most-once key.
+	started := time.Now()
+	cx := d.CheckLater(w.key)
+	if cx == nil {
+		t.Fatal("CheckLater: no claim")
+	}
+	lX := w.acquire(w.p)
+	gotX := w.count(lX)
+	if gotX != "2" {
+		t.Fatalf("X counts %s", gotX)
+	}
+	ageClaim(c)
+	d.downUntil.Store(int64(sinceBase() + breakerWindow)) // the store is away
+	resX, _ := json.Marshal(map[string]any{"content": []any{map[string]any{"type": "text", "text": gotX}}})
+	why, err := d.AfterUncheckedCall(ctx, w.key, cx, lX, &Once{Key: "k1", Result: resX}, started)
+	if !errors.Is(err, ErrOutcomeUnknown) {
+		t.Fatalf("X: %q %v, want ErrOutcomeUnknown", why, err)
+	}
+	lX.Done(nil) // kept, as the host does
+
+	// Another client's instance evicts alice's p for room.
+	lb, err := w.ses.Acquire(ctx, sessions.Client("bob"), w.q)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lb.Done(nil)
+
+	// The store answers again; the client retries X with its key.
+	d.downUntil.Store(0)
+	c2, err := d.BeforeCall(ctx, w.key)
+	if err != nil || c2 == nil {
+		t.Fatalf("retry: claim: %v %v", c2, err)
+	}
+	l := w.acquire(w.p)
+	reset := l.Notice().Reset
+	replay := d.Replay(c2, "k1")
+	if replay != nil && reset == nil {
+		// The host answers the retry from the replay: X "succeeded".
+		got := w.count(l)
+		l.Done(nil)
+		t.Fatalf("retry of X answered with X's result (%s) and no reset notice, yet p's state lacks X: the next call counts %s, want 3", replay, got)
+	}
+	l.Done(nil)
+}
