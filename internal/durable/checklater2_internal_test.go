@@ -33,15 +33,8 @@ func (w *lossyWorld) runContained() (string, NotSaved, error) {
 		}
 		l.Done(sessions.ErrMoved)
 	}
-	c, err := d.BeforeCall(ctx, w.key)
-	if err != nil || c == nil {
-		w.t.Fatalf("claim: %v %v", c, err)
-	}
-	l := w.acquire(w.p)
-	got := w.count(l)
-	why, err := d.AfterCall(ctx, w.key, c, l, nil)
-	l.Done(err)
-	return got, why, err
+	got, _ := w.claimedCall(w.p)
+	return got, "", nil
 }
 
 // The store evicted the session's record (same epoch). a's contained
@@ -73,23 +66,6 @@ func TestRelostUnreadRecordKeepsState(t *testing.T) {
 	}
 }
 
-// landPutStore applies the next armed "p/" Put and loses its answer (a
-// Redis script that ran after its caller gave up).
-type landPutStore struct {
-	statestore.Store
-	armed atomic.Bool
-}
-
-func (s *landPutStore) Put(ctx context.Context, id, field string, v []byte, fence uint64, ttl time.Duration) error {
-	if strings.HasPrefix(field, "p/") && s.armed.CompareAndSwap(true, false) {
-		if err := s.Store.Put(ctx, id, field, v, fence, ttl); err != nil {
-			return err
-		}
-		return errNoAnswer
-	}
-	return s.Store.Put(ctx, id, field, v, fence, ttl)
-}
-
 // A contained call X of p runs unchecked; meanwhile a call Y of q of the
 // same session could be neither saved nor verified (the store away, the
 // claim verified over 2 s before): Y forgot the claim. X's write then
@@ -100,22 +76,14 @@ func (s *landPutStore) Put(ctx context.Context, id, field string, v []byte, fenc
 // claim: no one claimed since) goes on from it, with no reset.
 func TestUncheckedCallForgottenAfterLostAnswerIsNotRunAgain(t *testing.T) {
 	w := newLossyWorld(t)
-	lp := &landPutStore{Store: w.st.Store}
+	lp := &lostAnswerStore{Store: w.st.Store}
 	w.st.Store = lp
 	d, ctx := w.d, w.ctx
 	c := w.claim()
 	w.callSaved(c, w.p) // p: 1
 	w.callSaved(c, w.q) // q: 1
 	// X: p, unchecked.
-	started := time.Now()
-	cx := d.CheckLater(w.key)
-	if cx == nil {
-		t.Fatal("CheckLater: no claim")
-	}
-	lX := w.acquire(w.p)
-	if got := w.count(lX); got != "2" {
-		t.Fatalf("X counts %s", got)
-	}
+	cx, lX, started := w.unchecked(w.p, "2")
 	// Y: q, under the same claim, can be neither saved nor verified.
 	ageClaim(c)
 	lY := w.acquire(w.q)
@@ -134,38 +102,38 @@ func TestUncheckedCallForgottenAfterLostAnswerIsNotRunAgain(t *testing.T) {
 	}
 	lX.Done(nil)         // kept, as the host does
 	d.downUntil.Store(0) // the breaker the lost answer opened closes (2 s later)
-	c2, err := d.BeforeCall(ctx, w.key)
-	if err != nil || c2 == nil {
-		t.Fatalf("next call: claim: %v %v", c2, err)
+	got, reset := w.claimedCall(w.p)
+	if reset != nil {
+		t.Errorf("next call: p reset (%s: %s)", reset.Reason, reset.Detail)
 	}
-	l := w.acquire(w.p)
-	got := w.count(l)
-	if r := l.Notice().Reset; r != nil {
-		t.Errorf("next call: p reset (%s: %s)", r.Reason, r.Detail)
-	}
-	why, err = d.AfterCall(ctx, w.key, c2, l, nil)
-	l.Done(err)
-	if got != "3" || err != nil {
-		t.Fatalf("next call counts %s (%q %v), want 3: X's effect kept once", got, why, err)
+	if got != "3" {
+		t.Fatalf("next call counts %s, want 3: X's effect kept once", got)
 	}
 }
 
-// hookPutStore applies the next armed "p/" Put, runs after, and loses the
-// Put's answer as a stalled exchange (this process paused while it was in
-// flight: the breaker stays closed).
-type hookPutStore struct {
+// lostAnswerStore applies the next armed "p/" Put, runs after (if set),
+// and loses the Put's answer (a Redis script that ran after its caller
+// gave up); stalled: lost as a stalled exchange (this process paused while
+// it was in flight: the breaker stays closed).
+type lostAnswerStore struct {
 	statestore.Store
-	armed atomic.Bool
-	after func()
+	armed   atomic.Bool
+	after   func()
+	stalled bool
 }
 
-func (s *hookPutStore) Put(ctx context.Context, id, field string, v []byte, fence uint64, ttl time.Duration) error {
+func (s *lostAnswerStore) Put(ctx context.Context, id, field string, v []byte, fence uint64, ttl time.Duration) error {
 	if strings.HasPrefix(field, "p/") && s.armed.CompareAndSwap(true, false) {
 		if err := s.Store.Put(ctx, id, field, v, fence, ttl); err != nil {
 			return err
 		}
-		s.after()
-		return &stalledError{errNoAnswer}
+		if s.after != nil {
+			s.after()
+		}
+		if s.stalled {
+			return &stalledError{errNoAnswer}
+		}
+		return errNoAnswer
 	}
 	return s.Store.Put(ctx, id, field, v, fence, ttl)
 }
@@ -179,20 +147,12 @@ func (s *hookPutStore) Put(ctx context.Context, id, field string, v []byte, fenc
 // goes on from b's state.
 func TestUncheckedCallWhoseWriteMayHaveLandedIsNotRunAgain(t *testing.T) {
 	w := newTwoReplicas(t)
-	hp := &hookPutStore{Store: w.st.Store}
+	hp := &lostAnswerStore{Store: w.st.Store, stalled: true}
 	w.st.Store = hp
 	d, ctx := w.d, w.ctx
 	c := w.claim()
 	w.callSaved(c, w.p) // p: 1
-	started := time.Now()
-	cx := d.CheckLater(w.key)
-	if cx == nil {
-		t.Fatal("CheckLater: no claim")
-	}
-	lX := w.acquire(w.p)
-	if got := w.count(lX); got != "2" {
-		t.Fatalf("X counts %s", got)
-	}
+	cx, lX, started := w.unchecked(w.p, "2")
 	var bGot string
 	hp.after = func() { bGot = w.bCalls(1) }
 	hp.armed.Store(true)
@@ -201,15 +161,7 @@ func TestUncheckedCallWhoseWriteMayHaveLandedIsNotRunAgain(t *testing.T) {
 		t.Fatalf("X: %q %v (b counted %s), want ErrOutcomeUnknown", why, err, bGot)
 	}
 	lX.Done(nil)
-	c2, err := d.BeforeCall(ctx, w.key)
-	if err != nil || c2 == nil {
-		t.Fatalf("next call: claim: %v %v", c2, err)
-	}
-	l := w.acquire(w.p)
-	got := w.count(l)
-	why, err = d.AfterCall(ctx, w.key, c2, l, nil)
-	l.Done(err)
-	if got != "4" || err != nil {
-		t.Fatalf("a's next call counts %s (%q %v), want 4: one increment on b's 3", got, why, err)
+	if got, _ := w.claimedCall(w.p); got != "4" {
+		t.Fatalf("a's next call counts %s, want 4: one increment on b's 3", got)
 	}
 }

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"testing"
-	"time"
 
 	"github.com/wasmtools/wasmtools/internal/sessions"
 	"github.com/wasmtools/wasmtools/plugins"
@@ -40,16 +39,8 @@ func TestUnverifiedOutcomeUnknownThenEvictedIsNotSilent(t *testing.T) {
 	w.callSaved(c, w.p) // p: 1, saved
 
 	// X: unchecked, with an at-most-once key.
-	started := time.Now()
-	cx := d.CheckLater(w.key)
-	if cx == nil {
-		t.Fatal("CheckLater: no claim")
-	}
-	lX := w.acquire(w.p)
-	gotX := w.count(lX)
-	if gotX != "2" {
-		t.Fatalf("X counts %s", gotX)
-	}
+	cx, lX, started := w.unchecked(w.p, "2")
+	gotX := "2"
 	ageClaim(c)
 	d.downUntil.Store(int64(sinceBase() + breakerWindow)) // the store is away
 	resX, _ := json.Marshal(map[string]any{"content": []any{map[string]any{"type": "text", "text": gotX}}})

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/wasmtools/wasmtools/internal/sessions"
+	"github.com/wasmtools/wasmtools/plugins"
 )
 
 // A contained call X of plugin p runs unchecked on a's stale
@@ -30,15 +31,7 @@ func TestStaleUncheckedCallLeavesConcurrentCallAlone(t *testing.T) {
 		t.Fatalf("b counts %s, want 3", got)
 	}
 	// X: p at a, unchecked, on a's stale instance.
-	started := time.Now()
-	cx := d.CheckLater(w.key)
-	if cx == nil {
-		t.Fatal("CheckLater: no claim")
-	}
-	lX := w.acquire(w.p)
-	if got := w.count(lX); got != "2" {
-		t.Fatalf("X on a's stale instance counts %s, want 2 (stale)", got)
-	}
+	cx, lX, started := w.unchecked(w.p, "2")
 	// Y: q at a, claimed first: the record is read again.
 	cy, err := d.BeforeCall(ctx, w.key)
 	if err != nil || cy == nil {
@@ -53,22 +46,49 @@ func TestStaleUncheckedCallLeavesConcurrentCallAlone(t *testing.T) {
 		t.Fatalf("X's check: %v, want ErrRunAgain", err)
 	}
 	lX.Done(sessions.ErrMoved)
-	cx2, err := d.BeforeCall(ctx, w.key)
-	if err != nil || cx2 == nil {
-		t.Fatalf("X again: claim: %v %v", cx2, err)
-	}
-	lX2 := w.acquire(w.p)
-	if got := w.count(lX2); got != "4" {
+	if got, _ := w.claimedCall(w.p); got != "4" {
 		t.Fatalf("X again counts %s, want 4", got)
 	}
-	if _, err := d.AfterCall(ctx, w.key, cx2, lX2, nil); err != nil {
-		t.Fatalf("X again: checkpoint: %v", err)
-	}
-	lX2.Done(nil)
 	// Y, a current instance under a verified claim, is saved.
 	why, err := d.AfterCall(ctx, w.key, cy, lY, nil)
 	lY.Done(err)
 	if err != nil || why != "" {
 		t.Fatalf("Y's checkpoint: %q %v; want saved (nothing moved while Y ran)", why, err)
 	}
+}
+
+// unchecked runs p's counter as the host runs a contained call, before
+// its claim is checked (CheckLater), and wants it to count want. It
+// returns the claim, the lease (not done) and when the call started.
+func (w *lossyWorld) unchecked(p *plugins.Plugin, want string) (*Claim, *sessions.Lease, time.Time) {
+	w.t.Helper()
+	started := time.Now()
+	c := w.d.CheckLater(w.key)
+	if c == nil {
+		w.t.Fatal("CheckLater: no claim")
+	}
+	l := w.acquire(p)
+	if got := w.count(l); got != want {
+		w.t.Fatalf("an unchecked call of %s counts %s, want %s", p.Name(), got, want)
+	}
+	return c, l, started
+}
+
+// claimedCall runs p's counter claimed first (BeforeCall) and saved
+// (AfterCall), and returns the count sent and the lease's reset notice.
+func (w *lossyWorld) claimedCall(p *plugins.Plugin) (string, *sessions.Reset) {
+	w.t.Helper()
+	c, err := w.d.BeforeCall(w.ctx, w.key)
+	if err != nil || c == nil {
+		w.t.Fatalf("claim: %v %v", c, err)
+	}
+	l := w.acquire(p)
+	got := w.count(l)
+	reset := l.Notice().Reset
+	why, err := w.d.AfterCall(w.ctx, w.key, c, l, nil)
+	l.Done(err)
+	if err != nil {
+		w.t.Fatalf("checkpoint of %s: %q %v", p.Name(), why, err)
+	}
+	return got, reset
 }
