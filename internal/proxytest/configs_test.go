@@ -150,7 +150,8 @@ func start(t *testing.T, startProxy func(*testing.T, map[string]string) (string,
 // request of session key shows. HAProxy: once it reports sessions/NAME
 // UP, the request tried then and again on each new report of its state
 // (see [proxytest.HAProxy.WaitRouted]). nginx has no health checks, and
-// tries a session's own replica first on every request: one request.
+// tries a session's own replica first on every request: the first
+// request answered.
 func (s *setup) routed(name, key string) {
 	s.t.Helper()
 	probe := func() error {
@@ -161,8 +162,25 @@ func (s *setup) routed(name, key string) {
 	}
 	if s.haproxy != nil {
 		s.haproxy.WaitRouted("sessions/"+name, probe)
-	} else if err := probe(); err != nil {
-		s.t.Fatal(err)
+		return
+	}
+	// nginx accepts connections once its master listens, but on a loaded
+	// machine a connection can meet no worker yet and be reset (seen in
+	// CI, under t.Parallel): the first answer is the readiness signal.
+	// A request that reached a replica and was answered wrongly fails at
+	// once.
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		code, got, err := s.try("Mcp-Session-Id", key, "ping")
+		switch {
+		case err == nil && (code != 200 || got != name):
+			s.t.Fatalf("%s: %s answered %d %q, want 200 %q", s.proxy, key, code, got, name)
+		case err == nil:
+			return
+		case time.Now().After(deadline):
+			s.t.Fatalf("%s: no answer to %s in 30 s: %v", s.proxy, key, err)
+		}
+		<-time.After(50 * time.Millisecond)
 	}
 }
 
