@@ -65,7 +65,8 @@ func (d *Keeper) CheckLater(key sessions.Key) *Claim {
 // fails, telling its client that its effect may or may not have been
 // kept (a retry under the same idempotency key is answered with its
 // result if it was); the caller keeps the instance (its lease is done
-// with no error), and the session's next request is claimed first.
+// with the guest's own error, none when the guest succeeded), and the
+// session's next request is claimed first.
 var ErrOutcomeUnknown = errors.New("the state store did not confirm this call: its effect may or may not have been kept; call the tool again with the same idempotency key (dev.wasmtools/idempotencyKey) to be answered with its result if it was")
 
 // AfterUncheckedCall is [Keeper.AfterCall] for a call run on l under c,
@@ -135,9 +136,10 @@ func (d *Keeper) CheckSince(ctx context.Context, key sessions.Key, c *Claim, l *
 }
 
 // checkSince is CheckSince. maybe: the call's own write failed in a way
-// that may have landed it, or it was not kept in memory as not saved (the
-// instance holds what the store may lack): never run again then, as its
-// first run may be in the store, or be the only copy of its effect.
+// that may have landed it, or was never sent (the breaker open), so that
+// the instance may hold the only copy of the call's effect: the call is
+// never run again then, as its first run may be in the store, or be the
+// only copy of its effect.
 func (d *Keeper) checkSince(ctx context.Context, key sessions.Key, c *Claim, l *sessions.Lease, started time.Time, maybe bool) (NotSaved, error) {
 	c.mu.Lock()
 	checked := !c.verified.Before(started)

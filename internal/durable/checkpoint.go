@@ -155,18 +155,12 @@ func (d *Keeper) relost(ctx context.Context, key sessions.Key, c *Claim) error {
 // request claims it again, from the store), and the call fails (its
 // effect is not in the store).
 func (d *Keeper) AfterCall(ctx context.Context, key sessions.Key, c *Claim, l *sessions.Lease, first *Once) (NotSaved, error) {
-	return d.afterCall(ctx, key, c, l, first, time.Time{})
-}
-
-// afterCall is AfterCall; checkFrom, if not zero, is when a call run
-// before its claim was checked started (see checkpoint).
-func (d *Keeper) afterCall(ctx context.Context, key sessions.Key, c *Claim, l *sessions.Lease, first *Once, checkFrom time.Time) (NotSaved, error) {
 	if c == nil || d.policy != CheckpointAfterCall || l.Plugin().Stateless() || l.Instance().Err() != nil {
 		return "", nil
 	}
 	// Saved even if the client is gone: the call's effect is in the
 	// instance, and the store must not fall behind it.
-	notSaved, err := d.checkpoint(context.WithoutCancel(ctx), c, l.Plugin(), l.Instance(), l.Fence(), first, checkFrom)
+	notSaved, err := d.checkpoint(context.WithoutCancel(ctx), c, l.Plugin(), l.Instance(), l.Fence(), first, time.Time{})
 	if errors.Is(err, errMoved) {
 		if !errors.Is(err, errStaleInstance) {
 			// The store says another claim holds the session: the next
