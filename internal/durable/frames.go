@@ -4,7 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"hash/maphash"
+
+	"github.com/zeebo/xxh3"
 
 	"github.com/wasmtools/wasmtools/internal/statestore"
 	"github.com/wasmtools/wasmtools/plugins"
@@ -65,10 +66,10 @@ type frameKey struct {
 	size int
 }
 
-var frameSeed = maphash.MakeSeed()
+var frameSeed = randomSeed()
 
 func keyOf(frame []byte) frameKey {
-	return frameKey{maphash.Bytes(frameSeed, frame), len(frame)}
+	return frameKey{xxh3.HashSeed(frame, frameSeed), len(frame)}
 }
 
 // frames splits st's snapshot into its head and frames: nil when st says
