@@ -183,9 +183,9 @@ func unanswered(err error) bool {
 // value already. A 128-bit XXH3 with a seed random per process: not
 // cryptographic (a SHA-256 of a Go guest's record was 30 µs of each
 // checkpoint's CPU), but no one who shapes a value sees a seed or a
-// digest, so no one can aim for a collision, and a chance one is 1 in
-// 2^128 (the reasoning of the sandbox's page hashes, which a snapshot
-// trusts the same way).
+// digest, a chance collision is 1 in 2^128, and a claim compares only its
+// own session's values (the reasoning of the sandbox's page hashes, which
+// a snapshot trusts the same way).
 type fieldSum [2]uint64
 
 var sumSeed = randomSeed()
