@@ -4,8 +4,11 @@ package sandbox
 
 import (
 	"encoding/binary"
+	"errors"
+	bits64 "math/bits"
 	"os"
 	"sync"
+	"sync/atomic"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -68,6 +71,18 @@ func ownPages(b []byte, f func(off int)) error {
 		return os.ErrNotExist
 	}
 	ps := os.Getpagesize()
+	if ps == pieceSize && useOwnScan() {
+		if bits, err := scanOwn(b); err == nil {
+			for i, w := range bits {
+				for ; w != 0; w &= w - 1 {
+					f((i*64 + bits64.TrailingZeros64(w)) * ps)
+				}
+			}
+			return nil
+		} else if scanMissing(err) {
+			ownScanFailed.Store(true)
+		}
+	}
 	n := len(b) / ps
 	buf := make([]byte, 8*min(n, 4096))
 	base := uintptr(unsafe.Pointer(&b[0])) / uintptr(ps)
@@ -98,6 +113,60 @@ func writtenPieces(mem []byte) []uint64 {
 	if pm == nil || os.Getpagesize() != pieceSize || len(mem) == 0 {
 		return nil
 	}
+	if useOwnScan() {
+		bits, err := scanOwn(mem)
+		if err == nil {
+			return bits
+		}
+		if scanMissing(err) {
+			ownScanFailed.Store(true)
+		}
+	}
+	return readWrittenPieces(pm, mem)
+}
+
+// scanMissing reports whether err says the kernel has no PAGEMAP_SCAN
+// (Linux 6.7), or not the flags asked for.
+func scanMissing(err error) bool {
+	return errors.Is(err, unix.ENOTTY) || errors.Is(err, unix.EINVAL) || errors.Is(err, unix.ENOSYS) || errors.Is(err, unix.EOPNOTSUPP)
+}
+
+// ownScanFailed is set once scanOwn failed for want of the ioctl
+// (PAGEMAP_SCAN, Linux 6.7): writtenPieces reads pagemap from then on.
+var ownScanFailed atomic.Bool
+
+// useOwnScan reports whether own pages are found by scanOwn. Like the
+// write tracking it waits for Linux 6.10, as the scan's first releases
+// had fixes after them; the recycling's reset trusts its answer to leave
+// nothing of a session behind.
+func useOwnScan() bool { return ownScanKernel() && !ownScanFailed.Load() }
+
+var ownScanKernel = sync.OnceValue(func() bool { return kernelAtLeast(6, 10) })
+
+// Categories of PAGEMAP_SCAN (linux/fs.h), besides pageIsWritten.
+const (
+	pageIsFile    = 1 << 2
+	pageIsPresent = 1 << 3
+	pageIsSwapped = 1 << 4
+)
+
+// scanOwn is writtenPieces in PAGEMAP_SCAN ioctls rather than reads of
+// pagemap: the same test of each page (swapped, or present and not a
+// file's page: the kernel's PAGE_IS_FILE is pagemap's PM_FILE), but the
+// kernel answers in regions of pages alike, not 8 bytes a page. A Go
+// guest's 16,384 pages read 128 KiB of pagemap, about 60 µs of each
+// snapshot on a 2-core VM; the scan takes a fraction of that.
+func scanOwn(mem []byte) ([]uint64, error) {
+	return scanPieces(mem, pmScanArg{
+		categoryAnyofMask: pageIsPresent | pageIsSwapped,
+		returnMask:        pageIsPresent | pageIsSwapped | pageIsFile,
+	}, func(c uint64) bool {
+		return c&pageIsSwapped == 0 && c&pageIsFile != 0 // the image file's page
+	})
+}
+
+// readWrittenPieces is writtenPieces by reading pagemap, 8 bytes a page.
+func readWrittenPieces(pm *os.File, mem []byte) []uint64 {
 	n := len(mem) / pieceSize
 	bits := make([]uint64, (n+63)/64)
 	bp := pagemapBuf.Get().(*[]byte)

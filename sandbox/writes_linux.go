@@ -277,7 +277,7 @@ func (m *reservedMemory) scanWrites(mem []byte) (written []uint64, ok bool) {
 	if err != nil {
 		// Left unarmed: the next scan arms it again. An ioctl the
 		// kernel does not have gives tracking up for good.
-		if errors.Is(err, unix.ENOTTY) || errors.Is(err, unix.EINVAL) || errors.Is(err, unix.ENOSYS) || errors.Is(err, unix.EOPNOTSUPP) {
+		if scanMissing(err) {
 			scansFailed.Store(true)
 		}
 		return nil, false
@@ -306,6 +306,17 @@ func (m *reservedMemory) disarmWrites() bool {
 // scanWritten is one PAGEMAP_SCAN of mem, in as many ioctls as its
 // written regions need.
 func scanWritten(mem []byte) ([]uint64, error) {
+	return scanPieces(mem, pmScanArg{
+		flags:        pmScanWPMatching | pmScanCheckWPAsync,
+		categoryMask: pageIsWritten, returnMask: pageIsWritten,
+	}, nil)
+}
+
+// scanPieces runs the PAGEMAP_SCAN q (its flags and masks; the range and
+// the vector are filled in) over mem, in as many ioctls as the regions
+// need, and returns a bitmap of the pieces of the regions named whose
+// categories skip (nil: none) does not reject.
+func scanPieces(mem []byte, q pmScanArg, skip func(categories uint64) bool) ([]uint64, error) {
 	n := len(mem) / pieceSize
 	bits := make([]uint64, (n+63)/64)
 	b := scanBufs.Get().(*scanBuf)
@@ -313,13 +324,10 @@ func scanWritten(mem []byte) ([]uint64, error) {
 	base := uint64(uintptr(unsafe.Pointer(&mem[0])))
 	end := base + uint64(n)*pieceSize
 	for at := base; at < end; {
-		b.arg = pmScanArg{
-			size:  uint64(unsafe.Sizeof(b.arg)),
-			flags: pmScanWPMatching | pmScanCheckWPAsync,
-			start: at, end: end,
-			vec: uint64(uintptr(unsafe.Pointer(&b.vec[0]))), vecLen: uint64(len(b.vec)),
-			categoryMask: pageIsWritten, returnMask: pageIsWritten,
-		}
+		b.arg = q
+		b.arg.size = uint64(unsafe.Sizeof(b.arg))
+		b.arg.start, b.arg.end = at, end
+		b.arg.vec, b.arg.vecLen = uint64(uintptr(unsafe.Pointer(&b.vec[0]))), uint64(len(b.vec))
 		r, _, errno := unix.Syscall(unix.SYS_IOCTL, pagemap().Fd(), pagemapScan, uintptr(unsafe.Pointer(&b.arg)))
 		if errno != 0 {
 			return nil, errno
@@ -330,6 +338,9 @@ func scanWritten(mem []byte) ([]uint64, error) {
 		for _, v := range b.vec[:r] {
 			if v.start < at || v.end > b.arg.walkEnd || v.start > v.end {
 				return nil, errors.New("PAGEMAP_SCAN: a region out of range")
+			}
+			if skip != nil && skip(v.categories) {
+				continue
 			}
 			for p := (v.start - base) / pieceSize; p < (v.end-base+pieceSize-1)/pieceSize; p++ {
 				bits[p/64] |= 1 << (p % 64)
