@@ -92,6 +92,7 @@ func (h *Host) call(ctx context.Context, t *plugins.Tool, req *mcp.CallToolReque
 	start := time.Now()
 	if !asks(t.Plugin()) && !t.Plugin().Asks() {
 		res, err := h.callTool(ctx, key, c, env)
+		h.forgetUnseen(ref, err)
 		env.finish(res)
 		h.audit(env, res, start)
 		return res, err

@@ -118,6 +118,7 @@ func (h *Host) startRun(ctx context.Context, key sessions.Key, c plugins.Call, e
 	r.tool = c.Tool
 	go func() {
 		res, err := h.callTool(gctx, key, c, env)
+		h.forgetUnseen(env.ref, err)
 		r.done <- runResult{res: res, err: err}
 	}()
 	return r

@@ -23,6 +23,7 @@ package host
 import (
 	"bytes"
 	"cmp"
+	"context"
 	"crypto/hmac"
 	"crypto/rand"
 	"crypto/sha256"
@@ -185,6 +186,9 @@ type clientRef struct {
 	refused error
 	// subject is the authenticated subject the handle is bound to.
 	subject string
+	// minted: handle was minted for this request, and the client learns
+	// it only from the request's result.
+	minted bool
 }
 
 // sessionless reports whether a request came without a protocol session:
@@ -249,7 +253,18 @@ func (h *Host) mint(subject string, note bool) (clientRef, error) {
 	if err != nil {
 		return clientRef{}, err
 	}
-	return clientRef{key: key, handle: handle, note: note, subject: subject}, nil
+	return clientRef{key: key, handle: handle, note: note, subject: subject, minted: true}, nil
+}
+
+// forgetUnseen ends the client of a handle minted for a call that was
+// then refused (err, callTool's refusal): a refusal is a JSON-RPC error,
+// with no result to carry the handle, so no client can name it again, and
+// its instance (one may have started before a cancellation was seen)
+// would sit idle until the session timeout, counted against MaxHandles.
+func (h *Host) forgetUnseen(ref clientRef, err error) {
+	if err != nil && ref.minted {
+		h.ses.End(context.Background(), ref.key)
+	}
 }
 
 // requestKey says whose instances a prompt get, resource read or

@@ -9,6 +9,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"sync"
 	"testing"
@@ -500,5 +501,35 @@ func TestUnreturnedHandlesReclaimed(t *testing.T) {
 	res := countWith(t, cs, first)
 	if _, reset := res.Meta[host.MetaStateReset]; !reset || firstText(res) != "1" {
 		t.Errorf("the first handle passed back: %q, _meta %v; want a fresh count with the reset said", firstText(res), res.Meta)
+	}
+}
+
+// TestRefusedCallForgetsItsHandle: a call that mints a handle and is then
+// refused (here past its subject's call rate) answers with a JSON-RPC
+// error, which carries no handle; the handle is ended at once rather
+// than left open, and counted against MaxHandles, until the session
+// timeout. (A task cancelled before its guest ran is refused the same
+// way, with its instance started: TestTaskBounds.)
+func TestRefusedCallForgetsItsHandle(t *testing.T) {
+	f := newFixture(t, &host.Options{CallsPerSecondPerSubject: 0.01}, sandbox.NewPolicy(), map[string]string{"counter.wasm": testplugins.Example(t, "counter")})
+	url := serveHTTP(t, f)
+	handles := func() string {
+		rec := httptest.NewRecorder()
+		f.h.MetricsHandler().ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
+		return regexp.MustCompile(`(?m)^wasmtools_session_handles (\S+)$`).FindString(rec.Body.String())
+	}
+	if res, e := rpc(t, url, "tools/call", "count", map[string]any{"name": "count"}, map[string]any{}); e != nil || res["_meta"] == nil {
+		t.Fatalf("the first call: %v %v; want a result with its handle", res, e)
+	}
+	if got := handles(); got != "wasmtools_session_handles 1" {
+		t.Fatalf("after one minting call: %q", got)
+	}
+	for range 5 {
+		if res, e := rpc(t, url, "tools/call", "count", map[string]any{"name": "count"}, map[string]any{}); e == nil || e["code"] != float64(host.CodeBusy) {
+			t.Fatalf("a call past the rate: %v %v; want CodeBusy", res, e)
+		}
+	}
+	if got := handles(); got != "wasmtools_session_handles 1" {
+		t.Errorf("after five refused calls: %q; want the first call's handle only", got)
 	}
 }
