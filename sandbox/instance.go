@@ -68,6 +68,8 @@ type Instance struct {
 	// snapSpare is a snapshot given back (ReuseSnapshot), which the next
 	// one is written over.
 	snapSpare []byte
+	// snapSort is the snapshots' scratch memory (cachedFrames.sort).
+	snapSort sortScratch
 }
 
 // fakeEpoch is the first reading of a guest's wall clock: midnight UTC
@@ -334,13 +336,13 @@ func (i *Instance) Close(ctx context.Context) error {
 		return nil
 	}
 	i.err = ErrClosed
-	i.snapFrames, i.snapPieces, i.snapSpare = nil, 0, nil
+	i.snapFrames, i.snapPieces, i.snapSpare, i.snapSort = nil, 0, nil, sortScratch{}
 	return i.mod.Close(ctx)
 }
 
 func (i *Instance) close(reason error) {
 	i.err = reason
-	i.snapFrames, i.snapPieces, i.snapSpare = nil, 0, nil
+	i.snapFrames, i.snapPieces, i.snapSpare, i.snapSort = nil, 0, nil, sortScratch{}
 	_ = i.mod.Close(context.Background())
 }
 

@@ -297,10 +297,7 @@ func (i *Instance) SnapshotFrames(ctx context.Context) (snapshot []byte, frames 
 			written = writtenPieces(mem)
 		}
 		var fresh, stale []pieceHash
-		saved, fresh, stale = i.snapFrames.sort(pieces, func(p uint32) (look, uint64) {
-			if written != nil && p < i.snapPieces && written[p/64]&(1<<(p%64)) == 0 {
-				return unwritten, 0
-			}
+		saved, fresh, stale = i.snapFrames.sort(pieces, written, i.snapPieces, &i.snapSort, func(p uint32) (look, uint64) {
 			h := hashPage(mem[p*pieceSize : (p+1)*pieceSize])
 			if h == base.hash(p) {
 				return initial, 0
@@ -460,6 +457,39 @@ type pieceHash struct {
 // each frame's first piece.
 type cachedFrames []cachedFrame
 
+// sortScratch is the memory cachedFrames.sort works in, kept by an
+// instance from one snapshot to the next; the zero value is ready.
+type sortScratch struct {
+	slot []uint64
+	brk  []bool
+}
+
+// slots returns n zeroed slots.
+func (s *sortScratch) slots(n uint32) []uint64 {
+	if s == nil {
+		return make([]uint64, n)
+	}
+	if uint32(cap(s.slot)) < n {
+		s.slot = make([]uint64, n)
+	}
+	s.slot = s.slot[:n]
+	clear(s.slot)
+	return s.slot
+}
+
+// broken returns n cleared flags.
+func (s *sortScratch) broken(n int) []bool {
+	if s == nil {
+		return make([]bool, n)
+	}
+	if cap(s.brk) < n {
+		s.brk = make([]bool, n)
+	}
+	s.brk = s.brk[:n]
+	clear(s.brk)
+	return s.brk
+}
+
 // look says how a piece stands against the last snapshot.
 type look uint8
 
@@ -471,15 +501,18 @@ const (
 
 // sort sorts the pieces of a memory of pieces pieces for the next
 // snapshot against the last (fs): see reports a piece's standing and,
-// when hashed, the hash of its contents. It returns the frames to keep
-// (none of their pieces changed or went back to the initial image), the
-// pieces that changed (fresh), and the unchanged pieces of the frames not
-// kept (stale), each in increasing order.
-func (fs cachedFrames) sort(pieces uint32, see func(p uint32) (look, uint64)) (keep []cachedFrame, fresh, stale []pieceHash) {
+// when hashed, the hash of its contents. A piece below below whose bit
+// in written is clear is unwritten without asking see (written nil: ask
+// of every piece). It returns the frames to keep (none of their pieces
+// changed or went back to the initial image), the pieces that changed
+// (fresh), and the unchanged pieces of the frames not kept (stale), each
+// in increasing order. scratch is memory to reuse between calls (of one
+// instance's snapshots: a Go guest's memory has thousands of pieces).
+func (fs cachedFrames) sort(pieces uint32, written []uint64, below uint32, scratch *sortScratch, see func(p uint32) (look, uint64)) (keep []cachedFrame, fresh, stale []pieceHash) {
 	// slot[p]: the frame holding piece p, plus one, and its position in
 	// it (frame+1)<<32 | position; 0 for none.
-	slot := make([]uint64, pieces)
-	broken := make([]bool, len(fs))
+	slot := scratch.slots(pieces)
+	broken := scratch.broken(len(fs))
 	for f, fr := range fs {
 		for k, p := range fr.pieces {
 			if p >= pieces {
@@ -489,7 +522,18 @@ func (fs cachedFrames) sort(pieces uint32, see func(p uint32) (look, uint64)) (k
 			slot[p] = uint64(f+1)<<32 | uint64(k)
 		}
 	}
-	for p := range pieces {
+	below = min(below, pieces)
+	if written == nil {
+		below = 0
+	}
+	for p := uint32(0); p < pieces; p++ {
+		if p < below && written[p/64]&(1<<(p%64)) == 0 {
+			if written[p/64]>>(p%64) == 0 && p|63 < below {
+				// Nothing more written in this word: on to the next.
+				p |= 63
+			}
+			continue
+		}
 		f, k := int(slot[p]>>32)-1, uint32(slot[p])
 		st, h := see(p)
 		switch {

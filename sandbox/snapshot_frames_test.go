@@ -6,6 +6,7 @@ import (
 	"crypto/rand"
 	"encoding/binary"
 	"errors"
+	mrand "math/rand/v2"
 	"slices"
 	"testing"
 )
@@ -37,7 +38,7 @@ func TestFramesSort(t *testing.T) {
 		{"a new piece only", map[uint32]uint64{0: 1}, want{keep: []uint32{1, 5, 9}, fresh: []pieceHash{{0, 1}}}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			keep, fresh, stale := last.sort(10, func(p uint32) (look, uint64) {
+			keep, fresh, stale := last.sort(10, nil, 0, nil, func(p uint32) (look, uint64) {
 				switch h, ok := tc.now[p]; {
 				case !ok:
 					return unwritten, 0
@@ -55,6 +56,77 @@ func TestFramesSort(t *testing.T) {
 				t.Errorf("kept %v, fresh %v, stale %v; want %v, %v, %v", firsts, fresh, stale, tc.want.keep, tc.want.fresh, tc.want.stale)
 			}
 		})
+	}
+}
+
+// TestFramesSortSkipsUnwritten: pieces whose bit in the written bitmap
+// is clear (below the bound the bitmap covers) are taken as unwritten
+// without asking see, and the answer is the same as asking see of every
+// piece; scratch reused across calls changes nothing.
+func TestFramesSortSkipsUnwritten(t *testing.T) {
+	var scratch sortScratch
+	r := mrand.New(mrand.NewPCG(1, 2))
+	for round := range 500 {
+		pieces := uint32(1 + r.IntN(400))
+		var last cachedFrames
+		for p := uint32(0); p < pieces; {
+			n := uint32(1 + r.IntN(5))
+			var f cachedFrame
+			for k := uint32(0); k < n && p+k < pieces; k++ {
+				if r.IntN(3) > 0 {
+					f.pieces = append(f.pieces, p+k)
+					f.hashes = append(f.hashes, uint64(p+k)*7+1)
+				}
+			}
+			if len(f.pieces) > 0 {
+				last = append(last, f)
+			}
+			p += n + uint32(r.IntN(70))
+		}
+		written := make([]uint64, (pieces+63)/64)
+		for p := range pieces {
+			if r.IntN(10) == 0 {
+				written[p/64] |= 1 << (p % 64)
+			}
+		}
+		below := uint32(r.IntN(int(pieces) + 1))
+		now := func(p uint32) (look, uint64) {
+			switch r := (p * 2654435761) % 5; {
+			case r == 0:
+				return initial, 0
+			case r == 1:
+				return hashed, uint64(p)*7 + 1 // as in the last snapshot
+			default:
+				return hashed, uint64(p)*7 + uint64(round) + 2
+			}
+		}
+		asked := 0
+		keep, fresh, stale := last.sort(pieces, written, below, &scratch, func(p uint32) (look, uint64) {
+			asked++
+			if p < below && written[p/64]&(1<<(p%64)) == 0 {
+				t.Fatalf("round %d: asked of piece %d, unwritten below %d", round, p, below)
+			}
+			return now(p)
+		})
+		wkeep, wfresh, wstale := last.sort(pieces, nil, 0, nil, func(p uint32) (look, uint64) {
+			if p < below && written[p/64]&(1<<(p%64)) == 0 {
+				return unwritten, 0
+			}
+			return now(p)
+		})
+		firsts := func(fs []cachedFrame) (out []uint32) {
+			for _, f := range fs {
+				out = append(out, f.pieces[0])
+			}
+			return out
+		}
+		if !slices.Equal(firsts(keep), firsts(wkeep)) || !slices.Equal(fresh, wfresh) || !slices.Equal(stale, wstale) {
+			t.Fatalf("round %d (%d pieces, below %d): kept %v, fresh %v, stale %v; want %v, %v, %v", round, pieces, below,
+				firsts(keep), fresh, stale, firsts(wkeep), wfresh, wstale)
+		}
+		if want := int(pieces - below); asked < want {
+			t.Fatalf("round %d: asked of %d pieces, fewer than the %d at or past the bound", round, asked, want)
+		}
 	}
 }
 
