@@ -181,6 +181,7 @@ func (d *Keeper) putState(ctx context.Context, c *Claim, name string, b []byte, 
 	}
 	err := d.putLocked(ctx, c, "p/"+name, b)
 	c.wrotePlugin(name, err)
+	giveRecordBuf(b, err) // only its length is used after this
 	if base == nil {
 		return len(b), err
 	}
@@ -235,7 +236,7 @@ func (d *Keeper) putState(ctx context.Context, c *Claim, name string, b []byte, 
 func (c *Claim) encodePlugin(name string, pr pluginRecord, st *plugins.State, whole bool) (field []byte, base [][]byte, split bool, err error) {
 	head, fs := frames(st)
 	if fs == nil {
-		b, err := marshalRecord(pr)
+		b, err := marshalRecord(takeRecordBuf(), pr)
 		if sb := c.bases[name]; sb != nil && sb.size > 0 {
 			// A state no longer split: its base is emptied after it.
 			return b, [][]byte{}, false, err
@@ -258,11 +259,11 @@ func (c *Claim) encodePlugin(name string, pr pluginRecord, st *plugins.State, wh
 		// base, and most of the base is still the state's (what is not
 		// is kept for nothing).
 		if own <= max(compactMin, sb.size/2) && 2*shared >= sb.size {
-			b, err := marshalSplit(pr, s)
+			b, err := marshalSplit(takeRecordBuf(), pr, s)
 			return b, nil, true, err
 		}
 	}
-	b, err := marshalRecord(pr)
+	b, err := marshalRecord(takeRecordBuf(), pr)
 	return b, fs, false, err
 }
 

@@ -183,7 +183,7 @@ func (w *notesWorld) wholeBytes() int {
 	if err != nil {
 		w.t.Fatal(err)
 	}
-	b, err := marshalRecord(pluginRecord{Host: st.Host, SHA256: st.SHA256, Data: st.Data})
+	b, err := marshalRecord(nil, pluginRecord{Host: st.Host, SHA256: st.SHA256, Data: st.Data})
 	if err != nil {
 		w.t.Fatal(err)
 	}

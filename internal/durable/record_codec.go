@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"sync"
 
 	"github.com/wasmtools/wasmtools/internal/statestore"
 )
@@ -41,15 +42,16 @@ const (
 	maxBaseFrames = 1 << 20
 )
 
-// marshalRecord encodes pr as a "p/NAME" field.
-func marshalRecord(pr pluginRecord) ([]byte, error) {
+// marshalRecord encodes pr as a "p/NAME" field, in dst's memory when it
+// has room (dst is given back by recordBufs).
+func marshalRecord(dst []byte, pr pluginRecord) ([]byte, error) {
 	data := pr.Data
 	pr.Data = nil
 	head, err := json.Marshal(pr)
 	if err != nil {
 		return nil, err
 	}
-	b := make([]byte, 0, len(recordMagic)+1+binary.MaxVarintLen64+len(head)+len(data))
+	b := room(dst, len(recordMagic)+1+binary.MaxVarintLen64+len(head)+len(data))
 	b = append(b, recordMagic...)
 	b = append(b, recordVersion)
 	b = binary.AppendUvarint(b, uint64(len(head)))
@@ -145,8 +147,9 @@ func (s *splitState) refersToBase() bool {
 	return false
 }
 
-// marshalSplit encodes pr (its Data nil) with its state split as s.
-func marshalSplit(pr pluginRecord, s *splitState) ([]byte, error) {
+// marshalSplit encodes pr (its Data nil) with its state split as s, in
+// dst's memory when it has room.
+func marshalSplit(dst []byte, pr pluginRecord, s *splitState) ([]byte, error) {
 	pr.Data = nil
 	head, err := json.Marshal(pr)
 	if err != nil {
@@ -156,7 +159,7 @@ func marshalSplit(pr pluginRecord, s *splitState) ([]byte, error) {
 	for _, f := range s.frames {
 		size += binary.MaxVarintLen64 + len(f.data)
 	}
-	b := make([]byte, 0, size)
+	b := room(dst, size)
 	b = append(b, recordMagic...)
 	b = append(b, splitVersion)
 	b = appendBytes(b, head)
@@ -172,6 +175,40 @@ func marshalSplit(pr pluginRecord, s *splitState) ([]byte, error) {
 		b = append(b, f.data...)
 	}
 	return b, nil
+}
+
+// recordBufs holds the memory of "p/NAME" fields written and answered,
+// for the next checkpoints to encode theirs in: a Go guest's field is
+// tens of KiB a call, which was a quarter of a checkpoint's garbage. A
+// pool rather than a buffer per claim: an idle session keeps nothing.
+var recordBufs sync.Pool
+
+// room returns dst emptied when it can hold size bytes, else new memory
+// with room for a state that grows a little.
+func room(dst []byte, size int) []byte {
+	if cap(dst) >= size {
+		return dst[:0]
+	}
+	return make([]byte, 0, size+size/8)
+}
+
+// takeRecordBuf returns memory from recordBufs, nil when it has none.
+func takeRecordBuf() []byte {
+	if b, ok := recordBufs.Get().(*[]byte); ok {
+		return *b
+	}
+	return nil
+}
+
+// giveRecordBuf gives b back to recordBufs once its write got an answer
+// (err): a write with none may still be reading it, as a Redis call
+// whose caller gave up runs on (statestore.Redis).
+func giveRecordBuf(b []byte, err error) {
+	if b == nil || unanswered(err) {
+		return
+	}
+	b = b[:0]
+	recordBufs.Put(&b)
 }
 
 // appendBytes appends v's length (uvarint) and v.
