@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 
@@ -315,5 +316,54 @@ func TestSplitStateLostWrites(t *testing.T) {
 			}
 			w.checkTakeover("b")
 		})
+	}
+}
+
+// A state whose own frames (those not in the base) pass an eighth of a
+// large base is written whole, with a new base after it; at an eighth or
+// less it is written split. (At half the base, a long session's
+// checkpoints wrote twice the bytes: compactShare.)
+func TestSplitStateRebasesPastAnEighth(t *testing.T) {
+	frame := func(seed, n int) []byte {
+		b := make([]byte, n)
+		for k := range b {
+			b[k] = byte(seed*131 + k*7 + k>>8)
+		}
+		return b
+	}
+	const nFrames, size = 40, 8 << 10 // a base of 320 KiB: an eighth is over compactMin
+	base := make([][]byte, nFrames)
+	for k := range base {
+		base[k] = frame(k, size)
+	}
+	c := &Claim{bases: map[string]*storedBase{"p": newStoredBase(marshalBase(base), base)}}
+	for _, tc := range []struct {
+		changed   int
+		wantSplit bool
+	}{
+		{0, true},
+		{nFrames / compactShare, true},    // an eighth exactly
+		{nFrames/compactShare + 1, false}, // past it
+		{nFrames / 2, false},              // what half the base allowed
+	} {
+		head := []byte("head")
+		data := slices.Clone(head)
+		var lens []int
+		for k := range nFrames {
+			f := base[k]
+			if k < tc.changed {
+				f = frame(1000+k, size)
+			}
+			data = append(data, f...)
+			lens = append(lens, len(f))
+		}
+		st := &plugins.State{Host: true, Data: data, Frames: lens}
+		_, newBase, split, err := c.encodePlugin("p", pluginRecord{Host: true}, st, false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if split != tc.wantSplit || (newBase != nil) == tc.wantSplit {
+			t.Errorf("%d of %d frames changed: split %v, a new base %v; want split %v", tc.changed, nFrames, split, newBase != nil, tc.wantSplit)
+		}
 	}
 }
