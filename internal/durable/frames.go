@@ -34,16 +34,21 @@ const (
 	splitMin = 16 << 10
 	// compactMin is the most a state's own frames (those not in the
 	// base) may take before the state is written whole and the base
-	// rewritten, unless an eighth of the base (compactShare) is more.
+	// rewritten, unless half the base is more.
 	compactMin = 32 << 10
-	// compactShare: a state's own frames may take this share of the
-	// base before the base is rewritten. A Go guest's state grows as its
-	// heap spreads, and its own frames with it: at a half, the Go
-	// servlet's checkpoint wrote 53 KB on average over 3,000 calls (98
-	// KB by the end) and 91 KB over 6,000; at an eighth, 32 KB and 43
-	// KB, and took 10% less time over 3,000 (three rounds of each in
-	// turn). At a sixteenth the state's whole writes (300 KB, and the
-	// base after it) cost more than they save.
+	// compactShare: past this share of the base (and compactMin), a
+	// state's own frames have the base rewritten too, once the split
+	// writes against it have carried as many bytes as a rewrite costs
+	// (the state whole, and the base: twice the base). A Go guest's
+	// state grows as its heap spreads, and its own frames with it: at
+	// half the base only, the Go servlet's checkpoint wrote 53 KB on
+	// average over 3,000 calls (98 KB by the end) and 91 KB over 6,000;
+	// at an eighth, 32 KB and 43 KB, and took 10% less time over 3,000
+	// (three rounds of each in turn; at a sixteenth the whole writes,
+	// 300 KB and the base after them, cost more than they saved). The
+	// carried bytes keep a state that changes more than an eighth of
+	// itself a call from being written whole at every call: it is
+	// rewritten at most once per twice its base's bytes written split.
 	compactShare = 8
 )
 
@@ -55,6 +60,9 @@ type storedBase struct {
 	at   map[frameKey]int
 	sum  []byte // the stored base's baseSum
 	size int    // its frames' bytes
+	// carried is the bytes of own frames the claim's split states
+	// have carried beside this base since it knew it (compactShare).
+	carried int
 }
 
 // newStoredBase is what a base field holds, its frames fs.
@@ -267,7 +275,10 @@ func (c *Claim) encodePlugin(name string, pr pluginRecord, st *plugins.State, wh
 		// Worth it while the state's own frames are small beside the
 		// base, and most of the base is still the state's (what is not
 		// is kept for nothing).
-		if own <= max(compactMin, sb.size/compactShare) && 2*shared >= sb.size {
+		rebase := own > max(compactMin, sb.size/2) ||
+			own > max(compactMin, sb.size/compactShare) && sb.carried >= 2*sb.size
+		if !rebase && 2*shared >= sb.size {
+			sb.carried += own
 			b, err := marshalSplit(takeRecordBuf(), pr, s)
 			return b, nil, true, err
 		}

@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"slices"
 	"strings"
 	"testing"
 
@@ -320,9 +319,12 @@ func TestSplitStateLostWrites(t *testing.T) {
 }
 
 // A state whose own frames (those not in the base) pass an eighth of a
-// large base is written whole, with a new base after it; at an eighth or
-// less it is written split. (At half the base, a long session's
-// checkpoints wrote twice the bytes: compactShare.)
+// large base is written whole, with a new base after it, once the split
+// states written against the base have carried twice its bytes; before
+// that, only past half of it (a state that changes much of itself every
+// call is not written whole at every call). At an eighth or less it is
+// written split. (At half the base only, a long session's checkpoints
+// wrote twice the bytes: compactShare.)
 func TestSplitStateRebasesPastAnEighth(t *testing.T) {
 	frame := func(seed, n int) []byte {
 		b := make([]byte, n)
@@ -336,18 +338,22 @@ func TestSplitStateRebasesPastAnEighth(t *testing.T) {
 	for k := range base {
 		base[k] = frame(k, size)
 	}
-	c := &Claim{bases: map[string]*storedBase{"p": newStoredBase(marshalBase(base), base)}}
+	baseBytes := nFrames * size
 	for _, tc := range []struct {
 		changed   int
+		carried   int // bytes carried beside the base before the call
 		wantSplit bool
 	}{
-		{0, true},
-		{nFrames / compactShare, true},    // an eighth exactly
-		{nFrames/compactShare + 1, false}, // past it
-		{nFrames / 2, false},              // what half the base allowed
+		{0, 0, true},
+		{nFrames / compactShare, 2 * baseBytes, true},     // an eighth exactly
+		{nFrames/compactShare + 1, 2 * baseBytes, false},  // past it, a rewrite paid for
+		{nFrames/compactShare + 1, 2*baseBytes - 1, true}, // past it, not yet paid for
+		{nFrames/2 - 1, 0, true},                          // under half: as before
+		{nFrames/2 + 1, 0, false},                         // past half: always
 	} {
-		head := []byte("head")
-		data := slices.Clone(head)
+		c := &Claim{bases: map[string]*storedBase{"p": newStoredBase(marshalBase(base), base)}}
+		c.bases["p"].carried = tc.carried
+		data := []byte("head")
 		var lens []int
 		for k := range nFrames {
 			f := base[k]
@@ -363,7 +369,11 @@ func TestSplitStateRebasesPastAnEighth(t *testing.T) {
 			t.Fatal(err)
 		}
 		if split != tc.wantSplit || (newBase != nil) == tc.wantSplit {
-			t.Errorf("%d of %d frames changed: split %v, a new base %v; want split %v", tc.changed, nFrames, split, newBase != nil, tc.wantSplit)
+			t.Errorf("%d of %d frames changed, %d bytes carried: split %v, a new base %v; want split %v",
+				tc.changed, nFrames, tc.carried, split, newBase != nil, tc.wantSplit)
+		}
+		if want := tc.carried + tc.changed*size; split && c.bases["p"].carried != want {
+			t.Errorf("%d frames changed: %d bytes carried after a split write, want %d", tc.changed, c.bases["p"].carried, want)
 		}
 	}
 }

@@ -200,16 +200,26 @@ func takeRecordBuf() []byte {
 	return nil
 }
 
-// giveRecordBuf gives b back to recordBufs once its write got an answer
-// (err): a write with none may still be reading it, as a Redis call
-// whose caller gave up runs on (statestore.Redis).
+// maxPooled is the largest memory the pools keep: a state written whole
+// may be up to statestore.MaxValue, which is not to circulate through
+// small records.
+const maxPooled = 1 << 20
+
+// giveRecordBuf gives b back to recordBufs unless its write (which ended
+// in err) may still be reading it (reusable).
 func giveRecordBuf(b []byte, err error) {
-	if b == nil || unanswered(err) {
+	if b == nil || cap(b) > maxPooled || !reusable(err) {
 		return
 	}
 	b = b[:0]
 	recordBufs.Put(&b)
 }
+
+// reusable reports whether the memory of a write that ended in err is
+// free again: the write got an answer, or was never sent. One that may
+// have landed may also still be sending it, as a Redis call whose caller
+// gave up runs on (statestore.Redis).
+func reusable(err error) bool { return !mayHaveLanded(err) }
 
 // appendBytes appends v's length (uvarint) and v.
 func appendBytes(b, v []byte) []byte {

@@ -244,9 +244,15 @@ func takeSealBuf() []byte {
 }
 
 func giveSealBuf(b []byte) {
+	if cap(b) > maxPooled {
+		return // a whole state of megabytes is not to circulate
+	}
 	b = b[:0]
 	sealBufs.Put(&b)
 }
+
+// maxPooled is the largest memory sealBufs keeps.
+const maxPooled = 1 << 20
 
 // open opens v, sealed in format 2 with ad, or, when v1 is set, in
 // format 1 with (id, field).
