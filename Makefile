@@ -35,7 +35,7 @@ clean:
 #
 # bench: issue 7's benchmarks (package bench), wasmtools against raw wazero,
 # the Extism Go SDK, native Go tools and a process per session; rewrites
-# docs/BENCHMARKS.md and docs/benchmarks.png. 6 to 11 minutes on 2 cores.
+# docs/BENCHMARKS.md and docs/benchmarks.png. 15 to 20 minutes on 2 cores.
 bench: plugins testplugins
 	GO=$(GO) bench/run.sh
 

@@ -351,7 +351,8 @@ func Markdown(r *Results, env Env, chart string) string {
 	p("The machines are shared and noisy, so absolute times drift between runs: read the ratios, which are taken within one run. ")
 	p("A ratio `÷ X` is the contender's figure divided by X's (for times and memory, lower is better); `throughput vs X` and calls/s ratios are higher-is-better.\n\n")
 	p("- Machine: %s\n- Go: %s\n- Date: %s\n\n", env.Machine, env.GoVersion, env.Date)
-	p("Reproduce with `make bench` (6 to 11 minutes on 2 cores): it builds the plugins, runs the benchmarks of package `bench` and regenerates this file and [benchmarks.png](benchmarks.png) with `bench/cmd/benchreport`. The commands it ran:\n\n```sh\n")
+	p("Reproduce with `make bench` (15 to 20 minutes on 2 cores): it builds the plugins, runs the benchmarks of package `bench` and regenerates this file and [benchmarks.png](benchmarks.png) with `bench/cmd/benchreport`. ")
+	p("The timed benchmarks run in rounds (`bench/run.sh`): every round runs each of them once, so that a contender and its baseline are measured close in time in every round, and a slow minute on the machine falls on both rather than on one of them. The commands it ran:\n\n```sh\n")
 	for _, c := range r.Commands {
 		p("%s\n", c)
 	}
