@@ -129,6 +129,28 @@ func TestMedian(t *testing.T) {
 	}
 }
 
+// TestPaired: a ratio between contenders measured in the same rounds is
+// the median of each round's, not the ratio of the medians; with unequal
+// counts, which cannot be paired, it is the latter.
+func TestPaired(t *testing.T) {
+	r := &Results{Samples: map[string]map[string][]float64{
+		"a": {"ns/op": {10, 20, 30}},
+		"b": {"ns/op": {5, 40, 15}},
+		"c": {"ns/op": {15, 25}},
+	}}
+	div := func(v, b float64) float64 { return v / b }
+	// Rounds' ratios 2, 0.5, 2: median 2 (the medians' ratio is 20/15).
+	if got, ok := r.Paired("a", "b", "ns/op", div); !ok || got != 2 {
+		t.Errorf("paired a÷b = %v, %v; want 2", got, ok)
+	}
+	if got, ok := r.Paired("a", "c", "ns/op", div); !ok || got != 1 {
+		t.Errorf("unpaired a÷c = %v, %v; want 20/20 = 1", got, ok)
+	}
+	if _, ok := r.Paired("a", "none", "ns/op", div); ok {
+		t.Error("a ratio against a benchmark with no samples")
+	}
+}
+
 func TestMarkdown(t *testing.T) {
 	md := Markdown(parseSample(t), Env{Machine: "test machine", GoVersion: "go1.x", Date: "2026-01-02"}, "benchmarks.png")
 	for _, want := range []string{

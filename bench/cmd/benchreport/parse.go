@@ -113,6 +113,31 @@ func (r *Results) Spread(name, unit string) (float64, bool) {
 	return (slices.Max(s) - slices.Min(s)) / 2 / math.Abs(m), true
 }
 
+// Paired returns the median of f over the pairs of name's and base's
+// samples of unit taken in the same round (the i-th of each), and whether
+// there are any: both have as many samples, which make bench/run.sh's
+// rounds pair them. A ratio or a difference between two contenders is
+// taken within each round, where both met the same machine, and the median
+// taken of those: the ratio of two medians from different rounds mixes the
+// machine's drift between them into the figure. With unequal counts the
+// samples cannot be paired, and f is applied to the two medians.
+func (r *Results) Paired(name, base, unit string, f func(v, b float64) float64) (float64, bool) {
+	vs, bs := r.Samples[name][unit], r.Samples[base][unit]
+	if len(vs) == 0 || len(bs) == 0 {
+		return 0, false
+	}
+	if len(vs) != len(bs) {
+		v, _ := median(vs)
+		b, _ := median(bs)
+		return f(v, b), true
+	}
+	xs := make([]float64, len(vs))
+	for i := range vs {
+		xs[i] = f(vs[i], bs[i])
+	}
+	return median(xs)
+}
+
 // Runs returns how many samples of unit a benchmark has.
 func (r *Results) Runs(name, unit string) int { return len(r.Samples[name][unit]) }
 
@@ -126,4 +151,11 @@ func median(s []float64) (float64, bool) {
 		return s[len(s)/2], true
 	}
 	return (s[len(s)/2-1] + s[len(s)/2]) / 2, true
+}
+
+// nonzero reports whether a benchmark has samples of unit, none of them 0
+// (a ratio's divisor).
+func (r *Results) nonzero(name, unit string) bool {
+	s := r.Samples[name][unit]
+	return len(s) > 0 && !slices.Contains(s, 0)
 }

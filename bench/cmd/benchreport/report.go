@@ -322,16 +322,17 @@ func (s Section) rows(r *Results) (cases []string, rows map[string][]row) {
 }
 
 // ratio compares a contender with a baseline in the section's terms.
+// The ratio is the median of each round's (Results.Paired).
 func (s Section) ratio(r *Results, name, base string) (float64, bool) {
-	v, ok1 := r.Median(name, s.Unit)
-	b, ok2 := r.Median(base, s.Unit)
-	if !ok1 || !ok2 || v == 0 || b == 0 {
+	if !r.nonzero(name, s.Unit) || !r.nonzero(base, s.Unit) {
 		return 0, false
 	}
-	if s.Throughput {
-		return b / v, true
-	}
-	return v / b, true
+	return r.Paired(name, base, s.Unit, func(v, b float64) float64 {
+		if s.Throughput {
+			return b / v
+		}
+		return v / b
+	})
 }
 
 func (s Section) ratioHeader(base string) string {
@@ -348,7 +349,7 @@ func Markdown(r *Results, env Env, chart string) string {
 	p("# Benchmarks\n\n")
 	p("wasmtools beside the alternatives its users have, measured on the same machine in the same run (issue 7). ")
 	p("Each figure is the median of the runs shown; ± is half their range, relative to the median. ")
-	p("The machines are shared and noisy, so absolute times drift between runs: read the ratios, which are taken within one run. ")
+	p("The machines are shared and noisy, so absolute times drift between runs: read the ratios, which are taken within one run, and, where both contenders ran in the same rounds, within each round: a ratio or a difference between two contenders is the median of those of each round, so it need not equal the ratio of the two medians shown. ")
 	p("A ratio `÷ X` is the contender's figure divided by X's (for times and memory, lower is better); `throughput vs X` and calls/s ratios are higher-is-better.\n\n")
 	p("- Machine: %s\n- Go: %s\n- Date: %s\n\n", env.Machine, env.GoVersion, env.Date)
 	p("Reproduce with `make bench` (15 to 20 minutes on 2 cores): it builds the plugins, runs the benchmarks of package `bench` and regenerates this file and [benchmarks.png](benchmarks.png) with `bench/cmd/benchreport`. ")
@@ -484,17 +485,22 @@ func Markdown(r *Results, env Env, chart string) string {
 // deltaFigures are a Delta's figures in one case.
 type deltaFigures struct {
 	v, against  float64 // the medians
-	ratio, diff float64 // v ÷ against, v − against
+	ratio, diff float64 // v ÷ against, v − against, in each round (their medians)
 }
 
 // delta computes d in case c, if both contenders ran.
 func (s Section) delta(r *Results, d Delta, c string) (deltaFigures, bool) {
-	v, ok1 := r.Median(s.Bench+"/"+joinCase(c, d.Contender), s.Unit)
-	a, ok2 := r.Median(s.Bench+"/"+joinCase(c, d.Against), s.Unit)
-	if !ok1 || !ok2 || a == 0 {
+	name, base := s.Bench+"/"+joinCase(c, d.Contender), s.Bench+"/"+joinCase(c, d.Against)
+	v, ok1 := r.Median(name, s.Unit)
+	a, ok2 := r.Median(base, s.Unit)
+	if !ok1 || !ok2 || !r.nonzero(base, s.Unit) {
 		return deltaFigures{}, false
 	}
-	return deltaFigures{v: v, against: a, ratio: v / a, diff: v - a}, true
+	// The ratio and the difference are each round's, their median
+	// (Results.Paired); v and against are the medians shown beside them.
+	ratio, _ := r.Paired(name, base, s.Unit, func(v, b float64) float64 { return v / b })
+	diff, _ := r.Paired(name, base, s.Unit, func(v, b float64) float64 { return v - b })
+	return deltaFigures{v: v, against: a, ratio: ratio, diff: diff}, true
 }
 
 // deltaTable renders d's table, for the cases where both contenders ran.
