@@ -7,8 +7,8 @@
 #
 # The timed benchmarks run in rounds: each test binary is built once, and
 # every round runs each of them once (-count 1), ROUNDS times in turn, so
-# that a contender and its baseline are measured minutes apart in every
-# round rather than in two windows of their own. go test's -count N runs
+# that in every round a contender and its baseline are measured seconds
+# apart, one after the other, rather than each in a window of its own. go test's -count N runs
 # a benchmark's N runs back to back, so a slow minute on a shared machine
 # lands on one contender and moves a ratio by as much as the goal it is
 # checked against; across rounds it lands on both.
