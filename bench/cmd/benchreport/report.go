@@ -244,8 +244,8 @@ var sections = []Section{
 			"`adopt` is the first call at replica B of a session whose two earlier calls ran at replica A, the two sharing the Redis store, after A is gone (its listener closed, the host closed without a drain, as a replica killed) and the client's transport points at B: B reads the session's record, replays its initialize, claims it, restores the instance from its saved state, runs the call (whose count must go on from A's) and writes its checkpoint. " +
 			"`first-call-no-store` is the first call of a new session on the host without a store, which makes the session's instance: what the client of a replica that died would pay with no store, its state lost. " +
 			"`adopt` and `first-call-no-store` open a new session for each call, untimed and without the standalone SSE stream (a reconnecting stream would take the session over before the call). " +
-			"B/checkpoint is the mean size of what a checkpoint writes, before sealing (a binary record: a short JSON head, then section 11's snapshot raw, or, for a snapshot of 16 KiB or more, the frames the call changed and a reference to each of the others, in a base written beside it now and then: docs/DESIGN.md, \"Checkpoints write what changed\"; the base's writes included); store write is the mean time of its write (sealing and the store's put, not the snapshot nor the claim), from the host's metrics.",
-		Unit: "ns/op", Baselines: []string{"no-store", "first-call-no-store"}, Extra: []string{"B/checkpoint", "write-us"},
+			"B/checkpoint is the mean size of what a checkpoint writes, before sealing (a binary record: a short JSON head, then section 11's snapshot raw, or, for a snapshot of 16 KiB or more, the frames the call changed and a reference to each of the others, in a base written beside it now and then: docs/DESIGN.md, \"Checkpoints write what changed\"; the base's writes included); store write is the mean time of its write (sealing and the store's put, not the snapshot nor the claim), from the host's metrics; Redis CPU is the CPU time redis-server used per call (its `INFO cpu`, user and system, before and after the calls): the store's own work, which on a machine of two cores is taken from the host and its client, apart from the time the host waited for it.",
+		Unit: "ns/op", Baselines: []string{"no-store", "first-call-no-store"}, Extra: []string{"B/checkpoint", "write-us", "redis-cpu-us"},
 		Deltas: []Delta{{
 			Contender: "redis", Against: "no-store",
 			Label: "Checkpoint per call, Redis (issue 16)",
@@ -576,6 +576,8 @@ func unitHeader(unit string) string {
 		return "RSS per instance"
 	case "write-us":
 		return "store write"
+	case "redis-cpu-us":
+		return "Redis CPU"
 	case "cpu-ns/op":
 		return "CPU time per call"
 	case "ns/op":
@@ -645,7 +647,7 @@ func formatValue(v float64, unit string) string {
 	switch unit {
 	case "ns/op", "cpu-ns/op":
 		return formatDuration(v)
-	case "p50-us", "p99-us", "write-us":
+	case "p50-us", "p99-us", "write-us", "redis-cpu-us":
 		return formatDuration(v * 1e3)
 	case "KiB/session", "server-KiB/session", "RSS-KiB/session", "RSS-KiB/instance":
 		if v >= 1024 {
