@@ -348,3 +348,42 @@ BenchmarkComputeCall/wasmtools-2 10 1000 ns/op 14000000 cpu-ns/op
 		t.Logf("report:\n%s", md)
 	}
 }
+
+// TestRatioBesideGoal: a ratio next to its goal is never shown as the
+// goal itself when it misses it (or meets it by less than two decimals).
+func TestRatioBesideGoal(t *testing.T) {
+	for _, tc := range []struct {
+		x, goal float64
+		want    string
+	}{
+		{1.1523, 1.15, "1.152×"},
+		{1.148, 1.15, "1.148×"},
+		{1.15, 1.15, "1.15×"},
+		{1.2, 1.15, "1.20×"},
+		{0.7996, 0.8, "0.7996×"},
+		{0.83, 0.9, "0.83×"},
+	} {
+		if got := formatRatioAt(tc.x, tc.goal); got != tc.want {
+			t.Errorf("formatRatioAt(%v, %v) = %q, want %q", tc.x, tc.goal, got, tc.want)
+		}
+	}
+	// In a report: a 2026-07-28 call 1.153 times its native baseline.
+	r, err := Parse(strings.NewReader(`BenchmarkWarmCall/http/go/native-2026-handle-2 10 1000000 ns/op
+BenchmarkWarmCall/http/go/wasmtools-handle-2 10 1153000 ns/op
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	md := Markdown(r, Env{}, "")
+	for _, want := range []string{
+		"| HTTP, Go plugin | 1.15 ms | 1.00 ms | 1.153× | +153 µs | not met |\n",
+		"1.153× ÷ native-2026-handle, +153 µs (goal ≤ 1.15×: not met)",
+	} {
+		if !strings.Contains(md, want) {
+			t.Errorf("report lacks %q", want)
+		}
+	}
+	if t.Failed() {
+		t.Logf("report:\n%s", md)
+	}
+}

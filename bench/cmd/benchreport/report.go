@@ -93,6 +93,16 @@ func (d Delta) goalText(unit string) string {
 	return strings.Join(g, ", ")
 }
 
+// formatRatio renders a ratio of d's in case c, finer where its goal
+// applies and two decimals would show it equal to the goal it misses or
+// meets by less (formatRatioAt).
+func (d Delta) formatRatio(x float64, c string) string {
+	if d.MaxRatio > 0 && d.goalIn(c) {
+		return formatRatioAt(x, d.MaxRatio)
+	}
+	return formatRatio(x)
+}
+
 // met says whether x meets d's goals.
 func (d Delta) met(x deltaFigures) bool {
 	return (d.Max == 0 || x.diff <= d.Max) && (d.MaxRatio == 0 || x.ratio <= d.MaxRatio)
@@ -386,7 +396,7 @@ func Markdown(r *Results, env Env, chart string) string {
 				if x, ok := s.ratio(r, head, s.Bench+"/"+joinCase(c, b)); ok {
 					txt := fmt.Sprintf("%s %s", formatRatio(x), s.ratioHeader(b))
 					if g := s.goalFor(c); g > 0 && b == s.Baselines[0] {
-						txt += goalNote(x, g)
+						txt = fmt.Sprintf("%s %s", formatRatioAt(x, g), s.ratioHeader(b)) + goalNote(x, g)
 					}
 					cmp = append(cmp, txt)
 				}
@@ -408,7 +418,7 @@ func Markdown(r *Results, env Env, chart string) string {
 				if !ok {
 					continue
 				}
-				txt := fmt.Sprintf("%s ÷ %s, %s", formatRatio(x.ratio), d.Against, formatDiff(x.diff, s.Unit))
+				txt := fmt.Sprintf("%s ÷ %s, %s", d.formatRatio(x.ratio, c), d.Against, formatDiff(x.diff, s.Unit))
 				if d.goalIn(c) {
 					txt += fmt.Sprintf(" (goal %s: %s)", d.goalText(s.Unit), metOrNot(d.met(x)))
 				}
@@ -511,7 +521,7 @@ func (s Section) deltaTable(p func(string, ...any), r *Results, d Delta, cases [
 		if !ok {
 			continue
 		}
-		cells := []string{caseLabel(c), formatValue(x.v, s.Unit), formatValue(x.against, s.Unit), formatRatio(x.ratio), formatDiff(x.diff, s.Unit)}
+		cells := []string{caseLabel(c), formatValue(x.v, s.Unit), formatValue(x.against, s.Unit), d.formatRatio(x.ratio, c), formatDiff(x.diff, s.Unit)}
 		switch {
 		case d.goalIn(c):
 			cells = append(cells, metOrNot(d.met(x)))
@@ -626,6 +636,21 @@ func formatSpread(r *Results, name, unit string) string {
 		return ""
 	}
 	return fmt.Sprintf("±%.0f%%", 100*s)
+}
+
+// formatRatioAt is formatRatio of x beside a goal: with a third decimal
+// when two would show x as the goal itself, so that "1.15×, not met"
+// never stands for 1.153.
+func formatRatioAt(x, goal float64) string {
+	if x == goal || formatRatio(x) != formatRatio(goal) {
+		return formatRatio(x)
+	}
+	for prec := 3; prec < 6; prec++ {
+		if f := fmt.Sprintf("%.*f×", prec, x); f != fmt.Sprintf("%.*f×", prec, goal) {
+			return f
+		}
+	}
+	return fmt.Sprintf("%.6f×", x)
 }
 
 func formatRatio(x float64) string {
