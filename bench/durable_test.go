@@ -282,6 +282,8 @@ func reportCheckpoints(b *testing.B, h *host.Host) {
 // (INFO cpu: used_cpu_user and used_cpu_sys, in seconds to the
 // microsecond), so that a benchmark can say what the store's own work
 // was, apart from the time its client waited for it on a shared machine.
+// It counts all of Redis's work meanwhile: the other clients are the
+// replicas' heartbeats, one every 2 s each, a few µs a second.
 func redisCPU(b *testing.B, addr string) time.Duration {
 	b.Helper()
 	c, err := net.DialTimeout("tcp", addr, 5*time.Second)

@@ -8,10 +8,11 @@
 # The timed benchmarks run in rounds: each test binary is built once, and
 # every round runs each of them once (-count 1), ROUNDS times in turn, so
 # that in every round a contender and its baseline are measured seconds
-# apart, one after the other, rather than each in a window of its own. go test's -count N runs
-# a benchmark's N runs back to back, so a slow minute on a shared machine
-# lands on one contender and moves a ratio by as much as the goal it is
-# checked against; across rounds it lands on both.
+# apart, one after the other, rather than each in a window of its own.
+# go test's -count N runs a benchmark's N runs back to back, so a slow
+# minute on a shared machine lands on one contender and moves a ratio by
+# as much as the goal it is checked against; across rounds it lands on
+# both.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 GO=${GO:-go}
