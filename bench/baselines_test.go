@@ -27,8 +27,8 @@ import (
 // deadline and no logging.
 
 // rawKernel is the least Extism kernel that runs the benchmark plugins.
-// One serves every instance of a rawRuntime, so they must be called one at
-// a time.
+// A rawRuntime's own serves every instance called with call, so those
+// calls take turns; callOn runs a call on a kernel of its own.
 type rawKernel struct {
 	mem        []byte
 	input      []byte
@@ -86,15 +86,14 @@ func newRawRuntimeWith(ctx context.Context, t testing.TB, wasm []byte, cfg wazer
 	r := &rawRuntime{rt: rt, k: &rawKernel{mem: make([]byte, 8, 1024)}}
 	t.Cleanup(func() { r.rt.Close(ctx) })
 	wasi_snapshot_preview1.MustInstantiate(ctx, r.rt)
-	k := r.k
 	i64, i32 := api.ValueTypeI64, api.ValueTypeI32
 	bld := r.rt.NewHostModuleBuilder("extism:host/env")
-	fn := func(name string, params, results []api.ValueType, f func(s []uint64)) {
-		bld.NewFunctionBuilder().WithGoFunction(api.GoFunc(func(_ context.Context, s []uint64) { f(s) }), params, results).Export(name)
+	fn := func(name string, params, results []api.ValueType, f func(k *rawKernel, s []uint64)) {
+		bld.NewFunctionBuilder().WithGoFunction(api.GoFunc(func(ctx context.Context, s []uint64) { f(r.kernel(ctx), s) }), params, results).Export(name)
 	}
-	fn("alloc", []api.ValueType{i64}, []api.ValueType{i64}, func(s []uint64) { s[0] = k.alloc(s[0]) })
-	fn("free", []api.ValueType{i64}, nil, func(s []uint64) {})
-	fn("length", []api.ValueType{i64}, []api.ValueType{i64}, func(s []uint64) {
+	fn("alloc", []api.ValueType{i64}, []api.ValueType{i64}, func(k *rawKernel, s []uint64) { s[0] = k.alloc(s[0]) })
+	fn("free", []api.ValueType{i64}, nil, func(k *rawKernel, s []uint64) {})
+	fn("length", []api.ValueType{i64}, []api.ValueType{i64}, func(k *rawKernel, s []uint64) {
 		for i, st := range k.blockStart {
 			if st == s[0] {
 				end := uint64(len(k.mem))
@@ -107,18 +106,18 @@ func newRawRuntimeWith(ctx context.Context, t testing.TB, wasm []byte, cfg wazer
 		}
 		s[0] = 0
 	})
-	fn("load_u8", []api.ValueType{i64}, []api.ValueType{i32}, func(s []uint64) { s[0] = uint64(k.mem[s[0]]) })
-	fn("load_u64", []api.ValueType{i64}, []api.ValueType{i64}, func(s []uint64) { s[0] = binary.LittleEndian.Uint64(k.mem[s[0]:]) })
-	fn("store_u8", []api.ValueType{i64, i32}, nil, func(s []uint64) { k.mem[s[0]] = byte(s[1]) })
-	fn("store_u64", []api.ValueType{i64, i64}, nil, func(s []uint64) { binary.LittleEndian.PutUint64(k.mem[s[0]:], s[1]) })
-	fn("input_length", nil, []api.ValueType{i64}, func(s []uint64) { s[0] = uint64(len(k.input)) })
-	fn("input_load_u8", []api.ValueType{i64}, []api.ValueType{i32}, func(s []uint64) { s[0] = uint64(k.input[s[0]]) })
-	fn("input_load_u64", []api.ValueType{i64}, []api.ValueType{i64}, func(s []uint64) { s[0] = binary.LittleEndian.Uint64(k.input[s[0]:]) })
-	fn("output_set", []api.ValueType{i64, i64}, nil, func(s []uint64) { k.outOff, k.outLen = s[0], s[1] })
-	fn("error_set", []api.ValueType{i64}, nil, func(s []uint64) {})
-	fn("config_get", []api.ValueType{i64}, []api.ValueType{i64}, func(s []uint64) { s[0] = 0 })
-	fn("var_get", []api.ValueType{i64}, []api.ValueType{i64}, func(s []uint64) { s[0] = 0 })
-	fn("var_set", []api.ValueType{i64, i64}, nil, func(s []uint64) {})
+	fn("load_u8", []api.ValueType{i64}, []api.ValueType{i32}, func(k *rawKernel, s []uint64) { s[0] = uint64(k.mem[s[0]]) })
+	fn("load_u64", []api.ValueType{i64}, []api.ValueType{i64}, func(k *rawKernel, s []uint64) { s[0] = binary.LittleEndian.Uint64(k.mem[s[0]:]) })
+	fn("store_u8", []api.ValueType{i64, i32}, nil, func(k *rawKernel, s []uint64) { k.mem[s[0]] = byte(s[1]) })
+	fn("store_u64", []api.ValueType{i64, i64}, nil, func(k *rawKernel, s []uint64) { binary.LittleEndian.PutUint64(k.mem[s[0]:], s[1]) })
+	fn("input_length", nil, []api.ValueType{i64}, func(k *rawKernel, s []uint64) { s[0] = uint64(len(k.input)) })
+	fn("input_load_u8", []api.ValueType{i64}, []api.ValueType{i32}, func(k *rawKernel, s []uint64) { s[0] = uint64(k.input[s[0]]) })
+	fn("input_load_u64", []api.ValueType{i64}, []api.ValueType{i64}, func(k *rawKernel, s []uint64) { s[0] = binary.LittleEndian.Uint64(k.input[s[0]:]) })
+	fn("output_set", []api.ValueType{i64, i64}, nil, func(k *rawKernel, s []uint64) { k.outOff, k.outLen = s[0], s[1] })
+	fn("error_set", []api.ValueType{i64}, nil, func(k *rawKernel, s []uint64) {})
+	fn("config_get", []api.ValueType{i64}, []api.ValueType{i64}, func(k *rawKernel, s []uint64) { s[0] = 0 })
+	fn("var_get", []api.ValueType{i64}, []api.ValueType{i64}, func(k *rawKernel, s []uint64) { s[0] = 0 })
+	fn("var_set", []api.ValueType{i64, i64}, nil, func(k *rawKernel, s []uint64) {})
 	if _, err := bld.Instantiate(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -144,9 +143,27 @@ func (r *rawRuntime) instantiate(ctx context.Context) (api.Module, error) {
 	return m, nil
 }
 
+// rawKernelKey is the context key of the rawKernel of a call made with
+// callOn; calls made with call use the runtime's own.
+type rawKernelKey struct{}
+
+// kernel returns the rawKernel of the call whose context is ctx.
+func (r *rawRuntime) kernel(ctx context.Context) *rawKernel {
+	if k, ok := ctx.Value(rawKernelKey{}).(*rawKernel); ok {
+		return k
+	}
+	return r.k
+}
+
 // call runs the export "call" with input and returns a copy of the output.
 func (r *rawRuntime) call(ctx context.Context, m api.Module, input []byte) ([]byte, error) {
-	k := r.k
+	return r.callOn(ctx, r.k, m, input)
+}
+
+// callOn is call on kernel k rather than the runtime's own, so that
+// instances with a kernel each may be called at the same time. ctx must
+// carry k (rawKernelKey).
+func (r *rawRuntime) callOn(ctx context.Context, k *rawKernel, m api.Module, input []byte) ([]byte, error) {
 	k.mem = k.mem[:8]
 	k.blockStart = k.blockStart[:0]
 	k.input = input

@@ -30,6 +30,9 @@ var concurrencyLevels = []int{1, 8, 64, 256}
 //     over the in-memory transport. The baseline.
 //   - wasmtools: the plugin served by wasmtools, sessions over the
 //     in-memory transport, each session with its own instance.
+//   - raw-wazero-tool: the plugin on plain wazero in a go-sdk tool, each
+//     session with its own instance (rawToolServer): the floor of any Wasm
+//     host on the go-sdk.
 //   - process-per-session: one native server process per session, over
 //     stdio.
 //
@@ -41,6 +44,7 @@ func BenchmarkConcurrentSessions(b *testing.B) {
 	nsrv := native.NewServer()
 	p := benchPlugins[1] // go
 	h := newHost(b, p.path(b))
+	rt := rawToolServer(ctx, b, p)
 	type contender struct {
 		name    string
 		connect func() (*mcp.ClientSession, error)
@@ -52,6 +56,10 @@ func BenchmarkConcurrentSessions(b *testing.B) {
 		}},
 		{"wasmtools", func() (*mcp.ClientSession, error) {
 			cs, _, err := connectInMemory(ctx, h.Server())
+			return cs, err
+		}},
+		{"raw-wazero-tool", func() (*mcp.ClientSession, error) {
+			cs, _, err := connectInMemory(ctx, rt.srv)
 			return cs, err
 		}},
 		{"process-per-session", func() (*mcp.ClientSession, error) {
@@ -74,6 +82,7 @@ func BenchmarkConcurrentSessions(b *testing.B) {
 						}
 					}
 					wg.Wait()
+					rt.closeInstances(ctx)
 				}()
 				for i := range sessions {
 					cs, err := c.connect()

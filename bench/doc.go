@@ -18,6 +18,9 @@
 //     which runs Extism's kernel as a second Wasm module per instance.
 //   - native: the same tool written as a native Go handler on a go-sdk
 //     server in the same process: no isolation at all.
+//   - raw-wazero-tool: the plugin as a go-sdk tool on raw-wazero's terms,
+//     an instance per session (rawtool_test.go): the floor of any Wasm
+//     host on the go-sdk, in the warm call and concurrency benchmarks.
 //   - process-per-session: a small native go-sdk MCP server binary started
 //     per client over stdio, which is how clients are isolated today.
 //

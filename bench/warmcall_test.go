@@ -44,6 +44,11 @@ const (
 // The report gives the throughput ratio native ns/op ÷ wasmtools ns/op;
 // issue 7's goal is at least 0.8.
 //
+// raw-wazero-tool is the floor of any Wasm host on the go-sdk
+// (rawToolServer): the plugin run by a go-sdk tool handler on plain
+// wazero, nothing of wasmtools. Native ÷ raw-wazero-tool is the most
+// throughput any host reaches with the plugin's guest on this machine.
+//
 // http/<plugin>/wasmtools-handle is the same wasmtools server and plugin
 // for a client of protocol 2026-07-28 (go-sdk defaults, no session): it
 // lists the tools once, so that the client mirrors the session argument
@@ -70,6 +75,12 @@ func BenchmarkWarmCall(b *testing.B) {
 			{"native", nsrv, mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return nsrv }, nil)},
 			{"wasmtools", h.Server(), h.HTTPHandler()},
 		}
+		rt := rawToolServer(ctx, b, p)
+		servers = append(servers, struct {
+			name string
+			srv  *mcp.Server
+			http http.Handler
+		}{"raw-wazero-tool", rt.srv, mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return rt.srv }, nil)})
 		for _, s := range servers {
 			b.Run("inmemory/"+p.name+"/"+s.name, func(b *testing.B) {
 				cs, _, err := connectInMemory(ctx, s.srv)
