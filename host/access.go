@@ -86,40 +86,48 @@ func (h *Host) accessMiddleware(next mcp.MethodHandler) mcp.MethodHandler {
 		if len(h.opts.PluginAccess) == 0 || cat == nil {
 			return next(ctx, method, req)
 		}
-		ai := authOf(req)
-		switch r := req.(type) {
-		case *mcp.CallToolRequest:
-			if t, ok := cat.Tool(r.Params.Name); ok && !h.mayUse(ai, t.Plugin()) {
-				return nil, &jsonrpc.Error{Code: jsonrpc.CodeInvalidParams, Message: fmt.Sprintf("unknown tool %q", r.Params.Name)}
-			}
-		case *mcp.GetPromptRequest:
-			if p, ok := cat.Prompt(r.Params.Name); ok && !h.mayUse(ai, p.Plugin()) {
-				return nil, &jsonrpc.Error{Code: jsonrpc.CodeInvalidParams, Message: fmt.Sprintf("unknown prompt %q", r.Params.Name)}
-			}
-		case *mcp.ReadResourceRequest:
-			if res, ok := cat.Resource(r.Params.URI); ok && !h.mayUse(ai, res.Plugin()) {
-				return nil, mcp.ResourceNotFoundError(r.Params.URI)
-			}
+		return h.accessChecked(ctx, next, method, req, cat)
+	}
+}
+
+// accessChecked is accessMiddleware's handling of a request when some
+// plugins are not everyone's: in a function of its own, so that the
+// middleware's frame, under every call's, stays small (see
+// traceMiddleware).
+func (h *Host) accessChecked(ctx context.Context, next mcp.MethodHandler, method string, req mcp.Request, cat *plugins.Catalogue) (mcp.Result, error) {
+	ai := authOf(req)
+	switch r := req.(type) {
+	case *mcp.CallToolRequest:
+		if t, ok := cat.Tool(r.Params.Name); ok && !h.mayUse(ai, t.Plugin()) {
+			return nil, &jsonrpc.Error{Code: jsonrpc.CodeInvalidParams, Message: fmt.Sprintf("unknown tool %q", r.Params.Name)}
 		}
-		out, err := next(ctx, method, req)
-		if err != nil {
-			return out, err
+	case *mcp.GetPromptRequest:
+		if p, ok := cat.Prompt(r.Params.Name); ok && !h.mayUse(ai, p.Plugin()) {
+			return nil, &jsonrpc.Error{Code: jsonrpc.CodeInvalidParams, Message: fmt.Sprintf("unknown prompt %q", r.Params.Name)}
 		}
-		hidden := func(p *plugins.Plugin, ok bool) bool { return ok && !h.mayUse(ai, p) }
-		switch res := out.(type) {
-		case *mcp.ListToolsResult:
-			res.Tools = slices.DeleteFunc(res.Tools, func(t *mcp.Tool) bool { return hidden(pluginOf(cat.Tool(t.Name))) })
-		case *mcp.ListPromptsResult:
-			res.Prompts = slices.DeleteFunc(res.Prompts, func(p *mcp.Prompt) bool { return hidden(pluginOf(cat.Prompt(p.Name))) })
-		case *mcp.ListResourcesResult:
-			res.Resources = slices.DeleteFunc(res.Resources, func(r *mcp.Resource) bool { return hidden(pluginOf(cat.Resource(r.URI))) })
-		case *mcp.ListResourceTemplatesResult:
-			res.ResourceTemplates = slices.DeleteFunc(res.ResourceTemplates, func(r *mcp.ResourceTemplate) bool {
-				return hidden(pluginOf(cat.ResourceTemplate(r.URITemplate)))
-			})
+	case *mcp.ReadResourceRequest:
+		if res, ok := cat.Resource(r.Params.URI); ok && !h.mayUse(ai, res.Plugin()) {
+			return nil, mcp.ResourceNotFoundError(r.Params.URI)
 		}
+	}
+	out, err := next(ctx, method, req)
+	if err != nil {
 		return out, err
 	}
+	hidden := func(p *plugins.Plugin, ok bool) bool { return ok && !h.mayUse(ai, p) }
+	switch res := out.(type) {
+	case *mcp.ListToolsResult:
+		res.Tools = slices.DeleteFunc(res.Tools, func(t *mcp.Tool) bool { return hidden(pluginOf(cat.Tool(t.Name))) })
+	case *mcp.ListPromptsResult:
+		res.Prompts = slices.DeleteFunc(res.Prompts, func(p *mcp.Prompt) bool { return hidden(pluginOf(cat.Prompt(p.Name))) })
+	case *mcp.ListResourcesResult:
+		res.Resources = slices.DeleteFunc(res.Resources, func(r *mcp.Resource) bool { return hidden(pluginOf(cat.Resource(r.URI))) })
+	case *mcp.ListResourceTemplatesResult:
+		res.ResourceTemplates = slices.DeleteFunc(res.ResourceTemplates, func(r *mcp.ResourceTemplate) bool {
+			return hidden(pluginOf(cat.ResourceTemplate(r.URITemplate)))
+		})
+	}
+	return out, err
 }
 
 // pluginOf is the plugin of a catalogue entry, as a lookup returns it.

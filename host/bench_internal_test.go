@@ -56,7 +56,7 @@ func benchHostFirstCall(b *testing.B) {
 		if err := t.ValidateArguments(args); err != nil {
 			b.Fatal(err)
 		}
-		res, err := h.callTool(ctx, key, plugins.Call{Tool: t, Arguments: args}, nil)
+		res, err := h.callTool(ctx, key, &plugins.Call{Tool: t, Arguments: args}, nil)
 		if err != nil || res.IsError {
 			b.Fatal(err, res)
 		}
@@ -84,7 +84,7 @@ func benchHostWarmCall(b *testing.B) {
 		if err := t.ValidateArguments(args); err != nil {
 			b.Fatal(err)
 		}
-		res, err := h.callTool(ctx, key, plugins.Call{Tool: t, Arguments: args}, nil)
+		res, err := h.callTool(ctx, key, &plugins.Call{Tool: t, Arguments: args}, nil)
 		if err != nil || res.IsError {
 			b.Fatal(err, res)
 		}
@@ -118,7 +118,7 @@ func benchHostHandleCall(b *testing.B) {
 			b.Fatal(err, ref.refused)
 		}
 		env := &callEnv{h: h, tool: t, ref: ref}
-		res, err := h.callTool(ctx, ref.key, plugins.Call{Tool: t, Arguments: rest}, env)
+		res, err := h.callTool(ctx, ref.key, &plugins.Call{Tool: t, Arguments: rest}, env)
 		if err != nil || res.IsError || res.Meta[MetaSession] != ref.handle {
 			b.Fatal(err, res)
 		}

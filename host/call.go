@@ -14,6 +14,7 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/wasmtools/wasmtools/abi"
 	"github.com/wasmtools/wasmtools/internal/durable"
@@ -29,23 +30,30 @@ func (h *Host) handler(t *plugins.Tool) mcp.ToolHandler {
 	return func(ctx context.Context, req *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
 		start := time.Now()
 		res, err := h.call(ctx, t, req)
-		name := t.Plugin().Name()
-		d := time.Since(start)
-		switch {
-		case err != nil:
-			h.metrics.call(name, "refused", d)
-			h.log.Warn("call refused", "tool", t.Name, "plugin", name, "error", err)
-			return nil, protocolError(err)
-		case res.IsError:
-			h.metrics.call(name, "tool_error", d)
-		default:
-			h.metrics.call(name, "ok", d)
-		}
-		if h.log.Enabled(ctx, slog.LevelDebug) { // its arguments cost allocations even when off
-			h.log.Debug("call", "tool", t.Name, "plugin", name, "duration", d, "isError", res.IsError)
-		}
-		return res, nil
+		return h.called(ctx, t, start, res, err)
 	}
+}
+
+// called counts and logs a call of t that started at start, and returns
+// its result or its refusal as the go-sdk takes it. (Apart from the
+// handler, whose frame is under every call's: see traceMiddleware.)
+func (h *Host) called(ctx context.Context, t *plugins.Tool, start time.Time, res *mcp.CallToolResult, err error) (*mcp.CallToolResult, error) {
+	name := t.Plugin().Name()
+	d := time.Since(start)
+	switch {
+	case err != nil:
+		h.metrics.call(name, "refused", d)
+		h.log.Warn("call refused", "tool", t.Name, "plugin", name, "error", err)
+		return nil, protocolError(err)
+	case res.IsError:
+		h.metrics.call(name, "tool_error", d)
+	default:
+		h.metrics.call(name, "ok", d)
+	}
+	if h.log.Enabled(ctx, slog.LevelDebug) { // its arguments cost allocations even when off
+		h.log.Debug("call", "tool", t.Name, "plugin", name, "duration", d, "isError", res.IsError)
+	}
+	return res, nil
 }
 
 func (h *Host) call(ctx context.Context, t *plugins.Tool, req *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
@@ -58,11 +66,42 @@ func (h *Host) call(ctx context.Context, t *plugins.Tool, req *mcp.CallToolReque
 	if req.Params.RequestState != "" {
 		return h.resume(ctx, t, req)
 	}
+	// The call is made ready in a function of its own, whose frame is
+	// gone before the guest runs (see traceMiddleware).
+	var c plugins.Call
+	env, res, err := h.prepareCall(ctx, t, req, &c)
+	if env == nil {
+		return res, err
+	}
+	start := time.Now()
+	if !asks(t.Plugin()) && !t.Plugin().Asks() {
+		res, err := h.callTool(ctx, env.ref.key, &c, env)
+		h.forgetUnseen(env.ref, err)
+		env.finish(res)
+		h.audit(env, res, start)
+		return res, err
+	}
+	return h.callAsking(ctx, req, &c, env)
+}
+
+// callAsking runs c, whose guest may ask questions (its own, or for
+// grants inside its ceiling), on a goroutine of its own, so that the call
+// can be parked between a 2026-07-28 client's requests.
+func (h *Host) callAsking(ctx context.Context, req *mcp.CallToolRequest, c *plugins.Call, env *callEnv) (*mcp.CallToolResult, error) {
+	env.questions = make(chan *question)
+	return h.serveRounds(ctx, req, h.startRun(ctx, env.ref.key, *c, env))
+}
+
+// prepareCall validates req, a call of t, finds its client and makes the
+// call c to run, and its link to the client. Without a link (nil), the
+// request is answered with res or err instead: its arguments are not
+// valid, or its client is refused.
+func (h *Host) prepareCall(ctx context.Context, t *plugins.Tool, req *mcp.CallToolRequest, c *plugins.Call) (env *callEnv, res *mcp.CallToolResult, err error) {
 	// The session argument is the host's: the plugin's own schema and
 	// the guest never see it.
 	args, presented, err := splitSessionArgument(req.Params.Arguments)
 	if verr := t.ValidateArguments(args); verr != nil {
-		return errorResult(verr.Error()), nil
+		return nil, errorResult(verr.Error()), nil
 	}
 	ref := clientRef{}
 	if err == nil {
@@ -70,11 +109,11 @@ func (h *Host) call(ctx context.Context, t *plugins.Tool, req *mcp.CallToolReque
 	}
 	switch {
 	case errors.Is(err, ErrHandle):
-		return errorResult(err.Error()), nil
+		return nil, errorResult(err.Error()), nil
 	case err != nil:
-		return nil, fmt.Errorf("tool %q: %w", t.Name, err)
+		return nil, nil, toolError(t, err)
 	case ref.refused != nil:
-		return h.refusedResult(ref), nil
+		return nil, h.refusedResult(ref), nil
 	}
 	m := withoutHandle(req.Params.Meta)
 	var meta json.RawMessage
@@ -82,26 +121,14 @@ func (h *Host) call(ctx context.Context, t *plugins.Tool, req *mcp.CallToolReque
 		meta, _ = json.Marshal(m)
 	}
 	key := ref.key
-	env := h.newCallEnv(ctx, t, req, key.String())
+	env = h.newCallEnv(ctx, t, req, key.String())
 	env.ref = ref
 	env.once = onceKey(req)
-	c := plugins.Call{
+	*c = plugins.Call{
 		Tool: t, Arguments: args, Meta: meta, Host: env.hostFunc,
 		Context: h.callContextJSON(req.Session, key, meta),
 	}
-	start := time.Now()
-	if !asks(t.Plugin()) && !t.Plugin().Asks() {
-		res, err := h.callTool(ctx, key, c, env)
-		h.forgetUnseen(ref, err)
-		env.finish(res)
-		h.audit(env, res, start)
-		return res, err
-	}
-	// A guest that may ask questions (its own, or for grants inside its
-	// ceiling) runs on its own goroutine, so that the call can be parked
-	// between a 2026-07-28 client's requests.
-	env.questions = make(chan *question)
-	return h.serveRounds(ctx, req, h.startRun(ctx, key, c, env))
+	return env, nil, nil
 }
 
 // asks reports whether p's guest may ask the client something during a
@@ -115,13 +142,19 @@ func asks(p *plugins.Plugin) bool {
 // its result: everything a call costs the host but the MCP transport. The
 // error is a refusal (busy, at capacity, shutting down); the call's own
 // failure is an isError result. env, if not nil, is the call's link to its
-// client.
-func (h *Host) callTool(ctx context.Context, key sessions.Key, c plugins.Call, env *callEnv) (*mcp.CallToolResult, error) {
+// client. c's Tool becomes the version the call ran on, if a swap
+// retargeted it.
+//
+// Its frame and runGuest's are under the guest's: what only some calls do
+// (a refusal's message, a replay, a checkpoint) is in functions of their
+// own, so that a call's stack fits in the 8 KiB its goroutine grows to
+// anyway (see traceMiddleware).
+func (h *Host) callTool(ctx context.Context, key sessions.Key, c *plugins.Call, env *callEnv) (*mcp.CallToolResult, error) {
 	t := c.Tool
 	if _, req := env.current(); req != nil && req.Extra != nil && req.Extra.Header != nil { // over HTTP
 		release, err := h.admitCall(subjectOf(req.Extra))
 		if err != nil {
-			return nil, fmt.Errorf("tool %q: %w", t.Name, err)
+			return nil, toolError(t, err)
 		}
 		defer release()
 	}
@@ -131,38 +164,27 @@ func (h *Host) callTool(ctx context.Context, key sessions.Key, c plugins.Call, e
 		}
 	}
 	var (
-		claim, memory *durable.Claim
-		notSaved      durable.NotSaved
-		l             *sessions.Lease
-		out           *abi.CallToolResult
-		notice        sessions.Notice
-		err           error
+		out      *abi.CallToolResult
+		notice   sessions.Notice
+		notSaved durable.NotSaved
+		err      error
 	)
 	// A contained call runs before its claim is checked, which its
 	// checkpoint does (durable.Keeper.CheckLater); one that ran on a stale
 	// instance runs again, claimed first.
 	later := h.dur != nil && t.Plugin().Contained()
 	for {
-		actx, aspan := telemetry.Start(ctx, "wasmtools.acquire", attribute.String("wasmtools.plugin", t.Plugin().Name()))
 		var cl leased
 		var claimErr error
-		cl, claimErr, err = h.claimAndLease(actx, key, t.Plugin(), later, func() (*plugins.Plugin, error) {
-			now, err := h.current(t)
-			if err != nil {
-				return nil, err
-			}
-			c.Tool = now
-			return now.Plugin(), nil
-		})
-		telemetry.End(aspan, cmp.Or(claimErr, err))
+		cl, claimErr, err = h.leaseFor(ctx, key, t, c, later)
 		if claimErr != nil {
-			return nil, fmt.Errorf("tool %q: %w", t.Name, claimErr)
+			return nil, toolError(t, claimErr)
 		}
-		claim, memory, notSaved, l = cl.claim, cl.memory, cl.notSaved, cl.l
-		if cl.unchecked && err == nil && !l.Plugin().Contained() {
+		notSaved = cl.notSaved
+		if cl.unchecked && err == nil && !cl.l.Plugin().Contained() {
 			// Swapped meanwhile for a version that is not contained:
 			// claimed first.
-			l.Done(nil)
+			cl.l.Done(nil)
 			later = false
 			continue
 		}
@@ -178,93 +200,164 @@ func (h *Host) callTool(ctx context.Context, key sessions.Key, c plugins.Call, e
 			// A failure of the call (its result says so), not a refusal.
 		case errors.Is(err, sessions.ErrUnknownKey) && env != nil && env.ref.handle != "":
 			return h.expiredResult(env)
-		case errors.Is(err, sessions.ErrBusy):
-			return nil, fmt.Errorf("tool %q: %w (limit %d): wait for earlier calls to finish", t.Name, err, cmp.Or(h.opts.QueueLimit, DefaultQueueLimit))
 		case err != nil:
-			return nil, fmt.Errorf("tool %q: %w", t.Name, err)
+			return nil, h.refusal(t, err)
 		case ctx.Err() != nil || h.postGone(ctx, env):
 			// The client went away while the call waited (a request that
 			// sat in a stopped process): nothing runs, so nothing resets,
 			// and a retry it sent meanwhile is the only run.
-			l.Done(nil)
-			return nil, fmt.Errorf("tool %q: %w", t.Name, cmp.Or(ctx.Err(), context.Canceled))
-		case env != nil && h.replayed(cmp.Or(claim, memory), env.once) != nil:
+			cl.l.Done(nil)
+			return nil, toolError(t, cmp.Or(ctx.Err(), context.Canceled))
+		case env != nil && h.replayed(cmp.Or(cl.claim, cl.memory), env.once) != nil:
 			// The call completed before (a proxy's resend, a client's retry
 			// with the same idempotency key): its first result, not a
 			// second run. (Unchecked, it may have completed elsewhere
 			// since: a stale claim knows less, never more.)
-			res := h.replayed(cmp.Or(claim, memory), env.once)
-			noticeMeta(l.Notice(), &res.Meta) // an instance reset since says so here too
-			l.Done(nil)
-			h.log.Info("call answered from its first run", "tool", t.Name, "session", key.String())
-			return res, nil
+			return h.answerReplayed(key, t, env, &cl), nil
 		default:
-			env.attach(l)
-			cctx := telemetry.Under(l.Context(), ctx)
-			if env != nil && t.Plugin().Asks() {
-				cctx = sandbox.WithAsker(cctx, env) // grants inside the ceiling are asked for
-			}
-			gctx, gspan := telemetry.Start(cctx, "wasmtools.guest "+t.Name, attribute.String("wasmtools.plugin", t.Plugin().Name()), attribute.String("wasmtools.plugin.sha256", t.Plugin().SHA256()))
-			stop := h.dur.KeepAlive(claim)
-			out, err = l.Instance().CallTool(gctx, c)
-			stop()
-			telemetry.End(gspan, err)
-			if err == nil {
-				env.afterCall(l)
-			}
-			env.attach(nil)
-			notice = l.Notice()
-			var why durable.NotSaved
-			var cerr error
-			switch {
-			case err == nil && h.dur != nil:
-				// Saved before the result is sent: a replica killed after
-				// it loses nothing the client was told. The result goes in
-				// the same write, under the call's at-most-once key.
-				var first *durable.Once
-				if env != nil && env.once != "" {
-					if r, cerr := toMCP(out); cerr == nil {
-						b, _ := json.Marshal(r)
-						first = &durable.Once{Key: env.once, Result: b}
-					}
-				}
-				if memory != nil {
-					// Not checkpointed (the store is away), but its key is
-					// kept (a retry during the outage gets this result), and
-					// its state is saved when the store is back.
-					h.dur.ServedFromMemory(key, memory, t.Plugin().Name(), first)
-				}
-				if cl.unchecked {
-					why, cerr = h.dur.AfterUncheckedCall(ctx, key, claim, l, first, cl.started)
-				} else {
-					why, cerr = h.dur.AfterCall(ctx, key, claim, l, first)
-				}
-			case cl.unchecked:
-				// A failure is checked too: it may be as stale as a result.
-				why, cerr = h.dur.CheckSince(ctx, key, claim, l, cl.started)
-			}
-			if errors.Is(cerr, durable.ErrRunAgain) {
-				l.Done(sessions.ErrMoved)
-				h.log.Info("call ran on a stale instance: run again, its session claimed first", "tool", t.Name, "session", key.String())
+			out, err = h.runGuest(ctx, t, c, env, &cl)
+			notice = cl.l.Notice()
+			why, res, again := h.afterGuest(ctx, key, t, out, err, env, &cl)
+			if again {
 				later = false
 				continue
 			}
-			if cerr != nil {
-				if errors.Is(cerr, durable.ErrOutcomeUnknown) {
-					l.Done(err) // kept: it may hold the only copy of the call's effect
-				} else {
-					l.Done(sessions.ErrMoved)
-				}
-				res := errorResult(fmt.Sprintf("tool %q: %v", t.Name, cerr))
-				res.Meta = mcp.Meta{MetaNotSaved: map[string]any{"reason": why}}
-				h.metrics.notSaved.WithLabelValues(string(why)).Inc()
+			if res != nil {
 				return res, nil
 			}
 			notSaved = cmp.Or(why, notSaved)
-			l.Done(err)
 		}
 		break
 	}
+	return h.shapeResult(t, env, out, err, notice, notSaved), nil
+}
+
+// leaseFor claims key's session and leases its instance of t's plugin
+// (claimAndLease), under a span; a swap meanwhile retargets c.
+func (h *Host) leaseFor(ctx context.Context, key sessions.Key, t *plugins.Tool, c *plugins.Call, later bool) (cl leased, claimErr, err error) {
+	actx, aspan := telemetry.Start(ctx, "wasmtools.acquire", attribute.String("wasmtools.plugin", t.Plugin().Name()))
+	cl, claimErr, err = h.claimAndLease(actx, key, t.Plugin(), later, func() (*plugins.Plugin, error) {
+		now, err := h.current(t)
+		if err != nil {
+			return nil, err
+		}
+		c.Tool = now
+		return now.Plugin(), nil
+	})
+	telemetry.End(aspan, cmp.Or(claimErr, err))
+	return cl, claimErr, err
+}
+
+// toolError is err, refusing a call of t.
+func toolError(t *plugins.Tool, err error) error {
+	return fmt.Errorf("tool %q: %w", t.Name, err)
+}
+
+// refusal is the error refusing a call of t that could not lease its
+// instance.
+func (h *Host) refusal(t *plugins.Tool, err error) error {
+	if errors.Is(err, sessions.ErrBusy) {
+		return fmt.Errorf("tool %q: %w (limit %d): wait for earlier calls to finish", t.Name, err, cmp.Or(h.opts.QueueLimit, DefaultQueueLimit))
+	}
+	return toolError(t, err)
+}
+
+// answerReplayed answers a call that completed before with its first result.
+func (h *Host) answerReplayed(key sessions.Key, t *plugins.Tool, env *callEnv, cl *leased) *mcp.CallToolResult {
+	res := h.replayed(cmp.Or(cl.claim, cl.memory), env.once)
+	noticeMeta(cl.l.Notice(), &res.Meta) // an instance reset since says so here too
+	cl.l.Done(nil)
+	h.log.Info("call answered from its first run", "tool", t.Name, "session", key.String())
+	return res
+}
+
+// runGuest runs call c of t on cl's instance, under a span.
+func (h *Host) runGuest(ctx context.Context, t *plugins.Tool, c *plugins.Call, env *callEnv, cl *leased) (*abi.CallToolResult, error) {
+	l := cl.l
+	env.attach(l)
+	gctx, gspan := h.guestSpan(ctx, t, env, l)
+	stop := h.dur.KeepAlive(cl.claim)
+	out, err := l.Instance().CallTool(gctx, *c)
+	stop()
+	telemetry.End(gspan, err)
+	if err == nil {
+		env.afterCall(l)
+	}
+	env.attach(nil)
+	return out, err
+}
+
+// guestSpan is the context of a guest's run on l: l's, with ctx's span
+// and values, and a span of its own.
+func (h *Host) guestSpan(ctx context.Context, t *plugins.Tool, env *callEnv, l *sessions.Lease) (context.Context, trace.Span) {
+	cctx := telemetry.Under(l.Context(), ctx)
+	if env != nil && t.Plugin().Asks() {
+		cctx = sandbox.WithAsker(cctx, env) // grants inside the ceiling are asked for
+	}
+	return telemetry.Start(cctx, "wasmtools.guest "+t.Name, attribute.String("wasmtools.plugin", t.Plugin().Name()), attribute.String("wasmtools.plugin.sha256", t.Plugin().SHA256()))
+}
+
+// afterGuest checks and keeps what the guest's run did (its error is
+// err), and ends the lease: with a store, its checkpoint, before the
+// result is sent. It reports why the state was not saved, if it was not;
+// a result when the checkpoint failed, which the call answers with; or
+// again, when the instance was stale and the call must run again.
+func (h *Host) afterGuest(ctx context.Context, key sessions.Key, t *plugins.Tool, out *abi.CallToolResult, err error, env *callEnv, cl *leased) (why durable.NotSaved, res *mcp.CallToolResult, again bool) {
+	l := cl.l
+	var cerr error
+	switch {
+	case err == nil && h.dur != nil:
+		why, cerr = h.checkpoint(ctx, key, t, out, env, cl)
+	case cl.unchecked:
+		// A failure is checked too: it may be as stale as a result.
+		why, cerr = h.dur.CheckSince(ctx, key, cl.claim, l, cl.started)
+	}
+	if errors.Is(cerr, durable.ErrRunAgain) {
+		l.Done(sessions.ErrMoved)
+		h.log.Info("call ran on a stale instance: run again, its session claimed first", "tool", t.Name, "session", key.String())
+		return "", nil, true
+	}
+	if cerr != nil {
+		if errors.Is(cerr, durable.ErrOutcomeUnknown) {
+			l.Done(err) // kept: it may hold the only copy of the call's effect
+		} else {
+			l.Done(sessions.ErrMoved)
+		}
+		res := errorResult(fmt.Sprintf("tool %q: %v", t.Name, cerr))
+		res.Meta = mcp.Meta{MetaNotSaved: map[string]any{"reason": why}}
+		h.metrics.notSaved.WithLabelValues(string(why)).Inc()
+		return why, res, false
+	}
+	l.Done(err)
+	return why, nil, false
+}
+
+// checkpoint saves the state of a call that succeeded before its result
+// is sent: a replica killed after it loses nothing the client was told.
+// The result goes in the same write, under the call's at-most-once key.
+func (h *Host) checkpoint(ctx context.Context, key sessions.Key, t *plugins.Tool, out *abi.CallToolResult, env *callEnv, cl *leased) (durable.NotSaved, error) {
+	var first *durable.Once
+	if env != nil && env.once != "" {
+		if r, cerr := toMCP(out); cerr == nil {
+			b, _ := json.Marshal(r)
+			first = &durable.Once{Key: env.once, Result: b}
+		}
+	}
+	if cl.memory != nil {
+		// Not checkpointed (the store is away), but its key is kept (a
+		// retry during the outage gets this result), and its state is
+		// saved when the store is back.
+		h.dur.ServedFromMemory(key, cl.memory, t.Plugin().Name(), first)
+	}
+	if cl.unchecked {
+		return h.dur.AfterUncheckedCall(ctx, key, cl.claim, cl.l, first, cl.started)
+	}
+	return h.dur.AfterCall(ctx, key, cl.claim, cl.l, first)
+}
+
+// shapeResult is a call's result as the client gets it: the guest's
+// result (out), or its failure (err), with what the host adds.
+func (h *Host) shapeResult(t *plugins.Tool, env *callEnv, out *abi.CallToolResult, err error, notice sessions.Notice, notSaved durable.NotSaved) *mcp.CallToolResult {
 	var res *mcp.CallToolResult
 	if err != nil {
 		res = failureResult(t, err)
@@ -284,7 +377,7 @@ func (h *Host) callTool(ctx context.Context, key sessions.Key, c plugins.Call, e
 	if env != nil {
 		h.sessionResult(env.ref, t.Plugin().Name(), res)
 	}
-	return res, nil
+	return res
 }
 
 // failureResult turns a failed call into an isError result for the model.

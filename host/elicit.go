@@ -117,7 +117,7 @@ func (h *Host) startRun(ctx context.Context, key sessions.Key, c plugins.Call, e
 	r := newRun(c.Tool.Name, env, cancel)
 	r.tool = c.Tool
 	go func() {
-		res, err := h.callTool(gctx, key, c, env)
+		res, err := h.callTool(gctx, key, &c, env)
 		h.forgetUnseen(env.ref, err)
 		r.done <- runResult{res: res, err: err}
 	}()

@@ -68,31 +68,40 @@ func (h *Host) newSessionID() string {
 // holds is in the store, even if its replica dies before the client's
 // next request (notifications/initialized, which it once waited for).
 // The session is its authenticated user's, as the go-sdk binds it.
+//
+// The claim is in a function of its own (keepInitialized), so that this
+// middleware's frame, under every call's, stays small (see
+// traceMiddleware).
 func (h *Host) keepNewSession(next mcp.MethodHandler) mcp.MethodHandler {
 	return func(ctx context.Context, method string, req mcp.Request) (mcp.Result, error) {
 		res, err := next(ctx, method, req)
-		if method != "initialize" || err != nil || h.dur == nil {
-			return res, err
-		}
-		ss, ok := req.GetSession().(*mcp.ServerSession)
-		if !ok || ss.ID() == "" || ss.ID() == h.adoptID {
-			// No session, or one being taken over (adopt's replay, under
-			// adoptMu): its record holds these parameters and this user
-			// already, and the request served after the replay claims it,
-			// outside the lock that every new session waits on.
-			return res, err
-		}
-		user := ""
-		if ex := req.GetExtra(); ex != nil && ex.TokenInfo != nil {
-			user = ex.TokenInfo.UserID
-		}
-		h.storeBytes.attribute(durable.StoreID(h.connKey(ss)), h.tenantOf(user))
-		if _, err := h.dur.Ensure(ctx, h.connKey(ss), newSession(ss, h.subjectTag(user))); err != nil {
-			// Answered all the same, as before the store: the session
-			// lives here, and its first call claims it again.
-			h.log.Error("state store: new session not kept", "session", ss.ID(), "error", err)
+		if method == "initialize" && err == nil && h.dur != nil {
+			h.keepInitialized(ctx, req)
 		}
 		return res, err
+	}
+}
+
+// keepInitialized is keepNewSession's claim of the session of req, an
+// initialize just answered.
+func (h *Host) keepInitialized(ctx context.Context, req mcp.Request) {
+	ss, ok := req.GetSession().(*mcp.ServerSession)
+	if !ok || ss.ID() == "" || ss.ID() == h.adoptID {
+		// No session, or one being taken over (adopt's replay, under
+		// adoptMu): its record holds these parameters and this user
+		// already, and the request served after the replay claims it,
+		// outside the lock that every new session waits on.
+		return
+	}
+	user := ""
+	if ex := req.GetExtra(); ex != nil && ex.TokenInfo != nil {
+		user = ex.TokenInfo.UserID
+	}
+	h.storeBytes.attribute(durable.StoreID(h.connKey(ss)), h.tenantOf(user))
+	if _, err := h.dur.Ensure(ctx, h.connKey(ss), newSession(ss, h.subjectTag(user))); err != nil {
+		// Answered all the same, as before the store: the session
+		// lives here, and its first call claims it again.
+		h.log.Error("state store: new session not kept", "session", ss.ID(), "error", err)
 	}
 }
 

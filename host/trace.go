@@ -28,73 +28,91 @@ import (
 
 // traceMiddleware is the outermost receiving middleware: its span covers
 // everything the request costs, the wait for the first load included.
+//
+// Its frame is under every call's, so the work of a traced request is in
+// a function of its own (traced): a request's goroutine starts with a
+// small stack, and a call that fits in 8 KiB is not copied to a larger
+// one on its way to the guest (docs/DESIGN.md, "The Go guest inside the
+// server").
 func (h *Host) traceMiddleware(next mcp.MethodHandler) mcp.MethodHandler {
 	return func(ctx context.Context, method string, req mcp.Request) (mcp.Result, error) {
-		if !telemetry.On() {
-			res, err := next(ctx, method, req)
-			var je *jsonrpc.Error
-			if errors.As(err, &je) {
-				h.countRefusal(je, req)
-			}
-			return res, err
+		if telemetry.On() {
+			return h.traced(ctx, next, method, req)
 		}
-		meta := metaOf(req)
-		parent := telemetry.FromMeta(ctx, meta)
-		var header map[string][]string
-		if extra := req.GetExtra(); extra != nil {
-			header = extra.Header
-		}
-		if parent == ctx {
-			parent = telemetry.FromHeader(ctx, header)
-		}
-		name, attrs := method, []attribute.KeyValue{attribute.String("mcp.method.name", method)}
-		switch r := req.(type) {
-		case *mcp.CallToolRequest:
-			if r.Params != nil {
-				name += " " + r.Params.Name
-				attrs = append(attrs, attribute.String("gen_ai.tool.name", r.Params.Name), attribute.String("gen_ai.operation.name", "execute_tool"))
-			}
-		case *mcp.GetPromptRequest:
-			if r.Params != nil {
-				name += " " + r.Params.Name
-				attrs = append(attrs, attribute.String("gen_ai.prompt.name", r.Params.Name))
-			}
-		}
-		transport := "pipe"
-		if header != nil {
-			transport = "tcp"
-		}
-		attrs = append(attrs, attribute.String("network.transport", transport))
-		if v := protocolOfRequest(req, header); v != "" {
-			attrs = append(attrs, attribute.String("mcp.protocol.version", v))
-		}
-		// IDs and handles are bearer capabilities: only a digest goes out.
-		if ss, ok := req.GetSession().(*mcp.ServerSession); ok && ss != nil && ss.ID() != "" {
-			attrs = append(attrs, attribute.String("mcp.session.id", traceDigest(ss.ID())))
-		}
-		if handle, _, _ := metaHandle(meta); handle != "" {
-			attrs = append(attrs, attribute.String("wasmtools.session.handle", traceDigest(handle)))
-		}
-		ctx, span := telemetry.StartServer(parent, name, attrs...)
 		res, err := next(ctx, method, req)
-		switch {
-		case err != nil:
-			var je *jsonrpc.Error
-			if errors.As(err, &je) {
-				span.SetAttributes(attribute.String("rpc.response.status_code", strconv.FormatInt(je.Code, 10)))
-				telemetry.Fail(span, strconv.FormatInt(je.Code, 10), err.Error())
-				h.countRefusal(je, req)
-			} else {
-				telemetry.Fail(span, "_OTHER", err.Error())
-			}
-		default:
-			if r, ok := res.(*mcp.CallToolResult); ok && r != nil && r.IsError {
-				telemetry.Fail(span, "tool_error", "the tool's result is an error")
-			}
+		if err != nil {
+			h.countIfRefusal(err, req)
 		}
-		span.End()
 		return res, err
 	}
+}
+
+// countIfRefusal counts err if it is a refusal (a JSON-RPC error).
+func (h *Host) countIfRefusal(err error, req mcp.Request) {
+	var je *jsonrpc.Error
+	if errors.As(err, &je) {
+		h.countRefusal(je, req)
+	}
+}
+
+// traced is traceMiddleware's handling of a request while telemetry is on.
+func (h *Host) traced(ctx context.Context, next mcp.MethodHandler, method string, req mcp.Request) (mcp.Result, error) {
+	meta := metaOf(req)
+	parent := telemetry.FromMeta(ctx, meta)
+	var header map[string][]string
+	if extra := req.GetExtra(); extra != nil {
+		header = extra.Header
+	}
+	if parent == ctx {
+		parent = telemetry.FromHeader(ctx, header)
+	}
+	name, attrs := method, []attribute.KeyValue{attribute.String("mcp.method.name", method)}
+	switch r := req.(type) {
+	case *mcp.CallToolRequest:
+		if r.Params != nil {
+			name += " " + r.Params.Name
+			attrs = append(attrs, attribute.String("gen_ai.tool.name", r.Params.Name), attribute.String("gen_ai.operation.name", "execute_tool"))
+		}
+	case *mcp.GetPromptRequest:
+		if r.Params != nil {
+			name += " " + r.Params.Name
+			attrs = append(attrs, attribute.String("gen_ai.prompt.name", r.Params.Name))
+		}
+	}
+	transport := "pipe"
+	if header != nil {
+		transport = "tcp"
+	}
+	attrs = append(attrs, attribute.String("network.transport", transport))
+	if v := protocolOfRequest(req, header); v != "" {
+		attrs = append(attrs, attribute.String("mcp.protocol.version", v))
+	}
+	// IDs and handles are bearer capabilities: only a digest goes out.
+	if ss, ok := req.GetSession().(*mcp.ServerSession); ok && ss != nil && ss.ID() != "" {
+		attrs = append(attrs, attribute.String("mcp.session.id", traceDigest(ss.ID())))
+	}
+	if handle, _, _ := metaHandle(meta); handle != "" {
+		attrs = append(attrs, attribute.String("wasmtools.session.handle", traceDigest(handle)))
+	}
+	ctx, span := telemetry.StartServer(parent, name, attrs...)
+	res, err := next(ctx, method, req)
+	switch {
+	case err != nil:
+		var je *jsonrpc.Error
+		if errors.As(err, &je) {
+			span.SetAttributes(attribute.String("rpc.response.status_code", strconv.FormatInt(je.Code, 10)))
+			telemetry.Fail(span, strconv.FormatInt(je.Code, 10), err.Error())
+			h.countRefusal(je, req)
+		} else {
+			telemetry.Fail(span, "_OTHER", err.Error())
+		}
+	default:
+		if r, ok := res.(*mcp.CallToolResult); ok && r != nil && r.IsError {
+			telemetry.Fail(span, "tool_error", "the tool's result is an error")
+		}
+	}
+	span.End()
+	return res, err
 }
 
 // metaOf is a request's `_meta`, nil when it has no params.

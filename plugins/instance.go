@@ -51,26 +51,43 @@ type Call struct {
 // yields a [sandbox.TrapError], and the instance is then closed
 // ([Instance.Err] says why) and must be replaced. Output that is not a
 // CallToolResult is an error too.
+//
+// The input is encoded, and the output decoded, in functions of their
+// own, so that this frame, under the guest's, stays small: a call's
+// goroutine that fits in 8 KiB of stack is not copied to a larger one
+// (docs/DESIGN.md, "The Go guest inside the server").
 func (i *Instance) CallTool(ctx context.Context, c Call) (*abi.CallToolResult, error) {
-	if !c.Tool.plugin.SameCode(i.plugin) {
-		return nil, fmt.Errorf("tool %q belongs to plugin %q, not %q", c.Tool.Name, c.Tool.plugin.name, i.plugin.name)
-	}
-	params := abi.CallParams{Name: c.Tool.Def.Name, Arguments: c.Arguments, Meta: c.Meta}
-	var export string
-	var input any
-	if i.plugin.iface == abi.InterfaceServlet {
-		export, input = abi.ExportCall, abi.ServletCallInput{Params: params}
-	} else {
-		export, input = abi.ExportCallTool, abi.CallToolInput{Request: params, Context: c.Context}
-	}
-	b, err := json.Marshal(input)
+	export, b, err := i.callInput(&c)
 	if err != nil {
-		return nil, fmt.Errorf("encode call: %w", err)
+		return nil, err
 	}
 	out, err := i.sb.Call(ctx, export, b, c.Host)
 	if err != nil {
 		return nil, err
 	}
+	return decodeResult(export, out)
+}
+
+// callInput is the export that runs c on i and its input.
+func (i *Instance) callInput(c *Call) (export string, input []byte, err error) {
+	if !c.Tool.plugin.SameCode(i.plugin) {
+		return "", nil, fmt.Errorf("tool %q belongs to plugin %q, not %q", c.Tool.Name, c.Tool.plugin.name, i.plugin.name)
+	}
+	params := abi.CallParams{Name: c.Tool.Def.Name, Arguments: c.Arguments, Meta: c.Meta}
+	var in any
+	if i.plugin.iface == abi.InterfaceServlet {
+		export, in = abi.ExportCall, abi.ServletCallInput{Params: params}
+	} else {
+		export, in = abi.ExportCallTool, abi.CallToolInput{Request: params, Context: c.Context}
+	}
+	if input, err = json.Marshal(in); err != nil {
+		return "", nil, fmt.Errorf("encode call: %w", err)
+	}
+	return export, input, nil
+}
+
+// decodeResult decodes the output of a call of export.
+func decodeResult(export string, out []byte) (*abi.CallToolResult, error) {
 	var res abi.CallToolResult
 	if err := decodeJSON(out, &res); err != nil {
 		return nil, fmt.Errorf("%s: %w", export, err)
