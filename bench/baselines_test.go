@@ -3,7 +3,6 @@ package bench
 import (
 	"context"
 	"crypto/rand"
-	"encoding/binary"
 	"encoding/json"
 	"fmt"
 	"strings"
@@ -17,38 +16,21 @@ import (
 
 	"github.com/wasmtools/wasmtools/abi"
 	"github.com/wasmtools/wasmtools/bench/internal/native"
+	"github.com/wasmtools/wasmtools/internal/rawkernel"
 	"github.com/wasmtools/wasmtools/internal/testplugins"
 	"github.com/wasmtools/wasmtools/sandbox"
 )
 
 // The raw-wazero baseline (the floor), as in sandbox/bench_test.go: the
 // module on plain wazero with the least Extism kernel that runs the
-// plugins, closures over one byte slice with no checks beyond Go's, no
-// deadline and no logging.
-
-// rawKernel is the least Extism kernel that runs the benchmark plugins.
-// A rawRuntime's own serves every instance called with call, so those
-// calls take turns; callOn runs a call on a kernel of its own.
-type rawKernel struct {
-	mem        []byte
-	input      []byte
-	outOff     uint64
-	outLen     uint64
-	blockStart []uint64
-}
-
-func (k *rawKernel) alloc(n uint64) uint64 {
-	off := uint64(len(k.mem))
-	k.mem = append(k.mem, make([]byte, n)...)
-	k.blockStart = append(k.blockStart, off)
-	return off
-}
+// plugins (package rawkernel: closures over one byte slice with no checks
+// beyond Go's), no deadline and no logging.
 
 // rawRuntime is one plugin compiled on plain wazero.
 type rawRuntime struct {
 	rt       wazero.Runtime
 	compiled wazero.CompiledModule
-	k        *rawKernel
+	k        *rawkernel.Kernel // the kernel of calls made with call
 }
 
 // compilationCache returns the on-disk compilation cache the baselines
@@ -83,42 +65,10 @@ func newRawRuntime(ctx context.Context, t testing.TB, wasm []byte) *rawRuntime {
 func newRawRuntimeWith(ctx context.Context, t testing.TB, wasm []byte, cfg wazero.RuntimeConfig) *rawRuntime {
 	t.Helper()
 	rt := wazero.NewRuntimeWithConfig(ctx, cfg.WithCompilationCache(compilationCache(t)))
-	r := &rawRuntime{rt: rt, k: &rawKernel{mem: make([]byte, 8, 1024)}}
+	r := &rawRuntime{rt: rt, k: rawkernel.New()}
 	t.Cleanup(func() { r.rt.Close(ctx) })
 	wasi_snapshot_preview1.MustInstantiate(ctx, r.rt)
-	i64, i32 := api.ValueTypeI64, api.ValueTypeI32
-	bld := r.rt.NewHostModuleBuilder("extism:host/env")
-	fn := func(name string, params, results []api.ValueType, f func(k *rawKernel, s []uint64)) {
-		bld.NewFunctionBuilder().WithGoFunction(api.GoFunc(func(ctx context.Context, s []uint64) { f(r.kernel(ctx), s) }), params, results).Export(name)
-	}
-	fn("alloc", []api.ValueType{i64}, []api.ValueType{i64}, func(k *rawKernel, s []uint64) { s[0] = k.alloc(s[0]) })
-	fn("free", []api.ValueType{i64}, nil, func(k *rawKernel, s []uint64) {})
-	fn("length", []api.ValueType{i64}, []api.ValueType{i64}, func(k *rawKernel, s []uint64) {
-		for i, st := range k.blockStart {
-			if st == s[0] {
-				end := uint64(len(k.mem))
-				if i+1 < len(k.blockStart) {
-					end = k.blockStart[i+1]
-				}
-				s[0] = end - st
-				return
-			}
-		}
-		s[0] = 0
-	})
-	fn("load_u8", []api.ValueType{i64}, []api.ValueType{i32}, func(k *rawKernel, s []uint64) { s[0] = uint64(k.mem[s[0]]) })
-	fn("load_u64", []api.ValueType{i64}, []api.ValueType{i64}, func(k *rawKernel, s []uint64) { s[0] = binary.LittleEndian.Uint64(k.mem[s[0]:]) })
-	fn("store_u8", []api.ValueType{i64, i32}, nil, func(k *rawKernel, s []uint64) { k.mem[s[0]] = byte(s[1]) })
-	fn("store_u64", []api.ValueType{i64, i64}, nil, func(k *rawKernel, s []uint64) { binary.LittleEndian.PutUint64(k.mem[s[0]:], s[1]) })
-	fn("input_length", nil, []api.ValueType{i64}, func(k *rawKernel, s []uint64) { s[0] = uint64(len(k.input)) })
-	fn("input_load_u8", []api.ValueType{i64}, []api.ValueType{i32}, func(k *rawKernel, s []uint64) { s[0] = uint64(k.input[s[0]]) })
-	fn("input_load_u64", []api.ValueType{i64}, []api.ValueType{i64}, func(k *rawKernel, s []uint64) { s[0] = binary.LittleEndian.Uint64(k.input[s[0]:]) })
-	fn("output_set", []api.ValueType{i64, i64}, nil, func(k *rawKernel, s []uint64) { k.outOff, k.outLen = s[0], s[1] })
-	fn("error_set", []api.ValueType{i64}, nil, func(k *rawKernel, s []uint64) {})
-	fn("config_get", []api.ValueType{i64}, []api.ValueType{i64}, func(k *rawKernel, s []uint64) { s[0] = 0 })
-	fn("var_get", []api.ValueType{i64}, []api.ValueType{i64}, func(k *rawKernel, s []uint64) { s[0] = 0 })
-	fn("var_set", []api.ValueType{i64, i64}, nil, func(k *rawKernel, s []uint64) {})
-	if _, err := bld.Instantiate(ctx); err != nil {
+	if err := rawkernel.Define(ctx, r.rt, r.kernel); err != nil {
 		t.Fatal(err)
 	}
 	var err error
@@ -143,13 +93,13 @@ func (r *rawRuntime) instantiate(ctx context.Context) (api.Module, error) {
 	return m, nil
 }
 
-// rawKernelKey is the context key of the rawKernel of a call made with
+// rawKernelKey is the context key of the kernel of a call made with
 // callOn; calls made with call use the runtime's own.
 type rawKernelKey struct{}
 
-// kernel returns the rawKernel of the call whose context is ctx.
-func (r *rawRuntime) kernel(ctx context.Context) *rawKernel {
-	if k, ok := ctx.Value(rawKernelKey{}).(*rawKernel); ok {
+// kernel returns the kernel of the call whose context is ctx.
+func (r *rawRuntime) kernel(ctx context.Context) *rawkernel.Kernel {
+	if k, ok := ctx.Value(rawKernelKey{}).(*rawkernel.Kernel); ok {
 		return k
 	}
 	return r.k
@@ -163,14 +113,12 @@ func (r *rawRuntime) call(ctx context.Context, m api.Module, input []byte) ([]by
 // callOn is call on kernel k rather than the runtime's own, so that
 // instances with a kernel each may be called at the same time. ctx must
 // carry k (rawKernelKey).
-func (r *rawRuntime) callOn(ctx context.Context, k *rawKernel, m api.Module, input []byte) ([]byte, error) {
-	k.mem = k.mem[:8]
-	k.blockStart = k.blockStart[:0]
-	k.input = input
+func (r *rawRuntime) callOn(ctx context.Context, k *rawkernel.Kernel, m api.Module, input []byte) ([]byte, error) {
+	k.Reset(input)
 	if _, err := m.ExportedFunction("call").Call(ctx); err != nil {
 		return nil, err
 	}
-	return append([]byte(nil), k.mem[k.outOff:k.outOff+k.outLen]...), nil
+	return append([]byte(nil), k.Output()...), nil
 }
 
 // newExtism compiles a plugin with the Extism Go SDK as shipped, WASI

@@ -12,6 +12,7 @@ import (
 	"github.com/tetratelabs/wazero/api"
 	"github.com/tetratelabs/wazero/experimental"
 
+	"github.com/wasmtools/wasmtools/internal/rawkernel"
 	"github.com/wasmtools/wasmtools/internal/testplugins"
 )
 
@@ -22,10 +23,10 @@ import (
 // instance and kernel, made on its first call; the tool's arguments go to
 // the guest as the servlet interface's input, unvalidated, and its output
 // is decoded as the call's result. Its guest memories are outside the Go
-// heap, as wasmtools' are (mmapAllocator). There is no deadline or interruption
-// (wazero runs the guest with no termination check), no memory limit, no
-// per-call bookkeeping, and the least Extism kernel (rawKernel), as in the
-// raw-wazero baseline.
+// heap, as wasmtools' are (mmapAllocator). There is no deadline or
+// interruption (wazero runs the guest with no termination check), no
+// memory limit, no per-call bookkeeping, and the least Extism kernel
+// (package rawkernel), as in the raw-wazero baseline.
 //
 // Against it, what separates wasmtools from native splits in two: the
 // guest's own time inside a go-sdk server, which any Wasm host pays
@@ -50,7 +51,7 @@ type rawTool struct {
 // rawInstance is one session's instance in rawToolServer.
 type rawInstance struct {
 	mu sync.Mutex // a session's calls take turns on its instance
-	k  *rawKernel
+	k  *rawkernel.Kernel
 	m  api.Module
 }
 
@@ -63,7 +64,7 @@ func (t *rawTool) call(ctx context.Context, req *mcp.CallToolRequest) (*mcp.Call
 	t.mu.Lock()
 	inst := t.instances[req.Session]
 	if inst == nil {
-		inst = &rawInstance{k: &rawKernel{mem: make([]byte, 8, 1024)}}
+		inst = &rawInstance{k: rawkernel.New()}
 		t.instances[req.Session] = inst
 	}
 	t.mu.Unlock()

@@ -3,6 +3,7 @@ package host_test
 import (
 	"context"
 	"log/slog"
+	"runtime"
 	"sync"
 	"testing"
 	"unsafe"
@@ -38,8 +39,8 @@ func TestCallStackDepth(t *testing.T) {
 	if raceEnabled {
 		t.Skip("the race detector's instrumentation changes the frames")
 	}
-	if unsafe.Sizeof(uintptr(0)) != 8 {
-		t.Skip("the budget is for 64-bit platforms")
+	if runtime.GOARCH != "amd64" {
+		t.Skip("the budget is measured on amd64; other architectures' frames differ")
 	}
 	ctx := context.Background()
 	rt, err := sandbox.NewRuntime(sandbox.Options{CacheDir: testplugins.CacheDir()})
@@ -78,7 +79,7 @@ func TestCallStackDepth(t *testing.T) {
 	}
 	d := p.depth()
 	if d == 0 {
-		t.Fatal("the probe saw no plugin log inside a tools/call")
+		t.Fatal("the probe saw no guest log below the middleware on the request's goroutine")
 	}
 	logging := p.logDepth()
 	t.Logf("%d bytes of stack from the outermost middleware to the guest's log, %d of them slog's", d, logging)

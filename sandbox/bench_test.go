@@ -3,7 +3,6 @@ package sandbox_test
 import (
 	"context"
 	"crypto/rand"
-	"encoding/binary"
 	"strings"
 	"testing"
 	"time"
@@ -12,6 +11,7 @@ import (
 	"github.com/tetratelabs/wazero/api"
 	"github.com/tetratelabs/wazero/imports/wasi_snapshot_preview1"
 
+	"github.com/wasmtools/wasmtools/internal/rawkernel"
 	"github.com/wasmtools/wasmtools/internal/testplugins"
 	"github.com/wasmtools/wasmtools/sandbox"
 )
@@ -33,77 +33,28 @@ func rawConfigs() map[string]wazero.RuntimeConfig {
 	}
 }
 
-// rawKernel is the least Extism kernel that runs the test plugins.
-type rawKernel struct {
-	mem        []byte
-	input      []byte
-	out        []byte
-	outOff     uint64
-	outLen     uint64
-	blockStart []uint64
-}
-
-func (k *rawKernel) alloc(n uint64) uint64 {
-	off := uint64(len(k.mem))
-	k.mem = append(k.mem, make([]byte, n)...)
-	k.blockStart = append(k.blockStart, off)
-	return off
-}
-
-func newRawRuntime(ctx context.Context, b testing.TB, k **rawKernel) wazero.Runtime {
+func newRawRuntime(ctx context.Context, b testing.TB, k *rawkernel.Kernel) wazero.Runtime {
 	return newRawRuntimeCfg(ctx, b, k, wazero.NewRuntimeConfig())
 }
 
-func newRawRuntimeCfg(ctx context.Context, b testing.TB, k **rawKernel, cfg wazero.RuntimeConfig) wazero.Runtime {
+// newRawRuntimeCfg is a runtime of configuration cfg with WASI and the
+// least Extism kernel (package rawkernel), whose calls use k.
+func newRawRuntimeCfg(ctx context.Context, b testing.TB, k *rawkernel.Kernel, cfg wazero.RuntimeConfig) wazero.Runtime {
 	rt := wazero.NewRuntimeWithConfig(ctx, cfg)
 	wasi_snapshot_preview1.MustInstantiate(ctx, rt)
-	i64, i32 := api.ValueTypeI64, api.ValueTypeI32
-	bld := rt.NewHostModuleBuilder("extism:host/env")
-	fn := func(name string, params, results []api.ValueType, f func(k *rawKernel, s []uint64)) {
-		bld.NewFunctionBuilder().WithGoFunction(api.GoFunc(func(_ context.Context, s []uint64) { f(*k, s) }), params, results).Export(name)
-	}
-	fn("alloc", []api.ValueType{i64}, []api.ValueType{i64}, func(k *rawKernel, s []uint64) { s[0] = k.alloc(s[0]) })
-	fn("free", []api.ValueType{i64}, nil, func(k *rawKernel, s []uint64) {})
-	fn("length", []api.ValueType{i64}, []api.ValueType{i64}, func(k *rawKernel, s []uint64) {
-		for i, st := range k.blockStart {
-			if st == s[0] {
-				end := uint64(len(k.mem))
-				if i+1 < len(k.blockStart) {
-					end = k.blockStart[i+1]
-				}
-				s[0] = end - st
-				return
-			}
-		}
-		s[0] = 0
-	})
-	fn("load_u8", []api.ValueType{i64}, []api.ValueType{i32}, func(k *rawKernel, s []uint64) { s[0] = uint64(k.mem[s[0]]) })
-	fn("load_u64", []api.ValueType{i64}, []api.ValueType{i64}, func(k *rawKernel, s []uint64) { s[0] = binary.LittleEndian.Uint64(k.mem[s[0]:]) })
-	fn("store_u8", []api.ValueType{i64, i32}, nil, func(k *rawKernel, s []uint64) { k.mem[s[0]] = byte(s[1]) })
-	fn("store_u64", []api.ValueType{i64, i64}, nil, func(k *rawKernel, s []uint64) { binary.LittleEndian.PutUint64(k.mem[s[0]:], s[1]) })
-	fn("input_length", nil, []api.ValueType{i64}, func(k *rawKernel, s []uint64) { s[0] = uint64(len(k.input)) })
-	fn("input_load_u8", []api.ValueType{i64}, []api.ValueType{i32}, func(k *rawKernel, s []uint64) { s[0] = uint64(k.input[s[0]]) })
-	fn("input_load_u64", []api.ValueType{i64}, []api.ValueType{i64}, func(k *rawKernel, s []uint64) { s[0] = binary.LittleEndian.Uint64(k.input[s[0]:]) })
-	fn("output_set", []api.ValueType{i64, i64}, nil, func(k *rawKernel, s []uint64) { k.outOff, k.outLen = s[0], s[1] })
-	fn("error_set", []api.ValueType{i64}, nil, func(k *rawKernel, s []uint64) {})
-	fn("config_get", []api.ValueType{i64}, []api.ValueType{i64}, func(k *rawKernel, s []uint64) { s[0] = 0 })
-	fn("var_get", []api.ValueType{i64}, []api.ValueType{i64}, func(k *rawKernel, s []uint64) { s[0] = 0 })
-	fn("var_set", []api.ValueType{i64, i64}, nil, func(k *rawKernel, s []uint64) {})
-	if _, err := bld.Instantiate(ctx); err != nil {
+	if err := rawkernel.Define(ctx, rt, func(context.Context) *rawkernel.Kernel { return k }); err != nil {
 		b.Fatal(err)
 	}
 	return rt
 }
 
 // rawCall runs export with input on a raw instance and returns the output.
-func rawCall(ctx context.Context, b testing.TB, k *rawKernel, f api.Function, input []byte) []byte {
-	k.mem = k.mem[:8]
-	k.blockStart = k.blockStart[:0]
-	k.input = input
+func rawCall(ctx context.Context, b testing.TB, k *rawkernel.Kernel, f api.Function, input []byte) []byte {
+	k.Reset(input)
 	if _, err := f.Call(ctx); err != nil {
 		b.Fatal(err)
 	}
-	return k.mem[k.outOff : k.outOff+k.outLen]
+	return k.Output()
 }
 
 func rawInstantiate(ctx context.Context, b testing.TB, rt wazero.Runtime, c wazero.CompiledModule) api.Module {
@@ -136,8 +87,8 @@ func BenchmarkNewInstanceFirstCall(b *testing.B) {
 	input := []byte(`{"params":{"name":"count","arguments":{}}}`)
 	for name, cfg := range rawConfigs() {
 		b.Run(name, func(b *testing.B) {
-			k := &rawKernel{mem: make([]byte, 8, 1024)}
-			rt := newRawRuntimeCfg(ctx, b, &k, cfg)
+			k := rawkernel.New()
+			rt := newRawRuntimeCfg(ctx, b, k, cfg)
 			defer rt.Close(ctx)
 			c, _ := rt.CompileModule(ctx, wasm)
 			b.ReportAllocs()
@@ -185,8 +136,8 @@ func BenchmarkInstanceWarmCall(b *testing.B) {
 	wasm := testplugins.Bytes(b, testplugins.Test(b, "servlet"))
 	for name, cfg := range rawConfigs() {
 		b.Run(name, func(b *testing.B) {
-			k := &rawKernel{mem: make([]byte, 8, 1024)}
-			rt := newRawRuntimeCfg(ctx, b, &k, cfg)
+			k := rawkernel.New()
+			rt := newRawRuntimeCfg(ctx, b, k, cfg)
 			defer rt.Close(ctx)
 			c, _ := rt.CompileModule(ctx, wasm)
 			m := rawInstantiate(ctx, b, rt, c)
@@ -274,8 +225,8 @@ func BenchmarkInstantiateGo(b *testing.B) {
 	ctx := context.Background()
 	wasm := testplugins.Bytes(b, testplugins.Example(b, "hash"))
 	b.Run("raw-wazero", func(b *testing.B) {
-		k := &rawKernel{mem: make([]byte, 8, 1024)}
-		rt := newRawRuntime(ctx, b, &k)
+		k := rawkernel.New()
+		rt := newRawRuntime(ctx, b, k)
 		defer rt.Close(ctx)
 		c, _ := rt.CompileModule(ctx, wasm)
 		for b.Loop() {
@@ -304,8 +255,8 @@ func BenchmarkIdleInstanceMemory(b *testing.B) {
 	for _, plugin := range []string{"counter", "hash"} {
 		wasm := testplugins.Bytes(b, testplugins.Example(b, plugin))
 		b.Run(plugin+"/raw-wazero", func(b *testing.B) {
-			k := &rawKernel{mem: make([]byte, 8, 1024)}
-			rt := newRawRuntime(ctx, b, &k)
+			k := rawkernel.New()
+			rt := newRawRuntime(ctx, b, k)
 			defer rt.Close(ctx)
 			c, _ := rt.CompileModule(ctx, wasm)
 			measureRSS(b, n, func() func() {
@@ -370,8 +321,8 @@ func BenchmarkSnapshot(b *testing.B) {
 		wasm := testplugins.Bytes(b, plugin.path)
 		input := []byte(plugin.input)
 		b.Run(plugin.name+"/raw-wazero-copy", func(b *testing.B) {
-			k := &rawKernel{mem: make([]byte, 8, 1024)}
-			rt := newRawRuntime(ctx, b, &k)
+			k := rawkernel.New()
+			rt := newRawRuntime(ctx, b, k)
 			defer rt.Close(ctx)
 			c, _ := rt.CompileModule(ctx, wasm)
 			m := rawInstantiate(ctx, b, rt, c)
@@ -383,8 +334,8 @@ func BenchmarkSnapshot(b *testing.B) {
 			}
 		})
 		b.Run(plugin.name+"/raw-wazero-new", func(b *testing.B) {
-			k := &rawKernel{mem: make([]byte, 8, 1024)}
-			rt := newRawRuntime(ctx, b, &k)
+			k := rawkernel.New()
+			rt := newRawRuntime(ctx, b, k)
 			defer rt.Close(ctx)
 			c, _ := rt.CompileModule(ctx, wasm)
 			b.ReportAllocs()
