@@ -277,7 +277,7 @@ func (h *Host) runGuest(ctx context.Context, t *plugins.Tool, c *plugins.Call, e
 	env.attach(l)
 	gctx, gspan := h.guestSpan(ctx, t, env, l)
 	stop := h.dur.KeepAlive(cl.claim)
-	out, err := l.Instance().CallTool(gctx, *c)
+	out, err := l.Instance().CallTool(gctx, c)
 	stop()
 	telemetry.End(gspan, err)
 	if err == nil {

@@ -31,7 +31,7 @@ func Example() {
 	inst, _ := tool.Plugin().NewInstance(ctx)
 	defer inst.Close(ctx)
 	for range 2 {
-		res, _ := inst.CallTool(ctx, plugins.Call{Tool: tool, Arguments: json.RawMessage(`{}`)})
+		res, _ := inst.CallTool(ctx, &plugins.Call{Tool: tool, Arguments: json.RawMessage(`{}`)})
 		fmt.Println(string(res.Content[0]))
 	}
 	// Output:

@@ -68,7 +68,7 @@ func FuzzLoadAndCall(f *testing.F) {
 		if err != nil {
 			f.Fatal(err)
 		}
-		res, err := inst.CallTool(context.Background(), Call{Tool: p.Tools()[0], Arguments: json.RawMessage(`{}`)})
+		res, err := inst.CallTool(context.Background(), &Call{Tool: p.Tools()[0], Arguments: json.RawMessage(`{}`)})
 		if err != nil || len(res.Content) != 1 || string(res.Content[0]) != `{"type":"text","text":"hi"}` {
 			f.Fatalf("hostileecho call: %v %v", res, err)
 		}
@@ -107,7 +107,7 @@ func FuzzLoadAndCall(f *testing.F) {
 				t.Fatalf("input schema %s was accepted", tool.Def.InputSchema)
 			}
 			_ = tool.ValidateArguments(json.RawMessage(`{"a":"x","n":1}`))
-			res, err := inst.CallTool(context.Background(), Call{Tool: tool, Arguments: json.RawMessage(`{}`)})
+			res, err := inst.CallTool(context.Background(), &Call{Tool: tool, Arguments: json.RawMessage(`{}`)})
 			if err != nil {
 				continue
 			}

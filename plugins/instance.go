@@ -56,8 +56,8 @@ type Call struct {
 // own, so that this frame, under the guest's, stays small: a call's
 // goroutine that fits in 8 KiB of stack is not copied to a larger one
 // (docs/DESIGN.md, "The Go guest inside the server").
-func (i *Instance) CallTool(ctx context.Context, c Call) (*abi.CallToolResult, error) {
-	export, b, err := i.callInput(&c)
+func (i *Instance) CallTool(ctx context.Context, c *Call) (*abi.CallToolResult, error) {
+	export, b, err := i.callInput(c)
 	if err != nil {
 		return nil, err
 	}

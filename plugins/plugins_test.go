@@ -206,7 +206,7 @@ func TestInstanceCallTool(t *testing.T) {
 		}
 		defer inst.Close(context.Background())
 		tool := p.Tools()[0]
-		res, err := inst.CallTool(context.Background(), plugins.Call{Tool: tool, Arguments: json.RawMessage(`{"text":"hi"}`)})
+		res, err := inst.CallTool(context.Background(), &plugins.Call{Tool: tool, Arguments: json.RawMessage(`{"text":"hi"}`)})
 		if err != nil {
 			t.Fatalf("%s: %v", tool.Name, err)
 		}

@@ -18,7 +18,7 @@ func callText(t *testing.T, p *plugins.Plugin, inst *plugins.Instance, tool, arg
 		if tl.Name != tool {
 			continue
 		}
-		res, err := inst.CallTool(context.Background(), plugins.Call{Tool: tl, Arguments: json.RawMessage(args)})
+		res, err := inst.CallTool(context.Background(), &plugins.Call{Tool: tl, Arguments: json.RawMessage(args)})
 		if err != nil {
 			t.Fatalf("%s: %v", tool, err)
 		}

@@ -252,7 +252,45 @@ func contextCause(ctx context.Context, err error) error {
 // the instance stays usable. A trap, guest exit, host-function refusal or
 // the end of ctx (or of the policy's call timeout) is a [TrapError], and
 // closes the instance: its memory may be inconsistent.
+//
+// What only some calls do (refusals, a trap, a guest's error) and what
+// every call does before and after the guest runs are in functions of
+// their own, so that this frame, which stays on the stack under the
+// guest's host calls, is small: a call's goroutine that fits in 8 KiB of
+// stack is not copied to a larger one (docs/DESIGN.md, "The Go guest
+// inside the server").
 func (i *Instance) Call(ctx context.Context, export string, input []byte, host HostFunc) ([]byte, error) {
+	f, err := i.begin(export, input)
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	if !i.compiled.startCall(i, cancel) {
+		return nil, errModuleClosed
+	}
+	defer i.compiled.endCall(i)
+	ctx = i.enter(ctx, host, cancel)
+	defer i.leave()
+	stop := i.interrupt.arm(ctx)
+	err = f.CallWithStack(ctx, i.stack[:])
+	i.interrupt.disarm(stop)
+	i.mem.exit()
+	if err != nil {
+		return nil, i.trapped(ctx, export, err)
+	}
+	return i.result(export, f)
+}
+
+// errModuleClosed is Call's refusal on an instance whose module was
+// closed under it.
+var errModuleClosed = fmt.Errorf("%w: its module was closed", ErrClosed)
+
+// begin is the export a call of export runs, with the kernel reset to
+// input; or why there is none.
+//
+//go:noinline
+func (i *Instance) begin(export string, input []byte) (api.Function, error) {
 	if i.err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrClosed, i.err)
 	}
@@ -263,37 +301,52 @@ func (i *Instance) Call(ctx context.Context, export string, input []byte, host H
 	if err := i.kernel.reset(input); err != nil {
 		return nil, fmt.Errorf("%s: %w", export, err)
 	}
-	ctx, cancel := context.WithCancelCause(ctx)
-	defer cancel(nil)
-	if !i.compiled.startCall(i, cancel) {
-		return nil, fmt.Errorf("%w: its module was closed", ErrClosed)
-	}
-	defer i.compiled.endCall(i)
+	return f, nil
+}
+
+// enter sets up a call that serves host and ends with cancel: its
+// deadline, its context (returned) and the guest's memory.
+//
+//go:noinline
+func (i *Instance) enter(ctx context.Context, host HostFunc, cancel context.CancelCauseFunc) context.Context {
 	i.deadline = newDeadline(i.compiled.policy.callTimeout, cancel)
 	i.host = host
-	defer func() {
-		i.deadline.stop()
-		i.host, i.deadline, i.callCtx = nil, nil, nil
-		clear(i.fileGrants)
-		i.kernel.shrink()
-		i.reportDropped()
-	}()
 	ctx = context.WithValue(ctx, instanceKey{}, i)
 	i.callCtx = ctx
 	i.stack[0] = 0
 	i.mem.enter()
-	stop := i.interrupt.arm(ctx)
-	err = f.CallWithStack(ctx, i.stack[:])
-	i.interrupt.disarm(stop)
-	i.mem.exit()
-	if err != nil {
-		te := &TrapError{Export: export, Err: err}
-		if ctx.Err() != nil {
-			te.Cause = context.Cause(ctx)
-		}
-		i.close(te)
-		return nil, te
+	return ctx
+}
+
+// leave undoes enter, once the guest has run.
+//
+//go:noinline
+func (i *Instance) leave() {
+	i.deadline.stop()
+	i.host, i.deadline, i.callCtx = nil, nil, nil
+	clear(i.fileGrants)
+	i.kernel.shrink()
+	i.reportDropped()
+}
+
+// trapped closes the instance after a trap (err) of export and returns
+// the call's error.
+//
+//go:noinline
+func (i *Instance) trapped(ctx context.Context, export string, err error) error {
+	te := &TrapError{Export: export, Err: err}
+	if ctx.Err() != nil {
+		te.Cause = context.Cause(ctx)
 	}
+	i.close(te)
+	return te
+}
+
+// result is the output of a call of export (f) that ran to its end, or the
+// guest's error.
+//
+//go:noinline
+func (i *Instance) result(export string, f api.Function) ([]byte, error) {
 	i.stdout.flush()
 	i.stderr.flush()
 	if len(f.Definition().ResultTypes()) == 1 && uint32(i.stack[0]) != 0 {

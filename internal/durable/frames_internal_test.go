@@ -96,7 +96,7 @@ func (w *notesWorld) call(ses *sessions.Manager, d *Keeper, tool, args string) (
 			t = x
 		}
 	}
-	res, err := l.Instance().CallTool(l.Context(), plugins.Call{Tool: t, Arguments: json.RawMessage(args)})
+	res, err := l.Instance().CallTool(l.Context(), &plugins.Call{Tool: t, Arguments: json.RawMessage(args)})
 	if err != nil {
 		w.t.Fatal(err)
 	}

@@ -104,7 +104,7 @@ func newLossyWorld(t *testing.T) *lossyWorld {
 // count runs the counter's tool on l and returns its count.
 func (w *lossyWorld) count(l *sessions.Lease) string {
 	w.t.Helper()
-	res, err := l.Instance().CallTool(l.Context(), plugins.Call{Tool: l.Plugin().Tools()[0], Arguments: json.RawMessage(`{}`)})
+	res, err := l.Instance().CallTool(l.Context(), &plugins.Call{Tool: l.Plugin().Tools()[0], Arguments: json.RawMessage(`{}`)})
 	if err != nil {
 		w.t.Fatal(err)
 	}

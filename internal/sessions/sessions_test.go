@@ -152,7 +152,7 @@ func (w *world) hold(h *holder) {
 				// The instance must be usable while the lease is live:
 				// a failure with the lease's context alive means it was
 				// closed under the lease.
-				_, err := l.Instance().CallTool(l.Context(), plugins.Call{Tool: l.Plugin().Tools()[0], Arguments: json.RawMessage(`{}`)})
+				_, err := l.Instance().CallTool(l.Context(), &plugins.Call{Tool: l.Plugin().Tools()[0], Arguments: json.RawMessage(`{}`)})
 				if err != nil && l.Context().Err() == nil {
 					w.t.Errorf("instance closed under a live lease: %v", err)
 				}

@@ -53,7 +53,7 @@ func TestRetireKeepsHostSnapshot(t *testing.T) {
 		}
 		defer l.Done(nil)
 		tool := p.Tools()[0]
-		res, err := l.Instance().CallTool(l.Context(), plugins.Call{Tool: tool, Arguments: json.RawMessage(`{}`)})
+		res, err := l.Instance().CallTool(l.Context(), &plugins.Call{Tool: tool, Arguments: json.RawMessage(`{}`)})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -100,7 +100,7 @@ func TestInterruptedInstanceComesBackFromTheStore(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		res, err := l.Instance().CallTool(l.Context(), plugins.Call{Tool: p.Tools()[0], Arguments: json.RawMessage(`{}`)})
+		res, err := l.Instance().CallTool(l.Context(), &plugins.Call{Tool: p.Tools()[0], Arguments: json.RawMessage(`{}`)})
 		if err != nil {
 			t.Fatal(err)
 		}
