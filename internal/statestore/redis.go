@@ -2,6 +2,7 @@ package statestore
 
 import (
 	"context"
+	"crypto/rand"
 	"errors"
 	"fmt"
 	"net/url"
@@ -23,7 +24,16 @@ import (
 //	               ("m:owner", "m:replica", "m:boot", "m:epoch", "m:n"),
 //	               the write version and sealed head of [Seal] ("m:v",
 //	               "m:head"); expires after the claim's or last Put's
-//	               TTL, as Memory's record does.
+//	               TTL, as Memory's record does. A field whose value is
+//	               kept out of line (below) has "o:NAME" beside it, and
+//	               "f:NAME" holds [outOfLineMarker].
+//	wt:{ID}:v:NAME the value of field NAME when it is outOfLine bytes or
+//	               more; it expires with the record (every script that
+//	               renews the record's TTL renews these keys').
+//	wt:{ID}:s:RAND a value on its way to wt:{ID}:v:NAME: set in the same
+//	               pipeline as the write's script, which renames it once
+//	               the fence is checked, or deletes it; it expires after
+//	               stageTTL if the script never ran.
 //	wt:{ID}:fence  the fence counter; expires FenceTTL (at least) after the
 //	               record was last claimed or written, so that a stale
 //	               owner stays fenced after the record itself expired.
@@ -42,7 +52,7 @@ import (
 // error (a dead pooled connection after Redis restarted). A retry can
 // resend a script whose reply was lost after Redis ran it: a versioned
 // put or a fence bump sent again succeeds with what it did the first time
-// (see putVersionedScript and renewScript).
+// (see putVersionedScripts and renewScript).
 type Redis struct {
 	c      *redis.Client
 	closed atomic.Bool
@@ -85,6 +95,37 @@ const epochKey = "wt:epoch"
 
 func recKey(id string) string   { return "wt:{" + id + "}:rec" }
 func fenceKey(id string) string { return "wt:{" + id + "}:fence" }
+
+// valKey is the key of field's value when it is kept out of line; the
+// scripts make the same name from the record's key (extendValues).
+func valKey(id, field string) string { return "wt:{" + id + "}:v:" + field }
+
+// stageKey is a new key for a value on its way to its valKey: unique to
+// the write, so that two writers of one field (one of them stale) never
+// rename each other's bytes.
+func stageKey(id string) string { return "wt:{" + id + "}:s:" + rand.Text() }
+
+// outOfLine is the size from which a value is not passed to the write's
+// script but set beside it, and renamed into place by the script once the
+// fence is checked. Redis hashes every byte of a string that enters Lua
+// (its patched luaS_newlstr), about 1.4 µs per KB here: a 32 KB value
+// through the script took 175 to 205 µs a write against a loopback
+// redis-server, set beside it 115 to 130 µs; at 4 KB the extra command
+// costs more (85 to 90 µs against 100 to 110). A Go guest's checkpoint is
+// 20 KB and more (docs/DESIGN.md, "Checkpoints write what changed").
+const outOfLine = 16 << 10
+
+// outOfLineMarker is what "f:NAME" holds while NAME's value is out of
+// line: no sealed value nor record starts with a zero byte, so a replica
+// that does not know this layout fails to open it and says the state was
+// lost, rather than reading it as a state (docs/DEPLOY.md: a replica set
+// is upgraded whole).
+const outOfLineMarker = "\x00wasmtools: value out of line"
+
+// stageTTL bounds how long a staged value outlives a write whose script
+// never ran (a connection lost between the two).
+const stageTTL = time.Minute
+
 func ownerKey(o Owner) string {
 	return "wt:owner:" + url.PathEscape(o.Replica) + "/" + url.PathEscape(o.Boot)
 }
@@ -146,6 +187,31 @@ func (r *Redis) Leave(ctx context.Context, owner Owner) error {
 	return r.call(ctx, func() error { return r.c.Del(ctx, ownerKey(owner)).Err() })
 }
 
+// extendValues is a Lua function that gives the record's out-of-line
+// values (its "o:NAME" fields) a TTL of ttl ms, as the record's. Every
+// script that renews the record's TTL calls it, so that a value never
+// expires before its record. A value key's name is the record's with
+// "v:NAME" for "rec" (valKey).
+const extendValues = `
+local function extendValues(rec, ttl)
+  local prefix = string.sub(rec, 1, -4) .. 'v:'
+  for _, k in ipairs(redis.call('HKEYS', rec)) do
+    if string.sub(k, 1, 2) == 'o:' then redis.call('PEXPIRE', prefix .. string.sub(k, 3), ttl) end
+  end
+end
+`
+
+// dropValues is a Lua function that deletes the record's out-of-line
+// values.
+const dropValues = `
+local function dropValues(rec)
+  local prefix = string.sub(rec, 1, -4) .. 'v:'
+  for _, k in ipairs(redis.call('HKEYS', rec)) do
+    if string.sub(k, 1, 2) == 'o:' then redis.call('DEL', prefix .. string.sub(k, 3)) end
+  end
+end
+`
+
 // claimScript: KEYS rec, fence counter, epoch; ARGV owner key, replica,
 // boot, ttl ms, fence ttl ms, steal, a new epoch (used when the store has
 // none), a random first fence (used when neither the counter nor the
@@ -160,12 +226,15 @@ func (r *Redis) Leave(ctx context.Context, owner Owner) error {
 // key is only a floor for the next number, and the epoch key says which
 // store generation the fence belongs to: a store that lost its keys has a
 // new epoch, and every fence of the old one is refused.
-var claimScript = redis.NewScript(`
+var claimScript = redis.NewScript(extendValues + `
 local rec, fk, ek = KEYS[1], KEYS[2], KEYS[3]
 local epoch = redis.call('GET', ek)
 if not epoch then redis.call('SET', ek, ARGV[7]); epoch = ARGV[7] end
 local h = redis.call('HMGET', rec, 'm:owner', 'm:replica', 'm:boot', 'm:epoch', 'm:n', 'm:taken')
-if redis.call('EXISTS', rec) == 1 then redis.call('PEXPIRE', rec, ARGV[4]) end
+if redis.call('EXISTS', rec) == 1 then
+  redis.call('PEXPIRE', rec, ARGV[4])
+  extendValues(rec, ARGV[4])
+end
 if h[1] == ARGV[1] and h[4] == epoch and h[5] then
   redis.call('HDEL', rec, 'm:bumped')
   redis.call('PEXPIRE', fk, ARGV[5])
@@ -251,25 +320,76 @@ if not h[2] then return 4 end
 if not h[1] or h[1] == '' or h[2] ~= ARGV[1] or h[3] ~= ARGV[2] then return 0 end
 `
 
-// putScript: KEYS rec, fence counter, epoch; ARGV epoch, n, field, value,
-// ttl ms, fence ttl ms. Returns 1, or checkFence's refusal.
-var putScript = redis.NewScript(checkFence + `
-redis.call('HSET', KEYS[1], ARGV[3], ARGV[4])
+// A write's script: KEYS rec, fence counter, epoch, the field's value
+// key, and for a value out of line its staged key; ARGV epoch, n, field,
+// value (outOfLineMarker when out of line), ttl ms, fence ttl ms, and a
+// versioned write's arguments (putVersionedScripts). It returns 1, or
+// checkFence's refusal, or a versioned write's (5); 6 when the staged
+// value is not there (it was set in the same pipeline: only evicted). A
+// refused write out of line deletes its staged value.
+//
+// writeScript makes the script from its parts: check returns a code to
+// refuse the write with (it may return from the script early) and write
+// stores the value in line (writeInline) or out of line (writeOutOfLine);
+// both end with the record's TTL.
+func writeScript(check, write string) *redis.Script {
+	return redis.NewScript(extendValues + `
+local code = (function()
+` + checkFence + check + `
+end)()
+if code then
+  if KEYS[5] then redis.call('DEL', KEYS[5]) end
+  return code
+end
+` + write + `
 redis.call('PEXPIRE', KEYS[1], ARGV[5])
+extendValues(KEYS[1], ARGV[5])
 redis.call('PEXPIRE', KEYS[2], ARGV[6])
 return 1
 `)
+}
+
+// writeInline writes ARGV[4] into the field, and drops the value the
+// field had out of line, if it had one. extra is more of the record's
+// fields to set with it.
+func writeInline(extra string) string {
+	return `
+if redis.call('HDEL', KEYS[1], 'o:' .. string.sub(ARGV[3], 3)) == 1 then redis.call('DEL', KEYS[4]) end
+redis.call('HSET', KEYS[1], ARGV[3], ARGV[4]` + extra + `)
+`
+}
+
+// writeOutOfLine renames the staged value to the field's value key (the
+// staged key's TTL goes with it, and extendValues sets the record's) and
+// marks the field out of line.
+func writeOutOfLine(extra string) string {
+	return `
+if redis.call('EXISTS', KEYS[5]) == 0 then return 6 end
+redis.call('RENAME', KEYS[5], KEYS[4])
+redis.call('HSET', KEYS[1], ARGV[3], ARGV[4], 'o:' .. string.sub(ARGV[3], 3), '1'` + extra + `)
+`
+}
+
+// putScripts are Put's: the field's value and the record's TTL.
+var putScripts = scriptPair{
+	inline:    writeScript("", writeInline("")),
+	outOfLine: writeScript("", writeOutOfLine("")),
+}
+
+// scriptPair is a write's script for a value in line and out of line.
+type scriptPair struct{ inline, outOfLine *redis.Script }
 
 // renewScript: KEYS rec, fence counter, epoch; ARGV epoch, n, ttl ms,
 // fence ttl ms, bump (a new number for the same holder). Returns {1, n},
 // or checkFence's refusal. A bump from the number the holder's last bump
 // replaced ("m:bumped", cleared by a claim) is that bump sent again: it
 // returns the number it made.
-var renewScript = redis.NewScript(`
+var renewScript = redis.NewScript(extendValues + `
 if ARGV[5] == '1' and redis.call('GET', KEYS[3]) == ARGV[1] then
   local b = redis.call('HMGET', KEYS[1], 'm:owner', 'm:epoch', 'm:bumped', 'm:n')
   if b[1] and b[1] ~= '' and b[2] == ARGV[1] and b[3] == ARGV[2] then
     redis.call('PEXPIRE', KEYS[1], ARGV[3])
+    extendValues(KEYS[1], ARGV[3])
     redis.call('PEXPIRE', KEYS[2], ARGV[4])
     return {1, b[4]}
   end
@@ -282,25 +402,28 @@ if ARGV[5] == '1' then
   redis.call('SET', KEYS[2], n)
 end
 redis.call('PEXPIRE', KEYS[1], ARGV[3])
+extendValues(KEYS[1], ARGV[3])
 redis.call('PEXPIRE', KEYS[2], ARGV[4])
 return {1, n}
 `)
 
-// putVersionedScript: KEYS rec, fence counter, epoch; ARGV epoch, n,
-// field, value, ttl ms, fence ttl ms, the version replaced, the next
-// version, the head. Returns 1, checkFence's refusal, or 5 when the
-// record's version is not the one replaced. The same write resent (the
-// client's retry after a lost reply) finds its own version and head and
-// returns 1 without writing.
-var putVersionedScript = redis.NewScript(checkFence + `
+// putVersionedScripts: a write's arguments (writeScript) and ARGV[7] the
+// version replaced, ARGV[8] the next version, ARGV[9] the head. They
+// return 5 when the record's version is not the one replaced. The same
+// write resent (the client's retry after a lost reply) finds its own
+// version and head and returns 1 without writing.
+var putVersionedScripts = scriptPair{
+	inline:    writeScript(checkVersion, writeInline(versionFields)),
+	outOfLine: writeScript(checkVersion, writeOutOfLine(versionFields)),
+}
+
+const checkVersion = `
 local v = redis.call('HMGET', KEYS[1], 'm:v', 'm:head')
 if v[1] == ARGV[8] and v[2] == ARGV[9] then return 1 end
 if (v[1] or '0') ~= ARGV[7] then return 5 end
-redis.call('HSET', KEYS[1], ARGV[3], ARGV[4], 'm:v', ARGV[8], 'm:head', ARGV[9])
-redis.call('PEXPIRE', KEYS[1], ARGV[5])
-redis.call('PEXPIRE', KEYS[2], ARGV[6])
-return 1
-`)
+`
+
+const versionFields = `, 'm:v', ARGV[8], 'm:head', ARGV[9]`
 
 // headScript: KEYS rec. Returns {version, head, field keys...}, the
 // version and head false when absent.
@@ -328,29 +451,68 @@ func refusal(code int64) error {
 }
 
 func (r *Redis) Put(ctx context.Context, id, field string, value []byte, fence uint64, ttl time.Duration) error {
-	return r.write(ctx, putScript, id, field, value, fence, ttl)
+	return r.write(ctx, putScripts, id, field, value, fence, ttl)
 }
 
-// write runs a script of Put's arguments, and more (putVersionedScript's).
-func (r *Redis) write(ctx context.Context, script *redis.Script, id, field string, value []byte, fence uint64, ttl time.Duration, more ...any) error {
+// write runs a script of Put's arguments, and more (putVersionedScripts').
+// A value of outOfLine bytes or more is set beside the script, in the same
+// pipeline (one round trip), under a key of its own that the script
+// renames into place.
+func (r *Redis) write(ctx context.Context, scripts scriptPair, id, field string, value []byte, fence uint64, ttl time.Duration, more ...any) error {
 	if len(value) > MaxValue {
 		return ErrTooLarge
 	}
 	e, n := fenceArgs(fence)
+	keys := []string{recKey(id), fenceKey(id), epochKey, valKey(id, field)}
+	args := append([]any{e, n, "f:" + field, value, ms(ttl), fenceMS(ttl)}, more...)
 	var code int64
 	err := r.call(ctx, func() (err error) {
-		code, err = script.Run(ctx, r.c, []string{recKey(id), fenceKey(id), epochKey},
-			append([]any{e, n, "f:" + field, value, ms(ttl), fenceMS(ttl)}, more...)...).Int64()
+		if len(value) < outOfLine {
+			code, err = scripts.inline.Run(ctx, r.c, keys, args...).Int64()
+			return err
+		}
+		args[3] = outOfLineMarker
+		code, err = r.staged(ctx, scripts.outOfLine, append(keys, stageKey(id)), value, args)
 		return err
 	})
 	if err != nil {
 		return err
 	}
+	if code == 6 {
+		return fmt.Errorf("statestore: redis: the value set beside the write of %s/%s was not there (evicted?)", id, field)
+	}
 	return refusal(code)
 }
 
+// staged sets value under the last of keys and runs script in one
+// pipeline, as script.Run would: by its SHA-1, and again by its text if
+// Redis does not know it (a restarted or flushed server).
+func (r *Redis) staged(ctx context.Context, script *redis.Script, keys []string, value []byte, args []any) (int64, error) {
+	run := func(bySHA bool) (int64, error) {
+		var cmd *redis.Cmd
+		_, err := r.c.Pipelined(ctx, func(p redis.Pipeliner) error {
+			p.Set(ctx, keys[len(keys)-1], value, stageTTL)
+			if bySHA {
+				cmd = script.EvalSha(ctx, p, keys, args...)
+			} else {
+				cmd = script.Eval(ctx, p, keys, args...)
+			}
+			return nil
+		})
+		if err != nil {
+			return 0, err
+		}
+		return cmd.Int64()
+	}
+	code, err := run(true)
+	if err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
+		code, err = run(false)
+	}
+	return code, err
+}
+
 func (r *Redis) putVersioned(ctx context.Context, id, field string, value, head []byte, fence, prev uint64, ttl time.Duration) error {
-	return r.write(ctx, putVersionedScript, id, field, value, fence, ttl,
+	return r.write(ctx, putVersionedScripts, id, field, value, fence, ttl,
 		strconv.FormatUint(prev, 10), strconv.FormatUint(prev+1, 10), head)
 }
 
@@ -398,32 +560,62 @@ func (r *Redis) readHead(ctx context.Context, id string) (uint64, []byte, []stri
 	return version, head, fields, nil
 }
 
+// getScript: KEYS rec. Returns the record's fields and values as HGETALL
+// does, then "v:NAME" and the value (false when it is gone) of each field
+// kept out of line, read in the same atomic step.
+var getScript = redis.NewScript(`
+local all = redis.call('HGETALL', KEYS[1])
+local prefix = string.sub(KEYS[1], 1, -4) .. 'v:'
+for i = 1, #all, 2 do
+  local k = all[i]
+  if string.sub(k, 1, 2) == 'o:' then
+    table.insert(all, 'v:' .. string.sub(k, 3))
+    table.insert(all, redis.call('GET', prefix .. string.sub(k, 3)))
+  end
+end
+return all
+`)
+
 func (r *Redis) getVersioned(ctx context.Context, id string) (map[string][]byte, uint64, []byte, error) {
-	var all map[string]string
+	var res []any
 	err := r.call(ctx, func() (err error) {
-		all, err = r.c.HGetAll(ctx, recKey(id)).Result()
+		res, err = getScript.Run(ctx, r.c, []string{recKey(id)}).Slice()
 		return err
 	})
 	if err != nil {
 		return nil, 0, nil, err
 	}
+	all := make(map[string]any, len(res)/2)
+	for i := 0; i+1 < len(res); i += 2 {
+		if k, ok := res[i].(string); ok {
+			all[k] = res[i+1]
+		}
+	}
 	out := map[string][]byte{}
 	for k, v := range all {
-		if name, ok := strings.CutPrefix(k, "f:"); ok {
-			out[name] = []byte(v)
+		name, ok := strings.CutPrefix(k, "f:")
+		if !ok {
+			continue
 		}
+		if _, far := all["o:"+name]; far {
+			if v, ok = all["v:"+name].(string); !ok {
+				// Evicted, or expired apart from its record: the
+				// state is not there, as a value that does not open.
+				return nil, 0, nil, &SealError{ID: id, Field: name, Reason: "its value, kept out of line, is gone from Redis"}
+			}
+		}
+		s, _ := v.(string)
+		out[name] = []byte(s)
 	}
 	if len(out) == 0 {
 		return nil, 0, nil, ErrNotFound
 	}
-	var version uint64
-	if v, ok := all["m:v"]; ok {
-		if version, err = parseVersion(v); err != nil {
-			return nil, 0, nil, err
-		}
+	version, err := parseVersion(all["m:v"])
+	if err != nil {
+		return nil, 0, nil, err
 	}
 	var head []byte
-	if h, ok := all["m:head"]; ok {
+	if h, ok := all["m:head"].(string); ok {
 		head = []byte(h)
 	}
 	return out, version, head, nil
@@ -501,11 +693,12 @@ func (r *Redis) Release(ctx context.Context, id string, fence uint64) error {
 // deleteScript: KEYS rec, fence; ARGV fence, fence ttl ms. Returns 1, or
 // 0 when fenced. The record is emptied but kept until it would have
 // expired, as Memory does; the fence stays.
-var deleteScript = redis.NewScript(`
+var deleteScript = redis.NewScript(dropValues + `
 if redis.call('EXISTS', KEYS[1]) == 0 then return 1 end
 local h = redis.call('HMGET', KEYS[1], 'm:epoch', 'm:n')
 if h[1] ~= ARGV[1] or h[2] ~= ARGV[2] then return 0 end
 local pttl = redis.call('PTTL', KEYS[1])
+dropValues(KEYS[1])
 redis.call('DEL', KEYS[1])
 redis.call('HSET', KEYS[1], 'm:owner', '', 'm:replica', '', 'm:boot', '', 'm:epoch', h[1], 'm:n', h[2])
 if pttl > 0 then redis.call('PEXPIRE', KEYS[1], pttl) end

@@ -9,6 +9,7 @@ import (
 	"net"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -315,6 +316,50 @@ var cases = []struct {
 		must(e.t, err)
 		err = e.s.Put(e.ctx, e.id+"-2", "f", nil, c.Fence, long)
 		wantErr(e.t, "put after the claim expired", err, statestore.ErrFenced)
+	}},
+	{"values large and small", func(e env) {
+		// Redis keeps a value of 16 KiB or more out of line (redis.go):
+		// writes of either size in either direction, a fenced one, and
+		// the record's TTL and deletion, read back.
+		e.bothAlive()
+		a := e.claim(e.a, false)
+		big := func(c byte) string { return strings.Repeat(string(c), 40<<10) }
+		want := map[string]string{}
+		put := func(field, value string, fence uint64) {
+			e.t.Helper()
+			must(e.t, e.put(field, value, fence))
+			want[field] = value
+			got := e.get()
+			for k := range want {
+				if got[k] != want[k] {
+					e.t.Fatalf("after putting %d bytes in %s: %s holds %d bytes (%.10q), want %d (%.10q)", len(value), field, k, len(got[k]), got[k], len(want[k]), want[k])
+				}
+			}
+			if len(got) != len(want) {
+				e.t.Fatalf("after putting %s: %d fields, want %d", field, len(got), len(want))
+			}
+		}
+		put("f", big('a'), a.Fence)
+		put("g", "small", a.Fence)
+		put("f", "now small", a.Fence)
+		put("f", big('b'), a.Fence)
+		put("g", big('c'), a.Fence)
+		put("f", big('d'), a.Fence)
+		b := e.claim(e.b, true)
+		wantErr(e.t, "stale owner's large put", e.put("f", big('x'), a.Fence), statestore.ErrFenced)
+		wantErr(e.t, "stale owner's small put", e.put("g", "x", a.Fence), statestore.ErrFenced)
+		put("g", "small again", b.Fence)
+		put("f", big('e'), b.Fence)
+		must(e.t, e.s.Delete(e.ctx, e.id, b.Fence))
+		_, err := e.s.Get(e.ctx, e.id)
+		wantErr(e.t, "get after delete", err, statestore.ErrNotFound)
+		// A large value expires with its record.
+		c := e.claim(e.b, false)
+		must(e.t, e.s.Put(e.ctx, e.id, "f", []byte(big('f')), c.Fence, long))
+		must(e.t, e.s.Put(e.ctx, e.id, "g", []byte(big('g')), c.Fence, 500*time.Millisecond))
+		afterTTL(time.Now(), 500*time.Millisecond)
+		_, err = e.s.Get(e.ctx, e.id)
+		wantErr(e.t, "get once the record's TTL ran out", err, statestore.ErrNotFound)
 	}},
 	{"cancelled context", func(e env) {
 		ctx, cancel := context.WithCancel(e.ctx)
