@@ -13,6 +13,7 @@
 package faults
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"net/http"
@@ -25,6 +26,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/wasmtools/wasmtools/internal/proxytest"
 )
 
@@ -364,6 +366,28 @@ func (c *Cluster) RedisStart() {
 	c.t.Helper()
 	c.redis = proxytest.StartRedisAt(c.t, c.Redis)
 	c.Logf("redis started (empty)")
+}
+
+// RedisEvictValues deletes every session's values kept out of line
+// (internal/statestore's Redis keeps a value of 16 KiB or more under a key
+// of its own), as Redis evicting them apart from their records would under
+// a maxmemory policy other than noeviction. It returns how many it
+// deleted.
+func (c *Cluster) RedisEvictValues() int {
+	c.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	rc := redis.NewClient(&redis.Options{Addr: c.Redis})
+	defer rc.Close()
+	keys, err := rc.Keys(ctx, "wt:{*}:v:*").Result()
+	if err == nil && len(keys) > 0 {
+		err = rc.Del(ctx, keys...).Err()
+	}
+	if err != nil {
+		c.t.Fatalf("redis: evicting values: %v", err)
+	}
+	c.Logf("redis: %d values evicted", len(keys))
+	return len(keys)
 }
 
 // RedisFreeze sends Redis SIGSTOP; RedisThaw sends SIGCONT.

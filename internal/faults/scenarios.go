@@ -48,6 +48,7 @@ func Scenarios(stops int) []Scenario {
 			r.C.RedisThaw()
 			moveAfterStore(r)
 		}},
+		Scenario{Name: "redis-evicts-values", Proxy: HAProxy, Fault: evictValues},
 		Scenario{Name: "kill9-under-load", Proxy: HAProxy, Fault: func(r *Run) {
 			for _, i := range []int{0, 1} {
 				r.C.Kill(i)
@@ -83,6 +84,23 @@ func moveAfterStore(r *Run) {
 	r.C.WaitDown(0)
 	r.Rounds(1)
 	r.C.Start(0)
+}
+
+// evictValues deletes the sessions' out-of-line values under load, three
+// times, a round of every client after each: a record whose value is gone
+// is dropped by the next script that meets it, and its holder writes the
+// session back. Then the sessions move, so that another replica reads
+// what was written back. It fails the run if there was nothing to evict.
+func evictValues(r *Run) {
+	evicted := 0
+	for range 3 {
+		evicted += r.C.RedisEvictValues()
+		r.Rounds(1)
+	}
+	if evicted == 0 {
+		r.T.Fatal("no value kept out of line to evict: the scenario tests nothing")
+	}
+	moveAfterStore(r)
 }
 
 // rollingRestart drains (SIGTERM) and restarts each replica in turn,

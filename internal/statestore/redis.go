@@ -97,7 +97,7 @@ func recKey(id string) string   { return "wt:{" + id + "}:rec" }
 func fenceKey(id string) string { return "wt:{" + id + "}:fence" }
 
 // valKey is the key of field's value when it is kept out of line; the
-// scripts make the same name from the record's key (extendValues).
+// scripts make the same name from the record's key (valueFuncs).
 func valKey(id, field string) string { return "wt:{" + id + "}:v:" + field }
 
 // stageKey is a new key for a value on its way to its valKey: unique to
@@ -187,27 +187,44 @@ func (r *Redis) Leave(ctx context.Context, owner Owner) error {
 	return r.call(ctx, func() error { return r.c.Del(ctx, ownerKey(owner)).Err() })
 }
 
-// extendValues is a Lua function that gives the record's out-of-line
-// values (its "o:NAME" fields) a TTL of ttl ms, as the record's. Every
-// script that renews the record's TTL calls it, so that a value never
-// expires before its record. A value key's name is the record's with
-// "v:NAME" for "rec" (valKey).
-const extendValues = `
-local function extendValues(rec, ttl)
-  local prefix = string.sub(rec, 1, -4) .. 'v:'
+// valueFuncs are the Lua functions of the scripts that meet a record's
+// out-of-line values (its "o:NAME" fields; a value key's name is the
+// record's with "v:NAME" for "rec", as valKey makes it):
+//
+//   - extendValues gives them a TTL of ttl ms, after the record's: every
+//     script that renews the record's TTL calls it, so that a value never
+//     expires before its record.
+//   - dropValues deletes them.
+//   - checkValues drops the record and its values when one of them is
+//     gone (evicted apart from it), as if Redis had evicted the record:
+//     every script that claims, renews or writes a record calls it
+//     first, so that the holder's next write fails with ErrRecordLost
+//     and the holder writes the session back, or the next claim starts
+//     afresh, rather than writing on beside a state that reads as
+//     broken (getScript) for as long as the record lives. The fence
+//     counter stays, so a stale owner stays fenced.
+const valueFuncs = `
+local function valueKeys(rec)
+  local prefix, out = string.sub(rec, 1, -4) .. 'v:', {}
   for _, k in ipairs(redis.call('HKEYS', rec)) do
-    if string.sub(k, 1, 2) == 'o:' then redis.call('PEXPIRE', prefix .. string.sub(k, 3), ttl) end
+    if string.sub(k, 1, 2) == 'o:' then table.insert(out, prefix .. string.sub(k, 3)) end
   end
+  return out
 end
-`
-
-// dropValues is a Lua function that deletes the record's out-of-line
-// values.
-const dropValues = `
+local function extendValues(rec, ttl)
+  for _, k in ipairs(valueKeys(rec)) do redis.call('PEXPIRE', k, ttl) end
+end
 local function dropValues(rec)
-  local prefix = string.sub(rec, 1, -4) .. 'v:'
-  for _, k in ipairs(redis.call('HKEYS', rec)) do
-    if string.sub(k, 1, 2) == 'o:' then redis.call('DEL', prefix .. string.sub(k, 3)) end
+  for _, k in ipairs(valueKeys(rec)) do redis.call('DEL', k) end
+end
+local function checkValues(rec)
+  local keys = valueKeys(rec)
+  for _, k in ipairs(keys) do
+    if redis.call('EXISTS', k) == 0 then
+      for _, v in ipairs(keys) do redis.call('DEL', v) end
+      redis.call('DEL', rec)
+      return
+    end
   end
 end
 `
@@ -226,8 +243,9 @@ end
 // key is only a floor for the next number, and the epoch key says which
 // store generation the fence belongs to: a store that lost its keys has a
 // new epoch, and every fence of the old one is refused.
-var claimScript = redis.NewScript(extendValues + `
+var claimScript = redis.NewScript(valueFuncs + `
 local rec, fk, ek = KEYS[1], KEYS[2], KEYS[3]
+checkValues(rec)
 local epoch = redis.call('GET', ek)
 if not epoch then redis.call('SET', ek, ARGV[7]); epoch = ARGV[7] end
 local h = redis.call('HMGET', rec, 'm:owner', 'm:replica', 'm:boot', 'm:epoch', 'm:n', 'm:taken')
@@ -253,6 +271,7 @@ redis.call('SET', fk, n, 'PX', ARGV[5])
 redis.call('HSET', rec, 'm:owner', ARGV[1], 'm:replica', ARGV[2], 'm:boot', ARGV[3], 'm:epoch', epoch, 'm:n', n, 'm:taken', n)
 redis.call('HDEL', rec, 'm:bumped')
 redis.call('PEXPIRE', rec, ARGV[4])
+extendValues(rec, ARGV[4])
 return {2, epoch, tostring(n), pr, pb, alive}
 `)
 
@@ -325,15 +344,19 @@ if not h[1] or h[1] == '' or h[2] ~= ARGV[1] or h[3] ~= ARGV[2] then return 0 en
 // value (outOfLineMarker when out of line), ttl ms, fence ttl ms, and a
 // versioned write's arguments (putVersionedScripts). It returns 1, or
 // checkFence's refusal, or a versioned write's (5); 6 when the staged
-// value is not there (it was set in the same pipeline: only evicted). A
-// refused write out of line deletes its staged value.
+// value is not there: evicted, or already renamed by this same write sent
+// before (a plain Put that the client resent on another connection after
+// its first send landed; a versioned write sent again finds its version
+// first), so the write may have landed. A refused write out of line
+// deletes its staged value.
 //
-// writeScript makes the script from its parts: check returns a code to
-// refuse the write with (it may return from the script early) and write
-// stores the value in line (writeInline) or out of line (writeOutOfLine);
-// both end with the record's TTL.
+// writeScript makes the script from its parts: check, the body of a
+// function after checkFence's, returns a code to refuse the write with,
+// or nothing; write stores the value in line (writeInline) or out of
+// line (writeOutOfLine). Both end with the record's TTL.
 func writeScript(check, write string) *redis.Script {
-	return redis.NewScript(extendValues + `
+	return redis.NewScript(valueFuncs + `
+checkValues(KEYS[1])
 local code = (function()
 ` + checkFence + check + `
 end)()
@@ -384,7 +407,8 @@ type scriptPair struct{ inline, outOfLine *redis.Script }
 // or checkFence's refusal. A bump from the number the holder's last bump
 // replaced ("m:bumped", cleared by a claim) is that bump sent again: it
 // returns the number it made.
-var renewScript = redis.NewScript(extendValues + `
+var renewScript = redis.NewScript(valueFuncs + `
+checkValues(KEYS[1])
 if ARGV[5] == '1' and redis.call('GET', KEYS[3]) == ARGV[1] then
   local b = redis.call('HMGET', KEYS[1], 'm:owner', 'm:epoch', 'm:bumped', 'm:n')
   if b[1] and b[1] ~= '' and b[2] == ARGV[1] and b[3] == ARGV[2] then
@@ -486,12 +510,15 @@ func (r *Redis) write(ctx context.Context, scripts scriptPair, id, field string,
 
 // staged sets value under the last of keys and runs script in one
 // pipeline, as script.Run would: by its SHA-1, and again by its text if
-// Redis does not know it (a restarted or flushed server).
+// Redis does not know it (a restarted or flushed server). The script's
+// reply decides: the set's error (out of memory) is returned only when
+// the script found nothing staged (6) or did not reply.
 func (r *Redis) staged(ctx context.Context, script *redis.Script, keys []string, value []byte, args []any) (int64, error) {
 	run := func(bySHA bool) (int64, error) {
+		var set *redis.StatusCmd
 		var cmd *redis.Cmd
 		_, err := r.c.Pipelined(ctx, func(p redis.Pipeliner) error {
-			p.Set(ctx, keys[len(keys)-1], value, stageTTL)
+			set = p.Set(ctx, keys[len(keys)-1], value, stageTTL)
 			if bySHA {
 				cmd = script.EvalSha(ctx, p, keys, args...)
 			} else {
@@ -499,10 +526,17 @@ func (r *Redis) staged(ctx context.Context, script *redis.Script, keys []string,
 			}
 			return nil
 		})
-		if err != nil {
-			return 0, err
+		if cmd == nil || set == nil {
+			return 0, err // not sent
 		}
-		return cmd.Int64()
+		code, cerr := cmd.Int64()
+		switch {
+		case cerr != nil:
+			return 0, cerr
+		case code == 6 && set.Err() != nil:
+			return 0, set.Err()
+		}
+		return code, nil
 	}
 	code, err := run(true)
 	if err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
@@ -597,7 +631,10 @@ func (r *Redis) getVersioned(ctx context.Context, id string) (map[string][]byte,
 		if !ok {
 			continue
 		}
-		if _, far := all["o:"+name]; far {
+		// Out of line: the marker, and "o:NAME". (An in-line value
+		// beside "o:NAME" would be an older replica's write, which
+		// does not know the layout: its value is the current one.)
+		if _, far := all["o:"+name]; far && v == outOfLineMarker {
 			if v, ok = all["v:"+name].(string); !ok {
 				// Evicted, or expired apart from its record: the
 				// state is not there, as a value that does not open.
@@ -693,7 +730,7 @@ func (r *Redis) Release(ctx context.Context, id string, fence uint64) error {
 // deleteScript: KEYS rec, fence; ARGV fence, fence ttl ms. Returns 1, or
 // 0 when fenced. The record is emptied but kept until it would have
 // expired, as Memory does; the fence stays.
-var deleteScript = redis.NewScript(dropValues + `
+var deleteScript = redis.NewScript(valueFuncs + `
 if redis.call('EXISTS', KEYS[1]) == 0 then return 1 end
 local h = redis.call('HMGET', KEYS[1], 'm:epoch', 'm:n')
 if h[1] ~= ARGV[1] or h[2] ~= ARGV[2] then return 0 end

@@ -16,7 +16,8 @@ import (
 // under its own key and marked in the record, no staged key left behind
 // by a write applied, refused or sent again, the value's TTL renewed with
 // the record's, its key dropped with the field and the record, and a
-// value gone from under its record read as a state that does not open.
+// value gone from under its record read as a state that does not open,
+// and taken, by a write, a renewal or a claim, for the record lost.
 func TestRedisValuesOutOfLine(t *testing.T) {
 	addr := proxytest.StartRedis(t)
 	r, err := NewRedis("redis://" + addr + "/0")
@@ -28,24 +29,38 @@ func TestRedisValuesOutOfLine(t *testing.T) {
 	defer raw.Close()
 	ctx := context.Background()
 	const id = "s"
+	// ttl is not stageTTL, which a renamed value keeps until a script
+	// gives it the record's.
+	const ttl = 10 * time.Minute
 	a, b := Owner{Replica: "a", Boot: "1"}, Owner{Replica: "b", Boot: "1"}
 	for _, o := range []Owner{a, b} {
-		must(t, r.Heartbeat(ctx, o, time.Minute))
+		must(t, r.Heartbeat(ctx, o, ttl))
 	}
-	ca, err := r.Claim(ctx, id, a, time.Minute, false)
+	ca, err := r.Claim(ctx, id, a, ttl, false)
 	must(t, err)
 	big := bytes.Repeat([]byte("v"), outOfLine)
 
-	// keys reports which of the session's keys exist, with their TTLs.
-	keys := func() map[string]time.Duration {
+	// valueKeys returns the session's value keys.
+	valueKeys := func() []string {
 		t.Helper()
-		names, err := raw.Keys(ctx, "wt:{"+id+"}:*").Result()
+		names, err := raw.Keys(ctx, "wt:{"+id+"}:v:*").Result()
 		must(t, err)
-		out := map[string]time.Duration{}
-		for _, k := range names {
-			out[k] = raw.PTTL(ctx, k).Val()
+		return names
+	}
+	// withRecord fails the test unless every value key expires no
+	// sooner than the record (read first: time runs between the reads).
+	withRecord := func(what string) {
+		t.Helper()
+		rec := raw.PTTL(ctx, recKey(id)).Val()
+		vals := valueKeys()
+		if len(vals) == 0 {
+			t.Fatalf("%s: no value key", what)
 		}
-		return out
+		for _, k := range vals {
+			if v := raw.PTTL(ctx, k).Val(); v < rec-time.Second {
+				t.Fatalf("%s: %s expires in %v, its record in %v", what, k, v, rec)
+			}
+		}
 	}
 	noStaged := func(what string) {
 		t.Helper()
@@ -55,8 +70,9 @@ func TestRedisValuesOutOfLine(t *testing.T) {
 	}
 	field := func(name string) string { return raw.HGet(ctx, recKey(id), name).Val() }
 
-	must(t, r.Put(ctx, id, "p", big, ca.Fence, time.Minute))
+	must(t, r.Put(ctx, id, "p", big, ca.Fence, ttl))
 	noStaged("a large put")
+	withRecord("a large put")
 	if got := raw.Get(ctx, valKey(id, "p")).Val(); got != string(big) {
 		t.Fatalf("value key holds %d bytes, want %d", len(got), len(big))
 	}
@@ -65,17 +81,18 @@ func TestRedisValuesOutOfLine(t *testing.T) {
 	}
 
 	// A small value replaces it in the record and drops its key.
-	must(t, r.Put(ctx, id, "p", []byte("small"), ca.Fence, time.Minute))
+	must(t, r.Put(ctx, id, "p", []byte("small"), ca.Fence, ttl))
 	if n := raw.Exists(ctx, valKey(id, "p")).Val(); n != 0 || field("o:p") != "" || field("f:p") != "small" {
 		t.Fatalf("after a small put: value key exists %d, o:p %q, f:p %q", n, field("o:p"), field("f:p"))
 	}
 
 	// A stale owner's large write is refused and leaves nothing behind.
-	must(t, r.Put(ctx, id, "p", big, ca.Fence, time.Minute))
-	cb, err := r.Claim(ctx, id, b, time.Minute, true)
+	must(t, r.Put(ctx, id, "p", big, ca.Fence, ttl))
+	cb, err := r.Claim(ctx, id, b, ttl, true)
 	must(t, err)
+	withRecord("a claim taking the session over")
 	stale := bytes.Repeat([]byte("x"), outOfLine+1)
-	if err := r.Put(ctx, id, "p", stale, ca.Fence, time.Minute); !errors.Is(err, ErrFenced) {
+	if err := r.Put(ctx, id, "p", stale, ca.Fence, ttl); !errors.Is(err, ErrFenced) {
 		t.Fatalf("stale large put: %v, want ErrFenced", err)
 	}
 	noStaged("a fenced large put")
@@ -83,29 +100,37 @@ func TestRedisValuesOutOfLine(t *testing.T) {
 		t.Fatal("a fenced put changed the value")
 	}
 
-	// The value's TTL follows the record's: a put with a short TTL
-	// shortens both, a claim renews both.
+	// The value's TTL follows the record's through every script that
+	// sets it: a write of another field, a claim by the holder, each
+	// kind of renewal.
 	must(t, r.Put(ctx, id, "q", []byte("q"), cb.Fence, 5*time.Second))
-	if ttl := keys()[valKey(id, "p")]; ttl <= 0 || ttl > 5*time.Second {
-		t.Fatalf("value's TTL %v after the record's was set to 5 s", ttl)
+	if v := raw.PTTL(ctx, valKey(id, "p")).Val(); v <= 0 || v > 5*time.Second {
+		t.Fatalf("value's TTL %v after the record's was set to 5 s", v)
 	}
-	if _, err := r.Claim(ctx, id, b, time.Minute, false); err != nil {
+	if _, err := r.Claim(ctx, id, b, ttl, false); err != nil {
 		t.Fatal(err)
 	}
-	if ttl := keys()[valKey(id, "p")]; ttl <= 5*time.Second {
-		t.Fatalf("value's TTL %v after a claim of a minute", ttl)
-	}
-	if _, err := r.Renew(ctx, id, cb.Fence, 2*time.Minute, false); err != nil {
+	withRecord("the holder's claim")
+	must(t, r.Put(ctx, id, "q", []byte("q"), cb.Fence, 5*time.Second))
+	if _, err := r.Renew(ctx, id, cb.Fence, ttl, false); err != nil {
 		t.Fatal(err)
 	}
-	if ttl := keys()[valKey(id, "p")]; ttl <= time.Minute {
-		t.Fatalf("value's TTL %v after a renewal of two minutes", ttl)
+	withRecord("a renewal")
+	must(t, r.Put(ctx, id, "q", []byte("q"), cb.Fence, 5*time.Second))
+	bumped, err := r.Renew(ctx, id, cb.Fence, ttl, true)
+	must(t, err)
+	withRecord("a renewal that bumps the fence")
+	must(t, r.Put(ctx, id, "q", []byte("q"), bumped, 5*time.Second))
+	if again, err := r.Renew(ctx, id, cb.Fence, ttl, true); err != nil || again != bumped {
+		t.Fatalf("bump sent again: %d, %v; want %d", again, err, bumped)
 	}
+	withRecord("a bump sent again")
+	cb.Fence = bumped
 
 	// Redis forgot the scripts (restarted, or SCRIPT FLUSH): the write
 	// sends the script's text.
 	must(t, raw.ScriptFlush(ctx).Err())
-	must(t, r.Put(ctx, id, "p", stale, cb.Fence, time.Minute))
+	must(t, r.Put(ctx, id, "p", stale, cb.Fence, ttl))
 	noStaged("a put after SCRIPT FLUSH")
 
 	// A versioned write sent again after it was applied (a lost reply)
@@ -113,28 +138,71 @@ func TestRedisValuesOutOfLine(t *testing.T) {
 	v, _, _, err := r.readHead(ctx, id)
 	must(t, err)
 	for range 2 {
-		must(t, r.putVersioned(ctx, id, "p", big, []byte("head"), cb.Fence, v, time.Minute))
+		must(t, r.putVersioned(ctx, id, "p", big, []byte("head"), cb.Fence, v, ttl))
 	}
 	noStaged("a versioned put sent again")
-	if err := r.putVersioned(ctx, id, "p", big, []byte("other"), cb.Fence, v, time.Minute); !errors.Is(err, errVersion) {
+	if err := r.putVersioned(ctx, id, "p", big, []byte("other"), cb.Fence, v, ttl); !errors.Is(err, errVersion) {
 		t.Fatalf("versioned put over another version: %v, want errVersion", err)
 	}
 	noStaged("a versioned put refused")
 
-	// A value gone from under its record (evicted) is a state that does
-	// not open, not an empty one.
-	must(t, raw.Del(ctx, valKey(id, "p")).Err())
+	// Deleting the session drops its values.
+	must(t, r.Delete(ctx, id, cb.Fence))
+	if left := valueKeys(); len(left) > 0 {
+		t.Fatalf("value keys left after the session was deleted: %v", left)
+	}
+
+	// A value gone from under its record (evicted) reads as a state that
+	// does not open, never an empty one; the holder's next write finds
+	// the record lost, as if Redis had evicted it all (so the holder
+	// writes the session back), and so does a renewal; a claim starts
+	// afresh, with a fence past the old one.
+	cc, err := r.Claim(ctx, id, b, ttl, false)
+	must(t, err)
+	// broken writes two large values and deletes the first's key.
+	broken := func(fence uint64) {
+		t.Helper()
+		must(t, r.Put(ctx, id, "p", big, fence, ttl))
+		must(t, r.Put(ctx, id, "q", big, fence, ttl))
+		must(t, raw.Del(ctx, valKey(id, "p")).Err())
+	}
+	broken(cc.Fence)
 	if _, err := r.Get(ctx, id); !errors.Is(err, ErrSeal) {
 		t.Fatalf("get of a record whose value is gone: %v, want ErrSeal", err)
 	}
-
-	// Deleting the session drops its values.
-	must(t, r.Put(ctx, id, "p", big, cb.Fence, time.Minute))
-	must(t, r.Delete(ctx, id, cb.Fence))
-	for k := range keys() {
-		if k != recKey(id) && k != fenceKey(id) {
-			t.Fatalf("key %s left after the session was deleted", k)
-		}
+	if _, err := r.Renew(ctx, id, cc.Fence, ttl, false); !errors.Is(err, ErrRecordLost) {
+		t.Fatalf("renewal beside a value gone: %v, want ErrRecordLost", err)
+	}
+	if left := valueKeys(); len(left) > 0 {
+		t.Fatalf("value keys left after their record was found broken: %v", left)
+	}
+	cc, err = r.Claim(ctx, id, b, ttl, false)
+	must(t, err)
+	broken(cc.Fence)
+	if err := r.Put(ctx, id, "r", []byte("r"), cc.Fence, ttl); !errors.Is(err, ErrRecordLost) {
+		t.Fatalf("put beside a value gone: %v, want ErrRecordLost", err)
+	}
+	if left := valueKeys(); len(left) > 0 {
+		t.Fatalf("value keys left after their record was found broken: %v", left)
+	}
+	cd, err := r.Claim(ctx, id, b, ttl, false)
+	must(t, err)
+	if cd.Fence <= cc.Fence || cd.Previous != (Owner{}) {
+		t.Fatalf("claim after the record was dropped = %+v, want a new fence past %d", cd, cc.Fence)
+	}
+	if _, err := r.Get(ctx, id); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("get after the record was dropped: %v, want ErrNotFound", err)
+	}
+	// The same from a claim: a value gone, the next claim starts afresh.
+	must(t, r.Put(ctx, id, "p", big, cd.Fence, ttl))
+	must(t, raw.Del(ctx, valKey(id, "p")).Err())
+	ce, err := r.Claim(ctx, id, b, ttl, false)
+	must(t, err)
+	if ce.Fence <= cd.Fence {
+		t.Fatalf("claim of a record whose value is gone = %+v, want a new fence past %d", ce, cd.Fence)
+	}
+	if _, err := r.Get(ctx, id); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("get after a claim dropped the record: %v, want ErrNotFound", err)
 	}
 }
 
