@@ -389,11 +389,12 @@ func (m *Manager) OpenIn(key Key, group string, share int) error {
 			victim = lru
 		}
 		if victim == nil {
+			handles := m.handles // read under the lock: the reaper changes it
 			m.mu.Unlock()
 			if overShare {
 				return fmt.Errorf("%w: this client's %d session handles are in use, its share", ErrAtCapacity, inGroup)
 			}
-			return fmt.Errorf("%w: %d session handles are in use", ErrAtCapacity, m.handles)
+			return fmt.Errorf("%w: %d session handles are in use", ErrAtCapacity, handles)
 		}
 		// Forgotten now, so the count makes room under this lock; its
 		// instances are freed below.
