@@ -47,6 +47,10 @@ type countObserver struct {
 	// instance starts: in Acquire, between the instance's start and the
 	// wait for a turn.
 	onStart func(plugin string)
+	// onClose, if set before the manager is first used, is called once an
+	// instance is freed and its reservation given back (the manager's
+	// lock may be held: it must not block).
+	onClose func(plugin string)
 }
 
 func (o *countObserver) InstanceStarted(plugin string) {
@@ -55,7 +59,12 @@ func (o *countObserver) InstanceStarted(plugin string) {
 		o.onStart(plugin)
 	}
 }
-func (o *countObserver) InstanceClosed(string)        { o.closed.Add(1) }
+func (o *countObserver) InstanceClosed(plugin string) {
+	o.closed.Add(1)
+	if o.onClose != nil {
+		o.onClose(plugin)
+	}
+}
 func (o *countObserver) InstanceReset(string, string) { o.resets.Add(1) }
 
 // holder plays the host for one lease: it runs the guest when told, and
@@ -343,7 +352,11 @@ func TestLeaseInvariants(t *testing.T) {
 			runOps(t, opts, seed, ops)
 		})
 	}
-	// Timers and watchers end on their own: wait, within reason.
+	// Timers and watchers end on their own: wait, within reason. This is
+	// a leak check, and a goroutine that has given its last signal (a
+	// WaitGroup's Done, a channel's close) has no signal for its exit:
+	// the count is polled until it settles, for up to 20 s, never read
+	// against a tighter bound.
 	deadline := time.Now().Add(20 * time.Second)
 	for runtime.NumGoroutine() > before+2 && time.Now().Before(deadline) {
 		time.Sleep(20 * time.Millisecond)
@@ -540,6 +553,15 @@ func TestHandles(t *testing.T) {
 func TestHandleIdle(t *testing.T) {
 	w := newWorld(t, sessions.Options{IdleTimeout: 20 * time.Millisecond})
 	defer w.finish()
+	// The reaper forgets the handle, then frees its instance: the
+	// instance's close is the signal that both happened.
+	freed := make(chan struct{}, 1)
+	w.obs.onClose = func(string) {
+		select {
+		case freed <- struct{}{}:
+		default:
+		}
+	}
 	k := sessions.Handle("a", "ha")
 	if err := w.m.Open(k); err != nil {
 		t.Fatal(err)
@@ -549,12 +571,13 @@ func TestHandleIdle(t *testing.T) {
 		t.Fatal(err)
 	}
 	l.Done(nil)
-	deadline := time.Now().Add(30 * time.Second)
-	for w.m.Stats().Handles != 0 || w.m.Stats().Live != 0 {
-		if time.Now().After(deadline) {
-			t.Fatalf("handle not reaped: %+v", w.m.Stats())
-		}
-		time.Sleep(10 * time.Millisecond)
+	select {
+	case <-freed:
+	case <-time.After(30 * time.Second):
+		t.Fatalf("handle not reaped in 30 s: %+v", w.m.Stats())
+	}
+	if st := w.m.Stats(); st.Handles != 0 || st.Live != 0 {
+		t.Fatalf("after the handle's instance was freed: %+v, want no handle and no live instance", st)
 	}
 	if _, err := w.m.Acquire(w.ctx, k, w.plugin("counter")); !errors.Is(err, sessions.ErrUnknownKey) {
 		t.Errorf("Acquire of a reaped handle: %v; want ErrUnknownKey", err)
