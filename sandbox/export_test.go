@@ -85,6 +85,11 @@ var DifferingBytes = differingBytes
 // the pieces the kernel said were written since the one before.
 func (i *Instance) SnapshotTracked() bool { return i.snapTracked }
 
+// ChooseTracking makes the instance's next snapshot track its writes (or
+// hash the pieces it owns), as if its own figures had chosen so
+// (trackChoice).
+func (i *Instance) ChooseTracking(on bool) { i.track.chosen, i.track.on = true, on }
+
 // WriteMemory runs f on the instance's live memory, between calls: the
 // host's own writes, or the kernel's (a read(2) into it).
 func (i *Instance) WriteMemory(f func(mem []byte)) {
@@ -131,5 +136,5 @@ func TrackedReservation(img []byte, max, size uint64) (mem []byte, scan func() (
 	}
 	m.committed = size
 	mem = m.mem[:size]
-	return mem, func() ([]uint64, bool) { return m.scanWrites(mem) }, func() { m.mu.Lock(); m.unmap(); m.mu.Unlock() }, nil
+	return mem, func() ([]uint64, bool) { return m.scanWrites(mem, true) }, func() { m.mu.Lock(); m.unmap(); m.mu.Unlock() }, nil
 }

@@ -65,6 +65,9 @@ type Instance struct {
 	// snapTracked says the last snapshot knew which pieces were written
 	// from the kernel's write tracking (writes_linux.go), for tests.
 	snapTracked bool
+	// track is the instance's choice between tracking its memory's
+	// writes and hashing the pieces it owns (track_choice.go).
+	track trackChoice
 	// snapSpare is a snapshot given back (ReuseSnapshot), which the next
 	// one is written over.
 	snapSpare []byte

@@ -2,7 +2,10 @@
 
 package sandbox
 
-import "errors"
+import (
+	"errors"
+	"time"
+)
 
 // reserveMemory reserves nothing where it is not implemented: instances
 // use wazero's own allocation, which copies memory as it grows.
@@ -27,7 +30,13 @@ func (f *imageFile) pooled() int                  { return 0 }
 func writtenPieces([]byte) []uint64 { return nil }
 
 // scanWrites: only Linux says which pages were written since a scan.
-func (m *reservedMemory) scanWrites([]byte) ([]uint64, bool) { return nil, false }
+func (m *reservedMemory) scanWrites([]byte, bool) ([]uint64, bool) { return nil, false }
+
+// trackingPaysByDefault: only Linux tracks writes.
+func trackingPaysByDefault() bool { return false }
+
+// trackingCosts: only Linux tracks writes.
+func trackingCosts() (write, hash time.Duration, ok bool) { return 0, 0, false }
 
 // writeTracker: no userfaultfd off Linux.
 func writeTracker() int { return -1 }

@@ -12,6 +12,7 @@ import (
 	"hash/crc32"
 	"slices"
 	"sync"
+	"time"
 
 	"github.com/klauspost/compress/s2"
 	"github.com/klauspost/compress/zstd"
@@ -287,7 +288,7 @@ func (i *Instance) SnapshotFrames(ctx context.Context) (snapshot []byte, frames 
 		// written since the memory was mapped. The scan runs whatever
 		// snapPieces, as it arms the tracking for the next snapshot.
 		var written []uint64
-		scanned, tracked := i.mem.scanWrites(mem)
+		scanned, tracked := i.mem.scanWrites(mem, i.track.want())
 		i.snapTracked = tracked && i.snapPieces > 0
 		switch {
 		case i.snapPieces == 0 || i.mem == nil:
@@ -297,13 +298,16 @@ func (i *Instance) SnapshotFrames(ctx context.Context) (snapshot []byte, frames 
 			written = writtenPieces(mem)
 		}
 		var fresh, stale []pieceHash
+		hashedPieces, start := 0, time.Now()
 		saved, fresh, stale = i.snapFrames.sort(pieces, written, i.snapPieces, &i.snapSort, func(p uint32) (look, uint64) {
+			hashedPieces++
 			h := hashPage(mem[p*pieceSize : (p+1)*pieceSize])
 			if h == base.hash(p) {
 				return initial, 0
 			}
 			return hashed, h
 		})
+		took := time.Since(start)
 		// What changed is compressed apart from what did not but lost
 		// its frame, so that the next snapshot, where much the same
 		// pieces change, finds the others' frames whole.
@@ -314,6 +318,12 @@ func (i *Instance) SnapshotFrames(ctx context.Context) (snapshot []byte, frames 
 				compressed += n
 				group = group[n:]
 			}
+		}
+		if written != nil {
+			i.track.update(snapshotFigures{
+				tracked: i.snapTracked, ownedKnown: !i.snapTracked && !i.track.want(),
+				written: written, changed: len(fresh), grew: pieces > i.snapPieces, hashed: hashedPieces, hashTime: took,
+			})
 		}
 		slices.SortFunc(saved, func(a, b cachedFrame) int { return cmp.Compare(a.pieces[0], b.pieces[0]) })
 		i.snapPieces = pieces
@@ -718,7 +728,7 @@ func (i *Instance) armWrites() {
 		return
 	}
 	_ = i.withMemory(func(mem []byte) error {
-		i.mem.scanWrites(mem)
+		i.mem.scanWrites(mem, i.track.want())
 		return nil
 	})
 }

@@ -121,22 +121,43 @@ func kernelAtLeast(major, minor int) bool {
 	return maj > major || maj == major && min >= minor
 }
 
-// TracksWrites reports whether snapshots learn from the kernel which
+// TracksWrites reports whether snapshots can learn from the kernel which
 // pages of an instance's memory were written since the last one (Linux
-// 6.10 and later, userfaultfd allowed, and tracking measured to pay
-// here: [WriteTracking]), rather than hashing every page the instance
-// made its own. The answers are the same either way.
-func TracksWrites() bool { return tracking() >= 0 }
+// 6.10 and later, userfaultfd allowed), rather than hashing every page the
+// instance made its own. Each instance then tracks where that pays for it
+// ([WriteTracking], track_choice.go). The answers are the same either way.
+func TracksWrites() bool {
+	_, _, ok := trackingCosts()
+	return ok
+}
 
-// tracking is the process's userfaultfd where snapshots use it: the
-// kernel can track writes, no scan failed for want of an ioctl, and
-// tracking pays on this machine (or a test forces it, trackAnyway).
+// tracking is the process's userfaultfd where snapshots may use it: the
+// kernel can track writes, and no scan failed for want of an ioctl.
 func tracking() int {
 	fd := writeTracker()
-	if fd < 0 || scansFailed.Load() || !trackAnyway.Load() && !trackingCost().pays {
+	if fd < 0 || scansFailed.Load() {
 		return -1
 	}
 	return fd
+}
+
+// trackingPaysByDefault is whether an instance tracks its writes before
+// its own snapshots have been measured (trackChoice): where the process's
+// measurement says tracking pays for a typical Go guest, or a test forces
+// it.
+func trackingPaysByDefault() bool {
+	return tracking() >= 0 && (trackAnyway.Load() || trackingCost().pays)
+}
+
+// trackingCosts is what a piece written costs here tracked (its fault and
+// its protection again) and hashed, as measured once; false where writes
+// cannot be tracked.
+func trackingCosts() (write, hash time.Duration, ok bool) {
+	if tracking() < 0 {
+		return 0, 0, false
+	}
+	c := trackingCost()
+	return c.write, c.hash, c.write > 0 && c.hash > 0
 }
 
 // trackAnyway makes snapshots track writes where the kernel can, whatever
@@ -144,8 +165,9 @@ func tracking() int {
 var trackAnyway atomic.Bool
 
 // trackingBreakEven is how many pages' hashing a page written may cost,
-// in its write-protect fault and its protection again, for tracking to be
-// used. A Go guest's call writes about one page in ten of those it made
+// in its write-protect fault and its protection again, for an instance to
+// track its writes before its own snapshots have been measured
+// (trackingPaysByDefault). A Go guest's call writes about one page in ten of those it made
 // its own (which the fallback hashes, every snapshot); 4 leaves room for
 // guests that write more of theirs, and for a noisy measurement.
 const trackingBreakEven = 4
@@ -228,9 +250,11 @@ func WriteTracking() (bool, string) {
 	if c.write == 0 {
 		return false, "the measurement failed"
 	}
-	why := fmt.Sprintf("a page written costs %v tracked, %v hashed", c.write, c.hash)
-	if !c.pays {
-		why += fmt.Sprintf(": more than %d pages' hashing, so pages are hashed", trackingBreakEven)
+	why := fmt.Sprintf("a page written costs %v tracked, %v hashed (in the cache); each instance tracks its writes where its own snapshots show it pays (its calls write few of the pages it owns)", c.write, c.hash)
+	if c.pays {
+		why += ", and starts tracking"
+	} else {
+		why += fmt.Sprintf(", and starts hashing (a page tracked costs more than %d hashed)", trackingBreakEven)
 	}
 	return TracksWrites(), why
 }
@@ -250,9 +274,11 @@ func ioctl(fd int, req uintptr, arg unsafe.Pointer) error {
 // memory: the start of m's reservation) written since m's last scan,
 // protecting them again, and whether it can say: false when m's tracking
 // was not armed (the first scan since its memory was mapped or reset,
-// which arms it) or cannot be. m may be nil. The caller holds the
+// which arms it) or cannot be. track is the instance's choice
+// (trackChoice): without it, m is unregistered (its pages take no more
+// faults) and the scan says nothing. m may be nil. The caller holds the
 // memory (enterLive), so that no call of the guest writes meanwhile.
-func (m *reservedMemory) scanWrites(mem []byte) (written []uint64, ok bool) {
+func (m *reservedMemory) scanWrites(mem []byte, track bool) (written []uint64, ok bool) {
 	if m == nil || len(mem) == 0 {
 		return nil, false
 	}
@@ -262,6 +288,14 @@ func (m *reservedMemory) scanWrites(mem []byte) (written []uint64, ok bool) {
 	m.wpArmed = false
 	fd := tracking()
 	if fd < 0 || len(m.mem) == 0 || &m.mem[0] != &mem[0] || len(mem) > len(m.mem) {
+		return nil, false
+	}
+	if !track && !trackAnyway.Load() {
+		// Its instance hashes instead: its pages take no faults. A
+		// range unregistered reads in pagemap as before it was.
+		if m.wpRegistered {
+			m.disarmWrites()
+		}
 		return nil, false
 	}
 	if !m.wpRegistered {

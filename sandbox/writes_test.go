@@ -38,6 +38,25 @@ func needTracking(t *testing.T) {
 // afresh); and a Go guest's calls are checked the same way.
 func TestSnapshotTracksEveryWrite(t *testing.T) {
 	needTracking(t)
+	checkEveryWrite(t, false)
+}
+
+// TestSnapshotSwitchesTracking is TestSnapshotTracksEveryWrite with each
+// instance's choice between tracking its writes and hashing its pieces
+// (track_choice.go) made at random before each snapshot, so that an
+// instance's memory is registered for tracking, armed, used and dropped
+// again (after which pagemap must tell its pieces as before) in every
+// order, with writes of every kind between.
+func TestSnapshotSwitchesTracking(t *testing.T) {
+	if !sandbox.TracksWrites() {
+		t.Skip("this system does not track writes (userfaultfd with WP_ASYNC and PAGEMAP_SCAN)")
+	}
+	checkEveryWrite(t, true)
+}
+
+// checkEveryWrite is TestSnapshotTracksEveryWrite, with the tracking
+// chosen at random before each snapshot when switching.
+func checkEveryWrite(t *testing.T, switching bool) {
 	ctx := context.Background()
 	rt := newRuntime(t)
 	noise := make([]byte, 1<<16)
@@ -132,6 +151,11 @@ func TestSnapshotTracksEveryWrite(t *testing.T) {
 			const rounds = 120
 			for round := range rounds {
 				did := w.step(inst)
+				if switching {
+					on := rng.IntN(3) != 0
+					inst.ChooseTracking(on)
+					did += fmt.Sprintf(" tracking:%v", on)
+				}
 				snap, err := inst.Snapshot(ctx)
 				if err != nil {
 					t.Fatalf("round %d: snapshot: %v", round, err)
@@ -159,9 +183,13 @@ func TestSnapshotTracksEveryWrite(t *testing.T) {
 				}
 				fresh.Close(ctx)
 			}
+			switch {
+			case switching && (tracked == 0 || tracked > rounds*3/4):
+				t.Errorf("%d of %d snapshots knew what was written from the kernel, want some, as they chose at random", tracked, rounds)
+			case switching:
 			// The first snapshot of each new instance is not tracked: 13
 			// of 120.
-			if tracked < rounds*3/4 {
+			case tracked < rounds*3/4:
 				t.Errorf("%d of %d snapshots knew what was written from the kernel, want most", tracked, rounds)
 			}
 			t.Logf("%d of %d snapshots tracked", tracked, rounds)

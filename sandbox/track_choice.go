@@ -1,0 +1,157 @@
+package sandbox
+
+import (
+	"math/bits"
+	"time"
+)
+
+// Which way a snapshot finds what changed is chosen per instance
+// (docs/DESIGN.md, "sandbox: snapshots", write tracking). Tracking costs a
+// write-protect fault for every piece a call writes; hashing costs reading
+// every piece the instance owns, at every snapshot. Which is cheaper
+// depends on the machine (what a fault costs, measured once by
+// trackingCost) and on the instance: a Go guest owns a few hundred pieces
+// after its first calls and a thousand or more once its heap has spread,
+// while each call writes 15 to 20 of them, so hashing costs it more the
+// longer it runs. So each instance weighs its own figures against the
+// machine's: pieces written per snapshot times a fault's cost, against
+// pieces owned times what hashing one of its pieces took (timed at each
+// snapshot: its pieces are cold in the cache, where the process-wide
+// measurement's are not).
+
+// Tracking starts when it would cost at most trackStartShare of hashing
+// (1.5 times cheaper) and stops when it costs more than hashing, so that
+// an instance near the line does not switch at every snapshot: a switch
+// costs a snapshot that finds what changed the old way (the first scan of
+// a tracking arms it and says nothing). After it stops, the instance
+// waits trackHoldMin snapshots before it may track again, twice as long
+// each time it stops, up to trackHoldMax.
+const (
+	trackStartShare = 2.0 / 3
+	trackHoldMin    = 16
+	trackHoldMax    = 1024
+)
+
+// trackChoice is an instance's choice between tracking its memory's writes
+// and hashing the pieces it owns; its zero value follows the process's
+// default (trackingCost's measurement alone) until the instance's own
+// snapshots have been measured.
+type trackChoice struct {
+	chosen  bool // on was chosen by the instance's own figures
+	on      bool
+	written float64 // pieces written per snapshot (changed, when untracked), averaged
+	// owned is a bitmap of the pieces the instance has written since its
+	// memory was mapped, which a snapshot that hashes reads: pagemap's
+	// answer when it hashed, and the pieces tracked since ORed in.
+	owned []uint64
+	// hashNs is the least a snapshot that hashed all it owns took per
+	// piece (the least: the sorting around the hashing, a collection or
+	// a preemption only ever add to it), 0 until one hashed minHashed.
+	// Not after the memory grew: reading pages never touched takes a
+	// fault each.
+	hashNs float64
+	hold   int // snapshots left before it may track again
+	// backoff is the hold set the next time tracking stops paying.
+	backoff int
+}
+
+// want reports whether the instance's writes are to be tracked.
+func (c *trackChoice) want() bool {
+	if !c.chosen {
+		return trackingPaysByDefault()
+	}
+	return c.on
+}
+
+// snapshotFigures are what one snapshot saw, for the next choice.
+type snapshotFigures struct {
+	// tracked: the kernel said which pieces were written since the
+	// last snapshot, and written is their bitmap; ownedKnown: it did
+	// not, and written is pagemap's bitmap of the pieces the instance
+	// owns (only good where its memory is not registered for tracking:
+	// never-written pages then read as swapped); neither: nil or unused.
+	tracked, ownedKnown bool
+	written             []uint64
+	changed             int           // pieces whose hash changed
+	grew                bool          // the memory grew since the last snapshot
+	hashed              int           // pieces hashed
+	hashTime            time.Duration // what finding what changed took (hashing, mostly)
+}
+
+// minHashed is the fewest pieces a snapshot hashes for its time to count
+// as what hashing a piece costs (the sorting around it, 5 to 10 µs for a
+// Go guest, costs much the same whatever their number).
+const minHashed = 128
+
+// update takes one snapshot's figures and chooses for the next.
+func (c *trackChoice) update(f snapshotFigures) {
+	if write, hash, ok := trackingCosts(); ok {
+		c.take(f, write, hash)
+	}
+}
+
+// take is update where a piece written costs write tracked, and hash
+// hashed in the cache (trackingCost).
+func (c *trackChoice) take(f snapshotFigures, write, hash time.Duration) {
+	switch {
+	case f.tracked:
+		c.owned = orInto(c.owned, f.written)
+		c.written = average(c.written, float64(ones(f.written)))
+	case f.ownedKnown:
+		c.owned = append(c.owned[:0], f.written...)
+		c.written = average(c.written, float64(f.changed))
+		if ns := float64(f.hashTime.Nanoseconds()) / float64(f.hashed); f.hashed >= minHashed && !f.grew && (c.hashNs == 0 || ns < c.hashNs) {
+			c.hashNs = ns
+		}
+	default:
+		c.written = average(c.written, float64(f.changed))
+	}
+	hashNs := c.hashNs
+	if hashNs == 0 {
+		// Not measured on this instance: the process's measurement,
+		// of pieces in the cache, so less than a snapshot's.
+		hashNs = float64(hash.Nanoseconds())
+	}
+	tracked := c.written * float64(write.Nanoseconds())
+	hashed := float64(ones(c.owned)) * hashNs
+	on := c.want()
+	switch {
+	case on && tracked > hashed:
+		c.backoff = min(max(2*c.backoff, trackHoldMin), trackHoldMax)
+		c.chosen, c.on, c.hold = true, false, c.backoff
+	case on:
+		c.chosen, c.on = true, true
+	case c.hold > 0:
+		c.hold--
+	default:
+		c.chosen, c.on = true, tracked <= trackStartShare*hashed
+	}
+}
+
+// average is an exponentially weighted mean, a quarter to the newest.
+func average(mean, x float64) float64 {
+	if mean == 0 {
+		return x
+	}
+	return (3*mean + x) / 4
+}
+
+// ones counts the bits set in b.
+func ones(b []uint64) int {
+	n := 0
+	for _, w := range b {
+		n += bits.OnesCount64(w)
+	}
+	return n
+}
+
+// orInto sets in dst every bit set in b, growing dst to b's length.
+func orInto(dst, b []uint64) []uint64 {
+	for len(dst) < len(b) {
+		dst = append(dst, 0)
+	}
+	for k, w := range b {
+		dst[k] |= w
+	}
+	return dst
+}

@@ -1,0 +1,105 @@
+package sandbox
+
+import (
+	"testing"
+	"time"
+)
+
+// TestTrackChoice: an instance tracks its writes once its own figures say
+// that a snapshot's faults cost less than hashing what it owns, by half
+// again; stops when they cost more; and after stopping waits, longer each
+// time, before it tracks again. What hashing a piece costs is the least a
+// snapshot measured, not one after the memory grew or of few pieces.
+func TestTrackChoice(t *testing.T) {
+	const (
+		write = 1300 * time.Nanosecond // a fault, as on a machine where they are cheap
+		hash  = 90 * time.Nanosecond   // hashing a piece in the cache
+	)
+	owned := func(n int) []uint64 {
+		b := make([]uint64, (n+63)/64+1)
+		for p := range n {
+			b[p/64] |= 1 << (p % 64)
+		}
+		return b
+	}
+	hashing := func(n, changed int, took time.Duration) snapshotFigures {
+		return snapshotFigures{ownedKnown: true, written: owned(n), changed: changed, hashed: n, hashTime: took}
+	}
+	tracking := func(n int) snapshotFigures {
+		return snapshotFigures{tracked: true, written: owned(n), hashed: n, hashTime: time.Duration(n) * 200 * time.Nanosecond}
+	}
+
+	// Each starts hashing, as a new instance does where the process's
+	// measurement says tracking does not pay.
+	c := trackChoice{chosen: true}
+	// 200 pieces owned, 20 written: 26 µs of faults against 18 µs of
+	// hashing them in the cache (no snapshot measured yet), 40 µs at
+	// 200 ns a piece.
+	c.take(hashing(100, 20, 20*time.Microsecond), write, hash) // too few to measure
+	if c.hashNs != 0 || c.on {
+		t.Fatalf("after 100 pieces hashed: %+v", c)
+	}
+	c.take(hashing(200, 20, 80*time.Microsecond), write, hash)
+	if c.hashNs != 400 || !c.chosen || !c.on {
+		t.Fatalf("after 200 pieces hashed at 400 ns: %+v, want tracking", c)
+	}
+	// A snapshot after growth measures nothing; a faster one lowers it.
+	c = trackChoice{chosen: true}
+	c.take(snapshotFigures{ownedKnown: true, written: owned(200), changed: 20, grew: true, hashed: 200, hashTime: time.Millisecond}, write, hash)
+	if c.hashNs != 0 {
+		t.Fatalf("measured after growth: %+v", c)
+	}
+	c.take(hashing(200, 20, 30*time.Microsecond), write, hash)
+	c.take(hashing(200, 20, 60*time.Microsecond), write, hash)
+	if c.hashNs != 150 {
+		t.Fatalf("hashNs %v, want the least, 150", c.hashNs)
+	}
+	// 200 owned at 150 ns is 30 µs; 20 written is 26 µs, not by half again.
+	if c.on {
+		t.Fatalf("tracking where it barely pays: %+v", c)
+	}
+	// The instance's heap spreads: 400 owned, 60 µs of hashing.
+	c.take(hashing(400, 20, 70*time.Microsecond), write, hash)
+	if !c.on {
+		t.Fatalf("not tracking at 400 owned: %+v", c)
+	}
+	// Tracked, the pieces written add to what it owns.
+	c.take(tracking(450), write, hash)
+	if got := ones(c.owned); got != 450 {
+		t.Fatalf("owned %d after 450 written, want 450", got)
+	}
+	// It now writes most of what it owns: tracking stops, and waits.
+	for c.on {
+		c.take(tracking(450), write, hash)
+	}
+	if c.hold != trackHoldMin {
+		t.Fatalf("hold %d after tracking stopped, want %d", c.hold, trackHoldMin)
+	}
+	for k := range trackHoldMin {
+		c.take(hashing(450, 1, 70*time.Microsecond), write, hash)
+		if c.on {
+			t.Fatalf("tracking again after %d snapshots of a hold of %d", k+1, trackHoldMin)
+		}
+	}
+	for k := 0; !c.on; k++ {
+		if k > 8 {
+			t.Fatalf("not tracking again after the hold, writing 1 of 450: %+v", c)
+		}
+		c.take(hashing(450, 1, 70*time.Microsecond), write, hash)
+	}
+	for c.on {
+		c.take(tracking(450), write, hash)
+	}
+	if c.hold != 2*trackHoldMin {
+		t.Fatalf("hold %d after tracking stopped twice, want %d", c.hold, 2*trackHoldMin)
+	}
+
+	// Where a fault costs 15 µs, a Go guest never tracks.
+	c = trackChoice{chosen: true}
+	for range 100 {
+		c.take(hashing(1000, 20, 200*time.Microsecond), 15*time.Microsecond, hash)
+		if c.on {
+			t.Fatalf("tracking with 15 µs faults: %+v", c)
+		}
+	}
+}
