@@ -47,6 +47,62 @@ var durableKey = []byte("bench state key, shared by the replicas of BenchmarkDur
 // replica.
 const callsBeforeMove = 2
 
+// agedAfter is how many calls redis-aged's session makes before its timed
+// ones: the servlet's memory then holds about four times the pieces it
+// owns after the report's 600 or so calls.
+const agedAfter = 3000
+
+// aged is redis-aged's host and session, made on its first run and kept
+// for the next (a benchmark runs its function more than once).
+var aged struct {
+	h  *host.Host
+	cs *mcp.ClientSession
+}
+
+// agedCalls is redis-aged: warm calls of p on a session that made
+// agedAfter calls first, untimed, on a host with the Redis store. The
+// host and session are parent's (the whole benchmark's), so that they
+// outlive each run of b.
+func agedCalls(ctx context.Context, parent, b *testing.B, p plugin, path, redisURL, redisAddr string) {
+	if aged.cs == nil {
+		h := newHostWith(parent, &host.Options{Store: openStore(parent, redisURL), Replica: "aged", StateKey: durableKey}, path)
+		srv := httptest.NewServer(h.HTTPHandler())
+		parent.Cleanup(srv.Close)
+		cs := connectStateful(ctx, parent, srv.URL, nil)
+		parent.Cleanup(func() { cs.Close(); aged.h, aged.cs = nil, nil })
+		n := agedAfter
+		if testing.Short() {
+			n = 50 // bench-short: that it runs, not its figures
+		}
+		for range n {
+			if _, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: p.tool, Arguments: p.args}); err != nil {
+				b.Fatal(err)
+			}
+		}
+		aged.h, aged.cs = h, cs
+	}
+	// warmCalls checks that the count goes on from the session's.
+	res, err := aged.cs.CallTool(ctx, &mcp.CallToolParams{Name: p.tool, Arguments: p.args})
+	if err != nil {
+		b.Fatal(err)
+	}
+	var text string
+	if tc, ok := res.Content[0].(*mcp.TextContent); ok && !res.IsError {
+		text = tc.Text
+	}
+	n, _ := strconv.Atoi(text)
+	if n <= 1 {
+		b.Fatalf("the aged session's count is %q, want its calls before", text)
+	}
+	p.want = strconv.Itoa(n + 1)
+	before := checkpointMetrics(aged.h)
+	cpu := redisCPU(b, redisAddr)
+	warmCalls(ctx, b, aged.cs, p, false)
+	reportCheckpointsSince(b, aged.h, before)
+	used := redisCPU(b, redisAddr) - cpu
+	b.ReportMetric(float64(used.Microseconds())/float64(b.N+1), "redis-cpu-us")
+}
+
 // BenchmarkDurableCall measures what durable sessions (issue 16) cost:
 // a checkpoint at every call, and the first call of a session on a
 // replica that did not serve it before. Every call is a warm call over
@@ -75,6 +131,12 @@ const callsBeforeMove = 2
 //   - first-call-no-store: the first call of a new session on the host
 //     without a store, which makes the session's instance. With no-store,
 //     what adopt is compared with.
+//
+//   - redis-aged (the Go plugin only): redis on a session that made
+//     agedAfter calls first, untimed, so that its Go heap has spread as a
+//     long session's does (the guest's runtime owns more and more of its
+//     memory until its first collections): the snapshot has more pieces
+//     to tell the written ones from, and its record more frames.
 //
 // adopt and first-call-no-store connect a new client session for each
 // call, untimed, without the standalone SSE stream, so that no GET of the
@@ -118,6 +180,12 @@ func BenchmarkDurableCall(b *testing.B) {
 					used := redisCPU(b, redisAddr) - before
 					b.ReportMetric(float64(used.Microseconds())/float64(b.N+1), "redis-cpu-us")
 				}
+			})
+		}
+		if p.name == "go" {
+			parent := b
+			b.Run(p.name+"/redis-aged", func(b *testing.B) {
+				agedCalls(ctx, parent, b, p, path, redisURL, redisAddr)
 			})
 		}
 		b.Run(p.name+"/adopt", func(b *testing.B) {
@@ -259,6 +327,26 @@ func (m *movable) RoundTrip(r *http.Request) (*http.Response, error) {
 // writes to the store (write-us), and fails if it wrote none.
 func reportCheckpoints(b *testing.B, h *host.Host) {
 	b.Helper()
+	reportCheckpointsSince(b, h, nil)
+}
+
+// reportCheckpointsSince is reportCheckpoints of the checkpoints written
+// since h's metrics were before (nil: since it started), and returns the
+// metrics now.
+func reportCheckpointsSince(b *testing.B, h *host.Host, before map[string]float64) map[string]float64 {
+	b.Helper()
+	m := checkpointMetrics(h)
+	n := m["wasmtools_checkpoint_bytes_count"] - before["wasmtools_checkpoint_bytes_count"]
+	if n == 0 {
+		b.Fatal("the host wrote no checkpoint")
+	}
+	b.ReportMetric((m["wasmtools_checkpoint_bytes_sum"]-before["wasmtools_checkpoint_bytes_sum"])/n, "B/checkpoint")
+	b.ReportMetric((m["wasmtools_checkpoint_write_seconds_sum"]-before["wasmtools_checkpoint_write_seconds_sum"])/n*1e6, "write-us")
+	return m
+}
+
+// checkpointMetrics returns h's metrics of checkpoints, by name.
+func checkpointMetrics(h *host.Host) map[string]float64 {
 	rec := httptest.NewRecorder()
 	h.MetricsHandler().ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/metrics", nil))
 	m := map[string]float64{}
@@ -270,12 +358,7 @@ func reportCheckpoints(b *testing.B, h *host.Host) {
 		}
 		m[name], _ = strconv.ParseFloat(v, 64)
 	}
-	n := m["wasmtools_checkpoint_bytes_count"]
-	if n == 0 {
-		b.Fatal("the host wrote no checkpoint")
-	}
-	b.ReportMetric(m["wasmtools_checkpoint_bytes_sum"]/n, "B/checkpoint")
-	b.ReportMetric(m["wasmtools_checkpoint_write_seconds_sum"]/n*1e6, "write-us")
+	return m
 }
 
 // redisCPU returns the CPU time the redis-server at addr has used so far
