@@ -32,6 +32,9 @@ func writtenPieces([]byte) []uint64 { return nil }
 // scanWrites: only Linux says which pages were written since a scan.
 func (m *reservedMemory) scanWrites([]byte, bool) ([]uint64, bool) { return nil, false }
 
+// registeredForWrites: only Linux tracks writes.
+func (m *reservedMemory) registeredForWrites() bool { return false }
+
 // trackingPaysByDefault: only Linux tracks writes.
 func trackingPaysByDefault() bool { return false }
 

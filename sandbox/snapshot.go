@@ -287,13 +287,24 @@ func (i *Instance) SnapshotFrames(ctx context.Context) (snapshot []byte, frames 
 		// writes (writes_linux.go); else pagemap says which were ever
 		// written since the memory was mapped. The scan runs whatever
 		// snapPieces, as it arms the tracking for the next snapshot.
-		var written []uint64
+		//
+		// Pagemap is read before a scan that may register the memory
+		// (after it, its never-written pages read as swapped), and its
+		// answer then counts the pieces the instance owns
+		// (trackChoice); a registered memory's answer over-counts, which
+		// costs only hashing.
+		var written, owned []uint64
+		if i.snapPieces > 0 && i.mem != nil && !i.mem.registeredForWrites() {
+			owned = writtenPieces(mem)
+		}
 		scanned, tracked := i.mem.scanWrites(mem, i.track.want())
 		i.snapTracked = tracked && i.snapPieces > 0
 		switch {
 		case i.snapPieces == 0 || i.mem == nil:
 		case tracked:
 			written = scanned
+		case owned != nil:
+			written = owned
 		default:
 			written = writtenPieces(mem)
 		}
@@ -321,7 +332,7 @@ func (i *Instance) SnapshotFrames(ctx context.Context) (snapshot []byte, frames 
 		}
 		if written != nil {
 			i.track.update(snapshotFigures{
-				tracked: i.snapTracked, ownedKnown: !i.snapTracked && !i.track.want(),
+				tracked: i.snapTracked, ownedKnown: !i.snapTracked && owned != nil,
 				written: written, changed: len(fresh), grew: pieces > i.snapPieces, hashed: hashedPieces, hashTime: took,
 			})
 		}

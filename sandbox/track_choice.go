@@ -34,16 +34,22 @@ const (
 
 // trackChoice is an instance's choice between tracking its memory's writes
 // and hashing the pieces it owns; its zero value follows the process's
-// default (trackingCost's measurement alone) until the instance's own
-// snapshots have been measured.
+// default (trackingCost's measurement alone) until the instance has hashed
+// once, which tells the pieces it owns.
 type trackChoice struct {
-	chosen  bool // on was chosen by the instance's own figures
-	on      bool
-	written float64 // pieces written per snapshot (changed, when untracked), averaged
+	chosen bool // on was chosen by the instance's own figures
+	on     bool
+	// Pieces written per snapshot, running means: as tracking saw them
+	// (every piece written), and the pieces whose hash changed when it
+	// hashed (the fewest it can have written: a piece written back to
+	// the image, or with the bytes it held, is not counted).
+	writtenTracked, writtenChanged float64
 	// owned is a bitmap of the pieces the instance has written since its
 	// memory was mapped, which a snapshot that hashes reads: pagemap's
-	// answer when it hashed, and the pieces tracked since ORed in.
-	owned []uint64
+	// answer when it last hashed, the pieces tracked since ORed in;
+	// measured once it hashed with its memory unregistered.
+	owned         []uint64
+	ownedMeasured bool
 	// hashNs is the least a snapshot that hashed all it owns took per
 	// piece (the least: the sorting around the hashing, a collection or
 	// a preemption only ever add to it), 0 until one hashed minHashed.
@@ -68,8 +74,9 @@ type snapshotFigures struct {
 	// tracked: the kernel said which pieces were written since the
 	// last snapshot, and written is their bitmap; ownedKnown: it did
 	// not, and written is pagemap's bitmap of the pieces the instance
-	// owns (only good where its memory is not registered for tracking:
-	// never-written pages then read as swapped); neither: nil or unused.
+	// owns, read while its memory was not registered for tracking (a
+	// registered memory's never-written pages read as swapped); neither:
+	// written is unused.
 	tracked, ownedKnown bool
 	written             []uint64
 	changed             int           // pieces whose hash changed
@@ -96,35 +103,58 @@ func (c *trackChoice) take(f snapshotFigures, write, hash time.Duration) {
 	switch {
 	case f.tracked:
 		c.owned = orInto(c.owned, f.written)
-		c.written = average(c.written, float64(ones(f.written)))
+		c.writtenTracked = average(c.writtenTracked, float64(ones(f.written)))
 	case f.ownedKnown:
 		c.owned = append(c.owned[:0], f.written...)
-		c.written = average(c.written, float64(f.changed))
+		c.ownedMeasured = true
+		c.writtenChanged = average(c.writtenChanged, float64(f.changed))
 		if ns := float64(f.hashTime.Nanoseconds()) / float64(f.hashed); f.hashed >= minHashed && !f.grew && (c.hashNs == 0 || ns < c.hashNs) {
 			c.hashNs = ns
 		}
 	default:
-		c.written = average(c.written, float64(f.changed))
+		c.writtenChanged = average(c.writtenChanged, float64(f.changed))
+	}
+	if !c.ownedMeasured {
+		// What hashing would cost is not known (an instance that
+		// tracks from its start never hashes): the default stands.
+		return
 	}
 	hashNs := c.hashNs
 	if hashNs == 0 {
-		// Not measured on this instance: the process's measurement,
-		// of pieces in the cache, so less than a snapshot's.
+		// Too few pieces to time: the process's measurement, of pieces
+		// in the cache, so less than a snapshot's.
 		hashNs = float64(hash.Nanoseconds())
 	}
-	tracked := c.written * float64(write.Nanoseconds())
 	hashed := float64(ones(c.owned)) * hashNs
-	on := c.want()
+	fault := float64(write.Nanoseconds())
 	switch {
-	case on && tracked > hashed:
-		c.backoff = min(max(2*c.backoff, trackHoldMin), trackHoldMax)
-		c.chosen, c.on, c.hold = true, false, c.backoff
-	case on:
-		c.chosen, c.on = true, true
+	case c.want():
+		// Its first tracked snapshot is still to come after it
+		// started (the first scan arms): till then, the estimate it
+		// started on.
+		written := c.writtenTracked
+		if written == 0 {
+			written = c.writtenChanged
+		}
+		if written*fault > hashed {
+			c.backoff = min(max(2*c.backoff, trackHoldMin), trackHoldMax)
+			c.chosen, c.on, c.hold = true, false, c.backoff
+		} else {
+			c.chosen, c.on = true, true
+		}
 	case c.hold > 0:
 		c.hold--
 	default:
-		c.chosen, c.on = true, tracked <= trackStartShare*hashed
+		// The changed pieces miss some written (a piece written back
+		// to the image, or with the bytes it held), so a guest that
+		// writes many pieces and changes few starts again, and stops
+		// again at its first tracked snapshots: a trial, which the
+		// doubling hold makes rarer each time. Its figures start
+		// afresh.
+		c.chosen, c.on = true, c.writtenChanged*fault <= trackStartShare*hashed
+		if c.on {
+			c.writtenTracked = 0
+		}
 	}
 }
 

@@ -64,9 +64,13 @@ func TestTrackChoice(t *testing.T) {
 		t.Fatalf("not tracking at 400 owned: %+v", c)
 	}
 	// Tracked, the pieces written add to what it owns.
-	c.take(tracking(450), write, hash)
-	if got := ones(c.owned); got != 450 {
-		t.Fatalf("owned %d after 450 written, want 450", got)
+	c.take(tracking(10), write, hash)
+	if got := ones(c.owned); got != 400 || !c.on {
+		t.Fatalf("owned %d after 10 of its 400 written, want 400, tracking: %+v", got, c)
+	}
+	c.take(snapshotFigures{tracked: true, written: []uint64{0, 0, 0, 0, 0, 0, 0, 0, 1}, hashed: 1, hashTime: time.Microsecond}, write, hash)
+	if got := ones(c.owned); got != 401 || !c.on {
+		t.Fatalf("owned %d after piece 512 written, want 401, tracking: %+v", got, c)
 	}
 	// It now writes most of what it owns: tracking stops, and waits.
 	for c.on {
@@ -92,6 +96,45 @@ func TestTrackChoice(t *testing.T) {
 	}
 	if c.hold != 2*trackHoldMin {
 		t.Fatalf("hold %d after tracking stopped twice, want %d", c.hold, 2*trackHoldMin)
+	}
+
+	// An instance that tracks from its start (where the process's
+	// measurement says it pays) has no figures for hashing: it goes on
+	// tracking, whatever it writes, until it has hashed once.
+	c = trackChoice{chosen: true, on: true}
+	for range 20 {
+		c.take(tracking(20), write, hash)
+		if !c.on {
+			t.Fatalf("stopped tracking without knowing what it owns: %+v", c)
+		}
+	}
+
+	// A guest that writes 300 pieces a snapshot but changes 2 looks
+	// cheap to track while hashed: it starts again after each hold, and
+	// stops at its first tracked snapshot, each hold twice the last.
+	c = trackChoice{chosen: true}
+	snapshots := 0
+	for stops := 0; stops < 4; snapshots++ {
+		if snapshots > 1000 {
+			t.Fatalf("after %d snapshots, %d stops: %+v", snapshots, stops, c)
+		}
+		if !c.on {
+			c.take(hashing(450, 2, 70*time.Microsecond), write, hash)
+			continue
+		}
+		c.take(tracking(300), write, hash)
+		if c.on {
+			t.Fatalf("tracking on after 300 of 450 written: %+v", c)
+		}
+		stops++
+		if want := trackHoldMin << (stops - 1); c.hold != want {
+			t.Fatalf("hold %d after %d stops, want %d", c.hold, stops, want)
+		}
+	}
+	// Each stop a tracked snapshot, each start a hashed one, and the
+	// holds between.
+	if want := 1 + 1 + (16 + 1 + 1) + (32 + 1 + 1) + (64 + 1 + 1); snapshots != want {
+		t.Fatalf("%d snapshots for 4 stops, want %d", snapshots, want)
 	}
 
 	// Where a fault costs 15 µs, a Go guest never tracks.

@@ -89,3 +89,48 @@ func TestTrackingCostMeasured(t *testing.T) {
 	on, why := WriteTracking()
 	t.Logf("write tracking %v: %s", on, why)
 }
+
+// TestHashAfterTracking: a reservation whose instance stops tracking its
+// writes is unregistered by its next scan, after which pagemap tells the
+// pieces the instance owns as before: the one piece written, not every
+// never-touched page the tracking protected (which would read as
+// swapped, and be hashed at every snapshot). It is registered afresh when
+// tracking starts again, and that scan says nothing.
+func TestHashAfterTracking(t *testing.T) {
+	if pagemap() == nil || tracking() < 0 || !useOwnScan() {
+		t.Skip("this system does not track writes (userfaultfd with WP_ASYNC and PAGEMAP_SCAN)")
+	}
+	m := reserveMemory(4 << 20)
+	if m == nil {
+		t.Skip("no reservation")
+	}
+	defer release(m.mem)
+	const size = 64 * pieceSize
+	mem := m.Reallocate(size)
+	if mem == nil {
+		t.Fatal("no memory")
+	}
+	for p := 0; p < size; p += 2 * pieceSize {
+		mem[p] = 1 // half the pages populated
+	}
+	if _, tracked := m.scanWrites(mem, true); tracked {
+		t.Fatal("the first scan says what was written")
+	}
+	mem[5*pieceSize+1] = 7
+	if written, tracked := m.scanWrites(mem, true); !tracked || ones(written) != 1 {
+		t.Fatalf("tracked scan: %v, %d written, want 1", tracked, ones(written))
+	}
+	if _, tracked := m.scanWrites(mem, false); tracked || m.registeredForWrites() {
+		t.Fatal("the scan of an instance that hashes tracked, or left the memory registered")
+	}
+	if got, want := ones(writtenPieces(mem)), size/pieceSize/2+1; got != want {
+		t.Errorf("pagemap says %d pieces owned after tracking stopped, want %d (those written)", got, want)
+	}
+	if _, tracked := m.scanWrites(mem, true); tracked || !m.registeredForWrites() {
+		t.Fatal("tracking again: the first scan says what was written, or did not register")
+	}
+	mem[7*pieceSize] = 9
+	if written, tracked := m.scanWrites(mem, true); !tracked || ones(written) != 1 || written[0] != 1<<7 {
+		t.Fatalf("tracked again: %v, written %b, want piece 7", tracked, written[0])
+	}
+}

@@ -39,8 +39,9 @@ import (
 // mapped over (MAP_FIXED) is no longer registered, and a page zapped
 // (MADV_DONTNEED) loses its protection. So a reservation's tracking is
 // "armed" only by a scan, and disarmed by everything that maps over or
-// resets its memory (mapImageLocked, reset); a scan of a reservation
-// not armed arms it and says nothing. The caller trusts a scan only as
+// resets its memory (mapImageLocked, reset), and by a scan for an
+// instance that chose to hash (trackChoice: the scan unregisters it); a
+// scan of a reservation not armed arms it and says nothing. The caller trusts a scan only as
 // far back as the scan before it: the snapshot's own, or the one a
 // restore ends with.
 
@@ -235,10 +236,11 @@ var trackingCost = sync.OnceValue(func() costOfTracking {
 // hashSink keeps the measurement's hashing from being optimised away.
 var hashSink atomic.Uint64
 
-// WriteTracking reports whether snapshots track writes ([TracksWrites]),
-// and why: the kernel's support, and what a page written was measured to
-// cost with tracking against hashing it without. For the log of a
-// replica's start.
+// WriteTracking reports whether snapshots can track writes
+// ([TracksWrites]), and why: the kernel's support, what a page written was
+// measured to cost with tracking against hashing it without, and so
+// whether a new instance starts tracking (its own snapshots choose from
+// then on). For the log of a replica's start.
 func WriteTracking() (bool, string) {
 	switch {
 	case writeTracker() < 0:
@@ -318,6 +320,17 @@ func (m *reservedMemory) scanWrites(mem []byte, track bool) (written []uint64, o
 	}
 	m.wpArmed = true
 	return written, armed
+}
+
+// registeredForWrites reports whether m is registered with the tracker.
+// m may be nil.
+func (m *reservedMemory) registeredForWrites() bool {
+	if m == nil {
+		return false
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.wpRegistered
 }
 
 // disarmWrites unregisters m from the tracker, which removes the
