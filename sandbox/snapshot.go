@@ -13,6 +13,7 @@ import (
 	"slices"
 	"sync"
 	"time"
+	"unsafe"
 
 	"github.com/klauspost/compress/s2"
 	"github.com/klauspost/compress/zstd"
@@ -483,6 +484,40 @@ type cachedFrames []cachedFrame
 type sortScratch struct {
 	slot []uint64
 	brk  []bool
+	// lists are the two lists of frames that snapshots take turns to
+	// fill: the one the last snapshot made is the instance's snapFrames,
+	// the other is garbage (a Go guest's snapshot holds hundreds of
+	// frames, and growing a new list at each was 30 µs of a checkpoint
+	// once the guest's heap had spread).
+	lists [2][]cachedFrame
+}
+
+// frameList returns an empty list of room for n frames that is not fs's.
+func (s *sortScratch) frameList(fs cachedFrames, n int) []cachedFrame {
+	if s == nil {
+		return make([]cachedFrame, 0, n)
+	}
+	k := 0
+	if holds(s.lists[0], fs) {
+		k = 1
+	}
+	l := s.lists[k]
+	if cap(l) < n || holds(l, fs) {
+		l = make([]cachedFrame, 0, n+n/4)
+	}
+	clear(l[:cap(l)]) // nothing kept alive from the snapshot before last
+	s.lists[k] = l[:0]
+	return l[:0]
+}
+
+// holds reports whether fs lies in l's memory.
+func holds(l []cachedFrame, fs cachedFrames) bool {
+	if cap(l) == 0 || len(fs) == 0 {
+		return false
+	}
+	start := uintptr(unsafe.Pointer(unsafe.SliceData(l)))
+	at := uintptr(unsafe.Pointer(&fs[0]))
+	return at >= start && at < start+uintptr(cap(l))*unsafe.Sizeof(l[0])
 }
 
 // slots returns n zeroed slots.
@@ -570,6 +605,8 @@ func (fs cachedFrames) sort(pieces uint32, written []uint64, below uint32, scrat
 			}
 		}
 	}
+	// Room for the frames the snapshot adds, too (SnapshotFrames).
+	keep = scratch.frameList(fs, len(fs)+len(fresh)/framePieces+8)
 	for f, fr := range fs {
 		if !broken[f] {
 			keep = append(keep, fr)

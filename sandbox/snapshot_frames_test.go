@@ -212,3 +212,33 @@ func TestIncompressibleFramesRestore(t *testing.T) {
 		return nil
 	})
 }
+
+// TestFrameListsTakeTurns: the list of frames a snapshot fills never lies
+// in the memory of the list it sorts (the instance's last), whichever of
+// the two it came from, nor holds frames of the snapshot before.
+func TestFrameListsTakeTurns(t *testing.T) {
+	var s sortScratch
+	frame := func(p uint32) cachedFrame { return cachedFrame{pieces: []uint32{p}} }
+	var last cachedFrames
+	for round := range 20 {
+		l := s.frameList(last, len(last)+2)
+		if holds(l, last) {
+			t.Fatalf("round %d: the new list lies in the last's memory", round)
+		}
+		for k, f := range l[:cap(l)] {
+			if f.pieces != nil {
+				t.Fatalf("round %d: the new list holds a frame at %d", round, k)
+			}
+		}
+		for p := range uint32(len(last) + 1 + round%3) {
+			l = append(l, frame(p))
+		}
+		last = l
+		if round%5 == 4 {
+			last = last[1:] // a list that does not start its memory
+		}
+	}
+	if holds(make([]cachedFrame, 4), cachedFrames{frame(1)}) {
+		t.Error("holds: two lists' memories overlap")
+	}
+}
