@@ -41,9 +41,9 @@ import (
 // "armed" only by a scan, and disarmed by everything that maps over or
 // resets its memory (mapImageLocked, reset), and by a scan for an
 // instance that chose to hash (trackChoice: the scan unregisters it); a
-// scan of a reservation not armed arms it and says nothing. The caller trusts a scan only as
-// far back as the scan before it: the snapshot's own, or the one a
-// restore ends with.
+// scan of a reservation not armed arms it and says nothing. The caller
+// trusts a scan only as far back as the scan before it: the snapshot's
+// own, or the one a restore ends with.
 
 // From the kernel's uapi (linux/userfaultfd.h, linux/fs.h of Linux 6.7);
 // Debian's headers are older.
@@ -168,9 +168,10 @@ var trackAnyway atomic.Bool
 // trackingBreakEven is how many pages' hashing a page written may cost,
 // in its write-protect fault and its protection again, for an instance to
 // track its writes before its own snapshots have been measured
-// (trackingPaysByDefault). A Go guest's call writes about one page in ten of those it made
-// its own (which the fallback hashes, every snapshot); 4 leaves room for
-// guests that write more of theirs, and for a noisy measurement.
+// (trackingPaysByDefault). A Go guest's call writes about one page in ten
+// of those it made its own (which the fallback hashes, every snapshot); 4
+// leaves room for guests that write more of theirs, and for a noisy
+// measurement.
 const trackingBreakEven = 4
 
 // costOfTracking is what tracking was measured to cost here, per page.
