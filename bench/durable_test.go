@@ -131,7 +131,6 @@ func agedCalls(ctx context.Context, parent, b *testing.B, p plugin, path, redisU
 //   - first-call-no-store: the first call of a new session on the host
 //     without a store, which makes the session's instance. With no-store,
 //     what adopt is compared with.
-//
 //   - redis-aged (the Go plugin only): redis on a session that made
 //     agedAfter calls first, untimed, so that its Go heap has spread as a
 //     long session's does (the guest's runtime owns more and more of its
