@@ -2,6 +2,7 @@ package sandbox
 
 import (
 	"errors"
+	"math"
 	"slices"
 )
 
@@ -90,6 +91,22 @@ func (i *Instance) SnapshotTracked() bool { return i.snapTracked }
 // (trackChoice).
 func (i *Instance) ChooseTracking(on bool) { i.track.chosen, i.track.on = true, on }
 
+// ChooseProtecting makes the instance's next scan, if it tracks, protect
+// the pages it finds written again (or leave them written), as if the
+// rent-or-buy rule had chosen so (trackChoice.protect). The scan still
+// protects when it arms.
+func (i *Instance) ChooseProtecting(protect bool) {
+	if protect {
+		i.track.protectNs = 0
+	} else {
+		i.track.rent, i.track.protectNs = 0, math.MaxFloat64
+	}
+}
+
+// SnapshotLeftWritten reports whether the instance's last snapshot
+// tracked and left the pages it found written unprotected.
+func (i *Instance) SnapshotLeftWritten() bool { return i.snapTracked && i.track.unprotected != nil }
+
 // WriteMemory runs f on the instance's live memory, between calls: the
 // host's own writes, or the kernel's (a read(2) into it).
 func (i *Instance) WriteMemory(f func(mem []byte)) {
@@ -136,5 +153,5 @@ func TrackedReservation(img []byte, max, size uint64) (mem []byte, scan func() (
 	}
 	m.committed = size
 	mem = m.mem[:size]
-	return mem, func() ([]uint64, bool) { return m.scanWrites(mem, true) }, func() { m.mu.Lock(); m.unmap(); m.mu.Unlock() }, nil
+	return mem, func() ([]uint64, bool) { w, ok, _ := m.scanWrites(mem, true, true); return w, ok }, func() { m.mu.Lock(); m.unmap(); m.mu.Unlock() }, nil
 }

@@ -30,7 +30,9 @@ func (f *imageFile) pooled() int                  { return 0 }
 func writtenPieces([]byte) []uint64 { return nil }
 
 // scanWrites: only Linux says which pages were written since a scan.
-func (m *reservedMemory) scanWrites([]byte, bool) ([]uint64, bool) { return nil, false }
+func (m *reservedMemory) scanWrites([]byte, bool, bool) ([]uint64, bool, bool) {
+	return nil, false, false
+}
 
 // registeredForWrites: only Linux tracks writes.
 func (m *reservedMemory) registeredForWrites() bool { return false }

@@ -86,7 +86,7 @@ func TestScanOwnMatchesPagemap(t *testing.T) {
 	}
 	check("mapped")
 	if TrackWritesAnyway(t) {
-		_, _ = m.scanWrites(mem, true) // arms the tracking: every page protected
+		_, _, _ = m.scanWrites(mem, true, true) // arms the tracking: every page protected
 		mem[7*pieceSize] = 3
 		check("tracked")
 		m.mu.Lock()

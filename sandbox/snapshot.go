@@ -298,7 +298,9 @@ func (i *Instance) SnapshotFrames(ctx context.Context) (snapshot []byte, frames 
 		if i.snapPieces > 0 && i.mem != nil && !i.mem.registeredForWrites() {
 			owned = writtenPieces(mem)
 		}
-		scanned, tracked := i.mem.scanWrites(mem, i.track.want())
+		scanStart := time.Now()
+		scanned, tracked, protected := i.mem.scanWrites(mem, i.track.want(), i.track.protect())
+		scanTime := time.Since(scanStart)
 		i.snapTracked = tracked && i.snapPieces > 0
 		switch {
 		case i.snapPieces == 0 || i.mem == nil:
@@ -334,7 +336,8 @@ func (i *Instance) SnapshotFrames(ctx context.Context) (snapshot []byte, frames 
 		if written != nil {
 			i.track.update(snapshotFigures{
 				tracked: i.snapTracked, ownedKnown: !i.snapTracked && owned != nil,
-				written: written, changed: len(fresh), grew: pieces > i.snapPieces, hashed: hashedPieces, hashTime: took,
+				written: written, protected: protected, scanTime: scanTime,
+				changed: len(fresh), grew: pieces > i.snapPieces, hashed: hashedPieces, hashTime: took,
 			})
 		}
 		slices.SortFunc(saved, func(a, b cachedFrame) int { return cmp.Compare(a.pieces[0], b.pieces[0]) })
@@ -776,7 +779,7 @@ func (i *Instance) armWrites() {
 		return
 	}
 	_ = i.withMemory(func(mem []byte) error {
-		i.mem.scanWrites(mem, i.track.want())
+		i.mem.scanWrites(mem, i.track.want(), true)
 		return nil
 	})
 }

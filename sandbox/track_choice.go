@@ -59,6 +59,38 @@ type trackChoice struct {
 	hold   int // snapshots left before it may track again
 	// backoff is the hold set the next time tracking stops paying.
 	backoff int
+
+	// While it tracks, a scan need not protect again the pages it
+	// finds written (protect): a scan that leaves them as they are
+	// names the pages written since the last scan that protected,
+	// which came no later than the last snapshot, and the snapshot
+	// hashes those to find what changed. Protecting costs the scan a
+	// TLB shootdown per 2 MiB written (an interrupt to every other
+	// core that ran the process) and the next call a fault per page it
+	// writes again, while a Go guest writes much the same 20 pieces
+	// at every call; leaving them costs hashing them at every
+	// snapshot. So a scan protects when the hashing spent since the
+	// last one that did, on pieces an earlier scan had found written
+	// already, reaches what protecting costs (a rent-or-buy rule,
+	// within twice the best choice made knowing the future).
+	//
+	// unprotected is the last scan's answer when it left the pages
+	// written unprotected (nil after one that protected); rent the
+	// hashing spent since the last protecting scan, in ns; protectNs
+	// what a protecting scan costs (a running mean of the scan's time
+	// and the faults of the pages found written by the next scan), 0
+	// until measured; pendingScan a protecting scan's time, until the
+	// next scan counts its faults.
+	unprotected []uint64
+	rent        float64
+	protectNs   float64
+	pendingScan time.Duration
+}
+
+// protect reports whether the instance's next scan is to protect again
+// the pages it finds written.
+func (c *trackChoice) protect() bool {
+	return c.protectNs == 0 || c.rent >= c.protectNs
 }
 
 // want reports whether the instance's writes are to be tracked.
@@ -72,13 +104,17 @@ func (c *trackChoice) want() bool {
 // snapshotFigures are what one snapshot saw, for the next choice.
 type snapshotFigures struct {
 	// tracked: the kernel said which pieces were written since the
-	// last snapshot, and written is their bitmap; ownedKnown: it did
+	// last snapshot, and written is their bitmap (those written since
+	// the last scan that protected, protected: whether this one did,
+	// scanTime what it took); ownedKnown: it did
 	// not, and written is pagemap's bitmap of the pieces the instance
 	// owns, read while its memory was not registered for tracking (a
 	// registered memory's never-written pages read as swapped); neither:
 	// written is unused.
 	tracked, ownedKnown bool
 	written             []uint64
+	protected           bool
+	scanTime            time.Duration
 	changed             int           // pieces whose hash changed
 	grew                bool          // the memory grew since the last snapshot
 	hashed              int           // pieces hashed
@@ -100,10 +136,13 @@ func (c *trackChoice) update(f snapshotFigures) {
 // take is update where a piece written costs write tracked, and hash
 // hashed in the cache (trackingCost).
 func (c *trackChoice) take(f snapshotFigures, write, hash time.Duration) {
+	if !f.tracked {
+		c.unprotected, c.rent, c.pendingScan = c.unprotected[:0], 0, 0
+	}
 	switch {
 	case f.tracked:
 		c.owned = orInto(c.owned, f.written)
-		c.writtenTracked = average(c.writtenTracked, float64(ones(f.written)))
+		c.writtenTracked = average(c.writtenTracked, float64(c.scanned(f, write, hash)))
 	case f.ownedKnown:
 		c.owned = append(c.owned[:0], f.written...)
 		c.ownedMeasured = true
@@ -156,6 +195,39 @@ func (c *trackChoice) take(f snapshotFigures, write, hash time.Duration) {
 			c.writtenTracked = 0
 		}
 	}
+}
+
+// scanned takes a tracked snapshot's scan into the choice of protecting
+// (protect), and returns the pieces written since the scan before, which
+// took a fault each: those of f.written that scan left protected.
+func (c *trackChoice) scanned(f snapshotFigures, write, hash time.Duration) int {
+	faulted, again := 0, 0
+	for k, w := range f.written {
+		var left uint64
+		if k < len(c.unprotected) {
+			left = c.unprotected[k]
+		}
+		faulted += bits.OnesCount64(w &^ left)
+		again += bits.OnesCount64(w & left)
+	}
+	if c.pendingScan > 0 {
+		// The pages the last scan protected that were written since
+		// faulted: what protecting cost, with the scan.
+		c.protectNs = average(c.protectNs, float64(c.pendingScan.Nanoseconds())+float64(faulted)*float64(write.Nanoseconds()))
+		c.pendingScan = 0
+	}
+	if f.protected {
+		c.unprotected, c.rent = c.unprotected[:0], 0
+		c.pendingScan = max(f.scanTime, 1)
+		return faulted
+	}
+	hashNs := c.hashNs
+	if hashNs == 0 {
+		hashNs = float64(hash.Nanoseconds())
+	}
+	c.rent += float64(again) * hashNs
+	c.unprotected = append(c.unprotected[:0], f.written...)
+	return faulted
 }
 
 // average is an exponentially weighted mean, a quarter to the newest.

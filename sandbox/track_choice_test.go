@@ -26,7 +26,7 @@ func TestTrackChoice(t *testing.T) {
 		return snapshotFigures{ownedKnown: true, written: owned(n), changed: changed, hashed: n, hashTime: took}
 	}
 	tracking := func(n int) snapshotFigures {
-		return snapshotFigures{tracked: true, written: owned(n), hashed: n, hashTime: time.Duration(n) * 200 * time.Nanosecond}
+		return snapshotFigures{tracked: true, written: owned(n), protected: true, hashed: n, hashTime: time.Duration(n) * 200 * time.Nanosecond}
 	}
 
 	// Each starts hashing, as a new instance does where the process's
@@ -144,5 +144,79 @@ func TestTrackChoice(t *testing.T) {
 		if c.on {
 			t.Fatalf("tracking with 15 µs faults: %+v", c)
 		}
+	}
+}
+
+// TestProtectChoice: a tracking instance's scans protect again the pages
+// they find written until what that costs is measured (the scan, and the
+// faults of the pages written again after it), then leave them written
+// until the hashing of pieces found written again since the last
+// protecting scan reaches that cost; the faults it counts are of pieces
+// written since the scan before, not since the last protecting one; and
+// a snapshot that did not track starts over.
+func TestProtectChoice(t *testing.T) {
+	const (
+		write = 1300 * time.Nanosecond
+		hash  = 90 * time.Nanosecond
+	)
+	pieces := func(ps ...int) []uint64 {
+		b := make([]uint64, 4)
+		for _, p := range ps {
+			b[p/64] |= 1 << (p % 64)
+		}
+		return b
+	}
+	hot := make([]int, 20)
+	for k := range hot {
+		hot[k] = 10 * k
+	}
+	scan := func(c *trackChoice, written []uint64, took time.Duration) snapshotFigures {
+		f := snapshotFigures{tracked: true, written: written, protected: c.protect(), scanTime: took}
+		c.take(f, write, hash)
+		return f
+	}
+	c := trackChoice{chosen: true, on: true, ownedMeasured: true, owned: pieces(hot...)}
+	if f := scan(&c, pieces(hot...), 40*time.Microsecond); !f.protected {
+		t.Fatal("the first scan left the pages written")
+	}
+	if f := scan(&c, pieces(hot...), 40*time.Microsecond); !f.protected {
+		t.Fatal("the second scan, before the first's cost is known, left the pages written")
+	}
+	// The scan, 40 µs, and the 20 pieces written after it, 26 µs.
+	if want := 66000.0; c.protectNs != want {
+		t.Fatalf("protecting costs %v ns, want %v", c.protectNs, want)
+	}
+	if f := scan(&c, pieces(hot...), 40*time.Microsecond); f.protected || c.rent != 0 {
+		t.Fatalf("the third scan protected, or paid rent for pieces first found: %+v", c)
+	}
+	// From now on the same 20 pieces and another each time: 20 pieces
+	// found written again, whose hashing (90 ns each) is the rent.
+	left := 0
+	for n := 1; ; n++ {
+		f := scan(&c, pieces(append(hot, 200+n)...), 40*time.Microsecond)
+		if f.protected {
+			break
+		}
+		left++
+		if left > 100 {
+			t.Fatalf("never protects again: %+v", c)
+		}
+	}
+	if c.writtenTracked > 3 {
+		t.Fatalf("%v pieces written a snapshot, want about 1: counting those written before the scan before", c.writtenTracked)
+	}
+	// 37 of 1.8 µs reach 66 µs.
+	if left != 37 {
+		t.Fatalf("%d scans left the pages written before one protected, want 37", left)
+	}
+	if c.rent != 0 || c.unprotected != nil && ones(c.unprotected) != 0 {
+		t.Fatalf("after protecting: %+v", c)
+	}
+	// A snapshot that does not track starts over.
+	scan(&c, pieces(hot...), 40*time.Microsecond)
+	scan(&c, pieces(hot...), 40*time.Microsecond)
+	c.take(snapshotFigures{ownedKnown: true, written: pieces(hot...), changed: 20, hashed: 20}, write, hash)
+	if c.rent != 0 || ones(c.unprotected) != 0 || c.pendingScan != 0 {
+		t.Fatalf("after a snapshot that did not track: %+v", c)
 	}
 }

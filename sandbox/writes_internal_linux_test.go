@@ -2,6 +2,7 @@ package sandbox
 
 import (
 	"bytes"
+	"slices"
 	"testing"
 	"time"
 )
@@ -35,11 +36,11 @@ func TestResetAfterTracking(t *testing.T) {
 		t.Fatal(err)
 	}
 	mem := m.mem[:size]
-	if _, tracked := m.scanWrites(mem, true); tracked {
+	if _, tracked, _ := m.scanWrites(mem, true, true); tracked {
 		t.Fatal("the first scan of a mapping says what was written")
 	}
 	mem[5*pieceSize+7] = 99 // the instance's one write
-	written, tracked := m.scanWrites(mem, true)
+	written, tracked, _ := m.scanWrites(mem, true, true)
 	if !tracked || written[0] != 1<<5 {
 		t.Fatalf("scan: tracked %v, written %b; want piece 5 alone", tracked, written)
 	}
@@ -113,24 +114,93 @@ func TestHashAfterTracking(t *testing.T) {
 	for p := 0; p < size; p += 2 * pieceSize {
 		mem[p] = 1 // half the pages populated
 	}
-	if _, tracked := m.scanWrites(mem, true); tracked {
+	if _, tracked, _ := m.scanWrites(mem, true, true); tracked {
 		t.Fatal("the first scan says what was written")
 	}
 	mem[5*pieceSize+1] = 7
-	if written, tracked := m.scanWrites(mem, true); !tracked || ones(written) != 1 {
+	if written, tracked, _ := m.scanWrites(mem, true, true); !tracked || ones(written) != 1 {
 		t.Fatalf("tracked scan: %v, %d written, want 1", tracked, ones(written))
 	}
-	if _, tracked := m.scanWrites(mem, false); tracked || m.registeredForWrites() {
+	if _, tracked, _ := m.scanWrites(mem, false, true); tracked || m.registeredForWrites() {
 		t.Fatal("the scan of an instance that hashes tracked, or left the memory registered")
 	}
 	if got, want := ones(writtenPieces(mem)), size/pieceSize/2+1; got != want {
 		t.Errorf("pagemap says %d pieces owned after tracking stopped, want %d (those written)", got, want)
 	}
-	if _, tracked := m.scanWrites(mem, true); tracked || !m.registeredForWrites() {
+	if _, tracked, _ := m.scanWrites(mem, true, true); tracked || !m.registeredForWrites() {
 		t.Fatal("tracking again: the first scan says what was written, or did not register")
 	}
 	mem[7*pieceSize] = 9
-	if written, tracked := m.scanWrites(mem, true); !tracked || ones(written) != 1 || written[0] != 1<<7 {
+	if written, tracked, _ := m.scanWrites(mem, true, true); !tracked || ones(written) != 1 || written[0] != 1<<7 {
 		t.Fatalf("tracked again: %v, written %b, want piece 7", tracked, written[0])
 	}
+}
+
+// TestScanLeavingWritten: a scan that leaves the pages it finds written
+// unprotected names, at every scan after it, every page written since the
+// last scan that protected (those written before the scan before too),
+// and the next protecting scan names them once more and starts afresh. A
+// scan that arms the tracking protects, whatever it was asked.
+func TestScanLeavingWritten(t *testing.T) {
+	if pagemap() == nil || tracking() < 0 {
+		t.Skip("this system does not track writes (userfaultfd with WP_ASYNC and PAGEMAP_SCAN)")
+	}
+	m := reserveMemory(4 << 20)
+	if m == nil {
+		t.Skip("no reservation")
+	}
+	defer release(m.mem)
+	const size = 640 * pieceSize // 2.5 MiB: two page tables
+	mem := m.Reallocate(size)
+	if mem == nil {
+		t.Fatal("no memory")
+	}
+	for p := 0; p < size; p += 3 * pieceSize {
+		mem[p] = 1 // a third of the pages populated
+	}
+	piecesOf := func(w []uint64) []int {
+		var ps []int
+		for p := range size / pieceSize {
+			if w[p/64]&(1<<(p%64)) != 0 {
+				ps = append(ps, p)
+			}
+		}
+		return ps
+	}
+	scan := func(protect bool, want ...int) {
+		t.Helper()
+		w, ok, protected := m.scanWrites(mem, true, protect)
+		if !ok || protected != protect {
+			t.Fatalf("scan (protect %v): tracked %v, protected %v", protect, ok, protected)
+		}
+		if got := piecesOf(w); !slices.Equal(got, want) {
+			t.Fatalf("scan (protect %v): written %v, want %v", protect, got, want)
+		}
+	}
+	if _, ok, protected := m.scanWrites(mem, true, false); ok || !protected {
+		t.Fatalf("the scan that arms: tracked %v, protected %v; want false, true", ok, protected)
+	}
+	mem[3*pieceSize] = 1
+	scan(false, 3)
+	mem[9*pieceSize+5] = 1 // a page populated before
+	mem[601*pieceSize] = 1 // past the first 2 MiB, never populated
+	scan(false, 3, 9, 601)
+	mem[3*pieceSize+1] = 2 // written again, unprotected
+	scan(false, 3, 9, 601)
+	scan(true, 3, 9, 601)
+	scan(false)
+	mem[9*pieceSize] = 3
+	scan(true, 9)
+	scan(true)
+	// Unregistered, then registered again: the scan that arms protects.
+	if _, ok, _ := m.scanWrites(mem, false, false); ok || m.registeredForWrites() {
+		t.Fatal("the scan of an instance that hashes tracked, or left the memory registered")
+	}
+	mem[7*pieceSize] = 1
+	if _, ok, protected := m.scanWrites(mem, true, false); ok || !protected {
+		t.Fatalf("the scan that arms again: tracked %v, protected %v; want false, true", ok, protected)
+	}
+	scan(false)
+	mem[7*pieceSize] = 2
+	scan(false, 7)
 }

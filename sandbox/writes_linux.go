@@ -274,16 +274,19 @@ func ioctl(fd int, req uintptr, arg unsafe.Pointer) error {
 }
 
 // scanWrites returns a bitmap of the pieces of mem (the instance's
-// memory: the start of m's reservation) written since m's last scan,
-// protecting them again, and whether it can say: false when m's tracking
-// was not armed (the first scan since its memory was mapped or reset,
-// which arms it) or cannot be. track is the instance's choice
-// (trackChoice): without it, m is unregistered (its pages take no more
-// faults) and the scan says nothing. m may be nil. The caller holds the
-// memory (enterLive), so that no call of the guest writes meanwhile.
-func (m *reservedMemory) scanWrites(mem []byte, track bool) (written []uint64, ok bool) {
+// memory: the start of m's reservation) written since m's last scan that
+// protected, and whether it can say: false when m's tracking was not
+// armed (the first scan since its memory was mapped or reset, which arms
+// it) or cannot be. It protects the pages written again when protect is
+// set or it arms, and says whether it did (protected); otherwise it
+// leaves them as they are, and the next scan names them again. track is
+// the instance's choice (trackChoice): without it, m is unregistered (its
+// pages take no more faults) and the scan says nothing. m may be nil. The
+// caller holds the memory (enterLive), so that no call of the guest
+// writes meanwhile.
+func (m *reservedMemory) scanWrites(mem []byte, track, protect bool) (written []uint64, ok, protected bool) {
 	if m == nil || len(mem) == 0 {
-		return nil, false
+		return nil, false, false
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -291,7 +294,7 @@ func (m *reservedMemory) scanWrites(mem []byte, track bool) (written []uint64, o
 	m.wpArmed = false
 	fd := tracking()
 	if fd < 0 || len(m.mem) == 0 || &m.mem[0] != &mem[0] || len(mem) > len(m.mem) {
-		return nil, false
+		return nil, false, false
 	}
 	if !track && !trackAnyway.Load() {
 		// Its instance hashes instead: its pages take no faults. A
@@ -299,28 +302,34 @@ func (m *reservedMemory) scanWrites(mem []byte, track bool) (written []uint64, o
 		if m.wpRegistered {
 			m.disarmWrites()
 		}
-		return nil, false
+		return nil, false, false
 	}
 	if !m.wpRegistered {
 		// The whole reservation, so that memory the guest grows into
 		// is registered already.
 		r := uffdioRegisterArg{rng: uffdioRange{uint64(uintptr(unsafe.Pointer(&m.mem[0]))), uint64(len(m.mem))}, mode: uffdioRegisterModeWP}
 		if ioctl(fd, uffdioRegister, unsafe.Pointer(&r)) != nil {
-			return nil, false
+			return nil, false, false
 		}
 		m.wpRegistered, armed = true, false
 	}
-	written, err := scanWritten(mem)
+	protect = protect || !armed
+	var err error
+	if protect {
+		written, err = scanWritten(mem)
+	} else {
+		written, err = scanLeavingWritten(mem)
+	}
 	if err != nil {
 		// Left unarmed: the next scan arms it again. An ioctl the
 		// kernel does not have gives tracking up for good.
 		if scanMissing(err) {
 			scansFailed.Store(true)
 		}
-		return nil, false
+		return nil, false, false
 	}
 	m.wpArmed = true
-	return written, armed
+	return written, armed, protect
 }
 
 // registeredForWrites reports whether m is registered with the tracker.
@@ -356,6 +365,17 @@ func (m *reservedMemory) disarmWrites() bool {
 func scanWritten(mem []byte) ([]uint64, error) {
 	return scanPieces(mem, pmScanArg{
 		flags:        pmScanWPMatching | pmScanCheckWPAsync,
+		categoryMask: pageIsWritten, returnMask: pageIsWritten,
+	}, nil)
+}
+
+// scanLeavingWritten is scanWritten without protecting the pages found
+// written again: it names the pages written since the last scan that
+// did, and costs the kernel a walk of the page tables but no TLB
+// shootdown.
+func scanLeavingWritten(mem []byte) ([]uint64, error) {
+	return scanPieces(mem, pmScanArg{
+		flags:        pmScanCheckWPAsync,
 		categoryMask: pageIsWritten, returnMask: pageIsWritten,
 	}, nil)
 }

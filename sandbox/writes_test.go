@@ -147,14 +147,15 @@ func checkEveryWrite(t *testing.T, switching bool) {
 				t.Fatal(err)
 			}
 			defer func() { inst.Close(ctx) }()
-			tracked := 0
+			tracked, left := 0, 0
 			const rounds = 120
 			for round := range rounds {
 				did := w.step(inst)
 				if switching {
-					on := rng.IntN(3) != 0
+					on, protect := rng.IntN(3) != 0, rng.IntN(2) == 0
 					inst.ChooseTracking(on)
-					did += fmt.Sprintf(" tracking:%v", on)
+					inst.ChooseProtecting(protect)
+					did += fmt.Sprintf(" tracking:%v protect:%v", on, protect)
 				}
 				snap, err := inst.Snapshot(ctx)
 				if err != nil {
@@ -162,6 +163,10 @@ func checkEveryWrite(t *testing.T, switching bool) {
 				}
 				if inst.SnapshotTracked() {
 					tracked++
+				}
+				if inst.SnapshotLeftWritten() {
+					left++
+					did += " (left written)"
 				}
 				fresh, err := w.c.Restore(ctx, snap)
 				if err != nil {
@@ -192,7 +197,12 @@ func checkEveryWrite(t *testing.T, switching bool) {
 			case tracked < rounds*3/4:
 				t.Errorf("%d of %d snapshots knew what was written from the kernel, want most", tracked, rounds)
 			}
-			t.Logf("%d of %d snapshots tracked", tracked, rounds)
+			if tracked > 0 && left == 0 {
+				// Left written by the rule's choice (after its first
+				// two scans of an instance), or at random.
+				t.Errorf("none of %d tracked snapshots left the pages written unprotected", tracked)
+			}
+			t.Logf("%d of %d snapshots tracked, %d of them leaving the pages written unprotected", tracked, rounds, left)
 		})
 	}
 }
