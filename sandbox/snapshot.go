@@ -325,6 +325,7 @@ func (i *Instance) SnapshotFrames(ctx context.Context) (snapshot []byte, frames 
 		// What changed is compressed apart from what did not but lost
 		// its frame, so that the next snapshot, where much the same
 		// pieces change, finds the others' frames whole.
+		kept := len(saved)
 		for _, group := range [][]pieceHash{fresh, stale} {
 			for len(group) > 0 {
 				n := min(len(group), framePieces)
@@ -340,7 +341,7 @@ func (i *Instance) SnapshotFrames(ctx context.Context) (snapshot []byte, frames 
 				changed: len(fresh), grew: pieces > i.snapPieces, hashed: hashedPieces, hashTime: took,
 			})
 		}
-		slices.SortFunc(saved, func(a, b cachedFrame) int { return cmp.Compare(a.pieces[0], b.pieces[0]) })
+		mergeFrames(saved, kept)
 		i.snapPieces = pieces
 		return nil
 	})
@@ -481,6 +482,35 @@ type pieceHash struct {
 // cachedFrames is an instance's last snapshot, frame by frame, ordered by
 // each frame's first piece.
 type cachedFrames []cachedFrame
+
+// byFirstPiece orders frames by their first piece.
+func byFirstPiece(a, b cachedFrame) int { return cmp.Compare(a.pieces[0], b.pieces[0]) }
+
+// mergeFrames orders fs by first piece, fs[:kept] being so ordered and
+// the rest a snapshot's new frames, a few. Sorting the whole list cost a
+// Go guest's snapshot 20 µs at 300 frames: each comparison reads a
+// frame's pieces, elsewhere in memory, and a list with a few frames out
+// of place at its end is pdqsort's slow case. Here the new frames are
+// sorted among themselves, and each finds its place among the kept by a
+// binary search, the kept frames after it moving up in one copy.
+func mergeFrames(fs []cachedFrame, kept int) {
+	added := fs[kept:]
+	if len(added) == 0 {
+		return
+	}
+	slices.SortFunc(added, byFirstPiece)
+	var buf [8]cachedFrame
+	news := append(buf[:0], added...)
+	end, hi := len(fs), kept // fs[end:] is placed; fs[:hi] the kept not yet moved
+	for j := len(news) - 1; j >= 0; j-- {
+		first := news[j].pieces[0]
+		at, _ := slices.BinarySearchFunc(fs[:hi], first, func(f cachedFrame, p uint32) int { return cmp.Compare(f.pieces[0], p) })
+		n := copy(fs[end-(hi-at):end], fs[at:hi])
+		end -= n + 1
+		fs[end] = news[j]
+		hi = at
+	}
+}
 
 // sortScratch is the memory cachedFrames.sort works in, kept by an
 // instance from one snapshot to the next; the zero value is ready.
@@ -807,7 +837,7 @@ func (s *snapshotState) eachFrame(put func(p uint32, piece []byte) []byte) (cach
 		}
 		cache = append(cache, cf)
 	}
-	slices.SortFunc(cache, func(a, b cachedFrame) int { return cmp.Compare(a.pieces[0], b.pieces[0]) })
+	slices.SortFunc(cache, byFirstPiece)
 	return cache, nil
 }
 

@@ -242,3 +242,40 @@ func TestFrameListsTakeTurns(t *testing.T) {
 		t.Error("holds: two lists' memories overlap")
 	}
 }
+
+// TestMergeFrames: a snapshot's kept frames, in order, and its new ones,
+// in any order, come out as sorting them all would order them, whether
+// the new ones go first, last, between or among the kept, and more than
+// the merge's buffer holds.
+func TestMergeFrames(t *testing.T) {
+	rng := mrand.New(mrand.NewPCG(47, 1))
+	for round := range 2000 {
+		n := rng.IntN(40)
+		firsts := rng.Perm(200)[:n]
+		var all []cachedFrame
+		for _, p := range firsts {
+			all = append(all, cachedFrame{pieces: []uint32{uint32(p)}})
+		}
+		kept := 0
+		if n > 0 {
+			kept = rng.IntN(n + 1)
+			if rng.IntN(4) == 0 {
+				kept = max(n-rng.IntN(12), 0) // the usual case: a few new
+			}
+		}
+		slices.SortFunc(all[:kept], byFirstPiece)
+		got := slices.Clone(all)
+		mergeFrames(got, kept)
+		want := slices.Clone(all)
+		slices.SortFunc(want, byFirstPiece)
+		if !slices.EqualFunc(got, want, func(a, b cachedFrame) bool { return a.pieces[0] == b.pieces[0] }) {
+			first := func(fs []cachedFrame) (ps []uint32) {
+				for _, f := range fs {
+					ps = append(ps, f.pieces[0])
+				}
+				return ps
+			}
+			t.Fatalf("round %d: %d kept of %v: merged %v, want %v", round, kept, first(all), first(got), first(want))
+		}
+	}
+}
