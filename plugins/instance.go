@@ -180,11 +180,12 @@ type State struct {
 	// SHA256 is the plugin the state was saved from.
 	SHA256 string
 	Data   []byte
-	// Frames, of a host snapshot, are the lengths of the compressed
-	// frames Data ends with, in order ([sandbox.Instance.SnapshotFrames]):
-	// a store may keep those a state shares with the one before apart.
-	// nil when unknown; a state restores without it.
-	Frames []int
+	// Frames, of a host snapshot, are the lengths and sums of the
+	// compressed frames Data ends with, in order
+	// ([sandbox.Instance.SnapshotFrames]): a store may keep those a state
+	// shares with the one before apart. nil when unknown; a state
+	// restores without it.
+	Frames []sandbox.Frame
 }
 
 // ReleaseState gives st, a state the instance saved, back to it once the

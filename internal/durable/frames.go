@@ -5,10 +5,9 @@ import (
 	"errors"
 	"fmt"
 
-	"github.com/zeebo/xxh3"
-
 	"github.com/wasmtools/wasmtools/internal/statestore"
 	"github.com/wasmtools/wasmtools/plugins"
+	"github.com/wasmtools/wasmtools/sandbox"
 )
 
 // A host snapshot ends with its compressed frames, and a frame whose
@@ -75,7 +74,8 @@ func newStoredBase(field []byte, fs [][]byte) *storedBase {
 	return sb
 }
 
-// frameKey identifies a frame by its hash and length. The hash is not
+// frameKey identifies a frame by its sum (sandbox.FrameSum, the one a
+// snapshot gives of each of its frames) and length. The sum is not
 // cryptographic, but its seed is random per process and no guest sees it
 // (the same reasoning as the sandbox's page hashes).
 type frameKey struct {
@@ -83,36 +83,37 @@ type frameKey struct {
 	size int
 }
 
-var frameSeed = randomSeed()
-
 func keyOf(frame []byte) frameKey {
-	return frameKey{xxh3.HashSeed(frame, frameSeed), len(frame)}
+	return frameKey{sandbox.FrameSum(frame), len(frame)}
 }
 
-// frames splits st's snapshot into its head and frames: nil when st says
-// nothing of its frames, or is too small to be worth splitting.
-func frames(st *plugins.State) (head []byte, frames [][]byte) {
+// frames splits st's snapshot into its head and frames, with their keys
+// as the snapshot gave them: nil when st says nothing of its frames, or
+// is too small to be worth splitting.
+func frames(st *plugins.State) (head []byte, frames [][]byte, keys []frameKey) {
 	if st == nil || !st.Host || len(st.Frames) == 0 || len(st.Data) < splitMin {
-		return nil, nil
+		return nil, nil, nil
 	}
 	total := 0
-	for _, n := range st.Frames {
-		if n <= 0 || n > len(st.Data) {
-			return nil, nil
+	for _, f := range st.Frames {
+		if f.Len <= 0 || f.Len > len(st.Data) {
+			return nil, nil, nil
 		}
-		total += n
+		total += f.Len
 	}
 	if total > len(st.Data) {
-		return nil, nil
+		return nil, nil, nil
 	}
 	at := len(st.Data) - total
 	head = st.Data[:at]
 	frames = make([][]byte, len(st.Frames))
-	for k, n := range st.Frames {
-		frames[k] = st.Data[at : at+n : at+n]
-		at += n
+	keys = make([]frameKey, len(st.Frames))
+	for k, f := range st.Frames {
+		frames[k] = st.Data[at : at+f.Len : at+f.Len]
+		keys[k] = frameKey{f.Sum, f.Len}
+		at += f.Len
 	}
-	return head, frames
+	return head, frames, keys
 }
 
 // learnBase records what rec, a record just read, holds of plugin name's
@@ -251,7 +252,7 @@ func (d *Keeper) putState(ctx context.Context, c *Claim, name string, b []byte, 
 // (split false). With a whole state worth splitting it also returns the
 // base to write once that write is answered (nil: none). c.mu is held.
 func (c *Claim) encodePlugin(name string, pr pluginRecord, st *plugins.State, whole bool) (field []byte, base [][]byte, split bool, err error) {
-	head, fs := frames(st)
+	head, fs, keys := frames(st)
 	if fs == nil {
 		b, err := marshalRecord(takeRecordBuf(), pr)
 		if sb := c.bases[name]; sb != nil && sb.size > 0 {
@@ -264,7 +265,7 @@ func (c *Claim) encodePlugin(name string, pr pluginRecord, st *plugins.State, wh
 		s := &splitState{head: head, base: sb.sum, frames: make([]frameRef, len(fs))}
 		own, shared := 0, 0
 		for k, f := range fs {
-			if n, ok := sb.at[keyOf(f)]; ok {
+			if n, ok := sb.at[keys[k]]; ok {
 				s.frames[k] = frameRef{base: n}
 				shared += len(f)
 				continue

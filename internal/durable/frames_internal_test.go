@@ -354,14 +354,14 @@ func TestSplitStateRebasesPastAnEighth(t *testing.T) {
 		c := &Claim{bases: map[string]*storedBase{"p": newStoredBase(marshalBase(base), base)}}
 		c.bases["p"].carried = tc.carried
 		data := []byte("head")
-		var lens []int
+		var lens []sandbox.Frame
 		for k := range nFrames {
 			f := base[k]
 			if k < tc.changed {
 				f = frame(1000+k, size)
 			}
 			data = append(data, f...)
-			lens = append(lens, len(f))
+			lens = append(lens, sandbox.Frame{Len: len(f), Sum: sandbox.FrameSum(f)})
 		}
 		st := &plugins.State{Host: true, Data: data, Frames: lens}
 		_, newBase, split, err := c.encodePlugin("p", pluginRecord{Host: true}, st, false)
