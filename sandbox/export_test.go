@@ -2,7 +2,6 @@ package sandbox
 
 import (
 	"errors"
-	"math"
 	"slices"
 )
 
@@ -99,13 +98,13 @@ func (i *Instance) ChooseProtecting(protect bool) {
 	if protect {
 		i.track.protectNs = 0
 	} else {
-		i.track.rent, i.track.protectNs = 0, math.MaxFloat64
+		i.track.rent, i.track.protectNs = 0, 1e18 // an hour and more: never reached
 	}
 }
 
 // SnapshotLeftWritten reports whether the instance's last snapshot
 // tracked and left the pages it found written unprotected.
-func (i *Instance) SnapshotLeftWritten() bool { return i.snapTracked && i.track.unprotected != nil }
+func (i *Instance) SnapshotLeftWritten() bool { return i.snapTracked && i.track.left }
 
 // WriteMemory runs f on the instance's live memory, between calls: the
 // host's own writes, or the kernel's (a read(2) into it).

@@ -75,13 +75,15 @@ type trackChoice struct {
 	// within twice the best choice made knowing the future).
 	//
 	// unprotected is the last scan's answer when it left the pages
-	// written unprotected (nil after one that protected); rent the
+	// written unprotected (empty after one that protected), left
+	// whether it did; rent the
 	// hashing spent since the last protecting scan, in ns; protectNs
 	// what a protecting scan costs (a running mean of the scan's time
 	// and the faults of the pages found written by the next scan), 0
 	// until measured; pendingScan a protecting scan's time, until the
 	// next scan counts its faults.
 	unprotected []uint64
+	left        bool
 	rent        float64
 	protectNs   float64
 	pendingScan time.Duration
@@ -137,7 +139,7 @@ func (c *trackChoice) update(f snapshotFigures) {
 // hashed in the cache (trackingCost).
 func (c *trackChoice) take(f snapshotFigures, write, hash time.Duration) {
 	if !f.tracked {
-		c.unprotected, c.rent, c.pendingScan = c.unprotected[:0], 0, 0
+		c.unprotected, c.left, c.rent, c.pendingScan = c.unprotected[:0], false, 0, 0
 	}
 	switch {
 	case f.tracked:
@@ -217,7 +219,7 @@ func (c *trackChoice) scanned(f snapshotFigures, write, hash time.Duration) int 
 		c.pendingScan = 0
 	}
 	if f.protected {
-		c.unprotected, c.rent = c.unprotected[:0], 0
+		c.unprotected, c.left, c.rent = c.unprotected[:0], false, 0
 		c.pendingScan = max(f.scanTime, 1)
 		return faulted
 	}
@@ -226,7 +228,7 @@ func (c *trackChoice) scanned(f snapshotFigures, write, hash time.Duration) int 
 		hashNs = float64(hash.Nanoseconds())
 	}
 	c.rent += float64(again) * hashNs
-	c.unprotected = append(c.unprotected[:0], f.written...)
+	c.unprotected, c.left = append(c.unprotected[:0], f.written...), true
 	return faulted
 }
 

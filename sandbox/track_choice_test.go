@@ -160,7 +160,7 @@ func TestProtectChoice(t *testing.T) {
 		hash  = 90 * time.Nanosecond
 	)
 	pieces := func(ps ...int) []uint64 {
-		b := make([]uint64, 4)
+		b := make([]uint64, 8) // 512: past 200 and the loop's 101 more
 		for _, p := range ps {
 			b[p/64] |= 1 << (p % 64)
 		}
@@ -209,14 +209,14 @@ func TestProtectChoice(t *testing.T) {
 	if left != 37 {
 		t.Fatalf("%d scans left the pages written before one protected, want 37", left)
 	}
-	if c.rent != 0 || c.unprotected != nil && ones(c.unprotected) != 0 {
+	if c.rent != 0 || c.left || ones(c.unprotected) != 0 {
 		t.Fatalf("after protecting: %+v", c)
 	}
 	// A snapshot that does not track starts over.
 	scan(&c, pieces(hot...), 40*time.Microsecond)
 	scan(&c, pieces(hot...), 40*time.Microsecond)
 	c.take(snapshotFigures{ownedKnown: true, written: pieces(hot...), changed: 20, hashed: 20}, write, hash)
-	if c.rent != 0 || ones(c.unprotected) != 0 || c.pendingScan != 0 {
+	if c.rent != 0 || c.left || ones(c.unprotected) != 0 || c.pendingScan != 0 {
 		t.Fatalf("after a snapshot that did not track: %+v", c)
 	}
 }

@@ -243,3 +243,51 @@ func TestReuseSnapshot(t *testing.T) {
 	}
 	t.Logf("%d of 20 snapshots written over the one before", reused)
 }
+
+// TestSnapshotReprotectsByRule: a long-lived Go guest's snapshots, where
+// the rule (not a test's choice) decides when a scan protects the pages
+// it finds written again: runs of scans that leave them written, each
+// ended by one that protects, and every snapshot restores to the
+// instance's memory byte for byte.
+func TestSnapshotReprotectsByRule(t *testing.T) {
+	if !sandbox.TrackWritesAnyway(t) {
+		t.Skip("this system does not track writes")
+	}
+	ctx := context.Background()
+	c := compile(t, newRuntime(t), testplugins.Test(t, "servlet"), sandbox.NewPolicy())
+	instantiate(t, c) // its state becomes the image
+	inst := instantiate(t, c)
+	rng := rand.New(rand.NewPCG(uint64(os.Getpid()), 47))
+	left, reprotected, wasLeft := 0, 0, false
+	const rounds = 150
+	for round := range rounds {
+		text := fmt.Sprintf("note %d %0*d", rng.Uint32(), rng.IntN(2000), 0)
+		if _, err := callServlet(t, inst, "remember", `{"text":"`+text+`"}`); err != nil {
+			t.Fatal(err)
+		}
+		snap, err := inst.Snapshot(ctx)
+		if err != nil {
+			t.Fatalf("round %d: snapshot: %v", round, err)
+		}
+		isLeft := inst.SnapshotLeftWritten()
+		if isLeft {
+			left++
+		} else if wasLeft && inst.SnapshotTracked() {
+			reprotected++
+		}
+		wasLeft = isLeft
+		fresh, err := c.Restore(ctx, snap)
+		if err != nil {
+			t.Fatalf("round %d: restore: %v", round, err)
+		}
+		if d := sandbox.DifferingBytes(fresh.MemoryCopy(), inst.MemoryCopy()); d != 0 {
+			t.Fatalf("round %d (left written %v): the restored memory differs in %d bytes: a write the snapshot missed", round, isLeft, d)
+		}
+		fresh.Close(ctx)
+		inst.ReuseSnapshot(snap)
+	}
+	t.Logf("%d of %d snapshots left the pages written; %d runs of them ended by a scan that protected", left, rounds, reprotected)
+	if left == 0 || reprotected == 0 {
+		t.Errorf("%d snapshots left the pages written, %d runs ended by the rule: want both", left, reprotected)
+	}
+}
