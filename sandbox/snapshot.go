@@ -443,13 +443,16 @@ type Frame struct {
 func FrameSum(frame []byte) uint64 { return xxh3.HashSeed(frame, frameSeed) }
 
 // frameSeed seeds FrameSum, apart from the pieces' pageSeed.
-var frameSeed = func() uint64 {
+var frameSeed = randomSeed()
+
+// randomSeed is a seed for a hash no guest sees, random per process.
+func randomSeed() uint64 {
 	var b [8]byte
 	if _, err := crand.Read(b[:]); err != nil {
 		panic(err) // crypto/rand does not fail on supported systems
 	}
 	return binary.LittleEndian.Uint64(b[:])
-}()
+}
 
 // encodeS2 is b as an S2 block and b's CRC-32C: a version 5 snapshot's
 // index of its frames (zstd's fastest level took 35 µs a checkpoint for
@@ -692,13 +695,7 @@ func (fs cachedFrames) sort(pieces uint32, written []uint64, below uint32, scrat
 // 45 GB/s where maphash (AES rounds) ran at 9.8 GB/s on the same machine,
 // and a Go guest's snapshot hashes every page it ever wrote: 3 MiB, 320
 // µs of each checkpoint with maphash, 70 µs with XXH3.
-var pageSeed = func() uint64 {
-	var b [8]byte
-	if _, err := crand.Read(b[:]); err != nil {
-		panic(err) // crypto/rand does not fail on supported systems
-	}
-	return binary.LittleEndian.Uint64(b[:])
-}()
+var pageSeed = randomSeed()
 
 func hashPage(page []byte) uint64 { return xxh3.HashSeed(page, pageSeed) }
 
