@@ -179,26 +179,31 @@ type State struct {
 	Host bool
 	// SHA256 is the plugin the state was saved from.
 	SHA256 string
-	Data   []byte
-	// Frames, of a host snapshot, are the lengths and sums of the
-	// compressed frames Data ends with, in order
-	// ([sandbox.Instance.SnapshotFrames]): a store may keep those a state
-	// shares with the one before apart. nil when unknown; a state
-	// restores without it.
+	// Data is the state; of a host snapshot, its head, the bytes before
+	// its compressed frames, which follow in Frames ([State.Bytes] joins
+	// them).
+	Data []byte
+	// Frames, of a host snapshot, are the compressed frames its bytes end
+	// with, in order, with their sums ([sandbox.Instance.SnapshotParts]):
+	// a store may keep those a state shares with the one before apart.
+	// Their bytes are the instance's, not to be written to.
 	Frames []sandbox.Frame
 }
 
-// ReleaseState gives st, a state the instance saved, back to it once the
-// caller holds no part of st's data any more, nor restored anything from
-// it: a host snapshot's bytes are written over by the instance's next
-// one ([sandbox.Instance.ReuseSnapshot]). st is not to be used after.
-func (i *Instance) ReleaseState(st *State) {
-	if st != nil && st.Host && i.sb != nil && st.Data != nil {
-		i.sb.ReuseSnapshot(st.Data)
+// Bytes returns the whole state: Data, then the bytes of Frames.
+func (s *State) Bytes() []byte {
+	if len(s.Frames) == 0 {
+		return s.Data
 	}
-	if st != nil {
-		st.Data, st.Frames = nil, nil
+	size := len(s.Data)
+	for _, f := range s.Frames {
+		size += len(f.Bytes)
 	}
+	b := append(make([]byte, 0, size), s.Data...)
+	for _, f := range s.Frames {
+		b = append(b, f.Bytes...)
+	}
+	return b
 }
 
 // SaveState saves the instance's state between calls: a host-side
@@ -210,11 +215,11 @@ func (i *Instance) ReleaseState(st *State) {
 func (i *Instance) SaveState(ctx context.Context) (*State, error) {
 	hostErr := i.plugin.CanSnapshot()
 	if hostErr == nil {
-		b, frames, err := i.sb.SnapshotFrames(ctx)
+		head, frames, err := i.sb.SnapshotParts(ctx)
 		if err != nil {
 			return nil, fmt.Errorf("plugin %q: %w", i.plugin.name, err)
 		}
-		return &State{Host: true, SHA256: i.plugin.sha256, Data: b, Frames: frames}, nil
+		return &State{Host: true, SHA256: i.plugin.sha256, Data: head, Frames: frames}, nil
 	}
 	if i.plugin.HandsOffState() {
 		return i.SaveGuestState(ctx)
@@ -243,7 +248,7 @@ func (p *Plugin) RestoreState(ctx context.Context, s *State) (*Instance, error) 
 		if err != nil {
 			return nil, err
 		}
-		if err := inst.Restore(ctx, s.Data); err != nil {
+		if err := inst.Restore(ctx, s.Bytes()); err != nil {
 			_ = inst.Close(ctx)
 			return nil, fmt.Errorf("plugin %q: %w", p.name, err)
 		}
@@ -252,7 +257,7 @@ func (p *Plugin) RestoreState(ctx context.Context, s *State) (*Instance, error) 
 	if s.SHA256 != p.sha256 {
 		return nil, fmt.Errorf("plugin %q: restore: %w: saved from %s, this is %s", p.name, sandbox.ErrSnapshotMismatch, s.SHA256, p.sha256)
 	}
-	sb, err := p.compiled.Restore(ctx, s.Data)
+	sb, err := p.compiled.Restore(ctx, s.Bytes())
 	if err != nil {
 		return nil, fmt.Errorf("plugin %q: %w", p.name, err)
 	}

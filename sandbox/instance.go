@@ -68,9 +68,6 @@ type Instance struct {
 	// track is the instance's choice between tracking its memory's
 	// writes and hashing the pieces it owns (track_choice.go).
 	track trackChoice
-	// snapSpare is a snapshot given back (ReuseSnapshot), which the next
-	// one is written over.
-	snapSpare []byte
 	// snapSort is the snapshots' scratch memory (cachedFrames.sort).
 	snapSort sortScratch
 }
@@ -392,13 +389,13 @@ func (i *Instance) Close(ctx context.Context) error {
 		return nil
 	}
 	i.err = ErrClosed
-	i.snapFrames, i.snapPieces, i.snapSpare, i.snapSort = nil, 0, nil, sortScratch{}
+	i.snapFrames, i.snapPieces, i.snapSort = nil, 0, sortScratch{}
 	return i.mod.Close(ctx)
 }
 
 func (i *Instance) close(reason error) {
 	i.err = reason
-	i.snapFrames, i.snapPieces, i.snapSpare, i.snapSort = nil, 0, nil, sortScratch{}
+	i.snapFrames, i.snapPieces, i.snapSort = nil, 0, sortScratch{}
 	_ = i.mod.Close(context.Background())
 }
 

@@ -213,7 +213,7 @@ func isZero(page []byte) bool { return bytes.Equal(page, zeroPage[:len(page)]) }
 
 // Snapshot saves the instance's state between calls: its linear memory
 // (the 4 KiB pieces that differ from the module's initial image), its
-// mutable globals, its Extism vars and its clocks, compressed with zstd.
+// mutable globals, its Extism vars and its clocks, compressed (S2).
 // The snapshot names the module's sha256, and [Compiled.Restore] restores
 // it only into a Compiled of the same bytes. It contains everything the
 // guest keeps, secrets included: store it as the guest's memory.
@@ -232,17 +232,32 @@ func isZero(page []byte) bool { return bytes.Equal(page, zeroPage[:len(page)]) }
 // of the instance. The first snapshot of a module makes its initial image
 // with a throwaway instance, under ctx and the call timeout.
 func (i *Instance) Snapshot(ctx context.Context) ([]byte, error) {
-	b, _, err := i.SnapshotFrames(ctx)
-	return b, err
+	head, frames, err := i.SnapshotParts(ctx)
+	if err != nil {
+		return nil, err
+	}
+	size := len(head)
+	for _, f := range frames {
+		size += len(f.Bytes)
+	}
+	out := append(make([]byte, 0, size), head...)
+	for _, f := range frames {
+		out = append(out, f.Bytes...)
+	}
+	return out, nil
 }
 
-// SnapshotFrames is [Instance.Snapshot], which also returns the lengths
-// and sums of the compressed frames the snapshot ends with, in order. A frame whose
-// pieces the next snapshot finds unchanged comes out of it byte for byte
-// the same, so a store can keep the frames a state shares with the one
-// before apart and write only the new ones (internal/durable does). The
-// snapshot is still whole: it restores without knowing its frames.
-func (i *Instance) SnapshotFrames(ctx context.Context) (snapshot []byte, frames []Frame, err error) {
+// SnapshotParts is [Instance.Snapshot] in parts: the snapshot's head, all
+// of it before its compressed frames, and the frames, whose bytes follow
+// the head in order. A frame whose pieces the next snapshot finds
+// unchanged comes out of it byte for byte the same (the same memory), so
+// a store can keep the frames a state shares with the one before apart
+// and write only the new ones (internal/durable does); and a caller that
+// copies the parts into a record of its own saves the copy into one
+// snapshot, which a Go guest's checkpoint spent 28 µs on when it had
+// grown. The frames' bytes are the instance's: the caller must not write
+// to them. Joined, the parts restore without knowing their frames.
+func (i *Instance) SnapshotParts(ctx context.Context) (head []byte, frames []Frame, err error) {
 	if i.err != nil {
 		return nil, nil, fmt.Errorf("snapshot: %w: %v", ErrClosed, i.err)
 	}
@@ -257,7 +272,7 @@ func (i *Instance) SnapshotFrames(ctx context.Context) (snapshot []byte, frames 
 	if err != nil {
 		return nil, nil, fmt.Errorf("snapshot: initial image: %w", err)
 	}
-	meta := binary.AppendUvarint(nil, uint64(len(c.snap.globals)))
+	meta := binary.AppendUvarint(i.snapSort.meta[:0], uint64(len(c.snap.globals)))
 	for _, name := range c.snap.globals {
 		meta = binary.LittleEndian.AppendUint64(meta, i.mod.ExportedGlobal(name).Get())
 	}
@@ -351,7 +366,6 @@ func (i *Instance) SnapshotFrames(ctx context.Context) (snapshot []byte, frames 
 	i.snapFrames, i.snapCompressed = saved, compressed
 	meta = binary.AppendUvarint(meta, uint64(pages))
 	meta = binary.AppendUvarint(meta, uint64(len(saved)))
-	size := 0
 	for _, f := range saved {
 		meta = binary.AppendUvarint(meta, uint64(len(f.pieces)))
 		prev := uint32(0)
@@ -364,37 +378,19 @@ func (i *Instance) SnapshotFrames(ctx context.Context) (snapshot []byte, frames 
 			prev = p
 		}
 		meta = binary.AppendUvarint(meta, uint64(len(f.frame)))
-		size += len(f.frame)
 	}
-	metaFrame := encodeS2(meta)
-	need := snapshotHeader + binary.MaxVarintLen64 + len(metaFrame) + size
-	out := i.snapSpare[:0]
-	if cap(out) < need || cap(out) > 2*need {
-		// Room to grow, for the next snapshot to fit in it when given
-		// back: a guest's state grows as it runs.
-		out = make([]byte, 0, need+need/8+pieceSize)
-	}
-	i.snapSpare = nil
-	out = append(out, snapshotMagic...)
-	out = append(out, snapshotVersion)
-	out = append(out, c.sha256[:]...)
-	out = appendBytes(out, metaFrame)
+	metaFrame := encodeS2(i.snapSort.metaFrame, meta)
+	i.snapSort.meta, i.snapSort.metaFrame = meta, metaFrame
+	head = make([]byte, 0, snapshotHeader+binary.MaxVarintLen64+len(metaFrame))
+	head = append(head, snapshotMagic...)
+	head = append(head, snapshotVersion)
+	head = append(head, c.sha256[:]...)
+	head = appendBytes(head, metaFrame)
 	frames = make([]Frame, len(saved))
 	for k, f := range saved {
-		out = append(out, f.frame...)
-		frames[k] = Frame{len(f.frame), f.sum}
+		frames[k] = Frame{f.frame, f.sum}
 	}
-	return out, frames, nil
-}
-
-// ReuseSnapshot gives the instance back a snapshot it returned, for its
-// next snapshot to be written over instead of allocated: a Go guest's
-// snapshot is 100 KiB and more, and allocating and clearing it was about
-// a tenth of a durable checkpoint's CPU. The caller must hold no part of
-// snapshot any more, and no instance may have been restored from it (a
-// restored instance keeps the frames it was restored from).
-func (i *Instance) ReuseSnapshot(snapshot []byte) {
-	i.snapSpare = snapshot[:0]
+	return head, frames, nil
 }
 
 // frameScratch holds buffers of *[]byte in which snapshots encode pages.
@@ -427,10 +423,10 @@ func encodeFrame(mem []byte, ps []pieceHash) cachedFrame {
 	return f
 }
 
-// Frame is a compressed frame a snapshot ends with ([Instance.SnapshotFrames]).
+// Frame is a compressed frame a snapshot ends with ([Instance.SnapshotParts]).
 type Frame struct {
-	Len int    // its bytes
-	Sum uint64 // FrameSum of them
+	Bytes []byte // the instance's: not to be written to
+	Sum   uint64 // FrameSum of them
 }
 
 // FrameSum is what a snapshot says of each of its frames' bytes, for a
@@ -454,11 +450,15 @@ func randomSeed() uint64 {
 	return binary.LittleEndian.Uint64(b[:])
 }
 
-// encodeS2 is b as an S2 block and b's CRC-32C: a version 5 snapshot's
-// index of its frames (zstd's fastest level took 35 µs a checkpoint for
-// it, building entropy tables for a few KiB).
-func encodeS2(b []byte) []byte {
-	out := s2.Encode(make([]byte, s2.MaxEncodedLen(len(b))+4), b)
+// encodeS2 is b as an S2 block and b's CRC-32C, in dst's memory when it
+// has room: a version 5 snapshot's index of its frames (zstd's fastest
+// level took 35 µs a checkpoint for it, building entropy tables for a few
+// KiB).
+func encodeS2(dst, b []byte) []byte {
+	if n := s2.MaxEncodedLen(len(b)) + 4; cap(dst) < n {
+		dst = make([]byte, n)
+	}
+	out := s2.Encode(dst[:cap(dst)], b)
 	return binary.LittleEndian.AppendUint32(out, crc32.Checksum(b, castagnoli))
 }
 
@@ -552,6 +552,10 @@ type sortScratch struct {
 	// frames, and growing a new list at each was 30 µs of a checkpoint
 	// once the guest's heap had spread).
 	lists [2][]cachedFrame
+	// meta and metaFrame hold the last snapshot's index of its frames,
+	// before and after compression (SnapshotParts), for the next to be
+	// written over: an aged Go guest's is about 10 KiB, grown by appends.
+	meta, metaFrame []byte
 }
 
 // frameList returns an empty list of room for n frames that is not fs's.
@@ -667,7 +671,7 @@ func (fs cachedFrames) sort(pieces uint32, written []uint64, below uint32, scrat
 			}
 		}
 	}
-	// Room for the frames the snapshot adds, too (SnapshotFrames).
+	// Room for the frames the snapshot adds, too (SnapshotParts).
 	keep = scratch.frameList(fs, len(fs)+len(fresh)/framePieces+8)
 	for f, fr := range fs {
 		if !broken[f] {

@@ -1,7 +1,6 @@
 package sandbox_test
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"math/rand/v2"
@@ -207,43 +206,6 @@ func checkEveryWrite(t *testing.T, switching bool) {
 	}
 }
 
-// TestReuseSnapshot: a snapshot given back is written over by the next
-// one, which restores as the instance's memory all the same.
-func TestReuseSnapshot(t *testing.T) {
-	ctx := context.Background()
-	c := compile(t, newRuntime(t), testplugins.Test(t, "servlet"), sandbox.NewPolicy())
-	instantiate(t, c)
-	inst := instantiate(t, c)
-	var last *byte
-	reused := 0
-	for k := range 20 {
-		if _, err := callServlet(t, inst, "remember", fmt.Sprintf(`{"text":"call %d"}`, k)); err != nil {
-			t.Fatal(err)
-		}
-		snap, err := inst.Snapshot(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if &snap[0] == last {
-			reused++
-		}
-		fresh, err := c.Restore(ctx, bytes.Clone(snap))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if d := sandbox.DifferingBytes(fresh.MemoryCopy(), inst.MemoryCopy()); d != 0 {
-			t.Fatalf("call %d: the restored memory differs in %d bytes", k, d)
-		}
-		fresh.Close(ctx)
-		last = &snap[0]
-		inst.ReuseSnapshot(snap)
-	}
-	if reused == 0 {
-		t.Error("no snapshot was written over the one given back")
-	}
-	t.Logf("%d of 20 snapshots written over the one before", reused)
-}
-
 // TestSnapshotReprotectsByRule: a long-lived Go guest's snapshots, where
 // the rule (not a test's choice) decides when a scan protects the pages
 // it finds written again: runs of scans that leave them written, each
@@ -284,7 +246,6 @@ func TestSnapshotReprotectsByRule(t *testing.T) {
 			t.Fatalf("round %d (left written %v): the restored memory differs in %d bytes: a write the snapshot missed", round, isLeft, d)
 		}
 		fresh.Close(ctx)
-		inst.ReuseSnapshot(snap)
 	}
 	t.Logf("%d of %d snapshots left the pages written; %d runs of them ended by a scan that protected", left, rounds, reprotected)
 	if left == 0 || reprotected == 0 {

@@ -56,6 +56,8 @@ func (d *Keeper) checkpoint(ctx context.Context, c *Claim, p *plugins.Plugin, in
 		pr = pluginRecord{SHA256: p.SHA256(), Lost: "plugin " + p.Name() + " cannot be snapshotted: " + err.Error()}
 		notSaved = NotSavedUnsnapshot
 	} else {
+		// A host snapshot's Data is its head, its frames in st.Frames
+		// (writeState writes them).
 		pr = pluginRecord{Host: st.Host, SHA256: st.SHA256, Data: st.Data}
 	}
 	name := p.Name()
@@ -71,10 +73,6 @@ func (d *Keeper) checkpoint(ctx context.Context, c *Claim, p *plugins.Plugin, in
 	pr.Ran = c.ran[p.Name()]
 	start := time.Now()
 	written, err := d.writeState(ctx, c, name, pr, st)
-	// The record and the base were encoded from copies of st's bytes,
-	// and nothing restores from them: the instance's next snapshot can
-	// be written over them.
-	inst.ReleaseState(st)
 	d.obs.Checkpointed(time.Since(start), written, err)
 	switch {
 	case err == nil:

@@ -12,7 +12,7 @@ import (
 
 // A host snapshot ends with its compressed frames, and a frame whose
 // pieces a call did not change comes out of the next snapshot byte for
-// byte the same (sandbox.Instance.SnapshotFrames). So a plugin's state is
+// byte the same (sandbox.Instance.SnapshotParts). So a plugin's state is
 // kept in two fields: "b/NAME", the base, the frames of a state written
 // whole now and then; and "p/NAME", written at every checkpoint, which
 // gives its state as the snapshot's head and its frames in order, each
@@ -87,33 +87,25 @@ func keyOf(frame []byte) frameKey {
 	return frameKey{sandbox.FrameSum(frame), len(frame)}
 }
 
-// frames splits st's snapshot into its head and frames, with their keys
-// as the snapshot gave them: nil when st says nothing of its frames, or
-// is too small to be worth splitting.
-func frames(st *plugins.State) (head []byte, frames [][]byte, keys []frameKey) {
-	if st == nil || !st.Host || len(st.Frames) == 0 || len(st.Data) < splitMin {
-		return nil, nil, nil
+// frames returns st's frames (its Data is the snapshot's head), with
+// their keys as the snapshot gave them, nil when it has none; and whether
+// st is worth splitting: a state too small, or with an empty frame (which
+// no record nor base holds), is written whole.
+func frames(st *plugins.State) (frames [][]byte, keys []frameKey, split bool) {
+	if st == nil || !st.Host || len(st.Frames) == 0 {
+		return nil, nil, false
 	}
-	total := 0
-	for _, f := range st.Frames {
-		if f.Len <= 0 || f.Len > len(st.Data) {
-			return nil, nil, nil
-		}
-		total += f.Len
-	}
-	if total > len(st.Data) {
-		return nil, nil, nil
-	}
-	at := len(st.Data) - total
-	head = st.Data[:at]
+	size := len(st.Data)
 	frames = make([][]byte, len(st.Frames))
 	keys = make([]frameKey, len(st.Frames))
+	split = true
 	for k, f := range st.Frames {
-		frames[k] = st.Data[at : at+f.Len : at+f.Len]
-		keys[k] = frameKey{f.Sum, f.Len}
-		at += f.Len
+		frames[k] = f.Bytes[:len(f.Bytes):len(f.Bytes)]
+		keys[k] = frameKey{f.Sum, len(f.Bytes)}
+		size += len(f.Bytes)
+		split = split && len(f.Bytes) > 0
 	}
-	return head, frames, keys
+	return frames, keys, split && size >= splitMin
 }
 
 // learnBase records what rec, a record just read, holds of plugin name's
@@ -252,9 +244,9 @@ func (d *Keeper) putState(ctx context.Context, c *Claim, name string, b []byte, 
 // (split false). With a whole state worth splitting it also returns the
 // base to write once that write is answered (nil: none). c.mu is held.
 func (c *Claim) encodePlugin(name string, pr pluginRecord, st *plugins.State, whole bool) (field []byte, base [][]byte, split bool, err error) {
-	head, fs, keys := frames(st)
-	if fs == nil {
-		b, err := marshalRecord(takeRecordBuf(), pr)
+	fs, keys, worth := frames(st)
+	if !worth {
+		b, err := marshalRecord(takeRecordBuf(), pr, fs...)
 		if sb := c.bases[name]; sb != nil && sb.size > 0 {
 			// A state no longer split: its base is emptied after it.
 			return b, [][]byte{}, false, err
@@ -262,7 +254,7 @@ func (c *Claim) encodePlugin(name string, pr pluginRecord, st *plugins.State, wh
 		return b, nil, false, err
 	}
 	if sb := c.bases[name]; sb != nil && len(sb.at) > 0 && !whole {
-		s := &splitState{head: head, base: sb.sum, frames: make([]frameRef, len(fs))}
+		s := &splitState{head: pr.Data, base: sb.sum, frames: make([]frameRef, len(fs))}
 		own, shared := 0, 0
 		for k, f := range fs {
 			if n, ok := sb.at[keys[k]]; ok {
@@ -284,7 +276,7 @@ func (c *Claim) encodePlugin(name string, pr pluginRecord, st *plugins.State, wh
 			return b, nil, true, err
 		}
 	}
-	b, err := marshalRecord(takeRecordBuf(), pr)
+	b, err := marshalRecord(takeRecordBuf(), pr, fs...)
 	return b, fs, false, err
 }
 

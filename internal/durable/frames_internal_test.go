@@ -183,7 +183,7 @@ func (w *notesWorld) wholeBytes() int {
 	if err != nil {
 		w.t.Fatal(err)
 	}
-	b, err := marshalRecord(nil, pluginRecord{Host: st.Host, SHA256: st.SHA256, Data: st.Data})
+	b, err := marshalRecord(nil, pluginRecord{Host: st.Host, SHA256: st.SHA256, Data: st.Bytes()})
 	if err != nil {
 		w.t.Fatal(err)
 	}
@@ -360,8 +360,7 @@ func TestSplitStateRebasesPastAnEighth(t *testing.T) {
 			if k < tc.changed {
 				f = frame(1000+k, size)
 			}
-			data = append(data, f...)
-			lens = append(lens, sandbox.Frame{Len: len(f), Sum: sandbox.FrameSum(f)})
+			lens = append(lens, sandbox.Frame{Bytes: f, Sum: sandbox.FrameSum(f)})
 		}
 		st := &plugins.State{Host: true, Data: data, Frames: lens}
 		_, newBase, split, err := c.encodePlugin("p", pluginRecord{Host: true}, st, false)

@@ -42,21 +42,30 @@ const (
 	maxBaseFrames = 1 << 20
 )
 
-// marshalRecord encodes pr as a "p/NAME" field, in dst's memory when it
-// has room (dst is given back by recordBufs).
-func marshalRecord(dst []byte, pr pluginRecord) ([]byte, error) {
+// marshalRecord encodes pr as a "p/NAME" field, its state pr.Data and
+// then the bytes of tail (a host snapshot's frames, after its head), in
+// dst's memory when it has room (dst is given back by recordBufs).
+func marshalRecord(dst []byte, pr pluginRecord, tail ...[]byte) ([]byte, error) {
 	data := pr.Data
 	pr.Data = nil
 	head, err := json.Marshal(pr)
 	if err != nil {
 		return nil, err
 	}
-	b := room(dst, len(recordMagic)+1+binary.MaxVarintLen64+len(head)+len(data))
+	size := len(recordMagic) + 1 + binary.MaxVarintLen64 + len(head) + len(data)
+	for _, t := range tail {
+		size += len(t)
+	}
+	b := room(dst, size)
 	b = append(b, recordMagic...)
 	b = append(b, recordVersion)
 	b = binary.AppendUvarint(b, uint64(len(head)))
 	b = append(b, head...)
-	return append(b, data...), nil
+	b = append(b, data...)
+	for _, t := range tail {
+		b = append(b, t...)
+	}
+	return b, nil
 }
 
 // unmarshalRecord decodes a "p/NAME" field, of this format or the JSON
