@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -210,5 +211,76 @@ func must(t *testing.T, err error) {
 	t.Helper()
 	if err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestRedisManyValues: a record with more out-of-line values than one
+// EXISTS checks (checkValues takes 64 keys at a time): a write renews
+// every value's TTL after its record's, and a value gone from the last
+// chunk drops the record and the rest of its values.
+func TestRedisManyValues(t *testing.T) {
+	addr := proxytest.StartRedis(t)
+	r, err := NewRedis("redis://" + addr + "/0")
+	must(t, err)
+	defer r.Close()
+	raw := redis.NewClient(&redis.Options{Addr: addr})
+	defer raw.Close()
+	ctx := context.Background()
+	const id, ttl, n = "m", 10 * time.Minute, 130
+	a := Owner{Replica: "a", Boot: "1"}
+	must(t, r.Heartbeat(ctx, a, ttl))
+	ca, err := r.Claim(ctx, id, a, ttl, false)
+	must(t, err)
+	big := bytes.Repeat([]byte("v"), outOfLine)
+	for k := range n {
+		// Each with a shorter TTL than the last write's.
+		must(t, r.Put(ctx, id, fmt.Sprintf("f%03d", k), big, ca.Fence, time.Duration(k+1)*time.Second))
+	}
+	must(t, r.Put(ctx, id, "small", []byte("x"), ca.Fence, ttl))
+	rec := raw.PTTL(ctx, recKey(id)).Val()
+	for k := range n {
+		if v := raw.PTTL(ctx, valKey(id, fmt.Sprintf("f%03d", k))).Val(); v < rec-time.Second {
+			t.Fatalf("value %d expires in %v, its record in %v", k, v, rec)
+		}
+	}
+	must(t, raw.Del(ctx, valKey(id, fmt.Sprintf("f%03d", n-1))).Err())
+	if err := r.Put(ctx, id, "small", []byte("y"), ca.Fence, ttl); !errors.Is(err, ErrRecordLost) {
+		t.Fatalf("a write beside a value gone from the last chunk: %v; want ErrRecordLost", err)
+	}
+	if left := raw.Keys(ctx, "wt:{"+id+"}:v:*").Val(); len(left) > 0 {
+		t.Fatalf("%d value keys left after the record was dropped", len(left))
+	}
+}
+
+// TestRedisStagedValueGone: a write out of line whose staged value is not
+// there (evicted, or renamed by the same write sent before) answers 6,
+// which write reports as a write that may have landed, and writes
+// nothing; the script learns it from RENAME's own error.
+func TestRedisStagedValueGone(t *testing.T) {
+	addr := proxytest.StartRedis(t)
+	r, err := NewRedis("redis://" + addr + "/0")
+	must(t, err)
+	defer r.Close()
+	ctx := context.Background()
+	const id, ttl = "g", 10 * time.Minute
+	a := Owner{Replica: "a", Boot: "1"}
+	must(t, r.Heartbeat(ctx, a, ttl))
+	ca, err := r.Claim(ctx, id, a, ttl, false)
+	must(t, err)
+	e, n := fenceArgs(ca.Fence)
+	for name, script := range map[string]*redis.Script{"put": putScripts.outOfLine, "versioned put": putVersionedScripts.outOfLine} {
+		keys := []string{recKey(id), fenceKey(id), epochKey, valKey(id, "p"), stageKey(id)}
+		args := []any{e, n, "f:p", outOfLineMarker, ms(ttl), fenceMS(ttl), "0", "1", "head"}
+		code, err := script.Run(ctx, r.c, keys, args...).Int64()
+		if err != nil || code != 6 {
+			t.Fatalf("%s with nothing staged: %d %v; want 6", name, code, err)
+		}
+	}
+	rec, err := r.Get(ctx, id)
+	if err != nil && !errors.Is(err, ErrNotFound) { // a record of no fields reads as none
+		t.Fatal(err)
+	}
+	if _, ok := rec["p"]; ok {
+		t.Fatalf("a write with nothing staged wrote its field: %q", rec["p"])
 	}
 }
