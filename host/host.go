@@ -654,6 +654,14 @@ func (h *Host) HTTPHandler() http.Handler {
 		every = DefaultStreamKeepAlive
 	}
 	return keepAlive(every, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodPost {
+			leave, ok := h.drain.enter()
+			if !ok {
+				refuse(w, "this replica is shutting down")
+				return
+			}
+			defer leave()
+		}
 		if v := r.Header.Get("Mcp-Protocol-Version"); v >= sessionlessProtocol && r.Header.Get("Mcp-Session-Id") == "" {
 			if h.opts.DeriveSessionHeader {
 				r = deriveSessionHeader(r)

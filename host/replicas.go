@@ -108,11 +108,69 @@ func (h *Host) keepInitialized(ctx context.Context, req mcp.Request) {
 // drainState is where a drain is.
 type drainState struct {
 	draining atomic.Bool // readiness fails, new sessions are refused
-	closing  atomic.Bool // every request is refused: the replica is about to exit
+	closing  atomic.Bool // every request is refused: the replica is about to exit (set under mu)
 	mu       sync.Mutex
 	streams  map[*context.CancelFunc]struct{} // open SSE GET streams
+	// posts counts the POSTs being served (enter), and answered gets a
+	// token when it falls to zero: a drain waits for them to write their
+	// answers before it closes the sessions (waitPosts). Under mu.
+	posts    int
+	answered chan struct{}
 	once     sync.Once
 	done     chan struct{}
+}
+
+// enter counts a POST in, unless the host is closing (false). The caller
+// calls leave once the POST is answered.
+func (d *drainState) enter() (leave func(), ok bool) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.closing.Load() {
+		return nil, false
+	}
+	d.posts++
+	return func() {
+		d.mu.Lock()
+		defer d.mu.Unlock()
+		if d.posts--; d.posts == 0 && d.answered != nil {
+			select {
+			case d.answered <- struct{}{}:
+			default:
+			}
+		}
+	}, true
+}
+
+// close refuses every request from now on.
+func (d *drainState) close() {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.closing.Store(true)
+	if d.answered == nil {
+		d.answered = make(chan struct{}, 1)
+	}
+}
+
+// waitPosts waits until no POST is being served, or ctx ends. A call's
+// answer is written after its handler returns, by the go-sdk on the
+// POST's stream: a drain that closed the sessions as soon as the calls
+// ended could close a stream before its answer was on it, and the client,
+// resuming the stream, met the closing replica's 503 and failed a call
+// whose effect was saved.
+func (d *drainState) waitPosts(ctx context.Context) error {
+	for {
+		d.mu.Lock()
+		n, answered := d.posts, d.answered
+		d.mu.Unlock()
+		if n == 0 {
+			return nil
+		}
+		select {
+		case <-answered:
+		case <-ctx.Done():
+			return fmt.Errorf("%d requests unanswered: %w", n, ctx.Err())
+		}
+	}
 }
 
 // Ready reports whether the host takes new sessions: not before the
@@ -178,7 +236,9 @@ type DrainOptions struct {
 // through the proxy); after opts.Delay every request is refused; calls in
 // flight finish (until ctx ends); every instance's state is written to the
 // state store and the host's claims are released, so other replicas take
-// its sessions over at once. The host is then closed. Without a state
+// its sessions over at once; the answers of the calls that finished are
+// written on their streams (until ctx ends). The host is then closed.
+// Without a state
 // store, sessions end with the host. Drain is for a process about to exit.
 func (h *Host) Drain(ctx context.Context, opts DrainOptions) error {
 	var err error
@@ -192,7 +252,7 @@ func (h *Host) Drain(ctx context.Context, opts DrainOptions) error {
 			case <-ctx.Done():
 			}
 		}
-		h.drain.closing.Store(true)
+		h.drain.close()
 		// Questions waiting for a person end now, with a clear answer:
 		// their calls then finish and are saved like any other.
 		h.asks.withdraw()
@@ -201,6 +261,9 @@ func (h *Host) Drain(ctx context.Context, opts DrainOptions) error {
 		}
 		if h.dur != nil {
 			err = h.dur.Drain(ctx)
+		}
+		if werr := h.drain.waitPosts(ctx); werr != nil {
+			h.log.Warn("drain: answers not written", "error", werr)
 		}
 		if cerr := h.Close(ctx); err == nil {
 			err = cerr
