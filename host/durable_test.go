@@ -332,21 +332,15 @@ func TestServedFromMemoryKeepsIdempotencyKey(t *testing.T) {
 func TestCloseWithdrawsPendingQuestions(t *testing.T) {
 	f := newFixture(t, &host.Options{}, sandbox.NewPolicy(), map[string]string{"confirm.wasm": testplugins.Example(t, "confirm")})
 	url := serveHTTP(t, f)
-	asked := make(chan struct{})
-	never := make(chan struct{})
-	defer close(never)
+	p := newPending(t)
 	answer := func(ctx context.Context, _ *mcp.ElicitRequest) (*mcp.ElicitResult, error) {
-		close(asked)
-		select {
-		case <-never:
-		case <-ctx.Done():
-		}
+		p.wait(ctx)
 		return nil, context.Canceled
 	}
 	cs := connectHTTPEra(t, url, "2025-11-25", &mcp.ClientOptions{ElicitationHandler: answer}, nil)
 	h := handleOf(call(t, cs, "add", map[string]any{"item": "milk"}))
 	go cs.CallTool(context.Background(), &mcp.CallToolParams{Name: "delete", Arguments: map[string]any{"item": "milk", host.SessionArgument: h}})
-	<-asked
+	<-p.asked
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	if err := f.h.Close(ctx); err != nil {
@@ -612,5 +606,85 @@ func TestStalledExchangeDoesNotServeStaleInstance(t *testing.T) {
 	}
 	if err != nil || res.Meta[host.MetaNotSaved] != nil {
 		t.Fatalf("a after a stalled exchange: %v %v; want the session read again from the store, not refused", err, res)
+	}
+}
+
+// A sampling request waiting for a 2025-11-25 client is withdrawn at a
+// drain, as a question is (TestCloseWithdrawsPendingQuestions): the call
+// ends and its answer says so, and the drain does not wait out its
+// deadline for the POST. It asked the client without the host knowing
+// before stop 48, and only the sessions' close ended it.
+func TestDrainWithdrawsPendingSampling(t *testing.T) {
+	f := newFixture(t, nil, sandbox.NewPolicy(), map[string]string{"everything.wasm": testplugins.Example(t, "everything")})
+	url := serveHTTP(t, f)
+	p := newPending(t)
+	sample := func(ctx context.Context, _ *mcp.CreateMessageRequest) (*mcp.CreateMessageResult, error) {
+		p.wait(ctx)
+		return nil, context.Canceled
+	}
+	cs := connectHTTPEra(t, url, "2025-11-25", &mcp.ClientOptions{CreateMessageHandler: sample}, nil)
+	done := make(chan *mcp.CallToolResult, 1)
+	go func() {
+		res, err := cs.CallTool(context.Background(), &mcp.CallToolParams{Name: "test_sampling", Arguments: map[string]any{"prompt": "hi"}})
+		if err != nil {
+			res = &mcp.CallToolResult{IsError: true, Content: []mcp.Content{&mcp.TextContent{Text: "error: " + err.Error()}}}
+		}
+		done <- res
+	}()
+	<-p.asked
+	drainPromptly(t, f, "a sampling request pending")
+	select {
+	case res := <-done:
+		if !strings.Contains(text(res), "withdrawn") {
+			t.Errorf("the sampling call's answer: %q; want the request said withdrawn", text(res))
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the sampling call did not end")
+	}
+}
+
+// A 2026-07-28 client's stream of list changes (its subscriptions/listen
+// POST, open until it leaves) is closed at a drain like a session's GET
+// stream, and the drain does not wait for it.
+func TestDrainClosesListenStream(t *testing.T) {
+	f := newFixture(t, nil, sandbox.NewPolicy(), map[string]string{"counter.wasm": testplugins.Example(t, "counter")})
+	url := serveHTTP(t, f)
+	copts := &mcp.ClientOptions{ToolListChangedHandler: func(context.Context, *mcp.ToolListChangedRequest) {}}
+	cs := connectHTTPEra(t, url, "2026-07-28", copts, nil)
+	call(t, cs, "count", nil)
+	drainPromptly(t, f, "a client listening for list changes")
+}
+
+// drainPromptly drains f's host, failing the test if the drain fails or
+// waits out its minute.
+func drainPromptly(t *testing.T, f *fixture, with string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	start := time.Now()
+	if err := f.h.Drain(ctx, host.DrainOptions{}); err != nil {
+		t.Fatalf("drain with %s: %v", with, err)
+	}
+	if ctx.Err() != nil {
+		t.Fatalf("the drain with %s waited out its deadline (%v)", with, time.Since(start))
+	}
+}
+
+// pending is a client's handler of a request that a person would answer,
+// for tests of requests withdrawn: wait closes asked, then returns when
+// the request ends (ctx) or the test does.
+type pending struct{ asked, never chan struct{} }
+
+func newPending(t *testing.T) *pending {
+	p := &pending{make(chan struct{}), make(chan struct{})}
+	t.Cleanup(func() { close(p.never) })
+	return p
+}
+
+func (p *pending) wait(ctx context.Context) {
+	close(p.asked)
+	select {
+	case <-p.never:
+	case <-ctx.Done():
 	}
 }

@@ -654,7 +654,20 @@ func (h *Host) HTTPHandler() http.Handler {
 		every = DefaultStreamKeepAlive
 	}
 	return keepAlive(every, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.Method == http.MethodPost {
+		switch {
+		case r.Method == http.MethodPost && r.Header.Get("Mcp-Method") == "subscriptions/listen":
+			// A 2026-07-28 client's stream of list changes, open until
+			// it leaves: closed at a drain like a session's GET stream,
+			// never waited for. (The go-sdk holds the header to the
+			// body's method.)
+			if h.drain.closing.Load() {
+				refuse(w, "this replica is shutting down")
+				return
+			}
+			var end func()
+			r, end = h.trackStream(r)
+			defer end()
+		case r.Method == http.MethodPost:
 			leave, ok := h.drain.enter()
 			if !ok {
 				refuse(w, "this replica is shutting down")

@@ -418,7 +418,15 @@ func (e *callEnv) createMessage(ctx context.Context, input []byte) *abi.CreateMe
 	}
 	var res *mcp.CreateMessageResult
 	var err error
-	e.waitForPerson(ctx, func() { res, err = ss.CreateMessage(ctx, &params) })
+	e.waitForPerson(ctx, func() {
+		// Withdrawn at a drain, as an elicitation is.
+		actx, done := e.h.asks.add(ctx)
+		defer done()
+		res, err = ss.CreateMessage(actx, &params)
+		if err != nil && errors.Is(context.Cause(actx), errWithdrawn) {
+			err = errWithdrawn
+		}
+	})
 	if err != nil {
 		return &abi.CreateMessageResult{Error: "sampling failed: " + err.Error()}
 	}

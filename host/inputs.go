@@ -53,7 +53,12 @@ func (e *callEnv) requestInputs(ctx context.Context, input []byte) abi.InputResu
 		caps = ip.Capabilities
 	}
 	q.dropUnsupported(caps)
-	e.waitForPerson(ctx, func() { q.askBatchLegacy(ctx, ss) })
+	e.waitForPerson(ctx, func() {
+		// Withdrawn at a drain, as a single question is.
+		actx, done := e.h.asks.add(ctx)
+		defer done()
+		q.askBatchLegacy(actx, ss)
+	})
 	select {
 	case a := <-q.batched:
 		return a

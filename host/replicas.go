@@ -234,12 +234,11 @@ type DrainOptions struct {
 // fails and new sessions are refused at once (HTTP 503, which a proxy
 // retries elsewhere), open SSE streams are closed (their clients reconnect
 // through the proxy); after opts.Delay every request is refused; calls in
-// flight finish (until ctx ends); every instance's state is written to the
-// state store and the host's claims are released, so other replicas take
-// its sessions over at once; the answers of the calls that finished are
-// written on their streams (until ctx ends). The host is then closed.
-// Without a state
-// store, sessions end with the host. Drain is for a process about to exit.
+// flight finish and their answers are written on their streams (until
+// ctx ends); every instance's state is written to the state store and the
+// host's claims are released, so other replicas take its sessions over at
+// once. The host is then closed. Without a state store, sessions end with
+// the host. Drain is for a process about to exit.
 func (h *Host) Drain(ctx context.Context, opts DrainOptions) error {
 	var err error
 	h.drain.once.Do(func() {
@@ -259,11 +258,14 @@ func (h *Host) Drain(ctx context.Context, opts DrainOptions) error {
 		if werr := h.ses.WaitIdle(ctx); werr != nil {
 			h.log.Warn("drain: calls still running", "error", werr)
 		}
-		if h.dur != nil {
-			err = h.dur.Drain(ctx)
-		}
+		// Before the claims go: a POST let in before the host closed
+		// may not have reached its call yet, and would claim its
+		// session again after the release.
 		if werr := h.drain.waitPosts(ctx); werr != nil {
 			h.log.Warn("drain: answers not written", "error", werr)
+		}
+		if h.dur != nil {
+			err = h.dur.Drain(ctx)
 		}
 		if cerr := h.Close(ctx); err == nil {
 			err = cerr
@@ -282,19 +284,23 @@ func (h *Host) closeStreams() {
 	}
 }
 
-// trackStream registers a GET stream's cancel, to close it at drain; the
-// returned func unregisters it.
-func (h *Host) trackStream(cancel context.CancelFunc) func() {
+// trackStream returns r on a context that a drain ends (closeStreams),
+// for a stream open until its client leaves (a session's GET stream, a
+// 2026-07-28 client's list changes); end, deferred by the caller,
+// unregisters it.
+func (h *Host) trackStream(r *http.Request) (_ *http.Request, end func()) {
+	ctx, cancel := context.WithCancel(r.Context())
 	h.drain.mu.Lock()
 	defer h.drain.mu.Unlock()
 	if h.drain.streams == nil {
 		h.drain.streams = map[*context.CancelFunc]struct{}{}
 	}
 	h.drain.streams[&cancel] = struct{}{}
-	return func() {
+	return r.WithContext(ctx), func() {
 		h.drain.mu.Lock()
 		delete(h.drain.streams, &cancel)
 		h.drain.mu.Unlock()
+		cancel()
 	}
 }
 
@@ -327,10 +333,10 @@ func (h *Host) serveStateful(stateful http.Handler, events mcp.EventStore, w htt
 			refuse(w, "this replica is draining")
 			return
 		}
-		ctx, cancel := context.WithCancel(r.Context())
-		defer h.trackStream(cancel)()
-		defer cancel()
-		r = r.WithContext(ctx)
+		var end func()
+		r, end = h.trackStream(r)
+		defer end()
+		ctx := r.Context()
 		if eid := r.Header.Get("Last-Event-ID"); eid != "" && !h.canReplay(ctx, events, id, eid) {
 			// Events of another replica (the session moved here) or
 			// purged: the stream cannot be resumed. An empty stream,
