@@ -110,7 +110,7 @@ type drainState struct {
 	draining atomic.Bool // readiness fails, new sessions are refused
 	closing  atomic.Bool // every request is refused: the replica is about to exit (set under mu)
 	mu       sync.Mutex
-	streams  map[*context.CancelFunc]struct{} // open SSE GET streams
+	streams  map[*context.CancelFunc]struct{} // open streams: sessions' GETs, 2026-07-28 listens (trackStream)
 	// posts counts the POSTs being served (enter), and answered gets a
 	// token when it falls to zero: a drain waits for them to write their
 	// answers before it closes the sessions (waitPosts). Under mu.
@@ -274,7 +274,7 @@ func (h *Host) Drain(ctx context.Context, opts DrainOptions) error {
 	return err
 }
 
-// closeStreams ends every open SSE stream (a session's GET stream): a
+// closeStreams ends every open stream (trackStream's): a
 // stream would otherwise hold the replica until the client leaves.
 func (h *Host) closeStreams() {
 	h.drain.mu.Lock()
