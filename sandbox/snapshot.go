@@ -310,8 +310,11 @@ func (i *Instance) SnapshotParts(ctx context.Context) (head []byte, frames []Fra
 		// (trackChoice); a registered memory's answer over-counts, which
 		// costs only hashing.
 		var written, owned []uint64
+		var ownScanTime time.Duration
 		if i.snapPieces > 0 && i.mem != nil && !i.mem.registeredForWrites() {
+			ownStart := time.Now()
 			owned = writtenPieces(mem)
+			ownScanTime = time.Since(ownStart)
 		}
 		scanStart := time.Now()
 		scanned, tracked, protected := i.mem.scanWrites(mem, i.track.want(), i.track.protect())
@@ -354,6 +357,7 @@ func (i *Instance) SnapshotParts(ctx context.Context) (head []byte, frames []Fra
 				tracked: i.snapTracked, ownedKnown: !i.snapTracked && owned != nil,
 				written: written, protected: protected, scanTime: scanTime,
 				changed: len(fresh), grew: pieces > i.snapPieces, hashed: hashedPieces, hashTime: took,
+				ownScanTime: ownScanTime,
 			})
 		}
 		mergeFrames(saved, kept)

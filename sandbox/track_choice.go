@@ -6,30 +6,40 @@ import (
 )
 
 // Which way a snapshot finds what changed is chosen per instance
-// (docs/DESIGN.md, "sandbox: snapshots", write tracking). Tracking costs a
-// write-protect fault for every piece a call writes; hashing costs reading
-// every piece the instance owns, at every snapshot. Which is cheaper
-// depends on the machine (what a fault costs, measured once by
-// trackingCost) and on the instance: a Go guest owns a few hundred pieces
-// after its first calls and a thousand or more once its heap has spread,
-// while each call writes 15 to 20 of them, so hashing costs it more the
-// longer it runs. So each instance weighs its own figures against the
-// machine's: pieces written per snapshot times a fault's cost, against
-// pieces owned times what hashing one of its pieces took (timed at each
-// snapshot: its pieces are cold in the cache, where the process-wide
-// measurement's are not).
+// (docs/DESIGN.md, "sandbox: snapshots", write tracking). Hashing costs a
+// scan of which pieces the instance owns and reading every one of them, at
+// every snapshot. Tracking costs a write-protect fault for each piece
+// written after a scan that protected it again, and the hashing of the
+// pieces written since then; its scans protect only when those faults
+// cost less than the hashing they save (a rent-or-buy rule, trackChoice.
+// protect). A guest that writes much the same pieces at every call (a Go
+// guest writes 15 to 20 of the few hundred to thousands it owns) then
+// takes its faults once in a long while, and each snapshot hashes about
+// what the call wrote: tracking costs it about twice hashing the pieces
+// written, whatever a fault costs. A guest that writes different pieces
+// at every call pays a fault for each: more, where faults are dear (14 µs
+// in the VMs seen here, against 0.2 µs to hash a piece).
+//
+// So an instance starts tracking where that estimate, from its hashed
+// snapshots, is well below hashing, and stops once what its tracked
+// snapshots really cost (their scans, their hashing, and the faults
+// counted at the scans) has exceeded hashing by trackBudget snapshots'
+// worth, so that the bursts of faults after a protecting scan are
+// weighed over the snapshots they serve.
 
-// Tracking starts when it would cost at most trackStartShare of hashing
-// (1.5 times cheaper) and stops when it costs more than hashing, so that
-// an instance near the line does not switch at every snapshot: a switch
-// costs a snapshot that finds what changed the old way (the first scan of
-// a tracking arms it and says nothing). After it stops, the instance
-// waits trackHoldMin snapshots before it may track again, twice as long
-// each time it stops, up to trackHoldMax.
+// Tracking starts when its estimate is at most trackStartShare of hashing
+// (1.5 times cheaper), so that an instance near the line does not switch
+// at every snapshot: a switch costs a snapshot that finds what changed the
+// old way (the first scan of a tracking arms it and says nothing). After
+// it stops, the instance waits trackHoldMin snapshots before it may track
+// again, twice as long each time it stops, up to trackHoldMax. trackBudget
+// is how far, in snapshots' worth of hashing, tracking may fall behind
+// hashing before it stops (and how far ahead its credit may run).
 const (
 	trackStartShare = 2.0 / 3
 	trackHoldMin    = 16
 	trackHoldMax    = 1024
+	trackBudget     = 32
 )
 
 // trackChoice is an instance's choice between tracking its memory's writes
@@ -39,11 +49,15 @@ const (
 type trackChoice struct {
 	chosen bool // on was chosen by the instance's own figures
 	on     bool
-	// Pieces written per snapshot, running means: as tracking saw them
-	// (every piece written), and the pieces whose hash changed when it
-	// hashed (the fewest it can have written: a piece written back to
-	// the image, or with the bytes it held, is not counted).
-	writtenTracked, writtenChanged float64
+	// writtenChanged is the pieces whose hash changed per hashed
+	// snapshot, a running mean: the fewest it can have written (a piece
+	// written back to the image, or with the bytes it held, is not
+	// counted).
+	writtenChanged float64
+	// behind is how much more, in ns, its tracked snapshots have cost
+	// since tracking started than hashing would have (negative: less),
+	// within trackBudget snapshots' worth of hashing either way.
+	behind float64
 	// owned is a bitmap of the pieces the instance has written since its
 	// memory was mapped, which a snapshot that hashes reads: pagemap's
 	// answer when it last hashed, the pieces tracked since ORed in;
@@ -56,7 +70,11 @@ type trackChoice struct {
 	// Not after the memory grew: reading pages never touched takes a
 	// fault each.
 	hashNs float64
-	hold   int // snapshots left before it may track again
+	// ownScanNs is what finding the pieces it owns took (pagemap), a
+	// running mean: hashing pays it at every snapshot, and where reading
+	// the page tables misses the cache it costs as much as the hashing.
+	ownScanNs float64
+	hold      int // snapshots left before it may track again
 	// backoff is the hold set the next time tracking stops paying.
 	backoff int
 
@@ -121,6 +139,7 @@ type snapshotFigures struct {
 	grew                bool          // the memory grew since the last snapshot
 	hashed              int           // pieces hashed
 	hashTime            time.Duration // what finding what changed took (hashing, mostly)
+	ownScanTime         time.Duration // what reading which pieces it owns took, if it did
 }
 
 // minHashed is the fewest pieces a snapshot hashes for its time to count
@@ -141,16 +160,21 @@ func (c *trackChoice) take(f snapshotFigures, write, hash time.Duration) {
 	if !f.tracked {
 		c.unprotected, c.left, c.rent, c.pendingScan = c.unprotected[:0], false, 0, 0
 	}
+	tracked := -1.0 // what this snapshot cost tracked, in ns
 	switch {
 	case f.tracked:
 		c.owned = orInto(c.owned, f.written)
-		c.writtenTracked = average(c.writtenTracked, float64(c.scanned(f, write, hash)))
+		faulted := c.scanned(f, write, hash)
+		tracked = float64((f.scanTime + f.hashTime).Nanoseconds()) + float64(faulted)*float64(write.Nanoseconds())
 	case f.ownedKnown:
 		c.owned = append(c.owned[:0], f.written...)
 		c.ownedMeasured = true
 		c.writtenChanged = average(c.writtenChanged, float64(f.changed))
 		if ns := float64(f.hashTime.Nanoseconds()) / float64(f.hashed); f.hashed >= minHashed && !f.grew && (c.hashNs == 0 || ns < c.hashNs) {
 			c.hashNs = ns
+		}
+		if f.ownScanTime > 0 {
+			c.ownScanNs = average(c.ownScanNs, float64(f.ownScanTime.Nanoseconds()))
 		}
 	default:
 		c.writtenChanged = average(c.writtenChanged, float64(f.changed))
@@ -166,18 +190,18 @@ func (c *trackChoice) take(f snapshotFigures, write, hash time.Duration) {
 		// in the cache, so less than a snapshot's.
 		hashNs = float64(hash.Nanoseconds())
 	}
-	hashed := float64(ones(c.owned)) * hashNs
-	fault := float64(write.Nanoseconds())
+	hashed := float64(ones(c.owned))*hashNs + c.ownScanNs
+	budget := trackBudget * hashed
 	switch {
 	case c.want():
 		// Its first tracked snapshot is still to come after it
-		// started (the first scan arms): till then, the estimate it
-		// started on.
-		written := c.writtenTracked
-		if written == 0 {
-			written = c.writtenChanged
+		// started (the first scan arms): nothing to weigh yet.
+		if tracked < 0 {
+			c.chosen, c.on = true, true
+			return
 		}
-		if written*fault > hashed {
+		c.behind = max(c.behind+tracked-hashed, -budget)
+		if c.behind > budget {
 			c.backoff = min(max(2*c.backoff, trackHoldMin), trackHoldMax)
 			c.chosen, c.on, c.hold = true, false, c.backoff
 		} else {
@@ -186,15 +210,20 @@ func (c *trackChoice) take(f snapshotFigures, write, hash time.Duration) {
 	case c.hold > 0:
 		c.hold--
 	default:
-		// The changed pieces miss some written (a piece written back
-		// to the image, or with the bytes it held), so a guest that
-		// writes many pieces and changes few starts again, and stops
-		// again at its first tracked snapshots: a trial, which the
-		// doubling hold makes rarer each time. Its figures start
-		// afresh.
-		c.chosen, c.on = true, c.writtenChanged*fault <= trackStartShare*hashed
+		// Tracking a guest that writes the same pieces at every call
+		// costs about twice hashing them (its faults come once in
+		// f/h snapshots, and the rent-or-buy rule pays as much again
+		// in hashing), or a fault each where faults are cheaper than
+		// that. The changed pieces miss some written (a piece written
+		// back to the image, or with the bytes it held), and the
+		// estimate misses pieces written at one call only, so a guest
+		// that writes many pieces and changes few starts again, and
+		// stops again once its tracked snapshots have cost more: a
+		// trial, which the doubling hold makes rarer each time.
+		estimate := c.writtenChanged * min(float64(write.Nanoseconds()), 2*hashNs)
+		c.chosen, c.on = true, estimate <= trackStartShare*hashed
 		if c.on {
-			c.writtenTracked = 0
+			c.behind = 0
 		}
 	}
 }
