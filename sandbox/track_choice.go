@@ -40,6 +40,10 @@ const (
 	trackHoldMin    = 16
 	trackHoldMax    = 1024
 	trackBudget     = 32
+	// maxUnarmed is how many snapshots in a row may want tracking and
+	// find their scan unarmed (an arming scan says nothing) before the
+	// instance hashes instead.
+	maxUnarmed = 2
 )
 
 // trackChoice is an instance's choice between tracking its memory's writes
@@ -55,9 +59,12 @@ type trackChoice struct {
 	// counted).
 	writtenChanged float64
 	// behind is how much more, in ns, its tracked snapshots have cost
-	// since tracking started than hashing would have (negative: less),
-	// within trackBudget snapshots' worth of hashing either way.
-	behind float64
+	// since tracking started than hashing would have (negative: less);
+	// tracking stops once it passes trackBudget snapshots' worth of
+	// hashing, and its credit is capped at as much. unarmed counts the
+	// snapshots in a row that tracking was wanted and no scan tracked.
+	behind  float64
+	unarmed int
 	// owned is a bitmap of the pieces the instance has written since its
 	// memory was mapped, which a snapshot that hashes reads: pagemap's
 	// answer when it last hashed, the pieces tracked since ORed in;
@@ -195,11 +202,27 @@ func (c *trackChoice) take(f snapshotFigures, write, hash time.Duration) {
 	switch {
 	case c.want():
 		// Its first tracked snapshot is still to come after it
-		// started (the first scan arms): nothing to weigh yet.
+		// started (the first scan arms): nothing to weigh yet. The
+		// arming scan protected every page, and the next scan's
+		// faults measure what protecting costs (else the two scans
+		// after it protect as well, each charged a fault per piece).
+		// A memory that a scan never arms (an ioctl failing) would
+		// pay for a protecting scan and the hashing at every
+		// snapshot: it stops, as tracking that did not pay.
 		if tracked < 0 {
+			if f.protected {
+				c.pendingScan = max(f.scanTime, 1)
+			}
+			if c.unarmed++; c.unarmed > maxUnarmed {
+				c.unarmed = 0
+				c.backoff = min(max(2*c.backoff, trackHoldMin), trackHoldMax)
+				c.chosen, c.on, c.hold = true, false, c.backoff
+				return
+			}
 			c.chosen, c.on = true, true
 			return
 		}
+		c.unarmed = 0
 		c.behind = max(c.behind+tracked-hashed, -budget)
 		if c.behind > budget {
 			c.backoff = min(max(2*c.backoff, trackHoldMin), trackHoldMax)
@@ -223,7 +246,7 @@ func (c *trackChoice) take(f snapshotFigures, write, hash time.Duration) {
 		estimate := c.writtenChanged * min(float64(write.Nanoseconds()), 2*hashNs)
 		c.chosen, c.on = true, estimate <= trackStartShare*hashed
 		if c.on {
-			c.behind = 0
+			c.behind, c.unarmed = 0, 0
 		}
 	}
 }

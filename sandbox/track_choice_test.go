@@ -60,7 +60,8 @@ func TestTrackChoice(t *testing.T) {
 	}
 
 	// A Go guest: 200 pieces owned, 20 changed at each call. Its
-	// faults cost 300 µs a call, but come once in 50 snapshots; hashing
+	// faults cost 300 µs a call, but come about once in 100 snapshots
+	// (the rent-or-buy rule: 3 µs of hashing them a snapshot); hashing
 	// the 20 pieces costs 6 µs against 30 µs for the 200.
 	c = trackChoice{chosen: true}
 	c.take(hashing(200, 20, 30*time.Microsecond), write, hash)
@@ -81,6 +82,15 @@ func TestTrackChoice(t *testing.T) {
 	c.take(f, write, hash)
 	if !c.on {
 		t.Fatalf("not tracking 80 of 200 pieces changed, with 30 µs to read pagemap: %+v", c)
+	}
+
+	// Where a fault costs less than hashing a piece twice (100 ns
+	// against 150), tracking costs a fault a piece: 150 of 200 changed
+	// is 15 µs against 30 µs of hashing.
+	c = trackChoice{chosen: true}
+	c.take(hashing(200, 150, 30*time.Microsecond), 100*time.Nanosecond, hash)
+	if !c.on {
+		t.Fatalf("not tracking 150 of 200 pieces with faults cheaper than hashing: %+v", c)
 	}
 
 	// Tracked, the pieces written add to what it owns.
@@ -133,6 +143,12 @@ func TestTrackChoice(t *testing.T) {
 			t.Fatalf("not tracking again after the hold, writing 1 of 450: %+v", c)
 		}
 		c.take(hashing(450, 1, 70*time.Microsecond), write, hash)
+	}
+	// A new trial starts even: a cheap snapshot does not stop it for
+	// what the last trial lost.
+	c.take(snapshotFigures{tracked: true, written: owned(1), hashed: 1, hashTime: time.Microsecond}, write, hash)
+	if !c.on {
+		t.Fatalf("a new trial stopped at a cheap snapshot: %+v", c)
 	}
 	for c.on {
 		c.take(tracking(450), write, hash)
@@ -215,9 +231,10 @@ func TestTrackChoice(t *testing.T) {
 // they find written until what that costs is measured (the scan, and the
 // faults of the pages written again after it), then leave them written
 // until the hashing of pieces found written again since the last
-// protecting scan reaches that cost; the faults it counts are of pieces
-// written since the scan before, not since the last protecting one; and
-// a snapshot that did not track starts over.
+// protecting scan reaches that cost; and a snapshot that did not track
+// starts over. (That the faults the choice counts are of pieces written
+// since the scan before, not since the last protecting one, is
+// TestTrackChoiceKeepsGoGuest's.)
 func TestProtectChoice(t *testing.T) {
 	const (
 		write = 1300 * time.Nanosecond
@@ -279,5 +296,69 @@ func TestProtectChoice(t *testing.T) {
 	c.take(snapshotFigures{ownedKnown: true, written: pieces(hot...), changed: 20, hashed: 20}, write, hash)
 	if c.rent != 0 || c.left || ones(c.unprotected) != 0 || c.pendingScan != 0 {
 		t.Fatalf("after a snapshot that did not track: %+v", c)
+	}
+}
+
+// TestTrackChoiceKeepsGoGuest: a Go guest that writes the same 20 of its
+// 400 pieces at every call, where a fault costs 15 µs and hashing what it
+// owns 60 µs a snapshot, starts tracking and keeps tracking: its scans
+// protect about once in a hundred, and only the pieces written since a
+// protecting scan count as faults (counting every piece found written, as
+// a scan that left them does, would cost 300 µs a snapshot and stop it).
+// The scan that armed the tracking measures what protecting costs. And a
+// memory that no scan arms stops wanting tracking.
+func TestTrackChoiceKeepsGoGuest(t *testing.T) {
+	const (
+		write = 15 * time.Microsecond
+		hash  = 90 * time.Nanosecond
+	)
+	hot := make([]uint64, 8) // 512 pieces, the first 400 owned
+	for p := range 20 {
+		hot[(20*p)/64] |= 1 << ((20 * p) % 64)
+	}
+	owned := make([]uint64, 8)
+	for p := range 400 {
+		owned[p/64] |= 1 << (p % 64)
+	}
+	c := trackChoice{chosen: true}
+	c.take(snapshotFigures{ownedKnown: true, written: owned, changed: 20, hashed: 400, hashTime: 60 * time.Microsecond}, write, hash)
+	if !c.on {
+		t.Fatalf("a Go guest does not start tracking: %+v", c)
+	}
+	// The arming snapshot: its scan protected, and said nothing.
+	c.take(snapshotFigures{written: owned, protected: true, scanTime: 10 * time.Microsecond}, write, hash)
+	protects := 0
+	for n := range 500 {
+		f := snapshotFigures{tracked: true, written: hot, protected: c.protect(), scanTime: 10 * time.Microsecond, hashed: 20, hashTime: 3 * time.Microsecond}
+		// The first scan after the arming one protects (what that
+		// costs is not known until the scan after it counts the
+		// faults); the second knows it from the arming scan's faults.
+		if n == 1 && f.protected {
+			t.Fatalf("the second scan after the arming one protects again: protecting's cost was not measured from the arming scan: %+v", c)
+		}
+		if f.protected {
+			protects++
+		}
+		c.take(f, write, hash)
+		if !c.on {
+			t.Fatalf("stopped tracking after %d snapshots (%d protecting): %+v", n+1, protects, c)
+		}
+	}
+	if protects < 2 || protects > 10 {
+		t.Fatalf("%d protecting scans in 500, want about 5", protects)
+	}
+
+	// Tracking wanted, and no scan arms: it stops within maxUnarmed + 1
+	// snapshots, and waits.
+	c = trackChoice{chosen: true}
+	c.take(snapshotFigures{ownedKnown: true, written: owned, changed: 20, hashed: 400, hashTime: 60 * time.Microsecond}, write, hash)
+	for n := 0; c.on; n++ {
+		if n > maxUnarmed {
+			t.Fatalf("still wanting tracking after %d snapshots no scan armed: %+v", n, c)
+		}
+		c.take(snapshotFigures{written: owned}, write, hash)
+	}
+	if c.hold != trackHoldMin {
+		t.Fatalf("hold %d after no scan armed, want %d", c.hold, trackHoldMin)
 	}
 }
