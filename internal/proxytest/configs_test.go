@@ -121,6 +121,7 @@ type setup struct {
 	haproxy  *proxytest.HAProxy // nil for nginx
 	replicas map[string]*replica
 	client   *http.Client
+	sent     atomic.Int64 // postBody's requests, for their idempotency keys
 }
 
 // start starts three replicas, named s1..s3 unless names are given (then
@@ -201,21 +202,38 @@ func (s *setup) hits() int64 {
 }
 
 // postBody is post with another body.
+//
+// It is sent again, once, if the kept-alive connection it went on closes
+// before any answer, as a browser does and docs/DEPLOY.md asks of an MCP
+// client: a proxy that reused an idle connection to a replica the test
+// has just stopped (HAProxy's http-reuse safe) finds it closed and closes
+// the client's connection, so that the client tries again on a new one.
+// Go's transport sends such a request again when it carries an
+// Idempotency-Key; it never does on a connection that was new, so a
+// request a replica hung up on (try's "hangup") is still seen once.
 func (s *setup) postBody(header, value, body string) (int, string) {
 	s.t.Helper()
-	code, answer, err := s.try(header, value, body)
+	code, answer, err := s.send(header, value, body, true)
 	if err != nil {
 		s.t.Fatalf("POST through the proxy: %v", err)
 	}
 	return code, answer
 }
 
-// try is postBody, returning a failed request's error.
+// try is postBody, returning a failed request's error and never sending
+// it again.
 func (s *setup) try(header, value, body string) (int, string, error) {
+	return s.send(header, value, body, false)
+}
+
+func (s *setup) send(header, value, body string, again bool) (int, string, error) {
 	req, _ := http.NewRequest("POST", "http://"+s.proxy+"/mcp", strings.NewReader(body))
 	req.Header.Set("Content-Type", "application/json")
 	if header != "" {
 		req.Header.Set(header, value)
+	}
+	if again {
+		req.Header.Set("Idempotency-Key", fmt.Sprintf("%s/%s/%d", header, value, s.sent.Add(1)))
 	}
 	resp, err := s.client.Do(req)
 	if err != nil {
