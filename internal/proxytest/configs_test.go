@@ -203,14 +203,15 @@ func (s *setup) hits() int64 {
 
 // postBody is post with another body.
 //
-// It is sent again, once, if the kept-alive connection it went on closes
-// before any answer, as a browser does and docs/DEPLOY.md asks of an MCP
-// client: a proxy that reused an idle connection to a replica the test
-// has just stopped (HAProxy's http-reuse safe) finds it closed and closes
-// the client's connection, so that the client tries again on a new one.
-// Go's transport sends such a request again when it carries an
-// Idempotency-Key; it never does on a connection that was new, so a
-// request a replica hung up on (try's "hangup") is still seen once.
+// It is sent again if the kept-alive connection it went on closes before
+// any answer, as a browser does and docs/DEPLOY.md asks of an MCP client:
+// a proxy that reused an idle connection to a replica the test has just
+// stopped (HAProxy's http-reuse safe) finds it closed and closes the
+// client's connection, so that the client tries again. Go's transport
+// sends such a request again, on another connection, when it carries an
+// Idempotency-Key, and only after a reused connection closed before any
+// byte of an answer: never after a connection that was new, so a request
+// a replica hung up on (try's "hangup") is still seen once.
 func (s *setup) postBody(header, value, body string) (int, string) {
 	s.t.Helper()
 	code, answer, err := s.send(header, value, body, true)
