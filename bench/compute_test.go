@@ -2,6 +2,7 @@ package bench
 
 import (
 	"context"
+	"runtime/metrics"
 	"strconv"
 	"syscall"
 	"testing"
@@ -124,30 +125,41 @@ func BenchmarkComputeCall(b *testing.B) {
 	})
 }
 
-// cpuClock is the process's CPU time and page faults at the start of a
-// timed loop.
-type cpuClock struct{ cpu, faults int64 }
+// cpuClock is the process's CPU time, page faults and garbage
+// collections at the start of a timed loop.
+type cpuClock struct{ cpu, faults, gcs int64 }
 
 // processUsage returns this process's CPU time (user and system) and its
 // page faults that allocated no I/O (minor: a page first written, or
-// copied on write), from getrusage.
+// copied on write), from getrusage, and the collections it has made.
 func processUsage() cpuClock {
 	var ru syscall.Rusage
 	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
-	return cpuClock{ru.Utime.Nano() + ru.Stime.Nano(), ru.Minflt}
+	gc := []metrics.Sample{{Name: "/gc/cycles/total:gc-cycles"}}
+	metrics.Read(gc)
+	return cpuClock{ru.Utime.Nano() + ru.Stime.Nano(), ru.Minflt, int64(gc[0].Value.Uint64())}
 }
 
 func startCPU() cpuClock { return processUsage() }
 
-// report reports the CPU time per iteration since c, as cpu-ns/op, and
-// the page faults, as faults/op. A fault costs 14 to 20 µs in the VMs
-// measured here (a Go guest's heap taking pages it never touched before
-// is a fault for each 4 KiB), so a contender can spend much of its CPU
-// time in them.
+// report reports the CPU time per iteration since c, as cpu-ns/op; the
+// page faults, as faults/op; the garbage collections, as gcs/op; and the
+// live heap the last of them found, as heap-live-MiB. A fault costs 14
+// to 20 µs in the VMs measured here (a Go guest's heap taking pages it
+// never touched before is a fault for each 4 KiB), so a contender can
+// spend much of its CPU time in them. The collector runs once the heap
+// has grown by as much as it held live at the last collection (GOGC=100),
+// so the whole process's live heap sets how often every contender's
+// garbage is collected (docs/DESIGN.md, "The collector in the
+// benchmarks").
 func (c cpuClock) report(b *testing.B) {
 	now := processUsage()
 	b.ReportMetric(float64(now.cpu-c.cpu)/float64(b.N), "cpu-ns/op")
 	b.ReportMetric(float64(now.faults-c.faults)/float64(b.N), "faults/op")
+	b.ReportMetric(float64(now.gcs-c.gcs)/float64(b.N), "gcs/op")
+	live := []metrics.Sample{{Name: "/gc/heap/live:bytes"}}
+	metrics.Read(live)
+	b.ReportMetric(float64(live[0].Value.Uint64())/(1<<20), "heap-live-MiB")
 }
 
 // agree sets *want to got the first time, and fails b when a later got

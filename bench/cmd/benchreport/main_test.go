@@ -386,22 +386,25 @@ func reportHas(t *testing.T, md string, wants ...string) {
 	}
 }
 
-// TestFaultsColumn: page faults per call, where the benchmarks report
-// them, are a column of sections 2 and 4 with two decimals, and a
-// contender that reported none has the cell empty.
+// TestFaultsColumn: page faults per call, garbage collections per
+// thousand calls and the live heap, where the benchmarks report them, are
+// columns of sections 2 and 4 (faults with two decimals, collections with
+// one), and a contender that reported none has its cells empty.
 func TestFaultsColumn(t *testing.T) {
-	md := reportOf(t, `BenchmarkConcurrentSessions/sessions=64/native-2 100 150000 ns/op 6000 calls/s 300000 cpu-ns/op 0.125 faults/op 4000 p50-us 20000 p99-us
-BenchmarkConcurrentSessions/sessions=64/wasmtools-2 100 200000 ns/op 5000 calls/s 400000 cpu-ns/op 2.5 faults/op 4500 p50-us 25000 p99-us
+	md := reportOf(t, `BenchmarkConcurrentSessions/sessions=64/native-2 100 150000 ns/op 6000 calls/s 300000 cpu-ns/op 0.125 faults/op 0.0125 gcs/op 15.25 heap-live-MiB 4000 p50-us 20000 p99-us
+BenchmarkConcurrentSessions/sessions=64/wasmtools-2 100 200000 ns/op 5000 calls/s 400000 cpu-ns/op 2.5 faults/op 0.02 gcs/op 29 heap-live-MiB 4500 p50-us 25000 p99-us
 BenchmarkConcurrentSessions/sessions=64/raw-wazero-tool-2 100 250000 ns/op 4000 calls/s 500000 cpu-ns/op 4000 p50-us 40000 p99-us
 BenchmarkWarmCall/inmemory/go/native-2 100 200000 ns/op 300000 cpu-ns/op 1.5 faults/op
-BenchmarkWarmCall/inmemory/go/wasmtools-2 100 250000 ns/op 350000 cpu-ns/op 0.375 faults/op
+BenchmarkWarmCall/inmemory/go/wasmtools-2 100 250000 ns/op 350000 cpu-ns/op 0.375 faults/op 0.04 gcs/op 120 heap-live-MiB
 `)
 	reportHas(t, md,
-		"| p50 latency | p99 latency | CPU time per call | page faults per call |\n",
-		"| 64 sessions | **wasmtools** | 5000 | ±0% | 0.83× | 1.25× |  | 4.50 ms | 25.0 ms | 400 µs | 2.50 |\n",
-		"| 64 sessions | native | 6000 | ±0% | 1.00× | 1.50× |  | 4.00 ms | 20.0 ms | 300 µs | 0.12 |\n",
-		"| 64 sessions | raw-wazero-tool | 4000 | ±0% | 0.67× | 1.00× |  | 4.00 ms | 40.0 ms | 500 µs |  |\n",
-		"| in-memory, Go plugin | **wasmtools** | 250 µs | ±0% | 0.80× |  | 350 µs | 0.38 |\n",
+		"| p50 latency | p99 latency | CPU time per call | page faults per call | collections per 1000 calls | live heap |\n",
+		"| 64 sessions | **wasmtools** | 5000 | ±0% | 0.83× | 1.25× |  | 4.50 ms | 25.0 ms | 400 µs | 2.50 | 20.0 | 29.0 MiB |\n",
+		"| 64 sessions | native | 6000 | ±0% | 1.00× | 1.50× |  | 4.00 ms | 20.0 ms | 300 µs | 0.12 | 12.5 | 15.2 MiB |\n",
+		"| 64 sessions | raw-wazero-tool | 4000 | ±0% | 0.67× | 1.00× |  | 4.00 ms | 40.0 ms | 500 µs |  |  |  |\n",
+		"| CPU time per call | page faults per call | collections per 1000 calls | live heap |\n",
+		"| in-memory, Go plugin | **wasmtools** | 250 µs | ±0% | 0.80× |  | 350 µs | 0.38 | 40.0 | 120 MiB |\n",
+		"| in-memory, Go plugin | native | 200 µs | ±0% | 1.00× |  | 300 µs | 1.50 |  |  |\n",
 	)
 	if t.Failed() {
 		t.Logf("report:\n%s", md)
