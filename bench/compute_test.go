@@ -144,13 +144,14 @@ func startCPU() cpuClock { return processUsage() }
 
 // report reports the CPU time per iteration since c, as cpu-ns/op; the
 // page faults, as faults/op; the garbage collections, as gcs/op; and the
-// live heap the last of them found, as heap-live-MiB. A fault costs 14
-// to 20 µs in the VMs measured here (a Go guest's heap taking pages it
-// never touched before is a fault for each 4 KiB), so a contender can
-// spend much of its CPU time in them. The collector runs once the heap
-// has grown by as much as it held live at the last collection (GOGC=100),
-// so the whole process's live heap sets how often every contender's
-// garbage is collected (docs/DESIGN.md, "The collector in the
+// live heap the process's last collection found, as heap-live-MiB (a
+// collection before the timed calls, if none ran during them). A fault
+// costs 14 to 20 µs in the VMs measured here (a Go guest's heap taking
+// pages it never touched before is a fault for each 4 KiB), so a contender
+// can spend much of its CPU time in them. The collector runs once the heap
+// has grown by roughly as much as it held live at the last collection
+// (GOGC=100), so the whole process's live heap sets how often every
+// contender's garbage is collected (docs/DESIGN.md, "The collector in the
 // benchmarks").
 func (c cpuClock) report(b *testing.B) {
 	now := processUsage()
