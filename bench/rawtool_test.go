@@ -2,8 +2,10 @@ package bench
 
 import (
 	"context"
+	"crypto/rand"
 	"encoding/json"
 	"fmt"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -12,6 +14,7 @@ import (
 	"github.com/tetratelabs/wazero/api"
 	"github.com/tetratelabs/wazero/experimental"
 
+	"github.com/wasmtools/wasmtools/bench/internal/native"
 	"github.com/wasmtools/wasmtools/internal/rawkernel"
 	"github.com/wasmtools/wasmtools/internal/testplugins"
 )
@@ -33,19 +36,69 @@ import (
 // (raw-wazero-tool against native), and wasmtools' (wasmtools against
 // raw-wazero-tool).
 func rawToolServer(ctx context.Context, b *testing.B, p plugin) *rawTool {
-	t := &rawTool{r: newRawRuntime(ctx, b, testplugins.Bytes(b, p.path(b))), instances: map[*mcp.ServerSession]*rawInstance{}}
+	t := &rawTool{r: newRawRuntime(ctx, b, testplugins.Bytes(b, p.path(b))), instances: map[any]*rawInstance{}}
 	t.srv = mcp.NewServer(&mcp.Implementation{Name: "raw-wazero-tool", Version: "1"}, nil)
 	t.srv.AddTool(&mcp.Tool{Name: p.tool, InputSchema: json.RawMessage(`{"type":"object"}`)}, t.call)
 	return t
 }
 
-// rawTool is the server of rawToolServer and its sessions' instances.
+// rawToolHandleServer is rawToolServer's floor on the 2026-07-28 path
+// with a session handle (raw-wazero-tool-2026-handle in
+// BenchmarkWarmCall): served over stateless streamable HTTP, its tool
+// declares schema, the input schema wasmtools lists for the tool to a
+// 2026-07-28 client (the plugin's, and the session argument with its
+// x-mcp-header annotation, so that the go-sdk client mirrors it into its
+// header and the go-sdk server checks the two agree; both parse the
+// schema's properties at every call, so a smaller schema would be a
+// cheaper path, not the same one), and keys its instances by the
+// argument. A call without a handle, or with one this server did
+// not mint, gets a new instance and handle (a random string, neither
+// signed nor expiring, as native-2026-handle's); the argument is taken out
+// of the arguments the guest gets (one decoding and encoding of the
+// object, as wasmtools does), and every result returns the handle in
+// _meta. Against native-2026-handle, it is the most any Wasm host on the
+// go-sdk keeps on that path with this guest; wasmtools-handle against it
+// is what wasmtools itself keeps of that.
+func rawToolHandleServer(ctx context.Context, b *testing.B, p plugin, schema json.RawMessage) *rawTool {
+	t := &rawTool{r: newRawRuntime(ctx, b, testplugins.Bytes(b, p.path(b))), instances: map[any]*rawInstance{}}
+	t.srv = mcp.NewServer(&mcp.Implementation{Name: "raw-wazero-tool", Version: "1"}, nil)
+	t.srv.AddTool(&mcp.Tool{Name: p.tool, InputSchema: schema}, t.callHandle)
+	return t
+}
+
+// listedSchema is the input schema a 2026-07-28 client of cs is given for
+// tool.
+func listedSchema(ctx context.Context, b *testing.B, cs *mcp.ClientSession, tool string) json.RawMessage {
+	tools, err := cs.ListTools(ctx, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, t := range tools.Tools {
+		if t.Name != tool {
+			continue
+		}
+		schema, err := json.Marshal(t.InputSchema)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if !strings.Contains(string(schema), `"x-mcp-header":"`+native.SessionHeader+`"`) {
+			b.Fatalf("tool %s's listed schema has no x-mcp-header %s: %s", tool, native.SessionHeader, schema)
+		}
+		return schema
+	}
+	b.Fatalf("tool %s is not listed", tool)
+	return nil
+}
+
+// rawTool is the server of rawToolServer or rawToolHandleServer and its
+// sessions' instances, keyed by the go-sdk session (*mcp.ServerSession)
+// or the session handle (string).
 type rawTool struct {
 	srv *mcp.Server
 	r   *rawRuntime
 
 	mu        sync.Mutex
-	instances map[*mcp.ServerSession]*rawInstance
+	instances map[any]*rawInstance
 }
 
 // rawInstance is one session's instance in rawToolServer.
@@ -55,19 +108,67 @@ type rawInstance struct {
 	m  api.Module
 }
 
-// call is the tool's handler.
+// call is rawToolServer's tool handler: the go-sdk session keys the
+// instance.
 func (t *rawTool) call(ctx context.Context, req *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
-	input, err := json.Marshal(servletInput{Params: servletParams{Name: req.Params.Name, Arguments: req.Params.Arguments}})
+	return t.run(ctx, t.instance(req.Session, nil), req.Params.Name, req.Params.Arguments)
+}
+
+// callHandle is rawToolHandleServer's tool handler: the session argument
+// keys the instance, and the result returns it.
+func (t *rawTool) callHandle(ctx context.Context, req *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+	var args map[string]json.RawMessage
+	if err := json.Unmarshal(req.Params.Arguments, &args); err != nil {
+		return nil, fmt.Errorf("arguments: %w", err)
+	}
+	var h string
+	if raw, ok := args[native.SessionArgument]; ok {
+		if err := json.Unmarshal(raw, &h); err != nil {
+			return nil, fmt.Errorf("session argument: %w", err)
+		}
+		delete(args, native.SessionArgument)
+	}
+	rest, err := json.Marshal(args)
 	if err != nil {
 		return nil, err
 	}
-	t.mu.Lock()
-	inst := t.instances[req.Session]
-	if inst == nil {
-		inst = &rawInstance{k: rawkernel.New()}
-		t.instances[req.Session] = inst
+	inst := t.instance(h, &h)
+	res, err := t.run(ctx, inst, req.Params.Name, rest)
+	if err != nil {
+		return nil, err
 	}
-	t.mu.Unlock()
+	if res.Meta == nil {
+		res.Meta = mcp.Meta{}
+	}
+	res.Meta[native.MetaSession] = h
+	return res, nil
+}
+
+// instance returns key's instance, made if it has none. With minted not
+// nil, key is a handle: one this server did not mint (or "") gets a new
+// instance under a new handle, which *minted is set to.
+func (t *rawTool) instance(key any, minted *string) *rawInstance {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	inst := t.instances[key]
+	if inst == nil {
+		if minted != nil {
+			*minted = rand.Text()
+			key = *minted
+		}
+		inst = &rawInstance{k: rawkernel.New()}
+		t.instances[key] = inst
+	}
+	return inst
+}
+
+// run calls the guest of inst with the tool call's name and arguments as
+// the servlet interface's input, and decodes its output as the result.
+func (t *rawTool) run(ctx context.Context, inst *rawInstance, name string, arguments json.RawMessage) (*mcp.CallToolResult, error) {
+	input, err := json.Marshal(servletInput{Params: servletParams{Name: name, Arguments: arguments}})
+	if err != nil {
+		return nil, err
+	}
 	inst.mu.Lock()
 	defer inst.mu.Unlock()
 	ctx = context.WithValue(ctx, rawKernelKey{}, inst.k)

@@ -61,7 +61,9 @@ const (
 // http/<plugin>/native-2026-handle is native-2026 keyed by a session
 // argument like wasmtools' (same name, same x-mcp-header annotation, the
 // handle returned in _meta): wasmtools-handle's baseline, issue 27's goal
-// being at most 1.15 times its time.
+// being at most 1.15 times its time. http/<plugin>/raw-wazero-tool-2026-handle
+// is that path's floor (rawToolHandleServer): the same server and
+// argument, the tool as wasmtools lists it, on plain wazero.
 func BenchmarkWarmCall(b *testing.B) {
 	ctx := context.Background()
 	nsrv := native.NewServer()
@@ -134,6 +136,15 @@ func BenchmarkWarmCall(b *testing.B) {
 			}
 			ksrv := native.NewServerHandle()
 			srv := httptest.NewServer(mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return ksrv }, &mcp.StreamableHTTPOptions{Stateless: true}))
+			defer srv.Close()
+			warmCalls(ctx, b, connect2026Handler(ctx, b, srv.URL, nil), p, true)
+		})
+		// The floor of the 2026-07-28 path with a handle: native-2026-handle's
+		// server and argument, the tool on plain wazero (rawToolHandleServer).
+		b.Run("http/"+p.name+"/raw-wazero-tool-2026-handle", func(b *testing.B) {
+			rt := rawToolHandleServer(ctx, b, p, listedSchema(ctx, b, connect2026(ctx, b, h, nil), p.tool))
+			defer rt.closeInstances(ctx)
+			srv := httptest.NewServer(mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return rt.srv }, &mcp.StreamableHTTPOptions{Stateless: true}))
 			defer srv.Close()
 			warmCalls(ctx, b, connect2026Handler(ctx, b, srv.URL, nil), p, true)
 		})

@@ -301,6 +301,7 @@ BenchmarkWarmCall/http/small/wasmtools-2 10 115000 ns/op
 BenchmarkWarmCall/http/small/native-2026-2 10 200000 ns/op
 BenchmarkWarmCall/http/small/native-2026-handle-2 10 220000 ns/op
 BenchmarkWarmCall/http/small/wasmtools-handle-2 10 240000 ns/op
+BenchmarkWarmCall/http/small/raw-wazero-tool-2026-handle-2 10 230000 ns/op
 BenchmarkConcurrentSessions/sessions=1/native-2 1 1000 calls/s
 BenchmarkConcurrentSessions/sessions=1/wasmtools-2 1 500 calls/s
 BenchmarkConcurrentSessions/sessions=8/native-2 1 1000 calls/s
@@ -319,6 +320,10 @@ BenchmarkComputeCall/wasmtools-2 10 1000 ns/op 14000000 cpu-ns/op
 		"| Warm call through the full MCP stack | in-memory, small plugin | wasmtools: 115 µs | 0.87× throughput vs native (goal ≥ 0.9: not met) |",
 		"| Warm call through the full MCP stack | HTTP, small plugin | wasmtools: 115 µs | 0.87× throughput vs native (goal ≥ 0.8: met) |",
 		"| The 2026-07-28 path with a handle against a native server with one (issue 27) | HTTP, small plugin | wasmtools-handle: 240 µs | 1.09× ÷ native-2026-handle, +20.0 µs (goal ≤ 1.15×: met) |",
+		// The path's floor, against its native baseline and against
+		// wasmtools: for information, no goal.
+		"| The floor of the 2026-07-28 path with a handle (issue 27) | HTTP, small plugin | raw-wazero-tool-2026-handle: 230 µs | 1.05× ÷ native-2026-handle, +10.0 µs |",
+		"| wasmtools against the floor of the 2026-07-28 path with a handle (issue 27) | HTTP, small plugin | wasmtools-handle: 240 µs | 1.04× ÷ raw-wazero-tool-2026-handle, +10.0 µs |",
 		// Against native-2026, for information: no goal.
 		"| The 2026-07-28 path against a native server without a handle | HTTP, small plugin | wasmtools-handle: 240 µs | 1.20× ÷ native-2026, +40.0 µs |",
 		"| What SEP-2243 header mirroring costs the go-sdk (issue 27) | HTTP, small plugin | native-2026-handle: 220 µs | 1.10× ÷ native-2026, +20.0 µs |",
