@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/wasmtools/wasmtools/internal/sessions"
+	"github.com/wasmtools/wasmtools/internal/statestore"
 )
 
 // ErrRunAgain is [Keeper.AfterUncheckedCall]'s answer for a call that ran
@@ -93,7 +94,7 @@ func (d *Keeper) AfterUncheckedCall(ctx context.Context, key sessions.Key, c *Cl
 	if d.policy == CheckpointAfterCall && !l.Plugin().Stateless() && l.Instance().Err() == nil {
 		// Saved even if the client is gone: the call's effect is in
 		// the instance, and the store must not fall behind it.
-		why, err = d.checkpoint(context.WithoutCancel(ctx), c, l.Plugin(), l.Instance(), l.Fence(), first, started)
+		why, err = d.checkpoint(statestore.Detach(ctx), c, l.Plugin(), l.Instance(), l.Fence(), first, started)
 	}
 	switch {
 	case errors.Is(err, errStaleInstance):

@@ -32,7 +32,7 @@ func (d *Keeper) checkpoint(ctx context.Context, c *Claim, p *plugins.Plugin, in
 		}
 		telemetry.End(span, err)
 	}()
-	ctx, cancel := context.WithTimeout(ctx, d.timeout())
+	ctx, cancel := statestore.WithTimeout(ctx, d.timeout())
 	defer cancel()
 	st, err := inst.SaveState(ctx)
 	var pr pluginRecord
@@ -158,7 +158,7 @@ func (d *Keeper) AfterCall(ctx context.Context, key sessions.Key, c *Claim, l *s
 	}
 	// Saved even if the client is gone: the call's effect is in the
 	// instance, and the store must not fall behind it.
-	notSaved, err := d.checkpoint(context.WithoutCancel(ctx), c, l.Plugin(), l.Instance(), l.Fence(), first, time.Time{})
+	notSaved, err := d.checkpoint(statestore.Detach(ctx), c, l.Plugin(), l.Instance(), l.Fence(), first, time.Time{})
 	if errors.Is(err, errMoved) {
 		if !errors.Is(err, errStaleInstance) {
 			// The store says another claim holds the session: the next

@@ -33,21 +33,21 @@ type bounded struct {
 }
 
 func (b bounded) Heartbeat(ctx context.Context, o statestore.Owner, ttl time.Duration) error {
-	ctx, cancel := context.WithTimeout(ctx, b.d)
+	ctx, cancel := statestore.WithTimeout(ctx, b.d)
 	defer cancel()
 	begun := time.Now()
 	return b.ended(ctx, begun, b.Store.Heartbeat(ctx, o, ttl))
 }
 
 func (b bounded) Leave(ctx context.Context, o statestore.Owner) error {
-	ctx, cancel := context.WithTimeout(ctx, b.d)
+	ctx, cancel := statestore.WithTimeout(ctx, b.d)
 	defer cancel()
 	begun := time.Now()
 	return b.ended(ctx, begun, b.Store.Leave(ctx, o))
 }
 
 func (b bounded) Claim(ctx context.Context, id string, o statestore.Owner, ttl time.Duration, steal bool) (statestore.Claim, error) {
-	ctx, cancel := context.WithTimeout(ctx, b.d)
+	ctx, cancel := statestore.WithTimeout(ctx, b.d)
 	defer cancel()
 	begun := time.Now()
 	cl, err := b.Store.Claim(ctx, id, o, ttl, steal)
@@ -55,14 +55,14 @@ func (b bounded) Claim(ctx context.Context, id string, o statestore.Owner, ttl t
 }
 
 func (b bounded) Put(ctx context.Context, id, field string, v []byte, fence uint64, ttl time.Duration) error {
-	ctx, cancel := context.WithTimeout(ctx, b.d)
+	ctx, cancel := statestore.WithTimeout(ctx, b.d)
 	defer cancel()
 	begun := time.Now()
 	return b.ended(ctx, begun, b.Store.Put(ctx, id, field, v, fence, ttl))
 }
 
 func (b bounded) Renew(ctx context.Context, id string, fence uint64, ttl time.Duration, bump bool) (uint64, error) {
-	ctx, cancel := context.WithTimeout(ctx, b.d)
+	ctx, cancel := statestore.WithTimeout(ctx, b.d)
 	defer cancel()
 	begun := time.Now()
 	f, err := b.Store.Renew(ctx, id, fence, ttl, bump)
@@ -70,7 +70,7 @@ func (b bounded) Renew(ctx context.Context, id string, fence uint64, ttl time.Du
 }
 
 func (b bounded) Get(ctx context.Context, id string) (map[string][]byte, error) {
-	ctx, cancel := context.WithTimeout(ctx, b.d)
+	ctx, cancel := statestore.WithTimeout(ctx, b.d)
 	defer cancel()
 	begun := time.Now()
 	rec, err := b.Store.Get(ctx, id)
@@ -78,14 +78,14 @@ func (b bounded) Get(ctx context.Context, id string) (map[string][]byte, error) 
 }
 
 func (b bounded) Release(ctx context.Context, id string, fence uint64) error {
-	ctx, cancel := context.WithTimeout(ctx, b.d)
+	ctx, cancel := statestore.WithTimeout(ctx, b.d)
 	defer cancel()
 	begun := time.Now()
 	return b.ended(ctx, begun, b.Store.Release(ctx, id, fence))
 }
 
 func (b bounded) Delete(ctx context.Context, id string, fence uint64) error {
-	ctx, cancel := context.WithTimeout(ctx, b.d)
+	ctx, cancel := statestore.WithTimeout(ctx, b.d)
 	defer cancel()
 	begun := time.Now()
 	return b.ended(ctx, begun, b.Store.Delete(ctx, id, fence))

@@ -143,7 +143,9 @@ func fenceMS(ttl time.Duration) int64 { return ms(max(ttl, FenceTTL)) }
 // errors. The client bounds a reply's wait by ctx's deadline but does not
 // notice a cancellation; call returns at once on either, leaving f to end
 // in the background (within the client's read timeout). f must not write
-// what its caller reads after an error.
+// what its caller reads after an error. Under a context that only its
+// deadline ends (Detach), f runs on the caller's goroutine, which the
+// deadline returns to as soon (deadline.go).
 func (r *Redis) call(ctx context.Context, f func() error) error {
 	if err := ctx.Err(); err != nil {
 		return err
@@ -151,13 +153,17 @@ func (r *Redis) call(ctx context.Context, f func() error) error {
 	if r.closed.Load() {
 		return ErrClosed
 	}
-	done := make(chan error, 1)
-	r.run(func() { done <- f() })
 	var err error
-	select {
-	case err = <-done:
-	case <-ctx.Done():
-		return ctx.Err()
+	if deadlineOnly(ctx) {
+		err = f()
+	} else {
+		done := make(chan error, 1)
+		r.run(func() { done <- f() })
+		select {
+		case err = <-done:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
 	}
 	switch {
 	case err == nil || errors.Is(err, redis.Nil):

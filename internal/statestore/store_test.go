@@ -495,8 +495,8 @@ func TestFileReopen(t *testing.T) {
 }
 
 // TestRedisContext: a call to a Redis that does not answer ends when its
-// ctx does (a deadline, or a cancellation), not at the client's own
-// timeouts.
+// ctx does (a deadline, or a cancellation, or the deadline of a context
+// only its deadline ends), not at the client's own timeouts.
 func TestRedisContext(t *testing.T) {
 	addr := proxytest.StartRedis(t)
 	s, err := statestore.NewRedis("redis://" + addr + "/0")
@@ -524,6 +524,12 @@ func TestRedisContext(t *testing.T) {
 			time.AfterFunc(200*time.Millisecond, cancel)
 			return ctx, cancel
 		}, context.Canceled},
+		// A checkpoint's context, which only its deadline ends: the
+		// exchange runs on the caller's goroutine, and the socket's
+		// deadline, which is the context's, ends it.
+		{"detached", func() (context.Context, context.CancelFunc) {
+			return statestore.WithTimeout(statestore.Detach(context.Background()), 200*time.Millisecond)
+		}, context.DeadlineExceeded},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			ctx, cancel := c.ctx()
