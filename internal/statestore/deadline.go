@@ -10,9 +10,9 @@ import (
 // deadline) but does not notice a cancellation, so Redis runs each
 // exchange on a goroutine of its own and returns at either. That hand-off
 // costs a goroutine switch and, when the other core is idle, waking it:
-// about 50 µs of a Go guest's checkpoint on the 2-core machine of
-// docs/BENCHMARKS.md (docs/DESIGN.md, "A checkpoint's exchange on the
-// caller's goroutine"). A context that nothing but a deadline can end
+// 30 to 50 µs of a Go guest's checkpoint on the 2-core machine of
+// docs/BENCHMARKS.md (docs/DESIGN.md, "Why does a checkpoint's Redis
+// exchange run on the caller's goroutine?"). A context that nothing but a deadline can end
 // before the exchange returns needs none of it, and the durable-session
 // writes that follow a call are made under such contexts (Detach): the
 // call was answered or is being answered, and its state must be written
