@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"encoding/json"
 	"fmt"
+	"net/http/httptest"
 	"strings"
 	"sync"
 	"syscall"
@@ -15,6 +16,7 @@ import (
 	"github.com/tetratelabs/wazero/experimental"
 
 	"github.com/wasmtools/wasmtools/bench/internal/native"
+	"github.com/wasmtools/wasmtools/host"
 	"github.com/wasmtools/wasmtools/internal/rawkernel"
 	"github.com/wasmtools/wasmtools/internal/testplugins"
 )
@@ -58,17 +60,30 @@ func rawToolServer(ctx context.Context, b *testing.B, p plugin) *rawTool {
 // object, as wasmtools does), and every result returns the handle in
 // _meta. Against native-2026-handle, it is the most any Wasm host on the
 // go-sdk keeps on that path with this guest; wasmtools-handle against it
-// is what wasmtools itself keeps of that.
-func rawToolHandleServer(ctx context.Context, b *testing.B, p plugin, schema json.RawMessage) *rawTool {
-	t := &rawTool{r: newRawRuntime(ctx, b, testplugins.Bytes(b, p.path(b))), instances: map[any]*rawInstance{}}
+// is what wasmtools itself keeps of that. It runs the plugin on r, the
+// runtime and compiled module of the plugin's rawToolServer, so that the
+// process holds no second copy of the module's decoded form (the collector
+// would run less often, and the floor look faster, for it alone).
+func rawToolHandleServer(r *rawRuntime, p plugin, schema json.RawMessage) *rawTool {
+	t := &rawTool{r: r, instances: map[any]*rawInstance{}}
 	t.srv = mcp.NewServer(&mcp.Implementation{Name: "raw-wazero-tool", Version: "1"}, nil)
 	t.srv.AddTool(&mcp.Tool{Name: p.tool, InputSchema: schema}, t.callHandle)
 	return t
 }
 
-// listedSchema is the input schema a 2026-07-28 client of cs is given for
-// tool.
-func listedSchema(ctx context.Context, b *testing.B, cs *mcp.ClientSession, tool string) json.RawMessage {
+// listedSchema is the input schema h lists for tool to a 2026-07-28
+// client. The client and its server are closed before it returns.
+func listedSchema(ctx context.Context, b *testing.B, h *host.Host, tool string) json.RawMessage {
+	srv := httptest.NewServer(h.HTTPHandler())
+	defer srv.Close()
+	cs, err := client.Connect(ctx, &mcp.StreamableClientTransport{Endpoint: srv.URL}, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer cs.Close()
+	if v := cs.InitializeResult().ProtocolVersion; v != handleProtocol {
+		b.Fatalf("negotiated %s, want %s", v, handleProtocol)
+	}
 	tools, err := cs.ListTools(ctx, nil)
 	if err != nil {
 		b.Fatal(err)
@@ -117,9 +132,11 @@ func (t *rawTool) call(ctx context.Context, req *mcp.CallToolRequest) (*mcp.Call
 // callHandle is rawToolHandleServer's tool handler: the session argument
 // keys the instance, and the result returns it.
 func (t *rawTool) callHandle(ctx context.Context, req *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
-	var args map[string]json.RawMessage
-	if err := json.Unmarshal(req.Params.Arguments, &args); err != nil {
-		return nil, fmt.Errorf("arguments: %w", err)
+	args := map[string]json.RawMessage{}
+	if len(req.Params.Arguments) > 0 {
+		if err := json.Unmarshal(req.Params.Arguments, &args); err != nil {
+			return nil, fmt.Errorf("arguments: %w", err)
+		}
 	}
 	var h string
 	if raw, ok := args[native.SessionArgument]; ok {

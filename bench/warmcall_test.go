@@ -142,9 +142,9 @@ func BenchmarkWarmCall(b *testing.B) {
 		// The floor of the 2026-07-28 path with a handle: native-2026-handle's
 		// server and argument, the tool on plain wazero (rawToolHandleServer).
 		b.Run("http/"+p.name+"/raw-wazero-tool-2026-handle", func(b *testing.B) {
-			rt := rawToolHandleServer(ctx, b, p, listedSchema(ctx, b, connect2026(ctx, b, h, nil), p.tool))
-			defer rt.closeInstances(ctx)
-			srv := httptest.NewServer(mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return rt.srv }, &mcp.StreamableHTTPOptions{Stateless: true}))
+			rh := rawToolHandleServer(rt.r, p, listedSchema(ctx, b, h, p.tool))
+			defer rh.closeInstances(ctx)
+			srv := httptest.NewServer(mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return rh.srv }, &mcp.StreamableHTTPOptions{Stateless: true}))
 			defer srv.Close()
 			warmCalls(ctx, b, connect2026Handler(ctx, b, srv.URL, nil), p, true)
 		})

@@ -58,3 +58,24 @@ func TestCheckpointOutOfTimeKeepsKeyAndMarksUnsaved(t *testing.T) {
 		t.Errorf("the plugin is marked %q, want %q", u, NotSavedUnavailable)
 	}
 }
+
+// An after-call checkpoint writes under a context only its deadline ends
+// (statestore.Detach), so that a Redis store runs its exchange on the
+// caller's goroutine; the claim's write under the request's context does
+// not. With a plain context.WithTimeout anywhere between the checkpoint
+// and the store (the bounded wrapper, say), the write is attached again.
+func TestCheckpointWritesUnderDeadlineOnlyContext(t *testing.T) {
+	w := newLossyWorld(t)
+	c := w.claim()
+	claimed := w.st.attached.Load()
+	if w.st.detached.Load() != 0 {
+		t.Fatalf("the claim wrote %d times under a detached context", w.st.detached.Load())
+	}
+	w.callSaved(c, w.p)
+	if got := w.st.detached.Load(); got == 0 {
+		t.Fatal("the checkpoint wrote nothing under a detached context")
+	}
+	if got := w.st.attached.Load(); got != claimed {
+		t.Fatalf("the checkpoint wrote %d times under a context that could be cancelled", got-claimed)
+	}
+}

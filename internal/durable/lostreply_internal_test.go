@@ -25,6 +25,9 @@ type lossyStore struct {
 	loseNth  atomic.Int32 // the nth put from now is not applied, and gets no answer
 	loseGet  atomic.Bool  // the next get gets no answer
 	down     atomic.Bool  // every exchange fails without an answer
+	// detached counts the puts made under a context only its deadline
+	// ends (statestore.DeadlineOnly), attached the others.
+	detached, attached atomic.Int32
 }
 
 var errNoAnswer = errors.New("no answer (test)")
@@ -41,6 +44,11 @@ func (s *lossyStore) Renew(ctx context.Context, id string, fence uint64, ttl tim
 }
 
 func (s *lossyStore) Put(ctx context.Context, id, field string, v []byte, fence uint64, ttl time.Duration) error {
+	if statestore.DeadlineOnly(ctx) {
+		s.detached.Add(1)
+	} else {
+		s.attached.Add(1)
+	}
 	if s.down.Load() || s.losePut.CompareAndSwap(true, false) {
 		return errNoAnswer
 	}

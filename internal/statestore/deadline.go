@@ -10,9 +10,9 @@ import (
 // deadline) but does not notice a cancellation, so Redis runs each
 // exchange on a goroutine of its own and returns at either. That hand-off
 // costs a goroutine switch and, when the other core is idle, waking it:
-// 30 to 50 µs of a Go guest's checkpoint on the 2-core machine of
-// docs/BENCHMARKS.md (docs/DESIGN.md, "Why does a checkpoint's Redis
-// exchange run on the caller's goroutine?"). A context that nothing but a deadline can end
+// about 30 µs of a Go guest's checkpoint on the 2-core machine of
+// docs/BENCHMARKS.md (docs/DESIGN.md, "Why does an after-call checkpoint's
+// Redis exchange run on the caller's goroutine?"). A context that nothing but a deadline can end
 // before the exchange returns needs none of it, and the durable-session
 // writes that follow a call are made under such contexts (Detach): the
 // call was answered or is being answered, and its state must be written
@@ -42,7 +42,7 @@ func Detach(ctx context.Context) context.Context {
 // caller must call cancel only after the exchanges under the context
 // returned (defer cancel()), as it would for any context it made.
 func WithTimeout(ctx context.Context, d time.Duration) (context.Context, context.CancelFunc) {
-	marked := deadlineOnly(ctx)
+	marked := DeadlineOnly(ctx)
 	ctx, cancel := context.WithTimeout(ctx, d)
 	if marked {
 		ctx = context.WithValue(ctx, deadlineOnlyKey{}, deadlineOnlyMark{ctx.Done()})
@@ -50,9 +50,10 @@ func WithTimeout(ctx context.Context, d time.Duration) (context.Context, context
 	return ctx, cancel
 }
 
-// deadlineOnly reports whether ctx is one of Detach's or of WithTimeout of
-// one, with nothing between that could cancel it.
-func deadlineOnly(ctx context.Context) bool {
+// DeadlineOnly reports whether ctx is one of Detach's, or of WithTimeout
+// of one, with nothing between that could cancel it: one a store may run
+// an exchange under on the caller's goroutine.
+func DeadlineOnly(ctx context.Context) bool {
 	m, ok := ctx.Value(deadlineOnlyKey{}).(deadlineOnlyMark)
 	return ok && m.done == ctx.Done()
 }

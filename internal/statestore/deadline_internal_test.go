@@ -20,6 +20,14 @@ func TestDeadlineOnly(t *testing.T) {
 	defer cancel3()
 	plainTimed, cancel4 := WithTimeout(bg, time.Minute)
 	defer cancel4()
+	stdDeadline, cancel5 := context.WithDeadline(timed, time.Now().Add(time.Second))
+	defer cancel5()
+	causeCancel, cancel6 := context.WithCancelCause(timed)
+	defer cancel6(nil)
+	twice, cancel7 := WithTimeout(timed, time.Second)
+	defer cancel7()
+	under, cancel8 := WithTimeout(cancellable, time.Second)
+	defer cancel8()
 	for _, c := range []struct {
 		name string
 		ctx  context.Context
@@ -30,14 +38,18 @@ func TestDeadlineOnly(t *testing.T) {
 		{"detached, cancellable parent", Detach(cancellable), true},
 		{"WithTimeout of detached", timed, true},
 		{"a value under it", context.WithValue(timed, key{}, 1), true},
-		{"WithTimeout twice", func() context.Context { c, _ := WithTimeout(timed, time.Second); return c }(), true},
+		{"WithTimeout twice", twice, true},
+		{"Detach of a timed context", Detach(plainTimed), true},
 		{"context.WithCancel of it", cancellable, false},
 		{"context.WithTimeout of detached", stdTimed, false},
 		{"WithTimeout of a cancellable context", plainTimed, false},
-		{"WithTimeout under context.WithCancel", func() context.Context { c, _ := WithTimeout(cancellable, time.Second); return c }(), false},
+		{"WithTimeout under context.WithCancel", under, false},
+		{"context.WithDeadline of it", stdDeadline, false},
+		{"context.WithCancelCause of it", causeCancel, false},
+		{"context.WithoutCancel of a timed context", context.WithoutCancel(plainTimed), false},
 	} {
-		if got := deadlineOnly(c.ctx); got != c.want {
-			t.Errorf("%s: deadlineOnly = %v, want %v", c.name, got, c.want)
+		if got := DeadlineOnly(c.ctx); got != c.want {
+			t.Errorf("%s: DeadlineOnly = %v, want %v", c.name, got, c.want)
 		}
 	}
 }

@@ -145,7 +145,8 @@ func fenceMS(ttl time.Duration) int64 { return ms(max(ttl, FenceTTL)) }
 // in the background (within the client's read timeout). f must not write
 // what its caller reads after an error. Under a context that only its
 // deadline ends (Detach), f runs on the caller's goroutine, which the
-// deadline returns to as soon (deadline.go).
+// deadline returns to as soon (deadline.go); a panic in the client then
+// reaches the caller, where on the hand-off it ended the process.
 func (r *Redis) call(ctx context.Context, f func() error) error {
 	if err := ctx.Err(); err != nil {
 		return err
@@ -154,7 +155,7 @@ func (r *Redis) call(ctx context.Context, f func() error) error {
 		return ErrClosed
 	}
 	var err error
-	if deadlineOnly(ctx) {
+	if DeadlineOnly(ctx) {
 		err = f()
 	} else {
 		done := make(chan error, 1)
