@@ -17,6 +17,7 @@ import (
 
 	"github.com/wasmtools/wasmtools/bench/internal/native"
 	"github.com/wasmtools/wasmtools/host"
+	"github.com/wasmtools/wasmtools/internal/jsonobj"
 	"github.com/wasmtools/wasmtools/internal/rawkernel"
 	"github.com/wasmtools/wasmtools/internal/testplugins"
 )
@@ -56,8 +57,8 @@ func rawToolServer(ctx context.Context, b *testing.B, p plugin) *rawTool {
 // argument. A call without a handle, or with one this server did
 // not mint, gets a new instance and handle (a random string, neither
 // signed nor expiring, as native-2026-handle's); the argument is taken out
-// of the arguments the guest gets (one decoding and encoding of the
-// object, as wasmtools does), and every result returns the handle in
+// of the arguments the guest gets (by jsonobj.Cut, as wasmtools takes
+// it), and every result returns the handle in
 // _meta. Against native-2026-handle, it is the most any Wasm host on the
 // go-sdk keeps on that path with this guest; wasmtools-handle against it
 // is what wasmtools itself keeps of that. It runs the plugin on r, the
@@ -132,22 +133,15 @@ func (t *rawTool) call(ctx context.Context, req *mcp.CallToolRequest) (*mcp.Call
 // callHandle is rawToolHandleServer's tool handler: the session argument
 // keys the instance, and the result returns it.
 func (t *rawTool) callHandle(ctx context.Context, req *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
-	args := map[string]json.RawMessage{}
-	if len(req.Params.Arguments) > 0 {
-		if err := json.Unmarshal(req.Params.Arguments, &args); err != nil {
-			return nil, fmt.Errorf("arguments: %w", err)
-		}
-	}
 	var h string
-	if raw, ok := args[native.SessionArgument]; ok {
+	rest, raw, found := jsonobj.Cut(req.Params.Arguments, native.SessionArgument)
+	if found {
 		if err := json.Unmarshal(raw, &h); err != nil {
 			return nil, fmt.Errorf("session argument: %w", err)
 		}
-		delete(args, native.SessionArgument)
 	}
-	rest, err := json.Marshal(args)
-	if err != nil {
-		return nil, err
+	if len(rest) == 0 {
+		rest = json.RawMessage(`{}`)
 	}
 	inst := t.instance(h, &h)
 	res, err := t.run(ctx, inst, req.Params.Name, rest)

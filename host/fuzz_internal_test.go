@@ -2,6 +2,8 @@ package host
 
 import (
 	"encoding/json"
+	"fmt"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -165,51 +167,82 @@ func FuzzVerifyState(f *testing.F) {
 
 // FuzzHandles checks a client's session handle and splits a client's
 // arguments. A handle is accepted only as minted, for the subject it was
-// minted for; what splitting leaves is an object without the session
-// argument, and the handle it reads is the argument's string.
+// minted for. What splitting leaves is an object without the session
+// argument, whose members are those of a decoder's reading of the
+// arguments less that one (splitByMap, the decoding the scan replaced),
+// and the handle it reads is the argument's string.
 func FuzzHandles(f *testing.F) {
-	h := &Host{}
-	h.handleSignKey, h.handleSubjectKey = handleKeys([]byte("a key of 32 bytes for the fuzzer"))
-	sign := func(id, subject string) string {
-		body := strings.Join([]string{handleVersion, "-", id, h.subjectTag(subject)}, ".")
+	h := &Host{macs: newHandleMACs([]byte("a key of 32 bytes for the fuzzer"))}
+	sign := func(replica, id, subject string) string {
+		body := replica + strings.Join([]string{handleVersion, id, h.subjectTag(subject)}, ".")
 		return body + "." + h.handleMAC(body)
 	}
-	minted := map[[2]string]bool{}
-	for _, m := range [][2]string{{"AAAAAAAAAAAAAAAAAAAAAA", ""}, {"q83vEjRWeJCrze8SNFZ4kA", "alice"}} {
-		minted[[2]string{m[0], m[1]}] = true
-		handle := sign(m[0], m[1])
-		f.Add(handle, m[1], `{"wasmtools_session":"`+handle+`","x":1}`)
+	minted := map[string]string{} // handle -> subject
+	for _, m := range [][3]string{{"", "AAAAAAAAAAAAAAAAAAAAAA", ""}, {"r1.", "q83vEjRWeJCrze8SNFZ4kA", "alice"}} {
+		handle := sign(m[0], m[1], m[2])
+		minted[handle] = m[2]
+		f.Add(handle, m[2], `{"wasmtools_session":"`+handle+`","x":1}`)
 		f.Add(handle, "bob", `{"x":{"wasmtools_session":1}}`)
+		f.Add(handle+"A", m[2], ` { "y" : [1,{"z":"}"}] , "wasmtools_session" : "`+handle+`" } `)
 	}
 	f.Add("wt1.-.x.-.y", "", `{"wasmtools_session":null}`)
 	f.Add("", "", `[1,"wasmtools_session"]`)
 	f.Add("wt1....", "", `{"wasmtools_session":7}`)
 	f.Add("", "", `{"wasmtools\u005fsession":"x","y":"\u00e9"}`)
+	f.Add("", "", `{"a":1,"wasmtools_session":"x","a":2,"wasmtools_session":"y","b":"\"}"}`)
+	f.Add("", "", `{"wasmtools_session":"x"}`)
 	f.Fuzz(func(t *testing.T, handle, subject, args string) {
 		if key, err := h.checkHandle(handle, subject); err == nil {
-			id := strings.Split(handle, ".")[2]
-			if !minted[[2]string{id, subject}] || key != handleKey(id) {
+			f := strings.Split(handle, ".")
+			if s, ok := minted[handle]; !ok || s != subject || key != handleKey(f[len(f)-3]) {
 				t.Fatalf("accepted handle %q for subject %q, which the host never minted", handle, subject)
 			}
 		}
 		rest, got, err := splitSessionArgument(json.RawMessage(args))
-		if string(rest) == args {
+		want, wantHandle, wantErr := splitByMap(json.RawMessage(args))
+		if (err == nil) != (wantErr == nil) || got != wantHandle {
+			t.Fatalf("split %q: handle %q, %v; the decoder's: %q, %v", args, got, err, wantHandle, wantErr)
+		}
+		if string(want) == args {
+			if string(rest) != args {
+				t.Fatalf("split %q into %q; the decoder left it whole", args, rest)
+			}
 			return // not an object with the argument: untouched
 		}
-		var m map[string]json.RawMessage
+		var m, wm map[string]any
 		if json.Unmarshal(rest, &m) != nil {
 			t.Fatalf("split %q into %q, not an object", args, rest)
 		}
 		if _, ok := m[SessionArgument]; ok {
 			t.Fatalf("split %q kept the session argument: %q", args, rest)
 		}
-		if err == nil && got != "" {
-			var orig map[string]json.RawMessage
-			json.Unmarshal([]byte(args), &orig)
-			var s string
-			if json.Unmarshal(orig[SessionArgument], &s) != nil || s != got {
-				t.Fatalf("split %q read handle %q", args, got)
-			}
+		json.Unmarshal(want, &wm)
+		if !reflect.DeepEqual(m, wm) {
+			t.Fatalf("split %q into %q; the decoder's: %q", args, rest, want)
 		}
 	})
+}
+
+// splitByMap is splitSessionArgument as it was, by a decoding into a map
+// and an encoding back: FuzzHandles's reference.
+func splitByMap(args json.RawMessage) (rest json.RawMessage, handle string, err error) {
+	var m map[string]json.RawMessage
+	if json.Unmarshal(args, &m) != nil {
+		return args, "", nil
+	}
+	raw, ok := m[SessionArgument]
+	if !ok {
+		return args, "", nil
+	}
+	delete(m, SessionArgument)
+	if rest, err = json.Marshal(m); err != nil {
+		return args, "", nil
+	}
+	if string(raw) == "null" {
+		return rest, "", nil
+	}
+	if json.Unmarshal(raw, &handle) != nil {
+		return rest, "", fmt.Errorf("%w: the %s argument must be a string", ErrHandle, SessionArgument)
+	}
+	return rest, handle, nil
 }

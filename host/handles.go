@@ -27,18 +27,23 @@ import (
 	"crypto/hmac"
 	"crypto/rand"
 	"crypto/sha256"
+	"crypto/subtle"
 	"encoding/base64"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"hash"
 	"io"
 	"net/http"
 	"slices"
 	"strings"
+	"sync"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/wasmtools/wasmtools/abi"
+	"github.com/wasmtools/wasmtools/internal/jsonobj"
 	"github.com/wasmtools/wasmtools/internal/sessions"
 	"github.com/wasmtools/wasmtools/plugins"
 )
@@ -72,40 +77,75 @@ const handleVersion = "wt1"
 // before it is parsed.
 const maxHandleLen = 128
 
-// handleKeys derives the two keys of handles from the state key: one signs
-// handles, the other digests subjects. Neither signs request states.
-func handleKeys(stateKey []byte) (sign, subject []byte) {
+// handleMACs holds the two keys of handles, derived from the state key:
+// one signs handles, the other digests subjects. Neither signs request
+// states. Each is kept as keyed HMACs to reuse: a handle is checked at
+// every call, and a fresh HMAC hashes its key's two pads again.
+type handleMACs struct {
+	sign, subject sync.Pool // of hash.Hash, HMAC-SHA256 under each key
+}
+
+func newHandleMACs(stateKey []byte) *handleMACs {
 	derive := func(label string) []byte {
 		m := hmac.New(sha256.New, stateKey)
 		m.Write([]byte(label))
 		return m.Sum(nil)
 	}
-	return derive("wasmtools handle signing v1"), derive("wasmtools handle subject v1")
+	pool := func(key []byte) sync.Pool {
+		return sync.Pool{New: func() any { return hmac.New(sha256.New, key) }}
+	}
+	return &handleMACs{sign: pool(derive("wasmtools handle signing v1")), subject: pool(derive("wasmtools handle subject v1"))}
+}
+
+// macSum appends to dst the HMAC of msg by an HMAC of p.
+func macSum(p *sync.Pool, dst []byte, msg string) []byte {
+	m := p.Get().(hash.Hash)
+	m.Reset()
+	io.WriteString(m, msg)
+	dst = m.Sum(dst)
+	p.Put(m)
+	return dst
 }
 
 var b64 = base64.RawURLEncoding
+
+// The lengths of a handle's digests, cut from their HMACs.
+const (
+	subjectTagBytes = 8
+	handleMACBytes  = 16
+)
 
 // subjectTag is the handle's field for subject: "-" for none.
 func (h *Host) subjectTag(subject string) string {
 	if subject == "" {
 		return "-"
 	}
-	m := hmac.New(sha256.New, h.handleSubjectKey)
-	m.Write([]byte(subject))
-	return b64.EncodeToString(m.Sum(nil)[:8])
+	var buf [sha256.Size]byte
+	return b64.EncodeToString(macSum(&h.macs.subject, buf[:0], subject)[:subjectTagBytes])
 }
 
 func (h *Host) handleMAC(body string) string {
-	m := hmac.New(sha256.New, h.handleSignKey)
-	m.Write([]byte(body))
-	return b64.EncodeToString(m.Sum(nil)[:16])
+	var buf [sha256.Size]byte
+	return b64.EncodeToString(macSum(&h.macs.sign, buf[:0], body)[:handleMACBytes])
 }
+
+// macMatches reports, in constant time, whether tag is the base64url form
+// of digest, as a minted handle has it.
+func macMatches(tag string, digest []byte) bool {
+	var enc [b64MaxLen]byte
+	n := b64.EncodedLen(len(digest))
+	b64.Encode(enc[:n], digest)
+	return len(tag) == n && subtle.ConstantTimeCompare([]byte(tag), enc[:n]) == 1
+}
+
+// b64MaxLen is the length of the base64url form of a SHA-256 sum.
+const b64MaxLen = (sha256.Size*8 + 5) / 6
 
 // handleKey is the session-layer key of a handle's id. Its label, for logs
 // and the record log, is a digest: the id is a capability.
 func handleKey(id string) sessions.Key {
 	sum := sha256.Sum256([]byte(id))
-	return sessions.Handle(id, fmt.Sprintf("handle-%x", sum[:6]))
+	return sessions.Handle(id, "handle-"+hex.EncodeToString(sum[:6]))
 }
 
 // mintHandle makes a new handle bound to subject ("" for none) and opens
@@ -145,26 +185,46 @@ func (h *Host) handleShare() int {
 // checkHandle returns the key of handle as presented by subject. The
 // session layer says later whether it is still open.
 func (h *Host) checkHandle(handle, subject string) (sessions.Key, error) {
-	notHandle := fmt.Errorf("%w: it is not a wasmtools session handle (pass the value of an earlier result exactly)", ErrHandle)
-	if len(handle) > maxHandleLen {
-		return sessions.Key{}, notHandle
+	notHandle := func() error {
+		return fmt.Errorf("%w: it is not a wasmtools session handle (pass the value of an earlier result exactly)", ErrHandle)
 	}
-	f := strings.Split(handle, ".")
-	switch len(f) {
-	case 4: // minted by a server with no replica name
-	case 5: // by replica f[0], which any replica sharing the state key accepts
-		f = f[1:]
+	if len(handle) > maxHandleLen {
+		return sessions.Key{}, notHandle()
+	}
+	// [<replica>.]wt1.<id>.<subject>.<mac>: the body is all but the mac.
+	dot := strings.LastIndexByte(handle, '.')
+	if dot < 0 {
+		return sessions.Key{}, notHandle()
+	}
+	body, mac := handle[:dot], handle[dot+1:]
+	var f [5]string
+	n := 0
+	for rest := body; n < len(f); n++ {
+		var ok bool
+		if f[n], rest, ok = strings.Cut(rest, "."); !ok {
+			n++
+			break
+		}
+	}
+	switch n {
+	case 3: // minted by a server with no replica name
+	case 4: // by replica f[0], which any replica sharing the state key accepts
+		copy(f[:], f[1:4])
 	default:
-		return sessions.Key{}, notHandle
+		return sessions.Key{}, notHandle()
 	}
 	if f[0] != handleVersion {
-		return sessions.Key{}, fmt.Errorf("%w: it is not a wasmtools session handle (pass the value of an earlier result exactly)", ErrHandle)
+		return sessions.Key{}, notHandle()
 	}
-	body := handle[:strings.LastIndexByte(handle, '.')]
-	if !hmac.Equal([]byte(f[3]), []byte(h.handleMAC(body))) {
+	var sum [sha256.Size]byte
+	if !macMatches(mac, macSum(&h.macs.sign, sum[:0], body)[:handleMACBytes]) {
 		return sessions.Key{}, fmt.Errorf("%w: it was not minted by this server, or was altered", ErrHandle)
 	}
-	if !hmac.Equal([]byte(f[2]), []byte(h.subjectTag(subject))) {
+	if subject == "" {
+		if f[2] != "-" {
+			return sessions.Key{}, fmt.Errorf("%w: it belongs to another client", ErrHandle)
+		}
+	} else if !macMatches(f[2], macSum(&h.macs.subject, sum[:0], subject)[:subjectTagBytes]) {
 		return sessions.Key{}, fmt.Errorf("%w: it belongs to another client", ErrHandle)
 	}
 	return handleKey(f[1]), nil
@@ -311,35 +371,41 @@ func (h *Host) headerKey(extra *mcp.RequestExtra) (sessions.Key, bool) {
 }
 
 // splitSessionArgument separates the session argument from a call's
-// arguments, in one decoding: rest is what the plugin's own schema and the
-// guest get. Arguments that do not name it are returned as they are,
-// without decoding; arguments that are not an object are left to
-// validation.
+// arguments: rest is what the plugin's own schema and the guest get, the
+// other members as the client wrote them, in its order. Arguments that do
+// not name it are returned as they are; arguments that are not an object
+// (or not JSON) are left to validation. A name may be written with
+// escapes ("wasmtools\u005fsession"), which the go-sdk's header check
+// decodes too; if the argument is named more than once, every member is
+// taken out and the last is the handle, as a decoder keeps the last.
 func splitSessionArgument(args json.RawMessage) (rest json.RawMessage, handle string, err error) {
-	// A name may be written with escapes ("wasmtools\u005fsession"),
-	// which the go-sdk's header check decodes too.
-	if !bytes.Contains(args, []byte(SessionArgument)) && !bytes.Contains(args, []byte(`\u`)) {
+	rest, raw, found := jsonobj.Cut(args, SessionArgument)
+	switch {
+	case !found:
 		return args, "", nil
-	}
-	var m map[string]json.RawMessage
-	if json.Unmarshal(args, &m) != nil {
-		return args, "", nil
-	}
-	raw, ok := m[SessionArgument]
-	if !ok {
-		return args, "", nil
-	}
-	delete(m, SessionArgument)
-	if rest, err = json.Marshal(m); err != nil {
-		return args, "", nil
-	}
-	if string(raw) == "null" {
+	case string(raw) == "null":
 		return rest, "", nil
+	case plainString(raw):
+		return rest, string(raw[1 : len(raw)-1]), nil
 	}
 	if json.Unmarshal(raw, &handle) != nil {
 		return rest, "", fmt.Errorf("%w: the %s argument must be a string", ErrHandle, SessionArgument)
 	}
 	return rest, handle, nil
+}
+
+// plainString reports whether v, valid JSON, is a string of printable
+// ASCII without escapes (a handle as minted): its text is its contents.
+func plainString(v []byte) bool {
+	if len(v) < 2 || v[0] != '"' {
+		return false
+	}
+	for _, c := range v[1 : len(v)-1] {
+		if c < 0x20 || c > 0x7e || c == '\\' {
+			return false
+		}
+	}
+	return true
 }
 
 // metaHandle reads the handle from a request's _meta; present reports

@@ -329,15 +329,15 @@ type Host struct {
 	catChanged chan struct{}      // closed and replaced when registered changes
 	closed     bool
 	stateKey   []byte
-	// Keys derived from stateKey for session handles (handles.go).
-	handleSignKey, handleSubjectKey []byte
-	auditMu                         sync.Mutex
-	budgets                         sync.Map // plugin name -> *pluginBudget
-	tasks                           *taskStore
-	wg                              sync.WaitGroup  // session watchers
-	dur                             *durable.Keeper // nil without a state store
-	drain                           drainState
-	stopBG                          context.CancelFunc // stops the heartbeat
+	// The keys derived from stateKey for session handles (handles.go).
+	macs    *handleMACs
+	auditMu sync.Mutex
+	budgets sync.Map // plugin name -> *pluginBudget
+	tasks   *taskStore
+	wg      sync.WaitGroup  // session watchers
+	dur     *durable.Keeper // nil without a state store
+	drain   drainState
+	stopBG  context.CancelFunc // stops the heartbeat
 	// adoptMu: held for writing while a stateful session is taken over
 	// (adopt.go), for reading while a new one is made, so that the
 	// session ID of a takeover goes to it alone.
@@ -383,7 +383,7 @@ func New(src *plugins.Reloader, opts *Options) *Host {
 		h.stateKey = make([]byte, 32)
 		rand.Read(h.stateKey)
 	}
-	h.handleSignKey, h.handleSubjectKey = handleKeys(h.stateKey)
+	h.macs = newHandleMACs(h.stateKey)
 	h.log = h.opts.Logger
 	if h.log == nil {
 		h.log = slog.New(slog.DiscardHandler)

@@ -38,6 +38,7 @@ targets=(
 	"./host FuzzElicitParams"
 	"./host FuzzVerifyState"
 	"./host FuzzHandles"
+	"./internal/jsonobj FuzzCut"
 	"./internal/durable FuzzRecord"
 	"./internal/sessions FuzzLeases"
 	"./internal/statestore FuzzSealOpen"

@@ -245,7 +245,7 @@ var sections = []Section{
 	},
 	{
 		Title: "10. Session handle, host side (the session handles issue)", Bench: "HandleOverhead",
-		About: "What a 2026-07-28 client's session handle costs the host on one call, without the guest and the transport (sections 2 and 8 have them, where this is lost in their noise): `handle` splits the `wasmtools_session` argument from 100-byte arguments (one decoding and encoding of the object), checks the handle (two HMAC-SHA256, the subject's digest) and puts it in the result's `_meta`; `no-handle` is what a call with a session pays on the same path (its arguments are passed through untouched).",
+		About: "What a 2026-07-28 client's session handle costs the host on one call, without the guest and the transport (sections 2 and 8 have them, where this is lost in their noise): `handle` takes the `wasmtools_session` argument out of 100-byte arguments (a validation and one scan of the object, package `jsonobj`), checks the handle (two HMAC-SHA256, one for the subject's digest, by keyed HMACs kept for reuse) and puts it in the result's `_meta`; `no-handle` is what a call with a session pays on the same path (its arguments are passed through untouched).",
 		Unit:  "ns/op", Baselines: []string{"no-handle"}, Headline: "handle",
 		Deltas: []Delta{{
 			Contender: "handle", Against: "no-handle",
