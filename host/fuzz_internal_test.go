@@ -1,6 +1,7 @@
 package host
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"reflect"
@@ -191,12 +192,19 @@ func FuzzHandles(f *testing.F) {
 	f.Add("", "", `{"wasmtools\u005fsession":"x","y":"\u00e9"}`)
 	f.Add("", "", `{"a":1,"wasmtools_session":"x","a":2,"wasmtools_session":"y","b":"\"}"}`)
 	f.Add("", "", `{"wasmtools_session":"x"}`)
+	f.Add("", "", `{"wasmtools_session":"x","a":1e999,"b":"<\u00e9>"}`)
 	f.Fuzz(func(t *testing.T, handle, subject, args string) {
-		if key, err := h.checkHandle(handle, subject); err == nil {
-			f := strings.Split(handle, ".")
-			if s, ok := minted[handle]; !ok || s != subject || key != handleKey(f[len(f)-3]) {
-				t.Fatalf("accepted handle %q for subject %q, which the host never minted", handle, subject)
+		key, err := h.checkHandle(handle, subject)
+		s, ok := minted[handle]
+		switch {
+		case err == nil && (!ok || s != subject):
+			t.Fatalf("accepted handle %q for subject %q, which the host never minted", handle, subject)
+		case err == nil:
+			if fields := strings.Split(handle, "."); key != handleKey(fields[len(fields)-3]) {
+				t.Fatalf("handle %q: key %v, not its id's", handle, key)
 			}
+		case ok && s == subject:
+			t.Fatalf("refused handle %q, minted for subject %q: %v", handle, subject, err)
 		}
 		rest, got, err := splitSessionArgument(json.RawMessage(args))
 		want, wantHandle, wantErr := splitByMap(json.RawMessage(args))
@@ -209,14 +217,20 @@ func FuzzHandles(f *testing.F) {
 			}
 			return // not an object with the argument: untouched
 		}
+		// Numbers as written: a float64 refuses 1e999, which is JSON.
+		decode := func(b []byte, v any) error {
+			d := json.NewDecoder(bytes.NewReader(b))
+			d.UseNumber()
+			return d.Decode(v)
+		}
 		var m, wm map[string]any
-		if json.Unmarshal(rest, &m) != nil {
+		if decode(rest, &m) != nil {
 			t.Fatalf("split %q into %q, not an object", args, rest)
 		}
 		if _, ok := m[SessionArgument]; ok {
 			t.Fatalf("split %q kept the session argument: %q", args, rest)
 		}
-		json.Unmarshal(want, &wm)
+		decode(want, &wm)
 		if !reflect.DeepEqual(m, wm) {
 			t.Fatalf("split %q into %q; the decoder's: %q", args, rest, want)
 		}

@@ -91,10 +91,11 @@ func newHandleMACs(stateKey []byte) *handleMACs {
 		m.Write([]byte(label))
 		return m.Sum(nil)
 	}
-	pool := func(key []byte) sync.Pool {
-		return sync.Pool{New: func() any { return hmac.New(sha256.New, key) }}
-	}
-	return &handleMACs{sign: pool(derive("wasmtools handle signing v1")), subject: pool(derive("wasmtools handle subject v1"))}
+	m := &handleMACs{}
+	sign, subject := derive("wasmtools handle signing v1"), derive("wasmtools handle subject v1")
+	m.sign.New = func() any { return hmac.New(sha256.New, sign) }
+	m.subject.New = func() any { return hmac.New(sha256.New, subject) }
+	return m
 }
 
 // macSum appends to dst the HMAC of msg by an HMAC of p.

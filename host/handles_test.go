@@ -174,15 +174,16 @@ func TestHandleRefused(t *testing.T) {
 	if altered == h {
 		altered = h[:len(h)-2] + "BB"
 	}
-	for name, bad := range map[string]string{
-		"garbage": "hello",
-		"altered": altered,
-		"forged":  "wt1.-.AAAAAAAAAAAAAAAAAAAAAA.-.AAAAAAAAAAAAAAAAAAAAAA",
+	for name, bad := range map[string]struct{ handle, why string }{
+		"garbage": {"hello", "not a wasmtools session handle"},
+		"altered": {altered, "not minted by this server"},
+		// Well formed, so that the signature is what refuses it.
+		"forged": {"wt1.AAAAAAAAAAAAAAAAAAAAAA.-.AAAAAAAAAAAAAAAAAAAAAA", "not minted by this server"},
 	} {
-		res := countWith(t, cs, bad)
+		res := countWith(t, cs, bad.handle)
 		nh := handleOf(res)
-		if !res.IsError || !strings.Contains(text(res), "refused") || nh == "" || nh == h || !strings.Contains(text(res), nh) {
-			t.Errorf("%s handle: isError=%v %q (new handle %q); want a refusal offering a new handle", name, res.IsError, text(res), nh)
+		if !res.IsError || !strings.Contains(text(res), "refused") || !strings.Contains(text(res), bad.why) || nh == "" || nh == h || !strings.Contains(text(res), nh) {
+			t.Errorf("%s handle: isError=%v %q (new handle %q); want a refusal (%s) offering a new handle", name, res.IsError, text(res), nh, bad.why)
 			continue
 		}
 		if got := firstText(countWith(t, cs, nh)); got != "1" {

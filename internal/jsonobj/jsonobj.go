@@ -14,8 +14,9 @@ import (
 
 // Cut returns obj without its members named name, and the value of the
 // last of them (as a decoder keeps the last of a name given twice), as
-// written. The other members are kept as written, in their order. A name
-// written with escapes ("a\u005fb" for "a_b") is the same name.
+// written. The other members are kept as written, in their order; the
+// space between them may go. A name written with escapes ("a\u005fb" for
+// "a_b") is the same name.
 //
 // found is false, and rest is obj, when obj is not valid JSON, not an
 // object, or has no member named name. name is valid UTF-8 without the
@@ -36,18 +37,27 @@ func Cut(obj []byte, name string) (rest, value []byte, found bool) {
 	if obj[i] != '{' {
 		return obj, nil, false
 	}
-	kept := make([]byte, 1, len(obj))
-	kept[0] = '{'
-	for i = skipSpace(obj, i+1); obj[i] != '}'; {
+	// kept is made at the first member named name: until then, the
+	// members before it are obj[first:prev], as written.
+	var kept []byte
+	i = skipSpace(obj, i+1)
+	first, prev := i, i
+	for obj[i] != '}' {
 		start := i
 		end := skipString(obj, i)
 		key := obj[i:end]
 		i = skipSpace(obj, skipSpace(obj, end)+1) // past the colon
 		v := i
 		i = skipValue(obj, i)
-		if isName(key, name) {
+		switch {
+		case isName(key, name):
+			if !found {
+				kept = append(append(make([]byte, 0, len(obj)), '{'), obj[first:prev]...)
+			}
 			found, value = true, obj[v:i]
-		} else {
+		case !found:
+			prev = i
+		default:
 			if len(kept) > 1 {
 				kept = append(kept, ',')
 			}
