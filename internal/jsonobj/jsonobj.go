@@ -1,8 +1,9 @@
 // Package jsonobj takes one member out of a JSON object without decoding
 // the rest of it: a 2026-07-28 client's session handle out of a tool
 // call's arguments (package host), at every call. A decoding into a map
-// and an encoding back cost about ten times as much (a few µs a call, and
-// two dozen allocations), and reorder and re-escape what the guest gets.
+// and an encoding back cost three to four times as much (on 120-byte
+// arguments, 1.9 µs and 16 allocations against 0.55 µs and one, most of
+// it json.Valid), and reorder and re-escape what the guest gets.
 package jsonobj
 
 import (
