@@ -420,6 +420,10 @@ func errorResult(msg string) *mcp.CallToolResult {
 func toMCP(r *abi.CallToolResult) (*mcp.CallToolResult, error) {
 	res := &mcp.CallToolResult{IsError: r.IsError, Content: make([]mcp.Content, 0, len(r.Content))}
 	for _, raw := range r.Content {
+		if text, ok := plainText(raw); ok {
+			res.Content = append(res.Content, &mcp.TextContent{Text: text})
+			continue
+		}
 		var block struct {
 			Type        string          `json:"type"`
 			Text        string          `json:"text"`
@@ -444,6 +448,27 @@ func toMCP(r *abi.CallToolResult) (*mcp.CallToolResult, error) {
 	}
 	dropHostMeta(res)
 	return res, nil
+}
+
+// plainText returns the text of raw when raw is a text block and nothing
+// else, written as encoding/json writes one ({"type":"text","text":"..."}),
+// its text without escapes: what toMCP would decode, without a decoder.
+// It reports false for any other block, which toMCP decodes.
+func plainText(raw []byte) (string, bool) {
+	const head, tail = `{"type":"text","text":"`, `"}`
+	if len(raw) < len(head)+len(tail) || string(raw[:len(head)]) != head || string(raw[len(raw)-len(tail):]) != tail {
+		return "", false
+	}
+	text := raw[len(head) : len(raw)-len(tail)]
+	for _, c := range text {
+		if c < 0x20 || c == '"' || c == '\\' {
+			return "", false
+		}
+	}
+	if !utf8.Valid(text) {
+		return "", false
+	}
+	return string(text), true
 }
 
 // dropHostMeta removes the _meta keys of the host's namespace from a

@@ -21,7 +21,9 @@ import (
 
 // FuzzToMCP converts a guest's result as callTool does, and caps it. A
 // result that converts must encode for the client, and what the cap keeps
-// must fit the limit.
+// must fit the limit. A block plainText takes (the fuzzed bytes as one)
+// must decode to the same text block; and plainText must take what
+// encoding/json writes for a text block whose text needs no escape.
 func FuzzToMCP(f *testing.F) {
 	for _, s := range []string{
 		`{"content":[{"type":"text","text":"hello"}]}`,
@@ -35,6 +37,22 @@ func FuzzToMCP(f *testing.F) {
 		f.Add([]byte(s), 0)
 	}
 	f.Fuzz(func(t *testing.T, out []byte, limit int) {
+		if text, ok := plainText(out); ok {
+			var block struct {
+				Type        string          `json:"type"`
+				Text        string          `json:"text"`
+				Annotations json.RawMessage `json:"annotations"`
+				Meta        json.RawMessage `json:"_meta"`
+			}
+			if err := json.Unmarshal(out, &block); err != nil || block.Type != "text" || block.Text != text || block.Annotations != nil || block.Meta != nil {
+				t.Fatalf("plainText(%q) = %q, a decoder reads %+v (%v)", out, text, block, err)
+			}
+		}
+		if b, err := json.Marshal(abi.TextContent{Type: "text", Text: string(out)}); err != nil {
+			t.Fatal(err)
+		} else if _, ok := plainText(b); !ok && !bytes.ContainsRune(b, '\\') {
+			t.Fatalf("plainText does not take %s, as encoding/json writes a text block", b)
+		}
 		var r abi.CallToolResult
 		if json.Unmarshal(out, &r) != nil {
 			return // decodeJSON refuses it first

@@ -3,6 +3,7 @@ package host
 import (
 	"errors"
 	"net/http"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -22,6 +23,7 @@ type metrics struct {
 	resets    *prometheus.CounterVec
 	calls     *prometheus.CounterVec
 	duration  *prometheus.HistogramVec
+	byPlugin  sync.Map // plugin name → *pluginCalls: calls' and duration's series
 	// The state store (internal/durable).
 	adopted     prometheus.Counter
 	storeLost   prometheus.Counter
@@ -95,8 +97,38 @@ func newMetrics() *metrics {
 }
 
 func (m *metrics) call(plugin, outcome string, d time.Duration) {
-	m.calls.WithLabelValues(plugin, outcome).Inc()
-	m.duration.WithLabelValues(plugin).Observe(d.Seconds())
+	c := m.callsOf(plugin)
+	switch outcome {
+	case "ok":
+		c.ok.Inc()
+	case "tool_error":
+		c.toolError.Inc()
+	default:
+		m.calls.WithLabelValues(plugin, outcome).Inc()
+	}
+	c.duration.Observe(d.Seconds())
+}
+
+// pluginCalls are a plugin's series of the calls' metrics, found once:
+// WithLabelValues hashes and checks its labels and takes a lock at every
+// call, about 0.3 µs of each call for the two series.
+type pluginCalls struct {
+	ok, toolError prometheus.Counter
+	duration      prometheus.Observer
+}
+
+// callsOf returns plugin's series, looked up at its first call. The
+// series are never deleted, so those kept stay the registry's.
+func (m *metrics) callsOf(plugin string) *pluginCalls {
+	if c, ok := m.byPlugin.Load(plugin); ok {
+		return c.(*pluginCalls)
+	}
+	c, _ := m.byPlugin.LoadOrStore(plugin, &pluginCalls{
+		ok:        m.calls.WithLabelValues(plugin, "ok"),
+		toolError: m.calls.WithLabelValues(plugin, "tool_error"),
+		duration:  m.duration.WithLabelValues(plugin),
+	})
+	return c.(*pluginCalls)
 }
 
 func (m *metrics) checkpoint(d time.Duration, n int, err error) {

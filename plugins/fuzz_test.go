@@ -17,7 +17,10 @@ import (
 // list and its results, as bytes it chooses (see docs/SECURITY.md).
 
 // FuzzDecodeOutput decodes guest output as Load and CallTool do. Output
-// it accepts must be valid UTF-8 JSON, one value and nothing else.
+// it accepts must be valid UTF-8 JSON, one value and nothing else. A
+// result that textResult takes must be decodeJSON's, byte for byte; and
+// textResult must take what encoding/json writes for a result of text
+// blocks, the fuzzed bytes as their text.
 func FuzzDecodeOutput(f *testing.F) {
 	for _, s := range []string{
 		`{"content":[{"type":"text","text":"hi"}]}`,
@@ -36,6 +39,35 @@ func FuzzDecodeOutput(f *testing.F) {
 			if !utf8.Valid(out) || !json.Valid(out) {
 				t.Fatalf("decodeJSON accepted %q into %T, which is not valid UTF-8 JSON", out, v)
 			}
+		}
+		if got, ok := textResult(out); ok {
+			var want abi.CallToolResult
+			if err := decodeJSON(out, &want); err != nil {
+				t.Fatalf("textResult took %q, which decodeJSON refuses: %v", out, err)
+			}
+			same := len(got.Content) == len(want.Content) && got.IsError == want.IsError &&
+				got.StructuredContent == nil && want.StructuredContent == nil && got.Meta == nil && want.Meta == nil
+			for i := range got.Content {
+				same = same && bytes.Equal(got.Content[i], want.Content[i])
+			}
+			if !same {
+				t.Fatalf("textResult(%q) = %+v, decodeJSON gives %+v", out, got, want)
+			}
+		}
+		type textOnly struct {
+			Content []abi.TextContent `json:"content"`
+			IsError bool              `json:"isError,omitempty"`
+		}
+		blocks := []abi.TextContent{}
+		for _, text := range bytes.SplitN(out, []byte{0}, 4) {
+			blocks = append(blocks, abi.TextContent{Type: "text", Text: string(text)})
+		}
+		b, err := json.Marshal(textOnly{Content: blocks, IsError: len(out)%2 == 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, ok := textResult(b); !ok {
+			t.Fatalf("textResult does not take %s, as encoding/json writes a result of text blocks", b)
 		}
 	})
 }
@@ -158,6 +190,47 @@ func FuzzValidateArguments(f *testing.F) {
 		}
 		if _, ok := v["s"].(string); !ok {
 			t.Fatalf("accepted arguments %q without the required string s", args)
+		}
+	})
+}
+
+// FuzzCallInput encodes a call's input as callInput does, for both
+// interfaces: what appendServletInput and appendCallToolInput write must
+// be json.Marshal's encoding byte for byte, and they must write the input
+// whose tool name needs no escape and whose arguments are as json.Marshal
+// writes them (a guest's usual call), rather than leave it to json.Marshal.
+func FuzzCallInput(f *testing.F) {
+	f.Add("echo", []byte(`{"text":"hi there"}`), []byte(`{"progressToken":1}`), int64(7), true, "sid", "2025-06-18", "")
+	f.Add("echo", []byte(`{ "text" : "a<b" }`), []byte(``), int64(-1), false, "", "", "c")
+	f.Add("é", []byte("{\"t\":\"\xe2\x80\xa8\"}"), []byte(`[]`), int64(0), true, "a\"b", "", "")
+	f.Add("x", []byte(`{"t":"\"\\u003c\\\\"}`), []byte(`null`), int64(1), true, "", "v", "")
+	f.Fuzz(func(t *testing.T, name string, args, meta []byte, id int64, numbered bool, session, version, cursor string) {
+		p := abi.CallParams{Name: name, Arguments: args, Meta: meta}
+		c := abi.CallContext{Meta: meta, SessionID: session, ProtocolVersion: version, Cursor: cursor}
+		if numbered {
+			c.ID = id
+		}
+		check := func(got []byte, in any) {
+			want, err := json.Marshal(in)
+			if got != nil && (err != nil || !bytes.Equal(got, want)) {
+				t.Fatalf("wrote %s, json.Marshal writes %s (%v)", got, want, err)
+			}
+		}
+		check(appendServletInput(nil, &p), abi.ServletCallInput{Params: p})
+		check(appendCallToolInput(nil, &p, &c), abi.CallToolInput{Request: p, Context: c})
+
+		plain := true
+		for i := 0; i < len(name); i++ {
+			c := name[i]
+			plain = plain && c >= 0x20 && c < 0x7f && !strings.ContainsRune(`"\<>&`, rune(c))
+		}
+		m, err := json.Marshal(json.RawMessage(args))
+		if !plain || err != nil {
+			return
+		}
+		p = abi.CallParams{Name: name, Arguments: m}
+		if appendServletInput(nil, &p) == nil {
+			t.Fatalf("left the call of %q with arguments %s to json.Marshal", name, m)
 		}
 	})
 }

@@ -18,8 +18,8 @@ import (
 // every loop a check that spends part of the budget (cost, the bytes of
 // code from the check to the end of its function):
 //
-//	global.get $budget  i32.const 1     i32.lt_s  if  call $yield  end
 //	global.get $budget  i32.const cost  i32.sub   global.set $budget
+//	global.get $budget  i32.const 0     i32.lt_s  if  call $yield  end
 //
 // yield runs memory.grow 0, which wazero serves in Go, then traps if the
 // flag is set, then refills the budget. A call's watcher sets the flag,
@@ -158,14 +158,18 @@ func instrument(wasm []byte) ([]byte, error) {
 	if budget >= math.MaxUint32 || yield >= math.MaxUint32 || yieldType >= math.MaxUint32 {
 		return nil, errors.New("instrument: no index left for the interruption's globals and function")
 	}
-	// appendCheck appends a check charging cost to the budget.
+	// appendCheck appends a check charging cost to the budget. It
+	// charges first and then tests what is left, so that the compiled
+	// check reads the global once: wazero keeps a global's value from
+	// its global.set for a global.get in the same block, but reloads it
+	// after the if that may call yield.
 	appendCheck := func(b []byte, cost int) []byte {
-		b = appendULEB(append(b, 0x23), budget)           // global.get $budget
-		b = append(b, 0x41, 0x01, 0x48, 0x04, 0x40, 0x10) // i32.const 1, i32.lt_s, if, call
-		b = append(appendULEB(b, yield), 0x0b)            // $yield, end
-		b = appendULEB(append(b, 0x23), budget)           // global.get $budget
+		b = appendULEB(append(b, 0x23), budget) // global.get $budget
 		b = append(sleb32(append(b, 0x41), int32(min(max(cost, 1), maxCharge))), 0x6b, 0x24)
-		return appendULEB(b, budget) // i32.const cost, i32.sub, global.set $budget
+		b = appendULEB(b, budget)                         // i32.const cost, i32.sub, global.set $budget
+		b = appendULEB(append(b, 0x23), budget)           // global.get $budget
+		b = append(b, 0x41, 0x00, 0x48, 0x04, 0x40, 0x10) // i32.const 0, i32.lt_s, if, call
+		return append(appendULEB(b, yield), 0x0b)         // $yield, end
 	}
 
 	var edits []edit

@@ -31,6 +31,7 @@ targets=(
 	"./sandbox FuzzSnapshotBody"
 	"./sandbox FuzzDecodeS2"
 	"./plugins FuzzDecodeOutput"
+	"./plugins FuzzCallInput"
 	"./plugins FuzzLoadAndCall"
 	"./plugins FuzzValidateArguments"
 	"./plugins FuzzFlatSchemaAgrees"
