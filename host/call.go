@@ -235,7 +235,13 @@ func (h *Host) callTool(ctx context.Context, key sessions.Key, c *plugins.Call, 
 // leaseFor claims key's session and leases its instance of t's plugin
 // (claimAndLease), under a span; a swap meanwhile retargets c.
 func (h *Host) leaseFor(ctx context.Context, key sessions.Key, t *plugins.Tool, c *plugins.Call, later bool) (cl leased, claimErr, err error) {
-	actx, aspan := telemetry.Start(ctx, "wasmtools.acquire", attribute.String("wasmtools.plugin", t.Plugin().Name()))
+	var actx context.Context
+	var aspan trace.Span
+	if telemetry.On() { // its attribute escapes: an allocation even when off
+		actx, aspan = telemetry.Start(ctx, "wasmtools.acquire", attribute.String("wasmtools.plugin", t.Plugin().Name()))
+	} else {
+		actx, aspan = telemetry.Start(ctx, "")
+	}
 	cl, claimErr, err = h.claimAndLease(actx, key, t.Plugin(), later, func() (*plugins.Plugin, error) {
 		now, err := h.current(t)
 		if err != nil {
@@ -293,6 +299,9 @@ func (h *Host) guestSpan(ctx context.Context, t *plugins.Tool, env *callEnv, l *
 	cctx := telemetry.Under(l.Context(), ctx)
 	if env != nil && t.Plugin().Asks() {
 		cctx = sandbox.WithAsker(cctx, env) // grants inside the ceiling are asked for
+	}
+	if !telemetry.On() { // the name and attributes cost allocations even when off
+		return telemetry.Start(cctx, "")
 	}
 	return telemetry.Start(cctx, "wasmtools.guest "+t.Name, attribute.String("wasmtools.plugin", t.Plugin().Name()), attribute.String("wasmtools.plugin.sha256", t.Plugin().SHA256()))
 }
@@ -534,7 +543,7 @@ func capResult(res *mcp.CallToolResult, limit int) {
 		return
 	}
 	left := limit
-	var kept []mcp.Content
+	kept := res.Content[:0] // filtered in place: a block is written at or before where it was read
 	cut, dropped := 0, 0
 	for _, c := range res.Content {
 		if tc, ok := c.(*mcp.TextContent); ok {

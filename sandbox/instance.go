@@ -34,7 +34,8 @@ type Instance struct {
 	stack     [1]uint64
 	err       error     // why the instance is closed, nil while usable
 	host      HostFunc  // the current call's, nil between calls
-	deadline  *deadline // the current call's
+	deadline  *deadline // the current call's: &dl during a call, else nil
+	dl        deadline
 	// callCtx is the current call's context, nil between calls; the
 	// file grants of ask mounts the call was given are in fileGrants.
 	callCtx    context.Context
@@ -309,7 +310,8 @@ func (i *Instance) begin(export string, input []byte) (api.Function, error) {
 //
 //go:noinline
 func (i *Instance) enter(ctx context.Context, host HostFunc, cancel context.CancelCauseFunc) context.Context {
-	i.deadline = newDeadline(i.compiled.policy.callTimeout, cancel)
+	i.dl.arm(i.compiled.policy.callTimeout, cancel)
+	i.deadline = &i.dl
 	i.host = host
 	ctx = context.WithValue(ctx, instanceKey{}, i)
 	i.callCtx = ctx

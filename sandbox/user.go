@@ -3,6 +3,7 @@ package sandbox
 import (
 	"context"
 	"fmt"
+	"sync"
 	"time"
 	"unicode/utf8"
 
@@ -94,33 +95,76 @@ func (i *Instance) callHost(ctx context.Context, name string, input []byte) ([]b
 }
 
 // deadline is a call timeout that can be paused: the time a guest spends
-// waiting for a person does not count.
+// waiting for a person does not count. An instance keeps one, and its
+// timer, for all its calls (one at a time): a new timer for each call was
+// three allocations of it.
 type deadline struct {
-	left   time.Duration
-	start  time.Time
+	mu     sync.Mutex
+	left   time.Duration // the timeout left when the timer was last set
+	start  time.Time     // when it was last set
 	timer  *time.Timer
-	cancel context.CancelCauseFunc
+	cancel context.CancelCauseFunc // the armed call's; nil between calls
+	paused int                     // pauses not resumed yet
 }
 
-func newDeadline(d time.Duration, cancel context.CancelCauseFunc) *deadline {
-	dl := &deadline{left: d, start: time.Now(), cancel: cancel}
-	dl.timer = time.AfterFunc(d, func() { cancel(context.DeadlineExceeded) })
-	return dl
-}
-
-func (d *deadline) pause() {
-	if d.timer.Stop() {
-		d.left -= time.Since(d.start)
+// arm starts a call's deadline, d from now, at which cancel ends it.
+func (dl *deadline) arm(d time.Duration, cancel context.CancelCauseFunc) {
+	dl.mu.Lock()
+	defer dl.mu.Unlock()
+	dl.left, dl.start, dl.cancel, dl.paused = d, time.Now(), cancel, 0
+	if dl.timer == nil {
+		dl.timer = time.AfterFunc(d, dl.fire)
+	} else {
+		dl.timer.Reset(d)
 	}
 }
 
-func (d *deadline) resume() {
-	d.start = time.Now()
-	if d.left <= 0 {
-		d.cancel(context.DeadlineExceeded)
+// fire is the timer's: it ends the armed call if its time is up. A
+// firing of the call before may run after the next call was armed (a
+// timer's function that has started is not stopped): the next call's
+// time is not up yet, so it is left alone.
+func (dl *deadline) fire() {
+	dl.mu.Lock()
+	cancel := dl.cancel
+	if dl.paused > 0 || time.Since(dl.start) < dl.left {
+		cancel = nil
+	}
+	dl.mu.Unlock()
+	if cancel != nil {
+		cancel(context.DeadlineExceeded)
+	}
+}
+
+func (dl *deadline) pause() {
+	dl.mu.Lock()
+	defer dl.mu.Unlock()
+	if dl.paused++; dl.paused == 1 {
+		dl.timer.Stop()
+		dl.left -= time.Since(dl.start)
+	}
+}
+
+func (dl *deadline) resume() {
+	dl.mu.Lock()
+	if dl.paused--; dl.paused > 0 {
+		dl.mu.Unlock()
 		return
 	}
-	d.timer.Reset(d.left)
+	dl.start = time.Now()
+	left, cancel := dl.left, dl.cancel
+	if left > 0 {
+		dl.timer.Reset(left)
+	}
+	dl.mu.Unlock()
+	if left <= 0 && cancel != nil {
+		cancel(context.DeadlineExceeded)
+	}
 }
 
-func (d *deadline) stop() { d.timer.Stop() }
+// stop disarms the deadline at the end of its call.
+func (dl *deadline) stop() {
+	dl.mu.Lock()
+	defer dl.mu.Unlock()
+	dl.timer.Stop()
+	dl.cancel, dl.paused = nil, 0
+}

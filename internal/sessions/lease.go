@@ -512,7 +512,6 @@ func (l *Lease) Done(err error) {
 // resetReason says why a lease leaves its instance unusable, or "" when
 // the instance may go on.
 func resetReason(err error, l *Lease) string {
-	var te *sandbox.TrapError
 	switch {
 	case l.inst.Err() == nil && err == nil:
 		return ""
@@ -522,10 +521,18 @@ func resetReason(err error, l *Lease) string {
 		return "timeout"
 	case errors.Is(err, context.Canceled):
 		return "cancelled"
-	case errors.As(err, &te), l.inst.Err() != nil:
+	case isTrap(err), l.inst.Err() != nil:
 		return "trap"
 	}
 	return ""
+}
+
+// isTrap reports whether err is a guest's trap. (Apart from resetReason,
+// whose every call, a call that went well included, would otherwise
+// allocate the target of errors.As.)
+func isTrap(err error) bool {
+	var te *sandbox.TrapError
+	return errors.As(err, &te)
 }
 
 func detailOf(err error, l *Lease) string {
