@@ -232,5 +232,12 @@ func FuzzCallInput(f *testing.F) {
 		if appendServletInput(nil, &p) == nil {
 			t.Fatalf("left the call of %q with arguments %s to json.Marshal", name, m)
 		}
+		for _, c := range []abi.CallContext{{ID: id, Meta: json.RawMessage(`{}`), SessionID: "s", ProtocolVersion: "2025-06-18"}, {Meta: m}, {ID: id, Cursor: "c"}} {
+			in := appendCallToolInput(nil, &p, &c)
+			if in == nil {
+				t.Fatalf("left the call of %q with arguments %s and context %+v to json.Marshal", name, m, c)
+			}
+			check(in, abi.CallToolInput{Request: p, Context: c})
+		}
 	})
 }

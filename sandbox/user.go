@@ -135,12 +135,21 @@ func (dl *deadline) fire() {
 	}
 }
 
+// pause stops the clock while the guest waits for a person. A call whose
+// time ran out as it paused (its timer's firing may be waiting for the
+// lock, and would then find the call paused) ends now, not at resume.
 func (dl *deadline) pause() {
 	dl.mu.Lock()
-	defer dl.mu.Unlock()
+	var cancel context.CancelCauseFunc
 	if dl.paused++; dl.paused == 1 {
 		dl.timer.Stop()
-		dl.left -= time.Since(dl.start)
+		if dl.left -= time.Since(dl.start); dl.left <= 0 {
+			cancel = dl.cancel
+		}
+	}
+	dl.mu.Unlock()
+	if cancel != nil {
+		cancel(context.DeadlineExceeded)
 	}
 }
 

@@ -1,0 +1,95 @@
+package sandbox
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+)
+
+// TestDeadlineReused holds an instance's reused deadline to its call: a
+// firing whose time is not up (one left over from the call before) ends
+// nothing, nor does one while the call waits for a person (pauses nest),
+// whose wait does not count; a call whose time ran out as it paused ends
+// at the pause; a disarmed deadline ends nothing.
+func TestDeadlineReused(t *testing.T) {
+	var dl deadline
+	arm := func() context.Context {
+		ctx, cancel := context.WithCancelCause(context.Background())
+		t.Cleanup(func() { cancel(nil) })
+		dl.arm(time.Hour, cancel)
+		return ctx
+	}
+	expire := func() { // as if the call had run past its timeout
+		dl.mu.Lock()
+		dl.start = dl.start.Add(-2 * time.Hour)
+		dl.mu.Unlock()
+	}
+	ended := func(ctx context.Context) bool {
+		return errors.Is(context.Cause(ctx), context.DeadlineExceeded)
+	}
+
+	ctx := arm()
+	dl.fire() // a firing of the call before
+	if ended(ctx) {
+		t.Fatal("a firing before the call's time was up ended it")
+	}
+	expire()
+	dl.fire()
+	if !ended(ctx) {
+		t.Fatal("the call's time was up and its firing did not end it")
+	}
+	dl.stop()
+
+	ctx = arm()
+	dl.pause()
+	expire()
+	dl.fire()
+	if ended(ctx) {
+		t.Fatal("a firing ended a call waiting for a person")
+	}
+	dl.resume()
+	if ended(ctx) {
+		t.Fatal("the time a call waited for a person counted")
+	}
+	expire()
+	dl.fire()
+	if !ended(ctx) {
+		t.Fatal("the call's time was up after it resumed and its firing did not end it")
+	}
+	dl.stop()
+
+	ctx = arm()
+	expire()
+	dl.pause() // its firing, if any, waits for the lock and will find it paused
+	if !ended(ctx) {
+		t.Fatal("a call whose time ran out as it paused was not ended at the pause")
+	}
+	dl.resume()
+	dl.stop()
+
+	ctx = arm()
+	dl.pause()
+	dl.pause()
+	dl.resume() // nested: still paused
+	expire()
+	dl.fire()
+	if ended(ctx) {
+		t.Fatal("a firing ended a call still paused by an outer pause")
+	}
+	dl.resume()
+	expire()
+	dl.fire()
+	if !ended(ctx) {
+		t.Fatal("the call's time was up after the outer resume and its firing did not end it")
+	}
+	dl.stop()
+
+	ctx = arm()
+	dl.stop()
+	expire()
+	dl.fire()
+	if ended(ctx) {
+		t.Fatal("a disarmed deadline ended its call")
+	}
+}
