@@ -225,7 +225,7 @@ func decodeResult(export string, out []byte) (*abi.CallToolResult, error) {
 // optionally with ,"isError":true (or false) before the last brace. It
 // reports false for any other output, valid or not, which decodeJSON
 // decodes; for the output it takes, the result is decodeJSON's, its blocks
-// the bytes of out (FuzzTextResult). json.Unmarshal took 1.5 µs of a Go
+// the bytes of out (FuzzDecodeOutput holds it to that). json.Unmarshal took 1.5 µs of a Go
 // guest's 100-byte echo, and walked it twice (its validity, then its
 // fields); this walks it once.
 func textResult(out []byte) (*abi.CallToolResult, bool) {
