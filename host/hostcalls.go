@@ -18,6 +18,7 @@ import (
 	"github.com/wasmtools/wasmtools/abi"
 	"github.com/wasmtools/wasmtools/internal/sessions"
 	"github.com/wasmtools/wasmtools/plugins"
+	"github.com/wasmtools/wasmtools/sandbox"
 )
 
 // MetaRecords is the _meta key under which a result carries the records its
@@ -189,17 +190,29 @@ func (e *callEnv) currentLease() *sessions.Lease {
 }
 
 // waitForPerson runs wait, which waits for a person (a question, a
-// sampling request), with the call's lease paused: it gives back its
-// concurrency token and may be evicted meanwhile (see sessions.Lease.Pause).
-func (e *callEnv) waitForPerson(ctx context.Context, wait func()) {
+// sampling request), with the call's deadline paused (that time does not
+// count against its timeout: sandbox.PauseDeadline) and its lease paused
+// (it gives back its concurrency token and may be evicted meanwhile: see
+// sessions.Lease.Pause). Only the wait is paused: what the host does with
+// the guest's request before and after counts, as the rest of a host
+// function does. It reports whether wait ran: not when the call's time
+// ran out as it paused, or its context was done already (no one is asked
+// for a call that has ended).
+func (e *callEnv) waitForPerson(ctx context.Context, wait func()) bool {
+	resume := sandbox.PauseDeadline(ctx)
+	defer resume()
+	if ctx.Err() != nil {
+		return false
+	}
 	l := e.currentLease()
 	if l == nil {
 		wait()
-		return
+		return true
 	}
 	l.Pause()
 	wait()
 	_ = l.Resume(ctx) // a failure ends the call: its context is done
+	return true
 }
 
 // afterCall runs once the guest returns, while the call still holds its
@@ -418,7 +431,7 @@ func (e *callEnv) createMessage(ctx context.Context, input []byte) *abi.CreateMe
 	}
 	var res *mcp.CreateMessageResult
 	var err error
-	e.waitForPerson(ctx, func() {
+	asked := e.waitForPerson(ctx, func() {
 		// Withdrawn at a drain, as an elicitation is.
 		actx, done := e.h.asks.add(ctx)
 		defer done()
@@ -427,6 +440,9 @@ func (e *callEnv) createMessage(ctx context.Context, input []byte) *abi.CreateMe
 			err = errWithdrawn
 		}
 	})
+	if !asked {
+		return &abi.CreateMessageResult{Error: "the call was cancelled"}
+	}
 	if err != nil {
 		return &abi.CreateMessageResult{Error: "sampling failed: " + err.Error()}
 	}

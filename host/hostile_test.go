@@ -636,6 +636,7 @@ func TestHostileTimeouts(t *testing.T) {
 		"loop.wasm":          testplugins.Test(t, "loop"),
 		"hostileflood.wasm":  testplugins.Test(t, "hostileflood"),
 		"hostileupdate.wasm": testplugins.Test(t, "hostileupdate"),
+		"hostilepause.wasm":  testplugins.Test(t, "hostilepause"),
 	}, nil)
 	if len(errs) > 0 {
 		t.Fatalf("load: %v", errs)
@@ -648,6 +649,11 @@ func TestHostileTimeouts(t *testing.T) {
 	}{
 		// An infinite loop that never calls the host.
 		{"spin", "", nil},
+		// create_message in a loop with 1 MiB the host takes long to
+		// read and then refuses (no messages): its reading counts
+		// against the timeout. Until stop 56 the whole function paused
+		// the deadline, and the call ran for hours.
+		{"sample_spin", "pause_ok", nil},
 		// progress: a burst of 10, then 20 a second (docs/ABI.md).
 		{"flood_progress", "flood_ok", func(t *testing.T, d time.Duration, seen floodSeen) {
 			if max := floodBound(d, 10, 20); len(seen.progress) < 1 || len(seen.progress) > max {
@@ -757,8 +763,12 @@ func TestHostileTimeouts(t *testing.T) {
 			var err error
 			var took time.Duration
 			alongside(t, f, func() {
+				// Bounded, so that a call the timeout does not stop
+				// fails the test rather than hanging it.
+				ctx, cancel := context.WithTimeout(context.Background(), timeout+60*time.Second)
+				defer cancel()
 				start := time.Now()
-				res, err = a.CallTool(context.Background(), &mcp.CallToolParams{Name: tt.tool, Arguments: map[string]any{}, Meta: mcp.Meta{"progressToken": "flood"}})
+				res, err = a.CallTool(ctx, &mcp.CallToolParams{Name: tt.tool, Arguments: map[string]any{}, Meta: mcp.Meta{"progressToken": "flood"}})
 				took = time.Since(start)
 			})
 			if err != nil {

@@ -217,6 +217,49 @@ func TestWaitingCallGivesBackItsTurn(t *testing.T) {
 	}
 }
 
+// The time a call waits for a person does not count against its timeout:
+// a person who answers after three timeouts still gets the call's result,
+// for a question (create_elicitation) and a sampling request
+// (create_message, which a client before 2026-07-28 is sent while the call
+// waits). Since stop 56 only the wait is paused (callEnv.waitForPerson);
+// the rest of a host function counts (TestHostileTimeouts' sample_spin).
+func TestPersonsWaitDoesNotCount(t *testing.T) {
+	const timeout = time.Second
+	f := newFixture(t, nil, sandbox.NewPolicy().WithCallTimeout(timeout), map[string]string{
+		"hostileask.wasm": testplugins.Test(t, "hostileask"),
+		"hyperhost.wasm":  testplugins.Test(t, "hyperhost"),
+	})
+	slowly := func(ctx context.Context) error {
+		select {
+		case <-time.After(3 * timeout): // the person takes their time
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	cs := f.connect(t, "2025-11-25", &mcp.ClientOptions{
+		ElicitationHandler: func(ctx context.Context, req *mcp.ElicitRequest) (*mcp.ElicitResult, error) {
+			if err := slowly(ctx); err != nil {
+				return nil, err
+			}
+			return accept("ann"), nil
+		},
+		CreateMessageHandler: func(ctx context.Context, r *mcp.CreateMessageRequest) (*mcp.CreateMessageResult, error) {
+			if err := slowly(ctx); err != nil {
+				return nil, err
+			}
+			return &mcp.CreateMessageResult{Role: "assistant", Model: "slow-model", Content: &mcp.TextContent{Text: "hi back"}}, nil
+		},
+	})
+	// ask_plain fails with the answer as its message.
+	if res := call(t, cs, "ask_plain", map[string]any{}); !strings.Contains(text(res), "ann") {
+		t.Errorf("a question answered after %v, with a %v timeout: %q; want the answer", 3*timeout, timeout, text(res))
+	}
+	if res := call(t, cs, "sample", nil); !strings.Contains(text(res), "slow-model") {
+		t.Errorf("a sampling request answered after %v, with a %v timeout: %q; want the answer", 3*timeout, timeout, text(res))
+	}
+}
+
 // Close honours its context: a guest that never returns does not hold it
 // for the call timeout. And it ends the watchers of the sessions still
 // open.

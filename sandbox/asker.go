@@ -35,8 +35,10 @@ type GrantRequest struct {
 // but did not give: it returns nil to grant it for this request, or an
 // error whose text the guest sees as the refusal. The sandbox knows
 // nothing of who decides or how (the host asks the person through its
-// client); it only calls the Asker, with the call's deadline paused, from
-// the goroutine running the guest. What the Asker answers is not
+// client); it only calls the Asker from the goroutine running the guest,
+// and the Asker's time counts against the call's timeout but for the time
+// it waits for a person, which it brackets with [PauseDeadline] (what it
+// answers from memory, or refuses, counts). What the Asker answers is not
 // remembered by the sandbox: an Asker that grants for longer than one
 // request remembers that itself.
 type Asker interface {
@@ -52,16 +54,12 @@ func WithAsker(ctx context.Context, a Asker) context.Context {
 	return context.WithValue(ctx, askerKey{}, a)
 }
 
-// askGrant asks the Asker in ctx for r, with the deadline of the call in
-// ctx paused; it fails when ctx carries no Asker.
+// askGrant asks the Asker in ctx for r; it fails when ctx carries no
+// Asker.
 func askGrant(ctx context.Context, r GrantRequest) error {
 	a, _ := ctx.Value(askerKey{}).(Asker)
 	if a == nil {
 		return fmt.Errorf("no one can be asked for %s", r.Target)
-	}
-	if i, _ := ctx.Value(instanceKey{}).(*Instance); i != nil && i.deadline != nil && !r.Redirect {
-		i.deadline.pause()
-		defer i.deadline.resume()
 	}
 	return a.AskGrant(ctx, r)
 }

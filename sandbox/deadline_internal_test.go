@@ -92,4 +92,42 @@ func TestDeadlineReused(t *testing.T) {
 	if ended(ctx) {
 		t.Fatal("a disarmed deadline ended its call")
 	}
+
+	// A resume that no pause matches gives the call no time back.
+	ctx = arm()
+	expire()
+	dl.resume()
+	dl.fire()
+	if !ended(ctx) {
+		t.Fatal("an unmatched resume restarted the call's clock")
+	}
+	dl.stop()
+}
+
+// TestPauseDeadline: PauseDeadline pauses the deadline of the call whose
+// context it is given, and nothing outside a call.
+func TestPauseDeadline(t *testing.T) {
+	PauseDeadline(context.Background())() // no call: nothing to pause
+	i := &Instance{}
+	i.deadline = &i.dl
+	ctx, cancel := context.WithCancelCause(context.WithValue(context.Background(), instanceKey{}, i))
+	defer cancel(nil)
+	i.dl.arm(time.Hour, cancel)
+	defer i.dl.stop()
+	resume := PauseDeadline(ctx)
+	i.dl.mu.Lock()
+	paused := i.dl.paused
+	i.dl.start = i.dl.start.Add(-2 * time.Hour) // its time runs out while paused
+	i.dl.mu.Unlock()
+	if paused != 1 {
+		t.Fatalf("paused %d times; want 1", paused)
+	}
+	i.dl.fire()
+	if ctx.Err() != nil {
+		t.Fatal("a firing ended a call paused by PauseDeadline")
+	}
+	resume()
+	if ctx.Err() != nil {
+		t.Fatal("the paused time counted")
+	}
 }

@@ -24,22 +24,13 @@ import (
 // HostFunc reports failures in its output, in the shape the function
 // documents, and an error still traps.
 //
-// Functions the guest may wait on for long, like create_elicitation, do
-// not count against the call timeout while they run.
+// A HostFunc's time counts against the call timeout, but for the time it
+// waits for a person, which it brackets with [PauseDeadline].
 type HostFunc func(ctx context.Context, name string, input []byte) ([]byte, error)
 
 // MaxHostInput bounds the JSON a guest may pass to one host function; a
 // larger block traps before the host copies it.
 const MaxHostInput = 1 << 20
-
-// blocking names the user functions that wait for a person.
-func blocking(name string) bool {
-	switch name {
-	case abi.FuncCreateElicitation, abi.FuncCreateMessage, abi.FuncListRoots, abi.FuncRequestInputs:
-		return true
-	}
-	return false
-}
 
 // instantiateUser defines module extism:host/user in rt.
 func instantiateUser(ctx context.Context, rt wazero.Runtime) error {
@@ -81,17 +72,32 @@ func instantiateUser(ctx context.Context, rt wazero.Runtime) error {
 	return err
 }
 
-// callHost runs the current call's HostFunc, pausing the call's deadline
-// while a blocking function waits.
+// callHost runs the current call's HostFunc.
 func (i *Instance) callHost(ctx context.Context, name string, input []byte) ([]byte, error) {
 	if i.host == nil {
 		return nil, fmt.Errorf("not available outside an MCP tool call")
 	}
-	if blocking(name) && i.deadline != nil {
-		i.deadline.pause()
-		defer i.deadline.resume()
-	}
 	return i.host(ctx, name, input)
+}
+
+// PauseDeadline stops the clock of the call whose HostFunc or [Asker] was
+// given ctx, while the host waits for a person (a question, a sampling
+// request): that time does not count against the call timeout. The rest
+// of a host function's work does, decoding what the guest passed
+// included: a guest that called a function in a loop with input the host
+// refuses, and that took long to read, ran for hundreds of times its
+// timeout while the whole function was paused. Pauses nest. The caller
+// runs resume once, on the guest's goroutine, before its function
+// returns. A call whose time had run out is ended as it pauses: ctx is
+// then done, and the caller asks no one.
+func PauseDeadline(ctx context.Context) (resume func()) {
+	i, _ := ctx.Value(instanceKey{}).(*Instance)
+	if i == nil || i.deadline == nil {
+		return func() {}
+	}
+	dl := i.deadline
+	dl.pause()
+	return dl.resume
 }
 
 // deadline is a call timeout that can be paused: the time a guest spends
@@ -155,6 +161,12 @@ func (dl *deadline) pause() {
 
 func (dl *deadline) resume() {
 	dl.mu.Lock()
+	if dl.paused <= 0 {
+		// Not paused (the call has ended, or a resume is unmatched): a
+		// resume must not give a call its time again.
+		dl.mu.Unlock()
+		return
+	}
 	if dl.paused--; dl.paused > 0 {
 		dl.mu.Unlock()
 		return
