@@ -157,6 +157,7 @@ func (h *Host) rounds(ctx context.Context, req roundReq, r *run) (runResult, *pa
 			return out, nil, nil
 		case q := <-r.env.questions:
 			if ans, unsupported := h.refuseQuestion(req.ss, q, r, multiRound); ans != "" {
+				r.env.refused.Add(1)
 				if unsupported && q.answer != nil {
 					q.answer <- declineWith(ans)
 				} else {
@@ -181,11 +182,13 @@ func (h *Host) rounds(ctx context.Context, req roundReq, r *run) (runResult, *pa
 				continue
 			}
 			if !req.canPark {
+				r.env.refused.Add(1)
 				q.refuse("a " + sessionlessProtocol + " client cannot be asked during a completion")
 				continue
 			}
 			parked, err := h.park(r, q)
 			if err != nil {
+				r.env.refused.Add(1)
 				q.refuse(err.Error())
 				continue
 			}
@@ -570,10 +573,24 @@ func (e *callEnv) elicit(ctx context.Context, input []byte) *abi.ElicitResult {
 	return cancelWith("the call was cancelled")
 }
 
+// maxRefused bounds the questions of one call that the goroutine serving
+// the client may refuse without asking anyone (the client lacks the
+// capability, the call asked its most, it cannot park): past it, ask
+// refuses at once.
+const maxRefused = 32
+
 // ask hands q to the goroutine serving the client and waits for its
 // answer, with the call's lease paused (see callEnv.waitForPerson); ok is
 // false when ctx ends first.
 func ask[T any](ctx context.Context, e *callEnv, q *question, answer <-chan T) (a T, ok bool) {
+	if n := e.refused.Load(); n >= maxRefused {
+		// Refused here, on the guest's time: the goroutine serving the
+		// client refuses while the call's deadline is paused, so a guest
+		// asking again and again what the client cannot be asked would
+		// spend its call in paused hand-offs.
+		q.refuse(fmt.Sprintf("this call's questions were refused %d times: it may ask no more", n))
+		return <-answer, true
+	}
 	e.waitForPerson(ctx, func() {
 		select {
 		case e.questions <- q:

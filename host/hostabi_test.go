@@ -238,6 +238,23 @@ func TestElicitationRefusals(t *testing.T) {
 	}
 }
 
+// A call's questions that the client cannot be asked are refused by the
+// goroutine serving the client, while the call's deadline is paused for
+// the wait: past maxRefused (32) of them, the rest are refused at once, on
+// the guest's time, so that a guest asking in a loop cannot spend its call
+// in paused waits.
+func TestRefusedQuestionsBounded(t *testing.T) {
+	f := pdkhostFixture(t, nil)
+	for _, proto := range protocols {
+		cs := f.connect(t, proto, nil) // offers no elicitation
+		got := strings.Split(text(call(t, cs, "ask", map[string]any{"rounds": 40})), ",")
+		if len(got) != 40 || got[31] != "decline(the client does not offer elicitation)" ||
+			!strings.HasPrefix(got[32], "cancel(this call's questions were refused 32 times") || got[39] != got[32] {
+			t.Errorf("%s: answers = %q; want 32 declined, then refused at once", proto, got)
+		}
+	}
+}
+
 // rawRound calls ask with the client's automatic retries off, returning
 // the input-required result.
 func rawRound(t *testing.T, f *fixture, opts *host.Options) (*mcp.ClientSession, *mcp.CallToolResult) {

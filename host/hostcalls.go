@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 	"unicode/utf8"
 
@@ -163,6 +164,9 @@ type callEnv struct {
 	// serving the client; nil for a call that runs inline.
 	questions chan *question
 	asked     int
+	// refused counts the questions the goroutine serving the client
+	// refused without asking anyone (ask, maxRefused).
+	refused atomic.Int32
 
 	relist bool // the guest said its tool list changed
 
