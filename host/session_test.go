@@ -224,14 +224,14 @@ func TestWaitingCallGivesBackItsTurn(t *testing.T) {
 // waits). Since stop 56 only the wait is paused (callEnv.waitForPerson);
 // the rest of a host function counts (TestHostileTimeouts' sample_spin).
 func TestPersonsWaitDoesNotCount(t *testing.T) {
-	const timeout = time.Second
+	const timeout = 2 * time.Second // the guest's own part takes milliseconds
 	f := newFixture(t, nil, sandbox.NewPolicy().WithCallTimeout(timeout), map[string]string{
 		"hostileask.wasm": testplugins.Test(t, "hostileask"),
 		"hyperhost.wasm":  testplugins.Test(t, "hyperhost"),
 	})
 	slowly := func(ctx context.Context) error {
 		select {
-		case <-time.After(3 * timeout): // the person takes their time
+		case <-time.After(3 * timeout): // the subject: a person slower than the timeout, not a wait for readiness
 			return nil
 		case <-ctx.Done():
 			return ctx.Err()
