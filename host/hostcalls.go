@@ -199,23 +199,35 @@ func (e *callEnv) currentLease() *sessions.Lease {
 // (it gives back its concurrency token and may be evicted meanwhile: see
 // sessions.Lease.Pause). Only the wait is paused: what the host does with
 // the guest's request before and after counts, as the rest of a host
-// function does. It reports whether wait ran: not when the call's time
-// ran out as it paused, or its context was done already (no one is asked
-// for a call that has ended).
+// function does, and so does the wait for a concurrency token once the
+// person answered: on a server that stays full, the call ends at its
+// deadline rather than whenever a token comes. It reports whether wait
+// ran: not when the call's time ran out as it paused, or its context was
+// done already (no one is asked for a call that has ended).
 func (e *callEnv) waitForPerson(ctx context.Context, wait func()) bool {
+	l := e.currentLease()
+	if !e.pausedFor(ctx, l, wait) {
+		return false
+	}
+	if l != nil {
+		_ = l.Resume(ctx) // a failure ends the call: its context is done
+	}
+	return true
+}
+
+// pausedFor runs wait with the call's deadline paused, and l's lease
+// (when not nil); the deadline runs again as it returns. It reports
+// whether wait ran.
+func (e *callEnv) pausedFor(ctx context.Context, l *sessions.Lease, wait func()) bool {
 	resume := sandbox.PauseDeadline(ctx)
 	defer resume()
 	if ctx.Err() != nil {
 		return false
 	}
-	l := e.currentLease()
-	if l == nil {
-		wait()
-		return true
+	if l != nil {
+		l.Pause()
 	}
-	l.Pause()
 	wait()
-	_ = l.Resume(ctx) // a failure ends the call: its context is done
 	return true
 }
 

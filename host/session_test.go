@@ -2,6 +2,9 @@ package host_test
 
 import (
 	"context"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
 	"runtime"
 	"strings"
 	"sync"
@@ -257,6 +260,84 @@ func TestPersonsWaitDoesNotCount(t *testing.T) {
 	}
 	if res := call(t, cs, "sample", nil); !strings.Contains(text(res), "slow-model") {
 		t.Errorf("a sampling request answered after %v, with a %v timeout: %q; want the answer", 3*timeout, timeout, text(res))
+	}
+}
+
+// TestTurnAfterPersonCounts: once the person answered, the call's wait
+// for a concurrency token counts against its timeout. A call whose person
+// answered while another call held the server's one slot, for longer than
+// the first call's timeout, waited for the slot however long that took
+// until stop 57, its deadline still paused.
+func TestTurnAfterPersonCounts(t *testing.T) {
+	const timeout = 2 * time.Second
+	arrived, release := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		once.Do(func() { close(arrived) })
+		select {
+		case <-release:
+		case <-r.Context().Done():
+		}
+		fmt.Fprint(w, "late")
+	}))
+	defer srv.Close()
+	var released sync.Once
+	unblock := func() { released.Do(func() { close(release) }) }
+	defer unblock() // before srv.Close, which waits for the handler
+	target := strings.TrimPrefix(srv.URL, "http://")
+	f := newFixtureWith(t, &host.Options{MaxConcurrentCalls: 1}, func(path string) plugins.Options {
+		pol := sandbox.NewPolicy().WithCallTimeout(timeout)
+		if strings.HasSuffix(path, "grants.wasm") {
+			// The call that holds the slot waits in its fetch (a host
+			// function that does not pause) until the test releases it.
+			pol = sandbox.NewPolicy().WithCallTimeout(time.Minute).WithNetwork(sandbox.Network{AllowedHosts: []string{target}, AllowPrivate: true, Timeout: time.Minute})
+		}
+		return plugins.Options{Policy: &pol}
+	}, map[string]string{
+		"hostileask.wasm": testplugins.Test(t, "hostileask"),
+		"grants.wasm":     testplugins.Test(t, "grants"),
+	})
+	asked, answer := make(chan struct{}), make(chan struct{})
+	cs := f.connect(t, "2025-11-25", &mcp.ClientOptions{
+		ElicitationHandler: func(ctx context.Context, req *mcp.ElicitRequest) (*mcp.ElicitResult, error) {
+			close(asked)
+			select {
+			case <-answer:
+				return accept("ann"), nil
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			}
+		},
+	})
+	other := f.connect(t, "2025-11-25", nil)
+	type outcome struct {
+		res *mcp.CallToolResult
+		err error
+	}
+	callAsync := func(cs *mcp.ClientSession, tool string, args any) chan outcome {
+		ch := make(chan outcome, 1)
+		go func() {
+			res, err := cs.CallTool(context.Background(), &mcp.CallToolParams{Name: tool, Arguments: args})
+			ch <- outcome{res, err}
+		}()
+		return ch
+	}
+	asking := callAsync(cs, "ask_plain", map[string]any{})
+	<-asked // the asking call gave its slot back
+	holding := callAsync(other, "fetch", map[string]any{"url": srv.URL})
+	<-arrived // the fetching call holds the slot
+	close(answer)
+	select {
+	case o := <-asking:
+		if o.err != nil || !strings.Contains(text(o.res), "timed out") {
+			t.Errorf("the answered call, with the slot held past its %v timeout: %v, %q; want it timed out", timeout, o.err, text(o.res))
+		}
+	case <-time.After(30 * time.Second):
+		t.Errorf("the answered call still waited for the slot 30 s after its person answered; its timeout is %v", timeout)
+	}
+	unblock()
+	if o := <-holding; o.err != nil || text(o.res) != "200 late" {
+		t.Errorf("the call that held the slot: %v, %v; want 200 late", o.err, o.res)
 	}
 }
 

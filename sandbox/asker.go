@@ -55,11 +55,15 @@ func WithAsker(ctx context.Context, a Asker) context.Context {
 }
 
 // askGrant asks the Asker in ctx for r; it fails when ctx carries no
-// Asker.
+// Asker. It runs on the guest's goroutine, inside a host function (a
+// request, or a redirect of one, a file opened), and ends the call there
+// if the call's context ended meanwhile (see endedMeanwhile).
 func askGrant(ctx context.Context, r GrantRequest) error {
 	a, _ := ctx.Value(askerKey{}).(Asker)
 	if a == nil {
 		return fmt.Errorf("no one can be asked for %s", r.Target)
 	}
-	return a.AskGrant(ctx, r)
+	err := a.AskGrant(ctx, r)
+	endedMeanwhile(ctx, "grant question")
+	return err
 }

@@ -63,6 +63,7 @@ func instantiateUser(ctx context.Context, rt wazero.Runtime) error {
 			if err != nil {
 				trap(&HostCallError{Func: f.Name, Reason: err.Error()})
 			}
+			endedMeanwhile(ctx, f.Name)
 			if f.Returns {
 				s[0] = inst.kernel.writeBlock(f.Name, out)
 			}
@@ -70,6 +71,19 @@ func instantiateUser(ctx context.Context, rt wazero.Runtime) error {
 	}
 	_, err := b.Instantiate(ctx)
 	return err
+}
+
+// endedMeanwhile traps if ctx, the context of the call a host function
+// (fn) serves, ended while it ran: its deadline, or the client's
+// cancellation, came as the host waited for a concurrency token after a
+// person answered, or for the answer itself. The guest would stop at its
+// next interruption check, but one that returns at once never reaches
+// one: its result would be taken for a call that had ended, and its code
+// would have run without the token the call gave back.
+func endedMeanwhile(ctx context.Context, fn string) {
+	if ctx.Err() != nil {
+		trap(&HostCallError{Func: fn, Reason: "the call ended while the host served it"})
+	}
 }
 
 // callHost runs the current call's HostFunc.
