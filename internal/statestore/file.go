@@ -421,14 +421,18 @@ func (f *File) write(ctx context.Context, id, field string, value, head []byte, 
 		return ErrTooLarge
 	}
 	err := f.do(ctx, true, func(tx *bolt.Tx) error {
+		if versioned && Epoch(fence) == f.epoch(tx) {
+			// The same write, sent again: it landed, even if another
+			// owner claimed the record since (Redis's checkResent).
+			if b, m := f.record(tx, id); b != nil && m.Version == prev+1 && bytes.Equal(b.Get(headKey), head) {
+				return errResent
+			}
+		}
 		b, m, err := f.check(tx, id, fence)
 		if err != nil {
 			return err
 		}
 		if versioned {
-			if m.Version == prev+1 && bytes.Equal(b.Get(headKey), head) {
-				return errResent
-			}
 			if m.Version != prev {
 				return errVersion
 			}

@@ -189,14 +189,18 @@ func (m *Memory) write(ctx context.Context, id, field string, value, head []byte
 		return err
 	}
 	defer m.mu.Unlock()
+	if versioned && Epoch(fence) == m.epoch {
+		// The same write, sent again: it landed, even if another owner
+		// claimed the record since (Redis's checkResent says why).
+		if r := m.record(id); r != nil && r.version == prev+1 && bytes.Equal(r.head, head) {
+			return nil
+		}
+	}
 	r, err := m.check(id, fence)
 	if err != nil {
 		return err
 	}
 	if versioned {
-		if r.version == prev+1 && bytes.Equal(r.head, head) {
-			return nil // the same write, sent again
-		}
 		if r.version != prev {
 			return errVersion
 		}

@@ -393,11 +393,17 @@ func (r *Redis) Claim(ctx context.Context, id string, owner Owner, ttl time.Dura
 // store lost its data), 4 when the record is gone (expired, evicted,
 // flushed), 0 when another owner (or none) holds the session. It reads
 // the record's version and head too, as h[4] and h[5], for
-// checkVersion: one call fewer.
-const checkFence = `
+// checkVersion: one call fewer. It is checkRecord, then checkOwner; a
+// write's script may put a test between the two (writeScript's resent).
+const checkFence = checkRecord + checkOwner
+
+const checkRecord = `
 if redis.call('GET', KEYS[3]) ~= ARGV[1] then return 3 end
 local h = redis.call('HMGET', KEYS[1], 'm:owner', 'm:epoch', 'm:n', 'm:v', 'm:head')
 if not h[2] then return 4 end
+`
+
+const checkOwner = `
 if not h[1] or h[1] == '' or h[2] ~= ARGV[1] or h[3] ~= ARGV[2] then return 0 end
 `
 
@@ -412,15 +418,17 @@ if not h[1] or h[1] == '' or h[2] ~= ARGV[1] or h[3] ~= ARGV[2] then return 0 en
 // first), so the write may have landed. A refused write out of line
 // deletes its staged value.
 //
-// writeScript makes the script from its parts: check, the body of a
-// function after checkFence's, returns a code to refuse the write with,
-// or nothing; write stores the value in line (writeInline) or out of
-// line (writeOutOfLine). Both end with the record's TTL.
-func writeScript(check, write string) *redis.Script {
+// writeScript makes the script from its parts: resent, a test between
+// checkRecord and checkOwner, returns 1 for this same write sent again
+// after it landed (a versioned write's, checkResent), or nothing; check,
+// after checkOwner, returns a code to refuse the write with, or nothing;
+// write stores the value in line (writeInline) or out of line
+// (writeOutOfLine). Both end with the record's TTL.
+func writeScript(resent, check, write string) *redis.Script {
 	return redis.NewScript(valueFuncs + `
 local values = checkValues(KEYS[1])
 local code = (function()
-` + checkFence + check + `
+` + checkRecord + resent + checkOwner + check + `
 end)()
 if code then
   if KEYS[5] then redis.call('DEL', KEYS[5]) end
@@ -465,8 +473,8 @@ if not listed then table.insert(values, KEYS[4]) end
 
 // putScripts are Put's: the field's value and the record's TTL.
 var putScripts = scriptPair{
-	inline:    writeScript("", writeInline("")),
-	outOfLine: writeScript("", writeOutOfLine("")),
+	inline:    writeScript("", "", writeInline("")),
+	outOfLine: writeScript("", "", writeOutOfLine("")),
 }
 
 // scriptPair is a write's script for a value in line and out of line.
@@ -504,16 +512,24 @@ return {1, n}
 // putVersionedScripts: a write's arguments (writeScript) and ARGV[7] the
 // version replaced, ARGV[8] the next version, ARGV[9] the head. They
 // return 5 when the record's version is not the one replaced (checkVersion
-// reads it from checkFence's h). The same
-// write resent (the client's retry after a lost reply) finds its own
-// version and head and returns 1 without writing.
+// reads it from checkFence's h). The same write resent (the client's
+// retry after a lost reply) finds its own version and head and returns 1
+// without writing (checkResent), before the owner is checked: another
+// replica may have claimed the session between the two sends, and the
+// write is in the record it read, so a refusal as fenced would have told
+// the writer that nothing of its call landed, and it ran the call again
+// (TestResentWriteAfterClaimLanded; a review, stop 57). A head is sealed
+// with a nonce of its own, so no other write has the same one.
 var putVersionedScripts = scriptPair{
-	inline:    writeScript(checkVersion, writeInline(versionFields)),
-	outOfLine: writeScript(checkVersion, writeOutOfLine(versionFields)),
+	inline:    writeScript(checkResent, checkVersion, writeInline(versionFields)),
+	outOfLine: writeScript(checkResent, checkVersion, writeOutOfLine(versionFields)),
 }
 
-const checkVersion = `
+const checkResent = `
 if h[4] == ARGV[8] and h[5] == ARGV[9] then return 1 end
+`
+
+const checkVersion = `
 if (h[4] or '0') ~= ARGV[7] then return 5 end
 `
 

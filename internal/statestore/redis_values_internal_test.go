@@ -284,3 +284,59 @@ func TestRedisStagedValueGone(t *testing.T) {
 		t.Fatalf("a write with nothing staged wrote its field: %q", rec["p"])
 	}
 }
+
+// TestResentWriteAfterClaimLanded: a versioned write whose reply was lost
+// is sent again by the client (go-redis, MaxRetries 1); when another
+// replica claimed the session between the two sends, the resend still
+// finds its own version and head and succeeds without writing, in line
+// and out of line, leaving no staged value behind. It was refused as
+// fenced, and a writer told that nothing of its call landed ran the call
+// again on a record that already held it (a review, stop 57).
+func TestResentWriteAfterClaimLanded(t *testing.T) {
+	ctx := context.Background()
+	addr := proxytest.StartRedis(t)
+	r, err := NewRedis("redis://" + addr + "/0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { r.Close() })
+	raw := redis.NewClient(&redis.Options{Addr: addr})
+	t.Cleanup(func() { raw.Close() })
+	a, b := Owner{Replica: "a", Boot: "1"}, Owner{Replica: "b", Boot: "1"}
+	for _, size := range []int{2, outOfLine + 1} {
+		id := fmt.Sprintf("s%d", size)
+		value := bytes.Repeat([]byte("v"), size)
+		ca, err := r.Claim(ctx, id, a, time.Hour, true)
+		if err != nil {
+			t.Fatal(err)
+		}
+		head := []byte("head-of-this-write")
+		if err := r.putVersioned(ctx, id, "f", value, head, ca.Fence, 0, time.Hour); err != nil {
+			t.Fatal(err)
+		}
+		cb, err := r.Claim(ctx, id, b, time.Hour, true)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := r.putVersioned(ctx, id, "f", value, head, ca.Fence, 0, time.Hour); err != nil {
+			t.Errorf("%d bytes: the resend of a write that landed, after another claim: %v; want it to succeed", size, err)
+		}
+		if rec, err := r.Get(ctx, id); err != nil || !bytes.Equal(rec["f"], value) {
+			t.Errorf("%d bytes: the record after the resend: %d bytes, %v", size, len(rec["f"]), err)
+		}
+		if keys, err := raw.Keys(ctx, "wt:{"+id+"}:s:*").Result(); err != nil || len(keys) != 0 {
+			t.Errorf("%d bytes: staged values left behind: %v %v", size, keys, err)
+		}
+		// Another write under the old fence is refused, as ever, and so
+		// is the resend once the new holder wrote.
+		if err := r.putVersioned(ctx, id, "f", []byte("x"), []byte("other head"), ca.Fence, 1, time.Hour); !errors.Is(err, ErrFenced) {
+			t.Errorf("%d bytes: a new write under the old fence: %v; want ErrFenced", size, err)
+		}
+		if err := r.putVersioned(ctx, id, "f", []byte("y"), []byte("b's head"), cb.Fence, 1, time.Hour); err != nil {
+			t.Fatal(err)
+		}
+		if err := r.putVersioned(ctx, id, "f", value, head, ca.Fence, 0, time.Hour); !errors.Is(err, ErrFenced) {
+			t.Errorf("%d bytes: the resend after the new holder wrote: %v; want ErrFenced", size, err)
+		}
+	}
+}
