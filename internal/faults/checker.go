@@ -18,6 +18,13 @@ const (
 	// CountFell: an add's "note N saved" says earlier acknowledged notes
 	// are gone, with no stateReset: a silent reset.
 	CountFell = "count-fell"
+	// Reset: a stateReset in a scenario whose fault loses nothing the
+	// store held (a replica killed, stopped, drained or restarted; the
+	// store down or frozen and back with its data): acknowledged state
+	// given up, though said. [Check] forgives what a reset says was
+	// lost; only a scenario whose fault loses the store's data may reset
+	// ([Scenario.Resets]).
+	Reset = "unwarranted-reset"
 	// Twice: a note present twice in a read, or an add's count that
 	// jumped past the notes the client had: applied twice.
 	Twice = "applied-twice"
@@ -40,7 +47,7 @@ const (
 )
 
 // Kinds lists the violation kinds in the order reports show them.
-var Kinds = []string{Lost, CountFell, Twice, Phantom, Unrecovered, SessionLost, Unexpected, Ready}
+var Kinds = []string{Lost, CountFell, Reset, Twice, Phantom, Unrecovered, SessionLost, Unexpected, Ready}
 
 // Violation is one breach of the guarantees, with the client, era,
 // operation and time.
@@ -61,6 +68,26 @@ type Stats struct {
 	FailedBy  map[string]int // failed attempts by what the client was told (see [FailureKind])
 	Recovered int            // operations that failed at first and then succeeded
 	Notices   map[string]int // "stateReset:R" and "notSaved:R" marks seen
+}
+
+// Resets returns a Reset violation for each stateReset mark in one
+// client's history, for a scenario whose fault must cost no acknowledged
+// state (a review, stop 57: Check forgives what a reset says was lost, so
+// a reset the fault did not warrant went unreported).
+func Resets(history []Op) []Violation {
+	var out []Violation
+	for _, op := range history {
+		if op.Reset == "" {
+			continue
+		}
+		what := op.Kind
+		if op.Kind == "add" {
+			what = fmt.Sprintf("add n%d", op.Note)
+		}
+		out = append(out, Violation{Kind: Reset, Client: op.Client, Era: op.Era, Op: what, At: op.End,
+			Detail: fmt.Sprintf("stateReset %q, but this fault loses nothing the store held", op.Reset)})
+	}
+	return out
 }
 
 // entry is a note the checker expects in the client's state.

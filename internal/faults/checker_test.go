@@ -130,6 +130,26 @@ func TestCheck(t *testing.T) {
 	}
 }
 
+// TestResets: in a scenario whose fault must cost nothing, every
+// stateReset is reported, on an add and on a read, though Check forgives
+// it.
+func TestResets(t *testing.T) {
+	history := h("add 1 ok note 1 saved", "list 1", "add 2 ok note 1 saved |reset", "list |reset 2", "add 3 ok note 2 saved")
+	if vs, _ := Check(history); len(vs) != 0 {
+		t.Fatalf("Check: %v; want none (the resets said so)", vs)
+	}
+	var got []string
+	for _, v := range Resets(history) {
+		got = append(got, v.Kind+" "+v.Op)
+	}
+	if diff := cmp.Diff([]string{"unwarranted-reset add n2", "unwarranted-reset list"}, got); diff != "" {
+		t.Errorf("Resets (-want +got):\n%s", diff)
+	}
+	if vs := Resets(h("add 1 ok note 1 saved", "list 1")); len(vs) != 0 {
+		t.Errorf("Resets of a history without one: %v", vs)
+	}
+}
+
 func TestCheckStats(t *testing.T) {
 	_, st := Check(h("add 1 fail", "add 1 fail", "add 1 ok note 1 saved |notsaved", "list 1", "add 2 ok note 1 saved |reset", "list 2"))
 	want := Stats{Ops: 4, Attempts: 6, Failed: 2, Recovered: 1, FailedBy: map[string]int{"rpc": 2},

@@ -21,6 +21,10 @@ type Scenario struct {
 	// Relays, Down: see [Setup].
 	Relays bool
 	Down   []int
+	// Resets: the fault may lose what the store held (its data gone or
+	// evicted), so a stateReset is allowed; in every other scenario one
+	// is a violation ([Resets]).
+	Resets bool
 	// Fault injects the fault and waits until the cluster is whole
 	// again; the runner then waits for two more rounds of every client.
 	Fault func(r *Run)
@@ -191,6 +195,9 @@ func RunScenario(t testing.TB, sc Scenario, o Options) Result {
 	for _, cl := range r.Clients {
 		vs, st := Check(cl.History())
 		res.Violations = append(res.Violations, vs...)
+		if !sc.Resets {
+			res.Violations = append(res.Violations, Resets(cl.History())...)
+		}
 		res.Stats.Ops += st.Ops
 		res.Stats.Attempts += st.Attempts
 		res.Stats.Failed += st.Failed

@@ -31,7 +31,7 @@ func Scenarios(stops int) []Scenario {
 		s = append(s, Scenario{Name: "sigstop-replica", Proxy: p, Fault: func(r *Run) { sigstop(r, stops) }})
 	}
 	s = append(s,
-		Scenario{Name: "redis-restart-empty", Proxy: HAProxy, Fault: func(r *Run) {
+		Scenario{Name: "redis-restart-empty", Proxy: HAProxy, Resets: true, Fault: func(r *Run) {
 			r.C.RedisKill()
 			r.C.RedisStart()
 			moveAfterStore(r)
@@ -48,7 +48,7 @@ func Scenarios(stops int) []Scenario {
 			r.C.RedisThaw()
 			moveAfterStore(r)
 		}},
-		Scenario{Name: "redis-evicts-values", Proxy: HAProxy, Fault: evictValues},
+		Scenario{Name: "redis-evicts-values", Proxy: HAProxy, Resets: true, Fault: evictValues},
 		Scenario{Name: "kill9-under-load", Proxy: HAProxy, Fault: func(r *Run) {
 			for _, i := range []int{0, 1} {
 				r.C.Kill(i)
