@@ -117,8 +117,12 @@ func (c *Claim) instanceMoved(fence uint64) error {
 // back: errMoved if another replica claimed it meanwhile, whether it
 // holds it still or wrote the session's state back and let it go (a
 // drain releases its claims): what this replica holds is then older than
-// the record, which the session's next claim reads (verify's rule). c.mu
-// is held.
+// the record, which the session's next claim reads (verify's rule). Else
+// it writes back the MCP record now and, as recover does, every instance
+// this replica holds (the caller writes its own after): writing back
+// only the plugin being saved left the others' acknowledged states out
+// of the record, and a replica taking the session over started them
+// afresh, silently (TestRelostWritesBackEveryHeldPlugin). c.mu is held.
 func (d *Keeper) relost(ctx context.Context, key sessions.Key, c *Claim) error {
 	cl, err := d.store.Claim(ctx, c.id, d.owner, d.ttl(), true)
 	if err != nil {
@@ -143,7 +147,11 @@ func (d *Keeper) relost(ctx context.Context, key sessions.Key, c *Claim) error {
 	clear(c.bases)
 	clear(c.baseBytes)
 	c.fence, c.dirty, c.taken = cl.Fence, false, cl.Taken
-	return d.putLocked(ctx, c, "mcp", mcpOr(c.mcp))
+	if err := d.putLocked(ctx, c, "mcp", mcpOr(c.mcp)); err != nil {
+		return err
+	}
+	d.writeBack(key, c)
+	return nil
 }
 
 // AfterCall is the checkpoint of a call that succeeded, under the

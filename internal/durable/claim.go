@@ -477,31 +477,56 @@ func (d *Keeper) recover(ctx context.Context, key sessions.Key, c *Claim, fence 
 	if err := d.putLocked(ctx, c, "mcp", mcpOr(c.mcp)); err != nil {
 		return unavailable(err)
 	}
+	d.writeBack(key, c)
+	return nil
+}
+
+// writeBack writes the states of the instances this replica holds of
+// key's session back into its record, which the store lost (recover,
+// relost), off the caller's goroutine: each waits for c.mu, which the
+// caller holds. One that fails does not stop the others; it stays marked
+// not saved (announceLost), so that the heartbeat saves it again. c.mu is
+// held.
+func (d *Keeper) writeBack(key sessions.Key, c *Claim) {
 	d.wg.Add(1)
 	go func() {
 		defer d.wg.Done()
 		rctx, cancel := context.WithTimeout(context.Background(), 10*d.timeout())
 		defer cancel()
+		failed := 0
 		err := d.ses.Instances(rctx, key, func(name string, inst *plugins.Instance, f uint64) error {
 			_, err := d.checkpoint(rctx, c, inst.Plugin(), inst, f, nil, time.Time{})
-			return err
+			if errors.Is(err, errMoved) && !errors.Is(err, errStaleInstance) {
+				return err // the session is another claim's now
+			}
+			if err != nil {
+				failed++
+			}
+			return nil
 		})
-		if err != nil {
-			d.log.Warn("state store: writing back a lost session", "session", key.String(), "error", err)
+		if err != nil || failed > 0 {
+			d.log.Warn("state store: writing back a lost session", "session", key.String(), "failed", failed, "error", err)
 		}
 	}()
-	return nil
 }
 
 // announceLost seeds, when the store lost key's record, each plugin
 // whose state was saved there and whose instance this replica no longer
 // holds as lost: its next instance starts afresh, and the client is told
-// (a reset with reason "store-lost"). c.mu is held.
+// (a reset with reason "store-lost"). Each whose instance it holds is
+// marked not saved until writeBack writes it: one the write-back misses
+// is then saved again by the heartbeat, and an eviction meanwhile says
+// its state was reset (Keeper.Saved). c.mu is held.
 func (d *Keeper) announceLost(key sessions.Key, c *Claim) error {
 	lost := map[string]sessions.Seed{}
 	for field := range c.saved {
-		if name, ok := strings.CutPrefix(field, "p/"); ok && !d.ses.Holds(key, name) {
+		name, ok := strings.CutPrefix(field, "p/")
+		switch {
+		case !ok:
+		case !d.ses.Holds(key, name):
 			lost[name] = sessions.Seed{Lost: "the state store lost this session's saved state", Reason: ReasonStoreLost}
+		case c.unsaved[name] == "":
+			c.unsaved[name] = NotSavedUnavailable
 		}
 	}
 	if len(lost) == 0 {
