@@ -401,7 +401,7 @@ func New(src *plugins.Reloader, opts *Options) *Host {
 		IdleTimeout: idle,
 		MaxParked:   h.opts.MaxParked, MaxParkedPerClient: h.opts.MaxParkedPerClient,
 		MaxHandles: h.opts.MaxHandles,
-		Saved: func(ctx context.Context, key sessions.Key, p *plugins.Plugin) (*plugins.State, string) {
+		Saved: func(ctx context.Context, key sessions.Key, p *plugins.Plugin) (*plugins.State, string, bool) {
 			return h.dur.Saved(ctx, key, p)
 		},
 		Stored: func(ctx context.Context, key sessions.Key, p *plugins.Plugin) (*plugins.State, string, uint64, bool) {

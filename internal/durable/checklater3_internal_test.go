@@ -24,7 +24,7 @@ func TestUnverifiedOutcomeUnknownThenEvictedIsNotSilent(t *testing.T) {
 	// does.
 	w.ses = sessions.New(&sessions.Options{
 		MaxInstances: 1,
-		Saved: func(ctx context.Context, key sessions.Key, p *plugins.Plugin) (*plugins.State, string) {
+		Saved: func(ctx context.Context, key sessions.Key, p *plugins.Plugin) (*plugins.State, string, bool) {
 			return w.d.Saved(ctx, key, p)
 		},
 		Stored: func(ctx context.Context, key sessions.Key, p *plugins.Plugin) (*plugins.State, string, uint64, bool) {

@@ -189,46 +189,53 @@ func (d *Keeper) AfterCall(ctx context.Context, key sessions.Key, c *Claim, l *s
 	return notSaved, nil
 }
 
-// Saved returns the state of key's instance of p as the store keeps it,
-// for an instance evicted for room: with after-call checkpoints it is
-// the state as of its last call, so the client goes on as if it had never
-// been evicted. nil when there is none (no store, another policy, a state
-// that could not be saved, or another version's), and when the instance's
-// last checkpoint failed: the store's state is older than what the client
-// was told, and the client's next result says its state was reset rather
-// than rolling it back silently.
-func (d *Keeper) Saved(ctx context.Context, key sessions.Key, p *plugins.Plugin) (*plugins.State, string) {
+// Saved is [sessions.Options.Saved]: the state of key's instance of p as
+// the store keeps it, for an instance evicted for room: with after-call
+// checkpoints it is the state as of its last call, so the client goes on
+// as if it had never been evicted. nil when there is none (no store,
+// another policy, a state that could not be saved, or another version's),
+// and when the instance's last checkpoint failed: the store's state is
+// older than what the client was told, and the client's next result says
+// its state was reset rather than rolling it back silently. known is
+// false when the store could not be asked (the breaker open, a read that
+// failed, the record gone until the claim's next check writes it back):
+// the lease fails as retryable rather than starting afresh, which the
+// next checkpoint would write over the saved state
+// (TestEvictedRestoreWithLostReadKeepsState).
+func (d *Keeper) Saved(ctx context.Context, key sessions.Key, p *plugins.Plugin) (st *plugins.State, reason string, known bool) {
 	if d == nil || d.policy != CheckpointAfterCall {
-		return nil, ""
+		return nil, "", true
 	}
 	d.mu.Lock()
 	c := d.claims[key]
 	d.mu.Unlock()
 	if c == nil {
-		return nil, ""
+		return nil, "", true
 	}
 	c.mu.Lock()
 	unsaved := c.unsaved[p.Name()] != ""
 	delete(c.unsaved, p.Name()) // said once, by this reset
 	c.mu.Unlock()
 	if unsaved {
-		return nil, ReasonNotSaved
+		return nil, ReasonNotSaved, true
 	}
 	if d.open() {
-		return nil, ""
+		return nil, "", false
 	}
 	ctx, cancel := context.WithTimeout(ctx, d.timeout())
 	defer cancel()
 	rec, err := d.store.Get(ctx, c.id)
 	if err != nil {
-		d.observe(err)
-		return nil, ""
+		if !errors.Is(err, statestore.ErrNotFound) {
+			d.observe(err)
+		}
+		return nil, "", false
 	}
 	pr, err := readPlugin(rec, p.Name())
 	if err != nil || pr.Lost != "" || pr.SHA256 != p.SHA256() {
-		return nil, ""
+		return nil, "", true
 	}
-	return &plugins.State{Host: pr.Host, SHA256: pr.SHA256, Data: pr.Data}, ""
+	return &plugins.State{Host: pr.Host, SHA256: pr.SHA256, Data: pr.Data}, "", true
 }
 
 // Stored is [sessions.Options.Stored]: p's state in key's record, read

@@ -71,7 +71,8 @@
 //     request is refused with an error matching [ErrStateUnavailable]:
 //     nothing ran, retry. An instance whose last checkpoint failed and was
 //     then evicted comes back afresh with the reason [ReasonNotSaved], never
-//     as the older stored state ([Keeper.Saved]).
+//     as the older stored state ([Keeper.Saved]); one whose saved state
+//     cannot be read now is refused, retryable, never started afresh.
 //   - At most once. The results of a plugin's last calls that carried an
 //     at-most-once key are kept in its field: at most 8, 32 KiB in all, of
 //     them at most 2 proxy resends (keys "r:…"); a result over 32 KiB is

@@ -204,7 +204,7 @@ func TestServedFromMemoryOnRetiredClaim(t *testing.T) {
 	if d.Replay(c3, "K") == nil {
 		t.Errorf("the retry of a call served from memory is not answered from its first run: it runs again")
 	}
-	if st, why := d.Saved(ctx, w.key, w.p); why != ReasonNotSaved {
+	if st, why, _ := d.Saved(ctx, w.key, w.p); why != ReasonNotSaved {
 		t.Errorf("an eviction of p now restores the store's state (%v bytes), reason %q: the not-saved count 2 rolled back silently", st != nil, why)
 	}
 }

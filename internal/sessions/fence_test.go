@@ -111,3 +111,43 @@ func TestMovedClientStartsOnlyFromTheStore(t *testing.T) {
 	}
 	l.Done(nil)
 }
+
+// An instance evicted for room whose saved state Options.Saved cannot
+// read now (known false) is not started afresh: the lease fails with
+// ErrMoved (retryable; nothing ran), the slot keeps its eviction, and the
+// next lease asks again. Before stop 57, Saved had no way to say so, and
+// a store read that failed started the plugin afresh, told "evicted",
+// its next checkpoint writing over the saved state
+// (durable's TestEvictedRestoreWithLostReadKeepsState).
+func TestEvictedClientWaitsForSaved(t *testing.T) {
+	var known atomic.Bool
+	var asked atomic.Int32
+	w := newWorld(t, sessions.Options{MaxInstances: 1, Saved: func(ctx context.Context, key sessions.Key, p *plugins.Plugin) (*plugins.State, string, bool) {
+		asked.Add(1)
+		return nil, "", known.Load()
+	}})
+	defer w.finish()
+	a, b := sessions.Client("a"), sessions.Client("b")
+	for _, k := range []sessions.Key{a, b} { // b's evicts a's
+		l, err := w.m.Acquire(w.ctx, k, w.plugin("counter"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		l.Done(nil)
+	}
+	if l, err := w.m.Acquire(w.ctx, a, w.plugin("counter")); !errors.Is(err, sessions.ErrMoved) || asked.Load() != 1 {
+		if err == nil {
+			l.Done(nil)
+		}
+		t.Fatalf("a lease after the eviction, Saved not telling: %v (asked %d times); want ErrMoved", err, asked.Load())
+	}
+	known.Store(true) // it tells: nothing saved
+	l, err := w.m.Acquire(w.ctx, a, w.plugin("counter"))
+	if err != nil || asked.Load() != 2 {
+		t.Fatalf("a lease after the eviction, Saved telling: %v (asked %d times)", err, asked.Load())
+	}
+	defer l.Done(nil)
+	if r := l.Notice().Reset; r == nil || r.Reason != sessions.ReasonEvicted {
+		t.Fatalf("the fresh start's reset: %+v, want %q", r, sessions.ReasonEvicted)
+	}
+}

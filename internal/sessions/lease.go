@@ -290,7 +290,13 @@ func (m *Manager) acquireSlot(ctx context.Context, key Key, p *plugins.Plugin) (
 		m.mu.Unlock()
 		if !seeded && evicted && m.opts.Saved != nil {
 			// The evicted instance's state may be kept elsewhere.
-			st, why := m.opts.Saved(ctx, c.key, p)
+			st, why, known := m.opts.Saved(ctx, c.key, p)
+			if !known {
+				// Not started afresh over the saved state: the slot keeps
+				// its notice, and the next lease asks again.
+				m.unreserve(p)
+				return fail(fmt.Errorf("%w: the evicted instance's saved state could not be read now", ErrMoved))
+			}
 			m.mu.Lock()
 			switch {
 			case st != nil:

@@ -153,8 +153,11 @@ type Options struct {
 	// lease, and the client is told nothing, instead of starting afresh
 	// with an "evicted" reset. With nil, a non-empty reason
 	// replaces that one as the reset's reason (the stored state is older
-	// than the instance's last call: "not-saved").
-	Saved func(ctx context.Context, key Key, p *plugins.Plugin) (st *plugins.State, reason string)
+	// than the instance's last call: "not-saved"). known is false when
+	// the caller could not ask (the store did not answer): the lease then
+	// fails with [ErrMoved], retryable, and the next one asks again; a
+	// fresh start would be checkpointed over the saved state.
+	Saved func(ctx context.Context, key Key, p *plugins.Plugin) (st *plugins.State, reason string, known bool)
 	// Stored, if set, returns p's state as the state store holds it for
 	// key's client, read now, for a plugin whose instance was dropped as
 	// moved ([ErrMoved]) with no seed since: its next instance starts

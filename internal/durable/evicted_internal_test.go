@@ -1,0 +1,70 @@
+package durable
+
+import (
+	"context"
+	"errors"
+	"testing"
+
+	"github.com/wasmtools/wasmtools/internal/sessions"
+	"github.com/wasmtools/wasmtools/plugins"
+)
+
+// An instance evicted for room whose restore cannot read the store (one
+// read with no answer) keeps its saved state: Keeper.Saved says it could
+// not ask, and the lease fails as retryable (sessions.ErrMoved, -32053),
+// as Options.Stored's does; the retry, once the store answers, restores
+// it. Before stop 57, Saved's (nil, "") for a read that failed started the
+// plugin afresh, told "evicted", and its checkpoint wrote the fresh state
+// over the saved one (a review's finding).
+func TestEvictedRestoreWithLostReadKeepsState(t *testing.T) {
+	w := newLossyWorld(t)
+	w.ses = sessions.New(&sessions.Options{
+		MaxInstances: 1,
+		Saved: func(ctx context.Context, key sessions.Key, p *plugins.Plugin) (*plugins.State, string, bool) {
+			return w.d.Saved(ctx, key, p)
+		},
+		Stored: func(ctx context.Context, key sessions.Key, p *plugins.Plugin) (*plugins.State, string, uint64, bool) {
+			return w.d.Stored(ctx, key, p)
+		},
+	})
+	t.Cleanup(func() { w.ses.Close(w.ctx) })
+	w.d = New(Options{Store: w.st, Sessions: w.ses, Replica: "a"})
+	d, ctx := w.d, w.ctx
+	c := w.claim()
+	w.callSaved(c, w.p) // 1
+	w.callSaved(c, w.p) // 2
+	w.callSaved(c, w.p) // 3, acknowledged, saved
+	// Another client's instance evicts alice's p for room.
+	lb, err := w.ses.Acquire(ctx, sessions.Client("bob"), w.q)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lb.Done(nil)
+	c2, err := d.BeforeCall(ctx, w.key)
+	if err != nil || c2 == nil {
+		t.Fatalf("claim: %v %v", c2, err)
+	}
+	w.st.loseGet.Store(true) // Saved's read of the record gets no answer
+	if l, err := w.ses.Acquire(ctx, w.key, w.p); !errors.Is(err, sessions.ErrMoved) {
+		got, reset := "", (*sessions.Reset)(nil)
+		if err == nil {
+			got, reset = w.count(l), l.Notice().Reset
+			l.Done(nil)
+		}
+		t.Fatalf("after one lost read, the lease: %v, count %s (reset %+v); want it refused as retryable (ErrMoved), not started afresh", err, got, reset)
+	}
+	// The retry, once the store answers, restores the saved 3.
+	d.downUntil.Store(0)
+	l, err := w.ses.Acquire(ctx, w.key, w.p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, reset := w.count(l), l.Notice().Reset
+	if why, err := d.AfterCall(ctx, w.key, c2, l, nil); err != nil || why != "" {
+		t.Fatalf("checkpoint: %q %v", why, err)
+	}
+	l.Done(nil)
+	if got != "4" || reset != nil {
+		t.Fatalf("the retry counts %s (reset %+v), want 4 and no reset", got, reset)
+	}
+}
