@@ -109,6 +109,10 @@ func (h *Host) accessChecked(ctx context.Context, next mcp.MethodHandler, method
 		if res, ok := cat.Resource(r.Params.URI); ok && !h.mayUse(ai, res.Plugin()) {
 			return nil, mcp.ResourceNotFoundError(r.Params.URI)
 		}
+	case *mcp.CompleteRequest:
+		if p, ok := completedPlugin(cat, r.Params); ok && !h.mayUse(ai, p) {
+			return noCompletion(), nil // as complete answers a reference it does not know
+		}
 	}
 	out, err := next(ctx, method, req)
 	if err != nil {

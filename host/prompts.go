@@ -196,29 +196,17 @@ func (h *Host) requestRounds(ctx context.Context, round roundReq, r *run) (any, 
 // complete; otherwise with no suggestions.
 func (h *Host) complete(ctx context.Context, req *mcp.CompleteRequest) (*mcp.CompleteResult, error) {
 	cat := h.Catalogue()
-	var p *plugins.Plugin
+	p, ok := completedPlugin(cat, req.Params)
+	if !ok || !p.HasExport(abi.ExportComplete) {
+		return noCompletion(), nil
+	}
 	params := *req.Params
 	params.Meta = withoutHandle(params.Meta)
-	if ref := params.Ref; ref != nil && cat != nil {
-		switch ref.Type {
-		case "ref/prompt":
-			if pr, ok := cat.Prompt(ref.Name); ok {
-				p = pr.Plugin()
-				r := *ref
-				r.Name = pr.OwnName
-				params.Ref = &r
-			}
-		case "ref/resource":
-			if t, ok := cat.ResourceTemplate(ref.URI); ok {
-				p = t.Plugin()
-			} else if r, ok := cat.Resource(ref.URI); ok {
-				p = r.Plugin()
-			}
-		}
-	}
-	empty := &mcp.CompleteResult{Completion: mcp.CompletionResultDetails{Values: []string{}}}
-	if p == nil || !p.HasExport(abi.ExportComplete) {
-		return empty, nil
+	if params.Ref.Type == "ref/prompt" { // the guest knows it by its own name
+		pr, _ := cat.Prompt(params.Ref.Name)
+		r := *params.Ref
+		r.Name = pr.OwnName
+		params.Ref = &r
 	}
 	wire, err := completeParams(&params)
 	if err != nil {
@@ -241,6 +229,30 @@ func (h *Host) complete(ctx context.Context, req *mcp.CompleteRequest) (*mcp.Com
 		res.Completion.Values = []string{}
 	}
 	return res, nil
+}
+
+// completedPlugin is the plugin serving the prompt or resource (template)
+// that a completion's reference names, if any in cat does.
+func completedPlugin(cat *plugins.Catalogue, params *mcp.CompleteParams) (*plugins.Plugin, bool) {
+	if cat == nil || params == nil || params.Ref == nil {
+		return nil, false
+	}
+	switch ref := params.Ref; ref.Type {
+	case "ref/prompt":
+		return pluginOf(cat.Prompt(ref.Name))
+	case "ref/resource":
+		if t, ok := cat.ResourceTemplate(ref.URI); ok {
+			return t.Plugin(), true
+		}
+		return pluginOf(cat.Resource(ref.URI))
+	}
+	return nil, false
+}
+
+// noCompletion is the answer to a completion no plugin serves: no
+// suggestions.
+func noCompletion() *mcp.CompleteResult {
+	return &mcp.CompleteResult{Completion: mcp.CompletionResultDetails{Values: []string{}}}
 }
 
 // completeParams is params as hyper-mcp hands them to a plugin: ref.type

@@ -490,3 +490,41 @@ func TestPluginAccessPromptsResources(t *testing.T) {
 		t.Errorf("alice's read of everything's resource: %v", err)
 	}
 }
+
+// TestPluginAccessCompletion: completion/complete follows the access
+// rules as prompts/get does. hyperstrict is alice's alone: bob's
+// completion of its prompt is answered exactly as one of a prompt that
+// does not exist, and no instance of hyperstrict is made for him (before,
+// its complete export ran on an instance of his and he got its
+// suggestions).
+func TestPluginAccessCompletion(t *testing.T) {
+	f := newFixture(t, &host.Options{PluginAccess: map[string]host.AccessRule{"hyperstrict": {Subjects: []string{"alice"}}}}, sandbox.NewPolicy(), map[string]string{
+		"hyperstrict.wasm": testplugins.Test(t, "hyperstrict"),
+		"counter.wasm":     testplugins.Example(t, "counter"),
+	})
+	url := serveGuarded(t, f, host.GuardOptions{Tokens: map[string]string{"alice": aliceToken, "bob": bobToken}})
+	ctx := context.Background()
+	complete := func(cs *mcp.ClientSession, name string) ([]string, error) {
+		res, err := cs.Complete(ctx, &mcp.CompleteParams{Ref: &mcp.CompleteReference{Type: "ref/prompt", Name: name}, Argument: mcp.CompleteParamsArgument{Name: "topic", Value: ""}})
+		if err != nil {
+			return nil, err
+		}
+		return res.Completion.Values, nil
+	}
+	bob := connectHTTP(t, url, "2025-11-25", tenantTransport{token: bobToken})
+	if bp, err := bob.ListPrompts(ctx, nil); err != nil || len(bp.Prompts) != 0 {
+		t.Fatalf("bob's prompts: %+v %v; want none (hyperstrict is alice's)", bp, err)
+	}
+	got, err := complete(bob, "strict_prompt")
+	unknown, uerr := complete(bob, "no_such_prompt")
+	if !slices.Equal(got, unknown) || (err == nil) != (uerr == nil) {
+		t.Errorf("bob's completion of alice's plugin's prompt = %v (err %v); want exactly as an unknown prompt: %v (err %v)", got, err, unknown, uerr)
+	}
+	if n := f.h.LiveInstances(); n != 0 {
+		t.Errorf("%d instances live after bob's completions; want none", n)
+	}
+	alice := connectHTTP(t, url, "2025-11-25", tenantTransport{token: aliceToken})
+	if _, err := complete(alice, "strict_prompt"); err != nil || f.h.LiveInstances() != 1 {
+		t.Errorf("alice's completion of her plugin's prompt: %v, %d instances live; want it run on one", err, f.h.LiveInstances())
+	}
+}
