@@ -151,13 +151,11 @@ func asks(p *plugins.Plugin) bool {
 // anyway (see traceMiddleware).
 func (h *Host) callTool(ctx context.Context, key sessions.Key, c *plugins.Call, env *callEnv) (*mcp.CallToolResult, error) {
 	t := c.Tool
-	if _, req := env.current(); req != nil && req.Extra != nil && req.Extra.Header != nil { // over HTTP
-		release, err := h.admitCall(subjectOf(req.Extra))
-		if err != nil {
-			return nil, toolError(t, err)
-		}
-		defer release()
+	release, err := h.admitRun(env)
+	if err != nil {
+		return nil, toolError(t, err)
 	}
+	defer release()
 	if !t.Plugin().Stateless() {
 		if _, req := env.current(); req != nil {
 			h.storeBytes.attribute(durable.StoreID(key), h.tenantOf(subjectOf(req.Extra)))
@@ -167,7 +165,6 @@ func (h *Host) callTool(ctx context.Context, key sessions.Key, c *plugins.Call, 
 		out      *abi.CallToolResult
 		notice   sessions.Notice
 		notSaved durable.NotSaved
-		err      error
 	)
 	// A contained call runs before its claim is checked, which its
 	// checkpoint does (durable.Keeper.CheckLater); one that ran on a stale

@@ -117,17 +117,19 @@ type Options struct {
 	// MaxConcurrentCalls bounds the guest calls running at once across
 	// all sessions; 0 means no bound. Further calls wait their turn.
 	MaxConcurrentCalls int
-	// MaxCallsPerSubject bounds the tool calls over HTTP one subject has
-	// in flight (parked ones included), and those of all clients without
-	// a subject together; 0 means a quarter of the smaller of MaxInstances
-	// and MaxConcurrentCalls, or no bound when neither is set. Past it a
-	// call is refused with CodeBusy (retry), so that one tenant's busy
+	// MaxCallsPerSubject bounds the calls over HTTP one subject has in
+	// flight (parked ones included), and those of all clients without a
+	// subject together; 0 means a quarter of the smaller of MaxInstances
+	// and MaxConcurrentCalls, or no bound when neither is set. A call is
+	// any request that runs a guest: tools/call, prompts/get,
+	// resources/read of a plugin's resource, completion/complete. Past it
+	// a call is refused with CodeBusy (retry), so that one tenant's busy
 	// calls never hold every instance.
 	MaxCallsPerSubject int
-	// CallsPerSecondPerSubject bounds the rate of one subject's tool
-	// calls over HTTP (and of all clients without a subject together),
-	// with a burst of as many; 0 means no bound. Past it a call is
-	// refused with CodeBusy (retry).
+	// CallsPerSecondPerSubject bounds the rate of one subject's calls
+	// over HTTP (as MaxCallsPerSubject counts them), and of all clients
+	// without a subject together, with a burst of as many; 0 means no
+	// bound. Past it a call is refused with CodeBusy (retry).
 	CallsPerSecondPerSubject float64
 	// StoreBytesPerRecord, StoreBytesPerTenant and StoreBytesTotal bound
 	// the bytes the state store holds for one session, for one subject's

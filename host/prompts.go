@@ -56,6 +56,12 @@ func (h *Host) request(ctx context.Context, key sessions.Key, p *plugins.Plugin,
 	if err != nil {
 		return err
 	}
+	// Admitted as a tool call is: it runs the guest as one does.
+	release, err := h.admitRun(env)
+	if err != nil {
+		return fmt.Errorf("plugin %q: %w", p.Name(), err)
+	}
+	defer release()
 	cl, claimErr, err := h.claimAndLease(ctx, key, p, false, func() (*plugins.Plugin, error) { return h.currentPlugin(p) })
 	if err = cmp.Or(claimErr, err); err != nil {
 		return fmt.Errorf("plugin %q: %w", p.Name(), err)
@@ -222,7 +228,7 @@ func (h *Host) complete(ctx context.Context, req *mcp.CompleteRequest) (*mcp.Com
 		return &res, err
 	})
 	if err != nil {
-		return nil, err
+		return nil, protocolError(err) // busy, state unavailable: retryable
 	}
 	res := v.(*mcp.CompleteResult)
 	if res.Completion.Values == nil {

@@ -86,7 +86,21 @@ func (h *Host) callShare() int {
 // it, the tenants whose buckets are full (idle) are forgotten.
 const maxRateTenants = 4096
 
-// admitCall counts a tool call over HTTP by subject ("" for none) against
+// admitRun admits a request that runs a guest (a tool call, prompt get,
+// resource read or completion; env is its link to its client, nil for
+// none): over HTTP, it counts against its subject's shares
+// ([Host.admitCall]), so that a subject past them is refused whichever
+// request it sends. release must be called once the request's lease is
+// done.
+func (h *Host) admitRun(env *callEnv) (release func(), err error) {
+	_, req := env.current()
+	if req == nil || req.Extra == nil || req.Extra.Header == nil { // not over HTTP
+		return func() {}, nil
+	}
+	return h.admitCall(subjectOf(req.Extra))
+}
+
+// admitCall counts a request over HTTP by subject ("" for none) against
 // its tenant's shares: the calls it has in flight ([Host.callShare]) and
 // its calls per second ([Options.CallsPerSecondPerSubject]). Past either
 // it fails with an error matching sessions.ErrBusy (CodeBusy, retry);

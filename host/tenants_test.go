@@ -295,6 +295,34 @@ func TestCallRateShares(t *testing.T) {
 	call(t, connectHTTP(t, url, "", tenantTransport{token: aliceToken}), "count", nil)
 }
 
+// TestCallRateSharesCoverRequests: the subject's call bounds count every
+// request that runs a guest, not tools/call alone: past bob's one call
+// per 100 s, his resources/read (which runs notes' guest on an instance
+// of his) is refused with CodeBusy, as his second tools/call is.
+func TestCallRateSharesCoverRequests(t *testing.T) {
+	f := newFixture(t, &host.Options{CallsPerSecondPerSubject: 0.01, Tenants: true}, sandbox.NewPolicy(), map[string]string{"notes.wasm": testplugins.Example(t, "notes")})
+	url := serveGuarded(t, f, host.GuardOptions{Tokens: map[string]string{"alice": aliceToken, "bob": bobToken}})
+	ctx := context.Background()
+	bob := connectHTTP(t, url, "2025-11-25", tenantTransport{token: bobToken})
+	call(t, bob, "note_list", map[string]any{}) // his one call this 100 s
+	if _, err := bob.CallTool(ctx, &mcp.CallToolParams{Name: "note_list", Arguments: map[string]any{}}); rpcCode(err) != host.CodeBusy {
+		t.Fatalf("bob's second tools/call: %v, want CodeBusy", err)
+	}
+	served := 0
+	for range 50 {
+		_, err := bob.ReadResource(ctx, &mcp.ReadResourceParams{URI: "notes://all"})
+		switch {
+		case err == nil:
+			served++
+		case rpcCode(err) != host.CodeBusy:
+			t.Fatalf("bob's resources/read past his share: %v, want CodeBusy", err)
+		}
+	}
+	if served > 0 {
+		t.Errorf("bob, past his share of 1 call per 100 s, had %d of 50 resources/read served (each runs notes' guest)", served)
+	}
+}
+
 // countingStore is a real store whose writes the test observes: the
 // bytes of each record's fields as last written.
 type countingStore struct {
