@@ -151,16 +151,11 @@ func asks(p *plugins.Plugin) bool {
 // anyway (see traceMiddleware).
 func (h *Host) callTool(ctx context.Context, key sessions.Key, c *plugins.Call, env *callEnv) (*mcp.CallToolResult, error) {
 	t := c.Tool
-	release, err := h.admitRun(env)
+	release, err := h.admitRun(env, key, t.Plugin())
 	if err != nil {
 		return nil, toolError(t, err)
 	}
 	defer release()
-	if !t.Plugin().Stateless() {
-		if _, req := env.current(); req != nil {
-			h.storeBytes.attribute(durable.StoreID(key), h.tenantOf(subjectOf(req.Extra)))
-		}
-	}
 	var (
 		out      *abi.CallToolResult
 		notice   sessions.Notice

@@ -9,7 +9,9 @@ import (
 
 	"golang.org/x/time/rate"
 
+	"github.com/wasmtools/wasmtools/internal/durable"
 	"github.com/wasmtools/wasmtools/internal/sessions"
+	"github.com/wasmtools/wasmtools/plugins"
 )
 
 // Per-tenant shares of the bounds the clients share (issue 26): a tenant
@@ -86,18 +88,28 @@ func (h *Host) callShare() int {
 // it, the tenants whose buckets are full (idle) are forgotten.
 const maxRateTenants = 4096
 
-// admitRun admits a request that runs a guest (a tool call, prompt get,
-// resource read or completion; env is its link to its client, nil for
-// none): over HTTP, it counts against its subject's shares
-// ([Host.admitCall]), so that a subject past them is refused whichever
-// request it sends. release must be called once the request's lease is
-// done.
-func (h *Host) admitRun(env *callEnv) (release func(), err error) {
+// admitRun admits a request that runs a guest of p on key's instance (a
+// tool call, prompt get, resource read or completion; env is its link to
+// its client, nil for none) as its client's subject's: over HTTP, it
+// counts against the subject's shares ([Host.admitCall]), so that a
+// subject past them is refused whichever request it sends; and key's
+// store record is the subject's tenant's, whichever request writes it
+// first. release must be called once the request's lease is done.
+func (h *Host) admitRun(env *callEnv, key sessions.Key, p *plugins.Plugin) (release func(), err error) {
+	release = func() {}
 	_, req := env.current()
-	if req == nil || req.Extra == nil || req.Extra.Header == nil { // not over HTTP
-		return func() {}, nil
+	if req == nil {
+		return release, nil
 	}
-	return h.admitCall(subjectOf(req.Extra))
+	if req.Extra != nil && req.Extra.Header != nil { // over HTTP
+		if release, err = h.admitCall(subjectOf(req.Extra)); err != nil {
+			return nil, err
+		}
+	}
+	if !p.Stateless() {
+		h.storeBytes.attribute(durable.StoreID(key), h.tenantOf(subjectOf(req.Extra)))
+	}
+	return release, nil
 }
 
 // admitCall counts a request over HTTP by subject ("" for none) against
@@ -168,6 +180,7 @@ type storeBudget struct {
 
 	mu      sync.Mutex
 	tenant  map[string]string               // store ID -> tenant (attribute)
+	assumed map[string]bool                 // store IDs written before any attribution: the anonymous tenant's until one comes
 	records map[string]map[string]*recBytes // tenant -> store ID -> bytes
 	held    map[string]int                  // tenant -> bytes
 	sum     int
@@ -187,7 +200,7 @@ func newStoreBudget(perRecord, perTenant, total int, tenants bool) *storeBudget 
 	}
 	return &storeBudget{
 		perRecord: cmp.Or(perRecord, DefaultStoreBytesPerRecord), perTenant: cmp.Or(perTenant, DefaultStoreBytesPerTenant), total: cmp.Or(total, DefaultStoreBytesTotal),
-		tenant: map[string]string{}, records: map[string]map[string]*recBytes{}, held: map[string]int{},
+		tenant: map[string]string{}, assumed: map[string]bool{}, records: map[string]map[string]*recBytes{}, held: map[string]int{},
 	}
 }
 
@@ -196,15 +209,33 @@ func newStoreBudget(perRecord, perTenant, total int, tenants bool) *storeBudget 
 const maxAttributed = 1 << 17
 
 // attribute says whose the record id is: the tenant of the requests that
-// write it. A record never attributed counts as the anonymous tenant's.
+// write it. A record never attributed counts as the anonymous tenant's;
+// one written before its first attribution counted as the anonymous
+// tenant's until then, and its bytes now move to tenant (a write by a
+// path that does not attribute must not pin a subject's record on the
+// anonymous clients for good).
 func (b *storeBudget) attribute(id, tenant string) {
 	if b == nil || id == "" {
 		return
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if _, ok := b.tenant[id]; !ok && len(b.tenant) < maxAttributed {
+	was, ok := b.tenant[id]
+	switch {
+	case !ok && len(b.tenant) < maxAttributed:
 		b.tenant[id] = tenant
+	case ok && b.assumed[id]:
+		delete(b.assumed, id)
+		b.tenant[id] = tenant
+		if r := b.records[was][id]; r != nil && was != tenant {
+			b.dropLocked(was, id, r)
+			if b.records[tenant] == nil {
+				b.records[tenant] = map[string]*recBytes{}
+			}
+			b.records[tenant][id] = r
+			b.held[tenant] += r.bytes
+			b.sum += r.bytes
+		}
 	}
 }
 
@@ -262,13 +293,14 @@ func (b *storeBudget) reserve(id, field string, size int, ttl time.Duration, ano
 }
 
 // recordLocked returns record id's tenant (anonymous for a record not
-// seen before), that tenant's records, pruned of lapsed ones, and the
+// seen before, until attribute says whose it is), that tenant's records, pruned of lapsed ones, and the
 // record's counts: a new one, not yet among them, when it has none.
 func (b *storeBudget) recordLocked(id, anonymous string, now time.Time) (string, map[string]*recBytes, *recBytes) {
 	tenant, ok := b.tenant[id]
 	if !ok {
 		tenant = anonymous
 		b.tenant[id] = tenant
+		b.assumed[id] = true
 	}
 	b.pruneLocked(tenant, now)
 	recs := b.records[tenant]
@@ -314,6 +346,7 @@ func (b *storeBudget) release(id string) {
 	defer b.mu.Unlock()
 	tenant := b.tenant[id]
 	delete(b.tenant, id)
+	delete(b.assumed, id)
 	if r := b.records[tenant][id]; r != nil {
 		b.dropLocked(tenant, id, r)
 	}
@@ -326,6 +359,7 @@ func (b *storeBudget) pruneLocked(tenant string, now time.Time) {
 		if now.After(r.expires) {
 			b.dropLocked(tenant, id, r)
 			delete(b.tenant, id)
+			delete(b.assumed, id)
 		}
 	}
 }

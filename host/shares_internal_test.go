@@ -33,3 +33,25 @@ func TestStoreBudgetCount(t *testing.T) {
 		t.Fatalf("after release: held %d, sum %d", b.held["alice"], b.sum)
 	}
 }
+
+// A record written before it was attributed counts as the anonymous
+// tenant's only until its attribution, which moves its bytes to its
+// tenant; a record attributed before is not moved again.
+func TestStoreBudgetAttributeLate(t *testing.T) {
+	b := newStoreBudget(100, 150, 1000, true)
+	if _, err := b.reserve("r1", "p/x", 80, time.Minute, "anon"); err != nil {
+		t.Fatal(err)
+	}
+	b.attribute("r1", "alice")
+	if b.held["anon"] != 0 || b.held["alice"] != 80 || b.sum != 80 {
+		t.Fatalf("after the late attribution: anon %d, alice %d, sum %d; want 0, 80, 80", b.held["anon"], b.held["alice"], b.sum)
+	}
+	b.attribute("r1", "bob")
+	if _, err := b.reserve("r1", "p/x", 90, time.Minute, "anon"); err != nil || b.held["alice"] != 90 || b.held["bob"] != 0 {
+		t.Fatalf("after a second attribution and a write: %v; alice %d, bob %d; want alice's 90", err, b.held["alice"], b.held["bob"])
+	}
+	b.release("r1")
+	if b.sum != 0 || len(b.held) != 0 || len(b.assumed) != 0 {
+		t.Fatalf("after release: sum %d, held %v, assumed %v", b.sum, b.held, b.assumed)
+	}
+}

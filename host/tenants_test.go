@@ -394,6 +394,36 @@ func TestStoreFairShares(t *testing.T) {
 	}
 }
 
+// TestStoreSharesAttributeRequests: a session's record counts against
+// its subject's share of the store whichever request writes it first.
+// Alice opens four sessions by client header, each read first
+// (resources/read, which writes the record) and then written (note_add):
+// only two fit her share of 120 000 bytes (about 49 000 each), and the
+// anonymous clients' pool, which has stored nothing, still takes its
+// first session (before, alice's records were charged to it).
+func TestStoreSharesAttributeRequests(t *testing.T) {
+	const shared = "shared-token-0123456789"
+	store := &countingStore{Store: statestore.NewMemory(), bytes: map[string]map[string]int{}}
+	f := newFixture(t, &host.Options{Store: store, StateKey: replicaKey, StoreBytesPerTenant: 120_000, Tenants: true, ClientKeyHeader: "X-Client"}, sandbox.NewPolicy(), map[string]string{"notes.wasm": testplugins.Example(t, "notes")})
+	url := serveGuarded(t, f, host.GuardOptions{Token: shared, Tokens: map[string]string{"alice": aliceToken, "bob": bobToken}})
+	ctx := context.Background()
+	for i := range 4 {
+		alice := connectHTTP(t, url, "", tenantTransport{aliceToken, "X-Client", fmt.Sprintf("alice-%d", i)})
+		if _, err := alice.ReadResource(ctx, &mcp.ReadResourceParams{URI: "notes://all"}); err != nil {
+			t.Fatal(err)
+		}
+		call(t, alice, "note_add", map[string]any{"text": "hello"})
+	}
+	if n := len(store.sizes("p/notes")); n > 2 {
+		t.Errorf("alice's 4 sessions: %d saved, want at most the 2 her share of 120000 bytes holds (sizes %v)", n, store.sizes("p/notes"))
+	}
+	anon := connectHTTP(t, url, "", tenantTransport{shared, "X-Client", "anon"})
+	before := len(store.sizes("p/notes"))
+	if res := call(t, anon, "note_add", map[string]any{"text": "hello"}); len(store.sizes("p/notes")) == before {
+		t.Errorf("the anonymous pool's first session, with nothing stored, was not saved: %s %v", text(res), res.Meta)
+	}
+}
+
 // TestURLElicitationCompletions: a guest looping on
 // notify_url_elicitation_completed, 1000 times with the ID its URL
 // elicitation issued and 1000 with IDs it never issued, gets exactly one
