@@ -7,6 +7,7 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
+	"github.com/yosida95/uritemplate/v3"
 
 	"github.com/wasmtools/wasmtools/plugins"
 )
@@ -113,6 +114,18 @@ func (h *Host) accessChecked(ctx context.Context, next mcp.MethodHandler, method
 		if p, ok := completedPlugin(cat, r.Params); ok && !h.mayUse(ai, p) {
 			return noCompletion(), nil // as complete answers a reference it does not know
 		}
+	case *mcp.SubscribeRequest:
+		if r.Params != nil && !h.mayWatch(ai, cat, r.Params.URI) {
+			return nil, mcp.ResourceNotFoundError(r.Params.URI)
+		}
+		h.watching(r.Session, ai)
+	case *mcp.SubscriptionsListenRequest:
+		// A 2026-07-28 client's subscriptions: those it may not have are
+		// left out of what the server acknowledges.
+		if n := r.Params; n != nil && n.Notifications != nil && len(n.Notifications.ResourceSubscriptions) > 0 {
+			n.Notifications.ResourceSubscriptions = slices.DeleteFunc(slices.Clone(n.Notifications.ResourceSubscriptions), func(uri string) bool { return !h.mayWatch(ai, cat, uri) })
+			h.watching(r.Session, ai)
+		}
 	}
 	out, err := next(ctx, method, req)
 	if err != nil {
@@ -132,6 +145,67 @@ func (h *Host) accessChecked(ctx context.Context, next mcp.MethodHandler, method
 		})
 	}
 	return out, err
+}
+
+// mayWatch reports whether the request may subscribe to uri, and be told
+// it changed: uri is a resource of a plugin in cat, or matches one's
+// resource template, and the request may use every plugin it is one of.
+// A URI no plugin serves is refused too, so that a subscription refused
+// by the rules cannot be told from one to a URI that does not exist.
+func (h *Host) mayWatch(ai *authInfo, cat *plugins.Catalogue, uri string) bool {
+	owned := false
+	if r, ok := cat.Resource(uri); ok {
+		if !h.mayUse(ai, r.Plugin()) {
+			return false
+		}
+		owned = true
+	}
+	for _, p := range cat.Plugins() {
+		for _, rt := range p.ResourceTemplates() {
+			if t, err := uritemplate.New(rt.URITemplate); err == nil && t.Regexp().MatchString(uri) {
+				if !h.mayUse(ai, p) {
+					return false
+				}
+				owned = true
+			}
+		}
+	}
+	return owned
+}
+
+// watching keeps the token of ss's subscriptions (ai) until ss ends, for
+// watchFilter. A session's subject is its first request's (the go-sdk
+// refuses a request of another subject on it).
+func (h *Host) watching(ss *mcp.ServerSession, ai *authInfo) {
+	if _, had := h.watchers.Swap(ss, ai); had || !h.track() {
+		return
+	}
+	go func() {
+		defer h.wg.Done()
+		_ = ss.Wait()
+		h.watchers.Delete(ss)
+	}()
+}
+
+// watchFilter sends a resource update only to sessions that may use the
+// plugins serving its URI (mayWatch), as the catalogue is now: the go-sdk
+// tells every session subscribed to the URI, and a reload may have given
+// it to a plugin the session's subject may not use.
+func (h *Host) watchFilter(next mcp.MethodHandler) mcp.MethodHandler {
+	return func(ctx context.Context, method string, req mcp.Request) (mcp.Result, error) {
+		if method != "notifications/resources/updated" || len(h.opts.PluginAccess) == 0 {
+			return next(ctx, method, req)
+		}
+		params, _ := req.GetParams().(*mcp.ResourceUpdatedNotificationParams)
+		ai := &authInfo{} // a session that never subscribed here: a client without a subject
+		if v, ok := h.watchers.Load(req.GetSession()); ok {
+			ai = v.(*authInfo)
+		}
+		if cat := h.Catalogue(); params == nil || cat == nil || !h.mayWatch(ai, cat, params.URI) {
+			return nil, nil
+		}
+		return next(ctx, method, req)
+	}
 }
 
 // pluginOf is the plugin of a catalogue entry, as a lookup returns it.

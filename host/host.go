@@ -325,6 +325,10 @@ type Host struct {
 	rootsMu      sync.Mutex
 	rootsPending map[rootsDelivery]bool
 
+	// watchers holds the token of each session's resource
+	// subscriptions, until the session ends (access.go).
+	watchers sync.Map // *mcp.ServerSession -> *authInfo
+
 	mu         sync.Mutex
 	catalogue  *plugins.Catalogue // what is registered on server
 	registered *plugins.Catalogue // catalogue once its tools are registered
@@ -472,7 +476,9 @@ func (h *Host) newServer(name, version string) *mcp.Server {
 			return h.complete(ctx, req)
 		},
 		// The SDK keeps the subscriptions; plugins say what changed with
-		// notify_resource_updated.
+		// notify_resource_updated. With access rules, accessMiddleware
+		// refuses what a subject may not watch, and watchFilter drops
+		// what it may no longer.
 		SubscribeHandler:   func(context.Context, *mcp.SubscribeRequest) error { return nil },
 		UnsubscribeHandler: func(context.Context, *mcp.UnsubscribeRequest) error { return nil },
 		RootsListChangedHandler: func(_ context.Context, req *mcp.RootsListChangedRequest) {
@@ -495,6 +501,7 @@ func (h *Host) newServer(name, version string) *mcp.Server {
 	// so this one is outermost and its span covers the rest.
 	s.AddReceivingMiddleware(h.traceMiddleware)
 	s.AddSendingMiddleware(traceSending)
+	s.AddSendingMiddleware(h.watchFilter)
 	h.addTaskMethods(s)
 	return s
 }

@@ -586,3 +586,45 @@ func TestPluginAccessCompletion(t *testing.T) {
 		t.Errorf("alice's completion of her plugin's prompt: %v, %d instances live; want it run on one", err, f.h.LiveInstances())
 	}
 }
+
+// TestPluginAccessSubscriptions: resources/subscribe follows the access
+// rules. hostileupdate is alice's alone: bob's subscription to one of its
+// URIs is refused exactly as one to a URI no plugin serves, and alice's
+// calls that change it tell him nothing (before, he was told each time).
+func TestPluginAccessSubscriptions(t *testing.T) {
+	f := newFixture(t, &host.Options{PluginAccess: map[string]host.AccessRule{"hostileupdate": {Subjects: []string{"alice"}}}}, sandbox.NewPolicy(), map[string]string{
+		"hostileupdate.wasm": testplugins.Test(t, "hostileupdate"),
+		"counter.wasm":       testplugins.Example(t, "counter"),
+	})
+	url := serveGuarded(t, f, host.GuardOptions{Tokens: map[string]string{"alice": aliceToken, "bob": bobToken}})
+	ctx := context.Background()
+	var mu sync.Mutex
+	var got []string
+	bob := connectHTTPEra(t, url, "2025-11-25", &mcp.ClientOptions{
+		ResourceUpdatedHandler: func(_ context.Context, r *mcp.ResourceUpdatedNotificationRequest) {
+			mu.Lock()
+			got = append(got, r.Params.URI)
+			mu.Unlock()
+		},
+	}, tenantTransport{token: bobToken})
+	if bt, err := bob.ListResourceTemplates(ctx, nil); err != nil || len(bt.ResourceTemplates) != 0 {
+		t.Fatalf("bob's resource templates: %+v %v; want none", bt, err)
+	}
+	refused := bob.Subscribe(ctx, &mcp.SubscribeParams{URI: "flood://item/1"})
+	unknown := bob.Subscribe(ctx, &mcp.SubscribeParams{URI: "nosuch://item/1"})
+	if refused == nil || unknown == nil || rpcCode(refused) != rpcCode(unknown) {
+		t.Errorf("bob's subscription to alice's plugin's resource: %v; want as to an unknown one: %v", refused, unknown)
+	}
+	alice := connectHTTP(t, url, "2025-11-25", tenantTransport{token: aliceToken})
+	call(t, alice, "update_burst", map[string]any{})
+	// A ping of bob's session is answered after everything sent to it
+	// before: updates still on their way are counted too.
+	if err := bob.Ping(ctx, nil); err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(got) > 0 {
+		t.Errorf("bob, who may not use hostileupdate, was told %d times that its resource %q changed (alice's calls)", len(got), got[0])
+	}
+}
