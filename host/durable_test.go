@@ -87,6 +87,15 @@ func TestNotSavedIsMarked(t *testing.T) {
 	if res.IsError || !ok || m["reason"] != "store-unavailable" {
 		t.Fatalf("a call with the store gone: meta %v, %s; want notSaved store-unavailable", res.Meta, text(res))
 	}
+	// A resource read runs the guest too, and says the same (it said
+	// nothing until stop 57).
+	rr, err := cs.ReadResource(context.Background(), &mcp.ReadResourceParams{URI: "notes://all"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m, ok := rr.Meta[host.MetaNotSaved].(map[string]any); !ok || m["reason"] != "store-unavailable" {
+		t.Errorf("a resource read with the store gone: meta %v; want notSaved store-unavailable", rr.Meta)
+	}
 }
 
 // A 2025-11-25 client whose replica died while a call's stream was open

@@ -77,15 +77,18 @@ func (h *Host) request(ctx context.Context, key sessions.Key, p *plugins.Plugin,
 		env.afterCall(l) // a list change the guest announced
 	}
 	env.attach(nil)
+	notSaved := cl.notSaved
 	if runErr == nil && h.dur != nil {
 		// A prompt or resource may change the guest's state too.
 		if cl.memory != nil {
 			h.dur.ServedFromMemory(key, cl.memory, l.Plugin().Name(), nil)
 		}
-		if _, cerr := h.dur.AfterCall(ctx, key, claim, l, nil); cerr != nil {
+		why, cerr := h.dur.AfterCall(ctx, key, claim, l, nil)
+		if cerr != nil {
 			l.Done(sessions.ErrMoved)
 			return fmt.Errorf("plugin %q: %w", p.Name(), cerr)
 		}
+		notSaved = cmp.Or(why, notSaved)
 	}
 	l.Done(runErr)
 	if runErr != nil {
@@ -100,6 +103,23 @@ func (h *Host) request(ctx context.Context, key sessions.Key, p *plugins.Plugin,
 	}
 	if err := json.Unmarshal(result, out); err != nil {
 		return fmt.Errorf("plugin %q: %s returned a result that is not valid MCP: %w", p.Name(), export, err)
+	}
+	if notSaved != "" {
+		// Said as a tool call's result says it (shapeResult): a prompt,
+		// resource or completion may change the state too, and its
+		// client is owed the same warning (a review, stop 57).
+		if r, ok := out.(interface {
+			GetMeta() map[string]any
+			SetMeta(map[string]any)
+		}); ok {
+			meta := r.GetMeta()
+			if meta == nil {
+				meta = map[string]any{}
+			}
+			meta[MetaNotSaved] = map[string]any{"reason": string(notSaved)}
+			r.SetMeta(meta)
+			h.metrics.notSaved.WithLabelValues(string(notSaved)).Inc()
+		}
 	}
 	return nil
 }
