@@ -248,7 +248,7 @@ func (s *taskStore) add(owner string, size int, cancel context.CancelFunc) (*tas
 		if over == nil {
 			break
 		}
-		if !s.dropOldestFinishedLocked(owner) {
+		if !s.dropOldestFinishedLocked(owner, nil) {
 			return nil, over
 		}
 	}
@@ -268,6 +268,37 @@ func (s *taskStore) add(owner string, size int, cancel context.CancelFunc) (*tas
 	return t, nil
 }
 
+// finishedLocked counts t, just finished, as holding its result or error
+// (held): a result is bounded by the result cap alone, and was never
+// checked against the task bounds, which add checks only for the
+// arguments. Past a bound, t's owner's oldest finished tasks are
+// forgotten, t spared, as add would forget them for a new task (a
+// review, stop 57: a client's results were held past its bound until
+// its next task). s.mu is held.
+func (s *taskStore) finishedLocked(t *task, held int) {
+	if s.tasks[t.id] != t {
+		return
+	}
+	s.resizeLocked(t, held)
+	for s.overLocked(t.owner) && s.dropOldestFinishedLocked(t.owner, t) {
+	}
+}
+
+// overLocked reports whether owner's tasks, its pool's or the server's
+// hold more bytes than they may. s.mu is held.
+func (s *taskStore) overLocked(owner string) bool {
+	max := s.h.maxTaskBytesPerClient()
+	if u := s.owners[owner]; u != nil && u.bytes > max {
+		return true
+	}
+	if pool := s.poolOf(owner); pool == anonymousPool {
+		if pu := s.pools[pool]; pu != nil && pu.bytes > 2*max {
+			return true
+		}
+	}
+	return s.bytes > taskBytesTotal
+}
+
 // resizeLocked sets what t holds to size bytes. s.mu is held.
 func (s *taskStore) resizeLocked(t *task, size int) {
 	if u := s.owners[t.owner]; u != nil {
@@ -280,12 +311,12 @@ func (s *taskStore) resizeLocked(t *task, size int) {
 	t.bytes = size
 }
 
-// dropOldestFinishedLocked forgets owner's oldest finished task, and
-// reports whether there was one. s.mu is held.
-func (s *taskStore) dropOldestFinishedLocked(owner string) bool {
+// dropOldestFinishedLocked forgets owner's oldest finished task but
+// spare (nil: none), and reports whether there was one. s.mu is held.
+func (s *taskStore) dropOldestFinishedLocked(owner string, spare *task) bool {
 	var oldest *task
 	for _, t := range s.tasks {
-		if t.owner == owner && terminal(t.status) && (oldest == nil || t.created.Before(oldest.created)) {
+		if t.owner == owner && t != spare && terminal(t.status) && (oldest == nil || t.created.Before(oldest.created)) {
 			oldest = t
 		}
 	}
@@ -545,9 +576,7 @@ func (h *Host) driveTask(ctx context.Context, next mcp.MethodHandler, t *task, r
 		if t.err != nil {
 			held, _ = json.Marshal(t.err)
 		}
-		if s.tasks[t.id] == t {
-			s.resizeLocked(t, len(held))
-		}
+		s.finishedLocked(t, len(held))
 		s.mu.Unlock()
 		h.log.Info("task ended", "task", t.id, "status", t.status)
 		return
@@ -583,9 +612,7 @@ func (h *Host) awaitInput(ctx context.Context, t *task) bool {
 				t.status, t.inputs, t.updated = taskFailed, nil, time.Now()
 				t.err = &jsonrpc.Error{Code: jsonrpc.CodeInternalError, Message: fmt.Sprintf("abandoned: its questions were not answered within %v", abandon)}
 				held, _ := json.Marshal(t.err)
-				if s.tasks[t.id] == t {
-					s.resizeLocked(t, len(held))
-				}
+				s.finishedLocked(t, len(held))
 				s.notifyLocked(t)
 			}
 			s.mu.Unlock()

@@ -427,3 +427,24 @@ func TestTaskBytes(t *testing.T) {
 	}
 	startTask(t, url, "confirm_delete", map[string]any{"filename": "f", "padding": big})
 }
+
+// A finished task's result counts against the client's bytes as it
+// finishes: past the bound, the client's oldest finished task is
+// forgotten then, not only when the client starts another task. Each
+// label of 10,000 quotes is about 20 KB of arguments and 40 KB of result
+// (slow_compute quotes it with %q): the second task is let in, and its
+// result then puts the client over its 64 KiB. Before stop 57 both
+// results were held until the client's next task.
+func TestTaskResultBytes(t *testing.T) {
+	f := newFixture(t, &host.Options{MaxTaskBytesPerClient: 64 << 10}, sandbox.NewPolicy(), map[string]string{"everything.wasm": testplugins.Example(t, "everything")})
+	url := serveHTTP(t, f)
+	cs := tasksClient(t, url, true)
+	label := strings.Repeat(`"`, 10000)
+	first := startTask(t, url, "slow_compute", map[string]any{"seconds": 0, "label": label})
+	waitStatus(t, f, cs, first, "completed")
+	second := startTask(t, url, "slow_compute", map[string]any{"seconds": 0, "label": label})
+	waitStatus(t, f, cs, second, "completed")
+	if got, err := taskCall(t, cs, "tasks/get", &taskParams{TaskID: first}); err == nil {
+		t.Errorf("the first task, with two results of 40 KB held against 64 KiB: %s; want it forgotten", got.Status)
+	}
+}
