@@ -200,6 +200,32 @@ func TestHandleFairShares(t *testing.T) {
 	}
 }
 
+// TestUnreturnedHandleFairShares: alice's first call mints a handle
+// (count 1); before she passes it back, bob makes 70 calls that never
+// pass theirs back, past sessions.DefaultMaxUnreturned. Her next call
+// with her handle counts 2: each tenant's unreturned handles are bounded
+// apart, so bob's one-shot handles cost bob's instances, never her state
+// (review: the oldest across all tenants were freed, hers first).
+func TestUnreturnedHandleFairShares(t *testing.T) {
+	f := newFixture(t, &host.Options{Tenants: true}, sandbox.NewPolicy(), map[string]string{"counter.wasm": testplugins.Example(t, "counter")})
+	url := serveGuarded(t, f, host.GuardOptions{Tokens: map[string]string{"alice": aliceToken, "bob": bobToken}})
+	alice := connectHTTP(t, url, "", tenantTransport{token: aliceToken})
+	alice.ListTools(context.Background(), nil) // the client mirrors the handle into its header once it knows the schema
+	first := countWith(t, alice, "")
+	h := handleOf(first)
+	if firstText(first) != "1" || h == "" {
+		t.Fatalf("alice's first call: %q, handle %q", text(first), h)
+	}
+	bob := connectHTTP(t, url, "", tenantTransport{token: bobToken})
+	bob.ListTools(context.Background(), nil)
+	for range 70 {
+		countWith(t, bob, "")
+	}
+	if res := countWith(t, alice, h); res.IsError || firstText(res) != "2" {
+		t.Errorf("alice's second call with her handle after bob's 70 one-shot calls: count %q (meta %v); want 2", firstText(res), res.Meta)
+	}
+}
+
 // TestParkedFairShares: with MaxParked 8 (a share of 2 each), bob and
 // the anonymous clients each leave 6 calls parked at a question; alice's
 // calls still park, and she finishes hers.

@@ -136,10 +136,10 @@ type Options struct {
 	MaxHandles int
 	// MaxUnreturned bounds the handle clients whose handle was never
 	// passed back (minted by one call, not used since) that keep their
-	// instances; 0 means [DefaultMaxUnreturned]. Past it, the oldest
-	// ones' idle instances are freed, well before MaxHandles: a client
-	// that ignores handles mints one per call, and an instance is cheap
-	// to make again. Their handles stay open: one passed back later gets
+	// instances, in each group ([Manager.OpenIn]) apart; 0 means
+	// [DefaultMaxUnreturned]. Past it, the group's oldest ones' idle
+	// instances are freed, well before MaxHandles: a client that ignores
+	// handles mints one per call, and an instance is cheap to make again. Their handles stay open: one passed back later gets
 	// a fresh instance (or its saved state), with the reset said
 	// (ReasonEvicted).
 	MaxUnreturned int
@@ -346,7 +346,9 @@ func (m *Manager) Open(key Key) error { return m.OpenIn(key, "", 0) }
 // never another group's, and a group may hold at most share open
 // handles (0: no share of its own, only MaxHandles); past its share it
 // ends one of its own, and with none idle it fails with [ErrAtCapacity].
-// Group "" is Open's: its victims may be anyone's.
+// Group "" is Open's: its victims may be anyone's. Each group's handles
+// never passed back are bounded apart ([Options.MaxUnreturned]), group
+// "" being one more group.
 func (m *Manager) OpenIn(key Key, group string, share int) error {
 	m.mu.Lock()
 	if m.closed {
@@ -405,7 +407,7 @@ func (m *Manager) OpenIn(key Key, group string, share int) error {
 	}
 	m.newClientLocked(key).group = group
 	if key.kind == KindHandle {
-		m.reclaimUnreturnedLocked()
+		m.reclaimUnreturnedLocked(group)
 	}
 	m.mu.Unlock()
 	if victim != nil {

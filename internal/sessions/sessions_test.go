@@ -209,7 +209,7 @@ func (h *holder) send(c string) {
 // step runs one random operation.
 func (w *world) step(r *rand.Rand, op byte) {
 	keys := []sessions.Key{sessions.Client("a"), sessions.Client("b"), sessions.Client("c"), sessions.Conn(&w.nextID, "conn"),
-		sessions.Handle("h1", "h1"), sessions.Handle("h2", "h2")}
+		sessions.Handle("h1", "h1"), sessions.Handle("h2", "h2"), sessions.Handle("h3", "h3"), sessions.Handle("h4", "h4")}
 	key := keys[r.IntN(len(keys))]
 	name := []string{"counter", "pool"}[r.IntN(2)]
 	switch op % 10 {
@@ -271,9 +271,10 @@ func (w *world) step(r *rand.Rand, op byte) {
 		}
 		old, next := w.version(name, stateless)
 		w.m.Retire(old, next)
-	case 8: // a client ends, or a handle is opened (evicting another past the bound)
+	case 8: // a client ends, or a handle is opened in its group (evicting another past the bound)
 		if r.IntN(2) == 0 {
-			w.m.Open(keys[4+r.IntN(2)])
+			i := r.IntN(4)
+			w.m.OpenIn(keys[4+i], []string{"t1", "t1", "t1", "t2"}[i], 0) // a key's group is always the same
 			return
 		}
 		ctx, cancel := context.WithTimeout(w.ctx, time.Duration(r.IntN(20))*time.Millisecond)
@@ -327,12 +328,13 @@ func runOps(t testing.TB, opts sessions.Options, seed uint64, ops []byte) {
 
 // limited is a manager small enough that limits, eviction and parking
 // limits are reached often.
-var limited = sessions.Options{MaxInstances: 3, MaxInstancesPerPlugin: 2, MemoryBudget: 4 * sandbox.DefaultMemoryLimit, MaxConcurrentCalls: 2, PoolSize: 1, QueueLimit: 2, MaxParked: 3, MaxParkedPerClient: 1, IdleTimeout: 5 * time.Millisecond, MaxHandles: 1}
+var limited = sessions.Options{MaxInstances: 3, MaxInstancesPerPlugin: 2, MemoryBudget: 4 * sandbox.DefaultMemoryLimit, MaxConcurrentCalls: 2, PoolSize: 1, QueueLimit: 2, MaxParked: 3, MaxParkedPerClient: 1, IdleTimeout: 5 * time.Millisecond, MaxHandles: 3, MaxUnreturned: 1}
 
 // TestLeaseInvariants runs random sequences of acquire, call, done, trap,
 // pause, park, answer, abandon (by timer), evict (by limits), retire,
-// client end and close, and checks that reservations balance, that no
-// instance is closed under a lease, and that no goroutine leaks.
+// client end, handle open in a group (with its evictions) and close, and
+// checks that reservations balance, that no instance is closed under a
+// lease, and that no goroutine leaks.
 func TestLeaseInvariants(t *testing.T) {
 	before := goroutines()
 	n := 60
@@ -680,6 +682,52 @@ func TestFreshHandleNotEvictedFirst(t *testing.T) {
 	l, err := w.m.Acquire(w.ctx, fresh, counter)
 	if err != nil {
 		t.Fatalf("the fresh handle was evicted: %v", err)
+	}
+	l.Done(nil)
+}
+
+// TestUnreturnedPerGroup: with MaxUnreturned 2, group b opens five
+// handles, each used once; a's handle, used once and older than all of
+// them, keeps its instance (each group's unreturned handles are bounded
+// apart), and b's oldest lose theirs.
+func TestUnreturnedPerGroup(t *testing.T) {
+	w := newWorld(t, sessions.Options{MaxUnreturned: 2})
+	defer w.finish()
+	counter := w.plugin("counter")
+	once := func(k sessions.Key, group string) *plugins.Instance {
+		t.Helper()
+		if err := w.m.OpenIn(k, group, 0); err != nil {
+			t.Fatal(err)
+		}
+		l, err := w.m.Acquire(w.ctx, k, counter)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer l.Done(nil)
+		return l.Instance()
+	}
+	alice := sessions.Handle("a", "a")
+	inst := once(alice, "a")
+	var bobs []sessions.Key
+	for i := range 5 {
+		k := sessions.Handle(fmt.Sprint("b", i), fmt.Sprint("b", i))
+		bobs = append(bobs, k)
+		once(k, "b")
+	}
+	l, err := w.m.Acquire(w.ctx, alice, counter)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l.Instance() != inst || l.Notice().Reset != nil {
+		t.Errorf("a's handle after b's five one-shot handles: another instance (reset %+v); want its own", l.Notice().Reset)
+	}
+	l.Done(nil)
+	l, err = w.m.Acquire(w.ctx, bobs[0], counter)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := l.Notice().Reset; r == nil || r.Reason != sessions.ReasonEvicted {
+		t.Errorf("b's oldest unreturned handle: reset %+v; want its instance freed (evicted)", r)
 	}
 	l.Done(nil)
 }

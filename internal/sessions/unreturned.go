@@ -16,17 +16,19 @@ func (m *Manager) maxUnreturned() int {
 }
 
 // reclaimUnreturnedLocked frees the idle instances of the oldest handle
-// clients whose handle never came back (one request, no lease), past
-// Options.MaxUnreturned of them holding instances. The clients stay open.
-// Slots are only try-locked, so this never waits. The caller holds m.mu.
-func (m *Manager) reclaimUnreturnedLocked() {
+// clients of group whose handle never came back (one request, no lease),
+// past Options.MaxUnreturned of them holding instances. The bound is each
+// group's own: another group's one-shot handles never cost this group's
+// instances. The clients stay open. Slots are only try-locked, so this
+// never waits. The caller holds m.mu.
+func (m *Manager) reclaimUnreturnedLocked(group string) {
 	type held struct {
 		c    *client
 		used time.Time
 	}
 	var once []held
 	for _, c := range m.clients {
-		if c.key.kind != KindHandle || c.closed || c.leases > 0 || c.requests != 1 {
+		if c.key.kind != KindHandle || c.group != group || c.closed || c.leases > 0 || c.requests != 1 {
 			continue
 		}
 		for _, sl := range c.slots {
