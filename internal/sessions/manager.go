@@ -174,6 +174,12 @@ type Options struct {
 	// gone must not reset a state the store holds), with no reset when
 	// there is one. For a store written after every call.
 	StoredAfterCancel bool
+	// Ended, if set, is called with a client's key once the client has
+	// ended: by End (also for a key with no client), the idle timeout,
+	// eviction past MaxHandles, or Close. What the caller keeps per
+	// client goes with it here, whoever ended the client. It is called
+	// without the manager's lock, and must not block.
+	Ended func(key Key)
 }
 
 // Observer is told of instance events. Its methods must not block.
@@ -442,6 +448,15 @@ func (m *Manager) End(ctx context.Context, key Key) {
 	m.mu.Unlock()
 	if c != nil {
 		m.endClient(ctx, c)
+	} else {
+		m.ended(key)
+	}
+}
+
+// ended tells Options.Ended that key's client ended.
+func (m *Manager) ended(key Key) {
+	if m.opts.Ended != nil {
+		m.opts.Ended(key)
 	}
 }
 
@@ -475,6 +490,7 @@ func (m *Manager) endClient(ctx context.Context, c *client) {
 			m.dropInstance(sl)
 		}
 	}
+	m.ended(c.key)
 }
 
 // reapIdle ends Client-key clients with no lease for longer than timeout,
@@ -509,6 +525,7 @@ func (m *Manager) reapIdle(timeout time.Duration) {
 						m.dropInstance(sl)
 					}
 				}
+				m.ended(c.key)
 			}
 		}
 	}

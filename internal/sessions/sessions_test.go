@@ -88,6 +88,9 @@ func newWorld(t testing.TB, opts sessions.Options) *world {
 	w := &world{t: t, ctx: ctx, rt: rt, wasm: testplugins.Bytes(t, testplugins.Example(t, "counter")), obs: &countObserver{},
 		current: map[string]*plugins.Plugin{}, parked: map[string]*holder{}}
 	opts.Observer = w.obs
+	if opts.Ended == nil {
+		opts.Ended = func(sessions.Key) { w.m.Stats() } // called without the manager's lock, or this waits for ever
+	}
 	w.m = sessions.New(&opts)
 	w.version("counter", false)
 	w.version("pool", true)
@@ -730,4 +733,72 @@ func TestUnreturnedPerGroup(t *testing.T) {
 		t.Errorf("b's oldest unreturned handle: reset %+v; want its instance freed (evicted)", r)
 	}
 	l.Done(nil)
+}
+
+// TestEnded: Options.Ended hears of each client's end, whoever ended it:
+// End (of a key with no client too), eviction past MaxHandles, the idle
+// timeout and Close.
+func TestEnded(t *testing.T) {
+	ended := make(chan sessions.Key, 16)
+	w := newWorld(t, sessions.Options{MaxHandles: 1, IdleTimeout: time.Hour, Ended: func(k sessions.Key) { ended <- k }})
+	counter := w.plugin("counter")
+	want := func(how string, k sessions.Key) {
+		t.Helper()
+		select {
+		case got := <-ended:
+			if got != k {
+				t.Errorf("%s: Ended(%v), want %v", how, got, k)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("%s: Ended not called for %v", how, k)
+		}
+	}
+	use := func(k sessions.Key) {
+		l, err := w.m.Acquire(w.ctx, k, counter)
+		if err != nil {
+			t.Fatal(err)
+		}
+		l.Done(nil)
+	}
+	a, b := sessions.Handle("a", "a"), sessions.Handle("b", "b")
+	w.m.Open(a)
+	use(a)
+	w.m.Open(b) // past MaxHandles: a goes
+	want("evicted", a)
+	w.m.End(w.ctx, b)
+	want("End", b)
+	none := sessions.Client("none")
+	w.m.End(w.ctx, none)
+	want("End with no client", none)
+	c := sessions.Client("c")
+	use(c)
+	w.finish()
+	want("Close", c)
+	select {
+	case k := <-ended:
+		t.Errorf("Ended(%v) once more", k)
+	default:
+	}
+}
+
+// TestEndedIdle: Options.Ended hears of a client ended by the idle
+// timeout.
+func TestEndedIdle(t *testing.T) {
+	ended := make(chan sessions.Key, 1)
+	w := newWorld(t, sessions.Options{IdleTimeout: 10 * time.Millisecond, Ended: func(k sessions.Key) { ended <- k }})
+	defer w.finish()
+	k := sessions.Client("c")
+	l, err := w.m.Acquire(w.ctx, k, w.plugin("counter"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.Done(nil)
+	select {
+	case got := <-ended:
+		if got != k {
+			t.Errorf("Ended(%v), want %v", got, k)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("Ended not called after the idle timeout")
+	}
 }
