@@ -32,10 +32,16 @@ import (
 // faster than a person can be expected to read.
 const DefaultMaxGrantQuestions = 10
 
-// maxGrantSessions bounds the sessions whose answers are kept; past it the
-// oldest session's answers are forgotten (it is asked again, within its
-// cap afresh). Answers go when their session ends.
-const maxGrantSessions = 4096
+// maxGrantSessions bounds the sessions whose answers are kept, and
+// maxGrantSessionsPerTenant one tenant's (with Options.Tenants); past
+// them the oldest answers of the tenant holding the most are forgotten
+// (that session is asked again, within its cap afresh), so that one
+// tenant's sessions never push out another's (tenantFIFO). Answers go
+// when their client ends in the session layer (Host.clientEnded).
+const (
+	maxGrantSessions          = 4096
+	maxGrantSessionsPerTenant = maxGrantSessions / 4
+)
 
 // grantSecret is the kind of a keyring secret asked for (the sandbox asks
 // for network grants; the host serves secrets itself).
@@ -99,7 +105,7 @@ type SessionGrants struct {
 type grantBook struct {
 	mu       sync.Mutex
 	sessions map[sessions.Key]*sessionGrants
-	order    []sessions.Key // oldest first, for the bound
+	bound    tenantFIFO[sessions.Key]
 	// onChange, if set, is called (without b.mu) after a session's
 	// answers or question count change: the durable layer's hook to
 	// write export(key) into the session's record. Set before serving.
@@ -113,33 +119,31 @@ func (b *grantBook) changed(ctx context.Context, key sessions.Key) {
 	}
 }
 
-// session returns key's entry, made on first use. The caller holds b.mu.
-func (b *grantBook) session(key sessions.Key) *sessionGrants {
+// session returns key's entry, made on first use, counted as tenant's
+// ("" when not known: an entry keeps the tenant it has). The caller holds
+// b.mu.
+func (b *grantBook) session(key sessions.Key, tenant string) *sessionGrants {
 	if b.sessions == nil {
 		b.sessions = map[sessions.Key]*sessionGrants{}
+		b.bound.total, b.bound.perTenant = maxGrantSessions, maxGrantSessionsPerTenant
+	}
+	for _, k := range b.bound.add(key, tenant) {
+		delete(b.sessions, k)
 	}
 	s := b.sessions[key]
 	if s == nil {
-		if len(b.order) >= maxGrantSessions {
-			delete(b.sessions, b.order[0])
-			b.order = b.order[1:]
-		}
 		s = &sessionGrants{label: key.String(), answers: map[grantKey]bool{}}
 		b.sessions[key] = s
-		b.order = append(b.order, key)
 	}
 	return s
 }
 
-// end forgets key's answers: its session ended.
+// end forgets key's answers: its client ended.
 func (b *grantBook) end(key sessions.Key) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if _, ok := b.sessions[key]; !ok {
-		return
-	}
 	delete(b.sessions, key)
-	b.order = slices.DeleteFunc(b.order, func(k sessions.Key) bool { return k == key })
+	b.bound.remove(key)
 }
 
 // GrantStatus returns the grant counts of the sessions that were asked
@@ -176,10 +180,10 @@ func (e *callEnv) AskGrant(ctx context.Context, r sandbox.GrantRequest) error {
 	if r.Kind == sandbox.GrantFile {
 		gk.target += " " + r.Mode
 	}
-	key := e.ref.key
+	key, tenant := e.ref.key, e.tenant()
 	b := &h.grants
 	b.mu.Lock()
-	s := b.session(key)
+	s := b.session(key, tenant)
 	allowed, known := s.answers[gk]
 	if other, ok := s.answers[otherMode(gk, r)]; !known && ok && other == (r.Mode == sandbox.ModeRead) {
 		// Reading and changing allowed covers reading; reading denied
@@ -218,7 +222,7 @@ func (e *callEnv) AskGrant(ctx context.Context, r sandbox.GrantRequest) error {
 		}
 		if known { // read each time: a revocation holds at once
 			b.mu.Lock()
-			s = b.session(key)
+			s = b.session(key, tenant)
 			if allowed {
 				s.Given++
 			} else {
@@ -235,7 +239,7 @@ func (e *callEnv) AskGrant(ctx context.Context, r sandbox.GrantRequest) error {
 	}
 	refuse := func(how, msg string) error {
 		b.mu.Lock()
-		b.session(key).Refused++
+		b.session(key, tenant).Refused++
 		b.mu.Unlock()
 		h.auditGrant(e, r, "refused", how)
 		return errors.New(msg)
@@ -247,7 +251,7 @@ func (e *callEnv) AskGrant(ctx context.Context, r sandbox.GrantRequest) error {
 		return refuse("cannot-ask", fmt.Sprintf("%s is not granted to this plugin; the operator allows it to be approved at run time, but %s: a client that supports elicitation could approve it", what, why))
 	}
 	b.mu.Lock()
-	s = b.session(key)
+	s = b.session(key, tenant)
 	over := s.Asked >= h.maxGrantQuestions()
 	if !over {
 		s.Asked++
@@ -271,7 +275,7 @@ func (e *callEnv) AskGrant(ctx context.Context, r sandbox.GrantRequest) error {
 	switch {
 	case a.Action == abi.ActionAccept && (decision == choiceOnce || decision == choiceSession || decision == choiceAlways && subject != ""):
 		b.mu.Lock()
-		s = b.session(key)
+		s = b.session(key, tenant)
 		s.Given++
 		if decision == choiceSession {
 			s.answers[gk] = true // "always" is in the file, which a revocation changes
@@ -288,7 +292,7 @@ func (e *callEnv) AskGrant(ctx context.Context, r sandbox.GrantRequest) error {
 		return nil
 	case a.Action == abi.ActionDecline || a.Action == abi.ActionAccept && decision == choiceDeny:
 		b.mu.Lock()
-		s = b.session(key)
+		s = b.session(key, tenant)
 		s.answers[gk] = false // for the session, even if the file's is revoked
 		s.Refused++
 		b.mu.Unlock()
@@ -557,7 +561,7 @@ func (b *grantBook) restore(key sessions.Key, data []byte) error {
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	s := b.session(key)
+	s := b.session(key, "") // its tenant is known at its first question here
 	s.Asked = max(s.Asked, rec.Asked)
 	clear(s.answers)
 	for _, a := range rec.Answers {

@@ -2,6 +2,7 @@ package host
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 
@@ -17,7 +18,7 @@ func TestGrantRecordRoundTrip(t *testing.T) {
 	var changes int
 	from.onChange = func(context.Context, sessions.Key) { changes++ }
 	from.mu.Lock()
-	s := from.session(key)
+	s := from.session(key, "")
 	s.Asked = 3
 	s.answers[grantKey{plugin: "weather", sha256: "ab", kind: sandbox.GrantNetwork, target: "api.example.com:443"}] = true
 	s.answers[grantKey{plugin: "weather", sha256: "ab", kind: sandbox.GrantFile, target: "/srv read"}] = false
@@ -60,5 +61,42 @@ func TestCleanReason(t *testing.T) {
 	}
 	if got := cleanReason(strings.Repeat("ab", 500)); len([]rune(got)) != 200 {
 		t.Errorf("a long reason kept %d characters, want 200", len([]rune(got)))
+	}
+}
+
+// TestGrantBookTenantBounds: a tenant past its share of the grant book
+// forgets only its own oldest sessions' answers, and the book full
+// forgets the oldest of the tenant holding the most, never the session
+// of a tenant holding one; an ended client's answers go.
+func TestGrantBookTenantBounds(t *testing.T) {
+	var b grantBook
+	b.mu.Lock()
+	alice := sessions.Client("alice")
+	b.session(alice, "alice").Asked = 1
+	bob := func(i int) sessions.Key { return sessions.Client(fmt.Sprint("bob-", i)) }
+	for i := range maxGrantSessions {
+		b.session(bob(i), "bob")
+	}
+	if _, ok := b.sessions[alice]; !ok {
+		t.Errorf("alice's answers forgotten after bob's %d sessions", maxGrantSessions)
+	}
+	if n := len(b.bound.order["bob"]); n != maxGrantSessionsPerTenant {
+		t.Errorf("bob holds %d sessions' answers, want his share, %d", n, maxGrantSessionsPerTenant)
+	}
+	if _, ok := b.sessions[bob(maxGrantSessions-maxGrantSessionsPerTenant)]; !ok {
+		t.Error("bob's newest sessions' answers forgotten")
+	}
+	for i := range maxGrantSessions {
+		for _, tenant := range []string{"carol", "dave", "erin"} {
+			b.session(sessions.Client(fmt.Sprint(tenant, i)), tenant)
+		}
+	}
+	if _, ok := b.sessions[alice]; !ok || len(b.sessions) > maxGrantSessions || len(b.bound.tenant) != len(b.sessions) {
+		t.Errorf("the book full: alice's kept %v, %d sessions (%d counted), want hers kept and at most %d", ok, len(b.sessions), len(b.bound.tenant), maxGrantSessions)
+	}
+	b.mu.Unlock()
+	b.end(alice)
+	if _, ok := b.sessions[alice]; ok || b.bound.tenant[alice] != "" {
+		t.Error("alice's answers kept after her client ended")
 	}
 }

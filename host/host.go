@@ -414,6 +414,7 @@ func New(src *plugins.Reloader, opts *Options) *Host {
 			return h.dur.Stored(ctx, key, p)
 		},
 		StoredAfterCancel: h.opts.Store != nil && cmp.Or(h.opts.Checkpoint, CheckpointAfterCall) == CheckpointAfterCall,
+		Ended:             h.clientEnded,
 	})
 	h.metrics.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "wasmtools_session_handles", Help: "Session handles of 2026-07-28 clients open now.",

@@ -80,8 +80,7 @@ func (h *Host) connKey(ss *mcp.ServerSession) sessions.Key {
 		go func() {
 			defer h.wg.Done()
 			_ = ss.Wait()
-			h.ses.End(context.Background(), key)
-			h.grants.end(key)
+			h.ses.End(context.Background(), key) // its grants go too: clientEnded
 			h.conns.Delete(ss)
 			if h.dur != nil && !h.drain.draining.Load() && !h.isClosed() {
 				// The client ended it (DELETE) or it timed out: its
@@ -92,6 +91,17 @@ func (h *Host) connKey(ss *mcp.ServerSession) sessions.Key {
 		}()
 	}
 	return key
+}
+
+// clientEnded forgets what the host keeps for key's client, which the
+// session layer ended (sessions.Options.Ended): its grant answers and the
+// URL elicitation IDs its plugins issued. Whoever ended it (the transport
+// session's end, the idle timeout, eviction past the handle bound), they
+// go with it, so that a client's entries never outlive it to crowd out
+// others'.
+func (h *Host) clientEnded(key sessions.Key) {
+	h.grants.end(key)
+	h.urls.end(key.String())
 }
 
 // acquire leases key's instance of p. When a reload retired p before the

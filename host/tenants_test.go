@@ -226,6 +226,45 @@ func TestUnreturnedHandleFairShares(t *testing.T) {
 	}
 }
 
+// TestGrantAnswersFairShares: alice denies grantask's network request
+// in her session, and the denial is remembered ("denied earlier in this
+// session"). Bob then makes 4096 sessionless calls, each with a handle of
+// its own (his client offers no elicitation: each is refused unasked).
+// Alice's denial still holds and she is not asked again: the grant book
+// is bounded per tenant, and frees a client's answers when its handle
+// ends (review: 4096 sessions FIFO across everyone, handles never freed,
+// so bob's calls pushed hers out).
+func TestGrantAnswersFairShares(t *testing.T) {
+	f, srv, target := grantFixture(t, &host.Options{Tenants: true})
+	url := serveGuarded(t, f, host.GuardOptions{Tokens: map[string]string{"alice": aliceToken, "bob": bobToken}})
+	a := &grantAnswerer{decisions: []string{"deny", "allow for this session"}}
+	alice := connectHTTPEra(t, url, "2025-11-25", &mcp.ClientOptions{ElicitationHandler: a.handler}, tenantTransport{token: aliceToken})
+	fetch := func(cs *mcp.ClientSession) string { return text(call(t, cs, "fetch", map[string]any{"url": srv.URL})) }
+	fetch(alice)
+	before := "host " + target + " was denied earlier in this session by the person using the client"
+	if got := fetch(alice); !strings.Contains(got, before) || a.count() != 1 {
+		t.Fatalf("alice's second fetch: %q, %d questions; want her denial remembered", got, a.count())
+	}
+
+	bob := connectHTTP(t, url, "", tenantTransport{token: bobToken}) // 2026-07-28, no elicitation
+	var wg sync.WaitGroup
+	for w := range 4 {
+		wg.Go(func() {
+			for range 1024 {
+				if _, err := bob.CallTool(context.Background(), &mcp.CallToolParams{Name: "fetch", Arguments: map[string]any{"url": srv.URL}}); err != nil {
+					t.Errorf("bob's worker %d: %v", w, err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+
+	if got := fetch(alice); !strings.Contains(got, before) || a.count() != 1 {
+		t.Errorf("alice's fetch after bob's calls: %q, %d questions; want her denial still remembered and no new question", got, a.count())
+	}
+}
+
 // TestParkedFairShares: with MaxParked 8 (a share of 2 each), bob and
 // the anonymous clients each leave 6 calls parked at a question; alice's
 // calls still park, and she finishes hers.

@@ -18,10 +18,15 @@ const (
 	completePluginBurst     = 32
 	completePluginPerSecond = 4
 	// maxIssuedPerScope bounds the IDs remembered per session and
-	// plugin, maxIssuedScopes the sessions and plugins remembered: past
-	// them the oldest go (their completions are then dropped).
-	maxIssuedPerScope = 32
-	maxIssuedScopes   = 4096
+	// plugin, maxIssuedSessions the sessions remembered and
+	// maxIssuedSessionsPerTenant one tenant's (with Options.Tenants):
+	// past them the oldest go (their completions are then dropped), the
+	// tenant's holding the most (tenantFIFO), so that one tenant's
+	// sessions never push out another's. A session's IDs go when its
+	// client ends (Host.clientEnded).
+	maxIssuedPerScope          = 32
+	maxIssuedSessions          = 4096
+	maxIssuedSessionsPerTenant = maxIssuedSessions / 4
 )
 
 // issuedURLs remembers the URL elicitation IDs each plugin issued in
@@ -29,41 +34,47 @@ const (
 // concurrent use.
 type issuedURLs struct {
 	mu      sync.Mutex
-	ids     map[string][]string // scope -> IDs, oldest first
-	order   []string            // scopes, oldest first
+	ids     map[string]map[string][]string // session label -> plugin -> IDs, oldest first
+	bound   tenantFIFO[string]             // of session labels
 	plugins map[string]*tokenBucket
 }
 
-// urlScope is the session and plugin an env's URL elicitations belong to.
-func (e *callEnv) urlScope() string { return e.sess + "\x00" + e.plugin.Name() }
+// end forgets the IDs issued in session (its label): its client ended.
+func (u *issuedURLs) end(session string) {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	delete(u.ids, session)
+	u.bound.remove(session)
+}
 
 // issueURLs remembers the URL elicitations among params as issued by e's
 // plugin in e's session.
 func (e *callEnv) issueURLs(params ...*mcp.ElicitParams) {
+	tenant := e.tenant()
 	u := &e.h.urls
 	u.mu.Lock()
 	defer u.mu.Unlock()
-	scope := e.urlScope()
 	for _, p := range params {
 		if p == nil || p.Mode != "url" || p.ElicitationID == "" {
 			continue
 		}
 		if u.ids == nil {
-			u.ids = map[string][]string{}
+			u.ids = map[string]map[string][]string{}
+			u.bound.total, u.bound.perTenant = maxIssuedSessions, maxIssuedSessionsPerTenant
 		}
-		ids, known := u.ids[scope]
-		if !known {
-			u.order = append(u.order, scope)
-			if len(u.order) > maxIssuedScopes {
-				delete(u.ids, u.order[0])
-				u.order = u.order[1:]
-			}
+		for _, s := range u.bound.add(e.sess, tenant) {
+			delete(u.ids, s)
 		}
-		ids = append(ids, p.ElicitationID)
+		byPlugin := u.ids[e.sess]
+		if byPlugin == nil {
+			byPlugin = map[string][]string{}
+			u.ids[e.sess] = byPlugin
+		}
+		ids := append(byPlugin[e.plugin.Name()], p.ElicitationID)
 		if len(ids) > maxIssuedPerScope {
 			ids = ids[1:]
 		}
-		u.ids[scope] = ids
+		byPlugin[e.plugin.Name()] = ids
 	}
 }
 
@@ -74,8 +85,7 @@ func (e *callEnv) spendURL(id string) (ok bool, why string) {
 	u := &e.h.urls
 	u.mu.Lock()
 	defer u.mu.Unlock()
-	scope := e.urlScope()
-	ids := u.ids[scope]
+	ids := u.ids[e.sess][e.plugin.Name()]
 	i := -1
 	for j, v := range ids {
 		if v == id {
@@ -104,6 +114,6 @@ func (e *callEnv) spendURL(id string) (ok bool, why string) {
 	if !callOK || !pb.take() {
 		return false, "over the rate of completions"
 	}
-	u.ids[scope] = append(ids[:i:i], ids[i+1:]...)
+	u.ids[e.sess][e.plugin.Name()] = append(ids[:i:i], ids[i+1:]...)
 	return true, ""
 }
