@@ -154,3 +154,16 @@ func TrackedReservation(img []byte, max, size uint64) (mem []byte, scan func() (
 	mem = m.mem[:size]
 	return mem, func() ([]uint64, bool) { w, ok, _ := m.scanWrites(mem, true, true); return w, ok }, func() { m.mu.Lock(); m.unmap(); m.mu.Unlock() }, nil
 }
+
+// CloseImageFile closes the module's image file, as Close does after
+// closing the runtime, but leaves the module open: what an instantiation
+// that Close ran under finds when wazero allocates its memory. It reports
+// false when the module has no image file.
+func (c *Compiled) CloseImageFile() bool {
+	img := c.imageFor()
+	if img == nil || img.file == nil {
+		return false
+	}
+	img.file.close()
+	return true
+}

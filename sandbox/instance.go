@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
+	"errors"
 	"fmt"
 	"log/slog"
 	"reflect"
@@ -84,15 +85,36 @@ const fakeEpoch = 1640995200 * int64(time.Second)
 // When the module uses pre-initialised images ([Compiled.UsesImages]),
 // the first instance's state after its initialisation is kept as the
 // image, and later instances start from it instead of initialising.
+//
+// It fails with [ErrClosed] once c is closed, or when c is closed under
+// it.
 func (c *Compiled) Instantiate(ctx context.Context) (*Instance, error) {
 	if img := c.imageFor(); img != nil {
-		return c.fromImage(ctx, img)
+		inst, err := c.fromImage(ctx, img)
+		return inst, c.closedErr(err)
 	}
 	inst, err := c.instantiate(ctx, true, nil)
 	if err == nil && c.snap.images {
 		c.keepImage(inst)
 	}
-	return inst, err
+	return inst, c.closedErr(err)
+}
+
+// closedErr returns err, or, when err is not nil and c was closed (under
+// the instantiation or restore that failed with err: its memory freed,
+// its image closed, wazero's runtime closed), an error matching
+// [ErrClosed] that says so, whatever the failure made of it.
+func (c *Compiled) closedErr(err error) error {
+	if err == nil || errors.Is(err, ErrClosed) {
+		return err
+	}
+	c.calls.Lock()
+	closed := c.calls.closed
+	c.calls.Unlock()
+	if closed {
+		return fmt.Errorf("%w: its module was closed: %v", ErrClosed, err)
+	}
+	return err
 }
 
 // instantiate creates an instance, running its initialisation export when
@@ -179,6 +201,14 @@ func (c *Compiled) instantiate(ctx context.Context, initialise bool, img *image)
 	}))
 	defer func() { inst.mem.exit() }() // inst.mem is set during InstantiateModule
 	mod, err := c.rt.InstantiateModule(ctx, c.mod, cfg)
+	if err == nil {
+		// The memory is not the reservation (see reservedMemory.Reallocate):
+		// the guest never runs on it.
+		if err = inst.mem.startFailed(); err != nil {
+			_ = mod.Close(context.Background())
+			err = fmt.Errorf("memory: %w", err)
+		}
+	}
 	if err != nil {
 		return nil, fmt.Errorf("instantiate: %w", contextCause(ctx, err))
 	}

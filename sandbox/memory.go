@@ -2,6 +2,7 @@ package sandbox
 
 import (
 	"errors"
+	"fmt"
 	"sync"
 )
 
@@ -48,6 +49,13 @@ type reservedMemory struct {
 	// with the process's userfaultfd, and armed since its last scan.
 	wpRegistered bool
 	wpArmed      bool
+
+	// started: Reallocate has returned memory once (wazero's first
+	// allocation, the memory's minimum, is behind it). startErr: why
+	// that first allocation could not be the reservation's; the
+	// instance then fails to start (see Reallocate).
+	started  bool
+	startErr error
 }
 
 // Reallocate implements experimental.LinearMemory: it commits size bytes
@@ -61,11 +69,47 @@ type reservedMemory struct {
 // data segments touches no page of the reservation; the growth maps the
 // image over the reservation, copy-on-write, and returns that: the
 // scratch's contents are dropped, not copied, as the image replaces them.
+//
+// wazero's first allocation, of the memory's minimum as it instantiates
+// the module, has no way to fail: wazero slices what it gets to the
+// minimum, and nil (or less) panics the process. That allocation fails
+// when the image is closed under the instantiation (its Compiled closed
+// meanwhile: a closed descriptor is not mapped) or the system refuses
+// the mapping, so it is then given a buffer of the Go heap, as wazero's
+// own allocation would, which the guest never runs on: the error is kept
+// in startErr, and instantiate fails the instance (startFailed).
 func (m *reservedMemory) Reallocate(size uint64) []byte {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if m.mem == nil || size > uint64(len(m.mem)) {
+	b, err := m.reallocateLocked(size)
+	switch {
+	case err == nil:
+		m.started = true
+		return b
+	case m.started:
+		return nil // fails the guest's memory.grow
+	}
+	m.started, m.startErr = true, err
+	return make([]byte, size)
+}
+
+// startFailed returns why the memory could not be the reservation's
+// when wazero first allocated it, nil when it is. m may be nil.
+func (m *reservedMemory) startFailed() error {
+	if m == nil {
 		return nil
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.startErr
+}
+
+// errReservation: a size past the reservation, or one already freed.
+var errReservation = errors.New("past the memory's reservation, or freed")
+
+func (m *reservedMemory) reallocateLocked(size uint64) ([]byte, error) {
+	if m.mem == nil || size > uint64(len(m.mem)) {
+		return nil, errReservation
 	}
 	if m.img != nil && !m.onImage {
 		if size < m.imgSize && m.scratch != nil && m.scratchBuf == nil {
@@ -75,7 +119,7 @@ func (m *reservedMemory) Reallocate(size uint64) []byte {
 				*b = make([]byte, size)
 			}
 			m.scratchBuf = b
-			return (*b)[:size:size]
+			return (*b)[:size:size], nil
 		}
 		m.early = m.scratchBuf == nil
 		m.putScratch()
@@ -86,17 +130,17 @@ func (m *reservedMemory) Reallocate(size uint64) []byte {
 			case errors.Is(err, errors.ErrUnsupported):
 				m.img = nil // the image is copied in instead
 			case err != nil:
-				return nil // a failed MAP_FIXED may leave the range unmapped
+				return nil, fmt.Errorf("map the image: %w", err) // a failed MAP_FIXED may leave the range unmapped
 			}
 		}
 	}
 	if size > m.committed {
 		if err := commit(m.mem[m.committed:size]); err != nil {
-			return nil
+			return nil, err
 		}
 		m.committed = size
 	}
-	return m.mem[:size:size]
+	return m.mem[:size:size], nil
 }
 
 func (m *reservedMemory) putScratch() {

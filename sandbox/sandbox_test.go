@@ -211,3 +211,72 @@ func TestCompiledCloseClosesInstances(t *testing.T) {
 		t.Error("call on an instance of a closed module succeeded")
 	}
 }
+
+// TestImageClosedUnderInstantiate: an instance whose image was closed
+// before wazero allocated its memory (Close ran under the instantiation)
+// fails to start with ErrClosed, from Instantiate and from Restore alike.
+// It panicked the process: the first allocation, mapping the closed
+// image, returned nil, which wazero slices to the memory's minimum.
+func TestImageClosedUnderInstantiate(t *testing.T) {
+	c := compile(t, newRuntime(t), testplugins.Example(t, "counter"), sandbox.NewPolicy())
+	snap, err := instantiate(t, c).Snapshot(context.Background()) // the first: its state is the image
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !c.CloseImageFile() {
+		t.Skip("no image file to map here")
+	}
+	if inst, err := c.Instantiate(context.Background()); !errors.Is(err, sandbox.ErrClosed) {
+		t.Errorf("Instantiate: %v, %v; want ErrClosed", inst, err)
+	}
+	if inst, err := c.Restore(context.Background(), snap); !errors.Is(err, sandbox.ErrClosed) {
+		t.Errorf("Restore: %v, %v; want ErrClosed", inst, err)
+	}
+}
+
+// TestCloseUnderInstantiate: closing a module while instances of it start
+// and restore (a retired plugin version, closed while a session's state is
+// handed over into it) fails each with ErrClosed or lets it finish; it never
+// panics, and once Close returned, both fail.
+func TestCloseUnderInstantiate(t *testing.T) {
+	rt := newRuntime(t)
+	wasm := testplugins.Bytes(t, testplugins.Example(t, "counter"))
+	ctx := context.Background()
+	for range 50 {
+		c, err := rt.Compile(ctx, wasm, sandbox.NewPolicy())
+		if err != nil {
+			t.Fatal(err)
+		}
+		first, err := c.Instantiate(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		snap, err := first.Snapshot(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		closed := make(chan error, 1)
+		go func() { closed <- c.Close(ctx) }()
+		start := []func() (*sandbox.Instance, error){
+			func() (*sandbox.Instance, error) { return c.Instantiate(ctx) },
+			func() (*sandbox.Instance, error) { return c.Restore(ctx, snap) },
+		}
+		for k := range 6 {
+			inst, err := start[k%2]()
+			switch {
+			case err == nil:
+				inst.Close(ctx)
+			case !errors.Is(err, sandbox.ErrClosed):
+				t.Fatalf("start %d under Close: %v, want ErrClosed", k, err)
+			}
+		}
+		if err := <-closed; err != nil {
+			t.Fatal(err)
+		}
+		for k, f := range start {
+			if _, err := f(); !errors.Is(err, sandbox.ErrClosed) {
+				t.Fatalf("start %d after Close: %v, want ErrClosed", k, err)
+			}
+		}
+	}
+}

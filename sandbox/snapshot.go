@@ -729,8 +729,11 @@ func appendBytes(b, v []byte) []byte {
 // policy allows (memory, vars), and with [ErrSnapshotRefused] when the
 // host cannot snapshot c's instances (a policy that mounts folders, say).
 // Snapshots come from the host, but the bytes are checked as untrusted:
-// a corrupt one fails, it never holds more than the limits.
-func (c *Compiled) Restore(ctx context.Context, snapshot []byte) (*Instance, error) {
+// a corrupt one fails, it never holds more than the limits. Once c is
+// closed, or when it is closed under the restore, it fails with
+// [ErrClosed].
+func (c *Compiled) Restore(ctx context.Context, snapshot []byte) (inst *Instance, err error) {
+	defer func() { err = c.closedErr(err) }()
 	if err := c.CanSnapshot(); err != nil {
 		return nil, fmt.Errorf("restore: %w", err)
 	}
@@ -747,7 +750,7 @@ func (c *Compiled) Restore(ctx context.Context, snapshot []byte) (*Instance, err
 			return inst, nil
 		}
 	}
-	inst, err := c.instantiate(ctx, false, nil)
+	inst, err = c.instantiate(ctx, false, nil)
 	if err != nil {
 		return nil, fmt.Errorf("restore: %w", err)
 	}
