@@ -218,6 +218,12 @@ type Manager struct {
 	memory    uint64
 	pools     map[string]*pool // by plugin name
 	retired   map[*plugins.Plugin]bool
+	// successor is what replaced each retired version whose retirement
+	// runs (nil when it was removed), and incoming counts, for each
+	// version, the retirements running that move instances to it: its
+	// own retirement waits for them before closing it (retire.go).
+	successor map[*plugins.Plugin]*plugins.Plugin
+	incoming  map[*plugins.Plugin]int
 	leases    map[*Lease]struct{}   // live leases
 	waiting   *list.List            // of *Lease waiting for a person, oldest first
 	parked    map[string]*parkedRun // by run ID
@@ -237,6 +243,8 @@ func New(opts *Options) *Manager {
 		perPlugin: map[string]int{},
 		pools:     map[string]*pool{},
 		retired:   map[*plugins.Plugin]bool{},
+		successor: map[*plugins.Plugin]*plugins.Plugin{},
+		incoming:  map[*plugins.Plugin]int{},
 		leases:    map[*Lease]struct{}{},
 		waiting:   list.New(),
 		parked:    map[string]*parkedRun{},

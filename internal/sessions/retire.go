@@ -17,9 +17,18 @@ import (
 //
 // Call Retire before serving the catalogue with next, so that no lease on
 // next can run before old is marked.
+//
+// Retirements of successive versions overlap (a file replaced again while
+// the first replacement still moves instances): an instance moves to the
+// newest version, following what replaced next, and a version is closed
+// only once every retirement moving instances to it is done.
 func (m *Manager) Retire(old, next *plugins.Plugin) {
 	m.mu.Lock()
 	m.retired[old] = true
+	m.successor[old] = next
+	if next != nil {
+		m.incoming[next]++
+	}
 	var stale []*plugins.Instance
 	if pl := m.pools[old.Name()]; pl != nil {
 		kept := pl.idle[:0]
@@ -48,6 +57,16 @@ func (m *Manager) Retire(old, next *plugins.Plugin) {
 }
 
 func (m *Manager) retire(old, next *plugins.Plugin, slots []*slot) {
+	defer func() {
+		m.mu.Lock()
+		if next != nil {
+			if m.incoming[next]--; m.incoming[next] == 0 {
+				delete(m.incoming, next)
+			}
+		}
+		m.broadcastLocked() // next's own retirement may wait for this one
+		m.mu.Unlock()
+	}()
 	// Idle instances move now; busy ones once their lease is done (or
 	// by the next lease on next, which moves them itself).
 	var busy []*slot
@@ -56,13 +75,19 @@ func (m *Manager) retire(old, next *plugins.Plugin, slots []*slot) {
 			busy = append(busy, sl)
 			continue
 		}
-		m.moveOff(sl, old, next)
+		m.moveOff(sl, old, m.newest(next))
 		m.letGo(sl)
 	}
 	// A lease runs the code of the plugin it was acquired on (a slot's
 	// instance of older code is moved off first, holding the slot, which
-	// the loop over busy slots below waits for).
+	// the loop over busy slots below waits for). A retirement of an
+	// older version may still move an instance to old (it took the slot
+	// before old was marked, or after this one's loops passed the
+	// slot): old stays open until it is done.
 	runsOld := func() bool {
+		if m.incoming[old] > 0 {
+			return true
+		}
 		for l := range m.leases {
 			if l.plugin.SameCode(old) {
 				return true
@@ -89,7 +114,7 @@ func (m *Manager) retire(old, next *plugins.Plugin, slots []*slot) {
 		case <-sl.c.ended:
 			continue // ending the client frees its instances
 		}
-		m.moveOff(sl, old, next)
+		m.moveOff(sl, old, m.newest(next))
 		m.letGo(sl)
 	}
 	if err := old.Close(context.Background()); err != nil {
@@ -97,7 +122,29 @@ func (m *Manager) retire(old, next *plugins.Plugin, slots []*slot) {
 	}
 	m.mu.Lock()
 	delete(m.retired, old)
+	delete(m.successor, old)
 	m.mu.Unlock()
+}
+
+// newest returns the version an instance moving to p goes to: p, or, when
+// p was retired since, what replaced it, and so on (nil when a version on
+// the way was removed). The caller holds the slot it moves, so a
+// retirement that marks the version returned after this finds the slot
+// busy, and moves the instance on once it is let go. A version retired
+// and closed outside a retirement that runs (one closed by its owner) is
+// returned as is: the hand-off into it fails, and the instance starts
+// afresh (moveOff).
+func (m *Manager) newest(p *plugins.Plugin) *plugins.Plugin {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for range len(m.successor) { // bounded, were a version ever retired into an older one
+		q, ok := m.successor[p]
+		if p == nil || !ok {
+			break
+		}
+		p = q
+	}
+	return p
 }
 
 // isRetiredLocked reports whether leases on p are refused: it was retired,

@@ -274,10 +274,32 @@ func (w *world) step(r *rand.Rand, op byte) {
 		}
 		old, next := w.version(name, stateless)
 		w.m.Retire(old, next)
-	case 8: // a client ends, or a handle is opened in its group (evicting another past the bound)
-		if r.IntN(2) == 0 {
+	case 8: // a client ends, or a handle is opened (evicting another past the bound, or freeing its group's unreturned ones' instances)
+		switch r.IntN(3) {
+		case 0:
 			i := r.IntN(4)
 			w.m.OpenIn(keys[4+i], []string{"t1", "t1", "t1", "t2"}[i], 0) // a key's group is always the same
+			return
+		case 1: // a handle minted for one call, as for a client that never passes it back
+			w.mu.Lock()
+			w.nextID++
+			k := sessions.Handle(fmt.Sprint("once-", w.nextID), "once")
+			w.mu.Unlock()
+			if w.m.OpenIn(k, []string{"t1", "t2"}[r.IntN(2)], 0) != nil {
+				return
+			}
+			// The numbers are drawn here: r is not safe for use by
+			// more than one goroutine.
+			timeout := time.Duration(r.IntN(50)) * time.Millisecond
+			w.wg.Add(1)
+			go func() { // one call, done at once
+				defer w.wg.Done()
+				ctx, cancel := context.WithTimeout(w.ctx, timeout)
+				defer cancel()
+				if l, err := w.m.Acquire(ctx, k, w.plugin("counter")); err == nil {
+					l.Done(nil)
+				}
+			}()
 			return
 		}
 		ctx, cancel := context.WithTimeout(w.ctx, time.Duration(r.IntN(20))*time.Millisecond)
@@ -335,9 +357,11 @@ var limited = sessions.Options{MaxInstances: 3, MaxInstancesPerPlugin: 2, Memory
 
 // TestLeaseInvariants runs random sequences of acquire, call, done, trap,
 // pause, park, answer, abandon (by timer), evict (by limits), retire,
-// client end, handle open in a group (with its evictions) and close, and
-// checks that reservations balance, that no instance is closed under a
-// lease, and that no goroutine leaks.
+// client end, handle open in a group (with its evictions), one-shot
+// handles (opened for one lease, as for a client that never passes them
+// back, which frees its group's unreturned handles' instances) and close,
+// and checks that reservations balance, that no instance is closed under
+// a lease, and that no goroutine leaks.
 func TestLeaseInvariants(t *testing.T) {
 	before := goroutines()
 	n := 60

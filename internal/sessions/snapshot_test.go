@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"testing"
+	"time"
 
 	"github.com/wasmtools/wasmtools/abi"
 	"github.com/wasmtools/wasmtools/internal/sessions"
@@ -70,6 +71,76 @@ func TestRetireKeepsHostSnapshot(t *testing.T) {
 	got, notice := count(next)
 	if got != "4" || notice.Upgraded == nil {
 		t.Errorf("after the retirement: count %q, notice %+v; want 4, upgraded", got, notice)
+	}
+}
+
+// TestRetireOverlapping: a retirement that moves a client's instance after
+// the version it moves it to was retired in turn (the plugin's file
+// replaced again meanwhile) moves it on to the newest version, state and
+// all, and the version between is closed only once that retirement is
+// done. It used to hand the state to the version between, which its own
+// retirement had closed, having passed the slot while it still held the
+// oldest version's instance: a failed hand-off, the client told its state
+// was reset (and, with the close under the restore, a panic in wazero:
+// TestImageClosedUnderInstantiate in sandbox).
+func TestRetireOverlapping(t *testing.T) {
+	ctx := context.Background()
+	load := counterLoader(t)
+	v1, v2, v3 := load(), load(), load()
+	t.Cleanup(func() { v3.Close(ctx) })
+	m := sessions.New(&sessions.Options{})
+	t.Cleanup(func() { m.Close(ctx) })
+	a, b := sessions.Client("a"), sessions.Client("b")
+	acquire := func(k sessions.Key, p *plugins.Plugin) *sessions.Lease {
+		t.Helper()
+		l, err := m.Acquire(ctx, k, p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return l
+	}
+	count := func(p *plugins.Plugin) (string, sessions.Notice) {
+		t.Helper()
+		l := acquire(a, p)
+		defer l.Done(nil)
+		res, err := l.Instance().CallTool(l.Context(), &plugins.Call{Tool: p.Tools()[0], Arguments: json.RawMessage(`{}`)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var c abi.TextContent
+		if err := json.Unmarshal(res.Content[0], &c); err != nil {
+			t.Fatal(err)
+		}
+		return c.Text, l.Notice()
+	}
+	for range 3 {
+		count(v1)
+	}
+	waitFor := func(cond func() bool, d time.Duration) bool {
+		for end := time.Now().Add(d); !cond(); time.Sleep(time.Millisecond) {
+			if time.Now().After(end) {
+				return false
+			}
+		}
+		return true
+	}
+	la, lb := acquire(a, v1), acquire(b, v1)
+	m.Retire(v1, v2) // a's slot is busy: moved once no lease runs v1 (lb)
+	la.Done(nil)     // a's slot idle, its instance still v1's
+	m.Retire(v2, v3) // passes a's slot, whose instance is not v2's
+	// v2 stays open while v1's retirement may move an instance to it;
+	// before, v2's retirement closed it at once.
+	waitFor(v2.Closed, 200*time.Millisecond)
+	lb.Done(nil) // v1's retirement moves a's instance now
+	if !waitFor(v1.Closed, 10*time.Second) {
+		t.Fatal("v1's retirement did not end")
+	}
+	got, notice := count(v3)
+	if got != "4" || notice.Upgraded == nil || notice.Reset != nil {
+		t.Errorf("after two overlapping retirements: count %q, notice %+v, reset %+v; want 4, upgraded", got, notice, notice.Reset)
+	}
+	if !waitFor(v2.Closed, 10*time.Second) {
+		t.Error("v2's retirement did not close it once v1's was done")
 	}
 }
 
