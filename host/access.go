@@ -7,7 +7,6 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
-	"github.com/yosida95/uritemplate/v3"
 
 	"github.com/wasmtools/wasmtools/plugins"
 )
@@ -161,13 +160,11 @@ func (h *Host) mayWatch(ai *authInfo, cat *plugins.Catalogue, uri string) bool {
 		owned = true
 	}
 	for _, p := range cat.Plugins() {
-		for _, rt := range p.ResourceTemplates() {
-			if t, err := uritemplate.New(rt.URITemplate); err == nil && t.Regexp().MatchString(uri) {
-				if !h.mayUse(ai, p) {
-					return false
-				}
-				owned = true
+		if p.MatchesTemplate(uri) {
+			if !h.mayUse(ai, p) {
+				return false
 			}
+			owned = true
 		}
 	}
 	return owned

@@ -14,7 +14,6 @@ import (
 	"unicode/utf8"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
-	"github.com/yosida95/uritemplate/v3"
 
 	"github.com/wasmtools/wasmtools/abi"
 	"github.com/wasmtools/wasmtools/internal/sessions"
@@ -149,8 +148,7 @@ type callEnv struct {
 
 	updates        tokenBucket // resource updates: count
 	updateBytes    tokenBucket
-	updatesDropped int                     // resource updates dropped by the rate limits
-	templates      []*uritemplate.Template // the plugin's, compiled on first use
+	updatesDropped int // resource updates dropped by the rate limits
 
 	records     []abi.Record
 	recordBytes int
@@ -569,23 +567,7 @@ func (e *callEnv) ownsResource(uri string) bool {
 			return true
 		}
 	}
-	e.mu.Lock()
-	if e.templates == nil {
-		e.templates = []*uritemplate.Template{}
-		for _, rt := range p.ResourceTemplates() {
-			if t, err := uritemplate.New(rt.URITemplate); err == nil {
-				e.templates = append(e.templates, t)
-			}
-		}
-	}
-	templates := e.templates
-	e.mu.Unlock()
-	for _, t := range templates {
-		if t.Regexp().MatchString(uri) {
-			return true
-		}
-	}
-	return false
+	return p.MatchesTemplate(uri)
 }
 
 // cutString returns s cut to at most n bytes, at a character boundary.

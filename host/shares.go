@@ -293,8 +293,9 @@ func (b *storeBudget) reserve(id, field string, size int, ttl time.Duration, ano
 }
 
 // recordLocked returns record id's tenant (anonymous for a record not
-// seen before, until attribute says whose it is), that tenant's records, pruned of lapsed ones, and the
-// record's counts: a new one, not yet among them, when it has none.
+// seen before, until attribute says whose it is), that tenant's
+// records, pruned of lapsed ones, and the record's counts: a new one,
+// not yet among them, when it has none.
 func (b *storeBudget) recordLocked(id, anonymous string, now time.Time) (string, map[string]*recBytes, *recBytes) {
 	tenant, ok := b.tenant[id]
 	if !ok {

@@ -24,11 +24,13 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 	"unicode/utf8"
 
 	"github.com/google/jsonschema-go/jsonschema"
+	"github.com/yosida95/uritemplate/v3"
 	"go.opentelemetry.io/otel/attribute"
 
 	"github.com/wasmtools/wasmtools/abi"
@@ -226,10 +228,36 @@ type ResourceTemplate struct {
 	URITemplate string
 	Def         json.RawMessage // the MCP ResourceTemplate object
 	plugin      *Plugin
+
+	once sync.Once
+	re   *regexp.Regexp // the template's, compiled on first use; nil if it does not parse
 }
 
 // Plugin returns the plugin that serves the template.
 func (r *ResourceTemplate) Plugin() *Plugin { return r.plugin }
+
+// Matches reports whether uri is one of the template's URIs (RFC 6570,
+// as the go-sdk matches a read's URI). A template that does not parse
+// matches nothing. The template is compiled once, on first use.
+func (r *ResourceTemplate) Matches(uri string) bool {
+	r.once.Do(func() {
+		if t, err := uritemplate.New(r.URITemplate); err == nil {
+			r.re = t.Regexp()
+		}
+	})
+	return r.re != nil && r.re.MatchString(uri)
+}
+
+// MatchesTemplate reports whether uri matches one of p's resource
+// templates ([ResourceTemplate.Matches]).
+func (p *Plugin) MatchesTemplate(uri string) bool {
+	for _, rt := range p.templates {
+		if rt.Matches(uri) {
+			return true
+		}
+	}
+	return false
+}
 
 // ValidName is what a served tool name must match: model providers refuse
 // other names.

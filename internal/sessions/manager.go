@@ -139,9 +139,9 @@ type Options struct {
 	// instances, in each group ([Manager.OpenIn]) apart; 0 means
 	// [DefaultMaxUnreturned]. Past it, the group's oldest ones' idle
 	// instances are freed, well before MaxHandles: a client that ignores
-	// handles mints one per call, and an instance is cheap to make again. Their handles stay open: one passed back later gets
-	// a fresh instance (or its saved state), with the reset said
-	// (ReasonEvicted).
+	// handles mints one per call, and an instance is cheap to make
+	// again. Their handles stay open: one passed back later gets a fresh
+	// instance (or its saved state), with the reset said (ReasonEvicted).
 	MaxUnreturned int
 	// MaxParked bounds the calls parked for an answer in all; 0 means
 	// [DefaultMaxParked]. MaxParkedPerClient bounds one client's; 0
