@@ -1,13 +1,11 @@
 package durable
 
 import (
-	"context"
 	"encoding/json"
 	"errors"
 	"testing"
 
 	"github.com/wasmtools/wasmtools/internal/sessions"
-	"github.com/wasmtools/wasmtools/plugins"
 )
 
 // A contained call X runs unchecked on a claim verified over 2 s ago;
@@ -19,20 +17,7 @@ import (
 // result. Now the instance is noted as not saved, and its eviction says
 // the state was reset.
 func TestUnverifiedOutcomeUnknownThenEvictedIsNotSilent(t *testing.T) {
-	w := newLossyWorld(t)
-	// The same world, with an instance cap and Saved wired as the host
-	// does.
-	w.ses = sessions.New(&sessions.Options{
-		MaxInstances: 1,
-		Saved: func(ctx context.Context, key sessions.Key, p *plugins.Plugin) (*plugins.State, string, bool) {
-			return w.d.Saved(ctx, key, p)
-		},
-		Stored: func(ctx context.Context, key sessions.Key, p *plugins.Plugin) (*plugins.State, string, uint64, bool) {
-			return w.d.Stored(ctx, key, p)
-		},
-	})
-	t.Cleanup(func() { w.ses.Close(w.ctx) })
-	w.d = New(Options{Store: w.st, Sessions: w.ses, Replica: "a"})
+	w := newEvictingWorld(t)
 	d, ctx := w.d, w.ctx
 
 	c := w.claim()

@@ -17,18 +17,7 @@ import (
 // plugin afresh, told "evicted", and its checkpoint wrote the fresh state
 // over the saved one (a review's finding).
 func TestEvictedRestoreWithLostReadKeepsState(t *testing.T) {
-	w := newLossyWorld(t)
-	w.ses = sessions.New(&sessions.Options{
-		MaxInstances: 1,
-		Saved: func(ctx context.Context, key sessions.Key, p *plugins.Plugin) (*plugins.State, string, bool) {
-			return w.d.Saved(ctx, key, p)
-		},
-		Stored: func(ctx context.Context, key sessions.Key, p *plugins.Plugin) (*plugins.State, string, uint64, bool) {
-			return w.d.Stored(ctx, key, p)
-		},
-	})
-	t.Cleanup(func() { w.ses.Close(w.ctx) })
-	w.d = New(Options{Store: w.st, Sessions: w.ses, Replica: "a"})
+	w := newEvictingWorld(t)
 	d, ctx := w.d, w.ctx
 	c := w.claim()
 	w.callSaved(c, w.p) // 1
@@ -67,4 +56,23 @@ func TestEvictedRestoreWithLostReadKeepsState(t *testing.T) {
 	if got != "4" || reset != nil {
 		t.Fatalf("the retry counts %s (reset %+v), want 4 and no reset", got, reset)
 	}
+}
+
+// newEvictingWorld is newLossyWorld with room for one instance, and
+// Saved and Stored wired as the host wires them: a second client's
+// instance evicts the first's.
+func newEvictingWorld(t *testing.T) *lossyWorld {
+	w := newLossyWorld(t)
+	w.ses = sessions.New(&sessions.Options{
+		MaxInstances: 1,
+		Saved: func(ctx context.Context, key sessions.Key, p *plugins.Plugin) (*plugins.State, string, bool) {
+			return w.d.Saved(ctx, key, p)
+		},
+		Stored: func(ctx context.Context, key sessions.Key, p *plugins.Plugin) (*plugins.State, string, uint64, bool) {
+			return w.d.Stored(ctx, key, p)
+		},
+	})
+	t.Cleanup(func() { w.ses.Close(w.ctx) })
+	w.d = New(Options{Store: w.st, Sessions: w.ses, Replica: "a"})
+	return w
 }
