@@ -641,6 +641,11 @@ func elicitParams(r abi.ElicitRequest) (*mcp.ElicitParams, []byte, error) {
 		if r.URL == "" || r.ElicitationID == "" {
 			return nil, nil, errors.New(`a "url" elicitation needs url and elicitationId`)
 		}
+		if len(r.ElicitationID) > maxElicitationID {
+			// Remembered until completed (issueURLs), and a completion
+			// of a longer one is refused anyway.
+			return nil, nil, fmt.Errorf("elicitationId of %d bytes is over the %d-byte limit", len(r.ElicitationID), maxElicitationID)
+		}
 		return &mcp.ElicitParams{Mode: "url", Message: r.Message, URL: r.URL, ElicitationID: r.ElicitationID}, nil, nil
 	case "", "form":
 		var s struct {

@@ -123,6 +123,9 @@ func FuzzElicitParams(f *testing.F) {
 			if params.URL == "" || params.ElicitationID == "" || params.Message == "" {
 				t.Fatalf("accepted a url question without its url, ID or message: %+v", params)
 			}
+			if len(params.ElicitationID) > maxElicitationID {
+				t.Fatalf("accepted a url question whose ID is %d bytes, over %d", len(params.ElicitationID), maxElicitationID)
+			}
 		case "form":
 			var s struct {
 				Type       string                     `json:"type"`

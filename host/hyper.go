@@ -174,8 +174,8 @@ func credentialsKey(input []byte) string {
 // elicitationComplete serves notify_url_elicitation_completed: it tells
 // the client, on the call's request, that a URL elicitation is done.
 func (e *callEnv) elicitationComplete(p *mcp.ElicitationCompleteParams) error {
-	if len(p.ElicitationID) > 256 {
-		return fmt.Errorf("elicitationId of %d bytes is over the 256-byte limit", len(p.ElicitationID))
+	if len(p.ElicitationID) > maxElicitationID {
+		return fmt.Errorf("elicitationId of %d bytes is over the %d-byte limit", len(p.ElicitationID), maxElicitationID)
 	}
 	if ok, why := e.spendURL(p.ElicitationID); !ok {
 		// Dropped, not an error: a looping guest is bounded, not killed.

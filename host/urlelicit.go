@@ -1,6 +1,7 @@
 package host
 
 import (
+	"strings"
 	"sync"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
@@ -18,15 +19,19 @@ const (
 	completePluginBurst     = 32
 	completePluginPerSecond = 4
 	// maxIssuedPerScope bounds the IDs remembered per session and
-	// plugin, maxIssuedSessions the sessions remembered and
-	// maxIssuedSessionsPerTenant one tenant's (with Options.Tenants):
-	// past them the oldest go (their completions are then dropped), the
+	// plugin (a scope), maxIssuedScopes the scopes remembered and
+	// maxIssuedScopesPerTenant one tenant's (with Options.Tenants): past
+	// them the oldest go (their completions are then dropped), the
 	// tenant's holding the most (tenantFIFO), so that one tenant's
 	// sessions never push out another's. A session's IDs go when its
-	// client ends (Host.clientEnded).
-	maxIssuedPerScope          = 32
-	maxIssuedSessions          = 4096
-	maxIssuedSessionsPerTenant = maxIssuedSessions / 4
+	// client ends (Host.clientEnded). With IDs of at most
+	// maxElicitationID bytes, that is 32 MiB at the most.
+	maxIssuedPerScope        = 32
+	maxIssuedScopes          = 4096
+	maxIssuedScopesPerTenant = maxIssuedScopes / 4
+	// maxElicitationID bounds a URL elicitation's ID, issued or
+	// completed.
+	maxElicitationID = 256
 )
 
 // issuedURLs remembers the URL elicitation IDs each plugin issued in
@@ -34,23 +39,31 @@ const (
 // concurrent use.
 type issuedURLs struct {
 	mu      sync.Mutex
-	ids     map[string]map[string][]string // session label -> plugin -> IDs, oldest first
-	bound   tenantFIFO[string]             // of session labels
+	ids     map[string][]string // scope (urlScope) -> IDs, oldest first
+	bound   tenantFIFO[string]  // of scopes
 	plugins map[string]*tokenBucket
 }
+
+// urlScope is the session (its label) and plugin an env's URL
+// elicitations belong to.
+func (e *callEnv) urlScope() string { return e.sess + "\x00" + e.plugin.Name() }
 
 // end forgets the IDs issued in session (its label): its client ended.
 func (u *issuedURLs) end(session string) {
 	u.mu.Lock()
 	defer u.mu.Unlock()
-	delete(u.ids, session)
-	u.bound.remove(session)
+	for scope := range u.ids {
+		if strings.HasPrefix(scope, session+"\x00") {
+			delete(u.ids, scope)
+			u.bound.remove(scope)
+		}
+	}
 }
 
 // issueURLs remembers the URL elicitations among params as issued by e's
 // plugin in e's session.
 func (e *callEnv) issueURLs(params ...*mcp.ElicitParams) {
-	tenant := e.tenant()
+	tenant, scope := e.tenant(), e.urlScope()
 	u := &e.h.urls
 	u.mu.Lock()
 	defer u.mu.Unlock()
@@ -59,22 +72,17 @@ func (e *callEnv) issueURLs(params ...*mcp.ElicitParams) {
 			continue
 		}
 		if u.ids == nil {
-			u.ids = map[string]map[string][]string{}
-			u.bound.total, u.bound.perTenant = maxIssuedSessions, maxIssuedSessionsPerTenant
+			u.ids = map[string][]string{}
+			u.bound.total, u.bound.perTenant = maxIssuedScopes, maxIssuedScopesPerTenant
 		}
-		for _, s := range u.bound.add(e.sess, tenant) {
+		for _, s := range u.bound.add(scope, tenant) {
 			delete(u.ids, s)
 		}
-		byPlugin := u.ids[e.sess]
-		if byPlugin == nil {
-			byPlugin = map[string][]string{}
-			u.ids[e.sess] = byPlugin
-		}
-		ids := append(byPlugin[e.plugin.Name()], p.ElicitationID)
+		ids := append(u.ids[scope], p.ElicitationID)
 		if len(ids) > maxIssuedPerScope {
 			ids = ids[1:]
 		}
-		byPlugin[e.plugin.Name()] = ids
+		u.ids[scope] = ids
 	}
 }
 
@@ -85,7 +93,8 @@ func (e *callEnv) spendURL(id string) (ok bool, why string) {
 	u := &e.h.urls
 	u.mu.Lock()
 	defer u.mu.Unlock()
-	ids := u.ids[e.sess][e.plugin.Name()]
+	scope := e.urlScope()
+	ids := u.ids[scope]
 	i := -1
 	for j, v := range ids {
 		if v == id {
@@ -114,6 +123,6 @@ func (e *callEnv) spendURL(id string) (ok bool, why string) {
 	if !callOK || !pb.take() {
 		return false, "over the rate of completions"
 	}
-	u.ids[e.sess][e.plugin.Name()] = append(ids[:i:i], ids[i+1:]...)
+	u.ids[scope] = append(ids[:i:i], ids[i+1:]...)
 	return true, ""
 }
