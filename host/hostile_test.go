@@ -151,6 +151,14 @@ func newHostileFixture(t *testing.T, opts *host.Options, policy sandbox.Policy, 
 // the machine's load rather than a fixed wall-clock time.
 func alongside(t *testing.T, f *fixture, hostile func()) {
 	t.Helper()
+	alongsideWithin(t, f, slowCallFloor, hostile)
+}
+
+// alongsideWithin is alongside with floor in place of slowCallFloor, for a
+// hostile call that may pause the whole host for a time measured in the
+// same run.
+func alongsideWithin(t *testing.T, f *fixture, floor time.Duration, hostile func()) {
+	t.Helper()
 	other := f.connect(t, "", nil)
 	// count makes call n and reports how long it took, or false after
 	// reporting a wrong answer.
@@ -177,20 +185,25 @@ func alongside(t *testing.T, f *fixture, hostile func()) {
 		}
 		base = max(base, took)
 	}
-	bound := max(slowCallFloor, 20*base)
+	bound := max(floor, 20*base)
 	stop := make(chan struct{})
 	done := make(chan int)
 	go func() {
 		n := baselineCalls
-		defer func() { done <- n }()
+		var slowest time.Duration
+		defer func() {
+			t.Logf("%d calls alongside the hostile call; the slowest took %v (bound %v)", n-baselineCalls, slowest, bound)
+			done <- n
+		}()
 		for {
 			n++
 			took, ok := count(n)
 			if !ok {
 				return
 			}
+			slowest = max(slowest, took)
 			if took > bound {
-				t.Errorf("second session, call %d alongside the hostile call took %v (bound %v: 20 times the slowest call before it, %v, and at least %v)", n, took, bound, base, slowCallFloor)
+				t.Errorf("second session, call %d alongside the hostile call took %v (bound %v: 20 times the slowest call before it, %v, and at least %v)", n, took, bound, base, floor)
 			}
 			select {
 			case <-stop:
@@ -414,9 +427,8 @@ var hostileCalls = []struct {
 		served("grow", "grew to 1024 pages"),
 		served("grow_huge", "refused"),
 	}},
-	{"hostilerecurse", "recurse_ok", []hostileCase{
-		{tool: "recurse", fail: true, want: []string{`tool "recurse" crashed`, "stack overflow"}, reset: "trap"},
-	}},
+	// hostilerecurse's recursion is TestHostileRecursion's: the pause it
+	// causes is bounded by what it costs alone, measured there.
 	// Issue 12. One log message with 20 000 bytes of data: until the cap,
 	// one message of any size up to 1 MiB went to the host log and the
 	// client.
@@ -1240,8 +1252,10 @@ func TestHostileRecursion(t *testing.T) {
 		start := time.Now()
 		res, err := cs.CallTool(context.Background(), &mcp.CallToolParams{Name: "recurse", Arguments: map[string]any{}})
 		took := time.Since(start)
-		if err != nil || !res.IsError || !strings.Contains(text(res), "stack overflow") {
+		if err != nil || !res.IsError || !strings.Contains(text(res), `tool "recurse" crashed (stack overflow)`) {
 			t.Errorf("recurse: %v %q; want a stack overflow", err, text(res))
+		} else {
+			checkClear(t, res)
 		}
 		if took > bound {
 			t.Errorf("recurse took %v; bound %v", took, bound)
@@ -1257,7 +1271,14 @@ func TestHostileRecursion(t *testing.T) {
 	t.Logf("a recursion alone took %v: the bound of the others is %v", alone, bound)
 	// Writing 5 to clear_refs resets the peak RSS (VmHWM) to the current.
 	peakReset := os.WriteFile("/proc/self/clear_refs", []byte("5"), 0) == nil
-	alongside(t, f, func() { recurse(clients[0], bound) })
+	// A recursion pauses the whole host once, near its end: wazero copies
+	// its call stack (about 42 MB) into a new one of twice the size, and
+	// the copy, into pages the kernel has yet to fault in, cannot be
+	// preempted, so a garbage collection then waits for it and so does
+	// every goroutine that allocates. 250-370 ms on a 2-core machine;
+	// seconds under the race detector. The second session's calls may
+	// wait that long, never longer than the recursion itself runs.
+	alongsideWithin(t, f, max(slowCallFloor, 2*alone), func() { recurse(clients[0], bound) })
 	one := vmStatus(t, "VmHWM") - base
 	after := rss(t) - base
 	if peakReset {
