@@ -151,7 +151,7 @@ func asks(p *plugins.Plugin) bool {
 // anyway (see traceMiddleware).
 func (h *Host) callTool(ctx context.Context, key sessions.Key, c *plugins.Call, env *callEnv) (*mcp.CallToolResult, error) {
 	t := c.Tool
-	release, err := h.admitRun(env, key, t.Plugin())
+	ctx, release, err := h.admitRun(ctx, env, key, t.Plugin())
 	if err != nil {
 		return nil, toolError(t, err)
 	}

@@ -66,7 +66,8 @@ func newDurable(h *Host) *durable.Keeper {
 		Count: func(id, field string, size int, ttl time.Duration) {
 			h.storeBytes.count(id, field, size, ttl, h.tenantOf(""))
 		},
-		Release: h.storeBytes.release,
+		Release:    h.storeBytes.release,
+		OpenHandle: h.openAdopted,
 	})
 }
 

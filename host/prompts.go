@@ -57,7 +57,7 @@ func (h *Host) request(ctx context.Context, key sessions.Key, p *plugins.Plugin,
 		return err
 	}
 	// Admitted as a tool call is: it runs the guest as one does.
-	release, err := h.admitRun(env, key, p)
+	ctx, release, err := h.admitRun(ctx, env, key, p)
 	if err != nil {
 		return fmt.Errorf("plugin %q: %w", p.Name(), err)
 	}

@@ -2,6 +2,7 @@ package host
 
 import (
 	"cmp"
+	"context"
 	"errors"
 	"fmt"
 	"sync"
@@ -92,24 +93,45 @@ const maxRateTenants = 4096
 // tool call, prompt get, resource read or completion; env is its link to
 // its client, nil for none) as its client's subject's: over HTTP, it
 // counts against the subject's shares ([Host.admitCall]), so that a
-// subject past them is refused whichever request it sends; and key's
-// store record is the subject's tenant's, whichever request writes it
-// first. release must be called once the request's lease is done.
-func (h *Host) admitRun(env *callEnv, key sessions.Key, p *plugins.Plugin) (release func(), err error) {
+// subject past them is refused whichever request it sends; key's store
+// record is the subject's tenant's, whichever request writes it first;
+// and the returned context says whose a handle is that the request takes
+// over from another replica ([Host.openAdopted]). release must be called
+// once the request's lease is done.
+func (h *Host) admitRun(ctx context.Context, env *callEnv, key sessions.Key, p *plugins.Plugin) (_ context.Context, release func(), err error) {
 	release = func() {}
 	_, req := env.current()
 	if req == nil {
-		return release, nil
+		return ctx, release, nil
 	}
 	if req.Extra != nil && req.Extra.Header != nil { // over HTTP
 		if release, err = h.admitCall(subjectOf(req.Extra)); err != nil {
-			return nil, err
+			return ctx, nil, err
 		}
 	}
 	if !p.Stateless() {
-		h.storeBytes.attribute(durable.StoreID(key), h.tenantOf(subjectOf(req.Extra)))
+		tenant := h.tenantOf(subjectOf(req.Extra))
+		h.storeBytes.attribute(durable.StoreID(key), tenant)
+		if h.opts.Tenants && key.Kind() == sessions.KindHandle {
+			ctx = context.WithValue(ctx, tenantKey{}, tenant)
+		}
 	}
-	return release, nil
+	return ctx, release, nil
+}
+
+// tenantKey is the context key of the tenant of a request that may take
+// a handle over from another replica: see [Host.openAdopted].
+type tenantKey struct{}
+
+// openAdopted opens the client of a handle this replica takes over from
+// the store (durable.Options.OpenHandle) in the group of the tenant of
+// the request taking it (admitRun), as mintHandle opened it on the
+// replica that minted it: the handle says whose it is, and the request
+// was checked against it. In no group, any tenant's new handle could
+// evict it (sessions.Manager.OpenIn).
+func (h *Host) openAdopted(ctx context.Context, key sessions.Key) error {
+	group, _ := ctx.Value(tenantKey{}).(string)
+	return h.ses.OpenIn(key, group, h.handleShare())
 }
 
 // admitCall counts a request over HTTP by subject ("" for none) against

@@ -693,3 +693,43 @@ func TestPluginAccessSubscriptions(t *testing.T) {
 		t.Errorf("bob, who may not use hostileupdate, was told %d times that its resource %q changed (alice's calls)", len(got), got[0])
 	}
 }
+
+// TestAdoptedHandleKeepsItsTenant: alice's handle, minted on replica a,
+// moves to replica b (a proxy's rule moved). On b, bob fills the open
+// handles (--max-handles 4, a share of 8 each: the global bound binds
+// first) and passes each of his back once. Alice's handle lives on, her
+// count goes on from 3: a handle taken over from another replica joins
+// its subject's group, as at its minting, so bob's handles evict only his
+// own (review: it joined no group, whose handles anyone's may evict, and
+// alice's, used once on b, went first).
+func TestAdoptedHandleKeepsItsTenant(t *testing.T) {
+	store := statestore.NewMemory()
+	files := map[string]string{"counter.wasm": testplugins.Example(t, "counter")}
+	tokens := host.GuardOptions{Tokens: map[string]string{"alice": aliceToken, "bob": bobToken}}
+	replica := func(name string) string {
+		f := newFixture(t, &host.Options{Replica: name, Store: store, StateKey: replicaKey, Tenants: true, MaxHandles: 4, MaxHandlesPerSubject: 8}, sandbox.NewPolicy(), files)
+		return serveGuarded(t, f, tokens)
+	}
+	a, b := replica("a"), replica("b")
+	onA := connectHTTP(t, a, "", tenantTransport{token: aliceToken})
+	onA.ListTools(context.Background(), nil) // the client mirrors the handle into its header once it knows the schema
+	h := handleOf(countWith(t, onA, ""))
+	if got := firstText(countWith(t, onA, h)); got != "2" {
+		t.Fatalf("alice on a: count = %s, want 2", got)
+	}
+	alice := connectHTTP(t, b, "", tenantTransport{token: aliceToken})
+	alice.ListTools(context.Background(), nil)
+	if res := countWith(t, alice, h); res.IsError || firstText(res) != "3" {
+		t.Fatalf("alice's handle taken over by b: isError=%v %q, want count 3", res.IsError, text(res))
+	}
+	bob := connectHTTP(t, b, "", tenantTransport{token: bobToken})
+	bob.ListTools(context.Background(), nil)
+	for range 8 {
+		if bh := handleOf(countWith(t, bob, "")); bh != "" {
+			countWith(t, bob, bh)
+		}
+	}
+	if res := countWith(t, alice, h); res.IsError || firstText(res) != "4" {
+		t.Errorf("alice's handle on b after bob's handles: isError=%v %q, want count 4", res.IsError, text(res))
+	}
+}

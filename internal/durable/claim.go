@@ -291,10 +291,10 @@ func (d *Keeper) take(ctx context.Context, key sessions.Key, ns *NewSession, c *
 		// This replica forgot its claim (a call could be neither saved
 		// nor verified), and no one claimed the session since: what it
 		// still holds is the newest state.
-		if err := d.resume(key, c, notes, rec); err != nil {
+		if err := d.resume(ctx, key, c, notes, rec); err != nil {
 			return false, err
 		}
-	} else if err := d.seed(key, c, rec, cl.Fence, nil); err != nil {
+	} else if err := d.seed(ctx, key, c, rec, cl.Fence, nil); err != nil {
 		return false, err
 	}
 	if b, ok := rec["mcp"]; ok {
@@ -394,7 +394,7 @@ func (d *Keeper) verify(ctx context.Context, key sessions.Key, c *Claim) error {
 	if b, ok := rec["mcp"]; ok {
 		c.mcp = b
 	}
-	return d.seed(key, c, rec, cl.Fence, nil)
+	return d.seed(ctx, key, c, rec, cl.Fence, nil)
 }
 
 // claimNotes are what a claim knew of the instances of its session, taken
@@ -426,8 +426,8 @@ func (c *Claim) retireTaking() claimNotes {
 // calls; the state is saved again once the store answers); if not, that
 // state is lost, and its next instance says so (stateReset not-saved).
 // c.mu is held.
-func (d *Keeper) resume(key sessions.Key, c *Claim, old claimNotes, rec map[string][]byte) error {
-	if err := d.seed(key, c, rec, old.seeded, old.unsaved); err != nil {
+func (d *Keeper) resume(ctx context.Context, key sessions.Key, c *Claim, old claimNotes, rec map[string][]byte) error {
+	if err := d.seed(ctx, key, c, rec, old.seeded, old.unsaved); err != nil {
 		return err
 	}
 	// A write of old's fence that got no answer may still land: what
@@ -538,8 +538,9 @@ func (d *Keeper) announceLost(key sessions.Key, c *Claim) error {
 // seed gives key's client the instance states of rec (nil: none, the
 // session's states are new), under fence: instances of another fence are
 // retired. The plugins of unsaved had a newer state than rec's, which was
-// not saved: their next instances start afresh, and say so. c.mu is held.
-func (d *Keeper) seed(key sessions.Key, c *Claim, rec map[string][]byte, fence uint64, unsaved map[string]NotSaved) error {
+// not saved: their next instances start afresh, and say so. ctx is the
+// request's that takes the session (Options.OpenHandle). c.mu is held.
+func (d *Keeper) seed(ctx context.Context, key sessions.Key, c *Claim, rec map[string][]byte, fence uint64, unsaved map[string]NotSaved) error {
 	seeds := map[string]sessions.Seed{}
 	for field, v := range rec {
 		name, ok := strings.CutPrefix(field, "p/")
@@ -565,7 +566,7 @@ func (d *Keeper) seed(key sessions.Key, c *Claim, rec map[string][]byte, fence u
 		seeds[name] = sessions.Seed{State: &plugins.State{Host: pr.Host, SHA256: pr.SHA256, Data: pr.Data}}
 	}
 	if key.Kind() == sessions.KindHandle {
-		if err := d.ses.Open(key); err != nil {
+		if err := d.openHandle(ctx, key); err != nil {
 			return err
 		}
 	}

@@ -2,6 +2,7 @@ package durable
 
 import (
 	"cmp"
+	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"log/slog"
@@ -78,6 +79,12 @@ type Options struct {
 	// with Reserve nil.
 	Count   func(id, field string, size int, ttl time.Duration)
 	Release func(id string)
+	// OpenHandle opens the session-layer client of a handle this replica
+	// takes over from the store; ctx is the request's that takes it, so
+	// that the caller can open it in its tenant's group
+	// ([sessions.Manager.OpenIn]). nil opens it in none
+	// ([sessions.Manager.Open]).
+	OpenHandle func(ctx context.Context, key sessions.Key) error
 }
 
 // Observer is told what an operator watches of the keeper. Its methods
@@ -119,6 +126,7 @@ type Keeper struct {
 	reserve       func(id, field string, size int, ttl time.Duration) (undo func(), err error)
 	count         func(id, field string, size int, ttl time.Duration)
 	release       func(id string)
+	openHandle    func(ctx context.Context, key sessions.Key) error
 
 	wg sync.WaitGroup // background work: renewals, write-backs
 
@@ -169,6 +177,7 @@ func New(o Options) *Keeper {
 		reserve:       o.Reserve,
 		count:         o.Count,
 		release:       o.Release,
+		openHandle:    o.OpenHandle,
 		claims:        map[sessions.Key]*Claim{},
 		forgotten:     map[sessions.Key]*Claim{},
 		adopted:       map[string]bool{},
@@ -191,6 +200,9 @@ func New(o Options) *Keeper {
 	}
 	if d.release == nil {
 		d.release = func(string) {}
+	}
+	if d.openHandle == nil {
+		d.openHandle = func(_ context.Context, key sessions.Key) error { return d.ses.Open(key) }
 	}
 	return d
 }
