@@ -336,14 +336,17 @@ type Host struct {
 	closed     bool
 	stateKey   []byte
 	// The keys derived from stateKey for session handles (handles.go).
-	macs    *handleMACs
-	auditMu sync.Mutex
-	budgets sync.Map // plugin name -> *pluginBudget
-	tasks   *taskStore
-	wg      sync.WaitGroup  // session watchers
-	dur     *durable.Keeper // nil without a state store
-	drain   drainState
-	stopBG  context.CancelFunc // stops the heartbeat
+	macs     *handleMACs
+	auditMu  sync.Mutex
+	budgetMu sync.Mutex
+	budgets  map[budgetKey]*pluginBudget // budgetOf's
+	// budgetSwept is when budgetOf last forgot the idle budgets.
+	budgetSwept time.Time
+	tasks       *taskStore
+	wg          sync.WaitGroup  // session watchers
+	dur         *durable.Keeper // nil without a state store
+	drain       drainState
+	stopBG      context.CancelFunc // stops the heartbeat
 	// adoptMu: held for writing while a stateful session is taken over
 	// (adopt.go), for reading while a new one is made, so that the
 	// session ID of a takeover goes to it alone.

@@ -85,9 +85,10 @@ const (
 )
 
 // pluginBudget is what one plugin may send through the host functions
-// across all its instances, sessions and calls, so that many short calls
-// cannot do what one long call may not. Its buckets are keyed by plugin
-// name, so they outlive reloads. It is safe for concurrent use.
+// across all its instances, sessions and calls (with tenants, those of one
+// tenant: see [Host.budgetOf]), so that many short calls cannot do what one
+// long call may not. Budgets are keyed by plugin name, so they outlive
+// reloads. It is safe for concurrent use.
 type pluginBudget struct {
 	mu                sync.Mutex
 	logs, logBytes    tokenBucket
@@ -95,19 +96,80 @@ type pluginBudget struct {
 	recordBytes       tokenBucket
 }
 
-// budgetOf returns the budget of the plugin named name.
-func (h *Host) budgetOf(name string) *pluginBudget {
-	if b, ok := h.budgets.Load(name); ok {
-		return b.(*pluginBudget)
+// budgetKey names a plugin's budget for one tenant ("" without tenants).
+type budgetKey struct{ plugin, tenant string }
+
+// maxBudgets bounds the budgets kept: past it, the idle ones (every bucket
+// full again) are forgotten, and a tenant new while all are in use shares
+// the budget of overflowTenant.
+const maxBudgets = 4096
+
+// overflowTenant is the tenant whose budgets those past maxBudgets share.
+const overflowTenant = "*"
+
+// budgetOf returns the budget of the plugin named name for tenant: with
+// tenants, each has its own, so that one tenant's calls cannot use up what
+// a plugin may send to everyone's clients (and to the host's log), which
+// each tenant's own share then bounds.
+func (h *Host) budgetOf(name, tenant string) *pluginBudget {
+	key := budgetKey{name, tenant}
+	h.budgetMu.Lock()
+	defer h.budgetMu.Unlock()
+	if b := h.budgets[key]; b != nil {
+		return b
 	}
-	b, _ := h.budgets.LoadOrStore(name, &pluginBudget{
+	if h.budgets == nil {
+		h.budgets = map[budgetKey]*pluginBudget{}
+	}
+	if len(h.budgets) >= maxBudgets && time.Since(h.budgetSwept) >= time.Second {
+		// At most once a second: while all are in use, each new
+		// tenant's every message would go through them all.
+		h.budgetSwept = time.Now()
+		for k, b := range h.budgets {
+			if b.idle() {
+				delete(h.budgets, k)
+			}
+		}
+	}
+	if len(h.budgets) >= maxBudgets {
+		key.tenant = overflowTenant
+		if b := h.budgets[key]; b != nil {
+			return b
+		}
+	}
+	b := &pluginBudget{
 		logs:        newTokenBucket(logPluginBurst, logPluginPerSecond),
 		logBytes:    newTokenBucket(logPluginBurstBytes, logPluginBytesPerSecond),
 		updates:     newTokenBucket(updatePluginBurst, updatePluginPerSecond),
 		updBytes:    newTokenBucket(updatePluginBurstBytes, updatePluginBytesPerSecond),
 		recordBytes: newTokenBucket(recordPluginBurst, recordPluginBytesPerSecond),
-	})
-	return b.(*pluginBudget)
+	}
+	h.budgets[key] = b
+	return b
+}
+
+// idle reports whether every bucket of b is full again: forgetting b then
+// changes nothing.
+func (b *pluginBudget) idle() bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for _, tb := range []*tokenBucket{&b.logs, &b.logBytes, &b.updates, &b.updBytes, &b.recordBytes} {
+		tb.refill()
+		if tb.tokens < tb.burst {
+			return false
+		}
+	}
+	return true
+}
+
+// budgetLocked is the budget of e's plugin for the tenant of e's client.
+// e.mu is held.
+func (e *callEnv) budgetLocked() *pluginBudget {
+	tenant := ""
+	if e.h.opts.Tenants && e.req != nil {
+		tenant = e.h.tenantOf(subjectOf(e.req.Extra))
+	}
+	return e.h.budgetOf(e.plugin.Name(), tenant)
 }
 
 // takeBoth takes n tokens and size bytes from both pairs of buckets, or
@@ -518,7 +580,7 @@ func (e *callEnv) takeRate(count, bytes *tokenBucket, size float64, pick func(*p
 	if !takeBoth(count, bytes, size) {
 		return false
 	}
-	b := e.h.budgetOf(e.plugin.Name())
+	b := e.budgetLocked()
 	b.mu.Lock()
 	pc, pb := pick(b)
 	ok := takeBoth(pc, pb, size)
@@ -604,7 +666,7 @@ func (e *callEnv) writeRecord(input []byte) error {
 	case e.recordBytes+len(input) > maxRecordCallBytes:
 		return fmt.Errorf("record refused: a call's records may hold at most %d bytes", maxRecordCallBytes)
 	}
-	b := e.h.budgetOf(e.plugin.Name())
+	b := e.budgetLocked()
 	b.mu.Lock()
 	ok := b.recordBytes.takeN(float64(len(input)))
 	b.mu.Unlock()

@@ -2,6 +2,7 @@ package host
 
 import (
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 )
@@ -53,5 +54,44 @@ func TestStoreBudgetAttributeLate(t *testing.T) {
 	b.release("r1")
 	if b.sum != 0 || len(b.held) != 0 || len(b.assumed) != 0 {
 		t.Fatalf("after release: sum %d, held %v, assumed %v", b.sum, b.held, b.assumed)
+	}
+}
+
+// The plugin budgets kept are bounded: past maxBudgets the idle ones are
+// forgotten, and while every one is in use a new tenant shares the
+// overflow budget, never one of another tenant's own.
+func TestPluginBudgetsBounded(t *testing.T) {
+	h := &Host{}
+	busy := func(b *pluginBudget) {
+		b.mu.Lock()
+		b.logs.tokens = 0
+		b.mu.Unlock()
+	}
+	alice := h.budgetOf("p", "alice")
+	busy(alice)
+	for i := range maxBudgets - 1 {
+		busy(h.budgetOf("p", fmt.Sprint("t", i)))
+	}
+	over := h.budgetOf("p", "bob")
+	busy(over)
+	if over == alice || over != h.budgetOf("p", overflowTenant) || over != h.budgetOf("p", "carol") {
+		t.Fatal("a tenant past the bound does not share the overflow budget")
+	}
+	if h.budgetOf("p", "alice") != alice || len(h.budgets) != maxBudgets+1 {
+		t.Fatalf("%d budgets; want alice's kept and %d", len(h.budgets), maxBudgets+1)
+	}
+	h.budgetMu.Lock()
+	for k, b := range h.budgets {
+		if k.tenant != "alice" {
+			b.logs.tokens = b.logs.burst // idle again
+		}
+	}
+	h.budgetSwept = time.Time{} // a second later
+	h.budgetMu.Unlock()
+	if b := h.budgetOf("p", "bob"); b == over || b == alice {
+		t.Fatal("bob shares a budget once the others are idle")
+	}
+	if len(h.budgets) != 2 || h.budgetOf("p", "alice") != alice {
+		t.Fatalf("%d budgets after the idle ones were forgotten; want alice's and bob's", len(h.budgets))
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -731,5 +732,67 @@ func TestAdoptedHandleKeepsItsTenant(t *testing.T) {
 	}
 	if res := countWith(t, alice, h); res.IsError || firstText(res) != "4" {
 		t.Errorf("alice's handle on b after bob's handles: isError=%v %q, want count 4", res.IsError, text(res))
+	}
+}
+
+// TestPluginBudgetsPerTenant: bob calls hostileflood's log_burst over and
+// over, each call sending 20 log messages of 12 000 bytes, which keeps the
+// plugin's log budget (256 KiB at once, then 64 KiB a second) empty. Alice's
+// call of the same tool still gets the five messages a call may send at
+// once (64 KiB) to her client: with tenants, each tenant has its own budget
+// of each plugin (review: one budget per plugin across all tenants, so bob's
+// calls silenced every other tenant's).
+func TestPluginBudgetsPerTenant(t *testing.T) {
+	f := newFixture(t, &host.Options{Tenants: true}, sandbox.NewPolicy(), map[string]string{"hostileflood.wasm": testplugins.Test(t, "hostileflood")})
+	url := serveGuarded(t, f, host.GuardOptions{Tokens: map[string]string{"alice": aliceToken, "bob": bobToken}})
+	connect := func(token string, got *atomic.Int64) *mcp.ClientSession {
+		cs := connectHTTPEra(t, url, "2025-11-25", &mcp.ClientOptions{LoggingMessageHandler: func(context.Context, *mcp.LoggingMessageRequest) { got.Add(1) }}, tenantTransport{token: token})
+		if err := cs.SetLoggingLevel(context.Background(), &mcp.SetLoggingLevelParams{Level: "debug"}); err != nil {
+			t.Fatal(err)
+		}
+		return cs
+	}
+	var aliceGot, bobGot atomic.Int64
+	alice, bob := connect(aliceToken, &aliceGot), connect(bobToken, &bobGot)
+	burst := func(cs *mcp.ClientSession) error {
+		_, err := cs.CallTool(context.Background(), &mcp.CallToolParams{Name: "log_burst", Arguments: map[string]any{}})
+		return err
+	}
+	stop := make(chan struct{})
+	calls := make(chan int, 1)
+	go func() {
+		defer close(calls)
+		for n := 1; ; n++ {
+			if err := burst(bob); err != nil {
+				t.Errorf("bob's call %d: %v", n, err)
+				return
+			}
+			select {
+			case <-stop:
+				return
+			case calls <- n:
+			default:
+			}
+		}
+	}()
+	// Ten of bob's calls take 600 KB of log data: past the plugin's
+	// burst, so a shared budget is empty from then on.
+	for n := range calls {
+		if n >= 10 {
+			break
+		}
+	}
+	err := burst(alice)
+	close(stop)
+	for range calls {
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := alice.Ping(context.Background(), nil); err != nil { // her late notifications counted too
+		t.Fatal(err)
+	}
+	if n := aliceGot.Load(); n < 5 {
+		t.Errorf("alice's call sent %d log messages to her client while bob's calls flooded (bob's client got %d); want the 5 a call may send at once", n, bobGot.Load())
 	}
 }
