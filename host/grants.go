@@ -553,15 +553,19 @@ func (b *grantBook) export(key sessions.Key) []byte {
 
 // restore gives key the answers of its durable record (export's bytes),
 // replacing what this replica held: the record is the session's latest
-// word. For the durable layer, when it adopts a session.
-func (b *grantBook) restore(key sessions.Key, data []byte) error {
+// word. For the durable layer, when it adopts a session: ctx is the
+// request's that takes it over, whose tenant (admitRun) the answers count
+// as. Counted as no one's, they could be pushed out by any tenant's
+// (tenantFIFO).
+func (b *grantBook) restore(ctx context.Context, key sessions.Key, data []byte) error {
 	var rec grantRecord
 	if err := json.Unmarshal(data, &rec); err != nil {
 		return fmt.Errorf("grants record: %w", err)
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	s := b.session(key, "") // its tenant is known at its first question here
+	tenant, _ := ctx.Value(tenantKey{}).(string)
+	s := b.session(key, tenant)
 	s.Asked = max(s.Asked, rec.Asked)
 	clear(s.answers)
 	for _, a := range rec.Answers {

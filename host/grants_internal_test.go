@@ -29,7 +29,7 @@ func TestGrantRecordRoundTrip(t *testing.T) {
 		t.Fatalf("export: %s (%d changes), want %s", rec, changes, want)
 	}
 	var to grantBook
-	if err := to.restore(key, rec); err != nil {
+	if err := to.restore(context.Background(), key, rec); err != nil {
 		t.Fatal(err)
 	}
 	if got := to.export(key); string(got) != string(rec) {
@@ -38,8 +38,37 @@ func TestGrantRecordRoundTrip(t *testing.T) {
 	if to.export(sessions.Client("other")) != nil {
 		t.Error("another session got answers")
 	}
-	if err := to.restore(key, []byte("{")); err == nil {
+	if err := to.restore(context.Background(), key, []byte("{")); err == nil {
 		t.Error("restored a garbled record")
+	}
+}
+
+// TestRestoredGrantsCountAsTheirTenant: answers restored for a request of
+// alice's (a replica taking her session over) count as hers, not as no
+// one's, so that only her own sessions' answers push them out: 4,096 of
+// four other tenants' sessions' answers later, hers are still there (review:
+// they counted as no one's until her next question, and the tenant
+// holding the most went first, which all the restored sessions made the
+// one of no one).
+func TestRestoredGrantsCountAsTheirTenant(t *testing.T) {
+	var b grantBook
+	rec := []byte(`{"asked":1,"answers":[{"plugin":"weather","sha256":"ab","kind":"network","target":"api.example.com:443","allowed":false}]}`)
+	alice := sessions.Client("alice-session")
+	if err := b.restore(context.WithValue(context.Background(), tenantKey{}, "alice"), alice, rec); err != nil {
+		t.Fatal(err)
+	}
+	// Sessions restored for other requests whose tenant is not said
+	// (no tenants), then bob's and carol's own.
+	for i := range 1024 {
+		b.restore(context.Background(), sessions.Client(fmt.Sprint("restored-", i)), rec)
+	}
+	b.mu.Lock()
+	for i := range maxGrantSessions {
+		b.session(sessions.Client(fmt.Sprint("other-", i)), []string{"bob", "carol", "dave", "erin"}[i%4])
+	}
+	b.mu.Unlock()
+	if string(b.export(alice)) != string(rec) {
+		t.Errorf("alice's restored answers were pushed out by other tenants' sessions: %s", b.export(alice))
 	}
 }
 

@@ -95,8 +95,9 @@ const maxRateTenants = 4096
 // counts against the subject's shares ([Host.admitCall]), so that a
 // subject past them is refused whichever request it sends; key's store
 // record is the subject's tenant's, whichever request writes it first;
-// and the returned context says whose a handle is that the request takes
-// over from another replica ([Host.openAdopted]). release must be called
+// and the returned context says whose a session is that the request
+// takes over from another replica: its handle's group
+// ([Host.openAdopted]) and its grant answers ([grantBook.restore]). release must be called
 // once the request's lease is done.
 func (h *Host) admitRun(ctx context.Context, env *callEnv, key sessions.Key, p *plugins.Plugin) (_ context.Context, release func(), err error) {
 	release = func() {}
@@ -112,7 +113,7 @@ func (h *Host) admitRun(ctx context.Context, env *callEnv, key sessions.Key, p *
 	if !p.Stateless() {
 		tenant := h.tenantOf(subjectOf(req.Extra))
 		h.storeBytes.attribute(durable.StoreID(key), tenant)
-		if h.opts.Tenants && key.Kind() == sessions.KindHandle {
+		if h.opts.Tenants {
 			ctx = context.WithValue(ctx, tenantKey{}, tenant)
 		}
 	}
@@ -120,7 +121,8 @@ func (h *Host) admitRun(ctx context.Context, env *callEnv, key sessions.Key, p *
 }
 
 // tenantKey is the context key of the tenant of a request that may take
-// a handle over from another replica: see [Host.openAdopted].
+// a session over from another replica (with Options.Tenants): see
+// [Host.admitRun].
 type tenantKey struct{}
 
 // openAdopted opens the client of a handle this replica takes over from

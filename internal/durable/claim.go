@@ -579,7 +579,7 @@ func (d *Keeper) seed(ctx context.Context, key sessions.Key, c *Claim, rec map[s
 	if b, ok := rec["grants"]; ok {
 		// The person's answers to run-time grant questions move with
 		// the session (Options.RestoreGrants).
-		if err := d.restoreGrants(key, b); err != nil {
+		if err := d.restoreGrants(ctx, key, b); err != nil {
 			d.log.Warn("session adopted without its grant answers", "session", key.String(), "error", err)
 		}
 	}

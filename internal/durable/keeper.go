@@ -66,8 +66,10 @@ type Options struct {
 	Observer Observer
 	// ExportGrants and RestoreGrants carry a session's run-time grant
 	// answers in its record (field "grants"); nil carries none.
+	// RestoreGrants's ctx is the request's that takes the session over
+	// (as OpenHandle's).
 	ExportGrants  func(key sessions.Key) []byte
-	RestoreGrants func(key sessions.Key, data []byte) error
+	RestoreGrants func(ctx context.Context, key sessions.Key, data []byte) error
 	// Reserve counts size bytes of field of record id against the
 	// tenants' budgets before the write, and returns how to undo it (the
 	// write failed); Release forgets record id (deleted). nil counts
@@ -122,7 +124,7 @@ type Keeper struct {
 	session time.Duration // the session timeout, 0 for none
 
 	exportGrants  func(sessions.Key) []byte
-	restoreGrants func(sessions.Key, []byte) error
+	restoreGrants func(context.Context, sessions.Key, []byte) error
 	reserve       func(id, field string, size int, ttl time.Duration) (undo func(), err error)
 	count         func(id, field string, size int, ttl time.Duration)
 	release       func(id string)
@@ -190,7 +192,7 @@ func New(o Options) *Keeper {
 		d.exportGrants = func(sessions.Key) []byte { return nil }
 	}
 	if d.restoreGrants == nil {
-		d.restoreGrants = func(sessions.Key, []byte) error { return nil }
+		d.restoreGrants = func(context.Context, sessions.Key, []byte) error { return nil }
 	}
 	if d.reserve == nil {
 		d.reserve = func(string, string, int, time.Duration) (func(), error) { return func() {}, nil }
