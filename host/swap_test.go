@@ -31,6 +31,13 @@ type reloadFixture struct {
 
 func newReloadFixture(t *testing.T, files map[string][]byte) *reloadFixture {
 	t.Helper()
+	return newReloadFixtureWith(t, nil, files)
+}
+
+// newReloadFixtureWith is newReloadFixture with host options (nil for the
+// defaults); their Logger is the fixture's.
+func newReloadFixtureWith(t *testing.T, opts *host.Options, files map[string][]byte) *reloadFixture {
+	t.Helper()
 	ctx := context.Background()
 	dir := t.TempDir()
 	for name, b := range files {
@@ -47,7 +54,12 @@ func newReloadFixture(t *testing.T, files map[string][]byte) *reloadFixture {
 	if _, errs := r.Load(ctx); len(errs) > 0 {
 		t.Fatal(errs)
 	}
-	f.h = host.New(r, &host.Options{Logger: newTestLogger(f.log)})
+	o := host.Options{}
+	if opts != nil {
+		o = *opts
+	}
+	o.Logger = newTestLogger(f.log)
+	f.h = host.New(r, &o)
 	t.Cleanup(func() { f.h.Close(ctx); r.Close(ctx) })
 	return &reloadFixture{fixture: f, dir: dir, r: r}
 }

@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -794,5 +796,114 @@ func TestPluginBudgetsPerTenant(t *testing.T) {
 	}
 	if n := aliceGot.Load(); n < 5 {
 		t.Errorf("alice's call sent %d log messages to her client while bob's calls flooded (bob's client got %d); want the 5 a call may send at once", n, bobGot.Load())
+	}
+}
+
+// TestPluginAccessSubscriptionsListen: the 2026-07-28 form of
+// TestPluginAccessSubscriptions. Alice and bob each open a
+// subscriptions/listen stream for flood://item/1, a resource of
+// hostileupdate, which only alice may use. Alice's calls say it changed:
+// her stream is told, bob's never is (the access middleware leaves the URI
+// out of what bob's stream is acknowledged, and watchFilter drops updates
+// to sessions that may not use the plugin).
+func TestPluginAccessSubscriptionsListen(t *testing.T) {
+	f := newFixture(t, &host.Options{PluginAccess: map[string]host.AccessRule{"hostileupdate": {Subjects: []string{"alice"}}}}, sandbox.NewPolicy(), map[string]string{
+		"hostileupdate.wasm": testplugins.Test(t, "hostileupdate"),
+	})
+	url := serveGuarded(t, f, host.GuardOptions{Tokens: map[string]string{"alice": aliceToken, "bob": bobToken}})
+	const uri = "flood://item/1"
+	listen := func(token string) (*mcp.ClientSession, chan string) {
+		told := make(chan string, 64)
+		cs := connectHTTPEra(t, url, "2026-07-28", &mcp.ClientOptions{
+			ResourceUpdatedHandler: func(_ context.Context, r *mcp.ResourceUpdatedNotificationRequest) {
+				select {
+				case told <- r.Params.URI:
+				default:
+				}
+			},
+		}, tenantTransport{token: token})
+		// Subscribe returns when the stream ends (the client closes).
+		go cs.Subscribe(context.Background(), &mcp.SubscribeParams{URI: uri})
+		return cs, told
+	}
+	alice, aliceTold := listen(aliceToken)
+	_, bobTold := listen(bobToken)
+	// Alice's calls until her stream is told: the streams open
+	// asynchronously, and bob's opened at about the same time as hers.
+	deadline := time.Now().Add(30 * time.Second)
+	for told := false; !told; {
+		if time.Now().After(deadline) {
+			t.Fatal("alice's subscriptions/listen stream was never told that flood://item/1 changed")
+		}
+		call(t, alice, "update_burst", map[string]any{})
+		select {
+		case got := <-aliceTold:
+			told = got == uri
+		case <-time.After(time.Second):
+		}
+	}
+	// Once more, after which anything sent to bob has had time to arrive
+	// as alice's did.
+	call(t, alice, "update_burst", map[string]any{})
+	select {
+	case <-aliceTold:
+	case <-time.After(30 * time.Second):
+		t.Fatal("alice's stream was not told of the last update")
+	}
+	select {
+	case got := <-bobTold:
+		t.Errorf("bob, who may not use hostileupdate, was told on his subscriptions/listen stream that %q changed", got)
+	default:
+	}
+}
+
+// TestWatchFilterAfterReload: bob subscribes to flood://item/1 while the
+// plugin serving it is "open" (hostileupdate's code under another name),
+// which he may use, and is told when it changes. A reload then serves the
+// URI from hostileupdate, which only alice may use: the go-sdk still holds
+// bob's subscription, but alice's updates reach only her (watchFilter
+// checks each update against the catalogue as it is then).
+func TestWatchFilterAfterReload(t *testing.T) {
+	code := testplugins.Bytes(t, testplugins.Test(t, "hostileupdate"))
+	f := newReloadFixtureWith(t, &host.Options{PluginAccess: map[string]host.AccessRule{"hostileupdate": {Subjects: []string{"alice"}}}}, map[string][]byte{"open.wasm": code})
+	url := serveGuarded(t, f.fixture, host.GuardOptions{Tokens: map[string]string{"alice": aliceToken, "bob": bobToken}})
+	const uri = "flood://item/1"
+	subscribe := func(token string) (*mcp.ClientSession, *atomic.Int64) {
+		var told atomic.Int64
+		cs := connectHTTPEra(t, url, "2025-11-25", &mcp.ClientOptions{
+			ResourceUpdatedHandler: func(context.Context, *mcp.ResourceUpdatedNotificationRequest) { told.Add(1) },
+		}, tenantTransport{token: token})
+		if err := cs.Subscribe(context.Background(), &mcp.SubscribeParams{URI: uri}); err != nil {
+			t.Fatal(err)
+		}
+		return cs, &told
+	}
+	// flush waits for what was sent to cs before: a ping is answered
+	// after it.
+	flush := func(cs *mcp.ClientSession) {
+		if err := cs.Ping(context.Background(), nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	bob, bobTold := subscribe(bobToken)
+	call(t, bob, "update_burst", map[string]any{})
+	flush(bob)
+	if bobTold.Load() == 0 {
+		t.Fatal("bob was not told of open's updates, which he may use")
+	}
+	if err := os.Remove(filepath.Join(f.dir, "open.wasm")); err != nil {
+		t.Fatal(err)
+	}
+	f.deploy(t, "hostileupdate.wasm", code)
+	alice, aliceTold := subscribe(aliceToken)
+	before := bobTold.Load()
+	call(t, alice, "update_burst", map[string]any{})
+	flush(alice)
+	flush(bob)
+	if aliceTold.Load() == 0 {
+		t.Fatal("alice was not told of hostileupdate's updates")
+	}
+	if n := bobTold.Load() - before; n > 0 {
+		t.Errorf("bob was told %d times that %s changed after the reload gave it to hostileupdate, which he may not use", n, uri)
 	}
 }
