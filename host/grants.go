@@ -1,6 +1,7 @@
 package host
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -32,16 +33,14 @@ import (
 // faster than a person can be expected to read.
 const DefaultMaxGrantQuestions = 10
 
-// maxGrantSessions bounds the sessions whose answers are kept, and
-// maxGrantSessionsPerTenant one tenant's (with Options.Tenants); past
-// them the oldest answers of the tenant holding the most are forgotten
-// (that session is asked again, within its cap afresh), so that one
-// tenant's sessions never push out another's (tenantFIFO). Answers go
-// when their client ends in the session layer (Host.clientEnded).
-const (
-	maxGrantSessions          = 4096
-	maxGrantSessionsPerTenant = maxGrantSessions / 4
-)
+// maxGrantSessions is the default of Options.MaxGrantSessions: the
+// sessions whose answers are kept, each tenant's a quarter of them (with
+// Options.Tenants); past them the oldest answers of the tenant holding the
+// most are forgotten (that session is asked again, within its cap
+// afresh), so that one tenant's sessions never push out another's
+// (tenantFIFO). Answers go when their client ends in the session layer
+// (Host.clientEnded).
+const maxGrantSessions = 4096
 
 // grantSecret is the kind of a keyring secret asked for (the sandbox asks
 // for network grants; the host serves secrets itself).
@@ -106,6 +105,7 @@ type grantBook struct {
 	mu       sync.Mutex
 	sessions map[sessions.Key]*sessionGrants
 	bound    tenantFIFO[sessions.Key]
+	max      int // Options.MaxGrantSessions, set before use
 	// onChange, if set, is called (without b.mu) after a session's
 	// answers or question count change: the durable layer's hook to
 	// write export(key) into the session's record. Set before serving.
@@ -125,7 +125,8 @@ func (b *grantBook) changed(ctx context.Context, key sessions.Key) {
 func (b *grantBook) session(key sessions.Key, tenant string) *sessionGrants {
 	if b.sessions == nil {
 		b.sessions = map[sessions.Key]*sessionGrants{}
-		b.bound.total, b.bound.perTenant = maxGrantSessions, maxGrantSessionsPerTenant
+		total := cmp.Or(b.max, maxGrantSessions)
+		b.bound.total, b.bound.perTenant = total, max(total/4, 1)
 	}
 	for _, k := range b.bound.add(key, tenant) {
 		delete(b.sessions, k)

@@ -109,10 +109,10 @@ func TestGrantBookTenantBounds(t *testing.T) {
 	if _, ok := b.sessions[alice]; !ok {
 		t.Errorf("alice's answers forgotten after bob's %d sessions", maxGrantSessions)
 	}
-	if n := len(b.bound.order["bob"]); n != maxGrantSessionsPerTenant {
-		t.Errorf("bob holds %d sessions' answers, want his share, %d", n, maxGrantSessionsPerTenant)
+	if n := len(b.bound.order["bob"]); n != (maxGrantSessions / 4) {
+		t.Errorf("bob holds %d sessions' answers, want his share, %d", n, (maxGrantSessions / 4))
 	}
-	if _, ok := b.sessions[bob(maxGrantSessions-maxGrantSessionsPerTenant)]; !ok {
+	if _, ok := b.sessions[bob(maxGrantSessions-(maxGrantSessions/4))]; !ok {
 		t.Error("bob's newest sessions' answers forgotten")
 	}
 	for i := range maxGrantSessions {

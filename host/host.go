@@ -248,6 +248,11 @@ type Options struct {
 	// MaxGrantQuestions bounds the run-time grant questions one session
 	// may be asked, across its plugins; 0 means DefaultMaxGrantQuestions.
 	MaxGrantQuestions int
+	// MaxGrantSessions bounds the sessions whose run-time grant answers
+	// are remembered, each tenant's a quarter of them (with Tenants);
+	// past either, the oldest of the tenant holding the most are
+	// forgotten, and that session is asked again. 0 means 4,096.
+	MaxGrantSessions int
 	// GrantFile, if set, keeps answers per subject across sessions and
 	// restarts: the person is offered "always allow" besides the other
 	// choices, and "deny" is kept there too, until revoked (`wasmtools
@@ -393,6 +398,7 @@ func New(src *plugins.Reloader, opts *Options) *Host {
 		rand.Read(h.stateKey)
 	}
 	h.macs = newHandleMACs(h.stateKey)
+	h.grants.max = h.opts.MaxGrantSessions
 	h.log = h.opts.Logger
 	if h.log == nil {
 		h.log = slog.New(slog.DiscardHandler)

@@ -231,14 +231,16 @@ func TestUnreturnedHandleFairShares(t *testing.T) {
 
 // TestGrantAnswersFairShares: alice denies grantask's network request
 // in her session, and the denial is remembered ("denied earlier in this
-// session"). Bob then makes 4096 sessionless calls, each with a handle of
-// its own (his client offers no elicitation: each is refused unasked).
-// Alice's denial still holds and she is not asked again: the grant book
-// is bounded per tenant, and frees a client's answers when its handle
-// ends (review: 4096 sessions FIFO across everyone, handles never freed,
-// so bob's calls pushed hers out).
+// session"). With the book bounded at 256 sessions, bob then makes 256
+// sessionless calls, each with a handle of its own (his client offers no
+// elicitation: each is refused unasked). Alice's denial still holds and
+// she is not asked again: the grant book is bounded per tenant, and frees
+// a client's answers when its handle ends (review: 4096 sessions FIFO
+// across everyone, handles never freed, so bob's 4096 calls pushed hers
+// out; the test made them all until the bound became an option).
 func TestGrantAnswersFairShares(t *testing.T) {
-	f, srv, target := grantFixture(t, &host.Options{Tenants: true})
+	const book = 256 // sessions' answers remembered; 4,096 by default
+	f, srv, target := grantFixture(t, &host.Options{Tenants: true, MaxGrantSessions: book})
 	url := serveGuarded(t, f, host.GuardOptions{Tokens: map[string]string{"alice": aliceToken, "bob": bobToken}})
 	a := &grantAnswerer{decisions: []string{"deny", "allow for this session"}}
 	alice := connectHTTPEra(t, url, "2025-11-25", &mcp.ClientOptions{ElicitationHandler: a.handler}, tenantTransport{token: aliceToken})
@@ -253,7 +255,7 @@ func TestGrantAnswersFairShares(t *testing.T) {
 	var wg sync.WaitGroup
 	for w := range 4 {
 		wg.Go(func() {
-			for range 1024 {
+			for range book / 4 {
 				if _, err := bob.CallTool(context.Background(), &mcp.CallToolParams{Name: "fetch", Arguments: map[string]any{"url": srv.URL}}); err != nil {
 					t.Errorf("bob's worker %d: %v", w, err)
 					return
