@@ -320,7 +320,8 @@ func TestCallFairShares(t *testing.T) {
 	f := newFixture(t, &host.Options{MaxInstances: 8, Tenants: true}, sandbox.NewPolicy(), map[string]string{"everything.wasm": testplugins.Example(t, "everything")})
 	url := serveGuarded(t, f, host.GuardOptions{Token: shared, Tokens: map[string]string{"alice": aliceToken, "bob": bobToken}})
 	ctx, cancel := context.WithCancel(context.Background())
-	t.Cleanup(cancel)
+	// Before the clients close, which waits for their calls in flight.
+	defer cancel()
 	refused := make(chan error, 8)
 	for _, tok := range []string{bobToken, shared} {
 		cs := connectHTTP(t, url, "", tenantTransport{token: tok})
