@@ -1,6 +1,7 @@
 package durable
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"time"
@@ -233,7 +234,7 @@ func (d *Keeper) Saved(ctx context.Context, key sessions.Key, p *plugins.Plugin)
 	}
 	pr, err := readPlugin(rec, p.Name())
 	if err != nil || pr.Lost != "" || pr.SHA256 != p.SHA256() {
-		return nil, "", true
+		return nil, pr.Reason, true // "": evicted, as ever
 	}
 	return &plugins.State{Host: pr.Host, SHA256: pr.SHA256, Data: pr.Data}, "", true
 }
@@ -292,7 +293,7 @@ func (d *Keeper) Stored(ctx context.Context, key sessions.Key, p *plugins.Plugin
 	}
 	pr, err := readPlugin(rec, name)
 	if err != nil || pr.Lost != "" {
-		return nil, sessions.ReasonReplicaLost, c.seeded, true
+		return nil, cmp.Or(pr.Reason, sessions.ReasonReplicaLost), c.seeded, true
 	}
 	// The claim's notes follow the state the instance starts from.
 	c.saved["p/"+name] = sumOf(v)
@@ -338,6 +339,11 @@ func (d *Keeper) Drain(ctx context.Context) error {
 			}
 			continue // keep the claim: the holder's heartbeat ends soon
 		}
+		if err := d.writeLost(ctx, key, c); err != nil {
+			d.log.Error("drain: a lost state not recorded", "session", key.String(), "error", err)
+			firstErr = cmp.Or(firstErr, err)
+			continue // keep the claim, as for a checkpoint that failed
+		}
 		rctx, cancel := context.WithTimeout(ctx, d.timeout())
 		c.mu.Lock()
 		if err := d.store.Release(rctx, c.id, c.fence); err == nil {
@@ -353,6 +359,30 @@ func (d *Keeper) Drain(ctx context.Context) error {
 	}
 	d.log.Info("drained", "sessions", len(claims), "released", released, "instances saved", saved)
 	return firstErr
+}
+
+// writeLost records in key's record, for each plugin whose last state
+// was not saved and whose instance here is gone (evicted before the
+// heartbeat could save it again), that its state is lost: the record
+// still holds an older state, which a replica taking the session over
+// would otherwise restore without a word, where this replica says the
+// state was reset (Saved). The heartbeat's resave and Drain call it once
+// the store answers; a plugin recorded lost is no longer unsaved here,
+// and Saved reads the reason from the record.
+func (d *Keeper) writeLost(ctx context.Context, key sessions.Key, c *Claim) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for name, why := range c.unsaved {
+		if why == "" || d.ses.Holds(key, name) {
+			continue
+		}
+		pr := pluginRecord{Lost: "its last state was not saved", Reason: ReasonNotSaved, Done: c.done[name], Ran: c.ran[name]}
+		if _, err := d.writeState(ctx, c, name, pr, nil); err != nil {
+			return err
+		}
+		delete(c.unsaved, name)
+	}
+	return nil
 }
 
 // GrantsChanged writes key's run-time grant answers (the host's) into its

@@ -560,7 +560,7 @@ func (d *Keeper) seed(ctx context.Context, key sessions.Key, c *Claim, rec map[s
 		c.done[name] = pr.Done[max(0, len(pr.Done)-maxOnce):]
 		c.ran[name] = ran[max(0, len(ran)-maxRan*ranSize):]
 		if pr.Lost != "" {
-			seeds[name] = sessions.Seed{Lost: pr.Lost}
+			seeds[name] = sessions.Seed{Lost: pr.Lost, Reason: pr.Reason}
 			continue
 		}
 		seeds[name] = sessions.Seed{State: &plugins.State{Host: pr.Host, SHA256: pr.SHA256, Data: pr.Data}}

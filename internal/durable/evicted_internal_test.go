@@ -76,3 +76,76 @@ func newEvictingWorld(t *testing.T) *lossyWorld {
 	w.d = New(Options{Store: w.st, Sessions: w.ses, Replica: "a"})
 	return w
 }
+
+// A plugin whose last state was not saved (the store did not answer its
+// checkpoint) and whose instance was then evicted has lost that state:
+// this replica says so at its next use (Saved: stateReset not-saved). Once
+// the store answers again, the heartbeat's resave, and a drain, write that
+// into the record too, so that a replica taking the session over says it
+// as well, rather than restoring the older state the record holds without
+// a word (a review's question, confirmed here: count 4 was answered, not
+// saved, and replica b answered 4 again).
+func TestEvictedUnsavedStateLostElsewhereToo(t *testing.T) {
+	for _, how := range []string{"resave", "drain", "here"} {
+		t.Run(how, func(t *testing.T) {
+			w := newEvictingWorld(t)
+			d, ctx := w.d, w.ctx
+			c := w.claim()
+			for range 3 {
+				w.callSaved(c, w.p) // 3, acknowledged, saved
+			}
+			l := w.acquire(w.p)
+			if got := w.count(l); got != "4" {
+				t.Fatalf("count %s, want 4", got)
+			}
+			w.st.losePut.Store(true)
+			if why, _ := d.AfterCall(ctx, w.key, c, l, nil); why == "" {
+				t.Fatal("the checkpoint whose write got no answer says it saved")
+			}
+			l.Done(nil)
+			// Another client's instance evicts alice's p for room.
+			lb, err := w.ses.Acquire(ctx, sessions.Client("bob"), w.q)
+			if err != nil {
+				t.Fatal(err)
+			}
+			lb.Done(nil)
+			d.downUntil.Store(0) // the store answers again
+			switch how {
+			case "resave":
+				d.renewAll([]*claimOf{{w.key, c}})
+			case "drain":
+				if err := d.Drain(ctx); err != nil {
+					t.Fatal(err)
+				}
+			case "here":
+				// Recorded lost, the plugin is said reset here as well.
+				d.renewAll([]*claimOf{{w.key, c}})
+				l := w.acquire(w.p)
+				defer l.Done(nil)
+				if got, reset := w.count(l), l.Notice().Reset; got != "1" || reset == nil || reset.Reason != ReasonNotSaved {
+					t.Fatalf("replica a after the resave counts %s (reset %+v); want 1, reset not-saved", got, reset)
+				}
+				return
+			}
+			// Replica b takes the session over from the store.
+			ses := sessions.New(nil)
+			t.Cleanup(func() { ses.Close(ctx) })
+			b := New(Options{Store: w.st.Store, Sessions: ses, Replica: "b"})
+			if _, err := b.BeforeCall(ctx, w.key); err != nil {
+				t.Fatal(err)
+			}
+			lb, err = ses.Acquire(ctx, w.key, w.p)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer lb.Done(nil)
+			got, reset := w.count(lb), lb.Notice().Reset
+			if reset == nil || got != "1" {
+				t.Fatalf("replica b counts %s (reset %+v); want 1, and its state said to be reset: 4 was answered and lost", got, reset)
+			}
+			if reset.Reason != ReasonNotSaved {
+				t.Errorf("replica b's reset reason %q, want %q", reset.Reason, ReasonNotSaved)
+			}
+		})
+	}
+}

@@ -145,6 +145,9 @@ func (d *Keeper) resave(key sessions.Key, c *Claim) {
 		d.log.Info("state saved again after a failed checkpoint", "session", key.String(), "plugin", name)
 		return nil
 	})
+	if err := d.writeLost(ctx, key, c); err != nil {
+		d.log.Warn("state store: a lost state not recorded", "session", key.String(), "error", err)
+	}
 }
 
 // KeepAlive renews c's record while a call runs, every third of its TTL,

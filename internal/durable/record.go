@@ -80,9 +80,12 @@ type pluginRecord struct {
 	SHA256 string `json:"sha256"`
 	Data   []byte `json:"data,omitempty"`
 	// Lost says why the state could not be saved (the plugin cannot be
-	// snapshotted): a replica that takes the session over tells the
-	// client its state was reset.
-	Lost string `json:"lost,omitempty"`
+	// snapshotted, or its last state was not saved and its instance is
+	// gone: writeLost): a replica that takes the session over tells the
+	// client its state was reset, for Reason (sessions.ReasonReplicaLost
+	// when empty, as older replicas wrote it).
+	Lost   string `json:"lost,omitempty"`
+	Reason string `json:"reason,omitempty"`
 	// Done are the results of the plugin's last calls that carried an
 	// at-most-once key, oldest first (at most maxOnce, maxOnceBytes).
 	Done []Once `json:"done,omitempty"`
