@@ -26,7 +26,10 @@ const (
 	// ([Scenario.Resets]).
 	Reset = "unwarranted-reset"
 	// Twice: a note present twice in a read, or an add's count that
-	// jumped past the notes the client had: applied twice.
+	// jumped past the notes the client had: applied twice. For a keyless
+	// client (no idempotency key), an add retried after attempts that may
+	// have run ([MayHaveRun]) may apply once for each of them and once
+	// more: only more copies than that are a violation.
 	Twice = "applied-twice"
 	// Phantom: a read holds notes the client was never told were saved,
 	// or saw gone before (a rollback undone), or out of order (one
@@ -67,8 +70,13 @@ type Stats struct {
 	Failed    int            // failed attempts
 	FailedBy  map[string]int // failed attempts by what the client was told (see [FailureKind])
 	Recovered int            // operations that failed at first and then succeeded
-	Notices   map[string]int // "stateReset:R" and "notSaved:R" marks seen
+	Notices   map[string]int // "stateReset:R" and "notSaved:R" marks seen, and KeylessTwice
 }
+
+// KeylessTwice is the [Stats.Notices] key counting what [Check] allowed a
+// keyless client: notes a read showed more than once, as retries without
+// an idempotency key may have applied them (each note once).
+const KeylessTwice = "keyless-applied-twice"
 
 // Resets returns a Reset violation for each stateReset mark in one
 // client's history, for a scenario whose fault must cost no acknowledged
@@ -80,14 +88,23 @@ func Resets(history []Op) []Violation {
 		if op.Reset == "" {
 			continue
 		}
-		what := op.Kind
-		if op.Kind == "add" {
-			what = fmt.Sprintf("add n%d", op.Note)
-		}
-		out = append(out, Violation{Kind: Reset, Client: op.Client, Era: op.Era, Op: what, At: op.End,
+		out = append(out, Violation{Kind: Reset, Client: op.Client, Era: op.Era, Op: label(op), At: op.End,
 			Detail: fmt.Sprintf("stateReset %q, but this fault loses nothing the store held", op.Reset)})
 	}
 	return out
+}
+
+// label names op in a violation: "add n17", "list", and for a two-plugin
+// client the plugin ("add n17 in plugin 2").
+func label(op Op) string {
+	what := op.Kind
+	if op.Kind == "add" {
+		what = fmt.Sprintf("add n%d", op.Note)
+	}
+	if op.Plugin > 0 {
+		what += fmt.Sprintf(" in plugin %d", op.Plugin)
+	}
+	return what
 }
 
 // entry is a note the checker expects in the client's state.
@@ -96,6 +113,38 @@ type entry struct {
 	durable bool      // acknowledged without notSaved (or read back since)
 	maybe   bool      // its add was given up: it may or may not have applied
 	acked   time.Time // when it was acknowledged
+	copies  int       // how many times its add may have applied: 1, or for a keyless add 1 + its attempts that may have run
+}
+
+// plugState is what the checker knows of one plugin's state in the
+// client's session.
+type plugState struct {
+	known   []entry
+	synced  bool         // known is the state as last read (or empty, at start)
+	sinceAt int          // notes numbered below this are from before a reset
+	twice   map[int]bool // notes already reported present twice
+	copied  map[int]bool // notes a read showed a keyless retry's copy of
+}
+
+func newPlugState() *plugState {
+	return &plugState{synced: true, twice: map[int]bool{}, copied: map[int]bool{}}
+}
+
+// slack is how many more notes than known the state may hold: copies a
+// keyless client's retries may have added, that no read has shown yet.
+func (s *plugState) slack() int {
+	read := map[int]int{}
+	for _, e := range s.known {
+		read[e.n]++
+	}
+	extra := 0
+	for _, e := range s.known {
+		if read[e.n] > 0 {
+			extra += max(0, e.copies-read[e.n])
+			read[e.n] = 0
+		}
+	}
+	return extra
 }
 
 var listLine = regexp.MustCompile(`^(\d+)\. c(\d+)-n(\d+)$`)
@@ -108,54 +157,96 @@ var listLine = regexp.MustCompile(`^(\d+)\. c(\d+)-n(\d+)$`)
 // stateReset mark (on an add or a read) forgives what came before it: the
 // next read is the new baseline. A session the client chose to begin
 // (Kind "renew") starts empty: no earlier note may appear in it.
+//
+// A client of two plugins (Op.Plugin 1 and 2) holds a state in each, in
+// one session: each is checked as above on its own, against its own adds
+// and reads, so a takeover must restore both, and a write-back after the
+// store lost a record must write both. A stateReset forgives only the
+// plugin whose result carried it (the other's loss must be said on its
+// own results); a note of one plugin read in the other's list is a
+// phantom; a session lost or renewed empties both.
+//
+// A keyless client (Op.Keyless: no idempotency key) is held to the same
+// rules but one: an add it retried after attempts that may have run
+// ([MayHaveRun]: no answer, or an error result) may have applied once per
+// such attempt besides the one answered, at any time since (a late attempt
+// may run after later notes), so a read may hold a note that many times
+// (its copies after the first in any place, unchecked for order), and an
+// add's count may exceed the notes known by the copies no read has shown
+// yet. Everything else holds as for a client with keys: a note
+// acknowledged and missing from a read is lost, a count below the
+// acknowledged notes (copies a read showed included) fell, an add
+// answered at its first attempt, or retried only after errors that say
+// nothing ran, applies once, and a reset is reported by [Resets] where the
+// fault does not warrant one.
 func Check(history []Op) ([]Violation, Stats) {
 	st := Stats{Notices: map[string]int{}, FailedBy: map[string]int{}}
 	var out []Violation
 	var (
-		known    []entry
-		synced   = true           // known is the state as last read (or empty, at start)
-		sinceAt  = 0              // notes numbered below this are from before a reset
-		failures = 0              // failed attempts of the operation under way
-		twice    = map[int]bool{} // notes already reported present twice
+		plugins    = map[int]*plugState{}
+		failures   = 0 // failed attempts of the operation under way
+		unanswered = 0 // those of them that may have applied (see [MayHaveRun])
 	)
-	flag := func(kind string, op Op, format string, args ...any) {
-		what := op.Kind
-		if op.Kind == "add" {
-			what = fmt.Sprintf("add n%d", op.Note)
+	state := func(p int) *plugState {
+		if plugins[p] == nil {
+			plugins[p] = newPlugState()
 		}
-		out = append(out, Violation{Kind: kind, Client: op.Client, Era: op.Era, Op: what, At: op.End, Detail: fmt.Sprintf(format, args...)})
+		return plugins[p]
+	}
+	flag := func(kind string, op Op, format string, args ...any) {
+		out = append(out, Violation{Kind: kind, Client: op.Client, Era: op.Era, Op: label(op), At: op.End, Detail: fmt.Sprintf(format, args...)})
 	}
 	for _, op := range history {
 		if op.Kind == "renew" {
 			// The client left its session for a new one: an empty state,
 			// which nothing from before may reach.
-			known, synced, sinceAt = nil, true, 0
+			for _, s := range plugins {
+				s.known, s.synced, s.sinceAt = nil, true, 0
+			}
 			continue
 		}
 		if op.Kind == "session" {
 			flag(SessionLost, op, "session %s: %s", short(op.Session), op.Err)
-			known, synced, sinceAt = nil, false, 0
+			for _, s := range plugins {
+				s.known, s.synced, s.sinceAt = nil, false, 0
+			}
 			continue
 		}
+		s := state(op.Plugin)
 		st.Attempts++
 		if !op.OK() {
 			st.Failed++
 			st.FailedBy[FailureKind(op.Err)]++
 			failures++
+			if MayHaveRun(op.Err) {
+				unanswered++
+			}
 			if op.Final {
+				// A keyless add given up may have applied once per
+				// attempt that may have run.
+				copies := 1
+				if op.Keyless {
+					copies = max(1, unanswered)
+				}
 				st.Ops++
 				flag(Unrecovered, op, "gave up after %d attempts (%s); last: %s", op.Attempt, op.End.Sub(op.Start).Round(time.Millisecond), op.Err)
 				if op.Kind == "add" {
-					known = append(known, entry{n: op.Note, maybe: true})
+					s.known = append(s.known, entry{n: op.Note, maybe: true, copies: copies})
 				}
-				failures = 0
+				failures, unanswered = 0, 0
 			}
 			continue
 		}
 		st.Ops++
+		// A keyless add may have applied once for each of its attempts
+		// that may have run, and this one.
+		copies := 1
+		if op.Keyless {
+			copies = 1 + unanswered
+		}
 		if failures > 0 {
 			st.Recovered++
-			failures = 0
+			failures, unanswered = 0, 0
 		}
 		if op.Reset != "" {
 			st.Notices["stateReset:"+op.Reset]++
@@ -170,11 +261,14 @@ func Check(history []Op) ([]Violation, Stats) {
 				flag(Unexpected, op, "result %q", op.Text)
 				continue
 			}
+			// slack: the copies a keyless client's retries may have
+			// added, of earlier notes and of this one (0 with keys).
+			slack := 0
 			if op.Reset != "" {
-				known, synced, sinceAt = nil, false, op.Note
-			} else if synced {
+				s.known, s.synced, s.sinceAt = nil, false, op.Note
+			} else if s.synced {
 				durable, sure := 0, 0
-				for _, e := range known {
+				for _, e := range s.known {
 					if e.durable {
 						durable++
 					}
@@ -182,8 +276,11 @@ func Check(history []Op) ([]Violation, Stats) {
 						sure++
 					}
 				}
+				if op.Keyless {
+					slack = s.slack() + copies - 1
+				}
 				switch {
-				case n > len(known)+1:
+				case n > len(s.known)+1+slack:
 					flag(Twice, op, "%q, but the client had %d notes (%d acknowledged): the count jumped", op.Text, sure, durable)
 				case n < durable+1:
 					flag(CountFell, op, "%q, but the client had %d acknowledged notes and no stateReset", op.Text, durable)
@@ -196,57 +293,71 @@ func Check(history []Op) ([]Violation, Stats) {
 				// session moved before they were saved, as the mark
 				// warned), and are then neither owed nor phantoms, as
 				// when a read shows them gone.
-				dropped := synced && op.Reset == "" && n < len(known)+1
-				for i := range known {
+				// A keyless client's count may hold copies in
+				// place of dropped notes: with slack, they may have been.
+				dropped := s.synced && op.Reset == "" && n < len(s.known)+1+slack
+				for i := range s.known {
 					switch {
-					case known[i].maybe:
-					case dropped && !known[i].durable:
-						known[i].maybe = true
+					case s.known[i].maybe:
+					case dropped && !s.known[i].durable:
+						s.known[i].maybe = true
 					default:
-						known[i].durable = true
+						s.known[i].durable = true
 					}
 				}
 			}
-			known = append(known, entry{n: op.Note, durable: op.NotSaved == "", acked: op.End})
+			s.known = append(s.known, entry{n: op.Note, durable: op.NotSaved == "", acked: op.End, copies: copies})
 		case "list":
 			notes, bad := parseList(op.Text, op.Client)
 			if bad != "" {
 				flag(Unexpected, op, "%s in %q", bad, op.Text)
 				continue
 			}
+			allowed := map[int]int{} // copies a read may hold, before a reset too
+			for _, e := range s.known {
+				allowed[e.n] = e.copies
+			}
 			if op.Reset != "" {
-				known, synced, sinceAt = nil, false, maxNote(notes)+1
+				s.known, s.synced, s.sinceAt = nil, false, maxNote(notes)+1
 			}
 			byNote := map[int]entry{}
-			for _, e := range known {
+			for _, e := range s.known {
 				byNote[e.n] = e
 			}
-			seen := map[int]bool{}
+			seen := map[int]int{}
 			last := 0
 			var phantoms []string
 			for _, n := range notes {
+				seen[n]++
 				switch {
-				case seen[n]:
-					if !twice[n] {
-						flag(Twice, op, "note n%d is in the list twice: %s", n, oneLine(op.Text))
+				case seen[n] > 1 && op.Keyless && seen[n] <= allowed[n]:
+					// A keyless retry's copy, in any place after the
+					// first (a late attempt runs after later notes).
+					if !s.copied[n] {
+						st.Notices[KeylessTwice]++
 					}
-					twice[n] = true
+					s.copied[n] = true
+					continue
+				case seen[n] > 1:
+					if !s.twice[n] {
+						flag(Twice, op, "note n%d is in the list %d times: %s", n, seen[n], oneLine(op.Text))
+					}
+					s.twice[n] = true
 				case n <= last:
 					phantoms = append(phantoms, fmt.Sprintf("n%d (after n%d: out of order)", n, last))
-				case byNote[n] == (entry{}) && synced:
+				case !hasNote(byNote, n) && s.synced:
 					phantoms = append(phantoms, fmt.Sprintf("n%d", n))
-				case byNote[n] == (entry{}) && n >= sinceAt && op.Reset == "":
+				case !hasNote(byNote, n) && n >= s.sinceAt && op.Reset == "":
 					phantoms = append(phantoms, fmt.Sprintf("n%d (after a stateReset)", n))
 				}
-				seen[n] = true
 				last = max(last, n)
 			}
 			if len(phantoms) > 0 {
 				flag(Phantom, op, "%d notes the client was not told were saved, or saw gone: %s; read %s", len(phantoms), strings.Join(phantoms, ", "), oneLine(op.Text))
 			}
 			var lost []string
-			for _, e := range known {
-				if e.durable && !seen[e.n] {
+			for _, e := range s.known {
+				if e.durable && seen[e.n] == 0 {
 					lost = append(lost, fmt.Sprintf("n%d (acknowledged at %s)", e.n, e.acked.Format("15:04:05.000")))
 				}
 			}
@@ -257,15 +368,29 @@ func Check(history []Op) ([]Violation, Stats) {
 			for _, n := range notes {
 				e, ok := byNote[n]
 				if !ok {
-					e = entry{n: n, durable: true}
+					e = entry{n: n, durable: true, copies: 1}
 				}
 				e.maybe = false
 				next = append(next, e)
 			}
-			known, synced = next, true
+			s.known, s.synced = next, true
 		}
 	}
 	return out, st
+}
+
+// MayHaveRun says whether a failed attempt (what the client was told, as
+// [FailureKind] classifies it) may have applied its call: it got no answer
+// (a timeout, a transport error) or an error result (a checkpoint that
+// failed: "its effect may or may not have been kept"). A JSON-RPC error of
+// the server's (such as -32053: "Nothing ran") and a connection never made
+// say it did not run.
+func MayHaveRun(err string) bool {
+	switch FailureKind(err) {
+	case "rpc", "connect":
+		return false
+	}
+	return true
 }
 
 // FailureKind classifies what a client was told of a failed attempt:
@@ -308,6 +433,12 @@ func parseList(s string, client int) (notes []int, bad string) {
 		notes = append(notes, n)
 	}
 	return notes, ""
+}
+
+// hasNote says whether byNote holds n.
+func hasNote(byNote map[int]entry, n int) bool {
+	_, ok := byNote[n]
+	return ok
 }
 
 func maxNote(notes []int) int {

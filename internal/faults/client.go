@@ -47,6 +47,13 @@ type Op struct {
 	Start   time.Time
 	End     time.Time
 	Session string // the session ID or handle the attempt used
+	// Plugin says which plugin of a two-plugin client the operation
+	// went to: 1 or 2 (each with its own state); 0 for a client of one
+	// plugin.
+	Plugin int
+	// Keyless: the client sends no idempotency key, so a retry after an
+	// attempt that may have run may apply the write again ([Check]).
+	Keyless bool
 
 	// On success:
 	Text     string // the result's text
@@ -75,12 +82,30 @@ type ClientOptions struct {
 	Progress func(client int, msg string)
 	// Round, if set, is called after each of the client's rounds.
 	Round func()
+	// Keyless: the client sends no idempotency key with its adds (a
+	// client that does not implement them): a retry may apply an add
+	// twice, which [Check] allows it, and only it.
+	Keyless bool
+	// Second, if its AddTool is set, is a second stateful plugin the
+	// client uses in the same session: its rounds go to the first and
+	// the second plugin in turn, each with its own notes.
+	Second Tools
+}
+
+// Tools are a second plugin's tools for [ClientOptions.Second]: AddTool
+// is called with Args besides the note's text (slow_add's steps).
+type Tools struct {
+	AddTool, ListTool string
+	Args              map[string]any
 }
 
 // Client is one client of the suite, of one era, through the proxy. It
 // adds a note, reads its list, and again, recording each attempt; a
-// failed attempt is retried (an add with the same idempotency key) until
-// it succeeds or GiveUp has passed.
+// failed attempt is retried (an add with the same idempotency key, or
+// none for a Keyless client) until it succeeds or GiveUp has passed. A
+// client with a Second plugin adds and reads in one plugin, then in the
+// other, in the same session. Note numbers are the client's, across its
+// plugins.
 type Client struct {
 	N    int
 	Era  string
@@ -133,7 +158,7 @@ func (c *Client) History() []Op {
 
 func (c *Client) record(op Op) {
 	if os.Getenv("FAULTS_VERBOSE") == "2" {
-		fmt.Fprintf(os.Stderr, "client %d %s %s n%d #%d: %q %q err=%q reset=%q\n", op.Client, op.Era, op.Kind, op.Note, op.Attempt, op.Session, op.Text, op.Err, op.Reset)
+		fmt.Fprintf(os.Stderr, "client %d %s %s n%d #%d p%d keyless=%v: %q %q err=%q reset=%q\n", op.Client, op.Era, op.Kind, op.Note, op.Attempt, op.Plugin, op.Keyless, op.Session, op.Text, op.Err, op.Reset)
 	}
 	c.mu.Lock()
 	c.history = append(c.history, op)
@@ -171,8 +196,12 @@ func (c *Client) Run(ctx context.Context, stop <-chan struct{}) {
 		if c.adds == NotesPerSession {
 			c.renew()
 		}
-		c.operation(ctx, "add")
-		c.operation(ctx, "list")
+		plugin := 0
+		if c.opts.Second.AddTool != "" {
+			plugin = 1 + int(c.rounds.Load()%2)
+		}
+		c.operation(ctx, "add", plugin)
+		c.operation(ctx, "list", plugin)
 		c.rounds.Add(1)
 		if c.opts.Round != nil {
 			c.opts.Round()
@@ -241,29 +270,38 @@ func (c *Client) session() string {
 
 var savedRE = regexp.MustCompile(`^note (\d+) saved`)
 
-// operation runs one add (of note c.next) or list, with its retries.
-func (c *Client) operation(ctx context.Context, kind string) {
+// operation runs one add (of note c.next) or list, with its retries, in
+// plugin (0 for a client of one plugin, else 1 or 2).
+func (c *Client) operation(ctx context.Context, kind string, plugin int) {
 	note := 0
 	args := map[string]any{}
 	meta := mcp.Meta{}
+	tool := c.opts.ListTool
+	if plugin == 2 {
+		tool = c.opts.Second.ListTool
+	}
 	if kind == "add" {
 		note = c.next
 		c.next++
 		c.adds++
 		args["text"] = fmt.Sprintf("c%d-n%d", c.N, note)
-		if c.opts.Steps > 0 {
+		tool = c.opts.AddTool
+		if plugin == 2 {
+			tool = c.opts.Second.AddTool
+			for k, v := range c.opts.Second.Args {
+				args[k] = v
+			}
+		} else if c.opts.Steps > 0 {
 			args["steps"] = c.opts.Steps
 		}
-		meta[MetaIdempotencyKey] = fmt.Sprintf("%s.c%d.n%d", c.run, c.N, note)
-	}
-	tool := c.opts.ListTool
-	if kind == "add" {
-		tool = c.opts.AddTool
+		if !c.opts.Keyless {
+			meta[MetaIdempotencyKey] = fmt.Sprintf("%s.c%d.n%d", c.run, c.N, note)
+		}
 	}
 	first := time.Now()
 	backoff := 100 * time.Millisecond
 	for attempt := 1; ; attempt++ {
-		op := Op{Client: c.N, Era: c.Era, Kind: kind, Note: note, Attempt: attempt, Start: time.Now()}
+		op := Op{Client: c.N, Era: c.Era, Kind: kind, Note: note, Attempt: attempt, Plugin: plugin, Keyless: c.opts.Keyless, Start: time.Now()}
 		c.attempt(ctx, tool, args, meta, &op)
 		op.End = time.Now()
 		op.Final = op.OK() || op.End.Sub(first) > c.opts.GiveUp || ctx.Err() != nil

@@ -138,6 +138,21 @@ type Result struct {
 	Took       time.Duration
 }
 
+// The workload's mix, by client number (clients alternate eras, even
+// numbers 2025-11-25, odd 2026-07-28): of each six, clients 0 and 1 send an
+// idempotency key with each add and use one plugin (the suite's clients
+// before keyless and two-plugin ones were added), 2 and 3 send no key,
+// 4 and 5 send keys and use two plugins in one session. From twelve
+// clients on (a soak), 10 and 11 of each twelve use two plugins without
+// keys. See [Check] for what each is promised.
+
+// Keyless says whether client n sends no idempotency key.
+func Keyless(n int) bool { return n%6 == 2 || n%6 == 3 || n%12 >= 10 }
+
+// TwoPlugins says whether client n uses two stateful plugins in its
+// session.
+func TwoPlugins(n int) bool { return n%6 >= 4 }
+
 // RunScenario runs sc on a fresh cluster and checks every client's
 // history.
 func RunScenario(t testing.TB, sc Scenario, o Options) Result {
@@ -153,6 +168,10 @@ func RunScenario(t testing.TB, sc Scenario, o Options) Result {
 			default:
 			}
 		}}
+	// A two-plugin client's second plugin: the other notepad, slownotes
+	// (not contained: claimed before it runs) with no steps, or notes
+	// (contained) in a Slow scenario.
+	second := Tools{AddTool: "slow_add", ListTool: "slow_list", Args: map[string]any{"steps": 0}}
 	if sc.Slow {
 		copts.AddTool, copts.ListTool, copts.Steps = "slow_add", "slow_list", o.Steps
 		copts.Progress = func(n int, _ string) {
@@ -161,14 +180,28 @@ func RunScenario(t testing.TB, sc Scenario, o Options) Result {
 			default:
 			}
 		}
+		second = Tools{AddTool: "note_add", ListTool: "note_list"}
 	}
+	var mix []string
 	for i := range 2 * o.PerEra {
 		era := Legacy
 		if i%2 == 1 {
 			era = Modern
 		}
-		r.Clients = append(r.Clients, NewClient(i, era, c.ProxyAddr, o.Tag+"."+sc.Name, copts))
+		co := copts
+		co.Keyless = Keyless(i)
+		what := "keyed"
+		if co.Keyless {
+			what = "keyless"
+		}
+		if TwoPlugins(i) {
+			co.Second = second
+			what += ", " + co.AddTool + " and " + second.AddTool
+		}
+		mix = append(mix, fmt.Sprintf("c%d %s %s", i, era, what))
+		r.Clients = append(r.Clients, NewClient(i, era, c.ProxyAddr, o.Tag+"."+sc.Name, co))
 	}
+	c.Logf("clients: %s", strings.Join(mix, "; "))
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	stop := make(chan struct{})
