@@ -381,10 +381,12 @@ func Check(history []Op) ([]Violation, Stats) {
 
 // MayHaveRun says whether a failed attempt (what the client was told, as
 // [FailureKind] classifies it) may have applied its call: it got no answer
-// (a timeout, a transport error) or an error result (a checkpoint that
-// failed: "its effect may or may not have been kept"). A JSON-RPC error of
-// the server's (such as -32053: "Nothing ran") and a connection never made
-// say it did not run.
+// (a timeout, a transport error, an HTTP error such as the proxy's 502 for
+// a replica that died mid-call; a 503 or 429 too, though they say nothing
+// ran, since the go-sdk client does not tell them apart) or an error
+// result (a checkpoint that failed: "its effect may or may not have been
+// kept"). A JSON-RPC error of the server's (such as -32053: "Nothing ran")
+// and a connection never made say it did not run.
 func MayHaveRun(err string) bool {
 	switch FailureKind(err) {
 	case "rpc", "connect":
@@ -397,8 +399,14 @@ func MayHaveRun(err string) bool {
 // "rpc" (a JSON-RPC error, such as -32053), "result" (an error result),
 // "timeout" (the client gave up on the attempt), "connect" (no session
 // could be opened), or "transport" (an HTTP error or a broken connection).
+// The go-sdk client reports a POST that failed ("Post …: EOF", the proxy
+// closing the connection of a replica that died mid-call) or was answered
+// an HTTP 500, 502, 503, 504 or 429 without a JSON-RPC error in its body
+// as JSON-RPC error -32005, "rejected by transport": that is "transport".
 func FailureKind(err string) string {
 	switch {
+	case strings.HasPrefix(err, rejectedByTransport):
+		return "transport"
 	case strings.HasPrefix(err, "JSON-RPC error"):
 		return "rpc"
 	case strings.HasPrefix(err, "error result"):

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 )
 
 // h builds a client's history from a compact script, one op per string:
@@ -16,6 +17,7 @@ import (
 //	"add 3 ok note 1 saved |notsaved"
 //	"add 3 fail"                    a failed attempt, retried: -32053, nothing ran
 //	"add 3 noanswer"                a failed attempt, retried: no answer, it may have run
+//	"add 3 502"                     a failed attempt, retried: the proxy's 502 (a replica died mid-call)
 //	"add 3 giveup"                  a failed attempt (no answer), given up
 //	"list 1 2"                      a read of notes n1 and n2 ("list" alone: none)
 //	"list |reset 4"                 a read with a stateReset mark
@@ -44,6 +46,8 @@ func h(script ...string) []Op {
 				op.Err, op.Final = "JSON-RPC error -32053: state unavailable", false
 			case "noanswer":
 				op.Err, op.Final = "transport: connection closed", false
+			case "502":
+				op.Err, op.Final = describe(fmt.Errorf("%w: calling \"tools/call\": Bad Gateway", &jsonrpc.Error{Code: -32005, Message: "rejected by transport"})), false
 			case "giveup":
 				op.Err = "timeout"
 			}
@@ -193,6 +197,9 @@ func TestCheckKeyless(t *testing.T) {
 	}{
 		{"retried after no answer, applied twice",
 			[]string{"add 1 ok note 1 saved", "list 1", "add 2 noanswer", "add 2 ok note 3 saved", "list 1 2 2", "add 3 ok note 4 saved", "list 1 2 2 3"},
+			nil, []string{"applied-twice add n2", "applied-twice list"}},
+		{"retried after the proxy's 502, applied twice",
+			[]string{"add 1 ok note 1 saved", "list 1", "add 2 502", "add 2 ok note 3 saved", "list 1 2 2"},
 			nil, []string{"applied-twice add n2", "applied-twice list"}},
 		{"a late copy after later notes",
 			[]string{"add 1 ok note 1 saved", "add 2 noanswer", "add 2 ok note 2 saved", "list 1 2", "add 3 ok note 4 saved", "list 1 2 3 2"},

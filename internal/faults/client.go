@@ -401,10 +401,22 @@ func broken(err error) bool {
 		strings.Contains(s, "mismatching session")
 }
 
+// jsonrpc2Rejected is the code of the go-sdk's jsonrpc2.ErrRejected, which
+// its client wraps around a POST that failed, or was answered an HTTP 500,
+// 502, 503, 504 or 429 without a JSON-RPC error in the body;
+// rejectedByTransport begins such a failure's description.
+const (
+	jsonrpc2Rejected    = -32005
+	rejectedByTransport = "JSON-RPC error -32005 (an HTTP error): "
+)
+
 // describe says what kind of failure err is, and what it said.
 func describe(err error) string {
 	var werr *jsonrpc.Error
 	switch {
+	case errors.As(err, &werr) && werr.Code == jsonrpc2Rejected:
+		// An HTTP error (see [FailureKind]): the whole error says which.
+		return rejectedByTransport + err.Error()
 	case errors.As(err, &werr):
 		return fmt.Sprintf("JSON-RPC error %d: %s", werr.Code, werr.Message)
 	case errors.Is(err, context.DeadlineExceeded):
