@@ -95,9 +95,10 @@ const maxRateTenants = 4096
 // counts against the subject's shares ([Host.admitCall]), so that a
 // subject past them is refused whichever request it sends; key's store
 // record is the subject's tenant's, whichever request writes it first;
-// and the returned context says whose a session is that the request
-// takes over from another replica: its handle's group
-// ([Host.openAdopted]) and its grant answers ([grantBook.restore]). release must be called
+// and the returned context says, with tenants, whose the request is: the
+// pool its stateless plugin's instance comes from ([Host.poolScope]),
+// and for a session it takes over from another replica, its handle's
+// group ([Host.openAdopted]) and its grant answers ([grantBook.restore]). release must be called
 // once the request's lease is done.
 func (h *Host) admitRun(ctx context.Context, env *callEnv, key sessions.Key, p *plugins.Plugin) (_ context.Context, release func(), err error) {
 	release = func() {}
@@ -110,12 +111,12 @@ func (h *Host) admitRun(ctx context.Context, env *callEnv, key sessions.Key, p *
 			return ctx, nil, err
 		}
 	}
+	tenant := h.tenantOf(subjectOf(req.Extra))
 	if !p.Stateless() {
-		tenant := h.tenantOf(subjectOf(req.Extra))
 		h.storeBytes.attribute(durable.StoreID(key), tenant)
-		if h.opts.Tenants {
-			ctx = context.WithValue(ctx, tenantKey{}, tenant)
-		}
+	}
+	if h.opts.Tenants {
+		ctx = context.WithValue(ctx, tenantKey{}, tenant)
 	}
 	return ctx, release, nil
 }
@@ -124,6 +125,18 @@ func (h *Host) admitRun(ctx context.Context, env *callEnv, key sessions.Key, p *
 // a session over from another replica (with Options.Tenants): see
 // [Host.admitRun].
 type tenantKey struct{}
+
+// poolScope is sessions.Options.PoolScope: each tenant's requests lease a
+// stateless plugin's instances from a pool of the tenant's own. A plugin
+// declares itself stateless (its wasmtools.stateless section), and an
+// untrusted one may say so falsely: with one pool, an instance that kept
+// one tenant's arguments served the next tenant's call, a channel between
+// tenants that no grant gave it. Requests that admitRun did not see
+// (none that run a guest for a client) share scope "".
+func poolScope(ctx context.Context) string {
+	tenant, _ := ctx.Value(tenantKey{}).(string)
+	return tenant
+}
 
 // openAdopted opens the client of a handle this replica takes over from
 // the store (durable.Options.OpenHandle) in the group of the tenant of

@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -18,6 +19,7 @@ import (
 	"github.com/wasmtools/wasmtools/host"
 	"github.com/wasmtools/wasmtools/internal/statestore"
 	"github.com/wasmtools/wasmtools/internal/testplugins"
+	"github.com/wasmtools/wasmtools/plugins"
 	"github.com/wasmtools/wasmtools/sandbox"
 )
 
@@ -908,5 +910,32 @@ func TestWatchFilterAfterReload(t *testing.T) {
 	}
 	if n := bobTold.Load() - before; n > 0 {
 		t.Errorf("bob was told %d times that %s changed after the reload gave it to hostileupdate, which he may not use", n, uri)
+	}
+}
+
+// TestStatelessPoolsPerTenant: the counter example, declared stateless
+// (which it is not: as a plugin lying in its wasmtools.stateless section
+// would), is served from warm pools. Alice counts 1, 2, 3 on the pooled
+// instance; bob's first call counts 1, not 4: each tenant's requests take
+// instances from a pool of its own (review: one pool per plugin passed
+// alice's instance, and what it kept, to bob's call).
+func TestStatelessPoolsPerTenant(t *testing.T) {
+	f := newFixtureWith(t, &host.Options{Tenants: true}, func(string) plugins.Options {
+		pol := sandbox.NewPolicy()
+		return plugins.Options{Policy: &pol, Stateless: true}
+	}, map[string]string{"counter.wasm": testplugins.Example(t, "counter")})
+	url := serveGuarded(t, f, host.GuardOptions{Tokens: map[string]string{"alice": aliceToken, "bob": bobToken}})
+	alice := connectHTTP(t, url, "", tenantTransport{token: aliceToken})
+	bob := connectHTTP(t, url, "", tenantTransport{token: bobToken})
+	for want := 1; want <= 3; want++ {
+		if got := firstText(call(t, alice, "count", nil)); got != strconv.Itoa(want) {
+			t.Fatalf("alice's count %s, want %d: the pooled instance was not reused", got, want)
+		}
+	}
+	if got := firstText(call(t, bob, "count", nil)); got != "1" {
+		t.Errorf("bob's first count on the stateless counter is %s, want 1: an instance of alice's pool served him", got)
+	}
+	if got := firstText(call(t, alice, "count", nil)); got != "4" {
+		t.Errorf("alice's count after bob's %s, want 4", got)
 	}
 }

@@ -119,6 +119,7 @@ type Lease struct {
 	m      *Manager
 	c      *client // nil for a pooled instance
 	sl     *slot   // nil for a pooled instance
+	pool   poolKey // a pooled instance's pool
 	plugin *plugins.Plugin
 	inst   *plugins.Instance
 	notice Notice

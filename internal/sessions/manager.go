@@ -118,9 +118,16 @@ type Options struct {
 	// 0 means no bound. Further leases wait for a turn; a lease waiting
 	// for a person does not hold one.
 	MaxConcurrentCalls int
-	// PoolSize bounds the idle warm instances kept per stateless plugin;
-	// 0 means twice GOMAXPROCS.
+	// PoolSize bounds the idle warm instances kept per stateless plugin
+	// (in each scope, see PoolScope); 0 means twice GOMAXPROCS.
 	PoolSize int
+	// PoolScope names the warm pool a stateless plugin's lease draws
+	// from and gives its instance back to, from the lease's context (the
+	// host: its request's tenant). An instance never passes from one
+	// scope to another, so that a plugin that only claims to keep no
+	// state cannot carry one scope's data to another. nil: one pool per
+	// plugin.
+	PoolScope func(ctx context.Context) string
 	// IdleTimeout ends a [Client] or [Handle] key's client after this
 	// long with no lease; 0 means never. [Conn] clients end only at
 	// [Manager.End].
@@ -216,7 +223,7 @@ type Manager struct {
 	live      int
 	perPlugin map[string]int
 	memory    uint64
-	pools     map[string]*pool // by plugin name
+	pools     map[poolKey]*pool // by plugin name and scope
 	retired   map[*plugins.Plugin]bool
 	// successor is what replaced each retired version whose retirement
 	// runs (nil when it was removed), and incoming counts, for each
@@ -241,7 +248,7 @@ func New(opts *Options) *Manager {
 		clients:   map[Key]*client{},
 		lru:       list.New(),
 		perPlugin: map[string]int{},
-		pools:     map[string]*pool{},
+		pools:     map[poolKey]*pool{},
 		retired:   map[*plugins.Plugin]bool{},
 		successor: map[*plugins.Plugin]*plugins.Plugin{},
 		incoming:  map[*plugins.Plugin]int{},

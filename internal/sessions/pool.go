@@ -9,15 +9,28 @@ import (
 )
 
 // pool holds the idle warm instances of one stateless plugin (by name),
-// shared by every client. Instances of a retired version are never put
-// back.
+// shared by every client of one scope (Options.PoolScope). Instances of a
+// retired version are never put back. A pool with no idle instance is
+// dropped, so that scopes come and go with their tenants.
 type pool struct {
 	idle []*plugins.Instance // guarded by Manager.mu
 }
 
+// poolKey names a pool: its plugin's name and its scope.
+type poolKey struct{ plugin, scope string }
+
+// poolOf is the key of the pool a lease of p under ctx uses.
+func (m *Manager) poolOf(ctx context.Context, p *plugins.Plugin) poolKey {
+	k := poolKey{plugin: p.Name()}
+	if m.opts.PoolScope != nil {
+		k.scope = m.opts.PoolScope(ctx)
+	}
+	return k
+}
+
 // acquirePooled leases an idle pooled instance of p, or a new one.
 func (m *Manager) acquirePooled(ctx context.Context, p *plugins.Plugin) (*Lease, error) {
-	l := &Lease{m: m, plugin: p, start: time.Now()}
+	l := &Lease{m: m, plugin: p, start: time.Now(), pool: m.poolOf(ctx, p)}
 	m.mu.Lock()
 	switch {
 	case m.closed:
@@ -28,19 +41,19 @@ func (m *Manager) acquirePooled(ctx context.Context, p *plugins.Plugin) (*Lease,
 		return nil, ErrRetired
 	}
 	m.leases[l] = struct{}{}
-	pl := m.pools[p.Name()]
-	if pl == nil {
-		pl = &pool{}
-		m.pools[p.Name()] = pl
-	}
 	var stale []*plugins.Instance
-	for l.inst == nil && len(pl.idle) > 0 {
-		inst := pl.idle[len(pl.idle)-1]
-		pl.idle = pl.idle[:len(pl.idle)-1]
-		if inst.Plugin().SameCode(p) {
-			l.inst = inst
-		} else {
-			stale = append(stale, inst)
+	if pl := m.pools[l.pool]; pl != nil {
+		for l.inst == nil && len(pl.idle) > 0 {
+			inst := pl.idle[len(pl.idle)-1]
+			pl.idle = pl.idle[:len(pl.idle)-1]
+			if inst.Plugin().SameCode(p) {
+				l.inst = inst
+			} else {
+				stale = append(stale, inst)
+			}
+		}
+		if len(pl.idle) == 0 {
+			delete(m.pools, l.pool)
 		}
 	}
 	m.mu.Unlock()
@@ -79,7 +92,12 @@ func (m *Manager) donePooled(l *Lease, reason string) {
 	inst := l.inst
 	m.mu.Lock()
 	if reason == "" && inst.Err() == nil && !m.closed && !m.isRetiredLocked(inst.Plugin()) {
-		if pl := m.pools[inst.Plugin().Name()]; pl != nil && len(pl.idle) < m.poolSize() {
+		pl := m.pools[l.pool]
+		if pl == nil {
+			pl = &pool{}
+			m.pools[l.pool] = pl
+		}
+		if len(pl.idle) < m.poolSize() {
 			pl.idle = append(pl.idle, inst)
 			m.mu.Unlock()
 			return
@@ -104,15 +122,18 @@ func (m *Manager) closePooled(insts []*plugins.Instance) {
 // freePooledLocked frees one idle pooled instance whose plugin match
 // accepts, and reports whether it found one. The caller holds m.mu.
 func (m *Manager) freePooledLocked(match func(string) bool) bool {
-	for name, pl := range m.pools {
-		if !match(name) || len(pl.idle) == 0 {
+	for k, pl := range m.pools {
+		if !match(k.plugin) || len(pl.idle) == 0 {
 			continue
 		}
 		inst := pl.idle[0]
 		pl.idle = pl.idle[1:]
+		if len(pl.idle) == 0 {
+			delete(m.pools, k)
+		}
 		_ = inst.Close(context.Background())
 		m.unreserveLocked(inst.Plugin())
-		m.obs.InstanceClosed(name)
+		m.obs.InstanceClosed(k.plugin)
 		return true
 	}
 	return false
@@ -122,9 +143,9 @@ func (m *Manager) freePooledLocked(match func(string) bool) bool {
 func (m *Manager) drainPools() {
 	m.mu.Lock()
 	var all []*plugins.Instance
-	for name, pl := range m.pools {
+	for k, pl := range m.pools {
 		all = append(all, pl.idle...)
-		delete(m.pools, name)
+		delete(m.pools, k)
 	}
 	m.mu.Unlock()
 	m.closePooled(all)

@@ -30,7 +30,10 @@ func (m *Manager) Retire(old, next *plugins.Plugin) {
 		m.incoming[next]++
 	}
 	var stale []*plugins.Instance
-	if pl := m.pools[old.Name()]; pl != nil {
+	for k, pl := range m.pools {
+		if k.plugin != old.Name() {
+			continue
+		}
 		kept := pl.idle[:0]
 		for _, inst := range pl.idle {
 			if inst.Plugin().SameCode(old) {
