@@ -412,7 +412,7 @@ func New(src *plugins.Reloader, opts *Options) *Host {
 		QueueLimit:   h.opts.QueueLimit,
 		MaxInstances: h.opts.MaxInstances, MaxInstancesPerPlugin: h.opts.MaxInstancesPerPlugin,
 		InstanceLimits: h.opts.InstanceLimits, MemoryBudget: h.opts.MemoryBudget,
-		MaxConcurrentCalls: h.opts.MaxConcurrentCalls, PoolSize: h.opts.PoolSize, PoolScope: poolScope,
+		MaxConcurrentCalls: h.opts.MaxConcurrentCalls, PoolSize: h.opts.PoolSize, Tenant: requestTenant,
 		IdleTimeout: idle,
 		MaxParked:   h.opts.MaxParked, MaxParkedPerClient: h.opts.MaxParkedPerClient,
 		MaxHandles: h.opts.MaxHandles,

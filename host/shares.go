@@ -95,11 +95,12 @@ const maxRateTenants = 4096
 // counts against the subject's shares ([Host.admitCall]), so that a
 // subject past them is refused whichever request it sends; key's store
 // record is the subject's tenant's, whichever request writes it first;
-// and the returned context says, with tenants, whose the request is: the
-// pool its stateless plugin's instance comes from ([Host.poolScope]),
-// and for a session it takes over from another replica, its handle's
-// group ([Host.openAdopted]) and its grant answers ([grantBook.restore]). release must be called
-// once the request's lease is done.
+// and the returned context says, with tenants, whose the request is
+// ([requestTenant]): the pool its stateless plugin's instance comes from,
+// the tenant whose instances an eviction for it takes first, and for a
+// session it takes over from another replica, its handle's group
+// ([Host.openAdopted]) and its grant answers ([grantBook.restore]).
+// release must be called once the request's lease is done.
 func (h *Host) admitRun(ctx context.Context, env *callEnv, key sessions.Key, p *plugins.Plugin) (_ context.Context, release func(), err error) {
 	release = func() {}
 	_, req := env.current()
@@ -126,14 +127,16 @@ func (h *Host) admitRun(ctx context.Context, env *callEnv, key sessions.Key, p *
 // [Host.admitRun].
 type tenantKey struct{}
 
-// poolScope is sessions.Options.PoolScope: each tenant's requests lease a
-// stateless plugin's instances from a pool of the tenant's own. A plugin
-// declares itself stateless (its wasmtools.stateless section), and an
-// untrusted one may say so falsely: with one pool, an instance that kept
-// one tenant's arguments served the next tenant's call, a channel between
-// tenants that no grant gave it. Requests that admitRun did not see
-// (none that run a guest for a client) share scope "".
-func poolScope(ctx context.Context) string {
+// requestTenant is sessions.Options.Tenant: the tenant admitRun says the
+// request is, "" for requests it did not see (none that run a guest for a
+// client). Each tenant's requests lease a stateless plugin's instances
+// from a pool of the tenant's own: a plugin declares itself stateless (its
+// wasmtools.stateless section), and an untrusted one may say so falsely;
+// with one pool, an instance that kept one tenant's arguments served the
+// next tenant's call, a channel between tenants that no grant gave it. And
+// at an instance bound, the tenant holding the most instances loses one
+// first.
+func requestTenant(ctx context.Context) string {
 	tenant, _ := ctx.Value(tenantKey{}).(string)
 	return tenant
 }

@@ -174,6 +174,9 @@ func (m *Manager) acquireSlot(ctx context.Context, key Key, p *plugins.Plugin) (
 		m.mu.Unlock()
 		return nil, err
 	}
+	if c.group == "" {
+		c.group = m.tenantOf(ctx)
+	}
 	if c.closed {
 		c.leaveLocked()
 		m.mu.Unlock()

@@ -1,15 +1,20 @@
 package sessions
 
 import (
+	"cmp"
 	"context"
 	"fmt"
+	"maps"
+	"slices"
+	"strings"
 
 	"github.com/wasmtools/wasmtools/plugins"
 )
 
 // reserve counts a new instance of p against the limits. At a limit it
 // frees an idle pooled instance, else evicts the least recently used idle
-// instance, else evicts the oldest lease waiting for a person and waits
+// instance of the tenant holding the most (Options.Tenant), else evicts
+// the oldest lease waiting for a person, of that tenant first, and waits
 // for it to end; with none of those it refuses with [ErrAtCapacity]. self
 // is the slot asking (held by the caller, so never a candidate); nil for a
 // pooled instance.
@@ -89,12 +94,42 @@ func (m *Manager) unreserveLocked(p *plugins.Plugin) {
 }
 
 // evictIdleLocked frees the least recently used idle instance whose
-// plugin match accepts, and reports whether it found one. Slots are only
+// plugin match accepts, of the tenant holding the most instances (then
+// the next), and reports whether it found one. Slots are only
 // try-locked, so this never waits for a lease. The caller holds m.mu.
 func (m *Manager) evictIdleLocked(self *slot, match func(string) bool) bool {
+	for _, tenant := range m.tenantsByInstancesLocked(match) {
+		if m.evictIdleOfLocked(self, match, tenant) {
+			return true
+		}
+	}
+	return false
+}
+
+// tenantsByInstancesLocked returns the tenants holding instances of the
+// plugins match accepts, the one holding the most first (by name among
+// equals): eviction takes from them in that order, so that a tenant's many
+// sessions evict their own instances before another tenant's. The caller
+// holds m.mu.
+func (m *Manager) tenantsByInstancesLocked(match func(string) bool) []string {
+	held := map[string]int{}
+	for e := m.lru.Front(); e != nil; e = e.Next() {
+		if sl := e.Value.(*slot); match(sl.plugin) {
+			held[sl.c.group]++
+		}
+	}
+	tenants := slices.Collect(maps.Keys(held))
+	slices.SortFunc(tenants, func(a, b string) int { return cmp.Or(cmp.Compare(held[b], held[a]), strings.Compare(a, b)) })
+	return tenants
+}
+
+// evictIdleOfLocked evicts tenant's least recently used idle instance
+// among those match accepts, but self's; it reports whether it did. The
+// caller holds m.mu.
+func (m *Manager) evictIdleOfLocked(self *slot, match func(string) bool, tenant string) bool {
 	for e := m.lru.Front(); e != nil; e = e.Next() {
 		sl := e.Value.(*slot)
-		if sl == self || !match(sl.plugin) || !sl.tryLock() {
+		if sl.c.group != tenant || sl == self || !match(sl.plugin) || !sl.tryLock() {
 			continue
 		}
 		m.log.Info("instance evicted", "session", sl.c.key.String(), "plugin", sl.plugin, "reason", "instance limit")
@@ -108,14 +143,31 @@ func (m *Manager) evictIdleLocked(self *slot, match func(string) bool) bool {
 }
 
 // oldestWaitingLocked returns the lease that has waited longest for a
-// person among those match accepts, or nil.
+// person among those match accepts, of the tenant holding the most
+// instances (then the next), or nil.
 func (m *Manager) oldestWaitingLocked(match func(string) bool) *Lease {
-	for e := m.waiting.Front(); e != nil; e = e.Next() {
+	tenants := m.tenantsByInstancesLocked(match)
+	for _, tenant := range tenants {
+		for e := m.waiting.Front(); e != nil; e = e.Next() {
+			if l := e.Value.(*Lease); !l.evicted && match(l.plugin.Name()) && l.tenant() == tenant {
+				return l
+			}
+		}
+	}
+	for e := m.waiting.Front(); e != nil; e = e.Next() { // a pooled instance's
 		if l := e.Value.(*Lease); !l.evicted && match(l.plugin.Name()) {
 			return l
 		}
 	}
 	return nil
+}
+
+// tenant is the tenant of l: its client's, or its pool's.
+func (l *Lease) tenant() string {
+	if l.c != nil {
+		return l.c.group
+	}
+	return l.pool.tenant
 }
 
 // evictLocked stops a lease waiting for a person: its context is cancelled

@@ -119,15 +119,18 @@ type Options struct {
 	// for a person does not hold one.
 	MaxConcurrentCalls int
 	// PoolSize bounds the idle warm instances kept per stateless plugin
-	// (in each scope, see PoolScope); 0 means twice GOMAXPROCS.
+	// (in each tenant's pool, see Tenant); 0 means twice GOMAXPROCS.
 	PoolSize int
-	// PoolScope names the warm pool a stateless plugin's lease draws
-	// from and gives its instance back to, from the lease's context (the
-	// host: its request's tenant). An instance never passes from one
-	// scope to another, so that a plugin that only claims to keep no
-	// state cannot carry one scope's data to another. nil: one pool per
-	// plugin.
-	PoolScope func(ctx context.Context) string
+	// Tenant names the tenant of a lease from its context (the host: its
+	// request's). A stateless plugin's warm pool is each tenant's own: an
+	// instance never passes from one tenant to another, so that a plugin
+	// that only claims to keep no state cannot carry one tenant's data
+	// to another. A client belongs to the tenant of its first lease (a
+	// handle's, to its group: [Manager.OpenIn]), and at an instance bound
+	// the instance evicted is one of the tenant holding the most, so that
+	// a tenant's many sessions evict their own instances first. nil: every
+	// lease is of one tenant, "".
+	Tenant func(ctx context.Context) string
 	// IdleTimeout ends a [Client] or [Handle] key's client after this
 	// long with no lease; 0 means never. [Conn] clients end only at
 	// [Manager.End].
@@ -223,7 +226,7 @@ type Manager struct {
 	live      int
 	perPlugin map[string]int
 	memory    uint64
-	pools     map[poolKey]*pool // by plugin name and scope
+	pools     map[poolKey]*pool // by plugin name and tenant
 	retired   map[*plugins.Plugin]bool
 	// successor is what replaced each retired version whose retirement
 	// runs (nil when it was removed), and incoming counts, for each
@@ -303,7 +306,7 @@ type client struct {
 	lastUsed time.Time        // guarded by Manager.mu
 	requests int              // leases asked for, ever; guarded by Manager.mu
 	parked   int              // guarded by Manager.mu
-	group    string           // the tenant of a Handle client (OpenIn); immutable
+	group    string           // its tenant: a handle's group (OpenIn), else its first lease's (Options.Tenant); set once
 	// seeds are the states the client's first instances start from, by
 	// plugin name (see Seed); guarded by Manager.mu.
 	seeds map[string]Seed

@@ -9,23 +9,27 @@ import (
 )
 
 // pool holds the idle warm instances of one stateless plugin (by name),
-// shared by every client of one scope (Options.PoolScope). Instances of a
+// shared by every client of one tenant (Options.Tenant). Instances of a
 // retired version are never put back. A pool with no idle instance is
 // dropped, so that scopes come and go with their tenants.
 type pool struct {
 	idle []*plugins.Instance // guarded by Manager.mu
 }
 
-// poolKey names a pool: its plugin's name and its scope.
-type poolKey struct{ plugin, scope string }
+// poolKey names a pool: its plugin's name and its tenant.
+type poolKey struct{ plugin, tenant string }
 
 // poolOf is the key of the pool a lease of p under ctx uses.
 func (m *Manager) poolOf(ctx context.Context, p *plugins.Plugin) poolKey {
-	k := poolKey{plugin: p.Name()}
-	if m.opts.PoolScope != nil {
-		k.scope = m.opts.PoolScope(ctx)
+	return poolKey{plugin: p.Name(), tenant: m.tenantOf(ctx)}
+}
+
+// tenantOf is Options.Tenant's answer for ctx, "" without it.
+func (m *Manager) tenantOf(ctx context.Context) string {
+	if m.opts.Tenant == nil {
+		return ""
 	}
-	return k
+	return m.opts.Tenant(ctx)
 }
 
 // acquirePooled leases an idle pooled instance of p, or a new one.

@@ -826,3 +826,45 @@ func TestEndedIdle(t *testing.T) {
 		t.Fatal("Ended not called after the idle timeout")
 	}
 }
+
+// TestEvictionTakesFromTheLargestTenant: with room for three instances,
+// alice holds one and bob two, all idle, alice's the least recently used.
+// Bob's third client evicts bob's own oldest, not alice's: at a bound the
+// tenant holding the most instances loses one first (Options.Tenant).
+// Before, the least recently used went, whoever's it was, so one tenant's
+// many sessions evicted every other tenant's instances.
+func TestEvictionTakesFromTheLargestTenant(t *testing.T) {
+	type tenantKey struct{}
+	w := newWorld(t, sessions.Options{MaxInstances: 3, Tenant: func(ctx context.Context) string {
+		s, _ := ctx.Value(tenantKey{}).(string)
+		return s
+	}})
+	defer w.finish()
+	counter := w.plugin("counter")
+	use := func(tenant string, key sessions.Key) *sessions.Lease {
+		t.Helper()
+		l, err := w.m.Acquire(context.WithValue(w.ctx, tenantKey{}, tenant), key, counter)
+		if err != nil {
+			t.Fatal(err)
+		}
+		l.Done(nil)
+		return l
+	}
+	alice := sessions.Client("alice-1")
+	use("alice", alice)
+	use("bob", sessions.Client("bob-1"))
+	use("bob", sessions.Client("bob-2"))
+	use("bob", sessions.Client("bob-3"))
+	if !w.m.Holds(alice, "counter") {
+		t.Error("bob's third client evicted alice's instance, the least recently used; want one of bob's two")
+	}
+	if w.m.Holds(sessions.Client("bob-1"), "counter") {
+		t.Error("bob's oldest instance is still live; want it evicted for his third")
+	}
+	// Alice's second client, with two instances of bob's live and one
+	// of hers: bob's go first again.
+	use("alice", sessions.Client("alice-2"))
+	if !w.m.Holds(alice, "counter") {
+		t.Error("alice's second client evicted her first, while bob held two")
+	}
+}
