@@ -201,6 +201,14 @@ func (c *Compiled) instantiate(ctx context.Context, initialise bool, img *image)
 	}))
 	defer func() { inst.mem.exit() }() // inst.mem is set during InstantiateModule
 	mod, err := c.rt.InstantiateModule(ctx, c.mod, cfg)
+	if err != nil && inst.mem != nil {
+		// wazero drops the memory of a module whose instantiation failed
+		// after allocating it (a data segment out of bounds) without
+		// freeing it: freed here, its reservation is unmapped by the exit
+		// above. Where wazero did free it (closing the module), this
+		// second Free changes nothing.
+		inst.mem.Free()
+	}
 	if err == nil {
 		// The memory is not the reservation (see reservedMemory.Reallocate):
 		// the guest never runs on it.

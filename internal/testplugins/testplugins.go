@@ -77,6 +77,12 @@ func CacheDir() string {
 // 1,000 times, though memory holds it once; see [PSS].
 func RSS(t testing.TB) int64 { return procBytes(t, "/proc/self/status", "VmRSS:") }
 
+// AddressSpace returns the process's virtual memory size in bytes
+// (VmSize: every mapping, reserved or not, such as an instance's
+// reservation of its memory limit), after a garbage collection. It skips
+// the test where /proc is missing.
+func AddressSpace(t testing.TB) int64 { return procBytes(t, "/proc/self/status", "VmSize:") }
+
 // PSS returns the process's proportional set size in bytes, after a
 // garbage collection that returns freed memory to the OS: each page
 // counted once, divided among the mappings that share it (in this process
