@@ -112,6 +112,9 @@ func (h *Host) admitRun(ctx context.Context, env *callEnv, key sessions.Key, p *
 			return ctx, nil, err
 		}
 	}
+	if p.Stateless() && !h.opts.Tenants {
+		return ctx, release, nil // a keyed digest saved on the fast path
+	}
 	tenant := h.tenantOf(subjectOf(req.Extra))
 	if !p.Stateless() {
 		h.storeBytes.attribute(durable.StoreID(key), tenant)
