@@ -340,8 +340,10 @@ func (d *Keeper) Drain(ctx context.Context) error {
 			continue // keep the claim: the holder's heartbeat ends soon
 		}
 		if err := d.writeLost(ctx, key, c); err != nil {
-			d.log.Error("drain: a lost state not recorded", "session", key.String(), "error", err)
-			firstErr = cmp.Or(firstErr, err)
+			if !errors.Is(err, errMoved) {
+				d.log.Error("drain: a lost state not recorded", "session", key.String(), "error", err)
+				firstErr = cmp.Or(firstErr, err)
+			}
 			continue // keep the claim, as for a checkpoint that failed
 		}
 		rctx, cancel := context.WithTimeout(ctx, d.timeout())
@@ -369,15 +371,28 @@ func (d *Keeper) Drain(ctx context.Context) error {
 // state was reset (Saved). The heartbeat's resave and Drain call it once
 // the store answers; a plugin recorded lost is no longer unsaved here,
 // and Saved reads the reason from the record.
+//
+// A claim retired or stale writes nothing: a newer claim of this replica
+// may have the same fence, and a state it saved since
+// (TestRetiredClaimWriteLostOverwritesNewState). A write fenced
+// (another replica took the session over) is errMoved, and the notes go:
+// the record is the other replica's now.
 func (d *Keeper) writeLost(ctx context.Context, key sessions.Key, c *Claim) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if c.retired || c.stale {
+		return nil
+	}
 	for name, why := range c.unsaved {
 		if why == "" || d.ses.Holds(key, name) {
 			continue
 		}
 		pr := pluginRecord{Lost: "its last state was not saved", Reason: ReasonNotSaved, Done: c.done[name], Ran: c.ran[name]}
 		if _, err := d.writeState(ctx, c, name, pr, nil); err != nil {
+			if errors.Is(err, statestore.ErrFenced) || errors.Is(err, errMoved) {
+				clear(c.unsaved)
+				return errMoved
+			}
 			return err
 		}
 		delete(c.unsaved, name)

@@ -437,9 +437,13 @@ func (d *Keeper) resume(ctx context.Context, key sessions.Key, c *Claim, old cla
 		clear(c.bases)
 	}
 	for name, why := range old.unsaved {
+		// Kept for a plugin whose instance is gone too (seed told the
+		// session layer it starts afresh): writeLost records that its
+		// state is lost, so that a replica taking the session over says
+		// so as well (TestEvictedUnsavedLostAfterResume).
+		c.unsaved[name] = why
+		c.done[name], c.ran[name] = old.done[name], old.ran[name]
 		if d.ses.Holds(key, name) {
-			c.unsaved[name] = why
-			c.done[name], c.ran[name] = old.done[name], old.ran[name]
 			delete(c.saved, "p/"+name)
 		}
 	}

@@ -145,7 +145,7 @@ func (d *Keeper) resave(key sessions.Key, c *Claim) {
 		d.log.Info("state saved again after a failed checkpoint", "session", key.String(), "plugin", name)
 		return nil
 	})
-	if err := d.writeLost(ctx, key, c); err != nil {
+	if err := d.writeLost(ctx, key, c); err != nil && !errors.Is(err, errMoved) {
 		d.log.Warn("state store: a lost state not recorded", "session", key.String(), "error", err)
 	}
 }

@@ -1,0 +1,36 @@
+package sessions_test
+
+import (
+	"context"
+	"fmt"
+	"testing"
+
+	"github.com/wasmtools/wasmtools/internal/sessions"
+)
+
+// Without an instance bound (MaxInstances 0, the default of `wasmtools
+// serve`), a stateless plugin's warm pools are each tenant's own and none
+// is ever trimmed: every tenant that once called it keeps an idle instance
+// live for ever. Before tenant pools, PoolSize bounded them per plugin;
+// now the idle instances grow with the tenants (with Options.Tenants in
+// the host, one per authenticated subject).
+func TestReviewTenantPoolsBoundedWithoutInstanceLimit(t *testing.T) {
+	type tenantKey struct{}
+	w := newWorld(t, sessions.Options{PoolSize: 2, Tenant: func(ctx context.Context) string {
+		s, _ := ctx.Value(tenantKey{}).(string)
+		return s
+	}})
+	defer w.finish()
+	pool := w.plugin("pool")
+	const tenants = 50
+	for i := range tenants {
+		l, err := w.m.Acquire(context.WithValue(w.ctx, tenantKey{}, fmt.Sprintf("tenant-%d", i)), sessions.Client(fmt.Sprint("c", i)), pool)
+		if err != nil {
+			t.Fatal(err)
+		}
+		l.Done(nil)
+	}
+	if live := w.m.Stats().Live; live > 2 {
+		t.Fatalf("%d idle pooled instances of one stateless plugin live after %d tenants' calls, each done; want at most PoolSize (2), as with one pool", live, tenants)
+	}
+}
