@@ -118,8 +118,8 @@ type Options struct {
 	// 0 means no bound. Further leases wait for a turn; a lease waiting
 	// for a person does not hold one.
 	MaxConcurrentCalls int
-	// PoolSize bounds the idle warm instances kept per stateless plugin
-	// (in each tenant's pool, see Tenant); 0 means twice GOMAXPROCS.
+	// PoolSize bounds the idle warm instances kept per stateless plugin,
+	// across its tenants' pools (see Tenant); 0 means twice GOMAXPROCS.
 	PoolSize int
 	// Tenant names the tenant of a lease from its context (the host: its
 	// request's). A stateless plugin's warm pool is each tenant's own: an
@@ -227,7 +227,10 @@ type Manager struct {
 	perPlugin map[string]int
 	memory    uint64
 	pools     map[poolKey]*pool // by plugin name and tenant
-	retired   map[*plugins.Plugin]bool
+	// pooledIdle counts the idle pooled instances of each plugin, in all
+	// its pools: PoolSize bounds it.
+	pooledIdle map[string]int
+	retired    map[*plugins.Plugin]bool
 	// successor is what replaced each retired version whose retirement
 	// runs (nil when it was removed), and incoming counts, for each
 	// version, the retirements running that move instances to it: its
@@ -248,18 +251,19 @@ type Manager struct {
 // New returns a manager with the given options (nil means defaults).
 func New(opts *Options) *Manager {
 	m := &Manager{
-		clients:   map[Key]*client{},
-		lru:       list.New(),
-		perPlugin: map[string]int{},
-		pools:     map[poolKey]*pool{},
-		retired:   map[*plugins.Plugin]bool{},
-		successor: map[*plugins.Plugin]*plugins.Plugin{},
-		incoming:  map[*plugins.Plugin]int{},
-		leases:    map[*Lease]struct{}{},
-		waiting:   list.New(),
-		parked:    map[string]*parkedRun{},
-		changed:   make(chan struct{}),
-		stop:      make(chan struct{}),
+		clients:    map[Key]*client{},
+		lru:        list.New(),
+		perPlugin:  map[string]int{},
+		pools:      map[poolKey]*pool{},
+		pooledIdle: map[string]int{},
+		retired:    map[*plugins.Plugin]bool{},
+		successor:  map[*plugins.Plugin]*plugins.Plugin{},
+		incoming:   map[*plugins.Plugin]int{},
+		leases:     map[*Lease]struct{}{},
+		waiting:    list.New(),
+		parked:     map[string]*parkedRun{},
+		changed:    make(chan struct{}),
+		stop:       make(chan struct{}),
 	}
 	if opts != nil {
 		m.opts = *opts

@@ -11,7 +11,9 @@ import (
 // pool holds the idle warm instances of one stateless plugin (by name),
 // shared by every client of one tenant (Options.Tenant). Instances of a
 // retired version are never put back. A pool with no idle instance is
-// dropped, so that scopes come and go with their tenants.
+// dropped, so that pools come and go with their tenants; PoolSize bounds
+// the idle instances of a plugin across all its tenants' pools
+// (Manager.pooledIdle), so that they do not grow with the tenants.
 type pool struct {
 	idle []*plugins.Instance // guarded by Manager.mu
 }
@@ -50,6 +52,7 @@ func (m *Manager) acquirePooled(ctx context.Context, p *plugins.Plugin) (*Lease,
 		for l.inst == nil && len(pl.idle) > 0 {
 			inst := pl.idle[len(pl.idle)-1]
 			pl.idle = pl.idle[:len(pl.idle)-1]
+			m.pooledIdle[l.pool.plugin]--
 			if inst.Plugin().SameCode(p) {
 				l.inst = inst
 			} else {
@@ -95,15 +98,30 @@ func (m *Manager) acquirePooled(ctx context.Context, p *plugins.Plugin) (*Lease,
 func (m *Manager) donePooled(l *Lease, reason string) {
 	inst := l.inst
 	m.mu.Lock()
+	var trimmed []*plugins.Instance
 	if reason == "" && inst.Err() == nil && !m.closed && !m.isRetiredLocked(inst.Plugin()) {
-		pl := m.pools[l.pool]
-		if pl == nil {
-			pl = &pool{}
-			m.pools[l.pool] = pl
+		if m.pooledIdle[l.pool.plugin] >= m.poolSize() {
+			// At the plugin's bound: the tenant holding the most idle
+			// instances of it gives up its oldest.
+			if k, pl := m.largestPoolLocked(l.pool.plugin); pl != nil {
+				trimmed = append(trimmed, pl.idle[0])
+				pl.idle = pl.idle[1:]
+				m.pooledIdle[k.plugin]--
+				if len(pl.idle) == 0 {
+					delete(m.pools, k)
+				}
+			}
 		}
-		if len(pl.idle) < m.poolSize() {
+		if m.pooledIdle[l.pool.plugin] < m.poolSize() {
+			pl := m.pools[l.pool]
+			if pl == nil {
+				pl = &pool{}
+				m.pools[l.pool] = pl
+			}
 			pl.idle = append(pl.idle, inst)
+			m.pooledIdle[l.pool.plugin]++
 			m.mu.Unlock()
+			m.closePooled(trimmed)
 			return
 		}
 	}
@@ -111,7 +129,20 @@ func (m *Manager) donePooled(l *Lease, reason string) {
 	if reason != "" {
 		m.obs.InstanceReset(inst.Plugin().Name(), reason)
 	}
-	m.closePooled([]*plugins.Instance{inst})
+	m.closePooled(append(trimmed, inst))
+}
+
+// largestPoolLocked is the pool of plugin holding the most idle
+// instances, or nil. The caller holds m.mu.
+func (m *Manager) largestPoolLocked(plugin string) (poolKey, *pool) {
+	var key poolKey
+	var largest *pool
+	for k, pl := range m.pools {
+		if k.plugin == plugin && len(pl.idle) > 0 && (largest == nil || len(pl.idle) > len(largest.idle)) {
+			key, largest = k, pl
+		}
+	}
+	return key, largest
 }
 
 // closePooled frees pooled instances that no lease holds.
@@ -132,6 +163,7 @@ func (m *Manager) freePooledLocked(match func(string) bool) bool {
 		}
 		inst := pl.idle[0]
 		pl.idle = pl.idle[1:]
+		m.pooledIdle[k.plugin]--
 		if len(pl.idle) == 0 {
 			delete(m.pools, k)
 		}
@@ -151,6 +183,7 @@ func (m *Manager) drainPools() {
 		all = append(all, pl.idle...)
 		delete(m.pools, k)
 	}
+	clear(m.pooledIdle)
 	m.mu.Unlock()
 	m.closePooled(all)
 }

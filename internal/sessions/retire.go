@@ -38,11 +38,15 @@ func (m *Manager) Retire(old, next *plugins.Plugin) {
 		for _, inst := range pl.idle {
 			if inst.Plugin().SameCode(old) {
 				stale = append(stale, inst)
+				m.pooledIdle[k.plugin]--
 			} else {
 				kept = append(kept, inst)
 			}
 		}
 		pl.idle = kept
+		if len(kept) == 0 {
+			delete(m.pools, k)
+		}
 	}
 	var slots []*slot
 	for _, c := range m.clients {

@@ -10,10 +10,10 @@ import (
 )
 
 // A pool with no idle instance is dropped (pool.go), so that pools come
-// and go with their tenants. Retire empties the pools of the old version
-// but leaves them in m.pools: a tenant that does not come back keeps an
-// empty pool for ever, one more at each reload.
-func TestReviewRetireDropsEmptiedPools(t *testing.T) {
+// and go with their tenants, and so is one Retire empties (a review found
+// them left in m.pools: a tenant that did not come back kept an empty
+// pool for ever, one more at each reload).
+func TestRetireDropsEmptiedPools(t *testing.T) {
 	ctx := context.Background()
 	rt, err := sandbox.NewRuntime(sandbox.Options{CacheDir: testplugins.CacheDir()})
 	if err != nil {

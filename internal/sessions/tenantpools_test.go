@@ -9,12 +9,12 @@ import (
 )
 
 // Without an instance bound (MaxInstances 0, the default of `wasmtools
-// serve`), a stateless plugin's warm pools are each tenant's own and none
-// is ever trimmed: every tenant that once called it keeps an idle instance
-// live for ever. Before tenant pools, PoolSize bounded them per plugin;
-// now the idle instances grow with the tenants (with Options.Tenants in
-// the host, one per authenticated subject).
-func TestReviewTenantPoolsBoundedWithoutInstanceLimit(t *testing.T) {
+// serve`), a stateless plugin's warm pools are each tenant's own, and
+// PoolSize bounds their idle instances across all of them: 50 tenants'
+// calls leave at most PoolSize. A review found each tenant's pool kept
+// PoolSize of its own, so every tenant that once called the plugin kept
+// an idle instance live for ever.
+func TestTenantPoolsBoundedWithoutInstanceLimit(t *testing.T) {
 	type tenantKey struct{}
 	w := newWorld(t, sessions.Options{PoolSize: 2, Tenant: func(ctx context.Context) string {
 		s, _ := ctx.Value(tenantKey{}).(string)
