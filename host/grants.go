@@ -1,7 +1,6 @@
 package host
 
 import (
-	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -125,7 +124,10 @@ func (b *grantBook) changed(ctx context.Context, key sessions.Key) {
 func (b *grantBook) session(key sessions.Key, tenant string) *sessionGrants {
 	if b.sessions == nil {
 		b.sessions = map[sessions.Key]*sessionGrants{}
-		total := cmp.Or(b.max, maxGrantSessions)
+		total := b.max
+		if total <= 0 {
+			total = maxGrantSessions
+		}
 		b.bound.total, b.bound.perTenant = total, max(total/4, 1)
 	}
 	for _, k := range b.bound.add(key, tenant) {

@@ -6,12 +6,11 @@ import (
 	"github.com/wasmtools/wasmtools/internal/sessions"
 )
 
-// Options.MaxGrantSessions < 0 is not "no bound" nor the default (cmp.Or
-// keeps a negative value): tenantFIFO.add's `for len(f.tenant) >=
-// f.total` pops from an empty table, and the first grant question
-// panics (index out of range), where the other bounds treat <= 0 as
-// their default (PoolSize, MaxHandles).
-func TestReviewNegativeMaxGrantSessions(t *testing.T) {
+// Options.MaxGrantSessions <= 0 is the default, as for the other bounds
+// (PoolSize, MaxHandles). A review found a negative one kept (cmp.Or):
+// tenantFIFO.add's `for len(f.tenant) >= f.total` then popped from an
+// empty table, and the first grant answers panicked.
+func TestNegativeMaxGrantSessions(t *testing.T) {
 	b := grantBook{max: -1}
 	defer func() {
 		if r := recover(); r != nil {
