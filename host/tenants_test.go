@@ -864,51 +864,70 @@ func TestPluginAccessSubscriptionsListen(t *testing.T) {
 
 // TestWatchFilterAfterReload: bob subscribes to flood://item/1 while the
 // plugin serving it is "open" (hostileupdate's code under another name),
-// which he may use, and is told when it changes. A reload then serves the
-// URI from hostileupdate, which only alice may use: the go-sdk still holds
-// bob's subscription, but alice's updates reach only her (watchFilter
-// checks each update against the catalogue as it is then).
+// which he may use, and is told when alice's call says it changed. A
+// reload then serves the URI from hostileupdate, which only alice may
+// use: the go-sdk still holds bob's subscription, but alice's updates
+// reach only her (watchFilter checks each update against the catalogue as
+// it is then). A marker, an update of the everything example's resource
+// that bob may watch, sent after them to his session's stream, says that
+// anything sent to him before it has arrived.
 func TestWatchFilterAfterReload(t *testing.T) {
 	code := testplugins.Bytes(t, testplugins.Test(t, "hostileupdate"))
-	f := newReloadFixtureWith(t, &host.Options{PluginAccess: map[string]host.AccessRule{"hostileupdate": {Subjects: []string{"alice"}}}}, map[string][]byte{"open.wasm": code})
+	f := newReloadFixtureWith(t, &host.Options{PluginAccess: map[string]host.AccessRule{"hostileupdate": {Subjects: []string{"alice"}}}}, map[string][]byte{
+		"open.wasm":       code,
+		"everything.wasm": testplugins.Bytes(t, testplugins.Example(t, "everything")),
+	})
 	url := serveGuarded(t, f.fixture, host.GuardOptions{Tokens: map[string]string{"alice": aliceToken, "bob": bobToken}})
-	const uri = "flood://item/1"
-	subscribe := func(token string) (*mcp.ClientSession, *atomic.Int64) {
-		var told atomic.Int64
+	const uri, marker = "flood://item/1", "test://watched-resource"
+	told := func(uris ...string) map[string]chan struct{} {
+		chans := map[string]chan struct{}{}
+		for _, u := range uris {
+			chans[u] = make(chan struct{}, 100)
+		}
+		return chans
+	}
+	subscribe := func(token string, chans map[string]chan struct{}) *mcp.ClientSession {
 		cs := connectHTTPEra(t, url, "2025-11-25", &mcp.ClientOptions{
-			ResourceUpdatedHandler: func(context.Context, *mcp.ResourceUpdatedNotificationRequest) { told.Add(1) },
+			ResourceUpdatedHandler: func(_ context.Context, r *mcp.ResourceUpdatedNotificationRequest) {
+				if c, ok := chans[r.Params.URI]; ok {
+					c <- struct{}{}
+				}
+			},
 		}, tenantTransport{token: token})
-		if err := cs.Subscribe(context.Background(), &mcp.SubscribeParams{URI: uri}); err != nil {
-			t.Fatal(err)
+		for u := range chans {
+			if err := cs.Subscribe(context.Background(), &mcp.SubscribeParams{URI: u}); err != nil {
+				t.Fatal(err)
+			}
 		}
-		return cs, &told
+		return cs
 	}
-	// flush waits for what was sent to cs before: a ping is answered
-	// after it.
-	flush := func(cs *mcp.ClientSession) {
-		if err := cs.Ping(context.Background(), nil); err != nil {
-			t.Fatal(err)
+	// receive waits for n notifications on c.
+	receive := func(c chan struct{}, n int, what string) {
+		t.Helper()
+		for i := range n {
+			select {
+			case <-c:
+			case <-time.After(30 * time.Second):
+				t.Fatalf("%s: %d of %d updates in 30 s", what, i, n)
+			}
 		}
 	}
-	bob, bobTold := subscribe(bobToken)
-	call(t, bob, "update_burst", map[string]any{})
-	flush(bob)
-	if bobTold.Load() == 0 {
-		t.Fatal("bob was not told of open's updates, which he may use")
-	}
+	bob := told(uri, marker)
+	subscribe(bobToken, bob)
+	alice := subscribe(aliceToken, told())
+	call(t, alice, "update_burst", map[string]any{}) // ten updates of uri, by open
+	receive(bob[uri], 10, "bob, of open's updates, which he may use")
 	if err := os.Remove(filepath.Join(f.dir, "open.wasm")); err != nil {
 		t.Fatal(err)
 	}
 	f.deploy(t, "hostileupdate.wasm", code)
-	alice, aliceTold := subscribe(aliceToken)
-	before := bobTold.Load()
-	call(t, alice, "update_burst", map[string]any{})
-	flush(alice)
-	flush(bob)
-	if aliceTold.Load() == 0 {
-		t.Fatal("alice was not told of hostileupdate's updates")
-	}
-	if n := bobTold.Load() - before; n > 0 {
+	aliceTold := told(uri)
+	alice = subscribe(aliceToken, aliceTold)
+	call(t, alice, "update_burst", map[string]any{}) // now by hostileupdate
+	call(t, alice, "test_update_watched_resource", map[string]any{})
+	receive(aliceTold[uri], 10, "alice, of hostileupdate's updates")
+	receive(bob[marker], 1, "bob, of the marker")
+	if n := len(bob[uri]); n > 0 {
 		t.Errorf("bob was told %d times that %s changed after the reload gave it to hostileupdate, which he may not use", n, uri)
 	}
 }
