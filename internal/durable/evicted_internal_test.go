@@ -91,25 +91,8 @@ func TestEvictedUnsavedStateLostElsewhereToo(t *testing.T) {
 			w := newEvictingWorld(t)
 			d, ctx := w.d, w.ctx
 			c := w.claim()
-			for range 3 {
-				w.callSaved(c, w.p) // 3, acknowledged, saved
-			}
-			l := w.acquire(w.p)
-			if got := w.count(l); got != "4" {
-				t.Fatalf("count %s, want 4", got)
-			}
-			w.st.losePut.Store(true)
-			if why, _ := d.AfterCall(ctx, w.key, c, l, nil); why == "" {
-				t.Fatal("the checkpoint whose write got no answer says it saved")
-			}
-			l.Done(nil)
-			// Another client's instance evicts alice's p for room.
-			lb, err := w.ses.Acquire(ctx, sessions.Client("bob"), w.q)
-			if err != nil {
-				t.Fatal(err)
-			}
-			lb.Done(nil)
-			d.downUntil.Store(0) // the store answers again
+			// 4 is answered, its write gets no answer, and p is evicted.
+			unsavedThenEvictedBy(t, w, c, func() { w.st.losePut.Store(true) })
 			switch how {
 			case "resave":
 				d.renewAll([]*claimOf{{w.key, c}})
@@ -134,7 +117,7 @@ func TestEvictedUnsavedStateLostElsewhereToo(t *testing.T) {
 			if _, err := b.BeforeCall(ctx, w.key); err != nil {
 				t.Fatal(err)
 			}
-			lb, err = ses.Acquire(ctx, w.key, w.p)
+			lb, err := ses.Acquire(ctx, w.key, w.p)
 			if err != nil {
 				t.Fatal(err)
 			}

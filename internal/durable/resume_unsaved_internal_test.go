@@ -11,6 +11,16 @@ import (
 // and then evicts it for bob's q. The breaker is closed again after.
 func unsavedThenEvicted(t *testing.T, w *lossyWorld, c *Claim) {
 	t.Helper()
+	unsavedThenEvictedBy(t, w, c, func() {
+		w.d.downUntil.Store(int64(sinceBase() + breakerWindow)) // the store is away
+	})
+}
+
+// unsavedThenEvictedBy is unsavedThenEvicted with the checkpoint of 4
+// failed by fail, made just before it: an open breaker, or a write that
+// gets no answer (the claim dirty).
+func unsavedThenEvictedBy(t *testing.T, w *lossyWorld, c *Claim, fail func()) {
+	t.Helper()
 	d, ctx := w.d, w.ctx
 	for range 3 {
 		w.callSaved(c, w.p)
@@ -19,9 +29,9 @@ func unsavedThenEvicted(t *testing.T, w *lossyWorld, c *Claim) {
 	if got := w.count(l); got != "4" {
 		t.Fatalf("count %s, want 4", got)
 	}
-	d.downUntil.Store(int64(sinceBase() + breakerWindow)) // the store is away
+	fail()
 	if why, _ := d.AfterCall(ctx, w.key, c, l, nil); why == "" {
-		t.Fatal("the checkpoint with the breaker open says it saved")
+		t.Fatal("the checkpoint that failed says it saved")
 	}
 	l.Done(nil)
 	lb, err := w.ses.Acquire(ctx, sessions.Client("bob"), w.q)
@@ -35,12 +45,6 @@ func unsavedThenEvicted(t *testing.T, w *lossyWorld, c *Claim) {
 	d.downUntil.Store(0) // the store answers again
 }
 
-// A claim forgotten and taken again while no one else claimed the session
-// (resume) keeps the not-saved note of a plugin whose instance is gone, so
-// that writeLost records it and a replica taking the session over says
-// the state was reset. A review found resume keeping only the held ones'
-// notes: the other replica restored the older state (3) without a word,
-// where the client was told 4.
 func TestEvictedUnsavedLostAfterResume(t *testing.T) {
 	w := newEvictingWorld(t)
 	d, ctx := w.d, w.ctx
