@@ -333,6 +333,8 @@ type Host struct {
 	// watchers holds the token of each session's resource
 	// subscriptions, until the session ends (access.go).
 	watchers sync.Map // *mcp.ServerSession -> *authInfo
+	// subs is what each session subscribed to (subscriptions.go).
+	subs subscriptions
 
 	mu         sync.Mutex
 	catalogue  *plugins.Catalogue // what is registered on server
@@ -486,9 +488,10 @@ func (h *Host) newServer(name, version string) *mcp.Server {
 			return h.complete(ctx, req)
 		},
 		// The SDK keeps the subscriptions; plugins say what changed with
-		// notify_resource_updated. With access rules, accessMiddleware
-		// refuses what a subject may not watch, and watchFilter drops
-		// what it may no longer.
+		// notify_resource_updated. subscriptionsMiddleware bounds them
+		// and undoes a session's at its end. With access rules,
+		// accessMiddleware refuses what a subject may not watch, and
+		// watchFilter drops what it may no longer.
 		SubscribeHandler:   func(context.Context, *mcp.SubscribeRequest) error { return nil },
 		UnsubscribeHandler: func(context.Context, *mcp.UnsubscribeRequest) error { return nil },
 		RootsListChangedHandler: func(_ context.Context, req *mcp.RootsListChangedRequest) {
@@ -498,6 +501,9 @@ func (h *Host) newServer(name, version string) *mcp.Server {
 		GetSessionID: h.newSessionID,
 		SetCacheable: h.setCacheable,
 	})
+	// Innermost, so that its next is the go-sdk's own handler, which it
+	// calls again to unsubscribe a session that ended.
+	s.AddReceivingMiddleware(h.subscriptionsMiddleware)
 	s.AddReceivingMiddleware(keepEmptyText)
 	// Inside every check (waitForLoad, access, tasks): only an initialize
 	// they let through makes a record.

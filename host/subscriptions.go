@@ -1,0 +1,188 @@
+package host
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sync"
+
+	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/wasmtools/wasmtools/plugins"
+)
+
+// Resource subscriptions. The go-sdk keeps them, in one map by URI for
+// the whole server; plugins say what changed (notify_resource_updated).
+// Left to itself the go-sdk takes any URI, of any length, as many as a
+// session sends, and a session's end (Server.disconnect, go-sdk v1.8.0)
+// removes the session from each URI's entry but never the entry it
+// leaves empty: a session's made-up URIs stayed in the server's memory
+// for good, and every later session end walked them under the server's
+// lock (a red team's finding, TestSubscriptionsBoundedAndGoneWithSession).
+// So the host
+//   - takes only URIs a plugin serves (a resource, or a match of a
+//     resource template), of at most maxURILen bytes, and at most
+//     maxSubscriptions of them per session;
+//   - unsubscribes what a session still holds when it ends, through the
+//     go-sdk's own handler, which deletes the entries left empty.
+//
+// A 2026-07-28 client subscribes within its subscriptions/listen
+// request, which the go-sdk undoes when the request ends: its URIs are
+// filtered alike, the ones refused left out of what the server
+// acknowledges.
+
+// maxSubscriptions bounds the resources one session subscribes to at
+// once (one listen request's, for a 2026-07-28 client): with maxURILen,
+// at most 512 KiB of URIs a session.
+const maxSubscriptions = 256
+
+// subscriptions is what each session subscribed to with
+// resources/subscribe, until it unsubscribes or ends. Its own lock;
+// owned by subscriptionsMiddleware.
+type subscriptions struct {
+	mu        sync.Mutex
+	bySession map[*mcp.ServerSession]map[string]struct{}
+	watched   map[*mcp.ServerSession]struct{} // sessions with a watcher (undoAtEnd)
+}
+
+// subscriptionsMiddleware bounds subscriptions and undoes a session's at
+// its end. It is the innermost middleware, so that next is the go-sdk's
+// own handler, which it calls again at a session's end to unsubscribe.
+func (h *Host) subscriptionsMiddleware(next mcp.MethodHandler) mcp.MethodHandler {
+	return func(ctx context.Context, method string, req mcp.Request) (mcp.Result, error) {
+		switch r := req.(type) {
+		case *mcp.SubscribeRequest:
+			if r.Params == nil {
+				break
+			}
+			uri := r.Params.URI
+			if err := h.subscribable(uri); err != nil {
+				return nil, err
+			}
+			if !h.subs.reserve(r.Session, uri) {
+				return nil, &jsonrpc.Error{Code: jsonrpc.CodeInvalidRequest,
+					Message: fmt.Sprintf("a session may hold at most %d resource subscriptions", maxSubscriptions)}
+			}
+			out, err := next(ctx, method, req)
+			if err != nil {
+				h.subs.drop(r.Session, uri)
+				return out, err
+			}
+			h.undoAtEnd(next, r.Session)
+			return out, err
+		case *mcp.UnsubscribeRequest:
+			out, err := next(ctx, method, req)
+			if err == nil && r.Params != nil {
+				h.subs.drop(r.Session, r.Params.URI)
+			}
+			return out, err
+		case *mcp.SubscriptionsListenRequest:
+			if n := r.Params; n != nil && n.Notifications != nil && len(n.Notifications.ResourceSubscriptions) > 0 {
+				uris := slices.DeleteFunc(slices.Clone(n.Notifications.ResourceSubscriptions), func(uri string) bool {
+					return h.subscribable(uri) != nil
+				})
+				n.Notifications.ResourceSubscriptions = uris[:min(len(uris), maxSubscriptions)]
+			}
+		}
+		return next(ctx, method, req)
+	}
+}
+
+// subscribable says why uri may not be subscribed to, nil if it may: it
+// must be served by a plugin of the catalogue now, and short. Access
+// rules are accessMiddleware's (mayWatch), which runs before this.
+func (h *Host) subscribable(uri string) error {
+	if len(uri) > maxURILen {
+		return &jsonrpc.Error{Code: jsonrpc.CodeInvalidParams,
+			Message: fmt.Sprintf("the URI is %d bytes, over the %d-byte limit", len(uri), maxURILen)}
+	}
+	if cat := h.Catalogue(); cat == nil || !served(cat, uri) {
+		return mcp.ResourceNotFoundError(uri)
+	}
+	return nil
+}
+
+// served reports whether a plugin of cat serves uri: one of its
+// resources, or a match of one of its resource templates.
+func served(cat *plugins.Catalogue, uri string) bool {
+	if _, ok := cat.Resource(uri); ok {
+		return true
+	}
+	return slices.ContainsFunc(cat.Plugins(), func(p *plugins.Plugin) bool { return p.MatchesTemplate(uri) })
+}
+
+// undoAtEnd unsubscribes, once ss ends, every URI it still holds, with
+// unsubscribe (the go-sdk's handler). One watcher a session: the first
+// subscription starts it. A subscription recorded after the watcher
+// took the session's URIs starts another, whose Wait returns at once.
+func (h *Host) undoAtEnd(unsubscribe mcp.MethodHandler, ss *mcp.ServerSession) {
+	if !h.subs.watch(ss) || !h.track() {
+		return
+	}
+	go func() {
+		defer h.wg.Done()
+		_ = ss.Wait()
+		for _, uri := range h.subs.end(ss) {
+			_, _ = unsubscribe(context.Background(), "resources/unsubscribe",
+				&mcp.UnsubscribeRequest{Session: ss, Params: &mcp.UnsubscribeParams{URI: uri}})
+		}
+	}()
+}
+
+// reserve records that ss subscribes to uri, and reports false when that
+// would make more than maxSubscriptions.
+func (s *subscriptions) reserve(ss *mcp.ServerSession, uri string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.bySession == nil {
+		s.bySession = map[*mcp.ServerSession]map[string]struct{}{}
+	}
+	held := s.bySession[ss]
+	if _, ok := held[uri]; ok {
+		return true
+	}
+	if len(held) >= maxSubscriptions {
+		return false
+	}
+	if held == nil {
+		held = map[string]struct{}{}
+		s.bySession[ss] = held
+	}
+	held[uri] = struct{}{}
+	return true
+}
+
+// drop forgets ss's subscription to uri.
+func (s *subscriptions) drop(ss *mcp.ServerSession, uri string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	delete(s.bySession[ss], uri)
+}
+
+// watch reports whether ss needs a watcher: it has none yet.
+func (s *subscriptions) watch(ss *mcp.ServerSession) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if _, ok := s.watched[ss]; ok {
+		return false
+	}
+	if s.watched == nil {
+		s.watched = map[*mcp.ServerSession]struct{}{}
+	}
+	s.watched[ss] = struct{}{}
+	return true
+}
+
+// end forgets ss and returns the URIs it held.
+func (s *subscriptions) end(ss *mcp.ServerSession) []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	uris := make([]string, 0, len(s.bySession[ss]))
+	for uri := range s.bySession[ss] {
+		uris = append(uris, uri)
+	}
+	delete(s.bySession, ss)
+	delete(s.watched, ss)
+	return uris
+}
