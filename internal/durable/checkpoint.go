@@ -79,6 +79,8 @@ func (d *Keeper) checkpoint(ctx context.Context, c *Claim, p *plugins.Plugin, in
 	case err == nil:
 		delete(c.unsaved, p.Name())
 		return notSaved, nil
+	case errors.Is(err, errStaleInstance):
+		return NotSavedMoved, err // the claim is current; the instance is not
 	case errors.Is(err, statestore.ErrFenced), errors.Is(err, errMoved):
 		return NotSavedMoved, errMoved
 	case errors.Is(err, statestore.ErrTooLarge):
@@ -125,6 +127,7 @@ func (c *Claim) instanceMoved(fence uint64) error {
 // of the record, and a replica taking the session over started them
 // afresh, silently (TestRelostWritesBackEveryHeldPlugin). c.mu is held.
 func (d *Keeper) relost(ctx context.Context, key sessions.Key, c *Claim) error {
+	asked := time.Now() // before the claim, as verify's
 	cl, err := d.store.Claim(ctx, c.id, d.owner, d.ttl(), true)
 	if err != nil {
 		return d.observe(err)
@@ -138,6 +141,17 @@ func (d *Keeper) relost(ctx context.Context, key sessions.Key, c *Claim) error {
 	}
 	if hasPlugins(rec) {
 		return errMoved
+	}
+	if !newestHere(c.fence, cl.Fence, c.verified, asked) {
+		// Another replica may have served the session since this
+		// replica last verified its claim: its instances are said
+		// lost rather than written back, and the call whose write
+		// met the loss is not kept (its instance is stale now).
+		c.verified, c.taken = asked, cl.Taken
+		if err := d.lostWithStore(ctx, key, c, cl.Fence); err != nil {
+			return err
+		}
+		return errStaleInstance
 	}
 	d.log.Warn("state store lost the session's record: writing it back", "session", c.id)
 	d.obs.StoreLost()
@@ -214,10 +228,18 @@ func (d *Keeper) Saved(ctx context.Context, key sessions.Key, p *plugins.Plugin)
 		return nil, "", true
 	}
 	c.mu.Lock()
-	unsaved := c.unsaved[p.Name()] != ""
-	delete(c.unsaved, p.Name()) // said once, by this reset
+	// The note stays until the plugin's next checkpoint (as Stored's
+	// does): the fresh instance this reset starts is saved again by the
+	// heartbeat (resave) or recorded lost (writeLost) if it goes too, so
+	// that the record never keeps the older state the client was told is
+	// gone (a lease that only replays a first result writes nothing:
+	// TestResetSaidWithReplayIsRecorded).
+	why := c.unsaved[p.Name()]
 	c.mu.Unlock()
-	if unsaved {
+	if why == notSavedStoreLost {
+		return nil, ReasonStoreLost, true
+	}
+	if why != "" {
 		return nil, ReasonNotSaved, true
 	}
 	if d.open() {
@@ -388,6 +410,9 @@ func (d *Keeper) writeLost(ctx context.Context, key sessions.Key, c *Claim) erro
 			continue
 		}
 		pr := pluginRecord{Lost: "its last state was not saved", Reason: ReasonNotSaved, Done: c.done[name], Ran: c.ran[name]}
+		if why == notSavedStoreLost {
+			pr.Lost, pr.Reason = "the state store lost this session's saved state", ReasonStoreLost
+		}
 		if _, err := d.writeState(ctx, c, name, pr, nil); err != nil {
 			if errors.Is(err, statestore.ErrFenced) || errors.Is(err, errMoved) {
 				clear(c.unsaved)

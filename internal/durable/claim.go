@@ -287,15 +287,53 @@ func (d *Keeper) take(ctx context.Context, key sessions.Key, ns *NewSession, c *
 	}
 	c.fence = cl.Fence
 	c.verified = asked
-	if resumable {
+	// The store lost the record since this replica forgot its claim (no
+	// previous holder, no plugin's state): what it still holds is the
+	// newest state, as verify's recover rule has it, and is written back
+	// rather than retired for the empty record's fresh starts
+	// (TestForgottenClaimAfterStoreRestartKeepsState).
+	// Unless this replica cannot tell that no one else served the
+	// session meanwhile (newestHere): then what it holds is said lost.
+	lost := !resumable && old != nil && notes.seeded != 0 && cl.Previous == (statestore.Owner{}) && !hasPlugins(rec)
+	lostHere := lost && newestHere(notes.fence, cl.Fence, notes.verified, asked)
+	switch {
+	case resumable || lostHere:
 		// This replica forgot its claim (a call could be neither saved
 		// nor verified), and no one claimed the session since: what it
 		// still holds is the newest state.
 		if err := d.resume(ctx, key, c, notes, rec); err != nil {
 			return false, err
 		}
-	} else if err := d.seed(ctx, key, c, rec, cl.Fence, nil); err != nil {
-		return false, err
+	case lost:
+		maps.Copy(c.saved, notes.saved)
+		maps.Copy(c.unsaved, notes.unsaved)
+		maps.Copy(c.done, notes.done)
+		maps.Copy(c.ran, notes.ran)
+		c.mcp = notes.mcp
+		if err := d.lostWithStore(ctx, key, c, cl.Fence); err != nil {
+			return false, err
+		}
+	default:
+		// As verify's: what the old claim saved and the record does
+		// not hold was lost with the store.
+		gone := goneFrom(notes.saved, rec)
+		if err := d.seed(ctx, key, c, rec, cl.Fence, gone); err != nil {
+			return false, err
+		}
+		maps.Copy(c.unsaved, gone)
+	}
+	if lostHere {
+		d.log.Warn("state store lost the session's record: writing back what this replica holds", "session", key.String())
+		d.obs.StoreLost()
+		maps.Copy(c.saved, notes.saved)
+		if err := d.announceLost(key, c); err != nil {
+			return false, err
+		}
+		clear(c.saved)
+		clear(c.bases)
+		clear(c.baseBytes)
+		c.mcp = notes.mcp
+		d.writeBack(key, c)
 	}
 	if b, ok := rec["mcp"]; ok {
 		c.mcp = b
@@ -307,7 +345,7 @@ func (d *Keeper) take(ctx context.Context, key sessions.Key, ns *NewSession, c *
 		err = d.putLocked(ctx, c, "mcp", b)
 	case rec == nil:
 		// A record, so that a replica taking the session over knows it.
-		c.mcp = []byte(`{}`)
+		c.mcp = mcpOr(c.mcp)
 		err = d.putLocked(ctx, c, "mcp", c.mcp)
 	}
 	if err != nil {
@@ -351,6 +389,7 @@ func (d *Keeper) verify(ctx context.Context, key sessions.Key, c *Claim) error {
 		// it: the new claim is the session's; this one claims nothing.
 		return unavailable(fmt.Errorf("%w: the claim was replaced", errChanged))
 	}
+	lastVerified := c.verified
 	asked := time.Now() // before the claim: a pause after it shortens the grace, never lengthens it
 	cl, err := d.claim(ctx, key, c)
 	if err != nil {
@@ -382,8 +421,15 @@ func (d *Keeper) verify(ctx context.Context, key sessions.Key, c *Claim) error {
 	c.verified = asked
 	c.taken = cl.Taken
 	if cl.Previous == (statestore.Owner{}) && !hasPlugins(rec) {
-		return d.recover(ctx, key, c, cl.Fence)
+		if newestHere(c.fence, cl.Fence, lastVerified, asked) {
+			return d.recover(ctx, key, c, cl.Fence)
+		}
+		return d.lostWithStore(ctx, key, c, cl.Fence)
 	}
+	// A plugin this claim saved that the record does not hold was lost
+	// with it (the store lost the record, and another replica wrote it
+	// again since): said lost, never started afresh without a word.
+	gone := goneFrom(c.saved, rec)
 	clear(c.saved)
 	clear(c.bases)
 	clear(c.baseBytes)
@@ -394,14 +440,109 @@ func (d *Keeper) verify(ctx context.Context, key sessions.Key, c *Claim) error {
 	if b, ok := rec["mcp"]; ok {
 		c.mcp = b
 	}
-	return d.seed(ctx, key, c, rec, cl.Fence, nil)
+	if err := d.seed(ctx, key, c, rec, cl.Fence, gone); err != nil {
+		return err
+	}
+	maps.Copy(c.unsaved, gone) // recorded lost by writeLost
+	return nil
+}
+
+// newestHere reports whether what this replica holds of a session whose
+// record the store lost (no holder now, no plugin's state in the record)
+// is the session's newest state, to be written back: no other replica
+// can have claimed the session since this replica's last fence, last.
+// The store says so when it kept its fence counter (a record evicted or
+// expired alone): the new claim, fence, is the next number in the same
+// epoch. A store restarted empty (a new epoch) cannot, and then only
+// time says it, as for serving from memory: this replica's claim was
+// verified within memoryGrace before the new one was asked. A replica
+// stopped past that (SIGSTOP, a frozen VM) while another served the
+// session, and continued once the store lost the record, would otherwise
+// write its stale state back over the other's acknowledged calls
+// (TestPausedReplicaDoesNotWriteBackOverLostRecord).
+func newestHere(last, fence uint64, verified, asked time.Time) bool {
+	if last != 0 && statestore.Epoch(last) == statestore.Epoch(fence) && fence == last+1 {
+		return true
+	}
+	return !verified.IsZero() && asked.Sub(verified) < memoryGrace
+}
+
+// goneFrom returns the plugins of saved (a claim's "p/NAME" fields) that
+// rec does not hold, each noted lost with the store.
+func goneFrom(saved map[string]fieldSum, rec map[string][]byte) map[string]NotSaved {
+	var gone map[string]NotSaved
+	for field := range saved {
+		name, ok := strings.CutPrefix(field, "p/")
+		if _, held := rec[field]; !ok || held {
+			continue
+		}
+		if gone == nil {
+			gone = map[string]NotSaved{}
+		}
+		gone[name] = notSavedStoreLost
+	}
+	return gone
+}
+
+// lostWithStore is recover for a replica that cannot tell that what it
+// holds is the session's newest state (newestHere): another replica may
+// have served the session since, and the store lost what that one
+// acknowledged. Nothing is written back. Every plugin this claim knows
+// of (saved, not saved, or held here) starts afresh under fence, said
+// lost (store-lost), and is recorded lost so that a replica taking the
+// session over says it too: a reset said, never an older state restored
+// silently. c.mu is held.
+func (d *Keeper) lostWithStore(ctx context.Context, key sessions.Key, c *Claim, fence uint64) error {
+	d.log.Warn("state store lost the session's record, and this replica cannot tell that its state is the newest: its plugins' states are said lost", "session", key.String())
+	d.obs.StoreLost()
+	lost := map[string]NotSaved{}
+	for field := range c.saved {
+		if name, ok := strings.CutPrefix(field, "p/"); ok {
+			lost[name] = notSavedStoreLost
+		}
+	}
+	for name := range c.unsaved {
+		lost[name] = notSavedStoreLost
+	}
+	for _, name := range d.ses.Plugins(key) {
+		lost[name] = notSavedStoreLost
+	}
+	clear(c.saved)
+	clear(c.bases)
+	clear(c.baseBytes)
+	clear(c.unsaved)
+	c.fence, c.dirty = fence, false
+	if err := d.seed(ctx, key, c, nil, fence, lost); err != nil {
+		return err
+	}
+	maps.Copy(c.unsaved, lost)
+	if err := d.putLocked(ctx, c, "mcp", mcpOr(c.mcp)); err != nil {
+		return unavailable(err)
+	}
+	// Recorded now, as far as the store answers; writeLost (the
+	// heartbeat, a drain) records the rest.
+	for name := range lost {
+		pr := pluginRecord{Lost: "the state store lost this session's saved state", Reason: ReasonStoreLost, Done: c.done[name], Ran: c.ran[name]}
+		b, base, _, err := c.encodePlugin(name, pr, nil, false)
+		if err == nil {
+			_, err = d.putState(ctx, c, name, b, base)
+		}
+		if err != nil {
+			break
+		}
+		delete(c.unsaved, name)
+	}
+	return nil
 }
 
 // claimNotes are what a claim knew of the instances of its session, taken
 // when it is retired (retireTaking).
 type claimNotes struct {
 	seeded, fence uint64
+	verified      time.Time
 	dirty         bool
+	saved         map[string]fieldSum
+	mcp           []byte
 	unsaved       map[string]NotSaved
 	done          map[string][]Once
 	ran           map[string][]byte
@@ -413,7 +554,7 @@ func (c *Claim) retireTaking() claimNotes {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.retired = true
-	return claimNotes{seeded: c.seeded, fence: c.fence, dirty: c.dirty,
+	return claimNotes{seeded: c.seeded, fence: c.fence, verified: c.verified, dirty: c.dirty, saved: maps.Clone(c.saved), mcp: c.mcp,
 		unsaved: maps.Clone(c.unsaved), done: maps.Clone(c.done), ran: maps.Clone(c.ran)}
 }
 
@@ -529,6 +670,11 @@ func (d *Keeper) announceLost(key sessions.Key, c *Claim) error {
 		case !ok:
 		case !d.ses.Holds(key, name):
 			lost[name] = sessions.Seed{Lost: "the state store lost this session's saved state", Reason: ReasonStoreLost}
+			// Recorded lost by writeLost (the heartbeat, a drain), so
+			// that a replica taking the session over says so too,
+			// rather than start it afresh without a word
+			// (TestStoreLostUnheldPluginSaidElsewhere).
+			c.unsaved[name] = notSavedStoreLost
 		case c.unsaved[name] == "":
 			c.unsaved[name] = NotSavedUnavailable
 		}
@@ -574,8 +720,11 @@ func (d *Keeper) seed(ctx context.Context, key sessions.Key, c *Claim, rec map[s
 			return err
 		}
 	}
-	for name := range unsaved {
+	for name, why := range unsaved {
 		seeds[name] = sessions.Seed{Lost: "its last state was not saved", Reason: ReasonNotSaved}
+		if why == notSavedStoreLost {
+			seeds[name] = sessions.Seed{Lost: "the state store lost this session's saved state", Reason: ReasonStoreLost}
+		}
 	}
 	if err := d.ses.Seed(key, seeds, fence); err != nil {
 		return err

@@ -70,6 +70,11 @@ const (
 	NotSavedUnverified NotSaved = "unverified"
 )
 
+// notSavedStoreLost notes (Claim.unsaved) a plugin whose state the store
+// lost while this replica held no instance of it: writeLost records it
+// lost, with ReasonStoreLost. Never a result's mark.
+const notSavedStoreLost NotSaved = "store-lost"
+
 // ReasonNotSaved is the stateReset reason of a plugin's state that an
 // earlier result marked not saved and that was then lost (its instance
 // evicted): the client goes on from a fresh instance, told so, rather

@@ -21,6 +21,13 @@ func unsavedThenEvicted(t *testing.T, w *lossyWorld, c *Claim) {
 // gets no answer (the claim dirty).
 func unsavedThenEvictedBy(t *testing.T, w *lossyWorld, c *Claim, fail func()) {
 	t.Helper()
+	unsavedWith(t, w, c, fail, nil)
+}
+
+// unsavedWith is unsavedThenEvictedBy for a call of 4 with an
+// idempotency key, first (nil: none).
+func unsavedWith(t *testing.T, w *lossyWorld, c *Claim, fail func(), first *Once) {
+	t.Helper()
 	d, ctx := w.d, w.ctx
 	for range 3 {
 		w.callSaved(c, w.p)
@@ -30,7 +37,7 @@ func unsavedThenEvictedBy(t *testing.T, w *lossyWorld, c *Claim, fail func()) {
 		t.Fatalf("count %s, want 4", got)
 	}
 	fail()
-	if why, _ := d.AfterCall(ctx, w.key, c, l, nil); why == "" {
+	if why, _ := d.AfterCall(ctx, w.key, c, l, first); why == "" {
 		t.Fatal("the checkpoint that failed says it saved")
 	}
 	l.Done(nil)

@@ -852,3 +852,21 @@ func (m *Manager) slotsOf(key Key) []*slot {
 	}
 	return slots
 }
+
+// Plugins returns the names of the plugins key's client holds an
+// instance of, busy or not, without waiting for any.
+func (m *Manager) Plugins(key Key) []string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	c, ok := m.clients[key]
+	if !ok || c.closed {
+		return nil
+	}
+	var names []string
+	for name, sl := range c.slots {
+		if sl.elem != nil {
+			names = append(names, name)
+		}
+	}
+	return names
+}
