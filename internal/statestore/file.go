@@ -67,6 +67,9 @@ type fileMeta struct {
 	Version uint64 `json:"version,omitempty"` // the write version ([versioned])
 	Bumped  uint64 `json:"bumped,omitempty"`  // the fence the holder's last bump replaced; 0 after a claim
 	Taken   uint64 `json:"taken,omitempty"`   // the fence of the claim that made the holder (Claim.Taken)
+	// The version and head when the holder last changed (resentWrite).
+	ClaimedVersion uint64 `json:"cv,omitempty"`
+	ClaimedHead    []byte `json:"ch,omitempty"`
 }
 
 // NewFile opens (or creates, mode 0600) the store at path. The caller
@@ -299,6 +302,7 @@ func (f *File) Claim(ctx context.Context, id string, owner Owner, ttl time.Durat
 			c.Previous, c.PreviousAlive = m.Owner, alive
 		}
 		m.Owner, m.Held, m.Bumped = owner, true, 0
+		m.ClaimedVersion, m.ClaimedHead = m.Version, bytes.Clone(b.Get(headKey))
 		n := uint32(fence) + 1
 		if fence == 0 {
 			n = firstFence()
@@ -424,7 +428,7 @@ func (f *File) write(ctx context.Context, id, field string, value, head []byte, 
 		if versioned && Epoch(fence) == f.epoch(tx) {
 			// The same write, sent again: it landed, even if another
 			// owner claimed the record since (Redis's checkResent).
-			if b, m := f.record(tx, id); b != nil && m.Version == prev+1 && bytes.Equal(b.Get(headKey), head) {
+			if b, m := f.record(tx, id); b != nil && (resentWrite(m.Version, b.Get(headKey), prev, head) || resentWrite(m.ClaimedVersion, m.ClaimedHead, prev, head)) {
 				return errResent
 			}
 		}

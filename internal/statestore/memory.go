@@ -30,6 +30,11 @@ type memRecord struct {
 	fields  map[string][]byte
 	version uint64 // the write version ([versioned]); 0 for none
 	head    []byte // the sealed head, nil for none
+	// claimedVersion and claimedHead are version and head when the
+	// holder last changed: the last write of the owner before, which a
+	// resend of it finds (resentWrite).
+	claimedVersion uint64
+	claimedHead    []byte
 }
 
 // NewMemory returns an empty in-memory store.
@@ -131,6 +136,7 @@ func (m *Memory) Claim(ctx context.Context, id string, owner Owner, ttl time.Dur
 		c.Previous, c.PreviousAlive = r.owner, alive
 	}
 	r.owner, r.held, r.bumped = owner, true, 0
+	r.claimedVersion, r.claimedHead = r.version, r.head
 	n := uint32(r.fence) + 1
 	if r.fence == 0 {
 		n = firstFence()
@@ -192,7 +198,7 @@ func (m *Memory) write(ctx context.Context, id, field string, value, head []byte
 	if versioned && Epoch(fence) == m.epoch {
 		// The same write, sent again: it landed, even if another owner
 		// claimed the record since (Redis's checkResent says why).
-		if r := m.record(id); r != nil && r.version == prev+1 && bytes.Equal(r.head, head) {
+		if r := m.record(id); r != nil && (resentWrite(r.version, r.head, prev, head) || resentWrite(r.claimedVersion, r.claimedHead, prev, head)) {
 			return nil
 		}
 	}

@@ -328,7 +328,8 @@ local c, r = tonumber(redis.call('GET', fk) or '0'), tonumber(h[5] or '0')
 local n = math.max(c, r) + 1
 if c == 0 and r == 0 then n = tonumber(ARGV[8]) end
 redis.call('SET', fk, n, 'PX', ARGV[5])
-redis.call('HSET', rec, 'm:owner', ARGV[1], 'm:replica', ARGV[2], 'm:boot', ARGV[3], 'm:epoch', epoch, 'm:n', n, 'm:taken', n)
+local vh = redis.call('HMGET', rec, 'm:v', 'm:head')
+redis.call('HSET', rec, 'm:owner', ARGV[1], 'm:replica', ARGV[2], 'm:boot', ARGV[3], 'm:epoch', epoch, 'm:n', n, 'm:taken', n, 'm:cv', vh[1] or '0', 'm:ch', vh[2] or '')
 redis.call('HDEL', rec, 'm:bumped')
 redis.call('PEXPIRE', rec, ARGV[4])
 extendValues(rec, ARGV[4])
@@ -399,7 +400,7 @@ const checkFence = checkRecord + checkOwner
 
 const checkRecord = `
 if redis.call('GET', KEYS[3]) ~= ARGV[1] then return 3 end
-local h = redis.call('HMGET', KEYS[1], 'm:owner', 'm:epoch', 'm:n', 'm:v', 'm:head')
+local h = redis.call('HMGET', KEYS[1], 'm:owner', 'm:epoch', 'm:n', 'm:v', 'm:head', 'm:cv', 'm:ch')
 if not h[2] then return 4 end
 `
 
@@ -518,15 +519,20 @@ return {1, n}
 // replica may have claimed the session between the two sends, and the
 // write is in the record it read, so a refusal as fenced would have told
 // the writer that nothing of its call landed, and it ran the call again
-// (TestResentWriteAfterClaimLanded; a review, stop 57). A head is sealed
-// with a nonce of its own, so no other write has the same one.
+// (TestResentWriteAfterClaimLanded; a review, stop 57). Nor is the resend
+// refused once the new holder wrote: the claim that changed the holder
+// kept the record's version and head then ("m:cv", "m:ch"), the last
+// write of the holder before, which its resend finds too (stop 59:
+// refused as fenced, a keyless call was run again;
+// TestResentWriteAfterOtherWriteLanded). A head is sealed with a nonce of
+// its own, so no other write has the same one.
 var putVersionedScripts = scriptPair{
 	inline:    writeScript(checkResent, checkVersion, writeInline(versionFields)),
 	outOfLine: writeScript(checkResent, checkVersion, writeOutOfLine(versionFields)),
 }
 
 const checkResent = `
-if h[4] == ARGV[8] and h[5] == ARGV[9] then return 1 end
+if (h[4] == ARGV[8] and h[5] == ARGV[9]) or (h[6] == ARGV[8] and h[7] == ARGV[9]) then return 1 end
 `
 
 const checkVersion = `

@@ -327,16 +327,17 @@ func TestResentWriteAfterClaimLanded(t *testing.T) {
 		if keys, err := raw.Keys(ctx, "wt:{"+id+"}:s:*").Result(); err != nil || len(keys) != 0 {
 			t.Errorf("%d bytes: staged values left behind: %v %v", size, keys, err)
 		}
-		// Another write under the old fence is refused, as ever, and so
-		// is the resend once the new holder wrote.
+		// Another write under the old fence is refused, as ever; the
+		// resend still succeeds once the new holder wrote (the claim kept
+		// the version and head: TestResentWriteAfterOtherWriteLanded).
 		if err := r.putVersioned(ctx, id, "f", []byte("x"), []byte("other head"), ca.Fence, 1, time.Hour); !errors.Is(err, ErrFenced) {
 			t.Errorf("%d bytes: a new write under the old fence: %v; want ErrFenced", size, err)
 		}
 		if err := r.putVersioned(ctx, id, "f", []byte("y"), []byte("b's head"), cb.Fence, 1, time.Hour); err != nil {
 			t.Fatal(err)
 		}
-		if err := r.putVersioned(ctx, id, "f", value, head, ca.Fence, 0, time.Hour); !errors.Is(err, ErrFenced) {
-			t.Errorf("%d bytes: the resend after the new holder wrote: %v; want ErrFenced", size, err)
+		if err := r.putVersioned(ctx, id, "f", value, head, ca.Fence, 0, time.Hour); err != nil {
+			t.Errorf("%d bytes: the resend after the new holder wrote: %v; want it to succeed", size, err)
 		}
 	}
 }

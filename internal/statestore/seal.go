@@ -1,6 +1,7 @@
 package statestore
 
 import (
+	"bytes"
 	"context"
 	"crypto/aes"
 	"crypto/cipher"
@@ -35,6 +36,15 @@ var ErrSeal = errors.New("statestore: sealed value does not open")
 // errVersion is a versioned write refused because the record's write
 // version is not the one the write replaces.
 var errVersion = errors.New("statestore: the record's version is not the one the write replaces")
+
+// resentWrite reports whether a versioned write that replaces version
+// prev with head is the write that made version and head (the record's
+// now, or when its holder last changed): the same write, sent again after
+// it landed (a lost reply). Heads are sealed with nonces of their own, so
+// no two writes have the same one.
+func resentWrite(version uint64, recHead []byte, prev uint64, head []byte) bool {
+	return len(head) > 0 && version == prev+1 && bytes.Equal(recHead, head)
+}
 
 // SealError is a stored value that does not open: it was changed, moved
 // to another session or field, replayed from an older write, or sealed
