@@ -12,12 +12,12 @@ import (
 )
 
 // reserve counts a new instance of p against the limits. At a limit it
-// frees an idle pooled instance, else evicts the least recently used idle
-// instance of the tenant holding the most (Options.Tenant), else evicts
-// the oldest lease waiting for a person, of that tenant first, and waits
-// for it to end; with none of those it refuses with [ErrAtCapacity]. self
-// is the slot asking (held by the caller, so never a candidate); nil for a
-// pooled instance.
+// frees an idle instance of the tenant holding the most (Options.Tenant):
+// one of its pooled ones, else its least recently used idle one; else
+// evicts the oldest lease waiting for a person, of that tenant first, and
+// waits for it to end; with none of those it refuses with
+// [ErrAtCapacity]. self is the slot asking (held by the caller, so never
+// a candidate); nil for a pooled instance.
 func (m *Manager) reserve(ctx context.Context, p *plugins.Plugin, self *slot) error {
 	name, mem := p.Name(), p.MemoryLimit()
 	m.mu.Lock()
@@ -31,7 +31,7 @@ func (m *Manager) reserve(ctx context.Context, p *plugins.Plugin, self *slot) er
 			break
 		}
 		match := func(plugin string) bool { return !perPlugin || plugin == name }
-		if m.freePooledLocked(match) || m.evictIdleLocked(self, match) {
+		if m.evictIdleLocked(self, match) {
 			continue
 		}
 		victim := m.oldestWaitingLocked(match)
@@ -93,13 +93,17 @@ func (m *Manager) unreserveLocked(p *plugins.Plugin) {
 	m.memory -= p.MemoryLimit()
 }
 
-// evictIdleLocked frees the least recently used idle instance whose
-// plugin match accepts, of the tenant holding the most instances (then
-// the next), and reports whether it found one. Slots are only
-// try-locked, so this never waits for a lease. The caller holds m.mu.
+// evictIdleLocked frees an idle instance whose plugin match accepts, of
+// the tenant holding the most instances (then the next), and reports
+// whether it found one: the tenant's pooled one first (a cold start
+// later, no state lost), else its least recently used idle one. Another
+// tenant's pooled instance is not freed first: it was, and a tenant
+// holding most of the instances freed another's only warm one with each
+// new session of its own. Slots are only try-locked, so this never waits
+// for a lease. The caller holds m.mu.
 func (m *Manager) evictIdleLocked(self *slot, match func(string) bool) bool {
 	for _, tenant := range m.tenantsByInstancesLocked(match) {
-		if m.evictIdleOfLocked(self, match, tenant) {
+		if m.freePooledLocked(tenant, match) || m.evictIdleOfLocked(self, match, tenant) {
 			return true
 		}
 	}
@@ -107,15 +111,20 @@ func (m *Manager) evictIdleLocked(self *slot, match func(string) bool) bool {
 }
 
 // tenantsByInstancesLocked returns the tenants holding instances of the
-// plugins match accepts, the one holding the most first (by name among
-// equals): eviction takes from them in that order, so that a tenant's many
-// sessions evict their own instances before another tenant's. The caller
-// holds m.mu.
+// plugins match accepts, their clients' and their pools' idle ones, the
+// one holding the most first (by name among equals): eviction takes from
+// them in that order, so that a tenant's many sessions evict their own
+// instances before another tenant's. The caller holds m.mu.
 func (m *Manager) tenantsByInstancesLocked(match func(string) bool) []string {
 	held := map[string]int{}
 	for e := m.lru.Front(); e != nil; e = e.Next() {
 		if sl := e.Value.(*slot); match(sl.plugin) {
 			held[sl.c.group]++
+		}
+	}
+	for k, pl := range m.pools {
+		if match(k.plugin) {
+			held[k.tenant] += len(pl.idle)
 		}
 	}
 	tenants := slices.Collect(maps.Keys(held))

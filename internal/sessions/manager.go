@@ -108,11 +108,11 @@ type Options struct {
 	// MemoryBudget bounds the memory of all live instances, each counted
 	// at its plugin's memory limit; 0 means no bound.
 	//
-	// At any of these bounds an idle pooled instance is freed, else the
-	// least recently used idle instance is evicted (its client's next
-	// result says so), else the oldest lease waiting for a person is
-	// evicted; with none of those the lease is refused with
-	// [ErrAtCapacity].
+	// At any of these bounds an idle instance of the tenant holding the
+	// most is freed (see Tenant): one of its pooled ones, else its least
+	// recently used idle one (its client's next result says so); else
+	// the oldest lease waiting for a person is evicted; with none of
+	// those the lease is refused with [ErrAtCapacity].
 	MemoryBudget uint64
 	// MaxConcurrentCalls bounds the leases running guest code at once;
 	// 0 means no bound. Further leases wait for a turn; a lease waiting
@@ -127,8 +127,9 @@ type Options struct {
 	// that only claims to keep no state cannot carry one tenant's data
 	// to another. A client belongs to the tenant of its first lease (a
 	// handle's, to its group: [Manager.OpenIn]), and at an instance bound
-	// the instance evicted is one of the tenant holding the most, so that
-	// a tenant's many sessions evict their own instances first. nil: every
+	// the instance evicted is one of the tenant holding the most (its
+	// clients' and its pools' idle ones counted), so that a tenant's many
+	// sessions evict their own instances first. nil: every
 	// lease is of one tenant, "".
 	Tenant func(ctx context.Context) string
 	// IdleTimeout ends a [Client] or [Handle] key's client after this

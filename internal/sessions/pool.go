@@ -154,11 +154,12 @@ func (m *Manager) closePooled(insts []*plugins.Instance) {
 	}
 }
 
-// freePooledLocked frees one idle pooled instance whose plugin match
-// accepts, and reports whether it found one. The caller holds m.mu.
-func (m *Manager) freePooledLocked(match func(string) bool) bool {
+// freePooledLocked frees the oldest idle instance of one of tenant's
+// pools whose plugin match accepts, and reports whether it found one. The
+// caller holds m.mu.
+func (m *Manager) freePooledLocked(tenant string, match func(string) bool) bool {
 	for k, pl := range m.pools {
-		if !match(k.plugin) || len(pl.idle) == 0 {
+		if k.tenant != tenant || !match(k.plugin) || len(pl.idle) == 0 {
 			continue
 		}
 		inst := pl.idle[0]
