@@ -2,6 +2,7 @@ package sessions
 
 import (
 	"cmp"
+	"container/list"
 	"context"
 	"fmt"
 	"maps"
@@ -101,20 +102,86 @@ func (m *Manager) unreserveLocked(p *plugins.Plugin) {
 // holding most of the instances freed another's only warm one with each
 // new session of its own. Slots are only try-locked, so this never waits
 // for a lease. The caller holds m.mu.
+//
+// One pass over the pools and the LRU list finds each tenant's count and
+// its first candidates, so an eviction costs O(instances + tenants) under
+// the lock: a scan of the list per tenant cost instances × tenants when
+// the tenants ranked first held only busy instances.
 func (m *Manager) evictIdleLocked(self *slot, match func(string) bool) bool {
-	for _, tenant := range m.tenantsByInstancesLocked(match) {
-		if m.freePooledLocked(tenant, match) || m.evictIdleOfLocked(self, match, tenant) {
+	sc := &m.scratch
+	clear(sc.byTenant)
+	sc.all = sc.all[:0]
+	of := func(tenant string) *candidates {
+		i, ok := sc.byTenant[tenant]
+		if !ok {
+			i = len(sc.all)
+			sc.byTenant[tenant] = i
+			sc.all = append(sc.all, candidates{tenant: tenant})
+		}
+		return &sc.all[i]
+	}
+	for k, pl := range m.pools {
+		if match(k.plugin) && len(pl.idle) > 0 {
+			c := of(k.tenant)
+			c.held += len(pl.idle)
+			if c.pooled == nil {
+				c.pooled = &k
+			}
+		}
+	}
+	for e := m.lru.Front(); e != nil; e = e.Next() {
+		sl := e.Value.(*slot)
+		if !match(sl.plugin) {
+			continue
+		}
+		c := of(sl.c.group)
+		c.held++
+		if c.idle == nil && sl != self && len(sl.lock) == 0 {
+			c.idle = e
+		}
+	}
+	// Only tenants with a candidate can lose one: the rest are passed
+	// over in the ranking anyway.
+	ranked := slices.DeleteFunc(sc.all, func(c candidates) bool { return c.pooled == nil && c.idle == nil })
+	slices.SortFunc(ranked, func(a, b candidates) int {
+		return cmp.Or(cmp.Compare(b.held, a.held), strings.Compare(a.tenant, b.tenant))
+	})
+	defer clear(ranked) // keeps no slot reachable until the next eviction
+	for _, c := range ranked {
+		if c.pooled != nil {
+			m.freePooledLocked(*c.pooled)
+			return true
+		}
+		if m.evictIdleOfLocked(self, match, c.tenant, c.idle) {
 			return true
 		}
 	}
 	return false
 }
 
+// evictScratch is what evictIdleLocked gathers, kept between its calls
+// for their capacity: a map and a slice as large as the tenants holding
+// instances, grown again at every eviction, cost as much as the pass.
+// Guarded by Manager.mu.
+type evictScratch struct {
+	byTenant map[string]int // index in all
+	all      []candidates
+}
+
+// candidates are what one tenant could lose at a bound.
+type candidates struct {
+	tenant string
+	held   int           // its instances match accepts, pooled ones included
+	pooled *poolKey      // one of its pools with an idle instance
+	idle   *list.Element // its least recently used slot that was free
+}
+
 // tenantsByInstancesLocked returns the tenants holding instances of the
 // plugins match accepts, their clients' and their pools' idle ones, the
 // one holding the most first (by name among equals): eviction takes from
-// them in that order, so that a tenant's many sessions evict their own
-// instances before another tenant's. The caller holds m.mu.
+// them in that order (evictIdleLocked ranks them so too), so that a
+// tenant's many sessions evict their own instances before another
+// tenant's. The caller holds m.mu.
 func (m *Manager) tenantsByInstancesLocked(match func(string) bool) []string {
 	held := map[string]int{}
 	for e := m.lru.Front(); e != nil; e = e.Next() {
@@ -133,10 +200,12 @@ func (m *Manager) tenantsByInstancesLocked(match func(string) bool) []string {
 }
 
 // evictIdleOfLocked evicts tenant's least recently used idle instance
-// among those match accepts, but self's; it reports whether it did. The
-// caller holds m.mu.
-func (m *Manager) evictIdleOfLocked(self *slot, match func(string) bool, tenant string) bool {
-	for e := m.lru.Front(); e != nil; e = e.Next() {
+// among those match accepts, but self's, from the LRU list's element
+// from on (its first that was free when evictIdleLocked looked: a lease
+// may have taken it since, and then the next goes); it reports whether it
+// did. The caller holds m.mu.
+func (m *Manager) evictIdleOfLocked(self *slot, match func(string) bool, tenant string, from *list.Element) bool {
+	for e := from; e != nil; e = e.Next() {
 		sl := e.Value.(*slot)
 		if sl.c.group != tenant || sl == self || !match(sl.plugin) || !sl.tryLock() {
 			continue
@@ -155,20 +224,28 @@ func (m *Manager) evictIdleOfLocked(self *slot, match func(string) bool, tenant 
 // person among those match accepts, of the tenant holding the most
 // instances (then the next), or nil.
 func (m *Manager) oldestWaitingLocked(match func(string) bool) *Lease {
-	tenants := m.tenantsByInstancesLocked(match)
-	for _, tenant := range tenants {
-		for e := m.waiting.Front(); e != nil; e = e.Next() {
-			if l := e.Value.(*Lease); !l.evicted && match(l.plugin.Name()) && l.tenant() == tenant {
-				return l
+	// One pass over the waiting leases (not one per tenant).
+	var oldest *Lease
+	first := map[string]*Lease{}
+	for e := m.waiting.Front(); e != nil; e = e.Next() {
+		if l := e.Value.(*Lease); !l.evicted && match(l.plugin.Name()) {
+			if oldest == nil {
+				oldest = l
+			}
+			if _, ok := first[l.tenant()]; !ok {
+				first[l.tenant()] = l
 			}
 		}
 	}
-	for e := m.waiting.Front(); e != nil; e = e.Next() { // a pooled instance's
-		if l := e.Value.(*Lease); !l.evicted && match(l.plugin.Name()) {
+	if oldest == nil {
+		return nil
+	}
+	for _, tenant := range m.tenantsByInstancesLocked(match) {
+		if l := first[tenant]; l != nil {
 			return l
 		}
 	}
-	return nil
+	return oldest // a pooled instance's, whose tenant holds no other
 }
 
 // tenant is the tenant of l: its client's, or its pool's.

@@ -238,6 +238,7 @@ type Manager struct {
 	// own retirement waits for them before closing it (retire.go).
 	successor map[*plugins.Plugin]*plugins.Plugin
 	incoming  map[*plugins.Plugin]int
+	scratch   evictScratch          // evictIdleLocked's
 	leases    map[*Lease]struct{}   // live leases
 	waiting   *list.List            // of *Lease waiting for a person, oldest first
 	parked    map[string]*parkedRun // by run ID
@@ -257,6 +258,7 @@ func New(opts *Options) *Manager {
 		perPlugin:  map[string]int{},
 		pools:      map[poolKey]*pool{},
 		pooledIdle: map[string]int{},
+		scratch:    evictScratch{byTenant: map[string]int{}},
 		retired:    map[*plugins.Plugin]bool{},
 		successor:  map[*plugins.Plugin]*plugins.Plugin{},
 		incoming:   map[*plugins.Plugin]int{},

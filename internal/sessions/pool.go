@@ -154,26 +154,19 @@ func (m *Manager) closePooled(insts []*plugins.Instance) {
 	}
 }
 
-// freePooledLocked frees the oldest idle instance of one of tenant's
-// pools whose plugin match accepts, and reports whether it found one. The
-// caller holds m.mu.
-func (m *Manager) freePooledLocked(tenant string, match func(string) bool) bool {
-	for k, pl := range m.pools {
-		if k.tenant != tenant || !match(k.plugin) || len(pl.idle) == 0 {
-			continue
-		}
-		inst := pl.idle[0]
-		pl.idle = pl.idle[1:]
-		m.pooledIdle[k.plugin]--
-		if len(pl.idle) == 0 {
-			delete(m.pools, k)
-		}
-		_ = inst.Close(context.Background())
-		m.unreserveLocked(inst.Plugin())
-		m.obs.InstanceClosed(k.plugin)
-		return true
+// freePooledLocked frees the oldest idle instance of pool k, which has
+// one. The caller holds m.mu.
+func (m *Manager) freePooledLocked(k poolKey) {
+	pl := m.pools[k]
+	inst := pl.idle[0]
+	pl.idle = pl.idle[1:]
+	m.pooledIdle[k.plugin]--
+	if len(pl.idle) == 0 {
+		delete(m.pools, k)
 	}
-	return false
+	_ = inst.Close(context.Background())
+	m.unreserveLocked(inst.Plugin())
+	m.obs.InstanceClosed(k.plugin)
 }
 
 // drainPools frees every idle pooled instance.
