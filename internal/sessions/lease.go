@@ -175,10 +175,14 @@ func (m *Manager) acquireSlot(ctx context.Context, key Key, p *plugins.Plugin) (
 		return nil, err
 	}
 	if c.group == "" {
-		c.group = m.tenantOf(ctx)
+		if g := m.tenantOf(ctx); g != "" && m.indexed(c) {
+			m.regroupHandleLocked(c, g)
+		} else {
+			c.group = g
+		}
 	}
 	if c.closed {
-		c.leaveLocked()
+		m.leaveLocked(c)
 		m.mu.Unlock()
 		return nil, ErrSessionEnded
 	}
@@ -191,7 +195,7 @@ func (m *Manager) acquireSlot(ctx context.Context, key Key, p *plugins.Plugin) (
 
 	leave := func() {
 		m.mu.Lock()
-		c.leaveLocked()
+		m.leaveLocked(c)
 		m.broadcastLocked() // WaitIdle counts queued leases
 		m.mu.Unlock()
 	}
@@ -222,7 +226,7 @@ func (m *Manager) acquireSlot(ctx context.Context, key Key, p *plugins.Plugin) (
 	fail := func(err error) (*Lease, error) {
 		m.mu.Lock()
 		delete(m.leases, l)
-		c.leaveLocked()
+		m.leaveLocked(c)
 		m.broadcastLocked()
 		m.mu.Unlock()
 		m.release(sl)
@@ -509,7 +513,7 @@ func (l *Lease) Done(err error) {
 			}
 		}
 		m.mu.Lock()
-		l.c.leaveLocked()
+		m.leaveLocked(l.c)
 		m.mu.Unlock()
 		m.release(sl) // frees the instance if the client ended meanwhile
 	}

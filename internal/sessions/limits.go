@@ -291,6 +291,7 @@ func (m *Manager) closeInstanceLocked(sl *slot) {
 	if sl.elem != nil {
 		m.lru.Remove(sl.elem)
 		sl.elem = nil
+		m.instanceGoneLocked(sl.c)
 	}
 	m.unreserveLocked(p)
 	m.obs.InstanceClosed(p.Name())

@@ -219,15 +219,19 @@ type Manager struct {
 	log  *slog.Logger
 	obs  Observer
 
-	mu        sync.Mutex
-	closed    bool
-	clients   map[Key]*client
-	handles   int        // clients of Handle keys
-	lru       *list.List // of *slot holding an instance, least recently used first
-	live      int
-	perPlugin map[string]int
-	memory    uint64
-	pools     map[poolKey]*pool // by plugin name and tenant
+	mu      sync.Mutex
+	closed  bool
+	clients map[Key]*client
+	handles int // clients of Handle keys
+	// handleGroups index the open handle clients by group, and
+	// idleHandles those with no lease of all groups (handleindex.go).
+	handleGroups map[string]*handleGroup
+	idleHandles  idleHandles
+	lru          *list.List // of *slot holding an instance, least recently used first
+	live         int
+	perPlugin    map[string]int
+	memory       uint64
+	pools        map[poolKey]*pool // by plugin name and tenant
 	// pooledIdle counts the idle pooled instances of each plugin, in all
 	// its pools: PoolSize bounds it.
 	pooledIdle map[string]int
@@ -253,20 +257,21 @@ type Manager struct {
 // New returns a manager with the given options (nil means defaults).
 func New(opts *Options) *Manager {
 	m := &Manager{
-		clients:    map[Key]*client{},
-		lru:        list.New(),
-		perPlugin:  map[string]int{},
-		pools:      map[poolKey]*pool{},
-		pooledIdle: map[string]int{},
-		scratch:    evictScratch{byTenant: map[string]int{}},
-		retired:    map[*plugins.Plugin]bool{},
-		successor:  map[*plugins.Plugin]*plugins.Plugin{},
-		incoming:   map[*plugins.Plugin]int{},
-		leases:     map[*Lease]struct{}{},
-		waiting:    list.New(),
-		parked:     map[string]*parkedRun{},
-		changed:    make(chan struct{}),
-		stop:       make(chan struct{}),
+		clients:      map[Key]*client{},
+		handleGroups: map[string]*handleGroup{},
+		lru:          list.New(),
+		perPlugin:    map[string]int{},
+		pools:        map[poolKey]*pool{},
+		pooledIdle:   map[string]int{},
+		scratch:      evictScratch{byTenant: map[string]int{}},
+		retired:      map[*plugins.Plugin]bool{},
+		successor:    map[*plugins.Plugin]*plugins.Plugin{},
+		incoming:     map[*plugins.Plugin]int{},
+		leases:       map[*Lease]struct{}{},
+		waiting:      list.New(),
+		parked:       map[string]*parkedRun{},
+		changed:      make(chan struct{}),
+		stop:         make(chan struct{}),
 	}
 	if opts != nil {
 		m.opts = *opts
@@ -313,7 +318,8 @@ type client struct {
 	lastUsed time.Time        // guarded by Manager.mu
 	requests int              // leases asked for, ever; guarded by Manager.mu
 	parked   int              // guarded by Manager.mu
-	group    string           // its tenant: a handle's group (OpenIn), else its first lease's (Options.Tenant); set once
+	group    string           // its tenant: a handle's group (OpenIn), else its first lease's (Options.Tenant), as is a handle's opened in group ""; guarded by Manager.mu
+	elems    handleElems      // an open handle's places in the indexes (handleindex.go); guarded by Manager.mu
 	// seeds are the states the client's first instances start from, by
 	// plugin name (see Seed); guarded by Manager.mu.
 	seeds map[string]Seed
@@ -338,7 +344,10 @@ func (m *Manager) clientLocked(key Key) (*client, error) {
 		if key.kind == KindHandle {
 			return nil, ErrUnknownKey
 		}
-		c = m.newClientLocked(key)
+		c = m.newClientLocked(key, "")
+	}
+	if c.key.kind == KindHandle {
+		m.busyHandleLocked(c)
 	}
 	c.leases++
 	c.requests++
@@ -346,11 +355,13 @@ func (m *Manager) clientLocked(key Key) (*client, error) {
 	return c, nil
 }
 
-func (m *Manager) newClientLocked(key Key) *client {
-	c := &client{key: key, slots: map[string]*slot{}, ended: make(chan struct{}), lastUsed: time.Now()}
+// newClientLocked makes key's client, of group. The caller holds m.mu.
+func (m *Manager) newClientLocked(key Key, group string) *client {
+	c := &client{key: key, group: group, slots: map[string]*slot{}, ended: make(chan struct{}), lastUsed: time.Now()}
 	m.clients[key] = c
 	if key.kind == KindHandle {
 		m.handles++
+		m.indexHandleLocked(c)
 	}
 	return c
 }
@@ -358,10 +369,11 @@ func (m *Manager) newClientLocked(key Key) *client {
 // forgetLocked removes c from the clients, once. The caller holds m.mu.
 func (m *Manager) forgetLocked(c *client) {
 	if m.clients[c.key] == c {
-		delete(m.clients, c.key)
 		if c.key.kind == KindHandle {
+			m.unindexHandleLocked(c)
 			m.handles--
 		}
+		delete(m.clients, c.key)
 	}
 }
 
@@ -391,39 +403,15 @@ func (m *Manager) OpenIn(key Key, group string, share int) error {
 		return nil
 	}
 	inGroup := 0
-	if group != "" && key.kind == KindHandle {
-		for _, c := range m.clients {
-			if c.key.kind == KindHandle && c.group == group && !c.closed {
-				inGroup++
-			}
-		}
+	if g := m.handleGroups[group]; g != nil && group != "" && key.kind == KindHandle {
+		inGroup = g.open
 	}
 	overShare := share > 0 && inGroup >= share
 	var victim *client
 	if key.kind == KindHandle && (m.handles >= m.maxHandles() || overShare) {
 		// Handles whose client never came back first: a client that
 		// ignores handles mints one per call.
-		var once, lru *client
-		for _, c := range m.clients {
-			if c.key.kind != KindHandle || c.leases > 0 || c.closed {
-				continue
-			}
-			if group != "" && c.group != group && (overShare || c.group != "") {
-				continue // another tenant's
-			}
-			if lru == nil || c.lastUsed.Before(lru.lastUsed) {
-				lru = c
-			}
-			// requests == 0 is a handle whose minting call has not
-			// reached it yet: it goes last, by age.
-			if c.requests == 1 && (once == nil || c.lastUsed.Before(once.lastUsed)) {
-				once = c
-			}
-		}
-		victim = once
-		if victim == nil {
-			victim = lru
-		}
+		victim = m.handleVictimLocked(group, overShare)
 		if victim == nil {
 			handles := m.handles // read under the lock: the reaper changes it
 			m.mu.Unlock()
@@ -436,7 +424,7 @@ func (m *Manager) OpenIn(key Key, group string, share int) error {
 		// instances are freed below.
 		m.forgetLocked(victim)
 	}
-	m.newClientLocked(key).group = group
+	m.newClientLocked(key, group)
 	if key.kind == KindHandle {
 		m.reclaimUnreturnedLocked(group)
 	}
@@ -456,9 +444,12 @@ func (m *Manager) maxHandles() int {
 }
 
 // leaveLocked counts a lease of c gone. The caller holds m.mu.
-func (c *client) leaveLocked() {
+func (m *Manager) leaveLocked(c *client) {
 	c.leases--
 	c.lastUsed = time.Now()
+	if c.leases == 0 && m.indexed(c) {
+		m.idleHandleLocked(c)
+	}
 }
 
 // End ends key's client: waiting calls fail with [ErrSessionEnded], and
@@ -723,7 +714,7 @@ func (m *Manager) Seed(key Key, seeds map[string]Seed, fence uint64) error {
 			m.mu.Unlock()
 			return ErrUnknownKey
 		}
-		c = m.newClientLocked(key)
+		c = m.newClientLocked(key, "")
 	}
 	// An instance that stays (same fence) is newer than its seed: were
 	// it evicted later, its seed would roll it back unnoticed.

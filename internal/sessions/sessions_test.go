@@ -278,7 +278,7 @@ func (w *world) step(r *rand.Rand, op byte) {
 		switch r.IntN(3) {
 		case 0:
 			i := r.IntN(4)
-			w.m.OpenIn(keys[4+i], []string{"t1", "t1", "t1", "t2"}[i], 0) // a key's group is always the same
+			w.m.OpenIn(keys[4+i], []string{"t1", "t1", "", "t2"}[i], 0) // a key's group is always the same (h3's: none, then its first lease's tenant)
 			return
 		case 1: // a handle minted for one call, as for a client that never passes it back
 			w.mu.Lock()
@@ -347,6 +347,9 @@ func runOps(t testing.TB, opts sessions.Options, seed uint64, ops []byte) {
 	r := rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
 	for _, op := range ops {
 		w.step(r, op)
+		if err := w.m.CheckHandleIndex(); err != nil {
+			t.Fatalf("after op %d: %v", op, err)
+		}
 	}
 	w.finish()
 }
@@ -376,8 +379,11 @@ func TestLeaseInvariants(t *testing.T) {
 				ops[i] = byte(r.IntN(256))
 			}
 			opts := limited
-			if seed%3 == 0 {
+			switch seed % 3 {
+			case 0:
 				opts = sessions.Options{} // no limits
+			case 2:
+				opts.Tenant = func(context.Context) string { return "t3" } // h3 moves to it
 			}
 			runOps(t, opts, seed, ops)
 		})

@@ -1,10 +1,5 @@
 package sessions
 
-import (
-	"slices"
-	"time"
-)
-
 // DefaultMaxUnreturned is Options.MaxUnreturned's default.
 const DefaultMaxUnreturned = 64
 
@@ -22,34 +17,20 @@ func (m *Manager) maxUnreturned() int {
 // instances. The clients stay open. Slots are only try-locked, so this
 // never waits. The caller holds m.mu.
 func (m *Manager) reclaimUnreturnedLocked(group string) {
-	type held struct {
-		c    *client
-		used time.Time
-	}
-	var once []held
-	for _, c := range m.clients {
-		if c.key.kind != KindHandle || c.group != group || c.closed || c.leases > 0 || c.requests != 1 {
-			continue
-		}
-		for _, sl := range c.slots {
-			if sl.inst != nil {
-				once = append(once, held{c, c.lastUsed})
-				break
-			}
-		}
-	}
-	excess := len(once) - m.maxUnreturned()
-	if excess <= 0 {
+	g := m.handleGroups[group]
+	if g == nil {
 		return
 	}
-	slices.SortFunc(once, func(a, b held) int { return a.used.Compare(b.used) })
-	for _, h := range once[:excess] {
-		for _, sl := range h.c.slots {
+	excess := g.unreturned.Len() - m.maxUnreturned()
+	for e := g.unreturned.Front(); e != nil && excess > 0; excess-- {
+		c := e.Value.(*client)
+		e = e.Next() // c leaves the list as its last instance is freed
+		for _, sl := range c.slots {
 			if sl.inst == nil || !sl.tryLock() {
 				continue
 			}
 			if sl.inst != nil {
-				m.log.Info("instance reclaimed: its session handle was never passed back", "session", h.c.key.String(), "plugin", sl.plugin)
+				m.log.Info("instance reclaimed: its session handle was never passed back", "session", c.key.String(), "plugin", sl.plugin)
 				m.closeInstanceLocked(sl)
 				sl.notice = Notice{Reset: &Reset{Reason: ReasonEvicted, Detail: "the handle was not passed back for a while, and its instance was freed for others"}}
 				m.obs.InstanceReset(sl.plugin, "evicted")
