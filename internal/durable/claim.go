@@ -295,7 +295,7 @@ func (d *Keeper) take(ctx context.Context, key sessions.Key, ns *NewSession, c *
 	// Unless this replica cannot tell that no one else served the
 	// session meanwhile (newestHere): then what it holds is said lost.
 	lost := !resumable && old != nil && notes.seeded != 0 && cl.Previous == (statestore.Owner{}) && !hasPlugins(rec)
-	lostHere := lost && newestHere(notes.fence, cl.Fence, notes.verified, asked)
+	lostHere := lost && d.newestHere(notes.fence, cl.Fence, notes.verified, asked)
 	switch {
 	case resumable || lostHere:
 		// This replica forgot its claim (a call could be neither saved
@@ -310,7 +310,7 @@ func (d *Keeper) take(ctx context.Context, key sessions.Key, ns *NewSession, c *
 		maps.Copy(c.done, notes.done)
 		maps.Copy(c.ran, notes.ran)
 		c.mcp = notes.mcp
-		if err := d.lostWithStore(ctx, key, c, cl.Fence); err != nil {
+		if err := d.lostWithStore(ctx, key, c, cl.Fence, true); err != nil {
 			return false, err
 		}
 	default:
@@ -421,10 +421,10 @@ func (d *Keeper) verify(ctx context.Context, key sessions.Key, c *Claim) error {
 	c.verified = asked
 	c.taken = cl.Taken
 	if cl.Previous == (statestore.Owner{}) && !hasPlugins(rec) {
-		if newestHere(c.fence, cl.Fence, lastVerified, asked) {
+		if d.newestHere(c.fence, cl.Fence, lastVerified, asked) {
 			return d.recover(ctx, key, c, cl.Fence)
 		}
-		return d.lostWithStore(ctx, key, c, cl.Fence)
+		return d.lostWithStore(ctx, key, c, cl.Fence, true)
 	}
 	// A plugin this claim saved that the record does not hold was lost
 	// with it (the store lost the record, and another replica wrote it
@@ -453,18 +453,27 @@ func (d *Keeper) verify(ctx context.Context, key sessions.Key, c *Claim) error {
 // can have claimed the session since this replica's last fence, last.
 // The store says so when it kept its fence counter (a record evicted or
 // expired alone): the new claim, fence, is the next number in the same
-// epoch. A store restarted empty (a new epoch) cannot, and then only
-// time says it, as for serving from memory: this replica's claim was
-// verified within memoryGrace before the new one was asked. A replica
-// stopped past that (SIGSTOP, a frozen VM) while another served the
-// session, and continued once the store lost the record, would otherwise
-// write its stale state back over the other's acknowledged calls
-// (TestPausedReplicaDoesNotWriteBackOverLostRecord).
-func newestHere(last, fence uint64, verified, asked time.Time) bool {
-	if last != 0 && statestore.Epoch(last) == statestore.Epoch(fence) && fence == last+1 {
+// epoch. A store restarted empty (a new epoch) cannot, and then this
+// replica says it: its claim was verified within memoryGrace before the
+// new one was asked, or this process ran all along since it was verified
+// (ranSince), so that it went unverified only because the store did not
+// answer (an outage: no one else could claim either). A replica stopped
+// meanwhile (SIGSTOP, a frozen VM) while another served the session, and
+// continued once the store lost the record, would otherwise write its
+// stale state back over the other's acknowledged calls
+// (TestPausedReplicaDoesNotWriteBackOverLostRecord). What this does not
+// see: a replica that ran but was cut off from the store alone while the
+// store, reachable by others, restarted empty.
+func (d *Keeper) newestHere(last, fence uint64, verified, asked time.Time) bool {
+	switch {
+	case last != 0 && statestore.Epoch(last) == statestore.Epoch(fence) && fence == last+1:
+		return true
+	case verified.IsZero():
+		return false
+	case asked.Sub(verified) < memoryGrace:
 		return true
 	}
-	return !verified.IsZero() && asked.Sub(verified) < memoryGrace
+	return d.beats.ranSince(verified.Sub(clockBase), asked.Sub(clockBase))
 }
 
 // goneFrom returns the plugins of saved (a claim's "p/NAME" fields) that
@@ -489,10 +498,11 @@ func goneFrom(saved map[string]fieldSum, rec map[string][]byte) map[string]NotSa
 // have served the session since, and the store lost what that one
 // acknowledged. Nothing is written back. Every plugin this claim knows
 // of (saved, not saved, or held here) starts afresh under fence, said
-// lost (store-lost), and is recorded lost so that a replica taking the
-// session over says it too: a reset said, never an older state restored
-// silently. c.mu is held.
-func (d *Keeper) lostWithStore(ctx context.Context, key sessions.Key, c *Claim, fence uint64) error {
+// lost (store-lost); with record, the claim serves the session now, and
+// records them lost so that a replica taking the session over says it
+// too: a reset said, never an older state restored silently. c.mu is
+// held.
+func (d *Keeper) lostWithStore(ctx context.Context, key sessions.Key, c *Claim, fence uint64, record bool) error {
 	d.log.Warn("state store lost the session's record, and this replica cannot tell that its state is the newest: its plugins' states are said lost", "session", key.String())
 	d.obs.StoreLost()
 	lost := map[string]NotSaved{}
@@ -516,6 +526,9 @@ func (d *Keeper) lostWithStore(ctx context.Context, key sessions.Key, c *Claim, 
 		return err
 	}
 	maps.Copy(c.unsaved, lost)
+	if !record {
+		return nil
+	}
 	if err := d.putLocked(ctx, c, "mcp", mcpOr(c.mcp)); err != nil {
 		return unavailable(err)
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/wasmtools/wasmtools/internal/sessions"
@@ -24,6 +25,7 @@ func (d *Keeper) Heartbeat(ctx context.Context) {
 	t := time.NewTicker(heartbeatEvery)
 	defer t.Stop()
 	for {
+		d.beats.beat(sinceBase())
 		hctx, cancel := context.WithTimeout(ctx, heartbeatEvery)
 		if err := d.store.Heartbeat(hctx, d.owner, heartbeatTTL); err != nil && ctx.Err() == nil {
 			d.log.Warn("state store heartbeat", "error", err)
@@ -198,4 +200,38 @@ func (d *Keeper) renew(c *Claim) {
 		return
 	}
 	c.renewed = time.Now()
+}
+
+// pauseGap is the longest the heartbeat loop goes between two rounds while
+// this process runs: a round waits at most heartbeatEvery for the store,
+// then for its tick. A longer gap means the process did not run (SIGSTOP,
+// a frozen VM, a long pause).
+const pauseGap = 2*heartbeatEvery + time.Second
+
+// beats is when the heartbeat loop ran, as durations since clockBase:
+// the first and the last round, and the end of the last gap between two
+// rounds longer than pauseGap.
+type beats struct {
+	first, last, pausedUntil atomic.Int64
+}
+
+// beat records a round of the heartbeat loop at now.
+func (b *beats) beat(now time.Duration) {
+	b.first.CompareAndSwap(0, int64(now))
+	if prev := time.Duration(b.last.Swap(int64(now))); prev != 0 && now-prev > pauseGap {
+		b.pausedUntil.Store(int64(now))
+	}
+}
+
+// ranSince reports whether this process ran without a stop from since
+// to now (durations since clockBase): its heartbeat loop ran already
+// then, has run since with no gap longer than pauseGap, and ran within
+// pauseGap of now. A claim verified at since and not since then, in a
+// process that ran all along, was not renewed because the store did not
+// answer this replica (every heartbeat renews the claims it can), not
+// because the process was stopped while the store answered others.
+func (b *beats) ranSince(since, now time.Duration) bool {
+	first, last := time.Duration(b.first.Load()), time.Duration(b.last.Load())
+	return first != 0 && first <= since+pauseGap && now-last <= pauseGap &&
+		time.Duration(b.pausedUntil.Load()) < since
 }

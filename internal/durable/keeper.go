@@ -133,6 +133,8 @@ type Keeper struct {
 	wg sync.WaitGroup // background work: renewals, write-backs
 
 	downUntil atomic.Int64 // the breaker: until when (ns since clockBase) the store is not asked
+	// beats: when the heartbeat loop ran (beat), for ranSince.
+	beats beats
 	// keyChecked: the store's key check passed; keyBad: it failed (why),
 	// and the replica is not ready.
 	keyChecked atomic.Bool

@@ -36,6 +36,21 @@ func Scenarios(stops int) []Scenario {
 			r.C.RedisStart()
 			moveAfterStore(r)
 		}},
+		// A replica stopped past its claims while its sessions move and
+		// go on elsewhere; then the store comes back empty, and the
+		// stopped replica is continued with calls in flight: it must not
+		// write its stale instances back over what the others
+		// acknowledged (durable's newestHere).
+		Scenario{Name: "sigstop-redis-empty", Proxy: HAProxy, Resets: true, Fault: func(r *Run) {
+			r.C.Freeze(0)
+			r.Hold(StopFor)
+			r.C.RedisKill()
+			r.C.RedisStart()
+			r.C.Thaw(0)
+			r.C.WaitRouted(0)
+			r.Rounds(1)
+			moveAfterStore(r)
+		}},
 		Scenario{Name: "redis-down-10s", Proxy: HAProxy, Fault: func(r *Run) {
 			r.C.RedisKill()
 			r.Hold(RedisDownFor)
