@@ -116,7 +116,11 @@ func served(cat *plugins.Catalogue, uri string) bool {
 // unsubscribe (the go-sdk's handler). One watcher a session: the first
 // subscription starts it. A subscription recorded after the watcher
 // took the session's URIs starts another, whose Wait returns at once.
+// The session is known to the host as a connection (connKey), so that
+// Host.Close ends it rather than wait for it (a review: Close hung until
+// its deadline with a session that had only subscribed).
 func (h *Host) undoAtEnd(unsubscribe mcp.MethodHandler, ss *mcp.ServerSession) {
+	h.connKey(ss)
 	if !h.subs.watch(ss) || !h.track() {
 		return
 	}

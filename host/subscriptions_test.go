@@ -26,20 +26,8 @@ import (
 // v1.8.0) leaving each URI's emptied entry in its server-wide map: 2,000
 // made-up URIs of 32 KiB kept 78 MiB after the session ended, for good.
 func TestSubscriptionsBoundedAndGoneWithSession(t *testing.T) {
-	// A host of its own that logs nowhere: the go-sdk logs each
-	// subscription's URI, which a fixture's log would keep.
 	ctx := context.Background()
-	rt, err := sandbox.NewRuntime(sandbox.Options{CacheDir: testplugins.CacheDir()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { rt.Close(ctx) })
-	cat, errs := plugins.LoadAll(ctx, rt, []string{testplugins.Folder(t, map[string]string{"notes.wasm": testplugins.Example(t, "notes")})}, func(string) plugins.Options { return plugins.Options{} })
-	if len(errs) > 0 {
-		t.Fatal(errs)
-	}
-	t.Cleanup(func() { cat.Close(ctx) })
-	f := &fixture{h: host.New(plugins.NewStatic(cat), &host.Options{Logger: slog.New(slog.DiscardHandler)})}
+	f := quietNotes(t)
 	t.Cleanup(func() { f.h.Close(ctx) })
 	// A URI of the notes' template notes://note/{n}, of about 2 KiB.
 	pad := strings.Repeat("x", 2000)
@@ -129,4 +117,23 @@ func TestSubscriptionsBoundedAndGoneWithSession(t *testing.T) {
 		}
 		t.Logf("heap kept after %d sessions of 256 subscriptions of 2 KiB: %d KiB over the sessions that undid theirs", n, kept>>10)
 	})
+}
+
+// quietNotes serves the notes example from a host of its own that logs
+// nowhere (the go-sdk logs each subscription's URI, which a fixture's log
+// would keep), which the caller closes.
+func quietNotes(t *testing.T) *fixture {
+	t.Helper()
+	ctx := context.Background()
+	rt, err := sandbox.NewRuntime(sandbox.Options{CacheDir: testplugins.CacheDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { rt.Close(ctx) })
+	cat, errs := plugins.LoadAll(ctx, rt, []string{testplugins.Folder(t, map[string]string{"notes.wasm": testplugins.Example(t, "notes")})}, func(string) plugins.Options { return plugins.Options{} })
+	if len(errs) > 0 {
+		t.Fatal(errs)
+	}
+	t.Cleanup(func() { cat.Close(ctx) })
+	return &fixture{h: host.New(plugins.NewStatic(cat), &host.Options{Logger: slog.New(slog.DiscardHandler)})}
 }

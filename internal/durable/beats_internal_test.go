@@ -5,43 +5,47 @@ import (
 	"time"
 )
 
-// TestRanSince holds beats.ranSince to its rule: a claim verified at v,
-// in a process whose heartbeat loop ran all along (rounds every 2 s, the
-// store answering or not), went unverified for want of the store; a gap
-// between rounds past pauseGap, or none lately, or no loop at all, means
-// the process may have been stopped, and newestHere then keeps its state
-// from being written back over a lost record.
-func TestRanSince(t *testing.T) {
+// TestAwayExplains holds beats.awayExplains to its rule: a claim verified
+// at v and not since may be written back over a record the store lost
+// only when this process ran all along (heartbeat rounds every 2 s, no gap
+// past pauseGap) and the store stopped answering its heartbeat within
+// memoryGrace of v, until it came back after v. A stop of the process, a
+// store that answered meanwhile (the session went on elsewhere, nobody
+// asked this replica), or no heartbeat loop, and it may not.
+func TestAwayExplains(t *testing.T) {
 	s := time.Second
-	run := func(rounds ...time.Duration) *beats {
+	// run plays heartbeat rounds every 2 s over [from, to], the store
+	// answering but in [down, up).
+	type span struct{ from, to, down, up time.Duration }
+	run := func(spans ...span) *beats {
 		b := &beats{}
-		for _, r := range rounds {
-			b.beat(r)
+		for _, sp := range spans {
+			for at := sp.from; at <= sp.to; at += 2 * s {
+				b.beat(at)
+				b.answered(at, at < sp.down || at >= sp.up)
+			}
 		}
 		return b
 	}
-	every2s := func(from, to time.Duration) []time.Duration {
-		var r []time.Duration
-		for at := from; at <= to; at += 2 * s {
-			r = append(r, at)
-		}
-		return r
-	}
+	const never = time.Hour
 	for _, c := range []struct {
 		what   string
 		b      *beats
 		v, now time.Duration
 		want   bool
 	}{
-		{"ran all along (an outage of the store)", run(every2s(10*s, 40*s)...), 20 * s, 41 * s, true},
+		{"an outage from just after v until now", run(span{10 * s, 40 * s, 21 * s, never}), 20 * s, 41 * s, true},
+		{"an outage from just after v, over before now", run(span{10 * s, 40 * s, 21 * s, 33 * s}), 20 * s, 41 * s, true},
+		{"the store answered all along (nobody asked here)", run(span{10 * s, 40 * s, never, never}), 20 * s, 41 * s, false},
+		{"the store answered long after v, then an outage", run(span{10 * s, 40 * s, 31 * s, never}), 20 * s, 41 * s, false},
+		{"an outage over before v", run(span{10 * s, 40 * s, 12 * s, 16 * s}), 20 * s, 41 * s, false},
 		{"no heartbeat loop", run(), 20 * s, 41 * s, false},
-		{"stopped since, not a round since", run(every2s(10*s, 22*s)...), 20 * s, 41 * s, false},
-		{"stopped since, rounds after", run(append(every2s(10*s, 22*s), every2s(32*s, 40*s)...)...), 20 * s, 41 * s, false},
-		{"stopped before the claim's verification only", run(append(every2s(1*s, 5*s), every2s(15*s, 40*s)...)...), 20 * s, 41 * s, true},
-		{"the loop began long after the verification", run(every2s(30*s, 40*s)...), 20 * s, 41 * s, false},
+		{"stopped since, not a round since", run(span{10 * s, 22 * s, 21 * s, never}), 20 * s, 41 * s, false},
+		{"stopped during the outage", run(span{10 * s, 24 * s, 21 * s, never}, span{34 * s, 40 * s, 0, never}), 20 * s, 41 * s, false},
+		{"stopped before v only", run(span{1 * s, 5 * s, never, never}, span{15 * s, 40 * s, 21 * s, never}), 20 * s, 41 * s, true},
 	} {
-		if got := c.b.ranSince(c.v, c.now); got != c.want {
-			t.Errorf("%s: ranSince = %v, want %v", c.what, got, c.want)
+		if got := c.b.awayExplains(c.v, c.now); got != c.want {
+			t.Errorf("%s: awayExplains = %v, want %v", c.what, got, c.want)
 		}
 	}
 }

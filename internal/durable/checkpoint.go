@@ -144,17 +144,20 @@ func (d *Keeper) relost(ctx context.Context, key sessions.Key, c *Claim) error {
 	}
 	if !d.newestHere(c.fence, cl.Fence, c.verified, asked) {
 		// Another replica may have served the session since this
-		// replica last verified its claim, and may hold what it
-		// acknowledged still: this replica's instances are said lost
-		// here, nothing is written, and the claim is let go, so that
-		// such a replica writes its state back (recover) when its
-		// session next claims it. The call whose write met the loss
-		// is not kept: the session moved, as far as it can tell.
-		if err := d.lostWithStore(ctx, key, c, cl.Fence, false); err != nil {
+		// replica last verified its claim: this replica's instances are
+		// said lost, here and in the record, rather than written back,
+		// and the call whose write met the loss is not kept (its
+		// instance is stale now; the claim is current). (Letting the
+		// session go instead, so that such a replica could write back
+		// its newer state, left this replica's next claim of it
+		// resuming without the notes: the heartbeat's writeLost, fenced,
+		// dropped them, and a fresh instance went on unsaid; the fault
+		// suite's sigstop-redis-empty.)
+		c.verified, c.taken = asked, cl.Taken
+		if err := d.lostWithStore(ctx, key, c, cl.Fence); err != nil {
 			return err
 		}
-		_ = d.store.Release(ctx, c.id, cl.Fence)
-		return errMoved
+		return errStaleInstance
 	}
 	d.log.Warn("state store lost the session's record: writing it back", "session", c.id)
 	d.obs.StoreLost()

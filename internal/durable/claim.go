@@ -310,7 +310,7 @@ func (d *Keeper) take(ctx context.Context, key sessions.Key, ns *NewSession, c *
 		maps.Copy(c.done, notes.done)
 		maps.Copy(c.ran, notes.ran)
 		c.mcp = notes.mcp
-		if err := d.lostWithStore(ctx, key, c, cl.Fence, true); err != nil {
+		if err := d.lostWithStore(ctx, key, c, cl.Fence); err != nil {
 			return false, err
 		}
 	default:
@@ -424,7 +424,7 @@ func (d *Keeper) verify(ctx context.Context, key sessions.Key, c *Claim) error {
 		if d.newestHere(c.fence, cl.Fence, lastVerified, asked) {
 			return d.recover(ctx, key, c, cl.Fence)
 		}
-		return d.lostWithStore(ctx, key, c, cl.Fence, true)
+		return d.lostWithStore(ctx, key, c, cl.Fence)
 	}
 	// A plugin this claim saved that the record does not hold was lost
 	// with it (the store lost the record, and another replica wrote it
@@ -451,29 +451,29 @@ func (d *Keeper) verify(ctx context.Context, key sessions.Key, c *Claim) error {
 // record the store lost (no holder now, no plugin's state in the record)
 // is the session's newest state, to be written back: no other replica
 // can have claimed the session since this replica's last fence, last.
-// The store says so when it kept its fence counter (a record evicted or
-// expired alone): the new claim, fence, is the next number in the same
-// epoch. A store restarted empty (a new epoch) cannot, and then this
-// replica says it: its claim was verified within memoryGrace before the
-// new one was asked, or this process ran all along since it was verified
-// (ranSince), so that it went unverified only because the store did not
-// answer (an outage: no one else could claim either). A replica stopped
-// meanwhile (SIGSTOP, a frozen VM) while another served the session, and
-// continued once the store lost the record, would otherwise write its
-// stale state back over the other's acknowledged calls
-// (TestPausedReplicaDoesNotWriteBackOverLostRecord). What this does not
-// see: a replica that ran but was cut off from the store alone while the
-// store, reachable by others, restarted empty.
+// Its claim verified within memoryGrace before the new one was asked
+// says so, as for serving from memory. Else, in the same epoch (a record
+// evicted or expired alone, the fence counter kept), the new claim,
+// fence, is the next number after last. A store restarted empty (a new
+// epoch) keeps nothing to tell, and then only the store's outage can
+// explain the claim's going unverified (beats.awayExplains: the process
+// ran all along, and the store stopped answering its heartbeat within
+// memoryGrace of the verification): during an outage no one else could
+// claim either. A replica stopped meanwhile (SIGSTOP, a frozen VM), or
+// one that ran while the session went on elsewhere, would otherwise
+// write its stale state back over the other's acknowledged calls
+// (TestPausedReplicaDoesNotWriteBackOverLostRecord,
+// TestLiveReplicaMovedAwayDoesNotWriteBackOverLostRecord). What this
+// does not see: a replica cut off from the store alone while the store,
+// reachable by others, came back empty.
 func (d *Keeper) newestHere(last, fence uint64, verified, asked time.Time) bool {
 	switch {
-	case last != 0 && statestore.Epoch(last) == statestore.Epoch(fence) && fence == last+1:
+	case !verified.IsZero() && asked.Sub(verified) < memoryGrace:
 		return true
-	case verified.IsZero():
-		return false
-	case asked.Sub(verified) < memoryGrace:
-		return true
+	case last != 0 && statestore.Epoch(last) == statestore.Epoch(fence):
+		return fence == last+1
 	}
-	return d.beats.ranSince(verified.Sub(clockBase), asked.Sub(clockBase))
+	return !verified.IsZero() && d.beats.awayExplains(verified.Sub(clockBase), asked.Sub(clockBase))
 }
 
 // goneFrom returns the plugins of saved (a claim's "p/NAME" fields) that
@@ -498,11 +498,10 @@ func goneFrom(saved map[string]fieldSum, rec map[string][]byte) map[string]NotSa
 // have served the session since, and the store lost what that one
 // acknowledged. Nothing is written back. Every plugin this claim knows
 // of (saved, not saved, or held here) starts afresh under fence, said
-// lost (store-lost); with record, the claim serves the session now, and
-// records them lost so that a replica taking the session over says it
-// too: a reset said, never an older state restored silently. c.mu is
-// held.
-func (d *Keeper) lostWithStore(ctx context.Context, key sessions.Key, c *Claim, fence uint64, record bool) error {
+// lost (store-lost), and recorded lost so that a replica taking the
+// session over says it too: a reset said, never an older state restored
+// silently. c.mu is held.
+func (d *Keeper) lostWithStore(ctx context.Context, key sessions.Key, c *Claim, fence uint64) error {
 	d.log.Warn("state store lost the session's record, and this replica cannot tell that its state is the newest: its plugins' states are said lost", "session", key.String())
 	d.obs.StoreLost()
 	lost := map[string]NotSaved{}
@@ -526,9 +525,6 @@ func (d *Keeper) lostWithStore(ctx context.Context, key sessions.Key, c *Claim, 
 		return err
 	}
 	maps.Copy(c.unsaved, lost)
-	if !record {
-		return nil
-	}
 	if err := d.putLocked(ctx, c, "mcp", mcpOr(c.mcp)); err != nil {
 		return unavailable(err)
 	}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/wasmtools/wasmtools/internal/sessions"
@@ -27,8 +26,13 @@ func (d *Keeper) Heartbeat(ctx context.Context) {
 	for {
 		d.beats.beat(sinceBase())
 		hctx, cancel := context.WithTimeout(ctx, heartbeatEvery)
-		if err := d.store.Heartbeat(hctx, d.owner, heartbeatTTL); err != nil && ctx.Err() == nil {
+		at := sinceBase()
+		err := d.store.Heartbeat(hctx, d.owner, heartbeatTTL)
+		if err != nil && ctx.Err() == nil {
 			d.log.Warn("state store heartbeat", "error", err)
+		}
+		if ctx.Err() == nil {
+			d.beats.answered(at, !unanswered(err))
 		}
 		if !d.keyChecked.Load() && d.keyBad.Load() == nil {
 			d.checkKey(hctx)
@@ -208,30 +212,64 @@ func (d *Keeper) renew(c *Claim) {
 // a frozen VM, a long pause).
 const pauseGap = 2*heartbeatEvery + time.Second
 
-// beats is when the heartbeat loop ran, as durations since clockBase:
-// the first and the last round, and the end of the last gap between two
-// rounds longer than pauseGap.
+// beats is what the heartbeat loop saw, as durations since clockBase:
+// when it ran (its first and last round, and the end of the last gap
+// between two rounds longer than pauseGap), and whether the store
+// answered it (the latest outage: the last answer before it, the first
+// after it). Each round's heartbeat is this process's probe of the store.
 type beats struct {
-	first, last, pausedUntil atomic.Int64
+	mu                       sync.Mutex
+	first, last, pausedUntil time.Duration
+	answeredAt               time.Duration // the last round the store answered
+	failing                  bool          // the last round it did not
+	awayFrom, backAt         time.Duration // the latest outage; backAt 0 while it lasts
 }
 
 // beat records a round of the heartbeat loop at now.
 func (b *beats) beat(now time.Duration) {
-	b.first.CompareAndSwap(0, int64(now))
-	if prev := time.Duration(b.last.Swap(int64(now))); prev != 0 && now-prev > pauseGap {
-		b.pausedUntil.Store(int64(now))
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.first == 0 {
+		b.first = now
+	}
+	if b.last != 0 && now-b.last > pauseGap {
+		b.pausedUntil = now
+	}
+	b.last = now
+}
+
+// answered records whether the store answered the round at now.
+func (b *beats) answered(now time.Duration, ok bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	switch {
+	case ok && b.failing:
+		b.failing, b.backAt = false, now
+	case !ok && !b.failing:
+		b.failing, b.awayFrom, b.backAt = true, b.answeredAt, 0
+	}
+	if ok {
+		b.answeredAt = now
 	}
 }
 
 // ranSince reports whether this process ran without a stop from since
-// to now (durations since clockBase): its heartbeat loop ran already
-// then, has run since with no gap longer than pauseGap, and ran within
-// pauseGap of now. A claim verified at since and not since then, in a
-// process that ran all along, was not renewed because the store did not
-// answer this replica (every heartbeat renews the claims it can), not
-// because the process was stopped while the store answered others.
+// to now: its heartbeat loop ran already then, has run since with no gap
+// longer than pauseGap, and ran within pauseGap of now. b.mu is held.
 func (b *beats) ranSince(since, now time.Duration) bool {
-	first, last := time.Duration(b.first.Load()), time.Duration(b.last.Load())
-	return first != 0 && first <= since+pauseGap && now-last <= pauseGap &&
-		time.Duration(b.pausedUntil.Load()) < since
+	return b.first != 0 && b.first <= since+pauseGap && now-b.last <= pauseGap && b.pausedUntil < since
+}
+
+// awayExplains reports whether the store's latest outage explains why a
+// claim verified at v went unverified until now, when the store answers
+// it again: this process ran all along, and the store last answered its
+// heartbeat within memoryGrace after v, and not since (or only once the
+// outage was over, and the outage ended after v). A claim unverified
+// while the store answered this replica went unverified because nobody
+// asked this replica for the session, which may have gone on elsewhere
+// (a review, stop 59).
+func (b *beats) awayExplains(v, now time.Duration) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.ranSince(v, now) && b.awayFrom != 0 && b.awayFrom <= v+memoryGrace && (b.failing || b.backAt >= v)
 }
