@@ -208,7 +208,7 @@ func (h *Host) callTool(ctx context.Context, key sessions.Key, c *plugins.Call, 
 			return h.answerReplayed(key, t, env, &cl), nil
 		default:
 			out, err = h.runGuest(ctx, t, c, env, &cl)
-			notice = cl.l.Notice()
+			notice = carryReset(cl.l.Notice(), notice)
 			why, res, again := h.afterGuest(ctx, key, t, out, err, env, &cl)
 			if again {
 				later = false
@@ -222,6 +222,18 @@ func (h *Host) callTool(ctx context.Context, key sessions.Key, c *plugins.Call, 
 		break
 	}
 	return h.shapeResult(t, env, out, err, notice, notSaved), nil
+}
+
+// carryReset is n, the notice of a call's lease, with the reset of an
+// earlier attempt of the same call (prev) if n has none: an attempt that
+// ran on a fresh instance and was then run again (its instance stale)
+// took the instance's one notice with it, and the client, answered by the
+// later attempt, must still be told its state was reset.
+func carryReset(n, prev sessions.Notice) sessions.Notice {
+	if n.Reset == nil {
+		n.Reset = prev.Reset
+	}
+	return n
 }
 
 // leaseFor claims key's session and leases its instance of t's plugin

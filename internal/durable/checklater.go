@@ -97,6 +97,10 @@ func (d *Keeper) AfterUncheckedCall(ctx context.Context, key sessions.Key, c *Cl
 		why, err = d.checkpoint(statestore.Detach(ctx), c, l.Plugin(), l.Instance(), l.Fence(), first, started)
 	}
 	switch {
+	case errors.Is(err, errLostHere):
+		// Nothing written, and not run again: the call fails, and the
+		// client's next call is told its state was lost.
+		return why, err
 	case errors.Is(err, errStaleInstance):
 		// Nothing written; the claim is current, the instance is not.
 		return why, ErrRunAgain

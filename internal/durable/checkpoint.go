@@ -157,7 +157,7 @@ func (d *Keeper) relost(ctx context.Context, key sessions.Key, c *Claim) error {
 		if err := d.lostWithStore(ctx, key, c, cl.Fence); err != nil {
 			return err
 		}
-		return errStaleInstance
+		return errLostHere
 	}
 	d.log.Warn("state store lost the session's record: writing it back", "session", c.id)
 	d.obs.StoreLost()

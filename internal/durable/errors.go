@@ -32,6 +32,17 @@ var errMoved = errors.New("the session moved to another replica while this call 
 // replica's took the session over since the instance started.
 var errStaleInstance = fmt.Errorf("%w (the instance is older than the session's claim)", errMoved)
 
+// errLostHere is errStaleInstance of a call whose write met a record the
+// store lost, in a replica that could not tell its state was the newest
+// (newestHere): its plugins start afresh, said lost. The call is not run
+// again on the fresh instance: its client may be gone (a request that sat
+// in a stopped process), and a run again answered to no one would take
+// the fresh instance's one notice of the reset and write the fresh state
+// over the record's mark of the loss, so that the client's next call went
+// on from it unsaid (the fault suite's sigstop-redis-empty). It fails;
+// the client's next call is told.
+var errLostHere = fmt.Errorf("%w; the state store lost the session's state meanwhile, and the plugin starts afresh", errStaleInstance)
+
 // errUnverified fails a call whose state could be neither saved nor
 // known current (see checkpoint).
 var errUnverified = errors.New("the session's state could not be saved or verified while this call ran (the state store did not answer), and its effect was not kept: call the tool again")
