@@ -28,7 +28,7 @@ import (
 // per session start); after, 0.07 to 0.15 ms against 0.09 to 0.14 ms.
 func TestEvictionCostIndependentOfTenants(t *testing.T) {
 	type tenantKey struct{}
-	const n, rounds = 1000, 50
+	const n, rounds = 1000, 500
 	measure := func(tenants int) time.Duration {
 		w := newWorld(t, sessions.Options{MaxInstances: n + 1, Tenant: func(ctx context.Context) string {
 			s, _ := ctx.Value(tenantKey{}).(string)
