@@ -33,8 +33,9 @@ import (
 // acknowledges.
 
 // maxSubscriptions bounds the resources one session subscribes to at
-// once (one listen request's, for a 2026-07-28 client): with maxURILen,
-// at most 512 KiB of URIs a session.
+// once (one listen request's, for a 2026-07-28 client, of the first
+// 2 × maxSubscriptions URIs it names): with maxURILen, at most 512 KiB of
+// URIs a session.
 const maxSubscriptions = 256
 
 // subscriptions is what each session subscribed to with
@@ -79,7 +80,12 @@ func (h *Host) subscriptionsMiddleware(next mcp.MethodHandler) mcp.MethodHandler
 			return out, err
 		case *mcp.SubscriptionsListenRequest:
 			if n := r.Params; n != nil && n.Notifications != nil && len(n.Notifications.ResourceSubscriptions) > 0 {
-				uris := slices.DeleteFunc(slices.Clone(n.Notifications.ResourceSubscriptions), func(uri string) bool {
+				// At most 2 × maxSubscriptions URIs are looked at: each is
+				// matched against every plugin's templates, and a request
+				// body can hold far more than any client needs.
+				asked := n.Notifications.ResourceSubscriptions
+				asked = asked[:min(len(asked), 2*maxSubscriptions)]
+				uris := slices.DeleteFunc(slices.Clone(asked), func(uri string) bool {
 					return h.subscribable(uri) != nil
 				})
 				n.Notifications.ResourceSubscriptions = uris[:min(len(uris), maxSubscriptions)]
