@@ -375,7 +375,7 @@ func (c *checker) section(id byte, r *reader) error {
 			r.name()
 			switch kind := r.byte(); kind {
 			case 0x00:
-				r.u32()
+				c.typeIndex(r, "an imported function")
 				c.imports++
 				c.stats.Functions++
 				return c.over("max_functions", "functions", uint64(c.stats.Functions), uint64(c.lim.MaxFunctions))
@@ -403,8 +403,8 @@ func (c *checker) section(id byte, r *reader) error {
 			return nil
 		})
 	case 3: // function
-		return c.vec(r, func(uint32) error {
-			r.u32()
+		return c.vec(r, func(i uint32) error {
+			c.typeIndex(r, fmt.Sprintf("function %d", c.imports+i))
 			c.stats.Functions++
 			return c.over("max_functions", "functions", uint64(c.stats.Functions), uint64(c.lim.MaxFunctions))
 		})
@@ -505,6 +505,17 @@ func (c *checker) section(id byte, r *reader) error {
 		r.fail("section id %d is unknown (a feature this host does not enable?)", id)
 	}
 	return nil
+}
+
+// typeIndex reads a function's type index and refuses one past the types
+// declared so far (the type section comes first). wazero v1.12.0 checks
+// each function's own index only when it validates that function, after
+// validating the functions that call it: a call to a function whose type
+// index is out of range panics in its validator (FuzzCheckModule found it).
+func (c *checker) typeIndex(r *reader, what string) {
+	if t := r.u32(); t >= c.types && r.err == nil {
+		r.fail("%s has type index %d, past the %d types declared", what, t, c.types)
+	}
 }
 
 func (c *checker) valType(r *reader) {

@@ -21,6 +21,7 @@ func FuzzCheckModule(f *testing.F) {
 	addSmallPlugins(f, filepath.Join("..", "internal", "testplugins", "dist"))
 	f.Add([]byte("\x00asm\x01\x00\x00\x00"))
 	f.Add([]byte("\x00asm\x01\x00\x00\x00\x04\x04\x01\x70\x00\x05")) // a table with no maximum
+	f.Add(callsBadType)
 	ctx := context.Background()
 	rt := wazero.NewRuntime(ctx)
 	f.Cleanup(func() { rt.Close(ctx) })
@@ -49,6 +50,37 @@ func FuzzCheckModule(f *testing.F) {
 		}
 		mod.Close(ctx)
 	})
+}
+
+// callsBadType is a module whose function 0 calls function 1, whose type
+// index (5) is past the one type declared. wazero v1.12.0 validates the
+// call before function 1's own type index, and panics.
+var callsBadType = []byte("\x00asm\x01\x00\x00\x00" +
+	"\x01\x04\x01\x60\x00\x00" + // one type: () -> ()
+	"\x03\x03\x02\x00\x05" + // two functions, of types 0 and 5
+	"\x0a\x09\x02\x04\x00\x10\x01\x0b\x02\x00\x0b") // call 1; nothing
+
+// TestTypeIndexOutOfRange checks that the checker refuses a function whose
+// type index is out of range, and that a panic in wazero's validator, were
+// the checker to miss one, is a compile error and not the host's end.
+func TestTypeIndexOutOfRange(t *testing.T) {
+	if _, err := CheckModule(callsBadType, ModuleLimits{}); err == nil {
+		t.Error("the checker accepted a function of type index 5 in a module of one type")
+	} else {
+		t.Logf("refused: %v", err)
+	}
+	imports := []byte("\x00asm\x01\x00\x00\x00\x01\x04\x01\x60\x00\x00\x02\x07\x01\x01m\x01f\x00\x01")
+	if _, err := CheckModule(imports, ModuleLimits{}); err == nil {
+		t.Error("the checker accepted an imported function of type index 1 in a module of one type")
+	}
+	ctx := context.Background()
+	rt := wazero.NewRuntime(ctx)
+	defer rt.Close(ctx)
+	if _, err := compileRecovered(ctx, rt, callsBadType); err == nil {
+		t.Error("wazero compiled a module with a type index out of range")
+	} else {
+		t.Logf("compile: %v", err)
+	}
 }
 
 // TestCheckModuleAcceptsPlugins checks every plugin the repository builds

@@ -203,6 +203,18 @@ func isOverrun(err error) bool {
 // more), between functions; its default, one worker, never stops.
 const compileWorkers = 2
 
+// compileRecovered is rt.CompileModule with a panic in wazero's decoder or
+// validator (both run on the caller's goroutine) made an error: the bytes
+// are a stranger's, and the checker cannot know every way wazero fails.
+func compileRecovered(ctx context.Context, rt wazero.Runtime, wasm []byte) (mod wazero.CompiledModule, err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			mod, err = nil, fmt.Errorf("wazero panicked reading the module: %v", p)
+		}
+	}()
+	return rt.CompileModule(ctx, wasm)
+}
+
 // compileModule compiles wasm in rt within timeout (zero or less meaning
 // the default). wazero checks the context only between functions, so a
 // compilation past its deadline, or whose ctx is cancelled, is left to
@@ -237,7 +249,7 @@ func (r *Runtime) compileModule(ctx context.Context, rt wazero.Runtime, wasm []b
 	go func() {
 		defer r.inflight.Done()
 		defer r.running.Add(-1)
-		mod, err := rt.CompileModule(cctx, wasm)
+		mod, err := compileRecovered(cctx, rt, wasm)
 		<-lock
 		done <- result{mod, err}
 	}()
