@@ -151,6 +151,7 @@ func asks(p *plugins.Plugin) bool {
 // anyway (see traceMiddleware).
 func (h *Host) callTool(ctx context.Context, key sessions.Key, c *plugins.Call, env *callEnv) (*mcp.CallToolResult, error) {
 	t := c.Tool
+	arrived := time.Now()
 	ctx, release, err := h.admitRun(ctx, env, key, t.Plugin())
 	if err != nil {
 		return nil, toolError(t, err)
@@ -197,7 +198,12 @@ func (h *Host) callTool(ctx context.Context, key sessions.Key, c *plugins.Call, 
 		case ctx.Err() != nil || h.postGone(ctx, env):
 			// The client went away while the call waited (a request that
 			// sat in a stopped process): nothing runs, so nothing resets,
-			// and a retry it sent meanwhile is the only run.
+			// and a retry it sent meanwhile is the only run. A reset the
+			// lease carried is said by the next call (the fault suite's
+			// sigstop-redis-empty: a fresh instance's one notice went
+			// with such a request, and the client's next add went on
+			// from it unsaid).
+			cl.l.KeepNotice()
 			cl.l.Done(nil)
 			return nil, toolError(t, cmp.Or(ctx.Err(), context.Canceled))
 		case env != nil && h.replayed(cmp.Or(cl.claim, cl.memory), env.once) != nil:
@@ -205,10 +211,12 @@ func (h *Host) callTool(ctx context.Context, key sessions.Key, c *plugins.Call, 
 			// with the same idempotency key): its first result, not a
 			// second run. (Unchecked, it may have completed elsewhere
 			// since: a stale claim knows less, never more.)
+			h.keepIfStopped(&cl, arrived)
 			return h.answerReplayed(key, t, env, &cl), nil
 		default:
 			out, err = h.runGuest(ctx, t, c, env, &cl)
 			notice = carryReset(cl.l.Notice(), notice)
+			h.keepIfStopped(&cl, arrived)
 			why, res, again := h.afterGuest(ctx, key, t, out, err, env, &cl)
 			if again {
 				later = false
@@ -222,6 +230,17 @@ func (h *Host) callTool(ctx context.Context, key sessions.Key, c *plugins.Call, 
 		break
 	}
 	return h.shapeResult(t, env, out, err, notice, notSaved), nil
+}
+
+// keepIfStopped makes cl's lease leave its notice for the next call when
+// this process was stopped since the call's request arrived: its client
+// may have given up on it (its connection closed unseen, or still open),
+// and the next call of the client's says the notice again; said twice
+// rather than to no one.
+func (h *Host) keepIfStopped(cl *leased, arrived time.Time) {
+	if h.dur.StoppedSince(arrived) {
+		cl.l.KeepNotice()
+	}
 }
 
 // carryReset is n, the notice of a call's lease, with the reset of an
@@ -338,6 +357,13 @@ func (h *Host) afterGuest(ctx context.Context, key sessions.Key, t *plugins.Tool
 		}
 		res := errorResult(fmt.Sprintf("tool %q: %v", t.Name, cerr))
 		res.Meta = mcp.Meta{MetaNotSaved: map[string]any{"reason": why}}
+		if durable.LostHere(cerr) {
+			// The plugin starts afresh: said here too, as the fault
+			// suite's sigstop-redis-empty found the fresh instance's one
+			// notice taken by a request that sat in the stopped process
+			// and answered no one.
+			noticeMeta(sessions.Notice{Reset: &sessions.Reset{Reason: durable.ReasonStoreLost, Detail: "the state store lost this session's saved state"}}, &res.Meta)
+		}
 		h.metrics.notSaved.WithLabelValues(string(why)).Inc()
 		return why, res, false
 	}

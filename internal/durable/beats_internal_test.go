@@ -49,3 +49,36 @@ func TestAwayExplains(t *testing.T) {
 		}
 	}
 }
+
+// TestStoppedSince holds beats.stoppedSince to its rule: a request that
+// arrived at since lived through a stop of the process when the heartbeat
+// loop has a gap over pauseGap that ended after since, or has not run for
+// over pauseGap now (the process is coming out of a stop before the loop's
+// next round). A process that ran all along, a stop before the request, or
+// no heartbeat loop at all, and it did not.
+func TestStoppedSince(t *testing.T) {
+	s := time.Second
+	beat := func(at ...time.Duration) *beats {
+		b := &beats{}
+		for _, a := range at {
+			b.beat(a)
+		}
+		return b
+	}
+	for _, c := range []struct {
+		what       string
+		b          *beats
+		since, now time.Duration
+		want       bool
+	}{
+		{"ran all along", beat(10*s, 12*s, 14*s, 16*s), 11 * s, 17 * s, false},
+		{"stopped after the request arrived, loop ran since", beat(10*s, 12*s, 22*s, 24*s), 11 * s, 25 * s, true},
+		{"coming out of a stop, loop not run yet", beat(10*s, 12*s), 11 * s, 21 * s, true},
+		{"a stop before the request arrived", beat(10*s, 12*s, 22*s, 24*s), 23 * s, 25 * s, false},
+		{"no heartbeat loop", beat(), 11 * s, 60 * s, false},
+	} {
+		if got := c.b.stoppedSince(c.since, c.now); got != c.want {
+			t.Errorf("%s: stoppedSince(%v, %v) = %v, want %v", c.what, c.since, c.now, got, c.want)
+		}
+	}
+}

@@ -94,7 +94,7 @@ func (d *Keeper) AfterUncheckedCall(ctx context.Context, key sessions.Key, c *Cl
 	if d.policy == CheckpointAfterCall && !l.Plugin().Stateless() && l.Instance().Err() == nil {
 		// Saved even if the client is gone: the call's effect is in
 		// the instance, and the store must not fall behind it.
-		why, err = d.checkpoint(statestore.Detach(ctx), c, l.Plugin(), l.Instance(), l.Fence(), first, started)
+		why, err = d.checkpoint(statestore.Detach(ctx), c, l.Plugin(), l.Instance(), l.Fence(), first, started, unsaidOf(l))
 	}
 	switch {
 	case errors.Is(err, errLostHere):

@@ -25,7 +25,10 @@ import (
 // checkFrom, if not zero, is when the call whose state this saves started,
 // a call run before its claim was checked: the write checks it then, even
 // of a state unchanged, unless the claim was verified since.
-func (d *Keeper) checkpoint(ctx context.Context, c *Claim, p *plugins.Plugin, inst *plugins.Instance, fence uint64, first *Once, checkFrom time.Time) (why NotSaved, err error) {
+//
+// unsaid is the reason of a reset the call's client may not have been told
+// of (unsaidOf), recorded with the state (pluginRecord.Unsaid).
+func (d *Keeper) checkpoint(ctx context.Context, c *Claim, p *plugins.Plugin, inst *plugins.Instance, fence uint64, first *Once, checkFrom time.Time, unsaid string) (why NotSaved, err error) {
 	ctx, span := telemetry.Start(ctx, "wasmtools.checkpoint", attribute.String("wasmtools.plugin", p.Name()))
 	defer func() {
 		if why != "" {
@@ -59,7 +62,7 @@ func (d *Keeper) checkpoint(ctx context.Context, c *Claim, p *plugins.Plugin, in
 	} else {
 		// A host snapshot's Data is its head, its frames in st.Frames
 		// (writeState writes them).
-		pr = pluginRecord{Host: st.Host, SHA256: st.SHA256, Data: st.Data}
+		pr = pluginRecord{Host: st.Host, SHA256: st.SHA256, Data: st.Data, Unsaid: unsaid}
 	}
 	name := p.Name()
 	c.mu.Lock()
@@ -187,7 +190,7 @@ func (d *Keeper) AfterCall(ctx context.Context, key sessions.Key, c *Claim, l *s
 	}
 	// Saved even if the client is gone: the call's effect is in the
 	// instance, and the store must not fall behind it.
-	notSaved, err := d.checkpoint(statestore.Detach(ctx), c, l.Plugin(), l.Instance(), l.Fence(), first, time.Time{})
+	notSaved, err := d.checkpoint(statestore.Detach(ctx), c, l.Plugin(), l.Instance(), l.Fence(), first, time.Time{}, unsaidOf(l))
 	if errors.Is(err, errMoved) {
 		if !errors.Is(err, errStaleInstance) {
 			// The store says another claim holds the session: the next
@@ -240,7 +243,7 @@ func (d *Keeper) Saved(ctx context.Context, key sessions.Key, p *plugins.Plugin)
 	// that the record never keeps the older state the client was told is
 	// gone (a lease that only replays a first result writes nothing:
 	// TestResetSaidWithReplayIsRecorded).
-	why := c.unsaved[p.Name()]
+	why := c.unsavedOf(p.Name())
 	c.mu.Unlock()
 	if why == notSavedStoreLost {
 		return nil, ReasonStoreLost, true
@@ -260,11 +263,22 @@ func (d *Keeper) Saved(ctx context.Context, key sessions.Key, p *plugins.Plugin)
 		}
 		return nil, "", false
 	}
-	pr, err := readPlugin(rec, p.Name())
+	pr, err := readPlugin(rec, recordOf(rec, p.Name()))
 	if err != nil || pr.Lost != "" || pr.SHA256 != p.SHA256() {
 		return nil, pr.Reason, true // "": evicted, as ever
 	}
-	return &plugins.State{Host: pr.Host, SHA256: pr.SHA256, Data: pr.Data}, "", true
+	return &plugins.State{Host: pr.Host, SHA256: pr.SHA256, Data: pr.Data}, pr.Unsaid, true
+}
+
+// unsaidOf is the reason of the reset l's notice carries when l keeps it
+// for the next call (sessions.Lease.KeepNotice: its call may answer no
+// one), "" otherwise: the checkpoint records it with the state, so that a
+// replica that starts from the state says the reset too.
+func unsaidOf(l *sessions.Lease) string {
+	if r := l.Notice().Reset; r != nil && l.Keeps() {
+		return r.Reason
+	}
+	return ""
 }
 
 // Stored is [sessions.Options.Stored]: p's state in key's record, read
@@ -303,7 +317,11 @@ func (d *Keeper) Stored(ctx context.Context, key sessions.Key, p *plugins.Plugin
 		return nil, "", 0, false
 	}
 	name := p.Name()
-	if c.unsaved[name] != "" {
+	switch c.unsavedOf(name) {
+	case "":
+	case notSavedStoreLost:
+		return nil, ReasonStoreLost, c.seeded, true
+	default:
 		return nil, ReasonNotSaved, c.seeded, true
 	}
 	ctx, cancel := context.WithTimeout(ctx, d.timeout())
@@ -315,11 +333,11 @@ func (d *Keeper) Stored(ctx context.Context, key sessions.Key, p *plugins.Plugin
 		}
 		return nil, "", 0, false
 	}
-	v, ok := rec["p/"+name]
+	v, ok := rec["p/"+recordOf(rec, name)]
 	if !ok {
 		return nil, "", c.seeded, true // none saved: a fresh start
 	}
-	pr, err := readPlugin(rec, name)
+	pr, err := readPlugin(rec, recordOf(rec, name))
 	if err != nil || pr.Lost != "" {
 		return nil, cmp.Or(pr.Reason, sessions.ReasonReplicaLost), c.seeded, true
 	}
@@ -327,7 +345,7 @@ func (d *Keeper) Stored(ctx context.Context, key sessions.Key, p *plugins.Plugin
 	c.saved["p/"+name] = sumOf(v)
 	c.learnBase(name, rec)
 	c.done[name], c.ran[name] = pr.Done, pr.Ran
-	return &plugins.State{Host: pr.Host, SHA256: pr.SHA256, Data: pr.Data}, "", c.seeded, true
+	return &plugins.State{Host: pr.Host, SHA256: pr.SHA256, Data: pr.Data}, pr.Unsaid, c.seeded, true
 }
 
 // Drain checkpoints every instance of every claimed session (waiting for
@@ -355,7 +373,7 @@ func (d *Keeper) Drain(ctx context.Context) error {
 		}
 		err := d.ses.Instances(ctx, key, func(name string, inst *plugins.Instance, fence uint64) error {
 			saved++
-			_, err := d.checkpoint(ctx, c, inst.Plugin(), inst, fence, nil, time.Time{})
+			_, err := d.checkpoint(ctx, c, inst.Plugin(), inst, fence, nil, time.Time{}, "")
 			return err
 		})
 		if err != nil {

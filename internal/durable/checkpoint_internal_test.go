@@ -47,7 +47,7 @@ func TestCheckpointOutOfTimeKeepsKeyAndMarksUnsaved(t *testing.T) {
 	gone, cancel := context.WithCancel(ctx)
 	cancel()
 	inst.Close(ctx)
-	why, err := d.checkpoint(gone, c, p, inst, c.seeded, &Once{Key: "k1", Result: []byte(`{"content":[]}`)}, time.Time{})
+	why, err := d.checkpoint(gone, c, p, inst, c.seeded, &Once{Key: "k1", Result: []byte(`{"content":[]}`)}, time.Time{}, "")
 	if why != NotSavedUnavailable || err == nil {
 		t.Fatalf("checkpoint out of time: %q, %v; want %q and an error", why, err, NotSavedUnavailable)
 	}

@@ -516,6 +516,10 @@ func (d *Keeper) lostWithStore(ctx context.Context, key sessions.Key, c *Claim, 
 	for _, name := range d.ses.Plugins(key) {
 		lost[name] = notSavedStoreLost
 	}
+	// And every other plugin: the session may have used one first on a
+	// replica that served it meanwhile, whose state the store lost too,
+	// and nothing here names it (sessions.AnyPlugin; "p/*" in the record).
+	lost[sessions.AnyPlugin] = notSavedStoreLost
 	clear(c.saved)
 	clear(c.bases)
 	clear(c.baseBytes)
@@ -542,6 +546,20 @@ func (d *Keeper) lostWithStore(ctx context.Context, key sessions.Key, c *Claim, 
 		delete(c.unsaved, name)
 	}
 	return nil
+}
+
+// unsavedOf returns why plugin name's last state is not saved, as c
+// knows: its own note, else, for a plugin with no field saved under c,
+// the note of every plugin not named (sessions.AnyPlugin). The caller
+// holds c.mu.
+func (c *Claim) unsavedOf(name string) NotSaved {
+	if why := c.unsaved[name]; why != "" {
+		return why
+	}
+	if _, saved := c.saved["p/"+name]; saved {
+		return ""
+	}
+	return c.unsaved[sessions.AnyPlugin]
 }
 
 // claimNotes are what a claim knew of the instances of its session, taken
@@ -649,7 +667,7 @@ func (d *Keeper) writeBack(key sessions.Key, c *Claim) {
 		defer cancel()
 		failed := 0
 		err := d.ses.Instances(rctx, key, func(name string, inst *plugins.Instance, f uint64) error {
-			_, err := d.checkpoint(rctx, c, inst.Plugin(), inst, f, nil, time.Time{})
+			_, err := d.checkpoint(rctx, c, inst.Plugin(), inst, f, nil, time.Time{}, "")
 			if errors.Is(err, errMoved) && !errors.Is(err, errStaleInstance) {
 				return err // the session is another claim's now
 			}
@@ -722,7 +740,7 @@ func (d *Keeper) seed(ctx context.Context, key sessions.Key, c *Claim, rec map[s
 			seeds[name] = sessions.Seed{Lost: pr.Lost, Reason: pr.Reason}
 			continue
 		}
-		seeds[name] = sessions.Seed{State: &plugins.State{Host: pr.Host, SHA256: pr.SHA256, Data: pr.Data}}
+		seeds[name] = sessions.Seed{State: &plugins.State{Host: pr.Host, SHA256: pr.SHA256, Data: pr.Data}, Unsaid: pr.Unsaid}
 	}
 	if key.Kind() == sessions.KindHandle {
 		if err := d.openHandle(ctx, key); err != nil {

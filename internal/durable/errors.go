@@ -43,6 +43,13 @@ var errStaleInstance = fmt.Errorf("%w (the instance is older than the session's 
 // the client's next call is told.
 var errLostHere = fmt.Errorf("%w; the state store lost the session's state meanwhile, and the plugin starts afresh", errStaleInstance)
 
+// LostHere reports whether err failed a call because the store lost its
+// session's state and the call's plugin starts afresh (errLostHere): its
+// result tells the client so (stateReset store-lost), as the plugin's
+// next call does. Said on both, it reaches the client even when the call
+// that takes the fresh instance's notice answers no one.
+func LostHere(err error) bool { return errors.Is(err, errLostHere) }
+
 // errUnverified fails a call whose state could be neither saved nor
 // known current (see checkpoint).
 var errUnverified = errors.New("the session's state could not be saved or verified while this call ran (the state store did not answer), and its effect was not kept: call the tool again")

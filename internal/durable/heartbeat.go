@@ -145,7 +145,7 @@ func (d *Keeper) resave(key sessions.Key, c *Claim) {
 		if why == "" || why == NotSavedTooLarge || why == NotSavedUnsnapshot {
 			return nil
 		}
-		if _, err := d.checkpoint(ctx, c, inst.Plugin(), inst, fence, nil, time.Time{}); err != nil {
+		if _, err := d.checkpoint(ctx, c, inst.Plugin(), inst, fence, nil, time.Time{}, ""); err != nil {
 			return err
 		}
 		d.log.Info("state saved again after a failed checkpoint", "session", key.String(), "plugin", name)
@@ -258,6 +258,27 @@ func (b *beats) answered(now time.Duration, ok bool) {
 // longer than pauseGap, and ran within pauseGap of now. b.mu is held.
 func (b *beats) ranSince(since, now time.Duration) bool {
 	return b.first != 0 && b.first <= since+pauseGap && now-b.last <= pauseGap && b.pausedUntil < since
+}
+
+// stoppedSince reports whether this process was stopped (a gap of over
+// pauseGap in its heartbeat loop) after since, or is coming out of a stop
+// now (its loop has not run for pauseGap). b.mu is held.
+func (b *beats) stoppedSince(since, now time.Duration) bool {
+	return b.last != 0 && (b.pausedUntil > since || now-b.last > pauseGap)
+}
+
+// StoppedSince reports whether this process was stopped (SIGSTOP, a
+// frozen VM: its heartbeat loop did not run for over 5 s) since t. A
+// request that was in the process then may have been given up by its
+// client: the host does not let it take a notice the client must get
+// (sessions.Lease.KeepNotice). False without a store (no heartbeat).
+func (d *Keeper) StoppedSince(t time.Time) bool {
+	if d == nil {
+		return false
+	}
+	d.beats.mu.Lock()
+	defer d.beats.mu.Unlock()
+	return d.beats.stoppedSince(t.Sub(clockBase), sinceBase())
 }
 
 // awayExplains reports whether the store's latest outage explains why a

@@ -9,6 +9,7 @@ import (
 
 	"github.com/wasmtools/wasmtools/internal/sessions"
 	"github.com/wasmtools/wasmtools/internal/statestore"
+	"github.com/wasmtools/wasmtools/plugins"
 )
 
 // claimLossy is a lossyStore whose next claim is applied by the store and
@@ -56,13 +57,19 @@ func newTwoReplicas(t *testing.T) *twoReplicas {
 // over from the store first) and returns b's last count.
 func (w *twoReplicas) bCalls(n int) string {
 	w.t.Helper()
+	return w.bCallsOf(w.p, n)
+}
+
+// bCallsOf is bCalls of plugin p.
+func (w *twoReplicas) bCallsOf(p *plugins.Plugin, n int) string {
+	w.t.Helper()
 	var got string
 	for range n {
 		c, err := w.bD.BeforeCall(w.ctx, w.key)
 		if err != nil || c == nil {
 			w.t.Fatalf("b: claim: %v %v", c, err)
 		}
-		l, err := w.bSes.Acquire(w.ctx, w.key, w.p)
+		l, err := w.bSes.Acquire(w.ctx, w.key, p)
 		if err != nil {
 			w.t.Fatal(err)
 		}

@@ -86,6 +86,12 @@ type pluginRecord struct {
 	// when empty, as older replicas wrote it).
 	Lost   string `json:"lost,omitempty"`
 	Reason string `json:"reason,omitempty"`
+	// Unsaid is the reason of a reset the client may not have been told
+	// of: the state is what the plugin started afresh with since, saved
+	// by a call that may have answered no one (its request lived through
+	// a stop of the process: sessions.Lease.KeepNotice). Whoever starts
+	// from the state says the reset; the next call saved clears it.
+	Unsaid string `json:"unsaid,omitempty"`
 	// Done are the results of the plugin's last calls that carried an
 	// at-most-once key, oldest first (at most maxOnce, maxOnceBytes).
 	Done []Once `json:"done,omitempty"`

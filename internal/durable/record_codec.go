@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"sync"
 
+	"github.com/wasmtools/wasmtools/internal/sessions"
 	"github.com/wasmtools/wasmtools/internal/statestore"
 )
 
@@ -330,6 +331,19 @@ func (s *splitState) join(field []byte) ([]byte, error) {
 		}
 	}
 	return out, nil
+}
+
+// recordOf returns the name of the record in rec that stands for plugin
+// name: its own, else the record of every plugin not named
+// (sessions.AnyPlugin, "p/*": the store lost the session's record), if
+// any.
+func recordOf(rec map[string][]byte, name string) string {
+	if _, ok := rec["p/"+name]; !ok {
+		if _, any := rec["p/"+sessions.AnyPlugin]; any {
+			return sessions.AnyPlugin
+		}
+	}
+	return name
 }
 
 // readPlugin returns plugin name's record in rec, its state whole: a

@@ -221,6 +221,20 @@ func Check(history []Op) ([]Violation, Stats) {
 			if MayHaveRun(op.Err) {
 				unanswered++
 			}
+			if op.Reset != "" {
+				// A failure that says the state was reset (a call whose
+				// write met the store's loss of its record): what came
+				// before is given up, as when a result says so.
+				st.Notices["stateReset:"+op.Reset]++
+				since := op.Note
+				if op.Kind != "add" {
+					since = 1
+					for _, e := range s.known {
+						since = max(since, e.n+1)
+					}
+				}
+				s.known, s.synced, s.sinceAt = nil, false, since
+			}
 			if op.Final {
 				// A keyless add given up may have applied once per
 				// attempt that may have run.

@@ -16,6 +16,8 @@ import (
 //	"add 3 ok note 1 saved |reset"  ... with a stateReset mark
 //	"add 3 ok note 1 saved |notsaved"
 //	"add 3 fail"                    a failed attempt, retried: -32053, nothing ran
+//	"add 3 fail |reset"             ... whose error result says stateReset
+//	"list fail"                     a failed read, retried
 //	"add 3 noanswer"                a failed attempt, retried: no answer, it may have run
 //	"add 3 502"                     a failed attempt, retried: the proxy's 502 (a replica died mid-call)
 //	"add 3 giveup"                  a failed attempt (no answer), given up
@@ -52,6 +54,10 @@ func h(script ...string) []Op {
 				op.Err = "timeout"
 			}
 		case "list":
+			if len(f) > 1 && f[1] == "fail" {
+				op.Err, op.Final = "JSON-RPC error -32053: state unavailable", false
+				f = f[:1]
+			}
 			var lines []string
 			for i, n := range f[1:] {
 				lines = append(lines, fmt.Sprintf("%d. c7-n%s", i+1, n))
@@ -102,6 +108,8 @@ func TestCheck(t *testing.T) {
 		{"silent reset", h("add 1 ok note 1 saved", "list 1", "add 2 ok note 1 saved", "list 2"),
 			[]string{"count-fell add n2", "lost list"}},
 		{"reset said so", h("add 1 ok note 1 saved", "list 1", "add 2 ok note 1 saved |reset", "list 2"), nil},
+		{"reset said by a failure", h("add 1 ok note 1 saved", "list 1", "add 2 fail |reset", "add 2 ok note 1 saved", "list 2"), nil},
+		{"reset said by a failed read", h("add 1 ok note 1 saved", "list 1", "list fail |reset", "add 2 ok note 1 saved", "list 2"), nil},
 		{"reset on a read", h("add 1 ok note 1 saved", "list 1", "add 2 ok note 2 saved", "list |reset", "add 3 ok note 1 saved", "list 3"), nil},
 		{"not saved, then gone", h("add 1 ok note 1 saved", "list 1", "add 2 ok note 2 saved |notsaved", "list 1", "add 3 ok note 2 saved", "list 1 3"), nil},
 		{"not saved, then dropped by a saved add", h("add 1 ok note 1 saved", "list 1", "add 2 ok note 2 saved |notsaved", "add 3 ok note 2 saved", "list 1 3"), nil},

@@ -364,12 +364,14 @@ func (c *Client) attempt(ctx context.Context, tool string, args map[string]any, 
 		}
 		c.handle = h
 	}
+	// A failure may say the state was reset too (a call whose write met
+	// the store's loss of its record).
+	op.Reset = reason(res.Meta[MetaStateReset])
 	if res.IsError {
 		op.Err = "error result: " + text(res)
 		return
 	}
 	op.Text = text(res)
-	op.Reset = reason(res.Meta[MetaStateReset])
 	op.NotSaved = reason(res.Meta[MetaNotSaved])
 }
 

@@ -127,6 +127,7 @@ type Lease struct {
 	cancel context.CancelCauseFunc
 	start  time.Time
 	fence  uint64
+	keep   bool // KeepNotice: Done leaves notice with the instance
 
 	// guarded by m.mu
 	token    bool          // holds a concurrency token
@@ -249,7 +250,7 @@ func (m *Manager) acquireSlot(ctx context.Context, key Key, p *plugins.Plugin) (
 	}
 	if sl.inst == nil {
 		m.mu.Lock()
-		_, seeded := c.seeds[p.Name()]
+		_, seeded := c.seedFor(p.Name())
 		moved := c.moved[p.Name()] && !seeded
 		m.mu.Unlock()
 		if err := m.reserve(ctx, p, sl); err != nil {
@@ -271,7 +272,7 @@ func (m *Manager) acquireSlot(ctx context.Context, key Key, p *plugins.Plugin) (
 				m.unreserve(p)
 				return fail(ErrMoved)
 			case st != nil:
-				stored = &Seed{State: st}
+				stored = &Seed{State: st, Unsaid: why}
 			case why != "":
 				stored = &Seed{Lost: "its state could not be read back from the state store", Reason: why}
 			default:
@@ -284,8 +285,12 @@ func (m *Manager) acquireSlot(ctx context.Context, key Key, p *plugins.Plugin) (
 			m.unreserve(p)
 			return fail(ErrMoved)
 		}
-		seed, seeded := c.seeds[p.Name()]
+		seed, seeded := c.seedFor(p.Name())
 		delete(c.seeds, p.Name())
+		if c.started == nil {
+			c.started = map[string]bool{}
+		}
+		c.started[p.Name()] = true
 		if stored != nil {
 			seed, seeded = *stored, stored.State != nil || stored.Lost != ""
 		}
@@ -308,7 +313,7 @@ func (m *Manager) acquireSlot(ctx context.Context, key Key, p *plugins.Plugin) (
 			m.mu.Lock()
 			switch {
 			case st != nil:
-				seed, seeded = Seed{State: st}, true
+				seed, seeded = Seed{State: st, Unsaid: why}, true
 				sl.notice.Reset = nil
 			case why != "":
 				sl.notice.Reset = &Reset{Reason: why, Detail: "the instance was evicted, and its last state was not saved"}
@@ -363,6 +368,9 @@ func (m *Manager) start(ctx context.Context, p *plugins.Plugin, seed Seed, seede
 		inst, err := p.RestoreState(ctx, seed.State)
 		if err == nil {
 			m.log.Info("instance restored", "plugin", p.Name(), "sha256", p.SHA256(), "bytes", len(seed.State.Data))
+			if seed.Unsaid != "" {
+				return inst, &Reset{Reason: seed.Unsaid, Detail: "the state was reset before a call whose client may not have been answered"}, nil
+			}
 			return inst, nil, nil
 		}
 		if ctx.Err() != nil {
@@ -470,6 +478,18 @@ func (l *Lease) Resume(ctx context.Context) error {
 // whatever err says) discards the instance, and the client's next lease
 // says why; any other error (a guest's own error) keeps it. Done is
 // idempotent.
+// KeepNotice makes l leave its notice with the instance when it is done,
+// for the instance's next lease to say again, unless a newer notice took
+// its place or the instance is gone: l's call may answer no one (a client
+// gone while its request sat in a stopped process), and the notice is the
+// client's one word that its state was reset (the fault suite's
+// sigstop-redis-empty: such a request took a fresh instance's notice, and
+// the client's next call went on from it unsaid). Called by l's holder.
+func (l *Lease) KeepNotice() { l.keep = true }
+
+// Keeps reports whether l keeps its notice (KeepNotice).
+func (l *Lease) Keeps() bool { return l.keep }
+
 func (l *Lease) Done(err error) {
 	m := l.m
 	m.mu.Lock()
@@ -511,6 +531,9 @@ func (l *Lease) Done(err error) {
 				// the same way again.
 				m.markMoved(l.c, sl.plugin)
 			}
+		}
+		if l.keep && sl.inst != nil && sl.notice == (Notice{}) {
+			sl.notice = l.notice // the slot is l's until release
 		}
 		m.mu.Lock()
 		m.leaveLocked(l.c)

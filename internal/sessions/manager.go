@@ -326,6 +326,10 @@ type client struct {
 	// fence is the fence of the client's last Seed: instances started
 	// under another are stale; guarded by Manager.mu.
 	fence uint64
+	// started are the plugins the client started an instance of since
+	// its last Seed: an AnyPlugin seed is not theirs; guarded by
+	// Manager.mu.
+	started map[string]bool
 	// moved are the plugins whose lease ended with ErrMoved, with no
 	// Seed since: what their next instance must start from is in the
 	// state store, not known here (Options.Stored); guarded by
@@ -689,6 +693,31 @@ type Seed struct {
 	// Reason is the [Reset] reason when the state is lost; ""
 	// means [ReasonReplicaLost].
 	Reason string
+	// Unsaid, with State, is the reason of a reset the client may not
+	// have been told of (State is what the plugin started afresh with
+	// since): the instance starts from State, and says the reset.
+	Unsaid string
+}
+
+// AnyPlugin names a [Seed] for each plugin the client has no seed of its
+// own for, and has started no instance of since the Seed. The durable
+// keeper gives one when the state store lost a session's record and it
+// cannot tell which plugins the session used on other replicas: each
+// says its state was lost on its first call, including one the session
+// never used (no one can tell it apart).
+const AnyPlugin = "*"
+
+// seedFor returns the seed of c's next instance of the plugin name: its
+// own, else an AnyPlugin seed, unless name started since the Seed. The
+// caller holds Manager.mu.
+func (c *client) seedFor(name string) (Seed, bool) {
+	if s, ok := c.seeds[name]; ok {
+		return s, true
+	}
+	if s, ok := c.seeds[AnyPlugin]; ok && !c.started[name] {
+		return s, true
+	}
+	return Seed{}, false
 }
 
 // Seed gives key's client the states its first instances start from, by
@@ -719,9 +748,14 @@ func (m *Manager) Seed(key Key, seeds map[string]Seed, fence uint64) error {
 	// An instance that stays (same fence) is newer than its seed: were
 	// it evicted later, its seed would roll it back unnoticed.
 	seeds = maps.Clone(seeds)
+	c.started = nil
 	for name, sl := range c.slots {
 		if sl.inst != nil && sl.fence == fence {
 			delete(seeds, name)
+			if c.started == nil {
+				c.started = map[string]bool{}
+			}
+			c.started[name] = true
 		}
 	}
 	c.seeds = seeds

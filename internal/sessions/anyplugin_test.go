@@ -1,0 +1,89 @@
+package sessions_test
+
+import (
+	"testing"
+
+	"github.com/wasmtools/wasmtools/internal/sessions"
+)
+
+// An AnyPlugin seed stands for every plugin the client has no seed of its
+// own for (what the durable keeper gives when the store lost a session's
+// record and it cannot tell which plugins the session used elsewhere):
+// each plugin's first instance says so, once; an instance kept under the
+// same fence is not touched by it; a plugin's own seed comes first.
+func TestAnyPluginSeedOncePerPlugin(t *testing.T) {
+	w := newWorld(t, sessions.Options{})
+	defer w.finish()
+	for _, name := range []string{"a", "b", "c"} {
+		w.version(name, false)
+	}
+	k := sessions.Client("c1")
+	lost := sessions.Seed{Lost: "the store lost it", Reason: "store-lost"}
+	if err := w.m.Seed(k, map[string]sessions.Seed{sessions.AnyPlugin: lost}, 1); err != nil {
+		t.Fatal(err)
+	}
+	reset := func(name string) string {
+		t.Helper()
+		l, err := w.m.Acquire(w.ctx, k, w.plugin(name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer l.Done(nil)
+		if r := l.Notice().Reset; r != nil {
+			return r.Reason
+		}
+		return ""
+	}
+	for _, name := range []string{"a", "b"} {
+		if got := reset(name); got != "store-lost" {
+			t.Errorf("%s's first lease: reset %q, want store-lost", name, got)
+		}
+		if got := reset(name); got != "" {
+			t.Errorf("%s's second lease: reset %q, want none (said once)", name, got)
+		}
+	}
+	// Seeded again under the same fence: a's instance goes on, unsaid; c,
+	// never started, says it; b's own seed comes before AnyPlugin's.
+	if err := w.m.Seed(k, map[string]sessions.Seed{sessions.AnyPlugin: lost, "b": {Lost: "not saved", Reason: "not-saved"}}, 1); err != nil {
+		t.Fatal(err)
+	}
+	if got := reset("a"); got != "" {
+		t.Errorf("a, kept under the same fence: reset %q, want none", got)
+	}
+	if got := reset("b"); got != "" {
+		t.Errorf("b, kept under the same fence: reset %q, want none", got)
+	}
+	if got := reset("c"); got != "store-lost" {
+		t.Errorf("c's first lease: reset %q, want store-lost", got)
+	}
+}
+
+// A lease told to keep its notice (KeepNotice: its call may answer no
+// one) leaves it for the next lease: the fault suite's sigstop-redis-empty
+// found a request that sat in a stopped process take a fresh instance's
+// one reset notice with it, and the client's next call go on unsaid.
+func TestKeepNotice(t *testing.T) {
+	w := newWorld(t, sessions.Options{})
+	defer w.finish()
+	k := sessions.Client("c1")
+	if err := w.m.Seed(k, map[string]sessions.Seed{"counter": {Lost: "the store lost it", Reason: "store-lost"}}, 1); err != nil {
+		t.Fatal(err)
+	}
+	for i, want := range []string{"store-lost", "store-lost", ""} {
+		l, err := w.m.Acquire(w.ctx, k, w.plugin("counter"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := ""
+		if r := l.Notice().Reset; r != nil {
+			got = r.Reason
+		}
+		if got != want {
+			t.Errorf("lease %d: reset %q, want %q", i+1, got, want)
+		}
+		if i == 0 {
+			l.KeepNotice()
+		}
+		l.Done(nil)
+	}
+}
