@@ -518,7 +518,7 @@ func (d *Keeper) lostWithStore(ctx context.Context, key sessions.Key, c *Claim, 
 	}
 	// And every other plugin: the session may have used one first on a
 	// replica that served it meanwhile, whose state the store lost too,
-	// and nothing here names it (sessions.AnyPlugin; "p/*" in the record).
+	// and nothing here names it (sessions.AnyPlugin; "p/*/" in the record).
 	lost[sessions.AnyPlugin] = notSavedStoreLost
 	clear(c.saved)
 	clear(c.bases)

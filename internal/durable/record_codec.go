@@ -335,7 +335,7 @@ func (s *splitState) join(field []byte) ([]byte, error) {
 
 // recordOf returns the name of the record in rec that stands for plugin
 // name: its own, else the record of every plugin not named
-// (sessions.AnyPlugin, "p/*": the store lost the session's record), if
+// (sessions.AnyPlugin, "p/*/": the store lost the session's record), if
 // any.
 func recordOf(rec map[string][]byte, name string) string {
 	if _, ok := rec["p/"+name]; !ok {

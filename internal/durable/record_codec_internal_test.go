@@ -11,6 +11,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 
+	"github.com/wasmtools/wasmtools/internal/sessions"
 	"github.com/wasmtools/wasmtools/internal/statestore"
 )
 
@@ -286,5 +287,22 @@ func TestRecordIntoUsedMemory(t *testing.T) {
 		if back := reusable(tc.err); back != tc.back {
 			t.Errorf("after a write ending in %v: reusable %v, want %v", tc.err, back, tc.back)
 		}
+	}
+}
+
+// TestRecordOfPluginNamedStar: the record of a plugin named "*" (a file
+// "*.wasm") stands for that plugin only; the record of every plugin not
+// named is "p/*/" (sessions.AnyPlugin), a name no plugin can have.
+func TestRecordOfPluginNamedStar(t *testing.T) {
+	star := map[string][]byte{"p/*": []byte("{}")}
+	if got := recordOf(star, "q"); got != "q" {
+		t.Errorf("with a plugin named \"*\" saved, q's record is %q, want its own", got)
+	}
+	lost := map[string][]byte{"p/" + sessions.AnyPlugin: []byte("{}"), "p/r": []byte("{}")}
+	if got := recordOf(lost, "q"); got != sessions.AnyPlugin {
+		t.Errorf("after a loss, q's record is %q, want %q", got, sessions.AnyPlugin)
+	}
+	if got := recordOf(lost, "r"); got != "r" {
+		t.Errorf("after a loss, r (saved since) reads %q, want its own", got)
 	}
 }

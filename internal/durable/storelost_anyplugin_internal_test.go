@@ -12,7 +12,7 @@ import "testing"
 // afresh at a with no stateReset (its acknowledged 2 reset silently).
 // (b, which knew of q, would say so: goneFrom. a did not.)
 //
-// Now a records every other plugin lost too ("p/*", sessions.AnyPlugin):
+// Now a records every other plugin lost too ("p/*/", sessions.AnyPlugin):
 // the client's next call of q, at a, says stateReset store-lost, once:
 // what a saves after it goes on at b.
 func TestStoreLostPluginFirstUsedElsewhereSaid(t *testing.T) {

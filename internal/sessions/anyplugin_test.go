@@ -87,3 +87,31 @@ func TestKeepNotice(t *testing.T) {
 		l.Done(nil)
 	}
 }
+
+// A plugin may be named "*" (a file "*.wasm"): its seed is its own, not
+// one for every plugin. AnyPlugin holds a "/", which no plugin name does.
+func TestPluginNamedStarIsNotAnyPlugin(t *testing.T) {
+	w := newWorld(t, sessions.Options{})
+	defer w.finish()
+	for _, name := range []string{"*", "a"} {
+		w.version(name, false)
+	}
+	k := sessions.Client("c1")
+	if err := w.m.Seed(k, map[string]sessions.Seed{"*": {Lost: "not saved", Reason: "not-saved"}}, 1); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct{ name, want string }{{"a", ""}, {"*", "not-saved"}} {
+		l, err := w.m.Acquire(w.ctx, k, w.plugin(c.name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := ""
+		if r := l.Notice().Reset; r != nil {
+			got = r.Reason
+		}
+		l.Done(nil)
+		if got != c.want {
+			t.Errorf("plugin %q's first lease: reset %q, want %q", c.name, got, c.want)
+		}
+	}
+}

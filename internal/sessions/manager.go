@@ -704,8 +704,10 @@ type Seed struct {
 // keeper gives one when the state store lost a session's record and it
 // cannot tell which plugins the session used on other replicas: each
 // says its state was lost on its first call, including one the session
-// never used (no one can tell it apart).
-const AnyPlugin = "*"
+// never used (no one can tell it apart). It holds a "/", which no
+// plugin's name does (a name is a file's base name), so that a plugin
+// named "*" is not taken for it.
+const AnyPlugin = "*/"
 
 // seedFor returns the seed of c's next instance of the plugin name: its
 // own, else an AnyPlugin seed, unless name started since the Seed. The
