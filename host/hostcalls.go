@@ -99,18 +99,23 @@ type pluginBudget struct {
 // budgetKey names a plugin's budget for one tenant ("" without tenants).
 type budgetKey struct{ plugin, tenant string }
 
-// maxBudgets bounds the budgets kept: past it, the idle ones (every bucket
-// full again) are forgotten, and a tenant new while all are in use shares
-// the budget of overflowTenant.
-const maxBudgets = 4096
-
-// overflowTenant is the tenant whose budgets those past maxBudgets share.
-const overflowTenant = "*"
+// maxBudgets bounds the budgets kept (about 300 bytes each): past it, the
+// idle ones (every bucket full again) are forgotten, and a tenant new
+// while all are in use gets a budget for its call alone ([Host.budgetOf]).
+const maxBudgets = 16384
 
 // budgetOf returns the budget of the plugin named name for tenant: with
 // tenants, each has its own, so that one tenant's calls cannot use up what
 // a plugin may send to everyone's clients (and to the host's log), which
 // each tenant's own share then bounds.
+//
+// Past maxBudgets, with none idle, the budget returned is new and not
+// kept: the caller holds it for one call (callEnv.budget), so that what
+// the tenant sends is bounded per call (and by its calls' rate and
+// concurrency shares) rather than across its calls. Until stop 61 such
+// tenants shared one overflow budget, so that the many subjects of one
+// party, keeping the kept budgets busy, could then use up what every
+// later tenant's clients were sent (the third red team's finding).
 func (h *Host) budgetOf(name, tenant string) *pluginBudget {
 	key := budgetKey{name, tenant}
 	h.budgetMu.Lock()
@@ -123,18 +128,12 @@ func (h *Host) budgetOf(name, tenant string) *pluginBudget {
 	}
 	if len(h.budgets) >= maxBudgets && time.Since(h.budgetSwept) >= time.Second {
 		// At most once a second: while all are in use, each new
-		// tenant's every message would go through them all.
+		// tenant's every call would go through them all.
 		h.budgetSwept = time.Now()
 		for k, b := range h.budgets {
 			if b.idle() {
 				delete(h.budgets, k)
 			}
-		}
-	}
-	if len(h.budgets) >= maxBudgets {
-		key.tenant = overflowTenant
-		if b := h.budgets[key]; b != nil {
-			return b
 		}
 	}
 	b := &pluginBudget{
@@ -144,7 +143,9 @@ func (h *Host) budgetOf(name, tenant string) *pluginBudget {
 		updBytes:    newTokenBucket(updatePluginBurstBytes, updatePluginBytesPerSecond),
 		recordBytes: newTokenBucket(recordPluginBurst, recordPluginBytesPerSecond),
 	}
-	h.budgets[key] = b
+	if len(h.budgets) < maxBudgets {
+		h.budgets[key] = b
+	}
 	return b
 }
 
@@ -162,14 +163,18 @@ func (b *pluginBudget) idle() bool {
 	return true
 }
 
-// budgetLocked is the budget of e's plugin for the tenant of e's client.
-// e.mu is held.
+// budgetLocked is the budget of e's plugin for the tenant of e's client,
+// looked up once a call: one not kept (budgetOf) lasts the call. e.mu is
+// held.
 func (e *callEnv) budgetLocked() *pluginBudget {
-	tenant := ""
-	if e.h.opts.Tenants && e.req != nil {
-		tenant = e.h.tenantOf(subjectOf(e.req.Extra))
+	if e.budget == nil {
+		tenant := ""
+		if e.h.opts.Tenants && e.req != nil {
+			tenant = e.h.tenantOf(subjectOf(e.req.Extra))
+		}
+		e.budget = e.h.budgetOf(e.plugin.Name(), tenant)
 	}
-	return e.h.budgetOf(e.plugin.Name(), tenant)
+	return e.budget
 }
 
 // takeBoth takes n tokens and size bytes from both pairs of buckets, or
@@ -214,6 +219,8 @@ type callEnv struct {
 
 	records     []abi.Record
 	recordBytes int
+
+	budget *pluginBudget // the plugin's for the client's tenant (budgetLocked)
 
 	// completions paces notify_url_elicitation_completed (urlelicit.go);
 	// completionsDropped counts those refused.
