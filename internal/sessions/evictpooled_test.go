@@ -99,3 +99,55 @@ func TestTenantsPooledInstanceGoesFirst(t *testing.T) {
 		t.Errorf("alice's second session evicted her first's instance: %+v; want her idle pooled instance freed first", w.m.Stats().PerPlugin)
 	}
 }
+
+// TestBusyPooledInstancesCountForTheirTenant: a tenant's stateless
+// instances count for it in the ranking while its calls run on them, not
+// only while they sit idle in its pool. With room for five instances,
+// alice runs two calls of a stateless plugin (two pooled instances, busy)
+// and holds one idle session instance; bob holds two idle session
+// instances. Alice holds three of the five, so carol's new session must
+// evict alice's idle one. A review found the ranking counting only idle
+// pooled instances: alice counted 1 to bob's 2, and bob lost one, however
+// many stateless calls alice kept running.
+func TestBusyPooledInstancesCountForTheirTenant(t *testing.T) {
+	type tenantKey struct{}
+	w := newWorld(t, sessions.Options{MaxInstances: 5, PoolSize: 4, Tenant: func(ctx context.Context) string {
+		s, _ := ctx.Value(tenantKey{}).(string)
+		return s
+	}})
+	defer w.finish()
+	w.version("bobs", false)
+	w.version("carols", false)
+	as := func(tenant string) context.Context { return context.WithValue(w.ctx, tenantKey{}, tenant) }
+	session := func(tenant, client, plugin string) {
+		t.Helper()
+		l, err := w.m.Acquire(as(tenant), sessions.Client(client), w.plugin(plugin))
+		if err != nil {
+			t.Fatal(err)
+		}
+		l.Done(nil)
+	}
+	var busy []*sessions.Lease
+	for range 2 {
+		l, err := w.m.Acquire(as("alice"), sessions.Client("alice-stateless"), w.plugin("pool"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		busy = append(busy, l)
+	}
+	defer func() {
+		for _, l := range busy {
+			l.Done(nil)
+		}
+	}()
+	session("alice", "alice-0", "counter")
+	session("bob", "bob-0", "bobs")
+	session("bob", "bob-1", "bobs")
+	if st := w.m.Stats(); st.Live != 5 || st.PerPlugin["counter"] != 1 || st.PerPlugin["bobs"] != 2 || st.PerPlugin["pool"] != 2 {
+		t.Fatalf("setup: %d live, %+v; want alice's 2 busy pooled and 1 idle, bob's 2", st.Live, st.PerPlugin)
+	}
+	session("carol", "carol-0", "carols")
+	if st := w.m.Stats(); st.PerPlugin["bobs"] != 2 || st.PerPlugin["counter"] != 0 {
+		t.Errorf("carol's session at the bound evicted %+v; want alice's idle instance (she holds 3 of 5, two busy stateless), not bob's (2 of 5)", st.PerPlugin)
+	}
+}

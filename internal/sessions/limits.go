@@ -104,9 +104,11 @@ func (m *Manager) unreserveLocked(p *plugins.Plugin) {
 // for a lease. The caller holds m.mu.
 //
 // One pass over the pools and the LRU list finds each tenant's count and
-// its first candidates, so an eviction costs O(instances + tenants) under
-// the lock: a scan of the list per tenant cost instances × tenants when
-// the tenants ranked first held only busy instances.
+// its first candidates (the instances its stateless calls hold count too,
+// TestBusyPooledInstancesCountForTheirTenant), so an eviction costs
+// O(instances + tenants) under the lock: a scan of the list per tenant
+// cost instances × tenants when the tenants ranked first held only busy
+// instances.
 func (m *Manager) evictIdleLocked(self *slot, match func(string) bool) bool {
 	sc := &m.scratch
 	clear(sc.byTenant)
@@ -127,6 +129,11 @@ func (m *Manager) evictIdleLocked(self *slot, match func(string) bool) bool {
 			if c.pooled == nil {
 				c.pooled = &k
 			}
+		}
+	}
+	for k, n := range m.pooledBusy {
+		if match(k.plugin) {
+			of(k.tenant).held += n
 		}
 	}
 	for e := m.lru.Front(); e != nil; e = e.Next() {
@@ -192,6 +199,11 @@ func (m *Manager) tenantsByInstancesLocked(match func(string) bool) []string {
 	for k, pl := range m.pools {
 		if match(k.plugin) {
 			held[k.tenant] += len(pl.idle)
+		}
+	}
+	for k, n := range m.pooledBusy {
+		if match(k.plugin) {
+			held[k.tenant] += n
 		}
 	}
 	tenants := slices.Collect(maps.Keys(held))

@@ -235,6 +235,9 @@ type Manager struct {
 	// pooledIdle counts the idle pooled instances of each plugin, in all
 	// its pools: PoolSize bounds it.
 	pooledIdle map[string]int
+	// pooledBusy counts the pooled instances leases hold, by pool: they
+	// count for their tenant in the eviction ranking as the idle ones do.
+	pooledBusy map[poolKey]int
 	retired    map[*plugins.Plugin]bool
 	// successor is what replaced each retired version whose retirement
 	// runs (nil when it was removed), and incoming counts, for each
@@ -263,6 +266,7 @@ func New(opts *Options) *Manager {
 		perPlugin:    map[string]int{},
 		pools:        map[poolKey]*pool{},
 		pooledIdle:   map[string]int{},
+		pooledBusy:   map[poolKey]int{},
 		scratch:      evictScratch{byTenant: map[string]int{}},
 		retired:      map[*plugins.Plugin]bool{},
 		successor:    map[*plugins.Plugin]*plugins.Plugin{},

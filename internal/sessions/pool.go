@@ -63,6 +63,9 @@ func (m *Manager) acquirePooled(ctx context.Context, p *plugins.Plugin) (*Lease,
 			delete(m.pools, l.pool)
 		}
 	}
+	if l.inst != nil {
+		m.pooledBusy[l.pool]++
+	}
 	m.mu.Unlock()
 	m.closePooled(stale)
 	fail := func(err error) (*Lease, error) {
@@ -81,7 +84,10 @@ func (m *Manager) acquirePooled(ctx context.Context, p *plugins.Plugin) (*Lease,
 			m.unreserve(p)
 			return fail(fmt.Errorf("%w: %w", ErrStart, err))
 		}
+		m.mu.Lock()
 		l.inst = inst
+		m.pooledBusy[l.pool]++
+		m.mu.Unlock()
 		m.obs.InstanceStarted(p.Name())
 		m.log.Debug("pooled instance created", "plugin", p.Name(), "sha256", p.SHA256())
 	}
@@ -98,6 +104,9 @@ func (m *Manager) acquirePooled(ctx context.Context, p *plugins.Plugin) (*Lease,
 func (m *Manager) donePooled(l *Lease, reason string) {
 	inst := l.inst
 	m.mu.Lock()
+	if m.pooledBusy[l.pool]--; m.pooledBusy[l.pool] <= 0 {
+		delete(m.pooledBusy, l.pool)
+	}
 	var trimmed []*plugins.Instance
 	if reason == "" && inst.Err() == nil && !m.closed && !m.isRetiredLocked(inst.Plugin()) {
 		if m.pooledIdle[l.pool.plugin] >= m.poolSize() {
