@@ -315,8 +315,9 @@ func (d *Keeper) take(ctx context.Context, key sessions.Key, ns *NewSession, c *
 		}
 	default:
 		// As verify's: what the old claim saved and the record does
-		// not hold was lost with the store.
-		gone := goneFrom(notes.saved, rec)
+		// not hold was lost with the store, and what it knew lost still
+		// is (stillLost).
+		gone := stillLost(notes.unsaved, rec, goneFrom(notes.saved, rec))
 		if err := d.seed(ctx, key, c, rec, cl.Fence, gone); err != nil {
 			return false, err
 		}
@@ -429,7 +430,7 @@ func (d *Keeper) verify(ctx context.Context, key sessions.Key, c *Claim) error {
 	// A plugin this claim saved that the record does not hold was lost
 	// with it (the store lost the record, and another replica wrote it
 	// again since): said lost, never started afresh without a word.
-	gone := goneFrom(c.saved, rec)
+	gone := stillLost(c.unsaved, rec, goneFrom(c.saved, rec))
 	clear(c.saved)
 	clear(c.bases)
 	clear(c.baseBytes)
@@ -489,6 +490,27 @@ func goneFrom(saved map[string]fieldSum, rec map[string][]byte) map[string]NotSa
 			gone = map[string]NotSaved{}
 		}
 		gone[name] = notSavedStoreLost
+	}
+	return gone
+}
+
+// stillLost adds to gone (made if nil) each plugin whose state notes say
+// the store lost (a claim's unsaved notes, store-lost) and rec holds
+// nothing of: no replica wrote that plugin's state back since, so it is
+// lost still, whoever claimed the session meanwhile. A claim that said
+// its plugins lost (lostWithStore) and met another's claim before the
+// record did dropped its notes otherwise, and its next instance started
+// afresh unsaid (TestStoreLostNotesKeptPastAnotherClaim). The note of
+// every plugin not named (sessions.AnyPlugin) is kept the same way.
+func stillLost(notes map[string]NotSaved, rec map[string][]byte, gone map[string]NotSaved) map[string]NotSaved {
+	for name, why := range notes {
+		if _, held := rec["p/"+name]; why != notSavedStoreLost || held {
+			continue
+		}
+		if gone == nil {
+			gone = map[string]NotSaved{}
+		}
+		gone[name] = why
 	}
 	return gone
 }
