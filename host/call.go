@@ -217,6 +217,11 @@ func (h *Host) callTool(ctx context.Context, key sessions.Key, c *plugins.Call, 
 			out, err = h.runGuest(ctx, t, c, env, &cl)
 			notice = carryReset(cl.l.Notice(), notice)
 			h.keepIfStopped(&cl, arrived)
+			if h.postGone(ctx, env) {
+				// The client went away while the call ran: no one
+				// reads this result, and the next call says its notice.
+				cl.l.KeepNotice()
+			}
 			why, res, again := h.afterGuest(ctx, key, t, out, err, env, &cl)
 			if again {
 				later = false

@@ -261,17 +261,23 @@ func (b *beats) ranSince(since, now time.Duration) bool {
 }
 
 // stoppedSince reports whether this process was stopped (a gap of over
-// pauseGap in its heartbeat loop) after since, or is coming out of a stop
-// now (its loop has not run for pauseGap). b.mu is held.
+// pauseGap in its heartbeat loop) after since or within pauseGap before
+// it, or is coming out of a stop now (its loop has not run for pauseGap).
+// A request read just after a stop may have been sent before it and sat
+// in a socket's buffer meanwhile: its since is when it was read, after
+// the loop's first round (pausedUntil) if that round came first. b.mu is
+// held.
 func (b *beats) stoppedSince(since, now time.Duration) bool {
-	return b.last != 0 && (b.pausedUntil > since || now-b.last > pauseGap)
+	return b.last != 0 && (b.pausedUntil != 0 && b.pausedUntil > since-pauseGap || now-b.last > pauseGap)
 }
 
 // StoppedSince reports whether this process was stopped (SIGSTOP, a
-// frozen VM: its heartbeat loop did not run for over 5 s) since t. A
-// request that was in the process then may have been given up by its
-// client: the host does not let it take a notice the client must get
-// (sessions.Lease.KeepNotice). False without a store (no heartbeat).
+// frozen VM: its heartbeat loop did not run for over 5 s) since t, or
+// came out of a stop less than 5 s before t. A request that was in the
+// process then, or sent before the stop and read after it, may have been
+// given up by its client: the host does not let it take a notice the
+// client must get (sessions.Lease.KeepNotice), which the next call then
+// says again. False without a store (no heartbeat).
 func (d *Keeper) StoppedSince(t time.Time) bool {
 	if d == nil {
 		return false
