@@ -227,11 +227,15 @@ type Manager struct {
 	// idleHandles those with no lease of all groups (handleindex.go).
 	handleGroups map[string]*handleGroup
 	idleHandles  idleHandles
-	lru          *list.List // of *slot holding an instance, least recently used first
-	live         int
-	perPlugin    map[string]int
-	memory       uint64
-	pools        map[poolKey]*pool // by plugin name and tenant
+	// idleClients are the clients of Client keys with no lease, least
+	// recently used first, as idleHandles: the idle reaper reads the
+	// front of each rather than every client.
+	idleClients list.List
+	lru         *list.List // of *slot holding an instance, least recently used first
+	live        int
+	perPlugin   map[string]int
+	memory      uint64
+	pools       map[poolKey]*pool // by plugin name and tenant
 	// pooledIdle counts the idle pooled instances of each plugin, in all
 	// its pools: PoolSize bounds it.
 	pooledIdle map[string]int
@@ -324,6 +328,7 @@ type client struct {
 	parked   int              // guarded by Manager.mu
 	group    string           // its tenant: a handle's group (OpenIn), else its first lease's (Options.Tenant), as is a handle's opened in group ""; guarded by Manager.mu
 	elems    handleElems      // an open handle's places in the indexes (handleindex.go); guarded by Manager.mu
+	idleElem *list.Element    // a Client key's place in Manager.idleClients while it has no lease; guarded by Manager.mu
 	// seeds are the states the client's first instances start from, by
 	// plugin name (see Seed); guarded by Manager.mu.
 	seeds map[string]Seed
@@ -357,6 +362,7 @@ func (m *Manager) clientLocked(key Key) (*client, error) {
 	if c.key.kind == KindHandle {
 		m.busyHandleLocked(c)
 	}
+	m.busyClientLocked(c)
 	c.leases++
 	c.requests++
 	c.lastUsed = time.Now()
@@ -381,7 +387,17 @@ func (m *Manager) forgetLocked(c *client) {
 			m.unindexHandleLocked(c)
 			m.handles--
 		}
+		m.busyClientLocked(c)
 		delete(m.clients, c.key)
+	}
+}
+
+// busyClientLocked takes a Client key's client out of idleClients: a
+// lease came, or it is forgotten. The caller holds m.mu.
+func (m *Manager) busyClientLocked(c *client) {
+	if c.idleElem != nil {
+		m.idleClients.Remove(c.idleElem)
+		c.idleElem = nil
 	}
 }
 
@@ -455,8 +471,12 @@ func (m *Manager) maxHandles() int {
 func (m *Manager) leaveLocked(c *client) {
 	c.leases--
 	c.lastUsed = time.Now()
-	if c.leases == 0 && m.indexed(c) {
+	switch {
+	case c.leases != 0:
+	case m.indexed(c):
 		m.idleHandleLocked(c)
+	case c.key.kind == KindClient && m.clients[c.key] == c && c.idleElem == nil:
+		c.idleElem = m.idleClients.PushBack(c) // at the back: lastUsed is now
 	}
 }
 
@@ -529,15 +549,24 @@ func (m *Manager) reapIdle(timeout time.Duration) {
 			return
 		case now := <-tick.C:
 			// Checked and ended under one lock: a request that comes
-			// for the client meanwhile gets a new one.
+			// for the client meanwhile gets a new one. The idle lists
+			// are in lastUsed order, so each is read from its front
+			// only as far as its first client used within timeout: a
+			// tick costs the clients it ends, not every client (it
+			// walked them all, under the lock every request takes).
 			var idle []*client
 			m.mu.Lock()
-			for k, c := range m.clients {
-				if (k.kind == KindClient || k.kind == KindHandle) && c.leases == 0 && now.Sub(c.lastUsed) > timeout {
+			for _, l := range []*list.List{&m.idleHandles.once, &m.idleHandles.other, &m.idleClients} {
+				for e := l.Front(); e != nil; {
+					c, next := e.Value.(*client), e.Next()
+					if now.Sub(c.lastUsed) <= timeout {
+						break
+					}
 					c.closed = true
 					close(c.ended)
-					m.forgetLocked(c)
+					m.forgetLocked(c) // takes it out of l
 					idle = append(idle, c)
+					e = next
 				}
 			}
 			m.mu.Unlock()

@@ -874,3 +874,40 @@ func TestEvictionTakesFromTheLargestTenant(t *testing.T) {
 		t.Error("alice's second client evicted her first, while bob held two")
 	}
 }
+
+// TestIdleReaperReadsLeastRecentlyUsedFirst: the idle reaper reads the
+// clients with no lease least recently used first, and only as far as
+// the first used within the timeout (a tick cost every client, under the
+// manager's lock, until stop 61). Client "recent" is made first and
+// used on and on; "old" is used once: old is ended, recent never is,
+// though it was first in line until its next use.
+func TestIdleReaperReadsLeastRecentlyUsedFirst(t *testing.T) {
+	ended := make(chan sessions.Key, 4)
+	w := newWorld(t, sessions.Options{IdleTimeout: 2 * time.Second, Ended: func(k sessions.Key) { ended <- k }})
+	defer w.finish()
+	use := func(k sessions.Key) {
+		t.Helper()
+		l, err := w.m.Acquire(w.ctx, k, w.plugin("counter"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		l.Done(nil)
+	}
+	recent, old := sessions.Client("recent"), sessions.Client("old")
+	use(recent)
+	use(old)
+	deadline := time.After(30 * time.Second)
+	for {
+		select {
+		case k := <-ended:
+			if k == recent {
+				t.Fatal("the client in use every 50 ms was ended as idle")
+			}
+			return // old
+		case <-deadline:
+			t.Fatal("the client used once was not ended in 30 s (2 s idle timeout)")
+		case <-time.After(50 * time.Millisecond):
+			use(recent)
+		}
+	}
+}
