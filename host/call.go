@@ -383,6 +383,10 @@ func (h *Host) checkpoint(ctx context.Context, key sessions.Key, t *plugins.Tool
 	var first *durable.Once
 	if env != nil && env.once != "" {
 		if r, cerr := toMCP(out); cerr == nil {
+			// The reset the result says goes with it: a retry answered
+			// from it says it too, the call's own answer having perhaps
+			// reached no one.
+			noticeMeta(cl.l.Notice(), &r.Meta)
 			b, _ := json.Marshal(r)
 			first = &durable.Once{Key: env.once, Result: b}
 		}

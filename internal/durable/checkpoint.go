@@ -132,6 +132,9 @@ func (c *Claim) instanceMoved(fence uint64) error {
 func (d *Keeper) relost(ctx context.Context, key sessions.Key, c *Claim) error {
 	asked := time.Now() // before the claim, as verify's
 	cl, err := d.store.Claim(ctx, c.id, d.owner, d.ttl(), true)
+	if errors.Is(err, statestore.ErrLeased) {
+		return errMoved // another replica claimed the session in the new epoch
+	}
 	if err != nil {
 		return d.observe(err)
 	}
@@ -270,12 +273,16 @@ func (d *Keeper) Saved(ctx context.Context, key sessions.Key, p *plugins.Plugin)
 	return &plugins.State{Host: pr.Host, SHA256: pr.SHA256, Data: pr.Data}, pr.Unsaid, true
 }
 
-// unsaidOf is the reason of the reset l's notice carries when l keeps it
-// for the next call (sessions.Lease.KeepNotice: its call may answer no
-// one), "" otherwise: the checkpoint records it with the state, so that a
-// replica that starts from the state says the reset too.
+// unsaidOf is the reason of the reset l's notice carries, "" if none: the
+// checkpoint records it with the state, so that a replica that starts
+// from the state says the reset too, until the next call saved clears it.
+// Not only when l keeps its notice (sessions.Lease.KeepNotice): a call
+// whose answer is written may still answer no one (the replica killed
+// before the bytes left, a proxy that gave up), and the client's retry at
+// another replica then went on from the fresh state unsaid (a review's
+// TestResetSaidAgainAfterKilledReplica). At worst the reset is said twice.
 func unsaidOf(l *sessions.Lease) string {
-	if r := l.Notice().Reset; r != nil && l.Keeps() {
+	if r := l.Notice().Reset; r != nil {
 		return r.Reason
 	}
 	return ""

@@ -93,8 +93,21 @@ func newClaim(key sessions.Key, id string) *Claim {
 // stopped (SIGSTOP, a long GC pause, a frozen VM) or cut off from the
 // store alone does not serve a session another replica took over
 // meanwhile. Past it, the request is refused with -32053 until the store
-// answers.
+// answers. No other replica takes the session over within it: the store
+// refuses their claims for statestore.Lease, longer, after this
+// replica's last exchange (a review found a replica within its grace
+// writing back its older state over the calls another had acknowledged
+// since, the session moved away and back within 2 s:
+// TestRecentlyVerifiedDoesNotWriteBackOverOthersCalls).
 const memoryGrace = 2 * time.Second
+
+// maxLeaseWait bounds how long a claim waits for another replica's lease
+// on the session (statestore.Lease) to run out, renewed as that replica
+// goes on serving it; leaseSlack is added to each wait the store names.
+const (
+	maxLeaseWait = 2 * statestore.Lease
+	leaseSlack   = 10 * time.Millisecond
+)
 
 // retire marks c, a claim this replica forgot, as replaced.
 func (c *Claim) retire() {
@@ -140,8 +153,9 @@ func (d *Keeper) Ensure(ctx context.Context, key sessions.Key, ns *NewSession) (
 		return nil, nil
 	}
 	// A claim, a read, a write: a few exchanges, each bounded by the
-	// store's client too.
-	ctx, cancel := context.WithTimeout(ctx, 4*d.timeout())
+	// store's client too; and the wait for another replica's lease on
+	// the session, which is not an exchange (claim).
+	ctx, cancel := context.WithTimeout(ctx, 4*d.timeout()+maxLeaseWait)
 	defer cancel()
 	d.mu.Lock()
 	c := d.claims[key]
@@ -357,11 +371,32 @@ func (d *Keeper) take(ctx context.Context, key sessions.Key, ns *NewSession, c *
 
 // claim takes the session for this replica. The request reached this
 // replica, so the proxy routes the session here now: it is taken even
-// from a live holder, whose later writes are fenced. c.mu is held; c's
-// fence is not changed (the caller adopts the new one once it has read
-// what it vouches for).
+// from a live holder, whose later writes are fenced, once the holder's
+// lease has run out (statestore.Lease: for its memoryGrace the holder may
+// answer from what it holds without asking the store, or write it back
+// over a record the store lost, so no one may take the session from it
+// meanwhile). A lease renewed for longer than maxLeaseWait (the session
+// served at the other replica all along) fails the claim. c.mu is held;
+// c's fence is not changed (the caller adopts the new one once it has
+// read what it vouches for).
 func (d *Keeper) claim(ctx context.Context, key sessions.Key, c *Claim) (statestore.Claim, error) {
 	cl, err := d.store.Claim(ctx, c.id, d.owner, d.ttl(), true)
+	for waited := time.Duration(0); err != nil && waited < maxLeaseWait; {
+		var leased *statestore.LeasedError
+		if !errors.As(err, &leased) {
+			break
+		}
+		wait := min(leased.Wait+leaseSlack, maxLeaseWait-waited)
+		t := time.NewTimer(wait)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return cl, fmt.Errorf("state store: claim session: %w (waiting for %v: %w)", err, wait, ctx.Err())
+		}
+		waited += wait
+		cl, err = d.store.Claim(ctx, c.id, d.owner, d.ttl(), true)
+	}
 	if err != nil {
 		return cl, d.observe(fmt.Errorf("state store: claim session: %w", err))
 	}
@@ -810,7 +845,13 @@ func (d *Keeper) forget(key sessions.Key, c *Claim) {
 // Ended deletes an ended session's record: its client closed it, or it
 // timed out. Not at drain or close, whose sessions live on elsewhere. A
 // session whose claim this replica no longer has (the heartbeat swept
-// it) is claimed again to be deleted, unless a live replica holds it.
+// it) is claimed again to be deleted, only if this replica still held it
+// in the store: one that another replica claimed since (the client went
+// on there) may still be in use whoever holds it now, live, drained or
+// dead, and its record is left to expire. A review found a replica whose
+// claim was fenced and forgotten deleting, at its copy's idle timeout,
+// the record of the calls another replica had acknowledged since
+// (TestEndedAfterForgetLeavesOthersRecord).
 func (d *Keeper) Ended(key sessions.Key) {
 	d.mu.Lock()
 	c := d.claims[key]
@@ -829,11 +870,17 @@ func (d *Keeper) Ended(key sessions.Key) {
 		// at the replica that holds it now.
 		c = newClaim(key, id)
 		cl, err := d.store.Claim(ctx, id, d.owner, d.ttl(), false)
-		if errors.Is(err, statestore.ErrHeld) {
-			return
+		if errors.Is(err, statestore.ErrHeld) || errors.Is(err, statestore.ErrLeased) {
+			return // another holds it
 		}
 		if err != nil {
 			d.log.Warn("state store: delete ended session", "session", key.String(), "error", err)
+			return
+		}
+		if !cl.Held {
+			if err := d.store.Release(ctx, id, cl.Fence); err != nil {
+				d.log.Warn("state store: release ended session", "session", key.String(), "error", err)
+			}
 			return
 		}
 		c.fence = cl.Fence

@@ -36,7 +36,9 @@ func TestRetiredClaimWriteLostOverwritesNewState(t *testing.T) {
 	d.renewAll(snapshot) // the heartbeat round that began before the retirement
 	l = w.acquire(w.p)
 	defer l.Done(nil)
-	if got, reset := w.count(l), l.Notice().Reset; got != "2" || reset != nil {
-		t.Fatalf("after the retired claim's resave: count %s (reset %+v); want 2, no reset: 1 was saved by the current claim", got, reset)
+	// The reset is said again (the call that said it first may have
+	// answered no one: unsaidOf), but nothing is lost.
+	if got, reset := w.count(l), l.Notice().Reset; got != "2" || (reset != nil && reset.Reason != ReasonNotSaved) {
+		t.Fatalf("after the retired claim's resave: count %s (reset %+v); want 2, at most the reset said again: 1 was saved by the current claim", got, reset)
 	}
 }

@@ -173,7 +173,8 @@ func unanswered(err error) bool {
 	switch {
 	case err == nil, errors.Is(err, statestore.ErrFenced), statestore.Lost(err),
 		errors.Is(err, statestore.ErrNotFound), errors.Is(err, statestore.ErrTooLarge),
-		errors.Is(err, statestore.ErrSeal), errors.Is(err, statestore.ErrHeld):
+		errors.Is(err, statestore.ErrSeal), errors.Is(err, statestore.ErrHeld),
+		errors.Is(err, statestore.ErrLeased):
 		return false
 	}
 	return true

@@ -487,9 +487,6 @@ func (l *Lease) Resume(ctx context.Context) error {
 // the client's next call went on from it unsaid). Called by l's holder.
 func (l *Lease) KeepNotice() { l.keep = true }
 
-// Keeps reports whether l keeps its notice (KeepNotice).
-func (l *Lease) Keeps() bool { return l.keep }
-
 func (l *Lease) Done(err error) {
 	m := l.m
 	m.mu.Lock()

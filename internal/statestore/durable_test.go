@@ -22,6 +22,7 @@ func redisPair(t *testing.T) (statestore.Store, *redis.Client) {
 	addr := proxytest.StartRedis(t)
 	s, err := statestore.NewRedis("redis://" + addr + "/0")
 	must(t, err)
+	statestore.SetLease(s, 0) // claims here take sessions at once
 	t.Cleanup(func() { s.Close() })
 	raw := redis.NewClient(&redis.Options{Addr: addr})
 	t.Cleanup(func() { raw.Close() })

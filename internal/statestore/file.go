@@ -291,7 +291,7 @@ func (f *File) Claim(ctx context.Context, id string, owner Owner, ttl time.Durat
 		fence := f.fence(tx, id)
 		switch {
 		case m.Held && m.Owner == owner && Epoch(fence) == f.epoch(tx):
-			c.Fence, c.Taken, m.Bumped = fence, m.Taken, 0
+			c.Fence, c.Taken, c.Held, m.Bumped = fence, m.Taken, true, 0
 			return errors.Join(putMeta(b, m), f.setFence(tx, id, fence, ttl))
 		case m.Held:
 			alive := f.isAlive(m.Owner)

@@ -9,9 +9,12 @@ import (
 )
 
 // Memory is a Store in this process's memory: for tests, and for hosts in
-// one process sharing a store. Nothing survives the process.
+// one process sharing a store. Nothing survives the process. It grants
+// no [Lease] unless SetLease is called: its tests of anything else take
+// sessions from one another at once.
 type Memory struct {
-	now func() time.Time
+	now   func() time.Time
+	lease time.Duration
 
 	mu      sync.Mutex
 	closed  bool
@@ -27,6 +30,7 @@ type memRecord struct {
 	bumped  uint64 // the fence the holder's last bump replaced; 0 after a claim
 	taken   uint64 // the fence of the claim that made the holder (Claim.Taken)
 	expires time.Time
+	leased  time.Time // the holder's last exchange: its Lease runs from it
 	fields  map[string][]byte
 	version uint64 // the write version ([versioned]); 0 for none
 	head    []byte // the sealed head, nil for none
@@ -109,6 +113,10 @@ func (m *Memory) Leave(ctx context.Context, owner Owner) error {
 	return nil
 }
 
+// SetLease sets the lease a holder's exchanges give it (0, the default:
+// none; [Lease] as Redis grants). Call it before the store is used.
+func (m *Memory) SetLease(d time.Duration) { m.lease = d }
+
 func (m *Memory) Claim(ctx context.Context, id string, owner Owner, ttl time.Duration, steal bool) (Claim, error) {
 	if err := m.lock(ctx); err != nil {
 		return Claim{}, err
@@ -123,9 +131,10 @@ func (m *Memory) Claim(ctx context.Context, id string, owner Owner, ttl time.Dur
 		m.records[id] = r
 	}
 	r.expires = m.now().Add(ttl)
+	now := m.now()
 	if r.held && r.owner == owner && Epoch(r.fence) == m.epoch {
-		r.bumped = 0
-		return Claim{Fence: r.fence, Taken: r.taken}, nil
+		r.bumped, r.leased = 0, now
+		return Claim{Fence: r.fence, Taken: r.taken, Held: true}, nil
 	}
 	var c Claim
 	if r.held {
@@ -133,9 +142,12 @@ func (m *Memory) Claim(ctx context.Context, id string, owner Owner, ttl time.Dur
 		if alive && !steal {
 			return Claim{}, &HeldError{Holder: r.owner}
 		}
+		if left := r.leased.Add(m.lease).Sub(now); left > 0 {
+			return Claim{}, &LeasedError{Holder: r.owner, Wait: left}
+		}
 		c.Previous, c.PreviousAlive = r.owner, alive
 	}
-	r.owner, r.held, r.bumped = owner, true, 0
+	r.owner, r.held, r.bumped, r.leased = owner, true, 0, now
 	r.claimedVersion, r.claimedHead = r.version, r.head
 	n := uint32(r.fence) + 1
 	if r.fence == 0 {
@@ -213,7 +225,7 @@ func (m *Memory) write(ctx context.Context, id, field string, value, head []byte
 		r.head, r.version = bytes.Clone(head), prev+1
 	}
 	r.fields[field] = bytes.Clone(value)
-	r.expires = m.now().Add(ttl)
+	r.expires, r.leased = m.now().Add(ttl), m.now()
 	return nil
 }
 
@@ -249,7 +261,7 @@ func (m *Memory) Renew(ctx context.Context, id string, fence uint64, ttl time.Du
 		r.bumped = fence
 		r.fence++
 	}
-	r.expires = m.now().Add(ttl)
+	r.expires, r.leased = m.now().Add(ttl), m.now()
 	return r.fence, nil
 }
 
@@ -264,7 +276,7 @@ func (m *Memory) Release(ctx context.Context, id string, fence uint64) error {
 	}
 	defer m.mu.Unlock()
 	if r := m.record(id); r != nil && r.held && r.fence == fence {
-		r.held = false
+		r.held, r.leased = false, time.Time{}
 	}
 	return nil
 }

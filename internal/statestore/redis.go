@@ -23,7 +23,9 @@ import (
 //	wt:{ID}:rec    hash: the record's fields ("f:NAME") and its holder
 //	               ("m:owner", "m:replica", "m:boot", "m:epoch", "m:n"),
 //	               the write version and sealed head of [Seal] ("m:v",
-//	               "m:head"); expires after the claim's or last Put's
+//	               "m:head"), the store's time of the holder's last
+//	               exchange ("m:lt", ms: its [Lease]); expires after the
+//	               claim's or last Put's
 //	               TTL, as Memory's record does. A field whose value is
 //	               kept out of line (below) has "o:NAME" beside it, and
 //	               "f:NAME" holds [outOfLineMarker].
@@ -55,12 +57,18 @@ import (
 // (see putVersionedScripts and renewScript).
 type Redis struct {
 	c      *redis.Client
+	lease  time.Duration // [Lease] unless SetLease
 	closed atomic.Bool
 	// idle hands a call to a goroutine of an earlier one that waits
 	// for another (call); quit ends them at Close.
 	idle chan func()
 	quit chan struct{}
 }
+
+// SetLease sets the lease a holder's exchanges give it ([Lease] by
+// default; 0: none, for tests of anything else, whose owners take
+// sessions from one another at once). Call it before the store is used.
+func (r *Redis) SetLease(d time.Duration) { r.lease = d }
 
 // FenceTTL is the least time a Redis session's fence counter outlives the
 // session's last claim or write (it is the record's TTL when that is
@@ -89,7 +97,7 @@ func NewRedis(url string) (*Redis, error) {
 		c.Close()
 		return nil, fmt.Errorf("statestore: redis %s: %v", opt.Addr, err)
 	}
-	return &Redis{c: c, idle: make(chan func()), quit: make(chan struct{})}, nil
+	return &Redis{c: c, lease: Lease, idle: make(chan func()), quit: make(chan struct{})}, nil
 }
 
 // epochKey holds the store's epoch: a random number made when the store
@@ -259,6 +267,10 @@ func (r *Redis) Leave(ctx context.Context, owner Owner) error {
 // time, as Lua's stack bounds unpack), and a write extends the keys it
 // checked rather than listing them again.
 const valueFuncs = `
+local function leaseNow()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
 local function valueKeys(rec)
   local prefix, out = string.sub(rec, 1, -4) .. 'v:', {}
   for _, k in ipairs(redis.call('HKEYS', rec)) do
@@ -308,13 +320,15 @@ local rec, fk, ek = KEYS[1], KEYS[2], KEYS[3]
 checkValues(rec)
 local epoch = redis.call('GET', ek)
 if not epoch then redis.call('SET', ek, ARGV[7]); epoch = ARGV[7] end
-local h = redis.call('HMGET', rec, 'm:owner', 'm:replica', 'm:boot', 'm:epoch', 'm:n', 'm:taken')
+local h = redis.call('HMGET', rec, 'm:owner', 'm:replica', 'm:boot', 'm:epoch', 'm:n', 'm:taken', 'm:lt')
 if redis.call('EXISTS', rec) == 1 then
   redis.call('PEXPIRE', rec, ARGV[4])
   extendValues(rec, ARGV[4])
 end
+local now = leaseNow()
 if h[1] == ARGV[1] and h[4] == epoch and h[5] then
   redis.call('HDEL', rec, 'm:bumped')
+  redis.call('HSET', rec, 'm:lt', now)
   redis.call('PEXPIRE', fk, ARGV[5])
   return {0, epoch, h[5], h[6] or '0'}
 end
@@ -322,6 +336,8 @@ local pr, pb, alive = '', '', 0
 if h[1] and h[1] ~= '' then
   alive = redis.call('EXISTS', h[1])
   if alive == 1 and ARGV[6] ~= '1' then return {1, h[2], h[3]} end
+  local left = tonumber(ARGV[9]) - (now - tonumber(h[7] or '0'))
+  if left > 0 then return {3, h[2], h[3], left} end
   pr, pb = h[2], h[3]
 end
 local c, r = tonumber(redis.call('GET', fk) or '0'), tonumber(h[5] or '0')
@@ -329,7 +345,7 @@ local n = math.max(c, r) + 1
 if c == 0 and r == 0 then n = tonumber(ARGV[8]) end
 redis.call('SET', fk, n, 'PX', ARGV[5])
 local vh = redis.call('HMGET', rec, 'm:v', 'm:head')
-redis.call('HSET', rec, 'm:owner', ARGV[1], 'm:replica', ARGV[2], 'm:boot', ARGV[3], 'm:epoch', epoch, 'm:n', n, 'm:taken', n, 'm:cv', vh[1] or '0', 'm:ch', vh[2] or '')
+redis.call('HSET', rec, 'm:owner', ARGV[1], 'm:replica', ARGV[2], 'm:boot', ARGV[3], 'm:epoch', epoch, 'm:n', n, 'm:taken', n, 'm:cv', vh[1] or '0', 'm:ch', vh[2] or '', 'm:lt', now)
 redis.call('HDEL', rec, 'm:bumped')
 redis.call('PEXPIRE', rec, ARGV[4])
 extendValues(rec, ARGV[4])
@@ -353,7 +369,7 @@ func (r *Redis) Claim(ctx context.Context, id string, owner Owner, ttl time.Dura
 	err := r.call(ctx, func() (err error) {
 		res, err = claimScript.Run(ctx, r.c, []string{recKey(id), fenceKey(id), epochKey},
 			ownerKey(owner), owner.Replica, owner.Boot, ms(ttl), fenceMS(ttl), steal,
-			newEpoch(), firstFence()).Slice()
+			newEpoch(), firstFence(), r.lease.Milliseconds()).Slice()
 		return err
 	})
 	if err != nil {
@@ -376,10 +392,12 @@ func (r *Redis) Claim(ctx context.Context, id string, owner Owner, ttl time.Dura
 			if str(3) != "0" {
 				taken, _ = joinFence(str(1), str(3))
 			}
-			return Claim{Fence: f, Taken: taken}, nil
+			return Claim{Fence: f, Taken: taken, Held: true}, nil
 		}
 	case len(res) == 3 && num(0) == 1:
 		return Claim{}, &HeldError{Holder: Owner{Replica: str(1), Boot: str(2)}}
+	case len(res) == 4 && num(0) == 3:
+		return Claim{}, &LeasedError{Holder: Owner{Replica: str(1), Boot: str(2)}, Wait: time.Duration(num(3)) * time.Millisecond}
 	case len(res) == 6 && num(0) == 2:
 		if f, ok := joinFence(str(1), str(2)); ok {
 			return Claim{Fence: f, Taken: f, Previous: Owner{Replica: str(3), Boot: str(4)}, PreviousAlive: num(5) == 1}, nil
@@ -436,6 +454,7 @@ if code then
   return code
 end
 ` + write + `
+redis.call('HSET', KEYS[1], 'm:lt', leaseNow())
 redis.call('PEXPIRE', KEYS[1], ARGV[5])
 extendKeys(values, ARGV[5])
 redis.call('PEXPIRE', KEYS[2], ARGV[6])
@@ -504,6 +523,7 @@ if ARGV[5] == '1' then
   redis.call('HSET', KEYS[1], 'm:n', n, 'm:bumped', ARGV[2])
   redis.call('SET', KEYS[2], n)
 end
+redis.call('HSET', KEYS[1], 'm:lt', leaseNow())
 redis.call('PEXPIRE', KEYS[1], ARGV[3])
 extendValues(KEYS[1], ARGV[3])
 redis.call('PEXPIRE', KEYS[2], ARGV[4])
@@ -808,6 +828,7 @@ var releaseScript = redis.NewScript(`
 local h = redis.call('HMGET', KEYS[1], 'm:owner', 'm:epoch', 'm:n')
 if h[1] and h[1] ~= '' and h[2] == ARGV[1] and h[3] == ARGV[2] then
   redis.call('HSET', KEYS[1], 'm:owner', '', 'm:replica', '', 'm:boot', '')
+  redis.call('HDEL', KEYS[1], 'm:lt')
 end
 return 1
 `)

@@ -25,6 +25,7 @@ func TestRedisValuesOutOfLine(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	r.SetLease(0) // claims here take sessions at once
 	defer r.Close()
 	raw := redis.NewClient(&redis.Options{Addr: addr})
 	defer raw.Close()
@@ -236,6 +237,7 @@ func TestRedisManyValues(t *testing.T) {
 		// Each with a shorter TTL than the last write's.
 		must(t, r.Put(ctx, id, fmt.Sprintf("f%03d", k), big, ca.Fence, time.Duration(k+1)*time.Second))
 	}
+	r.SetLease(0) // claims here take sessions at once
 	must(t, r.Put(ctx, id, "small", []byte("x"), ca.Fence, ttl))
 	rec := raw.PTTL(ctx, recKey(id)).Val()
 	for k := range n {
@@ -276,6 +278,7 @@ func TestRedisStagedValueGone(t *testing.T) {
 			t.Fatalf("%s with nothing staged: %d %v; want 6", name, code, err)
 		}
 	}
+	r.SetLease(0) // claims here take sessions at once
 	rec, err := r.Get(ctx, id)
 	if err != nil && !errors.Is(err, ErrNotFound) { // a record of no fields reads as none
 		t.Fatal(err)
@@ -299,6 +302,7 @@ func TestResentWriteAfterClaimLanded(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	r.SetLease(0) // claims here take sessions at once
 	t.Cleanup(func() { r.Close() })
 	raw := redis.NewClient(&redis.Options{Addr: addr})
 	t.Cleanup(func() { raw.Close() })

@@ -40,6 +40,7 @@ func TestResentWriteAfterOtherWriteLanded(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
+			r.SetLease(0) // claims here take sessions at once
 			t.Cleanup(func() { r.Close() })
 			return r
 		},

@@ -35,6 +35,7 @@ func rawBackends(t *testing.T) map[string]func(t *testing.T) Store {
 			if err != nil {
 				t.Fatal(err)
 			}
+			r.SetLease(0) // claims here take sessions at once
 			t.Cleanup(func() { r.Close() })
 			return r
 		},

@@ -106,6 +106,47 @@ func (e *HeldError) Error() string {
 }
 func (e *HeldError) Is(target error) bool { return target == ErrHeld }
 
+// Lease is how long after a holder's last verified exchange with the
+// store (a claim, a write, a renewal of its fence) a claim of another
+// owner is refused, whether its heartbeat is there or not: for that long
+// the holder may trust what it holds of the session without asking (a
+// store that does not answer, or that lost the record: internal/durable's
+// memoryGrace, which is less), and it can do so only if no one can take
+// the session from it meanwhile. A holder that releases the session, or
+// leaves, lifts it. The store's clock counts it, from its own view of the
+// exchange, which comes after the holder's "before I asked".
+const Lease = 2500 * time.Millisecond
+
+// SetLease sets the lease s grants a holder, where s grants one (Redis,
+// Memory; through a [Seal] too): d is [Lease] in production, 0 (none) in
+// tests of anything else, whose owners take sessions from one another at
+// once. Call it before s is used.
+func SetLease(s Store, d time.Duration) {
+	switch s := s.(type) {
+	case *Redis:
+		s.SetLease(d)
+	case *Memory:
+		s.SetLease(d)
+	case *sealed:
+		SetLease(s.Store, d)
+	}
+}
+
+// LeasedError is a claim refused because another owner's lease on the
+// session runs for Wait more. It matches ErrLeased.
+type LeasedError struct {
+	Holder Owner
+	Wait   time.Duration
+}
+
+// ErrLeased matches a [*LeasedError].
+var ErrLeased = errors.New("statestore: session leased by another owner")
+
+func (e *LeasedError) Error() string {
+	return fmt.Sprintf("statestore: session leased by replica %s for %v more", e.Holder.Replica, e.Wait)
+}
+func (e *LeasedError) Is(target error) bool { return target == ErrLeased }
+
 // Claim is the result of [Store.Claim].
 type Claim struct {
 	// Fence is the number to write with.
@@ -124,6 +165,10 @@ type Claim struct {
 	// that its client sent again); a fence that moved with Taken
 	// unchanged moved by the holder's own bumps.
 	Taken uint64
+	// Held says the caller held the session already, in the store's
+	// current epoch: this claim renewed its hold, and no one claimed the
+	// session since the caller's last claim.
+	Held bool
 }
 
 // Store is a backend. Every method is safe for concurrent use, honours
@@ -140,7 +185,11 @@ type Store interface {
 	// Put). If owner holds it already, its fence is returned unchanged.
 	// If no one holds it, or its holder's heartbeat is gone, or steal is
 	// true, owner takes it with the next fence. Else it fails with a
-	// *HeldError. A claim does not need a record to exist.
+	// *HeldError. The holder's [Lease] refuses a claim that would take
+	// it, with a *LeasedError, by stores that processes share (Redis;
+	// Memory, whose processes are tests' replicas): a File store's one
+	// process holds its every claim. A claim does not need a record to
+	// exist.
 	Claim(ctx context.Context, id string, owner Owner, ttl time.Duration, steal bool) (Claim, error)
 	// Put sets one field of id's record if fence is id's current fence,
 	// else fails with ErrFenced (another owner holds it), ErrStoreLost

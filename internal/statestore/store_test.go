@@ -49,6 +49,7 @@ func backends(t *testing.T) []backend {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { s.Close() })
+		statestore.SetLease(s, 0) // but in TestLease
 		return s
 	}
 	return []backend{
@@ -205,7 +206,7 @@ var cases = []struct {
 		if diff := cmp.Diff(map[string]string{"go-sdk": "state 2", "plugin/fmt": ""}, e.get()); diff != "" {
 			e.t.Errorf("get (-want +got):\n%s", diff)
 		}
-		if again := e.claim(e.a, false); again != (statestore.Claim{Fence: c.Fence, Taken: c.Fence}) {
+		if again := e.claim(e.a, false); again != (statestore.Claim{Fence: c.Fence, Taken: c.Fence, Held: true}) {
 			e.t.Errorf("holder's claim again = %+v, want fence %d unchanged, taken by the first claim", again, c.Fence)
 		}
 		_, err := e.s.Get(e.ctx, e.id+"-other")
@@ -539,6 +540,62 @@ func TestRedisContext(t *testing.T) {
 			wantErr(t, "claim while Redis is paused", err, c.want)
 			if d := time.Since(start); d > 1500*time.Millisecond {
 				t.Fatalf("claim returned after %v, its ctx ended after 200ms", d)
+			}
+		})
+	}
+}
+
+// TestLease: a holder's exchanges with the store (its claim, a write, a
+// renewal) refuse another owner's claim for the lease that follows them,
+// whether the holder's heartbeat is there or not, steal or no steal; a
+// release lifts it, and once it runs out the claim takes the session. A
+// holder trusts what it holds for less than the lease without asking
+// (internal/durable's memoryGrace): without it, a review found a replica
+// writing its older state back over another's acknowledged calls. A File
+// store, one process's, grants none.
+func TestLease(t *testing.T) {
+	for _, b := range backends(t) {
+		if strings.Contains(b.name, "file") {
+			continue
+		}
+		t.Run(b.name, func(t *testing.T) {
+			t.Parallel()
+			s := b.open(t)
+			const lease = 300 * time.Millisecond
+			statestore.SetLease(s, lease)
+			ctx := context.Background()
+			a, o := owners(t)
+			id := "lease-" + b.name
+			leased := func(what string) time.Duration {
+				t.Helper()
+				_, err := s.Claim(ctx, id, o, long, true)
+				var le *statestore.LeasedError
+				if !errors.As(err, &le) || !errors.Is(err, statestore.ErrLeased) || le.Holder != a {
+					t.Fatalf("%s: another owner's claim: %v, want refused by a's lease", what, err)
+				}
+				if le.Wait <= 0 || le.Wait > lease {
+					t.Fatalf("%s: lease left %v, want within (0, %v]", what, le.Wait, lease)
+				}
+				return le.Wait
+			}
+			// No heartbeat: a lease stands without one.
+			ca, err := s.Claim(ctx, id, a, long, false)
+			must(t, err)
+			leased("after a's claim")
+			must(t, s.Put(ctx, id, "f", []byte("a"), ca.Fence, long))
+			leased("after a's write")
+			_, err = s.Renew(ctx, id, ca.Fence, long, false)
+			must(t, err)
+			time.Sleep(leased("after a's renewal") + 20*time.Millisecond)
+			cb, err := s.Claim(ctx, id, o, long, true)
+			if err != nil || cb.Previous != a {
+				t.Fatalf("claim past the lease: %+v %v, want taken from a", cb, err)
+			}
+			wantErr(t, "a's write after the session was taken", s.Put(ctx, id, "f", []byte("stale"), ca.Fence, long), statestore.ErrFenced)
+			// Released: the lease goes with the hold.
+			must(t, s.Release(ctx, id, cb.Fence))
+			if _, err := s.Claim(ctx, id, a, long, false); err != nil {
+				t.Fatalf("claim of a released session: %v, want taken at once", err)
 			}
 		})
 	}
