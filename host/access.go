@@ -3,6 +3,7 @@ package host
 import (
 	"context"
 	"fmt"
+	"maps"
 	"slices"
 
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
@@ -84,6 +85,9 @@ func (h *Host) accessMiddleware(next mcp.MethodHandler) mcp.MethodHandler {
 	return func(ctx context.Context, method string, req mcp.Request) (mcp.Result, error) {
 		cat := h.Catalogue()
 		if len(h.opts.PluginAccess) == 0 || cat == nil {
+			if h.opts.Tenants {
+				h.watchingTenant(req)
+			}
 			return next(ctx, method, req)
 		}
 		return h.accessChecked(ctx, next, method, req, cat)
@@ -184,19 +188,65 @@ func (h *Host) watching(ss *mcp.ServerSession, ai *authInfo) {
 	}()
 }
 
+// watchingTenant keeps the subject of a session that subscribes, with
+// Options.Tenants and no access rules (accessChecked does with them), for
+// watchFilter.
+func (h *Host) watchingTenant(req mcp.Request) {
+	switch r := req.(type) {
+	case *mcp.SubscribeRequest:
+		h.watching(r.Session, authOf(req))
+	case *mcp.SubscriptionsListenRequest:
+		if n := r.Params; n != nil && n.Notifications != nil && len(n.Notifications.ResourceSubscriptions) > 0 {
+			h.watching(r.Session, authOf(req))
+		}
+	}
+}
+
 // watchFilter sends a resource update only to sessions that may use the
 // plugins serving its URI (mayWatch), as the catalogue is now: the go-sdk
 // tells every session subscribed to the URI, and a reload may have given
-// it to a plugin the session's subject may not use.
+// it to a plugin the session's subject may not use. With Options.Tenants,
+// only to sessions of the tenant whose instance changed: another tenant's
+// instances did not (each client has its own), and a review found bob
+// told of every change alice's calls made to her own instance, a channel
+// between tenants (TestResourceUpdatesStayWithTheirTenant).
 func (h *Host) watchFilter(next mcp.MethodHandler) mcp.MethodHandler {
 	return func(ctx context.Context, method string, req mcp.Request) (mcp.Result, error) {
-		if method != "notifications/resources/updated" || len(h.opts.PluginAccess) == 0 {
+		if method != "notifications/resources/updated" {
 			return next(ctx, method, req)
 		}
 		params, _ := req.GetParams().(*mcp.ResourceUpdatedNotificationParams)
+		from, tagged := "", false
+		if params != nil {
+			if from, tagged = params.Meta[metaUpdateFrom].(string); tagged {
+				// Taken out of a copy: the SDK hands the same params
+				// (or their Meta) to every subscriber.
+				out := *params
+				out.Meta = maps.Clone(params.Meta)
+				delete(out.Meta, metaUpdateFrom)
+				if len(out.Meta) == 0 {
+					out.Meta = nil
+				}
+				params = &out
+				ss, ok := req.GetSession().(*mcp.ServerSession)
+				if !ok {
+					return nil, nil
+				}
+				req = &mcp.ServerRequest[*mcp.ResourceUpdatedNotificationParams]{Session: ss, Params: params}
+			}
+		}
+		if !tagged && len(h.opts.PluginAccess) == 0 {
+			return next(ctx, method, req)
+		}
 		ai := &authInfo{} // a session that never subscribed here: a client without a subject
 		if v, ok := h.watchers.Load(req.GetSession()); ok {
 			ai = v.(*authInfo)
+		}
+		if tagged && h.tenantOf(ai.subject) != from {
+			return nil, nil
+		}
+		if len(h.opts.PluginAccess) == 0 {
+			return next(ctx, method, req)
 		}
 		if cat := h.Catalogue(); params == nil || cat == nil || !h.mayWatch(ai, cat, params.URI) {
 			return nil, nil

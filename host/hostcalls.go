@@ -312,7 +312,15 @@ func (e *callEnv) afterCall(l *sessions.Lease) {
 	if !relist {
 		return
 	}
-	if err := e.h.src.Relist(l.Context(), l.Instance()); err != nil {
+	var err error
+	if e.h.opts.Tenants {
+		// Not from the caller's instance: what one tenant's calls did to
+		// its own instance is not every tenant's catalogue.
+		err = e.h.src.RelistFresh(l.Context(), l.Plugin())
+	} else {
+		err = e.h.src.Relist(l.Context(), l.Instance())
+	}
+	if err != nil {
 		e.h.log.Warn("plugin lists not read again", "plugin", l.Plugin().Name(), "error", err)
 	}
 }
@@ -615,17 +623,29 @@ func (e *callEnv) resourceUpdated(uri string) error {
 		e.mu.Unlock()
 		return nil
 	}
-	ctx, _ := e.current()
+	ctx, req := e.current()
+	params := &mcp.ResourceUpdatedNotificationParams{URI: uri}
+	if e.h.opts.Tenants && req != nil {
+		// Whose instance changed, for watchFilter: the SDK tells every
+		// session subscribed to the URI, and sends with a context of its
+		// own, so it travels in the params (and is taken out of them).
+		params.Meta = mcp.Meta{metaUpdateFrom: e.h.tenantOf(subjectOf(req.Extra))}
+	}
 	for _, s := range e.h.servers() {
 		// Only a server with sessions can have subscribers (the SDK logs
 		// every send, subscribers or not).
 		for range s.Sessions() {
-			_ = s.ResourceUpdated(ctx, &mcp.ResourceUpdatedNotificationParams{URI: uri})
+			_ = s.ResourceUpdated(ctx, params)
 			break
 		}
 	}
 	return nil
 }
+
+// metaUpdateFrom names, in a resource update on its way to the SDK, the
+// tenant whose instance changed (with Options.Tenants); watchFilter takes
+// it out before the update is sent.
+const metaUpdateFrom = MetaPrefix + "updateFrom"
 
 // ownsResource reports whether uri is one of the call's plugin's resources,
 // or matches one of its resource templates.

@@ -265,6 +265,15 @@ func (h *Host) rootsChanged(req *mcp.RootsListChangedRequest) {
 	if m := withoutHandle(meta); len(m) > 0 {
 		raw, _ = json.Marshal(m)
 	}
+	// Each delivery runs a guest for the notification's subject: admitted
+	// as its calls are (its rate and its share of calls in flight), and
+	// dropped when refused. A review found a subject past its share of
+	// calls running guests still, one per notification.
+	subject, overHTTP := subjectOf(req.Extra), req.Extra != nil && req.Extra.Header != nil
+	var tenantCtx context.Context = context.Background()
+	if h.opts.Tenants {
+		tenantCtx = context.WithValue(tenantCtx, tenantKey{}, h.tenantOf(subject))
+	}
 	cat := h.Catalogue()
 	if cat == nil {
 		return
@@ -294,11 +303,18 @@ func (h *Host) rootsChanged(req *mcp.RootsListChangedRequest) {
 			for {
 				// The guest's own call timeout bounds the call; this
 				// bounds the wait for the client's instance.
-				ctx, cancel := context.WithTimeout(context.Background(), rootsDeliveryWait)
-				l, err := h.ses.Acquire(ctx, key, p)
+				ctx, cancel := context.WithTimeout(tenantCtx, rootsDeliveryWait)
+				release, err := func() {}, error(nil)
+				if overHTTP {
+					release, err = h.admitCall(subject, p)
+				}
 				if err == nil {
-					err = l.Instance().RootsListChanged(l.Context(), raw)
-					l.Done(err)
+					l, aerr := h.ses.Acquire(ctx, key, p)
+					if err = aerr; err == nil {
+						err = l.Instance().RootsListChanged(l.Context(), raw)
+						l.Done(err)
+					}
+					release()
 				}
 				cancel()
 				if err != nil {

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"sync"
 	"time"
 
@@ -32,24 +33,32 @@ type shares struct {
 
 // take counts one more for tenant if it holds fewer than max, and
 // reports whether it did.
-func (s *shares) take(tenant string, max int) bool {
+func (s *shares) take(tenant string, max int) bool { return s.takeN(tenant, 1, max) }
+
+// takeN counts n more for tenant if it then holds at most max (or holds
+// nothing yet: one thing larger than a share may still be had alone), and
+// reports whether it did.
+func (s *shares) takeN(tenant string, n, max int) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.held[tenant] >= max {
+	if held := s.held[tenant]; held > 0 && held+n > max || held >= max {
 		return false
 	}
 	if s.held == nil {
 		s.held = map[string]int{}
 	}
-	s.held[tenant]++
+	s.held[tenant] += n
 	return true
 }
 
 // give counts one fewer for tenant.
-func (s *shares) give(tenant string) {
+func (s *shares) give(tenant string) { s.giveN(tenant, 1) }
+
+// giveN counts n fewer for tenant.
+func (s *shares) giveN(tenant string, n int) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.held[tenant]--; s.held[tenant] <= 0 {
+	if s.held[tenant] -= n; s.held[tenant] <= 0 {
 		delete(s.held, tenant)
 	}
 }
@@ -85,6 +94,32 @@ func (h *Host) callShare() int {
 	return max(least/4, 1)
 }
 
+// pluginShares are each tenant's shares of the bounds of plugin p that a
+// call in flight holds an instance of: its instances (a quarter of
+// [Options.InstanceLimits] for p, else of MaxInstancesPerPlugin) and the
+// memory budget's bytes (a quarter of [Options.MemoryBudget], an instance
+// counted at p's memory limit, as the budget counts it); 0 for a bound not
+// set. callShare alone missed them: with --max-instances-per-plugin 4 and
+// --max-instances 64, bob's 4 calls, well within his share of 16, held
+// every instance of the plugin, and alice's call was refused (a review:
+// TestPerPluginBoundsShared).
+func (h *Host) pluginShares(p *plugins.Plugin) (instances, bytes int) {
+	if !h.opts.Tenants || p == nil {
+		return 0, 0
+	}
+	bound := h.opts.MaxInstancesPerPlugin
+	if n, ok := h.opts.InstanceLimits[p.Name()]; ok {
+		bound = n
+	}
+	if bound > 0 {
+		instances = max(bound/4, 1)
+	}
+	if b := h.opts.MemoryBudget; b > 0 && p.MemoryLimit() > 0 {
+		bytes = int(min(b/4, uint64(math.MaxInt)))
+	}
+	return instances, bytes
+}
+
 // maxRateTenants bounds the tenants whose call rates are tracked; past
 // it, the tenants whose buckets are full (idle) are forgotten.
 const maxRateTenants = 4096
@@ -108,7 +143,7 @@ func (h *Host) admitRun(ctx context.Context, env *callEnv, key sessions.Key, p *
 		return ctx, release, nil
 	}
 	if req.Extra != nil && req.Extra.Header != nil { // over HTTP
-		if release, err = h.admitCall(subjectOf(req.Extra)); err != nil {
+		if release, err = h.admitCall(subjectOf(req.Extra), p); err != nil {
 			return ctx, nil, err
 		}
 	}
@@ -160,7 +195,7 @@ func (h *Host) openAdopted(ctx context.Context, key sessions.Key) error {
 // its calls per second ([Options.CallsPerSecondPerSubject]). Past either
 // it fails with an error matching sessions.ErrBusy (CodeBusy, retry);
 // else release must be called once the call has ended.
-func (h *Host) admitCall(subject string) (release func(), err error) {
+func (h *Host) admitCall(subject string, p *plugins.Plugin) (release func(), err error) {
 	tenant := h.tenantOf(subject)
 	if r := h.opts.CallsPerSecondPerSubject; r > 0 {
 		h.rateMu.Lock()
@@ -185,15 +220,41 @@ func (h *Host) admitCall(subject string) (release func(), err error) {
 			return nil, fmt.Errorf("%w: this client's subject makes more than %g calls per second, its share", sessions.ErrBusy, r)
 		}
 	}
-	share := h.callShare()
-	if share == 0 {
+	var taken []func()
+	undo := func() {
+		for _, give := range taken {
+			give()
+		}
+	}
+	if share := h.callShare(); share > 0 {
+		if !h.callShares.take(tenant, share) {
+			return nil, fmt.Errorf("%w: this client's subject has %d calls in flight, its share", sessions.ErrBusy, share)
+		}
+		taken = append(taken, func() { h.callShares.give(tenant) })
+	}
+	if n, bytes := h.pluginShares(p); n > 0 || bytes > 0 {
+		key := tenant + "\x00" + p.Name()
+		if n > 0 {
+			if !h.pluginCalls.take(key, n) {
+				undo()
+				return nil, fmt.Errorf("%w: this client's subject has %d calls of plugin %q in flight, its share of the plugin's instances", sessions.ErrBusy, n, p.Name())
+			}
+			taken = append(taken, func() { h.pluginCalls.give(key) })
+		}
+		if bytes > 0 {
+			m := int(min(p.MemoryLimit(), uint64(math.MaxInt)))
+			if !h.memShares.takeN(tenant, m, bytes) {
+				undo()
+				return nil, fmt.Errorf("%w: this client's subject's calls in flight hold instances of %d bytes of memory or more, its share of the memory budget", sessions.ErrBusy, bytes)
+			}
+			taken = append(taken, func() { h.memShares.giveN(tenant, m) })
+		}
+	}
+	if len(taken) == 0 {
 		return func() {}, nil
 	}
-	if !h.callShares.take(tenant, share) {
-		return nil, fmt.Errorf("%w: this client's subject has %d calls in flight, its share", sessions.ErrBusy, share)
-	}
 	var once sync.Once
-	return func() { once.Do(func() { h.callShares.give(tenant) }) }, nil
+	return func() { once.Do(undo) }, nil
 }
 
 // Defaults of the state store's byte budgets ([Options.StoreBytesPerRecord]
@@ -227,6 +288,11 @@ type storeBudget struct {
 	records map[string]map[string]*recBytes // tenant -> store ID -> bytes
 	held    map[string]int                  // tenant -> bytes
 	sum     int
+	// unscanned counts the attributions refused at maxAttributed since
+	// forgetUnwrittenLocked last found nothing to forget: it scans again
+	// after maxAttributed/16 of them, so that a map full of written
+	// records costs a scan per 8,192 new records, not one each.
+	unscanned int
 }
 
 type recBytes struct {
@@ -264,6 +330,11 @@ func (b *storeBudget) attribute(id, tenant string) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	was, ok := b.tenant[id]
+	if !ok && len(b.tenant) >= maxAttributed {
+		if b.unscanned--; b.unscanned <= 0 {
+			b.forgetUnwrittenLocked()
+		}
+	}
 	switch {
 	case !ok && len(b.tenant) < maxAttributed:
 		b.tenant[id] = tenant
@@ -393,6 +464,27 @@ func (b *storeBudget) release(id string) {
 	delete(b.assumed, id)
 	if r := b.records[tenant][id]; r != nil {
 		b.dropLocked(tenant, id, r)
+	}
+}
+
+// forgetUnwrittenLocked forgets the tenants of records never written
+// (a request admitted whose session wrote nothing: a handle that ended,
+// a call refused after its admission). Nothing else forgets them, and a
+// review found that a tenant's many such requests could fill the map, so
+// that every later record went unattributed, charged to the anonymous
+// pool's budget. One written later is attributed again by its next
+// request. b.mu is held.
+func (b *storeBudget) forgetUnwrittenLocked() {
+	forgot := false
+	for id, tenant := range b.tenant {
+		if b.records[tenant][id] == nil {
+			delete(b.tenant, id)
+			delete(b.assumed, id)
+			forgot = true
+		}
+	}
+	if !forgot {
+		b.unscanned = maxAttributed / 16
 	}
 }
 

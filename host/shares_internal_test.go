@@ -102,3 +102,23 @@ func TestPluginBudgetsBounded(t *testing.T) {
 		t.Fatalf("%d budgets after the idle ones were forgotten; want alice's and bob's", len(h.budgets))
 	}
 }
+
+// TestStoreBudgetForgetsUnwritten: the records whose tenant is remembered
+// are bounded (maxAttributed), and those never written are forgotten at
+// the bound. A review found them kept for good (a request admitted whose
+// session wrote nothing: an ended handle, a call refused after its
+// admission), so that one tenant's many such requests filled the map, and
+// every later record went unattributed: charged to the anonymous pool.
+func TestStoreBudgetForgetsUnwritten(t *testing.T) {
+	b := newStoreBudget(100, 150, 1<<30, true)
+	for i := range maxAttributed {
+		b.attribute(fmt.Sprint("bob-", i), "bob") // never written
+	}
+	b.attribute("alice-1", "alice")
+	if _, err := b.reserve("alice-1", "p/x", 80, time.Minute, "anon"); err != nil {
+		t.Fatal(err)
+	}
+	if b.held["alice"] != 80 || b.held["anon"] != 0 {
+		t.Fatalf("alice's record after bob's %d unwritten ones: alice holds %d, the anonymous pool %d; want alice's 80", maxAttributed, b.held["alice"], b.held["anon"])
+	}
+}

@@ -958,3 +958,203 @@ func TestStatelessPoolsPerTenant(t *testing.T) {
 		t.Errorf("alice's count after bob's %s, want 4", got)
 	}
 }
+
+// TestRootsNotificationsAdmitted: a roots notification runs a guest (each
+// v2 plugin's on_roots_list_changed on the client's instance), so it is
+// admitted against its subject's shares as a call is. A review found bob,
+// past his share of one call per 100 s (his second tools/call refused),
+// still running hyperstrict's guest once per notifications/roots/
+// list_changed: the delivery leased the instance with no admission.
+func TestRootsNotificationsAdmitted(t *testing.T) {
+	f := newFixture(t, &host.Options{CallsPerSecondPerSubject: 0.01, Tenants: true}, sandbox.NewPolicy(), map[string]string{"hyperstrict.wasm": testplugins.Test(t, "hyperstrict")})
+	url := serveGuarded(t, f, host.GuardOptions{Tokens: map[string]string{"alice": aliceToken, "bob": bobToken}})
+	client := mcp.NewClient(&mcp.Implementation{Name: "bob", Version: "1"}, nil)
+	tr := &mcp.StreamableClientTransport{Endpoint: url + "/mcp", HTTPClient: &http.Client{Transport: tenantTransport{token: bobToken}}}
+	bob, err := client.Connect(context.Background(), tr, &mcp.ClientSessionOptions{ProtocolVersion: "2025-11-25"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { bob.Close() })
+	call(t, bob, "roots_changed", nil) // his one call this 100 s: his instance now lives
+	if _, err := bob.CallTool(context.Background(), &mcp.CallToolParams{Name: "roots_changed"}); rpcCode(err) != host.CodeBusy {
+		t.Fatalf("bob's second call: %v, want CodeBusy", err)
+	}
+	const (
+		delivered = "on_roots_list_changed delivered"
+		any       = "on_roots_list_changed"
+	)
+	for i := range 3 {
+		client.AddRoots(&mcp.Root{URI: fmt.Sprintf("file:///r%d", i), Name: "r"})
+		// Each notification ends in one log line, delivered or not.
+		eventually(t, fmt.Sprintf("notification %d handled", i+1), func() bool { return strings.Count(f.log.String(), any) > i })
+	}
+	if n := strings.Count(f.log.String(), delivered); n > 0 {
+		t.Errorf("bob, past his share of 1 call per 100 s (his tools/call refused CodeBusy), still ran hyperstrict's guest %d times with notifications/roots/list_changed", n)
+	}
+}
+
+// TestResourceUpdatesStayWithTheirTenant: with Options.Tenants and no
+// access rules, an update a plugin says of a resource goes only to the
+// subscribed sessions of the tenant whose instance said it. A review
+// found bob told of every change alice's calls made to her own instance
+// (each client has its own: his did not change), a channel between
+// tenants that told him when she acted. Alice's other session, of her
+// tenant, hears them: it is what the test waits on before looking at bob.
+func TestResourceUpdatesStayWithTheirTenant(t *testing.T) {
+	f := newFixture(t, &host.Options{Tenants: true}, sandbox.NewPolicy(), map[string]string{
+		"hostileupdate.wasm": testplugins.Test(t, "hostileupdate"),
+	})
+	url := serveGuarded(t, f, host.GuardOptions{Tokens: map[string]string{"alice": aliceToken, "bob": bobToken}})
+	ctx := context.Background()
+	const uri = "flood://item/1"
+	watcher := func(token string, n *atomic.Int32) *mcp.ClientSession {
+		cs := connectHTTPEra(t, url, "2025-11-25", &mcp.ClientOptions{
+			ResourceUpdatedHandler: func(_ context.Context, r *mcp.ResourceUpdatedNotificationRequest) {
+				if r.Params.URI == uri && r.Params.Meta == nil {
+					n.Add(1)
+				}
+				activity.fire()
+			},
+		}, tenantTransport{token: token})
+		if err := cs.Subscribe(ctx, &mcp.SubscribeParams{URI: uri}); err != nil {
+			t.Fatal(err)
+		}
+		return cs
+	}
+	var bobHeard, aliceHeard atomic.Int32
+	bob := watcher(bobToken, &bobHeard)
+	watcher(aliceToken, &aliceHeard)
+	alice := connectHTTP(t, url, "2025-11-25", tenantTransport{token: aliceToken})
+	call(t, alice, "update_burst", map[string]any{})
+	eventually(t, "alice's other session told of her 10 updates, its host's tag taken out", func() bool { return aliceHeard.Load() == 10 })
+	if err := bob.Ping(ctx, nil); err != nil {
+		t.Fatal(err)
+	}
+	if n := bobHeard.Load(); n > 0 {
+		t.Errorf("bob (another tenant, whose instance never ran) was told %d times that %q changed, by alice's calls on her own instance", n, uri)
+	}
+}
+
+// TestURLCompletionBudgetPerTenant: the pace of a plugin's URL
+// elicitation completions (32 at once, then 4 a second) is each tenant's,
+// as its host functions' budgets are. A review found one budget per
+// plugin for every tenant: alice's completions of her own IDs used it
+// up, and bob's one completion, of an ID his own session issued, was
+// dropped.
+func TestURLCompletionBudgetPerTenant(t *testing.T) {
+	f := newFixtureWith(t, &host.Options{Tenants: true}, func(string) plugins.Options {
+		pol := sandbox.NewPolicy()
+		return plugins.Options{Policy: &pol}
+	}, map[string]string{"hyperhost.wasm": testplugins.Test(t, "hyperhost")})
+	url := serveGuarded(t, f, host.GuardOptions{Tokens: map[string]string{"alice": aliceToken, "bob": bobToken}})
+	connect := func(token string, got *atomic.Int64) *mcp.ClientSession {
+		return connectHTTPEra(t, url, "2025-11-25", &mcp.ClientOptions{
+			Capabilities: &mcp.ClientCapabilities{Elicitation: &mcp.ElicitationCapabilities{URL: &mcp.URLElicitationCapabilities{}}},
+			ElicitationHandler: func(context.Context, *mcp.ElicitRequest) (*mcp.ElicitResult, error) {
+				return &mcp.ElicitResult{Action: "accept"}, nil
+			},
+			ElicitationCompleteHandler: func(context.Context, *mcp.ElicitationCompleteNotificationRequest) {
+				got.Add(1)
+				activity.fire()
+			},
+		}, tenantTransport{token: token})
+	}
+	var aliceGot, bobGot atomic.Int64
+	alice, bob := connect(aliceToken, &aliceGot), connect(bobToken, &bobGot)
+	for range 40 {
+		call(t, alice, "url_flood", map[string]any{"count": 1})
+	}
+	const dropped = "URL elicitation completions dropped"
+	before := strings.Count(f.log.String(), dropped)
+	if before == 0 {
+		t.Fatalf("alice's 40 completions: none dropped (she got %d); the test's premise is wrong", aliceGot.Load())
+	}
+	call(t, bob, "url_flood", map[string]any{"count": 1})
+	eventually(t, "bob's completion, sent or dropped", func() bool {
+		return bobGot.Load() > 0 || strings.Count(f.log.String(), dropped) > before
+	})
+	if bobGot.Load() == 0 {
+		t.Errorf("bob's one completion of his own URL elicitation was dropped after alice's %d (alice's calls used up the plugin's one budget)", aliceGot.Load())
+	}
+}
+
+// TestRelistWithTenantsReadsFreshInstance: with Options.Tenants, a
+// plugin that says its lists changed has them read from a new instance,
+// not the caller's: what one tenant's calls did to its own instance is
+// not every tenant's catalogue. A review found alice's relister_add (a
+// tool added to her session's guest) listed to bob, and bob told the
+// list changed; a tool of everyone's could be dropped the same way. And
+// relists past the plugin's rate are put off, folded into one, not
+// dropped, so that one tenant asking often never keeps a change from
+// being served to another.
+func TestRelistWithTenantsReadsFreshInstance(t *testing.T) {
+	f := newReloadFixtureWith(t, &host.Options{Tenants: true}, map[string][]byte{"relister.wasm": testplugins.Bytes(t, testplugins.Test(t, "relister"))})
+	url := serveGuarded(t, f.fixture, host.GuardOptions{Tokens: map[string]string{"alice": aliceToken, "bob": bobToken}})
+	ctx := context.Background()
+	bob := connectHTTP(t, url, "2025-11-25", tenantTransport{token: bobToken})
+	before, err := bob.ListTools(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	alice := connectHTTP(t, url, "2025-11-25", tenantTransport{token: aliceToken})
+	for i := range 8 { // past the burst of 5
+		call(t, alice, "relister_add", map[string]any{"name": fmt.Sprintf("alice_secret_%d", i)})
+	}
+	// The relist runs before the call's result is sent: the catalogue is
+	// what it will be.
+	after, err := bob.ListTools(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tool := range after.Tools {
+		if strings.HasPrefix(tool.Name, "alice_secret") {
+			t.Errorf("bob lists %q, a tool that exists only in alice's session's instance", tool.Name)
+		}
+	}
+	if len(after.Tools) != len(before.Tools) {
+		t.Errorf("bob lists %d tools after alice's calls, %d before", len(after.Tools), len(before.Tools))
+	}
+	if n := strings.Count(f.log.String(), "reported too often"); n > 0 {
+		t.Errorf("%d relists dropped past the rate; want them put off", n)
+	}
+}
+
+// TestPerPluginBoundsShared: each tenant's calls in flight of one plugin
+// are bounded by a quarter of that plugin's instance bound
+// (MaxInstancesPerPlugin, InstanceLimits), not only by a quarter of the
+// server's (MaxInstances, MaxConcurrentCalls). A review found, with
+// --max-instances 64 (a share of 16 calls) and --max-instances-per-plugin
+// 4, bob's 4 long calls of everything holding every instance the plugin
+// may have, and alice's call of it refused.
+func TestPerPluginBoundsShared(t *testing.T) {
+	f := newFixture(t, &host.Options{MaxInstances: 64, MaxInstancesPerPlugin: 4, Tenants: true}, sandbox.NewPolicy(), map[string]string{"everything.wasm": testplugins.Example(t, "everything")})
+	url := serveGuarded(t, f, host.GuardOptions{Tokens: map[string]string{"alice": aliceToken, "bob": bobToken}})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	refused := make(chan error, 4)
+	for range 4 {
+		cs := connectHTTP(t, url, "2025-11-25", tenantTransport{token: bobToken})
+		go func() {
+			_, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: "slow_compute", Arguments: map[string]any{"seconds": 600}})
+			if rpcCode(err) == host.CodeBusy {
+				refused <- err
+			}
+		}()
+	}
+	// His share of the plugin's 4 instances is 1: three calls refused.
+	for range 3 {
+		select {
+		case <-refused:
+		case <-time.After(30 * time.Second):
+			t.Fatalf("bob's 4 calls of a plugin bound to 4 instances: fewer than 3 refused, want 3 (his share is 1)")
+		}
+	}
+	eventually(t, "bob's one call to run", func() bool { return f.h.LiveInstances() >= 1 })
+	alice := connectHTTP(t, url, "2025-11-25", tenantTransport{token: aliceToken})
+	res, err := alice.CallTool(context.Background(), &mcp.CallToolParams{Name: "greet", Arguments: map[string]any{"name": "alice"}})
+	if err != nil {
+		t.Errorf("alice's call while bob's call runs: %v; want served", err)
+	} else if res.IsError {
+		t.Errorf("alice's call while bob's call runs: %s; want served", text(res))
+	}
+}

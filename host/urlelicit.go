@@ -39,9 +39,38 @@ const (
 // concurrent use.
 type issuedURLs struct {
 	mu      sync.Mutex
-	ids     map[string][]string // scope (urlScope) -> IDs, oldest first
-	bound   tenantFIFO[string]  // of scopes
-	plugins map[string]*tokenBucket
+	ids     map[string][]string     // scope (urlScope) -> IDs, oldest first
+	bound   tenantFIFO[string]      // of scopes
+	plugins map[string]*tokenBucket // plugin and tenant -> completions' budget
+}
+
+// pluginBudget returns the budget of plugin's completions for tenant ("":
+// every client's, without Options.Tenants): each tenant has the plugin's
+// whole rate, as it has its host functions' (budgetOf), so that one
+// tenant's completions never use up another's (a review found alice's 32
+// completions of her own IDs dropping bob's one). Past maxBudgets kept,
+// the full ones (idle) are forgotten, and with none full a new tenant's
+// budget is its alone, for this completion, kept by no one. u.mu is held.
+func (u *issuedURLs) pluginBudget(plugin, tenant string) *tokenBucket {
+	if u.plugins == nil {
+		u.plugins = map[string]*tokenBucket{}
+	}
+	key := plugin + "\x00" + tenant
+	if pb := u.plugins[key]; pb != nil {
+		return pb
+	}
+	if len(u.plugins) >= maxBudgets {
+		for k, b := range u.plugins {
+			if b.refill(); b.tokens >= b.burst {
+				delete(u.plugins, k)
+			}
+		}
+	}
+	b := newTokenBucket(completePluginBurst, completePluginPerSecond)
+	if len(u.plugins) < maxBudgets {
+		u.plugins[key] = &b
+	}
+	return &b
 }
 
 // urlScope is the session (its label) and plugin an env's URL
@@ -105,15 +134,7 @@ func (e *callEnv) spendURL(id string) (ok bool, why string) {
 	if i < 0 {
 		return false, "not an ID this plugin's URL elicitation issued in this session (or completed already)"
 	}
-	if u.plugins == nil {
-		u.plugins = map[string]*tokenBucket{}
-	}
-	pb := u.plugins[e.plugin.Name()]
-	if pb == nil {
-		b := newTokenBucket(completePluginBurst, completePluginPerSecond)
-		pb = &b
-		u.plugins[e.plugin.Name()] = pb
-	}
+	pb := u.pluginBudget(e.plugin.Name(), e.tenant())
 	e.mu.Lock()
 	if e.completions.burst == 0 {
 		e.completions = newTokenBucket(completeCallBurst, completeCallPerSecond)

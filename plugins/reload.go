@@ -121,6 +121,9 @@ type Reloader struct {
 	files   map[string]*fileState // by path
 	onSwap  func(ctx context.Context, s Swap)
 	relists map[string]*rate.Limiter // by plugin name
+	// relistLater holds, by plugin name, the relist RelistFresh put off
+	// (Close stops them).
+	relistLater map[string]*time.Timer
 }
 
 type fileState struct {
@@ -449,20 +452,88 @@ var (
 // nothing, so no client is notified.
 func (r *Reloader) Relist(ctx context.Context, inst *Instance) error {
 	p := inst.Plugin()
-	r.mu.Lock()
-	cur := r.servedLocked(p)
-	lim := r.relists[p.Name()]
-	if lim == nil {
-		lim = rate.NewLimiter(rate.Every(RelistInterval), RelistBurst)
-		r.relists[p.Name()] = lim
-	}
-	r.mu.Unlock()
+	cur, lim := r.relistOf(p)
 	if cur == nil {
 		return fmt.Errorf("plugin %q: %w", p.Name(), ErrNotServed)
 	}
 	if !lim.Allow() {
 		return fmt.Errorf("plugin %q: %w", p.Name(), ErrRelistLimited)
 	}
+	return r.relist(ctx, p, cur, inst)
+}
+
+// RelistFresh is Relist from a new instance of p's version served, made
+// for it and closed after: the lists as the plugin's code gives them,
+// apart from what any client's calls did to its own instance. It is for a
+// host whose clients are not all trusted alike (tenants): from the
+// calling instance, one tenant's session state set the tools every other
+// tenant was listed and told of (a review: alice's tool, added in her
+// session, listed to bob; or a tool of everyone's dropped). Relists past
+// the rate are not dropped but folded into one, run once the rate allows:
+// it reads the same lists whoever asked, so that one tenant's asking
+// often never keeps another's change from being served.
+func (r *Reloader) RelistFresh(ctx context.Context, p *Plugin) error {
+	cur, lim := r.relistOf(p)
+	if cur == nil {
+		return fmt.Errorf("plugin %q: %w", p.Name(), ErrNotServed)
+	}
+	if !lim.Allow() {
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		if r.relistLater[p.Name()] != nil || r.cat == nil {
+			return nil // one is due already, and will read these lists
+		}
+		if r.relistLater == nil {
+			r.relistLater = map[string]*time.Timer{}
+		}
+		r.relistLater[p.Name()] = time.AfterFunc(lim.Reserve().Delay(), func() {
+			r.mu.Lock()
+			delete(r.relistLater, p.Name())
+			cur := r.servedLocked(p)
+			r.mu.Unlock()
+			if cur == nil {
+				return
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), relistLaterTimeout)
+			defer cancel()
+			if err := r.relistNew(ctx, p, cur); err != nil {
+				r.log.Warn("plugin lists not read again", "plugin", p.Name(), "error", err)
+			}
+		})
+		return nil
+	}
+	return r.relistNew(ctx, p, cur)
+}
+
+// relistLaterTimeout bounds a relist RelistFresh put off (the plugin's
+// load timeout bounds its guest too).
+const relistLaterTimeout = time.Minute
+
+// relistNew relists cur (p's version served) from a new instance.
+func (r *Reloader) relistNew(ctx context.Context, p, cur *Plugin) error {
+	inst, err := cur.NewInstance(ctx)
+	if err != nil {
+		return err
+	}
+	defer inst.Close(context.Background())
+	return r.relist(ctx, p, cur, inst)
+}
+
+// relistOf returns the version of p served (nil if none) and the limiter
+// of p's relists.
+func (r *Reloader) relistOf(p *Plugin) (*Plugin, *rate.Limiter) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	lim := r.relists[p.Name()]
+	if lim == nil {
+		lim = rate.NewLimiter(rate.Every(RelistInterval), RelistBurst)
+		r.relists[p.Name()] = lim
+	}
+	return r.servedLocked(p), lim
+}
+
+// relist reads cur's lists from inst and serves them, as Relist says.
+func (r *Reloader) relist(ctx context.Context, p, cur *Plugin, inst *Instance) error {
 	fresh, err := cur.Relist(ctx, inst)
 	if err != nil {
 		return err
@@ -670,6 +741,10 @@ func (r *Reloader) Close(ctx context.Context) error {
 	defer r.mu.Unlock()
 	if r.cat == nil {
 		return nil
+	}
+	for name, t := range r.relistLater {
+		t.Stop()
+		delete(r.relistLater, name)
 	}
 	err := r.cat.Close(ctx)
 	r.cat = nil
