@@ -1,7 +1,6 @@
 package sessions_test
 
 import (
-	"context"
 	"fmt"
 	"testing"
 	"time"
@@ -27,13 +26,9 @@ import (
 // (10 000 instances among 2 500 tenants: 50 times that, under the lock,
 // per session start); after, 0.07 to 0.15 ms against 0.09 to 0.14 ms.
 func TestEvictionCostIndependentOfTenants(t *testing.T) {
-	type tenantKey struct{}
 	const n, rounds = 1000, 500
 	measure := func(tenants int) time.Duration {
-		w := newWorld(t, sessions.Options{MaxInstances: n + 1, Tenant: func(ctx context.Context) string {
-			s, _ := ctx.Value(tenantKey{}).(string)
-			return s
-		}})
+		w := newWorld(t, sessions.Options{MaxInstances: n + 1, Tenant: tenantOf})
 		defer w.finish()
 		counter := w.plugin("counter")
 		held := make([]*sessions.Lease, 0, n)
@@ -43,13 +38,13 @@ func TestEvictionCostIndependentOfTenants(t *testing.T) {
 			}
 		}()
 		for i := range n {
-			l, err := w.m.Acquire(context.WithValue(w.ctx, tenantKey{}, fmt.Sprint("busy-", i%tenants)), sessions.Client(fmt.Sprint("c", i)), counter)
+			l, err := w.m.Acquire(w.as(fmt.Sprint("busy-", i%tenants)), sessions.Client(fmt.Sprint("c", i)), counter)
 			if err != nil {
 				t.Fatal(err)
 			}
 			held = append(held, l) // busy: its slot is held
 		}
-		ctx := context.WithValue(w.ctx, tenantKey{}, "victim")
+		ctx := w.as("victim")
 		return timePer(t, rounds, func(i int) error {
 			l, err := w.m.Acquire(ctx, sessions.Client(fmt.Sprint("victim-", i)), counter)
 			if err == nil {

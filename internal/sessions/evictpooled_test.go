@@ -1,7 +1,6 @@
 package sessions_test
 
 import (
-	"context"
 	"fmt"
 	"testing"
 
@@ -23,11 +22,7 @@ import (
 // evicted one of alice's, her next session freed his pooled one again),
 // while alice, holding four of the five instances, kept them all.
 func TestPooledInstancesCountForTheirTenant(t *testing.T) {
-	type tenantKey struct{}
-	w := newWorld(t, sessions.Options{MaxInstances: 5, PoolSize: 4, Tenant: func(ctx context.Context) string {
-		s, _ := ctx.Value(tenantKey{}).(string)
-		return s
-	}})
+	w := newWorld(t, sessions.Options{MaxInstances: 5, PoolSize: 4, Tenant: tenantOf})
 	defer w.finish()
 	var poolStarts int
 	w.obs.onStart = func(plugin string) {
@@ -36,7 +31,7 @@ func TestPooledInstancesCountForTheirTenant(t *testing.T) {
 		}
 	}
 	counter, pool := w.plugin("counter"), w.plugin("pool")
-	as := func(tenant string) context.Context { return context.WithValue(w.ctx, tenantKey{}, tenant) }
+	as := w.as
 	bobCall := func() {
 		t.Helper()
 		l, err := w.m.Acquire(as("bob"), sessions.Client("bob"), pool)
@@ -110,15 +105,11 @@ func TestTenantsPooledInstanceGoesFirst(t *testing.T) {
 // pooled instances: alice counted 1 to bob's 2, and bob lost one, however
 // many stateless calls alice kept running.
 func TestBusyPooledInstancesCountForTheirTenant(t *testing.T) {
-	type tenantKey struct{}
-	w := newWorld(t, sessions.Options{MaxInstances: 5, PoolSize: 4, Tenant: func(ctx context.Context) string {
-		s, _ := ctx.Value(tenantKey{}).(string)
-		return s
-	}})
+	w := newWorld(t, sessions.Options{MaxInstances: 5, PoolSize: 4, Tenant: tenantOf})
 	defer w.finish()
 	w.version("bobs", false)
 	w.version("carols", false)
-	as := func(tenant string) context.Context { return context.WithValue(w.ctx, tenantKey{}, tenant) }
+	as := w.as
 	session := func(tenant, client, plugin string) {
 		t.Helper()
 		l, err := w.m.Acquire(as(tenant), sessions.Client(client), w.plugin(plugin))

@@ -23,6 +23,21 @@ import (
 
 // world is what the property test drives: a manager, the plugin versions
 // it serves, and the leases the test holds.
+// tenantKey carries, in a test world's contexts, the tenant a request is
+// (world.as); tenantOf is the Options.Tenant that reads it.
+type tenantKey struct{}
+
+func tenantOf(ctx context.Context) string {
+	s, _ := ctx.Value(tenantKey{}).(string)
+	return s
+}
+
+// as is the world's context for a request of tenant (Options.Tenant:
+// tenantOf).
+func (w *world) as(tenant string) context.Context {
+	return context.WithValue(w.ctx, tenantKey{}, tenant)
+}
+
 type world struct {
 	t    testing.TB
 	ctx  context.Context
@@ -840,16 +855,12 @@ func TestEndedIdle(t *testing.T) {
 // Before, the least recently used went, whoever's it was, so one tenant's
 // many sessions evicted every other tenant's instances.
 func TestEvictionTakesFromTheLargestTenant(t *testing.T) {
-	type tenantKey struct{}
-	w := newWorld(t, sessions.Options{MaxInstances: 3, Tenant: func(ctx context.Context) string {
-		s, _ := ctx.Value(tenantKey{}).(string)
-		return s
-	}})
+	w := newWorld(t, sessions.Options{MaxInstances: 3, Tenant: tenantOf})
 	defer w.finish()
 	counter := w.plugin("counter")
 	use := func(tenant string, key sessions.Key) *sessions.Lease {
 		t.Helper()
-		l, err := w.m.Acquire(context.WithValue(w.ctx, tenantKey{}, tenant), key, counter)
+		l, err := w.m.Acquire(w.as(tenant), key, counter)
 		if err != nil {
 			t.Fatal(err)
 		}

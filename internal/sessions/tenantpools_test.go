@@ -1,7 +1,6 @@
 package sessions_test
 
 import (
-	"context"
 	"fmt"
 	"testing"
 
@@ -15,16 +14,12 @@ import (
 // PoolSize of its own, so every tenant that once called the plugin kept
 // an idle instance live for ever.
 func TestTenantPoolsBoundedWithoutInstanceLimit(t *testing.T) {
-	type tenantKey struct{}
-	w := newWorld(t, sessions.Options{PoolSize: 2, Tenant: func(ctx context.Context) string {
-		s, _ := ctx.Value(tenantKey{}).(string)
-		return s
-	}})
+	w := newWorld(t, sessions.Options{PoolSize: 2, Tenant: tenantOf})
 	defer w.finish()
 	pool := w.plugin("pool")
 	const tenants = 50
 	for i := range tenants {
-		l, err := w.m.Acquire(context.WithValue(w.ctx, tenantKey{}, fmt.Sprintf("tenant-%d", i)), sessions.Client(fmt.Sprint("c", i)), pool)
+		l, err := w.m.Acquire(w.as(fmt.Sprintf("tenant-%d", i)), sessions.Client(fmt.Sprint("c", i)), pool)
 		if err != nil {
 			t.Fatal(err)
 		}
