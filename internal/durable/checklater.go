@@ -166,7 +166,7 @@ func (d *Keeper) checkSince(ctx context.Context, key sessions.Key, c *Claim, l *
 	verr := d.verify(context.WithoutCancel(ctx), key, c)
 	c.mu.Lock()
 	moved := c.seeded != seeded || l.Fence() != c.seeded || c.retired
-	fresh := !moved && !c.stale && time.Since(c.verified) < memoryGrace
+	fresh := !moved && !c.stale && elapsed(c.verified, time.Now()) < memoryGrace
 	c.mu.Unlock()
 	switch {
 	case verr == nil && !moved:

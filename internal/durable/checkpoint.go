@@ -88,7 +88,7 @@ func (d *Keeper) checkpoint(ctx context.Context, c *Claim, p *plugins.Plugin, in
 		return NotSavedMoved, errMoved
 	case errors.Is(err, statestore.ErrTooLarge):
 		notSaved = NotSavedTooLarge
-	case errors.Is(err, errStoreDown) && time.Since(c.verified) >= memoryGrace:
+	case errors.Is(err, errStoreDown) && elapsed(c.verified, time.Now()) >= memoryGrace:
 		// The store was not asked (the breaker is open), and the claim
 		// was verified too long ago to know the instance is current
 		// (this process may have been stopped while another replica

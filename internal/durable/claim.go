@@ -131,7 +131,7 @@ func (c *Claim) claimedLast(taken uint64) bool {
 func (c *Claim) fresh() bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return !c.stale && !c.verified.IsZero() && time.Since(c.verified) < memoryGrace
+	return !c.stale && !c.verified.IsZero() && elapsed(c.verified, time.Now()) < memoryGrace
 }
 
 // Ensure claims key's session for this replica before a request runs on
@@ -504,7 +504,7 @@ func (d *Keeper) verify(ctx context.Context, key sessions.Key, c *Claim) error {
 // reachable by others, came back empty.
 func (d *Keeper) newestHere(last, fence uint64, verified, asked time.Time) bool {
 	switch {
-	case !verified.IsZero() && asked.Sub(verified) < memoryGrace:
+	case !verified.IsZero() && elapsed(verified, asked) < memoryGrace:
 		return true
 	case last != 0 && statestore.Epoch(last) == statestore.Epoch(fence):
 		return fence == last+1

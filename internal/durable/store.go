@@ -131,6 +131,17 @@ func (b bounded) ended(ctx context.Context, begun time.Time, err error) error {
 // open nor closes it early.
 var clockBase = time.Now()
 
+// elapsed is the time from from to to by the monotonic clock, or by the
+// wall clock when that says more: the grace a replica gives what it
+// verified (memoryGrace) is counted by the larger, so that a process
+// whose monotonic clock stood still while the world went on (a virtual
+// machine frozen, on a clock source that does not count the pause) does
+// not trust its memory past what the store's lease gave it. A wall clock
+// stepped forward only shortens the grace.
+func elapsed(from, to time.Time) time.Duration {
+	return max(to.Sub(from), to.Round(0).Sub(from.Round(0)))
+}
+
 // sinceBase is the monotonic time since clockBase.
 func sinceBase() time.Duration { return time.Since(clockBase) }
 
@@ -218,7 +229,7 @@ func (d *Keeper) putLocked(ctx context.Context, c *Claim, field string, v []byte
 		// call was long, or this process was stopped while it ran): the
 		// result was computed from what may be a stale instance, and
 		// the fence is checked before it is sent.
-		if time.Since(c.verified) < memoryGrace && !c.verified.Before(c.checkFrom) {
+		if elapsed(c.verified, time.Now()) < memoryGrace && !c.verified.Before(c.checkFrom) {
 			return nil
 		}
 		unchanged = true
