@@ -488,9 +488,10 @@ func (d *Keeper) verify(ctx context.Context, key sessions.Key, c *Claim) error {
 // is the session's newest state, to be written back: no other replica
 // can have claimed the session since this replica's last fence, last.
 // Its claim verified within memoryGrace before the new one was asked
-// says so, as for serving from memory. Else, in the same epoch (a record
-// evicted or expired alone, the fence counter kept), the new claim,
-// fence, is the next number after last. A store restarted empty (a new
+// says so, as for serving from memory (no one could claim meanwhile: the
+// store's lease). Else, in the same epoch (a record evicted or expired
+// alone, the fence counter kept), the new claim, fence, is the next
+// number after last. A store restarted empty (a new
 // epoch) keeps nothing to tell, and then only the store's outage can
 // explain the claim's going unverified (beats.awayExplains: the process
 // ran all along, and the store stopped answering its heartbeat within
@@ -505,6 +506,9 @@ func (d *Keeper) verify(ctx context.Context, key sessions.Key, c *Claim) error {
 func (d *Keeper) newestHere(last, fence uint64, verified, asked time.Time) bool {
 	switch {
 	case !verified.IsZero() && elapsed(verified, asked) < memoryGrace:
+		// No one could claim meanwhile: the store's lease. (Not the
+		// counter first: this replica's own bumps whose answers it
+		// lost move it too, TestRelostUnreadRecordKeepsState.)
 		return true
 	case last != 0 && statestore.Epoch(last) == statestore.Epoch(fence):
 		return fence == last+1

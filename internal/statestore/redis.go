@@ -23,9 +23,7 @@ import (
 //	wt:{ID}:rec    hash: the record's fields ("f:NAME") and its holder
 //	               ("m:owner", "m:replica", "m:boot", "m:epoch", "m:n"),
 //	               the write version and sealed head of [Seal] ("m:v",
-//	               "m:head"), the store's time of the holder's last
-//	               exchange ("m:lt", ms: its [Lease]); expires after the
-//	               claim's or last Put's
+//	               "m:head"); expires after the claim's or last Put's
 //	               TTL, as Memory's record does. A field whose value is
 //	               kept out of line (below) has "o:NAME" beside it, and
 //	               "f:NAME" holds [outOfLineMarker].
@@ -36,6 +34,11 @@ import (
 //	               pipeline as the write's script, which renames it once
 //	               the fence is checked, or deletes it; it expires after
 //	               stageTTL if the script never ran.
+//	wt:{ID}:lease  the holder's owner key, set by each of its claims,
+//	               writes and renewals to expire after its [Lease]: a key
+//	               of its own, so that a record the store drops (its
+//	               value evicted: checkValues) does not take the lease
+//	               with it; the claim reads it first.
 //	wt:{ID}:fence  the fence counter; expires FenceTTL (at least) after the
 //	               record was last claimed or written, so that a stale
 //	               owner stays fenced after the record itself expired.
@@ -267,9 +270,11 @@ func (r *Redis) Leave(ctx context.Context, owner Owner) error {
 // time, as Lua's stack bounds unpack), and a write extends the keys it
 // checked rather than listing them again.
 const valueFuncs = `
-local function leaseNow()
-  local t = redis.call('TIME')
-  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local function leaseKey(rec)
+  return string.sub(rec, 1, -4) .. 'lease'
+end
+local function stampLease(rec, owner, ms)
+  if owner and owner ~= '' and tonumber(ms) > 0 then redis.call('SET', leaseKey(rec), owner, 'PX', ms) end
 end
 local function valueKeys(rec)
   local prefix, out = string.sub(rec, 1, -4) .. 'v:', {}
@@ -317,18 +322,28 @@ end
 // new epoch, and every fence of the old one is refused.
 var claimScript = redis.NewScript(valueFuncs + `
 local rec, fk, ek = KEYS[1], KEYS[2], KEYS[3]
+local lease = tonumber(ARGV[9])
+if lease > 0 then
+  local lo = redis.call('GET', leaseKey(rec))
+  if lo and lo ~= ARGV[1] then
+    local left = math.min(redis.call('PTTL', leaseKey(rec)), lease)
+    if left > 0 then
+      local w = redis.call('HMGET', rec, 'm:replica', 'm:boot')
+      return {3, w[1] or '', w[2] or '', left}
+    end
+  end
+end
 checkValues(rec)
 local epoch = redis.call('GET', ek)
 if not epoch then redis.call('SET', ek, ARGV[7]); epoch = ARGV[7] end
-local h = redis.call('HMGET', rec, 'm:owner', 'm:replica', 'm:boot', 'm:epoch', 'm:n', 'm:taken', 'm:lt')
+local h = redis.call('HMGET', rec, 'm:owner', 'm:replica', 'm:boot', 'm:epoch', 'm:n', 'm:taken')
 if redis.call('EXISTS', rec) == 1 then
   redis.call('PEXPIRE', rec, ARGV[4])
   extendValues(rec, ARGV[4])
 end
-local now = leaseNow()
 if h[1] == ARGV[1] and h[4] == epoch and h[5] then
   redis.call('HDEL', rec, 'm:bumped')
-  redis.call('HSET', rec, 'm:lt', now)
+  stampLease(rec, ARGV[1], ARGV[9])
   redis.call('PEXPIRE', fk, ARGV[5])
   return {0, epoch, h[5], h[6] or '0'}
 end
@@ -336,8 +351,6 @@ local pr, pb, alive = '', '', 0
 if h[1] and h[1] ~= '' then
   alive = redis.call('EXISTS', h[1])
   if alive == 1 and ARGV[6] ~= '1' then return {1, h[2], h[3]} end
-  local left = tonumber(ARGV[9]) - (now - tonumber(h[7] or '0'))
-  if left > 0 then return {3, h[2], h[3], left} end
   pr, pb = h[2], h[3]
 end
 local c, r = tonumber(redis.call('GET', fk) or '0'), tonumber(h[5] or '0')
@@ -345,7 +358,8 @@ local n = math.max(c, r) + 1
 if c == 0 and r == 0 then n = tonumber(ARGV[8]) end
 redis.call('SET', fk, n, 'PX', ARGV[5])
 local vh = redis.call('HMGET', rec, 'm:v', 'm:head')
-redis.call('HSET', rec, 'm:owner', ARGV[1], 'm:replica', ARGV[2], 'm:boot', ARGV[3], 'm:epoch', epoch, 'm:n', n, 'm:taken', n, 'm:cv', vh[1] or '0', 'm:ch', vh[2] or '', 'm:lt', now)
+redis.call('HSET', rec, 'm:owner', ARGV[1], 'm:replica', ARGV[2], 'm:boot', ARGV[3], 'm:epoch', epoch, 'm:n', n, 'm:taken', n, 'm:cv', vh[1] or '0', 'm:ch', vh[2] or '')
+stampLease(rec, ARGV[1], ARGV[9])
 redis.call('HDEL', rec, 'm:bumped')
 redis.call('PEXPIRE', rec, ARGV[4])
 extendValues(rec, ARGV[4])
@@ -454,7 +468,7 @@ if code then
   return code
 end
 ` + write + `
-redis.call('HSET', KEYS[1], 'm:lt', leaseNow())
+stampLease(KEYS[1], redis.call('HGET', KEYS[1], 'm:owner'), ARGV[10])
 redis.call('PEXPIRE', KEYS[1], ARGV[5])
 extendKeys(values, ARGV[5])
 redis.call('PEXPIRE', KEYS[2], ARGV[6])
@@ -523,7 +537,7 @@ if ARGV[5] == '1' then
   redis.call('HSET', KEYS[1], 'm:n', n, 'm:bumped', ARGV[2])
   redis.call('SET', KEYS[2], n)
 end
-redis.call('HSET', KEYS[1], 'm:lt', leaseNow())
+stampLease(KEYS[1], h[1], ARGV[6])
 redis.call('PEXPIRE', KEYS[1], ARGV[3])
 extendValues(KEYS[1], ARGV[3])
 redis.call('PEXPIRE', KEYS[2], ARGV[4])
@@ -601,6 +615,10 @@ func (r *Redis) write(ctx context.Context, scripts scriptPair, id, field string,
 	e, n := fenceArgs(fence)
 	keys := []string{recKey(id), fenceKey(id), epochKey, valKey(id, field)}
 	args := append([]any{e, n, "f:" + field, value, ms(ttl), fenceMS(ttl)}, more...)
+	for len(args) < 9 {
+		args = append(args, "") // a plain Put's scripts read no ARGV[7..9]
+	}
+	args = append(args, r.lease.Milliseconds()) // ARGV[10]: the holder's lease
 	var code int64
 	err := r.call(ctx, func() (err error) {
 		if len(value) < outOfLine {
@@ -775,7 +793,7 @@ func (r *Redis) Renew(ctx context.Context, id string, fence uint64, ttl time.Dur
 	var res any
 	err := r.call(ctx, func() (err error) {
 		res, err = renewScript.Run(ctx, r.c, []string{recKey(id), fenceKey(id), epochKey},
-			e, n, ms(ttl), fenceMS(ttl), bump).Result()
+			e, n, ms(ttl), fenceMS(ttl), bump, r.lease.Milliseconds()).Result()
 		return err
 	})
 	if err != nil {
@@ -828,7 +846,7 @@ var releaseScript = redis.NewScript(`
 local h = redis.call('HMGET', KEYS[1], 'm:owner', 'm:epoch', 'm:n')
 if h[1] and h[1] ~= '' and h[2] == ARGV[1] and h[3] == ARGV[2] then
   redis.call('HSET', KEYS[1], 'm:owner', '', 'm:replica', '', 'm:boot', '')
-  redis.call('HDEL', KEYS[1], 'm:lt')
+  redis.call('DEL', string.sub(KEYS[1], 1, -4) .. 'lease')
 end
 return 1
 `)
@@ -849,7 +867,7 @@ local h = redis.call('HMGET', KEYS[1], 'm:epoch', 'm:n')
 if h[1] ~= ARGV[1] or h[2] ~= ARGV[2] then return 0 end
 local pttl = redis.call('PTTL', KEYS[1])
 dropValues(KEYS[1])
-redis.call('DEL', KEYS[1])
+redis.call('DEL', KEYS[1], leaseKey(KEYS[1]))
 redis.call('HSET', KEYS[1], 'm:owner', '', 'm:replica', '', 'm:boot', '', 'm:epoch', h[1], 'm:n', h[2])
 if pttl > 0 then redis.call('PEXPIRE', KEYS[1], pttl) end
 redis.call('PEXPIRE', KEYS[2], ARGV[3])

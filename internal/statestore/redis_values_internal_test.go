@@ -345,3 +345,34 @@ func TestResentWriteAfterClaimLanded(t *testing.T) {
 		}
 	}
 }
+
+// TestLeaseOutlivesDroppedRecord: the holder's lease is a key of its own
+// (wt:{ID}:lease), so a record the store drops, a value of it evicted
+// (checkValues, at the claim's start), does not take the lease with it.
+// A review found the first version, a field of the record, gone with
+// it: another replica then took the session within the holder's grace.
+func TestLeaseOutlivesDroppedRecord(t *testing.T) {
+	addr := proxytest.StartRedis(t)
+	r, err := NewRedis("redis://" + addr + "/0")
+	must(t, err)
+	defer r.Close()
+	raw := redis.NewClient(&redis.Options{Addr: addr})
+	defer raw.Close()
+	ctx := context.Background()
+	const id, ttl = "dropped", 10 * time.Minute
+	a, b := Owner{Replica: "a", Boot: "1"}, Owner{Replica: "b", Boot: "1"}
+	ca, err := r.Claim(ctx, id, a, ttl, false)
+	must(t, err)
+	must(t, r.Put(ctx, id, "p/x", bytes.Repeat([]byte("v"), outOfLine), ca.Fence, ttl))
+	vals, err := raw.Keys(ctx, "wt:{"+id+"}:v:*").Result()
+	must(t, err)
+	if len(vals) == 0 {
+		t.Fatal("no value kept out of line")
+	}
+	must(t, raw.Del(ctx, vals...).Err()) // evicted: the next script drops the record
+	_, err = r.Claim(ctx, id, b, ttl, true)
+	var leased *LeasedError
+	if !errors.As(err, &leased) || leased.Wait <= 0 || leased.Wait > Lease {
+		t.Fatalf("b's claim within a's lease, the record dropped: %v, want refused for at most %v", err, Lease)
+	}
+}
