@@ -366,10 +366,9 @@ type Host struct {
 	// callShares its calls in flight, rates its calls per second
 	// (shares.go).
 	parkedShares, callShares shares
-	// pluginCalls its calls in flight of each plugin (by tenant and
-	// plugin), memShares the memory limits of the instances they hold
+	// held the instances its calls in flight hold, and their memory
 	// (pluginShares).
-	pluginCalls, memShares shares
+	held heldInstances
 	// storeBytes counts the state store's bytes by tenant (shares.go);
 	// nil without a store.
 	storeBytes *storeBudget

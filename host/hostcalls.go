@@ -624,17 +624,20 @@ func (e *callEnv) resourceUpdated(uri string) error {
 		return nil
 	}
 	ctx, req := e.current()
-	params := &mcp.ResourceUpdatedNotificationParams{URI: uri}
-	if e.h.opts.Tenants && req != nil {
-		// Whose instance changed, for watchFilter: the SDK tells every
-		// session subscribed to the URI, and sends with a context of its
-		// own, so it travels in the params (and is taken out of them).
-		params.Meta = mcp.Meta{metaUpdateFrom: e.h.tenantOf(subjectOf(req.Extra))}
-	}
 	for _, s := range e.h.servers() {
 		// Only a server with sessions can have subscribers (the SDK logs
 		// every send, subscribers or not).
 		for range s.Sessions() {
+			// Params of its own for each server: the SDK writes each
+			// 2026-07-28 subscriber's ID into the params' _meta.
+			params := &mcp.ResourceUpdatedNotificationParams{URI: uri}
+			if e.h.opts.Tenants && req != nil {
+				// Whose instance changed, for watchFilter: the SDK tells
+				// every session subscribed to the URI, and sends with a
+				// context of its own, so it travels in the params (and
+				// is taken out of them).
+				params.Meta = mcp.Meta{metaUpdateFrom: e.h.tenantOf(subjectOf(req.Extra))}
+			}
 			_ = s.ResourceUpdated(ctx, params)
 			break
 		}

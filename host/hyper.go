@@ -306,7 +306,7 @@ func (h *Host) rootsChanged(req *mcp.RootsListChangedRequest) {
 				ctx, cancel := context.WithTimeout(tenantCtx, rootsDeliveryWait)
 				release, err := func() {}, error(nil)
 				if overHTTP {
-					release, err = h.admitCall(subject, p)
+					release, err = h.admitCall(subject, p, key)
 				}
 				if err == nil {
 					l, aerr := h.ses.Acquire(ctx, key, p)

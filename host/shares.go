@@ -6,7 +6,9 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/time/rate"
@@ -33,33 +35,94 @@ type shares struct {
 
 // take counts one more for tenant if it holds fewer than max, and
 // reports whether it did.
-func (s *shares) take(tenant string, max int) bool { return s.takeN(tenant, 1, max) }
-
-// takeN counts n more for tenant if it then holds at most max (or holds
-// nothing yet: one thing larger than a share may still be had alone), and
-// reports whether it did.
-func (s *shares) takeN(tenant string, n, max int) bool {
+func (s *shares) take(tenant string, max int) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if held := s.held[tenant]; held > 0 && held+n > max || held >= max {
+	if s.held[tenant] >= max {
 		return false
 	}
 	if s.held == nil {
 		s.held = map[string]int{}
 	}
-	s.held[tenant] += n
+	s.held[tenant]++
 	return true
 }
 
 // give counts one fewer for tenant.
-func (s *shares) give(tenant string) { s.giveN(tenant, 1) }
-
-// giveN counts n fewer for tenant.
-func (s *shares) giveN(tenant string, n int) {
+func (s *shares) give(tenant string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.held[tenant] -= n; s.held[tenant] <= 0 {
+	if s.held[tenant]--; s.held[tenant] <= 0 {
 		delete(s.held, tenant)
+	}
+}
+
+// heldInstances counts, for each tenant and plugin, the instances its
+// calls in flight hold (calls of one client queue on one instance: they
+// count once), and for each tenant the memory limits of them all: what
+// pluginShares bounds. It is safe for concurrent use.
+type heldInstances struct {
+	mu    sync.Mutex
+	calls map[string]map[string]int // tenant and plugin -> instance -> calls in flight
+	bytes map[string]int            // tenant -> memory limits of the instances held
+}
+
+// instanceOf names the instance a call of p for key holds: the client's
+// own, or, for a plugin that keeps no state (a pooled instance for each
+// call), one of its own.
+func instanceOf(key sessions.Key, p *plugins.Plugin) string {
+	if p.Stateless() || key == (sessions.Key{}) {
+		return "call:" + strconv.FormatUint(callSeq.Add(1), 10)
+	}
+	return key.String()
+}
+
+// callSeq numbers the calls that hold an instance of their own.
+var callSeq atomic.Uint64
+
+// take counts a call of tenant's on instance inst of plugin, of m bytes:
+// refused (an error matching sessions.ErrBusy) when it needs an instance
+// the tenant's share does not allow: more than n of plugin's (n > 0), or
+// more than bytes of memory in all (bytes > 0; a first instance always).
+func (s *heldInstances) take(tenant, plugin, inst string, n, m, bytes int) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	group := tenant + "\x00" + plugin
+	if s.calls[group][inst] > 0 {
+		s.calls[group][inst]++
+		return nil
+	}
+	switch held := s.bytes[tenant]; {
+	case n > 0 && len(s.calls[group]) >= n:
+		return fmt.Errorf("%w: this client's subject's calls in flight hold %d instances of plugin %q, its share", sessions.ErrBusy, n, plugin)
+	case bytes > 0 && held > 0 && held+m > bytes:
+		return fmt.Errorf("%w: this client's subject's calls in flight hold instances of %d bytes of memory, its share of the memory budget is %d", sessions.ErrBusy, held, bytes)
+	}
+	if s.calls == nil {
+		s.calls, s.bytes = map[string]map[string]int{}, map[string]int{}
+	}
+	if s.calls[group] == nil {
+		s.calls[group] = map[string]int{}
+	}
+	s.calls[group][inst] = 1
+	s.bytes[tenant] += m
+	return nil
+}
+
+// give ends what take counted.
+func (s *heldInstances) give(tenant, plugin, inst string, m int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	group := tenant + "\x00" + plugin
+	if s.calls[group][inst]--; s.calls[group][inst] > 0 {
+		return
+	}
+	delete(s.calls[group], inst)
+	if len(s.calls[group]) == 0 {
+		delete(s.calls, group)
+	}
+	if s.bytes[tenant] -= m; s.bytes[tenant] <= 0 {
+		delete(s.bytes, tenant)
 	}
 }
 
@@ -108,7 +171,7 @@ func (h *Host) pluginShares(p *plugins.Plugin) (instances, bytes int) {
 		return 0, 0
 	}
 	bound := h.opts.MaxInstancesPerPlugin
-	if n, ok := h.opts.InstanceLimits[p.Name()]; ok {
+	if n := h.opts.InstanceLimits[p.Name()]; n > 0 { // as the session layer reads it
 		bound = n
 	}
 	if bound > 0 {
@@ -143,7 +206,7 @@ func (h *Host) admitRun(ctx context.Context, env *callEnv, key sessions.Key, p *
 		return ctx, release, nil
 	}
 	if req.Extra != nil && req.Extra.Header != nil { // over HTTP
-		if release, err = h.admitCall(subjectOf(req.Extra), p); err != nil {
+		if release, err = h.admitCall(subjectOf(req.Extra), p, key); err != nil {
 			return ctx, nil, err
 		}
 	}
@@ -195,7 +258,7 @@ func (h *Host) openAdopted(ctx context.Context, key sessions.Key) error {
 // its calls per second ([Options.CallsPerSecondPerSubject]). Past either
 // it fails with an error matching sessions.ErrBusy (CodeBusy, retry);
 // else release must be called once the call has ended.
-func (h *Host) admitCall(subject string, p *plugins.Plugin) (release func(), err error) {
+func (h *Host) admitCall(subject string, p *plugins.Plugin, key sessions.Key) (release func(), err error) {
 	tenant := h.tenantOf(subject)
 	if r := h.opts.CallsPerSecondPerSubject; r > 0 {
 		h.rateMu.Lock()
@@ -233,22 +296,13 @@ func (h *Host) admitCall(subject string, p *plugins.Plugin) (release func(), err
 		taken = append(taken, func() { h.callShares.give(tenant) })
 	}
 	if n, bytes := h.pluginShares(p); n > 0 || bytes > 0 {
-		key := tenant + "\x00" + p.Name()
-		if n > 0 {
-			if !h.pluginCalls.take(key, n) {
-				undo()
-				return nil, fmt.Errorf("%w: this client's subject has %d calls of plugin %q in flight, its share of the plugin's instances", sessions.ErrBusy, n, p.Name())
-			}
-			taken = append(taken, func() { h.pluginCalls.give(key) })
+		inst := instanceOf(key, p)
+		m := int(min(p.MemoryLimit(), uint64(math.MaxInt)))
+		if err := h.held.take(tenant, p.Name(), inst, n, m, bytes); err != nil {
+			undo()
+			return nil, err
 		}
-		if bytes > 0 {
-			m := int(min(p.MemoryLimit(), uint64(math.MaxInt)))
-			if !h.memShares.takeN(tenant, m, bytes) {
-				undo()
-				return nil, fmt.Errorf("%w: this client's subject's calls in flight hold instances of %d bytes of memory or more, its share of the memory budget", sessions.ErrBusy, bytes)
-			}
-			taken = append(taken, func() { h.memShares.giveN(tenant, m) })
-		}
+		taken = append(taken, func() { h.held.give(tenant, p.Name(), inst, m) })
 	}
 	if len(taken) == 0 {
 		return func() {}, nil
@@ -288,10 +342,11 @@ type storeBudget struct {
 	records map[string]map[string]*recBytes // tenant -> store ID -> bytes
 	held    map[string]int                  // tenant -> bytes
 	sum     int
-	// unscanned counts the attributions refused at maxAttributed since
-	// forgetUnwrittenLocked last found nothing to forget: it scans again
-	// after maxAttributed/16 of them, so that a map full of written
-	// records costs a scan per 8,192 new records, not one each.
+	// unscanned counts down the attributions met at maxAttributed
+	// until forgetUnwrittenLocked scans again: a scan per 8,192 of them,
+	// not one each (a map full of written records, or one newcomer
+	// forgotten per scan, would otherwise cost a scan of 131,072 entries
+	// per request, under the lock every checkpoint takes).
 	unscanned int
 }
 
@@ -475,17 +530,13 @@ func (b *storeBudget) release(id string) {
 // pool's budget. One written later is attributed again by its next
 // request. b.mu is held.
 func (b *storeBudget) forgetUnwrittenLocked() {
-	forgot := false
 	for id, tenant := range b.tenant {
 		if b.records[tenant][id] == nil {
 			delete(b.tenant, id)
 			delete(b.assumed, id)
-			forgot = true
 		}
 	}
-	if !forgot {
-		b.unscanned = maxAttributed / 16
-	}
+	b.unscanned = maxAttributed / 16
 }
 
 // pruneLocked forgets tenant's records whose TTL lapsed (the store has

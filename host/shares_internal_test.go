@@ -122,3 +122,39 @@ func TestStoreBudgetForgetsUnwritten(t *testing.T) {
 		t.Fatalf("alice's record after bob's %d unwritten ones: alice holds %d, the anonymous pool %d; want alice's 80", maxAttributed, b.held["alice"], b.held["anon"])
 	}
 }
+
+// TestHeldInstancesCountInstances: a tenant's share of a plugin's
+// instances counts the instances its calls in flight hold, not the calls:
+// calls of one client queue on its one instance (a review found a second
+// call of the same client, or a roots delivery to it, refused by a share
+// that counted calls). The memory share counts each instance's limit once
+// too, and lets a first instance through whatever its size.
+func TestHeldInstancesCountInstances(t *testing.T) {
+	var s heldInstances
+	must := func(err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	must(s.take("bob", "p", "client-1", 1, 10, 0))
+	must(s.take("bob", "p", "client-1", 1, 10, 0)) // the same instance
+	if err := s.take("bob", "p", "client-2", 1, 10, 0); err == nil {
+		t.Fatal("a second instance past a share of 1: taken")
+	}
+	must(s.take("alice", "p", "client-3", 1, 10, 0)) // her own share
+	must(s.take("bob", "q", "client-1", 1, 10, 0))   // another plugin's
+	s.give("bob", "p", "client-1", 10)
+	if err := s.take("bob", "p", "client-2", 1, 10, 0); err == nil {
+		t.Fatal("client-1 still has a call in flight: client-2 taken")
+	}
+	s.give("bob", "p", "client-1", 10)
+	must(s.take("bob", "p", "client-2", 1, 10, 0))
+	// Memory: a first instance larger than the share, then none more.
+	var m heldInstances
+	must(m.take("carol", "big", "c-1", 0, 100, 50))
+	if err := m.take("carol", "small", "c-2", 0, 10, 50); err == nil {
+		t.Fatal("a second instance past the memory share: taken")
+	}
+	must(m.take("carol", "big", "c-1", 0, 100, 50)) // the same instance again
+}

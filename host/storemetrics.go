@@ -30,6 +30,8 @@ func storeOutcome(err error) string {
 		return "fenced"
 	case errors.Is(err, statestore.ErrHeld):
 		return "held"
+	case errors.Is(err, statestore.ErrLeased):
+		return "leased" // another replica's lease on the session: waited out
 	case statestore.Lost(err):
 		return "lost"
 	case errors.Is(err, statestore.ErrTooLarge):

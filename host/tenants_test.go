@@ -1064,18 +1064,14 @@ func TestURLCompletionBudgetPerTenant(t *testing.T) {
 	for range 40 {
 		call(t, alice, "url_flood", map[string]any{"count": 1})
 	}
-	const dropped = "URL elicitation completions dropped"
-	before := strings.Count(f.log.String(), dropped)
-	if before == 0 {
-		t.Fatalf("alice's 40 completions: none dropped (she got %d); the test's premise is wrong", aliceGot.Load())
+	if n := aliceGot.Load(); n >= 40 {
+		t.Fatalf("alice's 40 completions all sent (%d): the test's premise, that they pass the plugin's burst of 32, is wrong", n)
 	}
 	call(t, bob, "url_flood", map[string]any{"count": 1})
-	eventually(t, "bob's completion, sent or dropped", func() bool {
-		return bobGot.Load() > 0 || strings.Count(f.log.String(), dropped) > before
-	})
-	if bobGot.Load() == 0 {
-		t.Errorf("bob's one completion of his own URL elicitation was dropped after alice's %d (alice's calls used up the plugin's one budget)", aliceGot.Load())
-	}
+	// Each url_flood call also completes its ID again, which is dropped
+	// whoever's budget it is: the log says nothing of bob's first one, so
+	// the test waits for it to reach him.
+	eventually(t, "bob's completion of his own URL elicitation (dropped if alice's calls used up his budget)", func() bool { return bobGot.Load() > 0 })
 }
 
 // TestRelistWithTenantsReadsFreshInstance: with Options.Tenants, a

@@ -122,8 +122,13 @@ type Reloader struct {
 	onSwap  func(ctx context.Context, s Swap)
 	relists map[string]*rate.Limiter // by plugin name
 	// relistLater holds, by plugin name, the relist RelistFresh put off
-	// (Close stops them).
+	// (Close stops them); relistBusy names the plugins whose relist from
+	// a new instance runs, relistWG counts them (Close waits for them);
+	// closing refuses new ones.
 	relistLater map[string]*time.Timer
+	relistBusy  map[string]bool
+	relistWG    sync.WaitGroup
+	closing     bool
 }
 
 type fileState struct {
@@ -477,32 +482,83 @@ func (r *Reloader) RelistFresh(ctx context.Context, p *Plugin) error {
 	if cur == nil {
 		return fmt.Errorf("plugin %q: %w", p.Name(), ErrNotServed)
 	}
-	if !lim.Allow() {
-		r.mu.Lock()
-		defer r.mu.Unlock()
-		if r.relistLater[p.Name()] != nil || r.cat == nil {
-			return nil // one is due already, and will read these lists
+	if !r.startRelist(p, lim) {
+		return nil // put off: one is due, and will read these lists
+	}
+	defer r.endRelist(p)
+	return r.relistNew(ctx, p, cur)
+}
+
+// startRelist reports whether a relist of p from a new instance may start
+// now: none of p's is running (one at a time, so that a plugin's relists
+// hold at most one instance beside the session layer's bounds), the rate
+// allows it, and the reloader is not closing. Else it makes sure one is
+// due later (relistDue) and reports false. A true must be followed by
+// endRelist.
+func (r *Reloader) startRelist(p *Plugin, lim *rate.Limiter) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.closing || r.cat == nil {
+		return false
+	}
+	if !r.relistBusy[p.Name()] && lim.Allow() {
+		if r.relistBusy == nil {
+			r.relistBusy = map[string]bool{}
 		}
+		r.relistBusy[p.Name()] = true
+		r.relistWG.Add(1)
+		return true
+	}
+	if r.relistLater[p.Name()] == nil {
 		if r.relistLater == nil {
 			r.relistLater = map[string]*time.Timer{}
 		}
-		r.relistLater[p.Name()] = time.AfterFunc(lim.Reserve().Delay(), func() {
-			r.mu.Lock()
-			delete(r.relistLater, p.Name())
-			cur := r.servedLocked(p)
-			r.mu.Unlock()
-			if cur == nil {
-				return
-			}
-			ctx, cancel := context.WithTimeout(context.Background(), relistLaterTimeout)
-			defer cancel()
-			if err := r.relistNew(ctx, p, cur); err != nil {
-				r.log.Warn("plugin lists not read again", "plugin", p.Name(), "error", err)
-			}
-		})
-		return nil
+		wait := max(lim.Reserve().Delay(), RelistInterval/10)
+		r.relistLater[p.Name()] = time.AfterFunc(wait, func() { r.relistDue(p, lim) })
 	}
-	return r.relistNew(ctx, p, cur)
+	return false
+}
+
+// endRelist ends what startRelist started.
+func (r *Reloader) endRelist(p *Plugin) {
+	r.mu.Lock()
+	delete(r.relistBusy, p.Name())
+	r.mu.Unlock()
+	r.relistWG.Done()
+}
+
+// relistDue runs the relist of p that startRelist put off, or puts it
+// off again while another of p's runs.
+func (r *Reloader) relistDue(p *Plugin, lim *rate.Limiter) {
+	r.mu.Lock()
+	delete(r.relistLater, p.Name())
+	cur := r.servedLocked(p)
+	busy := r.relistBusy[p.Name()]
+	r.mu.Unlock()
+	if cur == nil {
+		return
+	}
+	if busy {
+		r.startRelist(p, lim) // due again later
+		return
+	}
+	r.mu.Lock()
+	if r.closing || r.relistBusy[p.Name()] {
+		r.mu.Unlock()
+		return
+	}
+	if r.relistBusy == nil {
+		r.relistBusy = map[string]bool{}
+	}
+	r.relistBusy[p.Name()] = true // its token was reserved when it was put off
+	r.relistWG.Add(1)
+	r.mu.Unlock()
+	defer r.endRelist(p)
+	ctx, cancel := context.WithTimeout(context.Background(), relistLaterTimeout)
+	defer cancel()
+	if err := r.relistNew(ctx, p, cur); err != nil {
+		r.log.Warn("plugin lists not read again", "plugin", p.Name(), "error", err)
+	}
 }
 
 // relistLaterTimeout bounds a relist RelistFresh put off (the plugin's
@@ -738,13 +794,17 @@ func (r *Reloader) Watch(ctx context.Context) error {
 // Close closes every plugin served.
 func (r *Reloader) Close(ctx context.Context) error {
 	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.cat == nil {
-		return nil
-	}
+	r.closing = true
 	for name, t := range r.relistLater {
 		t.Stop()
 		delete(r.relistLater, name)
+	}
+	r.mu.Unlock()
+	r.relistWG.Wait() // a relist from a new instance uses the plugins closed below
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.cat == nil {
+		return nil
 	}
 	err := r.cat.Close(ctx)
 	r.cat = nil
