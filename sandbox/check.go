@@ -1,6 +1,7 @@
 package sandbox
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"slices"
@@ -154,11 +155,20 @@ func CheckModule(wasm []byte, limits ModuleLimits) (ModuleStats, error) {
 }
 
 func checkModule(wasm []byte, limits ModuleLimits) (*checker, error) {
-	c := &checker{lim: limits.withDefaults(), data: dataInfo{mergeable: true}}
+	return checkModuleCtx(nil, wasm, limits)
+}
+
+// checkModuleCtx is checkModule, given up with ctx's error when ctx ends
+// (nil: never), as Compile's deadline covers the check.
+func checkModuleCtx(ctx context.Context, wasm []byte, limits ModuleLimits) (*checker, error) {
+	c := &checker{ctx: ctx, lim: limits.withDefaults(), data: dataInfo{mergeable: true}}
 	return c, c.module(wasm)
 }
 
 type checker struct {
+	// ctx, if not nil, ends the check with its error, looked at every
+	// 16 function bodies.
+	ctx     context.Context
 	lim     ModuleLimits
 	stats   ModuleStats
 	r       reader
@@ -596,6 +606,11 @@ func (c *checker) expr(r *reader, what string) error {
 }
 
 func (c *checker) code(r *reader, i uint32) error {
+	if c.ctx != nil && i%16 == 0 {
+		if err := c.ctx.Err(); err != nil {
+			return err
+		}
+	}
 	where := fmt.Sprintf("function %d", uint64(c.imports)+uint64(i))
 	size := r.u32()
 	if r.err != nil {

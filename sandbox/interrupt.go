@@ -144,8 +144,12 @@ type edit struct {
 // startExport. wasm must have passed the checker; the result differs in
 // the offsets of code, so custom sections that point into code (DWARF)
 // no longer match it.
-func instrument(wasm []byte) ([]byte, error) {
-	c := &checker{lim: unlimited, rec: &instrumentRecord{}}
+func instrument(wasm []byte) ([]byte, error) { return instrumentCtx(nil, wasm) }
+
+// instrumentCtx is instrument, given up with ctx's error when ctx ends
+// (nil: never): Compile's deadline covers it.
+func instrumentCtx(ctx context.Context, wasm []byte) ([]byte, error) {
+	c := &checker{ctx: ctx, lim: unlimited, rec: &instrumentRecord{}}
 	if err := c.module(wasm); err != nil {
 		return nil, fmt.Errorf("instrument: %w", err)
 	}

@@ -9,6 +9,7 @@
 package sandbox
 
 import (
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"errors"
@@ -121,7 +122,15 @@ func (r *Runtime) Compile(ctx context.Context, wasm []byte, p Policy) (*Compiled
 	if err := checkHeader(wasm); err != nil {
 		return nil, err
 	}
-	chk, err := checkModule(wasm, p.moduleLimits)
+	// The compile timeout covers the whole of it: the check and the
+	// rewriting (two passes over the module, as long as wazero's
+	// compilation for a module of many small loops) as well as wazero's
+	// compilation. A review found a module of 1,000 functions of 2,000
+	// loops each returned 15 s past its timeout on a loaded machine.
+	deadline := time.Now().Add(cmp.Or(p.compileTimeout, DefaultCompileTimeout))
+	pctx, cancel := context.WithDeadline(ctx, deadline)
+	defer cancel()
+	chk, err := checkModuleCtx(pctx, wasm, p.moduleLimits)
 	if err != nil {
 		return nil, fmt.Errorf("compile: %w", err)
 	}
@@ -137,9 +146,13 @@ func (r *Runtime) Compile(ctx context.Context, wasm []byte, p Policy) (*Compiled
 	wasm = chk.capTables(wasm)
 	flag := r.interrupt == InterruptFlag
 	if flag {
-		if wasm, err = instrument(wasm); err != nil {
+		if wasm, err = instrumentCtx(pctx, wasm); err != nil {
 			return nil, fmt.Errorf("compile: %w", err)
 		}
+	}
+	left := time.Until(deadline)
+	if err := pctx.Err(); err != nil || left <= 0 {
+		return nil, fmt.Errorf("compile: %w", cmp.Or(err, context.DeadlineExceeded))
 	}
 	cfg := wazero.NewRuntimeConfig().
 		WithCompilationCache(r.cache).
@@ -159,7 +172,7 @@ func (r *Runtime) Compile(ctx context.Context, wasm []byte, p Policy) (*Compiled
 	if err := defineHost(ctx, rt); err != nil {
 		return nil, closeRT(err)
 	}
-	mod, err := r.compileModule(ctx, rt, wasm, p.compileTimeout)
+	mod, err := r.compileModule(ctx, rt, wasm, left)
 	if err != nil {
 		if isOverrun(err) {
 			return nil, err // rt is closed when the compilation ends
