@@ -25,14 +25,9 @@ serve: build plugins
 # test: vet, every test under the race detector, then the tests whose
 # measure the race detector's instrumentation changes (sessions' memory,
 # a call's stack: TestSessionsFreeTheirMemory, TestCallStackDepth), without.
-#
-# go test starts packages' tests in the order they are named, as many at a
-# time as there are cores; the longest are named first, so that the last
-# to start is not one of them (on 2 cores this saves minutes).
-LONGEST_TESTS = ./host ./cmd/wasmtools ./sandbox ./internal/imagetest ./plugins
 test: plugins testplugins
 	$(GO) vet ./...
-	$(GO) test -race -count=1 -timeout 30m $(LONGEST_TESTS) ./...
+	$(GO) test -race -count=1 -timeout 30m ./...
 	$(GO) test -count=1 -run 'FreeTheirMemory|CallStackDepth' ./host
 
 clean:
