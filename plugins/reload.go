@@ -539,20 +539,24 @@ func (r *Reloader) relistDue(p *Plugin, lim *rate.Limiter) {
 		return
 	}
 	if busy {
-		r.startRelist(p, lim) // due again later
-		return
-	}
-	r.mu.Lock()
-	if r.closing || r.relistBusy[p.Name()] {
+		// Due again later; or, if the other ended meanwhile and the rate
+		// allows, now: startRelist then counts it, and it must end.
+		if !r.startRelist(p, lim) {
+			return
+		}
+	} else {
+		r.mu.Lock()
+		if r.closing || r.relistBusy[p.Name()] {
+			r.mu.Unlock()
+			return
+		}
+		if r.relistBusy == nil {
+			r.relistBusy = map[string]bool{}
+		}
+		r.relistBusy[p.Name()] = true // its token was reserved when it was put off
+		r.relistWG.Add(1)
 		r.mu.Unlock()
-		return
 	}
-	if r.relistBusy == nil {
-		r.relistBusy = map[string]bool{}
-	}
-	r.relistBusy[p.Name()] = true // its token was reserved when it was put off
-	r.relistWG.Add(1)
-	r.mu.Unlock()
 	defer r.endRelist(p)
 	ctx, cancel := context.WithTimeout(context.Background(), relistLaterTimeout)
 	defer cancel()
