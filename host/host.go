@@ -185,6 +185,20 @@ type Options struct {
 	// one of the same subject's idle handles, never another subject's;
 	// with none idle it is refused.
 	MaxHandlesPerSubject int
+	// MaxSessions bounds the open stateful HTTP sessions (Mcp-Session-Id,
+	// protocols up to 2025-11-25); 0 means [DefaultMaxSessions] (4,096).
+	// An initialize past it ends an idle session (one that made no
+	// request since it opened first, then the least recently used), and
+	// with none idle is refused with [CodeBusy]. A session also ends
+	// after SessionTimeout idle, or when its client DELETEs it.
+	MaxSessions int
+	// MaxSessionsPerSubject is each tenant's share of MaxSessions (with
+	// Tenants); 0 means a quarter of MaxSessions. Past its share a new
+	// session ends one of the same tenant's idle sessions, never
+	// another's; with none idle it is refused. Past MaxSessions alone,
+	// the idle session ended is the tenant's own, else one of the tenant
+	// holding the most.
+	MaxSessionsPerSubject int
 	// QuietHandles leaves out of every result the note that tells the
 	// model the session handle it was given; QuietPlugins overrides it for
 	// the plugins it names (true: no note; false: the note). The handle
@@ -319,6 +333,7 @@ type Host struct {
 	src     *plugins.Reloader // the one writer of the catalogue
 	ses     *sessions.Manager // every client's instances
 	conns   sync.Map          // *mcp.ServerSession -> sessions.Key, for sessions watched until they end
+	book    *sessionBook      // the stateful HTTP sessions open, bounded
 	posts   sync.Map          // liveHeader token -> the HTTP request's context, while a tools/call POST is served
 	connID  atomic.Uint64     // labels of sessions with no ID
 	// requests numbers the requests handed to v2 guests (their context's
@@ -462,6 +477,10 @@ func New(src *plugins.Reloader, opts *Options) *Host {
 		h.wg.Add(1)
 		go func() { defer h.wg.Done(); h.dur.Heartbeat(bg) }()
 	}
+	h.book = newSessionBook(&h.opts)
+	h.metrics.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "wasmtools_http_sessions", Help: "Stateful HTTP sessions (Mcp-Session-Id) open now.",
+	}, func() float64 { return float64(h.book.count()) }))
 	h.server = h.newServer(name, version)
 	h.modern = h.newServer(name, version)
 	// The catalogue served now, then every change, in src's order.
@@ -511,6 +530,9 @@ func (h *Host) newServer(name, version string) *mcp.Server {
 	// Inside every check (waitForLoad, access, tasks): only an initialize
 	// they let through makes a record.
 	s.AddReceivingMiddleware(h.keepNewSession)
+	// Outside keepNewSession: an initialize past the session bounds is
+	// refused before it makes a record.
+	s.AddReceivingMiddleware(h.bookSessions)
 	if h.opts.Loaded != nil {
 		s.AddReceivingMiddleware(h.waitForLoad)
 	}

@@ -35,6 +35,8 @@ type metrics struct {
 	claims      *prometheus.CounterVec
 	// Refusals by reason and by tenant kind (trace.go sees each).
 	refusals *prometheus.CounterVec
+	// Idle HTTP sessions ended to make room (sessionBook).
+	sessionsEvicted prometheus.Counter
 }
 
 func newMetrics() *metrics {
@@ -89,9 +91,12 @@ func newMetrics() *metrics {
 		refusals: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "wasmtools_refusals_total", Help: "Requests refused with one of wasmtools' codes, by reason (busy, at_capacity, state_unavailable, shutting_down, ...) and tenant (subject: an authenticated client; anonymous).",
 		}, []string{"reason", "tenant"}),
+		sessionsEvicted: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "wasmtools_http_sessions_evicted_total", Help: "Idle stateful HTTP sessions ended to make room for a new one under --max-sessions or a tenant's share of it.",
+		}),
 	}
 	m.reg.MustRegister(m.live, m.created, m.evictions, m.resets, m.calls, m.duration, m.adopted, m.storeLost, m.checkpoints, m.ckptTime, m.ckptBytes,
-		m.notSaved, m.storeOps, m.claims, m.refusals,
+		m.notSaved, m.storeOps, m.claims, m.refusals, m.sessionsEvicted,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }

@@ -82,6 +82,7 @@ func (h *Host) connKey(ss *mcp.ServerSession) sessions.Key {
 			_ = ss.Wait()
 			h.ses.End(context.Background(), key) // its grants go too: clientEnded
 			h.conns.Delete(ss)
+			h.book.closed(ss)
 			if h.dur != nil && !h.drain.draining.Load() && !h.isClosed() {
 				// The client ended it (DELETE) or it timed out: its
 				// record goes too. A host that drains or closes leaves

@@ -1154,3 +1154,97 @@ func TestPerPluginBoundsShared(t *testing.T) {
 		t.Errorf("alice's call while bob's call runs: %s; want served", text(res))
 	}
 }
+
+// TestSessionFairShares: with MaxSessions 8, each tenant may hold 2 open
+// stateful HTTP sessions. bob's third session ends one of his own idle
+// ones (the one that never made a request, though his other is older);
+// the anonymous pool's likewise; alice's session lives through both, her
+// count going on. With both of bob's sessions serving a call, his next
+// initialize is refused with CodeBusy, and alice still opens a second.
+// Until stop 63 nothing bounded the sessions: one client could open them
+// until the memory ran out, each living until the session timeout.
+func TestSessionFairShares(t *testing.T) {
+	const shared = "shared-token-0123456789"
+	f := newFixture(t, &host.Options{MaxSessions: 8, Tenants: true}, sandbox.NewPolicy(), map[string]string{
+		"counter.wasm":    testplugins.Example(t, "counter"),
+		"everything.wasm": testplugins.Example(t, "everything"),
+	})
+	url := serveGuarded(t, f, host.GuardOptions{Token: shared, Tokens: map[string]string{"alice": aliceToken, "bob": bobToken}})
+	const stateful = "2025-11-25"
+	greet := func(cs *mcp.ClientSession) error {
+		res, err := cs.CallTool(context.Background(), &mcp.CallToolParams{Name: "greet", Arguments: map[string]any{"name": "x"}})
+		if err == nil && res.IsError {
+			err = fmt.Errorf("%s", text(res))
+		}
+		return err
+	}
+	alice := connectHTTP(t, url, stateful, tenantTransport{token: aliceToken})
+	if got := text(call(t, alice, "count", nil)); got != "1" {
+		t.Fatalf("alice: count = %s, want 1", got)
+	}
+	b1 := connectHTTP(t, url, stateful, tenantTransport{token: bobToken})
+	if err := greet(b1); err != nil {
+		t.Fatal(err)
+	}
+	b2 := connectHTTP(t, url, stateful, tenantTransport{token: bobToken}) // never used
+	b3 := connectHTTP(t, url, stateful, tenantTransport{token: bobToken})
+	if err := greet(b2); err == nil {
+		t.Errorf("bob's unused session served after his third opened; want it ended")
+	}
+	if err := greet(b1); err != nil {
+		t.Errorf("bob's used session after his third opened: %v", err)
+	}
+	for range 3 {
+		connectHTTP(t, url, stateful, tenantTransport{token: shared})
+	}
+	if got := text(call(t, alice, "count", nil)); got != "2" {
+		t.Errorf("alice: count = %s after the others' sessions, want 2", got)
+	}
+	// Both of bob's sessions busy: no idle one of his to end.
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel() // before the clients close, which waits for their calls
+	busy := f.h.BusyInstances()
+	for _, cs := range []*mcp.ClientSession{b1, b3} {
+		go cs.CallTool(ctx, &mcp.CallToolParams{Name: "slow_compute", Arguments: map[string]any{"seconds": 600}})
+	}
+	eventually(t, "bob's two calls to run", func() bool { return f.h.BusyInstances() >= busy+2 })
+	tr := &mcp.StreamableClientTransport{Endpoint: url + "/mcp", HTTPClient: &http.Client{Transport: tenantTransport{token: bobToken}}}
+	cs, err := mcp.NewClient(&mcp.Implementation{Name: "test", Version: "1"}, nil).Connect(context.Background(), tr, &mcp.ClientSessionOptions{ProtocolVersion: stateful})
+	if err == nil {
+		cs.Close() // its stream would hold the test server open
+	}
+	if rpcCode(err) != host.CodeBusy {
+		t.Errorf("bob's session past his share, both busy: %v, want CodeBusy", err)
+	}
+	connectHTTP(t, url, stateful, tenantTransport{token: aliceToken})
+	if got := text(call(t, alice, "count", nil)); got != "3" {
+		t.Errorf("alice: count = %s at the end, want 3", got)
+	}
+}
+
+// TestMaxSessions: without tenants, the session past MaxSessions ends the
+// idle session that made no request since it opened, else the least
+// recently used; the others keep their state.
+func TestMaxSessions(t *testing.T) {
+	f := newFixture(t, &host.Options{MaxSessions: 3}, sandbox.NewPolicy(), map[string]string{"counter.wasm": testplugins.Example(t, "counter")})
+	url := serveHTTP(t, f)
+	const stateful = "2025-11-25"
+	a := connectHTTP(t, url, stateful, nil)
+	call(t, a, "count", nil)
+	b := connectHTTP(t, url, stateful, nil)
+	c := connectHTTP(t, url, stateful, nil)
+	call(t, c, "count", nil)
+	d := connectHTTP(t, url, stateful, nil) // ends b, never used
+	if _, err := b.CallTool(context.Background(), &mcp.CallToolParams{Name: "count"}); err == nil {
+		t.Errorf("b served after the fourth session opened; want it ended")
+	}
+	call(t, d, "count", nil)
+	call(t, c, "count", nil)
+	connectHTTP(t, url, stateful, nil) // ends a, used longest ago
+	if _, err := a.CallTool(context.Background(), &mcp.CallToolParams{Name: "count"}); err == nil {
+		t.Errorf("a served after the fifth session opened; want it ended")
+	}
+	if got := text(call(t, c, "count", nil)); got != "3" {
+		t.Errorf("c: count = %s, want 3", got)
+	}
+}

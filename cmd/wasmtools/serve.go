@@ -57,6 +57,7 @@ func cmdServe(ctx context.Context, args []string, lookupEnv func(string) (string
 	deriveHeader := fs.Bool("derive-session-header", false, "fill in a 2026-07-28 call's missing Mcp-Param-Wasmtools-Session header from its session argument (for clients that dropped their tool cache after list_changed); off: refused, as MCP 2026-07-28 says")
 	clientHeader := fs.String("client-header", "", "HTTP header that identifies a client on sessionless (2026-07-28) requests, so its calls share instances instead of getting session handles; not authentication")
 	handleNote := fs.Bool("handle-note", true, "tell the model, in a note after a result, the session handle minted for a 2026-07-28 client (the handle is in the result's _meta either way)")
+	maxSessions := fs.Int("max-sessions", 0, "at most this many open stateful HTTP sessions (Mcp-Session-Id); past it a new one ends an idle session, or is refused (0: 4096)")
 	maxHandles := fs.Int("max-handles", 0, "at most this many open session handles of 2026-07-28 clients; past it an idle one is ended, those never passed back first (0: 1000)")
 	recordLog := fs.String("record-log", "", "append one JSON line per tool call (with the records it wrote) to FILE")
 	recordLogMax := fs.String("record-log-max", defaultRecordLogMax, "rotate the record log at this size, keeping the previous one as FILE.1 (0: never)")
@@ -176,6 +177,7 @@ func cmdServe(ctx context.Context, args []string, lookupEnv func(string) (string
 		MaxGrantQuestions:  cfg.Grants.MaxQuestions,
 		MaxCallsPerSubject: cfg.Limits.MaxCallsPerSubject, CallsPerSecondPerSubject: cfg.Limits.CallsPerSecondPerSubject,
 		MaxHandlesPerSubject: cfg.Limits.MaxHandlesPerSubject, MaxParkedPerSubject: cfg.Limits.MaxParkedPerSubject,
+		MaxSessions: *maxSessions, MaxSessionsPerSubject: cfg.Limits.MaxSessionsPerSubject,
 		MaxAnonymousTasks:   cfg.Limits.MaxAnonymousTasks,
 		StoreBytesPerRecord: int(cfg.Limits.StoreBytesPerRecord), StoreBytesPerTenant: int(cfg.Limits.StoreBytesPerSubject), StoreBytesTotal: int(cfg.Limits.StoreBytesTotal),
 	}

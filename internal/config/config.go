@@ -300,6 +300,7 @@ type Limits struct {
 	MaxCallsPerSubject       int     `toml:"max_calls_per_subject"`
 	CallsPerSecondPerSubject float64 `toml:"calls_per_second_per_subject"`
 	MaxHandlesPerSubject     int     `toml:"max_handles_per_subject"`
+	MaxSessionsPerSubject    int     `toml:"max_sessions_per_subject"`
 	MaxParkedPerSubject      int     `toml:"max_parked_per_subject"`
 	MaxAnonymousTasks        int     `toml:"max_anonymous_tasks"`
 	StoreBytesPerRecord      Size    `toml:"store_bytes_per_record"`

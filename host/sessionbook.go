@@ -1,0 +1,259 @@
+package host
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+)
+
+// DefaultMaxSessions bounds the open stateful HTTP sessions when
+// [Options.MaxSessions] is 0. An idle session costs the go-sdk's session
+// and transport (tens of KiB) until the session timeout, and a client
+// opens one with a single request; 4,096 of them are some 200 MiB at most.
+const DefaultMaxSessions = 4096
+
+// sessionBook bounds the open stateful HTTP sessions (Mcp-Session-Id): in
+// all, [Options.MaxSessions], and with tenants, each tenant's share of
+// them, [Options.MaxSessionsPerSubject]. An initialize past a bound ends
+// an idle session to make room: one of the same tenant's (those that made
+// no request after they opened first, then the least recently used), or,
+// past the total alone, one of the tenant holding the most; never another
+// tenant's to fit a tenant over its share. With none idle the initialize
+// is refused (CodeBusy), and the go-sdk drops the session it made for it.
+//
+// A session is idle while none of its requests is being served; an open
+// GET stream does not make it busy (a go-sdk client keeps one open for
+// the session's life). It is safe for concurrent use; the per-request
+// work is a map load and two atomic adds.
+type sessionBook struct {
+	max, share int
+	tenants    bool
+
+	mu       sync.Mutex
+	open     int
+	byTenant map[string]map[*bookEntry]struct{}
+	// entries is read by every request of a stateful session (enter),
+	// without mu.
+	entries sync.Map // *mcp.ServerSession -> *bookEntry
+}
+
+type bookEntry struct {
+	ss     *mcp.ServerSession
+	tenant string
+	// busy counts the session's requests being served; -1 once the
+	// session was chosen to be ended, so that no request enters it then.
+	busy atomic.Int32
+	// last is when the session's last request ended (or it opened), in
+	// Unix nanoseconds; used says it made a request after it opened.
+	last atomic.Int64
+	used atomic.Bool
+}
+
+func newSessionBook(o *Options) *sessionBook {
+	b := &sessionBook{
+		max:      cmp.Or(o.MaxSessions, DefaultMaxSessions),
+		tenants:  o.Tenants,
+		byTenant: map[string]map[*bookEntry]struct{}{},
+	}
+	b.share = b.max
+	if o.Tenants {
+		b.share = max(cmp.Or(o.MaxSessionsPerSubject, b.max/4), 1)
+	}
+	return b
+}
+
+// count is the number of sessions open now, for the metrics.
+func (b *sessionBook) count() int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.open
+}
+
+// openSession books ss, which an initialize of tenant's is opening. It
+// returns the session to end to make room (nil for none), or an error
+// when no idle session may be ended.
+func (b *sessionBook) openSession(ss *mcp.ServerSession, tenant string) (*mcp.ServerSession, error) {
+	if !b.tenants {
+		tenant = ""
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if _, ok := b.entries.Load(ss); ok {
+		return nil, nil // a second initialize: the go-sdk refuses it
+	}
+	own := b.byTenant[tenant]
+	var victim *bookEntry
+	switch {
+	case len(own) >= b.share:
+		if victim = idlest(own); victim == nil {
+			return nil, fmt.Errorf("%w: this client's %d HTTP sessions are all serving requests, its share; end one (HTTP DELETE) or retry later", errSessionsBusy, len(own))
+		}
+	case b.open >= b.max:
+		if victim = idlest(own); victim == nil {
+			victim = idlest(b.largestLocked())
+		}
+		if victim == nil {
+			return nil, fmt.Errorf("%w: the server's %d HTTP sessions are all serving requests; retry later", errSessionsBusy, b.open)
+		}
+	}
+	if victim != nil {
+		b.dropLocked(victim)
+	}
+	e := &bookEntry{ss: ss, tenant: tenant}
+	e.last.Store(time.Now().UnixNano())
+	if own == nil {
+		own = map[*bookEntry]struct{}{}
+		b.byTenant[tenant] = own
+	}
+	own[e] = struct{}{}
+	b.open++
+	b.entries.Store(ss, e)
+	if victim == nil {
+		return nil, nil
+	}
+	return victim.ss, nil
+}
+
+// errSessionsBusy is matched by the refusal of an initialize past the
+// session bounds with no idle session to end.
+var errSessionsBusy = errors.New("no new HTTP session")
+
+// idlest claims (busy 0 → -1) and returns the entry of set most fit to
+// end: one unused since it opened first, then the least recently used;
+// nil when every one is serving a request. The caller holds mu.
+func idlest(set map[*bookEntry]struct{}) *bookEntry {
+	for {
+		var best *bookEntry
+		for e := range set {
+			if e.busy.Load() != 0 {
+				continue
+			}
+			if best == nil || better(e, best) {
+				best = e
+			}
+		}
+		if best == nil || best.busy.CompareAndSwap(0, -1) {
+			return best
+		}
+		// A request entered it meanwhile: choose again.
+	}
+}
+
+func better(e, than *bookEntry) bool {
+	if eu, tu := e.used.Load(), than.used.Load(); eu != tu {
+		return !eu
+	}
+	return e.last.Load() < than.last.Load()
+}
+
+// largestLocked is the sessions of the tenant holding the most. The
+// caller holds mu.
+func (b *sessionBook) largestLocked() map[*bookEntry]struct{} {
+	var most map[*bookEntry]struct{}
+	for _, set := range b.byTenant {
+		if len(set) > len(most) {
+			most = set
+		}
+	}
+	return most
+}
+
+// dropLocked forgets e. The caller holds mu.
+func (b *sessionBook) dropLocked(e *bookEntry) {
+	if cur, ok := b.entries.Load(e.ss); !ok || cur != e {
+		return
+	}
+	b.entries.Delete(e.ss)
+	set := b.byTenant[e.tenant]
+	delete(set, e)
+	if len(set) == 0 {
+		delete(b.byTenant, e.tenant)
+	}
+	b.open--
+}
+
+// closed forgets ss, which ended (or whose initialize failed).
+func (b *sessionBook) closed(ss *mcp.ServerSession) {
+	v, ok := b.entries.Load(ss)
+	if !ok {
+		return
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.dropLocked(v.(*bookEntry))
+}
+
+// enter counts a request of ss in, and returns what counts it out; ok is
+// false when ss is being ended to make room (its request would find it
+// gone a moment later).
+func (b *sessionBook) enter(ss *mcp.ServerSession) (leave func(), ok bool) {
+	v, found := b.entries.Load(ss)
+	if !found {
+		return func() {}, true // not booked: a session of no ID, or one opening
+	}
+	e := v.(*bookEntry)
+	for {
+		n := e.busy.Load()
+		if n < 0 {
+			return nil, false
+		}
+		if e.busy.CompareAndSwap(n, n+1) {
+			break
+		}
+	}
+	return func() {
+		e.used.Store(true)
+		e.last.Store(time.Now().UnixNano())
+		e.busy.Add(-1)
+	}, true
+}
+
+// bookSessions is the receiving middleware of [sessionBook]: it books the
+// stateful HTTP session an initialize opens, ending another to make room
+// or refusing it, and counts each later request in and out.
+func (h *Host) bookSessions(next mcp.MethodHandler) mcp.MethodHandler {
+	return func(ctx context.Context, method string, req mcp.Request) (mcp.Result, error) {
+		ss, ok := req.GetSession().(*mcp.ServerSession)
+		if !ok || ss.ID() == "" {
+			return next(ctx, method, req) // stdio, in-memory, sessionless
+		}
+		if method == "notifications/initialized" {
+			// The handshake's end, not a use: a client that opens
+			// sessions and leaves them is the first to make room.
+			return next(ctx, method, req)
+		}
+		if method != "initialize" {
+			leave, ok := h.book.enter(ss)
+			if !ok {
+				return nil, protocolError(fmt.Errorf("%w: this session was ended to make room for a new one", ErrSessionEnded))
+			}
+			defer leave()
+			return next(ctx, method, req)
+		}
+		victim, err := h.book.openSession(ss, h.tenantOf(subjectOf(req.GetExtra())))
+		if err != nil {
+			h.log.Warn("new HTTP session refused", "session", ss.ID(), "error", err)
+			// The go-sdk closes a session whose initialize failed.
+			return nil, &jsonrpc.Error{Code: CodeBusy, Message: err.Error(), Data: []byte(`{"reason":"too_many_sessions","retry":true}`)}
+		}
+		if victim != nil {
+			h.log.Info("idle HTTP session ended to make room", "session", victim.ID(), "for", ss.ID())
+			h.metrics.sessionsEvicted.Inc()
+			go victim.Close()
+		}
+		res, err := next(ctx, method, req)
+		if err != nil {
+			h.book.closed(ss)
+			return res, err
+		}
+		h.connKey(ss) // watched: the book forgets it when it ends
+		return res, err
+	}
+}
