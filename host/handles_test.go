@@ -258,22 +258,11 @@ func TestHandleHeaderChecked(t *testing.T) {
 	post := func(header string, args string) (int, string) {
 		body := `{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"count","arguments":` + args +
 			`,"_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28","io.modelcontextprotocol/clientCapabilities":{}}}}`
-		req, _ := http.NewRequest("POST", url+"/mcp", strings.NewReader(body))
-		req.Header.Set("Content-Type", "application/json")
-		req.Header.Set("Accept", "application/json, text/event-stream")
-		req.Header.Set("Mcp-Protocol-Version", "2026-07-28")
-		req.Header.Set("Mcp-Method", "tools/call")
-		req.Header.Set("Mcp-Name", "count")
+		h := http.Header{"Mcp-Protocol-Version": {"2026-07-28"}, "Mcp-Method": {"tools/call"}, "Mcp-Name": {"count"}}
 		if header != "" {
-			req.Header.Set("Mcp-Param-"+host.SessionHeader, header)
+			h.Set("Mcp-Param-"+host.SessionHeader, header)
 		}
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		b, _ := io.ReadAll(resp.Body)
-		return resp.StatusCode, string(b)
+		return rawPost(t, url, body, h)
 	}
 	arg := `{"` + host.SessionArgument + `":"` + h + `"}`
 	if code, body := post(h, arg); code != 200 || !strings.Contains(body, `"text":"2"`) {

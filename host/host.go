@@ -197,7 +197,7 @@ type Options struct {
 	// session ends one of the same tenant's idle sessions, never
 	// another's; with none idle it is refused. Past MaxSessions alone,
 	// the idle session ended is the tenant's own, else one of the tenant
-	// holding the most.
+	// holding the most (or the next largest with one idle).
 	MaxSessionsPerSubject int
 	// QuietHandles leaves out of every result the note that tells the
 	// model the session handle it was given; QuietPlugins overrides it for

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -24,8 +25,9 @@ const DefaultMaxSessions = 4096
 // them, [Options.MaxSessionsPerSubject]. An initialize past a bound ends
 // an idle session to make room: one of the same tenant's (those that made
 // no request after they opened first, then the least recently used), or,
-// past the total alone, one of the tenant holding the most; never another
-// tenant's to fit a tenant over its share. With none idle the initialize
+// past the total alone, one of the tenant holding the most (else of the
+// next largest with one idle); never another tenant's to fit a tenant
+// over its share. A second initialize of a live session stays booked. With none idle the initialize
 // is refused (CodeBusy), and the go-sdk drops the session it made for it.
 //
 // A session is idle while none of its requests is being served; an open
@@ -58,9 +60,12 @@ type bookEntry struct {
 
 func newSessionBook(o *Options) *sessionBook {
 	b := &sessionBook{
-		max:      cmp.Or(o.MaxSessions, DefaultMaxSessions),
+		max:      DefaultMaxSessions,
 		tenants:  o.Tenants,
 		byTenant: map[string]map[*bookEntry]struct{}{},
+	}
+	if o.MaxSessions > 0 {
+		b.max = o.MaxSessions
 	}
 	b.share = b.max
 	if o.Tenants {
@@ -78,33 +83,36 @@ func (b *sessionBook) count() int {
 
 // openSession books ss, which an initialize of tenant's is opening. It
 // returns the session to end to make room (nil for none), or an error
-// when no idle session may be ended.
-func (b *sessionBook) openSession(ss *mcp.ServerSession, tenant string) (*mcp.ServerSession, error) {
+// when no idle session may be ended; booked is false for a session booked
+// already (a second initialize, which the go-sdk refuses and which must
+// not unbook the live session).
+func (b *sessionBook) openSession(ss *mcp.ServerSession, tenant string) (victim *mcp.ServerSession, booked bool, err error) {
 	if !b.tenants {
 		tenant = ""
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if _, ok := b.entries.Load(ss); ok {
-		return nil, nil // a second initialize: the go-sdk refuses it
+		return nil, false, nil
 	}
 	own := b.byTenant[tenant]
-	var victim *bookEntry
+	var end *bookEntry
 	switch {
 	case len(own) >= b.share:
-		if victim = idlest(own); victim == nil {
-			return nil, fmt.Errorf("%w: this client's %d HTTP sessions are all serving requests, its share; end one (HTTP DELETE) or retry later", errSessionsBusy, len(own))
+		if end = idlest(own); end == nil {
+			return nil, false, fmt.Errorf("%w: this client's %d HTTP sessions are all serving requests, its share; end one (HTTP DELETE) or retry later", errSessionsBusy, len(own))
 		}
 	case b.open >= b.max:
-		if victim = idlest(own); victim == nil {
-			victim = idlest(b.largestLocked())
+		if end = idlest(own); end == nil {
+			end = b.idlestOfLargestLocked()
 		}
-		if victim == nil {
-			return nil, fmt.Errorf("%w: the server's %d HTTP sessions are all serving requests; retry later", errSessionsBusy, b.open)
+		if end == nil {
+			return nil, false, fmt.Errorf("%w: the server's %d HTTP sessions are all serving requests; retry later", errSessionsBusy, b.open)
 		}
 	}
-	if victim != nil {
-		b.dropLocked(victim)
+	if end != nil {
+		b.dropLocked(end)
+		victim = end.ss
 	}
 	e := &bookEntry{ss: ss, tenant: tenant}
 	e.last.Store(time.Now().UnixNano())
@@ -115,10 +123,7 @@ func (b *sessionBook) openSession(ss *mcp.ServerSession, tenant string) (*mcp.Se
 	own[e] = struct{}{}
 	b.open++
 	b.entries.Store(ss, e)
-	if victim == nil {
-		return nil, nil
-	}
-	return victim.ss, nil
+	return victim, true, nil
 }
 
 // errSessionsBusy is matched by the refusal of an initialize past the
@@ -153,16 +158,22 @@ func better(e, than *bookEntry) bool {
 	return e.last.Load() < than.last.Load()
 }
 
-// largestLocked is the sessions of the tenant holding the most. The
-// caller holds mu.
-func (b *sessionBook) largestLocked() map[*bookEntry]struct{} {
-	var most map[*bookEntry]struct{}
+// idlestOfLargestLocked claims the idle session to end past MaxSessions
+// when the tenant opening one has none idle: of the tenant holding the
+// most, else of the next largest, and so on (nil when every session is
+// busy). The caller holds mu.
+func (b *sessionBook) idlestOfLargestLocked() *bookEntry {
+	sets := make([]map[*bookEntry]struct{}, 0, len(b.byTenant))
 	for _, set := range b.byTenant {
-		if len(set) > len(most) {
-			most = set
+		sets = append(sets, set)
+	}
+	slices.SortFunc(sets, func(x, y map[*bookEntry]struct{}) int { return len(y) - len(x) })
+	for _, set := range sets {
+		if e := idlest(set); e != nil {
+			return e
 		}
 	}
-	return most
+	return nil
 }
 
 // dropLocked forgets e. The caller holds mu.
@@ -237,7 +248,7 @@ func (h *Host) bookSessions(next mcp.MethodHandler) mcp.MethodHandler {
 			defer leave()
 			return next(ctx, method, req)
 		}
-		victim, err := h.book.openSession(ss, h.tenantOf(subjectOf(req.GetExtra())))
+		victim, booked, err := h.book.openSession(ss, h.tenantOf(subjectOf(req.GetExtra())))
 		if err != nil {
 			h.log.Warn("new HTTP session refused", "session", ss.ID(), "error", err)
 			// The go-sdk closes a session whose initialize failed.
@@ -250,7 +261,9 @@ func (h *Host) bookSessions(next mcp.MethodHandler) mcp.MethodHandler {
 		}
 		res, err := next(ctx, method, req)
 		if err != nil {
-			h.book.closed(ss)
+			if booked { // not a second initialize of a live session
+				h.book.closed(ss)
+			}
 			return res, err
 		}
 		h.connKey(ss) // watched: the book forgets it when it ends

@@ -1202,8 +1202,8 @@ func TestSessionFairShares(t *testing.T) {
 	}
 	// Both of bob's sessions busy: no idle one of his to end.
 	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel() // before the clients close, which waits for their calls
 	busy := f.h.BusyInstances()
+	defer endCalls(t, f, cancel, busy)
 	for _, cs := range []*mcp.ClientSession{b1, b3} {
 		go cs.CallTool(ctx, &mcp.CallToolParams{Name: "slow_compute", Arguments: map[string]any{"seconds": 600}})
 	}

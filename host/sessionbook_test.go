@@ -1,0 +1,163 @@
+package host_test
+
+import (
+	"context"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/wasmtools/wasmtools/host"
+	"github.com/wasmtools/wasmtools/internal/testplugins"
+	"github.com/wasmtools/wasmtools/sandbox"
+)
+
+// rawPost sends body to url's MCP endpoint as a client would, with the
+// headers given besides, and returns the status and body.
+func rawPost(t *testing.T, url, body string, header http.Header) (int, string) {
+	t.Helper()
+	req, _ := http.NewRequest(http.MethodPost, url+"/mcp", strings.NewReader(body))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Accept", "application/json, text/event-stream")
+	for k, v := range header {
+		req.Header[k] = v
+	}
+	res, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer res.Body.Close()
+	b, _ := io.ReadAll(res.Body)
+	return res.StatusCode, string(b)
+}
+
+// openSessions is the wasmtools_http_sessions line of f's metrics.
+func openSessions(f *fixture) string {
+	rec := httptest.NewRecorder()
+	f.h.MetricsHandler().ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
+	for _, l := range strings.Split(rec.Body.String(), "\n") {
+		if strings.HasPrefix(l, "wasmtools_http_sessions ") {
+			return l
+		}
+	}
+	return "(none)"
+}
+
+// connectAs opens a stateful HTTP session with token, returning the
+// go-sdk's error rather than failing.
+func connectAs(url, token string) (*mcp.ClientSession, error) {
+	tr := &mcp.StreamableClientTransport{Endpoint: url + "/mcp", HTTPClient: &http.Client{Transport: tenantTransport{token: token}}}
+	return mcp.NewClient(&mcp.Implementation{Name: "test", Version: "1"}, nil).Connect(context.Background(), tr, &mcp.ClientSessionOptions{ProtocolVersion: "2025-11-25"})
+}
+
+// endCalls cancels the calls of ctx and waits for them to end, before the
+// clients close: a go-sdk session closed with a call in flight waits for
+// its handler, and so for the guest's deadline.
+func endCalls(t *testing.T, f *fixture, cancel context.CancelFunc, busy int) {
+	cancel()
+	eventually(t, "the cancelled calls to end", func() bool { return f.h.BusyInstances() <= busy })
+}
+
+// TestSecondInitializeKeepsSessionBooked: a second initialize on a live
+// session, which the go-sdk refuses, leaves the session counted. (A review
+// found it unbooked: a client sending one after each initialize held any
+// number of sessions past MaxSessions, none ever ended to make room.)
+func TestSecondInitializeKeepsSessionBooked(t *testing.T) {
+	f := newFixture(t, &host.Options{MaxSessions: 2}, sandbox.NewPolicy(), map[string]string{"counter.wasm": testplugins.Example(t, "counter")})
+	url := serveHTTP(t, f)
+	const dup = `{"jsonrpc":"2.0","id":99,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"x","version":"1"}}}`
+	var all []*mcp.ClientSession
+	for range 6 {
+		cs := connectHTTP(t, url, "2025-11-25", nil)
+		call(t, cs, "count", nil)
+		if code, body := rawPost(t, url, dup, http.Header{"Mcp-Session-Id": {cs.ID()}, "Mcp-Protocol-Version": {"2025-11-25"}}); !strings.Contains(body, "duplicate") {
+			t.Errorf("second initialize: HTTP %d %.200s, want the go-sdk's refusal", code, body)
+		}
+		all = append(all, cs)
+	}
+	if got := openSessions(f); got != "wasmtools_http_sessions 2" {
+		t.Errorf("%s, want 2", got)
+	}
+	live := 0
+	for _, cs := range all {
+		if res, err := cs.CallTool(context.Background(), &mcp.CallToolParams{Name: "count"}); err == nil && !res.IsError {
+			live++
+		}
+	}
+	if live > 2 {
+		t.Errorf("%d sessions open and served with MaxSessions 2", live)
+	}
+}
+
+// TestSessionBookDrainsToZero: sessions opening, ending one another to
+// make room and closing, concurrently; once every client closed, the book
+// holds none.
+func TestSessionBookDrainsToZero(t *testing.T) {
+	f := newFixture(t, &host.Options{MaxSessions: 3}, sandbox.NewPolicy(), map[string]string{"counter.wasm": testplugins.Example(t, "counter")})
+	url := serveHTTP(t, f)
+	done := make(chan struct{})
+	for range 6 {
+		go func() {
+			defer func() { done <- struct{}{} }()
+			for range 4 {
+				cs, err := connectAs(url, "")
+				if err != nil {
+					continue // all three busy at that moment
+				}
+				cs.CallTool(context.Background(), &mcp.CallToolParams{Name: "count"})
+				cs.Close()
+			}
+		}()
+	}
+	for range 6 {
+		<-done
+	}
+	eventually(t, "the book to empty", func() bool { return openSessions(f) == "wasmtools_http_sessions 0" })
+}
+
+// TestSessionBoundEndsNextLargestTenants: past MaxSessions, when the
+// tenant holding the most has every session busy, an idle session of the
+// next tenant is ended rather than the initialize refused. alice holds 2
+// sessions, both serving a call, and bob 1, idle: the anonymous pool's
+// session ends bob's, and so on for six rounds. (A review found one
+// tenant holding the most taken, in map order, when tenants tied, and
+// the initialize refused although another had an idle session.)
+func TestSessionBoundEndsNextLargestTenants(t *testing.T) {
+	const shared = "shared-token-0123456789"
+	f := newFixture(t, &host.Options{MaxSessions: 3, MaxSessionsPerSubject: 2, Tenants: true}, sandbox.NewPolicy(), map[string]string{
+		"everything.wasm": testplugins.Example(t, "everything"),
+	})
+	url := serveGuarded(t, f, host.GuardOptions{Token: shared, Tokens: map[string]string{"alice": aliceToken, "bob": bobToken}})
+	ctx, cancel := context.WithCancel(context.Background())
+	busy := f.h.BusyInstances()
+	defer endCalls(t, f, cancel, busy)
+	for range 2 {
+		cs := connectHTTP(t, url, "2025-11-25", tenantTransport{token: aliceToken})
+		go cs.CallTool(ctx, &mcp.CallToolParams{Name: "slow_compute", Arguments: map[string]any{"seconds": 600}})
+	}
+	eventually(t, "alice's calls to run", func() bool { return f.h.BusyInstances() >= busy+2 })
+	bob := connectHTTP(t, url, "2025-11-25", tenantTransport{token: bobToken})
+	anon, err := connectAs(url, shared)
+	if err != nil {
+		t.Fatalf("the anonymous pool's session, alice's busy and bob's idle: %v", err)
+	}
+	defer anon.Close()
+	if _, err := bob.CallTool(context.Background(), &mcp.CallToolParams{Name: "greet", Arguments: map[string]any{"name": "bob"}}); err == nil {
+		t.Errorf("bob's idle session served after the anonymous pool's opened past MaxSessions; want it ended")
+	}
+	for i := range 6 {
+		b, err := connectAs(url, bobToken)
+		if err != nil {
+			t.Fatalf("round %d: bob's session, one of the anonymous pool's idle: %v", i, err)
+		}
+		a, err := connectAs(url, shared)
+		if err != nil {
+			t.Fatalf("round %d: the anonymous pool's session, one of bob's idle: %v", i, err)
+		}
+		b.Close()
+		a.Close()
+	}
+}
