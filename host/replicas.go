@@ -352,6 +352,9 @@ func (h *Host) serveStateful(stateful http.Handler, events mcp.EventStore, w htt
 			return
 		}
 	}
+	if r.Method == http.MethodDelete {
+		h.book.deleting(id, userOf(r))
+	}
 	if h.dur == nil {
 		stateful.ServeHTTP(w, r)
 		return

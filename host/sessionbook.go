@@ -41,6 +41,7 @@ type sessionBook struct {
 	mu       sync.Mutex
 	open     int
 	byTenant map[string]map[*bookEntry]struct{}
+	byID     map[string]*bookEntry
 	// entries is read by every request of a stateful session (enter),
 	// without mu.
 	entries sync.Map // *mcp.ServerSession -> *bookEntry
@@ -49,6 +50,12 @@ type sessionBook struct {
 type bookEntry struct {
 	ss     *mcp.ServerSession
 	tenant string
+	user   string // the authenticated subject, "" for none
+	// ended is cancelled when the session's client deletes it: the
+	// go-sdk's close waits for the session's requests, and a guest would
+	// otherwise run to its deadline for a client that is gone.
+	ended  context.Context
+	cancel context.CancelFunc
 	// busy counts the session's requests being served; -1 once the
 	// session was chosen to be ended, so that no request enters it then.
 	busy atomic.Int32
@@ -63,6 +70,7 @@ func newSessionBook(o *Options) *sessionBook {
 		max:      DefaultMaxSessions,
 		tenants:  o.Tenants,
 		byTenant: map[string]map[*bookEntry]struct{}{},
+		byID:     map[string]*bookEntry{},
 	}
 	if o.MaxSessions > 0 {
 		b.max = o.MaxSessions
@@ -86,7 +94,7 @@ func (b *sessionBook) count() int {
 // when no idle session may be ended; booked is false for a session booked
 // already (a second initialize, which the go-sdk refuses and which must
 // not unbook the live session).
-func (b *sessionBook) openSession(ss *mcp.ServerSession, tenant string) (victim *mcp.ServerSession, booked bool, err error) {
+func (b *sessionBook) openSession(ss *mcp.ServerSession, user, tenant string) (victim *mcp.ServerSession, booked bool, err error) {
 	if !b.tenants {
 		tenant = ""
 	}
@@ -114,7 +122,8 @@ func (b *sessionBook) openSession(ss *mcp.ServerSession, tenant string) (victim 
 		b.dropLocked(end)
 		victim = end.ss
 	}
-	e := &bookEntry{ss: ss, tenant: tenant}
+	e := &bookEntry{ss: ss, tenant: tenant, user: user}
+	e.ended, e.cancel = context.WithCancel(context.Background())
 	e.last.Store(time.Now().UnixNano())
 	if own == nil {
 		own = map[*bookEntry]struct{}{}
@@ -123,6 +132,7 @@ func (b *sessionBook) openSession(ss *mcp.ServerSession, tenant string) (victim 
 	own[e] = struct{}{}
 	b.open++
 	b.entries.Store(ss, e)
+	b.byID[ss.ID()] = e
 	return victim, true, nil
 }
 
@@ -182,6 +192,10 @@ func (b *sessionBook) dropLocked(e *bookEntry) {
 		return
 	}
 	b.entries.Delete(e.ss)
+	if b.byID[e.ss.ID()] == e {
+		delete(b.byID, e.ss.ID())
+	}
+	e.cancel()
 	set := b.byTenant[e.tenant]
 	delete(set, e)
 	if len(set) == 0 {
@@ -201,25 +215,43 @@ func (b *sessionBook) closed(ss *mcp.ServerSession) {
 	b.dropLocked(v.(*bookEntry))
 }
 
-// enter counts a request of ss in, and returns what counts it out; ok is
-// false when ss is being ended to make room (its request would find it
-// gone a moment later).
-func (b *sessionBook) enter(ss *mcp.ServerSession) (leave func(), ok bool) {
+// deleting cancels the requests being served in session id, which its
+// client (user, "" for none) is deleting: the go-sdk closes the session
+// only once they are done. Another user's DELETE cancels nothing (the
+// go-sdk refuses it).
+func (b *sessionBook) deleting(id, user string) {
+	b.mu.Lock()
+	e := b.byID[id]
+	b.mu.Unlock()
+	if e != nil && e.user == user {
+		e.cancel()
+	}
+}
+
+// enter counts a request of ss in, and returns its context, ended too if
+// the session's client deletes it, and what counts it out; ok is false
+// when ss is being ended to make room (its request would find it gone a
+// moment later).
+func (b *sessionBook) enter(ctx context.Context, ss *mcp.ServerSession) (_ context.Context, leave func(), ok bool) {
 	v, found := b.entries.Load(ss)
 	if !found {
-		return func() {}, true // not booked: a session of no ID, or one opening
+		return ctx, func() {}, true // not booked: a session of no ID, or one opening
 	}
 	e := v.(*bookEntry)
 	for {
 		n := e.busy.Load()
 		if n < 0 {
-			return nil, false
+			return nil, nil, false
 		}
 		if e.busy.CompareAndSwap(n, n+1) {
 			break
 		}
 	}
-	return func() {
+	ctx, cancel := context.WithCancel(ctx)
+	stop := context.AfterFunc(e.ended, cancel)
+	return ctx, func() {
+		stop()
+		cancel()
 		e.used.Store(true)
 		e.last.Store(time.Now().UnixNano())
 		e.busy.Add(-1)
@@ -241,14 +273,15 @@ func (h *Host) bookSessions(next mcp.MethodHandler) mcp.MethodHandler {
 			return next(ctx, method, req)
 		}
 		if method != "initialize" {
-			leave, ok := h.book.enter(ss)
+			ctx, leave, ok := h.book.enter(ctx, ss)
 			if !ok {
 				return nil, protocolError(fmt.Errorf("%w: this session was ended to make room for a new one", ErrSessionEnded))
 			}
 			defer leave()
 			return next(ctx, method, req)
 		}
-		victim, booked, err := h.book.openSession(ss, h.tenantOf(subjectOf(req.GetExtra())))
+		user := subjectOf(req.GetExtra())
+		victim, booked, err := h.book.openSession(ss, user, h.tenantOf(user))
 		if err != nil {
 			h.log.Warn("new HTTP session refused", "session", ss.ID(), "error", err)
 			// The go-sdk closes a session whose initialize failed.

@@ -7,6 +7,7 @@ import (
 	"net/http/httptest"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
@@ -159,5 +160,55 @@ func TestSessionBoundEndsNextLargestTenants(t *testing.T) {
 		}
 		b.Close()
 		a.Close()
+	}
+}
+
+// TestDeleteStopsSessionsCalls: a client that deletes its session while a
+// call runs (a guest that loops until its deadline) gets the DELETE
+// answered, and the guest is stopped. The go-sdk closes a session only
+// once its requests are done, so until stop 63 the DELETE waited for the
+// guest's deadline (here 3 minutes, past the DELETE's 1), the guest
+// holding its instance for a client that had gone. Another user's DELETE
+// of the session stops nothing.
+func TestDeleteStopsSessionsCalls(t *testing.T) {
+	f := newFixture(t, &host.Options{Tenants: true}, sandbox.NewPolicy().WithCallTimeout(3*time.Minute), map[string]string{
+		"loop.wasm": testplugins.Test(t, "loop"),
+	})
+	url := serveGuarded(t, f, host.GuardOptions{Tokens: map[string]string{"alice": aliceToken, "bob": bobToken}})
+	alice := connectHTTP(t, url, "2025-11-25", tenantTransport{token: aliceToken})
+	busy := f.h.BusyInstances()
+	done := make(chan error, 1)
+	go func() {
+		_, err := alice.CallTool(context.Background(), &mcp.CallToolParams{Name: "spin"})
+		done <- err
+	}()
+	eventually(t, "alice's call to run", func() bool { return f.h.BusyInstances() >= busy+1 })
+	del := func(token string) (int, error) {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		req, _ := http.NewRequestWithContext(ctx, http.MethodDelete, url+"/mcp", nil)
+		req.Header.Set("Mcp-Session-Id", alice.ID())
+		req.Header.Set("Mcp-Protocol-Version", "2025-11-25")
+		res, err := (&http.Client{Transport: tenantTransport{token: token}}).Do(req)
+		if err != nil {
+			return 0, err
+		}
+		res.Body.Close()
+		return res.StatusCode, nil
+	}
+	if code, err := del(bobToken); err != nil || code/100 == 2 {
+		t.Errorf("bob's DELETE of alice's session: %d %v, want refused", code, err)
+	}
+	if f.h.BusyInstances() < busy+1 {
+		t.Errorf("bob's DELETE stopped alice's call")
+	}
+	start := time.Now()
+	if code, err := del(aliceToken); err != nil || code/100 != 2 {
+		t.Fatalf("alice's DELETE of her session, a call running: %d %v", code, err)
+	}
+	t.Logf("DELETE answered in %v", time.Since(start))
+	eventually(t, "the call to end", func() bool { return f.h.BusyInstances() <= busy })
+	if err := <-done; err == nil {
+		t.Errorf("the call of a deleted session returned no error")
 	}
 }
