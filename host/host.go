@@ -334,6 +334,7 @@ type Host struct {
 	ses     *sessions.Manager // every client's instances
 	conns   sync.Map          // *mcp.ServerSession -> sessions.Key, for sessions watched until they end
 	book    *sessionBook      // the stateful HTTP sessions open, bounded
+	listens *listenBook       // the 2026-07-28 listen streams open, bounded
 	posts   sync.Map          // liveHeader token -> the HTTP request's context, while a tools/call POST is served
 	connID  atomic.Uint64     // labels of sessions with no ID
 	// requests numbers the requests handed to v2 guests (their context's
@@ -478,6 +479,7 @@ func New(src *plugins.Reloader, opts *Options) *Host {
 		go func() { defer h.wg.Done(); h.dur.Heartbeat(bg) }()
 	}
 	h.book = newSessionBook(&h.opts)
+	h.listens = newListenBook(&h.opts)
 	h.metrics.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "wasmtools_http_sessions", Help: "Stateful HTTP sessions (Mcp-Session-Id) open now.",
 	}, func() float64 { return float64(h.book.count()) }))

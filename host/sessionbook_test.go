@@ -1,7 +1,9 @@
 package host_test
 
 import (
+	"bufio"
 	"context"
+	"encoding/json"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -211,4 +213,68 @@ func TestDeleteStopsSessionsCalls(t *testing.T) {
 	if err := <-done; err == nil {
 		t.Errorf("the call of a deleted session returned no error")
 	}
+}
+
+// listenRaw opens a 2026-07-28 subscriptions/listen stream as token's
+// client, subscribing to uris, and returns the stream's first message
+// (its acknowledgement, or the refusal) and what closes it.
+func listenRaw(t *testing.T, url, token string, uris []string) (string, func()) {
+	t.Helper()
+	params, _ := json.Marshal(map[string]any{
+		"_meta": map[string]any{
+			"io.modelcontextprotocol/clientCapabilities": map[string]any{},
+			"io.modelcontextprotocol/clientInfo":         map[string]any{"name": "raw", "version": "1"},
+			"io.modelcontextprotocol/protocolVersion":    "2026-07-28",
+		},
+		"notifications": map[string]any{"resourceSubscriptions": uris},
+	})
+	ctx, cancel := context.WithCancel(context.Background())
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, url+"/mcp", strings.NewReader(`{"jsonrpc":"2.0","id":1,"method":"subscriptions/listen","params":`+string(params)+`}`))
+	req.Header.Set("Authorization", "Bearer "+token)
+	req.Header.Set("Accept", "application/json, text/event-stream")
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Mcp-Method", "subscriptions/listen")
+	req.Header.Set("Mcp-Protocol-Version", "2026-07-28")
+	res, err := http.DefaultClient.Do(req)
+	if err != nil {
+		cancel()
+		t.Fatal(err)
+	}
+	line, _ := bufio.NewReader(res.Body).ReadString('}')
+	end := func() { cancel(); res.Body.Close() }
+	t.Cleanup(end)
+	return res.Status + " " + line, end
+}
+
+// TestListenFairShares: a 2026-07-28 client's subscriptions/listen
+// streams are bounded as sessions are: with MaxSessions 8, each tenant
+// holds 2 at once. bob's third is refused (CodeBusy), alice's first is
+// acknowledged, and once bob closes one he opens another. Until stop 63
+// nothing bounded them: a red team's bob held 64 streams of 256 URIs,
+// 143 MiB of the server's memory, with a share of 2 sessions.
+func TestListenFairShares(t *testing.T) {
+	f := newFixture(t, &host.Options{Tenants: true, MaxSessions: 8}, sandbox.NewPolicy(), map[string]string{"everything.wasm": testplugins.Example(t, "everything")})
+	url := serveGuarded(t, f, host.GuardOptions{Tokens: map[string]string{"alice": aliceToken, "bob": bobToken}})
+	uris := []string{"test://template/1/data", "test://template/2/data"}
+	const acked = "notifications/subscriptions/acknowledged"
+	var ends []func()
+	for i := range 2 {
+		first, end := listenRaw(t, url, bobToken, uris)
+		if !strings.Contains(first, acked) {
+			t.Fatalf("bob's listen %d within his share: %q", i+1, first)
+		}
+		ends = append(ends, end)
+	}
+	if first, _ := listenRaw(t, url, bobToken, uris); strings.Contains(first, acked) || !strings.Contains(first, "-32050") {
+		t.Errorf("bob's third listen, past his share: %q, want CodeBusy", first)
+	}
+	if first, _ := listenRaw(t, url, aliceToken, uris); !strings.Contains(first, acked) {
+		t.Errorf("alice's listen while bob holds his share: %q", first)
+	}
+	ends[0]()
+	eventually(t, "bob to open a listen again once he closed one", func() bool {
+		first, end := listenRaw(t, url, bobToken, uris)
+		end()
+		return strings.Contains(first, acked)
+	})
 }

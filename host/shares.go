@@ -26,6 +26,15 @@ import (
 // a subject's name (any string) never shows in logs or keys.
 func (h *Host) tenantOf(subject string) string { return "tenant:" + h.subjectTag(subject) }
 
+// shareTenant is the tenant whose share subject's request counts against:
+// tenantOf with tenants, and without them "", everyone's.
+func (h *Host) shareTenant(subject string) string {
+	if !h.opts.Tenants {
+		return ""
+	}
+	return h.tenantOf(subject)
+}
+
 // shares counts what each tenant holds of one bound. It is safe for
 // concurrent use.
 type shares struct {

@@ -90,9 +90,26 @@ func (h *Host) subscriptionsMiddleware(next mcp.MethodHandler) mcp.MethodHandler
 				})
 				n.Notifications.ResourceSubscriptions = uris[:min(len(uris), maxSubscriptions)]
 			}
+			release, err := h.listens.take(h.shareTenant(subjectOf(req.GetExtra())), listenedBytes(r.Params))
+			if err != nil {
+				return nil, &jsonrpc.Error{Code: CodeBusy, Message: err.Error(), Data: []byte(`{"reason":"too_many_listens","retry":true}`)}
+			}
+			// The go-sdk's handler returns when the stream ends.
+			defer release()
 		}
 		return next(ctx, method, req)
 	}
+}
+
+// listenedBytes is the bytes of the URIs a listen subscribes to.
+func listenedBytes(p *mcp.SubscriptionsListenParams) int {
+	n := 0
+	if p != nil && p.Notifications != nil {
+		for _, uri := range p.Notifications.ResourceSubscriptions {
+			n += len(uri)
+		}
+	}
+	return n
 }
 
 // subscribable says why uri may not be subscribed to, nil if it may: it

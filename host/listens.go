@@ -1,0 +1,84 @@
+package host
+
+import (
+	"errors"
+	"fmt"
+	"sync"
+)
+
+// listenBytes bounds the URI bytes held by the open subscriptions/listen
+// streams of 2026-07-28 clients, in all; each tenant gets a quarter (with
+// tenants). A listen holds at most maxSubscriptions URIs of at most
+// maxURILen bytes, and the go-sdk keeps about four times their bytes in
+// the parsed request and its subscriptions while the stream is open: 64
+// MiB of URIs is some 256 MiB of memory at most.
+const listenBytes = 64 << 20
+
+// listenBook bounds the open subscriptions/listen streams (the 2026-07-28
+// clients' way to be told of changes, open until the client leaves), in
+// number and in the bytes of the URIs they subscribe to: in all, and with
+// tenants, each tenant's share, as [sessionBook] bounds the sessions of
+// earlier clients. Until stop 63 nothing did: one client held any number,
+// each 2 MiB or more.
+type listenBook struct {
+	max, share           int // streams
+	maxBytes, shareBytes int
+
+	mu      sync.Mutex
+	open    int
+	bytes   int
+	streams map[string]int // tenant -> streams
+	held    map[string]int // tenant -> bytes
+}
+
+func newListenBook(o *Options) *listenBook {
+	b := &listenBook{max: DefaultMaxSessions, maxBytes: listenBytes, streams: map[string]int{}, held: map[string]int{}}
+	if o.MaxSessions > 0 {
+		b.max = o.MaxSessions
+	}
+	b.share, b.shareBytes = b.max, b.maxBytes
+	if o.Tenants {
+		b.share = max(b.max/4, 1)
+		if o.MaxSessionsPerSubject > 0 {
+			b.share = o.MaxSessionsPerSubject
+		}
+		b.shareBytes = b.maxBytes / 4
+	}
+	return b
+}
+
+// errListensBusy is matched by the refusal of a listen past the bounds.
+var errListensBusy = errors.New("no new subscriptions/listen stream")
+
+// take books a listen stream of tenant holding n bytes of URIs, and
+// returns what frees it when the stream ends.
+func (b *listenBook) take(tenant string, n int) (release func(), err error) {
+	n += 1 << 10 // the stream itself
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	switch {
+	case b.streams[tenant] >= b.share || b.held[tenant]+n > b.shareBytes:
+		return nil, fmt.Errorf("%w: this client's listen streams hold %d of its share (%d streams, %d bytes of URIs); close one", errListensBusy, b.streams[tenant], b.share, b.shareBytes)
+	case b.open >= b.max || b.bytes+n > b.maxBytes:
+		return nil, fmt.Errorf("%w: the server holds %d listen streams, its most", errListensBusy, b.open)
+	}
+	b.streams[tenant]++
+	b.held[tenant] += n
+	b.open++
+	b.bytes += n
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			b.mu.Lock()
+			defer b.mu.Unlock()
+			if b.streams[tenant]--; b.streams[tenant] == 0 {
+				delete(b.streams, tenant)
+			}
+			if b.held[tenant] -= n; b.held[tenant] == 0 {
+				delete(b.held, tenant)
+			}
+			b.open--
+			b.bytes -= n
+		})
+	}, nil
+}
