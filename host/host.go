@@ -20,6 +20,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/modelcontextprotocol/go-sdk/auth"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/time/rate"
@@ -681,10 +682,14 @@ func (h *Host) HTTPHandler() http.Handler {
 	// SSE stream opens with a priming event, and a client that lost one
 	// (or whose guest closed it, close_stream) reconnects with
 	// Last-Event-ID and gets what it missed. The store is bounded in
-	// total; past the bound the oldest messages of every stream go first,
-	// so a flood costs others resumption, never memory.
-	events := mcp.NewMemoryEventStore(nil)
-	events.SetMaxBytes(StreamReplayBytes)
+	// total and, with tenants, per tenant (replayStore): a flood costs
+	// its tenant's resumption first, never memory.
+	events := newReplayStore(StreamReplayBytes, h.opts.Tenants, func(ctx context.Context) string {
+		if ti := auth.TokenInfoFromContext(ctx); ti != nil {
+			return h.shareTenant(ti.UserID)
+		}
+		return h.shareTenant("")
+	})
 	stateful := mcp.NewStreamableHTTPHandler(legacy, &mcp.StreamableHTTPOptions{
 		EventStore:            events,
 		SessionTimeout:        h.sessionTimeout(),

@@ -56,15 +56,7 @@ func readEvents(t *testing.T, resp *http.Response) []sseEvent {
 func postInSession(t *testing.T, url, session, body string) *http.Response {
 	t.Helper()
 	req, _ := http.NewRequest(http.MethodPost, url+"/mcp", strings.NewReader(body))
-	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("Accept", "application/json, text/event-stream")
-	req.Header.Set("Mcp-Session-Id", session)
-	req.Header.Set("Mcp-Protocol-Version", "2025-11-25")
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return resp
+	return sendAs(t, req, "", session)
 }
 
 // On a 2025-11-25 session every SSE stream opens with a priming event (an

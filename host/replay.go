@@ -1,0 +1,248 @@
+package host
+
+import (
+	"container/list"
+	"context"
+	"fmt"
+	"iter"
+	"slices"
+	"sync"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+)
+
+// replayStore is the event store of the stateful HTTP sessions' SSE
+// streams: what each stream sent, so that a client that lost a stream
+// resumes it with Last-Event-ID (SEP-1699). It replaces the go-sdk's
+// MemoryEventStore, whose one bound is shared by every session (a tenant's
+// traffic purged another's unread results) and whose stream entries are
+// never freed before their session ends (each request opens one: an
+// active session grew the heap by some 230 bytes a request).
+//
+// What it holds is bounded in bytes, each event counted as its data and
+// eventOverhead: in all (max) and, with tenants, per tenant (share, a
+// quarter). Past its share a tenant's own oldest events go; past max, the
+// oldest of the tenant holding the most. An event just appended stays, so
+// that a stream's newest message can always be resumed. A stream whose
+// events have all gone is forgotten (but for a session's standalone GET
+// stream, ""): the go-sdk numbers a stream's events itself, so a stream
+// that sends again after that is marked broken, and asking to resume it
+// fails as for purged events rather than replay from a wrong index.
+//
+// It is safe for concurrent use. Each append is O(1), and each event
+// purged is too.
+type replayStore struct {
+	max, share int
+	// tenantOf names the tenant of the request that opens a session's
+	// first stream (its initialize, whose context carries its token).
+	tenantOf func(context.Context) string
+
+	mu       sync.Mutex
+	total    int
+	sessions map[string]*replaySession
+	tenants  map[string]*replayTenant
+}
+
+// eventOverhead is what an event costs besides its data: its entry in the
+// stream and in the tenant's queue.
+const eventOverhead = 64
+
+type replayTenant struct {
+	name     string
+	bytes    int
+	sessions int
+	queue    list.List // *replayEvent, oldest first
+}
+
+type replaySession struct {
+	tenant  *replayTenant
+	streams map[string]*replayStream
+}
+
+type replayStream struct {
+	sess   *replaySession
+	id     string
+	first  int             // the index of events[0]
+	events []*list.Element // in the tenant's queue
+	broken bool            // forgotten while it still sent: its indexes are lost
+}
+
+type replayEvent struct {
+	st   *replayStream
+	data []byte
+	cost int
+}
+
+func newReplayStore(max int, tenants bool, tenantOf func(context.Context) string) *replayStore {
+	s := &replayStore{max: max, share: max, tenantOf: tenantOf, sessions: map[string]*replaySession{}, tenants: map[string]*replayTenant{}}
+	if tenants {
+		s.share = max / 4
+	}
+	return s
+}
+
+var _ mcp.EventStore = (*replayStore)(nil)
+
+// sessionLocked returns session id's entry, made for the tenant of ctx's
+// request if it has none. The caller holds mu.
+func (s *replayStore) sessionLocked(ctx context.Context, id string) *replaySession {
+	if sess := s.sessions[id]; sess != nil {
+		return sess
+	}
+	name := s.tenantOf(ctx)
+	t := s.tenants[name]
+	if t == nil {
+		t = &replayTenant{name: name}
+		s.tenants[name] = t
+	}
+	t.sessions++
+	sess := &replaySession{tenant: t, streams: map[string]*replayStream{}}
+	s.sessions[id] = sess
+	return sess
+}
+
+// Open implements [mcp.EventStore.Open].
+func (s *replayStore) Open(ctx context.Context, sessionID, streamID string) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	sess := s.sessionLocked(ctx, sessionID)
+	if sess.streams[streamID] == nil {
+		sess.streams[streamID] = &replayStream{sess: sess, id: streamID}
+	}
+	return nil
+}
+
+// Append implements [mcp.EventStore.Append].
+func (s *replayStore) Append(ctx context.Context, sessionID, streamID string, data []byte) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	sess := s.sessionLocked(ctx, sessionID)
+	st := sess.streams[streamID]
+	if st == nil {
+		// Forgotten with its events (every stream is opened first).
+		st = &replayStream{sess: sess, id: streamID, broken: true}
+		sess.streams[streamID] = st
+	}
+	t := sess.tenant
+	ev := &replayEvent{st: st, data: data, cost: len(data) + eventOverhead}
+	el := t.queue.PushBack(ev)
+	st.events = append(st.events, el)
+	t.bytes += ev.cost
+	s.total += ev.cost
+	for t.bytes > s.share && t.queue.Front() != el {
+		s.dropOldestLocked(t)
+	}
+	for s.total > s.max {
+		most := s.largestLocked()
+		if most == nil || most.queue.Front() == el {
+			break
+		}
+		s.dropOldestLocked(most)
+	}
+	return nil
+}
+
+// largestLocked is the tenant holding the most bytes. The caller holds mu.
+func (s *replayStore) largestLocked() *replayTenant {
+	var most *replayTenant
+	for _, t := range s.tenants {
+		if t.queue.Len() > 0 && (most == nil || t.bytes > most.bytes) {
+			most = t
+		}
+	}
+	return most
+}
+
+// dropOldestLocked forgets t's oldest event, and its stream with it if
+// that was the stream's last. The caller holds mu.
+func (s *replayStore) dropOldestLocked(t *replayTenant) {
+	ev := t.queue.Remove(t.queue.Front()).(*replayEvent)
+	st := ev.st
+	// A tenant's queue keeps each of its streams' events in order, so
+	// the oldest is its stream's first.
+	st.events[0] = nil
+	st.events = st.events[1:]
+	st.first++
+	t.bytes -= ev.cost
+	s.total -= ev.cost
+	if len(st.events) == 0 && st.id != "" && st.sess.streams[st.id] == st {
+		delete(st.sess.streams, st.id)
+	}
+}
+
+// After implements [mcp.EventStore.After].
+func (s *replayStore) After(_ context.Context, sessionID, streamID string, index int) iter.Seq2[[]byte, error] {
+	data, err := s.after(sessionID, streamID, index)
+	return func(yield func([]byte, error) bool) {
+		if err != nil {
+			yield(nil, err)
+			return
+		}
+		for _, d := range data {
+			if !yield(d, nil) {
+				return
+			}
+		}
+	}
+}
+
+func (s *replayStore) after(sessionID, streamID string, index int) ([][]byte, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	sess := s.sessions[sessionID]
+	if sess == nil {
+		return nil, fmt.Errorf("replay: unknown session %q", sessionID)
+	}
+	st := sess.streams[streamID]
+	switch {
+	case st == nil:
+		// Never opened, or forgotten with its events.
+		return nil, fmt.Errorf("replay: stream %q of session %q: %w", streamID, sessionID, mcp.ErrEventsPurged)
+	case st.broken, index+1 < st.first:
+		return nil, fmt.Errorf("replay: index %d of stream %q of session %q: %w", index, streamID, sessionID, mcp.ErrEventsPurged)
+	}
+	start := index + 1 - st.first
+	if start >= len(st.events) {
+		return nil, nil
+	}
+	out := make([][]byte, 0, len(st.events)-start)
+	for _, el := range st.events[start:] {
+		out = append(out, el.Value.(*replayEvent).data)
+	}
+	return slices.Clip(out), nil
+}
+
+// SessionClosed implements [mcp.EventStore.SessionClosed].
+func (s *replayStore) SessionClosed(_ context.Context, sessionID string) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	sess := s.sessions[sessionID]
+	if sess == nil {
+		return nil
+	}
+	delete(s.sessions, sessionID)
+	t := sess.tenant
+	for _, st := range sess.streams {
+		for _, el := range st.events {
+			ev := t.queue.Remove(el).(*replayEvent)
+			t.bytes -= ev.cost
+			s.total -= ev.cost
+		}
+		st.events = nil
+	}
+	if t.sessions--; t.sessions == 0 && t.queue.Len() == 0 {
+		delete(s.tenants, t.name)
+	}
+	return nil
+}
+
+// held is the bytes held, in all and of each tenant, for tests.
+func (s *replayStore) held() (total int, byTenant map[string]int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	byTenant = map[string]int{}
+	for name, t := range s.tenants {
+		byTenant[name] = t.bytes
+	}
+	return s.total, byTenant
+}
