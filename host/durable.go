@@ -68,6 +68,7 @@ func newDurable(h *Host) *durable.Keeper {
 		},
 		Release:    h.storeBytes.release,
 		OpenHandle: h.openAdopted,
+		Shares:     h.opts.Tenants,
 	})
 }
 

@@ -87,6 +87,11 @@ type Options struct {
 	// ([sessions.Manager.OpenIn]). nil opens it in none
 	// ([sessions.Manager.Open]).
 	OpenHandle func(ctx context.Context, key sessions.Key) error
+	// Shares says that sessions' subjects are tenants (host.Options
+	// Tenants): each subject, and the sessions of none together, may hold
+	// a quarter of what the keeper keeps for sessions whose record is not
+	// written yet. Without it those bounds are everyone's.
+	Shares bool
 }
 
 // Observer is told what an operator watches of the keeper. Its methods
@@ -158,7 +163,13 @@ type Keeper struct {
 	// replica can still take the session over.
 	pending      map[sessions.Key]*NewSession
 	pendingBytes int // of the pending sessions' initialize parameters
+	// pendingBy counts the pending sessions of each subject, with shares.
+	pendingBy map[string]pendingShare
+	shares    bool // Options.Shares
 }
+
+// pendingShare is what one subject's pending sessions hold.
+type pendingShare struct{ sessions, bytes int }
 
 // New returns the keeper of this replica's sessions in o.Store. Its
 // heartbeat runs in [Keeper.Heartbeat], which the caller runs until the
@@ -186,6 +197,8 @@ func New(o Options) *Keeper {
 		forgotten:     map[sessions.Key]*Claim{},
 		adopted:       map[string]bool{},
 		pending:       map[sessions.Key]*NewSession{},
+		pendingBy:     map[string]pendingShare{},
+		shares:        o.Shares,
 	}
 	if d.obs == nil {
 		d.obs = nopObserver{}
@@ -246,20 +259,42 @@ const maxAdopted = 4096
 const maxPendingBytes = 16 << 20
 
 // keepPending keeps ns for key's next claim, within maxAdopted sessions
-// and maxPendingBytes. d.mu is held; key holds nothing (dropPending).
+// and maxPendingBytes, and with shares within a quarter of each for ns's
+// subject (until stop 63 one tenant's large initializes, some 64 of 256
+// KiB, left no room for any other's new sessions while the store was
+// down). d.mu is held; key holds nothing (dropPending).
 func (d *Keeper) keepPending(key sessions.Key, ns *NewSession) {
-	if len(d.pending) >= maxAdopted || d.pendingBytes+len(ns.Initialize) > maxPendingBytes {
+	n := len(ns.Initialize)
+	if len(d.pending) >= maxAdopted || d.pendingBytes+n > maxPendingBytes {
 		return
 	}
+	if d.shares {
+		mine := d.pendingBy[ns.Subject]
+		if mine.sessions >= maxAdopted/4 || mine.bytes+n > maxPendingBytes/4 {
+			return
+		}
+		d.pendingBy[ns.Subject] = pendingShare{mine.sessions + 1, mine.bytes + n}
+	}
 	d.pending[key] = ns
-	d.pendingBytes += len(ns.Initialize)
+	d.pendingBytes += n
 }
 
 // dropPending forgets what keepPending kept for key. d.mu is held.
 func (d *Keeper) dropPending(key sessions.Key) {
-	if ns, ok := d.pending[key]; ok {
-		d.pendingBytes -= len(ns.Initialize)
-		delete(d.pending, key)
+	ns, ok := d.pending[key]
+	if !ok {
+		return
+	}
+	d.pendingBytes -= len(ns.Initialize)
+	delete(d.pending, key)
+	if d.shares {
+		mine := d.pendingBy[ns.Subject]
+		if mine.sessions--; mine.sessions == 0 {
+			delete(d.pendingBy, ns.Subject)
+		} else {
+			mine.bytes -= len(ns.Initialize)
+			d.pendingBy[ns.Subject] = mine
+		}
 	}
 }
 
