@@ -24,13 +24,19 @@ import (
 // quarter). Past its share a tenant's own oldest events go; past max, the
 // oldest of the tenant holding the most. An event just appended stays, so
 // that a stream's newest message can always be resumed. A stream whose
-// events have all gone is forgotten (but for a session's standalone GET
-// stream, ""): the go-sdk numbers a stream's events itself, so a stream
-// that sends again after that is marked broken, and asking to resume it
-// fails as for purged events rather than replay from a wrong index.
+// events have all gone keeps its next index in a placeholder, which costs
+// what the entry does and ages in the tenant's queue like an event; when
+// the placeholder goes too, the stream is forgotten (but for a session's
+// standalone GET stream, ""). The go-sdk numbers a stream's events itself,
+// so a forgotten stream that sends again is marked broken, and asking to
+// resume it fails as for purged events rather than replay from a wrong
+// index; so does asking to resume past what a stream sent (another
+// replica's numbering). Only Open of a session's standalone stream, which
+// the go-sdk makes first, makes a session: a request racing the session's
+// end does not bring it back for good.
 //
-// It is safe for concurrent use. Each append is O(1), and each event
-// purged is too.
+// It is safe for concurrent use. Each event appended or purged costs O(1),
+// and O(tenants) past the total.
 type replayStore struct {
 	max, share int
 	// tenantOf names the tenant of the request that opens a session's
@@ -44,8 +50,12 @@ type replayStore struct {
 }
 
 // eventOverhead is what an event costs besides its data: its entry in the
-// stream and in the tenant's queue.
-const eventOverhead = 64
+// stream and in the tenant's queue; placeholderCost is what a stream with
+// no events left costs, its entry and its place in the queue.
+const (
+	eventOverhead   = 64
+	placeholderCost = 256
+)
 
 type replayTenant struct {
 	name     string
@@ -64,13 +74,19 @@ type replayStream struct {
 	id     string
 	first  int             // the index of events[0]
 	events []*list.Element // in the tenant's queue
-	broken bool            // forgotten while it still sent: its indexes are lost
+	// placeholder is in the tenant's queue while the stream has no
+	// events: when it goes, the stream is forgotten.
+	placeholder *list.Element
+	broken      bool // forgotten while it still sent: its indexes are lost
 }
 
+// replayEvent is an entry of a tenant's queue: an event of st, or st's
+// placeholder (placeholder true, no data).
 type replayEvent struct {
-	st   *replayStream
-	data []byte
-	cost int
+	st          *replayStream
+	data        []byte
+	cost        int
+	placeholder bool
 }
 
 func newReplayStore(max int, tenants bool, tenantOf func(context.Context) string) *replayStore {
@@ -83,12 +99,9 @@ func newReplayStore(max int, tenants bool, tenantOf func(context.Context) string
 
 var _ mcp.EventStore = (*replayStore)(nil)
 
-// sessionLocked returns session id's entry, made for the tenant of ctx's
-// request if it has none. The caller holds mu.
-func (s *replayStore) sessionLocked(ctx context.Context, id string) *replaySession {
-	if sess := s.sessions[id]; sess != nil {
-		return sess
-	}
+// newSessionLocked makes session id's entry for the tenant of ctx's
+// request. The caller holds mu.
+func (s *replayStore) newSessionLocked(ctx context.Context, id string) *replaySession {
 	name := s.tenantOf(ctx)
 	t := s.tenants[name]
 	if t == nil {
@@ -101,11 +114,20 @@ func (s *replayStore) sessionLocked(ctx context.Context, id string) *replaySessi
 	return sess
 }
 
-// Open implements [mcp.EventStore.Open].
+// Open implements [mcp.EventStore.Open]. The go-sdk opens a session's
+// standalone stream ("") as it connects the session, before any other:
+// that makes the session here. Another stream of a session unknown here
+// (ended meanwhile) is not kept.
 func (s *replayStore) Open(ctx context.Context, sessionID, streamID string) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	sess := s.sessionLocked(ctx, sessionID)
+	sess := s.sessions[sessionID]
+	switch {
+	case sess == nil && streamID != "":
+		return nil
+	case sess == nil:
+		sess = s.newSessionLocked(ctx, sessionID)
+	}
 	if sess.streams[streamID] == nil {
 		sess.streams[streamID] = &replayStream{sess: sess, id: streamID}
 	}
@@ -116,7 +138,10 @@ func (s *replayStore) Open(ctx context.Context, sessionID, streamID string) erro
 func (s *replayStore) Append(ctx context.Context, sessionID, streamID string, data []byte) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	sess := s.sessionLocked(ctx, sessionID)
+	sess := s.sessions[sessionID]
+	if sess == nil {
+		return nil // ended meanwhile: nothing to resume
+	}
 	st := sess.streams[streamID]
 	if st == nil {
 		// Forgotten with its events (every stream is opened first).
@@ -124,6 +149,10 @@ func (s *replayStore) Append(ctx context.Context, sessionID, streamID string, da
 		sess.streams[streamID] = st
 	}
 	t := sess.tenant
+	if st.placeholder != nil {
+		s.removeLocked(t, st.placeholder)
+		st.placeholder = nil
+	}
 	ev := &replayEvent{st: st, data: data, cost: len(data) + eventOverhead}
 	el := t.queue.PushBack(ev)
 	st.events = append(st.events, el)
@@ -153,20 +182,38 @@ func (s *replayStore) largestLocked() *replayTenant {
 	return most
 }
 
-// dropOldestLocked forgets t's oldest event, and its stream with it if
-// that was the stream's last. The caller holds mu.
+// removeLocked takes el out of t's queue and its cost out of the counts.
+// The caller holds mu.
+func (s *replayStore) removeLocked(t *replayTenant, el *list.Element) *replayEvent {
+	ev := t.queue.Remove(el).(*replayEvent)
+	t.bytes -= ev.cost
+	s.total -= ev.cost
+	return ev
+}
+
+// dropOldestLocked forgets t's oldest entry: an event, after which a
+// stream left with none gets a placeholder, or a placeholder, whose
+// stream is then forgotten. The caller holds mu.
 func (s *replayStore) dropOldestLocked(t *replayTenant) {
-	ev := t.queue.Remove(t.queue.Front()).(*replayEvent)
+	ev := s.removeLocked(t, t.queue.Front())
 	st := ev.st
+	if ev.placeholder {
+		st.placeholder = nil
+		if st.sess.streams[st.id] == st {
+			delete(st.sess.streams, st.id)
+		}
+		return
+	}
 	// A tenant's queue keeps each of its streams' events in order, so
 	// the oldest is its stream's first.
 	st.events[0] = nil
 	st.events = st.events[1:]
 	st.first++
-	t.bytes -= ev.cost
-	s.total -= ev.cost
-	if len(st.events) == 0 && st.id != "" && st.sess.streams[st.id] == st {
-		delete(st.sess.streams, st.id)
+	if len(st.events) == 0 && st.id != "" {
+		ph := &replayEvent{st: st, cost: placeholderCost, placeholder: true}
+		st.placeholder = t.queue.PushBack(ph)
+		t.bytes += ph.cost
+		s.total += ph.cost
 	}
 }
 
@@ -200,6 +247,10 @@ func (s *replayStore) after(sessionID, streamID string, index int) ([][]byte, er
 		return nil, fmt.Errorf("replay: stream %q of session %q: %w", streamID, sessionID, mcp.ErrEventsPurged)
 	case st.broken, index+1 < st.first:
 		return nil, fmt.Errorf("replay: index %d of stream %q of session %q: %w", index, streamID, sessionID, mcp.ErrEventsPurged)
+	case index+1 > st.first+len(st.events):
+		// Past what the stream sent here: another replica's numbering
+		// (the session moved), which the go-sdk would go on from.
+		return nil, fmt.Errorf("replay: index %d of stream %q of session %q: past its events here: %w", index, streamID, sessionID, mcp.ErrEventsPurged)
 	}
 	start := index + 1 - st.first
 	if start >= len(st.events) {
@@ -224,11 +275,13 @@ func (s *replayStore) SessionClosed(_ context.Context, sessionID string) error {
 	t := sess.tenant
 	for _, st := range sess.streams {
 		for _, el := range st.events {
-			ev := t.queue.Remove(el).(*replayEvent)
-			t.bytes -= ev.cost
-			s.total -= ev.cost
+			s.removeLocked(t, el)
 		}
 		st.events = nil
+		if st.placeholder != nil {
+			s.removeLocked(t, st.placeholder)
+			st.placeholder = nil
+		}
 	}
 	if t.sessions--; t.sessions == 0 && t.queue.Len() == 0 {
 		delete(s.tenants, t.name)

@@ -3,7 +3,10 @@ package host
 import (
 	"context"
 	"errors"
+	"fmt"
+	"strconv"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
@@ -47,6 +50,7 @@ func TestReplayStore(t *testing.T) {
 	if got, err := replayed(s, "a", "s1", 0); err != nil || got != string(ev('y')) {
 		t.Fatalf("after 0: %q %v", got, err)
 	}
+	s.Open(bob, "b", "")
 	s.Open(bob, "b", "s2")
 	for range 5 {
 		s.Append(bob, "b", "s2", ev('b'))
@@ -65,13 +69,19 @@ func TestReplayStore(t *testing.T) {
 	if got, err := replayed(s, "a", "s1", 0); err != nil || got != string(ev('y'))+","+string(ev('z')) {
 		t.Errorf("alice's after her third: %q %v", got, err)
 	}
-	// A new stream of hers pushes out s1's two: s1 is forgotten, and
-	// when it sends again it cannot be resumed from a wrong index.
+	// A new stream of hers pushes out s1's two: s1 keeps its index in a
+	// placeholder, resumable with nothing to replay.
 	s.Open(alice, "a", "s3")
 	s.Append(alice, "a", "s3", ev('1'))
 	s.Append(alice, "a", "s3", ev('2'))
+	if got, err := replayed(s, "a", "s1", 2); err != nil || got != "" {
+		t.Errorf("s1 emptied, resumed after all it sent: %q %v", got, err)
+	}
+	// Her next pushes the placeholder out: s1 is forgotten, and when it
+	// sends again it cannot be resumed from a wrong index.
+	s.Append(alice, "a", "s3", ev('3'))
 	if _, ok := s.sessions["a"].streams["s1"]; ok {
-		t.Errorf("s1 kept with no events")
+		t.Errorf("s1 kept after its placeholder went")
 	}
 	s.Append(alice, "a", "s1", ev('w'))
 	if _, err := replayed(s, "a", "s1", 2); !errors.Is(err, mcp.ErrEventsPurged) {
@@ -100,6 +110,7 @@ func TestReplayStore(t *testing.T) {
 func TestReplayStoreTotal(t *testing.T) {
 	ev := []byte(strings.Repeat("e", 100-eventOverhead))
 	s := newTestReplay(1000, false) // no tenants: one share of everything
+	s.Open(replayCtx(""), "a", "")
 	s.Open(replayCtx(""), "a", "s")
 	for range 10 {
 		s.Append(replayCtx(""), "a", "s", ev)
@@ -110,6 +121,7 @@ func TestReplayStoreTotal(t *testing.T) {
 	}
 	s = newTestReplay(400, true) // shares of 100: the total binds first with five tenants
 	for i, name := range []string{"a", "b", "c", "d", "e"} {
+		s.Open(replayCtx(name), name, "")
 		s.Open(replayCtx(name), name, "s")
 		s.Append(replayCtx(name), name, "s", ev)
 		if i == 0 {
@@ -118,5 +130,132 @@ func TestReplayStoreTotal(t *testing.T) {
 	}
 	if total, by := s.held(); total != 400 || by["e"] != 100 {
 		t.Errorf("five tenants at a total of 400: %d held, %v", total, by)
+	}
+}
+
+// TestReplayStreamEmptiedKeepsItsIndex: a call's stream whose events the
+// tenant's other traffic pushed out (the client had them) still resumes:
+// at once, with nothing, and after its result is appended, with the
+// result, as the go-sdk's store does. (A review's: the first version
+// forgot the stream with its last event, and the result was lost.)
+func TestReplayStreamEmptiedKeepsItsIndex(t *testing.T) {
+	ev := []byte(strings.Repeat("x", 100-eventOverhead))
+	for _, name := range []string{"ours", "go-sdk"} {
+		var s mcp.EventStore
+		if name == "ours" {
+			s = newTestReplay(4000, true) // a share of 1000: the call's events go, its placeholder stays
+		} else {
+			m := mcp.NewMemoryEventStore(nil)
+			m.SetMaxBytes(100) // data only: two events of 36 bytes
+			s = m
+		}
+		alice := replayCtx("alice")
+		s.Open(alice, "a", "")
+		s.Open(alice, "a", "call")
+		s.Append(alice, "a", "call", nil) // priming, index 0
+		s.Append(alice, "a", "call", ev)  // a progress notification, index 1: the client has both
+		s.Open(alice, "a", "other")
+		for range 10 {
+			s.Append(alice, "a", "other", ev)
+		}
+		// Both of the call's events are gone (in either store).
+		for _, err := range s.After(context.Background(), "a", "call", 0) {
+			if err == nil {
+				t.Fatalf("%s: the call's progress event was not purged", name)
+			}
+		}
+		// The client saw everything so far: resuming now must succeed.
+		var errSeen error
+		for _, err := range s.After(context.Background(), "a", "call", 1) {
+			errSeen = err
+		}
+		s.Append(alice, "a", "call", []byte(`{"result":"done"}`))
+		var got []string
+		var err2 error
+		for d, err := range s.After(context.Background(), "a", "call", 1) {
+			if err != nil {
+				err2 = err
+				break
+			}
+			got = append(got, string(d))
+		}
+		if errSeen != nil || err2 != nil || len(got) != 1 {
+			t.Errorf("%s: resume after all seen: %v; resume after the result was appended: %q %v; want the result", name, errSeen, got, err2)
+		}
+	}
+}
+
+// TestReplaySessionNotMadeAgain: a POST racing its session's end reaches
+// Open and the priming Append after SessionClosed (the go-sdk's servePOST
+// does not check); the session is not made again, to stay for good. (A
+// review's.)
+func TestReplaySessionNotMadeAgain(t *testing.T) {
+	s := newTestReplay(1000, true)
+	alice := replayCtx("alice")
+	s.Open(alice, "a", "")
+	s.SessionClosed(context.Background(), "a")
+	s.Open(alice, "a", "late")
+	s.Append(alice, "a", "late", nil)
+	s.Append(alice, "a", "late", []byte("x"))
+	_, by := s.held()
+	if len(s.sessions) != 0 || len(by) != 0 {
+		t.Errorf("after the session closed: %d sessions, tenants %v held for good", len(s.sessions), by)
+	}
+}
+
+// TestReplayIndexPastEnd: a client resuming a stream past what it sent
+// here (the session's standalone stream, made again here after it moved,
+// and an index of the other replica's) is refused. (A review's: After
+// returned nothing and no error, canReplay let it through, and the go-sdk
+// numbered the stream's next events from the client's index while the
+// store held them from 0: a later resumption missed one, unsaid.)
+func TestReplayIndexPastEnd(t *testing.T) {
+	s := newTestReplay(1<<20, true)
+	alice := replayCtx("alice")
+	s.Open(alice, "a", "")
+	s.Append(alice, "a", "", []byte("n0"))
+	if got, err := replayed(s, "a", "", 7); err == nil {
+		t.Errorf("After(7) with events 0..0 held: %q, no error; want an error (the index is not this store's)", got)
+	}
+}
+
+// Many sessions of several tenants append, resume and end at once: every
+// replay is consecutive, and the accounting comes back to zero.
+func TestReplayStoreConcurrent(t *testing.T) {
+	s := newTestReplay(20000, true)
+	var wg sync.WaitGroup
+	for g := range 16 {
+		wg.Go(func() {
+			ctx := replayCtx("t" + strconv.Itoa(g%5))
+			for n := range 40 {
+				sid := fmt.Sprintf("s%d-%d", g, n)
+				s.Open(ctx, sid, "")
+				for k := range 6 {
+					st := "st" + strconv.Itoa(k)
+					s.Open(ctx, sid, st)
+					for i := range 8 {
+						s.Append(ctx, sid, st, []byte(strconv.Itoa(i)))
+						s.Append(ctx, sid, "", []byte(strconv.Itoa(k*8+i)))
+					}
+					for idx := -1; idx < 8; idx++ {
+						want := idx + 1
+						for d, err := range s.After(context.Background(), sid, st, idx) {
+							if err != nil {
+								break
+							}
+							if string(d) != strconv.Itoa(want) {
+								t.Errorf("%s/%s after %d: got %s, want %d", sid, st, idx, d, want)
+							}
+							want++
+						}
+					}
+				}
+				s.SessionClosed(context.Background(), sid)
+			}
+		})
+	}
+	wg.Wait()
+	if total, by := s.held(); total != 0 || len(by) != 0 || len(s.sessions) != 0 {
+		t.Errorf("after all sessions ended: %d bytes, tenants %v, %d sessions", total, by, len(s.sessions))
 	}
 }

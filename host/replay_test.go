@@ -84,11 +84,11 @@ func liveHeap() uint64 {
 	return m.HeapAlloc
 }
 
-// TestStreamReplayStoreBoundsMemory: 20 000 pings in one session, each a
+// TestStreamReplayStoreBoundsMemory: 25 000 pings in one session, each a
 // stream of its own in the replay store, leave the heap as it was, within
-// 3 MiB (the store's share is 2 MiB). (A red team's, stop 63: the go-sdk's
-// store kept every stream's entry until the session ended, 233 bytes a
-// ping: 4.7 MB here.)
+// 4 MiB (the store's share is 2 MiB, counting what a stream costs). (A red
+// team's, stop 63: the go-sdk's store kept every stream's entry until the
+// session ended, 233 bytes a ping: 5.9 MB here.)
 func TestStreamReplayStoreBoundsMemory(t *testing.T) {
 	f := newFixture(t, &host.Options{Tenants: true}, sandbox.NewPolicy(), map[string]string{"counter.wasm": testplugins.Example(t, "counter")})
 	url := serveGuarded(t, f, host.GuardOptions{Tokens: map[string]string{"alice": aliceToken, "bob": bobToken}})
@@ -109,11 +109,11 @@ func TestStreamReplayStoreBoundsMemory(t *testing.T) {
 	}
 	ping(15_000) // past the store's share of bob's: what it holds from now on stays
 	before := liveHeap()
-	const n = 20_000
+	const n = 25_000
 	ping(n)
 	grew := int64(liveHeap()) - int64(before)
 	t.Logf("%d pings in one session: live heap grew %d bytes", n, grew)
-	if grew > 3<<20 {
+	if grew > 4<<20 {
 		t.Errorf("bob's %d pings left %d bytes in the host's memory (%d a ping): want the replay store's bound", n, grew, grew/n)
 	}
 }
