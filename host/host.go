@@ -751,8 +751,10 @@ func (h *Host) HTTPHandler() http.Handler {
 }
 
 // StreamReplayBytes bounds the messages kept, across all HTTP sessions,
-// so that a client that lost a stream can resume it (SEP-1699). Past it
-// the oldest are dropped: a client resuming later than that misses them.
+// so that a client that lost a stream can resume it (SEP-1699); with
+// tenants each holds a quarter. Past it the oldest are dropped, the
+// tenant's own first: a client resuming later than that misses them, and
+// is told so.
 const StreamReplayBytes = 8 << 20
 
 // sessionlessProtocol is the first MCP revision without sessions.

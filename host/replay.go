@@ -245,7 +245,14 @@ func (s *replayStore) after(sessionID, streamID string, index int) ([][]byte, er
 	case st == nil:
 		// Never opened, or forgotten with its events.
 		return nil, fmt.Errorf("replay: stream %q of session %q: %w", streamID, sessionID, mcp.ErrEventsPurged)
-	case st.broken, index+1 < st.first:
+	case st.broken:
+		return nil, fmt.Errorf("replay: stream %q of session %q sent after it was forgotten: %w", streamID, sessionID, mcp.ErrEventsPurged)
+	case index == -1:
+		// A stream opened afresh (a GET with no Last-Event-ID): what is
+		// kept, not a refusal because older events went (the go-sdk
+		// answers a refusal with 400, and its client stops listening).
+		index = st.first - 1
+	case index+1 < st.first:
 		return nil, fmt.Errorf("replay: index %d of stream %q of session %q: %w", index, streamID, sessionID, mcp.ErrEventsPurged)
 	case index+1 > st.first+len(st.events):
 		// Past what the stream sent here: another replica's numbering
