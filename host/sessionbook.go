@@ -121,6 +121,7 @@ func (b *sessionBook) openSession(ss *mcp.ServerSession, user, tenant string) (v
 	if end != nil {
 		b.dropLocked(end)
 		victim = end.ss
+		own = b.byTenant[tenant] // gone if end was its last
 	}
 	e := &bookEntry{ss: ss, tenant: tenant, user: user}
 	e.ended, e.cancel = context.WithCancel(context.Background())

@@ -278,3 +278,30 @@ func TestListenFairShares(t *testing.T) {
 		return strings.Contains(first, acked)
 	})
 }
+
+// TestSessionShareOfOne: with a share of one session, each new session of
+// bob's ends his previous one, and he never holds two. (Ending a tenant's
+// last session dropped its set from the book while the new session went
+// into it, so the next was booked against none.)
+func TestSessionShareOfOne(t *testing.T) {
+	f := newFixture(t, &host.Options{MaxSessions: 8, MaxSessionsPerSubject: 1, Tenants: true}, sandbox.NewPolicy(), map[string]string{"counter.wasm": testplugins.Example(t, "counter")})
+	url := serveGuarded(t, f, host.GuardOptions{Tokens: map[string]string{"alice": aliceToken, "bob": bobToken}})
+	var all []*mcp.ClientSession
+	for range 4 {
+		cs := connectHTTP(t, url, "2025-11-25", tenantTransport{token: bobToken})
+		call(t, cs, "count", nil)
+		all = append(all, cs)
+	}
+	live := 0
+	for _, cs := range all {
+		if res, err := cs.CallTool(context.Background(), &mcp.CallToolParams{Name: "count"}); err == nil && !res.IsError {
+			live++
+		}
+	}
+	if live != 1 {
+		t.Errorf("bob holds %d live sessions with a share of 1", live)
+	}
+	if got := openSessions(f); got != "wasmtools_http_sessions 1" {
+		t.Errorf("%s, want 1", got)
+	}
+}
