@@ -862,6 +862,9 @@ func (d *Keeper) Ended(key sessions.Key) {
 	delete(d.claims, key)
 	delete(d.forgotten, key)
 	d.dropPending(key)
+	if key.Kind() == sessions.KindConn {
+		delete(d.adopted, key.ID())
+	}
 	d.mu.Unlock()
 	ctx, cancel := context.WithTimeout(context.Background(), d.timeout())
 	defer cancel()

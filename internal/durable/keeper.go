@@ -155,11 +155,14 @@ type Keeper struct {
 	// calls) carries over if no one claimed the session meanwhile.
 	forgotten map[sessions.Key]*Claim
 	// adopted are the stateful sessions this replica took over from the
-	// store (at most maxAdopted): never served afresh from memory.
-	adopted map[string]bool
+	// store, until they end here: never served afresh from memory. Past
+	// maxAdoptedNotes of them adoptedFull is set for good, and then no
+	// stateful session this replica holds no claim on is (AdoptedHere).
+	adopted     map[string]bool
+	adoptedFull bool
 	// pending are new stateful sessions whose record could not be
 	// written when they were made (the store did not answer), at most
-	// maxAdopted: the session's next claim writes it, so that another
+	// maxPending: the session's next claim writes it, so that another
 	// replica can still take the session over.
 	pending      map[sessions.Key]*NewSession
 	pendingBytes int // of the pending sessions' initialize parameters
@@ -246,31 +249,36 @@ func (d *Keeper) KeyMismatch() string {
 	return ""
 }
 
-// maxAdopted bounds the sessions taken over that a Keeper remembers:
-// past it one is forgotten for each new one.
-const maxAdopted = 4096
+// maxPending bounds the new sessions a Keeper holds pending
+// (Keeper.pending).
+const maxPending = 4096
+
+// maxAdoptedNotes bounds the notes of sessions taken over that a Keeper
+// keeps (Keeper.AdoptedHere): live sessions each have one, and the
+// go-sdk's sessions are bounded (host.Options.MaxSessions).
+const maxAdoptedNotes = 1 << 16
 
 // maxPendingBytes bounds the initialize parameters a Keeper holds for
 // sessions whose record is not written yet (Keeper.pending): clients
 // choose them, and a store down for a while would otherwise let them
-// pile up. Past it (or past maxAdopted sessions) a new session is not
+// pile up. Past it (or past maxPending sessions) a new session is not
 // kept: its first claim writes a record no other replica can take over,
 // as one the store refused.
 const maxPendingBytes = 16 << 20
 
-// keepPending keeps ns for key's next claim, within maxAdopted sessions
+// keepPending keeps ns for key's next claim, within maxPending sessions
 // and maxPendingBytes, and with shares within a quarter of each for ns's
 // subject (until stop 63 one tenant's large initializes, some 64 of 256
 // KiB, left no room for any other's new sessions while the store was
 // down). d.mu is held; key holds nothing (dropPending).
 func (d *Keeper) keepPending(key sessions.Key, ns *NewSession) {
 	n := len(ns.Initialize)
-	if len(d.pending) >= maxAdopted || d.pendingBytes+n > maxPendingBytes {
+	if len(d.pending) >= maxPending || d.pendingBytes+n > maxPendingBytes {
 		return
 	}
 	if d.shares {
 		mine := d.pendingBy[ns.Subject]
-		if mine.sessions >= maxAdopted/4 || mine.bytes+n > maxPendingBytes/4 {
+		if mine.sessions >= maxPending/4 || mine.bytes+n > maxPendingBytes/4 {
 			return
 		}
 		d.pendingBy[ns.Subject] = pendingShare{mine.sessions + 1, mine.bytes + n}
@@ -300,22 +308,33 @@ func (d *Keeper) dropPending(key sessions.Key) {
 
 // AdoptedHere notes that stateful session id was taken over from the
 // store: it has a state there, so it is never served from memory before
-// this replica's claim on it succeeded.
+// this replica's claim on it succeeded. The note goes when the session
+// ends here ([Keeper.Ended]).
+//
+// Forgetting a live session's note would let a store outage serve it
+// afresh over the state the store holds, a silent reset; so past
+// maxAdoptedNotes (sessions adopted here whose end this replica never
+// saw: an adoption that failed half way) none is forgotten. The replica
+// instead stops serving any stateful session it holds no claim on from
+// memory (BeforeCall): an outage then refuses the new sessions it would
+// have served, which is availability lost, not state.
 func (d *Keeper) AdoptedHere(id string) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if len(d.adopted) >= maxAdopted {
-		for k := range d.adopted {
-			delete(d.adopted, k)
-			break
+	if len(d.adopted) >= maxAdoptedNotes {
+		if !d.adoptedFull {
+			d.log.Warn("too many sessions adopted here to remember: new stateful sessions will not be served from memory while the state store is unavailable", "adopted", len(d.adopted))
 		}
+		d.adoptedFull = true
+		return
 	}
 	d.adopted[id] = true
 }
 
-// wasAdopted reports whether key's stateful session was taken over here.
+// wasAdopted reports whether key's stateful session may have been taken
+// over here.
 func (d *Keeper) wasAdopted(key sessions.Key) bool {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	return d.adopted[key.ID()]
+	return d.adoptedFull || d.adopted[key.ID()]
 }
