@@ -72,14 +72,20 @@ func (d *Keeper) checkpoint(ctx context.Context, c *Claim, p *plugins.Plugin, in
 	}
 	c.checkFrom = checkFrom
 	defer func() { c.checkFrom = time.Time{} }()
-	c.remember(p.Name(), first)
-	pr.Done = c.done[p.Name()]
-	pr.Ran = c.ran[p.Name()]
+	// The call's key is written with its state but kept in the claim only
+	// for a call that is acknowledged (below): one that fails as not kept
+	// (moved, stale, unverified, its state lost with the store's) is run
+	// again when it is retried, not answered from this run, whose effect
+	// is nowhere (TestUnverifiedCallKeyNotReplayedAfterResume,
+	// TestLostHereCallKeyNotReplayed: a review, stop 64).
+	pr.Done, pr.Ran = c.withOnce(name, first)
+	keep := func() { c.done[name], c.ran[name] = pr.Done, pr.Ran }
 	start := time.Now()
 	written, err := d.writeState(ctx, c, name, pr, st)
 	d.obs.Checkpointed(time.Since(start), written, err)
 	switch {
 	case err == nil:
+		keep()
 		delete(c.unsaved, p.Name())
 		return notSaved, nil
 	case errors.Is(err, errStaleInstance):
@@ -100,6 +106,7 @@ func (d *Keeper) checkpoint(ctx context.Context, c *Claim, p *plugins.Plugin, in
 	default:
 		notSaved = NotSavedUnavailable
 	}
+	keep() // acknowledged, marked not saved
 	c.unsaved[p.Name()] = notSaved
 	return notSaved, err
 }

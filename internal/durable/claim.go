@@ -181,7 +181,9 @@ func (d *Keeper) Ensure(ctx context.Context, key sessions.Key, ns *NewSession) (
 		if err != nil || !kept {
 			c.err = cmp.Or(err, errNotKept)
 			d.mu.Lock()
-			delete(d.claims, key) // the next request tries again
+			if d.claims[key] == c { // not a newer one, after an Ended
+				delete(d.claims, key) // the next request tries again
+			}
 			d.mu.Unlock()
 		}
 		close(c.ready)

@@ -139,10 +139,22 @@ func (c *Claim) remember(plugin string, first *Once) {
 	if first == nil {
 		return
 	}
+	c.done[plugin], c.ran[plugin] = c.withOnce(plugin, first)
+}
+
+// withOnce returns what remember would keep for plugin, changing nothing:
+// a checkpoint writes it with the call's state, and keeps it only once
+// the call is acknowledged (a call failed as not kept must not be
+// answered from its first run when it is retried). c.mu is held.
+func (c *Claim) withOnce(plugin string, first *Once) (done []Once, ran []byte) {
+	if first == nil {
+		return c.done[plugin], c.ran[plugin]
+	}
 	if len(first.Result) > maxOnceBytes {
 		first = &Once{Key: first.Key, Result: tooLarge}
 	}
-	list := append(c.done[plugin], *first)
+	// Clipped: the claim's own lists are not written through.
+	list := append(slices.Clip(c.done[plugin]), *first)
 	// Newest first: within the bounds, and at most maxResends results of
 	// resends (a proxy resends only the calls in flight when a replica
 	// died: the last ones), so that keyless calls cost little.
@@ -163,7 +175,7 @@ func (c *Claim) remember(plugin string, first *Once) {
 	}
 	slices.Reverse(kept)
 	// The keys of the results dropped are remembered without them.
-	ran := c.ran[plugin]
+	ran = slices.Clip(c.ran[plugin])
 	for _, o := range list {
 		if !slices.ContainsFunc(kept, func(k Once) bool { return k.Key == o.Key }) {
 			ran = append(ran, ranDigest(o.Key)...)
@@ -172,8 +184,7 @@ func (c *Claim) remember(plugin string, first *Once) {
 	if over := len(ran) - maxRan*ranSize; over > 0 {
 		ran = ran[over:]
 	}
-	c.ran[plugin] = ran
-	c.done[plugin] = kept
+	return kept, ran
 }
 
 // tooLarge is the result kept in place of one over maxOnceBytes: an MCP
