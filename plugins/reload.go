@@ -135,6 +135,9 @@ type fileState struct {
 	plugin  *Plugin // the version served, nil if none
 	status  Status
 	lastBad string // sha256 of the last bytes refused
+	// collided says lastBad was refused for a name another plugin held:
+	// tried again once a plugin goes or changes.
+	collided bool
 	gen     int    // the configuration generation plugin was loaded under
 }
 
@@ -381,8 +384,10 @@ func (r *Reloader) apply(ctx context.Context, p *Plugin) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	f := r.files[p.Path()]
-	if f == nil || f.status.State == StateDisabled {
-		_ = p.Close(ctx) // the file went away while it loaded
+	if r.cat == nil || f == nil || f.status.State == StateDisabled {
+		// The reloader closed while p loaded (a rescan of POST /reload
+		// or the watcher outlasting shutdown), or the file went away.
+		_ = p.Close(ctx)
 		return nil
 	}
 	var next *Catalogue
@@ -395,6 +400,9 @@ func (r *Reloader) apply(ctx context.Context, p *Plugin) error {
 	}
 	if len(rejected) > 0 {
 		err := rejected[0].Err
+		// Refused until a plugin goes or changes (swapLocked), which
+		// may free the name: not loaded again on every rescan.
+		f.lastBad, f.collided = p.SHA256(), true
 		f.status.State, f.status.Error = StateError, err.Error()
 		r.log.Error("plugin version refused", "path", p.Path(), "error", err)
 		_ = p.Close(ctx)
@@ -417,6 +425,13 @@ func (r *Reloader) apply(ctx context.Context, p *Plugin) error {
 // closes the plugins it retires when there is none. The caller holds r.mu.
 func (r *Reloader) swapLocked(ctx context.Context, s Swap) {
 	r.cat = s.Next
+	if len(s.Removed) > 0 || len(s.Replaced) > 0 {
+		for _, f := range r.files {
+			if f.collided {
+				f.lastBad, f.collided = "", false
+			}
+		}
+	}
 	if r.onSwap != nil {
 		r.onSwap(ctx, s)
 		return
@@ -664,9 +679,19 @@ func (r *Reloader) loadIfChanged(ctx context.Context, path string, compiled func
 	}
 	sum := sha256.Sum256(wasm)
 	sha := hex.EncodeToString(sum[:])
-	if f.plugin != nil && f.plugin.SHA256() == sha && f.gen == r.gen || f.lastBad == sha && f.gen == r.gen {
+	if f.plugin != nil && f.plugin.SHA256() == sha && f.gen == r.gen {
+		if f.status.State == StateError {
+			// The file is the version served again, after a version
+			// that was refused: its status says so.
+			f.status.State, f.status.Error = StateLoaded, ""
+			f.lastBad, f.collided = "", false
+		}
 		r.mu.Unlock()
-		return nil, nil // served, or the same bad bytes again: already reported
+		return nil, nil // served
+	}
+	if f.lastBad == sha && f.gen == r.gen {
+		r.mu.Unlock()
+		return nil, nil // the same bad bytes again: already reported
 	}
 	f.status.LastReload = time.Now()
 	f.gen = r.gen
