@@ -193,6 +193,9 @@ func (h *Host) callTool(ctx context.Context, key sessions.Key, c *plugins.Call, 
 			// A failure of the call (its result says so), not a refusal.
 		case errors.Is(err, sessions.ErrUnknownKey) && env != nil && env.ref.handle != "":
 			return h.expiredResult(env)
+		case errors.As(err, new(*retargetInvalid)):
+			// As prepareCall answers arguments that are not valid.
+			return errorResult(err.Error()), nil
 		case err != nil:
 			return nil, h.refusal(t, err)
 		case ctx.Err() != nil || h.postGone(ctx, env):
@@ -275,12 +278,29 @@ func (h *Host) leaseFor(ctx context.Context, key sessions.Key, t *plugins.Tool, 
 		if err != nil {
 			return nil, err
 		}
+		if now != c.Tool {
+			// Checked against the version it runs on: the guest gets
+			// only arguments its own schema takes (a red team, stop 64).
+			if verr := now.ValidateArguments(c.Arguments); verr != nil {
+				return nil, &retargetInvalid{verr}
+			}
+		}
 		c.Tool = now
 		return now.Plugin(), nil
 	})
 	telemetry.End(aspan, cmp.Or(claimErr, err))
 	return cl, claimErr, err
 }
+
+// retargetInvalid fails a call whose plugin was replaced while it waited
+// for its instance, and whose arguments the version now served refuses.
+type retargetInvalid struct{ err error }
+
+func (e *retargetInvalid) Error() string {
+	return "the tool was updated while the call waited, and its new version refuses the arguments: " + e.err.Error()
+}
+
+func (e *retargetInvalid) Unwrap() error { return e.err }
 
 // toolError is err, refusing a call of t.
 func toolError(t *plugins.Tool, err error) error {
