@@ -966,12 +966,10 @@ func (p *Plugin) Close(ctx context.Context) error {
 	return p.compiled.Close(ctx)
 }
 
-// Closed reports whether Close was called on this Plugin, after which its
-// instances cannot run. It does not see Close called on another Plugin
+// Closed reports whether Close was called on this Plugin or on another
 // with the same code ([Plugin.SameCode], as [Plugin.Relist] returns),
-// although that closes the shared code and stops this one's instances too.
-// Safe for concurrent use.
-func (p *Plugin) Closed() bool { return p.closed.Load() }
+// after which its instances cannot run. Safe for concurrent use.
+func (p *Plugin) Closed() bool { return p.closed.Load() || p.compiled.Closed() }
 
 // HTTPClient returns an HTTP client for a request the host makes to rawURL
 // on the plugin's behalf, under the plugin's network grant (see

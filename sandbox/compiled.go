@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 
 	"github.com/tetratelabs/wazero"
 	"github.com/tetratelabs/wazero/api"
@@ -38,8 +39,9 @@ type Compiled struct {
 	sha256 [32]byte
 	snap   *snapModule
 
-	closeOnce sync.Once
-	closeErr  error
+	closeOnce  sync.Once
+	closeErr   error
+	closedFlag atomic.Bool // Closed
 
 	// calls holds how to stop each call running in an instance of the
 	// module, which Close stops before it frees them.
@@ -214,11 +216,15 @@ func (c *Compiled) CustomSection(name string) []byte {
 // Policy returns the policy the module was compiled under.
 func (c *Compiled) Policy() Policy { return c.policy }
 
+// Closed reports whether Close was called. Safe for concurrent use.
+func (c *Compiled) Closed() bool { return c.closedFlag.Load() }
+
 // Close closes every instance of the module and frees its machine code.
 // A call running in one of them is stopped, failing with a [TrapError]
 // that matches [ErrClosed]. It is idempotent.
 func (c *Compiled) Close(ctx context.Context) error {
 	c.closeOnce.Do(func() {
+		c.closedFlag.Store(true)
 		// Stop the running calls first: wazero's close does not stop a
 		// guest the host interrupts itself (interrupt.go).
 		c.calls.Lock()

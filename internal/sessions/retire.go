@@ -154,10 +154,23 @@ func (m *Manager) newest(p *plugins.Plugin) *plugins.Plugin {
 	return p
 }
 
-// isRetiredLocked reports whether leases on p are refused: it was retired,
-// or closed. The caller holds m.mu.
+// isRetiredLocked reports whether leases on p are refused: it, or a
+// plugin with its code, was retired, or its code closed. A plugin relisted
+// (plugins.Plugin.Relist) is served in place of p with p's code, and a
+// reload retires that one: a lease on p (a call that found its tool before
+// the relist) ran the retired code, and moved its session's instance back
+// onto it (TestRelistedThenReplacedRefusesOldPlugin: a red team, stop 64).
+// The caller holds m.mu.
 func (m *Manager) isRetiredLocked(p *plugins.Plugin) bool {
-	return m.retired[p] || p.Closed()
+	if m.retired[p] || p.Closed() {
+		return true
+	}
+	for r := range m.retired {
+		if r.SameCode(p) {
+			return true
+		}
+	}
+	return false
 }
 
 // moveOff moves the slot's instance, if it runs old's code, to next:
