@@ -7,6 +7,8 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -791,4 +793,33 @@ func twoNotesThenOneAt(t *testing.T, cs *mcp.ClientSession, rt *router, b *repli
 	addNote(t, cs, "two", "note 2 saved")
 	rt.point(b)
 	addNote(t, cs, "three at b", "note 3 saved")
+}
+
+// A session that moves to a replica serving another version of its plugin
+// loses that plugin's state, and its next result says so (replica-lost):
+// the store keeps host snapshots, which restore only into the same code,
+// even for a plugin that exports the handoff pair (the notes example),
+// whose handoff runs only where the old version still runs. DEPLOY said
+// otherwise until stop 64 (a red team).
+func TestReplacedPluginOnFallbackSaysReplicaLost(t *testing.T) {
+	nb := testplugins.Bytes(t, testplugins.Example(t, "notes"))
+	v2 := filepath.Join(t.TempDir(), "notes.wasm")
+	if err := os.WriteFile(v2, withCustomSection(nb, "version-2"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	store := statestore.NewMemory()
+	a := newReplicaOf(t, "a", store, sandbox.NewPolicy(), map[string]string{"notes.wasm": testplugins.Example(t, "notes")})
+	b := newReplicaOf(t, "b", store, sandbox.NewPolicy(), map[string]string{"notes.wasm": v2})
+	rt := &router{to: a}
+	cs := connectHTTP(t, a.srv.URL, "2025-11-25", rt)
+	if res := call(t, cs, "note_add", map[string]any{"text": "kept"}); res.IsError {
+		t.Fatal(text(res))
+	}
+	a.gone()
+	rt.point(b)
+	res := notes(t, cs, nil)
+	reset, _ := res.Meta[host.MetaStateReset].(map[string]any)
+	if strings.Contains(text(res), "kept") || reset == nil || reset["reason"] != "replica-lost" {
+		t.Fatalf("moved to a replica serving notes v2: got %q, stateReset %v; want the state lost, said replica-lost", text(res), reset)
+	}
 }
