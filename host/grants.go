@@ -272,6 +272,14 @@ func (e *callEnv) AskGrant(ctx context.Context, r sandbox.GrantRequest) error {
 		return refuse("cancelled", fmt.Sprintf("%s is not granted to this plugin: the call ended before the person answered", what))
 	}
 	if a.Error != "" { // the host did not ask after all
+		// Not put to the person: the cap counts only questions asked
+		// (a red team, stop 64: a plugin spent the session's cap, which
+		// all its plugins share, with questions refused unasked).
+		b.mu.Lock()
+		if s = b.session(key, tenant); s.Asked > 0 {
+			s.Asked--
+		}
+		b.mu.Unlock()
 		return refuse("not-asked", fmt.Sprintf("%s is not granted to this plugin: the person could not be asked (%s)", what, a.Error))
 	}
 	decision, _ := a.Content["decision"].(string)

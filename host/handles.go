@@ -288,9 +288,14 @@ func (h *Host) toolClient(req *mcp.CallToolRequest, p *plugins.Plugin, fromArgs 
 	if k, ok := h.headerKey(extra); ok {
 		return clientRef{key: k}, nil
 	}
-	if p.Stateless() {
+	if p.Stateless() && !p.Asks() {
 		return clientRef{key: h.connKey(ss)}, nil
 	}
+	// A stateless plugin that may ask the person for grants gets a
+	// handle too: the person's answers, a "deny" and the cap on
+	// questions, are the session's, and a request of its own would
+	// forget them with each call (a red team, stop 64: the plugin asked
+	// at every call).
 	return h.handleClient(subjectOf(extra), cmpOr(fromArgs, fromMeta), !programmatic)
 }
 

@@ -262,10 +262,13 @@ func (n *Network) checkURL(ctx context.Context, u *url.URL, redirect bool) error
 }
 
 // plainHost reports whether host (lower case, no brackets) is an IP
-// address or a name of ASCII letters, digits, '-' and '.' only.
+// address without a zone or a name of ASCII letters, digits, '-' and '.'
+// only. An IPv6 zone ("%25..." in a URL) is any text the guest likes,
+// spaces and reordering characters too, which a question would show the
+// person as the target (a red team, stop 64).
 func plainHost(host string) bool {
-	if _, err := netip.ParseAddr(host); err == nil {
-		return true
+	if a, err := netip.ParseAddr(host); err == nil {
+		return a.Zone() == ""
 	}
 	for _, c := range host {
 		if !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '-' || c == '.') {
