@@ -625,10 +625,11 @@ func (h *Host) setCatalogue(cat *plugins.Catalogue) *plugins.Catalogue {
 }
 
 // modernTool is t as served to sessionless clients: with the session
-// argument in its input schema when its plugin keeps state.
+// argument in its input schema when its plugin keeps state, or may ask
+// the person for grants (whose answers are the session's: toolClient).
 func (h *Host) modernTool(t *plugins.Tool) *mcp.Tool {
 	mt := mcpTool(t)
-	if t.Plugin().Stateless() {
+	if t.Plugin().Stateless() && !t.Plugin().Asks() {
 		return mt
 	}
 	schema, err := withSessionArgument(t.Def.InputSchema)
