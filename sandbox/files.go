@@ -181,7 +181,7 @@ func (r *rootFS) OpenFile(p string, flag experimentalsys.Oflag, perm fs.FileMode
 		f.Close()
 		return nil, e
 	}
-	file := &rootFile{File: adapted, f: f, root: r.root, name: n, append: of&os.O_APPEND != 0}
+	file := &rootFile{File: adapted, f: f, root: r.root, name: n, append: of&os.O_APPEND != 0, readOnly: r.readOnly, writes: of&(os.O_WRONLY|os.O_RDWR) != 0}
 	if flag&experimentalsys.O_DIRECTORY != 0 {
 		if dir, e := file.IsDir(); e != 0 || !dir {
 			file.Close()
@@ -336,6 +336,10 @@ type rootFile struct {
 	root   *os.Root
 	name   string // in the Root, for Utimens
 	append bool
+	// readOnly: the file system's; writes: opened for writing. Utimens
+	// goes through the Root by name, not the descriptor, so it checks
+	// them itself.
+	readOnly, writes bool
 }
 
 // opened is the fs.FS the adapter opens a rootFile's file from: first the
@@ -371,7 +375,17 @@ func (f *rootFile) Truncate(size int64) experimentalsys.Errno { return errno(f.f
 func (f *rootFile) Sync() experimentalsys.Errno               { return errno(f.f.Sync()) }
 func (f *rootFile) Datasync() experimentalsys.Errno           { return errno(f.f.Sync()) }
 
-// Utimens sets the file's times through the Root, by its name there.
+// Utimens sets the file's times through the Root, by its name there, if
+// the file was opened for writing in a file system that is not read-only:
+// a descriptor opened to read (a folder WASI pre-opened, a file of a
+// mount granted "read" only) changes nothing, its times included (a red
+// team, stop 64: fd_filestat_set_times changed them on the host).
 func (f *rootFile) Utimens(atim, mtim int64) experimentalsys.Errno {
+	switch {
+	case f.readOnly:
+		return experimentalsys.EROFS
+	case !f.writes:
+		return experimentalsys.EBADF
+	}
 	return utimens(f.root, f.name, atim, mtim)
 }
