@@ -19,8 +19,10 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"regexp"
 	"strings"
 	"sync/atomic"
+	"unicode/utf8"
 
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
@@ -71,6 +73,9 @@ func Setup(ctx context.Context, getenv func(string) string, service, version str
 	noop := func(context.Context) error { return nil }
 	var s Settings
 	otel.SetTextMapPropagator(propagator)
+	if err := SetClientContext(getenv("WASMTOOLS_TRACE_CLIENTS")); err != nil {
+		return s, noop, err
+	}
 	if strings.EqualFold(getenv("OTEL_SDK_DISABLED"), "true") {
 		return s, noop, nil
 	}
@@ -114,11 +119,19 @@ func Setup(ctx context.Context, getenv func(string) string, service, version str
 		// ours must not replace it.
 		res = resource.Default()
 	}
-	tp := sdktrace.NewTracerProvider(sdktrace.WithBatcher(exporter), sdktrace.WithResource(res))
+	// Attribute values are bounded (the SDK's default is none): several
+	// carry what clients and guests chose.
+	limits := sdktrace.NewSpanLimits()
+	limits.AttributeValueLengthLimit = maxAttribute
+	tp := sdktrace.NewTracerProvider(sdktrace.WithBatcher(exporter), sdktrace.WithResource(res), sdktrace.WithRawSpanLimits(limits))
 	Use(tp)
 	s.Enabled, s.Endpoint = true, endpoint
 	return s, tp.Shutdown, nil
 }
+
+// maxAttribute bounds an attribute's value in the spans Setup's provider
+// records.
+const maxAttribute = 1024
 
 // on is whether a real provider is in place: with it off, the Start
 // functions return at once, before making a context or a span.
@@ -153,11 +166,52 @@ func Start(ctx context.Context, name string, attrs ...attribute.KeyValue) (conte
 }
 
 // StartServer is Start for a request wasmtools received (span kind server).
+//
+// With [ClientContextLink], a span whose parent is a client's (remote)
+// starts a trace of its own, linked to the client's: sampling is then the
+// operator's sampler's alone.
 func StartServer(ctx context.Context, name string, attrs ...attribute.KeyValue) (context.Context, trace.Span) {
 	if !on.Load() {
 		return ctx, off
 	}
-	return otel.Tracer(instrumentation).Start(ctx, name, trace.WithSpanKind(trace.SpanKindServer), trace.WithAttributes(attrs...))
+	opts := []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindServer), trace.WithAttributes(attrs...)}
+	if sc := trace.SpanContextFromContext(ctx); sc.IsRemote() && linkClients.Load() {
+		opts = append(opts, trace.WithNewRoot(), trace.WithLinks(trace.Link{SpanContext: sc}))
+	}
+	return otel.Tracer(instrumentation).Start(ctx, name, opts...)
+}
+
+// How a request's span treats the trace context its client sent
+// (WASMTOOLS_TRACE_CLIENTS).
+const (
+	// ClientContextParent: the client's span is the request span's
+	// parent, one trace from the agent into the tool's backend, and
+	// the client's sampled flag and trace ID decide sampling (a
+	// parent-based sampler follows the flag; a ratio sampler hashes the
+	// trace ID, which the client chose). The default.
+	ClientContextParent = "parent"
+	// ClientContextLink: a new trace, linked to the client's span, for
+	// clients the operator does not trust with its sampling (tenants): a
+	// client can then neither have every request of its own exported
+	// nor hide them.
+	ClientContextLink = "link"
+)
+
+// linkClients is whether ClientContextLink is in force.
+var linkClients atomic.Bool
+
+// SetClientContext sets how request spans treat a client's trace
+// context: [ClientContextParent] ("" too) or [ClientContextLink].
+func SetClientContext(mode string) error {
+	switch mode {
+	case "", ClientContextParent:
+		linkClients.Store(false)
+	case ClientContextLink:
+		linkClients.Store(true)
+	default:
+		return fmt.Errorf("WASMTOOLS_TRACE_CLIENTS=%q: want %q or %q", mode, ClientContextParent, ClientContextLink)
+	}
+	return nil
 }
 
 // StartClient is Start for a request wasmtools sends (span kind client):
@@ -173,7 +227,7 @@ func StartClient(ctx context.Context, name string, attrs ...attribute.KeyValue) 
 // as Error) when not nil.
 func End(span trace.Span, err error) {
 	if err != nil && span.IsRecording() {
-		span.SetStatus(codes.Error, err.Error())
+		span.SetStatus(codes.Error, statusText(err.Error()))
 		span.SetAttributes(attribute.String("error.type", fmt.Sprintf("%T", err)))
 	}
 	span.End()
@@ -184,9 +238,38 @@ func End(span trace.Span, err error) {
 // isError, a JSON-RPC error code).
 func Fail(span trace.Span, errorType, msg string) {
 	if span.IsRecording() {
-		span.SetStatus(codes.Error, msg)
+		span.SetStatus(codes.Error, statusText(msg))
 		span.SetAttributes(attribute.String("error.type", errorType))
 	}
+}
+
+// maxStatus bounds a span's status description: errors carry what
+// clients and guests chose (an unknown tool's name, a guest's trap), and
+// the SDK keeps a status whole.
+const maxStatus = 512
+
+// urlRest matches a URL's path, query and fragment after its host.
+var urlRest = regexp.MustCompile(`(?i)(\b[a-z][a-z0-9+.-]*://[^/\s"'?#]+)[/?#][^\s"']*`)
+
+// statusText is msg as a span's status says it: its URLs cut to their
+// scheme and host (a path or query can hold secrets: the spans of a
+// plugin's requests record only the host, and so must their errors), and
+// bounded.
+func statusText(msg string) string {
+	msg = urlRest.ReplaceAllString(msg, "$1/…")
+	return Cut(msg, maxStatus)
+}
+
+// Cut returns s bounded to n bytes, cut on a rune boundary and marked so.
+func Cut(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	i := n
+	for i > 0 && !utf8.RuneStart(s[i]) {
+		i--
+	}
+	return s[:i] + "…"
 }
 
 // FromMeta returns ctx with the remote span context carried in an MCP
@@ -215,11 +298,16 @@ func FromHeader(ctx context.Context, h http.Header) context.Context {
 // headers, replacing any the guest set: the trace crosses the sandbox
 // into the services a tool calls. Nothing is written when ctx has no
 // span (tracing off and no client context).
+//
+// Trace context only (traceparent, tracestate), never baggage: what a
+// client put in its baggage is the client's to say, not for the services
+// of a plugin it calls (a red team, stop 64: a client's baggage reached
+// them).
 func Inject(ctx context.Context, h http.Header) {
 	if !trace.SpanContextFromContext(ctx).IsValid() {
 		return
 	}
-	propagator.Inject(ctx, propagation.HeaderCarrier(h))
+	propagation.TraceContext{}.Inject(ctx, propagation.HeaderCarrier(h))
 }
 
 // InjectMeta writes ctx's span context into an outgoing MCP request's
