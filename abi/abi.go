@@ -252,7 +252,10 @@ type CallContext struct {
 	// hyper-mcp's plugins look for the progress token.
 	Meta json.RawMessage `json:"_meta"`
 
-	// SessionID is the MCP session's ID, "" over stdio.
+	// SessionID names the client's session: a digest label of the MCP
+	// session's ID ("session-…"), of a 2026-07-28 client's handle
+	// ("handle-…") or its client header; "" over stdio. Never the ID or
+	// the handle, which are capabilities.
 	SessionID string `json:"session_id,omitempty"`
 	// ProtocolVersion is the MCP revision the client negotiated.
 	ProtocolVersion string `json:"protocol_version,omitempty"`

@@ -15,6 +15,7 @@ import (
 	"golang.org/x/oauth2/clientcredentials"
 
 	"github.com/wasmtools/wasmtools/abi"
+	"github.com/wasmtools/wasmtools/internal/telemetry"
 	"github.com/wasmtools/wasmtools/sandbox"
 )
 
@@ -149,7 +150,10 @@ func (e *callEnv) accessToken(ctx context.Context, input []byte) abi.AccessToken
 	}
 	t, err := cfg.Token(context.WithValue(ctx, oauth2.HTTPClient, client))
 	if err != nil {
-		e.h.log.Warn("access token refused", "plugin", p.Name(), "client", c.ClientID, "err", err)
+		// Cut: the client ID is the guest's input, and the error holds
+		// the token endpoint's answer (a red team, stop 64: half a MiB
+		// in one log line).
+		e.h.log.Warn("access token refused", "plugin", p.Name(), "client", telemetry.Cut(c.ClientID, 256), "err", telemetry.Cut(err.Error(), 1024))
 		return abi.AccessTokenResult{Error: "token request failed: " + err.Error()}
 	}
 	tok := &abi.AccessToken{AccessToken: t.AccessToken, Scopes: c.Scopes}

@@ -25,12 +25,16 @@ var (
 	ErrSessionEnded = sessions.ErrSessionEnded
 )
 
-// sessionID is what a guest is told of the request's session: the
-// transport session's ID, or for a request keyed by a handle or a client
-// header, the key's label (a digest, never the handle).
+// sessionID is what a guest is told of the request's session: a label
+// made of a digest of the transport session's ID ("session-…"), or for a
+// request keyed by a handle or a client header, the key's label (a digest,
+// never the handle). Never the ID itself: whoever presents a stateful
+// session's ID is that session (with the shared token, or none), its
+// instances of every plugin included, and a plugin could send it out (a
+// red team, stop 64).
 func sessionID(ss *mcp.ServerSession, key sessions.Key) string {
 	if id := ss.ID(); id != "" {
-		return id
+		return "session-" + traceDigest(id)
 	}
 	if key.Kind() == sessions.KindConn {
 		return ""

@@ -502,7 +502,7 @@ func (h *Host) startTask(ctx context.Context, next mcp.MethodHandler, req *mcp.C
 		h.wg.Done()
 		return nil, &jsonrpc.Error{Code: CodeBusy, Message: err.Error(), Data: json.RawMessage(`{"reason":"too_many_tasks","retry":true}`)}
 	}
-	h.log.Info("task created", "task", t.id, "tool", req.Params.Name)
+	h.log.Info("task created", "task", taskLabel(t.id), "tool", req.Params.Name)
 	first := *req
 	p := *req.Params
 	first.Params = &p
@@ -539,7 +539,7 @@ func (h *Host) driveTask(ctx context.Context, next mcp.MethodHandler, t *task, r
 			t.status, t.inputs, t.state, t.answered = taskInputRequired, res.InputRequests, res.RequestState, mcp.InputResponseMap{}
 			t.retry = req
 			s.mu.Unlock()
-			h.log.Info("task waits for input", "task", t.id)
+			h.log.Info("task waits for input", "task", taskLabel(t.id))
 			if !h.awaitInput(ctx, t) {
 				return
 			}
@@ -578,7 +578,7 @@ func (h *Host) driveTask(ctx context.Context, next mcp.MethodHandler, t *task, r
 		}
 		s.finishedLocked(t, len(held))
 		s.mu.Unlock()
-		h.log.Info("task ended", "task", t.id, "status", t.status)
+		h.log.Info("task ended", "task", taskLabel(t.id), "status", t.status)
 		return
 	}
 }
@@ -616,7 +616,7 @@ func (h *Host) awaitInput(ctx context.Context, t *task) bool {
 				s.notifyLocked(t)
 			}
 			s.mu.Unlock()
-			h.log.Info("task abandoned: no answer", "task", t.id)
+			h.log.Info("task abandoned: no answer", "task", taskLabel(t.id))
 			h.abandonParked(t)
 			return false
 		case <-ctx.Done():
@@ -663,7 +663,7 @@ func (h *Host) abandonParked(t *task) {
 	}
 	if v, ok := h.ses.Unpark(id, func(v any) bool { return v.(*run).round == round }); ok {
 		h.abandonRun(v.(*run), errTaskCancelled) // returns once the guest has stopped
-		h.log.Info("task's parked call stopped", "task", t.id)
+		h.log.Info("task's parked call stopped", "task", taskLabel(t.id))
 	}
 }
 
@@ -839,6 +839,10 @@ func (h *Host) tasksCancel(t *task, _ *taskParams) (mcp.Result, func(), error) {
 	h.tasks.notifyLocked(t)
 	return &taskAck{ResultType: "complete"}, func() {
 		t.cancel()
-		h.log.Info("task cancelled", "task", t.id)
+		h.log.Info("task cancelled", "task", taskLabel(t.id))
 	}, nil
 }
+
+// taskLabel names a task in logs: a digest of its ID, never the ID, which
+// is all that guards an anonymous client's task (a red team, stop 64).
+func taskLabel(id string) string { return "task-" + traceDigest(id) }
