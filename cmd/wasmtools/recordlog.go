@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"sync"
+	"time"
 )
 
 // defaultRecordLogMax is the size at which the record log is rotated: a
@@ -23,6 +24,8 @@ type recordLog struct {
 	max  int64
 	f    *os.File
 	size int64
+	// retry is when a rotation that failed is tried again.
+	retry time.Time
 }
 
 func openRecordLog(path string, max int64) (*recordLog, error) {
@@ -54,26 +57,38 @@ func (l *recordLog) Write(p []byte) (int, error) {
 	if l.f == nil {
 		return 0, errors.New("record log: closed")
 	}
-	if l.max > 0 && l.size > 0 && l.size+int64(len(p)) > l.max {
+	var rerr error
+	if l.max > 0 && l.size > 0 && l.size+int64(len(p)) > l.max && !time.Now().Before(l.retry) {
 		if err := l.rotate(); err != nil {
-			return 0, fmt.Errorf("record log: rotate: %w", err)
+			// The line is kept all the same, in FILE past max, and the
+			// rotation tried again a while later: a record log that can
+			// no longer rotate (FILE.1 not replaceable, the folder not
+			// writable) went on dropping every line (a red team, stop
+			// 64). The error goes to the caller, which logs it.
+			rerr = fmt.Errorf("record log: rotate: %w (tried again in %v; the log grows past its size meanwhile)", err, rotateRetry)
+			l.retry = time.Now().Add(rotateRetry)
+			if l.f == nil {
+				return 0, rerr
+			}
 		}
 	}
 	n, err := l.f.Write(p)
 	l.size += int64(n)
-	return n, err
+	return n, errors.Join(err, rerr)
 }
 
+// rotateRetry is how long after a failed rotation the next is tried.
+const rotateRetry = time.Minute
+
 func (l *recordLog) rotate() error {
-	if err := l.f.Close(); err != nil {
-		l.f = nil
-		return err
-	}
+	// The descriptor is released even when Close fails: FILE is opened
+	// again whatever happens.
+	cerr := l.f.Close()
 	l.f = nil
 	if err := os.Rename(l.path, l.path+".1"); err != nil {
-		return errors.Join(err, l.open())
+		return errors.Join(cerr, err, l.open())
 	}
-	return l.open()
+	return errors.Join(cerr, l.open())
 }
 
 // Close closes the file. It is idempotent.
