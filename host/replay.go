@@ -162,20 +162,27 @@ func (s *replayStore) Append(ctx context.Context, sessionID, streamID string, da
 		s.dropOldestLocked(t)
 	}
 	for s.total > s.max {
-		most := s.largestLocked()
+		most := s.largestLocked(el)
 		if most == nil || most.queue.Front() == el {
-			break
+			break // the appender holds the most, and only this event
 		}
 		s.dropOldestLocked(most)
 	}
 	return nil
 }
 
-// largestLocked is the tenant holding the most bytes. The caller holds mu.
-func (s *replayStore) largestLocked() *replayTenant {
+// largestLocked is the tenant holding the most bytes; of tenants holding
+// as much, one with an entry to drop other than keep, the event being
+// appended. Picking among them in map order left the total exceeded
+// whenever the appender tied and came first (TestReplayStoreTotal failed
+// one run in a few, stop 64). The caller holds mu.
+func (s *replayStore) largestLocked(keep *list.Element) *replayTenant {
 	var most *replayTenant
 	for _, t := range s.tenants {
-		if t.queue.Len() > 0 && (most == nil || t.bytes > most.bytes) {
+		if t.queue.Len() == 0 {
+			continue
+		}
+		if most == nil || t.bytes > most.bytes || t.bytes == most.bytes && most.queue.Front() == keep {
 			most = t
 		}
 	}
