@@ -84,7 +84,8 @@ func (h *Host) connKey(ss *mcp.ServerSession) sessions.Key {
 		go func() {
 			defer h.wg.Done()
 			_ = ss.Wait()
-			h.ses.End(context.Background(), key) // its grants go too: clientEnded
+			h.ownerEnded("session:" + key.String()) // its tasks (taskOwner)
+			h.ses.End(context.Background(), key)    // its grants go too: clientEnded
 			h.conns.Delete(ss)
 			h.book.closed(ss)
 			if h.dur != nil && !h.drain.draining.Load() && !h.isClosed() {

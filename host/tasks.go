@@ -248,7 +248,14 @@ func (s *taskStore) add(owner string, size int, cancel context.CancelFunc) (*tas
 		if over == nil {
 			break
 		}
-		if !s.dropOldestFinishedLocked(owner, nil) {
+		if s.dropOldestFinishedLocked(owner, nil) {
+			continue
+		}
+		// Past the server's bounds with none of its own finished: the
+		// owner holding the most tasks gives a finished one up, so that
+		// clients who left their results unread for the hour cannot
+		// keep everyone else out (a red team, stop 64).
+		if serverWide := len(s.tasks) >= s.h.maxTasks() || s.bytes+size > taskBytesTotal; !serverWide || !s.dropOldestFinishedLocked(s.largestOwnerLocked(), nil) {
 			return nil, over
 		}
 	}
@@ -311,6 +318,22 @@ func (s *taskStore) resizeLocked(t *task, size int) {
 	t.bytes = size
 }
 
+// largestOwnerLocked is the owner holding the most finished tasks ("" for
+// none). s.mu is held.
+func (s *taskStore) largestOwnerLocked() string {
+	finished := map[string]int{}
+	most := ""
+	for _, t := range s.tasks {
+		if terminal(t.status) {
+			finished[t.owner]++
+			if n := finished[t.owner]; most == "" || n > finished[most] || n == finished[most] && t.owner < most {
+				most = t.owner
+			}
+		}
+	}
+	return most
+}
+
 // dropOldestFinishedLocked forgets owner's oldest finished task but
 // spare (nil: none), and reports whether there was one. s.mu is held.
 func (s *taskStore) dropOldestFinishedLocked(owner string, spare *task) bool {
@@ -345,6 +368,30 @@ func (s *taskStore) removeLocked(t *task) {
 		}
 	}
 	t.expire.Stop()
+}
+
+// ownerEnded forgets owner's tasks, its transport session having ended:
+// no request can name that owner again, so they would hold the bounds
+// for their hour, read by no one (a red team, stop 64). Running ones are
+// cancelled, their guests stopped.
+func (h *Host) ownerEnded(owner string) {
+	s := h.tasks
+	s.mu.Lock()
+	var ended []*task
+	for _, t := range s.tasks {
+		if t.owner == owner {
+			if !terminal(t.status) {
+				t.status, t.updated = taskCancelled, time.Now()
+			}
+			s.removeLocked(t)
+			ended = append(ended, t)
+		}
+	}
+	s.mu.Unlock()
+	for _, t := range ended {
+		t.cancel()
+		h.abandonParked(t)
+	}
 }
 
 // expire ends a task at its TTL: a running one is cancelled (its guest
@@ -523,14 +570,29 @@ func (h *Host) driveTask(ctx context.Context, next mcp.MethodHandler, t *task, r
 		out, err := next(ctx, "tools/call", req)
 		res, _ := out.(*mcp.CallToolResult)
 		s.mu.Lock()
+		// A call that asked for input is parked in the session layer
+		// with its guest: a task that ends now (cancelled, expired) takes
+		// it out, or it held its instance until the abandonment time
+		// (a red team, stop 64).
+		parked := res != nil && res.NeedsInput()
 		if terminal(t.status) { // cancelled meanwhile
+			if parked {
+				t.retry, t.state = req, res.RequestState
+			}
 			s.mu.Unlock()
+			if parked {
+				h.abandonParked(t)
+			}
 			return
 		}
 		t.updated = time.Now()
 		switch {
 		case ctx.Err() != nil:
 			t.status = taskCancelled
+			if parked {
+				t.retry, t.state = req, res.RequestState
+				defer h.abandonParked(t)
+			}
 		case err != nil:
 			t.status, t.err = taskFailed, asRPCError(protocolError(err))
 		case res == nil:
@@ -817,6 +879,16 @@ func (h *Host) tasksUpdate(t *task, p *taskParams) (mcp.Result, func(), error) {
 			var one mcp.InputResponseMap
 			if err := json.Unmarshal([]byte(`{"k":`+string(raw)+`}`), &one); err != nil {
 				return nil, nil, &jsonrpc.Error{Code: jsonrpc.CodeInvalidParams, Message: fmt.Sprintf("inputResponses[%q]: %v", k, err)}
+			}
+			// The task holds its answers until the last comes: they
+			// count against the task bounds as its arguments do (a red
+			// team, stop 64: a client held 4 MiB of answers against a
+			// bound of 256 KiB, and could go on).
+			was := t.bytes
+			h.tasks.resizeLocked(t, was+len(raw))
+			if h.tasks.overLocked(t.owner) {
+				h.tasks.resizeLocked(t, was)
+				return nil, nil, &jsonrpc.Error{Code: CodeBusy, Message: fmt.Sprintf("%v: inputResponses[%q] (%d bytes) would take the client's tasks past the bytes they may hold; answer with less", errTooManyTasks, k, len(raw)), Data: json.RawMessage(`{"reason":"too_many_tasks"}`)}
 			}
 			t.answered[k] = one["k"]
 			delete(t.inputs, k)
