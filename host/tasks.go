@@ -255,7 +255,12 @@ func (s *taskStore) add(owner string, size int, cancel context.CancelFunc) (*tas
 		// owner holding the most tasks gives a finished one up, so that
 		// clients who left their results unread for the hour cannot
 		// keep everyone else out (a red team, stop 64).
-		if serverWide := len(s.tasks) >= s.h.maxTasks() || s.bytes+size > taskBytesTotal; !serverWide || !s.dropOldestFinishedLocked(s.largestOwnerLocked(), nil) {
+		// (Only when the server's bounds alone are passed: a client at
+		// its own, or its pool's, would be refused all the same, and
+		// another's result lost for nothing: a review, stop 64.)
+		clientOver := u.tasks >= s.h.maxTasksPerClient() || u.bytes+size > s.h.maxTaskBytesPerClient() ||
+			pool == anonymousPool && (pu.tasks >= s.h.maxAnonymousTasks() || pu.bytes+size > 2*s.h.maxTaskBytesPerClient())
+		if clientOver || !s.dropOldestFinishedLocked(s.largestOwnerLocked(), nil) {
 			return nil, over
 		}
 	}

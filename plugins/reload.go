@@ -138,7 +138,7 @@ type fileState struct {
 	// collided says lastBad was refused for a name another plugin held:
 	// tried again once a plugin goes or changes.
 	collided bool
-	gen     int    // the configuration generation plugin was loaded under
+	gen      int // the configuration generation plugin was loaded under
 }
 
 // NewReloader returns a reloader of the given paths. Call Load, then
@@ -421,16 +421,23 @@ func (r *Reloader) apply(ctx context.Context, p *Plugin) error {
 	return nil
 }
 
+// retryCollidedLocked has the next rescan load again the versions refused
+// for a name another plugin held: the catalogue changed, and the name may
+// be free. The caller holds r.mu.
+func (r *Reloader) retryCollidedLocked() {
+	for _, f := range r.files {
+		if f.collided {
+			f.lastBad, f.collided = "", false
+		}
+	}
+}
+
 // swapLocked serves s.Next and hands the swap to OnSwap's function, or
 // closes the plugins it retires when there is none. The caller holds r.mu.
 func (r *Reloader) swapLocked(ctx context.Context, s Swap) {
 	r.cat = s.Next
 	if len(s.Removed) > 0 || len(s.Replaced) > 0 {
-		for _, f := range r.files {
-			if f.collided {
-				f.lastBad, f.collided = "", false
-			}
-		}
+		r.retryCollidedLocked()
 	}
 	if r.onSwap != nil {
 		r.onSwap(ctx, s)
@@ -626,6 +633,7 @@ func (r *Reloader) relist(ctx context.Context, p, cur *Plugin, inst *Instance) e
 		return rejected[0].Err
 	}
 	r.cat = next
+	r.retryCollidedLocked() // the new lists may free a name
 	if f := r.files[cur.Path()]; f != nil && f.plugin == cur {
 		f.plugin = fresh
 		f.status.Tools = toolNames(fresh)

@@ -25,7 +25,8 @@ type recordLog struct {
 	f    *os.File
 	size int64
 	// retry is when a rotation that failed is tried again.
-	retry time.Time
+	retry  time.Time
+	closed bool // by Close
 }
 
 func openRecordLog(path string, max int64) (*recordLog, error) {
@@ -54,8 +55,15 @@ func (l *recordLog) open() error {
 func (l *recordLog) Write(p []byte) (int, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if l.f == nil {
+	if l.closed {
 		return 0, errors.New("record log: closed")
+	}
+	if l.f == nil {
+		// A rotation renamed FILE but could not open it again: tried
+		// again with each line.
+		if err := l.open(); err != nil {
+			return 0, fmt.Errorf("record log: reopen: %w", err)
+		}
 	}
 	var rerr error
 	if l.max > 0 && l.size > 0 && l.size+int64(len(p)) > l.max && !time.Now().Before(l.retry) {
@@ -95,6 +103,7 @@ func (l *recordLog) rotate() error {
 func (l *recordLog) Close() error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	l.closed = true
 	if l.f == nil {
 		return nil
 	}

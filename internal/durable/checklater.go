@@ -116,9 +116,15 @@ func (d *Keeper) AfterUncheckedCall(ctx context.Context, key sessions.Key, c *Cl
 		// that an eviction says its state was reset rather than
 		// restoring the store's older one (Keeper.Saved), and the
 		// heartbeat saves it once the store answers.
+		// The call is not failed here (its instance, which holds its
+		// effect, is kept): its key is kept too, so that a retry after
+		// ErrOutcomeUnknown is answered from this run, not run again
+		// (checkpoint keeps keys only for calls it acknowledges: a
+		// review, stop 64, TestOutcomeUnknownRetryNotRunTwice).
 		c.mu.Lock()
 		if !c.retired && l.Fence() == c.seeded {
 			c.unsaved[l.Plugin().Name()] = NotSavedUnverified
+			c.remember(l.Plugin().Name(), first)
 		}
 		c.mu.Unlock()
 	case err != nil:

@@ -248,15 +248,22 @@ func Fail(span trace.Span, errorType, msg string) {
 // the SDK keeps a status whole.
 const maxStatus = 512
 
-// urlRest matches a URL's path, query and fragment after its host.
-var urlRest = regexp.MustCompile(`(?i)(\b[a-z][a-z0-9+.-]*://[^/\s"'?#]+)[/?#][^\s"']*`)
+// urlParts matches a URL: its scheme, user information, host, and the
+// rest (path, query, fragment).
+var urlParts = regexp.MustCompile(`(?i)\b([a-z][a-z0-9+.-]*://)([^/\s"'?#@]*@)?([^/\s"'?#@]+)([/?#][^\s"']*)?`)
 
 // statusText is msg as a span's status says it: its URLs cut to their
-// scheme and host (a path or query can hold secrets: the spans of a
-// plugin's requests record only the host, and so must their errors), and
-// bounded.
+// scheme and host (user information, a path or a query can hold secrets:
+// the spans of a plugin's requests record only the host, and so must
+// their errors), and bounded.
 func statusText(msg string) string {
-	msg = urlRest.ReplaceAllString(msg, "$1/…")
+	msg = urlParts.ReplaceAllStringFunc(msg, func(u string) string {
+		m := urlParts.FindStringSubmatch(u)
+		if m[2] == "" && m[4] == "" {
+			return u
+		}
+		return m[1] + m[3] + "/…"
+	})
 	return Cut(msg, maxStatus)
 }
 
