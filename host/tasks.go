@@ -622,6 +622,9 @@ func (h *Host) driveTask(ctx context.Context, next mcp.MethodHandler, t *task, r
 			retry.Params = &p
 			t.status, t.inputs, t.state, t.answered, t.retry = taskWorking, nil, "", nil, nil
 			t.updated = time.Now()
+			// The answers go with the retry: the task holds its
+			// arguments again, and the next round's answers from none.
+			s.resizeLocked(t, len(retry.Params.Arguments))
 			s.mu.Unlock()
 			req = &retry
 			continue
