@@ -624,7 +624,9 @@ func (h *Host) driveTask(ctx context.Context, next mcp.MethodHandler, t *task, r
 			t.updated = time.Now()
 			// The answers go with the retry: the task holds its
 			// arguments again, and the next round's answers from none.
-			s.resizeLocked(t, len(retry.Params.Arguments))
+			if s.tasks[t.id] == t { // not expired meanwhile
+				s.resizeLocked(t, len(retry.Params.Arguments))
+			}
 			s.mu.Unlock()
 			req = &retry
 			continue
