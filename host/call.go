@@ -302,6 +302,15 @@ func (e *retargetInvalid) Error() string {
 
 func (e *retargetInvalid) Unwrap() error { return e.err }
 
+// claims reports whether a call of p by key's client claims the session
+// in the state store first: a plugin that keeps state, or one that may
+// ask the person for grants when the client is a handle's, whose
+// answers the session's record keeps for the replica that takes it over
+// (a review, stop 64: a stateless plugin's asker forgot them there).
+func claims(p *plugins.Plugin, key sessions.Key) bool {
+	return !p.Stateless() || p.Asks() && key.Kind() == sessions.KindHandle
+}
+
 // toolError is err, refusing a call of t.
 func toolError(t *plugins.Tool, err error) error {
 	return fmt.Errorf("tool %q: %w", t.Name, err)
@@ -814,7 +823,7 @@ func (h *Host) claimAndLease(ctx context.Context, key sessions.Key, p *plugins.P
 				cl.claim, cl.unchecked = c, true
 			}
 		}
-		if !p.Stateless() && !cl.unchecked {
+		if claims(p, key) && !cl.unchecked {
 			c, cerr := h.dur.BeforeCall(ctx, key)
 			switch {
 			case errors.Is(cerr, durable.ErrServedFromMemory):
