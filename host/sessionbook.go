@@ -43,7 +43,10 @@ type sessionBook struct {
 	byTenant map[string]map[*bookEntry]struct{}
 	byID     map[string]*bookEntry
 	// entries is read by every request of a stateful session (enter),
-	// without mu.
+	// without mu. A session ended to make room stays in it (busy -1, so
+	// its requests are refused) until the go-sdk's close of it, which
+	// runs apart, has ended it: else a request arriving meanwhile would
+	// find it unbooked and be served.
 	entries sync.Map // *mcp.ServerSession -> *bookEntry
 }
 
@@ -63,6 +66,8 @@ type bookEntry struct {
 	// Unix nanoseconds; used says it made a request after it opened.
 	last atomic.Int64
 	used atomic.Bool
+	// dropped says the book no longer counts it (under mu).
+	dropped bool
 }
 
 func newSessionBook(o *Options) *sessionBook {
@@ -120,6 +125,7 @@ func (b *sessionBook) openSession(ss *mcp.ServerSession, user, tenant string) (v
 	}
 	if end != nil {
 		b.dropLocked(end)
+		b.entries.Store(end.ss, end) // refusing its requests until closed
 		victim = end.ss
 		own = b.byTenant[tenant] // gone if end was its last
 	}
@@ -193,6 +199,10 @@ func (b *sessionBook) dropLocked(e *bookEntry) {
 		return
 	}
 	b.entries.Delete(e.ss)
+	if e.dropped {
+		return // ended to make room, and now closed
+	}
+	e.dropped = true
 	if b.byID[e.ss.ID()] == e {
 		delete(b.byID, e.ss.ID())
 	}
