@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -743,6 +744,10 @@ func (r *Reloader) fail(f *fileState, err error) error {
 	return err
 }
 
+// k8sDataLink is the link Kubernetes' atomic writer replaces to update a
+// volume's files at once (pkg/volume/util/atomic_writer.go).
+const k8sDataLink = "..data"
+
 func pluginName(path string) string {
 	base := filepath.Base(path)
 	return base[:len(base)-len(filepath.Ext(base))]
@@ -751,6 +756,14 @@ func pluginName(path string) string {
 // Watch follows the plugin folders (and the folders of plugin files given
 // by name) until ctx ends, rescanning once the files that changed have
 // settled. One rescan follows a burst of events, whatever their number.
+//
+// Two ways of deploying by swapping a symbolic link are followed too:
+//   - a path served that is itself a link to a folder (git-sync's --link,
+//     a "current" link moved to a release): its parent is watched, and
+//     when the link is replaced the watch moves to its new target;
+//   - Kubernetes' atomic writer (ConfigMap, Secret and projected volumes),
+//     which points each file at "..data/NAME" and replaces the "..data"
+//     link: a change of "..data" in a watched folder rescans it.
 func (r *Reloader) Watch(ctx context.Context) error {
 	w, err := fsnotify.NewWatcher()
 	if err != nil {
@@ -758,13 +771,22 @@ func (r *Reloader) Watch(ctx context.Context) error {
 	}
 	defer w.Close()
 	files := map[string]bool{} // plugin files named directly
+	dirs := map[string]bool{}  // folders watched: true for a folder served
+	links := map[string]bool{} // paths served that are links to folders
 	for _, p := range r.opts.Paths {
-		dir := p
+		dir, served := p, true
 		if info, err := os.Stat(p); err == nil && !info.IsDir() {
-			dir = filepath.Dir(p)
+			dir, served = filepath.Dir(p), false
 			abs, _ := filepath.Abs(p)
 			files[abs] = true
+		} else if l, err := os.Lstat(p); err == nil && l.Mode()&fs.ModeSymlink != 0 {
+			parent := filepath.Dir(filepath.Clean(p))
+			if err := w.Add(parent); err != nil {
+				return fmt.Errorf("watch %s, the folder of the link %s: %w (--no-watch turns watching off)", parent, p, err)
+			}
+			links[filepath.Clean(p)] = true
 		}
+		dirs[filepath.Clean(dir)] = dirs[filepath.Clean(dir)] || served
 		if err := w.Add(dir); err != nil {
 			return fmt.Errorf("watch %s: %w (is it a folder you can read? --no-watch turns watching off)", dir, err)
 		}
@@ -773,12 +795,19 @@ func (r *Reloader) Watch(ctx context.Context) error {
 		if abs, _ := filepath.Abs(path); files[abs] {
 			return true
 		}
-		for _, p := range r.opts.Paths {
-			if filepath.Clean(filepath.Dir(path)) == filepath.Clean(p) && IsPluginFile(filepath.Base(path)) {
-				return true
+		clean := filepath.Clean(path)
+		if links[clean] {
+			// The link was replaced: the watch follows it to its new
+			// target (the old one's went with it, or goes now).
+			_ = w.Remove(clean)
+			if err := w.Add(clean); err != nil {
+				r.log.Warn("plugin folder watch: the link's new target", "path", clean, "error", err)
 			}
+			return true
 		}
-		return false
+		served, watched := dirs[filepath.Dir(clean)]
+		return watched && filepath.Base(clean) == k8sDataLink ||
+			served && IsPluginFile(filepath.Base(clean))
 	}
 	var timer *time.Timer
 	fire := make(chan struct{}, 1)

@@ -1,0 +1,108 @@
+package plugins_test
+
+import (
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/wasmtools/wasmtools/plugins"
+)
+
+// swapLink points link at target the way deploy tools do, atomically: a
+// new link under a temporary name renamed over the old one.
+func swapLink(t *testing.T, target, link string) {
+	t.Helper()
+	tmp := link + "_tmp"
+	if err := os.Symlink(target, tmp); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(tmp, link); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// k8sWrite updates dir the way Kubernetes' atomic writer updates a
+// ConfigMap, Secret or projected volume: the files go into a new hidden
+// folder, "..data" is swapped to it, each file is a link to "..data/NAME"
+// (made the first time), and the old folder is removed.
+func k8sWrite(t *testing.T, dir, version string, files map[string][]byte) {
+	t.Helper()
+	ts := "..2026_12_06_" + version
+	if err := os.Mkdir(filepath.Join(dir, ts), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for name, b := range files {
+		write(t, filepath.Join(dir, ts, name), b)
+	}
+	old, _ := os.Readlink(filepath.Join(dir, "..data"))
+	swapLink(t, ts, filepath.Join(dir, "..data"))
+	for name := range files {
+		if _, err := os.Lstat(filepath.Join(dir, name)); os.IsNotExist(err) {
+			if err := os.Symlink(filepath.Join("..data", name), filepath.Join(dir, name)); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if old != "" {
+		os.RemoveAll(filepath.Join(dir, old))
+	}
+}
+
+// TestWatchKubernetesVolumeUpdate: a plugin served from a ConfigMap (or
+// any volume Kubernetes' atomic writer updates) is reloaded when the
+// ConfigMap changes, though no event names the plugin's file: only the
+// "..data" link is replaced.
+func TestWatchKubernetesVolumeUpdate(t *testing.T) {
+	dir := t.TempDir()
+	r, _ := watchFixture(t, dir, plugins.ReloaderOptions{})
+	v1, v2 := versions(t)
+	k8sWrite(t, dir, "1", map[string][]byte{"versioned.wasm": v1})
+	waitFor(t, "v1 from the volume", func() bool {
+		p := r.Catalogue().Plugins()
+		return len(p) == 1 && p[0].SHA256() == shaHex(v1)
+	})
+	k8sWrite(t, dir, "2", map[string][]byte{"versioned.wasm": v2})
+	waitFor(t, "v2 after the volume's update", func() bool {
+		p := r.Catalogue().Plugins()
+		return len(p) == 1 && p[0].SHA256() == shaHex(v2)
+	})
+}
+
+// TestWatchLinkedFolderSwap: a plugin folder served through a link
+// ("current" pointing at a release folder, or git-sync's --link) follows
+// the link when it is moved to another release, and then watches the new
+// release, not the old.
+func TestWatchLinkedFolderSwap(t *testing.T) {
+	root := t.TempDir()
+	for _, d := range []string{"r1", "r2"} {
+		if err := os.Mkdir(filepath.Join(root, d), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	current := filepath.Join(root, "current")
+	if err := os.Symlink("r1", current); err != nil {
+		t.Fatal(err)
+	}
+	r, _ := watchFixture(t, current, plugins.ReloaderOptions{})
+	v1, v2 := versions(t)
+	deploy(t, filepath.Join(current, "versioned.wasm"), v1)
+	sha := func(want []byte) func() bool {
+		return func() bool {
+			p := r.Catalogue().Plugins()
+			return len(p) == 1 && p[0].SHA256() == shaHex(want)
+		}
+	}
+	waitFor(t, "v1 in r1", sha(v1))
+	write(t, filepath.Join(root, "r2", "versioned.wasm"), v2)
+	swapLink(t, "r2", current)
+	waitFor(t, "v2 once current points at r2", sha(v2))
+	// The watch moved with the link: a change in r2 is seen, and the
+	// removal of r1 stops nothing.
+	deploy(t, filepath.Join(root, "r2", "versioned.wasm"), v1)
+	waitFor(t, "v1 deployed into r2", sha(v1))
+	if err := os.RemoveAll(filepath.Join(root, "r1")); err != nil {
+		t.Fatal(err)
+	}
+	deploy(t, filepath.Join(current, "versioned.wasm"), v2)
+	waitFor(t, "v2 deployed through the link", sha(v2))
+}
