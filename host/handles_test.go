@@ -162,7 +162,9 @@ func TestHandlesKeepState(t *testing.T) {
 // TestHandleRefused: a forged, altered or expired handle is an isError
 // result that says so and offers a new handle; nothing runs.
 func TestHandleRefused(t *testing.T) {
-	f := newFixture(t, &host.Options{SessionTimeout: 200 * time.Millisecond}, sandbox.NewPolicy(), map[string]string{"counter.wasm": testplugins.Example(t, "counter")})
+	// The timeout must outlast the refusals' calls on a loaded machine
+	// (CI's -race run): the handle sits idle through six of them.
+	f := newFixture(t, &host.Options{SessionTimeout: 3 * time.Second}, sandbox.NewPolicy(), map[string]string{"counter.wasm": testplugins.Example(t, "counter")})
 	url := serveHTTP(t, f)
 	cs := connectHTTP(t, url, "", nil)
 	cs.ListTools(context.Background(), nil)

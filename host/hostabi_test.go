@@ -281,7 +281,9 @@ func retry(cs *mcp.ClientSession, state string, answer *mcp.ElicitResult) (*mcp.
 }
 
 func TestRequestState(t *testing.T) {
-	f := pdkhostFixture(t, &host.Options{AbandonAfter: 3 * time.Second})
+	// Each retry must come within AbandonAfter of its park, on a loaded
+	// machine too.
+	f := pdkhostFixture(t, &host.Options{AbandonAfter: 8 * time.Second})
 	cs, first := rawRound(t, f, nil)
 
 	tampered := []byte(first.RequestState)

@@ -59,7 +59,9 @@ func connectHTTPEra(t *testing.T, url, protocol string, copts *mcp.ClientOptions
 }
 
 func TestHTTPStatefulSessions(t *testing.T) {
-	f := newFixture(t, &host.Options{SessionTimeout: 300 * time.Millisecond}, sandbox.NewPolicy(), map[string]string{"counter.wasm": testplugins.Example(t, "counter")})
+	// The timeout must outlast a's two calls on a loaded machine (CI's
+	// -race run): b is idle through them.
+	f := newFixture(t, &host.Options{SessionTimeout: 3 * time.Second}, sandbox.NewPolicy(), map[string]string{"counter.wasm": testplugins.Example(t, "counter")})
 	url := serveHTTP(t, f)
 	a, b := connectHTTP(t, url, "2025-11-25", nil), connectHTTP(t, url, "2025-11-25", nil)
 	if a.ID() == "" || a.ID() == b.ID() {
@@ -74,7 +76,8 @@ func TestHTTPStatefulSessions(t *testing.T) {
 		t.Errorf("b: count = %s, want 1", got)
 	}
 	a.Close() // DELETE
-	eventually(t, "a's instance freed on DELETE", func() bool { return f.h.LiveInstances() == 1 })
+	// (b's may be gone by then too, if its timeout passed meanwhile.)
+	eventually(t, "a's instance freed on DELETE", func() bool { return f.h.LiveInstances() <= 1 })
 	// b sends nothing more: the idle timeout ends its session.
 	eventually(t, "b's instance freed on idle timeout", func() bool { return f.h.LiveInstances() == 0 })
 }

@@ -285,7 +285,9 @@ func TestWatchHalfWrittenFile(t *testing.T) {
 	}
 	f.Close()
 	if longest >= settle {
-		t.Logf("a pause between pieces took %v, over the settle time %v: the machine stalled", longest, settle)
+		// The watcher rightly read a file quiet for its settle time: what
+		// follows would say nothing of the code.
+		t.Skipf("a pause between pieces took %v, over the settle time %v: the machine stalled", longest, settle)
 	}
 	waitFor(t, "the plugin to appear", func() bool { return len(r.Catalogue().Tools()) == 1 })
 	if s := status(r, "versioned"); s.State != plugins.StateLoaded {

@@ -174,9 +174,14 @@ func TestConfigReload(t *testing.T) {
 	}
 	defer cs.Close()
 	callText(t, cs, "count", nil)
-	os.WriteFile(cfgPath, []byte("[plugins.counter]\nenabled = false\n"), 0o644)
+	// The watch starts apart from serving and gives no sign of it: the
+	// file is written again each second until the change is seen.
+	disabled := []byte("[plugins.counter]\nenabled = false\n")
+	os.WriteFile(cfgPath, disabled, 0o644)
 	deadline := time.NewTimer(startupTimeout)
 	defer deadline.Stop()
+	again := time.NewTicker(time.Second)
+	defer again.Stop()
 	for {
 		res, _ := cs.ListTools(context.Background(), nil)
 		if res != nil && len(res.Tools) == 0 {
@@ -184,6 +189,8 @@ func TestConfigReload(t *testing.T) {
 		}
 		select {
 		case <-changed:
+		case <-again.C:
+			os.WriteFile(cfgPath, disabled, 0o644)
 		case <-deadline.C:
 			t.Fatalf("the plugin was not disabled by the new configuration:\n%s", stderr.String())
 		}

@@ -101,10 +101,12 @@ func TestServeOffline(t *testing.T) {
 	local := testplugins.Folder(t, map[string]string{"servlet.wasm": testplugins.Test(t, "servlet")})
 	store := t.TempDir()
 	dir := t.TempDir()
+	// stage_timeout leaves step 3 time, on a loaded machine, to see the
+	// stalled stage before the bound ends it (it was 2 s).
 	write := func(name, extra string) string {
 		cfg := filepath.Join(dir, name)
 		os.WriteFile(cfg, []byte(fmt.Sprintf(`[sources]
-stage_timeout = "2s"
+stage_timeout = "10s"
 
 [plugins.tagged]
 source = "oci://%[1]s/plugins/tagged:stable"
