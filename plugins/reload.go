@@ -744,9 +744,10 @@ func (r *Reloader) fail(f *fileState, err error) error {
 	return err
 }
 
-// k8sDataLink is the link Kubernetes' atomic writer replaces to update a
-// volume's files at once (pkg/volume/util/atomic_writer.go).
-const k8sDataLink = "..data"
+// K8sDataLink is the link Kubernetes' atomic writer replaces to update a
+// volume's files at once (pkg/volume/util/atomic_writer.go): a watcher of
+// a file in such a volume hears of a change only as an event on it.
+const K8sDataLink = "..data"
 
 func pluginName(path string) string {
 	base := filepath.Base(path)
@@ -806,7 +807,7 @@ func (r *Reloader) Watch(ctx context.Context) error {
 			return true
 		}
 		served, watched := dirs[filepath.Dir(clean)]
-		return watched && filepath.Base(clean) == k8sDataLink ||
+		return watched && filepath.Base(clean) == K8sDataLink ||
 			served && IsPluginFile(filepath.Base(clean))
 	}
 	var timer *time.Timer

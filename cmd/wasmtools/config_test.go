@@ -153,10 +153,45 @@ config = { k = "${NOT_SET_ONE}", j = "${NOT_SET_TWO}" }`), 0o644)
 	}
 }
 
+// TestConfigReload: a changed configuration is applied live, and a broken
+// one refused; the file written in place, or mounted from a Kubernetes
+// ConfigMap, whose update replaces the "..data" link the file points
+// through and names the file in no event.
 func TestConfigReload(t *testing.T) {
+	for _, layout := range []string{"file", "configmap"} {
+		t.Run(layout, func(t *testing.T) {
+			cfgDir := t.TempDir()
+			cfgPath := filepath.Join(cfgDir, "wasmtools.toml")
+			version := 0
+			writeConfig := func(b []byte) {
+				if layout == "file" {
+					os.WriteFile(cfgPath, b, 0o644)
+					return
+				}
+				version++
+				ts := fmt.Sprintf("..2026_12_06_%d", version)
+				os.Mkdir(filepath.Join(cfgDir, ts), 0o755)
+				os.WriteFile(filepath.Join(cfgDir, ts, "wasmtools.toml"), b, 0o644)
+				old, _ := os.Readlink(filepath.Join(cfgDir, "..data"))
+				os.Symlink(ts, filepath.Join(cfgDir, "..data_tmp"))
+				if err := os.Rename(filepath.Join(cfgDir, "..data_tmp"), filepath.Join(cfgDir, "..data")); err != nil {
+					t.Fatal(err)
+				}
+				if _, err := os.Lstat(cfgPath); err != nil {
+					os.Symlink(filepath.Join("..data", "wasmtools.toml"), cfgPath)
+				}
+				if old != "" {
+					os.RemoveAll(filepath.Join(cfgDir, old))
+				}
+			}
+			testConfigReload(t, cfgPath, writeConfig)
+		})
+	}
+}
+
+func testConfigReload(t *testing.T, cfgPath string, writeConfig func([]byte)) {
 	dir := testplugins.Folder(t, map[string]string{"counter.wasm": testplugins.Example(t, "counter")})
-	cfgPath := filepath.Join(t.TempDir(), "wasmtools.toml")
-	os.WriteFile(cfgPath, []byte("[plugins.counter]\nenabled = true\n"), 0o644)
+	writeConfig([]byte("[plugins.counter]\nenabled = true\n"))
 	url, stderr := serveInProcess(t, nil, "--config", cfgPath, dir)
 	// The client hears of each catalogue change: the readiness signal of
 	// the new configuration.
@@ -177,7 +212,7 @@ func TestConfigReload(t *testing.T) {
 	// The watch starts apart from serving and gives no sign of it: the
 	// file is written again each second until the change is seen.
 	disabled := []byte("[plugins.counter]\nenabled = false\n")
-	os.WriteFile(cfgPath, disabled, 0o644)
+	writeConfig(disabled)
 	deadline := time.NewTimer(startupTimeout)
 	defer deadline.Stop()
 	again := time.NewTicker(time.Second)
@@ -190,13 +225,13 @@ func TestConfigReload(t *testing.T) {
 		select {
 		case <-changed:
 		case <-again.C:
-			os.WriteFile(cfgPath, disabled, 0o644)
+			writeConfig(disabled)
 		case <-deadline.C:
 			t.Fatalf("the plugin was not disabled by the new configuration:\n%s", stderr.String())
 		}
 	}
 	// A broken configuration is refused, the one in force kept.
-	os.WriteFile(cfgPath, []byte("[plugins.counter\n"), 0o644)
+	writeConfig([]byte("[plugins.counter\n"))
 	if !stderr.waitFor(time.Now().Add(startupTimeout), contains("new configuration refused")) {
 		t.Fatalf("the broken configuration was not reported:\n%s", stderr.String())
 	}

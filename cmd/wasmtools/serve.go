@@ -587,7 +587,12 @@ func watchConfig(ctx context.Context, log *slog.Logger, common *commonFlags, loo
 		case <-ctx.Done():
 			return
 		case ev := <-w.Events:
-			if !slices.Contains(files, filepath.Clean(ev.Name)) {
+			name := filepath.Clean(ev.Name)
+			// Kubernetes updates a mounted ConfigMap by replacing its
+			// "..data" link, which the file points through: no event
+			// names the file.
+			k8s := filepath.Base(name) == plugins.K8sDataLink && slices.ContainsFunc(files, func(f string) bool { return filepath.Dir(f) == filepath.Dir(name) })
+			if !k8s && !slices.Contains(files, name) {
 				continue
 			}
 			if timer == nil {
