@@ -774,6 +774,7 @@ func (r *Reloader) Watch(ctx context.Context) error {
 	files := map[string]bool{} // plugin files named directly
 	dirs := map[string]bool{}  // folders watched: true for a folder served
 	links := map[string]bool{} // paths served that are links to folders
+	watching := 0
 	for _, p := range r.opts.Paths {
 		dir, served := p, true
 		if info, err := os.Stat(p); err == nil && !info.IsDir() {
@@ -783,14 +784,22 @@ func (r *Reloader) Watch(ctx context.Context) error {
 		} else if l, err := os.Lstat(p); err == nil && l.Mode()&fs.ModeSymlink != 0 {
 			parent := filepath.Dir(filepath.Clean(p))
 			if err := w.Add(parent); err != nil {
-				return fmt.Errorf("watch %s, the folder of the link %s: %w (--no-watch turns watching off)", parent, p, err)
+				r.log.Warn("plugin folder not followed when its link moves", "path", p, "error", err)
+			} else {
+				links[filepath.Clean(p)] = true
 			}
-			links[filepath.Clean(p)] = true
+		}
+		// A path that cannot be watched (missing, unreadable) is said
+		// and skipped: the others are still followed.
+		if err := w.Add(dir); err != nil {
+			r.log.Warn("plugin path not watched: changes to it are not followed (POST /reload or SIGHUP rescans)", "path", p, "error", err)
+			continue
 		}
 		dirs[filepath.Clean(dir)] = dirs[filepath.Clean(dir)] || served
-		if err := w.Add(dir); err != nil {
-			return fmt.Errorf("watch %s: %w (is it a folder you can read? --no-watch turns watching off)", dir, err)
-		}
+		watching++
+	}
+	if watching == 0 && len(r.opts.Paths) > 0 {
+		return fmt.Errorf("watch plugin paths: none of %s can be watched (is each a folder you can read? --no-watch turns watching off)", strings.Join(r.opts.Paths, ", "))
 	}
 	relevant := func(path string) bool {
 		if abs, _ := filepath.Abs(path); files[abs] {

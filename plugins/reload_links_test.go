@@ -106,3 +106,14 @@ func TestWatchLinkedFolderSwap(t *testing.T) {
 	deploy(t, filepath.Join(current, "versioned.wasm"), v2)
 	waitFor(t, "v2 deployed through the link", sha(v2))
 }
+
+// TestWatchBesideMissingPath: a path served that is missing (a typo, a
+// volume not mounted yet) is said and skipped; the other folders are
+// still followed (it turned hot reload off for all of them).
+func TestWatchBesideMissingPath(t *testing.T) {
+	dir := t.TempDir()
+	r, _ := watchFixture(t, dir, plugins.ReloaderOptions{Paths: []string{filepath.Join(t.TempDir(), "missing")}})
+	v1, _ := versions(t)
+	deploy(t, filepath.Join(dir, "versioned.wasm"), v1)
+	waitFor(t, "the plugin dropped beside the missing path", func() bool { return len(r.Catalogue().Plugins()) == 1 })
+}

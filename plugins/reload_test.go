@@ -175,12 +175,12 @@ func TestRescanRefusesCollisionAndPin(t *testing.T) {
 func sha(b []byte) string { return shaHex(b) }
 
 // watchFixture runs a reloader's Watch, with options opts, on the empty
-// folder dir. It returns once the watch is seen to work, with no swaps
-// recorded.
+// folder dir (and opts.Paths after it). It returns once the watch is seen
+// to work, with no swaps recorded.
 func watchFixture(t *testing.T, dir string, opts plugins.ReloaderOptions) (*plugins.Reloader, *swaps) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	opts.Paths = []string{dir}
+	opts.Paths = append([]string{dir}, opts.Paths...)
 	r := plugins.NewReloader(newRuntime(t), opts)
 	var sw swaps
 	r.OnSwap(sw.on)

@@ -37,7 +37,7 @@ Flags:
 `)
 		fs.PrintDefaults()
 	}
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args); err != nil {
 		return 2
 	}
 	if fs.NArg() != 1 || (fs.Arg(0) != "list" && fs.Arg(0) != "revoke") {

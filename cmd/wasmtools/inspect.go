@@ -106,7 +106,7 @@ func cmdInspect(ctx context.Context, args []string, lookupEnv func(string) (stri
 		fmt.Fprint(stderr, "Usage: wasmtools inspect [flags] FILE.wasm\n\nShows which plugin interface the plugin speaks, its tools with their\nschemas, its imports and exports, its size and sha256, and whether\nthe host can snapshot its instances (and why not). Exits 1 if the\nhost would not serve it, and says why.\n\nFlags:\n")
 		fs.PrintDefaults()
 	}
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args); err != nil {
 		return 2
 	}
 	if fs.NArg() != 1 {

@@ -162,3 +162,24 @@ func TestLocalRequest(t *testing.T) {
 		})
 	}
 }
+
+// TestReloadSaysWhyRefused: `wasmtools reload` and `status` refused by the
+// server print the server's reason and where the token comes from, not a
+// bare status line.
+func TestReloadSaysWhyRefused(t *testing.T) {
+	dir := testplugins.Folder(t, map[string]string{"counter.wasm": testplugins.Example(t, "counter")})
+	open, _ := serveInProcess(t, nil, "--no-watch", dir)
+	var out, errb bytes.Buffer
+	if code := run(context.Background(), []string{"reload", "--url", open}, lookup(nil), nil, &out, &errb); code != 1 || !strings.Contains(errb.String(), "without an operator credential (http.operator_token)") {
+		t.Errorf("reload of a server with no operator credential: exit %d\n%s", code, errb.String())
+	}
+	guarded, _ := serveInProcess(t, map[string]string{"WASMTOOLS_OPERATOR_TOKEN": testOperatorToken}, "--no-watch", dir)
+	errb.Reset()
+	if code := run(context.Background(), []string{"status", "--url", guarded}, lookup(nil), nil, &out, &errb); code != 1 || !strings.Contains(errb.String(), "set WASMTOOLS_OPERATOR_TOKEN") {
+		t.Errorf("status with no token: exit %d\n%s", code, errb.String())
+	}
+	errb.Reset()
+	if code := run(context.Background(), []string{"status", "--url", guarded}, lookup(map[string]string{"WASMTOOLS_OPERATOR_TOKEN": "wrong-token-0123456789"}), nil, &out, &errb); code != 1 || !strings.Contains(errb.String(), "not this server's operator credential") {
+		t.Errorf("status with a wrong token: exit %d\n%s", code, errb.String())
+	}
+}

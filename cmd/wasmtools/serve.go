@@ -75,7 +75,7 @@ func cmdServe(ctx context.Context, args []string, lookupEnv func(string) (string
 		fmt.Fprint(stderr, "Usage: wasmtools serve [flags] PATH|SOURCE...\n\nServes every .wasm plugin in the folders and files given, over MCP on stdio\n(or streamable HTTP with --http). A plugin that fails to load is logged\nand skipped; the rest are served.\n\nA SOURCE is a remote plugin, [NAME=]oci://REGISTRY/REPO:TAG (or @sha256:DIGEST)\nor [NAME=]https://URL: fetched, verified (an OCI plugin's cosign signature\nagainst --public-key; an HTTPS plugin's sha256 pin from --config) and\nstored by digest under --source-dir.\n\nFlags:\n")
 		fs.PrintDefaults()
 	}
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args); err != nil {
 		return 2
 	}
 	// Log lines and the pull progress bars share the terminal: a log line

@@ -381,7 +381,7 @@ func cmdReload(ctx context.Context, args []string, lookupEnv func(string) (strin
 		fmt.Fprint(stderr, "Usage: wasmtools reload [--url URL]\n\nAsks a running HTTP server to resolve its remote plugins again (a moved\ntag is fetched, verified and swapped in) and to rescan its folders.\nWASMTOOLS_OPERATOR_TOKEN, if set, is sent as the bearer token: a server\nserves /reload only to its operator (http.operator_token).\n\nFlags:\n")
 		fs.PrintDefaults()
 	}
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args); err != nil {
 		return 2
 	}
 	token := operatorToken(lookupEnv)

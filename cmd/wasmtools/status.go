@@ -10,6 +10,7 @@ import (
 	"strings"
 	"text/tabwriter"
 	"time"
+	"unicode"
 )
 
 func cmdStatus(ctx context.Context, args []string, lookupEnv func(string) (string, bool), stdout, stderr io.Writer) int {
@@ -21,7 +22,7 @@ func cmdStatus(ctx context.Context, args []string, lookupEnv func(string) (strin
 		fmt.Fprint(stderr, "Usage: wasmtools status [--url URL] [--json]\n\nShows each plugin a running HTTP server serves: version (sha256), state\n(loaded, error with the reason, disabled), tools, live instances and the\ntime of its last reload; and each session's run-time grant questions.\nWASMTOOLS_OPERATOR_TOKEN, if set, is sent as the bearer token (without an\noperator credential, the server answers /status on its own machine only).\n\nFlags:\n")
 		fs.PrintDefaults()
 	}
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args); err != nil {
 		return 2
 	}
 	var rep statusReport
@@ -99,7 +100,7 @@ func requestJSON(ctx context.Context, cmd, method, url, token string, timeout ti
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		fmt.Fprintf(stderr, "wasmtools %s: %s answered %s\n", cmd, req.URL, resp.Status)
+		fmt.Fprintf(stderr, "wasmtools %s: %s answered %s%s\n", cmd, req.URL, resp.Status, refusalText(resp, token != ""))
 		return 1
 	}
 	if err := json.NewDecoder(io.LimitReader(resp.Body, 16<<20)).Decode(v); err != nil {
@@ -107,6 +108,33 @@ func requestJSON(ctx context.Context, cmd, method, url, token string, timeout ti
 		return 1
 	}
 	return 0
+}
+
+// refusalText is what a refused operator request says to the user: the
+// server's own reason (its body, cut and stripped of control characters,
+// since any server may answer) and, for 401/403, where the token comes
+// from.
+func refusalText(resp *http.Response, sent bool) string {
+	b, _ := io.ReadAll(io.LimitReader(resp.Body, 1024))
+	why := strings.Map(func(r rune) rune {
+		if unicode.IsControl(r) || unicode.Is(unicode.Bidi_Control, r) {
+			return ' '
+		}
+		return r
+	}, strings.TrimSpace(string(b)))
+	var out string
+	if why != "" {
+		out = ": " + why
+	}
+	switch resp.StatusCode {
+	case http.StatusUnauthorized, http.StatusForbidden:
+		if !sent {
+			out += " (set WASMTOOLS_OPERATOR_TOKEN to the server's operator token, http.operator_token)"
+		} else {
+			out += " (WASMTOOLS_OPERATOR_TOKEN is not this server's operator credential)"
+		}
+	}
+	return out
 }
 
 // operatorToken is the token `wasmtools status` and `wasmtools reload`
