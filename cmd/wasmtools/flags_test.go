@@ -6,8 +6,10 @@ import (
 	"encoding/json"
 	"flag"
 	"io"
+	"path/filepath"
 	"slices"
 	"testing"
+	"time"
 
 	"github.com/wasmtools/wasmtools/internal/testplugins"
 )
@@ -53,5 +55,33 @@ func TestFlagAfterFile(t *testing.T) {
 	var v map[string]any
 	if code != 0 || json.Unmarshal(out.Bytes(), &v) != nil {
 		t.Errorf("inspect FILE --json: exit %d\n%s%s", code, out.String(), errb.String())
+	}
+}
+
+// TestServeFileURL: `serve file:///PATH` (hyper-mcp's way to name a local
+// plugin) serves the file in place, as its path; NAME=file:///PATH names
+// it (it was taken for a path "file:///…" and not found).
+func TestServeFileURL(t *testing.T) {
+	dir := testplugins.Folder(t, map[string]string{"counter.wasm": testplugins.Example(t, "counter"), "hash.wasm": testplugins.Example(t, "hash")})
+	url, stderr := serveInProcess(t, nil, "--no-watch", "--source-dir", t.TempDir(), "file://"+filepath.Join(dir, "counter.wasm"), "h=file://"+filepath.Join(dir, "hash.wasm"))
+	cs, err := connectURL(t, url, bearer(""))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var st map[string]pluginStatus
+	deadline := time.Now().Add(startupTimeout)
+	for {
+		names := toolNames(t, cs)
+		st = statusOf(t, url)
+		if slices.Contains(names, "count") && slices.Contains(names, "hash") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("tools %v, want count and hash\n%s", names, stderr.String())
+		}
+		stderr.waitFor(time.Now().Add(time.Second), contains("plugin sources fetched"))
+	}
+	if _, ok := st["h"]; !ok {
+		t.Errorf("status %v: want the named source as h", st)
 	}
 }

@@ -55,9 +55,19 @@ func defaultSourceDir() string {
 func (s *sourceFlags) splitArgs(args []string) (local []string) {
 	for _, a := range args {
 		_, src, named := strings.Cut(a, "=")
-		if sources.IsRemote(a) || named && sources.IsRemote(src) {
+		isFile := func(s string) bool { return strings.HasPrefix(strings.ToLower(s), "file://") }
+		switch {
+		case isFile(a):
+			// A file named as hyper-mcp names it is served in place,
+			// like its path: watched, so that a change to it is seen.
+			if ref, err := sources.Parse(a); err == nil {
+				local = append(local, ref.File)
+			} else {
+				local = append(local, a) // refused with the path's error
+			}
+		case sources.IsRemote(a) || named && (sources.IsRemote(src) || isFile(src)):
 			s.remoteArgs = append(s.remoteArgs, a)
-		} else {
+		default:
 			local = append(local, a)
 		}
 	}
