@@ -522,7 +522,7 @@ func (h *Host) newServer(name, version string) *mcp.Server {
 		RootsListChangedHandler: func(_ context.Context, req *mcp.RootsListChangedRequest) {
 			h.rootsChanged(req)
 		},
-		Logger:       h.log.With("component", "mcp"),
+		Logger:       h.sdkLogger("mcp"),
 		GetSessionID: h.newSessionID,
 		SetCacheable: h.setCacheable,
 	})
@@ -694,7 +694,7 @@ func (h *Host) HTTPHandler() http.Handler {
 	stateful := mcp.NewStreamableHTTPHandler(legacy, &mcp.StreamableHTTPOptions{
 		EventStore:            events,
 		SessionTimeout:        h.sessionTimeout(),
-		Logger:                h.log.With("component", "mcp-http"),
+		Logger:                h.sdkLogger("mcp-http"),
 		CrossOriginProtection: cop,
 	})
 	stateless := mcp.NewStreamableHTTPHandler(modern, &mcp.StreamableHTTPOptions{
@@ -704,7 +704,7 @@ func (h *Host) HTTPHandler() http.Handler {
 		// cancellation: the guest is stopped and its instance reset, as
 		// notifications/cancelled does in the other era.
 		PropagateRequestCancellation: true,
-		Logger:                       h.log.With("component", "mcp-http"),
+		Logger:                       h.sdkLogger("mcp-http"),
 		CrossOriginProtection:        cop,
 	})
 	every := h.opts.StreamKeepAlive

@@ -101,7 +101,7 @@ func (h *Host) keepInitialized(ctx context.Context, req mcp.Request) {
 	if _, err := h.dur.Ensure(ctx, h.connKey(ss), newSession(ss, h.subjectTag(user))); err != nil {
 		// Answered all the same, as before the store: the session
 		// lives here, and its first call claims it again.
-		h.log.Error("state store: new session not kept", "session", ss.ID(), "error", err)
+		h.log.Error("state store: new session not kept", "session", sessionLabel(ss.ID()), "error", err)
 	}
 }
 
@@ -396,7 +396,7 @@ func (h *Host) serveStateful(stateful http.Handler, events mcp.EventStore, w htt
 	}
 	if err := h.adopt(r.Context(), stateful, r, id); err != nil {
 		if !errors.Is(err, statestore.ErrNotFound) {
-			h.log.Warn("session not taken over", "session", id, "error", err)
+			h.log.Warn("session not taken over", "session", sessionLabel(id), "error", err)
 		}
 		http.Error(w, "session not found", http.StatusNotFound)
 		return
@@ -510,13 +510,13 @@ func (h *Host) adopt(ctx context.Context, stateful http.Handler, orig *http.Requ
 		return fmt.Errorf("replaying initialize: HTTP %d: %s", res.Code, strings.TrimSpace(res.Body.String()))
 	}
 	if got := res.Header().Get("Mcp-Session-Id"); got != id {
-		return fmt.Errorf("replaying initialize: the session got ID %q", got)
+		return fmt.Errorf("replaying initialize: the session got another ID (%s)", sessionLabel(got))
 	}
 	res = h.replay(ctx, stateful, orig, id, []byte(`{"jsonrpc":"2.0","method":"notifications/initialized"}`), sr.Initialize.ProtocolVersion)
 	if res.Code/100 != 2 {
 		return fmt.Errorf("replaying initialized: HTTP %d", res.Code)
 	}
-	h.log.Info("session taken over from the state store", "session", id)
+	h.log.Info("session taken over from the state store", "session", sessionLabel(id))
 	return nil
 }
 

@@ -34,13 +34,19 @@ var (
 // red team, stop 64).
 func sessionID(ss *mcp.ServerSession, key sessions.Key) string {
 	if id := ss.ID(); id != "" {
-		return "session-" + traceDigest(id)
+		return sessionLabel(id)
 	}
 	if key.Kind() == sessions.KindConn {
 		return ""
 	}
 	return key.String()
 }
+
+// SessionLabel names a stateful HTTP session, whose ID is a credential,
+// in logs, the record log, /status and to guests: a digest of the ID.
+func SessionLabel(id string) string { return "session-" + traceDigest(id) }
+
+func sessionLabel(id string) string { return SessionLabel(id) }
 
 // track counts a goroutine of the host's, which Close waits for (the
 // caller runs it and calls h.wg.Done), unless the host is closed.
@@ -72,11 +78,16 @@ func (h *Host) connKey(ss *mcp.ServerSession) sessions.Key {
 	if k, ok := h.conns.Load(ss); ok {
 		return k.(sessions.Key)
 	}
-	label := ss.ID()
-	if label == "" {
-		label = localPrefix + strconv.FormatUint(h.connID.Add(1), 10)
+	// A stateful HTTP session's ID is a credential: logs, the record log
+	// and the host's books name it by the digest guests and traces see.
+	id, label := ss.ID(), ""
+	if id == "" {
+		id = localPrefix + strconv.FormatUint(h.connID.Add(1), 10)
+		label = id
+	} else {
+		label = sessionLabel(id)
 	}
-	key := sessions.Conn(ss, label)
+	key := sessions.Conn(ss, id, label)
 	if k, loaded := h.conns.LoadOrStore(ss, key); loaded {
 		return k.(sessions.Key)
 	}

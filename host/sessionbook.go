@@ -294,12 +294,12 @@ func (h *Host) bookSessions(next mcp.MethodHandler) mcp.MethodHandler {
 		user := subjectOf(req.GetExtra())
 		victim, booked, err := h.book.openSession(ss, user, h.tenantOf(user))
 		if err != nil {
-			h.log.Warn("new HTTP session refused", "session", ss.ID(), "error", err)
+			h.log.Warn("new HTTP session refused", "session", sessionLabel(ss.ID()), "error", err)
 			// The go-sdk closes a session whose initialize failed.
 			return nil, &jsonrpc.Error{Code: CodeBusy, Message: err.Error(), Data: []byte(`{"reason":"too_many_sessions","retry":true}`)}
 		}
 		if victim != nil {
-			h.log.Info("idle HTTP session ended to make room", "session", victim.ID(), "for", ss.ID())
+			h.log.Info("idle HTTP session ended to make room", "session", sessionLabel(victim.ID()), "for", sessionLabel(ss.ID()))
 			h.metrics.sessionsEvicted.Inc()
 			go victim.Close()
 		}

@@ -22,7 +22,7 @@ func TestAdoptedNotForgotten(t *testing.T) {
 	ses := sessions.New(&sessions.Options{})
 	defer ses.Close(ctx)
 	d := New(Options{Store: silentStore{statestore.NewMemory()}, Sessions: ses, Replica: "a"})
-	conn := func(id string) sessions.Key { return sessions.Conn(new(int), id) }
+	conn := func(id string) sessions.Key { return sessions.Conn(new(int), id, id) }
 	served := func(key sessions.Key) bool {
 		_, err := d.BeforeCall(ctx, key)
 		if err != nil && !errors.Is(err, ErrServedFromMemory) && !errors.Is(err, ErrStateUnavailable) {

@@ -22,7 +22,7 @@ import (
 // nothing.
 func TestEndedAfterForgetLeavesOthersRecord(t *testing.T) {
 	w := newTwoReplicas(t)
-	w.key = sessions.Conn(new(int), "sid-ended")
+	w.key = sessions.Conn(new(int), "sid-ended", "sid-ended")
 	c := w.claim()
 	w.callSaved(c, w.p) // a: 1, saved
 	l := w.acquire(w.p)

@@ -41,7 +41,7 @@ func Example() {
 // A session that cannot outlive its process has no record.
 func ExampleStoreID() {
 	fmt.Printf("%q\n", durable.StoreID(sessions.Handle("h1", "h1")))
-	fmt.Printf("%q\n", durable.StoreID(sessions.Conn(new(int), durable.LocalPrefix+"1")))
+	fmt.Printf("%q\n", durable.StoreID(sessions.Conn(new(int), durable.LocalPrefix+"1", durable.LocalPrefix+"1")))
 	// Output:
 	// "h.h1"
 	// ""

@@ -25,10 +25,11 @@ func (k Key) Kind() Kind { return k.kind }
 // Conn is the key of a transport session (an MCP session over stdio, or a
 // stateful HTTP session). conn identifies it for its lifetime and must be
 // comparable (the host passes the session pointer: over stdio a session
-// has no ID); label names it in logs. Its client lives until
-// [Manager.End].
-func Conn(conn any, label string) Key {
-	return Key{kind: KindConn, id: label, conn: conn, label: label}
+// has no ID); id is its ID (what the state store knows it by), and label
+// names it in logs: a stateful HTTP session's ID is a credential, so the
+// host gives a digest of it. Its client lives until [Manager.End].
+func Conn(conn any, id, label string) Key {
+	return Key{kind: KindConn, id: id, conn: conn, label: label}
 }
 
 // Client is the key of a client recognised across requests that have no
@@ -49,7 +50,7 @@ func Handle(id, label string) Key { return Key{kind: KindHandle, id: id, label: 
 // String names the key in logs and the record log.
 func (k Key) String() string { return k.label }
 
-// ID is the key's identity as given to its constructor: the session's
-// label for a [Conn] key, the id of a [Client] or [Handle] key (a handle's
-// id is a secret: log [Key.String] instead).
+// ID is the key's identity as given to its constructor: the id of a
+// [Conn], [Client] or [Handle] key (a session's ID and a handle's id are
+// secrets: log [Key.String] instead).
 func (k Key) ID() string { return k.id }

@@ -226,7 +226,7 @@ func (h *holder) send(c string) {
 
 // step runs one random operation.
 func (w *world) step(r *rand.Rand, op byte) {
-	keys := []sessions.Key{sessions.Client("a"), sessions.Client("b"), sessions.Client("c"), sessions.Conn(&w.nextID, "conn"),
+	keys := []sessions.Key{sessions.Client("a"), sessions.Client("b"), sessions.Client("c"), sessions.Conn(&w.nextID, "conn", "conn"),
 		sessions.Handle("h1", "h1"), sessions.Handle("h2", "h2"), sessions.Handle("h3", "h3"), sessions.Handle("h4", "h4")}
 	key := keys[r.IntN(len(keys))]
 	name := []string{"counter", "pool"}[r.IntN(2)]
