@@ -52,7 +52,7 @@ Flags:
 		fs.PrintDefaults()
 	}
 	if err := parseFlags(fs, args); err != nil {
-		return 2
+		return flagsExit(err)
 	}
 	if fs.NArg() < 2 || fs.NArg() > 3 {
 		fs.Usage()

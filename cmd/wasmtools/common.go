@@ -7,7 +7,9 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
+	"maps"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -174,4 +176,29 @@ func (c *commonFlags) check() func(path string, wasm []byte) error {
 
 func pluginName(path string) string {
 	return strings.TrimSuffix(filepath.Base(path), ".wasm")
+}
+
+// warnUnknownNames says which plugin names the configuration ([plugins.NAME]
+// with no source), --prefix and --stateless give that no plugin served
+// has: a misspelt name would otherwise leave its grant, prefix or setting
+// unapplied without a word. Not an error: the plugin may be deployed
+// later, and the setting then applies.
+func (c *commonFlags) warnUnknownNames(log *slog.Logger, served func(name string) bool) {
+	say := func(where, name string) {
+		if !served(name) {
+			log.Warn("a setting names a plugin that is not served (a plugin's name is its file's, without .wasm): it applies if one comes", "where", where, "plugin", name)
+		}
+	}
+	cfg := c.config()
+	for _, name := range slices.Sorted(maps.Keys(cfg.Plugins)) {
+		if cfg.Plugins[name].Source == "" {
+			say("[plugins."+name+"]", name)
+		}
+	}
+	for _, name := range slices.Sorted(maps.Keys(c.prefix)) {
+		say("--prefix", name)
+	}
+	for _, name := range slices.Sorted(maps.Keys(c.stateless)) {
+		say("--stateless", name)
+	}
 }

@@ -1,6 +1,9 @@
 package main
 
-import "flag"
+import (
+	"errors"
+	"flag"
+)
 
 // parseFlags parses args with fs, flags before, between and after the
 // positional arguments (`serve DIR --http ADDR` as `serve --http ADDR
@@ -26,4 +29,13 @@ func parseFlags(fs *flag.FlagSet, args []string) error {
 		args = rest[1:]
 	}
 	return fs.Parse(append([]string{"--"}, positional...))
+}
+
+// flagsExit is a command's exit code when parseFlags failed: 0 for -help
+// (the usage asked for, printed), 2 for a bad flag.
+func flagsExit(err error) int {
+	if errors.Is(err, flag.ErrHelp) {
+		return 0
+	}
+	return 2
 }

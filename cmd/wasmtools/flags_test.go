@@ -6,8 +6,10 @@ import (
 	"encoding/json"
 	"flag"
 	"io"
+	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -83,5 +85,42 @@ func TestServeFileURL(t *testing.T) {
 	}
 	if _, ok := st["h"]; !ok {
 		t.Errorf("status %v: want the named source as h", st)
+	}
+}
+
+// TestServeFolderAbovePlugins: serving the folder above the plugins
+// (examples/plugins for examples/plugins/dist) says so and names the
+// subfolder that holds them; it said only "tools=0".
+func TestServeFolderAbovePlugins(t *testing.T) {
+	dist := testplugins.Folder(t, map[string]string{"counter.wasm": testplugins.Example(t, "counter")})
+	root := filepath.Dir(dist)
+	_, stderr := serveInProcess(t, nil, "--no-watch", root)
+	if !stderr.waitFor(time.Now().Add(startupTimeout), contains("plugins loaded")) {
+		t.Fatalf("never loaded:\n%s", stderr.String())
+	}
+	if s := stderr.String(); !strings.Contains(s, "not in its subfolders") || !strings.Contains(s, dist) {
+		t.Errorf("no warning naming %s:\n%s", dist, s)
+	}
+}
+
+// TestMisspeltPluginNameSaid: a configuration entry or --prefix naming no
+// plugin served is said (a misspelt name left its grant or prefix
+// unapplied without a word); a correct one is not.
+func TestMisspeltPluginNameSaid(t *testing.T) {
+	dir := testplugins.Folder(t, map[string]string{"hash.wasm": testplugins.Example(t, "hash")})
+	cfg := filepath.Join(t.TempDir(), "wasmtools.toml")
+	os.WriteFile(cfg, []byte("[plugins.hashh]\nmemory_limit = \"32MiB\"\n[plugins.hash]\nmemory_limit = \"32MiB\"\n"), 0o644)
+	_, stderr := serveInProcess(t, nil, "--no-watch", "--config", cfg, "--prefix", "nosuch=x_", dir)
+	if !stderr.waitFor(time.Now().Add(startupTimeout), contains("plugins loaded")) {
+		t.Fatalf("never loaded:\n%s", stderr.String())
+	}
+	s := stderr.String()
+	for _, want := range []string{`where=[plugins.hashh] plugin=hashh`, `where=--prefix plugin=nosuch`} {
+		if !strings.Contains(s, want) {
+			t.Errorf("no warning with %s:\n%s", want, s)
+		}
+	}
+	if strings.Contains(s, "plugin=hash\n") || strings.Contains(s, "where=[plugins.hash] ") {
+		t.Errorf("the served plugin's entry was warned of:\n%s", s)
 	}
 }

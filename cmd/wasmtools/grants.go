@@ -38,7 +38,7 @@ Flags:
 		fs.PrintDefaults()
 	}
 	if err := parseFlags(fs, args); err != nil {
-		return 2
+		return flagsExit(err)
 	}
 	if fs.NArg() != 1 || (fs.Arg(0) != "list" && fs.Arg(0) != "revoke") {
 		fs.Usage()

@@ -107,7 +107,7 @@ func cmdInspect(ctx context.Context, args []string, lookupEnv func(string) (stri
 		fs.PrintDefaults()
 	}
 	if err := parseFlags(fs, args); err != nil {
-		return 2
+		return flagsExit(err)
 	}
 	if fs.NArg() != 1 {
 		fs.Usage()

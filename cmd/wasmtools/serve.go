@@ -76,7 +76,7 @@ func cmdServe(ctx context.Context, args []string, lookupEnv func(string) (string
 		fs.PrintDefaults()
 	}
 	if err := parseFlags(fs, args); err != nil {
-		return 2
+		return flagsExit(err)
 	}
 	// Log lines and the pull progress bars share the terminal: a log line
 	// clears the bar's line before it is written (progressUI).
@@ -286,6 +286,8 @@ func cmdServe(ctx context.Context, args []string, lookupEnv func(string) (string
 		for _, err := range errs {
 			log.Error("plugin not served", "error", err)
 		}
+		warnEmptyFolders(log, local)
+		common.warnUnknownNames(log, servedName(reloader, srcFlags.remoteArgs))
 		log.Info("plugins loaded", "tools", len(reloader.Catalogue().Tools()))
 		close(loaded)
 		if rem != nil {
@@ -610,6 +612,55 @@ func watchConfig(ctx context.Context, log *slog.Logger, common *commonFlags, loo
 				rem.sync(ctx, nil) // sources added or changed are fetched first
 			}
 			r.Reconfigure(ctx, common.optsFor(log), rem.check(common.check()))
+			common.warnUnknownNames(log, servedName(r, nil))
+		}
+	}
+}
+
+// servedName reports whether r knows a plugin by that name (served,
+// loading or refused), or the command line names a source by it.
+func servedName(r *plugins.Reloader, remoteArgs []string) func(string) bool {
+	known := map[string]bool{}
+	for _, s := range r.Status() {
+		known[s.Name] = true
+	}
+	for _, a := range remoteArgs {
+		name, _ := argName(a)
+		known[name] = true
+	}
+	return func(name string) bool { return known[name] }
+}
+
+// warnEmptyFolders says which folders served hold no plugin file: serve
+// takes the *.wasm directly inside a folder, and a user who names the
+// folder above them (examples/plugins for examples/plugins/dist) was told
+// only "tools=0". The subfolders that do hold some are named.
+func warnEmptyFolders(log *slog.Logger, paths []string) {
+	for _, p := range paths {
+		entries, err := os.ReadDir(p)
+		if err != nil {
+			continue // a file, or an error said already
+		}
+		var below []string
+		found := false
+		for _, e := range entries {
+			if plugins.IsPluginFile(e.Name()) {
+				found = true
+				break
+			}
+			if e.IsDir() && len(below) < 5 {
+				if sub, err := os.ReadDir(filepath.Join(p, e.Name())); err == nil && slices.ContainsFunc(sub, func(d os.DirEntry) bool { return plugins.IsPluginFile(d.Name()) }) {
+					below = append(below, filepath.Join(p, e.Name()))
+				}
+			}
+		}
+		if found {
+			continue
+		}
+		if len(below) > 0 {
+			log.Warn("no plugins in this folder: serve takes the *.wasm directly inside a folder, not in its subfolders; these hold some", "path", p, "subfolders", strings.Join(below, ", "))
+		} else {
+			log.Warn("no plugins in this folder (serve takes the *.wasm directly inside it)", "path", p)
 		}
 	}
 }

@@ -38,7 +38,7 @@ func (s *sourceFlags) register(fs *flag.FlagSet, common *commonFlags) {
 	fs.StringVar(&s.publicKey, "public-key", "", "PEM public `FILE` (cosign.pub) that OCI plugins' cosign signatures must verify with, for plugins without a public_key in the configuration")
 	fs.BoolVar(&s.insecure, "insecure-skip-signature", false, "serve OCI plugins without verifying their signatures, and HTTPS plugins without a sha256 pin (logged as a warning on every fetch)")
 	fs.StringVar(&s.dir, "source-dir", defaultSourceDir(), "the content-addressed `DIR` where remote plugins are stored")
-	fs.DurationVar(&s.refresh, "refresh", 0, "resolve remote plugins' tags again this often, swapping in a moved tag once verified (0: the configuration's [sources] refresh_interval, else only at start and on `wasmtools reload`)")
+	fs.DurationVar(&s.refresh, "refresh", 0, "resolve remote plugins' tags again this often, swapping in a moved tag once verified (0: the configuration's [sources] refresh_interval, else only at start and on \"wasmtools reload\")")
 	fs.StringVar(&common.hyperPath, "hyper-mcp-config", "", "serve the plugins of hyper-mcp's configuration `FILE` (JSON, YAML or TOML): URLs, runtime_config and the signature setting are mapped; what cannot be is an error naming it")
 }
 
@@ -386,13 +386,13 @@ func (p *progressUI) compiling(fetched bool) func() {
 func cmdReload(ctx context.Context, args []string, lookupEnv func(string) (string, bool), stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("reload", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	u := fs.String("url", "http://127.0.0.1:8080", "the running `wasmtools serve --http` server")
+	u := fs.String("url", "http://127.0.0.1:8080", "the `URL` of a running \"wasmtools serve --http\" server")
 	fs.Usage = func() {
 		fmt.Fprint(stderr, "Usage: wasmtools reload [--url URL]\n\nAsks a running HTTP server to resolve its remote plugins again (a moved\ntag is fetched, verified and swapped in) and to rescan its folders.\nWASMTOOLS_OPERATOR_TOKEN, if set, is sent as the bearer token: a server\nserves /reload only to its operator (http.operator_token).\n\nFlags:\n")
 		fs.PrintDefaults()
 	}
 	if err := parseFlags(fs, args); err != nil {
-		return 2
+		return flagsExit(err)
 	}
 	token := operatorToken(lookupEnv)
 	var rep reloadReport

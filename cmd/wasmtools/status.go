@@ -16,14 +16,14 @@ import (
 func cmdStatus(ctx context.Context, args []string, lookupEnv func(string) (string, bool), stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("status", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	url := fs.String("url", "http://127.0.0.1:8080", "the running `wasmtools serve --http` server")
+	url := fs.String("url", "http://127.0.0.1:8080", "the `URL` of a running \"wasmtools serve --http\" server")
 	asJSON := fs.Bool("json", false, "print JSON")
 	fs.Usage = func() {
 		fmt.Fprint(stderr, "Usage: wasmtools status [--url URL] [--json]\n\nShows each plugin a running HTTP server serves: version (sha256), state\n(loaded, error with the reason, disabled), tools, live instances and the\ntime of its last reload; and each session's run-time grant questions.\nWASMTOOLS_OPERATOR_TOKEN, if set, is sent as the bearer token (without an\noperator credential, the server answers /status on its own machine only).\n\nFlags:\n")
 		fs.PrintDefaults()
 	}
 	if err := parseFlags(fs, args); err != nil {
-		return 2
+		return flagsExit(err)
 	}
 	var rep statusReport
 	if code := requestJSON(ctx, "status", http.MethodGet, baseURL(*url)+"/status", operatorToken(lookupEnv), 10*time.Second, &rep, stderr); code != 0 {
