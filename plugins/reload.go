@@ -256,7 +256,9 @@ func (r *Reloader) Load(ctx context.Context) (*Catalogue, []error) {
 // [ReloaderOptions.LoadConcurrency] at a time, and each is served as soon
 // as it is checked, loaded and found not to collide, so a slow or
 // hostile file never delays the others. Two new files that claim the
-// same name in one rescan: the first to load wins. Rescan reports whether
+// same name in one rescan: the first in the paths' order wins, whichever
+// loads first (the other may serve until it does), so that which code
+// answers a name does not change from one start to the next. Rescan reports whether
 // the catalogue changed, and the errors of files that failed (their old
 // versions, if any, still served). One rescan runs at a time.
 func (r *Reloader) Rescan(ctx context.Context) (bool, []error) {
@@ -310,6 +312,10 @@ func (r *Reloader) Rescan(ctx context.Context) (bool, []error) {
 	}
 	r.mu.Unlock()
 
+	order := &scanOrder{rank: map[string]int{}, added: map[*Plugin]bool{}}
+	for i, path := range present {
+		order.rank[path] = i
+	}
 	var mu sync.Mutex
 	var wg sync.WaitGroup
 	sem := make(chan struct{}, r.opts.LoadConcurrency)
@@ -351,7 +357,7 @@ func (r *Reloader) Rescan(ctx context.Context) (bool, []error) {
 			return
 		}
 		if err == nil && p != nil {
-			err = r.apply(ctx, p)
+			err = r.apply(ctx, p, order)
 		}
 		mu.Lock()
 		defer mu.Unlock()
@@ -378,10 +384,21 @@ func (r *Reloader) Rescan(ctx context.Context) (bool, []error) {
 // errSlowLoad stops a load that ran past ReloaderOptions.SlowLoad.
 var errSlowLoad = errors.New("slow load: tried again later")
 
+// scanOrder is what a rescan knows of the order of its files: each
+// present file's rank (Discover's order), and the plugins of new files it
+// served. The reloader's lock guards added.
+type scanOrder struct {
+	rank  map[string]int
+	added map[*Plugin]bool
+}
+
 // apply serves p, a new file's plugin or a served file's new version, if
 // it claims no name another served plugin holds (see Catalogue.next); else
-// it refuses p, closes it, and the version it would replace goes on.
-func (r *Reloader) apply(ctx context.Context, p *Plugin) error {
+// it refuses p, closes it, and the version it would replace goes on. The
+// one exception keeps a start deterministic: a new file whose names are
+// held only by new files of the same rescan (order) that come after it
+// takes the names from them, and they are refused instead.
+func (r *Reloader) apply(ctx context.Context, p *Plugin, order *scanOrder) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	f := r.files[p.Path()]
@@ -399,6 +416,18 @@ func (r *Reloader) apply(ctx context.Context, p *Plugin) error {
 	} else {
 		next, rejected = r.cat.next(nil, []*Plugin{p}, nil)
 	}
+	var displaced []*Plugin
+	if len(rejected) > 0 && old == nil {
+		if later := r.laterHoldersLocked(p, order); len(later) > 0 {
+			remove := map[*Plugin]bool{}
+			for _, h := range later {
+				remove[h] = true
+			}
+			if n, rej := r.cat.next(nil, []*Plugin{p}, remove); len(rej) == 0 {
+				next, rejected, displaced = n, nil, later
+			}
+		}
+	}
 	if len(rejected) > 0 {
 		err := rejected[0].Err
 		// Refused until a plugin goes or changes (swapLocked), which
@@ -414,12 +443,57 @@ func (r *Reloader) apply(ctx context.Context, p *Plugin) error {
 	f.status.State, f.status.Error = StateLoaded, ""
 	f.status.Tools = toolNames(p)
 	r.log.Info("plugin loaded", "plugin", p.Name(), "path", p.Path(), "sha256", p.SHA256(), "tools", len(p.Tools()))
-	swap := Swap{Next: next}
+	if old == nil && order != nil {
+		order.added[p] = true
+	}
+	swap := Swap{Next: next, Removed: displaced}
 	if old != nil {
 		swap.Replaced = map[*Plugin]*Plugin{old: p}
 	}
 	r.swapLocked(ctx, swap)
+	// After the swap, which has the collided retried: these stay refused
+	// until a plugin goes or changes.
+	for _, h := range displaced {
+		hf := r.files[h.Path()]
+		if hf == nil || hf.plugin != h {
+			continue
+		}
+		err := fmt.Errorf("plugin %q (%s): a name it claims is served by plugin %q (%s), which comes first in the served paths' order: rename one file or give one plugin a prefix", h.Name(), h.Path(), p.Name(), p.Path())
+		hf.plugin = nil
+		hf.lastBad, hf.collided = h.SHA256(), true
+		hf.status.SHA256, hf.status.Tools = "", []string{}
+		hf.status.State, hf.status.Error = StateError, err.Error()
+		r.log.Error("plugin version refused", "path", h.Path(), "error", err)
+	}
 	return nil
+}
+
+// laterHoldersLocked returns the served plugins holding names p claims
+// when every one of them is a new file of the same rescan that comes after
+// p's file (nil otherwise). The caller holds r.mu.
+func (r *Reloader) laterHoldersLocked(p *Plugin, order *scanOrder) []*Plugin {
+	if order == nil {
+		return nil
+	}
+	mine, ok := order.rank[p.Path()]
+	if !ok {
+		return nil
+	}
+	want := map[claim]bool{}
+	for _, cl := range claims(p) {
+		want[cl] = true
+	}
+	var holders []*Plugin
+	for _, q := range r.cat.plugins {
+		if !slices.ContainsFunc(claims(q), func(cl claim) bool { return want[cl] }) {
+			continue
+		}
+		if rank, ok := order.rank[q.Path()]; !ok || !order.added[q] || rank <= mine {
+			return nil
+		}
+		holders = append(holders, q)
+	}
+	return holders
 }
 
 // retryCollidedLocked has the next rescan load again the versions refused

@@ -1,9 +1,14 @@
 package plugins_test
 
 import (
+	"context"
 	"os"
 	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/wasmtools/wasmtools/plugins"
 )
@@ -116,4 +121,52 @@ func TestWatchBesideMissingPath(t *testing.T) {
 	v1, _ := versions(t)
 	deploy(t, filepath.Join(dir, "versioned.wasm"), v1)
 	waitFor(t, "the plugin dropped beside the missing path", func() bool { return len(r.Catalogue().Plugins()) == 1 })
+}
+
+// TestCollisionDecidedByOrder: two new files claiming one name in one
+// rescan: the first in the paths' order is served, whichever loads first,
+// so that which code answers does not change between starts (it was the
+// first to load; a user saw it change over four restarts). Here the later
+// file is made to load first.
+func TestCollisionDecidedByOrder(t *testing.T) {
+	v1, v2 := versions(t)
+	dir := t.TempDir()
+	first, second := filepath.Join(dir, "a.wasm"), filepath.Join(dir, "b.wasm")
+	write(t, first, v1)
+	write(t, second, v2) // the same names: tool "version"
+	secondServed := make(chan struct{})
+	var once sync.Once
+	r := plugins.NewReloader(newRuntime(t), plugins.ReloaderOptions{Paths: []string{dir}, Check: func(path string, _ []byte) error {
+		if path == first {
+			select {
+			case <-secondServed:
+			case <-time.After(waitTimeout):
+				t.Error("b was never served first")
+			}
+		}
+		return nil
+	}})
+	ctx := context.Background()
+	defer r.Close(ctx)
+	r.OnSwap(func(ctx context.Context, s plugins.Swap) {
+		if slices.ContainsFunc(s.Next.Plugins(), func(p *plugins.Plugin) bool { return p.Path() == second }) {
+			once.Do(func() { close(secondServed) })
+		}
+		for _, p := range s.Removed {
+			p.Close(ctx)
+		}
+	})
+	r.Load(ctx)
+	ps := r.Catalogue().Plugins()
+	if len(ps) != 1 || ps[0].Path() != first {
+		t.Fatalf("served %v, want a.wasm alone", ps)
+	}
+	if s := status(r, "b"); s.State != plugins.StateError || !strings.Contains(s.Error, "comes first in the served paths' order") {
+		t.Errorf("b: %+v", s)
+	}
+	// Not compiled again at the next rescan: refused until a plugin goes
+	// or changes.
+	if changed, errs := r.Rescan(ctx); changed || len(errs) != 0 {
+		t.Errorf("rescan with nothing changed: changed %v, errors %v", changed, errs)
+	}
 }
