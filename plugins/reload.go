@@ -810,6 +810,12 @@ func (r *Reloader) loadIfChanged(ctx context.Context, path string, compiled func
 
 func (r *Reloader) fail(f *fileState, err error) error {
 	f.status.State, f.status.Error = StateError, err.Error()
+	if errors.Is(err, context.Canceled) {
+		// Its rescan was called off (the server stopping): nothing is
+		// wrong with the file.
+		r.log.Info("plugin load stopped before it ended", "path", f.status.Path, "error", err)
+		return err
+	}
 	if f.plugin != nil {
 		r.log.Error("plugin version refused: the old version goes on serving", "path", f.status.Path, "sha256", f.plugin.SHA256(), "error", err)
 	} else {

@@ -277,7 +277,13 @@ func (r *Runtime) compileModule(ctx context.Context, rt wazero.Runtime, wasm []b
 	}
 	cancel()
 	n := r.overrun.Add(1)
-	r.log.Warn("compilation stopped at its deadline; it ends in the background", "timeout", timeout, "overrunning", n)
+	if ctx.Err() != nil {
+		// The caller gave up (the server shutting down, the file
+		// replaced, a slow load put off): no deadline passed.
+		r.log.Debug("compilation stopped: its caller gave up; it ends in the background", "cause", context.Cause(ctx), "overrunning", n)
+	} else {
+		r.log.Warn("compilation stopped at its deadline; it ends in the background", "timeout", timeout, "overrunning", n)
+	}
 	go func() {
 		<-done
 		_ = rt.Close(context.Background())

@@ -284,6 +284,9 @@ func cmdServe(ctx context.Context, args []string, lookupEnv func(string) (string
 		}
 		_, errs := reloader.Load(ctx)
 		for _, err := range errs {
+			if ctx.Err() != nil && errors.Is(err, context.Canceled) {
+				continue // the server stopping, said once by the reloader
+			}
 			log.Error("plugin not served", "error", err)
 		}
 		warnEmptyFolders(log, local)
