@@ -68,8 +68,8 @@ func TestNetworkGrants(t *testing.T) {
 		refuse string // in the trap
 		is     error  // what the trap matches
 	}{
-		{"no grant", nil, srv.URL, "", `network access is not granted to this plugin: the request to ` + self + ` needs "` + self + `" in allowed_hosts`, sandbox.ErrHostNotGranted},
-		{"host not granted", &sandbox.Network{AllowedHosts: []string{"example.com"}}, srv.URL, "", `host ` + self + ` is not granted to this plugin; it needs "` + self + `" in allowed_hosts (granted: example.com)`, sandbox.ErrHostNotGranted},
+		{"no grant", nil, srv.URL, "", `network access is not granted to this plugin: the request to ` + self + ` needs "` + self + `" in allowed_hosts and allow_private_networks = true`, sandbox.ErrHostNotGranted},
+		{"host not granted", &sandbox.Network{AllowedHosts: []string{"example.com"}}, srv.URL, "", `host ` + self + ` is not granted to this plugin; it needs "` + self + `" in allowed_hosts and allow_private_networks = true (it is a loopback or private address) (granted: example.com)`, sandbox.ErrHostNotGranted},
 		{"port not granted", &sandbox.Network{AllowedHosts: []string{"127.0.0.1"}, AllowPrivate: true}, srv.URL, "", `needs "` + self + `"`, sandbox.ErrHostNotGranted},
 		{"another port granted", &sandbox.Network{AllowedHosts: []string{"127.0.0.1:" + otherPort}, AllowPrivate: true}, srv.URL, "", `needs "` + self + `"`, sandbox.ErrHostNotGranted},
 		{"loopback refused at dial", &sandbox.Network{AllowedHosts: []string{self}}, srv.URL, "", "127.0.0.1 is a loopback, private, link-local or metadata address, which needs allow_private_networks", sandbox.ErrAddressRefused},

@@ -258,7 +258,16 @@ func (n *Network) checkURL(ctx context.Context, u *url.URL, redirect bool) error
 			missing = "[" + host + "]"
 		}
 	}
-	return &NetworkError{Target: net.JoinHostPort(host, port), Missing: missing, Redirect: redirect, Err: ErrHostNotGranted, granted: n.AllowedHosts}
+	// A host that is itself a private address (or localhost) needs
+	// allow_private_networks too, refused only at dial time: said now,
+	// so that the operator does not learn it on a second try.
+	private := false
+	if !n.AllowPrivate && !n.Extism {
+		if a, err := netip.ParseAddr(host); err == nil && privateAddr(a) || host == "localhost" {
+			private = true
+		}
+	}
+	return &NetworkError{Target: net.JoinHostPort(host, port), Missing: missing, Redirect: redirect, Err: ErrHostNotGranted, granted: n.AllowedHosts, private: private}
 }
 
 // plainHost reports whether host (lower case, no brackets) is an IP
@@ -313,6 +322,7 @@ type NetworkError struct {
 	Answer string
 
 	granted []string
+	private bool // the host is a private address: allow_private_networks too
 }
 
 func (e *NetworkError) Error() string {
@@ -326,10 +336,14 @@ func (e *NetworkError) Error() string {
 	if e.Answer != "" {
 		return fmt.Sprintf("%s to %s refused: %s", what, e.Target, e.Answer)
 	}
-	if len(e.granted) == 0 {
-		return fmt.Sprintf("network access is not granted to this plugin: the %s to %s needs %q in allowed_hosts", what, e.Target, e.Missing)
+	also := ""
+	if e.private {
+		also = " and allow_private_networks = true (it is a loopback or private address)"
 	}
-	return fmt.Sprintf("%s to %s refused: host %s is not granted to this plugin; it needs %q in allowed_hosts (granted: %s)", what, e.Target, e.Target, e.Missing, strings.Join(e.granted, ", "))
+	if len(e.granted) == 0 {
+		return fmt.Sprintf("network access is not granted to this plugin: the %s to %s needs %q in allowed_hosts%s", what, e.Target, e.Missing, also)
+	}
+	return fmt.Sprintf("%s to %s refused: host %s is not granted to this plugin; it needs %q in allowed_hosts%s (granted: %s)", what, e.Target, e.Target, e.Missing, also, strings.Join(e.granted, ", "))
 }
 
 func (e *NetworkError) Unwrap() error { return e.Err }
