@@ -3,17 +3,22 @@
 
 GO ?= go
 
-.PHONY: all deps build plugins testplugins serve test clean
+.PHONY: all deps deps-examples build plugins testplugins serve test clean
 
 all: build plugins
 
 deps:
 	scripts/deps.sh
 
+# The example plugins need only Go and wat2wasm: serving them asks for no
+# more (the tests' servers and the Rust toolchain come with deps).
+deps-examples:
+	scripts/deps.sh --examples
+
 build:
 	$(GO) build -o wasmtools ./cmd/wasmtools
 
-plugins: deps
+plugins: deps-examples
 	scripts/build-plugins.sh examples/plugins examples/plugins/dist
 
 testplugins: deps

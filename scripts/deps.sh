@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # deps.sh: installs the tools that build the non-Go plugins and that the
 # tests run, if missing.
-#   wat2wasm (Debian package wabt) builds the WebAssembly-text plugins.
+#   wat2wasm (Debian package wabt) builds the WebAssembly-text plugins;
+#   with --examples, it is all that is installed (the example plugins are
+#   Go and WebAssembly text).
 #   /usr/bin/rustc with the wasm32-wasi std (Debian packages rustc and
 #   libstd-rust-dev-wasm32) builds the Rust plugins.
 #   redis-server, haproxy and nginx (Debian packages redis-server, haproxy,
@@ -34,6 +36,11 @@ install() {
 
 if ! command -v wat2wasm >/dev/null; then
 	install wabt
+fi
+# --examples: only what the example plugins need (Go and wat2wasm), for a
+# user who wants to serve them, not run the tests (and may not be root).
+if [ "${1:-}" = --examples ]; then
+	exit 0
 fi
 
 # The std is looked for in rustc's own sysroot, so that a rustc installed
