@@ -88,3 +88,121 @@ func TestConfigReloadRefusedKeepsNoRevokedGrant(t *testing.T) {
 		t.Errorf("after a rescan, a new session still reads the folder the configuration revoked")
 	}
 }
+
+// k8sConfigWrite updates dir as Kubernetes' atomic writer updates a
+// ConfigMap volume: the files go into a new timestamped folder, the
+// "..data" link is replaced by a rename to point at it, and each file's
+// name is a link through "..data" (made once).
+func k8sConfigWrite(t *testing.T, dir, version string, files map[string]string) {
+	t.Helper()
+	ts := "..2026_12_06_" + version
+	if err := os.Mkdir(filepath.Join(dir, ts), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for name, text := range files {
+		if err := os.WriteFile(filepath.Join(dir, ts, name), []byte(text), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	old, _ := os.Readlink(filepath.Join(dir, "..data"))
+	tmp := filepath.Join(dir, "..data_tmp")
+	if err := os.Symlink(ts, tmp); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(tmp, filepath.Join(dir, "..data")); err != nil {
+		t.Fatal(err)
+	}
+	for name := range files {
+		if _, err := os.Lstat(filepath.Join(dir, name)); os.IsNotExist(err) {
+			if err := os.Symlink(filepath.Join("..data", name), filepath.Join(dir, name)); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if old != "" {
+		os.RemoveAll(filepath.Join(dir, old))
+	}
+}
+
+// toolsSession connects to url, and returns the session and a function
+// that waits, within the given time, until the session is served want
+// tools: it lists them again on each list_changed (the readiness signal
+// of a new catalogue), and reports whether there were want.
+func toolsSession(t *testing.T, url string) func(want int, within time.Duration) bool {
+	t.Helper()
+	changed := make(chan struct{}, 1)
+	copts := &mcp.ClientOptions{ToolListChangedHandler: func(context.Context, *mcp.ToolListChangedRequest) {
+		select {
+		case changed <- struct{}{}:
+		default:
+		}
+	}}
+	tr := &mcp.StreamableClientTransport{Endpoint: url + "/mcp"}
+	cs, err := mcp.NewClient(&mcp.Implementation{Name: "test", Version: "1"}, copts).Connect(context.Background(), tr, &mcp.ClientSessionOptions{ProtocolVersion: "2025-11-25"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cs.Close() })
+	return func(want int, within time.Duration) bool {
+		deadline := time.NewTimer(within)
+		defer deadline.Stop()
+		for {
+			res, err := cs.ListTools(context.Background(), nil)
+			if err == nil && len(res.Tools) == want {
+				return true
+			}
+			select {
+			case <-changed:
+			case <-deadline.C:
+				return false
+			}
+		}
+	}
+}
+
+// TestConfigLinkedFileUpdate: the configuration file is watched, and
+// applied live, also when it is updated the way Kubernetes updates a
+// ConfigMap volume (the config file is a link through "..data", and only
+// "..data" is replaced: no event names the file), or when --config names
+// a link to a file elsewhere whose target is rewritten. The watch looked
+// only for events naming the file itself in its folder, so neither change
+// was ever applied: a plugin disabled (or a grant revoked) in the
+// ConfigMap stayed served until a restart.
+func TestConfigLinkedFileUpdate(t *testing.T) {
+	enabled := "[plugins.counter]\nenabled = true\n"
+	disabled := "[plugins.counter]\nenabled = false\n"
+	t.Run("kubernetes volume", func(t *testing.T) {
+		dir := testplugins.Folder(t, map[string]string{"counter.wasm": testplugins.Example(t, "counter")})
+		vol := t.TempDir()
+		k8sConfigWrite(t, vol, "1", map[string]string{"wasmtools.toml": enabled})
+		url, stderr := serveInProcess(t, nil, "--config", filepath.Join(vol, "wasmtools.toml"), dir)
+		tools := toolsSession(t, url)
+		if !tools(1, startupTimeout) {
+			t.Fatalf("counter is not served:\n%s", stderr.String())
+		}
+		k8sConfigWrite(t, vol, "2", map[string]string{"wasmtools.toml": disabled})
+		if !tools(0, 30*time.Second) {
+			t.Errorf("the ConfigMap's new configuration (counter disabled) was not applied:\n%s", stderr.String())
+		}
+	})
+	t.Run("link to a file elsewhere", func(t *testing.T) {
+		dir := testplugins.Folder(t, map[string]string{"counter.wasm": testplugins.Example(t, "counter")})
+		target := filepath.Join(t.TempDir(), "wasmtools.toml")
+		os.WriteFile(target, []byte(enabled), 0o644)
+		link := filepath.Join(t.TempDir(), "wasmtools.toml")
+		if err := os.Symlink(target, link); err != nil {
+			t.Fatal(err)
+		}
+		url, stderr := serveInProcess(t, nil, "--config", link, dir)
+		tools := toolsSession(t, url)
+		if !tools(1, startupTimeout) {
+			t.Fatalf("counter is not served:\n%s", stderr.String())
+		}
+		tmp := target + ".tmp"
+		os.WriteFile(tmp, []byte(disabled), 0o644)
+		os.Rename(tmp, target)
+		if !tools(0, 30*time.Second) {
+			t.Errorf("the linked file's new configuration (counter disabled) was not applied:\n%s", stderr.String())
+		}
+	})
+}
