@@ -206,3 +206,53 @@ func TestConfigLinkedFileUpdate(t *testing.T) {
 		}
 	})
 }
+
+// TestConfigMaxInstances: max_instances bounds a plugin's live instances
+// (the least recently used idle one is evicted), whether it is set in
+// [defaults] ("for every plugin; a plugin with no entry gets these") or in
+// the plugin's entry, and whether it was there at start or added by a
+// change of the configuration file (which "reloads every plugin under the
+// new settings"; only global limits wait for a restart). The CLI read it
+// once, at start, and only for plugins with an entry: [defaults]
+// max_instances bounded no plugin without one, and a limit set or lowered
+// live bounded nothing.
+func TestConfigMaxInstances(t *testing.T) {
+	// live holds n sessions open, each having called counter's count
+	// once, and returns counter's live instances.
+	live := func(t *testing.T, url string, n int) int {
+		t.Helper()
+		for range n {
+			cs, err := connectURL(t, url, bearer(""))
+			if err != nil {
+				t.Fatal(err)
+			}
+			callText(t, cs, "count", nil)
+		}
+		return statusOf(t, url)["counter"].LiveInstances
+	}
+	t.Run("defaults", func(t *testing.T) {
+		dir := testplugins.Folder(t, map[string]string{"counter.wasm": testplugins.Example(t, "counter")})
+		cfgPath := filepath.Join(t.TempDir(), "wasmtools.toml")
+		os.WriteFile(cfgPath, []byte("[defaults]\nmax_instances = 1\n"), 0o644)
+		url, _ := serveInProcess(t, nil, "--config", cfgPath, dir)
+		if n := live(t, url, 3); n > 1 {
+			t.Errorf("[defaults] max_instances = 1: counter (no entry of its own) has %d live instances", n)
+		}
+	})
+	t.Run("set live", func(t *testing.T) {
+		dir := testplugins.Folder(t, map[string]string{"counter.wasm": testplugins.Example(t, "counter")})
+		cfgPath := filepath.Join(t.TempDir(), "wasmtools.toml")
+		os.WriteFile(cfgPath, []byte("[plugins.counter]\nenabled = true\n"), 0o644)
+		url, stderr := serveInProcess(t, nil, "--config", cfgPath, dir)
+		os.WriteFile(cfgPath, []byte("[plugins.counter]\nmax_instances = 1\n"), 0o644)
+		reloaded := func(s string) bool {
+			return strings.Contains(s, `msg="configuration reloaded"`) && strings.Count(s, `msg="plugin loaded" plugin=counter`) >= 2
+		}
+		if !stderr.waitFor(time.Now().Add(startupTimeout), reloaded) {
+			t.Fatalf("counter was not reloaded under the new configuration:\n%s", stderr.String())
+		}
+		if n := live(t, url, 3); n > 1 {
+			t.Errorf("max_instances = 1 set live: counter has %d live instances", n)
+		}
+	})
+}
