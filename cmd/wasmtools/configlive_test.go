@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -255,4 +256,51 @@ func TestConfigMaxInstances(t *testing.T) {
 			t.Errorf("max_instances = 1 set live: counter has %d live instances", n)
 		}
 	})
+}
+
+// TestConfigAccessRuleOfPluginEnabledLive: a plugin is enabled by a
+// change of the configuration file, in the same edit as its access rule
+// (only alice may use it). Enabling is applied live; the access rule is
+// read only at start ("takes effect on restart"), so until a restart the
+// plugin was served to every tenant: bob listed and called a plugin the
+// file on disk says is alice's alone. A partial application must not be
+// more permissive than the file: the plugin is either served under its
+// rule or not served.
+func TestConfigAccessRuleOfPluginEnabledLive(t *testing.T) {
+	dir := testplugins.Folder(t, map[string]string{
+		"counter.wasm": testplugins.Example(t, "counter"),
+		"hash.wasm":    testplugins.Example(t, "hash"),
+	})
+	const head = "[http.tokens]\nalice = \"alice-token-0123456789\"\nbob = \"bob-token-0123456789\"\n\n"
+	cfgPath := filepath.Join(t.TempDir(), "wasmtools.toml")
+	os.WriteFile(cfgPath, []byte(head+"[plugins.counter]\nenabled = false\n\n[plugins.hash]\nenabled = false\n"), 0o644)
+	url, stderr := serveInProcess(t, nil, "--config", cfgPath, dir)
+
+	// counter enabled, alice's alone.
+	os.WriteFile(cfgPath, []byte(head+"[plugins.counter]\naccess = { subjects = [\"alice\"] }\n\n[plugins.hash]\nenabled = false\n"), 0o644)
+	if !stderr.waitFor(time.Now().Add(startupTimeout), func(s string) bool { return strings.Count(s, `msg="configuration reloaded"`) >= 1 }) {
+		t.Fatalf("the configuration was not reloaded:\n%s", stderr.String())
+	}
+	// A second change, hash enabled, is applied after the first one's
+	// reload is done (one at a time): once bob is served hash, counter
+	// is as the first change left it.
+	os.WriteFile(cfgPath, []byte(head+"[plugins.counter]\naccess = { subjects = [\"alice\"] }\n\n[plugins.hash]\nenabled = true\n"), 0o644)
+	bob, err := connectURL(t, url, bearer("bob-token-0123456789"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(startupTimeout)
+	for !slices.Contains(toolNames(t, bob), "hash") {
+		if time.Now().After(deadline) {
+			t.Fatalf("hash was not enabled:\n%s", stderr.String())
+		}
+		time.Sleep(20 * time.Millisecond) // a poll of the served list, not a synchronisation
+	}
+	if names := toolNames(t, bob); slices.Contains(names, "count") {
+		t.Errorf("bob is served %v: counter, alice's alone in the configuration, is everyone's", names)
+	}
+	res, err := bob.CallTool(context.Background(), &mcp.CallToolParams{Name: "count"})
+	if err == nil && !res.IsError {
+		t.Errorf("bob called counter's count, alice's alone in the configuration: %v", res.Content[0].(*mcp.TextContent).Text)
+	}
 }
