@@ -14,6 +14,8 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
+	"github.com/wasmtools/wasmtools/internal/sources"
+	"github.com/wasmtools/wasmtools/internal/sources/sourcestest"
 	"github.com/wasmtools/wasmtools/internal/testplugins"
 )
 
@@ -302,5 +304,48 @@ func TestConfigAccessRuleOfPluginEnabledLive(t *testing.T) {
 	res, err := bob.CallTool(context.Background(), &mcp.CallToolParams{Name: "count"})
 	if err == nil && !res.IsError {
 		t.Errorf("bob called counter's count, alice's alone in the configuration: %v", res.Content[0].(*mcp.TextContent).Text)
+	}
+}
+
+// TestConfigSourceSettingsChangedLive: a remote plugin's verification
+// settings are changed in the configuration file: its public key rotated
+// (the old key leaked), or insecure_skip_signature turned off. The
+// version served was verified only under the old settings, and fails
+// under the new ones. A restart serves it no more (the store's record
+// is kept per verification settings, and is not used under others); a
+// live change kept serving it, loaded again under the new configuration
+// as if it had been verified under it, because a refused fetch keeps the
+// link of "the version served".
+func TestConfigSourceSettingsChangedLive(t *testing.T) {
+	cosign := sourcestest.Cosign(t)
+	host, _ := sourcestest.Registry(t)
+	oldKey, oldPub := sourcestest.KeyPair(t, cosign, t.TempDir())
+	_, newPub := sourcestest.KeyPair(t, cosign, t.TempDir())
+	wasm := testplugins.Bytes(t, testplugins.Test(t, "versioned"))
+	signed := sourcestest.Push(t, host, "plugins/signed", "stable", sources.MediaTypeWasm, wasm)
+	sourcestest.Sign(t, cosign, oldKey, host+"/plugins/signed@"+signed)
+	sourcestest.Push(t, host, "plugins/unsigned", "stable", sources.MediaTypeWasm, bytes.Replace(wasm, []byte(`"v1"`), []byte(`"v2"`), 1))
+
+	for _, tt := range []struct{ name, repo, before, after string }{
+		{"public key rotated", "plugins/signed", fmt.Sprintf("public_key = %q\n", oldPub), fmt.Sprintf("public_key = %q\n", newPub)},
+		{"insecure_skip_signature turned off", "plugins/unsigned", "insecure_skip_signature = true\n", fmt.Sprintf("public_key = %q\n", newPub)},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			entry := "[plugins.versioned]\nsource = \"oci://" + host + "/" + tt.repo + ":stable\"\n"
+			cfgPath := filepath.Join(t.TempDir(), "wasmtools.toml")
+			os.WriteFile(cfgPath, []byte(entry+tt.before), 0o644)
+			url, stderr := serveInProcess(t, nil, "--config", cfgPath, "--source-dir", t.TempDir())
+			tools := toolsSession(t, url)
+			if !tools(1, startupTimeout) {
+				t.Fatalf("versioned is not served:\n%s", stderr.String())
+			}
+			os.WriteFile(cfgPath, []byte(entry+tt.after), 0o644)
+			if !stderr.waitFor(time.Now().Add(startupTimeout), contains(`msg="configuration reloaded"`, `msg="plugin source refused`)) {
+				t.Fatalf("the new configuration was not applied:\n%s", stderr.String())
+			}
+			if !tools(0, 30*time.Second) {
+				t.Errorf("the version verified only under the old settings is still served under the new ones:\n%s", stderr.String())
+			}
+		})
 	}
 }
