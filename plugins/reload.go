@@ -139,7 +139,11 @@ type fileState struct {
 	// collided says lastBad was refused for a name another plugin held:
 	// tried again once a plugin goes or changes.
 	collided bool
-	gen      int // the configuration generation plugin was loaded under
+	gen      int // the configuration generation of the last load begun
+	// servedGen is the configuration generation plugin was loaded under:
+	// older than gen while a load under a new configuration runs, and
+	// after one that failed (then plugin is dropped: see loadIfChanged).
+	servedGen int
 }
 
 // NewReloader returns a reloader of the given paths. Call Load, then
@@ -438,7 +442,7 @@ func (r *Reloader) apply(ctx context.Context, p *Plugin, order *scanOrder) error
 		_ = p.Close(ctx)
 		return err
 	}
-	f.plugin = p
+	f.plugin, f.servedGen = p, f.gen
 	f.status.SHA256 = p.SHA256()
 	f.status.State, f.status.Error = StateLoaded, ""
 	f.status.Tools = toolNames(p)
@@ -794,6 +798,17 @@ func (r *Reloader) loadIfChanged(ctx context.Context, path string, compiled func
 		r.mu.Lock()
 		defer r.mu.Unlock()
 		f.lastBad = sha
+		if old := f.plugin; old != nil && f.servedGen != f.gen && r.cat != nil {
+			// The version served was loaded under an older
+			// configuration, which no longer holds (its grants, limits
+			// and pin may have been taken back): it is not served
+			// under settings the configuration in force refuses.
+			next, _ := r.cat.next(nil, nil, map[*Plugin]bool{old: true})
+			f.plugin = nil
+			f.status.SHA256, f.status.Tools = "", []string{}
+			r.log.Error("plugin not served: it cannot be loaded under the new configuration, and the version served was loaded under the old one", "path", path, "sha256", old.SHA256())
+			r.swapLocked(context.WithoutCancel(ctx), Swap{Next: next, Removed: []*Plugin{old}})
+		}
 		return nil, r.fail(f, err)
 	}
 	if check != nil {
