@@ -575,15 +575,58 @@ func watchConfig(ctx context.Context, log *slog.Logger, common *commonFlags, loo
 	}
 	defer w.Close()
 	var files []string
+	dirs := map[string]bool{} // the files' own folders
 	for _, p := range []string{common.configPath, common.hyperPath} {
 		if p == "" {
 			continue
 		}
 		files = append(files, filepath.Clean(p))
+		dirs[filepath.Dir(filepath.Clean(p))] = true
 		if err := w.Add(filepath.Dir(p)); err != nil {
 			log.Error("configuration watch is off", "error", err)
 			return
 		}
+	}
+	// A file that is a link changes without an event naming it: its
+	// target is rewritten elsewhere, or (Kubernetes' atomic writer, for
+	// a ConfigMap or Secret volume) the "..data" link it points through
+	// is replaced. The targets' folders are watched too, followed again
+	// after each change, and a change of "..data" beside a file counts.
+	targets := map[string]bool{}    // the files' targets, when links
+	targetDirs := map[string]bool{} // their folders watched for them
+	follow := func() {
+		clear(targets)
+		want := map[string]bool{}
+		for _, f := range files {
+			t, err := filepath.EvalSymlinks(f)
+			if err != nil || t == f {
+				continue
+			}
+			targets[t] = true
+			want[filepath.Dir(t)] = true
+		}
+		for d := range targetDirs {
+			if !want[d] && !dirs[d] {
+				_ = w.Remove(d)
+			}
+		}
+		clear(targetDirs)
+		for d := range want {
+			if dirs[d] {
+				continue
+			}
+			if err := w.Add(d); err != nil {
+				log.Warn("configuration watch: the folder of a linked file's target", "folder", d, "error", err)
+				continue
+			}
+			targetDirs[d] = true
+		}
+	}
+	follow()
+	relevant := func(name string) bool {
+		name = filepath.Clean(name)
+		return slices.Contains(files, name) || targets[name] ||
+			filepath.Base(name) == plugins.K8sDataLink && dirs[filepath.Dir(name)]
 	}
 	var timer *time.Timer
 	fire := make(chan struct{}, 1)
@@ -592,12 +635,7 @@ func watchConfig(ctx context.Context, log *slog.Logger, common *commonFlags, loo
 		case <-ctx.Done():
 			return
 		case ev := <-w.Events:
-			name := filepath.Clean(ev.Name)
-			// Kubernetes updates a mounted ConfigMap by replacing its
-			// "..data" link, which the file points through: no event
-			// names the file.
-			k8s := filepath.Base(name) == plugins.K8sDataLink && slices.ContainsFunc(files, func(f string) bool { return filepath.Dir(f) == filepath.Dir(name) })
-			if !k8s && !slices.Contains(files, name) {
+			if !relevant(ev.Name) {
 				continue
 			}
 			if timer == nil {
@@ -606,6 +644,7 @@ func watchConfig(ctx context.Context, log *slog.Logger, common *commonFlags, loo
 				timer.Reset(100 * time.Millisecond)
 			}
 		case <-fire:
+			follow()
 			if err := common.loadConfig(lookupEnv); err != nil {
 				log.Error("new configuration refused: the old one stays in force", "error", err)
 				continue
