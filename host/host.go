@@ -108,7 +108,8 @@ type Options struct {
 	// idle, the call is refused with [ErrAtCapacity].
 	MaxInstances, MaxInstancesPerPlugin int
 	// InstanceLimits overrides MaxInstancesPerPlugin for the plugins it
-	// names.
+	// names, and its key "" for every other plugin. [Host.SetInstanceLimits]
+	// replaces it.
 	InstanceLimits map[string]int
 	// MemoryBudget bounds the memory of all live instances, each counted
 	// at its plugin's memory limit (what it may grow to); 0 means no

@@ -179,11 +179,7 @@ func (h *Host) pluginShares(p *plugins.Plugin) (instances, bytes int) {
 	if !h.opts.Tenants || p == nil {
 		return 0, 0
 	}
-	bound := h.opts.MaxInstancesPerPlugin
-	if n := h.opts.InstanceLimits[p.Name()]; n > 0 { // as the session layer reads it
-		bound = n
-	}
-	if bound > 0 {
+	if bound := h.ses.PluginLimit(p.Name()); bound > 0 { // as the session layer reads it
 		instances = max(bound/4, 1)
 	}
 	if b := h.opts.MemoryBudget; b > 0 && p.MemoryLimit() > 0 {
@@ -570,4 +566,11 @@ func (b *storeBudget) dropLocked(tenant, id string, r *recBytes) {
 		delete(b.held, tenant)
 	}
 	b.sum -= r.bytes
+}
+
+// SetInstanceLimits replaces [Options.InstanceLimits], the bounds of each
+// plugin's live instances, when the configuration changes: no instance is
+// made past the new bounds from then on.
+func (h *Host) SetInstanceLimits(limits map[string]int) {
+	h.ses.SetInstanceLimits(limits)
 }

@@ -170,7 +170,7 @@ func cmdServe(ctx context.Context, args []string, lookupEnv func(string) (string
 		Logger: log, Version: version(), MaxResultRunes: maxRunes, SessionTimeout: timeout, StreamKeepAlive: keepAlive,
 		MaxInstances: cmp.Or(*maxInstances, cfg.Limits.MaxInstances), MaxInstancesPerPlugin: cmp.Or(*maxPerPlugin, cfg.Limits.MaxInstancesPerPlugin),
 		MemoryBudget: uint64(cfg.Limits.MemoryBudget), MaxConcurrentCalls: cfg.Limits.MaxConcurrentCalls,
-		InstanceLimits: map[string]int{}, ClientKeyHeader: *clientHeader, DeriveSessionHeader: *deriveHeader, AbandonAfter: *abandonAfter,
+		InstanceLimits: instanceLimits(cfg), ClientKeyHeader: *clientHeader, DeriveSessionHeader: *deriveHeader, AbandonAfter: *abandonAfter,
 		AllowedOrigins: cfg.HTTP.AllowedOrigins,
 		MaxParked:      *maxParked, MaxParkedPerClient: *maxParkedPerClient,
 		MaxHandles: *maxHandles, QuietHandles: !*handleNote, QuietPlugins: map[string]bool{},
@@ -200,9 +200,6 @@ func cmdServe(ctx context.Context, args []string, lookupEnv func(string) (string
 			opts.PluginAccess[name] = host.AccessRule{Subjects: a.Subjects, Scopes: a.Scopes, Claims: a.Claims}
 		}
 		eff := cfg.For(name)
-		if n := eff.Instances; n > 0 {
-			opts.InstanceLimits[name] = n
-		}
 		if *handleNote { // the flag's false silences every plugin
 			opts.QuietPlugins[name] = !eff.HandleNote
 		}
@@ -305,7 +302,9 @@ func cmdServe(ctx context.Context, args []string, lookupEnv func(string) (string
 			}
 		})
 		if common.configPath != "" || common.hyperPath != "" {
-			background.Go(func() { watchConfig(ctx, log, &common, lookupEnv, reloader, rem) })
+			background.Go(func() {
+				watchConfig(ctx, log, &common, lookupEnv, reloader, rem, func(cfg *config.File) { h.SetInstanceLimits(instanceLimits(cfg)) })
+			})
 		}
 	}
 	every := srcFlags.refresh
@@ -563,11 +562,27 @@ func statusHandler(h *host.Host, r *plugins.Reloader, rem *remote) http.Handler 
 	})
 }
 
+// instanceLimits are the configuration's bounds of each plugin's live
+// instances (max_instances), by plugin name, "" for the plugins without
+// an entry ([defaults]).
+func instanceLimits(cfg *config.File) map[string]int {
+	limits := map[string]int{}
+	if n := cfg.For("").Instances; n > 0 {
+		limits[""] = n
+	}
+	for name := range cfg.Plugins {
+		if n := cfg.For(name).Instances; n > 0 {
+			limits[name] = n
+		}
+	}
+	return limits
+}
+
 // watchConfig reloads the configuration file when it changes: a valid new
 // configuration is applied to every plugin (each is loaded again under
-// it); an invalid one is logged and the old one kept. Global limits and
-// HTTP settings take effect on restart.
-func watchConfig(ctx context.Context, log *slog.Logger, common *commonFlags, lookupEnv func(string) (string, bool), r *plugins.Reloader, rem *remote) {
+// it, after applied has seen it); an invalid one is logged and the old
+// one kept. Global limits and HTTP settings take effect on restart.
+func watchConfig(ctx context.Context, log *slog.Logger, common *commonFlags, lookupEnv func(string) (string, bool), r *plugins.Reloader, rem *remote, applied func(*config.File)) {
 	w, err := fsnotify.NewWatcher()
 	if err != nil {
 		log.Error("configuration watch is off", "error", err)
@@ -650,6 +665,7 @@ func watchConfig(ctx context.Context, log *slog.Logger, common *commonFlags, loo
 				continue
 			}
 			log.Info("configuration reloaded", "path", strings.Join(files, ", "))
+			applied(common.config())
 			if rem != nil {
 				rem.sync(ctx, nil) // sources added or changed are fetched first
 			}

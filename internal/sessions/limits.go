@@ -58,11 +58,35 @@ func (m *Manager) reserve(ctx context.Context, p *plugins.Plugin, self *slot) er
 	return nil
 }
 
+// pluginLimit is the bound of plugin's live instances: its own in
+// InstanceLimits, else InstanceLimits[""] (every other plugin's), else
+// MaxInstancesPerPlugin; 0 for none. The caller holds m.mu.
 func (m *Manager) pluginLimit(plugin string) int {
-	if n, ok := m.opts.InstanceLimits[plugin]; ok && n > 0 {
+	if n := m.opts.InstanceLimits[plugin]; n > 0 {
+		return n
+	}
+	if n := m.opts.InstanceLimits[""]; n > 0 {
 		return n
 	}
 	return m.opts.MaxInstancesPerPlugin
+}
+
+// PluginLimit is the bound of plugin's live instances (see
+// Options.InstanceLimits); 0 for none.
+func (m *Manager) PluginLimit(plugin string) int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.pluginLimit(plugin)
+}
+
+// SetInstanceLimits replaces Options.InstanceLimits (the configuration
+// changed): no instance is made past the new bounds. Instances live over
+// a lowered bound are not freed for it; a configuration change retires
+// them anyway.
+func (m *Manager) SetInstanceLimits(limits map[string]int) {
+	m.mu.Lock()
+	m.opts.InstanceLimits = maps.Clone(limits)
+	m.mu.Unlock()
 }
 
 func (m *Manager) atLimitLocked(plugin string, mem uint64) (overall, perPlugin, memory bool) {

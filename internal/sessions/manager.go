@@ -102,7 +102,8 @@ type Options struct {
 	QueueLimit int
 	// MaxInstances bounds the live instances of all plugins, and
 	// MaxInstancesPerPlugin those of any one plugin; 0 means no bound.
-	// InstanceLimits overrides MaxInstancesPerPlugin by plugin name.
+	// InstanceLimits overrides MaxInstancesPerPlugin by plugin name; its
+	// key "" does for every plugin it does not name.
 	MaxInstances, MaxInstancesPerPlugin int
 	InstanceLimits                      map[string]int
 	// MemoryBudget bounds the memory of all live instances, each counted
