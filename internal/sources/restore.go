@@ -153,7 +153,7 @@ func (m *Manager) Restore(ctx context.Context, specs []Spec) ([]string, []error)
 			continue
 		}
 		m.mu.Lock()
-		m.ents[s.Name] = &entry{spec: s, status: st}
+		m.ents[s.Name] = &entry{spec: s, status: st, verifiedUnder: recordKey(s)}
 		m.mu.Unlock()
 		names = append(names, s.Name)
 		if st.Stored {

@@ -296,6 +296,10 @@ type Manager struct {
 type entry struct {
 	spec   Spec
 	status Status
+	// verifiedUnder names the settings the version linked was verified
+	// under (recordKey: the source, the pin, the public keys' contents,
+	// the signature switch); "" when none is linked.
+	verifiedUnder string
 }
 
 // New returns a manager, making its folders.
@@ -351,7 +355,9 @@ func (m *Manager) Lookup(name string) (Status, bool) {
 // tag to its digest) and, if that changed or its stored bytes are gone or
 // damaged, fetched and verified anew; links of names no longer asked for
 // are removed. A source that fails keeps its link (the version served goes
-// on) and its status says why. Sync reports whether any link changed, and
+// on) and its status says why, unless the version served was verified
+// under other settings than its spec's (another public key, pin, source
+// or signature switch): that link is removed. Sync reports whether any link changed, and
 // the errors. Sources are fetched in parallel, at most 4 at a time.
 func (m *Manager) Sync(ctx context.Context, specs []Spec) (bool, []error) {
 	m.sync.Lock()
@@ -411,7 +417,9 @@ func (m *Manager) syncOne(ctx context.Context, s Spec) (bool, error) {
 		m.ents[s.Name] = e
 	}
 	prev := e.status
-	sameSpec := specEqual(e.spec, s)
+	under, prevUnder := recordKey(s), e.verifiedUnder
+	// A public key rewritten in place is other settings too.
+	sameSpec := specEqual(e.spec, s) && e.verifiedUnder == under
 	e.spec = s
 	m.mu.Unlock()
 	if s.MaxSize == 0 {
@@ -451,6 +459,18 @@ func (m *Manager) syncOne(ctx context.Context, s Spec) (bool, error) {
 	if err != nil {
 		err = errors.Join(changedOnDisk, fmt.Errorf("plugin %q (%s): %w", s.Name, s.Source, err))
 		e.status.Error = err.Error()
+		if prev.SHA256 != "" && e.verifiedUnder != "" && e.verifiedUnder != under {
+			// The version served was verified under other settings
+			// (another key, source or pin, or none): it is not
+			// verified under these, and is not served (nor would a
+			// restart serve it: Restore uses no record made under
+			// other settings).
+			_ = os.Remove(m.link(s.Name))
+			e.status.Digest, e.status.SHA256, e.status.Verified = "", "", ""
+			e.verifiedUnder = ""
+			m.log.Error("plugin source refused under its new settings: the version served, verified under the old ones, is no longer served", "plugin", s.Name, "source", s.Source, "sha256", prev.SHA256, "error", err)
+			return true, err
+		}
 		if prev.SHA256 != "" {
 			m.log.Error("plugin source refused: the version served goes on", "plugin", s.Name, "source", s.Source, "serving", prev.SHA256, "error", err)
 		} else {
@@ -459,6 +479,7 @@ func (m *Manager) syncOne(ctx context.Context, s Spec) (bool, error) {
 		return false, err
 	}
 	e.status = Status{Name: s.Name, Source: s.Source, Digest: res.digest, SHA256: res.sha, Verified: res.verified, Checked: e.status.Checked}
+	e.verifiedUnder = under
 	if changedOnDisk != nil {
 		e.status.StoreChanged = changedOnDisk.Error()
 	}
@@ -472,6 +493,7 @@ func (m *Manager) syncOne(ctx context.Context, s Spec) (bool, error) {
 	if err := m.relink(s.Name, res.sha); err != nil {
 		e.status = prev
 		e.status.Error = err.Error()
+		e.verifiedUnder = prevUnder
 		return false, errors.Join(changedOnDisk, err)
 	}
 	m.log.Info("plugin source fetched", "plugin", s.Name, "source", s.Source, "digest", res.digest, "sha256", res.sha, "verified", res.verified)
