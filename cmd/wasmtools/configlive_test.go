@@ -5,10 +5,13 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -347,5 +350,48 @@ func TestConfigSourceSettingsChangedLive(t *testing.T) {
 				t.Errorf("the version verified only under the old settings is still served under the new ones:\n%s", stderr.String())
 			}
 		})
+	}
+}
+
+// TestConfigChangeNotHeldBySlowSource: a change of the configuration
+// file (here: a local plugin disabled, as one would to stop a plugin
+// found misbehaving) is applied at once, whatever a remote source's
+// server does meanwhile. Every change first synced every remote source
+// and only then reloaded the plugins under the new settings, so a server
+// that accepted the fetch and sent nothing (or trickled) held the local
+// plugin's disabling for the source's whole timeout ([sources] timeout,
+// 5 minutes by default), and every later change behind it.
+func TestConfigChangeNotHeldBySlowSource(t *testing.T) {
+	wasm := testplugins.Bytes(t, testplugins.Test(t, "versioned"))
+	var hang atomic.Bool
+	release := make(chan struct{})
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if hang.Load() { // the headers and a first byte, then nothing
+			w.Header().Set("Content-Length", fmt.Sprint(len(wasm)))
+			w.Write(wasm[:1])
+			w.(http.Flusher).Flush()
+			select {
+			case <-release:
+			case <-r.Context().Done():
+			}
+			return
+		}
+		w.Write(wasm)
+	}))
+	t.Cleanup(srv.Close)
+	t.Cleanup(func() { close(release) })
+	dir := testplugins.Folder(t, map[string]string{"counter.wasm": testplugins.Example(t, "counter")})
+	remote := "[plugins.remote]\nsource = \"" + srv.URL + "/versioned.wasm\"\ninsecure_skip_signature = true\n\n"
+	cfgPath := filepath.Join(t.TempDir(), "wasmtools.toml")
+	os.WriteFile(cfgPath, []byte(remote+"[plugins.counter]\nenabled = true\n"), 0o644)
+	url, stderr := serveInProcess(t, nil, "--config", cfgPath, "--source-dir", t.TempDir(), dir)
+	tools := toolsSession(t, url)
+	if !tools(2, startupTimeout) {
+		t.Fatalf("counter and remote are not served:\n%s", stderr.String())
+	}
+	hang.Store(true)
+	os.WriteFile(cfgPath, []byte(remote+"[plugins.counter]\nenabled = false\n"), 0o644)
+	if !tools(1, time.Minute) {
+		t.Errorf("counter, disabled in the configuration, was still served a minute later, while a remote source's server sent nothing after its headers:\n%s", stderr.String())
 	}
 }
