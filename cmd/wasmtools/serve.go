@@ -643,6 +643,25 @@ func watchConfig(ctx context.Context, log *slog.Logger, common *commonFlags, loo
 		return slices.Contains(files, name) || targets[name] ||
 			filepath.Base(name) == plugins.K8sDataLink && dirs[filepath.Dir(name)]
 	}
+	// The remote sources are synced apart, after the plugins are
+	// reloaded under the new configuration: a registry or server that
+	// stalls (up to [sources] timeout) holds neither this change nor the
+	// next. Changes that come during a sync are synced once after it.
+	kick := make(chan struct{}, 1)
+	var syncer sync.WaitGroup
+	defer syncer.Wait()
+	if rem != nil {
+		syncer.Go(func() {
+			for {
+				select {
+				case <-ctx.Done():
+					return
+				case <-kick:
+					rem.sync(ctx, r.Rescan) // sources added or changed: fetched, then served
+				}
+			}
+		})
+	}
 	var timer *time.Timer
 	fire := make(chan struct{}, 1)
 	for {
@@ -666,11 +685,13 @@ func watchConfig(ctx context.Context, log *slog.Logger, common *commonFlags, loo
 			}
 			log.Info("configuration reloaded", "path", strings.Join(files, ", "))
 			applied(common.config())
-			if rem != nil {
-				rem.sync(ctx, nil) // sources added or changed are fetched first
-			}
+			rem.prune() // sources removed, or whose verification settings changed
 			r.Reconfigure(ctx, common.optsFor(log), rem.check(common.check()))
 			common.warnUnknownNames(log, servedName(r, nil))
+			select {
+			case kick <- struct{}{}:
+			default: // a sync is due already: it reads the configuration then
+			}
 		}
 	}
 }

@@ -241,6 +241,19 @@ func (r *remote) sync(ctx context.Context, rescan func(context.Context) (bool, [
 	return changed, errs
 }
 
+// prune unlinks at once what the configuration in force no longer lets be
+// served (see sources.Manager.Prune), even while a sync is under way.
+func (r *remote) prune() {
+	if r == nil {
+		return
+	}
+	specs, err := r.flags.specs(r.common.config())
+	if err != nil {
+		return // the sync reports it
+	}
+	r.mgr.Prune(specs)
+}
+
 // check is the reloader's check: the configuration's pin, then the
 // store's digest for linked plugins.
 func (r *remote) check(pin func(string, []byte) error) func(string, []byte) error {

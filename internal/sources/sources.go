@@ -399,6 +399,38 @@ func (m *Manager) Sync(ctx context.Context, specs []Spec) (bool, []error) {
 	return changed, errs
 }
 
+// Prune unlinks at once, without the network and without waiting for a
+// Sync under way, what specs no longer allow to be served: the sources
+// no longer asked for, and those whose version linked was verified under
+// other settings than their spec's (another public key, pin, source or
+// signature switch). The next Sync fetches and verifies those again; a
+// Sync under way forgets what it fetched for them. Prune reports whether
+// any link was removed.
+func (m *Manager) Prune(specs []Spec) bool {
+	want := map[string]Spec{}
+	for _, s := range specs {
+		want[s.Name] = s
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	changed := false
+	for name, e := range m.ents {
+		s, ok := want[name]
+		switch {
+		case !ok:
+			delete(m.ents, name)
+		case e.verifiedUnder != "" && e.verifiedUnder != recordKey(s):
+			m.log.Warn("plugin source: the version served was verified under other settings: not served until verified under these", "plugin", name, "source", s.Source, "sha256", e.status.SHA256)
+			m.ents[name] = &entry{spec: s, status: Status{Name: name, Source: s.Source}}
+		default:
+			continue
+		}
+		_ = os.Remove(m.link(name))
+		changed = true
+	}
+	return changed
+}
+
 func (m *Manager) link(name string) string {
 	return filepath.Join(m.opts.LinkDir, name+".wasm")
 }
