@@ -395,3 +395,41 @@ func TestConfigChangeNotHeldBySlowSource(t *testing.T) {
 		t.Errorf("counter, disabled in the configuration, was still served a minute later, while a remote source's server sent nothing after its headers:\n%s", stderr.String())
 	}
 }
+
+// TestConfigTruncatedNotApplied: a configuration file rewritten in place
+// by a command whose output is redirected into it (`sops -d wasmtools.enc
+// > wasmtools.toml`, `vault kv get … > wasmtools.toml`, a template
+// rendered by a slow tool) is empty from the shell's truncation until the
+// command writes: 100 ms of quiet and the watch read it. An empty file is
+// valid TOML, and was applied as the whole configuration: every plugin
+// the file disables was served to every client (and every pin, tool
+// filter and ceiling dropped) until the command finished writing.
+func TestConfigTruncatedNotApplied(t *testing.T) {
+	dir := testplugins.Folder(t, map[string]string{
+		"counter.wasm": testplugins.Example(t, "counter"),
+		"hash.wasm":    testplugins.Example(t, "hash"),
+	})
+	cfgPath := filepath.Join(t.TempDir(), "wasmtools.toml")
+	os.WriteFile(cfgPath, []byte("[plugins.counter]\nenabled = false\n"), 0o644)
+	url, stderr := serveInProcess(t, nil, "--config", cfgPath, dir)
+	tools := toolsSession(t, url)
+	if !tools(2, startupTimeout) { // hash's base64 and hash
+		t.Fatalf("hash alone is not served:\n%s", stderr.String())
+	}
+	// The shell truncates; the command has not written yet.
+	f, err := os.OpenFile(cfgPath, os.O_WRONLY|os.O_TRUNC, 0o644)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	read := func(s string) bool {
+		return strings.Contains(s, `msg="configuration reloaded"`) || strings.Contains(s, "new configuration refused")
+	}
+	if !stderr.waitFor(time.Now().Add(startupTimeout), read) {
+		t.Fatalf("the truncated file was not read:\n%s", stderr.String())
+	}
+	// Applied, counter is served within moments of the log line.
+	if tools(3, 5*time.Second) {
+		t.Errorf("counter, disabled in the configuration, is served while the file is being rewritten (empty)")
+	}
+}
