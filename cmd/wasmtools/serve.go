@@ -679,6 +679,12 @@ func watchConfig(ctx context.Context, log *slog.Logger, common *commonFlags, loo
 			}
 		case <-fire:
 			follow()
+			if empty := emptyFile(files); empty != "" {
+				// Truncated to be written again in place (a command's
+				// output redirected into it): read once it is written.
+				log.Error("new configuration refused: the old one stays in force", "error", fmt.Errorf("%s is empty (being written?); an empty configuration needs at least a comment", empty))
+				continue
+			}
 			if err := common.loadConfig(lookupEnv); err != nil {
 				log.Error("new configuration refused: the old one stays in force", "error", err)
 				continue
@@ -742,6 +748,16 @@ func warnEmptyFolders(log *slog.Logger, paths []string) {
 			log.Warn("no plugins in this folder (serve takes the *.wasm directly inside it)", "path", p)
 		}
 	}
+}
+
+// emptyFile returns the first of files that is empty, or "".
+func emptyFile(files []string) string {
+	for _, f := range files {
+		if info, err := os.Stat(f); err == nil && info.Size() == 0 {
+			return f
+		}
+	}
+	return ""
 }
 
 // openStateStore opens the --state-store URL, sealed with the state key.
