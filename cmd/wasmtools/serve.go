@@ -16,6 +16,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"strings"
 	"sync"
@@ -140,6 +141,21 @@ func cmdServe(ctx context.Context, args []string, lookupEnv func(string) (string
 	}
 	defer rt.Close(context.Background())
 
+	// Access rules are read here, once: one changed by a later change of
+	// the file takes effect on restart, and until then its plugin is not
+	// served at all (serving it under the old rule, or under none, would
+	// let in those the file keeps out).
+	startAccess := map[string]config.Access{}
+	for name, p := range cfg.Plugins {
+		if p.Access != nil {
+			startAccess[name] = *p.Access
+		}
+	}
+	common.heldBack = func(now *config.File, name string) bool {
+		was, had := startAccess[name]
+		is := now.Plugins[name].Access
+		return had != (is != nil) || is != nil && !reflect.DeepEqual(was, *is)
+	}
 	settled := make(chan struct{})
 	reloader := plugins.NewReloader(rt, plugins.ReloaderOptions{Paths: paths, OptionsFor: common.optsFor(log), Check: rem.check(common.check()), Logger: log,
 		OnSettled: func() { close(settled); log.Info("plugins settled: lists answer without waiting for slow plugins") }})
@@ -303,7 +319,24 @@ func cmdServe(ctx context.Context, args []string, lookupEnv func(string) (string
 		})
 		if common.configPath != "" || common.hyperPath != "" {
 			background.Go(func() {
-				watchConfig(ctx, log, &common, lookupEnv, reloader, rem, func(cfg *config.File) { h.SetInstanceLimits(instanceLimits(cfg)) })
+				watchConfig(ctx, log, &common, lookupEnv, reloader, rem, func(cfg *config.File) {
+					h.SetInstanceLimits(instanceLimits(cfg))
+					var held []string
+					for name := range cfg.Plugins {
+						if common.heldBack(cfg, name) {
+							held = append(held, name)
+						}
+					}
+					for name := range startAccess {
+						if _, ok := cfg.Plugins[name]; !ok {
+							held = append(held, name)
+						}
+					}
+					if len(held) > 0 {
+						slices.Sort(held)
+						log.Warn("access rules changed: they take effect on restart, and these plugins are not served until then", "plugins", strings.Join(held, ", "))
+					}
+				})
 			})
 		}
 	}
