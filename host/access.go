@@ -68,10 +68,29 @@ func authOf(req mcp.Request) *authInfo {
 	return ai
 }
 
+// accessRules are the access rules in force ([Options.PluginAccess], then
+// [Host.SetPluginAccess]'s): nil for none.
+func (h *Host) accessRules() map[string]AccessRule {
+	if m := h.access.Load(); m != nil {
+		return *m
+	}
+	return nil
+}
+
+// SetPluginAccess replaces the access rules ([Options.PluginAccess]) when
+// the configuration changes: each request after it is checked under the
+// new rules (lists, calls, reads, subscriptions' updates). A call running
+// finishes; a session that subscribed to a resource before any rule was
+// set gets its updates only if the new rules let everyone have them.
+func (h *Host) SetPluginAccess(rules map[string]AccessRule) {
+	rules = maps.Clone(rules)
+	h.access.Store(&rules)
+}
+
 // mayUse reports whether the request may use plugin p: p has no rule,
 // or its rule allows the request.
 func (h *Host) mayUse(ai *authInfo, p *plugins.Plugin) bool {
-	rule, ok := h.opts.PluginAccess[p.Name()]
+	rule, ok := h.accessRules()[p.Name()]
 	return !ok || rule.allows(ai)
 }
 
@@ -84,7 +103,7 @@ func (h *Host) mayUse(ai *authInfo, p *plugins.Plugin) bool {
 func (h *Host) accessMiddleware(next mcp.MethodHandler) mcp.MethodHandler {
 	return func(ctx context.Context, method string, req mcp.Request) (mcp.Result, error) {
 		cat := h.Catalogue()
-		if len(h.opts.PluginAccess) == 0 || cat == nil {
+		if len(h.accessRules()) == 0 || cat == nil {
 			if h.opts.Tenants {
 				h.watchingTenant(req)
 			}
@@ -235,7 +254,7 @@ func (h *Host) watchFilter(next mcp.MethodHandler) mcp.MethodHandler {
 				req = &mcp.ServerRequest[*mcp.ResourceUpdatedNotificationParams]{Session: ss, Params: params}
 			}
 		}
-		if !tagged && len(h.opts.PluginAccess) == 0 {
+		if !tagged && len(h.accessRules()) == 0 {
 			return next(ctx, method, req)
 		}
 		ai := &authInfo{} // a session that never subscribed here: a client without a subject
@@ -245,7 +264,7 @@ func (h *Host) watchFilter(next mcp.MethodHandler) mcp.MethodHandler {
 		if tagged && h.tenantOf(ai.subject) != from {
 			return nil, nil
 		}
-		if len(h.opts.PluginAccess) == 0 {
+		if len(h.accessRules()) == 0 {
 			return next(ctx, method, req)
 		}
 		if cat := h.Catalogue(); params == nil || cat == nil || !h.mayWatch(ai, cat, params.URI) {
@@ -267,7 +286,7 @@ func pluginOf[T interface{ Plugin() *plugins.Plugin }](v T, ok bool) (*plugins.P
 // (with access rules), so that no shared cache serves one subject's list
 // to another (2026-07-28 cacheScope).
 func (h *Host) setCacheable(_ context.Context, _ mcp.Request, c *mcp.Cacheable) {
-	if len(h.opts.PluginAccess) > 0 {
+	if len(h.accessRules()) > 0 {
 		c.CacheScope = "private"
 	}
 }

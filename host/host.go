@@ -153,7 +153,7 @@ type Options struct {
 	// PluginAccess says, per plugin name, who may list and use its tools,
 	// prompts and resources (see [AccessRule]); a plugin it does not name
 	// is everyone's. With any rule, list results go out with cacheScope
-	// "private".
+	// "private". [Host.SetPluginAccess] replaces them.
 	PluginAccess map[string]AccessRule
 	// PoolSize bounds the warm instances kept per stateless plugin; 0
 	// means twice GOMAXPROCS.
@@ -327,7 +327,10 @@ type Options struct {
 // Host serves plugins over MCP. It is safe for concurrent use. Close it to
 // free every instance.
 type Host struct {
-	opts    Options
+	opts Options
+	// access holds the access rules in force (Options.PluginAccess, then
+	// SetPluginAccess's), read by every request.
+	access  atomic.Pointer[map[string]AccessRule]
 	log     *slog.Logger
 	server  *mcp.Server // stdio, in-memory and stateful HTTP sessions
 	modern  *mcp.Server // sessionless HTTP (2026-07-28): tools take a session handle
@@ -414,6 +417,9 @@ func New(src *plugins.Reloader, opts *Options) *Host {
 	}
 	if opts != nil {
 		h.opts = *opts
+	}
+	if len(h.opts.PluginAccess) > 0 {
+		h.SetPluginAccess(h.opts.PluginAccess)
 	}
 	h.stateKey = h.opts.StateKey
 	if len(h.stateKey) == 0 {

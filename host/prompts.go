@@ -150,7 +150,7 @@ func (h *Host) promptHandler(pr *plugins.Prompt) mcp.PromptHandler {
 
 func (h *Host) resourceHandler(p *plugins.Plugin) mcp.ResourceHandler {
 	return func(ctx context.Context, req *mcp.ReadResourceRequest) (*mcp.ReadResourceResult, error) {
-		if len(h.opts.PluginAccess) > 0 && !h.mayUse(authOf(req), p) {
+		if len(h.accessRules()) > 0 && !h.mayUse(authOf(req), p) {
 			// A templated URI: the access middleware could not tell
 			// its plugin (access.go).
 			return nil, mcp.ResourceNotFoundError(req.Params.URI)

@@ -55,10 +55,6 @@ type commonFlags struct {
 
 	mu  sync.Mutex
 	cfg *config.File // the configuration in force; empty without --config
-	// heldBack, if set, names the plugins a configuration says to serve
-	// that are not served under it all the same (serve: those whose
-	// access rule changed, which takes effect on restart).
-	heldBack func(cfg *config.File, name string) bool
 }
 
 func (c *commonFlags) register(fs *flag.FlagSet) {
@@ -157,7 +153,7 @@ func (c *commonFlags) optsFor(log *slog.Logger) func(path string) plugins.Option
 		if c.stateless[name] {
 			opts.Stateless = true
 		}
-		opts.Disabled = !eff.Enabled || c.heldBack != nil && c.heldBack(cfg, name)
+		opts.Disabled = !eff.Enabled
 		return opts
 	}
 }

@@ -265,12 +265,11 @@ func TestConfigMaxInstances(t *testing.T) {
 
 // TestConfigAccessRuleOfPluginEnabledLive: a plugin is enabled by a
 // change of the configuration file, in the same edit as its access rule
-// (only alice may use it). Enabling is applied live; the access rule is
-// read only at start ("takes effect on restart"), so until a restart the
-// plugin was served to every tenant: bob listed and called a plugin the
-// file on disk says is alice's alone. A partial application must not be
-// more permissive than the file: the plugin is either served under its
-// rule or not served.
+// (only alice may use it). Enabling was applied live but the access rule
+// only at start, so until a restart the plugin was served to every
+// tenant: bob listed and called a plugin the file on disk says is alice's
+// alone. Access rules are now applied live, before the plugins are loaded
+// again: alice is served it, bob is not, and once the rule goes, bob is.
 func TestConfigAccessRuleOfPluginEnabledLive(t *testing.T) {
 	dir := testplugins.Folder(t, map[string]string{
 		"counter.wasm": testplugins.Example(t, "counter"),
@@ -307,6 +306,22 @@ func TestConfigAccessRuleOfPluginEnabledLive(t *testing.T) {
 	res, err := bob.CallTool(context.Background(), &mcp.CallToolParams{Name: "count"})
 	if err == nil && !res.IsError {
 		t.Errorf("bob called counter's count, alice's alone in the configuration: %v", res.Content[0].(*mcp.TextContent).Text)
+	}
+	// The rule is applied live, not held back to a restart: alice is
+	// served counter now, and once the rule goes, bob is too.
+	alice, err := connectURL(t, url, bearer("alice-token-0123456789"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if names := toolNames(t, alice); !slices.Contains(names, "count") {
+		t.Errorf("alice is served %v: want counter, hers by the new rule", names)
+	}
+	os.WriteFile(cfgPath, []byte(head+"[plugins.counter]\n\n[plugins.hash]\nenabled = true\n"), 0o644)
+	for deadline := time.Now().Add(startupTimeout); !slices.Contains(toolNames(t, bob), "count"); {
+		if time.Now().After(deadline) {
+			t.Fatalf("counter's rule removed, bob is still not served it:\n%s", stderr.String())
+		}
+		stderr.waitFor(time.Now().Add(time.Second), func(s string) bool { return strings.Count(s, `msg="configuration reloaded"`) >= 3 })
 	}
 }
 

@@ -16,7 +16,6 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
-	"reflect"
 	"slices"
 	"strings"
 	"sync"
@@ -141,21 +140,6 @@ func cmdServe(ctx context.Context, args []string, lookupEnv func(string) (string
 	}
 	defer rt.Close(context.Background())
 
-	// Access rules are read here, once: one changed by a later change of
-	// the file takes effect on restart, and until then its plugin is not
-	// served at all (serving it under the old rule, or under none, would
-	// let in those the file keeps out).
-	startAccess := map[string]config.Access{}
-	for name, p := range cfg.Plugins {
-		if p.Access != nil {
-			startAccess[name] = *p.Access
-		}
-	}
-	common.heldBack = func(now *config.File, name string) bool {
-		was, had := startAccess[name]
-		is := now.Plugins[name].Access
-		return had != (is != nil) || is != nil && !reflect.DeepEqual(was, *is)
-	}
 	settled := make(chan struct{})
 	reloader := plugins.NewReloader(rt, plugins.ReloaderOptions{Paths: paths, OptionsFor: common.optsFor(log), Check: rem.check(common.check()), Logger: log,
 		OnSettled: func() { close(settled); log.Info("plugins settled: lists answer without waiting for slow plugins") }})
@@ -208,13 +192,8 @@ func cmdServe(ctx context.Context, args []string, lookupEnv func(string) (string
 	// Subjects (per-subject tokens, OAuth) make the clients tenants,
 	// each with its share of the bounds; without, everyone is one.
 	opts.Tenants = len(cfg.HTTP.Tokens) > 0 || cfg.HTTP.OAuth != nil
-	for name, p := range cfg.Plugins {
-		if a := p.Access; a != nil {
-			if opts.PluginAccess == nil {
-				opts.PluginAccess = map[string]host.AccessRule{}
-			}
-			opts.PluginAccess[name] = host.AccessRule{Subjects: a.Subjects, Scopes: a.Scopes, Claims: a.Claims}
-		}
+	opts.PluginAccess = accessRules(cfg)
+	for name := range cfg.Plugins {
 		eff := cfg.For(name)
 		if *handleNote { // the flag's false silences every plugin
 			opts.QuietPlugins[name] = !eff.HandleNote
@@ -320,22 +299,10 @@ func cmdServe(ctx context.Context, args []string, lookupEnv func(string) (string
 		if common.configPath != "" || common.hyperPath != "" {
 			background.Go(func() {
 				watchConfig(ctx, log, &common, lookupEnv, reloader, rem, func(cfg *config.File) {
+					// Before the plugins are loaded again: one the change
+					// enables is served under its rule from the start.
 					h.SetInstanceLimits(instanceLimits(cfg))
-					var held []string
-					for name := range cfg.Plugins {
-						if common.heldBack(cfg, name) {
-							held = append(held, name)
-						}
-					}
-					for name := range startAccess {
-						if _, ok := cfg.Plugins[name]; !ok {
-							held = append(held, name)
-						}
-					}
-					if len(held) > 0 {
-						slices.Sort(held)
-						log.Warn("access rules changed: they take effect on restart, and these plugins are not served until then", "plugins", strings.Join(held, ", "))
-					}
+					h.SetPluginAccess(accessRules(cfg))
 				})
 			})
 		}
@@ -593,6 +560,21 @@ func statusHandler(h *host.Host, r *plugins.Reloader, rem *remote) http.Handler 
 		enc.SetIndent("", "  ")
 		enc.Encode(rep)
 	})
+}
+
+// accessRules are the configuration's access rules ([plugins.NAME]
+// access), by plugin name; nil for none.
+func accessRules(cfg *config.File) map[string]host.AccessRule {
+	var rules map[string]host.AccessRule
+	for name, p := range cfg.Plugins {
+		if a := p.Access; a != nil {
+			if rules == nil {
+				rules = map[string]host.AccessRule{}
+			}
+			rules[name] = host.AccessRule{Subjects: a.Subjects, Scopes: a.Scopes, Claims: a.Claims}
+		}
+	}
+	return rules
 }
 
 // instanceLimits are the configuration's bounds of each plugin's live
