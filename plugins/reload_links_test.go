@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/wasmtools/wasmtools/internal/testplugins"
 	"github.com/wasmtools/wasmtools/plugins"
 )
 
@@ -168,5 +169,59 @@ func TestCollisionDecidedByOrder(t *testing.T) {
 	// or changes.
 	if changed, errs := r.Rescan(ctx); changed || len(errs) != 0 {
 		t.Errorf("rescan with nothing changed: changed %v, errors %v", changed, errs)
+	}
+}
+
+// TestCollisionChainDecidedByOrder: three new files of one rescan, a
+// (grants: fetch, ...), b (grantask: fetch, secret) and c (hyperhost:
+// secret, ...): in the paths' order a takes "fetch", b is refused, and c,
+// which collides only with b, is served. Served in the order a, b, c
+// (or a, c, b) that is what a start gives; in the order c, b, a, b
+// displaces c and a then displaces b, and c, refused for a name no plugin
+// served holds any more, stays unserved until some later rescan: which
+// plugins a start serves still depends on which loads first.
+func TestCollisionChainDecidedByOrder(t *testing.T) {
+	dir := t.TempDir()
+	a, b, c := filepath.Join(dir, "a.wasm"), filepath.Join(dir, "b.wasm"), filepath.Join(dir, "c.wasm")
+	write(t, a, testplugins.Bytes(t, testplugins.Test(t, "grants")))
+	write(t, b, testplugins.Bytes(t, testplugins.Test(t, "grantask")))
+	write(t, c, testplugins.Bytes(t, testplugins.Test(t, "hyperhost")))
+	served := map[string]chan struct{}{a: make(chan struct{}), b: make(chan struct{}), c: make(chan struct{})}
+	var mu sync.Mutex
+	closed := map[string]bool{}
+	after := map[string]string{a: b, b: c} // a loads once b is served, b once c is
+	r := plugins.NewReloader(newRuntime(t), plugins.ReloaderOptions{Paths: []string{dir}, Check: func(path string, _ []byte) error {
+		if wait, ok := after[path]; ok {
+			select {
+			case <-served[wait]:
+			case <-time.After(waitTimeout):
+				t.Errorf("%s was never served", wait)
+			}
+		}
+		return nil
+	}})
+	ctx := context.Background()
+	defer r.Close(ctx)
+	r.OnSwap(func(ctx context.Context, s plugins.Swap) {
+		mu.Lock()
+		for _, p := range s.Next.Plugins() {
+			if ch := served[p.Path()]; ch != nil && !closed[p.Path()] {
+				closed[p.Path()] = true
+				close(ch)
+			}
+		}
+		mu.Unlock()
+		for _, p := range s.Removed {
+			p.Close(ctx)
+		}
+	})
+	r.Load(ctx)
+	var got []string
+	for _, p := range r.Catalogue().Plugins() {
+		got = append(got, filepath.Base(p.Path()))
+	}
+	slices.Sort(got)
+	if !slices.Equal(got, []string{"a.wasm", "c.wasm"}) {
+		t.Errorf("served %v, want [a.wasm c.wasm] (what the paths' order gives); c: %+v", got, status(r, "c"))
 	}
 }
