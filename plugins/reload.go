@@ -382,6 +382,22 @@ func (r *Reloader) Rescan(ctx context.Context) (bool, []error) {
 		wg.Go(func() { load(path, false, func() { <-sem }) })
 	}
 	wg.Wait()
+	// A file displaced for an earlier one may have held a name another
+	// file of this rescan was refused for: that file is loaded again now,
+	// not at some later rescan, so that the paths' order alone decides
+	// (a takes b's name, b had taken c's: c is served). Each round serves
+	// earlier files in later ones' place, so the rounds end.
+	for range present {
+		retry := order.takeRetry(r)
+		if len(retry) == 0 {
+			break
+		}
+		for _, path := range retry {
+			sem <- struct{}{}
+			wg.Go(func() { load(path, false, func() { <-sem }) })
+		}
+		wg.Wait()
+	}
 	return changed, errs
 }
 
@@ -394,6 +410,18 @@ var errSlowLoad = errors.New("slow load: tried again later")
 type scanOrder struct {
 	rank  map[string]int
 	added map[*Plugin]bool
+	// retry are the present files refused for a name that a plugin
+	// displaced by an earlier file held: loaded again in this rescan.
+	retry []string
+}
+
+// takeRetry returns and forgets the files to load again.
+func (o *scanOrder) takeRetry(r *Reloader) []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := o.retry
+	o.retry = nil
+	return out
 }
 
 // apply serves p, a new file's plugin or a served file's new version, if
@@ -449,6 +477,15 @@ func (r *Reloader) apply(ctx context.Context, p *Plugin, order *scanOrder) error
 	r.log.Info("plugin loaded", "plugin", p.Name(), "path", p.Path(), "sha256", p.SHA256(), "tools", len(p.Tools()))
 	if old == nil && order != nil {
 		order.added[p] = true
+	}
+	if len(displaced) > 0 && order != nil {
+		// The swap has every collided file retried; those of this rescan
+		// were loaded already, and are loaded again once its loads end.
+		for path, cf := range r.files {
+			if _, ok := order.rank[path]; ok && cf.collided && !slices.Contains(order.retry, path) {
+				order.retry = append(order.retry, path)
+			}
+		}
 	}
 	swap := Swap{Next: next, Removed: displaced}
 	if old != nil {
