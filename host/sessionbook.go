@@ -217,12 +217,14 @@ func (b *sessionBook) dropLocked(e *bookEntry) {
 
 // closed forgets ss, which ended (or whose initialize failed).
 func (b *sessionBook) closed(ss *mcp.ServerSession) {
+	// Under mu: openSession takes a session it ends out of entries and
+	// puts it back, and a load between the two would miss it for good.
+	b.mu.Lock()
+	defer b.mu.Unlock()
 	v, ok := b.entries.Load(ss)
 	if !ok {
 		return
 	}
-	b.mu.Lock()
-	defer b.mu.Unlock()
 	b.dropLocked(v.(*bookEntry))
 }
 
