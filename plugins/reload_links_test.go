@@ -225,3 +225,40 @@ func TestCollisionChainDecidedByOrder(t *testing.T) {
 		t.Errorf("served %v, want [a.wasm c.wasm] (what the paths' order gives); c: %+v", got, status(r, "c"))
 	}
 }
+
+// TestWatchLinkedFolderSwapTrailingSlash: the link served named with a
+// trailing slash, as a shell's completion gives it ("serve current/"):
+// lstat of "current/" follows the link, so the path was not taken for one
+// and its swap was not followed (the old release stayed watched, the new
+// one never read).
+func TestWatchLinkedFolderSwapTrailingSlash(t *testing.T) {
+	root := t.TempDir()
+	for _, d := range []string{"r1", "r2"} {
+		if err := os.Mkdir(filepath.Join(root, d), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	current := filepath.Join(root, "current")
+	if err := os.Symlink("r1", current); err != nil {
+		t.Fatal(err)
+	}
+	r, _ := watchFixture(t, current+string(filepath.Separator), plugins.ReloaderOptions{})
+	v1, v2 := versions(t)
+	deploy(t, filepath.Join(current, "versioned.wasm"), v1)
+	sha := func(want []byte) func() bool {
+		return func() bool {
+			p := r.Catalogue().Plugins()
+			return len(p) == 1 && p[0].SHA256() == shaHex(want)
+		}
+	}
+	waitFor(t, "v1 in r1", sha(v1))
+	write(t, filepath.Join(root, "r2", "versioned.wasm"), v2)
+	swapLink(t, "r2", current)
+	if !poll(5*time.Second, sha(v2)) {
+		t.Fatalf("current/ moved to r2: still serving %v, want v2", r.Catalogue().Plugins())
+	}
+	deploy(t, filepath.Join(root, "r2", "versioned.wasm"), v1)
+	if !poll(5*time.Second, sha(v1)) {
+		t.Fatalf("v1 deployed into r2 (current/) not seen")
+	}
+}
