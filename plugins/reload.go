@@ -908,13 +908,15 @@ func (r *Reloader) Watch(ctx context.Context) error {
 	links := map[string]bool{} // paths served that are links to folders
 	watching := 0
 	for _, p := range r.opts.Paths {
-		dir, served := p, true
+		// Cleaned: "current/" (a shell's completion) is lstat'ed through
+		// the link, and would not be taken for one.
+		dir, served := filepath.Clean(p), true
 		if info, err := os.Stat(p); err == nil && !info.IsDir() {
 			dir, served = filepath.Dir(p), false
 			abs, _ := filepath.Abs(p)
 			files[abs] = true
-		} else if l, err := os.Lstat(p); err == nil && l.Mode()&fs.ModeSymlink != 0 {
-			parent := filepath.Dir(filepath.Clean(p))
+		} else if l, err := os.Lstat(dir); err == nil && l.Mode()&fs.ModeSymlink != 0 {
+			parent := filepath.Dir(dir)
 			if err := w.Add(parent); err != nil {
 				r.log.Warn("plugin folder not followed when its link moves", "path", p, "error", err)
 			} else {
