@@ -262,3 +262,51 @@ func TestWatchLinkedFolderSwapTrailingSlash(t *testing.T) {
 		t.Fatalf("v1 deployed into r2 (current/) not seen")
 	}
 }
+
+// TestWatchLinkedFolderDanglingAtStart: the folder served is a link whose
+// target is not there yet when the server starts (a release link, or
+// git-sync's, made before the release is in place). Its parent is watched
+// for the link's moves, but the path, not watchable itself, was skipped:
+// as the only path it turned hot reload off altogether ("none can be
+// watched"), and beside others its target, once there, was watched
+// without being taken for a served folder (changes in it ignored).
+func TestWatchLinkedFolderDanglingAtStart(t *testing.T) {
+	root := t.TempDir()
+	current := filepath.Join(root, "current")
+	if err := os.Symlink("r1", current); err != nil { // r1 comes later
+		t.Fatal(err)
+	}
+	other := t.TempDir() // a second path, so that the watch starts at all
+	r := plugins.NewReloader(newRuntime(t), plugins.ReloaderOptions{Paths: []string{current, other}})
+	var sw swaps
+	r.OnSwap(sw.on)
+	ctx, cancel := context.WithCancel(context.Background())
+	r.Load(ctx)
+	done := make(chan error, 1)
+	go func() { done <- r.Watch(ctx) }()
+	t.Cleanup(func() { cancel(); <-done; r.Close(context.Background()) })
+	v1, v2 := versions(t)
+	if err := os.Mkdir(filepath.Join(root, "r1"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	write(t, filepath.Join(root, "r1", "versioned.wasm"), v1)
+	sha := func(want []byte) func() bool {
+		return func() bool {
+			p := r.Catalogue().Plugins()
+			return len(p) == 1 && p[0].SHA256() == shaHex(want)
+		}
+	}
+	// The watch gives no sign that it started: move the link until seen.
+	deadline := time.Now().Add(waitTimeout)
+	for !sha(v1)() {
+		if time.Now().After(deadline) {
+			t.Fatal("the link made to point at r1 was never followed")
+		}
+		swapLink(t, "r1", current)
+		poll(time.Second, sha(v1))
+	}
+	deploy(t, filepath.Join(current, "versioned.wasm"), v2)
+	if !poll(5*time.Second, sha(v2)) {
+		t.Fatalf("v2 deployed into the linked folder not seen")
+	}
+}
