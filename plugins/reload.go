@@ -926,6 +926,13 @@ func (r *Reloader) Watch(ctx context.Context) error {
 		// A path that cannot be watched (missing, unreadable) is said
 		// and skipped: the others are still followed.
 		if err := w.Add(dir); err != nil {
+			if links[dir] {
+				// A link to a folder not there yet: followed once it is
+				// (its parent is watched).
+				r.log.Warn("plugin folder not watched until its link points at one", "path", p, "error", err)
+				watching++
+				continue
+			}
 			r.log.Warn("plugin path not watched: changes to it are not followed (POST /reload or SIGHUP rescans)", "path", p, "error", err)
 			continue
 		}
@@ -946,6 +953,8 @@ func (r *Reloader) Watch(ctx context.Context) error {
 			_ = w.Remove(clean)
 			if err := w.Add(clean); err != nil {
 				r.log.Warn("plugin folder watch: the link's new target", "path", clean, "error", err)
+			} else {
+				dirs[clean] = true // a folder served, if it was not watchable at start
 			}
 			return true
 		}
