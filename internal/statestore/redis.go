@@ -633,7 +633,7 @@ func (r *Redis) write(ctx context.Context, scripts scriptPair, id, field string,
 		return err
 	}
 	if code == 6 {
-		return fmt.Errorf("statestore: redis: the value set beside the write of %s/%s was not there (evicted?)", id, field)
+		return fmt.Errorf("statestore: redis: the value set beside the write of %s/%s was not there (evicted?)", IDLabel(id), field)
 	}
 	return refusal(code)
 }

@@ -61,7 +61,7 @@ func (e *SealError) Error() string {
 	if why == "" {
 		why = "sealed value does not open (changed, moved, replayed, or sealed with another state key)"
 	}
-	return fmt.Sprintf("statestore: session %s field %s: %s", e.ID, e.Field, why)
+	return fmt.Sprintf("statestore: session %s field %s: %s", IDLabel(e.ID), e.Field, why)
 }
 func (e *SealError) Is(target error) bool { return target == ErrSeal }
 
@@ -373,7 +373,7 @@ func (s *sealed) Put(ctx context.Context, id, field string, value []byte, fence 
 		known = false
 	}
 	s.forget(id)
-	return fmt.Errorf("statestore: session %s: the record changed while being written", id)
+	return fmt.Errorf("statestore: session %s: the record changed while being written", IDLabel(id))
 }
 
 // lastHead returns the head this process wrote last for id under fence.
