@@ -7,7 +7,9 @@ GO ?= go
 
 all: build plugins
 
-deps:
+# After deps-examples: under make -j, two apt-get runs would race for
+# dpkg's lock.
+deps: deps-examples
 	scripts/deps.sh
 
 # The example plugins need only Go and wat2wasm: serving them asks for no
