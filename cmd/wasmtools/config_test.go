@@ -251,3 +251,17 @@ allowed_hosts = ["api.example.com"]`), 0o644)
 		t.Errorf("exit %d, %+v\n%s", code, in, errb.String())
 	}
 }
+
+// TestInspectGrantsWithoutManifest: the text output shows what the
+// configuration grants a plugin that states no needs (it was only in
+// --json).
+func TestInspectGrantsWithoutManifest(t *testing.T) {
+	dir := testplugins.Folder(t, map[string]string{"hash.wasm": testplugins.Example(t, "hash")})
+	cfgPath := filepath.Join(dir, "c.toml")
+	os.WriteFile(cfgPath, []byte("[plugins.hash]\nallowed_hosts = [\"api.example.com\"]\nenv = [\"LANG\"]\n"), 0o644)
+	var out, errb bytes.Buffer
+	code := run(context.Background(), []string{"inspect", "--config", cfgPath, filepath.Join(dir, "hash.wasm")}, lookup(map[string]string{"LANG": "C"}), nil, &out, &errb)
+	if code != 0 || !strings.Contains(out.String(), "hosts   granted [api.example.com]") {
+		t.Errorf("exit %d:\n%s%s", code, out.String(), errb.String())
+	}
+}

@@ -215,6 +215,11 @@ func printInspection(w io.Writer, in inspection) {
 		if len(in.Missing) > 0 {
 			fmt.Fprintf(w, "  not granted: %s\n", strings.Join(in.Missing, ", "))
 		}
+	} else if g := in.Granted; len(g.Hosts)+len(g.Paths)+len(g.Config)+len(g.Env) > 0 {
+		// No manifest says what it needs; what the configuration grants
+		// is shown all the same (it was only in --json).
+		fmt.Fprintf(w, "\ngrants (the plugin states no needs):\n  hosts   granted %v\n  paths   granted %v\n  config  granted %v\n  env     granted %v\n",
+			g.Hosts, g.Paths, g.Config, g.Env)
 	}
 	if a := in.Ask; a != nil {
 		fmt.Fprintf(w, "\nmay ask the person (run-time grants):\n  hosts   %v\n  paths   %v\n  secrets %v\n", a.Hosts, a.Paths, a.Secrets)
