@@ -13,6 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
 	"github.com/wasmtools/wasmtools/internal/testplugins"
 )
 
@@ -122,5 +124,45 @@ func TestMisspeltPluginNameSaid(t *testing.T) {
 	}
 	if strings.Contains(s, "plugin=hash\n") || strings.Contains(s, "where=[plugins.hash] ") {
 		t.Errorf("the served plugin's entry was warned of:\n%s", s)
+	}
+}
+
+// TestFileSourceWatched: a file:// source in the configuration (hyper-mcp's
+// local plugins) is copied into the store, and a change of the file is
+// served, as a moved tag is (it waited for `wasmtools reload`).
+func TestFileSourceWatched(t *testing.T) {
+	v1 := testplugins.Bytes(t, testplugins.Test(t, "versioned"))
+	v2 := bytes.Replace(v1, []byte(`"v1"`), []byte(`"v2"`), 1)
+	dir := t.TempDir()
+	plugin := filepath.Join(dir, "versioned.wasm")
+	os.WriteFile(plugin, v1, 0o644)
+	cfg := filepath.Join(t.TempDir(), "wasmtools.toml")
+	os.WriteFile(cfg, []byte("[plugins.v]\nsource = \"file://"+plugin+"\"\n"), 0o644)
+	url, stderr := serveInProcess(t, nil, "--config", cfg, "--source-dir", t.TempDir())
+	cs, err := connectURL(t, url, bearer(""))
+	if err != nil {
+		t.Fatal(err)
+	}
+	version := func() string {
+		res, err := cs.CallTool(context.Background(), &mcp.CallToolParams{Name: "version"})
+		if err != nil || res.IsError || len(res.Content) == 0 {
+			return ""
+		}
+		return res.Content[0].(*mcp.TextContent).Text
+	}
+	for deadline := time.Now().Add(startupTimeout); version() != "v1"; {
+		if time.Now().After(deadline) {
+			t.Fatalf("v1 never served:\n%s", stderr.String())
+		}
+		stderr.waitFor(time.Now().Add(time.Second), contains("plugin sources fetched"))
+	}
+	tmp := filepath.Join(dir, ".versioned.wasm.tmp")
+	os.WriteFile(tmp, v2, 0o644)
+	os.Rename(tmp, plugin)
+	for deadline := time.Now().Add(startupTimeout); version() != "v2"; {
+		if time.Now().After(deadline) {
+			t.Fatalf("the changed file was not served:\n%s", stderr.String())
+		}
+		stderr.waitFor(time.Now().Add(time.Second), contains("plugins compiled and swapped in"))
 	}
 }

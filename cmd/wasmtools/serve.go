@@ -290,6 +290,7 @@ func cmdServe(ctx context.Context, args []string, lookupEnv func(string) (string
 			log.Info("plugin sources fetched", "tools", len(reloader.Catalogue().Tools()))
 		}
 	})
+	filesAgain := make(chan struct{}, 1) // the configuration changed: file sources too
 	if !*noWatch {
 		background.Go(func() {
 			if err := reloader.Watch(ctx); err != nil {
@@ -303,7 +304,17 @@ func cmdServe(ctx context.Context, args []string, lookupEnv func(string) (string
 					// enables is served under its rule from the start.
 					h.SetInstanceLimits(instanceLimits(cfg))
 					h.SetPluginAccess(accessRules(cfg))
+					select {
+					case filesAgain <- struct{}{}:
+					default:
+					}
 				})
+			})
+		}
+		if rem != nil {
+			background.Go(func() {
+				<-loaded // the first sync runs after the first load
+				rem.watchFiles(ctx, filesAgain, reloader.Rescan)
 			})
 		}
 	}

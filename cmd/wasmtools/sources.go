@@ -19,6 +19,7 @@ import (
 	"github.com/schollz/progressbar/v3"
 	"golang.org/x/term"
 
+	"github.com/fsnotify/fsnotify"
 	"github.com/wasmtools/wasmtools/internal/config"
 	"github.com/wasmtools/wasmtools/internal/sources"
 	"github.com/wasmtools/wasmtools/plugins"
@@ -426,4 +427,86 @@ func cmdReload(ctx context.Context, args []string, lookupEnv func(string) (strin
 type reloadReport struct {
 	Changed bool     `json:"changed"`
 	Errors  []string `json:"errors"`
+}
+
+// fileSources are the paths of the file:// sources asked for now (the
+// configuration's, hyper-mcp's, NAME=file:// on the command line).
+func (r *remote) fileSources() map[string]bool {
+	out := map[string]bool{}
+	specs, err := r.flags.specs(r.common.config())
+	if err != nil {
+		return out
+	}
+	for _, s := range specs {
+		if ref, err := sources.Parse(s.Source); err == nil && ref.File != "" {
+			out[filepath.Clean(ref.File)] = true
+		}
+	}
+	return out
+}
+
+// watchFiles follows the file:// sources until ctx ends: a change of one
+// (written in place, renamed over, or through Kubernetes' ..data) is
+// synced into the store and served, as a moved tag is. Without it a
+// hyper-mcp user's local plugins, which the store copies, would change
+// only at `wasmtools reload`. again is signalled when the configuration
+// changed (the sources may have).
+func (r *remote) watchFiles(ctx context.Context, again <-chan struct{}, rescan func(context.Context) (bool, []error)) {
+	w, err := fsnotify.NewWatcher()
+	if err != nil {
+		r.log.Warn("file sources are not watched", "error", err)
+		return
+	}
+	defer w.Close()
+	files, dirs := map[string]bool{}, map[string]bool{}
+	follow := func() {
+		files = r.fileSources()
+		for f := range files {
+			if d := filepath.Dir(f); !dirs[d] {
+				if err := w.Add(d); err != nil {
+					r.log.Warn("file source not watched: changes to it are taken at `wasmtools reload`", "path", f, "error", err)
+					continue
+				}
+				dirs[d] = true
+			}
+		}
+	}
+	follow()
+	var timer *time.Timer
+	fire := make(chan struct{}, 1)
+	for {
+		select {
+		case <-ctx.Done():
+			if timer != nil {
+				timer.Stop()
+			}
+			return
+		case <-again:
+			follow()
+		case ev, ok := <-w.Events:
+			if !ok {
+				return
+			}
+			name := filepath.Clean(ev.Name)
+			if !files[name] && (filepath.Base(name) != plugins.K8sDataLink || !dirs[filepath.Dir(name)]) {
+				continue
+			}
+			// As for plugin folders: quiet for the time a file written
+			// in place needs (plugins.ReloaderOptions.SettleWrite).
+			if timer == nil {
+				timer = time.AfterFunc(250*time.Millisecond, func() {
+					select {
+					case fire <- struct{}{}:
+					default:
+					}
+				})
+			} else {
+				timer.Reset(250 * time.Millisecond)
+			}
+		case <-fire:
+			if _, errs := r.sync(ctx, rescan); len(errs) > 0 {
+				r.log.Debug("file source sync finished with errors", "errors", len(errs))
+			}
+		}
+	}
 }
