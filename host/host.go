@@ -330,18 +330,21 @@ type Host struct {
 	opts Options
 	// access holds the access rules in force (Options.PluginAccess, then
 	// SetPluginAccess's), read by every request.
-	access  atomic.Pointer[map[string]AccessRule]
-	log     *slog.Logger
-	server  *mcp.Server // stdio, in-memory and stateful HTTP sessions
-	modern  *mcp.Server // sessionless HTTP (2026-07-28): tools take a session handle
-	metrics *metrics
-	src     *plugins.Reloader // the one writer of the catalogue
-	ses     *sessions.Manager // every client's instances
-	conns   sync.Map          // *mcp.ServerSession -> sessions.Key, for sessions watched until they end
-	book    *sessionBook      // the stateful HTTP sessions open, bounded
-	listens *listenBook       // the 2026-07-28 listen streams open, bounded
-	posts   sync.Map          // liveHeader token -> the HTTP request's context, while a tools/call POST is served
-	connID  atomic.Uint64     // labels of sessions with no ID
+	access atomic.Pointer[map[string]AccessRule]
+	// swapping is held by each swap of the catalogue, and by Close for a
+	// moment, so that no swap retires into a session layer closing.
+	swapping sync.Mutex
+	log      *slog.Logger
+	server   *mcp.Server // stdio, in-memory and stateful HTTP sessions
+	modern   *mcp.Server // sessionless HTTP (2026-07-28): tools take a session handle
+	metrics  *metrics
+	src      *plugins.Reloader // the one writer of the catalogue
+	ses      *sessions.Manager // every client's instances
+	conns    sync.Map          // *mcp.ServerSession -> sessions.Key, for sessions watched until they end
+	book     *sessionBook      // the stateful HTTP sessions open, bounded
+	listens  *listenBook       // the 2026-07-28 listen streams open, bounded
+	posts    sync.Map          // liveHeader token -> the HTTP request's context, while a tools/call POST is served
+	connID   atomic.Uint64     // labels of sessions with no ID
 	// requests numbers the requests handed to v2 guests (their context's
 	// id): the go-sdk keeps the JSON-RPC id to itself.
 	requests atomic.Int64
@@ -784,6 +787,10 @@ func (h *Host) Close(ctx context.Context) error {
 	}
 	h.closed = true
 	h.mu.Unlock()
+	// A swap under way finishes before the session layer closes; those
+	// after see closed (see swap).
+	h.swapping.Lock()
+	h.swapping.Unlock()
 	h.asks.withdraw()
 	h.stopBG()
 	h.tasks.closeAll()

@@ -1,6 +1,8 @@
 package host
 
 import (
+	"context"
+
 	"github.com/wasmtools/wasmtools/plugins"
 )
 
@@ -19,6 +21,22 @@ const MetaUpgraded = MetaPrefix + "upgraded"
 // call in flight, if any, ends; a removed plugin's instances are freed.
 // Relisted plugins keep their instances: the code is the same.
 func (h *Host) swap(s plugins.Swap) {
+	// A swap after Close (a reload that outlived the server: a
+	// configuration change's rescan, POST /reload) retires into a closed
+	// session layer: its instances are gone, and the plugins it no longer
+	// serves are closed here. Close waits for a swap under way.
+	h.swapping.Lock()
+	defer h.swapping.Unlock()
+	if h.isClosed() {
+		ctx := context.Background()
+		for old := range s.Replaced {
+			_ = old.Close(ctx)
+		}
+		for _, old := range s.Removed {
+			_ = old.Close(ctx)
+		}
+		return
+	}
 	for old, next := range s.Replaced {
 		h.ses.Retire(old, next)
 	}

@@ -260,3 +260,28 @@ func TestSwapWhileParked(t *testing.T) {
 		t.Errorf("the next call: _meta %v; want a new instance of the new version", res.Meta)
 	}
 }
+
+// TestSwapAfterCloseClosesRetired: a reload that outlives the host (a
+// configuration change's rescan running as the server stops) swaps into
+// a closed host: the plugin it replaces is closed there, not retired into
+// the session layer as it closes (CI saw that race under -race: the
+// concurrent rounds below are for the race detector).
+func TestSwapAfterCloseClosesRetired(t *testing.T) {
+	v1, v2 := versionBytes(t)
+	for range 8 {
+		f := newReloadFixture(t, map[string][]byte{"versioned.wasm": v1})
+		old := f.r.Catalogue().Plugins()[0]
+		for range 3 {
+			call(t, f.connect(t, "", nil), "version", nil) // instances of old
+		}
+		os.WriteFile(filepath.Join(f.dir, "versioned.wasm"), v2, 0o644)
+		var wg sync.WaitGroup
+		wg.Go(func() { f.h.Close(context.Background()) })
+		wg.Go(func() { f.r.Rescan(context.Background()) })
+		wg.Wait()
+		f.deploy(t, "versioned.wasm", v1) // after Close, for certain
+		if !old.Closed() && f.r.Catalogue().Plugins()[0] != old {
+			t.Error("a version replaced after Close was not closed")
+		}
+	}
+}
