@@ -803,7 +803,7 @@ func (r *Reloader) loadIfChanged(ctx context.Context, path string, compiled func
 	}
 	sum := sha256.Sum256(wasm)
 	sha := hex.EncodeToString(sum[:])
-	if f.plugin != nil && f.plugin.SHA256() == sha && f.gen == r.gen {
+	if f.plugin != nil && f.plugin.SHA256() == sha && f.servedGen == r.gen {
 		if f.status.State == StateError {
 			// The file is the version served again, after a version
 			// that was refused: its status says so.

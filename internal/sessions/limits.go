@@ -59,16 +59,18 @@ func (m *Manager) reserve(ctx context.Context, p *plugins.Plugin, self *slot) er
 }
 
 // pluginLimit is the bound of plugin's live instances: its own in
-// InstanceLimits, else InstanceLimits[""] (every other plugin's), else
-// MaxInstancesPerPlugin; 0 for none. The caller holds m.mu.
+// InstanceLimits (which may exceed MaxInstancesPerPlugin: the operator
+// named it), else the smaller of InstanceLimits[""] (every other
+// plugin's) and MaxInstancesPerPlugin; 0 for none. The caller holds m.mu.
 func (m *Manager) pluginLimit(plugin string) int {
 	if n := m.opts.InstanceLimits[plugin]; n > 0 {
 		return n
 	}
-	if n := m.opts.InstanceLimits[""]; n > 0 {
-		return n
+	n, all := m.opts.InstanceLimits[""], m.opts.MaxInstancesPerPlugin
+	if n <= 0 || all > 0 && all < n {
+		return all
 	}
-	return m.opts.MaxInstancesPerPlugin
+	return n
 }
 
 // PluginLimit is the bound of plugin's live instances (see
@@ -81,8 +83,8 @@ func (m *Manager) PluginLimit(plugin string) int {
 
 // SetInstanceLimits replaces Options.InstanceLimits (the configuration
 // changed): no instance is made past the new bounds. Instances live over
-// a lowered bound are not freed for it; a configuration change retires
-// them anyway.
+// a lowered bound are not freed for it: an acquire past it evicts an idle
+// one first, else is refused with ErrAtCapacity, until enough end.
 func (m *Manager) SetInstanceLimits(limits map[string]int) {
 	m.mu.Lock()
 	m.opts.InstanceLimits = maps.Clone(limits)
