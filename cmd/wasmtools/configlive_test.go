@@ -298,7 +298,10 @@ func TestConfigAccessRuleOfPluginEnabledLive(t *testing.T) {
 		if time.Now().After(deadline) {
 			t.Fatalf("hash was not enabled:\n%s", stderr.String())
 		}
-		time.Sleep(20 * time.Millisecond) // a poll of the served list, not a synchronisation
+		// Hash's load under the second change is the signal; the list
+		// is read again after it (or after a second, in case it came
+		// between the read and the wait).
+		stderr.waitFor(time.Now().Add(time.Second), contains(`msg="plugin loaded" plugin=hash`))
 	}
 	if names := toolNames(t, bob); slices.Contains(names, "count") {
 		t.Errorf("bob is served %v: counter, alice's alone in the configuration, is everyone's", names)
