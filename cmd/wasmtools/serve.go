@@ -66,6 +66,7 @@ func cmdServe(ctx context.Context, args []string, lookupEnv func(string) (string
 	abandonAfter := fs.Duration("abandon-after", host.DefaultAbandonAfter, "stop a call waiting for a 2026-07-28 client's answer after this long")
 	loadWait := fs.Duration("load-wait", host.DefaultLoadWait, "at start, a request that reads the catalogue waits this long for the plugins' first load (they are served as each loads)")
 	noWatch := fs.Bool("no-watch", false, "do not watch the plugin folders: serve what is there at start")
+	prepare := fs.Bool("prepare", false, "do not serve: load every plugin as serving would (remote sources fetched into --source-dir, machine code compiled into --cache-dir), print what would be served, and exit (1 if a plugin failed): for a container image's build, or before a one-shot client's first run")
 	shutdownGrace := fs.Duration("shutdown-grace", 10*time.Second, "on shutdown, wait this long for calls in flight")
 	replica := fs.String("replica", "", "this replica's NAME among replicas behind a proxy: session IDs and handles begin with NAME. (see docs/DEPLOY.md)")
 	stateStore := fs.String("state-store", "", "keep sessions and their plugins' states in a store, so that they survive a restart or move to another replica: redis://HOST:PORT/DB, file:PATH, or file (a file under the state directory)")
@@ -152,6 +153,10 @@ func cmdServe(ctx context.Context, args []string, lookupEnv func(string) (string
 			return reloader.Rescan(ctx)
 		}
 		return rem.sync(ctx, reloader.Rescan)
+	}
+
+	if *prepare {
+		return prepareOnly(ctx, log, stdout, reloader, rem, local)
 	}
 
 	maxRunes := *maxResult
@@ -355,6 +360,14 @@ func cmdServe(ctx context.Context, args []string, lookupEnv func(string) (string
 	if *httpAddr == "" {
 		log.Info("serving MCP on stdio")
 		err := h.ServeStdio(ctx, stdin, stdout)
+		select {
+		case <-loaded:
+		default:
+			// The compilations under way end with the process, and
+			// only finished ones are cached: each run would start
+			// cold again.
+			log.Warn("the client left before the plugins' first load finished: their machine code is not all cached; `wasmtools serve --prepare` with the same arguments fills the cache once")
+		}
 		if err != nil && !errors.Is(err, context.Canceled) && !errors.Is(err, io.EOF) {
 			log.Error("stdio transport", "error", err)
 			return 1

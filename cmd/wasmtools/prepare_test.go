@@ -1,0 +1,102 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/wasmtools/wasmtools/internal/testplugins"
+)
+
+// cacheFiles lists the files under dir.
+func cacheFiles(t *testing.T, dir string) []string {
+	t.Helper()
+	var files []string
+	err := filepath.WalkDir(dir, func(path string, d fs.DirEntry, err error) error {
+		if err == nil && !d.IsDir() {
+			files = append(files, path)
+		}
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return files
+}
+
+// TestServePrepare: `serve --prepare` loads every plugin as serving would,
+// prints what would be served and exits, leaving each plugin's machine
+// code in the cache, under the key serving looks it up by: a server
+// started on that cache afterwards compiles nothing. A file that fails
+// makes it exit 1 and say why, the others prepared all the same.
+func TestServePrepare(t *testing.T) {
+	dir := testplugins.Folder(t, map[string]string{
+		"counter.wasm": testplugins.Example(t, "counter"),
+		"hash.wasm":    testplugins.Example(t, "hash"),
+	})
+	cache := t.TempDir()
+	var out, errb bytes.Buffer
+	code := run(context.Background(), []string{"serve", "--prepare", "--cache-dir", cache, dir}, nil, strings.NewReader(""), &out, &errb)
+	if code != 0 {
+		t.Fatalf("serve --prepare: exit %d\n%s%s", code, out.String(), errb.String())
+	}
+	for _, want := range []string{"counter", "hash", "loaded", "count"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("serve --prepare printed %q, want %q in it", out.String(), want)
+		}
+	}
+	if strings.Contains(errb.String(), "serving MCP") {
+		t.Errorf("serve --prepare served:\n%s", errb.String())
+	}
+	prepared := cacheFiles(t, cache)
+	if len(prepared) < 2 {
+		t.Fatalf("cache after --prepare holds %v, want both plugins' code", prepared)
+	}
+
+	// Served on the prepared cache: nothing compiled anew.
+	_, stderr := serveInProcess(t, nil, "--no-watch", "--cache-dir", cache, dir)
+	if !strings.Contains(stderr.String(), "plugins loaded") {
+		t.Fatalf("serve did not load:\n%s", stderr.String())
+	}
+	if after := cacheFiles(t, cache); !slices.Equal(after, prepared) {
+		t.Errorf("serving compiled again: cache %v after --prepare, %v after serving", prepared, after)
+	}
+
+	// One file that cannot be served: exit 1, its error printed, the
+	// other file prepared.
+	bad := filepath.Join(dir, "broken.wasm")
+	if err := os.WriteFile(bad, []byte("\x00asm\x01\x00\x00\x00\x01garbage"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out.Reset()
+	errb.Reset()
+	code = run(context.Background(), []string{"serve", "--prepare", "--cache-dir", t.TempDir(), dir}, nil, strings.NewReader(""), &out, &errb)
+	if code != 1 {
+		t.Errorf("serve --prepare with a broken file: exit %d, want 1\n%s%s", code, out.String(), errb.String())
+	}
+	if !strings.Contains(out.String(), "broken") || !strings.Contains(out.String(), "error") || !strings.Contains(out.String(), "loaded") {
+		t.Errorf("serve --prepare with a broken file printed:\n%s", out.String())
+	}
+}
+
+// TestStdioLeftBeforeLoadHints: a stdio client that leaves before the
+// first load finished (a one-shot client on a cold cache) is told, in the
+// log, that the cache is not filled and how to fill it.
+func TestStdioLeftBeforeLoadHints(t *testing.T) {
+	dir := testplugins.Folder(t, map[string]string{"servlet.wasm": testplugins.Test(t, "servlet")})
+	var out, errb bytes.Buffer
+	// stdin at its end at once: the client left before the Go plugin
+	// (about a second to compile cold) could be loaded.
+	code := run(context.Background(), []string{"serve", "--cache-dir", t.TempDir(), dir}, nil, strings.NewReader(""), &out, &errb)
+	if code != 0 {
+		t.Fatalf("serve: exit %d\n%s", code, errb.String())
+	}
+	if !strings.Contains(errb.String(), "serve --prepare") {
+		t.Errorf("no hint of --prepare after the client left during the load:\n%s", errb.String())
+	}
+}
