@@ -1,0 +1,333 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"cmp"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"go.yaml.in/yaml/v3"
+
+	"github.com/wasmtools/wasmtools/internal/proxytest"
+	"github.com/wasmtools/wasmtools/internal/testplugins"
+)
+
+// TestDeployManifestsServe runs `wasmtools serve` as deploy/k8s's
+// StatefulSet runs it, and as deploy/haproxy.cfg checks it: the
+// container's args and environment as the manifest gives them (the pod's
+// name for $(POD_NAME), the Secret's values), each volume a folder of its
+// own (the plugins' one laid out as Kubernetes lays out a ConfigMap), and
+// nothing writable outside the volumes, as under readOnlyRootFilesystem.
+// Only the addresses change: --http to a loopback port, the Redis of the
+// Service to a real redis-server. A flag the manifest names that serve
+// lacks, a path outside a volume, or a probe that does not answer fails
+// it. No cluster is run (TestKubernetesManifests checks how the
+// manifests fit together).
+func TestDeployManifestsServe(t *testing.T) {
+	objs := decodeManifests(t)
+	sts, secret := objs["StatefulSet/wasmtools"], objs["Secret/wasmtools"]
+	if sts == nil || secret == nil {
+		t.Fatal("deploy/k8s lacks StatefulSet/wasmtools or Secret/wasmtools")
+	}
+	pod := sts.sub("spec", "template", "spec")
+	c := pod.list("containers")[0]
+
+	// A pod that runs as the restricted Pod Security Standard asks: any
+	// namespace enforcing it refuses the pod otherwise.
+	sc := c.sub("securityContext")
+	runAsNonRoot := sc.get("runAsNonRoot") == true || pod.get("securityContext", "runAsNonRoot") == true
+	seccomp := cmp.Or(sc.str("seccompProfile", "type"), pod.str("securityContext", "seccompProfile", "type"))
+	drop := fmt.Sprint(sc.get("capabilities", "drop"))
+	if !runAsNonRoot || sc.get("allowPrivilegeEscalation") != false || sc.get("readOnlyRootFilesystem") != true ||
+		drop != "[ALL]" || (seccomp != "RuntimeDefault" && seccomp != "Localhost") {
+		t.Errorf("wasmtools' securityContext is not restricted (runAsNonRoot, allowPrivilegeEscalation: false, readOnlyRootFilesystem, capabilities drop ALL, a seccomp profile): container %v, pod %v",
+			sc, pod.get("securityContext"))
+	}
+
+	// Each volume mount becomes a folder; the plugins' ConfigMap is laid
+	// out as the kubelet does (files linked through ..data), which is what
+	// the watcher follows.
+	volumes := map[string]obj{}
+	for _, v := range pod.list("volumes") {
+		volumes[v.str("name")] = v
+	}
+	root := t.TempDir()
+	mounts := map[string]string{} // mountPath → folder here
+	for _, m := range c.list("volumeMounts") {
+		v := volumes[m.str("name")]
+		if v == nil {
+			t.Fatalf("volume mount %s names no volume of the pod", m.str("name"))
+		}
+		if m.str("subPath") != "" {
+			t.Errorf("volume mount %s has a subPath: Kubernetes never updates a subPath mount, so hot reload would not see a change", m.str("mountPath"))
+		}
+		dir := filepath.Join(root, m.str("name"))
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		mounts[m.str("mountPath")] = dir
+	}
+	inMount := func(p string) (string, bool) {
+		for mp, dir := range mounts {
+			if rest, ok := strings.CutPrefix(p, mp); ok && (rest == "" || rest[0] == '/') {
+				return dir + rest, true
+			}
+		}
+		return "", false
+	}
+
+	// The environment: the pod's name, the Secret's values; HOME and the
+	// temporary folder are where a read-only root file system would
+	// refuse writes, unless a volume is mounted there.
+	const podName = "wasmtools-0"
+	blocked := filepath.Join(root, "read-only-root")
+	os.WriteFile(blocked, nil, 0o444) // a file: nothing can be made under it
+	env := map[string]string{"HOME": blocked + "/home/nonroot", "TMPDIR": blocked + "/tmp"}
+	if dir, ok := inMount("/tmp"); ok {
+		env["TMPDIR"] = dir
+	}
+	for _, e := range c.list("env") {
+		name := e.str("name")
+		switch {
+		case e.get("value") != nil:
+			env[name] = e.str("value")
+		case e.str("valueFrom", "fieldRef", "fieldPath") == "metadata.name":
+			env[name] = podName
+		case e.sub("valueFrom", "secretKeyRef") != nil:
+			ref := e.sub("valueFrom", "secretKeyRef")
+			if ref.str("name") != "wasmtools" {
+				t.Fatalf("env %s: Secret %s is not in deploy/k8s", name, ref.str("name"))
+			}
+			v := secret.str("stringData", ref.str("key"))
+			if v == "" {
+				t.Fatalf("env %s: Secret wasmtools has no %s", name, ref.str("key"))
+			}
+			env[name] = v
+		default:
+			t.Fatalf("env %s: a source the test does not know: %v", name, e)
+		}
+	}
+	if env["WASMTOOLS_OPERATOR_TOKEN"] == "" {
+		t.Error("no WASMTOOLS_OPERATOR_TOKEN: /metrics cannot be scraped and /status not read from outside the pod, and POST /drain is not served (the preStop hook the manifest shows needs it)")
+	}
+
+	// The args, with $(VAR) expanded as Kubernetes does, the addresses
+	// moved to this machine and the volumes' paths to their folders.
+	redis := proxytest.StartRedis(t)
+	addr := freeAddr(t)
+	var args, pluginDirs []string
+	for _, a := range c.list("args") {
+		a := expandK8s(string(a.scalar()), env)
+		name, value, isFlag := strings.Cut(strings.TrimLeft(a, "-"), "=")
+		switch {
+		case !strings.HasPrefix(a, "-"):
+			dir, ok := inMount(a)
+			if !ok && strings.HasPrefix(a, "/") {
+				t.Fatalf("plugin path %s is not a volume mount: the container has nothing there", a)
+			}
+			if ok {
+				pluginDirs = append(pluginDirs, dir)
+				a = dir
+			}
+		case !isFlag:
+			t.Fatalf("arg %s: write flags as --name=value, so that this test can read them", a)
+		case name == "http":
+			a = "--http=" + addr
+		case name == "state-store":
+			if !strings.HasPrefix(value, "redis://redis:6379/") {
+				t.Fatalf("--state-store=%s: not the redis Service of deploy/k8s/redis.yaml", value)
+			}
+			a = "--state-store=redis://" + redis + strings.TrimPrefix(value, "redis://redis:6379")
+		case strings.HasPrefix(value, "/"):
+			dir, ok := inMount(value)
+			if !ok {
+				t.Fatalf("--%s=%s is not under a volume mount: the root file system is read-only", name, value)
+			}
+			a = "--" + name + "=" + dir
+		}
+		args = append(args, a)
+	}
+	if len(pluginDirs) == 0 {
+		t.Fatal("no plugin folder among the args")
+	}
+	for _, dir := range pluginDirs { // a ConfigMap's layout
+		data := filepath.Join(dir, "..2026_01_01_00_00_00.000000001")
+		os.Mkdir(data, 0o755)
+		if err := os.WriteFile(filepath.Join(data, "counter.wasm"), testplugins.Bytes(t, testplugins.Example(t, "counter")), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		os.Symlink(filepath.Base(data), filepath.Join(dir, "..data"))
+		os.Symlink("..data/counter.wasm", filepath.Join(dir, "counter.wasm"))
+	}
+
+	cmd := exec.Command(os.Args[0], args...)
+	cmd.Env = []string{"WASMTOOLS_TEST_MAIN=1", "PATH=" + os.Getenv("PATH")}
+	for k, v := range env {
+		cmd.Env = append(cmd.Env, k+"="+v)
+	}
+	probe := func(path string, header http.Header) (int, string, error) {
+		req, _ := http.NewRequest(http.MethodGet, "http://"+addr+path, nil)
+		copyHeader(req.Header, header)
+		res, err := http.DefaultClient.Do(req)
+		if err != nil {
+			return 0, "", err
+		}
+		defer res.Body.Close()
+		b, _ := io.ReadAll(res.Body)
+		return res.StatusCode, string(b), nil
+	}
+	ready := c.str("readinessProbe", "httpGet", "path")
+	proc := proxytest.StartWithin(t, cmd, 2*time.Minute, func() error {
+		code, body, err := probe(ready, nil)
+		if err == nil && code != http.StatusOK {
+			err = fmt.Errorf("%s: %d %s", ready, code, body)
+		}
+		return err
+	})
+	defer func() {
+		if t.Failed() {
+			t.Logf("wasmtools:\n%s", proc.Output())
+		}
+	}()
+
+	// The probes, as Kubernetes sends them: no token.
+	for _, p := range []string{"readinessProbe", "livenessProbe"} {
+		get := c.sub(p, "httpGet")
+		if port := get.str("port"); port != "" && !hasPort(c, port) {
+			t.Errorf("%s's port %q is not a port of the container", p, port)
+		}
+		code, body, err := probe(get.str("path"), nil)
+		if err != nil || code != http.StatusOK {
+			t.Errorf("%s GET %s: %d %q %v", p, get.str("path"), code, body, err)
+		}
+	}
+	if _, body, _ := probe(ready, nil); body != "ready "+podName+"\n" {
+		t.Errorf("%s = %q, want the pod's name as the replica's", ready, body)
+	}
+	// A scraper elsewhere in the cluster, with the operator's token.
+	code, body, err := probe("/metrics", http.Header{
+		"Authorization":   {"Bearer " + env["WASMTOOLS_OPERATOR_TOKEN"]},
+		"X-Forwarded-For": {"10.1.2.3"},
+	})
+	if err != nil || code != http.StatusOK || !strings.Contains(body, "wasmtools_instances_created_total") && !strings.Contains(body, "wasmtools_http_sessions") {
+		t.Errorf("/metrics for a scraper with the Secret's operator token: %d %v", code, err)
+	}
+
+	// HAProxy's health check, as deploy/haproxy.cfg words it: HTTP/1.0,
+	// no Host header, no token.
+	cfg, err := os.ReadFile(filepath.Join("..", "..", "deploy", "haproxy.cfg"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := regexp.MustCompile(`(?m)^\s*option httpchk (\S+) (\S+)\s*$`).FindSubmatch(cfg)
+	want := regexp.MustCompile(`(?m)^\s*http-check expect status (\d+)\s*$`).FindSubmatch(cfg)
+	if m == nil || want == nil {
+		t.Fatal("deploy/haproxy.cfg has no `option httpchk METHOD PATH` and `http-check expect status N`")
+	}
+	conn, err := net.DialTimeout("tcp", addr, 10*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	fmt.Fprintf(conn, "%s %s HTTP/1.0\r\n\r\n", m[1], m[2])
+	status, err := bufio.NewReader(conn).ReadString('\n')
+	if err != nil || !regexp.MustCompile(`^HTTP/1\.[01] `+string(want[1])+` `).MatchString(status) {
+		t.Errorf("HAProxy's check %s %s: %q %v, want status %s", m[1], m[2], status, err, want[1])
+	}
+}
+
+// expandK8s expands $(VAR) in s from env, as Kubernetes does in a
+// container's args.
+func expandK8s(s string, env map[string]string) string {
+	return regexp.MustCompile(`\$\(([A-Za-z_][A-Za-z0-9_]*)\)`).ReplaceAllStringFunc(s, func(m string) string {
+		if v, ok := env[m[2:len(m)-1]]; ok {
+			return v
+		}
+		return m
+	})
+}
+
+func hasPort(c obj, name string) bool {
+	for _, p := range c.list("ports") {
+		if p.str("name") == name {
+			return true
+		}
+	}
+	return false
+}
+
+func copyHeader(dst, src http.Header) {
+	for k, v := range src {
+		dst[k] = v
+	}
+}
+
+// decodeManifests decodes every document of deploy/k8s by "Kind/name".
+func decodeManifests(t *testing.T) map[string]obj {
+	t.Helper()
+	files, _ := filepath.Glob(filepath.Join("..", "..", "deploy", "k8s", "*.yaml"))
+	objs := map[string]obj{}
+	for _, f := range files {
+		src, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		dec := yaml.NewDecoder(bytes.NewReader(src))
+		for {
+			var doc map[string]any
+			if err := dec.Decode(&doc); errors.Is(err, io.EOF) {
+				break
+			} else if err != nil {
+				t.Fatalf("%s: %v", f, err)
+			}
+			o := obj(doc)
+			objs[o.str("kind")+"/"+o.str("metadata", "name")] = o
+		}
+	}
+	return objs
+}
+
+// obj is a decoded YAML mapping.
+type obj map[string]any
+
+func (o obj) get(path ...string) any {
+	var v any = map[string]any(o)
+	for _, k := range path {
+		m, _ := v.(map[string]any)
+		v = m[k]
+	}
+	return v
+}
+
+func (o obj) str(path ...string) string { s, _ := o.get(path...).(string); return s }
+
+func (o obj) sub(path ...string) obj { m, _ := o.get(path...).(map[string]any); return m }
+
+// list is the list at path, each element a mapping (or, for scalars,
+// a mapping of "" to the value: see scalar).
+func (o obj) list(path ...string) []obj {
+	l, _ := o.get(path...).([]any)
+	var out []obj
+	for _, e := range l {
+		if m, ok := e.(map[string]any); ok {
+			out = append(out, m)
+		} else {
+			out = append(out, obj{"": e})
+		}
+	}
+	return out
+}
+
+// scalar is the value of a list element that is not a mapping.
+func (o obj) scalar() string { return fmt.Sprint(o[""]) }
