@@ -82,11 +82,11 @@ func newMetrics() *metrics {
 			Name: "wasmtools_not_saved_total", Help: "Call results marked notSaved (their state change not durably checkpointed), by reason (store-unavailable, too-large, moved, cannot-snapshot, unverified).",
 		}, []string{"reason"}),
 		storeOps: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Name: "wasmtools_store_op_seconds", Help: "Exchanges with the state store, by operation and outcome (ok, not_found, fenced, held, lost, too_large, timeout, error).",
+			Name: "wasmtools_store_op_seconds", Help: "Exchanges with the state store, by operation and outcome (ok, not_found, fenced, held, leased, lost, too_large, timeout, error).",
 			Buckets: []float64{.0001, .0005, .001, .005, .01, .05, .1, .5, 1, 5},
 		}, []string{"op", "outcome"}),
 		claims: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "wasmtools_claims_total", Help: "Claims of sessions in the state store, by outcome (ok; held: a live replica holds it; lost: the store forgot it; timeout, error).",
+			Name: "wasmtools_claims_total", Help: "Claims of sessions in the state store, by outcome (ok; held: a live replica holds it; leased: another replica's lease on it, waited out; lost: the store forgot it; timeout, error).",
 		}, []string{"outcome"}),
 		refusals: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "wasmtools_refusals_total", Help: "Requests refused with one of wasmtools' codes, by reason (busy, at_capacity, state_unavailable, shutting_down, ...) and tenant (subject: an authenticated client; anonymous).",
