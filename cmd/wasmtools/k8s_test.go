@@ -215,6 +215,12 @@ func TestDeployManifestsServe(t *testing.T) {
 	if _, body, _ := probe(ready, nil); body != "ready "+podName+"\n" {
 		t.Errorf("%s = %q, want the pod's name as the replica's", ready, body)
 	}
+	// The plugin, from the ConfigMap's layout, is served.
+	operator := http.Header{"Authorization": {"Bearer " + env["WASMTOOLS_OPERATOR_TOKEN"]}}
+	if code, body, err := probe("/status", operator); err != nil || code != http.StatusOK ||
+		!regexp.MustCompile(`"name": "counter",[^}]*"state": "loaded"`).MatchString(body) {
+		t.Errorf("/status: %d %v, counter not loaded from the plugins' volume:\n%s", code, err, body)
+	}
 	// A scraper elsewhere in the cluster, with the operator's token.
 	code, body, err := probe("/metrics", http.Header{
 		"Authorization":   {"Bearer " + env["WASMTOOLS_OPERATOR_TOKEN"]},
