@@ -93,6 +93,28 @@ func TestKubernetesManifests(t *testing.T) {
 		}
 	}
 
+	// Every pod as the restricted Pod Security Standard asks: a namespace
+	// enforcing it refuses any other, and so would a `kubectl apply -f
+	// deploy/k8s/` there. A user by number: the kubelet cannot tell that an
+	// image's user named by name (haproxy's, redis') is not root.
+	for key, o := range objs {
+		spec := o.sub("spec", "template", "spec")
+		if spec == nil {
+			continue
+		}
+		psc := spec.sub("securityContext")
+		if psc.get("runAsNonRoot") != true || psc.get("runAsUser") == nil || psc.str("seccompProfile", "type") != "RuntimeDefault" {
+			t.Errorf("%s: pod securityContext %v lacks runAsNonRoot, a runAsUser or the RuntimeDefault seccomp profile", key, psc)
+		}
+		for _, c := range spec.get("containers").([]any) {
+			c := obj(c.(map[string]any))
+			sc := c.sub("securityContext")
+			if sc.get("allowPrivilegeEscalation") != false || sc.get("readOnlyRootFilesystem") != true || fmt.Sprint(sc.get("capabilities", "drop")) != "[ALL]" {
+				t.Errorf("%s: container %s's securityContext %v: want allowPrivilegeEscalation false, readOnlyRootFilesystem, capabilities drop ALL", key, c.str("name"), sc)
+			}
+		}
+	}
+
 	// HAProxy's servers are the StatefulSet's pods, by name and DNS name.
 	hc := get("Deployment/haproxy").first("spec", "template", "spec", "containers")
 	var names []string
