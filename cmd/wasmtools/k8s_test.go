@@ -19,6 +19,7 @@ import (
 
 	"go.yaml.in/yaml/v3"
 
+	"github.com/wasmtools/wasmtools/internal/config"
 	"github.com/wasmtools/wasmtools/internal/proxytest"
 	"github.com/wasmtools/wasmtools/internal/testplugins"
 )
@@ -161,15 +162,33 @@ func TestDeployManifestsServe(t *testing.T) {
 	if len(pluginDirs) == 0 {
 		t.Fatal("no plugin folder among the args")
 	}
-	for _, dir := range pluginDirs { // a ConfigMap's layout
+	// ConfigMaps in a ConfigMap volume's layout: those deploy/k8s defines
+	// with their data, the plugins' (the operator's) with a plugin.
+	for _, m := range c.list("volumeMounts") {
+		name := volumes[m.str("name")].str("configMap", "name")
+		if name == "" {
+			continue
+		}
+		files := map[string][]byte{}
+		if cm := objs["ConfigMap/"+name]; cm != nil {
+			for k, v := range cm.sub("data") {
+				files[k] = []byte(v.(string))
+			}
+		} else {
+			files["counter.wasm"] = testplugins.Bytes(t, testplugins.Example(t, "counter"))
+		}
+		dir := mounts[m.str("mountPath")]
 		data := filepath.Join(dir, "..2026_01_01_00_00_00.000000001")
 		os.Mkdir(data, 0o755)
-		if err := os.WriteFile(filepath.Join(data, "counter.wasm"), testplugins.Bytes(t, testplugins.Example(t, "counter")), 0o644); err != nil {
-			t.Fatal(err)
+		for k, v := range files {
+			if err := os.WriteFile(filepath.Join(data, k), v, 0o644); err != nil {
+				t.Fatal(err)
+			}
+			os.Symlink("..data/"+k, filepath.Join(dir, k))
 		}
 		os.Symlink(filepath.Base(data), filepath.Join(dir, "..data"))
-		os.Symlink("..data/counter.wasm", filepath.Join(dir, "counter.wasm"))
 	}
+	checkMemory(t, c, args)
 
 	cmd := exec.Command(os.Args[0], args...)
 	cmd.Env = []string{"WASMTOOLS_TEST_MAIN=1", "PATH=" + os.Getenv("PATH")}
@@ -251,6 +270,51 @@ func TestDeployManifestsServe(t *testing.T) {
 	if err != nil || !regexp.MustCompile(`^HTTP/1\.[01] `+string(want[1])+` `).MatchString(status) {
 		t.Errorf("HAProxy's check %s %s: %q %v, want status %s", m[1], m[2], status, err, want[1])
 	}
+}
+
+// checkMemory checks that the container's memory limit holds what the
+// replica may use: its guests' memories, bounded by [limits]
+// memory_budget (no bound without it), their calls' stacks, which no
+// budget counts (up to about 190 MiB each, docs/SECURITY.md, "Memory
+// limits are per instance"), bounded by max_concurrent_calls, and the Go
+// heap and compiled code (256 MiB allowed). Past the limit the kernel
+// kills the replica, every session on it moving at once, where wasmtools
+// would have refused or evicted an instance.
+func checkMemory(t *testing.T, c obj, args []string) {
+	t.Helper()
+	limit := k8sQuantity(t, c.str("resources", "limits", "memory"))
+	var cfg *config.File
+	for _, a := range args {
+		if path, ok := strings.CutPrefix(a, "--config="); ok {
+			var err error
+			if cfg, err = config.Load(path, func(string) (string, bool) { return "", false }); err != nil {
+				t.Fatalf("--config: %v", err)
+			}
+		}
+	}
+	if cfg == nil || cfg.Limits.MemoryBudget == 0 || cfg.Limits.MaxConcurrentCalls == 0 {
+		t.Fatalf("no --config with [limits] memory_budget and max_concurrent_calls: the guests' memory has no bound under the container's memory limit (%d MiB)", limit>>20)
+	}
+	const stack, heap = 190 << 20, 256 << 20
+	if need := uint64(cfg.Limits.MemoryBudget) + uint64(cfg.Limits.MaxConcurrentCalls)*stack + heap; need > limit {
+		t.Errorf("memory_budget %d MiB + %d calls' stacks + the Go heap = %d MiB, over the container's limit of %d MiB",
+			uint64(cfg.Limits.MemoryBudget)>>20, cfg.Limits.MaxConcurrentCalls, need>>20, limit>>20)
+	}
+}
+
+// k8sQuantity reads a Kubernetes memory quantity in Ki, Mi or Gi.
+func k8sQuantity(t *testing.T, q string) uint64 {
+	t.Helper()
+	for suffix, mult := range map[string]uint64{"Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30} {
+		if n, ok := strings.CutSuffix(q, suffix); ok {
+			var v uint64
+			if _, err := fmt.Sscan(n, &v); err == nil {
+				return v * mult
+			}
+		}
+	}
+	t.Fatalf("memory quantity %q: want a number of Ki, Mi or Gi", q)
+	return 0
 }
 
 // expandK8s expands $(VAR) in s from env, as Kubernetes does in a
