@@ -14,7 +14,10 @@ import (
 	"crypto/sha256"
 	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -28,8 +31,12 @@ import (
 // Options configures a [Runtime]. The zero value is valid.
 type Options struct {
 	// CacheDir is where compiled machine code is cached across processes,
-	// keyed by wazero version and module bytes. "" means no disk cache:
-	// compilation is still shared by the modules of one Runtime.
+	// keyed by wazero version, module bytes and the CPU's features. ""
+	// means no disk cache: compilation is still shared by the modules of
+	// one Runtime. A cache that cannot be read or written (a full or
+	// read-only volume) is skipped for a minute at a time, with a
+	// warning: compiling costs time, never a plugin (see
+	// [Runtime.DiskCacheError]).
 	CacheDir string
 	// Logger receives the runtime's own messages. nil discards them.
 	Logger *slog.Logger
@@ -42,9 +49,18 @@ type Options struct {
 // Runtime compiles modules. It is safe for concurrent use. Close it after
 // every [Compiled] it made.
 type Runtime struct {
-	cache     wazero.CompilationCache
-	log       *slog.Logger
-	interrupt Interruption
+	cache wazero.CompilationCache
+	// cacheDir is the disk cache's folder (absolute), "" for none.
+	// memCache compiles while the disk cache cannot be written (a full
+	// or read-only volume): a cache exists to make starts faster, and
+	// must never be why a plugin is not served. diskOffUntil (Unix
+	// nanoseconds) is when the disk cache is tried again.
+	cacheDir     string
+	memCache     wazero.CompilationCache
+	diskOffUntil atomic.Int64
+	diskErr      atomic.Pointer[error]
+	log          *slog.Logger
+	interrupt    Interruption
 	// overrun counts compilations that passed their deadline and are
 	// still running in the background (see compileModule).
 	overrun atomic.Int32
@@ -78,6 +94,8 @@ func NewRuntime(opts Options) (*Runtime, error) {
 			return nil, fmt.Errorf("sandbox: compilation cache at %s: %w (choose another directory, or none)", opts.CacheDir, err)
 		}
 		r.cache = c
+		r.cacheDir, _ = filepath.Abs(opts.CacheDir)
+		r.memCache = wazero.NewCompilationCache()
 	} else {
 		r.cache = wazero.NewCompilationCache()
 	}
@@ -102,7 +120,64 @@ func (r *Runtime) Close(ctx context.Context) error {
 	case <-ctx.Done():
 		return fmt.Errorf("sandbox: close: compilations still running, the cache is left open: %w", ctx.Err())
 	}
-	return r.cache.Close(ctx)
+	err := r.cache.Close(ctx)
+	if r.memCache != nil {
+		err = errors.Join(err, r.memCache.Close(ctx))
+	}
+	return err
+}
+
+// DiskCacheError returns the last error of the disk cache (see
+// [Options.CacheDir]), nil if it never failed. A compilation whose
+// cache could not be read or written is done again without it: the
+// error costs time at the next start, never a plugin.
+func (r *Runtime) DiskCacheError() error {
+	if p := r.diskErr.Load(); p != nil {
+		return *p
+	}
+	return nil
+}
+
+// diskCacheRetry is how long compilations skip a disk cache that could
+// not be written before trying it again.
+const diskCacheRetry = time.Minute
+
+// cacheNow returns the compilation cache to compile with now.
+func (r *Runtime) cacheNow() wazero.CompilationCache {
+	if r.memCache != nil && time.Now().UnixNano() < r.diskOffUntil.Load() {
+		return r.memCache
+	}
+	return r.cache
+}
+
+// diskCacheFailed reports whether err is the disk cache failing to be
+// read or written (wazero returns its file errors as they are), and if
+// so turns the disk cache off for diskCacheRetry, saying so once.
+func (r *Runtime) diskCacheFailed(err error) bool {
+	if r.cacheDir == "" {
+		return false
+	}
+	var path string
+	var pe *fs.PathError
+	var le *os.LinkError
+	switch {
+	case errors.As(err, &pe):
+		path = pe.Path
+	case errors.As(err, &le):
+		path = le.New
+	default:
+		return false
+	}
+	if rel, rerr := filepath.Rel(r.cacheDir, path); rerr != nil || rel == ".." || strings.HasPrefix(rel, ".."+string(filepath.Separator)) {
+		return false
+	}
+	r.diskErr.Store(&err)
+	now := time.Now()
+	if prev := r.diskOffUntil.Swap(now.Add(diskCacheRetry).UnixNano()); prev < now.UnixNano() {
+		r.log.Warn("compilation cache unusable: compiling without it (the plugins load, but each start compiles them again); tried again in a minute",
+			"dir", r.cacheDir, "error", err)
+	}
+	return true
 }
 
 // Compile validates and compiles wasm under policy p. It fails, without
@@ -154,30 +229,19 @@ func (r *Runtime) Compile(ctx context.Context, wasm []byte, p Policy) (*Compiled
 	if err := pctx.Err(); err != nil || left <= 0 {
 		return nil, fmt.Errorf("compile: %w", cmp.Or(err, context.DeadlineExceeded))
 	}
-	cfg := wazero.NewRuntimeConfig().
-		WithCompilationCache(r.cache).
-		WithCloseOnContextDone(!flag).
-		// The instrumented code no longer matches the offsets of the
-		// module's DWARF sections: trap traces name functions only.
-		WithDebugInfoEnabled(!flag).
-		WithMemoryLimitPages(p.memoryLimitPages()).
-		WithCustomSections(true)
-	rt := wazero.NewRuntimeWithConfig(ctx, cfg)
+	cache := r.cacheNow()
+	rt, mod, err := r.compileIn(ctx, cache, wasm, flag, p, left)
+	if err != nil && cache != r.memCache && r.diskCacheFailed(err) {
+		rt, mod, err = r.compileIn(ctx, r.memCache, wasm, flag, p, time.Until(deadline))
+	}
+	if err != nil {
+		return nil, err
+	}
 	closeRT := func(err error) error {
 		if cerr := rt.Close(ctx); cerr != nil {
 			err = errors.Join(err, cerr)
 		}
 		return err
-	}
-	if err := defineHost(ctx, rt); err != nil {
-		return nil, closeRT(err)
-	}
-	mod, err := r.compileModule(ctx, rt, wasm, left)
-	if err != nil {
-		if isOverrun(err) {
-			return nil, err // rt is closed when the compilation ends
-		}
-		return nil, closeRT(err)
 	}
 	c, err := newCompiled(rt, mod, p)
 	if err != nil {
@@ -187,6 +251,36 @@ func (r *Runtime) Compile(ctx context.Context, wasm []byte, p Policy) (*Compiled
 	c.snap.policyRefusal(c)
 	c.decideImages()
 	return c, nil
+}
+
+// compileIn compiles wasm, rewritten as Compile rewrites it, in a new
+// wazero runtime of p's limits that shares cache's machine code. On an
+// error the runtime is closed (or left to the overrunning compilation,
+// which closes it).
+func (r *Runtime) compileIn(ctx context.Context, cache wazero.CompilationCache, wasm []byte, flag bool, p Policy, left time.Duration) (wazero.Runtime, wazero.CompiledModule, error) {
+	if left <= 0 {
+		return nil, nil, fmt.Errorf("compile: %w", context.DeadlineExceeded)
+	}
+	cfg := wazero.NewRuntimeConfig().
+		WithCompilationCache(cache).
+		WithCloseOnContextDone(!flag).
+		// The instrumented code no longer matches the offsets of the
+		// module's DWARF sections: trap traces name functions only.
+		WithDebugInfoEnabled(!flag).
+		WithMemoryLimitPages(p.memoryLimitPages()).
+		WithCustomSections(true)
+	rt := wazero.NewRuntimeWithConfig(ctx, cfg)
+	if err := defineHost(ctx, rt); err != nil {
+		return nil, nil, errors.Join(err, rt.Close(ctx))
+	}
+	mod, err := r.compileModule(ctx, rt, wasm, left)
+	if err != nil {
+		if isOverrun(err) {
+			return nil, nil, err // rt is closed when the compilation ends
+		}
+		return nil, nil, errors.Join(err, rt.Close(ctx))
+	}
+	return rt, mod, nil
 }
 
 func checkHeader(wasm []byte) error {
@@ -268,10 +362,14 @@ func (r *Runtime) compileModule(ctx context.Context, rt wazero.Runtime, wasm []b
 	}()
 	select {
 	case res := <-done:
-		cancel()
+		// The cause is read before cancel, which would make every
+		// error read as a cancellation.
 		if res.err != nil {
-			return nil, fmt.Errorf("compile: %w", contextCause(cctx, res.err))
+			err := contextCause(cctx, res.err)
+			cancel()
+			return nil, fmt.Errorf("compile: %w", err)
 		}
+		cancel()
 		return res.mod, nil
 	case <-cctx.Done():
 	}
@@ -317,12 +415,20 @@ func (r *Runtime) Inspect(ctx context.Context, wasm []byte) (*ModuleInfo, error)
 		return nil, fmt.Errorf("compile: %w", err)
 	}
 	wasm = chk.capTables(wasm)
-	rt := wazero.NewRuntimeWithConfig(ctx, wazero.NewRuntimeConfig().WithCompilationCache(r.cache))
-	mod, err := r.compileModule(ctx, rt, wasm, DefaultCompileTimeout)
-	if err != nil {
-		if !isOverrun(err) {
+	compile := func(cache wazero.CompilationCache) (wazero.Runtime, wazero.CompiledModule, error) {
+		rt := wazero.NewRuntimeWithConfig(ctx, wazero.NewRuntimeConfig().WithCompilationCache(cache))
+		mod, err := r.compileModule(ctx, rt, wasm, DefaultCompileTimeout)
+		if err != nil && !isOverrun(err) {
 			_ = rt.Close(ctx)
 		}
+		return rt, mod, err
+	}
+	cache := r.cacheNow()
+	rt, mod, err := compile(cache)
+	if err != nil && cache != r.memCache && r.diskCacheFailed(err) {
+		rt, mod, err = compile(r.memCache)
+	}
+	if err != nil {
 		return nil, err
 	}
 	defer rt.Close(ctx)

@@ -1,0 +1,73 @@
+package sandbox
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/tetratelabs/wazero"
+)
+
+// TestDiskCacheUnusableCompilesWithout: a compilation cache that cannot be
+// read or written (a full or read-only volume, a folder replaced) costs
+// the next start its time, never a plugin: the module is compiled without
+// it, and DiskCacheError says why. Every plugin failed to load on a full
+// cache volume before.
+func TestDiskCacheUnusableCompilesWithout(t *testing.T) {
+	dir := t.TempDir()
+	r, err := NewRuntime(Options{CacheDir: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close(context.Background())
+	// The version folder wazero made, replaced by a file: every read and
+	// write of an entry fails (ENOTDIR), as root too.
+	versions, _ := filepath.Glob(filepath.Join(dir, "wazero-*"))
+	if len(versions) != 1 {
+		t.Fatalf("cache folder holds %v, want one wazero-* folder", versions)
+	}
+	if err := os.Remove(versions[0]); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(versions[0], nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	module := []byte("\x00asm\x01\x00\x00\x00")
+	for range 2 { // the second skips the disk cache
+		c, err := r.Compile(context.Background(), module, NewPolicy())
+		if err != nil {
+			t.Fatalf("compile with an unusable cache: %v", err)
+		}
+		c.Close(context.Background())
+	}
+	if err := r.DiskCacheError(); err == nil {
+		t.Error("DiskCacheError is nil after the cache failed")
+	}
+	if _, err := r.Inspect(context.Background(), module); err != nil {
+		t.Errorf("inspect with an unusable cache: %v", err)
+	}
+}
+
+// TestCompileErrorNotACancellation: a module wazero refuses is a compile
+// error, not a cancellation: the cause was read after the compilation's
+// context was cancelled, so every error matched context.Canceled, which
+// the reloader reads as a server stopping.
+func TestCompileErrorNotACancellation(t *testing.T) {
+	r, err := NewRuntime(Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close(context.Background())
+	ctx := context.Background()
+	rt := wazero.NewRuntime(ctx)
+	defer rt.Close(ctx)
+	_, err = r.compileModule(ctx, rt, []byte("\x00asm\x01\x00\x00\x00\xff\xff"), 0)
+	if err == nil {
+		t.Fatal("a malformed module compiled")
+	}
+	if errors.Is(err, context.Canceled) {
+		t.Errorf("compile error %q matches context.Canceled", err)
+	}
+}
