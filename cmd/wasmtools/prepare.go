@@ -9,6 +9,7 @@ import (
 	"text/tabwriter"
 
 	"github.com/wasmtools/wasmtools/plugins"
+	"github.com/wasmtools/wasmtools/sandbox"
 )
 
 // prepareOnly is `wasmtools serve --prepare`: everything serving does
@@ -26,7 +27,7 @@ import (
 // start a warm one. The cache is keyed by the module's bytes, wazero's
 // version and the CPU's features, so a cache built on another machine is
 // a miss there, never a wrong answer.
-func prepareOnly(ctx context.Context, log *slog.Logger, stdout io.Writer, reloader *plugins.Reloader, rem *remote, local []string) int {
+func prepareOnly(ctx context.Context, log *slog.Logger, stdout io.Writer, rt *sandbox.Runtime, reloader *plugins.Reloader, rem *remote, local []string) int {
 	failed := false
 	if rem != nil {
 		// Fetched and linked first, so that the load below compiles
@@ -59,6 +60,11 @@ func prepareOnly(ctx context.Context, log *slog.Logger, stdout io.Writer, reload
 	tw.Flush()
 	for _, s := range failures {
 		fmt.Fprintf(stdout, "\n%s (%s): %s\n", s.Name, s.Path, s.Error)
+	}
+	if err := rt.DiskCacheError(); err != nil {
+		// Served all the same, but what --prepare is for did not happen.
+		fmt.Fprintf(stdout, "\nthe compilation cache could not be filled: %v\n", err)
+		failed = true
 	}
 	if failed || len(failures) > 0 {
 		return 1

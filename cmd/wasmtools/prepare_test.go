@@ -3,8 +3,10 @@ package main
 import (
 	"bytes"
 	"context"
+	"errors"
 	"io/fs"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -98,5 +100,32 @@ func TestStdioLeftBeforeLoadHints(t *testing.T) {
 	}
 	if !strings.Contains(errb.String(), "serve --prepare") {
 		t.Errorf("no hint of --prepare after the client left during the load:\n%s", errb.String())
+	}
+}
+
+// TestPrepareCacheUnwritable: a compilation cache that cannot be written
+// (here no file may grow past 1 KiB, as on a full volume) leaves every
+// plugin served, and `serve --prepare`, whose job is to fill it, fails and
+// says why. Every plugin failed to load on a full cache volume before.
+func TestPrepareCacheUnwritable(t *testing.T) {
+	prlimit, err := exec.LookPath("prlimit")
+	if err != nil {
+		t.Skip("prlimit (util-linux) not found")
+	}
+	dir := testplugins.Folder(t, map[string]string{"hash.wasm": testplugins.Example(t, "hash")})
+	var out, errb bytes.Buffer
+	cmd := exec.Command(prlimit, "--fsize=1024", os.Args[0], "serve", "--prepare", "--cache-dir", t.TempDir(), dir)
+	cmd.Env = append(os.Environ(), "WASMTOOLS_TEST_MAIN=1")
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	err = cmd.Run()
+	var exit *exec.ExitError
+	if !errors.As(err, &exit) || exit.ExitCode() != 1 {
+		t.Fatalf("serve --prepare on an unwritable cache: %v, want exit 1\n%s%s", err, out.String(), errb.String())
+	}
+	if !strings.Contains(out.String(), "loaded") || !strings.Contains(out.String(), "could not be filled") {
+		t.Errorf("serve --prepare printed:\n%s", out.String())
+	}
+	if !strings.Contains(errb.String(), "compilation cache unusable") {
+		t.Errorf("no warning of the unusable cache:\n%s", errb.String())
 	}
 }

@@ -156,7 +156,7 @@ func cmdServe(ctx context.Context, args []string, lookupEnv func(string) (string
 	}
 
 	if *prepare {
-		return prepareOnly(ctx, log, stdout, reloader, rem, local)
+		return prepareOnly(ctx, log, stdout, rt, reloader, rem, local)
 	}
 
 	maxRunes := *maxResult
