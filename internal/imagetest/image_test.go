@@ -14,7 +14,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -31,6 +30,7 @@ import (
 	"oras.land/oras-go/v2/content"
 	"oras.land/oras-go/v2/registry/remote"
 
+	"github.com/wasmtools/wasmtools/internal/proxytest"
 	"github.com/wasmtools/wasmtools/internal/sources/sourcestest"
 )
 
@@ -266,12 +266,7 @@ func serve(t *testing.T, bin string) {
 	if _, err := os.Stat(filepath.Join(plugins, "hash.wasm")); err != nil {
 		t.Fatalf("the example plugins are not built (make plugins): %v", err)
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	ln.Close()
+	addr := proxytest.FreeAddr(t)
 	cmd := exec.Command(bin, "serve", "--http", addr, "--cache-dir", "", plugins)
 	stderr, _ := cmd.StderrPipe()
 	if err := cmd.Start(); err != nil {

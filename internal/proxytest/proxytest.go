@@ -14,6 +14,7 @@ import (
 	"bufio"
 	"bytes"
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"os"
 	"os/exec"
@@ -62,15 +63,48 @@ func Binary(t testing.TB, name, pkg string) string {
 }
 
 // FreeAddr returns a loopback address, 127.0.0.1:PORT, whose port was
-// free a moment ago.
+// free a moment ago. The port is below the kernel's ephemeral range
+// (net.ipv4.ip_local_port_range), so that no outgoing connection is
+// given it as its own port: a server restarted on its address (a replica
+// killed and started again, as the fault suite does) found it taken by a
+// client's connection, on a machine busy with other tests.
 func FreeAddr(t testing.TB) string {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	low := ephemeralLow()
+	for range 200 {
+		port := freePortFloor + rand.IntN(max(low-freePortFloor, 1))
+		l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", port))
+		if err == nil {
+			addr := l.Addr().String()
+			l.Close()
+			return addr
+		}
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0") // every one tried was taken
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer l.Close()
 	return l.Addr().String()
+}
+
+// freePortFloor is the lowest port FreeAddr picks: above the ports
+// servers are configured with by default (Redis' 6379, registries' 5000,
+// 8080 and the like).
+const freePortFloor = 20000
+
+// ephemeralLow is the first port of the kernel's ephemeral range, 32768
+// (Linux's default) when it cannot be read.
+func ephemeralLow() int {
+	b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
+	if err != nil {
+		return 32768
+	}
+	var lo, hi int
+	if n, _ := fmt.Sscan(string(b), &lo, &hi); n != 2 || lo <= freePortFloor {
+		return 32768
+	}
+	return lo
 }
 
 // Process is a server started by [Start].

@@ -14,7 +14,6 @@ import (
 	"context"
 	"fmt"
 	"go/build"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -30,6 +29,8 @@ import (
 	"oras.land/oras-go/v2/content"
 	"oras.land/oras-go/v2/registry/remote"
 	"oras.land/oras-go/v2/registry/remote/auth"
+
+	"github.com/wasmtools/wasmtools/internal/proxytest"
 )
 
 // Tool finds the binary name on PATH, or in candidates; if it is missing
@@ -119,12 +120,7 @@ func registry(t testing.TB, user, password string) (host, storage string) {
 	bin := Tool(t, "docker-registry", "apt-get install docker-registry", "/usr/bin/docker-registry")
 	dir := t.TempDir()
 	storage = filepath.Join(dir, "storage")
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	host = ln.Addr().String()
-	ln.Close() // the registry binds it next; a clash is reported as its exit below
+	host = proxytest.FreeAddr(t) // the registry binds it next; a clash is reported as its exit below
 	cfg := fmt.Sprintf(`version: 0.1
 log:
   level: warn
