@@ -25,9 +25,13 @@ import (
 
 // Plugin states in a [Status].
 const (
-	StateLoading  = "loading" // read, being checked and compiled; an older version may be served
-	StateLoaded   = "loaded"
-	StateError    = "error"
+	StateLoading = "loading" // read, being checked and compiled; an older version may be served
+	StateLoaded  = "loaded"
+	StateError   = "error"
+	// StateRetrying: the load failed for a reason that may pass (a
+	// [TransientError], said in Status.Error) and is tried again at
+	// Status.RetryAt; an older version may be served meanwhile.
+	StateRetrying = "retrying"
 	StateDisabled = "disabled"
 )
 
@@ -37,13 +41,15 @@ type Status struct {
 	Path string `json:"path"`
 	// SHA256 is the version served, "" when none is.
 	SHA256 string `json:"sha256,omitempty"`
-	// State is loading, loaded, error (Error says why; an older version
-	// may still be served, see SHA256) or disabled.
+	// State is loading, loaded, error or retrying (Error says why; an
+	// older version may still be served, see SHA256) or disabled.
 	State string   `json:"state"`
 	Error string   `json:"error,omitempty"`
 	Tools []string `json:"tools"`
 	// LastReload is when the file was last read, successfully or not.
 	LastReload time.Time `json:"lastReload"`
+	// RetryAt is when a retrying load is tried again.
+	RetryAt time.Time `json:"retryAt,omitzero"`
 }
 
 // Swap is one change of the served catalogue, handed to the function set
@@ -98,6 +104,13 @@ type ReloaderOptions struct {
 	// list waits for. The slow ones are served later, if their second
 	// load succeeds, with the usual swap (list_changed).
 	OnSettled func()
+	// RetryMin and RetryMax bound the backoff of a load that failed for a
+	// reason that may pass (a [TransientError]): it is tried again after
+	// RetryMin, then after twice as long at each failure, up to RetryMax,
+	// until it loads, fails for good, or its file or the configuration
+	// changes (which starts afresh). Defaults: [DefaultRetryMin] and
+	// [DefaultRetryMax].
+	RetryMin, RetryMax time.Duration
 }
 
 // DefaultSlowLoad is ReloaderOptions.SlowLoad's default: a plugin's
@@ -130,6 +143,11 @@ type Reloader struct {
 	relistBusy  map[string]bool
 	relistWG    sync.WaitGroup
 	closing     bool
+	// retries counts the rescans of due retries under way (Close waits
+	// for them); ctx is theirs, cancelled by Close.
+	retries sync.WaitGroup
+	ctx     context.Context
+	cancel  context.CancelFunc
 }
 
 type fileState struct {
@@ -144,12 +162,14 @@ type fileState struct {
 	// older than gen while a load under a new configuration runs, and
 	// after one that failed (then plugin is dropped: see loadIfChanged).
 	servedGen int
+	retry     *retry // the load tried again after a transient failure
 }
 
 // NewReloader returns a reloader of the given paths. Call Load, then
 // Watch.
 func NewReloader(rt *sandbox.Runtime, opts ReloaderOptions) *Reloader {
 	r := &Reloader{rt: rt, opts: opts, log: opts.Logger, files: map[string]*fileState{}, relists: map[string]*rate.Limiter{}}
+	r.ctx, r.cancel = context.WithCancel(context.Background())
 	r.cat, _ = NewCatalogue(nil)
 	if r.log == nil {
 		r.log = slog.New(slog.DiscardHandler)
@@ -166,6 +186,13 @@ func NewReloader(rt *sandbox.Runtime, opts ReloaderOptions) *Reloader {
 	if r.opts.SlowLoad <= 0 {
 		r.opts.SlowLoad = DefaultSlowLoad
 	}
+	if r.opts.RetryMin <= 0 {
+		r.opts.RetryMin = DefaultRetryMin
+	}
+	if r.opts.RetryMax <= 0 {
+		r.opts.RetryMax = DefaultRetryMax
+	}
+	r.opts.RetryMax = max(r.opts.RetryMax, r.opts.RetryMin)
 	if r.opts.OnSettled != nil {
 		r.settled = sync.OnceFunc(r.opts.OnSettled)
 	} else {
@@ -273,7 +300,7 @@ func (r *Reloader) Rescan(ctx context.Context) (bool, []error) {
 	files, errs := Discover(r.opts.Paths)
 
 	r.mu.Lock()
-	if r.cat == nil { // closed
+	if r.cat == nil || r.closing {
 		r.mu.Unlock()
 		return false, errs
 	}
@@ -295,12 +322,16 @@ func (r *Reloader) Rescan(ctx context.Context) (bool, []error) {
 			gone[f.plugin] = true
 		}
 		r.log.Info("plugin removed", "path", path)
+		r.stopRetryLocked(f)
 		delete(r.files, path)
 	}
 	for _, path := range files {
 		if r.disabled(path) {
-			if f := r.files[path]; f != nil && f.plugin != nil {
-				gone[f.plugin] = true
+			if f := r.files[path]; f != nil {
+				if f.plugin != nil {
+					gone[f.plugin] = true
+				}
+				r.stopRetryLocked(f)
 			}
 			r.files[path] = &fileState{status: Status{Name: pluginName(path), Path: path, State: StateDisabled, Tools: []string{}, LastReload: time.Now()}}
 		}
@@ -465,12 +496,14 @@ func (r *Reloader) apply(ctx context.Context, p *Plugin, order *scanOrder) error
 		// Refused until a plugin goes or changes (swapLocked), which
 		// may free the name: not loaded again on every rescan.
 		f.lastBad, f.collided = p.SHA256(), true
+		r.stopRetryLocked(f)
 		f.status.State, f.status.Error = StateError, err.Error()
 		r.log.Error("plugin version refused", "path", p.Path(), "error", err)
 		_ = p.Close(ctx)
 		return err
 	}
 	f.plugin, f.servedGen = p, f.gen
+	r.stopRetryLocked(f)
 	f.status.SHA256 = p.SHA256()
 	f.status.State, f.status.Error = StateLoaded, ""
 	f.status.Tools = toolNames(p)
@@ -502,6 +535,7 @@ func (r *Reloader) apply(ctx context.Context, p *Plugin, order *scanOrder) error
 		err := fmt.Errorf("plugin %q (%s): a name it claims is served by plugin %q (%s), which comes first in the served paths' order: rename one file or give one plugin a prefix", h.Name(), h.Path(), p.Name(), p.Path())
 		hf.plugin = nil
 		hf.lastBad, hf.collided = h.SHA256(), true
+		r.stopRetryLocked(hf)
 		hf.status.SHA256, hf.status.Tools = "", []string{}
 		hf.status.State, hf.status.Error = StateError, err.Error()
 		r.log.Error("plugin version refused", "path", h.Path(), "error", err)
@@ -799,27 +833,33 @@ func (r *Reloader) loadIfChanged(ctx context.Context, path string, compiled func
 	}
 	if err != nil {
 		defer r.mu.Unlock()
-		return nil, r.fail(f, fmt.Errorf("plugin file %s: %w", path, err))
+		f.status.LastReload = time.Now()
+		r.dropStaleLocked(ctx, f, r.gen)
+		return nil, r.failLocked(f, "", transientRead(fmt.Errorf("plugin file %s: %w", path, err)))
 	}
 	sum := sha256.Sum256(wasm)
 	sha := hex.EncodeToString(sum[:])
 	if f.plugin != nil && f.plugin.SHA256() == sha && f.servedGen == r.gen {
-		if f.status.State == StateError {
+		if f.status.State == StateError || f.status.State == StateRetrying {
 			// The file is the version served again, after a version
 			// that was refused: its status says so.
 			f.status.State, f.status.Error = StateLoaded, ""
 			f.lastBad, f.collided = "", false
+			r.stopRetryLocked(f)
 		}
 		r.mu.Unlock()
 		return nil, nil // served
 	}
 	if f.lastBad == sha && f.gen == r.gen {
 		r.mu.Unlock()
-		return nil, nil // the same bad bytes again: already reported
+		return nil, nil // the same bad bytes again: already reported (or a retry is due later)
+	}
+	if rt := f.retry; rt != nil && (rt.sha != sha || rt.gen != r.gen) {
+		r.stopRetryLocked(f) // another version or configuration: its own attempts
 	}
 	f.status.LastReload = time.Now()
 	f.gen = r.gen
-	if f.plugin == nil {
+	if f.plugin == nil && f.retry == nil { // a retry says retrying until it ends
 		f.status.State = StateLoading
 	}
 	check := r.opts.Check
@@ -835,18 +875,8 @@ func (r *Reloader) loadIfChanged(ctx context.Context, path string, compiled func
 		r.mu.Lock()
 		defer r.mu.Unlock()
 		f.lastBad = sha
-		if old := f.plugin; old != nil && f.servedGen != f.gen && r.cat != nil {
-			// The version served was loaded under an older
-			// configuration, which no longer holds (its grants, limits
-			// and pin may have been taken back): it is not served
-			// under settings the configuration in force refuses.
-			next, _ := r.cat.next(nil, nil, map[*Plugin]bool{old: true})
-			f.plugin = nil
-			f.status.SHA256, f.status.Tools = "", []string{}
-			r.log.Error("plugin not served: it cannot be loaded under the new configuration, and the version served was loaded under the old one", "path", path, "sha256", old.SHA256())
-			r.swapLocked(context.WithoutCancel(ctx), Swap{Next: next, Removed: []*Plugin{old}})
-		}
-		return nil, r.fail(f, err)
+		r.dropStaleLocked(ctx, f, f.gen)
+		return nil, r.failLocked(f, sha, err)
 	}
 	if check != nil {
 		if err := check(path, wasm); err != nil {
@@ -855,9 +885,28 @@ func (r *Reloader) loadIfChanged(ctx context.Context, path string, compiled func
 	}
 	p, err := load(ctx, r.rt, path, wasm, opts, compiled)
 	if err != nil {
-		return refuse(err)
+		return refuse(transientLoad(ctx, err))
 	}
 	return p, nil
+}
+
+// dropStaleLocked stops serving f's plugin if it was loaded under a
+// configuration older than gen, whose load of the file failed: that
+// configuration no longer holds (its grants, limits and pin may have been
+// taken back), and the plugin is not served under settings the
+// configuration in force refuses. A failure that may pass has it loaded
+// again under the configuration in force (see failLocked). The caller
+// holds r.mu.
+func (r *Reloader) dropStaleLocked(ctx context.Context, f *fileState, gen int) {
+	old := f.plugin
+	if old == nil || f.servedGen == gen || r.cat == nil {
+		return
+	}
+	next, _ := r.cat.next(nil, nil, map[*Plugin]bool{old: true})
+	f.plugin = nil
+	f.status.SHA256, f.status.Tools = "", []string{}
+	r.log.Error("plugin not served: it cannot be loaded under the new configuration, and the version served was loaded under the old one", "path", f.status.Path, "sha256", old.SHA256())
+	r.swapLocked(context.WithoutCancel(ctx), Swap{Next: next, Removed: []*Plugin{old}})
 }
 
 func (r *Reloader) fail(f *fileState, err error) error {
@@ -1010,7 +1059,9 @@ func (r *Reloader) Watch(ctx context.Context) error {
 	}
 }
 
-// Close closes every plugin served.
+// Close stops the retries of loads that failed for a reason that may
+// pass, waits for a retry's rescan under way (its loads are called off,
+// but a compilation is only bounded), and closes every plugin served.
 func (r *Reloader) Close(ctx context.Context) error {
 	r.mu.Lock()
 	r.closing = true
@@ -1018,7 +1069,12 @@ func (r *Reloader) Close(ctx context.Context) error {
 		t.Stop()
 		delete(r.relistLater, name)
 	}
+	for _, f := range r.files {
+		r.stopRetryLocked(f)
+	}
+	r.cancel()
 	r.mu.Unlock()
+	r.retries.Wait()
 	r.relistWG.Wait() // a relist from a new instance uses the plugins closed below
 	r.mu.Lock()
 	defer r.mu.Unlock()

@@ -2,8 +2,11 @@ package plugins_test
 
 import (
 	"context"
+	"errors"
+	"log/slog"
 	"path/filepath"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -48,7 +51,7 @@ func TestReconfigureTransientFailureRetried(t *testing.T) {
 			if n := len(r.Catalogue().Plugins()); n != 0 {
 				t.Fatalf("after a failed load under the new configuration, %d plugins served under the old one", n)
 			}
-			if s := status(r, "slowstart"); s.State != "retrying" || !strings.Contains(s.Error, "deadline exceeded") {
+			if s := status(r, "slowstart"); s.State != plugins.StateRetrying || !strings.Contains(s.Error, "deadline exceeded") {
 				t.Errorf("status after a load that ran out of time: state %q, error %q; want retrying, with the reason", s.State, s.Error)
 			}
 			loaded.Store(false)
@@ -64,3 +67,124 @@ func TestReconfigureTransientFailureRetried(t *testing.T) {
 	}
 }
 
+// logCounter counts the log records at or above a level whose message
+// holds a string.
+type logCounter struct {
+	level slog.Level
+	mu    sync.Mutex
+	msgs  []string
+}
+
+func (c *logCounter) Enabled(_ context.Context, l slog.Level) bool { return l >= c.level }
+func (c *logCounter) Handle(_ context.Context, r slog.Record) error {
+	c.mu.Lock()
+	c.msgs = append(c.msgs, r.Message)
+	c.mu.Unlock()
+	return nil
+}
+func (c *logCounter) WithAttrs([]slog.Attr) slog.Handler { return c }
+func (c *logCounter) WithGroup(string) slog.Handler      { return c }
+
+func (c *logCounter) count(sub string) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	n := 0
+	for _, m := range c.msgs {
+		if strings.Contains(m, sub) {
+			n++
+		}
+	}
+	return n
+}
+
+// TestTransientRetryBacksOffAndStopsOnClose: a load that keeps running
+// out of time (a start function that spins past the load timeout, after
+// the first pass of the rescan found it slow) is tried again and again, said once in the log (not on
+// each attempt), its status retrying with the next attempt's time; Close
+// stops it: no attempt runs after Close returns.
+func TestTransientRetryBacksOffAndStopsOnClose(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	write(t, filepath.Join(dir, "hostilestart.wasm"), testplugins.Bytes(t, testplugins.Test(t, "hostilestart")))
+	policy := sandbox.NewPolicy().WithLoadTimeout(50 * time.Millisecond)
+	attempts := make(chan struct{}, 1000)
+	logs := &logCounter{level: slog.LevelWarn}
+	r := plugins.NewReloader(newRuntime(t), plugins.ReloaderOptions{Paths: []string{dir}, Logger: slog.New(logs), SlowLoad: 10 * time.Millisecond,
+		RetryMin: 10 * time.Millisecond, RetryMax: 40 * time.Millisecond,
+		Check:      func(string, []byte) error { attempts <- struct{}{}; return nil },
+		OptionsFor: func(string) plugins.Options { return plugins.Options{Policy: &policy} },
+	})
+	closed := false
+	defer func() {
+		if !closed {
+			r.Close(ctx)
+		}
+	}()
+	r.Load(ctx)
+	for range 5 {
+		select {
+		case <-attempts:
+		case <-time.After(waitTimeout):
+			t.Fatalf("the load was not tried again (status %+v)", status(r, "hostilestart"))
+		}
+	}
+	if s := status(r, "hostilestart"); s.State != plugins.StateRetrying || s.RetryAt.IsZero() || !strings.Contains(s.Error, "load timeout") {
+		t.Errorf("status while retrying: %+v", s)
+	}
+	if n := logs.count("may pass"); n != 1 {
+		t.Errorf("the transient failure was logged %d times over 5 attempts; want once (%q)", n, logs.msgs)
+	}
+	if err := r.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	closed = true
+	for len(attempts) > 0 {
+		<-attempts // begun before Close returned
+	}
+	select {
+	case <-attempts:
+		t.Fatal("a retry ran after Close")
+	case <-time.After(time.Second): // 25 times the longest backoff
+	}
+}
+
+// TestPermanentFailureNotRetried: a load refused for what the file or
+// the configuration is (the check refuses it; its bytes are not a
+// module) is not tried again until one of them changes.
+func TestPermanentFailureNotRetried(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		bytes []byte
+		check error
+	}{
+		{"refused by the check", nil, errors.New("does not match the pin")},
+		{"not a module", []byte("not wasm"), nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx := context.Background()
+			dir := t.TempDir()
+			v1, _ := versions(t)
+			b := tc.bytes
+			if b == nil {
+				b = v1
+			}
+			write(t, filepath.Join(dir, "versioned.wasm"), b)
+			attempts := make(chan struct{}, 100)
+			r := plugins.NewReloader(newRuntime(t), plugins.ReloaderOptions{Paths: []string{dir}, RetryMin: 10 * time.Millisecond,
+				Check: func(string, []byte) error { attempts <- struct{}{}; return tc.check }})
+			defer r.Close(ctx)
+			if _, errs := r.Load(ctx); len(errs) != 1 {
+				t.Fatalf("load: %v", errs)
+			}
+			<-attempts
+			if s := status(r, "versioned"); s.State != plugins.StateError || !s.RetryAt.IsZero() {
+				t.Errorf("status: %+v; want error, no retry", s)
+			}
+			select {
+			case <-attempts:
+				t.Fatal("a load refused for good was tried again")
+			case <-time.After(time.Second): // 100 times the backoff
+			}
+		})
+	}
+}

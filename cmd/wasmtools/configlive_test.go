@@ -451,3 +451,24 @@ func TestConfigTruncatedNotApplied(t *testing.T) {
 		t.Errorf("counter, disabled in the configuration, is served while the file is being rewritten (empty)")
 	}
 }
+
+// TestStatusShowsRetrying: a plugin whose load failed for a reason that
+// may pass (here its compile timeout is cut to nothing; on a loaded
+// machine, any) is shown by `wasmtools status` as retrying, with the
+// reason and the next attempt's time, and said so in the log once.
+func TestStatusShowsRetrying(t *testing.T) {
+	dir := testplugins.Folder(t, map[string]string{"slowstart.wasm": testplugins.Test(t, "slowstart")})
+	cfgPath := filepath.Join(t.TempDir(), "wasmtools.toml")
+	os.WriteFile(cfgPath, []byte("[plugins.slowstart]\ncompile_timeout = \"1ns\"\n"), 0o644)
+	url, stderr := serveInProcess(t, nil, "--config", cfgPath, dir)
+	if !stderr.waitFor(time.Now().Add(startupTimeout), contains("for a reason that may pass")) {
+		t.Fatalf("the transient failure was not said:\n%s", stderr.String())
+	}
+	var out, errb bytes.Buffer
+	if code := run(context.Background(), []string{"status", "--url", url}, nil, nil, &out, &errb); code != 0 {
+		t.Fatalf("status: exit %d: %s", code, errb.String())
+	}
+	if s := out.String(); !strings.Contains(s, "retrying") || !strings.Contains(s, "deadline exceeded") || !strings.Contains(s, "tried again at") {
+		t.Errorf("status does not say the plugin is retrying, why and when:\n%s", s)
+	}
+}

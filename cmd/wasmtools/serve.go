@@ -284,6 +284,9 @@ func cmdServe(ctx context.Context, args []string, lookupEnv func(string) (string
 			if ctx.Err() != nil && errors.Is(err, context.Canceled) {
 				continue // the server stopping, said once by the reloader
 			}
+			if te := (*plugins.TransientError)(nil); errors.As(err, &te) {
+				continue // retrying: said once by the reloader, and in /status
+			}
 			log.Error("plugin not served", "error", err)
 		}
 		warnEmptyFolders(log, local)

@@ -11,6 +11,8 @@ import (
 	"text/tabwriter"
 	"time"
 	"unicode"
+
+	"github.com/wasmtools/wasmtools/plugins"
 )
 
 func cmdStatus(ctx context.Context, args []string, lookupEnv func(string) (string, bool), stdout, stderr io.Writer) int {
@@ -19,7 +21,7 @@ func cmdStatus(ctx context.Context, args []string, lookupEnv func(string) (strin
 	url := fs.String("url", "http://127.0.0.1:8080", "the `URL` of a running \"wasmtools serve --http\" server")
 	asJSON := fs.Bool("json", false, "print JSON")
 	fs.Usage = func() {
-		fmt.Fprint(stderr, "Usage: wasmtools status [--url URL] [--json]\n\nShows each plugin a running HTTP server serves: version (sha256), state\n(loaded, error with the reason, disabled), tools, live instances and the\ntime of its last reload; and each session's run-time grant questions.\nWASMTOOLS_OPERATOR_TOKEN, if set, is sent as the bearer token (without an\noperator credential, the server answers /status on its own machine only).\n\nFlags:\n")
+		fmt.Fprint(stderr, "Usage: wasmtools status [--url URL] [--json]\n\nShows each plugin a running HTTP server serves: version (sha256), state\n(loaded; error or retrying, with the reason; disabled), tools, live\ninstances and the time of its last reload; and each session's run-time\ngrant questions. WASMTOOLS_OPERATOR_TOKEN, if set, is sent as the bearer\ntoken (without an operator credential, the server answers /status on its\nown machine only).\n\nFlags:\n")
 		fs.PrintDefaults()
 	}
 	if err := parseFlags(fs, args); err != nil {
@@ -53,6 +55,9 @@ func cmdStatus(ctx context.Context, args []string, lookupEnv func(string) (strin
 	for _, p := range rep.Plugins {
 		if p.Error != "" {
 			fmt.Fprintf(stdout, "\n%s (%s): %s\n", p.Name, p.Path, p.Error)
+		}
+		if p.State == plugins.StateRetrying && !p.RetryAt.IsZero() {
+			fmt.Fprintf(stdout, "  tried again at %s\n", p.RetryAt.Format(time.RFC3339))
 		}
 	}
 	if len(rep.Grants) > 0 {
