@@ -472,3 +472,63 @@ func TestStatusShowsRetrying(t *testing.T) {
 		t.Errorf("status does not say the plugin is retrying, why and when:\n%s", s)
 	}
 }
+
+// TestConfigHandleNoteAndMaxQuestionsLive: `handle_note` and `[grants]
+// max_questions` apply to each call after a configuration change, as the
+// other per-request settings do, not only after a restart: a session at
+// the old cap of grant questions is asked again under a higher one, and
+// a result that mints a handle leaves out the note once the
+// configuration says so.
+func TestConfigHandleNoteAndMaxQuestionsLive(t *testing.T) {
+	dir, cfgPath, srv := grantSetup(t)
+	os.WriteFile(filepath.Join(dir, "counter.wasm"), testplugins.Bytes(t, testplugins.Example(t, "counter")), 0o644)
+	base, err := os.ReadFile(cfgPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	os.WriteFile(cfgPath, append(base, "\n[grants]\nmax_questions = 1\n"...), 0o644)
+	url, stderr := serveInProcess(t, nil, "--config", cfgPath, dir)
+	target := strings.TrimPrefix(srv.URL, "http://")
+
+	g := &grantClient{} // dismisses every question
+	gs, err := mcp.NewClient(&mcp.Implementation{Name: "test", Version: "1"}, &mcp.ClientOptions{ElicitationHandler: g.handler}).
+		Connect(context.Background(), &mcp.StreamableClientTransport{Endpoint: url + "/mcp"}, &mcp.ClientSessionOptions{ProtocolVersion: "2025-11-25"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer gs.Close()
+	fetchText(t, gs, map[string]any{"url": srv.URL}) // asked, dismissed
+	if got := fetchText(t, gs, map[string]any{"url": srv.URL}); !strings.Contains(got, "asked the most grant questions it may be (1)") {
+		t.Fatalf("past the cap of 1: %q", got)
+	}
+	blocks := func() int { // of a result that mints a handle (2026-07-28)
+		cs, err := mcp.NewClient(&mcp.Implementation{Name: "test", Version: "1"}, nil).
+			Connect(context.Background(), &mcp.StreamableClientTransport{Endpoint: url + "/mcp"}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer cs.Close()
+		res, err := cs.CallTool(context.Background(), &mcp.CallToolParams{Name: "count"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return len(res.Content)
+	}
+	if n := blocks(); n != 2 {
+		t.Fatalf("handle_note on: %d content blocks, want the count and the note", n)
+	}
+
+	os.WriteFile(cfgPath, append(base, "\n[defaults]\nhandle_note = false\n\n[grants]\nmax_questions = 3\n"...), 0o644)
+	// Applied once the plugins are loaded again under it.
+	reloaded := func(s string) bool { return strings.Count(s, `msg="plugin loaded" plugin=counter`) >= 2 }
+	if !stderr.waitFor(time.Now().Add(startupTimeout), reloaded) {
+		t.Fatalf("the new configuration was not applied:\n%s", stderr.String())
+	}
+	want := "host " + target + " is not granted to this plugin: the person dismissed the question"
+	if got := fetchText(t, gs, map[string]any{"url": srv.URL}); !strings.Contains(got, want) {
+		t.Errorf("max_questions raised to 3: %q, want the session asked again (%q)", got, want)
+	}
+	if n := blocks(); n != 1 {
+		t.Errorf("handle_note = false: %d content blocks, want the count alone", n)
+	}
+}
