@@ -162,9 +162,23 @@ func (h *Host) GrantStatus() []SessionGrants {
 	return out
 }
 
+// SetMaxGrantQuestions replaces [Options.MaxGrantQuestions] when the
+// configuration changes (0 meaning DefaultMaxGrantQuestions again): each
+// question after it is counted against the new cap, with the questions a
+// session was asked before. So a session at the old cap is asked again
+// under a higher one, and one past a lower cap is asked no more. Safe for
+// concurrent use.
+func (h *Host) SetMaxGrantQuestions(n int) {
+	h.grantCap.Store(int64(max(n, 0)) + 1) // 0: never set
+}
+
 func (h *Host) maxGrantQuestions() int {
-	if h.opts.MaxGrantQuestions > 0 {
-		return h.opts.MaxGrantQuestions
+	n := h.opts.MaxGrantQuestions
+	if set := h.grantCap.Load(); set > 0 {
+		n = int(set - 1)
+	}
+	if n > 0 {
+		return n
 	}
 	return DefaultMaxGrantQuestions
 }

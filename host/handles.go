@@ -35,6 +35,7 @@ import (
 	"fmt"
 	"hash"
 	"io"
+	"maps"
 	"net/http"
 	"slices"
 	"strings"
@@ -479,13 +480,30 @@ func cmpOr(a, b string) string {
 	return b
 }
 
+// handleNotes is what SetHandleNotes set.
+type handleNotes struct {
+	quiet   bool
+	plugins map[string]bool
+}
+
+// SetHandleNotes replaces [Options.QuietHandles] and
+// [Options.QuietPlugins] when the configuration changes: each result
+// after it has the note, or not, as they say. Safe for concurrent use.
+func (h *Host) SetHandleNotes(quiet bool, plugins map[string]bool) {
+	h.notes.Store(&handleNotes{quiet: quiet, plugins: maps.Clone(plugins)})
+}
+
 // quiet reports whether plugin's results leave out the note for the
 // model: its own setting, else the host's.
 func (h *Host) quiet(plugin string) bool {
-	if q, ok := h.opts.QuietPlugins[plugin]; ok {
+	n := handleNotes{quiet: h.opts.QuietHandles, plugins: h.opts.QuietPlugins}
+	if p := h.notes.Load(); p != nil {
+		n = *p
+	}
+	if q, ok := n.plugins[plugin]; ok {
 		return q
 	}
-	return h.opts.QuietHandles
+	return n.quiet
 }
 
 // sessionResult puts ref's handle in res: in _meta always, and for a

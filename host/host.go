@@ -206,7 +206,7 @@ type Options struct {
 	// the plugins it names (true: no note; false: the note). The handle
 	// is in the result's _meta either way, and a request that carries
 	// _meta[MetaSession] (a client that passes handles itself) never gets
-	// the note.
+	// the note. [Host.SetHandleNotes] replaces both.
 	QuietHandles bool
 	QuietPlugins map[string]bool
 	// AllowedOrigins are browser origins, besides the server's own, whose
@@ -263,6 +263,7 @@ type Options struct {
 	MaxQuestions int
 	// MaxGrantQuestions bounds the run-time grant questions one session
 	// may be asked, across its plugins; 0 means DefaultMaxGrantQuestions.
+	// [Host.SetMaxGrantQuestions] replaces it.
 	MaxGrantQuestions int
 	// MaxGrantSessions bounds the sessions whose run-time grant answers
 	// are remembered, each tenant's a quarter of them (with Tenants);
@@ -331,6 +332,11 @@ type Host struct {
 	// access holds the access rules in force (Options.PluginAccess, then
 	// SetPluginAccess's), read by every request.
 	access atomic.Pointer[map[string]AccessRule]
+	// notes and grantCap hold the handle note settings and the cap of
+	// grant questions (plus one: 0 is unset) set by SetHandleNotes and
+	// SetMaxGrantQuestions, once set (till then, Options').
+	notes    atomic.Pointer[handleNotes]
+	grantCap atomic.Int64
 	// swapping is held by each swap of the catalogue, and by Close for a
 	// moment, so that no swap retires into a session layer closing.
 	swapping sync.Mutex

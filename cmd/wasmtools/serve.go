@@ -178,7 +178,7 @@ func cmdServe(ctx context.Context, args []string, lookupEnv func(string) (string
 		InstanceLimits: instanceLimits(cfg), ClientKeyHeader: *clientHeader, DeriveSessionHeader: *deriveHeader, AbandonAfter: *abandonAfter,
 		AllowedOrigins: cfg.HTTP.AllowedOrigins,
 		MaxParked:      *maxParked, MaxParkedPerClient: *maxParkedPerClient,
-		MaxHandles: *maxHandles, QuietHandles: !*handleNote, QuietPlugins: map[string]bool{},
+		MaxHandles:         *maxHandles,
 		MaxGrantQuestions:  cfg.Grants.MaxQuestions,
 		MaxCallsPerSubject: cfg.Limits.MaxCallsPerSubject, CallsPerSecondPerSubject: cfg.Limits.CallsPerSecondPerSubject,
 		MaxHandlesPerSubject: cfg.Limits.MaxHandlesPerSubject, MaxParkedPerSubject: cfg.Limits.MaxParkedPerSubject,
@@ -198,15 +198,7 @@ func cmdServe(ctx context.Context, args []string, lookupEnv func(string) (string
 	// each with its share of the bounds; without, everyone is one.
 	opts.Tenants = len(cfg.HTTP.Tokens) > 0 || cfg.HTTP.OAuth != nil
 	opts.PluginAccess = accessRules(cfg)
-	for name := range cfg.Plugins {
-		eff := cfg.For(name)
-		if *handleNote { // the flag's false silences every plugin
-			opts.QuietPlugins[name] = !eff.HandleNote
-		}
-	}
-	if !cfg.For("").HandleNote { // [defaults] handle_note = false, for plugins without an entry
-		opts.QuietHandles = true
-	}
+	opts.QuietHandles, opts.QuietPlugins = handleNotes(cfg, *handleNote)
 	if key, _ := lookupEnv("WASMTOOLS_STATE_KEY"); key != "" {
 		opts.StateKey = []byte(key)
 	}
@@ -312,6 +304,8 @@ func cmdServe(ctx context.Context, args []string, lookupEnv func(string) (string
 					// enables is served under its rule from the start.
 					h.SetInstanceLimits(instanceLimits(cfg))
 					h.SetPluginAccess(accessRules(cfg))
+					h.SetHandleNotes(handleNotes(cfg, *handleNote))
+					h.SetMaxGrantQuestions(cfg.Grants.MaxQuestions)
 					select {
 					case filesAgain <- struct{}{}:
 					default:
@@ -587,6 +581,21 @@ func statusHandler(h *host.Host, r *plugins.Reloader, rem *remote) http.Handler 
 		enc.SetIndent("", "  ")
 		enc.Encode(rep)
 	})
+}
+
+// handleNotes are the configuration's handle note settings under the
+// --handle-note flag, as host.Options' QuietHandles and QuietPlugins: the
+// flag's false silences every plugin; [defaults] handle_note = false
+// those without an entry.
+func handleNotes(cfg *config.File, flag bool) (quiet bool, plugins map[string]bool) {
+	plugins = map[string]bool{}
+	if !flag {
+		return true, plugins
+	}
+	for name := range cfg.Plugins {
+		plugins[name] = !cfg.For(name).HandleNote
+	}
+	return !cfg.For("").HandleNote, plugins
 }
 
 // accessRules are the configuration's access rules ([plugins.NAME]
