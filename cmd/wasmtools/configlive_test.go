@@ -532,3 +532,25 @@ func TestConfigHandleNoteAndMaxQuestionsLive(t *testing.T) {
 		t.Errorf("handle_note = false: %d content blocks, want the count alone", n)
 	}
 }
+
+// TestConfigEditBeforeWatchApplied: a configuration file edited after the
+// server read it at start but before its watch was set up (a deploy that
+// writes the file and starts the service at once) is applied: no event
+// will come for that edit, so without a look at the file once watched,
+// the server ran under the old configuration until the next edit.
+func TestConfigEditBeforeWatchApplied(t *testing.T) {
+	dir := testplugins.Folder(t, map[string]string{"hash.wasm": testplugins.Example(t, "hash")})
+	cfgPath := filepath.Join(t.TempDir(), "wasmtools.toml")
+	os.WriteFile(cfgPath, []byte("# nothing yet\n"), 0o644)
+	hook := func() { os.WriteFile(cfgPath, []byte("[plugins.hash]\nenabled = false\n"), 0o644) }
+	configWatchHook.Store(&hook)
+	defer configWatchHook.Store(nil)
+	url, stderr := serveInProcess(t, nil, "--config", cfgPath, dir)
+	if !stderr.waitFor(time.Now().Add(time.Minute), contains(`msg="configuration reloaded"`, `msg="plugin removed"`)) {
+		t.Fatalf("the configuration edited before it was watched was not applied:\n%s", stderr.String())
+	}
+	tools := toolsSession(t, url)
+	if !tools(0, startupTimeout) {
+		t.Errorf("hash, disabled by the edit, is still served")
+	}
+}

@@ -41,6 +41,11 @@ import (
 // connection (net/http gives no other). Nil in production.
 var connStateHook atomic.Pointer[func(net.Conn, http.ConnState)]
 
+// configWatchHook, when set, is called as the configuration's watch
+// begins, before it is set up: a test's edit that no event will report.
+// Nil in production.
+var configWatchHook atomic.Pointer[func()]
+
 func cmdServe(ctx context.Context, args []string, lookupEnv func(string) (string, bool), stdin io.Reader, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
 	fs.SetOutput(stderr)
@@ -634,6 +639,9 @@ func instanceLimits(cfg *config.File) map[string]int {
 // it, after applied has seen it); an invalid one is logged and the old
 // one kept. Global limits and HTTP settings take effect on restart.
 func watchConfig(ctx context.Context, log *slog.Logger, common *commonFlags, lookupEnv func(string) (string, bool), r *plugins.Reloader, rem *remote, applied func(*config.File)) {
+	if hook := configWatchHook.Load(); hook != nil {
+		(*hook)()
+	}
 	w, err := fsnotify.NewWatcher()
 	if err != nil {
 		log.Error("configuration watch is off", "error", err)
