@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
+	"os"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -55,6 +56,9 @@ type commonFlags struct {
 
 	mu  sync.Mutex
 	cfg *config.File // the configuration in force; empty without --config
+	// cfgSum is the digest of the files cfg was read from (filesDigest),
+	// taken before they were read: an edit made meanwhile differs.
+	cfgSum [sha256.Size]byte
 }
 
 func (c *commonFlags) register(fs *flag.FlagSet) {
@@ -73,6 +77,7 @@ func (c *commonFlags) register(fs *flag.FlagSet) {
 // HYPER_MCP_INSECURE_SKIP_SIGNATURE=true overrides the latter's
 // oci.insecure_skip_signature.
 func (c *commonFlags) loadConfig(lookupEnv func(string) (string, bool)) error {
+	sum := c.filesDigest()
 	cfg := &config.File{}
 	if c.configPath != "" {
 		var err error
@@ -97,9 +102,35 @@ func (c *commonFlags) loadConfig(lookupEnv func(string) (string, bool)) error {
 		}
 	}
 	c.mu.Lock()
-	c.cfg = cfg
+	c.cfg, c.cfgSum = cfg, sum
 	c.mu.Unlock()
 	return nil
+}
+
+// filesDigest is a digest of the configuration files' bytes now (a file
+// that cannot be read counts as such).
+func (c *commonFlags) filesDigest() [sha256.Size]byte {
+	h := sha256.New()
+	for _, p := range []string{c.configPath, c.hyperPath} {
+		if p == "" {
+			continue
+		}
+		b, err := os.ReadFile(p)
+		fmt.Fprintf(h, "%t %d\n", err == nil, len(b))
+		h.Write(b)
+	}
+	var sum [sha256.Size]byte
+	h.Sum(sum[:0])
+	return sum
+}
+
+// configChanged reports whether the configuration files differ from
+// those the configuration in force was read from.
+func (c *commonFlags) configChanged() bool {
+	sum := c.filesDigest()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return sum != c.cfgSum
 }
 
 func (c *commonFlags) config() *config.File {

@@ -723,6 +723,11 @@ func watchConfig(ctx context.Context, log *slog.Logger, common *commonFlags, loo
 	}
 	var timer *time.Timer
 	fire := make(chan struct{}, 1)
+	if common.configChanged() {
+		// Edited after it was read at start, before the watch began: no
+		// event will say so.
+		timer = time.AfterFunc(0, func() { fire <- struct{}{} })
+	}
 	for {
 		select {
 		case <-ctx.Done():
