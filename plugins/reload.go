@@ -925,6 +925,10 @@ func (r *Reloader) fail(f *fileState, err error) error {
 	return err
 }
 
+// watchHook, when set, is called as Watch begins, before its watches are
+// set up: a test's change that no event will report. Nil in production.
+var watchHook func()
+
 // K8sDataLink is the link Kubernetes' atomic writer replaces to update a
 // volume's files at once (pkg/volume/util/atomic_writer.go): a watcher of
 // a file in such a volume hears of a change only as an event on it.
@@ -947,6 +951,9 @@ func pluginName(path string) string {
 //     which points each file at "..data/NAME" and replaces the "..data"
 //     link: a change of "..data" in a watched folder rescans it.
 func (r *Reloader) Watch(ctx context.Context) error {
+	if watchHook != nil {
+		watchHook()
+	}
 	w, err := fsnotify.NewWatcher()
 	if err != nil {
 		return fmt.Errorf("watch plugin folders: %w", err)
