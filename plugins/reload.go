@@ -941,7 +941,9 @@ func pluginName(path string) string {
 
 // Watch follows the plugin folders (and the folders of plugin files given
 // by name) until ctx ends, rescanning once the files that changed have
-// settled. One rescan follows a burst of events, whatever their number.
+// settled. One rescan follows a burst of events, whatever their number,
+// and one follows the start of the watch (a change made since the first
+// load read the folders gives no event).
 //
 // Two ways of deploying by swapping a symbolic link are followed too:
 //   - a path served that is itself a link to a folder (git-sync's --link,
@@ -1018,15 +1020,20 @@ func (r *Reloader) Watch(ctx context.Context) error {
 		return watched && filepath.Base(clean) == K8sDataLink ||
 			served && IsPluginFile(filepath.Base(clean))
 	}
-	var timer *time.Timer
 	fire := make(chan struct{}, 1)
+	// A change made after the first load read the folders and before
+	// they were watched gives no event: one rescan once they are.
+	timer := time.AfterFunc(r.opts.Settle, func() {
+		select {
+		case fire <- struct{}{}:
+		default:
+		}
+	})
 	written := false
 	for {
 		select {
 		case <-ctx.Done():
-			if timer != nil {
-				timer.Stop()
-			}
+			timer.Stop()
 			return nil
 		case err, ok := <-w.Errors:
 			if !ok {
@@ -1047,16 +1054,7 @@ func (r *Reloader) Watch(ctx context.Context) error {
 			if written {
 				wait = r.opts.SettleWrite
 			}
-			if timer == nil {
-				timer = time.AfterFunc(wait, func() {
-					select {
-					case fire <- struct{}{}:
-					default:
-					}
-				})
-			} else {
-				timer.Reset(wait)
-			}
+			timer.Reset(wait)
 		case <-fire:
 			written = false
 			if _, errs := r.Rescan(ctx); len(errs) > 0 {
