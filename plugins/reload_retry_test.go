@@ -188,3 +188,39 @@ func TestPermanentFailureNotRetried(t *testing.T) {
 		})
 	}
 }
+
+// TestRetryStopsWhenConfigurationChanges: a retrying load is given up
+// when the configuration changes: the file is loaded under the new one
+// at once, and here refused for good (the check), so not tried again.
+func TestRetryStopsWhenConfigurationChanges(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	write(t, filepath.Join(dir, "hostilestart.wasm"), testplugins.Bytes(t, testplugins.Test(t, "hostilestart")))
+	policy := sandbox.NewPolicy().WithLoadTimeout(50 * time.Millisecond)
+	attempts := make(chan struct{}, 1000)
+	check := func(string, []byte) error { attempts <- struct{}{}; return nil }
+	optionsFor := func(string) plugins.Options { return plugins.Options{Policy: &policy} }
+	r := plugins.NewReloader(newRuntime(t), plugins.ReloaderOptions{Paths: []string{dir}, SlowLoad: 10 * time.Millisecond,
+		RetryMin: 10 * time.Millisecond, RetryMax: 40 * time.Millisecond, Check: check, OptionsFor: optionsFor})
+	defer r.Close(ctx)
+	r.Load(ctx)
+	for range 3 {
+		select {
+		case <-attempts:
+		case <-time.After(waitTimeout):
+			t.Fatalf("the load was not tried again (status %+v)", status(r, "hostilestart"))
+		}
+	}
+	r.Reconfigure(ctx, optionsFor, func(string, []byte) error { attempts <- struct{}{}; return errors.New("does not match the pin") })
+	if s := status(r, "hostilestart"); s.State != plugins.StateError || !s.RetryAt.IsZero() || !strings.Contains(s.Error, "pin") {
+		t.Fatalf("after a configuration that refuses it: %+v; want error, no retry", s)
+	}
+	for len(attempts) > 0 {
+		<-attempts // begun before Reconfigure's rescan ended
+	}
+	select {
+	case <-attempts:
+		t.Fatal("the load was tried again after the configuration changed and refused it for good")
+	case <-time.After(time.Second): // 25 times the longest backoff
+	}
+}
