@@ -1249,3 +1249,55 @@ func TestMaxSessions(t *testing.T) {
 		t.Errorf("c: count = %s, want 3", got)
 	}
 }
+
+// TestHeaderClientsBounded: each --client-header value is a client the
+// host keeps until the session timeout, so their number and size are
+// bounded as session handles' are: each tenant holds at most its share
+// (MaxHandlesPerSubject) and a new value past it ends the tenant's own
+// least recently used idle client, never another's; a value longer than
+// a handle's bound is refused. (A red team: nothing bounded them, and 400
+// calls of bob's, each naming a value of 32 KiB of its own, kept 56 MiB
+// of heap for the session timeout, 30 min.)
+func TestHeaderClientsBounded(t *testing.T) {
+	f := newFixture(t, &host.Options{ClientKeyHeader: "X-Client", Tenants: true, MaxHandles: 8, MaxHandlesPerSubject: 2}, sandbox.NewPolicy(), map[string]string{"counter.wasm": testplugins.Example(t, "counter")})
+	url := serveGuarded(t, f, host.GuardOptions{Tokens: map[string]string{"alice": aliceToken, "bob": bobToken}})
+	count := func(token, client string) (string, map[string]any) {
+		t.Helper()
+		res, e := rpcWith(t, url, as(token, client), "tools/call", "count", map[string]any{"name": "count", "arguments": map[string]any{}}, map[string]any{})
+		if e != nil {
+			return "", e
+		}
+		content, _ := res["content"].([]any)
+		if len(content) != 1 {
+			t.Fatalf("result %v: want one content block", res)
+		}
+		block, _ := content[0].(map[string]any)
+		s, _ := block["text"].(string)
+		return s, nil
+	}
+	mustCount := func(token, client, want string) {
+		t.Helper()
+		if got, e := count(token, client); e != nil || got != want {
+			t.Errorf("%s's count as %.20q = %q, %v; want %s", token[:3], client, got, e, want)
+		}
+	}
+	mustCount(aliceToken, "laptop", "1")
+	mustCount(bobToken, "b0", "1")
+	for i := 1; i <= 20; i++ {
+		mustCount(bobToken, fmt.Sprintf("b%d", i), "1")
+	}
+	mustCount(bobToken, "b0", "1")       // bob's oldest idle client was his to end
+	mustCount(aliceToken, "laptop", "2") // alice's was never his to end
+
+	if _, e := count(bobToken, strings.Repeat("x", 300)); e == nil {
+		t.Errorf("a 300-byte client header value was served; want it refused")
+	}
+	pad := strings.Repeat("x", 32<<10)
+	before := liveHeap()
+	for i := range 200 {
+		count(bobToken, fmt.Sprintf("%d-%s", i, pad))
+	}
+	if grew := int64(liveHeap()) - int64(before); grew > 4<<20 {
+		t.Errorf("200 client header values of 32 KiB kept %d bytes of heap; want under 4 MiB", grew)
+	}
+}
