@@ -286,8 +286,8 @@ func (h *Host) toolClient(req *mcp.CallToolRequest, p *plugins.Plugin, fromArgs 
 	if !sessionless(ss, extra) {
 		return clientRef{key: h.connKey(ss)}, nil
 	}
-	if k, ok := h.headerKey(extra); ok {
-		return clientRef{key: k}, nil
+	if k, ok, err := h.headerKey(extra); ok || err != nil {
+		return clientRef{key: k}, err
 	}
 	if p.Stateless() && !p.Asks() {
 		return clientRef{key: h.connKey(ss)}, nil
@@ -342,8 +342,8 @@ func (h *Host) requestKey(ss *mcp.ServerSession, extra *mcp.RequestExtra, meta m
 	if !sessionless(ss, extra) {
 		return h.connKey(ss), nil
 	}
-	if k, ok := h.headerKey(extra); ok {
-		return k, nil
+	if k, ok, err := h.headerKey(extra); ok || err != nil {
+		return k, err
 	}
 	fromMeta, _, err := metaHandle(meta)
 	if err != nil {
@@ -366,16 +366,25 @@ func (h *Host) requestKey(ss *mcp.ServerSession, extra *mcp.RequestExtra, meta m
 // headerKey is the key of the operator's client header
 // ([Options.ClientKeyHeader]), which takes precedence over handles. It is
 // bound to the request's subject: another subject naming the same header
-// value gets a client of its own, never the first one's instances.
-func (h *Host) headerKey(extra *mcp.RequestExtra) (sessions.Key, bool) {
+// value gets a client of its own, never the first one's instances. A
+// value over maxClientHeaderLen is refused: each value is a client kept
+// until the session timeout, its value with it.
+func (h *Host) headerKey(extra *mcp.RequestExtra) (sessions.Key, bool, error) {
 	if name := h.opts.ClientKeyHeader; name != "" {
 		if v := extra.Header.Get(name); v != "" {
+			if len(v) > maxClientHeaderLen {
+				return sessions.Key{}, false, fmt.Errorf("the %s header is over %d bytes", name, maxClientHeaderLen)
+			}
 			// The tag has no ':' (base64url, or "-" for no subject).
-			return sessions.Client("header:" + h.subjectTag(subjectOf(extra)) + ":" + v), true
+			return sessions.Client("header:" + h.subjectTag(subjectOf(extra)) + ":" + v), true, nil
 		}
 	}
-	return sessions.Key{}, false
+	return sessions.Key{}, false, nil
 }
+
+// maxClientHeaderLen bounds a client header value
+// ([Options.ClientKeyHeader]): a user's name or a UUID fits many times.
+const maxClientHeaderLen = 256
 
 // splitSessionArgument separates the session argument from a call's
 // arguments: rest is what the plugin's own schema and the guest get, the

@@ -179,13 +179,16 @@ type Options struct {
 	// MaxHandles bounds the open session handles; 0 means
 	// [sessions.DefaultMaxHandles] (1,000). Minting one past it ends an
 	// idle handle, those never passed back first (its next call is told
-	// it expired). A handle also ends after SessionTimeout unused.
+	// it expired). A handle also ends after SessionTimeout unused. It
+	// bounds the clients of ClientKeyHeader values too, counted apart:
+	// a new value past it ends the least recently used idle one.
 	MaxHandles int
 	// MaxHandlesPerSubject is each subject's share of MaxHandles, and
 	// that of all clients without a subject together; 0 means a quarter
 	// of MaxHandles. Past its share, or past MaxHandles, a new handle ends
 	// one of the same subject's idle handles, never another subject's;
-	// with none idle it is refused.
+	// with none idle it is refused. The clients of ClientKeyHeader values
+	// have the same share, counted apart.
 	MaxHandlesPerSubject int
 	// MaxSessions bounds the open stateful HTTP sessions (Mcp-Session-Id,
 	// protocols up to 2025-11-25); 0 means [DefaultMaxSessions] (4,096).
@@ -453,7 +456,7 @@ func New(src *plugins.Reloader, opts *Options) *Host {
 		MaxConcurrentCalls: h.opts.MaxConcurrentCalls, PoolSize: h.opts.PoolSize, Tenant: requestTenant,
 		IdleTimeout: idle,
 		MaxParked:   h.opts.MaxParked, MaxParkedPerClient: h.opts.MaxParkedPerClient,
-		MaxHandles: h.opts.MaxHandles,
+		MaxHandles: h.opts.MaxHandles, MaxClients: cmp.Or(h.opts.MaxHandles, sessions.DefaultMaxHandles), MaxClientsPerGroup: h.handleShare(),
 		Saved: func(ctx context.Context, key sessions.Key, p *plugins.Plugin) (*plugins.State, string, bool) {
 			return h.dur.Saved(ctx, key, p)
 		},

@@ -63,7 +63,7 @@ func cmdServe(ctx context.Context, args []string, lookupEnv func(string) (string
 	clientHeader := fs.String("client-header", "", "HTTP header that identifies a client on sessionless (2026-07-28) requests, so its calls share instances instead of getting session handles; not authentication")
 	handleNote := fs.Bool("handle-note", true, "tell the model, in a note after a result, the session handle minted for a 2026-07-28 client (the handle is in the result's _meta either way)")
 	maxSessions := fs.Int("max-sessions", 0, "at most this many open stateful HTTP sessions (Mcp-Session-Id); past it a new one ends an idle session, or is refused (0: 4096)")
-	maxHandles := fs.Int("max-handles", 0, "at most this many open session handles of 2026-07-28 clients; past it an idle one is ended, those never passed back first (0: 1000)")
+	maxHandles := fs.Int("max-handles", 0, "at most this many open session handles of 2026-07-28 clients, and apart --client-header clients; past it an idle one is ended, handles never passed back first (0: 1000)")
 	recordLog := fs.String("record-log", "", "append one JSON line per tool call (with the records it wrote) to FILE")
 	recordLogMax := fs.String("record-log-max", defaultRecordLogMax, "rotate the record log at this size, keeping the previous one as FILE.1 (0: never)")
 	maxParked := fs.Int("max-parked", 0, "at most this many calls parked for a 2026-07-28 client's answer (0: 256)")

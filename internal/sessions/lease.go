@@ -169,17 +169,18 @@ func (m *Manager) Acquire(ctx context.Context, key Key, p *plugins.Plugin) (*Lea
 }
 
 func (m *Manager) acquireSlot(ctx context.Context, key Key, p *plugins.Plugin) (*Lease, error) {
+	group := m.tenantOf(ctx)
 	m.mu.Lock()
-	c, err := m.clientLocked(key)
+	c, victim, err := m.clientLocked(key, group)
 	if err != nil {
 		m.mu.Unlock()
 		return nil, err
 	}
 	if c.group == "" {
-		if g := m.tenantOf(ctx); g != "" && m.indexed(c) {
-			m.regroupHandleLocked(c, g)
+		if group != "" && m.indexed(c) {
+			m.regroupHandleLocked(c, group)
 		} else {
-			c.group = g
+			m.regroupKeyedLocked(c, group)
 		}
 	}
 	if c.closed {
@@ -193,6 +194,12 @@ func (m *Manager) acquireSlot(ctx context.Context, key Key, p *plugins.Plugin) (
 		c.slots[p.Name()] = sl
 	}
 	m.mu.Unlock()
+	if victim != nil {
+		// Before this client's instance starts, so that the victim's
+		// counts no more against the instance bounds.
+		m.log.Info("client evicted: too many open", "session", victim.key.String(), "max", m.opts.MaxClients, "share", m.opts.MaxClientsPerGroup)
+		m.endClient(context.Background(), victim)
+	}
 
 	leave := func() {
 		m.mu.Lock()

@@ -146,6 +146,17 @@ type Options struct {
 	// the way, is the newest). With every one holding a lease, Open fails with
 	// [ErrAtCapacity].
 	MaxHandles int
+	// MaxClients bounds the clients of [Client] keys, and
+	// MaxClientsPerGroup each group's share of them ([Options.Tenant]);
+	// 0 means no bound. Each is kept until the idle timeout, and without
+	// a bound a client naming a new key at each request held any number
+	// (a red team: 400 calls, each with a client header value of its own
+	// of 32 KiB, kept 56 MiB for 30 min). A new key's client past either
+	// bound ends the least recently used of its group's clients that
+	// hold no lease (past the total alone, else one of the group holding
+	// the most, else anyone's); with none, its lease fails with
+	// [ErrAtCapacity].
+	MaxClients, MaxClientsPerGroup int
 	// MaxUnreturned bounds the handle clients whose handle was never
 	// passed back (minted by one call, not used since) that keep their
 	// instances, in each group ([Manager.OpenIn]) apart; 0 means
@@ -224,6 +235,10 @@ type Manager struct {
 	closed  bool
 	clients map[Key]*client
 	handles int // clients of Handle keys
+	// keyed counts the clients of Client keys in each group
+	// (Options.MaxClientsPerGroup), keyedAll in all.
+	keyed    map[string]int
+	keyedAll int
 	// handleGroups index the open handle clients by group, and
 	// idleHandles those with no lease of all groups (handleindex.go).
 	handleGroups map[string]*handleGroup
@@ -349,16 +364,27 @@ type client struct {
 
 // clientLocked returns key's client, making it on first use, and counts a
 // lease coming. The caller holds m.mu.
-func (m *Manager) clientLocked(key Key) (*client, error) {
+// For a new Client key's client past the bounds on them, it also returns
+// the client to end, once m.mu is let go, to make room (see
+// [Options.MaxClientsPerGroup]).
+func (m *Manager) clientLocked(key Key, group string) (c *client, victim *client, err error) {
 	if m.closed {
-		return nil, ErrClosed
+		return nil, nil, ErrClosed
 	}
 	c, ok := m.clients[key]
 	if !ok {
-		if key.kind == KindHandle {
-			return nil, ErrUnknownKey
+		switch key.kind {
+		case KindHandle:
+			return nil, nil, ErrUnknownKey
+		case KindClient:
+			if victim, err = m.keyedVictimLocked(group); err != nil {
+				return nil, nil, err
+			}
+			if victim != nil {
+				m.forgetLocked(victim) // its room is this client's now
+			}
 		}
-		c = m.newClientLocked(key, "")
+		c = m.newClientLocked(key, group)
 	}
 	if c.key.kind == KindHandle {
 		m.busyHandleLocked(c)
@@ -367,26 +393,96 @@ func (m *Manager) clientLocked(key Key) (*client, error) {
 	c.leases++
 	c.requests++
 	c.lastUsed = time.Now()
-	return c, nil
+	return c, victim, nil
+}
+
+// keyedVictimLocked is the client of a Client key to end so that one more
+// of group's fits within the bounds (nil: it fits), or ErrAtCapacity
+// when every one that could make room holds a lease. The caller holds
+// m.mu.
+func (m *Manager) keyedVictimLocked(group string) (*client, error) {
+	share := m.opts.MaxClientsPerGroup
+	overShare := share > 0 && m.keyed[group] >= share
+	if !overShare && (m.opts.MaxClients <= 0 || m.keyedAll < m.opts.MaxClients) {
+		return nil, nil
+	}
+	if c := m.idleKeyedLocked(group); c != nil {
+		return c, nil
+	}
+	if overShare {
+		return nil, fmt.Errorf("%w: this client's subject's %d clients (by client header) are all in use, its share", ErrAtCapacity, m.keyed[group])
+	}
+	most, n := "", -1
+	for g, k := range m.keyed {
+		if k > n || k == n && g < most { // ties by name, not map order
+			most, n = g, k
+		}
+	}
+	if c := m.idleKeyedLocked(most); c != nil {
+		return c, nil
+	}
+	if e := m.idleClients.Front(); e != nil {
+		return e.Value.(*client), nil
+	}
+	return nil, fmt.Errorf("%w: %d clients (by client header) are in use", ErrAtCapacity, m.keyedAll)
+}
+
+// idleKeyedLocked is group's least recently used Client key's client
+// holding no lease, nil for none. The caller holds m.mu.
+func (m *Manager) idleKeyedLocked(group string) *client {
+	for e := m.idleClients.Front(); e != nil; e = e.Next() {
+		if c := e.Value.(*client); c.group == group {
+			return c
+		}
+	}
+	return nil
 }
 
 // newClientLocked makes key's client, of group. The caller holds m.mu.
 func (m *Manager) newClientLocked(key Key, group string) *client {
 	c := &client{key: key, group: group, slots: map[string]*slot{}, ended: make(chan struct{}), lastUsed: time.Now()}
 	m.clients[key] = c
-	if key.kind == KindHandle {
+	switch key.kind {
+	case KindHandle:
 		m.handles++
 		m.indexHandleLocked(c)
+	case KindClient:
+		m.countKeyedLocked(group, 1)
 	}
 	return c
+}
+
+// countKeyedLocked counts n more (or fewer) Client keys' clients in
+// group. The caller holds m.mu.
+func (m *Manager) countKeyedLocked(group string, n int) {
+	if m.keyed == nil {
+		m.keyed = map[string]int{}
+	}
+	m.keyedAll += n
+	if m.keyed[group] += n; m.keyed[group] <= 0 {
+		delete(m.keyed, group)
+	}
+}
+
+// regroupKeyedLocked gives c, of no group yet, its group: a client made
+// by Seed learns it at its first lease. The caller holds m.mu.
+func (m *Manager) regroupKeyedLocked(c *client, group string) {
+	if c.key.kind == KindClient && m.clients[c.key] == c {
+		m.countKeyedLocked(c.group, -1)
+		m.countKeyedLocked(group, 1)
+	}
+	c.group = group
 }
 
 // forgetLocked removes c from the clients, once. The caller holds m.mu.
 func (m *Manager) forgetLocked(c *client) {
 	if m.clients[c.key] == c {
-		if c.key.kind == KindHandle {
+		switch c.key.kind {
+		case KindHandle:
 			m.unindexHandleLocked(c)
 			m.handles--
+		case KindClient:
+			m.countKeyedLocked(c.group, -1)
 		}
 		m.busyClientLocked(c)
 		delete(m.clients, c.key)
