@@ -146,3 +146,23 @@ func TestOAuthIntrospection(t *testing.T) {
 		t.Errorf("introspection refused to the resource server: %v, want an error that is not an invalid token", err)
 	}
 }
+
+// TestOAuthCancelledFetchFailsNoOneElse: the key set is fetched for
+// whichever request first needs it; that request's client hanging up
+// (its context cancelled) must not stand as the authorization server's
+// failure for everyone. (A red team: anyone, with any JWT-shaped token
+// naming a made-up key ID, sent once per KeysMinRefresh and hung up on
+// during the fetch, made every tenant's valid token fail with 503
+// "context canceled" until the next refresh.)
+func TestOAuthCancelledFetchFailsNoOneElse(t *testing.T) {
+	as := authtest.NewServer(t, resource)
+	v := newVerifier(t, as, auth.OAuthOptions{KeysMinRefresh: time.Hour})
+	gone, cancel := context.WithCancel(context.Background())
+	cancel() // the client hung up
+	if _, err := v.Verify(gone, as.MintWith(authtest.NewECKey(t, "made-up"), map[string]any{"sub": "mallory"})); err == nil {
+		t.Fatal("a token of a made-up key was accepted")
+	}
+	if _, err := v.Verify(context.Background(), as.Mint(map[string]any{"sub": "alice"})); err != nil {
+		t.Errorf("alice's valid token after another request's cancelled fetch: %v; want accepted", err)
+	}
+}
