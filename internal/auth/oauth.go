@@ -247,8 +247,15 @@ func (v *OAuth) keysFor(ctx context.Context, kid string) ([]jose.JSONWebKey, err
 		return nil, invalid("signed with key %q, which the issuer does not list", kid)
 	}
 	// The fetch holds the lock: concurrent requests wait for one fetch
-	// rather than each making one.
-	err := v.fetchKeysLocked(ctx)
+	// rather than each making one. It is everyone's, not the request's
+	// that happens to make it, so it runs on without that request's
+	// cancellation: a client hanging up (any JWT-shaped token naming a
+	// made-up key ID makes one fetch) would otherwise have its failure
+	// stand for every tenant until KeysMinRefresh passed.
+	bound := max(v.client.Timeout, DefaultHTTPTimeout)
+	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), bound)
+	defer cancel()
+	err := v.fetchKeysLocked(fctx)
 	v.fetched, v.fetchErr, v.fetchedOK = time.Now(), err, err == nil
 	if err != nil {
 		return nil, fmt.Errorf("oauth: the issuer's keys: %w", err)
