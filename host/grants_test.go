@@ -380,3 +380,34 @@ func TestGrantRemembered(t *testing.T) {
 		t.Errorf("HTTP without a subject: %+v", d.asked)
 	}
 }
+
+// TestGrantRememberedLocalNotATenant: "local" in the grant file is the
+// person running a stdio (or in-memory) session; an HTTP tenant whose
+// subject happens to be named "local" is not that person, and gets none
+// of the answers kept for it. (A red team: [http.tokens] local = "…"
+// was served every "always allow" the person at the machine had given,
+// unasked.)
+func TestGrantRememberedLocalNotATenant(t *testing.T) {
+	gf, err := grantstore.Open(filepath.Join(t.TempDir(), "grants.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, srv, _ := grantFixture(t, &host.Options{GrantFile: gf})
+	fetch := func(cs *mcp.ClientSession) string {
+		return text(call(t, cs, "fetch", map[string]any{"url": srv.URL}))
+	}
+	a := &grantAnswerer{decisions: []string{"always allow"}}
+	if got := fetch(f.connect(t, "2025-11-25", &mcp.ClientOptions{ElicitationHandler: a.handler})); !strings.Contains(got, "200 hello") {
+		t.Fatalf("always allow: %q", got)
+	}
+	const token = "local-tenant-token-0123456789"
+	url := serveGuarded(t, f, host.GuardOptions{Tokens: map[string]string{"local": token}})
+	b := &grantAnswerer{decisions: []string{"deny"}}
+	tenant := connectHTTPEra(t, url, "2025-11-25", &mcp.ClientOptions{ElicitationHandler: b.handler}, tenantTransport{token: token})
+	if got := fetch(tenant); b.count() != 1 || strings.Contains(got, "200 hello") {
+		t.Errorf("the HTTP tenant named local: %q after %d questions; want asked, and denied", got, b.count())
+	}
+	if list, _ := gf.List(); len(list) != 1 || !list[0].Allowed {
+		t.Errorf("grant file: %+v; want the person's one answer, unchanged", list)
+	}
+}
