@@ -333,17 +333,19 @@ func (e *callEnv) AskGrant(ctx context.Context, r sandbox.GrantRequest) error {
 }
 
 // grantSubject is whom answers are kept for in the grant file: "" when
-// there is no file, or the session has no subject to keep them for.
+// there is no file, or the session has no subject to keep them for. An
+// HTTP subject named "local" has none: the file's "local" is the person
+// at stdio sessions, whose answers such a tenant was served.
 func (e *callEnv) grantSubject() string {
 	if e.h.opts.GrantFile == nil {
 		return ""
 	}
 	_, req := e.current()
-	if s := subjectOf(req.Extra); s != "" {
-		return s
-	}
 	if req.Extra == nil { // stdio, in-memory: the person running the process
 		return localSubject
+	}
+	if s := subjectOf(req.Extra); s != localSubject {
+		return s
 	}
 	return ""
 }
