@@ -1,8 +1,11 @@
 package host_test
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -1299,5 +1302,85 @@ func TestHeaderClientsBounded(t *testing.T) {
 	}
 	if grew := int64(liveHeap()) - int64(before); grew > 4<<20 {
 		t.Errorf("200 client header values of 32 KiB kept %d bytes of heap; want under 4 MiB", grew)
+	}
+}
+
+// TestSessionParamsBounded: a stateful HTTP session keeps its client's
+// initialize parameters for its life (the go-sdk's InitializeParams), so
+// what sessions keep of them is bounded in bytes as well as in number:
+// each tenant a quarter of [host.SessionParamsBytes], a session counted
+// at what its parameters cost decoded; past it a new session ends the
+// tenant's own idle ones, and parameters over the share alone are
+// refused. (A red team: 20 of bob's sessions, each opened by one
+// initialize of 1.6 MB, a capability of 60 000 small objects, kept 757
+// MiB of heap; his share of sessions is 1 024.)
+func TestSessionParamsBounded(t *testing.T) {
+	f := newFixture(t, &host.Options{Tenants: true}, sandbox.NewPolicy(), map[string]string{"counter.wasm": testplugins.Example(t, "counter")})
+	url := serveGuarded(t, f, host.GuardOptions{Tokens: map[string]string{"alice": aliceToken, "bob": bobToken}})
+	// post sends one JSON-RPC message as token's, in session id ("" for
+	// none), and returns the session's ID and the error it got, if any.
+	post := func(token, id string, msg map[string]any) (string, map[string]any) {
+		t.Helper()
+		body, _ := json.Marshal(msg)
+		req, _ := http.NewRequest(http.MethodPost, url+"/mcp", bytes.NewReader(body))
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Accept", "application/json, text/event-stream")
+		req.Header.Set("Authorization", "Bearer "+token)
+		if id != "" {
+			req.Header.Set("Mcp-Session-Id", id)
+			req.Header.Set("Mcp-Protocol-Version", "2025-11-25")
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		raw, _ := io.ReadAll(resp.Body)
+		if resp.StatusCode != http.StatusOK {
+			return "", map[string]any{"status": resp.StatusCode}
+		}
+		for _, line := range strings.Split(string(raw), "\n") {
+			if d, ok := strings.CutPrefix(line, "data: "); ok {
+				raw = []byte(d)
+			}
+		}
+		var got struct {
+			Error map[string]any `json:"error"`
+		}
+		json.Unmarshal(raw, &got)
+		return resp.Header.Get("Mcp-Session-Id"), got.Error
+	}
+	initialize := func(token string, entries int) (string, map[string]any) {
+		experimental := map[string]any{}
+		for i := range entries {
+			experimental[fmt.Sprint("k", i)] = map[string]any{"a": []any{1, "x", true}}
+		}
+		return post(token, "", map[string]any{"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": map[string]any{
+			"protocolVersion": "2025-11-25", "clientInfo": map[string]any{"name": "c", "version": "1"},
+			"capabilities": map[string]any{"experimental": experimental},
+		}})
+	}
+	var ids []string
+	for range 20 { // each some 120 KB, 3 MiB of heap decoded
+		id, e := initialize(bobToken, 4500)
+		if e != nil || id == "" {
+			t.Fatalf("bob's initialize: %v", e)
+		}
+		ids = append(ids, id)
+	}
+	live := 0
+	for _, id := range ids {
+		if _, e := post(bobToken, id, map[string]any{"jsonrpc": "2.0", "id": 2, "method": "ping"}); e == nil {
+			live++
+		}
+	}
+	if live > 4 {
+		t.Errorf("bob's sessions of large initializes: %d of 20 live; want at most 4 (his quarter of SessionParamsBytes), his oldest ended", live)
+	}
+	if _, e := initialize(bobToken, 60000); e == nil || e["code"] != float64(host.CodeBusy) {
+		t.Errorf("bob's initialize of 1.6 MB: %v; want refused with CodeBusy", e)
+	}
+	if id, e := initialize(aliceToken, 10); e != nil || id == "" {
+		t.Errorf("alice's initialize after bob's: %v; want served", e)
 	}
 }
