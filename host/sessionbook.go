@@ -3,6 +3,7 @@ package host
 import (
 	"cmp"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
@@ -20,9 +21,21 @@ import (
 // opens one with a single request; 4,096 of them are some 200 MiB at most.
 const DefaultMaxSessions = 4096
 
+// SessionParamsBytes bounds what the open stateful HTTP sessions keep of
+// their clients' initialize parameters, in all (with tenants, each
+// tenant a quarter), each session counted at what its parameters cost
+// decoded ([paramsCost]). The go-sdk keeps them for the session's life:
+// a typical client's cost a few KiB, but nothing bounded them but the
+// request body (4 MiB), and one initialize of 1.6 MB, a capability of
+// 60 000 small objects, kept 38 MiB of heap.
+const SessionParamsBytes = 64 << 20
+
 // sessionBook bounds the open stateful HTTP sessions (Mcp-Session-Id): in
-// all, [Options.MaxSessions], and with tenants, each tenant's share of
-// them, [Options.MaxSessionsPerSubject]. An initialize past a bound ends
+// all, [Options.MaxSessions] and [SessionParamsBytes] of their initialize
+// parameters, and with tenants, each tenant's share of them,
+// [Options.MaxSessionsPerSubject] and a quarter of the bytes. An
+// initialize whose parameters alone are over the tenant's share of the
+// bytes is refused. An initialize past a bound ends
 // an idle session to make room: one of the same tenant's (those that made
 // no request after they opened first, then the least recently used), or,
 // past the total alone, one of the tenant holding the most (else of the
@@ -35,11 +48,14 @@ const DefaultMaxSessions = 4096
 // the session's life). It is safe for concurrent use; the per-request
 // work is a map load and two atomic adds.
 type sessionBook struct {
-	max, share int
-	tenants    bool
+	max, share           int
+	maxBytes, bytesShare int
+	tenants              bool
 
 	mu       sync.Mutex
 	open     int
+	bytesAll int
+	bytes    map[string]int // the tenants' sessions' costs
 	byTenant map[string]map[*bookEntry]struct{}
 	byID     map[string]*bookEntry
 	// entries is read by every request of a stateful session (enter),
@@ -68,6 +84,8 @@ type bookEntry struct {
 	used atomic.Bool
 	// dropped says the book no longer counts it (under mu).
 	dropped bool
+	// cost is what its initialize parameters cost kept (paramsCost).
+	cost int
 }
 
 func newSessionBook(o *Options) *sessionBook {
@@ -76,15 +94,46 @@ func newSessionBook(o *Options) *sessionBook {
 		tenants:  o.Tenants,
 		byTenant: map[string]map[*bookEntry]struct{}{},
 		byID:     map[string]*bookEntry{},
+		bytes:    map[string]int{},
+		maxBytes: SessionParamsBytes,
 	}
 	if o.MaxSessions > 0 {
 		b.max = o.MaxSessions
 	}
-	b.share = b.max
+	b.share, b.bytesShare = b.max, b.maxBytes
 	if o.Tenants {
 		b.share = max(cmp.Or(o.MaxSessionsPerSubject, b.max/4), 1)
+		b.bytesShare = b.maxBytes / 4
 	}
 	return b
+}
+
+// paramsCost is what initialize parameters cost kept: their JSON's
+// bytes, 128 for each value in it (decoded, a map entry, a slice element
+// or a boxed number is some 100 bytes of heap: 60 000 objects of 27
+// bytes of JSON and 6 values each kept 38 MiB), and 1 KiB for the
+// session around them.
+func paramsCost(params any) int {
+	b, err := json.Marshal(params)
+	if err != nil {
+		return SessionParamsBytes // not kept: refused
+	}
+	values := 0
+	inString, escaped := false, false
+	for _, c := range b {
+		switch {
+		case escaped:
+			escaped = false
+		case inString:
+			escaped = c == '\\'
+			inString = c != '"'
+		case c == '"':
+			inString = true
+		case c == '{' || c == '[' || c == ',' || c == ':':
+			values++
+		}
+	}
+	return len(b) + 128*values + 1024
 }
 
 // count is the number of sessions open now, for the metrics.
@@ -94,12 +143,13 @@ func (b *sessionBook) count() int {
 	return b.open
 }
 
-// openSession books ss, which an initialize of tenant's is opening. It
-// returns the session to end to make room (nil for none), or an error
-// when no idle session may be ended; booked is false for a session booked
+// openSession books ss, which an initialize of tenant's is opening, its
+// parameters costing cost (paramsCost). It returns the sessions to end
+// to make room (none, but for a large initialize one), or an error when
+// no idle session may be ended; booked is false for a session booked
 // already (a second initialize, which the go-sdk refuses and which must
 // not unbook the live session).
-func (b *sessionBook) openSession(ss *mcp.ServerSession, user, tenant string) (victim *mcp.ServerSession, booked bool, err error) {
+func (b *sessionBook) openSession(ss *mcp.ServerSession, user, tenant string, cost int) (victims []*mcp.ServerSession, booked bool, err error) {
 	if !b.tenants {
 		tenant = ""
 	}
@@ -108,28 +158,34 @@ func (b *sessionBook) openSession(ss *mcp.ServerSession, user, tenant string) (v
 	if _, ok := b.entries.Load(ss); ok {
 		return nil, false, nil
 	}
+	if cost > b.bytesShare {
+		return nil, false, fmt.Errorf("%w: the session's initialize parameters cost %d bytes kept, over this client's share of %d", errSessionsBusy, cost, b.bytesShare)
+	}
 	own := b.byTenant[tenant]
-	var end *bookEntry
-	switch {
-	case len(own) >= b.share:
-		if end = idlest(own); end == nil {
-			return nil, false, fmt.Errorf("%w: this client's %d HTTP sessions are all serving requests, its share; end one (HTTP DELETE) or retry later", errSessionsBusy, len(own))
-		}
-	case b.open >= b.max:
-		if end = idlest(own); end == nil {
-			end = b.idlestOfLargestLocked()
+	for {
+		var end *bookEntry
+		switch {
+		case len(own) >= b.share || b.bytes[tenant]+cost > b.bytesShare:
+			if end = idlest(own); end == nil {
+				return victims, false, fmt.Errorf("%w: this client's %d HTTP sessions are all serving requests, its share (of %d, and %d bytes of initialize parameters); end one (HTTP DELETE) or retry later", errSessionsBusy, len(own), b.share, b.bytesShare)
+			}
+		case b.open >= b.max || b.bytesAll+cost > b.maxBytes:
+			if end = idlest(own); end == nil {
+				end = b.idlestOfLargestLocked()
+			}
+			if end == nil {
+				return victims, false, fmt.Errorf("%w: the server's %d HTTP sessions are all serving requests; retry later", errSessionsBusy, b.open)
+			}
 		}
 		if end == nil {
-			return nil, false, fmt.Errorf("%w: the server's %d HTTP sessions are all serving requests; retry later", errSessionsBusy, b.open)
+			break
 		}
-	}
-	if end != nil {
 		b.dropLocked(end)
 		b.entries.Store(end.ss, end) // refusing its requests until closed
-		victim = end.ss
+		victims = append(victims, end.ss)
 		own = b.byTenant[tenant] // gone if end was its last
 	}
-	e := &bookEntry{ss: ss, tenant: tenant, user: user}
+	e := &bookEntry{ss: ss, tenant: tenant, user: user, cost: cost}
 	e.ended, e.cancel = context.WithCancel(context.Background())
 	e.last.Store(time.Now().UnixNano())
 	if own == nil {
@@ -138,9 +194,11 @@ func (b *sessionBook) openSession(ss *mcp.ServerSession, user, tenant string) (v
 	}
 	own[e] = struct{}{}
 	b.open++
+	b.bytes[tenant] += cost
+	b.bytesAll += cost
 	b.entries.Store(ss, e)
 	b.byID[ss.ID()] = e
-	return victim, true, nil
+	return victims, true, nil
 }
 
 // errSessionsBusy is matched by the refusal of an initialize past the
@@ -213,6 +271,10 @@ func (b *sessionBook) dropLocked(e *bookEntry) {
 		delete(b.byTenant, e.tenant)
 	}
 	b.open--
+	b.bytesAll -= e.cost
+	if b.bytes[e.tenant] -= e.cost; b.bytes[e.tenant] <= 0 {
+		delete(b.bytes, e.tenant)
+	}
 }
 
 // closed forgets ss, which ended (or whose initialize failed).
@@ -294,16 +356,16 @@ func (h *Host) bookSessions(next mcp.MethodHandler) mcp.MethodHandler {
 			return next(ctx, method, req)
 		}
 		user := subjectOf(req.GetExtra())
-		victim, booked, err := h.book.openSession(ss, user, h.tenantOf(user))
+		victims, booked, err := h.book.openSession(ss, user, h.tenantOf(user), paramsCost(req.GetParams()))
+		for _, victim := range victims {
+			h.log.Info("idle HTTP session ended to make room", "session", sessionLabel(victim.ID()), "for", sessionLabel(ss.ID()))
+			h.metrics.sessionsEvicted.Inc()
+			go victim.Close()
+		}
 		if err != nil {
 			h.log.Warn("new HTTP session refused", "session", sessionLabel(ss.ID()), "error", err)
 			// The go-sdk closes a session whose initialize failed.
 			return nil, &jsonrpc.Error{Code: CodeBusy, Message: err.Error(), Data: []byte(`{"reason":"too_many_sessions","retry":true}`)}
-		}
-		if victim != nil {
-			h.log.Info("idle HTTP session ended to make room", "session", sessionLabel(victim.ID()), "for", sessionLabel(ss.ID()))
-			h.metrics.sessionsEvicted.Inc()
-			go victim.Close()
 		}
 		res, err := next(ctx, method, req)
 		if err != nil {

@@ -14,12 +14,12 @@ import (
 func TestEndedSessionRefusedUntilClosed(t *testing.T) {
 	b := newSessionBook(&Options{MaxSessions: 1})
 	a, c := &mcp.ServerSession{}, &mcp.ServerSession{}
-	if _, _, err := b.openSession(a, "", ""); err != nil {
+	if _, _, err := b.openSession(a, "", "", 0); err != nil {
 		t.Fatal(err)
 	}
-	victim, _, err := b.openSession(c, "", "")
-	if err != nil || victim != a {
-		t.Fatalf("second session: victim %p, err %v; want a (%p) ended", victim, err, a)
+	victims, _, err := b.openSession(c, "", "", 0)
+	if err != nil || len(victims) != 1 || victims[0] != a {
+		t.Fatalf("second session: victims %p, err %v; want a (%p) ended", victims, err, a)
 	}
 	if _, _, ok := b.enter(context.Background(), a); ok {
 		t.Errorf("a request of the ended session entered before its close")

@@ -18,7 +18,7 @@ func TestVictimClosedDuringEvictionForgotten(t *testing.T) {
 	for i := 0; i < 50000; i++ {
 		b := newSessionBook(&Options{MaxSessions: 1})
 		a, c := &mcp.ServerSession{}, &mcp.ServerSession{}
-		if _, _, err := b.openSession(a, "", ""); err != nil {
+		if _, _, err := b.openSession(a, "", "", 0); err != nil {
 			t.Fatal(err)
 		}
 		start := make(chan struct{})
@@ -30,7 +30,7 @@ func TestVictimClosedDuringEvictionForgotten(t *testing.T) {
 			b.closed(a)
 		}()
 		close(start)
-		b.openSession(c, "", "")
+		b.openSession(c, "", "", 0)
 		wg.Wait()
 		if _, ok := b.entries.Load(a); ok {
 			leaks++
