@@ -7,7 +7,9 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"strings"
 	"testing"
@@ -459,4 +461,31 @@ func TestTaskResultBytes(t *testing.T) {
 func taskLabel(id string) string {
 	sum := sha256.Sum256([]byte(id))
 	return "task-" + hex.EncodeToString(sum[:8])
+}
+
+// TestTaskBytesCountMeta: a running task keeps its request, _meta and
+// all (decoded: each value some 100 bytes of heap), so the bytes its
+// client's tasks may hold count the _meta too, not only the arguments.
+// (A red team: 16 tasks of one client, each with 1.6 MB of
+// clientCapabilities in its _meta and 16 bytes of arguments, kept 194
+// MiB of heap for their hour against the 16 MiB a client's tasks may
+// hold.)
+func TestTaskBytesCountMeta(t *testing.T) {
+	f := newFixture(t, &host.Options{MaxTaskBytesPerClient: 1 << 20}, sandbox.NewPolicy(), map[string]string{"everything.wasm": testplugins.Example(t, "everything")})
+	url := serveHTTP(t, f)
+	args := func() map[string]any {
+		return map[string]any{"name": "slow_compute", "arguments": map[string]any{"seconds": 0}}
+	}
+	if res, e := rpc(t, url, "tools/call", "slow_compute", args(), withTasks); e != nil || res["resultType"] != "task" {
+		t.Fatalf("a task of an ordinary request: %v %v", res, e)
+	}
+	experimental := map[string]any{}
+	for i := range 4500 { // 120 KB of JSON, some 1 MiB decoded
+		experimental[fmt.Sprint("k", i)] = map[string]any{"a": []any{1, "x", true}}
+	}
+	caps := map[string]any{"experimental": experimental}
+	maps.Copy(caps, withTasks)
+	if res, e := rpc(t, url, "tools/call", "slow_compute", args(), caps); e == nil || e["code"] != float64(host.CodeBusy) {
+		t.Errorf("a task whose _meta holds 4 500 capability objects, against 1 MiB a client's tasks may hold: %v %v; want refused with CodeBusy", res, e)
+	}
 }
