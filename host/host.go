@@ -298,7 +298,8 @@ type Options struct {
 	MaxTasksPerClient, MaxTasks int
 	MaxAnonymousTasks           int
 	// MaxTaskBytesPerClient bounds the bytes one client's tasks hold (a
-	// running task its call's arguments, a finished one its result); 0
+	// running task its call's arguments and _meta, a finished one its
+	// result); 0
 	// means [DefaultMaxTaskBytesPerClient]. All clients' tasks hold at
 	// most 128 MiB. Past either, as past a count, a new task is refused.
 	MaxTaskBytesPerClient int

@@ -108,15 +108,18 @@ func newSessionBook(o *Options) *sessionBook {
 	return b
 }
 
-// paramsCost is what initialize parameters cost kept: their JSON's
-// bytes, 128 for each value in it (decoded, a map entry, a slice element
-// or a boxed number is some 100 bytes of heap: 60 000 objects of 27
-// bytes of JSON and 6 values each kept 38 MiB), and 1 KiB for the
-// session around them.
-func paramsCost(params any) int {
-	b, err := json.Marshal(params)
+// paramsCost is what initialize parameters cost kept: keptCost, and 1
+// KiB for the session around them.
+func paramsCost(params any) int { return keptCost(params) + 1024 }
+
+// keptCost is what a value decoded from a client's JSON costs kept: its
+// JSON's bytes, and 128 for each value in it (decoded generically, a map
+// entry, a slice element or a boxed number is some 100 bytes of heap:
+// 60 000 objects of 27 bytes of JSON and 6 values each kept 38 MiB).
+func keptCost(v any) int {
+	b, err := json.Marshal(v)
 	if err != nil {
-		return SessionParamsBytes // not kept: refused
+		return SessionParamsBytes // refused wherever it is counted
 	}
 	values := 0
 	inString, escaped := false, false
@@ -133,7 +136,7 @@ func paramsCost(params any) int {
 			values++
 		}
 	}
-	return len(b) + 128*values + 1024
+	return len(b) + 128*values
 }
 
 // count is the number of sessions open now, for the metrics.
