@@ -17,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/wasmtools/wasmtools/host"
@@ -1382,5 +1383,31 @@ func TestSessionParamsBounded(t *testing.T) {
 	}
 	if id, e := initialize(aliceToken, 10); e != nil || id == "" {
 		t.Errorf("alice's initialize after bob's: %v; want served", e)
+	}
+}
+
+// TestRequestMetaBounded: a request that runs a guest keeps its _meta,
+// decoded, while it runs and while it is parked for a person's answer
+// (an hour at most), and passes it to the guest; what a _meta may cost
+// kept is bounded, and a request over it refused before anything runs.
+// (A red team: 16 of bob's 2026-07-28 calls, each parked at a question
+// with 1.6 MB of client capabilities in its _meta, kept 1.1 GiB of heap;
+// his share of parked calls is 64.)
+func TestRequestMetaBounded(t *testing.T) {
+	f := pdkhostFixture(t, &host.Options{Tenants: true})
+	url := serveGuarded(t, f, host.GuardOptions{Tokens: map[string]string{"alice": aliceToken, "bob": bobToken}})
+	ask := func(token string, entries int) (map[string]any, map[string]any) {
+		experimental := map[string]any{}
+		for i := range entries {
+			experimental[fmt.Sprint("k", i)] = map[string]any{"a": []any{1, "x", true}}
+		}
+		caps := map[string]any{"elicitation": map[string]any{}, "experimental": experimental}
+		return rpcWith(t, url, as(token, ""), "tools/call", "ask", map[string]any{"name": "ask", "arguments": map[string]any{"rounds": 2}}, caps)
+	}
+	if res, e := ask(bobToken, 60000); e == nil || e["code"] != float64(jsonrpc.CodeInvalidParams) {
+		t.Errorf("bob's call with 1.6 MB of _meta: %.200v %v; want refused with invalid params", res, e)
+	}
+	if res, e := ask(aliceToken, 10); e != nil || res["requestState"] == nil {
+		t.Errorf("alice's call with an ordinary _meta: %.200v %v; want parked at its question", res, e)
 	}
 }
