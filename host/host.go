@@ -561,6 +561,8 @@ func (h *Host) newServer(name, version string) *mcp.Server {
 	}
 	s.AddReceivingMiddleware(h.taskMiddleware)
 	s.AddReceivingMiddleware(h.accessMiddleware)
+	// Outside the checks and tasks: nothing of a request over it is kept.
+	s.AddReceivingMiddleware(metaBound)
 	// The trace span last: each middleware added wraps those before it,
 	// so this one is outermost and its span covers the rest.
 	s.AddReceivingMiddleware(h.traceMiddleware)

@@ -471,7 +471,7 @@ func taskLabel(id string) string {
 // MiB of heap for their hour against the 16 MiB a client's tasks may
 // hold.)
 func TestTaskBytesCountMeta(t *testing.T) {
-	f := newFixture(t, &host.Options{MaxTaskBytesPerClient: 1 << 20}, sandbox.NewPolicy(), map[string]string{"everything.wasm": testplugins.Example(t, "everything")})
+	f := newFixture(t, &host.Options{MaxTaskBytesPerClient: 64 << 10}, sandbox.NewPolicy(), map[string]string{"everything.wasm": testplugins.Example(t, "everything")})
 	url := serveHTTP(t, f)
 	args := func() map[string]any {
 		return map[string]any{"name": "slow_compute", "arguments": map[string]any{"seconds": 0}}
@@ -480,12 +480,12 @@ func TestTaskBytesCountMeta(t *testing.T) {
 		t.Fatalf("a task of an ordinary request: %v %v", res, e)
 	}
 	experimental := map[string]any{}
-	for i := range 4500 { // 120 KB of JSON, some 1 MiB decoded
+	for i := range 200 { // 5 KB of JSON, some 150 KiB counted (within host.MaxMetaCost)
 		experimental[fmt.Sprint("k", i)] = map[string]any{"a": []any{1, "x", true}}
 	}
 	caps := map[string]any{"experimental": experimental}
 	maps.Copy(caps, withTasks)
 	if res, e := rpc(t, url, "tools/call", "slow_compute", args(), caps); e == nil || e["code"] != float64(host.CodeBusy) {
-		t.Errorf("a task whose _meta holds 4 500 capability objects, against 1 MiB a client's tasks may hold: %v %v; want refused with CodeBusy", res, e)
+		t.Errorf("a task whose _meta holds 200 capability objects, against 64 KiB a client's tasks may hold: %v %v; want refused with CodeBusy", res, e)
 	}
 }
