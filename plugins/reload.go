@@ -111,6 +111,10 @@ type ReloaderOptions struct {
 	// changes (which starts afresh). Defaults: [DefaultRetryMin] and
 	// [DefaultRetryMax].
 	RetryMin, RetryMax time.Duration
+	// RetryAttempts is how many times in a row such a load may fail
+	// before it is given up until the file or the configuration
+	// changes. Default: [DefaultRetryAttempts].
+	RetryAttempts int
 }
 
 // DefaultSlowLoad is ReloaderOptions.SlowLoad's default: a plugin's
@@ -193,6 +197,9 @@ func NewReloader(rt *sandbox.Runtime, opts ReloaderOptions) *Reloader {
 		r.opts.RetryMax = DefaultRetryMax
 	}
 	r.opts.RetryMax = max(r.opts.RetryMax, r.opts.RetryMin)
+	if r.opts.RetryAttempts <= 0 {
+		r.opts.RetryAttempts = DefaultRetryAttempts
+	}
 	if r.opts.OnSettled != nil {
 		r.settled = sync.OnceFunc(r.opts.OnSettled)
 	} else {

@@ -148,6 +148,37 @@ func TestTransientRetryBacksOffAndStopsOnClose(t *testing.T) {
 	}
 }
 
+// TestTransientRetryGivesUp: a load that fails for a reason that may pass
+// at every attempt (here a start function that never ends, which costs a
+// core for the load's timeout at each) is given up after RetryAttempts,
+// its status an error that says so, and not tried again.
+func TestTransientRetryGivesUp(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	write(t, filepath.Join(dir, "hostilestart.wasm"), testplugins.Bytes(t, testplugins.Test(t, "hostilestart")))
+	policy := sandbox.NewPolicy().WithLoadTimeout(50 * time.Millisecond)
+	attempts := make(chan struct{}, 1000)
+	r := plugins.NewReloader(newRuntime(t), plugins.ReloaderOptions{Paths: []string{dir}, SlowLoad: time.Minute,
+		RetryMin: 10 * time.Millisecond, RetryMax: 20 * time.Millisecond, RetryAttempts: 3,
+		Check:      func(string, []byte) error { attempts <- struct{}{}; return nil },
+		OptionsFor: func(string) plugins.Options { return plugins.Options{Policy: &policy} },
+	})
+	defer r.Close(ctx)
+	r.Load(ctx)
+	waitFor(t, "the retries given up", func() bool { return status(r, "hostilestart").State == plugins.StateError })
+	if s := status(r, "hostilestart"); !strings.Contains(s.Error, "failed 3 times") || !s.RetryAt.IsZero() {
+		t.Errorf("status once given up: %+v", s)
+	}
+	for len(attempts) > 0 {
+		<-attempts
+	}
+	select {
+	case <-attempts:
+		t.Fatal("the load was tried again after it was given up")
+	case <-time.After(time.Second): // 50 times the longest backoff
+	}
+}
+
 // TestPermanentFailureNotRetried: a load refused for what the file or
 // the configuration is (the check refuses it; its bytes are not a
 // module) is not tried again until one of them changes.

@@ -3,6 +3,7 @@ package plugins
 import (
 	"context"
 	"errors"
+	"fmt"
 	"syscall"
 	"time"
 )
@@ -11,6 +12,9 @@ import (
 const (
 	DefaultRetryMin = time.Second
 	DefaultRetryMax = time.Minute
+	// DefaultRetryAttempts is ReloaderOptions.RetryAttempts' default:
+	// about 5 minutes of attempts at the default backoff.
+	DefaultRetryAttempts = 10
 )
 
 // TransientError is a plugin load that failed for a reason of the moment,
@@ -60,10 +64,11 @@ func transientRead(err error) error {
 // generation it failed with. Another version or configuration starts
 // afresh. The reloader's lock guards it.
 type retry struct {
-	sha   string
-	gen   int
-	wait  time.Duration // before the attempt due
-	timer *time.Timer
+	sha      string
+	gen      int
+	wait     time.Duration // before the attempt due
+	attempts int           // failed so far
+	timer    *time.Timer
 }
 
 // failLocked records err, the failure of loading f's bytes sha: a
@@ -83,6 +88,13 @@ func (r *Reloader) failLocked(f *fileState, sha string, err error) error {
 		r.stopRetryLocked(f)
 		rt = &retry{sha: sha, gen: r.gen, wait: r.opts.RetryMin}
 		f.retry = rt
+	}
+	if rt.attempts++; rt.attempts >= r.opts.RetryAttempts {
+		// A deadline that passes at every attempt is as likely a guest
+		// that never ends its start as a busy machine: each attempt
+		// costs a core for the load's timeout, so it stops.
+		r.stopRetryLocked(f)
+		return r.fail(f, fmt.Errorf("%w (failed %d times in a row, for a reason that may pass; tried again when the file or the configuration changes)", err, rt.attempts))
 	}
 	path := f.status.Path
 	rt.timer = time.AfterFunc(rt.wait, func() { r.retryDue(path, rt) })
