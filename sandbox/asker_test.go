@@ -180,3 +180,42 @@ func (m modeAsker) AskGrant(ctx context.Context, r sandbox.GrantRequest) error {
 	}
 	return errors.New("no")
 }
+
+// TestFileAskHeldFileNeedsTheCallsGrant: a grant of an ask mount lasts for
+// its call, so a file the guest opened under one call's grant and kept
+// open is of no use in a later call that was not granted the folder: the
+// person who allowed "once" allowed one call, not every later one.
+func TestFileAskHeldFileNeedsTheCallsGrant(t *testing.T) {
+	rw := t.TempDir()
+	os.WriteFile(filepath.Join(rw, "a.txt"), []byte("hello"), 0o644)
+	inst := grantsInstance(t, sandbox.NewPolicy().WithAskMounts(sandbox.Mount{HostPath: rw, GuestPath: "/rw"}))
+	call := func(a sandbox.Asker, tool string, args map[string]string) string {
+		t.Helper()
+		b, _ := json.Marshal(args)
+		out, err := inst.Call(sandbox.WithAsker(context.Background(), a), "call", []byte(`{"params":{"name":"`+tool+`","arguments":`+string(b)+`}}`), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return string(out)
+	}
+	once := &recordingAsker{allow: map[string]bool{rw + " read": true, rw + " read-write": true}}
+	if out := call(modeAsker{once}, "hold", map[string]string{"path": "/rw/a.txt", "text": "write"}); !strings.Contains(out, "held") {
+		t.Fatalf("hold with the folder granted: %s", out)
+	}
+	// Later calls, whose person refuses the folder.
+	no := &recordingAsker{allow: map[string]bool{}}
+	if out := call(modeAsker{no}, "held", map[string]string{"text": "HACKED"}); !strings.Contains(out, "denied") {
+		t.Errorf("a write through the held file in a call refused the folder: %s, want it refused", out)
+	}
+	if b, _ := os.ReadFile(filepath.Join(rw, "a.txt")); string(b) != "hello" {
+		t.Errorf("the file holds %q after a call refused the folder, want %q", b, "hello")
+	}
+	os.WriteFile(filepath.Join(rw, "a.txt"), []byte("secret"), 0o644)
+	if out := call(modeAsker{no}, "held", nil); strings.Contains(out, "secret") {
+		t.Errorf("a read through the held file in a call refused the folder: %s, want it refused", out)
+	}
+	want := []sandbox.GrantRequest{{Kind: sandbox.GrantFile, Target: rw, Mode: sandbox.ModeReadWrite}, {Kind: sandbox.GrantFile, Target: rw, Mode: sandbox.ModeRead}}
+	if fmt.Sprint(no.asked) != fmt.Sprint(want) {
+		t.Errorf("the later calls asked %v, want %v", no.asked, want)
+	}
+}

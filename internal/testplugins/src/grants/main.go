@@ -4,7 +4,9 @@
 // tries what only a grant allows: network requests (Extism http_request),
 // files (WASI: read, write, symlink, rename, mkdir, list, remove) and
 // environment variables. File errors come back as text,
-// so tests can read them.
+// so tests can read them. hold opens a file and keeps it open across
+// calls, and held reads or writes through it, as a guest that keeps what
+// one call was granted for the next would.
 package main
 
 import (
@@ -18,12 +20,15 @@ import (
 
 func main() {}
 
+// heldFile is the file hold opened, kept for later calls.
+var heldFile *os.File
+
 //go:wasmexport describe
 func describe() int32 {
 	tool := func(name string) string {
 		return `{"name":"` + name + `","inputSchema":{"type":"object"}}`
 	}
-	pdk.OutputString(`{"tools":[` + strings.Join([]string{tool("fetch"), tool("read"), tool("write"), tool("symlink"), tool("rename"), tool("mkdir"), tool("list"), tool("remove"), tool("env")}, ",") + `]}`)
+	pdk.OutputString(`{"tools":[` + strings.Join([]string{tool("fetch"), tool("read"), tool("write"), tool("symlink"), tool("rename"), tool("mkdir"), tool("list"), tool("remove"), tool("env"), tool("hold"), tool("held")}, ",") + `]}`)
 	return 0
 }
 
@@ -69,6 +74,32 @@ func call() int32 {
 		out = result("removed", os.Remove(a.Path))
 	case "env":
 		out = "[" + os.Getenv(a.Name) + "]"
+	case "hold": // Text: "read" or "write"
+		flag := os.O_RDONLY
+		if a.Text == "write" {
+			flag = os.O_RDWR
+		}
+		f, err := os.OpenFile(a.Path, flag, 0)
+		if err == nil {
+			heldFile = f
+		}
+		out = result("held", err)
+	case "held": // Text: what to write at the start; "" reads the file
+		if heldFile == nil {
+			out = "error: nothing held"
+			break
+		}
+		if a.Text != "" {
+			_, err := heldFile.WriteAt([]byte(a.Text), 0)
+			out = result("written", err)
+			break
+		}
+		b := make([]byte, 4096)
+		n, err := heldFile.ReadAt(b, 0)
+		if err != nil && n > 0 {
+			err = nil
+		}
+		out = result(string(b[:n]), err)
 	}
 	b, _ := json.Marshal(map[string]any{"content": []map[string]string{{"type": "text", "text": out}}})
 	pdk.Output(b)
