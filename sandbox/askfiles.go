@@ -28,7 +28,8 @@ const (
 // for "read"; the first change (writing, creating, renaming, removing)
 // asks for "read-write", which a ReadOnly mount never allows. A grant
 // lasts for the rest of the call; the Asker remembers for longer if it
-// should. Refused, or outside a call (initialisation), the operation
+// should. A file kept open into a later call is read or changed only
+// under that call's grant, asked for as at its first use. Refused, or outside a call (initialisation), the operation
 // fails with EACCES. The default is none. A guest path may not be that
 // of a mount of [Policy.WithMounts].
 func (p Policy) WithAskMounts(m ...Mount) Policy {
@@ -114,7 +115,7 @@ func (g *gatedFS) allow(write bool) experimentalsys.Errno {
 
 // isTop reports whether p names the mount's folder itself, which WASI
 // opens and stats to pre-open it (at initialisation, with no one to ask):
-// that is allowed, and only listing it asks (see gatedDir).
+// that is allowed, and only listing it asks (see gatedFile).
 func isTop(p string) bool {
 	n, e := name(p)
 	return e == 0 && n == "."
@@ -122,30 +123,98 @@ func isTop(p string) bool {
 
 func (g *gatedFS) OpenFile(p string, flag experimentalsys.Oflag, perm fs.FileMode) (experimentalsys.File, experimentalsys.Errno) {
 	write := flag&(experimentalsys.O_WRONLY|experimentalsys.O_RDWR|experimentalsys.O_CREAT|experimentalsys.O_TRUNC|experimentalsys.O_APPEND) != 0
-	if !write && isTop(p) {
-		f, e := g.rootFS.OpenFile(p, flag, perm)
-		if e != 0 {
+	top := !write && isTop(p)
+	if !top {
+		if e := g.allow(write); e != 0 {
 			return nil, e
 		}
-		return &gatedDir{File: f, g: g}, 0
 	}
-	if e := g.allow(write); e != 0 {
+	f, e := g.rootFS.OpenFile(p, flag, perm)
+	if e != 0 {
 		return nil, e
 	}
-	return g.rootFS.OpenFile(p, flag, perm)
+	return &gatedFile{File: f, g: g, top: top, writes: flag&(experimentalsys.O_WRONLY|experimentalsys.O_RDWR) != 0}, 0
 }
 
-// gatedDir is the mount's folder opened: listing it asks for "read".
-type gatedDir struct {
+// gatedFile is a file of an ask mount, opened: each use checks the grant
+// of the call it is used in, as opening it did, since a grant lasts for
+// its call and a guest may keep a file open into the next (a red team,
+// stop 66: a file opened under one call's "allow once" was read and
+// written in later calls whose person refused the folder). The mount's
+// folder itself (top), which WASI opens at initialisation, asks only to
+// be listed.
+type gatedFile struct {
 	experimentalsys.File
-	g *gatedFS
+	g      *gatedFS
+	top    bool
+	writes bool // opened for writing; else a write fails as it would, unasked
 }
 
-func (d *gatedDir) Readdir(n int) ([]experimentalsys.Dirent, experimentalsys.Errno) {
-	if e := d.g.allow(false); e != 0 {
+// allow checks, or asks for, what a use of f needs: reading (the folder
+// listed, for top), or changing when f was opened to.
+func (f *gatedFile) allow(write bool) experimentalsys.Errno {
+	if write && !f.writes {
+		return 0 // the file refuses it itself (EBADF): nothing to ask
+	}
+	return f.g.allow(write)
+}
+
+func (f *gatedFile) Readdir(n int) ([]experimentalsys.Dirent, experimentalsys.Errno) {
+	if e := f.allow(false); e != 0 {
 		return nil, e
 	}
-	return d.File.Readdir(n)
+	return f.File.Readdir(n)
+}
+
+func (f *gatedFile) Stat() (wsys.Stat_t, experimentalsys.Errno) {
+	if !f.top {
+		if e := f.allow(false); e != 0 {
+			return wsys.Stat_t{}, e
+		}
+	}
+	return f.File.Stat()
+}
+
+func (f *gatedFile) Read(buf []byte) (int, experimentalsys.Errno) {
+	if e := f.allow(false); e != 0 {
+		return 0, e
+	}
+	return f.File.Read(buf)
+}
+
+func (f *gatedFile) Pread(buf []byte, off int64) (int, experimentalsys.Errno) {
+	if e := f.allow(false); e != 0 {
+		return 0, e
+	}
+	return f.File.Pread(buf, off)
+}
+
+func (f *gatedFile) Write(buf []byte) (int, experimentalsys.Errno) {
+	if e := f.allow(true); e != 0 {
+		return 0, e
+	}
+	return f.File.Write(buf)
+}
+
+func (f *gatedFile) Pwrite(buf []byte, off int64) (int, experimentalsys.Errno) {
+	if e := f.allow(true); e != 0 {
+		return 0, e
+	}
+	return f.File.Pwrite(buf, off)
+}
+
+func (f *gatedFile) Truncate(size int64) experimentalsys.Errno {
+	if e := f.allow(true); e != 0 {
+		return e
+	}
+	return f.File.Truncate(size)
+}
+
+func (f *gatedFile) Utimens(atim, mtim int64) experimentalsys.Errno {
+	if e := f.allow(true); e != 0 {
+		return e
+	}
+	return f.File.Utimens(atim, mtim)
 }
 
 func (g *gatedFS) Lstat(p string) (wsys.Stat_t, experimentalsys.Errno) {
