@@ -3,6 +3,7 @@ package sandbox_test
 import (
 	"context"
 	"encoding/json"
+	"strings"
 	"testing"
 
 	"github.com/wasmtools/wasmtools/sandbox"
@@ -25,6 +26,26 @@ func TestZoneSmugglesNoTextIntoQuestion(t *testing.T) {
 		inst.Call(sandbox.WithAsker(context.Background(), a), "call", []byte(`{"params":{"name":"fetch","arguments":`+string(b)+`}}`), nil)
 		if len(a.asked) != 0 {
 			t.Errorf("%s: the person was asked for target %q: a zone's free text (and a right-to-left override) reaches the question", raw, a.asked[0].Target)
+		}
+	}
+}
+
+// A host name that is no DNS name (over 253 characters, or a label over
+// 63) reaches nothing once approved, and under a wildcard ceiling it let
+// the guest put a question of up to a megabyte before the person, the
+// ceiling's domain at its far end: refused without asking.
+func TestLongNameNotAsked(t *testing.T) {
+	for name, host := range map[string]string{
+		"254 characters":   strings.Repeat("a", 63) + "." + strings.Repeat("b", 63) + "." + strings.Repeat("c", 63) + "." + strings.Repeat("d", 50) + ".example.com",
+		"a 64-octet label": strings.Repeat("a", 64) + ".example.com",
+		"200 000 octets":   strings.Repeat("login.bank.example.", 10000) + "example.com",
+	} {
+		inst := grantsInstance(t, sandbox.NewPolicy().WithNetwork(sandbox.Network{Ask: []string{"*.example.com:443"}}))
+		a := &recordingAsker{allow: map[string]bool{}}
+		b, _ := json.Marshal(map[string]string{"url": "https://" + host + "/"})
+		inst.Call(sandbox.WithAsker(context.Background(), a), "call", []byte(`{"params":{"name":"fetch","arguments":`+string(b)+`}}`), nil)
+		if len(a.asked) != 0 {
+			t.Errorf("%s: the person was asked for a target of %d characters, which no DNS name has", name, len(a.asked[0].Target))
 		}
 	}
 }
