@@ -245,6 +245,12 @@ func (n *Network) checkURL(ctx context.Context, u *url.URL, redirect bool) error
 			return &NetworkError{Target: target, Redirect: redirect, Err: ErrHostNotGranted,
 				Answer: fmt.Sprintf("host %q has characters other than ASCII letters, digits, '-' and '.', so no one is asked for it (write an international name in its xn-- form)", host)}
 		}
+		if !dnsLength(host) {
+			// Nothing to reach, and a question of any length, the
+			// ceiling's domain at its far end (a red team, stop 66).
+			return &NetworkError{Target: cutString(target, 80), Redirect: redirect, Err: ErrHostNotGranted,
+				Answer: fmt.Sprintf("host name of %d characters is no DNS name (at most 253, and 63 a label), so no one is asked for it", len(host))}
+		}
 		err := askGrant(ctx, GrantRequest{Kind: GrantNetwork, Target: target, Redirect: redirect})
 		if err == nil {
 			return nil
@@ -285,6 +291,32 @@ func plainHost(host string) bool {
 		}
 	}
 	return host != ""
+}
+
+// dnsLength reports whether host (no trailing dot), when a name, has
+// the lengths of a DNS name: at most 253 characters, and 63 a label. An
+// address always has.
+func dnsLength(host string) bool {
+	if _, err := netip.ParseAddr(host); err == nil {
+		return true
+	}
+	if len(host) > 253 {
+		return false
+	}
+	for l := range strings.SplitSeq(host, ".") {
+		if len(l) > 63 {
+			return false
+		}
+	}
+	return true
+}
+
+// cutString cuts s to at most n bytes, marking the cut.
+func cutString(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n] + "…"
 }
 
 var (
