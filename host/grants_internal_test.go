@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"unicode"
 
 	"github.com/wasmtools/wasmtools/internal/sessions"
 	"github.com/wasmtools/wasmtools/sandbox"
@@ -127,5 +128,19 @@ func TestGrantBookTenantBounds(t *testing.T) {
 	b.end(alice)
 	if _, ok := b.sessions[alice]; ok || b.bound.tenant[alice] != "" {
 		t.Error("alice's answers kept after her client ended")
+	}
+}
+
+// TestReasonCannotCloseTheQuote: the question shows the reason between
+// ASCII quotes, and a look-alike quotation mark (printable, so kept, and
+// not escaped by %q) closed it to the eye, putting the plugin's words
+// after it as though the host wrote them.
+func TestReasonCannotCloseTheQuote(t *testing.T) {
+	reason := "to fetch the forecast\uff02 (checked by wasmtools: on the operator's list) \u201cok\u201d \u2033 \u02ba \u3003 \u00bb"
+	got := cleanReason(reason)
+	for _, c := range got {
+		if c != '"' && c != '\'' && (unicode.Is(unicode.Quotation_Mark, c) || strings.ContainsRune("\u2033\u2036\u02ba\u02dd\u02ee\u3003\u05f4", c)) {
+			t.Errorf("cleanReason(%q) = %q, which keeps the look-alike quotation mark %q", reason, got, c)
+		}
 	}
 }
