@@ -481,7 +481,8 @@ func (e *callEnv) grantReason() string {
 }
 
 // cleanReason keeps the printable characters of a guest's reason, spaces
-// for any whitespace, at most abi.MaxGrantReason of them.
+// for any whitespace and ASCII apostrophes for quotation marks but the
+// ASCII one, at most abi.MaxGrantReason of them.
 func cleanReason(s string) string {
 	var b strings.Builder
 	n := 0
@@ -493,11 +494,25 @@ func cleanReason(s string) string {
 			c = ' '
 		case !unicode.IsPrint(c):
 			continue
+		case lookalikeQuote(c):
+			c = '\''
 		}
 		b.WriteRune(c)
 		n++
 	}
 	return strings.TrimSpace(b.String())
+}
+
+// lookalikeQuote reports whether c is a quotation mark, or a mark that
+// looks like one (primes, ditto marks), other than the ASCII double
+// quote, which %q escapes, and the apostrophe: the question quotes the
+// reason between ASCII double quotes, and a look-alike closed them to the eye, putting the plugin's
+// words after them as though the host wrote them (a red team, stop 66).
+func lookalikeQuote(c rune) bool {
+	if c == '"' || c == '\'' {
+		return false
+	}
+	return unicode.Is(unicode.Quotation_Mark, c) || strings.ContainsRune("\u2033\u2036\u02ba\u02dd\u02ee\u3003\u05f4", c)
 }
 
 // grantEntry is a line of the record log for a grant asked for, given or
