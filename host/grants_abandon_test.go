@@ -1,0 +1,54 @@
+package host_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/wasmtools/wasmtools/host"
+)
+
+// TestUnansweredQuestionAbandoned: a question to a client before
+// 2026-07-28 that no one answers is withdrawn after the abandonment time,
+// as a 2026-07-28 client's parked call is (docs/ABI.md: the wait "is
+// bounded by the abandonment time"); until stop 66 it held the call, its
+// instance and its goroutine for as long as the client kept the request
+// open, a plugin's grant question included.
+func TestUnansweredQuestionAbandoned(t *testing.T) {
+	f, srv, _ := grantFixture(t, &host.Options{AbandonAfter: 2 * time.Second})
+	withdrawn := make(chan struct{}, 1)
+	cs := f.connect(t, "2025-11-25", &mcp.ClientOptions{ElicitationHandler: func(ctx context.Context, _ *mcp.ElicitRequest) (*mcp.ElicitResult, error) {
+		<-ctx.Done() // the person never answers
+		withdrawn <- struct{}{}
+		return nil, ctx.Err()
+	}})
+	// Should the call hang, the client gives up on it before the
+	// fixture's cleanups, which wait for it.
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	done := make(chan string, 1)
+	go func() {
+		res, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: "fetch", Arguments: map[string]any{"url": srv.URL}})
+		if err != nil {
+			done <- "error: " + err.Error()
+			return
+		}
+		done <- text(res)
+	}()
+	select {
+	case got := <-done:
+		if !strings.Contains(got, "not granted") {
+			t.Errorf("the abandoned question's call: %q, want the grant refused", got)
+		}
+	case <-time.After(60 * time.Second): // the abandonment time is 2 s
+		t.Fatal("a question no one answered held its call 60 s, with an abandonment time of 2 s")
+	}
+	select {
+	case <-withdrawn:
+	case <-time.After(30 * time.Second):
+		t.Error("the question was not withdrawn from the client")
+	}
+}
