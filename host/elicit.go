@@ -169,8 +169,14 @@ func (h *Host) rounds(ctx context.Context, req roundReq, r *run) (runResult, *pa
 			// on requests); each question counts for an older one.
 			r.env.asked += q.size(multiRound)
 			if !multiRound {
+				// Bounded as a parked call is: a question no one answers
+				// would hold the call, its instance and this goroutine
+				// for as long as the client kept the request open.
 				actx, done := h.asks.add(ctx)
+				abandon := cmp.Or(h.opts.AbandonAfter, DefaultAbandonAfter)
+				actx, stop := context.WithTimeoutCause(actx, abandon, fmt.Errorf("%w %v", errAbandoned, abandon))
 				q.askLegacy(actx, req.ss)
+				stop()
 				done()
 				continue
 			}
@@ -280,7 +286,7 @@ func (q *question) askLegacy(ctx context.Context, ss *mcp.ServerSession) {
 	if q.roots != nil {
 		res, err := ss.ListRoots(ctx, q.roots)
 		if err != nil {
-			q.refuse("roots/list failed: " + err.Error())
+			q.refuse("roots/list failed: " + withdrawn(ctx, err))
 			return
 		}
 		q.rooted <- res
@@ -289,7 +295,7 @@ func (q *question) askLegacy(ctx context.Context, ss *mcp.ServerSession) {
 	if q.sampling != nil {
 		res, err := ss.CreateMessage(ctx, q.sampling)
 		if err != nil {
-			q.refuse("sampling failed: " + err.Error())
+			q.refuse("sampling failed: " + withdrawn(ctx, err))
 			return
 		}
 		q.sampled <- sampledOf(res)
@@ -781,6 +787,10 @@ type asking struct {
 // errWithdrawn is the cause of a question withdrawn at shutdown.
 var errWithdrawn = errors.New("the server is shutting down: the question was withdrawn, call the tool again")
 
+// errAbandoned is the cause of a question to a client before 2026-07-28
+// withdrawn because no one answered it within Options.AbandonAfter.
+var errAbandoned = errors.New("the question was withdrawn: no one answered it within")
+
 // add returns ctx for one question, ended when the host shuts down; done
 // forgets it.
 func (a *asking) add(ctx context.Context) (context.Context, func()) {
@@ -815,8 +825,8 @@ func (a *asking) withdraw() {
 
 // withdrawn is err's message, or why the host withdrew the question.
 func withdrawn(ctx context.Context, err error) string {
-	if errors.Is(context.Cause(ctx), errWithdrawn) {
-		return errWithdrawn.Error()
+	if c := context.Cause(ctx); errors.Is(c, errWithdrawn) || errors.Is(c, errAbandoned) {
+		return c.Error()
 	}
 	return err.Error()
 }

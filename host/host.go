@@ -233,7 +233,9 @@ type Options struct {
 	// restart, which parked calls and guest state do not either.
 	StateKey []byte
 	// AbandonAfter stops a parked call whose client has not answered in
-	// this long; 0 means [DefaultAbandonAfter].
+	// this long, and withdraws a question (elicitation, sampling, roots)
+	// that a client before 2026-07-28 has not answered in this long (the
+	// guest gets "cancel"); 0 means [DefaultAbandonAfter].
 	AbandonAfter time.Duration
 	// Loaded, if set, is closed once the plugins' first load is done: the
 	// host serves at once, and until then a request that reads the

@@ -186,7 +186,7 @@ func (q *question) askBatchLegacy(ctx context.Context, ss *mcp.ServerSession) {
 			}
 		}
 		if err != nil {
-			q.errs[k] = err.Error()
+			q.errs[k] = withdrawn(ctx, err)
 			continue
 		}
 		q.responses[k] = resp
