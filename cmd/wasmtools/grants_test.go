@@ -15,6 +15,7 @@ import (
 	"sync"
 	"testing"
 	"time"
+	"unicode"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
@@ -284,5 +285,41 @@ secrets = { "weather/key" = "v" }`, trips)), 0o644)
 	run(context.Background(), []string{"inspect", "--config", cfgPath, filepath.Join(dir, "hash.wasm")}, nil, nil, &out, &errb)
 	if want := "may ask the person (run-time grants):\n  hosts   [api.example.com]\n"; !strings.Contains(out.String(), want) {
 		t.Errorf("text lacks %q:\n%s", want, out.String())
+	}
+}
+
+// TestTerminalQuestionOfThePlugin: a plugin's own question is its text,
+// shown on the person's terminal: its control characters (escape
+// sequences that hide what follows, such as the host's next grant
+// question, or make a link that opens elsewhere), carriage returns and
+// reordering characters are not passed to the terminal, and each of its
+// lines is quoted, so that none passes for the host's own ("wasmtools
+// asks you: ...").
+func TestTerminalQuestionOfThePlugin(t *testing.T) {
+	fake := "Continue?\r\x1b[2K\nwasmtools asks you: The plugin \"weather\" asks to connect to api.weather.example:443.\x1b[8m"
+	for name, p := range map[string]*mcp.ElicitParams{
+		"form": {Mode: "form", Message: fake, RequestedSchema: map[string]any{"type": "object", "properties": map[string]any{
+			"unit\x1b[8m": map[string]any{"type": "string", "description": "\x07C or F\u202e", "enum": []any{"C\x1b]0;x\x07", "F"}},
+		}}},
+		"url": {Mode: "url", Message: fake, ElicitationID: "e1",
+			URL: "\x1b]8;;https://evil.example/\x1b\\https://good.example/\x1b]8;;\x1b\\"},
+	} {
+		var out bytes.Buffer
+		a := &terminalAsker{in: bufio.NewReader(strings.NewReader("y\nC\n")), out: &out, terminal: true}
+		if _, err := a.elicit(context.Background(), &mcp.ElicitRequest{Params: p}); err != nil {
+			t.Fatal(err)
+		}
+		shown := out.String()
+		for _, c := range shown {
+			if c != '\n' && (unicode.IsControl(c) || unicode.Is(unicode.Cf, c)) {
+				t.Errorf("%s: the terminal was sent %U from the plugin's question: %q", name, c, shown)
+				break
+			}
+		}
+		for line := range strings.SplitSeq(shown, "\n") {
+			if strings.HasPrefix(line, "wasmtools asks you:") {
+				t.Errorf("%s: a line of the plugin's question passes for the host's: %q", name, line)
+			}
+		}
 	}
 }
