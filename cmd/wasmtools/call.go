@@ -14,6 +14,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"unicode"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"golang.org/x/term"
@@ -244,9 +245,9 @@ func (a *terminalAsker) elicit(_ context.Context, r *mcp.ElicitRequest) (*mcp.El
 	if grant {
 		return a.grant(p.Message), nil
 	}
-	fmt.Fprintf(a.out, "\nThe tool asks: %s\n", p.Message)
+	fmt.Fprintf(a.out, "\nThe tool asks:\n%s\n", plain(p.Message, true))
 	if p.Mode == "url" {
-		fmt.Fprintf(a.out, "Open %s\nDone? [y]es, [n]o (decline), [c]ancel: ", p.URL)
+		fmt.Fprintf(a.out, "Open %s\nDone? [y]es, [n]o (decline), [c]ancel: ", plain(p.URL, false))
 		return &mcp.ElicitResult{Action: a.choice()}, nil
 	}
 	var schema struct {
@@ -282,7 +283,7 @@ func (a *terminalAsker) elicit(_ context.Context, r *mcp.ElicitRequest) (*mcp.El
 			label += fmt.Sprintf(" one of %v", prop.Enum)
 		}
 		for {
-			fmt.Fprintf(a.out, "%s [%s]: ", label, prop.Type)
+			fmt.Fprintf(a.out, "%s [%s]: ", plain(label, false), plain(prop.Type, false))
 			line, err := a.in.ReadString('\n')
 			line = strings.TrimSpace(line)
 			if line == "" && (err != nil || !slices.Contains(schema.Required, name)) {
@@ -300,6 +301,30 @@ func (a *terminalAsker) elicit(_ context.Context, r *mcp.ElicitRequest) (*mcp.El
 		}
 	}
 	return &mcp.ElicitResult{Action: "accept", Content: content}, nil
+}
+
+// plain is a plugin's text as the terminal shows it: control and format
+// characters dropped (escape sequences, which can hide what follows, such
+// as the host's next grant question, or make a link open elsewhere;
+// carriage returns; reordering characters), tabs made spaces, and with
+// lines each line quoted ("  > "), else newlines made spaces, so that no
+// line of the plugin's passes for the host's ("wasmtools asks you: ...").
+func plain(s string, lines bool) string {
+	var b strings.Builder
+	for _, c := range s {
+		switch {
+		case c == '\n' && lines:
+		case c == '\n' || c == '\t':
+			c = ' '
+		case unicode.IsControl(c) || unicode.Is(unicode.Cf, c):
+			continue
+		}
+		b.WriteRune(c)
+	}
+	if !lines {
+		return b.String()
+	}
+	return "  > " + strings.ReplaceAll(b.String(), "\n", "\n  > ")
 }
 
 // grant asks the person on the terminal for a grant the host's question
