@@ -181,7 +181,7 @@ func progressLine(p *mcp.ProgressNotificationParams) string {
 		s += "/" + strconv.FormatFloat(p.Total, 'f', -1, 64)
 	}
 	if p.Message != "" {
-		s += " " + p.Message
+		s += " " + plain(p.Message, false) // the plugin's, on the terminal of the questions
 	}
 	return s
 }
