@@ -2,7 +2,9 @@ package host_test
 
 import (
 	"context"
+	"errors"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -50,5 +52,37 @@ func TestUnansweredQuestionAbandoned(t *testing.T) {
 	case <-withdrawn:
 	case <-time.After(30 * time.Second):
 		t.Error("the question was not withdrawn from the client")
+	}
+}
+
+// TestCapCountsQuestionsAnsweredWithAnError: the cap on grant questions
+// gives back only what was never put to the person. A question the client
+// showed and then answered with an error (a dismissal some clients report
+// so, or an answer the schema refuses) was asked: given back, a plugin
+// could ask a person whose client answers so without end.
+func TestCapCountsQuestionsAnsweredWithAnError(t *testing.T) {
+	f, srv, _ := grantFixture(t, &host.Options{MaxGrantQuestions: 2})
+	for name, answer := range map[string]func() (*mcp.ElicitResult, error){
+		"error": func() (*mcp.ElicitResult, error) { return nil, errors.New("the dialog was closed") },
+		"off the schema": func() (*mcp.ElicitResult, error) {
+			return &mcp.ElicitResult{Action: "accept", Content: map[string]any{"decision": "Allow"}}, nil
+		},
+	} {
+		var mu sync.Mutex
+		shown := 0
+		cs := f.connect(t, "2025-11-25", &mcp.ClientOptions{ElicitationHandler: func(context.Context, *mcp.ElicitRequest) (*mcp.ElicitResult, error) {
+			mu.Lock()
+			shown++
+			mu.Unlock()
+			return answer()
+		}})
+		for range 5 {
+			call(t, cs, "fetch", map[string]any{"url": srv.URL})
+		}
+		mu.Lock()
+		if shown != 2 {
+			t.Errorf("%s: the person was shown %d grant questions in a session whose cap is 2", name, shown)
+		}
+		mu.Unlock()
 	}
 }
