@@ -175,6 +175,7 @@ func (h *Host) rounds(ctx context.Context, req roundReq, r *run) (runResult, *pa
 				actx, done := h.asks.add(ctx)
 				abandon := cmp.Or(h.opts.AbandonAfter, DefaultAbandonAfter)
 				actx, stop := context.WithTimeoutCause(actx, abandon, fmt.Errorf("%w %v", errAbandoned, abandon))
+				q.put.Store(true)
 				q.askLegacy(actx, req.ss)
 				stop()
 				done()
@@ -184,6 +185,7 @@ func (h *Host) rounds(ctx context.Context, req roundReq, r *run) (runResult, *pa
 			// the question's key in this request's inputResponses (a
 			// retry of a stateless client, or several answers at once).
 			if q.answeredIn(req.responses, used) {
+				q.put.Store(true)
 				q.replyFrom(req.responses)
 				continue
 			}
@@ -198,6 +200,7 @@ func (h *Host) rounds(ctx context.Context, req roundReq, r *run) (runResult, *pa
 				q.refuse(err.Error())
 				continue
 			}
+			q.put.Store(true)
 			return runResult{}, parked, nil
 		case <-ctx.Done():
 			r.cancel(context.Canceled)

@@ -285,6 +285,12 @@ func (e *callEnv) AskGrant(ctx context.Context, r sandbox.GrantRequest) error {
 	if !ok {
 		return refuse("cancelled", fmt.Sprintf("%s is not granted to this plugin: the call ended before the person answered", what))
 	}
+	if a.Error != "" && q.put.Load() {
+		// Put to the client, which then failed it, or no one answered
+		// in time: asked all the same, or a plugin would ask without end
+		// a person whose client answers with errors (a red team, stop 66).
+		return refuse("failed", fmt.Sprintf("%s is not granted to this plugin: the question got no answer (%s)", what, a.Error))
+	}
 	if a.Error != "" { // the host did not ask after all
 		// Not put to the person: the cap counts only questions asked
 		// (a red team, stop 64: a plugin spent the session's cap, which
@@ -532,7 +538,7 @@ type grantEvent struct {
 	Mode   string            `json:"mode,omitempty"` // a folder's: read, read-write
 	// Event is asked, given or refused; How says how it was decided
 	// (once, session, denied, remembered, dismissed, cannot-ask, cap,
-	// redirect, cancelled, not-asked).
+	// redirect, cancelled, not-asked, failed).
 	Event string `json:"event"`
 	How   string `json:"how,omitempty"`
 }

@@ -344,6 +344,10 @@ type question struct {
 	responses map[string]any    // the batch's answers so far
 	errs      map[string]string // why a request of the batch got none
 	batched   chan abi.InputResults
+	// put is set once the question went to the client (sent, parked, or
+	// answered ahead in the request): the person may have seen it, so
+	// it counts as asked whatever comes back.
+	put atomic.Bool
 }
 
 func (h *Host) newCallEnv(ctx context.Context, t *plugins.Tool, req *mcp.CallToolRequest, sess string) *callEnv {
