@@ -618,13 +618,19 @@ func ask[T any](ctx context.Context, e *callEnv, q *question, answer <-chan T) (
 // inputKey is the key under which a 2026-07-28 client is asked a form
 // question: the request's elicitationId when it is a short name (a form
 // question carries none in MCP, so a guest may name its input request
-// with it), else "q".
+// with it) and not one of the host's, else "q".
 func inputKey(r abi.ElicitRequest) string {
-	if r.Mode != "url" && validKey(r.ElicitationID) {
+	if r.Mode != "url" && validKey(r.ElicitationID) && !hostKey(r.ElicitationID) {
 		return r.ElicitationID
 	}
 	return "q"
 }
+
+// hostKey reports whether k is an input key of the host's, as
+// grantInputKey is: a client tells the host's questions by them, as it
+// tells the host's _meta by MetaPrefix, so a guest's are never put under
+// one (a red team, stop 66).
+func hostKey(k string) bool { return strings.HasPrefix(k, "wasmtools.") }
 
 func validKey(k string) bool {
 	if k == "" || len(k) > 64 {

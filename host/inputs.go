@@ -109,6 +109,9 @@ func batchQuestion(input []byte) (*question, error) {
 		if !validKey(k) || strings.Contains(k, ",") {
 			return nil, fmt.Errorf("input request key %q: want 1 to 64 letters, digits, '_' or '-'", k)
 		}
+		if hostKey(k) {
+			return nil, fmt.Errorf("input request key %q: keys beginning with \"wasmtools.\" are the host's", k)
+		}
 		switch r := in.InputRequests[k].(type) {
 		case *mcp.ElicitParams:
 			b, _ := json.Marshal(r)
