@@ -381,7 +381,9 @@ func (e *NetworkError) Error() string {
 func (e *NetworkError) Unwrap() error { return e.Err }
 
 // PrivateAddr reports whether ip is loopback, private, link-local,
-// unspecified, multicast, carrier-grade NAT or a cloud metadata address:
+// unspecified, multicast, carrier-grade NAT, another range where no
+// public host is (RFC 6890), a cloud metadata address, or an IPv6 address
+// that delivers to such an IPv4 address through NAT64, 6to4 or Teredo:
 // what a grant without AllowPrivate never reaches. Plugin sources hold
 // redirect hops to the same rule.
 func PrivateAddr(ip netip.Addr) bool { return privateAddr(ip) }
@@ -389,10 +391,63 @@ func PrivateAddr(ip netip.Addr) bool { return privateAddr(ip) }
 // privateAddr is [PrivateAddr].
 func privateAddr(ip netip.Addr) bool {
 	ip = ip.Unmap()
-	return ip.IsLoopback() || ip.IsPrivate() || ip.IsLinkLocalUnicast() || ip.IsLinkLocalMulticast() ||
+	if v4, ok := embeddedV4(ip); ok && privateAddr(v4) {
+		return true
+	}
+	if ip.IsLoopback() || ip.IsPrivate() || ip.IsLinkLocalUnicast() || ip.IsLinkLocalMulticast() ||
 		ip.IsUnspecified() || ip.IsMulticast() || ip.IsInterfaceLocalMulticast() ||
-		ip == netip.MustParseAddr("169.254.169.254") || ip == netip.MustParseAddr("fd00:ec2::254") ||
-		netip.MustParsePrefix("100.64.0.0/10").Contains(ip) // carrier-grade NAT
+		ip == metadataV4 || ip == metadataV6 {
+		return true
+	}
+	for _, p := range nonPublic {
+		if p.Contains(ip) {
+			return true
+		}
+	}
+	return false
+}
+
+var (
+	metadataV4 = netip.MustParseAddr("169.254.169.254")
+	metadataV6 = netip.MustParseAddr("fd00:ec2::254")
+	// nonPublic are the ranges, beyond the standard library's classes,
+	// where no public host is (RFC 6890's special-purpose registries).
+	nonPublic = []netip.Prefix{
+		netip.MustParsePrefix("0.0.0.0/8"),      // "this network": Linux reaches the host itself
+		netip.MustParsePrefix("100.64.0.0/10"),  // carrier-grade NAT
+		netip.MustParsePrefix("192.0.0.0/24"),   // IETF protocol assignments
+		netip.MustParsePrefix("198.18.0.0/15"),  // benchmarking
+		netip.MustParsePrefix("240.0.0.0/4"),    // reserved, and the broadcast address
+		netip.MustParsePrefix("64:ff9b:1::/48"), // NAT64 for local use (RFC 8215): the network's own translator
+		netip.MustParsePrefix("fec0::/10"),      // site-local, deprecated but routed by some
+	}
+	nat64     = netip.MustParsePrefix("64:ff9b::/96") // RFC 6052's well-known prefix
+	sixToFour = netip.MustParsePrefix("2002::/16")
+	teredo    = netip.MustParsePrefix("2001::/32")
+)
+
+// embeddedV4 returns the IPv4 address an IPv6 address delivers to through
+// a translator or tunnel: NAT64's well-known prefix (its last 32 bits),
+// 6to4 (bits 16 to 47), Teredo (the client's address, its last 32 bits
+// inverted) and the deprecated IPv4-compatible form (::a.b.c.d). A NAT64
+// gateway on the host's network takes 64:ff9b::a9fe:a9fe to the
+// metadata address.
+func embeddedV4(ip netip.Addr) (netip.Addr, bool) {
+	if !ip.Is6() {
+		return netip.Addr{}, false
+	}
+	b := ip.As16()
+	switch {
+	case nat64.Contains(ip):
+		return netip.AddrFrom4([4]byte(b[12:16])), true
+	case sixToFour.Contains(ip):
+		return netip.AddrFrom4([4]byte(b[2:6])), true
+	case teredo.Contains(ip):
+		return netip.AddrFrom4([4]byte{^b[12], ^b[13], ^b[14], ^b[15]}), true
+	case [12]byte(b[:12]) == [12]byte{} && !ip.IsLoopback() && !ip.IsUnspecified():
+		return netip.AddrFrom4([4]byte(b[12:16])), true
+	}
+	return netip.Addr{}, false
 }
 
 // namesPrivate reports whether, under Extism's reading of the grant,
