@@ -208,8 +208,17 @@ prefix = "pinned-"
 	if strings.Contains(stderr.String(), `msg="plugin sources fetched"`) {
 		t.Fatalf("the fetch ended before the stall was seen?\n%s", stderr.String())
 	}
-	if s := statusOf(t, url)["fresh"]; s.Source == nil || s.Source.Stage != "resolve" || s.State != "loading" {
-		t.Errorf("fresh while the registry stalls: %+v %+v; want loading, stage resolve", s, s.Source)
+	// The fetch begins in the background after the first load, which a
+	// loaded machine may not have scheduled yet: its status is awaited.
+	for deadline := time.Now().Add(startupTimeout); ; {
+		s := statusOf(t, url)["fresh"]
+		if s.Source != nil && s.Source.Stage == "resolve" && s.State == "loading" {
+			break
+		}
+		if time.Now().After(deadline) || (s.Source != nil && s.Source.Stage != "" && s.Source.Stage != "resolve") {
+			t.Fatalf("fresh while the registry stalls: %+v %+v; want loading, stage resolve", s, s.Source)
+		}
+		stderr.waitFor(time.Now().Add(100*time.Millisecond), contains(`msg="plugin sources fetched"`))
 	}
 	if !stderr.waitFor(time.Now().Add(startupTimeout), contains(`msg="plugin sources fetched"`)) {
 		t.Fatalf("the stage bound did not end the fetch:\n%s", stderr.String())
