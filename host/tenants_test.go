@@ -1411,3 +1411,26 @@ func TestRequestMetaBounded(t *testing.T) {
 		t.Errorf("alice's call with an ordinary _meta: %.200v %v; want parked at its question", res, e)
 	}
 }
+
+// TestHeaderClientsBoundedWithStore: the bound on --client-header clients
+// holds with a state store too. There each new value's client is made by
+// the store's claim (its state seeded from the record, or none) before
+// its first lease, and the bound was checked only for a client the lease
+// made: every one of bob's 21 values kept its client and instance.
+func TestHeaderClientsBoundedWithStore(t *testing.T) {
+	f := newFixture(t, &host.Options{ClientKeyHeader: "X-Client", Tenants: true, MaxHandles: 8, MaxHandlesPerSubject: 2,
+		Store: statestore.NewMemory(), StateKey: replicaKey}, sandbox.NewPolicy(), map[string]string{"counter.wasm": testplugins.Example(t, "counter")})
+	url := serveGuarded(t, f, host.GuardOptions{Tokens: map[string]string{"alice": aliceToken, "bob": bobToken}})
+	count := func(token, client string) {
+		t.Helper()
+		if _, e := rpcWith(t, url, as(token, client), "tools/call", "count", map[string]any{"name": "count", "arguments": map[string]any{}}, map[string]any{}); e != nil {
+			t.Fatalf("%s's count as %q: %v", token[:3], client, e)
+		}
+	}
+	count(aliceToken, "laptop")
+	for i := range 21 {
+		count(bobToken, fmt.Sprintf("b%d", i))
+	}
+	// Alice's client and two of bob's (his share) keep an instance each.
+	eventually(t, "bob's clients past his share to end", func() bool { return f.h.LiveInstances() <= 3 })
+}
