@@ -21,6 +21,7 @@
 package sessions
 
 import (
+	"cmp"
 	"container/list"
 	"context"
 	"errors"
@@ -155,7 +156,8 @@ type Options struct {
 	// bound ends the least recently used of its group's clients that
 	// hold no lease (past the total alone, else one of the group holding
 	// the most, else anyone's); with none, its lease fails with
-	// [ErrAtCapacity].
+	// [ErrAtCapacity]. A client is counted from its first lease, so one
+	// that [Manager.Seed] made is bounded then.
 	MaxClients, MaxClientsPerGroup int
 	// MaxUnreturned bounds the handle clients whose handle was never
 	// passed back (minted by one call, not used since) that keep their
@@ -345,6 +347,10 @@ type client struct {
 	group    string           // its tenant: a handle's group (OpenIn), else its first lease's (Options.Tenant), as is a handle's opened in group ""; guarded by Manager.mu
 	elems    handleElems      // an open handle's places in the indexes (handleindex.go); guarded by Manager.mu
 	idleElem *list.Element    // a Client key's place in Manager.idleClients while it has no lease; guarded by Manager.mu
+	// keyed says a Client key's client is counted in Manager.keyed, from
+	// its first lease (one that Seed made has none before); guarded by
+	// Manager.mu.
+	keyed bool
 	// seeds are the states the client's first instances start from, by
 	// plugin name (see Seed); guarded by Manager.mu.
 	seeds map[string]Seed
@@ -364,27 +370,34 @@ type client struct {
 
 // clientLocked returns key's client, making it on first use, and counts a
 // lease coming. The caller holds m.mu.
-// For a new Client key's client past the bounds on them, it also returns
-// the client to end, once m.mu is let go, to make room (see
-// [Options.MaxClientsPerGroup]).
+// For a Client key's client at its first lease past the bounds on them,
+// it also returns the client to end, once m.mu is let go, to make room
+// (see [Options.MaxClientsPerGroup]). That is also the first lease of a
+// client Seed made (a state store's claim of a new key comes before it),
+// which was bounded by nothing.
 func (m *Manager) clientLocked(key Key, group string) (c *client, victim *client, err error) {
 	if m.closed {
 		return nil, nil, ErrClosed
 	}
 	c, ok := m.clients[key]
-	if !ok {
-		switch key.kind {
-		case KindHandle:
-			return nil, nil, ErrUnknownKey
-		case KindClient:
-			if victim, err = m.keyedVictimLocked(group); err != nil {
-				return nil, nil, err
-			}
-			if victim != nil {
-				m.forgetLocked(victim) // its room is this client's now
-			}
+	if !ok && key.kind == KindHandle {
+		return nil, nil, ErrUnknownKey
+	}
+	if key.kind == KindClient && (!ok || !c.keyed) {
+		if victim, err = m.keyedVictimLocked(group); err != nil {
+			return nil, nil, err
 		}
+		if victim != nil {
+			m.forgetLocked(victim) // its room is this client's now
+		}
+	}
+	if !ok {
 		c = m.newClientLocked(key, group)
+	}
+	if c.key.kind == KindClient && !c.keyed {
+		c.group = cmp.Or(c.group, group) // Seed's knew none
+		c.keyed = true
+		m.countKeyedLocked(c.group, 1)
 	}
 	if c.key.kind == KindHandle {
 		m.busyHandleLocked(c)
@@ -446,8 +459,6 @@ func (m *Manager) newClientLocked(key Key, group string) *client {
 	case KindHandle:
 		m.handles++
 		m.indexHandleLocked(c)
-	case KindClient:
-		m.countKeyedLocked(group, 1)
 	}
 	return c
 }
@@ -464,10 +475,13 @@ func (m *Manager) countKeyedLocked(group string, n int) {
 	}
 }
 
-// regroupKeyedLocked gives c, of no group yet, its group: a client made
-// by Seed learns it at its first lease. The caller holds m.mu.
+// regroupKeyedLocked gives c, of no group yet, its group. The caller
+// holds m.mu.
 func (m *Manager) regroupKeyedLocked(c *client, group string) {
-	if c.key.kind == KindClient && m.clients[c.key] == c {
+	if c.group == group {
+		return // every lease of a client without tenants: no map writes
+	}
+	if c.keyed && m.clients[c.key] == c {
 		m.countKeyedLocked(c.group, -1)
 		m.countKeyedLocked(group, 1)
 	}
@@ -482,7 +496,9 @@ func (m *Manager) forgetLocked(c *client) {
 			m.unindexHandleLocked(c)
 			m.handles--
 		case KindClient:
-			m.countKeyedLocked(c.group, -1)
+			if c.keyed {
+				m.countKeyedLocked(c.group, -1)
+			}
 		}
 		m.busyClientLocked(c)
 		delete(m.clients, c.key)
