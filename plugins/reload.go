@@ -832,6 +832,11 @@ func (r *Reloader) loadIfChanged(ctx context.Context, path string, compiled func
 	maxSize := maxFileSize(r.opts.OptionsFor, path)
 	r.mu.Unlock()
 	wasm, err := readPluginFile(path, maxSize)
+	if readHook != nil {
+		if herr := readHook(path); herr != nil {
+			wasm, err = nil, herr
+		}
+	}
 	r.mu.Lock()
 	f, ok := r.files[path]
 	if !ok {
@@ -931,6 +936,11 @@ func (r *Reloader) fail(f *fileState, err error) error {
 	}
 	return err
 }
+
+// readHook, when set, is called as a plugin file is read: its error, if
+// any, is the read's (an I/O error a test cannot cause otherwise). Nil in
+// production.
+var readHook func(path string) error
 
 // watchHook, when set, is called as Watch begins, before its watches are
 // set up: a test's change that no event will report. Nil in production.

@@ -5,9 +5,13 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"os"
+	"path/filepath"
 	"syscall"
 	"testing"
+	"time"
 
+	"github.com/wasmtools/wasmtools/internal/testplugins"
 	"github.com/wasmtools/wasmtools/sandbox"
 )
 
@@ -42,5 +46,57 @@ func TestTransientClassification(t *testing.T) {
 				t.Errorf("transient = %v, want %v (%v)", got, tc.want, tc.err)
 			}
 		})
+	}
+}
+
+// TestReadRetryKeepsOneTimer: a file whose read fails for a reason that
+// may pass is read again by each rescan meanwhile (SIGHUP, a change of
+// another file, another file's retry), which counts as an attempt and
+// sets the next one; the attempt it replaces is called off, not left to
+// run as well. Each such rescan left one more timer that rescanned at
+// each backoff, so the file was read ever faster and given up long
+// before RetryAttempts' backoff had passed.
+func TestReadRetryKeepsOneTimer(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	path := filepath.Join(dir, "hash.wasm")
+	if err := os.WriteFile(path, testplugins.Bytes(t, testplugins.Example(t, "hash")), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	reads := make(chan time.Time, 1000)
+	readHook = func(p string) error {
+		if p != path {
+			return nil
+		}
+		select {
+		case reads <- time.Now():
+		default:
+		}
+		return &fs.PathError{Op: "read", Path: p, Err: syscall.EIO}
+	}
+	defer func() { readHook = nil }()
+	const every = 300 * time.Millisecond
+	r := NewReloader(testplugins.Runtime(t), ReloaderOptions{Paths: []string{dir}, RetryMin: every, RetryMax: every, RetryAttempts: 1000})
+	defer r.Close(ctx)
+	r.Load(ctx)
+	for range 5 {
+		r.Rescan(ctx) // as SIGHUP does
+	}
+	for len(reads) > 0 {
+		<-reads
+	}
+	// One attempt at a time, each set when the one before failed: 12
+	// reads take at least 11 backoffs, whatever the machine's load.
+	start := time.Now()
+	var last time.Time
+	for range 12 {
+		select {
+		case last = <-reads:
+		case <-time.After(time.Minute):
+			t.Fatal("the read was not tried again")
+		}
+	}
+	if took := last.Sub(start); took < 11*every {
+		t.Errorf("12 retried reads took %v, with a backoff of %v: more than one attempt is due at a time", took, every)
 	}
 }
