@@ -83,6 +83,11 @@ func (r *Reloader) failLocked(f *fileState, sha string, err error) error {
 	rt := f.retry
 	again := rt != nil && rt.sha == sha && rt.gen == r.gen
 	if again {
+		// The attempt due, if a rescan meanwhile (SIGHUP, another
+		// file's change or retry) read the file before it, is this
+		// one: left running, each such rescan added an attempt at each
+		// backoff, and the file was given up in seconds.
+		rt.timer.Stop()
 		rt.wait = min(2*rt.wait, r.opts.RetryMax)
 	} else {
 		r.stopRetryLocked(f)
