@@ -100,3 +100,22 @@ func TestReadRetryKeepsOneTimer(t *testing.T) {
 		t.Errorf("12 retried reads took %v, with a backoff of %v: more than one attempt is due at a time", took, every)
 	}
 }
+
+// TestRetryAttemptsOne: RetryAttempts 1 gives a load that fails for a
+// reason that may pass up at its first failure, with no attempt set.
+func TestRetryAttemptsOne(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	path := filepath.Join(dir, "hash.wasm")
+	if err := os.WriteFile(path, testplugins.Bytes(t, testplugins.Example(t, "hash")), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	readHook = func(p string) error { return &fs.PathError{Op: "read", Path: p, Err: syscall.EIO} }
+	defer func() { readHook = nil }()
+	r := NewReloader(testplugins.Runtime(t), ReloaderOptions{Paths: []string{dir}, RetryAttempts: 1})
+	defer r.Close(ctx)
+	r.Load(ctx)
+	if s := r.Status(); len(s) != 1 || s[0].State != StateError || !s[0].RetryAt.IsZero() {
+		t.Errorf("status: %+v; want an error, given up", s)
+	}
+}
