@@ -125,7 +125,9 @@ func (r *Reloader) stopRetryLocked(f *fileState) {
 	if f.retry == nil {
 		return
 	}
-	f.retry.timer.Stop()
+	if f.retry.timer != nil { // nil when given up at its first failure
+		f.retry.timer.Stop()
+	}
 	f.retry = nil
 	f.status.RetryAt = time.Time{}
 }
