@@ -174,6 +174,9 @@ func (m *Manager) acquireSlot(ctx context.Context, key Key, p *plugins.Plugin) (
 	c, victim, err := m.clientLocked(key, group)
 	if err != nil {
 		m.mu.Unlock()
+		if victim != nil {
+			m.endClient(context.Background(), victim)
+		}
 		return nil, err
 	}
 	if c.group == "" {

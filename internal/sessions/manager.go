@@ -372,9 +372,10 @@ type client struct {
 // lease coming. The caller holds m.mu.
 // For a Client key's client at its first lease past the bounds on them,
 // it also returns the client to end, once m.mu is let go, to make room
-// (see [Options.MaxClientsPerGroup]). That is also the first lease of a
-// client Seed made (a state store's claim of a new key comes before it),
-// which was bounded by nothing.
+// (see [Options.MaxClientsPerGroup]), or, refused, the client Seed made
+// to end. That is also the first lease of a client Seed made (a state
+// store's claim of a new key comes before it), which was bounded by
+// nothing.
 func (m *Manager) clientLocked(key Key, group string) (c *client, victim *client, err error) {
 	if m.closed {
 		return nil, nil, ErrClosed
@@ -385,6 +386,13 @@ func (m *Manager) clientLocked(key Key, group string) (c *client, victim *client
 	}
 	if key.kind == KindClient && (!ok || !c.keyed) {
 		if victim, err = m.keyedVictimLocked(group); err != nil {
+			if ok && c.leases == 0 {
+				// Made by Seed, refused as a new client is: ended too
+				// (the caller ends victim), or it would be kept for
+				// good, never idle for the reaper.
+				m.forgetLocked(c)
+				return nil, c, err
+			}
 			return nil, nil, err
 		}
 		if victim != nil {
