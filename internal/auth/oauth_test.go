@@ -3,7 +3,11 @@ package auth_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -144,6 +148,100 @@ func TestOAuthIntrospection(t *testing.T) {
 	wrong := newVerifier(t, as, auth.OAuthOptions{IntrospectionURL: as.URL + "/introspect", ClientID: "wasmtools", ClientSecret: "guess"})
 	if _, err := wrong.Verify(context.Background(), "good"); err == nil || errors.Is(err, auth.ErrInvalidToken) {
 		t.Errorf("introspection refused to the resource server: %v, want an error that is not an invalid token", err)
+	}
+}
+
+// TestOAuthIntrospectionCached: an introspection's answer is kept, by
+// the token's digest: a token seen again, active or not, is not sent to
+// the authorization server again, and a token asked for by many requests
+// at once is introspected once. (A red team: every request bearing an
+// opaque token made one introspection request, so anyone, with no valid
+// token, made wasmtools hammer the authorization server at its own rate.)
+func TestOAuthIntrospectionCached(t *testing.T) {
+	as := authtest.NewServer(t, resource)
+	as.AddClient("wasmtools", "rs-secret")
+	as.AddOpaque("good", map[string]any{"active": true, "sub": "bob", "aud": resource, "exp": time.Now().Add(time.Hour).Unix()})
+	v := newVerifier(t, as, auth.OAuthOptions{IntrospectionURL: as.URL + "/introspect", ClientID: "wasmtools", ClientSecret: "rs-secret"})
+	for _, tc := range []struct {
+		token  string
+		active bool
+	}{{"good", true}, {"unknown", false}} {
+		before := as.Introspections.Load()
+		for range 20 {
+			_, err := v.Verify(context.Background(), tc.token)
+			if tc.active != (err == nil) {
+				t.Fatalf("%s: %v", tc.token, err)
+			}
+		}
+		if n := as.Introspections.Load() - before; n != 1 {
+			t.Errorf("20 requests bearing %q made %d introspection requests, want 1", tc.token, n)
+		}
+	}
+
+	before := as.Introspections.Load()
+	var wg sync.WaitGroup
+	for range 16 {
+		wg.Go(func() {
+			if _, err := v.Verify(context.Background(), "at-once"); !errors.Is(err, auth.ErrInvalidToken) {
+				t.Errorf("at-once: %v, want refused", err)
+			}
+		})
+	}
+	wg.Wait()
+	if n := as.Introspections.Load() - before; n != 1 {
+		t.Errorf("16 requests at once bearing one token made %d introspection requests, want 1", n)
+	}
+}
+
+// TestOAuthIntrospectionBounded: introspection requests in flight are
+// bounded: with the authorization server answering none, requests
+// bearing new tokens beyond the bound wait briefly and fail with an
+// error that is not an invalid token (503, may be retried), rather than
+// each opening one more request to it.
+func TestOAuthIntrospectionBounded(t *testing.T) {
+	const limit = 4 // auth.DefaultMaxIntrospections
+	const tokens = limit + 8
+	release := make(chan struct{})
+	arrived := make(chan struct{}, tokens)
+	endpoint := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		arrived <- struct{}{}
+		select {
+		case <-release:
+		case <-r.Context().Done():
+		}
+		w.Header().Set("Content-Type", "application/json")
+		fmt.Fprint(w, `{"active":false}`)
+	}))
+	t.Cleanup(endpoint.Close)
+	as := authtest.NewServer(t, resource)
+	v := newVerifier(t, as, auth.OAuthOptions{IntrospectionURL: endpoint.URL, ClientID: "wasmtools", ClientSecret: "rs-secret"})
+	results := make(chan error, tokens)
+	for i := range tokens {
+		go func() {
+			_, err := v.Verify(context.Background(), fmt.Sprintf("made-up-%d", i))
+			results <- err
+		}()
+	}
+	inFlight, failed := 0, 0
+	for failed < tokens-limit && inFlight <= limit {
+		select {
+		case <-arrived:
+			inFlight++
+		case err := <-results:
+			if err == nil || errors.Is(err, auth.ErrInvalidToken) {
+				t.Fatalf("a token checked while the authorization server answered none: %v", err)
+			}
+			failed++
+		}
+	}
+	close(release)
+	if inFlight > limit {
+		t.Fatalf("%d introspection requests at once, want at most %d", inFlight, limit)
+	}
+	for range limit {
+		if err := <-results; !errors.Is(err, auth.ErrInvalidToken) {
+			t.Errorf("a token introspected within the bound: %v, want refused as not active", err)
+		}
 	}
 }
 

@@ -72,6 +72,8 @@ type Server struct {
 	opaque   map[string]map[string]any // introspection: token → response
 
 	KeyFetches atomic.Int64
+	// Introspections counts the introspection requests answered.
+	Introspections atomic.Int64
 }
 
 // NewServer starts a server on 127.0.0.1 with one RSA key, "k1", which
@@ -119,6 +121,7 @@ func NewServer(t testing.TB, resource string) *Server {
 		writeJSON(w, map[string]any{"access_token": s.Mint(claims), "token_type": "Bearer", "expires_in": 300})
 	})
 	mux.HandleFunc("/introspect", func(w http.ResponseWriter, r *http.Request) {
+		s.Introspections.Add(1)
 		id, secret, ok := r.BasicAuth()
 		s.mu.Lock()
 		want, known := s.clients[id]
