@@ -33,6 +33,7 @@ func newResourceServer(c config.OAuth) (*resourceServer, error) {
 	v, err := wauth.NewOAuth(wauth.OAuthOptions{
 		Issuer: c.Issuer, Resource: c.Resource, ClockSkew: time.Duration(c.ClockSkew), KeysMinRefresh: time.Duration(c.KeysMinRefresh),
 		IntrospectionURL: c.IntrospectionURL, ClientID: c.ClientID, ClientSecret: c.ClientSecret,
+		IntrospectionMaxAge: time.Duration(c.IntrospectionMaxAge), MaxIntrospections: c.MaxIntrospections,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("http.%w", err)

@@ -66,6 +66,16 @@ type OAuthOptions struct {
 	// in its aud, Issuer as iss (when it names one), and be unexpired.
 	IntrospectionURL       string
 	ClientID, ClientSecret string
+	// IntrospectionMaxAge is how long an active token's introspection
+	// answer is used without asking again (DefaultIntrospectionMaxAge),
+	// never past its exp. It is the trade-off of the cache: a token
+	// revoked at the authorization server is accepted until then.
+	// Refusals are kept 30 s.
+	IntrospectionMaxAge time.Duration
+	// MaxIntrospections bounds the introspection requests in flight
+	// (DefaultMaxIntrospections); a request needing one more waits 2 s
+	// at most, then fails as the server being unavailable.
+	MaxIntrospections int
 	// HTTPClient makes the requests to the authorization server;
 	// nil means one with DefaultHTTPTimeout.
 	HTTPClient *http.Client
@@ -89,6 +99,7 @@ type OAuthOptions struct {
 type OAuth struct {
 	o      OAuthOptions
 	client *http.Client
+	in     *introspections
 
 	mu        sync.Mutex // guards the fields below and serialises fetches
 	jwksURI   string
@@ -116,11 +127,17 @@ func NewOAuth(o OAuthOptions) (*OAuth, error) {
 	if o.KeysMaxAge <= 0 {
 		o.KeysMaxAge = DefaultKeysMaxAge
 	}
+	if o.IntrospectionMaxAge <= 0 {
+		o.IntrospectionMaxAge = DefaultIntrospectionMaxAge
+	}
+	if o.MaxIntrospections <= 0 {
+		o.MaxIntrospections = DefaultMaxIntrospections
+	}
 	client := o.HTTPClient
 	if client == nil {
 		client = &http.Client{Timeout: DefaultHTTPTimeout}
 	}
-	return &OAuth{o: o, client: client}, nil
+	return &OAuth{o: o, client: client, in: newIntrospections(o.IntrospectionMaxAge, o.MaxIntrospections)}, nil
 }
 
 // Resource is the canonical resource URI tokens must be for.
@@ -366,9 +383,9 @@ type introspection struct {
 	Aud    json.RawMessage `json:"aud"`
 }
 
-// introspect checks an opaque token with the authorization server (RFC
-// 7662).
-func (v *OAuth) introspect(ctx context.Context, token string) (Identity, error) {
+// introspectNow asks the authorization server about an opaque token (RFC
+// 7662) and checks its answer; introspect calls it.
+func (v *OAuth) introspectNow(ctx context.Context, token string) (Identity, error) {
 	form := url.Values{"token": {token}, "token_type_hint": {"access_token"}}
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, v.o.IntrospectionURL, strings.NewReader(form.Encode()))
 	if err != nil {

@@ -154,7 +154,8 @@ func TestOAuthIntrospection(t *testing.T) {
 // TestOAuthIntrospectionCached: an introspection's answer is kept, by
 // the token's digest: a token seen again, active or not, is not sent to
 // the authorization server again, and a token asked for by many requests
-// at once is introspected once. (A red team: every request bearing an
+// at once is introspected once. An active answer is kept until the
+// token's exp or IntrospectionMaxAge, whichever comes first. (A red team: every request bearing an
 // opaque token made one introspection request, so anyone, with no valid
 // token, made wasmtools hammer the authorization server at its own rate.)
 func TestOAuthIntrospectionCached(t *testing.T) {
@@ -175,6 +176,25 @@ func TestOAuthIntrospectionCached(t *testing.T) {
 		}
 		if n := as.Introspections.Load() - before; n != 1 {
 			t.Errorf("20 requests bearing %q made %d introspection requests, want 1", tc.token, n)
+		}
+	}
+
+	// An active answer is kept no longer than the token's exp (here
+	// past, within the clock skew) and IntrospectionMaxAge.
+	as.AddOpaque("ending", map[string]any{"active": true, "sub": "bob", "aud": resource, "exp": time.Now().Add(-10 * time.Second).Unix()})
+	brief := newVerifier(t, as, auth.OAuthOptions{IntrospectionURL: as.URL + "/introspect", ClientID: "wasmtools", ClientSecret: "rs-secret", IntrospectionMaxAge: time.Nanosecond})
+	for _, tc := range []struct {
+		v     *auth.OAuth
+		token string
+	}{{v, "ending"}, {brief, "good"}} {
+		before := as.Introspections.Load()
+		for range 3 {
+			if _, err := tc.v.Verify(context.Background(), tc.token); err != nil {
+				t.Fatalf("%s: %v", tc.token, err)
+			}
+		}
+		if n := as.Introspections.Load() - before; n != 3 {
+			t.Errorf("3 requests bearing %q, its answer due to end at once, made %d introspection requests, want 3", tc.token, n)
 		}
 	}
 
@@ -199,7 +219,7 @@ func TestOAuthIntrospectionCached(t *testing.T) {
 // error that is not an invalid token (503, may be retried), rather than
 // each opening one more request to it.
 func TestOAuthIntrospectionBounded(t *testing.T) {
-	const limit = 4 // auth.DefaultMaxIntrospections
+	const limit = 4
 	const tokens = limit + 8
 	release := make(chan struct{})
 	arrived := make(chan struct{}, tokens)
@@ -214,7 +234,7 @@ func TestOAuthIntrospectionBounded(t *testing.T) {
 	}))
 	t.Cleanup(endpoint.Close)
 	as := authtest.NewServer(t, resource)
-	v := newVerifier(t, as, auth.OAuthOptions{IntrospectionURL: endpoint.URL, ClientID: "wasmtools", ClientSecret: "rs-secret"})
+	v := newVerifier(t, as, auth.OAuthOptions{IntrospectionURL: endpoint.URL, ClientID: "wasmtools", ClientSecret: "rs-secret", MaxIntrospections: limit})
 	results := make(chan error, tokens)
 	for i := range tokens {
 		go func() {

@@ -378,6 +378,14 @@ type OAuth struct {
 	IntrospectionURL string `toml:"introspection_url"`
 	ClientID         string `toml:"client_id"`
 	ClientSecret     string `toml:"client_secret"`
+	// IntrospectionMaxAge is how long an active token's introspection
+	// answer is used without asking again, never past the token's exp;
+	// 0 means 5m. A token revoked at the authorization server is
+	// accepted until then. Refusals are kept 30s.
+	IntrospectionMaxAge Duration `toml:"introspection_max_age"`
+	// MaxIntrospections bounds the introspection requests in flight; 0
+	// means 8. A request needing one more waits 2s at most, then gets 503.
+	MaxIntrospections int `toml:"max_introspections"`
 }
 
 // Access names who may use a plugin: subjects (of http.tokens, or
