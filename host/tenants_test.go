@@ -318,6 +318,55 @@ func TestParkedFairShares(t *testing.T) {
 	}
 }
 
+// TestParkedBytesFairShares: a parked call keeps its arguments (up to
+// the body's 4 MiB) until its client answers, so parked calls are bounded
+// in bytes as in number: 64 MiB in all, each tenant a quarter. Bob parks
+// calls of 3 MiB of arguments: 5 park within his 16 MiB, the rest are
+// refused as calls past the count are ("too many calls wait for a
+// client's answer"), and alice's still parks. Bob finishing one gives its
+// bytes back, once: one more of his parks, the next does not. (A red
+// team: bounded by count alone, 256 parked calls of 4 MiB kept 1 GiB.)
+func TestParkedBytesFairShares(t *testing.T) {
+	f := pdkhostFixture(t, &host.Options{Tenants: true, MaxParkedPerClient: 64})
+	url := serveGuarded(t, f, host.GuardOptions{Tokens: map[string]string{"alice": aliceToken, "bob": bobToken}})
+	copts := &mcp.ClientOptions{ElicitationHandler: (&answerer{}).handler, MultiRoundTrip: &mcp.MultiRoundTripOptions{Disabled: true}}
+	pad := strings.Repeat("x", 3<<20)
+	ask := func(cs *mcp.ClientSession) (*mcp.CallToolResult, bool) {
+		t.Helper()
+		res, err := cs.CallTool(context.Background(), &mcp.CallToolParams{Name: "ask", Arguments: map[string]any{"rounds": 1, "pad": pad}})
+		if err != nil {
+			t.Fatalf("a call of 3 MiB of arguments: %v", err)
+		}
+		if res.RequestState == "" && !strings.Contains(text(res), "too many calls wait for a client's answer") {
+			t.Errorf("a call not parked: %q, want refused as too many calls waiting", text(res))
+		}
+		return res, res.RequestState != ""
+	}
+	bob := connectHTTPEra(t, url, "", copts, tenantTransport{token: bobToken})
+	var parked []*mcp.CallToolResult
+	for range 8 {
+		if res, ok := ask(bob); ok {
+			parked = append(parked, res)
+		}
+	}
+	if len(parked) != 5 {
+		t.Fatalf("bob parked %d calls of 3 MiB of arguments each, want 5 within his share of 16 MiB", len(parked))
+	}
+	alice := connectHTTPEra(t, url, "", copts, tenantTransport{token: aliceToken})
+	if _, ok := ask(alice); !ok {
+		t.Fatal("alice's call while bob holds his share of parked bytes: not parked")
+	}
+	if res, err := retry(bob, parked[0].RequestState, accept("ann")); err != nil || !strings.HasPrefix(text(res), "accept:ann") {
+		t.Fatalf("bob's answer to his first call: %v %+v", err, res)
+	}
+	if _, ok := ask(bob); !ok {
+		t.Fatal("bob's call after one of his finished: not parked, want its bytes given back")
+	}
+	if _, ok := ask(bob); ok {
+		t.Error("bob parked a 6th call after one finished, want its bytes given back once")
+	}
+}
+
 // TestCallFairShares: with --max-instances 8 (a share of 2 calls in
 // flight each), bob and the anonymous clients each start 4 long calls:
 // 2 each run, the rest are refused with CodeBusy, and alice's call is
