@@ -32,6 +32,10 @@ import (
 // instance reset. The answer comes once a person has answered: human time.
 const DefaultAbandonAfter = 30 * time.Minute
 
+// DefaultMaxParkedBytes is the default of [Options.MaxParkedBytes]: 16
+// parked calls of 4 MiB of arguments each, far more of small ones.
+const DefaultMaxParkedBytes = 64 << 20
+
 // ErrRequestState is matched by the error for a retried call whose request
 // state is tampered with, expired, or names no waiting call.
 var ErrRequestState = errors.New("invalid request state")
@@ -58,6 +62,12 @@ type run struct {
 	// parkedBy is the tenant whose share the run's parking holds, ""
 	// when it holds none.
 	parkedBy string
+	// kept is what the run keeps of the request that started it while it
+	// lives (keptBytes), parkedBytes what its parking holds of the parked
+	// bytes, for the tenant parkedBytesBy; 0 when it holds none.
+	kept          int
+	parkedBytes   int
+	parkedBytesBy string
 }
 
 type runResult struct {
@@ -81,6 +91,10 @@ type roundReq struct {
 	// canPark is false where the result has no input requests (a
 	// completion): a 2026-07-28 client cannot be asked there.
 	canPark bool
+	// kept is what the run keeps of the request besides its _meta when
+	// that is not a tool call's arguments: a prompt's arguments, a
+	// resource's URI.
+	kept int
 }
 
 func roundOf(req *mcp.CallToolRequest) roundReq {
@@ -91,10 +105,25 @@ func newRun(name string, env *callEnv, cancel context.CancelCauseFunc) *run {
 	var idb [12]byte
 	rand.Read(idb[:])
 	var subject string
+	var kept int
 	if _, req := env.current(); req != nil {
-		subject = subjectOf(req.Extra)
+		subject, kept = subjectOf(req.Extra), keptBytes(req)
 	}
-	return &run{id: hex.EncodeToString(idb[:]), name: name, env: env, cancel: cancel, done: make(chan runResult, 1), start: time.Now(), round: 1, subject: subject}
+	return &run{id: hex.EncodeToString(idb[:]), name: name, env: env, cancel: cancel, done: make(chan runResult, 1), start: time.Now(), round: 1, subject: subject, kept: kept}
+}
+
+// keptBytes is what a call keeps of req while it is parked: its
+// arguments' bytes and its _meta at what it costs kept decoded (as
+// MaxMetaCost counts it).
+func keptBytes(req *mcp.CallToolRequest) int {
+	if req == nil || req.Params == nil {
+		return 0
+	}
+	n := len(req.Params.Arguments)
+	if len(req.Params.Meta) > 0 {
+		n += metaCost(req.Params.Meta, MaxMetaCost)
+	}
+	return n
 }
 
 // startRequestRun starts work, a prompt get, resource read or completion
@@ -443,13 +472,28 @@ func (h *Host) park(r *run, q *question) (*parkedRound, error) {
 	if l == nil {
 		return nil, errors.New("the call cannot be parked")
 	}
+	tenant := h.shareTenant(r.subject)
 	if h.opts.Tenants {
-		tenant := h.tenantOf(r.subject)
 		if !h.parkedShares.take(tenant, h.parkedShare()) {
 			return nil, fmt.Errorf("%w: this client's subject has %d, its share", sessions.ErrParkLimit, h.parkedShare())
 		}
 		r.parkedBy = tenant
 	}
+	// A parked call keeps the request that started it (its arguments
+	// are the guest's input) and, from its second round, the retry it
+	// was last served on: bounded in bytes as in number, since each may
+	// be 4 MiB and the count alone let 256 of them keep 1 GiB.
+	cost := r.kept
+	if r.round > 1 {
+		_, req := r.env.current()
+		cost += keptBytes(req)
+	}
+	cost = max(cost, 1)
+	if err := h.parkedBytes.take(tenant, cost, h.maxParkedBytes(), h.parkedBytesShare()); err != nil {
+		h.releasePark(r)
+		return nil, err
+	}
+	r.parkedBytes, r.parkedBytesBy = cost, tenant
 	r.round++
 	r.pending = q
 	if err := l.Park(r.id, r, abandon, func(cause error) { h.abandonRun(r, cause) }); err != nil {
@@ -516,6 +560,21 @@ func (h *Host) parkedShare() int {
 	return max(cmp.Or(h.opts.MaxParked, sessions.DefaultMaxParked)/4, 1)
 }
 
+// maxParkedBytes is [Options.MaxParkedBytes].
+func (h *Host) maxParkedBytes() int { return cmp.Or(h.opts.MaxParkedBytes, DefaultMaxParkedBytes) }
+
+// parkedBytesShare is each tenant's share of the parked bytes
+// ([Options.MaxParkedBytesPerSubject]), 0 (none) without tenants.
+func (h *Host) parkedBytesShare() int {
+	if !h.opts.Tenants {
+		return 0
+	}
+	if h.opts.MaxParkedBytesPerSubject > 0 {
+		return h.opts.MaxParkedBytesPerSubject
+	}
+	return max(h.maxParkedBytes()/4, 1)
+}
+
 // releasePark gives back the share r's parking took, once. Whoever takes
 // r out of the session layer (the retry that unparks it, or its
 // abandonment) calls it; the session layer makes that one goroutine.
@@ -523,6 +582,10 @@ func (h *Host) releasePark(r *run) {
 	if r.parkedBy != "" {
 		h.parkedShares.give(r.parkedBy)
 		r.parkedBy = ""
+	}
+	if r.parkedBytes > 0 {
+		h.parkedBytes.give(r.parkedBytesBy, r.parkedBytes)
+		r.parkedBytes, r.parkedBytesBy = 0, ""
 	}
 }
 

@@ -261,6 +261,17 @@ type Options struct {
 	// of all clients without a subject together; 0 means a quarter of
 	// MaxParked. Past it a call that asks is refused as past MaxParked.
 	MaxParkedPerSubject int
+	// MaxParkedBytes bounds what the parked calls keep of their requests
+	// across all clients: their arguments' bytes (a prompt's arguments, a
+	// resource's URI) and their _meta at what it costs kept decoded (as
+	// MaxMetaCost counts it), the request that started a call and the
+	// retry it was last served on; 0 means DefaultMaxParkedBytes.
+	// MaxParkedBytesPerSubject is each subject's share, and that of all
+	// clients without a subject together; 0 means a quarter of
+	// MaxParkedBytes. A question past either is answered "cancel" at
+	// once, as past MaxParked; the bytes are given back when the call is
+	// resumed, abandoned or evicted.
+	MaxParkedBytes, MaxParkedBytesPerSubject int
 	// MaxQuestions bounds the questions one call may ask a 2026-07-28
 	// client; 0 means 9, since the go-sdk client makes at most 10 requests
 	// of a call. A further question is answered "cancel" at once, with an
@@ -402,6 +413,9 @@ type Host struct {
 	// callShares its calls in flight, rates its calls per second
 	// (shares.go).
 	parkedShares, callShares shares
+	// parkedBytes counts the bytes parked calls keep, in all and by
+	// tenant (elicit.go).
+	parkedBytes byteShares
 	// held the instances its calls in flight hold, and their memory
 	// (pluginShares).
 	held heldInstances

@@ -132,7 +132,11 @@ func (h *Host) promptHandler(pr *plugins.Prompt) mcp.PromptHandler {
 		// The host answers the questions; the guest gets its answers.
 		params.InputResponses, params.RequestState = nil, ""
 		p, name := pr.Plugin(), "prompt "+pr.Name
-		round := roundReq{ss: req.Session, responses: req.Params.InputResponses, state: req.Params.RequestState, canPark: true}
+		kept := 0
+		for k, v := range params.Arguments {
+			kept += len(k) + len(v)
+		}
+		round := roundReq{ss: req.Session, responses: req.Params.InputResponses, state: req.Params.RequestState, canPark: true, kept: kept}
 		v, parked, err := h.serveRequest(ctx, p, name, round, requestAsCall(req.Session, req.Params.Meta, req.Extra), func(ctx context.Context, key sessions.Key, env *callEnv) (any, error) {
 			var res mcp.GetPromptResult
 			err := h.request(ctx, key, p, abi.ExportGetPrompt, &params, h.callContext(req.Session, key, params.Meta), &res, env)
@@ -158,7 +162,7 @@ func (h *Host) resourceHandler(p *plugins.Plugin) mcp.ResourceHandler {
 		params := *req.Params
 		params.Meta = withoutHandle(params.Meta)
 		params.InputResponses, params.RequestState = nil, ""
-		round := roundReq{ss: req.Session, responses: req.Params.InputResponses, state: req.Params.RequestState, canPark: true}
+		round := roundReq{ss: req.Session, responses: req.Params.InputResponses, state: req.Params.RequestState, canPark: true, kept: len(params.URI)}
 		v, parked, err := h.serveRequest(ctx, p, "resource "+params.URI, round, requestAsCall(req.Session, req.Params.Meta, req.Extra), func(ctx context.Context, key sessions.Key, env *callEnv) (any, error) {
 			var res mcp.ReadResourceResult
 			err := h.request(ctx, key, p, abi.ExportReadResource, &params, h.callContext(req.Session, key, params.Meta), &res, env)
@@ -203,6 +207,7 @@ func (h *Host) serveRequest(ctx context.Context, p *plugins.Plugin, name string,
 	}
 	env.questions = make(chan *question)
 	r := h.startRequestRun(ctx, env, func(gctx context.Context) (any, error) { return work(gctx, key, env) })
+	r.kept += round.kept
 	return h.requestRounds(ctx, round, r)
 }
 

@@ -185,6 +185,45 @@ func TestParkedCallsPerClient(t *testing.T) {
 	}
 }
 
+// TestParkedBytesGivenBackOnAbandon: the parked calls' bytes are bounded
+// in all (MaxParkedBytes, 3.5 MiB here): 3 calls of 1 MiB of arguments
+// park, a 4th is refused as too many calls waiting. Abandoned (their
+// client never answers), they give their bytes back, once: 3 park again,
+// and a 4th is still refused.
+func TestParkedBytesGivenBackOnAbandon(t *testing.T) {
+	f := pdkhostFixture(t, &host.Options{MaxParkedBytes: 7 << 19, AbandonAfter: 8 * time.Second})
+	// Over sessionless HTTP each call is a client of its own, with an
+	// instance of its own to park on.
+	url := serveGuarded(t, f, host.GuardOptions{})
+	cs := connectHTTPEra(t, url, "", &mcp.ClientOptions{ElicitationHandler: (&answerer{}).handler, MultiRoundTrip: &mcp.MultiRoundTripOptions{Disabled: true}}, nil)
+	pad := strings.Repeat("x", 1<<20)
+	parkUntilRefused := func() int {
+		t.Helper()
+		for n := 0; n < 8; n++ {
+			res, err := cs.CallTool(context.Background(), &mcp.CallToolParams{Name: "ask", Arguments: map[string]any{"rounds": 1, "pad": pad}})
+			if err != nil {
+				t.Fatalf("a call of 1 MiB of arguments: %v", err)
+			}
+			if res.RequestState == "" {
+				if !strings.Contains(text(res), "too many calls wait for a client's answer") {
+					t.Errorf("a call not parked: %q, want refused as too many calls waiting", text(res))
+				}
+				return n
+			}
+		}
+		return 8
+	}
+	if n := parkUntilRefused(); n != 3 {
+		t.Fatalf("%d calls of 1 MiB parked before one was refused, want 3 within 3.5 MiB", n)
+	}
+	eventually(t, "the 3 parked calls to be abandoned", func() bool {
+		return strings.Count(f.log.String(), "parked call abandoned") >= 3
+	})
+	if n := parkUntilRefused(); n != 3 {
+		t.Errorf("after the abandonments %d calls of 1 MiB parked before one was refused, want 3: their bytes given back once", n)
+	}
+}
+
 // A call waiting for a person does not hold a concurrency token: with
 // max_concurrent_calls = 1, other calls run while it waits.
 func TestWaitingCallGivesBackItsTurn(t *testing.T) {

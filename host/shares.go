@@ -66,6 +66,46 @@ func (s *shares) give(tenant string) {
 	}
 }
 
+// byteShares counts bytes held under a bound in all and each tenant's
+// share of it: the parked calls' requests (elicit.go). It is safe for
+// concurrent use.
+type byteShares struct {
+	mu    sync.Mutex
+	total int
+	held  map[string]int
+}
+
+// take counts n more bytes for tenant unless the total would pass
+// maxTotal or tenant's pass share (share <= 0: no share), refusing with
+// an error matching sessions.ErrParkLimit that says which, as the count
+// of parked calls refuses.
+func (b *byteShares) take(tenant string, n, maxTotal, share int) error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	switch held := b.held[tenant]; {
+	case b.total+n > maxTotal:
+		return fmt.Errorf("%w: they keep %d bytes of their requests in all, and this one %d more; the most the server keeps is %d", sessions.ErrParkLimit, b.total, n, maxTotal)
+	case share > 0 && held+n > share:
+		return fmt.Errorf("%w: this client's subject's keep %d bytes of their requests, and this one %d more; its share is %d", sessions.ErrParkLimit, held, n, share)
+	}
+	if b.held == nil {
+		b.held = map[string]int{}
+	}
+	b.total += n
+	b.held[tenant] += n
+	return nil
+}
+
+// give ends what take counted of n bytes for tenant.
+func (b *byteShares) give(tenant string, n int) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.total -= n
+	if b.held[tenant] -= n; b.held[tenant] <= 0 {
+		delete(b.held, tenant)
+	}
+}
+
 // heldInstances counts, for each tenant and plugin, the instances its
 // calls in flight hold (calls of one client queue on one instance: they
 // count once), and for each tenant the memory limits of them all: what

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"testing"
 	"time"
+
+	"github.com/wasmtools/wasmtools/internal/sessions"
 )
 
 // count sets what a record's field is counted at whatever the budgets (a
@@ -157,4 +159,39 @@ func TestHeldInstancesCountInstances(t *testing.T) {
 		t.Fatal("a second instance past the memory share: taken")
 	}
 	must(m.take("carol", "big", "c-1", 0, 100, 50)) // the same instance again
+}
+
+// TestByteSharesBound: the parked bytes are bounded in all and by each
+// tenant's share, refused as too many calls waiting, and given back.
+func TestByteSharesBound(t *testing.T) {
+	var b byteShares
+	steps := []struct {
+		name    string
+		tenant  string
+		n       int
+		give    bool
+		refused bool
+	}{
+		{"alice within her share", "alice", 40, false, false},
+		{"alice past her share", "alice", 11, false, true},
+		{"bob within his", "bob", 50, false, false},
+		{"carol past the total", "carol", 11, false, true},
+		{"alice gives hers back", "alice", 40, true, false},
+		{"carol within the total again", "carol", 11, false, false},
+	}
+	for _, s := range steps {
+		if s.give {
+			b.give(s.tenant, s.n)
+			continue
+		}
+		err := b.take(s.tenant, s.n, 100, 50)
+		if s.refused != errors.Is(err, sessions.ErrParkLimit) || !s.refused && err != nil {
+			t.Errorf("%s: %v, want refused %v", s.name, err, s.refused)
+		}
+	}
+	b.give("bob", 50)
+	b.give("carol", 11)
+	if b.total != 0 || len(b.held) != 0 {
+		t.Errorf("after everything was given back: total %d, held %v; want none", b.total, b.held)
+	}
 }

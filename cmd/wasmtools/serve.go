@@ -187,6 +187,7 @@ func cmdServe(ctx context.Context, args []string, lookupEnv func(string) (string
 		MaxGrantQuestions:  cfg.Grants.MaxQuestions,
 		MaxCallsPerSubject: cfg.Limits.MaxCallsPerSubject, CallsPerSecondPerSubject: cfg.Limits.CallsPerSecondPerSubject,
 		MaxHandlesPerSubject: cfg.Limits.MaxHandlesPerSubject, MaxParkedPerSubject: cfg.Limits.MaxParkedPerSubject,
+		MaxParkedBytes: int(cfg.Limits.ParkedBytesTotal), MaxParkedBytesPerSubject: int(cfg.Limits.ParkedBytesPerSubject),
 		MaxSessions: *maxSessions, MaxSessionsPerSubject: cfg.Limits.MaxSessionsPerSubject,
 		MaxAnonymousTasks:   cfg.Limits.MaxAnonymousTasks,
 		StoreBytesPerRecord: int(cfg.Limits.StoreBytesPerRecord), StoreBytesPerTenant: int(cfg.Limits.StoreBytesPerSubject), StoreBytesTotal: int(cfg.Limits.StoreBytesTotal),

@@ -295,6 +295,10 @@ type Limits struct {
 	MaxConcurrentCalls    int  `toml:"max_concurrent_calls"`
 	MaxInstances          int  `toml:"max_instances"`
 	MaxInstancesPerPlugin int  `toml:"max_instances_per_plugin"`
+	// ParkedBytesTotal bounds what calls parked for a 2026-07-28
+	// client's answer keep of their requests (arguments and _meta); 0
+	// means 64MiB (host.DefaultMaxParkedBytes).
+	ParkedBytesTotal Size `toml:"parked_bytes_total"`
 	// Tenants' shares of the bounds above and of the state store (see
 	// host.Options): 0 means the host's defaults (a quarter of the bound).
 	MaxCallsPerSubject       int     `toml:"max_calls_per_subject"`
@@ -302,6 +306,7 @@ type Limits struct {
 	MaxHandlesPerSubject     int     `toml:"max_handles_per_subject"`
 	MaxSessionsPerSubject    int     `toml:"max_sessions_per_subject"`
 	MaxParkedPerSubject      int     `toml:"max_parked_per_subject"`
+	ParkedBytesPerSubject    Size    `toml:"parked_bytes_per_subject"`
 	MaxAnonymousTasks        int     `toml:"max_anonymous_tasks"`
 	StoreBytesPerRecord      Size    `toml:"store_bytes_per_record"`
 	StoreBytesPerSubject     Size    `toml:"store_bytes_per_subject"`
