@@ -490,6 +490,9 @@ func New(src *plugins.Reloader, opts *Options) *Host {
 		Name: "wasmtools_parked_calls", Help: "Calls parked for a 2026-07-28 client's answer now.",
 	}, func() float64 { return float64(h.ses.Stats().Parked) }))
 	h.metrics.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "wasmtools_parked_bytes", Help: "What the parked calls keep of their requests now, in bytes (the bound is Options.MaxParkedBytes).",
+	}, func() float64 { return float64(h.parkedBytes.sum()) }))
+	h.metrics.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "wasmtools_tasks", Help: "Tasks held now (running, waiting for input, or finished and not yet forgotten).",
 	}, func() float64 {
 		if h.tasks == nil {

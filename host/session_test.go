@@ -5,7 +5,9 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"regexp"
 	"runtime"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -216,12 +218,34 @@ func TestParkedBytesGivenBackOnAbandon(t *testing.T) {
 	if n := parkUntilRefused(); n != 3 {
 		t.Fatalf("%d calls of 1 MiB parked before one was refused, want 3 within 3.5 MiB", n)
 	}
+	if v := parkedBytes(t, f); v < 3<<20 || v > 7<<19 {
+		t.Errorf("wasmtools_parked_bytes = %d with 3 calls of 1 MiB parked, want their bytes", v)
+	}
 	eventually(t, "the 3 parked calls to be abandoned", func() bool {
 		return strings.Count(f.log.String(), "parked call abandoned") >= 3
 	})
+	if v := parkedBytes(t, f); v != 0 {
+		t.Errorf("wasmtools_parked_bytes = %d after the parked calls were abandoned, want 0", v)
+	}
 	if n := parkUntilRefused(); n != 3 {
 		t.Errorf("after the abandonments %d calls of 1 MiB parked before one was refused, want 3: their bytes given back once", n)
 	}
+}
+
+// parkedBytes reads the wasmtools_parked_bytes gauge.
+func parkedBytes(t *testing.T, f *fixture) int {
+	t.Helper()
+	rec := httptest.NewRecorder()
+	f.h.MetricsHandler().ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/metrics", nil))
+	m := regexp.MustCompile(`(?m)^wasmtools_parked_bytes (\S+)`).FindStringSubmatch(rec.Body.String())
+	if m == nil {
+		t.Fatal("no wasmtools_parked_bytes in the metrics")
+	}
+	v, err := strconv.ParseFloat(m[1], 64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return int(v)
 }
 
 // A call waiting for a person does not hold a concurrency token: with

@@ -96,6 +96,13 @@ func (b *byteShares) take(tenant string, n, maxTotal, share int) error {
 	return nil
 }
 
+// sum is the bytes counted in all.
+func (b *byteShares) sum() int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.total
+}
+
 // give ends what take counted of n bytes for tenant.
 func (b *byteShares) give(tenant string, n int) {
 	b.mu.Lock()
