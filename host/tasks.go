@@ -548,14 +548,8 @@ func (h *Host) startTask(ctx context.Context, next mcp.MethodHandler, req *mcp.C
 		return nil, protocolError(ErrClosed)
 	}
 	tctx, cancel := context.WithCancel(context.WithValue(context.WithoutCancel(ctx), detachedCall{}, true))
-	// The driver keeps the request while the task runs, its _meta
-	// decoded: counted with the arguments (until stop 66 only they were,
-	// and 16 tasks of 1.6 MB of _meta each kept 194 MiB).
-	size := len(req.Params.Arguments)
-	if len(req.Params.Meta) > 0 {
-		size += keptCost(req.Params.Meta)
-	}
-	t, err := h.tasks.add(h.taskOwner(req.Session, req.Extra), size, cancel)
+	// The driver keeps the request while the task runs: counted.
+	t, err := h.tasks.add(h.taskOwner(req.Session, req.Extra), taskHeld(req), cancel)
 	if err != nil {
 		cancel()
 		h.wg.Done()
@@ -630,9 +624,10 @@ func (h *Host) driveTask(ctx context.Context, next mcp.MethodHandler, t *task, r
 			t.status, t.inputs, t.state, t.answered, t.retry = taskWorking, nil, "", nil, nil
 			t.updated = time.Now()
 			// The answers go with the retry: the task holds its
-			// arguments again, and the next round's answers from none.
+			// arguments and _meta again, and the next round's answers
+			// from none.
 			if s.tasks[t.id] == t { // not expired meanwhile
-				s.resizeLocked(t, len(retry.Params.Arguments))
+				s.resizeLocked(t, taskHeld(&retry))
 			}
 			s.mu.Unlock()
 			req = &retry
@@ -935,3 +930,14 @@ func (h *Host) tasksCancel(t *task, _ *taskParams) (mcp.Result, func(), error) {
 // taskLabel names a task in logs: a digest of its ID, never the ID, which
 // is all that guards an anonymous client's task (a red team, stop 64).
 func taskLabel(id string) string { return "task-" + traceDigest(id) }
+
+// taskHeld is what a task's driver keeps of req while the task runs: its
+// arguments, and its _meta decoded (until stop 66 only the arguments were
+// counted, and 16 tasks of 1.6 MB of _meta each kept 194 MiB).
+func taskHeld(req *mcp.CallToolRequest) int {
+	size := len(req.Params.Arguments)
+	if len(req.Params.Meta) > 0 {
+		size += keptCost(req.Params.Meta)
+	}
+	return size
+}
