@@ -1483,3 +1483,64 @@ func TestHeaderClientsBoundedWithStore(t *testing.T) {
 	// Alice's client and two of bob's (his share) keep an instance each.
 	eventually(t, "bob's clients past his share to end", func() bool { return f.h.LiveInstances() <= 3 })
 }
+
+// TestPluginAccessDuringFirstLoad: a call that arrives before the first
+// load, and waits for its tool (Options.Loaded), is held to the access
+// rules of the catalogue it runs on. The rules were checked when it
+// arrived, against the empty catalogue, which knows no tool to refuse:
+// bob's call of hash's tool waited for it and ran.
+func TestPluginAccessDuringFirstLoad(t *testing.T) {
+	ctx := context.Background()
+	rt, err := sandbox.NewRuntime(sandbox.Options{CacheDir: testplugins.CacheDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { rt.Close(ctx) })
+	dir := testplugins.Folder(t, map[string]string{"hash.wasm": testplugins.Example(t, "hash")})
+	reloader := plugins.NewReloader(rt, plugins.ReloaderOptions{Paths: []string{dir}})
+	t.Cleanup(func() { reloader.Close(ctx) })
+	loaded := make(chan struct{})
+	f := &fixture{log: &syncBuffer{}, rt: rt}
+	f.h = host.New(reloader, &host.Options{
+		Logger:       newTestLogger(f.log),
+		Loaded:       loaded,
+		LoadWait:     time.Minute,
+		PluginAccess: map[string]host.AccessRule{"hash": {Subjects: []string{"alice"}}},
+	})
+	t.Cleanup(func() { f.h.Close(ctx) })
+	// Outermost: says when bob's call has reached the host, which the
+	// load below then follows.
+	arrived := make(chan struct{}, 1)
+	f.h.Server().AddReceivingMiddleware(func(next mcp.MethodHandler) mcp.MethodHandler {
+		return func(ctx context.Context, method string, req mcp.Request) (mcp.Result, error) {
+			if method == "tools/call" {
+				arrived <- struct{}{}
+			}
+			return next(ctx, method, req)
+		}
+	})
+	url := serveGuarded(t, f, host.GuardOptions{Tokens: map[string]string{"alice": aliceToken, "bob": bobToken}})
+	// A stateful session: Server() is the server of that era.
+	bob := connectHTTP(t, url, "2025-11-25", tenantTransport{token: bobToken})
+	type outcome struct {
+		res *mcp.CallToolResult
+		err error
+	}
+	done := make(chan outcome, 1)
+	go func() {
+		res, err := bob.CallTool(ctx, &mcp.CallToolParams{Name: "base64", Arguments: map[string]any{"text": "hi"}})
+		done <- outcome{res, err}
+	}()
+	<-arrived
+	if _, errs := reloader.Load(ctx); len(errs) > 0 {
+		t.Fatalf("load: %v", errs)
+	}
+	close(loaded)
+	got := <-done
+	if got.err == nil {
+		t.Fatalf("bob's call of hash's tool during the first load ran: %s; want it refused as an unknown tool", text(got.res))
+	}
+	if !strings.Contains(got.err.Error(), `unknown tool "base64"`) {
+		t.Errorf("bob's call of hash's tool during the first load: %v; want unknown tool", got.err)
+	}
+}
