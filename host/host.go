@@ -575,11 +575,14 @@ func (h *Host) newServer(name, version string) *mcp.Server {
 	// Outside keepNewSession: an initialize past the session bounds is
 	// refused before it makes a record.
 	s.AddReceivingMiddleware(h.bookSessions)
+	s.AddReceivingMiddleware(h.taskMiddleware)
+	s.AddReceivingMiddleware(h.accessMiddleware)
+	// Outside the access check: a request that arrived before the first
+	// load is checked against the catalogue it waited for, not the empty
+	// one, which knows no tool to refuse.
 	if h.opts.Loaded != nil {
 		s.AddReceivingMiddleware(h.waitForLoad)
 	}
-	s.AddReceivingMiddleware(h.taskMiddleware)
-	s.AddReceivingMiddleware(h.accessMiddleware)
 	// Outside the checks and tasks: nothing of a request over it is kept.
 	s.AddReceivingMiddleware(metaBound)
 	// The trace span last: each middleware added wraps those before it,
