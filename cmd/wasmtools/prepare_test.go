@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"io/fs"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -127,5 +128,27 @@ func TestPrepareCacheUnwritable(t *testing.T) {
 	}
 	if !strings.Contains(errb.String(), "compilation cache unusable") {
 		t.Errorf("no warning of the unusable cache:\n%s", errb.String())
+	}
+}
+
+// TestPrepareRemoteFailureShown: a remote source that cannot be fetched
+// is in what `serve --prepare` prints, with the reason, as a file that
+// fails is. It printed an empty table and exited 1, the reason only in
+// the log.
+func TestPrepareRemoteFailureShown(t *testing.T) {
+	// A loopback port nothing listens on: the fetch is refused at once.
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	l.Close()
+	var out, errb bytes.Buffer
+	code := run(context.Background(), []string{"serve", "--prepare", "--insecure-skip-signature", "--source-dir", t.TempDir(), "--cache-dir", t.TempDir(), "fetcher=oci://" + addr + "/you/fetch:v1"}, nil, strings.NewReader(""), &out, &errb)
+	if code != 1 {
+		t.Errorf("serve --prepare of an unreachable source: exit %d, want 1\n%s%s", code, out.String(), errb.String())
+	}
+	if !strings.Contains(out.String(), "fetcher") || !strings.Contains(out.String(), addr) {
+		t.Errorf("serve --prepare of an unreachable source printed:\n%s\nwant the plugin and why it failed", out.String())
 	}
 }
