@@ -29,6 +29,9 @@ import (
 // a miss there, never a wrong answer.
 func prepareOnly(ctx context.Context, log *slog.Logger, stdout io.Writer, rt *sandbox.Runtime, reloader *plugins.Reloader, rem *remote, local []string) int {
 	failed := false
+	// Printed below the table as well: a source not fetched has no row in
+	// it, and the user reads what --prepare prints, not only its log.
+	var refused []error
 	if rem != nil {
 		// Fetched and linked first, so that the load below compiles
 		// each source's current version, not the one the store held.
@@ -37,6 +40,7 @@ func prepareOnly(ctx context.Context, log *slog.Logger, stdout io.Writer, rt *sa
 			log.Error("plugin source refused", "error", err)
 			failed = true
 		}
+		refused = errs
 	}
 	_, errs := reloader.Load(ctx)
 	for _, err := range errs {
@@ -60,6 +64,9 @@ func prepareOnly(ctx context.Context, log *slog.Logger, stdout io.Writer, rt *sa
 	tw.Flush()
 	for _, s := range failures {
 		fmt.Fprintf(stdout, "\n%s (%s): %s\n", s.Name, s.Path, s.Error)
+	}
+	for _, err := range refused {
+		fmt.Fprintf(stdout, "\nnot fetched: %v\n", err)
 	}
 	if err := rt.DiskCacheError(); err != nil {
 		// Served all the same, but what --prepare is for did not happen.
