@@ -122,7 +122,7 @@ func (h *Host) accessChecked(ctx context.Context, next mcp.MethodHandler, method
 	switch r := req.(type) {
 	case *mcp.CallToolRequest:
 		if t, ok := cat.Tool(r.Params.Name); ok && !h.mayUse(ai, t.Plugin()) {
-			return nil, &jsonrpc.Error{Code: jsonrpc.CodeInvalidParams, Message: fmt.Sprintf("unknown tool %q", r.Params.Name)}
+			return nil, h.unknownTool(r.Params.Name)
 		}
 	case *mcp.GetPromptRequest:
 		if p, ok := cat.Prompt(r.Params.Name); ok && !h.mayUse(ai, p.Plugin()) {

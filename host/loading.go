@@ -3,8 +3,10 @@ package host
 import (
 	"cmp"
 	"context"
+	"fmt"
 	"time"
 
+	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 )
 
@@ -61,6 +63,53 @@ func (h *Host) waitForLoad(next mcp.MethodHandler) mcp.MethodHandler {
 			}
 			break
 		}
+		if tool != "" && h.stillLoading(tool) {
+			// The go-sdk's own answer would be a bare "unknown tool",
+			// which reads as a wrong name while the tool may be
+			// compiling still (a cold cache on a busy machine). Same
+			// code, and nothing said of whether the tool exists.
+			return nil, h.unknownTool(tool)
+		}
 		return next(ctx, method, req)
 	}
+}
+
+// unknownTool is the refusal of a call of a tool that is not served, or
+// that its subject may not use (accessChecked), which must read the same.
+// During the first load it says the plugins are still loading.
+func (h *Host) unknownTool(name string) error {
+	msg := fmt.Sprintf("unknown tool %q", name)
+	if h.loading() {
+		msg += ": the plugins are still loading; try again shortly"
+	}
+	return &jsonrpc.Error{Code: jsonrpc.CodeInvalidParams, Message: msg}
+}
+
+// loading reports whether the first load is not done.
+func (h *Host) loading() bool {
+	if h.opts.Loaded == nil {
+		return false
+	}
+	select {
+	case <-h.opts.Loaded:
+		return false
+	default:
+		return true
+	}
+}
+
+// stillLoading reports whether the first load is not done and tool is not
+// served yet.
+func (h *Host) stillLoading(tool string) bool {
+	if !h.loading() {
+		return false
+	}
+	h.mu.Lock()
+	cat := h.registered
+	h.mu.Unlock()
+	if cat == nil {
+		return true
+	}
+	_, ok := cat.Tool(tool)
+	return !ok
 }
