@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -312,6 +313,12 @@ func TestInspect(t *testing.T) {
 }
 
 func TestCall(t *testing.T) {
+	// A grant under a misspelt plugin name reaches no plugin: the call
+	// says so (the plugin's own name is its file's).
+	typo := filepath.Join(t.TempDir(), "typo.toml")
+	if err := os.WriteFile(typo, []byte("[plugins.hsh]\nallowed_hosts = [\"example.com\"]\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	tests := []struct {
 		name     string
 		args     []string
@@ -331,6 +338,7 @@ func TestCall(t *testing.T) {
 		{"answer", []string{"--answer", `{"name":"bob"}`, testplugins.Test(t, "pdkhost"), "ask", `{"rounds":1}`}, 0, "accept:bob", ""},
 		{"decline", []string{"--answer", `{"action":"decline"}`, testplugins.Test(t, "pdkhost"), "ask", `{"rounds":1}`}, 0, "decline", ""},
 		{"question without a terminal", []string{testplugins.Test(t, "pdkhost"), "ask", `{"rounds":1}`}, 1, "", "stdin is not a terminal: answer with --answer JSON"},
+		{"config for another plugin", []string{"--config", typo, testplugins.Example(t, "hash"), "hash", `{"text":"abc"}`}, 0, "ba7816bf", `[plugins.hash]`},
 		{"usage", []string{"only-a-file.wasm"}, 2, "", "Usage"},
 		// The fallback interruption, wazero's own check.
 		{"interrupt wazero", []string{"--interrupt", "wazero", testplugins.Example(t, "hash"), "hash", `{"text":"abc","algorithm":"md5"}`}, 0, "900150983cd24fb0d6963f7d28e17f72", ""},
