@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -95,6 +96,19 @@ Flags:
 	p, err := plugins.Load(ctx, rt, path, wasm, common.optsFor(log)(path))
 	if err != nil {
 		return fail(err)
+	}
+	// Grants are keyed by the plugin's name, its file's: under any other
+	// name they reach nothing, and the call would fail for want of them
+	// with no word of why (a Go guest's file access says only "Bad file
+	// number").
+	if named := common.config().Plugins; len(named) > 0 {
+		if _, ok := named[p.Name()]; !ok {
+			var sections []string
+			for _, n := range slices.Sorted(maps.Keys(named)) {
+				sections = append(sections, "[plugins."+n+"]")
+			}
+			fmt.Fprintf(stderr, "wasmtools call: warning: the configuration has no [plugins.%s], so none of its plugin settings apply: it has %s, and the plugin is named %q after its file\n", p.Name(), strings.Join(sections, ", "), p.Name())
+		}
 	}
 	cat, _ := plugins.NewCatalogue([]*plugins.Plugin{p}) // one plugin: no clash
 	src := plugins.NewStatic(cat)
