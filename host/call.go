@@ -57,6 +57,13 @@ func (h *Host) called(ctx context.Context, t *plugins.Tool, start time.Time, res
 }
 
 func (h *Host) call(ctx context.Context, t *plugins.Tool, req *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+	// The access middleware checked the catalogue of the request's
+	// arrival; the tool may have come with a swap since (a plugin enabled
+	// live, a name moved to a plugin with a rule), so the plugin that
+	// runs is checked too, as resources are (resourceHandler).
+	if len(h.accessRules()) > 0 && !h.mayUse(authOf(req), t.Plugin()) {
+		return nil, h.unknownTool(t.Name)
+	}
 	// Before anything runs: a call the client cannot take part in is
 	// refused whole (MCP 2026-07-28 says a server must not rely on a
 	// capability the client did not declare).
