@@ -546,7 +546,9 @@ func TestConfigEditBeforeWatchApplied(t *testing.T) {
 	configWatchHook.Store(&hook)
 	defer configWatchHook.Store(nil)
 	url, stderr := serveInProcess(t, nil, "--config", cfgPath, dir)
-	if !stderr.waitFor(time.Now().Add(time.Minute), contains(`msg="configuration reloaded"`, `msg="plugin removed"`)) {
+	// The watch may begin before the first load ends (a loaded machine):
+	// then hash is never loaded, and no "plugin removed" is logged.
+	if !stderr.waitFor(time.Now().Add(time.Minute), contains(`msg="configuration reloaded"`)) {
 		t.Fatalf("the configuration edited before it was watched was not applied:\n%s", stderr.String())
 	}
 	tools := toolsSession(t, url)
