@@ -37,10 +37,14 @@ func cacheFiles(t *testing.T, dir string) []string {
 // code in the cache, under the key serving looks it up by: a server
 // started on that cache afterwards compiles nothing. A file that fails
 // makes it exit 1 and say why, the others prepared all the same.
+//
+// The plugins are small ones: hash, cold, compiled for a minute or more
+// under -race on a loaded machine, near its 2-minute compile timeout, and
+// the test compiled it cold twice.
 func TestServePrepare(t *testing.T) {
 	dir := testplugins.Folder(t, map[string]string{
 		"counter.wasm": testplugins.Example(t, "counter"),
-		"hash.wasm":    testplugins.Example(t, "hash"),
+		"logcall.wasm": testplugins.Test(t, "logcall"),
 	})
 	cache := t.TempDir()
 	var out, errb bytes.Buffer
@@ -48,7 +52,7 @@ func TestServePrepare(t *testing.T) {
 	if code != 0 {
 		t.Fatalf("serve --prepare: exit %d\n%s%s", code, out.String(), errb.String())
 	}
-	for _, want := range []string{"counter", "hash", "loaded", "count"} {
+	for _, want := range []string{"counter", "logcall", "loaded", "count"} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("serve --prepare printed %q, want %q in it", out.String(), want)
 		}
