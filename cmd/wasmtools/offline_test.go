@@ -102,11 +102,13 @@ func TestServeOffline(t *testing.T) {
 	store := t.TempDir()
 	dir := t.TempDir()
 	// stage_timeout leaves step 3 time, on a loaded machine, to see the
-	// stalled stage before the bound ends it (it was 2 s).
+	// stalled stage before the bound ends it (it was 2 s, then 10 s: under
+	// -race on a loaded machine the first list came 17 s after the start,
+	// and the status is read after it).
 	write := func(name, extra string) string {
 		cfg := filepath.Join(dir, name)
 		os.WriteFile(cfg, []byte(fmt.Sprintf(`[sources]
-stage_timeout = "10s"
+stage_timeout = "30s"
 
 [plugins.tagged]
 source = "oci://%[1]s/plugins/tagged:stable"
