@@ -306,8 +306,11 @@ func (m *Manager) acquireSlot(ctx context.Context, key Key, p *plugins.Plugin) (
 		}
 		delete(c.moved, p.Name())
 		fence := c.fence
-		if stored != nil && stored.State != nil && sl.notice.Reset != nil && sl.notice.Reset.Reason == "cancelled" {
-			sl.notice.Reset = nil // back as of its last call that succeeded
+		// Back as of its last call that succeeded: read from the store,
+		// or seeded by a claim since (which read the same state), with
+		// after-call checkpoints the state saved after that call.
+		if (stored != nil || m.opts.StoredAfterCancel) && seeded && seed.State != nil && sl.notice.Reset != nil && sl.notice.Reset.Reason == "cancelled" {
+			sl.notice.Reset = nil
 		}
 		evicted := sl.notice.Reset != nil && sl.notice.Reset.Reason == ReasonEvicted
 		m.mu.Unlock()
