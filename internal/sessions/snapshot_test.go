@@ -152,7 +152,8 @@ func TestRetireOverlapping(t *testing.T) {
 // out of time again, and a session restored to it each time would fail
 // for good. Before, a cancelled instance started afresh with a
 // "cancelled" reset, and the session's whole state was gone though the
-// store held it (issue #25, item 7).
+// store held it (issue #25, item 7). So does one whose client a new claim
+// seeds with that state.
 func TestInterruptedInstanceComesBackFromTheStore(t *testing.T) {
 	ctx := context.Background()
 	p := counterLoader(t)()
@@ -197,5 +198,17 @@ func TestInterruptedInstanceComesBackFromTheStore(t *testing.T) {
 	count(context.DeadlineExceeded)
 	if got, n := count(nil); got != "1" || n.Reset == nil || n.Reset.Reason != "timeout" {
 		t.Fatalf("after a call that timed out: count %s (reset %+v); want 1, reset timeout", got, n.Reset)
+	}
+	// A new claim that seeds the client with the state saved after its
+	// last call that succeeded, as after the cancel a replica resumed
+	// from SIGSTOP claims the session again: no reset either (the fault
+	// suite's sigstop-replica said "cancelled" though nothing was lost).
+	count(nil)
+	count(context.Canceled)
+	if err := m.Seed(key, map[string]sessions.Seed{p.Name(): {State: saved}}, 7); err != nil {
+		t.Fatal(err)
+	}
+	if got, n := count(nil); got != "3" || n.Reset != nil {
+		t.Fatalf("after a cancelled call and a seed of the saved state: count %s (reset %+v); want 3, no reset", got, n.Reset)
 	}
 }
