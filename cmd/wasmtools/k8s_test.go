@@ -2,9 +2,7 @@ package main
 
 import (
 	"bufio"
-	"bytes"
 	"cmp"
-	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -16,8 +14,6 @@ import (
 	"strings"
 	"testing"
 	"time"
-
-	"go.yaml.in/yaml/v3"
 
 	"github.com/wasmtools/wasmtools/internal/config"
 	"github.com/wasmtools/wasmtools/internal/proxytest"
@@ -36,48 +32,48 @@ import (
 // it. No cluster is run (TestKubernetesManifests checks how the
 // manifests fit together).
 func TestDeployManifestsServe(t *testing.T) {
-	objs := decodeManifests(t)
+	objs := proxytest.Manifests(t, filepath.Join("..", "..", "deploy", "k8s"))
 	sts, secret := objs["StatefulSet/wasmtools"], objs["Secret/wasmtools"]
 	if sts == nil || secret == nil {
 		t.Fatal("deploy/k8s lacks StatefulSet/wasmtools or Secret/wasmtools")
 	}
-	pod := sts.sub("spec", "template", "spec")
-	c := pod.list("containers")[0]
+	pod := sts.Sub("spec", "template", "spec")
+	c := pod.List("containers")[0]
 
 	// A pod that runs as the restricted Pod Security Standard asks: any
 	// namespace enforcing it refuses the pod otherwise.
-	sc := c.sub("securityContext")
-	runAsNonRoot := sc.get("runAsNonRoot") == true || pod.get("securityContext", "runAsNonRoot") == true
-	seccomp := cmp.Or(sc.str("seccompProfile", "type"), pod.str("securityContext", "seccompProfile", "type"))
-	drop := fmt.Sprint(sc.get("capabilities", "drop"))
-	if !runAsNonRoot || sc.get("allowPrivilegeEscalation") != false || sc.get("readOnlyRootFilesystem") != true ||
+	sc := c.Sub("securityContext")
+	runAsNonRoot := sc.Get("runAsNonRoot") == true || pod.Get("securityContext", "runAsNonRoot") == true
+	seccomp := cmp.Or(sc.Str("seccompProfile", "type"), pod.Str("securityContext", "seccompProfile", "type"))
+	drop := fmt.Sprint(sc.Get("capabilities", "drop"))
+	if !runAsNonRoot || sc.Get("allowPrivilegeEscalation") != false || sc.Get("readOnlyRootFilesystem") != true ||
 		drop != "[ALL]" || (seccomp != "RuntimeDefault" && seccomp != "Localhost") {
 		t.Errorf("wasmtools' securityContext is not restricted (runAsNonRoot, allowPrivilegeEscalation: false, readOnlyRootFilesystem, capabilities drop ALL, a seccomp profile): container %v, pod %v",
-			sc, pod.get("securityContext"))
+			sc, pod.Get("securityContext"))
 	}
 
 	// Each volume mount becomes a folder; the plugins' ConfigMap is laid
 	// out as the kubelet does (files linked through ..data), which is what
 	// the watcher follows.
-	volumes := map[string]obj{}
-	for _, v := range pod.list("volumes") {
-		volumes[v.str("name")] = v
+	volumes := map[string]proxytest.Obj{}
+	for _, v := range pod.List("volumes") {
+		volumes[v.Str("name")] = v
 	}
 	root := t.TempDir()
 	mounts := map[string]string{} // mountPath → folder here
-	for _, m := range c.list("volumeMounts") {
-		v := volumes[m.str("name")]
+	for _, m := range c.List("volumeMounts") {
+		v := volumes[m.Str("name")]
 		if v == nil {
-			t.Fatalf("volume mount %s names no volume of the pod", m.str("name"))
+			t.Fatalf("volume mount %s names no volume of the pod", m.Str("name"))
 		}
-		if m.str("subPath") != "" {
-			t.Errorf("volume mount %s has a subPath: Kubernetes never updates a subPath mount, so hot reload would not see a change", m.str("mountPath"))
+		if m.Str("subPath") != "" {
+			t.Errorf("volume mount %s has a subPath: Kubernetes never updates a subPath mount, so hot reload would not see a change", m.Str("mountPath"))
 		}
-		dir := filepath.Join(root, m.str("name"))
+		dir := filepath.Join(root, m.Str("name"))
 		if err := os.MkdirAll(dir, 0o755); err != nil {
 			t.Fatal(err)
 		}
-		mounts[m.str("mountPath")] = dir
+		mounts[m.Str("mountPath")] = dir
 	}
 	inMount := func(p string) (string, bool) {
 		for mp, dir := range mounts {
@@ -98,21 +94,21 @@ func TestDeployManifestsServe(t *testing.T) {
 	if dir, ok := inMount("/tmp"); ok {
 		env["TMPDIR"] = dir
 	}
-	for _, e := range c.list("env") {
-		name := e.str("name")
+	for _, e := range c.List("env") {
+		name := e.Str("name")
 		switch {
-		case e.get("value") != nil:
-			env[name] = e.str("value")
-		case e.str("valueFrom", "fieldRef", "fieldPath") == "metadata.name":
+		case e.Get("value") != nil:
+			env[name] = e.Str("value")
+		case e.Str("valueFrom", "fieldRef", "fieldPath") == "metadata.name":
 			env[name] = podName
-		case e.sub("valueFrom", "secretKeyRef") != nil:
-			ref := e.sub("valueFrom", "secretKeyRef")
-			if ref.str("name") != "wasmtools" {
-				t.Fatalf("env %s: Secret %s is not in deploy/k8s", name, ref.str("name"))
+		case e.Sub("valueFrom", "secretKeyRef") != nil:
+			ref := e.Sub("valueFrom", "secretKeyRef")
+			if ref.Str("name") != "wasmtools" {
+				t.Fatalf("env %s: Secret %s is not in deploy/k8s", name, ref.Str("name"))
 			}
-			v := secret.str("stringData", ref.str("key"))
+			v := secret.Str("stringData", ref.Str("key"))
 			if v == "" {
-				t.Fatalf("env %s: Secret wasmtools has no %s", name, ref.str("key"))
+				t.Fatalf("env %s: Secret wasmtools has no %s", name, ref.Str("key"))
 			}
 			env[name] = v
 		default:
@@ -128,8 +124,8 @@ func TestDeployManifestsServe(t *testing.T) {
 	redis := proxytest.StartRedis(t)
 	addr := freeAddr(t)
 	var args, pluginDirs []string
-	for _, a := range c.list("args") {
-		a := expandK8s(string(a.scalar()), env)
+	for _, a := range c.List("args") {
+		a := expandK8s(string(a.Scalar()), env)
 		name, value, isFlag := strings.Cut(strings.TrimLeft(a, "-"), "=")
 		switch {
 		case !strings.HasPrefix(a, "-"):
@@ -164,20 +160,20 @@ func TestDeployManifestsServe(t *testing.T) {
 	}
 	// ConfigMaps in a ConfigMap volume's layout: those deploy/k8s defines
 	// with their data, the plugins' (the operator's) with a plugin.
-	for _, m := range c.list("volumeMounts") {
-		name := volumes[m.str("name")].str("configMap", "name")
+	for _, m := range c.List("volumeMounts") {
+		name := volumes[m.Str("name")].Str("configMap", "name")
 		if name == "" {
 			continue
 		}
 		files := map[string][]byte{}
 		if cm := objs["ConfigMap/"+name]; cm != nil {
-			for k, v := range cm.sub("data") {
+			for k, v := range cm.Sub("data") {
 				files[k] = []byte(v.(string))
 			}
 		} else {
 			files["counter.wasm"] = testplugins.Bytes(t, testplugins.Example(t, "counter"))
 		}
-		dir := mounts[m.str("mountPath")]
+		dir := mounts[m.Str("mountPath")]
 		data := filepath.Join(dir, "..2026_01_01_00_00_00.000000001")
 		os.Mkdir(data, 0o755)
 		for k, v := range files {
@@ -206,7 +202,7 @@ func TestDeployManifestsServe(t *testing.T) {
 		b, _ := io.ReadAll(res.Body)
 		return res.StatusCode, string(b), nil
 	}
-	ready := c.str("readinessProbe", "httpGet", "path")
+	ready := c.Str("readinessProbe", "httpGet", "path")
 	proc := proxytest.StartWithin(t, cmd, 2*time.Minute, func() error {
 		code, body, err := probe(ready, nil)
 		if err == nil && code != http.StatusOK {
@@ -222,13 +218,13 @@ func TestDeployManifestsServe(t *testing.T) {
 
 	// The probes, as Kubernetes sends them: no token.
 	for _, p := range []string{"readinessProbe", "livenessProbe"} {
-		get := c.sub(p, "httpGet")
-		if port := get.str("port"); port != "" && !hasPort(c, port) {
+		get := c.Sub(p, "httpGet")
+		if port := get.Str("port"); port != "" && !hasPort(c, port) {
 			t.Errorf("%s's port %q is not a port of the container", p, port)
 		}
-		code, body, err := probe(get.str("path"), nil)
+		code, body, err := probe(get.Str("path"), nil)
 		if err != nil || code != http.StatusOK {
-			t.Errorf("%s GET %s: %d %q %v", p, get.str("path"), code, body, err)
+			t.Errorf("%s GET %s: %d %q %v", p, get.Str("path"), code, body, err)
 		}
 	}
 	if _, body, _ := probe(ready, nil); body != "ready "+podName+"\n" {
@@ -280,9 +276,9 @@ func TestDeployManifestsServe(t *testing.T) {
 // heap and compiled code (256 MiB allowed). Past the limit the kernel
 // kills the replica, every session on it moving at once, where wasmtools
 // would have refused or evicted an instance.
-func checkMemory(t *testing.T, c obj, args []string) {
+func checkMemory(t *testing.T, c proxytest.Obj, args []string) {
 	t.Helper()
-	limit := k8sQuantity(t, c.str("resources", "limits", "memory"))
+	limit := k8sQuantity(t, c.Str("resources", "limits", "memory"))
 	var cfg *config.File
 	for _, a := range args {
 		if path, ok := strings.CutPrefix(a, "--config="); ok {
@@ -328,9 +324,9 @@ func expandK8s(s string, env map[string]string) string {
 	})
 }
 
-func hasPort(c obj, name string) bool {
-	for _, p := range c.list("ports") {
-		if p.str("name") == name {
+func hasPort(c proxytest.Obj, name string) bool {
+	for _, p := range c.List("ports") {
+		if p.Str("name") == name {
 			return true
 		}
 	}
@@ -342,62 +338,3 @@ func copyHeader(dst, src http.Header) {
 		dst[k] = v
 	}
 }
-
-// decodeManifests decodes every document of deploy/k8s by "Kind/name".
-func decodeManifests(t *testing.T) map[string]obj {
-	t.Helper()
-	files, _ := filepath.Glob(filepath.Join("..", "..", "deploy", "k8s", "*.yaml"))
-	objs := map[string]obj{}
-	for _, f := range files {
-		src, err := os.ReadFile(f)
-		if err != nil {
-			t.Fatal(err)
-		}
-		dec := yaml.NewDecoder(bytes.NewReader(src))
-		for {
-			var doc map[string]any
-			if err := dec.Decode(&doc); errors.Is(err, io.EOF) {
-				break
-			} else if err != nil {
-				t.Fatalf("%s: %v", f, err)
-			}
-			o := obj(doc)
-			objs[o.str("kind")+"/"+o.str("metadata", "name")] = o
-		}
-	}
-	return objs
-}
-
-// obj is a decoded YAML mapping.
-type obj map[string]any
-
-func (o obj) get(path ...string) any {
-	var v any = map[string]any(o)
-	for _, k := range path {
-		m, _ := v.(map[string]any)
-		v = m[k]
-	}
-	return v
-}
-
-func (o obj) str(path ...string) string { s, _ := o.get(path...).(string); return s }
-
-func (o obj) sub(path ...string) obj { m, _ := o.get(path...).(map[string]any); return m }
-
-// list is the list at path, each element a mapping (or, for scalars,
-// a mapping of "" to the value: see scalar).
-func (o obj) list(path ...string) []obj {
-	l, _ := o.get(path...).([]any)
-	var out []obj
-	for _, e := range l {
-		if m, ok := e.(map[string]any); ok {
-			out = append(out, m)
-		} else {
-			out = append(out, obj{"": e})
-		}
-	}
-	return out
-}
-
-// scalar is the value of a list element that is not a mapping.
-func (o obj) scalar() string { return fmt.Sprint(o[""]) }
