@@ -16,6 +16,41 @@ import (
 	"github.com/wasmtools/wasmtools/sandbox"
 )
 
+// retryReloader starts a Reloader over a new folder holding the file
+// name with the bytes b, under opts (its Paths that folder), and closes
+// it when the test ends. Each load attempt is sent on the channel given
+// back (buffered: a test drains it), then opts.Check, if any, is asked.
+func retryReloader(t *testing.T, name string, b []byte, opts plugins.ReloaderOptions) (*plugins.Reloader, chan struct{}) {
+	t.Helper()
+	dir := t.TempDir()
+	write(t, filepath.Join(dir, name), b)
+	attempts := make(chan struct{}, 1000)
+	check := opts.Check
+	opts.Paths = []string{dir}
+	opts.Check = func(path string, b []byte) error {
+		attempts <- struct{}{}
+		if check == nil {
+			return nil
+		}
+		return check(path, b)
+	}
+	r := plugins.NewReloader(newRuntime(t), opts)
+	t.Cleanup(func() { r.Close(context.Background()) })
+	return r, attempts
+}
+
+// hostileStart is the plugin whose start function never ends.
+func hostileStart(t *testing.T) []byte {
+	return testplugins.Bytes(t, testplugins.Test(t, "hostilestart"))
+}
+
+// loadTimesOut gives a plugin 50 ms to load: hostilestart runs out of
+// it at every attempt, a failure that may pass.
+func loadTimesOut(string) plugins.Options {
+	policy := sandbox.NewPolicy().WithLoadTimeout(50 * time.Millisecond)
+	return plugins.Options{Policy: &policy}
+}
+
 // TestReconfigureTransientFailureRetried: under a new configuration, a
 // plugin whose load fails for a reason of the moment (its compilation
 // ran out of time, as on a loaded machine) is dropped (the
@@ -31,10 +66,7 @@ func TestReconfigureTransientFailureRetried(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			ctx := context.Background()
-			dir := t.TempDir()
-			write(t, filepath.Join(dir, "slowstart.wasm"), testplugins.Bytes(t, testplugins.Test(t, "slowstart")))
-			r := plugins.NewReloader(newRuntime(t), plugins.ReloaderOptions{Paths: []string{dir}})
-			defer r.Close(ctx)
+			r, _ := retryReloader(t, "slowstart.wasm", testplugins.Bytes(t, testplugins.Test(t, "slowstart")), plugins.ReloaderOptions{})
 			if _, errs := r.Load(ctx); len(errs) > 0 {
 				t.Fatal(errs)
 			}
@@ -104,22 +136,9 @@ func (c *logCounter) count(sub string) int {
 // stops it: no attempt runs after Close returns.
 func TestTransientRetryBacksOffAndStopsOnClose(t *testing.T) {
 	ctx := context.Background()
-	dir := t.TempDir()
-	write(t, filepath.Join(dir, "hostilestart.wasm"), testplugins.Bytes(t, testplugins.Test(t, "hostilestart")))
-	policy := sandbox.NewPolicy().WithLoadTimeout(50 * time.Millisecond)
-	attempts := make(chan struct{}, 1000)
 	logs := &logCounter{level: slog.LevelWarn}
-	r := plugins.NewReloader(newRuntime(t), plugins.ReloaderOptions{Paths: []string{dir}, Logger: slog.New(logs), SlowLoad: 10 * time.Millisecond,
-		RetryMin: 10 * time.Millisecond, RetryMax: 40 * time.Millisecond,
-		Check:      func(string, []byte) error { attempts <- struct{}{}; return nil },
-		OptionsFor: func(string) plugins.Options { return plugins.Options{Policy: &policy} },
-	})
-	closed := false
-	defer func() {
-		if !closed {
-			r.Close(ctx)
-		}
-	}()
+	r, attempts := retryReloader(t, "hostilestart.wasm", hostileStart(t), plugins.ReloaderOptions{Logger: slog.New(logs), SlowLoad: 10 * time.Millisecond,
+		RetryMin: 10 * time.Millisecond, RetryMax: 40 * time.Millisecond, OptionsFor: loadTimesOut})
 	r.Load(ctx)
 	for range 5 {
 		select {
@@ -137,7 +156,6 @@ func TestTransientRetryBacksOffAndStopsOnClose(t *testing.T) {
 	if err := r.Close(ctx); err != nil {
 		t.Fatal(err)
 	}
-	closed = true
 	for len(attempts) > 0 {
 		<-attempts // begun before Close returned
 	}
@@ -154,16 +172,8 @@ func TestTransientRetryBacksOffAndStopsOnClose(t *testing.T) {
 // its status an error that says so, and not tried again.
 func TestTransientRetryGivesUp(t *testing.T) {
 	ctx := context.Background()
-	dir := t.TempDir()
-	write(t, filepath.Join(dir, "hostilestart.wasm"), testplugins.Bytes(t, testplugins.Test(t, "hostilestart")))
-	policy := sandbox.NewPolicy().WithLoadTimeout(50 * time.Millisecond)
-	attempts := make(chan struct{}, 1000)
-	r := plugins.NewReloader(newRuntime(t), plugins.ReloaderOptions{Paths: []string{dir}, SlowLoad: time.Minute,
-		RetryMin: 10 * time.Millisecond, RetryMax: 20 * time.Millisecond, RetryAttempts: 3,
-		Check:      func(string, []byte) error { attempts <- struct{}{}; return nil },
-		OptionsFor: func(string) plugins.Options { return plugins.Options{Policy: &policy} },
-	})
-	defer r.Close(ctx)
+	r, attempts := retryReloader(t, "hostilestart.wasm", hostileStart(t), plugins.ReloaderOptions{SlowLoad: time.Minute,
+		RetryMin: 10 * time.Millisecond, RetryMax: 20 * time.Millisecond, RetryAttempts: 3, OptionsFor: loadTimesOut})
 	r.Load(ctx)
 	waitFor(t, "the retries given up", func() bool { return status(r, "hostilestart").State == plugins.StateError })
 	if s := status(r, "hostilestart"); !strings.Contains(s.Error, "failed 3 times") || !s.RetryAt.IsZero() {
@@ -193,17 +203,13 @@ func TestPermanentFailureNotRetried(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			ctx := context.Background()
-			dir := t.TempDir()
 			v1, _ := versions(t)
 			b := tc.bytes
 			if b == nil {
 				b = v1
 			}
-			write(t, filepath.Join(dir, "versioned.wasm"), b)
-			attempts := make(chan struct{}, 100)
-			r := plugins.NewReloader(newRuntime(t), plugins.ReloaderOptions{Paths: []string{dir}, RetryMin: 10 * time.Millisecond,
-				Check: func(string, []byte) error { attempts <- struct{}{}; return tc.check }})
-			defer r.Close(ctx)
+			r, attempts := retryReloader(t, "versioned.wasm", b, plugins.ReloaderOptions{RetryMin: 10 * time.Millisecond,
+				Check: func(string, []byte) error { return tc.check }})
 			if _, errs := r.Load(ctx); len(errs) != 1 {
 				t.Fatalf("load: %v", errs)
 			}
@@ -225,15 +231,8 @@ func TestPermanentFailureNotRetried(t *testing.T) {
 // at once, and here refused for good (the check), so not tried again.
 func TestRetryStopsWhenConfigurationChanges(t *testing.T) {
 	ctx := context.Background()
-	dir := t.TempDir()
-	write(t, filepath.Join(dir, "hostilestart.wasm"), testplugins.Bytes(t, testplugins.Test(t, "hostilestart")))
-	policy := sandbox.NewPolicy().WithLoadTimeout(50 * time.Millisecond)
-	attempts := make(chan struct{}, 1000)
-	check := func(string, []byte) error { attempts <- struct{}{}; return nil }
-	optionsFor := func(string) plugins.Options { return plugins.Options{Policy: &policy} }
-	r := plugins.NewReloader(newRuntime(t), plugins.ReloaderOptions{Paths: []string{dir}, SlowLoad: 10 * time.Millisecond,
-		RetryMin: 10 * time.Millisecond, RetryMax: 40 * time.Millisecond, Check: check, OptionsFor: optionsFor})
-	defer r.Close(ctx)
+	r, attempts := retryReloader(t, "hostilestart.wasm", hostileStart(t), plugins.ReloaderOptions{SlowLoad: 10 * time.Millisecond,
+		RetryMin: 10 * time.Millisecond, RetryMax: 40 * time.Millisecond, OptionsFor: loadTimesOut})
 	r.Load(ctx)
 	for range 3 {
 		select {
@@ -242,7 +241,7 @@ func TestRetryStopsWhenConfigurationChanges(t *testing.T) {
 			t.Fatalf("the load was not tried again (status %+v)", status(r, "hostilestart"))
 		}
 	}
-	r.Reconfigure(ctx, optionsFor, func(string, []byte) error { attempts <- struct{}{}; return errors.New("does not match the pin") })
+	r.Reconfigure(ctx, loadTimesOut, func(string, []byte) error { attempts <- struct{}{}; return errors.New("does not match the pin") })
 	if s := status(r, "hostilestart"); s.State != plugins.StateError || !s.RetryAt.IsZero() || !strings.Contains(s.Error, "pin") {
 		t.Fatalf("after a configuration that refuses it: %+v; want error, no retry", s)
 	}
