@@ -8,6 +8,7 @@ import (
 	"net/http/httptest"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -282,5 +283,96 @@ func TestOAuthCancelledFetchFailsNoOneElse(t *testing.T) {
 	}
 	if _, err := v.Verify(context.Background(), as.Mint(map[string]any{"sub": "alice"})); err != nil {
 		t.Errorf("alice's valid token after another request's cancelled fetch: %v; want accepted", err)
+	}
+}
+
+// countingTransport counts the requests it sends on, over the real
+// network.
+type countingTransport struct{ n atomic.Int32 }
+
+func (c *countingTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+	c.n.Add(1)
+	return http.DefaultTransport.RoundTrip(r)
+}
+
+// TestOAuthIntrospectionUnavailable: an authorization server that fails
+// an introspection (a 5xx, or no connection) is not asked again for
+// IntrospectionFailedFor, and then by one request at a time: requests
+// bearing new tokens meanwhile fail at once with an error that is not an
+// invalid token (503), without a request of their own. (Before, every
+// request bearing a made-up token made one, up to max_introspections at
+// once: a flood while the server was down kept it hammered the moment it
+// came back, and against a server that did not answer each request
+// waited for its timeout.)
+func TestOAuthIntrospectionUnavailable(t *testing.T) {
+	var mode atomic.Value // "fail", "hang" or "answer"
+	mode.Store("fail")
+	arrived, release := make(chan struct{}, 100), make(chan struct{})
+	endpoint := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		arrived <- struct{}{}
+		switch mode.Load() {
+		case "fail":
+			http.Error(w, "down", http.StatusServiceUnavailable)
+			return
+		case "hang":
+			select {
+			case <-release:
+			case <-r.Context().Done():
+			}
+		}
+		w.Header().Set("Content-Type", "application/json")
+		fmt.Fprint(w, `{"active":false}`)
+	}))
+	t.Cleanup(endpoint.Close)
+	closed := httptest.NewServer(http.NotFoundHandler())
+	closed.Close() // its port refuses connections
+	as := authtest.NewServer(t, resource)
+	unavailable := func(err error) bool { return err != nil && !errors.Is(err, auth.ErrInvalidToken) }
+
+	for _, tc := range []struct{ name, url string }{{"5xx", endpoint.URL}, {"unreachable", closed.URL}} {
+		t.Run(tc.name, func(t *testing.T) {
+			sent := &countingTransport{}
+			v := newVerifier(t, as, auth.OAuthOptions{IntrospectionURL: tc.url, ClientID: "wasmtools", ClientSecret: "rs-secret",
+				HTTPClient: &http.Client{Transport: sent, Timeout: time.Minute}})
+			for i := range 20 {
+				if _, err := v.Verify(context.Background(), fmt.Sprintf("made-up-%d", i)); !unavailable(err) {
+					t.Fatalf("made-up-%d while the authorization server fails: %v, want an error that is not an invalid token", i, err)
+				}
+			}
+			if n := sent.n.Load(); n != 1 {
+				t.Errorf("20 requests bearing new tokens while the authorization server failed made %d introspection requests, want 1", n)
+			}
+		})
+	}
+
+	for len(arrived) > 0 {
+		<-arrived // the subtests'
+	}
+
+	// After the pause, one request asks again; others meanwhile fail at
+	// once, though it hangs; once it answers, everyone is asked about.
+	v := newVerifier(t, as, auth.OAuthOptions{IntrospectionURL: endpoint.URL, ClientID: "wasmtools", ClientSecret: "rs-secret"})
+	if _, err := v.Verify(context.Background(), "first"); !unavailable(err) {
+		t.Fatalf("first, while the authorization server fails: %v", err)
+	}
+	<-arrived
+	time.Sleep(auth.IntrospectionFailedFor) // the pause, not a poll
+	mode.Store("hang")
+	probe := make(chan error, 1)
+	go func() { _, err := v.Verify(context.Background(), "probe"); probe <- err }()
+	<-arrived
+	if _, err := v.Verify(context.Background(), "meanwhile"); !unavailable(err) {
+		t.Errorf("meanwhile, while another request asks the authorization server again: %v, want an error that is not an invalid token", err)
+	}
+	mode.Store("answer")
+	close(release)
+	if err := <-probe; !errors.Is(err, auth.ErrInvalidToken) {
+		t.Errorf("probe, once the authorization server answers: %v, want refused as not active", err)
+	}
+	if _, err := v.Verify(context.Background(), "after"); !errors.Is(err, auth.ErrInvalidToken) {
+		t.Errorf("after the authorization server answered again: %v, want refused as not active", err)
+	}
+	if n := len(arrived); n != 1 {
+		t.Errorf("%d introspection requests besides the first and the probe, want 1 (after's)", n)
 	}
 }
