@@ -1,7 +1,4 @@
 package auth
 
-import "time"
-
-// IntrospectionFailedFor is how long an authorization server that failed
-// an introspection is not asked again.
-const IntrospectionFailedFor = time.Second
+// IntrospectionFailedFor is introspectionFailedFor, for the tests.
+const IntrospectionFailedFor = introspectionFailedFor

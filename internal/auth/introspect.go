@@ -30,6 +30,15 @@ const (
 	// the authorization server being unavailable (503): waiting longer
 	// would queue clients without bound behind a slow server.
 	introspectionWait = 2 * time.Second
+	// introspectionFailedFor is how long an authorization server that
+	// failed an introspection (no connection, a timeout, an answer that
+	// is not one) is not asked again; then one request at a time asks,
+	// until it answers. Meanwhile a request needing an introspection
+	// fails at once (503): a flood of made-up tokens while it is down
+	// costs it one request a second, not one each, and keeps no one
+	// waiting on its timeout but the one asking. Short, since a server
+	// that is back is not used until it passes.
+	introspectionFailedFor = time.Second
 	// maxCachedIntrospections bounds each of the two caches (active
 	// answers, refusals), least recently used dropped first: made-up
 	// tokens fill the refusals' cache, never push out the active ones.
@@ -51,6 +60,12 @@ type introspections struct {
 	active  answerCache
 	refused answerCache
 	flights map[[32]byte]*flight // token digest → its introspection in flight
+	// failed is the authorization server's last failure to answer, nil
+	// once it answers again; failedUntil is when it may be asked again,
+	// by one request at a time (asking).
+	failed      error
+	failedUntil time.Time
+	asking      bool
 }
 
 func newIntrospections(maxAge time.Duration, inFlight int) *introspections {
@@ -126,6 +141,9 @@ func (c *answerCache) put(a *answer) {
 // Requests bearing one token at once share one introspection; at most
 // MaxIntrospections are in flight, and a request that finds none free
 // within 2 s fails with an error that is not [ErrInvalidToken] (503).
+// After the server failed to answer, a request needing an introspection
+// fails so at once, without asking it, for introspectionFailedFor, and
+// then while another request asks it again.
 func (v *OAuth) introspect(ctx context.Context, token string) (Identity, error) {
 	in := v.in
 	key := sha256.Sum256([]byte(token))
@@ -140,7 +158,16 @@ func (v *OAuth) introspect(ctx context.Context, token string) (Identity, error) 
 		return a.identity()
 	}
 	f, joined := in.flights[key]
+	asking := false
 	if !joined {
+		if in.failed != nil {
+			if in.asking || now.Before(in.failedUntil) {
+				err := in.failed
+				in.mu.Unlock()
+				return Identity{}, fmt.Errorf("%w (not asked again within %s of a failure, then by one request at a time)", err, introspectionFailedFor)
+			}
+			asking, in.asking = true, true
+		}
 		f = &flight{done: make(chan struct{})}
 		in.flights[key] = f
 	}
@@ -161,9 +188,13 @@ func (v *OAuth) introspect(ctx context.Context, token string) (Identity, error) 
 	f.id, f.err = v.introspectShared(ctx, token)
 	in.mu.Lock()
 	delete(in.flights, key)
+	if asking {
+		in.asking = false
+	}
 	now = time.Now()
 	switch {
 	case f.err == nil:
+		in.failed = nil
 		until := now.Add(in.maxAge)
 		if f.id.Expires.Before(until) {
 			until = f.id.Expires
@@ -172,10 +203,16 @@ func (v *OAuth) introspect(ctx context.Context, token string) (Identity, error) 
 			in.active.put(&answer{key: key, id: f.id, until: until})
 		}
 	case errors.Is(f.err, ErrInvalidToken):
+		in.failed = nil
 		in.refused.put(&answer{key: key, err: f.err, until: now.Add(introspectionRefusedFor)})
+	case errors.Is(f.err, errIntrospectionsBusy):
+		// Our own bound, not the server's failure: nothing is kept.
+	default:
+		// The server failed to answer: the token's answer is not kept
+		// (it is asked about again once the server may be), the
+		// failure is.
+		in.failed, in.failedUntil = f.err, now.Add(introspectionFailedFor)
 	}
-	// Other failures (the authorization server unreachable, busy) are
-	// not kept: the next request asks again.
 	in.mu.Unlock()
 	close(f.done)
 	return cloned(f.id), f.err
