@@ -376,3 +376,31 @@ func TestOAuthIntrospectionUnavailable(t *testing.T) {
 		t.Errorf("%d introspection requests besides the first and the probe, want 1 (after's)", n)
 	}
 }
+
+// TestOAuthKeysKeptWhileIssuerDown: a fetch of the key set that fails
+// (the authorization server down, here answering 503) leaves the keys in
+// hand as they were: tokens signed with them go on verifying until
+// KeysMaxAge; a token naming a key not in hand cannot be checked (an
+// error that is not an invalid token). (Before, a failed fetch stood for
+// every token until KeysMinRefresh passed: anyone, with a JWT-shaped
+// token naming a made-up key ID once per KeysMinRefresh while the
+// server was down, made every valid token fail with 503, though the keys
+// that verified them were in hand.)
+func TestOAuthKeysKeptWhileIssuerDown(t *testing.T) {
+	as := authtest.NewServer(t, resource)
+	v := newVerifier(t, as, auth.OAuthOptions{KeysMinRefresh: time.Nanosecond})
+	alice := as.Mint(map[string]any{"sub": "alice"})
+	if _, err := v.Verify(context.Background(), alice); err != nil {
+		t.Fatal(err)
+	}
+	as.Down.Store(true)
+	_, err := v.Verify(context.Background(), as.MintWith(authtest.NewECKey(t, "made-up"), map[string]any{"sub": "mallory"}))
+	if err == nil || errors.Is(err, auth.ErrInvalidToken) {
+		t.Errorf("a token of a key not in hand while the server is down: %v, want an error that is not an invalid token", err)
+	}
+	for i := range 3 {
+		if _, err := v.Verify(context.Background(), alice); err != nil {
+			t.Fatalf("alice's valid token after a failed fetch of the key set (%d): %v; want accepted with the keys in hand", i, err)
+		}
+	}
+}

@@ -72,6 +72,9 @@ type Server struct {
 	opaque   map[string]map[string]any // introspection: token → response
 
 	KeyFetches atomic.Int64
+	// Down, while set, makes every endpoint answer 503, as an
+	// authorization server that is down.
+	Down atomic.Bool
 	// Introspections counts the introspection requests answered.
 	Introspections atomic.Int64
 }
@@ -136,7 +139,13 @@ func NewServer(t testing.TB, resource string) *Server {
 		}
 		writeJSON(w, resp)
 	})
-	srv := httptest.NewServer(mux)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if s.Down.Load() {
+			http.Error(w, "down", http.StatusServiceUnavailable)
+			return
+		}
+		mux.ServeHTTP(w, r)
+	}))
 	t.Cleanup(srv.Close)
 	s.URL = srv.URL
 	return s
