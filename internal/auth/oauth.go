@@ -101,12 +101,12 @@ type OAuth struct {
 	client *http.Client
 	in     *introspections
 
-	mu        sync.Mutex // guards the fields below and serialises fetches
-	jwksURI   string
-	keys      jose.JSONWebKeySet
-	fetched   time.Time // when keys were fetched; zero: never
-	fetchErr  error     // the last fetch's error, until the next may be tried
-	fetchedOK bool
+	mu       sync.Mutex // guards the fields below and serialises fetches
+	jwksURI  string
+	keys     jose.JSONWebKeySet
+	keysAt   time.Time // when keys were fetched; zero: never
+	fetched  time.Time // when the last fetch was tried; zero: never
+	fetchErr error     // the last fetch's error, until the next may be tried
 }
 
 // NewOAuth makes an [OAuth] verifier. It fails if the issuer or resource
@@ -239,7 +239,10 @@ func scopesOf(scope string, scp json.RawMessage) []string {
 
 // keysFor returns the keys that may have signed a token naming kid ("":
 // every key). The key set is fetched on first use, after KeysMaxAge, and
-// when kid is unknown, at most once per KeysMinRefresh.
+// when kid is unknown, at most once per KeysMinRefresh. A failed fetch
+// says nothing of the keys in hand: they are used until KeysMaxAge, so
+// that a made-up key ID while the authorization server is down fails
+// its own token only, not every one.
 func (v *OAuth) keysFor(ctx context.Context, kid string) ([]jose.JSONWebKey, error) {
 	v.mu.Lock()
 	defer v.mu.Unlock()
@@ -249,13 +252,12 @@ func (v *OAuth) keysFor(ctx context.Context, kid string) ([]jose.JSONWebKey, err
 		}
 		return v.keys.Key(kid)
 	}
-	since := time.Since(v.fetched)
-	stale := !v.fetchedOK || since > v.o.KeysMaxAge
-	if ks := match(); len(ks) > 0 && !stale {
+	fresh := !v.keysAt.IsZero() && time.Since(v.keysAt) <= v.o.KeysMaxAge
+	if ks := match(); len(ks) > 0 && fresh {
 		return ks, nil
 	}
-	if !v.fetched.IsZero() && since < v.o.KeysMinRefresh {
-		if !v.fetchedOK {
+	if !v.fetched.IsZero() && time.Since(v.fetched) < v.o.KeysMinRefresh {
+		if v.fetchErr != nil {
 			return nil, fmt.Errorf("oauth: the issuer's keys: %w", v.fetchErr)
 		}
 		if ks := match(); len(ks) > 0 {
@@ -273,7 +275,7 @@ func (v *OAuth) keysFor(ctx context.Context, kid string) ([]jose.JSONWebKey, err
 	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), bound)
 	defer cancel()
 	err := v.fetchKeysLocked(fctx)
-	v.fetched, v.fetchErr, v.fetchedOK = time.Now(), err, err == nil
+	v.fetched, v.fetchErr = time.Now(), err
 	if err != nil {
 		return nil, fmt.Errorf("oauth: the issuer's keys: %w", err)
 	}
@@ -299,7 +301,7 @@ func (v *OAuth) fetchKeysLocked(ctx context.Context) error {
 	if err := v.getJSON(ctx, v.jwksURI, &set); err != nil {
 		return err
 	}
-	v.keys = set
+	v.keys, v.keysAt = set, time.Now()
 	return nil
 }
 
