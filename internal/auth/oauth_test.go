@@ -404,3 +404,48 @@ func TestOAuthKeysKeptWhileIssuerDown(t *testing.T) {
 		}
 	}
 }
+
+// TestOAuthKeyFetchHoldsNoOneElse: a fetch of the key set under way
+// (here one the authorization server does not answer, caused by a token
+// naming a made-up key ID) holds up only the tokens that need it: a token
+// of a key in hand verifies meanwhile. (Before, the fetch held the
+// verifier's lock for up to the HTTP timeout, 10 s, and every JWT waited
+// behind it, its client's cancellation unheard: against a server that
+// hangs, anyone with a made-up key ID once per keys_min_refresh stalled
+// every valid token about half the time.)
+func TestOAuthKeyFetchHoldsNoOneElse(t *testing.T) {
+	as := authtest.NewServer(t, resource)
+	v := newVerifier(t, as, auth.OAuthOptions{KeysMinRefresh: time.Nanosecond})
+	alice := as.Mint(map[string]any{"sub": "alice"})
+	if _, err := v.Verify(context.Background(), alice); err != nil {
+		t.Fatal(err)
+	}
+	arrived, release := as.HoldKeys()
+	mallory := make(chan error, 1)
+	go func() {
+		_, err := v.Verify(context.Background(), as.MintWith(authtest.NewECKey(t, "made-up"), map[string]any{"sub": "mallory"}))
+		mallory <- err
+	}()
+	<-arrived // the fetch is under way
+	done := make(chan error, 1)
+	go func() { _, err := v.Verify(context.Background(), alice); done <- err }()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Errorf("alice's valid token while a fetch is under way: %v; want accepted", err)
+		}
+	case <-time.After(5 * time.Second): // the fetch's bound is 10 s
+		t.Error("alice's valid token waited for a fetch of the key set it does not need")
+	}
+	// A request that needs the fetch waits for it, as long as its
+	// client does.
+	gone, cancel := context.WithCancel(context.Background())
+	cancel()
+	if _, err := v.Verify(gone, as.MintWith(authtest.NewECKey(t, "made-up-2"), map[string]any{"sub": "mallory"})); !errors.Is(err, context.Canceled) {
+		t.Errorf("a token needing the fetch under way, its client gone: %v, want context.Canceled", err)
+	}
+	release()
+	if err := <-mallory; !errors.Is(err, auth.ErrInvalidToken) {
+		t.Errorf("the made-up key's token once the fetch ends: %v, want refused", err)
+	}
+}

@@ -70,6 +70,7 @@ type Server struct {
 	// Resource is the audience of the tokens the token endpoint issues.
 	resource string
 	opaque   map[string]map[string]any // introspection: token → response
+	held     *hold                     // the key set's requests held; nil: none
 
 	KeyFetches atomic.Int64
 	// Down, while set, makes every endpoint answer 503, as an
@@ -95,6 +96,17 @@ func NewServer(t testing.TB, resource string) *Server {
 	})
 	mux.HandleFunc("/keys", func(w http.ResponseWriter, r *http.Request) {
 		s.KeyFetches.Add(1)
+		s.mu.Lock()
+		h := s.held
+		s.mu.Unlock()
+		if h != nil {
+			h.arrived <- struct{}{}
+			select {
+			case <-h.release:
+			case <-r.Context().Done():
+				return
+			}
+		}
 		s.mu.Lock()
 		var set jose.JSONWebKeySet
 		for _, k := range s.keys {
@@ -170,6 +182,33 @@ func (s *Server) Rotate(k Key) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.keys = []Key{k}
+}
+
+// hold is the key set's requests held by HoldKeys.
+type hold struct {
+	arrived chan struct{} // one per request held
+	release chan struct{} // closed to answer them
+}
+
+// HoldKeys makes the key set's endpoint answer no request, as an
+// authorization server that hangs, until release is called (also at the
+// test's end); arrived receives one value per request held.
+func (s *Server) HoldKeys() (arrived <-chan struct{}, release func()) {
+	h := &hold{arrived: make(chan struct{}, 100), release: make(chan struct{})}
+	s.mu.Lock()
+	s.held = h
+	s.mu.Unlock()
+	var once sync.Once
+	release = func() {
+		once.Do(func() {
+			s.mu.Lock()
+			s.held = nil
+			s.mu.Unlock()
+			close(h.release)
+		})
+	}
+	s.t.Cleanup(release)
+	return h.arrived, release
 }
 
 // AddOpaque makes token an opaque token whose introspection answers
