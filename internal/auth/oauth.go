@@ -101,12 +101,15 @@ type OAuth struct {
 	client *http.Client
 	in     *introspections
 
-	mu       sync.Mutex // guards the fields below and serialises fetches
+	mu       sync.Mutex // guards the fields below, never held across a fetch
 	jwksURI  string
 	keys     jose.JSONWebKeySet
 	keysAt   time.Time // when keys were fetched; zero: never
 	fetched  time.Time // when the last fetch was tried; zero: never
 	fetchErr error     // the last fetch's error, until the next may be tried
+	// fetching is closed when the fetch under way ends; nil: none. One
+	// at a time: requests that need one wait for it.
+	fetching chan struct{}
 }
 
 // NewOAuth makes an [OAuth] verifier. It fails if the issuer or resource
@@ -242,67 +245,100 @@ func scopesOf(scope string, scp json.RawMessage) []string {
 // when kid is unknown, at most once per KeysMinRefresh. A failed fetch
 // says nothing of the keys in hand: they are used until KeysMaxAge, so
 // that a made-up key ID while the authorization server is down fails
-// its own token only, not every one.
+// its own token only, not every one. One fetch at a time, outside the
+// lock: it holds up only the requests that need it (the one that starts
+// it until it ends, the others as long as their clients wait), where
+// under the lock every token waited behind it, for up to the HTTP
+// timeout against a server that hangs.
 func (v *OAuth) keysFor(ctx context.Context, kid string) ([]jose.JSONWebKey, error) {
 	v.mu.Lock()
-	defer v.mu.Unlock()
-	match := func() []jose.JSONWebKey {
-		if kid == "" {
-			return v.keys.Keys
-		}
-		return v.keys.Key(kid)
-	}
 	fresh := !v.keysAt.IsZero() && time.Since(v.keysAt) <= v.o.KeysMaxAge
-	if ks := match(); len(ks) > 0 && fresh {
+	if ks := v.matchLocked(kid); len(ks) > 0 && fresh {
+		v.mu.Unlock()
 		return ks, nil
 	}
-	if !v.fetched.IsZero() && time.Since(v.fetched) < v.o.KeysMinRefresh {
-		if v.fetchErr != nil {
-			return nil, fmt.Errorf("oauth: the issuer's keys: %w", v.fetchErr)
+	if fetching := v.fetching; fetching != nil {
+		// Another request's fetch is under way: its outcome is this
+		// one's too.
+		v.mu.Unlock()
+		select {
+		case <-fetching:
+		case <-ctx.Done():
+			return nil, fmt.Errorf("oauth: the issuer's keys: %w", context.Cause(ctx))
 		}
-		if ks := match(); len(ks) > 0 {
-			return ks, nil
-		}
-		return nil, invalid("signed with key %q, which the issuer does not list", kid)
+		v.mu.Lock()
+		defer v.mu.Unlock()
+		return v.fetchedLocked(kid)
 	}
-	// The fetch holds the lock: concurrent requests wait for one fetch
-	// rather than each making one. It is everyone's, not the request's
-	// that happens to make it, so it runs on without that request's
-	// cancellation: a client hanging up (any JWT-shaped token naming a
-	// made-up key ID makes one fetch) would otherwise have its failure
-	// stand for every tenant until KeysMinRefresh passed.
+	if !v.fetched.IsZero() && time.Since(v.fetched) < v.o.KeysMinRefresh {
+		defer v.mu.Unlock()
+		return v.fetchedLocked(kid)
+	}
+	fetching := make(chan struct{})
+	v.fetching = fetching
+	jwksURI := v.jwksURI
+	v.mu.Unlock()
+
+	// The fetch is everyone's, not the request's that happens to make
+	// it, so it runs on without that request's cancellation: a client
+	// hanging up (any JWT-shaped token naming a made-up key ID makes one
+	// fetch) would otherwise have its failure stand for every tenant
+	// until KeysMinRefresh passed.
 	bound := max(v.client.Timeout, DefaultHTTPTimeout)
 	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), bound)
 	defer cancel()
-	err := v.fetchKeysLocked(fctx)
-	v.fetched, v.fetchErr = time.Now(), err
-	if err != nil {
-		return nil, fmt.Errorf("oauth: the issuer's keys: %w", err)
+	set, jwksURI, err := v.fetchKeys(fctx, jwksURI)
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	v.jwksURI = jwksURI
+	if err == nil {
+		v.keys, v.keysAt = set, time.Now()
 	}
-	if ks := match(); len(ks) > 0 {
+	v.fetched, v.fetchErr = time.Now(), err
+	v.fetching = nil
+	close(fetching)
+	return v.fetchedLocked(kid)
+}
+
+// matchLocked returns the keys in hand that kid names ("": every key).
+// The caller holds v.mu.
+func (v *OAuth) matchLocked(kid string) []jose.JSONWebKey {
+	if kid == "" {
+		return v.keys.Keys
+	}
+	return v.keys.Key(kid)
+}
+
+// fetchedLocked returns the keys kid names as the last fetch left them:
+// its error if it failed. The caller holds v.mu.
+func (v *OAuth) fetchedLocked(kid string) ([]jose.JSONWebKey, error) {
+	if v.fetchErr != nil {
+		return nil, fmt.Errorf("oauth: the issuer's keys: %w", v.fetchErr)
+	}
+	if ks := v.matchLocked(kid); len(ks) > 0 {
 		return ks, nil
 	}
 	return nil, invalid("signed with key %q, which the issuer does not list", kid)
 }
 
-// fetchKeysLocked discovers jwks_uri (once) and fetches the key set.
-func (v *OAuth) fetchKeysLocked(ctx context.Context) error {
-	if v.jwksURI == "" {
+// fetchKeys fetches the key set from jwksURI, discovered first if it is
+// "", and returns it with jwksURI.
+func (v *OAuth) fetchKeys(ctx context.Context, jwksURI string) (jose.JSONWebKeySet, string, error) {
+	var set jose.JSONWebKeySet
+	if jwksURI == "" {
 		meta, err := v.discover(ctx)
 		if err != nil {
-			return err
+			return set, "", err
 		}
 		if meta.JWKSURI == "" {
-			return errors.New("the authorization server's metadata has no jwks_uri")
+			return set, "", errors.New("the authorization server's metadata has no jwks_uri")
 		}
-		v.jwksURI = meta.JWKSURI
+		jwksURI = meta.JWKSURI
 	}
-	var set jose.JSONWebKeySet
-	if err := v.getJSON(ctx, v.jwksURI, &set); err != nil {
-		return err
+	if err := v.getJSON(ctx, jwksURI, &set); err != nil {
+		return set, jwksURI, err
 	}
-	v.keys, v.keysAt = set, time.Now()
-	return nil
+	return set, jwksURI, nil
 }
 
 // serverMetadata is what is read of RFC 8414 / OpenID discovery.
