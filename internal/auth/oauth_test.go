@@ -449,3 +449,23 @@ func TestOAuthKeyFetchHoldsNoOneElse(t *testing.T) {
 		t.Errorf("the made-up key's token once the fetch ends: %v, want refused", err)
 	}
 }
+
+// TestOAuthKeyFetchFailurePaced: a fetch of the key set that fails (the
+// authorization server down from the start, answering 503) is not tried
+// again before KeysMinRefresh: 20 tokens make one attempt (discovery's
+// two well-known URLs), each failing at once with an error that is not
+// an invalid token (503).
+func TestOAuthKeyFetchFailurePaced(t *testing.T) {
+	as := authtest.NewServer(t, resource)
+	as.Down.Store(true)
+	sent := &countingTransport{}
+	v := newVerifier(t, as, auth.OAuthOptions{HTTPClient: &http.Client{Transport: sent, Timeout: time.Minute}})
+	for i := range 20 {
+		if _, err := v.Verify(context.Background(), as.Mint(map[string]any{"sub": "alice"})); err == nil || errors.Is(err, auth.ErrInvalidToken) {
+			t.Fatalf("token %d while the authorization server is down: %v, want an error that is not an invalid token", i, err)
+		}
+	}
+	if n := sent.n.Load(); n != 2 {
+		t.Errorf("20 tokens while the authorization server was down made %d requests to it, want 2 (one discovery)", n)
+	}
+}
