@@ -214,6 +214,39 @@ func TestOAuthIntrospectionCached(t *testing.T) {
 	}
 }
 
+// introspectionEndpoint is an RFC 7662 endpoint on loopback that
+// answers every token as not active. Each request is sent on arrived
+// first; while fail is set it answers 503 instead, and while hold is set
+// it waits for release to be closed.
+type introspectionEndpoint struct {
+	URL        string
+	arrived    chan struct{}
+	release    chan struct{}
+	fail, hold atomic.Bool
+}
+
+func newIntrospectionEndpoint(t *testing.T) *introspectionEndpoint {
+	e := &introspectionEndpoint{arrived: make(chan struct{}, 100), release: make(chan struct{})}
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		e.arrived <- struct{}{}
+		if e.fail.Load() {
+			http.Error(w, "down", http.StatusServiceUnavailable)
+			return
+		}
+		if e.hold.Load() {
+			select {
+			case <-e.release:
+			case <-r.Context().Done():
+			}
+		}
+		w.Header().Set("Content-Type", "application/json")
+		fmt.Fprint(w, `{"active":false}`)
+	}))
+	t.Cleanup(srv.Close)
+	e.URL = srv.URL
+	return e
+}
+
 // TestOAuthIntrospectionBounded: introspection requests in flight are
 // bounded: with the authorization server answering none, requests
 // bearing new tokens beyond the bound wait briefly and fail with an
@@ -222,18 +255,8 @@ func TestOAuthIntrospectionCached(t *testing.T) {
 func TestOAuthIntrospectionBounded(t *testing.T) {
 	const limit = 4
 	const tokens = limit + 8
-	release := make(chan struct{})
-	arrived := make(chan struct{}, tokens)
-	endpoint := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		arrived <- struct{}{}
-		select {
-		case <-release:
-		case <-r.Context().Done():
-		}
-		w.Header().Set("Content-Type", "application/json")
-		fmt.Fprint(w, `{"active":false}`)
-	}))
-	t.Cleanup(endpoint.Close)
+	endpoint := newIntrospectionEndpoint(t)
+	endpoint.hold.Store(true)
 	as := authtest.NewServer(t, resource)
 	v := newVerifier(t, as, auth.OAuthOptions{IntrospectionURL: endpoint.URL, ClientID: "wasmtools", ClientSecret: "rs-secret", MaxIntrospections: limit})
 	results := make(chan error, tokens)
@@ -246,7 +269,7 @@ func TestOAuthIntrospectionBounded(t *testing.T) {
 	inFlight, failed := 0, 0
 	for failed < tokens-limit && inFlight <= limit {
 		select {
-		case <-arrived:
+		case <-endpoint.arrived:
 			inFlight++
 		case err := <-results:
 			if err == nil || errors.Is(err, auth.ErrInvalidToken) {
@@ -255,7 +278,7 @@ func TestOAuthIntrospectionBounded(t *testing.T) {
 			failed++
 		}
 	}
-	close(release)
+	close(endpoint.release)
 	if inFlight > limit {
 		t.Fatalf("%d introspection requests at once, want at most %d", inFlight, limit)
 	}
@@ -305,25 +328,8 @@ func (c *countingTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 // came back, and against a server that did not answer each request
 // waited for its timeout.)
 func TestOAuthIntrospectionUnavailable(t *testing.T) {
-	var mode atomic.Value // "fail", "hang" or "answer"
-	mode.Store("fail")
-	arrived, release := make(chan struct{}, 100), make(chan struct{})
-	endpoint := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		arrived <- struct{}{}
-		switch mode.Load() {
-		case "fail":
-			http.Error(w, "down", http.StatusServiceUnavailable)
-			return
-		case "hang":
-			select {
-			case <-release:
-			case <-r.Context().Done():
-			}
-		}
-		w.Header().Set("Content-Type", "application/json")
-		fmt.Fprint(w, `{"active":false}`)
-	}))
-	t.Cleanup(endpoint.Close)
+	endpoint := newIntrospectionEndpoint(t)
+	endpoint.fail.Store(true)
 	closed := httptest.NewServer(http.NotFoundHandler())
 	closed.Close() // its port refuses connections
 	as := authtest.NewServer(t, resource)
@@ -345,8 +351,8 @@ func TestOAuthIntrospectionUnavailable(t *testing.T) {
 		})
 	}
 
-	for len(arrived) > 0 {
-		<-arrived // the subtests'
+	for len(endpoint.arrived) > 0 {
+		<-endpoint.arrived // the subtests'
 	}
 
 	// After the pause, one request asks again; others meanwhile fail at
@@ -355,24 +361,24 @@ func TestOAuthIntrospectionUnavailable(t *testing.T) {
 	if _, err := v.Verify(context.Background(), "first"); !unavailable(err) {
 		t.Fatalf("first, while the authorization server fails: %v", err)
 	}
-	<-arrived
+	<-endpoint.arrived
 	time.Sleep(auth.IntrospectionFailedFor) // the pause, not a poll
-	mode.Store("hang")
+	endpoint.fail.Store(false)
+	endpoint.hold.Store(true)
 	probe := make(chan error, 1)
 	go func() { _, err := v.Verify(context.Background(), "probe"); probe <- err }()
-	<-arrived
+	<-endpoint.arrived
 	if _, err := v.Verify(context.Background(), "meanwhile"); !unavailable(err) {
 		t.Errorf("meanwhile, while another request asks the authorization server again: %v, want an error that is not an invalid token", err)
 	}
-	mode.Store("answer")
-	close(release)
+	close(endpoint.release)
 	if err := <-probe; !errors.Is(err, auth.ErrInvalidToken) {
 		t.Errorf("probe, once the authorization server answers: %v, want refused as not active", err)
 	}
 	if _, err := v.Verify(context.Background(), "after"); !errors.Is(err, auth.ErrInvalidToken) {
 		t.Errorf("after the authorization server answered again: %v, want refused as not active", err)
 	}
-	if n := len(arrived); n != 1 {
+	if n := len(endpoint.arrived); n != 1 {
 		t.Errorf("%d introspection requests besides the first and the probe, want 1 (after's)", n)
 	}
 }
