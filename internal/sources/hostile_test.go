@@ -6,10 +6,15 @@ import (
 	"compress/gzip"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"net"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
+	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -155,4 +160,59 @@ func TestHostileRegistry(t *testing.T) {
 
 func content(mediaType string, b []byte) ocispec.Descriptor {
 	return ocispec.Descriptor{MediaType: mediaType, Digest: digest.FromBytes(b), Size: int64(len(b))}
+}
+
+// dialRecorder is a client whose dials off loopback are recorded and fail
+// (the test machine has no private network to reach): what a fetch would
+// have reached.
+type dialRecorder struct {
+	mu     sync.Mutex
+	dialed []string
+}
+
+func (d *dialRecorder) client(proxy func(*http.Request) (*url.URL, error)) *http.Client {
+	var dialer net.Dialer
+	return &http.Client{Transport: &http.Transport{Proxy: proxy, DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
+		if host, _, _ := net.SplitHostPort(addr); net.ParseIP(host) == nil || !net.ParseIP(host).IsLoopback() {
+			d.mu.Lock()
+			d.dialed = append(d.dialed, addr)
+			d.mu.Unlock()
+			return nil, fmt.Errorf("test: %s not reachable", addr)
+		}
+		return dialer.DialContext(ctx, network, addr)
+	}}}
+}
+
+func (d *dialRecorder) got() []string {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return slices.Clone(d.dialed)
+}
+
+// TestTokenRealmPrivate: a registry's WWW-Authenticate realm is the
+// registry's choice, not the operator's: one on another host is held to
+// the private-address rule of redirect hops, so a public registry cannot
+// make wasmtools send its token request (with the registry's login, if
+// any) into the private network (oras-go refuses only loopback,
+// link-local and metadata realms).
+func TestTokenRealmPrivate(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("WWW-Authenticate", `Bearer realm="http://10.1.2.3:5001/token",service="registry",scope="repository:x/p:pull"`)
+		w.WriteHeader(http.StatusUnauthorized)
+	}))
+	defer srv.Close()
+	var rec dialRecorder
+	m, err := sources.New(sources.Options{Dir: t.TempDir(), LinkDir: t.TempDir(), DockerConfig: "-", Timeout: time.Minute, Client: rec.client(nil)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	host := strings.TrimPrefix(srv.URL, "http://")
+	_, errs := m.Sync(context.Background(), []sources.Spec{{Name: "p", Source: "oci://" + host + "/x/p:v1", InsecureSkipSignature: true,
+		Credential: &sources.Credential{Username: "bot", Password: "s3cret"}}})
+	if got := rec.got(); len(got) > 0 {
+		t.Errorf("the token request was sent to %v", got)
+	}
+	if len(errs) != 1 || !errors.Is(errs[0], sources.ErrRedirectPrivate) {
+		t.Fatalf("errs = %v, want %v", errs, sources.ErrRedirectPrivate)
+	}
 }
