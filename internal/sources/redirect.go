@@ -23,12 +23,13 @@ var ErrRedirectPrivate = fmt.Errorf("redirect to a private address refused")
 // is held to the private-address rule of plugin requests
 // (sandbox.PrivateAddr), checked on the address dialled (after DNS), so
 // a source on a public host cannot bounce the fetch to 169.254.169.254
-// or a private service. The hosts the fetch asks itself (the source's,
-// a registry's token realm) are the operator's choice and are not.
+// or a private service. So is a host the fetch asks because the registry
+// named it: a token realm (WWW-Authenticate) on another host name than
+// the source's. Only the source's own host is the operator's choice.
 type hops struct {
-	origin string
+	origin string // host:port
 	mu     sync.Mutex
-	only   map[string]bool // host:port reached by a redirect
+	only   map[string]string // host:port held to the rule: how it was reached
 }
 
 type hopsKey struct{}
@@ -36,7 +37,7 @@ type hopsKey struct{}
 // withHops returns ctx carrying the redirect record of a fetch of a
 // source at origin (its host:port).
 func withHops(ctx context.Context, origin string) context.Context {
-	return context.WithValue(ctx, hopsKey{}, &hops{origin: origin, only: map[string]bool{}})
+	return context.WithValue(ctx, hopsKey{}, &hops{origin: origin, only: map[string]string{}})
 }
 
 // hostPort is u's host:port, the scheme's default port if none is named.
@@ -62,20 +63,42 @@ func redirected(ctx context.Context, u *url.URL) {
 		return
 	}
 	h.mu.Lock()
-	h.only[hp] = true
+	h.only[hp] = "a redirect"
 	h.mu.Unlock()
 }
 
-// checked reports whether a dial of addr (host:port) must be held to the
-// private-address rule.
-func checked(ctx context.Context, addr string) bool {
+// requested records a request of a fetch to u: on another host name than
+// the source's, it is one the registry named (its token realm), and is
+// checked when dialled as a redirect hop is. oras-go refuses loopback,
+// link-local and metadata realms, but not the private network's, which a
+// public registry must not reach through wasmtools either.
+func requested(ctx context.Context, u *url.URL) {
 	h, _ := ctx.Value(hopsKey{}).(*hops)
 	if h == nil {
-		return false
+		return
+	}
+	host, _, _ := net.SplitHostPort(h.origin)
+	if strings.EqualFold(u.Hostname(), host) {
+		return
+	}
+	hp := hostPort(u)
+	h.mu.Lock()
+	if h.only[hp] == "" {
+		h.only[hp] = "a host the registry named (token realm)"
+	}
+	h.mu.Unlock()
+}
+
+// checked says how a dial of addr (host:port) came to be held to the
+// private-address rule, "" if it is not.
+func checked(ctx context.Context, addr string) string {
+	h, _ := ctx.Value(hopsKey{}).(*hops)
+	if h == nil {
+		return ""
 	}
 	host, port, err := net.SplitHostPort(addr)
 	if err != nil {
-		return true
+		return "a malformed address"
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -87,7 +110,8 @@ func checked(ctx context.Context, addr string) bool {
 // (so DNS cannot answer differently between the check and the dial).
 func guardDial(dial func(ctx context.Context, network, addr string) (net.Conn, error)) func(ctx context.Context, network, addr string) (net.Conn, error) {
 	return func(ctx context.Context, network, addr string) (net.Conn, error) {
-		if !checked(ctx, addr) {
+		how := checked(ctx, addr)
+		if how == "" {
 			return dial(ctx, network, addr)
 		}
 		host, port, err := net.SplitHostPort(addr)
@@ -102,7 +126,7 @@ func guardDial(dial func(ctx context.Context, network, addr string) (net.Conn, e
 		}
 		for _, ip := range ips {
 			if sandbox.PrivateAddr(ip) {
-				return nil, fmt.Errorf("%w: %s is %s", ErrRedirectPrivate, addr, ip)
+				return nil, fmt.Errorf("%w: %s is %s (reached through %s)", ErrRedirectPrivate, addr, ip, how)
 			}
 		}
 		var errs []error
@@ -117,15 +141,15 @@ func guardDial(dial func(ctx context.Context, network, addr string) (net.Conn, e
 	}
 }
 
-// guardTransport returns rt with its dials guarded ([guardDial]), if it
-// is an *http.Transport (a copy); otherwise rt.
+// guardTransport returns rt with its requests recorded ([requested]) and,
+// if it is an *http.Transport (a copy), its dials guarded ([guardDial]).
 func guardTransport(rt http.RoundTripper) http.RoundTripper {
 	if rt == nil {
 		rt = http.DefaultTransport
 	}
 	tr, ok := rt.(*http.Transport)
 	if !ok {
-		return rt
+		return recordTransport{rt}
 	}
 	tr = tr.Clone()
 	dial := tr.DialContext
@@ -133,5 +157,14 @@ func guardTransport(rt http.RoundTripper) http.RoundTripper {
 		dial = (&net.Dialer{}).DialContext
 	}
 	tr.DialContext = guardDial(dial)
-	return tr
+	return recordTransport{tr}
+}
+
+// recordTransport records each request's host ([requested]) before it is
+// sent.
+type recordTransport struct{ rt http.RoundTripper }
+
+func (t recordTransport) RoundTrip(req *http.Request) (*http.Response, error) {
+	requested(req.Context(), req.URL)
+	return t.rt.RoundTrip(req)
 }
