@@ -216,3 +216,48 @@ func TestTokenRealmPrivate(t *testing.T) {
 		t.Fatalf("errs = %v, want %v", errs, sources.ErrRedirectPrivate)
 	}
 }
+
+// TestRedirectPrivateThroughProxy: behind an HTTP proxy the proxy is what
+// is dialled, so a redirect hop's address is checked before the request
+// goes to the proxy: a public registry cannot have the proxy reach a
+// private service for it.
+func TestRedirectPrivateThroughProxy(t *testing.T) {
+	var mu sync.Mutex
+	var asked []string
+	proxy := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		asked = append(asked, r.Method+" "+r.Host)
+		mu.Unlock()
+		http.Error(w, "test proxy: not reachable", http.StatusBadGateway)
+	}))
+	defer proxy.Close()
+	proxyURL, _ := url.Parse(proxy.URL)
+	small := []byte("\x00asm\x01\x00\x00\x00")
+	srv := httptest.NewServer(&hostileRegistry{layer: content(sources.MediaTypeWasm, small), blob: func(w http.ResponseWriter, r *http.Request) {
+		http.Redirect(w, r, "https://10.1.2.3/blob", http.StatusTemporaryRedirect)
+	}})
+	defer srv.Close()
+	var rec dialRecorder
+	// As NO_PROXY=localhost would: the registry directly, the rest
+	// through the proxy.
+	client := rec.client(func(r *http.Request) (*url.URL, error) {
+		if ip := net.ParseIP(r.URL.Hostname()); ip != nil && ip.IsLoopback() {
+			return nil, nil
+		}
+		return proxyURL, nil
+	})
+	m, err := sources.New(sources.Options{Dir: t.TempDir(), LinkDir: t.TempDir(), DockerConfig: "-", Timeout: time.Minute, Client: client})
+	if err != nil {
+		t.Fatal(err)
+	}
+	host := strings.TrimPrefix(srv.URL, "http://")
+	_, errs := m.Sync(context.Background(), []sources.Spec{{Name: "p", Source: "oci://" + host + "/x/p:v1", InsecureSkipSignature: true}})
+	mu.Lock()
+	defer mu.Unlock()
+	if len(asked) > 0 {
+		t.Errorf("the proxy was asked for %v", asked)
+	}
+	if len(errs) != 1 || !errors.Is(errs[0], sources.ErrRedirectPrivate) {
+		t.Fatalf("errs = %v, want %v", errs, sources.ErrRedirectPrivate)
+	}
+}
