@@ -2,6 +2,7 @@ package sources
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"net/http"
@@ -13,9 +14,9 @@ import (
 	"github.com/wasmtools/wasmtools/sandbox"
 )
 
-// ErrRedirectPrivate: a redirect hop of a fetch led to a loopback,
-// private, link-local or metadata address that the source itself does
-// not name.
+// ErrRedirectPrivate: a redirect hop of a fetch, or a host the registry
+// named (its token realm), led to a loopback, private, link-local or
+// metadata address that the source itself does not name.
 var ErrRedirectPrivate = fmt.Errorf("redirect to a private address refused")
 
 // hops is what one fetch's redirects led to, carried in its context: a
@@ -105,9 +106,9 @@ func checked(ctx context.Context, addr string) string {
 	return h.only[net.JoinHostPort(strings.ToLower(host), port)]
 }
 
-// guardDial wraps dial: a redirect hop's host is resolved here, refused
-// if any of its addresses is private, and dialled at the address checked
-// (so DNS cannot answer differently between the check and the dial).
+// guardDial wraps dial: a checked host is resolved here, refused if any
+// of its addresses is private, and dialled at the address checked (so DNS
+// cannot answer differently between the check and the dial).
 func guardDial(dial func(ctx context.Context, network, addr string) (net.Conn, error)) func(ctx context.Context, network, addr string) (net.Conn, error) {
 	return func(ctx context.Context, network, addr string) (net.Conn, error) {
 		how := checked(ctx, addr)
@@ -118,16 +119,9 @@ func guardDial(dial func(ctx context.Context, network, addr string) (net.Conn, e
 		if err != nil {
 			return nil, err
 		}
-		var ips []netip.Addr
-		if ip, err := netip.ParseAddr(host); err == nil {
-			ips = []netip.Addr{ip}
-		} else if ips, err = net.DefaultResolver.LookupNetIP(ctx, "ip", host); err != nil {
+		ips, err := publicAddrs(ctx, addr, host, how)
+		if err != nil {
 			return nil, err
-		}
-		for _, ip := range ips {
-			if sandbox.PrivateAddr(ip) {
-				return nil, fmt.Errorf("%w: %s is %s (reached through %s)", ErrRedirectPrivate, addr, ip, how)
-			}
 		}
 		var errs []error
 		for _, ip := range ips {
@@ -141,15 +135,33 @@ func guardDial(dial func(ctx context.Context, network, addr string) (net.Conn, e
 	}
 }
 
+// publicAddrs resolves host (of addr, reached through how) and returns its
+// addresses, or ErrRedirectPrivate if any of them is private.
+func publicAddrs(ctx context.Context, addr, host, how string) ([]netip.Addr, error) {
+	var ips []netip.Addr
+	if ip, err := netip.ParseAddr(host); err == nil {
+		ips = []netip.Addr{ip}
+	} else if ips, err = net.DefaultResolver.LookupNetIP(ctx, "ip", host); err != nil {
+		return nil, err
+	}
+	for _, ip := range ips {
+		if sandbox.PrivateAddr(ip) {
+			return nil, fmt.Errorf("%w: %s is %s (reached through %s)", ErrRedirectPrivate, addr, ip, how)
+		}
+	}
+	return ips, nil
+}
+
 // guardTransport returns rt with its requests recorded ([requested]) and,
-// if it is an *http.Transport (a copy), its dials guarded ([guardDial]).
+// if it is an *http.Transport (a copy), its dials guarded ([guardDial])
+// and the checked hosts it sends to a proxy checked before.
 func guardTransport(rt http.RoundTripper) http.RoundTripper {
 	if rt == nil {
 		rt = http.DefaultTransport
 	}
 	tr, ok := rt.(*http.Transport)
 	if !ok {
-		return recordTransport{rt}
+		return guardedTransport{rt: rt}
 	}
 	tr = tr.Clone()
 	dial := tr.DialContext
@@ -157,14 +169,31 @@ func guardTransport(rt http.RoundTripper) http.RoundTripper {
 		dial = (&net.Dialer{}).DialContext
 	}
 	tr.DialContext = guardDial(dial)
-	return recordTransport{tr}
+	return guardedTransport{rt: tr, proxy: tr.Proxy}
 }
 
-// recordTransport records each request's host ([requested]) before it is
-// sent.
-type recordTransport struct{ rt http.RoundTripper }
+// guardedTransport records each request's host ([requested]) before it is
+// sent. Through a proxy the proxy is what is dialled, so a checked host is
+// resolved and checked here instead (the proxy may resolve it otherwise:
+// a name this host cannot resolve is left to it).
+type guardedTransport struct {
+	rt    http.RoundTripper
+	proxy func(*http.Request) (*url.URL, error)
+}
 
-func (t recordTransport) RoundTrip(req *http.Request) (*http.Response, error) {
-	requested(req.Context(), req.URL)
+func (t guardedTransport) RoundTrip(req *http.Request) (*http.Response, error) {
+	ctx := req.Context()
+	requested(ctx, req.URL)
+	if how := checked(ctx, hostPort(req.URL)); how != "" && t.proxy != nil {
+		if p, err := t.proxy(req); err == nil && p != nil {
+			var dnsErr *net.DNSError
+			if _, err := publicAddrs(ctx, hostPort(req.URL), req.URL.Hostname(), how); err != nil && !errors.As(err, &dnsErr) {
+				if req.Body != nil {
+					req.Body.Close()
+				}
+				return nil, err
+			}
+		}
+	}
 	return t.rt.RoundTrip(req)
 }
