@@ -5,13 +5,20 @@ import (
 	"bytes"
 	"compress/gzip"
 	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
 	"encoding/json"
+	"encoding/pem"
 	"errors"
 	"fmt"
 	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -259,5 +266,82 @@ func TestRedirectPrivateThroughProxy(t *testing.T) {
 	}
 	if len(errs) != 1 || !errors.Is(errs[0], sources.ErrRedirectPrivate) {
 		t.Fatalf("errs = %v, want %v", errs, sources.ErrRedirectPrivate)
+	}
+}
+
+// TestBundleLayersBounded: a referrer the registry lists as a sigstore
+// bundle may list thousands of bundle layers (the same blob, each read
+// again): verification reads a bounded number of bundles in all, as it
+// reads at most 32 signature payloads of the .sig format, and its error
+// stays short.
+func TestBundleLayersBounded(t *testing.T) {
+	small := []byte("\x00asm\x01\x00\x00\x00")
+	plugin, _ := json.Marshal(ocispec.Manifest{Versioned: specsVersioned(), MediaType: ocispec.MediaTypeImageManifest,
+		Config: ocispec.DescriptorEmptyJSON, Layers: []ocispec.Descriptor{content(sources.MediaTypeWasm, small)}})
+	pluginDesc := content(ocispec.MediaTypeImageManifest, plugin)
+	bundle := []byte(`{}`)
+	const layers = 5000
+	ref := ocispec.Manifest{Versioned: specsVersioned(), MediaType: ocispec.MediaTypeImageManifest,
+		ArtifactType: "application/vnd.dev.sigstore.bundle.v0.3+json", Config: ocispec.DescriptorEmptyJSON, Subject: &pluginDesc}
+	for range layers {
+		ref.Layers = append(ref.Layers, content("application/vnd.dev.sigstore.bundle.v0.3+json", bundle))
+	}
+	refBytes, _ := json.Marshal(ref)
+	refDesc := content(ocispec.MediaTypeImageManifest, refBytes)
+	refDesc.ArtifactType = ref.ArtifactType
+	index, _ := json.Marshal(ocispec.Index{Versioned: specsVersioned(), MediaType: ocispec.MediaTypeImageIndex, Manifests: []ocispec.Descriptor{refDesc}})
+	var mu sync.Mutex
+	reads := 0
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		serve := func(mediaType string, b []byte) {
+			w.Header().Set("Content-Type", mediaType)
+			w.Header().Set("Docker-Content-Digest", digest.FromBytes(b).String())
+			w.Header().Set("Content-Length", fmt.Sprint(len(b)))
+			if r.Method != http.MethodHead {
+				w.Write(b)
+			}
+		}
+		p := r.URL.Path
+		switch {
+		case p == "/v2/":
+		case p == "/v2/x/p/manifests/v1" || p == "/v2/x/p/manifests/"+pluginDesc.Digest.String():
+			serve(ocispec.MediaTypeImageManifest, plugin)
+		case p == "/v2/x/p/manifests/"+refDesc.Digest.String():
+			serve(ocispec.MediaTypeImageManifest, refBytes)
+		case p == "/v2/x/p/referrers/"+pluginDesc.Digest.String():
+			serve(ocispec.MediaTypeImageIndex, index)
+		case p == "/v2/x/p/blobs/"+digest.FromBytes(bundle).String():
+			mu.Lock()
+			reads++
+			mu.Unlock()
+			serve("application/octet-stream", bundle)
+		default:
+			http.NotFound(w, r)
+		}
+	}))
+	defer srv.Close()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	der, _ := x509.MarshalPKIXPublicKey(&key.PublicKey)
+	pub := filepath.Join(t.TempDir(), "cosign.pub")
+	os.WriteFile(pub, pem.EncodeToMemory(&pem.Block{Type: "PUBLIC KEY", Bytes: der}), 0o644)
+	m, err := sources.New(sources.Options{Dir: t.TempDir(), LinkDir: t.TempDir(), DockerConfig: "-", Timeout: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	host := strings.TrimPrefix(srv.URL, "http://")
+	_, errs := m.Sync(context.Background(), []sources.Spec{{Name: "p", Source: "oci://" + host + "/x/p:v1", PublicKeys: []string{pub}}})
+	if len(errs) != 1 || !errors.Is(errs[0], sources.ErrSignature) {
+		t.Fatalf("errs = %v, want %v", errs, sources.ErrSignature)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if reads > 64 {
+		t.Errorf("%d bundles read for one referrer", reads)
+	}
+	if n := len(errs[0].Error()); n > 16<<10 {
+		t.Errorf("the error is %d bytes", n)
 	}
 }
