@@ -75,6 +75,7 @@ func (o *ociFetch) verifyBundles(ctx context.Context, keys []PublicKey, d string
 		return "", 0, nil, err
 	}
 	want := strings.TrimPrefix(d, "sha256:")
+	tried := 0
 	for _, r := range refs {
 		if r.MediaType != ocispec.MediaTypeImageManifest {
 			continue
@@ -94,6 +95,12 @@ func (o *ociFetch) verifyBundles(ctx context.Context, keys []PublicKey, d string
 		for _, l := range man.Layers {
 			if l.MediaType != bundleMediaType && l.MediaType != bundleMediaTypeLegacy {
 				continue
+			}
+			// As many bundles in all as .sig payloads: a referrer may
+			// list thousands, each a read and a verification.
+			if tried++; tried > maxSignatureLayers {
+				reasons = append(reasons, fmt.Sprintf("more than %d bundles: the rest not read", maxSignatureLayers))
+				return "", checked, reasons, nil
 			}
 			b, err := o.fetchSmall(ctx, l, maxBundle)
 			if err != nil {
