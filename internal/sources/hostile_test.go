@@ -345,3 +345,106 @@ func TestBundleLayersBounded(t *testing.T) {
 		t.Errorf("the error is %d bytes", n)
 	}
 }
+
+// movingRegistry is a registry on loopback whose tag x/p:v1 names
+// version n, set by the test: each version a plugin of its own.
+type movingRegistry struct {
+	mu    sync.Mutex
+	n     int
+	blobs map[digest.Digest][]byte
+}
+
+func (g *movingRegistry) move(n int) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.n = n
+}
+
+func (g *movingRegistry) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.blobs == nil {
+		g.blobs = map[digest.Digest][]byte{}
+	}
+	layer := append([]byte("\x00asm\x01\x00\x00\x00\x00\x05\x03ver"), byte(g.n))
+	g.blobs[digest.FromBytes(layer)] = layer
+	man, _ := json.Marshal(ocispec.Manifest{Versioned: specsVersioned(), MediaType: ocispec.MediaTypeImageManifest,
+		Config: ocispec.DescriptorEmptyJSON, Layers: []ocispec.Descriptor{content(sources.MediaTypeWasm, layer)}})
+	g.blobs[digest.FromBytes(man)] = man
+	serve := func(mediaType string, b []byte) {
+		w.Header().Set("Content-Type", mediaType)
+		w.Header().Set("Docker-Content-Digest", digest.FromBytes(b).String())
+		w.Header().Set("Content-Length", fmt.Sprint(len(b)))
+		if r.Method != http.MethodHead {
+			w.Write(b)
+		}
+	}
+	_, ref, _ := strings.Cut(r.URL.Path, "/manifests/")
+	_, blob, _ := strings.Cut(r.URL.Path, "/blobs/")
+	switch {
+	case r.URL.Path == "/v2/":
+	case ref == "v1":
+		serve(ocispec.MediaTypeImageManifest, man)
+	case ref != "" && g.blobs[digest.Digest(ref)] != nil:
+		serve(ocispec.MediaTypeImageManifest, g.blobs[digest.Digest(ref)])
+	case blob != "" && g.blobs[digest.Digest(blob)] != nil:
+		serve("application/octet-stream", g.blobs[digest.Digest(blob)])
+	default:
+		http.NotFound(w, r)
+	}
+}
+
+func storedBlobs(t *testing.T, dir string) []string {
+	t.Helper()
+	ents, err := os.ReadDir(filepath.Join(dir, "blobs", "sha256"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, e := range ents {
+		if !strings.HasPrefix(e.Name(), ".") {
+			out = append(out, e.Name())
+		}
+	}
+	return out
+}
+
+// TestStoreBoundedByMovingTag: a tag that moves on every refresh (a
+// registry, or a plugin author signing a version a minute) leaves in the
+// store the versions served, not every version ever fetched; a version
+// another manager sharing the store still serves is kept.
+func TestStoreBoundedByMovingTag(t *testing.T) {
+	reg := &movingRegistry{}
+	srv := httptest.NewServer(reg)
+	defer srv.Close()
+	store := t.TempDir()
+	manager := func() *sources.Manager {
+		m, err := sources.New(sources.Options{Dir: store, LinkDir: t.TempDir(), DockerConfig: "-", Timeout: time.Minute})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return m
+	}
+	a, b := manager(), manager()
+	spec := []sources.Spec{{Name: "p", Source: "oci://" + strings.TrimPrefix(srv.URL, "http://") + "/x/p:v1", InsecureSkipSignature: true}}
+	ctx := context.Background()
+	if _, errs := b.Sync(ctx, spec); len(errs) > 0 {
+		t.Fatal(errs)
+	}
+	kept, _ := b.Lookup("p")
+	for n := 1; n <= 20; n++ {
+		reg.move(n)
+		if changed, errs := a.Sync(ctx, spec); len(errs) > 0 || !changed {
+			t.Fatalf("version %d: changed %v, %v", n, changed, errs)
+		}
+	}
+	got := storedBlobs(t, store)
+	now, _ := a.Lookup("p")
+	if len(got) != 2 || !slices.Contains(got, now.SHA256) || !slices.Contains(got, kept.SHA256) {
+		t.Errorf("store holds %d blobs after 21 versions, want 2 (a's current %s, b's %s): %v", len(got), now.SHA256, kept.SHA256, got)
+	}
+	served := filepath.Join(b.LinkDir(), "p.wasm")
+	if wasm, err := os.ReadFile(served); err != nil || b.Check(served, wasm) != nil {
+		t.Errorf("b's version, still served: %v", err)
+	}
+}
