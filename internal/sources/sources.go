@@ -224,7 +224,9 @@ type Event struct {
 // Options configures a [Manager].
 type Options struct {
 	// Dir is the content-addressed store: Dir/blobs/sha256/HEX. It may
-	// be shared between processes.
+	// be shared between processes. A version no longer linked is removed
+	// unless a registered link folder (Dir/links) or a record (Dir/index)
+	// names it.
 	Dir string
 	// LinkDir is the folder of NAME.wasm links this manager keeps, to be
 	// served by a plugins.Reloader. It is this manager's alone.
@@ -291,6 +293,9 @@ type Manager struct {
 	sync sync.Mutex
 	mu   sync.Mutex
 	ents map[string]*entry // by name
+	// pending counts, by sha256, the fetches that stored a blob and have
+	// not linked it yet: forget keeps it.
+	pending map[string]int
 }
 
 type entry struct {
@@ -318,9 +323,12 @@ func New(opts Options) (*Manager, error) {
 	if opts.StageTimeout <= 0 {
 		opts.StageTimeout = DefaultStageTimeout
 	}
-	m := &Manager{opts: opts, log: opts.Logger, ents: map[string]*entry{}}
+	m := &Manager{opts: opts, log: opts.Logger, ents: map[string]*entry{}, pending: map[string]int{}}
 	if m.log == nil {
 		m.log = slog.New(slog.DiscardHandler)
+	}
+	if err := m.register(); err != nil {
+		return nil, fmt.Errorf("sources: register the link folder in the store: %w", err)
 	}
 	m.client = safeClient(opts.Client)
 	return m, nil
@@ -483,6 +491,9 @@ func (m *Manager) syncOne(ctx context.Context, s Spec) (bool, error) {
 	res, err := m.fetch(ctx, s, prev, sameSpec)
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	if res.stored {
+		defer m.unpend(res.sha)
+	}
 	if m.ents[s.Name] != e { // removed meanwhile
 		return false, nil
 	}
@@ -522,11 +533,15 @@ func (m *Manager) syncOne(ctx context.Context, s Spec) (bool, error) {
 	if changedOnDisk == nil && res.sha == prev.SHA256 && linkTarget(m.link(s.Name)) == m.blob(res.sha) {
 		return false, nil
 	}
+	old := filepath.Base(linkTarget(m.link(s.Name)))
 	if err := m.relink(s.Name, res.sha); err != nil {
 		e.status = prev
 		e.status.Error = err.Error()
 		e.verifiedUnder = prevUnder
 		return false, errors.Join(changedOnDisk, err)
+	}
+	if old != res.sha {
+		m.forget(old)
 	}
 	m.log.Info("plugin source fetched", "plugin", s.Name, "source", s.Source, "digest", res.digest, "sha256", res.sha, "verified", res.verified)
 	return true, changedOnDisk
@@ -560,6 +575,7 @@ func (m *Manager) relink(name, sha string) error {
 
 type result struct {
 	digest, sha, verified string
+	stored                bool // sha was stored by this fetch (pending until linked)
 }
 
 // fetch gets s's bytes into the store, verified, unless what prev serves
@@ -630,9 +646,16 @@ func (m *Manager) fetch(ctx context.Context, s Spec, prev Status, sameSpec bool)
 	if s.SHA256 != "" && res.sha != s.SHA256 {
 		return result{}, fmt.Errorf("%w: the bytes' sha256 is %s, the pin %s", ErrPin, res.sha, s.SHA256)
 	}
+	m.mu.Lock()
+	m.pending[res.sha]++
+	m.mu.Unlock()
 	if err := m.store(res.sha, wasm); err != nil {
+		m.mu.Lock()
+		m.unpend(res.sha)
+		m.mu.Unlock()
 		return result{}, err
 	}
+	res.stored = true
 	return res, nil
 }
 
