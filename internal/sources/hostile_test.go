@@ -8,6 +8,7 @@ import (
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
+	"crypto/tls"
 	"crypto/x509"
 	"encoding/json"
 	"encoding/pem"
@@ -171,23 +172,29 @@ func content(mediaType string, b []byte) ocispec.Descriptor {
 
 // dialRecorder is a client whose dials off loopback are recorded and fail
 // (the test machine has no private network to reach): what a fetch would
-// have reached.
+// have reached. A dial of public, if set, reaches the test's server at
+// loopback instead: a registry on a public address.
 type dialRecorder struct {
-	mu     sync.Mutex
-	dialed []string
+	public, server string
+	mu             sync.Mutex
+	dialed         []string
 }
 
 func (d *dialRecorder) client(proxy func(*http.Request) (*url.URL, error)) *http.Client {
 	var dialer net.Dialer
-	return &http.Client{Transport: &http.Transport{Proxy: proxy, DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
-		if host, _, _ := net.SplitHostPort(addr); net.ParseIP(host) == nil || !net.ParseIP(host).IsLoopback() {
-			d.mu.Lock()
-			d.dialed = append(d.dialed, addr)
-			d.mu.Unlock()
-			return nil, fmt.Errorf("test: %s not reachable", addr)
-		}
-		return dialer.DialContext(ctx, network, addr)
-	}}}
+	return &http.Client{Transport: &http.Transport{Proxy: proxy, TLSClientConfig: &tls.Config{InsecureSkipVerify: true},
+		DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
+			if d.public != "" && addr == d.public {
+				return dialer.DialContext(ctx, network, d.server)
+			}
+			if host, _, _ := net.SplitHostPort(addr); net.ParseIP(host) == nil || !net.ParseIP(host).IsLoopback() {
+				d.mu.Lock()
+				d.dialed = append(d.dialed, addr)
+				d.mu.Unlock()
+				return nil, fmt.Errorf("test: %s not reachable", addr)
+			}
+			return dialer.DialContext(ctx, network, addr)
+		}}}
 }
 
 func (d *dialRecorder) got() []string {
@@ -197,30 +204,58 @@ func (d *dialRecorder) got() []string {
 }
 
 // TestTokenRealmPrivate: a registry's WWW-Authenticate realm is the
-// registry's choice, not the operator's: one on another host is held to
-// the private-address rule of redirect hops, so a public registry cannot
-// make wasmtools send its token request (with the registry's login, if
-// any) into the private network (oras-go refuses only loopback,
-// link-local and metadata realms).
+// registry's choice, not the operator's: a public registry's realm on
+// another host is held to the private-address rule of redirect hops, so
+// it cannot make wasmtools send its token request (with the registry's
+// login, if any) into the private network (oras-go refuses only
+// loopback, link-local and metadata realms). A registry that is itself
+// at a private address (a self-hosted GitLab's, whose token service is
+// on another host) may name a private realm: the operator put it there.
 func TestTokenRealmPrivate(t *testing.T) {
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		w.Header().Set("WWW-Authenticate", `Bearer realm="http://10.1.2.3:5001/token",service="registry",scope="repository:x/p:pull"`)
-		w.WriteHeader(http.StatusUnauthorized)
-	}))
-	defer srv.Close()
-	var rec dialRecorder
-	m, err := sources.New(sources.Options{Dir: t.TempDir(), LinkDir: t.TempDir(), DockerConfig: "-", Timeout: time.Minute, Client: rec.client(nil)})
-	if err != nil {
-		t.Fatal(err)
+	realm := func(scheme string) http.HandlerFunc {
+		return func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("WWW-Authenticate", `Bearer realm="`+scheme+`://10.1.2.3:5001/token",service="registry",scope="repository:x/p:pull"`)
+			w.WriteHeader(http.StatusUnauthorized)
+		}
 	}
-	host := strings.TrimPrefix(srv.URL, "http://")
-	_, errs := m.Sync(context.Background(), []sources.Spec{{Name: "p", Source: "oci://" + host + "/x/p:v1", InsecureSkipSignature: true,
-		Credential: &sources.Credential{Username: "bot", Password: "s3cret"}}})
-	if got := rec.got(); len(got) > 0 {
-		t.Errorf("the token request was sent to %v", got)
+	public := httptest.NewTLSServer(realm("https"))
+	defer public.Close()
+	private := httptest.NewServer(realm("http"))
+	defer private.Close()
+	const publicAddr = "203.0.113.7:443" // TEST-NET-3: a public address that is not ours
+	tests := []struct {
+		name, registry string
+		asked          bool // the realm is asked for a token
+	}{
+		{"public registry", "203.0.113.7", false},
+		{"private registry", strings.TrimPrefix(private.URL, "http://"), true},
 	}
-	if len(errs) != 1 || !errors.Is(errs[0], sources.ErrRedirectPrivate) {
-		t.Fatalf("errs = %v, want %v", errs, sources.ErrRedirectPrivate)
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			rec := dialRecorder{public: publicAddr, server: strings.TrimPrefix(public.URL, "https://")}
+			m, err := sources.New(sources.Options{Dir: t.TempDir(), LinkDir: t.TempDir(), DockerConfig: "-", Timeout: time.Minute, Client: rec.client(nil)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			_, errs := m.Sync(context.Background(), []sources.Spec{{Name: "p", Source: "oci://" + tt.registry + "/x/p:v1", InsecureSkipSignature: true,
+				Credential: &sources.Credential{Username: "bot", Password: "s3cret"}}})
+			if len(errs) != 1 {
+				t.Fatalf("errs = %v", errs)
+			}
+			got := rec.got()
+			if tt.asked {
+				if !slices.Equal(got, []string{"10.1.2.3:5001"}) {
+					t.Errorf("dialled %v, want the realm (%v)", got, errs)
+				}
+				return
+			}
+			if len(got) > 0 {
+				t.Errorf("the token request was sent to %v", got)
+			}
+			if !errors.Is(errs[0], sources.ErrRedirectPrivate) {
+				t.Fatalf("errs = %v, want %v", errs, sources.ErrRedirectPrivate)
+			}
+		})
 	}
 }
 
