@@ -26,11 +26,17 @@ var ErrRedirectPrivate = fmt.Errorf("redirect to a private address refused")
 // a source on a public host cannot bounce the fetch to 169.254.169.254
 // or a private service. So is a host the fetch asks because the registry
 // named it: a token realm (WWW-Authenticate) on another host name than
-// the source's. Only the source's own host is the operator's choice.
+// the source's, unless the source is itself at a private address (the
+// operator's network, where a self-hosted registry's token service may
+// be on another host). Only the source's own host is the operator's
+// choice.
 type hops struct {
 	origin string // host:port
 	mu     sync.Mutex
 	only   map[string]string // host:port held to the rule: how it was reached
+	// private says the origin resolves to private addresses only; nil
+	// until a realm asks.
+	private *bool
 }
 
 type hopsKey struct{}
@@ -84,10 +90,38 @@ func requested(ctx context.Context, u *url.URL) {
 	}
 	hp := hostPort(u)
 	h.mu.Lock()
+	private := h.private
+	h.mu.Unlock()
+	if private == nil { // resolved outside the lock: the fetch's dials take it
+		p := privateHost(ctx, host)
+		private = &p
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.private = private
+	if *private {
+		return
+	}
 	if h.only[hp] == "" {
 		h.only[hp] = "a host the registry named (token realm)"
 	}
-	h.mu.Unlock()
+}
+
+// privateHost reports whether host (a name or an address) resolves to
+// private addresses only; false if it cannot be resolved.
+func privateHost(ctx context.Context, host string) bool {
+	ips := []netip.Addr{}
+	if ip, err := netip.ParseAddr(host); err == nil {
+		ips = append(ips, ip)
+	} else if ips, err = net.DefaultResolver.LookupNetIP(ctx, "ip", host); err != nil {
+		return false
+	}
+	for _, ip := range ips {
+		if !sandbox.PrivateAddr(ip) {
+			return false
+		}
+	}
+	return len(ips) > 0
 }
 
 // checked says how a dial of addr (host:port) came to be held to the
