@@ -145,6 +145,9 @@ func TestHostileRegistry(t *testing.T) {
 			w.Write(bomb)
 		}}, 1 << 20, "decompress"},
 		{"no plugin layer", &hostileRegistry{layer: content("application/octet-stream", small), blob: endless}, 0, "no plugin layer"},
+		{"redirect loop", &hostileRegistry{layer: content(sources.MediaTypeWasm, small), blob: func(w http.ResponseWriter, r *http.Request) {
+			http.Redirect(w, r, r.URL.Path, http.StatusTemporaryRedirect)
+		}}, 0, "more than 5 redirects"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -481,5 +484,28 @@ func TestStoreBoundedByMovingTag(t *testing.T) {
 	served := filepath.Join(b.LinkDir(), "p.wasm")
 	if wasm, err := os.ReadFile(served); err != nil || b.Check(served, wasm) != nil {
 		t.Errorf("b's version, still served: %v", err)
+	}
+}
+
+// TestTokenExchangeStalls: a token endpoint that never answers holds the
+// fetch for the stage timeout only.
+func TestTokenExchangeStalls(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/token" {
+			<-r.Context().Done()
+			return
+		}
+		w.Header().Set("WWW-Authenticate", `Bearer realm="http://`+r.Host+`/token",service="registry"`)
+		w.WriteHeader(http.StatusUnauthorized)
+	}))
+	defer srv.Close()
+	m, err := sources.New(sources.Options{Dir: t.TempDir(), LinkDir: t.TempDir(), DockerConfig: "-", StageTimeout: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	host := strings.TrimPrefix(srv.URL, "http://")
+	_, errs := m.Sync(context.Background(), []sources.Spec{{Name: "p", Source: "oci://" + host + "/x/p:v1", InsecureSkipSignature: true}})
+	if len(errs) != 1 || !errors.Is(errs[0], sources.ErrStageTimeout) {
+		t.Fatalf("errs = %v, want %v", errs, sources.ErrStageTimeout)
 	}
 }
