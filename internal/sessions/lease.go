@@ -500,6 +500,10 @@ func (l *Lease) Resume(ctx context.Context) error {
 // the client's next call went on from it unsaid). Called by l's holder.
 func (l *Lease) KeepNotice() { l.keep = true }
 
+// KeepNoticeSince is KeepNotice for a call whose request arrived at
+// arrived and may have been given up by its client since.
+func (l *Lease) KeepNoticeSince(arrived time.Time) { l.keep = true }
+
 func (l *Lease) Done(err error) {
 	m := l.m
 	m.mu.Lock()

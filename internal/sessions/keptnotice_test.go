@@ -1,0 +1,60 @@
+package sessions_test
+
+import (
+	"testing"
+	"time"
+
+	"github.com/wasmtools/wasmtools/internal/sessions"
+)
+
+// A notice kept for a call whose client may have given up on it
+// (KeepNoticeSince: its request sat in a stopped process) is said again
+// by the client's next call, but not kept again by a call whose request
+// arrived after the keeping lease was done: the host asks every call
+// within 5 s of a stop to keep its notice, and each kept the same reset
+// for the next, so that a client saw one reset said by all its calls of
+// those seconds (and one that re-seeds its state on a reset re-seeded it
+// at each). A call whose request arrived before (in the process beside the
+// one that kept it, given up as well, maybe) keeps it again.
+func TestKeptNoticeNotKeptAgain(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		// arrivedEarly: the second request arrived before the first
+		// lease was done.
+		arrivedEarly bool
+		want         []string
+	}{
+		{"next call arrived after the keeper was done", false, []string{"store-lost", "store-lost", "", ""}},
+		{"next call arrived while the keeper ran", true, []string{"store-lost", "store-lost", "store-lost", ""}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			w := newWorld(t, sessions.Options{})
+			defer w.finish()
+			k := sessions.Client("c1")
+			if err := w.m.Seed(k, map[string]sessions.Seed{"counter": {Lost: "the store lost it", Reason: "store-lost"}}, 1); err != nil {
+				t.Fatal(err)
+			}
+			// Every request arrived within the stop's window: the host
+			// asks each lease to keep its notice.
+			arrived := time.Now()
+			for i, want := range c.want {
+				l, err := w.m.Acquire(w.ctx, k, w.plugin("counter"))
+				if err != nil {
+					t.Fatal(err)
+				}
+				got := ""
+				if r := l.Notice().Reset; r != nil {
+					got = r.Reason
+				}
+				if got != want {
+					t.Errorf("lease %d: reset %q, want %q", i+1, got, want)
+				}
+				l.KeepNoticeSince(arrived)
+				l.Done(nil)
+				if !(c.arrivedEarly && i == 0) {
+					arrived = time.Now() // the next request's, after Done
+				}
+			}
+		})
+	}
+}
