@@ -251,10 +251,11 @@ func (h *Host) callTool(ctx context.Context, key sessions.Key, c *plugins.Call, 
 // this process was stopped since the call's request arrived: its client
 // may have given up on it (its connection closed unseen, or still open),
 // and the next call of the client's says the notice again; said twice
-// rather than to no one.
+// rather than to no one. Not a third time: a notice kept so is not kept
+// again by a call that arrived after it was (sessions.Lease.KeepNoticeSince).
 func (h *Host) keepIfStopped(cl *leased, arrived time.Time) {
 	if h.dur.StoppedSince(arrived) {
-		cl.l.KeepNotice()
+		cl.l.KeepNoticeSince(arrived)
 	}
 }
 

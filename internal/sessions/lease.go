@@ -25,7 +25,11 @@ type slot struct {
 	waiting atomic.Int32 // leases holding or waiting for the slot
 	inst    *plugins.Instance
 	notice  Notice
-	elem    *list.Element // in Manager.lru while inst is set; guarded by Manager.mu
+	// kept is notice as a lease left it (KeepNotice), at keptAt: a
+	// notice since put in its place differs from it.
+	kept   Notice
+	keptAt time.Time
+	elem   *list.Element // in Manager.lru while inst is set; guarded by Manager.mu
 	// fence is the fence inst was seeded or verified under (its client's
 	// fence when it started, see [Manager.Seed]); guarded by Manager.mu.
 	fence uint64
@@ -128,6 +132,9 @@ type Lease struct {
 	start  time.Time
 	fence  uint64
 	keep   bool // KeepNotice: Done leaves notice with the instance
+	// unheard is KeepNoticeSince's arrived; keptAt is when an earlier
+	// lease left notice for l (zero: it did not).
+	unheard, keptAt time.Time
 
 	// guarded by m.mu
 	token    bool          // holds a concurrency token
@@ -360,8 +367,13 @@ func (m *Manager) acquireSlot(ctx context.Context, key Key, p *plugins.Plugin) (
 	l.fence = sl.fence
 	m.mu.Unlock()
 	l.notice, sl.notice = sl.notice, Notice{}
+	if !sl.keptAt.IsZero() && l.notice == sl.kept {
+		l.keptAt = sl.keptAt
+	}
+	sl.kept, sl.keptAt = Notice{}, time.Time{}
 	if err := m.takeToken(ctx, l); err != nil {
-		sl.notice = l.notice // not delivered: the next lease says it
+		// Not delivered: the next lease says it, as kept as it was.
+		sl.notice, sl.kept, sl.keptAt = l.notice, l.notice, l.keptAt
 		return fail(err)
 	}
 	l.ctx, l.cancel = context.WithCancelCause(ctx)
@@ -500,9 +512,19 @@ func (l *Lease) Resume(ctx context.Context) error {
 // the client's next call went on from it unsaid). Called by l's holder.
 func (l *Lease) KeepNotice() { l.keep = true }
 
-// KeepNoticeSince is KeepNotice for a call whose request arrived at
-// arrived and may have been given up by its client since.
-func (l *Lease) KeepNoticeSince(arrived time.Time) { l.keep = true }
+// KeepNoticeSince is KeepNotice for a call whose client may have given up
+// on it, whose request arrived at arrived (it sat in a stopped process, or
+// was sent before the stop and read after it), except for a notice an
+// earlier lease kept and left before arrived: that lease kept it for the
+// client's next call, which a request arriving after it is, and which says
+// it. Kept again, every call within the 5 s the host counts a stop for
+// said it again, and a client saw one reset said by each of them (one that
+// re-seeds its state on a reset did so at each). A request that arrived
+// before, in the process beside the lease that kept the notice (a retry
+// that sat through the stop too), keeps it again. What this gives up: a
+// request sent before the stop and read only after that lease was done,
+// whose client gave up, says the notice to no one. Called by l's holder.
+func (l *Lease) KeepNoticeSince(arrived time.Time) { l.unheard = arrived }
 
 func (l *Lease) Done(err error) {
 	m := l.m
@@ -546,8 +568,10 @@ func (l *Lease) Done(err error) {
 				m.markMoved(l.c, sl.plugin)
 			}
 		}
-		if l.keep && sl.inst != nil && sl.notice == (Notice{}) {
-			sl.notice = l.notice // the slot is l's until release
+		keep := l.keep || !l.unheard.IsZero() && (l.keptAt.IsZero() || l.unheard.Before(l.keptAt))
+		if keep && l.notice != (Notice{}) && sl.inst != nil && sl.notice == (Notice{}) {
+			// The slot is l's until release.
+			sl.notice, sl.kept, sl.keptAt = l.notice, l.notice, time.Now()
 		}
 		m.mu.Lock()
 		m.leaveLocked(l.c)
