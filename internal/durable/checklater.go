@@ -56,6 +56,9 @@ func (d *Keeper) CheckLater(key sessions.Key) *Claim {
 	if c.stale || c.dirty || c.recheck || c.retired || c.verified.IsZero() {
 		return nil
 	}
+	if d.ses.Fence(key) != c.seeded {
+		return nil // ended here and back: seeded again first (verify)
+	}
 	return c
 }
 

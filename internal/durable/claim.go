@@ -446,6 +446,9 @@ func (d *Keeper) verify(ctx context.Context, key sessions.Key, c *Claim) error {
 	}
 	if cl.Fence == c.fence {
 		c.renewed, c.verified = asked, asked // a claim renews the record
+		if d.ses.Fence(key) != c.seeded {
+			return d.reseed(ctx, key, c)
+		}
 		return nil
 	}
 	rec, err := d.store.Get(ctx, c.id)
@@ -483,6 +486,34 @@ func (d *Keeper) verify(ctx context.Context, key sessions.Key, c *Claim) error {
 	}
 	maps.Copy(c.unsaved, gone) // recorded lost by writeLost
 	return nil
+}
+
+// reseed seeds key's client again from the record, under the fence its
+// instances were seeded with, when the session layer no longer has it
+// seeded so: it ended the client here (its idle timeout, or evicted past
+// the bounds on clients, which it tells the keeper nothing of), and the
+// key came back before the heartbeat's sweep forgot the claim (the sweep
+// keeps the claim of a live client). Unseeded, the new client's instances
+// started afresh under fence 0, whose checkpoints are refused as stale,
+// and every lease after the first failed as moved until that client ended
+// too (TestClientEndedHereComesBackSeeded). The claim is this replica's
+// still, so the record holds what it wrote; a plugin whose last state was
+// not saved, which ended with the client, is said reset (as an eviction
+// says it). c.mu is held.
+func (d *Keeper) reseed(ctx context.Context, key sessions.Key, c *Claim) error {
+	rec, err := d.store.Get(ctx, c.id)
+	if err != nil && !errors.Is(err, statestore.ErrNotFound) {
+		return unavailable(d.observe(fmt.Errorf("state store: read session: %w", err)))
+	}
+	d.log.Info("session ended here and back before its claim was forgotten: seeded again from the store", "session", key.String())
+	lost := goneFrom(c.saved, rec)
+	for name, why := range c.unsaved {
+		if lost == nil {
+			lost = map[string]NotSaved{}
+		}
+		lost[name] = why
+	}
+	return d.seed(ctx, key, c, rec, c.seeded, lost)
 }
 
 // newestHere reports whether what this replica holds of a session whose
