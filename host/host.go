@@ -204,6 +204,14 @@ type Options struct {
 	// the idle session ended is the tenant's own, else one of the tenant
 	// holding the most (or the next largest with one idle).
 	MaxSessionsPerSubject int
+	// MaxSessionParamsBytes bounds what the open stateful HTTP sessions
+	// keep of their initialize parameters, in all, each tenant a quarter
+	// (with Tenants); 0 means [SessionParamsBytes].
+	MaxSessionParamsBytes int
+	// MaxStreamReplayBytes bounds the messages kept so that a client can
+	// resume a lost stream, in all, each tenant a quarter (with
+	// Tenants); 0 means [StreamReplayBytes].
+	MaxStreamReplayBytes int
 	// QuietHandles leaves out of every result the note that tells the
 	// model the session handle it was given; QuietPlugins overrides it for
 	// the plugins it names (true: no note; false: the note). The handle
@@ -729,7 +737,7 @@ func (h *Host) HTTPHandler() http.Handler {
 	// Last-Event-ID and gets what it missed. The store is bounded in
 	// total and, with tenants, per tenant (replayStore): a flood costs
 	// its tenant's resumption first, never memory.
-	events := newReplayStore(StreamReplayBytes, h.opts.Tenants, func(ctx context.Context) string {
+	events := newReplayStore(cmp.Or(h.opts.MaxStreamReplayBytes, StreamReplayBytes), h.opts.Tenants, func(ctx context.Context) string {
 		if ti := auth.TokenInfoFromContext(ctx); ti != nil {
 			return h.shareTenant(ti.UserID)
 		}

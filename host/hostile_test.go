@@ -1077,7 +1077,7 @@ func TestHostileManySessionsAtMemoryLimit(t *testing.T) {
 // kept its kernel memory arena at its largest size, 16 MiB here, for as
 // long as the session lived.)
 func TestHostileIdleKernelMemory(t *testing.T) {
-	const limit, sessions = 1 << 20, 10
+	const limit, sessions = 1 << 20, 4
 	f, _, errs := newHostileFixture(t, nil, sandbox.NewPolicy().WithMemoryLimit(limit).WithCallTimeout(hostileSafety), map[string]string{
 		"counter.wasm":       testplugins.Example(t, "counter"),
 		"hostileoutput.wasm": testplugins.Test(t, "hostileoutput"),

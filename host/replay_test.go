@@ -36,14 +36,15 @@ func sendAs(t *testing.T, req *http.Request, token, session string) *http.Respon
 
 // TestStreamReplayFairShares: alice's call ends its stream early
 // (close_stream), leaving her result to be resumed with Last-Event-ID.
-// Meanwhile bob's ordinary results, some 10 MiB of them, go through his
-// own session's streams. She still resumes her stream and gets her result:
-// each tenant holds its share of the replay store, and bob's traffic
-// purges his own events. (A red team's, stop 63: the go-sdk's one store,
-// 8 MiB across sessions and purging every stream's oldest in turn, lost
-// her one small event to his.)
+// Meanwhile bob's ordinary results, some 2.5 MiB of them, past the
+// store's 2 MiB here, go through his own session's streams. She still
+// resumes her stream and gets her result: each tenant holds its share of
+// the replay store, and bob's traffic purges his own events. (A red
+// team's, stop 63: the go-sdk's one store, 8 MiB across sessions and
+// purging every stream's oldest in turn, lost her one small event to
+// his.)
 func TestStreamReplayFairShares(t *testing.T) {
-	f := newFixture(t, &host.Options{Tenants: true}, sandbox.NewPolicy(), map[string]string{"everything.wasm": testplugins.Example(t, "everything")})
+	f := newFixture(t, &host.Options{Tenants: true, MaxStreamReplayBytes: 2 << 20}, sandbox.NewPolicy(), map[string]string{"everything.wasm": testplugins.Example(t, "everything")})
 	url := serveGuarded(t, f, host.GuardOptions{Tokens: map[string]string{"alice": aliceToken, "bob": bobToken}})
 	alice := connectHTTP(t, url, "2025-11-25", tenantTransport{token: aliceToken})
 	bob := connectHTTP(t, url, "2025-11-25", tenantTransport{token: bobToken})
@@ -57,8 +58,8 @@ func TestStreamReplayFairShares(t *testing.T) {
 	if last == "" {
 		t.Fatal("alice's stream had no event ID")
 	}
-	big := strings.Repeat("b", 60_000) // results are capped at 50 000 runes: 200 are past 8 MiB
-	for range 200 {
+	big := strings.Repeat("b", 60_000) // results are capped at 50 000 runes: 50 are past 2 MiB
+	for range 50 {
 		call(t, bob, "greet", map[string]any{"name": big})
 	}
 	get, _ := http.NewRequest(http.MethodGet, url+"/mcp", nil)
@@ -84,13 +85,13 @@ func liveHeap() uint64 {
 	return m.HeapAlloc
 }
 
-// TestStreamReplayStoreBoundsMemory: 25 000 pings in one session, each a
+// TestStreamReplayStoreBoundsMemory: 10 000 pings in one session, each a
 // stream of its own in the replay store, leave the heap as it was, within
-// 4 MiB (the store's share is 2 MiB, counting what a stream costs). (A red
-// team's, stop 63: the go-sdk's store kept every stream's entry until the
-// session ended, 233 bytes a ping: 5.9 MB here.)
+// 1.5 MiB (the store's share is 256 KiB here, counting what a stream
+// costs). (A red team's, stop 63: the go-sdk's store kept every stream's
+// entry until the session ended, 233 bytes a ping: 2.3 MB here.)
 func TestStreamReplayStoreBoundsMemory(t *testing.T) {
-	f := newFixture(t, &host.Options{Tenants: true}, sandbox.NewPolicy(), map[string]string{"counter.wasm": testplugins.Example(t, "counter")})
+	f := newFixture(t, &host.Options{Tenants: true, MaxStreamReplayBytes: 1 << 20}, sandbox.NewPolicy(), map[string]string{"counter.wasm": testplugins.Example(t, "counter")})
 	url := serveGuarded(t, f, host.GuardOptions{Tokens: map[string]string{"alice": aliceToken, "bob": bobToken}})
 	bob := connectHTTP(t, url, "2025-11-25", tenantTransport{token: bobToken})
 	ping := func(n int) {
@@ -107,13 +108,13 @@ func TestStreamReplayStoreBoundsMemory(t *testing.T) {
 		}
 		wg.Wait()
 	}
-	ping(15_000) // past the store's share of bob's: what it holds from now on stays
+	ping(4_000) // past the store's share of bob's: what it holds from now on stays
 	before := liveHeap()
-	const n = 25_000
+	const n = 10_000
 	ping(n)
 	grew := int64(liveHeap()) - int64(before)
 	t.Logf("%d pings in one session: live heap grew %d bytes", n, grew)
-	if grew > 4<<20 {
+	if grew > 3<<19 {
 		t.Errorf("bob's %d pings left %d bytes in the host's memory (%d a ping): want the replay store's bound", n, grew, grew/n)
 	}
 }

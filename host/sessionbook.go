@@ -95,7 +95,7 @@ func newSessionBook(o *Options) *sessionBook {
 		byTenant: map[string]map[*bookEntry]struct{}{},
 		byID:     map[string]*bookEntry{},
 		bytes:    map[string]int{},
-		maxBytes: SessionParamsBytes,
+		maxBytes: cmp.Or(o.MaxSessionParamsBytes, SessionParamsBytes),
 	}
 	if o.MaxSessions > 0 {
 		b.max = o.MaxSessions

@@ -1366,9 +1366,12 @@ func TestHeaderClientsBounded(t *testing.T) {
 // tenant's own idle ones, and parameters over the share alone are
 // refused. (A red team: 20 of bob's sessions, each opened by one
 // initialize of 1.6 MB, a capability of 60 000 small objects, kept 757
-// MiB of heap; his share of sessions is 1 024.)
+// MiB of heap; his share of sessions is 1 024.) The bound is 4 MiB here,
+// bob's share 1 MiB, so that initializes of some 10 KB show it: the
+// default's share takes initializes of megabytes, seconds each to decode
+// under the race detector.
 func TestSessionParamsBounded(t *testing.T) {
-	f := newFixture(t, &host.Options{Tenants: true}, sandbox.NewPolicy(), map[string]string{"counter.wasm": testplugins.Example(t, "counter")})
+	f := newFixture(t, &host.Options{Tenants: true, MaxSessionParamsBytes: 4 << 20}, sandbox.NewPolicy(), map[string]string{"counter.wasm": testplugins.Example(t, "counter")})
 	url := serveGuarded(t, f, host.GuardOptions{Tokens: map[string]string{"alice": aliceToken, "bob": bobToken}})
 	// post sends one JSON-RPC message as token's, in session id ("" for
 	// none), and returns the session's ID and the error it got, if any.
@@ -1414,8 +1417,8 @@ func TestSessionParamsBounded(t *testing.T) {
 		}})
 	}
 	var ids []string
-	for range 20 { // each some 120 KB, 3 MiB of heap decoded
-		id, e := initialize(bobToken, 4500)
+	for range 20 { // each some 11 KB, counted some 370 KB (values 128 each)
+		id, e := initialize(bobToken, 400)
 		if e != nil || id == "" {
 			t.Fatalf("bob's initialize: %v", e)
 		}
@@ -1428,10 +1431,10 @@ func TestSessionParamsBounded(t *testing.T) {
 		}
 	}
 	if live > 4 {
-		t.Errorf("bob's sessions of large initializes: %d of 20 live; want at most 4 (his quarter of SessionParamsBytes), his oldest ended", live)
+		t.Errorf("bob's sessions of large initializes: %d of 20 live; want at most 4 (his quarter of MaxSessionParamsBytes), his oldest ended", live)
 	}
-	if _, e := initialize(bobToken, 60000); e == nil || e["code"] != float64(host.CodeBusy) {
-		t.Errorf("bob's initialize of 1.6 MB: %v; want refused with CodeBusy", e)
+	if _, e := initialize(bobToken, 2000); e == nil || e["code"] != float64(host.CodeBusy) {
+		t.Errorf("bob's initialize counted 1.8 MB, over his share alone: %v; want refused with CodeBusy", e)
 	}
 	if id, e := initialize(aliceToken, 10); e != nil || id == "" {
 		t.Errorf("alice's initialize after bob's: %v; want served", e)
@@ -1444,7 +1447,9 @@ func TestSessionParamsBounded(t *testing.T) {
 // kept is bounded, and a request over it refused before anything runs.
 // (A red team: 16 of bob's 2026-07-28 calls, each parked at a question
 // with 1.6 MB of client capabilities in its _meta, kept 1.1 GiB of heap;
-// his share of parked calls is 64.)
+// his share of parked calls is 64.) A _meta of 2 000 small objects, 50
+// KB of JSON, costs some 1.8 MB kept: over the bound as surely, and
+// decoded in a fraction of the time under the race detector.
 func TestRequestMetaBounded(t *testing.T) {
 	f := pdkhostFixture(t, &host.Options{Tenants: true})
 	url := serveGuarded(t, f, host.GuardOptions{Tokens: map[string]string{"alice": aliceToken, "bob": bobToken}})
@@ -1456,8 +1461,8 @@ func TestRequestMetaBounded(t *testing.T) {
 		caps := map[string]any{"elicitation": map[string]any{}, "experimental": experimental}
 		return rpcWith(t, url, as(token, ""), "tools/call", "ask", map[string]any{"name": "ask", "arguments": map[string]any{"rounds": 2}}, caps)
 	}
-	if res, e := ask(bobToken, 60000); e == nil || e["code"] != float64(jsonrpc.CodeInvalidParams) {
-		t.Errorf("bob's call with 1.6 MB of _meta: %.200v %v; want refused with invalid params", res, e)
+	if res, e := ask(bobToken, 2000); e == nil || e["code"] != float64(jsonrpc.CodeInvalidParams) {
+		t.Errorf("bob's call with a _meta counted 1.8 MB: %.200v %v; want refused with invalid params", res, e)
 	}
 	if res, e := ask(aliceToken, 10); e != nil || res["requestState"] == nil {
 		t.Errorf("alice's call with an ordinary _meta: %.200v %v; want parked at its question", res, e)
