@@ -1,11 +1,13 @@
 package host_test
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -1550,5 +1552,77 @@ func TestPluginAccessDuringFirstLoad(t *testing.T) {
 	}
 	if !strings.Contains(got.err.Error(), `unknown tool "base64"`) {
 		t.Errorf("bob's call of hash's tool during the first load: %v; want unknown tool", got.err)
+	}
+}
+
+// TestRequestBodiesBounded: the request bodies read at once are bounded
+// in bytes, in all and for each tenant (a quarter), before the go-sdk
+// reads them: a request past its tenant's share waits briefly, then is
+// refused with 503 and Retry-After, and the other tenants keep theirs.
+// (A red team: the call shares apply only once the go-sdk has read and
+// decoded a request, and nothing bounded how many bodies of up to 4 MiB
+// it read at once: bob's 48 bodies of 3 MiB, their last byte held back,
+// kept some 190 MiB of heap, and any number more would have.)
+func TestRequestBodiesBounded(t *testing.T) {
+	f := newFixture(t, &host.Options{Tenants: true}, sandbox.NewPolicy(), map[string]string{"counter.wasm": testplugins.Example(t, "counter")})
+	// The held bodies stay unfinished for as long as the test waits.
+	url := serveGuarded(t, f, host.GuardOptions{Tokens: map[string]string{"alice": aliceToken, "bob": bobToken}, BodyTimeout: 2 * time.Minute})
+	addr := strings.TrimPrefix(url, "http://")
+	const n, size = 48, 3 << 20
+	// An initialize of many small values, as the go-sdk decodes them.
+	var b strings.Builder
+	b.WriteString(`{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25","clientInfo":{"name":"c","version":"1"},"capabilities":{"experimental":{`)
+	for i := 0; b.Len() < size; i++ {
+		fmt.Fprintf(&b, `"k%d":[1,"x",true],`, i)
+	}
+	b.WriteString(`"end":[]}}}}`)
+	body := []byte(b.String())
+	before := liveHeap()
+	var refused, answered atomic.Int32
+	var wg sync.WaitGroup
+	for range n {
+		conn, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { conn.Close() })
+		// All but the body's last byte: the server holds what it read
+		// of it, waiting for the rest. Writing blocks once a refused
+		// request's connection no longer reads, until it is closed.
+		wg.Go(func() {
+			fmt.Fprintf(conn, "POST /mcp HTTP/1.1\r\nHost: %s\r\nAuthorization: Bearer %s\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\nContent-Length: %d\r\n\r\n", addr, bobToken, len(body))
+			conn.Write(body[:len(body)-1])
+		})
+		go func() {
+			resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+			if err != nil {
+				return
+			}
+			resp.Body.Close()
+			answered.Add(1)
+			if resp.StatusCode == http.StatusServiceUnavailable && resp.Header.Get("Retry-After") != "" {
+				refused.Add(1)
+			}
+		}()
+	}
+	// Bob's share is a quarter of the default bound (64 MiB): five of his
+	// bodies are read, the rest refused. Unbounded, every body is read
+	// and the heap holds them all.
+	const share = 16 << 20
+	admitted := int32(share / len(body))
+	var grown int64
+	eventually(t, "bob's bodies past his share refused, or read all at once", func() bool {
+		grown = int64(liveHeap()) - int64(before)
+		return refused.Load() >= n-admitted || grown > 64<<20
+	})
+	grown = int64(liveHeap()) - int64(before)
+	if grown > 48<<20 {
+		t.Errorf("bob's %d bodies of %d KiB, held unfinished, keep %d MiB of heap (%d refused); want at most his share, 16 MiB, read at once", n, len(body)>>10, grown>>20, refused.Load())
+	}
+	if got := answered.Load(); got != n-admitted {
+		t.Errorf("bob's unfinished bodies: %d answered (%d refused with 503 and Retry-After); want %d refused, %d read", got, refused.Load(), n-admitted, admitted)
+	}
+	if res, e := rpcWith(t, url, as(aliceToken, ""), "tools/list", "", map[string]any{}, map[string]any{}); e != nil || res["tools"] == nil {
+		t.Errorf("alice's tools/list while bob's bodies are read: %.200v %v; want served", res, e)
 	}
 }
