@@ -62,6 +62,17 @@ type GuardOptions struct {
 	// all. 0 means DefaultBodyTimeout. Requests without a body (the GET
 	// that opens a long-lived SSE stream) have no read deadline.
 	BodyTimeout time.Duration
+	// RequestBytes bounds the bytes of the request bodies read and served
+	// at once (a body counted from before it is read until its request
+	// has been served); 0 means DefaultRequestBytes. With tenants
+	// (Tenants, or Tokens given), each subject, and all clients without
+	// one together, has a share of it: RequestBytesPerSubject, 0 meaning
+	// a quarter. Each is at least MaxBody. A request past either waits
+	// up to 2 s for room, then is refused with 503 and Retry-After.
+	RequestBytes, RequestBytesPerSubject int64
+	// Tenants gives each subject a share of the bounds above, as
+	// [Options.Tenants] does of the host's; giving Tokens implies it.
+	Tenants bool
 }
 
 // Guard wraps next with the checks every HTTP endpoint of wasmtools gets,
@@ -76,9 +87,12 @@ type GuardOptions struct {
 //     whatever its method, unless its Origin is in AllowedOrigins.
 //  3. Token: without the bearer token, 401, except on Public paths.
 //
-// It also bounds the request body's size and the time to send it. The
-// checks are not a substitute for TLS: the token crosses the network in
-// clear over plain HTTP.
+// It also bounds the request body's size and the time to send it, and
+// the bytes of the bodies read and served at once, in all and, with
+// tenants, for each (RequestBytes): a body counts against its tenant's
+// share once the token says whose it is, before it is read. The checks
+// are not a substitute for TLS: the token crosses the network in clear
+// over plain HTTP.
 func Guard(next http.Handler, o GuardOptions) http.Handler {
 	maxBody := o.MaxBody
 	if maxBody <= 0 {
@@ -99,6 +113,9 @@ func Guard(next http.Handler, o GuardOptions) http.Handler {
 	for _, p := range o.Open {
 		open[p] = true
 	}
+	// After the token's check, which says whose share a body counts
+	// against; before the go-sdk reads it.
+	next = newBodyBudget(o.requestBytes(maxBody)).wrap(next)
 	withToken := next
 	switch {
 	case o.Verifier != nil:
@@ -130,6 +147,24 @@ func Guard(next http.Handler, o GuardOptions) http.Handler {
 		}
 		withToken.ServeHTTP(w, r)
 	})
+}
+
+// requestBytes is what newBodyBudget takes: the bound on request bodies
+// in all, each tenant's share of it (0 without tenants) and the largest
+// body.
+func (o GuardOptions) requestBytes(maxBody int64) (total, share, max int64) {
+	total = o.RequestBytes
+	if total <= 0 {
+		total = DefaultRequestBytes
+	}
+	switch {
+	case !o.Tenants && len(o.Tokens) == 0:
+	case o.RequestBytesPerSubject > 0:
+		share = o.RequestBytesPerSubject
+	default:
+		share = total / 4
+	}
+	return total, share, maxBody
 }
 
 // limitBody bounds r's body to max bytes, and the time to read it to

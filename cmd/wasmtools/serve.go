@@ -395,7 +395,7 @@ func cmdServe(ctx context.Context, args []string, lookupEnv func(string) (string
 		log.Error("configuration refused", "error", errors.New("the operator's token (http.operator_token or WASMTOOLS_OPERATOR_TOKEN) is also a tenant's"))
 		return 1
 	}
-	return serveHTTP(ctx, log, *httpAddr, h, reloader, rem, refresh, cfg.HTTP, token, op, *shutdownGrace, *drainDelay)
+	return serveHTTP(ctx, log, *httpAddr, h, reloader, rem, refresh, cfg.HTTP, cfg.Limits, token, op, *shutdownGrace, *drainDelay)
 }
 
 // serveHTTP serves /mcp, /status, /metrics and /healthz at addr, each
@@ -411,7 +411,7 @@ func cmdServe(ctx context.Context, args []string, lookupEnv func(string) (string
 // the host (see [host.Host.Drain]): readiness fails at once, open SSE
 // streams close, calls in flight finish within grace, and every session
 // is left in the state store for the other replicas.
-func serveHTTP(ctx context.Context, log *slog.Logger, addr string, h *host.Host, reloader *plugins.Reloader, rem *remote, refresh func(context.Context) (bool, []error), cfg config.HTTP, token string, op wauth.Operator, grace, drainDelay time.Duration) int {
+func serveHTTP(ctx context.Context, log *slog.Logger, addr string, h *host.Host, reloader *plugins.Reloader, rem *remote, refresh func(context.Context) (bool, []error), cfg config.HTTP, limits config.Limits, token string, op wauth.Operator, grace, drainDelay time.Duration) int {
 	if strings.HasPrefix(addr, ":") {
 		addr = "127.0.0.1" + addr // loopback unless told otherwise
 	}
@@ -478,6 +478,10 @@ func serveHTTP(ctx context.Context, log *slog.Logger, addr string, h *host.Host,
 		AllowedOrigins: cfg.AllowedOrigins,
 		MaxBody:        int64(cfg.MaxRequestBody),
 		BodyTimeout:    time.Duration(cfg.BodyTimeout),
+		// The same tenants as the host's (opts.Tenants): subjects' own
+		// tokens or OAuth, not the shared token alone.
+		Tenants:      len(cfg.Tokens) > 0 || cfg.OAuth != nil,
+		RequestBytes: int64(limits.RequestBytesTotal), RequestBytesPerSubject: int64(limits.RequestBytesPerSubject),
 	}
 	// Probes (a proxy's health check, Kubernetes') send no token; they
 	// learn only whether the replica is up and ready, and its name.

@@ -299,6 +299,9 @@ type Limits struct {
 	// client's answer keep of their requests (arguments and _meta); 0
 	// means 64MiB (host.DefaultMaxParkedBytes).
 	ParkedBytesTotal Size `toml:"parked_bytes_total"`
+	// RequestBytesTotal bounds the bytes of the HTTP request bodies read
+	// and served at once; 0 means 64MiB (host.DefaultRequestBytes).
+	RequestBytesTotal Size `toml:"request_bytes_total"`
 	// Tenants' shares of the bounds above and of the state store (see
 	// host.Options): 0 means the host's defaults (a quarter of the bound).
 	MaxCallsPerSubject       int     `toml:"max_calls_per_subject"`
@@ -307,6 +310,7 @@ type Limits struct {
 	MaxSessionsPerSubject    int     `toml:"max_sessions_per_subject"`
 	MaxParkedPerSubject      int     `toml:"max_parked_per_subject"`
 	ParkedBytesPerSubject    Size    `toml:"parked_bytes_per_subject"`
+	RequestBytesPerSubject   Size    `toml:"request_bytes_per_subject"`
 	MaxAnonymousTasks        int     `toml:"max_anonymous_tasks"`
 	StoreBytesPerRecord      Size    `toml:"store_bytes_per_record"`
 	StoreBytesPerSubject     Size    `toml:"store_bytes_per_subject"`

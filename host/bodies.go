@@ -1,0 +1,196 @@
+package host
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/auth"
+)
+
+// DefaultRequestBytes is the default of [GuardOptions.RequestBytes]: 64
+// MiB of request bodies read and served at once, in all.
+//
+// It counts a body's bytes, not what decoding them costs: the go-sdk
+// holds a body twice while it reads and checks it, and a body of many
+// small JSON values decodes into some ten times its bytes of maps and
+// values, so the bound keeps the heap requests take at once to some 640
+// MiB, within the 3 GiB a replica is given (deploy/k8s). Counting the
+// decoded cost instead would make a 4 MiB body larger than a tenant's
+// share, and the number harder to set against max_request_body.
+const DefaultRequestBytes = 64 << 20
+
+// bodyWait is how long a request past the bound on request bodies waits
+// for room before it is refused: long enough for the bodies being read
+// (a few MiB on a local network) to be served, short enough that a
+// client is told rather than held.
+const bodyWait = 2 * time.Second
+
+// bodyBudget counts the bytes of the request bodies being read and
+// served, in all and for each tenant, so that how many the go-sdk reads
+// and decodes at once is bounded in bytes (the call shares apply only
+// once it has). A body of known length counts its length from before it
+// is read until the request has been served (its decoded parameters live
+// that long); one of unknown length (chunked) is read here, its count
+// growing as it is read. It is safe for concurrent use.
+type bodyBudget struct {
+	total, share int64 // share 0: no shares (no tenants)
+	maxBody      int64
+
+	mu      sync.Mutex
+	held    int64
+	tenants map[string]int64 // subject ("" for none) -> bytes held
+	room    chan struct{}    // closed when bytes are given back; nil with no one waiting
+}
+
+// newBodyBudget bounds bodies of at most maxBody bytes to total in all,
+// and share (0: none) for each tenant, each at least one body of
+// maxBody.
+func newBodyBudget(total, share, maxBody int64) *bodyBudget {
+	if share > 0 {
+		share = max(share, maxBody)
+	}
+	return &bodyBudget{total: max(total, maxBody), share: share, maxBody: maxBody}
+}
+
+// take counts n more bytes for tenant, waiting up to bodyWait for room
+// (or until ctx ends), and reports whether it did.
+func (b *bodyBudget) take(ctx context.Context, tenant string, n int64) bool {
+	var timer *time.Timer
+	for {
+		b.mu.Lock()
+		if b.held+n <= b.total && (b.share == 0 || b.tenants[tenant]+n <= b.share) {
+			if b.tenants == nil {
+				b.tenants = map[string]int64{}
+			}
+			b.held += n
+			b.tenants[tenant] += n
+			b.mu.Unlock()
+			if timer != nil {
+				timer.Stop()
+			}
+			return true
+		}
+		if b.room == nil {
+			b.room = make(chan struct{})
+		}
+		room := b.room
+		b.mu.Unlock()
+		if timer == nil {
+			timer = time.NewTimer(bodyWait)
+			defer timer.Stop()
+		}
+		select {
+		case <-room:
+		case <-timer.C:
+			return false
+		case <-ctx.Done():
+			return false
+		}
+	}
+}
+
+// give ends what take counted of n bytes for tenant, and wakes the
+// requests waiting for room.
+func (b *bodyBudget) give(tenant string, n int64) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.held -= n
+	if b.tenants[tenant] -= n; b.tenants[tenant] <= 0 {
+		delete(b.tenants, tenant)
+	}
+	if b.room != nil {
+		close(b.room)
+		b.room = nil
+	}
+}
+
+// wrap counts the bodies of the requests next serves. A request past the
+// bound is refused with 503 and Retry-After, as the server's other
+// refusals of the moment are (a replica draining, a token that cannot be
+// checked now): what MCP clients and proxies retry, possibly on another
+// replica. (429 would tell the client it went past a rate, which is not
+// what is bounded here.)
+func (b *bodyBudget) wrap(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.ContentLength == 0 || r.Body == nil || r.Body == http.NoBody {
+			next.ServeHTTP(w, r)
+			return
+		}
+		tenant := ""
+		if b.share > 0 {
+			if ti, ok := r.Context().Value(verifiedKey{}).(*auth.TokenInfo); ok {
+				tenant = ti.UserID
+			}
+		}
+		n := r.ContentLength
+		if n < 0 {
+			var ok bool
+			if n, ok = b.readUnknown(r, tenant); !ok {
+				refuseBody(w)
+				return
+			}
+		} else {
+			// The body's reader stops at its length (net/http's), and
+			// at maxBody (limitBody's).
+			n = min(n, b.maxBody)
+			if !b.take(r.Context(), tenant, n) {
+				refuseBody(w)
+				return
+			}
+		}
+		defer b.give(tenant, n)
+		next.ServeHTTP(w, r)
+	})
+}
+
+// readUnknown reads r's body of unknown length under a count for tenant
+// that grows, doubling, as it is read, and gives r the bytes read. It
+// returns the bytes counted, or false (nothing counted) when the count
+// could not grow: a client that does not say its body's length must not
+// pass the bound by sending it in pieces.
+func (b *bodyBudget) readUnknown(r *http.Request, tenant string) (int64, bool) {
+	reserved := min(int64(64<<10), b.maxBody)
+	if !b.take(r.Context(), tenant, reserved) {
+		return 0, false
+	}
+	var buf bytes.Buffer
+	for {
+		_, err := io.CopyN(&buf, r.Body, reserved-int64(buf.Len()))
+		if err != nil {
+			// The end, or a failure (a body over maxBody): the handler
+			// reads it after the bytes, and answers it.
+			var rest io.Reader = bytes.NewReader(buf.Bytes())
+			if err != io.EOF {
+				rest = io.MultiReader(rest, errReader{err})
+			}
+			r.Body = io.NopCloser(rest)
+			return reserved, true
+		}
+		more := min(reserved, b.maxBody-reserved)
+		if more <= 0 {
+			// maxBody read, and maybe more to come: the handler reads on,
+			// and its read fails past maxBody (limitBody's reader).
+			r.Body = io.NopCloser(io.MultiReader(bytes.NewReader(buf.Bytes()), r.Body))
+			return reserved, true
+		}
+		if !b.take(r.Context(), tenant, more) {
+			b.give(tenant, reserved)
+			return 0, false
+		}
+		reserved += more
+	}
+}
+
+// errReader fails with err.
+type errReader struct{ err error }
+
+func (e errReader) Read([]byte) (int, error) { return 0, e.err }
+
+// refuseBody answers a request past the bound on request bodies.
+func refuseBody(w http.ResponseWriter) {
+	refuse(w, "too many request bodies are being read now (limits.request_bytes_total, request_bytes_per_subject); retry")
+}

@@ -1,0 +1,87 @@
+package host_test
+
+import (
+	"errors"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/wasmtools/wasmtools/host"
+)
+
+// TestRequestBytesUnknownLength: a body of unknown length (chunked) is
+// counted as it is read, so it cannot pass the bound by not saying its
+// length: served whole within the share, answered 413 past MaxBody, and
+// refused with 503 while its tenant's share is held; another tenant is
+// served meanwhile.
+func TestRequestBytesUnknownLength(t *testing.T) {
+	const maxBody = 128 << 10
+	held := make(chan struct{})
+	release := make(chan struct{})
+	srv := httptest.NewServer(host.Guard(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		n, err := io.Copy(io.Discard, r.Body)
+		if _, ok := errors.AsType[*http.MaxBytesError](err); ok {
+			http.Error(w, err.Error(), http.StatusRequestEntityTooLarge)
+			return
+		}
+		if r.URL.Query().Get("hold") != "" {
+			held <- struct{}{}
+			<-release
+		}
+		io.WriteString(w, strings.Repeat("x", int(n>>10)))
+	}), host.GuardOptions{Tokens: map[string]string{"alice": aliceToken, "bob": bobToken}, MaxBody: maxBody, RequestBytes: 4 * maxBody}))
+	t.Cleanup(srv.Close)
+	post := func(token, query string, size int, chunked bool) (int, int) {
+		t.Helper()
+		var body io.Reader = strings.NewReader(strings.Repeat("a", size))
+		if chunked {
+			body = io.MultiReader(body) // no length: sent chunked
+		}
+		req, _ := http.NewRequest(http.MethodPost, srv.URL+"/mcp"+query, body)
+		req.Header.Set("Authorization", "Bearer "+token)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		got, _ := io.ReadAll(resp.Body)
+		if resp.StatusCode == http.StatusServiceUnavailable && resp.Header.Get("Retry-After") == "" {
+			t.Errorf("503 without Retry-After")
+		}
+		return resp.StatusCode, len(got)
+	}
+	if code, kib := post(bobToken, "", 100<<10, true); code != http.StatusOK || kib != 100 {
+		t.Errorf("bob's chunked body of 100 KiB: %d, %d KiB read; want 200, all of it", code, kib)
+	}
+	if code, _ := post(bobToken, "", maxBody+1, true); code != http.StatusRequestEntityTooLarge {
+		t.Errorf("bob's chunked body past MaxBody: %d; want 413", code)
+	}
+	// Bob's share is a quarter of 512 KiB, raised to MaxBody: one body of
+	// 128 KiB held fills it.
+	done := make(chan int)
+	go func() {
+		code, _ := post(bobToken, "?hold=1", maxBody, false)
+		done <- code
+	}()
+	<-held
+	begin := time.Now()
+	if code, _ := post(bobToken, "", 1<<10, true); code != http.StatusServiceUnavailable {
+		t.Errorf("bob's chunked body with his share held: %d; want 503", code)
+	}
+	if waited := time.Since(begin); waited < time.Second {
+		t.Errorf("bob's chunked body refused after %v; want it to wait for room first (2 s)", waited)
+	}
+	if code, kib := post(aliceToken, "", 100<<10, true); code != http.StatusOK || kib != 100 {
+		t.Errorf("alice's chunked body while bob's share is held: %d, %d KiB; want 200, all of it", code, kib)
+	}
+	close(release)
+	if code := <-done; code != http.StatusOK {
+		t.Errorf("bob's held body: %d; want 200", code)
+	}
+	if code, kib := post(bobToken, "", 1<<10, true); code != http.StatusOK || kib != 1 {
+		t.Errorf("bob's chunked body after his share is given back: %d, %d KiB; want 200", code, kib)
+	}
+}
