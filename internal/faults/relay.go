@@ -5,23 +5,32 @@ import (
 	"io"
 	"net"
 	"sync"
+	"time"
 )
 
-// Relay is a TCP relay in front of one replica: the proxy connects to the
-// relay, which forwards each connection to the replica. It exists for one
+// Relay is a TCP relay in front of one replica, or between a replica and
+// Redis: the proxy (or the replica) connects to the relay, which forwards
+// each connection to its target. In front of a replica it exists for one
 // fault, a replica killed between the checkpoint of a call and its answer
 // ([Relay.Trap]): a window too short to hit with a signal from outside.
 // While the replica is down, the relay does not listen ([Relay.Close]), so
 // the proxy's connections are refused as they would be by the dead
-// replica.
+// replica. Either relay can be cut ([Relay.Cut]), as a network partition
+// blackholes packets.
 type Relay struct {
 	Addr   string // where it listens (the proxy's view of the replica)
-	target string // the replica's own --http address
+	target string // the replica's own --http address, or Redis's
+	// refused is what a connection is answered when the target refuses
+	// it (nil: it is closed).
+	refused []byte
 
 	mu    sync.Mutex
 	ln    net.Listener
 	conns map[net.Conn]bool
 	trap  *trap
+	open  chan struct{} // closed while not cut
+	held  int           // bytes waiting for the cut to heal
+	heldN int           // sends (a chunk, a close) waiting for it
 }
 
 // trap is an armed [Relay.Trap].
@@ -33,8 +42,74 @@ type trap struct {
 
 // NewRelay returns a relay from addr to target, listening.
 func NewRelay(addr, target string) (*Relay, error) {
-	r := &Relay{Addr: addr, target: target, conns: map[net.Conn]bool{}}
+	return newRelay(addr, target, nil)
+}
+
+// NewHTTPRelay returns a relay in front of an HTTP server at target,
+// listening at addr. A connection it accepted while the server refuses
+// connections (it exited, or closed its listener to exit) is answered
+// 503, which the proxies send on to another replica as they would the
+// refused connection: without it, the proxy would see a connection closed
+// after its request was sent, which may have run (nginx answers the
+// client 502), though nothing reached the server.
+func NewHTTPRelay(addr, target string) (*Relay, error) {
+	return newRelay(addr, target, []byte("HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"))
+}
+
+func newRelay(addr, target string, refused []byte) (*Relay, error) {
+	r := &Relay{Addr: addr, target: target, refused: refused, conns: map[net.Conn]bool{}, open: make(chan struct{})}
+	close(r.open)
 	return r, r.Open()
+}
+
+// Cut stops forwarding in both directions without closing anything, as a
+// partition that drops packets does: connections stay open, what either
+// side sends is held (in the relay and the kernel's buffers, as TCP
+// retransmits it), and new connections are accepted but not forwarded
+// (a connect that does not fail, and nothing answers). [Relay.Heal]
+// delivers everything held, in order, closes included: a request sent
+// during the cut reaches its target late, as a retransmission after the
+// partition heals does, though its sender gave up on it.
+func (r *Relay) Cut() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	select {
+	case <-r.open:
+		r.open = make(chan struct{})
+	default:
+	}
+}
+
+// Heal undoes [Relay.Cut], and returns how many sends (chunks of data,
+// closes and connects) and bytes the cut held, which are now delivered.
+func (r *Relay) Heal() (sends, bytes int) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	select {
+	case <-r.open:
+	default:
+		close(r.open)
+	}
+	sends, bytes = r.heldN, r.held
+	r.heldN, r.held = 0, 0
+	return sends, bytes
+}
+
+// pass waits while the relay is cut: before anything (n bytes, or a close
+// or connect) is sent on.
+func (r *Relay) pass(n int) {
+	r.mu.Lock()
+	open := r.open
+	select {
+	case <-open:
+		r.mu.Unlock()
+		return
+	default:
+	}
+	r.heldN++
+	r.held += n
+	r.mu.Unlock()
+	<-open
 }
 
 // Open listens again at r.Addr (after [Relay.Close]).
@@ -103,8 +178,28 @@ func (r *Relay) track(c net.Conn, on bool) bool {
 }
 
 func (r *Relay) relay(down net.Conn) {
+	r.pass(0)
 	up, err := net.Dial("tcp", r.target)
 	if err != nil {
+		if r.refused != nil {
+			// Answered once the request's head has come (an answer
+			// before the request is no answer to it), and whole
+			// before the close: a close with the request unread would
+			// reset the connection, and the answer with it.
+			down.SetReadDeadline(time.Now().Add(5 * time.Second))
+			var head []byte
+			buf := make([]byte, 4<<10)
+			for !bytes.Contains(head, []byte("\r\n\r\n")) {
+				n, err := down.Read(buf)
+				head = append(head, buf[:n]...)
+				if err != nil {
+					break
+				}
+			}
+			down.Write(r.refused)
+			down.(*net.TCPConn).CloseWrite()
+			io.Copy(io.Discard, down)
+		}
 		down.Close()
 		return
 	}
@@ -138,6 +233,7 @@ func (r *Relay) relay(down net.Conn) {
 					}
 				}
 				r.mu.Unlock()
+				r.pass(n)
 				if _, err := up.Write(buf[:n]); err != nil {
 					break
 				}
@@ -146,6 +242,7 @@ func (r *Relay) relay(down net.Conn) {
 				break
 			}
 		}
+		r.pass(0)
 		up.(*net.TCPConn).CloseWrite()
 	}()
 	buf := make([]byte, 32<<10)
@@ -164,17 +261,20 @@ func (r *Relay) relay(down net.Conn) {
 				return
 			}
 		} else if n > 0 {
+			r.pass(n)
 			if _, werr := down.Write(buf[:n]); werr != nil {
 				break
 			}
 		}
 		if err != nil {
+			r.pass(0)
 			if err != io.EOF {
 				down.Close()
 			}
 			break
 		}
 	}
+	r.pass(0)
 	down.Close()
 	up.Close()
 }
