@@ -3,7 +3,8 @@
 // `wasmtools serve --http --replica` replicas sharing a redis-server
 // without persistence, behind HAProxy or nginx with the configs of deploy/
 // unchanged), injects faults into them (kill -9, SIGSTOP, SIGTERM, Redis
-// restarted empty, stopped or frozen, a replica with another state key),
+// restarted empty, stopped or frozen, a replica cut off from Redis, a
+// replica with another state key),
 // while clients of both protocol eras add numbered notes and read them
 // back, and a checker ([Check]) compares what each client was told with
 // what it read, as Jepsen does for databases.
@@ -59,6 +60,9 @@ type Setup struct {
 	// Relays puts a [Relay] in front of each replica (the checkpoint
 	// fault); the proxy then connects to the relays.
 	Relays bool
+	// StoreLinks connects each replica to Redis through a [Relay] of its
+	// own (Replica.StoreLink), which a partition cuts ([Cluster.Cut]).
+	StoreLinks bool
 	// Down lists replicas (0..2) not started with the cluster: scaled out
 	// later with [Cluster.Start].
 	Down []int
@@ -89,8 +93,11 @@ type Replica struct {
 	Listen string // its --http address
 	Addr   string // the proxy's view of it: Listen, or its relay's address
 	Relay  *Relay // nil without Setup.Relays
-	proc   *proxytest.Process
-	logs   strings.Builder // output of its earlier processes
+	// StoreLink is its way to Redis (nil without Setup.StoreLinks: it
+	// connects to Redis itself).
+	StoreLink *Relay
+	proc      *proxytest.Process
+	logs      strings.Builder // output of its earlier processes
 }
 
 // Running says whether the replica's current process is alive.
@@ -118,12 +125,21 @@ func NewCluster(t testing.TB, setup Setup) *Cluster {
 		r := &Replica{Name: fmt.Sprintf("s%d", i+1), Listen: proxytest.FreeAddr(t)}
 		r.Addr = r.Listen
 		if setup.Relays {
-			rl, err := NewRelay(proxytest.FreeAddr(t), r.Listen)
+			rl, err := NewHTTPRelay(proxytest.FreeAddr(t), r.Listen)
 			if err != nil {
 				t.Fatal(err)
 			}
 			t.Cleanup(rl.Close)
 			r.Relay, r.Addr = rl, rl.Addr
+		}
+		if setup.StoreLinks {
+			rl, err := NewRelay(proxytest.FreeAddr(t), c.Redis)
+			if err != nil {
+				t.Fatal(err)
+			}
+			// Healed first, so that nothing waits on a cut at the end.
+			t.Cleanup(func() { rl.Heal(); rl.Close() })
+			r.StoreLink = rl
 		}
 		c.Replicas[i] = r
 		env[fmt.Sprintf("S%d_ADDR", i+1)] = r.Addr
@@ -214,8 +230,12 @@ func (c *Cluster) startProcess(i int, key string, ready bool) {
 	if r.proc != nil {
 		r.logs.WriteString(r.proc.Output())
 	}
+	store := c.Redis
+	if r.StoreLink != nil {
+		store = r.StoreLink.Addr
+	}
 	cmd := exec.Command(c.setup.Binary, "serve", "--cache-dir", c.setup.CacheDir, "--no-watch",
-		"--http", r.Listen, "--replica", r.Name, "--state-store", "redis://"+c.Redis+"/0", c.setup.Plugins)
+		"--http", r.Listen, "--replica", r.Name, "--state-store", "redis://"+store+"/0", c.setup.Plugins)
 	cmd.Env = append(os.Environ(), "WASMTOOLS_STATE_KEY="+key, "WASMTOOLS_AUTH_TOKEN="+Token)
 	path := "/readyz"
 	if !ready {
@@ -352,6 +372,39 @@ func (c *Cluster) Freeze(i int) {
 func (c *Cluster) Thaw(i int) {
 	c.Replicas[i].proc.Signal(syscall.SIGCONT)
 	c.Logf("%s SIGCONT", c.Replicas[i].Name)
+}
+
+// Cut partitions replica i from Redis: its store link blackholes
+// everything both ways ([Relay.Cut]), while the proxy, the other replicas
+// and Redis reach one another as before. Heal ends the partition, and
+// what was held on the link arrives late.
+func (c *Cluster) Cut(i int) {
+	c.Replicas[i].StoreLink.Cut()
+	c.Logf("%s cut off from redis (blackholed)", c.Replicas[i].Name)
+}
+
+func (c *Cluster) Heal(i int) {
+	sends, bytes := c.Replicas[i].StoreLink.Heal()
+	c.Logf("%s reaches redis again (what the cut held delivered late: %d sends, %d bytes of them in the relay)", c.Replicas[i].Name, sends, bytes)
+}
+
+// Unroute makes replica i's port refuse the proxy's connections (its
+// relay stops listening and ends its connections), as a host whose
+// firewall rejects them: the proxy fails its sessions over, though the
+// replica runs on. Reroute listens again and waits until the proxy routes
+// its sessions to it.
+func (c *Cluster) Unroute(i int) {
+	c.Replicas[i].Relay.Close()
+	c.Logf("%s refuses the proxy", c.Replicas[i].Name)
+}
+
+func (c *Cluster) Reroute(i int) {
+	c.t.Helper()
+	if err := c.Replicas[i].Relay.Open(); err != nil {
+		c.t.Fatalf("relay of %s: %v", c.Replicas[i].Name, err)
+	}
+	c.WaitRouted(i)
+	c.Logf("%s routed again", c.Replicas[i].Name)
 }
 
 // RedisKill kills Redis (-9): without persistence, it comes back empty.

@@ -15,6 +15,13 @@ const (
 	StopFor      = 8 * time.Second
 	RedisDownFor = 10 * time.Second
 	RedisFreeze  = 10 * time.Second
+	// PartitionFor is how long a replica is cut off from Redis in
+	// partition-store: past its 2 s of grace from memory, its 2.5 s lease,
+	// the 5 s of a Redis read timeout and the 6 s of its heartbeat.
+	// PartitionAlone is how long of it the proxy reaches the replica
+	// before failing it over.
+	PartitionFor   = 10 * time.Second
+	PartitionAlone = 3 * time.Second
 	// BadKeyWatch is how long a replica started with another state key
 	// is watched (while the clients run) for becoming ready.
 	BadKeyWatch = 10 * time.Second
@@ -64,6 +71,12 @@ func Scenarios(stops int) []Scenario {
 			moveAfterStore(r)
 		}},
 		Scenario{Name: "redis-evicts-values", Proxy: HAProxy, Resets: true, Fault: evictValues},
+	)
+	for _, p := range []Proxy{HAProxy, Nginx} {
+		s = append(s, Scenario{Name: "partition-store", Proxy: p, Relays: true, StoreLinks: true, Fault: partitionStore})
+	}
+	s = append(s,
+		Scenario{Name: "partition-store-flapping", Proxy: HAProxy, StoreLinks: true, Fault: partitionFlapping},
 		Scenario{Name: "kill9-under-load", Proxy: HAProxy, Fault: func(r *Run) {
 			for _, i := range []int{0, 1} {
 				r.C.Kill(i)
@@ -93,12 +106,63 @@ func Scenarios(stops int) []Scenario {
 // moveAfterStore checks that sessions recovered from a store fault by
 // themselves: two rounds, then s1 drains and restarts, so that its
 // sessions move to their fallbacks and back, through the store.
-func moveAfterStore(r *Run) {
+func moveAfterStore(r *Run) { moveFrom(r, 0) }
+
+// moveFrom is [moveAfterStore] with replica i drained.
+func moveFrom(r *Run, i int) {
 	r.Rounds(2)
-	r.C.Term(0)
-	r.C.WaitDown(0)
+	r.C.Term(i)
+	r.C.WaitDown(i)
 	r.Rounds(1)
-	r.C.Start(0)
+	r.C.Start(i)
+}
+
+// partitionStore cuts a replica that serves sessions off from Redis
+// (blackholed: nothing refused, nothing answered) for PartitionFor, while
+// the proxy, the other replicas and Redis reach one another: split brain.
+// For PartitionAlone the proxy still sends the replica its sessions: it
+// serves them from memory within 2 s of its last verified claim, then
+// refuses them (-32053). Then the proxy fails it over (its port refuses
+// the proxy), and a round of every client goes by: the other replicas
+// take its sessions over from the store. Then the proxy routes its
+// sessions to it again, still cut off: it holds their stale instances and
+// must not serve them. Then the partition heals: what the replica sent
+// during it reaches Redis late (its claims, its writes), and must not
+// overwrite what the others acknowledged; and the replica is drained, so
+// that its sessions move again through the store.
+func partitionStore(r *Run) {
+	i := r.servingReplica(-1)
+	cut := time.Now()
+	r.C.Cut(i)
+	r.Hold(PartitionAlone)
+	r.C.Unroute(i)
+	r.C.WaitDown(i)
+	r.Rounds(1)
+	r.C.Reroute(i)
+	r.Hold(max(PartitionFor-time.Since(cut), 2*time.Second))
+	r.C.Heal(i)
+	r.Rounds(1)
+	moveFrom(r, i)
+}
+
+// FlapFor are the lengths of partition-store-flapping's cuts.
+var FlapFor = []time.Duration{1 * time.Second, 3 * time.Second, 1500 * time.Millisecond, 2500 * time.Millisecond, 2 * time.Second}
+
+// partitionFlapping cuts a replica that serves sessions off from Redis
+// and heals it again, FlapFor each time with a round of every client
+// between, while the proxy sends it its sessions throughout: around its
+// 2 s of grace and its 2.5 s lease, each cut's store exchanges time out
+// or arrive late. Then it is drained, so that its sessions move through
+// the store.
+func partitionFlapping(r *Run) {
+	i := r.servingReplica(-1)
+	for _, d := range FlapFor {
+		r.C.Cut(i)
+		r.Hold(d)
+		r.C.Heal(i)
+		r.Rounds(1)
+	}
+	moveFrom(r, i)
 }
 
 // evictValues deletes the sessions' out-of-line values under load, three
