@@ -71,7 +71,7 @@ func TestFaults(t *testing.T) {
 	for pass := 0; pass < passes; pass++ {
 		for _, sc := range faults.Scenarios(stops) {
 			id := sc.Name + "/" + string(sc.Proxy)
-			if !pick.MatchString(id) {
+			if !pick.MatchString(id) || sc.SoakOnly && soak == 0 && os.Getenv("FAULTS_RUN") == "" {
 				continue
 			}
 			if soak > 0 && time.Since(begin) > soak {

@@ -26,6 +26,10 @@ type Scenario struct {
 	// evicted), so a stateReset is allowed; in every other scenario one
 	// is a violation ([Resets]).
 	Resets bool
+	// SoakOnly: left out of the short run (FAULTS=short) unless FAULTS_RUN
+	// names scenarios: a variant of a scenario the short run has, kept
+	// for soaks to hold CI's time.
+	SoakOnly bool
 	// Fault injects the fault and waits until the cluster is whole
 	// again; the runner then waits for two more rounds of every client.
 	Fault func(r *Run)

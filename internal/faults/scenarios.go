@@ -73,10 +73,10 @@ func Scenarios(stops int) []Scenario {
 		Scenario{Name: "redis-evicts-values", Proxy: HAProxy, Resets: true, Fault: evictValues},
 	)
 	for _, p := range []Proxy{HAProxy, Nginx} {
-		s = append(s, Scenario{Name: "partition-store", Proxy: p, Relays: true, StoreLinks: true, Fault: partitionStore})
+		s = append(s, Scenario{Name: "partition-store", Proxy: p, Relays: true, StoreLinks: true, SoakOnly: p == Nginx, Fault: partitionStore})
 	}
 	s = append(s,
-		Scenario{Name: "partition-store-flapping", Proxy: HAProxy, StoreLinks: true, Fault: partitionFlapping},
+		Scenario{Name: "partition-store-flapping", Proxy: HAProxy, StoreLinks: true, SoakOnly: true, Fault: partitionFlapping},
 		Scenario{Name: "kill9-under-load", Proxy: HAProxy, Fault: func(r *Run) {
 			for _, i := range []int{0, 1} {
 				r.C.Kill(i)
