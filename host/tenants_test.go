@@ -323,24 +323,25 @@ func TestParkedFairShares(t *testing.T) {
 // TestParkedBytesFairShares: a parked call keeps its arguments (up to
 // the body's 4 MiB) until its client answers, so parked calls are bounded
 // in bytes as in number: 64 MiB in all by default, each tenant a
-// quarter. Here the bound is a sixteenth of that, 4 MiB: bob parks calls
-// of 192 KiB of arguments, and 5 park within his 1 MiB, the rest are
+// quarter. Here the bound is a sixty-fourth of that, 1 MiB: bob parks
+// calls of 48 KiB of arguments, and 5 park within his 256 KiB, the rest are
 // refused as calls past the count are ("too many calls wait for a
 // client's answer"), and alice's still parks. Bob finishing one gives its
 // bytes back, once: one more of his parks, the next does not. (A red
 // team: bounded by count alone, 256 parked calls of 4 MiB kept 1 GiB.)
 // At the default bound, with calls of 3 MiB, the test took over 2
-// minutes under -race on a loaded machine, 9 s a call.
+// minutes under -race on a loaded machine, 9 s a call; at 4 MiB, with
+// calls of 192 KiB, a minute.
 func TestParkedBytesFairShares(t *testing.T) {
-	f := pdkhostFixture(t, &host.Options{Tenants: true, MaxParkedPerClient: 64, MaxParkedBytes: 4 << 20})
+	f := pdkhostFixture(t, &host.Options{Tenants: true, MaxParkedPerClient: 64, MaxParkedBytes: 1 << 20})
 	url := serveGuarded(t, f, host.GuardOptions{Tokens: map[string]string{"alice": aliceToken, "bob": bobToken}})
 	copts := &mcp.ClientOptions{ElicitationHandler: (&answerer{}).handler, MultiRoundTrip: &mcp.MultiRoundTripOptions{Disabled: true}}
-	pad := strings.Repeat("x", 3<<16)
+	pad := strings.Repeat("x", 3<<14)
 	ask := func(cs *mcp.ClientSession) (*mcp.CallToolResult, bool) {
 		t.Helper()
 		res, err := cs.CallTool(context.Background(), &mcp.CallToolParams{Name: "ask", Arguments: map[string]any{"rounds": 1, "pad": pad}})
 		if err != nil {
-			t.Fatalf("a call of 192 KiB of arguments: %v", err)
+			t.Fatalf("a call of 48 KiB of arguments: %v", err)
 		}
 		if res.RequestState == "" && !strings.Contains(text(res), "too many calls wait for a client's answer") {
 			t.Errorf("a call not parked: %q, want refused as too many calls waiting", text(res))
@@ -355,7 +356,7 @@ func TestParkedBytesFairShares(t *testing.T) {
 		}
 	}
 	if len(parked) != 5 {
-		t.Fatalf("bob parked %d calls of 192 KiB of arguments each, want 5 within his share of 1 MiB", len(parked))
+		t.Fatalf("bob parked %d calls of 48 KiB of arguments each, want 5 within his share of 256 KiB", len(parked))
 	}
 	alice := connectHTTPEra(t, url, "", copts, tenantTransport{token: aliceToken})
 	if _, ok := ask(alice); !ok {
