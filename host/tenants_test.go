@@ -240,7 +240,7 @@ func TestUnreturnedHandleFairShares(t *testing.T) {
 
 // TestGrantAnswersFairShares: alice denies grantask's network request
 // in her session, and the denial is remembered ("denied earlier in this
-// session"). With the book bounded at 256 sessions, bob then makes 256
+// session"). With the book bounded at 64 sessions, bob then makes 64
 // sessionless calls, each with a handle of its own (his client offers no
 // elicitation: each is refused unasked). Alice's denial still holds and
 // she is not asked again: the grant book is bounded per tenant, and frees
@@ -248,7 +248,7 @@ func TestUnreturnedHandleFairShares(t *testing.T) {
 // across everyone, handles never freed, so bob's 4096 calls pushed hers
 // out; the test made them all until the bound became an option).
 func TestGrantAnswersFairShares(t *testing.T) {
-	const book = 256 // sessions' answers remembered; 4,096 by default
+	const book = 64 // sessions' answers remembered; 4,096 by default
 	f, srv, target := grantFixture(t, &host.Options{Tenants: true, MaxGrantSessions: book})
 	url := serveGuarded(t, f, host.GuardOptions{Tokens: map[string]string{"alice": aliceToken, "bob": bobToken}})
 	a := &grantAnswerer{decisions: []string{"deny", "allow for this session"}}
