@@ -37,11 +37,20 @@ func (p *progressLog) all() []*mcp.ProgressNotificationParams {
 	return append([]*mcp.ProgressNotificationParams{}, p.got...)
 }
 
+// pdkhostFixture serves the pdkhost test plugin alone: each Go plugin a
+// fixture loads costs seconds under the race detector (checked, validated,
+// its host modules compiled), and most tests call pdkhost only.
 func pdkhostFixture(t *testing.T, opts *host.Options) *fixture {
 	return newFixture(t, opts, sandbox.NewPolicy(), map[string]string{
-		"pdkhost.wasm":  testplugins.Test(t, "pdkhost"),
-		"confirm.wasm":  testplugins.Example(t, "confirm"),
-		"longtask.wasm": testplugins.Example(t, "longtask"),
+		"pdkhost.wasm": testplugins.Test(t, "pdkhost"),
+	})
+}
+
+// confirmFixture serves pdkhost and the confirm example.
+func confirmFixture(t *testing.T, opts *host.Options) *fixture {
+	return newFixture(t, opts, sandbox.NewPolicy(), map[string]string{
+		"pdkhost.wasm": testplugins.Test(t, "pdkhost"),
+		"confirm.wasm": testplugins.Example(t, "confirm"),
 	})
 }
 
@@ -419,7 +428,7 @@ func TestCancelParkableGuest(t *testing.T) {
 }
 
 func TestExampleConfirm(t *testing.T) {
-	f := pdkhostFixture(t, nil)
+	f := confirmFixture(t, nil)
 	for _, proto := range protocols {
 		a := &answerer{answers: []*mcp.ElicitResult{{Action: "accept", Content: map[string]any{"confirm": true, "reason": "done"}}, {Action: "decline"}}}
 		cs := f.connect(t, proto, &mcp.ClientOptions{ElicitationHandler: a.handler})

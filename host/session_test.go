@@ -165,7 +165,7 @@ func TestParkedCallsAreEvictedAtCapacity(t *testing.T) {
 // A client parks at most MaxParkedPerClient calls: a further question is
 // answered "cancel" at once, with the reason, and the call goes on.
 func TestParkedCallsPerClient(t *testing.T) {
-	f := pdkhostFixture(t, &host.Options{MaxParkedPerClient: 1})
+	f := confirmFixture(t, &host.Options{MaxParkedPerClient: 1})
 	cs := f.connect(t, "", &mcp.ClientOptions{ElicitationHandler: (&answerer{}).handler, MultiRoundTrip: &mcp.MultiRoundTripOptions{Disabled: true}})
 	first, err := cs.CallTool(context.Background(), &mcp.CallToolParams{Name: "ask", Arguments: map[string]any{"rounds": 1}})
 	if err != nil || first.RequestState == "" {
