@@ -75,6 +75,11 @@ func (o observed) Renew(ctx context.Context, id string, fence uint64, ttl time.D
 	return o.Store.Renew(ctx, id, fence, ttl, bump)
 }
 
+func (o observed) Epoch(ctx context.Context, seen uint32, window time.Duration) (e uint32, lost bool, err error) {
+	defer func(start time.Time) { o.done("epoch", start, err) }(time.Now())
+	return o.Store.Epoch(ctx, seen, window)
+}
+
 func (o observed) Get(ctx context.Context, id string) (rec map[string][]byte, err error) {
 	defer func(start time.Time) { o.done("get", start, err) }(time.Now())
 	return o.Store.Get(ctx, id)

@@ -167,7 +167,7 @@ func (d *Keeper) relost(ctx context.Context, key sessions.Key, c *Claim) error {
 		// dropped them, and a fresh instance went on unsaid; the fault
 		// suite's sigstop-redis-empty.)
 		c.verified, c.taken = asked, cl.Taken
-		if err := d.lostWithStore(ctx, key, c, cl.Fence); err != nil {
+		if err := d.lostWithStore(ctx, key, c, cl.Fence, "this replica cannot tell that its state is the newest"); err != nil {
 			return err
 		}
 		return errLostHere

@@ -312,6 +312,19 @@ func (d *Keeper) take(ctx context.Context, key sessions.Key, ns *NewSession, c *
 	// session meanwhile (newestHere): then what it holds is said lost.
 	lost := !resumable && old != nil && notes.seeded != 0 && cl.Previous == (statestore.Owner{}) && !hasPlugins(rec)
 	lostHere := lost && d.newestHere(notes.fence, cl.Fence, notes.verified, asked)
+	// A client header the store has no record of is a new client, or one
+	// whose record the store lost with its data while no live replica held
+	// its instances (its replica killed too), which nothing else tells
+	// from a new one (a stateful session is answered 404, a handle
+	// refused). Within the session timeout of a loss the store recorded
+	// (noteEpoch) it is said lost: a new client then hears of a reset of a
+	// state it never had.
+	lostLately := false
+	if old == nil && key.Kind() == sessions.KindClient && len(rec) == 0 {
+		if lostLately, err = d.noteEpoch(ctx); err != nil {
+			return false, unavailable(d.observe(err))
+		}
+	}
 	switch {
 	case resumable || lostHere:
 		// This replica forgot its claim (a call could be neither saved
@@ -326,7 +339,11 @@ func (d *Keeper) take(ctx context.Context, key sessions.Key, ns *NewSession, c *
 		maps.Copy(c.done, notes.done)
 		maps.Copy(c.ran, notes.ran)
 		c.mcp = notes.mcp
-		if err := d.lostWithStore(ctx, key, c, cl.Fence); err != nil {
+		if err := d.lostWithStore(ctx, key, c, cl.Fence, "this replica cannot tell that its state is the newest"); err != nil {
+			return false, err
+		}
+	case lostLately:
+		if err := d.lostWithStore(ctx, key, c, cl.Fence, "it has no record of this client header within the session timeout of that loss"); err != nil {
 			return false, err
 		}
 	default:
@@ -465,7 +482,7 @@ func (d *Keeper) verify(ctx context.Context, key sessions.Key, c *Claim) error {
 		if d.newestHere(c.fence, cl.Fence, lastVerified, asked) {
 			return d.recover(ctx, key, c, cl.Fence)
 		}
-		return d.lostWithStore(ctx, key, c, cl.Fence)
+		return d.lostWithStore(ctx, key, c, cl.Fence, "this replica cannot tell that its state is the newest")
 	}
 	// A plugin this claim saved that the record does not hold was lost
 	// with it (the store lost the record, and another replica wrote it
@@ -595,8 +612,8 @@ func stillLost(notes map[string]NotSaved, rec map[string][]byte, gone map[string
 // lost (store-lost), and recorded lost so that a replica taking the
 // session over says it too: a reset said, never an older state restored
 // silently. c.mu is held.
-func (d *Keeper) lostWithStore(ctx context.Context, key sessions.Key, c *Claim, fence uint64) error {
-	d.log.Warn("state store lost the session's record, and this replica cannot tell that its state is the newest: its plugins' states are said lost", "session", key.String())
+func (d *Keeper) lostWithStore(ctx context.Context, key sessions.Key, c *Claim, fence uint64, why string) error {
+	d.log.Warn("state store lost the session's record, and "+why+": its plugins' states are said lost", "session", key.String())
 	d.obs.StoreLost()
 	lost := map[string]NotSaved{}
 	for field := range c.saved {

@@ -63,7 +63,11 @@
 //     evicted a record refuses the old fence (statestore.ErrStoreLost): the
 //     holder writes back what it holds under a new claim, and a plugin
 //     whose instance it no longer holds starts afresh with the reason
-//     [ReasonStoreLost]; nothing is reset silently.
+//     [ReasonStoreLost]; nothing is reset silently. A replica that sees
+//     the store's epoch change records the loss in the store, for the
+//     session timeout: a client header the store has no record of, first
+//     seen while it lasts, may be one whose state went with the store
+//     while its replica was killed too, and is told so.
 //   - Nothing stale is served. When the store does not answer, a session
 //     is served from memory only if this replica verified its claim within
 //     the last 2 s and nothing since says it is stale; its results are

@@ -3,6 +3,7 @@ package durable
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"time"
 
@@ -34,6 +35,11 @@ func (d *Keeper) Heartbeat(ctx context.Context) {
 		if ctx.Err() == nil {
 			d.beats.answered(at, !unanswered(err))
 		}
+		if err == nil {
+			if _, err := d.noteEpoch(hctx); err != nil && ctx.Err() == nil {
+				d.log.Warn("state store: epoch", "error", err)
+			}
+		}
 		if !d.keyChecked.Load() && d.keyBad.Load() == nil {
 			d.checkKey(hctx)
 		}
@@ -45,6 +51,27 @@ func (d *Keeper) Heartbeat(ctx context.Context) {
 		case <-t.C:
 		}
 	}
+}
+
+// noteEpoch asks the store for its epoch, telling it the one this
+// replica saw before: a store that came back empty since (a new epoch)
+// records that it lost the earlier one, for the session timeout (the
+// longest a client's record lives idle, d.ttl). It returns whether such
+// a loss is recorded for the store's epoch now, by this replica or
+// another. The heartbeat calls it each round, so that a live replica
+// records a loss though no client of its own comes back, and take for a
+// client header the store has no record of, which may be one whose
+// state went with the loss (TestStoreBackEmptyHeaderClientToldReset).
+func (d *Keeper) noteEpoch(ctx context.Context) (lost bool, err error) {
+	seen := d.epoch.Load()
+	e, lost, err := d.store.Epoch(ctx, seen, d.ttl())
+	if err != nil {
+		return false, fmt.Errorf("state store: epoch: %w", err)
+	}
+	if d.epoch.CompareAndSwap(seen, e) && seen != 0 && e != seen {
+		d.log.Warn("state store came back empty (a new epoch): its loss is recorded", "was", seen, "now", e)
+	}
+	return lost, nil
 }
 
 // checkKey checks that this replica's state key opens what the store

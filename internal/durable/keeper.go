@@ -145,6 +145,10 @@ type Keeper struct {
 	keyChecked atomic.Bool
 	keyBad     atomic.Pointer[string]
 	renewing   atomic.Bool // a renewAll round runs
+	// epoch is the store's epoch as this replica last saw it (noteEpoch),
+	// 0 before it saw one: a store seen with another since came back
+	// empty.
+	epoch atomic.Uint32
 
 	mu     sync.Mutex
 	claims map[sessions.Key]*Claim

@@ -77,6 +77,14 @@ func (b bounded) Get(ctx context.Context, id string) (map[string][]byte, error) 
 	return rec, b.ended(ctx, begun, err)
 }
 
+func (b bounded) Epoch(ctx context.Context, seen uint32, window time.Duration) (uint32, bool, error) {
+	ctx, cancel := statestore.WithTimeout(ctx, b.d)
+	defer cancel()
+	begun := time.Now()
+	e, lost, err := b.Store.Epoch(ctx, seen, window)
+	return e, lost, b.ended(ctx, begun, err)
+}
+
 func (b bounded) Release(ctx context.Context, id string, fence uint64) error {
 	ctx, cancel := statestore.WithTimeout(ctx, b.d)
 	defer cancel()

@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -92,6 +93,65 @@ func TestStoreBackEmptyIsDetected(t *testing.T) {
 	// The record alone evicted: ErrRecordLost, so the holder writes back.
 	must(t, raw.Del(ctx, "wt:{"+id+"}:rec").Err())
 	wantErr(t, "put after the record was evicted", s.Put(ctx, id, "f", []byte("v3"), c2.Fence, long), statestore.ErrRecordLost)
+}
+
+// A store back empty records, when a caller that saw its earlier epoch
+// asks, that it lost that epoch, for the window the caller gives; every
+// caller asking then hears of it, whatever epoch it saw. A caller that saw
+// none (a brand-new store, a replica started since) records nothing.
+// internal/durable tells a client header the store has no record of, and
+// that comes within the window, that its state may be lost
+// (TestStoreBackEmptyHeaderClientToldReset in host).
+func TestStoreBackEmptyLossIsRecorded(t *testing.T) {
+	ctx := context.Background()
+	const window = time.Hour
+	check := func(t *testing.T, s statestore.Store, restart func()) {
+		t.Helper()
+		e1, lost, err := s.Epoch(ctx, 0, window)
+		must(t, err)
+		if e1 == 0 || lost {
+			t.Fatalf("a brand-new store: epoch %d, lost %v", e1, lost)
+		}
+		c, err := s.Claim(ctx, "x", statestore.Owner{Replica: "a", Boot: "1"}, long, false)
+		must(t, err)
+		if statestore.Epoch(c.Fence) != e1 {
+			t.Fatalf("a claim's epoch %d, the store's %d", statestore.Epoch(c.Fence), e1)
+		}
+		if e, lost, err := s.Epoch(ctx, e1, window); err != nil || e != e1 || lost {
+			t.Fatalf("the same store again: %d %v %v", e, lost, err)
+		}
+		restart()
+		// A caller that saw no epoch before: nothing to tell.
+		e2, lost, err := s.Epoch(ctx, 0, window)
+		must(t, err)
+		if e2 == e1 || lost {
+			t.Fatalf("back empty, asked by a caller that saw none: epoch %d (was %d), lost %v", e2, e1, lost)
+		}
+		// One that saw e1 records the loss; then everyone hears of it.
+		for _, seen := range []uint32{e1, 0, e2} {
+			if e, lost, err := s.Epoch(ctx, seen, window); err != nil || e != e2 || !lost {
+				t.Fatalf("back empty, asked having seen %d: %d %v %v; want %d, lost", seen, e, lost, err, e2)
+			}
+		}
+	}
+	t.Run("memory", func(t *testing.T) {
+		m := statestore.NewMemory()
+		check(t, m, m.Flush)
+	})
+	t.Run("redis", func(t *testing.T) {
+		if _, ok := proxytest.Find("redis-server"); !ok {
+			proxytest.Binary(t, "redis-server", "redis-server") // fails under CI, else skips
+		}
+		addr := proxytest.FreeAddr(t)
+		p := proxytest.StartRedisAt(t, addr)
+		s, err := statestore.Open("redis://"+addr+"/0", testKey)
+		must(t, err)
+		t.Cleanup(func() { s.Close() })
+		check(t, s, func() {
+			p.Stop()
+			proxytest.StartRedisAt(t, addr)
+		})
+	})
 }
 
 // Finding 7: a write reported failed (it may still be in flight) can

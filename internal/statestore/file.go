@@ -205,6 +205,16 @@ func (f *File) epoch(tx *bolt.Tx) uint32 {
 	return binary.BigEndian.Uint32(v)
 }
 
+// Epoch returns the file's epoch. It records no loss: the one process
+// that holds the file cannot see it come back empty.
+func (f *File) Epoch(ctx context.Context, seen uint32, window time.Duration) (epoch uint32, lost bool, err error) {
+	err = f.do(ctx, false, func(tx *bolt.Tx) error {
+		epoch = f.epoch(tx)
+		return nil
+	})
+	return epoch, false, err
+}
+
 // check returns id's record if fence may write it.
 func (f *File) check(tx *bolt.Tx, id string, fence uint64) (*bolt.Bucket, fileMeta, error) {
 	if Epoch(fence) != f.epoch(tx) {

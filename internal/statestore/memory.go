@@ -16,11 +16,15 @@ type Memory struct {
 	now   func() time.Time
 	lease time.Duration
 
-	mu      sync.Mutex
-	closed  bool
-	epoch   uint32
-	alive   map[Owner]time.Time // heartbeat expiry
-	records map[string]*memRecord
+	mu     sync.Mutex
+	closed bool
+	epoch  uint32
+	// lostFor is the epoch whose loss of an earlier one is recorded
+	// (Epoch), until lostUntil; 0 for none.
+	lostFor   uint32
+	lostUntil time.Time
+	alive     map[Owner]time.Time // heartbeat expiry
+	records   map[string]*memRecord
 }
 
 type memRecord struct {
@@ -53,8 +57,20 @@ func (m *Memory) Flush() {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.epoch = newEpoch()
+	m.lostFor = 0
 	clear(m.records)
 	clear(m.alive)
+}
+
+func (m *Memory) Epoch(ctx context.Context, seen uint32, window time.Duration) (uint32, bool, error) {
+	if err := m.lock(ctx); err != nil {
+		return 0, false, err
+	}
+	defer m.mu.Unlock()
+	if seen != 0 && seen != m.epoch && m.lostFor != m.epoch {
+		m.lostFor, m.lostUntil = m.epoch, m.now().Add(window)
+	}
+	return m.epoch, m.lostFor == m.epoch && m.now().Before(m.lostUntil), nil
 }
 
 // Expire forgets one record and its fence, as an eviction does. For tests.

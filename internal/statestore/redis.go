@@ -43,6 +43,8 @@ import (
 //	               record was last claimed or written, so that a stale
 //	               owner stays fenced after the record itself expired.
 //	wt:owner:R/B   one owner's heartbeat (replica R, boot B, path-escaped).
+//	wt:epoch       the store's epoch, part of every fence (epochKey).
+//	wt:lost        that the store lost an earlier epoch, and when (lostKey).
 //
 // A Claim reads the holder's heartbeat key from inside its script, a key
 // in another slot: the store needs one Redis server (or a primary with
@@ -813,26 +815,48 @@ func (r *Redis) Renew(ctx context.Context, id string, fence uint64, ttl time.Dur
 	return 0, fmt.Errorf("statestore: redis: renew: unexpected reply %v", res)
 }
 
-// Epoch returns the store's epoch, making one if it has none.
-func (r *Redis) Epoch(ctx context.Context) (uint32, error) {
-	var s string
-	err := r.call(ctx, func() error {
-		ok, err := r.c.SetNX(ctx, epochKey, newEpoch(), 0).Result()
-		_ = ok
-		if err != nil {
-			return err
-		}
-		s, err = r.c.Get(ctx, epochKey).Result()
+// lostKey records that the store lost an earlier epoch's data (see
+// epochScript): a hash of "epoch" (the store's epoch when the loss was
+// recorded), "lost" (the epoch lost) and "at" (when, by the recorder's
+// clock: Unix ms), which expires after the window its recorder gave.
+const lostKey = "wt:lost"
+
+// epochScript: KEYS epoch, lost; ARGV a new epoch (used when the store
+// has none), the epoch the caller saw before (0 for none), window ms, the
+// caller's clock (Unix ms: not the script's TIME, which older servers
+// refuse before a write).
+// Returns {epoch, lost}: lost is 1 while a loss is recorded for the
+// store's epoch. The two keys are in different slots, as a claim's
+// heartbeat key is: one Redis server, not Cluster.
+var epochScript = redis.NewScript(`
+local e = redis.call('GET', KEYS[1])
+if not e then redis.call('SET', KEYS[1], ARGV[1]); e = ARGV[1] end
+if ARGV[2] ~= '0' and ARGV[2] ~= e and redis.call('HGET', KEYS[2], 'epoch') ~= e then
+  redis.call('DEL', KEYS[2])
+  redis.call('HSET', KEYS[2], 'epoch', e, 'lost', ARGV[2], 'at', ARGV[4])
+  redis.call('PEXPIRE', KEYS[2], ARGV[3])
+end
+if redis.call('HGET', KEYS[2], 'epoch') == e then return {e, 1} end
+return {e, 0}
+`)
+
+func (r *Redis) Epoch(ctx context.Context, seen uint32, window time.Duration) (uint32, bool, error) {
+	var res []any
+	err := r.call(ctx, func() (err error) {
+		res, err = epochScript.Run(ctx, r.c, []string{epochKey, lostKey}, newEpoch(), seen, max(window.Milliseconds(), 1), time.Now().UnixMilli()).Slice()
 		return err
 	})
 	if err != nil {
-		return 0, err
+		return 0, false, err
 	}
-	e, err := strconv.ParseUint(s, 10, 32)
-	if err != nil {
-		return 0, fmt.Errorf("statestore: redis: epoch %q: %v", s, err)
+	if len(res) == 2 {
+		s, _ := res[0].(string)
+		lost, _ := res[1].(int64)
+		if e, err := strconv.ParseUint(s, 10, 32); err == nil && e != 0 {
+			return uint32(e), lost == 1, nil
+		}
 	}
-	return uint32(e), nil
+	return 0, false, fmt.Errorf("statestore: redis: epoch: unexpected reply %v", res)
 }
 
 func (r *Redis) Get(ctx context.Context, id string) (map[string][]byte, error) {

@@ -216,6 +216,18 @@ type Store interface {
 	// Delete removes id's record and claim if fence is current (the
 	// client ended its session); a stale fence is ErrFenced.
 	Delete(ctx context.Context, id string, fence uint64) error
+	// Epoch returns the store's epoch (the [Epoch] of the fences it
+	// hands out now), making one if it has none, and whether the store
+	// lost an earlier epoch's data within the last window, as recorded by
+	// this or another caller. seen is an epoch the caller saw before (0
+	// for none): when the store's is another, the store came back empty
+	// (or was flushed) since, and it records that now, for window, unless
+	// a loss is recorded for its epoch already. A store that can tell no
+	// new client from one whose state it lost uses it (internal/durable:
+	// a client header first seen within window of a loss is told its
+	// state may be lost). A File, which cannot lose its data under the
+	// one process that holds it, records nothing.
+	Epoch(ctx context.Context, seen uint32, window time.Duration) (epoch uint32, lost bool, err error)
 	// Close frees the backend's resources.
 	Close() error
 }
