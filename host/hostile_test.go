@@ -947,16 +947,17 @@ func TestHostileFloodsAcrossCalls(t *testing.T) {
 		// 20 MB went to the record log, and each result carried 1 MB of
 		// records past the result cap. A plugin may now write 1 MiB at
 		// once, then 64 KiB a second, across its calls, and a result
-		// carries what fits within the cap.
+		// carries what fits within the cap. 8 calls (8 MiB) are past that
+		// bound unless they take 100 s (1 s each under -race).
 		logBefore := recordLog.bytes.Load()
 		linesBefore := recordLog.lines.Load()
-		d := manyCalls(t, "records_burst", 1, 20, nil, func(res *mcp.CallToolResult) { checkWire(t, res) })
+		d := manyCalls(t, "records_burst", 1, 8, nil, func(res *mcp.CallToolResult) { checkWire(t, res) })
 		max := int64(floodBound(d, 1<<20, 64<<10)) + 60000 + 20*1024
 		if n := recordLog.bytes.Load() - logBefore; n > max {
 			t.Errorf("%d bytes went to the record log in %v; want at most %d", n, d, max)
 		}
-		if n := recordLog.lines.Load() - linesBefore; n < 20 {
-			t.Errorf("%d calls in the record log; want every call (20)", n)
+		if n := recordLog.lines.Load() - linesBefore; n < 8 {
+			t.Errorf("%d calls in the record log; want every call (8)", n)
 		}
 	})
 	eventually(t, "every instance to be freed", func() bool { return f.h.LiveInstances() == 0 })

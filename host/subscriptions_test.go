@@ -81,11 +81,11 @@ func TestSubscriptionsBoundedAndGoneWithSession(t *testing.T) {
 			runtime.ReadMemStats(&ms)
 			return int64(ms.HeapAlloc)
 		}
-		// run opens n sessions that each subscribe to 256 URIs of 2 KiB
-		// and end, having undone them if unsub.
+		// run opens sessions sessions that each subscribe to 256 URIs of
+		// 2 KiB and end, having undone them if unsub.
 		const n = 8
-		run := func(tag string, unsub bool) {
-			for s := range n {
+		run := func(tag string, sessions int, unsub bool) {
+			for s := range sessions {
 				cs := f.connect(t, "2025-11-25", nil)
 				for i := range 256 {
 					uri := note(fmt.Sprintf("%s%d-", tag, s), i)
@@ -103,11 +103,11 @@ func TestSubscriptionsBoundedAndGoneWithSession(t *testing.T) {
 				}
 			}
 		}
-		run("warm", true)
+		run("warm", 2, true) // the server's maps and pools grown
 		before := heap()
-		run("undone", true) // the same requests, each subscription undone
+		run("undone", n, true) // the same requests, each subscription undone
 		baseline := heap() - before
-		run("ended", false)
+		run("ended", n, false)
 		// The session's end undoes its subscriptions once the server
 		// session is done, which may come after the client's Close.
 		var kept int64
