@@ -1,9 +1,11 @@
 package durable
 
 import (
+	"context"
 	"testing"
 
 	"github.com/wasmtools/wasmtools/internal/sessions"
+	"github.com/wasmtools/wasmtools/plugins"
 )
 
 // TestClientEndedHereComesBackSeeded: the session layer ends alice's
@@ -47,5 +49,51 @@ func TestClientEndedHereComesBackSeeded(t *testing.T) {
 			t.Errorf("attempt %d: count %s, reset %+v; want 3, no reset (the state saved before the client ended here)", attempt, got, reset)
 		}
 		return
+	}
+}
+
+// TestClientEndedHereUnderDrainSaysReset: under --checkpoint drain a
+// replica takes alice's session over (count 2 in the record, from
+// another replica's checkpoint) and serves two calls that are in its
+// memory only (count 4). The session layer ends her client here, and her
+// next request comes before the sweep: reseed seeds the new client from
+// the record, count 2, and her next call says 3 with no notice, her two
+// acknowledged calls rolled back silently. Under this policy the record
+// is no newer than the last drain: the plugins start afresh and say so,
+// as an eviction does (Keeper.Saved).
+func TestClientEndedHereUnderDrainSaysReset(t *testing.T) {
+	w := newLossyWorld(t)
+	c := w.claim()
+	w.callSaved(c, w.p)
+	w.callSaved(c, w.p) // p: 2, saved by replica a
+	var b *Keeper
+	bSes := sessions.New(&sessions.Options{Stored: func(ctx context.Context, key sessions.Key, p *plugins.Plugin) (*plugins.State, string, uint64, bool) {
+		return b.Stored(ctx, key, p)
+	}})
+	t.Cleanup(func() { bSes.Close(w.ctx) })
+	b = New(Options{Store: w.st, Sessions: bSes, Replica: "b", Checkpoint: CheckpointOnDrain})
+	call := func() (string, *sessions.Reset) {
+		t.Helper()
+		if _, err := b.BeforeCall(w.ctx, w.key); err != nil {
+			t.Fatalf("claim at b: %v", err)
+		}
+		l, err := bSes.Acquire(w.ctx, w.key, w.p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, reset := w.count(l), l.Notice().Reset
+		if _, err := b.AfterCall(w.ctx, w.key, nil, l, nil); err != nil {
+			t.Fatal(err)
+		}
+		l.Done(nil)
+		return got, reset
+	}
+	call()
+	if got, _ := call(); got != "4" {
+		t.Fatalf("count at b %s, want 4", got)
+	}
+	bSes.End(w.ctx, w.key)
+	if got, reset := call(); reset == nil {
+		t.Errorf("after the client ended here: count %s with no reset; want a reset said (count 4 was acknowledged and is gone)", got)
 	}
 }
