@@ -516,7 +516,7 @@ func (d *Keeper) verify(ctx context.Context, key sessions.Key, c *Claim) error {
 // too (TestClientEndedHereComesBackSeeded). The claim is this replica's
 // still, so the record holds what it wrote; a plugin whose last state was
 // not saved, which ended with the client, is said reset (as an eviction
-// says it). c.mu is held.
+// says it), as is every plugin under the drain policy. c.mu is held.
 func (d *Keeper) reseed(ctx context.Context, key sessions.Key, c *Claim) error {
 	rec, err := d.store.Get(ctx, c.id)
 	if err != nil && !errors.Is(err, statestore.ErrNotFound) {
@@ -524,11 +524,23 @@ func (d *Keeper) reseed(ctx context.Context, key sessions.Key, c *Claim) error {
 	}
 	d.log.Info("session ended here and back before its claim was forgotten: seeded again from the store", "session", key.String())
 	lost := goneFrom(c.saved, rec)
-	for name, why := range c.unsaved {
-		if lost == nil {
-			lost = map[string]NotSaved{}
+	if lost == nil {
+		lost = map[string]NotSaved{}
+	}
+	maps.Copy(lost, c.unsaved)
+	if d.policy != CheckpointAfterCall {
+		// Under the drain policy the record is as old as the last drain:
+		// what the ended client held since went with it, and every
+		// plugin starts afresh, said reset (as Keeper.Saved has an
+		// eviction say), never rolled back to the record silently
+		// (TestClientEndedHereUnderDrainSaysReset). A plugin the record
+		// does not name may have been used here since: AnyPlugin.
+		for field := range rec {
+			if name, ok := strings.CutPrefix(field, "p/"); ok {
+				lost[name] = NotSavedUnavailable
+			}
 		}
-		lost[name] = why
+		lost[sessions.AnyPlugin] = NotSavedUnavailable
 	}
 	return d.seed(ctx, key, c, rec, c.seeded, lost)
 }
