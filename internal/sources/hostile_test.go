@@ -509,3 +509,29 @@ func TestTokenExchangeStalls(t *testing.T) {
 		t.Fatalf("errs = %v, want %v", errs, sources.ErrStageTimeout)
 	}
 }
+
+// TestTokenRealmPrivateUnicodeHost: a realm's host written in other
+// characters that name the same host once mapped for DNS (IDNA: full-width
+// digits and letters) was recorded as written, while net/http dials the
+// mapped name: the dial was not held to the private-address rule, and a
+// public registry sent the token request, with the login, to 10.1.2.3.
+func TestTokenRealmPrivateUnicodeHost(t *testing.T) {
+	public := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("WWW-Authenticate", `Bearer realm="https://１０.１.２.３:5001/token",service="registry",scope="repository:x/p:pull"`)
+		w.WriteHeader(http.StatusUnauthorized)
+	}))
+	defer public.Close()
+	rec := dialRecorder{public: "203.0.113.7:443", server: strings.TrimPrefix(public.URL, "https://")}
+	m, err := sources.New(sources.Options{Dir: t.TempDir(), LinkDir: t.TempDir(), DockerConfig: "-", Timeout: time.Minute, Client: rec.client(nil)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, errs := m.Sync(context.Background(), []sources.Spec{{Name: "p", Source: "oci://203.0.113.7/x/p:v1", InsecureSkipSignature: true,
+		Credential: &sources.Credential{Username: "bot", Password: "s3cret"}}})
+	if got := rec.got(); len(got) > 0 {
+		t.Errorf("the token request was sent to %v", got)
+	}
+	if len(errs) != 1 || !errors.Is(errs[0], sources.ErrRedirectPrivate) {
+		t.Fatalf("errs = %v, want %v", errs, sources.ErrRedirectPrivate)
+	}
+}
