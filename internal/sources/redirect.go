@@ -10,6 +10,9 @@ import (
 	"net/url"
 	"strings"
 	"sync"
+	"unicode/utf8"
+
+	"golang.org/x/net/idna"
 
 	"github.com/wasmtools/wasmtools/sandbox"
 )
@@ -47,7 +50,8 @@ func withHops(ctx context.Context, origin string) context.Context {
 	return context.WithValue(ctx, hopsKey{}, &hops{origin: origin, only: map[string]string{}})
 }
 
-// hostPort is u's host:port, the scheme's default port if none is named.
+// hostPort is u's host:port as net/http dials it (dialName), the scheme's
+// default port if none is named.
 func hostPort(u *url.URL) string {
 	port := u.Port()
 	if port == "" {
@@ -56,7 +60,23 @@ func hostPort(u *url.URL) string {
 			port = "80"
 		}
 	}
-	return net.JoinHostPort(strings.ToLower(u.Hostname()), port)
+	return net.JoinHostPort(dialName(u.Hostname()), port)
+}
+
+// dialName is host as net/http dials it, lower-cased: mapped for DNS
+// (IDNA) when it is not ASCII. Recorded as written, a realm or redirect
+// to https://１０.１.２.３ was not the address dialled (10.1.2.3), and
+// escaped the private-address rule (TestTokenRealmPrivateUnicodeHost).
+func dialName(host string) string {
+	for i := 0; i < len(host); i++ {
+		if host[i] >= utf8.RuneSelf {
+			if a, err := idna.Lookup.ToASCII(host); err == nil {
+				host = a
+			}
+			break
+		}
+	}
+	return strings.ToLower(host)
 }
 
 // redirected records a redirect hop to u; it is checked when dialled.
@@ -85,7 +105,7 @@ func requested(ctx context.Context, u *url.URL) {
 		return
 	}
 	host, _, _ := net.SplitHostPort(h.origin)
-	if strings.EqualFold(u.Hostname(), host) {
+	if dialName(u.Hostname()) == host {
 		return
 	}
 	hp := hostPort(u)
@@ -221,7 +241,7 @@ func (t guardedTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 	if how := checked(ctx, hostPort(req.URL)); how != "" && t.proxy != nil {
 		if p, err := t.proxy(req); err == nil && p != nil {
 			var dnsErr *net.DNSError
-			if _, err := publicAddrs(ctx, hostPort(req.URL), req.URL.Hostname(), how); err != nil && !errors.As(err, &dnsErr) {
+			if _, err := publicAddrs(ctx, hostPort(req.URL), dialName(req.URL.Hostname()), how); err != nil && !errors.As(err, &dnsErr) {
 				if req.Body != nil {
 					req.Body.Close()
 				}
