@@ -97,3 +97,25 @@ func TestClientEndedHereUnderDrainSaysReset(t *testing.T) {
 		t.Errorf("after the client ended here: count %s with no reset; want a reset said (count 4 was acknowledged and is gone)", got)
 	}
 }
+
+// TestClientEndedHereKeepsUnsavedResults: a call served from memory while
+// the store was away (its result kept for its at-most-once key, its
+// state marked not saved), then alice's client ended here, and her next
+// request came before the sweep. reseed read the record, and its
+// plugin's results (none kept) took the place of the claim's: the
+// unsaved call's result was gone, so her retry with the same key, its
+// first answer lost, ran the call a second time.
+func TestClientEndedHereKeepsUnsavedResults(t *testing.T) {
+	w := newLossyWorld(t)
+	c := w.claim()
+	w.callSaved(c, w.p) // p: 1, saved
+	l := w.acquire(w.p)
+	w.count(l)
+	w.d.ServedFromMemory(w.key, c, w.p.Name(), &Once{Key: "k1", Result: []byte(`{"content":[]}`)})
+	l.Done(nil)
+	w.ses.End(w.ctx, w.key)
+	c = w.claim()
+	if got := w.d.Replay(c, "k1"); got == nil {
+		t.Errorf("after the client ended here and came back: no result kept for the call served from memory (its retry runs it again)")
+	}
+}
