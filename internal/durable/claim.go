@@ -542,7 +542,18 @@ func (d *Keeper) reseed(ctx context.Context, key sessions.Key, c *Claim) error {
 		}
 		lost[sessions.AnyPlugin] = NotSavedUnavailable
 	}
-	return d.seed(ctx, key, c, rec, c.seeded, lost)
+	// The claim's results of at-most-once calls are the newest (it held
+	// the session all along): those of calls served from memory are in
+	// no record yet, and the record's, which seed reads, must not take
+	// their place, or a retry runs such a call again
+	// (TestClientEndedHereKeepsUnsavedResults).
+	done, ran := maps.Clone(c.done), maps.Clone(c.ran)
+	if err := d.seed(ctx, key, c, rec, c.seeded, lost); err != nil {
+		return err
+	}
+	maps.Copy(c.done, done)
+	maps.Copy(c.ran, ran)
+	return nil
 }
 
 // newestHere reports whether what this replica holds of a session whose
