@@ -535,3 +535,27 @@ func TestTokenRealmPrivateUnicodeHost(t *testing.T) {
 		t.Fatalf("errs = %v, want %v", errs, sources.ErrRedirectPrivate)
 	}
 }
+
+// TestStoreNotWritableServes: a store the process cannot write in (an
+// image's --source-dir filled by serve --prepare, under a read-only root
+// file system) served its stored versions until the store's garbage
+// collection made New register its link folder there, and fail when it
+// could not: no remote plugin was served at all. Here Dir/links cannot be
+// made (a file is in its place), as on a read-only store.
+func TestStoreNotWritableServes(t *testing.T) {
+	reg := &movingRegistry{}
+	srv := httptest.NewServer(reg)
+	defer srv.Close()
+	store := t.TempDir()
+	if err := os.WriteFile(filepath.Join(store, "links"), nil, 0o444); err != nil {
+		t.Fatal(err)
+	}
+	m, err := sources.New(sources.Options{Dir: store, LinkDir: t.TempDir(), DockerConfig: "-", Timeout: time.Minute})
+	if err != nil {
+		t.Fatalf("New over a store it cannot register in: %v", err)
+	}
+	spec := []sources.Spec{{Name: "p", Source: "oci://" + strings.TrimPrefix(srv.URL, "http://") + "/x/p:v1", InsecureSkipSignature: true}}
+	if _, errs := m.Sync(context.Background(), spec); len(errs) > 0 {
+		t.Fatal(errs)
+	}
+}
