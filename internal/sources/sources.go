@@ -296,6 +296,9 @@ type Manager struct {
 	// pending counts, by sha256, the fetches that stored a blob and have
 	// not linked it yet: forget keeps it.
 	pending map[string]int
+	// unregistered: the link folder could not be registered in the
+	// store (Dir/links), so forget removes nothing.
+	unregistered bool
 }
 
 type entry struct {
@@ -328,7 +331,12 @@ func New(opts Options) (*Manager, error) {
 		m.log = slog.New(slog.DiscardHandler)
 	}
 	if err := m.register(); err != nil {
-		return nil, fmt.Errorf("sources: register the link folder in the store: %w", err)
+		// A store this process cannot write in (an image's, filled by
+		// serve --prepare, under a read-only root file system) still
+		// serves what it holds. Unregistered, this manager's links are
+		// invisible to forget, so it removes nothing.
+		m.log.Warn("plugin store: the link folder is not registered in the store, so versions no longer served are not removed", "dir", m.opts.Dir, "error", err)
+		m.unregistered = true
 	}
 	m.client = safeClient(opts.Client)
 	return m, nil

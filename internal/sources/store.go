@@ -56,7 +56,7 @@ func (m *Manager) register() error {
 // that fetches sha at the moment it is forgotten finds it missing and
 // fetches it again on its next Sync.
 func (m *Manager) forget(sha string) {
-	if !hexSHA(sha) || m.pending[sha] > 0 {
+	if !hexSHA(sha) || m.pending[sha] > 0 || m.unregistered {
 		return
 	}
 	used, err := m.used(sha)
