@@ -58,3 +58,43 @@ func TestKeptNoticeNotKeptAgain(t *testing.T) {
 		})
 	}
 }
+
+// TestKeptNoticeAgainKeepsItsTime: a notice kept (at t1), then kept again
+// by a call that arrived before t1 (at t2), was marked kept at t2: a call
+// whose request arrived between t1 and t2, after the notice was first
+// kept, kept it once more, and the client's next call said the one reset
+// a fourth time. A notice kept again is kept as of when it was first kept.
+func TestKeptNoticeAgainKeepsItsTime(t *testing.T) {
+	w := newWorld(t, sessions.Options{})
+	defer w.finish()
+	k := sessions.Client("c1")
+	if err := w.m.Seed(k, map[string]sessions.Seed{"counter": {Lost: "the store lost it", Reason: "store-lost"}}, 1); err != nil {
+		t.Fatal(err)
+	}
+	early := time.Now() // a and b: requests that sat in the stopped process
+	var late time.Time  // c: read after a kept the notice, before b did
+	for i, step := range []struct {
+		name string
+		when *time.Time
+		want string
+	}{{"a", &early, "store-lost"}, {"b", &early, "store-lost"}, {"c", &late, "store-lost"}, {"d", nil, ""}} {
+		l, err := w.m.Acquire(w.ctx, k, w.plugin("counter"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := ""
+		if r := l.Notice().Reset; r != nil {
+			got = r.Reason
+		}
+		if got != step.want {
+			t.Errorf("lease %d (%s): reset %q, want %q", i+1, step.name, got, step.want)
+		}
+		if step.when != nil {
+			l.KeepNoticeSince(*step.when)
+		}
+		l.Done(nil)
+		if step.name == "a" {
+			late = time.Now()
+		}
+	}
+}
