@@ -570,8 +570,15 @@ func (l *Lease) Done(err error) {
 		}
 		keep := l.keep || !l.unheard.IsZero() && (l.keptAt.IsZero() || l.unheard.Before(l.keptAt))
 		if keep && l.notice != (Notice{}) && sl.inst != nil && sl.notice == (Notice{}) {
-			// The slot is l's until release.
-			sl.notice, sl.kept, sl.keptAt = l.notice, l.notice, time.Now()
+			// The slot is l's until release. Kept again, it is kept as
+			// of the first time: a call that arrived between the two
+			// keepings came after it was kept, and does not keep it
+			// (TestKeptNoticeAgainKeepsItsTime).
+			keptAt := l.keptAt
+			if keptAt.IsZero() {
+				keptAt = time.Now()
+			}
+			sl.notice, sl.kept, sl.keptAt = l.notice, l.notice, keptAt
 		}
 		m.mu.Lock()
 		m.leaveLocked(l.c)
