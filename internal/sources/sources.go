@@ -226,7 +226,8 @@ type Options struct {
 	// Dir is the content-addressed store: Dir/blobs/sha256/HEX. It may
 	// be shared between processes. A version no longer linked is removed
 	// unless a registered link folder (Dir/links) or a record (Dir/index)
-	// names it.
+	// names it; none is when this manager's link folder cannot be
+	// registered (a read-only store).
 	Dir string
 	// LinkDir is the folder of NAME.wasm links this manager keeps, to be
 	// served by a plugins.Reloader. It is this manager's alone.
