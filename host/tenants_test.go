@@ -21,8 +21,10 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/wasmtools/wasmtools/host"
+	"github.com/wasmtools/wasmtools/internal/proxytest"
 	"github.com/wasmtools/wasmtools/internal/statestore"
 	"github.com/wasmtools/wasmtools/internal/testplugins"
 	"github.com/wasmtools/wasmtools/plugins"
@@ -1627,5 +1629,84 @@ func TestRequestBodiesBounded(t *testing.T) {
 	}
 	if res, e := rpcWith(t, url, as(aliceToken, ""), "tools/list", "", map[string]any{}, map[string]any{}); e != nil || res["tools"] == nil {
 		t.Errorf("alice's tools/list while bob's bodies are read: %.200v %v; want served", res, e)
+	}
+}
+
+// storedSessions counts the records in the Redis at raw that hold field,
+// and their fields' bytes (values in line and out of line).
+func storedSessions(t *testing.T, raw *redis.Client, field string) (n, bytes int) {
+	t.Helper()
+	ctx := context.Background()
+	keys, err := raw.Keys(ctx, "wt:{*}:rec").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range keys {
+		all, err := raw.HGetAll(ctx, k).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, ok := all["f:"+field]; ok {
+			n++
+		}
+		for f, v := range all {
+			name, ok := strings.CutPrefix(f, "f:")
+			if !ok {
+				continue
+			}
+			if _, far := all["o:"+name]; far {
+				l, _ := raw.StrLen(ctx, strings.TrimSuffix(k, "rec")+"v:"+name).Result()
+				bytes += int(l)
+				continue
+			}
+			bytes += len(v)
+		}
+	}
+	return n, bytes
+}
+
+// redisReplicas are two hosts of the counter example sharing one
+// redis-server on loopback, as replicas behind a proxy do (each its own
+// connection to it, tenants on, bob's share perTenant bytes), each served
+// behind host.Guard; and a raw client of the server.
+func redisReplicas(t *testing.T, perTenant int) (urls [2]string, raw *redis.Client) {
+	t.Helper()
+	addr := proxytest.StartRedis(t)
+	for i, name := range []string{"a", "b"} {
+		store, err := statestore.Open("redis://"+addr+"/0", replicaKey)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { store.Close() })
+		f := newFixture(t, &host.Options{Replica: name, Store: store, StateKey: replicaKey, StoreBytesPerTenant: perTenant, Tenants: true}, sandbox.NewPolicy(), map[string]string{"counter.wasm": testplugins.Example(t, "counter")})
+		urls[i] = serveGuarded(t, f, host.GuardOptions{Tokens: map[string]string{"alice": aliceToken, "bob": bobToken}})
+	}
+	raw = redis.NewClient(&redis.Options{Addr: addr})
+	t.Cleanup(func() { raw.Close() })
+	return urls, raw
+}
+
+// TestStoreFairSharesAcrossReplicas: a tenant's share of the state
+// store's bytes holds across the replicas that share the store (a red
+// team: the budgets were counted in each replica's memory, so with R
+// replicas bob stored R times his share). Bob, with a share of 1200
+// bytes (two sessions of counter), opens three sessions on each of two
+// replicas: two are saved in all, not four; and alice's share is hers.
+func TestStoreFairSharesAcrossReplicas(t *testing.T) {
+	urls, raw := redisReplicas(t, 1200)
+	for _, url := range urls {
+		bob := connectHTTP(t, url, "", tenantTransport{token: bobToken})
+		for range 3 {
+			countWith(t, bob, "")
+		}
+	}
+	if n, bytes := storedSessions(t, raw, "p/counter"); n > 2 || bytes > 1200 {
+		t.Errorf("bob's 6 sessions on 2 replicas: %d saved, %d bytes stored; want at most the 2 his share of 1200 bytes holds", n, bytes)
+	}
+	alice := connectHTTP(t, urls[1], "", tenantTransport{token: aliceToken})
+	before, _ := storedSessions(t, raw, "p/counter")
+	countWith(t, alice, "")
+	if n, _ := storedSessions(t, raw, "p/counter"); n != before+1 {
+		t.Errorf("alice's first session: %d saved, want %d (her share untouched by bob's)", n, before+1)
 	}
 }
