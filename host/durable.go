@@ -50,7 +50,7 @@ const storeTimeout = 5 * time.Second
 // newDurable returns the keeper of h's sessions in its state store.
 func newDurable(h *Host) *durable.Keeper {
 	return durable.New(durable.Options{
-		Store:          observed{Store: h.opts.Store, m: h.metrics},
+		Store:          observed{Store: h.opts.Store, m: h.metrics, quota: h.storeQuota()},
 		Sessions:       h.ses,
 		StoreTimeout:   h.opts.StoreTimeout,
 		Replica:        h.opts.Replica,

@@ -141,6 +141,9 @@ type Options struct {
 	// (768 MiB). A session's MCP record (its initialize parameters) is
 	// bounded to 256 KiB. A write past a budget is refused
 	// ([ErrStoreBudget]): the state stays in this replica's memory only.
+	// With a store that replicas share (Redis), the per-subject and total
+	// budgets are counted in the store, over every replica's writes, and
+	// must be the same on every replica.
 	StoreBytesPerRecord, StoreBytesPerTenant, StoreBytesTotal int
 	// Tenants says that requests carry authenticated subjects (per-subject
 	// tokens or OAuth are configured): each subject, and all clients
@@ -521,6 +524,7 @@ func New(src *plugins.Reloader, opts *Options) *Host {
 	bg, h.stopBG = context.WithCancel(context.Background())
 	if h.opts.Store != nil {
 		h.storeBytes = newStoreBudget(h.opts.StoreBytesPerRecord, h.opts.StoreBytesPerTenant, h.opts.StoreBytesTotal, h.opts.Tenants)
+		h.storeBytes.shared = statestore.Counts(h.opts.Store)
 		h.dur = newDurable(h)
 		h.grants.onChange = h.dur.GrantsChanged
 		h.wg.Add(1)

@@ -82,7 +82,7 @@ func newMetrics() *metrics {
 			Name: "wasmtools_not_saved_total", Help: "Call results marked notSaved (their state change not durably checkpointed), by reason (store-unavailable, too-large, moved, cannot-snapshot, unverified).",
 		}, []string{"reason"}),
 		storeOps: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Name: "wasmtools_store_op_seconds", Help: "Exchanges with the state store, by operation and outcome (ok, not_found, fenced, held, leased, lost, too_large, timeout, error).",
+			Name: "wasmtools_store_op_seconds", Help: "Exchanges with the state store, by operation and outcome (ok, not_found, fenced, held, leased, lost, too_large, budget, timeout, error).",
 			Buckets: []float64{.0001, .0005, .001, .005, .01, .05, .1, .5, 1, 5},
 		}, []string{"op", "outcome"}),
 		claims: prometheus.NewCounterVec(prometheus.CounterOpts{

@@ -15,6 +15,7 @@ import (
 
 	"github.com/wasmtools/wasmtools/internal/durable"
 	"github.com/wasmtools/wasmtools/internal/sessions"
+	"github.com/wasmtools/wasmtools/internal/statestore"
 	"github.com/wasmtools/wasmtools/plugins"
 )
 
@@ -385,8 +386,15 @@ var ErrStoreBudget = errors.New("state store budget exceeded")
 // store, by tenant, and refuses a write past a budget. A record counts
 // until its session ends or its store TTL lapses unwritten. It is safe
 // for concurrent use.
+//
+// With a store that counts the tenants' bytes itself (shared: Redis,
+// which replicas share), only the per-record budget is checked here; the
+// tenant's and the total are the store's, checked in the script that
+// writes (quota): counted here, in each replica's memory, a tenant
+// stored its share once per replica (a red team, stop 67).
 type storeBudget struct {
 	perRecord, perTenant, total int
+	shared                      bool
 
 	mu      sync.Mutex
 	tenant  map[string]string               // store ID -> tenant (attribute)
@@ -477,9 +485,9 @@ func (b *storeBudget) reserve(id, field string, size int, ttl time.Duration, ano
 		return nil, fmt.Errorf("%w: the session's MCP record (its initialize parameters) is %d bytes, over %d", ErrStoreBudget, size, maxInitializeRecord)
 	case r.bytes+delta > b.perRecord:
 		return nil, fmt.Errorf("%w: the session's stored state would be %d bytes, over %d for one session", ErrStoreBudget, r.bytes+delta, b.perRecord)
-	case delta > 0 && b.perTenant > 0 && b.held[tenant]+delta > b.perTenant:
+	case delta > 0 && !b.shared && b.perTenant > 0 && b.held[tenant]+delta > b.perTenant:
 		return nil, fmt.Errorf("%w: this client's subject stores %d bytes, and this state %d more; its share is %d", ErrStoreBudget, b.held[tenant], delta, b.perTenant)
-	case delta > 0 && b.sum+delta > b.total:
+	case delta > 0 && !b.shared && b.sum+delta > b.total:
 		for t := range b.records { // the other tenants' lapsed records first
 			b.pruneLocked(t, now)
 		}
@@ -511,6 +519,28 @@ func (b *storeBudget) reserve(id, field string, size int, ttl time.Duration, ano
 		b.held[tenant] -= delta
 		b.sum -= delta
 	}, nil
+}
+
+// quota is what a write of record id counts against in a store that
+// counts the tenants' bytes itself: the record's tenant (anonymous until
+// attribute says whose it is, as reserve counts it) and the budgets.
+func (b *storeBudget) quota(id, anonymous string) statestore.Quota {
+	b.mu.Lock()
+	tenant, ok := b.tenant[id]
+	b.mu.Unlock()
+	if !ok {
+		tenant = anonymous
+	}
+	return statestore.Quota{Tenant: tenant, PerTenant: int64(max(b.perTenant, 0)), Total: int64(b.total)}
+}
+
+// storeQuota is observed's quota: with a store that counts the tenants'
+// bytes itself, what each write counts against; else nil.
+func (h *Host) storeQuota() func(id string) statestore.Quota {
+	if !h.storeBytes.shared {
+		return nil
+	}
+	return func(id string) statestore.Quota { return h.storeBytes.quota(id, h.tenantOf("")) }
 }
 
 // recordLocked returns record id's tenant (anonymous for a record not

@@ -8,15 +8,19 @@ package host
 import (
 	"context"
 	"errors"
+	"fmt"
 	"time"
 
 	"github.com/wasmtools/wasmtools/internal/statestore"
 )
 
-// observed is a Store that records each exchange in the host's metrics.
+// observed is a Store that records each exchange in the host's metrics,
+// and says whose bytes each write is (quota, nil for none), for a store
+// that counts them itself (statestore.Counts).
 type observed struct {
 	statestore.Store
-	m *metrics
+	m     *metrics
+	quota func(id string) statestore.Quota
 }
 
 // storeOutcome names err for a metric label.
@@ -36,6 +40,8 @@ func storeOutcome(err error) string {
 		return "lost"
 	case errors.Is(err, statestore.ErrTooLarge):
 		return "too_large"
+	case errors.Is(err, statestore.ErrBudget):
+		return "budget"
 	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, context.Canceled):
 		return "timeout"
 	default:
@@ -67,7 +73,14 @@ func (o observed) Claim(ctx context.Context, id string, ow statestore.Owner, ttl
 
 func (o observed) Put(ctx context.Context, id, field string, v []byte, fence uint64, ttl time.Duration) (err error) {
 	defer func(start time.Time) { o.done("put", start, err) }(time.Now())
-	return o.Store.Put(ctx, id, field, v, fence, ttl)
+	if o.quota != nil {
+		ctx = statestore.WithQuota(ctx, o.quota(id))
+	}
+	err = o.Store.Put(ctx, id, field, v, fence, ttl)
+	if errors.Is(err, statestore.ErrBudget) {
+		err = fmt.Errorf("%w: %w", ErrStoreBudget, err)
+	}
+	return err
 }
 
 func (o observed) Renew(ctx context.Context, id string, fence uint64, ttl time.Duration, bump bool) (f uint64, err error) {

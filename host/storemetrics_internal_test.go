@@ -17,7 +17,7 @@ import (
 // dashboard written from them sees every series.
 func TestStoreOutcomesDocumented(t *testing.T) {
 	errs := []error{nil, statestore.ErrNotFound, statestore.ErrFenced, statestore.ErrHeld, statestore.ErrLeased,
-		statestore.ErrStoreLost, statestore.ErrTooLarge, context.DeadlineExceeded, errors.New("connection reset")}
+		statestore.ErrStoreLost, statestore.ErrTooLarge, &statestore.BudgetError{}, context.DeadlineExceeded, errors.New("connection reset")}
 	doc, err := os.ReadFile("../docs/DEPLOY.md")
 	if err != nil {
 		t.Fatal(err)

@@ -1709,4 +1709,28 @@ func TestStoreFairSharesAcrossReplicas(t *testing.T) {
 	if n, _ := storedSessions(t, raw, "p/counter"); n != before+1 {
 		t.Errorf("alice's first session: %d saved, want %d (her share untouched by bob's)", n, before+1)
 	}
+
+	// The store forgets bob's records (they expired, or were evicted;
+	// or Redis came back empty): his share is his again, not refused
+	// for good by counts of records gone.
+	ctx := context.Background()
+	for _, forget := range []func() error{
+		func() error {
+			keys, err := raw.Keys(ctx, "wt:{*}:rec").Result()
+			if err == nil {
+				err = raw.Del(ctx, keys...).Err()
+			}
+			return err
+		},
+		func() error { return raw.FlushAll(ctx).Err() },
+	} {
+		if err := forget(); err != nil {
+			t.Fatal(err)
+		}
+		bob := connectHTTP(t, urls[0], "", tenantTransport{token: bobToken})
+		countWith(t, bob, "")
+		if n, _ := storedSessions(t, raw, "p/counter"); n != 1 {
+			t.Errorf("bob's session after the store forgot his records: %d saved, want 1", n)
+		}
+	}
 }

@@ -189,7 +189,11 @@ func (d *Keeper) putState(ctx context.Context, c *Claim, name string, b []byte, 
 			undoBase = func() {}
 		}
 	}
-	err := d.putLocked(ctx, c, "p/"+name, b)
+	pctx := ctx
+	if base != nil {
+		pctx = statestore.Replacing(ctx, field) // and in the store's count
+	}
+	err := d.putLocked(pctx, c, "p/"+name, b)
 	c.wrotePlugin(name, err)
 	giveRecordBuf(b, err) // only its length is used after this
 	if base == nil {

@@ -193,7 +193,7 @@ func unanswered(err error) bool {
 	case err == nil, errors.Is(err, statestore.ErrFenced), statestore.Lost(err),
 		errors.Is(err, statestore.ErrNotFound), errors.Is(err, statestore.ErrTooLarge),
 		errors.Is(err, statestore.ErrSeal), errors.Is(err, statestore.ErrHeld),
-		errors.Is(err, statestore.ErrLeased):
+		errors.Is(err, statestore.ErrLeased), errors.Is(err, statestore.ErrBudget):
 		return false
 	}
 	return true
@@ -268,6 +268,11 @@ func (d *Keeper) putLocked(ctx context.Context, c *Claim, field string, v []byte
 	}
 	if err := d.store.Put(ctx, c.id, field, v, c.fence, d.ttl()); err != nil {
 		undo()
+		if errors.Is(err, statestore.ErrBudget) {
+			// The store's own count of the tenants' bytes refused it,
+			// as Reserve does: the store is as it was.
+			return fmt.Errorf("%w: %w", errRefused, err)
+		}
 		if unanswered(err) {
 			c.dirty = true
 			delete(c.saved, field)

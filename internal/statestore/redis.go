@@ -45,6 +45,9 @@ import (
 //	wt:owner:R/B   one owner's heartbeat (replica R, boot B, path-escaped).
 //	wt:epoch       the store's epoch, part of every fence (epochKey).
 //	wt:lost        that the store lost an earlier epoch, and when (lostKey).
+//	wt:q:T, wt:q   the bytes of tenant T's records, and every tenant's
+//	               sum: see [Quota] and quotaFuncs. A record's own
+//	               "m:t" and "m:bytes" say whose it is and its bytes.
 //
 // A Claim reads the holder's heartbeat key from inside its script, a key
 // in another slot: the store needs one Redis server (or a primary with
@@ -322,7 +325,7 @@ end
 // key is only a floor for the next number, and the epoch key says which
 // store generation the fence belongs to: a store that lost its keys has a
 // new epoch, and every fence of the old one is refused.
-var claimScript = redis.NewScript(valueFuncs + `
+var claimScript = redis.NewScript(valueFuncs + quotaFuncs + `
 local rec, fk, ek = KEYS[1], KEYS[2], KEYS[3]
 local lease = tonumber(ARGV[9])
 if lease > 0 then
@@ -338,10 +341,11 @@ end
 checkValues(rec)
 local epoch = redis.call('GET', ek)
 if not epoch then redis.call('SET', ek, ARGV[7]); epoch = ARGV[7] end
-local h = redis.call('HMGET', rec, 'm:owner', 'm:replica', 'm:boot', 'm:epoch', 'm:n', 'm:taken')
+local h = redis.call('HMGET', rec, 'm:owner', 'm:replica', 'm:boot', 'm:epoch', 'm:n', 'm:taken', 'm:t')
 if redis.call('EXISTS', rec) == 1 then
   redis.call('PEXPIRE', rec, ARGV[4])
   extendValues(rec, ARGV[4])
+  extendQuota(h[7], ARGV[4])
 end
 if h[1] == ARGV[1] and h[4] == epoch and h[5] then
   redis.call('HDEL', rec, 'm:bumped')
@@ -428,13 +432,14 @@ func (r *Redis) Claim(ctx context.Context, id string, owner Owner, ttl time.Dura
 // store lost its data), 4 when the record is gone (expired, evicted,
 // flushed), 0 when another owner (or none) holds the session. It reads
 // the record's version and head too, as h[4] and h[5], for
-// checkVersion: one call fewer. It is checkRecord, then checkOwner; a
+// checkVersion, and its tenant and bytes, h[8] and h[9], for quotaCheck:
+// calls fewer. It is checkRecord, then checkOwner; a
 // write's script may put a test between the two (writeScript's resent).
 const checkFence = checkRecord + checkOwner
 
 const checkRecord = `
 if redis.call('GET', KEYS[3]) ~= ARGV[1] then return 3 end
-local h = redis.call('HMGET', KEYS[1], 'm:owner', 'm:epoch', 'm:n', 'm:v', 'm:head', 'm:cv', 'm:ch')
+local h = redis.call('HMGET', KEYS[1], 'm:owner', 'm:epoch', 'm:n', 'm:v', 'm:head', 'm:cv', 'm:ch', 'm:t', 'm:bytes')
 if not h[2] then return 4 end
 `
 
@@ -445,8 +450,9 @@ if not h[1] or h[1] == '' or h[2] ~= ARGV[1] or h[3] ~= ARGV[2] then return 0 en
 // A write's script: KEYS rec, fence counter, epoch, the field's value
 // key, and for a value out of line its staged key; ARGV epoch, n, field,
 // value (outOfLineMarker when out of line), ttl ms, fence ttl ms, and a
-// versioned write's arguments (putVersionedScripts). It returns 1, or
-// checkFence's refusal, or a versioned write's (5); 6 when the staged
+// versioned write's arguments (putVersionedScripts), the lease, and
+// quotaCheck's (ARGV[11..15]). It returns 1, or checkFence's refusal, or
+// a versioned write's (5), or a budget's (7, 8); 6 when the staged
 // value is not there: evicted, or already renamed by this same write sent
 // before (a plain Put that the client resent on another connection after
 // its first send landed; a versioned write sent again finds its version
@@ -457,19 +463,22 @@ if not h[1] or h[1] == '' or h[2] ~= ARGV[1] or h[3] ~= ARGV[2] then return 0 en
 // checkRecord and checkOwner, returns 1 for this same write sent again
 // after it landed (a versioned write's, checkResent), or nothing; check,
 // after checkOwner, returns a code to refuse the write with, or nothing;
-// write stores the value in line (writeInline) or out of line
+// then quotaCheck refuses a write past a budget of its [Quota] (so a
+// refused or resent write counts nothing), and quotaSettle counts it once
+// written; write stores the value in line (writeInline) or out of line
 // (writeOutOfLine). Both end with the record's TTL.
 func writeScript(resent, check, write string) *redis.Script {
-	return redis.NewScript(valueFuncs + `
+	return redis.NewScript(valueFuncs + quotaFuncs + `
 local values = checkValues(KEYS[1])
+local q
 local code = (function()
-` + checkRecord + resent + checkOwner + check + `
+` + checkRecord + resent + checkOwner + check + quotaCheck + `
 end)()
 if code then
   if KEYS[5] then redis.call('DEL', KEYS[5]) end
   return code
 end
-` + write + `
+` + write + quotaSettle + `
 stampLease(KEYS[1], redis.call('HGET', KEYS[1], 'm:owner'), ARGV[10])
 redis.call('PEXPIRE', KEYS[1], ARGV[5])
 extendKeys(values, ARGV[5])
@@ -480,11 +489,11 @@ return 1
 
 // writeInline writes ARGV[4] into the field, and drops the value the
 // field had out of line, if it had one. extra is more of the record's
-// fields to set with it.
+// fields to set with it, and quotaFields the record's own count.
 func writeInline(extra string) string {
 	return `
 if redis.call('HDEL', KEYS[1], 'o:' .. string.sub(ARGV[3], 3)) == 1 then redis.call('DEL', KEYS[4]) end
-redis.call('HSET', KEYS[1], ARGV[3], ARGV[4]` + extra + `)
+redis.call('HSET', KEYS[1], ARGV[3], ARGV[4]` + extra + `, unpack(quotaFields(q)))
 `
 }
 
@@ -500,7 +509,7 @@ if renamed.err then
   if string.find(renamed.err, 'no such key', 1, true) then return 6 end
   return renamed
 end
-redis.call('HSET', KEYS[1], ARGV[3], ARGV[4], 'o:' .. string.sub(ARGV[3], 3), '1'` + extra + `)
+redis.call('HSET', KEYS[1], ARGV[3], ARGV[4], 'o:' .. string.sub(ARGV[3], 3), '1'` + extra + `, unpack(quotaFields(q)))
 local listed = false
 for _, k in ipairs(values) do listed = listed or k == KEYS[4] end
 if not listed then table.insert(values, KEYS[4]) end
@@ -521,7 +530,7 @@ type scriptPair struct{ inline, outOfLine *redis.Script }
 // or checkFence's refusal. A bump from the number the holder's last bump
 // replaced ("m:bumped", cleared by a claim) is that bump sent again: it
 // returns the number it made.
-var renewScript = redis.NewScript(valueFuncs + `
+var renewScript = redis.NewScript(valueFuncs + quotaFuncs + `
 checkValues(KEYS[1])
 if ARGV[5] == '1' and redis.call('GET', KEYS[3]) == ARGV[1] then
   local b = redis.call('HMGET', KEYS[1], 'm:owner', 'm:epoch', 'm:bumped', 'm:n')
@@ -542,6 +551,7 @@ end
 stampLease(KEYS[1], h[1], ARGV[6])
 redis.call('PEXPIRE', KEYS[1], ARGV[3])
 extendValues(KEYS[1], ARGV[3])
+extendQuota(h[8], ARGV[3])
 redis.call('PEXPIRE', KEYS[2], ARGV[4])
 return {1, n}
 `)
@@ -621,6 +631,8 @@ func (r *Redis) write(ctx context.Context, scripts scriptPair, id, field string,
 		args = append(args, "") // a plain Put's scripts read no ARGV[7..9]
 	}
 	args = append(args, r.lease.Milliseconds()) // ARGV[10]: the holder's lease
+	q := quotaOf(ctx)                           // ARGV[11..15]: quotaCheck's
+	args = append(args, q.Tenant, q.PerTenant, q.Total, len(value), replacingOf(ctx))
 	var code int64
 	err := r.call(ctx, func() (err error) {
 		if len(value) < outOfLine {
@@ -634,8 +646,13 @@ func (r *Redis) write(ctx context.Context, scripts scriptPair, id, field string,
 	if err != nil {
 		return err
 	}
-	if code == 6 {
+	switch code {
+	case 6:
 		return fmt.Errorf("statestore: redis: the value set beside the write of %s/%s was not there (evicted?)", IDLabel(id), field)
+	case 7:
+		return &BudgetError{Tenant: true, Budget: q.PerTenant}
+	case 8:
+		return &BudgetError{Budget: q.Total}
 	}
 	return refusal(code)
 }
@@ -885,10 +902,15 @@ func (r *Redis) Release(ctx context.Context, id string, fence uint64) error {
 // deleteScript: KEYS rec, fence; ARGV fence, fence ttl ms. Returns 1, or
 // 0 when fenced. The record is emptied but kept until it would have
 // expired, as Memory does; the fence stays.
-var deleteScript = redis.NewScript(valueFuncs + `
+var deleteScript = redis.NewScript(valueFuncs + quotaFuncs + `
 if redis.call('EXISTS', KEYS[1]) == 0 then return 1 end
-local h = redis.call('HMGET', KEYS[1], 'm:epoch', 'm:n')
+local h = redis.call('HMGET', KEYS[1], 'm:epoch', 'm:n', 'm:t')
 if h[1] ~= ARGV[1] or h[2] ~= ARGV[2] then return 0 end
+if h[3] and h[3] ~= '' then
+  local id = recID(KEYS[1])
+  local counted = tonumber(redis.call('HGET', quotaKey(h[3]), id) or '0')
+  if redis.call('HDEL', quotaKey(h[3]), id) == 1 then adjust(h[3], -counted) end
+end
 local pttl = redis.call('PTTL', KEYS[1])
 dropValues(KEYS[1])
 redis.call('DEL', KEYS[1], leaseKey(KEYS[1]))
