@@ -524,14 +524,18 @@ func (b *storeBudget) reserve(id, field string, size int, ttl time.Duration, ano
 // quota is what a write of record id counts against in a store that
 // counts the tenants' bytes itself: the record's tenant (anonymous until
 // attribute says whose it is, as reserve counts it) and the budgets.
+// A guess (the anonymous tenant, not yet attributed here) leaves a record
+// the store counts as a tenant's already that tenant's: another replica
+// attributed it.
 func (b *storeBudget) quota(id, anonymous string) statestore.Quota {
 	b.mu.Lock()
 	tenant, ok := b.tenant[id]
+	assumed := !ok || b.assumed[id]
 	b.mu.Unlock()
 	if !ok {
 		tenant = anonymous
 	}
-	return statestore.Quota{Tenant: tenant, PerTenant: int64(max(b.perTenant, 0)), Total: int64(b.total)}
+	return statestore.Quota{Tenant: tenant, Assumed: assumed, PerTenant: int64(max(b.perTenant, 0)), Total: int64(b.total)}
 }
 
 // storeQuota is observed's quota: with a store that counts the tenants'

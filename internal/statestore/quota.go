@@ -15,6 +15,11 @@ import (
 // replica's memory, with R replicas a tenant stored R times its share.
 type Quota struct {
 	Tenant string // "" counts nothing
+	// Assumed says the caller does not know whose the record is, and
+	// Tenant is a guess: a record counted as a tenant's already stays
+	// that tenant's (a replica that took a session over may write it
+	// before a request says whose it is).
+	Assumed bool
 	// PerTenant and Total are the budgets in bytes; 0 bounds nothing.
 	PerTenant, Total int64
 }
@@ -191,12 +196,14 @@ const pruneLimit = 128
 // its fence and version checks: ARGV[11] the tenant ("" counts nothing),
 // ARGV[12] its budget, ARGV[13] the total's (0: none), ARGV[14] the
 // value's bytes, ARGV[15] a field whose bytes the check does not count
-// ([Replacing]; "" none); h is checkRecord's (h[8] the record's tenant, h[9] its
+// ([Replacing]; "" none), ARGV[16] "1" when the tenant is assumed (the
+// record's own, if it has one, wins); h is checkRecord's (h[8] the record's tenant, h[9] its
 // bytes), values checkValues'. It sets q, what quotaSettle counts after
 // the write, or returns 7 (the tenant's budget) or 8 (the total's).
 var quotaCheck = `
 if ARGV[11] and ARGV[11] ~= '' then
   local tenant = ARGV[11]
+  if ARGV[16] == '1' and h[8] and h[8] ~= '' then tenant = h[8] end
   local far = false
   for _, k in ipairs(values) do far = far or k == KEYS[4] end
   local old

@@ -91,6 +91,11 @@ func TestRedisQuotaAcrossReplicas(t *testing.T) {
 	// q2 is attributed to dave now: bob's share has its bytes back.
 	must(t, put(t, b, "q2", 600, statestore.Quota{Tenant: "dave", PerTenant: 1000}))
 	must(t, put(t, a, "q8", 600, bob))
+	// A replica that does not know whose q8 is (Assumed) writes it as
+	// bob's, as the store counts it: past his share.
+	anon := statestore.Quota{Tenant: "anon", Assumed: true, PerTenant: 1000}
+	wantBudget(t, put(t, b, "q8", 700, anon), true, "bob's record grown by a replica that assumed it was the anonymous pool's")
+	must(t, put(t, b, "q10", 700, anon)) // a record of no one's yet: the guess
 
 	// A state written whole beside its old base, which the next write
 	// replaces (statestore.Replacing): the base's bytes are not counted

@@ -451,7 +451,7 @@ if not h[1] or h[1] == '' or h[2] ~= ARGV[1] or h[3] ~= ARGV[2] then return 0 en
 // key, and for a value out of line its staged key; ARGV epoch, n, field,
 // value (outOfLineMarker when out of line), ttl ms, fence ttl ms, and a
 // versioned write's arguments (putVersionedScripts), the lease, and
-// quotaCheck's (ARGV[11..15]). It returns 1, or checkFence's refusal, or
+// quotaCheck's (ARGV[11..16]). It returns 1, or checkFence's refusal, or
 // a versioned write's (5), or a budget's (7, 8); 6 when the staged
 // value is not there: evicted, or already renamed by this same write sent
 // before (a plain Put that the client resent on another connection after
@@ -631,8 +631,8 @@ func (r *Redis) write(ctx context.Context, scripts scriptPair, id, field string,
 		args = append(args, "") // a plain Put's scripts read no ARGV[7..9]
 	}
 	args = append(args, r.lease.Milliseconds()) // ARGV[10]: the holder's lease
-	q := quotaOf(ctx)                           // ARGV[11..15]: quotaCheck's
-	args = append(args, q.Tenant, q.PerTenant, q.Total, len(value), replacingOf(ctx))
+	q := quotaOf(ctx)                           // ARGV[11..16]: quotaCheck's
+	args = append(args, q.Tenant, q.PerTenant, q.Total, len(value), replacingOf(ctx), q.Assumed)
 	var code int64
 	err := r.call(ctx, func() (err error) {
 		if len(value) < outOfLine {
