@@ -263,17 +263,19 @@ func TestGrantsCommand(t *testing.T) {
 	}
 }
 
-// TestInspectAsk: inspect shows the ceiling of run-time grants.
+// TestInspectAsk: inspect shows the ceiling of run-time grants. The
+// ceiling is the configuration's: counter, a plugin that loads in
+// milliseconds, shows it as well as a Go plugin would.
 func TestInspectAsk(t *testing.T) {
-	dir := testplugins.Folder(t, map[string]string{"hash.wasm": testplugins.Example(t, "hash")})
+	dir := testplugins.Folder(t, map[string]string{"counter.wasm": testplugins.Example(t, "counter")})
 	trips := t.TempDir()
 	cfgPath := filepath.Join(dir, "c.toml")
-	os.WriteFile(cfgPath, []byte(fmt.Sprintf(`[plugins.hash.ask]
+	os.WriteFile(cfgPath, []byte(fmt.Sprintf(`[plugins.counter.ask]
 hosts = ["api.example.com"]
 paths = [{ host = %q, guest = "/trips" }]
 secrets = { "weather/key" = "v" }`, trips)), 0o644)
 	var out, errb bytes.Buffer
-	if code := run(context.Background(), []string{"inspect", "--config", cfgPath, "--json", filepath.Join(dir, "hash.wasm")}, nil, nil, &out, &errb); code != 0 {
+	if code := run(context.Background(), []string{"inspect", "--config", cfgPath, "--json", filepath.Join(dir, "counter.wasm")}, nil, nil, &out, &errb); code != 0 {
 		t.Fatalf("exit %d: %s", code, errb.String())
 	}
 	var in inspection
@@ -282,7 +284,7 @@ secrets = { "weather/key" = "v" }`, trips)), 0o644)
 		t.Errorf("ask: %+v", in.Ask)
 	}
 	out.Reset()
-	run(context.Background(), []string{"inspect", "--config", cfgPath, filepath.Join(dir, "hash.wasm")}, nil, nil, &out, &errb)
+	run(context.Background(), []string{"inspect", "--config", cfgPath, filepath.Join(dir, "counter.wasm")}, nil, nil, &out, &errb)
 	if want := "may ask the person (run-time grants):\n  hosts   [api.example.com]\n"; !strings.Contains(out.String(), want) {
 		t.Errorf("text lacks %q:\n%s", want, out.String())
 	}
