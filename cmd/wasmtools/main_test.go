@@ -134,7 +134,9 @@ func TestServeStdio(t *testing.T) {
 	os.WriteFile(dir+"/broken.wasm", []byte("this is not wasm"), 0o644)
 	var stderrA, stderrB lockedBuffer
 	a := connectStdio(t, &stderrA, dir)
-	b := connectStdio(t, &stderrB, dir)
+	// b only counts: counter alone spares it the Go plugins' loads,
+	// seconds each under the race detector.
+	b := connectStdio(t, &stderrB, testplugins.Folder(t, map[string]string{"counter.wasm": testplugins.Example(t, "counter")}))
 
 	res, err := a.ListTools(context.Background(), nil)
 	if err != nil {
@@ -174,7 +176,10 @@ func TestServeStdio(t *testing.T) {
 func freeAddr(t *testing.T) string { return proxytest.FreeAddr(t) }
 
 func TestServeHTTP(t *testing.T) {
-	dir := exampleFolder(t)
+	// notes alone: its per-client state is what the sessions show, and
+	// the other Go plugins' loads would take seconds each under the race
+	// detector.
+	dir := testplugins.Folder(t, map[string]string{"notes.wasm": testplugins.Example(t, "notes")})
 	addr := freeAddr(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	var stderr lockedBuffer
