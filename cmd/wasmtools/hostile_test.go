@@ -86,7 +86,12 @@ func TestHostileStdioFloodsStdout(t *testing.T) {
 	}
 	defer cs.Close()
 
-	const floods, lines = 3, 20000
+	// 3 floods of 5,000 lines (1.5 MB in all): 15,000 lines, past what
+	// the rate lets through in any run shorter than 5 minutes, so an
+	// unlimited log fails the bound below as surely as with more lines,
+	// which under the race detector only cost seconds of host-side line
+	// handling.
+	const floods, lines = 3, 5000
 	flood := strings.Repeat(strings.Repeat("x", 100)+"\n", lines)
 	start := time.Now()
 	var wg sync.WaitGroup
@@ -144,7 +149,11 @@ func TestHostileRecordLogRotates(t *testing.T) {
 	if err != nil || !slices.ContainsFunc(res.Tools, func(tl *mcp.Tool) bool { return tl.Name == "records_burst" }) || len(res.Tools) != 13 {
 		t.Fatalf("once the plugins loaded: tools %v, %v; want 13 with records_burst", res, err)
 	}
-	const calls = 40
+	// Each call's line is about 1 MiB, past max alone: 8 calls write
+	// 8 MiB, over three times the bound below, which a log that is never
+	// rotated (or not cut to one older file) exceeds; more calls only
+	// cost race-instrumented JSON encoding.
+	const calls = 8
 	for i := 1; i <= calls; i++ {
 		if got := callText(t, cs, "records_burst", nil); got != "ok" {
 			t.Fatalf("records_burst = %q", got)
