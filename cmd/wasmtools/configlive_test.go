@@ -70,12 +70,13 @@ func TestConfigReloadRefusedKeepsNoRevokedGrant(t *testing.T) {
 		t.Errorf("a new session still reads the folder the configuration revoked: the plugin compiled under the old configuration is served")
 	}
 
-	// A rescan of the folder (here: another plugin deployed) does not
-	// make the plugin served under the old configuration "loaded".
-	os.WriteFile(filepath.Join(dir, ".hash.tmp"), testplugins.Bytes(t, testplugins.Example(t, "hash")), 0o644)
-	os.Rename(filepath.Join(dir, ".hash.tmp"), filepath.Join(dir, "hash.wasm"))
-	if !stderr.waitFor(time.Now().Add(startupTimeout), contains("plugin loaded", "hash.wasm")) {
-		t.Fatalf("hash was not loaded:\n%s", stderr.String())
+	// A rescan of the folder (here: another plugin deployed, any: counter
+	// loads in milliseconds) does not make the plugin served under the
+	// old configuration "loaded".
+	os.WriteFile(filepath.Join(dir, ".counter.tmp"), testplugins.Bytes(t, testplugins.Example(t, "counter")), 0o644)
+	os.Rename(filepath.Join(dir, ".counter.tmp"), filepath.Join(dir, "counter.wasm"))
+	if !stderr.waitFor(time.Now().Add(startupTimeout), contains("plugin loaded", "counter.wasm")) {
+		t.Fatalf("counter was not loaded:\n%s", stderr.String())
 	}
 	var out, errb bytes.Buffer
 	if code := run(context.Background(), []string{"status", "--url", url, "--json"}, nil, nil, &out, &errb); code != 0 {
@@ -272,36 +273,36 @@ func TestConfigMaxInstances(t *testing.T) {
 // again: alice is served it, bob is not, and once the rule goes, bob is.
 func TestConfigAccessRuleOfPluginEnabledLive(t *testing.T) {
 	dir := testplugins.Folder(t, map[string]string{
-		"counter.wasm": testplugins.Example(t, "counter"),
-		"hash.wasm":    testplugins.Example(t, "hash"),
+		"counter.wasm":   testplugins.Example(t, "counter"),
+		"versioned.wasm": testplugins.Test(t, "versioned"),
 	})
 	const head = "[http.tokens]\nalice = \"alice-token-0123456789\"\nbob = \"bob-token-0123456789\"\n\n"
 	cfgPath := filepath.Join(t.TempDir(), "wasmtools.toml")
-	os.WriteFile(cfgPath, []byte(head+"[plugins.counter]\nenabled = false\n\n[plugins.hash]\nenabled = false\n"), 0o644)
+	os.WriteFile(cfgPath, []byte(head+"[plugins.counter]\nenabled = false\n\n[plugins.versioned]\nenabled = false\n"), 0o644)
 	url, stderr := serveInProcess(t, nil, "--config", cfgPath, dir)
 
 	// counter enabled, alice's alone.
-	os.WriteFile(cfgPath, []byte(head+"[plugins.counter]\naccess = { subjects = [\"alice\"] }\n\n[plugins.hash]\nenabled = false\n"), 0o644)
+	os.WriteFile(cfgPath, []byte(head+"[plugins.counter]\naccess = { subjects = [\"alice\"] }\n\n[plugins.versioned]\nenabled = false\n"), 0o644)
 	if !stderr.waitFor(time.Now().Add(startupTimeout), func(s string) bool { return strings.Count(s, `msg="configuration reloaded"`) >= 1 }) {
 		t.Fatalf("the configuration was not reloaded:\n%s", stderr.String())
 	}
-	// A second change, hash enabled, is applied after the first one's
-	// reload is done (one at a time): once bob is served hash, counter
-	// is as the first change left it.
-	os.WriteFile(cfgPath, []byte(head+"[plugins.counter]\naccess = { subjects = [\"alice\"] }\n\n[plugins.hash]\nenabled = true\n"), 0o644)
+	// A second change, versioned enabled, is applied after the first
+	// one's reload is done (one at a time): once bob is served versioned,
+	// counter is as the first change left it.
+	os.WriteFile(cfgPath, []byte(head+"[plugins.counter]\naccess = { subjects = [\"alice\"] }\n\n[plugins.versioned]\nenabled = true\n"), 0o644)
 	bob, err := connectURL(t, url, bearer("bob-token-0123456789"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	deadline := time.Now().Add(startupTimeout)
-	for !slices.Contains(toolNames(t, bob), "hash") {
+	for !slices.Contains(toolNames(t, bob), "version") {
 		if time.Now().After(deadline) {
-			t.Fatalf("hash was not enabled:\n%s", stderr.String())
+			t.Fatalf("versioned was not enabled:\n%s", stderr.String())
 		}
-		// Hash's load under the second change is the signal; the list
+		// versioned's load under the second change is the signal; the list
 		// is read again after it (or after a second, in case it came
 		// between the read and the wait).
-		stderr.waitFor(time.Now().Add(time.Second), contains(`msg="plugin loaded" plugin=hash`))
+		stderr.waitFor(time.Now().Add(time.Second), contains(`msg="plugin loaded" plugin=versioned`))
 	}
 	if names := toolNames(t, bob); slices.Contains(names, "count") {
 		t.Errorf("bob is served %v: counter, alice's alone in the configuration, is everyone's", names)
@@ -319,7 +320,7 @@ func TestConfigAccessRuleOfPluginEnabledLive(t *testing.T) {
 	if names := toolNames(t, alice); !slices.Contains(names, "count") {
 		t.Errorf("alice is served %v: want counter, hers by the new rule", names)
 	}
-	os.WriteFile(cfgPath, []byte(head+"[plugins.counter]\n\n[plugins.hash]\nenabled = true\n"), 0o644)
+	os.WriteFile(cfgPath, []byte(head+"[plugins.counter]\n\n[plugins.versioned]\nenabled = true\n"), 0o644)
 	for deadline := time.Now().Add(startupTimeout); !slices.Contains(toolNames(t, bob), "count"); {
 		if time.Now().After(deadline) {
 			t.Fatalf("counter's rule removed, bob is still not served it:\n%s", stderr.String())
@@ -424,15 +425,15 @@ func TestConfigChangeNotHeldBySlowSource(t *testing.T) {
 // filter and ceiling dropped) until the command finished writing.
 func TestConfigTruncatedNotApplied(t *testing.T) {
 	dir := testplugins.Folder(t, map[string]string{
-		"counter.wasm": testplugins.Example(t, "counter"),
-		"hash.wasm":    testplugins.Example(t, "hash"),
+		"counter.wasm":   testplugins.Example(t, "counter"),
+		"versioned.wasm": testplugins.Test(t, "versioned"),
 	})
 	cfgPath := filepath.Join(t.TempDir(), "wasmtools.toml")
 	os.WriteFile(cfgPath, []byte("[plugins.counter]\nenabled = false\n"), 0o644)
 	url, stderr := serveInProcess(t, nil, "--config", cfgPath, dir)
 	tools := toolsSession(t, url)
-	if !tools(2, startupTimeout) { // hash's base64 and hash
-		t.Fatalf("hash alone is not served:\n%s", stderr.String())
+	if !tools(1, startupTimeout) { // versioned's version
+		t.Fatalf("versioned alone is not served:\n%s", stderr.String())
 	}
 	// The shell truncates; the command has not written yet.
 	f, err := os.OpenFile(cfgPath, os.O_WRONLY|os.O_TRUNC, 0o644)
@@ -447,7 +448,7 @@ func TestConfigTruncatedNotApplied(t *testing.T) {
 		t.Fatalf("the truncated file was not read:\n%s", stderr.String())
 	}
 	// Applied, counter is served within moments of the log line.
-	if tools(3, 5*time.Second) {
+	if tools(2, 5*time.Second) {
 		t.Errorf("counter, disabled in the configuration, is served while the file is being rewritten (empty)")
 	}
 }
@@ -539,20 +540,20 @@ func TestConfigHandleNoteAndMaxQuestionsLive(t *testing.T) {
 // will come for that edit, so without a look at the file once watched,
 // the server ran under the old configuration until the next edit.
 func TestConfigEditBeforeWatchApplied(t *testing.T) {
-	dir := testplugins.Folder(t, map[string]string{"hash.wasm": testplugins.Example(t, "hash")})
+	dir := testplugins.Folder(t, map[string]string{"counter.wasm": testplugins.Example(t, "counter")})
 	cfgPath := filepath.Join(t.TempDir(), "wasmtools.toml")
 	os.WriteFile(cfgPath, []byte("# nothing yet\n"), 0o644)
-	hook := func() { os.WriteFile(cfgPath, []byte("[plugins.hash]\nenabled = false\n"), 0o644) }
+	hook := func() { os.WriteFile(cfgPath, []byte("[plugins.counter]\nenabled = false\n"), 0o644) }
 	configWatchHook.Store(&hook)
 	defer configWatchHook.Store(nil)
 	url, stderr := serveInProcess(t, nil, "--config", cfgPath, dir)
 	// The watch may begin before the first load ends (a loaded machine):
-	// then hash is never loaded, and no "plugin removed" is logged.
+	// then counter is never loaded, and no "plugin removed" is logged.
 	if !stderr.waitFor(time.Now().Add(time.Minute), contains(`msg="configuration reloaded"`)) {
 		t.Fatalf("the configuration edited before it was watched was not applied:\n%s", stderr.String())
 	}
 	tools := toolsSession(t, url)
 	if !tools(0, startupTimeout) {
-		t.Errorf("hash, disabled by the edit, is still served")
+		t.Errorf("counter, disabled by the edit, is still served")
 	}
 }

@@ -66,8 +66,8 @@ func TestFlagAfterFile(t *testing.T) {
 // plugin) serves the file in place, as its path; NAME=file:///PATH names
 // it (it was taken for a path "file:///…" and not found).
 func TestServeFileURL(t *testing.T) {
-	dir := testplugins.Folder(t, map[string]string{"counter.wasm": testplugins.Example(t, "counter"), "hash.wasm": testplugins.Example(t, "hash")})
-	url, stderr := serveInProcess(t, nil, "--no-watch", "--source-dir", t.TempDir(), "file://"+filepath.Join(dir, "counter.wasm"), "h=file://"+filepath.Join(dir, "hash.wasm"))
+	dir := testplugins.Folder(t, map[string]string{"counter.wasm": testplugins.Example(t, "counter"), "versioned.wasm": testplugins.Test(t, "versioned")})
+	url, stderr := serveInProcess(t, nil, "--no-watch", "--source-dir", t.TempDir(), "file://"+filepath.Join(dir, "counter.wasm"), "h=file://"+filepath.Join(dir, "versioned.wasm"))
 	cs, err := connectURL(t, url, bearer(""))
 	if err != nil {
 		t.Fatal(err)
@@ -77,11 +77,11 @@ func TestServeFileURL(t *testing.T) {
 	for {
 		names := toolNames(t, cs)
 		st = statusOf(t, url)
-		if slices.Contains(names, "count") && slices.Contains(names, "hash") {
+		if slices.Contains(names, "count") && slices.Contains(names, "version") {
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("tools %v, want count and hash\n%s", names, stderr.String())
+			t.Fatalf("tools %v, want count and version\n%s", names, stderr.String())
 		}
 		stderr.waitFor(time.Now().Add(time.Second), contains("plugin sources fetched"))
 	}
@@ -109,20 +109,20 @@ func TestServeFolderAbovePlugins(t *testing.T) {
 // plugin served is said (a misspelt name left its grant or prefix
 // unapplied without a word); a correct one is not.
 func TestMisspeltPluginNameSaid(t *testing.T) {
-	dir := testplugins.Folder(t, map[string]string{"hash.wasm": testplugins.Example(t, "hash")})
+	dir := testplugins.Folder(t, map[string]string{"counter.wasm": testplugins.Example(t, "counter")})
 	cfg := filepath.Join(t.TempDir(), "wasmtools.toml")
-	os.WriteFile(cfg, []byte("[plugins.hashh]\nmemory_limit = \"32MiB\"\n[plugins.hash]\nmemory_limit = \"32MiB\"\n"), 0o644)
+	os.WriteFile(cfg, []byte("[plugins.counterr]\nmemory_limit = \"32MiB\"\n[plugins.counter]\nmemory_limit = \"32MiB\"\n"), 0o644)
 	_, stderr := serveInProcess(t, nil, "--no-watch", "--config", cfg, "--prefix", "nosuch=x_", dir)
 	if !stderr.waitFor(time.Now().Add(startupTimeout), contains("plugins loaded")) {
 		t.Fatalf("never loaded:\n%s", stderr.String())
 	}
 	s := stderr.String()
-	for _, want := range []string{`where=[plugins.hashh] plugin=hashh`, `where=--prefix plugin=nosuch`} {
+	for _, want := range []string{`where=[plugins.counterr] plugin=counterr`, `where=--prefix plugin=nosuch`} {
 		if !strings.Contains(s, want) {
 			t.Errorf("no warning with %s:\n%s", want, s)
 		}
 	}
-	if strings.Contains(s, "plugin=hash\n") || strings.Contains(s, "where=[plugins.hash] ") {
+	if strings.Contains(s, "plugin=counter\n") || strings.Contains(s, "where=[plugins.counter] ") {
 		t.Errorf("the served plugin's entry was warned of:\n%s", s)
 	}
 }
