@@ -127,7 +127,9 @@ func (rs *replicaSet) start(i int) {
 		"--http", rs.addrs[i], "--replica", rs.names[i], "--state-store", "redis://"+rs.redis+"/0", "--derive-session-header",
 		"--shutdown-grace", "30s", rs.dir)
 	cmd.Env = append(os.Environ(), "WASMTOOLS_TEST_MAIN=1", "WASMTOOLS_STATE_KEY="+replicaStateKey)
-	rs.procs[i] = proxytest.Start(rs.t, cmd, readyAt(rs.addrs[i]))
+	// startupTimeout, not proxytest's 20 s: a replica loads a Go plugin
+	// (notes), which under -race on a loaded machine took longer.
+	rs.procs[i] = proxytest.StartWithin(rs.t, cmd, startupTimeout, readyAt(rs.addrs[i]))
 }
 
 // readyAt is the readiness of `wasmtools serve --http addr`: its /readyz
@@ -480,7 +482,7 @@ func TestFileStoreKeepsSessionsAcrossRestart(t *testing.T) {
 		cmd := exec.Command(os.Args[0], "serve", "--cache-dir", testplugins.CacheDir(), "--no-watch",
 			"--http", addr, "--state-store", "file:"+state, dir)
 		cmd.Env = append(os.Environ(), "WASMTOOLS_TEST_MAIN=1", "WASMTOOLS_OPERATOR_TOKEN="+testOperatorToken)
-		return proxytest.Start(t, cmd, readyAt(addr))
+		return proxytest.StartWithin(t, cmd, startupTimeout, readyAt(addr))
 	}
 	p := start()
 	rs := &replicaSet{t: t, proxy: "http://" + addr + "/mcp", client: &http.Client{}}
