@@ -66,10 +66,38 @@ func TestFirstListBesideHostile(t *testing.T) {
 	os.WriteFile(config, []byte(cfg.String()), 0o644)
 
 	// A warm compile cache, as in production after the first start: the
-	// measure is of the load, not of the compiler.
+	// measure is of the load, not of the compiler. The warm-up ends once
+	// servlet, the Go plugin, is loaded and every other file (a few
+	// hundred bytes of WAT each, compiled in milliseconds) loaded or
+	// stopped as slow to load, not at the end of the load, which waits
+	// for the spinning plugins' load timeouts while they hold the cores.
 	var warm lockedBuffer
-	warmCS := connectStdio(t, &warm, "--config", config, dir)
-	warmCS.Close()
+	warmCmd := exec.Command(os.Args[0], "serve", "--cache-dir", testplugins.CacheDir(), "--config", config, dir)
+	warmCmd.Env = append(os.Environ(), "WASMTOOLS_TEST_MAIN=1")
+	warmCmd.Stderr = &warm
+	warmCS, err := mcp.NewClient(&mcp.Implementation{Name: "test", Version: "1"}, nil).Connect(context.Background(), &mcp.CommandTransport{Command: warmCmd}, nil)
+	if err != nil {
+		t.Fatalf("warm-up: connect: %v\n%s", err, warm.String())
+	}
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	compiled := func(s string) bool {
+		for _, e := range entries {
+			path := filepath.Join(dir, e.Name())
+			loaded := strings.Contains(s, "plugin loaded\" plugin="+strings.TrimSuffix(e.Name(), ".wasm")+" path="+path)
+			stopped := strings.Contains(s, "plugin slow to load: stopped, and loaded again once the others are in\" path="+path)
+			if !loaded && (e.Name() == "servlet.wasm" || !stopped) {
+				return false
+			}
+		}
+		return true
+	}
+	if !warm.waitFor(time.Now().Add(startupTimeout), compiled) {
+		t.Fatalf("warm-up: not every plugin was compiled:\n%s", warm.String())
+	}
+	warmCS.Close() // waits for the process's exit
 
 	var stderr lockedBuffer
 	cmd := exec.Command(os.Args[0], "serve", "--cache-dir", testplugins.CacheDir(), "--config", config, dir)
