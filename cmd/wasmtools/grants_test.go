@@ -104,6 +104,10 @@ func TestGrantsStdio(t *testing.T) {
 			{"cancel", []string{"cancel", "allow once"}, []string{"host " + target + " is not granted to this plugin: the person dismissed the question", "200 hello"}, 2},
 		} {
 			t.Run(fmt.Sprintf("protocol=%s/%s", proto, tt.name), func(t *testing.T) {
+				// Each case is a process of its own (one stdio session,
+				// its answers its own); they share only the read-only
+				// folder, configuration and test server.
+				t.Parallel()
 				g := &grantClient{decisions: tt.decisions}
 				var stderr lockedBuffer
 				cmd := exec.Command(os.Args[0], "serve", "--cache-dir", testplugins.CacheDir(), "--load-wait", testLoadWait, "--config", cfgPath, dir)
