@@ -90,15 +90,6 @@ func (l *lockedBuffer) String() string {
 	return l.b.String()
 }
 
-func exampleFolder(t *testing.T) string {
-	return testplugins.Folder(t, map[string]string{
-		"hash.wasm":    testplugins.Example(t, "hash"),
-		"notes.wasm":   testplugins.Example(t, "notes"),
-		"counter.wasm": testplugins.Example(t, "counter"),
-		"servlet.wasm": testplugins.Test(t, "servlet"),
-	})
-}
-
 // connectStdio starts `wasmtools serve args...` and connects to it.
 func connectStdio(t *testing.T, stderr *lockedBuffer, args ...string) *mcp.ClientSession {
 	t.Helper()
