@@ -105,15 +105,13 @@ func TestServeOffline(t *testing.T) {
 	store := t.TempDir()
 	dir := t.TempDir()
 	// stage_timeout leaves step 3 time, on a loaded machine, to see the
-	// stalled stage before the bound ends it; the test waits it out. It
-	// was 2 s, then 10 s, then 30 s: under -race on a loaded machine the
-	// first list, which waited for servlet's load, came 17 s after the
-	// start. With counter it comes in under a second (272 ms at load 12,
-	// 3.2 s with servlet then): 15 s is a wide margin.
+	// stalled stage before the bound ends it (it was 2 s, then 10 s: under
+	// -race on a loaded machine the first list came 17 s after the start,
+	// and the status is read after it).
 	write := func(name, extra string) string {
 		cfg := filepath.Join(dir, name)
 		os.WriteFile(cfg, []byte(fmt.Sprintf(`[sources]
-stage_timeout = "15s"
+stage_timeout = "30s"
 
 [plugins.tagged]
 source = "oci://%[1]s/plugins/tagged:stable"
