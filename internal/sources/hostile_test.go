@@ -14,6 +14,8 @@ import (
 	"encoding/pem"
 	"errors"
 	"fmt"
+	"io/fs"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -558,4 +560,87 @@ func TestStoreNotWritableServes(t *testing.T) {
 	if _, errs := m.Sync(context.Background(), spec); len(errs) > 0 {
 		t.Fatal(errs)
 	}
+}
+
+// TestStoreKeepsVersionsOfUnseenLinks: processes that share the store but
+// not a view of the file system (two containers mounting one volume, a
+// service with a private /tmp) cannot see each other's link folders. A
+// registration renewed recently whose folder is not found here is not a
+// manager that ended: what it serves is unknown, so no version is removed
+// (once said in the log, naming the folder), until its registration goes
+// unrenewed for longer than any manager leaves it.
+func TestStoreKeepsVersionsOfUnseenLinks(t *testing.T) {
+	reg := &movingRegistry{}
+	srv := httptest.NewServer(reg)
+	defer srv.Close()
+	store := t.TempDir()
+	if err := os.MkdirAll(filepath.Join(store, "links"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	// The other process's registration: its folder is in its own view.
+	elsewhere := filepath.Join(t.TempDir(), "wasmtools-links-elsewhere")
+	other := filepath.Join(store, "links", "00112233445566778899aabbccddeeff")
+	if err := os.WriteFile(other, []byte(elsewhere), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var log lockedBuffer
+	m, err := sources.New(sources.Options{Dir: store, LinkDir: t.TempDir(), DockerConfig: "-", Timeout: time.Minute,
+		Logger: slog.New(slog.NewTextHandler(&log, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	spec := []sources.Spec{{Name: "p", Source: "oci://" + strings.TrimPrefix(srv.URL, "http://") + "/x/p:v1", InsecureSkipSignature: true}}
+	ctx := context.Background()
+	var served []string
+	for n := range 5 {
+		reg.move(n)
+		if _, errs := m.Sync(ctx, spec); len(errs) > 0 {
+			t.Fatalf("version %d: %v", n, errs)
+		}
+		st, _ := m.Lookup("p")
+		served = append(served, st.SHA256)
+	}
+	if got := storedBlobs(t, store); len(got) != len(served) {
+		t.Errorf("store holds %d blobs, want the %d versions fetched (another process's links cannot be seen): %v", len(got), len(served), got)
+	}
+	if _, err := os.Stat(other); err != nil {
+		t.Errorf("the other process's registration: %v", err)
+	}
+	if n := strings.Count(log.String(), elsewhere); n != 1 {
+		t.Errorf("the unseen folder is named %d times in the log, want once:\n%s", n, log.String())
+	}
+
+	// Unrenewed for 8 days, the registration is of a manager that ended.
+	old := time.Now().Add(-8 * 24 * time.Hour)
+	if err := os.Chtimes(other, old, old); err != nil {
+		t.Fatal(err)
+	}
+	reg.move(5)
+	if _, errs := m.Sync(ctx, spec); len(errs) > 0 {
+		t.Fatal(errs)
+	}
+	if got := storedBlobs(t, store); slices.Contains(got, served[4]) {
+		t.Errorf("the version served before is kept after the other registration lapsed: %v", got)
+	}
+	if _, err := os.Stat(other); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("the lapsed registration is kept: %v", err)
+	}
+}
+
+// lockedBuffer is a log's writer, written from several goroutines.
+type lockedBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *lockedBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *lockedBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
 }
