@@ -333,6 +333,11 @@ func cmdServe(ctx context.Context, args []string, lookupEnv func(string) (string
 	if rem != nil && every > 0 {
 		background.Go(func() { rem.refreshEvery(ctx, every, reloader) })
 	}
+	if rem != nil {
+		// Without a refresh interval a Sync may not come for days; the
+		// registration must be renewed all the same (sources.Manager).
+		background.Go(func() { rem.mgr.KeepRegistered(ctx) })
+	}
 	// SIGHUP reloads a server run detached (a service manager, nohup,
 	// kill -HUP); run from a terminal, it means the terminal closed, and
 	// the server stops as on SIGTERM.

@@ -199,9 +199,12 @@ func newRemote(flags *sourceFlags, common *commonFlags, log *slog.Logger, ui *pr
 	return &remote{mgr: mgr, flags: flags, common: common, log: log, progress: ui}, nil
 }
 
-// close removes the link folder.
+// close unregisters the link folder from the store and removes it.
 func (r *remote) close() {
 	if r != nil {
+		if err := r.mgr.Close(); err != nil {
+			r.log.Warn("plugin store: the link folder stays registered", "error", err)
+		}
 		os.RemoveAll(r.mgr.LinkDir())
 	}
 }

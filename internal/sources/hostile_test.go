@@ -644,3 +644,54 @@ func (b *lockedBuffer) String() string {
 	defer b.mu.Unlock()
 	return b.buf.String()
 }
+
+// TestStoreForgetsEndedManagers: a manager of this view whose link folder
+// is gone ended (its versions are removed at once, as is its
+// registration), and a manager closed unregisters.
+func TestStoreForgetsEndedManagers(t *testing.T) {
+	reg := &movingRegistry{}
+	srv := httptest.NewServer(reg)
+	defer srv.Close()
+	store := t.TempDir()
+	var log lockedBuffer
+	manager := func() *sources.Manager {
+		m, err := sources.New(sources.Options{Dir: store, LinkDir: t.TempDir(), DockerConfig: "-", Timeout: time.Minute,
+			Logger: slog.New(slog.NewTextHandler(&log, nil))})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return m
+	}
+	a, b := manager(), manager()
+	spec := []sources.Spec{{Name: "p", Source: "oci://" + strings.TrimPrefix(srv.URL, "http://") + "/x/p:v1", InsecureSkipSignature: true}}
+	ctx := context.Background()
+	for _, m := range []*sources.Manager{a, b} {
+		if _, errs := m.Sync(ctx, spec); len(errs) > 0 {
+			t.Fatal(errs)
+		}
+	}
+	if err := os.RemoveAll(b.LinkDir()); err != nil { // b ended without Close
+		t.Fatal(err)
+	}
+	reg.move(1)
+	if _, errs := a.Sync(ctx, spec); len(errs) > 0 {
+		t.Fatal(errs)
+	}
+	now, _ := a.Lookup("p")
+	if got := storedBlobs(t, store); !slices.Equal(got, []string{now.SHA256}) {
+		t.Errorf("store holds %v, want only a's version %s", got, now.SHA256)
+	}
+	regs, _ := os.ReadDir(filepath.Join(store, "links"))
+	if len(regs) != 1 {
+		t.Errorf("%d registrations, want a's alone", len(regs))
+	}
+	if err := a.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if regs, _ := os.ReadDir(filepath.Join(store, "links")); len(regs) != 0 {
+		t.Errorf("%d registrations after Close, want none", len(regs))
+	}
+	if strings.Contains(log.String(), "cannot be seen") {
+		t.Errorf("a link folder of this view was taken for unseen:\n%s", log.String())
+	}
+}

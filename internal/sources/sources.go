@@ -227,7 +227,11 @@ type Options struct {
 	// be shared between processes. A version no longer linked is removed
 	// unless a registered link folder (Dir/links) or a record (Dir/index)
 	// names it; none is when this manager's link folder cannot be
-	// registered (a read-only store).
+	// registered (a read-only store), nor while a live registration's
+	// folder cannot be seen from this process (another container or file
+	// system view sharing the store). A registration is renewed on every
+	// Sync and by KeepRegistered, removed by Close, and taken for ended
+	// when unrenewed for a week.
 	Dir string
 	// LinkDir is the folder of NAME.wasm links this manager keeps, to be
 	// served by a plugins.Reloader. It is this manager's alone.
@@ -293,13 +297,24 @@ type Manager struct {
 
 	sync sync.Mutex
 	mu   sync.Mutex
+	// reg orders renewals of the registration and Close, so that a
+	// renewal cannot write it again once Close removed it.
+	reg  sync.Mutex
 	ents map[string]*entry // by name
 	// pending counts, by sha256, the fetches that stored a blob and have
 	// not linked it yet: forget keeps it.
 	pending map[string]int
 	// unregistered: the link folder could not be registered in the
-	// store (Dir/links), so forget removes nothing.
+	// store (Dir/links), or Close unregistered it, so forget removes
+	// nothing.
 	unregistered bool
+	// registered is the path of the registration (Dir/links/…); view
+	// names this process's view of the file system (fsView), set by New.
+	registered string
+	view       string
+	// unseen holds the registrations whose link folder was found not to
+	// be seen from here, said once in the log.
+	unseen map[string]bool
 }
 
 type entry struct {
@@ -327,7 +342,7 @@ func New(opts Options) (*Manager, error) {
 	if opts.StageTimeout <= 0 {
 		opts.StageTimeout = DefaultStageTimeout
 	}
-	m := &Manager{opts: opts, log: opts.Logger, ents: map[string]*entry{}, pending: map[string]int{}}
+	m := &Manager{opts: opts, log: opts.Logger, ents: map[string]*entry{}, pending: map[string]int{}, view: fsView(), unseen: map[string]bool{}}
 	if m.log == nil {
 		m.log = slog.New(slog.DiscardHandler)
 	}
@@ -379,6 +394,7 @@ func (m *Manager) Lookup(name string) (Status, bool) {
 func (m *Manager) Sync(ctx context.Context, specs []Spec) (bool, []error) {
 	m.sync.Lock()
 	defer m.sync.Unlock()
+	m.renew()
 	want := map[string]bool{}
 	for _, s := range specs {
 		want[s.Name] = true

@@ -1,6 +1,7 @@
 package sources
 
 import (
+	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -10,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"time"
 )
 
 // The store keeps the versions that are served or may be served, not
@@ -19,11 +21,44 @@ import (
 // link of any manager sharing the store points at it (each registers its
 // link folder in Dir/links) or a record of the index names it (what an
 // offline start would serve).
+//
+// Managers sharing the store may not share a view of the file system
+// (two containers mounting one volume, a service with a private /tmp):
+// a link folder not found from here may be serving elsewhere. So a
+// registration names its manager's view (fsView) and is a lease, renewed
+// on every Sync and every renewEvery: one of this view whose folder is
+// gone is of a manager that ended; one whose folder cannot be seen from
+// here keeps every version (what it serves is unknown) until it lapses,
+// unrenewed for registrationLapse.
 
-// register records m's link folder in Dir/links, so that managers
-// sharing the store keep the versions it serves.
+const (
+	// renewEvery is how often a manager renews its registration besides
+	// on every Sync (KeepRegistered).
+	renewEvery = time.Hour
+	// registrationLapse is how long a registration unrenewed is taken for
+	// one of a manager that ended, wherever its folder is. A week: far
+	// beyond renewEvery, a clock that differs between machines sharing a
+	// volume and a process or machine paused over a weekend, and all it
+	// costs is the store's cleanup held off for that long after a manager
+	// that could not be seen ended without Close (a crash, kill -9).
+	registrationLapse = 7 * 24 * time.Hour
+)
+
+// registration is the content of a file of Dir/links.
+type registration struct {
+	Dir  string `json:"dir"`
+	View string `json:"view,omitempty"`
+}
+
+// register records m's link folder and view in Dir/links, so that
+// managers sharing the store keep the versions it serves. Its name is of
+// both: managers of two views may have folders of the same path.
 func (m *Manager) register() error {
 	dir, err := filepath.Abs(m.opts.LinkDir)
+	if err != nil {
+		return err
+	}
+	body, err := json.Marshal(registration{Dir: dir, View: m.view})
 	if err != nil {
 		return err
 	}
@@ -31,13 +66,13 @@ func (m *Manager) register() error {
 	if err := os.MkdirAll(users, 0o755); err != nil {
 		return err
 	}
-	sum := sha256.Sum256([]byte(dir))
+	sum := sha256.Sum256([]byte(m.view + "\x00" + dir))
 	path := filepath.Join(users, hex.EncodeToString(sum[:16]))
 	f, err := os.CreateTemp(users, ".link.*")
 	if err != nil {
 		return err
 	}
-	_, werr := f.WriteString(dir)
+	_, werr := f.Write(body)
 	if err := errors.Join(werr, f.Close()); err != nil {
 		_ = os.Remove(f.Name())
 		return err
@@ -45,6 +80,70 @@ func (m *Manager) register() error {
 	if err := os.Rename(f.Name(), path); err != nil {
 		_ = os.Remove(f.Name())
 		return err
+	}
+	m.mu.Lock()
+	m.registered = path
+	m.mu.Unlock()
+	return nil
+}
+
+// renew renews m's registration (its modification time), writing it
+// again if another manager removed it (took m for ended after a pause
+// past registrationLapse).
+func (m *Manager) renew() {
+	m.reg.Lock()
+	defer m.reg.Unlock()
+	m.mu.Lock()
+	path, off := m.registered, m.unregistered
+	m.mu.Unlock()
+	if off {
+		return
+	}
+	now := time.Now()
+	err := os.Chtimes(path, now, now)
+	if errors.Is(err, fs.ErrNotExist) {
+		err = m.register()
+	}
+	if err != nil {
+		m.log.Warn("plugin store: the link folder's registration not renewed", "registration", path, "error", err)
+	}
+}
+
+// KeepRegistered renews the link folder's registration in the store
+// every hour until ctx ends, for a manager that may go days without a
+// Sync (no refresh interval): managers sharing the store that cannot see
+// its link folder take a registration unrenewed for a week for one of a
+// manager that ended, and remove the versions it serves.
+func (m *Manager) KeepRegistered(ctx context.Context) {
+	t := time.NewTicker(renewEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			m.renew()
+		}
+	}
+}
+
+// Close removes the link folder's registration from the store: managers
+// sharing the store may then remove what it links, wherever they are.
+// Call it once its links are no longer served; the link folder is the
+// caller's to remove. Close is idempotent; the manager removes no
+// version after it, nor registers again.
+func (m *Manager) Close() error {
+	m.reg.Lock()
+	defer m.reg.Unlock()
+	m.mu.Lock()
+	path, off := m.registered, m.unregistered
+	m.unregistered = true
+	m.mu.Unlock()
+	if off {
+		return nil
+	}
+	if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("sources: unregister the link folder: %w", err)
 	}
 	return nil
 }
@@ -81,9 +180,11 @@ func (m *Manager) unpend(sha string) {
 	}
 }
 
-// used reports whether a record or a registered manager's link names sha.
-// Registrations whose link folder is gone (a manager that ended) are
-// removed.
+// used reports whether a record or a registered manager's link names sha,
+// or a live registration's link folder cannot be seen from here (what it
+// serves is unknown). Registrations of managers that ended are removed:
+// those unrenewed for registrationLapse, and those of this view whose
+// folder is gone.
 func (m *Manager) used(sha string) (bool, error) {
 	records, err := filepath.Glob(filepath.Join(m.opts.Dir, "index", "*.json"))
 	if err != nil {
@@ -107,27 +208,59 @@ func (m *Manager) used(sha string) (bool, error) {
 	if err != nil {
 		return true, err
 	}
+	used := false
 	for _, reg := range regs {
 		if strings.HasPrefix(reg.Name(), ".") {
 			continue
 		}
-		b, err := readBounded(filepath.Join(users, reg.Name()), 4<<10)
+		path := filepath.Join(users, reg.Name())
+		info, err := reg.Info()
+		if errors.Is(err, fs.ErrNotExist) {
+			continue // removed meanwhile
+		}
 		if err != nil {
 			return true, err
 		}
-		links, err := os.ReadDir(string(b))
+		if time.Since(info.ModTime()) > registrationLapse {
+			_ = os.Remove(path)
+			continue
+		}
+		b, err := readBounded(path, 4<<10)
 		if errors.Is(err, fs.ErrNotExist) {
-			_ = os.Remove(filepath.Join(users, reg.Name()))
 			continue
 		}
 		if err != nil {
-			return true, fmt.Errorf("link folder %s: %v", b, err)
+			return true, err
+		}
+		var r registration
+		if json.Unmarshal(b, &r) != nil {
+			r = registration{Dir: string(b)} // a path alone: no view named
+		}
+		var links []os.DirEntry
+		if m.view != "" && r.View == m.view {
+			links, err = os.ReadDir(r.Dir)
+			if errors.Is(err, fs.ErrNotExist) {
+				_ = os.Remove(path) // a manager that ended
+				continue
+			}
+		}
+		if m.view == "" || r.View != m.view || err != nil {
+			used = true
+			if !m.unseen[path] {
+				m.unseen[path] = true
+				attrs := []any{"folder", r.Dir, "registration", path}
+				if err != nil {
+					attrs = append(attrs, "error", err)
+				}
+				m.log.Warn("plugin store: versions no longer served are kept: another process's link folder cannot be seen from here (another container or file system view), so what it serves is unknown", attrs...)
+			}
+			continue
 		}
 		for _, l := range links {
-			if filepath.Base(linkTarget(filepath.Join(string(b), l.Name()))) == sha {
-				return true, nil
+			if filepath.Base(linkTarget(filepath.Join(r.Dir, l.Name()))) == sha {
+				used = true
 			}
 		}
 	}
-	return false, nil
+	return used, nil
 }
