@@ -29,13 +29,12 @@ testplugins: deps
 serve: build plugins
 	./wasmtools serve examples/plugins/dist
 
-# test: vet, every test under the race detector (in two halves at once:
-# scripts/race-halves.sh), then the tests whose measure the race
-# detector's instrumentation changes (sessions' memory, a call's stack:
-# TestSessionsFreeTheirMemory, TestCallStackDepth), without.
+# test: vet, every test under the race detector, then the tests whose
+# measure the race detector's instrumentation changes (sessions' memory,
+# a call's stack: TestSessionsFreeTheirMemory, TestCallStackDepth), without.
 test: plugins testplugins
 	$(GO) vet ./...
-	GO=$(GO) scripts/race-halves.sh
+	$(GO) test -race -count=1 -timeout 30m ./...
 	$(GO) test -count=1 -run 'FreeTheirMemory|CallStackDepth' ./host
 
 clean:
