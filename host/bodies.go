@@ -5,7 +5,6 @@ import (
 	"context"
 	"io"
 	"net/http"
-	"sync"
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/auth"
@@ -29,7 +28,7 @@ const DefaultRequestBytes = 64 << 20
 // client is told rather than held.
 const bodyWait = 2 * time.Second
 
-// bodyBudget counts the bytes of the request bodies being read and
+// bodyBudget bounds the bytes of the request bodies being read and
 // served, in all and for each tenant, so that how many the go-sdk reads
 // and decodes at once is bounded in bytes (the call shares apply only
 // once it has). A body of known length counts its length from before it
@@ -37,13 +36,9 @@ const bodyWait = 2 * time.Second
 // that long); one of unknown length (chunked) is read here, its count
 // growing as it is read. It is safe for concurrent use.
 type bodyBudget struct {
-	total, share int64 // share 0: no shares (no tenants)
-	maxBody      int64
-
-	mu      sync.Mutex
-	held    int64
-	tenants map[string]int64 // subject ("" for none) -> bytes held
-	room    chan struct{}    // closed when bytes are given back; nil with no one waiting
+	total, share int // share 0: no shares (no tenants)
+	maxBody      int
+	held         byteShares // by subject ("" for none)
 }
 
 // newBodyBudget bounds bodies of at most maxBody bytes to total in all,
@@ -53,59 +48,13 @@ func newBodyBudget(total, share, maxBody int64) *bodyBudget {
 	if share > 0 {
 		share = max(share, maxBody)
 	}
-	return &bodyBudget{total: max(total, maxBody), share: share, maxBody: maxBody}
+	return &bodyBudget{total: int(max(total, maxBody)), share: int(share), maxBody: int(maxBody)}
 }
 
 // take counts n more bytes for tenant, waiting up to bodyWait for room
 // (or until ctx ends), and reports whether it did.
-func (b *bodyBudget) take(ctx context.Context, tenant string, n int64) bool {
-	var timer *time.Timer
-	for {
-		b.mu.Lock()
-		if b.held+n <= b.total && (b.share == 0 || b.tenants[tenant]+n <= b.share) {
-			if b.tenants == nil {
-				b.tenants = map[string]int64{}
-			}
-			b.held += n
-			b.tenants[tenant] += n
-			b.mu.Unlock()
-			if timer != nil {
-				timer.Stop()
-			}
-			return true
-		}
-		if b.room == nil {
-			b.room = make(chan struct{})
-		}
-		room := b.room
-		b.mu.Unlock()
-		if timer == nil {
-			timer = time.NewTimer(bodyWait)
-			defer timer.Stop()
-		}
-		select {
-		case <-room:
-		case <-timer.C:
-			return false
-		case <-ctx.Done():
-			return false
-		}
-	}
-}
-
-// give ends what take counted of n bytes for tenant, and wakes the
-// requests waiting for room.
-func (b *bodyBudget) give(tenant string, n int64) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	b.held -= n
-	if b.tenants[tenant] -= n; b.tenants[tenant] <= 0 {
-		delete(b.tenants, tenant)
-	}
-	if b.room != nil {
-		close(b.room)
-		b.room = nil
-	}
+func (b *bodyBudget) take(ctx context.Context, tenant string, n int) bool {
+	return b.held.await(ctx, tenant, n, b.total, b.share, bodyWait)
 }
 
 // wrap counts the bodies of the requests next serves. A request past the
@@ -126,8 +75,8 @@ func (b *bodyBudget) wrap(next http.Handler) http.Handler {
 				tenant = ti.UserID
 			}
 		}
-		n := r.ContentLength
-		if n < 0 {
+		var n int
+		if r.ContentLength < 0 {
 			var ok bool
 			if n, ok = b.readUnknown(r, tenant); !ok {
 				refuseBody(w)
@@ -136,13 +85,13 @@ func (b *bodyBudget) wrap(next http.Handler) http.Handler {
 		} else {
 			// The body's reader stops at its length (net/http's), and
 			// at maxBody (limitBody's).
-			n = min(n, b.maxBody)
+			n = int(min(r.ContentLength, int64(b.maxBody)))
 			if !b.take(r.Context(), tenant, n) {
 				refuseBody(w)
 				return
 			}
 		}
-		defer b.give(tenant, n)
+		defer b.held.give(tenant, n)
 		next.ServeHTTP(w, r)
 	})
 }
@@ -152,14 +101,14 @@ func (b *bodyBudget) wrap(next http.Handler) http.Handler {
 // returns the bytes counted, or false (nothing counted) when the count
 // could not grow: a client that does not say its body's length must not
 // pass the bound by sending it in pieces.
-func (b *bodyBudget) readUnknown(r *http.Request, tenant string) (int64, bool) {
-	reserved := min(int64(64<<10), b.maxBody)
+func (b *bodyBudget) readUnknown(r *http.Request, tenant string) (int, bool) {
+	reserved := min(64<<10, b.maxBody)
 	if !b.take(r.Context(), tenant, reserved) {
 		return 0, false
 	}
 	var buf bytes.Buffer
 	for {
-		_, err := io.CopyN(&buf, r.Body, reserved-int64(buf.Len()))
+		_, err := io.CopyN(&buf, r.Body, int64(reserved-buf.Len()))
 		if err != nil {
 			// The end, or a failure (a body over maxBody): the handler
 			// reads it after the bytes, and answers it.
@@ -178,7 +127,7 @@ func (b *bodyBudget) readUnknown(r *http.Request, tenant string) (int64, bool) {
 			return reserved, true
 		}
 		if !b.take(r.Context(), tenant, more) {
-			b.give(tenant, reserved)
+			b.held.give(tenant, reserved)
 			return 0, false
 		}
 		reserved += more

@@ -23,7 +23,7 @@ func TestBodyBudgetCommonPathAllocates(t *testing.T) {
 	if allocs := testing.AllocsPerRun(100, func() { h.ServeHTTP(w, r) }); allocs > 0 {
 		t.Errorf("counting a 4 KiB body: %v allocations; want none", allocs)
 	}
-	if served == 0 || b.held != 0 || len(b.tenants) != 0 {
-		t.Errorf("served %d, %d bytes held for %d tenants after; want served, nothing held", served, b.held, len(b.tenants))
+	if served == 0 || b.held.total != 0 || len(b.held.held) != 0 {
+		t.Errorf("served %d, %d bytes held for %d tenants after; want served, nothing held", served, b.held.total, len(b.held.held))
 	}
 }

@@ -68,12 +68,15 @@ func (s *shares) give(tenant string) {
 }
 
 // byteShares counts bytes held under a bound in all and each tenant's
-// share of it: the parked calls' requests (elicit.go). It is safe for
+// share of it: the parked calls' requests (elicit.go), refused at once
+// past a bound (take), and the request bodies being read and served
+// (bodies.go), which wait a while for room first (await). It is safe for
 // concurrent use.
 type byteShares struct {
 	mu    sync.Mutex
 	total int
 	held  map[string]int
+	room  chan struct{} // closed when bytes are given back; nil with no one waiting
 }
 
 // take counts n more bytes for tenant unless the total would pass
@@ -83,18 +86,62 @@ type byteShares struct {
 func (b *byteShares) take(tenant string, n, maxTotal, share int) error {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	switch held := b.held[tenant]; {
+	switch {
+	case b.tryLocked(tenant, n, maxTotal, share):
+		return nil
 	case b.total+n > maxTotal:
 		return fmt.Errorf("%w: they keep %d bytes of their requests in all, and this one %d more; the most the server keeps is %d", sessions.ErrParkLimit, b.total, n, maxTotal)
-	case share > 0 && held+n > share:
-		return fmt.Errorf("%w: this client's subject's keep %d bytes of their requests, and this one %d more; its share is %d", sessions.ErrParkLimit, held, n, share)
+	default:
+		return fmt.Errorf("%w: this client's subject's keep %d bytes of their requests, and this one %d more; its share is %d", sessions.ErrParkLimit, b.held[tenant], n, share)
+	}
+}
+
+// await counts n more bytes for tenant as take does, but past a bound
+// waits up to patience for bytes to be given back (or until ctx ends),
+// and reports whether it counted them.
+func (b *byteShares) await(ctx context.Context, tenant string, n, maxTotal, share int, patience time.Duration) bool {
+	var timer *time.Timer
+	for {
+		b.mu.Lock()
+		if b.tryLocked(tenant, n, maxTotal, share) {
+			b.mu.Unlock()
+			if timer != nil {
+				timer.Stop()
+			}
+			return true
+		}
+		if b.room == nil {
+			b.room = make(chan struct{})
+		}
+		room := b.room
+		b.mu.Unlock()
+		if timer == nil {
+			timer = time.NewTimer(patience)
+			defer timer.Stop()
+		}
+		select {
+		case <-room:
+		case <-timer.C:
+			return false
+		case <-ctx.Done():
+			return false
+		}
+	}
+}
+
+// tryLocked counts n more bytes for tenant if they stay within maxTotal
+// and share (share <= 0: no share), and reports whether it did. b.mu is
+// held.
+func (b *byteShares) tryLocked(tenant string, n, maxTotal, share int) bool {
+	if b.total+n > maxTotal || share > 0 && b.held[tenant]+n > share {
+		return false
 	}
 	if b.held == nil {
 		b.held = map[string]int{}
 	}
 	b.total += n
 	b.held[tenant] += n
-	return nil
+	return true
 }
 
 // sum is the bytes counted in all.
@@ -104,13 +151,18 @@ func (b *byteShares) sum() int {
 	return b.total
 }
 
-// give ends what take counted of n bytes for tenant.
+// give ends what take or await counted of n bytes for tenant, and wakes
+// the callers of await waiting for room.
 func (b *byteShares) give(tenant string, n int) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.total -= n
 	if b.held[tenant] -= n; b.held[tenant] <= 0 {
 		delete(b.held, tenant)
+	}
+	if b.room != nil {
+		close(b.room)
+		b.room = nil
 	}
 }
 
