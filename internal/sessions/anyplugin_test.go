@@ -22,23 +22,11 @@ func TestAnyPluginSeedOncePerPlugin(t *testing.T) {
 	if err := w.m.Seed(k, map[string]sessions.Seed{sessions.AnyPlugin: lost}, 1); err != nil {
 		t.Fatal(err)
 	}
-	reset := func(name string) string {
-		t.Helper()
-		l, err := w.m.Acquire(w.ctx, k, w.plugin(name))
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer l.Done(nil)
-		if r := l.Notice().Reset; r != nil {
-			return r.Reason
-		}
-		return ""
-	}
 	for _, name := range []string{"a", "b"} {
-		if got := reset(name); got != "store-lost" {
+		if got := w.reset(k, name, nil); got != "store-lost" {
 			t.Errorf("%s's first lease: reset %q, want store-lost", name, got)
 		}
-		if got := reset(name); got != "" {
+		if got := w.reset(k, name, nil); got != "" {
 			t.Errorf("%s's second lease: reset %q, want none (said once)", name, got)
 		}
 	}
@@ -47,13 +35,13 @@ func TestAnyPluginSeedOncePerPlugin(t *testing.T) {
 	if err := w.m.Seed(k, map[string]sessions.Seed{sessions.AnyPlugin: lost, "b": {Lost: "not saved", Reason: "not-saved"}}, 1); err != nil {
 		t.Fatal(err)
 	}
-	if got := reset("a"); got != "" {
+	if got := w.reset(k, "a", nil); got != "" {
 		t.Errorf("a, kept under the same fence: reset %q, want none", got)
 	}
-	if got := reset("b"); got != "" {
+	if got := w.reset(k, "b", nil); got != "" {
 		t.Errorf("b, kept under the same fence: reset %q, want none", got)
 	}
-	if got := reset("c"); got != "store-lost" {
+	if got := w.reset(k, "c", nil); got != "store-lost" {
 		t.Errorf("c's first lease: reset %q, want store-lost", got)
 	}
 }
@@ -70,21 +58,13 @@ func TestKeepNotice(t *testing.T) {
 		t.Fatal(err)
 	}
 	for i, want := range []string{"store-lost", "store-lost", ""} {
-		l, err := w.m.Acquire(w.ctx, k, w.plugin("counter"))
-		if err != nil {
-			t.Fatal(err)
+		var keep func(*sessions.Lease)
+		if i == 0 {
+			keep = (*sessions.Lease).KeepNotice
 		}
-		got := ""
-		if r := l.Notice().Reset; r != nil {
-			got = r.Reason
-		}
-		if got != want {
+		if got := w.reset(k, "counter", keep); got != want {
 			t.Errorf("lease %d: reset %q, want %q", i+1, got, want)
 		}
-		if i == 0 {
-			l.KeepNotice()
-		}
-		l.Done(nil)
 	}
 }
 
@@ -101,16 +81,7 @@ func TestPluginNamedStarIsNotAnyPlugin(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, c := range []struct{ name, want string }{{"a", ""}, {"*", "not-saved"}} {
-		l, err := w.m.Acquire(w.ctx, k, w.plugin(c.name))
-		if err != nil {
-			t.Fatal(err)
-		}
-		got := ""
-		if r := l.Notice().Reset; r != nil {
-			got = r.Reason
-		}
-		l.Done(nil)
-		if got != c.want {
+		if got := w.reset(k, c.name, nil); got != c.want {
 			t.Errorf("plugin %q's first lease: reset %q, want %q", c.name, got, c.want)
 		}
 	}

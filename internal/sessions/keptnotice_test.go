@@ -38,19 +38,10 @@ func TestKeptNoticeNotKeptAgain(t *testing.T) {
 			// asks each lease to keep its notice.
 			arrived := time.Now()
 			for i, want := range c.want {
-				l, err := w.m.Acquire(w.ctx, k, w.plugin("counter"))
-				if err != nil {
-					t.Fatal(err)
-				}
-				got := ""
-				if r := l.Notice().Reset; r != nil {
-					got = r.Reason
-				}
+				got := w.reset(k, "counter", func(l *sessions.Lease) { l.KeepNoticeSince(arrived) })
 				if got != want {
 					t.Errorf("lease %d: reset %q, want %q", i+1, got, want)
 				}
-				l.KeepNoticeSince(arrived)
-				l.Done(nil)
 				if !(c.arrivedEarly && i == 0) {
 					arrived = time.Now() // the next request's, after Done
 				}
@@ -78,21 +69,13 @@ func TestKeptNoticeAgainKeepsItsTime(t *testing.T) {
 		when *time.Time
 		want string
 	}{{"a", &early, "store-lost"}, {"b", &early, "store-lost"}, {"c", &late, "store-lost"}, {"d", nil, ""}} {
-		l, err := w.m.Acquire(w.ctx, k, w.plugin("counter"))
-		if err != nil {
-			t.Fatal(err)
+		var keep func(*sessions.Lease)
+		if step.when != nil {
+			keep = func(l *sessions.Lease) { l.KeepNoticeSince(*step.when) }
 		}
-		got := ""
-		if r := l.Notice().Reset; r != nil {
-			got = r.Reason
-		}
-		if got != step.want {
+		if got := w.reset(k, "counter", keep); got != step.want {
 			t.Errorf("lease %d (%s): reset %q, want %q", i+1, step.name, got, step.want)
 		}
-		if step.when != nil {
-			l.KeepNoticeSince(*step.when)
-		}
-		l.Done(nil)
 		if step.name == "a" {
 			late = time.Now()
 		}

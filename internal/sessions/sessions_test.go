@@ -133,6 +133,26 @@ func (w *world) plugin(name string) *plugins.Plugin {
 	return w.current[name]
 }
 
+// reset takes a lease of plugin name for key, lets keep (if not nil) ask
+// it to keep its notice, ends it, and returns the reason of the reset its
+// notice said, "" for none.
+func (w *world) reset(key sessions.Key, name string, keep func(*sessions.Lease)) string {
+	w.t.Helper()
+	l, err := w.m.Acquire(w.ctx, key, w.plugin(name))
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	defer l.Done(nil)
+	reason := ""
+	if r := l.Notice().Reset; r != nil {
+		reason = r.Reason
+	}
+	if keep != nil {
+		keep(l)
+	}
+	return reason
+}
+
 // acquire asks for a lease on a goroutine of its own (it may wait), and
 // hands a granted lease to a holder.
 func (w *world) acquire(key sessions.Key, name string, timeout time.Duration) {
