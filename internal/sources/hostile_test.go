@@ -14,6 +14,7 @@ import (
 	"encoding/pem"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"log/slog"
 	"net"
@@ -449,24 +450,38 @@ func storedBlobs(t *testing.T, dir string) []string {
 	return out
 }
 
+// serveMoving serves a movingRegistry until the test ends, and returns
+// it and the spec of its plugin p.
+func serveMoving(t *testing.T) (*movingRegistry, []sources.Spec) {
+	reg := &movingRegistry{}
+	srv := httptest.NewServer(reg)
+	t.Cleanup(srv.Close)
+	return reg, []sources.Spec{{Name: "p", Source: "oci://" + strings.TrimPrefix(srv.URL, "http://") + "/x/p:v1", InsecureSkipSignature: true}}
+}
+
+// storeManager makes a manager of the store folder, with a link folder of
+// its own; log, if not nil, is written its log.
+func storeManager(t *testing.T, store string, log io.Writer) *sources.Manager {
+	t.Helper()
+	opts := sources.Options{Dir: store, LinkDir: t.TempDir(), DockerConfig: "-", Timeout: time.Minute}
+	if log != nil {
+		opts.Logger = slog.New(slog.NewTextHandler(log, nil))
+	}
+	m, err := sources.New(opts)
+	if err != nil {
+		t.Fatalf("New over store %s: %v", store, err)
+	}
+	return m
+}
+
 // TestStoreBoundedByMovingTag: a tag that moves on every refresh (a
 // registry, or a plugin author signing a version a minute) leaves in the
 // store the versions served, not every version ever fetched; a version
 // another manager sharing the store still serves is kept.
 func TestStoreBoundedByMovingTag(t *testing.T) {
-	reg := &movingRegistry{}
-	srv := httptest.NewServer(reg)
-	defer srv.Close()
+	reg, spec := serveMoving(t)
 	store := t.TempDir()
-	manager := func() *sources.Manager {
-		m, err := sources.New(sources.Options{Dir: store, LinkDir: t.TempDir(), DockerConfig: "-", Timeout: time.Minute})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return m
-	}
-	a, b := manager(), manager()
-	spec := []sources.Spec{{Name: "p", Source: "oci://" + strings.TrimPrefix(srv.URL, "http://") + "/x/p:v1", InsecureSkipSignature: true}}
+	a, b := storeManager(t, store, nil), storeManager(t, store, nil)
 	ctx := context.Background()
 	if _, errs := b.Sync(ctx, spec); len(errs) > 0 {
 		t.Fatal(errs)
@@ -545,18 +560,12 @@ func TestTokenRealmPrivateUnicodeHost(t *testing.T) {
 // could not: no remote plugin was served at all. Here Dir/links cannot be
 // made (a file is in its place), as on a read-only store.
 func TestStoreNotWritableServes(t *testing.T) {
-	reg := &movingRegistry{}
-	srv := httptest.NewServer(reg)
-	defer srv.Close()
+	_, spec := serveMoving(t)
 	store := t.TempDir()
 	if err := os.WriteFile(filepath.Join(store, "links"), nil, 0o444); err != nil {
 		t.Fatal(err)
 	}
-	m, err := sources.New(sources.Options{Dir: store, LinkDir: t.TempDir(), DockerConfig: "-", Timeout: time.Minute})
-	if err != nil {
-		t.Fatalf("New over a store it cannot register in: %v", err)
-	}
-	spec := []sources.Spec{{Name: "p", Source: "oci://" + strings.TrimPrefix(srv.URL, "http://") + "/x/p:v1", InsecureSkipSignature: true}}
+	m := storeManager(t, store, nil)
 	if _, errs := m.Sync(context.Background(), spec); len(errs) > 0 {
 		t.Fatal(errs)
 	}
@@ -570,9 +579,7 @@ func TestStoreNotWritableServes(t *testing.T) {
 // (once said in the log, naming the folder), until its registration goes
 // unrenewed for longer than any manager leaves it.
 func TestStoreKeepsVersionsOfUnseenLinks(t *testing.T) {
-	reg := &movingRegistry{}
-	srv := httptest.NewServer(reg)
-	defer srv.Close()
+	reg, spec := serveMoving(t)
 	store := t.TempDir()
 	if err := os.MkdirAll(filepath.Join(store, "links"), 0o755); err != nil {
 		t.Fatal(err)
@@ -584,12 +591,7 @@ func TestStoreKeepsVersionsOfUnseenLinks(t *testing.T) {
 		t.Fatal(err)
 	}
 	var log lockedBuffer
-	m, err := sources.New(sources.Options{Dir: store, LinkDir: t.TempDir(), DockerConfig: "-", Timeout: time.Minute,
-		Logger: slog.New(slog.NewTextHandler(&log, nil))})
-	if err != nil {
-		t.Fatal(err)
-	}
-	spec := []sources.Spec{{Name: "p", Source: "oci://" + strings.TrimPrefix(srv.URL, "http://") + "/x/p:v1", InsecureSkipSignature: true}}
+	m := storeManager(t, store, &log)
 	ctx := context.Background()
 	var served []string
 	for n := range 5 {
@@ -649,21 +651,10 @@ func (b *lockedBuffer) String() string {
 // is gone ended (its versions are removed at once, as is its
 // registration), and a manager closed unregisters.
 func TestStoreForgetsEndedManagers(t *testing.T) {
-	reg := &movingRegistry{}
-	srv := httptest.NewServer(reg)
-	defer srv.Close()
+	reg, spec := serveMoving(t)
 	store := t.TempDir()
 	var log lockedBuffer
-	manager := func() *sources.Manager {
-		m, err := sources.New(sources.Options{Dir: store, LinkDir: t.TempDir(), DockerConfig: "-", Timeout: time.Minute,
-			Logger: slog.New(slog.NewTextHandler(&log, nil))})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return m
-	}
-	a, b := manager(), manager()
-	spec := []sources.Spec{{Name: "p", Source: "oci://" + strings.TrimPrefix(srv.URL, "http://") + "/x/p:v1", InsecureSkipSignature: true}}
+	a, b := storeManager(t, store, &log), storeManager(t, store, &log)
 	ctx := context.Background()
 	for _, m := range []*sources.Manager{a, b} {
 		if _, errs := m.Sync(ctx, spec); len(errs) > 0 {
