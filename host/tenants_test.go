@@ -529,6 +529,49 @@ func TestStoreFairShares(t *testing.T) {
 	}
 }
 
+// TestStoreBudgetSaysOverBudget: a call whose state a byte budget
+// refused is marked notSaved "over-budget", not "store-unavailable" (a
+// review: a subject over its share was told the store was down, and could
+// not tell "your state is too big" from an outage). Bob's share holds two
+// sessions of counter (about 368 bytes each); his third is refused, by
+// the host's count (a memory store) and by Redis's (two replicas).
+func TestStoreBudgetSaysOverBudget(t *testing.T) {
+	reason := func(res *mcp.CallToolResult) any {
+		m, _ := res.Meta[host.MetaNotSaved].(map[string]any)
+		return m["reason"]
+	}
+	t.Run("host", func(t *testing.T) {
+		f := newFixture(t, &host.Options{Store: statestore.NewMemory(), StateKey: replicaKey, StoreBytesPerTenant: 920, Tenants: true}, sandbox.NewPolicy(), map[string]string{"counter.wasm": testplugins.Example(t, "counter")})
+		url := serveGuarded(t, f, host.GuardOptions{Tokens: map[string]string{"alice": aliceToken, "bob": bobToken}})
+		bob := connectHTTP(t, url, "", tenantTransport{token: bobToken})
+		for i := range 3 {
+			res := countWith(t, bob, "")
+			if want := map[bool]any{true: nil, false: "over-budget"}[i < 2]; reason(res) != want {
+				t.Errorf("bob's session %d: notSaved %v, want %v (meta %v)", i+1, reason(res), want, res.Meta)
+			}
+		}
+	})
+	t.Run("redis", func(t *testing.T) {
+		urls, _ := redisReplicas(t, 1200)
+		over := 0
+		for _, url := range urls {
+			bob := connectHTTP(t, url, "", tenantTransport{token: bobToken})
+			for range 3 {
+				switch r := reason(countWith(t, bob, "")); r {
+				case nil:
+				case "over-budget":
+					over++
+				default:
+					t.Errorf("a session of bob's: notSaved %v, want none or over-budget", r)
+				}
+			}
+		}
+		if over < 4 {
+			t.Errorf("bob's 6 sessions on 2 replicas: %d marked over-budget, want the 4 past his share", over)
+		}
+	})
+}
+
 // TestStoreSharesAttributeRequests: a session's record counts against
 // its subject's share of the store whichever request writes it first.
 // Alice opens four sessions by client header, each read first
