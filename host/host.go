@@ -65,6 +65,8 @@ const MetaStateReset = MetaPrefix + "stateReset"
 // not durably saved in the state store (with [CheckpointAfterCall]): a
 // replica lost now would lose it. Its value is an object with "reason":
 // "store-unavailable", "too-large" (the state is over the store's bound),
+// "over-budget" (a byte budget refused the write, [ErrStoreBudget]: the
+// store is up, and the state is saved again once the budget has room),
 // "moved" (another replica took the session over while the call ran: the
 // call is also an error), "unverified" (the store did not answer and the
 // session's claim was verified too long ago to trust the instance: the

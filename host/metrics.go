@@ -79,7 +79,7 @@ func newMetrics() *metrics {
 			Buckets: prometheus.ExponentialBuckets(256, 4, 10),
 		}),
 		notSaved: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "wasmtools_not_saved_total", Help: "Call results marked notSaved (their state change not durably checkpointed), by reason (store-unavailable, too-large, moved, cannot-snapshot, unverified).",
+			Name: "wasmtools_not_saved_total", Help: "Call results marked notSaved (their state change not durably checkpointed), by reason (store-unavailable, too-large, over-budget, moved, cannot-snapshot, unverified).",
 		}, []string{"reason"}),
 		storeOps: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name: "wasmtools_store_op_seconds", Help: "Exchanges with the state store, by operation and outcome (ok, not_found, fenced, held, leased, lost, too_large, budget, timeout, error).",

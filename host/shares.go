@@ -430,8 +430,8 @@ const (
 
 // ErrStoreBudget is matched (errors.Is) by a write to the state store
 // refused by a byte budget: the record's, its tenant's or the total. The
-// state is then not saved (the call's result says so), and the session
-// goes on from this replica's memory.
+// state is then not saved (the call's result is marked notSaved
+// "over-budget"), and the session goes on from this replica's memory.
 var ErrStoreBudget = errors.New("state store budget exceeded")
 
 // storeBudget counts the bytes each session's record holds in the state

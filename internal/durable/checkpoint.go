@@ -94,6 +94,8 @@ func (d *Keeper) checkpoint(ctx context.Context, c *Claim, p *plugins.Plugin, in
 		return NotSavedMoved, errMoved
 	case errors.Is(err, statestore.ErrTooLarge):
 		notSaved = NotSavedTooLarge
+	case refused(err):
+		notSaved = NotSavedBudget // the byte budgets (TestStoreBudgetSaysOverBudget)
 	case errors.Is(err, errStoreDown) && elapsed(c.verified, time.Now()) >= memoryGrace:
 		// The store was not asked (the breaker is open), and the claim
 		// was verified too long ago to know the instance is current

@@ -77,6 +77,13 @@ const (
 	NotSavedUnavailable NotSaved = "store-unavailable"
 	// NotSavedTooLarge: the state is over the store's limit.
 	NotSavedTooLarge NotSaved = "too-large"
+	// NotSavedBudget: a byte budget refused the write (the session's,
+	// its subject's share or the server's total; the host's count or the
+	// store's), the store as it was; the state is saved again in the
+	// background, and lands once the budget has room. Apart from
+	// NotSavedUnavailable so that a client over its share is not told
+	// the store is down.
+	NotSavedBudget NotSaved = "over-budget"
 	// NotSavedMoved: another replica took the session over while the
 	// call ran; the call failed.
 	NotSavedMoved NotSaved = "moved"
