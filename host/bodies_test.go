@@ -5,11 +5,14 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/wasmtools/wasmtools/host"
+	"github.com/wasmtools/wasmtools/internal/testplugins"
+	"github.com/wasmtools/wasmtools/sandbox"
 )
 
 // TestRequestBytesUnknownLength: a body of unknown length (chunked) is
@@ -83,5 +86,70 @@ func TestRequestBytesUnknownLength(t *testing.T) {
 	}
 	if code, kib := post(bobToken, "", 1<<10, true); code != http.StatusOK || kib != 1 {
 		t.Errorf("bob's chunked body after his share is given back: %d, %d KiB; want 200", code, kib)
+	}
+}
+
+// TestRequestBodiesRefusedCounted: a request the bound on request bodies
+// refuses is counted in the host's metrics, by the bound it met: the
+// total, or its subject's share (a review: nothing counted them, and an
+// operator saw 503s at the proxy with no way to tell them from a
+// draining replica's). Each guard's one held body of MaxBody fills its
+// bound, and the next body waits 2 s and is refused.
+func TestRequestBodiesRefusedCounted(t *testing.T) {
+	const maxBody = 128 << 10
+	f := newFixture(t, nil, sandbox.NewPolicy(), map[string]string{"counter.wasm": testplugins.Example(t, "counter")})
+	held := make(chan struct{})
+	release := make(chan struct{})
+	hold := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		if r.URL.Query().Get("hold") != "" {
+			held <- struct{}{}
+			<-release
+		}
+	})
+	serve := func(g host.GuardOptions) string {
+		g.MaxBody, g.Metrics = maxBody, f.h
+		srv := httptest.NewServer(host.Guard(hold, g))
+		t.Cleanup(srv.Close)
+		return srv.URL
+	}
+	post := func(url, token, query string) int {
+		t.Helper()
+		req, _ := http.NewRequest(http.MethodPost, url+"/mcp"+query, strings.NewReader(strings.Repeat("a", maxBody)))
+		if token != "" {
+			req.Header.Set("Authorization", "Bearer "+token)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	refusedOnce := func(url, token string) {
+		t.Helper()
+		done := make(chan int)
+		go func() { done <- post(url, token, "?hold=1") }()
+		<-held
+		if code := post(url, token, ""); code != http.StatusServiceUnavailable {
+			t.Errorf("a body past the bound: %d, want 503", code)
+		}
+		release <- struct{}{}
+		<-done
+	}
+	// No tenants: the bound in all is one body.
+	refusedOnce(serve(host.GuardOptions{RequestBytes: maxBody}), "")
+	// Bob's share is a quarter of 4 bodies: one.
+	refusedOnce(serve(host.GuardOptions{Tokens: map[string]string{"alice": aliceToken, "bob": bobToken}, RequestBytes: 4 * maxBody}), bobToken)
+
+	rec := httptest.NewRecorder()
+	f.h.MetricsHandler().ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/metrics", nil))
+	for _, series := range []string{
+		`wasmtools_request_bodies_refused_total{reason="total"} 1`,
+		`wasmtools_request_bodies_refused_total{reason="per_subject"} 1`,
+	} {
+		if !strings.Contains(rec.Body.String(), series+"\n") {
+			t.Errorf("no %s in the metrics:\n%s", series, regexp.MustCompile(`(?m)^wasmtools_request.*$`).FindAllString(rec.Body.String(), -1))
+		}
 	}
 }
