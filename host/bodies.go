@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/auth"
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // DefaultRequestBytes is the default of [GuardOptions.RequestBytes]: 64
@@ -39,6 +40,9 @@ type bodyBudget struct {
 	total, share int // share 0: no shares (no tenants)
 	maxBody      int
 	held         byteShares // by subject ("" for none)
+	// refused counts the requests refused, by the bound they met; nil
+	// counts none.
+	refused *prometheus.CounterVec
 }
 
 // newBodyBudget bounds bodies of at most maxBody bytes to total in all,
@@ -52,9 +56,14 @@ func newBodyBudget(total, share, maxBody int64) *bodyBudget {
 }
 
 // take counts n more bytes for tenant, waiting up to bodyWait for room
-// (or until ctx ends), and reports whether it did.
+// (or until ctx ends), and reports whether it did; a refusal is counted
+// (the caller refuses the request).
 func (b *bodyBudget) take(ctx context.Context, tenant string, n int) bool {
-	return b.held.await(ctx, tenant, n, b.total, b.share, bodyWait)
+	bound := b.held.await(ctx, tenant, n, b.total, b.share, bodyWait)
+	if bound != "" && b.refused != nil {
+		b.refused.WithLabelValues(bound).Inc()
+	}
+	return bound == ""
 }
 
 // wrap counts the bodies of the requests next serves. A request past the

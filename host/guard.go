@@ -70,6 +70,11 @@ type GuardOptions struct {
 	// a quarter. Each is at least MaxBody. A request past either waits
 	// up to 2 s for room, then is refused with 503 and Retry-After.
 	RequestBytes, RequestBytesPerSubject int64
+	// Metrics, if set, is the host in whose metrics ([Host.MetricsHandler])
+	// the requests refused past RequestBytes or RequestBytesPerSubject
+	// are counted: wasmtools_request_bodies_refused_total, by the bound
+	// met ("total" or "per_subject"). nil counts them nowhere.
+	Metrics *Host
 	// Tenants gives each subject a share of the bounds above, as
 	// [Options.Tenants] does of the host's; giving Tokens implies it.
 	Tenants bool
@@ -115,7 +120,11 @@ func Guard(next http.Handler, o GuardOptions) http.Handler {
 	}
 	// After the token's check, which says whose share a body counts
 	// against; before the go-sdk reads it.
-	next = newBodyBudget(o.requestBytes(maxBody)).wrap(next)
+	bodies := newBodyBudget(o.requestBytes(maxBody))
+	if o.Metrics != nil {
+		bodies.refused = o.Metrics.metrics.bodiesRefused
+	}
+	next = bodies.wrap(next)
 	withToken := next
 	switch {
 	case o.Verifier != nil:

@@ -37,6 +37,9 @@ type metrics struct {
 	refusals *prometheus.CounterVec
 	// Idle HTTP sessions ended to make room (sessionBook).
 	sessionsEvicted prometheus.Counter
+	// Requests refused by the bound on request bodies (bodies.go), by
+	// the bound met.
+	bodiesRefused *prometheus.CounterVec
 }
 
 func newMetrics() *metrics {
@@ -94,9 +97,15 @@ func newMetrics() *metrics {
 		sessionsEvicted: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "wasmtools_http_sessions_evicted_total", Help: "Idle stateful HTTP sessions ended to make room for a new one under --max-sessions or a tenant's share of it.",
 		}),
+		bodiesRefused: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "wasmtools_request_bodies_refused_total", Help: "HTTP requests refused with 503 after waiting 2 s for room under the bound on request bodies read at once, by the bound met (total: limits.request_bytes_total; per_subject: limits.request_bytes_per_subject).",
+		}, []string{"reason"}),
+	}
+	for _, bound := range []string{boundTotal, boundShare} {
+		m.bodiesRefused.WithLabelValues(bound) // exported at 0 from the start, for rate() and alerts
 	}
 	m.reg.MustRegister(m.live, m.created, m.evictions, m.resets, m.calls, m.duration, m.adopted, m.storeLost, m.checkpoints, m.ckptTime, m.ckptBytes,
-		m.notSaved, m.storeOps, m.claims, m.refusals, m.sessionsEvicted,
+		m.notSaved, m.storeOps, m.claims, m.refusals, m.sessionsEvicted, m.bodiesRefused,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }

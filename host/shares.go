@@ -96,10 +96,17 @@ func (b *byteShares) take(tenant string, n, maxTotal, share int) error {
 	}
 }
 
+// Which bound of a byteShares refused (await), as a metric's label.
+const (
+	boundTotal = "total"
+	boundShare = "per_subject"
+)
+
 // await counts n more bytes for tenant as take does, but past a bound
-// waits up to patience for bytes to be given back (or until ctx ends),
-// and reports whether it counted them.
-func (b *byteShares) await(ctx context.Context, tenant string, n, maxTotal, share int, patience time.Duration) bool {
+// waits up to patience for bytes to be given back (or until ctx ends).
+// It returns "" when it counted them, else the bound that refused them
+// at its last try: boundTotal or boundShare.
+func (b *byteShares) await(ctx context.Context, tenant string, n, maxTotal, share int, patience time.Duration) (refused string) {
 	var timer *time.Timer
 	for {
 		b.mu.Lock()
@@ -108,7 +115,11 @@ func (b *byteShares) await(ctx context.Context, tenant string, n, maxTotal, shar
 			if timer != nil {
 				timer.Stop()
 			}
-			return true
+			return ""
+		}
+		refused = boundShare
+		if b.total+n > maxTotal {
+			refused = boundTotal
 		}
 		if b.room == nil {
 			b.room = make(chan struct{})
@@ -122,9 +133,9 @@ func (b *byteShares) await(ctx context.Context, tenant string, n, maxTotal, shar
 		select {
 		case <-room:
 		case <-timer.C:
-			return false
+			return refused
 		case <-ctx.Done():
-			return false
+			return refused
 		}
 	}
 }

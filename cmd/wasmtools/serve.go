@@ -487,6 +487,7 @@ func serveHTTP(ctx context.Context, log *slog.Logger, addr string, h *host.Host,
 		// tokens or OAuth, not the shared token alone.
 		Tenants:      len(cfg.Tokens) > 0 || cfg.OAuth != nil,
 		RequestBytes: int64(limits.RequestBytesTotal), RequestBytesPerSubject: int64(limits.RequestBytesPerSubject),
+		Metrics: h,
 	}
 	// Probes (a proxy's health check, Kubernetes') send no token; they
 	// learn only whether the replica is up and ready, and its name.
