@@ -79,6 +79,11 @@ type grantKey struct {
 type sessionGrants struct {
 	label   string
 	answers map[grantKey]bool // true: allowed for the session; false: denied
+	// client is the number of the session-layer client of the key they
+	// are of (sessions.Manager.ClientNumber), 0 for none: a key's client
+	// that ended and came back is another, and its old client's late
+	// end must not forget the new one's answers.
+	client uint64
 	GrantCounts
 }
 
@@ -109,6 +114,19 @@ type grantBook struct {
 	// answers or question count change: the durable layer's hook to
 	// write export(key) into the session's record. Set before serving.
 	onChange func(ctx context.Context, key sessions.Key)
+	// clientOf, if set, numbers key's live client
+	// (sessions.Manager.ClientNumber); nil numbers none. Set before
+	// serving. It takes the manager's lock under b.mu: the session
+	// layer calls the book (end) without its own.
+	clientOf func(key sessions.Key) uint64
+}
+
+// clientNumber is the number of key's live client, 0 for none.
+func (b *grantBook) clientNumber(key sessions.Key) uint64 {
+	if b.clientOf == nil {
+		return 0
+	}
+	return b.clientOf(key)
 }
 
 // changed reports a change of key's answers to onChange.
@@ -133,18 +151,26 @@ func (b *grantBook) session(key sessions.Key, tenant string) *sessionGrants {
 	for _, k := range b.bound.add(key, tenant) {
 		delete(b.sessions, k)
 	}
+	client := b.clientNumber(key)
 	s := b.sessions[key]
-	if s == nil {
-		s = &sessionGrants{label: key.String(), answers: map[grantKey]bool{}}
+	if s == nil || s.client < client {
+		// None, or an ended client's whose end has not come yet (it
+		// waits for that client's calls): the key's client now starts
+		// afresh, as it would after that end.
+		s = &sessionGrants{label: key.String(), answers: map[grantKey]bool{}, client: client}
 		b.sessions[key] = s
 	}
 	return s
 }
 
-// end forgets key's answers: its client ended.
-func (b *grantBook) end(key sessions.Key) {
+// end forgets key's answers: its client numbered client ended. The
+// answers of a later client of the key stay.
+func (b *grantBook) end(key sessions.Key, client uint64) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	if s := b.sessions[key]; s != nil && s.client > client {
+		return
+	}
 	delete(b.sessions, key)
 	b.bound.remove(key)
 }
@@ -585,8 +611,8 @@ func (b *grantBook) export(key sessions.Key) []byte {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	s := b.sessions[key]
-	if s == nil {
-		return nil
+	if s == nil || s.client < b.clientNumber(key) {
+		return nil // none, or an ended client's (session)
 	}
 	rec := grantRecord{Asked: s.Asked}
 	for k, allowed := range s.answers {

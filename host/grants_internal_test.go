@@ -125,7 +125,7 @@ func TestGrantBookTenantBounds(t *testing.T) {
 		t.Errorf("the book full: alice's kept %v, %d sessions (%d counted), want hers kept and at most %d", ok, len(b.sessions), len(b.bound.tenant), maxGrantSessions)
 	}
 	b.mu.Unlock()
-	b.end(alice)
+	b.end(alice, 0)
 	if _, ok := b.sessions[alice]; ok || b.bound.tenant[alice] != "" {
 		t.Error("alice's answers kept after her client ended")
 	}

@@ -496,6 +496,7 @@ func New(src *plugins.Reloader, opts *Options) *Host {
 		StoredAfterCancel: h.opts.Store != nil && cmp.Or(h.opts.Checkpoint, CheckpointAfterCall) == CheckpointAfterCall,
 		Ended:             h.clientEnded,
 	})
+	h.grants.clientOf = h.ses.ClientNumber
 	h.metrics.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "wasmtools_session_handles", Help: "Session handles of 2026-07-28 clients open now.",
 	}, func() float64 { return float64(h.ses.Stats().Handles) }))

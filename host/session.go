@@ -110,14 +110,15 @@ func (h *Host) connKey(ss *mcp.ServerSession) sessions.Key {
 	return key
 }
 
-// clientEnded forgets what the host keeps for key's client, which the
-// session layer ended (sessions.Options.Ended): its grant answers and the
-// URL elicitation IDs its plugins issued. Whoever ended it (the transport
-// session's end, the idle timeout, eviction past the handle bound), they
-// go with it, so that a client's entries never outlive it to crowd out
-// others'.
-func (h *Host) clientEnded(key sessions.Key) {
-	h.grants.end(key)
+// clientEnded forgets what the host keeps for key's client, numbered
+// client, which the session layer ended (sessions.Options.Ended): its
+// grant answers and the URL elicitation IDs its plugins issued. Whoever
+// ended it (the transport session's end, the idle timeout, eviction past
+// the handle bound), they go with it, so that a client's entries never
+// outlive it to crowd out others'. A new client of the key, made while
+// this one's end waited for its calls, keeps its grant answers.
+func (h *Host) clientEnded(key sessions.Key, client uint64) {
+	h.grants.end(key, client)
 	h.urls.end(key.String())
 }
 

@@ -204,7 +204,14 @@ type Options struct {
 	// eviction past MaxHandles, or Close. What the caller keeps per
 	// client goes with it here, whoever ended the client. It is called
 	// without the manager's lock, and must not block.
-	Ended func(key Key)
+	//
+	// client is the ended client's number ([Manager.ClientNumber]); for
+	// End of a key with no client, the number of the last client made,
+	// of any key. The key may have a new client by then, made while the
+	// old one's end waited for its calls: a caller keeping things under
+	// the key keeps those of a client numbered higher (a late end forgot
+	// the new client's grant answers, TestLateEndKeepsReturningClientsGrants).
+	Ended func(key Key, client uint64)
 }
 
 // Observer is told of instance events. Its methods must not block.
@@ -236,7 +243,9 @@ type Manager struct {
 	mu      sync.Mutex
 	closed  bool
 	clients map[Key]*client
-	handles int // clients of Handle keys
+	// numbered is the number of the last client made (client.number).
+	numbered uint64
+	handles  int // clients of Handle keys
 	// keyed counts the clients of Client keys in each group
 	// (Options.MaxClientsPerGroup), keyedAll in all.
 	keyed    map[string]int
@@ -337,6 +346,7 @@ func (m *Manager) poolSize() int {
 // client is one client's state: its slots, one per plugin name.
 type client struct {
 	key      Key
+	number   uint64           // the clients are numbered in the order they are made, from 1
 	slots    map[string]*slot // guarded by Manager.mu
 	ended    chan struct{}    // closed when the client ends
 	closed   bool             // guarded by Manager.mu
@@ -461,7 +471,8 @@ func (m *Manager) idleKeyedLocked(group string) *client {
 
 // newClientLocked makes key's client, of group. The caller holds m.mu.
 func (m *Manager) newClientLocked(key Key, group string) *client {
-	c := &client{key: key, group: group, slots: map[string]*slot{}, ended: make(chan struct{}), lastUsed: time.Now()}
+	m.numbered++
+	c := &client{key: key, number: m.numbered, group: group, slots: map[string]*slot{}, ended: make(chan struct{}), lastUsed: time.Now()}
 	m.clients[key] = c
 	switch key.kind {
 	case KindHandle:
@@ -609,20 +620,33 @@ func (m *Manager) leaveLocked(c *client) {
 // with no client.
 func (m *Manager) End(ctx context.Context, key Key) {
 	m.mu.Lock()
-	c := m.clients[key]
+	c, last := m.clients[key], m.numbered
 	m.mu.Unlock()
 	if c != nil {
 		m.endClient(ctx, c)
 	} else {
-		m.ended(key)
+		m.ended(key, last) // every client of key made before now has ended
 	}
 }
 
-// ended tells Options.Ended that key's client ended.
-func (m *Manager) ended(key Key) {
+// ended tells Options.Ended that key's client numbered client ended.
+func (m *Manager) ended(key Key, client uint64) {
 	if m.opts.Ended != nil {
-		m.opts.Ended(key)
+		m.opts.Ended(key, client)
 	}
+}
+
+// ClientNumber returns the number of key's live client, 0 for none. The
+// manager numbers the clients it makes, of every key, in order from 1: a
+// client made after another has a higher number, so that what is kept
+// under a key can say whose it is (see [Options.Ended]).
+func (m *Manager) ClientNumber(key Key) uint64 {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if c, ok := m.clients[key]; ok && !c.closed {
+		return c.number
+	}
+	return 0
 }
 
 func (m *Manager) endClient(ctx context.Context, c *client) {
@@ -655,7 +679,7 @@ func (m *Manager) endClient(ctx context.Context, c *client) {
 			m.dropInstance(sl)
 		}
 	}
-	m.ended(c.key)
+	m.ended(c.key, c.number)
 }
 
 // reapIdle ends Client-key clients with no lease for longer than timeout,
@@ -699,7 +723,7 @@ func (m *Manager) reapIdle(timeout time.Duration) {
 						m.dropInstance(sl)
 					}
 				}
-				m.ended(c.key)
+				m.ended(c.key, c.number)
 			}
 		}
 	}

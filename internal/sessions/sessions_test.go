@@ -104,7 +104,7 @@ func newWorld(t testing.TB, opts sessions.Options) *world {
 		current: map[string]*plugins.Plugin{}, parked: map[string]*holder{}}
 	opts.Observer = w.obs
 	if opts.Ended == nil {
-		opts.Ended = func(sessions.Key) { w.m.Stats() } // called without the manager's lock, or this waits for ever
+		opts.Ended = func(sessions.Key, uint64) { w.m.Stats() } // called without the manager's lock, or this waits for ever
 	}
 	w.m = sessions.New(&opts)
 	w.version("counter", false)
@@ -805,7 +805,7 @@ func TestUnreturnedPerGroup(t *testing.T) {
 // timeout and Close.
 func TestEnded(t *testing.T) {
 	ended := make(chan sessions.Key, 16)
-	w := newWorld(t, sessions.Options{MaxHandles: 1, IdleTimeout: time.Hour, Ended: func(k sessions.Key) { ended <- k }})
+	w := newWorld(t, sessions.Options{MaxHandles: 1, IdleTimeout: time.Hour, Ended: func(k sessions.Key, _ uint64) { ended <- k }})
 	counter := w.plugin("counter")
 	want := func(how string, k sessions.Key) {
 		t.Helper()
@@ -850,7 +850,7 @@ func TestEnded(t *testing.T) {
 // timeout.
 func TestEndedIdle(t *testing.T) {
 	ended := make(chan sessions.Key, 1)
-	w := newWorld(t, sessions.Options{IdleTimeout: 10 * time.Millisecond, Ended: func(k sessions.Key) { ended <- k }})
+	w := newWorld(t, sessions.Options{IdleTimeout: 10 * time.Millisecond, Ended: func(k sessions.Key, _ uint64) { ended <- k }})
 	defer w.finish()
 	k := sessions.Client("c")
 	l, err := w.m.Acquire(w.ctx, k, w.plugin("counter"))
@@ -914,7 +914,7 @@ func TestEvictionTakesFromTheLargestTenant(t *testing.T) {
 // though it was first in line until its next use.
 func TestIdleReaperReadsLeastRecentlyUsedFirst(t *testing.T) {
 	ended := make(chan sessions.Key, 4)
-	w := newWorld(t, sessions.Options{IdleTimeout: 2 * time.Second, Ended: func(k sessions.Key) { ended <- k }})
+	w := newWorld(t, sessions.Options{IdleTimeout: 2 * time.Second, Ended: func(k sessions.Key, _ uint64) { ended <- k }})
 	defer w.finish()
 	use := func(k sessions.Key) {
 		t.Helper()
