@@ -475,3 +475,53 @@ func TestOAuthKeyFetchFailurePaced(t *testing.T) {
 		t.Errorf("20 tokens while the authorization server was down made %d requests to it, want 2 (one discovery)", n)
 	}
 }
+
+// panicOnce is a transport whose first request panics (as a bug in a
+// transport, or in what a request runs, might), and the rest go out.
+type panicOnce struct{ done atomic.Bool }
+
+func (p *panicOnce) RoundTrip(r *http.Request) (*http.Response, error) {
+	if p.done.CompareAndSwap(false, true) {
+		panic("the transport's first request")
+	}
+	return http.DefaultTransport.RoundTrip(r)
+}
+
+// TestOAuthPanicLeavesNothingHeld: a panic in the fetch of the issuer's
+// keys, or in a token's introspection, leaves no fetch or flight marked
+// under way: the next request fetches or asks again, rather than waiting
+// for good on the one that panicked (a review, stop 67: the clean-up was
+// not deferred, and every later JWT, or every later request bearing the
+// introspected token, failed at its client's deadline). net/http's server
+// recovers a handler's panic and serves on.
+func TestOAuthPanicLeavesNothingHeld(t *testing.T) {
+	verify := func(v *auth.OAuth, token string) (panicked any, err error) {
+		defer func() { panicked = recover() }()
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_, err = v.Verify(ctx, token)
+		return nil, err
+	}
+	t.Run("keys", func(t *testing.T) {
+		as := authtest.NewServer(t, resource)
+		v := newVerifier(t, as, auth.OAuthOptions{HTTPClient: &http.Client{Transport: &panicOnce{}}})
+		token := as.Mint(map[string]any{"sub": "alice"})
+		if p, _ := verify(v, token); p == nil {
+			t.Fatal("the first fetch did not panic")
+		}
+		if p, err := verify(v, token); err != nil || p != nil {
+			t.Errorf("a JWT after a fetch of the keys panicked: %v %v; want it accepted", err, p)
+		}
+	})
+	t.Run("introspection", func(t *testing.T) {
+		endpoint := newIntrospectionEndpoint(t)
+		as := authtest.NewServer(t, resource)
+		v := newVerifier(t, as, auth.OAuthOptions{IntrospectionURL: endpoint.URL, ClientID: "wasmtools", ClientSecret: "rs-secret", HTTPClient: &http.Client{Transport: &panicOnce{}}})
+		if p, _ := verify(v, "opaque"); p == nil {
+			t.Fatal("the first introspection did not panic")
+		}
+		if p, err := verify(v, "opaque"); !errors.Is(err, auth.ErrInvalidToken) || p != nil {
+			t.Errorf("the token again after its introspection panicked: %v %v; want it asked about again, and refused (inactive)", err, p)
+		}
+	})
+}
