@@ -49,6 +49,11 @@ const (
 // introspection slot taken for introspectionWait.
 var errIntrospectionsBusy = errors.New("too many introspection requests in flight")
 
+// errIntrospectionAborted is the failure of the requests that shared an
+// introspection that ended without an answer (it panicked): not an
+// invalid token (503, may be retried).
+var errIntrospectionAborted = errors.New("oauth: introspection: ended without an answer")
+
 // introspections are an [OAuth]'s introspection answers, kept by the
 // token's SHA-256 digest (the token itself is never kept), and its
 // requests in flight. It is safe for concurrent use.
@@ -181,16 +186,28 @@ func (v *OAuth) introspect(ctx context.Context, token string) (Identity, error) 
 		}
 	}
 
+	// The flight ends however the introspection does: after a panic in
+	// it, left in flight, every later request bearing the token would
+	// wait on it until its client's deadline, and, asking marked after
+	// a failure, every new token would be refused unasked
+	// (TestOAuthPanicLeavesNothingHeld). Those waiting on it then get
+	// errIntrospectionAborted, never an empty identity.
+	f.err = errIntrospectionAborted
+	defer func() {
+		in.mu.Lock()
+		delete(in.flights, key)
+		if asking {
+			in.asking = false
+		}
+		in.mu.Unlock()
+		close(f.done)
+	}()
 	// The introspection is everyone's who bears the token now, not only
 	// this request's: it runs on without this request's cancellation
 	// (bounded by the HTTP timeout), so that its client hanging up does
 	// not fail the others.
 	f.id, f.err = v.introspectShared(ctx, token)
 	in.mu.Lock()
-	delete(in.flights, key)
-	if asking {
-		in.asking = false
-	}
 	now = time.Now()
 	switch {
 	case f.err == nil:
@@ -214,7 +231,6 @@ func (v *OAuth) introspect(ctx context.Context, token string) (Identity, error) 
 		in.failed, in.failedUntil = f.err, now.Add(introspectionFailedFor)
 	}
 	in.mu.Unlock()
-	close(f.done)
 	return cloned(f.id), f.err
 }
 

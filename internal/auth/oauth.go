@@ -278,6 +278,16 @@ func (v *OAuth) keysFor(ctx context.Context, kid string) ([]jose.JSONWebKey, err
 	v.fetching = fetching
 	jwksURI := v.jwksURI
 	v.mu.Unlock()
+	defer func() {
+		// However the fetch ends: after a panic in it, left marked under
+		// way, every later token would wait on it until its client's
+		// deadline (TestOAuthPanicLeavesNothingHeld). Those waiting read
+		// what it left (the keys in hand, if it set none).
+		v.mu.Lock()
+		v.fetching = nil
+		v.mu.Unlock()
+		close(fetching)
+	}()
 
 	// The fetch is everyone's, not the request's that happens to make
 	// it, so it runs on without that request's cancellation: a client
@@ -295,8 +305,6 @@ func (v *OAuth) keysFor(ctx context.Context, kid string) ([]jose.JSONWebKey, err
 		v.keys, v.keysAt = set, time.Now()
 	}
 	v.fetched, v.fetchErr = time.Now(), err
-	v.fetching = nil
-	close(fetching)
 	return v.fetchedLocked(kid)
 }
 
