@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
 	"github.com/wasmtools/wasmtools/internal/sessions"
 	"github.com/wasmtools/wasmtools/internal/testplugins"
 	"github.com/wasmtools/wasmtools/plugins"
@@ -19,6 +21,55 @@ import (
 // forgot every answer kept under the key, the new client's too, and its
 // person was asked again).
 func TestLateEndKeepsReturningClientsGrants(t *testing.T) {
+	h, tool := counterHost(t)
+	p := tool.Plugin()
+	key := sessions.Client("returning")
+	answer := func(target string, allowed bool) {
+		h.grants.mu.Lock()
+		defer h.grants.mu.Unlock()
+		h.grants.session(key, "").answers[grantKey{plugin: p.Name(), sha256: p.SHA256(), kind: sandbox.GrantNetwork, target: target}] = allowed
+	}
+
+	returning(t, h, key, p, func() { answer("old.example:443", false) }, func() { answer("new.example:443", true) })
+
+	got := string(h.grants.export(key))
+	if !strings.Contains(got, "new.example:443") {
+		t.Errorf("the new client's answers after the old client's late end: %q; want its allow of new.example:443 kept", got)
+	}
+	if strings.Contains(got, "old.example:443") {
+		t.Errorf("the new client's answers: %q; want none of the old client's", got)
+	}
+}
+
+// TestLateEndKeepsReturningClientsURLs: as TestLateEndKeepsReturningClientsGrants,
+// for the URL elicitation IDs a client's plugins issued: the new client's
+// completion of its own ID is sent after the old client's late end, and
+// the old client's ID is not the new one's to complete.
+func TestLateEndKeepsReturningClientsURLs(t *testing.T) {
+	h, tool := counterHost(t)
+	key := sessions.Client("returning")
+	env := func() *callEnv {
+		e := h.newCallEnv(context.Background(), tool, &mcp.CallToolRequest{Params: &mcp.CallToolParamsRaw{Name: tool.Name}}, key.String())
+		e.ref = clientRef{key: key}
+		return e
+	}
+	issue := func(id string) func() {
+		return func() {
+			env().issueURLs(&mcp.ElicitParams{Mode: "url", ElicitationID: id, URL: "https://example.com/" + id})
+		}
+	}
+	returning(t, h, key, tool.Plugin(), issue("old-1"), issue("new-1"))
+	if ok, why := env().spendURL("new-1"); !ok {
+		t.Errorf("the new client's completion of its own ID after the old client's late end: refused (%s)", why)
+	}
+	if ok, _ := env().spendURL("old-1"); ok {
+		t.Error("the new client completed the old client's ID")
+	}
+}
+
+// counterHost is a host of the counter example, and its tool.
+func counterHost(t *testing.T) (*Host, *plugins.Tool) {
+	t.Helper()
 	ctx := context.Background()
 	rt, err := sandbox.NewRuntime(sandbox.Options{CacheDir: testplugins.CacheDir()})
 	if err != nil {
@@ -33,19 +84,21 @@ func TestLateEndKeepsReturningClientsGrants(t *testing.T) {
 	h := New(plugins.NewStatic(cat), nil)
 	t.Cleanup(func() { h.Close(ctx) })
 	tool, _ := cat.Tool("count")
-	p := tool.Plugin()
-	key := sessions.Client("returning")
-	answer := func(target string, allowed bool) {
-		h.grants.mu.Lock()
-		defer h.grants.mu.Unlock()
-		h.grants.session(key, "").answers[grantKey{plugin: p.Name(), sha256: p.SHA256(), kind: sandbox.GrantNetwork, target: target}] = allowed
-	}
+	return h, tool
+}
 
-	old, err := h.ses.Acquire(ctx, key, p) // the old client's call, running
+// returning runs key's old client's call, which keeps (old), then ends
+// that client while the call runs; the key comes back meanwhile, a new
+// client, which keeps (back) too; then the old call ends, and with it the
+// old client's end, which tells the host.
+func returning(t *testing.T, h *Host, key sessions.Key, p *plugins.Plugin, old, back func()) {
+	t.Helper()
+	ctx := context.Background()
+	l, err := h.ses.Acquire(ctx, key, p)
 	if err != nil {
 		t.Fatal(err)
 	}
-	answer("old.example:443", false)
+	old()
 	ended := make(chan struct{})
 	go func() {
 		defer close(ended)
@@ -56,21 +109,12 @@ func TestLateEndKeepsReturningClientsGrants(t *testing.T) {
 			t.Fatal("the old client was not ended")
 		}
 	}
-	// The key comes back: a new client, which is asked and answers.
-	l, err := h.ses.Acquire(ctx, key, p)
+	nl, err := h.ses.Acquire(ctx, key, p)
 	if err != nil {
 		t.Fatal(err)
 	}
-	answer("new.example:443", true)
+	back()
+	nl.Done(nil)
 	l.Done(nil)
-	old.Done(nil) // the old client's end goes on, and tells the host
 	<-ended
-
-	got := string(h.grants.export(key))
-	if !strings.Contains(got, "new.example:443") {
-		t.Errorf("the new client's answers after the old client's late end: %q; want its allow of new.example:443 kept", got)
-	}
-	if strings.Contains(got, "old.example:443") {
-		t.Errorf("the new client's answers: %q; want none of the old client's", got)
-	}
 }
