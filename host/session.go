@@ -116,10 +116,10 @@ func (h *Host) connKey(ss *mcp.ServerSession) sessions.Key {
 // ended it (the transport session's end, the idle timeout, eviction past
 // the handle bound), they go with it, so that a client's entries never
 // outlive it to crowd out others'. A new client of the key, made while
-// this one's end waited for its calls, keeps its grant answers.
+// this one's end waited for its calls, keeps its grant answers and IDs.
 func (h *Host) clientEnded(key sessions.Key, client uint64) {
 	h.grants.end(key, client)
-	h.urls.end(key.String())
+	h.urls.end(key.String(), client)
 }
 
 // acquire leases key's instance of p. When a reload retired p before the

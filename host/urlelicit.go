@@ -38,8 +38,13 @@ const (
 // each session, and paces each plugin's completions. It is safe for
 // concurrent use.
 type issuedURLs struct {
-	mu      sync.Mutex
-	ids     map[string][]string     // scope (urlScope) -> IDs, oldest first
+	mu  sync.Mutex
+	ids map[string][]string // scope (urlScope) -> IDs, oldest first
+	// clients are the numbers of the session-layer clients whose IDs
+	// each scope holds (sessions.Manager.ClientNumber, 0 for none), as
+	// the grant book's: a key's client that ended and came back is
+	// another, and its old client's late end must not forget its IDs.
+	clients map[string]uint64
 	bound   tenantFIFO[string]      // of scopes
 	plugins map[string]*tokenBucket // plugin and tenant -> completions' budget
 }
@@ -77,22 +82,45 @@ func (u *issuedURLs) pluginBudget(plugin, tenant string) *tokenBucket {
 // elicitations belong to.
 func (e *callEnv) urlScope() string { return e.sess + "\x00" + e.plugin.Name() }
 
-// end forgets the IDs issued in session (its label): its client ended.
-func (u *issuedURLs) end(session string) {
+// end forgets the IDs issued in session (its label): its client
+// numbered client ended. Those of a later client of its key stay.
+func (u *issuedURLs) end(session string, client uint64) {
 	u.mu.Lock()
 	defer u.mu.Unlock()
 	for scope := range u.ids {
-		if strings.HasPrefix(scope, session+"\x00") {
-			delete(u.ids, scope)
-			u.bound.remove(scope)
+		if strings.HasPrefix(scope, session+"\x00") && u.clients[scope] <= client {
+			u.forgetLocked(scope)
 		}
 	}
 }
 
+// forgetLocked forgets scope's IDs. u.mu is held.
+func (u *issuedURLs) forgetLocked(scope string) {
+	delete(u.ids, scope)
+	delete(u.clients, scope)
+	u.bound.remove(scope)
+}
+
+// scopeIDs returns scope's IDs for the client numbered client: none when
+// they are an earlier client's of the key (ended, its end not come yet,
+// as it waits for that client's calls), which are forgotten. u.mu is
+// held.
+func (u *issuedURLs) scopeIDs(scope string, client uint64) []string {
+	ids, ok := u.ids[scope]
+	if ok && u.clients[scope] < client {
+		u.forgetLocked(scope)
+		return nil
+	}
+	return ids
+}
+
+// client is the number of e's session-layer client, 0 for none.
+func (e *callEnv) client() uint64 { return e.h.ses.ClientNumber(e.ref.key) }
+
 // issueURLs remembers the URL elicitations among params as issued by e's
 // plugin in e's session.
 func (e *callEnv) issueURLs(params ...*mcp.ElicitParams) {
-	tenant, scope := e.tenant(), e.urlScope()
+	tenant, scope, client := e.tenant(), e.urlScope(), e.client()
 	u := &e.h.urls
 	u.mu.Lock()
 	defer u.mu.Unlock()
@@ -101,17 +129,20 @@ func (e *callEnv) issueURLs(params ...*mcp.ElicitParams) {
 			continue
 		}
 		if u.ids == nil {
-			u.ids = map[string][]string{}
+			u.ids, u.clients = map[string][]string{}, map[string]uint64{}
 			u.bound.total, u.bound.perTenant = maxIssuedScopes, maxIssuedScopesPerTenant
 		}
+		u.scopeIDs(scope, client) // an earlier client's forgotten
 		for _, s := range u.bound.add(scope, tenant) {
 			delete(u.ids, s)
+			delete(u.clients, s)
 		}
 		ids := append(u.ids[scope], p.ElicitationID)
 		if len(ids) > maxIssuedPerScope {
 			ids = ids[1:]
 		}
 		u.ids[scope] = ids
+		u.clients[scope] = max(u.clients[scope], client)
 	}
 }
 
@@ -119,11 +150,12 @@ func (e *callEnv) issueURLs(params ...*mcp.ElicitParams) {
 // issued by e's plugin in e's session and not completed yet, within the
 // call's and the plugin's rates. The ID is spent when it may.
 func (e *callEnv) spendURL(id string) (ok bool, why string) {
+	client := e.client()
 	u := &e.h.urls
 	u.mu.Lock()
 	defer u.mu.Unlock()
 	scope := e.urlScope()
-	ids := u.ids[scope]
+	ids := u.scopeIDs(scope, client)
 	i := -1
 	for j, v := range ids {
 		if v == id {
