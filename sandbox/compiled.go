@@ -38,6 +38,9 @@ type Compiled struct {
 	// its instances, and how (snapshot.go).
 	sha256 [32]byte
 	snap   *snapModule
+	// customs are the custom sections kept out of wazero's bytes
+	// (splitCustom); the rest are mod's.
+	customs []customSection
 
 	closeOnce  sync.Once
 	closeErr   error
@@ -205,6 +208,11 @@ func (c *Compiled) HasExport(name string) bool {
 // CustomSection returns the contents of the first custom section named
 // name, or nil.
 func (c *Compiled) CustomSection(name string) []byte {
+	for _, s := range c.customs {
+		if s.name == name {
+			return s.data
+		}
+	}
 	for _, s := range c.mod.CustomSections() {
 		if s.Name() == name {
 			return s.Data()

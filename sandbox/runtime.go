@@ -229,6 +229,7 @@ func (r *Runtime) Compile(ctx context.Context, wasm []byte, p Policy) (*Compiled
 	if err := pctx.Err(); err != nil || left <= 0 {
 		return nil, fmt.Errorf("compile: %w", cmp.Or(err, context.DeadlineExceeded))
 	}
+	wasm, customs := splitCustom(wasm, !flag)
 	cache := r.cacheNow()
 	rt, mod, err := r.compileIn(ctx, cache, wasm, flag, p, left)
 	if err != nil && cache != r.memCache && r.diskCacheFailed(err) {
@@ -247,7 +248,7 @@ func (r *Runtime) Compile(ctx context.Context, wasm []byte, p Policy) (*Compiled
 	if err != nil {
 		return nil, closeRT(err)
 	}
-	c.sha256, c.snap = sum, snap
+	c.sha256, c.snap, c.customs = sum, snap, customs
 	c.snap.policyRefusal(c)
 	c.decideImages()
 	return c, nil

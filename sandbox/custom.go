@@ -1,0 +1,64 @@
+package sandbox
+
+import "strings"
+
+// customSection is a custom section taken out of the bytes wazero
+// compiles (see splitCustom).
+type customSection struct {
+	name string
+	data []byte
+}
+
+// splitCustom returns wasm without its custom sections but "name" (the
+// function names of trap traces) and, when debug is set, the DWARF ones
+// (".debug_*", for the source lines of traces), and the sections it took
+// out, their data copied.
+//
+// Why: wazero keys its compilation cache on the bytes it is given, so a
+// plugin rebuilt with nothing changed but a custom section (a version, a
+// manifest, a signature) would compile again from nothing: seconds for a Go
+// plugin, 20 s of CPU under the race detector. The sections taken out
+// never reach the guest's code; [Compiled.CustomSection] reads them here.
+//
+// wasm is a module the checker accepted, its section headers sound; on
+// any surprise the bytes are returned as they are.
+func splitCustom(wasm []byte, debug bool) ([]byte, []customSection) {
+	var out []byte
+	var taken []customSection
+	kept := 0 // wasm[kept:start] is yet to be copied to out
+	r := reader{b: wasm, pos: 8}
+	for r.pos < len(wasm) && r.err == nil {
+		start := r.pos
+		id := r.byte()
+		size := uint64(r.u32())
+		body := r.pos
+		if r.err != nil || size > uint64(len(wasm)-body) {
+			return wasm, nil
+		}
+		end := body + int(size)
+		if id != 0 {
+			r.pos = end
+			continue
+		}
+		nameLen := uint64(r.u32())
+		if r.err != nil || nameLen > uint64(end-r.pos) {
+			return wasm, nil
+		}
+		name := string(wasm[r.pos : r.pos+int(nameLen)])
+		data := wasm[r.pos+int(nameLen) : end]
+		r.pos = end
+		if name == "name" || (debug && strings.HasPrefix(name, ".debug_")) {
+			continue
+		}
+		if out == nil {
+			out = make([]byte, 0, len(wasm))
+		}
+		out = append(out, wasm[kept:start]...)
+		kept = end
+		taken = append(taken, customSection{name: name, data: append([]byte(nil), data...)})
+	}
+	if r.err != nil || out == nil {
+		return wasm, nil
+	}
+	return append(out, wasm[kept:]...), taken
+}
