@@ -32,8 +32,11 @@ serve: build plugins
 # test: vet, every test under the race detector, then the tests whose
 # measure the race detector's instrumentation changes (sessions' memory,
 # a call's stack: TestSessionsFreeTheirMemory, TestCallStackDepth), without.
+# First the plugins are compiled into the tests' shared compilation cache
+# without the race detector (scripts/warm-test-cache.sh says why).
 test: plugins testplugins
 	$(GO) vet ./...
+	GO=$(GO) scripts/warm-test-cache.sh
 	$(GO) test -race -count=1 -timeout 30m ./...
 	$(GO) test -count=1 -run 'FreeTheirMemory|CallStackDepth' ./host
 
