@@ -1,0 +1,221 @@
+package host_test
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"net/http"
+	"net/url"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/wasmtools/wasmtools/host"
+	"github.com/wasmtools/wasmtools/internal/statestore"
+	"github.com/wasmtools/wasmtools/sandbox"
+)
+
+// cutStore is a store that, once cut, answers nothing: every exchange
+// waits out its deadline, as over a link to Redis blackholed (the fault
+// suite's partition-store).
+type cutStore struct {
+	statestore.Store
+	cut atomic.Bool
+}
+
+func (s *cutStore) away(ctx context.Context) error {
+	<-ctx.Done()
+	return ctx.Err()
+}
+
+func (s *cutStore) Heartbeat(ctx context.Context, o statestore.Owner, ttl time.Duration) error {
+	if s.cut.Load() {
+		return s.away(ctx)
+	}
+	return s.Store.Heartbeat(ctx, o, ttl)
+}
+
+func (s *cutStore) Leave(ctx context.Context, o statestore.Owner) error {
+	if s.cut.Load() {
+		return s.away(ctx)
+	}
+	return s.Store.Leave(ctx, o)
+}
+
+func (s *cutStore) Claim(ctx context.Context, id string, o statestore.Owner, ttl time.Duration, steal bool) (statestore.Claim, error) {
+	if s.cut.Load() {
+		return statestore.Claim{}, s.away(ctx)
+	}
+	return s.Store.Claim(ctx, id, o, ttl, steal)
+}
+
+func (s *cutStore) Put(ctx context.Context, id, field string, value []byte, fence uint64, ttl time.Duration) error {
+	if s.cut.Load() {
+		return s.away(ctx)
+	}
+	return s.Store.Put(ctx, id, field, value, fence, ttl)
+}
+
+func (s *cutStore) Renew(ctx context.Context, id string, fence uint64, ttl time.Duration, bump bool) (uint64, error) {
+	if s.cut.Load() {
+		return 0, s.away(ctx)
+	}
+	return s.Store.Renew(ctx, id, fence, ttl, bump)
+}
+
+func (s *cutStore) Get(ctx context.Context, id string) (map[string][]byte, error) {
+	if s.cut.Load() {
+		return nil, s.away(ctx)
+	}
+	return s.Store.Get(ctx, id)
+}
+
+func (s *cutStore) Release(ctx context.Context, id string, fence uint64) error {
+	if s.cut.Load() {
+		return s.away(ctx)
+	}
+	return s.Store.Release(ctx, id, fence)
+}
+
+func (s *cutStore) Delete(ctx context.Context, id string, fence uint64) error {
+	if s.cut.Load() {
+		return s.away(ctx)
+	}
+	return s.Store.Delete(ctx, id, fence)
+}
+
+// failover is a proxy in a test that does what deploy/haproxy.cfg and
+// deploy/nginx.conf do with a 503 (a request refused before it ran): it
+// sends the request again to the session's fallback, once.
+type failover struct {
+	to, next *replica
+	mu       sync.Mutex
+	refused  int // 503s of to, sent again to next
+}
+
+func (f *failover) send(to *replica, req *http.Request, body []byte) (*http.Response, error) {
+	u, _ := url.Parse(to.srv.URL)
+	req = req.Clone(req.Context())
+	req.URL.Scheme, req.URL.Host, req.Host = u.Scheme, u.Host, u.Host
+	req.Body = io.NopCloser(bytes.NewReader(body))
+	req.ContentLength = int64(len(body))
+	return http.DefaultTransport.RoundTrip(req)
+}
+
+func (f *failover) RoundTrip(req *http.Request) (*http.Response, error) {
+	var body []byte
+	if req.Body != nil {
+		b, err := io.ReadAll(req.Body)
+		req.Body.Close()
+		if err != nil {
+			return nil, err
+		}
+		body = b
+	}
+	res, err := f.send(f.to, req, body)
+	if err != nil || res.StatusCode != http.StatusServiceUnavailable {
+		return res, err
+	}
+	res.Body.Close()
+	f.mu.Lock()
+	f.refused++
+	f.mu.Unlock()
+	return f.send(f.next, req, body)
+}
+
+func (f *failover) refusals() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.refused
+}
+
+// A replica cut off from the state store alone (the proxy and the other
+// replicas reach it and the store) stays ready: it cannot tell this from
+// a store down for every replica, when failing readiness everywhere would
+// leave the proxy no replica at all. Past its 2 s of grace from memory it
+// refuses the calls of a session it holds with HTTP 503, before anything
+// runs, so that the proxy sends each to another replica, which reaches
+// the store and takes the session over. Until now it answered them
+// -32053 in an HTTP 200, which no proxy retries: its clients failed for
+// as long as the partition lasted (the fault suite's partition-store had
+// to fail it over by refusing its port).
+func TestCutOffReplicaSendsSessionsElsewhere(t *testing.T) {
+	for _, protocol := range protocols {
+		t.Run("protocol="+cmpOr(protocol, "default"), func(t *testing.T) { cutOffSendsElsewhere(t, protocol) })
+	}
+}
+
+func cutOffSendsElsewhere(t *testing.T, protocol string) {
+	shared := statestore.NewMemory()
+	atA := &cutStore{Store: shared}
+	a, b := newReplica(t, "a", atA, sandbox.NewPolicy()), newReplica(t, "b", shared, sandbox.NewPolicy())
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("a's log:\n%s\nb's log:\n%s", a.log.String(), b.log.String())
+		}
+	})
+	proxy := &failover{to: a, next: b}
+	cs := connectHTTP(t, a.srv.URL, protocol, proxy)
+	cs.ListTools(context.Background(), nil) // the client learns to mirror the handle into its header
+	res := call(t, cs, "note_add", map[string]any{"text": "one"})
+	if res.IsError || res.Meta[host.MetaNotSaved] != nil {
+		t.Fatalf("a: %v %s", res.Meta, text(res))
+	}
+	args := func(kv ...any) map[string]any {
+		m := map[string]any{}
+		if handle, _ := res.Meta[host.MetaSession].(string); handle != "" {
+			m[host.SessionArgument] = handle // 2026-07-28: no session
+		}
+		for i := 0; i < len(kv); i += 2 {
+			m[kv[i].(string)] = kv[i+1]
+		}
+		return m
+	}
+	atA.cut.Store(true)
+	a.waitLog(t, "state store heartbeat", 1)
+	if code, _ := readyz(t, a); code != http.StatusOK {
+		t.Errorf("a cut off from the store answers /readyz %d; want it ready (it cannot tell a store down for all)", code)
+	}
+	// The client retries what fails, as a client told -32053 does: b
+	// refuses the session until a's heartbeat in the store has expired
+	// (6 s), then takes it over.
+	deadline := time.Now().Add(30 * time.Second)
+	var last string
+	for {
+		res, err := cs.CallTool(context.Background(), &mcp.CallToolParams{Name: "note_add", Arguments: args("text", "two")})
+		if err == nil && !res.IsError && res.Meta[host.MetaNotSaved] == nil {
+			break
+		}
+		if err != nil {
+			last = err.Error()
+		} else {
+			last = text(res)
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the session's calls still fail 30 s into a's partition (a refused %d to the proxy): %s", proxy.refusals(), last)
+		}
+		time.Sleep(250 * time.Millisecond) // the client's backoff
+	}
+	if proxy.refusals() == 0 {
+		t.Error("a refused nothing to the proxy")
+	}
+	if got := text(call(t, cs, "note_list", args())); !strings.Contains(got, "one") || !strings.Contains(got, "two") {
+		t.Errorf("after the takeover: %q; want one and two", got)
+	}
+}
+
+// readyz returns r's /readyz status and body.
+func readyz(t *testing.T, r *replica) (int, string) {
+	t.Helper()
+	res, err := http.Get(r.srv.URL + "/readyz")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer res.Body.Close()
+	b, _ := io.ReadAll(res.Body)
+	return res.StatusCode, string(b)
+}
