@@ -44,6 +44,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/wasmtools/wasmtools/abi"
+	"github.com/wasmtools/wasmtools/internal/durable"
 	"github.com/wasmtools/wasmtools/internal/jsonobj"
 	"github.com/wasmtools/wasmtools/internal/sessions"
 	"github.com/wasmtools/wasmtools/plugins"
@@ -361,6 +362,22 @@ func (h *Host) requestKey(ss *mcp.ServerSession, extra *mcp.RequestExtra, meta m
 		return h.connKey(ss), nil
 	}
 	return h.checkHandle(handle, subjectOf(extra))
+}
+
+// handleElsewhere reports whether a sessionless request names, in its
+// Mcp-Param-Wasmtools-Session header, a handle whose session this replica
+// would refuse for want of the state store, and another replica may serve
+// (durable.Keeper.ServeElsewhere). Cheap while the store answers.
+func (h *Host) handleElsewhere(r *http.Request) bool {
+	if !h.dur.StoreAway() {
+		return false
+	}
+	handle, ok := decodeParamHeader(r.Header.Get("Mcp-Param-" + SessionHeader))
+	if !ok || handle == "" {
+		return false
+	}
+	key, err := h.checkHandle(handle, userOf(r))
+	return err == nil && h.dur.ServeElsewhere(r.Context(), durable.StoreID(key))
 }
 
 // headerKey is the key of the operator's client header

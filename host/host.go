@@ -801,6 +801,8 @@ func (h *Host) HTTPHandler() http.Handler {
 				refuse(w, "this replica is shutting down")
 			case h.drain.draining.Load() && r.Header.Get("Mcp-Param-"+SessionHeader) == "":
 				refuse(w, "this replica is draining and takes no new sessions")
+			case r.Method == http.MethodPost && h.handleElsewhere(r):
+				refuse(w, storeAwayHere)
 			default:
 				stateless.ServeHTTP(w, r)
 			}

@@ -28,6 +28,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/wasmtools/wasmtools/internal/durable"
+	"github.com/wasmtools/wasmtools/internal/sessions"
 	"github.com/wasmtools/wasmtools/internal/statestore"
 )
 
@@ -304,6 +305,15 @@ func (h *Host) trackStream(r *http.Request) (_ *http.Request, end func()) {
 	}
 }
 
+// storeAwayHere is why a replica cut off from the state store refuses a
+// call of a session it holds (durable.Keeper.ServeElsewhere): the proxy
+// sends it to another replica, which may reach the store.
+const storeAwayHere = "the state store does not answer this replica: another replica may serve the session"
+
+// errStoreUnanswered is a session that could not be taken over because
+// the state store did not answer: not a session unknown.
+var errStoreUnanswered = errors.New("the state store did not answer")
+
 // refuse answers a request the draining host will not serve: 503 with
 // Retry-After, which a proxy retries on another replica.
 func refuse(w http.ResponseWriter, why string) {
@@ -389,12 +399,24 @@ func (h *Host) serveStateful(stateful http.Handler, events mcp.EventStore, w htt
 		defer h.posts.Delete(token)
 		r.Header.Set(liveHeader, token)
 	}
+	if r.Method == http.MethodPost && isToolCall(body) && h.dur.ServeElsewhere(r.Context(), durable.StoreID(sessions.Conn(nil, id, ""))) {
+		refuse(w, storeAwayHere)
+		return
+	}
 	nf := &notFound{ResponseWriter: w}
 	stateful.ServeHTTP(nf, r)
 	if !nf.missing {
 		return
 	}
 	if err := h.adopt(r.Context(), stateful, r, id); err != nil {
+		if errors.Is(err, errStoreUnanswered) {
+			// Not a session unknown: 404 would end it at the client.
+			// Another replica may reach the store, and this one may
+			// again in a moment.
+			h.log.Warn("session not taken over: the state store does not answer", "session", sessionLabel(id), "error", err)
+			refuse(w, "the state store does not answer: the session cannot be taken over now")
+			return
+		}
 		if !errors.Is(err, statestore.ErrNotFound) {
 			h.log.Warn("session not taken over", "session", sessionLabel(id), "error", err)
 		}
@@ -470,6 +492,9 @@ func (h *Host) adopt(ctx context.Context, stateful http.Handler, orig *http.Requ
 	defer cancel()
 	rec, err := h.dur.ReadSession(ctx, id)
 	if err != nil {
+		if durable.Unanswered(err) {
+			return fmt.Errorf("%w: %w", errStoreUnanswered, err)
+		}
 		return err
 	}
 	var sr struct {

@@ -219,3 +219,108 @@ func readyz(t *testing.T, r *replica) (int, string) {
 	b, _ := io.ReadAll(res.Body)
 	return res.StatusCode, string(b)
 }
+
+// The opposite case: the store away for every replica. A replica cannot
+// tell it from being cut off alone, and stays ready; what it refuses to
+// the proxy, the other refuses too, and the client retries: no session
+// is ended (the other replica answered 404 to a session it could not
+// read from the store, which ends it at the client), and what memory can
+// still serve is served (a session begun during the outage).
+func TestStoreAwayForAllEndsNoSession(t *testing.T) {
+	shared := statestore.NewMemory()
+	atA, atB := &cutStore{Store: shared}, &cutStore{Store: shared}
+	a, b := newReplica(t, "a", atA, sandbox.NewPolicy()), newReplica(t, "b", atB, sandbox.NewPolicy())
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("a's log:\n%s\nb's log:\n%s", a.log.String(), b.log.String())
+		}
+	})
+	proxy := &failover{to: a, next: b}
+	cs := connectHTTP(t, a.srv.URL, "2025-11-25", proxy)
+	if res := call(t, cs, "note_add", map[string]any{"text": "one"}); res.IsError || res.Meta[host.MetaNotSaved] != nil {
+		t.Fatalf("a: %v %s", res.Meta, text(res))
+	}
+	atA.cut.Store(true)
+	atB.cut.Store(true)
+	a.waitLog(t, "state store heartbeat", 1)
+	b.waitLog(t, "state store heartbeat", 1)
+	if code, _ := readyz(t, a); code != http.StatusOK {
+		t.Errorf("a, the store away, answers /readyz %d; want it ready", code)
+	}
+	// Past a's grace (its heartbeat failed 2 s or more after the call).
+	for proxy.refusals() == 0 {
+		if _, err := cs.CallTool(context.Background(), &mcp.CallToolParams{Name: "note_add", Arguments: map[string]any{"text": "two"}}); err == nil {
+			t.Fatal("a call served with the store away for every replica, past the grace")
+		}
+		time.Sleep(250 * time.Millisecond) // the client's backoff
+	}
+	// A session begun now goes on from a's memory.
+	fresh := connectHTTP(t, a.srv.URL, "2025-11-25", nil)
+	if res := call(t, fresh, "note_add", map[string]any{"text": "from memory"}); res.IsError || res.Meta[host.MetaNotSaved] == nil {
+		t.Errorf("a session begun during the outage: %v %s; want it served, marked notSaved", res.Meta, text(res))
+	}
+	atA.cut.Store(false)
+	atB.cut.Store(false)
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		res, err := cs.CallTool(context.Background(), &mcp.CallToolParams{Name: "note_list"})
+		if err == nil && !res.IsError {
+			if got := text(res); !strings.Contains(got, "one") {
+				t.Fatalf("after the outage: %q; want one", got)
+			}
+			break
+		}
+		if err != nil && strings.Contains(err.Error(), "session not found") || time.Now().After(deadline) {
+			t.Fatalf("the session after the outage: %v", err)
+		}
+		time.Sleep(250 * time.Millisecond) // the client's backoff
+	}
+}
+
+// A store that comes back empty holds nothing of a session but what its
+// replica holds: that replica, its last heartbeat round still failed,
+// must not send the session's call elsewhere, where the session is
+// unknown (a 2025-11-25 session answered 404), but find the store back
+// and write the session back from memory. It asks the store before it
+// refuses; trusting the last heartbeat round lost five sessions in the
+// fault suite's redis-down-10s.
+func TestStoreBackEmptyKeepsSessionHere(t *testing.T) {
+	shared := statestore.NewMemory()
+	atA, atB := &cutStore{Store: shared}, &cutStore{Store: shared}
+	a, b := newReplica(t, "a", atA, sandbox.NewPolicy()), newReplica(t, "b", atB, sandbox.NewPolicy())
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("a's log:\n%s\nb's log:\n%s", a.log.String(), b.log.String())
+		}
+	})
+	proxy := &failover{to: a, next: b}
+	cs := connectHTTP(t, a.srv.URL, "2025-11-25", proxy)
+	if res := call(t, cs, "note_add", map[string]any{"text": "one"}); res.IsError || res.Meta[host.MetaNotSaved] != nil {
+		t.Fatalf("a: %v %s", res.Meta, text(res))
+	}
+	atA.cut.Store(true)
+	atB.cut.Store(true)
+	a.waitLog(t, "state store heartbeat", 1)
+	for proxy.refusals() == 0 {
+		cs.CallTool(context.Background(), &mcp.CallToolParams{Name: "note_list"})
+		time.Sleep(250 * time.Millisecond) // the client's backoff
+	}
+	// Back empty, before a's next heartbeat round (2 s apart).
+	shared.Flush()
+	atA.cut.Store(false)
+	atB.cut.Store(false)
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		res, err := cs.CallTool(context.Background(), &mcp.CallToolParams{Name: "note_list"})
+		if err == nil && !res.IsError {
+			if got := text(res); !strings.Contains(got, "one") {
+				t.Fatalf("the session after the store came back empty: %q; want one, from a's memory", got)
+			}
+			return
+		}
+		if err != nil && !strings.Contains(err.Error(), "-32053") && !strings.Contains(err.Error(), "state store") || time.Now().After(deadline) {
+			t.Fatalf("the session after the store came back empty: %v", err)
+		}
+		time.Sleep(250 * time.Millisecond) // the client's backoff (-32053)
+	}
+}

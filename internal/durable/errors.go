@@ -50,6 +50,11 @@ var errLostHere = fmt.Errorf("%w; the state store lost the session's state meanw
 // that takes the fresh instance's notice answers no one.
 func LostHere(err error) bool { return errors.Is(err, errLostHere) }
 
+// Unanswered reports whether err, of an exchange with the store, is the
+// store not answering (a timeout, a refused connection, the breaker)
+// rather than its refusal or its answer that something is not there.
+func Unanswered(err error) bool { return unanswered(err) }
+
 // errUnverified fails a call whose state could be neither saved nor
 // known current (see checkpoint).
 var errUnverified = errors.New("the session's state could not be saved or verified while this call ran (the state store did not answer), and its effect was not kept: call the tool again")

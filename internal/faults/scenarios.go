@@ -76,6 +76,7 @@ func Scenarios(stops int) []Scenario {
 		s = append(s, Scenario{Name: "partition-store", Proxy: p, Relays: true, StoreLinks: true, SoakOnly: p == Nginx, Fault: partitionStore})
 	}
 	s = append(s,
+		Scenario{Name: "partition-store-unrouted", Proxy: HAProxy, Relays: true, StoreLinks: true, SoakOnly: true, Fault: partitionUnrouted},
 		Scenario{Name: "partition-store-flapping", Proxy: HAProxy, StoreLinks: true, SoakOnly: true, Fault: partitionFlapping},
 		Scenario{Name: "kill9-under-load", Proxy: HAProxy, Fault: func(r *Run) {
 			for _, i := range []int{0, 1} {
@@ -120,17 +121,36 @@ func moveFrom(r *Run, i int) {
 // partitionStore cuts a replica that serves sessions off from Redis
 // (blackholed: nothing refused, nothing answered) for PartitionFor, while
 // the proxy, the other replicas and Redis reach one another: split brain.
-// For PartitionAlone the proxy still sends the replica its sessions: it
-// serves them from memory within 2 s of its last verified claim, then
-// refuses them (-32053). Then the proxy fails it over (its port refuses
-// the proxy), and a round of every client goes by: the other replicas
-// take its sessions over from the store. Then the proxy routes its
-// sessions to it again, still cut off: it holds their stale instances and
-// must not serve them. Then the partition heals: what the replica sent
-// during it reaches Redis late (its claims, its writes), and must not
-// overwrite what the others acknowledged; and the replica is drained, so
-// that its sessions move again through the store.
+// The proxy sends the replica its sessions throughout (it stays ready: it
+// cannot tell this from Redis down for every replica). It serves them
+// from memory within 2 s of its last verified claim; past them it refuses
+// their calls with 503 before they run, and the proxy sends each to the
+// session's fallback, which takes the session over from the store once
+// the replica's heartbeat has expired (until then it refuses -32053).
+// After PartitionAlone a round of every client must go by: every session
+// of the cut-off replica goes on elsewhere (until the 503s, the scenario
+// had to refuse the replica's port for it). Later calls of those sessions
+// still reach the cut-off replica first, which holds their stale
+// instances and must not serve them. Then the partition heals: what the
+// replica sent during it reaches Redis late (its claims, its writes), and
+// must not overwrite what the others acknowledged; and the replica is
+// drained, so that its sessions move again through the store.
 func partitionStore(r *Run) {
+	i := r.servingReplica(-1)
+	cut := time.Now()
+	r.C.Cut(i)
+	r.Hold(PartitionAlone)
+	r.Rounds(1)
+	r.Hold(max(PartitionFor-time.Since(cut), 2*time.Second))
+	r.C.Heal(i)
+	r.Rounds(1)
+	moveFrom(r, i)
+}
+
+// partitionUnrouted is [partitionStore] with the proxy failing the cut-off
+// replica over as well (its port refuses the proxy) for the round after
+// PartitionAlone, then routing its sessions back to it, still cut off.
+func partitionUnrouted(r *Run) {
 	i := r.servingReplica(-1)
 	cut := time.Now()
 	r.C.Cut(i)
