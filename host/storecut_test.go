@@ -3,12 +3,17 @@ package host_test
 import (
 	"bytes"
 	"context"
+	"errors"
+	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/url"
+	"os"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -21,13 +26,19 @@ import (
 
 // cutStore is a store that, once cut, answers nothing: every exchange
 // waits out its deadline, as over a link to Redis blackholed (the fault
-// suite's partition-store).
+// suite's partition-store). With refuse set, a cut store refuses each
+// exchange at once instead, as Redis down does (its port closed), and as
+// the Redis client goes on doing for up to a second after Redis is back
+// (it dials again once a second after a run of refused dials).
 type cutStore struct {
 	statestore.Store
-	cut atomic.Bool
+	cut, refuse atomic.Bool
 }
 
 func (s *cutStore) away(ctx context.Context) error {
+	if s.refuse.Load() {
+		return fmt.Errorf("statestore: redis: %w", &net.OpError{Op: "dial", Net: "tcp", Err: os.NewSyscallError("connect", syscall.ECONNREFUSED)})
+	}
 	<-ctx.Done()
 	return ctx.Err()
 }
@@ -320,6 +331,82 @@ func TestStoreBackEmptyKeepsSessionHere(t *testing.T) {
 		}
 		if err != nil && !strings.Contains(err.Error(), "-32053") && !strings.Contains(err.Error(), "state store") || time.Now().After(deadline) {
 			t.Fatalf("the session after the store came back empty: %v", err)
+		}
+		time.Sleep(250 * time.Millisecond) // the client's backoff (-32053)
+	}
+}
+
+// Redis down, then back empty: its replicas do not all reach it again at
+// once (the Redis client of each dials again once a second after a run of
+// refused dials). A replica still refused must not send the call of a
+// session it holds elsewhere, where the store, back empty, holds nothing
+// of it: the other replica answers a 2025-11-25 session 404, which ends
+// it at the client (the fault suite's redis-down-10s: session-lost, a
+// session of s3's refused with 503 by s3 0.8 s after Redis came back).
+// It answers -32053 as before, and once it reaches the store writes the
+// session back from memory. Nor is a session begun during the outage,
+// which the store never held, sent elsewhere: it is served from memory.
+func TestStoreDownBackEmptyKeepsSessionHere(t *testing.T) {
+	shared := statestore.NewMemory()
+	atA, atB := &cutStore{Store: shared}, &cutStore{Store: shared}
+	atA.refuse.Store(true)
+	atB.refuse.Store(true)
+	a, b := newReplica(t, "a", atA, sandbox.NewPolicy()), newReplica(t, "b", atB, sandbox.NewPolicy())
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("a's log:\n%s\nb's log:\n%s", a.log.String(), b.log.String())
+		}
+	})
+	proxy := &failover{to: a, next: b}
+	cs := connectHTTP(t, a.srv.URL, "2025-11-25", proxy)
+	if res := call(t, cs, "note_add", map[string]any{"text": "one"}); res.IsError || res.Meta[host.MetaNotSaved] != nil {
+		t.Fatalf("a: %v %s", res.Meta, text(res))
+	}
+	atA.cut.Store(true)
+	atB.cut.Store(true)
+	a.waitLog(t, "state store heartbeat", 1)
+	fresh := connectHTTP(t, a.srv.URL, "2025-11-25", &failover{to: a, next: b})
+	if res := call(t, fresh, "note_add", map[string]any{"text": "from memory"}); res.IsError || res.Meta[host.MetaNotSaved] == nil {
+		t.Fatalf("a session begun during the outage: %v %s; want it served, marked notSaved", res.Meta, text(res))
+	}
+	// Past a's grace the session's calls fail (the client retries).
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		_, err := cs.CallTool(context.Background(), &mcp.CallToolParams{Name: "note_list"})
+		if err != nil {
+			if errors.Is(err, mcp.ErrSessionMissing) || strings.Contains(err.Error(), "session not found") {
+				t.Fatalf("the session during the outage: %v", err)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the session still served from memory 30 s into the outage")
+		}
+		time.Sleep(250 * time.Millisecond) // the client's backoff
+	}
+	// Back empty: b reaches it, a is refused a while longer.
+	shared.Flush()
+	atB.cut.Store(false)
+	b.waitLog(t, "state store came back empty", 1)
+	_, err := cs.CallTool(context.Background(), &mcp.CallToolParams{Name: "note_list"})
+	if err != nil && (errors.Is(err, mcp.ErrSessionMissing) || strings.Contains(err.Error(), "session not found")) {
+		t.Fatalf("a session of a's, the store back empty and a still refused (a refused %d to the proxy): %v", proxy.refusals(), err)
+	}
+	if res, err := fresh.CallTool(context.Background(), &mcp.CallToolParams{Name: "note_list"}); err != nil || res.IsError || !strings.Contains(text(res), "from memory") {
+		t.Fatalf("a session begun during the outage, a still refused: %v %v", res, err)
+	}
+	atA.cut.Store(false)
+	deadline = time.Now().Add(30 * time.Second)
+	for {
+		res, err := cs.CallTool(context.Background(), &mcp.CallToolParams{Name: "note_list"})
+		if err == nil && !res.IsError {
+			if got := text(res); !strings.Contains(got, "one") {
+				t.Fatalf("the session once a reaches the store: %q; want one, from a's memory", got)
+			}
+			return
+		}
+		if err != nil && (errors.Is(err, mcp.ErrSessionMissing) || strings.Contains(err.Error(), "session not found")) || time.Now().After(deadline) {
+			t.Fatalf("the session once a reaches the store: %v", err)
 		}
 		time.Sleep(250 * time.Millisecond) // the client's backoff (-32053)
 	}
