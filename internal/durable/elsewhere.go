@@ -3,25 +3,55 @@ package durable
 import (
 	"context"
 	"time"
+
+	"github.com/wasmtools/wasmtools/internal/statestore"
 )
 
 // ServeElsewhere reports whether a request of session id (its store ID,
 // [StoreID]) is better refused by this replica before it runs, for the
 // proxy to send it to another: this replica holds the session on a claim
 // verified more than memoryGrace ago, so that it would refuse the request
-// anyway ([Keeper.BeforeCall]: ErrStateUnavailable), and the store does
-// not answer it now. Another replica that reaches the store takes the
-// session over; when the store is away for every replica, the other
-// refuses it as this one would have.
+// anyway ([Keeper.BeforeCall]: ErrStateUnavailable), the store does not
+// answer it now, and as far as this replica can tell the store still
+// holds the session's record, so that another replica that reaches the
+// store takes the session over from it. When the store is away for every
+// replica, the other refuses it as this one would have.
 //
-// "Now" is a probe of the store (a heartbeat, past the breaker) made for
-// this request, once the breaker or the heartbeat's last round said the
-// store was away: a store back, but back empty, holds nothing of the
-// session, which only this replica has, and another replica would find
-// it unknown (a 2025-11-25 session answered 404, a handle refused). The
-// fault suite's redis-down-10s lost five sessions so while this trusted
-// the last heartbeat round. A store that comes back between the probe
-// and the other replica's claim still does (a few milliseconds).
+// The other replica must find the record: a session it cannot find in a
+// store that answers it is unknown (a 2025-11-25 session answered 404,
+// which ends it at the client; a handle refused), while this replica
+// could have written it back from memory once it reached the store. So
+// the session is handed over only when nothing says the store lost it:
+//
+//   - "Now" is a probe of the store (a heartbeat, past the breaker) made
+//     for this request, once the breaker or the heartbeat's last round
+//     said the store was away: a store back holds what it holds, and
+//     this replica serves the session itself. The fault suite's
+//     redis-down-10s lost five sessions while this trusted the last
+//     heartbeat round.
+//   - The probe must have met silence (a timeout: a link blackholed, a
+//     store frozen), and nothing since the store last answered this
+//     replica's heartbeat may have refused or dropped a connection: a
+//     store whose process went down may come back empty (Redis without
+//     persistence), and is back for the others before it is for this
+//     replica (go-redis dials again once a second after a run of refused
+//     dials). Handing over then lost a session of s3's in
+//     redis-down-10s, 0.8 s after Redis came back
+//     (TestStoreDownBackEmptyKeepsSessionHere).
+//   - The claim's fence is of the store's epoch as this replica last
+//     saw it: one of an earlier epoch names a record the store lost.
+//   - The claim was verified once (its record written or read): a
+//     session this replica began while the store was away holds no claim
+//     at all, and is served from memory.
+//
+// Not seen: a store restarted empty behind a link that only went silent
+// for this replica, or one whose restart came back within the
+// heartbeat's round without this replica's connections noticing.
+//
+// What a call served from memory within the grace did is in no record
+// (its result said notSaved): the other replica goes on from the state
+// the store holds, as the mark warned, as it does for a replica failed
+// over by the proxy.
 //
 // Readiness is not this: a replica cannot tell the store down for every
 // replica from being cut off from it alone, and a proxy with every
@@ -31,7 +61,7 @@ import (
 // BeforeCall: its call ends within a store timeout, and this is asked
 // before every call.
 func (d *Keeper) ServeElsewhere(ctx context.Context, id string) bool {
-	if id == "" || !d.StoreAway() {
+	if id == "" || !d.StoreAway() || d.refusedLately() {
 		return false
 	}
 	var c *Claim
@@ -55,14 +85,29 @@ func (d *Keeper) ServeElsewhere(ctx context.Context, id string) bool {
 		return false
 	}
 	fresh := !c.stale && !c.verified.IsZero() && elapsed(c.verified, time.Now()) < memoryGrace
+	epoch := d.epoch.Load()
+	held := !c.verified.IsZero() && !c.retired && (epoch == 0 || statestore.Epoch(c.fence) == epoch)
 	c.mu.Unlock()
-	if fresh {
+	if fresh || !held {
 		return false
 	}
 	pctx, cancel := context.WithTimeout(ctx, d.timeout())
 	defer cancel()
 	err := d.store.Heartbeat(pctx, d.owner, heartbeatTTL)
-	return err != nil && ctx.Err() == nil && unanswered(d.observe(err))
+	return err != nil && ctx.Err() == nil && unanswered(d.observe(err)) && silent(err) && !d.refusedLately()
+}
+
+// refusedLately reports whether the store refused or dropped a
+// connection of this replica's since it last answered its heartbeat (or
+// ever, before the first answer): its process went down in this outage.
+func (d *Keeper) refusedLately() bool {
+	at := time.Duration(d.refusedAt.Load())
+	if at == 0 {
+		return false
+	}
+	d.beats.mu.Lock()
+	defer d.beats.mu.Unlock()
+	return at >= d.beats.answeredAt
 }
 
 // StoreAway reports whether the store does not answer this replica now:

@@ -31,6 +31,7 @@ func (d *Keeper) Heartbeat(ctx context.Context) {
 		err := d.store.Heartbeat(hctx, d.owner, heartbeatTTL)
 		if err != nil && ctx.Err() == nil {
 			d.log.Warn("state store heartbeat", "error", err)
+			d.noteRefused(err)
 		}
 		if ctx.Err() == nil {
 			d.beats.answered(at, !unanswered(err))

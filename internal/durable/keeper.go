@@ -138,6 +138,10 @@ type Keeper struct {
 	wg sync.WaitGroup // background work: renewals, write-backs
 
 	downUntil atomic.Int64 // the breaker: until when (ns since clockBase) the store is not asked
+	// refusedAt is when (ns since clockBase) the store last refused or
+	// dropped a connection of this replica's (its process down: see
+	// ServeElsewhere), 0 never.
+	refusedAt atomic.Int64
 	// beats: when the heartbeat loop ran (beat), for ranSince.
 	beats beats
 	// keyChecked: the store's key check passed; keyBad: it failed (why),

@@ -6,6 +6,10 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"io"
+	"net"
+	"os"
+	"syscall"
 	"time"
 
 	"github.com/zeebo/xxh3"
@@ -183,7 +187,33 @@ func (d *Keeper) observe(err error) error {
 	if err != nil && unanswered(err) && !errors.Is(err, context.Canceled) && !errors.As(err, &stalled) {
 		d.downUntil.Store(int64(sinceBase() + breakerWindow))
 	}
+	d.noteRefused(err)
 	return err
+}
+
+// noteRefused records when the store refused or dropped a connection
+// (refusedAt): its process is down or was, and a store that restarts may
+// come back empty, which a store that only stops answering (a frozen
+// process, a link blackholed) does not.
+func (d *Keeper) noteRefused(err error) {
+	if refusedConn(err) {
+		d.refusedAt.Store(int64(sinceBase()))
+	}
+}
+
+// refusedConn reports whether err is the store's end refusing or closing
+// the connection: nothing listens at its address, or the process that did
+// went away.
+func refusedConn(err error) bool {
+	return err != nil && (errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ECONNRESET) ||
+		errors.Is(err, syscall.EPIPE) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF))
+}
+
+// silent reports whether err is the store answering nothing within the
+// exchange's deadline: a timeout, not a refusal.
+func silent(err error) bool {
+	var ne net.Error
+	return errors.Is(err, context.DeadlineExceeded) || errors.Is(err, os.ErrDeadlineExceeded) || errors.As(err, &ne) && ne.Timeout()
 }
 
 // unanswered reports whether err is a store that did not answer, rather
