@@ -2,6 +2,8 @@ package sandbox
 
 import (
 	"errors"
+	"os"
+	"path/filepath"
 	"slices"
 )
 
@@ -166,4 +168,36 @@ func (c *Compiled) CloseImageFile() bool {
 	}
 	img.file.close()
 	return true
+}
+
+// CheckedEntries lists the checked-module cache's entries under dir.
+func CheckedEntries(dir string) []string {
+	m, _ := filepath.Glob(filepath.Join(dir, checkedPrefix+"*", "*"))
+	return m
+}
+
+// EditCheckedEntry rewrites the entry at path with edit applied to the
+// bytes it gives wazero, its digest made anew: an entry as sound as one
+// Compile wrote.
+func EditCheckedEntry(path string, edit func(wasm []byte) []byte) error {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return err
+	}
+	c, err := decodeChecked(b)
+	if err != nil {
+		return err
+	}
+	c.wasm = edit(slices.Clone(c.wasm))
+	return os.WriteFile(path, encodeChecked(c), 0o644)
+}
+
+// CheckedEntrySound reports whether the entry at path decodes.
+func CheckedEntrySound(path string) bool {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return false
+	}
+	_, err = decodeChecked(b)
+	return err == nil
 }
