@@ -85,9 +85,13 @@ func TestCustomSectionChangesCompileFromCache(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer r.Close(context.Background())
-	entries := func() int {
+	entries := func() int { // of wazero's half of the cache
 		n := 0
-		filepath.WalkDir(dir, func(_ string, d os.DirEntry, err error) error {
+		versions, _ := filepath.Glob(filepath.Join(dir, "wazero-*"))
+		if len(versions) != 1 {
+			t.Fatalf("cache folder holds %v, want one wazero-* folder", versions)
+		}
+		filepath.WalkDir(versions[0], func(_ string, d os.DirEntry, err error) error {
 			if err == nil && !d.IsDir() {
 				n++
 			}
@@ -110,6 +114,7 @@ func TestCustomSectionChangesCompileFromCache(t *testing.T) {
 		module,
 		custom(module, "version", "2"),
 		custom(custom(module, "version", "3"), "manifest", "{}"),
+		custom(module, "marker", ""), // empty, as plugins.StatelessSection
 	} {
 		c, err := r.Compile(context.Background(), wasm, NewPolicy())
 		if err != nil {
@@ -125,6 +130,9 @@ func TestCustomSectionChangesCompileFromCache(t *testing.T) {
 		}
 		if i == 2 && c.CustomSection("manifest") == nil {
 			t.Errorf("compile %d: no custom section manifest", i)
+		}
+		if i == 3 && c.CustomSection("marker") == nil {
+			t.Errorf("compile %d: the empty custom section marker reads as absent", i)
 		}
 		c.Close(context.Background())
 	}

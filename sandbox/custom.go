@@ -55,7 +55,9 @@ func splitCustom(wasm []byte, debug bool) ([]byte, []customSection) {
 		}
 		out = append(out, wasm[kept:start]...)
 		kept = end
-		taken = append(taken, customSection{name: name, data: append([]byte(nil), data...)})
+		// Never nil: an empty section is there (a marker, such as
+		// plugins.StatelessSection), and CustomSection says so.
+		taken = append(taken, customSection{name: name, data: append([]byte{}, data...)})
 	}
 	if r.err != nil || out == nil {
 		return wasm, nil

@@ -31,7 +31,9 @@ import (
 // Options configures a [Runtime]. The zero value is valid.
 type Options struct {
 	// CacheDir is where compiled machine code is cached across processes,
-	// keyed by wazero version, module bytes and the CPU's features. ""
+	// keyed by wazero version, module bytes and the CPU's features, and
+	// beside it what the check and the rewriting made of each module
+	// (checked.go), keyed by module, limits and this package's sources. ""
 	// means no disk cache: compilation is still shared by the modules of
 	// one Runtime. A cache that cannot be read or written (a full or
 	// read-only volume) is skipped for a minute at a time, with a
@@ -68,6 +70,9 @@ type Runtime struct {
 	// their number.
 	inflight sync.WaitGroup
 	running  atomic.Int32
+	// checkedOnce clears other builds' checked-module entries, once
+	// (checked.go).
+	checkedOnce sync.Once
 	// compiling serialises the compilations of identical bytes: a lock
 	// (a 1-slot channel, so a wait can end at the deadline) per stripe,
 	// chosen by the bytes' digest. wazero v1.12 publishes a module read
@@ -205,25 +210,21 @@ func (r *Runtime) Compile(ctx context.Context, wasm []byte, p Policy) (*Compiled
 	deadline := time.Now().Add(cmp.Or(p.compileTimeout, DefaultCompileTimeout))
 	pctx, cancel := context.WithDeadline(ctx, deadline)
 	defer cancel()
-	chk, err := checkModuleCtx(pctx, wasm, p.moduleLimits)
-	if err != nil {
-		return nil, fmt.Errorf("compile: %w", err)
-	}
 	if err := p.network.checkGrants(); err != nil {
 		return nil, fmt.Errorf("network grant: %w", err)
 	}
 	sum := sha256.Sum256(wasm)
-	wasm = chk.mergeData(wasm)
-	snap := chk.snapModule()
-	if snap.refusal == "" {
-		wasm = chk.exportGlobals(wasm)
-	}
-	wasm = chk.capTables(wasm)
 	flag := r.interrupt == InterruptFlag
-	if flag {
-		if wasm, err = instrumentCtx(pctx, wasm); err != nil {
+	var snap *snapModule
+	key := checkedKey(sum, p.moduleLimits, flag)
+	if c, ok := r.loadChecked(key, p.ModuleLimits().MaxModuleSize); ok {
+		wasm, snap = c.wasm, c.snap.module()
+	} else {
+		var err error
+		if wasm, snap, err = checkAndRewrite(pctx, wasm, p.moduleLimits, flag); err != nil {
 			return nil, fmt.Errorf("compile: %w", err)
 		}
+		r.storeChecked(key, &checked{wasm: wasm, snap: checkedSnap{Refusal: snap.refusal, Globals: snap.globals, HasStart: snap.hasStart}})
 	}
 	left := time.Until(deadline)
 	if err := pctx.Err(); err != nil || left <= 0 {
@@ -252,6 +253,30 @@ func (r *Runtime) Compile(ctx context.Context, wasm []byte, p Policy) (*Compiled
 	c.snap.policyRefusal(c)
 	c.decideImages()
 	return c, nil
+}
+
+// checkAndRewrite checks wasm against limits and rewrites it as Compile
+// gives it to wazero: data segments merged, mutable globals exported for
+// snapshots (when the module can have them), tables capped, and, with
+// flag, the interruption's checks added. snap says what the check learnt
+// for snapshots.
+func checkAndRewrite(ctx context.Context, wasm []byte, limits ModuleLimits, flag bool) (_ []byte, snap *snapModule, err error) {
+	chk, err := checkModuleCtx(ctx, wasm, limits)
+	if err != nil {
+		return nil, nil, err
+	}
+	wasm = chk.mergeData(wasm)
+	snap = chk.snapModule()
+	if snap.refusal == "" {
+		wasm = chk.exportGlobals(wasm)
+	}
+	wasm = chk.capTables(wasm)
+	if flag {
+		if wasm, err = instrumentCtx(ctx, wasm); err != nil {
+			return nil, nil, err
+		}
+	}
+	return wasm, snap, nil
 }
 
 // compileIn compiles wasm, rewritten as Compile rewrites it, in a new

@@ -1,0 +1,202 @@
+package sandbox
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"embed"
+	"encoding/binary"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"sort"
+	"sync"
+	"time"
+)
+
+// The checked-module cache keeps, beside wazero's machine code in
+// [Options.CacheDir], what [Runtime.Compile]'s check and rewriting made of
+// a module: the bytes given to wazero and what the check learnt for
+// snapshots. A start from a warm cache then skips the checker's and the
+// rewriter's passes over the module: some 60% of a warm load of a 4 MB Go
+// plugin (0.23 s), 1 s of its 1.9 s under the race detector.
+//
+// An entry is keyed by the module's digest, the policy's module limits,
+// the interruption, and the digest of this package's sources as built
+// (sources, below): a host built from a changed checker or rewriter never
+// reads an older one's entries. An entry ends with the digest of what
+// precedes it, so a torn or altered file is a miss, written again. Whoever
+// can write the cache folder can already plant machine code in wazero's
+// half of it: docs/SECURITY.md asks for a folder only wasmtools writes.
+
+//go:embed *.go
+var sources embed.FS
+
+// sourcesDigest is the digest of this package's Go files, as built.
+var sourcesDigest = sync.OnceValue(func() string {
+	h := sha256.New()
+	names, _ := fs.Glob(sources, "*.go")
+	sort.Strings(names)
+	for _, n := range names {
+		b, _ := sources.ReadFile(n)
+		fmt.Fprintf(h, "%s %d\n", n, len(b))
+		h.Write(b)
+	}
+	return hex.EncodeToString(h.Sum(nil))
+})
+
+// checkedMagic starts every entry.
+const checkedMagic = "wasmtools-checked-1\n"
+
+// checkedPrefix names the folders of entries in the cache folder, one per
+// build of this package's sources.
+const checkedPrefix = "wasmtools-checked-"
+
+// checkedMaxAge is how long a folder of another build's entries is kept
+// after it was last written: an upgrade leaves the old one behind.
+const checkedMaxAge = 7 * 24 * time.Hour
+
+// checked is what Compile's check and rewriting made of a module.
+type checked struct {
+	wasm []byte // as given to wazero (before splitCustom)
+	snap checkedSnap
+}
+
+// checkedSnap is the part of [snapModule] the check fills.
+type checkedSnap struct {
+	Refusal  string   `json:"refusal,omitempty"`
+	Globals  []string `json:"globals,omitempty"`
+	HasStart bool     `json:"hasStart,omitempty"`
+}
+
+func (s checkedSnap) module() *snapModule {
+	return &snapModule{refusal: s.Refusal, globals: s.Globals, hasStart: s.HasStart}
+}
+
+// checkedKey returns the entry's file name for a module of digest sum
+// compiled under limits, instrumented (flag) or not.
+func checkedKey(sum [32]byte, limits ModuleLimits, flag bool) string {
+	h := sha256.New()
+	h.Write(sum[:])
+	fmt.Fprintf(h, "%+v %v", limits.withDefaults(), flag)
+	return hex.EncodeToString(h.Sum(nil))
+}
+
+// checkedDir returns the folder of this build's entries, "" without a
+// disk cache. The first call removes other builds' folders left unwritten
+// for checkedMaxAge.
+func (r *Runtime) checkedDir() string {
+	if r.cacheDir == "" {
+		return ""
+	}
+	r.checkedOnce.Do(func() {
+		old, _ := filepath.Glob(filepath.Join(r.cacheDir, checkedPrefix+"*"))
+		mine := filepath.Join(r.cacheDir, checkedPrefix+sourcesDigest()[:16])
+		for _, d := range old {
+			if fi, err := os.Stat(d); err == nil && d != mine && time.Since(fi.ModTime()) > checkedMaxAge {
+				os.RemoveAll(d)
+			}
+		}
+	})
+	return filepath.Join(r.cacheDir, checkedPrefix+sourcesDigest()[:16])
+}
+
+// loadChecked returns the entry of key, if there is a sound one. maxSize
+// bounds what is read: an entry is the module rewritten, a little larger
+// than the module.
+func (r *Runtime) loadChecked(key string, maxSize uint64) (*checked, bool) {
+	dir := r.checkedDir()
+	if dir == "" {
+		return nil, false
+	}
+	f, err := os.Open(filepath.Join(dir, key))
+	if err != nil {
+		return nil, false
+	}
+	defer f.Close()
+	b, err := io.ReadAll(io.LimitReader(f, int64(2*maxSize+1<<20)))
+	if err != nil {
+		return nil, false
+	}
+	c, err := decodeChecked(b)
+	if err != nil {
+		r.log.Debug("checked-module cache: entry ignored", "entry", key, "error", err)
+		return nil, false
+	}
+	return c, true
+}
+
+// storeChecked writes c as key's entry. A failure costs the next start
+// the check, never the plugin: it is logged at debug level, as wazero's
+// half of the cache reports its own.
+func (r *Runtime) storeChecked(key string, c *checked) {
+	dir := r.checkedDir()
+	if dir == "" {
+		return
+	}
+	err := func() error {
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			return err
+		}
+		tmp, err := os.CreateTemp(dir, "."+key+".*")
+		if err != nil {
+			return err
+		}
+		defer os.Remove(tmp.Name())
+		if _, err := tmp.Write(encodeChecked(c)); err != nil {
+			tmp.Close()
+			return err
+		}
+		if err := tmp.Close(); err != nil {
+			return err
+		}
+		return os.Rename(tmp.Name(), filepath.Join(dir, key))
+	}()
+	if err != nil {
+		r.log.Debug("checked-module cache: entry not written", "entry", key, "error", err)
+	}
+}
+
+// encodeChecked lays c out as magic, the snapshot facts' JSON (its length
+// first), the bytes, and the digest of all that.
+func encodeChecked(c *checked) []byte {
+	meta, _ := json.Marshal(c.snap)
+	var b bytes.Buffer
+	b.WriteString(checkedMagic)
+	binary.Write(&b, binary.LittleEndian, uint32(len(meta)))
+	b.Write(meta)
+	b.Write(c.wasm)
+	sum := sha256.Sum256(b.Bytes())
+	b.Write(sum[:])
+	return b.Bytes()
+}
+
+var errCheckedEntry = errors.New("not a sound entry")
+
+func decodeChecked(b []byte) (*checked, error) {
+	if len(b) < len(checkedMagic)+4+sha256.Size || string(b[:len(checkedMagic)]) != checkedMagic {
+		return nil, errCheckedEntry
+	}
+	body, sum := b[:len(b)-sha256.Size], b[len(b)-sha256.Size:]
+	if got := sha256.Sum256(body); !bytes.Equal(got[:], sum) {
+		return nil, fmt.Errorf("%w: digest mismatch", errCheckedEntry)
+	}
+	rest := body[len(checkedMagic):]
+	n := binary.LittleEndian.Uint32(rest)
+	rest = rest[4:]
+	if uint64(n) > uint64(len(rest)) {
+		return nil, errCheckedEntry
+	}
+	c := &checked{wasm: rest[n:]}
+	if err := json.Unmarshal(rest[:n], &c.snap); err != nil {
+		return nil, fmt.Errorf("%w: %v", errCheckedEntry, err)
+	}
+	if err := checkHeader(c.wasm); err != nil {
+		return nil, fmt.Errorf("%w: %v", errCheckedEntry, err)
+	}
+	return c, nil
+}
