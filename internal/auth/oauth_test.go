@@ -525,3 +525,32 @@ func TestOAuthPanicLeavesNothingHeld(t *testing.T) {
 		}
 	})
 }
+
+// TestOAuthKeysMaxAgeBelowMinRefresh: keys past their max age are
+// fetched again, but no sooner than KeysMinRefresh after the last fetch:
+// a max age below it would have stale keys used up to KeysMinRefresh, so
+// such options are refused, naming both.
+func TestOAuthKeysMaxAgeBelowMinRefresh(t *testing.T) {
+	tests := []struct {
+		name string
+		o    auth.OAuthOptions
+		fail bool
+	}{
+		{"below", auth.OAuthOptions{KeysMinRefresh: time.Minute, KeysMaxAge: 30 * time.Second}, true},
+		{"min refresh over the default max age", auth.OAuthOptions{KeysMinRefresh: 2 * time.Hour}, true},
+		{"equal", auth.OAuthOptions{KeysMinRefresh: time.Minute, KeysMaxAge: time.Minute}, false},
+		{"defaults", auth.OAuthOptions{}, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			tt.o.Issuer, tt.o.Resource = "http://127.0.0.1:1", resource
+			_, err := auth.NewOAuth(tt.o)
+			if tt.fail != (err != nil) {
+				t.Fatalf("err = %v, want an error: %v", err, tt.fail)
+			}
+			if err != nil && (!strings.Contains(err.Error(), "keys_min_refresh") || !strings.Contains(err.Error(), "keys_max_age")) {
+				t.Errorf("err = %v, want it to name keys_min_refresh and keys_max_age", err)
+			}
+		})
+	}
+}

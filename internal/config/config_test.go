@@ -156,6 +156,10 @@ tokens = { alice = "short" }`, "http.tokens.alice: a token must have at least 16
 		{"subject token shared", `[http]
 auth_token = "shared-token-0123456789"
 tokens = { alice = "shared-token-0123456789" }`, "the token is auth_token"},
+		{"keys refreshed less often than they age", `[http.oauth]
+issuer = "https://as.example"
+resource = "https://tools.example/mcp"
+keys_min_refresh = "2h"`, "http.oauth: keys_min_refresh (2h0m0s) is over keys_max_age (1h0m0s)"},
 		{"two subjects, one token", `[http]
 tokens = { alice = "same-token-0123456789", bob = "same-token-0123456789" }`, "http.tokens.bob: the same token as alice"},
 	}
