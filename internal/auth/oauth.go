@@ -80,7 +80,9 @@ type OAuthOptions struct {
 	// nil means one with DefaultHTTPTimeout.
 	HTTPClient *http.Client
 	// KeysMinRefresh and KeysMaxAge (DefaultKeysMinRefresh,
-	// DefaultKeysMaxAge) pace the key set's fetches.
+	// DefaultKeysMaxAge) pace the key set's fetches. KeysMaxAge below
+	// KeysMinRefresh is refused by NewOAuth: keys past their max age
+	// would be used until KeysMinRefresh passed.
 	KeysMinRefresh, KeysMaxAge time.Duration
 }
 
@@ -129,6 +131,12 @@ func NewOAuth(o OAuthOptions) (*OAuth, error) {
 	}
 	if o.KeysMaxAge <= 0 {
 		o.KeysMaxAge = DefaultKeysMaxAge
+	}
+	if o.KeysMaxAge < o.KeysMinRefresh {
+		// Keys past their max age are fetched again no sooner than
+		// KeysMinRefresh after the last fetch: below it, the max age
+		// would not bound the keys' use.
+		return nil, fmt.Errorf("oauth: keys_min_refresh (%v) is over keys_max_age (%v): keys past their max age would be used until keys_min_refresh passed", o.KeysMinRefresh, o.KeysMaxAge)
 	}
 	if o.IntrospectionMaxAge <= 0 {
 		o.IntrospectionMaxAge = DefaultIntrospectionMaxAge

@@ -74,6 +74,7 @@ import (
 
 	"github.com/BurntSushi/toml"
 
+	"github.com/wasmtools/wasmtools/internal/auth"
 	"github.com/wasmtools/wasmtools/internal/sources"
 	"github.com/wasmtools/wasmtools/plugins"
 	"github.com/wasmtools/wasmtools/sandbox"
@@ -379,7 +380,9 @@ type OAuth struct {
 	// KeysMinRefresh is the least time between two fetches of the key
 	// set for a token signed with a key not yet known (a rotation); 0
 	// means 10s. It keeps made-up key IDs from making wasmtools fetch the
-	// keys at a client's rate.
+	// keys at a client's rate. It may not exceed the key set's max age
+	// (keys_max_age, 1h, after which the keys are fetched again): keys
+	// past it would be used until it passed.
 	KeysMinRefresh Duration `toml:"keys_min_refresh"`
 	// IntrospectionURL, if set, checks tokens that are not JWTs through
 	// RFC 7662 introspection, authenticated with ClientID and
@@ -595,6 +598,12 @@ func (h *HTTP) check() error {
 		}
 		if o.IntrospectionURL != "" && o.ClientID == "" {
 			errs = append(errs, errors.New("http.oauth: introspection_url needs client_id (and client_secret)"))
+		}
+		// Refused here too, not only at start: a reload keeps the
+		// configuration in force rather than take one the server
+		// cannot serve.
+		if min := time.Duration(o.KeysMinRefresh); min > auth.DefaultKeysMaxAge {
+			errs = append(errs, fmt.Errorf("http.oauth: keys_min_refresh (%v) is over keys_max_age (%v), the age at which the key set is fetched again: keys past it would be used until keys_min_refresh passed", min, auth.DefaultKeysMaxAge))
 		}
 	}
 	return errors.Join(errs...)
