@@ -7,14 +7,19 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
+	"github.com/opencontainers/go-digest"
+	"github.com/opencontainers/image-spec/specs-go"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 
 	"github.com/wasmtools/wasmtools/internal/sources"
@@ -242,5 +247,139 @@ func TestServeOCIRefresh(t *testing.T) {
 	}
 	if got := callText(t, cs, "version", nil); got != "v2" {
 		t.Fatalf("after the refresh: version = %q", got)
+	}
+}
+
+// heldRegistry is an OCI registry on loopback serving one plugin, x/p:v1,
+// whose blobs, if hold is set, it sends the headers and first byte of and
+// then holds back until hold is closed or the client leaves: a registry
+// that stalls mid-download. held is closed when it first holds one.
+type heldRegistry struct {
+	man   []byte
+	blobs map[digest.Digest][]byte
+	hold  chan struct{}
+	held  chan struct{}
+	once  sync.Once
+}
+
+func newHeldRegistry(t *testing.T, wasm []byte, hold bool) string {
+	t.Helper()
+	config := []byte("{}")
+	man, err := json.Marshal(ocispec.Manifest{Versioned: specs.Versioned{SchemaVersion: 2}, MediaType: ocispec.MediaTypeImageManifest,
+		Config: ocispec.Descriptor{MediaType: ocispec.MediaTypeEmptyJSON, Digest: digest.FromBytes(config), Size: int64(len(config))},
+		Layers: []ocispec.Descriptor{{MediaType: sources.MediaTypeWasm, Digest: digest.FromBytes(wasm), Size: int64(len(wasm))}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := &heldRegistry{man: man, blobs: map[digest.Digest][]byte{digest.FromBytes(config): config, digest.FromBytes(wasm): wasm}, held: make(chan struct{})}
+	if hold {
+		g.hold = make(chan struct{})
+	}
+	srv := httptest.NewServer(g)
+	// Cleanups run last-in first-out: the hold ends before the server
+	// closes, which waits for its handlers.
+	t.Cleanup(srv.Close)
+	if hold {
+		t.Cleanup(g.release)
+	}
+	heldRegistries.Store(strings.TrimPrefix(srv.URL, "http://"), g)
+	return strings.TrimPrefix(srv.URL, "http://")
+}
+
+// heldRegistries finds a heldRegistry by its host, for the test to wait
+// on and release.
+var heldRegistries sync.Map
+
+func (g *heldRegistry) release() {
+	select {
+	case <-g.hold:
+	default:
+		close(g.hold)
+	}
+}
+
+func (g *heldRegistry) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	serve := func(mediaType string, b []byte) {
+		w.Header().Set("Content-Type", mediaType)
+		w.Header().Set("Docker-Content-Digest", digest.FromBytes(b).String())
+		w.Header().Set("Content-Length", fmt.Sprint(len(b)))
+		if r.Method == http.MethodHead {
+			return
+		}
+		if g.hold != nil && strings.Contains(r.URL.Path, "/blobs/") {
+			w.Write(b[:1])
+			w.(http.Flusher).Flush()
+			g.once.Do(func() { close(g.held) })
+			select {
+			case <-g.hold:
+			case <-r.Context().Done():
+				return
+			}
+			b = b[1:]
+		}
+		w.Write(b)
+	}
+	_, ref, _ := strings.Cut(r.URL.Path, "/manifests/")
+	_, blob, _ := strings.Cut(r.URL.Path, "/blobs/")
+	switch {
+	case r.URL.Path == "/v2/":
+	case ref == "v1" || ref == digest.FromBytes(g.man).String():
+		serve(ocispec.MediaTypeImageManifest, g.man)
+	case blob != "" && g.blobs[digest.Digest(blob)] != nil:
+		serve("application/octet-stream", g.blobs[digest.Digest(blob)])
+	default:
+		http.NotFound(w, r)
+	}
+}
+
+// TestServeNoWatchSlowSourceHoldsNoOther: with --no-watch, a source
+// whose registry stalls mid-download does not hold up the others: one
+// fetched is compiled and served while the slow one is still held (each
+// source's download ends on its own timeout). Before, the sources' swap
+// came after the whole fetch, when the slowest source ended.
+func TestServeNoWatchSlowSourceHoldsNoOther(t *testing.T) {
+	fast := newHeldRegistry(t, testplugins.Bytes(t, testplugins.Test(t, "versioned")), false)
+	slow := newHeldRegistry(t, testplugins.Bytes(t, testplugins.Test(t, "compute")), true)
+	g, _ := heldRegistries.Load(slow)
+	held := g.(*heldRegistry)
+
+	addr := freeAddr(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	stderr := &lockedBuffer{}
+	done := make(chan struct{})
+	go func() {
+		run(ctx, []string{"serve", "--cache-dir", testplugins.CacheDir(), "--load-wait", testLoadWait, "--http", addr, "--no-watch",
+			"--insecure-skip-signature", "--source-dir", t.TempDir(), "fast=oci://" + fast + "/x/p:v1", "slow=oci://" + slow + "/x/p:v1"},
+			lookup(nil), strings.NewReader(""), &bytes.Buffer{}, stderr)
+		close(done)
+	}()
+	t.Cleanup(func() { held.release(); cancel(); <-done })
+	url := "http://" + addr
+
+	select {
+	case <-held.held:
+	case <-time.After(startupTimeout):
+		t.Fatalf("the slow registry was never asked for its blob:\n%s", stderr.String())
+	}
+	if !stderr.waitFor(time.Now().Add(startupTimeout), contains(`msg="plugins compiled and swapped in"`)) {
+		t.Fatalf("the fast source was not swapped in while the slow one was held:\n%s", stderr.String())
+	}
+	select {
+	case <-held.hold:
+		t.Fatal("released")
+	default:
+	}
+	if st := statusOf(t, url)["fast"]; st.State != "loaded" {
+		t.Fatalf("fast = %+v while the slow source is held:\n%s", st, stderr.String())
+	}
+	if strings.Contains(stderr.String(), `msg="plugin sources fetched"`) {
+		t.Fatalf("the slow source's fetch ended:\n%s", stderr.String())
+	}
+	held.release()
+	if !stderr.waitFor(time.Now().Add(startupTimeout), contains(`msg="plugin sources fetched"`)) {
+		t.Fatalf("the sources' fetch did not end once released:\n%s", stderr.String())
+	}
+	if st := statusOf(t, url)["slow"]; st.State != "loaded" {
+		t.Errorf("slow = %+v once released:\n%s", st, stderr.String())
 	}
 }
