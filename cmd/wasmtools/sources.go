@@ -170,6 +170,9 @@ type remote struct {
 	log      *slog.Logger
 	progress *progressUI
 	mu       sync.Mutex
+	// linked is signalled when a sync changes a link (sources.Options.
+	// Linked): sync serves it then, not after the slowest source.
+	linked chan struct{}
 }
 
 // newRemote returns nil when nothing remote is asked for (and none may be
@@ -187,16 +190,23 @@ func newRemote(flags *sourceFlags, common *commonFlags, log *slog.Logger, ui *pr
 		return nil, err
 	}
 	cfg := common.config()
+	linked := make(chan struct{}, 1)
 	mgr, err := sources.New(sources.Options{
 		Dir: flags.dir, LinkDir: links, Logger: log,
 		Timeout: time.Duration(cfg.Sources.Timeout), StageTimeout: time.Duration(cfg.Sources.StageTimeout), DockerConfig: cfg.Sources.DockerConfig,
 		Progress: ui.event,
+		Linked: func(string) {
+			select {
+			case linked <- struct{}{}:
+			default: // a rescan is due already: it sees this link too
+			}
+		},
 	})
 	if err != nil {
 		os.RemoveAll(links)
 		return nil, err
 	}
-	return &remote{mgr: mgr, flags: flags, common: common, log: log, progress: ui}, nil
+	return &remote{mgr: mgr, flags: flags, common: common, log: log, progress: ui, linked: linked}, nil
 }
 
 // close unregisters the link folder from the store and removes it.
@@ -230,19 +240,58 @@ func (r *remote) sync(ctx context.Context, rescan func(context.Context) (bool, [
 	if err != nil {
 		return false, []error{err}
 	}
-	changed, errs := r.mgr.Sync(ctx, specs)
-	if rescan != nil {
+	if rescan == nil {
+		return r.mgr.Sync(ctx, specs)
+	}
+	// Each source is served as soon as it is linked: a rescan on each
+	// link changed while the others are fetched, so that a registry
+	// stalling one source's download (up to its timeout) holds up no
+	// other, with or without a watch of the link folder. A last rescan
+	// after the sync serves what the ones under way missed.
+	// One serve at a time: the rescans' goroutine, then, once it ended,
+	// the last one; so swapped and rerrs need no lock.
+	var (
+		swapped  bool
+		rerrs    []error
+		rescans  sync.WaitGroup
+		syncDone = make(chan struct{})
+	)
+	serve := func(fetched bool) {
 		start := time.Now()
-		done := r.progress.compiling(changed)
-		ch, rerrs := rescan(ctx)
+		done := r.progress.compiling(fetched)
+		ch, es := rescan(ctx)
 		done()
 		if ch {
 			r.log.Info("plugins compiled and swapped in", "elapsed", time.Since(start).Round(time.Millisecond))
 		}
-		changed = changed || ch
-		errs = append(errs, rerrs...)
+		swapped = swapped || ch
+		rerrs = append(rerrs, es...)
 	}
-	return changed, errs
+	select {
+	case <-r.linked: // left by a sync before: this one rescans anyway
+	default:
+	}
+	rescans.Go(func() {
+		for {
+			select {
+			case <-syncDone:
+				return
+			case <-r.linked:
+				serve(true)
+			}
+		}
+	})
+	changed, errs := r.mgr.Sync(ctx, specs)
+	close(syncDone)
+	rescans.Wait()
+	fetched := false // a link changed since the last rescan began
+	select {
+	case <-r.linked:
+		fetched = true
+	default:
+	}
+	serve(fetched)
+	return changed || swapped, append(errs, rerrs...)
 }
 
 // prune unlinks at once what the configuration in force no longer lets be

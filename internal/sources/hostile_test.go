@@ -686,3 +686,59 @@ func TestStoreForgetsEndedManagers(t *testing.T) {
 		t.Errorf("a link folder of this view was taken for unseen:\n%s", log.String())
 	}
 }
+
+// TestLinkedWhileOthersFetch: Options.Linked is told of a source as soon
+// as it is linked, while another source's registry holds a blob back, so
+// that a reloader not watching the link folder can serve it without
+// waiting for the slowest source.
+func TestLinkedWhileOthersFetch(t *testing.T) {
+	_, specs := serveMoving(t)
+	slowReg := &movingRegistry{}
+	hold, held := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if strings.Contains(r.URL.Path, "/blobs/") && r.Method == http.MethodGet {
+			once.Do(func() { close(held) })
+			select {
+			case <-hold:
+			case <-r.Context().Done():
+				return
+			}
+		}
+		slowReg.ServeHTTP(w, r)
+	}))
+	t.Cleanup(srv.Close)
+	var release sync.Once
+	t.Cleanup(func() { release.Do(func() { close(hold) }) }) // before srv.Close, which waits for the handler
+	specs = append(specs, sources.Spec{Name: "slow", Source: "oci://" + strings.TrimPrefix(srv.URL, "http://") + "/x/p:v1", InsecureSkipSignature: true})
+	linked := make(chan string, len(specs))
+	m, err := sources.New(sources.Options{Dir: t.TempDir(), LinkDir: t.TempDir(), DockerConfig: "-", Timeout: time.Minute,
+		Linked: func(name string) { linked <- name }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	synced := make(chan []error, 1)
+	go func() {
+		_, errs := m.Sync(context.Background(), specs)
+		synced <- errs
+	}()
+	<-held
+	select {
+	case name := <-linked:
+		if name != "p" {
+			t.Fatalf("linked %q while the slow source is held, want p", name)
+		}
+	case errs := <-synced:
+		t.Fatalf("Sync returned while the slow source is held: %v", errs)
+	}
+	if _, err := os.Stat(filepath.Join(m.LinkDir(), "p.wasm")); err != nil {
+		t.Fatalf("told p is linked: %v", err)
+	}
+	release.Do(func() { close(hold) })
+	if errs := <-synced; len(errs) > 0 {
+		t.Fatal(errs)
+	}
+	if name := <-linked; name != "slow" {
+		t.Fatalf("linked %q once released, want slow", name)
+	}
+}

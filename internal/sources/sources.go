@@ -255,6 +255,12 @@ type Options struct {
 	// Progress, if set, is told each step of each fetch. It is called
 	// from the fetching goroutines, several at once.
 	Progress func(Event)
+	// Linked, if set, is told the name of each source whose link a Sync
+	// changed, as soon as it changed and before Sync returns, so that a
+	// reloader that does not watch LinkDir can serve it at once rather
+	// than when the slowest source's fetch ends. It is called from the
+	// fetching goroutines, several at once, and must not block.
+	Linked func(name string)
 }
 
 // Status is what the manager knows of one source.
@@ -420,6 +426,9 @@ func (m *Manager) Sync(ctx context.Context, specs []Spec) (bool, []error) {
 		wg.Go(func() {
 			defer func() { <-sem }()
 			ch, err := m.syncOne(ctx, s)
+			if ch && m.opts.Linked != nil {
+				m.opts.Linked(s.Name)
+			}
 			mu.Lock()
 			defer mu.Unlock()
 			changed = changed || ch
