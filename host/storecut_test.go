@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"net/url"
 	"os"
 	"strings"
@@ -21,6 +22,7 @@ import (
 
 	"github.com/wasmtools/wasmtools/host"
 	"github.com/wasmtools/wasmtools/internal/statestore"
+	"github.com/wasmtools/wasmtools/internal/testplugins"
 	"github.com/wasmtools/wasmtools/sandbox"
 )
 
@@ -410,4 +412,54 @@ func TestStoreDownBackEmptyKeepsSessionHere(t *testing.T) {
 		}
 		time.Sleep(250 * time.Millisecond) // the client's backoff (-32053)
 	}
+}
+
+// With --checkpoint drain a call's state is written only at drain, and no
+// result says notSaved: what a session did since its last drain is in
+// this replica's memory alone. A replica cut off from the store must not
+// hand such a session to another replica, which would take it over from
+// the record and silently lose every call since (a refusal -32053 until
+// the store answers again, as before, keeps them).
+func TestCutOffDrainPolicyKeepsSessionHere(t *testing.T) {
+	shared := statestore.NewMemory()
+	atA := &cutStore{Store: shared}
+	opts := func(name string, store statestore.Store) *host.Options {
+		return &host.Options{Replica: name, Store: store, StateKey: replicaKey, Checkpoint: host.CheckpointOnDrain}
+	}
+	files := map[string]string{"notes.wasm": testplugins.Example(t, "notes")}
+	serve := func(f *fixture) *replica {
+		mux := http.NewServeMux()
+		mux.Handle("/mcp", f.h.HTTPHandler())
+		srv := httptest.NewServer(mux)
+		t.Cleanup(srv.Close)
+		return &replica{fixture: f, srv: srv}
+	}
+	a := serve(newFixture(t, opts("a", atA), sandbox.NewPolicy(), files))
+	b := serve(newFixture(t, opts("b", shared), sandbox.NewPolicy(), files))
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("a's log:\n%s\nb's log:\n%s", a.log.String(), b.log.String())
+		}
+	})
+	proxy := &failover{to: a, next: b}
+	cs := connectHTTP(t, a.srv.URL, "2025-11-25", proxy)
+	if res := call(t, cs, "note_add", map[string]any{"text": "one"}); res.IsError {
+		t.Fatalf("a: %v %s", res.Meta, text(res))
+	}
+	atA.cut.Store(true)
+	a.waitLog(t, "state store heartbeat", 1)
+	// Until a refuses a call itself past its grace (-32053), or hands
+	// one to the proxy.
+	deadline := time.Now().Add(30 * time.Second)
+	for proxy.refusals() == 0 {
+		_, err := cs.CallTool(context.Background(), &mcp.CallToolParams{Name: "note_add", Arguments: map[string]any{"text": "two"}})
+		if err != nil && proxy.refusals() == 0 && (strings.Contains(err.Error(), "-32053") || strings.Contains(err.Error(), "state unavailable")) {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("30 s into a's partition, a neither refused a call nor handed one over: %v", err)
+		}
+		time.Sleep(250 * time.Millisecond) // the client's backoff
+	}
+	t.Fatalf("a handed over to b (503 to the proxy) a session whose calls since its last drain are in a's memory only")
 }
