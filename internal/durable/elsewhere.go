@@ -43,6 +43,11 @@ import (
 //   - The claim was verified once (its record written or read): a
 //     session this replica began while the store was away holds no claim
 //     at all, and is served from memory.
+//   - The policy is [CheckpointAfterCall]: with [CheckpointOnDrain] the
+//     record holds nothing since the last drain, and no result said so
+//     (no notSaved mark), so the other replica would lose the session's
+//     calls unsaid (TestCutOffDrainPolicyKeepsSessionHere); the session
+//     stays here, refused -32053 until the store answers again.
 //
 // Not seen: a store restarted empty behind a link that only went silent
 // for this replica, or one whose restart came back within the
@@ -61,7 +66,7 @@ import (
 // BeforeCall: its call ends within a store timeout, and this is asked
 // before every call.
 func (d *Keeper) ServeElsewhere(ctx context.Context, id string) bool {
-	if id == "" || !d.StoreAway() || d.refusedLately() {
+	if id == "" || d.policy != CheckpointAfterCall || !d.StoreAway() || d.refusedLately() {
 		return false
 	}
 	var c *Claim
