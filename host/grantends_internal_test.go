@@ -118,3 +118,42 @@ func returning(t *testing.T, h *Host, key sessions.Key, p *plugins.Plugin, old, 
 	l.Done(nil)
 	<-ended
 }
+
+// TestClientlessAnswersKeptByFirstClient: answers and URL elicitation IDs
+// kept while the key had no session-layer client (a 2025-11-25 session
+// whose calls so far were of a stateless plugin, which runs on a pooled
+// instance and makes none) are the session's still once a stateful
+// plugin's call makes its client: they are not an ended client's. The
+// grant book took them for an earlier client's and forgot them, so a
+// person's "deny for this session" no longer held, and the stateless
+// plugin's completion of its own URL elicitation was dropped.
+func TestClientlessAnswersKeptByFirstClient(t *testing.T) {
+	h, tool := counterHost(t)
+	p := tool.Plugin()
+	key := sessions.Client("clientless")
+	gk := grantKey{plugin: p.Name(), sha256: p.SHA256(), kind: sandbox.GrantNetwork, target: "denied.example:443"}
+	h.grants.mu.Lock()
+	h.grants.session(key, "").answers[gk] = false
+	h.grants.mu.Unlock()
+	env := func() *callEnv {
+		e := h.newCallEnv(context.Background(), tool, &mcp.CallToolRequest{Params: &mcp.CallToolParamsRaw{Name: tool.Name}}, key.String())
+		e.ref = clientRef{key: key}
+		return e
+	}
+	env().issueURLs(&mcp.ElicitParams{Mode: "url", ElicitationID: "before", URL: "https://example.com/before"})
+
+	l, err := h.ses.Acquire(context.Background(), key, p) // the key's first client
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Done(nil)
+	h.grants.mu.Lock()
+	allowed, known := h.grants.session(key, "").answers[gk]
+	h.grants.mu.Unlock()
+	if !known || allowed {
+		t.Errorf("the deny given before the key's first client: known %v, allowed %v; want it kept", known, allowed)
+	}
+	if ok, why := env().spendURL("before"); !ok {
+		t.Errorf("the completion of an ID issued before the key's first client: refused (%s)", why)
+	}
+}
