@@ -80,7 +80,8 @@ type sessionGrants struct {
 	label   string
 	answers map[grantKey]bool // true: allowed for the session; false: denied
 	// client is the number of the session-layer client of the key they
-	// are of (sessions.Manager.ClientNumber), 0 for none: a key's client
+	// are of (sessions.Manager.ClientNumber), 0 for none yet (then its
+	// first client's: session): a key's client
 	// that ended and came back is another, and its old client's late
 	// end must not forget the new one's answers.
 	client uint64
@@ -153,12 +154,18 @@ func (b *grantBook) session(key sessions.Key, tenant string) *sessionGrants {
 	}
 	client := b.clientNumber(key)
 	s := b.sessions[key]
-	if s == nil || s.client < client {
+	switch {
+	case s == nil || s.client != 0 && s.client < client:
 		// None, or an ended client's whose end has not come yet (it
 		// waits for that client's calls): the key's client now starts
 		// afresh, as it would after that end.
 		s = &sessionGrants{label: key.String(), answers: map[grantKey]bool{}, client: client}
 		b.sessions[key] = s
+	case s.client == 0:
+		// Kept while the key had no client (its calls so far of
+		// stateless plugins, on pooled instances): the session's, and
+		// so its first client's (TestClientlessAnswersKeptByFirstClient).
+		s.client = client
 	}
 	return s
 }
@@ -611,7 +618,7 @@ func (b *grantBook) export(key sessions.Key) []byte {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	s := b.sessions[key]
-	if s == nil || s.client < b.clientNumber(key) {
+	if s == nil || s.client != 0 && s.client < b.clientNumber(key) {
 		return nil // none, or an ended client's (session)
 	}
 	rec := grantRecord{Asked: s.Asked}

@@ -103,11 +103,13 @@ func (u *issuedURLs) forgetLocked(scope string) {
 
 // scopeIDs returns scope's IDs for the client numbered client: none when
 // they are an earlier client's of the key (ended, its end not come yet,
-// as it waits for that client's calls), which are forgotten. u.mu is
+// as it waits for that client's calls), which are forgotten. IDs issued
+// while the key had no client (0: calls of a stateless plugin, on pooled
+// instances) are the session's, and stay its first client's. u.mu is
 // held.
 func (u *issuedURLs) scopeIDs(scope string, client uint64) []string {
 	ids, ok := u.ids[scope]
-	if ok && u.clients[scope] < client {
+	if ok && u.clients[scope] != 0 && u.clients[scope] < client {
 		u.forgetLocked(scope)
 		return nil
 	}
