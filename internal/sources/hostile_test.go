@@ -687,6 +687,105 @@ func TestStoreForgetsEndedManagers(t *testing.T) {
 	}
 }
 
+// TestStoreSweepsAfterUnseenEnds: versions unlinked while removal was off
+// (the registration of a process in another view live) were kept for
+// good once it ended, since a version was considered only when its link
+// moved on: after a week of a tag moving, the disk kept every version.
+// A Sync with removal on sweeps the whole store: a version no link or
+// record names goes once older than any fetch of another process could
+// be between storing and linking it, and so does a write a crash left
+// half done; a version another manager links, one a record names and
+// one just stored are kept, and nothing goes while the other process's
+// registration is live.
+func TestStoreSweepsAfterUnseenEnds(t *testing.T) {
+	reg, spec := serveMoving(t)
+	store := t.TempDir()
+	ctx := context.Background()
+	b := storeManager(t, store, nil)
+	if _, errs := b.Sync(ctx, spec); len(errs) > 0 {
+		t.Fatal(errs)
+	}
+	linked, _ := b.Lookup("p")
+	// The registration of a process in another view (another container
+	// on the volume): removal is off while it is live.
+	other := filepath.Join(store, "links", "00112233445566778899aabbccddeeff")
+	body, _ := json.Marshal(map[string]string{"dir": "/tmp/wasmtools-links-elsewhere", "view": "linux boot another container"})
+	if err := os.WriteFile(other, body, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	a := storeManager(t, store, nil)
+	var served []string
+	for n := 1; n <= 5; n++ {
+		reg.move(n)
+		if _, errs := a.Sync(ctx, spec); len(errs) > 0 {
+			t.Fatalf("version %d: %v", n, errs)
+		}
+		st, _ := a.Lookup("p")
+		served = append(served, st.SHA256)
+	}
+	// An offline start's record of another source names one of them.
+	recorded := served[1]
+	rec, _ := json.Marshal(map[string]string{"source": "oci://registry.example/x/q:v1", "sha256": recorded, "verified": "skipped"})
+	if err := os.WriteFile(filepath.Join(store, "index", "q.json"), rec, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	blobs := filepath.Join(store, "blobs", "sha256")
+	// A week passes: every version and a write left half done by a crash
+	// grow old.
+	crashed := filepath.Join(blobs, "."+digest.FromString("crashed").Encoded()+".123")
+	if err := os.WriteFile(crashed, []byte("half"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	old := time.Now().Add(-8 * 24 * time.Hour)
+	ents, _ := os.ReadDir(blobs)
+	for _, e := range ents {
+		if err := os.Chtimes(filepath.Join(blobs, e.Name()), old, old); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Another process's fetch has just stored a version, not yet linked,
+	// and is writing another.
+	fresh := digest.FromString("just fetched").Encoded()
+	writing := filepath.Join(blobs, "."+digest.FromString("being written").Encoded()+".456")
+	for _, p := range []string{filepath.Join(blobs, fresh), writing} {
+		if err := os.WriteFile(p, []byte("\x00asm"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	all := storedBlobs(t, store)
+	if _, errs := a.Sync(ctx, spec); len(errs) > 0 {
+		t.Fatal(errs)
+	}
+	if got := storedBlobs(t, store); !slices.Equal(got, all) {
+		t.Errorf("removed while another view's registration is live: %v, had %v", got, all)
+	}
+
+	// Its registration lapses (unrenewed for 8 days): the next Sync, with
+	// no link moving, brings the store back to the versions in use.
+	if err := os.Chtimes(other, old, old); err != nil {
+		t.Fatal(err)
+	}
+	if _, errs := a.Sync(ctx, spec); len(errs) > 0 {
+		t.Fatal(errs)
+	}
+	want := []string{linked.SHA256, served[4], recorded, fresh}
+	slices.Sort(want)
+	if got := storedBlobs(t, store); !slices.Equal(got, want) {
+		t.Errorf("store holds %d versions %v, want %d: b's linked %s, a's %s, the recorded %s, the one just fetched %s",
+			len(got), got, len(want), linked.SHA256, served[4], recorded, fresh)
+	}
+	if _, err := os.Stat(crashed); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("an old write left half done is kept: %v", err)
+	}
+	if _, err := os.Stat(writing); err != nil {
+		t.Errorf("a write under way: %v", err)
+	}
+	served0 := filepath.Join(b.LinkDir(), "p.wasm")
+	if wasm, err := os.ReadFile(served0); err != nil || b.Check(served0, wasm) != nil {
+		t.Errorf("b's version, still served: %v", err)
+	}
+}
+
 // TestLinkedWhileOthersFetch: Options.Linked is told of a source as soon
 // as it is linked, while another source's registry holds a blob back, so
 // that a reloader not watching the link folder can serve it without
