@@ -229,9 +229,11 @@ type Options struct {
 	// names it; none is when this manager's link folder cannot be
 	// registered (a read-only store), nor while a live registration's
 	// folder cannot be seen from this process (another container or file
-	// system view sharing the store). A registration is renewed on every
-	// Sync and by KeepRegistered, removed by Close, and taken for ended
-	// when unrenewed for a week.
+	// system view sharing the store). Every Sync also removes what no
+	// link or record names and is older than a day (kept while removal
+	// was off, fetched and never linked, left half written by a crash).
+	// A registration is renewed on every Sync and by KeepRegistered,
+	// removed by Close, and taken for ended when unrenewed for a week.
 	Dir string
 	// LinkDir is the folder of NAME.wasm links this manager keeps, to be
 	// served by a plugins.Reloader. It is this manager's alone.
@@ -438,6 +440,10 @@ func (m *Manager) Sync(ctx context.Context, specs []Spec) (bool, []error) {
 		})
 	}
 	wg.Wait()
+	// No fetch of m is under way now (one Sync runs at a time).
+	m.mu.Lock()
+	m.sweep()
+	m.mu.Unlock()
 	return changed, errs
 }
 

@@ -30,6 +30,13 @@ import (
 // gone is of a manager that ended; one whose folder cannot be seen from
 // here keeps every version (what it serves is unknown) until it lapses,
 // unrenewed for registrationLapse.
+//
+// A version is considered when a link of m moves off it (forget), and
+// every Sync sweeps the store (sweep): what forget kept while removal was
+// off would otherwise stay for good, as would a version fetched and never
+// linked and a write a crash left half done. Another process's fetch may
+// have stored a version and not yet linked or recorded it, which nothing
+// here can see, so the sweep leaves what is younger than strayAge.
 
 const (
 	// renewEvery is how often a manager renews its registration besides
@@ -42,6 +49,13 @@ const (
 	// costs is the store's cleanup held off for that long after a manager
 	// that could not be seen ended without Close (a crash, kill -9).
 	registrationLapse = 7 * 24 * time.Hour
+	// strayAge is how old a stored version nothing names must be for a
+	// sweep to remove it. Another process stores a version moments
+	// before it records and links it; a day is far beyond that, a
+	// process paused between the two, and a clock that differs between
+	// machines sharing a volume, and all it costs is a version kept a
+	// day longer.
+	strayAge = 24 * time.Hour
 )
 
 // registration is the content of a file of Dir/links.
@@ -158,12 +172,12 @@ func (m *Manager) forget(sha string) {
 	if !hexSHA(sha) || m.pending[sha] > 0 || m.unregistered {
 		return
 	}
-	used, err := m.used(sha)
+	named, unseen, err := m.users()
 	if err != nil {
 		m.log.Warn("plugin store: a version no longer served is kept: its users could not be read", "sha256", sha, "error", err)
 		return
 	}
-	if used {
+	if unseen || named[sha] {
 		return
 	}
 	if err := os.Remove(m.blob(sha)); err != nil && !errors.Is(err, fs.ErrNotExist) {
@@ -173,6 +187,58 @@ func (m *Manager) forget(sha string) {
 	m.log.Debug("plugin store: a version no longer served removed", "sha256", sha)
 }
 
+// sweep removes every stored blob that nothing may serve, as forget
+// does, and that is older than strayAge, with the temporary files of
+// writes that old: what forget kept while removal was off (a live
+// registration not seen from here), a fetch's version never linked (its
+// source removed meanwhile) and the half-written blob of a crash, none of
+// which any link's move would reconsider. Called by Sync, with m.mu held.
+func (m *Manager) sweep() {
+	if m.unregistered {
+		return
+	}
+	named, unseen, err := m.users()
+	if err != nil {
+		m.log.Warn("plugin store: versions no longer served are kept: their users could not be read", "error", err)
+		return
+	}
+	if unseen {
+		return
+	}
+	dir := filepath.Join(m.opts.Dir, "blobs", "sha256")
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		m.log.Warn("plugin store: versions no longer served are kept: the store could not be read", "error", err)
+		return
+	}
+	removed := 0
+	for _, e := range ents {
+		// store's temporary file of sha is ".SHA.RANDOM".
+		sha, temp := e.Name(), strings.HasPrefix(e.Name(), ".")
+		if temp {
+			sha, _, _ = strings.Cut(sha[1:], ".")
+		}
+		if !hexSHA(sha) || m.pending[sha] > 0 || (!temp && named[sha]) {
+			continue
+		}
+		path := filepath.Join(dir, e.Name())
+		// Checked just before the removal: a blob stored again (a tag
+		// moved back) is renamed over the old one, with a new time.
+		info, err := os.Lstat(path)
+		if err != nil || !info.Mode().IsRegular() || time.Since(info.ModTime()) < strayAge {
+			continue
+		}
+		if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			m.log.Warn("plugin store: a version no longer served not removed", "file", path, "error", err)
+			continue
+		}
+		removed++
+	}
+	if removed > 0 {
+		m.log.Info("plugin store: versions no longer served removed", "removed", removed, "olderThan", strayAge)
+	}
+}
+
 // unpend ends a fetch's hold on sha (m.mu held).
 func (m *Manager) unpend(sha string) {
 	if m.pending[sha]--; m.pending[sha] <= 0 {
@@ -180,15 +246,17 @@ func (m *Manager) unpend(sha string) {
 	}
 }
 
-// used reports whether a record or a registered manager's link names sha,
-// or a live registration's link folder cannot be seen from here (what it
-// serves is unknown). Registrations of managers that ended are removed:
-// those unrenewed for registrationLapse, and those of this view whose
-// folder is gone.
-func (m *Manager) used(sha string) (bool, error) {
+// users reads what may serve a version: the versions named by a record
+// or by a link of a registered manager of this view, and whether a live
+// registration's link folder cannot be seen from here (what it serves is
+// unknown: unseen, so every version is kept). Registrations of managers
+// that ended are removed: those unrenewed for registrationLapse, and those
+// of this view whose folder is gone. Called with m.mu held.
+func (m *Manager) users() (named map[string]bool, unseen bool, err error) {
+	named = map[string]bool{}
 	records, err := filepath.Glob(filepath.Join(m.opts.Dir, "index", "*.json"))
 	if err != nil {
-		return true, err
+		return nil, true, err
 	}
 	for _, p := range records {
 		b, err := readBounded(p, 64<<10)
@@ -197,18 +265,15 @@ func (m *Manager) used(sha string) (bool, error) {
 		}
 		var r record
 		if err != nil || json.Unmarshal(b, &r) != nil {
-			return true, fmt.Errorf("record %s: %v", p, err)
+			return nil, true, fmt.Errorf("record %s: %v", p, err)
 		}
-		if r.SHA256 == sha {
-			return true, nil
-		}
+		named[r.SHA256] = true
 	}
 	users := filepath.Join(m.opts.Dir, "links")
 	regs, err := os.ReadDir(users)
 	if err != nil {
-		return true, err
+		return nil, true, err
 	}
-	used := false
 	for _, reg := range regs {
 		if strings.HasPrefix(reg.Name(), ".") {
 			continue
@@ -219,7 +284,7 @@ func (m *Manager) used(sha string) (bool, error) {
 			continue // removed meanwhile
 		}
 		if err != nil {
-			return true, err
+			return nil, true, err
 		}
 		if time.Since(info.ModTime()) > registrationLapse {
 			_ = os.Remove(path)
@@ -230,7 +295,7 @@ func (m *Manager) used(sha string) (bool, error) {
 			continue
 		}
 		if err != nil {
-			return true, err
+			return nil, true, err
 		}
 		var r registration
 		if json.Unmarshal(b, &r) != nil {
@@ -245,7 +310,7 @@ func (m *Manager) used(sha string) (bool, error) {
 			}
 		}
 		if m.view == "" || r.View != m.view || err != nil {
-			used = true
+			unseen = true
 			if !m.unseen[path] {
 				m.unseen[path] = true
 				attrs := []any{"folder", r.Dir, "registration", path}
@@ -257,10 +322,8 @@ func (m *Manager) used(sha string) (bool, error) {
 			continue
 		}
 		for _, l := range links {
-			if filepath.Base(linkTarget(filepath.Join(r.Dir, l.Name()))) == sha {
-				used = true
-			}
+			named[filepath.Base(linkTarget(filepath.Join(r.Dir, l.Name())))] = true
 		}
 	}
-	return used, nil
+	return named, unseen, nil
 }
