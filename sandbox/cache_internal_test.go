@@ -137,3 +137,21 @@ func TestCustomSectionChangesCompileFromCache(t *testing.T) {
 		c.Close(context.Background())
 	}
 }
+
+// TestSplitCustomMalformed: splitCustom meets only modules the checker
+// accepted, or entries of the checked-module cache; a malformed one (a
+// custom section too short for its name) is passed on as it is, never a
+// panic.
+func TestSplitCustomMalformed(t *testing.T) {
+	head := []byte("\x00asm\x01\x00\x00\x00")
+	for _, wasm := range [][]byte{
+		append(slices.Clone(head), 0, 0, 1, 0),       // an empty custom section, then a type section
+		append(slices.Clone(head), 0, 1, 9),          // a name longer than its section
+		append(slices.Clone(head), 0, 5, 1, 'a'),     // a section longer than the module
+		append(slices.Clone(head), 0, 2, 0x80, 0x80), // a name length cut short
+	} {
+		if got, taken := splitCustom(wasm, false); !slices.Equal(got, wasm) || taken != nil {
+			t.Errorf("splitCustom(% x) = % x, %v; want the bytes as they are", wasm, got, taken)
+		}
+	}
+}
