@@ -41,7 +41,7 @@ func splitCustom(wasm []byte, debug bool) ([]byte, []customSection) {
 			continue
 		}
 		nameLen := uint64(r.u32())
-		if r.err != nil || nameLen > uint64(end-r.pos) {
+		if r.err != nil || r.pos > end || nameLen > uint64(end-r.pos) {
 			return wasm, nil
 		}
 		name := string(wasm[r.pos : r.pos+int(nameLen)])
