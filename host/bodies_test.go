@@ -1,6 +1,7 @@
 package host_test
 
 import (
+	"context"
 	"errors"
 	"io"
 	"net/http"
@@ -151,5 +152,43 @@ func TestRequestBodiesRefusedCounted(t *testing.T) {
 		if !strings.Contains(rec.Body.String(), series+"\n") {
 			t.Errorf("no %s in the metrics:\n%s", series, regexp.MustCompile(`(?m)^wasmtools_request.*$`).FindAllString(rec.Body.String(), -1))
 		}
+	}
+}
+
+// TestRequestBodyHangUpNotCounted: a request whose client hung up while
+// it waited for room under the bound on request bodies is not counted as
+// refused: the metric counts the 503s clients were told (a review: a
+// client gone during the wait counted as one, and an operator read it as
+// a refusal).
+func TestRequestBodyHangUpNotCounted(t *testing.T) {
+	const maxBody = 128 << 10
+	f := newFixture(t, nil, sandbox.NewPolicy(), map[string]string{"counter.wasm": testplugins.Example(t, "counter")})
+	held := make(chan struct{})
+	release := make(chan struct{})
+	g := host.Guard(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		if r.URL.Query().Get("hold") != "" {
+			held <- struct{}{}
+			<-release
+		}
+	}), host.GuardOptions{MaxBody: maxBody, Metrics: f.h, RequestBytes: maxBody})
+	body := func() io.Reader { return strings.NewReader(strings.Repeat("a", maxBody)) }
+	done := make(chan struct{})
+	go func() {
+		g.ServeHTTP(httptest.NewRecorder(), httptest.NewRequest(http.MethodPost, "/mcp?hold=1", body()))
+		close(done)
+	}()
+	<-held
+	// The bound is full: this request waits, and its client is gone.
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	g.ServeHTTP(httptest.NewRecorder(), httptest.NewRequest(http.MethodPost, "/mcp", body()).WithContext(ctx))
+	release <- struct{}{}
+	<-done
+
+	rec := httptest.NewRecorder()
+	f.h.MetricsHandler().ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/metrics", nil))
+	if series := regexp.MustCompile(`(?m)^wasmtools_request_bodies_refused_total\{.*\} [1-9].*$`).FindAllString(rec.Body.String(), -1); len(series) > 0 {
+		t.Errorf("a request whose client hung up counted as refused: %s", series)
 	}
 }
