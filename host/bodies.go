@@ -57,10 +57,12 @@ func newBodyBudget(total, share, maxBody int64) *bodyBudget {
 
 // take counts n more bytes for tenant, waiting up to bodyWait for room
 // (or until ctx ends), and reports whether it did; a refusal is counted
-// (the caller refuses the request).
+// (the caller refuses the request), unless ctx ended: a client that hung
+// up while it waited is told nothing, and the metric counts the 503s
+// clients are told.
 func (b *bodyBudget) take(ctx context.Context, tenant string, n int) bool {
 	bound := b.held.await(ctx, tenant, n, b.total, b.share, bodyWait)
-	if bound != "" && b.refused != nil {
+	if bound != "" && b.refused != nil && ctx.Err() == nil {
 		b.refused.WithLabelValues(bound).Inc()
 	}
 	return bound == ""

@@ -98,7 +98,7 @@ func newMetrics() *metrics {
 			Name: "wasmtools_http_sessions_evicted_total", Help: "Idle stateful HTTP sessions ended to make room for a new one under --max-sessions or a tenant's share of it.",
 		}),
 		bodiesRefused: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "wasmtools_request_bodies_refused_total", Help: "HTTP requests refused with 503 after waiting 2 s for room under the bound on request bodies read at once, by the bound met (total: limits.request_bytes_total; per_subject: limits.request_bytes_per_subject).",
+			Name: "wasmtools_request_bodies_refused_total", Help: "HTTP requests refused with 503 after waiting 2 s for room under the bound on request bodies read at once (not those whose client hung up meanwhile), by the bound met (total: limits.request_bytes_total; per_subject: limits.request_bytes_per_subject).",
 		}, []string{"reason"}),
 	}
 	for _, bound := range []string{boundTotal, boundShare} {
