@@ -157,3 +157,61 @@ func TestClientlessAnswersKeptByFirstClient(t *testing.T) {
 		t.Errorf("the completion of an ID issued before the key's first client: refused (%s)", why)
 	}
 }
+
+// TestOldClientsCallKeepsOutOfReturningClients: a call of key's old
+// client still running once the key came back as a new client (the old
+// client's end waits for it) keeps what it leaves out of the new
+// client's: its grant counts, and the URL elicitation IDs its plugin
+// issues, which are not the new client's to complete (a review: both
+// went by the key's live client, the new one, not the client whose
+// instance the call holds).
+func TestOldClientsCallKeepsOutOfReturningClients(t *testing.T) {
+	h, tool := counterHost(t)
+	p := tool.Plugin()
+	key := sessions.Client("returning")
+	env := func(l *sessions.Lease) *callEnv {
+		e := h.newCallEnv(context.Background(), tool, &mcp.CallToolRequest{Params: &mcp.CallToolParamsRaw{Name: tool.Name}}, key.String())
+		e.ref = clientRef{key: key}
+		e.attach(l)
+		return e
+	}
+	// As returning, with the old client's lease at hand.
+	ctx := context.Background()
+	l, err := h.ses.Acquire(ctx, key, p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ended := make(chan struct{})
+	go func() {
+		defer close(ended)
+		h.ses.End(ctx, key) // waits for the old client's call
+	}()
+	for deadline := time.Now().Add(10 * time.Second); h.ses.Has(key); time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the old client was not ended")
+		}
+	}
+	nl, err := h.ses.Acquire(ctx, key, p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := env(l)
+	// Refused unasked (a redirect): counted in the session's record.
+	if err := e.AskGrant(ctx, sandbox.GrantRequest{Kind: sandbox.GrantNetwork, Target: "old.example:443", Redirect: true}); err == nil {
+		t.Error("a grant for a redirect: given")
+	}
+	e.issueURLs(&mcp.ElicitParams{Mode: "url", ElicitationID: "old-late", URL: "https://example.com/old-late"})
+	e.attach(nil)
+	nl.Done(nil)
+	l.Done(nil)
+	<-ended
+
+	for _, s := range h.GrantStatus() {
+		if s.Session == key.String() && s.Refused > 0 {
+			t.Errorf("the new client's grant counts: %+v; want none of the old client's call", s.GrantCounts)
+		}
+	}
+	if ok, _ := env(nil).spendURL("old-late"); ok {
+		t.Error("the new client completed an ID its old client's call issued after the key came back")
+	}
+}
