@@ -109,8 +109,13 @@ type SessionGrants struct {
 type grantBook struct {
 	mu       sync.Mutex
 	sessions map[sessions.Key]*sessionGrants
-	bound    tenantFIFO[sessions.Key]
-	max      int // Options.MaxGrantSessions, set before use
+	// ended holds, for a key that came back as a later client while a
+	// call of its ended client still runs, that client's entry: kept
+	// apart from the later client's, and its question cap still held,
+	// until the ended client's end (which waits for its calls).
+	ended map[sessions.Key]*sessionGrants
+	bound tenantFIFO[sessions.Key]
+	max   int // Options.MaxGrantSessions, set before use
 	// onChange, if set, is called (without b.mu) after a session's
 	// answers or question count change: the durable layer's hook to
 	// write export(key) into the session's record. Set before serving.
@@ -137,10 +142,17 @@ func (b *grantBook) changed(ctx context.Context, key sessions.Key) {
 	}
 }
 
-// session returns key's entry, made on first use, counted as tenant's
-// ("" when not known: an entry keeps the tenant it has). The caller holds
-// b.mu.
+// session returns key's entry for its live client (sessionOf).
 func (b *grantBook) session(key sessions.Key, tenant string) *sessionGrants {
+	return b.sessionOf(key, tenant, b.clientNumber(key))
+}
+
+// sessionOf returns key's entry for its client numbered client, made on
+// first use, counted as tenant's ("" when not known: an entry keeps the
+// tenant it has). For a client that ended, whose call still runs once
+// the key came back as a later client, it is an entry kept nowhere: the
+// later client's is not its. The caller holds b.mu.
+func (b *grantBook) sessionOf(key sessions.Key, tenant string, client uint64) *sessionGrants {
 	if b.sessions == nil {
 		b.sessions = map[sessions.Key]*sessionGrants{}
 		total := b.max
@@ -151,10 +163,20 @@ func (b *grantBook) session(key sessions.Key, tenant string) *sessionGrants {
 	}
 	for _, k := range b.bound.add(key, tenant) {
 		delete(b.sessions, k)
+		delete(b.ended, k)
 	}
-	client := b.clientNumber(key)
 	s := b.sessions[key]
 	switch {
+	case s != nil && client != 0 && s.client > client:
+		o := b.ended[key]
+		if o == nil || o.client != client {
+			o = &sessionGrants{label: key.String(), answers: map[grantKey]bool{}, client: client}
+			if b.ended == nil {
+				b.ended = map[sessions.Key]*sessionGrants{}
+			}
+			b.ended[key] = o
+		}
+		return o
 	case s == nil || s.client != 0 && s.client < client:
 		// None, or an ended client's whose end has not come yet (it
 		// waits for that client's calls): the key's client now starts
@@ -175,6 +197,9 @@ func (b *grantBook) session(key sessions.Key, tenant string) *sessionGrants {
 func (b *grantBook) end(key sessions.Key, client uint64) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	if o := b.ended[key]; o != nil && o.client <= client {
+		delete(b.ended, key)
+	}
 	if s := b.sessions[key]; s != nil && s.client > client {
 		return
 	}
@@ -230,10 +255,10 @@ func (e *callEnv) AskGrant(ctx context.Context, r sandbox.GrantRequest) error {
 	if r.Kind == sandbox.GrantFile {
 		gk.target += " " + r.Mode
 	}
-	key, tenant := e.ref.key, e.tenant()
+	key, tenant, client := e.ref.key, e.tenant(), e.client()
 	b := &h.grants
 	b.mu.Lock()
-	s := b.session(key, tenant)
+	s := b.sessionOf(key, tenant, client)
 	allowed, known := s.answers[gk]
 	if other, ok := s.answers[otherMode(gk, r)]; !known && ok && other == (r.Mode == sandbox.ModeRead) {
 		// Reading and changing allowed covers reading; reading denied
@@ -272,7 +297,7 @@ func (e *callEnv) AskGrant(ctx context.Context, r sandbox.GrantRequest) error {
 		}
 		if known { // read each time: a revocation holds at once
 			b.mu.Lock()
-			s = b.session(key, tenant)
+			s = b.sessionOf(key, tenant, client)
 			if allowed {
 				s.Given++
 			} else {
@@ -289,7 +314,7 @@ func (e *callEnv) AskGrant(ctx context.Context, r sandbox.GrantRequest) error {
 	}
 	refuse := func(how, msg string) error {
 		b.mu.Lock()
-		b.session(key, tenant).Refused++
+		b.sessionOf(key, tenant, client).Refused++
 		b.mu.Unlock()
 		h.auditGrant(e, r, "refused", how)
 		return errors.New(msg)
@@ -301,7 +326,7 @@ func (e *callEnv) AskGrant(ctx context.Context, r sandbox.GrantRequest) error {
 		return refuse("cannot-ask", fmt.Sprintf("%s is not granted to this plugin; the operator allows it to be approved at run time, but %s: a client that supports elicitation could approve it", what, why))
 	}
 	b.mu.Lock()
-	s = b.session(key, tenant)
+	s = b.sessionOf(key, tenant, client)
 	over := s.Asked >= h.maxGrantQuestions()
 	if !over {
 		s.Asked++
@@ -329,7 +354,7 @@ func (e *callEnv) AskGrant(ctx context.Context, r sandbox.GrantRequest) error {
 		// (a red team, stop 64: a plugin spent the session's cap, which
 		// all its plugins share, with questions refused unasked).
 		b.mu.Lock()
-		if s = b.session(key, tenant); s.Asked > 0 {
+		if s = b.sessionOf(key, tenant, client); s.Asked > 0 {
 			s.Asked--
 		}
 		b.mu.Unlock()
@@ -339,7 +364,7 @@ func (e *callEnv) AskGrant(ctx context.Context, r sandbox.GrantRequest) error {
 	switch {
 	case a.Action == abi.ActionAccept && (decision == choiceOnce || decision == choiceSession || decision == choiceAlways && subject != ""):
 		b.mu.Lock()
-		s = b.session(key, tenant)
+		s = b.sessionOf(key, tenant, client)
 		s.Given++
 		if decision == choiceSession {
 			s.answers[gk] = true // "always" is in the file, which a revocation changes
@@ -356,7 +381,7 @@ func (e *callEnv) AskGrant(ctx context.Context, r sandbox.GrantRequest) error {
 		return nil
 	case a.Action == abi.ActionDecline || a.Action == abi.ActionAccept && decision == choiceDeny:
 		b.mu.Lock()
-		s = b.session(key, tenant)
+		s = b.sessionOf(key, tenant, client)
 		s.answers[gk] = false // for the session, even if the file's is revoked
 		s.Refused++
 		b.mu.Unlock()

@@ -103,21 +103,40 @@ func (u *issuedURLs) forgetLocked(scope string) {
 
 // scopeIDs returns scope's IDs for the client numbered client: none when
 // they are an earlier client's of the key (ended, its end not come yet,
-// as it waits for that client's calls), which are forgotten. IDs issued
+// as it waits for that client's calls), which are forgotten, or a later
+// one's (client is an ended client's, whose call still runs). IDs issued
 // while the key had no client (0: calls of a stateless plugin, on pooled
 // instances) are the session's, and stay its first client's. u.mu is
 // held.
 func (u *issuedURLs) scopeIDs(scope string, client uint64) []string {
 	ids, ok := u.ids[scope]
-	if ok && u.clients[scope] != 0 && u.clients[scope] < client {
+	switch {
+	case ok && u.clients[scope] != 0 && u.clients[scope] < client:
 		u.forgetLocked(scope)
+		return nil
+	case u.later(scope, client):
 		return nil
 	}
 	return ids
 }
 
-// client is the number of e's session-layer client, 0 for none.
-func (e *callEnv) client() uint64 { return e.h.ses.ClientNumber(e.ref.key) }
+// later reports whether scope's IDs are of a client after the one
+// numbered client. u.mu is held.
+func (u *issuedURLs) later(scope string, client uint64) bool {
+	return client != 0 && u.clients[scope] > client
+}
+
+// client is the number of e's session-layer client, 0 for none: the
+// client whose instance e's guest runs on, which may have ended while
+// it runs and its key come back as another client (whose grants and URL
+// IDs are not this call's); else, a pooled instance or none, the key's
+// live client.
+func (e *callEnv) client() uint64 {
+	if l := e.currentLease(); l != nil && l.Client() != 0 {
+		return l.Client()
+	}
+	return e.h.ses.ClientNumber(e.ref.key)
+}
 
 // issueURLs remembers the URL elicitations among params as issued by e's
 // plugin in e's session.
@@ -135,6 +154,11 @@ func (e *callEnv) issueURLs(params ...*mcp.ElicitParams) {
 			u.bound.total, u.bound.perTenant = maxIssuedScopes, maxIssuedScopesPerTenant
 		}
 		u.scopeIDs(scope, client) // an earlier client's forgotten
+		if u.later(scope, client) {
+			// An ended client's call: its IDs are no later client's to
+			// complete.
+			continue
+		}
 		for _, s := range u.bound.add(scope, tenant) {
 			delete(u.ids, s)
 			delete(u.clients, s)

@@ -456,6 +456,17 @@ func (l *Lease) Stale() bool {
 // Plugin is the plugin version the lease runs: the one acquired.
 func (l *Lease) Plugin() *plugins.Plugin { return l.plugin }
 
+// Client is the number of the client whose instance l holds
+// ([Manager.ClientNumber] while it lives), 0 for a pooled instance: a
+// client that ended while l's call runs keeps its number, though its key
+// may have a new client by then.
+func (l *Lease) Client() uint64 {
+	if l.c == nil {
+		return 0
+	}
+	return l.c.number
+}
+
 // Notice says what happened to the client's previous instance, for the
 // result of this lease's call.
 func (l *Lease) Notice() Notice { return l.notice }
