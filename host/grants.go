@@ -166,30 +166,48 @@ func (b *grantBook) sessionOf(key sessions.Key, tenant string, client uint64) *s
 		delete(b.ended, k)
 	}
 	s := b.sessions[key]
+	older := s != nil && client != 0 && s.client > client
+	if s != nil && s.client == 0 && client != 0 {
+		// Kept while the key had no client (its calls so far of
+		// stateless plugins, on pooled instances): the session's, and
+		// so its live client's (TestClientlessAnswersKeptByFirstClient),
+		// not an ended client's late call's
+		// (TestClientlessAnswersGoToLiveClientNotOldOnesCall).
+		older = client < b.clientNumber(key)
+		if !older {
+			s.client = client
+		}
+	}
 	switch {
-	case s != nil && client != 0 && s.client > client:
+	case older:
 		o := b.ended[key]
 		if o == nil || o.client != client {
 			o = &sessionGrants{label: key.String(), answers: map[grantKey]bool{}, client: client}
-			if b.ended == nil {
-				b.ended = map[sessions.Key]*sessionGrants{}
-			}
-			b.ended[key] = o
+			b.keepEnded(key, o)
 		}
 		return o
 	case s == nil || s.client != 0 && s.client < client:
 		// None, or an ended client's whose end has not come yet (it
 		// waits for that client's calls): the key's client now starts
-		// afresh, as it would after that end.
+		// afresh, as it would after that end. The ended client's is
+		// kept apart for its calls still running
+		// (TestOldClientsCallKeepsItsAnswersOnceTheKeyCameBack).
+		if s != nil {
+			b.keepEnded(key, s)
+		}
 		s = &sessionGrants{label: key.String(), answers: map[grantKey]bool{}, client: client}
 		b.sessions[key] = s
-	case s.client == 0:
-		// Kept while the key had no client (its calls so far of
-		// stateless plugins, on pooled instances): the session's, and
-		// so its first client's (TestClientlessAnswersKeptByFirstClient).
-		s.client = client
 	}
 	return s
+}
+
+// keepEnded keeps s as key's ended client's entry, one per key: end
+// and the key's eviction remove it. The caller holds b.mu.
+func (b *grantBook) keepEnded(key sessions.Key, s *sessionGrants) {
+	if b.ended == nil {
+		b.ended = map[sessions.Key]*sessionGrants{}
+	}
+	b.ended[key] = s
 }
 
 // end forgets key's answers: its client numbered client ended. The
