@@ -215,3 +215,51 @@ func TestOldClientsCallKeepsOutOfReturningClients(t *testing.T) {
 		t.Error("the new client completed an ID its old client's call issued after the key came back")
 	}
 }
+
+// A review found URL elicitation IDs issued while the key had no client
+// tagged as an ended client's by that client's late call once the key's
+// next client was live: the live client's completion of them was then
+// refused, its IDs forgotten.
+func TestOldClientsCallLeavesClientlessURLsToLiveClient(t *testing.T) {
+	h, tool := counterHost(t)
+	p := tool.Plugin()
+	key := sessions.Client("returning")
+	env := func(l *sessions.Lease) *callEnv {
+		e := h.newCallEnv(context.Background(), tool, &mcp.CallToolRequest{Params: &mcp.CallToolParamsRaw{Name: tool.Name}}, key.String())
+		e.ref = clientRef{key: key}
+		e.attach(l)
+		return e
+	}
+	env(nil).issueURLs(&mcp.ElicitParams{Mode: "url", ElicitationID: "clientless", URL: "https://example.com/clientless"})
+	ctx := context.Background()
+	l, err := h.ses.Acquire(ctx, key, p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ended := make(chan struct{})
+	go func() {
+		defer close(ended)
+		h.ses.End(ctx, key) // waits for the old client's call
+	}()
+	for deadline := time.Now().Add(10 * time.Second); h.ses.Has(key); time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the old client was not ended")
+		}
+	}
+	nl, err := h.ses.Acquire(ctx, key, p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := env(l)
+	e.issueURLs(&mcp.ElicitParams{Mode: "url", ElicitationID: "old-late", URL: "https://example.com/old-late"})
+	if ok, _ := e.spendURL("clientless"); ok {
+		t.Error("the old client's late call completed an ID issued before its key had a client")
+	}
+	e.attach(nil)
+	if ok, why := env(nil).spendURL("clientless"); !ok {
+		t.Errorf("the live client's completion of an ID issued before the key had a client: refused (%s)", why)
+	}
+	nl.Done(nil)
+	l.Done(nil)
+	<-ended
+}
