@@ -106,24 +106,27 @@ func (u *issuedURLs) forgetLocked(scope string) {
 // as it waits for that client's calls), which are forgotten, or a later
 // one's (client is an ended client's, whose call still runs). IDs issued
 // while the key had no client (0: calls of a stateless plugin, on pooled
-// instances) are the session's, and stay its first client's. u.mu is
-// held.
-func (u *issuedURLs) scopeIDs(scope string, client uint64) []string {
+// instances) are the session's, and so its live client's, numbered
+// live: not an ended client's late call's. u.mu is held.
+func (u *issuedURLs) scopeIDs(scope string, client, live uint64) []string {
 	ids, ok := u.ids[scope]
 	switch {
 	case ok && u.clients[scope] != 0 && u.clients[scope] < client:
 		u.forgetLocked(scope)
 		return nil
-	case u.later(scope, client):
+	case u.later(scope, client, live):
 		return nil
 	}
 	return ids
 }
 
 // later reports whether scope's IDs are of a client after the one
-// numbered client. u.mu is held.
-func (u *issuedURLs) later(scope string, client uint64) bool {
-	return client != 0 && u.clients[scope] > client
+// numbered client: a later one's, or the session's (issued while the key
+// had no client) once the key's live client, numbered live, is a later
+// one. u.mu is held.
+func (u *issuedURLs) later(scope string, client, live uint64) bool {
+	c := u.clients[scope]
+	return client != 0 && (c > client || c == 0 && client < live)
 }
 
 // client is the number of e's session-layer client, 0 for none: the
@@ -142,6 +145,7 @@ func (e *callEnv) client() uint64 {
 // plugin in e's session.
 func (e *callEnv) issueURLs(params ...*mcp.ElicitParams) {
 	tenant, scope, client := e.tenant(), e.urlScope(), e.client()
+	live := e.h.ses.ClientNumber(e.ref.key)
 	u := &e.h.urls
 	u.mu.Lock()
 	defer u.mu.Unlock()
@@ -153,8 +157,8 @@ func (e *callEnv) issueURLs(params ...*mcp.ElicitParams) {
 			u.ids, u.clients = map[string][]string{}, map[string]uint64{}
 			u.bound.total, u.bound.perTenant = maxIssuedScopes, maxIssuedScopesPerTenant
 		}
-		u.scopeIDs(scope, client) // an earlier client's forgotten
-		if u.later(scope, client) {
+		u.scopeIDs(scope, client, live) // an earlier client's forgotten
+		if u.later(scope, client, live) {
 			// An ended client's call: its IDs are no later client's to
 			// complete.
 			continue
@@ -176,12 +180,12 @@ func (e *callEnv) issueURLs(params ...*mcp.ElicitParams) {
 // issued by e's plugin in e's session and not completed yet, within the
 // call's and the plugin's rates. The ID is spent when it may.
 func (e *callEnv) spendURL(id string) (ok bool, why string) {
-	client := e.client()
+	client, live := e.client(), e.h.ses.ClientNumber(e.ref.key)
 	u := &e.h.urls
 	u.mu.Lock()
 	defer u.mu.Unlock()
 	scope := e.urlScope()
-	ids := u.scopeIDs(scope, client)
+	ids := u.scopeIDs(scope, client, live)
 	i := -1
 	for j, v := range ids {
 		if v == id {
