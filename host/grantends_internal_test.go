@@ -48,11 +48,7 @@ func TestLateEndKeepsReturningClientsGrants(t *testing.T) {
 func TestLateEndKeepsReturningClientsURLs(t *testing.T) {
 	h, tool := counterHost(t)
 	key := sessions.Client("returning")
-	env := func() *callEnv {
-		e := h.newCallEnv(context.Background(), tool, &mcp.CallToolRequest{Params: &mcp.CallToolParamsRaw{Name: tool.Name}}, key.String())
-		e.ref = clientRef{key: key}
-		return e
-	}
+	env := func() *callEnv { return keyedCallEnv(h, tool, key, nil) }
 	issue := func(id string) func() {
 		return func() {
 			env().issueURLs(&mcp.ElicitParams{Mode: "url", ElicitationID: id, URL: "https://example.com/" + id})
@@ -93,30 +89,54 @@ func counterHost(t *testing.T) (*Host, *plugins.Tool) {
 // old client's end, which tells the host.
 func returning(t *testing.T, h *Host, key sessions.Key, p *plugins.Plugin, old, back func()) {
 	t.Helper()
-	ctx := context.Background()
-	l, err := h.ses.Acquire(ctx, key, p)
+	l := acquire(t, h, key, p)
+	old()
+	finish := comeBack(t, h, key, p, l)
+	back()
+	finish()
+}
+
+// keyedCallEnv is the environment of a call of tool by key's client,
+// holding l (nil: none).
+func keyedCallEnv(h *Host, tool *plugins.Tool, key sessions.Key, l *sessions.Lease) *callEnv {
+	e := h.newCallEnv(context.Background(), tool, &mcp.CallToolRequest{Params: &mcp.CallToolParamsRaw{Name: tool.Name}}, key.String())
+	e.ref = clientRef{key: key}
+	e.attach(l)
+	return e
+}
+
+func acquire(t *testing.T, h *Host, key sessions.Key, p *plugins.Plugin) *sessions.Lease {
+	t.Helper()
+	l, err := h.ses.Acquire(context.Background(), key, p)
 	if err != nil {
 		t.Fatal(err)
 	}
-	old()
+	return l
+}
+
+// comeBack ends key's client, whose call holds old, while that call runs,
+// and makes the key's next client meanwhile, with a call of its own.
+// finish ends both calls, the new client's first, and waits for the old
+// client's end, which waits for its call.
+func comeBack(t *testing.T, h *Host, key sessions.Key, p *plugins.Plugin, old *sessions.Lease) (finish func()) {
+	t.Helper()
 	ended := make(chan struct{})
 	go func() {
 		defer close(ended)
-		h.ses.End(ctx, key) // waits for the old client's call
+		h.ses.End(context.Background(), key) // waits for the old client's call
 	}()
+	// End forgets the client before it waits for the call.
 	for deadline := time.Now().Add(10 * time.Second); h.ses.Has(key); time.Sleep(time.Millisecond) {
 		if time.Now().After(deadline) {
 			t.Fatal("the old client was not ended")
 		}
 	}
-	nl, err := h.ses.Acquire(ctx, key, p)
-	if err != nil {
-		t.Fatal(err)
+	back := acquire(t, h, key, p)
+	return func() {
+		back.Done(nil)
+		old.Done(nil)
+		<-ended
 	}
-	back()
-	nl.Done(nil)
-	l.Done(nil)
-	<-ended
 }
 
 // TestClientlessAnswersKeptByFirstClient: answers and URL elicitation IDs
@@ -135,11 +155,7 @@ func TestClientlessAnswersKeptByFirstClient(t *testing.T) {
 	h.grants.mu.Lock()
 	h.grants.session(key, "").answers[gk] = false
 	h.grants.mu.Unlock()
-	env := func() *callEnv {
-		e := h.newCallEnv(context.Background(), tool, &mcp.CallToolRequest{Params: &mcp.CallToolParamsRaw{Name: tool.Name}}, key.String())
-		e.ref = clientRef{key: key}
-		return e
-	}
+	env := func() *callEnv { return keyedCallEnv(h, tool, key, nil) }
 	env().issueURLs(&mcp.ElicitParams{Mode: "url", ElicitationID: "before", URL: "https://example.com/before"})
 
 	l, err := h.ses.Acquire(context.Background(), key, p) // the key's first client
@@ -169,32 +185,11 @@ func TestOldClientsCallKeepsOutOfReturningClients(t *testing.T) {
 	h, tool := counterHost(t)
 	p := tool.Plugin()
 	key := sessions.Client("returning")
-	env := func(l *sessions.Lease) *callEnv {
-		e := h.newCallEnv(context.Background(), tool, &mcp.CallToolRequest{Params: &mcp.CallToolParamsRaw{Name: tool.Name}}, key.String())
-		e.ref = clientRef{key: key}
-		e.attach(l)
-		return e
-	}
+	env := func(l *sessions.Lease) *callEnv { return keyedCallEnv(h, tool, key, l) }
 	// As returning, with the old client's lease at hand.
 	ctx := context.Background()
-	l, err := h.ses.Acquire(ctx, key, p)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ended := make(chan struct{})
-	go func() {
-		defer close(ended)
-		h.ses.End(ctx, key) // waits for the old client's call
-	}()
-	for deadline := time.Now().Add(10 * time.Second); h.ses.Has(key); time.Sleep(time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("the old client was not ended")
-		}
-	}
-	nl, err := h.ses.Acquire(ctx, key, p)
-	if err != nil {
-		t.Fatal(err)
-	}
+	l := acquire(t, h, key, p)
+	finish := comeBack(t, h, key, p, l)
 	e := env(l)
 	// Refused unasked (a redirect): counted in the session's record.
 	if err := e.AskGrant(ctx, sandbox.GrantRequest{Kind: sandbox.GrantNetwork, Target: "old.example:443", Redirect: true}); err == nil {
@@ -202,9 +197,7 @@ func TestOldClientsCallKeepsOutOfReturningClients(t *testing.T) {
 	}
 	e.issueURLs(&mcp.ElicitParams{Mode: "url", ElicitationID: "old-late", URL: "https://example.com/old-late"})
 	e.attach(nil)
-	nl.Done(nil)
-	l.Done(nil)
-	<-ended
+	finish()
 
 	for _, s := range h.GrantStatus() {
 		if s.Session == key.String() && s.Refused > 0 {
@@ -224,32 +217,10 @@ func TestOldClientsCallLeavesClientlessURLsToLiveClient(t *testing.T) {
 	h, tool := counterHost(t)
 	p := tool.Plugin()
 	key := sessions.Client("returning")
-	env := func(l *sessions.Lease) *callEnv {
-		e := h.newCallEnv(context.Background(), tool, &mcp.CallToolRequest{Params: &mcp.CallToolParamsRaw{Name: tool.Name}}, key.String())
-		e.ref = clientRef{key: key}
-		e.attach(l)
-		return e
-	}
+	env := func(l *sessions.Lease) *callEnv { return keyedCallEnv(h, tool, key, l) }
 	env(nil).issueURLs(&mcp.ElicitParams{Mode: "url", ElicitationID: "clientless", URL: "https://example.com/clientless"})
-	ctx := context.Background()
-	l, err := h.ses.Acquire(ctx, key, p)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ended := make(chan struct{})
-	go func() {
-		defer close(ended)
-		h.ses.End(ctx, key) // waits for the old client's call
-	}()
-	for deadline := time.Now().Add(10 * time.Second); h.ses.Has(key); time.Sleep(time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("the old client was not ended")
-		}
-	}
-	nl, err := h.ses.Acquire(ctx, key, p)
-	if err != nil {
-		t.Fatal(err)
-	}
+	l := acquire(t, h, key, p)
+	finish := comeBack(t, h, key, p, l)
 	e := env(l)
 	e.issueURLs(&mcp.ElicitParams{Mode: "url", ElicitationID: "old-late", URL: "https://example.com/old-late"})
 	if ok, _ := e.spendURL("clientless"); ok {
@@ -259,7 +230,5 @@ func TestOldClientsCallLeavesClientlessURLsToLiveClient(t *testing.T) {
 	if ok, why := env(nil).spendURL("clientless"); !ok {
 		t.Errorf("the live client's completion of an ID issued before the key had a client: refused (%s)", why)
 	}
-	nl.Done(nil)
-	l.Done(nil)
-	<-ended
+	finish()
 }

@@ -28,9 +28,7 @@ func TestNegativeMaxGrantSessions(t *testing.T) {
 // session" and its question count, and its person was asked again.
 func TestOldClientsCallKeepsItsAnswersOnceTheKeyCameBack(t *testing.T) {
 	live := uint64(1)
-	b := grantBook{clientOf: func(sessions.Key) uint64 { return live }}
-	key := sessions.Client("alice")
-	gk := grantKey{plugin: "p", kind: "net", target: "example.com:443"}
+	b, key, gk := numberedBook(&live)
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	s := b.sessionOf(key, "", 1)
@@ -53,9 +51,7 @@ func TestOldClientsCallKeepsItsAnswersOnceTheKeyCameBack(t *testing.T) {
 // then forgot them.
 func TestClientlessAnswersGoToLiveClientNotOldOnesCall(t *testing.T) {
 	live := uint64(0)
-	b := grantBook{clientOf: func(sessions.Key) uint64 { return live }}
-	key := sessions.Client("alice")
-	gk := grantKey{plugin: "p", kind: "net", target: "example.com:443"}
+	b, key, gk := numberedBook(&live)
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.session(key, "").answers[gk] = true
@@ -66,4 +62,11 @@ func TestClientlessAnswersGoToLiveClientNotOldOnesCall(t *testing.T) {
 	if n := b.session(key, ""); !n.answers[gk] {
 		t.Fatalf("client 2 lost the clientless answers: %v", n.answers)
 	}
+}
+
+// numberedBook is a grant book whose key's live client is numbered *live,
+// the key, and a grant's key.
+func numberedBook(live *uint64) (*grantBook, sessions.Key, grantKey) {
+	b := &grantBook{clientOf: func(sessions.Key) uint64 { return *live }}
+	return b, sessions.Client("alice"), grantKey{plugin: "p", kind: "net", target: "example.com:443"}
 }
