@@ -232,3 +232,30 @@ func TestOldClientsCallLeavesClientlessURLsToLiveClient(t *testing.T) {
 	}
 	finish()
 }
+
+// A call of a stateless plugin runs on a pooled instance, with no lease to
+// say whose it is: it goes by the key's client when it began. It went by
+// the key's live client when it asked, so an old client's late call,
+// once the key came back, counted its refusals and issued its URL IDs as
+// the new client's.
+func TestOldClientsPooledCallKeepsOutOfReturningClients(t *testing.T) {
+	h, tool := counterHost(t)
+	p := tool.Plugin()
+	key := sessions.Client("returning")
+	l := acquire(t, h, key, p)
+	e := keyedCallEnv(h, tool, key, nil) // the old client's, pooled
+	finish := comeBack(t, h, key, p, l)
+	if err := e.AskGrant(context.Background(), sandbox.GrantRequest{Kind: sandbox.GrantNetwork, Target: "old.example:443", Redirect: true}); err == nil {
+		t.Error("a grant for a redirect: given")
+	}
+	e.issueURLs(&mcp.ElicitParams{Mode: "url", ElicitationID: "old-pooled", URL: "https://example.com/old-pooled"})
+	finish()
+	for _, s := range h.GrantStatus() {
+		if s.Session == key.String() && s.Refused > 0 {
+			t.Errorf("the new client's grant counts: %+v; want none of the old client's pooled call", s.GrantCounts)
+		}
+	}
+	if ok, _ := keyedCallEnv(h, tool, key, nil).spendURL("old-pooled"); ok {
+		t.Error("the new client completed an ID its old client's pooled call issued after the key came back")
+	}
+}
