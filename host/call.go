@@ -129,7 +129,7 @@ func (h *Host) prepareCall(ctx context.Context, t *plugins.Tool, req *mcp.CallTo
 	}
 	key := ref.key
 	env = h.newCallEnv(ctx, t, req, key.String())
-	env.ref = ref
+	env.bind(ref)
 	env.once = onceKey(req)
 	*c = plugins.Call{
 		Tool: t, Arguments: args, Meta: meta, Host: env.hostFunc,

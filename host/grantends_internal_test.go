@@ -100,7 +100,7 @@ func returning(t *testing.T, h *Host, key sessions.Key, p *plugins.Plugin, old, 
 // holding l (nil: none).
 func keyedCallEnv(h *Host, tool *plugins.Tool, key sessions.Key, l *sessions.Lease) *callEnv {
 	e := h.newCallEnv(context.Background(), tool, &mcp.CallToolRequest{Params: &mcp.CallToolParamsRaw{Name: tool.Name}}, key.String())
-	e.ref = clientRef{key: key}
+	e.bind(clientRef{key: key})
 	e.attach(l)
 	return e
 }

@@ -201,6 +201,9 @@ type callEnv struct {
 	name   string          // what runs: the tool's name, or "prompt NAME", "resource URI", "completion"
 	sess   string          // for logs
 	ref    clientRef       // whose instances; its handle goes in the result
+	// began is the number of the key's live client when the call began
+	// (0 for none): whose call it is when it holds no lease (client).
+	began uint64
 	// once is the call's at-most-once key (see onceKey), "" for none.
 	once string
 
@@ -354,6 +357,12 @@ func (h *Host) newCallEnv(ctx context.Context, t *plugins.Tool, req *mcp.CallToo
 	e := h.newRequestEnv(ctx, t.Plugin(), t.Name, req, sess)
 	e.tool = t
 	return e
+}
+
+// bind points e at ref, whose client e's call is, as that client is now.
+func (e *callEnv) bind(ref clientRef) {
+	e.ref = ref
+	e.began = e.h.ses.ClientNumber(ref.key)
 }
 
 // newRequestEnv is the env of a prompt get, resource read or completion

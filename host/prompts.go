@@ -200,6 +200,7 @@ func (h *Host) serveRequest(ctx context.Context, p *plugins.Plugin, name string,
 		return nil, nil, err
 	}
 	env := h.newRequestEnv(ctx, p, name, asCall, key.String())
+	env.began = h.ses.ClientNumber(key) // whose, on a pooled instance (client)
 	if !asks(p) {
 		v, err := work(ctx, key, env)
 		env.finish(nil)

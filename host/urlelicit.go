@@ -133,12 +133,13 @@ func (u *issuedURLs) later(scope string, client, live uint64) bool {
 // client whose instance e's guest runs on, which may have ended while
 // it runs and its key come back as another client (whose grants and URL
 // IDs are not this call's); else, a pooled instance or none, the key's
-// live client.
+// client when the call began (bind), for the same reason
+// (TestOldClientsPooledCallKeepsOutOfReturningClients).
 func (e *callEnv) client() uint64 {
 	if l := e.currentLease(); l != nil && l.Client() != 0 {
 		return l.Client()
 	}
-	return e.h.ses.ClientNumber(e.ref.key)
+	return e.began
 }
 
 // issueURLs remembers the URL elicitations among params as issued by e's
