@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"net/http"
-	"net/http/httptest"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -88,18 +87,6 @@ func (s *hookedStore) heartbeats(t *testing.T, replica string, n int) {
 			t.Fatal("no heartbeat")
 		}
 	}
-}
-
-// replicaWith is newReplicaOf with options of the test's own.
-func replicaWith(t *testing.T, opts host.Options, policy sandbox.Policy, files map[string]string) *replica {
-	t.Helper()
-	opts.StateKey = replicaKey
-	f := newFixture(t, &opts, policy, files)
-	mux := http.NewServeMux()
-	mux.Handle("/mcp", f.h.HTTPHandler())
-	srv := httptest.NewServer(mux)
-	t.Cleanup(srv.Close)
-	return &replica{fixture: f, srv: srv}
 }
 
 func fileStore(t *testing.T) statestore.Store {

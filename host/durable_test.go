@@ -5,7 +5,6 @@ import (
 	"errors"
 	"io"
 	"net/http"
-	"net/http/httptest"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -33,11 +32,7 @@ func pair(t *testing.T, sa, sb statestore.Store) (a, b *replica, rt *router, cs 
 	b = newReplica(t, "b", sb, sandbox.NewPolicy())
 	rt = &router{to: a}
 	cs = connectHTTP(t, a.srv.URL, "2025-11-25", rt)
-	t.Cleanup(func() {
-		if t.Failed() {
-			t.Logf("a's log:\n%s\nb's log:\n%s", a.log.String(), b.log.String())
-		}
-	})
+	logsOnFailure(t, a, b)
 	return a, b, rt, cs
 }
 
@@ -115,11 +110,7 @@ func TestResumedStreamAtAnotherReplicaKeepsSession(t *testing.T) {
 		return &mcp.ElicitResult{Action: "accept", Content: map[string]any{"confirm": true}}, nil
 	}
 	cs := connectHTTPEra(t, a.srv.URL, "2025-11-25", &mcp.ClientOptions{ElicitationHandler: answer}, rt)
-	t.Cleanup(func() {
-		if t.Failed() {
-			t.Logf("a's log:\n%s\nb's log:\n%s", a.log.String(), b.log.String())
-		}
-	})
+	logsOnFailure(t, a, b)
 	h := handleOf(call(t, cs, "add", map[string]any{"item": "milk"}))
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
@@ -208,13 +199,9 @@ func TestStateKeyMismatchIsNotReady(t *testing.T) {
 // started the notepad empty.
 func TestLiveSessionKeepsItsRecord(t *testing.T) {
 	store := statestore.NewMemory()
-	f := newFixture(t, &host.Options{Replica: "a", Store: store, StateKey: replicaKey, SessionTimeout: 6 * time.Second},
+	a := replicaWith(t, host.Options{Replica: "a", Store: store, SessionTimeout: 6 * time.Second},
 		sandbox.NewPolicy(), map[string]string{"notes.wasm": testplugins.Example(t, "notes")})
-	mux := http.NewServeMux()
-	mux.Handle("/mcp", f.h.HTTPHandler())
-	srv := httptest.NewServer(mux)
-	t.Cleanup(srv.Close)
-	cs := connectHTTP(t, srv.URL, "2025-11-25", nil)
+	cs := connectHTTP(t, a.srv.URL, "2025-11-25", nil)
 	call(t, cs, "note_add", map[string]any{"text": "kept"})
 	// Twice the TTL with pings only. Time passing is what is tested
 	// (expiry has no event to wait on), as in statestore's afterTTL.
@@ -377,16 +364,8 @@ func (w withHeader) RoundTrip(req *http.Request) (*http.Response, error) {
 func TestUnreadableStateIsRefusedNotReset(t *testing.T) {
 	store := &downStore{failingStore{Store: statestore.NewMemory()}}
 	files := map[string]string{"notes.wasm": testplugins.Example(t, "notes")}
-	opts := func(name string) *host.Options {
-		return &host.Options{Replica: name, Store: store, StateKey: replicaKey, ClientKeyHeader: "X-Client"}
-	}
 	serve := func(name string) *replica {
-		f := newFixture(t, opts(name), sandbox.NewPolicy(), files)
-		mux := http.NewServeMux()
-		mux.Handle("/mcp", f.h.HTTPHandler())
-		srv := httptest.NewServer(mux)
-		t.Cleanup(srv.Close)
-		return &replica{fixture: f, srv: srv}
+		return replicaWith(t, host.Options{Replica: name, Store: store, ClientKeyHeader: "X-Client"}, sandbox.NewPolicy(), files)
 	}
 	a, b := serve("a"), serve("b")
 	rt := &router{to: a}
@@ -575,11 +554,7 @@ func TestStalledExchangeDoesNotServeStaleInstance(t *testing.T) {
 	shared := statestore.NewMemory()
 	atA := &stallStore{Store: shared, entered: make(chan struct{}), release: make(chan struct{})}
 	a, b := newReplica(t, "a", atA, sandbox.NewPolicy()), newReplica(t, "b", shared, sandbox.NewPolicy())
-	t.Cleanup(func() {
-		if t.Failed() {
-			t.Logf("a's log:\n%s\nb's log:\n%s", a.log.String(), b.log.String())
-		}
-	})
+	logsOnFailure(t, a, b)
 	rt := &router{to: a}
 	cs := connectHTTP(t, a.srv.URL, "2025-11-25", rt)
 	call(t, cs, "note_add", map[string]any{"text": "one"})

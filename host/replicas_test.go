@@ -27,7 +27,8 @@ import (
 // on 127.0.0.1.
 type replica struct {
 	*fixture
-	srv *httptest.Server
+	name string
+	srv  *httptest.Server
 }
 
 var replicaKey = []byte("replica test state key, shared by every replica")
@@ -39,13 +40,33 @@ func newReplica(t *testing.T, name string, store statestore.Store, policy sandbo
 
 func newReplicaOf(t *testing.T, name string, store statestore.Store, policy sandbox.Policy, files map[string]string) *replica {
 	t.Helper()
-	f := newFixture(t, &host.Options{Replica: name, Store: store, StateKey: replicaKey}, policy, files)
+	return replicaWith(t, host.Options{Replica: name, Store: store}, policy, files)
+}
+
+// replicaWith is newReplicaOf with options of the test's own (their
+// state key replicaKey), serving /mcp and /readyz.
+func replicaWith(t *testing.T, opts host.Options, policy sandbox.Policy, files map[string]string) *replica {
+	t.Helper()
+	opts.StateKey = replicaKey
+	f := newFixture(t, &opts, policy, files)
 	mux := http.NewServeMux()
 	mux.Handle("/mcp", f.h.HTTPHandler())
 	mux.Handle("/readyz", f.h.ReadyHandler())
 	srv := httptest.NewServer(mux)
 	t.Cleanup(srv.Close)
-	return &replica{fixture: f, srv: srv}
+	return &replica{fixture: f, name: opts.Replica, srv: srv}
+}
+
+// logsOnFailure shows the replicas' logs if the test fails.
+func logsOnFailure(t *testing.T, rs ...*replica) {
+	t.Cleanup(func() {
+		if !t.Failed() {
+			return
+		}
+		for _, r := range rs {
+			t.Logf("%s's log:\n%s", r.name, r.log.String())
+		}
+	})
 }
 
 // twoReplicas are replicas a and b of the notes example sharing a store,
@@ -109,11 +130,7 @@ func TestStatefulSessionMovesToAnotherReplica(t *testing.T) {
 	// the session's next request to b.
 	a.gone()
 	rt.point(b)
-	t.Cleanup(func() {
-		if t.Failed() {
-			t.Logf("a's log:\n%s\nb's log:\n%s", a.log.String(), b.log.String())
-		}
-	})
+	logsOnFailure(t, a, b)
 	res := notes(t, cs, nil)
 	if res.IsError || res.Meta[host.MetaStateReset] != nil {
 		t.Fatalf("after the move: %v %s", res.Meta, text(res))
@@ -494,11 +511,7 @@ func TestSessionMadeWhileStoreDownCanBeTakenOver(t *testing.T) {
 	a := newReplica(t, "a", store, sandbox.NewPolicy())
 	b := newReplica(t, "b", store, sandbox.NewPolicy())
 	rt := &router{to: a}
-	t.Cleanup(func() {
-		if t.Failed() {
-			t.Logf("a's log:\n%s\nb's log:\n%s", a.log.String(), b.log.String())
-		}
-	})
+	logsOnFailure(t, a, b)
 	store.failing.Store(true)
 	cs := connectHTTP(t, a.srv.URL, "2025-11-25", rt)
 	a.waitLog(t, "new session not kept", 1)
@@ -560,10 +573,8 @@ func TestTakeoverStoreWaitDoesNotHoldNewSessions(t *testing.T) {
 	shared := statestore.NewMemory()
 	atB := &heldStore{Store: shared, entered: make(chan struct{}), release: make(chan struct{})}
 	a := newReplica(t, "a", shared, sandbox.NewPolicy())
-	fb := newFixture(t, &host.Options{Replica: "b", Store: atB, StateKey: replicaKey, StoreTimeout: time.Minute}, sandbox.NewPolicy(),
+	b := replicaWith(t, host.Options{Replica: "b", Store: atB, StoreTimeout: time.Minute}, sandbox.NewPolicy(),
 		map[string]string{"notes.wasm": testplugins.Example(t, "notes")})
-	srvB := httptest.NewServer(fb.h.HTTPHandler())
-	t.Cleanup(srvB.Close)
 	rt := &router{to: a}
 	cs := connectHTTP(t, a.srv.URL, "2025-11-25", rt)
 	call(t, cs, "note_add", map[string]any{"text": "one"})
@@ -571,7 +582,7 @@ func TestTakeoverStoreWaitDoesNotHoldNewSessions(t *testing.T) {
 	atB.id = "s." + cs.ID()
 	atB.mu.Unlock()
 	a.gone()
-	rt.point(&replica{fixture: fb, srv: srvB})
+	rt.point(b)
 	released := false
 	defer func() {
 		if !released {
@@ -591,7 +602,7 @@ func TestTakeoverStoreWaitDoesNotHoldNewSessions(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	other, err := mcp.NewClient(&mcp.Implementation{Name: "other", Version: "1"}, nil).Connect(ctx,
-		&mcp.StreamableClientTransport{Endpoint: srvB.URL}, &mcp.ClientSessionOptions{ProtocolVersion: "2025-11-25"})
+		&mcp.StreamableClientTransport{Endpoint: b.srv.URL + "/mcp"}, &mcp.ClientSessionOptions{ProtocolVersion: "2025-11-25"})
 	released = true
 	close(atB.release)
 	if err != nil {
@@ -611,11 +622,7 @@ func TestTakeoverStoreWaitDoesNotHoldNewSessions(t *testing.T) {
 func TestContainedCallOnStaleInstanceRunsAgain(t *testing.T) {
 	a, b, rt := twoReplicas(t)
 	cs := connectHTTP(t, a.srv.URL, "2025-11-25", rt)
-	t.Cleanup(func() {
-		if t.Failed() {
-			t.Logf("a's log:\n%s\nb's log:\n%s", a.log.String(), b.log.String())
-		}
-	})
+	logsOnFailure(t, a, b)
 	add := func(note, want string) {
 		t.Helper()
 		addNote(t, cs, note, want)
@@ -738,16 +745,10 @@ func (s *landThenStallStore) Put(ctx context.Context, id, field string, v []byte
 // as not saved (a review found the plugin's whole state reset so).
 func TestLostAnswerOfContainedWriteResetsNothing(t *testing.T) {
 	store := &landThenStallStore{Store: statestore.NewMemory()}
-	a := newFixture(t, &host.Options{Replica: "a", Store: store, StateKey: replicaKey, StoreTimeout: 2500 * time.Millisecond}, sandbox.NewPolicy(),
+	a := replicaWith(t, host.Options{Replica: "a", Store: store, StoreTimeout: 2500 * time.Millisecond}, sandbox.NewPolicy(),
 		map[string]string{"notes.wasm": testplugins.Example(t, "notes")})
-	srv := httptest.NewServer(a.h.HTTPHandler())
-	t.Cleanup(srv.Close)
-	t.Cleanup(func() {
-		if t.Failed() {
-			t.Logf("a's log:\n%s", a.log.String())
-		}
-	})
-	cs := connectHTTP(t, srv.URL, "2025-11-25", nil)
+	logsOnFailure(t, a)
+	cs := connectHTTP(t, a.srv.URL, "2025-11-25", nil)
 	for _, n := range []string{"one", "two"} {
 		if res := call(t, cs, "note_add", map[string]any{"text": n}); res.IsError {
 			t.Fatal(text(res))

@@ -8,7 +8,6 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"net/http/httptest"
 	"net/url"
 	"os"
 	"strings"
@@ -146,6 +145,43 @@ func (f *failover) refusals() int {
 	return f.refused
 }
 
+// cutPair is replicas a and b of the notes example on one memory store,
+// each seen through a cutStore of its own (atA, atB), a failover proxy
+// from a to b, and a client through it, whose first note ("one") a saved
+// (first); their logs are shown if the test fails.
+type cutPair struct {
+	shared   *statestore.Memory
+	atA, atB *cutStore
+	a, b     *replica
+	proxy    *failover
+	cs       *mcp.ClientSession
+	first    *mcp.CallToolResult
+}
+
+// newCutPair makes a cutPair whose replicas run with opts (their name
+// and store set), its client negotiating protocol.
+func newCutPair(t *testing.T, protocol string, opts host.Options) *cutPair {
+	t.Helper()
+	p := &cutPair{shared: statestore.NewMemory()}
+	p.atA, p.atB = &cutStore{Store: p.shared}, &cutStore{Store: p.shared}
+	files := map[string]string{"notes.wasm": testplugins.Example(t, "notes")}
+	serve := func(name string, store statestore.Store) *replica {
+		o := opts
+		o.Replica, o.Store = name, store
+		return replicaWith(t, o, sandbox.NewPolicy(), files)
+	}
+	p.a, p.b = serve("a", p.atA), serve("b", p.atB)
+	logsOnFailure(t, p.a, p.b)
+	p.proxy = &failover{to: p.a, next: p.b}
+	p.cs = connectHTTP(t, p.a.srv.URL, protocol, p.proxy)
+	p.cs.ListTools(context.Background(), nil) // a 2026-07-28 client learns to mirror the handle into its header
+	p.first = call(t, p.cs, "note_add", map[string]any{"text": "one"})
+	if p.first.IsError || p.first.Meta[host.MetaNotSaved] != nil {
+		t.Fatalf("a: %v %s", p.first.Meta, text(p.first))
+	}
+	return p
+}
+
 // A replica cut off from the state store alone (the proxy and the other
 // replicas reach it and the store) stays ready: it cannot tell this from
 // a store down for every replica, when failing readiness everywhere would
@@ -163,24 +199,11 @@ func TestCutOffReplicaSendsSessionsElsewhere(t *testing.T) {
 }
 
 func cutOffSendsElsewhere(t *testing.T, protocol string) {
-	shared := statestore.NewMemory()
-	atA := &cutStore{Store: shared}
-	a, b := newReplica(t, "a", atA, sandbox.NewPolicy()), newReplica(t, "b", shared, sandbox.NewPolicy())
-	t.Cleanup(func() {
-		if t.Failed() {
-			t.Logf("a's log:\n%s\nb's log:\n%s", a.log.String(), b.log.String())
-		}
-	})
-	proxy := &failover{to: a, next: b}
-	cs := connectHTTP(t, a.srv.URL, protocol, proxy)
-	cs.ListTools(context.Background(), nil) // the client learns to mirror the handle into its header
-	res := call(t, cs, "note_add", map[string]any{"text": "one"})
-	if res.IsError || res.Meta[host.MetaNotSaved] != nil {
-		t.Fatalf("a: %v %s", res.Meta, text(res))
-	}
+	p := newCutPair(t, protocol, host.Options{})
+	a, cs, proxy, atA := p.a, p.cs, p.proxy, p.atA
 	args := func(kv ...any) map[string]any {
 		m := map[string]any{}
-		if handle, _ := res.Meta[host.MetaSession].(string); handle != "" {
+		if handle, _ := p.first.Meta[host.MetaSession].(string); handle != "" {
 			m[host.SessionArgument] = handle // 2026-07-28: no session
 		}
 		for i := 0; i < len(kv); i += 2 {
@@ -240,19 +263,8 @@ func readyz(t *testing.T, r *replica) (int, string) {
 // read from the store, which ends it at the client), and what memory can
 // still serve is served (a session begun during the outage).
 func TestStoreAwayForAllEndsNoSession(t *testing.T) {
-	shared := statestore.NewMemory()
-	atA, atB := &cutStore{Store: shared}, &cutStore{Store: shared}
-	a, b := newReplica(t, "a", atA, sandbox.NewPolicy()), newReplica(t, "b", atB, sandbox.NewPolicy())
-	t.Cleanup(func() {
-		if t.Failed() {
-			t.Logf("a's log:\n%s\nb's log:\n%s", a.log.String(), b.log.String())
-		}
-	})
-	proxy := &failover{to: a, next: b}
-	cs := connectHTTP(t, a.srv.URL, "2025-11-25", proxy)
-	if res := call(t, cs, "note_add", map[string]any{"text": "one"}); res.IsError || res.Meta[host.MetaNotSaved] != nil {
-		t.Fatalf("a: %v %s", res.Meta, text(res))
-	}
+	p := newCutPair(t, "2025-11-25", host.Options{})
+	a, b, cs, proxy, atA, atB := p.a, p.b, p.cs, p.proxy, p.atA, p.atB
 	atA.cut.Store(true)
 	atB.cut.Store(true)
 	a.waitLog(t, "state store heartbeat", 1)
@@ -298,19 +310,8 @@ func TestStoreAwayForAllEndsNoSession(t *testing.T) {
 // refuses; trusting the last heartbeat round lost five sessions in the
 // fault suite's redis-down-10s.
 func TestStoreBackEmptyKeepsSessionHere(t *testing.T) {
-	shared := statestore.NewMemory()
-	atA, atB := &cutStore{Store: shared}, &cutStore{Store: shared}
-	a, b := newReplica(t, "a", atA, sandbox.NewPolicy()), newReplica(t, "b", atB, sandbox.NewPolicy())
-	t.Cleanup(func() {
-		if t.Failed() {
-			t.Logf("a's log:\n%s\nb's log:\n%s", a.log.String(), b.log.String())
-		}
-	})
-	proxy := &failover{to: a, next: b}
-	cs := connectHTTP(t, a.srv.URL, "2025-11-25", proxy)
-	if res := call(t, cs, "note_add", map[string]any{"text": "one"}); res.IsError || res.Meta[host.MetaNotSaved] != nil {
-		t.Fatalf("a: %v %s", res.Meta, text(res))
-	}
+	p := newCutPair(t, "2025-11-25", host.Options{})
+	a, cs, proxy, atA, atB := p.a, p.cs, p.proxy, p.atA, p.atB
 	atA.cut.Store(true)
 	atB.cut.Store(true)
 	a.waitLog(t, "state store heartbeat", 1)
@@ -319,7 +320,7 @@ func TestStoreBackEmptyKeepsSessionHere(t *testing.T) {
 		time.Sleep(250 * time.Millisecond) // the client's backoff
 	}
 	// Back empty, before a's next heartbeat round (2 s apart).
-	shared.Flush()
+	p.shared.Flush()
 	atA.cut.Store(false)
 	atB.cut.Store(false)
 	deadline := time.Now().Add(30 * time.Second)
@@ -349,21 +350,10 @@ func TestStoreBackEmptyKeepsSessionHere(t *testing.T) {
 // session back from memory. Nor is a session begun during the outage,
 // which the store never held, sent elsewhere: it is served from memory.
 func TestStoreDownBackEmptyKeepsSessionHere(t *testing.T) {
-	shared := statestore.NewMemory()
-	atA, atB := &cutStore{Store: shared}, &cutStore{Store: shared}
+	p := newCutPair(t, "2025-11-25", host.Options{})
+	a, b, cs, proxy, atA, atB := p.a, p.b, p.cs, p.proxy, p.atA, p.atB
 	atA.refuse.Store(true)
 	atB.refuse.Store(true)
-	a, b := newReplica(t, "a", atA, sandbox.NewPolicy()), newReplica(t, "b", atB, sandbox.NewPolicy())
-	t.Cleanup(func() {
-		if t.Failed() {
-			t.Logf("a's log:\n%s\nb's log:\n%s", a.log.String(), b.log.String())
-		}
-	})
-	proxy := &failover{to: a, next: b}
-	cs := connectHTTP(t, a.srv.URL, "2025-11-25", proxy)
-	if res := call(t, cs, "note_add", map[string]any{"text": "one"}); res.IsError || res.Meta[host.MetaNotSaved] != nil {
-		t.Fatalf("a: %v %s", res.Meta, text(res))
-	}
 	atA.cut.Store(true)
 	atB.cut.Store(true)
 	a.waitLog(t, "state store heartbeat", 1)
@@ -387,7 +377,7 @@ func TestStoreDownBackEmptyKeepsSessionHere(t *testing.T) {
 		time.Sleep(250 * time.Millisecond) // the client's backoff
 	}
 	// Back empty: b reaches it, a is refused a while longer.
-	shared.Flush()
+	p.shared.Flush()
 	atB.cut.Store(false)
 	b.waitLog(t, "state store came back empty", 1)
 	_, err := cs.CallTool(context.Background(), &mcp.CallToolParams{Name: "note_list"})
@@ -421,31 +411,8 @@ func TestStoreDownBackEmptyKeepsSessionHere(t *testing.T) {
 // the record and silently lose every call since (a refusal -32053 until
 // the store answers again, as before, keeps them).
 func TestCutOffDrainPolicyKeepsSessionHere(t *testing.T) {
-	shared := statestore.NewMemory()
-	atA := &cutStore{Store: shared}
-	opts := func(name string, store statestore.Store) *host.Options {
-		return &host.Options{Replica: name, Store: store, StateKey: replicaKey, Checkpoint: host.CheckpointOnDrain}
-	}
-	files := map[string]string{"notes.wasm": testplugins.Example(t, "notes")}
-	serve := func(f *fixture) *replica {
-		mux := http.NewServeMux()
-		mux.Handle("/mcp", f.h.HTTPHandler())
-		srv := httptest.NewServer(mux)
-		t.Cleanup(srv.Close)
-		return &replica{fixture: f, srv: srv}
-	}
-	a := serve(newFixture(t, opts("a", atA), sandbox.NewPolicy(), files))
-	b := serve(newFixture(t, opts("b", shared), sandbox.NewPolicy(), files))
-	t.Cleanup(func() {
-		if t.Failed() {
-			t.Logf("a's log:\n%s\nb's log:\n%s", a.log.String(), b.log.String())
-		}
-	})
-	proxy := &failover{to: a, next: b}
-	cs := connectHTTP(t, a.srv.URL, "2025-11-25", proxy)
-	if res := call(t, cs, "note_add", map[string]any{"text": "one"}); res.IsError {
-		t.Fatalf("a: %v %s", res.Meta, text(res))
-	}
+	p := newCutPair(t, "2025-11-25", host.Options{Checkpoint: host.CheckpointOnDrain})
+	a, cs, proxy, atA := p.a, p.cs, p.proxy, p.atA
 	atA.cut.Store(true)
 	a.waitLog(t, "state store heartbeat", 1)
 	// Until a refuses a call itself past its grace (-32053), or hands
