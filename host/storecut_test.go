@@ -34,6 +34,10 @@ import (
 type cutStore struct {
 	statestore.Store
 	cut, refuse atomic.Bool
+
+	mu       sync.Mutex
+	answered int           // the replica's heartbeats (rounds and probes) the store answered
+	beat     chan struct{} // closed by the next one, once asked for
 }
 
 func (s *cutStore) away(ctx context.Context) error {
@@ -48,7 +52,46 @@ func (s *cutStore) Heartbeat(ctx context.Context, o statestore.Owner, ttl time.D
 	if s.cut.Load() {
 		return s.away(ctx)
 	}
-	return s.Store.Heartbeat(ctx, o, ttl)
+	err := s.Store.Heartbeat(ctx, o, ttl)
+	if err == nil {
+		s.mu.Lock()
+		s.answered++
+		if s.beat != nil {
+			close(s.beat)
+			s.beat = nil
+		}
+		s.mu.Unlock()
+	}
+	return err
+}
+
+// heartbeatAnswered is the event of the store answering a heartbeat of
+// its replica's: the replica finds it back.
+func (s *cutStore) heartbeatAnswered() event {
+	return func() func(context.Context) error {
+		s.mu.Lock()
+		n := s.answered
+		s.mu.Unlock()
+		return func(ctx context.Context) error {
+			for {
+				s.mu.Lock()
+				if s.answered > n {
+					s.mu.Unlock()
+					return nil
+				}
+				if s.beat == nil {
+					s.beat = make(chan struct{})
+				}
+				beat := s.beat
+				s.mu.Unlock()
+				select {
+				case <-beat:
+				case <-ctx.Done():
+					return fmt.Errorf("waiting for the store to answer a heartbeat: %w", ctx.Err())
+				}
+			}
+		}
+	}
 }
 
 func (s *cutStore) Leave(ctx context.Context, o statestore.Owner) error {
@@ -182,6 +225,75 @@ func newCutPair(t *testing.T, protocol string, opts host.Options) *cutPair {
 	return p
 }
 
+// An event is what a test waits for where it would otherwise sleep:
+// calling it marks the moment, and the wait it returns returns once the
+// event happened after that moment, or fails when ctx ends.
+type event func() (wait func(ctx context.Context) error)
+
+// logged is the event of r logging a line that holds msg.
+func (r *replica) logged(msg string) event {
+	return func() func(context.Context) error {
+		n := strings.Count(r.log.String(), msg)
+		return func(ctx context.Context) error {
+			for {
+				next := r.log.next()
+				if strings.Count(r.log.String(), msg) > n {
+					return nil
+				}
+				select {
+				case <-next:
+				case <-ctx.Done():
+					return fmt.Errorf("waiting for %s to log %q: %w", r.name, msg, ctx.Err())
+				}
+			}
+		}
+	}
+}
+
+// storeBackAt is the event of r finding its store back: the store
+// answers r's heartbeat through s, and r's breaker is closed (it asks
+// the store again), so a call r refused for want of the store may now
+// be served.
+func storeBackAt(r *replica, s *cutStore) event {
+	return func() func(context.Context) error {
+		answered := s.heartbeatAnswered()()
+		return func(ctx context.Context) error {
+			if err := answered(ctx); err != nil {
+				return err
+			}
+			return r.h.WaitStore(ctx)
+		}
+	}
+}
+
+// retryOn runs try, as a client told to try again does, until try reports
+// it done. Between tries it waits for next to happen after the last try
+// began, the event that may change the outcome, not for a fixed backoff;
+// 30 s on, it fails the test with what, and what the last try said.
+func retryOn(t *testing.T, what string, next event, try func() (done bool, said string)) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for {
+		wait := next()
+		done, said := try()
+		if done {
+			return
+		}
+		if err := wait(ctx); err != nil {
+			t.Fatalf("%s (%v): %s", what, err, said)
+		}
+	}
+}
+
+// outcome is what a call said: its error, or its result's text.
+func outcome(res *mcp.CallToolResult, err error) string {
+	if err != nil {
+		return err.Error()
+	}
+	return text(res)
+}
+
 // A replica cut off from the state store alone (the proxy and the other
 // replicas reach it and the store) stays ready: it cannot tell this from
 // a store down for every replica, when failing readiness everywhere would
@@ -216,29 +328,22 @@ func cutOffSendsElsewhere(t *testing.T, protocol string) {
 	if code, _ := readyz(t, a); code != http.StatusOK {
 		t.Errorf("a cut off from the store answers /readyz %d; want it ready (it cannot tell a store down for all)", code)
 	}
-	// The client retries what fails, as a client told -32053 does: b
-	// refuses the session until a's heartbeat in the store has expired
-	// (6 s), then takes it over.
-	deadline := time.Now().Add(30 * time.Second)
-	var last string
-	for {
+	// a's first heartbeat round after the cut ends unanswered 2 s on,
+	// past its grace: a refuses the call to the proxy, and b takes the
+	// session over. The client retries what fails, as a client told
+	// -32053 does, at each of a's heartbeat rounds (a call that reaches a
+	// before it has recorded that round is refused by a itself).
+	retryOn(t, "the session's calls still fail 30 s into a's partition", a.logged("state store heartbeat"), func() (bool, string) {
 		res, err := cs.CallTool(context.Background(), &mcp.CallToolParams{Name: "note_add", Arguments: args("text", "two")})
 		if err == nil && !res.IsError && res.Meta[host.MetaNotSaved] == nil {
-			break
+			return true, ""
 		}
-		if err != nil {
-			last = err.Error()
-		} else {
-			last = text(res)
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the session's calls still fail 30 s into a's partition (a refused %d to the proxy): %s", proxy.refusals(), last)
-		}
-		time.Sleep(250 * time.Millisecond) // the client's backoff
-	}
+		return false, fmt.Sprintf("(a refused %d to the proxy) %s", proxy.refusals(), outcome(res, err))
+	})
 	if proxy.refusals() == 0 {
 		t.Error("a refused nothing to the proxy")
 	}
+	p.b.waitLog(t, "session taken over", 1)
 	if got := text(call(t, cs, "note_list", args())); !strings.Contains(got, "one") || !strings.Contains(got, "two") {
 		t.Errorf("after the takeover: %q; want one and two", got)
 	}
@@ -272,13 +377,17 @@ func TestStoreAwayForAllEndsNoSession(t *testing.T) {
 	if code, _ := readyz(t, a); code != http.StatusOK {
 		t.Errorf("a, the store away, answers /readyz %d; want it ready", code)
 	}
-	// Past a's grace (its heartbeat failed 2 s or more after the call).
-	for proxy.refusals() == 0 {
-		if _, err := cs.CallTool(context.Background(), &mcp.CallToolParams{Name: "note_add", Arguments: map[string]any{"text": "two"}}); err == nil {
+	// Past a's grace (its heartbeat round ended unanswered 2 s after the
+	// cut, after the call), a refuses the call to the proxy, and b refuses
+	// it too; the client retries at each of a's heartbeat rounds until a
+	// has refused one to the proxy.
+	retryOn(t, "a refused nothing to the proxy 30 s into the outage", a.logged("state store heartbeat"), func() (bool, string) {
+		_, err := cs.CallTool(context.Background(), &mcp.CallToolParams{Name: "note_add", Arguments: map[string]any{"text": "two"}})
+		if err == nil {
 			t.Fatal("a call served with the store away for every replica, past the grace")
 		}
-		time.Sleep(250 * time.Millisecond) // the client's backoff
-	}
+		return proxy.refusals() > 0, err.Error()
+	})
 	// A session begun now goes on from a's memory.
 	fresh := connectHTTP(t, a.srv.URL, "2025-11-25", nil)
 	if res := call(t, fresh, "note_add", map[string]any{"text": "from memory"}); res.IsError || res.Meta[host.MetaNotSaved] == nil {
@@ -286,20 +395,20 @@ func TestStoreAwayForAllEndsNoSession(t *testing.T) {
 	}
 	atA.cut.Store(false)
 	atB.cut.Store(false)
-	deadline := time.Now().Add(30 * time.Second)
-	for {
+	// The client retries (-32053) until a finds the store back.
+	retryOn(t, "the session after the outage", storeBackAt(a, atA), func() (bool, string) {
 		res, err := cs.CallTool(context.Background(), &mcp.CallToolParams{Name: "note_list"})
 		if err == nil && !res.IsError {
 			if got := text(res); !strings.Contains(got, "one") {
 				t.Fatalf("after the outage: %q; want one", got)
 			}
-			break
+			return true, ""
 		}
-		if err != nil && strings.Contains(err.Error(), "session not found") || time.Now().After(deadline) {
+		if err != nil && strings.Contains(err.Error(), "session not found") {
 			t.Fatalf("the session after the outage: %v", err)
 		}
-		time.Sleep(250 * time.Millisecond) // the client's backoff
-	}
+		return false, outcome(res, err)
+	})
 }
 
 // A store that comes back empty holds nothing of a session but what its
@@ -315,28 +424,29 @@ func TestStoreBackEmptyKeepsSessionHere(t *testing.T) {
 	atA.cut.Store(true)
 	atB.cut.Store(true)
 	a.waitLog(t, "state store heartbeat", 1)
-	for proxy.refusals() == 0 {
-		cs.CallTool(context.Background(), &mcp.CallToolParams{Name: "note_list"})
-		time.Sleep(250 * time.Millisecond) // the client's backoff
-	}
+	// Past a's grace, as in TestStoreAwayForAllEndsNoSession.
+	retryOn(t, "a refused nothing to the proxy 30 s into the outage", a.logged("state store heartbeat"), func() (bool, string) {
+		res, err := cs.CallTool(context.Background(), &mcp.CallToolParams{Name: "note_list"})
+		return proxy.refusals() > 0, outcome(res, err)
+	})
 	// Back empty, before a's next heartbeat round (2 s apart).
 	p.shared.Flush()
 	atA.cut.Store(false)
 	atB.cut.Store(false)
-	deadline := time.Now().Add(30 * time.Second)
-	for {
+	// The client retries (-32053) until a finds the store back.
+	retryOn(t, "the session after the store came back empty", storeBackAt(a, atA), func() (bool, string) {
 		res, err := cs.CallTool(context.Background(), &mcp.CallToolParams{Name: "note_list"})
 		if err == nil && !res.IsError {
 			if got := text(res); !strings.Contains(got, "one") {
 				t.Fatalf("the session after the store came back empty: %q; want one, from a's memory", got)
 			}
-			return
+			return true, ""
 		}
-		if err != nil && !strings.Contains(err.Error(), "-32053") && !strings.Contains(err.Error(), "state store") || time.Now().After(deadline) {
+		if err != nil && !strings.Contains(err.Error(), "-32053") && !strings.Contains(err.Error(), "state store") {
 			t.Fatalf("the session after the store came back empty: %v", err)
 		}
-		time.Sleep(250 * time.Millisecond) // the client's backoff (-32053)
-	}
+		return false, outcome(res, err)
+	})
 }
 
 // Redis down, then back empty: its replicas do not all reach it again at
@@ -361,21 +471,16 @@ func TestStoreDownBackEmptyKeepsSessionHere(t *testing.T) {
 	if res := call(t, fresh, "note_add", map[string]any{"text": "from memory"}); res.IsError || res.Meta[host.MetaNotSaved] == nil {
 		t.Fatalf("a session begun during the outage: %v %s; want it served, marked notSaved", res.Meta, text(res))
 	}
-	// Past a's grace the session's calls fail (the client retries).
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		_, err := cs.CallTool(context.Background(), &mcp.CallToolParams{Name: "note_list"})
-		if err != nil {
-			if errors.Is(err, mcp.ErrSessionMissing) || strings.Contains(err.Error(), "session not found") {
-				t.Fatalf("the session during the outage: %v", err)
-			}
-			break
+	// Past a's grace the session's calls fail. A refused heartbeat round
+	// ends at once, within the grace: the client calls again at each
+	// round, the next 2 s on.
+	retryOn(t, "the session still served from memory 30 s into the outage", a.logged("state store heartbeat"), func() (bool, string) {
+		res, err := cs.CallTool(context.Background(), &mcp.CallToolParams{Name: "note_list"})
+		if err != nil && (errors.Is(err, mcp.ErrSessionMissing) || strings.Contains(err.Error(), "session not found")) {
+			t.Fatalf("the session during the outage: %v", err)
 		}
-		if time.Now().After(deadline) {
-			t.Fatal("the session still served from memory 30 s into the outage")
-		}
-		time.Sleep(250 * time.Millisecond) // the client's backoff
-	}
+		return err != nil, outcome(res, err)
+	})
 	// Back empty: b reaches it, a is refused a while longer.
 	p.shared.Flush()
 	atB.cut.Store(false)
@@ -388,20 +493,20 @@ func TestStoreDownBackEmptyKeepsSessionHere(t *testing.T) {
 		t.Fatalf("a session begun during the outage, a still refused: %v %v", res, err)
 	}
 	atA.cut.Store(false)
-	deadline = time.Now().Add(30 * time.Second)
-	for {
+	// The client retries (-32053) until a finds the store back.
+	retryOn(t, "the session once a reaches the store", storeBackAt(a, atA), func() (bool, string) {
 		res, err := cs.CallTool(context.Background(), &mcp.CallToolParams{Name: "note_list"})
 		if err == nil && !res.IsError {
 			if got := text(res); !strings.Contains(got, "one") {
 				t.Fatalf("the session once a reaches the store: %q; want one, from a's memory", got)
 			}
-			return
+			return true, ""
 		}
-		if err != nil && (errors.Is(err, mcp.ErrSessionMissing) || strings.Contains(err.Error(), "session not found")) || time.Now().After(deadline) {
+		if err != nil && (errors.Is(err, mcp.ErrSessionMissing) || strings.Contains(err.Error(), "session not found")) {
 			t.Fatalf("the session once a reaches the store: %v", err)
 		}
-		time.Sleep(250 * time.Millisecond) // the client's backoff (-32053)
-	}
+		return false, outcome(res, err)
+	})
 }
 
 // With --checkpoint drain a call's state is written only at drain, and no
@@ -416,17 +521,14 @@ func TestCutOffDrainPolicyKeepsSessionHere(t *testing.T) {
 	atA.cut.Store(true)
 	a.waitLog(t, "state store heartbeat", 1)
 	// Until a refuses a call itself past its grace (-32053), or hands
-	// one to the proxy.
-	deadline := time.Now().Add(30 * time.Second)
-	for proxy.refusals() == 0 {
-		_, err := cs.CallTool(context.Background(), &mcp.CallToolParams{Name: "note_add", Arguments: map[string]any{"text": "two"}})
-		if err != nil && proxy.refusals() == 0 && (strings.Contains(err.Error(), "-32053") || strings.Contains(err.Error(), "state unavailable")) {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("30 s into a's partition, a neither refused a call nor handed one over: %v", err)
-		}
-		time.Sleep(250 * time.Millisecond) // the client's backoff
+	// one to the proxy: the client calls again at each of a's heartbeat
+	// rounds.
+	retryOn(t, "30 s into a's partition, a neither refused a call nor handed one over", a.logged("state store heartbeat"), func() (bool, string) {
+		res, err := cs.CallTool(context.Background(), &mcp.CallToolParams{Name: "note_add", Arguments: map[string]any{"text": "two"}})
+		refused := err != nil && (strings.Contains(err.Error(), "-32053") || strings.Contains(err.Error(), "state unavailable"))
+		return refused || proxy.refusals() > 0, outcome(res, err)
+	})
+	if proxy.refusals() > 0 {
+		t.Fatalf("a handed over to b (503 to the proxy) a session whose calls since its last drain are in a's memory only")
 	}
-	t.Fatalf("a handed over to b (503 to the proxy) a session whose calls since its last drain are in a's memory only")
 }
