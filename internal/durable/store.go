@@ -203,10 +203,13 @@ func (d *Keeper) noteRefused(err error) {
 
 // refusedConn reports whether err is the store's end refusing or closing
 // the connection: nothing listens at its address, or the process that did
-// went away.
+// went away. A Redis store marks an exchange during which its client met
+// that, or LOADING, with statestore.ErrDropped: what go-redis returns is
+// its last attempt's error, often the deadline (TestRedisFaultsClassified).
 func refusedConn(err error) bool {
 	return err != nil && (errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ECONNRESET) ||
-		errors.Is(err, syscall.EPIPE) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF))
+		errors.Is(err, syscall.EPIPE) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
+		errors.Is(err, statestore.ErrDropped))
 }
 
 // silent reports whether err is the store answering nothing within the

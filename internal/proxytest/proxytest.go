@@ -88,6 +88,30 @@ func FreeAddr(t testing.TB) string {
 	return l.Addr().String()
 }
 
+// Listen listens on a loopback port for the test's life and hands over
+// each connection it accepts: the server end of connections a test
+// dials, to close or reset as it likes.
+func Listen(t testing.TB) (addr string, accepted <-chan net.Conn) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	ch := make(chan net.Conn, 1)
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			t.Cleanup(func() { c.Close() })
+			ch <- c
+		}
+	}()
+	return ln.Addr().String(), ch
+}
+
 // freePortFloor is the lowest port FreeAddr picks: above the ports
 // servers are configured with by default (Redis' 6379, registries' 5000,
 // 8080 and the like).

@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"errors"
 	"fmt"
+	"net"
 	"net/url"
 	"os"
 	"strconv"
@@ -62,9 +63,12 @@ import (
 // error (a dead pooled connection after Redis restarted). A retry can
 // resend a script whose reply was lost after Redis ran it: a versioned
 // put or a fence bump sent again succeeds with what it did the first time
-// (see putVersionedScripts and renewScript).
+// (see putVersionedScripts and renewScript). A call that failed for want
+// of an answer while the server refused or dropped a connection, or that
+// it answered LOADING, is marked [ErrDropped].
 type Redis struct {
 	c      *redis.Client
+	drops  *drops        // the connections the server refused or dropped
 	lease  time.Duration // [Lease] unless SetLease
 	closed atomic.Bool
 	// idle hands a call to a goroutine of an earlier one that waits
@@ -98,6 +102,8 @@ func NewRedis(url string) (*Redis, error) {
 	opt.PoolSize = 8
 	opt.MaxRetries = 1
 	opt.DisableIdentity = true // no CLIENT SETINFO: older servers refuse it noisily
+	d := &drops{}
+	opt.Dialer = d.dialer(redis.NewDialer(opt))
 	c := redis.NewClient(opt)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
@@ -105,7 +111,7 @@ func NewRedis(url string) (*Redis, error) {
 		c.Close()
 		return nil, fmt.Errorf("statestore: redis %s: %v", opt.Addr, err)
 	}
-	return &Redis{c: c, lease: Lease, idle: make(chan func()), quit: make(chan struct{})}, nil
+	return &Redis{c: c, drops: d, lease: Lease, idle: make(chan func()), quit: make(chan struct{})}, nil
 }
 
 // epochKey holds the store's epoch: a random number made when the store
@@ -170,6 +176,28 @@ func (r *Redis) call(ctx context.Context, f func() error) error {
 	if r.closed.Load() {
 		return ErrClosed
 	}
+	// A failure for want of an answer is marked ErrDropped when a
+	// connection was refused or dropped while it ran (its own or
+	// another's: the client's retries hide what its earlier attempts
+	// met), or the server is loading its data (restarted).
+	before := r.drops.n.Load()
+	err := r.exchange(ctx, f)
+	if err != nil && (redis.IsLoadingError(err) || transport(err) && r.drops.n.Load() != before) {
+		return &droppedError{err}
+	}
+	return err
+}
+
+// transport reports whether err is the exchange failing for want of an
+// answer (a deadline, a cancellation, the network), not the server's.
+func transport(err error) bool {
+	var ne net.Error
+	return errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) ||
+		errors.As(err, &ne) || connDrop(err) || errors.Is(err, redis.ErrPoolTimeout)
+}
+
+// exchange is call's exchange: f, its error mapped.
+func (r *Redis) exchange(ctx context.Context, f func() error) error {
 	var err error
 	if DeadlineOnly(ctx) {
 		err = f()

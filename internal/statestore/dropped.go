@@ -1,0 +1,112 @@
+package statestore
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net"
+	"sync/atomic"
+	"syscall"
+)
+
+// ErrDropped marks the failure of an exchange during which the store
+// refused a connection of this process's, or its end closed or reset one,
+// or answered LOADING: its process went down, or is restarting. A store
+// restarted may come back empty (Redis without persistence) or older (a
+// snapshot), which a store that only went silent (frozen, a link
+// blackholed) does not: a replica then keeps the sessions it holds rather
+// than hand them over (internal/durable's ServeElsewhere). The error is
+// the client's own besides, often just the exchange's deadline: the Redis
+// client retries after a dropped connection and dials five times before
+// it fails, so that what it returns is its last attempt's (a dial to a
+// host gone silent, the deadline), and checks a pooled connection before
+// it uses it, closing one the store closed without a word.
+var ErrDropped = errors.New("statestore: the store refused or dropped a connection during the exchange")
+
+// droppedError is an exchange's error marked [ErrDropped].
+type droppedError struct{ err error }
+
+func (e *droppedError) Error() string {
+	return e.err.Error() + " (the store refused or dropped a connection meanwhile)"
+}
+
+func (e *droppedError) Unwrap() []error { return []error{e.err, ErrDropped} }
+
+// connDrop reports whether err is the store's end refusing a dial, or
+// closing or resetting a connection.
+func connDrop(err error) bool {
+	return errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ECONNRESET) ||
+		errors.Is(err, syscall.EPIPE) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF)
+}
+
+// drops counts the connections to the store it refused or dropped: a
+// [Redis]'s dialer wraps each connection in a watchedConn that counts it.
+type drops struct{ n atomic.Uint64 }
+
+// dialer wraps dial: a dial refused, and each connection's read or write
+// the store's end failed, or close of one it closed first, is counted.
+func (d *drops) dialer(dial func(ctx context.Context, network, addr string) (net.Conn, error)) func(ctx context.Context, network, addr string) (net.Conn, error) {
+	return func(ctx context.Context, network, addr string) (net.Conn, error) {
+		c, err := dial(ctx, network, addr)
+		if err != nil {
+			d.note(err)
+			return nil, err
+		}
+		w := &watchedConn{Conn: c, d: d}
+		if sc, ok := c.(syscall.Conn); ok {
+			// The client checks a pooled connection before it uses it
+			// by peeking at its socket (a syscall.Conn's): keep that.
+			return &watchedSysConn{watchedConn: w, sc: sc}, nil
+		}
+		return w, nil
+	}
+}
+
+func (d *drops) note(err error) {
+	if err != nil && connDrop(err) {
+		d.n.Add(1)
+	}
+}
+
+// watchedConn is a connection to the store whose drop is counted, once.
+type watchedConn struct {
+	net.Conn
+	d       *drops
+	closed  atomic.Bool // by this process
+	dropped atomic.Bool // counted
+}
+
+func (c *watchedConn) Read(b []byte) (int, error) {
+	n, err := c.Conn.Read(b)
+	c.note(err)
+	return n, err
+}
+
+func (c *watchedConn) Write(b []byte) (int, error) {
+	n, err := c.Conn.Write(b)
+	c.note(err)
+	return n, err
+}
+
+func (c *watchedConn) note(err error) {
+	if err != nil && !c.closed.Load() && connDrop(err) && !c.dropped.Swap(true) {
+		c.d.n.Add(1)
+	}
+}
+
+// Close counts a connection the store's end closed or reset first: the
+// client closes one its check found so without reading it.
+func (c *watchedConn) Close() error {
+	if !c.closed.Swap(true) && !c.dropped.Load() && peerClosed(c.Conn) && !c.dropped.Swap(true) {
+		c.d.n.Add(1)
+	}
+	return c.Conn.Close()
+}
+
+// watchedSysConn is a watchedConn over a syscall.Conn.
+type watchedSysConn struct {
+	*watchedConn
+	sc syscall.Conn
+}
+
+func (c *watchedSysConn) SyscallConn() (syscall.RawConn, error) { return c.sc.SyscallConn() }
