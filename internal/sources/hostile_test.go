@@ -26,6 +26,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -840,4 +841,193 @@ func TestLinkedWhileOthersFetch(t *testing.T) {
 	if name := <-linked; name != "slow" {
 		t.Fatalf("linked %q once released, want slow", name)
 	}
+}
+
+// ageAll sets the time of every file under dir to old.
+func ageAll(t *testing.T, dir string, old time.Time) {
+	t.Helper()
+	err := filepath.WalkDir(dir, func(path string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() {
+			return err
+		}
+		return os.Chtimes(path, old, old)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// indexRecords returns the names in the store's index, temporary files
+// included.
+func indexRecords(t *testing.T, store string) []string {
+	t.Helper()
+	ents, err := os.ReadDir(filepath.Join(store, "index"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, e := range ents {
+		out = append(out, e.Name())
+	}
+	return out
+}
+
+// A source removed from the configuration leaves its record in the index
+// (an offline start's), which held its version in the store for good.
+// Once unrenewed for a day, a Sync removes it, and the version with it;
+// the records of sources configured stay however old (a registry away
+// for days), as does another manager's, renewed lately. Writes a crash
+// left half done (".record.*" in the index, ".link.*" among the
+// registrations) go after a day too, not sooner.
+func TestStoreSweepsUnconfiguredRecords(t *testing.T) {
+	// serveMoving's registry, which can be away.
+	reg := &movingRegistry{}
+	var away atomic.Bool
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if away.Load() {
+			http.Error(w, "away", http.StatusServiceUnavailable)
+			return
+		}
+		reg.ServeHTTP(w, r)
+	}))
+	t.Cleanup(srv.Close)
+	spec := []sources.Spec{{Name: "p", Source: "oci://" + strings.TrimPrefix(srv.URL, "http://") + "/x/p:v1", InsecureSkipSignature: true}}
+	q := []sources.Spec{{Name: "q", Source: strings.Replace(spec[0].Source, "/x/p:", "/x/q:", 1), InsecureSkipSignature: true}}
+	store := t.TempDir()
+	ctx := context.Background()
+	a := storeManager(t, store, nil)
+	reg.move(1)
+	if _, errs := a.Sync(ctx, q); len(errs) > 0 {
+		t.Fatal(errs)
+	}
+	qst, _ := a.Lookup("q")
+	// q leaves the configuration for p, at another version.
+	reg.move(2)
+	if _, errs := a.Sync(ctx, spec); len(errs) > 0 {
+		t.Fatal(errs)
+	}
+	pst, _ := a.Lookup("p")
+	if got := storedBlobs(t, store); !slices.Contains(got, qst.SHA256) {
+		t.Fatalf("q's version, recorded, removed at once: %v", got)
+	}
+	records := indexRecords(t, store)
+	if len(records) != 2 {
+		t.Fatalf("index: %v; want p's and q's records", records)
+	}
+
+	index, links := filepath.Join(store, "index"), filepath.Join(store, "links")
+	oldTemps := []string{filepath.Join(index, ".record.1234"), filepath.Join(links, ".link.5678")}
+	for _, p := range oldTemps {
+		if err := os.WriteFile(p, []byte("{"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// A day and more passes.
+	ageAll(t, store, time.Now().Add(-25*time.Hour))
+	// Meanwhile another manager recorded a source of its own, and writes
+	// are under way.
+	others := filepath.Join(index, strings.Repeat("ab", 32)+".json")
+	rec, _ := json.Marshal(map[string]string{"source": "oci://registry.example/x/r:v1", "sha256": pst.SHA256, "verified": "skipped"})
+	freshTemps := []string{filepath.Join(index, ".record.9999"), filepath.Join(links, ".link.9999")}
+	for _, p := range append([]string{others}, freshTemps...) {
+		if err := os.WriteFile(p, rec, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The registry is away: p is not verified again (its record not
+	// written again), and p's version goes on.
+	away.Store(true)
+	if _, errs := a.Sync(ctx, spec); len(errs) == 0 {
+		t.Fatal("a registry away: no error")
+	}
+
+	got := indexRecords(t, store)
+	want := []string{filepath.Base(others), ".record.9999"}
+	for _, r := range records {
+		if b, _ := os.ReadFile(filepath.Join(index, r)); bytes.Contains(b, []byte("/x/p:")) {
+			want = append(want, r)
+		}
+	}
+	slices.Sort(want)
+	slices.Sort(got)
+	if !slices.Equal(got, want) {
+		t.Errorf("index after a day: %v; want p's record, another manager's fresh one and the write under way: %v", got, want)
+	}
+	if got := storedBlobs(t, store); slices.Contains(got, qst.SHA256) || !slices.Contains(got, pst.SHA256) {
+		t.Errorf("store after a day: %v; want q's version %s gone, p's %s kept", got, qst.SHA256, pst.SHA256)
+	}
+	for _, p := range oldTemps {
+		if _, err := os.Stat(p); !errors.Is(err, fs.ErrNotExist) {
+			t.Errorf("%s, a day old: %v", p, err)
+		}
+	}
+	for _, p := range freshTemps {
+		if _, err := os.Stat(p); err != nil {
+			t.Errorf("%s, under way: %v", p, err)
+		}
+	}
+}
+
+// blockingLog is a log writer that holds the first line containing at
+// until release is closed.
+type blockingLog struct {
+	at      string
+	held    chan struct{}
+	release chan struct{}
+	once    sync.Once
+}
+
+func (b *blockingLog) Write(p []byte) (int, error) {
+	if bytes.Contains(p, []byte(b.at)) {
+		b.once.Do(func() {
+			close(b.held)
+			<-b.release
+		})
+	}
+	return len(p), nil
+}
+
+// A Sync's sweep reads the store's folders (a network file system,
+// thousands of versions) without holding the lock of Status, Lookup and
+// Check, which every load of a plugin calls: held at its log line, the
+// sweep lets Lookup answer.
+func TestStoreSweepDoesNotHoldLookup(t *testing.T) {
+	reg, spec := serveMoving(t)
+	store := t.TempDir()
+	ctx := context.Background()
+	log := &blockingLog{at: "versions no longer served removed", held: make(chan struct{}), release: make(chan struct{})}
+	m := storeManager(t, store, log)
+	for n := 1; n <= 2; n++ {
+		reg.move(n)
+		if _, errs := m.Sync(ctx, spec); len(errs) > 0 {
+			t.Fatal(errs)
+		}
+	}
+	// An old version nothing names: the next sweep removes it, and says so.
+	stray := filepath.Join(store, "blobs", "sha256", strings.Repeat("cd", 32))
+	if err := os.WriteFile(stray, []byte("\x00asm"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	old := time.Now().Add(-25 * time.Hour)
+	if err := os.Chtimes(stray, old, old); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		m.Sync(ctx, spec)
+	}()
+	<-log.held
+	looked := make(chan struct{})
+	go func() {
+		m.Lookup("p")
+		close(looked)
+	}()
+	select {
+	case <-looked:
+	case <-time.After(10 * time.Second):
+		t.Error("Lookup waited for the sweep")
+	}
+	close(log.release)
+	<-done
 }

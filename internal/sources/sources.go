@@ -441,9 +441,7 @@ func (m *Manager) Sync(ctx context.Context, specs []Spec) (bool, []error) {
 	}
 	wg.Wait()
 	// No fetch of m is under way now (one Sync runs at a time).
-	m.mu.Lock()
 	m.sweep()
-	m.mu.Unlock()
 	return changed, errs
 }
 

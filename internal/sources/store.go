@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"maps"
 	"os"
 	"path/filepath"
 	"strings"
@@ -109,10 +110,12 @@ func (m *Manager) renew() {
 	defer m.reg.Unlock()
 	m.mu.Lock()
 	path, off := m.registered, m.unregistered
+	specs := m.specsLocked()
 	m.mu.Unlock()
 	if off {
 		return
 	}
+	m.renewRecords(specs)
 	now := time.Now()
 	err := os.Chtimes(path, now, now)
 	if errors.Is(err, fs.ErrNotExist) {
@@ -172,7 +175,8 @@ func (m *Manager) forget(sha string) {
 	if !hexSHA(sha) || m.pending[sha] > 0 || m.unregistered {
 		return
 	}
-	named, unseen, err := m.users()
+	named, unseen, said, err := m.users()
+	m.sayUnseenLocked(said)
 	if err != nil {
 		m.log.Warn("plugin store: a version no longer served is kept: its users could not be read", "sha256", sha, "error", err)
 		return
@@ -192,12 +196,38 @@ func (m *Manager) forget(sha string) {
 // writes that old: what forget kept while removal was off (a live
 // registration not seen from here), a fetch's version never linked (its
 // source removed meanwhile) and the half-written blob of a crash, none of
-// which any link's move would reconsider. Called by Sync, with m.mu held.
+// which any link's move would reconsider. Before that it removes the
+// index's records of settings no source of m is configured with (a
+// source removed from the configuration, or given another pin, key or
+// source) unrenewed for strayAge, and the temporary files a crash left of
+// records and registrations (".record.*", ".link.*") that old.
+//
+// Called by Sync once its fetches are done, without m.mu: reading the
+// store's folders (a network file system, thousands of versions) under
+// it held up Status, Lookup and Check, which every load of a plugin
+// calls. It needs none of it: Sync holds m.sync, so no fetch of m stores
+// or links a version meanwhile (Restore holds m.sync too, Prune only
+// removes links), and what m.mu guards that it reads (pending, which is
+// empty then, unregistered, the sources' specs) is copied under it. A
+// Close meanwhile, whose links are no longer served, lets the sweep go
+// on as another manager's would. Another process's writes were never
+// guarded by m.mu: strayAge is what keeps them.
 func (m *Manager) sweep() {
-	if m.unregistered {
+	m.mu.Lock()
+	off := m.unregistered
+	pending := maps.Clone(m.pending)
+	specs := m.specsLocked()
+	m.mu.Unlock()
+	if off {
 		return
 	}
-	named, unseen, err := m.users()
+	m.sweepTemps(filepath.Join(m.opts.Dir, "index"), ".record.")
+	m.sweepTemps(filepath.Join(m.opts.Dir, "links"), ".link.")
+	m.sweepRecords(recordKeys(specs))
+	named, unseen, said, err := m.users()
+	m.mu.Lock()
+	m.sayUnseenLocked(said)
+	m.mu.Unlock()
 	if err != nil {
 		m.log.Warn("plugin store: versions no longer served are kept: their users could not be read", "error", err)
 		return
@@ -218,24 +248,104 @@ func (m *Manager) sweep() {
 		if temp {
 			sha, _, _ = strings.Cut(sha[1:], ".")
 		}
-		if !hexSHA(sha) || m.pending[sha] > 0 || (!temp && named[sha]) {
+		if !hexSHA(sha) || pending[sha] > 0 || (!temp && named[sha]) {
 			continue
 		}
-		path := filepath.Join(dir, e.Name())
-		// Checked just before the removal: a blob stored again (a tag
-		// moved back) is renamed over the old one, with a new time.
-		info, err := os.Lstat(path)
-		if err != nil || !info.Mode().IsRegular() || time.Since(info.ModTime()) < strayAge {
-			continue
+		if m.removeOld(filepath.Join(dir, e.Name())) {
+			removed++
 		}
-		if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
-			m.log.Warn("plugin store: a version no longer served not removed", "file", path, "error", err)
-			continue
-		}
-		removed++
 	}
 	if removed > 0 {
 		m.log.Info("plugin store: versions no longer served removed", "removed", removed, "olderThan", strayAge)
+	}
+}
+
+// removeOld removes the regular file path if it is older than strayAge,
+// and reports whether it did. The age is checked just before the
+// removal: a blob stored again (a tag moved back), a record written
+// again, is renamed over the old one, with a new time.
+func (m *Manager) removeOld(path string) bool {
+	info, err := os.Lstat(path)
+	if err != nil || !info.Mode().IsRegular() || time.Since(info.ModTime()) < strayAge {
+		return false
+	}
+	if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		m.log.Warn("plugin store: a file no longer used not removed", "file", path, "error", err)
+		return false
+	}
+	return true
+}
+
+// sweepTemps removes the temporary files (named prefix + random) in dir
+// older than strayAge: a write a crash left half done, its rename never
+// made. Nothing writes one for longer than moments.
+func (m *Manager) sweepTemps(dir, prefix string) {
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return // no records or registrations yet; the blob sweep says the rest
+	}
+	for _, e := range ents {
+		if strings.HasPrefix(e.Name(), prefix) && m.removeOld(filepath.Join(dir, e.Name())) {
+			m.log.Debug("plugin store: a write left half done removed", "file", filepath.Join(dir, e.Name()))
+		}
+	}
+}
+
+// sweepRecords removes the index's records whose settings (recordKey) no
+// source of m is configured with, unrenewed for strayAge. Managers sharing
+// the store do not see one another's configurations: a record is renewed
+// (its time) by every verified fetch that writes it and by renew, so that
+// one of another live manager's sources is kept, and one that no manager
+// has used for a day goes, with it the hold it had on its version.
+func (m *Manager) sweepRecords(configured map[string]bool) {
+	dir := filepath.Join(m.opts.Dir, "index")
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return
+	}
+	removed := 0
+	for _, e := range ents {
+		key, ok := strings.CutSuffix(e.Name(), ".json")
+		if !ok || strings.HasPrefix(e.Name(), ".") || configured[key] {
+			continue
+		}
+		if m.removeOld(filepath.Join(dir, e.Name())) {
+			removed++
+		}
+	}
+	if removed > 0 {
+		m.log.Info("plugin store: records of sources no longer configured removed", "removed", removed, "olderThan", strayAge)
+	}
+}
+
+// specsLocked returns the specs of m's sources. m.mu is held.
+func (m *Manager) specsLocked() []Spec {
+	specs := make([]Spec, 0, len(m.ents))
+	for _, e := range m.ents {
+		specs = append(specs, e.spec)
+	}
+	return specs
+}
+
+// recordKeys is the set of specs' record keys (recordKey reads each
+// public key: not under m.mu).
+func recordKeys(specs []Spec) map[string]bool {
+	keys := map[string]bool{}
+	for _, s := range specs {
+		keys[recordKey(s)] = true
+	}
+	return keys
+}
+
+// renewRecords renews (the time of) the records of m's sources, so that
+// managers sharing the store keep them (sweepRecords). Not under m.mu.
+func (m *Manager) renewRecords(specs []Spec) {
+	now := time.Now()
+	for key := range recordKeys(specs) {
+		path := filepath.Join(m.opts.Dir, "index", key+".json")
+		if err := os.Chtimes(path, now, now); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			m.log.Warn("plugin store: a source's record not renewed", "record", path, "error", err)
+		}
 	}
 }
 
@@ -251,12 +361,13 @@ func (m *Manager) unpend(sha string) {
 // registration's link folder cannot be seen from here (what it serves is
 // unknown: unseen, so every version is kept). Registrations of managers
 // that ended are removed: those unrenewed for registrationLapse, and those
-// of this view whose folder is gone. Called with m.mu held.
-func (m *Manager) users() (named map[string]bool, unseen bool, err error) {
+// of this view whose folder is gone. The registrations not seen are
+// returned for sayUnseen.
+func (m *Manager) users() (named map[string]bool, unseen bool, said []unseenReg, err error) {
 	named = map[string]bool{}
 	records, err := filepath.Glob(filepath.Join(m.opts.Dir, "index", "*.json"))
 	if err != nil {
-		return nil, true, err
+		return nil, true, nil, err
 	}
 	for _, p := range records {
 		b, err := readBounded(p, 64<<10)
@@ -265,14 +376,14 @@ func (m *Manager) users() (named map[string]bool, unseen bool, err error) {
 		}
 		var r record
 		if err != nil || json.Unmarshal(b, &r) != nil {
-			return nil, true, fmt.Errorf("record %s: %v", p, err)
+			return nil, true, nil, fmt.Errorf("record %s: %v", p, err)
 		}
 		named[r.SHA256] = true
 	}
 	users := filepath.Join(m.opts.Dir, "links")
 	regs, err := os.ReadDir(users)
 	if err != nil {
-		return nil, true, err
+		return nil, true, nil, err
 	}
 	for _, reg := range regs {
 		if strings.HasPrefix(reg.Name(), ".") {
@@ -284,7 +395,7 @@ func (m *Manager) users() (named map[string]bool, unseen bool, err error) {
 			continue // removed meanwhile
 		}
 		if err != nil {
-			return nil, true, err
+			return nil, true, nil, err
 		}
 		if time.Since(info.ModTime()) > registrationLapse {
 			_ = os.Remove(path)
@@ -295,7 +406,7 @@ func (m *Manager) users() (named map[string]bool, unseen bool, err error) {
 			continue
 		}
 		if err != nil {
-			return nil, true, err
+			return nil, true, nil, err
 		}
 		var r registration
 		if json.Unmarshal(b, &r) != nil {
@@ -311,19 +422,34 @@ func (m *Manager) users() (named map[string]bool, unseen bool, err error) {
 		}
 		if m.view == "" || r.View != m.view || err != nil {
 			unseen = true
-			if !m.unseen[path] {
-				m.unseen[path] = true
-				attrs := []any{"folder", r.Dir, "registration", path}
-				if err != nil {
-					attrs = append(attrs, "error", err)
-				}
-				m.log.Warn("plugin store: versions no longer served are kept: another process's link folder cannot be seen from here (another container or file system view), so what it serves is unknown", attrs...)
-			}
+			said = append(said, unseenReg{path, r.Dir, err})
 			continue
 		}
 		for _, l := range links {
 			named[filepath.Base(linkTarget(filepath.Join(r.Dir, l.Name())))] = true
 		}
 	}
-	return named, unseen, nil
+	return named, unseen, said, nil
+}
+
+// unseenReg is a registration whose link folder cannot be seen from here.
+type unseenReg struct {
+	path, dir string
+	err       error
+}
+
+// sayUnseenLocked says in the log, once each, that regs' link folders cannot be
+// seen from here. m.mu is held.
+func (m *Manager) sayUnseenLocked(regs []unseenReg) {
+	for _, r := range regs {
+		if m.unseen[r.path] {
+			continue
+		}
+		m.unseen[r.path] = true
+		attrs := []any{"folder", r.dir, "registration", r.path}
+		if r.err != nil {
+			attrs = append(attrs, "error", r.err)
+		}
+		m.log.Warn("plugin store: versions no longer served are kept: another process's link folder cannot be seen from here (another container or file system view), so what it serves is unknown", attrs...)
+	}
 }
