@@ -1,7 +1,15 @@
 package durable
 
 import (
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
 	"testing"
+
+	"github.com/wasmtools/wasmtools/internal/testplugins"
+	"github.com/wasmtools/wasmtools/plugins"
+	"github.com/wasmtools/wasmtools/sandbox"
 )
 
 // A base written again byte for byte (a write skipped as unchanged, after
@@ -105,5 +113,53 @@ func TestBudgetCountsLostBase(t *testing.T) {
 	// is counted, never less than the store holds.
 	if counted < len(rec["b/notes"]) {
 		t.Fatalf("the budget counts %d bytes for b/notes, the store holds %d", counted, len(rec["b/notes"]))
+	}
+}
+
+// A replica that takes a session over counts against the record's byte
+// budget what the record holds, not only what it writes itself: each
+// replica counts in its own memory (the host's storeBudget), and a field
+// another replica wrote that this one does not write again (another
+// plugin's state, a base) went uncounted, so that with N replicas taking
+// a session in turn its record could hold N times its budget.
+func TestTakeoverCountsStoredRecord(t *testing.T) {
+	w := newNotesWorld(t)
+	w.budgeted(1 << 30)
+	for range 10 {
+		w.add()
+	}
+	// The session uses a second plugin at a (the notes example again,
+	// under another name), which b is not asked for.
+	notes := w.p
+	rt, err := sandbox.NewRuntime(sandbox.Options{CacheDir: testplugins.CacheDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { rt.Close(w.ctx) })
+	other, err := plugins.Load(w.ctx, rt, "memo.wasm", testplugins.Bytes(t, testplugins.Example(t, "notes")), plugins.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { other.Close(w.ctx) })
+	w.p = other
+	if _, why := w.call(w.aSes, w.a, "note_add", fmt.Sprintf(`{"text":%q}`, strings.Repeat("m", 4000))); why != "" {
+		t.Fatalf("memo at a: not saved: %q", why)
+	}
+	w.p = notes
+	b := &recordBudget{limit: 1 << 30, fields: map[string]int{}}
+	ses, d := w.replicaWith(Options{Replica: "b", Reserve: b.reserve, Count: b.count})
+	if _, why := w.call(ses, d, "note_list", `{}`); why != "" {
+		t.Fatalf("b: not saved: %q", why)
+	}
+	rec := w.record()
+	if len(rec["p/memo"]) == 0 {
+		t.Fatalf("the record holds no memo state: %v", slices.Collect(maps.Keys(rec)))
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for f, v := range rec {
+		if b.fields[f] != len(v) {
+			t.Errorf("b counts %d bytes of field %q; the record holds %d", b.fields[f], f, len(v))
+		}
 	}
 }
