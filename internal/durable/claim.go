@@ -298,6 +298,7 @@ func (d *Keeper) take(ctx context.Context, key sessions.Key, ns *NewSession, c *
 	if err != nil && !errors.Is(err, statestore.ErrNotFound) {
 		return false, unavailable(d.observe(fmt.Errorf("state store: read session: %w", err)))
 	}
+	d.countStored(c.id, rec)
 	if rec == nil && key.Kind() == sessions.KindHandle && !d.ses.Has(key) {
 		return false, nil
 	}
@@ -475,6 +476,7 @@ func (d *Keeper) verify(ctx context.Context, key sessions.Key, c *Claim) error {
 		c.stale = true
 		return unavailable(fmt.Errorf("%w: %w", errChanged, d.observe(fmt.Errorf("state store: read session: %w", err))))
 	}
+	d.countStored(c.id, rec)
 	c.stale = false
 	c.verified = asked
 	c.taken = cl.Taken
@@ -522,6 +524,7 @@ func (d *Keeper) reseed(ctx context.Context, key sessions.Key, c *Claim) error {
 	if err != nil && !errors.Is(err, statestore.ErrNotFound) {
 		return unavailable(d.observe(fmt.Errorf("state store: read session: %w", err)))
 	}
+	d.countStored(c.id, rec)
 	d.log.Info("session ended here and back before its claim was forgotten: seeded again from the store", "session", key.String())
 	lost := goneFrom(c.saved, rec)
 	if lost == nil {

@@ -317,6 +317,21 @@ func (d *Keeper) putLocked(ctx context.Context, c *Claim, field string, v []byte
 	return nil
 }
 
+// countStored counts each field of record id as the store holds it
+// (rec, as a claim read it) against the byte budgets (Options.Count): a
+// replica counts in its own memory, and what another replica wrote and
+// this one does not write again (another plugin's state, its base) would
+// otherwise go uncounted here, so that a session moved between N
+// replicas could hold N times the record's budget
+// (TestTakeoverCountsStoredRecord). A field this replica counted that
+// the record no longer holds stays counted until the record's count
+// lapses: more, never less.
+func (d *Keeper) countStored(id string, rec map[string][]byte) {
+	for field, v := range rec {
+		d.count(id, field, len(v), d.ttl())
+	}
+}
+
 // mcpOr is b, or an empty session record.
 func mcpOr(b []byte) []byte {
 	if len(b) == 0 {
