@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/tetratelabs/wazero"
@@ -153,5 +154,30 @@ func TestSplitCustomMalformed(t *testing.T) {
 		if got, taken := splitCustom(wasm, false); !slices.Equal(got, wasm) || taken != nil {
 			t.Errorf("splitCustom(% x) = % x, %v; want the bytes as they are", wasm, got, taken)
 		}
+	}
+}
+
+// TestCustomSectionNameNotUTF8Refused: a custom section whose name is not
+// UTF-8 makes the module malformed (the spec's utf8-custom-section-id
+// tests). The checker leaves names' encoding to wazero, so splitCustom
+// must not take such a section out of wazero's sight: the module is
+// refused, as it was before custom sections were split.
+func TestCustomSectionNameNotUTF8Refused(t *testing.T) {
+	r, err := NewRuntime(Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close(context.Background())
+	wasm := []byte("\x00asm\x01\x00\x00\x00\x00\x03\x01\xffx") // custom section "\xff", data "x"
+	if _, err := CheckModule(wasm, ModuleLimits{}); err != nil {
+		t.Fatalf("the checker refused it (%v): this test wants wazero's verdict", err)
+	}
+	c, err := r.Compile(context.Background(), wasm, NewPolicy())
+	if err == nil {
+		c.Close(context.Background())
+		t.Fatal("a module whose custom section's name is not UTF-8 compiled")
+	}
+	if !strings.Contains(err.Error(), "UTF-8") {
+		t.Errorf("refused for %v, want its name's encoding", err)
 	}
 }
