@@ -1,6 +1,9 @@
 package sandbox
 
-import "strings"
+import (
+	"strings"
+	"unicode/utf8"
+)
 
 // customSection is a custom section taken out of the bytes wazero
 // compiles (see splitCustom).
@@ -21,7 +24,9 @@ type customSection struct {
 // never reach the guest's code; [Compiled.CustomSection] reads them here.
 //
 // wasm is a module the checker accepted, its section headers sound; on
-// any surprise the bytes are returned as they are.
+// any surprise the bytes are returned as they are. The checker leaves
+// names' encoding to wazero, so a custom section's name that is not UTF-8
+// is one: taken out, it would make a malformed module compile.
 func splitCustom(wasm []byte, debug bool) ([]byte, []customSection) {
 	var out []byte
 	var taken []customSection
@@ -45,6 +50,10 @@ func splitCustom(wasm []byte, debug bool) ([]byte, []customSection) {
 			return wasm, nil
 		}
 		name := string(wasm[r.pos : r.pos+int(nameLen)])
+		if !utf8.ValidString(name) {
+			// Malformed: wazero refuses it, and must see it to.
+			return wasm, nil
+		}
 		data := wasm[r.pos+int(nameLen) : end]
 		r.pos = end
 		if name == "name" || (debug && strings.HasPrefix(name, ".debug_")) {
