@@ -1,10 +1,15 @@
 package sandbox
 
 import (
+	"bytes"
 	"context"
+	"crypto/sha256"
 	"errors"
 	"os"
 	"path/filepath"
+	"reflect"
+	"slices"
+	"strings"
 	"testing"
 
 	"github.com/tetratelabs/wazero"
@@ -135,4 +140,141 @@ func addSmallPlugins(f *testing.F, dirs ...string) {
 			}
 		}
 	}
+}
+
+// FuzzSplitCustom feeds splitCustom arbitrary bytes, which it must take
+// without a panic, and the modules the checker accepts: wazero, as
+// Compile configures it, must take the split module exactly when it
+// takes the module with its custom sections but skipped (their names'
+// encoding and their bounds are still checked), and each custom section
+// must read the same, the first of its name, from what splitCustom took
+// out and then from wazero's module, as Compile's CustomSection reads it,
+// as from the whole module.
+//
+// One exception: wazero v1.12 refuses a module whose last section is a
+// custom section it keeps, with no data ("failed to read custom section
+// name[x]: EOF": its bytes.Reader reads nothing at the end). Taken out, an
+// empty section there no longer fails the module, as it should not; a
+// ".debug_*" one kept for wazero's traces still does.
+func FuzzSplitCustom(f *testing.F) {
+	addSmallPlugins(f, filepath.Join("..", "internal", "testplugins", "dist"))
+	head := "\x00asm\x01\x00\x00\x00"
+	f.Add([]byte(head + "\x00\x03\x01ax\x01\x04\x01\x60\x00\x00\x00\x02\x01b\x00\x02\x01a")) // a, type, b, a again
+	f.Add([]byte(head + "\x00\x03\x01\xffx"))                                                // a name not UTF-8
+	f.Add([]byte(head + "\x00\x06\x04name\x00\x08\x07.debug_\x00\x01\x00"))                  // name, a DWARF one, an empty name
+	f.Add([]byte(head + "\x00\x09\x07.debug_x\x01\x04\x01\x60\x00\x00\x00\x07\x06.debugx"))
+	ctx := context.Background()
+	// The interpreter validates as the compiler does, faster.
+	interp := wazero.NewRuntimeConfigInterpreter
+	skip := wazero.NewRuntimeWithConfig(ctx, interp().WithCustomSections(false).WithDebugInfoEnabled(false))
+	full := wazero.NewRuntimeWithConfig(ctx, interp().WithCustomSections(true))
+	asCompile := map[bool]wazero.Runtime{}
+	for _, debug := range []bool{false, true} {
+		asCompile[debug] = wazero.NewRuntimeWithConfig(ctx, interp().WithCustomSections(true).WithDebugInfoEnabled(debug))
+	}
+	f.Cleanup(func() {
+		for _, rt := range []wazero.Runtime{skip, full, asCompile[false], asCompile[true]} {
+			rt.Close(ctx)
+		}
+	})
+	limits := ModuleLimits{MaxNesting: 64, MaxBlocks: 256, MaxLoops: 64, MaxBrTableTargets: 256, MaxFunctionSize: 16 << 10, MaxTableSize: 1 << 10}
+	f.Fuzz(func(t *testing.T, wasm []byte) {
+		for _, debug := range []bool{false, true} {
+			splitCustom(wasm, debug)
+		}
+		// Only what the checker accepts reaches wazero, which allocates
+		// what a module declares (see FuzzCheckModule).
+		if _, err := checkModule(wasm, limits); err != nil {
+			return
+		}
+		_, valid := skip.CompileModule(ctx, wasm)
+		whole, _ := full.CompileModule(ctx, wasm) // nil when wazero's empty-section failure is the module's
+		if whole != nil {
+			defer whole.Close(ctx)
+		}
+		for _, debug := range []bool{false, true} {
+			out, taken := splitCustom(wasm, debug)
+			if taken == nil && !bytes.Equal(out, wasm) {
+				t.Fatalf("debug %v: nothing taken, yet the bytes changed", debug)
+			}
+			for _, s := range taken {
+				if s.name == "name" || (debug && strings.HasPrefix(s.name, ".debug_")) {
+					t.Fatalf("debug %v: custom section %q taken out", debug, s.name)
+				}
+			}
+			split, err := asCompile[debug].CompileModule(ctx, out)
+			if (err == nil) != (valid == nil) && !(debug && valid == nil && strings.Contains(err.Error(), "failed to read custom section name[.debug_")) {
+				t.Fatalf("debug %v: the module compiles: %v; split: %v", debug, valid, err)
+			}
+			if err != nil {
+				continue
+			}
+			defer split.Close(ctx)
+			if whole == nil {
+				continue
+			}
+			c := &Compiled{mod: split, customs: taken}
+			for _, s := range whole.CustomSections() {
+				if got, want := c.CustomSection(s.Name()), firstCustom(whole, s.Name()); !slices.Equal(got, want) || (got == nil) != (want == nil) {
+					t.Fatalf("debug %v: custom section %q reads %q, want %q", debug, s.Name(), got, want)
+				}
+			}
+			names := make([]string, 0, len(taken))
+			for _, s := range taken {
+				names = append(names, s.name)
+			}
+			for _, s := range split.CustomSections() {
+				names = append(names, s.Name())
+			}
+			for _, n := range names {
+				if firstCustom(whole, n) == nil {
+					t.Fatalf("debug %v: custom section %q is not the module's", debug, n)
+				}
+			}
+		}
+	})
+}
+
+func firstCustom(mod wazero.CompiledModule, name string) []byte {
+	for _, s := range mod.CustomSections() {
+		if s.Name() == name {
+			return s.Data()
+		}
+	}
+	return nil
+}
+
+// FuzzDecodeChecked feeds decodeChecked arbitrary entries of the
+// checked-module cache, with their digest made to match (else hardly
+// any input would get past it): a torn or hostile file must be refused
+// or read without a panic, and what is read encodes to an entry that
+// reads the same.
+func FuzzDecodeChecked(f *testing.F) {
+	f.Add([]byte{})
+	for _, c := range []*checked{
+		{wasm: []byte("\x00asm\x01\x00\x00\x00")},
+		{wasm: []byte("\x00asm\x01\x00\x00\x00\x00\x02\x01a"), snap: checkedSnap{Globals: []string{"g", globalExportPrefix + "1"}, HasStart: true}},
+		{wasm: []byte("\x00asm\x01\x00\x00\x00"), snap: checkedSnap{Refusal: "it imports a mutable global"}},
+	} {
+		b := encodeChecked(c)
+		f.Add(b[:len(b)-sha256.Size])
+	}
+	f.Fuzz(func(t *testing.T, body []byte) {
+		decodeChecked(body)
+		sum := sha256.Sum256(body)
+		c, err := decodeChecked(append(slices.Clip(body), sum[:]...))
+		if err != nil {
+			return
+		}
+		if checkHeader(c.wasm) != nil {
+			t.Fatalf("an entry of bytes % x read", c.wasm)
+		}
+		again, err := decodeChecked(encodeChecked(c))
+		if err != nil {
+			t.Fatalf("an entry read encodes to one refused: %v", err)
+		}
+		if !bytes.Equal(again.wasm, c.wasm) || !reflect.DeepEqual(again.snap, c.snap) {
+			t.Fatalf("an entry read as %+v reads again as %+v", c.snap, again.snap)
+		}
+	})
 }

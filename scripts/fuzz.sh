@@ -30,6 +30,8 @@ targets=(
 	"./sandbox FuzzInterrupt"
 	"./sandbox FuzzSnapshotBody"
 	"./sandbox FuzzDecodeS2"
+	"./sandbox FuzzSplitCustom"
+	"./sandbox FuzzDecodeChecked"
 	"./plugins FuzzDecodeOutput"
 	"./plugins FuzzCallInput"
 	"./plugins FuzzLoadAndCall"
