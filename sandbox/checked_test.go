@@ -5,6 +5,7 @@ import (
 	"errors"
 	"os"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -84,5 +85,48 @@ func TestCheckedCache(t *testing.T) {
 	compile(policy.WithModuleLimits(sandbox.ModuleLimits{MaxLoops: 7}))
 	if got := sandbox.CheckedEntries(dir); len(got) != 2 || !slices.Contains(got, entries[0]) {
 		t.Errorf("after a compilation under other limits the checked cache holds %v, want two entries", got)
+	}
+}
+
+// TestCheckedCacheWritesWhatItReads: an entry a later start could not
+// read is not written. A module the rewriting makes several times larger
+// (functions, each given the interruption's check: 7 times here), under a
+// max_module_size that just fits it, was written at every start and
+// never read: the loader reads at most twice the limit and a MiB.
+func TestCheckedCacheWritesWhatItReads(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	module := wat(t, `(module `+strings.Repeat(`(func)`, 80_000)+`)`)
+	policy := sandbox.NewPolicy().WithModuleLimits(sandbox.ModuleLimits{MaxModuleSize: uint64(len(module))})
+	rt, err := sandbox.NewRuntime(sandbox.Options{CacheDir: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rt.Close(ctx)
+	compile := func() *sandbox.Compiled {
+		t.Helper()
+		c, err := rt.Compile(ctx, module, policy)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close(ctx) })
+		return c
+	}
+	compile()
+	entries := sandbox.CheckedEntries(dir)
+	if len(entries) == 0 {
+		return
+	}
+	const mark = "from-the-checked-cache"
+	err = sandbox.EditCheckedEntry(entries[0], func(wasm []byte) []byte {
+		content := append([]byte{byte(len(mark))}, mark...)
+		return append(append(wasm, 0, byte(len(content))), content...)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if compile().CustomSection(mark) == nil {
+		fi, _ := os.Stat(entries[0])
+		t.Errorf("an entry of %d bytes, for a module of %d, was written and is not read", fi.Size(), len(module))
 	}
 }
