@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"math"
 	"os"
 	"path/filepath"
 	"sort"
@@ -105,9 +106,18 @@ func (r *Runtime) checkedDir() string {
 	return filepath.Join(r.cacheDir, checkedPrefix+sourcesDigest()[:16])
 }
 
+// checkedMaxEntry bounds an entry of a module of at most maxSize bytes:
+// what loadChecked reads, and storeChecked writes. The rewriting makes a
+// plugin a little larger; a module it makes larger than this (a hostile
+// one of tiny functions or loops, each given the interruption's check:
+// 7 times as large) is not kept, and checked at each start.
+func checkedMaxEntry(maxSize uint64) int64 {
+	const most = math.MaxInt64 / 4
+	return int64(min(maxSize, most))*2 + 1<<20
+}
+
 // loadChecked returns the entry of key, if there is a sound one. maxSize
-// bounds what is read: an entry is the module rewritten, a little larger
-// than the module.
+// is the module limit's, for checkedMaxEntry.
 func (r *Runtime) loadChecked(key string, maxSize uint64) (*checked, bool) {
 	dir := r.checkedDir()
 	if dir == "" {
@@ -118,7 +128,7 @@ func (r *Runtime) loadChecked(key string, maxSize uint64) (*checked, bool) {
 		return nil, false
 	}
 	defer f.Close()
-	b, err := io.ReadAll(io.LimitReader(f, int64(2*maxSize+1<<20)))
+	b, err := io.ReadAll(io.LimitReader(f, checkedMaxEntry(maxSize)))
 	if err != nil {
 		return nil, false
 	}
@@ -130,12 +140,19 @@ func (r *Runtime) loadChecked(key string, maxSize uint64) (*checked, bool) {
 	return c, true
 }
 
-// storeChecked writes c as key's entry. A failure costs the next start
-// the check, never the plugin: it is logged at debug level, as wazero's
-// half of the cache reports its own.
-func (r *Runtime) storeChecked(key string, c *checked) {
+// storeChecked writes c as key's entry, unless it is larger than
+// loadChecked reads (checkedMaxEntry of maxSize): written at each start,
+// never read. A failure costs the next start the check, never the
+// plugin: it is logged at debug level, as wazero's half of the cache
+// reports its own.
+func (r *Runtime) storeChecked(key string, c *checked, maxSize uint64) {
 	dir := r.checkedDir()
 	if dir == "" {
+		return
+	}
+	b := encodeChecked(c)
+	if int64(len(b)) > checkedMaxEntry(maxSize) {
+		r.log.Debug("checked-module cache: entry not written, larger than a start reads", "entry", key, "size", len(b))
 		return
 	}
 	err := func() error {
@@ -147,7 +164,7 @@ func (r *Runtime) storeChecked(key string, c *checked) {
 			return err
 		}
 		defer os.Remove(tmp.Name())
-		if _, err := tmp.Write(encodeChecked(c)); err != nil {
+		if _, err := tmp.Write(b); err != nil {
 			tmp.Close()
 			return err
 		}

@@ -216,15 +216,15 @@ func (r *Runtime) Compile(ctx context.Context, wasm []byte, p Policy) (*Compiled
 	sum := sha256.Sum256(wasm)
 	flag := r.interrupt == InterruptFlag
 	var snap *snapModule
-	key := checkedKey(sum, p.moduleLimits, flag)
-	if c, ok := r.loadChecked(key, p.ModuleLimits().MaxModuleSize); ok {
+	key, maxSize := checkedKey(sum, p.moduleLimits, flag), p.ModuleLimits().MaxModuleSize
+	if c, ok := r.loadChecked(key, maxSize); ok {
 		wasm, snap = c.wasm, c.snap.module()
 	} else {
 		var err error
 		if wasm, snap, err = checkAndRewrite(pctx, wasm, p.moduleLimits, flag); err != nil {
 			return nil, fmt.Errorf("compile: %w", err)
 		}
-		r.storeChecked(key, &checked{wasm: wasm, snap: checkedSnap{Refusal: snap.refusal, Globals: snap.globals, HasStart: snap.hasStart}})
+		r.storeChecked(key, &checked{wasm: wasm, snap: checkedSnap{Refusal: snap.refusal, Globals: snap.globals, HasStart: snap.hasStart}}, maxSize)
 	}
 	left := time.Until(deadline)
 	if err := pctx.Err(); err != nil || left <= 0 {
