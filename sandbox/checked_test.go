@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -128,5 +129,99 @@ func TestCheckedCacheWritesWhatItReads(t *testing.T) {
 	if compile().CustomSection(mark) == nil {
 		fi, _ := os.Stat(entries[0])
 		t.Errorf("an entry of %d bytes, for a module of %d, was written and is not read", fi.Size(), len(module))
+	}
+}
+
+// TestCheckedCacheConcurrentWriters: compilations of one module at once,
+// in two runtimes on one cache folder (as two processes), each find no
+// entry or a whole one, never a torn one: each writes a file of its own
+// and renames it into place. One sound entry is left, and no file beside.
+func TestCheckedCacheConcurrentWriters(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	module := wat(t, spinnerModule(`(func (export "run") (result i32) (loop $l (br $l)) (i32.const 0))`))
+	var rts []*sandbox.Runtime
+	for range 2 {
+		rt, err := sandbox.NewRuntime(sandbox.Options{CacheDir: dir})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer rt.Close(ctx)
+		rts = append(rts, rt)
+	}
+	errs := make(chan error, 16)
+	for i := range cap(errs) {
+		go func() {
+			c, err := rts[i%2].Compile(ctx, module, sandbox.NewPolicy())
+			if err == nil {
+				c.Close(ctx)
+			}
+			errs <- err
+		}()
+	}
+	for range cap(errs) {
+		if err := <-errs; err != nil {
+			t.Error(err)
+		}
+	}
+	if entries := sandbox.CheckedEntries(dir); len(entries) != 1 || !sandbox.CheckedEntrySound(entries[0]) {
+		t.Errorf("the checked cache holds %v, want one sound entry", entries)
+	}
+}
+
+// TestCheckedCacheSweep: a runtime's first compilation removes other
+// builds' folders of entries left unwritten for a week, and nothing else
+// in a cache folder it may share: not a younger build's folder, nor what
+// is not named as ours, and of a link named as ours, the link only.
+func TestCheckedCacheSweep(t *testing.T) {
+	ctx := context.Background()
+	dir, outside := t.TempDir(), t.TempDir()
+	week := time.Now().Add(-8 * 24 * time.Hour)
+	mkdir := func(path string, old bool) {
+		t.Helper()
+		if err := os.MkdirAll(path, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(path, "f"), nil, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if old {
+			if err := os.Chtimes(path, week, week); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	mkdir(filepath.Join(dir, "wasmtools-checked-0000000000000000"), true)
+	mkdir(filepath.Join(dir, "wasmtools-checked-1111111111111111"), false)
+	mkdir(filepath.Join(dir, "not-ours"), true)
+	mkdir(filepath.Join(outside, "target"), true)
+	if err := os.Symlink(filepath.Join(outside, "target"), filepath.Join(dir, "wasmtools-checked-2222222222222222")); err != nil {
+		t.Fatal(err)
+	}
+	rt, err := sandbox.NewRuntime(sandbox.Options{CacheDir: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rt.Close(ctx)
+	c, err := rt.Compile(ctx, wat(t, `(module)`), sandbox.NewPolicy())
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Close(ctx)
+	for name, want := range map[string]bool{
+		"wasmtools-checked-0000000000000000": false,
+		"wasmtools-checked-1111111111111111": true,
+		"not-ours":                           true,
+		"wasmtools-checked-2222222222222222": false,
+	} {
+		if _, err := os.Lstat(filepath.Join(dir, name)); (err == nil) != want {
+			t.Errorf("%s: there %v, want %v", name, err == nil, want)
+		}
+	}
+	if _, err := os.Stat(filepath.Join(outside, "target", "f")); err != nil {
+		t.Errorf("the sweep reached through a link: %v", err)
+	}
+	if len(sandbox.CheckedEntries(dir)) != 2 {
+		t.Errorf("the checked cache holds %v, want this build's entry and the young build's file", sandbox.CheckedEntries(dir))
 	}
 }
