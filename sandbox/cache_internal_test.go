@@ -181,3 +181,29 @@ func TestCustomSectionNameNotUTF8Refused(t *testing.T) {
 		t.Errorf("refused for %v, want its name's encoding", err)
 	}
 }
+
+// TestSplitCustomEmptyDebugSectionLeftLast: under wazero's interruption
+// the DWARF sections stay in wazero's bytes, and wazero v1.12 refuses a
+// module whose last section is a custom section it keeps with no data
+// (its reader is at the end: "failed to read custom section
+// name[.debug_x]: EOF"). An empty one followed by custom sections that
+// splitCustom takes out must not be left last: the module compiled before
+// custom sections were split.
+func TestSplitCustomEmptyDebugSectionLeftLast(t *testing.T) {
+	r, err := NewRuntime(Options{Interruption: InterruptWazero})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close(context.Background())
+	wasm := []byte("\x00asm\x01\x00\x00\x00" +
+		"\x00\x09\x08.debug_x" + // empty
+		"\x00\x05\x03foo1")
+	c, err := r.Compile(context.Background(), wasm, NewPolicy())
+	if err != nil {
+		t.Fatalf("a module ending in an empty DWARF section and a custom section: %v", err)
+	}
+	defer c.Close(context.Background())
+	if got := string(c.CustomSection("foo")); got != "1" {
+		t.Errorf("custom section foo reads %q, want %q", got, "1")
+	}
+}
