@@ -31,6 +31,12 @@ func splitCustom(wasm []byte, debug bool) ([]byte, []customSection) {
 	var out []byte
 	var taken []customSection
 	kept := 0 // wasm[kept:start] is yet to be copied to out
+	// lastEmpty: the last section kept is a custom one wazero reads into
+	// a buffer (not "name"), with no data. wazero v1.12 refuses a module
+	// that ends with one (its reader is at the end: "failed to read
+	// custom section name[.debug_x]: EOF"), so it must not be left last
+	// where it was not.
+	lastEmpty := false
 	r := reader{b: wasm, pos: 8}
 	for r.pos < len(wasm) && r.err == nil {
 		start := r.pos
@@ -43,6 +49,7 @@ func splitCustom(wasm []byte, debug bool) ([]byte, []customSection) {
 		end := body + int(size)
 		if id != 0 {
 			r.pos = end
+			lastEmpty = false
 			continue
 		}
 		nameLen := uint64(r.u32())
@@ -57,6 +64,7 @@ func splitCustom(wasm []byte, debug bool) ([]byte, []customSection) {
 		data := wasm[r.pos+int(nameLen) : end]
 		r.pos = end
 		if name == "name" || (debug && strings.HasPrefix(name, ".debug_")) {
+			lastEmpty = name != "name" && len(data) == 0
 			continue
 		}
 		if out == nil {
@@ -68,7 +76,7 @@ func splitCustom(wasm []byte, debug bool) ([]byte, []customSection) {
 		// plugins.StatelessSection), and CustomSection says so.
 		taken = append(taken, customSection{name: name, data: append([]byte{}, data...)})
 	}
-	if r.err != nil || out == nil {
+	if r.err != nil || out == nil || (kept == len(wasm) && lastEmpty) {
 		return wasm, nil
 	}
 	return append(out, wasm[kept:]...), taken
