@@ -225,3 +225,48 @@ func TestCheckedCacheSweep(t *testing.T) {
 		t.Errorf("the checked cache holds %v, want this build's entry and the young build's file", sandbox.CheckedEntries(dir))
 	}
 }
+
+// TestCheckedCacheSweepsHalfWritten: a write a crash left half done (the
+// temporary file an entry is written to before its rename) is removed by
+// a later runtime once it is a day old, not kept for good; a younger one
+// may be another process's write under way, and stays.
+func TestCheckedCacheSweepsHalfWritten(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	module := wat(t, `(module)`)
+	compile := func() {
+		t.Helper()
+		rt, err := sandbox.NewRuntime(sandbox.Options{CacheDir: dir})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer rt.Close(ctx)
+		c, err := rt.Compile(ctx, module, sandbox.NewPolicy())
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.Close(ctx)
+	}
+	compile()
+	entries := sandbox.CheckedEntries(dir)
+	if len(entries) != 1 {
+		t.Fatalf("the checked cache holds %v, want one entry", entries)
+	}
+	old, young := filepath.Join(filepath.Dir(entries[0]), ".a.1"), filepath.Join(filepath.Dir(entries[0]), ".b.2")
+	for _, f := range []string{old, young} {
+		if err := os.WriteFile(f, []byte("half"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	day := time.Now().Add(-25 * time.Hour)
+	if err := os.Chtimes(old, day, day); err != nil {
+		t.Fatal(err)
+	}
+	compile()
+	if _, err := os.Stat(old); err == nil {
+		t.Error("a half-written entry a day old was kept")
+	}
+	if _, err := os.Stat(young); err != nil {
+		t.Errorf("a write that may be under way was removed: %v", err)
+	}
+}
