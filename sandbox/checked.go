@@ -87,23 +87,32 @@ func checkedKey(sum [32]byte, limits ModuleLimits, flag bool) string {
 	return hex.EncodeToString(h.Sum(nil))
 }
 
+// checkedTempMaxAge is how long an entry's temporary file (storeChecked)
+// is kept: older, it is a write a crash left half done, not one under way.
+const checkedTempMaxAge = 24 * time.Hour
+
 // checkedDir returns the folder of this build's entries, "" without a
 // disk cache. The first call removes other builds' folders left unwritten
-// for checkedMaxAge.
+// for checkedMaxAge, and this build's temporary files older than
+// checkedTempMaxAge.
 func (r *Runtime) checkedDir() string {
 	if r.cacheDir == "" {
 		return ""
 	}
+	mine := filepath.Join(r.cacheDir, checkedPrefix+sourcesDigest()[:16])
 	r.checkedOnce.Do(func() {
-		old, _ := filepath.Glob(filepath.Join(r.cacheDir, checkedPrefix+"*"))
-		mine := filepath.Join(r.cacheDir, checkedPrefix+sourcesDigest()[:16])
-		for _, d := range old {
-			if fi, err := os.Stat(d); err == nil && d != mine && time.Since(fi.ModTime()) > checkedMaxAge {
-				os.RemoveAll(d)
+		sweep := func(pattern string, maxAge time.Duration) {
+			found, _ := filepath.Glob(pattern)
+			for _, p := range found {
+				if fi, err := os.Stat(p); err == nil && p != mine && time.Since(fi.ModTime()) > maxAge {
+					os.RemoveAll(p)
+				}
 			}
 		}
+		sweep(filepath.Join(r.cacheDir, checkedPrefix+"*"), checkedMaxAge)
+		sweep(filepath.Join(mine, ".*"), checkedTempMaxAge)
 	})
-	return filepath.Join(r.cacheDir, checkedPrefix+sourcesDigest()[:16])
+	return mine
 }
 
 // checkedMaxEntry bounds an entry of a module of at most maxSize bytes:
