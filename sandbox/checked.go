@@ -38,17 +38,20 @@ import (
 var sources embed.FS
 
 // sourcesDigest is the digest of this package's Go files, as built.
-var sourcesDigest = sync.OnceValue(func() string {
+var sourcesDigest = sync.OnceValue(func() string { return digestSources(sources) })
+
+// digestSources returns the digest of the Go files of fsys.
+func digestSources(fsys fs.FS) string {
 	h := sha256.New()
-	names, _ := fs.Glob(sources, "*.go")
+	names, _ := fs.Glob(fsys, "*.go")
 	sort.Strings(names)
 	for _, n := range names {
-		b, _ := sources.ReadFile(n)
+		b, _ := fs.ReadFile(fsys, n)
 		fmt.Fprintf(h, "%s %d\n", n, len(b))
 		h.Write(b)
 	}
 	return hex.EncodeToString(h.Sum(nil))
-})
+}
 
 // checkedMagic starts every entry.
 const checkedMagic = "wasmtools-checked-1\n"
