@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"testing/fstest"
 
 	"github.com/tetratelabs/wazero"
 )
@@ -205,5 +206,27 @@ func TestSplitCustomEmptyDebugSectionLeftLast(t *testing.T) {
 	defer c.Close(context.Background())
 	if got := string(c.CustomSection("foo")); got != "1" {
 		t.Errorf("custom section foo reads %q, want %q", got, "1")
+	}
+}
+
+// TestSourcesDigestIgnoresTests: the checked-module cache is keyed by the
+// package's code as built, and a test file changes no check or rewriting
+// (no test sets a hook of theirs). Each edit of a test file made a folder
+// of entries anew in the tests' shared cache, 50 MB and more of Go plugins
+// kept a week; a change of code still does.
+func TestSourcesDigestIgnoresTests(t *testing.T) {
+	files := fstest.MapFS{
+		"check.go":      {Data: []byte("package sandbox\n")},
+		"check_test.go": {Data: []byte("package sandbox\n")},
+	}
+	was := digestSources(files)
+	files["check_test.go"] = &fstest.MapFile{Data: []byte("package sandbox\n\n// edited\n")}
+	files["new_test.go"] = &fstest.MapFile{Data: []byte("package sandbox_test\n")}
+	if got := digestSources(files); got != was {
+		t.Error("an edit of the tests changed the digest of the sources")
+	}
+	files["check.go"] = &fstest.MapFile{Data: []byte("package sandbox\n\n// edited\n")}
+	if got := digestSources(files); got == was {
+		t.Error("an edit of the code left the digest of the sources as it was")
 	}
 }
