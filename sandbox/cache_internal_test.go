@@ -5,6 +5,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strings"
 	"testing"
@@ -229,4 +230,29 @@ func TestSourcesDigestIgnoresTests(t *testing.T) {
 	if got := digestSources(files); got == was {
 		t.Error("an edit of the code left the digest of the sources as it was")
 	}
+}
+
+// TestSplitCustomManySectionsMemory: what splitCustom keeps of a module's
+// custom sections is in proportion to their bytes, not their number. A
+// hostile module of nothing but 3-byte custom sections (the checker
+// bounds no count of them) made it allocate some 78 times the module's
+// size, a slice element and its growth for each: 5 GB for a module at the
+// default 64 MiB limit, where wazero itself allocated a third of that.
+func TestSplitCustomManySectionsMemory(t *testing.T) {
+	wasm := []byte("\x00asm\x01\x00\x00\x00")
+	for len(wasm) < 4<<20 {
+		wasm = append(wasm, 0, 1, 0) // a custom section named "", empty
+	}
+	if _, err := CheckModule(wasm, ModuleLimits{}); err != nil {
+		t.Fatal(err)
+	}
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	_, taken := splitCustom(wasm, false)
+	runtime.ReadMemStats(&after)
+	if got := after.TotalAlloc - before.TotalAlloc; got > uint64(8*len(wasm)) {
+		t.Errorf("splitCustom of a module of %d bytes allocated %d MB", len(wasm), got>>20)
+	}
+	runtime.KeepAlive(taken)
 }
