@@ -40,7 +40,7 @@ type Compiled struct {
 	snap   *snapModule
 	// customs are the custom sections kept out of wazero's bytes
 	// (splitCustom); the rest are mod's.
-	customs []customSection
+	customs customSections
 
 	closeOnce  sync.Once
 	closeErr   error
@@ -208,10 +208,8 @@ func (c *Compiled) HasExport(name string) bool {
 // CustomSection returns the contents of the first custom section named
 // name, or nil.
 func (c *Compiled) CustomSection(name string) []byte {
-	for _, s := range c.customs {
-		if s.name == name {
-			return s.data
-		}
+	if data, ok := c.customs.first(name); ok {
+		return data
 	}
 	for _, s := range c.mod.CustomSections() {
 		if s.Name() == name {
