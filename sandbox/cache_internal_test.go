@@ -237,7 +237,7 @@ func TestSourcesDigestIgnoresTests(t *testing.T) {
 // hostile module of nothing but 3-byte custom sections (the checker
 // bounds no count of them) made it allocate some 78 times the module's
 // size, a slice element and its growth for each: 5 GB for a module at the
-// default 64 MiB limit, where wazero itself allocated a third of that.
+// default 64 MiB limit, where wazero itself allocated under half of that.
 func TestSplitCustomManySectionsMemory(t *testing.T) {
 	wasm := []byte("\x00asm\x01\x00\x00\x00")
 	for len(wasm) < 4<<20 {
