@@ -185,7 +185,10 @@ func FuzzSplitCustom(f *testing.F) {
 		if _, err := checkModule(wasm, limits); err != nil {
 			return
 		}
-		_, valid := skip.CompileModule(ctx, wasm)
+		mod, valid := skip.CompileModule(ctx, wasm)
+		if valid == nil {
+			mod.Close(ctx)
+		}
 		for _, debug := range []bool{false, true} {
 			whole, werr := asCompile[debug].CompileModule(ctx, wasm)
 			if werr == nil {
