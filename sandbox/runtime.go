@@ -35,9 +35,9 @@ type Options struct {
 	// beside it what the check and the rewriting made of each module
 	// (checked.go), keyed by module, limits, interruption and this
 	// package's sources. "" means no disk cache: compilation is still
-	// shared by the modules of one Runtime. A cache that cannot be read or written (a full or
-	// read-only volume) is skipped for a minute at a time, with a
-	// warning: compiling costs time, never a plugin (see
+	// shared by the modules of one Runtime. A cache that cannot be read
+	// or written (a full or read-only volume) is skipped for a minute at
+	// a time, with a warning: compiling costs time, never a plugin (see
 	// [Runtime.DiskCacheError]).
 	CacheDir string
 	// Logger receives the runtime's own messages. nil discards them.
