@@ -112,16 +112,22 @@ func (r *Runtime) checkedDir() string {
 	}
 	mine := filepath.Join(r.cacheDir, checkedPrefix+sourcesDigest()[:16])
 	r.checkedOnce.Do(func() {
-		sweep := func(pattern string, maxAge time.Duration) {
-			found, _ := filepath.Glob(pattern)
-			for _, p := range found {
-				if fi, err := os.Stat(p); err == nil && p != mine && time.Since(fi.ModTime()) > maxAge {
+		// The folders are read, not globbed: a path is no pattern ("[",
+		// "*" in it matched other folders, and not this one).
+		sweep := func(dir, prefix string, maxAge time.Duration) {
+			found, _ := os.ReadDir(dir)
+			for _, e := range found {
+				p := filepath.Join(dir, e.Name())
+				if !strings.HasPrefix(e.Name(), prefix) || p == mine {
+					continue
+				}
+				if fi, err := os.Stat(p); err == nil && time.Since(fi.ModTime()) > maxAge {
 					os.RemoveAll(p)
 				}
 			}
 		}
-		sweep(filepath.Join(r.cacheDir, checkedPrefix+"*"), checkedMaxAge)
-		sweep(filepath.Join(mine, ".*"), checkedTempMaxAge)
+		sweep(r.cacheDir, checkedPrefix, checkedMaxAge)
+		sweep(mine, ".", checkedTempMaxAge)
 	})
 	return mine
 }
