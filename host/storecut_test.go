@@ -225,6 +225,86 @@ func newCutPair(t *testing.T, protocol string, opts host.Options) *cutPair {
 	return p
 }
 
+// args are a tool call's arguments kv (name, value, ...), with the
+// session's handle where the protocol has no session (2026-07-28).
+func (p *cutPair) args(kv ...any) map[string]any {
+	m := map[string]any{}
+	if handle, _ := p.first.Meta[host.MetaSession].(string); handle != "" {
+		m[host.SessionArgument] = handle
+	}
+	for i := 0; i < len(kv); i += 2 {
+		m[kv[i].(string)] = kv[i+1]
+	}
+	return m
+}
+
+// sessionLost reports whether err is the client's session ended: a
+// replica that does not know it answered a 2025-11-25 session 404.
+func sessionLost(err error) bool {
+	return err != nil && (errors.Is(err, mcp.ErrSessionMissing) || strings.Contains(err.Error(), "session not found"))
+}
+
+// downPastGrace takes the store down for both replicas, as Redis down
+// (each exchange refused at once), and waits for a's second heartbeat
+// round refused, past its grace (2 s from the claim verified before the
+// store went down; rounds are 2 s apart): the session's call fails now,
+// and does not find the session ended. No call ran from memory within
+// the grace, so a has nothing to save again meanwhile.
+func (p *cutPair) downPastGrace(t *testing.T) {
+	t.Helper()
+	for _, s := range []*cutStore{p.atA, p.atB} {
+		s.refuse.Store(true)
+		s.cut.Store(true)
+	}
+	p.a.waitLog(t, "state store heartbeat", 2)
+	res, err := p.cs.CallTool(context.Background(), &mcp.CallToolParams{Name: "note_list"})
+	if sessionLost(err) || err == nil && !res.IsError {
+		t.Fatalf("the session's call past a's grace, the store down: %s; want it failed", outcome(res, err))
+	}
+}
+
+// sentElsewhere adds note text through the client, as a client told
+// -32053 retries, at each of a's heartbeat rounds, until it is served
+// and saved: a, cut off from the store past its grace, refused it to the
+// proxy, and b took the session over (a call that reaches a before it
+// has recorded that round is refused by a itself).
+func (p *cutPair) sentElsewhere(t *testing.T, text string) {
+	t.Helper()
+	retryOn(t, "the session's calls still fail 30 s into a's partition", p.a.logged("state store heartbeat"), func() (bool, string) {
+		res, err := p.cs.CallTool(context.Background(), &mcp.CallToolParams{Name: "note_add", Arguments: p.args("text", text)})
+		if err == nil && !res.IsError && res.Meta[host.MetaNotSaved] == nil {
+			return true, ""
+		}
+		return false, fmt.Sprintf("(a refused %d to the proxy) %s", p.proxy.refusals(), outcome(res, err))
+	})
+	if p.proxy.refusals() == 0 {
+		t.Error("a refused nothing to the proxy")
+	}
+	p.b.waitLog(t, "session taken over", 1)
+}
+
+// servedOnceBack lists the session's notes through the client, as a
+// client told -32053 retries, until a finds the store back (what), and
+// wants one among them, which a may have to write back from memory. An
+// error other than the store's refusal fails the test (the session
+// ended, say).
+func (p *cutPair) servedOnceBack(t *testing.T, what string) {
+	t.Helper()
+	retryOn(t, what, storeBackAt(p.a, p.atA), func() (bool, string) {
+		res, err := p.cs.CallTool(context.Background(), &mcp.CallToolParams{Name: "note_list"})
+		if err == nil && !res.IsError {
+			if got := text(res); !strings.Contains(got, "one") {
+				t.Fatalf("%s: %q; want one", what, got)
+			}
+			return true, ""
+		}
+		if err != nil && !strings.Contains(err.Error(), "-32053") && !strings.Contains(err.Error(), "state store") {
+			t.Fatalf("%s: %v", what, err)
+		}
+		return false, outcome(res, err)
+	})
+}
+
 // An event is what a test waits for where it would otherwise sleep:
 // calling it marks the moment, and the wait it returns returns once the
 // event happened after that moment, or fails when ctx ends.
@@ -312,39 +392,17 @@ func TestCutOffReplicaSendsSessionsElsewhere(t *testing.T) {
 
 func cutOffSendsElsewhere(t *testing.T, protocol string) {
 	p := newCutPair(t, protocol, host.Options{})
-	a, cs, proxy, atA := p.a, p.cs, p.proxy, p.atA
-	args := func(kv ...any) map[string]any {
-		m := map[string]any{}
-		if handle, _ := p.first.Meta[host.MetaSession].(string); handle != "" {
-			m[host.SessionArgument] = handle // 2026-07-28: no session
-		}
-		for i := 0; i < len(kv); i += 2 {
-			m[kv[i].(string)] = kv[i+1]
-		}
-		return m
-	}
-	atA.cut.Store(true)
+	a := p.a
+	p.atA.cut.Store(true)
 	a.waitLog(t, "state store heartbeat", 1)
 	if code, _ := readyz(t, a); code != http.StatusOK {
 		t.Errorf("a cut off from the store answers /readyz %d; want it ready (it cannot tell a store down for all)", code)
 	}
 	// a's first heartbeat round after the cut ends unanswered 2 s on,
 	// past its grace: a refuses the call to the proxy, and b takes the
-	// session over. The client retries what fails, as a client told
-	// -32053 does, at each of a's heartbeat rounds (a call that reaches a
-	// before it has recorded that round is refused by a itself).
-	retryOn(t, "the session's calls still fail 30 s into a's partition", a.logged("state store heartbeat"), func() (bool, string) {
-		res, err := cs.CallTool(context.Background(), &mcp.CallToolParams{Name: "note_add", Arguments: args("text", "two")})
-		if err == nil && !res.IsError && res.Meta[host.MetaNotSaved] == nil {
-			return true, ""
-		}
-		return false, fmt.Sprintf("(a refused %d to the proxy) %s", proxy.refusals(), outcome(res, err))
-	})
-	if proxy.refusals() == 0 {
-		t.Error("a refused nothing to the proxy")
-	}
-	p.b.waitLog(t, "session taken over", 1)
-	if got := text(call(t, cs, "note_list", args())); !strings.Contains(got, "one") || !strings.Contains(got, "two") {
+	// session over.
+	p.sentElsewhere(t, "two")
+	if got := text(call(t, p.cs, "note_list", p.args())); !strings.Contains(got, "one") || !strings.Contains(got, "two") {
 		t.Errorf("after the takeover: %q; want one and two", got)
 	}
 }
@@ -395,20 +453,7 @@ func TestStoreAwayForAllEndsNoSession(t *testing.T) {
 	}
 	atA.cut.Store(false)
 	atB.cut.Store(false)
-	// The client retries (-32053) until a finds the store back.
-	retryOn(t, "the session after the outage", storeBackAt(a, atA), func() (bool, string) {
-		res, err := cs.CallTool(context.Background(), &mcp.CallToolParams{Name: "note_list"})
-		if err == nil && !res.IsError {
-			if got := text(res); !strings.Contains(got, "one") {
-				t.Fatalf("after the outage: %q; want one", got)
-			}
-			return true, ""
-		}
-		if err != nil && strings.Contains(err.Error(), "session not found") {
-			t.Fatalf("the session after the outage: %v", err)
-		}
-		return false, outcome(res, err)
-	})
+	p.servedOnceBack(t, "the session after the outage")
 }
 
 // A store that comes back empty holds nothing of a session but what its
@@ -433,20 +478,7 @@ func TestStoreBackEmptyKeepsSessionHere(t *testing.T) {
 	p.shared.Flush()
 	atA.cut.Store(false)
 	atB.cut.Store(false)
-	// The client retries (-32053) until a finds the store back.
-	retryOn(t, "the session after the store came back empty", storeBackAt(a, atA), func() (bool, string) {
-		res, err := cs.CallTool(context.Background(), &mcp.CallToolParams{Name: "note_list"})
-		if err == nil && !res.IsError {
-			if got := text(res); !strings.Contains(got, "one") {
-				t.Fatalf("the session after the store came back empty: %q; want one, from a's memory", got)
-			}
-			return true, ""
-		}
-		if err != nil && !strings.Contains(err.Error(), "-32053") && !strings.Contains(err.Error(), "state store") {
-			t.Fatalf("the session after the store came back empty: %v", err)
-		}
-		return false, outcome(res, err)
-	})
+	p.servedOnceBack(t, "the session after the store came back empty")
 }
 
 // Redis down, then back empty: its replicas do not all reach it again at
@@ -462,51 +494,67 @@ func TestStoreBackEmptyKeepsSessionHere(t *testing.T) {
 func TestStoreDownBackEmptyKeepsSessionHere(t *testing.T) {
 	p := newCutPair(t, "2025-11-25", host.Options{})
 	a, b, cs, proxy, atA, atB := p.a, p.b, p.cs, p.proxy, p.atA, p.atB
-	atA.refuse.Store(true)
-	atB.refuse.Store(true)
-	atA.cut.Store(true)
-	atB.cut.Store(true)
-	a.waitLog(t, "state store heartbeat", 1)
+	p.downPastGrace(t)
 	fresh := connectHTTP(t, a.srv.URL, "2025-11-25", &failover{to: a, next: b})
 	if res := call(t, fresh, "note_add", map[string]any{"text": "from memory"}); res.IsError || res.Meta[host.MetaNotSaved] == nil {
 		t.Fatalf("a session begun during the outage: %v %s; want it served, marked notSaved", res.Meta, text(res))
 	}
-	// Past a's grace the session's calls fail. A refused heartbeat round
-	// ends at once, within the grace: the client calls again at each
-	// round, the next 2 s on.
-	retryOn(t, "the session still served from memory 30 s into the outage", a.logged("state store heartbeat"), func() (bool, string) {
-		res, err := cs.CallTool(context.Background(), &mcp.CallToolParams{Name: "note_list"})
-		if err != nil && (errors.Is(err, mcp.ErrSessionMissing) || strings.Contains(err.Error(), "session not found")) {
-			t.Fatalf("the session during the outage: %v", err)
-		}
-		return err != nil, outcome(res, err)
-	})
 	// Back empty: b reaches it, a is refused a while longer.
 	p.shared.Flush()
 	atB.cut.Store(false)
 	b.waitLog(t, "state store came back empty", 1)
-	_, err := cs.CallTool(context.Background(), &mcp.CallToolParams{Name: "note_list"})
-	if err != nil && (errors.Is(err, mcp.ErrSessionMissing) || strings.Contains(err.Error(), "session not found")) {
+	if _, err := cs.CallTool(context.Background(), &mcp.CallToolParams{Name: "note_list"}); sessionLost(err) {
 		t.Fatalf("a session of a's, the store back empty and a still refused (a refused %d to the proxy): %v", proxy.refusals(), err)
 	}
 	if res, err := fresh.CallTool(context.Background(), &mcp.CallToolParams{Name: "note_list"}); err != nil || res.IsError || !strings.Contains(text(res), "from memory") {
 		t.Fatalf("a session begun during the outage, a still refused: %v %v", res, err)
 	}
 	atA.cut.Store(false)
-	// The client retries (-32053) until a finds the store back.
-	retryOn(t, "the session once a reaches the store", storeBackAt(a, atA), func() (bool, string) {
-		res, err := cs.CallTool(context.Background(), &mcp.CallToolParams{Name: "note_list"})
-		if err == nil && !res.IsError {
-			if got := text(res); !strings.Contains(got, "one") {
-				t.Fatalf("the session once a reaches the store: %q; want one, from a's memory", got)
-			}
-			return true, ""
-		}
-		if err != nil && (errors.Is(err, mcp.ErrSessionMissing) || strings.Contains(err.Error(), "session not found")) {
-			t.Fatalf("the session once a reaches the store: %v", err)
-		}
-		return false, outcome(res, err)
-	})
+	p.servedOnceBack(t, "the session once a reaches the store")
+}
+
+// Redis down, then silent for a: its connections to a Redis back meet
+// nothing (a link blackholed, a store frozen), while b, which reaches it,
+// finds it back empty. a's probe now times out, which alone would have it
+// hand the session over; but the store refused a connection of a's since
+// it last answered a's heartbeat, so it may have come back empty, as it
+// has: b would not find the session (a 2025-11-25 session answered 404,
+// which ends it at the client). a refuses the call itself (-32053) until
+// it reaches the store, and writes the session back from memory. Once the
+// store answered a heartbeat of a's, the refusals are past: a later
+// silence hands the session over, as in
+// TestCutOffReplicaSendsSessionsElsewhere.
+func TestStoreRefusedThenSilentKeepsSessionHere(t *testing.T) {
+	p := newCutPair(t, "2025-11-25", host.Options{})
+	a, b, cs, proxy, atA := p.a, p.b, p.cs, p.proxy, p.atA
+	p.downPastGrace(t)
+	// Back empty: b reaches it; a's exchanges time out now, its heartbeat
+	// round too, and none of its rounds was answered since the refusals.
+	p.shared.Flush()
+	p.atB.cut.Store(false)
+	atA.refuse.Store(false)
+	b.waitLog(t, "state store came back empty", 1)
+	a.waitLog(t, "context deadline exceeded", 1)
+	res, err := cs.CallTool(context.Background(), &mcp.CallToolParams{Name: "note_list"})
+	if n := proxy.refusals(); n > 0 || err == nil || !strings.Contains(err.Error(), "state unavailable") {
+		t.Fatalf("a session of a's, the store refused then silent for a (a refused %d to the proxy): %s; want a's own refusal, -32053", n, outcome(res, err))
+	}
+	atA.cut.Store(false)
+	p.servedOnceBack(t, "the session once a reaches the store")
+	if n := proxy.refusals(); n > 0 {
+		t.Fatalf("a refused %d to the proxy, the store refused then silent for a", n)
+	}
+	// a's heartbeat round answered (it saw the new epoch), and the
+	// session saved again: a silence now is only that.
+	a.waitLog(t, "state store came back empty", 1)
+	if res := call(t, cs, "note_add", p.args("text", "two")); res.IsError || res.Meta[host.MetaNotSaved] != nil {
+		t.Fatalf("a, the store back: %v %s", res.Meta, text(res))
+	}
+	atA.cut.Store(true)
+	p.sentElsewhere(t, "three")
+	if got := text(call(t, cs, "note_list", nil)); !strings.Contains(got, "one") || !strings.Contains(got, "two") || !strings.Contains(got, "three") {
+		t.Errorf("after the takeover: %q; want one, two and three", got)
+	}
 }
 
 // With --checkpoint drain a call's state is written only at drain, and no
