@@ -1,8 +1,6 @@
 package host_test
 
 import (
-	"net/http"
-	"net/http/httptest"
 	"testing"
 
 	"github.com/wasmtools/wasmtools/host"
@@ -36,20 +34,11 @@ func TestStoreBackEmptyHeaderClientToldReset(t *testing.T) {
 	}
 	files := map[string]string{"counter.wasm": testplugins.Example(t, "counter")}
 	serve := func(name string, store statestore.Store) *replica {
-		f := newFixture(t, &host.Options{Replica: name, Store: store, StateKey: replicaKey, ClientKeyHeader: "X-Client"}, sandbox.NewPolicy(), files)
-		mux := http.NewServeMux()
-		mux.Handle("/mcp", f.h.HTTPHandler())
-		srv := httptest.NewServer(mux)
-		t.Cleanup(srv.Close)
-		return &replica{fixture: f, srv: srv}
+		return replicaWith(t, host.Options{Replica: name, Store: store, ClientKeyHeader: "X-Client"}, sandbox.NewPolicy(), files)
 	}
 	storeA := open()
 	a, b := serve("a", storeA), serve("b", open())
-	t.Cleanup(func() {
-		if t.Failed() {
-			t.Logf("a's log:\n%s\nb's log:\n%s", a.log.String(), b.log.String())
-		}
-	})
+	logsOnFailure(t, a, b)
 	// b's heartbeat ran, with the store as it was (its first round
 	// checks the state key).
 	b.waitLog(t, "state key checked", 1)
