@@ -164,16 +164,15 @@ func TestStoreErrorClassification(t *testing.T) {
 }
 
 // TestStoreBookkeepingRefusedSinceAnswer holds refusedLately to its rule:
-// a connection refused or dropped since the store last answered this
-// replica's heartbeat (or ever, before a first answer) keeps sessions
-// here; one before the last answer does not. Times are since clockBase,
-// as the heartbeat and noteRefused record them.
+// a connection refused or dropped since this replica last read the
+// store's epoch (or ever, before a first read) keeps sessions here; one
+// before the last read does not. Times are since clockBase, as bounded
+// and noteEpoch record them.
 func TestStoreBookkeepingRefusedSinceAnswer(t *testing.T) {
-	refusal := fmt.Errorf("statestore: redis: %w", &net.OpError{Op: "dial", Net: "tcp", Err: os.NewSyscallError("connect", syscall.ECONNREFUSED)})
 	type event struct {
 		at      time.Duration
-		refused bool // a refusal noted at at; else a heartbeat round begun at at
-		ok      bool // the round was answered
+		refused bool // a refusal noted at at; else an epoch read begun at at
+		ok      bool // the read was answered
 	}
 	for _, c := range []struct {
 		name   string
@@ -181,48 +180,58 @@ func TestStoreBookkeepingRefusedSinceAnswer(t *testing.T) {
 		want   bool
 	}{
 		{"nothing", nil, false},
-		{"answered, never refused", []event{{at: 1, ok: true}}, false},
-		{"refused before any answer", []event{{at: 1, refused: true}}, true},
-		{"refused, then a round unanswered", []event{{at: 1, refused: true}, {at: 2}}, true},
-		{"answered, then refused", []event{{at: 1, ok: true}, {at: 2, refused: true}}, true},
-		{"answered, refused, unanswered", []event{{at: 1, ok: true}, {at: 2, refused: true}, {at: 3}}, true},
-		{"refused, then answered", []event{{at: 1, refused: true}, {at: 2, ok: true}}, false},
-		// A refusal noted while an answered round was in flight (the
-		// round is dated when it began): which came first is unknown.
-		{"refused as an answered round began", []event{{at: 2, refused: true}, {at: 2, ok: true}}, true},
-		{"refused, answered, refused again", []event{{at: 1, refused: true}, {at: 2, ok: true}, {at: 3, refused: true}}, true},
-		{"refused, unanswered, answered", []event{{at: 1, refused: true}, {at: 2}, {at: 3, ok: true}}, false},
+		{"read, never refused", []event{{at: 1, ok: true}}, false},
+		{"refused before any read", []event{{at: 1, refused: true}}, true},
+		{"refused, then a read unanswered", []event{{at: 1, refused: true}, {at: 2}}, true},
+		{"read, then refused", []event{{at: 1, ok: true}, {at: 2, refused: true}}, true},
+		{"read, refused, unanswered", []event{{at: 1, ok: true}, {at: 2, refused: true}, {at: 3}}, true},
+		{"refused, then read", []event{{at: 1, refused: true}, {at: 2, ok: true}}, false},
+		// A refusal noted while an answered read was in flight (the read
+		// is dated when it began): which came first is unknown.
+		{"refused as an answered read began", []event{{at: 2, refused: true}, {at: 2, ok: true}}, true},
+		{"refused, read, refused again", []event{{at: 1, refused: true}, {at: 2, ok: true}, {at: 3, refused: true}}, true},
+		{"refused, unanswered, read", []event{{at: 1, refused: true}, {at: 2}, {at: 3, ok: true}}, false},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			d := &Keeper{}
 			for _, e := range c.events {
 				if e.refused {
 					d.refusedAt.Store(int64(e.at))
-					continue
+				} else if e.ok {
+					d.epochAt.Store(int64(e.at))
 				}
-				d.beats.answered(e.at, e.ok)
 			}
 			if got := d.refusedLately(); got != c.want {
 				t.Errorf("refusedLately = %v; want %v", got, c.want)
 			}
 		})
 	}
-	// Through noteRefused, which the heartbeat and observe call: only a
-	// refusal or a drop is noted, at the time it was seen.
-	d := &Keeper{}
-	d.beats.answered(sinceBase(), true)
+	// Through the store wrapper, which every exchange goes through: only
+	// a refusal or a drop is noted, at the time it was seen; and through
+	// noteEpoch, whose answered read clears it.
+	st := &refusingStore{Store: statestore.NewMemory(), refuse: map[string]bool{}}
+	d := New(Options{Store: st, Replica: "a"})
+	ctx := context.Background()
+	if _, err := d.noteEpoch(ctx); err != nil {
+		t.Fatal(err)
+	}
 	for _, err := range []error{nil, context.DeadlineExceeded, statestore.ErrFenced, errors.New("ERR x")} {
-		d.observe(err)
+		d.store.(bounded).ended(ctx, time.Now(), err)
 		if d.refusedLately() {
 			t.Fatalf("after %v: refusedLately", err)
 		}
 	}
-	d.observe(refusal)
+	st.set(func(s *refusingStore) { s.refuse["Heartbeat"] = true })
+	if err := d.store.Heartbeat(ctx, d.owner, time.Minute); !errors.Is(err, syscall.ECONNREFUSED) {
+		t.Fatalf("refused heartbeat: %v", err)
+	}
 	if !d.refusedLately() {
 		t.Fatal("after a refusal: not refusedLately")
 	}
-	d.beats.answered(sinceBase(), true)
+	if _, err := d.noteEpoch(ctx); err != nil {
+		t.Fatal(err)
+	}
 	if d.refusedLately() {
-		t.Fatal("answered after the refusal: still refusedLately")
+		t.Fatal("the epoch read after the refusal: still refusedLately")
 	}
 }

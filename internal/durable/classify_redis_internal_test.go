@@ -162,7 +162,9 @@ func TestRedisFaultsClassified(t *testing.T) {
 					t.Fatal(err)
 				}
 				t.Cleanup(func() { r.Close() })
-				st := bounded{Store: r, d: cmp.Or(c.bound, DefaultStoreTimeout)}
+				d := &Keeper{}
+				d.epochAt.Store(1)
+				st := bounded{Store: r, d: cmp.Or(c.bound, DefaultStoreTimeout), refusedAt: &d.refusedAt}
 				ctx := context.Background()
 				if detached {
 					ctx = statestore.Detach(ctx)
@@ -176,9 +178,6 @@ func TestRedisFaultsClassified(t *testing.T) {
 				if err == nil {
 					t.Fatal("answered")
 				}
-				d := &Keeper{}
-				d.beats.answered(1, true)
-				d.observe(err)
 				if got := d.refusedLately(); got != c.refused {
 					t.Errorf("%v: noted refused %v; want %v", err, got, c.refused)
 				}

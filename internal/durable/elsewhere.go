@@ -30,8 +30,8 @@ import (
 //     redis-down-10s lost five sessions while this trusted the last
 //     heartbeat round.
 //   - The probe must have met silence (a timeout: a link blackholed, a
-//     store frozen), and nothing since the store last answered this
-//     replica's heartbeat may have refused or dropped a connection: a
+//     store frozen), and no exchange since this replica last read the
+//     store's epoch may have met a connection refused or dropped: a
 //     store whose process went down may come back empty (Redis without
 //     persistence), and is back for the others before it is for this
 //     replica (go-redis dials again once a second after a run of refused
@@ -103,16 +103,27 @@ func (d *Keeper) ServeElsewhere(ctx context.Context, id string) bool {
 }
 
 // refusedLately reports whether the store refused or dropped a
-// connection of this replica's since it last answered its heartbeat (or
-// ever, before the first answer): its process went down in this outage.
+// connection of this replica's (any exchange: bounded notes it) since
+// this replica last read the store's epoch (or ever, before a first
+// read): its process went down in this outage, and may have come back
+// empty.
+//
+// Only an epoch read clears it, not any answer of the store's (a
+// heartbeat, a claim, a read): an answer says the store is up, not that
+// it still holds what it held, and what the hand-over trusts past the
+// mark is the epoch this replica last saw, a claim of which names a
+// record the store has. A store back empty answers everything, under a
+// new epoch; cleared by that answer, with the new epoch not read yet (the
+// link cut between the heartbeat and its epoch read, or before the next
+// round), a claim of the old epoch would read as held and be handed over
+// to a store that lost its record. Cleared once an epoch read begun after
+// the refusal was answered, the store's epoch as it is since is the one
+// this replica holds, and a claim of a lost epoch is kept here. The
+// refusal is dated when its exchange ended and the read when it began,
+// so that one in flight alongside the read is not forgotten.
 func (d *Keeper) refusedLately() bool {
-	at := time.Duration(d.refusedAt.Load())
-	if at == 0 {
-		return false
-	}
-	d.beats.mu.Lock()
-	defer d.beats.mu.Unlock()
-	return at >= d.beats.answeredAt
+	at := d.refusedAt.Load()
+	return at != 0 && at >= d.epochAt.Load()
 }
 
 // StoreAway reports whether the store does not answer this replica now:

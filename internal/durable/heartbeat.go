@@ -31,7 +31,6 @@ func (d *Keeper) Heartbeat(ctx context.Context) {
 		err := d.store.Heartbeat(hctx, d.owner, heartbeatTTL)
 		if err != nil && ctx.Err() == nil {
 			d.log.Warn("state store heartbeat", "error", err)
-			d.noteRefused(err)
 		}
 		if ctx.Err() == nil {
 			d.beats.answered(at, !unanswered(err))
@@ -63,14 +62,27 @@ func (d *Keeper) Heartbeat(ctx context.Context) {
 // records a loss though no client of its own comes back, and take for a
 // client header the store has no record of, which may be one whose
 // state went with the loss (TestStoreBackEmptyHeaderClientToldReset).
+//
+// An epoch read that leaves this replica holding the store's answer
+// moves epochAt to when it was asked (never back): a refusal noted
+// before then is forgotten (refusedLately).
 func (d *Keeper) noteEpoch(ctx context.Context) (lost bool, err error) {
 	seen := d.epoch.Load()
+	asked := int64(sinceBase())
 	e, lost, err := d.store.Epoch(ctx, seen, d.ttl())
 	if err != nil {
 		return false, fmt.Errorf("state store: epoch: %w", err)
 	}
 	if d.epoch.CompareAndSwap(seen, e) && seen != 0 && e != seen {
 		d.log.Warn("state store came back empty (a new epoch): its loss is recorded", "was", seen, "now", e)
+	}
+	// Another read's answer stored meanwhile (an epoch the store had
+	// before or after this one) leaves epochAt to that read's.
+	for d.epoch.Load() == e {
+		at := d.epochAt.Load()
+		if at >= asked || d.epochAt.CompareAndSwap(at, asked) {
+			break
+		}
 	}
 	return lost, nil
 }

@@ -119,7 +119,7 @@ func (nopObserver) StoreLost() {}
 // replica: which sessions it serves, under which fence. Its methods are
 // safe for concurrent use; a nil *Keeper (no store) keeps nothing.
 type Keeper struct {
-	store   statestore.Store // bounded: every exchange within timeout
+	store   statestore.Store // bounded: every exchange within timeout, its refusal noted
 	owner   statestore.Owner
 	policy  string
 	log     *slog.Logger
@@ -138,10 +138,15 @@ type Keeper struct {
 	wg sync.WaitGroup // background work: renewals, write-backs
 
 	downUntil atomic.Int64 // the breaker: until when (ns since clockBase) the store is not asked
-	// refusedAt is when (ns since clockBase) the store last refused or
-	// dropped a connection of this replica's (its process down: see
-	// ServeElsewhere), 0 never.
+	// refusedAt is when (ns since clockBase) an exchange of this
+	// replica's last met the store refusing or dropping a connection (its
+	// process down: see ServeElsewhere), 0 never. The store wrapper
+	// (bounded) notes it, which every exchange goes through.
 	refusedAt atomic.Int64
+	// epochAt is when (ns since clockBase) the last exchange began that
+	// read the store's epoch this replica now holds (noteEpoch), 0 never:
+	// a refusal noted before it is forgotten (refusedLately).
+	epochAt atomic.Int64
 	// beats: when the heartbeat loop ran (beat), for ranSince.
 	beats beats
 	// keyChecked: the store's key check passed; keyBad: it failed (why),
@@ -190,7 +195,6 @@ func New(o Options) *Keeper {
 	rand.Read(boot[:])
 	exp := cmp.Or(o.StoreTimeout, DefaultStoreTimeout)
 	d := &Keeper{
-		store:         bounded{Store: o.Store, d: exp},
 		owner:         statestore.Owner{Replica: cmp.Or(o.Replica, "-"), Boot: hex.EncodeToString(boot[:])},
 		policy:        cmp.Or(o.Checkpoint, CheckpointAfterCall),
 		log:           cmp.Or(o.Logger, slog.New(slog.DiscardHandler)).With("component", "durable"),
@@ -211,6 +215,7 @@ func New(o Options) *Keeper {
 		pendingBy:     map[string]pendingShare{},
 		shares:        o.Shares,
 	}
+	d.store = bounded{Store: o.Store, d: exp, refusedAt: &d.refusedAt}
 	if d.obs == nil {
 		d.obs = nopObserver{}
 	}

@@ -9,6 +9,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -30,10 +31,17 @@ func (d *Keeper) ttl() time.Duration {
 }
 
 // bounded is a store whose every exchange is bounded by a timeout
-// (Options.StoreTimeout), whatever its caller's context allows.
+// (Options.StoreTimeout), whatever its caller's context allows, and
+// whose every exchange that meets the store refusing or dropping a
+// connection is noted in refusedAt (nil: not noted), whoever made it and
+// whatever it does with its error: a refusal is what keeps a cut-off
+// replica's sessions here (ServeElsewhere), and one left unnoted by an
+// exchange that forgot to (a session's end, a read of a session record,
+// the heartbeat's epoch) could hand a session over to a store back empty.
 type bounded struct {
 	statestore.Store
-	d time.Duration
+	d         time.Duration
+	refusedAt *atomic.Int64
 }
 
 func (b bounded) Heartbeat(ctx context.Context, o statestore.Owner, ttl time.Duration) error {
@@ -123,12 +131,15 @@ func (e *stalledError) Error() string {
 
 func (e *stalledError) Unwrap() error { return e.err }
 
-// ended is the error of an exchange begun at begun under ctx (bounded):
-// a failure for want of an answer is marked stalled when the store was
+// ended is the error of an exchange begun at begun under ctx (bounded),
+// whose refusal it notes: a failure for want of an answer is marked stalled when the store was
 // given less than a quarter of the bound, or when it ended more than the
 // bound after its deadline (a timer that fires on time ends it at the
 // deadline).
 func (b bounded) ended(ctx context.Context, begun time.Time, err error) error {
+	if b.refusedAt != nil && refusedConn(err) {
+		b.refusedAt.Store(int64(sinceBase()))
+	}
 	if err == nil || !unanswered(err) {
 		return err
 	}
@@ -187,23 +198,14 @@ func (d *Keeper) observe(err error) error {
 	if err != nil && unanswered(err) && !errors.Is(err, context.Canceled) && !errors.As(err, &stalled) {
 		d.downUntil.Store(int64(sinceBase() + breakerWindow))
 	}
-	d.noteRefused(err)
 	return err
-}
-
-// noteRefused records when the store refused or dropped a connection
-// (refusedAt): its process is down or was, and a store that restarts may
-// come back empty, which a store that only stops answering (a frozen
-// process, a link blackholed) does not.
-func (d *Keeper) noteRefused(err error) {
-	if refusedConn(err) {
-		d.refusedAt.Store(int64(sinceBase()))
-	}
 }
 
 // refusedConn reports whether err is the store's end refusing or closing
 // the connection: nothing listens at its address, or the process that did
-// went away. A Redis store marks an exchange during which its client met
+// went away. Its process is down or was, and a store that restarts may
+// come back empty, which a store that only stops answering (a frozen
+// process, a link blackholed) does not. A Redis store marks an exchange during which its client met
 // that, or LOADING, with statestore.ErrDropped: what go-redis returns is
 // its last attempt's error, often the deadline (TestRedisFaultsClassified).
 func refusedConn(err error) bool {
