@@ -37,7 +37,10 @@ import (
 //     replica (go-redis dials again once a second after a run of refused
 //     dials). Handing over then lost a session of s3's in
 //     redis-down-10s, 0.8 s after Redis came back
-//     (TestStoreDownBackEmptyKeepsSessionHere).
+//     (TestStoreDownBackEmptyKeepsSessionHere; refused, then silent:
+//     TestStoreRefusedThenSilentKeepsSessionHere). go-redis's retries
+//     hide what an exchange met, so the Redis store marks one that met a
+//     refusal or a drop (statestore.ErrDropped: TestRedisFaultsClassified).
 //   - The claim's fence is of the store's epoch as this replica last
 //     saw it: one of an earlier epoch names a record the store lost.
 //   - The claim was verified once (its record written or read): a
