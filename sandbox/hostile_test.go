@@ -380,3 +380,45 @@ func (h funcHandler) Enabled(context.Context, slog.Level) bool      { return tru
 func (h funcHandler) Handle(_ context.Context, r slog.Record) error { h(r); return nil }
 func (h funcHandler) WithAttrs([]slog.Attr) slog.Handler            { return h }
 func (h funcHandler) WithGroup(string) slog.Handler                 { return h }
+
+// TestHostileManyCustomSections: a module of nothing but tiny custom
+// sections is refused at its load, and the load allocates no more than a
+// few times the module's size. Under wazero's interruption the DWARF ones
+// (".debug_*") reach wazero, which allocated some 32 times the module's
+// size for them (2 GB for a module at the default 64 MiB limit); under
+// the flag they compiled, to no purpose.
+func TestHostileManyCustomSections(t *testing.T) {
+	ctx := context.Background()
+	wasm := []byte("\x00asm\x01\x00\x00\x00")
+	for len(wasm) < 2<<20 {
+		// ".debug_" and a byte: kept for wazero, and not empty, which
+		// wazero refuses last.
+		wasm = append(wasm, "\x00\x09\x07.debug_x"...)
+	}
+	for _, mode := range []struct {
+		name string
+		opt  sandbox.Interruption
+	}{{"flag", sandbox.InterruptFlag}, {"wazero", sandbox.InterruptWazero}} {
+		t.Run(mode.name, func(t *testing.T) {
+			rt, err := sandbox.NewRuntime(sandbox.Options{Interruption: mode.opt})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer rt.Close(ctx)
+			var before, after runtime.MemStats
+			runtime.GC()
+			runtime.ReadMemStats(&before)
+			c, err := rt.Compile(ctx, wasm, sandbox.NewPolicy())
+			runtime.ReadMemStats(&after)
+			if err == nil {
+				c.Close(ctx)
+				t.Error("a module of nothing but tiny custom sections compiled")
+			} else if !strings.Contains(err.Error(), "custom sections") {
+				t.Errorf("refused for %v, want the custom sections' number", err)
+			}
+			if got := after.TotalAlloc - before.TotalAlloc; got > uint64(4*len(wasm)) {
+				t.Errorf("loading a module of %d bytes allocated %d MB", len(wasm), got>>20)
+			}
+		})
+	}
+}
