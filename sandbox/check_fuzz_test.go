@@ -109,6 +109,7 @@ func TestCheckModuleAcceptsPlugins(t *testing.T) {
 			MaxBrTable: max(most.MaxBrTable, s.MaxBrTable), MaxLocals: max(most.MaxLocals, s.MaxLocals),
 			Tables: max(most.Tables, s.Tables), MaxTableMin: max(most.MaxTableMin, s.MaxTableMin),
 			DataSegments: max(most.DataSegments, s.DataSegments), ElemSegments: max(most.ElemSegments, s.ElemSegments),
+			CustomSections: max(most.CustomSections, s.CustomSections),
 		}
 	}
 	t.Logf("the most any of %d plugins uses: %+v", len(files), most)

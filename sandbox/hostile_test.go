@@ -413,11 +413,27 @@ func TestHostileManyCustomSections(t *testing.T) {
 			if err == nil {
 				c.Close(ctx)
 				t.Error("a module of nothing but tiny custom sections compiled")
-			} else if !strings.Contains(err.Error(), "custom sections") {
-				t.Errorf("refused for %v, want the custom sections' number", err)
+			} else if !strings.Contains(err.Error(), "custom sections") || !strings.Contains(err.Error(), fmt.Sprint(sandbox.MaxCustomSections)) {
+				t.Errorf("refused for %v, want the custom sections' number and its bound", err)
 			}
-			if got := after.TotalAlloc - before.TotalAlloc; got > uint64(4*len(wasm)) {
+			got := after.TotalAlloc - before.TotalAlloc
+			if got > uint64(4*len(wasm)) {
 				t.Errorf("loading a module of %d bytes allocated %d MB", len(wasm), got>>20)
+			}
+			t.Logf("refusing a module of %d bytes allocated %d KB", len(wasm), got>>10)
+			// The bound itself is no refusal.
+			most := []byte("\x00asm\x01\x00\x00\x00")
+			for range sandbox.MaxCustomSections {
+				most = append(most, "\x00\x09\x07.debug_x"...)
+			}
+			if c, err := rt.Compile(ctx, most, sandbox.NewPolicy()); err != nil {
+				t.Errorf("a module of %d custom sections: %v", sandbox.MaxCustomSections, err)
+			} else {
+				c.Close(ctx)
+			}
+			if c, err := rt.Compile(ctx, append(most, "\x00\x01\x00"...), sandbox.NewPolicy()); err == nil {
+				c.Close(ctx)
+				t.Errorf("a module of %d custom sections compiled", sandbox.MaxCustomSections+1)
 			}
 		})
 	}
