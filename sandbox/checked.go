@@ -112,6 +112,9 @@ func (r *Runtime) checkedDir() string {
 	}
 	mine := filepath.Join(r.cacheDir, checkedPrefix+sourcesDigest()[:16])
 	r.checkedOnce.Do(func() {
+		if r.sweepHook != nil {
+			r.sweepHook()
+		}
 		// The folders are read, not globbed: a path is no pattern ("[",
 		// "*" in it matched other folders, and not this one).
 		sweep := func(dir, prefix string, maxAge time.Duration) {

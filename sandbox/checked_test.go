@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -212,12 +213,16 @@ func testCheckedCacheSweep(t *testing.T, name string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer rt.Close(ctx)
 	c, err := rt.Compile(ctx, wat(t, `(module)`), sandbox.NewPolicy())
 	if err != nil {
+		rt.Close(ctx)
 		t.Fatal(err)
 	}
 	c.Close(ctx)
+	// Closed, the runtime has swept.
+	if err := rt.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
 	for path, want := range map[string]bool{
 		filepath.Join(dir, "wasmtools-checked-0000000000000000"):                      false,
 		filepath.Join(dir, "wasmtools-checked-1111111111111111"):                      true,
@@ -276,5 +281,68 @@ func TestCheckedCacheSweepsHalfWritten(t *testing.T) {
 	}
 	if _, err := os.Stat(young); err != nil {
 		t.Errorf("a write that may be under way was removed: %v", err)
+	}
+}
+
+// TestCheckedCacheSweepOffCompile: the sweep of the checked-module cache
+// a runtime's first compilation starts does not hold that compilation,
+// nor others begun meanwhile: it ran inside the first, and every
+// compilation of a starting server waited for it. Closing the runtime
+// waits for it, so that nothing of the runtime outlives Close.
+func TestCheckedCacheSweepOffCompile(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	old := filepath.Join(dir, "wasmtools-checked-0000000000000000")
+	if err := os.MkdirAll(old, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	week := time.Now().Add(-8 * 24 * time.Hour)
+	if err := os.Chtimes(old, week, week); err != nil {
+		t.Fatal(err)
+	}
+	rt, err := sandbox.NewRuntime(sandbox.Options{CacheDir: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	entered, release := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	unblock := func() { once.Do(func() { close(release) }) }
+	defer unblock()
+	rt.SetSweepHook(func() { close(entered); <-release })
+	module := wat(t, `(module)`)
+	errs := make(chan error, 2)
+	for range cap(errs) {
+		go func() {
+			c, err := rt.Compile(ctx, module, sandbox.NewPolicy())
+			if err == nil {
+				c.Close(ctx)
+			}
+			errs <- err
+		}()
+	}
+	<-entered
+	// Only a failure waits this long: the compilations return at once.
+	timeout := time.After(30 * time.Second)
+	for range cap(errs) {
+		select {
+		case err := <-errs:
+			if err != nil {
+				t.Error(err)
+			}
+			continue
+		case <-timeout:
+			t.Error("compilations waited for the checked cache's sweep")
+			unblock()
+		}
+		if err := <-errs; err != nil {
+			t.Error(err)
+		}
+	}
+	unblock()
+	if err := rt.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(old); err == nil {
+		t.Error("Close returned before the sweep removed another build's old folder")
 	}
 }

@@ -201,3 +201,7 @@ func CheckedEntrySound(path string) bool {
 	_, err = decodeChecked(b)
 	return err == nil
 }
+
+// SetSweepHook has f called as the checked-module cache's sweep begins:
+// a test holds it there. Set it before the first compilation.
+func (r *Runtime) SetSweepHook(f func()) { r.sweepHook = f }

@@ -73,6 +73,8 @@ type Runtime struct {
 	// checkedOnce clears other builds' checked-module entries, once
 	// (checked.go).
 	checkedOnce sync.Once
+	// sweepHook, if set (by a test), is called as the sweep begins.
+	sweepHook func()
 	// compiling serialises the compilations of identical bytes: a lock
 	// (a 1-slot channel, so a wait can end at the deadline) per stripe,
 	// chosen by the bytes' digest. wazero v1.12 publishes a module read
