@@ -103,36 +103,49 @@ func checkedKey(sum [32]byte, limits ModuleLimits, flag bool) string {
 const checkedTempMaxAge = 24 * time.Hour
 
 // checkedDir returns the folder of this build's entries, "" without a
-// disk cache. The first call removes other builds' folders left unwritten
-// for checkedMaxAge, and this build's temporary files older than
-// checkedTempMaxAge.
+// disk cache. The first call starts the sweep (sweepChecked) on a
+// goroutine of its own, which Close waits for: run inside that call, a
+// large or slow cache folder held the first compilation and every one
+// begun meanwhile, a starting server's loads.
 func (r *Runtime) checkedDir() string {
 	if r.cacheDir == "" {
 		return ""
 	}
 	mine := filepath.Join(r.cacheDir, checkedPrefix+sourcesDigest()[:16])
 	r.checkedOnce.Do(func() {
-		if r.sweepHook != nil {
-			r.sweepHook()
-		}
-		// The folders are read, not globbed: a path is no pattern ("[",
-		// "*" in it matched other folders, and not this one).
-		sweep := func(dir, prefix string, maxAge time.Duration) {
-			found, _ := os.ReadDir(dir)
-			for _, e := range found {
-				p := filepath.Join(dir, e.Name())
-				if !strings.HasPrefix(e.Name(), prefix) || p == mine {
-					continue
-				}
-				if fi, err := os.Stat(p); err == nil && time.Since(fi.ModTime()) > maxAge {
-					os.RemoveAll(p)
-				}
+		r.sweeping.Add(1)
+		go func() {
+			defer r.sweeping.Done()
+			if r.sweepHook != nil {
+				r.sweepHook()
 			}
-		}
-		sweep(r.cacheDir, checkedPrefix, checkedMaxAge)
-		sweep(mine, ".", checkedTempMaxAge)
+			r.sweepChecked(mine)
+		}()
 	})
 	return mine
+}
+
+// sweepChecked removes other builds' folders of entries left unwritten
+// for checkedMaxAge, and this build's temporary files (in mine) older
+// than checkedTempMaxAge. What it misses (a file it cannot remove) waits
+// for the next runtime's.
+func (r *Runtime) sweepChecked(mine string) {
+	// The folders are read, not globbed: a path is no pattern ("[", "*"
+	// in it matched other folders, and not this one).
+	sweep := func(dir, prefix string, maxAge time.Duration) {
+		found, _ := os.ReadDir(dir)
+		for _, e := range found {
+			p := filepath.Join(dir, e.Name())
+			if !strings.HasPrefix(e.Name(), prefix) || p == mine {
+				continue
+			}
+			if fi, err := os.Stat(p); err == nil && time.Since(fi.ModTime()) > maxAge {
+				os.RemoveAll(p)
+			}
+		}
+	}
+	sweep(r.cacheDir, checkedPrefix, checkedMaxAge)
+	sweep(mine, ".", checkedTempMaxAge)
 }
 
 // checkedMaxEntry bounds an entry of a module of at most maxSize bytes:

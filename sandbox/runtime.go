@@ -70,9 +70,10 @@ type Runtime struct {
 	// their number.
 	inflight sync.WaitGroup
 	running  atomic.Int32
-	// checkedOnce clears other builds' checked-module entries, once
-	// (checked.go).
+	// checkedOnce starts the sweep of the checked-module cache, once;
+	// sweeping counts it while it runs, for Close (checked.go).
 	checkedOnce sync.Once
+	sweeping    sync.WaitGroup
 	// sweepHook, if set (by a test), is called as the sweep begins.
 	sweepHook func()
 	// compiling serialises the compilations of identical bytes: a lock
@@ -113,19 +114,22 @@ func NewRuntime(opts Options) (*Runtime, error) {
 // running has ended: one that passed its deadline goes on in the
 // background, and wazero's engine, which the cache holds, must not be
 // closed under it (wazero v1.12 then writes into the closed engine's
-// table and panics, ending the process). If ctx ends first, Close leaves
+// table and panics, ending the process); and once the sweep of the
+// checked-module cache a first compilation started has ended, so that
+// nothing of the Runtime outlives Close. If ctx ends first, Close leaves
 // the cache open and says so. It does not close the Compiled modules the
 // Runtime made.
 func (r *Runtime) Close(ctx context.Context) error {
 	done := make(chan struct{})
 	go func() {
 		r.inflight.Wait()
+		r.sweeping.Wait()
 		close(done)
 	}()
 	select {
 	case <-done:
 	case <-ctx.Done():
-		return fmt.Errorf("sandbox: close: compilations still running, the cache is left open: %w", ctx.Err())
+		return fmt.Errorf("sandbox: close: compilations, or the checked-module cache's sweep, still running; the cache is left open: %w", ctx.Err())
 	}
 	err := r.cache.Close(ctx)
 	if r.memCache != nil {
