@@ -122,7 +122,8 @@ func (r *instrumentRecord) insertAt(id byte) int {
 }
 
 // unlimited is ModuleLimits that nothing is over: instrument's pass is on
-// a module already checked against its own.
+// a module already checked against its own (and MaxCustomSections, which
+// the rewriting adds none to).
 var unlimited = ModuleLimits{
 	MaxModuleSize: math.MaxUint64, MaxFunctions: math.MaxUint32, MaxFunctionSize: math.MaxUint32,
 	MaxNesting: math.MaxUint32, MaxBlocks: math.MaxUint32, MaxLoops: math.MaxUint32,
