@@ -16,14 +16,19 @@ import (
 
 // refusingStore refuses the connection of each exchange named in refuse
 // (its process down), answers Epoch with silence while epochSilent, and
-// tells gets of each Get (buffered: the heartbeat never waits on it), which it answers with silence while getSilent.
+// Get with silence while getSilent. With gets set, each Get, once
+// answered, sends gets a channel and returns only once that is closed
+// (or stop is): the heartbeat's round cannot end, nor the next begin,
+// before the test has looked and made its change, however late the
+// test runs.
 type refusingStore struct {
 	statestore.Store
 	mu          sync.Mutex
 	refuse      map[string]bool
 	epochSilent bool
 	getSilent   bool
-	gets        chan struct{}
+	gets        chan chan struct{}
+	stop        chan struct{}
 }
 
 var errRefusedConn = fmt.Errorf("statestore: redis: %w", &net.OpError{Op: "dial", Net: "tcp", Err: os.NewSyscallError("connect", syscall.ECONNREFUSED)})
@@ -71,7 +76,17 @@ func (s *refusingStore) Claim(ctx context.Context, id string, o statestore.Owner
 
 func (s *refusingStore) Get(ctx context.Context, id string) (map[string][]byte, error) {
 	if s.gets != nil {
-		defer func() { s.gets <- struct{}{} }()
+		defer func() {
+			resume := make(chan struct{})
+			select {
+			case s.gets <- resume:
+				select {
+				case <-resume:
+				case <-s.stop:
+				}
+			case <-s.stop:
+			}
+		}()
 	}
 	if err := s.fault("Get"); err != nil {
 		return nil, err
@@ -140,9 +155,13 @@ func TestRefusalNotedByEveryExchange(t *testing.T) {
 // heartbeat the store answered but whose epoch read met silence (the
 // link cut between the two) clears nothing; the next round, whose epoch
 // is read, does. Fails: the heartbeat's answer cleared it.
+//
+// Each round's key check (its Get silent, so asked again each round, once,
+// after the round's heartbeat and epoch) holds the round until the test
+// has looked: the rounds are the first and second whatever the scheduling.
 func TestRefusedLatelyClearedOnlyOnceEpochSeen(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
-	st := &refusingStore{Store: statestore.NewMemory(), refuse: map[string]bool{"Heartbeat": true}, epochSilent: true, getSilent: true, gets: make(chan struct{}, 16)}
+	st := &refusingStore{Store: statestore.NewMemory(), refuse: map[string]bool{"Heartbeat": true}, epochSilent: true, getSilent: true, gets: make(chan chan struct{}), stop: make(chan struct{})}
 	ses := sessions.New(&sessions.Options{})
 	t.Cleanup(func() { ses.Close(context.Background()) })
 	d := New(Options{Store: st, Sessions: ses, Replica: "a"})
@@ -158,22 +177,25 @@ func TestRefusedLatelyClearedOnlyOnceEpochSeen(t *testing.T) {
 		defer close(done)
 		d.Heartbeat(ctx)
 	}()
-	t.Cleanup(func() { cancel(); <-done })
-	// The key check fails (its Get silent), so each round asks it once,
-	// after the round's heartbeat and epoch.
-	round := func() {
+	t.Cleanup(func() { close(st.stop); cancel(); <-done })
+	// round waits for a round's key check, which waits for the test to
+	// close what round returns.
+	round := func() chan struct{} {
 		t.Helper()
 		select {
-		case <-st.gets:
-		case <-time.After(15 * time.Second):
+		case resume := <-st.gets:
+			return resume
+		case <-time.After(30 * time.Second):
 			t.Fatal("no heartbeat round")
+			return nil
 		}
 	}
-	round()
+	resume := round()
 	if !d.refusedLately() {
 		t.Error("a round answered but its epoch unread cleared the refusal")
 	}
 	st.set(func(s *refusingStore) { s.epochSilent = false })
+	close(resume)
 	round()
 	if d.refusedLately() {
 		t.Error("a round that read the store's epoch left the refusal")
