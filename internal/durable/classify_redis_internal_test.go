@@ -170,13 +170,27 @@ func TestRedisFaultsClassified(t *testing.T) {
 					ctx = statestore.Detach(ctx)
 				}
 				owner := statestore.Owner{Replica: "a", Boot: "b"}
-				if err := st.Heartbeat(ctx, owner, time.Minute); err != nil {
+				// A connection pooled, past bounded: only the client's own
+				// bounds, not the case's (300 ms), for the first dial and
+				// script load of a machine under load.
+				if err := r.Heartbeat(ctx, owner, time.Minute); err != nil {
 					t.Fatal(err)
 				}
 				c.fault(f)
-				err = st.Heartbeat(ctx, owner, time.Minute)
-				if err == nil {
-					t.Fatal("answered")
+				// An exchange the machine stalled past its bound before it
+				// met the fault (a busy machine under -race: the bound is
+				// 300 ms in one case) met nothing, and is rightly not noted:
+				// a fault that must be noted is met again, a few times. A
+				// fault never noted fails each.
+				for try := 1; ; try++ {
+					err = st.Heartbeat(ctx, owner, time.Minute)
+					if err == nil {
+						t.Fatal("answered")
+					}
+					if !c.refused || d.refusedLately() || try == 5 {
+						break
+					}
+					t.Logf("try %d: %v: not noted refused; again", try, err)
 				}
 				if got := d.refusedLately(); got != c.refused {
 					t.Errorf("%v: noted refused %v; want %v", err, got, c.refused)
