@@ -1031,3 +1031,51 @@ func TestStoreSweepDoesNotHoldLookup(t *testing.T) {
 	close(log.release)
 	<-done
 }
+
+// Whoever can write a store shared by several users can replace its
+// folders with symbolic links: the sweep, run as another user, must
+// remove nothing outside the store through them. index pointing at a
+// folder of the victim's (~/.docker, whose config.json holds registry
+// logins) had every .json file a day old there removed; links pointing
+// at one had its ".link.*" files a day old and every other file a week
+// old removed; blobs/sha256 its files named like a digest a day old.
+func TestStoreSweepStaysInStore(t *testing.T) {
+	reg, spec := serveMoving(t)
+	reg.move(1)
+	ctx := context.Background()
+	old := time.Now().Add(-8 * 24 * time.Hour)
+	outsider := func(names ...string) (string, []string) {
+		dir := t.TempDir()
+		var paths []string
+		for _, n := range names {
+			p := filepath.Join(dir, n)
+			if err := os.WriteFile(p, []byte("{}"), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Chtimes(p, old, old); err != nil {
+				t.Fatal(err)
+			}
+			paths = append(paths, p)
+		}
+		return dir, paths
+	}
+	for _, sub := range []string{"index", filepath.Join("blobs", "sha256"), "links"} {
+		t.Run(filepath.Base(sub), func(t *testing.T) {
+			store := t.TempDir()
+			out, victims := outsider("config.json", ".record.1", ".link.1", "authorized_keys", strings.Repeat("ab", 32))
+			if err := os.MkdirAll(filepath.Dir(filepath.Join(store, sub)), 0o755); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Symlink(out, filepath.Join(store, sub)); err != nil {
+				t.Fatal(err)
+			}
+			m := storeManager(t, store, nil)
+			m.Sync(ctx, spec)
+			for _, p := range victims {
+				if _, err := os.Lstat(p); err != nil {
+					t.Errorf("a store whose %s is a link to %s: the sweep removed %s outside it: %v", sub, out, filepath.Base(p), err)
+				}
+			}
+		})
+	}
+}
