@@ -184,7 +184,12 @@ func (m *Manager) forget(sha string) {
 	if unseen || named[sha] {
 		return
 	}
-	if err := os.Remove(m.blob(sha)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+	blobs, err := m.storeRoot(filepath.Join("blobs", "sha256"))
+	if err == nil {
+		err = blobs.Remove(sha)
+		blobs.Close()
+	}
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
 		m.log.Warn("plugin store: a version no longer served not removed", "sha256", sha, "error", err)
 		return
 	}
@@ -221,8 +226,8 @@ func (m *Manager) sweep() {
 	if off {
 		return
 	}
-	m.sweepTemps(filepath.Join(m.opts.Dir, "index"), ".record.")
-	m.sweepTemps(filepath.Join(m.opts.Dir, "links"), ".link.")
+	m.sweepTemps("index", ".record.")
+	m.sweepTemps("links", ".link.")
 	m.sweepRecords(recordKeys(specs))
 	named, unseen, said, err := m.users()
 	m.mu.Lock()
@@ -235,8 +240,12 @@ func (m *Manager) sweep() {
 	if unseen {
 		return
 	}
-	dir := filepath.Join(m.opts.Dir, "blobs", "sha256")
-	ents, err := os.ReadDir(dir)
+	blobs, err := m.storeRoot(filepath.Join("blobs", "sha256"))
+	var ents []fs.DirEntry
+	if err == nil {
+		defer blobs.Close()
+		ents, err = fs.ReadDir(blobs.FS(), ".")
+	}
 	if err != nil {
 		m.log.Warn("plugin store: versions no longer served are kept: the store could not be read", "error", err)
 		return
@@ -251,7 +260,7 @@ func (m *Manager) sweep() {
 		if !hexSHA(sha) || pending[sha] > 0 || (!temp && named[sha]) {
 			continue
 		}
-		if m.removeOld(filepath.Join(dir, e.Name())) {
+		if m.removeOld(blobs, e.Name()) {
 			removed++
 		}
 	}
@@ -260,33 +269,54 @@ func (m *Manager) sweep() {
 	}
 }
 
-// removeOld removes the regular file path if it is older than strayAge,
-// and reports whether it did. The age is checked just before the
-// removal: a blob stored again (a tag moved back), a record written
+// storeRoot opens the store's folder sub (a path under Dir) as a root
+// that nothing read or removed through it can leave: whoever can write a
+// store shared by several users could replace one of its folders with a
+// symbolic link to a folder of the user a sweep runs as (~/.docker),
+// whose files the sweep would remove. A link that stays inside the store
+// is followed. The caller closes it.
+func (m *Manager) storeRoot(sub string) (*os.Root, error) {
+	store, err := os.OpenRoot(m.opts.Dir)
+	if err != nil {
+		return nil, err
+	}
+	defer store.Close()
+	return store.OpenRoot(sub)
+}
+
+// removeOld removes the regular file name of dir if it is older than
+// strayAge, and reports whether it did. The age is checked just before
+// the removal: a blob stored again (a tag moved back), a record written
 // again, is renamed over the old one, with a new time.
-func (m *Manager) removeOld(path string) bool {
-	info, err := os.Lstat(path)
+func (m *Manager) removeOld(dir *os.Root, name string) bool {
+	info, err := dir.Lstat(name)
 	if err != nil || !info.Mode().IsRegular() || time.Since(info.ModTime()) < strayAge {
 		return false
 	}
-	if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
-		m.log.Warn("plugin store: a file no longer used not removed", "file", path, "error", err)
+	if err := dir.Remove(name); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		m.log.Warn("plugin store: a file no longer used not removed", "file", filepath.Join(dir.Name(), name), "error", err)
 		return false
 	}
 	return true
 }
 
-// sweepTemps removes the temporary files (named prefix + random) in dir
-// older than strayAge: a write a crash left half done, its rename never
-// made. Nothing writes one for longer than moments.
-func (m *Manager) sweepTemps(dir, prefix string) {
-	ents, err := os.ReadDir(dir)
+// sweepTemps removes the temporary files (named prefix + random) in the
+// store's folder sub older than strayAge: a write a crash left half
+// done, its rename never made. Nothing writes one for longer than
+// moments.
+func (m *Manager) sweepTemps(sub, prefix string) {
+	dir, err := m.storeRoot(sub)
 	if err != nil {
 		return // no records or registrations yet; the blob sweep says the rest
 	}
+	defer dir.Close()
+	ents, err := fs.ReadDir(dir.FS(), ".")
+	if err != nil {
+		return
+	}
 	for _, e := range ents {
-		if strings.HasPrefix(e.Name(), prefix) && m.removeOld(filepath.Join(dir, e.Name())) {
-			m.log.Debug("plugin store: a write left half done removed", "file", filepath.Join(dir, e.Name()))
+		if strings.HasPrefix(e.Name(), prefix) && m.removeOld(dir, e.Name()) {
+			m.log.Debug("plugin store: a write left half done removed", "file", filepath.Join(dir.Name(), e.Name()))
 		}
 	}
 }
@@ -298,18 +328,23 @@ func (m *Manager) sweepTemps(dir, prefix string) {
 // one of another live manager's sources is kept, and one that no manager
 // has used for a day goes, with it the hold it had on its version.
 func (m *Manager) sweepRecords(configured map[string]bool) {
-	dir := filepath.Join(m.opts.Dir, "index")
-	ents, err := os.ReadDir(dir)
+	dir, err := m.storeRoot("index")
+	if err != nil {
+		return
+	}
+	defer dir.Close()
+	ents, err := fs.ReadDir(dir.FS(), ".")
 	if err != nil {
 		return
 	}
 	removed := 0
 	for _, e := range ents {
+		// A record's name is a recordKey: nothing else is the index's.
 		key, ok := strings.CutSuffix(e.Name(), ".json")
-		if !ok || strings.HasPrefix(e.Name(), ".") || configured[key] {
+		if !ok || !hexSHA(key) || configured[key] {
 			continue
 		}
-		if m.removeOld(filepath.Join(dir, e.Name())) {
+		if m.removeOld(dir, e.Name()) {
 			removed++
 		}
 	}
@@ -381,7 +416,13 @@ func (m *Manager) users() (named map[string]bool, unseen bool, said []unseenReg,
 		named[r.SHA256] = true
 	}
 	users := filepath.Join(m.opts.Dir, "links")
-	regs, err := os.ReadDir(users)
+	// Registrations are removed through it: it must be the store's.
+	usersRoot, err := m.storeRoot("links")
+	if err != nil {
+		return nil, true, nil, err
+	}
+	defer usersRoot.Close()
+	regs, err := fs.ReadDir(usersRoot.FS(), ".")
 	if err != nil {
 		return nil, true, nil, err
 	}
@@ -398,7 +439,7 @@ func (m *Manager) users() (named map[string]bool, unseen bool, said []unseenReg,
 			return nil, true, nil, err
 		}
 		if time.Since(info.ModTime()) > registrationLapse {
-			_ = os.Remove(path)
+			_ = usersRoot.Remove(reg.Name())
 			continue
 		}
 		b, err := readBounded(path, 4<<10)
@@ -416,7 +457,7 @@ func (m *Manager) users() (named map[string]bool, unseen bool, said []unseenReg,
 		if m.view != "" && r.View == m.view {
 			links, err = os.ReadDir(r.Dir)
 			if errors.Is(err, fs.ErrNotExist) {
-				_ = os.Remove(path) // a manager that ended
+				_ = usersRoot.Remove(reg.Name()) // a manager that ended
 				continue
 			}
 		}
