@@ -1079,3 +1079,45 @@ func TestStoreSweepStaysInStore(t *testing.T) {
 		})
 	}
 }
+
+// A store shared by servers of several configurations (the default
+// --source-dir is one a user: every project's stdio server) keeps what
+// the offline start of one stopped for a few days serves: its records,
+// no longer renewed while it is stopped, and their versions, though
+// another configuration's server runs and sweeps the store meanwhile.
+// The day after which the sweep took them for a removed source's left
+// it, restarted without the network, nothing to serve.
+func TestStoreKeepsRecordsOfStoppedServers(t *testing.T) {
+	reg, p := serveMoving(t)
+	store := t.TempDir()
+	// a serves p, b q (at another version); then a's server stops.
+	a, b := storeManager(t, store, nil), storeManager(t, store, nil)
+	q := []sources.Spec{{Name: "q", Source: strings.Replace(p[0].Source, "/x/p:", "/x/q:", 1), InsecureSkipSignature: true}}
+	ctx := context.Background()
+	for n, run := range []func() []error{
+		func() []error { _, errs := a.Sync(ctx, p); return errs },
+		func() []error { _, errs := b.Sync(ctx, q); return errs },
+	} {
+		reg.move(n + 1)
+		if errs := run(); len(errs) > 0 {
+			t.Fatal(errs)
+		}
+	}
+	served, _ := a.Lookup("p")
+	if err := a.Close(); err != nil {
+		t.Fatal(err)
+	}
+	// Three days pass; b refreshes.
+	ageAll(t, store, time.Now().Add(-3*24*time.Hour))
+	if _, errs := b.Sync(ctx, q); len(errs) > 0 {
+		t.Fatal(errs)
+	}
+	// a's server starts again, the registry out of reach: Restore asks
+	// none.
+	again := storeManager(t, store, nil)
+	names, errs := again.Restore(ctx, p)
+	st, _ := again.Lookup("p")
+	if !slices.Equal(names, []string{"p"}) || st.SHA256 != served.SHA256 {
+		t.Errorf("a server stopped for three days, started offline: restored %v (%v), p %+v; want p at %s", names, errs, st, served.SHA256)
+	}
+}
