@@ -874,11 +874,13 @@ func indexRecords(t *testing.T, store string) []string {
 
 // A source removed from the configuration leaves its record in the index
 // (an offline start's), which held its version in the store for good.
-// Once unrenewed for a day, a Sync removes it, and the version with it;
-// the records of sources configured stay however old (a registry away
-// for days), as does another manager's, renewed lately. Writes a crash
-// left half done (".record.*" in the index, ".link.*" among the
-// registrations) go after a day too, not sooner.
+// Once unrenewed for a month (no server of that source has run since:
+// TestStoreKeepsRecordsOfStoppedServers), a Sync removes it, and the
+// version with it; the records of sources configured stay however old
+// (a registry away for days), as does another manager's, renewed
+// lately. Writes a crash left half done (".record.*" in the index,
+// ".link.*" among the registrations) go once old (a day), not while
+// under way.
 func TestStoreSweepsUnconfiguredRecords(t *testing.T) {
 	// serveMoving's registry, which can be away.
 	reg := &movingRegistry{}
@@ -922,8 +924,8 @@ func TestStoreSweepsUnconfiguredRecords(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	// A day and more passes.
-	ageAll(t, store, time.Now().Add(-25*time.Hour))
+	// A month and more passes (recordLapse).
+	ageAll(t, store, time.Now().Add(-31*24*time.Hour))
 	// Meanwhile another manager recorded a source of its own, and writes
 	// are under way.
 	others := filepath.Join(index, strings.Repeat("ab", 32)+".json")
@@ -951,14 +953,14 @@ func TestStoreSweepsUnconfiguredRecords(t *testing.T) {
 	slices.Sort(want)
 	slices.Sort(got)
 	if !slices.Equal(got, want) {
-		t.Errorf("index after a day: %v; want p's record, another manager's fresh one and the write under way: %v", got, want)
+		t.Errorf("index after a month: %v; want p's record, another manager's fresh one and the write under way: %v", got, want)
 	}
 	if got := storedBlobs(t, store); slices.Contains(got, qst.SHA256) || !slices.Contains(got, pst.SHA256) {
-		t.Errorf("store after a day: %v; want q's version %s gone, p's %s kept", got, qst.SHA256, pst.SHA256)
+		t.Errorf("store after a month: %v; want q's version %s gone, p's %s kept", got, qst.SHA256, pst.SHA256)
 	}
 	for _, p := range oldTemps {
 		if _, err := os.Stat(p); !errors.Is(err, fs.ErrNotExist) {
-			t.Errorf("%s, a day old: %v", p, err)
+			t.Errorf("%s, a month old: %v", p, err)
 		}
 	}
 	for _, p := range freshTemps {
@@ -1036,14 +1038,14 @@ func TestStoreSweepDoesNotHoldLookup(t *testing.T) {
 // folders with symbolic links: the sweep, run as another user, must
 // remove nothing outside the store through them. index pointing at a
 // folder of the victim's (~/.docker, whose config.json holds registry
-// logins) had every .json file a day old there removed; links pointing
-// at one had its ".link.*" files a day old and every other file a week
-// old removed; blobs/sha256 its files named like a digest a day old.
+// logins) had every old .json file there removed; links pointing at one
+// had its ".link.*" files a day old and every other file a week old
+// removed; blobs/sha256 its files named like a digest a day old.
 func TestStoreSweepStaysInStore(t *testing.T) {
 	reg, spec := serveMoving(t)
 	reg.move(1)
 	ctx := context.Background()
-	old := time.Now().Add(-8 * 24 * time.Hour)
+	old := time.Now().Add(-40 * 24 * time.Hour)
 	outsider := func(names ...string) (string, []string) {
 		dir := t.TempDir()
 		var paths []string

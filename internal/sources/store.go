@@ -57,6 +57,17 @@ const (
 	// machines sharing a volume, and all it costs is a version kept a
 	// day longer.
 	strayAge = 24 * time.Hour
+	// recordLapse is how long a record of settings no source of this
+	// manager has must go unrenewed for a sweep to remove it (and the
+	// hold it has on its version). Renewals stop when the server whose
+	// source it is stops, and the record is what that server's next
+	// start serves without the network; a store is shared by servers
+	// run now and then (the default --source-dir is one a user: every
+	// project's stdio server, started by its client), so not strayAge,
+	// which left one stopped three days nothing to serve offline. A
+	// month: all it costs is a version of each setting left behind (a
+	// source removed, a pin or key changed) kept that long.
+	recordLapse = 30 * 24 * time.Hour
 )
 
 // registration is the content of a file of Dir/links.
@@ -204,8 +215,9 @@ func (m *Manager) forget(sha string) {
 // which any link's move would reconsider. Before that it removes the
 // index's records of settings no source of m is configured with (a
 // source removed from the configuration, or given another pin, key or
-// source) unrenewed for strayAge, and the temporary files a crash left of
-// records and registrations (".record.*", ".link.*") that old.
+// source) unrenewed for recordLapse, and the temporary files a crash left
+// of records and registrations (".record.*", ".link.*") older than
+// strayAge.
 //
 // Called by Sync once its fetches are done, without m.mu: reading the
 // store's folders (a network file system, thousands of versions) under
@@ -260,7 +272,7 @@ func (m *Manager) sweep() {
 		if !hexSHA(sha) || pending[sha] > 0 || (!temp && named[sha]) {
 			continue
 		}
-		if m.removeOld(blobs, e.Name()) {
+		if m.removeOld(blobs, e.Name(), strayAge) {
 			removed++
 		}
 	}
@@ -285,12 +297,12 @@ func (m *Manager) storeRoot(sub string) (*os.Root, error) {
 }
 
 // removeOld removes the regular file name of dir if it is older than
-// strayAge, and reports whether it did. The age is checked just before
+// age, and reports whether it did. The age is checked just before
 // the removal: a blob stored again (a tag moved back), a record written
 // again, is renamed over the old one, with a new time.
-func (m *Manager) removeOld(dir *os.Root, name string) bool {
+func (m *Manager) removeOld(dir *os.Root, name string, age time.Duration) bool {
 	info, err := dir.Lstat(name)
-	if err != nil || !info.Mode().IsRegular() || time.Since(info.ModTime()) < strayAge {
+	if err != nil || !info.Mode().IsRegular() || time.Since(info.ModTime()) < age {
 		return false
 	}
 	if err := dir.Remove(name); err != nil && !errors.Is(err, fs.ErrNotExist) {
@@ -315,18 +327,19 @@ func (m *Manager) sweepTemps(sub, prefix string) {
 		return
 	}
 	for _, e := range ents {
-		if strings.HasPrefix(e.Name(), prefix) && m.removeOld(dir, e.Name()) {
+		if strings.HasPrefix(e.Name(), prefix) && m.removeOld(dir, e.Name(), strayAge) {
 			m.log.Debug("plugin store: a write left half done removed", "file", filepath.Join(dir.Name(), e.Name()))
 		}
 	}
 }
 
 // sweepRecords removes the index's records whose settings (recordKey) no
-// source of m is configured with, unrenewed for strayAge. Managers sharing
-// the store do not see one another's configurations: a record is renewed
-// (its time) by every verified fetch that writes it and by renew, so that
-// one of another live manager's sources is kept, and one that no manager
-// has used for a day goes, with it the hold it had on its version.
+// source of m is configured with, unrenewed for recordLapse. Managers
+// sharing the store do not see one another's configurations: a record is
+// renewed (its time) by every verified fetch that writes it and by renew,
+// so that one of another live manager's sources is kept, and one that no
+// manager has used for recordLapse goes, with it the hold it had on its
+// version.
 func (m *Manager) sweepRecords(configured map[string]bool) {
 	dir, err := m.storeRoot("index")
 	if err != nil {
@@ -344,12 +357,12 @@ func (m *Manager) sweepRecords(configured map[string]bool) {
 		if !ok || !hexSHA(key) || configured[key] {
 			continue
 		}
-		if m.removeOld(dir, e.Name()) {
+		if m.removeOld(dir, e.Name(), recordLapse) {
 			removed++
 		}
 	}
 	if removed > 0 {
-		m.log.Info("plugin store: records of sources no longer configured removed", "removed", removed, "olderThan", strayAge)
+		m.log.Info("plugin store: records of sources no longer configured removed", "removed", removed, "olderThan", recordLapse)
 	}
 }
 
