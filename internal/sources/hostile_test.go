@@ -970,6 +970,21 @@ func TestStoreSweepsUnconfiguredRecords(t *testing.T) {
 	}
 }
 
+// oldStray puts in the store a version nothing names, a day old, which
+// the next sweep removes, and returns its path.
+func oldStray(t *testing.T, store string) string {
+	t.Helper()
+	stray := filepath.Join(store, "blobs", "sha256", strings.Repeat("cd", 32))
+	if err := os.WriteFile(stray, []byte("\x00asm"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	old := time.Now().Add(-25 * time.Hour)
+	if err := os.Chtimes(stray, old, old); err != nil {
+		t.Fatal(err)
+	}
+	return stray
+}
+
 // blockingLog is a log writer that holds the first line containing at
 // until release is closed.
 type blockingLog struct {
@@ -1006,14 +1021,7 @@ func TestStoreSweepDoesNotHoldLookup(t *testing.T) {
 		}
 	}
 	// An old version nothing names: the next sweep removes it, and says so.
-	stray := filepath.Join(store, "blobs", "sha256", strings.Repeat("cd", 32))
-	if err := os.WriteFile(stray, []byte("\x00asm"), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	old := time.Now().Add(-25 * time.Hour)
-	if err := os.Chtimes(stray, old, old); err != nil {
-		t.Fatal(err)
-	}
+	oldStray(t, store)
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
