@@ -1131,3 +1131,28 @@ func TestStoreKeepsRecordsOfStoppedServers(t *testing.T) {
 		t.Errorf("a server stopped for three days, started offline: restored %v (%v), p %+v; want p at %s", names, errs, st, served.SHA256)
 	}
 }
+
+// A file of the index that is not a record (named otherwise than a
+// record is: an operator's note, an editor's backup) is not read as one:
+// unreadable as a record, it turned the store's cleanup off for good
+// (every sweep and forget keeps everything when a record cannot be read).
+func TestStoreIgnoresForeignIndexFiles(t *testing.T) {
+	reg, spec := serveMoving(t)
+	reg.move(1)
+	store := t.TempDir()
+	m := storeManager(t, store, nil)
+	ctx := context.Background()
+	if _, errs := m.Sync(ctx, spec); len(errs) > 0 {
+		t.Fatal(errs)
+	}
+	if err := os.WriteFile(filepath.Join(store, "index", "notes.json"), []byte("not a record"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	stray := oldStray(t, store)
+	if _, errs := m.Sync(ctx, spec); len(errs) > 0 {
+		t.Fatal(errs)
+	}
+	if _, err := os.Stat(stray); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("a version nothing names, a day old, beside a note in the index: %v; want it removed", err)
+	}
+}
