@@ -727,7 +727,7 @@ func TestStoreSweepsAfterUnseenEnds(t *testing.T) {
 	// An offline start's record of another source names one of them.
 	recorded := served[1]
 	rec, _ := json.Marshal(map[string]string{"source": "oci://registry.example/x/q:v1", "sha256": recorded, "verified": "skipped"})
-	if err := os.WriteFile(filepath.Join(store, "index", "q.json"), rec, 0o644); err != nil {
+	if err := os.WriteFile(filepath.Join(store, "index", digest.FromString("q").Encoded()+".json"), rec, 0o644); err != nil {
 		t.Fatal(err)
 	}
 	blobs := filepath.Join(store, "blobs", "sha256")

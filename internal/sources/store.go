@@ -418,6 +418,9 @@ func (m *Manager) users() (named map[string]bool, unseen bool, said []unseenReg,
 		return nil, true, nil, err
 	}
 	for _, p := range records {
+		if !hexSHA(strings.TrimSuffix(filepath.Base(p), ".json")) {
+			continue // not a record (recordKey): none is read from it
+		}
 		b, err := readBounded(p, 64<<10)
 		if errors.Is(err, fs.ErrNotExist) {
 			continue // replaced meanwhile
