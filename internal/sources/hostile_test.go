@@ -1132,19 +1132,27 @@ func TestStoreKeepsRecordsOfStoppedServers(t *testing.T) {
 	}
 }
 
+// syncedStore returns a manager of a store of its own, synced once with
+// the spec returned (serveMoving's, at version 1).
+func syncedStore(t *testing.T) (*sources.Manager, string, []sources.Spec) {
+	t.Helper()
+	reg, spec := serveMoving(t)
+	reg.move(1)
+	store := t.TempDir()
+	m := storeManager(t, store, nil)
+	if _, errs := m.Sync(context.Background(), spec); len(errs) > 0 {
+		t.Fatal(errs)
+	}
+	return m, store, spec
+}
+
 // A file of the index that is not a record (named otherwise than a
 // record is: an operator's note, an editor's backup) is not read as one:
 // unreadable as a record, it turned the store's cleanup off for good
 // (every sweep and forget keeps everything when a record cannot be read).
 func TestStoreIgnoresForeignIndexFiles(t *testing.T) {
-	reg, spec := serveMoving(t)
-	reg.move(1)
-	store := t.TempDir()
-	m := storeManager(t, store, nil)
+	m, store, spec := syncedStore(t)
 	ctx := context.Background()
-	if _, errs := m.Sync(ctx, spec); len(errs) > 0 {
-		t.Fatal(errs)
-	}
 	if err := os.WriteFile(filepath.Join(store, "index", "notes.json"), []byte("not a record"), 0o644); err != nil {
 		t.Fatal(err)
 	}
