@@ -1164,3 +1164,37 @@ func TestStoreIgnoresForeignIndexFiles(t *testing.T) {
 		t.Errorf("a version nothing names, a day old, beside a note in the index: %v; want it removed", err)
 	}
 }
+
+// A record replaced by a symbolic link to a file outside the store (by
+// whoever can write a shared store) does not have its renewal change
+// that file's time: the renewal followed the link.
+func TestStoreRenewalStaysInStore(t *testing.T) {
+	m, store, spec := syncedStore(t)
+	ctx := context.Background()
+	records, _ := filepath.Glob(filepath.Join(store, "index", "*.json"))
+	if len(records) != 1 {
+		t.Fatalf("records %v, want p's", records)
+	}
+	victim := filepath.Join(t.TempDir(), "notes")
+	if err := os.WriteFile(victim, []byte("mine"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	old := time.Now().Add(-40 * 24 * time.Hour).Truncate(time.Second)
+	if err := os.Chtimes(victim, old, old); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Remove(records[0]); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(victim, records[0]); err != nil {
+		t.Fatal(err)
+	}
+	m.Sync(ctx, spec)
+	info, err := os.Stat(victim)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !info.ModTime().Equal(old) {
+		t.Errorf("a file outside the store a record links to: its time set to %v; want it untouched at %v", info.ModTime(), old)
+	}
+}
