@@ -387,12 +387,26 @@ func recordKeys(specs []Spec) map[string]bool {
 
 // renewRecords renews (the time of) the records of m's sources, so that
 // managers sharing the store keep them (sweepRecords). Not under m.mu.
+// Through the store's root, and only a regular file: a record replaced
+// by a link to a file elsewhere (whoever can write a shared store) would
+// have that file's time set.
 func (m *Manager) renewRecords(specs []Spec) {
+	index, err := m.storeRoot("index")
+	if err != nil {
+		if !errors.Is(err, fs.ErrNotExist) {
+			m.log.Warn("plugin store: the sources' records not renewed", "error", err)
+		}
+		return
+	}
+	defer index.Close()
 	now := time.Now()
 	for key := range recordKeys(specs) {
-		path := filepath.Join(m.opts.Dir, "index", key+".json")
-		if err := os.Chtimes(path, now, now); err != nil && !errors.Is(err, fs.ErrNotExist) {
-			m.log.Warn("plugin store: a source's record not renewed", "record", path, "error", err)
+		name := key + ".json"
+		if info, err := index.Lstat(name); err != nil || !info.Mode().IsRegular() {
+			continue // none, or not one the store wrote
+		}
+		if err := index.Chtimes(name, now, now); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			m.log.Warn("plugin store: a source's record not renewed", "record", filepath.Join(index.Name(), name), "error", err)
 		}
 	}
 }
