@@ -231,7 +231,9 @@ type Options struct {
 	// folder cannot be seen from this process (another container or file
 	// system view sharing the store). Every Sync also removes what no
 	// link or record names and is older than a day (kept while removal
-	// was off, fetched and never linked, left half written by a crash).
+	// was off, fetched and never linked, left half written by a crash),
+	// and the records of settings none of its sources has that no
+	// manager sharing the store renewed for a month.
 	// A registration is renewed on every Sync and by KeepRegistered,
 	// removed by Close, and taken for ended when unrenewed for a week.
 	Dir string
