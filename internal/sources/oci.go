@@ -351,17 +351,26 @@ func (m *Manager) stageErr(sctx, ctx context.Context, err error) error {
 // safeClient copies c (or a default client) with a redirect policy that
 // refuses plain HTTP off loopback and more than 5 hops, and whose dials
 // hold each redirect hop to the private-address rule (redirect.go).
-func safeClient(c *http.Client) *http.Client {
+//
+// The default client's waits (a dial, a TLS handshake, response
+// headers) bound the download, which no stage bound covers; each is
+// longer than stage, the stages' bound, so that a stage that stalls is
+// ended by stage_timeout, saying so, and not by the transport first: at
+// 30 s both, a stalled stage's error was either (TestServeOffline failed
+// 3 runs in 5 on a loaded machine), and a stage_timeout over 30 s did
+// not hold.
+func safeClient(c *http.Client, stage time.Duration) *http.Client {
 	var out http.Client
 	if c != nil {
 		out = *c
 	} else {
-		d := &net.Dialer{Timeout: 30 * time.Second}
+		wait := max(30*time.Second, stage+10*time.Second)
+		d := &net.Dialer{Timeout: wait}
 		out.Transport = &http.Transport{
 			Proxy:                 http.ProxyFromEnvironment,
 			DialContext:           d.DialContext,
-			TLSHandshakeTimeout:   30 * time.Second,
-			ResponseHeaderTimeout: 30 * time.Second,
+			TLSHandshakeTimeout:   wait,
+			ResponseHeaderTimeout: wait,
 			IdleConnTimeout:       90 * time.Second,
 			MaxIdleConnsPerHost:   4,
 		}

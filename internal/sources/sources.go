@@ -364,7 +364,7 @@ func New(opts Options) (*Manager, error) {
 		m.log.Warn("plugin store: the link folder is not registered in the store, so versions no longer served are not removed", "dir", m.opts.Dir, "error", err)
 		m.unregistered = true
 	}
-	m.client = safeClient(opts.Client)
+	m.client = safeClient(opts.Client, opts.StageTimeout)
 	return m, nil
 }
 
