@@ -2,6 +2,7 @@ package host
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -125,15 +126,25 @@ func comeBack(t *testing.T, h *Host, key sessions.Key, p *plugins.Plugin, old *s
 		defer close(ended)
 		h.ses.End(context.Background(), key) // waits for the old client's call
 	}()
-	// End forgets the client before it waits for the call.
-	for deadline := time.Now().Add(10 * time.Second); h.ses.Has(key); time.Sleep(time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("the old client was not ended")
-		}
+	// Acquire makes the key's next client whichever comes first: it
+	// finds the old client forgotten (End forgets it before it waits for
+	// the call), or it waits for the old client's slot, which old holds,
+	// and that wait ends with the client. Bounded for an End that would
+	// never forget it.
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	back, err := h.ses.Acquire(ctx, key, p)
+	if err == nil && back.Client() == old.Client() {
+		back.Done(nil)
+		err = fmt.Errorf("the old client %d's lease", old.Client())
 	}
-	back := acquire(t, h, key, p)
+	if err != nil {
+		cancel()
+		old.Done(nil) // for the host's Close
+		t.Fatalf("the key's next client: %v", err)
+	}
 	return func() {
 		back.Done(nil)
+		cancel()
 		old.Done(nil)
 		<-ended
 	}
