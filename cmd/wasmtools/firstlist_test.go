@@ -14,6 +14,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/wasmtools/wasmtools/internal/testplugins"
+	"github.com/wasmtools/wasmtools/sandbox"
 )
 
 // distinct returns wasm with a custom section naming i appended, so that
@@ -36,10 +37,11 @@ func distinct(t *testing.T, path string, i int) []byte {
 // to start beside a good one: a
 // real wasmtools process over stdio answers its first tools/list with the
 // good plugin's tools in about 1.4 s from the process's start on an idle
-// machine (bounded at 5 s, 15 s under the race detector, for loaded
-// machines), without waiting for the spinning ones' load
-// timeout: their loads are stopped after SlowLoad and done again later,
-// and the slow one's tool follows with list_changed.
+// machine (bounded at a few times what the good plugin took to load in a
+// warm-up process, and at half the spinning ones' load timeout), without
+// waiting for the spinning ones' load timeout: their loads are stopped
+// after SlowLoad and done again later, and the slow one's tool follows
+// with list_changed.
 func TestFirstListBesideHostile(t *testing.T) {
 	dir := t.TempDir()
 	servlet, err := os.ReadFile(testplugins.Test(t, "servlet"))
@@ -52,18 +54,27 @@ func TestFirstListBesideHostile(t *testing.T) {
 		t.Fatal(err)
 	}
 	os.WriteFile(filepath.Join(dir, "slowstart.wasm"), slow, 0o644)
-	var cfg strings.Builder
-	// Its second load competes with the ten spinning ones' second loads
-	// until their load timeout stops them: a load timeout of its own
-	// beyond theirs, as an operator gives a plugin known to start slowly.
-	cfg.WriteString("[plugins.slowstart]\nload_timeout = \"2m\"\n")
 	for i := range 5 {
 		os.WriteFile(filepath.Join(dir, fmt.Sprintf("spinstart%d.wasm", i)), distinct(t, testplugins.Test(t, "hostilestart"), i), 0o644)
 		os.WriteFile(filepath.Join(dir, fmt.Sprintf("spinlist%d.wasm", i)), distinct(t, testplugins.Test(t, "hostilelist"), i), 0o644)
-		fmt.Fprintf(&cfg, "[plugins.spinlist%d]\nconfig = { spin = \"1\" }\n", i)
 	}
-	config := filepath.Join(t.TempDir(), "wasmtools.toml")
-	os.WriteFile(config, []byte(cfg.String()), 0o644)
+	// config writes the configuration, the spinning plugins' load timeout
+	// spin (the other plugins' too, which load well within it).
+	config := func(spin time.Duration) string {
+		var cfg strings.Builder
+		fmt.Fprintf(&cfg, "[defaults]\nload_timeout = %q\n", spin)
+		// Its second load competes with the ten spinning ones' second
+		// loads until their load timeout stops them: a load timeout of
+		// its own beyond theirs, as an operator gives a plugin known to
+		// start slowly (spin is at most a minute).
+		cfg.WriteString("[plugins.slowstart]\nload_timeout = \"2m\"\n")
+		for i := range 5 {
+			fmt.Fprintf(&cfg, "[plugins.spinlist%d]\nconfig = { spin = \"1\" }\n", i)
+		}
+		path := filepath.Join(t.TempDir(), "wasmtools.toml")
+		os.WriteFile(path, []byte(cfg.String()), 0o644)
+		return path
+	}
 
 	// A warm compile cache, as in production after the first start: the
 	// measure is of the load, not of the compiler. The warm-up ends once
@@ -71,10 +82,13 @@ func TestFirstListBesideHostile(t *testing.T) {
 	// hundred bytes of WAT each, compiled in milliseconds) loaded or
 	// stopped as slow to load, not at the end of the load, which waits
 	// for the spinning plugins' load timeouts while they hold the cores.
+	// It measures the baseline too: how long the good plugin took to be
+	// loaded beside the others, on this machine, in this run.
 	var warm lockedBuffer
-	warmCmd := exec.Command(os.Args[0], "serve", "--cache-dir", testplugins.CacheDir(), "--config", config, dir)
+	warmCmd := exec.Command(os.Args[0], "serve", "--cache-dir", testplugins.CacheDir(), "--config", config(sandbox.DefaultLoadTimeout), dir)
 	warmCmd.Env = append(os.Environ(), "WASMTOOLS_TEST_MAIN=1")
 	warmCmd.Stderr = &warm
+	warmStart := time.Now()
 	warmCS, err := mcp.NewClient(&mcp.Implementation{Name: "test", Version: "1"}, nil).Connect(context.Background(), &mcp.CommandTransport{Command: warmCmd}, nil)
 	if err != nil {
 		t.Fatalf("warm-up: connect: %v\n%s", err, warm.String())
@@ -94,13 +108,29 @@ func TestFirstListBesideHostile(t *testing.T) {
 		}
 		return true
 	}
+	good := "plugin loaded\" plugin=servlet path=" + filepath.Join(dir, "servlet.wasm")
+	if !warm.waitFor(time.Now().Add(startupTimeout), contains(good)) {
+		t.Fatalf("warm-up: the good plugin was not loaded:\n%s", warm.String())
+	}
+	baseline := time.Since(warmStart)
 	if !warm.waitFor(time.Now().Add(startupTimeout), compiled) {
 		t.Fatalf("warm-up: not every plugin was compiled:\n%s", warm.String())
 	}
 	warmCS.Close() // waits for the process's exit
 
+	// The first list must come in a few times the baseline (with a cold
+	// cache the baseline counts the compiler too, which only loosens
+	// the bound), and at least a few seconds, for a machine whose load
+	// changes between the two processes. A list that waited for the
+	// spinning plugins would come after their load timeout, or after
+	// --load-wait if the load ends later: both at least twice the bound,
+	// so that the test tells the two apart on any machine. Capped so
+	// that their load timeout stays under slowstart's and the test's
+	// length bounded on a very slow machine.
+	bound := min(max(5*time.Second, (3*baseline).Round(time.Second)), 30*time.Second)
+	spin := max(sandbox.DefaultLoadTimeout, 2*bound)
 	var stderr lockedBuffer
-	cmd := exec.Command(os.Args[0], "serve", "--cache-dir", testplugins.CacheDir(), "--config", config, dir)
+	cmd := exec.Command(os.Args[0], "serve", "--cache-dir", testplugins.CacheDir(), "--load-wait", spin.String(), "--config", config(spin), dir)
 	cmd.Env = append(os.Environ(), "WASMTOOLS_TEST_MAIN=1")
 	cmd.Stderr = &stderr
 	start := time.Now()
@@ -123,7 +153,7 @@ func TestFirstListBesideHostile(t *testing.T) {
 	for _, tool := range res.Tools {
 		names = append(names, tool.Name)
 	}
-	t.Logf("first tools/list %v after the process started: %d tools", elapsed.Round(time.Millisecond), len(names))
+	t.Logf("first tools/list %v after the process started: %d tools (the good plugin loaded after %v in the warm-up; bound %v, load timeout %v)", elapsed.Round(time.Millisecond), len(names), baseline.Round(time.Millisecond), bound, spin)
 	if !slices.Contains(names, "echo") {
 		t.Fatalf("first list %v: want the good plugin's tools\n%s", names, stderr.String())
 	}
@@ -148,16 +178,8 @@ func TestFirstListBesideHostile(t *testing.T) {
 			names = append(names, tool.Name)
 		}
 	}
-	// 1.4 s on this project's 2-core machine when idle; the bound leaves
-	// room for a machine loaded by other work (load average 15 measured
-	// 3 s), and for the race detector, which slows the good plugin's Go
-	// start several times over.
-	bound := 5 * time.Second
-	if raceEnabled {
-		bound = 15 * time.Second
-	}
 	if elapsed >= bound {
-		t.Errorf("first list after %v, want under %v\n%s", elapsed, bound, stderr.String())
+		t.Errorf("first list after %v, want under %v (the good plugin loaded after %v in the warm-up; the spinning plugins' load timeout %v)\n%s", elapsed, bound, baseline, spin, stderr.String())
 	}
 	if strings.Contains(atFirstList, `msg="plugins loaded"`) {
 		t.Errorf("the list waited for the spinning plugins' load timeout:\n%s", atFirstList)
