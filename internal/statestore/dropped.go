@@ -33,9 +33,10 @@ func (e *droppedError) Error() string {
 func (e *droppedError) Unwrap() []error { return []error{e.err, ErrDropped} }
 
 // connDrop reports whether err is the store's end refusing a dial, or
-// closing or resetting a connection.
+// closing or resetting a connection. A Unix socket's file missing
+// (ENOENT) is a refusal too: Redis removes its socket when it shuts down.
 func connDrop(err error) bool {
-	return errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ECONNRESET) ||
+	return errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ENOENT) || errors.Is(err, syscall.ECONNRESET) ||
 		errors.Is(err, syscall.EPIPE) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF)
 }
 

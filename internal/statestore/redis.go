@@ -179,10 +179,12 @@ func (r *Redis) call(ctx context.Context, f func() error) error {
 	// A failure for want of an answer is marked ErrDropped when a
 	// connection was refused or dropped while it ran (its own or
 	// another's: the client's retries hide what its earlier attempts
-	// met), or the server is loading its data (restarted).
+	// met), or it is a refusal itself (the pool, past PoolSize failed
+	// dials, answers its last dial error without dialing), or the
+	// server is loading its data (restarted).
 	before := r.drops.n.Load()
 	err := r.exchange(ctx, f)
-	if err != nil && (redis.IsLoadingError(err) || transport(err) && r.drops.n.Load() != before) {
+	if err != nil && (redis.IsLoadingError(err) || transport(err) && (connDrop(err) || r.drops.n.Load() != before)) {
 		return &droppedError{err}
 	}
 	return err
