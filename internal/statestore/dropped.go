@@ -42,7 +42,12 @@ func connDrop(err error) bool {
 
 // drops counts the connections to the store it refused or dropped: a
 // [Redis]'s dialer wraps each connection in a watchedConn that counts it.
-type drops struct{ n atomic.Uint64 }
+type drops struct {
+	n atomic.Uint64
+	// ahead moves the clock a connection's idle time is told by
+	// forward: a test's wait.
+	ahead atomic.Int64
+}
 
 // dialer wraps dial: a dial refused, and each connection's read or write
 // the store's end failed, or close of one it closed first, is counted.

@@ -1,0 +1,151 @@
+//go:build unix
+
+package statestore
+
+import (
+	"context"
+	"errors"
+	"net"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/wasmtools/wasmtools/internal/proxytest"
+)
+
+// relay forwards connections to a Redis server, in the order accepted
+// (conns), until silent: then it swallows what either side sends, and
+// accepts new connections to swallow theirs (a link blackholed).
+type relay struct {
+	ln     net.Listener
+	target string
+	silent atomic.Bool
+	mu     sync.Mutex
+	conns  []net.Conn // the client side of each, in order
+}
+
+func newRelay(t *testing.T, target string) *relay {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := &relay{ln: ln, target: target}
+	t.Cleanup(func() {
+		ln.Close()
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		for _, c := range r.conns {
+			c.Close()
+		}
+	})
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			u, err := net.Dial("tcp", target)
+			if err != nil {
+				c.Close()
+				continue
+			}
+			r.mu.Lock()
+			r.conns = append(r.conns, c)
+			r.mu.Unlock()
+			go r.pipe(c, u)
+			go r.pipe(u, c)
+		}
+	}()
+	return r
+}
+
+func (r *relay) pipe(from, to net.Conn) {
+	defer from.Close()
+	defer to.Close()
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := from.Read(buf)
+		if err != nil {
+			return
+		}
+		if !r.silent.Load() {
+			to.Write(buf[:n])
+		}
+	}
+}
+
+// conn is the client side of the i-th connection accepted.
+func (r *relay) conn(i int) net.Conn {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.conns[i]
+}
+
+// TestIdleConnClosedNotDropped: a connection the server closes after it
+// sat idle in the pool a long while (Redis's `timeout`, a balancer's or a
+// NAT's idle timeout) is no sign of the store's process going down: an
+// exchange that then fails for want of an answer (the link blackholed)
+// is silent, not ErrDropped, so that the hand-over still happens. A
+// store that goes down closes the connections in use too, which are
+// counted (TestDropsCounted, internal/durable's
+// TestRedisFaultsClassified).
+func TestIdleConnClosedNotDropped(t *testing.T) {
+	if _, ok := proxytest.Find("redis-server"); !ok {
+		t.Skip("no redis-server")
+	}
+	addr := proxytest.StartRedis(t)
+	for _, c := range []struct {
+		name    string
+		idle    time.Duration // connection 0's, before the server closes it
+		dropped bool
+	}{
+		{"closed idle a minute", time.Minute, false},
+		// A close of one in use a moment ago is the store's process
+		// going down (its host shutting down), and counts.
+		{"closed idle a moment", 0, true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			rl := newRelay(t, addr)
+			r, err := NewRedis("redis://" + rl.ln.Addr().String() + "/0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { r.Close() })
+			ctx := context.Background()
+			// Two connections in the pool: NewRedis's (0), and another
+			// (1), returned last, so that it is the one taken next.
+			c0, c1 := r.c.Conn(), r.c.Conn()
+			if err := c0.Ping(ctx).Err(); err != nil {
+				t.Fatal(err)
+			}
+			if err := c1.Ping(ctx).Err(); err != nil {
+				t.Fatal(err)
+			}
+			c0.Close()
+			c1.Close()
+			// Time on, connection 1 still in use (the heartbeat's), 0
+			// idle all along; then the server closes 0.
+			r.drops.ahead.Add(int64(c.idle))
+			o := Owner{Replica: "a", Boot: "b"}
+			if err := r.Heartbeat(ctx, o, time.Minute); err != nil {
+				t.Fatal(err)
+			}
+			rl.conn(0).Close()
+			rl.silent.Store(true)
+			// The first exchange times out on connection 1; the second
+			// finds 0 closed, and dials one that the link swallows.
+			for i := range 2 {
+				bctx, cancel := context.WithTimeout(ctx, time.Second)
+				err := r.Heartbeat(bctx, o, time.Minute)
+				cancel()
+				if err == nil {
+					t.Fatalf("exchange %d, link blackholed: answered", i)
+				}
+				if want := c.dropped && i == 1; errors.Is(err, ErrDropped) != want {
+					t.Errorf("exchange %d, link blackholed: %v; ErrDropped %v, want %v", i, err, !want, want)
+				}
+			}
+		})
+	}
+}
