@@ -57,13 +57,20 @@ func TestDropsCounted(t *testing.T) {
 
 	c, s = open()
 	s.Close()
-	// Once the FIN is in (the socket readable), unread.
+	// Once the FIN is in, unread: a peek says so, and the wait is for
+	// the socket's next readiness only while it does not (one that
+	// came before the wait began is not reported again: a callback that
+	// waited once regardless waited here for a minute when the FIN was
+	// in first).
 	raw, err := c.(syscall.Conn).SyscallConn()
 	if err != nil {
 		t.Fatal(err)
 	}
-	waited := false
-	raw.Read(func(uintptr) bool { w := waited; waited = true; return w })
+	raw.Read(func(fd uintptr) bool {
+		var b [1]byte
+		_, _, err := syscall.Recvfrom(int(fd), b[:], syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
+		return err != syscall.EAGAIN
+	})
 	c.Close()
 	check("closed unread after the other end closed", true)
 
