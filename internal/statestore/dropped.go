@@ -7,6 +7,7 @@ import (
 	"net"
 	"sync/atomic"
 	"syscall"
+	"time"
 )
 
 // ErrDropped marks the failure of an exchange during which the store
@@ -40,6 +41,19 @@ func connDrop(err error) bool {
 		errors.Is(err, syscall.EPIPE) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF)
 }
 
+// idleDrop is how long a connection may have gone unanswered (idle in
+// the pool) for the store's closing it still to count: a server's idle
+// timeout (Redis's `timeout`, a balancer's or a NAT's) closes one idle
+// longer as well as a store going down does, and a store going down
+// closes the connections in use too, which are counted (the heartbeat's
+// is used every 2 s). Counted, an idle one closed was read as the store
+// going down by the first exchange to fail after it, a blackholed link's,
+// and the cut-off replica kept its sessions for the whole partition.
+const idleDrop = 30 * time.Second
+
+// dropsBase is what a connection's times count from (monotonic).
+var dropsBase = time.Now()
+
 // drops counts the connections to the store it refused or dropped: a
 // [Redis]'s dialer wraps each connection in a watchedConn that counts it.
 type drops struct {
@@ -59,6 +73,7 @@ func (d *drops) dialer(dial func(ctx context.Context, network, addr string) (net
 			return nil, err
 		}
 		w := &watchedConn{Conn: c, d: d}
+		w.answered.Store(d.now())
 		if sc, ok := c.(syscall.Conn); ok {
 			// The client checks a pooled connection before it uses it
 			// by peeking at its socket (a syscall.Conn's): keep that.
@@ -67,6 +82,9 @@ func (d *drops) dialer(dial func(ctx context.Context, network, addr string) (net
 		return w, nil
 	}
 }
+
+// now is the time on the connections' clock.
+func (d *drops) now() int64 { return int64(time.Since(dropsBase)) + d.ahead.Load() }
 
 func (d *drops) note(err error) {
 	if err != nil && connDrop(err) {
@@ -77,16 +95,24 @@ func (d *drops) note(err error) {
 // watchedConn is a connection to the store whose drop is counted, once.
 type watchedConn struct {
 	net.Conn
-	d       *drops
-	closed  atomic.Bool // by this process
-	dropped atomic.Bool // counted
+	d        *drops
+	closed   atomic.Bool  // by this process
+	dropped  atomic.Bool  // counted
+	answered atomic.Int64 // when it was dialed or last read from (drops.now)
 }
 
 func (c *watchedConn) Read(b []byte) (int, error) {
 	n, err := c.Conn.Read(b)
+	if n > 0 {
+		c.answered.Store(c.d.now())
+	}
 	c.note(err)
 	return n, err
 }
+
+// recent reports whether the connection was answered within idleDrop:
+// its close then counts.
+func (c *watchedConn) recent() bool { return c.d.now()-c.answered.Load() < int64(idleDrop) }
 
 func (c *watchedConn) Write(b []byte) (int, error) {
 	n, err := c.Conn.Write(b)
@@ -95,7 +121,7 @@ func (c *watchedConn) Write(b []byte) (int, error) {
 }
 
 func (c *watchedConn) note(err error) {
-	if err != nil && !c.closed.Load() && connDrop(err) && !c.dropped.Swap(true) {
+	if err != nil && !c.closed.Load() && connDrop(err) && c.recent() && !c.dropped.Swap(true) {
 		c.d.n.Add(1)
 	}
 }
@@ -103,7 +129,7 @@ func (c *watchedConn) note(err error) {
 // Close counts a connection the store's end closed or reset first: the
 // client closes one its check found so without reading it.
 func (c *watchedConn) Close() error {
-	if !c.closed.Swap(true) && !c.dropped.Load() && peerClosed(c.Conn) && !c.dropped.Swap(true) {
+	if !c.closed.Swap(true) && !c.dropped.Load() && c.recent() && peerClosed(c.Conn) && !c.dropped.Swap(true) {
 		c.d.n.Add(1)
 	}
 	return c.Conn.Close()
