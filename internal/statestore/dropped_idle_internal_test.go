@@ -23,6 +23,9 @@ type relay struct {
 	silent atomic.Bool
 	mu     sync.Mutex
 	conns  []net.Conn // the client side of each, in order
+	// accepted has the number of connections accepted so far, after
+	// each accept, when there is room.
+	accepted chan int
 }
 
 func newRelay(t *testing.T, target string) *relay {
@@ -30,7 +33,7 @@ func newRelay(t *testing.T, target string) *relay {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r := &relay{ln: ln, target: target}
+	r := &relay{ln: ln, target: target, accepted: make(chan int, 16)}
 	t.Cleanup(func() {
 		ln.Close()
 		r.mu.Lock()
@@ -52,7 +55,12 @@ func newRelay(t *testing.T, target string) *relay {
 			}
 			r.mu.Lock()
 			r.conns = append(r.conns, c)
+			n := len(r.conns)
 			r.mu.Unlock()
+			select {
+			case r.accepted <- n:
+			default:
+			}
 			go r.pipe(c, u)
 			go r.pipe(u, c)
 		}
@@ -147,5 +155,49 @@ func TestIdleConnClosedNotDropped(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestDropMarksLaterExchanges: an exchange that fails for want of an
+// answer is marked ErrDropped when a connection was dropped since the
+// store last answered, though another exchange met the drop before this
+// one began and has not failed yet: the heartbeat found its connection
+// closed (a Redis host shutting down) and waits on a dial the link
+// swallows, while a probe of the hand-over dials into the same silence
+// and ends first. Only the heartbeat's failure, later, would say the
+// store went down.
+func TestDropMarksLaterExchanges(t *testing.T) {
+	if _, ok := proxytest.Find("redis-server"); !ok {
+		t.Skip("no redis-server")
+	}
+	rl := newRelay(t, proxytest.StartRedis(t))
+	r, err := NewRedis("redis://" + rl.ln.Addr().String() + "/0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { r.Close() })
+	<-rl.accepted // NewRedis's connection, in the pool
+	ctx := context.Background()
+	o := Owner{Replica: "a", Boot: "b"}
+	if err := r.Heartbeat(ctx, o, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	rl.silent.Store(true)
+	rl.conn(0).Close()
+	first := make(chan error, 1)
+	go func() {
+		bctx, cancel := context.WithTimeout(ctx, 4*time.Second)
+		defer cancel()
+		first <- r.Heartbeat(bctx, o, time.Minute)
+	}()
+	<-rl.accepted // its dial, after it found connection 0 closed
+	bctx, cancel := context.WithTimeout(ctx, time.Second)
+	err = r.Heartbeat(bctx, o, time.Minute)
+	cancel()
+	if !errors.Is(err, ErrDropped) {
+		t.Errorf("the later exchange: %v; want ErrDropped", err)
+	}
+	if err := <-first; !errors.Is(err, ErrDropped) {
+		t.Errorf("the exchange that met the drop: %v; want ErrDropped", err)
 	}
 }
