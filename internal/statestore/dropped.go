@@ -10,9 +10,10 @@ import (
 	"time"
 )
 
-// ErrDropped marks the failure of an exchange during which the store
-// refused a connection of this process's, or its end closed or reset one,
-// or answered LOADING: its process went down, or is restarting. A store
+// ErrDropped marks the failure of an exchange during which (or since the
+// store last answered one begun before) the store refused a connection
+// of this process's, or its end closed or reset one, or answered
+// LOADING: its process went down, or is restarting. A store
 // restarted may come back empty (Redis without persistence) or older (a
 // snapshot), which a store that only went silent (frozen, a link
 // blackholed) does not: a replica then keeps the sessions it holds rather

@@ -64,13 +64,18 @@ import (
 // resend a script whose reply was lost after Redis ran it: a versioned
 // put or a fence bump sent again succeeds with what it did the first time
 // (see putVersionedScripts and renewScript). A call that failed for want
-// of an answer while the server refused or dropped a connection, or that
-// it answered LOADING, is marked [ErrDropped].
+// of an answer while or since the server refused or dropped a connection
+// (since it last answered), or that it answered LOADING, is marked
+// [ErrDropped].
 type Redis struct {
-	c      *redis.Client
-	drops  *drops        // the connections the server refused or dropped
-	lease  time.Duration // [Lease] unless SetLease
-	closed atomic.Bool
+	c     *redis.Client
+	drops *drops // the connections the server refused or dropped
+	// answered is drops' count when the latest exchange that the
+	// server answered began: a failure is marked ErrDropped while the
+	// count is past it (call).
+	answered atomic.Uint64
+	lease    time.Duration // [Lease] unless SetLease
+	closed   atomic.Bool
 	// idle hands a call to a goroutine of an earlier one that waits
 	// for another (call); quit ends them at Close.
 	idle chan func()
@@ -177,14 +182,21 @@ func (r *Redis) call(ctx context.Context, f func() error) error {
 		return ErrClosed
 	}
 	// A failure for want of an answer is marked ErrDropped when a
-	// connection was refused or dropped while it ran (its own or
-	// another's: the client's retries hide what its earlier attempts
-	// met), or it is a refusal itself (the pool, past PoolSize failed
-	// dials, answers its last dial error without dialing), or the
-	// server is loading its data (restarted).
+	// connection was refused or dropped since the server last answered
+	// an exchange begun before it (this one's or another's: the
+	// client's retries hide what its earlier attempts met, and another
+	// exchange that met it may fail after this one), or it is a refusal
+	// itself (the pool, past PoolSize failed dials, answers its last
+	// dial error without dialing), or the server is loading its data
+	// (restarted).
 	before := r.drops.n.Load()
 	err := r.exchange(ctx, f)
-	if err != nil && (redis.IsLoadingError(err) || transport(err) && (connDrop(err) || r.drops.n.Load() != before)) {
+	switch {
+	case err == nil || !transport(err) && !redis.IsLoadingError(err):
+		// Answered (an error of the server's is an answer).
+		for a := r.answered.Load(); a < before && !r.answered.CompareAndSwap(a, before); a = r.answered.Load() {
+		}
+	case redis.IsLoadingError(err) || transport(err) && (connDrop(err) || r.drops.n.Load() != r.answered.Load()):
 		return &droppedError{err}
 	}
 	return err
