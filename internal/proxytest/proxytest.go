@@ -257,29 +257,41 @@ func StartRedis(t testing.TB) (addr string) {
 // Redis restarted at the address its clients know.
 func StartRedisAt(t testing.TB, addr string) *Process {
 	t.Helper()
-	bin := Binary(t, "redis-server", "redis-server")
 	_, port, _ := net.SplitHostPort(addr)
-	cmd := exec.Command(bin, "--port", port, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-		"--dir", t.TempDir(), "--daemonize", "no", "--logfile", "")
-	return Start(t, cmd, func() error { return redisPing(addr) })
+	return StartRedisWith(t, func() (net.Conn, error) { return net.DialTimeout("tcp", addr, time.Second) },
+		"--port", port, "--bind", "127.0.0.1")
 }
 
-func redisPing(addr string) error {
-	c, err := net.DialTimeout("tcp", addr, time.Second)
+// StartRedisWith starts redis-server with args (where it listens, and
+// how), empty and with nothing saved to disk, and returns it once a
+// connection dial makes is answered PING.
+func StartRedisWith(t testing.TB, dial func() (net.Conn, error), args ...string) *Process {
+	t.Helper()
+	bin := Binary(t, "redis-server", "redis-server")
+	cmd := exec.Command(bin, append(args, "--save", "", "--appendonly", "no",
+		"--dir", t.TempDir(), "--daemonize", "no", "--logfile", "")...)
+	return Start(t, cmd, func() error { return RedisCommand(dial, "PING", "+PONG") })
+}
+
+// RedisCommand sends one inline command to a Redis over a connection dial
+// makes, and reads the first line of its answer, which must begin with
+// want.
+func RedisCommand(dial func() (net.Conn, error), cmd, want string) error {
+	c, err := dial()
 	if err != nil {
 		return err
 	}
 	defer c.Close()
 	c.SetDeadline(time.Now().Add(2 * time.Second))
-	if _, err := c.Write([]byte("PING\r\n")); err != nil {
+	if _, err := c.Write([]byte(cmd + "\r\n")); err != nil {
 		return err
 	}
 	line, err := bufio.NewReader(c).ReadString('\n')
 	if err != nil {
 		return err
 	}
-	if !strings.HasPrefix(line, "+PONG") {
-		return fmt.Errorf("PING answered %q", strings.TrimSpace(line))
+	if !strings.HasPrefix(line, want) {
+		return fmt.Errorf("%s answered %q", cmd, strings.TrimSpace(line))
 	}
 	return nil
 }

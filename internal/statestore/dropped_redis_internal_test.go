@@ -3,14 +3,18 @@
 package statestore
 
 import (
-	"bufio"
 	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/pem"
 	"errors"
+	"math/big"
 	"net"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"strings"
 	"testing"
 	"time"
 
@@ -25,11 +29,9 @@ import (
 // first) and a long one (the dial's own error, or the pool's last one
 // once it stops dialing): the store went down, and may come back empty.
 func TestRedisUnixSocketShutdownDropped(t *testing.T) {
-	bin := proxytest.Binary(t, "redis-server", "redis-server")
-	dir := t.TempDir()
-	sock := filepath.Join(dir, "redis.sock")
-	p := proxytest.Start(t, exec.Command(bin, "--port", "0", "--unixsocket", sock, "--save", "", "--appendonly", "no",
-		"--dir", dir, "--daemonize", "no", "--logfile", ""), func() error { return unixCommand(sock, "PING") })
+	sock := filepath.Join(t.TempDir(), "redis.sock")
+	dial := func() (net.Conn, error) { return net.DialTimeout("unix", sock, time.Second) }
+	p := proxytest.StartRedisWith(t, dial, "--port", "0", "--unixsocket", sock)
 	r, err := NewRedis("unix://" + sock)
 	if err != nil {
 		t.Fatal(err)
@@ -40,7 +42,7 @@ func TestRedisUnixSocketShutdownDropped(t *testing.T) {
 	if err := r.Heartbeat(ctx, o, time.Minute); err != nil {
 		t.Fatal(err)
 	}
-	unixCommand(sock, "SHUTDOWN NOSAVE")
+	proxytest.RedisCommand(dial, "SHUTDOWN NOSAVE", "") // no answer: the server closes it
 	select {
 	case <-p.Done():
 	case <-time.After(10 * time.Second):
@@ -65,24 +67,91 @@ func TestRedisUnixSocketShutdownDropped(t *testing.T) {
 	}
 }
 
-// unixCommand sends one inline command to the Redis at sock and reads
-// its answer's first line, if any.
-func unixCommand(sock, cmd string) error {
-	c, err := net.DialTimeout("unix", sock, time.Second)
+// TestRedisTLSDropsCounted: over TLS (rediss://) the store's dialer
+// wraps the TLS connection, which the client does not check before use
+// (it cannot peek under TLS): a connection the server closed is counted
+// when read, so that an exchange failing after the server's end closed
+// its connections, then went silent (a host shutting down), is
+// ErrDropped, and one over a link gone silent alone is not.
+func TestRedisTLSDropsCounted(t *testing.T) {
+	dir := t.TempDir()
+	cert, key := filepath.Join(dir, "cert.pem"), filepath.Join(dir, "key.pem")
+	writeSelfSigned(t, cert, key)
+	addr := proxytest.FreeAddr(t)
+	_, port, _ := net.SplitHostPort(addr)
+	proxytest.StartRedisWith(t, func() (net.Conn, error) {
+		return tls.DialWithDialer(&net.Dialer{Timeout: time.Second}, "tcp", addr, &tls.Config{InsecureSkipVerify: true})
+	}, "--port", "0", "--tls-port", port, "--bind", "127.0.0.1",
+		"--tls-cert-file", cert, "--tls-key-file", key, "--tls-ca-cert-file", cert, "--tls-auth-clients", "no")
+	for _, c := range []struct {
+		name    string
+		fault   func(*relay)
+		dropped bool
+	}{
+		{"closed, then silent", func(rl *relay) {
+			rl.silent.Store(true)
+			rl.mu.Lock()
+			defer rl.mu.Unlock()
+			for _, c := range rl.conns {
+				c.Close()
+			}
+		}, true},
+		{"silent", func(rl *relay) { rl.silent.Store(true) }, false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			rl := newRelay(t, addr)
+			r, err := NewRedis("rediss://" + rl.ln.Addr().String() + "/0?skip_verify=true")
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { r.Close() })
+			o := Owner{Replica: "a", Boot: "b"}
+			if err := r.Heartbeat(context.Background(), o, time.Minute); err != nil {
+				t.Fatal(err)
+			}
+			c.fault(rl)
+			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			defer cancel()
+			err = r.Heartbeat(ctx, o, time.Minute)
+			if err == nil {
+				t.Fatal("answered")
+			}
+			if errors.Is(err, ErrDropped) != c.dropped {
+				t.Errorf("%v: ErrDropped %v, want %v", err, !c.dropped, c.dropped)
+			}
+		})
+	}
+}
+
+// writeSelfSigned writes a self-signed certificate for 127.0.0.1 and its
+// key, PEM-encoded.
+func writeSelfSigned(t *testing.T, certPath, keyPath string) {
+	k, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
-		return err
+		t.Fatal(err)
 	}
-	defer c.Close()
-	c.SetDeadline(time.Now().Add(2 * time.Second))
-	if _, err := c.Write([]byte(cmd + "\r\n")); err != nil {
-		return err
+	tmpl := &x509.Certificate{
+		SerialNumber:          big.NewInt(1),
+		NotBefore:             time.Now().Add(-time.Hour),
+		NotAfter:              time.Now().Add(time.Hour),
+		IPAddresses:           []net.IP{net.IPv4(127, 0, 0, 1)},
+		IsCA:                  true,
+		KeyUsage:              x509.KeyUsageDigitalSignature | x509.KeyUsageCertSign,
+		ExtKeyUsage:           []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
+		BasicConstraintsValid: true,
 	}
-	line, err := bufio.NewReader(c).ReadString('\n')
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &k.PublicKey, k)
 	if err != nil {
-		return err
+		t.Fatal(err)
 	}
-	if strings.HasPrefix(line, "-") {
-		return errors.New(strings.TrimSpace(line))
+	kb, err := x509.MarshalECPrivateKey(k)
+	if err != nil {
+		t.Fatal(err)
 	}
-	return nil
+	if err := os.WriteFile(certPath, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(keyPath, pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kb}), 0o600); err != nil {
+		t.Fatal(err)
+	}
 }
