@@ -5,89 +5,21 @@ package statestore
 import (
 	"context"
 	"errors"
-	"net"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/wasmtools/wasmtools/internal/proxytest"
 )
 
-// relay forwards connections to a Redis server, in the order accepted
-// (conns), until silent: then it swallows what either side sends, and
-// accepts new connections to swallow theirs (a link blackholed).
-type relay struct {
-	ln     net.Listener
-	target string
-	silent atomic.Bool
-	mu     sync.Mutex
-	conns  []net.Conn // the client side of each, in order
-	// accepted has the number of connections accepted so far, after
-	// each accept, when there is room.
-	accepted chan int
-}
-
-func newRelay(t *testing.T, target string) *relay {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+// openRedis opens the Redis store at url, closed when the test ends.
+func openRedis(t *testing.T, url string) *Redis {
+	t.Helper()
+	r, err := NewRedis(url)
 	if err != nil {
 		t.Fatal(err)
 	}
-	r := &relay{ln: ln, target: target, accepted: make(chan int, 16)}
-	t.Cleanup(func() {
-		ln.Close()
-		r.mu.Lock()
-		defer r.mu.Unlock()
-		for _, c := range r.conns {
-			c.Close()
-		}
-	})
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			u, err := net.Dial("tcp", target)
-			if err != nil {
-				c.Close()
-				continue
-			}
-			r.mu.Lock()
-			r.conns = append(r.conns, c)
-			n := len(r.conns)
-			r.mu.Unlock()
-			select {
-			case r.accepted <- n:
-			default:
-			}
-			go r.pipe(c, u)
-			go r.pipe(u, c)
-		}
-	}()
+	t.Cleanup(func() { r.Close() })
 	return r
-}
-
-func (r *relay) pipe(from, to net.Conn) {
-	defer from.Close()
-	defer to.Close()
-	buf := make([]byte, 32<<10)
-	for {
-		n, err := from.Read(buf)
-		if err != nil {
-			return
-		}
-		if !r.silent.Load() {
-			to.Write(buf[:n])
-		}
-	}
-}
-
-// conn is the client side of the i-th connection accepted.
-func (r *relay) conn(i int) net.Conn {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.conns[i]
 }
 
 // TestIdleConnClosedNotDropped: a connection the server closes after it
@@ -99,9 +31,6 @@ func (r *relay) conn(i int) net.Conn {
 // counted (TestDropsCounted, internal/durable's
 // TestRedisFaultsClassified).
 func TestIdleConnClosedNotDropped(t *testing.T) {
-	if _, ok := proxytest.Find("redis-server"); !ok {
-		t.Skip("no redis-server")
-	}
 	addr := proxytest.StartRedis(t)
 	for _, c := range []struct {
 		name    string
@@ -114,12 +43,8 @@ func TestIdleConnClosedNotDropped(t *testing.T) {
 		{"closed idle a moment", 0, true},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			rl := newRelay(t, addr)
-			r, err := NewRedis("redis://" + rl.ln.Addr().String() + "/0")
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { r.Close() })
+			rl := proxytest.StartRelay(t, addr)
+			r := openRedis(t, "redis://"+rl.Addr()+"/0")
 			ctx := context.Background()
 			// Two connections in the pool: NewRedis's (0), and another
 			// (1), returned last, so that it is the one taken next.
@@ -139,8 +64,8 @@ func TestIdleConnClosedNotDropped(t *testing.T) {
 			if err := r.Heartbeat(ctx, o, time.Minute); err != nil {
 				t.Fatal(err)
 			}
-			rl.conn(0).Close()
-			rl.silent.Store(true)
+			rl.Conn(0).Close()
+			rl.SetMode(proxytest.RelaySilent)
 			// The first exchange times out on connection 1; the second
 			// finds 0 closed, and dials one that the link swallows.
 			for i := range 2 {
@@ -167,32 +92,25 @@ func TestIdleConnClosedNotDropped(t *testing.T) {
 // and ends first. Only the heartbeat's failure, later, would say the
 // store went down.
 func TestDropMarksLaterExchanges(t *testing.T) {
-	if _, ok := proxytest.Find("redis-server"); !ok {
-		t.Skip("no redis-server")
-	}
-	rl := newRelay(t, proxytest.StartRedis(t))
-	r, err := NewRedis("redis://" + rl.ln.Addr().String() + "/0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { r.Close() })
-	<-rl.accepted // NewRedis's connection, in the pool
+	rl := proxytest.StartRelay(t, proxytest.StartRedis(t))
+	r := openRedis(t, "redis://"+rl.Addr()+"/0")
+	<-rl.Accepted(1) // NewRedis's connection, in the pool
 	ctx := context.Background()
 	o := Owner{Replica: "a", Boot: "b"}
 	if err := r.Heartbeat(ctx, o, time.Minute); err != nil {
 		t.Fatal(err)
 	}
-	rl.silent.Store(true)
-	rl.conn(0).Close()
+	rl.SetMode(proxytest.RelaySilent)
+	rl.Conn(0).Close()
 	first := make(chan error, 1)
 	go func() {
 		bctx, cancel := context.WithTimeout(ctx, 4*time.Second)
 		defer cancel()
 		first <- r.Heartbeat(bctx, o, time.Minute)
 	}()
-	<-rl.accepted // its dial, after it found connection 0 closed
+	<-rl.Accepted(2) // its dial, after it found connection 0 closed
 	bctx, cancel := context.WithTimeout(ctx, time.Second)
-	err = r.Heartbeat(bctx, o, time.Minute)
+	err := r.Heartbeat(bctx, o, time.Minute)
 	cancel()
 	if !errors.Is(err, ErrDropped) {
 		t.Errorf("the later exchange: %v; want ErrDropped", err)

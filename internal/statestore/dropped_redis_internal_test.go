@@ -32,11 +32,7 @@ func TestRedisUnixSocketShutdownDropped(t *testing.T) {
 	sock := filepath.Join(t.TempDir(), "redis.sock")
 	dial := func() (net.Conn, error) { return net.DialTimeout("unix", sock, time.Second) }
 	p := proxytest.StartRedisWith(t, dial, "--port", "0", "--unixsocket", sock)
-	r, err := NewRedis("unix://" + sock)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { r.Close() })
+	r := openRedis(t, "unix://"+sock)
 	o := Owner{Replica: "a", Boot: "b"}
 	ctx := context.Background()
 	if err := r.Heartbeat(ctx, o, time.Minute); err != nil {
@@ -85,26 +81,15 @@ func TestRedisTLSDropsCounted(t *testing.T) {
 		"--tls-cert-file", cert, "--tls-key-file", key, "--tls-ca-cert-file", cert, "--tls-auth-clients", "no")
 	for _, c := range []struct {
 		name    string
-		fault   func(*relay)
+		fault   func(*proxytest.Relay)
 		dropped bool
 	}{
-		{"closed, then silent", func(rl *relay) {
-			rl.silent.Store(true)
-			rl.mu.Lock()
-			defer rl.mu.Unlock()
-			for _, c := range rl.conns {
-				c.Close()
-			}
-		}, true},
-		{"silent", func(rl *relay) { rl.silent.Store(true) }, false},
+		{"closed, then silent", func(rl *proxytest.Relay) { rl.SetMode(proxytest.RelaySilent); rl.CloseAll() }, true},
+		{"silent", func(rl *proxytest.Relay) { rl.SetMode(proxytest.RelaySilent) }, false},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			rl := newRelay(t, addr)
-			r, err := NewRedis("rediss://" + rl.ln.Addr().String() + "/0?skip_verify=true")
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { r.Close() })
+			rl := proxytest.StartRelay(t, addr)
+			r := openRedis(t, "rediss://"+rl.Addr()+"/0?skip_verify=true")
 			o := Owner{Replica: "a", Boot: "b"}
 			if err := r.Heartbeat(context.Background(), o, time.Minute); err != nil {
 				t.Fatal(err)
@@ -112,7 +97,7 @@ func TestRedisTLSDropsCounted(t *testing.T) {
 			c.fault(rl)
 			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 			defer cancel()
-			err = r.Heartbeat(ctx, o, time.Minute)
+			err := r.Heartbeat(ctx, o, time.Minute)
 			if err == nil {
 				t.Fatal("answered")
 			}
