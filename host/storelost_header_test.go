@@ -19,9 +19,6 @@ import (
 // with it. The old code started it afresh without a word: its count went
 // from 3 back to 1.
 func TestStoreBackEmptyHeaderClientToldReset(t *testing.T) {
-	if _, ok := proxytest.Find("redis-server"); !ok {
-		t.Skip("no redis-server")
-	}
 	addr := proxytest.FreeAddr(t)
 	redis := proxytest.StartRedisAt(t, addr)
 	open := func() statestore.Store {
