@@ -14,12 +14,14 @@ import (
 	"bufio"
 	"bytes"
 	"fmt"
+	"io"
 	"math/rand/v2"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -466,4 +468,172 @@ func (b *syncBuffer) String() string {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.b.String()
+}
+
+// StartRedisReplica starts redis-server on a free loopback port as a
+// replica of the Redis at primary (127.0.0.1:PORT), empty and with
+// nothing saved to disk, and returns once its first sync with primary
+// finished (its log says so): a WAIT on primary counts it from then.
+// Stop it, or SIGSTOP it, through the Process.
+func StartRedisReplica(t testing.TB, primary string) (addr string, p *Process) {
+	t.Helper()
+	addr = FreeAddr(t)
+	_, port, _ := net.SplitHostPort(addr)
+	host, pport, _ := net.SplitHostPort(primary)
+	p = StartRedisWith(t, func() (net.Conn, error) { return net.DialTimeout("tcp", addr, time.Second) },
+		"--port", port, "--bind", "127.0.0.1", "--replicaof", host, pport)
+	if !p.WaitOutput(StartTimeout, func(out string) bool { return strings.Contains(out, "sync: Finished with success") }) {
+		t.Fatalf("redis replica %s of %s: no sync within %v\n%s", addr, primary, StartTimeout, p.Output())
+	}
+	return addr, p
+}
+
+// Sentinel timings of [StartSentinel]: a primary silent for
+// SentinelDownAfter is down, and a failover is given SentinelFailoverTimeout.
+const (
+	SentinelDownAfter       = time.Second
+	SentinelFailoverTimeout = 5 * time.Second
+)
+
+// StartSentinel starts redis-server as a Sentinel (--sentinel) on a free
+// loopback port, monitoring the Redis at primary (127.0.0.1:PORT) as
+// master name with a quorum of 1 (a Sentinel alone fails it over), and
+// returns its address once it names primary and knows of replicas
+// replicas of it (started before it, [StartRedisReplica]). It is stopped
+// by its PID at the test's end.
+func StartSentinel(t testing.TB, name, primary string, replicas int) (addr string, p *Process) {
+	t.Helper()
+	bin := Binary(t, "redis-server", "redis-server")
+	addr = FreeAddr(t)
+	_, port, _ := net.SplitHostPort(addr)
+	host, pport, _ := net.SplitHostPort(primary)
+	dir := t.TempDir()
+	conf := filepath.Join(dir, "sentinel.conf") // Sentinel rewrites it
+	cfg := fmt.Sprintf("port %s\nbind 127.0.0.1\ndir %s\nsentinel monitor %s %s %s 1\n"+
+		"sentinel down-after-milliseconds %[3]s %[6]d\nsentinel failover-timeout %[3]s %[7]d\n",
+		port, dir, name, host, pport, SentinelDownAfter.Milliseconds(), SentinelFailoverTimeout.Milliseconds())
+	if err := os.WriteFile(conf, []byte(cfg), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	dial := func() (net.Conn, error) { return net.DialTimeout("tcp", addr, time.Second) }
+	p = Start(t, exec.Command(bin, conf, "--sentinel", "--daemonize", "no", "--logfile", ""), func() error {
+		if a, err := RedisArray(dial, "SENTINEL get-master-addr-by-name "+name); err != nil || len(a) != 2 || net.JoinHostPort(a[0], a[1]) != primary {
+			return fmt.Errorf("master %s: %q (%v)", name, a, err)
+		}
+		if a, err := RedisArray(dial, "SENTINEL replicas "+name); err != nil || len(a) < replicas {
+			return fmt.Errorf("replicas of %s: %d (%v)", name, len(a), err)
+		}
+		return nil
+	})
+	return addr, p
+}
+
+// SentinelMaster returns the address (HOST:PORT) the Sentinel at sentinel
+// gives for master name.
+func SentinelMaster(sentinel, name string) (string, error) {
+	a, err := RedisArray(func() (net.Conn, error) { return net.DialTimeout("tcp", sentinel, time.Second) },
+		"SENTINEL get-master-addr-by-name "+name)
+	if err != nil {
+		return "", err
+	}
+	if len(a) != 2 {
+		return "", fmt.Errorf("sentinel %s: master %s: %q", sentinel, name, a)
+	}
+	return net.JoinHostPort(a[0], a[1]), nil
+}
+
+// WaitSentinelMaster waits, up to timeout, until the Sentinel at sentinel
+// gives want as master name's address (a failover done), asking it every
+// 50 ms; it fails t otherwise.
+func WaitSentinelMaster(t testing.TB, sentinel, name, want string, timeout time.Duration) {
+	t.Helper()
+	deadline := time.NewTimer(timeout)
+	defer deadline.Stop()
+	tick := time.NewTicker(50 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		got, err := SentinelMaster(sentinel, name)
+		if err == nil && got == want {
+			return
+		}
+		select {
+		case <-tick.C:
+		case <-deadline.C:
+			t.Fatalf("sentinel %s: master %s is %s (%v) after %v, want %s", sentinel, name, got, err, timeout, want)
+		}
+	}
+}
+
+// RedisArray sends one inline command over a connection dial makes and
+// reads its answer as an array (of bulk strings, or of arrays: an
+// element that is an array is counted, its contents skipped); an error
+// reply is returned as an error, a nil array as none.
+func RedisArray(dial func() (net.Conn, error), cmd string) ([]string, error) {
+	c, err := dial()
+	if err != nil {
+		return nil, err
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(2 * time.Second))
+	if _, err := c.Write([]byte(cmd + "\r\n")); err != nil {
+		return nil, err
+	}
+	r := bufio.NewReader(c)
+	var read func() (string, error)
+	read = func() (string, error) {
+		line, err := r.ReadString('\n')
+		if err != nil {
+			return "", err
+		}
+		line = strings.TrimRight(line, "\r\n")
+		if line == "" {
+			return "", fmt.Errorf("%s: empty reply line", cmd)
+		}
+		switch line[0] {
+		case '-':
+			return "", fmt.Errorf("%s: %s", cmd, line[1:])
+		case '+', ':':
+			return line[1:], nil
+		case '$':
+			n, err := strconv.Atoi(line[1:])
+			if err != nil || n < 0 {
+				return "", err
+			}
+			b := make([]byte, n+2)
+			if _, err := io.ReadFull(r, b); err != nil {
+				return "", err
+			}
+			return string(b[:n]), nil
+		case '*':
+			n, _ := strconv.Atoi(line[1:])
+			for range max(n, 0) {
+				if _, err := read(); err != nil {
+					return "", err
+				}
+			}
+			return "", nil
+		}
+		return "", fmt.Errorf("%s: reply %q", cmd, line)
+	}
+	line, err := r.ReadString('\n')
+	if err != nil {
+		return nil, err
+	}
+	line = strings.TrimRight(line, "\r\n")
+	if strings.HasPrefix(line, "-") {
+		return nil, fmt.Errorf("%s: %s", cmd, line[1:])
+	}
+	if !strings.HasPrefix(line, "*") {
+		return nil, fmt.Errorf("%s: not an array: %q", cmd, line)
+	}
+	n, _ := strconv.Atoi(line[1:])
+	var out []string
+	for range max(n, 0) {
+		s, err := read()
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, s)
+	}
+	return out, nil
 }
