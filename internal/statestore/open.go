@@ -11,6 +11,8 @@ import (
 // Open opens the store named by url, sealed with stateKey (see [Seal]):
 //
 //	redis://[user:pass@]HOST:PORT/DB  a Redis server (rediss:// for TLS), see [Redis]
+//	redis://SENTINEL:PORT/DB?master_name=NAME  its primary, found through Sentinel
+//	    ...?wait_replicas=N               either, a write acknowledged once N replicas have it ([NewRedis])
 //	file:PATH or file://PATH          a file on this machine, see [File]
 //	file                              the file at [DefaultPath]
 //
@@ -25,7 +27,7 @@ func Open(url string, stateKey []byte) (Store, error) {
 		err error
 	)
 	switch {
-	case strings.HasPrefix(url, "redis://") || strings.HasPrefix(url, "rediss://"):
+	case isRedisURL(url):
 		s, err = NewRedis(url)
 	case url == "file" || strings.HasPrefix(url, "file:"):
 		path := strings.TrimPrefix(strings.TrimPrefix(url, "file"), ":")
@@ -42,16 +44,26 @@ func Open(url string, stateKey []byte) (Store, error) {
 		}
 		s, err = NewFile(path)
 	default:
-		scheme, _, ok := strings.Cut(url, ":")
-		if !ok {
-			scheme = url
-		}
-		return nil, fmt.Errorf("statestore: unknown store %q: want redis://HOST:PORT/DB, file:PATH or file", scheme)
+		return nil, unknownStore(url)
 	}
 	if err != nil {
 		return nil, err
 	}
 	return Seal(s, stateKey), nil
+}
+
+func isRedisURL(url string) bool {
+	return strings.HasPrefix(url, "redis://") || strings.HasPrefix(url, "rediss://")
+}
+
+// unknownStore is the error of a URL naming no store Open knows: it
+// names the scheme alone (a URL may hold a password).
+func unknownStore(url string) error {
+	scheme, _, ok := strings.Cut(url, ":")
+	if !ok {
+		scheme = url
+	}
+	return fmt.Errorf("statestore: unknown store %q: want redis://HOST:PORT/DB, file:PATH or file", scheme)
 }
 
 // DefaultPath is the file store's path when none is given:

@@ -10,6 +10,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -75,7 +76,12 @@ type Redis struct {
 	// count is past it (call).
 	answered atomic.Uint64
 	lease    time.Duration // [Lease] unless SetLease
-	closed   atomic.Bool
+	// wait is the replicas a write waits for (wait_replicas; 0: none),
+	// up to waitTimeout: see waited.
+	wait        int
+	waitTimeout time.Duration
+	loaded      sync.Map // of the *redis.Script run under WAIT (bySHA)
+	closed      atomic.Bool
 	// idle hands a call to a goroutine of an earlier one that waits
 	// for another (call); quit ends them at Close.
 	idle chan func()
@@ -94,29 +100,82 @@ func (r *Redis) SetLease(d time.Duration) { r.lease = d }
 const FenceTTL = 24 * time.Hour
 
 // NewRedis connects to the server at url, redis://[user:pass@]HOST:PORT/DB
-// (or rediss:// for TLS), and checks it answers. The caller closes it.
+// (or rediss:// for TLS), or to the primary that the Sentinels at
+// redis://SENTINEL:PORT/DB?master_name=NAME&addr=SENTINEL2:PORT... name
+// (go-redis's failover URL: the userinfo is the Sentinels', the primary's
+// the password= and username= parameters), and checks it answers. The
+// caller closes it.
+//
+// wait_replicas=N (either form) makes every exchange that writes wait,
+// after its command and on its connection, for N replicas to have what
+// that connection wrote (Redis's WAIT), up to wait_timeout
+// ([DefaultWaitTimeout], capped at 2/3 of what the exchange's deadline
+// leaves): a write that fewer acknowledged fails with [ErrNotReplicated].
+// Replication is asynchronous otherwise, and a failover to a replica
+// that lagged loses writes the store acknowledged, fence bumps among them
+// (docs/DESIGN.md, "Writes wait for replicas").
 func NewRedis(url string) (*Redis, error) {
-	opt, err := redis.ParseURL(url)
+	cfg, err := parseRedisURL(url)
 	if err != nil {
-		return nil, fmt.Errorf("statestore: redis URL: %v", err)
+		return nil, err
 	}
-	opt.DialTimeout = 3 * time.Second
-	opt.ReadTimeout = 5 * time.Second
-	opt.WriteTimeout = 5 * time.Second
-	opt.ContextTimeoutEnabled = true
-	opt.PoolSize = 8
-	opt.MaxRetries = 1
-	opt.DisableIdentity = true // no CLIENT SETINFO: older servers refuse it noisily
+	// One retry after a network error (a dead pooled connection after
+	// Redis restarted), but none when writes wait for replicas: a
+	// resend that finds its first send landed writes nothing (the
+	// scripts' resent checks), and WAIT on the resend's connection does
+	// not cover what the first send's wrote. The write then fails for
+	// want of an answer, its outcome unknown, as internal/durable
+	// handles.
+	retries := 1
+	if cfg.wait > 0 {
+		retries = -1 // go-redis: -1 for none (0 is its default, 3)
+	}
 	d := &drops{}
-	opt.Dialer = d.dialer(redis.NewDialer(opt))
-	c := redis.NewClient(opt)
+	var (
+		c     *redis.Client
+		where string
+	)
+	if fo := cfg.failover; fo != nil {
+		bound(&fo.DialTimeout, &fo.ReadTimeout, &fo.WriteTimeout, &fo.ContextTimeoutEnabled, &fo.DisableIdentity, &fo.PoolSize, &fo.MaxRetries, retries)
+		// go-redis dials the primary (and each Sentinel it asks where
+		// the primary is) through fo.Dialer. Its Sentinels' drops are
+		// counted with the primary's: a drop marks an exchange failing
+		// meanwhile ErrDropped, which only keeps a session on the
+		// replica that holds it rather than hand it over
+		// (internal/durable's ServeElsewhere), the cautious side; and
+		// the Sentinels are asked only when a connection to the primary
+		// is dialed, that is when the primary's was dropped or refused
+		// already, or at a failover, when the primary may come back
+		// older. Telling them apart would need the Sentinels' addresses,
+		// which go-redis learns as it goes.
+		fo.Dialer = d.dialer(redis.NewDialer(&redis.Options{DialTimeout: fo.DialTimeout, TLSConfig: fo.TLSConfig}))
+		c = redis.NewFailoverClient(fo)
+		where = fmt.Sprintf("primary %q through Sentinel %s", fo.MasterName, strings.Join(fo.SentinelAddrs, ", "))
+	} else {
+		opt := cfg.plain
+		bound(&opt.DialTimeout, &opt.ReadTimeout, &opt.WriteTimeout, &opt.ContextTimeoutEnabled, &opt.DisableIdentity, &opt.PoolSize, &opt.MaxRetries, retries)
+		opt.Dialer = d.dialer(redis.NewDialer(opt))
+		c = redis.NewClient(opt)
+		where = opt.Addr
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	if err := c.Ping(ctx).Err(); err != nil {
 		c.Close()
-		return nil, fmt.Errorf("statestore: redis %s: %v", opt.Addr, err)
+		return nil, fmt.Errorf("statestore: redis %s: %v", where, err)
 	}
-	return &Redis{c: c, drops: d, lease: Lease, idle: make(chan func()), quit: make(chan struct{})}, nil
+	return &Redis{c: c, drops: d, lease: Lease, wait: cfg.wait, waitTimeout: cfg.waitTimeout,
+		idle: make(chan func()), quit: make(chan struct{})}, nil
+}
+
+// bound sets a client's bounds (see [Redis]), in go-redis's Options or
+// FailoverOptions alike: 3 s to dial, 5 s to read or write, the context's
+// deadline, a pool of 8, retries after a network error, and no CLIENT
+// SETINFO (older servers refuse it noisily).
+func bound(dial, read, write *time.Duration, ctxTimeout, noIdentity *bool, pool, maxRetries *int, retries int) {
+	*dial, *read, *write = 3*time.Second, 5*time.Second, 5*time.Second
+	*ctxTimeout, *noIdentity = true, true
+	*pool, *maxRetries = 8, retries
 }
 
 // epochKey holds the store's epoch: a random number made when the store
@@ -281,14 +340,152 @@ func pastDeadline(ctx context.Context) bool {
 	return ok && time.Until(d) < time.Millisecond
 }
 
+// waited runs the commands queue adds in one pipeline (one connection,
+// one round trip) and, when the store waits for replicas (wait_replicas),
+// WAIT after them: WAIT counts the replicas that have what its own
+// connection wrote, so it must follow the write on the write's
+// connection. It returns the pipeline's error as Pipelined does (the
+// caller reads its commands' own), and WAIT's verdict: nil, or
+// [ErrNotReplicated], wrapping WAIT's own error when it got no answer.
+// A write that gets ErrNotReplicated may have landed (the primary has
+// it): it is the outcome of an exchange whose answer was lost, never a
+// refusal. A verdict on a command that wrote nothing (a refusal, a
+// fence that is not the holder's) covers the connection's earlier
+// writes, which the refusal may rest on: it is kept too.
+func (r *Redis) waited(ctx context.Context, queue func(p redis.Pipeliner)) (pipeErr, waitErr error) {
+	var wait *redis.Cmd
+	_, pipeErr = r.c.Pipelined(ctx, func(p redis.Pipeliner) error {
+		queue(p)
+		if r.wait > 0 {
+			// Pipeliner has no Wait; WAIT's timeout is in ms.
+			wait = p.Do(ctx, "wait", r.wait, r.waitFor(ctx).Milliseconds())
+		}
+		return nil
+	})
+	if wait == nil {
+		return pipeErr, nil
+	}
+	switch n, err := wait.Int64(); {
+	case err != nil:
+		return pipeErr, &notReplicatedError{err: err}
+	case n < int64(r.wait):
+		return pipeErr, &notReplicatedError{got: n, want: r.wait}
+	}
+	return pipeErr, nil
+}
+
+// waitFor is WAIT's bound under ctx: waitTimeout, but at most 2/3 of
+// what ctx's deadline leaves, so that WAIT answers (a verdict) before the
+// exchange's deadline ends it (no answer): Redis ends a WAIT on its event
+// loop's tick, 50 to 100 ms late at its default hz. At least 1 ms: WAIT 0
+// waits for ever.
+func (r *Redis) waitFor(ctx context.Context) time.Duration {
+	d := r.waitTimeout
+	if dl, ok := ctx.Deadline(); ok {
+		d = min(d, time.Until(dl)*2/3)
+	}
+	return max(d, time.Millisecond)
+}
+
+// notReplicatedError is a write's [ErrNotReplicated]: WAIT counted got of
+// want replicas, or did not answer (err).
+type notReplicatedError struct {
+	got  int64
+	want int
+	err  error
+}
+
+func (e *notReplicatedError) Error() string {
+	if e.err != nil {
+		return "the write's WAIT for replicas got no answer: " + e.err.Error()
+	}
+	return fmt.Sprintf("the write reached %d of the %d replicas it waits for (wait_replicas)", e.got, e.want)
+}
+
+// Unwrap is ErrNotReplicated, and WAIT's own error when it got no answer:
+// an exchange that met the store's silence there is silent, as any other
+// (internal/durable's hand-over), while one that WAIT answered short is
+// not: the store answered.
+func (e *notReplicatedError) Unwrap() []error {
+	if e.err != nil {
+		return []error{ErrNotReplicated, e.err}
+	}
+	return []error{ErrNotReplicated}
+}
+
+// script runs s as s.Run would (by its SHA-1, then its text if Redis does
+// not know it), and when the store waits for replicas, WAIT after it
+// (waited): the command's error is then WAIT's verdict when the script
+// itself succeeded.
+func (r *Redis) script(ctx context.Context, s *redis.Script, keys []string, args ...any) *redis.Cmd {
+	if r.wait == 0 {
+		return s.Run(ctx, r.c, keys, args...)
+	}
+	var werr error
+	cmd := r.bySHA(s, func(bySHA bool) *redis.Cmd {
+		var cmd *redis.Cmd
+		_, werr = r.waited(ctx, func(p redis.Pipeliner) {
+			if bySHA {
+				cmd = s.EvalSha(ctx, p, keys, args...)
+			} else {
+				cmd = s.Eval(ctx, p, keys, args...)
+			}
+		})
+		return cmd
+	})
+	if cmd.Err() == nil && werr != nil {
+		cmd.SetErr(werr)
+	}
+	return cmd
+}
+
+// bySHA runs a script through run, by its SHA-1 when it ran on this store
+// before, by its text otherwise or when Redis does not know it
+// (NOSCRIPT: a restarted, flushed or new primary), and notes that it ran.
+// A pipeline sent by SHA-1 and refused NOSCRIPT costs its WAIT still,
+// which waits for the connection's earlier writes: sent twice on a first
+// use, a write waited twice, past the exchange's deadline
+// (TestWaitNotReplicated).
+func (r *Redis) bySHA(s *redis.Script, run func(bySHA bool) *redis.Cmd) *redis.Cmd {
+	_, known := r.loaded.Load(s)
+	cmd := run(known)
+	if known && redis.HasErrorPrefix(cmd.Err(), "NOSCRIPT") {
+		cmd = run(false)
+	}
+	if cmd.Err() == nil {
+		r.loaded.Store(s, true)
+	} else if redis.HasErrorPrefix(cmd.Err(), "NOSCRIPT") {
+		r.loaded.Delete(s)
+	}
+	return cmd
+}
+
+// command runs the command cmd adds (a heartbeat's SET, a DEL) and, when
+// the store waits for replicas, WAIT after it (waited).
+func (r *Redis) command(ctx context.Context, cmd func(p redis.Cmdable) redis.Cmder) error {
+	if r.wait == 0 {
+		return cmd(r.c).Err()
+	}
+	var c redis.Cmder
+	_, werr := r.waited(ctx, func(p redis.Pipeliner) { c = cmd(p) })
+	if err := c.Err(); err != nil {
+		return err
+	}
+	return werr
+}
+
 func (r *Redis) Heartbeat(ctx context.Context, owner Owner, ttl time.Duration) error {
 	return r.call(ctx, func() error {
-		return r.c.Set(ctx, ownerKey(owner), "1", time.Duration(ms(ttl))*time.Millisecond).Err()
+		return r.command(ctx, func(c redis.Cmdable) redis.Cmder {
+			return c.Set(ctx, ownerKey(owner), "1", time.Duration(ms(ttl))*time.Millisecond)
+		})
 	})
 }
 
 func (r *Redis) Leave(ctx context.Context, owner Owner) error {
-	return r.call(ctx, func() error { return r.c.Del(ctx, ownerKey(owner)).Err() })
+	return r.call(ctx, func() error {
+		return r.command(ctx, func(c redis.Cmdable) redis.Cmder { return c.Del(ctx, ownerKey(owner)) })
+	})
 }
 
 // valueFuncs are the Lua functions of the scripts that meet a record's
@@ -429,7 +626,7 @@ func joinFence(epoch, n string) (uint64, bool) {
 func (r *Redis) Claim(ctx context.Context, id string, owner Owner, ttl time.Duration, steal bool) (Claim, error) {
 	var res []any
 	err := r.call(ctx, func() (err error) {
-		res, err = claimScript.Run(ctx, r.c, []string{recKey(id), fenceKey(id), epochKey},
+		res, err = r.script(ctx, claimScript, []string{recKey(id), fenceKey(id), epochKey},
 			ownerKey(owner), owner.Replica, owner.Boot, ms(ttl), fenceMS(ttl), steal,
 			newEpoch(), firstFence(), r.lease.Milliseconds()).Slice()
 		return err
@@ -678,7 +875,7 @@ func (r *Redis) write(ctx context.Context, scripts scriptPair, id, field string,
 	var code int64
 	err := r.call(ctx, func() (err error) {
 		if len(value) < outOfLine {
-			code, err = scripts.inline.Run(ctx, r.c, keys, args...).Int64()
+			code, err = r.script(ctx, scripts.inline, keys, args...).Int64()
 			return err
 		}
 		args[3] = outOfLineMarker
@@ -701,39 +898,40 @@ func (r *Redis) write(ctx context.Context, scripts scriptPair, id, field string,
 
 // staged sets value under the last of keys and runs script in one
 // pipeline, as script.Run would: by its SHA-1, and again by its text if
-// Redis does not know it (a restarted or flushed server). The script's
+// Redis does not know it (a restarted or flushed server; bySHA), then
+// WAIT when the store waits for replicas (waited). The script's
 // reply decides: the set's error (out of memory) is returned only when
 // the script found nothing staged (6) or did not reply.
 func (r *Redis) staged(ctx context.Context, script *redis.Script, keys []string, value []byte, args []any) (int64, error) {
-	run := func(bySHA bool) (int64, error) {
-		var set *redis.StatusCmd
+	var set *redis.StatusCmd
+	var werr error
+	cmd := r.bySHA(script, func(bySHA bool) *redis.Cmd {
 		var cmd *redis.Cmd
-		_, err := r.c.Pipelined(ctx, func(p redis.Pipeliner) error {
+		var err error
+		err, werr = r.waited(ctx, func(p redis.Pipeliner) {
 			set = p.Set(ctx, keys[len(keys)-1], value, stageTTL)
 			if bySHA {
 				cmd = script.EvalSha(ctx, p, keys, args...)
 			} else {
 				cmd = script.Eval(ctx, p, keys, args...)
 			}
-			return nil
 		})
-		if cmd == nil || set == nil {
-			return 0, err // not sent
+		if cmd == nil || set == nil { // not sent
+			cmd = redis.NewCmd(ctx)
+			cmd.SetErr(err)
 		}
-		code, cerr := cmd.Int64()
-		switch {
-		case cerr != nil:
-			return 0, cerr
-		case code == 6 && set.Err() != nil:
-			return 0, set.Err()
-		}
-		return code, nil
+		return cmd
+	})
+	code, cerr := cmd.Int64()
+	switch {
+	case cerr != nil:
+		return 0, cerr
+	case code == 6 && set.Err() != nil:
+		return 0, set.Err()
+	case werr != nil:
+		return 0, werr
 	}
-	code, err := run(true)
-	if err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
-		code, err = run(false)
-	}
-	return code, err
+	return code, nil
 }
 
 func (r *Redis) putVersioned(ctx context.Context, id, field string, value, head []byte, fence, prev uint64, ttl time.Duration) error {
@@ -853,7 +1051,7 @@ func (r *Redis) Renew(ctx context.Context, id string, fence uint64, ttl time.Dur
 	e, n := fenceArgs(fence)
 	var res any
 	err := r.call(ctx, func() (err error) {
-		res, err = renewScript.Run(ctx, r.c, []string{recKey(id), fenceKey(id), epochKey},
+		res, err = r.script(ctx, renewScript, []string{recKey(id), fenceKey(id), epochKey},
 			e, n, ms(ttl), fenceMS(ttl), bump, r.lease.Milliseconds()).Result()
 		return err
 	})
@@ -902,7 +1100,7 @@ return {e, 0}
 func (r *Redis) Epoch(ctx context.Context, seen uint32, window time.Duration) (uint32, bool, error) {
 	var res []any
 	err := r.call(ctx, func() (err error) {
-		res, err = epochScript.Run(ctx, r.c, []string{epochKey, lostKey}, newEpoch(), seen, max(window.Milliseconds(), 1), time.Now().UnixMilli()).Slice()
+		res, err = r.script(ctx, epochScript, []string{epochKey, lostKey}, newEpoch(), seen, max(window.Milliseconds(), 1), time.Now().UnixMilli()).Slice()
 		return err
 	})
 	if err != nil {
@@ -937,7 +1135,7 @@ return 1
 func (r *Redis) Release(ctx context.Context, id string, fence uint64) error {
 	e, n := fenceArgs(fence)
 	return r.call(ctx, func() error {
-		return releaseScript.Run(ctx, r.c, []string{recKey(id), fenceKey(id)}, e, n).Err()
+		return r.script(ctx, releaseScript, []string{recKey(id), fenceKey(id)}, e, n).Err()
 	})
 }
 
@@ -966,7 +1164,7 @@ func (r *Redis) Delete(ctx context.Context, id string, fence uint64) error {
 	var ok int64
 	err := r.call(ctx, func() (err error) {
 		e, n := fenceArgs(fence)
-		ok, err = deleteScript.Run(ctx, r.c, []string{recKey(id), fenceKey(id)}, e, n, fenceMS(0)).Int64()
+		ok, err = r.script(ctx, deleteScript, []string{recKey(id), fenceKey(id)}, e, n, fenceMS(0)).Int64()
 		return err
 	})
 	if err == nil && ok != 1 {

@@ -62,6 +62,13 @@ var (
 	// though the store kept its epoch. The writer claims again and
 	// writes back what it holds.
 	ErrRecordLost = errors.New("statestore: the session's record is gone")
+	// ErrNotReplicated: the store's primary made the write (it may have
+	// landed) but fewer of its replicas than asked (a Redis URL's
+	// wait_replicas) acknowledged it in time; a failover could lose it.
+	// Its outcome is unknown, as a write whose answer was lost: the
+	// writer must not count it as made, nor as refused (see
+	// docs/DESIGN.md, "Writes wait for replicas").
+	ErrNotReplicated = errors.New("statestore: the write was not acknowledged by enough of the store's replicas")
 )
 
 // Lost reports whether err says the store no longer has what the writer

@@ -29,19 +29,32 @@ type backend struct {
 }
 
 // backends are every kind of store, plain and as Open returns them
-// (sealed). Redis's are skipped without redis-server, unless CI is set.
+// (sealed), and a Redis primary found through Sentinel whose writes wait
+// for its replica. Redis's are skipped without redis-server, unless CI is
+// set.
 func backends(t *testing.T) []backend {
 	// One server for the whole test, started by the test itself: each
 	// case uses IDs of its own.
-	var redisAddr string
+	var redisAddr, sentinelAddr string
 	if _, ok := proxytest.Find("redis-server"); ok {
 		redisAddr = proxytest.StartRedis(t)
+		// A primary with a replica, found through Sentinel, every write
+		// waiting for the replica (wait_replicas).
+		primary := proxytest.StartRedis(t)
+		proxytest.StartRedisReplica(t, primary)
+		sentinelAddr, _ = proxytest.StartSentinel(t, "wt", primary, 1)
 	}
 	redisURL := func(t *testing.T) string {
 		if redisAddr == "" {
 			proxytest.Binary(t, "redis-server", "redis-server") // fails under CI, else skips
 		}
 		return "redis://" + redisAddr + "/0"
+	}
+	sentinelURL := func(t *testing.T) string {
+		if sentinelAddr == "" {
+			proxytest.Binary(t, "redis-server", "redis-server") // fails under CI, else skips
+		}
+		return "redis://" + sentinelAddr + "/0?master_name=wt&wait_replicas=1"
 	}
 	closing := func(t *testing.T, s statestore.Store, err error) statestore.Store {
 		t.Helper()
@@ -60,6 +73,10 @@ func backends(t *testing.T) []backend {
 		}},
 		{"redis", func(t *testing.T) statestore.Store {
 			s, err := statestore.NewRedis(redisURL(t))
+			return closing(t, s, err)
+		}},
+		{"redis-sentinel-wait", func(t *testing.T) statestore.Store {
+			s, err := statestore.NewRedis(sentinelURL(t))
 			return closing(t, s, err)
 		}},
 		{"sealed-file", func(t *testing.T) statestore.Store {
