@@ -222,7 +222,13 @@ func silent(err error) bool {
 }
 
 // unanswered reports whether err is a store that did not answer, rather
-// than one that refused.
+// than one that refused. statestore.ErrNotReplicated is unanswered: the
+// write landed on the primary, but too few replicas have it, so a
+// failover may lose it; its outcome is unknown, as a lost answer's (the
+// fence is bumped before the next write, the result is not saved), and
+// never a refusal, which would let a call run again over a write that
+// stays. WAIT's short answer is not silent (the other replicas meet the
+// same primary: no hand-over); WAIT unanswered is (TestNotReplicatedClassified).
 func unanswered(err error) bool {
 	switch {
 	case err == nil, errors.Is(err, statestore.ErrFenced), statestore.Lost(err),
