@@ -371,6 +371,34 @@ func TestUsage(t *testing.T) {
 	if code := run(context.Background(), []string{"frobnicate"}, nil, nil, &out, &errb); code != 2 {
 		t.Errorf("unknown command: exit %d", code)
 	}
+	// A store URL's parameters are checked before anything loads.
+	for _, c := range []struct{ url, says string }{
+		{"redis://127.0.0.1:1/0?wait_replicas=none", "wait_replicas"},
+		{"redis://127.0.0.1:1/0?master_name=wt&wait_timout=1s", "unexpected option: wait_timout"},
+		{"redis://u:secret@127.0.0.1:1/0?bogus=1", "unexpected option: bogus"},
+	} {
+		out.Reset()
+		errb.Reset()
+		code := run(context.Background(), []string{"serve", "--state-store", c.url, t.TempDir()}, nil, nil, &out, &errb)
+		if code != 2 || !strings.Contains(errb.String(), c.says) || strings.Contains(errb.String(), "secret") {
+			t.Errorf("serve --state-store %s: exit %d, %s; want 2, saying %q", c.url, code, errb.String(), c.says)
+		}
+	}
+}
+
+// TestRedactURL: a store URL is logged without its passwords, the
+// userinfo's and a Sentinel URL's password= (the primary's).
+func TestRedactURL(t *testing.T) {
+	for in, want := range map[string]string{
+		"file:/x/s.db":              "file:/x/s.db",
+		"redis://h:6379/0":          "redis://h:6379/0",
+		"redis://u:secret@h:6379/0": "redis://u:xxxxx@h:6379/0",
+		"redis://:s1@s:26379/0?master_name=wt&password=secret&wait_replicas=1": "redis://:xxxxx@s:26379/0?master_name=wt&password=xxxxx&wait_replicas=1",
+	} {
+		if got := redactURL(in); got != want {
+			t.Errorf("redactURL(%s) = %s, want %s", in, got, want)
+		}
+	}
 }
 
 // startupTimeout bounds waits for a server to start or react. Generous:

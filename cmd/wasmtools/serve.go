@@ -74,7 +74,7 @@ func cmdServe(ctx context.Context, args []string, lookupEnv func(string) (string
 	prepare := fs.Bool("prepare", false, "do not serve: load every plugin as serving would (remote sources fetched into --source-dir, machine code compiled into --cache-dir), print what would be served, and exit (1 if a plugin failed): for a container image's build, or before a one-shot client's first run")
 	shutdownGrace := fs.Duration("shutdown-grace", 10*time.Second, "on shutdown, wait this long for calls in flight")
 	replica := fs.String("replica", "", "this replica's NAME among replicas behind a proxy: session IDs and handles begin with NAME. (see docs/DEPLOY.md)")
-	stateStore := fs.String("state-store", "", "keep sessions and their plugins' states in a store, so that they survive a restart or move to another replica: redis://HOST:PORT/DB, file:PATH, or file (a file under the state directory)")
+	stateStore := fs.String("state-store", "", "keep sessions and their plugins' states in a store, so that they survive a restart or move to another replica: redis://HOST:PORT/DB (?wait_replicas=N: a write is acknowledged once N replicas have it), redis://SENTINEL:PORT/DB?master_name=NAME (the primary Sentinel names), file:PATH, or file (a file under the state directory)")
 	checkpoint := fs.String("checkpoint", host.CheckpointAfterCall, "when instance states are written to the state store: after-call (each call that changed one, before its result) or drain")
 	drainDelay := fs.Duration("drain-delay", 0, "on SIGTERM or POST /drain, keep serving open sessions this long after /readyz fails, for the proxy to notice (default with --replica: 1s, two of HAProxy's health checks in deploy/haproxy.cfg)")
 	fs.Usage = func() {
@@ -119,6 +119,14 @@ func cmdServe(ctx context.Context, args []string, lookupEnv func(string) (string
 	if fs.NArg() == 0 && common.configPath == "" && common.hyperPath == "" {
 		fmt.Fprintln(stderr, "wasmtools serve: give at least one plugin folder, file or source")
 		return 2
+	}
+	if *stateStore != "" {
+		// Before plugins load: a URL's parameters (wait_replicas,
+		// master_name) checked without connecting.
+		if err := statestore.CheckURL(*stateStore); err != nil {
+			log.Error("--state-store refused", "error", err)
+			return 2
+		}
 	}
 	if err := common.loadConfig(lookupEnv); err != nil {
 		log.Error("configuration refused", "error", err)
@@ -867,12 +875,22 @@ func openStateStore(url string, key []byte) (statestore.Store, []byte, error) {
 // statestore.KeyFile: written atomically and synced).
 func fileKey(path string) ([]byte, error) { return statestore.KeyFile(path) }
 
-// redactURL hides a store URL's password in logs.
+// redactURL hides a store URL's passwords in logs: its userinfo's, and a
+// Sentinel URL's password= parameter (the primary's).
 func redactURL(s string) string {
-	if u, err := neturl.Parse(s); err == nil && u.User != nil {
-		return u.Redacted()
+	u, err := neturl.Parse(s)
+	if err != nil {
+		return s
 	}
-	return s
+	q := u.Query()
+	if u.User == nil && !q.Has("password") {
+		return s
+	}
+	if q.Has("password") {
+		q.Set("password", "xxxxx")
+		u.RawQuery = q.Encode()
+	}
+	return u.Redacted()
 }
 
 // flagSet reports whether the flag name was given on the command line.
