@@ -2,9 +2,12 @@ package proxytest_test
 
 import (
 	"fmt"
+	"net"
 	"runtime"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/wasmtools/wasmtools/internal/proxytest"
 )
@@ -40,4 +43,28 @@ func TestBinaryMissing(t *testing.T) {
 			t.Errorf("CI=%q: fatal %q, skip %q", ci, r.fatal, r.skip)
 		}
 	}
+}
+
+// TestSentinel: a replica started by StartRedisReplica is synced, a
+// Sentinel started by StartSentinel names the primary and knows the
+// replica, and after the primary is killed it names the replica
+// (WaitSentinelMaster), which RedisArray and SentinelMaster read.
+func TestSentinel(t *testing.T) {
+	primary := proxytest.FreeAddr(t)
+	p := proxytest.StartRedisAt(t, primary)
+	replica, _ := proxytest.StartRedisReplica(t, primary)
+	sentinel, _ := proxytest.StartSentinel(t, "m", primary, 1)
+	if got, err := proxytest.SentinelMaster(sentinel, "m"); err != nil || got != primary {
+		t.Fatalf("master %s (%v), want %s", got, err, primary)
+	}
+	dial := func() (net.Conn, error) { return net.DialTimeout("tcp", sentinel, time.Second) }
+	if _, err := proxytest.RedisArray(dial, "SENTINEL get-master-addr-by-name nobody"); err != nil {
+		t.Errorf("an unknown master: %v, want a nil array", err)
+	}
+	if _, err := proxytest.RedisArray(dial, "NOSUCHCOMMAND"); err == nil {
+		t.Error("an error reply read as an array")
+	}
+	p.Signal(syscall.SIGKILL)
+	<-p.Done()
+	proxytest.WaitSentinelMaster(t, sentinel, "m", replica, 30*time.Second)
 }
