@@ -111,6 +111,8 @@ const FenceTTL = 24 * time.Hour
 // that connection wrote (Redis's WAIT), up to wait_timeout
 // ([DefaultWaitTimeout], capped at 2/3 of what the exchange's deadline
 // leaves): a write that fewer acknowledged fails with [ErrNotReplicated].
+// Reads (Get, the head a sealed write reads) do not wait: one may see a
+// write that a failover then loses, whose writer was not told it landed.
 // Replication is asynchronous otherwise, and a failover to a replica
 // that lagged loses writes the store acknowledged, fence bumps among them
 // (docs/DESIGN.md, "Writes wait for replicas").
