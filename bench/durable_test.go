@@ -118,6 +118,10 @@ func agedCalls(ctx context.Context, parent, b *testing.B, p plugin, path, redisU
 //     started once: every call checks its claim (contained plugins, as both
 //     here are: in the fenced write itself) and writes the
 //     instance's saved state (sealed) to Redis before its result is sent.
+//   - redis-wait: redis with a replica, every write waiting for it
+//     (wait_replicas=1: Redis's WAIT after each write, on its connection),
+//     a primary and replica of their own on loopback, so that redis's
+//     primary replicates to no one.
 //   - file: the same with the file store (bbolt, an fsync per write).
 //   - adopt: the first call on replica B of a session whose earlier
 //     calls (callsBeforeMove) ran on replica A, the two sharing the Redis
@@ -148,6 +152,8 @@ func BenchmarkDurableCall(b *testing.B) {
 	ctx := context.Background()
 	redisAddr := proxytest.StartRedis(b)
 	redisURL := "redis://" + redisAddr + "/0"
+	waitPrimary := proxytest.StartRedis(b)
+	proxytest.StartRedisReplica(b, waitPrimary)
 	for _, p := range durablePlugins {
 		path := p.path(b)
 		plain := httptest.NewServer(newHost(b, path).HTTPHandler())
@@ -159,6 +165,7 @@ func BenchmarkDurableCall(b *testing.B) {
 		})
 		stores := []struct{ name, url string }{
 			{"redis", redisURL},
+			{"redis-wait", "redis://" + waitPrimary + "/0?wait_replicas=1"},
 			{"file", "file:" + filepath.Join(b.TempDir(), "s.db")},
 		}
 		for _, s := range stores {

@@ -266,6 +266,7 @@ var sections = []Section{
 			"Every call is a warm `tools/call` over streamable HTTP on 127.0.0.1 on a stateful session (protocol 2025-11-25), of a tool that changes its instance's state (`small`: the counter's `count`; `go`: the servlet's `var_count`, an Extism var), so that every call writes a checkpoint (the default policy: after each call, before the result is sent). " +
 			"`no-store` is the host without a store, the baseline (section 2's HTTP `wasmtools` with these tools); " +
 			"`redis` keeps sessions in a real redis-server on loopback, `file` in the file store (bbolt, an fsync per write): each call writes the instance's saved state (section 11's snapshot, sealed) under the session's fence, which checks that this replica's claim is current: both plugins are contained (no host function of the host's own, no grant), so that write is the call's only exchange with the store; a plugin that is not is claimed again before each call too (docs/DESIGN.md, \"Why check the claim before a request, and after it for a contained call?\"). " +
+			"`redis-wait` is `redis` with a replica of the store's, every write waiting for it (`wait_replicas=1`: Redis's `WAIT` after the write, on its connection, so that a failover to the replica loses no write a result was sent for; docs/DEPLOY.md, \"Redis with replicas\"): a primary and replica of their own, on the same loopback. " +
 			"`redis-aged` (the Go plugin only) is `redis` on a session that made 3,000 calls first, untimed: a Go guest's runtime makes more and more of its memory its own until its first collections, so an older session's snapshot has more pieces to tell the written ones from (docs/DESIGN.md, \"sandbox: snapshots\", write tracking per instance), and its record more frames. " +
 			"`adopt` is the first call at replica B of a session whose two earlier calls ran at replica A, the two sharing the Redis store, after A is gone (its listener closed, the host closed without a drain, as a replica killed) and the client's transport points at B: B reads the session's record, replays its initialize, claims it, restores the instance from its saved state, runs the call (whose count must go on from A's) and writes its checkpoint. " +
 			"`first-call-no-store` is the first call of a new session on the host without a store, which makes the session's instance: what the client of a replica that died would pay with no store, its state lost. " +
@@ -277,6 +278,10 @@ var sections = []Section{
 			Label: "Checkpoint per call, Redis (issue 16)",
 			About: "A warm call with its checkpoint in Redis against the same call with no store: the difference is the checkpoint's cost per call (the state saved, sealed and written under the fence, which checks the claim). Issue 27's goal for the Go plugin: at most +0.5 ms.",
 			Max:   0.5e6, GoalCases: []string{"go"},
+		}, {
+			Contender: "redis-wait", Against: "redis",
+			Label: "Waiting for a replica's acknowledgment (wait_replicas=1)",
+			About: "A checkpoint in Redis that waits for a replica to have it, against one that does not: what the failover guarantee costs per call.",
 		}, {
 			Contender: "redis-aged", Against: "no-store",
 			Label: "Checkpoint per call, Redis, a session 3,000 calls old (issue 27)",
