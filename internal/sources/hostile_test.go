@@ -1198,3 +1198,58 @@ func TestStoreRenewalStaysInStore(t *testing.T) {
 		t.Errorf("a file outside the store a record links to: its time set to %v; want it untouched at %v", info.ModTime(), old)
 	}
 }
+
+// Whoever can write a store shared by several users can replace its
+// folders with symbolic links: the manager, run as another user, must
+// write nothing outside the store through them (a registration, a
+// record, a blob or a temporary file of one, in a folder of the
+// victim's), whether the link was there when it started or put there
+// between two Syncs.
+func TestStoreWritesStayInStore(t *testing.T) {
+	for _, sub := range []string{"index", "links", filepath.Join("blobs", "sha256"), "blobs"} {
+		for _, later := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s/later=%v", filepath.Base(sub), later), func(t *testing.T) {
+				reg, spec := serveMoving(t)
+				reg.move(1)
+				ctx := context.Background()
+				store, out := t.TempDir(), t.TempDir()
+				redirect := func() {
+					t.Helper()
+					p := filepath.Join(store, sub)
+					if err := os.RemoveAll(p); err != nil {
+						t.Fatal(err)
+					}
+					if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+						t.Fatal(err)
+					}
+					if err := os.Symlink(out, p); err != nil {
+						t.Fatal(err)
+					}
+				}
+				if !later {
+					redirect()
+				}
+				m := storeManager(t, store, nil)
+				m.Sync(ctx, spec)
+				if later {
+					redirect()
+					reg.move(2)
+					m.Sync(ctx, spec)
+				}
+				// Before Close too: it removes the registration it wrote.
+				for _, step := range []string{"Sync", "Close"} {
+					if step == "Close" {
+						m.Close()
+					}
+					if ents, _ := os.ReadDir(out); len(ents) > 0 {
+						var names []string
+						for _, e := range ents {
+							names = append(names, e.Name())
+						}
+						t.Errorf("a store whose %s is a link to %s: after %s, written there, outside the store: %v", sub, out, step, names)
+					}
+				}
+			})
+		}
+	}
+}
