@@ -55,22 +55,8 @@ func (m *Manager) remember(s Spec, st Status) {
 	if ref, err := Parse(s.Source); err != nil || ref.File != "" {
 		return
 	}
-	path := m.recordPath(s)
 	b, _ := json.Marshal(record{Source: s.Source, Digest: st.Digest, SHA256: st.SHA256, Verified: st.Verified})
-	err := os.MkdirAll(filepath.Dir(path), 0o755)
-	if err == nil {
-		var f *os.File
-		if f, err = os.CreateTemp(filepath.Dir(path), ".record.*"); err == nil {
-			_, werr := f.Write(b)
-			err = errors.Join(werr, f.Close())
-			if err == nil {
-				err = os.Rename(f.Name(), path)
-			}
-			if err != nil {
-				_ = os.Remove(f.Name())
-			}
-		}
-	}
+	err := m.writeStore("index", recordKey(s)+".json", ".record.", b)
 	if err != nil {
 		m.log.Warn("plugin source: the store's record not written (the next start fetches it again)", "plugin", s.Name, "error", err)
 	}

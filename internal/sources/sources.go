@@ -341,7 +341,9 @@ func New(opts Options) (*Manager, error) {
 	if opts.Dir == "" || opts.LinkDir == "" {
 		return nil, errors.New("sources: Dir and LinkDir are required")
 	}
-	for _, d := range []string{filepath.Join(opts.Dir, "blobs", "sha256"), opts.LinkDir} {
+	// The store's own folders are made as it is written, through its
+	// root (writeStore).
+	for _, d := range []string{opts.Dir, opts.LinkDir} {
 		if err := os.MkdirAll(d, 0o755); err != nil {
 			return nil, fmt.Errorf("sources: %w", err)
 		}
@@ -719,19 +721,7 @@ func readBounded(path string, max uint64) ([]byte, error) {
 // store writes wasm to the store under its sha256 (written to a temporary
 // file and renamed, so a reader never sees half a blob).
 func (m *Manager) store(sha string, wasm []byte) error {
-	path := m.blob(sha)
-	f, err := os.CreateTemp(filepath.Dir(path), "."+sha+".*")
-	if err != nil {
-		return fmt.Errorf("store: %w", err)
-	}
-	_, werr := f.Write(wasm)
-	cerr := f.Close()
-	if err := errors.Join(werr, cerr); err != nil {
-		_ = os.Remove(f.Name())
-		return fmt.Errorf("store: %w", err)
-	}
-	if err := os.Rename(f.Name(), path); err != nil {
-		_ = os.Remove(f.Name())
+	if err := m.writeStore(filepath.Join("blobs", "sha256"), sha, "."+sha+".", wasm); err != nil {
 		return fmt.Errorf("store: %w", err)
 	}
 	return nil

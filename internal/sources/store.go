@@ -9,8 +9,10 @@ import (
 	"fmt"
 	"io/fs"
 	"maps"
+	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -88,25 +90,12 @@ func (m *Manager) register() error {
 	if err != nil {
 		return err
 	}
-	users := filepath.Join(m.opts.Dir, "links")
-	if err := os.MkdirAll(users, 0o755); err != nil {
-		return err
-	}
 	sum := sha256.Sum256([]byte(m.view + "\x00" + dir))
-	path := filepath.Join(users, hex.EncodeToString(sum[:16]))
-	f, err := os.CreateTemp(users, ".link.*")
-	if err != nil {
+	name := hex.EncodeToString(sum[:16])
+	if err := m.writeStore("links", name, ".link.", body); err != nil {
 		return err
 	}
-	_, werr := f.Write(body)
-	if err := errors.Join(werr, f.Close()); err != nil {
-		_ = os.Remove(f.Name())
-		return err
-	}
-	if err := os.Rename(f.Name(), path); err != nil {
-		_ = os.Remove(f.Name())
-		return err
-	}
+	path := filepath.Join(m.opts.Dir, "links", name)
 	m.mu.Lock()
 	m.registered = path
 	m.mu.Unlock()
@@ -128,7 +117,11 @@ func (m *Manager) renew() {
 	}
 	m.renewRecords(specs)
 	now := time.Now()
-	err := os.Chtimes(path, now, now)
+	links, err := m.storeRoot("links")
+	if err == nil {
+		err = links.Chtimes(filepath.Base(path), now, now)
+		links.Close()
+	}
 	if errors.Is(err, fs.ErrNotExist) {
 		err = m.register()
 	}
@@ -170,7 +163,12 @@ func (m *Manager) Close() error {
 	if off {
 		return nil
 	}
-	if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
+	links, err := m.storeRoot("links")
+	if err == nil {
+		err = links.Remove(filepath.Base(path))
+		links.Close()
+	}
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return fmt.Errorf("sources: unregister the link folder: %w", err)
 	}
 	return nil
@@ -258,6 +256,9 @@ func (m *Manager) sweep() {
 		defer blobs.Close()
 		ents, err = fs.ReadDir(blobs.FS(), ".")
 	}
+	if errors.Is(err, fs.ErrNotExist) {
+		return // nothing stored yet (made by the first write)
+	}
 	if err != nil {
 		m.log.Warn("plugin store: versions no longer served are kept: the store could not be read", "error", err)
 		return
@@ -294,6 +295,52 @@ func (m *Manager) storeRoot(sub string) (*os.Root, error) {
 	}
 	defer store.Close()
 	return store.OpenRoot(sub)
+}
+
+// writeStore writes body to the file name of the store's folder sub
+// (made if missing) through the store's root: whoever can write a store
+// shared by several users could replace one of its folders with a
+// symbolic link to a folder of the user the manager runs as, where a
+// registration, a record or a blob would otherwise be written. It is
+// written to a temporary file (temp and a random number, which the sweep
+// removes if a crash leaves it) renamed over name, so that a reader never
+// sees half of it.
+func (m *Manager) writeStore(sub, name, temp string, body []byte) error {
+	store, err := os.OpenRoot(m.opts.Dir)
+	if err != nil {
+		return err
+	}
+	defer store.Close()
+	if err := store.MkdirAll(sub, 0o755); err != nil {
+		return err
+	}
+	dir, err := store.OpenRoot(sub)
+	if err != nil {
+		return err
+	}
+	defer dir.Close()
+	var f *os.File
+	var tmp string
+	for range 10000 { // as os.CreateTemp
+		tmp = temp + strconv.FormatUint(uint64(rand.Uint32()), 10)
+		f, err = dir.OpenFile(tmp, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
+		if !errors.Is(err, fs.ErrExist) {
+			break
+		}
+	}
+	if err != nil {
+		return err
+	}
+	_, werr := f.Write(body)
+	if err := errors.Join(werr, f.Close()); err != nil {
+		_ = dir.Remove(tmp)
+		return err
+	}
+	if err := dir.Rename(tmp, name); err != nil {
+		_ = dir.Remove(tmp)
+		return err
+	}
+	return nil
 }
 
 // removeOld removes the regular file name of dir if it is older than
