@@ -1022,24 +1022,55 @@ func TestStoreSweepDoesNotHoldLookup(t *testing.T) {
 	}
 	// An old version nothing names: the next sweep removes it, and says so.
 	oldStray(t, store)
+	answersWhileHeld(t, log, func() { m.Sync(ctx, spec) }, func() { m.Lookup("p") }, "Lookup waited for the sweep")
+}
+
+// answersWhileHeld runs work until log holds it, then fails the test
+// unless call returns meanwhile (saying why), and waits for work to end.
+func answersWhileHeld(t *testing.T, log *blockingLog, work, call func(), why string) {
+	t.Helper()
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		m.Sync(ctx, spec)
+		work()
 	}()
 	<-log.held
-	looked := make(chan struct{})
+	answered := make(chan struct{})
 	go func() {
-		m.Lookup("p")
-		close(looked)
+		call()
+		close(answered)
 	}()
 	select {
-	case <-looked:
+	case <-answered:
 	case <-time.After(10 * time.Second):
-		t.Error("Lookup waited for the sweep")
+		t.Error(why)
 	}
 	close(log.release)
 	<-done
+}
+
+// When a link moves off a version, reading what may still serve it (every
+// record of the index, every registered link folder: a network file
+// system, thousands of versions) does not hold the lock of Status, Lookup
+// and Check, which every load of a plugin calls: held at its log line
+// (the users could not be read: a record of the index unreadable), the
+// link's move lets a load's Check answer.
+func TestStoreForgetDoesNotHoldCheck(t *testing.T) {
+	reg, spec := serveMoving(t)
+	store := t.TempDir()
+	ctx := context.Background()
+	log := &blockingLog{at: "a version no longer served is kept", held: make(chan struct{}), release: make(chan struct{})}
+	m := storeManager(t, store, log)
+	reg.move(1)
+	if _, errs := m.Sync(ctx, spec); len(errs) > 0 {
+		t.Fatal(errs)
+	}
+	if err := os.WriteFile(filepath.Join(store, "index", strings.Repeat("ef", 32)+".json"), []byte("not a record"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	reg.move(2)
+	check := func() { m.Check(filepath.Join(m.LinkDir(), "p.wasm"), nil) }
+	answersWhileHeld(t, log, func() { m.Sync(ctx, spec) }, check, "Check waited for forget's reading of the store")
 }
 
 // Whoever can write a store shared by several users can replace its
