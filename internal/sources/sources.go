@@ -531,6 +531,14 @@ func (m *Manager) syncOne(ctx context.Context, s Spec) (bool, error) {
 		}
 	}
 	res, err := m.fetch(ctx, s, prev, sameSpec)
+	// The version the link moved off is forgotten once m.mu is let go
+	// (forget reads the store).
+	var moved string
+	defer func() {
+		if moved != "" {
+			m.forget(moved)
+		}
+	}()
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if res.stored {
@@ -583,7 +591,7 @@ func (m *Manager) syncOne(ctx context.Context, s Spec) (bool, error) {
 		return false, errors.Join(changedOnDisk, err)
 	}
 	if old != res.sha {
-		m.forget(old)
+		moved = old
 	}
 	m.log.Info("plugin source fetched", "plugin", s.Name, "source", s.Source, "digest", res.digest, "sha256", res.sha, "verified", res.verified)
 	return true, changedOnDisk

@@ -177,20 +177,35 @@ func (m *Manager) Close() error {
 // forget removes the stored blob sha, which a link of m no longer points
 // at, unless something may still serve it: a link of any registered
 // manager, a record of the index, or a fetch of m that stored it and has
-// not linked it yet. Called with m.mu held. A manager sharing the store
-// that fetches sha at the moment it is forgotten finds it missing and
-// fetches it again on its next Sync.
+// not linked it yet. A manager sharing the store that fetches sha at the
+// moment it is forgotten finds it missing and fetches it again on its
+// next Sync.
+//
+// Called without m.mu: reading the index and the link folders (a network
+// file system, thousands of versions) under it held up Status, Lookup
+// and Check, which every load of a plugin calls. What m itself may serve
+// meanwhile is decided under m.mu, with the removal (keepsLocked): a
+// fetch of m (of the same Sync, sources are fetched in parallel) marks
+// sha pending before storing it, and links it and sets its status under
+// m.mu, so one that stored or linked sha after the reading is seen then.
+// The reading is for other managers' links and records, never guarded
+// by m.mu.
 func (m *Manager) forget(sha string) {
-	if !hexSHA(sha) || m.pending[sha] > 0 || m.unregistered {
+	m.mu.Lock()
+	keep := m.keepsLocked(sha)
+	m.mu.Unlock()
+	if keep {
 		return
 	}
 	named, unseen, said, err := m.users()
-	m.sayUnseenLocked(said)
 	if err != nil {
 		m.log.Warn("plugin store: a version no longer served is kept: its users could not be read", "sha256", sha, "error", err)
 		return
 	}
-	if unseen || named[sha] {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.sayUnseenLocked(said)
+	if unseen || named[sha] || m.keepsLocked(sha) {
 		return
 	}
 	blobs, err := m.storeRoot(filepath.Join("blobs", "sha256"))
@@ -203,6 +218,21 @@ func (m *Manager) forget(sha string) {
 		return
 	}
 	m.log.Debug("plugin store: a version no longer served removed", "sha256", sha)
+}
+
+// keepsLocked reports whether forget must keep sha whatever the store
+// says: not a blob's name, removal off, or m's own (a fetch's, not
+// linked yet, or the version a source of m serves). m.mu is held.
+func (m *Manager) keepsLocked(sha string) bool {
+	if !hexSHA(sha) || m.pending[sha] > 0 || m.unregistered {
+		return true
+	}
+	for _, e := range m.ents {
+		if e.status.SHA256 == sha {
+			return true
+		}
+	}
+	return false
 }
 
 // sweep removes every stored blob that nothing may serve, as forget
