@@ -244,23 +244,9 @@ func testCheckedCacheSweep(t *testing.T, name string) {
 // a later runtime once it is a day old, not kept for good; a younger one
 // may be another process's write under way, and stays.
 func TestCheckedCacheSweepsHalfWritten(t *testing.T) {
-	ctx := context.Background()
 	dir := t.TempDir()
 	module := wat(t, `(module)`)
-	compile := func() {
-		t.Helper()
-		rt, err := sandbox.NewRuntime(sandbox.Options{CacheDir: dir})
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer rt.Close(ctx)
-		c, err := rt.Compile(ctx, module, sandbox.NewPolicy())
-		if err != nil {
-			t.Fatal(err)
-		}
-		c.Close(ctx)
-	}
-	compile()
+	compileIn(t, dir, module)
 	entries := sandbox.CheckedEntries(dir)
 	if len(entries) != 1 {
 		t.Fatalf("the checked cache holds %v, want one entry", entries)
@@ -275,13 +261,30 @@ func TestCheckedCacheSweepsHalfWritten(t *testing.T) {
 	if err := os.Chtimes(old, day, day); err != nil {
 		t.Fatal(err)
 	}
-	compile()
+	compileIn(t, dir, module)
 	if _, err := os.Stat(old); err == nil {
 		t.Error("a half-written entry a day old was kept")
 	}
 	if _, err := os.Stat(young); err != nil {
 		t.Errorf("a write that may be under way was removed: %v", err)
 	}
+}
+
+// compileIn compiles module under the default policy in a runtime of its
+// own on the cache folder dir, and closes both.
+func compileIn(t *testing.T, dir string, module []byte) {
+	t.Helper()
+	ctx := context.Background()
+	rt, err := sandbox.NewRuntime(sandbox.Options{CacheDir: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rt.Close(ctx)
+	c, err := rt.Compile(ctx, module, sandbox.NewPolicy())
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Close(ctx)
 }
 
 // TestCheckedCacheSweepOffCompile: the sweep of the checked-module cache
@@ -344,5 +347,137 @@ func TestCheckedCacheSweepOffCompile(t *testing.T) {
 	}
 	if _, err := os.Stat(old); err == nil {
 		t.Error("Close returned before the sweep removed another build's old folder")
+	}
+}
+
+// TestCheckedCacheBounded: this build's folder of entries is bounded in
+// bytes: a write past the bound removes the entries used least recently
+// (read or written), never the one just written, and a module whose
+// entry was removed still compiles, checked afresh and written again.
+// Every module changed (a plugin rebuilt, a tag moved) left its entry
+// for good.
+func TestCheckedCacheBounded(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	modules := map[string][]byte{}
+	for _, name := range []string{"a", "b", "c"} {
+		modules[name] = wat(t, `(module (func (export "`+name+`")))`)
+	}
+	runtime := func(bound int64) *sandbox.Runtime {
+		t.Helper()
+		rt, err := sandbox.NewRuntime(sandbox.Options{CacheDir: dir})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if bound > 0 {
+			rt.SetCheckedBound(bound)
+		}
+		t.Cleanup(func() { rt.Close(ctx) })
+		return rt
+	}
+	entryOf := map[string]string{}
+	var sizes int64
+	compile := func(rt *sandbox.Runtime, name string) {
+		t.Helper()
+		before := sandbox.CheckedEntries(dir)
+		c, err := rt.Compile(ctx, modules[name], sandbox.NewPolicy())
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.Close(ctx)
+		for _, e := range sandbox.CheckedEntries(dir) {
+			if !slices.Contains(before, e) && entryOf[name] == "" {
+				entryOf[name] = e
+				fi, err := os.Stat(e)
+				if err != nil {
+					t.Fatal(err)
+				}
+				sizes += fi.Size()
+			}
+		}
+	}
+	// a and b written an hour and two ago.
+	first := runtime(0)
+	for i, name := range []string{"a", "b"} {
+		compile(first, name)
+		at := time.Now().Add(time.Duration(i-3) * time.Hour)
+		if err := os.Chtimes(entryOf[name], at, at); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// A later start reads a (the oldest written, now the last used), then
+	// writes c: the three are over the bound by a byte, and b, used least
+	// recently, goes.
+	compile(first, "c")
+	if err := os.Remove(entryOf["c"]); err != nil {
+		t.Fatal(err)
+	}
+	rt := runtime(sizes - 1)
+	compile(rt, "a")
+	compile(rt, "c")
+	for name, want := range map[string]bool{"a": true, "b": false, "c": true} {
+		if _, err := os.Stat(entryOf[name]); (err == nil) != want {
+			t.Errorf("entry of %s, past the bound: kept %v, want %v", name, err == nil, want)
+		}
+	}
+	// b's entry removed, b compiles, checked afresh, and is kept again.
+	compile(rt, "b")
+	if !sandbox.CheckedEntrySound(entryOf["b"]) {
+		t.Error("a module whose entry was removed: not written again")
+	}
+	if got := len(sandbox.CheckedEntries(dir)); got != 2 {
+		t.Errorf("the cache holds %d entries after b's was written again, want 2 (the bound holds two)", got)
+	}
+}
+
+// TestCheckedCacheBoundSparesReads: an entry being read is not removed
+// by a write past the bound meanwhile, though it is the one used least
+// recently.
+func TestCheckedCacheBoundSparesReads(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	a, b := wat(t, `(module (func (export "a")))`), wat(t, `(module (func (export "b")))`)
+	compileIn(t, dir, a)
+	entries := sandbox.CheckedEntries(dir)
+	if len(entries) != 1 {
+		t.Fatalf("the checked cache holds %v, want a's entry", entries)
+	}
+	old := time.Now().Add(-time.Hour)
+	if err := os.Chtimes(entries[0], old, old); err != nil {
+		t.Fatal(err)
+	}
+	rt, err := sandbox.NewRuntime(sandbox.Options{CacheDir: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rt.Close(ctx)
+	rt.SetCheckedBound(1)
+	entered, release := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	rt.SetCheckedReadHook(func() { once.Do(func() { close(entered); <-release }) })
+	errs := make(chan error, 1)
+	go func() {
+		c, err := rt.Compile(ctx, a, sandbox.NewPolicy())
+		if err == nil {
+			c.Close(ctx)
+		}
+		errs <- err
+	}()
+	select {
+	case <-entered:
+	case err := <-errs:
+		t.Fatalf("a's compilation ended (%v) without reading its entry", err)
+	}
+	cb, err := rt.Compile(ctx, b, sandbox.NewPolicy())
+	close(release)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cb.Close(ctx)
+	if err := <-errs; err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(entries[0]); err != nil {
+		t.Errorf("an entry being read was removed by a write past the bound: %v", err)
 	}
 }

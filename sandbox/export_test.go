@@ -205,3 +205,12 @@ func CheckedEntrySound(path string) bool {
 // SetSweepHook has f called as the checked-module cache's sweep begins:
 // a test holds it there. Set it before the first compilation.
 func (r *Runtime) SetSweepHook(f func()) { r.sweepHook = f }
+
+// SetCheckedBound bounds the bytes of the checked-module cache's entries
+// of this build. Set it before the first compilation.
+func (r *Runtime) SetCheckedBound(n int64) { r.checkedBound = n }
+
+// SetCheckedReadHook has f called as an entry of the checked-module
+// cache is read, its file open: a test holds the read there. Set it
+// before the first compilation.
+func (r *Runtime) SetCheckedReadHook(f func()) { r.checkedReadHook = f }

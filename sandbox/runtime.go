@@ -76,6 +76,12 @@ type Runtime struct {
 	sweeping    sync.WaitGroup
 	// sweepHook, if set (by a test), is called as the sweep begins.
 	sweepHook func()
+	// checkedBound bounds the bytes of this build's checked-module
+	// entries (checked.go).
+	checkedBound int64
+	// checkedReadHook, if set (by a test), is called as an entry is
+	// read, its file open.
+	checkedReadHook func()
 	// compiling serialises the compilations of identical bytes: a lock
 	// (a 1-slot channel, so a wait can end at the deadline) per stripe,
 	// chosen by the bytes' digest. wazero v1.12 publishes a module read
