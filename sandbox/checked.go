@@ -72,6 +72,15 @@ const checkedPrefix = "wasmtools-checked-"
 // after it was last written: an upgrade leaves the old one behind.
 const checkedMaxAge = 7 * 24 * time.Hour
 
+// checkedMaxBytes bounds the bytes of this build's folder of entries:
+// past it, a write removes the entries used least recently (their time,
+// set by each read and write), so that modules replaced (plugins
+// rebuilt, tags moved) do not fill the disk. 1 GiB holds the entries of
+// some 250 plugins of a Go plugin's 4 MB, and at least 7 of the 64 MiB
+// a module may be by default. wazero's half of the folder (its machine
+// code) has no bound of its own.
+const checkedMaxBytes = 1 << 30
+
 // checked is what Compile's check and rewriting made of a module.
 type checked struct {
 	wasm []byte // as given to wazero (before splitCustom)
@@ -165,12 +174,15 @@ func (r *Runtime) loadChecked(key string, maxSize uint64) (*checked, bool) {
 	if dir == "" {
 		return nil, false
 	}
-	f, err := os.Open(filepath.Join(dir, key))
-	if err != nil {
-		return nil, false
+	r.checkedMu.Lock()
+	r.checkedReading[key]++
+	r.checkedMu.Unlock()
+	b, err := r.readChecked(filepath.Join(dir, key), maxSize)
+	r.checkedMu.Lock()
+	if r.checkedReading[key]--; r.checkedReading[key] == 0 {
+		delete(r.checkedReading, key)
 	}
-	defer f.Close()
-	b, err := io.ReadAll(io.LimitReader(f, checkedMaxEntry(maxSize)))
+	r.checkedMu.Unlock()
 	if err != nil {
 		return nil, false
 	}
@@ -179,7 +191,24 @@ func (r *Runtime) loadChecked(key string, maxSize uint64) (*checked, bool) {
 		r.log.Debug("checked-module cache: entry ignored", "entry", key, "error", err)
 		return nil, false
 	}
+	// Used now: the bound removes it after those used before.
+	now := time.Now()
+	_ = os.Chtimes(filepath.Join(dir, key), now, now)
 	return c, true
+}
+
+// readChecked reads the entry at path, at most checkedMaxEntry of
+// maxSize.
+func (r *Runtime) readChecked(path string, maxSize uint64) ([]byte, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	if r.checkedReadHook != nil {
+		r.checkedReadHook()
+	}
+	return io.ReadAll(io.LimitReader(f, checkedMaxEntry(maxSize)))
 }
 
 // storeChecked writes c as key's entry, unless it is larger than
@@ -217,6 +246,63 @@ func (r *Runtime) storeChecked(key string, c *checked, maxSize uint64) {
 	}()
 	if err != nil {
 		r.log.Debug("checked-module cache: entry not written", "entry", key, "error", err)
+		return
+	}
+	r.evictChecked(dir, key)
+}
+
+// evictChecked removes the entries of dir used least recently (their
+// time: each read and write sets it) until what is left is within
+// r.checkedBound, sparing kept (the entry just written) and the entries
+// this runtime is reading. Another process's read of one removed goes
+// on, on Unix, with the file it opened; one that opens it after finds
+// none, and checks its module afresh. Temporary files are sweepChecked's.
+func (r *Runtime) evictChecked(dir, kept string) {
+	found, err := os.ReadDir(dir)
+	if err != nil {
+		return
+	}
+	type entry struct {
+		name string
+		size int64
+		used time.Time
+	}
+	var entries []entry
+	var total int64
+	for _, e := range found {
+		if strings.HasPrefix(e.Name(), ".") || !e.Type().IsRegular() {
+			continue
+		}
+		fi, err := e.Info()
+		if err != nil {
+			continue // removed meanwhile
+		}
+		entries = append(entries, entry{e.Name(), fi.Size(), fi.ModTime()})
+		total += fi.Size()
+	}
+	if total <= r.checkedBound {
+		return
+	}
+	sort.Slice(entries, func(i, j int) bool { return entries[i].used.Before(entries[j].used) })
+	for _, e := range entries {
+		if total <= r.checkedBound {
+			break
+		}
+		if e.name == kept {
+			continue
+		}
+		// Under checkedMu, so that no read of this runtime opens it
+		// between the look and the removal.
+		r.checkedMu.Lock()
+		removed := false
+		if r.checkedReading[e.name] == 0 {
+			err := os.Remove(filepath.Join(dir, e.name))
+			removed = err == nil || errors.Is(err, fs.ErrNotExist)
+		}
+		r.checkedMu.Unlock()
+		if removed {
+			total -= e.size
+		}
 	}
 }
 

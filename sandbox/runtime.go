@@ -77,8 +77,12 @@ type Runtime struct {
 	// sweepHook, if set (by a test), is called as the sweep begins.
 	sweepHook func()
 	// checkedBound bounds the bytes of this build's checked-module
-	// entries (checked.go).
-	checkedBound int64
+	// entries (checkedMaxBytes; checked.go). checkedReading counts, by
+	// key, this runtime's reads of entries under way, which evictChecked
+	// passes over; checkedMu guards it.
+	checkedBound   int64
+	checkedMu      sync.Mutex
+	checkedReading map[string]int
 	// checkedReadHook, if set (by a test), is called as an entry is
 	// read, its file open.
 	checkedReadHook func()
@@ -95,7 +99,7 @@ type Runtime struct {
 
 // NewRuntime returns a Runtime with the given options.
 func NewRuntime(opts Options) (*Runtime, error) {
-	r := &Runtime{log: opts.Logger, interrupt: opts.Interruption}
+	r := &Runtime{log: opts.Logger, interrupt: opts.Interruption, checkedBound: checkedMaxBytes, checkedReading: map[string]int{}}
 	for i := range r.compiling {
 		r.compiling[i] = make(chan struct{}, 1)
 	}
