@@ -66,6 +66,12 @@ type Setup struct {
 	// Down lists replicas (0..2) not started with the cluster: scaled out
 	// later with [Cluster.Start].
 	Down []int
+	// Sentinel: Redis is a primary, a replica and three sentinels, and
+	// the replicas find the primary through the sentinels, each write
+	// acknowledged once the replica has it too (wait_replicas=1), unless
+	// NoWait.
+	Sentinel bool
+	NoWait   bool
 }
 
 // Cluster is three replicas, Redis and a proxy, started by [NewCluster]
@@ -77,8 +83,9 @@ type Cluster struct {
 	setup Setup
 	begin time.Time
 
-	Redis     string // Redis's address
+	Redis     string // Redis's address (with Setup.Sentinel, the primary's)
 	redis     *proxytest.Process
+	sent      *sentinels // with Setup.Sentinel
 	Replicas  [3]*Replica
 	ProxyAddr string // where clients connect
 	ha        *proxytest.HAProxy
@@ -118,8 +125,12 @@ func NewCluster(t testing.TB, setup Setup) *Cluster {
 	t.Helper()
 	c := &Cluster{t: t, setup: setup, begin: time.Now()}
 	c.Logf("starting")
-	c.Redis = proxytest.FreeAddr(t)
-	c.redis = proxytest.StartRedisAt(t, c.Redis)
+	if setup.Sentinel {
+		c.startSentinels()
+	} else {
+		c.Redis = proxytest.FreeAddr(t)
+		c.redis = proxytest.StartRedisAt(t, c.Redis)
+	}
 	env := map[string]string{}
 	for i := range c.Replicas {
 		r := &Replica{Name: fmt.Sprintf("s%d", i+1), Listen: proxytest.FreeAddr(t)}
@@ -179,6 +190,9 @@ func NewCluster(t testing.TB, setup Setup) *Cluster {
 			if c.ha != nil {
 				t.Logf("haproxy:\n%s", tail(c.ha.Output(), 40))
 			}
+			if c.sent != nil {
+				t.Logf("%s", c.sent.logs(40))
+			}
 		}
 	})
 	return c
@@ -230,12 +244,15 @@ func (c *Cluster) startProcess(i int, key string, ready bool) {
 	if r.proc != nil {
 		r.logs.WriteString(r.proc.Output())
 	}
-	store := c.Redis
-	if r.StoreLink != nil {
-		store = r.StoreLink.Addr
+	store := "redis://" + c.Redis + "/0"
+	switch {
+	case r.StoreLink != nil:
+		store = "redis://" + r.StoreLink.Addr + "/0"
+	case c.sent != nil:
+		store = c.sent.storeURL()
 	}
 	cmd := exec.Command(c.setup.Binary, "serve", "--cache-dir", c.setup.CacheDir, "--no-watch",
-		"--http", r.Listen, "--replica", r.Name, "--state-store", "redis://"+store+"/0", c.setup.Plugins)
+		"--http", r.Listen, "--replica", r.Name, "--state-store", store, c.setup.Plugins)
 	cmd.Env = append(os.Environ(), "WASMTOOLS_STATE_KEY="+key, "WASMTOOLS_AUTH_TOKEN="+Token)
 	path := "/readyz"
 	if !ready {

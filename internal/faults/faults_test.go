@@ -32,7 +32,10 @@ import (
 // FAULTS_BIN names a wasmtools binary to test (default: built from this
 // tree); FAULTS_DEPLOY a folder with other proxy configs (default:
 // deploy/); FAULTS_REPORT names a file the summary table is written to;
-// FAULTS_LOGS=1 prints the replicas' logs of a failed scenario;
+// FAULTS_LOGS=1 prints the replicas' logs of a failed scenario (and the
+// Redis nodes' and sentinels' of a Sentinel one); FAULTS_NO_WAIT=1 runs
+// the Sentinel scenarios without wait_replicas, to show what they lose
+// without it (not in CI: redis-failover-silent then fails);
 // FAULTS_VERBOSE=1 prints each fault as it is injected, =2 also every
 // attempt of every client.
 func TestFaults(t *testing.T) {
@@ -55,6 +58,7 @@ func TestFaults(t *testing.T) {
 	}
 	setup := faults.Setup{
 		Binary:   binary(t),
+		NoWait:   os.Getenv("FAULTS_NO_WAIT") != "",
 		CacheDir: testplugins.CacheDir(),
 		Deploy:   cmp.Or(os.Getenv("FAULTS_DEPLOY"), filepath.Join(testplugins.Root(), "deploy")),
 		Plugins: testplugins.Folder(t, map[string]string{

@@ -18,10 +18,11 @@ type Scenario struct {
 	// Slow: the clients call slownotes' slow_add (which works on after
 	// changing its state, reporting progress), not the notes example.
 	Slow bool
-	// Relays, StoreLinks, Down: see [Setup].
+	// Relays, StoreLinks, Down, Sentinel: see [Setup].
 	Relays     bool
 	StoreLinks bool
 	Down       []int
+	Sentinel   bool
 	// Resets: the fault may lose what the store held (its data gone or
 	// evicted), so a stateReset is allowed; in every other scenario one
 	// is a violation ([Resets]).
@@ -124,7 +125,7 @@ func (r *Run) Hold(d time.Duration) {
 
 // Options tune [RunScenario].
 type Options struct {
-	Setup   Setup // Proxy, Relays, StoreLinks, Down are the scenario's
+	Setup   Setup // Proxy, Relays, StoreLinks, Down, Sentinel are the scenario's
 	PerEra  int   // clients of each era
 	Tag     string
 	Attempt time.Duration // ClientOptions.AttemptTimeout
@@ -163,7 +164,7 @@ func TwoPlugins(n int) bool { return n%6 >= 4 }
 func RunScenario(t testing.TB, sc Scenario, o Options) Result {
 	start := time.Now()
 	setup := o.Setup
-	setup.Proxy, setup.Relays, setup.StoreLinks, setup.Down = sc.Proxy, sc.Relays, sc.StoreLinks, sc.Down
+	setup.Proxy, setup.Relays, setup.StoreLinks, setup.Down, setup.Sentinel = sc.Proxy, sc.Relays, sc.StoreLinks, sc.Down, sc.Sentinel
 	c := NewCluster(t, setup)
 	r := &Run{T: t, C: c, progress: make(chan int, 1024), round: make(chan struct{}, 1)}
 	copts := ClientOptions{AddTool: "note_add", ListTool: "note_list", AttemptTimeout: o.Attempt, GiveUp: o.GiveUp,
