@@ -4,7 +4,8 @@
 // without persistence, behind HAProxy or nginx with the configs of deploy/
 // unchanged), injects faults into them (kill -9, SIGSTOP, SIGTERM, Redis
 // restarted empty, stopped or frozen, a replica cut off from Redis, a
-// replica with another state key),
+// replica with another state key, a Redis primary failed over by
+// Sentinel to a replica that may lack its last writes),
 // while clients of both protocol eras add numbered notes and read them
 // back, and a checker ([Check]) compares what each client was told with
 // what it read, as Jepsen does for databases.

@@ -25,6 +25,10 @@ const (
 	// BadKeyWatch is how long a replica started with another state key
 	// is watched (while the clients run) for becoming ready.
 	BadKeyWatch = 10 * time.Second
+	// ReplicationSilentFor is how long redis-failover-silent's
+	// replication link swallows everything before the primary dies:
+	// past the store's 1 s WAIT, several writes of every client.
+	ReplicationSilentFor = 3 * time.Second
 )
 
 // Scenarios returns the suite's scenarios; stops is how many times the
@@ -93,6 +97,10 @@ func Scenarios(stops int) []Scenario {
 		s = append(s, Scenario{Name: "kill9-after-checkpoint", Proxy: p, Relays: true, Fault: killAfterCheckpoint})
 	}
 	s = append(s,
+		Scenario{Name: "redis-failover", Proxy: HAProxy, Sentinel: true, Fault: redisFailover},
+		Scenario{Name: "redis-failover-silent", Proxy: HAProxy, Sentinel: true, Fault: redisFailoverSilent},
+	)
+	s = append(s,
 		Scenario{Name: "mismatched-state-key", Proxy: HAProxy, Fault: mismatchedKey},
 		Scenario{Name: "scale-out-in", Proxy: HAProxy, Down: []int{2}, Fault: func(r *Run) {
 			r.C.Start(2) // 2 → 3 replicas
@@ -113,6 +121,16 @@ func moveAfterStore(r *Run) { moveFrom(r, 0) }
 func moveFrom(r *Run, i int) {
 	r.Rounds(2)
 	r.C.Term(i)
+	r.C.WaitDown(i)
+	r.Rounds(1)
+	r.C.Start(i)
+}
+
+// killFrom is [moveFrom] with replica i killed (-9), at once: its
+// sessions go on elsewhere from what the store holds, not from its memory
+// (a drain writes them back first).
+func killFrom(r *Run, i int) {
+	r.C.Kill(i)
 	r.C.WaitDown(i)
 	r.Rounds(1)
 	r.C.Start(i)
@@ -200,6 +218,49 @@ func evictValues(r *Run) {
 		r.T.Fatal("no value kept out of line to evict: the scenario tests nothing")
 	}
 	moveAfterStore(r)
+}
+
+// redisFailover kills (-9) the Redis primary under load: the sentinels
+// promote its replica, and the replicas, asking them, follow. Once every
+// sentinel has switched, the old primary comes back empty as a replica of
+// the new one (never as a primary, whose emptiness its replica would
+// copy); until then, with wait_replicas=1, no write is acknowledged.
+// Then a replica that serves sessions is killed (-9), so that its
+// sessions go on elsewhere from what the new primary holds, not from its
+// memory (a drain would write them back).
+func redisFailover(r *Run) {
+	r.C.PrimaryKill()
+	r.C.WaitFailover()
+	r.C.RejoinOldPrimary()
+	r.Rounds(1)
+	killFrom(r, r.servingReplica(-1))
+}
+
+// redisFailoverSilent is the failover that loses writes a primary
+// acknowledged before its replica had them: the replication link goes
+// silent (a relay swallows the primary's stream and the replica's
+// acknowledgements, the connections left open) for ReplicationSilentFor
+// under load, then the primary and a replica that serves sessions are
+// killed (-9) together, as one host lost, and the sentinels, which reach
+// the replica directly, promote it. The killed replica's sessions go on
+// elsewhere from what the new primary holds: with wait_replicas=1 no
+// write of the silence was acknowledged (WAIT timed out: the store
+// reports it failed), so nothing acknowledged is lost; without
+// (FAULTS_NO_WAIT=1) what was acknowledged during the silence is.
+// The old primary rejoins, empty, as a replica of the new one, at once:
+// until then, with wait_replicas=1, no write is acknowledged. The killed
+// replica is started again after a round of every client.
+func redisFailoverSilent(r *Run) {
+	i := r.servingReplica(-1)
+	r.C.SilenceReplication()
+	r.Hold(ReplicationSilentFor)
+	r.C.Kill(i)
+	r.C.PrimaryKill()
+	r.C.WaitFailover()
+	r.C.RejoinOldPrimary()
+	r.C.WaitDown(i)
+	r.Rounds(1)
+	r.C.Start(i)
 }
 
 // rollingRestart drains (SIGTERM) and restarts each replica in turn,
