@@ -5,6 +5,7 @@ package statestore
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -117,5 +118,40 @@ func TestDropMarksLaterExchanges(t *testing.T) {
 	}
 	if err := <-first; !errors.Is(err, ErrDropped) {
 		t.Errorf("the exchange that met the drop: %v; want ErrDropped", err)
+	}
+}
+
+// TestLoadingOnAnEarlierAttemptDropped: an exchange whose first attempt
+// Redis answered LOADING (restarting, loading its data) and whose retry
+// then met the deadline is marked ErrDropped: go-redis returns its last
+// attempt's error alone, the deadline, and the hand-over read a store
+// that was restarting (and may come back empty) as silent. The retry's
+// backoff is set past the deadline here, as a Redis busy loading its
+// data answers the retry late.
+func TestLoadingOnAnEarlierAttemptDropped(t *testing.T) {
+	addr := proxytest.StartRedis(t)
+	for _, detached := range []bool{false, true} {
+		t.Run(fmt.Sprintf("detached %v", detached), func(t *testing.T) {
+			rl := proxytest.StartRelay(t, addr)
+			r := openRedis(t, "redis://"+rl.Addr()+"/0")
+			// Read at each retry, by the exchanges begun after this.
+			opt := r.c.Options()
+			opt.MinRetryBackoff, opt.MaxRetryBackoff = 3*time.Second, 3*time.Second
+			ctx := context.Background()
+			if detached {
+				ctx = Detach(ctx)
+			}
+			o := Owner{Replica: "a", Boot: "b"}
+			if err := r.Heartbeat(ctx, o, time.Minute); err != nil {
+				t.Fatal(err)
+			}
+			rl.SetMode(proxytest.RelayLoading)
+			bctx, cancel := WithTimeout(ctx, time.Second)
+			err := r.Heartbeat(bctx, o, time.Minute)
+			cancel()
+			if !errors.Is(err, ErrDropped) {
+				t.Errorf("LOADING, then the retry past the deadline: %v; want ErrDropped", err)
+			}
+		})
 	}
 }
