@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"net"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -55,8 +56,9 @@ const idleDrop = 30 * time.Second
 // dropsBase is what a connection's times count from (monotonic).
 var dropsBase = time.Now()
 
-// drops counts the connections to the store it refused or dropped: a
-// [Redis]'s dialer wraps each connection in a watchedConn that counts it.
+// drops counts the connections to the store it refused or dropped, and
+// its replies of LOADING: a [Redis]'s dialer wraps each connection in a
+// watchedConn that counts them.
 type drops struct {
 	n atomic.Uint64
 	// ahead moves the clock a connection's idle time is told by
@@ -93,22 +95,59 @@ func (d *drops) note(err error) {
 	}
 }
 
-// watchedConn is a connection to the store whose drop is counted, once.
+// watchedConn is a connection to the store whose drop is counted, once,
+// and each reply of LOADING.
 type watchedConn struct {
 	net.Conn
 	d        *drops
 	closed   atomic.Bool  // by this process
 	dropped  atomic.Bool  // counted
 	answered atomic.Int64 // when it was dialed or last read from (drops.now)
+
+	mu sync.Mutex
+	// head is the start of the reply to what was last written, while
+	// it may still be LOADING's: len(loadingReply) bytes at most.
+	head    [len(loadingReply)]byte
+	headLen int
+	inReply bool // head is being read
 }
+
+// loadingReply is how Redis begins its reply to a command while it loads
+// its data (restarted). go-redis retries a command so answered, and
+// returns the retry's error alone (the deadline, when the retry waited
+// past it): counted here, the exchange is marked ErrDropped whatever its
+// last attempt met (TestLoadingOnAnEarlierAttemptDropped).
+const loadingReply = "-LOADING "
 
 func (c *watchedConn) Read(b []byte) (int, error) {
 	n, err := c.Conn.Read(b)
 	if n > 0 {
 		c.answered.Store(c.d.now())
+		c.replyRead(b[:n])
 	}
 	c.note(err)
 	return n, err
+}
+
+// replyRead reads b for the start of a reply: the first bytes read
+// after a write begin the reply to it (go-redis reads each reply whole
+// before it writes again, and closes a connection whose reply it did not
+// finish).
+func (c *watchedConn) replyRead(b []byte) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.inReply {
+		return
+	}
+	k := copy(c.head[c.headLen:], b)
+	c.headLen += k
+	switch {
+	case string(c.head[:c.headLen]) != loadingReply[:c.headLen]:
+		c.inReply = false
+	case c.headLen == len(loadingReply):
+		c.inReply = false
+		c.d.n.Add(1)
+	}
 }
 
 // recent reports whether the connection was answered within idleDrop:
@@ -116,6 +155,9 @@ func (c *watchedConn) Read(b []byte) (int, error) {
 func (c *watchedConn) recent() bool { return c.d.now()-c.answered.Load() < int64(idleDrop) }
 
 func (c *watchedConn) Write(b []byte) (int, error) {
+	c.mu.Lock()
+	c.inReply, c.headLen = true, 0
+	c.mu.Unlock()
 	n, err := c.Conn.Write(b)
 	c.note(err)
 	return n, err

@@ -66,8 +66,8 @@ import (
 // put or a fence bump sent again succeeds with what it did the first time
 // (see putVersionedScripts and renewScript). A call that failed for want
 // of an answer while or since the server refused or dropped a connection
-// (since it last answered), or that it answered LOADING, is marked
-// [ErrDropped].
+// (since it last answered), or that it answered LOADING (on any attempt:
+// the connections count it), is marked [ErrDropped].
 type Redis struct {
 	c     *redis.Client
 	drops *drops // the connections the server refused or dropped
@@ -249,7 +249,8 @@ func (r *Redis) call(ctx context.Context, f func() error) error {
 	// exchange that met it may fail after this one), or it is a refusal
 	// itself (the pool, past PoolSize failed dials, answers its last
 	// dial error without dialing), or the server is loading its data
-	// (restarted).
+	// (restarted: its LOADING is counted as a drop on any attempt, and
+	// is the error here when the last attempt met it).
 	before := r.drops.n.Load()
 	err := r.exchange(ctx, f)
 	switch {
