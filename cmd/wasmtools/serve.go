@@ -231,6 +231,7 @@ func cmdServe(ctx context.Context, args []string, lookupEnv func(string) (string
 		*drainDelay = time.Second
 	}
 	if *stateStore != "" {
+		statestore.LogRedis(log)
 		store, key, err := openStateStore(*stateStore, opts.StateKey)
 		if err != nil {
 			log.Error("state store", "error", err)
