@@ -1,6 +1,7 @@
 package proxytest_test
 
 import (
+	"context"
 	"fmt"
 	"net"
 	"runtime"
@@ -9,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/wasmtools/wasmtools/internal/proxytest"
 )
 
@@ -67,4 +69,33 @@ func TestSentinel(t *testing.T) {
 	p.Signal(syscall.SIGKILL)
 	<-p.Done()
 	proxytest.WaitSentinelMaster(t, sentinel, "m", replica, 30*time.Second)
+}
+
+// TestRedisReplicaAcknowledges: once StartRedisReplica returns, a write
+// on the primary and WAIT 1 are answered 1 within a short bound, as a
+// store's first write with wait_replicas must be. The replica's
+// acknowledgement of its full sync can reach a primary that has not yet
+// seen the sync's end (its child not yet reaped); the primary then
+// streams nothing to it until the next one, a second later, and a WAIT
+// in between answers 0. The primary syncs at once (no delay), as often
+// as -count asks.
+func TestRedisReplicaAcknowledges(t *testing.T) {
+	primary := proxytest.FreeAddr(t)
+	_, port, _ := net.SplitHostPort(primary)
+	proxytest.StartRedisWith(t, func() (net.Conn, error) { return net.DialTimeout("tcp", primary, time.Second) },
+		"--port", port, "--bind", "127.0.0.1", "--repl-diskless-sync-delay", "0")
+	proxytest.StartRedisReplica(t, primary)
+	rc := redis.NewClient(&redis.Options{Addr: primary})
+	defer rc.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := rc.Set(ctx, "k", "v", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	// Well under the second between acknowledgements; a replica
+	// streamed to answers in well under a millisecond.
+	n, err := rc.Wait(ctx, 1, 300*time.Millisecond).Result()
+	if err != nil || n != 1 {
+		t.Fatalf("WAIT 1 right after StartRedisReplica: %d (%v), want 1", n, err)
+	}
 }
