@@ -140,25 +140,12 @@ func (c *Cluster) startReplicaOf(i, p int) {
 }
 
 // waitReplicated waits until node p, a primary, has a replica that holds
-// everything p had: a write (to a database the store does not use) and
-// Redis's WAIT, which returns once a replica has acknowledged it. (WAIT
-// alone, with nothing written, counts a replica that has loaded a full
-// sync but has not acknowledged it yet, to which p streams nothing until
-// it has.)
+// everything p had and is streamed to ([proxytest.WaitReplica]).
 func (c *Cluster) waitReplicated(p int) {
 	c.t.Helper()
 	addr := c.sent.nodes[p].addr
-	ctx, cancel := context.WithTimeout(context.Background(), FailoverTimeout+10*time.Second)
-	defer cancel()
-	rc := redis.NewClient(&redis.Options{Addr: addr, DB: 15})
-	defer rc.Close()
-	err := rc.Incr(ctx, "faults:replicated").Err()
-	var n int64
-	if err == nil {
-		n, err = rc.Wait(ctx, 1, FailoverTimeout).Result()
-	}
-	if err != nil || n < 1 {
-		c.t.Fatalf("redis %s has no replica in sync after %v (WAIT: %d, %v):\n%s", addr, FailoverTimeout, n, err, c.sent.logs(40))
+	if err := proxytest.WaitReplica(addr, FailoverTimeout); err != nil {
+		c.t.Fatalf("redis %s has no replica in sync: %v\n%s", addr, err, c.sent.logs(40))
 	}
 }
 

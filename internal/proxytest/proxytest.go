@@ -473,7 +473,8 @@ func (b *syncBuffer) String() string {
 // StartRedisReplica starts redis-server on a free loopback port as a
 // replica of the Redis at primary (127.0.0.1:PORT), empty and with
 // nothing saved to disk, and returns once its first sync with primary
-// finished (its log says so): a WAIT on primary counts it from then.
+// finished (its log says so) and it acknowledges primary's writes
+// ([WaitReplica]): a write's WAIT on primary counts it from then.
 // Stop it, or SIGSTOP it, through the Process.
 func StartRedisReplica(t testing.TB, primary string) (addr string, p *Process) {
 	t.Helper()
@@ -485,7 +486,47 @@ func StartRedisReplica(t testing.TB, primary string) (addr string, p *Process) {
 	if !p.WaitOutput(StartTimeout, func(out string) bool { return strings.Contains(out, "sync: Finished with success") }) {
 		t.Fatalf("redis replica %s of %s: no sync within %v\n%s", addr, primary, StartTimeout, p.Output())
 	}
+	if err := WaitReplica(primary, StartTimeout); err != nil {
+		t.Fatalf("redis replica %s of %s: %v\n%s", addr, primary, err, p.Output())
+	}
 	return addr, p
+}
+
+// WaitReplica writes on the Redis at primary (a counter in database 15,
+// which no store under test uses) and waits, up to timeout, until WAIT
+// says a replica has acknowledged the write: a replica streamed to, whose
+// acknowledgements of later writes come at once. A replica's log saying
+// its full sync finished is not enough: its acknowledgement of the sync
+// can reach primary before primary has seen the sync's end (its RDB child
+// not yet reaped), and primary then streams nothing to it until the next
+// one, a second later. Nor is WAIT with nothing written, which counts
+// such a replica.
+func WaitReplica(primary string, timeout time.Duration) error {
+	c, err := net.DialTimeout("tcp", primary, time.Second)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(timeout + 5*time.Second))
+	// One connection: WAIT waits for the writes of its own.
+	if _, err := fmt.Fprintf(c, "SELECT 15\r\nINCR proxytest:replicated\r\nWAIT 1 %d\r\n", timeout.Milliseconds()); err != nil {
+		return err
+	}
+	r := bufio.NewReader(c)
+	var line string
+	for range 3 {
+		if line, err = r.ReadString('\n'); err != nil {
+			return err
+		}
+		line = strings.TrimRight(line, "\r\n")
+		if strings.HasPrefix(line, "-") {
+			return fmt.Errorf("redis %s: %s", primary, line[1:])
+		}
+	}
+	if n, err := strconv.Atoi(strings.TrimPrefix(line, ":")); err != nil || n < 1 {
+		return fmt.Errorf("redis %s: no replica acknowledged a write within %v (WAIT 1: %q)", primary, timeout, line)
+	}
+	return nil
 }
 
 // Sentinel timings of [StartSentinel]: a primary silent for
