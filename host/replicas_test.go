@@ -824,3 +824,48 @@ func TestReplacedPluginOnFallbackSaysReplicaLost(t *testing.T) {
 		t.Fatalf("moved to a replica serving notes v2: got %q, stateReset %v; want the state lost, said replica-lost", text(res), reset)
 	}
 }
+
+// TestDrainSavesOthersPastALongCall: a drain whose grace one client's
+// call outlasts still saves and hands over every other client's session.
+// Bob's call of loop's spin runs until its call timeout (a minute), past
+// the drain's grace; alice's session, idle, is saved at the drain
+// (CheckpointOnDrain) and taken over by b with her note. A red team
+// found the drain spent its whole grace waiting for bob's call and then
+// saved every session under the grace's ended context: none was saved
+// nor released, and alice's note was lost at b.
+func TestDrainSavesOthersPastALongCall(t *testing.T) {
+	store := statestore.NewMemory()
+	policy := sandbox.NewPolicy().WithCallTimeout(time.Minute)
+	files := map[string]string{"notes.wasm": testplugins.Example(t, "notes"), "loop.wasm": testplugins.Test(t, "loop")}
+	a := replicaWith(t, host.Options{Replica: "a", Store: store, Checkpoint: host.CheckpointOnDrain}, policy, files)
+	b := replicaWith(t, host.Options{Replica: "b", Store: store, Checkpoint: host.CheckpointOnDrain}, policy, files)
+	logsOnFailure(t, a, b)
+	rt := &router{to: a}
+	// No standalone stream: the drain closes it at once, and its client,
+	// reconnecting through this router to a, draining, would give up.
+	tr := &mcp.StreamableClientTransport{Endpoint: a.srv.URL + "/mcp", HTTPClient: &http.Client{Transport: rt}, DisableStandaloneSSE: true}
+	alice, err := mcp.NewClient(&mcp.Implementation{Name: "alice", Version: "1"}, nil).Connect(context.Background(), tr, &mcp.ClientSessionOptions{ProtocolVersion: "2025-11-25"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { alice.Close() })
+	if res := call(t, alice, "note_add", map[string]any{"text": "alice's"}); res.IsError {
+		t.Fatal(text(res))
+	}
+
+	bob := connectHTTP(t, a.srv.URL, "2025-11-25", nil)
+	bctx, stop := context.WithCancel(context.Background())
+	t.Cleanup(stop)
+	go bob.CallTool(bctx, &mcp.CallToolParams{Name: "spin", Arguments: map[string]any{}})
+	eventually(t, "bob's spin to run", func() bool { return a.h.LiveInstancesByPlugin()["loop"] == 1 && a.h.BusyInstances() == 1 })
+
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	a.h.Drain(ctx, host.DrainOptions{}) // fails: bob's call is still running
+	a.waitLog(t, "drained", 1)
+	rt.point(b)
+	res := notes(t, alice, nil)
+	if res.IsError || res.Meta[host.MetaStateReset] != nil || !strings.Contains(text(res), "alice's") {
+		t.Fatalf("alice at b after a's drain, which bob's call outlasted: %v %s", res.Meta, text(res))
+	}
+}
