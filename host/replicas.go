@@ -238,8 +238,10 @@ type DrainOptions struct {
 // flight finish and their answers are written on their streams (until
 // ctx ends); every instance's state is written to the state store and the
 // host's claims are released, so other replicas take its sessions over at
-// once. The host is then closed. Without a state store, sessions end with
-// the host. Drain is for a process about to exit.
+// once (after ctx ends too: a call still running then keeps only its own
+// session's claim, never every other session's save). The host is then
+// closed. Without a state store, sessions end with the host. Drain is for
+// a process about to exit.
 func (h *Host) Drain(ctx context.Context, opts DrainOptions) error {
 	var err error
 	h.drain.once.Do(func() {

@@ -868,4 +868,8 @@ func TestDrainSavesOthersPastALongCall(t *testing.T) {
 	if res.IsError || res.Meta[host.MetaStateReset] != nil || !strings.Contains(text(res), "alice's") {
 		t.Fatalf("alice at b after a's drain, which bob's call outlasted: %v %s", res.Meta, text(res))
 	}
+	// a released her claim: b took it over from no one.
+	if strings.Contains(b.log.String(), "holderAlive=true") {
+		t.Fatalf("b took alice's session from a live holder")
+	}
 }

@@ -369,7 +369,16 @@ func (d *Keeper) Stored(ctx context.Context, key sessions.Key, p *plugins.Plugin
 // whole, so that other replicas take them over at once. A session not
 // saved whole keeps its claim: it is taken over once this replica's
 // heartbeat ends, from its last checkpoint.
+//
+// ctx bounds the wait for a busy instance, as it bounded the calls in
+// flight before; the exchanges with the store are each bounded by the
+// store's timeout, not by what is left of ctx. Once ctx has ended, a
+// session whose call still runs keeps its claim, and the others are saved
+// and released all the same: a red team found one client's call that
+// outlasted the grace left ctx ended for every session, none saved nor
+// released (with CheckpointOnDrain, every other client lost its state).
 func (d *Keeper) Drain(ctx context.Context) error {
+	store := context.WithoutCancel(ctx)
 	d.mu.Lock()
 	claims := make(map[sessions.Key]*Claim, len(d.claims))
 	for k, c := range d.claims {
@@ -389,7 +398,7 @@ func (d *Keeper) Drain(ctx context.Context) error {
 		}
 		err := d.ses.Instances(ctx, key, func(name string, inst *plugins.Instance, fence uint64) error {
 			saved++
-			_, err := d.checkpoint(ctx, c, inst.Plugin(), inst, fence, nil, time.Time{}, "")
+			_, err := d.checkpoint(store, c, inst.Plugin(), inst, fence, nil, time.Time{}, "")
 			return err
 		})
 		if err != nil {
@@ -401,14 +410,14 @@ func (d *Keeper) Drain(ctx context.Context) error {
 			}
 			continue // keep the claim: the holder's heartbeat ends soon
 		}
-		if err := d.writeLost(ctx, key, c); err != nil {
+		if err := d.writeLost(store, key, c); err != nil {
 			if !errors.Is(err, errMoved) {
 				d.log.Error("drain: a lost state not recorded", "session", key.String(), "error", err)
 				firstErr = cmp.Or(firstErr, err)
 			}
 			continue // keep the claim, as for a checkpoint that failed
 		}
-		rctx, cancel := context.WithTimeout(ctx, d.timeout())
+		rctx, cancel := context.WithTimeout(store, d.timeout())
 		c.mu.Lock()
 		if err := d.store.Release(rctx, c.id, c.fence); err == nil {
 			released++

@@ -960,7 +960,9 @@ func (m *Manager) Seed(key Key, seeds map[string]Seed, fence uint64) error {
 // (see [Manager.Seed]), holding its slot so that no call runs meanwhile (a
 // checkpoint at drain); f's error stops the walk and is returned. A busy
 // slot is waited for, until ctx ends (then ctx's error is returned); an
-// instance of a stale fence is skipped.
+// idle one is taken even once ctx has ended, so that a drain past its
+// grace still walks the clients whose calls are over. An instance of a
+// stale fence is skipped.
 func (m *Manager) Instances(ctx context.Context, key Key, f func(plugin string, inst *plugins.Instance, fence uint64) error) error {
 	for _, sl := range m.slotsOf(key) {
 		if !sl.tryLock() {
@@ -984,7 +986,7 @@ func (m *Manager) Instances(ctx context.Context, key Key, f func(plugin string, 
 			return err
 		}
 	}
-	return ctx.Err()
+	return nil
 }
 
 // Keys returns the keys of the clients live now.
