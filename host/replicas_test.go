@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -872,4 +873,73 @@ func TestDrainSavesOthersPastALongCall(t *testing.T) {
 	if strings.Contains(b.log.String(), "holderAlive=true") {
 		t.Fatalf("b took alice's session from a live holder")
 	}
+}
+
+// heldBody is a request body that says, at its first read, that its
+// handler has begun reading it.
+type heldBody struct {
+	io.ReadCloser
+	once    sync.Once
+	reading chan struct{}
+}
+
+func (b *heldBody) Read(p []byte) (int, error) {
+	b.once.Do(func() { close(b.reading) })
+	return b.ReadCloser.Read(p)
+}
+
+// TestSlowBodyHoldsNoTakeover: a client sending the body of a request
+// with no session ID slowly (within the guard's body timeout, 30 s)
+// holds up no other client. Bob's initialize, its body begun and held,
+// is being read at b; alice's session, moved from a, is taken over at b,
+// and carol opens a session there, meanwhile. A red team found the body
+// read under adoptMu's read lock: alice's takeover waited for the write
+// lock until bob's body ended, and carol's session, and every new one,
+// behind it.
+func TestSlowBodyHoldsNoTakeover(t *testing.T) {
+	store := statestore.NewMemory()
+	files := map[string]string{"notes.wasm": testplugins.Example(t, "notes")}
+	a := replicaWith(t, host.Options{Replica: "a", Store: store}, sandbox.NewPolicy(), files)
+	opts := host.Options{Replica: "b", Store: store, StateKey: replicaKey}
+	fb := newFixture(t, &opts, sandbox.NewPolicy(), files)
+	reading := make(chan struct{})
+	inner := fb.h.HTTPHandler()
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("X-Held") != "" {
+			r.Body = &heldBody{ReadCloser: r.Body, reading: reading}
+		}
+		inner.ServeHTTP(w, r)
+	}))
+	t.Cleanup(srv.Close)
+	b := &replica{fixture: fb, name: "b", srv: srv}
+	logsOnFailure(t, a, b)
+	rt := &router{to: a}
+	alice := connectHTTP(t, a.srv.URL, "2025-11-25", rt)
+	if res := call(t, alice, "note_add", map[string]any{"text": "alice's"}); res.IsError {
+		t.Fatal(text(res))
+	}
+
+	// Bob's initialize at b: its headers and the body's first bytes,
+	// the rest held.
+	conn, err := net.Dial("tcp", srv.Listener.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	fmt.Fprintf(conn, "POST /mcp HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\nX-Held: 1\r\nContent-Length: 200\r\n\r\n{\"jsonrpc\":", srv.Listener.Addr())
+	<-reading
+
+	a.gone()
+	rt.point(b)
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	defer cancel()
+	res, err := alice.CallTool(ctx, &mcp.CallToolParams{Name: "note_list", Arguments: map[string]any{}})
+	if err != nil || res.IsError || !strings.Contains(text(res), "alice's") {
+		t.Fatalf("alice's session at b while bob's body is held: %v", err)
+	}
+	carol, err := mcp.NewClient(&mcp.Implementation{Name: "carol", Version: "1"}, nil).Connect(ctx, &mcp.StreamableClientTransport{Endpoint: srv.URL + "/mcp"}, &mcp.ClientSessionOptions{ProtocolVersion: "2025-11-25"})
+	if err != nil {
+		t.Fatalf("carol's new session at b while bob's body is held: %v", err)
+	}
+	carol.Close()
 }
