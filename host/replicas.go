@@ -336,6 +336,12 @@ func (h *Host) serveStateful(stateful http.Handler, events mcp.EventStore, w htt
 		refuse(w, "this replica is draining and takes no new sessions")
 		return
 	case id == "":
+		// The body is read before the lock: a client sending it slowly
+		// (the guard allows 30 s) would hold every takeover here on
+		// the write lock, and every new session behind it.
+		if _, ok := readBody(w, r); !ok {
+			return
+		}
 		h.adoptMu.RLock()
 		defer h.adoptMu.RUnlock()
 		stateful.ServeHTTP(w, r)
@@ -373,20 +379,9 @@ func (h *Host) serveStateful(stateful http.Handler, events mcp.EventStore, w htt
 	}
 	// The body is read here (the guard bounds it) so that the request
 	// can be served again once the session is taken over.
-	var body []byte
-	if r.Body != nil {
-		b, err := io.ReadAll(r.Body)
-		if err != nil {
-			var mbe *http.MaxBytesError
-			if errors.As(err, &mbe) {
-				http.Error(w, err.Error(), http.StatusRequestEntityTooLarge)
-				return
-			}
-			http.Error(w, "reading the request: "+err.Error(), http.StatusBadRequest)
-			return
-		}
-		body = b
-		r.Body = io.NopCloser(bytes.NewReader(body))
+	body, ok := readBody(w, r)
+	if !ok {
+		return
 	}
 	r.Header.Del(resendHeader) // the host's own, never a client's
 	r.Header.Del(liveHeader)
@@ -427,6 +422,27 @@ func (h *Host) serveStateful(stateful http.Handler, events mcp.EventStore, w htt
 	}
 	r.Body = io.NopCloser(bytes.NewReader(body))
 	stateful.ServeHTTP(w, r)
+}
+
+// readBody reads r's body whole (the guard bounds it) and puts it back
+// to be read again; on failure it answers r (413 past the bound) and
+// returns false.
+func readBody(w http.ResponseWriter, r *http.Request) ([]byte, bool) {
+	if r.Body == nil {
+		return nil, true
+	}
+	body, err := io.ReadAll(r.Body)
+	if err != nil {
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) {
+			http.Error(w, err.Error(), http.StatusRequestEntityTooLarge)
+			return nil, false
+		}
+		http.Error(w, "reading the request: "+err.Error(), http.StatusBadRequest)
+		return nil, false
+	}
+	r.Body = io.NopCloser(bytes.NewReader(body))
+	return body, true
 }
 
 // canReplay reports whether events holds what a client resuming session
