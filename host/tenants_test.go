@@ -1777,3 +1777,78 @@ func TestStoreFairSharesAcrossReplicas(t *testing.T) {
 		}
 	}
 }
+
+// TestNamesStayWithTheirSubjectAcrossReplicas: every name of alice's
+// state, presented by bob to the replica that does not hold it (the one
+// that would take it over from the store they share, a real
+// redis-server), reaches nothing of hers: her stateful session's ID in a
+// call, a GET stream (resumed from an event ID or not) and a DELETE (404,
+// as for a session unknown, and the session lives on), and her session
+// handle (refused, nothing run, a handle of his own offered). Alice herself then goes on
+// at that replica with both.
+func TestNamesStayWithTheirSubjectAcrossReplicas(t *testing.T) {
+	urls, _ := redisReplicas(t, 0)
+	alice := connectHTTP(t, urls[0], "2025-11-25", tenantTransport{token: aliceToken})
+	countWith(t, alice, "")
+	do := func(method, token, body string, header ...string) (int, string) {
+		t.Helper()
+		// A stream served to bob would stay open: its read ends here.
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		req, _ := http.NewRequestWithContext(ctx, method, urls[1]+"/mcp", strings.NewReader(body))
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Accept", "application/json, text/event-stream")
+		req.Header.Set("Mcp-Session-Id", alice.ID())
+		req.Header.Set("Mcp-Protocol-Version", "2025-11-25")
+		req.Header.Set("Authorization", "Bearer "+token)
+		for i := 0; i+1 < len(header); i += 2 {
+			req.Header.Set(header[i], header[i+1])
+		}
+		res, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer res.Body.Close()
+		b, err := io.ReadAll(res.Body)
+		if err != nil {
+			return res.StatusCode, fmt.Sprintf("%s (%v)", b, err)
+		}
+		return res.StatusCode, string(b)
+	}
+	callBody := `{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"count","arguments":{}}}`
+	for _, c := range []struct {
+		name, method, body string
+		header             []string
+	}{
+		{"call", http.MethodPost, callBody, nil},
+		{"stream", http.MethodGet, "", nil},
+		{"resumed stream", http.MethodGet, "", []string{"Last-Event-ID", "0_0"}},
+		{"delete", http.MethodDelete, "", nil},
+	} {
+		code, body := do(c.method, bobToken, c.body, c.header...)
+		if code/100 == 2 && body != "" || code != http.StatusNotFound && code/100 != 2 {
+			t.Errorf("bob's %s with alice's session ID at b: %d %q; want 404 (or an empty stream)", c.name, code, body)
+		}
+	}
+	if code, body := do(http.MethodPost, aliceToken, callBody); code != http.StatusOK || !strings.Contains(body, `"text":"2"`) {
+		t.Fatalf("alice's session at b after bob's attempts: %d %s; want her count, 2", code, body)
+	}
+
+	// Handles (2026-07-28).
+	aliceA := connectHTTP(t, urls[0], "", tenantTransport{token: aliceToken})
+	aliceA.ListTools(context.Background(), nil)
+	res := countWith(t, aliceA, "")
+	handle, _ := res.Meta[host.MetaSession].(string)
+	countWith(t, aliceA, handle)
+	bobB := connectHTTP(t, urls[1], "", tenantTransport{token: bobToken})
+	bobB.ListTools(context.Background(), nil) // the schema the client mirrors the handle from
+	res = countWith(t, bobB, handle)
+	if got, _ := res.Meta[host.MetaSession].(string); got == handle || !strings.Contains(text(res), "belongs to another client") {
+		t.Errorf("bob with alice's handle at b: %v %s; want it refused, a handle of his own offered", res.Meta, text(res))
+	}
+	aliceB := connectHTTP(t, urls[1], "", tenantTransport{token: aliceToken})
+	aliceB.ListTools(context.Background(), nil)
+	if res := countWith(t, aliceB, handle); text(res) != "3" {
+		t.Errorf("alice's handle at b: %v %s; want her count, 3", res.Meta, text(res))
+	}
+}
