@@ -89,9 +89,10 @@ func (r *replica) gone() {
 // router is a proxy in a test: it sends every request to the replica it
 // points at now, as a proxy whose rule moved would.
 type router struct {
-	mu   sync.Mutex
-	to   *replica
-	seen map[string]bool // replicas that served a request
+	mu    sync.Mutex
+	to    *replica
+	seen  map[string]bool // replicas that served a request
+	token string          // a subject's bearer token, sent if set
 }
 
 func (r *router) point(to *replica) {
@@ -107,6 +108,9 @@ func (r *router) RoundTrip(req *http.Request) (*http.Response, error) {
 	u, _ := url.Parse(to.srv.URL)
 	req = req.Clone(req.Context())
 	req.URL.Scheme, req.URL.Host, req.Host = u.Scheme, u.Host, u.Host
+	if r.token != "" {
+		req.Header.Set("Authorization", "Bearer "+r.token)
+	}
 	return http.DefaultTransport.RoundTrip(req)
 }
 

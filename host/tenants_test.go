@@ -9,6 +9,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"slices"
@@ -1850,5 +1851,39 @@ func TestNamesStayWithTheirSubjectAcrossReplicas(t *testing.T) {
 	aliceB.ListTools(context.Background(), nil)
 	if res := countWith(t, aliceB, handle); text(res) != "3" {
 		t.Errorf("alice's handle at b: %v %s; want her count, 3", res.Meta, text(res))
+	}
+}
+
+// TestTakenOverSessionJoinsItsTenantsShare: a stateful session taken over
+// by another replica counts there as its tenant's, within that tenant's
+// share of the sessions (one here): bob's session moving from a to b ends
+// his own idle session at b, never alice's.
+func TestTakenOverSessionJoinsItsTenantsShare(t *testing.T) {
+	store := statestore.NewMemory()
+	var urls [2]string
+	var rs [2]*replica
+	for i, name := range []string{"a", "b"} {
+		f := newFixture(t, &host.Options{Replica: name, Store: store, StateKey: replicaKey, Tenants: true, MaxSessionsPerSubject: 1}, sandbox.NewPolicy(), map[string]string{"counter.wasm": testplugins.Example(t, "counter")})
+		srv := httptest.NewServer(host.Guard(f.h.HTTPHandler(), host.GuardOptions{Tokens: map[string]string{"alice": aliceToken, "bob": bobToken}}))
+		t.Cleanup(srv.Close)
+		rs[i], urls[i] = &replica{fixture: f, name: name, srv: srv}, srv.URL
+	}
+	rt := &router{to: rs[0], token: bobToken}
+	moving := connectHTTP(t, urls[0], "2025-11-25", rt)
+	countWith(t, moving, "")
+	bobB := connectHTTP(t, urls[1], "2025-11-25", tenantTransport{token: bobToken})
+	countWith(t, bobB, "")
+	aliceB := connectHTTP(t, urls[1], "2025-11-25", tenantTransport{token: aliceToken})
+	countWith(t, aliceB, "")
+
+	rt.point(rs[1])
+	if res := countWith(t, moving, ""); text(res) != "2" {
+		t.Fatalf("bob's session taken over at b: %v %s; want his count, 2", res.Meta, text(res))
+	}
+	if res, err := bobB.CallTool(context.Background(), &mcp.CallToolParams{Name: "count", Arguments: map[string]any{}}); err == nil && !res.IsError {
+		t.Errorf("bob's idle session at b served after his session moved there (his share is 1): %s", text(res))
+	}
+	if res := countWith(t, aliceB, ""); text(res) != "2" {
+		t.Errorf("alice's session at b after bob's moved there: %v %s; want her count, 2", res.Meta, text(res))
 	}
 }
