@@ -1715,6 +1715,13 @@ func storedSessions(t *testing.T, raw *redis.Client, field string) (n, bytes int
 // behind host.Guard; and a raw client of the server.
 func redisReplicas(t *testing.T, perTenant int) (urls [2]string, raw *redis.Client) {
 	t.Helper()
+	rs, raw := redisReplicaSet(t, perTenant)
+	return [2]string{rs[0].srv.URL, rs[1].srv.URL}, raw
+}
+
+// redisReplicaSet is redisReplicas, the replicas themselves.
+func redisReplicaSet(t *testing.T, perTenant int) (rs [2]*replica, raw *redis.Client) {
+	t.Helper()
 	addr := proxytest.StartRedis(t)
 	for i, name := range []string{"a", "b"} {
 		store, err := statestore.Open("redis://"+addr+"/0", replicaKey)
@@ -1723,11 +1730,13 @@ func redisReplicas(t *testing.T, perTenant int) (urls [2]string, raw *redis.Clie
 		}
 		t.Cleanup(func() { store.Close() })
 		f := newFixture(t, &host.Options{Replica: name, Store: store, StateKey: replicaKey, StoreBytesPerTenant: perTenant, Tenants: true}, sandbox.NewPolicy(), map[string]string{"counter.wasm": testplugins.Example(t, "counter")})
-		urls[i] = serveGuarded(t, f, host.GuardOptions{Tokens: map[string]string{"alice": aliceToken, "bob": bobToken}})
+		srv := httptest.NewServer(host.Guard(f.h.HTTPHandler(), host.GuardOptions{Tokens: map[string]string{"alice": aliceToken, "bob": bobToken}}))
+		t.Cleanup(srv.Close)
+		rs[i] = &replica{fixture: f, name: name, srv: srv}
 	}
 	raw = redis.NewClient(&redis.Options{Addr: addr})
 	t.Cleanup(func() { raw.Close() })
-	return urls, raw
+	return rs, raw
 }
 
 // TestStoreFairSharesAcrossReplicas: a tenant's share of the state
@@ -1885,5 +1894,130 @@ func TestTakenOverSessionJoinsItsTenantsShare(t *testing.T) {
 	}
 	if res := countWith(t, aliceB, ""); text(res) != "2" {
 		t.Errorf("alice's session at b after bob's moved there: %v %s; want her count, 2", res.Meta, text(res))
+	}
+}
+
+// quotaHeld checks that the Redis at raw counts each tenant's stored
+// bytes exactly once: each tenant's count of a record is the record's own
+// ("m:bytes", for the tenant it names, "m:t"), and no count outlives its
+// record; each tenant's sum is its counts', the total theirs. It returns
+// the tenants' sums.
+func quotaHeld(t *testing.T, raw *redis.Client) map[string]int64 {
+	t.Helper()
+	ctx := context.Background()
+	recs := map[string][2]string{} // record ID -> tenant, bytes
+	keys, err := raw.Keys(ctx, "wt:{*}:rec").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range keys {
+		m, err := raw.HMGet(ctx, k, "m:t", "m:bytes").Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if tenant, _ := m[0].(string); tenant != "" {
+			b, _ := m[1].(string)
+			recs[strings.TrimSuffix(strings.TrimPrefix(k, "wt:{"), "}:rec")] = [2]string{tenant, b}
+		}
+	}
+	// hash reads a quota hash: its entries, and its own fields (" sum",
+	// " total"), which begin with a space.
+	hash := func(key string) (entries map[string]int64, own map[string]string) {
+		all, err := raw.HGetAll(ctx, key).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		entries, own = map[string]int64{}, map[string]string{}
+		for k, v := range all {
+			if strings.HasPrefix(k, " ") {
+				own[k] = v
+				continue
+			}
+			entries[k], _ = strconv.ParseInt(v, 10, 64)
+		}
+		return entries, own
+	}
+	sums := map[string]int64{}
+	mirrors, own := hash("wt:q")
+	var total int64
+	for tenant, mirror := range mirrors {
+		total += mirror
+		counts, tenantOwn := hash("wt:q:" + tenant)
+		var sum int64
+		for id, n := range counts {
+			sum += n
+			if r := recs[id]; r[0] != tenant || r[1] != strconv.FormatInt(n, 10) {
+				t.Errorf("tenant %s counts record %s at %d bytes; the record says tenant %q, %q bytes", tenant, id, n, r[0], r[1])
+			}
+		}
+		if got, _ := strconv.ParseInt(tenantOwn[" sum"], 10, 64); got != sum || mirror != sum {
+			t.Errorf("tenant %s: sum %d, mirrored %d; its counts make %d", tenant, got, mirror, sum)
+		}
+		sums[tenant] = sum
+	}
+	for id, r := range recs {
+		if n, _ := strconv.ParseInt(r[1], 10, 64); n > 0 && sums[r[0]] == 0 {
+			t.Errorf("record %s of tenant %s (%s bytes) is counted nowhere", id, r[0], r[1])
+		}
+	}
+	if got, _ := strconv.ParseInt(own[" total"], 10, 64); got != total {
+		t.Errorf("total %d; the tenants' sums make %d", got, total)
+	}
+	return sums
+}
+
+// TestStoreBytesCountedOnceAcrossReplicas: on two replicas sharing a
+// redis-server, a tenant's stored bytes are counted once whichever
+// replica writes them: bob's stateful session and his handle, written at
+// a, then taken over and written at b (the session back at a, and at b
+// again); and given back once when they end there (his session's DELETE).
+func TestStoreBytesCountedOnceAcrossReplicas(t *testing.T) {
+	rs, raw := redisReplicaSet(t, 0)
+	logsOnFailure(t, rs[0], rs[1])
+	rt := &router{to: rs[0], token: bobToken}
+	bob := connectHTTP(t, rs[0].srv.URL, "2025-11-25", rt)
+	countWith(t, bob, "")
+	countWith(t, bob, "")
+	bobH := connectHTTP(t, rs[0].srv.URL, "", rt)
+	bobH.ListTools(context.Background(), nil)
+	handle, _ := countWith(t, bobH, "").Meta[host.MetaSession].(string)
+	alice := connectHTTP(t, rs[0].srv.URL, "2025-11-25", tenantTransport{token: aliceToken})
+	countWith(t, alice, "")
+	before := quotaHeld(t, raw)
+	// The anonymous pool holds the store's key check (wt-keycheck).
+	delete(before, "tenant:-")
+	if len(before) != 2 {
+		t.Fatalf("tenants counted: %v; want alice and bob", before)
+	}
+
+	rt.point(rs[1])
+	if res := countWith(t, bob, ""); text(res) != "3" {
+		t.Fatalf("bob's session at b: %s", text(res))
+	}
+	if res := countWith(t, bobH, handle); text(res) != "2" {
+		t.Fatalf("bob's handle at b: %s", text(res))
+	}
+	rs[1].waitLog(t, "session taken over", 2)
+	quotaHeld(t, raw)
+	// And back to a, which still holds the session's go-sdk half: its
+	// claim fenced, it takes the session again from the store.
+	rt.point(rs[0])
+	if res := countWith(t, bob, ""); text(res) != "4" {
+		t.Fatalf("bob's session back at a: %s", text(res))
+	}
+	quotaHeld(t, raw)
+	rt.point(rs[1])
+	if res := countWith(t, bob, ""); text(res) != "5" {
+		t.Fatalf("bob's session at b again: %s", text(res))
+	}
+	quotaHeld(t, raw)
+
+	bob.Close() // DELETE, at b
+	rec := "wt:{s." + bob.ID() + "}:rec"
+	eventually(t, "bob's session record deleted", func() bool { return raw.HGet(context.Background(), rec, "m:t").Val() == "" })
+	after := quotaHeld(t, raw)
+	delete(after, "tenant:-")
+	if len(after) != 2 {
+		t.Errorf("after bob's session ended: %v; want alice's and bob's (his handle)", after)
 	}
 }
