@@ -947,3 +947,22 @@ func TestSlowBodyHoldsNoTakeover(t *testing.T) {
 	}
 	carol.Close()
 }
+
+// TestResendHeaderIsTheHosts: X-Wasmtools-Resend, which carries from the
+// HTTP layer to a call the digest of its POST (a proxy's resend of it is
+// answered once), is the host's alone: a 2026-07-28 client sending it
+// with two different calls of its handle gets both run. A review found
+// it was stripped from a stateful session's requests only: the
+// sessionless client's own value was taken as the call's at-most-once
+// key (any length, past the 128 bytes of an idempotency key), and its
+// second call was answered with the first's result, not run.
+func TestResendHeaderIsTheHosts(t *testing.T) {
+	f := newFixture(t, &host.Options{Store: statestore.NewMemory(), StateKey: replicaKey}, sandbox.NewPolicy(),
+		map[string]string{"counter.wasm": testplugins.Example(t, "counter")})
+	cs := connectHTTP(t, serveHTTP(t, f), "", headerTransport{"X-Wasmtools-Resend", strings.Repeat("d", 4096)})
+	cs.ListTools(context.Background(), nil)
+	handle, _ := countWith(t, cs, "").Meta[host.MetaSession].(string)
+	if res := countWith(t, cs, handle); text(res) != "2" {
+		t.Fatalf("the second call of the handle, with the client's own resend header: %v %s; want it run, 2", res.Meta, text(res))
+	}
+}
