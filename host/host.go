@@ -771,6 +771,12 @@ func (h *Host) HTTPHandler() http.Handler {
 		every = DefaultStreamKeepAlive
 	}
 	return keepAlive(every, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		// The host's own headers, never a client's, whichever way the
+		// request is served (serveStateful sets them on a stateful
+		// session's tools/call): a client's resend digest was its
+		// call's at-most-once key, of any length.
+		r.Header.Del(resendHeader)
+		r.Header.Del(liveHeader)
 		switch {
 		case r.Method == http.MethodPost && r.Header.Get("Mcp-Method") == "subscriptions/listen":
 			// A 2026-07-28 client's stream of list changes, open until

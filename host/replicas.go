@@ -383,8 +383,6 @@ func (h *Host) serveStateful(stateful http.Handler, events mcp.EventStore, w htt
 	if !ok {
 		return
 	}
-	r.Header.Del(resendHeader) // the host's own, never a client's
-	r.Header.Del(liveHeader)
 	if r.Method == http.MethodPost && isToolCall(body) {
 		sum := sha256.Sum256(body)
 		r.Header.Set(resendHeader, hex.EncodeToString(sum[:16]))
