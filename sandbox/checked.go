@@ -86,7 +86,7 @@ const checkedMaxAge = 7 * 24 * time.Hour
 // rebuilt, tags moved) do not fill the disk. 1 GiB holds the entries of
 // some 250 plugins of a Go plugin's 4 MB, and at least 7 of the 64 MiB
 // a module may be by default. wazero's half of the folder (its machine
-// code) has no bound of its own.
+// code) has a bound of its own, compiledMaxBytes.
 const checkedMaxBytes = 1 << 30
 
 // checked is what Compile's check and rewriting made of a module.
@@ -120,10 +120,11 @@ func checkedKey(sum [32]byte, limits ModuleLimits, flag bool) string {
 const checkedTempMaxAge = 24 * time.Hour
 
 // checkedDir returns the folder of this build's entries, "" without a
-// disk cache. The first call starts the sweep (sweepChecked) on a
-// goroutine of its own, which Close waits for: run inside that call, a
-// large or slow cache folder held the first compilation and every one
-// begun meanwhile, a starting server's loads.
+// disk cache. The first call starts the sweep (sweepChecked, and
+// sweepCompiled for wazero's folders) on a goroutine of its own, which
+// Close waits for: run inside that call, a large or slow cache folder
+// held the first compilation and every one begun meanwhile, a starting
+// server's loads.
 func (r *Runtime) checkedDir() string {
 	if r.cacheDir == "" {
 		return ""
@@ -137,6 +138,7 @@ func (r *Runtime) checkedDir() string {
 				r.sweepHook()
 			}
 			r.sweepChecked(mine)
+			r.sweepCompiled()
 		}()
 	})
 	return mine
@@ -270,28 +272,12 @@ func (r *Runtime) evictChecked(dir, kept string) {
 	if err != nil {
 		return
 	}
-	type entry struct {
-		name string
-		size int64
-		used time.Time
-	}
-	var entries []entry
-	var total int64
-	for _, e := range found {
-		if strings.HasPrefix(e.Name(), ".") || !e.Type().IsRegular() {
-			continue
-		}
-		fi, err := e.Info()
-		if err != nil {
-			continue // removed meanwhile
-		}
-		entries = append(entries, entry{e.Name(), fi.Size(), fi.ModTime()})
-		total += fi.Size()
-	}
+	ours := func(name string) bool { return !strings.HasPrefix(name, ".") }
+	stat := func(name string) (fs.FileInfo, error) { return os.Lstat(filepath.Join(dir, name)) }
+	entries, total := leastUsedFirst(found, ours, stat, fs.FileInfo.ModTime)
 	if total <= r.checkedBound {
 		return
 	}
-	sort.Slice(entries, func(i, j int) bool { return entries[i].used.Before(entries[j].used) })
 	for _, e := range entries {
 		if total <= r.checkedBound {
 			break
@@ -312,6 +298,34 @@ func (r *Runtime) evictChecked(dir, kept string) {
 			total -= e.size
 		}
 	}
+}
+
+// cacheFile is a file of the cache folder as an eviction weighs it.
+type cacheFile struct {
+	name string
+	size int64
+	used time.Time
+}
+
+// leastUsedFirst returns the regular files of found that ours names, as
+// stat (an lstat) and used see them, the least recently used first, and
+// their total size. A file removed meanwhile is left out.
+func leastUsedFirst(found []fs.DirEntry, ours func(string) bool, stat func(string) (fs.FileInfo, error), used func(fs.FileInfo) time.Time) ([]cacheFile, int64) {
+	var files []cacheFile
+	var total int64
+	for _, e := range found {
+		if !ours(e.Name()) || !e.Type().IsRegular() {
+			continue
+		}
+		fi, err := stat(e.Name())
+		if err != nil {
+			continue
+		}
+		files = append(files, cacheFile{e.Name(), fi.Size(), used(fi)})
+		total += fi.Size()
+	}
+	sort.Slice(files, func(i, j int) bool { return files[i].used.Before(files[j].used) })
+	return files, total
 }
 
 // encodeChecked lays c out as magic, the snapshot facts' JSON (its length

@@ -214,3 +214,11 @@ func (r *Runtime) SetCheckedBound(n int64) { r.checkedBound = n }
 // cache is read, its file open: a test holds the read there. Set it
 // before the first compilation.
 func (r *Runtime) SetCheckedReadHook(f func()) { r.checkedReadHook = f }
+
+// SetCompiledBound bounds the bytes of wazero's folder of machine code.
+// Set it before the first compilation.
+func (r *Runtime) SetCompiledBound(n int64) { r.compiledBound = n }
+
+// WazeroCacheDir is the folder of the cache folder dir wazero keeps
+// this process's machine code in.
+func WazeroCacheDir(dir string) string { return filepath.Join(dir, wazeroDirName()) }

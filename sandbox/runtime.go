@@ -86,6 +86,12 @@ type Runtime struct {
 	// checkedReadHook, if set (by a test), is called as an entry is
 	// read, its file open.
 	checkedReadHook func()
+	// compiledBound bounds the bytes of wazero's folder of machine code
+	// (compiledMaxBytes; wazero_cache.go). evicting says an eviction
+	// runs, evictAgain that it runs once more; evictMu guards both.
+	compiledBound        int64
+	evictMu              sync.Mutex
+	evicting, evictAgain bool
 	// compiling serialises the compilations of identical bytes: a lock
 	// (a 1-slot channel, so a wait can end at the deadline) per stripe,
 	// chosen by the bytes' digest. wazero v1.12 publishes a module read
@@ -99,7 +105,7 @@ type Runtime struct {
 
 // NewRuntime returns a Runtime with the given options.
 func NewRuntime(opts Options) (*Runtime, error) {
-	r := &Runtime{log: opts.Logger, interrupt: opts.Interruption, checkedBound: checkedMaxBytes, checkedReading: map[string]int{}}
+	r := &Runtime{log: opts.Logger, interrupt: opts.Interruption, checkedBound: checkedMaxBytes, checkedReading: map[string]int{}, compiledBound: compiledMaxBytes}
 	for i := range r.compiling {
 		r.compiling[i] = make(chan struct{}, 1)
 	}
@@ -125,7 +131,8 @@ func NewRuntime(opts Options) (*Runtime, error) {
 // background, and wazero's engine, which the cache holds, must not be
 // closed under it (wazero v1.12 then writes into the closed engine's
 // table and panics, ending the process); and once the sweep of the
-// checked-module cache a first compilation started has ended, so that
+// checked-module cache a first compilation started, and the eviction of
+// machine code compilations start (wazero_cache.go), have ended, so that
 // nothing of the Runtime outlives Close. If ctx ends first, Close leaves
 // the cache open and says so. It does not close the Compiled modules the
 // Runtime made.
@@ -255,6 +262,7 @@ func (r *Runtime) Compile(ctx context.Context, wasm []byte, p Policy) (*Compiled
 	if err != nil {
 		return nil, err
 	}
+	r.evictCompiledSoon()
 	closeRT := func(err error) error {
 		if cerr := rt.Close(ctx); cerr != nil {
 			err = errors.Join(err, cerr)
@@ -473,6 +481,7 @@ func (r *Runtime) Inspect(ctx context.Context, wasm []byte) (*ModuleInfo, error)
 	if err != nil {
 		return nil, err
 	}
+	r.evictCompiledSoon()
 	defer rt.Close(ctx)
 	info := &ModuleInfo{Imports: []Func{}, Exports: []Func{}}
 	for _, d := range mod.ImportedFunctions() {
