@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -266,5 +267,42 @@ func TestDiskCacheBoundConcurrent(t *testing.T) {
 	}
 	for _, m := range modules { // each loads, compiled again or not
 		compileIn(t, dir, m)
+	}
+}
+
+// TestDiskCacheKeepsWhatWasRead: a file of machine code written long ago
+// but read since (its access time, where the file system keeps one) is
+// kept over one written later and not read since: wazero never touches a
+// file it reads, and by its write alone a module loaded every day went
+// before one loaded once.
+func TestDiskCacheKeepsWhatWasRead(t *testing.T) {
+	if runtime.GOOS != "linux" {
+		t.Skip("access times are read on Linux only")
+	}
+	ctx := context.Background()
+	dir := t.TempDir()
+	module := wat(t, `(module (func (export "a")))`)
+	code := compileNew(t, runtimeOn(t, dir, 0), dir, module)
+	wdir := sandbox.WazeroCacheDir(dir)
+	read, unread := filepath.Join(wdir, strings.Repeat("1", 64)), filepath.Join(wdir, strings.Repeat("2", 64))
+	for _, p := range []string{read, unread} {
+		if err := os.WriteFile(p, make([]byte, 1000), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	now := time.Now()
+	if err := os.Chtimes(read, now.Add(-time.Minute), now.Add(-3*time.Hour)); err != nil {
+		t.Fatal(err)
+	}
+	setTime(t, unread, 2*time.Hour)
+	rt := runtimeOn(t, dir, sizeOf(t, filepath.Join(wdir, code))+1500)
+	compileNew(t, rt, dir, module)
+	if err := rt.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for path, want := range map[string]bool{read: true, unread: false} {
+		if _, err := os.Stat(path); (err == nil) != want {
+			t.Errorf("%s past the bound: kept %v, want %v", filepath.Base(path), err == nil, want)
+		}
 	}
 }
