@@ -14,11 +14,11 @@ import (
 // it compiles in a folder of [Options.CacheDir] per wazero version and
 // platform (wazeroDirName), a file per module, named by the hex of a
 // digest of the module's bytes, its interruption setting and the CPU's
-// features (wazeroEntry), written to a temporary file
-// (wazeroTemp) renamed over it. It never removes one but a file it
-// cannot read, so every module ever compiled (plugins rebuilt, tags
-// moved, a shared cache's uploads) would leave its code for good: this
-// file bounds the folder (compiledMaxBytes) and sweeps other versions'.
+// features (wazeroEntry), written to a temporary file (wazeroTemp)
+// renamed over it. It removes a file only when another version of it
+// wrote it, so every module ever compiled (plugins rebuilt, tags moved,
+// a shared cache's uploads) would leave its code for good: this file
+// bounds the folder (compiledMaxBytes) and sweeps other versions'.
 //
 // wazero opens a file at each load that misses its memory and reads it
 // whole; one that has gone is a miss, compiled again and written again,
@@ -45,7 +45,8 @@ func wazeroDirName() string {
 
 // wazeroVersion is wazero's own version (its internal/version), read
 // the same way: the last dependency whose path has wazero's, else the
-// main module's version, else "dev".
+// main module's version, else "dev" (a test binary's: its folder is not
+// the one `serve --prepare` fills).
 func wazeroVersion() string {
 	missing := func(v string) bool { return v == "" || v == "(devel)" }
 	var v string
