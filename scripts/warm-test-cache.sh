@@ -23,7 +23,12 @@ for f in internal/testplugins/dist/*.wasm; do
 		cp "$f" "$work/plugins/"
 	fi
 done
-"$go" build -o "$work/wasmtools" ./cmd/wasmtools
+# wazero keeps its compiled code in a folder named by its version, which
+# it reads from the binary's build information: a test binary has none
+# for its dependencies, so its wazero is "dev", and a wasmtools built
+# here would fill wazero-v1.12.0-... where no test looks. Built as "dev",
+# it fills the tests' folder.
+"$go" build -ldflags=-X=github.com/tetratelabs/wazero/internal/version.version=dev -o "$work/wasmtools" ./cmd/wasmtools
 # Plugins whose tools collide are refused after they compiled, so the exit
 # status is not the point: the cache is.
 "$work/wasmtools" serve --prepare --cache-dir "${TMPDIR:-/tmp}/wasmtools-test-cache" "$work/plugins" >/dev/null 2>&1 || true
