@@ -1722,13 +1722,24 @@ func redisReplicas(t *testing.T, perTenant int) (urls [2]string, raw *redis.Clie
 // redisReplicaSet is redisReplicas, the replicas themselves.
 func redisReplicaSet(t *testing.T, perTenant int) (rs [2]*replica, raw *redis.Client) {
 	t.Helper()
+	return redisReplicaSetWith(t, perTenant, nil)
+}
+
+// redisReplicaSetWith is redisReplicaSet, each replica's store (i 0 for
+// a, 1 for b) passed through wrap if it is not nil.
+func redisReplicaSetWith(t *testing.T, perTenant int, wrap func(i int, s statestore.Store) statestore.Store) (rs [2]*replica, raw *redis.Client) {
+	t.Helper()
 	addr := proxytest.StartRedis(t)
 	for i, name := range []string{"a", "b"} {
-		store, err := statestore.Open("redis://"+addr+"/0", replicaKey)
+		opened, err := statestore.Open("redis://"+addr+"/0", replicaKey)
 		if err != nil {
 			t.Fatal(err)
 		}
-		t.Cleanup(func() { store.Close() })
+		t.Cleanup(func() { opened.Close() })
+		store := opened
+		if wrap != nil {
+			store = wrap(i, store)
+		}
 		f := newFixture(t, &host.Options{Replica: name, Store: store, StateKey: replicaKey, StoreBytesPerTenant: perTenant, Tenants: true}, sandbox.NewPolicy(), map[string]string{"counter.wasm": testplugins.Example(t, "counter")})
 		srv := httptest.NewServer(host.Guard(f.h.HTTPHandler(), host.GuardOptions{Tokens: map[string]string{"alice": aliceToken, "bob": bobToken}}))
 		t.Cleanup(srv.Close)

@@ -1,0 +1,88 @@
+package host_test
+
+import (
+	"context"
+	"crypto/rand"
+	"net/http"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/wasmtools/wasmtools/internal/statestore"
+)
+
+// countedReads is a store that counts its reads of stateful sessions'
+// records (a takeover's read).
+type countedReads struct {
+	statestore.Store
+	reads atomic.Int64
+}
+
+func (c *countedReads) Get(ctx context.Context, id string) (map[string][]byte, error) {
+	if strings.HasPrefix(id, "s.") {
+		c.reads.Add(1)
+	}
+	return c.Store.Get(ctx, id)
+}
+
+// TestUnknownSessionIDsPaced: a request naming a stateful session ID that
+// the replica does not hold makes it read the state store, to take the
+// session over; a red team found those reads unpaced, so that one tenant
+// sending made-up IDs in a loop made each of its requests a round trip
+// to the store every replica and tenant shares. Bob's 200 made-up IDs at
+// b (two replicas sharing a redis-server) make at most his bucket's
+// reads (16, and 2 a second), the rest answered 503 (retry) rather than
+// 404, which would end a real session of his at its client; alice's
+// session moved from a to b is taken over all the same.
+func TestUnknownSessionIDsPaced(t *testing.T) {
+	var counted *countedReads
+	rs, _ := redisReplicaSetWith(t, 0, func(i int, s statestore.Store) statestore.Store {
+		if i == 0 {
+			return s
+		}
+		counted = &countedReads{Store: s}
+		return counted
+	})
+	logsOnFailure(t, rs[0], rs[1])
+	rt := &router{to: rs[0], token: aliceToken}
+	alice := connectHTTP(t, rs[0].srv.URL, "2025-11-25", rt)
+	countWith(t, alice, "")
+
+	body := `{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"count","arguments":{}}}`
+	codes := map[int]int{}
+	begun := time.Now()
+	for range 200 {
+		req, _ := http.NewRequest(http.MethodPost, rs[1].srv.URL+"/mcp", strings.NewReader(body))
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Accept", "application/json, text/event-stream")
+		req.Header.Set("Mcp-Session-Id", "a."+rand.Text())
+		req.Header.Set("Mcp-Protocol-Version", "2025-11-25")
+		req.Header.Set("Authorization", "Bearer "+bobToken)
+		res, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		res.Body.Close()
+		codes[res.StatusCode]++
+	}
+	reads := counted.reads.Load()
+	// The bucket's 16, 2 a second since, and one for a second begun.
+	bound := 16 + 2*int64(time.Since(begun).Seconds()+1)
+	t.Logf("bob's 200 made-up session IDs at b: %d store reads (bound %d), answers %v", reads, bound, codes)
+	if reads > bound {
+		t.Errorf("bob's 200 made-up session IDs made b read the store %d times; want at most %d", reads, bound)
+	}
+	if codes[http.StatusNotFound]+codes[http.StatusServiceUnavailable] != 200 || codes[http.StatusNotFound] > int(bound) {
+		t.Errorf("bob's answers %v; want 404 for those read (at most %d), 503 for the rest", codes, bound)
+	}
+
+	rt.point(rs[1])
+	before := counted.reads.Load()
+	if res := countWith(t, alice, ""); text(res) != "2" {
+		t.Fatalf("alice's session taken over at b after bob's made-up IDs: %v %s; want her count, 2", res.Meta, text(res))
+	}
+	if n := counted.reads.Load() - before; n < 1 {
+		t.Errorf("alice's session taken over at b with %d reads of the store", n)
+	}
+}
