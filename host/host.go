@@ -421,6 +421,9 @@ type Host struct {
 	adoptID string // guarded by adoptMu
 	boot    string // random at each start: names this process (replicas.go)
 	grants  grantBook
+	// takeovers paces each tenant's store reads of session IDs this
+	// replica does not hold (takeovers.go).
+	takeovers takeoverPace
 
 	// parkedShares counts each tenant's parked calls (elicit.go),
 	// callShares its calls in flight, rates its calls per second

@@ -412,6 +412,12 @@ func (h *Host) serveStateful(stateful http.Handler, events mcp.EventStore, w htt
 			refuse(w, "the state store does not answer: the session cannot be taken over now")
 			return
 		}
+		if errors.Is(err, errTakeoversPaced) {
+			// Not logged: a line a request, unpaced, is what the
+			// bucket spares the store.
+			refuse(w, err.Error()+": the session cannot be taken over now")
+			return
+		}
 		if !errors.Is(err, statestore.ErrNotFound) {
 			h.log.Warn("session not taken over", "session", sessionLabel(id), "error", err)
 		}
@@ -499,10 +505,16 @@ func (n *notFound) Unwrap() http.ResponseWriter { return n.ResponseWriter }
 // initialize (its recorded parameters) and initialized notification
 // through the stateful handler. The instances' states follow on the
 // session's first call (durable.Keeper.Ensure). It fails with
-// statestore.ErrNotFound when the store does not know the session.
+// statestore.ErrNotFound when the store does not know the session, and
+// with errTakeoversPaced, the store not asked, past the pace of the
+// request's tenant's reads of sessions it does not have (takeovers.go).
 func (h *Host) adopt(ctx context.Context, stateful http.Handler, orig *http.Request, id string) error {
 	if len(id) > 128 {
 		return statestore.ErrNotFound
+	}
+	tenant := h.shareTenant(userOf(orig))
+	if !h.takeovers.take(tenant) {
+		return errTakeoversPaced
 	}
 	ctx, cancel := context.WithTimeout(ctx, storeTimeout)
 	defer cancel()
@@ -531,6 +543,7 @@ func (h *Host) adopt(ctx context.Context, stateful http.Handler, orig *http.Requ
 	if !hmac.Equal([]byte(sr.Subject), []byte(h.subjectTag(userOf(orig)))) {
 		return fmt.Errorf("%w: the session belongs to another user", statestore.ErrNotFound)
 	}
+	h.takeovers.give(tenant) // the tenant's own session: not paced
 	h.adoptMu.Lock()
 	defer h.adoptMu.Unlock()
 	h.adoptID = id
