@@ -6,6 +6,7 @@ import (
 	"errors"
 	"strconv"
 	"testing"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -166,4 +167,34 @@ func TestRedisQuotaRecovers(t *testing.T) {
 	must(t, raw.FlushAll(ctx).Err())
 	must(t, put(t, a, "r5", 900, bob))
 	must(t, put(t, b, "r6", 900, carol))
+}
+
+// everyonesQuota is a store whose every write says whose bytes it is, as
+// the host's store does (a record it does not know of is the anonymous
+// pool's until a request says whose).
+type everyonesQuota struct{ statestore.Store }
+
+func (s everyonesQuota) Put(ctx context.Context, id, field string, v []byte, fence uint64, ttl time.Duration) error {
+	return s.Store.Put(statestore.WithQuota(ctx, statestore.Quota{Tenant: "anonymous", Assumed: true, PerTenant: 1 << 20}), id, field, v, fence, ttl)
+}
+
+// TestKeyCheckCountsForNoTenant: the store's key check is the operator's
+// record, not a tenant's (a red team: through the host's store, which
+// says whose every write is, it was counted against the anonymous pool's
+// share of the store's bytes, and stretched that pool's count key's TTL
+// to the check's 365 days).
+func TestKeyCheckCountsForNoTenant(t *testing.T) {
+	_, b, raw := quotaReplicas(t)
+	ctx := context.Background()
+	must(t, statestore.CheckKey(ctx, everyonesQuota{b}))
+	if n, err := raw.Exists(ctx, "wt:q:anonymous").Result(); err != nil || n != 0 {
+		ttl, _ := raw.PTTL(ctx, "wt:q:anonymous").Result()
+		counts, _ := raw.HGetAll(ctx, "wt:q:anonymous").Result()
+		t.Errorf("after the key check the anonymous pool's counts are %v (TTL %v); want none", counts, ttl)
+	}
+	if tenant, err := raw.HGet(ctx, "wt:{wt-keycheck}:rec", "m:t").Result(); err != redis.Nil {
+		t.Errorf("the key check's record says it is tenant %q's (%v); want no tenant's", tenant, err)
+	}
+	// And it is the key check still.
+	must(t, statestore.CheckKey(ctx, everyonesQuota{b}))
 }
