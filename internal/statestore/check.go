@@ -41,6 +41,7 @@ func CheckKey(ctx context.Context, s Store) error {
 	case !errors.Is(err, ErrNotFound):
 		return err
 	}
+	ctx = uncounted(ctx) // the operator's record, no tenant's
 	owner := Owner{Replica: "keycheck", Boot: "-"}
 	c, err := s.Claim(ctx, checkID, owner, 365*24*time.Hour, true)
 	if err != nil {

@@ -52,8 +52,23 @@ func replacingOf(ctx context.Context) string {
 }
 
 func quotaOf(ctx context.Context) Quota {
+	if ctx.Value(uncountedKey{}) != nil {
+		return Quota{}
+	}
 	q, _ := ctx.Value(quotaKey{}).(Quota)
 	return q
+}
+
+type uncountedKey struct{}
+
+// uncounted returns ctx for a write of a record that is no tenant's (the
+// store's key check, [CheckKey]): it counts nothing, whatever quota the
+// wrappers it passes through put on it ([WithQuota]) after. Counted, the
+// host's wrapper made the check the anonymous pool's (every record not
+// yet said to be another tenant's is), its bytes in that pool's share
+// and that pool's count key kept for the check's 365 days.
+func uncounted(ctx context.Context) context.Context {
+	return context.WithValue(ctx, uncountedKey{}, true)
 }
 
 // Counts reports whether s counts tenants' bytes itself ([WithQuota]):
