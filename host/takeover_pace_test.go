@@ -33,8 +33,9 @@ func (c *countedReads) Get(ctx context.Context, id string) (map[string][]byte, e
 // to the store every replica and tenant shares. Bob's 200 made-up IDs at
 // b (two replicas sharing a redis-server) make at most his bucket's
 // reads (16, and 2 a second), the rest answered 503 (retry) rather than
-// 404, which would end a real session of his at its client; alice's
-// session moved from a to b is taken over all the same.
+// 404, which would end a real session of his at its client (his own, moved
+// to b then, is not); alice's session moved from a to b is taken over all
+// the same.
 func TestUnknownSessionIDsPaced(t *testing.T) {
 	var counted *countedReads
 	rs, _ := redisReplicaSetWith(t, 0, func(i int, s statestore.Store) statestore.Store {
@@ -48,15 +49,16 @@ func TestUnknownSessionIDsPaced(t *testing.T) {
 	rt := &router{to: rs[0], token: aliceToken}
 	alice := connectHTTP(t, rs[0].srv.URL, "2025-11-25", rt)
 	countWith(t, alice, "")
+	bob := connectHTTP(t, rs[0].srv.URL, "2025-11-25", &router{to: rs[0], token: bobToken})
+	countWith(t, bob, "")
 
 	body := `{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"count","arguments":{}}}`
-	codes := map[int]int{}
-	begun := time.Now()
-	for range 200 {
+	post := func(id string) int {
+		t.Helper()
 		req, _ := http.NewRequest(http.MethodPost, rs[1].srv.URL+"/mcp", strings.NewReader(body))
 		req.Header.Set("Content-Type", "application/json")
 		req.Header.Set("Accept", "application/json, text/event-stream")
-		req.Header.Set("Mcp-Session-Id", "a."+rand.Text())
+		req.Header.Set("Mcp-Session-Id", id)
 		req.Header.Set("Mcp-Protocol-Version", "2025-11-25")
 		req.Header.Set("Authorization", "Bearer "+bobToken)
 		res, err := http.DefaultClient.Do(req)
@@ -64,7 +66,12 @@ func TestUnknownSessionIDsPaced(t *testing.T) {
 			t.Fatal(err)
 		}
 		res.Body.Close()
-		codes[res.StatusCode]++
+		return res.StatusCode
+	}
+	codes := map[int]int{}
+	begun := time.Now()
+	for range 200 {
+		codes[post("a."+rand.Text())]++
 	}
 	reads := counted.reads.Load()
 	// The bucket's 16, 2 a second since, and one for a second begun.
@@ -75,6 +82,13 @@ func TestUnknownSessionIDsPaced(t *testing.T) {
 	}
 	if codes[http.StatusNotFound]+codes[http.StatusServiceUnavailable] != 200 || codes[http.StatusNotFound] > int(bound) {
 		t.Errorf("bob's answers %v; want 404 for those read (at most %d), 503 for the rest", codes, bound)
+	}
+
+	// Bob's real session, moved to b now, is not ended by his made-up
+	// IDs: refused for a retry while his bucket is empty (or taken over,
+	// a token back already), never 404.
+	if code := post(bob.ID()); code == http.StatusNotFound {
+		t.Errorf("bob's real session at b after his made-up IDs: 404; want 503 (or taken over)")
 	}
 
 	rt.point(rs[1])
