@@ -27,20 +27,6 @@ func TestOperatorMetrics(t *testing.T) {
 	if res := notes(t, cs, nil); res.IsError || !strings.Contains(text(res), "note 2") {
 		t.Fatalf("after the move: %s", text(res))
 	}
-	scrape := func(r *replica) string {
-		rec := httptest.NewRecorder()
-		r.h.MetricsHandler().ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
-		body, _ := io.ReadAll(rec.Result().Body)
-		return string(body)
-	}
-	value := func(metrics, series string) float64 {
-		m := regexp.MustCompile(`(?m)^` + regexp.QuoteMeta(series) + ` (\S+)$`).FindStringSubmatch(metrics)
-		if m == nil {
-			t.Fatalf("no series %s in:\n%s", series, metrics)
-		}
-		v, _ := strconv.ParseFloat(m[1], 64)
-		return v
-	}
 	ma, mb := scrape(a), scrape(b)
 	for _, c := range []struct {
 		metrics, series string
@@ -56,8 +42,28 @@ func TestOperatorMetrics(t *testing.T) {
 		{mb, `wasmtools_parked_calls`, 0},
 		{mb, `wasmtools_tasks`, 0},
 	} {
-		if v := value(c.metrics, c.series); v < c.min {
+		if v := seriesValue(t, c.metrics, c.series); v < c.min {
 			t.Errorf("%s = %v, want at least %v", c.series, v, c.min)
 		}
 	}
+}
+
+// scrape is r's /metrics, as an operator reads it.
+func scrape(r *replica) string {
+	rec := httptest.NewRecorder()
+	r.h.MetricsHandler().ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
+	body, _ := io.ReadAll(rec.Result().Body)
+	return string(body)
+}
+
+// seriesValue is series' value in metrics (scrape's), failing t if it
+// is not there.
+func seriesValue(t *testing.T, metrics, series string) float64 {
+	t.Helper()
+	m := regexp.MustCompile(`(?m)^` + regexp.QuoteMeta(series) + ` (\S+)$`).FindStringSubmatch(metrics)
+	if m == nil {
+		t.Fatalf("no series %s in:\n%s", series, metrics)
+	}
+	v, _ := strconv.ParseFloat(m[1], 64)
+	return v
 }

@@ -414,7 +414,13 @@ func (h *Host) serveStateful(stateful http.Handler, events mcp.EventStore, w htt
 		}
 		if errors.Is(err, errTakeoversPaced) {
 			// Not logged: a line a request, unpaced, is what the
-			// bucket spares the store.
+			// bucket spares the store. Counted, so that an operator
+			// sees the pace at work.
+			tenant := "anonymous"
+			if userOf(r) != "" {
+				tenant = "subject"
+			}
+			h.metrics.refusals.WithLabelValues("takeovers_paced", tenant).Inc()
 			refuse(w, err.Error()+": the session cannot be taken over now")
 			return
 		}

@@ -83,6 +83,10 @@ func TestUnknownSessionIDsPaced(t *testing.T) {
 	if codes[http.StatusNotFound]+codes[http.StatusServiceUnavailable] != 200 || codes[http.StatusNotFound] > int(bound) {
 		t.Errorf("bob's answers %v; want 404 for those read (at most %d), 503 for the rest", codes, bound)
 	}
+	// An operator sees the pace at work.
+	if n := seriesValue(t, scrape(rs[1]), `wasmtools_refusals_total{reason="takeovers_paced",tenant="subject"}`); n != float64(codes[http.StatusServiceUnavailable]) {
+		t.Errorf("wasmtools_refusals_total of paced takeovers at b: %v; want bob's %d 503s", n, codes[http.StatusServiceUnavailable])
+	}
 
 	// Bob's real session, moved to b now, is not ended by his made-up
 	// IDs: refused for a retry while his bucket is empty (or taken over,
