@@ -394,6 +394,10 @@ func TestRedactURL(t *testing.T) {
 		"redis://h:6379/0":          "redis://h:6379/0",
 		"redis://u:secret@h:6379/0": "redis://u:xxxxx@h:6379/0",
 		"redis://:s1@s:26379/0?master_name=wt&password=secret&wait_replicas=1": "redis://:xxxxx@s:26379/0?master_name=wt&password=xxxxx&wait_replicas=1",
+		// A query that does not parse is hidden whole: url.Query drops
+		// the pair it cannot read, a password among them.
+		"redis://s:26379/0?master_name=wt&password=sec;ret": "redis://s:26379/0?xxxxx",
+		"redis://u:secret@h:6379/0?password=sec%zzret":      "redis://u:xxxxx@h:6379/0?xxxxx",
 	} {
 		if got := redactURL(in); got != want {
 			t.Errorf("redactURL(%s) = %s, want %s", in, got, want)

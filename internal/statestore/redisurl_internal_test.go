@@ -38,6 +38,11 @@ func TestParseRedisURL(t *testing.T) {
 		{url: "http://h:6379/0", err: `scheme "http"`},
 		{url: "unix:///tmp/r.sock?db=0&wait_replicas=1", wait: 1, timeout: DefaultWaitTimeout},
 		{url: "unix:///tmp/r.sock?master_name=wt", err: "Unix socket"},
+		// A pair url.Query drops (a ';', a '%' without two hex digits)
+		// would take the password with it, unseen, and leave it in the
+		// URL the server logs (its redaction reads the same query).
+		{url: "redis://s1:26379/0?master_name=wt&password=sec;ret", err: "query"},
+		{url: "redis://h:6379/0?wait_replicas=1&password=sec%zzret", err: "query"},
 	} {
 		cfg, err := parseRedisURL(c.url)
 		if c.err != "" {
