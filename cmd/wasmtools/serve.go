@@ -877,13 +877,19 @@ func openStateStore(url string, key []byte) (statestore.Store, []byte, error) {
 func fileKey(path string) ([]byte, error) { return statestore.KeyFile(path) }
 
 // redactURL hides a store URL's passwords in logs: its userinfo's, and a
-// Sentinel URL's password= parameter (the primary's).
+// Sentinel URL's password= parameter (the primary's); a query that does
+// not parse whole (whose pairs url.Query would drop, a password among
+// them) is hidden whole.
 func redactURL(s string) string {
 	u, err := neturl.Parse(s)
 	if err != nil {
 		return s
 	}
-	q := u.Query()
+	q, err := neturl.ParseQuery(u.RawQuery)
+	if err != nil {
+		u.RawQuery = "xxxxx"
+		return u.Redacted()
+	}
 	if u.User == nil && !q.Has("password") {
 		return s
 	}

@@ -53,7 +53,12 @@ func parseRedisURL(s string) (*redisConfig, error) {
 	if u.Scheme != "redis" && u.Scheme != "rediss" && u.Scheme != "unix" {
 		return nil, fmt.Errorf("statestore: redis URL: scheme %q: want redis or rediss", u.Scheme)
 	}
-	q := u.Query()
+	// Not u.Query, which drops a pair it cannot read, unseen: a
+	// password= among them, which the server then logged in clear.
+	q, err := url.ParseQuery(u.RawQuery)
+	if err != nil {
+		return nil, errors.New("statestore: redis URL: its query does not parse (a ';', or a '%' not followed by two hex digits): escape its values")
+	}
 	cfg := &redisConfig{}
 	if q.Has("wait_replicas") {
 		n, err := strconv.Atoi(q.Get("wait_replicas"))
