@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/url"
 	"os"
@@ -12,6 +13,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -47,6 +49,8 @@ import (
 //	wt:owner:R/B   one owner's heartbeat (replica R, boot B, path-escaped).
 //	wt:epoch       the store's epoch, part of every fence (epochKey).
 //	wt:lost        that the store lost an earlier epoch, and when (lostKey).
+//	wt:waited      written by an exchange sent again under WAIT, before
+//	               its WAIT (waited); expires after a second.
 //	wt:q:T, wt:q   the bytes of tenant T's records, and every tenant's
 //	               sum: see [Quota] and quotaFuncs. A record's own
 //	               "m:t" and "m:bytes" say whose it is and its bytes.
@@ -60,8 +64,9 @@ import (
 // Every call returns when ctx ends (a deadline or a cancellation; the
 // call may still take effect in Redis, as any call whose reply is lost)
 // and has the client's own bounds too: 3 s to dial, 5 s to read or write
-// a reply, a pool of 8 connections per process, one retry after a network
-// error (a dead pooled connection after Redis restarted). A retry can
+// a reply, a pool of 8 connections per process (and go-redis's 10 for
+// pipelines), one retry after a network error (a dead pooled connection
+// after Redis restarted; under WAIT, the store's own: resend). A retry can
 // resend a script whose reply was lost after Redis ran it: a versioned
 // put or a fence bump sent again succeeds with what it did the first time
 // (see putVersionedScripts and renewScript). A call that failed for want
@@ -122,12 +127,14 @@ func NewRedis(url string) (*Redis, error) {
 		return nil, err
 	}
 	// One retry after a network error (a dead pooled connection after
-	// Redis restarted), but none when writes wait for replicas: a
-	// resend that finds its first send landed writes nothing (the
-	// scripts' resent checks), and WAIT on the resend's connection does
-	// not cover what the first send's wrote. The write then fails for
-	// want of an answer, its outcome unknown, as internal/durable
-	// handles.
+	// Redis restarted), but none of go-redis's when writes wait for
+	// replicas: a resend that finds its first send landed writes
+	// nothing (the scripts' resent checks), and WAIT on the resend's
+	// connection need not cover what the first send wrote. The store
+	// sends such an exchange again itself, with a write before its
+	// WAIT, when its connection was found closed (resend); otherwise
+	// the write fails for want of an answer, its outcome unknown, as
+	// internal/durable handles.
 	retries := 1
 	if cfg.wait > 0 {
 		retries = -1 // go-redis: -1 for none (0 is its default, 3)
@@ -358,16 +365,32 @@ func pastDeadline(ctx context.Context) bool {
 // refusal. A verdict on a command that wrote nothing (a refusal, a
 // fence that is not the holder's) covers the connection's earlier
 // writes, which the refusal may rest on: it is kept too.
+//
+// A pipeline that met its connection closed by the store is sent again
+// (resend), as go-redis would without WAIT, with a write of waitedKey
+// before its WAIT: a resend that finds its first send landed writes
+// nothing else, and WAIT counts the replicas that have its connection's
+// offset, which a write moves to the primary's, past the first send's
+// write (Redis 7.0 moves it after any command; the write is for a server
+// that would move it only on a write: TestWaitResendCoversFirstSend).
 func (r *Redis) waited(ctx context.Context, queue func(p redis.Pipeliner)) (pipeErr, waitErr error) {
 	var wait *redis.Cmd
-	_, pipeErr = r.c.Pipelined(ctx, func(p redis.Pipeliner) error {
-		queue(p)
-		if r.wait > 0 {
-			// Pipeliner has no Wait; WAIT's timeout is in ms.
-			wait = p.Do(ctx, "wait", r.wait, r.waitFor(ctx).Milliseconds())
+	for sent := 0; ; sent++ {
+		_, pipeErr = r.c.Pipelined(ctx, func(p redis.Pipeliner) error {
+			queue(p)
+			if r.wait > 0 {
+				if sent > 0 {
+					p.Set(ctx, waitedKey, "1", time.Second)
+				}
+				// Pipeliner has no Wait; WAIT's timeout is in ms.
+				wait = p.Do(ctx, "wait", r.wait, r.waitFor(ctx).Milliseconds())
+			}
+			return nil
+		})
+		if !r.resend(ctx, pipeErr, sent) {
+			break
 		}
-		return nil
-	})
+	}
 	if wait == nil {
 		return pipeErr, nil
 	}
@@ -378,6 +401,40 @@ func (r *Redis) waited(ctx context.Context, queue func(p redis.Pipeliner)) (pipe
 		return pipeErr, &notReplicatedError{got: n, want: r.wait}
 	}
 	return pipeErr, nil
+}
+
+// waitedKey is what a resent pipeline writes before its WAIT (waited).
+const waitedKey = "wt:waited"
+
+// resends bounds how often an exchange is sent again after its connection
+// was found closed by the store (resend): each pooled connection may be,
+// go-redis's pool of PoolSize (8) and its pipelines' pool of 10.
+const resends = 8 + redis.DefaultPipelinePoolSize
+
+// resend reports whether an exchange under WAIT (wait_replicas) that
+// failed with err, sent sent+1 times, is sent again: its connection was
+// closed or reset by the store, which a restarted Redis and the old
+// primary of a failover do to every client's (Sentinel's CLIENT KILL),
+// and ctx has time left. go-redis does not retry under WAIT (NewRedis),
+// and its pool checks a pooled connection before it hands it out by a
+// peek at its socket, which a TLS connection does not offer: over
+// rediss:// each pooled connection failed one exchange
+// (TestWaitPooledConnectionsClosedAnswer). A refused dial is not sent
+// again: the store is down, and go-redis's dials waited already.
+func (r *Redis) resend(ctx context.Context, err error, sent int) bool {
+	return r.wait > 0 && err != nil && sent < resends && ctx.Err() == nil && !r.closed.Load() &&
+		(errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
+			errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE))
+}
+
+// reading runs f, a read, and again while resend says so.
+func (r *Redis) reading(ctx context.Context, f func() error) error {
+	for sent := 0; ; sent++ {
+		err := f()
+		if !r.resend(ctx, err, sent) {
+			return err
+		}
+	}
 }
 
 // waitFor is WAIT's bound under ctx: waitTimeout, but at most 2/3 of
@@ -963,8 +1020,10 @@ func parseVersion(v any) (uint64, error) {
 func (r *Redis) readHead(ctx context.Context, id string) (uint64, []byte, []string, error) {
 	var res []any
 	err := r.call(ctx, func() (err error) {
-		res, err = headScript.Run(ctx, r.c, []string{recKey(id)}).Slice()
-		return err
+		return r.reading(ctx, func() (err error) {
+			res, err = headScript.Run(ctx, r.c, []string{recKey(id)}).Slice()
+			return err
+		})
 	})
 	if err != nil {
 		return 0, nil, nil, err
@@ -1008,8 +1067,10 @@ return all
 func (r *Redis) getVersioned(ctx context.Context, id string) (map[string][]byte, uint64, []byte, error) {
 	var res []any
 	err := r.call(ctx, func() (err error) {
-		res, err = getScript.Run(ctx, r.c, []string{recKey(id)}).Slice()
-		return err
+		return r.reading(ctx, func() (err error) {
+			res, err = getScript.Run(ctx, r.c, []string{recKey(id)}).Slice()
+			return err
+		})
 	})
 	if err != nil {
 		return nil, 0, nil, err
