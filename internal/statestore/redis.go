@@ -66,7 +66,7 @@ import (
 // and has the client's own bounds too: 3 s to dial, 5 s to read or write
 // a reply, a pool of 8 connections per process (and go-redis's 10 for
 // pipelines), one retry after a network error (a dead pooled connection
-// after Redis restarted; under WAIT, the store's own: resend). A retry can
+// after Redis restarted; and the store's own: resend). A retry can
 // resend a script whose reply was lost after Redis ran it: a versioned
 // put or a fence bump sent again succeeds with what it did the first time
 // (see putVersionedScripts and renewScript). A call that failed for want
@@ -132,7 +132,8 @@ func NewRedis(url string) (*Redis, error) {
 	// nothing (the scripts' resent checks), and WAIT on the resend's
 	// connection need not cover what the first send wrote. The store
 	// sends such an exchange again itself, with a write before its
-	// WAIT, when its connection was found closed (resend); otherwise
+	// WAIT, when its connection was found closed (resend, as it does
+	// past go-redis's one retry without WAIT); otherwise
 	// the write fails for want of an answer, its outcome unknown, as
 	// internal/durable handles.
 	retries := 1
@@ -411,23 +412,27 @@ const waitedKey = "wt:waited"
 // go-redis's pool of PoolSize (8) and its pipelines' pool of 10.
 const resends = 8 + redis.DefaultPipelinePoolSize
 
-// resend reports whether an exchange under WAIT (wait_replicas) that
-// failed with err, sent sent+1 times, is sent again: its connection was
-// closed or reset by the store, which a restarted Redis and the old
-// primary of a failover do to every client's (Sentinel's CLIENT KILL),
-// and ctx has time left. go-redis does not retry under WAIT (NewRedis),
-// and its pool checks a pooled connection before it hands it out by a
-// peek at its socket, which a TLS connection does not offer: over
-// rediss:// each pooled connection failed one exchange
-// (TestWaitPooledConnectionsClosedAnswer). A refused dial is not sent
-// again: the store is down, and go-redis's dials waited already.
+// resend reports whether an exchange that failed with err, sent sent+1
+// times, is sent again: its connection was closed or reset by the store,
+// which a restarted Redis and the old primary of a failover do to every
+// client's (Sentinel's CLIENT KILL), and ctx has time left. go-redis's
+// pool checks a pooled connection before it hands it out by a peek at
+// its socket, which a TLS connection does not offer, and go-redis
+// retries once (NewRedis; under WAIT not at all): over rediss:// each
+// pooled connection failed an exchange, or each second one
+// (TestWaitPooledConnectionsClosedAnswer). A resend is what go-redis's
+// retry is: the scripts find their first send landed (their resent
+// checks). A refused dial is not sent again: the store is down, and
+// go-redis's dials waited already.
 func (r *Redis) resend(ctx context.Context, err error, sent int) bool {
-	return r.wait > 0 && err != nil && sent < resends && ctx.Err() == nil && !r.closed.Load() &&
+	return err != nil && sent < resends && ctx.Err() == nil && !r.closed.Load() &&
 		(errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
 			errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE))
 }
 
-// reading runs f, a read, and again while resend says so.
+// reading runs f, one command or script sent without WAIT (a read, or a
+// write when the store does not wait for replicas), and again while
+// resend says so.
 func (r *Redis) reading(ctx context.Context, f func() error) error {
 	for sent := 0; ; sent++ {
 		err := f()
@@ -482,7 +487,12 @@ func (e *notReplicatedError) Unwrap() []error {
 // itself succeeded.
 func (r *Redis) script(ctx context.Context, s *redis.Script, keys []string, args ...any) *redis.Cmd {
 	if r.wait == 0 {
-		return s.Run(ctx, r.c, keys, args...)
+		for sent := 0; ; sent++ {
+			cmd := s.Run(ctx, r.c, keys, args...)
+			if !r.resend(ctx, cmd.Err(), sent) {
+				return cmd
+			}
+		}
 	}
 	var werr error
 	cmd := r.bySHA(s, func(bySHA bool) *redis.Cmd {
@@ -527,7 +537,7 @@ func (r *Redis) bySHA(s *redis.Script, run func(bySHA bool) *redis.Cmd) *redis.C
 // the store waits for replicas, WAIT after it (waited).
 func (r *Redis) command(ctx context.Context, cmd func(p redis.Cmdable) redis.Cmder) error {
 	if r.wait == 0 {
-		return cmd(r.c).Err()
+		return r.reading(ctx, func() error { return cmd(r.c).Err() })
 	}
 	var c redis.Cmder
 	_, werr := r.waited(ctx, func(p redis.Pipeliner) { c = cmd(p) })
