@@ -15,14 +15,25 @@ import (
 // without tenants, everyone's). A read that finds the tenant's own
 // session gives its token back, so that a replica's failover, which
 // moves a tenant's every session at once, is not paced: only IDs that
-// end in a 404 (unknown, expired, or another subject's) spend the
-// bucket. Past it the request is refused as when the store does not
-// answer a takeover (503, retry), not 404: a real session of the
-// tenant's is not ended at its client because its other requests named
-// made-up IDs.
+// end in a 404 (unknown, expired, or another subject's) or that the
+// store did not answer spend the bucket. Past it the request is refused
+// as when the store does not answer a takeover (503, retry), not 404: a
+// real session of the tenant's is not ended at its client because its
+// other requests named made-up IDs.
+//
+// The pace is generous (a read of a key Redis does not have costs it
+// some microseconds): it bounds what one tenant's requests take of the
+// store, and spares the tenant's own takeovers otherwise. A refusal can
+// still end a session: the go-sdk's client takes a 503 on its standing
+// GET stream, reopened at a failover, for the session's end. So a
+// client whose fellow clients in the same tenant (the anonymous pool;
+// everyone, without tenants) spend the bucket faster than it refills
+// during a failover may lose its session; at 16 and 2 a second (the
+// first version) a few made-up IDs did it, at these only some 64
+// requests a second kept up do.
 const (
-	takeoverBurst = 16 // reads at once
-	takeoverRate  = 2  // reads a second, after
+	takeoverBurst = 128 // reads at once
+	takeoverRate  = 64  // reads a second, after
 )
 
 // errTakeoversPaced is a takeover not tried: the tenant's bucket of
