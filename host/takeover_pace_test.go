@@ -38,14 +38,7 @@ func (c *countedReads) Get(ctx context.Context, id string) (map[string][]byte, e
 // to b then, is not); alice's session moved from a to b is taken over all
 // the same.
 func TestUnknownSessionIDsPaced(t *testing.T) {
-	var counted *countedReads
-	rs, _ := redisReplicaSetWith(t, 0, func(i int, s statestore.Store) statestore.Store {
-		if i == 0 {
-			return s
-		}
-		counted = &countedReads{Store: s}
-		return counted
-	})
+	rs, counted := redisReplicaSetAtB(t, func(s statestore.Store) *countedReads { return &countedReads{Store: s} })
 	logsOnFailure(t, rs[0], rs[1])
 	rt := &router{to: rs[0], token: aliceToken}
 	alice := connectHTTP(t, rs[0].srv.URL, "2025-11-25", rt)

@@ -1750,6 +1750,20 @@ func redisReplicaSetWith(t *testing.T, perTenant int, wrap func(i int, s statest
 	return rs, raw
 }
 
+// redisReplicaSetAtB is redisReplicaSet without tenant shares, b's store
+// alone passed through wrap, whose store it returns too.
+func redisReplicaSetAtB[S statestore.Store](t *testing.T, wrap func(statestore.Store) S) (rs [2]*replica, atB S) {
+	t.Helper()
+	rs, _ = redisReplicaSetWith(t, 0, func(i int, s statestore.Store) statestore.Store {
+		if i == 0 {
+			return s
+		}
+		atB = wrap(s)
+		return atB
+	})
+	return rs, atB
+}
+
 // TestStoreFairSharesAcrossReplicas: a tenant's share of the state
 // store's bytes holds across the replicas that share the store (a red
 // team: the budgets were counted in each replica's memory, so with R
