@@ -408,7 +408,7 @@ func (h *Host) serveStateful(stateful http.Handler, events mcp.EventStore, w htt
 			// Not a session unknown: 404 would end it at the client.
 			// Another replica may reach the store, and this one may
 			// again in a moment.
-			h.log.Warn("session not taken over: the state store does not answer", "session", sessionLabel(id), "error", err)
+			h.log.Warn("session not taken over: the state store does not answer", "method", r.Method, "session", sessionLabel(id), "error", err)
 			refuse(w, "the state store does not answer: the session cannot be taken over now")
 			return
 		}
