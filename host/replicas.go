@@ -15,6 +15,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	mathrand "math/rand/v2"
 	"net/http"
 	"net/http/httptest"
 	"regexp"
@@ -323,6 +324,47 @@ func refuse(w http.ResponseWriter, why string) {
 	http.Error(w, "wasmtools: "+why, http.StatusServiceUnavailable)
 }
 
+// notNow answers a request of a session that this replica cannot take
+// over for the moment (the store did not answer, or the takeovers of
+// its tenant are paced). A POST is refused (503, Retry-After), which a
+// proxy retries on another replica and a client retries later. A GET
+// gets an event stream that only says when to reconnect, and ends: the
+// go-sdk's client (v1.8.0) takes a 503 on its standing stream (reopened
+// at once whenever it drops, as at a failover) for the connection's
+// end, and lost a session the store holds, while a stream ended without
+// events it reopens after its retry: delay. It gives up after its
+// MaxRetries (5 by default) streams in a row without an event ID, the
+// drop that brought it here counting when the stream carried none, so
+// four such answers are tolerated: the stream must be served again 16
+// to 20 s after the first, past a 10 s outage of the store (the fault
+// suite's redis-down-10s, partition-store) and go-redis's redial. The
+// stream carries no id:, so the client's next GET resumes nothing; a
+// GET resuming a call's stream (Last-Event-ID) fails that call alone,
+// as a stream ended without its response. Neither proxy in deploy/
+// retries this on another replica as it did the 503: one that reaches
+// the store would serve the stream sooner, but where none does, the
+// last 503 reached the client and ended the session (docs/DESIGN.md).
+func notNow(w http.ResponseWriter, r *http.Request, why string) {
+	if r.Method != http.MethodGet {
+		refuse(w, why)
+		return
+	}
+	w.Header().Set("Content-Type", "text/event-stream")
+	w.Header().Set("Cache-Control", "no-cache, no-store")
+	w.WriteHeader(http.StatusOK)
+	// Spread, so that the streams of a failover's sessions do not come
+	// back all at once.
+	retry := reopenAfter + mathrand.N(reopenSpread)
+	fmt.Fprintf(w, ": %s\nretry: %d\n\n", why, retry.Milliseconds())
+}
+
+// reopenAfter and reopenSpread bound the delay notNow asks of a client
+// before it reopens its standing stream.
+const (
+	reopenAfter  = 4 * time.Second
+	reopenSpread = time.Second
+)
+
 // serveStateful serves a request of the stateful HTTP transport, taking
 // its session over from the state store when this replica does not have
 // it, and refusing what a draining host no longer takes.
@@ -409,7 +451,7 @@ func (h *Host) serveStateful(stateful http.Handler, events mcp.EventStore, w htt
 			// Another replica may reach the store, and this one may
 			// again in a moment.
 			h.log.Warn("session not taken over: the state store does not answer", "method", r.Method, "session", sessionLabel(id), "error", err)
-			refuse(w, "the state store does not answer: the session cannot be taken over now")
+			notNow(w, r, "the state store does not answer: the session cannot be taken over now")
 			return
 		}
 		if errors.Is(err, errTakeoversPaced) {
@@ -421,7 +463,7 @@ func (h *Host) serveStateful(stateful http.Handler, events mcp.EventStore, w htt
 				tenant = "subject"
 			}
 			h.metrics.refusals.WithLabelValues("takeovers_paced", tenant).Inc()
-			refuse(w, err.Error()+": the session cannot be taken over now")
+			notNow(w, r, err.Error()+": the session cannot be taken over now")
 			return
 		}
 		if !errors.Is(err, statestore.ErrNotFound) {

@@ -3,6 +3,7 @@ package host_test
 import (
 	"context"
 	"crypto/rand"
+	"io"
 	"net/http"
 	"strings"
 	"sync"
@@ -96,6 +97,35 @@ func TestUnknownSessionIDsPaced(t *testing.T) {
 		if n := seriesValue(t, scrape(rs[1]), `wasmtools_refusals_total{reason="takeovers_paced",tenant="subject"}`); n != float64(paced) {
 			t.Errorf("wasmtools_refusals_total of paced takeovers at b: %v; want bob's %d 503s", n, paced)
 		}
+	}
+
+	// A GET paced (a session's standing stream, reopened at a failover)
+	// is not refused: the go-sdk client takes a 503 there for its
+	// session's end. It gets an event stream that only asks it to come
+	// back later, with no event ID to resume from. Bob's made-up IDs
+	// spend what his bucket refilled meanwhile (each read answered 404),
+	// so this ends within his bucket's reads.
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for {
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, rs[1].srv.URL+"/mcp", nil)
+		req.Header.Set("Accept", "text/event-stream")
+		req.Header.Set("Mcp-Session-Id", "a."+rand.Text())
+		req.Header.Set("Mcp-Protocol-Version", "2025-11-25")
+		req.Header.Set("Authorization", "Bearer "+bobToken)
+		res, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatalf("bob's GETs of made-up IDs at b were never paced: %v", err)
+		}
+		b, _ := io.ReadAll(res.Body)
+		res.Body.Close()
+		if res.StatusCode == http.StatusNotFound {
+			continue
+		}
+		if res.StatusCode != http.StatusOK || res.Header.Get("Content-Type") != "text/event-stream" || !strings.Contains(string(b), "\nretry: ") || strings.Contains(string(b), "id:") {
+			t.Errorf("a GET paced at b: %d %s %q; want 200, an event stream with only a retry: field", res.StatusCode, res.Header.Get("Content-Type"), b)
+		}
+		break
 	}
 
 	// Bob's real session, moved to b now, is not ended by his made-up

@@ -23,14 +23,13 @@ import (
 //
 // The pace is generous (a read of a key Redis does not have costs it
 // some microseconds): it bounds what one tenant's requests take of the
-// store, and spares the tenant's own takeovers otherwise. A refusal can
-// still end a session: the go-sdk's client takes a 503 on its standing
-// GET stream, reopened at a failover, for the session's end. So a
-// client whose fellow clients in the same tenant (the anonymous pool;
-// everyone, without tenants) spend the bucket faster than it refills
-// during a failover may lose its session; at 16 and 2 a second (the
-// first version) a few made-up IDs did it, at these only some 64
-// requests a second kept up do.
+// store, and spares the tenant's own takeovers otherwise. A GET so
+// refused (the go-sdk client's standing stream, reopened at a failover,
+// which takes a 503 for the session's end) is answered an empty event
+// stream that asks it to come back in 4 to 5 s (notNow); a client whose
+// fellow clients in the same tenant (the anonymous pool; everyone,
+// without tenants) keep the bucket empty, some 64 requests a second,
+// through its four such answers still loses its session.
 const (
 	takeoverBurst = 128 // reads at once
 	takeoverRate  = 64  // reads a second, after
