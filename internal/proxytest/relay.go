@@ -1,6 +1,7 @@
 package proxytest
 
 import (
+	"bytes"
 	"net"
 	"sync"
 	"sync/atomic"
@@ -10,7 +11,8 @@ import (
 // Relay is a TCP relay on a loopback port to a server, for a test that
 // plays the server's or the link's faults to the server's clients (a
 // Redis store's, say): as its mode says ([Relay.SetMode]) it forwards,
-// swallows, resets or answers Redis's -LOADING; [Relay.Stop] refuses new
+// swallows, resets or answers Redis's -LOADING, or cuts one answer
+// ([Relay.CutAnswer]); [Relay.Stop] refuses new
 // connections, and [Relay.CloseAll] and [Relay.Conn] close those it
 // accepted. What it swallows is lost: unlike internal/faults' Relay,
 // whose cut holds what either side sends until it heals, it plays no
@@ -21,9 +23,17 @@ type Relay struct {
 	mode   atomic.Int32
 
 	mu    sync.Mutex
+	cut   *answerCut // armed by [Relay.CutAnswer], until it cuts
 	conns []net.Conn // the client's end of each connection, in order accepted
 	ups   []net.Conn // the target's end of each
 	waits []accepted // [Relay.Accepted]'s, not yet closed
+}
+
+// answerCut is an armed [Relay.CutAnswer].
+type answerCut struct {
+	marker    []byte
+	forwarded chan struct{} // closed once the marked send was forwarded
+	done      chan struct{}
 }
 
 type accepted struct {
@@ -110,6 +120,37 @@ func (r *Relay) Accepted(n int) <-chan struct{} {
 	return ch
 }
 
+// CutAnswer arms a one-time cut: the next of the client's sends that
+// holds marker is forwarded to the target, and its connection is then
+// reset at both ends (an RST to the client, a FIN to the target) instead
+// of forwarding the target's next answer. The target has had the whole
+// send before its FIN, and answers a command only once it ran it: the
+// client loses the answer of a command that ran (a write that landed),
+// as when a server or the link dropped the connection just then. (A
+// send that the relay reads in more than one piece is marked at the
+// piece that holds marker: the answer cut may then be an earlier
+// piece's, and the marked command, which the target still runs, may
+// run after what the client sends next on another connection.) The
+// channel is closed once the connection was cut.
+func (r *Relay) CutAnswer(marker []byte) <-chan struct{} {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.cut = &answerCut{marker: bytes.Clone(marker), forwarded: make(chan struct{}), done: make(chan struct{})}
+	return r.cut.done
+}
+
+// cutting takes the armed cut if what the client sent holds its marker.
+func (r *Relay) cutting(sent []byte) *answerCut {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.cut == nil || !bytes.Contains(sent, r.cut.marker) {
+		return nil
+	}
+	c := r.cut
+	r.cut = nil
+	return c
+}
+
 func (r *Relay) accept() {
 	for {
 		c, err := r.ln.Accept()
@@ -133,13 +174,14 @@ func (r *Relay) accept() {
 		}
 		r.waits = waits
 		r.mu.Unlock()
-		go r.up(c, u)
-		go r.down(c, u)
+		var cut atomic.Pointer[answerCut] // the connection's, once its send was marked
+		go r.up(c, u, &cut)
+		go r.down(c, u, &cut)
 	}
 }
 
 // up forwards what the client sends, as the mode says.
-func (r *Relay) up(c, u net.Conn) {
+func (r *Relay) up(c, u net.Conn, cut *atomic.Pointer[answerCut]) {
 	buf := make([]byte, 32<<10)
 	for {
 		n, err := c.Read(buf)
@@ -149,7 +191,17 @@ func (r *Relay) up(c, u net.Conn) {
 		}
 		switch RelayMode(r.mode.Load()) {
 		case RelayPass:
+			// Marked before it is forwarded, so that down cuts its
+			// answer, and down closes the target's end only once it
+			// was forwarded whole.
+			ac := r.cutting(buf[:n])
+			if ac != nil {
+				cut.Store(ac)
+			}
 			u.Write(buf[:n])
+			if ac != nil {
+				close(ac.forwarded)
+			}
 		case RelayReset:
 			c.(*net.TCPConn).SetLinger(0)
 			c.Close()
@@ -161,13 +213,22 @@ func (r *Relay) up(c, u net.Conn) {
 	}
 }
 
-// down forwards what the server answers while the mode is RelayPass.
-func (r *Relay) down(c, u net.Conn) {
+// down forwards what the server answers while the mode is RelayPass,
+// until a cut (CutAnswer).
+func (r *Relay) down(c, u net.Conn, cut *atomic.Pointer[answerCut]) {
 	buf := make([]byte, 32<<10)
 	for {
 		n, err := u.Read(buf)
 		if err != nil {
 			c.Close()
+			return
+		}
+		if ac := cut.Load(); ac != nil {
+			c.(*net.TCPConn).SetLinger(0)
+			c.Close()
+			<-ac.forwarded
+			u.Close()
+			close(ac.done)
 			return
 		}
 		if RelayMode(r.mode.Load()) == RelayPass {

@@ -15,7 +15,8 @@ import (
 // TestRelay: a relay to an echo server forwards while RelayPass,
 // swallows while RelaySilent (the connection open, a new one accepted),
 // resets a connection its client sends on while RelayReset, answers
-// -LOADING while RelayLoading, and refuses dials once stopped.
+// -LOADING while RelayLoading, cuts an answer once armed (CutAnswer),
+// and refuses dials once stopped.
 func TestRelay(t *testing.T) {
 	addr, accepted := proxytest.Listen(t)
 	go func() {
@@ -58,6 +59,14 @@ func TestRelay(t *testing.T) {
 	if got, err := exchange(c, 10*time.Second); got != "-LOADING Redis is loading the dataset in memory\r\n" {
 		t.Fatalf("loading: %q, %v", got, err)
 	}
+	rl.SetMode(proxytest.RelayPass)
+	cut := rl.CutAnswer([]byte("ng"))
+	if got, err := exchange(c, 10*time.Second); !errors.Is(err, syscall.ECONNRESET) {
+		t.Fatalf("cut: %q, %v; want ECONNRESET", got, err)
+	}
+	<-cut
+	c = dial()
+	<-rl.Accepted(3)
 	rl.SetMode(proxytest.RelayReset)
 	if got, err := exchange(c, 10*time.Second); !errors.Is(err, syscall.ECONNRESET) {
 		t.Fatalf("reset: %q, %v; want ECONNRESET", got, err)
