@@ -17,7 +17,8 @@ import (
 // command forwarded whole, the connection then reset before its answer),
 // is sent again by the store (resend), and the resend applies nothing a
 // second time: fence counters, a record's version, head and holder, a
-// tenant's byte counts (wt:q:*), the lost mark, heartbeats. Reads resent
+// tenant's byte counts (wt:q:*), the lost mark, heartbeats; a claim
+// resent answers what its first send did. Reads resent
 // read what is there. With and without wait_replicas (WAIT, a replica
 // acknowledging).
 func TestResendAfterLandedAppliesOnce(t *testing.T) {
@@ -121,6 +122,14 @@ func TestResendAfterLandedAppliesOnce(t *testing.T) {
 				}
 				if hget(recKey(id), "m:owner") != ownerKey(a) {
 					t.Errorf("claim resent: holder %q", hget(recKey(id), "m:owner"))
+				}
+				// And it reports the takeover, as its first send did: a
+				// claim answered Held tells internal/durable's Ended that
+				// no one claimed the session since this replica did, and
+				// it deletes the record of the calls the previous holder
+				// acknowledged.
+				if ca.Held || ca.Previous != x || ca.PreviousAlive != steal || ca.Taken != ca.Fence {
+					t.Errorf("claim from x (steal %v), resent: %+v; want the takeover's answer (not Held, Previous x, PreviousAlive %v, Taken the fence)", steal, ca, steal)
 				}
 			}
 
