@@ -626,11 +626,18 @@ end
 // claimScript: KEYS rec, fence counter, epoch; ARGV owner key, replica,
 // boot, ttl ms, fence ttl ms, steal, a new epoch (used when the store has
 // none), a random first fence (used when neither the counter nor the
-// record has one). Returns {0, epoch, n, taken} (held already, under this
-// epoch; taken: the number of the claim that made the holder, "m:taken"),
-// {1, replica, boot} (held by a live owner), or {2, epoch, n, prev
-// replica, prev boot, prev alive}. Like Memory, every claim renews the
-// record's TTL.
+// record has one), the lease ms, and the claim's own random ID. Returns
+// {0, epoch, n, taken} (held already, under this epoch; taken: the
+// number of the claim that made the holder, "m:taken"), {1, replica,
+// boot} (held by a live owner), or {2, epoch, n, prev replica, prev boot,
+// prev alive}. Like Memory, every claim renews the record's TTL.
+//
+// A claim that made its owner the holder notes its ID and what it
+// answered ("m:cid", "m:pr", "m:pb", "m:pa"): the same claim sent again
+// (resend, go-redis's retry: its first answer lost) answers that again,
+// not "held already", which would tell the claimant that no one claimed
+// the session since its own last claim (internal/durable's Ended then
+// deleted the record of calls the previous holder acknowledged).
 //
 // The holder and its fence (epoch and number) live together in the
 // record's hash, so that a write compares both in one place; the counter
@@ -653,7 +660,7 @@ end
 checkValues(rec)
 local epoch = redis.call('GET', ek)
 if not epoch then redis.call('SET', ek, ARGV[7]); epoch = ARGV[7] end
-local h = redis.call('HMGET', rec, 'm:owner', 'm:replica', 'm:boot', 'm:epoch', 'm:n', 'm:taken', 'm:t')
+local h = redis.call('HMGET', rec, 'm:owner', 'm:replica', 'm:boot', 'm:epoch', 'm:n', 'm:taken', 'm:t', 'm:cid', 'm:pr', 'm:pb', 'm:pa')
 if redis.call('EXISTS', rec) == 1 then
   redis.call('PEXPIRE', rec, ARGV[4])
   extendValues(rec, ARGV[4])
@@ -663,6 +670,9 @@ if h[1] == ARGV[1] and h[4] == epoch and h[5] then
   redis.call('HDEL', rec, 'm:bumped')
   stampLease(rec, ARGV[1], ARGV[9])
   redis.call('PEXPIRE', fk, ARGV[5])
+  if h[8] == ARGV[10] and h[5] == h[6] then
+    return {2, epoch, h[5], h[9] or '', h[10] or '', tonumber(h[11] or '0')}
+  end
   return {0, epoch, h[5], h[6] or '0'}
 end
 local pr, pb, alive = '', '', 0
@@ -676,7 +686,8 @@ local n = math.max(c, r) + 1
 if c == 0 and r == 0 then n = tonumber(ARGV[8]) end
 redis.call('SET', fk, n, 'PX', ARGV[5])
 local vh = redis.call('HMGET', rec, 'm:v', 'm:head')
-redis.call('HSET', rec, 'm:owner', ARGV[1], 'm:replica', ARGV[2], 'm:boot', ARGV[3], 'm:epoch', epoch, 'm:n', n, 'm:taken', n, 'm:cv', vh[1] or '0', 'm:ch', vh[2] or '')
+redis.call('HSET', rec, 'm:owner', ARGV[1], 'm:replica', ARGV[2], 'm:boot', ARGV[3], 'm:epoch', epoch, 'm:n', n, 'm:taken', n, 'm:cv', vh[1] or '0', 'm:ch', vh[2] or '',
+  'm:cid', ARGV[10], 'm:pr', pr or '', 'm:pb', pb or '', 'm:pa', alive)
 stampLease(rec, ARGV[1], ARGV[9])
 redis.call('HDEL', rec, 'm:bumped')
 redis.call('PEXPIRE', rec, ARGV[4])
@@ -701,7 +712,7 @@ func (r *Redis) Claim(ctx context.Context, id string, owner Owner, ttl time.Dura
 	err := r.call(ctx, func() (err error) {
 		res, err = r.script(ctx, claimScript, []string{recKey(id), fenceKey(id), epochKey},
 			ownerKey(owner), owner.Replica, owner.Boot, ms(ttl), fenceMS(ttl), steal,
-			newEpoch(), firstFence(), r.lease.Milliseconds()).Slice()
+			newEpoch(), firstFence(), r.lease.Milliseconds(), rand.Text()).Slice()
 		return err
 	})
 	if err != nil {
