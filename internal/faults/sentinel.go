@@ -5,8 +5,6 @@ import (
 	"fmt"
 	"net"
 	"net/url"
-	"os"
-	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
@@ -86,17 +84,7 @@ func (c *Cluster) startSentinels() {
 	c.startReplicaOf(1, 0)
 	for range 3 {
 		addr := proxytest.FreeAddr(t)
-		host, port, _ := net.SplitHostPort(addr)
-		phost, pport, _ := net.SplitHostPort(s.nodes[0].addr)
-		conf := fmt.Sprintf("port %s\nbind %s\nsentinel monitor %s %s %s 2\n"+
-			"sentinel down-after-milliseconds %[3]s %[6]d\nsentinel failover-timeout %[3]s %[7]d\n",
-			port, host, MasterName, phost, pport, SentinelDownAfter.Milliseconds(), SentinelFailoverTimeout.Milliseconds())
-		// The sentinel rewrites its config (what it learns, its ID):
-		// a file of its own.
-		path := filepath.Join(t.TempDir(), "sentinel.conf")
-		if err := os.WriteFile(path, []byte(conf), 0o600); err != nil {
-			t.Fatal(err)
-		}
+		path := proxytest.SentinelConf(t, addr, MasterName, s.nodes[0].addr, 2, SentinelDownAfter, SentinelFailoverTimeout)
 		p := proxytest.StartRedisWith(t, func() (net.Conn, error) { return net.DialTimeout("tcp", addr, time.Second) }, path, "--sentinel")
 		s.addrs = append(s.addrs, addr)
 		s.procs = append(s.procs, p)

@@ -546,16 +546,7 @@ func StartSentinel(t testing.TB, name, primary string, replicas int) (addr strin
 	t.Helper()
 	bin := Binary(t, "redis-server", "redis-server")
 	addr = FreeAddr(t)
-	_, port, _ := net.SplitHostPort(addr)
-	host, pport, _ := net.SplitHostPort(primary)
-	dir := t.TempDir()
-	conf := filepath.Join(dir, "sentinel.conf") // Sentinel rewrites it
-	cfg := fmt.Sprintf("port %s\nbind 127.0.0.1\ndir %s\nsentinel monitor %s %s %s 1\n"+
-		"sentinel down-after-milliseconds %[3]s %[6]d\nsentinel failover-timeout %[3]s %[7]d\n",
-		port, dir, name, host, pport, SentinelDownAfter.Milliseconds(), SentinelFailoverTimeout.Milliseconds())
-	if err := os.WriteFile(conf, []byte(cfg), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	conf := SentinelConf(t, addr, name, primary, 1, SentinelDownAfter, SentinelFailoverTimeout)
 	dial := func() (net.Conn, error) { return net.DialTimeout("tcp", addr, time.Second) }
 	p = Start(t, exec.Command(bin, conf, "--sentinel", "--daemonize", "no", "--logfile", ""), func() error {
 		if a, err := RedisArray(dial, "SENTINEL get-master-addr-by-name "+name); err != nil || len(a) != 2 || net.JoinHostPort(a[0], a[1]) != primary {
@@ -567,6 +558,26 @@ func StartSentinel(t testing.TB, name, primary string, replicas int) (addr strin
 		return nil
 	})
 	return addr, p
+}
+
+// SentinelConf writes the configuration of a Sentinel listening at addr
+// (127.0.0.1:PORT) that monitors the Redis at primary as master name
+// with quorum, calls it down after downAfter and gives a failover
+// failoverTimeout, in a folder of its own (a Sentinel rewrites its
+// configuration with what it learns), and returns the file's path.
+func SentinelConf(t testing.TB, addr, name, primary string, quorum int, downAfter, failoverTimeout time.Duration) string {
+	t.Helper()
+	host, port, _ := net.SplitHostPort(addr)
+	phost, pport, _ := net.SplitHostPort(primary)
+	dir := t.TempDir()
+	cfg := fmt.Sprintf("port %s\nbind %s\ndir %s\nsentinel monitor %s %s %s %d\n"+
+		"sentinel down-after-milliseconds %[4]s %[8]d\nsentinel failover-timeout %[4]s %[9]d\n",
+		port, host, dir, name, phost, pport, quorum, downAfter.Milliseconds(), failoverTimeout.Milliseconds())
+	path := filepath.Join(dir, "sentinel.conf")
+	if err := os.WriteFile(path, []byte(cfg), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return path
 }
 
 // SentinelMaster returns the address (HOST:PORT) the Sentinel at sentinel

@@ -27,7 +27,9 @@ import (
 //	wt:{ID}:rec    hash: the record's fields ("f:NAME") and its holder
 //	               ("m:owner", "m:replica", "m:boot", "m:epoch", "m:n"),
 //	               the write version and sealed head of [Seal] ("m:v",
-//	               "m:head"); expires after the claim's or last Put's
+//	               "m:head"), the last takeover's claim ID and answer
+//	               ("m:cid", "m:pr", "m:pb", "m:pa": a claim sent again
+//	               answers it again); expires after the claim's or last Put's
 //	               TTL, as Memory's record does. A field whose value is
 //	               kept out of line (below) has "o:NAME" beside it, and
 //	               "f:NAME" holds [outOfLineMarker].
