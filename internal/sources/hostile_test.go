@@ -1230,6 +1230,79 @@ func TestStoreRenewalStaysInStore(t *testing.T) {
 	}
 }
 
+// Whoever can write a store shared by several users can replace a file
+// of it with a symbolic link to one outside: what the store reads (a
+// record, a blob, a registration) is read through the store's root, so
+// that the link is not followed out of it. Followed, a record or a blob
+// outside was served by an offline start, and a record or a registration
+// outside had the sweep keep what it names (or everything).
+func TestStoreReadsStayInStore(t *testing.T) {
+	// moveOut replaces the store's file p with a link to a copy outside.
+	moveOut := func(t *testing.T, p string) {
+		t.Helper()
+		b, err := os.ReadFile(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out := filepath.Join(t.TempDir(), filepath.Base(p))
+		if err := os.WriteFile(out, b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Remove(p); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Symlink(out, p); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, which := range []string{"record", "blob"} {
+		t.Run("restore/"+which, func(t *testing.T) {
+			m, store, spec := syncedStore(t)
+			served, _ := m.Lookup("p")
+			p := filepath.Join(store, "blobs", "sha256", served.SHA256)
+			if which == "record" {
+				records, _ := filepath.Glob(filepath.Join(store, "index", "*.json"))
+				if len(records) != 1 {
+					t.Fatalf("records %v, want p's", records)
+				}
+				p = records[0]
+			}
+			moveOut(t, p)
+			names, errs := storeManager(t, store, nil).Restore(context.Background(), spec)
+			if slices.Contains(names, "p") {
+				t.Errorf("the store's %s a link to a file outside it: an offline start restored p (%v); want it refused", which, errs)
+			}
+		})
+	}
+	plant := func(t *testing.T, store, sub, name, body string) {
+		t.Helper()
+		out := filepath.Join(t.TempDir(), "planted")
+		if err := os.WriteFile(out, []byte(body), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Symlink(out, filepath.Join(store, sub, name)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, sub := range []string{"index", "links"} {
+		t.Run("sweep/"+sub, func(t *testing.T) {
+			m, store, spec := syncedStore(t)
+			stray := oldStray(t, store)
+			if sub == "index" {
+				plant(t, store, sub, strings.Repeat("ef", 32)+".json", `{"source":"elsewhere","sha256":"`+filepath.Base(stray)+`"}`)
+			} else {
+				plant(t, store, sub, "planted", `{"dir":"/elsewhere","view":"another"}`)
+			}
+			if _, errs := m.Sync(context.Background(), spec); len(errs) > 0 {
+				t.Fatal(errs)
+			}
+			if _, err := os.Stat(stray); !errors.Is(err, fs.ErrNotExist) {
+				t.Errorf("a link in the store's %s to a file outside it: a version nothing in the store names, a day old: %v; want it removed", sub, err)
+			}
+		})
+	}
+}
+
 // Whoever can write a store shared by several users can replace its
 // folders with symbolic links: the manager, run as another user, must
 // write nothing outside the store through them (a registration, a
