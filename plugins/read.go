@@ -19,6 +19,18 @@ func ReadFile(path string, limit uint64) ([]byte, error) {
 	return readPluginFile(path, limit)
 }
 
+// ReadFileIn is [ReadFile] of the file name of root: a symbolic link is
+// followed inside root only (one that leads out of it is an error). For
+// files that must not be read from elsewhere (the store's own files).
+func ReadFileIn(root *os.Root, name string, limit uint64) ([]byte, error) {
+	f, err := root.OpenFile(name, os.O_RDONLY|syscall.O_NONBLOCK, 0)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	return readOpened(f, limit, nil)
+}
+
 // ErrNotRegular is matched by the error of [ReadFile] and
 // [ReadFileVetted] for anything but a regular file.
 var ErrNotRegular = errors.New("not a regular file")
@@ -52,6 +64,11 @@ func readVetted(path string, limit uint64, vet func(*os.File) error) ([]byte, er
 		return nil, err
 	}
 	defer f.Close()
+	return readOpened(f, limit, vet)
+}
+
+// readOpened reads f as readVetted does once it opened it.
+func readOpened(f *os.File, limit uint64, vet func(*os.File) error) ([]byte, error) {
 	info, err := f.Stat()
 	if err != nil {
 		return nil, err

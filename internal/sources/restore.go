@@ -45,9 +45,9 @@ func recordKey(s Spec) string {
 	return hex.EncodeToString(sum[:])
 }
 
-func (m *Manager) recordPath(s Spec) string {
-	return filepath.Join(m.opts.Dir, "index", recordKey(s)+".json")
-}
+// maxRecord is the most of a record that is read (one is a few hundred
+// bytes).
+const maxRecord = 64 << 10
 
 // remember writes st as s's last verified fetch (written to a temporary
 // file and renamed). A failure is logged: it costs only an offline start.
@@ -64,7 +64,7 @@ func (m *Manager) remember(s Spec, st Status) {
 
 // recall reads s's record, if any.
 func (m *Manager) recall(s Spec) (record, bool) {
-	b, err := os.ReadFile(m.recordPath(s))
+	b, err := m.readStore("index", recordKey(s)+".json", maxRecord)
 	if err != nil {
 		return record{}, false
 	}
@@ -121,7 +121,7 @@ func (m *Manager) Restore(ctx context.Context, specs []Spec) ([]string, []error)
 			sha, st.Digest, st.Verified = r.SHA256, r.Digest, r.Verified
 			st.Stored = ref.Digest == "" && s.SHA256 == ""
 		}
-		if _, err := os.Lstat(m.blob(sha)); err != nil {
+		if !m.holds(sha) {
 			continue
 		}
 		if !m.intact(sha, s.MaxSize) {
@@ -149,6 +149,18 @@ func (m *Manager) Restore(ctx context.Context, specs []Spec) ([]string, []error)
 		}
 	}
 	return names, errs
+}
+
+// holds reports whether the store has a blob named sha (through its
+// root: a link of its folders out of it is not followed).
+func (m *Manager) holds(sha string) bool {
+	blobs, err := m.storeRoot(filepath.Join("blobs", "sha256"))
+	if err != nil {
+		return false
+	}
+	defer blobs.Close()
+	_, err = blobs.Lstat(sha)
+	return err == nil
 }
 
 // ErrStoreChanged: a stored blob no longer hashes to its name (the store

@@ -49,7 +49,6 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 
 	"github.com/wasmtools/wasmtools/internal/telemetry"
-	"github.com/wasmtools/wasmtools/plugins"
 )
 
 // DefaultMaxSize bounds a plugin's bytes when its Spec sets no MaxSize:
@@ -712,18 +711,12 @@ func (m *Manager) fetch(ctx context.Context, s Spec, prev Status, sameSpec bool)
 // intact reports whether the stored blob sha exists and still hashes to
 // its name.
 func (m *Manager) intact(sha string, max uint64) bool {
-	b, err := readBounded(m.blob(sha), max)
+	b, err := m.readStore(filepath.Join("blobs", "sha256"), sha, max)
 	if err != nil {
 		return false
 	}
 	sum := sha256.Sum256(b)
 	return hex.EncodeToString(sum[:]) == sha
-}
-
-// readBounded reads a stored blob or a file:// source as plugin files
-// are read: a regular file of at most max bytes.
-func readBounded(path string, max uint64) ([]byte, error) {
-	return plugins.ReadFile(path, max)
 }
 
 // store writes wasm to the store under its sha256 (written to a temporary

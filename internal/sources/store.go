@@ -15,6 +15,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/wasmtools/wasmtools/plugins"
 )
 
 // The store keeps the versions that are served or may be served, not
@@ -327,6 +329,36 @@ func (m *Manager) storeRoot(sub string) (*os.Root, error) {
 	return store.OpenRoot(sub)
 }
 
+// readStore reads the file name of the store's folder sub as plugin
+// files are read (a regular file of at most max bytes), through the
+// store's root (readIn).
+func (m *Manager) readStore(sub, name string, max uint64) ([]byte, error) {
+	dir, err := m.storeRoot(sub)
+	if err != nil {
+		return nil, err
+	}
+	defer dir.Close()
+	return readIn(dir, name, max)
+}
+
+// readIn reads the file name of dir, one of the store's folders, as
+// plugin files are read, through dir's root: whoever can write a store
+// shared by several users could replace a record, a registration or a
+// blob with a symbolic link to a file elsewhere, which an offline start
+// would serve, or whose contents the sweep would take for what keeps a
+// version. A link that leads out of the store, or to no regular file, is
+// fs.ErrNotExist: the store writes none (a link inside is followed, as
+// its folders' are).
+func readIn(dir *os.Root, name string, max uint64) ([]byte, error) {
+	b, err := plugins.ReadFileIn(dir, name, max)
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		if info, lerr := dir.Lstat(name); lerr == nil && info.Mode()&fs.ModeSymlink != 0 {
+			return nil, fmt.Errorf("%s: not the store's (a link out of it, or to no regular file: %v): %w", filepath.Join(dir.Name(), name), err, fs.ErrNotExist)
+		}
+	}
+	return b, err
+}
+
 // writeStore writes body to the file name of the store's folder sub
 // (made if missing) through the store's root: whoever can write a store
 // shared by several users could replace one of its folders with a
@@ -504,17 +536,24 @@ func (m *Manager) unpend(sha string) {
 // returned for sayUnseen.
 func (m *Manager) users() (named map[string]bool, unseen bool, said []unseenReg, err error) {
 	named = map[string]bool{}
-	records, err := filepath.Glob(filepath.Join(m.opts.Dir, "index", "*.json"))
-	if err != nil {
+	index, err := m.storeRoot("index")
+	var records []fs.DirEntry
+	if err == nil {
+		defer index.Close()
+		records, err = fs.ReadDir(index.FS(), ".")
+	}
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return nil, true, nil, err
 	}
-	for _, p := range records {
-		if !hexSHA(strings.TrimSuffix(filepath.Base(p), ".json")) {
+	for _, e := range records {
+		key, ok := strings.CutSuffix(e.Name(), ".json")
+		if !ok || !hexSHA(key) {
 			continue // not a record (recordKey): none is read from it
 		}
-		b, err := readBounded(p, 64<<10)
+		p := filepath.Join(index.Name(), e.Name())
+		b, err := readIn(index, e.Name(), maxRecord)
 		if errors.Is(err, fs.ErrNotExist) {
-			continue // replaced meanwhile
+			continue // replaced meanwhile, or not the store's
 		}
 		var r record
 		if err != nil || json.Unmarshal(b, &r) != nil {
@@ -549,9 +588,9 @@ func (m *Manager) users() (named map[string]bool, unseen bool, said []unseenReg,
 			_ = usersRoot.Remove(reg.Name())
 			continue
 		}
-		b, err := readBounded(path, 4<<10)
+		b, err := readIn(usersRoot, reg.Name(), 4<<10)
 		if errors.Is(err, fs.ErrNotExist) {
-			continue
+			continue // removed meanwhile, or not the store's
 		}
 		if err != nil {
 			return nil, true, nil, err
