@@ -86,7 +86,9 @@ const checkedMaxAge = 7 * 24 * time.Hour
 // rebuilt, tags moved) do not fill the disk. 1 GiB holds the entries of
 // some 250 plugins of a Go plugin's 4 MB, and at least 7 of the 64 MiB
 // a module may be by default. wazero's half of the folder (its machine
-// code) has a bound of its own, compiledMaxBytes.
+// code) has a bound of its own, compiledMaxBytes. Both are defaults:
+// Options.CheckedCacheBytes and CompiledCacheBytes (the configuration's
+// [cache]) set others.
 const checkedMaxBytes = 1 << 30
 
 // checked is what Compile's check and rewriting made of a module.

@@ -365,12 +365,9 @@ func TestCheckedCacheBounded(t *testing.T) {
 	}
 	runtime := func(bound int64) *sandbox.Runtime {
 		t.Helper()
-		rt, err := sandbox.NewRuntime(sandbox.Options{CacheDir: dir})
+		rt, err := sandbox.NewRuntime(sandbox.Options{CacheDir: dir, CheckedCacheBytes: bound})
 		if err != nil {
 			t.Fatal(err)
-		}
-		if bound > 0 {
-			rt.SetCheckedBound(bound)
 		}
 		t.Cleanup(func() { rt.Close(ctx) })
 		return rt
@@ -446,12 +443,11 @@ func TestCheckedCacheBoundSparesReads(t *testing.T) {
 	if err := os.Chtimes(entries[0], old, old); err != nil {
 		t.Fatal(err)
 	}
-	rt, err := sandbox.NewRuntime(sandbox.Options{CacheDir: dir})
+	rt, err := sandbox.NewRuntime(sandbox.Options{CacheDir: dir, CheckedCacheBytes: 1})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer rt.Close(ctx)
-	rt.SetCheckedBound(1)
 	entered, release := make(chan struct{}), make(chan struct{})
 	var once sync.Once
 	rt.SetCheckedReadHook(func() { once.Do(func() { close(entered); <-release }) })

@@ -206,18 +206,10 @@ func CheckedEntrySound(path string) bool {
 // a test holds it there. Set it before the first compilation.
 func (r *Runtime) SetSweepHook(f func()) { r.sweepHook = f }
 
-// SetCheckedBound bounds the bytes of the checked-module cache's entries
-// of this build. Set it before the first compilation.
-func (r *Runtime) SetCheckedBound(n int64) { r.checkedBound = n }
-
 // SetCheckedReadHook has f called as an entry of the checked-module
 // cache is read, its file open: a test holds the read there. Set it
 // before the first compilation.
 func (r *Runtime) SetCheckedReadHook(f func()) { r.checkedReadHook = f }
-
-// SetCompiledBound bounds the bytes of wazero's folder of machine code.
-// Set it before the first compilation.
-func (r *Runtime) SetCompiledBound(n int64) { r.compiledBound = n }
 
 // WazeroCacheDir is the folder of the cache folder dir wazero keeps
 // this process's machine code in.

@@ -40,6 +40,12 @@ type Options struct {
 	// a time, with a warning: compiling costs time, never a plugin (see
 	// [Runtime.DiskCacheError]).
 	CacheDir string
+	// CheckedCacheBytes bounds the bytes of this build's entries of
+	// CacheDir's checked-module cache, CompiledCacheBytes those of
+	// wazero's folder of machine code in it: past a bound, what was used
+	// least recently goes. 0 means the default (1 GiB, 2 GiB); a negative
+	// bound is an error.
+	CheckedCacheBytes, CompiledCacheBytes int64
 	// Logger receives the runtime's own messages. nil discards them.
 	Logger *slog.Logger
 	// Interruption is how a guest is stopped at its call's deadline or
@@ -77,7 +83,8 @@ type Runtime struct {
 	// sweepHook, if set (by a test), is called as the sweep begins.
 	sweepHook func()
 	// checkedBound bounds the bytes of this build's checked-module
-	// entries (checkedMaxBytes; checked.go). checkedReading counts, by
+	// entries (Options.CheckedCacheBytes, else checkedMaxBytes;
+	// checked.go). checkedReading counts, by
 	// key, this runtime's reads of entries under way, which evictChecked
 	// passes over; checkedMu guards it.
 	checkedBound   int64
@@ -87,7 +94,8 @@ type Runtime struct {
 	// read, its file open.
 	checkedReadHook func()
 	// compiledBound bounds the bytes of wazero's folder of machine code
-	// (compiledMaxBytes; wazero_cache.go). evicting says an eviction
+	// (Options.CompiledCacheBytes, else compiledMaxBytes;
+	// wazero_cache.go). evicting says an eviction
 	// runs, evictAgain that it runs once more; evictMu guards both.
 	compiledBound        int64
 	evictMu              sync.Mutex
@@ -105,7 +113,11 @@ type Runtime struct {
 
 // NewRuntime returns a Runtime with the given options.
 func NewRuntime(opts Options) (*Runtime, error) {
-	r := &Runtime{log: opts.Logger, interrupt: opts.Interruption, checkedBound: checkedMaxBytes, checkedReading: map[string]int{}, compiledBound: compiledMaxBytes}
+	if opts.CheckedCacheBytes < 0 || opts.CompiledCacheBytes < 0 {
+		return nil, fmt.Errorf("sandbox: cache bounds %d and %d bytes: a bound must not be negative (0: the default)", opts.CheckedCacheBytes, opts.CompiledCacheBytes)
+	}
+	r := &Runtime{log: opts.Logger, interrupt: opts.Interruption, checkedReading: map[string]int{},
+		checkedBound: cmp.Or(opts.CheckedCacheBytes, checkedMaxBytes), compiledBound: cmp.Or(opts.CompiledCacheBytes, compiledMaxBytes)}
 	for i := range r.compiling {
 		r.compiling[i] = make(chan struct{}, 1)
 	}

@@ -69,12 +69,9 @@ func setTime(t *testing.T, path string, ago time.Duration) {
 // test's end.
 func runtimeOn(t *testing.T, dir string, bound int64) *sandbox.Runtime {
 	t.Helper()
-	rt, err := sandbox.NewRuntime(sandbox.Options{CacheDir: dir})
+	rt, err := sandbox.NewRuntime(sandbox.Options{CacheDir: dir, CompiledCacheBytes: bound})
 	if err != nil {
 		t.Fatal(err)
-	}
-	if bound > 0 {
-		rt.SetCompiledBound(bound)
 	}
 	t.Cleanup(func() { rt.Close(context.Background()) })
 	return rt
@@ -238,11 +235,10 @@ func TestDiskCacheBoundConcurrent(t *testing.T) {
 	for i := range 6 {
 		modules = append(modules, wat(t, fmt.Sprintf(`(module (func (export "f%d")))`, i)))
 	}
-	rt, err := sandbox.NewRuntime(sandbox.Options{CacheDir: dir})
+	rt, err := sandbox.NewRuntime(sandbox.Options{CacheDir: dir, CompiledCacheBytes: 1})
 	if err != nil {
 		t.Fatal(err)
 	}
-	rt.SetCompiledBound(1)
 	var wg sync.WaitGroup
 	for round := range 2 {
 		for i, m := range modules {
@@ -303,6 +299,17 @@ func TestDiskCacheKeepsWhatWasRead(t *testing.T) {
 	for path, want := range map[string]bool{read: true, unread: false} {
 		if _, err := os.Stat(path); (err == nil) != want {
 			t.Errorf("%s past the bound: kept %v, want %v", filepath.Base(path), err == nil, want)
+		}
+	}
+}
+
+// TestCacheBoundNegative: a negative bound of either half of the cache
+// folder is refused, not taken for none.
+func TestCacheBoundNegative(t *testing.T) {
+	for _, opts := range []sandbox.Options{{CacheDir: t.TempDir(), CheckedCacheBytes: -1}, {CacheDir: t.TempDir(), CompiledCacheBytes: -1}} {
+		if rt, err := sandbox.NewRuntime(opts); err == nil {
+			rt.Close(context.Background())
+			t.Errorf("bounds %d and %d: a runtime made; want an error", opts.CheckedCacheBytes, opts.CompiledCacheBytes)
 		}
 	}
 }

@@ -143,7 +143,15 @@ func (c *commonFlags) config() *config.File {
 }
 
 func (c *commonFlags) runtime(log *slog.Logger) (*sandbox.Runtime, error) {
-	return sandbox.NewRuntime(sandbox.Options{CacheDir: c.cacheDir, Logger: log, Interruption: sandbox.Interruption(c.interrupt)})
+	return sandbox.NewRuntime(c.runtimeOptions(log))
+}
+
+// runtimeOptions are the runtime's options: the flags', and the cache
+// folder's bounds of the configuration in force (read once, at start).
+func (c *commonFlags) runtimeOptions(log *slog.Logger) sandbox.Options {
+	checked, compiled := c.config().Cache.Bounds()
+	return sandbox.Options{CacheDir: c.cacheDir, Logger: log, Interruption: sandbox.Interruption(c.interrupt),
+		CheckedCacheBytes: checked, CompiledCacheBytes: compiled}
 }
 
 // interruption is the --interrupt flag: "flag" or "wazero".

@@ -53,6 +53,10 @@
 //	[grants]
 //	max_questions = 10
 //
+//	[cache]
+//	checked_bytes = "1GiB"
+//	compiled_bytes = "2GiB"
+//
 // ${VAR} in any string is replaced by the host environment variable VAR
 // when the file is read; a variable that is not set is an error naming
 // every such variable at once, and a variable set to "" is a value.
@@ -63,6 +67,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"math"
 	"os"
 	"path"
 	"path/filepath"
@@ -87,6 +92,7 @@ type File struct {
 	HTTP     HTTP              `toml:"http"`
 	Sources  Sources           `toml:"sources"`
 	Grants   Grants            `toml:"grants"`
+	Cache    Cache             `toml:"cache"`
 	Plugins  map[string]Plugin `toml:"plugins"`
 	// Registries are logins, by host[:port], for OCI registries and
 	// HTTPS plugin servers; a registry without one uses the Docker
@@ -119,6 +125,51 @@ type Sources struct {
 	// DockerConfig is the Docker config file whose registry logins are
 	// used; "" means the default ($DOCKER_CONFIG, ~/.docker), "-" none.
 	DockerConfig string `toml:"docker_config"`
+}
+
+// Cache bounds the two halves of the --cache-dir folder, each per build
+// of wasmtools (and wazero version): past a bound, what was used least
+// recently goes. Read at start; a change needs a restart.
+type Cache struct {
+	// CheckedBytes bounds the plugins as checked and rewritten for the
+	// sandbox; unset means 1GiB.
+	CheckedBytes *Size `toml:"checked_bytes"`
+	// CompiledBytes bounds wazero's machine code; unset means 2GiB.
+	CompiledBytes *Size `toml:"compiled_bytes"`
+}
+
+// Bounds returns the bounds as sandbox.Options takes them: 0 for unset
+// (the default).
+func (c Cache) Bounds() (checked, compiled int64) {
+	get := func(s *Size) int64 {
+		if s == nil {
+			return 0
+		}
+		return int64(*s)
+	}
+	return get(c.CheckedBytes), get(c.CompiledBytes)
+}
+
+// check refuses a bound of 0, which could be read as the default (the
+// convention of other sizes here), as no bound (the folder growing with
+// every module ever compiled) or as no cache: each would surprise
+// someone, and the first two with a full disk. No disk cache is
+// --cache-dir "".
+func (c Cache) check() error {
+	var errs []error
+	for _, b := range []struct {
+		name string
+		v    *Size
+	}{{"checked_bytes", c.CheckedBytes}, {"compiled_bytes", c.CompiledBytes}} {
+		switch {
+		case b.v == nil:
+		case *b.v == 0:
+			errs = append(errs, fmt.Errorf("cache.%s: 0: want a size above 0 (unset: the default; no disk cache at all: --cache-dir \"\")", b.name))
+		case uint64(*b.v) > math.MaxInt64:
+			errs = append(errs, fmt.Errorf("cache.%s: %d bytes: too large", b.name, uint64(*b.v)))
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // Credential is a registry login: username and password, or a token.
@@ -538,6 +589,7 @@ func (f *File) finish(getenv func(string) (string, bool)) error {
 	if f.Defaults.Ask.Secrets != nil {
 		errs = append(errs, errors.New("defaults.ask.secrets: secrets are put in a ceiling per plugin, in [plugins.NAME.ask], never for every plugin"))
 	}
+	errs = append(errs, f.Cache.check())
 	if f.Grants.MaxQuestions < 0 {
 		errs = append(errs, fmt.Errorf("grants.max_questions: %d: must not be negative (0 means 10)", f.Grants.MaxQuestions))
 	}

@@ -160,6 +160,18 @@ tokens = { alice = "shared-token-0123456789" }`, "the token is auth_token"},
 issuer = "https://as.example"
 resource = "https://tools.example/mcp"
 keys_min_refresh = "2h"`, "http.oauth: keys_min_refresh (2h0m0s) is over keys_max_age (1h0m0s)"},
+		{"cache: a bound of 0", `[cache]
+checked_bytes = 0`, "cache.checked_bytes: 0: want a size above 0"},
+		{"cache: a bound of 0, with a unit", `[cache]
+compiled_bytes = "0GiB"`, "cache.compiled_bytes: 0: want a size above 0"},
+		{"cache: a negative bound", `[cache]
+compiled_bytes = -1`, `size "-1"`},
+		{"cache: a bound not a size", `[cache]
+checked_bytes = "lots"`, `size "lots"`},
+		{"cache: a bound past int64", `[cache]
+checked_bytes = "9223372036854775808"`, "cache.checked_bytes: 9223372036854775808 bytes: too large"},
+		{"cache: unknown setting", `[cache]
+max_bytes = "1GiB"`, "unknown settings: cache.max_bytes"},
 		{"two subjects, one token", `[http]
 tokens = { alice = "same-token-0123456789", bob = "same-token-0123456789" }`, "http.tokens.bob: the same token as alice"},
 	}
@@ -219,6 +231,27 @@ max_questions = 4
 	none, _ := Parse([]byte(`[plugins.x]`), env(nil))
 	if n := none.For("x").Network; len(n.Ask) > 0 || len(n.AllowedHosts) > 0 {
 		t.Errorf("no ceiling: network %+v, want nothing", n)
+	}
+}
+
+// TestCacheBounds: [cache]'s bounds parse as sizes, unset ones are 0
+// (sandbox.Options' default).
+func TestCacheBounds(t *testing.T) {
+	for _, tt := range []struct {
+		toml              string
+		checked, compiled int64
+	}{
+		{"", 0, 0},
+		{"[cache]\nchecked_bytes = \"10MiB\"", 10 << 20, 0},
+		{"[cache]\ncompiled_bytes = 4096\nchecked_bytes = \"1B\"", 1, 4096},
+	} {
+		f, err := Parse([]byte(tt.toml), env(nil))
+		if err != nil {
+			t.Fatalf("%q: %v", tt.toml, err)
+		}
+		if checked, compiled := f.Cache.Bounds(); checked != tt.checked || compiled != tt.compiled {
+			t.Errorf("%q: bounds %d, %d; want %d, %d", tt.toml, checked, compiled, tt.checked, tt.compiled)
+		}
 	}
 }
 
