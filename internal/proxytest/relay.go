@@ -34,6 +34,7 @@ type answerCut struct {
 	marker    []byte
 	forwarded chan struct{} // closed once the marked send was forwarded
 	done      chan struct{}
+	then      func() // CutAnswerThen's, or nil
 }
 
 type accepted struct {
@@ -133,9 +134,18 @@ func (r *Relay) Accepted(n int) <-chan struct{} {
 // run after what the client sends next on another connection.) The
 // channel is closed once the connection was cut.
 func (r *Relay) CutAnswer(marker []byte) <-chan struct{} {
+	return r.CutAnswerThen(marker, nil)
+}
+
+// CutAnswerThen is [Relay.CutAnswer], with then, if not nil, run once
+// the target answered (so it ran the marked command) and before the
+// client's connection is reset: what then does to the target (another
+// client's command) comes between the marked send and the client's
+// resend of it.
+func (r *Relay) CutAnswerThen(marker []byte, then func()) <-chan struct{} {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	r.cut = &answerCut{marker: bytes.Clone(marker), forwarded: make(chan struct{}), done: make(chan struct{})}
+	r.cut = &answerCut{marker: bytes.Clone(marker), forwarded: make(chan struct{}), done: make(chan struct{}), then: then}
 	return r.cut.done
 }
 
@@ -224,6 +234,9 @@ func (r *Relay) down(c, u net.Conn, cut *atomic.Pointer[answerCut]) {
 			return
 		}
 		if ac := cut.Load(); ac != nil {
+			if ac.then != nil {
+				ac.then()
+			}
 			c.(*net.TCPConn).SetLinger(0)
 			c.Close()
 			<-ac.forwarded

@@ -3,6 +3,7 @@ package statestore
 import (
 	"bytes"
 	"context"
+	"errors"
 	"strconv"
 	"testing"
 	"time"
@@ -235,6 +236,70 @@ func TestResendAfterLandedAppliesOnce(t *testing.T) {
 			cut("leave", ownerKey(hb), func() error { return s.Leave(bg, hb) })
 			if n := raw.Exists(bg, ownerKey(hb)).Val(); n != 0 {
 				t.Error("leave resent: heartbeat still there")
+			}
+		})
+	}
+}
+
+// TestResentPutAfterClaim: a write whose answer is lost after Redis ran
+// it, and which another replica claims the session between its first
+// send and the store's resend of it (CutAnswerThen). Through Open's store
+// (sealed: its Put is the backend's versioned write), the one every
+// caller has, the resend answers that the write landed. The backend's
+// plain Put, which no caller reaches (docs/DESIGN.md), answers ErrFenced
+// though its first send landed: pinned, so that a caller it reaches one
+// day is seen.
+func TestResentPutAfterClaim(t *testing.T) {
+	primary := proxytest.StartRedis(t)
+	rl := proxytest.StartRelay(t, primary)
+	bg := context.Background()
+	key := []byte("the replicas' key")
+	s, err := Open("redis://"+rl.Addr()+"/0", key)
+	must(t, err)
+	t.Cleanup(func() { s.Close() })
+	raw := s.(*sealed).Store.(*Redis)
+	other := Seal(openRedis(t, "redis://"+primary+"/0"), key) // replica b, not through the relay
+	for _, st := range []Store{s, other} {
+		SetLease(st, 0)
+	}
+	a, b := Owner{Replica: "a", Boot: "1"}, Owner{Replica: "b", Boot: "1"}
+	for _, c := range []struct {
+		name string
+		put  func(id string, v []byte, fence uint64) error
+		want error
+	}{
+		{"sealed", func(id string, v []byte, fence uint64) error { return s.Put(bg, id, "f", v, fence, time.Minute) }, nil},
+		{"plain", func(id string, v []byte, fence uint64) error { return raw.Put(bg, id, "f", v, fence, time.Minute) }, ErrFenced},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			id := "resent-" + c.name
+			ca, err := s.Claim(bg, id, a, time.Minute, false)
+			must(t, err)
+			// Warmed: the scripts known by their SHA-1, and the sealed
+			// store's head of id known, so that the cut send is the
+			// write's own.
+			must(t, c.put(id, []byte("first"), ca.Fence))
+			var claimed error
+			done := rl.CutAnswerThen([]byte(recKey(id)), func() {
+				_, claimed = other.Claim(bg, id, b, time.Minute, false)
+			})
+			err = c.put(id, []byte("second"), ca.Fence)
+			select {
+			case <-done:
+			case <-time.After(10 * time.Second):
+				t.Fatal("no answer was cut")
+			}
+			must(t, claimed)
+			if !errors.Is(err, c.want) || (c.want == nil) != (err == nil) {
+				t.Errorf("a write that landed, resent after b's claim: %v; want %v", err, c.want)
+			}
+			if c.name == "sealed" {
+				rec, err := other.Get(bg, id)
+				if err != nil || string(rec["f"]) != "second" {
+					t.Errorf("b reads %q (%v); want a's write, which landed", rec["f"], err)
+				}
+			} else if rec, err := raw.Get(bg, id); err != nil || string(rec["f"]) != "second" {
+				t.Errorf("the record holds %q (%v); want a's write, which landed", rec["f"], err)
 			}
 		})
 	}
