@@ -255,6 +255,16 @@ func TestCacheBounds(t *testing.T) {
 	}
 }
 
+// TestParseSizeOverflow: a size whose unit takes it past 2^64 bytes is
+// refused, not wrapped around to a small one.
+func TestParseSizeOverflow(t *testing.T) {
+	for _, in := range []string{"17179869184GiB", "18446744073709552KB", "18446744073709551615 KiB"} {
+		if got, err := ParseSize(in); err == nil {
+			t.Errorf("ParseSize(%q) = %d; want an error (past 2^64 bytes)", in, got)
+		}
+	}
+}
+
 func TestParseSize(t *testing.T) {
 	for in, want := range map[string]uint64{"10": 10, "1KiB": 1024, "64MiB": 64 << 20, "2 GiB": 2 << 30, "5MB": 5_000_000, "7B": 7} {
 		if got, err := ParseSize(in); err != nil || got != want {
