@@ -474,6 +474,7 @@ func (s *Size) UnmarshalText(b []byte) error {
 // KB, MB, GB).
 func ParseSize(s string) (uint64, error) {
 	s = strings.TrimSpace(s)
+	whole := s
 	units := []struct {
 		suffix string
 		mult   uint64
@@ -488,6 +489,9 @@ func ParseSize(s string) (uint64, error) {
 	n, err := strconv.ParseUint(s, 10, 64)
 	if err != nil {
 		return 0, fmt.Errorf("size %q: want a whole number with an optional unit (KiB, MiB, GiB, KB, MB, GB)", s)
+	}
+	if n > math.MaxUint64/mult { // n * mult would wrap around to a small size
+		return 0, fmt.Errorf("size %q: over 2^64 bytes", whole)
 	}
 	return n * mult, nil
 }
