@@ -1,6 +1,7 @@
 package config
 
 import (
+	"math"
 	"os"
 	"path/filepath"
 	"strings"
@@ -159,5 +160,19 @@ func TestHyperSize(t *testing.T) {
 		if got, err := parseHyperSize(in); err != nil || got != want {
 			t.Errorf("parseHyperSize(%q) = %d, %v; want %d", in, got, err, want)
 		}
+	}
+}
+
+// TestHyperSizeOverflow: a memory_limit past 2^64 bytes is refused, not
+// converted to whatever the float-to-integer conversion gives; the largest
+// whole size is read exactly.
+func TestHyperSizeOverflow(t *testing.T) {
+	for _, in := range []string{"18446744073709551616", "17179869184Gi", "20000000000GB", "18446744073709551615.5", "17179869184.5Gi", "99999999999999999999999Mi"} {
+		if got, err := parseHyperSize(in); err == nil {
+			t.Errorf("parseHyperSize(%q) = %d; want an error (past 2^64 bytes)", in, got)
+		}
+	}
+	if got, err := parseHyperSize("18446744073709551615"); err != nil || got != math.MaxUint64 {
+		t.Errorf("parseHyperSize(2^64-1) = %d, %v; want %d", got, err, uint64(math.MaxUint64))
 	}
 }
