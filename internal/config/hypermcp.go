@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"math"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -198,11 +199,7 @@ func parseHyperSize(s string) (uint64, error) {
 	if m == nil {
 		return 0, fmt.Errorf("size %q: want a number and a unit such as Mi, MiB, MB", s)
 	}
-	n, err := strconv.ParseFloat(m[1], 64)
-	if err != nil {
-		return 0, fmt.Errorf("size %q: %v", s, err)
-	}
-	mult := map[string]float64{
+	mult := map[string]uint64{
 		"": 1, "b": 1,
 		"k": 1e3, "kb": 1e3, "ki": 1 << 10, "kib": 1 << 10,
 		"m": 1e6, "mb": 1e6, "mi": 1 << 20, "mib": 1 << 20,
@@ -211,7 +208,26 @@ func parseHyperSize(s string) (uint64, error) {
 	if mult == 0 {
 		return 0, fmt.Errorf("size %q: unknown unit %q", s, m[2])
 	}
-	return uint64(n * mult), nil
+	tooBig := fmt.Errorf("size %q: over 2^64 bytes", s)
+	// A whole number is read exactly: a float holds only 53 bits.
+	if n, err := strconv.ParseUint(m[1], 10, 64); err == nil {
+		if n > math.MaxUint64/mult { // n * mult would wrap around
+			return 0, tooBig
+		}
+		return n * mult, nil
+	} else if errors.Is(err, strconv.ErrRange) {
+		return 0, tooBig
+	}
+	n, err := strconv.ParseFloat(m[1], 64)
+	if err != nil {
+		return 0, fmt.Errorf("size %q: %v", s, err)
+	}
+	// A float-to-integer conversion out of range gives an arbitrary
+	// value; 1<<64 is exact as a float64.
+	if v := n * float64(mult); v < 1<<64 {
+		return uint64(v), nil
+	}
+	return 0, tooBig
 }
 
 func (h *hyperConfig) mapped(byName map[string]hyperPlugin, list []hyperPlugin) (*File, error) {
