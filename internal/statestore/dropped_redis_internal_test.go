@@ -4,14 +4,8 @@ package statestore
 
 import (
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
-	"crypto/x509"
-	"encoding/pem"
 	"errors"
-	"math/big"
 	"net"
 	"os"
 	"path/filepath"
@@ -70,15 +64,14 @@ func TestRedisUnixSocketShutdownDropped(t *testing.T) {
 // its connections, then went silent (a host shutting down), is
 // ErrDropped, and one over a link gone silent alone is not.
 func TestRedisTLSDropsCounted(t *testing.T) {
-	dir := t.TempDir()
-	cert, key := filepath.Join(dir, "cert.pem"), filepath.Join(dir, "key.pem")
-	writeSelfSigned(t, cert, key)
+	ca := proxytest.NewCA(t)
+	cert, key := ca.Issue(t, "127.0.0.1")
 	addr := proxytest.FreeAddr(t)
 	_, port, _ := net.SplitHostPort(addr)
 	proxytest.StartRedisWith(t, func() (net.Conn, error) {
 		return tls.DialWithDialer(&net.Dialer{Timeout: time.Second}, "tcp", addr, &tls.Config{InsecureSkipVerify: true})
 	}, "--port", "0", "--tls-port", port, "--bind", "127.0.0.1",
-		"--tls-cert-file", cert, "--tls-key-file", key, "--tls-ca-cert-file", cert, "--tls-auth-clients", "no")
+		"--tls-cert-file", cert, "--tls-key-file", key, "--tls-ca-cert-file", ca.File, "--tls-auth-clients", "no")
 	for _, c := range []struct {
 		name    string
 		fault   func(*proxytest.Relay)
@@ -105,38 +98,5 @@ func TestRedisTLSDropsCounted(t *testing.T) {
 				t.Errorf("%v: ErrDropped %v, want %v", err, !c.dropped, c.dropped)
 			}
 		})
-	}
-}
-
-// writeSelfSigned writes a self-signed certificate for 127.0.0.1 and its
-// key, PEM-encoded.
-func writeSelfSigned(t *testing.T, certPath, keyPath string) {
-	k, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{
-		SerialNumber:          big.NewInt(1),
-		NotBefore:             time.Now().Add(-time.Hour),
-		NotAfter:              time.Now().Add(time.Hour),
-		IPAddresses:           []net.IP{net.IPv4(127, 0, 0, 1)},
-		IsCA:                  true,
-		KeyUsage:              x509.KeyUsageDigitalSignature | x509.KeyUsageCertSign,
-		ExtKeyUsage:           []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
-		BasicConstraintsValid: true,
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &k.PublicKey, k)
-	if err != nil {
-		t.Fatal(err)
-	}
-	kb, err := x509.MarshalECPrivateKey(k)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(certPath, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(keyPath, pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kb}), 0o600); err != nil {
-		t.Fatal(err)
 	}
 }

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"path/filepath"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -26,16 +25,15 @@ import (
 // the socket, which a TLS connection does not give it: over TLS
 // (rediss://) too, every exchange after the kill must be answered.
 func TestWaitPooledConnectionsClosedAnswer(t *testing.T) {
-	dir := t.TempDir()
-	cert, key := filepath.Join(dir, "cert.pem"), filepath.Join(dir, "key.pem")
-	writeSelfSigned(t, cert, key)
+	ca := proxytest.NewCA(t)
+	cert, key := ca.Issue(t, "127.0.0.1")
 	plain := proxytest.FreeAddr(t)
 	secure := proxytest.FreeAddr(t)
 	_, pport, _ := net.SplitHostPort(plain)
 	_, sport, _ := net.SplitHostPort(secure)
 	dial := func() (net.Conn, error) { return net.DialTimeout("tcp", plain, time.Second) }
 	proxytest.StartRedisWith(t, dial, "--port", pport, "--bind", "127.0.0.1", "--tls-port", sport,
-		"--tls-cert-file", cert, "--tls-key-file", key, "--tls-ca-cert-file", cert, "--tls-auth-clients", "no")
+		"--tls-cert-file", cert, "--tls-key-file", key, "--tls-ca-cert-file", ca.File, "--tls-auth-clients", "no")
 	proxytest.StartRedisReplica(t, plain)
 
 	for _, c := range []struct{ name, url string }{
