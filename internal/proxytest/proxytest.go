@@ -544,10 +544,21 @@ const (
 // by its PID at the test's end.
 func StartSentinel(t testing.TB, name, primary string, replicas int) (addr string, p *Process) {
 	t.Helper()
+	return StartSentinelTLS(t, name, primary, replicas, nil)
+}
+
+// StartSentinelTLS is [StartSentinel] with the Sentinel listening over
+// TLS alone with s, and reaching the Redis servers over TLS (s nil: over
+// TCP, as StartSentinel).
+func StartSentinelTLS(t testing.TB, name, primary string, replicas int, s *ServerTLS) (addr string, p *Process) {
+	t.Helper()
 	bin := Binary(t, "redis-server", "redis-server")
 	addr = FreeAddr(t)
-	conf := SentinelConf(t, addr, name, primary, 1, SentinelDownAfter, SentinelFailoverTimeout)
+	conf := sentinelConf(t, addr, name, primary, 1, SentinelDownAfter, SentinelFailoverTimeout, s)
 	dial := func() (net.Conn, error) { return net.DialTimeout("tcp", addr, time.Second) }
+	if s != nil {
+		dial = s.Dial(addr)
+	}
 	p = Start(t, exec.Command(bin, conf, "--sentinel", "--daemonize", "no", "--logfile", ""), func() error {
 		if a, err := RedisArray(dial, "SENTINEL get-master-addr-by-name "+name); err != nil || len(a) != 2 || net.JoinHostPort(a[0], a[1]) != primary {
 			return fmt.Errorf("master %s: %q (%v)", name, a, err)
@@ -567,12 +578,24 @@ func StartSentinel(t testing.TB, name, primary string, replicas int) (addr strin
 // configuration with what it learns), and returns the file's path.
 func SentinelConf(t testing.TB, addr, name, primary string, quorum int, downAfter, failoverTimeout time.Duration) string {
 	t.Helper()
+	return sentinelConf(t, addr, name, primary, quorum, downAfter, failoverTimeout, nil)
+}
+
+// sentinelConf is [SentinelConf], with the Sentinel over TLS alone with
+// s (not nil), towards its clients and the Redis servers.
+func sentinelConf(t testing.TB, addr, name, primary string, quorum int, downAfter, failoverTimeout time.Duration, s *ServerTLS) string {
+	t.Helper()
 	host, port, _ := net.SplitHostPort(addr)
 	phost, pport, _ := net.SplitHostPort(primary)
 	dir := t.TempDir()
-	cfg := fmt.Sprintf("port %s\nbind %s\ndir %s\nsentinel monitor %s %s %s %d\n"+
+	listen := "port " + port
+	if s != nil {
+		listen = fmt.Sprintf("port 0\ntls-port %s\ntls-cert-file %s\ntls-key-file %s\ntls-ca-cert-file %s\n"+
+			"tls-auth-clients no\ntls-replication yes", port, s.Cert, s.Key, s.CA.File)
+	}
+	cfg := fmt.Sprintf("%s\nbind %s\ndir %s\nsentinel monitor %s %s %s %d\n"+
 		"sentinel down-after-milliseconds %[4]s %[8]d\nsentinel failover-timeout %[4]s %[9]d\n",
-		port, host, dir, name, phost, pport, quorum, downAfter.Milliseconds(), failoverTimeout.Milliseconds())
+		listen, host, dir, name, phost, pport, quorum, downAfter.Milliseconds(), failoverTimeout.Milliseconds())
 	path := filepath.Join(dir, "sentinel.conf")
 	if err := os.WriteFile(path, []byte(cfg), 0o600); err != nil {
 		t.Fatal(err)

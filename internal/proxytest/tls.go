@@ -4,6 +4,7 @@ import (
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
+	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/pem"
@@ -108,4 +109,40 @@ func writePEM(t testing.TB, path, typ string, der []byte) {
 	if err := os.WriteFile(path, pem.EncodeToMemory(&pem.Block{Type: typ, Bytes: der}), 0o600); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// ServerTLS is a Redis's or a Sentinel's TLS: its certificate and key
+// (from [CA.Issue]) and the CA it trusts, which checks the servers it
+// connects to (a replica's primary, a Sentinel's Redis). It does not ask
+// its clients for certificates.
+type ServerTLS struct {
+	CA        *CA
+	Cert, Key string
+}
+
+// RedisArgs are redis-server's arguments for a Redis listening over TLS
+// alone at addr (127.0.0.1:PORT), which replicates over TLS too.
+func (s *ServerTLS) RedisArgs(addr string) []string {
+	host, port, _ := net.SplitHostPort(addr)
+	return []string{"--port", "0", "--tls-port", port, "--bind", host,
+		"--tls-cert-file", s.Cert, "--tls-key-file", s.Key, "--tls-ca-cert-file", s.CA.File,
+		"--tls-auth-clients", "no", "--tls-replication", "yes"}
+}
+
+// Dial dials addr over TLS for a test's own commands (readiness, a
+// Sentinel's answers): the server's certificate is not checked, as a
+// test may give it one that names another address.
+func (s *ServerTLS) Dial(addr string) func() (net.Conn, error) {
+	return func() (net.Conn, error) {
+		return tls.DialWithDialer(&net.Dialer{Timeout: time.Second}, "tcp", addr, &tls.Config{InsecureSkipVerify: true})
+	}
+}
+
+// StartRedisTLS starts redis-server on a free loopback port, listening
+// over TLS alone with s, empty and with nothing saved to disk, and
+// returns its address once it answers PING.
+func StartRedisTLS(t testing.TB, s *ServerTLS) (addr string, p *Process) {
+	t.Helper()
+	addr = FreeAddr(t)
+	return addr, StartRedisWith(t, s.Dial(addr), s.RedisArgs(addr)...)
 }

@@ -128,6 +128,12 @@ func NewRedis(url string) (*Redis, error) {
 	if err != nil {
 		return nil, err
 	}
+	return newRedis(cfg)
+}
+
+// newRedis is [NewRedis] with its URL parsed: a test sets what a URL
+// cannot say (the CAs a TLS connection trusts).
+func newRedis(cfg *redisConfig) (*Redis, error) {
 	// One retry after a network error (a dead pooled connection after
 	// Redis restarted), but none of go-redis's when writes wait for
 	// replicas: a resend that finds its first send landed writes
