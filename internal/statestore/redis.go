@@ -166,7 +166,14 @@ func newRedis(cfg *redisConfig) (*Redis, error) {
 		// already, or at a failover, when the primary may come back
 		// older. Telling them apart would need the Sentinels' addresses,
 		// which go-redis learns as it goes.
-		fo.Dialer = d.dialer(redis.NewDialer(&redis.Options{DialTimeout: fo.DialTimeout, TLSConfig: fo.TLSConfig}))
+		dial := redis.NewDialer(&redis.Options{DialTimeout: fo.DialTimeout})
+		if fo.TLSConfig != nil {
+			// Each server checked against its own address. go-redis
+			// dials through fo.Dialer alone, so fo.TLSConfig only
+			// tells it the connections are TLS.
+			dial = tlsPerHost(dial, fo.TLSConfig, fo.DialTimeout)
+		}
+		fo.Dialer = d.dialer(dial)
 		c = redis.NewFailoverClient(fo)
 		where = fmt.Sprintf("primary %q through Sentinel %s", fo.MasterName, strings.Join(fo.SentinelAddrs, ", "))
 	} else {
