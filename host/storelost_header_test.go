@@ -21,20 +21,12 @@ import (
 func TestStoreBackEmptyHeaderClientToldReset(t *testing.T) {
 	addr := proxytest.FreeAddr(t)
 	redis := proxytest.StartRedisAt(t, addr)
-	open := func() statestore.Store {
-		s, err := statestore.Open("redis://"+addr+"/0", replicaKey)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { s.Close() })
-		return s
-	}
 	files := map[string]string{"counter.wasm": testplugins.Example(t, "counter")}
 	serve := func(name string, store statestore.Store) *replica {
 		return replicaWith(t, host.Options{Replica: name, Store: store, ClientKeyHeader: "X-Client"}, sandbox.NewPolicy(), files)
 	}
-	storeA := open()
-	a, b := serve("a", storeA), serve("b", open())
+	storeA := redisStore(t, addr)
+	a, b := serve("a", storeA), serve("b", redisStore(t, addr))
 	logsOnFailure(t, a, b)
 	// b's heartbeat ran, with the store as it was (its first round
 	// checks the state key).

@@ -1,0 +1,117 @@
+package host_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/wasmtools/wasmtools/host"
+	"github.com/wasmtools/wasmtools/internal/proxytest"
+	"github.com/wasmtools/wasmtools/internal/statestore"
+	"github.com/wasmtools/wasmtools/internal/testplugins"
+	"github.com/wasmtools/wasmtools/sandbox"
+)
+
+// A replica cut off from Redis alone, its link silent (nothing refused,
+// nothing dropped), while Redis, reachable by the other replica, comes
+// back empty: the cut-off replica cannot see the loss, and past its grace
+// it hands the session's call over, as in
+// TestCutOffReplicaSendsSessionsElsewhere; the other replica finds
+// nothing of it in the store. The session's state is only in the cut-off
+// replica's memory, which gets it back once its link does: the session
+// must not be ended at the client (a 2025-11-25 session answered 404, a
+// handle refused as unknown) while that can still happen, nor go on from
+// an empty state unsaid.
+func TestCutOffStoreBackEmptyLosesNoSession(t *testing.T) {
+	for _, protocol := range protocols {
+		t.Run("protocol="+cmpOr(protocol, "default"), func(t *testing.T) { cutOffStoreBackEmpty(t, protocol) })
+	}
+}
+
+func cutOffStoreBackEmpty(t *testing.T, protocol string) {
+	addr := proxytest.FreeAddr(t)
+	proxytest.StartRedisAt(t, addr)
+	link := proxytest.StartRelay(t, addr)
+	files := map[string]string{"notes.wasm": testplugins.Example(t, "notes")}
+	serve := func(name string, store statestore.Store) *replica {
+		return replicaWith(t, host.Options{Replica: name, Store: store}, sandbox.NewPolicy(), files)
+	}
+	a, b := serve("a", redisStore(t, link.Addr())), serve("b", redisStore(t, addr))
+	logsOnFailure(t, a, b)
+	// Both saw the store's epoch (the first round checks the state key).
+	a.waitLog(t, "state key checked", 1)
+	b.waitLog(t, "state key checked", 1)
+	proxy := &failover{to: a, next: b}
+	cs := connectHTTP(t, a.srv.URL, protocol, proxy)
+	cs.ListTools(context.Background(), nil)
+	first := call(t, cs, "note_add", map[string]any{"text": "one"})
+	if first.IsError || first.Meta[host.MetaNotSaved] != nil {
+		t.Fatalf("a: %v %s", first.Meta, text(first))
+	}
+	args := map[string]any{}
+	if handle, _ := first.Meta[host.MetaSession].(string); handle != "" {
+		args[host.SessionArgument] = handle
+	}
+	// a's link goes silent; Redis comes back empty behind it. FLUSHALL
+	// plays the restart: its data and epoch gone, and nothing reaches
+	// a's connections (a blackholed link would carry no close either).
+	link.SetMode(proxytest.RelaySilent)
+	rc := redis.NewClient(&redis.Options{Addr: addr})
+	defer rc.Close()
+	if err := rc.FlushAll(context.Background()).Err(); err != nil {
+		t.Fatal(err)
+	}
+	b.waitLog(t, "state store came back empty", 1)
+	// Past a's grace, a refuses the call to the proxy, which sends it to
+	// b. The client retries what it is told to retry.
+	lost := func(res *mcp.CallToolResult, err error) bool {
+		return sessionLost(err) || err == nil && res.IsError && strings.Contains(text(res), "was refused")
+	}
+	retryOn(t, "a refused nothing to the proxy 30 s into its cut", a.logged("state store heartbeat"), func() (bool, string) {
+		res, err := cs.CallTool(context.Background(), &mcp.CallToolParams{Name: "note_list", Arguments: args})
+		if lost(res, err) {
+			t.Fatalf("the session, a cut off and the store back empty (a refused %d to the proxy): ended at the client: %s", proxy.refusals(), outcome(res, err))
+		}
+		if err == nil && !res.IsError {
+			t.Fatalf("the session served with a cut off past its grace and the store empty: %v %s", res.Meta, text(res))
+		}
+		return proxy.refusals() > 0, outcome(res, err)
+	})
+	// a's link comes back: a finds the new epoch, and the session goes
+	// on from a's memory, or says its state was lost.
+	link.SetMode(proxytest.RelayPass)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := a.h.WaitStore(ctx); err != nil {
+		t.Fatal(err)
+	}
+	retryOn(t, "the session once a's link is back", a.logged("state store came back empty"), func() (bool, string) {
+		res, err := cs.CallTool(context.Background(), &mcp.CallToolParams{Name: "note_list", Arguments: args})
+		if lost(res, err) {
+			t.Fatalf("the session once a's link is back: ended at the client: %s", outcome(res, err))
+		}
+		if err != nil || res.IsError {
+			return false, outcome(res, err)
+		}
+		if _, reset := res.Meta[host.MetaStateReset]; !reset && !strings.Contains(text(res), "one") {
+			t.Fatalf("the session once a's link is back: %v %q; want one, or its loss said", res.Meta, text(res))
+		}
+		return true, ""
+	})
+}
+
+// redisStore is a Redis store at addr (host:port), database 0, under the
+// replicas' state key, closed when the test ends.
+func redisStore(t *testing.T, addr string) statestore.Store {
+	t.Helper()
+	s, err := statestore.Open("redis://"+addr+"/0", replicaKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s
+}
