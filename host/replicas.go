@@ -317,6 +317,11 @@ const storeAwayHere = "the state store does not answer this replica: another rep
 // the state store did not answer: not a session unknown.
 var errStoreUnanswered = errors.New("the state store did not answer")
 
+// errLostLately is a session the store does not hold while it came back
+// empty lately: the replica that held it may be cut off from the store
+// alone, and write it back (durable.Keeper.LostLately).
+var errLostLately = errors.New("the state store came back empty lately: the session's replica may still hold it; retry")
+
 // refuse answers a request the draining host will not serve: 503 with
 // Retry-After, which a proxy retries on another replica.
 func refuse(w http.ResponseWriter, why string) {
@@ -454,15 +459,21 @@ func (h *Host) serveStateful(stateful http.Handler, events mcp.EventStore, w htt
 			notNow(w, r, "the state store does not answer: the session cannot be taken over now")
 			return
 		}
+		if errors.Is(err, errLostLately) {
+			// Not a session unknown, maybe: its replica, cut off
+			// from the store, may write it back (durable.Keeper.
+			// LostLately). Counted, not logged: a made-up ID gets
+			// this too. Said without err's cause, which would tell
+			// another user's session from none.
+			h.metrics.refusals.WithLabelValues("store_lost_lately", tenantLabel(r)).Inc()
+			notNow(w, r, errLostLately.Error())
+			return
+		}
 		if errors.Is(err, errTakeoversPaced) {
 			// Not logged: a line a request, unpaced, is what the
 			// bucket spares the store. Counted, so that an operator
 			// sees the pace at work.
-			tenant := "anonymous"
-			if userOf(r) != "" {
-				tenant = "subject"
-			}
-			h.metrics.refusals.WithLabelValues("takeovers_paced", tenant).Inc()
+			h.metrics.refusals.WithLabelValues("takeovers_paced", tenantLabel(r)).Inc()
 			notNow(w, r, err.Error()+": the session cannot be taken over now")
 			return
 		}
@@ -553,10 +564,11 @@ func (n *notFound) Unwrap() http.ResponseWriter { return n.ResponseWriter }
 // initialize (its recorded parameters) and initialized notification
 // through the stateful handler. The instances' states follow on the
 // session's first call (durable.Keeper.Ensure). It fails with
-// statestore.ErrNotFound when the store does not know the session, and
+// statestore.ErrNotFound when the store does not know the session (with
+// errLostLately instead while the store came back empty lately), and
 // with errTakeoversPaced, the store not asked, past the pace of the
 // request's tenant's reads of sessions it does not have (takeovers.go).
-func (h *Host) adopt(ctx context.Context, stateful http.Handler, orig *http.Request, id string) error {
+func (h *Host) adopt(ctx context.Context, stateful http.Handler, orig *http.Request, id string) (err error) {
 	if len(id) > 128 {
 		return statestore.ErrNotFound
 	}
@@ -566,6 +578,13 @@ func (h *Host) adopt(ctx context.Context, stateful http.Handler, orig *http.Requ
 	}
 	ctx, cancel := context.WithTimeout(ctx, storeTimeout)
 	defer cancel()
+	defer func() {
+		// A record missing and one of another user's alike, so that
+		// the answer tells nothing of another's session.
+		if errors.Is(err, statestore.ErrNotFound) {
+			err = h.lostLately(ctx, err)
+		}
+	}()
 	rec, err := h.dur.ReadSession(ctx, id)
 	if err != nil {
 		if durable.Unanswered(err) {
@@ -622,6 +641,20 @@ func (h *Host) adopt(ctx context.Context, stateful http.Handler, orig *http.Requ
 	return nil
 }
 
+// lostLately is err, a session not found in the store, as
+// errLostLately while the store came back empty lately, or as
+// errStoreUnanswered when the store did not answer the epoch read.
+func (h *Host) lostLately(ctx context.Context, err error) error {
+	lost, lerr := h.dur.LostLately(ctx)
+	switch {
+	case lerr != nil && durable.Unanswered(lerr):
+		return fmt.Errorf("%w: %w", errStoreUnanswered, lerr)
+	case lost:
+		return fmt.Errorf("%w: %w", errLostLately, err)
+	}
+	return err
+}
+
 // hasSession reports whether the stateful handler has session id, by a
 // ping in it (404 when it has not).
 func (h *Host) hasSession(ctx context.Context, stateful http.Handler, orig *http.Request, id string) bool {
@@ -650,6 +683,15 @@ func (h *Host) replay(ctx context.Context, stateful http.Handler, orig *http.Req
 	rec := httptest.NewRecorder()
 	stateful.ServeHTTP(rec, req)
 	return rec
+}
+
+// tenantLabel is the tenant label of r's refusals counted: "subject" or
+// "anonymous".
+func tenantLabel(r *http.Request) string {
+	if userOf(r) != "" {
+		return "subject"
+	}
+	return "anonymous"
 }
 
 // userOf is the authenticated user of r ("" for none).

@@ -2,6 +2,8 @@ package host_test
 
 import (
 	"context"
+	"crypto/rand"
+	"net/http"
 	"strings"
 	"testing"
 	"time"
@@ -114,4 +116,41 @@ func redisStore(t *testing.T, addr string) statestore.Store {
 	}
 	t.Cleanup(func() { s.Close() })
 	return s
+}
+
+// Within a minute of the store coming back empty, a replica answers every
+// stateful session the store does not hold "not now" (503), whoever names
+// it: a session lost with the store, another user's session (its record
+// found), an ID made up, so that the answer tells nothing of another's
+// session. Before the loss each is unknown (404) alike. The replica reads
+// the store's epoch itself on finding no session: its heartbeat, 2 s
+// apart, may not have seen the loss yet.
+func TestStoreLostLatelyAnswersAlike(t *testing.T) {
+	rs, raw := redisReplicaSetWith(t, 0, nil)
+	a, b := rs[0], rs[1]
+	logsOnFailure(t, a, b)
+	b.waitLog(t, "state key checked", 1)
+	type named struct{ what, id, token string }
+	check := func(when string, want int, cases ...named) {
+		t.Helper()
+		for _, c := range cases {
+			if got := countStatus(t, b.srv.URL, c.id, c.token); got != want {
+				t.Errorf("%s, %s at b: HTTP %d; want %d", when, c.what, got, want)
+			}
+		}
+	}
+	alice := connectHTTP(t, a.srv.URL, "2025-11-25", tenantTransport{token: aliceToken})
+	countWith(t, alice, "")
+	check("before the loss", http.StatusNotFound,
+		named{"another user's session", alice.ID(), bobToken},
+		named{"an ID made up", "a." + rand.Text(), bobToken})
+	if err := raw.FlushAll(context.Background()).Err(); err != nil {
+		t.Fatal(err)
+	}
+	again := connectHTTP(t, a.srv.URL, "2025-11-25", tenantTransport{token: aliceToken})
+	countWith(t, again, "")
+	check("the store back empty", http.StatusServiceUnavailable,
+		named{"a session lost with the store", alice.ID(), aliceToken},
+		named{"another user's session", again.ID(), bobToken},
+		named{"an ID made up", "a." + rand.Text(), bobToken})
 }

@@ -47,22 +47,7 @@ func TestUnknownSessionIDsPaced(t *testing.T) {
 	bob := connectHTTP(t, rs[0].srv.URL, "2025-11-25", &router{to: rs[0], token: bobToken})
 	countWith(t, bob, "")
 
-	body := `{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"count","arguments":{}}}`
-	post := func(id string) int {
-		t.Helper()
-		req, _ := http.NewRequest(http.MethodPost, rs[1].srv.URL+"/mcp", strings.NewReader(body))
-		req.Header.Set("Content-Type", "application/json")
-		req.Header.Set("Accept", "application/json, text/event-stream")
-		req.Header.Set("Mcp-Session-Id", id)
-		req.Header.Set("Mcp-Protocol-Version", "2025-11-25")
-		req.Header.Set("Authorization", "Bearer "+bobToken)
-		res, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		res.Body.Close()
-		return res.StatusCode
-	}
+	post := func(id string) int { return countStatus(t, rs[1].srv.URL, id, bobToken) }
 	// Sent from eight goroutines, so that the pace shows within the run
 	// however loaded the machine: the reads are bounded by the bucket
 	// and the time taken, whatever that is.
@@ -143,4 +128,25 @@ func TestUnknownSessionIDsPaced(t *testing.T) {
 	if n := counted.reads.Load() - before; n < 1 {
 		t.Errorf("alice's session taken over at b with %d reads of the store", n)
 	}
+}
+
+// countStatus posts a call of count in stateful session id (2025-11-25)
+// to the replica at base, as the holder of token, and returns the HTTP
+// status.
+func countStatus(t *testing.T, base, id, token string) int {
+	t.Helper()
+	body := `{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"count","arguments":{}}}`
+	req, _ := http.NewRequest(http.MethodPost, base+"/mcp", strings.NewReader(body))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Accept", "application/json, text/event-stream")
+	req.Header.Set("Mcp-Session-Id", id)
+	req.Header.Set("Mcp-Protocol-Version", "2025-11-25")
+	req.Header.Set("Authorization", "Bearer "+token)
+	res, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Error(err)
+		return 0
+	}
+	res.Body.Close()
+	return res.StatusCode
 }

@@ -259,6 +259,22 @@ func (d *Keeper) take(ctx context.Context, key sessions.Key, ns *NewSession, c *
 	if d.open() {
 		return false, unavailable(errStoreDown)
 	}
+	if key.Kind() == sessions.KindHandle && !d.ses.Has(key) && d.lostRecently() {
+		// The store came back empty lately: a replica cut off from it
+		// alone may still hold the handle's session, and write it back
+		// once it reaches the store (LostLately). Not now, then, if
+		// the store holds nothing of it: the client retries. Read
+		// before the claim, which would leave a record of this
+		// replica's claim, from which the holder, back, would take the
+		// session over as handed on, its state gone unsaid.
+		rec, err := d.store.Get(ctx, c.id)
+		if err != nil && !errors.Is(err, statestore.ErrNotFound) {
+			return false, unavailable(d.observe(fmt.Errorf("state store: read session: %w", err)))
+		}
+		if len(rec) == 0 {
+			return false, unavailable(errLostLately)
+		}
+	}
 	d.mu.Lock()
 	old := d.forgotten[key]
 	delete(d.forgotten, key)

@@ -54,7 +54,10 @@ import (
 //
 // Not seen: a store restarted empty behind a link that only went silent
 // for this replica, or one whose restart came back within the
-// heartbeat's round without this replica's connections noticing.
+// heartbeat's round without this replica's connections noticing. The
+// other replica, which saw the store's epoch change, answers the session
+// it cannot find "not now" for a while (LostLately), and this one writes
+// it back once it reaches the store.
 //
 // What a call served from memory within the grace did is in no record
 // (its result said notSaved): the other replica goes on from the state
@@ -142,4 +145,40 @@ func (d *Keeper) StoreAway() bool {
 	d.beats.mu.Lock()
 	defer d.beats.mu.Unlock()
 	return d.beats.failing
+}
+
+// lostHold is how long after this replica saw the store come back empty
+// (a new epoch) a session the store does not hold is "not now" rather
+// than unknown (LostLately).
+const lostHold = time.Minute
+
+// LostLately reports whether this replica saw the store come back empty
+// (its epoch change) within lostHold, reading the store's epoch now if
+// it saw none lately (its heartbeat reads it only every 2 s). A session
+// the store does not hold may then be one a replica cut off from the
+// store alone still holds: its link silent, nothing told it of the loss,
+// so past its grace it hands the session over (ServeElsewhere), and it
+// writes the session back once its link returns. Answered as unknown (a
+// 2025-11-25 session 404, a handle refused) the session ends at the
+// client (TestCutOffStoreBackEmptyLosesNoSession); answered "not now" it
+// is retried until then, for lostHold at most: a session whose replica
+// died with the store's data is unknown after all, said so that much
+// later. A replica that never saw the earlier epoch cannot tell. The
+// error is the epoch read's, when the store did not answer it.
+func (d *Keeper) LostLately(ctx context.Context) (bool, error) {
+	if d == nil {
+		return false, nil
+	}
+	if d.lostRecently() {
+		return true, nil
+	}
+	if _, err := d.noteEpoch(ctx); err != nil {
+		return false, d.observe(err)
+	}
+	return d.lostRecently(), nil
+}
+
+func (d *Keeper) lostRecently() bool {
+	at := d.lostSeen.Load()
+	return at != 0 && sinceBase()-time.Duration(at) < lostHold
 }

@@ -17,6 +17,10 @@ func unavailable(err error) error {
 	return fmt.Errorf("%w: %w", ErrStateUnavailable, err)
 }
 
+// errLostLately refuses, for now, a session the store does not hold while
+// it came back empty lately (Keeper.LostLately).
+var errLostLately = errors.New("the state store came back empty lately, and the replica that held this session may still hold it")
+
 // ErrServedFromMemory is BeforeCall's answer when the session's claim
 // could not be verified (the store did not answer) and the call may run
 // on what this replica holds: its result is marked not saved

@@ -74,6 +74,7 @@ func (d *Keeper) noteEpoch(ctx context.Context) (lost bool, err error) {
 		return false, fmt.Errorf("state store: epoch: %w", err)
 	}
 	if d.epoch.CompareAndSwap(seen, e) && seen != 0 && e != seen {
+		d.lostSeen.Store(int64(sinceBase()))
 		d.log.Warn("state store came back empty (a new epoch): its loss is recorded", "was", seen, "now", e)
 	}
 	// Another read's answer stored meanwhile (an epoch the store had

@@ -234,7 +234,8 @@ func unanswered(err error) bool {
 	case err == nil, errors.Is(err, statestore.ErrFenced), statestore.Lost(err),
 		errors.Is(err, statestore.ErrNotFound), errors.Is(err, statestore.ErrTooLarge),
 		errors.Is(err, statestore.ErrSeal), errors.Is(err, statestore.ErrHeld),
-		errors.Is(err, statestore.ErrLeased), errors.Is(err, statestore.ErrBudget):
+		errors.Is(err, statestore.ErrLeased), errors.Is(err, statestore.ErrBudget),
+		errors.Is(err, errLostLately):
 		return false
 	}
 	return true
