@@ -331,36 +331,53 @@ func refuse(w http.ResponseWriter, why string) {
 
 // notNow answers a request of a session that this replica cannot take
 // over for the moment (the store did not answer, or the takeovers of
-// its tenant are paced). A POST is refused (503, Retry-After), which a
-// proxy retries on another replica and a client retries later. A GET
-// gets an event stream that only says when to reconnect, and ends: the
-// go-sdk's client (v1.8.0) takes a 503 on its standing stream (reopened
-// at once whenever it drops, as at a failover) for the connection's
-// end, and lost a session the store holds, while a stream ended without
-// events it reopens after its retry: delay. It gives up after its
-// MaxRetries (5 by default) streams in a row without an event ID, the
-// drop that brought it here counting when the stream carried none, so
-// four such answers are tolerated: the stream must be served again 16
-// to 20 s after the first, past a 10 s outage of the store (the fault
-// suite's redis-down-10s, partition-store) and go-redis's redial. The
-// stream carries no id:, so the client's next GET resumes nothing; a
-// GET resuming a call's stream (Last-Event-ID) fails that call alone,
-// as a stream ended without its response. Neither proxy in deploy/
-// retries this on another replica as it did the 503: one that reaches
-// the store would serve the stream sooner, but where none does, the
-// last 503 reached the client and ended the session (docs/DESIGN.md).
+// its tenant are paced). A POST is refused (503, Retry-After), which a proxy retries on another
+// replica and a client retries later. A GET gets an event stream that
+// only says when to reconnect, and ends: the go-sdk's client (v1.8.0)
+// takes a 503 on its standing stream (reopened at once whenever it
+// drops, as at a failover) for the connection's end, and lost a session
+// the store holds, while a stream ended it reopens after its retry:
+// delay. The standing stream's answer carries a priming event
+// (standing.go) that keeps the client's resume point: the client gives
+// up after MaxRetries (5 by default) streams in a row with no event ID
+// of their own, and with it never does. The delay is past a 10 s outage
+// of the store (the fault suite's redis-down-10s, partition-store) and
+// go-redis's redial in two or three answers. A GET resuming a call's
+// stream (Last-Event-ID) fails that call alone, as a stream ended
+// without its response. Neither proxy in deploy/ retries this on
+// another replica as it did the 503: one that reaches the store would
+// serve the stream sooner, but where none does, the last 503 reached the
+// client and ended the session (docs/DESIGN.md).
 func notNow(w http.ResponseWriter, r *http.Request, why string) {
+	reconnectLater(w, r, why, reopenAfter+mathrand.N(reopenSpread))
+}
+
+// reconnectLater refuses a POST (503), and answers a GET with an event stream
+// that asks its client to reconnect after retry, primed (standing.go)
+// when it is the standing stream, and ends.
+func reconnectLater(w http.ResponseWriter, r *http.Request, why string, retry time.Duration) {
 	if r.Method != http.MethodGet {
 		refuse(w, why)
 		return
 	}
+	if p, ok := w.(*primer); ok && !p.written {
+		w = p.ResponseWriter // primed here, with the retry
+	}
 	w.Header().Set("Content-Type", "text/event-stream")
 	w.Header().Set("Cache-Control", "no-cache, no-store")
 	w.WriteHeader(http.StatusOK)
-	// Spread, so that the streams of a failover's sessions do not come
-	// back all at once.
-	retry := reopenAfter + mathrand.N(reopenSpread)
-	fmt.Fprintf(w, ": %s\nretry: %d\n\n", why, retry.Milliseconds())
+	fmt.Fprintf(w, ": %s\n", strings.ReplaceAll(why, "\n", " "))
+	writePrime(w, standingPrime(r), retry.Milliseconds())
+}
+
+// drainedGet answers a GET of a session's stream at a draining replica:
+// back in 1 to 2 s (the go-sdk client's own first delay), by which time
+// a proxy may have seen the drain, at the latest when the replica has
+// exited (a client without a proxy then has nowhere to go). A 503 ended
+// the session at the go-sdk client (v1.8.0), and the priming event lets
+// it come back as often as the drain lasts.
+func drainedGet(w http.ResponseWriter, r *http.Request, why string) {
+	reconnectLater(w, r, why, time.Second+mathrand.N(time.Second))
 }
 
 // reopenAfter and reopenSpread bound the delay notNow asks of a client
@@ -375,7 +392,24 @@ const (
 // it, and refusing what a draining host no longer takes.
 func (h *Host) serveStateful(stateful http.Handler, events mcp.EventStore, w http.ResponseWriter, r *http.Request) {
 	id := r.Header.Get("Mcp-Session-Id")
+	if r.Method == http.MethodGet && id != "" {
+		// The host's priming event's ID, back to the go-sdk's, before
+		// anything reads it (standing.go).
+		sdk, _, ok := standingResume(r.Header.Get("Last-Event-ID"))
+		if !ok {
+			http.Error(w, "malformed Last-Event-ID", http.StatusBadRequest)
+			return
+		}
+		if r.Header.Del("Last-Event-ID"); sdk != "" {
+			r.Header.Set("Last-Event-ID", sdk)
+		}
+	}
 	switch {
+	case h.drain.closing.Load() && r.Method == http.MethodGet && id != "":
+		// Not 503, which ends the session at the go-sdk client: back in
+		// a second or two, to another replica when there is a proxy.
+		drainedGet(w, r, "this replica is shutting down")
+		return
 	case h.drain.closing.Load():
 		refuse(w, "this replica is shutting down")
 		return
@@ -395,7 +429,7 @@ func (h *Host) serveStateful(stateful http.Handler, events mcp.EventStore, w htt
 		return
 	case r.Method == http.MethodGet:
 		if h.drain.draining.Load() {
-			refuse(w, "this replica is draining")
+			drainedGet(w, r, "this replica is draining")
 			return
 		}
 		var end func()
@@ -407,14 +441,21 @@ func (h *Host) serveStateful(stateful http.Handler, events mcp.EventStore, w htt
 			// purged: the stream cannot be resumed. An empty stream,
 			// ended at once, tells a go-sdk client that the call it
 			// waited for ended without a response (that one call fails,
-			// the session goes on; a standalone stream just reconnects).
+			// the session goes on; a standalone stream just reconnects,
+			// from nothing it reached here: its priming event says so).
 			// Neither a refusal (the client takes it for a broken
 			// connection) nor a second standalone stream (409 when the
 			// client has one, and the client closes the session).
 			w.Header().Set("Content-Type", "text/event-stream")
 			w.Header().Set("Cache-Control", "no-cache, no-store")
 			w.WriteHeader(http.StatusOK)
+			if standingPrime(r) != "" {
+				writePrime(w, primeID(""), 0)
+			}
 			return
+		}
+		if id := standingPrime(r); id != "" {
+			w = &primer{ResponseWriter: w, id: id}
 		}
 	}
 	if r.Method == http.MethodDelete {

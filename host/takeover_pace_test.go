@@ -87,7 +87,8 @@ func TestUnknownSessionIDsPaced(t *testing.T) {
 	// A GET paced (a session's standing stream, reopened at a failover)
 	// is not refused: the go-sdk client takes a 503 there for its
 	// session's end. It gets an event stream that only asks it to come
-	// back later, with no event ID to resume from. Bob's made-up IDs
+	// back later, and its priming event (standing.go: the client's resume
+	// point, here none), no message. Bob's made-up IDs
 	// spend what his bucket refilled meanwhile (each read answered 404),
 	// so this ends within his bucket's reads.
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -107,8 +108,8 @@ func TestUnknownSessionIDsPaced(t *testing.T) {
 		if res.StatusCode == http.StatusNotFound {
 			continue
 		}
-		if res.StatusCode != http.StatusOK || res.Header.Get("Content-Type") != "text/event-stream" || !strings.Contains(string(b), "\nretry: ") || strings.Contains(string(b), "id:") {
-			t.Errorf("a GET paced at b: %d %s %q; want 200, an event stream with only a retry: field", res.StatusCode, res.Header.Get("Content-Type"), b)
+		if res.StatusCode != http.StatusOK || res.Header.Get("Content-Type") != "text/event-stream" || !strings.Contains(string(b), "\nretry: ") || !strings.Contains(string(b), "\nid: ~") || strings.Contains(string(b), "data: {") {
+			t.Errorf("a GET paced at b: %d %s %q; want 200, an event stream with only a retry: field and a priming event", res.StatusCode, res.Header.Get("Content-Type"), b)
 		}
 		break
 	}
