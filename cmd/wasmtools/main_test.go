@@ -376,6 +376,8 @@ func TestUsage(t *testing.T) {
 		{"redis://127.0.0.1:1/0?wait_replicas=none", "wait_replicas"},
 		{"redis://127.0.0.1:1/0?master_name=wt&wait_timout=1s", "unexpected option: wait_timout"},
 		{"redis://u:secret@127.0.0.1:1/0?bogus=1", "unexpected option: bogus"},
+		{"rediss://u:secret@127.0.0.1:1/0?tls_ca_file=/nonexistent/ca.pem", `tls_ca_file=\"/nonexistent/ca.pem\": no such file or directory`},
+		{"rediss://127.0.0.1:1/0?tls_cert_file=/nonexistent/cert.pem", "tls_cert_file and tls_key_file go together"},
 	} {
 		out.Reset()
 		errb.Reset()
@@ -398,6 +400,10 @@ func TestRedactURL(t *testing.T) {
 		// the pair it cannot read, a password among them.
 		"redis://s:26379/0?master_name=wt&password=sec;ret": "redis://s:26379/0?xxxxx",
 		"redis://u:secret@h:6379/0?password=sec%zzret":      "redis://u:xxxxx@h:6379/0?xxxxx",
+		// The TLS files' paths are not secrets (the key is in the
+		// file): kept.
+		"rediss://h:6379/0?tls_ca_file=/etc/r/ca.pem&tls_cert_file=/etc/r/c.pem&tls_key_file=/etc/r/k.pem":           "rediss://h:6379/0?tls_ca_file=/etc/r/ca.pem&tls_cert_file=/etc/r/c.pem&tls_key_file=/etc/r/k.pem",
+		"rediss://:s1@s:26379/0?master_name=wt&password=secret&tls_cert_file=/etc/r/c.pem&tls_key_file=/etc/r/k.pem": "rediss://:xxxxx@s:26379/0?master_name=wt&password=xxxxx&tls_cert_file=%2Fetc%2Fr%2Fc.pem&tls_key_file=%2Fetc%2Fr%2Fk.pem",
 	} {
 		if got := redactURL(in); got != want {
 			t.Errorf("redactURL(%s) = %s, want %s", in, got, want)

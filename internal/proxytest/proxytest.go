@@ -137,7 +137,7 @@ func ephemeralLow() int {
 type Process struct {
 	Cmd  *exec.Cmd
 	done chan struct{} // closed when it exited
-	out  *syncBuffer   // its stdout and stderr
+	out  *SyncBuffer   // its stdout and stderr
 }
 
 // Exited says whether the process has exited.
@@ -191,7 +191,7 @@ func Start(t testing.TB, cmd *exec.Cmd, ready func() error) *Process {
 // server that compiles plugins at start is slower than Redis.
 func StartWithin(t testing.TB, cmd *exec.Cmd, timeout time.Duration, ready func() error) *Process {
 	t.Helper()
-	p := &Process{Cmd: cmd, done: make(chan struct{}), out: &syncBuffer{}}
+	p := &Process{Cmd: cmd, done: make(chan struct{}), out: &SyncBuffer{}}
 	cmd.Stdout, cmd.Stderr = p.out, p.out
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := cmd.Start(); err != nil {
@@ -435,15 +435,16 @@ func dial(addr string) error {
 	return err
 }
 
-// syncBuffer is a bytes.Buffer safe for a process's two streams and
-// readers, who may wait for the next write.
-type syncBuffer struct {
+// SyncBuffer is a bytes.Buffer safe for concurrent writers and readers:
+// a process's two streams, a log its test's clients write; a process's
+// readers may wait for the next write.
+type SyncBuffer struct {
 	mu      sync.Mutex
 	b       bytes.Buffer
 	written chan struct{} // closed and dropped by every Write
 }
 
-func (b *syncBuffer) Write(p []byte) (int, error) {
+func (b *SyncBuffer) Write(p []byte) (int, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.written != nil {
@@ -455,7 +456,7 @@ func (b *syncBuffer) Write(p []byte) (int, error) {
 
 // next returns what was written so far, and a channel closed by the next
 // write.
-func (b *syncBuffer) next() (string, <-chan struct{}) {
+func (b *SyncBuffer) next() (string, <-chan struct{}) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.written == nil {
@@ -464,7 +465,7 @@ func (b *syncBuffer) next() (string, <-chan struct{}) {
 	return b.b.String(), b.written
 }
 
-func (b *syncBuffer) String() string {
+func (b *SyncBuffer) String() string {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.b.String()
@@ -591,7 +592,7 @@ func sentinelConf(t testing.TB, addr, name, primary string, quorum int, downAfte
 	listen := "port " + port
 	if s != nil {
 		listen = fmt.Sprintf("port 0\ntls-port %s\ntls-cert-file %s\ntls-key-file %s\ntls-ca-cert-file %s\n"+
-			"tls-auth-clients no\ntls-replication yes", port, s.Cert, s.Key, s.CA.File)
+			"tls-auth-clients %s\ntls-replication yes", port, s.Cert, s.Key, s.CA.File, s.authClients())
 	}
 	cfg := fmt.Sprintf("%s\nbind %s\ndir %s\nsentinel monitor %s %s %s %d\n"+
 		"sentinel down-after-milliseconds %[4]s %[8]d\nsentinel failover-timeout %[4]s %[9]d\n",

@@ -113,11 +113,22 @@ func writePEM(t testing.TB, path, typ string, der []byte) {
 
 // ServerTLS is a Redis's or a Sentinel's TLS: its certificate and key
 // (from [CA.Issue]) and the CA it trusts, which checks the servers it
-// connects to (a replica's primary, a Sentinel's Redis). It does not ask
-// its clients for certificates.
+// connects to (a replica's primary, a Sentinel's Redis). It asks its
+// clients for a certificate from CA only with AuthClients.
 type ServerTLS struct {
 	CA        *CA
 	Cert, Key string
+	// AuthClients is Redis's default, tls-auth-clients yes: a client
+	// without a certificate from CA is refused. The server presents
+	// Cert to the servers it connects to, as does Dial.
+	AuthClients bool
+}
+
+func (s *ServerTLS) authClients() string {
+	if s.AuthClients {
+		return "yes"
+	}
+	return "no"
 }
 
 // RedisArgs are redis-server's arguments for a Redis listening over TLS
@@ -126,15 +137,21 @@ func (s *ServerTLS) RedisArgs(addr string) []string {
 	host, port, _ := net.SplitHostPort(addr)
 	return []string{"--port", "0", "--tls-port", port, "--bind", host,
 		"--tls-cert-file", s.Cert, "--tls-key-file", s.Key, "--tls-ca-cert-file", s.CA.File,
-		"--tls-auth-clients", "no", "--tls-replication", "yes"}
+		"--tls-auth-clients", s.authClients(), "--tls-replication", "yes"}
 }
 
 // Dial dials addr over TLS for a test's own commands (readiness, a
 // Sentinel's answers): the server's certificate is not checked, as a
-// test may give it one that names another address.
+// test may give it one that names another address. It presents Cert, for
+// a server that asks for a client's (AuthClients).
 func (s *ServerTLS) Dial(addr string) func() (net.Conn, error) {
 	return func() (net.Conn, error) {
-		return tls.DialWithDialer(&net.Dialer{Timeout: time.Second}, "tcp", addr, &tls.Config{InsecureSkipVerify: true})
+		pair, err := tls.LoadX509KeyPair(s.Cert, s.Key)
+		if err != nil {
+			return nil, err
+		}
+		return tls.DialWithDialer(&net.Dialer{Timeout: time.Second}, "tcp", addr,
+			&tls.Config{InsecureSkipVerify: true, Certificates: []tls.Certificate{pair}})
 	}
 }
 

@@ -13,6 +13,7 @@ import (
 //	redis://[user:pass@]HOST:PORT/DB  a Redis server (rediss:// for TLS), see [Redis]
 //	redis://SENTINEL:PORT/DB?master_name=NAME  its primary, found through Sentinel
 //	    ...?wait_replicas=N               either, a write acknowledged once N replicas have it ([NewRedis])
+//	    rediss://...?tls_ca_file=PATH&tls_cert_file=PATH&tls_key_file=PATH  either over TLS, with these CAs and client certificate
 //	file:PATH or file://PATH          a file on this machine, see [File]
 //	file                              the file at [DefaultPath]
 //

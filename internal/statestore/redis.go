@@ -3,6 +3,7 @@ package statestore
 import (
 	"context"
 	"crypto/rand"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -123,6 +124,13 @@ const FenceTTL = 24 * time.Hour
 // Replication is asynchronous otherwise, and a failover to a replica
 // that lagged loses writes the store acknowledged, fence bumps among them
 // (docs/DESIGN.md, "Writes wait for replicas").
+//
+// Over rediss://, tls_ca_file=PATH names the CAs a server's certificate
+// is checked against (else the system's), and tls_cert_file=PATH with
+// tls_key_file=PATH the client certificate presented when a server asks
+// for one (Redis's tls-auth-clients yes, its default); they are read
+// again when they change on disk, at the next connection dialed (see
+// tlsFiles; docs/DEPLOY.md, "Redis over TLS").
 func NewRedis(url string) (*Redis, error) {
 	cfg, err := parseRedisURL(url)
 	if err != nil {
@@ -152,6 +160,12 @@ func newRedis(cfg *redisConfig) (*Redis, error) {
 	var (
 		c     *redis.Client
 		where string
+		// asked: whether a server asked for a client certificate,
+		// and was given one, which the error at open says: a
+		// server's refusal of the certificate, or of none, arrives
+		// after the handshake (TLS 1.3), as an alert or a
+		// connection reset.
+		asked atomic.Int32
 	)
 	if fo := cfg.failover; fo != nil {
 		bound(&fo.DialTimeout, &fo.ReadTimeout, &fo.WriteTimeout, &fo.ContextTimeoutEnabled, &fo.DisableIdentity, &fo.PoolSize, &fo.MaxRetries, retries)
@@ -166,20 +180,13 @@ func newRedis(cfg *redisConfig) (*Redis, error) {
 		// already, or at a failover, when the primary may come back
 		// older. Telling them apart would need the Sentinels' addresses,
 		// which go-redis learns as it goes.
-		dial := redis.NewDialer(&redis.Options{DialTimeout: fo.DialTimeout})
-		if fo.TLSConfig != nil {
-			// Each server checked against its own address. go-redis
-			// dials through fo.Dialer alone, so fo.TLSConfig only
-			// tells it the connections are TLS.
-			dial = tlsPerHost(dial, fo.TLSConfig, fo.DialTimeout)
-		}
-		fo.Dialer = d.dialer(dial)
+		fo.Dialer = d.dialer(storeDialer(fo.DialTimeout, fo.TLSConfig, cfg.tls, &asked))
 		c = redis.NewFailoverClient(fo)
 		where = fmt.Sprintf("primary %q through Sentinel %s", fo.MasterName, strings.Join(fo.SentinelAddrs, ", "))
 	} else {
 		opt := cfg.plain
 		bound(&opt.DialTimeout, &opt.ReadTimeout, &opt.WriteTimeout, &opt.ContextTimeoutEnabled, &opt.DisableIdentity, &opt.PoolSize, &opt.MaxRetries, retries)
-		opt.Dialer = d.dialer(redis.NewDialer(opt))
+		opt.Dialer = d.dialer(storeDialer(opt.DialTimeout, opt.TLSConfig, cfg.tls, &asked))
 		c = redis.NewClient(opt)
 		where = opt.Addr
 	}
@@ -187,11 +194,50 @@ func newRedis(cfg *redisConfig) (*Redis, error) {
 	defer cancel()
 	if err := c.Ping(ctx).Err(); err != nil {
 		c.Close()
+		if re := redis.Error(nil); !errors.As(err, &re) { // a server's answer says enough
+			switch asked.Load() {
+			case askedNone:
+				err = fmt.Errorf("%v (the server asked for a client certificate, and the URL names none: tls_cert_file and tls_key_file)", err)
+			case askedGiven:
+				err = fmt.Errorf("%v (the server asked for a client certificate and was given tls_cert_file's: one it does not trust is refused after the handshake, as a reset or \"unknown certificate authority\")", err)
+			}
+		}
 		return nil, fmt.Errorf("statestore: redis %s: %v", where, err)
 	}
 	return &Redis{c: c, drops: d, lease: Lease, wait: cfg.wait, waitTimeout: cfg.waitTimeout,
 		idle: make(chan func()), quit: make(chan struct{})}, nil
 }
+
+// storeDialer is go-redis's dialer, with TLS (conf not nil) made by
+// tlsPerHost: each server checked against its own address, the CAs and
+// the client certificate read again when their files change. go-redis
+// dials through its Dialer alone, so conf, in its options, only tells it
+// the connections are TLS. A server asking for a client certificate
+// sets asked (askedNone, askedGiven).
+func storeDialer(timeout time.Duration, conf *tls.Config, files *tlsFiles, asked *atomic.Int32) dialFunc {
+	dial := redis.NewDialer(&redis.Options{DialTimeout: timeout})
+	if conf != nil {
+		if get := conf.GetClientCertificate; get != nil || len(conf.Certificates) == 0 {
+			conf = conf.Clone()
+			conf.GetClientCertificate = func(cri *tls.CertificateRequestInfo) (*tls.Certificate, error) {
+				if get == nil {
+					asked.Store(askedNone)
+					return &tls.Certificate{}, nil // none, as without the callback
+				}
+				asked.Store(askedGiven)
+				return get(cri)
+			}
+		}
+		dial = tlsPerHost(dial, conf, files, timeout)
+	}
+	return dial
+}
+
+// What a server asking for a client certificate was given (storeDialer).
+const (
+	askedNone = 1 + iota
+	askedGiven
+)
 
 // bound sets a client's bounds (see [Redis]), in go-redis's Options or
 // FailoverOptions alike: 3 s to dial, 5 s to read or write, the context's

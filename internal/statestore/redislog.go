@@ -13,10 +13,13 @@ import (
 // primary a Sentinel names, at the first dial and at each failover; a
 // pool's dials that failed) to log, at info level with component=redis,
 // rather than to stderr in a format of go-redis's beside the server's
-// records. go-redis has one logger for the process: call it once, before
-// a store is opened.
+// records; and the store's own about its TLS files (a rotation picked
+// up, a bad file kept out). go-redis has one logger for the process: call
+// it once, before a store is opened.
 func LogRedis(log *slog.Logger) {
-	redis.SetLogger(redisLog{log.With("component", "redis")})
+	log = log.With("component", "redis")
+	redis.SetLogger(redisLog{log})
+	tlsLog.Store(log) // the store's own: its TLS files read again
 }
 
 // redisLog is go-redis's logger (its internal.Logging) over a slog.Logger.

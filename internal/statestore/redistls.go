@@ -22,12 +22,18 @@ type dialFunc = func(ctx context.Context, network, addr string) (net.Conn, error
 // still accepted, as it was: a deployment whose certificates share that
 // name goes on working (no weaker: the Sentinels, which have such a
 // certificate, name the primary anyway). timeout bounds the dial and the
-// handshake together, as tls.DialWithDialer's did.
-func tlsPerHost(dial dialFunc, conf *tls.Config, timeout time.Duration) dialFunc {
+// handshake together, as tls.DialWithDialer's did. The CAs trusted are
+// files' as they are at each dial (tls_ca_file), else conf's.
+func tlsPerHost(dial dialFunc, conf *tls.Config, files *tlsFiles, timeout time.Duration) dialFunc {
 	return func(ctx context.Context, network, addr string) (net.Conn, error) {
 		host, _, err := net.SplitHostPort(addr)
 		if err != nil {
 			return nil, err
+		}
+		conf := conf // this dial's
+		if roots := files.rootsNow(); roots != nil {
+			conf = conf.Clone()
+			conf.RootCAs = roots
 		}
 		c := conf.Clone()
 		c.ServerName = host

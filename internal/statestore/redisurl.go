@@ -1,6 +1,7 @@
 package statestore
 
 import (
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"net/url"
@@ -23,7 +24,15 @@ type redisConfig struct {
 	// waitTimeout is wait_timeout: WAIT's bound (DefaultWaitTimeout),
 	// capped at 2/3 of what the exchange's deadline leaves (waitFor).
 	waitTimeout time.Duration
+	// tls is tls_ca_file, tls_cert_file and tls_key_file, read (nil:
+	// none).
+	tls *tlsFiles
 }
+
+// tlsParams are the store's TLS parameters: the CAs a server's
+// certificate is checked against (instead of the system's), and the
+// client's certificate and key.
+var tlsParams = [...]string{"tls_ca_file", "tls_cert_file", "tls_key_file"}
 
 // DefaultWaitTimeout bounds a WAIT for replicas when the URL sets
 // wait_replicas and no wait_timeout.
@@ -35,12 +44,13 @@ const DefaultWaitTimeout = time.Second
 //	redis://[user:pass@]SENTINEL:PORT/DB?master_name=NAME[&addr=SENTINEL2:PORT...][&wait_replicas=N...]
 //	unix://[user:pass@]PATH?db=DB[&wait_replicas=N...]  (NewRedis's, for tests; Open takes redis:// and rediss://)
 //
-// (rediss:// for TLS). With master_name the hosts are Sentinels, as
-// go-redis's ParseFailoverURL reads them (the userinfo is the Sentinels';
-// the primary's are the password= and username= parameters). The
-// parameters of go-redis's own URLs are accepted and then overridden
-// where NewRedis sets them; an unknown one is refused. The URL is not
-// echoed in an error: it may hold a password.
+// (rediss:// for TLS, with tls_ca_file=PATH, tls_cert_file=PATH and
+// tls_key_file=PATH, read here: see tlsFiles). With master_name the hosts
+// are Sentinels, as go-redis's ParseFailoverURL reads them (the userinfo
+// is the Sentinels'; the primary's are the password= and username=
+// parameters). The parameters of go-redis's own URLs are accepted and
+// then overridden where NewRedis sets them; an unknown one is refused.
+// The URL is not echoed in an error: it may hold a password.
 func parseRedisURL(s string) (*redisConfig, error) {
 	u, err := url.Parse(s)
 	if err != nil {
@@ -78,6 +88,22 @@ func parseRedisURL(s string) (*redisConfig, error) {
 		}
 		cfg.waitTimeout = d
 	}
+	var files [len(tlsParams)]string
+	for i, p := range tlsParams {
+		switch {
+		case !q.Has(p):
+			continue
+		case len(q[p]) > 1 || q.Get(p) == "":
+			return nil, fmt.Errorf("statestore: redis URL: %s: want one path", p)
+		case u.Scheme != "rediss":
+			return nil, fmt.Errorf("statestore: redis URL: %s over %s://: TLS is rediss://", p, u.Scheme)
+		}
+		files[i] = q.Get(p)
+		q.Del(p)
+	}
+	if (files[1] == "") != (files[2] == "") {
+		return nil, errors.New("statestore: redis URL: tls_cert_file and tls_key_file go together: the client's certificate and its key")
+	}
 	q.Del("wait_replicas")
 	q.Del("wait_timeout")
 	u.RawQuery = q.Encode()
@@ -95,11 +121,32 @@ func parseRedisURL(s string) (*redisConfig, error) {
 	if err != nil {
 		return nil, fmt.Errorf("statestore: redis URL: %v", err)
 	}
+	if files != [len(tlsParams)]string{} {
+		conf := cfg.tlsConfig()
+		if conf.InsecureSkipVerify && files[0] != "" {
+			return nil, errors.New("statestore: redis URL: tls_ca_file with skip_verify=true: no certificate would be checked against it")
+		}
+		// Read now: a file missing or bad is refused at start.
+		if cfg.tls, err = loadTLSFiles(files[0], files[1], files[2]); err != nil {
+			return nil, fmt.Errorf("statestore: redis URL: %v", err)
+		}
+		cfg.tls.apply(conf)
+	}
 	return cfg, nil
 }
 
+// tlsConfig is go-redis's TLS configuration for the URL (nil for
+// redis://).
+func (c *redisConfig) tlsConfig() *tls.Config {
+	if c.failover != nil {
+		return c.failover.TLSConfig
+	}
+	return c.plain.TLSConfig
+}
+
 // CheckURL reports whether url names a store [Open] knows, and is well
-// formed: a Redis URL's parameters are checked, without connecting.
+// formed: a Redis URL's parameters are checked, and the TLS files it
+// names read, without connecting.
 func CheckURL(url string) error {
 	switch {
 	case isRedisURL(url):
