@@ -35,14 +35,8 @@ func TestCutOffStoreBackEmptyLosesNoSession(t *testing.T) {
 }
 
 func cutOffStoreBackEmpty(t *testing.T, protocol string) {
-	addr := proxytest.FreeAddr(t)
-	proxytest.StartRedisAt(t, addr)
-	link := proxytest.StartRelay(t, addr)
-	files := map[string]string{"notes.wasm": testplugins.Example(t, "notes")}
-	serve := func(name string, store statestore.Store) *replica {
-		return replicaWith(t, host.Options{Replica: name, Store: store}, sandbox.NewPolicy(), files)
-	}
-	a, b := serve("a", redisStore(t, link.Addr())), serve("b", redisStore(t, addr))
+	r := startCutRedis(t)
+	a, b := r.serve(t, "a", redisStore(t, r.link.Addr())), r.serve(t, "b", redisStore(t, r.addr))
 	logsOnFailure(t, a, b)
 	// Both saw the store's epoch (the first round checks the state key).
 	a.waitLog(t, "state key checked", 1)
@@ -58,15 +52,7 @@ func cutOffStoreBackEmpty(t *testing.T, protocol string) {
 	if handle, _ := first.Meta[host.MetaSession].(string); handle != "" {
 		args[host.SessionArgument] = handle
 	}
-	// a's link goes silent; Redis comes back empty behind it. FLUSHALL
-	// plays the restart: its data and epoch gone, and nothing reaches
-	// a's connections (a blackholed link would carry no close either).
-	link.SetMode(proxytest.RelaySilent)
-	rc := redis.NewClient(&redis.Options{Addr: addr})
-	defer rc.Close()
-	if err := rc.FlushAll(context.Background()).Err(); err != nil {
-		t.Fatal(err)
-	}
+	r.cutBackEmpty(t)
 	b.waitLog(t, "state store came back empty", 1)
 	// Past a's grace, a refuses the call to the proxy, which sends it to
 	// b. The client retries what it is told to retry.
@@ -85,7 +71,7 @@ func cutOffStoreBackEmpty(t *testing.T, protocol string) {
 	})
 	// a's link comes back: a finds the new epoch, and the session goes
 	// on from a's memory, or says its state was lost.
-	link.SetMode(proxytest.RelayPass)
+	r.link.SetMode(proxytest.RelayPass)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	if err := a.h.WaitStore(ctx); err != nil {
@@ -104,6 +90,41 @@ func cutOffStoreBackEmpty(t *testing.T, protocol string) {
 		}
 		return true, ""
 	})
+}
+
+// cutRedis is a Redis server at addr, and link, a relay to it through
+// which a replica's link to it can go silent.
+type cutRedis struct {
+	addr string
+	link *proxytest.Relay
+}
+
+func startCutRedis(t *testing.T) *cutRedis {
+	t.Helper()
+	addr := proxytest.FreeAddr(t)
+	proxytest.StartRedisAt(t, addr)
+	return &cutRedis{addr: addr, link: proxytest.StartRelay(t, addr)}
+}
+
+// serve starts a replica of the notes example named name on store.
+func (r *cutRedis) serve(t *testing.T, name string, store statestore.Store) *replica {
+	t.Helper()
+	files := map[string]string{"notes.wasm": testplugins.Example(t, "notes")}
+	return replicaWith(t, host.Options{Replica: name, Store: store}, sandbox.NewPolicy(), files)
+}
+
+// cutBackEmpty makes the link silent, and Redis come back empty behind
+// it. FLUSHALL plays the restart: its data and epoch gone, and nothing
+// reaches the connections through the link (a blackholed link would
+// carry no close either).
+func (r *cutRedis) cutBackEmpty(t *testing.T) {
+	t.Helper()
+	r.link.SetMode(proxytest.RelaySilent)
+	rc := redis.NewClient(&redis.Options{Addr: r.addr})
+	defer rc.Close()
+	if err := rc.FlushAll(context.Background()).Err(); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // redisStore is a Redis store at addr (host:port), database 0, under the
