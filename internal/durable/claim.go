@@ -264,9 +264,8 @@ func (d *Keeper) take(ctx context.Context, key sessions.Key, ns *NewSession, c *
 		// alone may still hold the handle's session, and write it back
 		// once it reaches the store (LostLately). Not now, then, if
 		// the store holds nothing of it: the client retries. Read
-		// before the claim, which would leave a record of this
-		// replica's claim, from which the holder, back, would take the
-		// session over as handed on, its state gone unsaid.
+		// before any claim, which the holder, back, would meet if this
+		// replica's release of it (below) went unanswered.
 		rec, err := d.store.Get(ctx, c.id)
 		if err != nil && !errors.Is(err, statestore.ErrNotFound) {
 			return false, unavailable(d.observe(fmt.Errorf("state store: read session: %w", err)))
@@ -316,6 +315,17 @@ func (d *Keeper) take(ctx context.Context, key sessions.Key, ns *NewSession, c *
 	}
 	d.countStored(c.id, rec)
 	if rec == nil && key.Kind() == sessions.KindHandle && !d.ses.Has(key) {
+		// Unknown here and to the store: the claim is given up, under
+		// its own fence (a claim made since, by the replica that may
+		// still hold the session, is left alone). Left in the store, it
+		// read as a hand-over to that replica, back from a cut to the
+		// store alone, from a holder that served the session, and that
+		// replica dropped what it held, where it would write it back
+		// (TestUnknownHandleElsewhereLeavesNoClaim). A release lost
+		// leaves it so: that replica then says its state was lost.
+		if err := d.store.Release(ctx, c.id, cl.Fence); err != nil {
+			d.log.Warn("state store: release the claim of an unknown handle", "session", key.String(), "error", d.observe(err))
+		}
 		return false, nil
 	}
 	c.fence = cl.Fence
