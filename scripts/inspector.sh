@@ -6,6 +6,8 @@
 # Prints "inspector: N passed, M failed" and exits non-zero on a failure.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+CHECK_NAME=inspector CHECK_GREP=-q # its WANTs are basic regexps
+. scripts/lib/check.sh
 
 INSPECTOR_VERSION=2.12.0
 NODE_VERSION=22.23.5
@@ -36,17 +38,6 @@ for f in "$hyper" "$strict" "$notes"; do
 done
 year="\"text\":\"$(date -u +%Y)-"
 
-passed=0 failed=0
-check() { # check NAME WANT OUTPUT
-	if grep -q -- "$2" <<<"$3"; then
-		passed=$((passed + 1))
-		echo "inspector: ok   $1" >&2
-	else
-		failed=$((failed + 1))
-		echo "inspector: FAIL $1: output lacks $2:" >&2
-		echo "$3" | tail -5 >&2
-	fi
-}
 
 # stdio: the Inspector starts wasmtools itself.
 check "stdio tools/list" '"name":"hash"' "$(inspector ./wasmtools serve "$plugin" --method tools/list 2>/dev/null || true)"
@@ -61,12 +52,7 @@ log=$(mktemp)
 ./wasmtools serve --http 127.0.0.1:0 "$plugin" "$hyper" "$strict" "$notes" 2>"$log" &
 server=$!
 trap 'kill $server 2>/dev/null || true; rm -f "$log"' EXIT
-for _ in $(seq 1 600); do
-	url=$(sed -n 's/.*url=\(http:[^ ]*\).*/\1/p' "$log" | head -1)
-	[ -n "$url" ] && break
-	sleep 0.1
-done
-[ -n "$url" ] || { echo "inspector: the HTTP server did not start:" >&2; cat "$log" >&2; exit 1; }
+url=$(logged_url "$log")
 check "http tools/list" '"name":"hash"' "$(inspector "$url" --transport http --method tools/list 2>/dev/null || true)"
 check "http tools/call" "$digest" "$(inspector "$url" --transport http --method tools/call --tool-name hash --tool-arg text=abc 2>/dev/null || true)"
 check "http hyper-mcp plugin: real clock" "$year" "$(inspector "$url" --transport http --method tools/call --tool-name now 2>/dev/null || true)"
@@ -75,5 +61,4 @@ check "http hyper-mcp's exact v2 messages" '"text":"{\\"id\\":' "$(inspector "$u
 check "http hyper-mcp's exact v2 prompt" '"messages"' "$(inspector "$url" --transport http --method prompts/get --prompt-name strict_prompt --prompt-args topic=go 2>/dev/null || true)"
 check "http empty text resource" '"text":""' "$(inspector "$url" --transport http --method resources/read --uri notes://all 2>/dev/null || true)"
 
-echo "inspector: $passed passed, $failed failed"
-[ "$failed" -eq 0 ]
+checked

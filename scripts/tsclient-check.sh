@@ -12,6 +12,8 @@
 # failure.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+CHECK_NAME=tsclient
+. scripts/lib/check.sh
 GO=${GO:-go}
 
 "$GO" build -o wasmtools ./cmd/wasmtools
@@ -32,24 +34,8 @@ notes=examples/plugins/dist/notes.wasm
 ./wasmtools serve --no-watch --config "$tmp/config.toml" --http 127.0.0.1:0 "$plugin" "$notes" 2>"$tmp/log" &
 server=$!
 trap 'kill $server 2>/dev/null || true; rm -rf "$tmp"' EXIT
-for _ in $(seq 1 600); do
-	url=$(sed -n 's/.*url=\(http:[^ ]*\).*/\1/p' "$tmp/log" | head -1)
-	[ -n "$url" ] && break
-	sleep 0.1
-done
-[ -n "$url" ] || { echo "tsclient: the HTTP server did not start:" >&2; cat "$tmp/log" >&2; exit 1; }
+url=$(logged_url "$tmp/log")
 
-passed=0 failed=0
-check() { # check NAME WANT OUTPUT: OUTPUT matches the extended regexp WANT
-	if grep -Eq -- "$2" <<<"$3"; then
-		passed=$((passed + 1))
-		echo "tsclient: ok   $1" >&2
-	else
-		failed=$((failed + 1))
-		echo "tsclient: FAIL $1: output does not match $2:" >&2
-		echo "$3" | tail -8 >&2
-	fi
-}
 # texts OUTPUT: the texts of the calls, comma-separated.
 texts() { sed -n 's/.*"text":"\([^"]*\)".*/\1/p' <<<"$1" | paste -sd, -; }
 # handles OUTPUT: how many different handles the calls got.
@@ -86,5 +72,4 @@ for negotiation in auto legacy; do
 	check "empty notes://all passes the SDK's validation ($negotiation)" '"read":"notes://all","contents":\[\{[^]]*"text":""' "$r"
 done
 
-echo "tsclient: $passed passed, $failed failed"
-[ "$failed" -eq 0 ]
+checked

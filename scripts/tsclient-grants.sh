@@ -11,6 +11,8 @@
 # exits non-zero on a failure.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+CHECK_NAME=tsclient-grants
+. scripts/lib/check.sh
 GO=${GO:-go}
 
 "$GO" build -o wasmtools ./cmd/wasmtools
@@ -42,17 +44,6 @@ grep -q "plugins loaded" "$tmp/log" || { echo "tsclient-grants: the server did n
 url="http://127.0.0.1:$port/mcp"
 target="http://127.0.0.1:$port/healthz"
 
-passed=0 failed=0
-check() { # check NAME WANT OUTPUT: OUTPUT matches the extended regexp WANT
-	if grep -Eq -- "$2" <<<"$3"; then
-		passed=$((passed + 1))
-		echo "tsclient-grants: ok   $1" >&2
-	else
-		failed=$((failed + 1))
-		echo "tsclient-grants: FAIL $1: output does not match $2:" >&2
-		echo "$3" | tail -8 >&2
-	fi
-}
 run() { "$node" scripts/tsclient/grants.mjs "$url" --target "$target" "$@" 2>>"$tmp/stderr" || true; }
 # texts OUTPUT: each call's outcome (ok, denied, before, dismissed, other).
 texts() { sed -n 's/.*"outcome":"\([a-z]*\)".*/\1/p' <<<"$1" | paste -sd, -; }
@@ -75,5 +66,4 @@ for negotiation in auto legacy; do
 	check "$era: cancel not remembered" '^dismissed,ok$' "$(texts "$o")"
 done
 
-echo "tsclient-grants: $passed passed, $failed failed"
-[ "$failed" -eq 0 ]
+checked

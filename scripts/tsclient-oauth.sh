@@ -10,6 +10,8 @@
 # exits non-zero on a failure.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+CHECK_NAME=tsclient-oauth
+. scripts/lib/check.sh
 GO=${GO:-go}
 
 "$GO" build -o wasmtools ./cmd/wasmtools
@@ -49,17 +51,6 @@ for _ in $(seq 1 600); do
 	sleep 0.1
 done
 
-passed=0 failed=0
-check() { # check NAME WANT OUTPUT: OUTPUT matches the extended regexp WANT
-	if grep -Eq -- "$2" <<<"$3"; then
-		passed=$((passed + 1))
-		echo "tsclient-oauth: ok   $1" >&2
-	else
-		failed=$((failed + 1))
-		echo "tsclient-oauth: FAIL $1: output does not match $2:" >&2
-		echo "$3" | tail -8 >&2
-	fi
-}
 out=$("$node" scripts/tsclient/oauth.mjs "$resource" 2>"$tmp/stderr" || true)
 [ -n "$out" ] || { cat "$tmp/stderr" >&2; cat "$tmp/log" >&2; }
 check "401 without a token" '"status":401' "$out"
@@ -69,5 +60,4 @@ check "the metadata names the provider" "\"authorizationServers\":\\[\"${issuer/
 check "the path-aware well-known URL serves the same document" '"samePathDocument":true' "$out"
 check "the provider's metadata is found from it" "\"issuer\":\"${issuer//./\\.}\"" "$out"
 check "with a token endpoint" "\"tokenEndpoint\":\"${issuer//./\\.}oauth/token\"" "$out"
-echo "tsclient-oauth: $passed passed, $failed failed"
-[ "$failed" -eq 0 ]
+checked
