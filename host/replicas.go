@@ -247,6 +247,11 @@ func (h *Host) Drain(ctx context.Context, opts DrainOptions) error {
 	var err error
 	h.drain.once.Do(func() {
 		h.log.Info("draining", "delay", opts.Delay)
+		// Before readiness fails: a proxy then sends the sessions'
+		// requests to other replicas at once, which must find every
+		// session's record (a session made while the store was away
+		// has none yet).
+		h.dur.KeepPending(ctx)
 		h.drain.draining.Store(true)
 		h.closeStreams()
 		if opts.Delay > 0 {

@@ -370,6 +370,8 @@ func (d *Keeper) Stored(ctx context.Context, key sessions.Key, p *plugins.Plugin
 // saved whole keeps its claim: it is taken over once this replica's
 // heartbeat ends, from its last checkpoint.
 //
+// It first writes the records of the sessions KeepPending keeps.
+//
 // ctx bounds the wait for a busy instance, as it bounded the calls in
 // flight before; the exchanges with the store are each bounded by the
 // store's timeout, not by what is left of ctx. Once ctx has ended, a
@@ -379,6 +381,7 @@ func (d *Keeper) Stored(ctx context.Context, key sessions.Key, p *plugins.Plugin
 // released (with CheckpointOnDrain, every other client lost its state).
 func (d *Keeper) Drain(ctx context.Context) error {
 	store := context.WithoutCancel(ctx)
+	d.KeepPending(ctx)
 	d.mu.Lock()
 	claims := make(map[sessions.Key]*Claim, len(d.claims))
 	for k, c := range d.claims {
@@ -498,5 +501,52 @@ func (d *Keeper) GrantsChanged(ctx context.Context, key sessions.Key) {
 	defer c.mu.Unlock()
 	if err := d.putLocked(context.WithoutCancel(ctx), c, "grants", b); err != nil {
 		d.log.Warn("state store: the session's grant answers not saved", "session", key.String(), "error", err)
+	}
+}
+
+// KeepPending claims each new session whose record could not be written
+// when it was made (the store did not answer: pending) and that no call
+// claimed since (each was served from memory), which writes its record,
+// so that another replica can take it over: only this replica holds it,
+// and another would answer it unknown (a 2025-11-25 session 404, which
+// ends it at the client: TestSessionMadeWhileStoreDownSavedByDrain; the
+// fault suite's partition-store-flapping lost one so, begun in a cut and
+// drained a second after the link came back). A drain calls it first:
+// the host before its readiness fails, since a proxy then sends the
+// session's next request to another replica at once. The store is asked
+// past the breaker; with the store away still (the first claim goes
+// unanswered, and the rest are not tried), such a session is lost with
+// the replica, as before. What its calls served from memory did is not in
+// the record: a first claim drops the instances of a session made while
+// the store was away, at a drain as at a call.
+func (d *Keeper) KeepPending(ctx context.Context) {
+	if d == nil {
+		return
+	}
+	store := context.WithoutCancel(ctx)
+	d.mu.Lock()
+	var pending []sessions.Key
+	for k := range d.pending {
+		if d.claims[k] == nil {
+			pending = append(pending, k)
+		}
+	}
+	d.mu.Unlock()
+	for _, key := range pending {
+		if ctx.Err() != nil && d.open() {
+			break // as Drain's claims
+		}
+		// Asked past the breaker, which fails a claim fast for 2 s
+		// after an exchange went unanswered: the store may be back
+		// (the fault suite's drain came 0.2 s after the link), and
+		// this is the session's last chance. Once: an exchange that
+		// goes unanswered opens it again, for every caller.
+		d.downUntil.Store(0)
+		if _, err := d.Ensure(store, key, nil); err != nil {
+			d.log.Error("drain: a session made while the store was away not kept", "session", key.String(), "error", err)
+			if unanswered(err) {
+				break // the store is away: the others would wait in turn
+			}
+		}
 	}
 }
