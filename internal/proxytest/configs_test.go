@@ -8,6 +8,7 @@ import (
 	"net/http/httptest"
 	"path/filepath"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -417,6 +418,45 @@ func TestConfigs(t *testing.T) {
 				s1.refusing.Store(false)
 				s1.unready.Store(false)
 				s.routed("s1", "s1.back")
+			})
+			t.Run("draining replica, requests of no replica", func(t *testing.T) {
+				// A request of no session (a 2026-07-28 client's
+				// subscriptions/listen as it connects, an initialize) or
+				// of a key naming no replica goes to a group of several:
+				// a 503 there must reach another member, never the
+				// draining one again, however many requests are under
+				// way at once (a round robin moved on by others; a hash
+				// that picks the same one every time).
+				s := start(t, p.start)
+				unknown := s.mustPost("Mcp-Session-Id", "s9.unknown")
+				s.replicas[unknown].refusing.Store(true)
+				for range 5 {
+					if code, got := s.post("Mcp-Session-Id", "s9.unknown"); code != 200 {
+						t.Errorf("s9.unknown, whose replica %s drains: %d %q, want 200 from another", unknown, code, got)
+						break
+					}
+				}
+				s.replicas[unknown].refusing.Store(false)
+				s1 := s.replicas["s1"]
+				s1.refusing.Store(true)
+				var wg sync.WaitGroup
+				var refused atomic.Int64
+				for range 8 {
+					wg.Add(1)
+					go func() {
+						defer wg.Done()
+						for range 50 {
+							code, _ := s.post("Mcp-Method", "subscriptions/listen")
+							if code != 200 {
+								refused.Add(1)
+							}
+						}
+					}()
+				}
+				wg.Wait()
+				if n := refused.Load(); n != 0 {
+					t.Fatalf("%d of 400 requests of no session, 8 at a time, answered other than 200 while s1 drains", n)
+				}
 			})
 			t.Run("stream not buffered", func(t *testing.T) {
 				s := start(t, p.start)
