@@ -441,7 +441,7 @@ func (h *Host) serveStateful(stateful http.Handler, events mcp.EventStore, w htt
 		r, end = h.trackStream(r)
 		defer end()
 		ctx := r.Context()
-		if eid := r.Header.Get("Last-Event-ID"); eid != "" && !h.canReplay(ctx, events, id, eid) {
+		if eid := r.Header.Get("Last-Event-ID"); eid != "" && (h.book.others(id, userOf(r)) || !h.canReplay(ctx, events, id, eid)) {
 			// Events of another replica (the session moved here) or
 			// purged: the stream cannot be resumed. An empty stream,
 			// ended at once, tells a go-sdk client that the call it
@@ -466,8 +466,14 @@ func (h *Host) serveStateful(stateful http.Handler, events mcp.EventStore, w htt
 	if r.Method == http.MethodDelete {
 		h.book.deleting(id, userOf(r))
 	}
+	// Another user's session is answered as none, as at a replica that
+	// does not hold it (the go-sdk's 403 said it is live here).
+	nf := &notFound{ResponseWriter: w, others: func() bool { return h.book.others(id, userOf(r)) }}
 	if h.dur == nil {
-		stateful.ServeHTTP(w, r)
+		stateful.ServeHTTP(nf, r)
+		if nf.missing {
+			http.Error(w, "session not found", http.StatusNotFound)
+		}
 		return
 	}
 	// The body is read here (the guard bounds it) so that the request
@@ -491,7 +497,6 @@ func (h *Host) serveStateful(stateful http.Handler, events mcp.EventStore, w htt
 		refuse(w, storeAwayHere)
 		return
 	}
-	nf := &notFound{ResponseWriter: w}
 	stateful.ServeHTTP(nf, r)
 	if !nf.missing {
 		return
@@ -569,16 +574,18 @@ func (h *Host) canReplay(ctx context.Context, events mcp.EventStore, id, eid str
 }
 
 // notFound passes a response through unless it is the go-sdk's "session
-// not found" (a 404 before anything was written), which it swallows and
-// reports.
+// not found" (a 404 before anything was written), or its "session user
+// mismatch" (a 403 of a session others reports another user's), which
+// it swallows and reports.
 type notFound struct {
 	http.ResponseWriter
+	others  func() bool
 	missing bool
 	wrote   bool
 }
 
 func (n *notFound) WriteHeader(code int) {
-	if !n.wrote && code == http.StatusNotFound {
+	if !n.wrote && (code == http.StatusNotFound || code == http.StatusForbidden && n.others != nil && n.others()) {
 		n.missing = true
 	}
 	n.wrote = true

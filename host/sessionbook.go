@@ -293,6 +293,16 @@ func (b *sessionBook) closed(ss *mcp.ServerSession) {
 	b.dropLocked(v.(*bookEntry))
 }
 
+// others reports whether session id is open here for another user than
+// user ("" for none), which the go-sdk refuses (403): a session of no
+// user is anyone's who has its ID, as the go-sdk has it.
+func (b *sessionBook) others(id, user string) bool {
+	b.mu.Lock()
+	e := b.byID[id]
+	b.mu.Unlock()
+	return e != nil && e.user != "" && e.user != user
+}
+
 // deleting cancels the requests being served in session id, which its
 // client (user, "" for none) is deleting: the go-sdk closes the session
 // only once they are done. Another user's DELETE cancels nothing (the
