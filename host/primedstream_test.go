@@ -393,14 +393,21 @@ func openStanding(url, session, eid string) (_ *http.Response, end func(), _ err
 // stream's first keep-alive comment.
 func standing(t *testing.T, url, session, eid string) (status int, events []string, prime string) {
 	t.Helper()
+	status, events, _, prime = standingRead(t, url, session, eid)
+	return status, events, prime
+}
+
+// standingRead is standing, with the ID of the last message event.
+func standingRead(t *testing.T, url, session, eid string) (status int, events []string, last, prime string) {
+	t.Helper()
 	resp, end, err := openStanding(url, session, eid)
 	if err != nil {
 		t.Error(err) // from the test's goroutines too
-		return 0, nil, ""
+		return 0, nil, "", ""
 	}
 	defer end()
 	if resp.StatusCode != http.StatusOK {
-		return resp.StatusCode, nil, ""
+		return resp.StatusCode, nil, "", ""
 	}
 	sc := bufio.NewScanner(resp.Body)
 	var name, id string
@@ -408,14 +415,14 @@ func standing(t *testing.T, url, session, eid string) (status int, events []stri
 		line := sc.Text()
 		switch {
 		case strings.HasPrefix(line, ": keepalive"):
-			return resp.StatusCode, events, prime
+			return resp.StatusCode, events, last, prime
 		case strings.HasPrefix(line, "event:"):
 			name = strings.TrimSpace(strings.TrimPrefix(line, "event:"))
 		case strings.HasPrefix(line, "id:"):
 			id = strings.TrimSpace(strings.TrimPrefix(line, "id:"))
 		case strings.HasPrefix(line, "data:"):
 			if d := strings.TrimSpace(strings.TrimPrefix(line, "data:")); d != "" {
-				events = append(events, d)
+				events, last = append(events, d), id
 			} else if name == "prime" {
 				prime = id
 			}
@@ -423,7 +430,7 @@ func standing(t *testing.T, url, session, eid string) (status int, events []stri
 			name, id = "", ""
 		}
 	}
-	return resp.StatusCode, events, prime
+	return resp.StatusCode, events, last, prime
 }
 
 // TestDrainingReplicaKeepsDirectClientsSession: a client connected to a
