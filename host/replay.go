@@ -258,6 +258,15 @@ func (s *replayStore) after(sessionID, streamID string, index int) ([][]byte, er
 		// A stream opened afresh (a GET with no Last-Event-ID): what is
 		// kept, not a refusal because older events went (the go-sdk
 		// answers a refusal with 400, and its client stops listening).
+		// The go-sdk numbers what it replays from 0 and goes on from
+		// there, so the standalone stream's indexes start at 0 again
+		// (the only one it opens afresh: a GET names no other): else
+		// the next resumption, from an ID so numbered, replayed events
+		// twice, or failed as purged and sent the client here again
+		// for all of them (TestStandingStreamAfterPurgeNothingTwice).
+		if st.id == "" {
+			st.first = 0
+		}
 		index = st.first - 1
 	case index+1 < st.first:
 		return nil, fmt.Errorf("replay: index %d of stream %q of session %q: %w", index, streamID, sessionID, mcp.ErrEventsPurged)
