@@ -334,6 +334,7 @@ func TestCloseWithdrawsPendingQuestions(t *testing.T) {
 		return nil, context.Canceled
 	}
 	cs := connectHTTPEra(t, url, "2025-11-25", &mcp.ClientOptions{ElicitationHandler: answer}, nil)
+	t.Cleanup(p.release)
 	h := handleOf(call(t, cs, "add", map[string]any{"item": "milk"}))
 	go cs.CallTool(context.Background(), &mcp.CallToolParams{Name: "delete", Arguments: map[string]any{"item": "milk", host.SessionArgument: h}})
 	<-p.asked
@@ -607,6 +608,7 @@ func TestDrainWithdrawsPendingSampling(t *testing.T) {
 		return nil, context.Canceled
 	}
 	cs := connectHTTPEra(t, url, "2025-11-25", &mcp.ClientOptions{CreateMessageHandler: sample}, nil)
+	t.Cleanup(p.release)
 	done := make(chan *mcp.CallToolResult, 1)
 	go func() {
 		res, err := cs.CallTool(context.Background(), &mcp.CallToolParams{Name: "test_sampling", Arguments: map[string]any{"prompt": "hi"}})
@@ -657,11 +659,21 @@ func drainPromptly(t *testing.T, f *fixture, with string) {
 // pending is a client's handler of a request that a person would answer,
 // for tests of requests withdrawn: wait closes asked, then returns when
 // the request ends (ctx) or the test does.
-type pending struct{ asked, never chan struct{} }
+type pending struct {
+	asked, never chan struct{}
+	release      func()
+}
 
+// newPending's handler returns at the test's end, or earlier once the
+// test calls release: a test registers release as a cleanup after it
+// connects its client, so that it runs before the client's Close (cleanups
+// run last first), which waits for its handlers. A request withdrawn at
+// a drain may never be cancelled at the client (the go-sdk sends its
+// notifications/cancelled after the call's stream may have ended).
 func newPending(t *testing.T) *pending {
-	p := &pending{make(chan struct{}), make(chan struct{})}
-	t.Cleanup(func() { close(p.never) })
+	p := &pending{asked: make(chan struct{}), never: make(chan struct{})}
+	p.release = sync.OnceFunc(func() { close(p.never) })
+	t.Cleanup(p.release)
 	return p
 }
 
