@@ -531,12 +531,12 @@ func TestSessionMadeWhileStoreDownCanBeTakenOver(t *testing.T) {
 // a session was gone with the replica: its next call elsewhere was
 // answered 404, which ends it at the client (the fault suite's
 // partition-store-flapping: a session begun at the cut-off replica in its
-// last cut, drained 1 s after the link came back). Its note, marked
-// notSaved, is not asked for: a first claim drops what a session made
-// while the store was away did (its instances of no fence), at a drain
-// as at a call.
+// last cut, drained 1 s after the link came back). Its note, served from
+// memory (notSaved), is in the record too: the drain's claim keeps the
+// instances of a session no other replica can have served, and the
+// drain writes them.
 func TestSessionMadeWhileStoreDownSavedByDrain(t *testing.T) {
-	madeWhileStoreDown(t, "", func(ctx context.Context, m *madeDown) {
+	madeWhileStoreDown(t, "one", func(ctx context.Context, m *madeDown) {
 		if res := call(t, m.cs, "note_add", map[string]any{"text": "one"}); res.Meta[host.MetaNotSaved] == nil {
 			t.Fatalf("a call with the store away said saved: %v", res.Meta)
 		}

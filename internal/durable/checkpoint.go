@@ -516,9 +516,9 @@ func (d *Keeper) GrantsChanged(ctx context.Context, key sessions.Key) {
 // session's next request to another replica at once. The store is asked
 // past the breaker; with the store away still (the first claim goes
 // unanswered, and the rest are not tried), such a session is lost with
-// the replica, as before. What its calls served from memory did is not in
-// the record: a first claim drops the instances of a session made while
-// the store was away, at a drain as at a call.
+// the replica, as before. What its calls served from memory did is kept:
+// the claim finds no previous holder (take's keptHere), and the drain's
+// checkpoints write the instances.
 func (d *Keeper) KeepPending(ctx context.Context) {
 	if d == nil {
 		return

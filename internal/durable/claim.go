@@ -342,7 +342,43 @@ func (d *Keeper) take(ctx context.Context, key sessions.Key, ns *NewSession, c *
 			return false, unavailable(d.observe(err))
 		}
 	}
+	// A stateful session made here, never claimed (the store did not
+	// answer at its initialize, its calls served from memory under no
+	// fence) or whose first claim failed half way: no other replica can
+	// have served it unless one took it over from a record of it, which
+	// its claim would have met (a previous holder, a plugin's state).
+	// Else what this replica holds is its newest state, and is kept.
+	madeHere := old == nil && key.Kind() == sessions.KindConn && (ns != nil || d.ses.Fence(key) == 0) && !d.wasAdopted(key)
+	keptHere := madeHere && cl.Previous == (statestore.Owner{}) && !hasPlugins(rec)
 	switch {
+	case keptHere:
+		// Its instances go on under the new claim, marked not saved
+		// until writeBack writes them (the record has none of them).
+		for _, name := range d.ses.Adopt(key, d.ses.Fence(key), cl.Fence) {
+			if d.policy == CheckpointAfterCall {
+				c.unsaved[name] = NotSavedUnavailable
+			}
+		}
+		if err := d.seed(ctx, key, c, rec, cl.Fence, nil); err != nil {
+			return false, err
+		}
+	case madeHere:
+		// Another replica took it over: its instances here are stale,
+		// and what their calls did from memory (notSaved) is lost, said
+		// so, unless the other replica wrote that plugin's state since.
+		var gone map[string]NotSaved
+		for _, name := range d.ses.Plugins(key) {
+			if _, held := rec["p/"+name]; !held {
+				if gone == nil {
+					gone = map[string]NotSaved{}
+				}
+				gone[name] = NotSavedUnavailable
+			}
+		}
+		if err := d.seed(ctx, key, c, rec, cl.Fence, gone); err != nil {
+			return false, err
+		}
+		maps.Copy(c.unsaved, gone)
 	case resumable || lostHere:
 		// This replica forgot its claim (a call could be neither saved
 		// nor verified), and no one claimed the session since: what it
@@ -401,6 +437,9 @@ func (d *Keeper) take(ctx context.Context, key sessions.Key, ns *NewSession, c *
 	}
 	if err != nil {
 		return false, unavailable(err)
+	}
+	if keptHere && len(c.unsaved) > 0 {
+		d.writeBack(key, c)
 	}
 	return true, nil
 }

@@ -151,3 +151,37 @@ func TestEvictedClientWaitsForSaved(t *testing.T) {
 		t.Fatalf("the fresh start's reset: %+v, want %q", r, sessions.ReasonEvicted)
 	}
 }
+
+// Adopt keeps the instances a client started under no claim (fence 0: a
+// session served from memory before its first claim), busy ones too,
+// under the new claim's fence: they are not stale, and a busy lease's
+// state is written under that fence. A client seeded under another fence
+// is left as it is.
+func TestAdoptKeepsInstancesOfNoClaim(t *testing.T) {
+	w := newWorld(t, sessions.Options{})
+	defer w.finish()
+	k := sessions.Client("c1")
+	l, err := w.m.Acquire(w.ctx, k, w.plugin("counter"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	first := l.Instance()
+	if kept := w.m.Adopt(k, 7, 9); kept != nil || w.m.Fence(k) != 0 {
+		t.Fatalf("Adopt from a fence the client is not seeded under: kept %v, fence %d", kept, w.m.Fence(k))
+	}
+	if kept := w.m.Adopt(k, 0, 5); len(kept) != 1 || kept[0] != "counter" {
+		t.Fatalf("Adopt kept %v, want [counter]", kept)
+	}
+	if l.Stale() || l.Fence() != 5 {
+		t.Fatalf("the busy lease after Adopt: stale %v, fence %d; want false, 5", l.Stale(), l.Fence())
+	}
+	l.Done(nil)
+	l2, err := w.m.Acquire(w.ctx, k, w.plugin("counter"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l2.Done(nil)
+	if l2.Instance() != first || l2.Fence() != 5 || l2.Stale() {
+		t.Fatalf("after Adopt: same instance %v, fence %d, stale %v", l2.Instance() == first, l2.Fence(), l2.Stale())
+	}
+}

@@ -130,8 +130,8 @@ type Lease struct {
 	ctx    context.Context
 	cancel context.CancelCauseFunc
 	start  time.Time
-	fence  uint64
-	keep   bool // KeepNotice: Done leaves notice with the instance
+	fence  uint64 // written under m.mu (Manager.Adopt moves it)
+	keep   bool   // KeepNotice: Done leaves notice with the instance
 	// unheard is KeepNoticeSince's arrived; keptAt is when an earlier
 	// lease left notice for l (zero: it did not).
 	unheard, keptAt time.Time
@@ -439,7 +439,11 @@ func (l *Lease) Instance() *plugins.Instance { return l.inst }
 // Fence is the fence the lease's instance was seeded or verified under
 // (see [Manager.Seed]): a write of its state is conditioned on it. 0 for a
 // client never seeded (no state store).
-func (l *Lease) Fence() uint64 { return l.fence }
+func (l *Lease) Fence() uint64 {
+	l.m.mu.Lock() // Manager.Adopt moves it
+	defer l.m.mu.Unlock()
+	return l.fence
+}
 
 // Stale reports whether the lease's client was seeded under another fence
 // since its instance started: another holder served the session, and the

@@ -956,6 +956,44 @@ func (m *Manager) Seed(key Key, seeds map[string]Seed, fence uint64) error {
 	return nil
 }
 
+// Adopt makes the instances key's client holds under fence from current
+// under fence to, as though they had started under it, and seeds the
+// client under to with no seeds: a session this replica served from
+// memory before any claim (from 0) keeps what its calls did once its
+// first claim finds that no one else can have served it. Leases running
+// on those instances go on under to (their [Lease.Stale] stays false).
+// It returns the plugins whose instances it kept; a client not seeded
+// under from is left as it is (nil). Not a [Handle] key's.
+func (m *Manager) Adopt(key Key, from, to uint64) []string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	c, ok := m.clients[key]
+	if m.closed || !ok || c.closed || c.fence != from {
+		return nil
+	}
+	var kept []string
+	for name, sl := range c.slots {
+		if sl.inst != nil && sl.fence == from {
+			sl.fence = to
+			kept = append(kept, name)
+		}
+	}
+	for l := range m.leases {
+		if l.c == c && l.sl != nil && l.fence == from {
+			l.fence = to
+		}
+	}
+	c.seeds, c.started, c.moved = nil, nil, nil
+	for _, name := range kept {
+		if c.started == nil {
+			c.started = map[string]bool{}
+		}
+		c.started[name] = true
+	}
+	c.fence = to
+	return kept
+}
+
 // Instances calls f for each of the client's instances, with its fence
 // (see [Manager.Seed]), holding its slot so that no call runs meanwhile (a
 // checkpoint at drain); f's error stops the walk and is returned. A busy
