@@ -125,13 +125,18 @@ func agedCalls(ctx context.Context, parent, b *testing.B, p plugin, path, redisU
 //   - file: the same with the file store (bbolt, an fsync per write).
 //   - adopt: the first call on replica B of a session whose earlier
 //     calls (callsBeforeMove) ran on replica A, the two sharing the Redis
-//     store and the state key. Before each timed call A is gone (its
-//     listener closed, the host closed without a drain, as a replica
-//     killed) and the client's HTTP transport points at B; the timed call
-//     includes B's takeover: reading the record, replaying initialize,
-//     claiming the session, restoring the instance from its saved state,
-//     the call, and its checkpoint. Its result must be the count A's
-//     calls left plus one.
+//     store and the state key. Before each timed call A drained (a
+//     rolling restart: its instances saved, its claims released) and the
+//     client's HTTP transport points at B; the timed call includes B's
+//     takeover: reading the record, replaying initialize, claiming the
+//     session, restoring the instance from its saved state, the call, and
+//     its checkpoint. Its result must be the count A's calls left plus
+//     one.
+//   - adopt-killed: the same after A is gone as a replica killed (its
+//     listener and connections closed, the host closed without a drain,
+//     its sessions still claimed by A): B's claim waits out A's lease
+//     (statestore.Lease), which is what keeps a stopped replica's serving
+//     from memory sound (docs/DEPLOY.md, guarantees).
 //   - first-call-no-store: the first call of a new session on the host
 //     without a store, which makes the session's instance. With no-store,
 //     what adopt is compared with.
@@ -141,7 +146,7 @@ func agedCalls(ctx context.Context, parent, b *testing.B, p plugin, path, redisU
 //     memory until its first collections): the snapshot has more pieces
 //     to tell the written ones from, and its record more frames.
 //
-// adopt and first-call-no-store connect a new client session for each
+// adopt, adopt-killed and first-call-no-store connect a new client session for each
 // call, untimed, without the standalone SSE stream, so that no GET of the
 // client reaches the host during the timed call (a reconnecting stream
 // would take the session over at B before the call). B/checkpoint is the
@@ -195,7 +200,10 @@ func BenchmarkDurableCall(b *testing.B) {
 			})
 		}
 		b.Run(p.name+"/adopt", func(b *testing.B) {
-			adoptCalls(ctx, b, p, path, redisURL)
+			adoptCalls(ctx, b, p, path, redisURL, true)
+		})
+		b.Run(p.name+"/adopt-killed", func(b *testing.B) {
+			adoptCalls(ctx, b, p, path, redisURL, false)
 		})
 		b.Run(p.name+"/first-call-no-store", func(b *testing.B) {
 			for b.Loop() {
@@ -217,9 +225,10 @@ func BenchmarkDurableCall(b *testing.B) {
 	}
 }
 
-// adoptCalls is BenchmarkDurableCall's adopt: each timed call is the
-// first at replica B of a session made at a replica A gone since.
-func adoptCalls(ctx context.Context, b *testing.B, p plugin, path, storeURL string) {
+// adoptCalls is BenchmarkDurableCall's adopt (drained) and adopt-killed:
+// each timed call is the first at replica B of a session made at a
+// replica A gone since, drained or killed.
+func adoptCalls(ctx context.Context, b *testing.B, p plugin, path, storeURL string, drained bool) {
 	// B lives through the benchmark; a new A (a new host on the same
 	// compiled plugins, a new listener) serves each session's first
 	// calls.
@@ -249,13 +258,23 @@ func adoptCalls(ctx context.Context, b *testing.B, p plugin, path, storeURL stri
 		if prev != want {
 			b.Fatalf("at A: count %s after %d calls", prev, callsBeforeMove)
 		}
-		// A is gone, as a replica killed: its connections and listener
-		// closed, the host closed without a drain (its sessions stay in
-		// the store, claimed by A).
-		srvA.CloseClientConnections()
-		srvA.Close()
-		if err := ha.Close(ctx); err != nil {
-			b.Fatal(err)
+		if drained {
+			// A drained, as in a rolling restart: its instances saved,
+			// its claims released, the host closed.
+			if err := ha.Drain(ctx, host.DrainOptions{}); err != nil {
+				b.Fatal(err)
+			}
+			srvA.CloseClientConnections()
+			srvA.Close()
+		} else {
+			// A is gone, as a replica killed: its connections and
+			// listener closed, the host closed without a drain (its
+			// sessions stay in the store, claimed by A).
+			srvA.CloseClientConnections()
+			srvA.Close()
+			if err := ha.Close(ctx); err != nil {
+				b.Fatal(err)
+			}
 		}
 		rt.point(srvB.URL)
 		b.StartTimer()

@@ -268,9 +268,10 @@ var sections = []Section{
 			"`redis` keeps sessions in a real redis-server on loopback, `file` in the file store (bbolt, an fsync per write): each call writes the instance's saved state (section 11's snapshot, sealed) under the session's fence, which checks that this replica's claim is current: both plugins are contained (no host function of the host's own, no grant), so that write is the call's only exchange with the store; a plugin that is not is claimed again before each call too (docs/DESIGN.md, \"Why check the claim before a request, and after it for a contained call?\"). " +
 			"`redis-wait` is `redis` with a replica of the store's, every write waiting for it (`wait_replicas=1`: Redis's `WAIT` after the write, on its connection, so that a failover to the replica loses no write a result was sent for; docs/DEPLOY.md, \"Redis with replicas\"): a primary and replica of their own, on the same loopback. " +
 			"`redis-aged` (the Go plugin only) is `redis` on a session that made 3,000 calls first, untimed: a Go guest's runtime makes more and more of its memory its own until its first collections, so an older session's snapshot has more pieces to tell the written ones from (docs/DESIGN.md, \"sandbox: snapshots\", write tracking per instance), and its record more frames. " +
-			"`adopt` is the first call at replica B of a session whose two earlier calls ran at replica A, the two sharing the Redis store, after A is gone (its listener closed, the host closed without a drain, as a replica killed) and the client's transport points at B: B reads the session's record, replays its initialize, claims it, restores the instance from its saved state, runs the call (whose count must go on from A's) and writes its checkpoint. " +
+			"`adopt` is the first call at replica B of a session whose two earlier calls ran at replica A, the two sharing the Redis store, after A drained (a rolling restart: its instances saved, its claims released, the host closed) and the client's transport points at B: B reads the session's record, replays its initialize, claims it, restores the instance from its saved state, runs the call (whose count must go on from A's) and writes its checkpoint. " +
+			"`adopt-killed` is the same after A is gone as a replica killed (its listener closed, the host closed without a drain, its sessions still claimed): B's claim waits out A's lease on the store's clock (2.5 s, `statestore.Lease`), which is what keeps a stopped replica's 2 s of serving from memory sound (docs/DEPLOY.md, guarantees), so it is that wait plus `adopt`'s work. " +
 			"`first-call-no-store` is the first call of a new session on the host without a store, which makes the session's instance: what the client of a replica that died would pay with no store, its state lost. " +
-			"`adopt` and `first-call-no-store` open a new session for each call, untimed and without the standalone SSE stream (a reconnecting stream would take the session over before the call). " +
+			"`adopt`, `adopt-killed` and `first-call-no-store` open a new session for each call, untimed and without the standalone SSE stream (a reconnecting stream would take the session over before the call). " +
 			"B/checkpoint is the mean size of what a checkpoint writes, before sealing (a binary record: a short JSON head, then section 11's snapshot raw, or, for a snapshot of 16 KiB or more, the frames the call changed and a reference to each of the others, in a base written beside it now and then: docs/DESIGN.md, \"Checkpoints write what changed\"; the base's writes included); store write is the mean time of its write (sealing and the store's put, not the snapshot nor the claim), from the host's metrics; Redis CPU is the CPU time redis-server used per call (its `INFO cpu`, user and system, before and after the calls): the store's own work, which on a machine of two cores is taken from the host and its client, apart from the time the host waited for it.",
 		Unit: "ns/op", Baselines: []string{"no-store", "first-call-no-store"}, Extra: []string{"B/checkpoint", "write-us", "redis-cpu-us"},
 		Deltas: []Delta{{
@@ -294,7 +295,11 @@ var sections = []Section{
 		}, {
 			Contender: "adopt", Against: "no-store",
 			Label: "Adoption against a warm call (issue 16)",
-			About: "The first call of a session taken over from the store, against a warm call on the replica that holds the session: what a client pays once when its replica is lost.",
+			About: "The first call of a session taken over from the store, against a warm call on the replica that holds the session: what a client pays once when its replica drains.",
+		}, {
+			Contender: "adopt-killed", Against: "adopt",
+			Label: "Adoption after a replica is killed (issue 25)",
+			About: "The first call of a session whose replica was killed, holding it, against one whose replica drained: the killed replica's lease (2.5 s) waited out, what a client pays once when its replica dies.",
 		}, {
 			Contender: "adopt", Against: "first-call-no-store",
 			Label: "Adoption against a new session's first call (issue 16)",
