@@ -82,7 +82,12 @@ type lossyWorld struct {
 	p, q *plugins.Plugin
 }
 
-func newLossyWorld(t *testing.T) *lossyWorld {
+func newLossyWorld(t *testing.T) *lossyWorld { return newLossyWorldWith(t, nil) }
+
+// newLossyWorldWith is newLossyWorld with its sessions' options set by
+// opts too (if not nil), given the world: its Stored, set first, is the
+// keeper's.
+func newLossyWorldWith(t *testing.T, opts func(w *lossyWorld, o *sessions.Options)) *lossyWorld {
 	ctx := context.Background()
 	rt, err := sandbox.NewRuntime(sandbox.Options{CacheDir: testplugins.CacheDir()})
 	if err != nil {
@@ -100,9 +105,13 @@ func newLossyWorld(t *testing.T) *lossyWorld {
 		return p
 	}
 	w := &lossyWorld{t: t, ctx: ctx, key: sessions.Client("alice"), p: load("p"), q: load("q")}
-	w.ses = sessions.New(&sessions.Options{Stored: func(ctx context.Context, key sessions.Key, p *plugins.Plugin) (*plugins.State, string, uint64, bool) {
+	o := sessions.Options{Stored: func(ctx context.Context, key sessions.Key, p *plugins.Plugin) (*plugins.State, string, uint64, bool) {
 		return w.d.Stored(ctx, key, p) // as the host wires it
-	}})
+	}}
+	if opts != nil {
+		opts(w, &o)
+	}
+	w.ses = sessions.New(&o)
 	t.Cleanup(func() { w.ses.Close(ctx) })
 	w.st = &lossyStore{Store: statestore.NewMemory()}
 	w.d = New(Options{Store: w.st, Sessions: w.ses, Replica: "a"})

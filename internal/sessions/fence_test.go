@@ -122,19 +122,11 @@ func TestMovedClientStartsOnlyFromTheStore(t *testing.T) {
 func TestEvictedClientWaitsForSaved(t *testing.T) {
 	var known atomic.Bool
 	var asked atomic.Int32
-	w := newWorld(t, sessions.Options{MaxInstances: 1, Saved: func(ctx context.Context, key sessions.Key, p *plugins.Plugin) (*plugins.State, string, bool) {
+	w, a := evictedWorld(t, func(ctx context.Context, key sessions.Key, p *plugins.Plugin) (*plugins.State, string, bool) {
 		asked.Add(1)
 		return nil, "", known.Load()
-	}})
+	})
 	defer w.finish()
-	a, b := sessions.Client("a"), sessions.Client("b")
-	for _, k := range []sessions.Key{a, b} { // b's evicts a's
-		l, err := w.m.Acquire(w.ctx, k, w.plugin("counter"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		l.Done(nil)
-	}
 	if l, err := w.m.Acquire(w.ctx, a, w.plugin("counter")); !errors.Is(err, sessions.ErrMoved) || asked.Load() != 1 {
 		if err == nil {
 			l.Done(nil)
@@ -184,4 +176,120 @@ func TestAdoptKeepsInstancesOfNoClaim(t *testing.T) {
 	if l2.Instance() != first || l2.Fence() != 5 || l2.Stale() {
 		t.Fatalf("after Adopt: same instance %v, fence %d, stale %v", l2.Instance() == first, l2.Fence(), l2.Stale())
 	}
+}
+
+// An instance that starts while Adopt moves its client from fence 0 (the
+// lease read the fence, and starts the instance outside the manager's
+// lock) is the adopted fence's, as one started a moment earlier would
+// be: its lease is not stale, Adopt names it kept (its state is written
+// by the next checkpoint), and the next lease keeps it. It recorded
+// fence 0: its lease was stale, and the next lease dropped the instance
+// as of another owner, what its call did lost without a notice. Adopt
+// runs here where the lease restarts an evicted instance (Options.Saved
+// is asked between the two), the gap every new instance starts in.
+func TestAdoptWhileInstanceStarts(t *testing.T) {
+	var during func()
+	w, a := startingWorld(t, &during)
+	defer w.finish()
+	var kept []string
+	during = func() { kept = w.m.Adopt(a, 0, 5) }
+	l, err := w.m.Acquire(w.ctx, a, w.plugin("counter"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	during = nil
+	first, stale, fence := l.Instance(), l.Stale(), l.Fence()
+	l.Done(nil)
+	if stale || fence != 5 || len(kept) != 1 || kept[0] != "counter" {
+		t.Fatalf("a lease whose instance started during Adopt: stale %v, fence %d, kept %v; want false, 5, [counter]", stale, fence, kept)
+	}
+	l, err = w.m.Acquire(w.ctx, a, w.plugin("counter"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Done(nil)
+	if l.Instance() != first || l.Fence() != 5 || l.Stale() || l.Notice().Reset != nil {
+		t.Fatalf("the next lease: same instance %v, fence %d, stale %v, reset %+v; want true, 5, false, none", l.Instance() == first, l.Fence(), l.Stale(), l.Notice().Reset)
+	}
+}
+
+// Only Adopt moves a starting instance on: one that finishes starting
+// after its client was adopted and then seeded under another claim's
+// fence (another replica took the session over) is stale, as is one
+// whose client was seeded anew without Adopt; one whose client is
+// seeded again under the adopted fence (the claim's own Seed, which
+// follows its Adopt) is not.
+func TestSeedDuringStartAfterAdopt(t *testing.T) {
+	for _, c := range []struct {
+		name  string
+		steps func(m *sessions.Manager, k sessions.Key)
+		stale bool
+	}{
+		{"adopt then another claim", func(m *sessions.Manager, k sessions.Key) {
+			m.Adopt(k, 0, 5)
+			m.Seed(k, nil, 7)
+		}, true},
+		{"another claim", func(m *sessions.Manager, k sessions.Key) { m.Seed(k, nil, 7) }, true},
+		{"adopt then its own seed", func(m *sessions.Manager, k sessions.Key) {
+			m.Adopt(k, 0, 5)
+			m.Seed(k, nil, 5)
+		}, false},
+		{"adopt twice", func(m *sessions.Manager, k sessions.Key) {
+			m.Adopt(k, 0, 5)
+			m.Adopt(k, 5, 6)
+		}, false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			var during func()
+			w, a := startingWorld(t, &during)
+			defer w.finish()
+			during = func() { c.steps(w.m, a) }
+			l, err := w.m.Acquire(w.ctx, a, w.plugin("counter"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			during = nil
+			first, stale := l.Instance(), l.Stale()
+			l.Done(nil)
+			if stale != c.stale {
+				t.Fatalf("stale %v, want %v", stale, c.stale)
+			}
+			l, err = w.m.Acquire(w.ctx, a, w.plugin("counter"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer l.Done(nil)
+			if (l.Instance() == first) == c.stale || l.Stale() {
+				t.Fatalf("the next lease: same instance %v, stale %v", l.Instance() == first, l.Stale())
+			}
+		})
+	}
+}
+
+// evictedWorld is a world of one instance at most, asking saved for an
+// evicted instance's state, where client a's instance of counter was
+// evicted by client b's (which is idle); it returns a's key.
+func evictedWorld(t *testing.T, saved func(ctx context.Context, key sessions.Key, p *plugins.Plugin) (*plugins.State, string, bool)) (*world, sessions.Key) {
+	w := newWorld(t, sessions.Options{MaxInstances: 1, Saved: saved})
+	a, b := sessions.Client("a"), sessions.Client("b")
+	for _, k := range []sessions.Key{a, b} { // b's evicts a's
+		l, err := w.m.Acquire(w.ctx, k, w.plugin("counter"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		l.Done(nil)
+	}
+	return w, a
+}
+
+// startingWorld is an evictedWorld whose a's next lease calls *during,
+// if set, between reading its client's fence and starting its instance
+// afresh (nothing saved).
+func startingWorld(t *testing.T, during *func()) (*world, sessions.Key) {
+	return evictedWorld(t, func(ctx context.Context, key sessions.Key, p *plugins.Plugin) (*plugins.State, string, bool) {
+		if *during != nil {
+			(*during)()
+		}
+		return nil, "", true
+	})
 }
