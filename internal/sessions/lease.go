@@ -33,6 +33,10 @@ type slot struct {
 	// fence is the fence inst was seeded or verified under (its client's
 	// fence when it started, see [Manager.Seed]); guarded by Manager.mu.
 	fence uint64
+	// starting: a lease is starting inst under fence, outside
+	// Manager.mu, so that a [Manager.Adopt] meanwhile moves fence as it
+	// would an instance's; guarded by Manager.mu.
+	starting bool
 }
 
 // acquire waits for the slot, refusing at once past the queue limit, and
@@ -243,6 +247,7 @@ func (m *Manager) acquireSlot(ctx context.Context, key Key, p *plugins.Plugin) (
 	}
 	fail := func(err error) (*Lease, error) {
 		m.mu.Lock()
+		sl.starting = false
 		delete(m.leases, l)
 		m.leaveLocked(c)
 		m.broadcastLocked()
@@ -312,7 +317,10 @@ func (m *Manager) acquireSlot(ctx context.Context, key Key, p *plugins.Plugin) (
 			seed, seeded = *stored, stored.State != nil || stored.Lost != ""
 		}
 		delete(c.moved, p.Name())
-		fence := c.fence
+		// The instance starts under the client's fence now, unless an
+		// Adopt moves it while it starts (the first claim of a session
+		// served from memory): a Seed since leaves it stale.
+		sl.fence, sl.starting = c.fence, true
 		// Back as of its last call that succeeded: read from the store,
 		// or seeded by a claim since (which read the same state), with
 		// after-call checkpoints the state saved after that call.
@@ -349,8 +357,7 @@ func (m *Manager) acquireSlot(ctx context.Context, key Key, p *plugins.Plugin) (
 		if reset != nil {
 			sl.notice.Reset = reset
 		}
-		sl.inst = inst
-		sl.fence = fence
+		sl.inst, sl.starting = inst, false
 		sl.elem = m.lru.PushBack(sl)
 		m.mu.Unlock()
 		m.obs.InstanceStarted(p.Name())

@@ -961,9 +961,12 @@ func (m *Manager) Seed(key Key, seeds map[string]Seed, fence uint64) error {
 // client under to with no seeds: a session this replica served from
 // memory before any claim (from 0) keeps what its calls did once its
 // first claim finds that no one else can have served it. Leases running
-// on those instances go on under to (their [Lease.Stale] stays false).
-// It returns the plugins whose instances it kept; a client not seeded
-// under from is left as it is (nil). Not a [Handle] key's.
+// on those instances go on under to (their [Lease.Stale] stays false),
+// and so does an instance a lease is starting under from: it would
+// otherwise record from once started, be stale, and be dropped by the
+// next lease, what its call did lost without a notice. It returns the
+// plugins whose instances it kept, starting ones included; a client not
+// seeded under from is left as it is (nil). Not a [Handle] key's.
 func (m *Manager) Adopt(key Key, from, to uint64) []string {
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -973,7 +976,7 @@ func (m *Manager) Adopt(key Key, from, to uint64) []string {
 	}
 	var kept []string
 	for name, sl := range c.slots {
-		if sl.inst != nil && sl.fence == from {
+		if (sl.inst != nil || sl.starting) && sl.fence == from {
 			sl.fence = to
 			kept = append(kept, name)
 		}
