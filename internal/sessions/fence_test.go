@@ -266,6 +266,70 @@ func TestSeedDuringStartAfterAdopt(t *testing.T) {
 	}
 }
 
+// A Seed under the fence an instance is starting under (a claim of this
+// replica's own: durable's resume, announceLost) leaves that instance
+// going, as it does one that has started: the plugin's seed is dropped
+// and the plugin counts as started since, so that once the instance is
+// evicted its next one asks Options.Saved, which knows what its calls
+// saved, rather than start from the seed (older: a silent rollback) or
+// from an AnyPlugin seed. Under another fence the instance is stale and
+// the seed stands. Forced where the lease restarts an evicted instance
+// (Saved is asked in the gap); after it, a's instance is evicted again.
+func TestSeedDuringStartSameFence(t *testing.T) {
+	lost := sessions.Seed{Lost: "stands for an older saved state", Reason: "seeded"}
+	for _, c := range []struct {
+		name   string
+		seeds  map[string]sessions.Seed
+		fence  uint64
+		stale  bool
+		reason string // the reset of a's instance after the eviction
+	}{
+		{"the plugin's seed", map[string]sessions.Seed{"counter": lost}, 0, false, sessions.ReasonEvicted},
+		{"AnyPlugin", map[string]sessions.Seed{sessions.AnyPlugin: lost}, 0, false, sessions.ReasonEvicted},
+		{"another claim", map[string]sessions.Seed{"counter": lost}, 7, true, "seeded"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			var during func()
+			w, a := startingWorld(t, &during)
+			defer w.finish()
+			during = func() {
+				if err := w.m.Seed(a, c.seeds, c.fence); err != nil {
+					t.Error(err)
+				}
+			}
+			l, err := w.m.Acquire(w.ctx, a, w.plugin("counter"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			during = nil
+			stale := l.Stale()
+			l.Done(nil)
+			if stale != c.stale {
+				t.Fatalf("stale %v, want %v", stale, c.stale)
+			}
+			l, err = w.m.Acquire(w.ctx, sessions.Client("b"), w.plugin("counter")) // evicts a's
+			if err != nil {
+				t.Fatal(err)
+			}
+			l.Done(nil)
+			var asked int
+			during = func() { asked++ }
+			l, err = w.m.Acquire(w.ctx, a, w.plugin("counter"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer l.Done(nil)
+			var reason string
+			if r := l.Notice().Reset; r != nil {
+				reason = r.Reason
+			}
+			if want := map[bool]int{false: 1, true: 0}[c.stale]; reason != c.reason || asked != want {
+				t.Fatalf("a's instance after the eviction: reset %q, Saved asked %d times; want %q, %d", reason, asked, c.reason, want)
+			}
+		})
+	}
+}
+
 // evictedWorld is a world of one instance at most, asking saved for an
 // evicted instance's state, where client a's instance of counter was
 // evicted by client b's (which is idle); it returns a's key.
