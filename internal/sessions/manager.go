@@ -903,7 +903,8 @@ func (c *client) seedFor(name string) (Seed, bool) {
 // Seed gives key's client the states its first instances start from, by
 // plugin name, replacing any seeds it had, under fence (the claim that
 // vouches for them). An instance the client holds under the same fence
-// keeps going; one started under another fence is stale (another holder
+// keeps going, as does one a lease is starting under it; one started
+// under another fence is stale (another holder
 // served the session since): an idle one is closed now, a busy one when
 // its lease is done ([Lease.Stale] says so meanwhile), without a notice,
 // and the plugin's next lease starts from its seed. The seed of an
@@ -926,11 +927,13 @@ func (m *Manager) Seed(key Key, seeds map[string]Seed, fence uint64) error {
 		c = m.newClientLocked(key, "")
 	}
 	// An instance that stays (same fence) is newer than its seed: were
-	// it evicted later, its seed would roll it back unnoticed.
+	// it evicted later, its seed would roll it back unnoticed. So is one
+	// a lease is starting under fence (its lease read its seed or asks
+	// Options.Saved): under another fence it is stale once started.
 	seeds = maps.Clone(seeds)
 	c.started = nil
 	for name, sl := range c.slots {
-		if sl.inst != nil && sl.fence == fence {
+		if (sl.inst != nil || sl.starting) && sl.fence == fence {
 			delete(seeds, name)
 			if c.started == nil {
 				c.started = map[string]bool{}
