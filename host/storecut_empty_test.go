@@ -3,11 +3,13 @@ package host_test
 import (
 	"context"
 	"crypto/rand"
+	"errors"
 	"net/http"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"github.com/redis/go-redis/v9"
 
@@ -174,4 +176,79 @@ func TestStoreLostLatelyAnswersAlike(t *testing.T) {
 		named{"a session lost with the store", alice.ID(), aliceToken},
 		named{"another user's session", again.ID(), bobToken},
 		named{"an ID made up", "a." + rand.Text(), bobToken})
+}
+
+// A replica started after the store came back empty never saw the
+// earlier epoch, but a replica that did recorded the loss in the store:
+// within a minute of that loss the late one answers what the store does
+// not hold "not now" too (a 2025-11-25 session 503, whoever names it,
+// and a handle -32053), so that a session whose replica is cut off from
+// the store alone, and would write it back once its link returns
+// (TestCutOffStoreBackEmptyLosesNoSession), is not ended at the client
+// when the proxy's fallback is a replica restarted or added since. The
+// minute is the store's record's: a replica started once it is past
+// answers them unknown (404; the handle refused), as before.
+func TestStoreLostBeforeReplicaStartedAnswersAlike(t *testing.T) {
+	addr := proxytest.StartRedis(t)
+	raw := redis.NewClient(&redis.Options{Addr: addr})
+	t.Cleanup(func() { raw.Close() })
+	c := guardedReplica(t, "c", redisStore(t, addr), 0)
+	c.waitLog(t, "state key checked", 1)
+	alice := connectHTTP(t, c.srv.URL, "2025-11-25", tenantTransport{token: aliceToken})
+	countWith(t, alice, "")
+	handle, _ := countWith(t, connectHTTP(t, c.srv.URL, "", tenantTransport{token: aliceToken}), "").Meta[host.MetaSession].(string)
+	if handle == "" {
+		t.Fatal("no handle")
+	}
+	if err := raw.FlushAll(context.Background()).Err(); err != nil {
+		t.Fatal(err)
+	}
+	c.waitLog(t, "state store came back empty", 1) // c records the loss
+	again := connectHTTP(t, c.srv.URL, "2025-11-25", tenantTransport{token: aliceToken})
+	countWith(t, again, "")
+	type named struct{ what, id, token string }
+	cases := []named{
+		{"a session lost with the store", alice.ID(), aliceToken},
+		{"another user's session", again.ID(), bobToken},
+		{"an ID made up", "a." + rand.Text(), bobToken},
+	}
+	check := func(r *replica, when string, held bool) {
+		t.Helper()
+		want := http.StatusNotFound
+		if held {
+			want = http.StatusServiceUnavailable
+		}
+		for _, c := range cases {
+			if got := countStatus(t, r.srv.URL, c.id, c.token); got != want {
+				t.Errorf("%s, %s at %s: HTTP %d; want %d", when, c.what, r.name, got, want)
+			}
+		}
+		cs := connectHTTP(t, r.srv.URL, "", tenantTransport{token: aliceToken})
+		cs.ListTools(context.Background(), nil) // the handle's header, from the tool's schema
+		res, err := cs.CallTool(context.Background(), &mcp.CallToolParams{Name: "count", Arguments: map[string]any{host.SessionArgument: handle}})
+		var je *jsonrpc.Error
+		switch {
+		case held && (!errors.As(err, &je) || je.Code != host.CodeStateUnavailable):
+			t.Errorf("%s, the handle lost with the store at %s: %s; want refused for now (%d)", when, r.name, outcome(res, err), host.CodeStateUnavailable)
+		case !held && (err != nil || !strings.Contains(text(res), "was refused")):
+			t.Errorf("%s, the handle lost with the store at %s: %s; want refused as unknown", when, r.name, outcome(res, err))
+		}
+	}
+	b := guardedReplica(t, "b", redisStore(t, addr), 0)
+	logsOnFailure(t, c, b)
+	b.waitLog(t, "state key checked", 1)
+	check(b, "started after the loss", true)
+	// The loss recorded over a minute ago, by the store's clock: what is
+	// left of its record's window (the session timeout) shortened.
+	ttl, err := raw.PTTL(context.Background(), "wt:lost").Result()
+	if err != nil || ttl < 3*time.Minute {
+		t.Fatalf("the store's record of its loss: TTL %v, %v", ttl, err)
+	}
+	if err := raw.PExpire(context.Background(), "wt:lost", ttl-time.Minute-10*time.Second).Err(); err != nil {
+		t.Fatal(err)
+	}
+	d := guardedReplica(t, "d", redisStore(t, addr), 0)
+	logsOnFailure(t, d)
+	d.waitLog(t, "state key checked", 1)
+	check(d, "started a minute after the loss", false)
 }

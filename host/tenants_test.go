@@ -1731,23 +1731,26 @@ func redisReplicaSetWith(t *testing.T, perTenant int, wrap func(i int, s statest
 	t.Helper()
 	addr := proxytest.StartRedis(t)
 	for i, name := range []string{"a", "b"} {
-		opened, err := statestore.Open("redis://"+addr+"/0", replicaKey)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { opened.Close() })
-		store := opened
+		store := redisStore(t, addr)
 		if wrap != nil {
 			store = wrap(i, store)
 		}
-		f := newFixture(t, &host.Options{Replica: name, Store: store, StateKey: replicaKey, StoreBytesPerTenant: perTenant, Tenants: true}, sandbox.NewPolicy(), map[string]string{"counter.wasm": testplugins.Example(t, "counter")})
-		srv := httptest.NewServer(host.Guard(f.h.HTTPHandler(), host.GuardOptions{Tokens: map[string]string{"alice": aliceToken, "bob": bobToken}}))
-		t.Cleanup(srv.Close)
-		rs[i] = &replica{fixture: f, name: name, srv: srv}
+		rs[i] = guardedReplica(t, name, store, perTenant)
 	}
 	raw = redis.NewClient(&redis.Options{Addr: addr})
 	t.Cleanup(func() { raw.Close() })
 	return rs, raw
+}
+
+// guardedReplica is replica name of the counter example on store, with
+// tenants' shares of perTenant bytes of it, behind host.Guard with
+// alice's and bob's tokens.
+func guardedReplica(t *testing.T, name string, store statestore.Store, perTenant int) *replica {
+	t.Helper()
+	f := newFixture(t, &host.Options{Replica: name, Store: store, StateKey: replicaKey, StoreBytesPerTenant: perTenant, Tenants: true}, sandbox.NewPolicy(), map[string]string{"counter.wasm": testplugins.Example(t, "counter")})
+	srv := httptest.NewServer(host.Guard(f.h.HTTPHandler(), host.GuardOptions{Tokens: map[string]string{"alice": aliceToken, "bob": bobToken}}))
+	t.Cleanup(srv.Close)
+	return &replica{fixture: f, name: name, srv: srv}
 }
 
 // redisReplicaSetAtB is redisReplicaSet without tenant shares, b's store
