@@ -24,10 +24,10 @@ import (
 // Left there, b's claim was a hand-over to a, which took the session
 // over from it as from a holder that served the session, its state gone
 // with the store's: a dropped what it held, and the client was told of a
-// loss there was none of. b starts after the loss here, so that it never
-// saw the earlier epoch (durable.Keeper.LostLately cannot tell it of the
-// loss), as a replica past LostLately's minute, or whose heartbeat has
-// not seen the loss yet, is.
+// loss there was none of. b starts after the loss here, and no replica
+// that reaches the store saw the earlier epoch (a alone did, cut off):
+// nothing recorded the loss, and durable.Keeper.LostLately cannot tell b
+// of it, as for a replica past LostLately's minute.
 //
 // With b's release of its claim lost (the store did not answer it), a
 // still says what it cannot write back: its state lost, never an empty

@@ -88,7 +88,7 @@ func (o observed) Renew(ctx context.Context, id string, fence uint64, ttl time.D
 	return o.Store.Renew(ctx, id, fence, ttl, bump)
 }
 
-func (o observed) Epoch(ctx context.Context, seen uint32, window time.Duration) (e uint32, lost bool, err error) {
+func (o observed) Epoch(ctx context.Context, seen uint32, window time.Duration) (e uint32, lost statestore.Loss, err error) {
 	defer func(start time.Time) { o.done("epoch", start, err) }(time.Now())
 	return o.Store.Epoch(ctx, seen, window)
 }

@@ -55,9 +55,10 @@ import (
 // Not seen: a store restarted empty behind a link that only went silent
 // for this replica, or one whose restart came back within the
 // heartbeat's round without this replica's connections noticing. The
-// other replica, which saw the store's epoch change, answers the session
-// it cannot find "not now" for a while (LostLately), and this one writes
-// it back once it reaches the store.
+// other replica, which saw the store's epoch change or finds its loss
+// recorded by one that did, answers the session it cannot find "not now"
+// for a while (LostLately), and this one writes it back once it reaches
+// the store.
 //
 // What a call served from memory within the grace did is in no record
 // (its result said notSaved): the other replica goes on from the state
@@ -147,14 +148,15 @@ func (d *Keeper) StoreAway() bool {
 	return d.beats.failing
 }
 
-// lostHold is how long after this replica saw the store come back empty
-// (a new epoch) a session the store does not hold is "not now" rather
-// than unknown (LostLately).
+// lostHold is how long after the store came back empty (a new epoch) a
+// session it does not hold is "not now" rather than unknown
+// (LostLately).
 const lostHold = time.Minute
 
-// LostLately reports whether this replica saw the store come back empty
-// (its epoch change) within lostHold, reading the store's epoch now if
-// it saw none lately (its heartbeat reads it only every 2 s). A session
+// LostLately reports whether the store came back empty (its epoch
+// change) within lostHold, as this replica saw it or as the store's
+// record of its loss says, reading the store's epoch now if it knows of
+// no loss lately (its heartbeat reads it only every 2 s). A session
 // the store does not hold may then be one a replica cut off from the
 // store alone still holds: its link silent, nothing told it of the loss,
 // so past its grace it hands the session over (ServeElsewhere), and it
@@ -163,8 +165,21 @@ const lostHold = time.Minute
 // client (TestCutOffStoreBackEmptyLosesNoSession); answered "not now" it
 // is retried until then, for lostHold at most: a session whose replica
 // died with the store's data is unknown after all, said so that much
-// later. A replica that never saw the earlier epoch cannot tell. The
-// error is the epoch read's, when the store did not answer it.
+// later.
+//
+// A replica that never saw the earlier epoch (started since the loss:
+// the proxy's fallback may be one restarted or added) learns of it from
+// the record a replica that saw it left in the store, dated by the
+// store's clock (statestore.Loss), so that every replica holds back
+// alike whatever its clock: the record is written with the epoch read
+// that saw the change, by the first replica to read the store after it
+// came back (a live one's heartbeat, within 2 s). When no replica that
+// reaches the store saw the earlier epoch (each restarted with the
+// store), nothing records the loss, and a session the store does not
+// hold is unknown. The record comes with the epoch read this made
+// already when it knew of no loss (no exchange more), and only for a
+// session the store does not hold. The error is the epoch read's, when
+// the store did not answer it.
 func (d *Keeper) LostLately(ctx context.Context) (bool, error) {
 	if d == nil {
 		return false, nil
@@ -179,6 +194,5 @@ func (d *Keeper) LostLately(ctx context.Context) (bool, error) {
 }
 
 func (d *Keeper) lostRecently() bool {
-	at := d.lostSeen.Load()
-	return at != 0 && sinceBase()-time.Duration(at) < lostHold
+	return int64(sinceBase()) < d.lostUntil.Load()
 }

@@ -58,10 +58,14 @@ func (d *Keeper) Heartbeat(ctx context.Context) {
 // records that it lost the earlier one, for the session timeout (the
 // longest a client's record lives idle, d.ttl). It returns whether such
 // a loss is recorded for the store's epoch now, by this replica or
-// another. The heartbeat calls it each round, so that a live replica
-// records a loss though no client of its own comes back, and take for a
-// client header the store has no record of, which may be one whose
-// state went with the loss (TestStoreBackEmptyHeaderClientToldReset).
+// another, and holds back what the store does not hold (lostUntil) for
+// lostHold after the loss this replica saw or the store recorded,
+// whichever is later: a replica started since the loss, which never saw
+// the earlier epoch, learns of it from the record. The heartbeat calls
+// it each round, so that a live replica records a loss though no client
+// of its own comes back, and take for a client header the store has no
+// record of, which may be one whose state went with the loss
+// (TestStoreBackEmptyHeaderClientToldReset).
 //
 // An epoch read that leaves this replica holding the store's answer
 // moves epochAt to when it was asked (never back): a refusal noted
@@ -69,13 +73,20 @@ func (d *Keeper) Heartbeat(ctx context.Context) {
 func (d *Keeper) noteEpoch(ctx context.Context) (lost bool, err error) {
 	seen := d.epoch.Load()
 	asked := int64(sinceBase())
-	e, lost, err := d.store.Epoch(ctx, seen, d.ttl())
+	e, loss, err := d.store.Epoch(ctx, seen, d.ttl())
 	if err != nil {
 		return false, fmt.Errorf("state store: epoch: %w", err)
 	}
 	if d.epoch.CompareAndSwap(seen, e) && seen != 0 && e != seen {
-		d.lostSeen.Store(int64(sinceBase()))
+		d.holdLost(sinceBase() + lostHold)
 		d.log.Warn("state store came back empty (a new epoch): its loss is recorded", "was", seen, "now", e)
+	}
+	if loss.Recorded && loss.Ago < lostHold {
+		// The record's age is by the store's clock, and dated back
+		// from when the read was asked by this replica's: no other
+		// replica's clock (the recorder's "at") enters, so a skew
+		// between replicas neither shortens nor stretches the hold.
+		d.holdLost(time.Duration(asked) - loss.Ago + lostHold)
 	}
 	// Another read's answer stored meanwhile (an epoch the store had
 	// before or after this one) leaves epochAt to that read's.
@@ -85,7 +96,17 @@ func (d *Keeper) noteEpoch(ctx context.Context) (lost bool, err error) {
 			break
 		}
 	}
-	return lost, nil
+	return loss.Recorded, nil
+}
+
+// holdLost moves lostUntil to until (ns since clockBase), never back.
+func (d *Keeper) holdLost(until time.Duration) {
+	for {
+		at := d.lostUntil.Load()
+		if int64(until) <= at || d.lostUntil.CompareAndSwap(at, int64(until)) {
+			return
+		}
+	}
 }
 
 // checkKey checks that this replica's state key opens what the store

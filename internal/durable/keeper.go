@@ -154,10 +154,11 @@ type Keeper struct {
 	keyChecked atomic.Bool
 	keyBad     atomic.Pointer[string]
 	renewing   atomic.Bool // a renewAll round runs
-	// lostSeen is when (ns since clockBase) this replica last saw the
-	// store's epoch change (noteEpoch: it came back empty), 0 never
-	// (LostLately).
-	lostSeen atomic.Int64
+	// lostUntil is until when (ns since clockBase) a session the store
+	// does not hold is "not now" (LostLately): lostHold after this
+	// replica last saw the store's epoch change, or after the loss the
+	// store recorded (noteEpoch), 0 never.
+	lostUntil atomic.Int64
 	// epoch is the store's epoch as this replica last saw it (noteEpoch),
 	// 0 before it saw one: a store seen with another since came back
 	// empty.

@@ -39,7 +39,8 @@ func TestLostLately(t *testing.T) {
 	if d.open() {
 		t.Fatal("the refusal opened the breaker: the store answered")
 	}
-	d.lostSeen.Store(int64(sinceBase() - lostHold - time.Second))
+	d.lostUntil.Store(int64(sinceBase() - time.Second))
+	mem.by = lostHold // the store's record of the loss as old
 	if lost, err := d.LostLately(ctx); lost || err != nil {
 		t.Fatalf("past lostHold: LostLately %v, %v; want false", lost, err)
 	}
@@ -70,9 +71,9 @@ func TestLostLatelyHandleBeforeHeartbeat(t *testing.T) {
 
 // epochSeen is a keeper of replica "b" on a memory store, which has read
 // the store's epoch once (as its heartbeat's last round would have).
-func epochSeen(t *testing.T) (*statestore.Memory, *Keeper) {
+func epochSeen(t *testing.T) (*agedLoss, *Keeper) {
 	t.Helper()
-	mem := statestore.NewMemory()
+	mem := &agedLoss{Memory: statestore.NewMemory()}
 	d := keeperOn(t, mem, "b")
 	if _, err := d.noteEpoch(context.Background()); err != nil {
 		t.Fatal(err)
@@ -105,6 +106,31 @@ func TestLostLatelyStartedAfterLoss(t *testing.T) {
 	if rec, err := mem.Get(ctx, StoreID(key)); len(rec) != 0 || !errors.Is(err, statestore.ErrNotFound) {
 		t.Errorf("the refused handle's record: %v, %v; want none (no claim)", rec, err)
 	}
+	// One started once the store's record of the loss is lostHold old
+	// (by the store's clock) finds the handle unknown, as before.
+	mem.by = lostHold
+	later := keeperOn(t, mem, "later")
+	if lost, err := later.LostLately(ctx); lost || err != nil {
+		t.Errorf("a replica started lostHold after the loss: LostLately %v, %v; want false", lost, err)
+	}
+	if c, err := later.Ensure(ctx, key, nil); c != nil || err != nil {
+		t.Errorf("an unknown handle lostHold after the loss: %v, %v; want unknown (nil, nil)", c, err)
+	}
+}
+
+// agedLoss is a memory store whose record of its loss reads as made by
+// more ago (by the store's clock) than it was.
+type agedLoss struct {
+	*statestore.Memory
+	by time.Duration
+}
+
+func (s *agedLoss) Epoch(ctx context.Context, seen uint32, window time.Duration) (uint32, statestore.Loss, error) {
+	e, loss, err := s.Memory.Epoch(ctx, seen, window)
+	if loss.Recorded {
+		loss.Ago += s.by
+	}
+	return e, loss, err
 }
 
 // keeperOn is a keeper of replica on store, which has not read the

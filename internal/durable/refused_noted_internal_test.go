@@ -101,9 +101,9 @@ func (s *refusingStore) Release(ctx context.Context, id string, fence uint64) er
 	return s.Store.Release(ctx, id, fence)
 }
 
-func (s *refusingStore) Epoch(ctx context.Context, seen uint32, window time.Duration) (uint32, bool, error) {
+func (s *refusingStore) Epoch(ctx context.Context, seen uint32, window time.Duration) (uint32, statestore.Loss, error) {
 	if err := s.fault("Epoch"); err != nil {
-		return 0, false, err
+		return 0, statestore.Loss{}, err
 	}
 	return s.Store.Epoch(ctx, seen, window)
 }

@@ -89,7 +89,7 @@ func (b bounded) Get(ctx context.Context, id string) (map[string][]byte, error) 
 	return rec, b.ended(ctx, begun, err)
 }
 
-func (b bounded) Epoch(ctx context.Context, seen uint32, window time.Duration) (uint32, bool, error) {
+func (b bounded) Epoch(ctx context.Context, seen uint32, window time.Duration) (uint32, statestore.Loss, error) {
 	ctx, cancel := statestore.WithTimeout(ctx, b.d)
 	defer cancel()
 	begun := time.Now()

@@ -98,7 +98,9 @@ func TestStoreBackEmptyIsDetected(t *testing.T) {
 // A store back empty records, when a caller that saw its earlier epoch
 // asks, that it lost that epoch, for the window the caller gives; every
 // caller asking then hears of it, whatever epoch it saw. A caller that saw
-// none (a brand-new store, a replica started since) records nothing.
+// none (a brand-new store, a replica started since) records nothing. The
+// record says how long ago it was made, by the store's clock: Redis's
+// reads the age off its TTL (one aged by shortening it).
 // internal/durable tells a client header the store has no record of, and
 // that comes within the window, that its state may be lost
 // (TestStoreBackEmptyHeaderClientToldReset in host).
@@ -109,7 +111,7 @@ func TestStoreBackEmptyLossIsRecorded(t *testing.T) {
 		t.Helper()
 		e1, lost, err := s.Epoch(ctx, 0, window)
 		must(t, err)
-		if e1 == 0 || lost {
+		if e1 == 0 || lost.Recorded {
 			t.Fatalf("a brand-new store: epoch %d, lost %v", e1, lost)
 		}
 		c, err := s.Claim(ctx, "x", statestore.Owner{Replica: "a", Boot: "1"}, long, false)
@@ -117,20 +119,20 @@ func TestStoreBackEmptyLossIsRecorded(t *testing.T) {
 		if statestore.Epoch(c.Fence) != e1 {
 			t.Fatalf("a claim's epoch %d, the store's %d", statestore.Epoch(c.Fence), e1)
 		}
-		if e, lost, err := s.Epoch(ctx, e1, window); err != nil || e != e1 || lost {
+		if e, lost, err := s.Epoch(ctx, e1, window); err != nil || e != e1 || lost.Recorded {
 			t.Fatalf("the same store again: %d %v %v", e, lost, err)
 		}
 		restart()
 		// A caller that saw no epoch before: nothing to tell.
 		e2, lost, err := s.Epoch(ctx, 0, window)
 		must(t, err)
-		if e2 == e1 || lost {
+		if e2 == e1 || lost.Recorded {
 			t.Fatalf("back empty, asked by a caller that saw none: epoch %d (was %d), lost %v", e2, e1, lost)
 		}
 		// One that saw e1 records the loss; then everyone hears of it.
 		for _, seen := range []uint32{e1, 0, e2} {
-			if e, lost, err := s.Epoch(ctx, seen, window); err != nil || e != e2 || !lost {
-				t.Fatalf("back empty, asked having seen %d: %d %v %v; want %d, lost", seen, e, lost, err, e2)
+			if e, lost, err := s.Epoch(ctx, seen, window); err != nil || e != e2 || !lost.Recorded || lost.Ago < 0 || lost.Ago > window/2 {
+				t.Fatalf("back empty, asked having seen %d: %d %+v %v; want %d, lost just now", seen, e, lost, err, e2)
 			}
 		}
 	}
@@ -151,6 +153,12 @@ func TestStoreBackEmptyLossIsRecorded(t *testing.T) {
 			p.Stop()
 			proxytest.StartRedisAt(t, addr)
 		})
+		raw := redis.NewClient(&redis.Options{Addr: addr})
+		t.Cleanup(func() { raw.Close() })
+		must(t, raw.PExpire(ctx, "wt:lost", window-10*time.Minute).Err())
+		if _, lost, err := s.Epoch(ctx, 0, window); err != nil || !lost.Recorded || lost.Ago < 10*time.Minute || lost.Ago > 11*time.Minute {
+			t.Fatalf("the loss's record, 10 min of its window gone: %+v %v; want lost 10 min ago", lost, err)
+		}
 	})
 }
 

@@ -207,12 +207,12 @@ func (f *File) epoch(tx *bolt.Tx) uint32 {
 
 // Epoch returns the file's epoch. It records no loss: the one process
 // that holds the file cannot see it come back empty.
-func (f *File) Epoch(ctx context.Context, seen uint32, window time.Duration) (epoch uint32, lost bool, err error) {
+func (f *File) Epoch(ctx context.Context, seen uint32, window time.Duration) (epoch uint32, lost Loss, err error) {
 	err = f.do(ctx, false, func(tx *bolt.Tx) error {
 		epoch = f.epoch(tx)
 		return nil
 	})
-	return epoch, false, err
+	return epoch, Loss{}, err
 }
 
 // check returns id's record if fence may write it.

@@ -20,11 +20,11 @@ type Memory struct {
 	closed bool
 	epoch  uint32
 	// lostFor is the epoch whose loss of an earlier one is recorded
-	// (Epoch), until lostUntil; 0 for none.
-	lostFor   uint32
-	lostUntil time.Time
-	alive     map[Owner]time.Time // heartbeat expiry
-	records   map[string]*memRecord
+	// (Epoch), at lostAt until lostUntil; 0 for none.
+	lostFor           uint32
+	lostAt, lostUntil time.Time
+	alive             map[Owner]time.Time // heartbeat expiry
+	records           map[string]*memRecord
 }
 
 type memRecord struct {
@@ -62,15 +62,19 @@ func (m *Memory) Flush() {
 	clear(m.alive)
 }
 
-func (m *Memory) Epoch(ctx context.Context, seen uint32, window time.Duration) (uint32, bool, error) {
+func (m *Memory) Epoch(ctx context.Context, seen uint32, window time.Duration) (uint32, Loss, error) {
 	if err := m.lock(ctx); err != nil {
-		return 0, false, err
+		return 0, Loss{}, err
 	}
 	defer m.mu.Unlock()
+	now := m.now()
 	if seen != 0 && seen != m.epoch && m.lostFor != m.epoch {
-		m.lostFor, m.lostUntil = m.epoch, m.now().Add(window)
+		m.lostFor, m.lostAt, m.lostUntil = m.epoch, now, now.Add(window)
 	}
-	return m.epoch, m.lostFor == m.epoch && m.now().Before(m.lostUntil), nil
+	if m.lostFor != m.epoch || !now.Before(m.lostUntil) {
+		return m.epoch, Loss{}, nil
+	}
+	return m.epoch, Loss{Recorded: true, Ago: max(now.Sub(m.lostAt), 0)}, nil
 }
 
 // Expire forgets one record and its fence, as an eviction does. For tests.

@@ -1223,46 +1223,61 @@ func (r *Redis) Renew(ctx context.Context, id string, fence uint64, ttl time.Dur
 
 // lostKey records that the store lost an earlier epoch's data (see
 // epochScript): a hash of "epoch" (the store's epoch when the loss was
-// recorded), "lost" (the epoch lost) and "at" (when, by the recorder's
-// clock: Unix ms), which expires after the window its recorder gave.
+// recorded), "lost" (the epoch lost), "at" (when, by the recorder's
+// clock: Unix ms, for an operator) and "window" (ms), which it expires
+// after. Its age is read by the store's clock, as the window less what is
+// left of its TTL: the recorder's "at" against a reader's clock would
+// carry their skew.
 const lostKey = "wt:lost"
 
 // epochScript: KEYS epoch, lost; ARGV a new epoch (used when the store
 // has none), the epoch the caller saw before (0 for none), window ms, the
 // caller's clock (Unix ms: not the script's TIME, which older servers
 // refuse before a write).
-// Returns {epoch, lost}: lost is 1 while a loss is recorded for the
-// store's epoch. The two keys are in different slots, as a claim's
+// Returns {epoch, lost, ago}: lost is 1 while a loss is recorded for the
+// store's epoch, ago how long ago it was recorded (ms, by the store's
+// clock: PTTL, read after the writes, which older servers allow; a
+// record of a replica that wrote no window is aged by the caller's). The
+// two keys are in different slots, as a claim's
 // heartbeat key is: one Redis server, not Cluster.
 var epochScript = redis.NewScript(`
 local e = redis.call('GET', KEYS[1])
 if not e then redis.call('SET', KEYS[1], ARGV[1]); e = ARGV[1] end
 if ARGV[2] ~= '0' and ARGV[2] ~= e and redis.call('HGET', KEYS[2], 'epoch') ~= e then
   redis.call('DEL', KEYS[2])
-  redis.call('HSET', KEYS[2], 'epoch', e, 'lost', ARGV[2], 'at', ARGV[4])
+  redis.call('HSET', KEYS[2], 'epoch', e, 'lost', ARGV[2], 'at', ARGV[4], 'window', ARGV[3])
   redis.call('PEXPIRE', KEYS[2], ARGV[3])
 end
-if redis.call('HGET', KEYS[2], 'epoch') == e then return {e, 1} end
-return {e, 0}
+if redis.call('HGET', KEYS[2], 'epoch') == e then
+  local w = tonumber(redis.call('HGET', KEYS[2], 'window') or ARGV[3]) or 0
+  local left = redis.call('PTTL', KEYS[2])
+  if left < 0 then left = 0 end
+  return {e, 1, math.max(w - left, 0)}
+end
+return {e, 0, 0}
 `)
 
-func (r *Redis) Epoch(ctx context.Context, seen uint32, window time.Duration) (uint32, bool, error) {
+func (r *Redis) Epoch(ctx context.Context, seen uint32, window time.Duration) (uint32, Loss, error) {
 	var res []any
 	err := r.call(ctx, func() (err error) {
 		res, err = r.script(ctx, epochScript, []string{epochKey, lostKey}, newEpoch(), seen, max(window.Milliseconds(), 1), time.Now().UnixMilli()).Slice()
 		return err
 	})
 	if err != nil {
-		return 0, false, err
+		return 0, Loss{}, err
 	}
-	if len(res) == 2 {
+	if len(res) == 3 {
 		s, _ := res[0].(string)
 		lost, _ := res[1].(int64)
+		ago, _ := res[2].(int64)
 		if e, err := strconv.ParseUint(s, 10, 32); err == nil && e != 0 {
-			return uint32(e), lost == 1, nil
+			if lost != 1 {
+				return uint32(e), Loss{}, nil
+			}
+			return uint32(e), Loss{Recorded: true, Ago: time.Duration(ago) * time.Millisecond}, nil
 		}
 	}
-	return 0, false, fmt.Errorf("statestore: redis: epoch: unexpected reply %v", res)
+	return 0, Loss{}, fmt.Errorf("statestore: redis: epoch: unexpected reply %v", res)
 }
 
 func (r *Redis) Get(ctx context.Context, id string) (map[string][]byte, error) {

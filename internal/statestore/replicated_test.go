@@ -157,7 +157,7 @@ func TestSentinelFailoverKeepsAcknowledged(t *testing.T) {
 	proxytest.StartRedisReplica(t, replica)
 	e, lost, err := s.Epoch(bg, epoch, time.Minute)
 	must(t, err)
-	if e != epoch || lost {
+	if e != epoch || lost.Recorded {
 		t.Errorf("epoch after the failover %d (lost %v), want %d", e, lost, epoch)
 	}
 	for id, f := range fences {

@@ -217,12 +217,12 @@ func TestResendAfterLandedAppliesOnce(t *testing.T) {
 			must(t, err)
 			must(t, raw.Del(bg, epochKey).Err())
 			var e uint32
-			var lost bool
+			var lost Loss
 			cut("epoch", lostKey, func() (err error) {
 				e, lost, err = s.Epoch(bg, old, time.Minute)
 				return err
 			})
-			if !lost || get(epochKey) != strconv.FormatUint(uint64(e), 10) || e == old ||
+			if !lost.Recorded || get(epochKey) != strconv.FormatUint(uint64(e), 10) || e == old ||
 				hget(lostKey, "lost") != strconv.FormatUint(uint64(old), 10) || hget(lostKey, "epoch") != strconv.FormatUint(uint64(e), 10) {
 				t.Errorf("epoch resent: %d lost %v; the store's %q, its lost mark %v", e, lost, get(epochKey), raw.HGetAll(bg, lostKey).Val())
 			}

@@ -80,6 +80,19 @@ func Lost(err error) bool { return errors.Is(err, ErrStoreLost) || errors.Is(err
 // back empty refuses every fence claimed before.
 func Epoch(fence uint64) uint32 { return uint32(fence >> 32) }
 
+// Loss is what a store's Epoch says of its loss of an earlier epoch's
+// data.
+type Loss struct {
+	// Recorded: a loss is recorded for the store's epoch now, and the
+	// window its recorder gave has not run out.
+	Recorded bool
+	// Ago is how long before the read the loss was recorded, by the
+	// store's own clock (0 unless Recorded): one clock dates the record
+	// and reads its age, so that replicas whose clocks disagree read it
+	// alike (Redis: the record's window less what is left of its TTL).
+	Ago time.Duration
+}
+
 // newEpoch is a random epoch, never 0.
 func newEpoch() uint32 {
 	var b [4]byte
@@ -226,15 +239,17 @@ type Store interface {
 	// Epoch returns the store's epoch (the [Epoch] of the fences it
 	// hands out now), making one if it has none, and whether the store
 	// lost an earlier epoch's data within the last window, as recorded by
-	// this or another caller. seen is an epoch the caller saw before (0
-	// for none): when the store's is another, the store came back empty
-	// (or was flushed) since, and it records that now, for window, unless
-	// a loss is recorded for its epoch already. A store that can tell no
-	// new client from one whose state it lost uses it (internal/durable:
-	// a client header first seen within window of a loss is told its
-	// state may be lost). A File, which cannot lose its data under the
-	// one process that holds it, records nothing.
-	Epoch(ctx context.Context, seen uint32, window time.Duration) (epoch uint32, lost bool, err error)
+	// this or another caller, and how long ago ([Loss]). seen is an epoch
+	// the caller saw before (0 for none): when the store's is another, the
+	// store came back empty (or was flushed) since, and it records that
+	// now, for window, unless a loss is recorded for its epoch already. A
+	// store that can tell no new client from one whose state it lost uses
+	// it (internal/durable: a client header first seen within window of a
+	// loss is told its state may be lost; a session the store does not
+	// hold, asked for within a minute of the loss, is "not now", at a
+	// replica started since too). A File, which cannot lose its data under
+	// the one process that holds it, records nothing.
+	Epoch(ctx context.Context, seen uint32, window time.Duration) (epoch uint32, lost Loss, err error)
 	// Close frees the backend's resources.
 	Close() error
 }
