@@ -158,7 +158,9 @@ type Lease struct {
 // [ErrUnknownKey] (a [Handle] key that is not open),
 // [ErrRetired] (p was replaced or removed: acquire the version served
 // now), and ctx's error. An instance that fails to start gives an error
-// matching [ErrStart]. An instance of an older version of p held by the
+// matching [ErrStart], and leaves what it would have started from (a
+// seed, a saved or stored state, a reset to say) to the client's next
+// lease. An instance of an older version of p held by the
 // client is moved to p first, its state handed over when both versions
 // can (see [Lease.Notice]).
 func (m *Manager) Acquire(ctx context.Context, key Key, p *plugins.Plugin) (*Lease, error) {
@@ -308,6 +310,9 @@ func (m *Manager) acquireSlot(ctx context.Context, key Key, p *plugins.Plugin) (
 			return fail(ErrMoved)
 		}
 		seed, seeded := c.seedFor(p.Name())
+		// What the start takes (c.seeds' seed, the moved mark, the slot's
+		// notice), given back if no instance starts: giveBack.
+		own, before := seeded && stored == nil, sl.notice.Reset
 		delete(c.seeds, p.Name())
 		if c.started == nil {
 			c.started = map[string]bool{}
@@ -329,12 +334,44 @@ func (m *Manager) acquireSlot(ctx context.Context, key Key, p *plugins.Plugin) (
 		}
 		evicted := sl.notice.Reset != nil && sl.notice.Reset.Reason == ReasonEvicted
 		m.mu.Unlock()
+		// giveBack puts back what the start took when no instance started
+		// (a call whose context ended as its state was restored): the
+		// plugin's next lease starts from the same seed, reads Stored or
+		// asks Saved again, or says the notice. Taken for good, the next
+		// instance started afresh with no word. Not after a Seed of
+		// another claim since (the slot's fence is not the client's):
+		// its seeds stand, as they would over the instance, stale once
+		// started. One of the starting instance's fence, or an Adopt,
+		// kept the instance's source over its seeds: that is given back.
+		giveBack := func() {
+			m.mu.Lock()
+			defer m.mu.Unlock()
+			if c.fence != sl.fence {
+				return
+			}
+			if _, ok := c.seeds[p.Name()]; own && !ok {
+				if c.seeds == nil {
+					c.seeds = map[string]Seed{}
+				}
+				// An AnyPlugin seed as the plugin's own; one whose state did
+				// not restore as lost (see start).
+				c.seeds[p.Name()] = seed
+			}
+			if stored != nil {
+				if c.moved == nil {
+					c.moved = map[string]bool{}
+				}
+				c.moved[p.Name()] = true
+			}
+			sl.notice.Reset = before
+		}
 		if !seeded && evicted && m.opts.Saved != nil {
 			// The evicted instance's state may be kept elsewhere.
 			st, why, known := m.opts.Saved(ctx, c.key, p)
 			if !known {
 				// Not started afresh over the saved state: the slot keeps
 				// its notice, and the next lease asks again.
+				giveBack()
 				m.unreserve(p)
 				return fail(fmt.Errorf("%w: the evicted instance's saved state could not be read now", ErrMoved))
 			}
@@ -348,8 +385,9 @@ func (m *Manager) acquireSlot(ctx context.Context, key Key, p *plugins.Plugin) (
 			}
 			m.mu.Unlock()
 		}
-		inst, reset, err := m.start(ctx, p, seed, seeded)
+		inst, reset, err := m.start(ctx, p, &seed, seeded)
 		if err != nil {
+			giveBack()
 			m.unreserve(p)
 			return fail(fmt.Errorf("%w: %w", ErrStart, err))
 		}
@@ -389,13 +427,14 @@ func (m *Manager) acquireSlot(ctx context.Context, key Key, p *plugins.Plugin) (
 
 // start makes a new instance of p: from the client's seed if it has one
 // for p, else afresh. A seed that cannot be restored gives a fresh
-// instance and the reset to tell the client of.
-func (m *Manager) start(ctx context.Context, p *plugins.Plugin, seed Seed, seeded bool) (*plugins.Instance, *Reset, error) {
+// instance and the reset to tell the client of; it is made a lost one
+// (Seed.Lost), so that a start that fails after it gives back a seed that
+// is said, not restored again.
+func (m *Manager) start(ctx context.Context, p *plugins.Plugin, seed *Seed, seeded bool) (*plugins.Instance, *Reset, error) {
 	if !seeded {
 		inst, err := p.NewInstance(ctx)
 		return inst, nil, err
 	}
-	lost := seed.Lost
 	if seed.State != nil {
 		inst, err := p.RestoreState(ctx, seed.State)
 		if err == nil {
@@ -408,14 +447,14 @@ func (m *Manager) start(ctx context.Context, p *plugins.Plugin, seed Seed, seede
 		if ctx.Err() != nil {
 			return nil, nil, err
 		}
-		lost = err.Error()
+		*seed = Seed{Lost: err.Error(), Reason: seed.Reason}
 	}
 	inst, err := p.NewInstance(ctx)
 	if err != nil {
 		return nil, nil, err
 	}
-	m.log.Warn("instance state lost with its replica", "plugin", p.Name(), "detail", lost)
-	return inst, &Reset{Reason: cmp.Or(seed.Reason, ReasonReplicaLost), Detail: lost}, nil
+	m.log.Warn("instance state lost with its replica", "plugin", p.Name(), "detail", seed.Lost)
+	return inst, &Reset{Reason: cmp.Or(seed.Reason, ReasonReplicaLost), Detail: seed.Lost}, nil
 }
 
 // takeToken waits for a turn under the concurrency limit.
