@@ -1,0 +1,69 @@
+package durable
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/wasmtools/wasmtools/internal/proxytest"
+	"github.com/wasmtools/wasmtools/internal/statestore"
+)
+
+// TestLostLatelyRecordHeldAMinute: a replica that learns of the store's
+// loss from its record (wt:lost, aged by Redis's clock: its window less
+// its TTL left) holds back what the store does not hold for lostHold
+// after it first read the record, not for as long as the record reads
+// as new. A store whose clock went back since the record was written (a
+// Sentinel failover to a primary whose clock is behind: Redis 7 hands
+// expiries on as absolute times; an NTP step) leaves the record a TTL
+// longer than its window, which read as a loss "just now" at every read
+// until the clock caught up, each renewing the hold: every session the
+// store does not hold, and every made-up ID, answered "not now" (503,
+// -32053) by a healthy cluster for the whole step. Modelled by setting
+// the record's TTL, as TestStoreBackEmptyLossIsRecorded ages it.
+func TestLostLatelyRecordHeldAMinute(t *testing.T) {
+	if _, ok := proxytest.Find("redis-server"); !ok {
+		proxytest.Binary(t, "redis-server", "redis-server") // fails under CI, else skips
+	}
+	ctx := context.Background()
+	addr := proxytest.FreeAddr(t)
+	p := proxytest.StartRedisAt(t, addr)
+	store, err := statestore.NewRedis("redis://" + addr + "/0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { store.Close() })
+	raw := redis.NewClient(&redis.Options{Addr: addr})
+	t.Cleanup(func() { raw.Close() })
+
+	a := keeperOn(t, store, "a")
+	if _, err := a.noteEpoch(ctx); err != nil {
+		t.Fatal(err)
+	}
+	p.Stop()
+	proxytest.StartRedisAt(t, addr) // back empty
+	if lost, err := a.noteEpoch(ctx); !lost || err != nil {
+		t.Fatalf("a, which saw the earlier epoch: loss recorded %v, %v; want true", lost, err)
+	}
+
+	late := keeperOn(t, store, "late") // started since the loss
+	// The store's clock went 10 min back just after the record was
+	// written: its TTL now outlasts its window by as much.
+	if err := raw.PExpire(ctx, "wt:lost", late.ttl()+10*time.Minute).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := late.LostLately(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// A minute on, by the store's clock and by late's (its hold over):
+	// the record is that old.
+	if err := raw.PExpire(ctx, "wt:lost", late.ttl()+9*time.Minute).Err(); err != nil {
+		t.Fatal(err)
+	}
+	late.lostUntil.Store(int64(sinceBase() - time.Second))
+	if lost, err := late.LostLately(ctx); lost || err != nil {
+		t.Errorf("lostHold after late first read the loss's record: LostLately %v, %v; want false (the hold renewed)", lost, err)
+	}
+}
