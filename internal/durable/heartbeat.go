@@ -81,11 +81,16 @@ func (d *Keeper) noteEpoch(ctx context.Context) (lost bool, err error) {
 		d.holdLost(sinceBase() + lostHold)
 		d.log.Warn("state store came back empty (a new epoch): its loss is recorded", "was", seen, "now", e)
 	}
-	if loss.Recorded && loss.Ago < lostHold {
+	if loss.Recorded && d.lossRead.Swap(e) != e && loss.Ago < lostHold {
 		// The record's age is by the store's clock, and dated back
 		// from when the read was asked by this replica's: no other
 		// replica's clock (the recorder's "at") enters, so a skew
 		// between replicas neither shortens nor stretches the hold.
+		// Dated once, from the first read of the record: a store whose
+		// clock went back since it was written (a failover to a primary
+		// whose clock is behind, which Redis hands expiries on to as
+		// absolute times) reads it as new until it catches up, and each
+		// read renewed the hold (TestLostLatelyRecordHeldAMinute).
 		d.holdLost(time.Duration(asked) - loss.Ago + lostHold)
 	}
 	// Another read's answer stored meanwhile (an epoch the store had

@@ -159,6 +159,12 @@ type Keeper struct {
 	// replica last saw the store's epoch change, or after the loss the
 	// store recorded (noteEpoch), 0 never.
 	lostUntil atomic.Int64
+	// lossRead is the epoch whose recorded loss this replica dated a
+	// hold from (noteEpoch), 0 none: the record's time is fixed, so a
+	// later read of it moves nothing, and one that reads it as newer (the
+	// store's clock set back since it was written) would hold back for
+	// as long as the clock is behind.
+	lossRead atomic.Uint32
 	// epoch is the store's epoch as this replica last saw it (noteEpoch),
 	// 0 before it saw one: a store seen with another since came back
 	// empty.
