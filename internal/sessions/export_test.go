@@ -121,3 +121,7 @@ func (m *Manager) CheckHandleIndex() error {
 	}
 	return nil
 }
+
+// SetGaveBack has f run after each start that failed gave back what it
+// took, before its lease lets the slot go.
+func (m *Manager) SetGaveBack(f func()) { m.gaveBack = f }

@@ -388,6 +388,9 @@ func (m *Manager) acquireSlot(ctx context.Context, key Key, p *plugins.Plugin) (
 		inst, reset, err := m.start(ctx, p, &seed, seeded)
 		if err != nil {
 			giveBack()
+			if m.gaveBack != nil {
+				m.gaveBack()
+			}
 			m.unreserve(p)
 			return fail(fmt.Errorf("%w: %w", ErrStart, err))
 		}

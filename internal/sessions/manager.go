@@ -239,6 +239,9 @@ type Manager struct {
 	opts Options
 	log  *slog.Logger
 	obs  Observer
+	// gaveBack, set by tests only, runs after a failed start gave back
+	// what it took and before its lease lets the slot go.
+	gaveBack func()
 
 	mu      sync.Mutex
 	closed  bool

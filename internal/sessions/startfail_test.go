@@ -33,6 +33,20 @@ func slowWorld(t *testing.T, opts sessions.Options) (*world, *plugins.State) {
 	return w, st
 }
 
+// roomWorld is a slowWorld of one instance at most, where a lease's
+// context that failStart was given ends as the lease makes room (the
+// Observer's close of the instance it evicts).
+func roomWorld(t *testing.T) (*world, *plugins.State, *atomic.Pointer[context.CancelFunc]) {
+	var cancelled atomic.Pointer[context.CancelFunc]
+	w, good := slowWorld(t, sessions.Options{MaxInstances: 1})
+	w.obs.onClose = func(string) {
+		if f := cancelled.Load(); f != nil {
+			(*f)()
+		}
+	}
+	return w, good, &cancelled
+}
+
 // failStart asks for key's lease of slow under a context that cancel's
 // caller cancels as the instance is about to start, and wants ErrStart.
 func failStart(t *testing.T, w *world, key sessions.Key, cancelled *atomic.Pointer[context.CancelFunc]) {
@@ -84,14 +98,8 @@ func TestFailedStartGivesSeedBack(t *testing.T) {
 		}, sessions.ReasonReplicaLost},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			var cancelled atomic.Pointer[context.CancelFunc]
-			w, good := slowWorld(t, sessions.Options{MaxInstances: 1})
+			w, good, cancelled := roomWorld(t)
 			defer w.finish()
-			w.obs.onClose = func(string) {
-				if f := cancelled.Load(); f != nil {
-					(*f)()
-				}
-			}
 			other, err := w.plugin("counter").NewInstance(w.ctx)
 			if err != nil {
 				t.Fatal(err)
@@ -108,7 +116,7 @@ func TestFailedStartGivesSeedBack(t *testing.T) {
 			if w.reset(b, "counter", nil) != "" {
 				t.Fatal("b's fresh instance says a reset")
 			}
-			failStart(t, w, a, &cancelled) // evicts b's, then its context ends
+			failStart(t, w, a, cancelled) // evicts b's, then its context ends
 			l, err := w.m.Acquire(w.ctx, a, w.plugin("slow"))
 			if err != nil {
 				t.Fatal(err)
@@ -229,4 +237,39 @@ func evictedSlowWorld(t *testing.T, during func(w *world)) *evictedSlow {
 	e.w.reset(e.a, "slow", nil)
 	e.w.reset(sessions.Client("b"), "counter", nil) // evicts a's
 	return e
+}
+
+// A Seed under the client's fence that comes once a start that failed
+// gave back what it took, but before its lease let the slot go, finds
+// the slot still starting: it dropped the plugin's seed, its own and the
+// one given back, as it does for an instance that goes on, and counted
+// the plugin started, though no instance started. The next instance
+// started afresh with no word: a seeded state lost unsaid (durable:
+// resume and announceLost seed under the client's fence, and the fresh
+// instance's checkpoint writes over the record's state).
+func TestSeedAfterFailedStartStands(t *testing.T) {
+	w, good, cancelled := roomWorld(t)
+	defer w.finish()
+	a, b := sessions.Client("a"), sessions.Client("b")
+	if err := w.m.Seed(a, map[string]sessions.Seed{"slow": {State: good, Unsaid: "restored"}}, 1); err != nil {
+		t.Fatal(err)
+	}
+	if w.reset(b, "counter", nil) != "" {
+		t.Fatal("b's fresh instance says a reset")
+	}
+	w.m.SetGaveBack(func() {
+		w.m.SetGaveBack(nil)
+		if err := w.m.Seed(a, map[string]sessions.Seed{"slow": {Lost: "the record's", Reason: "seeded"}}, 1); err != nil {
+			t.Error(err)
+		}
+	})
+	failStart(t, w, a, cancelled) // evicts b's, then its context ends
+	l, err := w.m.Acquire(w.ctx, a, w.plugin("slow"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Done(nil)
+	if got := resetOf(l); got != "seeded" {
+		t.Fatalf("the instance after a start that failed, then a Seed: reset %q; want %q (the Seed's)", got, "seeded")
+	}
 }
