@@ -343,9 +343,15 @@ func (m *Manager) acquireSlot(ctx context.Context, key Key, p *plugins.Plugin) (
 		// its seeds stand, as they would over the instance, stale once
 		// started. One of the starting instance's fence, or an Adopt,
 		// kept the instance's source over its seeds: that is given back.
+		// In the hold that clears sl.starting: a Seed under the fence
+		// between the two took the slot for one whose instance goes
+		// on, dropped the plugin's seed, the one given back included,
+		// and the next instance started afresh unsaid
+		// (TestSeedAfterFailedStartStands).
 		giveBack := func() {
 			m.mu.Lock()
 			defer m.mu.Unlock()
+			sl.starting = false
 			if c.fence != sl.fence {
 				return
 			}
