@@ -1,15 +1,19 @@
 package host_test
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"regexp"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/wasmtools/wasmtools/host"
 	"github.com/wasmtools/wasmtools/internal/testplugins"
@@ -190,5 +194,67 @@ func TestRequestBodyHangUpNotCounted(t *testing.T) {
 	f.h.MetricsHandler().ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/metrics", nil))
 	if series := regexp.MustCompile(`(?m)^wasmtools_request_bodies_refused_total\{.*\} [1-9].*$`).FindAllString(rec.Body.String(), -1); len(series) > 0 {
 		t.Errorf("a request whose client hung up counted as refused: %s", series)
+	}
+}
+
+// TestPublicPathBodiesHoldNoBudget: the bodies of requests to the paths
+// served without a token (/healthz, /readyz, the operator's endpoints,
+// which check their own credential, and the OAuth metadata) count
+// against no one's share of the bound on request bodies. A red team
+// (stop 72) found them counted as the anonymous tenant's: a client with
+// no token sent chunked POSTs to /healthz and never their bodies, each
+// reserving 64 KiB from before its first byte until the body timeout
+// (30 s), and with only the shared token configured (no subjects: one
+// budget for everyone) every token holder's request then waited 2 s and
+// was refused 503, the call failing; with subjects, the shared token's
+// holders (the anonymous pool) were. At the defaults that is 1,024 idle
+// connections, or 16 that sent 2 MiB each, renewed every 30 s.
+func TestPublicPathBodiesHoldNoBudget(t *testing.T) {
+	const maxBody = 64 << 10
+	const shared = "shared-token-0123456789"
+	f := newFixture(t, nil, sandbox.NewPolicy(), map[string]string{"counter.wasm": testplugins.Example(t, "counter")})
+	// Each attacking request's step past the guard: its handler run
+	// (served without the bound), or the server's "100 Continue" (the
+	// guard reading its body, which it does only once it counted it).
+	taken := make(chan struct{}, 16)
+	mux := http.NewServeMux()
+	mux.Handle("/mcp", f.h.HTTPHandler())
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
+		taken <- struct{}{}
+		io.WriteString(w, "ok")
+	})
+	srv := httptest.NewServer(host.Guard(mux, host.GuardOptions{
+		Token: shared, Public: []string{"/healthz"}, MaxBody: maxBody, RequestBytes: 4 * maxBody,
+		// The attack holds for as long as a body may take: longer than
+		// the call below is given.
+		BodyTimeout: 5 * time.Minute,
+	}))
+	t.Cleanup(srv.Close)
+	cs := connectHTTP(t, srv.URL, "", tenantTransport{token: shared})
+
+	// Four POSTs to /healthz with no token, their bodies chunked and
+	// never sent.
+	for range 4 {
+		c, err := net.Dial("tcp", strings.TrimPrefix(srv.URL, "http://"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		io.WriteString(c, "POST /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nTransfer-Encoding: chunked\r\nExpect: 100-continue\r\n\r\n")
+		go func() {
+			if status, _ := bufio.NewReader(c).ReadString('\n'); strings.HasPrefix(status, "HTTP/1.1 100") {
+				taken <- struct{}{}
+			}
+		}()
+	}
+	for range 4 {
+		<-taken
+	}
+
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	res, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: "count"})
+	if err != nil || res.IsError {
+		t.Fatalf("the shared token's call while clients with no token hold bodies to /healthz: %v %+v; want it served", err, res)
 	}
 }
