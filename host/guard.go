@@ -44,12 +44,16 @@ type GuardOptions struct {
 	Verifier wauth.Verifier
 	Bearer   BearerOptions
 	// Public are paths served without the token; the other checks still
-	// apply. wasmtools lists /metrics here only when the operator says
-	// so (http.metrics_public).
+	// apply, but for the bound on request bodies, which counts a body
+	// against the tenant its token names: a handler of a public path
+	// must not read a body. wasmtools lists its probes and the
+	// operator's endpoints here, which check the operator's credential
+	// themselves.
 	Public []string
 	// Open are paths served without the token to any origin (the Host
 	// check still applies): public documents a browser-based client reads
 	// cross-origin, such as the protected resource metadata (RFC 9728).
+	// As on Public paths, their bodies are neither read nor counted.
 	Open []string
 	// AllowedOrigins are browser origins ("http://localhost:6274"),
 	// besides the server's own, whose cross-origin requests are served.
@@ -124,6 +128,13 @@ func Guard(next http.Handler, o GuardOptions) http.Handler {
 	if o.Metrics != nil {
 		bodies.refused = o.Metrics.metrics.bodiesRefused
 	}
+	// The paths served without the token are served without the budget:
+	// their handlers read no body, and counted, a body that never came
+	// (chunked: counted from before its first byte) held the anonymous
+	// tenant's share, or with no subjects everyone's, until the body
+	// timeout, for anyone who reached the port with no token at all
+	// (a red team, stop 72: TestPublicPathBodiesHoldNoBudget).
+	untokened := next
 	next = bodies.wrap(next)
 	withToken := next
 	switch {
@@ -143,7 +154,7 @@ func Guard(next http.Handler, o GuardOptions) http.Handler {
 			return
 		}
 		if open[r.URL.Path] {
-			next.ServeHTTP(w, r)
+			untokened.ServeHTTP(w, r)
 			return
 		}
 		if err := checkOrigin(r, allowed); err != nil {
@@ -151,7 +162,7 @@ func Guard(next http.Handler, o GuardOptions) http.Handler {
 			return
 		}
 		if public[r.URL.Path] {
-			next.ServeHTTP(w, r)
+			untokened.ServeHTTP(w, r)
 			return
 		}
 		withToken.ServeHTTP(w, r)
