@@ -2,13 +2,17 @@ package host_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"runtime"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/wasmtools/wasmtools/host"
@@ -136,4 +140,63 @@ func quietNotes(t *testing.T) *fixture {
 	}
 	t.Cleanup(func() { cat.Close(ctx) })
 	return &fixture{h: host.New(plugins.NewStatic(cat), &host.Options{Logger: slog.New(slog.DiscardHandler)})}
+}
+
+// TestSubscriptionsFairShares: the URIs 2025-11-25 sessions subscribe to
+// with resources/subscribe count, in bytes, against the same bound as
+// those of 2026-07-28 listen streams (64 MiB in all, with tenants a
+// quarter each): past his share bob's subscriptions are refused with
+// CodeBusy, and alice's are taken. A red team (stop 72) found only each
+// session bounded (256 URIs of 2 KiB, 512 KiB), so that a tenant held
+// that many times its share of sessions (1,024 at the defaults): 512 MiB
+// of URIs kept twice (the host's book and the go-sdk's), where its listen
+// streams were held to 16 MiB.
+func TestSubscriptionsFairShares(t *testing.T) {
+	ctx := context.Background()
+	f := newFixture(t, &host.Options{Tenants: true}, sandbox.NewPolicy(), map[string]string{"everything.wasm": testplugins.Example(t, "everything")})
+	url := serveGuarded(t, f, host.GuardOptions{Tokens: map[string]string{"alice": aliceToken, "bob": bobToken}})
+	pad := strings.Repeat("x", 2000)
+	uri := func(who string, s, i int) string {
+		return fmt.Sprintf("test://template/%s%d-%d-%s/data", who, s, i, pad)
+	}
+
+	// 36 sessions of 256 URIs of 2 KiB: 18 MiB, past bob's 16 MiB.
+	const sessions = 36
+	var refused, taken atomic.Int64
+	var wg sync.WaitGroup
+	work := make(chan int)
+	for range 6 {
+		wg.Go(func() {
+			for s := range work {
+				cs := connectHTTP(t, url, "2025-11-25", tenantTransport{token: bobToken})
+				for i := range 256 {
+					err := cs.Subscribe(ctx, &mcp.SubscribeParams{URI: uri("bob", s, i)})
+					var werr *jsonrpc.Error
+					switch {
+					case err == nil:
+						taken.Add(1)
+					case errors.As(err, &werr) && werr.Code == host.CodeBusy:
+						refused.Add(1)
+					default:
+						t.Errorf("bob's subscription %d of session %d: %v", i, s, err)
+						return
+					}
+				}
+			}
+		})
+	}
+	for s := range sessions {
+		work <- s
+	}
+	close(work)
+	wg.Wait()
+	if refused.Load() == 0 || taken.Load()*2000 > 16<<20 {
+		t.Errorf("bob's %d subscriptions of 2 KiB: %d taken, %d refused; want those past his 16 MiB refused with CodeBusy", sessions*256, taken.Load(), refused.Load())
+	}
+	cs := connectHTTP(t, url, "2025-11-25", tenantTransport{token: aliceToken})
+	for i := range 256 {
+		if err := cs.Subscribe(ctx, &mcp.SubscribeParams{URI: uri("alice", 0, i)}); err != nil {
+			t.Fatalf("alice's subscription %d while bob holds his share: %v", i, err)
+		}
+	}
 }
