@@ -12,7 +12,14 @@ import (
 // maxURILen bytes, and the go-sdk keeps about four times their bytes in
 // the parsed request and its subscriptions while the stream is open: 64
 // MiB of URIs is some 256 MiB of memory at most.
+// The URIs 2025-11-25 sessions subscribe to with resources/subscribe
+// count against the same bytes (takeBytes).
 const listenBytes = 64 << 20
+
+// subscriptionCost is what one resources/subscribe URI is counted at
+// besides its bytes: the host's book and the go-sdk's each keep it in a
+// map.
+const subscriptionCost = 128
 
 // listenBook bounds the open subscriptions/listen streams (the 2026-07-28
 // clients' way to be told of changes, open until the client leaves), in
@@ -62,23 +69,47 @@ func (b *listenBook) take(tenant string, n int) (release func(), err error) {
 	case b.open >= b.max || b.bytes+n > b.maxBytes:
 		return nil, fmt.Errorf("%w: the server holds %d listen streams, its most", errListensBusy, b.open)
 	}
-	b.streams[tenant]++
+	return b.bookLocked(tenant, 1, n), nil
+}
+
+// takeBytes books n bytes of URIs that a session of tenant's subscribed
+// to with resources/subscribe (2025-11-25), within the bytes the listen
+// streams' URIs are bounded to, in all and for each tenant, and returns
+// what frees them. A session holds at most maxSubscriptions of them, but
+// until stop 72 nothing bounded a tenant's: its share of sessions (1,024
+// at the defaults) held 512 KiB of URIs each.
+func (b *listenBook) takeBytes(tenant string, n int) (release func(), err error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	switch {
+	case b.held[tenant]+n > b.shareBytes:
+		return nil, fmt.Errorf("%w: this client's subscriptions hold %d bytes of URIs, its share is %d; unsubscribe from some", errListensBusy, b.held[tenant], b.shareBytes)
+	case b.bytes+n > b.maxBytes:
+		return nil, fmt.Errorf("%w: the server's subscriptions hold %d bytes of URIs, its most", errListensBusy, b.bytes)
+	}
+	return b.bookLocked(tenant, 0, n), nil
+}
+
+// bookLocked counts streams (0 or 1) and n bytes for tenant, and returns
+// what gives them back, once. b.mu is held.
+func (b *listenBook) bookLocked(tenant string, streams, n int) (release func()) {
+	b.streams[tenant] += streams
 	b.held[tenant] += n
-	b.open++
+	b.open += streams
 	b.bytes += n
 	var once sync.Once
 	return func() {
 		once.Do(func() {
 			b.mu.Lock()
 			defer b.mu.Unlock()
-			if b.streams[tenant]--; b.streams[tenant] == 0 {
+			if b.streams[tenant] -= streams; b.streams[tenant] == 0 {
 				delete(b.streams, tenant)
 			}
 			if b.held[tenant] -= n; b.held[tenant] == 0 {
 				delete(b.held, tenant)
 			}
-			b.open--
+			b.open -= streams
 			b.bytes -= n
 		})
-	}, nil
+	}
 }

@@ -2,6 +2,7 @@ package host
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"sync"
@@ -42,10 +43,16 @@ const maxSubscriptions = 256
 // resources/subscribe, until it unsubscribes or ends. Its own lock;
 // owned by subscriptionsMiddleware.
 type subscriptions struct {
-	mu        sync.Mutex
-	bySession map[*mcp.ServerSession]map[string]struct{}
+	mu sync.Mutex
+	// bySession holds, for each URI a session subscribed to, what frees
+	// the bytes it was booked at (listenBook.takeBytes).
+	bySession map[*mcp.ServerSession]map[string]func()
 	watched   map[*mcp.ServerSession]struct{} // sessions with a watcher (undoAtEnd)
 }
+
+// errTooManySubscriptions is a session's subscription past
+// maxSubscriptions.
+var errTooManySubscriptions = fmt.Errorf("a session may hold at most %d resource subscriptions", maxSubscriptions)
 
 // subscriptionsMiddleware bounds subscriptions and undoes a session's at
 // its end. It is the innermost middleware, so that next is the go-sdk's
@@ -61,9 +68,14 @@ func (h *Host) subscriptionsMiddleware(next mcp.MethodHandler) mcp.MethodHandler
 			if err := h.subscribable(uri); err != nil {
 				return nil, err
 			}
-			if !h.subs.reserve(r.Session, uri) {
-				return nil, &jsonrpc.Error{Code: jsonrpc.CodeInvalidRequest,
-					Message: fmt.Sprintf("a session may hold at most %d resource subscriptions", maxSubscriptions)}
+			tenant := h.shareTenant(subjectOf(req.GetExtra()))
+			switch err := h.subs.reserve(r.Session, uri, func() (func(), error) {
+				return h.listens.takeBytes(tenant, len(uri)+subscriptionCost)
+			}); {
+			case errors.Is(err, errListensBusy):
+				return nil, &jsonrpc.Error{Code: CodeBusy, Message: err.Error(), Data: []byte(`{"reason":"too_many_subscriptions","retry":true}`)}
+			case err != nil:
+				return nil, &jsonrpc.Error{Code: jsonrpc.CodeInvalidRequest, Message: err.Error()}
 			}
 			out, err := next(ctx, method, req)
 			if err != nil {
@@ -157,34 +169,42 @@ func (h *Host) undoAtEnd(unsubscribe mcp.MethodHandler, ss *mcp.ServerSession) {
 	}()
 }
 
-// reserve records that ss subscribes to uri, and reports false when that
-// would make more than maxSubscriptions.
-func (s *subscriptions) reserve(ss *mcp.ServerSession, uri string) bool {
+// reserve records that ss subscribes to uri, booking its bytes with book
+// unless ss holds it already; it fails with errTooManySubscriptions when
+// that would make more than maxSubscriptions, or with book's error.
+func (s *subscriptions) reserve(ss *mcp.ServerSession, uri string, book func() (func(), error)) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.bySession == nil {
-		s.bySession = map[*mcp.ServerSession]map[string]struct{}{}
+		s.bySession = map[*mcp.ServerSession]map[string]func(){}
 	}
 	held := s.bySession[ss]
 	if _, ok := held[uri]; ok {
-		return true
+		return nil
 	}
 	if len(held) >= maxSubscriptions {
-		return false
+		return errTooManySubscriptions
+	}
+	release, err := book()
+	if err != nil {
+		return err
 	}
 	if held == nil {
-		held = map[string]struct{}{}
+		held = map[string]func(){}
 		s.bySession[ss] = held
 	}
-	held[uri] = struct{}{}
-	return true
+	held[uri] = release
+	return nil
 }
 
-// drop forgets ss's subscription to uri.
+// drop forgets ss's subscription to uri, and frees its bytes.
 func (s *subscriptions) drop(ss *mcp.ServerSession, uri string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	delete(s.bySession[ss], uri)
+	if release, ok := s.bySession[ss][uri]; ok {
+		release()
+		delete(s.bySession[ss], uri)
+	}
 }
 
 // watch reports whether ss needs a watcher: it has none yet.
@@ -206,7 +226,8 @@ func (s *subscriptions) end(ss *mcp.ServerSession) []string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	uris := make([]string, 0, len(s.bySession[ss]))
-	for uri := range s.bySession[ss] {
+	for uri, release := range s.bySession[ss] {
+		release()
 		uris = append(uris, uri)
 	}
 	delete(s.bySession, ss)
