@@ -258,3 +258,36 @@ func TestPublicPathBodiesHoldNoBudget(t *testing.T) {
 		t.Fatalf("the shared token's call while clients with no token hold bodies to /healthz: %v %+v; want it served", err, res)
 	}
 }
+
+// TestListenBodiesGiveBackTheirBytes: a 2026-07-28 subscriptions/listen
+// stream, open until its client leaves, holds nothing of the bound on
+// request bodies once its request has been read and parsed: what it
+// keeps is counted against the listen streams' own bytes. A tenant
+// review found a listen's body counted as long as its stream was open:
+// with no subjects (only the shared token: one tenant for everyone), a
+// client held the bound in all with listens padded to MaxBody (16 of 4
+// MiB at the defaults), and every other request of the token waited 2 s
+// and was refused 503. Here four padded listens fill the bound of four
+// bodies, and the shared token's tools/call is served.
+func TestListenBodiesGiveBackTheirBytes(t *testing.T) {
+	const maxBody = 64 << 10
+	const shared = "shared-token-0123456789"
+	f := newFixture(t, nil, sandbox.NewPolicy(), map[string]string{
+		"counter.wasm":    testplugins.Example(t, "counter"),
+		"everything.wasm": testplugins.Example(t, "everything"),
+	})
+	url := serveGuarded(t, f, host.GuardOptions{Token: shared, MaxBody: maxBody, RequestBytes: 4 * maxBody})
+	for i := range 4 {
+		first, _ := listenPadded(t, url, shared, []string{"test://template/1/data"}, maxBody)
+		if !strings.Contains(first, "notifications/subscriptions/acknowledged") {
+			t.Fatalf("padded listen %d: %q, want it acknowledged", i+1, first)
+		}
+	}
+	cs := connectHTTP(t, url, "", tenantTransport{token: shared})
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	res, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: "count"})
+	if err != nil || res.IsError {
+		t.Fatalf("the shared token's call while four listens padded to MaxBody are open: %v %+v; want it served", err, res)
+	}
+}

@@ -220,6 +220,13 @@ func TestDeleteStopsSessionsCalls(t *testing.T) {
 // (its acknowledgement, or the refusal) and what closes it.
 func listenRaw(t *testing.T, url, token string, uris []string) (string, func()) {
 	t.Helper()
+	return listenPadded(t, url, token, uris, 0)
+}
+
+// listenPadded is listenRaw with a body of size bytes (0: as it comes),
+// padded with spaces between its JSON values.
+func listenPadded(t *testing.T, url, token string, uris []string, size int) (string, func()) {
+	t.Helper()
 	params, _ := json.Marshal(map[string]any{
 		"_meta": map[string]any{
 			"io.modelcontextprotocol/clientCapabilities": map[string]any{},
@@ -229,7 +236,9 @@ func listenRaw(t *testing.T, url, token string, uris []string) (string, func()) 
 		"notifications": map[string]any{"resourceSubscriptions": uris},
 	})
 	ctx, cancel := context.WithCancel(context.Background())
-	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, url+"/mcp", strings.NewReader(`{"jsonrpc":"2.0","id":1,"method":"subscriptions/listen","params":`+string(params)+`}`))
+	head, tail := `{"jsonrpc":"2.0","id":1,`, `"method":"subscriptions/listen","params":`+string(params)+`}`
+	body := head + strings.Repeat(" ", max(size-len(head)-len(tail), 0)) + tail
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, url+"/mcp", strings.NewReader(body))
 	req.Header.Set("Authorization", "Bearer "+token)
 	req.Header.Set("Accept", "application/json, text/event-stream")
 	req.Header.Set("Content-Type", "application/json")
