@@ -5,6 +5,7 @@ import (
 	"context"
 	"io"
 	"net/http"
+	"sync"
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/auth"
@@ -102,10 +103,29 @@ func (b *bodyBudget) wrap(next http.Handler) http.Handler {
 				return
 			}
 		}
-		defer b.held.give(tenant, n)
-		next.ServeHTTP(w, r)
+		held := &heldBody{n: n, give: func() { b.held.give(tenant, n) }}
+		defer held.giveBack()
+		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), heldBodyKey{}, held)))
 	})
 }
+
+// heldBodyKey carries, in a request's context, its body's count under
+// the bound on request bodies (a *heldBody).
+type heldBodyKey struct{}
+
+// heldBody is a request body's count under the bound on request bodies,
+// given back when the request has been served, or before by a request
+// served for long once its body has been read and parsed (a
+// subscriptions/listen stream: Host.listenBody), which counts what it
+// keeps in a bound of its own.
+type heldBody struct {
+	n    int // bytes counted
+	once sync.Once
+	give func()
+}
+
+// giveBack gives the body's count back, once.
+func (h *heldBody) giveBack() { h.once.Do(h.give) }
 
 // readUnknown reads r's body of unknown length under a count for tenant
 // that grows, doubling, as it is read, and gives r the bytes read. It
@@ -122,12 +142,14 @@ func (b *bodyBudget) readUnknown(r *http.Request, tenant string) (int, bool) {
 		_, err := io.CopyN(&buf, r.Body, int64(reserved-buf.Len()))
 		if err != nil {
 			// The end, or a failure (a body over maxBody): the handler
-			// reads it after the bytes, and answers it.
-			var rest io.Reader = bytes.NewReader(buf.Bytes())
+			// reads it after the bytes, and answers it. A MultiReader
+			// lets go of the bytes once they are read: a listen's body
+			// is no longer counted then (heldBody).
+			rest := []io.Reader{bytes.NewReader(buf.Bytes())}
 			if err != io.EOF {
-				rest = io.MultiReader(rest, errReader{err})
+				rest = append(rest, errReader{err})
 			}
-			r.Body = io.NopCloser(rest)
+			r.Body = io.NopCloser(io.MultiReader(rest...))
 			return reserved, true
 		}
 		more := min(reserved, b.maxBody-reserved)

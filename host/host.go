@@ -380,6 +380,7 @@ type Host struct {
 	book     *sessionBook      // the stateful HTTP sessions open, bounded
 	listens  *listenBook       // the 2026-07-28 listen streams open, bounded
 	posts    sync.Map          // liveHeader token -> the HTTP request's context, while a tools/call POST is served
+	bodies   sync.Map          // listenHeader token -> the listen's *heldBody, while its stream is open
 	connID   atomic.Uint64     // labels of sessions with no ID
 	// requests numbers the requests handed to v2 guests (their context's
 	// id): the go-sdk keeps the JSON-RPC id to itself.
@@ -780,6 +781,7 @@ func (h *Host) HTTPHandler() http.Handler {
 		// call's at-most-once key, of any length.
 		r.Header.Del(resendHeader)
 		r.Header.Del(liveHeader)
+		r.Header.Del(listenHeader)
 		switch {
 		case r.Method == http.MethodPost && r.Header.Get("Mcp-Method") == "subscriptions/listen":
 			// A 2026-07-28 client's stream of list changes, open until
@@ -793,6 +795,14 @@ func (h *Host) HTTPHandler() http.Handler {
 			var end func()
 			r, end = h.trackStream(r)
 			defer end()
+			// The listen gives its body's count under the bound on
+			// request bodies back once it is booked (listenBody).
+			if held, ok := r.Context().Value(heldBodyKey{}).(*heldBody); ok {
+				token := rand.Text()
+				h.bodies.Store(token, held)
+				defer h.bodies.Delete(token)
+				r.Header.Set(listenHeader, token)
+			}
 		case r.Method == http.MethodPost:
 			leave, ok := h.drain.enter()
 			if !ok {

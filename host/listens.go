@@ -12,8 +12,11 @@ import (
 // maxURILen bytes, and the go-sdk keeps about four times their bytes in
 // the parsed request and its subscriptions while the stream is open: 64
 // MiB of URIs is some 256 MiB of memory at most.
-// The URIs 2025-11-25 sessions subscribe to with resources/subscribe
-// count against the same bytes (takeBytes).
+// Behind Guard a stream's request body counts here too, as the go-sdk
+// keeps it while the stream is open (subscriptionsMiddleware), and no
+// longer against the bound on request bodies. The URIs 2025-11-25
+// sessions subscribe to with resources/subscribe count against the same
+// bytes (takeBytes).
 const listenBytes = 64 << 20
 
 // subscriptionCost is what one resources/subscribe URI is counted at

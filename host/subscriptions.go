@@ -102,15 +102,54 @@ func (h *Host) subscriptionsMiddleware(next mcp.MethodHandler) mcp.MethodHandler
 				})
 				n.Notifications.ResourceSubscriptions = uris[:min(len(uris), maxSubscriptions)]
 			}
-			release, err := h.listens.take(h.shareTenant(subjectOf(req.GetExtra())), listenedBytes(r.Params))
+			// The go-sdk keeps the request's body for as long as the
+			// stream is open (it reads it again from a copy it holds):
+			// it is counted with the URIs, against the listen streams'
+			// bytes, and given back to the bound on request bodies,
+			// which counts the bodies being read and served for a while,
+			// not held. Held to the end there, a client's listens padded
+			// to max_request_body held its share of it, and with no
+			// subjects all of it: every other request of the shared
+			// token was refused 503 (a tenant review).
+			held := h.listenBody(req.GetExtra())
+			n := listenedBytes(r.Params)
+			if held != nil {
+				n += held.n
+			}
+			release, err := h.listens.take(h.shareTenant(subjectOf(req.GetExtra())), n)
 			if err != nil {
 				return nil, &jsonrpc.Error{Code: CodeBusy, Message: err.Error(), Data: []byte(`{"reason":"too_many_listens","retry":true}`)}
 			}
 			// The go-sdk's handler returns when the stream ends.
 			defer release()
+			if held != nil {
+				held.giveBack()
+			}
 		}
 		return next(ctx, method, req)
 	}
+}
+
+// listenHeader carries, from the HTTP layer to a subscriptions/listen
+// request, a token naming its body's count under the bound on request
+// bodies (see Host.bodies).
+const listenHeader = "X-Wasmtools-Listen"
+
+// listenBody is the count under the bound on request bodies of the
+// listen request whose extra this is, nil when none is known (no Guard,
+// or not served over HTTP).
+func (h *Host) listenBody(extra *mcp.RequestExtra) *heldBody {
+	if extra == nil || extra.Header == nil {
+		return nil
+	}
+	token := extra.Header.Get(listenHeader)
+	if token == "" {
+		return nil
+	}
+	if v, ok := h.bodies.Load(token); ok {
+		return v.(*heldBody)
+	}
+	return nil
 }
 
 // listenedBytes is the bytes of the URIs a listen subscribes to.
