@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -312,5 +313,30 @@ func TestSessionShareOfOne(t *testing.T) {
 	}
 	if got := openSessions(f); got != "wasmtools_http_sessions 1" {
 		t.Errorf("%s, want 1", got)
+	}
+}
+
+// TestServerWideRefusalTellsNoUsage: a refusal past a bound of the whole
+// server names the bound, not what the server holds, which is other
+// tenants' usage too (a tenant review: "the server holds %d listen
+// streams"); the operator's metrics say it. Alice's two listens fill a
+// server of MaxSessions 2 (her share, 8, is larger); bob's is refused,
+// and told nothing of hers.
+func TestServerWideRefusalTellsNoUsage(t *testing.T) {
+	f := newFixture(t, &host.Options{Tenants: true, MaxSessions: 2, MaxSessionsPerSubject: 8}, sandbox.NewPolicy(), map[string]string{"everything.wasm": testplugins.Example(t, "everything")})
+	url := serveGuarded(t, f, host.GuardOptions{Tokens: map[string]string{"alice": aliceToken, "bob": bobToken}})
+	uris := []string{"test://template/1/data"}
+	for i := range 2 {
+		if first, _ := listenRaw(t, url, aliceToken, uris); !strings.Contains(first, "notifications/subscriptions/acknowledged") {
+			t.Fatalf("alice's listen %d: %q", i+1, first)
+		}
+	}
+	first, _ := listenRaw(t, url, bobToken, uris)
+	m := regexp.MustCompile(`"message":"([^"]*)"`).FindStringSubmatch(first)
+	if m == nil || !strings.Contains(first, "-32050") {
+		t.Fatalf("bob's listen past the server's bound: %q, want CodeBusy", first)
+	}
+	if !strings.Contains(m[1], "listen streams") || regexp.MustCompile(`[0-9]`).MatchString(m[1]) {
+		t.Errorf("bob is told %q; want the bound named (listen streams), with no figure of what the server holds", m[1])
 	}
 }
