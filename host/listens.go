@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+
+	"github.com/wasmtools/wasmtools/internal/sessions"
 )
 
 // listenBytes bounds the URI bytes held by the open subscriptions/listen
@@ -70,7 +72,7 @@ func (b *listenBook) take(tenant string, n int) (release func(), err error) {
 	case b.streams[tenant] >= b.share || b.held[tenant]+n > b.shareBytes:
 		return nil, fmt.Errorf("%w: this client's listen streams hold %d of its share (%d streams, %d bytes of URIs); close one", errListensBusy, b.streams[tenant], b.share, b.shareBytes)
 	case b.open >= b.max || b.bytes+n > b.maxBytes:
-		return nil, fmt.Errorf("%w: the server holds %d listen streams, its most", errListensBusy, b.open)
+		return nil, sessions.ServerFull(errListensBusy, "the listen streams, or the bytes of their URIs,")
 	}
 	return b.bookLocked(tenant, 1, n), nil
 }
@@ -88,7 +90,7 @@ func (b *listenBook) takeBytes(tenant string, n int) (release func(), err error)
 	case b.held[tenant]+n > b.shareBytes:
 		return nil, fmt.Errorf("%w: this client's subscriptions hold %d bytes of URIs, its share is %d; unsubscribe from some", errListensBusy, b.held[tenant], b.shareBytes)
 	case b.bytes+n > b.maxBytes:
-		return nil, fmt.Errorf("%w: the server's subscriptions hold %d bytes of URIs, its most", errListensBusy, b.bytes)
+		return nil, sessions.ServerFull(errListensBusy, "the bytes of subscribed URIs")
 	}
 	return b.bookLocked(tenant, 0, n), nil
 }

@@ -13,6 +13,8 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/wasmtools/wasmtools/internal/sessions"
 )
 
 // DefaultMaxSessions bounds the open stateful HTTP sessions when
@@ -177,7 +179,7 @@ func (b *sessionBook) openSession(ss *mcp.ServerSession, user, tenant string, co
 				end = b.idlestOfLargestLocked()
 			}
 			if end == nil {
-				return victims, false, fmt.Errorf("%w: the server's %d HTTP sessions are all serving requests; retry later", errSessionsBusy, b.open)
+				return victims, false, sessions.ServerFull(errSessionsBusy, "the HTTP sessions, all serving requests,")
 			}
 		}
 		if end == nil {

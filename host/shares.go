@@ -90,7 +90,7 @@ func (b *byteShares) take(tenant string, n, maxTotal, share int) error {
 	case b.tryLocked(tenant, n, maxTotal, share):
 		return nil
 	case b.total+n > maxTotal:
-		return fmt.Errorf("%w: they keep %d bytes of their requests in all, and this one %d more; the most the server keeps is %d", sessions.ErrParkLimit, b.total, n, maxTotal)
+		return sessions.ServerFull(sessions.ErrParkLimit, "the bytes parked calls keep of their requests")
 	default:
 		return fmt.Errorf("%w: this client's subject's keep %d bytes of their requests, and this one %d more; its share is %d", sessions.ErrParkLimit, b.held[tenant], n, share)
 	}
@@ -555,7 +555,7 @@ func (b *storeBudget) reserve(id, field string, size int, ttl time.Duration, ano
 			b.pruneLocked(t, now)
 		}
 		if b.sum+delta > b.total {
-			return nil, fmt.Errorf("%w: the server stores %d bytes of sessions, the most it may (%d)", ErrStoreBudget, b.sum, b.total)
+			return nil, sessions.ServerFull(ErrStoreBudget, "the bytes of sessions stored")
 		}
 	}
 	prev, prevExp := r.fields[field], r.expires

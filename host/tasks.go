@@ -18,6 +18,8 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/wasmtools/wasmtools/abi"
+
+	"github.com/wasmtools/wasmtools/internal/sessions"
 )
 
 // TasksExtension is the MCP extension (SEP-2663) under which the host
@@ -235,15 +237,15 @@ func (s *taskStore) add(owner string, size int, cancel context.CancelFunc) (*tas
 			over = fmt.Errorf("%w: the client holds %d tasks, the most it may; cancel one or wait for one to finish", errTooManyTasks, u.tasks)
 		case pool == anonymousPool && pu.tasks >= s.h.maxAnonymousTasks():
 			// (only with Tenants: the clients without a subject together)
-			over = fmt.Errorf("%w: clients without a subject hold %d tasks, the most they may together; authenticate, or wait", errTooManyTasks, pu.tasks)
+			over = fmt.Errorf("%w: clients without a subject hold the most tasks they may together; authenticate, or wait", errTooManyTasks)
 		case pool == anonymousPool && pu.bytes+size > 2*s.h.maxTaskBytesPerClient():
-			over = fmt.Errorf("%w: clients without a subject hold %d bytes in tasks, the most they may together", errTooManyTasks, pu.bytes)
+			over = fmt.Errorf("%w: clients without a subject hold the most bytes in tasks they may together", errTooManyTasks)
 		case len(s.tasks) >= s.h.maxTasks():
-			over = fmt.Errorf("%w: the server holds %d tasks, the most it may", errTooManyTasks, len(s.tasks))
+			over = sessions.ServerFull(errTooManyTasks, "the tasks")
 		case u.bytes+size > s.h.maxTaskBytesPerClient():
 			over = fmt.Errorf("%w: the client's tasks hold %d bytes, and this one's request %d; the most is %d", errTooManyTasks, u.bytes, size, s.h.maxTaskBytesPerClient())
 		case s.bytes+size > taskBytesTotal:
-			over = fmt.Errorf("%w: the server's tasks hold %d bytes, the most it may", errTooManyTasks, s.bytes)
+			over = sessions.ServerFull(errTooManyTasks, "the bytes of tasks")
 		}
 		if over == nil {
 			break

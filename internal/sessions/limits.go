@@ -37,7 +37,7 @@ func (m *Manager) reserve(ctx context.Context, p *plugins.Plugin, self *slot) er
 		}
 		victim := m.oldestWaitingLocked(match)
 		if victim == nil {
-			err := fmt.Errorf("%w (%s): try again later, or raise the limit", ErrAtCapacity, m.limitsLocked(name, mem))
+			err := ServerFull(ErrAtCapacity, limitsNamed(name, overall, perPlugin, memory))
 			m.mu.Unlock()
 			return err
 		}
@@ -98,9 +98,20 @@ func (m *Manager) atLimitLocked(plugin string, mem uint64) (overall, perPlugin, 
 	return
 }
 
-func (m *Manager) limitsLocked(plugin string, mem uint64) string {
-	return fmt.Sprintf("%d of at most %d instances live, %d of at most %d for plugin %q, %d of %d bytes of memory budget reserved and %d more needed",
-		m.live, m.opts.MaxInstances, m.perPlugin[plugin], m.pluginLimit(plugin), plugin, m.memory, m.opts.MemoryBudget, mem)
+// limitsNamed names the instance limits reached, with no figure of what
+// the server holds (ServerFull).
+func limitsNamed(plugin string, overall, perPlugin, memory bool) string {
+	var named []string
+	if overall {
+		named = append(named, "the live instances")
+	}
+	if perPlugin {
+		named = append(named, fmt.Sprintf("plugin %q's live instances", plugin))
+	}
+	if memory {
+		named = append(named, "the bytes of the memory budget reserved")
+	}
+	return strings.Join(named, ", ")
 }
 
 // unreserve gives back what reserve(p) took: p is the plugin (the

@@ -458,7 +458,7 @@ func (m *Manager) keyedVictimLocked(group string) (*client, error) {
 	if e := m.idleClients.Front(); e != nil {
 		return e.Value.(*client), nil
 	}
-	return nil, fmt.Errorf("%w: %d clients (by client header) are in use", ErrAtCapacity, m.keyedAll)
+	return nil, ServerFull(ErrAtCapacity, "the clients by client header, none idle,")
 }
 
 // idleKeyedLocked is group's least recently used Client key's client
@@ -572,12 +572,11 @@ func (m *Manager) OpenIn(key Key, group string, share int) error {
 		// ignores handles mints one per call.
 		victim = m.handleVictimLocked(group, overShare)
 		if victim == nil {
-			handles := m.handles // read under the lock: the reaper changes it
 			m.mu.Unlock()
 			if overShare {
 				return fmt.Errorf("%w: this client's %d session handles are in use, its share", ErrAtCapacity, inGroup)
 			}
-			return fmt.Errorf("%w: %d session handles are in use", ErrAtCapacity, handles)
+			return ServerFull(ErrAtCapacity, "the session handles, none idle,")
 		}
 		// Forgotten now, so the count makes room under this lock; its
 		// instances are freed below.
