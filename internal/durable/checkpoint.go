@@ -514,11 +514,16 @@ func (d *Keeper) GrantsChanged(ctx context.Context, key sessions.Key) {
 // drained a second after the link came back). A drain calls it first:
 // the host before its readiness fails, since a proxy then sends the
 // session's next request to another replica at once. The store is asked
-// past the breaker; with the store away still (the first claim goes
-// unanswered, and the rest are not tried), such a session is lost with
-// the replica, as before. What its calls served from memory did is kept:
-// the claim finds no previous holder (take's keptHere), and the drain's
-// checkpoints write the instances.
+// past the breaker. With the store away still, it is asked again every
+// pendingRetry, for up to half of what ctx leaves (the rest is for the
+// calls in flight and the drain's writes; 10 s without a deadline): a
+// store that stalls for a few seconds around a drain (Redis stopped
+// during a rolling restart: the fault suite's
+// redis-frozen-rolling-restart) then loses no session
+// (TestDrainKeepsSessionMadeWhileStoreAwayWhenItAnswersAgain). Past that,
+// such a session is lost with the replica, as before. What its calls
+// served from memory did is kept: the claim finds no previous holder
+// (take's keptHere), and the drain's checkpoints write the instances.
 func (d *Keeper) KeepPending(ctx context.Context) {
 	if d == nil {
 		return
@@ -532,21 +537,53 @@ func (d *Keeper) KeepPending(ctx context.Context) {
 		}
 	}
 	d.mu.Unlock()
+	if len(pending) == 0 {
+		return
+	}
+	wait := maxPendingWait
+	if dl, ok := ctx.Deadline(); ok {
+		wait = time.Until(dl) / 2
+	}
+	until := time.Now().Add(wait)
 	for _, key := range pending {
 		if ctx.Err() != nil && d.open() {
 			break // as Drain's claims
 		}
-		// Asked past the breaker, which fails a claim fast for 2 s
-		// after an exchange went unanswered: the store may be back
-		// (the fault suite's drain came 0.2 s after the link), and
-		// this is the session's last chance. Once: an exchange that
-		// goes unanswered opens it again, for every caller.
-		d.downUntil.Store(0)
-		if _, err := d.Ensure(store, key, nil); err != nil {
-			d.log.Error("drain: a session made while the store was away not kept", "session", key.String(), "error", err)
-			if unanswered(err) {
-				break // the store is away: the others would wait in turn
+		for said := false; ; said = true {
+			// Asked past the breaker, which fails a claim fast for 2 s
+			// after an exchange went unanswered: the store may be
+			// back (the fault suite's drain came 0.2 s after the
+			// link), and this is the session's last chance.
+			d.downUntil.Store(0)
+			_, err := d.Ensure(store, key, nil)
+			if err == nil {
+				break
+			}
+			if !unanswered(err) {
+				d.log.Error("drain: a session made while the store was away not kept", "session", key.String(), "error", err)
+				break
+			}
+			if time.Now().Add(pendingRetry).After(until) {
+				// The others would wait in turn.
+				d.log.Error("drain: a session made while the store was away not kept", "session", key.String(), "error", err, "pending", len(pending))
+				return
+			}
+			if !said {
+				d.log.Warn("drain: the store does not answer: waiting for it to keep the sessions made while it was away", "sessions", len(pending), "for", wait.Round(time.Millisecond))
+			}
+			select {
+			case <-time.After(pendingRetry):
+			case <-ctx.Done():
+				d.log.Error("drain: a session made while the store was away not kept", "session", key.String(), "error", err, "pending", len(pending))
+				return
 			}
 		}
 	}
 }
+
+// KeepPending's pace while the store does not answer, and its wait
+// without a deadline.
+const (
+	pendingRetry   = 250 * time.Millisecond
+	maxPendingWait = 10 * time.Second
+)
