@@ -372,6 +372,38 @@ func (c *Cluster) Term(i int) {
 	c.Logf("%s exited", r.Name)
 }
 
+// TermNoWait sends replica i SIGTERM and returns: its drain under way.
+func (c *Cluster) TermNoWait(i int) {
+	c.Logf("%s SIGTERM (not waiting for its exit)", c.Replicas[i].Name)
+	c.Replicas[i].proc.Signal(syscall.SIGTERM)
+}
+
+// KillIfRunning is [Cluster.Kill] for a replica that may have exited
+// already (a drain that finished first); it says which.
+func (c *Cluster) KillIfRunning(i int) bool {
+	c.t.Helper()
+	r := c.Replicas[i]
+	if !r.Running() {
+		c.Logf("%s had exited already", r.Name)
+		if r.Relay != nil {
+			r.Relay.Close()
+		}
+		return false
+	}
+	c.Kill(i)
+	return true
+}
+
+// WaitExit waits until replica i has exited (after [Cluster.TermNoWait]).
+func (c *Cluster) WaitExit(i int) {
+	c.t.Helper()
+	c.waitExit(i)
+	if r := c.Replicas[i]; r.Relay != nil {
+		r.Relay.Close()
+	}
+	c.Logf("%s exited", c.Replicas[i].Name)
+}
+
 func (c *Cluster) waitExit(i int) {
 	c.t.Helper()
 	select {

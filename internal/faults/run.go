@@ -31,6 +31,11 @@ type Scenario struct {
 	// names scenarios: a variant of a scenario the short run has, kept
 	// for soaks to hold CI's time.
 	SoakOnly bool
+	// Attempt, if set, is the clients' attempt timeout in place of
+	// Options.Attempt: longer than a proxy's own timeouts, so that the
+	// proxy, not the client, gives up on a replica that does not answer
+	// (and sends the request on, as its config says).
+	Attempt time.Duration
 	// Fault injects the fault and waits until the cluster is whole
 	// again; the runner then waits for two more rounds of every client.
 	Fault func(r *Run)
@@ -167,7 +172,11 @@ func RunScenario(t testing.TB, sc Scenario, o Options) Result {
 	setup.Proxy, setup.Relays, setup.StoreLinks, setup.Down, setup.Sentinel = sc.Proxy, sc.Relays, sc.StoreLinks, sc.Down, sc.Sentinel
 	c := NewCluster(t, setup)
 	r := &Run{T: t, C: c, progress: make(chan int, 1024), round: make(chan struct{}, 1)}
-	copts := ClientOptions{AddTool: "note_add", ListTool: "note_list", AttemptTimeout: o.Attempt, GiveUp: o.GiveUp,
+	attempt := o.Attempt
+	if sc.Attempt > 0 {
+		attempt = sc.Attempt
+	}
+	copts := ClientOptions{AddTool: "note_add", ListTool: "note_list", AttemptTimeout: attempt, GiveUp: o.GiveUp,
 		Round: func() {
 			select {
 			case r.round <- struct{}{}:
@@ -229,6 +238,19 @@ func RunScenario(t testing.TB, sc Scenario, o Options) Result {
 		}
 	}
 
+	if sc.Attempt > 0 {
+		// The attempts the proxy answered only after its own timeout
+		// (15 s): those it sent on to a fallback, or gave up on.
+		late := 0
+		for _, cl := range r.Clients {
+			for _, op := range cl.History() {
+				if op.Kind != "session" && op.Kind != "renew" && op.End.Sub(op.Start) > 15*time.Second {
+					late++
+				}
+			}
+		}
+		c.Logf("%d attempts took the proxy's timeout (15 s) or more", late)
+	}
 	res := Result{Scenario: sc.Name, Proxy: sc.Proxy, Clients: len(r.Clients), Stats: Stats{Notices: map[string]int{}, FailedBy: map[string]int{}}}
 	res.Violations = append(res.Violations, r.violations...)
 	for _, cl := range r.Clients {

@@ -29,6 +29,16 @@ const (
 	// replication link swallows everything before the primary dies:
 	// past the store's 1 s WAIT, several writes of every client.
 	ReplicationSilentFor = 3 * time.Second
+	// StopPastProxyFor is how long sigstop-past-proxy stops a replica:
+	// past the proxies' own timeouts (HAProxy's timeout server and
+	// nginx's proxy_read_timeout, 15 s), after which each sends a request
+	// that got no answer on to the session's fallback (HAProxy's
+	// retry-on response-timeout, nginx's 504 in $resend), besides the
+	// lease, the grace, the heartbeat and HAProxy's health checks.
+	// ProxyWaitAttempt is its clients' attempt timeout: longer, so
+	// that the proxy gives up first.
+	StopPastProxyFor = 20 * time.Second
+	ProxyWaitAttempt = 30 * time.Second
 )
 
 // Scenarios returns the suite's scenarios; stops is how many times the
@@ -99,6 +109,32 @@ func Scenarios(stops int) []Scenario {
 	s = append(s,
 		Scenario{Name: "redis-failover", Proxy: HAProxy, Sentinel: true, Fault: redisFailover},
 		Scenario{Name: "redis-failover-silent", Proxy: HAProxy, Sentinel: true, Fault: redisFailoverSilent},
+	)
+	// Combinations of the faults above that no scenario before made.
+	for _, p := range []Proxy{HAProxy, Nginx} {
+		s = append(s, Scenario{Name: "sigstop-past-proxy", Proxy: p, SoakOnly: true, Attempt: ProxyWaitAttempt, Fault: sigstopPastProxy})
+	}
+	for _, p := range []Proxy{HAProxy, Nginx} {
+		s = append(s, Scenario{Name: "unrouted-replica", Proxy: p, Relays: true, SoakOnly: p == Nginx, Fault: unroutedReplica})
+	}
+	s = append(s,
+		Scenario{Name: "kill9-mid-drain", Proxy: HAProxy, Fault: killMidDrain},
+		Scenario{Name: "redis-frozen-rolling-restart", Proxy: HAProxy, SoakOnly: true, Fault: redisFrozenRollingRestart},
+		// sigstop-redis-empty with the store back empty at once: no one
+		// can take the stopped replica's sessions over meanwhile (the
+		// store holds none, and came back empty lately), and the
+		// replica, continued, cannot tell that no one did.
+		Scenario{Name: "sigstop-store-empty-at-once", Proxy: HAProxy, Resets: true, SoakOnly: true, Fault: func(r *Run) {
+			i := r.servingReplica(-1)
+			r.C.Freeze(i)
+			r.C.RedisKill()
+			r.C.RedisStart()
+			r.Hold(StopFor)
+			r.C.Thaw(i)
+			r.C.WaitRouted(i)
+			r.Rounds(1)
+			moveFrom(r, i)
+		}},
 	)
 	s = append(s,
 		Scenario{Name: "mismatched-state-key", Proxy: HAProxy, Fault: mismatchedKey},
@@ -266,12 +302,15 @@ func redisFailoverSilent(r *Run) {
 // rollingRestart drains (SIGTERM) and restarts each replica in turn,
 // a round of every client between steps.
 func rollingRestart(r *Run) {
+	rollingRestartWith(r, func(i int) { r.C.Term(i) })
+}
+
+// rollingRestartWith is [rollingRestart] with each replica stopped by
+// stop (which returns once it has exited).
+func rollingRestartWith(r *Run, stop func(i int)) {
 	for i := range r.C.Replicas {
-		r.C.Term(i)
-		r.C.WaitDown(i)
-		r.Rounds(1)
-		r.C.Start(i)
-		r.Rounds(1)
+		stop(i)
+		r.backAfterRound(i)
 	}
 }
 
@@ -392,4 +431,96 @@ func mismatchedKey(r *Run) {
 	}
 	r.C.WaitDown(i)
 	r.C.Start(i)
+}
+
+// sigstopPastProxy stops a replica that serves sessions for
+// StopPastProxyFor, while its clients wait ProxyWaitAttempt for each
+// attempt: the proxy, not the client, gives up on the requests the
+// stopped replica holds, and sends them on to the session's fallback,
+// which takes the session over and runs them; the requests are still in
+// the stopped replica's sockets when it is continued. Each call must
+// apply once (the keyless clients' too: the proxy's resend is the same
+// POST), and the continued replica must not serve its stale instances.
+// Then it is drained, so that its sessions move through the store.
+func sigstopPastProxy(r *Run) {
+	i := r.servingReplica(-1)
+	r.C.Freeze(i)
+	r.Hold(StopPastProxyFor)
+	r.C.Thaw(i)
+	r.C.WaitRouted(i)
+	r.Rounds(1)
+	moveFrom(r, i)
+}
+
+// KillDrainAt are the moments kill9-mid-drain kills a draining replica:
+// 0 as soon as the proxy saw it unready (in its drain delay, 1 s, its
+// sessions' requests still served there), the others that long after its
+// drain began: about as the delay ends (it begins to refuse requests,
+// waits for its calls, writes and releases its sessions) and past it.
+var KillDrainAt = []time.Duration{0, 950 * time.Millisecond, 1050 * time.Millisecond, 1200 * time.Millisecond}
+
+// killMidDrain interrupts a rolling restart: a replica that serves
+// sessions is sent SIGTERM and killed (-9) while it drains, at each of
+// KillDrainAt, a round of every client after each kill and after each
+// start. Its sessions go on elsewhere from the store; its claims not yet
+// released are waited out.
+func killMidDrain(r *Run) {
+	i := r.servingReplica(-1)
+	for _, after := range KillDrainAt {
+		rep := r.C.Replicas[i]
+		r.C.TermNoWait(i)
+		if after == 0 {
+			r.C.WaitDown(i)
+		} else {
+			rep.proc.WaitOutput(10*time.Second, func(out string) bool { return strings.Contains(out, "msg=draining") })
+			time.Sleep(after) // the fault's timing, not a wait for a state
+		}
+		r.C.KillIfRunning(i)
+		r.backAfterRound(i)
+	}
+}
+
+// backAfterRound waits until the proxy sees replica i down, then for a
+// round of every client without it, starts it again, and waits for
+// another round.
+func (r *Run) backAfterRound(i int) {
+	r.C.WaitDown(i)
+	r.Rounds(1)
+	r.C.Start(i)
+	r.Rounds(1)
+}
+
+// redisFrozenRollingRestart is a rolling restart with Redis stopped
+// (SIGSTOP) around each drain, past the replicas' store timeouts and
+// their grace: stopped 3 s before the replica's SIGTERM, continued 4 s
+// into its drain (its 1 s drain delay, then its calls, its writes, its
+// releases; the sessions made at it while Redis was stopped have no
+// record yet). A stall shorter than the drain's time (the drain delay
+// and --shutdown-grace, 11 s) must lose nothing: each session's next
+// request reaches another replica, which takes it over from the store.
+func redisFrozenRollingRestart(r *Run) {
+	rollingRestartWith(r, func(i int) {
+		r.C.RedisFreeze()
+		r.Hold(3 * time.Second)
+		r.C.TermNoWait(i)
+		r.Hold(4 * time.Second)
+		r.C.RedisThaw()
+		r.C.WaitExit(i)
+	})
+}
+
+// unroutedReplica fails a replica that serves sessions over at the proxy
+// alone (its port refuses the proxy's connections and health checks),
+// while it runs on and reaches Redis, its heartbeat and its claims alive:
+// its sessions' fallbacks take them over from the store. Then it is
+// routed again, and its sessions come back to it, where it holds their
+// stale instances: it must serve them from the store. Then it is drained.
+func unroutedReplica(r *Run) {
+	i := r.servingReplica(-1)
+	r.C.Unroute(i)
+	r.C.WaitDown(i)
+	r.Rounds(2)
+	r.C.Reroute(i)
+	r.Rounds(2)
+	moveFrom(r, i)
 }
