@@ -113,6 +113,9 @@ type drainState struct {
 	closing  atomic.Bool // every request is refused: the replica is about to exit (set under mu)
 	mu       sync.Mutex
 	streams  map[*context.CancelFunc]struct{} // open streams: sessions' GETs, 2026-07-28 listens (trackStream)
+	// gets holds the GET serving each session's stream (by session ID
+	// and stream ID), which a newer GET of it ends (supersede).
+	gets map[string]*standingGet
 	// posts counts the POSTs being served (enter), and answered gets a
 	// token when it falls to zero: a drain waits for them to write their
 	// answers before it closes the sessions (waitPosts). Under mu.
@@ -313,6 +316,57 @@ func (h *Host) trackStream(r *http.Request) (_ *http.Request, end func()) {
 	}
 }
 
+// standingGet is a GET serving a session's stream: cancel ends it, done
+// is closed once its handler has returned (the go-sdk then holds the
+// stream no more).
+type standingGet struct {
+	cancel context.CancelFunc
+	done   chan struct{}
+}
+
+// supersede makes r the GET of session id's stream (the go-sdk's, by the
+// Last-Event-ID the host translated: the standing stream without one):
+// an earlier GET of it still open here is ended, and waited for (until
+// r's client leaves), before r is served. A client has one GET of a
+// stream at a time, so the earlier one's connection is gone, and only
+// the replica has not seen it yet: it was stopped (SIGSTOP, a frozen VM)
+// past the proxy's read timeout, which closed the stream, and the
+// client's new GET reached it as it was continued, before it read the
+// close. The go-sdk answers a second GET of a stream it serves 409, and
+// its client then ends the session (the fault suite's
+// sigstop-past-proxy behind nginx; TestNewStandingStreamEndsTheStaleOne).
+// Only the session's own user gets here (serveStateful): another
+// user's GET ends nothing of it. The returned func unregisters r.
+func (h *Host) supersede(r *http.Request, id string) (*http.Request, func()) {
+	stream, _, _ := strings.Cut(r.Header.Get("Last-Event-ID"), "_")
+	key := id + "\x00" + stream
+	ctx, cancel := context.WithCancel(r.Context())
+	g := &standingGet{cancel: cancel, done: make(chan struct{})}
+	h.drain.mu.Lock()
+	if h.drain.gets == nil {
+		h.drain.gets = map[string]*standingGet{}
+	}
+	old := h.drain.gets[key]
+	h.drain.gets[key] = g
+	h.drain.mu.Unlock()
+	if old != nil {
+		old.cancel()
+		select {
+		case <-old.done:
+		case <-ctx.Done():
+		}
+	}
+	return r.WithContext(ctx), func() {
+		h.drain.mu.Lock()
+		if h.drain.gets[key] == g {
+			delete(h.drain.gets, key)
+		}
+		h.drain.mu.Unlock()
+		cancel()
+		close(g.done)
+	}
+}
+
 // storeAwayHere is why a replica cut off from the state store refuses a
 // call of a session it holds (durable.Keeper.ServeElsewhere): the proxy
 // sends it to another replica, which may reach the store.
@@ -440,6 +494,11 @@ func (h *Host) serveStateful(stateful http.Handler, events mcp.EventStore, w htt
 		var end func()
 		r, end = h.trackStream(r)
 		defer end()
+		if !h.book.others(id, userOf(r)) {
+			var done func()
+			r, done = h.supersede(r, id)
+			defer done()
+		}
 		ctx := r.Context()
 		if eid := r.Header.Get("Last-Event-ID"); eid != "" && (h.book.others(id, userOf(r)) || !h.canReplay(ctx, events, id, eid)) {
 			// Events of another replica (the session moved here) or
