@@ -78,7 +78,7 @@ FAULTS_SOAK ?=
 # FAULTS_KNOWN: a regexp of scenarios with an open violation, reported but
 # not failing the run (docs/DEPLOY.md, "Faults", says which and why):
 # sigstop-past-proxy (a soak's: a handle's keyless call resent by the
-# proxy after its checkpoint runs twice; seen behind nginx).
+# proxy after its checkpoint runs twice; seen behind both proxies).
 FAULTS_KNOWN ?= ^sigstop-past-proxy/
 faults: plugins testplugins
 	FAULTS_KNOWN='$(FAULTS_KNOWN)' FAULTS=$(or $(FAULTS_SOAK),short) $(GO) test -count=1 -timeout $(if $(FAULTS_SOAK),0,30m) -run '^TestFaults$$' -v ./internal/faults
