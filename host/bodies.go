@@ -103,9 +103,16 @@ func (b *bodyBudget) wrap(next http.Handler) http.Handler {
 				return
 			}
 		}
-		held := &heldBody{n: n, give: func() { b.held.give(tenant, n) }}
-		defer held.giveBack()
-		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), heldBodyKey{}, held)))
+		if r.Method == http.MethodPost && r.Header.Get("Mcp-Method") == "subscriptions/listen" {
+			// A listen gives its count back once booked (heldBody); every
+			// other request, at its end, with nothing allocated.
+			held := &heldBody{n: n, give: func() { b.held.give(tenant, n) }}
+			defer held.giveBack()
+			next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), heldBodyKey{}, held)))
+			return
+		}
+		defer b.held.give(tenant, n)
+		next.ServeHTTP(w, r)
 	})
 }
 
