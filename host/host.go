@@ -103,6 +103,12 @@ type Options struct {
 	// hung replica from a long call; 0 means [DefaultStreamKeepAlive],
 	// negative means never.
 	StreamKeepAlive time.Duration
+	// StreamWriteTimeout bounds each write to an HTTP response (each
+	// 64 KiB of a large one): past it the response, a client's stream
+	// that stopped reading, ends, so that it holds up no one's list
+	// changes and resource updates; 0 means [DefaultStreamWriteTimeout],
+	// negative means never.
+	StreamWriteTimeout time.Duration
 	// MaxInstances bounds the live instances of all plugins, and
 	// MaxInstancesPerPlugin those of any one plugin; 0 means no bound.
 	// At a bound, the least recently used idle instance is evicted (its
@@ -774,7 +780,7 @@ func (h *Host) HTTPHandler() http.Handler {
 	if every == 0 {
 		every = DefaultStreamKeepAlive
 	}
-	return keepAlive(every, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	return keepAlive(every, cmp.Or(h.opts.StreamWriteTimeout, DefaultStreamWriteTimeout), http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		// The host's own headers, never a client's, whichever way the
 		// request is served (serveStateful sets them on a stateful
 		// session's tools/call): a client's resend digest was its

@@ -17,6 +17,22 @@ import (
 // fails the request over (docs/DEPLOY.md, "A hung replica").
 const DefaultStreamKeepAlive = 5 * time.Second
 
+// DefaultStreamWriteTimeout bounds each write to an HTTP response, an
+// event or a comment (a large one: each 64 KiB of it, streamWritePiece),
+// so that a client that stops reading holds up no one else. The go-sdk
+// (v1.8.0) sends a list change to its sessions one after another from one
+// goroutine, and a resource update from the guest's call: a write with no
+// deadline to a stream whose buffers were full blocked them all forever.
+// A write past the bound ends its stream (a client resumes a session's
+// stream from its Last-Event-ID and is given what it missed); an idle
+// stream has no deadline.
+const DefaultStreamWriteTimeout = 10 * time.Second
+
+// streamWritePiece is how much of a Write has StreamWriteTimeout to go
+// through: a large event to a slow reader (6.4 KiB/s at the defaults) is
+// not cut for its size.
+const streamWritePiece = 64 << 10
+
 // keepAlive wraps next so that each response that is, or is about to be,
 // an SSE stream gets a comment every interval it is otherwise silent.
 //
@@ -30,17 +46,24 @@ const DefaultStreamKeepAlive = 5 * time.Second
 // 2575) is sent as the stream's message event instead, which a client
 // reads the same way. Only requests that accept an event stream are
 // committed early: the rest get no comment unless their handler made them
-// a stream itself.
-func keepAlive(every time.Duration, next http.Handler) http.Handler {
-	if every <= 0 {
+// a stream itself. every <= 0 sends no comments.
+//
+// Each write, the handler's or a comment, and each flush must go through
+// within writeTimeout (if positive; see [DefaultStreamWriteTimeout]), or
+// the response ends: its connection is closed (HTTP/1) or its stream
+// reset (HTTP/2), and the handler's request context is done.
+func keepAlive(every, writeTimeout time.Duration, next http.Handler) http.Handler {
+	if every <= 0 && writeTimeout <= 0 {
 		return next
 	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		b := &beatWriter{w: w, hdr: w.Header().Clone(), every: every,
+		b := &beatWriter{w: w, hdr: w.Header().Clone(), every: every, timeout: writeTimeout,
 			early: strings.Contains(r.Header.Get("Accept"), "text/event-stream")}
-		b.mu.Lock()
-		b.t = time.AfterFunc(every, b.beat)
-		b.mu.Unlock()
+		if every > 0 {
+			b.mu.Lock()
+			b.t = time.AfterFunc(every, b.beat)
+			b.mu.Unlock()
+		}
 		defer b.stop()
 		// A copy of r: handlers change a request's fields (the go-sdk
 		// bounds its Body), which net/http reads when a beat sends the
@@ -55,9 +78,10 @@ func keepAlive(every time.Duration, next http.Handler) http.Handler {
 // by mu, so that a comment only ever falls between two writes, that is
 // between two events.
 type beatWriter struct {
-	w     http.ResponseWriter
-	every time.Duration
-	early bool // the request accepts an event stream: a beat may commit it
+	w       http.ResponseWriter
+	every   time.Duration
+	timeout time.Duration // of each write and flush; 0: none
+	early   bool          // the request accepts an event stream: a beat may commit it
 
 	// hdr is the handler's header map until it commits: the handler sets
 	// it from its own goroutine(s) unsynchronised, so the timer never
@@ -125,12 +149,36 @@ func (b *beatWriter) Write(p []byte) (int, error) {
 		buf = append(buf, "event: message\ndata: "...)
 		buf = append(buf, strings.TrimRight(string(p), "\n")...)
 		buf = append(buf, "\n\n"...)
-		if _, err := b.w.Write(buf); err != nil {
+		if _, err := b.writeLocked(buf); err != nil {
 			return 0, err
 		}
 		return len(p), nil
 	}
-	return b.w.Write(p)
+	return b.writeLocked(p)
+}
+
+// writeLocked writes p to w, each streamWritePiece of it within the
+// timeout. The deadline is cleared after, so that an idle stream is never
+// cut: on HTTP/2 it is a timer that resets the stream whether or not a
+// write is under way, and on HTTP/1 net/http sends what is buffered when
+// the handler returns under whatever deadline is left.
+func (b *beatWriter) writeLocked(p []byte) (int, error) {
+	if b.timeout <= 0 {
+		return b.w.Write(p)
+	}
+	rc := http.NewResponseController(b.w)
+	defer rc.SetWriteDeadline(time.Time{})
+	n := 0
+	for {
+		piece := p[n:min(len(p), n+streamWritePiece)]
+		// Not supported by w: written without one, as before.
+		_ = rc.SetWriteDeadline(time.Now().Add(b.timeout))
+		m, err := b.w.Write(piece)
+		n += m
+		if err != nil || n == len(p) {
+			return n, err
+		}
+	}
 }
 
 // FlushError flushes w; http.ResponseController.Flush calls it.
@@ -146,7 +194,12 @@ func (b *beatWriter) flushLocked() error {
 	if !b.committed {
 		return nil
 	}
-	return http.NewResponseController(b.w).Flush()
+	rc := http.NewResponseController(b.w)
+	if b.timeout > 0 {
+		_ = rc.SetWriteDeadline(time.Now().Add(b.timeout))
+		defer rc.SetWriteDeadline(time.Time{})
+	}
+	return rc.Flush()
 }
 
 // beat runs on the timer: a comment on a stream, committing it first if
@@ -170,7 +223,7 @@ func (b *beatWriter) beat() {
 	if !b.stream || b.dropBody {
 		return
 	}
-	if _, err := b.w.Write([]byte(": keepalive\n\n")); err != nil {
+	if _, err := b.writeLocked([]byte(": keepalive\n\n")); err != nil {
 		return
 	}
 	if b.flushLocked() != nil {
@@ -185,5 +238,7 @@ func (b *beatWriter) stop() {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.done = true
-	b.t.Stop()
+	if b.t != nil {
+		b.t.Stop()
+	}
 }

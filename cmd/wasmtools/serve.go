@@ -56,6 +56,7 @@ func cmdServe(ctx context.Context, args []string, lookupEnv func(string) (string
 	httpAddr := fs.String("http", "", "serve streamable HTTP at ADDR/mcp (for example 127.0.0.1:8080) instead of stdio")
 	sessionTimeout := fs.Duration("session-timeout", host.DefaultSessionTimeout, "close HTTP sessions idle this long (0: never)")
 	streamKeepAlive := fs.Duration("stream-keepalive", host.DefaultStreamKeepAlive, "write a comment on an HTTP event stream silent this long, so that a proxy's read timeout tells a hung replica from a long call (0: never)")
+	streamWriteTimeout := fs.Duration("stream-write-timeout", host.DefaultStreamWriteTimeout, "end an HTTP response, a client's event stream, whose write (of each 64 KiB) has not gone through in this long: a client that stops reading holds up no one's notifications (0: never)")
 	maxResult := fs.Int("max-result", host.DefaultMaxResultRunes, "cap each tool result at this many characters (0: no cap)")
 	maxInstances := fs.Int("max-instances", 0, "at most this many live plugin instances; the least recently used idle one is evicted (0: no bound)")
 	maxPerPlugin := fs.Int("max-instances-per-plugin", 0, "at most this many live instances of any one plugin (0: no bound)")
@@ -184,8 +185,12 @@ func cmdServe(ctx context.Context, args []string, lookupEnv func(string) (string
 	if keepAlive == 0 {
 		keepAlive = -1
 	}
+	writeTimeout := *streamWriteTimeout
+	if writeTimeout == 0 {
+		writeTimeout = -1
+	}
 	opts := &host.Options{
-		Logger: log, Version: version(), MaxResultRunes: maxRunes, SessionTimeout: timeout, StreamKeepAlive: keepAlive,
+		Logger: log, Version: version(), MaxResultRunes: maxRunes, SessionTimeout: timeout, StreamKeepAlive: keepAlive, StreamWriteTimeout: writeTimeout,
 		MaxInstances: cmp.Or(*maxInstances, cfg.Limits.MaxInstances), MaxInstancesPerPlugin: cmp.Or(*maxPerPlugin, cfg.Limits.MaxInstancesPerPlugin),
 		MemoryBudget: uint64(cfg.Limits.MemoryBudget), MaxConcurrentCalls: cfg.Limits.MaxConcurrentCalls,
 		InstanceLimits: instanceLimits(cfg), ClientKeyHeader: *clientHeader, DeriveSessionHeader: *deriveHeader, AbandonAfter: *abandonAfter,
