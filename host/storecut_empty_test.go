@@ -56,6 +56,11 @@ func cutOffStoreBackEmpty(t *testing.T, protocol string) {
 	}
 	r.cutBackEmpty(t)
 	b.waitLog(t, "state store came back empty", 1)
+	// a's first heartbeat round after the cut ends unanswered 2 s on,
+	// past its grace (2 s from the claim verified before the first call),
+	// as in TestCutOffReplicaSendsSessionsElsewhere: before it, a may
+	// serve a contained call from memory (notSaved), as it should.
+	a.waitLog(t, "state store heartbeat", 1)
 	// Past a's grace, a refuses the call to the proxy, which sends it to
 	// b. The client retries what it is told to retry.
 	lost := func(res *mcp.CallToolResult, err error) bool {
