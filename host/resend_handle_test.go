@@ -3,6 +3,7 @@ package host_test
 import (
 	"bytes"
 	"context"
+	"crypto/rand"
 	"io"
 	"net/http"
 	"net/url"
@@ -23,7 +24,11 @@ import (
 // than run the call again, as TestCallAppliedAtMostOnce asks of a
 // 2025-11-25 session. The fault suite's sigstop-past-proxy behind nginx
 // applied such a call twice ("note 3 saved" after one note, the note
-// twice in the list). A real redis-server shared by a and b.
+// twice in the list). The proxy names the client's request
+// (X-Request-Id, the same on its resend), as deploy/'s configs
+// do; the same body under another request ID (a client that reconnected,
+// its JSON-RPC ids started over) is a new call, and runs. A real
+// redis-server shared by a and b.
 func TestHandleCallResentByProxyAppliedOnce(t *testing.T) {
 	addr := proxytest.StartRedis(t)
 	r := &cutRedis{addr: addr}
@@ -48,19 +53,32 @@ func TestHandleCallResentByProxyAppliedOnce(t *testing.T) {
 	if n := strings.Count(text(list), "once"); n != 1 {
 		t.Fatalf("the resent call was applied %d times: %q", n, text(list))
 	}
+	// The same POST, body and all, as a new client request.
+	if got := proxy.sendAgain(t, rand.Text()); !strings.Contains(got, "note 3 saved") {
+		t.Fatalf("the same body under a new request ID: %q; want it run, note 3 saved", got)
+	}
+	list = call(t, cs, "note_list", map[string]any{host.SessionArgument: handle})
+	if n := strings.Count(text(list), "once"); n != 2 {
+		t.Fatalf("after the same body under a new request ID, the note is there %d times, want 2: %q", n, text(list))
+	}
 }
 
-// resender is a proxy that sends the first POST whose body holds match
-// to its replica, reads its answer whole and drops it, and sends the same
-// request (headers and body) again to the replica at again, whose answer
-// the client gets; from then on every request goes there.
+// resender is a proxy that names each request it passes on by an ID of
+// its own (X-Request-Id, as deploy/'s configs set it), sends the first POST whose body holds
+// match to its replica, reads its answer whole and drops it, and sends
+// the same request (headers, ID and body) again to the replica at again,
+// whose answer the client gets; from then on every request goes there.
 type resender struct {
 	match  []byte
 	again  string
 	resent atomic.Bool
+	first  *http.Request // the POST resent, and its body
+	body   []byte
 }
 
 func (p *resender) RoundTrip(req *http.Request) (*http.Response, error) {
+	req = req.Clone(req.Context())
+	req.Header.Set(requestIDHeader, rand.Text())
 	if p.resent.Load() {
 		return http.DefaultTransport.RoundTrip(p.to(req, nil))
 	}
@@ -80,6 +98,7 @@ func (p *resender) RoundTrip(req *http.Request) (*http.Response, error) {
 	}
 	io.Copy(io.Discard, res.Body)
 	res.Body.Close()
+	p.first, p.body = req, body
 	p.resent.Store(true)
 	return http.DefaultTransport.RoundTrip(p.to(req, body))
 }
@@ -94,3 +113,22 @@ func (p *resender) to(req *http.Request, body []byte) *http.Request {
 	}
 	return out
 }
+
+// sendAgain sends the POST that was resent once more, to the replica at
+// p.again, under request ID id, and returns its answer.
+func (p *resender) sendAgain(t *testing.T, id string) string {
+	t.Helper()
+	req := p.to(p.first.Clone(context.Background()), p.body)
+	req.Header.Set(requestIDHeader, id)
+	res, err := http.DefaultTransport.RoundTrip(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer res.Body.Close()
+	b, _ := io.ReadAll(res.Body)
+	return string(b)
+}
+
+// requestIDHeader is the header deploy/'s proxies name a client's request
+// by, on every request they pass on to a replica.
+const requestIDHeader = "X-Request-Id"
