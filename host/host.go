@@ -829,6 +829,9 @@ func (h *Host) HTTPHandler() http.Handler {
 			case r.Method == http.MethodPost && h.handleElsewhere(r):
 				refuse(w, storeAwayHere)
 			default:
+				if r.Method == http.MethodPost && !h.markProxyResend(w, r) {
+					return
+				}
 				stateless.ServeHTTP(w, r)
 			}
 			return

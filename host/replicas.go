@@ -542,8 +542,7 @@ func (h *Host) serveStateful(stateful http.Handler, events mcp.EventStore, w htt
 		return
 	}
 	if r.Method == http.MethodPost && isToolCall(body) {
-		sum := sha256.Sum256(body)
-		r.Header.Set(resendHeader, hex.EncodeToString(sum[:16]))
+		setResend(r, "", body)
 		// The call learns through this whether its client is still
 		// there: a stateful session's handler runs on the session's
 		// context, which a client that gave up does not end.
@@ -812,6 +811,52 @@ func userOf(r *http.Request) string {
 		return ti.UserID
 	}
 	return ""
+}
+
+// RequestIDHeader names the header a proxy in front of the replicas sets
+// on every request it passes on to one, to an ID of the client's request
+// that stays the same across the proxy's own resends of it (nginx's
+// $request_id, HAProxy's unique-id: deploy/). A 2026-07-28 tools/call
+// carrying it is answered at most once per ID and body (markProxyResend).
+const RequestIDHeader = "X-Request-Id"
+
+// setResend gives a tools/call POST its resend digest (resendHeader), of
+// its body and, when a proxy named it, the client request's ID: a proxy's
+// resend of the same POST is answered with the first result.
+func setResend(r *http.Request, requestID string, body []byte) {
+	d := sha256.New()
+	if requestID != "" {
+		// A header value holds no NUL: the ID ends where the body begins.
+		d.Write([]byte(requestID))
+		d.Write([]byte{0})
+	}
+	d.Write(body)
+	r.Header.Set(resendHeader, hex.EncodeToString(d.Sum(nil)[:16]))
+}
+
+// markProxyResend gives a 2026-07-28 tools/call POST that carries a
+// proxy's request ID (RequestIDHeader) its resend digest, of the ID and the
+// body: a proxy's resend of a call whose replica stopped between its
+// checkpoint and its answer (nginx's 504 → @fallback, HAProxy's
+// retry-on response-timeout) is answered at the fallback with the first
+// result rather than run again (TestHandleCallResentByProxyAppliedOnce).
+// Not the body alone, as a 2025-11-25 session's POST is (serveStateful): a
+// handle outlives its client's connections, whose JSON-RPC ids start over,
+// so an identical later call (a no-argument tool at the same id after a
+// reconnect) would get an old result; a new client request has a new ID.
+// Without the header nothing is marked: a keyless handle call is not
+// deduplicated (its client's idempotency key is). It reports false when
+// the body could not be read (answered).
+func (h *Host) markProxyResend(w http.ResponseWriter, r *http.Request) bool {
+	id := r.Header.Get(RequestIDHeader)
+	if h.dur == nil || id == "" || r.Header.Get("Mcp-Method") != "tools/call" {
+		return true
+	}
+	body, ok := readBody(w, r)
+	if ok && isToolCall(body) {
+		setResend(r, id, body)
+	}
+	return ok
 }
 
 // isToolCall reports whether body is one JSON-RPC tools/call request.

@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -28,6 +29,15 @@ type replica struct {
 	hung     atomic.Bool   // takes requests and writes nothing, as a stopped process
 	hits     atomic.Int64  // requests, /readyz and /healthz aside
 	release  chan struct{} // ends /sse's stream
+	mu       sync.Mutex
+	ids      []string // each request's X-Request-Id, /readyz and /healthz aside
+}
+
+// seen is the X-Request-Id of each request r got, in order.
+func (r *replica) seen() []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Clone(r.ids)
 }
 
 func startReplica(t *testing.T, name string) *replica {
@@ -36,6 +46,9 @@ func startReplica(t *testing.T, name string) *replica {
 		health := req.URL.Path == "/readyz" || req.URL.Path == "/healthz"
 		if !health {
 			r.hits.Add(1)
+			r.mu.Lock()
+			r.ids = append(r.ids, req.Header.Get("X-Request-Id"))
+			r.mu.Unlock()
 		}
 		if r.hung.Load() {
 			select {
@@ -352,6 +365,29 @@ func TestConfigs(t *testing.T) {
 					t.Fatalf("X-Forwarded-For through %s: %q, want the client's address", p.name, got)
 				}
 			})
+			t.Run("names each client request", func(t *testing.T) {
+				// X-Request-Id: the proxy's own, a client's replaced; a
+				// new one for each request the client sends, the same on
+				// each of the proxy's tries of it (a 503 here, a hung
+				// replica in "hung replica"), so that wasmtools tells a
+				// resend from a client's new request with the same body.
+				s := start(t, p.start)
+				var ids []string
+				for range 3 {
+					seen := s.replicas[s.mustPost("X-Request-Id", "the client's")].seen()
+					ids = append(ids, seen[len(seen)-1])
+				}
+				if slices.Contains(ids, "") || slices.Contains(ids, "the client's") || ids[0] == ids[1] || ids[1] == ids[2] || ids[0] == ids[2] {
+					t.Fatalf("three requests reached the replicas with X-Request-Id %q; want the proxy's, one each", ids)
+				}
+				s1 := s.replicas["s1"]
+				s1.refusing.Store(true)
+				got := s.mustPost("Mcp-Session-Id", "s1.named")
+				refused, took := s1.seen(), s.replicas[got].seen()
+				if refused[len(refused)-1] == "" || refused[len(refused)-1] != took[len(took)-1] {
+					t.Fatalf("a request refused 503 by s1 and sent on to %s: X-Request-Id %q there, %q at s1; want one ID", got, took[len(took)-1], refused[len(refused)-1])
+				}
+			})
 			t.Run("no header is spread", func(t *testing.T) {
 				s := start(t, p.start)
 				seen := map[string]int{}
@@ -510,6 +546,12 @@ func TestConfigs(t *testing.T) {
 				}
 				if n := s1.hits.Load() - before; n > 1 {
 					t.Errorf("the hung replica got the request %d times", n)
+				}
+				// The resend is the same client request: wasmtools
+				// answers a call it saved with the first result.
+				hung, took := s1.seen(), s.replicas[got].seen()
+				if len(hung) == 0 || len(took) == 0 || hung[len(hung)-1] == "" || hung[len(hung)-1] != took[len(took)-1] {
+					t.Errorf("the request's X-Request-Id at the hung replica %q, at %s %q; want one ID at both", hung, got, took)
 				}
 			})
 			t.Run("long call kept by comments", func(t *testing.T) {
