@@ -8,6 +8,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/wasmtools/wasmtools/internal/proxytest"
+	"github.com/wasmtools/wasmtools/internal/sessions"
 	"github.com/wasmtools/wasmtools/internal/statestore"
 )
 
@@ -65,5 +66,65 @@ func TestLostLatelyRecordHeldAMinute(t *testing.T) {
 	late.lostUntil.Store(int64(sinceBase() - time.Second))
 	if lost, err := late.LostLately(ctx); lost || err != nil {
 		t.Errorf("lostHold after late first read the loss's record: LostLately %v, %v; want false (the hold renewed)", lost, err)
+	}
+}
+
+// TestLostLatelyShortSessionTimeout: with a session timeout under
+// lostHold, the store's record of its loss (wt:lost) still lives lostHold,
+// so that a replica started 30 s after the loss (a fallback the proxy
+// picks) holds back as long as one that saw it: the record lived only the
+// session timeout, and the late replica answered unknown a session whose
+// replica, cut off from the store alone, would write it back. A client
+// header first seen past the session timeout of the loss is still a new
+// client, not told of a reset (the record's other use, noteEpoch's
+// answer).
+func TestLostLatelyShortSessionTimeout(t *testing.T) {
+	if _, ok := proxytest.Find("redis-server"); !ok {
+		proxytest.Binary(t, "redis-server", "redis-server") // fails under CI, else skips
+	}
+	ctx := context.Background()
+	addr := proxytest.FreeAddr(t)
+	p := proxytest.StartRedisAt(t, addr)
+	store, err := statestore.NewRedis("redis://" + addr + "/0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { store.Close() })
+	raw := redis.NewClient(&redis.Options{Addr: addr})
+	t.Cleanup(func() { raw.Close() })
+	const timeout = 20 * time.Second
+	keeper := func(replica string) *Keeper {
+		ses := sessions.New(&sessions.Options{})
+		t.Cleanup(func() { ses.Close(context.Background()) })
+		return New(Options{Store: store, Sessions: ses, Replica: replica, SessionTimeout: timeout})
+	}
+
+	a := keeper("a")
+	if _, err := a.noteEpoch(ctx); err != nil {
+		t.Fatal(err)
+	}
+	p.Stop()
+	proxytest.StartRedisAt(t, addr) // back empty
+	if lost, err := a.noteEpoch(ctx); !lost || err != nil {
+		t.Fatalf("a, which saw the earlier epoch: loss recorded %v, %v; want true", lost, err)
+	}
+	left, err := raw.PTTL(ctx, "wt:lost").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if left < lostHold-10*time.Second {
+		t.Fatalf("the record of the loss lives %v; want about lostHold (%v), not the session timeout (%v)", left, lostHold, timeout)
+	}
+	// 30 s on by the store's clock: past the session timeout, within
+	// lostHold.
+	if err := raw.PExpire(ctx, "wt:lost", left-30*time.Second).Err(); err != nil {
+		t.Fatal(err)
+	}
+	late := keeper("late")
+	if lost, err := late.LostLately(ctx); !lost || err != nil {
+		t.Errorf("a replica started 30 s after the loss: LostLately %v, %v; want true (within lostHold)", lost, err)
+	}
+	if lost, err := late.noteEpoch(ctx); lost || err != nil {
+		t.Errorf("a client header first seen 30 s after the loss: told of a loss %v, %v; want false (past the session timeout)", lost, err)
 	}
 }
