@@ -56,9 +56,13 @@ func (d *Keeper) Heartbeat(ctx context.Context) {
 // noteEpoch asks the store for its epoch, telling it the one this
 // replica saw before: a store that came back empty since (a new epoch)
 // records that it lost the earlier one, for the session timeout (the
-// longest a client's record lives idle, d.ttl). It returns whether such
-// a loss is recorded for the store's epoch now, by this replica or
-// another, and holds back what the store does not hold (lostUntil) for
+// longest a client's record lives idle, d.ttl) or lostHold, whichever is
+// longer: a replica started since the loss holds back for lostHold by the
+// record, which a session timeout under a minute ended sooner
+// (TestLostLatelyShortSessionTimeout). It returns whether such a loss was
+// recorded for the store's epoch within the session timeout, by this
+// replica or another (a client header first seen later is a new one,
+// whatever it had would have expired), and holds back what the store does not hold (lostUntil) for
 // lostHold after the loss this replica saw or the store recorded,
 // whichever is later: a replica started since the loss, which never saw
 // the earlier epoch, learns of it from the record. The heartbeat calls
@@ -73,7 +77,7 @@ func (d *Keeper) Heartbeat(ctx context.Context) {
 func (d *Keeper) noteEpoch(ctx context.Context) (lost bool, err error) {
 	seen := d.epoch.Load()
 	asked := int64(sinceBase())
-	e, loss, err := d.store.Epoch(ctx, seen, d.ttl())
+	e, loss, err := d.store.Epoch(ctx, seen, max(d.ttl(), lostHold))
 	if err != nil {
 		return false, fmt.Errorf("state store: epoch: %w", err)
 	}
@@ -101,7 +105,7 @@ func (d *Keeper) noteEpoch(ctx context.Context) (lost bool, err error) {
 			break
 		}
 	}
-	return loss.Recorded, nil
+	return loss.Recorded && loss.Ago < d.ttl(), nil
 }
 
 // holdLost moves lostUntil to until (ns since clockBase), never back.
