@@ -12,7 +12,6 @@ import (
 	"os"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -117,55 +116,14 @@ func TestStuckStreamHoldsNoListChanged(t *testing.T) {
 	connectHTTPEra(t, srv.URL, "2026-07-28", &mcp.ClientOptions{ToolListChangedHandler: func(context.Context, *mcp.ToolListChangedRequest) { listenChanged <- struct{}{} }}, nil)
 
 	// Bob's standing stream, read up to its priming event.
-	d := net.Dialer{Control: func(_, _ string, rc syscall.RawConn) error {
-		var serr error
-		if err := rc.Control(func(fd uintptr) { serr = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVBUF, 1) }); err != nil {
-			return err
-		}
-		return serr
-	}}
-	raw, err := d.Dial("tcp", srv.Listener.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { raw.Close() }) // before srv.Close, which waits for its handler
-	fmt.Fprintf(raw, "GET /mcp HTTP/1.1\r\nHost: %s\r\nAccept: text/event-stream\r\nMcp-Session-Id: %s\r\nMcp-Protocol-Version: 2025-11-25\r\n\r\n", srv.Listener.Addr(), bob.ID())
-	br := bufio.NewReader(raw)
-	resp, err := http.ReadResponse(br, nil)
-	if err != nil || resp.StatusCode != http.StatusOK {
-		t.Fatalf("bob's standing GET: %v %v", resp, err)
-	}
-	primed := ""
-	sc := bufio.NewScanner(resp.Body)
-	for primed == "" && sc.Scan() {
-		if id, ok := strings.CutPrefix(sc.Text(), "id: "); ok {
-			primed = id
-		}
-	}
-	if primed == "" {
-		t.Fatalf("bob's standing stream has no priming event: %v", sc.Err())
-	}
-	wc := wl.conn(raw.LocalAddr())
-	if wc == nil {
-		t.Fatal("bob's connection was not accepted through the listener")
-	}
+	head := fmt.Sprintf("GET /mcp HTTP/1.1\r\nHost: %s\r\nAccept: text/event-stream\r\nMcp-Session-Id: %s\r\nMcp-Protocol-Version: 2025-11-25\r\n\r\n", srv.Listener.Addr(), bob.ID())
+	wc, line := openStuck(t, srv, wl, head, "id: ")
+	primed := strings.TrimPrefix(line, "id: ")
 
 	// Bob's updates, until the host cannot write to his stream.
-	fill, stopFill := context.WithCancel(ctx)
-	t.Cleanup(stopFill)
-	go func() {
-		for fill.Err() == nil {
-			if _, err := bob.CallTool(fill, &mcp.CallToolParams{Name: "update_burst", Arguments: map[string]any{}}); err != nil {
-				return
-			}
-		}
-	}()
-	select {
-	case <-wc.stuck:
-	case <-time.After(60 * time.Second):
+	if !fillStuck(bob, wc) {
 		t.Fatal("bob's stream never filled")
 	}
-	stopFill()
 
 	f.deploy(t, "counter.wasm", testplugins.Bytes(t, testplugins.Example(t, "counter")))
 	notified(t, changed, "tools/list_changed to alice, past bob's stream that does not read")
@@ -201,7 +159,7 @@ func TestStuckStreamHoldsNoListChanged(t *testing.T) {
 		t.Fatalf("bob's resumption from %q: %v %q", primed, resumed.Status, b)
 	}
 	defer resumed.Body.Close()
-	sc = bufio.NewScanner(resumed.Body)
+	sc := bufio.NewScanner(resumed.Body)
 	sc.Buffer(nil, 1<<20)
 	changes := 0
 	for changes < 2 && sc.Scan() {
