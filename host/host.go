@@ -105,9 +105,10 @@ type Options struct {
 	StreamKeepAlive time.Duration
 	// StreamWriteTimeout bounds each write to an HTTP response (each
 	// 64 KiB of a large one): past it the response, a client's stream
-	// that stopped reading, ends, so that it holds up no one's list
-	// changes and resource updates; 0 means [DefaultStreamWriteTimeout],
-	// negative means never.
+	// that stopped reading, ends; 0 means [DefaultStreamWriteTimeout],
+	// negative means never. (A long-lived stream's writes are queued,
+	// within [StreamQueueBytes], so that it holds up no one's list
+	// changes and resource updates meanwhile.)
 	StreamWriteTimeout time.Duration
 	// MaxInstances bounds the live instances of all plugins, and
 	// MaxInstancesPerPlugin those of any one plugin; 0 means no bound.
@@ -780,7 +781,15 @@ func (h *Host) HTTPHandler() http.Handler {
 	if every == 0 {
 		every = DefaultStreamKeepAlive
 	}
-	return keepAlive(every, cmp.Or(h.opts.StreamWriteTimeout, DefaultStreamWriteTimeout), http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	// The long-lived streams' writes are queued, so that no client that
+	// stops reading holds up whoever writes to it (keepAlive).
+	queues := newStreamQueues(StreamQueueBytes, cmp.Or(h.opts.MaxStreamReplayBytes, StreamReplayBytes), h.opts.Tenants, func(r *http.Request) string {
+		if ti := auth.TokenInfoFromContext(r.Context()); ti != nil {
+			return h.shareTenant(ti.UserID)
+		}
+		return h.shareTenant("")
+	})
+	return keepAlive(every, cmp.Or(h.opts.StreamWriteTimeout, DefaultStreamWriteTimeout), queues, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		// The host's own headers, never a client's, whichever way the
 		// request is served (serveStateful sets them on a stateful
 		// session's tools/call): a client's resend digest was its

@@ -1,6 +1,8 @@
 package host
 
 import (
+	"context"
+	"errors"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -21,7 +23,7 @@ func TestStreamWriteDeadline(t *testing.T) {
 	for _, proto := range []string{"HTTP/1.1", "HTTP/2.0"} {
 		t.Run(proto, func(t *testing.T) {
 			stuck := make(chan error, 1)
-			h := keepAlive(0, timeout, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			h := keepAlive(0, timeout, nil, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 				rc := http.NewResponseController(w)
 				switch r.URL.Path {
 				case "/idle":
@@ -42,14 +44,7 @@ func TestStreamWriteDeadline(t *testing.T) {
 					}
 				}
 			}))
-			srv := httptest.NewUnstartedServer(h)
-			if proto == "HTTP/2.0" {
-				srv.EnableHTTP2 = true
-				srv.StartTLS()
-			} else {
-				srv.Start()
-			}
-			t.Cleanup(srv.Close)
+			srv := serveProto(t, proto, h)
 			client := srv.Client()
 
 			get := func(path string) *http.Response {
@@ -80,4 +75,108 @@ func TestStreamWriteDeadline(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestLongLivedStreamQueued: through keepAlive with stream queues, over
+// HTTP/1.1 and HTTP/2, a long-lived stream's writes (a GET accepting an
+// event stream) never wait for its client: one whose client stops
+// reading takes each write at once until its queue would pass its share,
+// which ends it (its write fails, its request's context is done with
+// that cause) and gives the queue's bytes back; a handler that returns
+// with its writes still queued has them all sent first.
+func TestLongLivedStreamQueued(t *testing.T) {
+	for _, proto := range []string{"HTTP/1.1", "HTTP/2.0"} {
+		t.Run(proto, func(t *testing.T) {
+			q := newStreamQueues(256<<10, 0, false, func(*http.Request) string { return "" })
+			ended := make(chan error, 1)
+			slow := make(chan time.Duration, 1)
+			returned := make(chan struct{}, 1)
+			opened := make(chan struct{}) // the client has the stuck stream's header
+			piece := []byte(strings.Repeat("x", 8<<10))
+			inner := keepAlive(0, 10*time.Second, q, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				w.Header().Set("Content-Type", "text/event-stream")
+				rc := http.NewResponseController(w)
+				switch r.URL.Path {
+				case "/stuck":
+					w.WriteHeader(http.StatusOK)
+					rc.Flush()
+					<-opened
+					var slowest time.Duration
+					for {
+						start := time.Now()
+						_, err := w.Write(piece)
+						rc.Flush()
+						slowest = max(slowest, time.Since(start))
+						if err != nil {
+							<-r.Context().Done()
+							slow <- slowest
+							ended <- context.Cause(r.Context())
+							return
+						}
+					}
+				case "/drain":
+					for range 20 {
+						w.Write(piece)
+						rc.Flush()
+					}
+				}
+			}))
+			h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				inner.ServeHTTP(w, r)
+				returned <- struct{}{}
+			})
+			srv := serveProto(t, proto, h)
+			get := func(path string) *http.Response {
+				t.Helper()
+				req, _ := http.NewRequest(http.MethodGet, srv.URL+path, nil)
+				req.Header.Set("Accept", "text/event-stream")
+				resp, err := srv.Client().Do(req)
+				if err != nil {
+					t.Fatal(err)
+				}
+				return resp
+			}
+
+			resp := get("/drain")
+			b, err := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if err != nil || len(b) != 20*len(piece) {
+				t.Fatalf("a stream whose handler returned with writes queued: %d bytes, %v; want %d", len(b), err, 20*len(piece))
+			}
+			<-returned
+
+			resp = get("/stuck") // never read
+			defer resp.Body.Close()
+			close(opened)
+			select {
+			case err := <-ended:
+				if !errors.Is(err, errStreamQueueFull) {
+					t.Errorf("a stream its client stopped reading ended by %v, want %v", err, errStreamQueueFull)
+				}
+				if d := <-slow; d > time.Second {
+					t.Errorf("a write to a stream its client stopped reading took %v", d)
+				}
+			case <-time.After(30 * time.Second):
+				t.Fatal("a stream its client stopped reading was not ended")
+			}
+			<-returned
+			if n := q.held.sum(); n != 0 {
+				t.Errorf("%d bytes still counted once the streams ended", n)
+			}
+		})
+	}
+}
+
+// serveProto serves h on loopback over proto, HTTP/1.1 or HTTP/2.0
+// (with TLS), until the test ends.
+func serveProto(t *testing.T, proto string, h http.Handler) *httptest.Server {
+	srv := httptest.NewUnstartedServer(h)
+	if proto == "HTTP/2.0" {
+		srv.EnableHTTP2 = true
+		srv.StartTLS()
+	} else {
+		srv.Start()
+	}
+	t.Cleanup(srv.Close)
+	return srv
 }
