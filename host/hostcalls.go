@@ -210,7 +210,7 @@ type callEnv struct {
 	mu       sync.Mutex
 	ctx      context.Context // the current request's handler context
 	req      *mcp.CallToolRequest
-	progress *progressSender
+	progress progressSender
 	logs     tokenBucket // count
 	logBytes tokenBucket
 	dropped  int // log messages dropped by the rate limits
@@ -375,7 +375,7 @@ func (h *Host) newRequestEnv(ctx context.Context, p *plugins.Plugin, name string
 	e.logBytes = newTokenBucket(logCallBurstBytes, logCallBytesPerSecond)
 	e.updates = newTokenBucket(updateBurst, updatePerSecond)
 	e.updateBytes = newTokenBucket(updateCallBurstBytes, updateCallBytesPerSecond)
-	e.progress = newProgressSender(ctx, req)
+	e.progress.init(ctx, req)
 	return e
 }
 
@@ -794,7 +794,10 @@ func (b *tokenBucket) wait() time.Duration {
 // progressSender forwards a call's progress to the client without ever
 // blocking the guest: a burst goes out as it comes, past the rate limit
 // updates are coalesced (the latest wins), and one goroutine sends them in
-// order. Without a progress token nothing is sent.
+// order. Without a progress token nothing is sent. It is part of its
+// callEnv, and its channels are made with its goroutine, by the first
+// update: most calls send none, and each call paid for them (4 of the
+// HTTP path's allocations, issue 27).
 type progressSender struct {
 	mu      sync.Mutex
 	ctx     context.Context
@@ -803,16 +806,17 @@ type progressSender struct {
 	queue   []*mcp.ProgressNotificationParams
 	pending *mcp.ProgressNotificationParams // coalesced past the limit
 	bucket  tokenBucket
+	// wake, stop and done are made with the goroutine (running), under
+	// mu: whoever sees running set (under mu) sees them.
 	wake    chan struct{}
 	stop    chan struct{}
 	done    chan struct{}
 	running bool
 }
 
-func newProgressSender(ctx context.Context, req *mcp.CallToolRequest) *progressSender {
-	p := &progressSender{bucket: newTokenBucket(progressBurst, progressPerSecond), wake: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{})}
+func (p *progressSender) init(ctx context.Context, req *mcp.CallToolRequest) {
+	p.bucket = newTokenBucket(progressBurst, progressPerSecond)
 	p.follow(ctx, req)
-	return p
 }
 
 func (p *progressSender) follow(ctx context.Context, req *mcp.CallToolRequest) {
@@ -834,6 +838,7 @@ func (p *progressSender) add(n *mcp.ProgressNotificationParams) {
 	}
 	if !p.running {
 		p.running = true
+		p.wake, p.stop, p.done = make(chan struct{}, 1), make(chan struct{}), make(chan struct{})
 		go p.run()
 	}
 	select {
@@ -898,10 +903,10 @@ func (p *progressSender) flush() {
 // close sends what is left and stops the sender, before the result goes.
 func (p *progressSender) close() {
 	p.mu.Lock()
-	running := p.running
+	started := p.stop != nil
 	p.running = true // no sender starts after close
 	p.mu.Unlock()
-	if !running {
+	if !started {
 		return
 	}
 	select {
