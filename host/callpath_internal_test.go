@@ -26,3 +26,46 @@ func TestProgressSenderIdleAllocates(t *testing.T) {
 		t.Errorf("a call's progress sender with no update: %v allocations; want none", allocs)
 	}
 }
+
+// TestSessionBookEnterAllocates: a request entering a booked session and
+// leaving it allocates only its cancellable context and its cancel; the session's end
+// cancels the requests in it and any that enter after.
+func TestSessionBookEnterAllocates(t *testing.T) {
+	b := newSessionBook(&Options{})
+	ss := &mcp.ServerSession{}
+	if _, _, err := b.openSession(ss, "", "", 0); err != nil {
+		t.Fatal(err)
+	}
+	parent, stop := context.WithCancel(context.Background())
+	defer stop()
+	if allocs := testing.AllocsPerRun(100, func() {
+		_, ticket, ok := b.enter(parent, ss)
+		if !ok {
+			t.Fatal("refused")
+		}
+		ticket.leave()
+	}); allocs > 2 {
+		t.Errorf("a request entering and leaving a booked session: %v allocations; want at most 2 (its context and cancel)", allocs)
+	}
+	ctx, ticket, ok := b.enter(parent, ss)
+	if !ok {
+		t.Fatal("refused")
+	}
+	v, _ := b.entries.Load(ss)
+	v.(*bookEntry).end() // as deleting does
+	if ctx.Err() == nil {
+		t.Errorf("a request being served outlived its session's end")
+	}
+	ticket.leave()
+	later, ticket, ok := b.enter(parent, ss)
+	if !ok || later.Err() == nil {
+		t.Errorf("a request entering after the session's end: ok %v, err %v; want it entered, cancelled", ok, later.Err())
+	}
+	ticket.leave()
+	if e := v.(*bookEntry); len(e.reqs) != 0 || e.busy.Load() != 0 {
+		t.Errorf("after leaving: %d requests held, busy %d; want none", len(e.reqs), e.busy.Load())
+	}
+	if parent.Err() != nil {
+		t.Errorf("the session's end cancelled its requests' parent")
+	}
+}
