@@ -200,7 +200,7 @@ func (h *Host) callTool(ctx context.Context, key sessions.Key, c *plugins.Call, 
 			// A failure of the call (its result says so), not a refusal.
 		case errors.Is(err, sessions.ErrUnknownKey) && env != nil && env.ref.handle != "":
 			return h.expiredResult(env)
-		case errors.As(err, new(*retargetInvalid)):
+		case isRetargetInvalid(err):
 			// As prepareCall answers arguments that are not valid.
 			return errorResult(err.Error()), nil
 		case err != nil:
@@ -309,6 +309,16 @@ func (e *retargetInvalid) Error() string {
 }
 
 func (e *retargetInvalid) Unwrap() error { return e.err }
+
+// isRetargetInvalid reports whether err is a retargetInvalid, allocating
+// errors.As's target only for an error (callTool asks of every call).
+func isRetargetInvalid(err error) bool {
+	if err == nil {
+		return false
+	}
+	var ri *retargetInvalid
+	return errors.As(err, &ri)
+}
 
 // claims reports whether a call of p by key's client claims the session
 // in the state store first: a plugin that keeps state, or one that may

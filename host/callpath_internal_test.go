@@ -5,6 +5,8 @@ import (
 	"testing"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/wasmtools/wasmtools/plugins"
 )
 
 // The per-call path's pieces that every tools/call goes through allocate
@@ -67,5 +69,45 @@ func TestSessionBookEnterAllocates(t *testing.T) {
 	}
 	if parent.Err() != nil {
 		t.Errorf("the session's end cancelled its requests' parent")
+	}
+}
+
+// TestCallPathSmallPiecesAllocate: the session label a call's context
+// carries is one allocation and the same digest as ever; the tenant of
+// the clients without a subject, a drain's count of a POST and the
+// capabilities check of a tool that requires none allocate nothing.
+func TestCallPathSmallPiecesAllocate(t *testing.T) {
+	const id = "0123456789ABCDEFGHIJKLMNOPQRSTUV"
+	if got, want := SessionLabel(id), "session-"+traceDigest(id); got != want {
+		t.Errorf("SessionLabel = %q, want %q", got, want)
+	}
+	if allocs := testing.AllocsPerRun(100, func() { _ = SessionLabel(id) }); allocs > 1 {
+		t.Errorf("SessionLabel: %v allocations; want 1", allocs)
+	}
+	h := &Host{}
+	if got, want := h.tenantOf(""), "tenant:"+h.subjectTag(""); got != want {
+		t.Errorf("tenantOf(\"\") = %q, want %q", got, want)
+	}
+	var d drainState
+	if allocs := testing.AllocsPerRun(100, func() {
+		_ = h.tenantOf("")
+		if d.enter() {
+			d.leave()
+		}
+	}); allocs > 0 {
+		t.Errorf("the tenant of no subject and a POST's drain count: %v allocations; want none", allocs)
+	}
+	if d.posts != 0 {
+		t.Errorf("posts = %d after as many leaves as enters", d.posts)
+	}
+	tool := &plugins.Tool{}
+	req := &mcp.CallToolRequest{Params: &mcp.CallToolParamsRaw{}}
+	if allocs := testing.AllocsPerRun(100, func() {
+		if missingCapabilities(tool, req) != nil {
+			t.Fatal("capabilities missing for a tool that requires none")
+		}
+		_ = isRetargetInvalid(nil)
+	}); allocs > 0 {
+		t.Errorf("a tool requiring no capabilities: %v allocations; want none", allocs)
 	}
 }

@@ -94,7 +94,7 @@ func protocolError(err error) error {
 func missingCapabilities(t *plugins.Tool, req *mcp.CallToolRequest) map[string]any {
 	var want map[string]any
 	if req := t.Def.RequiredClientCapabilities; len(req) > 0 {
-		json.Unmarshal(req, &want) // checked at load
+		want = decodeCapabilities(req)
 	}
 	if e := t.Def.Execution; e != nil && e.TaskSupport == abi.TaskRequired {
 		if want == nil {
@@ -116,6 +116,15 @@ func missingCapabilities(t *plugins.Tool, req *mcp.CallToolRequest) map[string]a
 		json.Unmarshal(b, &got)
 	}
 	return missingOf(want, got)
+}
+
+// decodeCapabilities decodes a tool's required capabilities (checked at
+// load). A function of its own, so that missingCapabilities' want does
+// not escape: a tool that requires none allocates nothing.
+func decodeCapabilities(b json.RawMessage) map[string]any {
+	var m map[string]any
+	json.Unmarshal(b, &m)
+	return m
 }
 
 func missingOf(want, got map[string]any) map[string]any {

@@ -819,12 +819,11 @@ func (h *Host) HTTPHandler() http.Handler {
 				r.Header.Set(listenHeader, token)
 			}
 		case r.Method == http.MethodPost:
-			leave, ok := h.drain.enter()
-			if !ok {
+			if !h.drain.enter() {
 				refuse(w, "this replica is shutting down")
 				return
 			}
-			defer leave()
+			defer h.drain.leave()
 		}
 		if v := r.Header.Get("Mcp-Protocol-Version"); v >= sessionlessProtocol && r.Header.Get("Mcp-Session-Id") == "" {
 			if h.opts.DeriveSessionHeader {

@@ -126,24 +126,28 @@ type drainState struct {
 }
 
 // enter counts a POST in, unless the host is closing (false). The caller
-// calls leave once the POST is answered.
-func (d *drainState) enter() (leave func(), ok bool) {
+// calls leave once the POST is answered (a method, not a closure
+// returned: one allocation less per POST).
+func (d *drainState) enter() (ok bool) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.closing.Load() {
-		return nil, false
+		return false
 	}
 	d.posts++
-	return func() {
-		d.mu.Lock()
-		defer d.mu.Unlock()
-		if d.posts--; d.posts == 0 && d.answered != nil {
-			select {
-			case d.answered <- struct{}{}:
-			default:
-			}
+	return true
+}
+
+// leave counts out a POST that enter counted in.
+func (d *drainState) leave() {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.posts--; d.posts == 0 && d.answered != nil {
+		select {
+		case d.answered <- struct{}{}:
+		default:
 		}
-	}, true
+	}
 }
 
 // close refuses every request from now on.
@@ -527,7 +531,7 @@ func (h *Host) serveStateful(stateful http.Handler, events mcp.EventStore, w htt
 	}
 	// Another user's session is answered as none, as at a replica that
 	// does not hold it (the go-sdk's 403 said it is live here).
-	nf := &notFound{ResponseWriter: w, others: func() bool { return h.book.others(id, userOf(r)) }}
+	nf := &notFound{ResponseWriter: w, book: h.book, id: id, r: r}
 	if h.dur == nil {
 		stateful.ServeHTTP(nf, r)
 		if nf.missing {
@@ -637,13 +641,18 @@ func (h *Host) canReplay(ctx context.Context, events mcp.EventStore, id, eid str
 // it swallows and reports.
 type notFound struct {
 	http.ResponseWriter
-	others  func() bool
+	// book, id and r say whether a 403 is of another user's session
+	// (book.others); book is nil where none can be. Fields rather than a
+	// closure: one allocation less per request.
+	book    *sessionBook
+	id      string
+	r       *http.Request
 	missing bool
 	wrote   bool
 }
 
 func (n *notFound) WriteHeader(code int) {
-	if !n.wrote && (code == http.StatusNotFound || code == http.StatusForbidden && n.others != nil && n.others()) {
+	if !n.wrote && (code == http.StatusNotFound || code == http.StatusForbidden && n.book != nil && n.book.others(n.id, userOf(n.r))) {
 		n.missing = true
 	}
 	n.wrote = true

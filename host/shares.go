@@ -25,7 +25,15 @@ import (
 
 // tenantOf is the tenant of subject ("" for none): a keyed digest, so that
 // a subject's name (any string) never shows in logs or keys.
-func (h *Host) tenantOf(subject string) string { return "tenant:" + h.subjectTag(subject) }
+func (h *Host) tenantOf(subject string) string {
+	if subject == "" {
+		return noSubjectTenant // as below, without an allocation per call
+	}
+	return "tenant:" + h.subjectTag(subject)
+}
+
+// noSubjectTenant is the tenant of the clients without a subject.
+const noSubjectTenant = "tenant:-"
 
 // shareTenant is the tenant whose share subject's request counts against:
 // tenantOf with tenants, and without them "", everyone's.
@@ -326,11 +334,13 @@ func (h *Host) admitRun(ctx context.Context, env *callEnv, key sessions.Key, p *
 			return ctx, nil, err
 		}
 	}
-	if p.Stateless() && !h.opts.Tenants {
+	// Only a session a store keeps (h.storeBytes) is attributed.
+	attribute := !p.Stateless() && h.storeBytes != nil
+	if !attribute && !h.opts.Tenants {
 		return ctx, release, nil // a keyed digest saved on the fast path
 	}
 	tenant := h.tenantOf(subjectOf(req.Extra))
-	if !p.Stateless() {
+	if attribute {
 		h.storeBytes.attribute(durable.StoreID(key), tenant)
 	}
 	if h.opts.Tenants {
@@ -399,12 +409,9 @@ func (h *Host) admitCall(subject string, p *plugins.Plugin, key sessions.Key) (r
 			return nil, fmt.Errorf("%w: this client's subject makes more than %g calls per second, its share", sessions.ErrBusy, r)
 		}
 	}
+	// What was taken, given back by release; the closures only on the
+	// paths that take something (the common path allocates nothing).
 	var taken []func()
-	undo := func() {
-		for _, give := range taken {
-			give()
-		}
-	}
 	if share := h.callShare(); share > 0 {
 		if !h.callShares.take(tenant, share) {
 			return nil, fmt.Errorf("%w: this client's subject has %d calls in flight, its share", sessions.ErrBusy, share)
@@ -415,16 +422,26 @@ func (h *Host) admitCall(subject string, p *plugins.Plugin, key sessions.Key) (r
 		inst := instanceOf(key, p)
 		m := int(min(p.MemoryLimit(), uint64(math.MaxInt)))
 		if err := h.held.take(tenant, p.Name(), inst, n, m, bytes); err != nil {
-			undo()
+			giveAll(taken)
 			return nil, err
 		}
 		taken = append(taken, func() { h.held.give(tenant, p.Name(), inst, m) })
 	}
 	if len(taken) == 0 {
-		return func() {}, nil
+		return noRelease, nil
 	}
+	gives := taken
 	var once sync.Once
-	return func() { once.Do(undo) }, nil
+	return func() { once.Do(func() { giveAll(gives) }) }, nil
+}
+
+// noRelease is admitCall's release when nothing was taken.
+func noRelease() {}
+
+func giveAll(gives []func()) {
+	for _, give := range gives {
+		give()
+	}
 }
 
 // Defaults of the state store's byte budgets ([Options.StoreBytesPerRecord]
