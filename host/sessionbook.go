@@ -406,31 +406,49 @@ func (h *Host) bookSessions(next mcp.MethodHandler) mcp.MethodHandler {
 		if method != "initialize" {
 			ctx, ticket, ok := h.book.enter(ctx, ss)
 			if !ok {
-				return nil, protocolError(fmt.Errorf("%w: this session was ended to make room for a new one", ErrSessionEnded))
+				return nil, endedForRoom()
 			}
 			defer ticket.leave()
 			return next(ctx, method, req)
 		}
-		user := subjectOf(req.GetExtra())
-		victims, booked, err := h.book.openSession(ss, user, h.tenantOf(user), paramsCost(req.GetParams()))
-		for _, victim := range victims {
-			h.log.Info("idle HTTP session ended to make room", "session", sessionLabel(victim.ID()), "for", sessionLabel(ss.ID()))
-			h.metrics.sessionsEvicted.Inc()
-			go victim.Close()
+		return h.bookInitialize(ctx, method, req, ss, next)
+	}
+}
+
+// endedForRoom is the refusal of a request of a session ended to make
+// room.
+//
+//go:noinline
+func endedForRoom() error {
+	return protocolError(fmt.Errorf("%w: this session was ended to make room for a new one", ErrSessionEnded))
+}
+
+// bookInitialize is bookSessions' for an initialize. A function of its
+// own, not inlined, as the refusal above: the middleware's frame is under
+// every tool call's, whose goroutine stack must fit in 8 KiB (see
+// traceMiddleware).
+//
+//go:noinline
+func (h *Host) bookInitialize(ctx context.Context, method string, req mcp.Request, ss *mcp.ServerSession, next mcp.MethodHandler) (mcp.Result, error) {
+	user := subjectOf(req.GetExtra())
+	victims, booked, err := h.book.openSession(ss, user, h.tenantOf(user), paramsCost(req.GetParams()))
+	for _, victim := range victims {
+		h.log.Info("idle HTTP session ended to make room", "session", sessionLabel(victim.ID()), "for", sessionLabel(ss.ID()))
+		h.metrics.sessionsEvicted.Inc()
+		go victim.Close()
+	}
+	if err != nil {
+		h.log.Warn("new HTTP session refused", "session", sessionLabel(ss.ID()), "error", err)
+		// The go-sdk closes a session whose initialize failed.
+		return nil, &jsonrpc.Error{Code: CodeBusy, Message: err.Error(), Data: []byte(`{"reason":"too_many_sessions","retry":true}`)}
+	}
+	res, err := next(ctx, method, req)
+	if err != nil {
+		if booked { // not a second initialize of a live session
+			h.book.closed(ss)
 		}
-		if err != nil {
-			h.log.Warn("new HTTP session refused", "session", sessionLabel(ss.ID()), "error", err)
-			// The go-sdk closes a session whose initialize failed.
-			return nil, &jsonrpc.Error{Code: CodeBusy, Message: err.Error(), Data: []byte(`{"reason":"too_many_sessions","retry":true}`)}
-		}
-		res, err := next(ctx, method, req)
-		if err != nil {
-			if booked { // not a second initialize of a live session
-				h.book.closed(ss)
-			}
-			return res, err
-		}
-		h.connKey(ss) // watched: the book forgets it when it ends
 		return res, err
 	}
+	h.connKey(ss) // watched: the book forgets it when it ends
+	return res, err
 }

@@ -59,75 +59,89 @@ var errTooManySubscriptions = fmt.Errorf("a session may hold at most %d resource
 // own handler, which it calls again at a session's end to unsubscribe.
 func (h *Host) subscriptionsMiddleware(next mcp.MethodHandler) mcp.MethodHandler {
 	return func(ctx context.Context, method string, req mcp.Request) (mcp.Result, error) {
-		switch r := req.(type) {
-		case *mcp.SubscribeRequest:
-			if r.Params == nil {
-				break
-			}
-			uri := r.Params.URI
-			if err := h.subscribable(uri); err != nil {
-				return nil, err
-			}
-			tenant := h.shareTenant(subjectOf(req.GetExtra()))
-			switch err := h.subs.reserve(r.Session, uri, func() (func(), error) {
-				return h.listens.takeBytes(tenant, len(uri)+subscriptionCost)
-			}); {
-			case errors.Is(err, errListensBusy):
-				return nil, &jsonrpc.Error{Code: CodeBusy, Message: err.Error(), Data: []byte(`{"reason":"too_many_subscriptions","retry":true}`)}
-			case err != nil:
-				return nil, &jsonrpc.Error{Code: jsonrpc.CodeInvalidRequest, Message: err.Error()}
-			}
-			out, err := next(ctx, method, req)
-			if err != nil {
-				h.subs.drop(r.Session, uri)
-				return out, err
-			}
-			h.undoAtEnd(next, r.Session)
-			return out, err
-		case *mcp.UnsubscribeRequest:
-			out, err := next(ctx, method, req)
-			if err == nil && r.Params != nil {
-				h.subs.drop(r.Session, r.Params.URI)
-			}
-			return out, err
-		case *mcp.SubscriptionsListenRequest:
-			if n := r.Params; n != nil && n.Notifications != nil && len(n.Notifications.ResourceSubscriptions) > 0 {
-				// At most 2 × maxSubscriptions URIs are looked at: each is
-				// matched against every plugin's templates, and a request
-				// body can hold far more than any client needs.
-				asked := n.Notifications.ResourceSubscriptions
-				asked = asked[:min(len(asked), 2*maxSubscriptions)]
-				uris := slices.DeleteFunc(slices.Clone(asked), func(uri string) bool {
-					return h.subscribable(uri) != nil
-				})
-				n.Notifications.ResourceSubscriptions = uris[:min(len(uris), maxSubscriptions)]
-			}
-			// The go-sdk keeps the request's body for as long as the
-			// stream is open (it reads it again from a copy it holds):
-			// it is counted with the URIs, against the listen streams'
-			// bytes, and given back to the bound on request bodies,
-			// which counts the bodies being read and served for a while,
-			// not held. Held to the end there, a client's listens padded
-			// to max_request_body held its share of it, and with no
-			// subjects all of it: every other request of the shared
-			// token was refused 503 (a tenant review).
-			held := h.listenBody(req.GetExtra())
-			n := listenedBytes(r.Params)
-			if held != nil {
-				n += held.n
-			}
-			release, err := h.listens.take(h.shareTenant(subjectOf(req.GetExtra())), n)
-			if err != nil {
-				return nil, &jsonrpc.Error{Code: CodeBusy, Message: err.Error(), Data: []byte(`{"reason":"too_many_listens","retry":true}`)}
-			}
-			// The go-sdk's handler returns when the stream ends.
-			defer release()
-			if held != nil {
-				held.giveBack()
-			}
+		switch req.(type) {
+		case *mcp.SubscribeRequest, *mcp.UnsubscribeRequest, *mcp.SubscriptionsListenRequest:
+			return h.subscriptionRequest(ctx, method, req, next)
 		}
 		return next(ctx, method, req)
 	}
+}
+
+// subscriptionRequest is subscriptionsMiddleware's for the requests it
+// bounds. A function of its own, not inlined: the middleware's frame is
+// under every tool call's, whose goroutine stack must fit in 8 KiB (see
+// traceMiddleware), and this one's took 336 bytes of it.
+//
+//go:noinline
+func (h *Host) subscriptionRequest(ctx context.Context, method string, req mcp.Request, next mcp.MethodHandler) (mcp.Result, error) {
+	switch r := req.(type) {
+	case *mcp.SubscribeRequest:
+		if r.Params == nil {
+			break
+		}
+		uri := r.Params.URI
+		if err := h.subscribable(uri); err != nil {
+			return nil, err
+		}
+		tenant := h.shareTenant(subjectOf(req.GetExtra()))
+		switch err := h.subs.reserve(r.Session, uri, func() (func(), error) {
+			return h.listens.takeBytes(tenant, len(uri)+subscriptionCost)
+		}); {
+		case errors.Is(err, errListensBusy):
+			return nil, &jsonrpc.Error{Code: CodeBusy, Message: err.Error(), Data: []byte(`{"reason":"too_many_subscriptions","retry":true}`)}
+		case err != nil:
+			return nil, &jsonrpc.Error{Code: jsonrpc.CodeInvalidRequest, Message: err.Error()}
+		}
+		out, err := next(ctx, method, req)
+		if err != nil {
+			h.subs.drop(r.Session, uri)
+			return out, err
+		}
+		h.undoAtEnd(next, r.Session)
+		return out, err
+	case *mcp.UnsubscribeRequest:
+		out, err := next(ctx, method, req)
+		if err == nil && r.Params != nil {
+			h.subs.drop(r.Session, r.Params.URI)
+		}
+		return out, err
+	case *mcp.SubscriptionsListenRequest:
+		if n := r.Params; n != nil && n.Notifications != nil && len(n.Notifications.ResourceSubscriptions) > 0 {
+			// At most 2 × maxSubscriptions URIs are looked at: each is
+			// matched against every plugin's templates, and a request
+			// body can hold far more than any client needs.
+			asked := n.Notifications.ResourceSubscriptions
+			asked = asked[:min(len(asked), 2*maxSubscriptions)]
+			uris := slices.DeleteFunc(slices.Clone(asked), func(uri string) bool {
+				return h.subscribable(uri) != nil
+			})
+			n.Notifications.ResourceSubscriptions = uris[:min(len(uris), maxSubscriptions)]
+		}
+		// The go-sdk keeps the request's body for as long as the
+		// stream is open (it reads it again from a copy it holds):
+		// it is counted with the URIs, against the listen streams'
+		// bytes, and given back to the bound on request bodies,
+		// which counts the bodies being read and served for a while,
+		// not held. Held to the end there, a client's listens padded
+		// to max_request_body held its share of it, and with no
+		// subjects all of it: every other request of the shared
+		// token was refused 503 (a tenant review).
+		held := h.listenBody(req.GetExtra())
+		n := listenedBytes(r.Params)
+		if held != nil {
+			n += held.n
+		}
+		release, err := h.listens.take(h.shareTenant(subjectOf(req.GetExtra())), n)
+		if err != nil {
+			return nil, &jsonrpc.Error{Code: CodeBusy, Message: err.Error(), Data: []byte(`{"reason":"too_many_listens","retry":true}`)}
+		}
+		// The go-sdk's handler returns when the stream ends.
+		defer release()
+		if held != nil {
+			held.giveBack()
+		}
+	}
+	return next(ctx, method, req)
 }
 
 // listenHeader carries, from the HTTP layer to a subscriptions/listen

@@ -273,142 +273,9 @@ func (m *Manager) acquireSlot(ctx context.Context, key Key, p *plugins.Plugin) (
 		m.moveOff(sl, sl.inst.Plugin(), p)
 	}
 	if sl.inst == nil {
-		m.mu.Lock()
-		_, seeded := c.seedFor(p.Name())
-		moved := c.moved[p.Name()] && !seeded
-		m.mu.Unlock()
-		if err := m.reserve(ctx, p, sl); err != nil {
+		if err := m.startInSlot(ctx, c, sl, p); err != nil {
 			return fail(err)
 		}
-		var stored *Seed
-		var under uint64
-		if moved {
-			// The plugin's state is in the store (see ErrMoved), read
-			// under the fence the client is seeded under: a Seed since
-			// (another claim's) supersedes it.
-			var st *plugins.State
-			why, known := "", false
-			if m.opts.Stored != nil {
-				st, why, under, known = m.opts.Stored(ctx, c.key, p)
-			}
-			switch {
-			case !known:
-				m.unreserve(p)
-				return fail(ErrMoved)
-			case st != nil:
-				stored = &Seed{State: st, Unsaid: why}
-			case why != "":
-				stored = &Seed{Lost: "its state could not be read back from the state store", Reason: why}
-			default:
-				stored = &Seed{} // none saved: a fresh start
-			}
-		}
-		m.mu.Lock()
-		if stored != nil && (!c.moved[p.Name()] || c.fence != under) {
-			m.mu.Unlock()
-			m.unreserve(p)
-			return fail(ErrMoved)
-		}
-		seed, seeded := c.seedFor(p.Name())
-		// What the start takes (c.seeds' seed, the moved mark, the slot's
-		// notice), given back if no instance starts: giveBack.
-		own, before := seeded && stored == nil, sl.notice.Reset
-		delete(c.seeds, p.Name())
-		if c.started == nil {
-			c.started = map[string]bool{}
-		}
-		c.started[p.Name()] = true
-		if stored != nil {
-			seed, seeded = *stored, stored.State != nil || stored.Lost != ""
-		}
-		delete(c.moved, p.Name())
-		// The instance starts under the client's fence now, unless an
-		// Adopt moves it while it starts (the first claim of a session
-		// served from memory): a Seed since leaves it stale.
-		sl.fence, sl.starting = c.fence, true
-		// Back as of its last call that succeeded: read from the store,
-		// or seeded by a claim since (which read the same state), with
-		// after-call checkpoints the state saved after that call.
-		if (stored != nil || m.opts.StoredAfterCancel) && seeded && seed.State != nil && sl.notice.Reset != nil && sl.notice.Reset.Reason == "cancelled" {
-			sl.notice.Reset = nil
-		}
-		evicted := sl.notice.Reset != nil && sl.notice.Reset.Reason == ReasonEvicted
-		m.mu.Unlock()
-		// giveBack puts back what the start took when no instance started
-		// (a call whose context ended as its state was restored): the
-		// plugin's next lease starts from the same seed, reads Stored or
-		// asks Saved again, or says the notice. Taken for good, the next
-		// instance started afresh with no word. Not after a Seed of
-		// another claim since (the slot's fence is not the client's):
-		// its seeds stand, as they would over the instance, stale once
-		// started. One of the starting instance's fence, or an Adopt,
-		// kept the instance's source over its seeds: that is given back.
-		// In the hold that clears sl.starting: a Seed under the fence
-		// between the two took the slot for one whose instance goes
-		// on, dropped the plugin's seed, the one given back included,
-		// and the next instance started afresh unsaid
-		// (TestSeedAfterFailedStartStands).
-		giveBack := func() {
-			m.mu.Lock()
-			defer m.mu.Unlock()
-			sl.starting = false
-			if c.fence != sl.fence {
-				return
-			}
-			if _, ok := c.seeds[p.Name()]; own && !ok {
-				if c.seeds == nil {
-					c.seeds = map[string]Seed{}
-				}
-				// An AnyPlugin seed as the plugin's own; one whose state did
-				// not restore as lost (see start).
-				c.seeds[p.Name()] = seed
-			}
-			if stored != nil {
-				if c.moved == nil {
-					c.moved = map[string]bool{}
-				}
-				c.moved[p.Name()] = true
-			}
-			sl.notice.Reset = before
-		}
-		if !seeded && evicted && m.opts.Saved != nil {
-			// The evicted instance's state may be kept elsewhere.
-			st, why, known := m.opts.Saved(ctx, c.key, p)
-			if !known {
-				// Not started afresh over the saved state: the slot keeps
-				// its notice, and the next lease asks again.
-				giveBack()
-				m.unreserve(p)
-				return fail(fmt.Errorf("%w: the evicted instance's saved state could not be read now", ErrMoved))
-			}
-			m.mu.Lock()
-			switch {
-			case st != nil:
-				seed, seeded = Seed{State: st, Unsaid: why}, true
-				sl.notice.Reset = nil
-			case why != "":
-				sl.notice.Reset = &Reset{Reason: why, Detail: "the instance was evicted, and its last state was not saved"}
-			}
-			m.mu.Unlock()
-		}
-		inst, reset, err := m.start(ctx, p, &seed, seeded)
-		if err != nil {
-			giveBack()
-			if m.gaveBack != nil {
-				m.gaveBack()
-			}
-			m.unreserve(p)
-			return fail(fmt.Errorf("%w: %w", ErrStart, err))
-		}
-		m.mu.Lock()
-		if reset != nil {
-			sl.notice.Reset = reset
-		}
-		sl.inst, sl.starting = inst, false
-		sl.elem = m.lru.PushBack(sl)
-		m.mu.Unlock()
-		m.obs.InstanceStarted(p.Name())
-		m.log.Info("instance created", "session", c.key.String(), "plugin", p.Name(), "sha256", p.SHA256())
 	} else {
 		m.mu.Lock()
 		if sl.elem != nil {
@@ -432,6 +299,155 @@ func (m *Manager) acquireSlot(ctx context.Context, key Key, p *plugins.Plugin) (
 	}
 	l.ctx, l.cancel = context.WithCancelCause(ctx)
 	return l, nil
+}
+
+// startInSlot starts the instance of p in c's slot sl, which holds none
+// and is held by the caller's lease, from what the client was seeded
+// with, stored or saved; an error is the lease's failure. Apart from
+// acquireSlot, and not inlined, so that a warm lease's frame does not
+// hold the cold start's locals: acquireSlot's was 1,392 bytes, and it
+// lies under every tool call's goroutine stack, which it pushed past
+// 8 KiB into a copy to 16 KiB (issue 27, item 2).
+//
+//go:noinline
+func (m *Manager) startInSlot(ctx context.Context, c *client, sl *slot, p *plugins.Plugin) error {
+	m.mu.Lock()
+	_, seeded := c.seedFor(p.Name())
+	moved := c.moved[p.Name()] && !seeded
+	m.mu.Unlock()
+	if err := m.reserve(ctx, p, sl); err != nil {
+		return err
+	}
+	var stored *Seed
+	var under uint64
+	if moved {
+		// The plugin's state is in the store (see ErrMoved), read
+		// under the fence the client is seeded under: a Seed since
+		// (another claim's) supersedes it.
+		var st *plugins.State
+		why, known := "", false
+		if m.opts.Stored != nil {
+			st, why, under, known = m.opts.Stored(ctx, c.key, p)
+		}
+		switch {
+		case !known:
+			m.unreserve(p)
+			return ErrMoved
+		case st != nil:
+			stored = &Seed{State: st, Unsaid: why}
+		case why != "":
+			stored = &Seed{Lost: "its state could not be read back from the state store", Reason: why}
+		default:
+			stored = &Seed{} // none saved: a fresh start
+		}
+	}
+	m.mu.Lock()
+	if stored != nil && (!c.moved[p.Name()] || c.fence != under) {
+		m.mu.Unlock()
+		m.unreserve(p)
+		return ErrMoved
+	}
+	seed, seeded := c.seedFor(p.Name())
+	// What the start takes (c.seeds' seed, the moved mark, the slot's
+	// notice), given back if no instance starts: giveBack.
+	own, before := seeded && stored == nil, sl.notice.Reset
+	delete(c.seeds, p.Name())
+	if c.started == nil {
+		c.started = map[string]bool{}
+	}
+	c.started[p.Name()] = true
+	if stored != nil {
+		seed, seeded = *stored, stored.State != nil || stored.Lost != ""
+	}
+	delete(c.moved, p.Name())
+	// The instance starts under the client's fence now, unless an
+	// Adopt moves it while it starts (the first claim of a session
+	// served from memory): a Seed since leaves it stale.
+	sl.fence, sl.starting = c.fence, true
+	// Back as of its last call that succeeded: read from the store,
+	// or seeded by a claim since (which read the same state), with
+	// after-call checkpoints the state saved after that call.
+	if (stored != nil || m.opts.StoredAfterCancel) && seeded && seed.State != nil && sl.notice.Reset != nil && sl.notice.Reset.Reason == "cancelled" {
+		sl.notice.Reset = nil
+	}
+	evicted := sl.notice.Reset != nil && sl.notice.Reset.Reason == ReasonEvicted
+	m.mu.Unlock()
+	// giveBack puts back what the start took when no instance started
+	// (a call whose context ended as its state was restored): the
+	// plugin's next lease starts from the same seed, reads Stored or
+	// asks Saved again, or says the notice. Taken for good, the next
+	// instance started afresh with no word. Not after a Seed of
+	// another claim since (the slot's fence is not the client's):
+	// its seeds stand, as they would over the instance, stale once
+	// started. One of the starting instance's fence, or an Adopt,
+	// kept the instance's source over its seeds: that is given back.
+	// In the hold that clears sl.starting: a Seed under the fence
+	// between the two took the slot for one whose instance goes
+	// on, dropped the plugin's seed, the one given back included,
+	// and the next instance started afresh unsaid
+	// (TestSeedAfterFailedStartStands).
+	giveBack := func() {
+		m.mu.Lock()
+		defer m.mu.Unlock()
+		sl.starting = false
+		if c.fence != sl.fence {
+			return
+		}
+		if _, ok := c.seeds[p.Name()]; own && !ok {
+			if c.seeds == nil {
+				c.seeds = map[string]Seed{}
+			}
+			// An AnyPlugin seed as the plugin's own; one whose state did
+			// not restore as lost (see start).
+			c.seeds[p.Name()] = seed
+		}
+		if stored != nil {
+			if c.moved == nil {
+				c.moved = map[string]bool{}
+			}
+			c.moved[p.Name()] = true
+		}
+		sl.notice.Reset = before
+	}
+	if !seeded && evicted && m.opts.Saved != nil {
+		// The evicted instance's state may be kept elsewhere.
+		st, why, known := m.opts.Saved(ctx, c.key, p)
+		if !known {
+			// Not started afresh over the saved state: the slot keeps
+			// its notice, and the next lease asks again.
+			giveBack()
+			m.unreserve(p)
+			return fmt.Errorf("%w: the evicted instance's saved state could not be read now", ErrMoved)
+		}
+		m.mu.Lock()
+		switch {
+		case st != nil:
+			seed, seeded = Seed{State: st, Unsaid: why}, true
+			sl.notice.Reset = nil
+		case why != "":
+			sl.notice.Reset = &Reset{Reason: why, Detail: "the instance was evicted, and its last state was not saved"}
+		}
+		m.mu.Unlock()
+	}
+	inst, reset, err := m.start(ctx, p, &seed, seeded)
+	if err != nil {
+		giveBack()
+		if m.gaveBack != nil {
+			m.gaveBack()
+		}
+		m.unreserve(p)
+		return fmt.Errorf("%w: %w", ErrStart, err)
+	}
+	m.mu.Lock()
+	if reset != nil {
+		sl.notice.Reset = reset
+	}
+	sl.inst, sl.starting = inst, false
+	sl.elem = m.lru.PushBack(sl)
+	m.mu.Unlock()
+	m.obs.InstanceStarted(p.Name())
+	m.log.Info("instance created", "session", c.key.String(), "plugin", p.Name(), "sha256", p.SHA256())
+	return nil
 }
 
 // start makes a new instance of p: from the client's seed if it has one
