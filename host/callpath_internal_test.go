@@ -111,3 +111,35 @@ func TestCallPathSmallPiecesAllocate(t *testing.T) {
 		t.Errorf("a tool requiring no capabilities: %v allocations; want none", allocs)
 	}
 }
+
+// TestReplayAppendAllocates: the event store keeps a POST stream's event
+// as one object (its own link in the tenant's queue), and a stream's
+// slice of events grows by doubling.
+func TestReplayAppendAllocates(t *testing.T) {
+	ctx := context.Background()
+	s := newTestReplay(64<<20, false)
+	if err := s.Open(ctx, "sess", ""); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Open(ctx, "sess", "post"); err != nil {
+		t.Fatal(err)
+	}
+	data := []byte(`{"jsonrpc":"2.0","id":1,"result":{}}`)
+	if allocs := testing.AllocsPerRun(1000, func() {
+		if err := s.Append(ctx, "sess", "post", data); err != nil {
+			t.Fatal(err)
+		}
+	}); allocs > 1 {
+		t.Errorf("an event appended: %v allocations; want 1", allocs)
+	}
+	n := 0
+	for d, err := range s.After(ctx, "sess", "post", -1) {
+		if err != nil || string(d) != string(data) {
+			t.Fatalf("replayed %q, %v", d, err)
+		}
+		n++
+	}
+	if n != 1001 { // AllocsPerRun's warm-up run too
+		t.Errorf("%d events replayed; want 1001", n)
+	}
+}

@@ -1,7 +1,6 @@
 package host
 
 import (
-	"container/list"
 	"context"
 	"fmt"
 	"iter"
@@ -61,7 +60,7 @@ type replayTenant struct {
 	name     string
 	bytes    int
 	sessions int
-	queue    list.List // *replayEvent, oldest first
+	queue    replayQueue
 }
 
 type replaySession struct {
@@ -72,11 +71,11 @@ type replaySession struct {
 type replayStream struct {
 	sess   *replaySession
 	id     string
-	first  int             // the index of events[0]
-	events []*list.Element // in the tenant's queue
+	first  int            // the index of events[0]
+	events []*replayEvent // in the tenant's queue
 	// placeholder is in the tenant's queue while the stream has no
 	// events: when it goes, the stream is forgotten.
-	placeholder *list.Element
+	placeholder *replayEvent
 	broken      bool // forgotten while it still sent: its indexes are lost
 }
 
@@ -87,6 +86,54 @@ type replayEvent struct {
 	data        []byte
 	cost        int
 	placeholder bool
+	// prev and next link the tenant's queue; queued says it is in it.
+	prev, next *replayEvent
+	queued     bool
+}
+
+// replayQueue is a tenant's events and placeholders, oldest first: a
+// doubly linked list through the entries themselves. A container/list
+// element per entry was one more object and allocation for each event a
+// POST's stream sends (two a call), which the collector marks for as
+// long as the event is kept (issue 27, item 2).
+type replayQueue struct {
+	head, tail *replayEvent
+	n          int
+}
+
+func (q *replayQueue) front() *replayEvent { return q.head }
+
+func (q *replayQueue) len() int { return q.n }
+
+func (q *replayQueue) pushBack(e *replayEvent) {
+	e.prev, e.next, e.queued = q.tail, nil, true
+	if q.tail != nil {
+		q.tail.next = e
+	} else {
+		q.head = e
+	}
+	q.tail = e
+	q.n++
+}
+
+// remove takes e out of q; one not in it is left alone, as
+// container/list did.
+func (q *replayQueue) remove(e *replayEvent) {
+	if !e.queued {
+		return
+	}
+	if e.prev != nil {
+		e.prev.next = e.next
+	} else {
+		q.head = e.next
+	}
+	if e.next != nil {
+		e.next.prev = e.prev
+	} else {
+		q.tail = e.prev
+	}
+	e.prev, e.next, e.queued = nil, nil, false
+	q.n--
 }
 
 func newReplayStore(max int, tenants bool, tenantOf func(context.Context) string) *replayStore {
@@ -154,16 +201,16 @@ func (s *replayStore) Append(ctx context.Context, sessionID, streamID string, da
 		st.placeholder = nil
 	}
 	ev := &replayEvent{st: st, data: data, cost: len(data) + eventOverhead}
-	el := t.queue.PushBack(ev)
-	st.events = append(st.events, el)
+	t.queue.pushBack(ev)
+	st.events = append(st.events, ev)
 	t.bytes += ev.cost
 	s.total += ev.cost
-	for t.bytes > s.share && t.queue.Front() != el {
+	for t.bytes > s.share && t.queue.front() != ev {
 		s.dropOldestLocked(t)
 	}
 	for s.total > s.max {
-		most := s.largestLocked(el)
-		if most == nil || most.queue.Front() == el {
+		most := s.largestLocked(ev)
+		if most == nil || most.queue.front() == ev {
 			break // the appender holds the most, and only this event
 		}
 		s.dropOldestLocked(most)
@@ -176,23 +223,23 @@ func (s *replayStore) Append(ctx context.Context, sessionID, streamID string, da
 // appended. Picking among them in map order left the total exceeded
 // whenever the appender tied and came first (TestReplayStoreTotal failed
 // one run in a few, stop 64). The caller holds mu.
-func (s *replayStore) largestLocked(keep *list.Element) *replayTenant {
+func (s *replayStore) largestLocked(keep *replayEvent) *replayTenant {
 	var most *replayTenant
 	for _, t := range s.tenants {
-		if t.queue.Len() == 0 {
+		if t.queue.len() == 0 {
 			continue
 		}
-		if most == nil || t.bytes > most.bytes || t.bytes == most.bytes && most.queue.Front() == keep {
+		if most == nil || t.bytes > most.bytes || t.bytes == most.bytes && most.queue.front() == keep {
 			most = t
 		}
 	}
 	return most
 }
 
-// removeLocked takes el out of t's queue and its cost out of the counts.
+// removeLocked takes ev out of t's queue and its cost out of the counts.
 // The caller holds mu.
-func (s *replayStore) removeLocked(t *replayTenant, el *list.Element) *replayEvent {
-	ev := t.queue.Remove(el).(*replayEvent)
+func (s *replayStore) removeLocked(t *replayTenant, ev *replayEvent) *replayEvent {
+	t.queue.remove(ev)
 	t.bytes -= ev.cost
 	s.total -= ev.cost
 	return ev
@@ -202,7 +249,7 @@ func (s *replayStore) removeLocked(t *replayTenant, el *list.Element) *replayEve
 // stream left with none gets a placeholder, or a placeholder, whose
 // stream is then forgotten. The caller holds mu.
 func (s *replayStore) dropOldestLocked(t *replayTenant) {
-	ev := s.removeLocked(t, t.queue.Front())
+	ev := s.removeLocked(t, t.queue.front())
 	st := ev.st
 	if ev.placeholder {
 		st.placeholder = nil
@@ -218,7 +265,8 @@ func (s *replayStore) dropOldestLocked(t *replayTenant) {
 	st.first++
 	if len(st.events) == 0 && st.id != "" {
 		ph := &replayEvent{st: st, cost: placeholderCost, placeholder: true}
-		st.placeholder = t.queue.PushBack(ph)
+		t.queue.pushBack(ph)
+		st.placeholder = ph
 		t.bytes += ph.cost
 		s.total += ph.cost
 	}
@@ -280,8 +328,8 @@ func (s *replayStore) after(sessionID, streamID string, index int) ([][]byte, er
 		return nil, nil
 	}
 	out := make([][]byte, 0, len(st.events)-start)
-	for _, el := range st.events[start:] {
-		out = append(out, el.Value.(*replayEvent).data)
+	for _, ev := range st.events[start:] {
+		out = append(out, ev.data)
 	}
 	return slices.Clip(out), nil
 }
@@ -297,8 +345,8 @@ func (s *replayStore) SessionClosed(_ context.Context, sessionID string) error {
 	delete(s.sessions, sessionID)
 	t := sess.tenant
 	for _, st := range sess.streams {
-		for _, el := range st.events {
-			s.removeLocked(t, el)
+		for _, ev := range st.events {
+			s.removeLocked(t, ev)
 		}
 		st.events = nil
 		if st.placeholder != nil {
@@ -306,7 +354,7 @@ func (s *replayStore) SessionClosed(_ context.Context, sessionID string) error {
 			st.placeholder = nil
 		}
 	}
-	if t.sessions--; t.sessions == 0 && t.queue.Len() == 0 {
+	if t.sessions--; t.sessions == 0 && t.queue.len() == 0 {
 		delete(s.tenants, t.name)
 	}
 	return nil
