@@ -113,8 +113,9 @@ type drainState struct {
 	closing  atomic.Bool // every request is refused: the replica is about to exit (set under mu)
 	mu       sync.Mutex
 	streams  map[*context.CancelFunc]struct{} // open streams: sessions' GETs, 2026-07-28 listens (trackStream)
-	// gets holds the GET serving each session's stream (by session ID
-	// and stream ID), which a newer GET of it ends (supersede).
+	// gets holds the GET serving each session's stream, or the POST
+	// holding its call's stream (by session ID and stream ID), which a
+	// newer GET of it ends (supersede, holdStreams).
 	gets map[string]*standingGet
 	// posts counts the POSTs being served (enter), and answered gets a
 	// token when it falls to zero: a drain waits for them to write their
@@ -320,9 +321,9 @@ func (h *Host) trackStream(r *http.Request) (_ *http.Request, end func()) {
 	}
 }
 
-// standingGet is a GET serving a session's stream: cancel ends it, done
-// is closed once its handler has returned (the go-sdk then holds the
-// stream no more).
+// standingGet is a GET serving a session's stream, or a POST holding
+// its call's stream (holdStreams): cancel ends it, done is closed once
+// its handler has returned (the go-sdk then holds the stream no more).
 type standingGet struct {
 	cancel context.CancelFunc
 	done   chan struct{}
@@ -330,8 +331,9 @@ type standingGet struct {
 
 // supersede makes r the GET of session id's stream (the go-sdk's, by the
 // Last-Event-ID the host translated: the standing stream without one):
-// an earlier GET of it still open here is ended, and waited for (until
-// r's client leaves), before r is served. A client has one GET of a
+// an earlier GET of it still open here, or the POST whose call opened it
+// (holdStreams), is ended, and waited for (until r's client leaves),
+// before r is served. A client has one GET of a
 // stream at a time, so the earlier one's connection is gone, and only
 // the replica has not seen it yet: it was stopped (SIGSTOP, a frozen VM)
 // past the proxy's read timeout, which closed the stream, and the
@@ -364,6 +366,56 @@ func (h *Host) supersede(r *http.Request, id string) (*http.Request, func()) {
 		h.drain.mu.Lock()
 		if h.drain.gets[key] == g {
 			delete(h.drain.gets, key)
+		}
+		h.drain.mu.Unlock()
+		cancel()
+		close(g.done)
+	}
+}
+
+// streamOpenedKey is the context key of the func(streamID string) that
+// a session's POST puts on its request's context (holdStreams), which
+// the event store calls as the go-sdk opens the stream of the POST's
+// call (replayStore.Open, with the POST's context).
+type streamOpenedKey struct{}
+
+// holdStreams registers the stream the go-sdk opens for r's call, a POST
+// of session id, as a GET's is registered (supersede): a GET resuming it
+// (Last-Event-ID) while r's handler still holds it ends r and waits for
+// its handler to return (until the GET's client leaves), and is then
+// served, replaying from the event store what r's client missed. That
+// client has given the POST's stream up, and only the replica has not
+// seen it close: it was stopped past the proxy's read timeout, which
+// closed the stream, and the client's GET reached it as it was
+// continued. The go-sdk answers a GET of a stream a POST holds 409,
+// which ends the session at its client (the fault suite's
+// sigstop-past-proxy behind nginx;
+// TestResumedCallStreamEndsThePostHoldingIt). Ending r's context ends
+// its hanging response alone: the call runs on the session's context,
+// and whether its client is gone (postGone) is asked of the request's
+// own. The returned func unregisters r; the caller defers it.
+func (h *Host) holdStreams(r *http.Request, id string) (*http.Request, func()) {
+	ctx, cancel := context.WithCancel(r.Context())
+	g := &standingGet{cancel: cancel, done: make(chan struct{})}
+	var keys []string // guarded by h.drain.mu
+	opened := func(stream string) {
+		key := id + "\x00" + stream
+		h.drain.mu.Lock()
+		defer h.drain.mu.Unlock()
+		if h.drain.gets == nil {
+			h.drain.gets = map[string]*standingGet{}
+		}
+		if h.drain.gets[key] == nil {
+			h.drain.gets[key] = g
+			keys = append(keys, key)
+		}
+	}
+	return r.WithContext(context.WithValue(ctx, streamOpenedKey{}, opened)), func() {
+		h.drain.mu.Lock()
+		for _, key := range keys {
+			if h.drain.gets[key] == g {
+				delete(h.drain.gets, key)
+			}
 		}
 		h.drain.mu.Unlock()
 		cancel()
@@ -529,6 +581,14 @@ func (h *Host) serveStateful(stateful http.Handler, events mcp.EventStore, w htt
 	if r.Method == http.MethodDelete {
 		h.book.deleting(id, userOf(r))
 	}
+	// The POST's own context, which its client's leaving ends: holdStreams'
+	// is ended by a GET resuming its stream too.
+	live := r.Context()
+	if r.Method == http.MethodPost {
+		var done func()
+		r, done = h.holdStreams(r, id)
+		defer done()
+	}
 	// Another user's session is answered as none, as at a replica that
 	// does not hold it (the go-sdk's 403 said it is live here).
 	nf := &notFound{ResponseWriter: w, book: h.book, id: id, r: r}
@@ -551,7 +611,7 @@ func (h *Host) serveStateful(stateful http.Handler, events mcp.EventStore, w htt
 		// there: a stateful session's handler runs on the session's
 		// context, which a client that gave up does not end.
 		token := rand.Text()
-		h.posts.Store(token, r.Context())
+		h.posts.Store(token, live)
 		defer h.posts.Delete(token)
 		r.Header.Set(liveHeader, token)
 	}
