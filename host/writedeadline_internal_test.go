@@ -4,9 +4,11 @@ import (
 	"context"
 	"errors"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -179,4 +181,65 @@ func serveProto(t *testing.T, proto string, h http.Handler) *httptest.Server {
 	}
 	t.Cleanup(srv.Close)
 	return srv
+}
+
+// TestLongLivedStreamNoWriteTimeoutEnds: with no write timeout
+// (--stream-write-timeout 0), a long-lived stream whose client stopped
+// reading, and whose handler returned with writes still queued (its
+// session closed, or a newer GET of it), must still end: its queue's
+// drain is bounded all the same, so that neither its goroutines nor the
+// bytes it queued, counted against every client's StreamQueueBytes, are
+// held for as long as the client keeps the connection.
+func TestLongLivedStreamNoWriteTimeoutEnds(t *testing.T) {
+	q := newStreamQueues(32<<20, 0, false, func(*http.Request) string { return "" })
+	opened := make(chan struct{})
+	wrote := make(chan struct{})
+	returned := make(chan struct{})
+	piece := []byte(strings.Repeat("x", 64<<10))
+	inner := keepAlive(0, -1, q, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		w.WriteHeader(http.StatusOK)
+		http.NewResponseController(w).Flush()
+		<-opened
+		// More than loopback's socket buffers hold: the stream's own
+		// goroutine is left in a write that never goes through.
+		for range 256 { // 16 MiB
+			if _, err := w.Write(piece); err != nil {
+				t.Errorf("a queued write failed: %v", err)
+				break
+			}
+		}
+		close(wrote)
+	}))
+	srv := serveProto(t, "HTTP/1.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		inner.ServeHTTP(w, r)
+		close(returned)
+	}))
+	dialer := &net.Dialer{Control: func(_, _ string, c syscall.RawConn) error {
+		var serr error
+		if err := c.Control(func(fd uintptr) {
+			serr = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVBUF, 4096)
+		}); err != nil {
+			return err
+		}
+		return serr
+	}}
+	client := &http.Client{Transport: &http.Transport{DialContext: dialer.DialContext}}
+	req, _ := http.NewRequest(http.MethodGet, srv.URL+"/stuck", nil)
+	req.Header.Set("Accept", "text/event-stream")
+	resp, err := client.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close() // never read
+	close(opened)
+	<-wrote
+	select {
+	case <-returned:
+	case <-time.After(DefaultStreamWriteTimeout + 20*time.Second):
+		t.Fatalf("a stuck stream's handler returned with writes queued, and never ends with no write timeout (%d bytes still counted)", q.held.sum())
+	}
+	if n := q.held.sum(); n != 0 {
+		t.Errorf("%d bytes still counted once the stream ended", n)
+	}
 }
