@@ -108,7 +108,9 @@ type Options struct {
 	// that stopped reading, ends; 0 means [DefaultStreamWriteTimeout],
 	// negative means never. (A long-lived stream's writes are queued,
 	// within [StreamQueueBytes], so that it holds up no one's list
-	// changes and resource updates meanwhile.)
+	// changes and resource updates meanwhile; once its handler has
+	// returned, what is left goes within the timeout in all, or
+	// [DefaultStreamWriteTimeout] when negative.)
 	StreamWriteTimeout time.Duration
 	// MaxInstances bounds the live instances of all plugins, and
 	// MaxInstancesPerPlugin those of any one plugin; 0 means no bound.

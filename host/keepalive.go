@@ -301,7 +301,7 @@ func (b *beatWriter) writeLocked(p []byte) (int, error) {
 // write is under way, and on HTTP/1 net/http sends what is buffered when
 // the handler returns under whatever deadline is left.
 func (b *beatWriter) writeTimed(p []byte) (int, error) {
-	if b.timeout <= 0 {
+	if b.timeout <= 0 && b.q == nil {
 		return b.w.Write(p)
 	}
 	rc := http.NewResponseController(b.w)
@@ -320,16 +320,22 @@ func (b *beatWriter) writeTimed(p []byte) (int, error) {
 
 // setDeadline gives the write or flush about to be done the timeout, or
 // what is left of a long-lived stream's drain, or a past deadline once
-// that stream has ended. Not supported by w: written without one.
+// that stream has ended; none with no timeout before a drain. Not
+// supported by w: written without one.
 func (b *beatWriter) setDeadline(rc *http.ResponseController) {
 	b.dmu.Lock()
 	defer b.dmu.Unlock()
-	d := time.Now().Add(b.timeout)
+	var d time.Time
+	if b.timeout > 0 {
+		d = time.Now().Add(b.timeout)
+	}
 	switch {
 	case b.aborted:
 		d = time.Unix(1, 0)
-	case !b.drainBy.IsZero() && b.drainBy.Before(d):
+	case !b.drainBy.IsZero() && (d.IsZero() || b.drainBy.Before(d)):
 		d = b.drainBy
+	case d.IsZero():
+		return
 	}
 	_ = rc.SetWriteDeadline(d)
 }
@@ -370,7 +376,7 @@ func (b *beatWriter) flushLocked() error {
 
 func (b *beatWriter) flushTimed() error {
 	rc := http.NewResponseController(b.w)
-	if b.timeout > 0 {
+	if b.timeout > 0 || b.q != nil {
 		b.setDeadline(rc)
 		defer b.clearDeadline(rc)
 	}
@@ -418,7 +424,12 @@ func (b *beatWriter) beat() {
 // to write.
 //
 // A long-lived stream's queue is written out first, within the timeout
-// in all from now: w goes when the handler's return does.
+// in all from now: w goes when the handler's return does. With no
+// timeout, within DefaultStreamWriteTimeout all the same: nothing more
+// comes on the stream, and a client that stopped reading would hold
+// the handler, run and the queue's bytes, which count against every
+// client's StreamQueueBytes, for as long as it holds the connection
+// (TestLongLivedStreamNoWriteTimeoutEnds).
 func (b *beatWriter) stop() {
 	b.mu.Lock()
 	b.done = true
@@ -432,11 +443,17 @@ func (b *beatWriter) stop() {
 	b.closing = true
 	b.wake.Broadcast()
 	b.mu.Unlock()
-	if b.timeout > 0 {
-		b.dmu.Lock()
-		b.drainBy = time.Now().Add(b.timeout)
-		b.dmu.Unlock()
+	drain := b.timeout
+	if drain <= 0 {
+		drain = DefaultStreamWriteTimeout
 	}
+	b.dmu.Lock()
+	b.drainBy = time.Now().Add(drain)
+	if b.timeout <= 0 && !b.aborted {
+		// run's write under way, if any, has no deadline of its own.
+		_ = http.NewResponseController(b.w).SetWriteDeadline(b.drainBy)
+	}
+	b.dmu.Unlock()
 	<-b.ended
 }
 
