@@ -191,6 +191,12 @@ func serveProto(t *testing.T, proto string, h http.Handler) *httptest.Server {
 // bytes it queued, counted against every client's StreamQueueBytes, are
 // held for as long as the client keeps the connection.
 func TestLongLivedStreamNoWriteTimeoutEnds(t *testing.T) {
+	for _, proto := range []string{"HTTP/1.1", "HTTP/2.0"} {
+		t.Run(proto, func(t *testing.T) { testNoWriteTimeoutEnds(t, proto) })
+	}
+}
+
+func testNoWriteTimeoutEnds(t *testing.T, proto string) {
 	q := newStreamQueues(32<<20, 0, false, func(*http.Request) string { return "" })
 	opened := make(chan struct{})
 	wrote := make(chan struct{})
@@ -211,7 +217,7 @@ func TestLongLivedStreamNoWriteTimeoutEnds(t *testing.T) {
 		}
 		close(wrote)
 	}))
-	srv := serveProto(t, "HTTP/1.1", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	srv := serveProto(t, proto, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		inner.ServeHTTP(w, r)
 		close(returned)
 	}))
@@ -224,7 +230,9 @@ func TestLongLivedStreamNoWriteTimeoutEnds(t *testing.T) {
 		}
 		return serr
 	}}
-	client := &http.Client{Transport: &http.Transport{DialContext: dialer.DialContext}}
+	tr := srv.Client().Transport.(*http.Transport).Clone()
+	tr.DialContext = dialer.DialContext
+	client := &http.Client{Transport: tr}
 	req, _ := http.NewRequest(http.MethodGet, srv.URL+"/stuck", nil)
 	req.Header.Set("Accept", "text/event-stream")
 	resp, err := client.Do(req)
