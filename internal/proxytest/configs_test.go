@@ -86,6 +86,17 @@ func startReplica(t *testing.T, name string) *replica {
 			io.WriteString(w, "data: "+name+"\n\n")
 			return
 		}
+		if req.URL.Path == "/gone" { // a GET its session's replica hangs up on: it exits
+			if strings.HasPrefix(req.Header.Get("Mcp-Session-Id"), name+".") {
+				if conn, _, err := w.(http.Hijacker).Hijack(); err == nil {
+					conn.Close()
+				}
+				return
+			}
+			w.Header().Set("Content-Type", "text/event-stream")
+			io.WriteString(w, "data: "+name+"\n\n")
+			return
+		}
 		if req.URL.Path == "/whom" { // whom the proxy says it forwards for
 			io.WriteString(w, req.Header.Get("X-Forwarded-For"))
 			return
@@ -524,6 +535,27 @@ func TestConfigs(t *testing.T) {
 					if n := s.hits() - before; n != 1 || err == nil && code < 500 {
 						t.Errorf("%s %s: a request answered by no one was sent %d times, and answered %d %q (%v); want once, and an error", k[0], k[1], n, code, got, err)
 					}
+				}
+			})
+			t.Run("stream reopened at an exiting replica", func(t *testing.T) {
+				// A session's GET (its standing stream, reopened, or a
+				// call's stream resumed) that its replica took and closed
+				// without an answer (it was exiting: the fault suite's
+				// sigstop-past-proxy behind nginx, a 502 that ended the
+				// session at the go-sdk client) ran nothing: it goes to
+				// the fallback, as a POST that may have run does not.
+				s := start(t, p.start)
+				req, _ := http.NewRequest("GET", "http://"+s.proxy+"/gone", nil)
+				req.Header.Set("Accept", "text/event-stream")
+				req.Header.Set("Mcp-Session-Id", "s1.gone")
+				resp, err := s.client.Do(req)
+				if err != nil {
+					t.Fatalf("a session's GET its replica hung up on: %v; want answered by its fallback", err)
+				}
+				defer resp.Body.Close()
+				body, _ := io.ReadAll(resp.Body)
+				if resp.StatusCode != 200 || !strings.HasPrefix(string(body), "data: s") || string(body) == "data: s1\n\n" {
+					t.Fatalf("a session's GET its replica hung up on: %d %q; want 200 from its fallback", resp.StatusCode, body)
 				}
 			})
 			// A hung replica (stopped, deadlocked) is alive to TCP and
