@@ -76,11 +76,8 @@ bench-short: plugins testplugins
 # (redis-failover-silent then loses acknowledged notes: not for CI).
 FAULTS_SOAK ?=
 # FAULTS_KNOWN: a regexp of scenarios with an open violation, reported but
-# not failing the run (docs/DEPLOY.md, "Faults", says which and why):
-# sigstop-past-proxy (a soak's: a 2025-11-25 session's standing GET
-# answered 502 by nginx around its continued replica's exit, which ends
-# the session; seen behind nginx, 1 run of 62).
-FAULTS_KNOWN ?= ^sigstop-past-proxy/
+# not failing the run (docs/DEPLOY.md, "Faults", says which and why): none.
+FAULTS_KNOWN ?=
 faults: plugins testplugins
 	FAULTS_KNOWN='$(FAULTS_KNOWN)' FAULTS=$(or $(FAULTS_SOAK),short) $(GO) test -count=1 -timeout $(if $(FAULTS_SOAK),0,30m) -run '^TestFaults$$' -v ./internal/faults
 
