@@ -2,6 +2,8 @@ package host
 
 import (
 	"context"
+	"net/http"
+	"net/http/httptest"
 	"testing"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
@@ -141,5 +143,26 @@ func TestReplayAppendAllocates(t *testing.T) {
 	}
 	if n != 1001 { // AllocsPerRun's warm-up run too
 		t.Errorf("%d events replayed; want 1001", n)
+	}
+}
+
+// TestHoldStreamsAllocates: a session POST's hold on its call's stream
+// (holdStreams, for a GET resuming it) costs its cancellable context and
+// cancel, one object that is its context value and its entry, the
+// request's copy and the stream's key (11 allocations before); nothing
+// to wait on is made unless a GET waits.
+func TestHoldStreamsAllocates(t *testing.T) {
+	h := &Host{}
+	r := httptest.NewRequest(http.MethodPost, "/mcp", nil)
+	const id = "0123456789ABCDEFGHIJKLMNOPQRSTUV"
+	if allocs := testing.AllocsPerRun(100, func() {
+		held, p := h.holdStreams(r, id)
+		streamOpened(held.Context(), "1")
+		p.release()
+	}); allocs > 5 {
+		t.Errorf("a POST holding its call's stream: %v allocations; want at most 5", allocs)
+	}
+	if len(h.drain.gets) != 0 {
+		t.Errorf("%d streams still held after their POSTs", len(h.drain.gets))
 	}
 }

@@ -166,10 +166,7 @@ func (s *replayStore) newSessionLocked(ctx context.Context, id string) *replaySe
 // that makes the session here. Another stream of a session unknown here
 // (ended meanwhile) is not kept.
 func (s *replayStore) Open(ctx context.Context, sessionID, streamID string) error {
-	if opened, ok := ctx.Value(streamOpenedKey{}).(func(string)); ok && streamID != "" {
-		// A session POST's call stream (Host.holdStreams).
-		opened(streamID)
-	}
+	streamOpened(ctx, streamID) // a session POST's call stream (Host.holdStreams)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	sess := s.sessions[sessionID]

@@ -322,11 +322,39 @@ func (h *Host) trackStream(r *http.Request) (_ *http.Request, end func()) {
 }
 
 // standingGet is a GET serving a session's stream, or a POST holding
-// its call's stream (holdStreams): cancel ends it, done is closed once
-// its handler has returned (the go-sdk then holds the stream no more).
+// its call's stream (holdStreams): cancel ends it, and its handler's
+// return (endLocked) is what a newer GET of the stream waits for (the
+// go-sdk then holds the stream no more). Its fields are under
+// h.drain.mu.
 type standingGet struct {
 	cancel context.CancelFunc
-	done   chan struct{}
+	// done is made by the first GET that waits for this one (doneLocked),
+	// not by every POST: most are never waited for.
+	done  chan struct{}
+	ended bool // its handler has returned
+}
+
+// closedChan is what doneLocked returns once the handler has returned.
+var closedChan = func() chan struct{} { c := make(chan struct{}); close(c); return c }()
+
+// doneLocked returns a channel closed once g's handler has returned.
+// h.drain.mu is held.
+func (g *standingGet) doneLocked() <-chan struct{} {
+	if g.ended {
+		return closedChan
+	}
+	if g.done == nil {
+		g.done = make(chan struct{})
+	}
+	return g.done
+}
+
+// endLocked says g's handler has returned. h.drain.mu is held.
+func (g *standingGet) endLocked() {
+	g.ended = true
+	if g.done != nil {
+		close(g.done)
+	}
 }
 
 // supersede makes r the GET of session id's stream (the go-sdk's, by the
@@ -347,37 +375,87 @@ func (h *Host) supersede(r *http.Request, id string) (*http.Request, func()) {
 	stream, _, _ := strings.Cut(r.Header.Get("Last-Event-ID"), "_")
 	key := id + "\x00" + stream
 	ctx, cancel := context.WithCancel(r.Context())
-	g := &standingGet{cancel: cancel, done: make(chan struct{})}
+	g := &standingGet{cancel: cancel}
 	h.drain.mu.Lock()
 	if h.drain.gets == nil {
 		h.drain.gets = map[string]*standingGet{}
 	}
 	old := h.drain.gets[key]
 	h.drain.gets[key] = g
+	var oldDone <-chan struct{}
+	if old != nil {
+		oldDone = old.doneLocked()
+	}
 	h.drain.mu.Unlock()
 	if old != nil {
 		old.cancel()
 		select {
-		case <-old.done:
+		case <-oldDone:
 		case <-ctx.Done():
 		}
 	}
 	return r.WithContext(ctx), func() {
+		cancel()
 		h.drain.mu.Lock()
 		if h.drain.gets[key] == g {
 			delete(h.drain.gets, key)
 		}
+		g.endLocked()
 		h.drain.mu.Unlock()
-		cancel()
-		close(g.done)
 	}
 }
 
-// streamOpenedKey is the context key of the func(streamID string) that
-// a session's POST puts on its request's context (holdStreams), which
-// the event store calls as the go-sdk opens the stream of the POST's
-// call (replayStore.Open, with the POST's context).
+// streamOpenedKey is the context key of the *heldPost that a session's
+// POST puts on its request's context (holdStreams), which the event
+// store tells as the go-sdk opens the stream of the POST's call
+// (streamOpened, from replayStore.Open with the POST's context).
 type streamOpenedKey struct{}
+
+// heldPost is a session POST's hold on its call's stream (holdStreams):
+// at once the request's context (the POST's, made cancellable), the
+// value the event store finds in it, and the entry a GET resuming the
+// stream ends; one object, not a value context, a closure and an entry
+// per POST.
+type heldPost struct {
+	context.Context
+	standingGet
+	h    *Host
+	id   string
+	keys []string // of the streams registered for it, under h.drain.mu
+	key  [1]string
+}
+
+// Value gives the event store p itself (streamOpenedKey).
+func (p *heldPost) Value(key any) any {
+	if _, ok := key.(streamOpenedKey); ok {
+		return p
+	}
+	return p.Context.Value(key)
+}
+
+// streamOpened registers the stream the go-sdk opens, with ctx, for the
+// call of a session POST that holds its streams (holdStreams); for any
+// other request, or the standalone stream (""), it does nothing.
+func streamOpened(ctx context.Context, stream string) {
+	p, ok := ctx.Value(streamOpenedKey{}).(*heldPost)
+	if !ok || stream == "" {
+		return
+	}
+	key := p.id + "\x00" + stream
+	h := p.h
+	h.drain.mu.Lock()
+	defer h.drain.mu.Unlock()
+	if h.drain.gets == nil {
+		h.drain.gets = map[string]*standingGet{}
+	}
+	if h.drain.gets[key] == nil {
+		h.drain.gets[key] = &p.standingGet
+		if p.keys == nil {
+			p.keys = p.key[:0]
+		}
+		p.keys = append(p.keys, key)
+	}
+}
 
 // holdStreams registers the stream the go-sdk opens for r's call, a POST
 // of session id, as a GET's is registered (supersede): a GET resuming it
@@ -393,34 +471,25 @@ type streamOpenedKey struct{}
 // TestResumedCallStreamEndsThePostHoldingIt). Ending r's context ends
 // its hanging response alone: the call runs on the session's context,
 // and whether its client is gone (postGone) is asked of the request's
-// own. The returned func unregisters r; the caller defers it.
-func (h *Host) holdStreams(r *http.Request, id string) (*http.Request, func()) {
+// own. The caller defers the hold's release, which unregisters r.
+func (h *Host) holdStreams(r *http.Request, id string) (*http.Request, *heldPost) {
 	ctx, cancel := context.WithCancel(r.Context())
-	g := &standingGet{cancel: cancel, done: make(chan struct{})}
-	var keys []string // guarded by h.drain.mu
-	opened := func(stream string) {
-		key := id + "\x00" + stream
-		h.drain.mu.Lock()
-		defer h.drain.mu.Unlock()
-		if h.drain.gets == nil {
-			h.drain.gets = map[string]*standingGet{}
-		}
-		if h.drain.gets[key] == nil {
-			h.drain.gets[key] = g
-			keys = append(keys, key)
+	p := &heldPost{Context: ctx, standingGet: standingGet{cancel: cancel}, h: h, id: id}
+	return r.WithContext(p), p
+}
+
+// release unregisters p's streams once its handler has returned.
+func (p *heldPost) release() {
+	p.cancel()
+	h := p.h
+	h.drain.mu.Lock()
+	for _, key := range p.keys {
+		if h.drain.gets[key] == &p.standingGet {
+			delete(h.drain.gets, key)
 		}
 	}
-	return r.WithContext(context.WithValue(ctx, streamOpenedKey{}, opened)), func() {
-		h.drain.mu.Lock()
-		for _, key := range keys {
-			if h.drain.gets[key] == g {
-				delete(h.drain.gets, key)
-			}
-		}
-		h.drain.mu.Unlock()
-		cancel()
-		close(g.done)
-	}
+	p.endLocked()
+	h.drain.mu.Unlock()
 }
 
 // storeAwayHere is why a replica cut off from the state store refuses a
@@ -585,9 +654,9 @@ func (h *Host) serveStateful(stateful http.Handler, events mcp.EventStore, w htt
 	// is ended by a GET resuming its stream too.
 	live := r.Context()
 	if r.Method == http.MethodPost {
-		var done func()
-		r, done = h.holdStreams(r, id)
-		defer done()
+		var held *heldPost
+		r, held = h.holdStreams(r, id)
+		defer held.release()
 	}
 	// Another user's session is answered as none, as at a replica that
 	// does not hold it (the go-sdk's 403 said it is live here).
