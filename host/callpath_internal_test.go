@@ -4,7 +4,9 @@ import (
 	"context"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
@@ -164,5 +166,97 @@ func TestHoldStreamsAllocates(t *testing.T) {
 	}
 	if len(h.drain.gets) != 0 {
 		t.Errorf("%d streams still held after their POSTs", len(h.drain.gets))
+	}
+}
+
+// deadlineRecorder is a ResponseWriter with write deadlines and
+// flushes, as net/http's, that keeps nothing.
+type deadlineRecorder struct {
+	hdr     http.Header
+	code, n int
+}
+
+func (w *deadlineRecorder) Header() http.Header              { return w.hdr }
+func (w *deadlineRecorder) WriteHeader(code int)             { w.code = code }
+func (w *deadlineRecorder) Write(p []byte) (int, error)      { w.n += len(p); return len(p), nil }
+func (w *deadlineRecorder) FlushError() error                { return nil }
+func (w *deadlineRecorder) SetWriteDeadline(time.Time) error { return nil }
+
+// TestKeepAliveCallAllocates: keepAlive's cost to a call's POST, which
+// writes its one event and returns long before a comment is due: the
+// writer, the handler's copy of the header, the request's copy and the
+// handler's own header value, and no timer of its own (a pooled one: 7
+// allocations with a timer and its func per POST).
+func TestKeepAliveCallAllocates(t *testing.T) {
+	event := []byte("event: message\ndata: {}\n\n")
+	h := keepAlive(DefaultStreamKeepAlive, DefaultStreamWriteTimeout, nil, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		w.WriteHeader(http.StatusOK)
+		_, _ = w.Write(event)
+		http.NewResponseController(w).Flush()
+	}))
+	r := httptest.NewRequest(http.MethodPost, "/mcp", nil)
+	r.Header.Set("Accept", "application/json, text/event-stream")
+	w := &deadlineRecorder{hdr: http.Header{}}
+	h.ServeHTTP(w, r) // the pool's first timer
+	if allocs := testing.AllocsPerRun(100, func() {
+		clear(w.hdr)
+		w.n = 0
+		h.ServeHTTP(w, r)
+	}); allocs > 5 {
+		t.Errorf("keepAlive around a call's POST: %v allocations; want at most 5", allocs)
+	}
+	if w.code != http.StatusOK || w.n != len(event) {
+		t.Errorf("answered %d with %d bytes; want 200 and the event's %d", w.code, w.n, len(event))
+	}
+}
+
+// beatRecorder tells each comment keepAlive writes.
+type beatRecorder struct {
+	deadlineRecorder
+	beats chan string
+}
+
+func (w *beatRecorder) Write(p []byte) (int, error) {
+	if strings.HasPrefix(string(p), ":") {
+		select {
+		case w.beats <- string(p):
+		default: // told already
+		}
+	}
+	return w.deadlineRecorder.Write(p)
+}
+
+// TestKeepAlivePooledTimerBeats: a timer that a POST gave back to the
+// pool times the comments of the next request's silent stream, which
+// it commits early as ever.
+func TestKeepAlivePooledTimerBeats(t *testing.T) {
+	release := make(chan struct{})
+	h := keepAlive(20*time.Millisecond, DefaultStreamWriteTimeout, nil, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/silent" {
+			<-release
+		}
+	}))
+	r := httptest.NewRequest(http.MethodPost, "/quick", nil)
+	r.Header.Set("Accept", "application/json, text/event-stream")
+	quick := &beatRecorder{deadlineRecorder: deadlineRecorder{hdr: http.Header{}}, beats: make(chan string, 1)}
+	h.ServeHTTP(quick, r) // gives its timer back, unless it fired first
+	silent := &beatRecorder{deadlineRecorder: deadlineRecorder{hdr: http.Header{}}, beats: make(chan string, 1)}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		r := httptest.NewRequest(http.MethodPost, "/silent", nil)
+		r.Header.Set("Accept", "application/json, text/event-stream")
+		h.ServeHTTP(silent, r)
+	}()
+	for range 2 {
+		if got := <-silent.beats; got != ": keepalive\n\n" {
+			t.Errorf("silent stream wrote %q; want a keepalive comment", got)
+		}
+	}
+	close(release)
+	<-done
+	if silent.code != http.StatusOK || silent.hdr.Get("Content-Type") != "text/event-stream" {
+		t.Errorf("the silent stream was committed %d, %q; want 200, an event stream", silent.code, silent.hdr.Get("Content-Type"))
 	}
 }

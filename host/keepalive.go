@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -137,7 +138,7 @@ func keepAlive(every, writeTimeout time.Duration, q *streamQueues, next http.Han
 		}
 		if every > 0 {
 			b.mu.Lock()
-			b.t = time.AfterFunc(every, b.beat)
+			b.t = startBeats(b)
 			b.mu.Unlock()
 		}
 		defer b.stop()
@@ -165,7 +166,7 @@ type beatWriter struct {
 	hdr http.Header
 
 	mu        sync.Mutex
-	t         *time.Timer
+	t         *beatTimer
 	done      bool
 	committed bool // w's status is sent
 	ours      bool // by a beat: the handler's status and type are past
@@ -420,6 +421,45 @@ func (b *beatWriter) beat() {
 	b.t.Reset(b.every)
 }
 
+// beatTimer is a beatWriter's timer, kept in beatTimers for the next
+// request once its own stops before it fires (most calls end well before
+// their first comment): a timer and its func are not made per POST.
+type beatTimer struct {
+	t *time.Timer
+	b atomic.Pointer[beatWriter] // whose beats it times
+}
+
+var beatTimers sync.Pool // of *beatTimer, stopped
+
+// startBeats gives b its first beat in b.every. b.mu is held.
+func startBeats(b *beatWriter) *beatTimer {
+	if bt, ok := beatTimers.Get().(*beatTimer); ok {
+		bt.b.Store(b)
+		bt.t.Reset(b.every)
+		return bt
+	}
+	bt := &beatTimer{}
+	bt.b.Store(b)
+	bt.t = time.AfterFunc(b.every, bt.fire)
+	return bt
+}
+
+func (bt *beatTimer) fire() { bt.b.Load().beat() }
+
+// Reset times b's next beat. b.mu is held.
+func (bt *beatTimer) Reset(d time.Duration) { bt.t.Reset(d) }
+
+// release stops bt for good, and keeps it for another request if its
+// func will not run: a beat under way (it fired) may still use its
+// writer, which then stays bt's. b.mu is held, so that a beat that fired
+// before has done its Reset, if any, and is past its use of b.
+func (bt *beatTimer) release() {
+	if bt.t.Stop() {
+		bt.b.Store(nil)
+		beatTimers.Put(bt)
+	}
+}
+
 // stop ends the beats: the handler has returned, and w is no longer ours
 // to write.
 //
@@ -434,7 +474,7 @@ func (b *beatWriter) stop() {
 	b.mu.Lock()
 	b.done = true
 	if b.t != nil {
-		b.t.Stop()
+		b.t.release()
 	}
 	if b.q == nil {
 		b.mu.Unlock()
