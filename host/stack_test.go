@@ -36,30 +36,10 @@ const maxCallDepth = 6600
 // only some calls do into a function of its own, as callTool's helpers
 // do.
 func TestCallStackDepth(t *testing.T) {
-	if raceEnabled {
-		t.Skip("the race detector's instrumentation changes the frames")
-	}
-	if runtime.GOARCH != "amd64" {
-		t.Skip("the budget is measured on amd64; other architectures' frames differ")
-	}
+	skipUnlessFramesMeasured(t)
 	ctx := context.Background()
-	rt, err := sandbox.NewRuntime(sandbox.Options{CacheDir: testplugins.CacheDir()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { rt.Close(ctx) })
 	p := &depthProbe{}
-	dir := testplugins.Folder(t, map[string]string{"logcall.wasm": testplugins.Test(t, "logcall")})
-	cat, errs := plugins.LoadAll(ctx, rt, []string{dir}, func(string) plugins.Options {
-		pol := sandbox.NewPolicy().WithLogger(slog.New(p)) // the guest's log_info
-		return plugins.Options{Policy: &pol}
-	})
-	if len(errs) > 0 {
-		t.Fatalf("load: %v", errs)
-	}
-	t.Cleanup(func() { cat.Close(ctx) })
-	h := host.New(plugins.NewStatic(cat), nil)
-	t.Cleanup(func() { h.Close(ctx) })
+	h := logcallHost(t, p)
 	h.Server().AddReceivingMiddleware(p.middleware) // the outermost
 	st, ct := mcp.NewInMemoryTransports()
 	if _, err := h.Server().Connect(ctx, st, nil); err != nil {
@@ -87,6 +67,42 @@ func TestCallStackDepth(t *testing.T) {
 	if d > maxCallDepth {
 		t.Errorf("a warm call takes %d bytes of stack from the outermost middleware to a guest's kernel call, over the %d-byte budget (see maxCallDepth)", d, maxCallDepth)
 	}
+}
+
+// skipUnlessFramesMeasured skips a test of stack frames' sizes where
+// they are not what the budgets were measured on.
+func skipUnlessFramesMeasured(t *testing.T) {
+	t.Helper()
+	if raceEnabled {
+		t.Skip("the race detector's instrumentation changes the frames")
+	}
+	if runtime.GOARCH != "amd64" {
+		t.Skip("the budget is measured on amd64; other architectures' frames differ")
+	}
+}
+
+// logcallHost is a host serving the logcall test plugin ("log"), whose
+// guest logs to handler.
+func logcallHost(t *testing.T, handler slog.Handler) *host.Host {
+	t.Helper()
+	ctx := context.Background()
+	rt, err := sandbox.NewRuntime(sandbox.Options{CacheDir: testplugins.CacheDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { rt.Close(ctx) })
+	dir := testplugins.Folder(t, map[string]string{"logcall.wasm": testplugins.Test(t, "logcall")})
+	cat, errs := plugins.LoadAll(ctx, rt, []string{dir}, func(string) plugins.Options {
+		pol := sandbox.NewPolicy().WithLogger(slog.New(handler)) // the guest's log_info
+		return plugins.Options{Policy: &pol}
+	})
+	if len(errs) > 0 {
+		t.Fatalf("load: %v", errs)
+	}
+	t.Cleanup(func() { cat.Close(ctx) })
+	h := host.New(plugins.NewStatic(cat), nil)
+	t.Cleanup(func() { h.Close(ctx) })
+	return h
 }
 
 // depthProbe is a receiving middleware and a slog handler: the
