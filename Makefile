@@ -72,6 +72,7 @@ bench-short: plugins testplugins
 # read, a checker of what they were told. One pass, 3 clients per era: a few
 # minutes (CI). FAULTS_SOAK=30m: a soak, 10 clients per era, passes until
 # then. FAULTS_RUN=regexp picks scenarios; FAULTS_REPORT=file keeps the table;
+# FAULTS_CLIENTS=N runs N clients per era;
 # FAULTS_NO_WAIT=1 runs the redis-failover scenarios without wait_replicas
 # (redis-failover-silent then loses acknowledged notes: not for CI).
 FAULTS_SOAK ?=

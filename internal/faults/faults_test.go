@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -37,7 +38,9 @@ import (
 // the Sentinel scenarios without wait_replicas, to show what they lose
 // without it (not in CI: redis-failover-silent then fails);
 // FAULTS_VERBOSE=1 prints each fault as it is injected, =2 also every
-// attempt of every client.
+// attempt of every client; FAULTS_CLIENTS=N runs N clients of each era in
+// place of the mode's 3 or 10 (6 or more: every client role twice, the
+// soak's keyless two-plugin clients too).
 func TestFaults(t *testing.T) {
 	mode := os.Getenv("FAULTS")
 	if mode == "" {
@@ -50,6 +53,13 @@ func TestFaults(t *testing.T) {
 			t.Fatalf("FAULTS=%q: short, or a duration: %v", mode, err)
 		}
 		perEra, passes, soak = 10, 1<<30, d
+	}
+	if c := os.Getenv("FAULTS_CLIENTS"); c != "" {
+		n, err := strconv.Atoi(c)
+		if err != nil || n < 1 {
+			t.Fatalf("FAULTS_CLIENTS=%q: a number of clients of each era, 1 or more", c)
+		}
+		perEra = n
 	}
 	pick := regexp.MustCompile(os.Getenv("FAULTS_RUN"))
 	var known *regexp.Regexp
