@@ -3,7 +3,8 @@
 // `wasmtools serve --http --replica` replicas sharing a redis-server
 // without persistence, behind HAProxy or nginx with the configs of deploy/
 // unchanged), injects faults into them (kill -9, SIGSTOP, SIGTERM, Redis
-// restarted empty, stopped or frozen, a replica cut off from Redis, a
+// restarted empty, stopped or frozen, a replica cut off from Redis, the
+// proxy killed and started again, a
 // replica with another state key, a Redis primary failed over by
 // Sentinel to a replica that may lack its last writes),
 // while clients of both protocol eras add numbered notes and read them
@@ -90,6 +91,8 @@ type Cluster struct {
 	Replicas  [3]*Replica
 	ProxyAddr string // where clients connect
 	ha        *proxytest.HAProxy
+	haEnv     map[string]string // the config's addresses, for ProxyStart
+	haLogs    strings.Builder   // output of its earlier processes
 
 	mu       sync.Mutex
 	timeline []string
@@ -170,7 +173,7 @@ func NewCluster(t testing.TB, setup Setup) *Cluster {
 	}
 	switch setup.Proxy {
 	case HAProxy:
-		c.ha = proxytest.StartHAProxy(t, filepath.Join(setup.Deploy, "haproxy.cfg"), env)
+		c.ha, c.haEnv = proxytest.StartHAProxy(t, filepath.Join(setup.Deploy, "haproxy.cfg"), env), env
 		c.ProxyAddr = c.ha.Addr
 	case Nginx:
 		c.ProxyAddr = proxytest.StartNginx(t, filepath.Join(setup.Deploy, "nginx.conf"), env)
@@ -189,7 +192,7 @@ func NewCluster(t testing.TB, setup Setup) *Cluster {
 				t.Logf("replica %s:\n%s", r.Name, tail(r.Output(), 80))
 			}
 			if c.ha != nil {
-				t.Logf("haproxy:\n%s", tail(c.ha.Output(), 40))
+				t.Logf("haproxy:\n%s", tail(c.haLogs.String()+c.ha.Output(), 40))
 			}
 			if c.sent != nil {
 				t.Logf("%s", c.sent.logs(40))
@@ -502,4 +505,31 @@ func (c *Cluster) RedisFreeze() {
 func (c *Cluster) RedisThaw() {
 	c.redis.Signal(syscall.SIGCONT)
 	c.Logf("redis SIGCONT")
+}
+
+// ProxyKill kills HAProxy (-9), as a proxy's pod or host lost: every
+// request and stream through it is cut, mid-call too, and new
+// connections are refused until [Cluster.ProxyStart].
+func (c *Cluster) ProxyKill() {
+	c.t.Helper()
+	if c.ha == nil {
+		c.t.Fatal("ProxyKill: the cluster's proxy is not HAProxy")
+	}
+	c.ha.Signal(syscall.SIGKILL)
+	<-c.ha.Done()
+	c.haLogs.WriteString(c.ha.Output())
+	c.Logf("haproxy killed")
+}
+
+// ProxyStart starts HAProxy again at its address, with its config, and
+// waits until it routes to every running replica.
+func (c *Cluster) ProxyStart() {
+	c.t.Helper()
+	c.ha = proxytest.StartHAProxyAt(c.t, filepath.Join(c.setup.Deploy, "haproxy.cfg"), c.ProxyAddr, c.haEnv)
+	for i, r := range c.Replicas {
+		if r.Running() {
+			c.WaitRouted(i)
+		}
+	}
+	c.Logf("haproxy started again")
 }

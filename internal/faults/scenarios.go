@@ -38,6 +38,8 @@ const (
 	// ProxyWaitAttempt is its clients' attempt timeout: longer, so
 	// that the proxy gives up first.
 	StopPastProxyFor = 20 * time.Second
+	// ProxyRestarts is how many times proxy-restart kills the proxy.
+	ProxyRestarts    = 4
 	ProxyWaitAttempt = 30 * time.Second
 )
 
@@ -119,6 +121,7 @@ func Scenarios(stops int) []Scenario {
 	}
 	s = append(s,
 		Scenario{Name: "kill9-mid-drain", Proxy: HAProxy, Fault: killMidDrain},
+		Scenario{Name: "proxy-restart", Proxy: HAProxy, SoakOnly: true, Fault: proxyRestart},
 		Scenario{Name: "redis-frozen-rolling-restart", Proxy: HAProxy, SoakOnly: true, Fault: redisFrozenRollingRestart},
 		// sigstop-redis-empty with the store back empty at once: no one
 		// can take the stopped replica's sessions over meanwhile (the
@@ -523,4 +526,17 @@ func unroutedReplica(r *Run) {
 	r.C.Reroute(i)
 	r.Rounds(2)
 	moveFrom(r, i)
+}
+
+// proxyRestart kills the proxy (-9) under load, as a proxy's pod or host
+// lost, and starts it again at once at its address, ProxyRestarts times,
+// a round of every client after each start: every call in flight through
+// it is cut, whether or not its replica ran it, and every 2025-11-25
+// standing stream, which its client resumes at the session's replica.
+func proxyRestart(r *Run) {
+	for range ProxyRestarts {
+		r.C.ProxyKill()
+		r.C.ProxyStart()
+		r.Rounds(1)
+	}
 }

@@ -313,8 +313,14 @@ type HAProxy struct {
 // the config must bind.
 func StartHAProxy(t testing.TB, cfgPath string, env map[string]string) *HAProxy {
 	t.Helper()
+	return StartHAProxyAt(t, cfgPath, FreeAddr(t), env)
+}
+
+// StartHAProxyAt is [StartHAProxy] listening on addr: a proxy started
+// again where its clients knew it.
+func StartHAProxyAt(t testing.TB, cfgPath, addr string, env map[string]string) *HAProxy {
+	t.Helper()
 	bin := Binary(t, "haproxy", "haproxy")
-	addr := FreeAddr(t)
 	// -db: in the foreground, where haproxy reports each server's health
 	// changes on stderr ("[WARNING] (pid) : Server sessions/s1 is DOWN, …"),
 	// whatever the config's log lines.
