@@ -91,8 +91,9 @@ type Cluster struct {
 	Replicas  [3]*Replica
 	ProxyAddr string // where clients connect
 	ha        *proxytest.HAProxy
-	haEnv     map[string]string // the config's addresses, for ProxyStart
-	haLogs    strings.Builder   // output of its earlier processes
+	nginx     *proxytest.Process // nginx's master
+	proxyEnv  map[string]string  // the config's addresses, for ProxyStart
+	proxyLogs strings.Builder    // output of its earlier processes
 
 	mu       sync.Mutex
 	timeline []string
@@ -171,15 +172,11 @@ func NewCluster(t testing.TB, setup Setup) *Cluster {
 		}
 		c.startProcess(i, StateKey, true)
 	}
-	switch setup.Proxy {
-	case HAProxy:
-		c.ha, c.haEnv = proxytest.StartHAProxy(t, filepath.Join(setup.Deploy, "haproxy.cfg"), env), env
-		c.ProxyAddr = c.ha.Addr
-	case Nginx:
-		c.ProxyAddr = proxytest.StartNginx(t, filepath.Join(setup.Deploy, "nginx.conf"), env)
-	default:
+	if setup.Proxy != HAProxy && setup.Proxy != Nginx {
 		t.Fatalf("no proxy %q", setup.Proxy)
 	}
+	c.ProxyAddr, c.proxyEnv = proxytest.FreeAddr(t), env
+	c.startProxy()
 	for i := range c.Replicas {
 		if !contains(setup.Down, i) {
 			c.WaitRouted(i)
@@ -192,7 +189,7 @@ func NewCluster(t testing.TB, setup Setup) *Cluster {
 				t.Logf("replica %s:\n%s", r.Name, tail(r.Output(), 80))
 			}
 			if c.ha != nil {
-				t.Logf("haproxy:\n%s", tail(c.haLogs.String()+c.ha.Output(), 40))
+				t.Logf("haproxy:\n%s", tail(c.proxyLogs.String()+c.ha.Output(), 40))
 			}
 			if c.sent != nil {
 				t.Logf("%s", c.sent.logs(40))
@@ -507,29 +504,40 @@ func (c *Cluster) RedisThaw() {
 	c.Logf("redis SIGCONT")
 }
 
-// ProxyKill kills HAProxy (-9), as a proxy's pod or host lost: every
-// request and stream through it is cut, mid-call too, and new
-// connections are refused until [Cluster.ProxyStart].
-func (c *Cluster) ProxyKill() {
+// startProxy starts the proxy at ProxyAddr with its config of deploy/.
+func (c *Cluster) startProxy() {
 	c.t.Helper()
-	if c.ha == nil {
-		c.t.Fatal("ProxyKill: the cluster's proxy is not HAProxy")
+	if c.setup.Proxy == HAProxy {
+		c.ha = proxytest.StartHAProxyAt(c.t, filepath.Join(c.setup.Deploy, "haproxy.cfg"), c.ProxyAddr, c.proxyEnv)
+		return
 	}
-	c.ha.Signal(syscall.SIGKILL)
-	<-c.ha.Done()
-	c.haLogs.WriteString(c.ha.Output())
-	c.Logf("haproxy killed")
+	c.nginx = proxytest.StartNginxAt(c.t, filepath.Join(c.setup.Deploy, "nginx.conf"), c.ProxyAddr, c.proxyEnv)
 }
 
-// ProxyStart starts HAProxy again at its address, with its config, and
+// ProxyKill kills the proxy (-9; nginx's master and workers), as a
+// proxy's pod or host lost: every request and stream through it is cut,
+// mid-call too, and new connections are refused until
+// [Cluster.ProxyStart].
+func (c *Cluster) ProxyKill() {
+	p := c.nginx
+	if c.ha != nil {
+		p = c.ha.Process
+	}
+	syscall.Kill(-p.Cmd.Process.Pid, syscall.SIGKILL)
+	<-p.Done()
+	c.proxyLogs.WriteString(p.Output())
+	c.Logf("%s killed", c.setup.Proxy)
+}
+
+// ProxyStart starts the proxy again at its address, with its config, and
 // waits until it routes to every running replica.
 func (c *Cluster) ProxyStart() {
 	c.t.Helper()
-	c.ha = proxytest.StartHAProxyAt(c.t, filepath.Join(c.setup.Deploy, "haproxy.cfg"), c.ProxyAddr, c.haEnv)
+	c.startProxy()
 	for i, r := range c.Replicas {
 		if r.Running() {
 			c.WaitRouted(i)
 		}
 	}
-	c.Logf("haproxy started again")
+	c.Logf("%s started again", c.setup.Proxy)
 }

@@ -121,7 +121,6 @@ func Scenarios(stops int) []Scenario {
 	}
 	s = append(s,
 		Scenario{Name: "kill9-mid-drain", Proxy: HAProxy, Fault: killMidDrain},
-		Scenario{Name: "proxy-restart", Proxy: HAProxy, SoakOnly: true, Fault: proxyRestart},
 		Scenario{Name: "redis-frozen-rolling-restart", Proxy: HAProxy, SoakOnly: true, Fault: redisFrozenRollingRestart},
 		// sigstop-redis-empty with the store back empty at once: no one
 		// can take the stopped replica's sessions over meanwhile (the
@@ -139,6 +138,9 @@ func Scenarios(stops int) []Scenario {
 			moveFrom(r, i)
 		}},
 	)
+	for _, p := range []Proxy{HAProxy, Nginx} {
+		s = append(s, Scenario{Name: "proxy-restart", Proxy: p, SoakOnly: true, Fault: proxyRestart})
+	}
 	s = append(s,
 		Scenario{Name: "mismatched-state-key", Proxy: HAProxy, Fault: mismatchedKey},
 		Scenario{Name: "scale-out-in", Proxy: HAProxy, Down: []int{2}, Fault: func(r *Run) {

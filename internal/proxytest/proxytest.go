@@ -407,8 +407,17 @@ func (h *HAProxy) WaitRouted(server string, probe func() error) {
 // variables are left alone.
 func StartNginx(t testing.TB, cfgPath string, env map[string]string) (addr string) {
 	t.Helper()
-	bin := Binary(t, "nginx", "nginx-light")
 	addr = FreeAddr(t)
+	StartNginxAt(t, cfgPath, addr, env)
+	return addr
+}
+
+// StartNginxAt is [StartNginx] listening on addr, returning its master
+// process (the leader of its workers' group): a proxy started again
+// where its clients knew it.
+func StartNginxAt(t testing.TB, cfgPath, addr string, env map[string]string) *Process {
+	t.Helper()
+	bin := Binary(t, "nginx", "nginx-light")
 	src, err := os.ReadFile(cfgPath)
 	if err != nil {
 		t.Fatal(err)
@@ -429,8 +438,7 @@ func StartNginx(t testing.TB, cfgPath string, env map[string]string) (addr strin
 	}
 	global := "daemon off; master_process on; pid " + filepath.Join(prefix, "nginx.pid") + ";"
 	cmd := exec.Command(bin, "-e", "stderr", "-p", prefix+"/", "-c", cfg, "-g", global)
-	Start(t, cmd, func() error { return dial(addr) })
-	return addr
+	return Start(t, cmd, func() error { return dial(addr) })
 }
 
 func dial(addr string) error {
