@@ -37,6 +37,11 @@ type slot struct {
 	// Manager.mu, so that a [Manager.Adopt] meanwhile moves fence as it
 	// would an instance's; guarded by Manager.mu.
 	starting bool
+	// blank: inst started afresh, with nothing to say, and no call on it
+	// has ended but by a reset: it holds what a new instance would, so
+	// its loss to a cancelled call is no reset to tell of
+	// (TestCancelledFirstCallResetsNothing). The slot's lease holder's.
+	blank bool
 }
 
 // acquire waits for the slot, refusing at once past the queue limit, and
@@ -443,6 +448,7 @@ func (m *Manager) startInSlot(ctx context.Context, c *client, sl *slot, p *plugi
 		sl.notice.Reset = reset
 	}
 	sl.inst, sl.starting = inst, false
+	sl.blank = !seeded && reset == nil
 	sl.elem = m.lru.PushBack(sl)
 	m.mu.Unlock()
 	m.obs.InstanceStarted(p.Name())
@@ -646,6 +652,15 @@ func (l *Lease) Done(err error) {
 			if errors.Is(err, ErrMoved) {
 				m.markMoved(l.c, sl.plugin)
 			}
+		case reason == "cancelled" && sl.blank:
+			// Its first call cut: what a new instance starts with is
+			// what it had, nothing to lose (the proxy killed mid-call
+			// in the fault suite's proxy-restart said "cancelled").
+			// What the lease took to say (an earlier instance's reset,
+			// an upgrade) went unheard with the call: the next says it.
+			m.log.Info("instance dropped: its first call was cancelled", "session", sl.c.key.String(), "plugin", sl.plugin)
+			m.dropInstance(sl)
+			sl.notice = l.notice
 		case reason != "":
 			m.discard(sl, reason, detailOf(err, l))
 			if reason == "cancelled" && m.opts.StoredAfterCancel {
@@ -653,6 +668,9 @@ func (l *Lease) Done(err error) {
 				// the same way again.
 				m.markMoved(l.c, sl.plugin)
 			}
+		}
+		if reason == "" {
+			sl.blank = false
 		}
 		keep := l.keep || !l.unheard.IsZero() && (l.keptAt.IsZero() || l.unheard.Before(l.keptAt))
 		if keep && l.notice != (Notice{}) && sl.inst != nil && sl.notice == (Notice{}) {

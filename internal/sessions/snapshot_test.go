@@ -260,3 +260,34 @@ func TestCancelledFirstCallResetsNothing(t *testing.T) {
 		}
 	}
 }
+
+// A notice the cancelled first call's lease took (its slot's earlier
+// instance evicted, its state not saved) went unheard with the call: the
+// retry says it, as it said "cancelled" before.
+func TestCancelledFirstCallKeepsItsNotice(t *testing.T) {
+	ctx := context.Background()
+	p := counterLoader(t)()
+	t.Cleanup(func() { p.Close(ctx) })
+	m := sessions.New(&sessions.Options{MaxInstances: 1})
+	t.Cleanup(func() { m.Close(ctx) })
+	call := func(key sessions.Key, done error) sessions.Notice {
+		t.Helper()
+		l, err := m.Acquire(ctx, key, p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := l.Instance().CallTool(l.Context(), &plugins.Call{Tool: p.Tools()[0], Arguments: json.RawMessage(`{}`)}); err != nil {
+			t.Fatal(err)
+		}
+		n := l.Notice()
+		l.Done(done)
+		return n
+	}
+	a, b := sessions.Client("a"), sessions.Client("b")
+	call(a, nil)
+	call(b, nil) // a's instance evicted for room
+	call(a, context.Canceled)
+	if n := call(a, nil); n.Reset == nil || n.Reset.Reason != sessions.ReasonEvicted {
+		t.Fatalf("after the eviction and a cancelled first call of the new instance: reset %+v; want evicted", n.Reset)
+	}
+}
