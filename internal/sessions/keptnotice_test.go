@@ -1,6 +1,7 @@
 package sessions_test
 
 import (
+	"context"
 	"testing"
 	"time"
 
@@ -56,12 +57,8 @@ func TestKeptNoticeNotKeptAgain(t *testing.T) {
 // kept, kept it once more, and the client's next call said the one reset
 // a fourth time. A notice kept again is kept as of when it was first kept.
 func TestKeptNoticeAgainKeepsItsTime(t *testing.T) {
-	w := newWorld(t, sessions.Options{})
+	w, k := storeLostWorld(t)
 	defer w.finish()
-	k := sessions.Client("c1")
-	if err := w.m.Seed(k, map[string]sessions.Seed{"counter": {Lost: "the store lost it", Reason: "store-lost"}}, 1); err != nil {
-		t.Fatal(err)
-	}
 	early := time.Now() // a and b: requests that sat in the stopped process
 	var late time.Time  // c: read after a kept the notice, before b did
 	for i, step := range []struct {
@@ -80,4 +77,52 @@ func TestKeptNoticeAgainKeepsItsTime(t *testing.T) {
 			late = time.Now()
 		}
 	}
+}
+
+// TestKeptNoticeThroughCancelledFirstCall: a kept notice (at t1) taken by
+// the cancelled first call of an instance started afresh (its slot's
+// instance stale and dropped meanwhile) goes back to the slot unheard, as
+// kept at t1 still: a call whose request arrived after t1 says it and
+// does not keep it again, and the one after says nothing. Given back
+// without its time, it was kept again, and said a third time.
+func TestKeptNoticeThroughCancelledFirstCall(t *testing.T) {
+	w, k := storeLostWorld(t)
+	defer w.finish()
+	arrived := time.Now()
+	if got := w.reset(k, "counter", func(l *sessions.Lease) { l.KeepNoticeSince(arrived) }); got != "store-lost" {
+		t.Fatalf("first lease: reset %q, want store-lost", got)
+	}
+	// Claimed again under another fence with no seed for the plugin: the
+	// idle instance is stale and dropped, the kept notice stays, and the
+	// next instance starts afresh.
+	if err := w.m.Seed(k, nil, 2); err != nil {
+		t.Fatal(err)
+	}
+	l, err := w.m.Acquire(w.ctx, k, w.plugin("counter"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := l.Notice().Reset; r == nil || r.Reason != "store-lost" {
+		t.Fatalf("the fresh instance's first lease: reset %+v, want store-lost", r)
+	}
+	l.Done(context.Canceled)
+	arrived = time.Now() // after the notice was kept
+	if got := w.reset(k, "counter", func(l *sessions.Lease) { l.KeepNoticeSince(arrived) }); got != "store-lost" {
+		t.Errorf("after the cancelled first call: reset %q, want store-lost", got)
+	}
+	if got := w.reset(k, "counter", nil); got != "" {
+		t.Errorf("the call after: reset %q, want none (the notice said a third time)", got)
+	}
+}
+
+// storeLostWorld is a world whose client c1 is seeded (fence 1) with the
+// counter's state lost by the store: its first lease says store-lost.
+func storeLostWorld(t *testing.T) (*world, sessions.Key) {
+	w := newWorld(t, sessions.Options{})
+	k := sessions.Client("c1")
+	if err := w.m.Seed(k, map[string]sessions.Seed{"counter": {Lost: "the store lost it", Reason: "store-lost"}}, 1); err != nil {
+		w.finish()
+		t.Fatal(err)
+	}
+	return w, k
 }
