@@ -657,10 +657,11 @@ func (l *Lease) Done(err error) {
 			// what it had, nothing to lose (the proxy killed mid-call
 			// in the fault suite's proxy-restart said "cancelled").
 			// What the lease took to say (an earlier instance's reset,
-			// an upgrade) went unheard with the call: the next says it.
+			// an upgrade) went unheard with the call: the next says it,
+			// as kept as it was (TestKeptNoticeThroughCancelledFirstCall).
 			m.log.Info("instance dropped: its first call was cancelled", "session", sl.c.key.String(), "plugin", sl.plugin)
 			m.dropInstance(sl)
-			sl.notice = l.notice
+			sl.notice, sl.kept, sl.keptAt = l.notice, l.notice, l.keptAt
 		case reason != "":
 			m.discard(sl, reason, detailOf(err, l))
 			if reason == "cancelled" && m.opts.StoredAfterCancel {
