@@ -280,3 +280,24 @@ func TestCloseUnderInstantiate(t *testing.T) {
 		}
 	}
 }
+
+// TestDroppedLevelsSpendNoLogBudget: a guest's log the logger does not
+// take (below its level) spends none of the instance's log rate limit,
+// which is for what is written: 200 info lines under a warn logger,
+// faster than the limit refills, drop nothing by the limit, so a warning
+// after them would be written, and no "dropped by the rate limit" warning
+// is logged. Before, the limit was spent first, and the guest's warnings
+// after its dropped debug logs were dropped with them.
+func TestDroppedLevelsSpendNoLogBudget(t *testing.T) {
+	var buf bytes.Buffer
+	log := slog.New(slog.NewTextHandler(&buf, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	inst := instantiate(t, compile(t, newRuntime(t), testplugins.Test(t, "logcall"), sandbox.NewPolicy().WithLogger(log)))
+	for range 200 {
+		if _, err := callServlet(t, inst, "log", `{}`); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if strings.Contains(buf.String(), "rate limit") {
+		t.Errorf("info lines a warn logger drops spent the log rate limit:\n%s", buf.String())
+	}
+}
