@@ -478,7 +478,7 @@ func (i *Instance) reportDropped() {
 // so had it copied to 16 KiB, for a message then dropped
 // (TestCallStackNotCopied).
 func (i *Instance) logGuest(ctx context.Context, level slog.Level, msg []byte) {
-	if i.allowLog() && i.log.Enabled(ctx, level) {
+	if i.log.Enabled(ctx, level) && i.allowLog() {
 		i.logRecord(ctx, level, msg)
 	}
 }
