@@ -51,22 +51,30 @@ type Compiled struct {
 	calls struct {
 		sync.Mutex
 		closed bool
-		stop   map[*Instance]context.CancelCauseFunc
+		stop   map[*Instance]callStop
 	}
 }
 
-// startCall registers i's call, stopped with cancel by Close; it reports
-// false once the module is closed.
-func (c *Compiled) startCall(i *Instance, cancel context.CancelCauseFunc) bool {
+// callStop is how Close stops a call: its context's cancel, then the
+// guest's interrupt flag (nil while an instance starts: its
+// initialisation's flag is set as its context ends).
+type callStop struct {
+	cancel context.CancelCauseFunc
+	intr   *interrupter
+}
+
+// startCall registers i's call, stopped by Close with cancel and intr; it
+// reports false once the module is closed.
+func (c *Compiled) startCall(i *Instance, cancel context.CancelCauseFunc, intr *interrupter) bool {
 	c.calls.Lock()
 	defer c.calls.Unlock()
 	if c.calls.closed {
 		return false
 	}
 	if c.calls.stop == nil {
-		c.calls.stop = make(map[*Instance]context.CancelCauseFunc)
+		c.calls.stop = make(map[*Instance]callStop)
 	}
-	c.calls.stop[i] = cancel
+	c.calls.stop[i] = callStop{cancel, intr}
 	return true
 }
 
@@ -236,7 +244,10 @@ func (c *Compiled) Close(ctx context.Context) error {
 		c.calls.Lock()
 		c.calls.closed = true
 		for _, stop := range c.calls.stop {
-			stop(ErrClosed)
+			// Under the lock, which endCall takes as the call ends:
+			// no later call's flag is set.
+			stop.cancel(ErrClosed)
+			stop.intr.interrupt()
 		}
 		c.calls.Unlock()
 		c.closeErr = c.rt.Close(ctx)

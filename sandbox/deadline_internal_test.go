@@ -3,21 +3,40 @@ package sandbox
 import (
 	"context"
 	"errors"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/tetratelabs/wazero/api"
 )
+
+// fakeGlobal stands for a guest's mutable global.
+type fakeGlobal struct {
+	api.MutableGlobal // the rest, unused
+	v                 atomic.Uint64
+}
+
+func (g *fakeGlobal) Get() uint64  { return g.v.Load() }
+func (g *fakeGlobal) Set(v uint64) { g.v.Store(v) }
 
 // TestDeadlineReused holds an instance's reused deadline to its call: a
 // firing whose time is not up (one left over from the call before) ends
 // nothing, nor does one while the call waits for a person (pauses nest),
 // whose wait does not count; a call whose time ran out as it paused ends
 // at the pause; a disarmed deadline ends nothing.
+//
+// The guest's interrupt flag is set with the call's end, and only then
+// (the deadline sets it itself, issue 27 item 2).
 func TestDeadlineReused(t *testing.T) {
 	var dl deadline
+	var flag, budget fakeGlobal
+	intr := newInterrupter(&flag, &budget)
 	arm := func() context.Context {
 		ctx, cancel := context.WithCancelCause(context.Background())
 		t.Cleanup(func() { cancel(nil) })
-		dl.arm(time.Hour, cancel)
+		flag.Set(0)
+		budget.Set(1)
+		dl.arm(time.Hour, cancel, intr)
 		return ctx
 	}
 	expire := func() { // as if the call had run past its timeout
@@ -26,7 +45,11 @@ func TestDeadlineReused(t *testing.T) {
 		dl.mu.Unlock()
 	}
 	ended := func(ctx context.Context) bool {
-		return errors.Is(context.Cause(ctx), context.DeadlineExceeded)
+		done := errors.Is(context.Cause(ctx), context.DeadlineExceeded)
+		if set := flag.Get() == 1 && budget.Get() == 0; set != done {
+			t.Fatalf("the call ended: %v, but its guest's flag set: %v", done, set)
+		}
+		return done
 	}
 
 	ctx := arm()
@@ -112,7 +135,7 @@ func TestPauseDeadline(t *testing.T) {
 	i.deadline = &i.dl
 	ctx, cancel := context.WithCancelCause(context.WithValue(context.Background(), instanceKey{}, i))
 	defer cancel(nil)
-	i.dl.arm(time.Hour, cancel)
+	i.dl.arm(time.Hour, cancel, nil)
 	defer i.dl.stop()
 	expire := func() { // as if the call had run past its timeout
 		i.dl.mu.Lock()

@@ -173,7 +173,7 @@ func (c *Compiled) instantiate(ctx context.Context, initialise bool, img *image)
 	// Closing the module stops the initialisation as it stops a call.
 	ctx, stop := context.WithCancelCause(ctx)
 	defer stop(nil)
-	if !c.startCall(inst, stop) {
+	if !c.startCall(inst, stop, nil) {
 		return nil, fmt.Errorf("instantiate: %w: its module was closed", ErrClosed)
 	}
 	defer c.endCall(inst)
@@ -303,20 +303,30 @@ func (i *Instance) Call(ctx context.Context, export string, input []byte, host H
 	if err != nil {
 		return nil, err
 	}
+	// The guest is interrupted by each of what ends its call, directly:
+	// the deadline's timer, Close and the end of the caller's context
+	// (the one AfterFunc, on parent). ctx, which the host functions see,
+	// ends with them, but no AfterFunc on it sets the flag: that was
+	// five more allocations a call (issue 27, item 2). The interrupter
+	// is armed first: its clearing of the flag comes before the deadline
+	// or Close may set it.
+	parent := ctx
+	stop := i.interrupt.arm(parent)
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
-	if !i.compiled.startCall(i, cancel) {
+	if !i.compiled.startCall(i, cancel, i.interrupt) {
+		i.interrupt.disarm(stop)
 		return nil, errModuleClosed
 	}
 	defer i.compiled.endCall(i)
 	ctx = i.enter(ctx, host, cancel)
 	defer i.leave()
-	stop := i.interrupt.arm(ctx)
 	err = f.CallWithStack(ctx, i.stack[:])
+	i.dl.stop() // before disarm: then nothing sets the flag of a call that ended
 	i.interrupt.disarm(stop)
 	i.mem.exit()
 	if err != nil {
-		return nil, i.trapped(ctx, export, err)
+		return nil, i.trapped(ctx, parent, export, err)
 	}
 	return i.result(export, f)
 }
@@ -348,7 +358,7 @@ func (i *Instance) begin(export string, input []byte) (api.Function, error) {
 //
 //go:noinline
 func (i *Instance) enter(ctx context.Context, host HostFunc, cancel context.CancelCauseFunc) context.Context {
-	i.dl.arm(i.compiled.policy.callTimeout, cancel)
+	i.dl.arm(i.compiled.policy.callTimeout, cancel, i.interrupt)
 	i.deadline = &i.dl
 	i.host = host
 	ctx = context.WithValue(ctx, instanceKey{}, i)
@@ -370,13 +380,18 @@ func (i *Instance) leave() {
 }
 
 // trapped closes the instance after a trap (err) of export and returns
-// the call's error.
+// the call's error. ctx is the call's, derived from parent, the caller's.
 //
 //go:noinline
-func (i *Instance) trapped(ctx context.Context, export string, err error) error {
+func (i *Instance) trapped(ctx, parent context.Context, export string, err error) error {
 	te := &TrapError{Export: export, Err: err}
-	if ctx.Err() != nil {
+	switch {
+	case ctx.Err() != nil:
 		te.Cause = context.Cause(ctx)
+	case parent.Err() != nil:
+		// The flag set as parent ended, and the guest stopped, before
+		// parent's cancellation reached ctx.
+		te.Cause = context.Cause(parent)
 	}
 	i.close(te)
 	return te

@@ -280,9 +280,11 @@ func section(b []byte, id byte, content []byte) []byte {
 }
 
 // interrupter sets an instance's interrupt flag and empties its budget
-// when the context of the call it is armed for ends. One per instance,
-// reused by its calls (one at a time); nil (a module wazero interrupts)
-// does nothing.
+// when its call ends: as the context it is armed with ends, and as the
+// call's deadline or Close ends the call (they set it themselves, after
+// cancelling the call's context, so that the guest's trap finds it done).
+// One per instance, reused by its calls (one at a time); nil (a module
+// wazero interrupts) does nothing.
 type interrupter struct {
 	flag, budget api.MutableGlobal
 	fire         func() // i.set, made once
@@ -297,28 +299,43 @@ func newInterrupter(flag, budget api.MutableGlobal) *interrupter {
 	return w
 }
 
-// set interrupts the guest.
+// set interrupts the guest as the armed context ends.
 func (w *interrupter) set() {
-	w.flag.Set(1)
-	w.budget.Set(0)
+	w.interrupt()
 	w.pending.Done()
 }
 
-// arm clears the flag, then has it set when ctx ends, until disarm.
+// interrupt sets the flag and empties the budget. Its callers other than
+// set hold what keeps the call from ending meanwhile (the deadline's
+// lock, the module's calls' lock, or run on the guest's goroutine).
+func (w *interrupter) interrupt() {
+	if w == nil {
+		return
+	}
+	w.flag.Set(1)
+	w.budget.Set(0)
+}
+
+// arm clears the flag, then has it set when ctx ends, until disarm. A
+// context that never ends (no Done channel) costs no AfterFunc.
 func (w *interrupter) arm(ctx context.Context) (stop func() bool) {
 	if w == nil {
 		return nil
 	}
 	w.flag.Set(0)
+	if ctx.Done() == nil {
+		return nil
+	}
 	w.pending.Add(1)
 	return context.AfterFunc(ctx, w.fire)
 }
 
 // disarm ends the call armed with stop (arm's result). Once it returns
-// nothing sets the flag: a setting already started has finished (the
-// next arm clears what it set), and none can start.
+// nothing sets the flag from the armed context: a setting already
+// started has finished (the next arm clears what it set), and none can
+// start.
 func (w *interrupter) disarm(stop func() bool) {
-	if w == nil {
+	if w == nil || stop == nil {
 		return
 	}
 	if stop() {

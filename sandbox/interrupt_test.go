@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -258,15 +259,7 @@ func TestInterruptRefusesReservedNames(t *testing.T) {
 // clear, however close the cancellation came.
 func TestInterruptLateCancel(t *testing.T) {
 	ctx := context.Background()
-	src := spinnerModule(`(func (export "run") (result i32) (local $i i32)
-		(loop $l (local.set $i (i32.add (local.get $i) (i32.const 1)))
-			(br_if $l (i32.lt_u (local.get $i) (i32.const 100000))))
-		(i32.const 0))`)
-	c, err := newRuntime(t).Compile(ctx, wat(t, src), sandbox.NewPolicy())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close(ctx)
+	c := compileCounter(t, 100000)
 	inst := instantiate(t, c)
 	var stopped, finished int
 	for range 300 {
@@ -374,4 +367,51 @@ func callDuringGC(inst *sandbox.Instance) (time.Duration, error) {
 	_, err := inst.Call(context.Background(), "run", nil, nil)
 	close(done)
 	return <-longest, err
+}
+
+// TestWarmCallAllocates pins what a warm call allocates around its guest
+// (issue 27, item 2): the call's cancellable context and the value that
+// finds the instance in it; with a caller's context that can end, the one
+// AfterFunc by which its end sets the interrupt flag. The deadline's timer
+// is the instance's, and its firing, Close and the caller's end set the
+// flag themselves, with no AfterFunc on the call's own context.
+func TestWarmCallAllocates(t *testing.T) {
+	if raceEnabled {
+		t.Skip("the race detector allocates")
+	}
+	ctx := context.Background()
+	inst := instantiate(t, compileCounter(t, 100))
+	cctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	for _, p := range []struct {
+		name string
+		ctx  context.Context
+		want float64
+	}{{"background", ctx, 4}, {"cancellable", cctx, 6}} {
+		allocs := testing.AllocsPerRun(200, func() {
+			if _, err := inst.Call(p.ctx, "run", nil, nil); err != nil {
+				t.Fatal(err)
+			}
+		})
+		if allocs > p.want {
+			t.Errorf("a warm call with a %s context: %v allocations; want %v", p.name, allocs, p.want)
+		}
+		t.Logf("%s: %v", p.name, allocs)
+	}
+}
+
+// compileCounter compiles a module whose export "run" counts to n.
+func compileCounter(t *testing.T, n int) *sandbox.Compiled {
+	t.Helper()
+	src := spinnerModule(`(func (export "run") (result i32) (local $i i32)
+		(loop $l (local.set $i (i32.add (local.get $i) (i32.const 1)))
+			(br_if $l (i32.lt_u (local.get $i) (i32.const ` + strconv.Itoa(n) + `))))
+		(i32.const 0))`)
+	ctx := context.Background()
+	c, err := newRuntime(t).Compile(ctx, wat(t, src), sandbox.NewPolicy())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close(ctx) })
+	return c
 }

@@ -124,18 +124,34 @@ type deadline struct {
 	start  time.Time     // when it was last set
 	timer  *time.Timer
 	cancel context.CancelCauseFunc // the armed call's; nil between calls
+	intr   *interrupter            // the armed call's guest's (nil-safe)
 	paused int                     // pauses not resumed yet
 }
 
-// arm starts a call's deadline, d from now, at which cancel ends it.
-func (dl *deadline) arm(d time.Duration, cancel context.CancelCauseFunc) {
+// arm starts a call's deadline, d from now, at which cancel ends it and
+// intr interrupts its guest.
+func (dl *deadline) arm(d time.Duration, cancel context.CancelCauseFunc, intr *interrupter) {
 	dl.mu.Lock()
 	defer dl.mu.Unlock()
-	dl.left, dl.start, dl.cancel, dl.paused = d, time.Now(), cancel, 0
+	dl.left, dl.start, dl.cancel, dl.intr, dl.paused = d, time.Now(), cancel, intr, 0
 	if dl.timer == nil {
 		dl.timer = time.AfterFunc(d, dl.fire)
 	} else {
 		dl.timer.Reset(d)
+	}
+}
+
+// end ends the armed call, with dl.mu held: its context first, so that
+// the guest stopped by its flag finds the call timed out. Under the lock,
+// as stop takes it before the call's interrupter is disarmed, a firing
+// left over never sets the flag of a call that has ended or of the next.
+// (Cancelling runs no code of others here: the context's children are
+// the standard library's, and an AfterFunc's function runs on a
+// goroutine of its own.)
+func (dl *deadline) end() {
+	if dl.cancel != nil {
+		dl.cancel(context.DeadlineExceeded)
+		dl.intr.interrupt()
 	}
 }
 
@@ -145,13 +161,9 @@ func (dl *deadline) arm(d time.Duration, cancel context.CancelCauseFunc) {
 // time is not up yet, so it is left alone.
 func (dl *deadline) fire() {
 	dl.mu.Lock()
-	cancel := dl.cancel
-	if dl.paused > 0 || time.Since(dl.start) < dl.left {
-		cancel = nil
-	}
-	dl.mu.Unlock()
-	if cancel != nil {
-		cancel(context.DeadlineExceeded)
+	defer dl.mu.Unlock()
+	if dl.paused == 0 && time.Since(dl.start) >= dl.left {
+		dl.end()
 	}
 }
 
@@ -160,39 +172,31 @@ func (dl *deadline) fire() {
 // lock, and would then find the call paused) ends now, not at resume.
 func (dl *deadline) pause() {
 	dl.mu.Lock()
-	var cancel context.CancelCauseFunc
+	defer dl.mu.Unlock()
 	if dl.paused++; dl.paused == 1 {
 		dl.timer.Stop()
 		if dl.left -= time.Since(dl.start); dl.left <= 0 {
-			cancel = dl.cancel
+			dl.end()
 		}
-	}
-	dl.mu.Unlock()
-	if cancel != nil {
-		cancel(context.DeadlineExceeded)
 	}
 }
 
 func (dl *deadline) resume() {
 	dl.mu.Lock()
+	defer dl.mu.Unlock()
 	if dl.paused <= 0 {
 		// Not paused (the call has ended, or a resume is unmatched): a
 		// resume must not give a call its time again.
-		dl.mu.Unlock()
 		return
 	}
 	if dl.paused--; dl.paused > 0 {
-		dl.mu.Unlock()
 		return
 	}
 	dl.start = time.Now()
-	left, cancel := dl.left, dl.cancel
-	if left > 0 {
-		dl.timer.Reset(left)
-	}
-	dl.mu.Unlock()
-	if left <= 0 && cancel != nil {
-		cancel(context.DeadlineExceeded)
+	if dl.left > 0 {
+		dl.timer.Reset(dl.left)
+	} else {
+		dl.end()
 	}
 }
 
@@ -200,6 +204,8 @@ func (dl *deadline) resume() {
 func (dl *deadline) stop() {
 	dl.mu.Lock()
 	defer dl.mu.Unlock()
-	dl.timer.Stop()
-	dl.cancel, dl.paused = nil, 0
+	if dl.timer != nil {
+		dl.timer.Stop()
+	}
+	dl.cancel, dl.intr, dl.paused = nil, nil, 0
 }
