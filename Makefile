@@ -77,11 +77,8 @@ bench-short: plugins testplugins
 # (redis-failover-silent then loses acknowledged notes: not for CI).
 FAULTS_SOAK ?=
 # FAULTS_KNOWN: a regexp of scenarios with an open violation, reported but
-# not failing the run (docs/DEPLOY.md, "Faults", says which and why):
-# proxy-restart (a soak's: a two-plugin session's first call of a plugin
-# cut by the proxy's death leaves a stateReset "cancelled" on its retry,
-# though nothing was saved to lose; behind nginx, 1 run of 9).
-FAULTS_KNOWN ?= ^proxy-restart/
+# not failing the run (docs/DEPLOY.md, "Faults", says which and why): none.
+FAULTS_KNOWN ?=
 faults: plugins testplugins
 	FAULTS_KNOWN='$(FAULTS_KNOWN)' FAULTS=$(or $(FAULTS_SOAK),short) $(GO) test -count=1 -timeout $(if $(FAULTS_SOAK),0,30m) -run '^TestFaults$$' -v ./internal/faults
 

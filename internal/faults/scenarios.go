@@ -139,7 +139,7 @@ func Scenarios(stops int) []Scenario {
 		}},
 	)
 	for _, p := range []Proxy{HAProxy, Nginx} {
-		s = append(s, Scenario{Name: "proxy-restart", Proxy: p, SoakOnly: true, Fault: proxyRestart})
+		s = append(s, Scenario{Name: "proxy-restart", Proxy: p, SoakOnly: p == Nginx, Fault: proxyRestart})
 	}
 	s = append(s,
 		Scenario{Name: "mismatched-state-key", Proxy: HAProxy, Fault: mismatchedKey},
