@@ -98,6 +98,16 @@ func (r *Run) Progress() int {
 	}
 }
 
+// progressWithin is [Run.Progress] that gives up after d, reporting false.
+func (r *Run) progressWithin(d time.Duration) (int, bool) {
+	select {
+	case n := <-r.progress:
+		return n, true
+	case <-time.After(d):
+		return -1, false
+	}
+}
+
 // DrainProgress discards progress reports so far.
 func (r *Run) DrainProgress() {
 	for {

@@ -121,6 +121,7 @@ func Scenarios(stops int) []Scenario {
 	}
 	s = append(s,
 		Scenario{Name: "kill9-mid-drain", Proxy: HAProxy, Fault: killMidDrain},
+		Scenario{Name: "kill9-mid-drain-calls", Proxy: HAProxy, Slow: true, Fault: killDrainingWithCalls},
 		Scenario{Name: "redis-frozen-rolling-restart", Proxy: HAProxy, SoakOnly: true, Fault: redisFrozenRollingRestart},
 		// sigstop-redis-empty with the store back empty at once: no one
 		// can take the stopped replica's sessions over meanwhile (the
@@ -337,11 +338,7 @@ func sigstop(r *Run, stops int) {
 // restarting it after each.
 func killDuringSlowCalls(r *Run) {
 	for range 2 {
-		r.DrainProgress()
-		i := -1
-		for i < 0 {
-			i = r.ReplicaOf(r.Progress())
-		}
+		i := r.replicaOfProgress()
 		r.C.Logf("a slow call on %s reported progress", r.C.Replicas[i].Name)
 		r.C.Kill(i)
 		r.C.WaitDown(i)
@@ -349,6 +346,17 @@ func killDuringSlowCalls(r *Run) {
 		r.C.Start(i)
 		r.Rounds(1)
 	}
+}
+
+// replicaOfProgress returns the replica of the first slow call to report
+// progress after now (its session's).
+func (r *Run) replicaOfProgress() int {
+	r.DrainProgress()
+	i := -1
+	for i < 0 {
+		i = r.ReplicaOf(r.Progress())
+	}
+	return i
 }
 
 // killAfterCheckpoint kills (-9) a replica once a note_add's answer has
@@ -481,6 +489,35 @@ func killMidDrain(r *Run) {
 			time.Sleep(after) // the fault's timing, not a wait for a state
 		}
 		r.C.KillIfRunning(i)
+		r.backAfterRound(i)
+	}
+}
+
+// killDrainingWithCalls is kill9-mid-drain with a call running at the
+// draining replica when it is killed, which kill9-mid-drain's fixed
+// moments and its clients' short calls seldom meet: the clients call
+// slownotes' slow_add, the replica is sent SIGTERM as one of its calls
+// reports progress, and killed (-9) at the first progress report of one
+// of its calls after its drain began (within its drain delay, where it
+// still serves its sessions' requests), three times. A drain that ends
+// first is killed as it exits, and the run says so.
+func killDrainingWithCalls(r *Run) {
+	for range 3 {
+		i := r.replicaOfProgress()
+		rep := r.C.Replicas[i]
+		r.C.TermNoWait(i)
+		rep.proc.WaitOutput(10*time.Second, func(out string) bool { return strings.Contains(out, "msg=draining") })
+		r.DrainProgress()
+		inFlight := false
+		for deadline := time.Now().Add(3 * time.Second); time.Now().Before(deadline); {
+			n, ok := r.progressWithin(time.Until(deadline))
+			if ok && r.ReplicaOf(n) == i {
+				inFlight = true
+				break
+			}
+		}
+		r.C.KillIfRunning(i)
+		r.C.Logf("%s killed (-9) draining, a call of its running: %v", rep.Name, inFlight)
 		r.backAfterRound(i)
 	}
 }
