@@ -1,6 +1,7 @@
 package host_test
 
 import (
+	"bufio"
 	"context"
 	"fmt"
 	"io"
@@ -10,6 +11,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -19,6 +21,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/wasmtools/wasmtools/host"
+	"github.com/wasmtools/wasmtools/internal/proxytest"
 	"github.com/wasmtools/wasmtools/internal/statestore"
 	"github.com/wasmtools/wasmtools/internal/testplugins"
 	"github.com/wasmtools/wasmtools/sandbox"
@@ -765,6 +768,133 @@ func TestContainedCallIsNotClaimedFirst(t *testing.T) {
 	if n := warm("slow_add", map[string]any{"text": "x", "steps": 1}); n != 5 {
 		t.Errorf("5 warm calls of a plugin that reports progress made %d claims, want 5", n)
 	}
+}
+
+// A warm call of a contained Go plugin that changes its state costs the
+// Redis store one write (issue 27, item 4): its checkpoint's script,
+// with the state's bytes staged beside it (a value of 16 KiB or more) in
+// the same pipeline, and no claim, read or renewal of the session before
+// or after it; a base now and then (a state written whole) is a second
+// write. Seen by redis-server's MONITOR, which lists what every client
+// sent, the scripts' own commands apart ("lua").
+func TestContainedCheckpointIsOneRedisWrite(t *testing.T) {
+	addr := proxytest.StartRedis(t)
+	f := newFixture(t, &host.Options{Replica: "a", Store: redisStore(t, addr), StateKey: replicaKey}, sandbox.NewPolicy(),
+		map[string]string{"servlet.wasm": testplugins.Test(t, "servlet")})
+	srv := httptest.NewServer(f.h.HTTPHandler())
+	t.Cleanup(srv.Close)
+	cs := connectHTTP(t, srv.URL, "2025-11-25", nil)
+	varCount := func(want int) {
+		t.Helper()
+		if res := call(t, cs, "var_count", map[string]any{}); res.IsError || text(res) != strconv.Itoa(want) || res.Meta[host.MetaNotSaved] != nil {
+			t.Fatalf("var_count: %v %s, want %d", res.Meta, text(res), want)
+		}
+	}
+	// The first calls claim the session and write its first states and
+	// base.
+	for n := range 3 {
+		varCount(n + 1)
+	}
+
+	lines := monitorRedis(t, addr)
+	const calls = 20
+	for n := range calls {
+		varCount(n + 4)
+	}
+	const marker = "wasmtools-monitor-end"
+	if err := proxytest.RedisCommand(func() (net.Conn, error) { return net.DialTimeout("tcp", addr, time.Second) }, "ECHO "+marker, "$"); err != nil {
+		t.Fatal(err)
+	}
+
+	states, bases, staged := 0, 0, 0
+	var other []string
+	for line := range lines {
+		if strings.Contains(line, marker) {
+			break
+		}
+		if strings.Contains(line, "[0 lua]") || !strings.Contains(line, "wt:{") {
+			continue // a script's own command; the replica's heartbeat
+		}
+		args := monitorArgs(line)
+		switch cmd := strings.ToLower(args[0]); {
+		case cmd == "evalsha" || cmd == "eval":
+			keys, _ := strconv.Atoi(args[2])
+			switch field := args[3+keys+2]; field {
+			case "f:p/servlet":
+				states++
+			case "f:b/servlet":
+				bases++
+			default:
+				other = append(other, short(line))
+			}
+		case cmd == "set" && strings.Contains(args[1], "}:s:"):
+			staged++
+		default:
+			other = append(other, short(line))
+		}
+	}
+	t.Logf("%d calls: %d state writes, %d bases, %d staged values", calls, states, bases, staged)
+	if states != calls || staged > states+bases || len(other) > 0 {
+		t.Errorf("%d calls sent %d state writes (want %d), %d bases, %d staged values, and %d other commands of the session:\n%s",
+			calls, states, calls, bases, staged, len(other), strings.Join(other, "\n"))
+	}
+	if bases > calls/4 {
+		t.Errorf("%d calls wrote %d bases", calls, bases)
+	}
+}
+
+// monitorRedis runs MONITOR on the Redis at addr and returns its lines
+// from then on, until the test ends.
+func monitorRedis(t *testing.T, addr string) <-chan string {
+	t.Helper()
+	c, err := net.DialTimeout("tcp", addr, time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	c.SetDeadline(time.Now().Add(30 * time.Second))
+	if _, err := c.Write([]byte("MONITOR\r\n")); err != nil {
+		t.Fatal(err)
+	}
+	r := bufio.NewReaderSize(c, 1<<20)
+	if ok, err := r.ReadString('\n'); err != nil || ok != "+OK\r\n" {
+		t.Fatalf("MONITOR: %q, %v", ok, err)
+	}
+	lines := make(chan string, 1024)
+	go func() {
+		defer close(lines)
+		for {
+			line, err := r.ReadString('\n')
+			if err != nil {
+				return
+			}
+			lines <- strings.TrimRight(line, "\r\n")
+		}
+	}()
+	return lines
+}
+
+// short is line cut to 200 bytes.
+func short(line string) string { return line[:min(len(line), 200)] }
+
+// monitorArgs is the command and arguments of a MONITOR line, each
+// quoted there, with its escapes left as they are.
+func monitorArgs(line string) []string {
+	var args []string
+	for i := strings.Index(line, "] ") + 2; i < len(line); i++ {
+		if line[i] != '"' {
+			continue
+		}
+		j := i + 1
+		for ; j < len(line) && line[j] != '"'; j++ {
+			if line[j] == '\\' {
+				j++
+			}
+		}
+		args = append(args, line[i+1:min(j, len(line))])
+		i = j
+	}
+	return args
 }
 
 // The store came back empty while a's claim looked current; b served the
