@@ -25,19 +25,8 @@ import (
 // -32053) by a healthy cluster for the whole step. Modelled by setting
 // the record's TTL, as TestStoreBackEmptyLossIsRecorded ages it.
 func TestLostLatelyRecordHeldAMinute(t *testing.T) {
-	if _, ok := proxytest.Find("redis-server"); !ok {
-		proxytest.Binary(t, "redis-server", "redis-server") // fails under CI, else skips
-	}
 	ctx := context.Background()
-	addr := proxytest.FreeAddr(t)
-	p := proxytest.StartRedisAt(t, addr)
-	store, err := statestore.NewRedis("redis://" + addr + "/0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { store.Close() })
-	raw := redis.NewClient(&redis.Options{Addr: addr})
-	t.Cleanup(func() { raw.Close() })
+	addr, p, store, raw := lostRedis(t)
 
 	a := keeperOn(t, store, "a")
 	if _, err := a.noteEpoch(ctx); err != nil {
@@ -79,19 +68,8 @@ func TestLostLatelyRecordHeldAMinute(t *testing.T) {
 // client, not told of a reset (the record's other use, noteEpoch's
 // answer).
 func TestLostLatelyShortSessionTimeout(t *testing.T) {
-	if _, ok := proxytest.Find("redis-server"); !ok {
-		proxytest.Binary(t, "redis-server", "redis-server") // fails under CI, else skips
-	}
 	ctx := context.Background()
-	addr := proxytest.FreeAddr(t)
-	p := proxytest.StartRedisAt(t, addr)
-	store, err := statestore.NewRedis("redis://" + addr + "/0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { store.Close() })
-	raw := redis.NewClient(&redis.Options{Addr: addr})
-	t.Cleanup(func() { raw.Close() })
+	addr, p, store, raw := lostRedis(t)
 	const timeout = 20 * time.Second
 	keeper := func(replica string) *Keeper {
 		ses := sessions.New(&sessions.Options{})
@@ -127,4 +105,25 @@ func TestLostLatelyShortSessionTimeout(t *testing.T) {
 	if lost, err := late.noteEpoch(ctx); lost || err != nil {
 		t.Errorf("a client header first seen 30 s after the loss: told of a loss %v, %v; want false (past the session timeout)", lost, err)
 	}
+}
+
+// lostRedis starts a redis-server on loopback for the tests of a loss's
+// record: its address, its process (to stop it and start it again empty
+// at the address), a store on it and a plain client of it (to age the
+// record).
+func lostRedis(t *testing.T) (string, *proxytest.Process, *statestore.Redis, *redis.Client) {
+	t.Helper()
+	if _, ok := proxytest.Find("redis-server"); !ok {
+		proxytest.Binary(t, "redis-server", "redis-server") // fails under CI, else skips
+	}
+	addr := proxytest.FreeAddr(t)
+	p := proxytest.StartRedisAt(t, addr)
+	store, err := statestore.NewRedis("redis://" + addr + "/0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { store.Close() })
+	raw := redis.NewClient(&redis.Options{Addr: addr})
+	t.Cleanup(func() { raw.Close() })
+	return addr, p, store, raw
 }

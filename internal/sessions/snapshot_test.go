@@ -168,26 +168,14 @@ func TestInterruptedInstanceComesBackFromTheStore(t *testing.T) {
 	// count calls the counter; done ends its lease with the error given.
 	count := func(done error) (string, sessions.Notice) {
 		t.Helper()
-		l, err := m.Acquire(ctx, key, p)
-		if err != nil {
-			t.Fatal(err)
-		}
-		res, err := l.Instance().CallTool(l.Context(), &plugins.Call{Tool: p.Tools()[0], Arguments: json.RawMessage(`{}`)})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if done == nil {
-			if saved, err = l.Instance().SaveState(ctx); err != nil {
-				t.Fatal(err)
+		return countOn(t, m, key, p, done, func(l *sessions.Lease) {
+			if done == nil {
+				var err error
+				if saved, err = l.Instance().SaveState(ctx); err != nil {
+					t.Fatal(err)
+				}
 			}
-		}
-		n := l.Notice()
-		l.Done(done)
-		var c abi.TextContent
-		if err := json.Unmarshal(res.Content[0], &c); err != nil {
-			t.Fatal(err)
-		}
-		return c.Text, n
+		})
 	}
 	count(nil)
 	count(nil)
@@ -213,6 +201,31 @@ func TestInterruptedInstanceComesBackFromTheStore(t *testing.T) {
 	}
 }
 
+// countOn calls the counter p on key's instance in m, runs saw (if not
+// nil) on the lease, and ends it with done: the count and the lease's
+// notice.
+func countOn(t *testing.T, m *sessions.Manager, key sessions.Key, p *plugins.Plugin, done error, saw func(*sessions.Lease)) (string, sessions.Notice) {
+	t.Helper()
+	l, err := m.Acquire(context.Background(), key, p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := l.Instance().CallTool(l.Context(), &plugins.Call{Tool: p.Tools()[0], Arguments: json.RawMessage(`{}`)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if saw != nil {
+		saw(l)
+	}
+	n := l.Notice()
+	l.Done(done)
+	var c abi.TextContent
+	if err := json.Unmarshal(res.Content[0], &c); err != nil {
+		t.Fatal(err)
+	}
+	return c.Text, n
+}
+
 // An instance started afresh whose first call is cancelled (a client
 // gone, a proxy killed mid-call) holds nothing a new instance would not:
 // its retry is served by a new one, with no reset to tell of, whatever
@@ -234,21 +247,7 @@ func TestCancelledFirstCallResetsNothing(t *testing.T) {
 		key := sessions.Client("a")
 		count := func(done error) (string, sessions.Notice) {
 			t.Helper()
-			l, err := m.Acquire(ctx, key, p)
-			if err != nil {
-				t.Fatal(err)
-			}
-			res, err := l.Instance().CallTool(l.Context(), &plugins.Call{Tool: p.Tools()[0], Arguments: json.RawMessage(`{}`)})
-			if err != nil {
-				t.Fatal(err)
-			}
-			n := l.Notice()
-			l.Done(done)
-			var c abi.TextContent
-			if err := json.Unmarshal(res.Content[0], &c); err != nil {
-				t.Fatal(err)
-			}
-			return c.Text, n
+			return countOn(t, m, key, p, done, nil)
 		}
 		count(context.Canceled) // the plugin's first call, cut
 		if got, n := count(nil); got != "1" || n.Reset != nil {
