@@ -105,17 +105,25 @@ func (r *rawRuntime) kernel(ctx context.Context) *rawkernel.Kernel {
 	return r.k
 }
 
-// call runs the export "call" with input and returns a copy of the output.
+// call runs the export "call" of m with input and returns a copy of the
+// output. It looks the export up at each call: for one call on an
+// instance; a benchmark's loop of calls takes the export once and uses
+// callOn, as a wazero user does (see callOn).
 func (r *rawRuntime) call(ctx context.Context, m api.Module, input []byte) ([]byte, error) {
-	return r.callOn(ctx, r.k, m, input)
+	return r.callOn(ctx, r.k, m.ExportedFunction("call"), input)
 }
 
-// callOn is call on kernel k rather than the runtime's own, so that
-// instances with a kernel each may be called at the same time. ctx must
-// carry k (rawKernelKey).
-func (r *rawRuntime) callOn(ctx context.Context, k *rawkernel.Kernel, m api.Module, input []byte) ([]byte, error) {
+// callOn runs f, an instance's export "call", with input on kernel k and
+// returns a copy of the output; k need not be the runtime's own, so that
+// instances with a kernel each may be called at the same time (ctx must
+// then carry k: rawKernelKey). f is kept across calls: each
+// ExportedFunction is a new call engine, whose stack is allocated and
+// grown afresh by the call (for the Go plugin, about 11 µs and 64 KiB of
+// garbage a call), which a floor must not pay and wasmtools does not
+// (TestRawCallAllocates).
+func (r *rawRuntime) callOn(ctx context.Context, k *rawkernel.Kernel, f api.Function, input []byte) ([]byte, error) {
 	k.Reset(input)
-	if _, err := m.ExportedFunction("call").Call(ctx); err != nil {
+	if _, err := f.Call(ctx); err != nil {
 		return nil, err
 	}
 	return append([]byte(nil), k.Output()...), nil

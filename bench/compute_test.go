@@ -70,11 +70,12 @@ func BenchmarkComputeCall(b *testing.B) {
 				b.Fatal(err)
 			}
 			defer m.Close(ctx)
-			out, err := r.call(ctx, m, input)
+			f := m.ExportedFunction("call")
+			out, err := r.callOn(ctx, r.k, f, input)
 			check(b, out, err)
 			cpu := startCPU()
 			for b.Loop() {
-				out, err = r.call(ctx, m, input)
+				out, err = r.callOn(ctx, r.k, f, input)
 			}
 			cpu.report(b)
 			check(b, out, err)
