@@ -50,6 +50,9 @@ type Proxy string
 const (
 	HAProxy Proxy = "haproxy"
 	Nginx   Proxy = "nginx"
+	// Direct is no proxy: the clients connect to the first replica (its
+	// relay, with Setup.Relays), as to one machine's server.
+	Direct Proxy = "direct"
 )
 
 // Setup is what a [Cluster] runs.
@@ -74,6 +77,12 @@ type Setup struct {
 	// NoWait.
 	Sentinel bool
 	NoWait   bool
+	// FileStore: the replicas keep sessions in the embedded store
+	// (--state-store file:PATH), one file for the cluster, as one
+	// machine's deployment does; the scenario starts one replica (Down
+	// the others: the file is locked by its process). Redis runs
+	// unused.
+	FileStore bool
 }
 
 // Cluster is three replicas, Redis and a proxy, started by [NewCluster]
@@ -86,6 +95,7 @@ type Cluster struct {
 	begin time.Time
 
 	Redis     string // Redis's address (with Setup.Sentinel, the primary's)
+	file      string // the embedded store's file (Setup.FileStore)
 	redis     *proxytest.Process
 	sent      *sentinels // with Setup.Sentinel
 	Replicas  [3]*Replica
@@ -136,6 +146,9 @@ func NewCluster(t testing.TB, setup Setup) *Cluster {
 		c.Redis = proxytest.FreeAddr(t)
 		c.redis = proxytest.StartRedisAt(t, c.Redis)
 	}
+	if setup.FileStore {
+		c.file = filepath.Join(t.TempDir(), "sessions.db")
+	}
 	env := map[string]string{}
 	for i := range c.Replicas {
 		r := &Replica{Name: fmt.Sprintf("s%d", i+1), Listen: proxytest.FreeAddr(t)}
@@ -172,11 +185,15 @@ func NewCluster(t testing.TB, setup Setup) *Cluster {
 		}
 		c.startProcess(i, StateKey, true)
 	}
-	if setup.Proxy != HAProxy && setup.Proxy != Nginx {
+	switch setup.Proxy {
+	case HAProxy, Nginx:
+		c.ProxyAddr, c.proxyEnv = proxytest.FreeAddr(t), env
+		c.startProxy()
+	case Direct:
+		c.ProxyAddr = c.Replicas[0].Addr
+	default:
 		t.Fatalf("no proxy %q", setup.Proxy)
 	}
-	c.ProxyAddr, c.proxyEnv = proxytest.FreeAddr(t), env
-	c.startProxy()
 	for i := range c.Replicas {
 		if !contains(setup.Down, i) {
 			c.WaitRouted(i)
@@ -251,6 +268,8 @@ func (c *Cluster) startProcess(i int, key string, ready bool) {
 		store = "redis://" + r.StoreLink.Addr + "/0"
 	case c.sent != nil:
 		store = c.sent.storeURL()
+	case c.file != "":
+		store = "file:" + c.file
 	}
 	cmd := exec.Command(c.setup.Binary, "serve", "--cache-dir", c.setup.CacheDir, "--no-watch",
 		"--http", r.Listen, "--replica", r.Name, "--state-store", store, c.setup.Plugins)
@@ -330,6 +349,9 @@ func (c *Cluster) WaitRouted(i int) {
 	if c.ha != nil {
 		c.ha.WaitRouted("sessions/"+r.Name, probe)
 		return
+	}
+	if c.setup.Proxy == Direct {
+		return // started ready
 	}
 	if err := probe(); err != nil {
 		c.t.Fatalf("nginx: %s ready but not routed: %v", r.Name, err)

@@ -18,11 +18,12 @@ type Scenario struct {
 	// Slow: the clients call slownotes' slow_add (which works on after
 	// changing its state, reporting progress), not the notes example.
 	Slow bool
-	// Relays, StoreLinks, Down, Sentinel: see [Setup].
+	// Relays, StoreLinks, Down, Sentinel, FileStore: see [Setup].
 	Relays     bool
 	StoreLinks bool
 	Down       []int
 	Sentinel   bool
+	FileStore  bool
 	// Resets: the fault may lose what the store held (its data gone or
 	// evicted), so a stateReset is allowed; in every other scenario one
 	// is a violation ([Resets]).
@@ -180,6 +181,7 @@ func RunScenario(t testing.TB, sc Scenario, o Options) Result {
 	start := time.Now()
 	setup := o.Setup
 	setup.Proxy, setup.Relays, setup.StoreLinks, setup.Down, setup.Sentinel = sc.Proxy, sc.Relays, sc.StoreLinks, sc.Down, sc.Sentinel
+	setup.FileStore = sc.FileStore
 	c := NewCluster(t, setup)
 	r := &Run{T: t, C: c, progress: make(chan int, 1024), round: make(chan struct{}, 1)}
 	attempt := o.Attempt

@@ -144,6 +144,9 @@ func Scenarios(stops int) []Scenario {
 	}
 	s = append(s,
 		Scenario{Name: "mismatched-state-key", Proxy: HAProxy, Fault: mismatchedKey},
+		// One machine: one replica and the embedded store, killed (-9)
+		// under load and between a checkpoint and its answer.
+		Scenario{Name: "file-store-kill9", Proxy: Direct, Relays: true, FileStore: true, Down: []int{1, 2}, Fault: fileStoreKill},
 		Scenario{Name: "scale-out-in", Proxy: HAProxy, Down: []int{2}, Fault: func(r *Run) {
 			r.C.Start(2) // 2 → 3 replicas
 			r.Rounds(2)
@@ -348,6 +351,26 @@ func killDuringSlowCalls(r *Run) {
 	}
 }
 
+// fileStoreKill kills (-9) the one replica of a machine that keeps its
+// sessions in the embedded store, four times in turn: under load, and
+// once a note_add's answer has left it (its checkpoint written and
+// synced to the file), as killAfterCheckpoint does; each time it is
+// started again on the same file, and its clients, their calls failed
+// meanwhile, go on there.
+func fileStoreKill(r *Run) {
+	const i = 0
+	for k := range 4 {
+		if k%2 == 0 {
+			r.C.Kill(i)
+		} else {
+			r.killAnswered(i)
+		}
+		r.C.WaitDown(i)
+		r.C.Start(i)
+		r.Rounds(1)
+	}
+}
+
 // replicaOfProgress returns the replica of the first slow call to report
 // progress after now (its session's).
 func (r *Run) replicaOfProgress() int {
@@ -370,21 +393,27 @@ func killAfterCheckpoint(r *Run) {
 	killed := -1
 	for range 2 {
 		i := r.servingReplica(killed)
-		rep := r.C.Replicas[i]
-		done := rep.Relay.Trap(`"note_add"`, func() { rep.proc.Signal(syscall.SIGKILL) })
-		select {
-		case <-done:
-		case <-time.After(2 * time.Minute):
-			r.T.Fatalf("no note_add reached %s in 2 minutes", rep.Name)
-		}
-		r.C.waitExit(i)
-		r.C.Logf("%s killed (-9) between a note_add's checkpoint and its answer", rep.Name)
+		r.killAnswered(i)
 		r.C.WaitDown(i)
 		r.Rounds(1)
 		r.C.Start(i)
 		r.Rounds(1)
 		killed = i
 	}
+}
+
+// killAnswered kills (-9) replica i once a note_add's answer has left
+// it, before its relay passed it on, and waits for it to exit.
+func (r *Run) killAnswered(i int) {
+	rep := r.C.Replicas[i]
+	done := rep.Relay.Trap(`"note_add"`, func() { rep.proc.Signal(syscall.SIGKILL) })
+	select {
+	case <-done:
+	case <-time.After(2 * time.Minute):
+		r.T.Fatalf("no note_add reached %s in 2 minutes", rep.Name)
+	}
+	r.C.waitExit(i)
+	r.C.Logf("%s killed (-9) between a note_add's checkpoint and its answer", rep.Name)
 }
 
 // servingReplica returns the lowest-numbered replica, other than not,
