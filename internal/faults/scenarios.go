@@ -147,6 +147,13 @@ func Scenarios(stops int) []Scenario {
 		// One machine: one replica and the embedded store, killed (-9)
 		// under load and between a checkpoint and its answer.
 		Scenario{Name: "file-store-kill9", Proxy: Direct, Relays: true, FileStore: true, Down: []int{1, 2}, Fault: fileStoreKill},
+		Scenario{Name: "file-store-restart", Proxy: Direct, FileStore: true, Down: []int{1, 2}, Fault: func(r *Run) {
+			for range 3 {
+				r.C.Term(0)
+				r.C.Start(0)
+				r.Rounds(1)
+			}
+		}},
 		Scenario{Name: "scale-out-in", Proxy: HAProxy, Down: []int{2}, Fault: func(r *Run) {
 			r.C.Start(2) // 2 → 3 replicas
 			r.Rounds(2)
