@@ -460,6 +460,17 @@ func (c *Cluster) Heal(i int) {
 	c.Logf("%s reaches redis again (what the cut held delivered late: %d sends, %d bytes of them in the relay)", c.Replicas[i].Name, sends, bytes)
 }
 
+// SlowStore makes replica i's link to Redis slow (d: see [Relay.Slow]);
+// 0 makes it fast again.
+func (c *Cluster) SlowStore(i int, d time.Duration) {
+	c.Replicas[i].StoreLink.Slow(d)
+	if d > 0 {
+		c.Logf("%s's link to redis slow: %v to %v a send each way", c.Replicas[i].Name, d/2, d)
+	} else {
+		c.Logf("%s's link to redis fast again", c.Replicas[i].Name)
+	}
+}
+
 // Unroute makes replica i's port refuse the proxy's connections (its
 // relay stops listening and ends its connections), as a host whose
 // firewall rejects them: the proxy fails its sessions over, though the

@@ -3,6 +3,7 @@ package faults
 import (
 	"bytes"
 	"io"
+	"math/rand/v2"
 	"net"
 	"sync"
 	"time"
@@ -31,6 +32,7 @@ type Relay struct {
 	open  chan struct{} // closed while not cut
 	held  int           // bytes waiting for the cut to heal
 	heldN int           // sends (a chunk, a close) waiting for it
+	slow  time.Duration // each send waits between slow/2 and slow (0: none)
 }
 
 // trap is an armed [Relay.Trap].
@@ -95,10 +97,25 @@ func (r *Relay) Heal() (sends, bytes int) {
 	return sends, bytes
 }
 
-// pass waits while the relay is cut: before anything (n bytes, or a close
-// or connect) is sent on.
+// Slow delays everything the relay sends on, in both directions, each
+// send (a chunk, a close, a connect) by between d/2 and d, in order on
+// its connection, as a congested or lossy link's latency does: a
+// request and its answer take between d and 2d more. 0 ends it.
+func (r *Relay) Slow(d time.Duration) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.slow = d
+}
+
+// pass waits while the relay is cut, and a slow relay's delay: before
+// anything (n bytes, or a close or connect) is sent on.
 func (r *Relay) pass(n int) {
 	r.mu.Lock()
+	if d := r.slow; d > 0 {
+		r.mu.Unlock()
+		time.Sleep(d/2 + rand.N(d/2+1)) // the fault's latency, not a wait for a state
+		r.mu.Lock()
+	}
 	open := r.open
 	select {
 	case <-open:

@@ -94,6 +94,8 @@ func Scenarios(stops int) []Scenario {
 	s = append(s,
 		Scenario{Name: "partition-store-unrouted", Proxy: HAProxy, Relays: true, StoreLinks: true, SoakOnly: true, Fault: partitionUnrouted},
 		Scenario{Name: "partition-store-flapping", Proxy: HAProxy, StoreLinks: true, SoakOnly: true, Fault: partitionFlapping},
+		Scenario{Name: "slow-store-link", Proxy: HAProxy, StoreLinks: true, Fault: slowStoreLink},
+		Scenario{Name: "slow-store", Proxy: HAProxy, StoreLinks: true, Fault: slowStore},
 		Scenario{Name: "kill9-under-load", Proxy: HAProxy, Fault: func(r *Run) {
 			for _, i := range []int{0, 1} {
 				r.C.Kill(i)
@@ -215,6 +217,45 @@ func partitionStore(r *Run) {
 	r.C.Heal(i)
 	r.Rounds(1)
 	moveFrom(r, i)
+}
+
+// SlowFor is how long the slow-store scenarios keep a link slow, and
+// SlowLink how slow: each send waits 0.35 to 0.7 s, so an exchange with
+// Redis takes 0.7 to 1.4 s more, around the replicas' 1 s bound on it:
+// some answer in time, others time out and their writes land after.
+const (
+	SlowFor  = 10 * time.Second
+	SlowLink = 700 * time.Millisecond
+)
+
+// slowStoreLink makes one serving replica's link to Redis slow for
+// SlowFor, then fast again: its exchanges with the store answer late or
+// time out, writes reported failed land later (a holder bumps its fence
+// before its next write), its breaker opens and shuts, and its clients'
+// calls go on from memory marked notSaved, or are handed to a fallback
+// that reaches the store. Then it is drained.
+func slowStoreLink(r *Run) {
+	i := r.servingReplica(-1)
+	r.C.SlowStore(i, SlowLink)
+	r.Hold(SlowFor)
+	r.C.SlowStore(i, 0)
+	r.Rounds(1)
+	moveFrom(r, i)
+}
+
+// slowStore makes every replica's link to Redis slow for SlowFor: no
+// replica reaches the store in time for some exchanges, so no hand-over
+// helps; calls go on from memory marked notSaved, or are refused with
+// -32053, until the links are fast again.
+func slowStore(r *Run) {
+	for i := range r.C.Replicas {
+		r.C.SlowStore(i, SlowLink)
+	}
+	r.Hold(SlowFor)
+	for i := range r.C.Replicas {
+		r.C.SlowStore(i, 0)
+	}
+	r.Rounds(1)
 }
 
 // partitionUnrouted is [partitionStore] with the proxy failing the cut-off
