@@ -84,7 +84,16 @@ const maxHandleLen = 128
 // states. Each is kept as keyed HMACs to reuse: a handle is checked at
 // every call, and a fresh HMAC hashes its key's two pads again.
 type handleMACs struct {
-	sign, subject sync.Pool // of hash.Hash, HMAC-SHA256 under each key
+	sign, subject sync.Pool // of *macState, HMAC-SHA256 under each key
+}
+
+// macState is a keyed HMAC and its scratch space: the message's bytes and
+// the sum, which a hash.Hash's Write and Sum would otherwise each take on
+// the heap (their arguments escape through the interface), at every call.
+type macState struct {
+	h   hash.Hash
+	in  []byte
+	sum [sha256.Size]byte
 }
 
 func newHandleMACs(stateKey []byte) *handleMACs {
@@ -95,17 +104,20 @@ func newHandleMACs(stateKey []byte) *handleMACs {
 	}
 	m := &handleMACs{}
 	sign, subject := derive("wasmtools handle signing v1"), derive("wasmtools handle subject v1")
-	m.sign.New = func() any { return hmac.New(sha256.New, sign) }
-	m.subject.New = func() any { return hmac.New(sha256.New, subject) }
+	m.sign.New = func() any { return &macState{h: hmac.New(sha256.New, sign)} }
+	m.subject.New = func() any { return &macState{h: hmac.New(sha256.New, subject)} }
 	return m
 }
 
 // macSum appends to dst the HMAC of msg by an HMAC of p.
 func macSum(p *sync.Pool, dst []byte, msg string) []byte {
-	m := p.Get().(hash.Hash)
-	m.Reset()
-	io.WriteString(m, msg)
-	dst = m.Sum(dst)
+	m := p.Get().(*macState)
+	m.h.Reset()
+	// Bounded by what is signed: a handle's body (maxHandleLen) or a
+	// subject.
+	m.in = append(m.in[:0], msg...)
+	m.h.Write(m.in)
+	dst = append(dst, m.h.Sum(m.sum[:0])...)
 	p.Put(m)
 	return dst
 }
@@ -148,7 +160,12 @@ const b64MaxLen = (sha256.Size*8 + 5) / 6
 // and the record log, is a digest: the id is a capability.
 func handleKey(id string) sessions.Key {
 	sum := sha256.Sum256([]byte(id))
-	return sessions.Handle(id, "handle-"+hex.EncodeToString(sum[:6]))
+	// Built in place: one allocation, the label's string.
+	const prefix = "handle-"
+	var label [len(prefix) + 12]byte
+	copy(label[:], prefix)
+	hex.Encode(label[len(prefix):], sum[:6])
+	return sessions.Handle(id, string(label[:]))
 }
 
 // mintHandle makes a new handle bound to subject ("" for none) and opens
@@ -421,10 +438,13 @@ func splitSessionArgument(args json.RawMessage) (rest json.RawMessage, handle st
 	case plainString(raw):
 		return rest, string(raw[1 : len(raw)-1]), nil
 	}
-	if json.Unmarshal(raw, &handle) != nil {
+	// Decoded into a variable of its own: the decoder's pointer would
+	// take the result itself to the heap, at every call.
+	var s string
+	if json.Unmarshal(raw, &s) != nil {
 		return rest, "", fmt.Errorf("%w: the %s argument must be a string", ErrHandle, SessionArgument)
 	}
-	return rest, handle, nil
+	return rest, s, nil
 }
 
 // plainString reports whether v, valid JSON, is a string of printable
@@ -458,7 +478,7 @@ func metaHandle(meta mcp.Meta) (handle string, present bool, err error) {
 // withoutHandle is a request's _meta as the guest gets it: without the
 // session handle, a capability over the client's instances of every
 // plugin, and without the keys of MCP 2026-07-28's per-request envelope
-// (see hostOnlyMeta).
+// (see hostOnlyMeta); nil if nothing else is in it.
 func withoutHandle(meta mcp.Meta) mcp.Meta {
 	drop := 0
 	for _, k := range hostOnlyMeta {
@@ -466,8 +486,14 @@ func withoutHandle(meta mcp.Meta) mcp.Meta {
 			drop++
 		}
 	}
-	if drop == 0 {
+	switch drop {
+	case 0:
 		return meta
+	case len(meta):
+		// A 2026-07-28 request's _meta is mostly just this: its
+		// envelope and the handle. Nothing is left for the guest, and
+		// nothing is copied.
+		return nil
 	}
 	m := make(mcp.Meta, len(meta)-drop)
 	for k, v := range meta {
