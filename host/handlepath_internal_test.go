@@ -33,6 +33,9 @@ func TestHandlePathAllocates(t *testing.T) {
 	}); allocs > 0 {
 		t.Errorf("withoutHandle of the envelope and the handle: %v allocations; want none", allocs)
 	}
+	if raceDetector {
+		t.Skip("the race detector drops pooled HMACs")
+	}
 	for _, subject := range []string{"", "alice"} {
 		ref, err := h.mint(subject, false)
 		if err != nil {
