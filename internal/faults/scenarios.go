@@ -94,8 +94,8 @@ func Scenarios(stops int) []Scenario {
 	s = append(s,
 		Scenario{Name: "partition-store-unrouted", Proxy: HAProxy, Relays: true, StoreLinks: true, SoakOnly: true, Fault: partitionUnrouted},
 		Scenario{Name: "partition-store-flapping", Proxy: HAProxy, StoreLinks: true, SoakOnly: true, Fault: partitionFlapping},
-		Scenario{Name: "slow-store-link", Proxy: HAProxy, StoreLinks: true, Fault: slowStoreLink},
-		Scenario{Name: "slow-store", Proxy: HAProxy, StoreLinks: true, Fault: slowStore},
+		Scenario{Name: "slow-store-link", Proxy: HAProxy, StoreLinks: true, SoakOnly: true, Fault: slowStoreLink},
+		Scenario{Name: "slow-store", Proxy: HAProxy, StoreLinks: true, SoakOnly: true, Fault: slowStore},
 		Scenario{Name: "kill9-under-load", Proxy: HAProxy, Fault: func(r *Run) {
 			for _, i := range []int{0, 1} {
 				r.C.Kill(i)
