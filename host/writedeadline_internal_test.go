@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -183,6 +184,25 @@ func serveProto(t *testing.T, proto string, h http.Handler) *httptest.Server {
 	return srv
 }
 
+// slowReader is a client of srv whose connections have a receive
+// buffer of 4 KiB: a response it does not read soon fills what the
+// kernel holds for it.
+func slowReader(t *testing.T, srv *httptest.Server) *http.Client {
+	dialer := &net.Dialer{Control: func(_, _ string, c syscall.RawConn) error {
+		var serr error
+		if err := c.Control(func(fd uintptr) {
+			serr = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVBUF, 4096)
+		}); err != nil {
+			return err
+		}
+		return serr
+	}}
+	tr := srv.Client().Transport.(*http.Transport).Clone()
+	tr.DialContext = dialer.DialContext
+	t.Cleanup(tr.CloseIdleConnections)
+	return &http.Client{Transport: tr}
+}
+
 // TestLongLivedStreamNoWriteTimeoutEnds: with no write timeout
 // (--stream-write-timeout 0), a long-lived stream whose client stopped
 // reading, and whose handler returned with writes still queued (its
@@ -221,18 +241,7 @@ func testNoWriteTimeoutEnds(t *testing.T, proto string) {
 		inner.ServeHTTP(w, r)
 		close(returned)
 	}))
-	dialer := &net.Dialer{Control: func(_, _ string, c syscall.RawConn) error {
-		var serr error
-		if err := c.Control(func(fd uintptr) {
-			serr = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVBUF, 4096)
-		}); err != nil {
-			return err
-		}
-		return serr
-	}}
-	tr := srv.Client().Transport.(*http.Transport).Clone()
-	tr.DialContext = dialer.DialContext
-	client := &http.Client{Transport: tr}
+	client := slowReader(t, srv)
 	req, _ := http.NewRequest(http.MethodGet, srv.URL+"/stuck", nil)
 	req.Header.Set("Accept", "text/event-stream")
 	resp, err := client.Do(req)
@@ -249,5 +258,72 @@ func testNoWriteTimeoutEnds(t *testing.T, proto string) {
 	}
 	if n := q.held.sum(); n != 0 {
 		t.Errorf("%d bytes still counted once the stream ended", n)
+	}
+}
+
+// TestStreamQueueShareWithLargeReplay: with tenants, each tenant holds a
+// quarter of StreamQueueBytes however large the replay store
+// (Options.MaxStreamReplayBytes, here 32 MiB): a tenant's resumption
+// replays at most its share of that store, a quarter, which is all its
+// queue must take at once. Bob's unread stream is written 28 MiB and must
+// be ended past his quarter (8 MiB); alice's and carol's unread streams
+// are then written 6 MiB each, within theirs, and must not be ended: a
+// share as large as the whole replay bound let bob alone hold the total,
+// and the next tenant's write past what he left ended its stream.
+func TestStreamQueueShareWithLargeReplay(t *testing.T) {
+	const replay = 32 << 20
+	q := newStreamQueues(StreamQueueBytes, replay, true, func(r *http.Request) string { return r.Header.Get("X-Tenant") })
+	opened := make(chan struct{}, 1)
+	type outcome struct {
+		wrote int
+		err   error
+	}
+	results := make(chan outcome, 1)
+	hold := make(chan struct{})
+	t.Cleanup(func() { close(hold) })
+	piece := []byte(strings.Repeat("x", 64<<10))
+	inner := keepAlive(0, time.Minute, q, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		w.WriteHeader(http.StatusOK)
+		http.NewResponseController(w).Flush()
+		<-opened
+		want, _ := strconv.Atoi(r.URL.Query().Get("bytes"))
+		var o outcome
+		for o.wrote < want {
+			if _, o.err = w.Write(piece); o.err != nil {
+				break
+			}
+			o.wrote += len(piece)
+		}
+		results <- o
+		// Unread, the stream holds what it was given until the test
+		// ends (or its write deadline, a minute).
+		select {
+		case <-hold:
+		case <-r.Context().Done():
+		}
+	}))
+	srv := serveProto(t, "HTTP/1.1", inner)
+	client := slowReader(t, srv)
+	write := func(tenant string, n int) outcome {
+		t.Helper()
+		req, _ := http.NewRequest(http.MethodGet, srv.URL+"/?bytes="+strconv.Itoa(n), nil)
+		req.Header.Set("Accept", "text/event-stream")
+		req.Header.Set("X-Tenant", tenant)
+		resp, err := client.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { resp.Body.Close() }) // never read
+		opened <- struct{}{}
+		return <-results
+	}
+	if o := write("bob", 28<<20); !errors.Is(o.err, errStreamQueueFull) {
+		t.Errorf("bob's unread stream took %d bytes (%v); want it ended past his quarter of %d", o.wrote, o.err, StreamQueueBytes)
+	}
+	for _, who := range []string{"alice", "carol"} {
+		if o := write(who, 6<<20); o.err != nil {
+			t.Errorf("%s's unread stream ended after %d bytes of 6 MiB, within her share: %v (%d bytes queued in all)", who, o.wrote, o.err, q.held.sum())
+		}
 	}
 }
