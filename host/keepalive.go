@@ -42,8 +42,8 @@ const streamWritePiece = 64 << 10
 // (a 2025-11-25 session's GET streams, a 2026-07-28 client's
 // subscriptions/listen) and not yet written to their clients, in all;
 // with tenants each tenant holds at most a quarter. It is at least the
-// events a resumption replays at once (StreamReplayBytes, or a tenant's
-// share of them), which go through the same queue.
+// events a resumption replays at once (StreamReplayBytes, or with
+// tenants a tenant's quarter of them), which go through the same queue.
 const StreamQueueBytes = 32 << 20
 
 // queuedOverhead is what one queued write is counted at besides its
@@ -64,13 +64,18 @@ type streamQueues struct {
 	held   byteShares
 }
 
-// newStreamQueues bounds the queues to total bytes, each tenant to a
-// quarter if tenants (never less than replay, what one resumption
-// writes at once).
+// newStreamQueues bounds the queues to total bytes, never less than
+// replay (the replay store's bound: what one resumption writes at once
+// at most), each tenant to a quarter if tenants. A tenant's resumption
+// replays at most its quarter of replay, which a quarter of the total
+// holds: a share of the whole replay bound, as until stop 74, let one
+// tenant hold every byte of the total once replay passed a quarter of
+// it, and each other tenant's next write then ended its stream
+// (TestStreamQueueShareWithLargeReplay).
 func newStreamQueues(total, replay int, tenants bool, tenant func(*http.Request) string) *streamQueues {
 	q := &streamQueues{total: max(total, replay), tenant: tenant}
 	if tenants {
-		q.share = max(q.total/4, replay)
+		q.share = q.total / 4
 	}
 	return q
 }
