@@ -2048,3 +2048,33 @@ func TestStoreBytesCountedOnceAcrossReplicas(t *testing.T) {
 		t.Errorf("after bob's session ended: %v; want alice's and bob's (his handle)", after)
 	}
 }
+
+// TestAnonymousShareRefusalTellsNoPoolUsage: a client without a subject
+// refused past its tenant's share is not told what that tenant, the
+// anonymous pool, holds: the pool is every other client without a
+// subject too, and the figure is their use (the refusal past a subject's
+// own share may say what the subject holds: it is its own). Two
+// anonymous sessions' long calls hold two instances of 64 MiB, past
+// which the pool's share of a memory budget of 640 MiB (160 MiB) holds
+// no third: a third anonymous client's call is refused, and must not
+// read 134217728 (the other clients' instances) in the refusal.
+func TestAnonymousShareRefusalTellsNoPoolUsage(t *testing.T) {
+	const shared = "shared-token-0123456789"
+	f := newFixture(t, &host.Options{Tenants: true, MemoryBudget: 10 * sandbox.DefaultMemoryLimit}, sandbox.NewPolicy(), map[string]string{"everything.wasm": testplugins.Example(t, "everything")})
+	url := serveGuarded(t, f, host.GuardOptions{Token: shared, Tokens: map[string]string{"alice": aliceToken}})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	for range 2 {
+		other := connectHTTP(t, url, "2025-11-25", tenantTransport{token: shared})
+		go other.CallTool(ctx, &mcp.CallToolParams{Name: "slow_compute", Arguments: map[string]any{"seconds": 600}})
+	}
+	eventually(t, "the other anonymous clients' two calls to run", func() bool { return f.h.LiveInstances() >= 2 })
+	cs := connectHTTP(t, url, "2025-11-25", tenantTransport{token: shared})
+	_, err := cs.CallTool(context.Background(), &mcp.CallToolParams{Name: "greet", Arguments: map[string]any{"name": "carol"}})
+	if rpcCode(err) != host.CodeBusy {
+		t.Fatalf("a third anonymous call past the pool's share of the memory budget: %v, want CodeBusy", err)
+	}
+	if held := strconv.Itoa(2 * sandbox.DefaultMemoryLimit); strings.Contains(err.Error(), held) {
+		t.Errorf("an anonymous client is told %q: the %s bytes the other anonymous clients' calls hold", err, held)
+	}
+}
