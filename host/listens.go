@@ -69,6 +69,8 @@ func (b *listenBook) take(tenant string, n int) (release func(), err error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	switch {
+	case (b.streams[tenant] >= b.share || b.held[tenant]+n > b.shareBytes) && pooled(tenant):
+		return nil, fmt.Errorf("%w: the listen streams of the clients without a subject, together, hold their share (%d streams, %d bytes of URIs); close one", errListensBusy, b.share, b.shareBytes)
 	case b.streams[tenant] >= b.share || b.held[tenant]+n > b.shareBytes:
 		return nil, fmt.Errorf("%w: this client's listen streams hold %d of its share (%d streams, %d bytes of URIs); close one", errListensBusy, b.streams[tenant], b.share, b.shareBytes)
 	case b.open >= b.max || b.bytes+n > b.maxBytes:
@@ -87,6 +89,8 @@ func (b *listenBook) takeBytes(tenant string, n int) (release func(), err error)
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	switch {
+	case b.held[tenant]+n > b.shareBytes && pooled(tenant):
+		return nil, fmt.Errorf("%w: the subscriptions of the clients without a subject, together, hold their share of %d bytes of URIs; unsubscribe from some", errListensBusy, b.shareBytes)
 	case b.held[tenant]+n > b.shareBytes:
 		return nil, fmt.Errorf("%w: this client's subscriptions hold %d bytes of URIs, its share is %d; unsubscribe from some", errListensBusy, b.held[tenant], b.shareBytes)
 	case b.bytes+n > b.maxBytes:

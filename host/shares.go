@@ -35,6 +35,12 @@ func (h *Host) tenantOf(subject string) string {
 // noSubjectTenant is the tenant of the clients without a subject.
 const noSubjectTenant = "tenant:-"
 
+// pooled reports whether tenant is the clients without a subject: a
+// refusal past its share says what the share is, never what the tenant
+// holds, which is every other such client's use too (a subject's
+// figures are its own: its refusals say them).
+func pooled(tenant string) bool { return tenant == noSubjectTenant }
+
 // shareTenant is the tenant whose share subject's request counts against:
 // tenantOf with tenants, and without them "", everyone's.
 func (h *Host) shareTenant(subject string) string {
@@ -99,6 +105,8 @@ func (b *byteShares) take(tenant string, n, maxTotal, share int) error {
 		return nil
 	case b.total+n > maxTotal:
 		return sessions.ServerFull(sessions.ErrParkLimit, "the bytes parked calls keep of their requests")
+	case pooled(tenant):
+		return fmt.Errorf("%w: the parked calls of the clients without a subject, together, keep their share of %d bytes of their requests; this one would keep %d more", sessions.ErrParkLimit, share, n)
 	default:
 		return fmt.Errorf("%w: this client's subject's keep %d bytes of their requests, and this one %d more; its share is %d", sessions.ErrParkLimit, b.held[tenant], n, share)
 	}
@@ -223,6 +231,8 @@ func (s *heldInstances) take(tenant, plugin, inst string, n, m, bytes int) error
 	switch held := s.bytes[tenant]; {
 	case n > 0 && len(s.calls[group]) >= n:
 		return fmt.Errorf("%w: this client's subject's calls in flight hold %d instances of plugin %q, its share", sessions.ErrBusy, n, plugin)
+	case bytes > 0 && held > 0 && held+m > bytes && pooled(tenant):
+		return fmt.Errorf("%w: the calls in flight of the clients without a subject, together, hold instances of their share of the memory budget, %d bytes", sessions.ErrBusy, bytes)
 	case bytes > 0 && held > 0 && held+m > bytes:
 		return fmt.Errorf("%w: this client's subject's calls in flight hold instances of %d bytes of memory, its share of the memory budget is %d", sessions.ErrBusy, held, bytes)
 	}
