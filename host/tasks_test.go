@@ -11,6 +11,8 @@ import (
 	"io"
 	"maps"
 	"net/http"
+	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -434,6 +436,32 @@ func TestTaskBytes(t *testing.T) {
 		t.Fatal(err)
 	}
 	startTask(t, url, "confirm_delete", map[string]any{"filename": "f", "padding": big})
+}
+
+// TestSharedTaskOwnerRefusalTellsNoUse: 2026-07-28 clients with no
+// subject, no session and no client header are one task owner (they
+// cannot be told apart), so a refusal past that owner's bound must say
+// the bound, not what the owner holds, which is the other such clients'
+// tasks. Four such requests park 60 KiB tasks; a fifth, from another
+// client, is refused past 256 KiB and must read no figure but the bound.
+func TestSharedTaskOwnerRefusalTellsNoUse(t *testing.T) {
+	f := newFixture(t, &host.Options{MaxTaskBytesPerClient: 256 << 10}, sandbox.NewPolicy(), map[string]string{"everything.wasm": testplugins.Example(t, "everything")})
+	url := serveHTTP(t, f)
+	cs := tasksClient(t, url, true)
+	big := strings.Repeat("x", 60<<10)
+	for range 4 {
+		waitStatus(t, f, cs, startTask(t, url, "confirm_delete", map[string]any{"filename": "f", "padding": big}), "input_required")
+	}
+	_, e := rpc(t, url, "tools/call", "confirm_delete", map[string]any{"name": "confirm_delete", "arguments": map[string]any{"filename": "f", "padding": big}}, withTasks)
+	if e == nil || e["code"] != float64(host.CodeBusy) {
+		t.Fatalf("a fifth 60 KiB task: %v; want CodeBusy", e)
+	}
+	msg, _ := e["message"].(string)
+	for _, n := range regexp.MustCompile(`[0-9]+`).FindAllString(msg, -1) {
+		if n != strconv.Itoa(256<<10) {
+			t.Errorf("a client sharing its task owner with others is told %q: %s is not the bound", msg, n)
+		}
+	}
 }
 
 // A finished task's result counts against the client's bytes as it
