@@ -233,6 +233,8 @@ func (s *taskStore) add(owner string, size int, cancel context.CancelFunc) (*tas
 		u, pu := use(s.owners, owner), use(s.pools, pool)
 		var over error
 		switch {
+		case owner == sharedOwner && u.tasks >= s.h.maxTasksPerClient():
+			over = fmt.Errorf("%w: the clients with no subject, session or client header, together, hold the most tasks they may, %d; authenticate, or wait", errTooManyTasks, s.h.maxTasksPerClient())
 		case u.tasks >= s.h.maxTasksPerClient():
 			over = fmt.Errorf("%w: the client holds %d tasks, the most it may; cancel one or wait for one to finish", errTooManyTasks, u.tasks)
 		case pool == anonymousPool && pu.tasks >= s.h.maxAnonymousTasks():
@@ -242,6 +244,8 @@ func (s *taskStore) add(owner string, size int, cancel context.CancelFunc) (*tas
 			over = fmt.Errorf("%w: clients without a subject hold the most bytes in tasks they may together", errTooManyTasks)
 		case len(s.tasks) >= s.h.maxTasks():
 			over = sessions.ServerFull(errTooManyTasks, "the tasks")
+		case owner == sharedOwner && u.bytes+size > s.h.maxTaskBytesPerClient():
+			over = fmt.Errorf("%w: the tasks of the clients with no subject, session or client header, together, would hold more than the most they may, %d bytes; authenticate, or wait", errTooManyTasks, s.h.maxTaskBytesPerClient())
 		case u.bytes+size > s.h.maxTaskBytesPerClient():
 			over = fmt.Errorf("%w: the client's tasks hold %d bytes, and this one's request %d; the most is %d", errTooManyTasks, u.bytes, size, s.h.maxTaskBytesPerClient())
 		case s.bytes+size > taskBytesTotal:
@@ -444,8 +448,13 @@ func (h *Host) taskOwner(ss *mcp.ServerSession, extra *mcp.RequestExtra) string 
 			return "client:" + v // a subject's requests are the subject's, above
 		}
 	}
-	return "anonymous"
+	return sharedOwner
 }
+
+// sharedOwner owns the tasks of the clients taskOwner cannot tell apart:
+// a refusal past its bounds says the bound, never what it holds, which
+// is the other such clients' tasks (TestSharedTaskOwnerRefusalTellsNoUse).
+const sharedOwner = "anonymous"
 
 // wantsTask reports whether a tools/call becomes a task: the tool says
 // it may run as one (execution.taskSupport "optional" or "required") and
