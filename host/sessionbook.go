@@ -176,9 +176,11 @@ func (b *sessionBook) openSession(ss *mcp.ServerSession, user, tenant string, co
 		var end *bookEntry
 		switch {
 		case len(own) >= b.share || b.bytes[tenant]+cost > b.bytesShare:
-			if end = idlest(own); end == nil && pooled(tenant) {
+			switch end = idlest(own); {
+			case end != nil:
+			case pooled(tenant):
 				return victims, false, fmt.Errorf("%w: the HTTP sessions of the clients without a subject, together, hold their share (%d, and %d bytes of initialize parameters), all serving requests; end one (HTTP DELETE) or retry later", errSessionsBusy, b.share, b.bytesShare)
-			} else if end == nil {
+			default:
 				return victims, false, fmt.Errorf("%w: this client's %d HTTP sessions are all serving requests, its share (of %d, and %d bytes of initialize parameters); end one (HTTP DELETE) or retry later", errSessionsBusy, len(own), b.share, b.bytesShare)
 			}
 		case b.open >= b.max || b.bytesAll+cost > b.maxBytes:
