@@ -125,3 +125,10 @@ func (m *Manager) CheckHandleIndex() error {
 // SetGaveBack has f run after each start that failed gave back what it
 // took, before its lease lets the slot go.
 func (m *Manager) SetGaveBack(f func()) { m.gaveBack = f }
+
+// Lock holds the manager's lock until the returned func is called, so
+// that a test can check that something does not wait for it.
+func (m *Manager) Lock() (unlock func()) {
+	m.mu.Lock()
+	return m.mu.Unlock
+}

@@ -246,6 +246,11 @@ type Manager struct {
 	mu      sync.Mutex
 	closed  bool
 	clients map[Key]*client
+	// numbers are the clients' numbers by key, written with clients
+	// under mu and read without it (ClientNumber): every tool call asks
+	// for its client's, and under many sessions mu, which each lease
+	// takes twice, is the host's most contended lock.
+	numbers sync.Map // Key → uint64
 	// numbered is the number of the last client made (client.number).
 	numbered uint64
 	handles  int // clients of Handle keys
@@ -477,6 +482,7 @@ func (m *Manager) newClientLocked(key Key, group string) *client {
 	m.numbered++
 	c := &client{key: key, number: m.numbered, group: group, slots: map[string]*slot{}, ended: make(chan struct{}), lastUsed: time.Now()}
 	m.clients[key] = c
+	m.numbers.Store(key, c.number)
 	switch key.kind {
 	case KindHandle:
 		m.handles++
@@ -524,6 +530,7 @@ func (m *Manager) forgetLocked(c *client) {
 		}
 		m.busyClientLocked(c)
 		delete(m.clients, c.key)
+		m.numbers.Delete(c.key)
 	}
 }
 
@@ -642,11 +649,13 @@ func (m *Manager) ended(key Key, client uint64) {
 // manager numbers the clients it makes, of every key, in order from 1: a
 // client made after another has a higher number, so that what is kept
 // under a key can say whose it is (see [Options.Ended]).
+//
+// It takes no lock: a client in clients is live (those closed are
+// forgotten at once, under the same lock), so numbers, kept with clients,
+// answers for both.
 func (m *Manager) ClientNumber(key Key) uint64 {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if c, ok := m.clients[key]; ok && !c.closed {
-		return c.number
+	if n, ok := m.numbers.Load(key); ok {
+		return n.(uint64)
 	}
 	return 0
 }
