@@ -16,7 +16,7 @@ import (
 )
 
 // benchHost serves one plugin file and returns the host and the named tool.
-func benchHost(b *testing.B, path, tool string) (*Host, *plugins.Tool) {
+func benchHost(b testing.TB, path, tool string) (*Host, *plugins.Tool) {
 	ctx := context.Background()
 	rt, err := sandbox.NewRuntime(sandbox.Options{CacheDir: testplugins.CacheDir()})
 	if err != nil {

@@ -2,6 +2,7 @@ package host
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -10,6 +11,7 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
+	"github.com/wasmtools/wasmtools/internal/testplugins"
 	"github.com/wasmtools/wasmtools/plugins"
 )
 
@@ -258,5 +260,47 @@ func TestKeepAlivePooledTimerBeats(t *testing.T) {
 	<-done
 	if silent.code != http.StatusOK || silent.hdr.Get("Content-Type") != "text/event-stream" {
 		t.Errorf("the silent stream was committed %d, %q; want 200, an event stream", silent.code, silent.hdr.Get("Content-Type"))
+	}
+}
+
+// TestWarmCallTakesNoHostLock: a session's tools/call to its warm instance,
+// through the MCP stack in memory, completes while another holds the
+// host's lock (h.mu, which a reload and Close take): every request read
+// the catalogue under it (Catalogue, in the access check) and every call
+// the catalogue's change signal (acquire), and with 64 sessions calling
+// at once it was the host's most contended wait (issue 27, item 2).
+func TestWarmCallTakesNoHostLock(t *testing.T) {
+	h, _ := benchHost(t, testplugins.Test(t, "servlet"), "echo")
+	ctx := context.Background()
+	st, ct := mcp.NewInMemoryTransports()
+	if _, err := h.Server().Connect(ctx, st, nil); err != nil {
+		t.Fatal(err)
+	}
+	cs, err := mcp.NewClient(&mcp.Implementation{Name: "test", Version: "1"}, nil).Connect(ctx, ct, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cs.Close()
+	params := &mcp.CallToolParams{Name: "echo", Arguments: map[string]any{"text": "warm"}}
+	if res, err := cs.CallTool(ctx, params); err != nil || res.IsError {
+		t.Fatal(err, res)
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	done := make(chan error, 1)
+	go func() {
+		res, err := cs.CallTool(ctx, params)
+		if err == nil && res.IsError {
+			err = fmt.Errorf("isError: %v", res.Content)
+		}
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("a warm call waits for the host's lock")
 	}
 }

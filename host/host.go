@@ -406,10 +406,15 @@ type Host struct {
 	// subs is what each session subscribed to (subscriptions.go).
 	subs subscriptions
 
-	mu         sync.Mutex
-	catalogue  *plugins.Catalogue // what is registered on server
+	mu sync.Mutex
+	// catalogue is what is registered on server: stored under mu, read
+	// without it (Catalogue), as every request's access check reads it
+	// and under many sessions mu was the host's most contended lock.
+	catalogue  atomic.Pointer[plugins.Catalogue]
 	registered *plugins.Catalogue // catalogue once its tools are registered
-	catChanged chan struct{}      // closed and replaced when registered changes
+	// catChanged is closed and replaced when registered changes: stored
+	// under mu, and read without it by a call's acquire.
+	catChanged atomic.Pointer[chan struct{}]
 	closed     bool
 	stateKey   []byte
 	// The keys derived from stateKey for session handles (handles.go).
@@ -466,10 +471,10 @@ type Host struct {
 // For a fixed catalogue, pass [plugins.NewStatic].
 func New(src *plugins.Reloader, opts *Options) *Host {
 	h := &Host{
-		src:        src,
-		metrics:    newMetrics(),
-		catChanged: make(chan struct{}),
+		src:     src,
+		metrics: newMetrics(),
 	}
+	h.catChanged.Store(new(make(chan struct{})))
 	if opts != nil {
 		h.opts = *opts
 	}
@@ -643,9 +648,7 @@ func (h *Host) Server() *mcp.Server { return h.server }
 
 // Catalogue returns the catalogue being served.
 func (h *Host) Catalogue() *plugins.Catalogue {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	return h.catalogue
+	return h.catalogue.Load()
 }
 
 // setCatalogue registers cat on the MCP server and returns the catalogue
@@ -654,15 +657,14 @@ func (h *Host) Catalogue() *plugins.Catalogue {
 // notifications. Only src's swaps call it, in order.
 func (h *Host) setCatalogue(cat *plugins.Catalogue) *plugins.Catalogue {
 	h.mu.Lock()
-	old := h.catalogue
-	h.catalogue = cat
+	old := h.catalogue.Swap(cat)
 	h.mu.Unlock()
 	// Waiters (see waitForLoad) look again once the server serves cat.
 	defer func() {
 		h.mu.Lock()
 		h.registered = cat
-		close(h.catChanged)
-		h.catChanged = make(chan struct{})
+		close(*h.catChanged.Load())
+		h.catChanged.Store(new(make(chan struct{})))
 		h.mu.Unlock()
 	}()
 	var gone []string

@@ -44,7 +44,7 @@ func (h *Host) waitForLoad(next mcp.MethodHandler) mcp.MethodHandler {
 		}
 		for {
 			h.mu.Lock()
-			changed := h.catChanged
+			changed := *h.catChanged.Load()
 			cat := h.registered
 			h.mu.Unlock()
 			if tool != "" && cat != nil {

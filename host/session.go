@@ -140,9 +140,7 @@ func (h *Host) clientEnded(key sessions.Key, client uint64) {
 // the retired version still: the call then waits for the registration.
 func (h *Host) acquire(ctx context.Context, key sessions.Key, p *plugins.Plugin, retarget func() (*plugins.Plugin, error)) (*sessions.Lease, error) {
 	for {
-		h.mu.Lock()
-		changed := h.catChanged
-		h.mu.Unlock()
+		changed := *h.catChanged.Load()
 		l, err := h.ses.Acquire(ctx, key, p)
 		if !errors.Is(err, sessions.ErrRetired) {
 			return l, err
