@@ -272,15 +272,7 @@ func TestKeepAlivePooledTimerBeats(t *testing.T) {
 func TestWarmCallTakesNoHostLock(t *testing.T) {
 	h, _ := benchHost(t, testplugins.Test(t, "servlet"), "echo")
 	ctx := context.Background()
-	st, ct := mcp.NewInMemoryTransports()
-	if _, err := h.Server().Connect(ctx, st, nil); err != nil {
-		t.Fatal(err)
-	}
-	cs, err := mcp.NewClient(&mcp.Implementation{Name: "test", Version: "1"}, nil).Connect(ctx, ct, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cs.Close()
+	cs := ConnectInMemory(t, h)
 	params := &mcp.CallToolParams{Name: "echo", Arguments: map[string]any{"text": "warm"}}
 	if res, err := cs.CallTool(ctx, params); err != nil || res.IsError {
 		t.Fatal(err, res)

@@ -41,15 +41,7 @@ func TestCallStackDepth(t *testing.T) {
 	p := &depthProbe{}
 	h := logcallHost(t, p)
 	h.Server().AddReceivingMiddleware(p.middleware) // the outermost
-	st, ct := mcp.NewInMemoryTransports()
-	if _, err := h.Server().Connect(ctx, st, nil); err != nil {
-		t.Fatal(err)
-	}
-	cs, err := mcp.NewClient(&mcp.Implementation{Name: "test", Version: "1"}, nil).Connect(ctx, ct, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cs.Close() })
+	cs := host.ConnectInMemory(t, h)
 	for range 2 { // the first makes the instance
 		p.reset()
 		res, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: "log", Arguments: map[string]any{}})
