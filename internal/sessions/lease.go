@@ -235,6 +235,7 @@ func (m *Manager) acquireSlot(ctx context.Context, key Key, p *plugins.Plugin) (
 	l := &Lease{m: m, c: c, sl: sl, plugin: p, start: time.Now()}
 	// Registered under the lock that checks retirement, so that a
 	// retirement waits for every lease on the old version.
+	warm := false
 	m.mu.Lock()
 	switch {
 	case c.closed:
@@ -245,6 +246,17 @@ func (m *Manager) acquireSlot(ctx context.Context, key Key, p *plugins.Plugin) (
 		err = ErrRetired
 	default:
 		m.leases[l] = struct{}{}
+		// A warm instance of p's code under the client's fence, as most
+		// leases find: what the steps below take the lock for again
+		// (stale?, the LRU, the lease's fence) is done in this hold, as
+		// under many sessions this lock is the host's most contended.
+		if sl.inst != nil && sl.fence == c.fence && sl.inst.Plugin().SameCode(p) {
+			warm = true
+			if sl.elem != nil {
+				m.lru.MoveToBack(sl.elem)
+			}
+			l.fence = sl.fence
+		}
 	}
 	m.mu.Unlock()
 	if err != nil {
@@ -263,35 +275,38 @@ func (m *Manager) acquireSlot(ctx context.Context, key Key, p *plugins.Plugin) (
 		return nil, err
 	}
 
-	m.mu.Lock()
-	stale := sl.inst != nil && sl.fence != c.fence
-	m.mu.Unlock()
-	if stale {
-		// Its session was claimed by another holder since the instance
-		// started: what it holds is not the session's state any more.
-		m.log.Info("instance retired: its session changed owner", "session", c.key.String(), "plugin", p.Name())
-		m.dropInstance(sl)
-	}
-	if sl.inst != nil && !sl.inst.Plugin().SameCode(p) {
-		// p replaced the instance's version, and this lease got here
-		// before the retirement's own move did.
-		m.moveOff(sl, sl.inst.Plugin(), p)
-	}
-	if sl.inst == nil {
-		if err := m.startInSlot(ctx, c, sl, p); err != nil {
-			return fail(err)
-		}
-	} else {
+	if !warm {
 		m.mu.Lock()
-		if sl.elem != nil {
-			m.lru.MoveToBack(sl.elem)
+		stale := sl.inst != nil && sl.fence != c.fence
+		m.mu.Unlock()
+		if stale {
+			// Its session was claimed by another holder since the
+			// instance started: what it holds is not the session's
+			// state any more.
+			m.log.Info("instance retired: its session changed owner", "session", c.key.String(), "plugin", p.Name())
+			m.dropInstance(sl)
 		}
+		if sl.inst != nil && !sl.inst.Plugin().SameCode(p) {
+			// p replaced the instance's version, and this lease got here
+			// before the retirement's own move did.
+			m.moveOff(sl, sl.inst.Plugin(), p)
+		}
+		if sl.inst == nil {
+			if err := m.startInSlot(ctx, c, sl, p); err != nil {
+				return fail(err)
+			}
+		} else {
+			m.mu.Lock()
+			if sl.elem != nil {
+				m.lru.MoveToBack(sl.elem)
+			}
+			m.mu.Unlock()
+		}
+		m.mu.Lock()
+		l.fence = sl.fence
 		m.mu.Unlock()
 	}
 	l.inst = sl.inst
-	m.mu.Lock()
-	l.fence = sl.fence
-	m.mu.Unlock()
 	l.notice, sl.notice = sl.notice, Notice{}
 	if !sl.keptAt.IsZero() && l.notice == sl.kept {
 		l.keptAt = sl.keptAt
