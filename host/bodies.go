@@ -103,7 +103,7 @@ func (b *bodyBudget) wrap(next http.Handler) http.Handler {
 				return
 			}
 		}
-		if r.Method == http.MethodPost && r.Header.Get("Mcp-Method") == "subscriptions/listen" {
+		if listenRequest(r) {
 			// A listen gives its count back once booked (heldBody); every
 			// other request, at its end, with nothing allocated.
 			held := &heldBody{n: n, give: func() { b.held.give(tenant, n) }}

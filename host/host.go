@@ -802,7 +802,7 @@ func (h *Host) HTTPHandler() http.Handler {
 		r.Header.Del(liveHeader)
 		r.Header.Del(listenHeader)
 		switch {
-		case r.Method == http.MethodPost && r.Header.Get("Mcp-Method") == "subscriptions/listen":
+		case listenRequest(r):
 			// A 2026-07-28 client's stream of list changes, open until
 			// it leaves: closed at a drain like a session's GET stream,
 			// never waited for. (The go-sdk holds the header to the

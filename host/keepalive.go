@@ -97,9 +97,20 @@ func longLived(r *http.Request) bool {
 	case http.MethodGet:
 		return strings.Contains(r.Header.Get("Accept"), "text/event-stream")
 	case http.MethodPost:
-		return r.Header.Get("Mcp-Method") == "subscriptions/listen"
+		return listenRequest(r)
 	}
 	return false
+}
+
+// listenRequest reports whether r is a 2026-07-28 client's
+// subscriptions/listen: by its Mcp-Method header, which the go-sdk holds
+// to the body's method from that revision on, and only there. A
+// 2025-11-25 session's POST naming it was taken for one: out of the
+// drain's count and into a stream's queue (the client's own session's
+// loss alone, but not what its header is for).
+func listenRequest(r *http.Request) bool {
+	return r.Method == http.MethodPost && r.Header.Get("Mcp-Method") == "subscriptions/listen" &&
+		r.Header.Get("Mcp-Session-Id") == "" && r.Header.Get("Mcp-Protocol-Version") >= sessionlessProtocol
 }
 
 // keepAlive wraps next so that each response that is, or is about to be,
