@@ -241,7 +241,7 @@ func (d *Keeper) BeforeCall(ctx context.Context, key sessions.Key) (c *Claim, er
 		// instances.
 		return nil, err
 	}
-	d.log.Warn("state store unavailable: serving the session from this replica, not saved", "session", key.String(), "error", err)
+	d.log.Warn(ServingFromMemory, "session", key.String(), "error", err)
 	if held {
 		return c, ErrServedFromMemory
 	}

@@ -1,9 +1,11 @@
 package durable
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strings"
 	"testing"
 	"time"
@@ -122,4 +124,31 @@ func TestWaitStore(t *testing.T) {
 	if err := d.WaitStore(context.Background()); err != nil || d.open() {
 		t.Fatalf("after WaitStore: %v, open %v", err, d.open())
 	}
+}
+
+// The breaker's opening is logged once, with the error that opened it,
+// however many exchanges fail while it opens; not for a stalled exchange
+// (it opens nothing), and again when it opens anew after its window.
+// Its notSaved results are many (hundreds a second), its cause one line:
+// the fault suite reports it per replica.
+func TestBreakerOpeningLoggedOnce(t *testing.T) {
+	var out bytes.Buffer
+	d := &Keeper{log: slog.New(slog.NewTextHandler(&out, nil))}
+	opened := func() int { return strings.Count(out.String(), BreakerOpened) }
+	d.observe(&stalledError{context.DeadlineExceeded})
+	if n := opened(); n != 0 || d.open() {
+		t.Fatalf("a stalled exchange: logged %d, open %v; want 0, false", n, d.open())
+	}
+	for range 3 {
+		d.observe(context.DeadlineExceeded)
+	}
+	if n := opened(); n != 1 || !d.open() || !strings.Contains(out.String(), "context deadline exceeded") {
+		t.Fatalf("3 unanswered exchanges: logged %d, open %v; want 1, true, with the error:\n%s", n, d.open(), out.String())
+	}
+	d.downUntil.Store(0) // its window over
+	d.observe(context.DeadlineExceeded)
+	if n := opened(); n != 2 {
+		t.Fatalf("opened again after its window: logged %d in all; want 2", n)
+	}
+	(&Keeper{}).observe(context.DeadlineExceeded) // no logger: no panic
 }

@@ -196,10 +196,26 @@ func (d *Keeper) observe(err error) error {
 	// store; nor does an exchange this process stalled (stalledError).
 	var stalled *stalledError
 	if err != nil && unanswered(err) && !errors.Is(err, context.Canceled) && !errors.As(err, &stalled) {
-		d.downUntil.Store(int64(sinceBase() + breakerWindow))
+		now := sinceBase()
+		if prev := time.Duration(d.downUntil.Swap(int64(now + breakerWindow))); prev <= now && d.log != nil {
+			// Said once as it opens, not for each call it fails: the
+			// one cause of every notSaved store-unavailable of the next
+			// breakerWindow, which a replica's own slowness (a machine
+			// out of CPU) can bring as well as the store's.
+			d.log.Warn(BreakerOpened, "error", err, "for", breakerWindow)
+		}
 	}
 	return err
 }
+
+// Log messages the fault suite counts per replica (internal/faults): the
+// breaker opening (the store did not answer an exchange within its
+// bound), after which calls go on from memory, not saved, for
+// breakerWindow; and each call served so (BeforeCall).
+const (
+	BreakerOpened     = "state store did not answer: not asked for a while (breaker open), calls served from memory marked notSaved"
+	ServingFromMemory = "state store unavailable: serving the session from this replica, not saved"
+)
 
 // refusedConn reports whether err is the store's end refusing or closing
 // the connection: nothing listens at its address, or the process that did

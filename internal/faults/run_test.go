@@ -1,0 +1,29 @@
+package faults
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/wasmtools/wasmtools/internal/durable"
+)
+
+// storeBreakers names, in the timeline, each replica whose store breaker
+// opened, when (on the cluster's clock) and on what error, with the calls
+// it served from memory; a replica whose never did is not named.
+func TestStoreBreakersInTimeline(t *testing.T) {
+	begin := time.Date(2026, 12, 7, 19, 53, 25, 0, time.UTC)
+	c := &Cluster{begin: begin}
+	for i := range c.Replicas {
+		c.Replicas[i] = &Replica{Name: []string{"s1", "s2", "s3"}[i]}
+	}
+	c.Replicas[0].logs.WriteString(`time=2026-12-07T19:53:26.000Z level=INFO msg="serving MCP over streamable HTTP"` + "\n")
+	c.Replicas[1].logs.WriteString(`time=2026-12-07T19:53:53.580Z level=WARN msg="` + durable.BreakerOpened + `" component=durable error="context deadline exceeded" for=2s` + "\n" +
+		`time=2026-12-07T19:53:53.600Z level=WARN msg="` + durable.ServingFromMemory + `" component=durable session=handle-1 error="x"` + "\n" +
+		`time=2026-12-07T19:53:53.700Z level=WARN msg="` + durable.ServingFromMemory + `" component=durable session=handle-2 error="x"` + "\n")
+	c.storeBreakers()
+	got := strings.Join(c.Timeline(), "\n")
+	if want := "s2: store breaker opened 1× at 28.58s (context deadline exceeded); 2 calls served from memory"; !strings.Contains(got, want) || strings.Contains(got, "s1:") || strings.Contains(got, "s3:") {
+		t.Fatalf("timeline:\n%s\nwant a line %q, and none of s1 or s3", got, want)
+	}
+}
