@@ -92,9 +92,10 @@
 // a claim with its reads and writes by four times that. After an exchange
 // that got no answer, a breaker skips the store for 2 s, so a stalled
 // store costs one call a timeout, not every call. An exchange this
-// process stalled itself (its deadline fired more than the bound late, or
-// it began with under a quarter of the bound left: the process was
-// stopped) does not open the breaker, so a replica continued after
+// process stalled itself (its deadline fired more than a quarter of the
+// bound late, or it began with under three quarters of the bound left:
+// the process was stopped, or slow earlier in the call) does not open
+// the breaker, so a replica continued after
 // SIGSTOP asks the store before it serves anything from memory. A replica's heartbeat
 // ([Keeper.Heartbeat]) says it is alive every 2 s, for 6 s; it checks the
 // replica's state key against the store (statestore.CheckKey) until that
