@@ -19,9 +19,10 @@ import (
 // maxCallDepth is the most stack the host's frames may take during a
 // warm tools/call, from its outermost middleware down to a guest's call
 // of the Extism kernel, the deepest point of a call that does not
-// checkpoint. The go-sdk starts a request's goroutine with a small stack
-// and grows it to 8 KiB on its own (decoding JSON); a call that needs
-// more is copied to a 16 KiB stack every time, some 10 µs a call
+// checkpoint. The go-sdk starts a request's goroutine with a small stack,
+// which its own JSON decoding (in memory) or the outermost middleware
+// (growCallStack) grows to 8 KiB; a call that needs more is copied to a
+// 16 KiB stack every time, some 10 µs a call
 // (docs/DESIGN.md, "The Go guest inside the server"). Of those 8 KiB the
 // runtime keeps 928 bytes as a guard, the go-sdk's frames above the
 // middlewares take about 450 and a kernel function's own calls about

@@ -15,8 +15,9 @@ import (
 )
 
 // callStackBudget is the stack a call's goroutine may use, all of it:
-// the go-sdk grows a request's goroutine to 8 KiB on its own (decoding
-// JSON), and a call that needs more is copied to 16 KiB every time
+// a request's goroutine is grown to 8 KiB before the call (by the
+// go-sdk's JSON decoding, or the outermost middleware's growCallStack),
+// and a call that needs more is copied to 16 KiB every time
 // (docs/DESIGN.md, "The HTTP path's own cost").
 const callStackBudget = 8 << 10
 

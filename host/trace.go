@@ -32,11 +32,15 @@ import (
 //
 // Its frame is under every call's, so the work of a traced request is in
 // a function of its own (traced): a request's goroutine starts with a
-// small stack, and a call that fits in 8 KiB is not copied to a larger
-// one on its way to the guest (docs/DESIGN.md, "The Go guest inside the
-// server").
+// small stack, which it grows to 8 KiB for a tools/call while few frames
+// are on it (growCallStack), and a call that fits in 8 KiB is not copied
+// again on its way to the guest (docs/DESIGN.md, "The Go guest inside
+// the server").
 func (h *Host) traceMiddleware(next mcp.MethodHandler) mcp.MethodHandler {
 	return func(ctx context.Context, method string, req mcp.Request) (mcp.Result, error) {
+		if method == "tools/call" {
+			growCallStack(0)
+		}
 		if telemetry.On() {
 			return h.traced(ctx, next, method, req)
 		}
