@@ -53,7 +53,7 @@ type replayStore struct {
 // no events left costs, its entry and its place in the queue.
 const (
 	eventOverhead   = 64
-	placeholderCost = 256
+	placeholderCost = 384 // its first events' room (inline) included
 )
 
 type replayTenant struct {
@@ -77,6 +77,30 @@ type replayStream struct {
 	// events: when it goes, the stream is forgotten.
 	placeholder *replayEvent
 	broken      bool // forgotten while it still sent: its indexes are lost
+	// inline holds the stream's first events and slots their list: a
+	// POST's stream sends two (its response and, before it, a progress
+	// or a log at most now and then), which cost four allocations a
+	// call when each event and the list were objects of their own. An
+	// event kept keeps its stream anyway (ev.st).
+	inline [2]replayEvent
+	used   uint8 // of inline
+	slots  [2]*replayEvent
+}
+
+// newReplayStream is a stream of sess, its first events its own.
+func newReplayStream(sess *replaySession, id string, broken bool) *replayStream {
+	st := &replayStream{sess: sess, id: id, broken: broken}
+	st.events = st.slots[:0]
+	return st
+}
+
+// newEvent is an event of st's, in its own memory while it has some.
+func (st *replayStream) newEvent() *replayEvent {
+	if int(st.used) < len(st.inline) {
+		st.used++
+		return &st.inline[st.used-1]
+	}
+	return new(replayEvent)
 }
 
 // replayEvent is an entry of a tenant's queue: an event of st, or st's
@@ -177,7 +201,7 @@ func (s *replayStore) Open(ctx context.Context, sessionID, streamID string) erro
 		sess = s.newSessionLocked(ctx, sessionID)
 	}
 	if sess.streams[streamID] == nil {
-		sess.streams[streamID] = &replayStream{sess: sess, id: streamID}
+		sess.streams[streamID] = newReplayStream(sess, streamID, false)
 	}
 	return nil
 }
@@ -193,7 +217,7 @@ func (s *replayStore) Append(ctx context.Context, sessionID, streamID string, da
 	st := sess.streams[streamID]
 	if st == nil {
 		// Forgotten with its events (every stream is opened first).
-		st = &replayStream{sess: sess, id: streamID, broken: true}
+		st = newReplayStream(sess, streamID, true)
 		sess.streams[streamID] = st
 	}
 	t := sess.tenant
@@ -201,7 +225,8 @@ func (s *replayStore) Append(ctx context.Context, sessionID, streamID string, da
 		s.removeLocked(t, st.placeholder)
 		st.placeholder = nil
 	}
-	ev := &replayEvent{st: st, data: data, cost: len(data) + eventOverhead}
+	ev := st.newEvent()
+	*ev = replayEvent{st: st, data: data, cost: len(data) + eventOverhead}
 	t.queue.pushBack(ev)
 	st.events = append(st.events, ev)
 	t.bytes += ev.cost
@@ -263,6 +288,7 @@ func (s *replayStore) dropOldestLocked(t *replayTenant) {
 	// the oldest is its stream's first.
 	st.events[0] = nil
 	st.events = st.events[1:]
+	ev.data = nil // an event of inline stays as long as its stream
 	st.first++
 	if len(st.events) == 0 && st.id != "" {
 		ph := &replayEvent{st: st, cost: placeholderCost, placeholder: true}
