@@ -415,3 +415,43 @@ func compileCounter(t *testing.T, n int) *sandbox.Compiled {
 	t.Cleanup(func() { c.Close(ctx) })
 	return c
 }
+
+// TestEndedContextRunsNoGuest: a call whose context has ended before it
+// begins is interrupted at the guest's first check. It was interrupted
+// once context.AfterFunc's goroutine ran, which a loaded machine runs
+// late, so that a short guest (the servlet's echo, a start function)
+// often ran to its end: a lease whose client had gone started its
+// instance all the same (internal/sessions' TestFailedStartAsksStoredAgain
+// failed so under -race, about once in 30).
+func TestEndedContextRunsNoGuest(t *testing.T) {
+	ctx := context.Background()
+	rt, err := sandbox.NewRuntime(sandbox.Options{CacheDir: testplugins.CacheDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rt.Close(ctx)
+	c, err := rt.Compile(ctx, testplugins.Bytes(t, testplugins.Test(t, "servlet")), sandbox.NewPolicy())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close(ctx)
+	input := []byte(`{"params":{"name":"echo","arguments":{"text":"x"}}}`)
+	ended, cancel := context.WithCancel(ctx)
+	cancel()
+	ran := 0
+	for range 100 {
+		inst, err := c.Instantiate(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := inst.Call(ended, "call", input, nil); err == nil {
+			ran++
+		} else if !errors.Is(err, context.Canceled) {
+			t.Fatalf("a call under an ended context: %v; want it cancelled", err)
+		}
+		inst.Close(ctx)
+	}
+	if ran > 0 {
+		t.Errorf("%d calls of 100 under an ended context ran to their end; want none", ran)
+	}
+}
