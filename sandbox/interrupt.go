@@ -326,6 +326,15 @@ func (w *interrupter) arm(ctx context.Context) (stop func() bool) {
 	if ctx.Done() == nil {
 		return nil
 	}
+	if ctx.Err() != nil {
+		// Ended already: the guest stops at its first check, as it
+		// would once AfterFunc's goroutine ran, which a loaded machine
+		// runs late (a short guest, a start function, ran to its end:
+		// TestFailedStartAsksStoredAgain failed so under -race about
+		// once in 30).
+		w.interrupt()
+		return nil
+	}
 	w.pending.Add(1)
 	return context.AfterFunc(ctx, w.fire)
 }
