@@ -585,18 +585,36 @@ func killDrainingWithCalls(r *Run) {
 		r.C.TermNoWait(i)
 		rep.proc.WaitOutput(10*time.Second, func(out string) bool { return strings.Contains(out, "msg=draining") })
 		r.DrainProgress()
-		inFlight := false
+		inFlight, n := false, -1
 		for deadline := time.Now().Add(3 * time.Second); time.Now().Before(deadline); {
-			n, ok := r.progressWithin(time.Until(deadline))
-			if ok && r.ReplicaOf(n) == i {
+			var ok bool
+			if n, ok = r.progressWithin(time.Until(deadline)); ok && r.ReplicaOf(n) == i {
 				inFlight = true
 				break
 			}
 		}
+		at := time.Now()
 		r.C.KillIfRunning(i)
 		r.C.Logf("%s killed (-9) draining, a call of its running: %v", rep.Name, inFlight)
 		r.backAfterRound(i)
+		if inFlight && !r.addCutAt(n, at) {
+			// A progress report says only that a call was running a
+			// moment before: one that ended before the kill leaves
+			// this scenario kill9-mid-drain's.
+			r.T.Errorf("%s killed (-9) draining at client %d's progress report, but no add of c%d was cut by the kill", rep.Name, n, n)
+		}
 	}
+}
+
+// addCutAt says whether an add attempt of client n that began before at
+// failed after it: a call the fault at that moment cut.
+func (r *Run) addCutAt(n int, at time.Time) bool {
+	for _, op := range r.Clients[n].History() {
+		if op.Kind == "add" && op.Start.Before(at) && op.End.After(at) && !op.OK() {
+			return true
+		}
+	}
+	return false
 }
 
 // backAfterRound waits until the proxy sees replica i down, then for a
