@@ -1,6 +1,7 @@
 package faults
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"io"
@@ -40,6 +41,10 @@ type Scenario struct {
 	// proxy, not the client, gives up on a replica that does not answer
 	// (and sends the request on, as its config says).
 	Attempt time.Duration
+	// Steps, if set, is slow_add's steps in place of Options.Steps: a
+	// call long enough for a fault at its first progress report to land
+	// while it runs.
+	Steps int
 	// Fault injects the fault and waits until the cluster is whole
 	// again; the runner then waits for two more rounds of every client.
 	Fault func(r *Run)
@@ -203,7 +208,7 @@ func RunScenario(t testing.TB, sc Scenario, o Options) Result {
 	// (contained) in a Slow scenario.
 	second := Tools{AddTool: "slow_add", ListTool: "slow_list", Args: map[string]any{"steps": 0}}
 	if sc.Slow {
-		copts.AddTool, copts.ListTool, copts.Steps = "slow_add", "slow_list", o.Steps
+		copts.AddTool, copts.ListTool, copts.Steps = "slow_add", "slow_list", cmp.Or(sc.Steps, o.Steps)
 		copts.Progress = func(n int, _ string) {
 			select {
 			case r.progress <- n:

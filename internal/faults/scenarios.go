@@ -123,7 +123,7 @@ func Scenarios(stops int) []Scenario {
 	}
 	s = append(s,
 		Scenario{Name: "kill9-mid-drain", Proxy: HAProxy, Fault: killMidDrain},
-		Scenario{Name: "kill9-mid-drain-calls", Proxy: HAProxy, Slow: true, Fault: killDrainingWithCalls},
+		Scenario{Name: "kill9-mid-drain-calls", Proxy: HAProxy, Slow: true, Steps: DrainCallSteps, Fault: killDrainingWithCalls},
 		Scenario{Name: "redis-frozen-rolling-restart", Proxy: HAProxy, SoakOnly: true, Fault: redisFrozenRollingRestart},
 		// sigstop-redis-empty with the store back empty at once: no one
 		// can take the stopped replica's sessions over meanwhile (the
@@ -570,15 +570,23 @@ func killMidDrain(r *Run) {
 	}
 }
 
+// DrainCallSteps is slow_add's steps in kill9-mid-drain-calls: with the
+// suite's 20 a call ends within milliseconds of its first progress
+// report, before the kill it sets off lands.
+const DrainCallSteps = 500
+
 // killDrainingWithCalls is kill9-mid-drain with a call running at the
 // draining replica when it is killed, which kill9-mid-drain's fixed
 // moments and its clients' short calls seldom meet: the clients call
 // slownotes' slow_add, the replica is sent SIGTERM as one of its calls
 // reports progress, and killed (-9) at the first progress report of one
 // of its calls after its drain began (within its drain delay, where it
-// still serves its sessions' requests), three times. A drain that ends
-// first is killed as it exits, and the run says so.
+// still serves its sessions' requests), three times; one kill at least
+// must cut an add of the client that reported (slow_add's
+// DrainCallSteps keep it running that long, most times). A drain that
+// ends first is killed as it exits, and the run says so.
 func killDrainingWithCalls(r *Run) {
+	cut := 0
 	for range 3 {
 		i := r.replicaOfProgress()
 		rep := r.C.Replicas[i]
@@ -597,12 +605,16 @@ func killDrainingWithCalls(r *Run) {
 		r.C.KillIfRunning(i)
 		r.C.Logf("%s killed (-9) draining, a call of its running: %v", rep.Name, inFlight)
 		r.backAfterRound(i)
-		if inFlight && !r.addCutAt(n, at) {
-			// A progress report says only that a call was running a
-			// moment before: one that ended before the kill leaves
-			// this scenario kill9-mid-drain's.
-			r.T.Errorf("%s killed (-9) draining at client %d's progress report, but no add of c%d was cut by the kill", rep.Name, n, n)
+		// A progress report says only that a call was running a moment
+		// before: one that ended before the kill leaves this scenario
+		// kill9-mid-drain's.
+		if inFlight && r.addCutAt(n, at) {
+			cut++
+			r.C.Logf("the kill of %s cut an add of c%d", rep.Name, n)
 		}
+	}
+	if cut == 0 {
+		r.T.Errorf("no kill of 3 at a progress report cut an add of the client that reported it")
 	}
 }
 
