@@ -105,7 +105,7 @@ func Scenarios(stops int) []Scenario {
 				r.Rounds(1)
 			}
 		}},
-		Scenario{Name: "kill9-slow-calls", Proxy: HAProxy, Slow: true, Fault: killDuringSlowCalls},
+		Scenario{Name: "kill9-slow-calls", Proxy: HAProxy, Slow: true, Steps: DrainCallSteps, Fault: killDuringSlowCalls},
 	)
 	for _, p := range []Proxy{HAProxy, Nginx} {
 		s = append(s, Scenario{Name: "kill9-after-checkpoint", Proxy: p, Relays: true, Fault: killAfterCheckpoint})
@@ -388,14 +388,24 @@ func sigstop(r *Run, stops int) {
 // has changed its state and works on (its first progress report), twice,
 // restarting it after each.
 func killDuringSlowCalls(r *Run) {
+	cut := 0
 	for range 2 {
-		i := r.replicaOfProgress()
-		r.C.Logf("a slow call on %s reported progress", r.C.Replicas[i].Name)
+		i, n := r.replicaOfProgress()
+		rep := r.C.Replicas[i]
+		r.C.Logf("a slow call on %s reported progress", rep.Name)
+		at := time.Now()
 		r.C.Kill(i)
 		r.C.WaitDown(i)
 		r.Rounds(1)
 		r.C.Start(i)
 		r.Rounds(1)
+		if r.addCutAt(n, at) {
+			cut++
+			r.C.Logf("the kill of %s cut an add of c%d", rep.Name, n)
+		}
+	}
+	if cut == 0 {
+		r.T.Errorf("no kill of 2 at a progress report cut an add of the client that reported it")
 	}
 }
 
@@ -420,14 +430,14 @@ func fileStoreKill(r *Run) {
 }
 
 // replicaOfProgress returns the replica of the first slow call to report
-// progress after now (its session's).
-func (r *Run) replicaOfProgress() int {
+// progress after now (its session's), and its client.
+func (r *Run) replicaOfProgress() (i, n int) {
 	r.DrainProgress()
-	i := -1
-	for i < 0 {
-		i = r.ReplicaOf(r.Progress())
+	for i = -1; i < 0; {
+		n = r.Progress()
+		i = r.ReplicaOf(n)
 	}
-	return i
+	return i, n
 }
 
 // killAfterCheckpoint kills (-9) a replica once a note_add's answer has
@@ -570,9 +580,9 @@ func killMidDrain(r *Run) {
 	}
 }
 
-// DrainCallSteps is slow_add's steps in kill9-mid-drain-calls: with the
-// suite's 20 a call ends within milliseconds of its first progress
-// report, before the kill it sets off lands.
+// DrainCallSteps is slow_add's steps in kill9-mid-drain-calls and
+// kill9-slow-calls: with the suite's 20 a call ends within milliseconds
+// of its first progress report, before the kill it sets off lands.
 const DrainCallSteps = 500
 
 // killDrainingWithCalls is kill9-mid-drain with a call running at the
@@ -588,7 +598,7 @@ const DrainCallSteps = 500
 func killDrainingWithCalls(r *Run) {
 	cut := 0
 	for range 3 {
-		i := r.replicaOfProgress()
+		i, _ := r.replicaOfProgress()
 		rep := r.C.Replicas[i]
 		r.C.TermNoWait(i)
 		rep.proc.WaitOutput(10*time.Second, func(out string) bool { return strings.Contains(out, "msg=draining") })
