@@ -123,6 +123,25 @@ type Client struct {
 
 	mu      sync.Mutex
 	history []Op
+	// now is session() as of its last change, for the scenario's
+	// goroutine (Run.ReplicaOf); the client's own reads session().
+	now atomic.Pointer[string]
+}
+
+// noteSession publishes session() after the client's goroutine changed
+// it.
+func (c *Client) noteSession() {
+	s := c.session()
+	c.now.Store(&s)
+}
+
+// Session is the session ID or handle the client uses now, for another
+// goroutine than the client's.
+func (c *Client) Session() string {
+	if s := c.now.Load(); s != nil {
+		return *s
+	}
+	return ""
 }
 
 // bearer adds the token to each request.
@@ -237,6 +256,7 @@ func (c *Client) connect(ctx context.Context) error {
 		}
 	}
 	c.cs = cs
+	c.noteSession()
 	return nil
 }
 
@@ -255,6 +275,7 @@ func (c *Client) renew() {
 		go c.cs.Close()
 		c.cs = nil
 	}
+	c.noteSession()
 }
 
 // session is the session ID or handle the client uses now.
@@ -363,6 +384,7 @@ func (c *Client) attempt(ctx context.Context, tool string, args map[string]any, 
 				Err: "handle refused: " + text(res)})
 		}
 		c.handle = h
+		c.noteSession()
 	}
 	// A failure may say the state was reset too (a call whose write met
 	// the store's loss of its record).
@@ -381,6 +403,7 @@ func (c *Client) lost(ctx context.Context, why string) {
 	old := c.session()
 	c.cs.Close()
 	c.cs = nil
+	c.noteSession()
 	if c.Era == Legacy {
 		c.record(Op{Client: c.N, Era: c.Era, Kind: "session", Start: time.Now(), End: time.Now(), Session: old, Err: why})
 	}

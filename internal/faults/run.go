@@ -131,7 +131,7 @@ func (r *Run) DrainProgress() {
 // ReplicaOf returns the index of the replica that minted client n's
 // session (its ID's or handle's first field), -1 if none yet.
 func (r *Run) ReplicaOf(n int) int {
-	s := r.Clients[n].session()
+	s := r.Clients[n].Session()
 	name, _, _ := strings.Cut(s, ".")
 	for i, rep := range r.C.Replicas {
 		if rep.Name == name {
