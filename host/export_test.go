@@ -23,3 +23,6 @@ func ConnectInMemory(t testing.TB, h *Host) *mcp.ClientSession {
 	t.Cleanup(func() { cs.Close() })
 	return cs
 }
+
+// RaceEnabled says whether the tests run under the race detector.
+const RaceEnabled = raceEnabled

@@ -33,7 +33,7 @@ func TestHandlePathAllocates(t *testing.T) {
 	}); allocs > 0 {
 		t.Errorf("withoutHandle of the envelope and the handle: %v allocations; want none", allocs)
 	}
-	if raceDetector {
+	if raceEnabled {
 		t.Skip("the race detector drops pooled HMACs")
 	}
 	for _, subject := range []string{"", "alice"} {

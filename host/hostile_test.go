@@ -1335,7 +1335,7 @@ func TestHostileRecursion(t *testing.T) {
 			t.Errorf("after the recursion: %q, stateReset %q", text(res), resetOf(res))
 		}
 	}
-	if raceEnabled {
+	if host.RaceEnabled {
 		t.Log("RSS under the race detector includes its shadow memory: not checked")
 		return
 	}

@@ -183,7 +183,7 @@ func TestSessionsFreeTheirMemory(t *testing.T) {
 	if testing.Short() {
 		t.Skip("opens 1000 sessions")
 	}
-	if raceEnabled {
+	if host.RaceEnabled {
 		t.Skip("RSS under the race detector includes its shadow memory; `make test` runs this test without -race too")
 	}
 	f := newFixture(t, nil, sandbox.NewPolicy(), map[string]string{"counter.wasm": testplugins.Example(t, "counter")})

@@ -66,7 +66,7 @@ func TestCallStackDepth(t *testing.T) {
 // they are not what the budgets were measured on.
 func skipUnlessFramesMeasured(t *testing.T) {
 	t.Helper()
-	if raceEnabled {
+	if host.RaceEnabled {
 		t.Skip("the race detector's instrumentation changes the frames")
 	}
 	if runtime.GOARCH != "amd64" {

@@ -2,4 +2,4 @@
 
 package host
 
-const raceDetector = false
+const raceEnabled = false

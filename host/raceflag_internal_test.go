@@ -1,7 +1,0 @@
-//go:build race
-
-package host
-
-// raceDetector: the race detector drops a share of what is put in a
-// sync.Pool, so what a pool spares is allocated again, now and then.
-const raceDetector = true
