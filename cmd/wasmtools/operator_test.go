@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -160,6 +161,50 @@ func TestLocalRequest(t *testing.T) {
 				t.Errorf("localRequest = %v, want %v", got, tt.want)
 			}
 		})
+	}
+}
+
+// TestGuestRequestIsNotLocal: without an operator credential, /status and
+// /metrics answer requests made on this machine; a guest's http_request to
+// the server's own port is made by this process on a tenant's behalf, not
+// by someone on the machine, and is refused like any other tenant's. A
+// red team (round four) had bob, whose plugin was granted the server's
+// loopback port (as a hyper-mcp "127.0.0.1" or "localhost" entry grants
+// every port of it), read /status (every plugin's path and hash, every
+// session's grant counts) and /metrics (every tenant's usage) through
+// his own tool call.
+func TestGuestRequestIsNotLocal(t *testing.T) {
+	dir := testplugins.Folder(t, map[string]string{"grants.wasm": testplugins.Test(t, "grants")})
+	addr := freeAddr(t)
+	cfg := filepath.Join(t.TempDir(), "wasmtools.toml")
+	os.WriteFile(cfg, []byte(fmt.Sprintf(`
+[http.tokens]
+bob = "bob-token-0123456789abc"
+[plugins.grants]
+allowed_hosts = [%q]
+allow_private_networks = true
+`, addr)), 0o644)
+	// A second --http wins over serveInProcess's own: the grant names it.
+	serveInProcess(t, nil, "--no-watch", "--config", cfg, "--http", addr, dir)
+	base := "http://" + addr
+	// The machine's own requests are served (the rule the guest must not
+	// pass for).
+	if code, _, body := operatorRequest(t, base, "GET", "/status", ""); code != http.StatusOK || !strings.Contains(body, "grants") {
+		t.Fatalf("/status from this machine: %d %s", code, body)
+	}
+	cs, err := connectURL(t, base, bearer("bob-token-0123456789abc"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, path := range []string{"/status", "/metrics"} {
+		got := callText(t, cs, "fetch", map[string]any{"url": base + path})
+		if !strings.HasPrefix(got, "403 ") {
+			t.Errorf("bob's guest fetched %s: %.300q, want 403", path, got)
+		}
+	}
+	// The guest still reaches what it was granted: the port, as a client.
+	if got := callText(t, cs, "fetch", map[string]any{"url": base + "/healthz"}); got != "200 ok" {
+		t.Errorf("bob's guest fetched /healthz: %q, want 200 ok", got)
 	}
 }
 
