@@ -554,7 +554,11 @@ func (n *Network) newClient() (*http.Client, *http.Transport) {
 				return nil
 			},
 		}
-		return d.DialContext(ctx, network, target)
+		c, err := d.DialContext(ctx, network, target)
+		if err != nil {
+			return nil, err
+		}
+		return trackGuestConn(c), nil
 	}
 	tr := &http.Transport{
 		DialContext:            dial,
@@ -579,6 +583,68 @@ func (n *Network) newClient() (*http.Client, *http.Transport) {
 			return n.checkURL(req.Context(), req.URL, true)
 		},
 	}, tr
+}
+
+// guestConns holds the connections guests' requests opened on loopback
+// (http_request, get_access_token), by their two ends, while they are
+// open: to a server of this process such a peer is a guest acting on some
+// tenant's behalf, not someone on this machine ([GuestPeer]).
+var guestConns sync.Map // guestEnds -> struct{}
+
+type guestEnds struct{ local, remote netip.AddrPort }
+
+// endsOf returns c's two ends, and whether its local one is loopback.
+func endsOf(local, remote net.Addr) (guestEnds, bool) {
+	l, err1 := netip.ParseAddrPort(local.String())
+	r, err2 := netip.ParseAddrPort(remote.String())
+	if err1 != nil || err2 != nil {
+		return guestEnds{}, false
+	}
+	e := guestEnds{netip.AddrPortFrom(l.Addr().Unmap(), l.Port()), netip.AddrPortFrom(r.Addr().Unmap(), r.Port())}
+	return e, e.local.Addr().IsLoopback()
+}
+
+// trackGuestConn registers c in guestConns until it is closed, if it is
+// a loopback connection.
+func trackGuestConn(c net.Conn) net.Conn {
+	e, loopback := endsOf(c.LocalAddr(), c.RemoteAddr())
+	if !loopback {
+		return c
+	}
+	guestConns.Store(e, struct{}{})
+	return &guestConn{Conn: c, ends: e}
+}
+
+type guestConn struct {
+	net.Conn
+	ends guestEnds
+	once sync.Once
+}
+
+func (c *guestConn) Close() error {
+	c.once.Do(func() { guestConns.Delete(c.ends) })
+	return c.Conn.Close()
+}
+
+// GuestPeer reports whether a connection a server of this process
+// accepted, with peer (its remote address, as http.Request.RemoteAddr
+// gives it) and local (its own address, http.LocalAddrContextKey), is one
+// a guest opened and has not closed: a request on it comes from a plugin,
+// on behalf of whoever called it, though its peer is loopback.
+func GuestPeer(peer string, local net.Addr) bool {
+	if local == nil {
+		return false
+	}
+	p, err := netip.ParseAddrPort(peer)
+	if err != nil {
+		return false
+	}
+	e, loopback := endsOf(net.TCPAddrFromAddrPort(p), local)
+	if !loopback {
+		return false
+	}
+	_, ok := guestConns.Load(e)
+	return ok
 }
 
 // httpRequest is the Extism http_request request.

@@ -6,6 +6,7 @@ import (
 	"net/netip"
 
 	wauth "github.com/wasmtools/wasmtools/internal/auth"
+	"github.com/wasmtools/wasmtools/sandbox"
 )
 
 // operatorPaths are the endpoints only the operator may use: they stop,
@@ -79,7 +80,8 @@ func (g operatorGate) wrap(next http.Handler, localWithout bool) http.Handler {
 
 // localRequest reports whether r came from this machine: a loopback peer,
 // with none of the headers a proxy adds (a proxy on this machine makes
-// every client a loopback peer).
+// every client a loopback peer), that is not a guest's connection
+// (sandbox.GuestPeer).
 func localRequest(r *http.Request) bool {
 	for _, h := range []string{"Forwarded", "X-Forwarded-For", "X-Real-Ip"} {
 		if r.Header.Get(h) != "" {
@@ -88,6 +90,11 @@ func localRequest(r *http.Request) bool {
 	}
 	host, _, err := net.SplitHostPort(r.RemoteAddr)
 	if err != nil {
+		return false
+	}
+	// A plugin's http_request to this server's own port is this process
+	// acting for whichever tenant called it (red team, round four).
+	if local, _ := r.Context().Value(http.LocalAddrContextKey).(net.Addr); sandbox.GuestPeer(r.RemoteAddr, local) {
 		return false
 	}
 	ip, err := netip.ParseAddr(host)
