@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -2076,5 +2077,69 @@ func TestAnonymousShareRefusalTellsNoPoolUsage(t *testing.T) {
 	}
 	if held := strconv.Itoa(2 * sandbox.DefaultMemoryLimit); strings.Contains(err.Error(), held) {
 		t.Errorf("an anonymous client is told %q: the %s bytes the other anonymous clients' calls hold", err, held)
+	}
+}
+
+// TestPluginAccessListCursor: a list's next cursor names no entry outside
+// the request's rule. The go-sdk pages a list (1,000 entries a page) and
+// its cursor is the page's last name, base64 of gob; the access rules
+// filter each page after that, so bob, outside a plugin's rule, was handed
+// the name of its tool that ended his first page, and, with cursors of
+// his own making (any name), the name ending the 1,000 entries after it
+// (red team, round four).
+func TestPluginAccessListCursor(t *testing.T) {
+	var list strings.Builder
+	list.WriteString(`{"tools":[`)
+	for i := range 1000 {
+		if i > 0 {
+			list.WriteByte(',')
+		}
+		fmt.Fprintf(&list, `{"name":"zsecret_%04d","inputSchema":{"type":"object"}}`, i)
+	}
+	list.WriteString(`]}`)
+	cfg := map[string]string{"tools": list.String(), "prompts": `{"prompts":[]}`, "resources": `{"resources":[]}`, "templates": `{"resourceTemplates":[]}`}
+	f := newFixtureWith(t, &host.Options{PluginAccess: map[string]host.AccessRule{"hostilelist": {Subjects: []string{"alice"}}}}, func(path string) plugins.Options {
+		pol := sandbox.NewPolicy()
+		if strings.HasSuffix(path, "hostilelist.wasm") {
+			pol = pol.WithConfig(cfg)
+		}
+		return plugins.Options{Policy: &pol}
+	}, map[string]string{
+		"counter.wasm":     testplugins.Example(t, "counter"),
+		"hostilelist.wasm": testplugins.Test(t, "hostilelist"),
+	})
+	url := serveGuarded(t, f, host.GuardOptions{Tokens: map[string]string{"alice": aliceToken, "bob": bobToken}})
+	// Every page, the cursors each names, and the names listed in all.
+	pages := func(cs *mcp.ClientSession) (cursors, seen []string) {
+		cursor := ""
+		for range 10 {
+			res, err := cs.ListTools(context.Background(), &mcp.ListToolsParams{Cursor: cursor})
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, tool := range res.Tools {
+				seen = append(seen, tool.Name)
+			}
+			b, _ := base64.URLEncoding.DecodeString(res.NextCursor)
+			cursors = append(cursors, string(b))
+			if cursor = res.NextCursor; cursor == "" {
+				break
+			}
+		}
+		return cursors, seen
+	}
+	bob := connectHTTP(t, url, "2025-11-25", tenantTransport{token: bobToken})
+	cursors, seen := pages(bob)
+	if slices.ContainsFunc(cursors, func(c string) bool { return strings.Contains(c, "zsecret") }) {
+		t.Errorf("bob's pages' cursors %q name alice's plugin's tools", cursors)
+	}
+	if slices.ContainsFunc(seen, func(n string) bool { return strings.HasPrefix(n, "zsecret") }) || !slices.Contains(seen, "count") {
+		t.Errorf("bob lists %v, want counter's tools only", seen)
+	}
+	// Alice, whose rule it is, still gets every tool once, page by page.
+	_, all := pages(connectHTTP(t, url, "2025-11-25", tenantTransport{token: aliceToken}))
+	slices.Sort(all)
+	if n := len(slices.Compact(slices.Clone(all))); n != len(all) || n != 1000+len(seen) {
+		t.Errorf("alice lists %d tools, %d of them distinct; want the 1000 and counter's %d once each", len(all), n, len(seen))
 	}
 }
