@@ -1,7 +1,10 @@
 package host
 
 import (
+	"bytes"
 	"context"
+	"encoding/base64"
+	"encoding/gob"
 	"fmt"
 	"maps"
 	"slices"
@@ -149,24 +152,98 @@ func (h *Host) accessChecked(ctx context.Context, next mcp.MethodHandler, method
 			h.watching(r.Session, ai)
 		}
 	}
-	out, err := next(ctx, method, req)
-	if err != nil {
-		return out, err
-	}
 	hidden := func(p *plugins.Plugin, ok bool) bool { return ok && !h.mayUse(ai, p) }
-	switch res := out.(type) {
-	case *mcp.ListToolsResult:
-		res.Tools = slices.DeleteFunc(res.Tools, func(t *mcp.Tool) bool { return hidden(pluginOf(cat.Tool(t.Name))) })
-	case *mcp.ListPromptsResult:
-		res.Prompts = slices.DeleteFunc(res.Prompts, func(p *mcp.Prompt) bool { return hidden(pluginOf(cat.Prompt(p.Name))) })
-	case *mcp.ListResourcesResult:
-		res.Resources = slices.DeleteFunc(res.Resources, func(r *mcp.Resource) bool { return hidden(pluginOf(cat.Resource(r.URI))) })
-	case *mcp.ListResourceTemplatesResult:
-		res.ResourceTemplates = slices.DeleteFunc(res.ResourceTemplates, func(r *mcp.ResourceTemplate) bool {
-			return hidden(pluginOf(cat.ResourceTemplate(r.URITemplate)))
-		})
+	switch r := req.(type) {
+	case *mcp.ListToolsRequest:
+		if r.Params == nil {
+			r.Params = &mcp.ListToolsParams{}
+		}
+		return visiblePage(ctx, next, method, req, &r.Params.Cursor,
+			func(res *mcp.ListToolsResult) (*[]*mcp.Tool, *string) { return &res.Tools, &res.NextCursor },
+			func(t *mcp.Tool) (string, bool) { return t.Name, hidden(pluginOf(cat.Tool(t.Name))) })
+	case *mcp.ListPromptsRequest:
+		if r.Params == nil {
+			r.Params = &mcp.ListPromptsParams{}
+		}
+		return visiblePage(ctx, next, method, req, &r.Params.Cursor,
+			func(res *mcp.ListPromptsResult) (*[]*mcp.Prompt, *string) { return &res.Prompts, &res.NextCursor },
+			func(p *mcp.Prompt) (string, bool) { return p.Name, hidden(pluginOf(cat.Prompt(p.Name))) })
+	case *mcp.ListResourcesRequest:
+		if r.Params == nil {
+			r.Params = &mcp.ListResourcesParams{}
+		}
+		return visiblePage(ctx, next, method, req, &r.Params.Cursor,
+			func(res *mcp.ListResourcesResult) (*[]*mcp.Resource, *string) { return &res.Resources, &res.NextCursor },
+			func(r *mcp.Resource) (string, bool) { return r.URI, hidden(pluginOf(cat.Resource(r.URI))) })
+	case *mcp.ListResourceTemplatesRequest:
+		if r.Params == nil {
+			r.Params = &mcp.ListResourceTemplatesParams{}
+		}
+		return visiblePage(ctx, next, method, req, &r.Params.Cursor,
+			func(res *mcp.ListResourceTemplatesResult) (*[]*mcp.ResourceTemplate, *string) {
+				return &res.ResourceTemplates, &res.NextCursor
+			},
+			func(r *mcp.ResourceTemplate) (string, bool) {
+				return r.URITemplate, hidden(pluginOf(cat.ResourceTemplate(r.URITemplate)))
+			})
 	}
-	return out, err
+	return next(ctx, method, req)
+}
+
+// visiblePage serves a list request a page of the entries it may see:
+// the go-sdk's pages (each of mcp.DefaultPageSize entries, its cursor the
+// name of the page's last) are read from the request's cursor on, and
+// their hidden entries left out, until a page's worth is kept or the list
+// ends; the cursor given back names the last entry kept. Filtering the
+// go-sdk's page alone handed a request outside a plugin's rule the name
+// that ended the page, a hidden one as often as not, and, from a cursor
+// of its own making, the count of hidden entries among the next page's
+// (TestPluginAccessListCursor).
+func visiblePage[R mcp.Result, T any](ctx context.Context, next mcp.MethodHandler, method string, req mcp.Request, cursor *string, fields func(R) (*[]T, *string), entry func(T) (name string, hidden bool)) (mcp.Result, error) {
+	var kept []T
+	for {
+		out, err := next(ctx, method, req)
+		if err != nil {
+			return out, err
+		}
+		res, ok := out.(R)
+		if !ok {
+			return out, nil
+		}
+		items, nextCursor := fields(res)
+		for _, it := range *items {
+			name, hidden := entry(it)
+			if hidden {
+				continue
+			}
+			if kept = append(kept, it); len(kept) == mcp.DefaultPageSize {
+				c, err := encodeCursor(name)
+				if err != nil {
+					return nil, err
+				}
+				*items, *nextCursor = kept, c
+				return out, nil
+			}
+		}
+		if *nextCursor == "" {
+			*items = kept
+			return out, nil
+		}
+		*cursor = *nextCursor
+	}
+}
+
+// pageToken is what a go-sdk list cursor holds (the go-sdk's own
+// unexported type, which gob reads by its fields' names).
+type pageToken struct{ LastUID string }
+
+// encodeCursor is the go-sdk's cursor of a page ending with uid.
+func encodeCursor(uid string) (string, error) {
+	var b bytes.Buffer
+	if err := gob.NewEncoder(&b).Encode(pageToken{LastUID: uid}); err != nil {
+		return "", err
+	}
+	return base64.URLEncoding.EncodeToString(b.Bytes()), nil
 }
 
 // mayWatch reports whether the request may subscribe to uri, and be told
