@@ -270,6 +270,15 @@ func (s *setup) send(header, value, body string, again bool) (int, string, error
 	return resp.StatusCode, string(answer), nil
 }
 
+// get sends a session's GET of path (its stream, as a client opens or
+// resumes one) through the proxy.
+func (s *setup) get(path, key string) (*http.Response, error) {
+	req, _ := http.NewRequest("GET", "http://"+s.proxy+path, nil)
+	req.Header.Set("Accept", "text/event-stream")
+	req.Header.Set("Mcp-Session-Id", key)
+	return s.client.Do(req)
+}
+
 // mustPost is post, failing the test on a status other than 200.
 func (s *setup) mustPost(header, value string) string {
 	s.t.Helper()
@@ -507,10 +516,7 @@ func TestConfigs(t *testing.T) {
 			})
 			t.Run("stream not buffered", func(t *testing.T) {
 				s := start(t, p.start)
-				req, _ := http.NewRequest("GET", "http://"+s.proxy+"/sse", nil)
-				req.Header.Set("Accept", "text/event-stream")
-				req.Header.Set("Mcp-Session-Id", "s2.stream")
-				resp, err := s.client.Do(req)
+				resp, err := s.get("/sse", "s2.stream")
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -545,10 +551,7 @@ func TestConfigs(t *testing.T) {
 				// session at the go-sdk client) ran nothing: it goes to
 				// the fallback, as a POST that may have run does not.
 				s := start(t, p.start)
-				req, _ := http.NewRequest("GET", "http://"+s.proxy+"/gone", nil)
-				req.Header.Set("Accept", "text/event-stream")
-				req.Header.Set("Mcp-Session-Id", "s1.gone")
-				resp, err := s.client.Do(req)
+				resp, err := s.get("/gone", "s1.gone")
 				if err != nil {
 					t.Fatalf("a session's GET its replica hung up on: %v; want answered by its fallback", err)
 				}
@@ -590,10 +593,7 @@ func TestConfigs(t *testing.T) {
 				t.Parallel()
 				s := start(t, p.start)
 				s.client.Timeout = time.Minute
-				req, _ := http.NewRequest("GET", "http://"+s.proxy+"/beats", nil)
-				req.Header.Set("Accept", "text/event-stream")
-				req.Header.Set("Mcp-Session-Id", "s2.long")
-				resp, err := s.client.Do(req)
+				resp, err := s.get("/beats", "s2.long")
 				if err != nil {
 					t.Fatal(err)
 				}

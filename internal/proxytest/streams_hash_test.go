@@ -2,7 +2,6 @@ package proxytest_test
 
 import (
 	"io"
-	"net/http"
 	"strings"
 	"testing"
 )
@@ -11,9 +10,7 @@ import (
 // exiting) through s's proxy, and returns the status and who answered.
 func (s *setup) gone(key string) (int, string) {
 	s.t.Helper()
-	req, _ := http.NewRequest("GET", "http://"+s.proxy+"/gone", nil)
-	req.Header.Set("Mcp-Session-Id", key)
-	resp, err := s.client.Do(req)
+	resp, err := s.get("/gone", key)
 	if err != nil {
 		s.t.Fatalf("GET %s: %v", key, err)
 	}
