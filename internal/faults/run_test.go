@@ -27,3 +27,32 @@ func TestStoreBreakersInTimeline(t *testing.T) {
 		t.Fatalf("timeline:\n%s\nwant a line %q, and none of s1 or s3", got, want)
 	}
 }
+
+// A setup naming two stores is refused rather than run on one of them:
+// startProcess's store is a StoreLink's Redis before the sentinels, and
+// either before the file, so a FileStore scenario with StoreLinks (or
+// Sentinel) kept its sessions in Redis, and one with StoreLinks and
+// Sentinel reached the first primary past its sentinels. Every
+// scenario of the suite names one.
+func TestSetupNamesOneStore(t *testing.T) {
+	for _, s := range []Setup{
+		{FileStore: true, StoreLinks: true},
+		{FileStore: true, Sentinel: true},
+		{StoreLinks: true, Sentinel: true},
+		{FileStore: true, StoreLinks: true, Sentinel: true},
+	} {
+		if err := s.Validate(); err == nil {
+			t.Errorf("FileStore %v, StoreLinks %v, Sentinel %v: valid; want an error", s.FileStore, s.StoreLinks, s.Sentinel)
+		}
+	}
+	for _, s := range []Setup{{}, {FileStore: true, Relays: true}, {StoreLinks: true, Relays: true}, {Sentinel: true, NoWait: true}, {NoWait: true}} {
+		if err := s.Validate(); err != nil {
+			t.Errorf("%+v: %v; want valid", s, err)
+		}
+	}
+	for _, sc := range Scenarios(1) {
+		if err := sc.setup(Setup{NoWait: true}).Validate(); err != nil {
+			t.Errorf("scenario %s/%s: %v", sc.Name, sc.Proxy, err)
+		}
+	}
+}
