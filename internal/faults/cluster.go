@@ -66,7 +66,8 @@ type Setup struct {
 	// fault); the proxy then connects to the relays.
 	Relays bool
 	// StoreLinks connects each replica to Redis through a [Relay] of its
-	// own (Replica.StoreLink), which a partition cuts ([Cluster.Cut]).
+	// own (Replica.StoreLink), which a partition cuts ([Cluster.Cut]);
+	// plain Redis, so neither with Sentinel nor FileStore ([Setup.Validate]).
 	StoreLinks bool
 	// Down lists replicas (0..2) not started with the cluster: scaled out
 	// later with [Cluster.Start].
@@ -85,8 +86,24 @@ type Setup struct {
 	FileStore bool
 }
 
-// Validate refuses a setup naming two stores for the replicas.
+// Validate refuses a setup naming two stores for the replicas:
+// startProcess would run it on one of them (a StoreLink's Redis, else the
+// sentinels, else the file), not on the one the scenario meant to fault.
+// StoreLinks relay to plain Redis, past any sentinel.
 func (s Setup) Validate() error {
+	var stores []string
+	if s.StoreLinks {
+		stores = append(stores, "StoreLinks (Redis through relays)")
+	}
+	if s.Sentinel {
+		stores = append(stores, "Sentinel")
+	}
+	if s.FileStore {
+		stores = append(stores, "FileStore")
+	}
+	if len(stores) > 1 {
+		return fmt.Errorf("the replicas' store is one of %s, not %d", strings.Join(stores, ", "), len(stores))
+	}
 	return nil
 }
 
@@ -143,6 +160,9 @@ func (r *Replica) Output() string {
 // proxy, and returns once the proxy routes to every replica started.
 func NewCluster(t testing.TB, setup Setup) *Cluster {
 	t.Helper()
+	if err := setup.Validate(); err != nil {
+		t.Fatal(err)
+	}
 	c := &Cluster{t: t, setup: setup, begin: time.Now()}
 	c.Logf("starting")
 	if setup.Sentinel {
