@@ -806,12 +806,36 @@ func TestContainedCheckpointIsOneRedisWrite(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	states, bases, staged := 0, 0, 0
-	var other []string
+	var sent []string
 	for line := range lines {
 		if strings.Contains(line, marker) {
 			break
 		}
+		sent = append(sent, line)
+	}
+	w := sessionWrites(sent, "s."+cs.ID())
+	states, bases, staged, other := w.states, w.bases, w.staged, w.other
+	t.Logf("%d calls: %d state writes, %d bases, %d staged values", calls, states, bases, staged)
+	if states != calls || staged > states+bases || len(other) > 0 {
+		t.Errorf("%d calls sent %d state writes (want %d), %d bases, %d staged values, and %d other commands of the session:\n%s",
+			calls, states, calls, bases, staged, len(other), strings.Join(other, "\n"))
+	}
+	if bases > calls/4 {
+		t.Errorf("%d calls wrote %d bases", calls, bases)
+	}
+}
+
+// redisWrites sorts what clients sent a session's keys.
+type redisWrites struct {
+	states, bases, staged int      // the servlet's checkpoint scripts and staged values
+	other                 []string // any other command on its keys, cut short
+}
+
+// sessionWrites sorts the MONITOR lines of commands on store session
+// id's keys.
+func sessionWrites(lines []string, id string) redisWrites {
+	var w redisWrites
+	for _, line := range lines {
 		if strings.Contains(line, "[0 lua]") || !strings.Contains(line, "wt:{") {
 			continue // a script's own command; the replica's heartbeat
 		}
@@ -821,25 +845,44 @@ func TestContainedCheckpointIsOneRedisWrite(t *testing.T) {
 			keys, _ := strconv.Atoi(args[2])
 			switch field := args[3+keys+2]; field {
 			case "f:p/servlet":
-				states++
+				w.states++
 			case "f:b/servlet":
-				bases++
+				w.bases++
 			default:
-				other = append(other, short(line))
+				w.other = append(w.other, short(line))
 			}
 		case cmd == "set" && strings.Contains(args[1], "}:s:"):
-			staged++
+			w.staged++
 		default:
-			other = append(other, short(line))
+			w.other = append(w.other, short(line))
 		}
 	}
-	t.Logf("%d calls: %d state writes, %d bases, %d staged values", calls, states, bases, staged)
-	if states != calls || staged > states+bases || len(other) > 0 {
-		t.Errorf("%d calls sent %d state writes (want %d), %d bases, %d staged values, and %d other commands of the session:\n%s",
-			calls, states, calls, bases, staged, len(other), strings.Join(other, "\n"))
+	return w
+}
+
+// sessionWrites counts the commands on the session's own keys, each
+// once, and only those: the replica's heartbeat, its epoch and its key
+// check (a script of the store's on other keys, with fewer arguments
+// than a checkpoint's) run while the calls do, and a script's own
+// commands are part of it.
+func TestSessionWritesCountsTheSessionsCommands(t *testing.T) {
+	const id = "s.a.SESSION"
+	lines := []string{
+		`+1.0 [0 127.0.0.1:1] "evalsha" "sha" "4" "wt:{s.a.SESSION}:rec" "wt:{s.a.SESSION}:fence" "wt:epoch" "wt:{s.a.SESSION}:v:p/servlet" "7" "1800000" "f:p/servlet" "\x02..."`,
+		`+1.1 [0 lua] "HSET" "wt:{s.a.SESSION}:rec" "f:p/servlet" "\x02..."`,
+		`+1.2 [0 127.0.0.1:2] "evalsha" "sha2" "1" "wt:{wt-keycheck}:rec"`, // the heartbeat's key check: a Get
+		`+1.3 [0 127.0.0.1:2] "evalsha" "sha3" "3" "wt:{wt-keycheck}:rec" "wt:{wt-keycheck}:fence" "wt:epoch" "wt:owner:keycheck/-" "31536000000" "f:check"`,
+		`+1.4 [0 127.0.0.1:2] "set" "wt:owner:a/boot" "1" "PX" "6000"`,
+		`+1.5 [0 127.0.0.1:1] "set" "wt:{s.a.SESSION}:s:RAND" "\x02..." "PX" "60000"`,
+		`+1.6 [0 127.0.0.1:1] "evalsha" "sha" "4" "wt:{s.a.SESSION}:rec" "wt:{s.a.SESSION}:fence" "wt:epoch" "wt:{s.a.SESSION}:v:b/servlet" "8" "1800000" "f:b/servlet" "\x02..."`,
+		`+1.7 [0 127.0.0.1:3] "evalsha" "sha4" "1" "wt:{s.a.OTHER}:rec" "x"`, // another session's
+		`+1.8 [0 127.0.0.1:1] "evalsha" "sha5" "1" "wt:{s.a.SESSION}:rec"`,   // a short script on the session: other
+		`+1.9 [0 127.0.0.1:1] "hget" "wt:{s.a.SESSION}:rec" "m:owner"`,
 	}
-	if bases > calls/4 {
-		t.Errorf("%d calls wrote %d bases", calls, bases)
+	w := sessionWrites(lines, id)
+	if w.states != 1 || w.bases != 1 || w.staged != 1 || len(w.other) != 2 ||
+		!strings.Contains(w.other[0], `"sha5"`) || !strings.Contains(w.other[1], `"hget"`) {
+		t.Errorf("%d states, %d bases, %d staged, other %q; want 1, 1, 1 and the session's short script and hget", w.states, w.bases, w.staged, w.other)
 	}
 }
 
