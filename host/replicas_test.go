@@ -11,6 +11,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -776,7 +777,9 @@ func TestContainedCallIsNotClaimedFirst(t *testing.T) {
 // the same pipeline, and no claim, read or renewal of the session before
 // or after it; a base now and then (a state written whole) is a second
 // write. Seen by redis-server's MONITOR, which lists what every client
-// sent, the scripts' own commands apart ("lua").
+// sent, the scripts' own commands apart ("lua"): of those, each command
+// on the session's keys counts (sessionWrites), and nothing else (the
+// replica's heartbeat and key check run meanwhile).
 func TestContainedCheckpointIsOneRedisWrite(t *testing.T) {
 	addr := proxytest.StartRedis(t)
 	f := newFixture(t, &host.Options{Replica: "a", Store: redisStore(t, addr), StateKey: replicaKey}, sandbox.NewPolicy(),
@@ -831,19 +834,34 @@ type redisWrites struct {
 	other                 []string // any other command on its keys, cut short
 }
 
-// sessionWrites sorts the MONITOR lines of commands on store session
-// id's keys.
+// sessionWrites sorts the MONITOR lines of commands a client sent on
+// store session id's keys (wt:{id}:…), and only those: the replica's
+// heartbeat, its epoch reads and its key check (wt:{wt-keycheck}) run
+// while the calls do, and a script's own commands are the script's. A
+// command of a shape other than a checkpoint's, however short, is other.
 func sessionWrites(lines []string, id string) redisWrites {
 	var w redisWrites
+	prefix := "wt:{" + id + "}:"
 	for _, line := range lines {
-		if strings.Contains(line, "[0 lua]") || !strings.Contains(line, "wt:{") {
-			continue // a script's own command; the replica's heartbeat
+		if strings.Contains(line, " lua] ") {
+			continue
 		}
 		args := monitorArgs(line)
-		switch cmd := strings.ToLower(args[0]); {
+		if len(args) < 2 || !slices.ContainsFunc(args[1:], func(a string) bool { return strings.HasPrefix(a, prefix) }) {
+			continue
+		}
+		cmd := strings.ToLower(args[0])
+		switch {
 		case cmd == "evalsha" || cmd == "eval":
-			keys, _ := strconv.Atoi(args[2])
-			switch field := args[3+keys+2]; field {
+			// A checkpoint's script: its keys, then its fence (two
+			// arguments) and the field it writes.
+			field := ""
+			if len(args) > 2 {
+				if keys, err := strconv.Atoi(args[2]); err == nil && keys >= 0 && 3+keys+2 < len(args) {
+					field = args[3+keys+2]
+				}
+			}
+			switch field {
 			case "f:p/servlet":
 				w.states++
 			case "f:b/servlet":
@@ -851,7 +869,7 @@ func sessionWrites(lines []string, id string) redisWrites {
 			default:
 				w.other = append(w.other, short(line))
 			}
-		case cmd == "set" && strings.Contains(args[1], "}:s:"):
+		case cmd == "set" && strings.HasPrefix(args[1], prefix+"s:"):
 			w.staged++
 		default:
 			w.other = append(w.other, short(line))
@@ -868,21 +886,22 @@ func sessionWrites(lines []string, id string) redisWrites {
 func TestSessionWritesCountsTheSessionsCommands(t *testing.T) {
 	const id = "s.a.SESSION"
 	lines := []string{
-		`+1.0 [0 127.0.0.1:1] "evalsha" "sha" "4" "wt:{s.a.SESSION}:rec" "wt:{s.a.SESSION}:fence" "wt:epoch" "wt:{s.a.SESSION}:v:p/servlet" "7" "1800000" "f:p/servlet" "\x02..."`,
+		`+1.0 [0 127.0.0.1:1] "evalsha" "sha" "4" "wt:{s.a.SESSION}:rec" "wt:{s.a.SESSION}:fence" "wt:epoch" "wt:{s.a.SESSION}:v:p/servlet" "1" "7" "f:p/servlet" "\x02..."`,
 		`+1.1 [0 lua] "HSET" "wt:{s.a.SESSION}:rec" "f:p/servlet" "\x02..."`,
 		`+1.2 [0 127.0.0.1:2] "evalsha" "sha2" "1" "wt:{wt-keycheck}:rec"`, // the heartbeat's key check: a Get
 		`+1.3 [0 127.0.0.1:2] "evalsha" "sha3" "3" "wt:{wt-keycheck}:rec" "wt:{wt-keycheck}:fence" "wt:epoch" "wt:owner:keycheck/-" "31536000000" "f:check"`,
 		`+1.4 [0 127.0.0.1:2] "set" "wt:owner:a/boot" "1" "PX" "6000"`,
 		`+1.5 [0 127.0.0.1:1] "set" "wt:{s.a.SESSION}:s:RAND" "\x02..." "PX" "60000"`,
-		`+1.6 [0 127.0.0.1:1] "evalsha" "sha" "4" "wt:{s.a.SESSION}:rec" "wt:{s.a.SESSION}:fence" "wt:epoch" "wt:{s.a.SESSION}:v:b/servlet" "8" "1800000" "f:b/servlet" "\x02..."`,
+		`+1.6 [0 127.0.0.1:1] "evalsha" "sha" "4" "wt:{s.a.SESSION}:rec" "wt:{s.a.SESSION}:fence" "wt:epoch" "wt:{s.a.SESSION}:v:b/servlet" "1" "8" "f:b/servlet" "\x02..."`,
 		`+1.7 [0 127.0.0.1:3] "evalsha" "sha4" "1" "wt:{s.a.OTHER}:rec" "x"`, // another session's
 		`+1.8 [0 127.0.0.1:1] "evalsha" "sha5" "1" "wt:{s.a.SESSION}:rec"`,   // a short script on the session: other
 		`+1.9 [0 127.0.0.1:1] "hget" "wt:{s.a.SESSION}:rec" "m:owner"`,
+		`+2.0 [0 127.0.0.1:1] "evalsha" "wt:{s.a.SESSION}:rec"`, // shorter still
 	}
 	w := sessionWrites(lines, id)
-	if w.states != 1 || w.bases != 1 || w.staged != 1 || len(w.other) != 2 ||
+	if w.states != 1 || w.bases != 1 || w.staged != 1 || len(w.other) != 3 ||
 		!strings.Contains(w.other[0], `"sha5"`) || !strings.Contains(w.other[1], `"hget"`) {
-		t.Errorf("%d states, %d bases, %d staged, other %q; want 1, 1, 1 and the session's short script and hget", w.states, w.bases, w.staged, w.other)
+		t.Errorf("%d states, %d bases, %d staged, other %q; want 1, 1, 1 and the session's two short scripts and hget", w.states, w.bases, w.staged, w.other)
 	}
 }
 
