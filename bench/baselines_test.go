@@ -31,6 +31,7 @@ type rawRuntime struct {
 	rt       wazero.Runtime
 	compiled wazero.CompiledModule
 	k        *rawkernel.Kernel // the kernel of calls made with call
+	stack    [1]uint64         // their stack (see callOn)
 }
 
 // compilationCache returns the on-disk compilation cache the baselines
@@ -110,7 +111,7 @@ func (r *rawRuntime) kernel(ctx context.Context) *rawkernel.Kernel {
 // instance; a benchmark's loop of calls takes the export once and uses
 // callOn, as a wazero user does (see callOn).
 func (r *rawRuntime) call(ctx context.Context, m api.Module, input []byte) ([]byte, error) {
-	return r.callOn(ctx, r.k, m.ExportedFunction("call"), input)
+	return r.callOn(ctx, r.k, m.ExportedFunction("call"), r.stack[:], input)
 }
 
 // callOn runs f, an instance's export "call", with input on kernel k and
@@ -120,10 +121,12 @@ func (r *rawRuntime) call(ctx context.Context, m api.Module, input []byte) ([]by
 // ExportedFunction is a new call engine, whose stack is allocated and
 // grown afresh by the call (for the Go plugin, about 11 µs and 64 KiB of
 // garbage a call), which a floor must not pay and wasmtools does not
-// (TestRawCallAllocates).
-func (r *rawRuntime) callOn(ctx context.Context, k *rawkernel.Kernel, f api.Function, input []byte) ([]byte, error) {
+// (TestRawCallAllocates). It is called with CallWithStack on stack, the
+// caller's room for its result, as wasmtools calls it: Call allocates
+// that room at each call.
+func (r *rawRuntime) callOn(ctx context.Context, k *rawkernel.Kernel, f api.Function, stack []uint64, input []byte) ([]byte, error) {
 	k.Reset(input)
-	if _, err := f.Call(ctx); err != nil {
+	if err := f.CallWithStack(ctx, stack); err != nil {
 		return nil, err
 	}
 	return append([]byte(nil), k.Output()...), nil

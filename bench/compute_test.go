@@ -71,11 +71,11 @@ func BenchmarkComputeCall(b *testing.B) {
 			}
 			defer m.Close(ctx)
 			f := m.ExportedFunction("call")
-			out, err := r.callOn(ctx, r.k, f, input)
+			out, err := r.callOn(ctx, r.k, f, r.stack[:], input)
 			check(b, out, err)
 			cpu := startCPU()
 			for b.Loop() {
-				out, err = r.callOn(ctx, r.k, f, input)
+				out, err = r.callOn(ctx, r.k, f, r.stack[:], input)
 			}
 			cpu.report(b)
 			check(b, out, err)
