@@ -145,6 +145,13 @@ func asks(p *plugins.Plugin) bool {
 	return p.ImportsHost(abi.FuncCreateElicitation) || p.ImportsHost(abi.FuncCreateMessage) || p.ImportsHost(abi.FuncListRoots) || p.ImportsHost(abi.FuncRequestInputs)
 }
 
+// waitsForPerson is sessions.Options.Waits: whether a call of p's guest
+// may wait for a person (callEnv.waitForPerson, which pauses its lease):
+// one that asks the client something, or for a grant inside its ceiling.
+// Only such a lease is given a context of its own, which its eviction
+// while it waits cancels.
+func waitsForPerson(p *plugins.Plugin) bool { return asks(p) || p.Asks() }
+
 // callTool runs a validated call on a lease of key's instance and shapes
 // its result: everything a call costs the host but the MCP transport. The
 // error is a refusal (busy, at capacity, shutting down); the call's own

@@ -502,6 +502,7 @@ func New(src *plugins.Reloader, opts *Options) *Host {
 		MaxInstances: h.opts.MaxInstances, MaxInstancesPerPlugin: h.opts.MaxInstancesPerPlugin,
 		InstanceLimits: h.opts.InstanceLimits, MemoryBudget: h.opts.MemoryBudget,
 		MaxConcurrentCalls: h.opts.MaxConcurrentCalls, PoolSize: h.opts.PoolSize, Tenant: requestTenant,
+		Waits:       waitsForPerson,
 		IdleTimeout: idle,
 		MaxParked:   h.opts.MaxParked, MaxParkedPerClient: h.opts.MaxParkedPerClient,
 		MaxHandles: h.opts.MaxHandles, MaxClients: cmp.Or(h.opts.MaxHandles, sessions.DefaultMaxHandles), MaxClientsPerGroup: h.handleShare(),

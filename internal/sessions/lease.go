@@ -317,8 +317,20 @@ func (m *Manager) acquireSlot(ctx context.Context, key Key, p *plugins.Plugin) (
 		sl.notice, sl.kept, sl.keptAt = l.notice, l.notice, l.keptAt
 		return fail(err)
 	}
-	l.ctx, l.cancel = context.WithCancelCause(ctx)
+	l.ctx, l.cancel = m.leaseContext(ctx, p)
 	return l, nil
+}
+
+// leaseContext is the context and cancel of a lease of p acquired under
+// ctx: ctx itself and no cancel for a plugin whose calls never wait for a
+// person (Options.Waits), since only a lease waiting for one is ever
+// cancelled (evictLocked, Close); its Done's cancel only let go of what
+// ended with it, which the sandbox's call lets go of itself.
+func (m *Manager) leaseContext(ctx context.Context, p *plugins.Plugin) (context.Context, context.CancelCauseFunc) {
+	if m.opts.Waits != nil && !m.opts.Waits(p) {
+		return ctx, nil
+	}
+	return context.WithCancelCause(ctx)
 }
 
 // startInSlot starts the instance of p in c's slot sl, which holds none
@@ -522,7 +534,8 @@ func (m *Manager) takeToken(ctx context.Context, l *Lease) error {
 // Context is the context to run guest code under: the one Acquire was
 // given, also cancelled when the lease is evicted or abandoned
 // ([context.Cause] says why: [ErrEvicted], [ErrClosed], or the park's
-// abandonment).
+// abandonment); for a plugin that [Options.Waits] says never waits for a
+// person, the one Acquire was given.
 func (l *Lease) Context() context.Context { return l.ctx }
 
 // Instance is the instance to run.
@@ -570,7 +583,8 @@ func (l *Lease) Notice() Notice { return l.notice }
 // Pause marks the lease as waiting for a person (an elicitation, a sampling
 // request, a parked round): it gives back its concurrency token, and may be
 // evicted while it waits (its context is then cancelled with
-// [ErrEvicted]). Resume ends the wait.
+// [ErrEvicted]), unless [Options.Waits] said its plugin never waits.
+// Resume ends the wait.
 func (l *Lease) Pause() {
 	m := l.m
 	m.mu.Lock()
@@ -578,13 +592,19 @@ func (l *Lease) Pause() {
 		m.mu.Unlock()
 		return
 	}
-	l.waitElem = m.waiting.PushBack(l)
+	unevictable := l.cancel == nil
+	if !unevictable {
+		l.waitElem = m.waiting.PushBack(l)
+	}
 	token := l.token
 	l.token = false
 	m.broadcastLocked()
 	m.mu.Unlock()
 	if token {
 		<-m.running
+	}
+	if unevictable {
+		m.log.Error("a lease waits for a person, but its plugin was said never to (Options.Waits): it cannot be evicted meanwhile", "plugin", l.plugin.Name())
 	}
 }
 
@@ -656,7 +676,9 @@ func (l *Lease) Done(err error) {
 		<-m.running
 	}
 	reason := resetReason(err, l)
-	l.cancel(nil)
+	if l.cancel != nil {
+		l.cancel(nil)
+	}
 	if l.sl == nil {
 		m.donePooled(l, reason)
 	} else {

@@ -199,6 +199,17 @@ type Options struct {
 	// gone must not reset a state the store holds), with no reset when
 	// there is one. For a store written after every call.
 	StoredAfterCancel bool
+	// Waits, if set, reports whether a call of p's guest may wait for a
+	// person ([Lease.Pause]). Only a lease of such a plugin gets a
+	// context of its own, which eviction and Close cancel (they cancel
+	// only leases waiting for a person); any other lease's [Lease.Context]
+	// is the one Acquire was given, ended only with it. A context of its
+	// own cost every lease four allocations, and the guest's watch on it
+	// (the sandbox's AfterFunc) a fifth (issue 27, item 2). nil: every
+	// lease may wait. A lease Waits said will not wait that pauses all
+	// the same gives back its concurrency token, but is not evictable
+	// while it waits (it has nothing to cancel), and is logged.
+	Waits func(p *plugins.Plugin) bool
 	// Ended, if set, is called with a client's key once the client has
 	// ended: by End (also for a key with no client), the idle timeout,
 	// eviction past MaxHandles, or Close. What the caller keeps per

@@ -95,7 +95,7 @@ func (m *Manager) acquirePooled(ctx context.Context, p *plugins.Plugin) (*Lease,
 		m.donePooled(l, "")
 		return fail(err)
 	}
-	l.ctx, l.cancel = context.WithCancelCause(ctx)
+	l.ctx, l.cancel = m.leaseContext(ctx, p)
 	return l, nil
 }
 

@@ -1,0 +1,5 @@
+//go:build !race
+
+package sessions_test
+
+const raceEnabled = false
