@@ -375,10 +375,15 @@ func (h *Host) runGuest(ctx context.Context, t *plugins.Tool, c *plugins.Call, e
 	return out, err
 }
 
-// guestSpan is the context of a guest's run on l: l's, with ctx's span
-// and values, and a span of its own.
+// guestSpan is the context of a guest's run on l: l's, with ctx's span,
+// and a span of its own. With spans off, l's context, acquired under ctx
+// (leaseFor's span is then none), carries ctx's span (a client's remote
+// one, or none) already: no layer puts it back (a WithValue a call).
 func (h *Host) guestSpan(ctx context.Context, t *plugins.Tool, env *callEnv, l *sessions.Lease) (context.Context, trace.Span) {
-	cctx := telemetry.Under(l.Context(), ctx)
+	cctx := l.Context()
+	if telemetry.On() {
+		cctx = telemetry.Under(cctx, ctx) // the guest's span beside the lease's, not under it
+	}
 	if env != nil && t.Plugin().Asks() {
 		cctx = sandbox.WithAsker(cctx, env) // grants inside the ceiling are asked for
 	}

@@ -11,7 +11,10 @@ import (
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
+	"go.opentelemetry.io/otel/trace"
 
+	"github.com/wasmtools/wasmtools/internal/sessions"
+	"github.com/wasmtools/wasmtools/internal/telemetry"
 	"github.com/wasmtools/wasmtools/internal/testplugins"
 	"github.com/wasmtools/wasmtools/plugins"
 )
@@ -339,5 +342,32 @@ func TestReplayPostStreamAllocates(t *testing.T) {
 	}
 	if got != 2 {
 		t.Errorf("%d events replayed; want 2", got)
+	}
+}
+
+// TestGuestSpanAllocates: with spans off, a guest's run takes its lease's
+// context as it is: it was acquired under the call's, whose span (a
+// client's remote one here) it carries already, and a layer putting that
+// span back was a WithValue every call (issue 27, item 2).
+func TestGuestSpanAllocates(t *testing.T) {
+	h, tool := benchHost(t, testplugins.Example(t, "counter"), "count")
+	sc := trace.NewSpanContext(trace.SpanContextConfig{TraceID: trace.TraceID{1}, SpanID: trace.SpanID{2}, TraceFlags: trace.FlagsSampled, Remote: true})
+	ctx := trace.ContextWithRemoteSpanContext(context.Background(), sc)
+	var conn int
+	l, err := h.ses.Acquire(ctx, sessions.Conn(&conn, "c", "c"), tool.Plugin())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Done(nil)
+	var gctx context.Context
+	if allocs := testing.AllocsPerRun(100, func() {
+		var span trace.Span
+		gctx, span = h.guestSpan(ctx, tool, nil, l)
+		telemetry.End(span, nil)
+	}); allocs > 0 {
+		t.Errorf("a guest's context and span with spans off: %v allocations; want none", allocs)
+	}
+	if got := trace.SpanContextFromContext(gctx); !got.Equal(sc) {
+		t.Errorf("the guest's span context is %v; want the call's, %v", got, sc)
 	}
 }
