@@ -755,9 +755,9 @@ func (d *Keeper) lostWithStore(ctx context.Context, key sessions.Key, c *Claim, 
 	// heartbeat, a drain) records the rest.
 	for name := range lost {
 		pr := pluginRecord{Lost: "the state store lost this session's saved state", Reason: ReasonStoreLost, Done: c.done[name], Ran: c.ran[name]}
-		b, base, _, err := c.encodePlugin(name, pr, nil, false)
+		b, base, _, err := c.encodePlugin(name, pr, nil, false, nil)
 		if err == nil {
-			_, err = d.putState(ctx, c, name, b, base)
+			_, err = d.putState(ctx, c, name, b, base, nil)
 		}
 		if err != nil {
 			break

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 
 	"github.com/wasmtools/wasmtools/internal/statestore"
 	"github.com/wasmtools/wasmtools/plugins"
@@ -64,11 +65,16 @@ type storedBase struct {
 	carried int
 }
 
-// newStoredBase is what a base field holds, its frames fs.
-func newStoredBase(field []byte, fs [][]byte) *storedBase {
+// newStoredBase is what a base field holds, its frames fs with their
+// keys (nil: taken here; a snapshot gives them with its frames).
+func newStoredBase(field []byte, fs [][]byte, keys []frameKey) *storedBase {
 	sb := &storedBase{at: make(map[frameKey]int, len(fs)), sum: baseSum(field)}
 	for k, f := range fs {
-		sb.at[keyOf(f)] = k
+		if keys != nil {
+			sb.at[keys[k]] = k
+		} else {
+			sb.at[keyOf(f)] = k
+		}
 		sb.size += len(f)
 	}
 	return sb
@@ -87,25 +93,54 @@ func keyOf(frame []byte) frameKey {
 	return frameKey{sandbox.FrameSum(frame), len(frame)}
 }
 
-// frames returns st's frames (its Data is the snapshot's head), with
-// their keys as the snapshot gave them, nil when it has none; and whether
-// st is worth splitting: a state too small, or with an empty frame (which
-// no record nor base holds), is written whole.
-func frames(st *plugins.State) (frames [][]byte, keys []frameKey, split bool) {
+// frameScratch holds a checkpoint's lists of its state's frames (a Go
+// guest's snapshot has hundreds), kept in frameScratches for the next
+// checkpoints: made anew at each they were a fifth of a checkpoint's
+// garbage. A pool rather than lists per claim: an idle session keeps
+// nothing.
+type frameScratch struct {
+	frames [][]byte
+	keys   []frameKey
+	split  splitState
+}
+
+var frameScratches sync.Pool
+
+func takeFrameScratch() *frameScratch {
+	if fs, ok := frameScratches.Get().(*frameScratch); ok {
+		return fs
+	}
+	return new(frameScratch)
+}
+
+// giveFrameScratch gives fs back, holding no frame: its lists alias an
+// instance's snapshot.
+func giveFrameScratch(fs *frameScratch) {
+	clear(fs.frames)
+	clear(fs.split.frames)
+	fs.frames, fs.keys, fs.split.frames = fs.frames[:0], fs.keys[:0], fs.split.frames[:0]
+	fs.split.head, fs.split.base = nil, nil
+	frameScratches.Put(fs)
+}
+
+// frames lists st's frames (its Data is the snapshot's head) in fs, with
+// their keys as the snapshot gave them, none when it has none; and says
+// whether st is worth splitting: a state too small, or with an empty
+// frame (which no record nor base holds), is written whole.
+func (fs *frameScratch) list(st *plugins.State) (split bool) {
+	fs.frames, fs.keys = fs.frames[:0], fs.keys[:0]
 	if st == nil || !st.Host || len(st.Frames) == 0 {
-		return nil, nil, false
+		return false
 	}
 	size := len(st.Data)
-	frames = make([][]byte, len(st.Frames))
-	keys = make([]frameKey, len(st.Frames))
 	split = true
-	for k, f := range st.Frames {
-		frames[k] = f.Bytes[:len(f.Bytes):len(f.Bytes)]
-		keys[k] = frameKey{f.Sum, len(f.Bytes)}
+	for _, f := range st.Frames {
+		fs.frames = append(fs.frames, f.Bytes[:len(f.Bytes):len(f.Bytes)])
+		fs.keys = append(fs.keys, frameKey{f.Sum, len(f.Bytes)})
 		size += len(f.Bytes)
 		split = split && len(f.Bytes) > 0
 	}
-	return frames, keys, split && size >= splitMin
+	return split && size >= splitMin
 }
 
 // learnBase records what rec, a record just read, holds of plugin name's
@@ -125,7 +160,7 @@ func (c *Claim) learnBase(name string, rec map[string][]byte) {
 		delete(c.bases, name)
 		return
 	}
-	c.bases[name] = newStoredBase(field, fs)
+	c.bases[name] = newStoredBase(field, fs, nil)
 }
 
 // writeState writes plugin name's record pr, whose state is st, into c's
@@ -133,28 +168,30 @@ func (c *Claim) learnBase(name string, rec map[string][]byte) {
 // and then a new base. It returns the bytes written, and the error of the
 // state's write. c.mu is held.
 func (d *Keeper) writeState(ctx context.Context, c *Claim, name string, pr pluginRecord, st *plugins.State) (int, error) {
-	b, base, split, err := c.encodePlugin(name, pr, st, false)
+	fs := takeFrameScratch()
+	defer giveFrameScratch(fs)
+	b, base, split, err := c.encodePlugin(name, pr, st, false, fs)
 	if err != nil {
 		return 0, err
 	}
-	written, err := d.putState(ctx, c, name, b, base)
+	written, err := d.putState(ctx, c, name, b, base, fs.keys)
 	if statestore.Lost(err) {
 		if err = d.relost(ctx, c.key, c); err != nil {
 			return written, err
 		}
 		// Encoded again: the base went with the record.
-		if b, base, split, err = c.encodePlugin(name, pr, st, false); err != nil {
+		if b, base, split, err = c.encodePlugin(name, pr, st, false, fs); err != nil {
 			return written, err
 		}
-		written, err = d.putState(ctx, c, name, b, base)
+		written, err = d.putState(ctx, c, name, b, base, fs.keys)
 	}
 	if split && refused(err) {
 		// Refused split (the byte budgets: its own frames beside the
 		// base), the state may fit whole, the base replaced.
-		if b, base, _, err = c.encodePlugin(name, pr, st, true); err != nil {
+		if b, base, _, err = c.encodePlugin(name, pr, st, true, fs); err != nil {
 			return written, err
 		}
-		written, err = d.putState(ctx, c, name, b, base)
+		written, err = d.putState(ctx, c, name, b, base, fs.keys)
 	}
 	return written, err
 }
@@ -171,10 +208,11 @@ func mayHaveLanded(err error) bool {
 }
 
 // putState writes a "p/NAME" field b as encodePlugin made it, and then
-// base, if any (nil: none), once that write is answered. It returns the
-// bytes written and the error of b's write: a base not written costs
-// only size, as the state is whole. c.mu is held.
-func (d *Keeper) putState(ctx context.Context, c *Claim, name string, b []byte, base [][]byte) (int, error) {
+// base, if any (nil: none), once that write is answered; keys are the
+// base's frames' (nil: taken from them). It returns the bytes written and
+// the error of b's write: a base not written costs only size, as the
+// state is whole. c.mu is held.
+func (d *Keeper) putState(ctx context.Context, c *Claim, name string, b []byte, base [][]byte, keys []frameKey) (int, error) {
 	field := "b/" + name
 	var undoBase func()
 	if base != nil {
@@ -220,7 +258,7 @@ func (d *Keeper) putState(ctx context.Context, c *Claim, name string, b []byte, 
 	if berr != nil && !mayHaveLanded(berr) && len(base) > 0 {
 		// A base that does not fit (the budgets) is not kept, nor the
 		// old one, which nothing refers to now.
-		base, bf = [][]byte{}, marshalBase(nil)
+		base, keys, bf = [][]byte{}, nil, marshalBase(nil)
 		berr = d.putLocked(ctx, c, field, bf)
 		if mayHaveLanded(berr) {
 			maybe = max(maybe, len(bf))
@@ -235,7 +273,7 @@ func (d *Keeper) putState(ctx context.Context, c *Claim, name string, b []byte, 
 		d.count(c.id, field, maybe, d.ttl())
 		c.baseBytes[name] = maybe
 	}
-	c.wroteBase(name, bf, base, berr)
+	c.wroteBase(name, bf, base, keys, berr)
 	if berr == nil {
 		written += len(bf)
 	}
@@ -246,11 +284,15 @@ func (d *Keeper) putState(ctx context.Context, c *Claim, name string, b []byte, 
 // field: its frames that the stored base holds by reference, when the
 // base is known and still worth it (and whole is false); else whole
 // (split false). With a whole state worth splitting it also returns the
-// base to write once that write is answered (nil: none). c.mu is held.
-func (c *Claim) encodePlugin(name string, pr pluginRecord, st *plugins.State, whole bool) (field []byte, base [][]byte, split bool, err error) {
-	fs, keys, worth := frames(st)
+// base to write once that write is answered (nil: none), whose keys are
+// fs.keys. The lists are fs's (nil: lists of its own). c.mu is held.
+func (c *Claim) encodePlugin(name string, pr pluginRecord, st *plugins.State, whole bool, fs *frameScratch) (field []byte, base [][]byte, split bool, err error) {
+	if fs == nil {
+		fs = new(frameScratch)
+	}
+	worth := fs.list(st)
 	if !worth {
-		b, err := marshalRecord(takeRecordBuf(), pr, fs...)
+		b, err := marshalRecord(takeRecordBuf(), pr, fs.frames...)
 		if sb := c.bases[name]; sb != nil && sb.size > 0 {
 			// A state no longer split: its base is emptied after it.
 			return b, [][]byte{}, false, err
@@ -258,15 +300,16 @@ func (c *Claim) encodePlugin(name string, pr pluginRecord, st *plugins.State, wh
 		return b, nil, false, err
 	}
 	if sb := c.bases[name]; sb != nil && len(sb.at) > 0 && !whole {
-		s := &splitState{head: pr.Data, base: sb.sum, frames: make([]frameRef, len(fs))}
+		s := &fs.split
+		s.head, s.base, s.frames = pr.Data, sb.sum, s.frames[:0]
 		own, shared := 0, 0
-		for k, f := range fs {
-			if n, ok := sb.at[keys[k]]; ok {
-				s.frames[k] = frameRef{base: n}
+		for k, f := range fs.frames {
+			if n, ok := sb.at[fs.keys[k]]; ok {
+				s.frames = append(s.frames, frameRef{base: n})
 				shared += len(f)
 				continue
 			}
-			s.frames[k] = frameRef{base: -1, data: f}
+			s.frames = append(s.frames, frameRef{base: -1, data: f})
 			own += len(f)
 		}
 		// Worth it while the state's own frames are small beside the
@@ -280,8 +323,8 @@ func (c *Claim) encodePlugin(name string, pr pluginRecord, st *plugins.State, wh
 			return b, nil, true, err
 		}
 	}
-	b, err := marshalRecord(takeRecordBuf(), pr, fs...)
-	return b, fs, false, err
+	b, err := marshalRecord(takeRecordBuf(), pr, fs.frames...)
+	return b, fs.frames, false, err
 }
 
 // wrotePlugin notes that plugin name's "p/NAME" field, as encodePlugin
@@ -295,12 +338,12 @@ func (c *Claim) wrotePlugin(name string, err error) {
 }
 
 // wroteBase notes that plugin name's base was written as field (err nil,
-// frames fs), right after its state was written whole, or not. c.mu is
-// held.
-func (c *Claim) wroteBase(name string, field []byte, fs [][]byte, err error) {
+// frames fs, their keys keys: nil, taken from them), right after its
+// state was written whole, or not. c.mu is held.
+func (c *Claim) wroteBase(name string, field []byte, fs [][]byte, keys []frameKey, err error) {
 	if err != nil {
 		delete(c.bases, name) // the state is whole: nothing refers to it
 		return
 	}
-	c.bases[name] = newStoredBase(field, fs)
+	c.bases[name] = newStoredBase(field, fs, keys)
 }

@@ -351,7 +351,7 @@ func TestSplitStateRebasesPastAnEighth(t *testing.T) {
 		{nFrames/2 - 1, 0, true},                          // under half: as before
 		{nFrames/2 + 1, 0, false},                         // past half: always
 	} {
-		c := &Claim{bases: map[string]*storedBase{"p": newStoredBase(marshalBase(base), base)}}
+		c := &Claim{bases: map[string]*storedBase{"p": newStoredBase(marshalBase(base), base, nil)}}
 		c.bases["p"].carried = tc.carried
 		data := []byte("head")
 		var lens []sandbox.Frame
@@ -363,7 +363,7 @@ func TestSplitStateRebasesPastAnEighth(t *testing.T) {
 			lens = append(lens, sandbox.Frame{Bytes: f, Sum: sandbox.FrameSum(f)})
 		}
 		st := &plugins.State{Host: true, Data: data, Frames: lens}
-		_, newBase, split, err := c.encodePlugin("p", pluginRecord{Host: true}, st, false)
+		_, newBase, split, err := c.encodePlugin("p", pluginRecord{Host: true}, st, false, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
