@@ -12,6 +12,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strconv"
 	"sync"
 	"time"
 )
@@ -172,30 +173,44 @@ type writeTurn struct {
 	waiters int           // guarded by sealed.mu
 }
 
-// turn waits for id's turn to write (or for ctx's end), and returns the
-// function that ends it.
-func (s *sealed) turn(ctx context.Context, id string) (func(), error) {
+// writeTurns holds writeTurns no record uses: every write of a record no
+// other write of it waits for made one, and two closures to end it.
+var writeTurns = sync.Pool{New: func() any { return &writeTurn{token: make(chan struct{}, 1)} }}
+
+// turn waits for id's turn to write (or for ctx's end); the caller ends
+// the turn with endTurn.
+func (s *sealed) turn(ctx context.Context, id string) (*writeTurn, error) {
 	s.mu.Lock()
 	t := s.writing[id]
 	if t == nil {
-		t = &writeTurn{token: make(chan struct{}, 1)}
+		t = writeTurns.Get().(*writeTurn)
 		s.writing[id] = t
 	}
 	t.waiters++
 	s.mu.Unlock()
-	leave := func() {
-		s.mu.Lock()
-		if t.waiters--; t.waiters == 0 {
-			delete(s.writing, id)
-		}
-		s.mu.Unlock()
-	}
 	select {
 	case t.token <- struct{}{}:
-		return func() { <-t.token; leave() }, nil
+		return t, nil
 	case <-ctx.Done():
-		leave()
+		s.leave(id, t)
 		return nil, ctx.Err()
+	}
+}
+
+// endTurn ends the turn t of id that turn gave.
+func (s *sealed) endTurn(id string, t *writeTurn) {
+	<-t.token
+	s.leave(id, t)
+}
+
+// leave counts a waiter of t out; the last gives t back, its token
+// empty: each waiter took back the token it put, or put none.
+func (s *sealed) leave(id string, t *writeTurn) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if t.waiters--; t.waiters == 0 {
+		delete(s.writing, id)
+		writeTurns.Put(t)
 	}
 }
 
@@ -224,8 +239,46 @@ const headField = "\x01head"
 func sealAD(id, field string) []byte { return []byte(id + "\x00" + field) }
 
 func sealAD2(id, field string, version uint64) []byte {
-	return binary.BigEndian.AppendUint64([]byte(id+"\x00"+field+"\x00"), version)
+	return appendAD2(nil, id, field, version)
 }
+
+// appendAD2 appends sealAD2's bytes to dst.
+func appendAD2(dst []byte, id, field string, version uint64) []byte {
+	dst = append(append(append(append(dst, id...), 0), field...), 0)
+	return binary.BigEndian.AppendUint64(dst, version)
+}
+
+// appendHead appends h as JSON, as json.Marshal writes it but for the
+// order of the fields, which no reader depends on; ok is false, and
+// nothing appended, when a field's name would need escaping (none of
+// this package's callers' does).
+func appendHead(dst []byte, h head) (_ []byte, ok bool) {
+	out := append(dst, `{"v":`...)
+	out = strconv.AppendUint(out, h.Version, 10)
+	out = append(out, `,"f":{`...)
+	first := true
+	for f, v := range h.Fields {
+		for k := range len(f) {
+			if c := f[k]; c < 0x20 || c >= 0x7f || c == '"' || c == '\\' || c == '<' || c == '>' || c == '&' {
+				return dst, false
+			}
+		}
+		if !first {
+			out = append(out, ',')
+		}
+		first = false
+		out = append(append(append(out, '"'), f...), `":`...)
+		out = strconv.AppendUint(out, v, 10)
+	}
+	return append(out, "}}"...), true
+}
+
+// putScratch is a write's memory for its additional data and its head
+// before sealing, which sealing has read when it returns: kept in
+// putScratches for the next writes.
+type putScratch struct{ ad, head []byte }
+
+var putScratches = sync.Pool{New: func() any { return new(putScratch) }}
 
 func (s *sealed) seal(value, ad []byte) []byte { return s.sealInto(nil, value, ad) }
 
@@ -319,11 +372,13 @@ func (s *sealed) Put(ctx context.Context, id, field string, value []byte, fence 
 	if len(value) > MaxValue-SealOverhead {
 		return ErrTooLarge
 	}
-	end, err := s.turn(ctx, id)
+	t, err := s.turn(ctx, id)
 	if err != nil {
 		return err
 	}
-	defer end()
+	defer s.endTurn(id, t)
+	ps := putScratches.Get().(*putScratch)
+	defer putScratches.Put(ps)
 	h, known := s.lastHead(id, fence)
 	for range 2 {
 		if !known {
@@ -342,9 +397,15 @@ func (s *sealed) Put(ctx context.Context, id, field string, value []byte, fence 
 			next.Fields[f] = v
 		}
 		next.Fields[field] = next.Version
-		hb, _ := json.Marshal(next)
-		sv := s.sealInto(takeSealBuf(), value, sealAD2(id, field, next.Version))
-		sh := s.seal(hb, sealAD2(id, headField, 0))
+		hb, ok := appendHead(ps.head[:0], next)
+		if !ok {
+			hb, _ = json.Marshal(next)
+		}
+		ps.head = hb[:0]
+		ps.ad = appendAD2(ps.ad[:0], id, field, next.Version)
+		sv := s.sealInto(takeSealBuf(), value, ps.ad)
+		ps.ad = appendAD2(ps.ad[:0], id, headField, 0)
+		sh := s.seal(hb, ps.ad)
 		err := s.vs.putVersioned(ctx, id, field, sv, sh, fence, h.Version, ttl)
 		if err == nil || errors.Is(err, errVersion) {
 			// Answered: the store is done with sv (one that got no

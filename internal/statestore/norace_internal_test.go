@@ -1,0 +1,5 @@
+//go:build !race
+
+package statestore
+
+const raceEnabled = false
