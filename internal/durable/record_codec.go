@@ -3,6 +3,7 @@ package durable
 import (
 	"bytes"
 	"crypto/sha256"
+	"encoding/base64"
 	"encoding/binary"
 	"encoding/json"
 	"errors"
@@ -49,7 +50,9 @@ const (
 func marshalRecord(dst []byte, pr pluginRecord, tail ...[]byte) ([]byte, error) {
 	data := pr.Data
 	pr.Data = nil
-	head, err := json.Marshal(pr)
+	jb := takeJSONBuf()
+	defer giveJSONBuf(jb)
+	head, err := recordJSON(jb, pr)
 	if err != nil {
 		return nil, err
 	}
@@ -161,7 +164,9 @@ func (s *splitState) refersToBase() bool {
 // dst's memory when it has room.
 func marshalSplit(dst []byte, pr pluginRecord, s *splitState) ([]byte, error) {
 	pr.Data = nil
-	head, err := json.Marshal(pr)
+	jb := takeJSONBuf()
+	defer giveJSONBuf(jb)
+	head, err := recordJSON(jb, pr)
 	if err != nil {
 		return nil, err
 	}
@@ -185,6 +190,98 @@ func marshalSplit(dst []byte, pr pluginRecord, s *splitState) ([]byte, error) {
 		b = append(b, f.data...)
 	}
 	return b, nil
+}
+
+// recordJSON returns pr's JSON (its Data nil), in jb's memory when
+// appendRecordJSON can write it, else json.Marshal's.
+func recordJSON(jb *[]byte, pr pluginRecord) ([]byte, error) {
+	if b, ok := appendRecordJSON((*jb)[:0], &pr); ok {
+		*jb = b
+		return b, nil
+	}
+	return json.Marshal(pr)
+}
+
+// appendRecordJSON appends pr's JSON, its Data nil, as json.Marshal
+// writes it, when none of its strings needs escaping (else ok is false,
+// and nothing is appended): json.Marshal's reflection and its own buffer
+// were most of a checkpoint's encoding, and its copy of the result a
+// tenth of the checkpoint's garbage. Results are appended as they are,
+// where json.Marshal compacts them and escapes HTML in them: each is one
+// the host marshalled (a CallToolResult), one read back from a record, or
+// tooLarge, all compact, and either is the same JSON value.
+func appendRecordJSON(dst []byte, pr *pluginRecord) (_ []byte, ok bool) {
+	if pr.Data != nil || !plainJSON(pr.SHA256) || !plainJSON(pr.Lost) || !plainJSON(pr.Reason) || !plainJSON(pr.Unsaid) {
+		return dst, false
+	}
+	for _, o := range pr.Done {
+		if !plainJSON(o.Key) || len(o.Result) == 0 {
+			return dst, false // an empty result is json.Marshal's to refuse
+		}
+	}
+	b := append(dst, '{')
+	if pr.Host {
+		b = append(b, `"host":true,`...)
+	}
+	b = appendJSONField(b, `"sha256":"`, pr.SHA256)
+	if pr.Lost != "" {
+		b = appendJSONField(append(b, ','), `"lost":"`, pr.Lost)
+	}
+	if pr.Reason != "" {
+		b = appendJSONField(append(b, ','), `"reason":"`, pr.Reason)
+	}
+	if pr.Unsaid != "" {
+		b = appendJSONField(append(b, ','), `"unsaid":"`, pr.Unsaid)
+	}
+	if len(pr.Done) > 0 {
+		b = append(b, `,"done":[`...)
+		for k, o := range pr.Done {
+			if k > 0 {
+				b = append(b, ',')
+			}
+			b = appendJSONField(append(b, '{'), `"key":"`, o.Key)
+			b = append(append(append(b, `,"result":`...), o.Result...), '}')
+		}
+		b = append(b, ']')
+	}
+	if len(pr.Ran) > 0 {
+		b = append(b, `,"ran":"`...)
+		b = append(base64.StdEncoding.AppendEncode(b, pr.Ran), '"')
+	}
+	return append(b, '}'), true
+}
+
+// appendJSONField appends name (its opening quote and colon, and the
+// value's quote) and v, a plainJSON string, closing its quote.
+func appendJSONField(b []byte, name, v string) []byte {
+	return append(append(append(b, name...), v...), '"')
+}
+
+// plainJSON reports whether v is written in JSON as it is, between
+// quotes: printable ASCII, none of what json.Marshal escapes.
+func plainJSON(v string) bool {
+	for k := range len(v) {
+		if c := v[k]; c < 0x20 || c >= 0x7f || c == '"' || c == '\\' || c == '<' || c == '>' || c == '&' {
+			return false
+		}
+	}
+	return true
+}
+
+// jsonBufs holds memory for records' JSON, which their encoding copies.
+var jsonBufs sync.Pool
+
+func takeJSONBuf() *[]byte {
+	if b, ok := jsonBufs.Get().(*[]byte); ok {
+		return b
+	}
+	return new([]byte)
+}
+
+func giveJSONBuf(b *[]byte) {
+	if cap(*b) <= maxPooled {
+		jsonBufs.Put(b)
+	}
 }
 
 // recordBufs holds the memory of "p/NAME" fields written and answered,

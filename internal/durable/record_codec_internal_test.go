@@ -306,3 +306,43 @@ func TestRecordOfPluginNamedStar(t *testing.T) {
 		t.Errorf("after a loss, r (saved since) reads %q, want its own", got)
 	}
 }
+
+// TestRecordJSONAsMarshal: a record's JSON appended is json.Marshal's,
+// byte for byte, for records whose strings need no escaping and whose
+// results are compact without HTML's characters (the host's); a string
+// JSON would escape, or an empty result, is left to json.Marshal.
+func TestRecordJSONAsMarshal(t *testing.T) {
+	ran := make([]byte, maxRan*ranSize)
+	for k := range ran {
+		ran[k] = byte(k * 7)
+	}
+	samples := append(recordSamples(),
+		pluginRecord{SHA256: "x"},
+		pluginRecord{Host: true, SHA256: strings.Repeat("ab", 32), Unsaid: "evicted", Ran: ran,
+			Done: []Once{{Key: "r:1", Result: json.RawMessage(`{"content":[{"type":"text","text":"1"}]}`)}, {Key: "k", Result: tooLarge}}},
+		pluginRecord{Lost: "plugin p cannot be snapshotted: no", Reason: ReasonStoreLost, Ran: ran[:8]},
+	)
+	for _, pr := range samples {
+		pr.Data = nil
+		want, err := json.Marshal(pr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, ok := appendRecordJSON([]byte("x"), &pr)
+		if !ok || !bytes.Equal(got[1:], want) || got[0] != 'x' {
+			t.Errorf("appendRecordJSON(%+v): ok %v,\n%s\nwant\n%s", pr, ok, got, want)
+		}
+	}
+	for _, pr := range []pluginRecord{
+		{SHA256: "x", Lost: `a "quoted" reason`},
+		{SHA256: "x", Reason: "a\\b"},
+		{SHA256: "x", Unsaid: "é"},
+		{SHA256: "x<"},
+		{SHA256: "x", Done: []Once{{Key: "k\n", Result: json.RawMessage(`1`)}}},
+		{SHA256: "x", Done: []Once{{Key: "k"}}},
+	} {
+		if b, ok := appendRecordJSON(nil, &pr); ok || len(b) != 0 {
+			t.Errorf("appendRecordJSON(%+v): ok %v, %q; want it left to json.Marshal", pr, ok, b)
+		}
+	}
+}
