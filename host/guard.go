@@ -25,6 +25,14 @@ const (
 	// DefaultHeaderTimeout bounds the time a client may take to send a
 	// request's headers (http.Server.ReadHeaderTimeout).
 	DefaultHeaderTimeout = 10 * time.Second
+	// DefaultMaxHeaderBytes bounds a request's headers
+	// (http.Server.MaxHeaderBytes; net/http reads 4 KiB more): HAProxy's
+	// whole request buffer by default, above the 8 KiB lines nginx takes.
+	// What a connection holds while it reads them is some 14 times the
+	// bytes read at worst (short lines of distinct names, parsed into the
+	// header map as they come: 280 KiB of heap at 16 KiB, 1 MiB at the
+	// 64 KiB of before), for up to the header timeout (docs/SECURITY.md).
+	DefaultMaxHeaderBytes = 16 << 10
 	// DefaultIdleTimeout closes a keep-alive connection that sends no new
 	// request for this long (http.Server.IdleTimeout).
 	DefaultIdleTimeout = 2 * time.Minute

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"net/http"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -40,6 +41,10 @@ type metrics struct {
 	// Requests refused by the bound on request bodies (bodies.go), by
 	// the bound met.
 	bodiesRefused *prometheus.CounterVec
+	// Connections refused at the listener's bound, and the open ones it
+	// counts (connlimit.go; 0 without one).
+	connsRefused prometheus.Counter
+	connsOpen    atomic.Pointer[func() int64]
 }
 
 func newMetrics() *metrics {
@@ -100,15 +105,29 @@ func newMetrics() *metrics {
 		bodiesRefused: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "wasmtools_request_bodies_refused_total", Help: "HTTP requests refused with 503 after waiting 2 s for room under the bound on request bodies read at once (not those whose client hung up meanwhile), by the bound met (total: limits.request_bytes_total; per_subject: limits.request_bytes_per_subject).",
 		}, []string{"reason"}),
+		connsRefused: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "wasmtools_http_connections_refused_total", Help: "HTTP connections answered 503 and closed as they were accepted, the server holding --max-connections (http.max_connections) already.",
+		}),
 	}
+	connsOpen := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "wasmtools_http_connections", Help: "HTTP connections open now, under --max-connections (http.max_connections).",
+	}, func() float64 {
+		if f := m.connsOpen.Load(); f != nil {
+			return float64((*f)())
+		}
+		return 0
+	})
 	for _, bound := range []string{boundTotal, boundShare} {
 		m.bodiesRefused.WithLabelValues(bound) // exported at 0 from the start, for rate() and alerts
 	}
 	m.reg.MustRegister(m.live, m.created, m.evictions, m.resets, m.calls, m.duration, m.adopted, m.storeLost, m.checkpoints, m.ckptTime, m.ckptBytes,
-		m.notSaved, m.storeOps, m.claims, m.refusals, m.sessionsEvicted, m.bodiesRefused,
+		m.notSaved, m.storeOps, m.claims, m.refusals, m.sessionsEvicted, m.bodiesRefused, m.connsRefused, connsOpen,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
+
+// setConnections makes open the source of wasmtools_http_connections.
+func (m *metrics) setConnections(open func() int64) { m.connsOpen.Store(&open) }
 
 func (m *metrics) call(plugin, outcome string, d time.Duration) {
 	m.callsOf(plugin, outcome).Inc()

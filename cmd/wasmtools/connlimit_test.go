@@ -91,6 +91,13 @@ func TestMaxConnections(t *testing.T) {
 	conns.wait(t, "the header timeout to close the slow connections", func(open, _ int) bool { return open == 0 })
 	healthy("after the header timeout")
 
+	// Headers past http.max_header_bytes (16 KiB, and the 4 KiB net/http
+	// reads more) are refused.
+	big := func(r *http.Request) { r.Header.Set("X-Big", strings.Repeat("a", 24<<10)) }
+	if code, _ := guardRequest(t, base, "/healthz", big); code != http.StatusRequestHeaderFieldsTooLarge {
+		t.Errorf("24 KiB of headers: %d, want 431", code)
+	}
+
 	// Logged once per burst of refusals (two bursts), and counted.
 	if n := strings.Count(stderr.String(), `msg="connections refused`); n != 2 {
 		t.Errorf("%d log lines of connections refused, want 2 (one per burst):\n%s", n, stderr)

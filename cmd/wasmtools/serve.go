@@ -64,6 +64,7 @@ func cmdServe(ctx context.Context, args []string, lookupEnv func(string) (string
 	clientHeader := fs.String("client-header", "", "HTTP header that identifies a client on sessionless (2026-07-28) requests, so its calls share instances instead of getting session handles; not authentication")
 	handleNote := fs.Bool("handle-note", true, "tell the model, in a note after a result, the session handle minted for a 2026-07-28 client (the handle is in the result's _meta either way)")
 	maxSessions := fs.Int("max-sessions", 0, "at most this many open stateful HTTP sessions (Mcp-Session-Id); past it a new one ends an idle session, or is refused (0: 4096)")
+	maxConns := fs.Int("max-connections", 0, "at most this many HTTP connections open at once; one past it is answered 503 and closed as it is accepted (0: http.max_connections, else twice --max-sessions and 1024, 9216 by default: a standing stream for each session and the connection its client's requests take beside it, and room for calls in flight)")
 	maxHandles := fs.Int("max-handles", 0, "at most this many open session handles of 2026-07-28 clients, and apart --client-header clients; past it an idle one is ended, handles never passed back first (0: 1000)")
 	recordLog := fs.String("record-log", "", "append one JSON line per tool call (with the records it wrote) to FILE")
 	recordLogMax := fs.String("record-log-max", defaultRecordLogMax, "rotate the record log at this size, keeping the previous one as FILE.1 (0: never)")
@@ -220,6 +221,10 @@ func cmdServe(ctx context.Context, args []string, lookupEnv func(string) (string
 	opts.QuietHandles, opts.QuietPlugins = handleNotes(cfg, *handleNote)
 	if key, _ := lookupEnv("WASMTOOLS_STATE_KEY"); key != "" {
 		opts.StateKey = []byte(key)
+	}
+	if *maxConns < 0 {
+		log.Error("--max-connections: must not be negative (0: the default)", "max_connections", *maxConns)
+		return 2
 	}
 	if *replica != "" && !host.ValidReplica(*replica) {
 		log.Error("--replica: a name is 1 to 32 letters, digits, '-' or '_'", "replica", *replica)
@@ -414,7 +419,8 @@ func cmdServe(ctx context.Context, args []string, lookupEnv func(string) (string
 		log.Error("configuration refused", "error", errors.New("the operator's token (http.operator_token or WASMTOOLS_OPERATOR_TOKEN) is also a tenant's"))
 		return 1
 	}
-	return serveHTTP(ctx, log, *httpAddr, h, reloader, rem, refresh, cfg.HTTP, cfg.Limits, token, op, *shutdownGrace, *drainDelay)
+	maxConnections := cmp.Or(*maxConns, cfg.HTTP.MaxConnections, host.MaxConnections(*maxSessions))
+	return serveHTTP(ctx, log, *httpAddr, h, reloader, rem, refresh, cfg.HTTP, cfg.Limits, token, op, maxConnections, *shutdownGrace, *drainDelay)
 }
 
 // serveHTTP serves /mcp, /status, /metrics and /healthz at addr, each
@@ -430,7 +436,7 @@ func cmdServe(ctx context.Context, args []string, lookupEnv func(string) (string
 // the host (see [host.Host.Drain]): readiness fails at once, open SSE
 // streams close, calls in flight finish within grace, and every session
 // is left in the state store for the other replicas.
-func serveHTTP(ctx context.Context, log *slog.Logger, addr string, h *host.Host, reloader *plugins.Reloader, rem *remote, refresh func(context.Context) (bool, []error), cfg config.HTTP, limits config.Limits, token string, op wauth.Operator, grace, drainDelay time.Duration) int {
+func serveHTTP(ctx context.Context, log *slog.Logger, addr string, h *host.Host, reloader *plugins.Reloader, rem *remote, refresh func(context.Context) (bool, []error), cfg config.HTTP, limits config.Limits, token string, op wauth.Operator, maxConns int, grace, drainDelay time.Duration) int {
 	if strings.HasPrefix(addr, ":") {
 		addr = "127.0.0.1" + addr // loopback unless told otherwise
 	}
@@ -515,7 +521,7 @@ func serveHTTP(ctx context.Context, log *slog.Logger, addr string, h *host.Host,
 		Handler:           host.Guard(mux, guard),
 		ReadHeaderTimeout: durationOr(time.Duration(cfg.HeaderTimeout), host.DefaultHeaderTimeout),
 		IdleTimeout:       durationOr(time.Duration(cfg.IdleTimeout), host.DefaultIdleTimeout),
-		MaxHeaderBytes:    64 << 10,
+		MaxHeaderBytes:    int(cmp.Or(cfg.MaxHeaderBytes, host.DefaultMaxHeaderBytes)),
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelDebug),
 		ConnState: func(c net.Conn, s http.ConnState) {
 			if hook := connStateHook.Load(); hook != nil {
@@ -523,9 +529,9 @@ func serveHTTP(ctx context.Context, log *slog.Logger, addr string, h *host.Host,
 			}
 		},
 	}
-	log.Info("serving MCP over streamable HTTP", "url", "http://"+ln.Addr().String()+"/mcp")
+	log.Info("serving MCP over streamable HTTP", "url", "http://"+ln.Addr().String()+"/mcp", "max_connections", maxConns)
 	errc := make(chan error, 1)
-	go func() { errc <- srv.Serve(ln) }()
+	go func() { errc <- srv.Serve(host.LimitConnections(ln, maxConns, log, h)) }()
 	select {
 	case err := <-errc:
 		log.Error("http server", "error", err)

@@ -391,6 +391,14 @@ type HTTP struct {
 	IdleTimeout   Duration `toml:"idle_timeout"`
 	// MaxRequestBody bounds a request body; 0 means 4 MiB.
 	MaxRequestBody Size `toml:"max_request_body"`
+	// MaxConnections bounds the connections the HTTP listener holds at
+	// once (--max-connections overrides it); 0 means twice
+	// --max-sessions and 1,024 (host.MaxConnections).
+	MaxConnections int `toml:"max_connections"`
+	// MaxHeaderBytes bounds a request's headers (net/http reads 4 KiB
+	// more); 0 means 16 KiB (host.DefaultMaxHeaderBytes). A connection
+	// still reading them holds up to some 14 times what it read.
+	MaxHeaderBytes Size `toml:"max_header_bytes"`
 	// Tokens gives subjects bearer tokens of their own (subject name =
 	// token): a request with one is that subject's, and the session
 	// handles minted for it are bound to it. auth_token, if also set, is
@@ -623,6 +631,9 @@ func (f *File) finish(getenv func(string) (string, bool)) error {
 
 func (h *HTTP) check() error {
 	var errs []error
+	if h.MaxConnections < 0 {
+		errs = append(errs, fmt.Errorf("http.max_connections: %d: must not be negative (0 means twice --max-sessions and 1024)", h.MaxConnections))
+	}
 	seen := map[string]string{}
 	for _, subject := range slices.Sorted(maps.Keys(h.Tokens)) {
 		token := h.Tokens[subject]
