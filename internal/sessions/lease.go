@@ -81,6 +81,11 @@ func (m *Manager) release(sl *slot) {
 func (m *Manager) letGo(sl *slot) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	m.letGoLocked(sl)
+}
+
+// letGoLocked is letGo for a caller holding m.mu.
+func (m *Manager) letGoLocked(sl *slot) {
 	if sl.c.closed && sl.inst != nil {
 		m.log.Info("instance freed", "session", sl.c.key.String(), "plugin", sl.plugin)
 		m.closeInstanceLocked(sl)
@@ -145,7 +150,7 @@ type Lease struct {
 	// lease left notice for l (zero: it did not).
 	unheard, keptAt time.Time
 
-	// guarded by m.mu
+	// guarded by m.mu (token: but for firstToken's setting)
 	token    bool          // holds a concurrency token
 	waitElem *list.Element // in m.waiting while waiting for a person
 	park     *parkedRun
@@ -188,6 +193,7 @@ func (m *Manager) Acquire(ctx context.Context, key Key, p *plugins.Plugin) (*Lea
 
 func (m *Manager) acquireSlot(ctx context.Context, key Key, p *plugins.Plugin) (*Lease, error) {
 	group := m.tenantOf(ctx)
+	l := &Lease{m: m, plugin: p, start: time.Now()}
 	m.mu.Lock()
 	c, victim, err := m.clientLocked(key, group)
 	if err != nil {
@@ -214,6 +220,21 @@ func (m *Manager) acquireSlot(ctx context.Context, key Key, p *plugins.Plugin) (
 		sl = &slot{c: c, plugin: p.Name(), lock: make(chan struct{}, 1)}
 		c.slots[p.Name()] = sl
 	}
+	l.c, l.sl = c, sl
+	// A free slot, as most leases find it (a session's calls to a plugin
+	// come one at a time), is taken in this hold and the lease
+	// registered in it: under many sessions this lock is the host's most
+	// contended, and a warm lease took it twice here. Only when nothing
+	// holds or waits for the slot, so that no queued lease is passed.
+	taken, warm := false, false
+	if victim == nil {
+		if sl.waiting.Add(1) == 1 && sl.tryLock() {
+			taken = true
+			warm, err = m.registerLocked(l)
+		} else {
+			sl.waiting.Add(-1) // queued below, as any
+		}
+	}
 	m.mu.Unlock()
 	if victim != nil {
 		// Before this client's instance starts, so that the victim's
@@ -228,37 +249,16 @@ func (m *Manager) acquireSlot(ctx context.Context, key Key, p *plugins.Plugin) (
 		m.broadcastLocked() // WaitIdle counts queued leases
 		m.mu.Unlock()
 	}
-	if err := sl.acquire(ctx, m.queueLimit()); err != nil {
-		leave()
-		return nil, err
-	}
-	l := &Lease{m: m, c: c, sl: sl, plugin: p, start: time.Now()}
-	// Registered under the lock that checks retirement, so that a
-	// retirement waits for every lease on the old version.
-	warm := false
-	m.mu.Lock()
-	switch {
-	case c.closed:
-		err = ErrSessionEnded
-	case m.closed:
-		err = ErrClosed
-	case m.isRetiredLocked(p):
-		err = ErrRetired
-	default:
-		m.leases[l] = struct{}{}
-		// A warm instance of p's code under the client's fence, as most
-		// leases find: what the steps below take the lock for again
-		// (stale?, the LRU, the lease's fence) is done in this hold, as
-		// under many sessions this lock is the host's most contended.
-		if sl.inst != nil && sl.fence == c.fence && sl.inst.Plugin().SameCode(p) {
-			warm = true
-			if sl.elem != nil {
-				m.lru.MoveToBack(sl.elem)
-			}
-			l.fence = sl.fence
+	if !taken {
+		if err := sl.acquire(ctx, m.queueLimit()); err != nil {
+			leave()
+			return nil, err
 		}
+		l.start = time.Now()
+		m.mu.Lock()
+		warm, err = m.registerLocked(l)
+		m.mu.Unlock()
 	}
-	m.mu.Unlock()
 	if err != nil {
 		m.release(sl)
 		leave()
@@ -312,7 +312,7 @@ func (m *Manager) acquireSlot(ctx context.Context, key Key, p *plugins.Plugin) (
 		l.keptAt = sl.keptAt
 	}
 	sl.kept, sl.keptAt = Notice{}, time.Time{}
-	if err := m.takeToken(ctx, l); err != nil {
+	if err := m.firstToken(ctx, l); err != nil {
 		// Not delivered: the next lease says it, as kept as it was.
 		sl.notice, sl.kept, sl.keptAt = l.notice, l.notice, l.keptAt
 		return fail(err)
@@ -331,6 +331,33 @@ func (m *Manager) leaseContext(ctx context.Context, p *plugins.Plugin) (context.
 		return ctx, nil
 	}
 	return context.WithCancelCause(ctx)
+}
+
+// registerLocked registers l, which holds its slot, as a live lease, or
+// says why it may not run: under the lock that checks retirement, so that
+// a retirement waits for every lease on the old version. warm: the slot
+// holds an instance of l's code under the client's fence, as most leases
+// find, and what the cold path takes the lock for again (stale?, the LRU,
+// the lease's fence) is done in this hold. The caller holds m.mu.
+func (m *Manager) registerLocked(l *Lease) (warm bool, err error) {
+	c, sl, p := l.c, l.sl, l.plugin
+	switch {
+	case c.closed:
+		return false, ErrSessionEnded
+	case m.closed:
+		return false, ErrClosed
+	case m.isRetiredLocked(p):
+		return false, ErrRetired
+	}
+	m.leases[l] = struct{}{}
+	if sl.inst != nil && sl.fence == c.fence && sl.inst.Plugin().SameCode(p) {
+		if sl.elem != nil {
+			m.lru.MoveToBack(sl.elem)
+		}
+		l.fence = sl.fence
+		return true, nil
+	}
+	return false, nil
 }
 
 // startInSlot starts the instance of p in c's slot sl, which holds none
@@ -520,15 +547,38 @@ func (m *Manager) takeToken(ctx context.Context, l *Lease) error {
 	if m.running == nil {
 		return nil
 	}
-	select {
-	case m.running <- struct{}{}:
-	case <-ctx.Done():
-		return ctx.Err()
+	if err := m.waitTurn(ctx); err != nil {
+		return err
 	}
 	m.mu.Lock()
 	l.token = true
 	m.mu.Unlock()
 	return nil
+}
+
+// firstToken is takeToken for a lease Acquire has not returned yet: its
+// token is set without m.mu, which a warm lease would otherwise take a
+// third time. Only its holder's Pause and Done read it, and no one has
+// the lease before Acquire returns it.
+func (m *Manager) firstToken(ctx context.Context, l *Lease) error {
+	if m.running == nil {
+		return nil
+	}
+	if err := m.waitTurn(ctx); err != nil {
+		return err
+	}
+	l.token = true
+	return nil
+}
+
+// waitTurn takes a token of m.running, or fails when ctx ends first.
+func (m *Manager) waitTurn(ctx context.Context) error {
+	select {
+	case m.running <- struct{}{}:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }
 
 // Context is the context to run guest code under: the one Acquire was
@@ -655,6 +705,15 @@ func (l *Lease) KeepNoticeSince(arrived time.Time) { l.unheard = arrived }
 
 func (l *Lease) Done(err error) {
 	m := l.m
+	// Read before the hold, and trusted only if l was not evicted
+	// meanwhile (evictLocked marks it under m.mu).
+	kept := l.sl != nil && resetReason(err, l, false) == "" && !errors.Is(err, ErrMoved)
+	// Before the slot is let go, as ever. An eviction after it finds
+	// the context ended: l.evicted, read in the hold, says it. A lease
+	// of a plugin that never waits has no context of its own to end.
+	if l.cancel != nil {
+		l.cancel(nil)
+	}
 	m.mu.Lock()
 	if l.done {
 		m.mu.Unlock()
@@ -671,14 +730,30 @@ func (l *Lease) Done(err error) {
 	token := l.token
 	l.token = false
 	delete(m.leases, l)
+	// An instance that goes on (no failure, not stale), as most leases
+	// leave theirs, is given back in this hold, which a warm call's
+	// release took five of: under many sessions this lock is the host's
+	// most contended. What each step below takes it for is done here, in
+	// the same order.
+	evicted := l.evicted
+	kept = kept && !evicted && l.c.fence == l.fence
+	if kept {
+		l.sl.blank = false
+		l.keepNotice()
+		m.leaveLocked(l.c)
+		l.sl.waiting.Add(-1)
+		m.letGoLocked(l.sl)
+		l.released = true
+		m.broadcastLocked()
+	}
 	m.mu.Unlock()
 	if token {
 		<-m.running
 	}
-	reason := resetReason(err, l)
-	if l.cancel != nil {
-		l.cancel(nil)
+	if kept {
+		return
 	}
+	reason := resetReason(err, l, evicted)
 	if l.sl == nil {
 		m.donePooled(l, reason)
 	} else {
@@ -710,18 +785,7 @@ func (l *Lease) Done(err error) {
 		if reason == "" {
 			sl.blank = false
 		}
-		keep := l.keep || !l.unheard.IsZero() && (l.keptAt.IsZero() || l.unheard.Before(l.keptAt))
-		if keep && l.notice != (Notice{}) && sl.inst != nil && sl.notice == (Notice{}) {
-			// The slot is l's until release. Kept again, it is kept as
-			// of the first time: a call that arrived between the two
-			// keepings came after it was kept, and does not keep it
-			// (TestKeptNoticeAgainKeepsItsTime).
-			keptAt := l.keptAt
-			if keptAt.IsZero() {
-				keptAt = time.Now()
-			}
-			sl.notice, sl.kept, sl.keptAt = l.notice, l.notice, keptAt
-		}
+		l.keepNotice()
 		m.mu.Lock()
 		m.leaveLocked(l.c)
 		m.mu.Unlock()
@@ -733,13 +797,33 @@ func (l *Lease) Done(err error) {
 	m.mu.Unlock()
 }
 
+// keepNotice leaves l's notice with its instance for the next lease, if
+// l was asked to keep it (KeepNotice, KeepNoticeSince). Called by the
+// slot's holder, before it lets the slot go.
+func (l *Lease) keepNotice() {
+	sl := l.sl
+	keep := l.keep || !l.unheard.IsZero() && (l.keptAt.IsZero() || l.unheard.Before(l.keptAt))
+	if keep && l.notice != (Notice{}) && sl.inst != nil && sl.notice == (Notice{}) {
+		// The slot is l's until release. Kept again, it is kept as
+		// of the first time: a call that arrived between the two
+		// keepings came after it was kept, and does not keep it
+		// (TestKeptNoticeAgainKeepsItsTime).
+		keptAt := l.keptAt
+		if keptAt.IsZero() {
+			keptAt = time.Now()
+		}
+		sl.notice, sl.kept, sl.keptAt = l.notice, l.notice, keptAt
+	}
+}
+
 // resetReason says why a lease leaves its instance unusable, or "" when
-// the instance may go on.
-func resetReason(err error, l *Lease) string {
+// the instance may go on. evicted: l was evicted (its context's cause may
+// not say so: Done ends it first).
+func resetReason(err error, l *Lease, evicted bool) string {
 	switch {
 	case l.inst.Err() == nil && err == nil:
 		return ""
-	case errors.Is(context.Cause(l.ctx), ErrEvicted):
+	case evicted || errors.Is(context.Cause(l.ctx), ErrEvicted):
 		return "evicted"
 	case errors.Is(err, context.DeadlineExceeded):
 		return "timeout"

@@ -91,7 +91,7 @@ func (m *Manager) acquirePooled(ctx context.Context, p *plugins.Plugin) (*Lease,
 		m.obs.InstanceStarted(p.Name())
 		m.log.Debug("pooled instance created", "plugin", p.Name(), "sha256", p.SHA256())
 	}
-	if err := m.takeToken(ctx, l); err != nil {
+	if err := m.firstToken(ctx, l); err != nil {
 		m.donePooled(l, "")
 		return fail(err)
 	}
