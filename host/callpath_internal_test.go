@@ -301,6 +301,29 @@ func TestWarmCallTakesNoHostLock(t *testing.T) {
 	}
 }
 
+// TestWarmCallTakesManagerLockTwice: a session's tools/call to its warm
+// instance, through the MCP stack in memory, takes the session manager's
+// process-wide lock twice, once as its lease is granted and once as it
+// ends (seven times before; the first call, which starts the instance,
+// eight): with many sessions calling at once it is the host's most
+// contended lock (issue 27, item 2). Fails if the call path comes to take
+// it again (a manager method asked at each call).
+func TestWarmCallTakesManagerLockTwice(t *testing.T) {
+	h, _ := benchHost(t, testplugins.Test(t, "servlet"), "echo")
+	ctx := context.Background()
+	cs := ConnectInMemory(t, h)
+	params := &mcp.CallToolParams{Name: "echo", Arguments: map[string]any{"text": "warm"}}
+	for i := range 6 {
+		before := h.ses.LockTaken()
+		if res, err := cs.CallTool(ctx, params); err != nil || res.IsError {
+			t.Fatal(err, res)
+		}
+		if n := h.ses.LockTaken() - before - 1; i > 0 && n != 2 {
+			t.Errorf("warm call %d took the manager's lock %d times; want 2", i, n)
+		}
+	}
+}
+
 // TestReplayPostStreamAllocates: a session POST's stream, opened and
 // sent its two events (a progress and the response), costs the event
 // store one allocation, the stream, whose first events are its own

@@ -132,10 +132,3 @@ func (m *Manager) Lock() (unlock func()) {
 	m.mu.Lock()
 	return m.mu.Unlock
 }
-
-// LockTaken is how many times the manager's lock was taken before this.
-func (m *Manager) LockTaken() uint64 {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	return m.mu.taken - 1
-}

@@ -309,8 +309,9 @@ type Manager struct {
 
 // countedMutex is the manager's lock, which counts the times it was taken
 // (under itself: no atomic), so that tests can hold a warm call to the
-// holds it takes (TestWarmLeaseTakesLockTwice): under many sessions it is
-// the host's most contended lock.
+// holds it takes (TestWarmLeaseTakesLockTwice, and the host's
+// TestWarmCallTakesManagerLockTwice): under many sessions it is the
+// host's most contended lock.
 type countedMutex struct {
 	sync.Mutex
 	taken uint64
@@ -319,6 +320,15 @@ type countedMutex struct {
 func (mu *countedMutex) Lock() {
 	mu.Mutex.Lock()
 	mu.taken++
+}
+
+// LockTaken is how many times the manager's lock was taken before this
+// call, for tests that pin what a call costs (the host's too:
+// TestWarmCallTakesManagerLockTwice).
+func (m *Manager) LockTaken() uint64 {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.mu.taken - 1
 }
 
 // New returns a manager with the given options (nil means defaults).
