@@ -144,8 +144,10 @@ type Lease struct {
 	ctx    context.Context
 	cancel context.CancelCauseFunc
 	start  time.Time
-	fence  uint64 // written under m.mu (Manager.Adopt moves it)
-	keep   bool   // KeepNotice: Done leaves notice with the instance
+	// fence is stored under m.mu (Manager.Adopt moves it) and loaded
+	// without it by Fence, which a durable call asks up to three times.
+	fence atomic.Uint64
+	keep  bool // KeepNotice: Done leaves notice with the instance
 	// unheard is KeepNoticeSince's arrived; keptAt is when an earlier
 	// lease left notice for l (zero: it did not).
 	unheard, keptAt time.Time
@@ -303,7 +305,7 @@ func (m *Manager) acquireSlot(ctx context.Context, key Key, p *plugins.Plugin) (
 			m.mu.Unlock()
 		}
 		m.mu.Lock()
-		l.fence = sl.fence
+		l.fence.Store(sl.fence)
 		m.mu.Unlock()
 	}
 	l.inst = sl.inst
@@ -354,7 +356,7 @@ func (m *Manager) registerLocked(l *Lease) (warm bool, err error) {
 		if sl.elem != nil {
 			m.lru.MoveToBack(sl.elem)
 		}
-		l.fence = sl.fence
+		l.fence.Store(sl.fence)
 		return true, nil
 	}
 	return false, nil
@@ -594,11 +596,7 @@ func (l *Lease) Instance() *plugins.Instance { return l.inst }
 // Fence is the fence the lease's instance was seeded or verified under
 // (see [Manager.Seed]): a write of its state is conditioned on it. 0 for a
 // client never seeded (no state store).
-func (l *Lease) Fence() uint64 {
-	l.m.mu.Lock() // Manager.Adopt moves it
-	defer l.m.mu.Unlock()
-	return l.fence
-}
+func (l *Lease) Fence() uint64 { return l.fence.Load() }
 
 // Stale reports whether the lease's client was seeded under another fence
 // since its instance started: another holder served the session, and the
@@ -609,7 +607,7 @@ func (l *Lease) Stale() bool {
 	}
 	l.m.mu.Lock()
 	defer l.m.mu.Unlock()
-	return l.c.fence != l.fence
+	return l.c.fence != l.fence.Load()
 }
 
 // Plugin is the plugin version the lease runs: the one acquired.
@@ -736,7 +734,7 @@ func (l *Lease) Done(err error) {
 	// most contended. What each step below takes it for is done here, in
 	// the same order.
 	evicted := l.evicted
-	kept = kept && !evicted && l.c.fence == l.fence
+	kept = kept && !evicted && l.c.fence == l.fence.Load()
 	if kept {
 		l.sl.blank = false
 		l.keepNotice()

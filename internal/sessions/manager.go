@@ -1031,8 +1031,8 @@ func (m *Manager) Adopt(key Key, from, to uint64) []string {
 		}
 	}
 	for l := range m.leases {
-		if l.c == c && l.sl != nil && l.fence == from {
-			l.fence = to
+		if l.c == c && l.sl != nil && l.fence.Load() == from {
+			l.fence.Store(to)
 		}
 	}
 	c.seeds, c.started, c.moved = nil, nil, nil

@@ -18,8 +18,8 @@ import (
 // and once as it is done, for a session's, a header client's and a
 // handle's key alike, whether its guest succeeded, returned an error of
 // its own or its notice is kept, and with a bound on the calls running
-// at once (it took it seven times: two in Acquire, five in Done; eight
-// with the bound). Under many sessions that lock is the host's most
+// at once, its fence asked (it took it seven times: two in Acquire, five
+// in Done; eight with the bound; one more each time Fence was asked). Under many sessions that lock is the host's most
 // contended (issue 27, item 2). The instance goes on: each call counts
 // on from the last.
 func TestWarmLeaseTakesLockTwice(t *testing.T) {
@@ -54,6 +54,9 @@ func warmLeaseTakesLockTwice(t *testing.T, opts sessions.Options) {
 		}
 		if count, err = strconv.Atoi(c.Text); err != nil {
 			t.Fatal(err)
+		}
+		if f := l.Fence(); f != 0 { // a durable call asks it up to three times
+			t.Fatalf("fence %d; want 0", f)
 		}
 		var done error
 		switch i % 3 {
