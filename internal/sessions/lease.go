@@ -705,7 +705,7 @@ func (l *Lease) Done(err error) {
 	m := l.m
 	// Read before the hold, and trusted only if l was not evicted
 	// meanwhile (evictLocked marks it under m.mu).
-	kept := l.sl != nil && resetReason(err, l, false) == "" && !errors.Is(err, ErrMoved)
+	kept := resetReason(err, l, false) == "" && (l.sl == nil || !errors.Is(err, ErrMoved))
 	// Before the slot is let go, as ever. An eviction after it finds
 	// the context ended: l.evicted, read in the hold, says it. A lease
 	// of a plugin that never waits has no context of its own to end.
@@ -730,17 +730,26 @@ func (l *Lease) Done(err error) {
 	delete(m.leases, l)
 	// An instance that goes on (no failure, not stale), as most leases
 	// leave theirs, is given back in this hold, which a warm call's
-	// release took five of: under many sessions this lock is the host's
-	// most contended. What each step below takes it for is done here, in
-	// the same order.
+	// release took five of (a pooled one's three): under many sessions
+	// this lock is the host's most contended. What each step below takes
+	// it for is done here, in the same order.
 	evicted := l.evicted
-	kept = kept && !evicted && l.c.fence == l.fence.Load()
-	if kept {
+	switch {
+	case !kept || evicted:
+		kept = false
+	case l.sl == nil:
+		// A pooled instance back in its pool, when that frees none.
+		kept = m.poolBackLocked(l)
+	case l.c.fence != l.fence.Load():
+		kept = false // stale
+	default:
 		l.sl.blank = false
 		l.keepNotice()
 		m.leaveLocked(l.c)
 		l.sl.waiting.Add(-1)
 		m.letGoLocked(l.sl)
+	}
+	if kept {
 		l.released = true
 		m.broadcastLocked()
 	}

@@ -104,41 +104,62 @@ func (m *Manager) acquirePooled(ctx context.Context, p *plugins.Plugin) (*Lease,
 func (m *Manager) donePooled(l *Lease, reason string) {
 	inst := l.inst
 	m.mu.Lock()
-	if m.pooledBusy[l.pool]--; m.pooledBusy[l.pool] <= 0 {
-		delete(m.pooledBusy, l.pool)
-	}
 	var trimmed []*plugins.Instance
-	if reason == "" && inst.Err() == nil && !m.closed && !m.isRetiredLocked(inst.Plugin()) {
-		if m.pooledIdle[l.pool.plugin] >= m.poolSize() {
-			// At the plugin's bound: the tenant holding the most idle
-			// instances of it gives up its oldest.
-			if k, pl := m.largestPoolLocked(l.pool.plugin); pl != nil {
-				trimmed = append(trimmed, pl.idle[0])
-				pl.idle = pl.idle[1:]
-				m.pooledIdle[k.plugin]--
-				if len(pl.idle) == 0 {
-					delete(m.pools, k)
-				}
+	if reason == "" && m.poolableLocked(inst) && m.pooledIdle[l.pool.plugin] >= m.poolSize() {
+		// At the plugin's bound: the tenant holding the most idle
+		// instances of it gives up its oldest.
+		if k, pl := m.largestPoolLocked(l.pool.plugin); pl != nil {
+			trimmed = append(trimmed, pl.idle[0])
+			pl.idle = pl.idle[1:]
+			m.pooledIdle[k.plugin]--
+			if len(pl.idle) == 0 {
+				delete(m.pools, k)
 			}
-		}
-		if m.pooledIdle[l.pool.plugin] < m.poolSize() {
-			pl := m.pools[l.pool]
-			if pl == nil {
-				pl = &pool{}
-				m.pools[l.pool] = pl
-			}
-			pl.idle = append(pl.idle, inst)
-			m.pooledIdle[l.pool.plugin]++
-			m.mu.Unlock()
-			m.closePooled(trimmed)
-			return
 		}
 	}
+	if reason == "" && m.poolBackLocked(l) {
+		m.mu.Unlock()
+		m.closePooled(trimmed)
+		return
+	}
+	m.unbusyLocked(l.pool)
 	m.mu.Unlock()
 	if reason != "" {
 		m.obs.InstanceReset(inst.Plugin().Name(), reason)
 	}
 	m.closePooled(append(trimmed, inst))
+}
+
+// poolBackLocked puts a pooled lease's usable instance back in its pool
+// when the plugin's pools have room, and reports whether it did; with
+// false it changed nothing. Done calls it first, in its one hold, and
+// donePooled when that frees nothing. The caller holds m.mu.
+func (m *Manager) poolBackLocked(l *Lease) bool {
+	if !m.poolableLocked(l.inst) || m.pooledIdle[l.pool.plugin] >= m.poolSize() {
+		return false
+	}
+	m.unbusyLocked(l.pool)
+	pl := m.pools[l.pool]
+	if pl == nil {
+		pl = &pool{}
+		m.pools[l.pool] = pl
+	}
+	pl.idle = append(pl.idle, l.inst)
+	m.pooledIdle[l.pool.plugin]++
+	return true
+}
+
+// poolableLocked reports whether inst may go back to a pool: usable, of a
+// version served, the manager open. The caller holds m.mu.
+func (m *Manager) poolableLocked(inst *plugins.Instance) bool {
+	return inst.Err() == nil && !m.closed && !m.isRetiredLocked(inst.Plugin())
+}
+
+// unbusyLocked counts a pooled lease of pool k gone. The caller holds m.mu.
+func (m *Manager) unbusyLocked(k poolKey) {
+	if m.pooledBusy[k]--; m.pooledBusy[k] <= 0 {
+		delete(m.pooledBusy, k)
+	}
 }
 
 // largestPoolLocked is the pool of plugin holding the most idle

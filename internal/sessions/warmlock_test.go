@@ -18,7 +18,7 @@ import (
 // and once as it is done, for a session's, a header client's and a
 // handle's key alike, whether its guest succeeded, returned an error of
 // its own or its notice is kept, and with a bound on the calls running
-// at once, its fence asked (it took it seven times: two in Acquire, five
+// at once, its fence asked; so does a pooled instance's lease (it took it seven times: two in Acquire, five
 // in Done; eight with the bound; one more each time Fence was asked). Under many sessions that lock is the host's most
 // contended (issue 27, item 2). The instance goes on: each call counts
 // on from the last.
@@ -36,8 +36,7 @@ func warmLeaseTakesLockTwice(t *testing.T, opts sessions.Options) {
 	if err := w.m.Open(handle); err != nil {
 		t.Fatal(err)
 	}
-	p := w.plugin("counter")
-	call := func(key sessions.Key, i int) (count int, holds uint64) {
+	call := func(key sessions.Key, p *plugins.Plugin, i int) (count int, holds uint64) {
 		t.Helper()
 		before := w.m.LockTaken()
 		l, err := w.m.Acquire(w.ctx, key, p)
@@ -68,10 +67,11 @@ func warmLeaseTakesLockTwice(t *testing.T, opts sessions.Options) {
 		l.Done(done)
 		return count, w.m.LockTaken() - before - 1 // less LockTaken's own
 	}
+	p := w.plugin("counter")
 	for _, key := range []sessions.Key{sessions.Conn(t, "conn", "conn"), sessions.Client("header"), handle} {
-		last, _ := call(key, 0) // starts the instance
+		last, _ := call(key, p, 0) // starts the instance
 		for i := 1; i <= 12; i++ {
-			n, holds := call(key, i)
+			n, holds := call(key, p, i)
 			if n != last+1 {
 				t.Fatalf("%s: call %d counted %d after %d: the instance did not go on", key, i, n, last)
 			}
@@ -80,5 +80,17 @@ func warmLeaseTakesLockTwice(t *testing.T, opts sessions.Options) {
 				t.Errorf("%s: call %d took the manager's lock %d times; want 2", key, i, holds)
 			}
 		}
+	}
+	// A stateless plugin's pooled instance, back in its pool after each
+	// call (four holds before: three in Done).
+	pool := w.plugin("pool")
+	call(sessions.Conn(t, "conn", "conn"), pool, 0) // starts the instance
+	for i := 1; i <= 12; i++ {
+		if _, holds := call(sessions.Conn(t, "conn", "conn"), pool, i); holds != 2 {
+			t.Errorf("pooled: call %d took the manager's lock %d times; want 2", i, holds)
+		}
+	}
+	if s := w.m.Stats(); s.Live != 4 {
+		t.Errorf("%d live instances; want 4 (3 clients', 1 pooled)", s.Live)
 	}
 }
