@@ -123,14 +123,29 @@ func (r *rawRuntime) call(ctx context.Context, m api.Module, input []byte) ([]by
 // garbage a call), which a floor must not pay and wasmtools does not
 // (TestRawCallAllocates). It is called with CallWithStack on stack, the
 // caller's room for its result, as wasmtools calls it: Call allocates
-// that room at each call.
+// that room at each call. An export that returns non-zero failed, as
+// the Extism ABI has it: its call is a *rawGuestError, not its output.
 func (r *rawRuntime) callOn(ctx context.Context, k *rawkernel.Kernel, f api.Function, stack []uint64, input []byte) ([]byte, error) {
 	k.Reset(input)
+	stack[0] = 0
 	if err := f.CallWithStack(ctx, stack); err != nil {
 		return nil, err
 	}
+	if rc := uint32(stack[0]); rc != 0 {
+		return nil, &rawGuestError{rc: rc, msg: string(k.Error())}
+	}
 	return append([]byte(nil), k.Output()...), nil
 }
+
+// rawGuestError is a call whose export returned rc, not 0, with the
+// message the guest set with error_set: the guest's own failure, as
+// wasmtools' sandbox.GuestError.
+type rawGuestError struct {
+	rc  uint32
+	msg string
+}
+
+func (e *rawGuestError) Error() string { return fmt.Sprintf("call returned %d: %s", e.rc, e.msg) }
 
 // newExtism compiles a plugin with the Extism Go SDK as shipped, WASI
 // enabled (the Go plugin needs it), no manifest limits; only the

@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http/httptest"
 	"runtime"
@@ -31,8 +32,10 @@ import (
 // a go-sdk server whose one tool, p's, runs p's export "call" on plain
 // wazero, with none of what wasmtools adds. Each session gets its own
 // instance and kernel, made on its first call; the tool's arguments go to
-// the guest as the servlet interface's input, unvalidated, and its output
-// is decoded as the call's result. Its guest memories are outside the Go
+// the guest as the servlet interface's input, unvalidated (rawInput), and
+// its output is decoded as the call's result, or, when the export returns
+// non-zero, the guest's message is the tool's error (run), as wasmtools
+// reports it. Its guest memories are outside the Go
 // heap, as wasmtools' are (mmapAllocator). There is no deadline or
 // interruption (wazero runs the guest with no termination check), no
 // memory limit, no per-call bookkeeping, and the least Extism kernel
@@ -43,6 +46,9 @@ import (
 // (raw-wazero-tool against native), and wasmtools' (wasmtools against
 // raw-wazero-tool).
 func rawToolServer(ctx context.Context, b *testing.B, p plugin) *rawTool {
+	if q, _ := json.Marshal(p.tool); string(q) != `"`+p.tool+`"` {
+		b.Fatalf("tool %q needs escapes, which rawInput does not write", p.tool)
+	}
 	t := &rawTool{r: newRawRuntime(ctx, b, testplugins.Bytes(b, p.path(b))), instances: map[any]*rawInstance{}}
 	t.srv = mcp.NewServer(&mcp.Implementation{Name: "raw-wazero-tool", Version: "1"}, nil)
 	t.srv.AddTool(&mcp.Tool{Name: p.tool, InputSchema: json.RawMessage(`{"type":"object"}`)}, t.call)
@@ -182,15 +188,16 @@ func (t *rawTool) instance(key any, minted *string) *rawInstance {
 
 // run calls the guest of inst with the tool call's name and arguments as
 // the servlet interface's input, and decodes its output as the result.
+// A call the guest failed (its export returned non-zero) is the tool's
+// error, an isError result with the guest's message, as wasmtools
+// reports it (host's failureResult); a trap is the handler's error.
 func (t *rawTool) run(ctx context.Context, inst *rawInstance, name string, arguments json.RawMessage) (*mcp.CallToolResult, error) {
-	input, err := json.Marshal(servletInput{Params: servletParams{Name: name, Arguments: arguments}})
-	if err != nil {
-		return nil, err
-	}
+	input := rawInput(name, arguments)
 	inst.mu.Lock()
 	defer inst.mu.Unlock()
 	ctx = context.WithValue(ctx, rawKernelKey{}, inst.k)
 	if inst.m == nil {
+		var err error
 		if inst.m, err = t.r.instantiate(experimental.WithMemoryAllocator(ctx, mmapAllocator{})); err != nil {
 			return nil, fmt.Errorf("instantiate: %w", err)
 		}
@@ -198,9 +205,35 @@ func (t *rawTool) run(ctx context.Context, inst *rawInstance, name string, argum
 	}
 	out, err := t.r.callOn(ctx, inst.k, inst.f, inst.stack[:], input)
 	if err != nil {
+		var ge *rawGuestError
+		if errors.As(err, &ge) {
+			return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: fmt.Sprintf("tool %q failed: %s", name, ge.msg)}}, IsError: true}, nil
+		}
 		return nil, err
 	}
 	return rawResult(out)
+}
+
+// rawInput is the servlet interface's input for a call of tool name with
+// arguments, appended in one allocation as a handler that knows its
+// input's shape writes it; json.Marshal paid its reflection and
+// compacted the arguments again (TestRawCallAllocates). name is one of
+// the floor's own tools, which need no escape (rawToolServer checks);
+// arguments are a JSON value the go-sdk's decoder read from the request,
+// passed as they are (wasmtools also checks them, and falls back to
+// json.Marshal for what it would write otherwise). None are omitted, as
+// wasmtools omits them. TestRawInputIsTheServlets holds it to
+// json.Marshal's bytes for what clients send.
+func rawInput(name string, arguments json.RawMessage) []byte {
+	const head, args = `{"params":{"name":"`, `","arguments":`
+	b := make([]byte, 0, len(head)+len(name)+len(args)+len(arguments)+2)
+	b = append(append(b, head...), name...)
+	if len(arguments) > 0 {
+		b = append(append(b, args...), arguments...)
+	} else {
+		b = append(b, '"')
+	}
+	return append(b, "}}"...)
 }
 
 // rawResult decodes the guest's output as a handler on plain wazero
@@ -288,8 +321,10 @@ func (m *mmapMemory) Reallocate(size uint64) []byte {
 func (m *mmapMemory) Free() { syscall.Munmap(m.b) }
 
 // TestRawCallAllocates pins what a warm call of the floor allocates in
-// rawTool.run: the guest's input (json.Marshal), its output's copy and
-// the result made from it, and nothing of wazero's. Looking the export up
+// rawTool.run: the guest's input (rawInput's one allocation), its
+// output's copy and the result made from it, and nothing of wazero's.
+// Its input made by json.Marshal was one allocation and about 50 bytes
+// more, and its reflection's time, which wasmtools does not pay. Looking the export up
 // at each call (ExportedFunction, a new call engine whose stack the call
 // allocates and grows afresh) was 64 KiB and about 11 µs of CPU a call on
 // the Go plugin; the go-sdk's decoder of the result, a 32 KiB buffer and
@@ -319,12 +354,11 @@ func TestRawCallAllocates(t *testing.T) {
 			runtime.ReadMemStats(&after)
 			perCall := (after.TotalAlloc - before.TotalAlloc) / 51 // AllocsPerRun's warm-up too
 			t.Logf("%s: %.0f allocations, %d bytes a call", p.name, allocs, perCall)
-			// 7 and 8 allocations, 354 and 535 bytes; with the go-sdk's
-			// decoder and f.Call, 18 and 19, 34 KB (the decoder's buffer:
-			// a result rawText does not take); with the export looked up
-			// at each call too, 20 and 22, 46 and 68 KB.
-			// A plain handler appends its guest's input (one
-			// allocation), as wasmtools does, rather than json.Marshal it.
+			// 6 and 7 allocations, 306 and 480 bytes; with json.Marshal's
+			// input, 7 and 8, 353 and 528 bytes; with the go-sdk's
+			// decoder and f.Call too, 18 and 19, 34 KB (the decoder's
+			// buffer: a result rawText does not take); with the export
+			// looked up at each call too, 20 and 22, 46 and 68 KB.
 			if want := map[string]float64{"small": 6, "go": 7}[p.name]; allocs > want {
 				t.Errorf("a warm call allocates %.0f times, want at most %.0f", allocs, want)
 			}
@@ -366,6 +400,25 @@ func TestRawCallFails(t *testing.T) {
 	defer m.Close(ctx)
 	if out, err := rt.r.call(ctx, m, []byte(`{"params":{"name":"fail","arguments":{}}}`)); err == nil || !strings.Contains(err.Error(), "failed on purpose") {
 		t.Errorf("call of a failing export: %q, %v; want its message as the error", out, err)
+	}
+}
+
+// TestRawInputIsTheServlets: the floor's input to the guest is what
+// json.Marshal writes for the servlet interface's input, byte for byte,
+// for the arguments the go-sdk hands a handler (compact, as its
+// clients send them) and for none.
+func TestRawInputIsTheServlets(t *testing.T) {
+	for _, args := range []string{`{}`, `{"text":"` + echoText + `"}`, `{"a":[1,{"b":null}],"c":"\u00e9 ✓"}`, ``} {
+		want := []byte(`{"params":{"name":"echo"}}`) // none: omitted, as wasmtools omits them
+		if args != "" {
+			var err error
+			if want, err = json.Marshal(servletInput{Params: servletParams{Name: "echo", Arguments: json.RawMessage(args)}}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if got := rawInput("echo", json.RawMessage(args)); !bytes.Equal(got, want) {
+			t.Errorf("rawInput(%s) = %s, want %s", args, got, want)
+		}
 	}
 }
 

@@ -23,6 +23,7 @@ type Kernel struct {
 	input      []byte
 	outOff     uint64
 	outLen     uint64
+	errOff     uint64 // the block error_set named, 0 for none
 	blockStart []uint64
 }
 
@@ -34,10 +35,15 @@ func (k *Kernel) Reset(input []byte) {
 	k.mem = k.mem[:8]
 	k.blockStart = k.blockStart[:0]
 	k.input = input
+	k.outOff, k.outLen, k.errOff = 0, 0, 0
 }
 
 // Output is the output the guest set, in k's memory until the next Reset.
 func (k *Kernel) Output() []byte { return k.mem[k.outOff : k.outOff+k.outLen] }
+
+// Error is the message the guest set with error_set, in k's memory until
+// the next Reset; empty if it set none.
+func (k *Kernel) Error() []byte { return k.mem[k.errOff : k.errOff+k.length(k.errOff)] }
 
 func (k *Kernel) alloc(n uint64) uint64 {
 	off := uint64(len(k.mem))
@@ -79,7 +85,7 @@ func Define(ctx context.Context, rt wazero.Runtime, of func(context.Context) *Ke
 	fn("input_load_u8", []api.ValueType{i64}, []api.ValueType{i32}, func(k *Kernel, s []uint64) { s[0] = uint64(k.input[s[0]]) })
 	fn("input_load_u64", []api.ValueType{i64}, []api.ValueType{i64}, func(k *Kernel, s []uint64) { s[0] = binary.LittleEndian.Uint64(k.input[s[0]:]) })
 	fn("output_set", []api.ValueType{i64, i64}, nil, func(k *Kernel, s []uint64) { k.outOff, k.outLen = s[0], s[1] })
-	fn("error_set", []api.ValueType{i64}, nil, func(*Kernel, []uint64) {})
+	fn("error_set", []api.ValueType{i64}, nil, func(k *Kernel, s []uint64) { k.errOff = s[0] })
 	fn("config_get", []api.ValueType{i64}, []api.ValueType{i64}, func(_ *Kernel, s []uint64) { s[0] = 0 })
 	fn("var_get", []api.ValueType{i64}, []api.ValueType{i64}, func(_ *Kernel, s []uint64) { s[0] = 0 })
 	fn("var_set", []api.ValueType{i64, i64}, nil, func(*Kernel, []uint64) {})
