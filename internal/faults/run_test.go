@@ -34,6 +34,27 @@ func TestStoreBreakersInTimeline(t *testing.T) {
 // Sentinel) kept its sessions in Redis, and one with StoreLinks and
 // Sentinel reached the first primary past its sentinels. Every
 // scenario of the suite names one.
+// TestSetupFileStoreStartsOneReplica: a FileStore setup is valid only
+// with the other two replicas Down: the embedded store's file is locked
+// by the process that opened it, so a second replica started with the
+// cluster fails to start (or, were the lock lost, two processes would
+// write one file), rather than the scenario's fault being what fails.
+func TestSetupFileStoreStartsOneReplica(t *testing.T) {
+	for _, down := range [][]int{nil, {1}, {2}, {1, 1}, {1, 5}} {
+		if err := (Setup{FileStore: true, Down: down}).Validate(); err == nil {
+			t.Errorf("FileStore, Down %v: valid; want an error", down)
+		}
+	}
+	for _, down := range [][]int{{1, 2}, {2, 1}, {0, 2}, {0, 1}} {
+		if err := (Setup{FileStore: true, Down: down}).Validate(); err != nil {
+			t.Errorf("FileStore, Down %v: %v; want valid", down, err)
+		}
+	}
+	if err := (Setup{Down: []int{1, 2}}).Validate(); err != nil {
+		t.Errorf("Redis, Down [1 2]: %v; want valid", err)
+	}
+}
+
 func TestSetupNamesOneStore(t *testing.T) {
 	for _, s := range []Setup{
 		{FileStore: true, StoreLinks: true},
@@ -45,7 +66,7 @@ func TestSetupNamesOneStore(t *testing.T) {
 			t.Errorf("FileStore %v, StoreLinks %v, Sentinel %v: valid; want an error", s.FileStore, s.StoreLinks, s.Sentinel)
 		}
 	}
-	for _, s := range []Setup{{}, {FileStore: true, Relays: true}, {StoreLinks: true, Relays: true}, {Sentinel: true, NoWait: true}, {NoWait: true}} {
+	for _, s := range []Setup{{}, {FileStore: true, Relays: true, Down: []int{1, 2}}, {StoreLinks: true, Relays: true}, {Sentinel: true, NoWait: true}, {NoWait: true}} {
 		if err := s.Validate(); err != nil {
 			t.Errorf("%+v: %v; want valid", s, err)
 		}
