@@ -23,6 +23,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -81,15 +82,16 @@ type Setup struct {
 	// FileStore: the replicas keep sessions in the embedded store
 	// (--state-store file:PATH), one file for the cluster, as one
 	// machine's deployment does; the scenario starts one replica (Down
-	// the others: the file is locked by its process). Redis runs
-	// unused.
+	// the others: the file is locked by its process; [Setup.Validate]
+	// refuses a setup that does not). Redis runs unused.
 	FileStore bool
 }
 
 // Validate refuses a setup naming two stores for the replicas:
 // startProcess would run it on one of them (a StoreLink's Redis, else the
 // sentinels, else the file), not on the one the scenario meant to fault.
-// StoreLinks relay to plain Redis, past any sentinel.
+// StoreLinks relay to plain Redis, past any sentinel. With FileStore, it
+// refuses a setup that starts more or fewer than one replica.
 func (s Setup) Validate() error {
 	var stores []string
 	if s.StoreLinks {
@@ -103,6 +105,19 @@ func (s Setup) Validate() error {
 	}
 	if len(stores) > 1 {
 		return fmt.Errorf("the replicas' store is one of %s, not %d", strings.Join(stores, ", "), len(stores))
+	}
+	if s.FileStore {
+		// The store's file is locked by the process that opened it: one
+		// replica runs at a time (TestSetupFileStoreStartsOneReplica).
+		up := 3
+		for r := range 3 {
+			if slices.Contains(s.Down, r) {
+				up--
+			}
+		}
+		if up != 1 {
+			return fmt.Errorf("FileStore runs one replica on its file, but Down %v starts %d with the cluster", s.Down, up)
+		}
 	}
 	return nil
 }
