@@ -23,10 +23,14 @@ type Relay struct {
 	mode   atomic.Int32
 
 	mu    sync.Mutex
-	cut   *answerCut // armed by [Relay.CutAnswer], until it cuts
-	conns []net.Conn // the client's end of each connection, in order accepted
-	ups   []net.Conn // the target's end of each
-	waits []accepted // [Relay.Accepted]'s, not yet closed
+	cut   *answerCut  // armed by [Relay.CutAnswer], until it cuts
+	conns []net.Conn  // the client's end of each connection, in order accepted
+	ups   []net.Conn  // the target's end of each
+	waits []countWait // [Relay.Accepted]'s, not yet closed
+	// swallowed counts the client's sends RelaySilent swallowed;
+	// swallows are [Relay.Swallowed]'s waits, not yet closed.
+	swallowed int
+	swallows  []countWait
 }
 
 // answerCut is an armed [Relay.CutAnswer].
@@ -37,7 +41,7 @@ type answerCut struct {
 	then      func() // CutAnswerThen's, or nil
 }
 
-type accepted struct {
+type countWait struct {
 	n  int
 	ch chan struct{}
 }
@@ -112,13 +116,43 @@ func (r *Relay) Conn(i int) net.Conn {
 func (r *Relay) Accepted(n int) <-chan struct{} {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	return waitFor(&r.waits, len(r.conns), n)
+}
+
+// Swallowed is closed once the relay has swallowed n of its clients'
+// sends in all (reads of what a client sent, in [RelaySilent]): a test
+// waits on it for an exchange to have sent into the silence, as it
+// cannot wait on the answer.
+func (r *Relay) Swallowed(n int) <-chan struct{} {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return waitFor(&r.swallows, r.swallowed, n)
+}
+
+// waitFor is a channel closed once a count, now count, reaches n:
+// closed already, or added to waits for reached. The caller holds r.mu.
+func waitFor(waits *[]countWait, count, n int) <-chan struct{} {
 	ch := make(chan struct{})
-	if len(r.conns) >= n {
+	if count >= n {
 		close(ch)
 	} else {
-		r.waits = append(r.waits, accepted{n, ch})
+		*waits = append(*waits, countWait{n, ch})
 	}
 	return ch
+}
+
+// reached closes the channels of waits whose n count has reached, and
+// keeps the others. The caller holds r.mu.
+func reached(waits *[]countWait, count int) {
+	kept := (*waits)[:0]
+	for _, w := range *waits {
+		if count >= w.n {
+			close(w.ch)
+		} else {
+			kept = append(kept, w)
+		}
+	}
+	*waits = kept
 }
 
 // CutAnswer arms a one-time cut: the next of the client's sends that
@@ -174,15 +208,7 @@ func (r *Relay) accept() {
 		}
 		r.mu.Lock()
 		r.conns, r.ups = append(r.conns, c), append(r.ups, u)
-		waits := r.waits[:0]
-		for _, w := range r.waits {
-			if len(r.conns) >= w.n {
-				close(w.ch)
-			} else {
-				waits = append(waits, w)
-			}
-		}
-		r.waits = waits
+		reached(&r.waits, len(r.conns))
 		r.mu.Unlock()
 		var cut atomic.Pointer[answerCut] // the connection's, once its send was marked
 		go r.up(c, u, &cut)
@@ -217,6 +243,11 @@ func (r *Relay) up(c, u net.Conn, cut *atomic.Pointer[answerCut]) {
 			c.Close()
 			u.Close()
 			return
+		case RelaySilent:
+			r.mu.Lock()
+			r.swallowed++
+			reached(&r.swallows, r.swallowed)
+			r.mu.Unlock()
 		case RelayLoading:
 			c.Write([]byte("-LOADING Redis is loading the dataset in memory\r\n"))
 		}

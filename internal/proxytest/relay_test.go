@@ -13,7 +13,8 @@ import (
 )
 
 // TestRelay: a relay to an echo server forwards while RelayPass,
-// swallows while RelaySilent (the connection open, a new one accepted),
+// swallows while RelaySilent (the connection open, a new one accepted,
+// the send counted: Swallowed),
 // resets a connection its client sends on while RelayReset, answers
 // -LOADING while RelayLoading, cuts an answer once armed (CutAnswer),
 // and refuses dials once stopped.
@@ -53,6 +54,7 @@ func TestRelay(t *testing.T) {
 	if got, err := exchange(c, 200*time.Millisecond); !errors.Is(err, os.ErrDeadlineExceeded) {
 		t.Fatalf("silent: %q, %v; want no answer", got, err)
 	}
+	<-rl.Swallowed(1)
 	dial()
 	<-rl.Accepted(2)
 	rl.SetMode(proxytest.RelayLoading)
@@ -70,6 +72,11 @@ func TestRelay(t *testing.T) {
 	rl.SetMode(proxytest.RelayReset)
 	if got, err := exchange(c, 10*time.Second); !errors.Is(err, syscall.ECONNRESET) {
 		t.Fatalf("reset: %q, %v; want ECONNRESET", got, err)
+	}
+	select {
+	case <-rl.Swallowed(2):
+		t.Fatal("a send swallowed but while RelaySilent")
+	default:
 	}
 	rl.Stop()
 	if c, err := net.Dial("tcp", rl.Addr()); err == nil {
