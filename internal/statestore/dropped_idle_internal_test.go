@@ -23,6 +23,25 @@ func openRedis(t *testing.T, url string) *Redis {
 	return r
 }
 
+// untilFar is a context cancelled once far is closed (an exchange over a
+// link that answers nothing got as far as the test needs) or the test
+// ends, its deadline 10 s for a test gone wrong: an exchange that a
+// deadline ends may, on a loaded machine, end before it got that far, or
+// after its retry went further (the connection's read deadline comes
+// before the context's, and go-redis retries a read timed out).
+func untilFar(t *testing.T, far <-chan struct{}) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	t.Cleanup(cancel)
+	go func() {
+		select {
+		case <-far:
+		case <-ctx.Done():
+		}
+		cancel()
+	}()
+	return ctx
+}
+
 // TestIdleConnClosedNotDropped: a connection the server closes after it
 // sat idle in the pool a long while (Redis's `timeout`, a balancer's or a
 // NAT's idle timeout) is no sign of the store's process going down: an
@@ -67,12 +86,16 @@ func TestIdleConnClosedNotDropped(t *testing.T) {
 			}
 			rl.Conn(0).Close()
 			rl.SetMode(proxytest.RelaySilent)
-			// The first exchange times out on connection 1; the second
-			// finds 0 closed, and dials one that the link swallows.
-			for i := range 2 {
-				bctx, cancel := context.WithTimeout(ctx, time.Second)
-				err := r.Heartbeat(bctx, o, time.Minute)
-				cancel()
+			// The first exchange sends on connection 1, which the link
+			// swallows; the second finds 0 closed, and dials one (the
+			// relay's third) that the link swallows too. Each ends
+			// once it got that far (untilFar): under a deadline, the
+			// first's retry could reach connection 0 (ErrDropped), or
+			// the second fail before it did. The first's send, left
+			// waiting for its answer, keeps connection 1 from the
+			// second.
+			for i, far := range []<-chan struct{}{rl.Swallowed(1), rl.Accepted(3)} {
+				err := r.Heartbeat(untilFar(t, far), o, time.Minute)
 				if err == nil {
 					t.Fatalf("exchange %d, link blackholed: answered", i)
 				}
