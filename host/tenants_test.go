@@ -714,6 +714,15 @@ func TestPluginAccessPromptsResources(t *testing.T) {
 	if bt, err := bob.ListResourceTemplates(ctx, nil); err != nil || len(bt.ResourceTemplates) != 0 {
 		t.Errorf("bob's resource templates: %v %v; want none", bt, err)
 	}
+	// None is an empty array on the wire, as the go-sdk sends it: a
+	// client checking the result's schema (the TypeScript and Python
+	// SDKs') refuses a null list.
+	for method, field := range map[string]string{"prompts/list": "prompts", "resources/list": "resources", "resources/templates/list": "resourceTemplates"} {
+		res, e := rpcWith(t, url, as(bobToken, ""), method, "", map[string]any{}, map[string]any{})
+		if l, ok := res[field].([]any); e != nil || !ok || len(l) != 0 {
+			t.Errorf("bob's %s: %q is %#v (error %v); want []", method, field, res[field], e)
+		}
+	}
 	_, refused := bob.GetPrompt(ctx, &mcp.GetPromptParams{Name: ap.Prompts[0].Name})
 	_, unknown := bob.GetPrompt(ctx, &mcp.GetPromptParams{Name: "no_such_prompt"})
 	if refused == nil || unknown == nil || rpcCode(refused) != rpcCode(unknown) {
