@@ -200,7 +200,7 @@ func (h *Host) accessChecked(ctx context.Context, next mcp.MethodHandler, method
 // of its own making, the count of hidden entries among the next page's
 // (TestPluginAccessListCursor).
 func visiblePage[R mcp.Result, T any](ctx context.Context, next mcp.MethodHandler, method string, req mcp.Request, cursor *string, fields func(R) (*[]T, *string), entry func(T) (name string, hidden bool)) (mcp.Result, error) {
-	var kept []T
+	kept := []T{} // none is [] on the wire, as the go-sdk sends it, not null
 	for {
 		out, err := next(ctx, method, req)
 		if err != nil {
