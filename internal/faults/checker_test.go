@@ -230,6 +230,13 @@ func TestCheckKeyless(t *testing.T) {
 		{"retried, count fell",
 			[]string{"add 1 ok note 1 saved", "list 1", "add 2 noanswer", "add 2 ok note 1 saved", "list 2"},
 			[]string{"count-fell add n2", "lost list"}, []string{"count-fell add n2", "lost list"}},
+		{"a reset said again keeps a copy from before it",
+			// A replica says a reset again until its next call saved
+			// (durable's unsaidOf: at worst twice), over the state the
+			// client went on from since the first: the fault suite's
+			// kill9-mid-drain-calls (32 clients) read [n3 n3 n4] so.
+			[]string{"add 1 ok note 1 saved", "list |reset 1", "add 2 noanswer", "add 2 ok note 3 saved", "list 1 2 2", "add 3 ok note 4 saved |reset", "list 1 2 2 3"},
+			nil, []string{"applied-twice add n2", "applied-twice list"}},
 		{"a copy read, then gone",
 			[]string{"add 1 ok note 1 saved", "add 2 noanswer", "add 2 ok note 3 saved", "list 1 2 2", "add 3 ok note 3 saved"},
 			[]string{"count-fell add n3"}, []string{"applied-twice add n2", "applied-twice list", "count-fell add n3"}},
