@@ -124,10 +124,21 @@ type plugState struct {
 	sinceAt int          // notes numbered below this are from before a reset
 	twice   map[int]bool // notes already reported present twice
 	copied  map[int]bool // notes a read showed a keyless retry's copy of
+	// copies is how many times each note's add may have applied, kept
+	// across a stateReset: a reset may be said again over the state the
+	// client went on from since the first (until its next call saved),
+	// whose copies a read may still show.
+	copies map[int]int
 }
 
 func newPlugState() *plugState {
-	return &plugState{synced: true, twice: map[int]bool{}, copied: map[int]bool{}}
+	return &plugState{synced: true, twice: map[int]bool{}, copied: map[int]bool{}, copies: map[int]int{}}
+}
+
+// add appends e to what the client knows.
+func (s *plugState) add(e entry) {
+	s.known = append(s.known, e)
+	s.copies[e.n] = max(s.copies[e.n], e.copies)
 }
 
 // slack is how many more notes than known the state may hold: copies a
@@ -202,6 +213,7 @@ func Check(history []Op) ([]Violation, Stats) {
 			// which nothing from before may reach.
 			for _, s := range plugins {
 				s.known, s.synced, s.sinceAt = nil, true, 0
+				clear(s.copies)
 			}
 			continue
 		}
@@ -209,6 +221,7 @@ func Check(history []Op) ([]Violation, Stats) {
 			flag(SessionLost, op, "session %s: %s", short(op.Session), op.Err)
 			for _, s := range plugins {
 				s.known, s.synced, s.sinceAt = nil, false, 0
+				clear(s.copies)
 			}
 			continue
 		}
@@ -245,7 +258,7 @@ func Check(history []Op) ([]Violation, Stats) {
 				st.Ops++
 				flag(Unrecovered, op, "gave up after %d attempts (%s); last: %s", op.Attempt, op.End.Sub(op.Start).Round(time.Millisecond), op.Err)
 				if op.Kind == "add" {
-					s.known = append(s.known, entry{n: op.Note, maybe: true, copies: copies})
+					s.add(entry{n: op.Note, maybe: true, copies: copies})
 				}
 				failures, unanswered = 0, 0
 			}
@@ -320,17 +333,14 @@ func Check(history []Op) ([]Violation, Stats) {
 					}
 				}
 			}
-			s.known = append(s.known, entry{n: op.Note, durable: op.NotSaved == "", acked: op.End, copies: copies})
+			s.add(entry{n: op.Note, durable: op.NotSaved == "", acked: op.End, copies: copies})
 		case "list":
 			notes, bad := parseList(op.Text, op.Client)
 			if bad != "" {
 				flag(Unexpected, op, "%s in %q", bad, op.Text)
 				continue
 			}
-			allowed := map[int]int{} // copies a read may hold, before a reset too
-			for _, e := range s.known {
-				allowed[e.n] = e.copies
-			}
+			allowed := s.copies // copies a read may hold, before a reset too
 			if op.Reset != "" {
 				s.known, s.synced, s.sinceAt = nil, false, maxNote(notes)+1
 			}
