@@ -241,6 +241,16 @@ func NewCluster(t testing.TB, setup Setup) *Cluster {
 	}
 	c.Logf("cluster up (%s)", setup.Proxy)
 	t.Cleanup(func() {
+		if dir := os.Getenv("FAULTS_LOGDIR"); dir != "" {
+			// Every replica's whole log, for a timeline the tails above
+			// cut short.
+			base := filepath.Join(dir, strings.NewReplacer("/", "-").Replace(t.Name()))
+			for _, r := range c.Replicas {
+				if err := os.WriteFile(base+"."+r.Name+".log", []byte(r.Output()), 0o644); err != nil {
+					t.Log(err)
+				}
+			}
+		}
 		if t.Failed() && os.Getenv("FAULTS_LOGS") != "" {
 			for _, r := range c.Replicas {
 				t.Logf("replica %s:\n%s", r.Name, tail(r.Output(), 80))

@@ -34,7 +34,10 @@ import (
 // tree); FAULTS_DEPLOY a folder with other proxy configs (default:
 // deploy/); FAULTS_REPORT names a file the summary table is written to;
 // FAULTS_LOGS=1 prints the replicas' logs of a failed scenario (and the
-// Redis nodes' and sentinels' of a Sentinel one); FAULTS_NO_WAIT=1 runs
+// Redis nodes' and sentinels' of a Sentinel one); FAULTS_LOGDIR names a
+// folder each scenario writes its replicas' whole logs to, and every
+// attempt of each client with a violation (JSON, a line each: the
+// timeline a violation is traced from); FAULTS_NO_WAIT=1 runs
 // the Sentinel scenarios without wait_replicas, to show what they lose
 // without it (not in CI: redis-failover-silent then fails);
 // FAULTS_VERBOSE=1 prints each fault as it is injected, =2 also every

@@ -3,8 +3,11 @@ package faults
 import (
 	"cmp"
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
+	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -297,6 +300,9 @@ func RunScenario(t testing.TB, sc Scenario, o Options) Result {
 		}
 	}
 	res.Took = time.Since(start)
+	if dir := os.Getenv("FAULTS_LOGDIR"); dir != "" {
+		dumpHistories(t, filepath.Join(dir, strings.NewReplacer("/", "-").Replace(t.Name())+".histories.jsonl"), r.Clients, res.Violations)
+	}
 	if o.Out != nil {
 		fmt.Fprintf(o.Out, "=== %s (%s): %d clients, %d ops, %d failed attempts, %d recovered, %d violations, %s\n",
 			sc.Name, sc.Proxy, res.Clients, res.Stats.Ops, res.Stats.Failed, res.Stats.Recovered, len(res.Violations), res.Took.Round(time.Second))
@@ -392,4 +398,29 @@ func logField(line, key string) (string, bool) {
 	}
 	v, _, _ = strings.Cut(v, " ")
 	return v, true
+}
+
+// dumpHistories writes, one JSON object a line, every attempt of each
+// client that has a violation (FAULTS_LOGDIR): what the timeline of a
+// violation is read from.
+func dumpHistories(t testing.TB, path string, clients []*Client, vs []Violation) {
+	bad := map[int]bool{}
+	for _, v := range vs {
+		bad[v.Client] = true
+	}
+	var b strings.Builder
+	enc := json.NewEncoder(&b)
+	for _, cl := range clients {
+		if !bad[cl.N] {
+			continue
+		}
+		for _, op := range cl.History() {
+			if err := enc.Encode(op); err != nil {
+				t.Log(err)
+			}
+		}
+	}
+	if err := os.WriteFile(path, []byte(b.String()), 0o644); err != nil {
+		t.Log(err)
+	}
 }
