@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -682,5 +683,116 @@ func (p *pending) wait(ctx context.Context) {
 	select {
 	case <-p.never:
 	case <-ctx.Done():
+	}
+}
+
+// gateStore refuses every Put of the record named by refuse (as too
+// large: a refusal, which opens no breaker), and holds the next Put of
+// the record named by hold until released, then makes it.
+type gateStore struct {
+	statestore.Store
+	mu      sync.Mutex
+	refuse  string
+	hold    string
+	entered chan struct{}
+	release chan struct{}
+}
+
+func (s *gateStore) Put(ctx context.Context, id, field string, value []byte, fence uint64, ttl time.Duration) error {
+	s.mu.Lock()
+	refused, held := id == s.refuse, id == s.hold
+	if held {
+		s.hold = ""
+	}
+	s.mu.Unlock()
+	if refused {
+		return statestore.ErrTooLarge
+	}
+	if held {
+		close(s.entered)
+		<-s.release
+	}
+	return s.Store.Put(ctx, id, field, value, fence, ttl)
+}
+
+// A reset the call's answer says is said again by the session's next
+// call when the call's client went away while its state was saved (a
+// checkpoint is made even so: it waits for the store), as it is when the
+// client went away while the call ran: the answer reaches no one. The
+// fault suite's kill9-mid-drain-calls with 32 clients per era (every
+// replica starved of CPU, checkpoints seconds long, clients giving up on
+// attempts after 5 s) read a list without the acknowledged notes and no
+// stateReset: the reset went with an attempt its client had given up on
+// during the checkpoint, counted as told before the result was sent.
+func TestResetSaidAgainWhenClientLeftDuringCheckpoint(t *testing.T) {
+	store := &gateStore{Store: statestore.NewMemory(), entered: make(chan struct{}), release: make(chan struct{})}
+	f := newFixture(t, &host.Options{Replica: "a", Store: store, StateKey: replicaKey, MaxInstances: 1}, sandbox.NewPolicy(),
+		map[string]string{"slownotes.wasm": testplugins.Test(t, "slownotes")})
+	// gone is closed when the POST of the call that is to answer no one
+	// has ended at the server (its client left).
+	var (
+		mu      sync.Mutex
+		watch   bool
+		gone    = make(chan struct{})
+		goneSet sync.Once
+	)
+	h := f.h.HTTPHandler()
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		w8 := watch && r.Method == http.MethodPost
+		watch = watch && !w8 // the call's POST alone, not the cancellation's after it
+		mu.Unlock()
+		if w8 {
+			go func() { <-r.Context().Done(); goneSet.Do(func() { close(gone) }) }()
+		}
+		h.ServeHTTP(w, r)
+	}))
+	t.Cleanup(srv.Close)
+	cs := connectHTTP(t, srv.URL, "2025-11-25", nil)
+	other := connectHTTP(t, srv.URL, "2025-11-25", nil)
+	add := func(cs *mcp.ClientSession, note string) *mcp.CallToolResult {
+		t.Helper()
+		return call(t, cs, "slow_add", map[string]any{"text": note, "steps": 0})
+	}
+	if res := add(cs, "one"); res.IsError || res.Meta[host.MetaNotSaved] != nil {
+		t.Fatalf("slow_add one: %v %s", res.Meta, text(res))
+	}
+	id := "s." + cs.ID()
+	store.mu.Lock()
+	store.refuse = id
+	store.mu.Unlock()
+	if res := add(cs, "two"); res.IsError || res.Meta[host.MetaNotSaved] == nil {
+		t.Fatalf("slow_add two, its state refused by the store: %v %s; want acknowledged, marked not saved", res.Meta, text(res))
+	}
+	// Its instance evicted for another session's: the state the client
+	// was told is gone with it, and the session's next call starts afresh,
+	// said reset.
+	add(other, "elsewhere")
+	store.mu.Lock()
+	store.refuse, store.hold = "", id
+	store.mu.Unlock()
+	mu.Lock()
+	watch = true
+	mu.Unlock()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		_, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: "slow_list", Arguments: map[string]any{}})
+		done <- err
+	}()
+	<-store.entered // the call ran, said the reset, and waits for its checkpoint
+	cancel()        // its client gives up on it
+	<-done
+	<-gone
+	close(store.release)
+	res := call(t, cs, "slow_list", map[string]any{})
+	if res.IsError {
+		t.Fatalf("slow_list: %v %s", res.Meta, text(res))
+	}
+	if res.Meta[host.MetaStateReset] == nil {
+		t.Fatalf("slow_list after an attempt that said the reset to no one: %q, meta %v; want the reset said (one and two are gone)", text(res), res.Meta)
+	}
+	if strings.Contains(text(res), "one") {
+		t.Fatalf("slow_list after the reset: %q", text(res))
 	}
 }
