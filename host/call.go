@@ -431,6 +431,12 @@ func (h *Host) afterGuest(ctx context.Context, key sessions.Key, t *plugins.Tool
 		h.metrics.notSaved.WithLabelValues(string(why)).Inc()
 		return why, res, false
 	}
+	if h.unheard(ctx, env) {
+		// The client went away while the state was saved (a checkpoint
+		// waits for the store, seconds on a starved machine): no one
+		// reads this result either, and the next call says its notice.
+		l.KeepNotice()
+	}
 	l.Done(err)
 	return why, nil, false
 }
@@ -797,15 +803,7 @@ const liveHeader = "X-Wasmtools-Post"
 // postGone reports whether the HTTP request that carried env's call has
 // ended (its client closed the connection) before the call ran.
 func (h *Host) postGone(ctx context.Context, env *callEnv) bool {
-	if ctx.Value(detachedCall{}) != nil {
-		// A task's call runs on after its POST was answered (and its
-		// client may have hung up): it is not the POST's.
-		return false
-	}
-	if env == nil || env.req == nil || env.req.Extra == nil || env.req.Extra.Header == nil {
-		return false
-	}
-	token := env.req.Extra.Header.Get(liveHeader)
+	token := postToken(ctx, env)
 	if token == "" {
 		return false
 	}
@@ -813,6 +811,33 @@ func (h *Host) postGone(ctx context.Context, env *callEnv) bool {
 	// its POST): nothing says the client is gone.
 	v, ok := h.posts.Load(token)
 	return ok && v.(context.Context).Err() != nil
+}
+
+// unheard reports whether the HTTP request that carried env's call, not
+// answered yet, has ended without its answer: its client closed the
+// connection, or its handler returned since (it does once its client
+// left, and forgets the request's token).
+func (h *Host) unheard(ctx context.Context, env *callEnv) bool {
+	token := postToken(ctx, env)
+	if token == "" {
+		return false
+	}
+	v, ok := h.posts.Load(token)
+	return !ok || v.(context.Context).Err() != nil
+}
+
+// postToken is the liveHeader token of the POST that carried env's call,
+// "" if none.
+func postToken(ctx context.Context, env *callEnv) string {
+	if ctx.Value(detachedCall{}) != nil {
+		// A task's call runs on after its POST was answered (and its
+		// client may have hung up): it is not the POST's.
+		return ""
+	}
+	if env == nil || env.req == nil || env.req.Extra == nil || env.req.Extra.Header == nil {
+		return ""
+	}
+	return env.req.Extra.Header.Get(liveHeader)
 }
 
 // leased is a request's claim on its session and its lease of an
