@@ -77,8 +77,9 @@ bench-short: plugins testplugins
 # (redis-failover-silent then loses acknowledged notes: not for CI).
 FAULTS_SOAK ?=
 # FAULTS_KNOWN: a regexp of scenarios with an open violation, reported but
-# not failing the run (docs/DEPLOY.md, "Faults", says which and why): none.
-FAULTS_KNOWN ?=
+# not failing the run (docs/DEPLOY.md, "Faults", says which and why):
+# redis-empty-mid-drain (a soak's; its 2025-11-25 sessions reset unsaid).
+FAULTS_KNOWN ?= ^redis-empty-mid-drain/
 faults: plugins testplugins
 	FAULTS_KNOWN='$(FAULTS_KNOWN)' FAULTS=$(or $(FAULTS_SOAK),short) $(GO) test -count=1 -timeout $(if $(FAULTS_SOAK),0,30m) -run '^TestFaults$$' -v ./internal/faults
 

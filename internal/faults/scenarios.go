@@ -140,6 +140,10 @@ func Scenarios(stops int) []Scenario {
 			r.Rounds(1)
 			moveFrom(r, i)
 		}},
+		// A rolling restart whose drain meets the store lost: Redis killed
+		// and restarted empty as the replica drains, at each of
+		// RedisEmptyDrainAt.
+		Scenario{Name: "redis-empty-mid-drain", Proxy: HAProxy, Resets: true, SoakOnly: true, Fault: redisEmptyMidDrain},
 	)
 	for _, p := range []Proxy{HAProxy, Nginx} {
 		s = append(s, Scenario{Name: "proxy-restart", Proxy: p, SoakOnly: p == Nginx, Fault: proxyRestart})
@@ -153,6 +157,17 @@ func Scenarios(stops int) []Scenario {
 			for range 3 {
 				r.C.Term(0)
 				r.C.Start(0)
+				r.Rounds(1)
+			}
+		}},
+		// The one machine's replica stopped (SIGSTOP) past its lease and
+		// heartbeat, twice: no one else could take its sessions, and the
+		// requests its clients gave up on wait in its sockets.
+		Scenario{Name: "file-store-sigstop", Proxy: Direct, FileStore: true, Down: []int{1, 2}, SoakOnly: true, Fault: func(r *Run) {
+			for range 2 {
+				r.C.Freeze(0)
+				r.Hold(StopFor)
+				r.C.Thaw(0)
 				r.Rounds(1)
 			}
 		}},
@@ -694,5 +709,33 @@ func proxyRestart(r *Run) {
 		r.C.ProxyKill()
 		r.C.ProxyStart()
 		r.Rounds(1)
+	}
+}
+
+// RedisEmptyDrainAt are the moments redis-empty-mid-drain kills Redis
+// after a replica's drain began: in its drain delay (1 s, its sessions
+// still served there), and about as the delay ends, when it saves and
+// releases its sessions.
+var RedisEmptyDrainAt = []time.Duration{0, 1000 * time.Millisecond, 1100 * time.Millisecond}
+
+// redisEmptyMidDrain sends a replica that serves sessions SIGTERM and,
+// while it drains, kills Redis and starts it again empty, at each of
+// RedisEmptyDrainAt, a round of every client after the replica exits and
+// after it is back. The drain's saves and releases meet a store that
+// lost every record: the draining replica must write its sessions back
+// (or say them lost), so that their next replica finds them; the others
+// go on from memory. A stateReset is allowed (the store's data is gone);
+// a session ended or a note lost unsaid is not.
+func redisEmptyMidDrain(r *Run) {
+	for _, after := range RedisEmptyDrainAt {
+		i := r.servingReplica(-1)
+		rep := r.C.Replicas[i]
+		r.C.TermNoWait(i)
+		rep.proc.WaitOutput(10*time.Second, func(out string) bool { return strings.Contains(out, "msg=draining") })
+		time.Sleep(after) // the fault's timing, not a wait for a state
+		r.C.RedisKill()
+		r.C.RedisStart()
+		r.C.WaitExit(i)
+		r.backAfterRound(i)
 	}
 }
