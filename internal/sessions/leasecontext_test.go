@@ -51,17 +51,27 @@ func TestLeaseOfPluginThatNeverWaitsAllocates(t *testing.T) {
 	for _, w := range []*world{never, may} {
 		lease(w, true) // the instance started, warm
 	}
-	const runs = 1000 // a stray allocation of another goroutine meanwhile does not count a whole one
-	bare := testing.AllocsPerRun(runs, func() { lease(never, false) })
+	// The least of a few measurements: another goroutine's allocations
+	// meanwhile (a loaded machine's timers, the collector's) only add, and
+	// a guest call's count rose by 1 to 4 in about one run in four under
+	// load, which a difference of 5 cannot absorb.
+	allocs := func(f func()) float64 {
+		least := testing.AllocsPerRun(300, f)
+		for range 4 {
+			least = min(least, testing.AllocsPerRun(300, f))
+		}
+		return least
+	}
+	bare := allocs(func() { lease(never, false) })
 	if bare > 4 {
 		t.Errorf("a warm lease of a plugin that never waits, acquired and done under a fresh cancellable context: %v allocations; want at most 4 (that context's 3 and the Lease)", bare)
 	}
-	layered := testing.AllocsPerRun(runs, func() { lease(may, false) })
+	layered := allocs(func() { lease(may, false) })
 	if layered-bare < 4 {
 		t.Errorf("a lease of a plugin that may wait: %v allocations, %v without its context's layer; want 4 more", layered, bare)
 	}
-	called := testing.AllocsPerRun(runs, func() { lease(never, true) })
-	calledLayered := testing.AllocsPerRun(runs, func() { lease(may, true) })
+	called := allocs(func() { lease(never, true) })
+	calledLayered := allocs(func() { lease(may, true) })
 	if calledLayered-called < 5 {
 		t.Errorf("a warm lease with a guest call: %v allocations, %v with the lease's own layer; want 5 fewer without it", called, calledLayered)
 	}
