@@ -342,6 +342,15 @@ func (d *Keeper) take(ctx context.Context, key sessions.Key, ns *NewSession, c *
 			return false, unavailable(d.observe(err))
 		}
 	}
+	// A stateful session this replica took over from its record (adopt:
+	// its initialize replayed from it, by a request that ran nothing and
+	// claimed nothing, as a GET does while the holder still holds it) and
+	// claims here for the first time: a record without its initialize now
+	// is one the store lost since (or let expire), and the state the
+	// session was taken over with went with it. Said lost, never started
+	// afresh unsaid (TestAdoptedSessionStoreBackEmptySaysReset; the fault
+	// suite's redis-empty-mid-drain).
+	adoptedLost := old == nil && ns == nil && key.Kind() == sessions.KindConn && rec["mcp"] == nil && d.adoptedHere(key)
 	// A stateful session made here, never claimed (the store did not
 	// answer at its initialize, its calls served from memory under no
 	// fence) or whose first claim failed half way: no other replica can
@@ -397,6 +406,10 @@ func (d *Keeper) take(ctx context.Context, key sessions.Key, ns *NewSession, c *
 		}
 	case lostLately:
 		if err := d.lostWithStore(ctx, key, c, cl.Fence, "it has no record of this client header within the session timeout of that loss"); err != nil {
+			return false, err
+		}
+	case adoptedLost:
+		if err := d.lostWithStore(ctx, key, c, cl.Fence, "this replica took the session over from a record the store no longer holds"); err != nil {
 			return false, err
 		}
 	default:

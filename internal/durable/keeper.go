@@ -355,6 +355,16 @@ func (d *Keeper) AdoptedHere(id string) {
 	d.adopted[id] = true
 }
 
+// adoptedHere reports whether key's stateful session was taken over here
+// and is noted so: unlike wasAdopted, past maxAdoptedNotes it says no for
+// the sessions it could not note (a reset said of a session made here,
+// which it may be, would be a reset the client never had).
+func (d *Keeper) adoptedHere(key sessions.Key) bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.adopted[key.ID()]
+}
+
 // wasAdopted reports whether key's stateful session may have been taken
 // over here.
 func (d *Keeper) wasAdopted(key sessions.Key) bool {
