@@ -401,10 +401,13 @@ func sigstop(r *Run, stops int) {
 
 // killDuringSlowCalls kills (-9) the replica of a client whose slow call
 // has changed its state and works on (its first progress report), twice,
-// restarting it after each.
+// restarting it after each, and up to twice more until one kill has cut
+// an add of the client that reported: on a quiet machine a call can end
+// in the milliseconds between its report and the kill it sets off (CI
+// read none of 2 cut once, in the stop after 74).
 func killDuringSlowCalls(r *Run) {
 	cut := 0
-	for range 2 {
+	for k := 0; k < 4 && (k < 2 || cut == 0); k++ {
 		i, n := r.replicaOfProgress()
 		rep := r.C.Replicas[i]
 		r.C.Logf("a slow call on %s reported progress", rep.Name)
@@ -420,7 +423,7 @@ func killDuringSlowCalls(r *Run) {
 		}
 	}
 	if cut == 0 {
-		r.T.Errorf("no kill of 2 at a progress report cut an add of the client that reported it")
+		r.T.Errorf("no kill of 4 at a progress report cut an add of the client that reported it")
 	}
 }
 
